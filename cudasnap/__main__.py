@@ -1,0 +1,3 @@
+from cudasnap.cli import main
+
+main()
