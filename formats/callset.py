@@ -1,0 +1,176 @@
+"""Call sets: the `--calls` selection syntax shared by `dump` and `replay`, plus API-name
+classification helpers.
+
+Syntax: comma-separated terms, a record matches when any term matches.
+  N, N-M, N-, -M       sequence numbers (record key 's'), inclusive
+  launches memcpy memset alloc free sync module graph event stream errors
+                       groups of driver entry points ('errors': r != 0 or no return)
+  anything else        case-insensitive regex (or plain substring when not a valid regex)
+                       on the API name (f), and for launches on the kernel name
+Only call records (k == "c") match.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, Dict, Mapping, Optional
+
+Predicate = Callable[[Dict[str, Any], Optional[Mapping[Any, str]]], bool]
+
+_ALLOC_NAMES = ("cuMemAlloc", "cuMemCreate", "cuMemHostAlloc", "cuMemAllocAsync",
+                "cuMemAllocFromPoolAsync", "cuMemAllocManaged", "cuMemAllocHost", "cuMemAllocPitch")
+_FREE_NAMES = ("cuMemFree", "cuMemRelease", "cuMemFreeHost", "cuMemFreeAsync")
+_SYNC_NAMES = ("cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize",
+               "cuStreamWaitEvent", "cuStreamQuery", "cuEventQuery")
+
+
+def _base(f: str) -> str:
+    """Strip ABI suffixes: cuMemcpyHtoD_v2 -> cuMemcpyHtoD, cuLaunchKernel_ptsz -> cuLaunchKernel."""
+    return re.sub(r"(_v\d+)?(_pt(sz|ds))?(_v\d+)?$", "", f)
+
+
+def is_launch(f: str) -> bool:
+    return f.startswith("cuLaunch") and not f.startswith("cuLaunchHostFunc")
+
+
+def is_memcpy(f: str) -> bool:
+    return f.startswith("cuMemcpy")
+
+
+def is_memset(f: str) -> bool:
+    return f.startswith("cuMemset")
+
+
+def is_alloc(f: str) -> bool:
+    b = _base(f)
+    return b in _ALLOC_NAMES or b.startswith("cuMemAlloc")
+
+
+def is_free(f: str) -> bool:
+    return _base(f) in _FREE_NAMES
+
+
+def is_sync(f: str) -> bool:
+    return _base(f) in _SYNC_NAMES
+
+
+def is_module(f: str) -> bool:
+    return f.startswith(("cuModule", "cuLibrary", "cuLink"))
+
+
+def is_module_load(f: str) -> bool:
+    return f.startswith(("cuModuleLoad", "cuLibraryLoad"))
+
+
+def is_graph(f: str) -> bool:
+    return f.startswith(("cuGraph", "cuStreamBeginCapture", "cuStreamEndCapture",
+                         "cuStreamIsCapturing", "cuStreamGetCaptureInfo", "cuStreamUpdateCapture"))
+
+
+def is_error(rec: Mapping[str, Any]) -> bool:
+    r = rec.get("r")
+    return r is None or r != 0
+
+
+GROUPS: Dict[str, Callable[[str], bool]] = {
+    "launches": is_launch, "launch": is_launch,
+    "memcpy": is_memcpy, "memset": is_memset,
+    "alloc": is_alloc, "free": is_free,
+    "sync": is_sync, "module": is_module, "modules": is_module,
+    "graph": is_graph, "graphs": is_graph,
+    "event": lambda f: f.startswith("cuEvent"),
+    "stream": lambda f: f.startswith("cuStream"),
+}
+
+
+def launch_function_handle(rec: Mapping[str, Any]) -> Any:
+    """The CUfunction/CUkernel handle a launch call refers to (tolerant of arg naming)."""
+    a = rec.get("a")
+    if not isinstance(a, dict):
+        return None
+    for key in ("f", "hfunc", "kernel", "func", "function", "hFunc"):
+        v = a.get(key)
+        if v is not None and not isinstance(v, (dict, list)):
+            return v
+    cfg = a.get("config")
+    if isinstance(cfg, dict):
+        v = cfg.get("f")
+        if v is not None:
+            return v
+    return None
+
+
+def kernel_name(rec: Mapping[str, Any], fn_names: Optional[Mapping[Any, str]]) -> Optional[str]:
+    """Kernel name of a launch record via the fn records (map handle -> name), if known."""
+    if not fn_names:
+        return None
+    h = launch_function_handle(rec)
+    if h is None:
+        return None
+    try:
+        return fn_names.get(h)
+    except TypeError:
+        return None
+
+
+def parse_callset(spec: Optional[str]) -> Predicate:
+    """Compile a call-set spec into predicate(record, fn_names) -> bool.
+    fn_names maps function handle -> kernel name (from 'fn' records); may be None.
+    Raises ValueError on a malformed spec. None or '' selects every call."""
+    if spec is None or not str(spec).strip():
+        return lambda rec, fn_names=None: rec.get("k") == "c"
+    tests = []
+    for raw in str(spec).split(","):
+        term = raw.strip()
+        if not term:
+            continue
+        m = re.fullmatch(r"(\d*)\s*-\s*(\d*)", term)
+        if term.isdigit():
+            n = int(term)
+            tests.append(lambda rec, fn, n=n: rec.get("s") == n)
+        elif m and (m.group(1) or m.group(2)):
+            lo = int(m.group(1)) if m.group(1) else 0
+            hi = int(m.group(2)) if m.group(2) else None
+            if hi is not None and hi < lo:
+                raise ValueError(f"call set: empty range {term!r}")
+            tests.append(lambda rec, fn, lo=lo, hi=hi: _in_range(rec.get("s"), lo, hi))
+        elif term.lower() in GROUPS:
+            g = GROUPS[term.lower()]
+            tests.append(lambda rec, fn, g=g: g(_fname(rec)))
+        elif term.lower() in ("errors", "error", "failed"):
+            tests.append(lambda rec, fn: is_error(rec))
+        else:
+            try:
+                rx = re.compile(term, re.IGNORECASE)
+                match = rx.search
+            except re.error:
+                low = term.lower()
+                match = lambda s, low=low: low in s.lower()  # noqa: E731
+            tests.append(lambda rec, fn, match=match: _name_match(rec, fn, match))
+    if not tests:
+        raise ValueError(f"call set: no terms in {spec!r}")
+
+    def predicate(rec: Mapping[str, Any], fn_names: Optional[Mapping[Any, str]] = None) -> bool:
+        if rec.get("k") != "c":
+            return False
+        return any(t(rec, fn_names) for t in tests)
+
+    return predicate
+
+
+def _fname(rec: Mapping[str, Any]) -> str:
+    f = rec.get("f")
+    return f if isinstance(f, str) else ""
+
+
+def _in_range(s: Any, lo: int, hi: Optional[int]) -> bool:
+    return isinstance(s, int) and s >= lo and (hi is None or s <= hi)
+
+
+def _name_match(rec: Mapping[str, Any], fn_names, match) -> bool:
+    f = _fname(rec)
+    if match(f):
+        return True
+    if is_launch(f):
+        k = kernel_name(rec, fn_names)
+        return bool(k) and bool(match(k))
+    return False

@@ -1,0 +1,386 @@
+"""SnapshotReader: reads a .cusnap file through its index, or by scanning (recovery).
+
+Untrusted input: every size is bounded before allocating, every checksum verified, and
+every problem raised as SnapshotError with a one-line 'file: offset N: problem' message.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
+
+from .container import (
+    CHUNK_ID_LEN, CHUNK_SIZE, CODEC_ZSTD, FRAME_SIZE, KIND_CHUNK, KIND_HEADER, KIND_INDEX,
+    KIND_NAMES, KIND_RECORDS, MAX_FRAME, PREAMBLE_SIZE, TRAILER, TRAILER_MAGIC, TRAILER_SIZE,
+    SnapshotError, _decompressor, check_preamble, chunk_digest, decode_payload,
+    iter_record_payload, parse_frame_header, snap_error, unpack_one, xxh64,
+)
+
+_HEX = set("0123456789abcdef")
+
+
+def _is_hex_id(s: Any) -> bool:
+    return isinstance(s, str) and len(s) == 32 and set(s) <= _HEX
+
+
+def _is_uint(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < (1 << 63)
+
+
+class Frame:
+    __slots__ = ("offset", "kind", "comp_len")
+
+    def __init__(self, offset: int, kind: int, comp_len: int):
+        self.offset, self.kind, self.comp_len = offset, kind, comp_len
+
+    @property
+    def end(self) -> int:
+        return self.offset + FRAME_SIZE + self.comp_len
+
+
+class SnapshotReader:
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        self.name = self.path
+        try:
+            self._f = open(self.path, "rb")
+            self.file_size = os.fstat(self._f.fileno()).st_size
+        except OSError as e:
+            raise SnapshotError(f"{self.path}: cannot open ({e.strerror or e})") from None
+        try:
+            self._open()
+        except SnapshotError:
+            self._f.close()
+            raise
+        except Exception as e:  # pragma: no cover - defensive: never a traceback
+            self._f.close()
+            raise SnapshotError(f"{self.path}: unreadable snapshot ({type(e).__name__}: {e})") from None
+
+    # ------------------------------------------------------------------ opening
+    def _open(self) -> None:
+        self.version = check_preamble(self._read_at(0, PREAMBLE_SIZE), self.path)
+        self.truncated = True
+        self.lost_bytes = 0
+        self.recovered_frames = 0
+        self.index: Optional[Dict[str, Any]] = None
+        self._frames: List[Frame] = []
+        self._chunks: Dict[str, int] = {}
+        self._blobs: Dict[str, Tuple[int, List[str]]] = {}
+        self._scan_blob_refs: Optional[int] = None
+        self._header_merged: Optional[Dict[str, Any]] = None
+        # The header frame is required in every mode.
+        kind, payload = self._read_frame(PREAMBLE_SIZE, expect_kind=KIND_HEADER)
+        hdr = unpack_one(payload, self.path, PREAMBLE_SIZE, "header frame")
+        if not isinstance(hdr, dict):
+            raise snap_error(self.path, PREAMBLE_SIZE, "header frame is not a map")
+        self._raw_header = hdr
+        if not self._load_index():
+            self._scan()
+
+    def _load_index(self) -> bool:
+        """Use the trailer + index when both are intact and consistent; else False."""
+        size = self.file_size
+        if size < PREAMBLE_SIZE + 2 * FRAME_SIZE + TRAILER_SIZE:
+            return False
+        magic, off, digest = TRAILER.unpack(self._read_at(size - TRAILER_SIZE, TRAILER_SIZE))
+        if magic != TRAILER_MAGIC or not (PREAMBLE_SIZE < off <= size - TRAILER_SIZE - FRAME_SIZE):
+            return False
+        try:
+            kind, payload = self._read_frame(off, expect_kind=KIND_INDEX, expect_digest=digest)
+            if off + FRAME_SIZE + self._last_comp_len != size - TRAILER_SIZE:
+                return False
+            idx = unpack_one(payload, self.path, off, "index frame")
+            frames, chunks, blobs = self._validate_index(idx, off)
+        except SnapshotError:
+            return False
+        self.index = idx
+        self._frames = frames
+        self._chunks = chunks
+        self._blobs = blobs
+        self.truncated = False
+        self.lost_bytes = 0
+        self.recovered_frames = len(frames)
+        self._index_offset = off
+        return True
+
+    def _validate_index(self, idx: Any, index_off: int):
+        if not isinstance(idx, dict):
+            raise snap_error(self.path, index_off, "index is not a map")
+        raw_frames, raw_chunks, raw_blobs = idx.get("frames"), idx.get("chunks"), idx.get("blobs")
+        if not isinstance(raw_frames, list) or not isinstance(raw_chunks, dict) or not isinstance(raw_blobs, dict):
+            raise snap_error(self.path, index_off, "index lacks frames/chunks/blobs")
+        frames: List[Frame] = []
+        pos = PREAMBLE_SIZE
+        for ent in raw_frames:
+            if (not isinstance(ent, list) or len(ent) < 3 or not all(_is_uint(v) for v in ent[:3])):
+                raise snap_error(self.path, index_off, "bad index frame entry")
+            off, kind, comp = ent[0], ent[1], ent[2]
+            if off != pos or kind not in (KIND_HEADER, KIND_RECORDS, KIND_CHUNK) or comp > MAX_FRAME:
+                raise snap_error(self.path, index_off, "index frame list inconsistent")
+            if (kind == KIND_HEADER) != (off == PREAMBLE_SIZE):
+                raise snap_error(self.path, index_off, "index frame list inconsistent")
+            frames.append(Frame(off, kind, comp))
+            pos = off + FRAME_SIZE + comp
+        if pos != index_off or not frames:
+            raise snap_error(self.path, index_off, "index frame list does not cover the file")
+        chunk_frames = {fr.offset for fr in frames if fr.kind == KIND_CHUNK}
+        chunks: Dict[str, int] = {}
+        for cid, off in raw_chunks.items():
+            if not _is_hex_id(cid) or off not in chunk_frames:
+                raise snap_error(self.path, index_off, "bad index chunk entry")
+            chunks[cid] = off
+        blobs: Dict[str, Tuple[int, List[str]]] = {}
+        for bid, ent in raw_blobs.items():
+            if not (_is_hex_id(bid) and isinstance(ent, list) and len(ent) >= 2):
+                raise snap_error(self.path, index_off, "bad index blob entry")
+            bsize, bchunks = ent[0], ent[1]
+            if not (_is_uint(bsize) and isinstance(bchunks, list) and _chunk_count_ok(bsize, bchunks)
+                    and all(c in chunks for c in bchunks)):
+                raise snap_error(self.path, index_off, "bad index blob entry")
+            blobs[bid] = (bsize, list(bchunks))
+        if not _is_uint(idx.get("records", 0)):
+            raise snap_error(self.path, index_off, "bad index record count")
+        return frames, chunks, blobs
+
+    def _scan(self) -> None:
+        """Recovery: walk frames from the start, verifying everything; stop at the first bad one."""
+        size = self.file_size
+        frames: List[Frame] = []
+        pos = PREAMBLE_SIZE
+        refs: Dict[str, int] = {}
+        while pos < size:
+            if pos + FRAME_SIZE > size:
+                break
+            try:
+                kind, payload = self._read_frame(pos)
+                if kind == KIND_HEADER and pos != PREAMBLE_SIZE:
+                    raise snap_error(self.path, pos, "second header frame")
+                if kind == KIND_INDEX:
+                    break
+                if kind == KIND_RECORDS:
+                    recs = list(iter_record_payload(payload, self._last_count, self.path, pos))
+                    newblobs = {}
+                    for rec in recs:
+                        if rec.get("k") == "b":
+                            bid, bsize, bchunks = rec.get("id"), rec.get("size"), rec.get("chunks")
+                            if not (_is_hex_id(bid) and _is_uint(bsize) and isinstance(bchunks, list)
+                                    and _chunk_count_ok(bsize, bchunks)
+                                    and all(c in self._chunks for c in bchunks)):
+                                raise snap_error(self.path, pos, "blob record refers to missing chunks")
+                            newblobs[bid] = (bsize, list(bchunks))
+                        _count_blob_refs(rec, refs)
+                    self._blobs.update(newblobs)
+                elif kind == KIND_CHUNK:
+                    cid = self._chunk_id_of(payload, pos)
+                    self._chunks.setdefault(cid, pos)
+            except SnapshotError:
+                break
+            fr = Frame(pos, kind, self._last_comp_len)
+            frames.append(fr)
+            pos = fr.end
+        self._frames = frames
+        self.recovered_frames = len(frames)
+        self.lost_bytes = size - pos
+        self._scan_blob_refs = sum(s * max(1, refs.get(b, 0)) for b, (s, _) in self._blobs.items())
+
+    def _chunk_id_of(self, stored: bytes, off: int) -> str:
+        # payload is still compressed here: decompress only its first 16 bytes
+        if self._last_codec == CODEC_ZSTD:
+            try:
+                head = _decompressor().stream_reader(stored, read_across_frames=False).read(CHUNK_ID_LEN)
+            except Exception:
+                raise snap_error(self.path, off, "chunk frame: zstd decompression failed") from None
+        else:
+            head = stored[:CHUNK_ID_LEN]
+        if len(head) != CHUNK_ID_LEN:
+            raise snap_error(self.path, off, "chunk frame shorter than its chunk id")
+        return bytes(head).hex()
+
+    # ------------------------------------------------------------------ raw frame access
+    def _read_at(self, off: int, n: int) -> bytes:
+        try:
+            self._f.seek(off)
+            return self._f.read(n)
+        except (OSError, ValueError) as e:
+            raise snap_error(self.path, off, f"read failed ({e})") from None
+
+    def _read_frame(self, off: int, expect_kind: Optional[int] = None,
+                    expect_digest: Optional[int] = None, decode: Optional[bool] = None) -> Tuple[int, bytes]:
+        """Read + verify one frame. Returns (kind, payload); chunk payloads stay stored
+        (compressed) during scans unless decode is True; others are decoded."""
+        head = self._read_at(off, FRAME_SIZE)
+        if len(head) < FRAME_SIZE:
+            raise snap_error(self.path, off, "truncated frame header")
+        kind, codec, raw_len, comp_len, digest, count = parse_frame_header(head, self.path, off)
+        if expect_kind is not None and kind != expect_kind:
+            raise snap_error(self.path, off, f"expected a {KIND_NAMES[expect_kind]} frame, found {KIND_NAMES[kind]}")
+        if off + FRAME_SIZE + comp_len > self.file_size:
+            raise snap_error(self.path, off, "truncated frame payload")
+        stored = self._read_at(off + FRAME_SIZE, comp_len)
+        if len(stored) != comp_len:
+            raise snap_error(self.path, off, "truncated frame payload")
+        if xxh64(stored) != digest or (expect_digest is not None and digest != expect_digest):
+            raise snap_error(self.path, off, "frame payload checksum mismatch")
+        self._last_comp_len, self._last_count, self._last_codec = comp_len, count, codec
+        if decode is None:
+            decode = kind != KIND_CHUNK
+        if not decode:
+            return kind, stored
+        return kind, decode_payload(stored, codec, raw_len, self.path, off)
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def header(self) -> Dict[str, Any]:
+        if self._header_merged is None:
+            h = dict(self._raw_header)
+            for rec in self.records("proc"):
+                h["proc"] = rec
+                break
+            self._header_merged = h
+        return self._header_merged
+
+    @property
+    def raw_header(self) -> Dict[str, Any]:
+        return dict(self._raw_header)
+
+    def records(self, kinds: Optional[Iterable[str]] = None) -> Iterator[Dict[str, Any]]:
+        """Every record in file order (optionally only those whose 'k' is in kinds)."""
+        if isinstance(kinds, str):
+            kinds = (kinds,)
+        want = set(kinds) if kinds is not None else None
+        for fr in self._frames:
+            if fr.kind != KIND_RECORDS:
+                continue
+            kind, payload = self._read_frame(fr.offset, expect_kind=KIND_RECORDS)
+            if self._last_comp_len != fr.comp_len:
+                raise snap_error(self.path, fr.offset, "frame length disagrees with the index")
+            for rec in iter_record_payload(payload, self._last_count, self.path, fr.offset):
+                if want is None or rec.get("k") in want:
+                    yield rec
+
+    def blob_ids(self) -> List[str]:
+        return list(self._blobs)
+
+    def has_blob(self, bid: str) -> bool:
+        return bid in self._blobs
+
+    def blob_size(self, bid: str) -> int:
+        return self._blob_entry(bid)[0]
+
+    def _blob_entry(self, bid: str) -> Tuple[int, List[str]]:
+        ent = self._blobs.get(bid) if isinstance(bid, str) else None
+        if ent is None:
+            raise SnapshotError(f"{self.path}: unknown blob id {str(bid)[:40]!s}")
+        return ent
+
+    def blob_reader(self, bid: str) -> Iterator[bytes]:
+        """Yield the blob's data chunk by chunk (each verified against its chunk id)."""
+        size, chunks = self._blob_entry(bid)
+        got = 0
+        for i, cid in enumerate(chunks):
+            off = self._chunks.get(cid)
+            if off is None:
+                raise SnapshotError(f"{self.path}: blob {bid}: chunk {cid} missing")
+            data = self.chunk(cid)
+            got += len(data)
+            if (i < len(chunks) - 1 and len(data) != CHUNK_SIZE) or got > size:
+                raise snap_error(self.path, off, f"blob {bid}: chunk size inconsistent")
+            yield data
+        if got != size:
+            raise SnapshotError(f"{self.path}: blob {bid}: size {got} != declared {size}")
+
+    def chunk(self, cid: str) -> bytes:
+        off = self._chunks.get(cid)
+        if off is None:
+            raise SnapshotError(f"{self.path}: unknown chunk {str(cid)[:40]}")
+        kind, payload = self._read_frame(off, expect_kind=KIND_CHUNK, decode=True)
+        if payload[:CHUNK_ID_LEN].hex() != cid:
+            raise snap_error(self.path, off, "chunk id does not match the index")
+        data = payload[CHUNK_ID_LEN:]
+        if chunk_digest(data).hex() != cid:
+            raise snap_error(self.path, off, "chunk content checksum mismatch")
+        return data
+
+    def blob(self, bid: str) -> bytes:
+        parts = list(self.blob_reader(bid))
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def frames(self) -> List[Tuple[int, str, int]]:
+        return [(fr.offset, KIND_NAMES[fr.kind], fr.comp_len) for fr in self._frames]
+
+    @property
+    def stats(self) -> Dict[str, Any]:
+        """Sizes from frame headers (cheap: 32 bytes read per frame)."""
+        raw = {KIND_HEADER: 0, KIND_RECORDS: 0, KIND_CHUNK: 0}
+        stored = {KIND_HEADER: 0, KIND_RECORDS: 0, KIND_CHUNK: 0}
+        nrec = 0
+        for fr in self._frames:
+            head = self._read_at(fr.offset, FRAME_SIZE)
+            kind, codec, raw_len, comp_len, _, count = parse_frame_header(head, self.path, fr.offset)
+            raw[fr.kind] += raw_len
+            stored[fr.kind] += comp_len + FRAME_SIZE
+            if fr.kind == KIND_RECORDS:
+                nrec += count
+        unique = sum(s for s, _ in self._blobs.values())
+        logical = None
+        if self.index is not None:
+            st = self.index.get("stats")
+            if isinstance(st, dict) and _is_uint(st.get("blob_logical_bytes")):
+                logical = st["blob_logical_bytes"]
+        if logical is None:
+            logical = self._scan_blob_refs if self._scan_blob_refs is not None else unique
+        payload_raw = sum(raw.values())
+        payload_stored = sum(stored.values())
+        return {
+            "file_size": self.file_size,
+            "frames": len(self._frames),
+            "records": nrec,
+            "raw_record_bytes": raw[KIND_RECORDS],
+            "stored_record_bytes": stored[KIND_RECORDS],
+            "blobs": len(self._blobs),
+            "chunks": len(self._chunks),
+            "blob_logical_bytes": logical,
+            "blob_unique_bytes": unique,
+            "blob_stored_bytes": stored[KIND_CHUNK],
+            "compression_ratio": round(payload_raw / payload_stored, 3) if payload_stored else 1.0,
+            "dedup_ratio": round(logical / unique, 3) if unique else 1.0,
+            "truncated": self.truncated,
+            "lost_bytes": self.lost_bytes,
+        }
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> "SnapshotReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        f = getattr(self, "_f", None)
+        if f is not None:
+            try:
+                f.close()
+            except Exception:
+                pass
+
+
+def _chunk_count_ok(size: int, chunks: List[Any]) -> bool:
+    """A blob of `size` bytes has exactly ceil(size / 4 MiB) chunks (bounds read work by size)."""
+    return len(chunks) == (size + CHUNK_SIZE - 1) // CHUNK_SIZE and all(_is_hex_id(c) for c in chunks)
+
+
+def _count_blob_refs(rec: Dict[str, Any], refs: Dict[str, int]) -> None:
+    """Count {'blob': id} references inside a record's 'a' and 'x' maps."""
+    stack = [rec.get("x"), rec.get("a")]
+    budget = 10000
+    while stack and budget > 0:
+        budget -= 1
+        v = stack.pop()
+        if isinstance(v, dict):
+            b = v.get("blob")
+            if isinstance(b, str):
+                refs[b] = refs.get(b, 0) + 1
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
