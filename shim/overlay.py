@@ -1,0 +1,295 @@
+"""Hand-written overlay for shim/gen_api.py: what cuda.h cannot say.
+
+Plain data, read by the generator only (not at runtime). Rules are tried in order; the
+first match wins. Patterns are Python regexes matched (fullmatch) against the *base*
+name (cuMemAlloc for cuMemAlloc_v2 / cuMemcpy for cuMemcpy_ptds) and, where noted, the
+ABI name.
+"""
+
+# ---------------------------------------------------------------------------------------
+# Handle names for opaque pointer typedefs (`typedef struct CUxxx_st *CUxxx`). Types not
+# listed get a snake_case name derived from the typedef (CUgraphDeviceNode -> graph_device_node).
+HANDLE_NAMES = {
+    "CUcontext": "context",
+    "CUmodule": "module",
+    "CUfunction": "function",
+    "CUlibrary": "library",
+    "CUkernel": "kernel",
+    "CUstream": "stream",
+    "CUevent": "event",
+    "CUarray": "array",
+    "CUmipmappedArray": "mipmapped_array",
+    "CUgraph": "graph",
+    "CUgraphNode": "graph_node",
+    "CUgraphExec": "graph_exec",
+    "CUmemoryPool": "mempool",
+    "CUlinkState": "link_state",
+    "CUtexref": "texref",
+    "CUsurfref": "surfref",
+    "CUgraphicsResource": "graphics_resource",
+    "CUexternalMemory": "external_memory",
+    "CUexternalSemaphore": "external_semaphore",
+    "CUuserObject": "user_object",
+    "CUgreenCtx": "green_ctx",
+    "CUdevResourceDesc": "dev_resource_desc",
+    "CUmulticastObject": "multicast",
+}
+
+# Integer typedefs that carry identity (the replayer must translate them, not copy them).
+INT_SEMANTICS = {
+    "CUdeviceptr": "deviceptr", "CUdeviceptr_v2": "deviceptr", "CUdeviceptr_v1": "deviceptr",
+    "CUdevice": "device", "CUdevice_v1": "device",
+    "CUtexObject": "texobject", "CUtexObject_v1": "texobject",
+    "CUsurfObject": "surfobject", "CUsurfObject_v1": "surfobject",
+    "CUmemGenericAllocationHandle": "mem_handle", "CUmemGenericAllocationHandle_v1": "mem_handle",
+}
+
+# Types described even if no parameter reaches them (decoding needs them).
+EXTRA_TYPES = ["CUresult", "CUdriverProcAddressQueryResult", "CUjit_option", "CUpointer_attribute"]
+
+# ABI names whose base the name-stripping rule gets wrong.
+BASE_OVERRIDES = {}
+
+# Version table additions the PFN typedefs cannot express. cuda.h maps cuGraphInstantiate
+# to cuGraphInstantiateWithFlags since CUDA 12.0 (the old 5-argument form is legacy only),
+# so cuGetProcAddress("cuGraphInstantiate", >=12000) hands out cuGraphInstantiateWithFlags.
+VERSION_EXTRA = {
+    "cuGraphInstantiate": [(12000, "cuGraphInstantiateWithFlags")],
+}
+
+# ---------------------------------------------------------------------------------------
+# Families, by base name prefix. Order matters (specific before general).
+FAMILY_RULES = [
+    (r"cuGetExportTable|cuGetProcAddress|cuInit|cuDriverGetVersion|cuGetErrorString|cuGetErrorName", "misc"),
+    (r"cuFlushGPUDirectRDMAWrites", "misc"),
+    (r"cuIpc\w+", "ipc"),
+    (r"cuCheckpoint\w+", "checkpoint"),
+    (r"cuLogs\w+", "logs"),
+    (r"cuCoredump\w+", "coredump"),
+    (r"cuGreenCtx\w+|cuDevResource\w+|cuDevSmResource\w+|cuStreamGetGreenCtx|cuCtxFromGreenCtx"
+     r"|cuDeviceGetDevResource|cuCtxGetDevResource|cuDevResourceGenerateDesc|cuDevSmResourceSplit\w*", "green"),
+    (r"cuMulticast\w+", "multicast"),
+    (r"cuTensorMap\w+", "tensormap"),
+    (r"cuCtxEnablePeerAccess|cuCtxDisablePeerAccess|cuDeviceCanAccessPeer|cuDeviceGetP2PAttribute"
+     r"|cuDeviceGetP2PAtomicCapabilities", "peer"),
+    (r"cuDevicePrimaryCtx\w+", "context"),
+    (r"cuDeviceGraphMemTrim|cuDeviceGetGraphMemAttribute|cuDeviceSetGraphMemAttribute", "graph"),
+    (r"cuDeviceGetMemPool|cuDeviceSetMemPool|cuDeviceGetDefaultMemPool", "pool"),
+    (r"cuDevice\w*", "device"),
+    (r"cuCtx\w+", "context"),
+    (r"cuModule\w+|cuLibrary\w+|cuKernel\w+|cuFunc\w+|cuLink\w+|cuParamSet\w*", "module"),
+    (r"cuMemPool\w+|cuMemAllocAsync|cuMemAllocFromPoolAsync|cuMemFreeAsync|cuMemGetDefaultMemPool"
+     r"|cuMemGetMemPool|cuMemSetMemPool", "pool"),
+    (r"cuMemAddressReserve|cuMemAddressFree|cuMemCreate|cuMemRelease|cuMemMap|cuMemMapArrayAsync|cuMemUnmap"
+     r"|cuMemSetAccess|cuMemGetAccess|cuMemExportToShareableHandle|cuMemImportFromShareableHandle"
+     r"|cuMemGetAllocationGranularity|cuMemGetAllocationPropertiesFromHandle|cuMemRetainAllocationHandle", "vmm"),
+    (r"cuMem\w+|cuPointer\w+|cuArray\w*|cuMipmappedArray\w+", "memory"),
+    (r"cuLaunch\w*|cuOccupancy\w+", "launch"),
+    (r"cuStream\w+", "stream"),
+    (r"cuEvent\w+", "event"),
+    (r"cuGraphics\w+", "interop"),
+    (r"cuGraph\w+|cuUserObject\w+", "graph"),
+    (r"cuImportExternal\w+|cuExternalMemory\w+|cuDestroyExternal\w+|cuSignalExternalSemaphoresAsync"
+     r"|cuWaitExternalSemaphoresAsync", "interop"),
+    (r"cuTexRef\w+|cuTexObject\w+", "texture"),
+    (r"cuSurfRef\w+|cuSurfObject\w+", "surface"),
+]
+
+# Default status per family: replayable families vs recorded-only ones.
+FAMILY_STATUS = {
+    "context": "replay", "device": "replay", "module": "replay", "memory": "replay", "vmm": "replay",
+    "pool": "replay", "launch": "replay", "stream": "replay", "event": "replay", "graph": "replay",
+    "misc": "replay", "tensormap": "replay",
+    "peer": "record", "interop": "record", "texture": "record", "surface": "record", "green": "record",
+    "multicast": "record", "coredump": "record", "logs": "record", "checkpoint": "record", "ipc": "refused",
+}
+FAMILY_RECORD_REASON = {
+    "peer": "peer access depends on the multi-GPU topology of the capturing machine; recorded only",
+    "interop": "graphics / external memory and semaphore interop needs objects outside CUDA; recorded only",
+    "texture": "texture references and objects are recorded only",
+    "surface": "surface references and objects are recorded only",
+    "green": "green contexts / device resource partitions are recorded only",
+    "multicast": "multicast objects span devices/processes; recorded only",
+    "coredump": "coredump settings are debugging state; recorded only",
+    "logs": "driver log callbacks and dumps are recorded only",
+    "checkpoint": "process checkpoint/restore acts on other processes; recorded only",
+}
+
+# Per-function status exceptions: (pattern on base or ABI name, status, reason).
+STATUS_RULES = [
+    (r"cuGetExportTable", "refused", "private runtime tables: passed through untouched, not recordable"),
+    (r"cuIpc\w+", "refused", "cross-process handles cannot be replayed in one process"),
+    (r"cuMemImportFromShareableHandle", "refused", "imports an OS handle from another process; cannot be replayed"),
+    (r"cuMemExportToShareableHandle|cuMemPoolExportToShareableHandle|cuMemPoolExportPointer"
+     r"|cuMemGetHandleForAddressRange", "record",
+     "exports an OS handle for another process; recorded only"),
+    (r"cuMemPoolImportFromShareableHandle|cuMemPoolImportPointer", "refused",
+     "imports a pool/pointer from another process; cannot be replayed"),
+    # host callbacks: a function pointer of the captured process cannot be called on replay
+    (r"cuLaunchHostFunc|cuStreamAddCallback|cuUserObjectCreate|cuGraphAddHostNode|cuGraphHostNode\w+"
+     r"|cuGraphExecHostNodeSetParams|cuDeviceRegisterAsyncNotification|cuDeviceUnregisterAsyncNotification",
+     "record", "host callback function pointers of the captured process cannot be replayed"),
+    (r"cuLibraryGetUnifiedFunction", "record", "returns a host function pointer; recorded only"),
+    (r"cuGraphAddExternalSemaphores\w+|cuGraphExternalSemaphores\w+|cuGraphExecExternalSemaphores\w+",
+     "record", "external semaphore graph nodes need interop objects; recorded only"),
+    (r"cuGraphAddBatchMemOpNode|cuGraphBatchMemOpNode\w+|cuGraphExecBatchMemOpNodeSetParams", "record",
+     "stream memory operation nodes are recorded only"),
+    (r"cuStreamBatchMemOp|cuStreamWaitValue\w+|cuStreamWriteValue\w+", "record",
+     "stream memory operations (often polling host-mapped flags) are recorded only"),
+    (r"cuMemBatchDecompressAsync", "record", "hardware decompression batches are recorded only"),
+    (r"cuParamSet\w+|cuFuncSetBlockShape|cuFuncSetSharedSize|cuLaunch|cuLaunchGrid|cuLaunchGridAsync", "record",
+     "pre-CUDA-4 launch API (deprecated); recorded only"),
+    (r"cuModuleGetTexRef|cuModuleGetSurfRef", "record", "texture/surface references are recorded only"),
+]
+
+# Special capture handlers (the C wrapper does more than the generic parameter recording).
+CAPTURE_RULES = [
+    (r"cuModuleLoadData|cuModuleLoadDataEx|cuModuleLoadFatBinary|cuLibraryLoadData|cuLinkAddData",
+     "module_image"),
+    (r"cuModuleLoad|cuLibraryLoadFromFile|cuLinkAddFile", "module_file"),
+    (r"cuLaunchKernel|cuLaunchCooperativeKernel|cuLaunchKernelEx", "launch"),
+    (r"cuGetProcAddress", "getproc"),
+    (r"cuGetExportTable", "export_table"),
+    (r"cuMemcpy2D|cuMemcpy2DUnaligned|cuMemcpy2DAsync|cuMemcpy3D|cuMemcpy3DAsync|cuMemcpy3DPeer"
+     r"|cuMemcpy3DPeerAsync", "memcpy_struct"),
+    (r"cuMemHostAlloc|cuMemAllocHost|cuMemHostRegister|cuMemAllocManaged", "host_alloc"),
+    (r"cuMemcpyDtoHAsync|cuMemcpyAtoHAsync", "async_d2h"),
+]
+
+# ---------------------------------------------------------------------------------------
+# Parameter corrections: {pattern on base/ABI name: {param name: {kind, ...}}}.
+# Keys: kind, len_param, count_param, elem_size, count_is_ptr, pointee.
+_OUT_PTR = {"kind": "out", "pointee": "void *"}
+_BLOB_IN = lambda n: {"kind": "blob_in", "len_param": n}  # noqa: E731
+_BLOB_OUT = lambda n: {"kind": "blob_out", "len_param": n}  # noqa: E731
+_JIT = {"options": {"kind": "array_in", "count_param": "numOptions", "pointee": "CUjit_option"},
+        "optionValues": {"kind": "array_in", "count_param": "numOptions", "pointee": "void *"}}
+
+PARAMS = {
+    # --- copies: host pointers are blobs of the byte count
+    r"cuMemcpyHtoD|cuMemcpyHtoDAsync|cuMemcpyHtoA|cuMemcpyHtoAAsync": {"srcHost": _BLOB_IN("ByteCount")},
+    r"cuMemcpyDtoH|cuMemcpyAtoH": {"dstHost": _BLOB_OUT("ByteCount")},
+    # async D2H: the data is only there after the stream syncs; capture "async_d2h" defers it
+    r"cuMemcpyDtoHAsync|cuMemcpyAtoHAsync": {"dstHost": _BLOB_OUT("ByteCount")},
+    # --- host allocations return host pointers
+    r"cuMemAllocHost|cuMemHostAlloc": {"pp": _OUT_PTR},
+    r"cuMemHostGetDevicePointer": {"p": {"kind": "val"}},
+    r"cuMemHostGetFlags": {"p": {"kind": "val"}},
+    r"cuGetProcAddress": {"pfn": _OUT_PTR, "funcPtr": _OUT_PTR},
+    r"cuGetExportTable": {"ppExportTable": _OUT_PTR},
+    r"cuLibraryGetUnifiedFunction": {"fptr": _OUT_PTR},
+    r"cuGraphicsResourceGetMappedPointer": {},
+    # --- module / library images and JIT options
+    r"cuModuleLoadData": {"image": {"kind": "val"}},
+    r"cuModuleLoadDataEx": {"image": {"kind": "val"}, **_JIT},
+    r"cuModuleLoadFatBinary": {"fatCubin": {"kind": "val"}},
+    r"cuLinkCreate": _JIT,
+    r"cuLinkAddData": {"data": _BLOB_IN("size"), **_JIT},
+    r"cuLinkAddFile": _JIT,
+    r"cuLinkComplete": {"cubinOut": _OUT_PTR, "sizeOut": {"kind": "out"}},
+    r"cuLibraryLoadData|cuLibraryLoadFromFile": {
+        "code": {"kind": "val"},
+        "jitOptions": {"kind": "array_in", "count_param": "numJitOptions", "pointee": "CUjit_option"},
+        "jitOptionsValues": {"kind": "array_in", "count_param": "numJitOptions", "pointee": "void *"},
+        "libraryOptions": {"kind": "array_in", "count_param": "numLibraryOptions", "pointee": "CUlibraryOption"},
+        "libraryOptionValues": {"kind": "array_in", "count_param": "numLibraryOptions", "pointee": "void *"},
+    },
+    # --- launches: kernelParams/extra are decoded by the "launch" capture handler
+    r"cuLaunchKernel|cuLaunchCooperativeKernel|cuLaunchKernelEx": {
+        "kernelParams": {"kind": "opaque"}, "extra": {"kind": "opaque"}},
+    r"cuLaunchCooperativeKernelMultiDevice": {
+        "launchParamsList": {"kind": "array_in", "count_param": "numDevices", "pointee": "CUDA_LAUNCH_PARAMS"}},
+    # --- name / string buffers
+    r"cuDeviceGetName": {"name": {"kind": "array_out", "count_param": "len", "elem_size": 1}},
+    r"cuDeviceGetLuid": {"luid": {"kind": "array_out", "count_param": None, "elem_size": 1, "pointee_size": 8}},
+    r"cuDeviceGetPCIBusId": {"pciBusId": {"kind": "array_out", "count_param": "len", "elem_size": 1}},
+    r"cuGraphDebugDotPrint": {"path": {"kind": "str"}},
+    r"cuGraphInstantiate": {"logBuffer": {"kind": "array_out", "count_param": "bufferSize", "elem_size": 1}},
+    r"cuLogsDumpToMemory": {"buffer": {"kind": "array_out", "count_param": "size", "elem_size": 1,
+                                       "count_is_ptr": True}},
+    # --- attribute getters writing a value whose size depends on the attribute
+    r"cuPointerGetAttribute": {"data": {"kind": "opaque"}},
+    r"cuPointerGetAttributes": {
+        "attributes": {"kind": "array_in", "count_param": "numAttributes", "pointee": "CUpointer_attribute"},
+        "data": {"kind": "array_in", "count_param": "numAttributes", "pointee": "void *"}},
+    r"cuMemRangeGetAttribute": {"data": {"kind": "blob_out", "len_param": "dataSize"}},
+    r"cuMemRangeGetAttributes": {
+        "data": {"kind": "array_in", "count_param": "numAttributes", "pointee": "void *"},
+        "dataSizes": {"kind": "array_in", "count_param": "numAttributes", "pointee": "size_t"},
+        "attributes": {"kind": "array_in", "count_param": "numAttributes", "pointee": "CUmem_range_attribute"}},
+    r"cuMemPoolGetAttribute|cuMemPoolSetAttribute|cuDeviceGetGraphMemAttribute|cuDeviceSetGraphMemAttribute"
+    r"|cuCoredumpGetAttribute\w*|cuCoredumpSetAttribute\w*": {"value": {"kind": "opaque"}},
+    r"cuMemGetHandleForAddressRange": {"handle": {"kind": "opaque"}},
+    r"cuMemExportToShareableHandle|cuMemPoolExportToShareableHandle": {"shareableHandle": {"kind": "opaque"}},
+    r"cuMemImportFromShareableHandle|cuMemPoolImportFromShareableHandle": {"osHandle": {"kind": "val"}},
+    r"cuStreamAddCallback|cuLaunchHostFunc|cuUserObjectCreate|cuDeviceRegisterAsyncNotification"
+    r"|cuLogsRegisterCallback": {"userData": {"kind": "val"}, "ptr": {"kind": "val"}},
+    # --- graph topology arrays (counts given in/out through pointers)
+    r"cuGraphGetEdges": {
+        "from": {"kind": "array_out", "count_param": "numEdges", "count_is_ptr": True},
+        "to": {"kind": "array_out", "count_param": "numEdges", "count_is_ptr": True},
+        "edgeData": {"kind": "array_out", "count_param": "numEdges", "count_is_ptr": True}},
+    r"cuGraphNodeGetDependencies": {
+        "edgeData": {"kind": "array_out", "count_param": "numDependencies", "count_is_ptr": True}},
+    r"cuGraphNodeGetDependentNodes": {
+        "edgeData": {"kind": "array_out", "count_param": "numDependentNodes", "count_is_ptr": True}},
+    r"cuGraphAddDependencies|cuGraphRemoveDependencies": {
+        "from": {"kind": "array_in", "count_param": "numDependencies"},
+        "to": {"kind": "array_in", "count_param": "numDependencies"},
+        "edgeData": {"kind": "array_in", "count_param": "numDependencies"}},
+    r"cuGraphAdd\w+Node|cuGraphAddNode|cuStreamBeginCaptureToGraph|cuStreamUpdateCaptureDependencies"
+    r"|cuGraphConditionalHandleCreate": {
+        "dependencies": {"kind": "array_in", "count_param": "numDependencies"},
+        "dependencyData": {"kind": "array_in", "count_param": "numDependencies"}},
+    r"cuStreamGetCaptureInfo": {
+        "dependencies_out": {"kind": "out"}, "edgeData_out": {"kind": "out"}},
+    r"cuGraphExecUpdate": {"resultInfo": {"kind": "out_struct"}},
+    # --- arrays with counts the name heuristic misses
+    r"cuGraphicsMapResources|cuGraphicsUnmapResources": {
+        "resources": {"kind": "array_in", "count_param": "count"}},
+    r"cuSignalExternalSemaphoresAsync|cuWaitExternalSemaphoresAsync": {
+        "extSemArray": {"kind": "array_in", "count_param": "numExtSems"},
+        "paramsArray": {"kind": "array_in", "count_param": "numExtSems"}},
+    r"cuGraphAddExternalSemaphores\w+": {},
+    r"cuStreamBatchMemOp": {"paramArray": {"kind": "array_in", "count_param": "count"}},
+    r"cuMemMapArrayAsync": {"mapInfoList": {"kind": "array_in", "count_param": "count"}},
+    r"cuMemSetAccess": {"desc": {"kind": "array_in", "count_param": "count"}},
+    r"cuMemPoolSetAccess": {"map": {"kind": "array_in", "count_param": "count"}},
+    r"cuMemcpyBatchAsync": {
+        "dsts": {"kind": "array_in", "count_param": "count"},
+        "srcs": {"kind": "array_in", "count_param": "count"},
+        "sizes": {"kind": "array_in", "count_param": "count"},
+        "attrs": {"kind": "array_in", "count_param": "numAttrs"},
+        "attrsIdxs": {"kind": "array_in", "count_param": "numAttrs"},
+        "failIdx": {"kind": "out"}},
+    r"cuMemcpy3DBatchAsync": {"opList": {"kind": "array_in", "count_param": "numOps"}, "failIdx": {"kind": "out"}},
+    r"cuMemPrefetchBatchAsync|cuMemDiscardBatchAsync|cuMemDiscardAndPrefetchBatchAsync": {
+        "dptrs": {"kind": "array_in", "count_param": "count"},
+        "sizes": {"kind": "array_in", "count_param": "count"},
+        "prefetchLocs": {"kind": "array_in", "count_param": "numPrefetchLocs"},
+        "prefetchLocIdxs": {"kind": "array_in", "count_param": "numPrefetchLocs"}},
+    r"cuMemBatchDecompressAsync": {"paramsArray": {"kind": "array_in", "count_param": "count"},
+                                   "errorIndex": {"kind": "out"}},
+    r"cuCtxCreate": {"paramsArray": {"kind": "array_in", "count_param": "numParams"}},
+    r"cuDevResourceGenerateDesc": {"resources": {"kind": "array_in", "count_param": "nbResources"}},
+    r"cuDevSmResourceSplitByCount": {"result": {"kind": "array_out", "count_param": "nbGroups",
+                                                "count_is_ptr": True},
+                                     "remaining": {"kind": "out_struct"}},
+    r"cuLibraryEnumerateKernels": {"kernels": {"kind": "array_out", "count_param": "numKernels"}},
+    r"cuModuleEnumerateFunctions": {"functions": {"kind": "array_out", "count_param": "numFunctions"}},
+    r"cuTensorMapEncodeTiled|cuTensorMapEncodeIm2col|cuTensorMapEncodeIm2colWide": {
+        "globalAddress": {"kind": "val"},
+        "globalDim": {"kind": "array_in", "count_param": "tensorRank"},
+        "globalStrides": {"kind": "array_in", "count_param": "tensorRank"},
+        "boxDim": {"kind": "array_in", "count_param": "tensorRank"},
+        "elementStrides": {"kind": "array_in", "count_param": "tensorRank"},
+        "pixelBoxLowerCorner": {"kind": "array_in", "count_param": "tensorRank"},
+        "pixelBoxUpperCorner": {"kind": "array_in", "count_param": "tensorRank"}},
+    r"cuTensorMapReplaceAddress": {"tensorMap": {"kind": "inout_struct"}, "globalAddress": {"kind": "val"}},
+    r"cuMulticastAddDevice|cuMulticastBindMem|cuMulticastBindAddr": {},
+    r"cuOccupancyMaxPotentialBlockSize\w*": {"blockSizeToDynamicSMemSize": {"kind": "val"}},
+    r"cuStreamGetAttribute|cuGraphKernelNodeGetAttribute": {"value_out": {"kind": "out_struct"}},
+    r"cuCheckpointProcessLock|cuCheckpointProcessCheckpoint|cuCheckpointProcessRestore|cuCheckpointProcessUnlock": {
+        "args": {"kind": "in_struct"}},
+    r"cuParamSetv": {"ptr": _BLOB_IN("numbytes")},
+}
