@@ -20,6 +20,25 @@ def _fail(msg: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+@app.command(context_settings={"allow_interspersed_args": False})
+def capture(
+    command: List[str] = typer.Argument(..., help="The program and its arguments, after --."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Snapshot path (default ./PROGRAM.cusnap; other processes get PROGRAM.PID.cusnap)."),
+    ring_mb: int = typer.Option(256, "--ring-mb", help="Shared-memory ring per process, MiB (a larger ring absorbs bursts)."),
+    level: int = typer.Option(3, "--level", help="zstd compression level (1 fastest .. 19)."),
+    threads: int = typer.Option(4, "--threads", help="Compression threads per process."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="No summary lines."),
+):
+    """Run COMMAND with the shim preloaded and write a snapshot for each process that used CUDA."""
+    from cudasnap.capture.run import run_capture
+
+    if ring_mb < 1 or ring_mb > 65536:
+        _fail("--ring-mb must be between 1 and 65536")
+    if not 1 <= level <= 22:
+        _fail("--level must be between 1 and 22")
+    raise typer.Exit(run_capture(list(command), output, ring_mb, level, max(0, threads), quiet))
+
+
 @app.command()
 def info(
     snapshot: Path = typer.Argument(..., help="A .cusnap file."),

@@ -1,0 +1,157 @@
+"""Turn raw ring records into schema records (formats/SCHEMA.md), using the API description.
+
+Pre- and post-call records are merged into one call record when the call returns; a call
+still open when the process died is written without a result (`r` absent)."""
+from __future__ import annotations
+
+import struct
+
+from . import ring as R
+
+F_PARAMS, F_ATTRS, F_IMAGE, F_SYMBOL, F_WRAPPED, F_HOSTSRC, F_HOSTDST = 0x100, 0x101, 0x102, 0x103, 0x104, 0x105, 0x106
+F_NAME, F_HANDLE, F_KIND, F_MODULE, F_LAYOUT, F_MSG, F_INFO, F_CODE = 0x110, 0x111, 0x112, 0x113, 0x114, 0x115, 0x116, 0x117
+EXTRA_NAMES = {F_PARAMS: "params", F_ATTRS: "attrs", F_IMAGE: "image", F_HOSTSRC: "hostsrc", F_HOSTDST: "hostdst"}
+INFO_ROW = 256 + 16 + 24
+
+
+class Decoder:
+    """Stateful per-process decoder: holds open calls and blob serial -> blob id."""
+
+    def __init__(self, desc, blob_sink):
+        self.fns = sorted(desc.functions, key=lambda f: f["name"])  # same order as the C table
+        self.blob_sink = blob_sink      # object with begin(serial), piece(serial, data), end(serial, size) -> blob id
+        self.blobs: dict[int, tuple[str, int]] = {}
+        self.open: dict[int, dict] = {}
+        self.counts = {"calls": 0, "launches": 0, "h2d_bytes": 0, "d2h_bytes": 0, "blob_bytes": 0, "notes": 0}
+
+    def _blobref(self, data: bytes) -> dict:
+        serial, size = struct.unpack_from("<QQ", data)
+        ent = self.blobs.get(serial)
+        if ent is None:
+            return {"blob": None, "size": size, "lost": True}
+        return {"blob": ent[0], "size": ent[1]}
+
+    def _fields(self, fn: dict, rec: R.RawRecord, args: dict, extra: dict, post: bool) -> None:
+        params = fn["params"]
+        for idx, tag, data in rec.fields:
+            if idx >= 0x100:
+                if idx in EXTRA_NAMES:
+                    extra[EXTRA_NAMES[idx]] = self._blobref(data) if tag == R.T_BLOB else data
+                elif idx == F_WRAPPED:
+                    wid = struct.unpack("<q", data)[0]
+                    extra["wrapped"] = self.fns[wid]["name"] if 0 <= wid < len(self.fns) else None
+                continue
+            if idx >= len(params):
+                continue
+            p = params[idx]
+            name = p["name"]
+            if tag == R.T_VAL:
+                if not post:
+                    args[name] = struct.unpack("<Q", data)[0]
+            elif tag == R.T_F64:
+                args[name] = struct.unpack("<d", data)[0]
+            elif tag == R.T_STR:
+                args[name] = data.decode("utf-8", "replace")
+            elif tag == R.T_BLOB:
+                ref = self._blobref(data)
+                extra[name] = ref
+                key = "d2h_bytes" if post else "h2d_bytes"
+                self.counts[key] += ref["size"]
+            elif tag == R.T_BYTES:
+                if post and p["kind"] == "out" and len(data) <= 8:
+                    args[name] = int.from_bytes(data, "little")
+                elif post and p["kind"] in ("inout_struct",):
+                    extra[name + ".out"] = data
+                else:
+                    args[name] = data
+
+    def feed(self, rec: R.RawRecord) -> list[dict]:
+        """Consume one raw record; return schema records now complete."""
+        t = rec.type
+        if t == R.BLOB_PIECE:
+            self.blob_sink.piece(rec.seq, rec.fields[0][2] if rec.fields else b"")
+            return []
+        if t == R.BLOB_END:
+            size = struct.unpack("<Q", rec.fields[0][2])[0] if rec.fields else 0
+            bid = self.blob_sink.end(rec.seq, size)
+            self.blobs[rec.seq] = (bid, size)
+            self.counts["blob_bytes"] += size
+            return []
+        if t == R.PRE:
+            if rec.fn >= len(self.fns):
+                return [{"k": "note", "level": "warning", "msg": f"call to unknown API id {rec.fn}"}]
+            fn = self.fns[rec.fn]
+            args: dict = {}
+            extra: dict = {}
+            self._fields(fn, rec, args, extra, post=False)
+            call = {"k": "c", "s": rec.seq, "tid": rec.tid, "t0": rec.t_ns, "f": fn["name"], "a": args}
+            if extra:
+                call["x"] = extra
+            self.open[rec.seq] = call
+            return []
+        if t == R.POST:
+            call = self.open.pop(rec.seq, None)
+            if call is None or rec.fn >= len(self.fns):
+                return []
+            fn = self.fns[rec.fn]
+            extra = call.setdefault("x", {})
+            self._fields(fn, rec, call["a"], extra, post=True)
+            if not extra:
+                del call["x"]
+            call["t1"] = rec.t_ns
+            call["r"] = rec.result
+            self.counts["calls"] += 1
+            if fn["name"].startswith("cuLaunch") and "Host" not in fn["name"]:
+                self.counts["launches"] += 1
+            return [call]
+        if t == R.FN:
+            d = {idx: data for idx, _tag, data in rec.fields}
+            lay = d.get(F_LAYOUT, b"")
+            pairs = list(struct.iter_unpack("<II", lay[: len(lay) // 8 * 8]))
+            return [{
+                "k": "fn",
+                "h": struct.unpack("<Q", d[F_HANDLE])[0] if F_HANDLE in d else 0,
+                "kind": "kernel" if (F_KIND in d and struct.unpack("<Q", d[F_KIND])[0] == 1) else "function",
+                "module": struct.unpack("<Q", d[F_MODULE])[0] if F_MODULE in d else None,
+                "name": d.get(F_NAME, b"").decode("utf-8", "replace"),
+                "params": [list(p) for p in pairs],
+            }]
+        if t == R.PROC:
+            d = {idx: data for idx, _tag, data in rec.fields}
+            ver = struct.unpack("<Q", d.get(F_CODE, bytes(8)))[0]
+            info = d.get(F_INFO, b"")
+            gpus = []
+            for i in range(len(info) // INFO_ROW):
+                row = info[i * INFO_ROW:(i + 1) * INFO_ROW]
+                maj, mnr, mem = struct.unpack_from("<iiQ", row, 272)
+                gpus.append({
+                    "index": i,
+                    "name": row[:256].split(b"\0")[0].decode("utf-8", "replace"),
+                    "uuid": "GPU-" + _uuid(row[256:272]),
+                    "cc": [maj, mnr],
+                    "mem": mem,
+                })
+            return [{"k": "proc", "driver_version": ver, "gpus": gpus}]
+        if t == R.NOTE:
+            self.counts["notes"] += 1
+            msg = rec.fields[0][2].decode("utf-8", "replace") if rec.fields else ""
+            return [{"k": "note", "level": "warning", "msg": msg, "t": rec.t_ns}]
+        if t == R.EXIT:
+            return []
+        return []
+
+    def finish(self) -> list[dict]:
+        """Calls that never returned (the program died inside them), in entry order."""
+        out = []
+        for seq in sorted(self.open):
+            call = self.open[seq]
+            call["incomplete"] = True
+            out.append(call)
+            self.counts["calls"] += 1
+        self.open.clear()
+        return out
+
+
+def _uuid(b: bytes) -> str:
+    h = b.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"

@@ -1,0 +1,251 @@
+"""The recorder: drains every ring of a capture session into one snapshot per process.
+
+It runs inside `cudasnap capture`, beside the program. Rings appear in the session
+directory as processes make their first driver call; each gets a drain thread, a decoder
+and a SnapshotWriter (compression runs on the writer's thread pool)."""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cudasnap import __version__
+from cudasnap.formats import SnapshotWriter
+from cudasnap.shim import description
+
+from .decode import Decoder
+from .ring import Ring
+
+ENV_KEEP = ("CUDA_", "PYTORCH_", "XLA_", "JAX_", "TRITON_", "NCCL_", "LD_LIBRARY_PATH", "CUDASNAP_")
+
+
+class _BlobSink:
+    """Reassembles blobs that arrive as pieces (several may interleave) into the writer."""
+
+    def __init__(self, writer: SnapshotWriter):
+        self.writer = writer
+        self.streams: dict = {}
+
+    def piece(self, serial: int, data) -> None:
+        s = self.streams.get(serial)
+        if s is None:
+            s = self.streams[serial] = self.writer.begin_blob()
+        s.write(data)
+
+    def end(self, serial: int, size: int) -> str:
+        s = self.streams.pop(serial, None)
+        if s is None:
+            s = self.writer.begin_blob()
+        return s.finish()
+
+
+@dataclass
+class ProcessCapture:
+    ring: Ring
+    path: Path
+    writer: SnapshotWriter
+    decoder: Decoder
+    thread: threading.Thread | None = None
+    partial: bool = False
+    disk_error: str | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+def _proc_info(pid: int) -> dict:
+    info: dict = {"pid": pid}
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        info["argv"] = [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
+    except OSError:
+        info["argv"] = []
+    try:
+        env = {}
+        for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+            k, _, v = item.decode("utf-8", "replace").partition("=")
+            if k.startswith(ENV_KEEP):
+                env[k] = v
+        info["env"] = env
+    except OSError:
+        info["env"] = {}
+    try:
+        info["cwd"] = os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        info["cwd"] = None
+    return info
+
+
+class Recorder:
+    def __init__(self, session_dir: Path, out: Path, root_pid_getter, options: dict, level: int = 3, threads: int = 4):
+        self.session_dir = session_dir
+        self.out = out
+        self.root_pid_getter = root_pid_getter
+        self.options = options
+        self.level = level
+        self.threads = threads
+        self.procs: dict[int, ProcessCapture] = {}
+        self.desc = description.load()
+        self.stop = threading.Event()
+        self.watcher = threading.Thread(target=self._watch, name="cudasnap-watch", daemon=True)
+        self.lock = threading.Lock()
+        self._root_exit = (None, None)
+        self.root_exited = threading.Event()
+
+    def start(self) -> None:
+        self.watcher.start()
+
+    def _path_for(self, pid: int) -> Path:
+        if pid == self.root_pid_getter():
+            return self.out
+        stem = self.out.name[: -len(".cusnap")] if self.out.name.endswith(".cusnap") else self.out.name
+        return self.out.with_name(f"{stem}.{pid}.cusnap")
+
+    def _scan(self) -> None:
+        try:
+            names = os.listdir(self.session_dir)
+        except OSError:
+            return
+        for name in names:
+            if not (name.startswith("ring-") and name.endswith(".shm")):
+                continue
+            try:
+                pid = int(name[5:-4])
+            except ValueError:
+                continue
+            with self.lock:
+                if pid in self.procs:
+                    continue
+                self._open(pid, self.session_dir / name)
+
+    def _open(self, pid: int, ring_path: Path) -> None:
+        ring = Ring(str(ring_path))
+        ring.beat()
+        info = _proc_info(pid)
+        header = {
+            "format": "cudasnap",
+            "created": time.time(),
+            "host": socket.gethostname(),
+            "pid": pid,
+            "ppid": ring.ppid,
+            "argv": info["argv"],
+            "cwd": info["cwd"],
+            "env": info["env"],
+            "options": self.options,
+            "api": {"source": self.desc.raw.get("source"), "digest": self.desc.digest},
+            "tool_version": __version__,
+        }
+        if ring.api_digest and self.desc.digest and not self.desc.digest.startswith(ring.api_digest[:16]):
+            header["api"]["shim_digest"] = ring.api_digest
+        path = self._path_for(pid)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        writer = SnapshotWriter(path, header, level=self.level, threads=self.threads)
+        pc = ProcessCapture(ring, path, writer, Decoder(self.desc, _BlobSink(writer)))
+        pc.thread = threading.Thread(target=self._drain, args=(pc,), name=f"cudasnap-drain-{pid}", daemon=True)
+        self.procs[pid] = pc
+        pc.thread.start()
+
+    def _watch(self) -> None:
+        while not self.stop.is_set():
+            self._scan()
+            self.stop.wait(0.02)
+        self._scan()
+
+    def _write(self, pc: ProcessCapture, recs: list) -> None:
+        if pc.disk_error:
+            return
+        try:
+            for r in recs:
+                pc.writer.write(r)
+        except OSError as e:  # full disk & co: warn once, keep the program running
+            pc.disk_error = str(e)
+            pc.partial = True
+            print(f"cudasnap: warning: writing {pc.path} failed ({e}); the snapshot is partial", file=sys.stderr)
+
+    def _drain(self, pc: ProcessCapture) -> None:
+        ring, dec = pc.ring, pc.decoder
+        last_flush = time.monotonic()
+        dead_since = None
+        while True:
+            ring.beat()
+            raws = ring.poll()
+            for raw in raws:
+                try:
+                    recs = dec.feed(raw)
+                except OSError as e:
+                    recs = []
+                    if not pc.disk_error:
+                        pc.disk_error = str(e)
+                        pc.partial = True
+                        print(f"cudasnap: warning: writing {pc.path} failed ({e}); the snapshot is partial", file=sys.stderr)
+                if recs:
+                    self._write(pc, recs)
+            now = time.monotonic()
+            if now - last_flush > 0.25 and not pc.disk_error:
+                try:
+                    pc.writer.flush()
+                except OSError:
+                    pass
+                last_flush = now
+            if raws:
+                dead_since = None
+                continue
+            if ring.head() == ring.tail and (ring.exited_cleanly() or not ring.process_alive()):
+                if not ring.process_alive() or ring.exited_cleanly():
+                    # one more look: a record published after our last poll
+                    if not ring.poll(1):
+                        break
+                    continue
+            if not ring.process_alive():
+                dead_since = dead_since or now
+                if now - dead_since > 0.2:
+                    # the producer died while writing a record: step over it, or stop
+                    if not ring.skip_unpublished():
+                        break
+                    dead_since = None
+                    continue
+            time.sleep(0.0005 if now - last_flush < 0.05 else 0.002)
+        self._finish(pc)
+
+    def _finish(self, pc: ProcessCapture) -> None:
+        recs = pc.decoder.finish()
+        if recs:
+            self._write(pc, recs)
+        dropped = pc.ring.dropped()
+        if dropped:
+            pc.partial = True
+            self._write(pc, [{"k": "note", "level": "warning", "msg": f"{dropped} records dropped: the recorder stopped draining"}])
+        clean = pc.ring.exited_cleanly()
+        if pc.ring.pid == self.root_pid_getter():
+            self.root_exited.wait(10)
+            pc.exit_code, pc.signal = self._root_exit
+        end = {"k": "end", "exit": pc.exit_code, "signal": pc.signal, "clean_exit": clean, "partial": pc.partial}
+        self._write(pc, [end])
+        try:
+            pc.writer.close()
+        except OSError as e:
+            print(f"cudasnap: warning: closing {pc.path} failed ({e}); run `cudasnap repair {pc.path}`", file=sys.stderr)
+        pc.ring.close()
+        try:
+            os.unlink(pc.ring.path)
+        except OSError:
+            pass
+        pc.done.set()
+
+    def set_root_exit(self, code: int | None, sig: int | None) -> None:
+        self._root_exit = (code, sig)
+        self.root_exited.set()
+
+    def finish(self, timeout: float = 600.0) -> list[ProcessCapture]:
+        """After the program exited: wait until every ring is drained and closed."""
+        self._scan()
+        self.stop.set()
+        self.watcher.join()
+        deadline = time.monotonic() + timeout
+        for pc in list(self.procs.values()):
+            pc.thread.join(max(0.0, deadline - time.monotonic()))
+        return list(self.procs.values())

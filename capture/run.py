@@ -1,0 +1,117 @@
+"""`cudasnap capture [-o OUT] -- COMMAND ARGS...`: like `nsys profile`, the program runs
+unmodified with the shim preloaded; its stdout, stderr and exit code pass through."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from .recorder import Recorder
+
+
+def shim_path() -> str:
+    """Path of the preloadable library (the cffi extension module itself)."""
+    from importlib.util import find_spec
+
+    spec = find_spec("cudasnap.shim._shim")
+    if spec is None or not spec.origin:
+        raise RuntimeError("the cudasnap shim is not built: reinstall with `pip install .` (needs a C compiler)")
+    return spec.origin
+
+
+def _session_dir() -> Path:
+    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    return Path(tempfile.mkdtemp(prefix="cudasnap-", dir=base))
+
+
+def run_capture(command: list[str], out: Path | None, ring_mb: int, level: int, threads: int, quiet: bool) -> int:
+    if not command:
+        print("cudasnap: error: no command given: use `cudasnap capture [-o OUT] -- COMMAND ARGS...`", file=sys.stderr)
+        return 2
+    exe = shutil.which(command[0]) or (command[0] if os.path.exists(command[0]) else None)
+    if exe is None:
+        print(f"cudasnap: error: command not found: {command[0]}", file=sys.stderr)
+        return 127
+    try:
+        lib = shim_path()
+    except RuntimeError as e:
+        print(f"cudasnap: error: {e}", file=sys.stderr)
+        return 2
+    if out is None:
+        out = Path.cwd() / f"{Path(command[0]).name}.cusnap"
+    out = out.resolve()
+    session = _session_dir()
+    env = dict(os.environ)
+    env["LD_PRELOAD"] = lib + (":" + env["LD_PRELOAD"] if env.get("LD_PRELOAD") else "")
+    env["CUDASNAP_SESSION"] = str(session)
+    env["CUDASNAP_RING_MB"] = str(ring_mb)
+    options = {"ring_mb": ring_mb, "level": level, "command": command}
+    root = {"pid": -1}
+    rec = Recorder(session, out, lambda: root["pid"], options, level=level, threads=threads)
+    rec.start()
+    # Signals meant for the program go to it; we stay to finish the snapshot.
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT)}
+    try:
+        proc = subprocess.Popen(command, env=env, restore_signals=True,
+                                preexec_fn=lambda: [signal.signal(s, signal.SIG_DFL) for s in old])
+    except OSError as e:
+        for s, h in old.items():
+            signal.signal(s, h)
+        print(f"cudasnap: error: cannot run {command[0]}: {e}", file=sys.stderr)
+        return 127
+    root["pid"] = proc.pid
+    code = proc.wait()
+    for s, h in old.items():
+        signal.signal(s, h)
+    sig = -code if code < 0 else None
+    rec.set_root_exit(code if code >= 0 else None, sig)
+    procs = rec.finish()
+    shutil.rmtree(session, ignore_errors=True)
+    if not quiet:
+        _summary(procs, out)
+    if sig:
+        # die the way the program died, so callers see the same status
+        sys.stdout.flush(); sys.stderr.flush()
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+    return code if code >= 0 else 128 + (-code)
+
+
+def _summary(procs, out: Path) -> None:
+    from rich.console import Console
+
+    con = Console(stderr=True, highlight=False)
+    if not procs:
+        con.print(f"[bold]cudasnap:[/] the program made no CUDA driver calls; no snapshot written ({out.name} not created)")
+        return
+    for pc in sorted(procs, key=lambda p: p.ring.pid):
+        c = pc.decoder.counts
+        st = pc.writer.stats
+        size = pc.path.stat().st_size if pc.path.exists() else 0
+        flags = []
+        if pc.partial:
+            flags.append("[red]partial[/]")
+        if pc.signal:
+            flags.append(f"killed by signal {pc.signal}")
+        if c.get("notes"):
+            flags.append(f"{c['notes']} notes")
+        con.print(
+            f"[bold]cudasnap:[/] {pc.path}  pid {pc.ring.pid}: {c['calls']:,} calls, {c['launches']:,} launches, "
+            f"{_mb(c['h2d_bytes'])} H2D, {_mb(c['d2h_bytes'])} D2H captured, file {_mb(size)}"
+            + (f"  ({', '.join(flags)})" if flags else "")
+        )
+        _ = st
+
+
+def _mb(n: int) -> str:
+    if n >= 1 << 30:
+        return f"{n / (1 << 30):.2f} GiB"
+    if n >= 1 << 20:
+        return f"{n / (1 << 20):.1f} MiB"
+    if n >= 1 << 10:
+        return f"{n / (1 << 10):.1f} KiB"
+    return f"{n} B"

@@ -1,0 +1,459 @@
+"""`cudasnap info`, `dump` and `repair`: read-only views of a snapshot (and its repair).
+
+Each run_* function returns the process exit code; errors print one line
+'cudasnap: error: <msg>' to stderr and return 2 (never a traceback).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional
+
+from cudasnap.formats import SnapshotError, SnapshotReader, cu_result_name, parse_callset, repair
+from cudasnap.formats import callset as cs
+
+
+def _err(msg: str) -> int:
+    msg = " ".join(str(msg).split())
+    print(f"cudasnap: error: {msg}", file=sys.stderr)
+    return 2
+
+
+# ============================================================================ info
+
+_SIZE_KEYS = ("ByteCount", "byteCount", "bytes", "bytesize", "byteSize", "size", "Size", "N", "count", "Count")
+
+
+def _as_int(v: Any) -> Optional[int]:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+
+def _copy_bytes(a: Mapping[str, Any]) -> int:
+    for k in _SIZE_KEYS:
+        n = _as_int(a.get(k))
+        if n is not None:
+            return n
+    for key in ("pCopy", "copy", "p"):
+        c = a.get(key)
+        if isinstance(c, dict):
+            w = _as_int(c.get("WidthInBytes")) or 0
+            h = _as_int(c.get("Height")) or 1
+            d = _as_int(c.get("Depth")) or 1
+            return w * max(h, 1) * max(d, 1)
+    return 0
+
+
+def _memset_bytes(f: str, a: Mapping[str, Any]) -> int:
+    elem = 4 if "D32" in f else 2 if "D16" in f else 1
+    if "D2D" in f:
+        w = _as_int(a.get("Width")) or 0
+        h = _as_int(a.get("Height")) or 0
+        return w * h * elem
+    n = _as_int(a.get("N"))
+    if n is None:
+        n = _copy_bytes(a) // elem if elem > 1 else _copy_bytes(a)
+    return n * elem
+
+
+_MEMTYPE = {1: "H", 2: "D", 3: "A", 4: "U"}
+
+
+def _copy_direction(f: str, a: Mapping[str, Any]) -> str:
+    b = cs._base(f)
+    for tag, kind in (("HtoD", "H2D"), ("DtoH", "D2H"), ("DtoD", "D2D"), ("HtoA", "H2D"),
+                      ("AtoH", "D2H"), ("DtoA", "D2D"), ("AtoD", "D2D"), ("AtoA", "D2D"), ("Peer", "P2P")):
+        if tag in b:
+            return kind
+    c = a.get("pCopy") if isinstance(a.get("pCopy"), dict) else None
+    if c is not None:
+        s = _MEMTYPE.get(c.get("srcMemoryType"), "?")
+        d = _MEMTYPE.get(c.get("dstMemoryType"), "?")
+        if s == "H" and d in "DA":
+            return "H2D"
+        if s in "DA" and d == "H":
+            return "D2H"
+        if s in "DA" and d in "DA":
+            return "D2D"
+    return "unified"
+
+
+def _alloc_bytes(f: str, a: Mapping[str, Any]) -> int:
+    if "Pitch" in f:
+        w = _as_int(a.get("WidthInBytes")) or 0
+        h = _as_int(a.get("Height")) or 0
+        p = _as_int(a.get("pPitch")) or w
+        return max(p, w) * h
+    return _copy_bytes(a)
+
+
+def summarize(r: SnapshotReader) -> Dict[str, Any]:
+    """Everything `info` shows, as a JSON-able dict."""
+    hdr = r.header
+    proc = hdr.get("proc") if isinstance(hdr.get("proc"), dict) else {}
+    fn_names: Dict[Any, str] = {}
+    calls: Counter = Counter()
+    kernels: Counter = Counter()
+    mem = defaultdict(lambda: {"count": 0, "bytes": 0})
+    modules = {"loads": 0, "image_bytes": 0}
+    t0 = t1 = None
+    errors = 0
+    unreturned = 0
+    notes = Counter()
+    note_msgs = []
+    end = None
+    n_records = 0
+    kinds: Counter = Counter()
+    launches = []
+    for rec in r.records():
+        n_records += 1
+        k = rec.get("k")
+        kinds[str(k)] += 1
+        if k == "fn":
+            name = rec.get("name")
+            try:
+                if isinstance(name, str):
+                    fn_names[rec.get("h")] = name
+            except TypeError:
+                pass
+        elif k == "c":
+            f = rec.get("f") if isinstance(rec.get("f"), str) else "?"
+            a = rec.get("a") if isinstance(rec.get("a"), dict) else {}
+            calls[f] += 1
+            for key, agg in (("t0", min), ("t1", max)):
+                v = _as_int(rec.get(key))
+                if v is not None:
+                    if key == "t0":
+                        t0 = v if t0 is None else min(t0, v)
+                    else:
+                        t1 = v if t1 is None else max(t1, v)
+            if rec.get("r") is None:
+                unreturned += 1
+            elif rec.get("r") != 0:
+                errors += 1
+            if cs.is_launch(f):
+                launches.append(rec)       # resolved after all fn records are seen
+            elif cs.is_memcpy(f):
+                m = mem[_copy_direction(f, a)]
+                m["count"] += 1
+                m["bytes"] += _copy_bytes(a)
+            elif cs.is_memset(f):
+                m = mem["memset"]
+                m["count"] += 1
+                m["bytes"] += _memset_bytes(f, a)
+            elif cs.is_alloc(f):
+                m = mem["alloc"]
+                m["count"] += 1
+                m["bytes"] += _alloc_bytes(f, a)
+            elif cs.is_module_load(f):
+                modules["loads"] += 1
+                x = rec.get("x") if isinstance(rec.get("x"), dict) else {}
+                for v in list(x.values()) + [x]:
+                    if isinstance(v, dict) and isinstance(v.get("blob"), str) and r.has_blob(v["blob"]):
+                        modules["image_bytes"] += r.blob_size(v["blob"])
+                        break
+        elif k == "note":
+            lvl = rec.get("level") if isinstance(rec.get("level"), str) else "info"
+            notes[lvl] += 1
+            if lvl != "info" and len(note_msgs) < 10:
+                note_msgs.append(str(rec.get("msg"))[:200])
+        elif k == "end":
+            end = {"exit": rec.get("exit"), "signal": rec.get("signal"), "partial": rec.get("partial")}
+    for rec in launches:
+        name = cs.kernel_name(rec, fn_names)
+        if name is None:
+            h = cs.launch_function_handle(rec)
+            name = f"<function {h:#x}>" if isinstance(h, int) else "<unknown function>"
+        kernels[name] += 1
+    st = r.stats
+    gpus = proc.get("gpus") if isinstance(proc.get("gpus"), list) else []
+    return {
+        "file": r.path,
+        "format_version": r.version,
+        "schema": hdr.get("schema"),
+        "tool_version": hdr.get("tool_version"),
+        "process": {"argv": hdr.get("argv"), "pid": hdr.get("pid"), "host": hdr.get("host"),
+                    "cwd": hdr.get("cwd"), "created": hdr.get("created")},
+        "driver_version": proc.get("driver_version"),
+        "gpus": [g for g in gpus if isinstance(g, dict)],
+        "duration_s": (t1 - t0) / 1e9 if t0 is not None and t1 is not None and t1 >= t0 else None,
+        "records": n_records,
+        "record_kinds": dict(kinds),
+        "calls": {"total": sum(calls.values()), "errors": errors, "unreturned": unreturned,
+                  "by_name": dict(calls.most_common())},
+        "kernels": {"launches": sum(kernels.values()), "distinct": len(kernels),
+                    "by_name": dict(kernels.most_common())},
+        "memory": {k: dict(v) for k, v in sorted(mem.items())},
+        "modules": modules,
+        "blobs": {"count": st["blobs"], "logical_bytes": st["blob_logical_bytes"],
+                  "unique_bytes": st["blob_unique_bytes"], "stored_bytes": st["blob_stored_bytes"],
+                  "dedup_ratio": st["dedup_ratio"]},
+        "file_size": st["file_size"],
+        "compression_ratio": st["compression_ratio"],
+        "truncated": r.truncated,
+        "lost_bytes": r.lost_bytes,
+        "recovered_frames": r.recovered_frames,
+        "notes": dict(notes),
+        "warnings": note_msgs,
+        "end": end,
+    }
+
+
+def _human(n: Any) -> str:
+    if not isinstance(n, (int, float)):
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def run_info(path: Path, json_out: bool) -> int:
+    try:
+        with SnapshotReader(path) as r:
+            s = summarize(r)
+    except SnapshotError as e:
+        return _err(str(e))
+    if json_out:
+        print(json.dumps(s, default=_json_default, sort_keys=False))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(highlight=False, soft_wrap=True)
+    p = s["process"]
+    con.print(f"[bold]{s['file']}[/bold]  (format {s['format_version']}, schema {s['schema']}, "
+              f"cudasnap {s['tool_version']})")
+    argv = p.get("argv")
+    con.print(f"process  : {' '.join(map(str, argv)) if isinstance(argv, list) else argv!s}  "
+              f"pid {p.get('pid')} on {p.get('host')}", markup=False)
+    con.print(f"driver   : {s['driver_version']}", markup=False)
+    for g in s["gpus"]:
+        cc = g.get("cc")
+        cc_s = ".".join(map(str, cc)) if isinstance(cc, list) else "?"
+        con.print(f"gpu {g.get('index')}    : {g.get('name')}  cc {cc_s}  {_human(g.get('mem'))}  {g.get('uuid', '')}",
+                  markup=False)
+    dur = s["duration_s"]
+    con.print(f"duration : {dur:.6f} s" if dur is not None else "duration : -")
+    c = s["calls"]
+    con.print(f"calls    : {c['total']}  (errors {c['errors']}, never returned {c['unreturned']})")
+    state = "no" if not s["truncated"] else f"[red]YES[/red], {s['lost_bytes']} bytes lost, {s['recovered_frames']} frames recovered"
+    con.print(f"truncated: {state}")
+    b = s["blobs"]
+    con.print(f"file     : {_human(s['file_size'])}, compression {s['compression_ratio']}x, "
+              f"blobs {b['count']} ({_human(b['logical_bytes'])} logical, {_human(b['unique_bytes'])} unique, "
+              f"dedup {b['dedup_ratio']}x)")
+    con.print(f"modules  : {s['modules']['loads']} loaded, {_human(s['modules']['image_bytes'])} of images")
+    notes = s["notes"]
+    con.print(f"notes    : {sum(notes.values())} ({notes.get('warning', 0)} warnings)")
+    for m in s["warnings"]:
+        con.print(f"  warning: {m}", markup=False)
+    e = s["end"]
+    if e is None:
+        con.print("end      : [yellow]no end record[/yellow] (process did not finish cleanly?)")
+    else:
+        con.print(f"end      : exit {e.get('exit')}  signal {e.get('signal')}  partial {e.get('partial')}")
+
+    t = Table(title="API calls", show_edge=False)
+    t.add_column("function")
+    t.add_column("count", justify="right")
+    for name, n in list(c["by_name"].items())[:40]:
+        t.add_row(name, str(n))
+    if len(c["by_name"]) > 40:
+        t.add_row(f"... {len(c['by_name']) - 40} more", "")
+    con.print(t)
+    if s["kernels"]["by_name"]:
+        t = Table(title="Kernels by launches", show_edge=False)
+        t.add_column("kernel")
+        t.add_column("launches", justify="right")
+        for name, n in list(s["kernels"]["by_name"].items())[:30]:
+            t.add_row(name, str(n))
+        con.print(t)
+    if s["memory"]:
+        t = Table(title="Memory traffic", show_edge=False)
+        t.add_column("kind")
+        t.add_column("calls", justify="right")
+        t.add_column("bytes", justify="right")
+        for k, v in s["memory"].items():
+            t.add_row(k, str(v["count"]), _human(v["bytes"]))
+        con.print(t)
+    return 0
+
+
+# ============================================================================ dump
+
+def _fmt_val(v: Any, blobs: bool, depth: int = 0) -> str:
+    if isinstance(v, bool) or v is None:
+        return str(v)
+    if isinstance(v, int):
+        return hex(v) if v > 0xFFFF else str(v)
+    if isinstance(v, float):
+        return repr(v)
+    if isinstance(v, str):
+        return v if v and all(ch.isalnum() or ch in "_.:/-" for ch in v) else json.dumps(v)
+    if isinstance(v, (bytes, bytearray)):
+        lim = len(v) if blobs else 32
+        tail = "" if len(v) <= lim else "..."
+        return f"<{len(v)}B {bytes(v[:lim]).hex()}{tail}>"
+    if depth > 6:
+        return "..."
+    if isinstance(v, dict):
+        if set(v) == {"blob"} or ("blob" in v and isinstance(v.get("blob"), str) and len(v) <= 2):
+            return f"blob:{str(v['blob'])[:12]}"
+        return "{" + ", ".join(f"{k}={_fmt_val(x, blobs, depth + 1)}" for k, x in v.items()) + "}"
+    if isinstance(v, list):
+        items = [_fmt_val(x, blobs, depth + 1) for x in v[:16]]
+        if len(v) > 16:
+            items.append(f"...{len(v) - 16} more")
+        return "[" + ", ".join(items) + "]"
+    return repr(v)
+
+
+def _fmt_text(rec: Dict[str, Any], fn_names: Dict[Any, str], blobs: bool, r: SnapshotReader) -> str:
+    k = rec.get("k")
+    if k == "c":
+        f = rec.get("f") if isinstance(rec.get("f"), str) else "?"
+        a = rec.get("a") if isinstance(rec.get("a"), dict) else {}
+        args = ", ".join(f"{n}={_fmt_val(v, blobs)}" for n, v in a.items())
+        kn = cs.kernel_name(rec, fn_names) if cs.is_launch(f) else None
+        rv = rec.get("r")
+        res = f"{cu_result_name(rv)} ({rv})" if rv is not None else "<never returned>"
+        t0, t1 = rec.get("t0"), rec.get("t1")
+        dur = ""
+        if _as_int(t0) is not None and _as_int(t1) is not None and t1 >= t0:
+            us = (t1 - t0) / 1000
+            dur = f" [{us:.1f} us]" if us < 10000 else f" [{us / 1000:.2f} ms]"
+        line = f"#{rec.get('s', '?')}  {rec.get('tid', '?')}  {f}({args}) -> {res}{dur}"
+        if kn:
+            line += f"  kernel={kn}"
+        x = rec.get("x")
+        if isinstance(x, dict) and x:
+            line += "  x=" + _fmt_x(x, blobs, r)
+        return line
+    if k == "b":
+        ch = rec.get("chunks")
+        return f"[b] id={rec.get('id')} size={rec.get('size')} chunks={len(ch) if isinstance(ch, list) else '?'}"
+    if k == "fn":
+        return (f"[fn] h={_fmt_val(rec.get('h'), False)} name={rec.get('name')} kind={rec.get('kind')} "
+                f"module={_fmt_val(rec.get('module'), False)} params={_fmt_val(rec.get('params'), False)}")
+    if k == "note":
+        return f"[note {rec.get('level')}] {rec.get('msg')}"
+    if k == "end":
+        return f"[end] exit={rec.get('exit')} signal={rec.get('signal')} partial={rec.get('partial')}"
+    rest = {kk: vv for kk, vv in rec.items() if kk != "k"}
+    return f"[{k}] " + json.dumps(_jsonable(rest, blobs, None), separators=(",", ":"), default=str)
+
+
+def _fmt_x(x: Dict[str, Any], blobs: bool, r: SnapshotReader) -> str:
+    parts = []
+    for n, v in x.items():
+        if isinstance(v, dict) and isinstance(v.get("blob"), str):
+            bid = v["blob"]
+            size = r.blob_size(bid) if r.has_blob(bid) else "?"
+            s = f"{n}=blob:{bid[:12]}({size}B)"
+            if blobs and r.has_blob(bid):
+                s += " " + _blob_preview(r, bid)[0]
+            parts.append(s)
+        else:
+            parts.append(f"{n}={_fmt_val(v, blobs)}")
+    return "{" + ", ".join(parts) + "}"
+
+
+_PREVIEW = 256
+
+
+def _blob_preview(r: SnapshotReader, bid: str):
+    for chunk in r.blob_reader(bid):
+        return bytes(chunk[:_PREVIEW]).hex(), r.blob_size(bid) > _PREVIEW
+    return "", False
+
+
+def _jsonable(v: Any, blobs: bool, r: Optional[SnapshotReader], depth: int = 0) -> Any:
+    if isinstance(v, (bytes, bytearray)):
+        lim = len(v) if blobs else 64
+        out = {"hex": bytes(v[:lim]).hex(), "len": len(v)}
+        if len(v) > lim:
+            out["truncated"] = True
+        return out
+    if depth > 32:
+        return "..."
+    if isinstance(v, dict):
+        out = {str(k): _jsonable(x, blobs, r, depth + 1) for k, x in v.items()}
+        bid = v.get("blob")
+        if r is not None and isinstance(bid, str) and r.has_blob(bid):
+            out["size"] = r.blob_size(bid)
+            if blobs:
+                out["hex"], trunc = _blob_preview(r, bid)
+                if trunc:
+                    out["truncated"] = True
+        return out
+    if isinstance(v, list):
+        return [_jsonable(x, blobs, r, depth + 1) for x in v]
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    return str(v)
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, (bytes, bytearray)):
+        return {"hex": bytes(o[:64]).hex(), "len": len(o)}
+    return str(o)
+
+
+def run_dump(path: Path, calls: Optional[str], fmt: str, blobs: bool) -> int:
+    fmt = (fmt or "text").lower()
+    if fmt not in ("text", "jsonl", "json"):
+        return _err(f"unknown --format {fmt!r} (use text or jsonl)")
+    try:
+        pred = parse_callset(calls) if calls else None
+    except ValueError as e:
+        return _err(str(e))
+    out = sys.stdout
+    try:
+        with SnapshotReader(path) as r:
+            fn_names: Dict[Any, str] = {}
+            for rec in r.records():
+                if rec.get("k") == "fn" and isinstance(rec.get("name"), str):
+                    try:
+                        fn_names[rec.get("h")] = rec["name"]
+                    except TypeError:
+                        pass
+                if pred is not None and not pred(rec, fn_names):
+                    continue
+                if fmt == "text":
+                    line = _fmt_text(rec, fn_names, blobs, r)
+                else:
+                    line = json.dumps(_jsonable(rec, blobs, r), separators=(",", ":"), default=str)
+                out.write(line + "\n")
+            if r.truncated:
+                print(f"cudasnap: warning: {r.path} is truncated: {r.lost_bytes} bytes after the last "
+                      f"complete frame were lost (run `cudasnap repair`)", file=sys.stderr)
+    except SnapshotError as e:
+        return _err(str(e))
+    except BrokenPipeError:  # `cudasnap dump x | head`
+        try:
+            sys.stdout = None  # type: ignore[assignment]
+        except Exception:
+            pass
+        return 0
+    return 0
+
+
+# ============================================================================ repair
+
+def run_repair(path: Path, output: Optional[Path]) -> int:
+    try:
+        s = repair(path, output)
+    except SnapshotError as e:
+        return _err(str(e))
+    except OSError as e:
+        return _err(f"{path}: {e.strerror or e}")
+    if not s["was_truncated"]:
+        print(f"{s['path']}: already had a valid index; rewrote {s['frames']} frames to {s['out']}")
+    else:
+        print(f"{s['path']}: kept {s['frames']} frames ({s['records']} records, {s['blobs']} blobs, "
+              f"{s['chunks']} chunks); lost {s['lost_bytes']} bytes after the last complete frame")
+    print(f"wrote {s['out']} ({s['bytes_after']} bytes, with index)")
+    return 0

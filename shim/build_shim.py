@@ -1,0 +1,217 @@
+"""Build the interception shim: a cffi extension module that is also the LD_PRELOAD library.
+
+The C wrappers are generated here from the one API description (api_description.json):
+a parameter table per entry point plus one tiny wrapper per entry point that hands its
+arguments to the generic engine in shim_core.c. No CUDA toolkit or cuda.h is needed:
+every wrapper has the same register-level signature (6 integer registers, 8 vector
+registers, 14 stack slots), which forwards any driver call on x86-64 SysV unchanged.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from cffi import FFI
+
+HERE = Path(__file__).resolve().parent
+MAX_INT_ARGS = 20  # 6 in registers + 14 on the stack
+MAX_FLOAT_ARGS = 8
+
+KINDS = {
+    "val": 1, "opaque": 1, "out": 2, "in_struct": 3, "inout_struct": 4, "out_struct": 5,
+    "str": 6, "blob_in": 7, "blob_out": 8, "array_in": 9, "array_out": 10,
+}
+HOOKS = {
+    None: 0, "launch": 1, "module_image": 2, "module_file": 3, "getproc": 4, "export_table": 5,
+    "memcpy_struct": 6, "host_alloc": 0, "async_d2h": 7, "init": 8, "launch_config": 0,
+}
+# Real driver entries the hooks call themselves (never through a wrapper).
+HELPERS = [
+    "cuFuncGetParamInfo", "cuKernelGetParamInfo", "cuFuncGetName", "cuKernelGetName",
+    "cuFuncGetModule", "cuStreamSynchronize", "cuStreamSynchronize_ptsz", "cuStreamIsCapturing",
+    "cuStreamIsCapturing_ptsz", "cuDriverGetVersion", "cuDeviceGetCount", "cuDeviceGet",
+    "cuDeviceGetName", "cuDeviceGetUuid", "cuDeviceGetUuid_v2", "cuDeviceGetAttribute",
+    "cuDeviceTotalMem_v2",
+]
+
+
+def load_description(path: Path = HERE / "api_description.json") -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def _param_index(params, names):
+    for i, p in enumerate(params):
+        if p["name"] in names:
+            return i
+    return -1
+
+
+def _hook_of(fn) -> tuple[int, int, int, int]:
+    """(hook id, h0, h1, h2): hook and the parameter indices it needs."""
+    cap = fn.get("capture")
+    params = fn["params"]
+    name = fn["name"]
+    if fn["base"] == "cuInit":
+        return HOOKS["init"], -1, -1, -1
+    if cap == "module_image" and any(p["kind"] == "blob_in" for p in params):
+        cap = None  # cuLinkAddData & co carry their size: the generic blob path has it
+    hook = HOOKS.get(cap, 0)
+    h0 = h1 = h2 = -1
+    if cap == "launch":
+        h0 = _param_index(params, ("f", "hfunc", "hf"))
+        h1 = _param_index(params, ("kernelParams",))
+        h2 = _param_index(params, ("extra",))
+        if h0 < 0:
+            hook = 0
+    elif cap == "module_image":
+        h0 = _param_index(params, ("image", "fatCubin", "code", "data"))
+        if h0 < 0:
+            hook = 0
+    elif cap == "module_file":
+        h0 = _param_index(params, ("fname", "fileName", "path"))
+        if h0 < 0:
+            hook = 0
+    elif cap == "async_d2h":
+        h0 = _param_index(params, ("hStream",))
+    elif cap == "getproc" and len(params) < 4:
+        hook = 0
+    if hook == 0 and cap not in (None, "host_alloc", "launch_config") and fn["base"] != "cuInit":
+        pass
+    _ = name
+    return hook, h0, h1, h2
+
+
+def _struct_field(types, tname, field, default):
+    t = types.get(tname) or {}
+    for f in t.get("fields", []):
+        if f[0] == field:
+            return f[2]
+    return default
+
+
+def generate_c(desc: dict) -> str:
+    fns = sorted(desc["functions"], key=lambda f: f["name"])
+    types = desc.get("types", {})
+    out = []
+    w = out.append
+    maxp = max(len(f["params"]) for f in fns)
+    w(f"#define CS_NFN {len(fns)}")
+    w(f"#define CS_MAXP {max(maxp, 1)}")
+    w(f'#define CS_API_DIGEST "{desc.get("digest", "")[:64]}"')
+    w("enum { CS_K_VAL = 1, CS_K_OUT, CS_K_IN_STRUCT, CS_K_INOUT_STRUCT, CS_K_OUT_STRUCT, CS_K_STR,"
+      " CS_K_BLOB_IN, CS_K_BLOB_OUT, CS_K_ARRAY_IN, CS_K_ARRAY_OUT };")
+    w("enum { CS_P_FLOAT = 1, CS_P_COUNT_PTR = 2 };")
+    w("enum { CS_H_NONE, CS_H_LAUNCH, CS_H_MODULE_IMAGE, CS_H_MODULE_FILE, CS_H_GETPROC,"
+      " CS_H_EXPORT_TABLE, CS_H_MEMCPY_STRUCT, CS_H_ASYNC_D2H, CS_H_INIT };")
+    w("typedef struct { unsigned char kind, size, flags, ai; unsigned short len_idx; unsigned aux; } cs_param;")
+    w("typedef struct { const char *name, *base; unsigned char nparams, hook; signed char h0, h1, h2;"
+      " const cs_param *params; } cs_fn;")
+    ids = {f["name"]: i for i, f in enumerate(fns)}
+    for h in HELPERS:
+        w(f"#define CS_ID_{h} {ids.get(h, -1)}")
+    cfg = "CUlaunchConfig_st" if "CUlaunchConfig_st" in types else "CUlaunchConfig"
+    w(f"#define CS_LAUNCHCFG_ATTRS_OFF {_struct_field(types, cfg, 'attrs', 40)}")
+    w(f"#define CS_LAUNCHCFG_NUMATTRS_OFF {_struct_field(types, cfg, 'numAttrs', 48)}")
+    attr = types.get("CUlaunchAttribute") or types.get("CUlaunchAttribute_st") or {}
+    w(f"#define CS_SIZEOF_LAUNCHATTR {attr.get('size', 72)}")
+    rows = []
+    skipped = []
+    for i, f in enumerate(fns):
+        params = f["params"]
+        ints = floats = 0
+        prow = []
+        ok = f.get("ret", "CUresult") == "CUresult"
+        for p in params:
+            if p.get("byval_struct"):
+                ok = False
+            isfloat = bool(p.get("float"))
+            ai = floats if isfloat else ints
+            if isfloat:
+                floats += 1
+            else:
+                ints += 1
+            kind = KINDS.get(p["kind"], 1)
+            flags = (1 if isfloat else 0) | (2 if p.get("count_is_ptr") else 0)
+            ref = p.get("len_param") or p.get("count_param")
+            len_idx = _param_index(params, (ref,)) if ref else 0
+            if kind in (7, 8, 9, 10) and len_idx < 0:
+                kind = 1
+                len_idx = 0
+            if kind in (9, 10):
+                aux = p.get("elem_size", 1)
+                if p.get("count_is_ptr"):
+                    # the count parameter is a pointer: its pointee size tells how to read it
+                    pass
+            elif kind in (2, 3, 4, 5):
+                aux = p.get("pointee_size") or 8
+            else:
+                aux = 0
+            size = min(int(p.get("size", 8)), 8)
+            prow.append(f"{{{kind},{size},{flags},{ai},{max(len_idx, 0)},{aux}}}")
+        if ints > MAX_INT_ARGS or floats > MAX_FLOAT_ARGS:
+            ok = False
+        # a count passed by pointer is read through it: record the pointee size in its aux
+        for j, p in enumerate(params):
+            if p.get("count_is_ptr"):
+                ref = p.get("count_param") or p.get("len_param")
+                k = _param_index(params, (ref,))
+                if k >= 0:
+                    c = params[k]
+                    parts = prow[k].strip("{}").split(",")
+                    parts[5] = str(c.get("pointee_size") or 8)
+                    prow[k] = "{" + ",".join(parts) + "}"
+        hook, h0, h1, h2 = _hook_of(f)
+        if not ok:
+            skipped.append(f["name"])
+        w(f"static const cs_param cs_p{i}[] = {{{','.join(prow) if prow else '{0,0,0,0,0,0}'}}};")
+        rows.append(f'  {{"{f["name"]}", "{f["base"]}", {len(params) if ok else 0}, {hook if ok else 0}, {h0}, {h1}, {h2}, cs_p{i}}},')
+    w("static const cs_fn cs_fns[CS_NFN] = {")
+    out.extend(rows)
+    w("};")
+    w('#include "shim_core_decl.h"')
+    ia = ", ".join(f"U a{k}" for k in range(6))
+    fa = ", ".join(f"double d{k}" for k in range(8))
+    sa = ", ".join(f"U s{k}" for k in range(14))
+    sig = f"({ia}, {fa}, {sa})"
+    w(f"#define CS_W(N) static CUresult cs_w_##N{sig} {{ "
+      "U a[20] = {a0,a1,a2,a3,a4,a5,s0,s1,s2,s3,s4,s5,s6,s7,s8,s9,s10,s11,s12,s13}; "
+      "double d[8] = {d0,d1,d2,d3,d4,d5,d6,d7}; return cs_call(N, a, d); }")
+    for i in range(len(fns)):
+        w(f"CS_W({i})")
+    w("static void *const cs_wrappers[CS_NFN] = {" + ",".join(f"(void*)cs_w_{i}" for i in range(len(fns))) + "};")
+    # Exported ABI symbols for programs linked with -lcuda.
+    for i, f in enumerate(fns):
+        w(f'__attribute__((visibility("default"))) CUresult {f["name"]}{sig} __attribute__((alias("cs_w_{i}")));')
+    generate_c.skipped = skipped  # type: ignore[attr-defined]
+    return "\n".join(out) + "\n"
+
+
+def make_ffi() -> FFI:
+    desc = load_description()
+    gen = generate_c(desc)
+    ffi = FFI()
+    ffi.cdef("int cs_shim_fn_count(void); const char *cs_shim_digest(void);")
+    core = (HERE / "shim_core.c").read_text()
+    # Order: table, forward declarations the wrappers need, engine (which includes hooks).
+    src = core.replace('#include "ring.h"', '#include "ring.h"\n/*GENERATED*/', 1)
+    decl = "static CUresult cs_call(int id, U *a, double *d);\nstatic void *const cs_wrappers[CS_NFN];\n"
+    table, wrappers = gen.split('#include "shim_core_decl.h"\n')
+    src = src.replace("/*GENERATED*/", table + decl, 1)
+    src = src + "\n/* ---- generated wrappers ---- */\n" + wrappers
+    ffi.set_source(
+        "cudasnap.shim._shim",
+        src,
+        include_dirs=[str(HERE)],
+        extra_compile_args=["-O2", "-fvisibility=default", "-Wno-unused-function", "-Wno-unused-parameter",
+                            "-Wno-attribute-alias", "-std=gnu11"],
+        libraries=["dl", "pthread"],
+    )
+    return ffi
+
+
+ffibuilder = make_ffi()
+
+if __name__ == "__main__":
+    ffibuilder.compile(tmpdir=os.environ.get("CUDASNAP_BUILD_DIR", str(HERE.parent / "build" / "shim")), verbose=True)

@@ -1,0 +1,88 @@
+/* The shared-memory ring between the preloaded shim (producers: every thread of the
+ * captured process) and the recorder (one consumer in `cudasnap capture`).
+ * capture/ring.py mirrors this layout; change both together (bump CS_RING_VERSION).
+ *
+ * The file is $CUDASNAP_SESSION/ring-<pid>.shm: a 4096-byte header, then `capacity`
+ * bytes of data (a power of two). Positions are monotonic byte counts; offset = pos &
+ * (capacity-1). A record never wraps: a PAD record fills the end when needed.
+ * Producers reserve with a CAS on `head`, write, then publish by storing `state` = 1.
+ * The consumer reads at `tail`, waits for `state`, consumes, zeroes the header word and
+ * advances `tail`. Nothing is lost when the program dies: the mapping outlives it.
+ */
+#ifndef CUDASNAP_RING_H
+#define CUDASNAP_RING_H
+#include <stdint.h>
+
+#define CS_RING_MAGIC "CSRING1"
+#define CS_RING_VERSION 1
+#define CS_RING_HDR 4096
+
+typedef struct {
+    char magic[8];               /* 0   CS_RING_MAGIC */
+    uint32_t version;            /* 8 */
+    uint32_t hdr_size;           /* 12  CS_RING_HDR */
+    uint64_t capacity;           /* 16  data bytes, power of two */
+    uint64_t pid;                /* 24 */
+    uint64_t ppid;               /* 32 */
+    uint64_t head;               /* 40  producers' reserve position (atomic) */
+    uint64_t tail;               /* 48  consumer position (written by the recorder) */
+    uint64_t seq;                /* 56  global call sequence counter (atomic) */
+    uint64_t dropped;            /* 64  records dropped: ring full and recorder gone */
+    uint64_t recorder_beat_ns;   /* 72  CLOCK_MONOTONIC of the recorder's last drain */
+    uint32_t state;              /* 80  1 running, 2 exited through exit() */
+    int32_t exit_code;           /* 84 */
+    uint64_t start_ns;           /* 88 */
+    uint64_t blob_serial;        /* 96  blob serial counter (atomic) */
+    uint32_t fn_count;           /* 104 functions in the API table the shim was built with */
+    uint32_t reserved0;          /* 108 */
+    char api_digest[72];         /* 112 digest of the API description */
+} cs_ring_hdr;
+
+/* Record header, 8-byte aligned; fields follow. */
+typedef struct {
+    uint32_t len;      /* total bytes including this header, multiple of 8 */
+    uint32_t state;    /* 0 being written, 1 published */
+    uint16_t type;     /* CS_REC_* */
+    uint16_t nfields;
+    uint32_t fn;       /* API table id (calls), or 0 */
+    uint64_t seq;      /* call sequence number (PRE/POST), blob serial (BLOB_*) */
+    uint64_t tid;
+    uint64_t t_ns;
+    int32_t result;    /* POST: CUresult */
+    uint32_t aux;      /* POST: 1 = outputs valid */
+} cs_rec_hdr;          /* 48 bytes */
+
+/* Field header, 8-byte aligned; `len` payload bytes follow, padded to 8. */
+typedef struct {
+    uint16_t idx;      /* parameter index, or CS_F_* for named extras */
+    uint16_t tag;      /* CS_T_* */
+    uint32_t len;
+} cs_field_hdr;
+
+enum {
+    CS_REC_PAD = 1, CS_REC_PRE = 2, CS_REC_POST = 3, CS_REC_FN = 4, CS_REC_PROC = 5,
+    CS_REC_NOTE = 6, CS_REC_BLOB_PIECE = 7, CS_REC_BLOB_END = 8, CS_REC_EXIT = 9,
+};
+
+enum {
+    CS_T_VAL = 1,     /* 8-byte little-endian integer */
+    CS_T_BYTES = 2,   /* raw bytes (structs, arrays, packed params) */
+    CS_T_STR = 3,     /* string bytes, no NUL */
+    CS_T_BLOB = 4,    /* 16 bytes: u64 blob serial, u64 size (data came as BLOB_PIECEs) */
+    CS_T_F64 = 5,     /* 8-byte double */
+};
+
+/* Named extras use field indices from 0x100 up. */
+enum {
+    CS_F_PARAMS = 0x100,      /* packed kernel parameter bytes */
+    CS_F_ATTRS = 0x101,       /* launch attributes array (cuLaunchKernelEx) */
+    CS_F_IMAGE = 0x102,       /* module image blob */
+    CS_F_SYMBOL = 0x103,      /* cuGetProcAddress: requested symbol */
+    CS_F_WRAPPED = 0x104,     /* cuGetProcAddress: API id handed back, or -1 passthrough */
+    CS_F_HOSTSRC = 0x105,     /* memcpy2D/3D host source region blob */
+    CS_F_HOSTDST = 0x106,     /* memcpy2D/3D host destination region blob */
+    CS_F_NAME = 0x110, CS_F_HANDLE = 0x111, CS_F_KIND = 0x112, CS_F_MODULE = 0x113,
+    CS_F_LAYOUT = 0x114, CS_F_MSG = 0x115, CS_F_INFO = 0x116, CS_F_CODE = 0x117,
+};
+
+#endif

@@ -1,0 +1,419 @@
+/* Capture hooks: the few things a per-parameter table can't express. Each hook is named
+ * by the overlay ("capture": ...) and selected per function through cs_fns[id].hook.
+ * Included by shim_core.c. */
+
+#define CS_CALL_REAL(real, a, d)                                                              \
+    (real)((a)[0], (a)[1], (a)[2], (a)[3], (a)[4], (a)[5], (d)[0], (d)[1], (d)[2], (d)[3], (d)[4], \
+           (d)[5], (d)[6], (d)[7], (a)[6], (a)[7], (a)[8], (a)[9], (a)[10], (a)[11], (a)[12],    \
+           (a)[13], (a)[14], (a)[15], (a)[16], (a)[17], (a)[18], (a)[19])
+
+typedef CUresult (*cs_fn2)(U, U);
+typedef CUresult (*cs_fn3)(U, U, U);
+typedef CUresult (*cs_fn4)(U, U, U, U);
+#define CALLREAL(id, T) ((id) >= 0 && cs_resolve(id) ? (T)cs_resolve(id) : (T)0)
+
+static __thread int cs_skip_out;   /* async D2H inside stream capture: no result to keep */
+static __thread uint64_t cs_post_serial, cs_post_size;  /* memcpy2D host destination blob */
+
+static CUresult cs_hook_passthrough(const cs_fn *fn, cs_gen_fn real, U *a, double *d) {
+    (void)fn;
+    return CS_CALL_REAL(real, a, d);
+}
+
+static uint32_t cs_array_bytes(const cs_fn *fn, const cs_param *p, const U *a) {
+    const cs_param *c = &fn->params[p->len_idx];
+    U count = a[c->ai];
+    if (p->flags & CS_P_COUNT_PTR) {
+        if (!count) return 0;
+        count = c->aux == 4 ? *(const uint32_t *)count : *(const uint64_t *)count;
+    } else if (c->size < 8) {
+        count &= (1ull << (8 * c->size)) - 1;
+    }
+    U n = count * p->aux;
+    return n > (4u << 20) ? (4u << 20) : (uint32_t)n;
+}
+
+/* --- kernel parameter layouts, cached per handle -------------------------------------- */
+typedef struct { U handle; uint32_t n, total; uint32_t *off_size; } cs_layout;
+#define CS_LAYOUTS 16384
+static cs_layout cs_layouts[CS_LAYOUTS];
+static pthread_mutex_t cs_layout_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void cs_emit_fn(U h, int kind, const char *name, const cs_layout *L, U module) {
+    uint32_t nl = name ? (uint32_t)strnlen(name, 4096) : 0;
+    uint32_t len = (uint32_t)sizeof(cs_rec_hdr) + 3 * cs_flen(8) + cs_flen(nl) + cs_flen(L->n * 8);
+    cs_rec r;
+    if (cs_reserve(&r, len, CS_REC_FN)) return;
+    r.h->t_ns = cs_now();
+    cs_put_val(&r, CS_F_HANDLE, h);
+    cs_put_val(&r, CS_F_KIND, (U)kind);
+    cs_put_val(&r, CS_F_MODULE, module);
+    cs_put(&r, CS_F_NAME, CS_T_STR, name ? name : "", nl);
+    cs_put(&r, CS_F_LAYOUT, CS_T_BYTES, L->off_size, L->n * 8);
+    cs_publish(&r);
+}
+
+/* Layout of a launched function: cuFuncGetParamInfo, else cuKernelGetParamInfo (the
+ * runtime passes CUkernel handles cast to CUfunction). Emits an FN record on first sight. */
+static const cs_layout *cs_layout_of(U h) {
+    uint64_t slot = (h >> 4) * 0x9E3779B97F4A7C15ull;
+    for (unsigned probe = 0; probe < CS_LAYOUTS; probe++) {
+        cs_layout *L = &cs_layouts[(slot + probe) & (CS_LAYOUTS - 1)];
+        U k = __atomic_load_n(&L->handle, __ATOMIC_ACQUIRE);
+        if (k == h) return L;
+        if (k == 0) break;
+    }
+    pthread_mutex_lock(&cs_layout_lock);
+    cs_layout *L = NULL;
+    for (unsigned probe = 0; probe < CS_LAYOUTS; probe++) {
+        cs_layout *c = &cs_layouts[(slot + probe) & (CS_LAYOUTS - 1)];
+        if (c->handle == h) { pthread_mutex_unlock(&cs_layout_lock); return c; }
+        if (c->handle == 0) { L = c; break; }
+    }
+    if (!L) { pthread_mutex_unlock(&cs_layout_lock); return NULL; }
+    cs_fn4 fpi = CALLREAL(CS_ID_cuFuncGetParamInfo, cs_fn4);
+    cs_fn4 kpi = CALLREAL(CS_ID_cuKernelGetParamInfo, cs_fn4);
+    int kind = 0;
+    uint32_t cap = 16, n = 0, total = 0;
+    uint32_t *os = malloc(cap * 8);
+    for (int pass = 0; pass < 2 && os; pass++) {
+        cs_fn4 q = pass == 0 ? fpi : kpi;
+        if (!q) continue;
+        n = 0; total = 0;
+        for (;;) {
+            size_t off = 0, size = 0;
+            if (q(h, n, (U)&off, (U)&size) != 0) break;
+            if (n == cap) { cap *= 2; uint32_t *g = realloc(os, cap * 8); if (!g) break; os = g; }
+            os[2 * n] = (uint32_t)off; os[2 * n + 1] = (uint32_t)size;
+            if (off + size > total) total = (uint32_t)(off + size);
+            n++;
+        }
+        if (n > 0 || q(h, 0, (U)&(size_t){0}, (U)&(size_t){0}) == 1 /* INVALID_VALUE: no params */) {
+            kind = pass; break;
+        }
+    }
+    L->n = n; L->total = total; L->off_size = os;
+    char name[1] = {0};
+    const char *nm = name;
+    cs_fn2 gn = kind == 0 ? CALLREAL(CS_ID_cuFuncGetName, cs_fn2) : CALLREAL(CS_ID_cuKernelGetName, cs_fn2);
+    if (gn && gn((U)&nm, h) != 0) nm = name;
+    if (kind == 0 && gn && nm == name) {  /* maybe a CUkernel after all */
+        cs_fn2 kn = CALLREAL(CS_ID_cuKernelGetName, cs_fn2);
+        if (kn && kn((U)&nm, h) == 0) kind = 1;
+    }
+    U module = 0;
+    cs_fn2 gm = CALLREAL(CS_ID_cuFuncGetModule, cs_fn2);
+    if (kind == 0 && gm) gm((U)&module, h);
+    __atomic_store_n(&L->handle, h, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&cs_layout_lock);
+    cs_emit_fn(h, kind, nm, L, module);
+    return L;
+}
+
+/* Packed parameter bytes: from kernelParams through the layout, or the `extra` buffer. */
+static uint32_t cs_launch_bytes(const cs_fn *fn, const U *a, const void **src, const cs_layout **lay) {
+    *src = NULL; *lay = NULL;
+    U extra = fn->h2 >= 0 ? a[fn->params[fn->h2].ai] : 0;
+    if (extra) {
+        void **e = (void **)extra;
+        void *buf = NULL; size_t size = 0;
+        for (int i = 0; i < 16 && e[i]; i += 2) {
+            if (e[i] == (void *)1) buf = e[i + 1];
+            else if (e[i] == (void *)2) size = *(size_t *)e[i + 1];
+            else if (e[i] != (void *)1 && e[i] != (void *)2) break;
+        }
+        if (buf && size <= 65536) { *src = buf; return (uint32_t)size; }
+        return 0;
+    }
+    U f = a[fn->params[fn->h0].ai];
+    const cs_layout *L = cs_layout_of(f);
+    *lay = L;
+    return L ? L->total : 0;
+}
+
+static uint32_t cs_attrs_bytes(const cs_fn *fn, const U *a) {
+    if (fn->hook != CS_H_LAUNCH || strncmp(fn->name, "cuLaunchKernelEx", 16) != 0) return 0;
+    const char *cfg = (const char *)a[fn->params[0].ai];
+    if (!cfg) return 0;
+    uint32_t na = *(const uint32_t *)(cfg + CS_LAUNCHCFG_NUMATTRS_OFF);
+    if (na > 64) na = 64;
+    return na * CS_SIZEOF_LAUNCHATTR;
+}
+
+/* Size of a module image handed to cuModuleLoadData & co: ELF, fatbin, or PTX text. */
+static uint64_t cs_image_size(const void *img, const void **start) {
+    const unsigned char *p = img;
+    *start = img;
+    if (!p) return 0;
+    uint32_t magic = *(const uint32_t *)p;
+    if (magic == 0x466243b1u) {            /* __fatBinC_Wrapper_t: follow the data pointer */
+        p = *(const unsigned char *const *)(p + 8);
+        *start = p;
+        magic = *(const uint32_t *)p;
+    }
+    if (magic == 0xBA55ED50u) {            /* fatbin: header size u16 @6, body size u64 @8 */
+        return (uint64_t)*(const uint16_t *)(p + 6) + *(const uint64_t *)(p + 8);
+    }
+    if (p[0] == 0x7f && p[1] == 'E' && p[2] == 'L' && p[3] == 'F' && p[4] == 2) {
+        uint64_t shoff = *(const uint64_t *)(p + 0x28), phoff = *(const uint64_t *)(p + 0x20);
+        uint16_t shentsize = *(const uint16_t *)(p + 0x3A), shnum = *(const uint16_t *)(p + 0x3C);
+        uint16_t phentsize = *(const uint16_t *)(p + 0x36), phnum = *(const uint16_t *)(p + 0x38);
+        uint64_t end = shoff + (uint64_t)shentsize * shnum, end2 = phoff + (uint64_t)phentsize * phnum;
+        /* sections may sit after the header table: take the furthest section end */
+        for (uint16_t i = 0; i < shnum && shoff; i++) {
+            const unsigned char *s = p + shoff + (uint64_t)i * shentsize;
+            uint32_t type = *(const uint32_t *)(s + 4);
+            uint64_t off = *(const uint64_t *)(s + 0x18), size = *(const uint64_t *)(s + 0x20);
+            if (type != 8 /* NOBITS */ && off + size > end) end = off + size;
+        }
+        return end > end2 ? end : end2;
+    }
+    return strnlen((const char *)p, 1u << 30) + 1;   /* PTX or other text: NUL-terminated */
+}
+
+static uint64_t cs_read_file_blob(const char *path) {
+    if (!path) return 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    struct stat st;
+    uint64_t serial = 0;
+    if (fstat(fd, &st) == 0 && st.st_size > 0) {
+        void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (m != MAP_FAILED) { serial = cs_blob(m, (uint64_t)st.st_size); munmap(m, (size_t)st.st_size); }
+    }
+    close(fd);
+    return serial;
+}
+
+/* memcpy2D host side: the bytes a CUDA_MEMCPY2D reads from (or writes to) host memory. */
+static int cs_memcpy2d_host(const char *c, int dst, const char **ptr, uint64_t *size) {
+    /* CUDA_MEMCPY2D: srcXInBytes 0, srcY 8, srcMemoryType 16, srcHost 24, srcDevice 32,
+     * srcArray 40, srcPitch 48, dstXInBytes 56, dstY 64, dstMemoryType 72, dstHost 80,
+     * dstDevice 88, dstArray 96, dstPitch 104, WidthInBytes 112, Height 120 */
+    int base = dst ? 56 : 0;
+    uint32_t mt = *(const uint32_t *)(c + base + 16);
+    if (mt != 1 /* CU_MEMORYTYPE_HOST */) return 0;
+    uint64_t x = *(const uint64_t *)(c + base), y = *(const uint64_t *)(c + base + 8);
+    uint64_t pitch = *(const uint64_t *)(c + base + 48);
+    uint64_t w = *(const uint64_t *)(c + 112), h = *(const uint64_t *)(c + 120);
+    const char *host = *(const char *const *)(c + base + 24);
+    if (!host || !h || !w) return 0;
+    if (pitch < w) pitch = w;
+    *ptr = host + x + y * pitch;
+    *size = pitch * (h - 1) + w;
+    return 1;
+}
+
+static uint64_t cs_hook_pre_blob(const cs_fn *fn, const U *a) {
+    switch (fn->hook) {
+    case CS_H_MODULE_IMAGE: {
+        const void *start;
+        uint64_t n = cs_image_size((const void *)a[fn->params[fn->h0].ai], &start);
+        return n ? cs_blob(start, n) : 0;
+    }
+    case CS_H_MODULE_FILE:
+        return cs_read_file_blob((const char *)a[fn->params[fn->h0].ai]);
+    case CS_H_MEMCPY_STRUCT: {
+        const char *c = (const char *)a[fn->params[0].ai], *hp; uint64_t n;
+        if (c && strstr(fn->name, "2D") && cs_memcpy2d_host(c, 0, &hp, &n)) return cs_blob(hp, n);
+        return 0;
+    }
+    default: return 0;
+    }
+}
+
+static uint32_t cs_hook_pre_size(const cs_fn *fn, const U *a) {
+    switch (fn->hook) {
+    case CS_H_LAUNCH: {
+        const void *src; const cs_layout *L;
+        return cs_flen(cs_launch_bytes(fn, a, &src, &L)) + cs_flen(cs_attrs_bytes(fn, a));
+    }
+    case CS_H_MODULE_IMAGE: case CS_H_MODULE_FILE: case CS_H_MEMCPY_STRUCT: return cs_flen(16);
+    default: return 0;
+    }
+}
+
+static void cs_hook_pre_fields(const cs_fn *fn, cs_rec *r, const U *a, uint64_t serial) {
+    switch (fn->hook) {
+    case CS_H_LAUNCH: {
+        const void *src; const cs_layout *L;
+        uint32_t n = cs_launch_bytes(fn, a, &src, &L);
+        cs_field_hdr *f = (cs_field_hdr *)r->p;
+        f->idx = CS_F_PARAMS; f->tag = CS_T_BYTES; f->len = n;
+        char *dst = (char *)(f + 1);
+        if (src) memcpy(dst, src, n);
+        else if (L && n) {
+            void **kp = (void **)a[fn->params[fn->h1].ai];
+            memset(dst, 0, n);
+            for (uint32_t i = 0; kp && i < L->n; i++)
+                memcpy(dst + L->off_size[2 * i], kp[i], L->off_size[2 * i + 1]);
+        }
+        r->p += cs_flen(n); r->h->nfields++;
+        uint32_t na = cs_attrs_bytes(fn, a);
+        if (na) {
+            const char *cfg = (const char *)a[fn->params[0].ai];
+            cs_put(r, CS_F_ATTRS, CS_T_BYTES, *(const void *const *)(cfg + CS_LAUNCHCFG_ATTRS_OFF), na);
+        }
+        break;
+    }
+    case CS_H_MODULE_IMAGE: case CS_H_MODULE_FILE: {
+        uint64_t size = 0;
+        if (fn->hook == CS_H_MODULE_IMAGE) { const void *s; size = cs_image_size((const void *)a[fn->params[fn->h0].ai], &s); }
+        cs_put_blobref(r, CS_F_IMAGE, serial, size);
+        break;
+    }
+    case CS_H_MEMCPY_STRUCT: {
+        const char *c = (const char *)a[fn->params[0].ai], *hp; uint64_t n = 0;
+        if (!(c && strstr(fn->name, "2D") && cs_memcpy2d_host(c, 0, &hp, &n))) n = 0;
+        cs_put_blobref(r, CS_F_HOSTSRC, serial, n);
+        break;
+    }
+    default: break;
+    }
+}
+
+static void cs_emit_proc(void) {
+    int ver = 0, count = 0;
+    cs_fn2 dv = CALLREAL(CS_ID_cuDriverGetVersion, cs_fn2);
+    cs_fn2 dc = CALLREAL(CS_ID_cuDeviceGetCount, cs_fn2);
+    if (dv) dv((U)&ver, 0);
+    if (dc) dc((U)&count, 0);
+    if (count > 16) count = 16;
+    /* per device: name[256], uuid[16], cc major, cc minor, total mem */
+    char info[16][256 + 16 + 24];
+    memset(info, 0, sizeof info);
+    cs_fn2 dg = CALLREAL(CS_ID_cuDeviceGet, cs_fn2);
+    cs_fn3 nm = CALLREAL(CS_ID_cuDeviceGetName, cs_fn3);
+    cs_fn2 uu = CALLREAL(CS_ID_cuDeviceGetUuid_v2, cs_fn2);
+    if (!uu) uu = CALLREAL(CS_ID_cuDeviceGetUuid, cs_fn2);
+    cs_fn3 at = CALLREAL(CS_ID_cuDeviceGetAttribute, cs_fn3);
+    cs_fn2 tm = CALLREAL(CS_ID_cuDeviceTotalMem_v2, cs_fn2);
+    for (int i = 0; i < count; i++) {
+        int dev = 0;
+        if (dg && dg((U)&dev, (U)i) != 0) continue;
+        char *o = info[i];
+        if (nm) nm((U)o, 255, (U)dev);
+        if (uu) uu((U)(o + 256), (U)dev);
+        int maj = 0, min = 0; size_t mem = 0;
+        if (at) { at((U)&maj, 75, (U)dev); at((U)&min, 76, (U)dev); }
+        if (tm) tm((U)&mem, (U)dev);
+        memcpy(o + 272, &maj, 4); memcpy(o + 276, &min, 4); memcpy(o + 280, &mem, 8);
+    }
+    cs_rec r;
+    uint32_t len = (uint32_t)sizeof(cs_rec_hdr) + 2 * cs_flen(8) + cs_flen((uint32_t)(count * sizeof info[0]));
+    if (cs_reserve(&r, len, CS_REC_PROC)) return;
+    r.h->t_ns = cs_now();
+    cs_put_val(&r, CS_F_CODE, (U)ver);
+    cs_put_val(&r, CS_F_KIND, (U)count);
+    cs_put(&r, CS_F_INFO, CS_T_BYTES, info, (uint32_t)(count * sizeof info[0]));
+    cs_publish(&r);
+}
+
+/* cuGetProcAddress: map the real pointer handed back to an API id, answer with our wrapper. */
+typedef struct { void *p; int id; } cs_pmap;
+static cs_pmap *cs_ptrmap;
+static int cs_nptr;
+static pthread_mutex_t cs_ptr_lock = PTHREAD_MUTEX_INITIALIZER;
+static int cs_pmap_cmp(const void *x, const void *y) {
+    const cs_pmap *a = x, *b = y;
+    return a->p < b->p ? -1 : a->p > b->p ? 1 : a->id - b->id;
+}
+
+static int cs_id_of_pointer(void *p, const char *symbol) {
+    pthread_mutex_lock(&cs_ptr_lock);
+    if (!cs_ptrmap) {
+        void *h = cs_cuda_handle();
+        cs_pmap *m = calloc(CS_NFN, sizeof *m);
+        int n = 0;
+        for (int i = 0; m && h && i < CS_NFN; i++) {
+            void *q = cs_dlsym(h, cs_fns[i].name);
+            if (q) { m[n].p = q; m[n].id = i; n++; }
+        }
+        if (m) qsort(m, n, sizeof *m, cs_pmap_cmp);
+        cs_ptrmap = m; cs_nptr = n;
+    }
+    pthread_mutex_unlock(&cs_ptr_lock);
+    int best = -1;
+    for (int lo = 0, hi = cs_nptr - 1; lo <= hi;) {
+        int mid = (lo + hi) / 2;
+        if (cs_ptrmap[mid].p < p) lo = mid + 1;
+        else if (cs_ptrmap[mid].p > p) hi = mid - 1;
+        else {
+            while (mid > 0 && cs_ptrmap[mid - 1].p == p) mid--;
+            for (; mid < cs_nptr && cs_ptrmap[mid].p == p; mid++) {
+                int id = cs_ptrmap[mid].id;
+                if (best < 0 || strcmp(cs_fns[id].base, symbol) == 0) best = id;
+            }
+            break;
+        }
+    }
+    if (best < 0) best = cs_lookup(symbol);   /* not exported: trust an exact ABI name */
+    return best;
+}
+
+static __thread int cs_last_wrapped = -2;
+
+static void cs_hook_after(const cs_fn *fn, int id, U *a, CUresult res) {
+    (void)id;
+    cs_skip_out = 0;
+    switch (fn->hook) {
+    case CS_H_GETPROC: {
+        cs_last_wrapped = -2;
+        void **pfn = (void **)a[fn->params[1].ai];
+        const char *sym = (const char *)a[fn->params[0].ai];
+        if (res != 0 || !pfn || !*pfn || !sym) return;
+        if (strcmp(sym, "cuGetExportTable") == 0) { cs_last_wrapped = -1; return; }
+        int wid = cs_id_of_pointer(*pfn, sym);
+        if (wid < 0) {
+            char msg[300];
+            snprintf(msg, sizeof msg, "unknown entry point %s requested: passed through, calls not recorded", sym);
+            cs_note(msg);
+            cs_last_wrapped = -1;
+            return;
+        }
+        void *w = cs_wrap(wid, *pfn);
+        cs_last_wrapped = w == *pfn ? -1 : wid;
+        *pfn = w;
+        return;
+    }
+    case CS_H_INIT:
+        if (res == 0) cs_emit_proc();
+        return;
+    case CS_H_MEMCPY_STRUCT: {
+        const char *c = (const char *)a[fn->params[0].ai], *hp; uint64_t n;
+        cs_post_serial = cs_post_size = 0;
+        if (res == 0 && c && strstr(fn->name, "2D") && cs_memcpy2d_host(c, 1, &hp, &n)) {
+            cs_post_serial = cs_blob(hp, n); cs_post_size = n;
+        }
+        return;
+    }
+    case CS_H_ASYNC_D2H: {
+        if (res != 0) return;
+        /* The result exists only once the copy finishes: wait for it, unless the stream
+         * is being captured into a graph (then there is nothing to read yet). */
+        U stream = fn->h0 >= 0 ? a[fn->params[fn->h0].ai] : 0;
+        int capturing = 0;
+        cs_fn2 isc = CALLREAL(strstr(fn->name, "_pt") ? CS_ID_cuStreamIsCapturing_ptsz : CS_ID_cuStreamIsCapturing, cs_fn2);
+        if (isc && isc(stream, (U)&capturing) == 0 && capturing) { cs_skip_out = 1; return; }
+        cs_fn2 sync = (cs_fn2)CALLREAL(strstr(fn->name, "_pt") ? CS_ID_cuStreamSynchronize_ptsz : CS_ID_cuStreamSynchronize, cs_fn2);
+        if (sync) ((CUresult(*)(U))sync)(stream);
+        return;
+    }
+    default: return;
+    }
+}
+
+static uint32_t cs_hook_post_size(const cs_fn *fn, const U *a, CUresult res) {
+    (void)res;
+    if (fn->hook == CS_H_GETPROC) return cs_flen(8);
+    if (fn->hook == CS_H_MEMCPY_STRUCT && res == 0 && cs_post_serial) return cs_flen(16);
+    (void)a;
+    return 0;
+}
+
+static void cs_hook_post_fields(const cs_fn *fn, cs_rec *r, const U *a, CUresult res) {
+    if (fn->hook == CS_H_GETPROC) { cs_put_val(r, CS_F_WRAPPED, (U)(int64_t)cs_last_wrapped); return; }
+    if (fn->hook == CS_H_MEMCPY_STRUCT && res == 0 && cs_post_serial)
+        cs_put_blobref(r, CS_F_HOSTDST, cs_post_serial, cs_post_size);
+    (void)a;
+}
