@@ -121,13 +121,11 @@ def summarize(r: SnapshotReader) -> Dict[str, Any]:
             f = rec.get("f") if isinstance(rec.get("f"), str) else "?"
             a = rec.get("a") if isinstance(rec.get("a"), dict) else {}
             calls[f] += 1
-            for key, agg in (("t0", min), ("t1", max)):
-                v = _as_int(rec.get(key))
-                if v is not None:
-                    if key == "t0":
-                        t0 = v if t0 is None else min(t0, v)
-                    else:
-                        t1 = v if t1 is None else max(t1, v)
+            v0, v1 = _as_int(rec.get("t0")), _as_int(rec.get("t1"))
+            if v0 is not None:
+                t0 = v0 if t0 is None else min(t0, v0)
+            if v1 is not None:
+                t1 = v1 if t1 is None else max(t1, v1)
             if rec.get("r") is None:
                 unreturned += 1
             elif rec.get("r") != 0:
@@ -324,7 +322,7 @@ def _fmt_text(rec: Dict[str, Any], fn_names: Dict[Any, str], blobs: bool, r: Sna
         dur = ""
         if _as_int(t0) is not None and _as_int(t1) is not None and t1 >= t0:
             us = (t1 - t0) / 1000
-            dur = f" [{us:.1f} us]" if us < 10000 else f" [{us / 1000:.2f} ms]"
+            dur = f" [{us:.1f} us]" if us < 1000 else f" [{us / 1000:.2f} ms]"
         line = f"#{rec.get('s', '?')}  {rec.get('tid', '?')}  {f}({args}) -> {res}{dur}"
         if kn:
             line += f"  kernel={kn}"
