@@ -669,7 +669,7 @@ def generate(include: Path):
         rep.append("overlay PARAMS entries matching no function: " + ", ".join(sorted(unused_rules)))
     rep.extend(vrep)
     for d in defaults_used:
-        rep.append("default opaque: " + d)
+        rep.append("opaque param: " + d)
     return text, "\n".join(rep) + "\n"
 
 
@@ -766,6 +766,8 @@ def describe_function(model, lay, types, ov, name, fdecl, unused_rules, defaults
         if pr["kind"] == "opaque" and status != "refused":
             defaults_used.append(f"{name}.{pr['name']} ({pr['ctype']})")
         assert pr["size"] <= 8 or pr.get("byval_struct"), (name, pr)
+    for pr in params:
+        finish_param(pr, types, pnames, name)
     ptds = name.endswith(("_ptds", "_ptsz"))
     return {"name": name, "base": base, "family": fam, "ptds": ptds, "ret": ret, "params": params,
             "capture": capture, "replay": replay, "status": status, "reason": reason}
@@ -794,6 +796,42 @@ def apply_param_rule(pr, r, types, lay):
     order = ["name", "ctype", "kind", "size", "pointee", "pointee_size", "len_param", "count_param",
              "elem_size", "count_is_ptr", "float", "byval_struct", "abi_class"]
     items = sorted(pr.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 99)
+    pr.clear()
+    pr.update(items)
+
+
+PARAM_ORDER = ["name", "ctype", "kind", "size", "pointee", "pointee_size", "len_param", "count_param",
+               "elem_size", "count_is_ptr", "float", "byval_struct", "abi_class"]
+
+
+def finish_param(pr, types, pnames, fname):
+    """Fill the keys each kind promises, check references, fix key order."""
+    k = pr["kind"]
+    if k in ("out", "in_struct", "out_struct", "inout_struct"):
+        if "pointee" not in pr:
+            pr["pointee"] = re.sub(r"^const ", "", pr["ctype"][:-1].strip())
+        if "pointee_size" not in pr:
+            e = types.get(pr["pointee"])
+            pr["pointee_size"] = e["size"] if e else 8
+        for x in ("count_param", "elem_size", "count_is_ptr", "len_param"):
+            pr.pop(x, None)
+    elif k in ("array_in", "array_out"):
+        pr.setdefault("count_param", None)
+        if "elem_size" not in pr:
+            e = types.get(pr.get("pointee", ""))
+            pr["elem_size"] = e["size"] if e else 8
+        pr.pop("pointee_size", None)
+        pr.pop("len_param", None)
+    elif k in ("blob_in", "blob_out"):
+        for x in ("pointee", "pointee_size", "count_param", "elem_size", "count_is_ptr"):
+            pr.pop(x, None)
+    elif k in ("val", "str", "opaque"):
+        for x in ("pointee", "pointee_size", "count_param", "elem_size", "count_is_ptr", "len_param"):
+            pr.pop(x, None)
+    for ref in ("count_param", "len_param"):
+        if pr.get(ref) is not None:
+            assert pr[ref] in pnames, (fname, pr)
+    items = sorted(pr.items(), key=lambda kv: PARAM_ORDER.index(kv[0]) if kv[0] in PARAM_ORDER else 99)
     pr.clear()
     pr.update(items)
 
@@ -921,7 +959,7 @@ def build_versions(model, ov, fnames):
             matches = [s for s in symbols if suffix_num(s) > last and sig_key(model, model.funcs[s][0]) == sig]
             if matches:
                 if len(matches) > 1:
-                    rep.append(f"ambiguous PFN pairing {base}{label} v{ver}: {matches} -> {matches[0]} (lowest unused)")
+                    rep.append(f"same-signature PFN pairing (ordinal tie-break) {base}{label} v{ver}: {matches} -> {matches[0]}")
                 s = matches[0]
             else:
                 rest = [s for s in symbols if suffix_num(s) > last]

@@ -62,6 +62,8 @@ VERSION_EXTRA = {
 FAMILY_RULES = [
     (r"cuGetExportTable|cuGetProcAddress|cuInit|cuDriverGetVersion|cuGetErrorString|cuGetErrorName", "misc"),
     (r"cuFlushGPUDirectRDMAWrites", "misc"),
+    (r"cuThreadExchangeStreamCaptureMode", "stream"),
+    (r"cuDeviceGetNvSciSyncAttributes", "interop"),
     (r"cuIpc\w+", "ipc"),
     (r"cuCheckpoint\w+", "checkpoint"),
     (r"cuLogs\w+", "logs"),
@@ -178,7 +180,6 @@ PARAMS = {
     r"cuGetProcAddress": {"pfn": _OUT_PTR, "funcPtr": _OUT_PTR},
     r"cuGetExportTable": {"ppExportTable": _OUT_PTR},
     r"cuLibraryGetUnifiedFunction": {"fptr": _OUT_PTR},
-    r"cuGraphicsResourceGetMappedPointer": {},
     # --- module / library images and JIT options
     r"cuModuleLoadData": {"image": {"kind": "val"}},
     r"cuModuleLoadDataEx": {"image": {"kind": "val"}, **_JIT},
@@ -201,7 +202,7 @@ PARAMS = {
         "launchParamsList": {"kind": "array_in", "count_param": "numDevices", "pointee": "CUDA_LAUNCH_PARAMS"}},
     # --- name / string buffers
     r"cuDeviceGetName": {"name": {"kind": "array_out", "count_param": "len", "elem_size": 1}},
-    r"cuDeviceGetLuid": {"luid": {"kind": "array_out", "count_param": None, "elem_size": 1, "pointee_size": 8}},
+    r"cuDeviceGetLuid": {"luid": {"kind": "out", "pointee": "char[8]", "pointee_size": 8}},  # 8-byte LUID
     r"cuDeviceGetPCIBusId": {"pciBusId": {"kind": "array_out", "count_param": "len", "elem_size": 1}},
     r"cuGraphDebugDotPrint": {"path": {"kind": "str"}},
     r"cuGraphInstantiate": {"logBuffer": {"kind": "array_out", "count_param": "bufferSize", "elem_size": 1}},
@@ -250,7 +251,6 @@ PARAMS = {
     r"cuSignalExternalSemaphoresAsync|cuWaitExternalSemaphoresAsync": {
         "extSemArray": {"kind": "array_in", "count_param": "numExtSems"},
         "paramsArray": {"kind": "array_in", "count_param": "numExtSems"}},
-    r"cuGraphAddExternalSemaphores\w+": {},
     r"cuStreamBatchMemOp": {"paramArray": {"kind": "array_in", "count_param": "count"}},
     r"cuMemMapArrayAsync": {"mapInfoList": {"kind": "array_in", "count_param": "count"}},
     r"cuMemSetAccess": {"desc": {"kind": "array_in", "count_param": "count"}},
@@ -286,10 +286,33 @@ PARAMS = {
         "pixelBoxLowerCorner": {"kind": "array_in", "count_param": "tensorRank"},
         "pixelBoxUpperCorner": {"kind": "array_in", "count_param": "tensorRank"}},
     r"cuTensorMapReplaceAddress": {"tensorMap": {"kind": "inout_struct"}, "globalAddress": {"kind": "val"}},
-    r"cuMulticastAddDevice|cuMulticastBindMem|cuMulticastBindAddr": {},
     r"cuOccupancyMaxPotentialBlockSize\w*": {"blockSizeToDynamicSMemSize": {"kind": "val"}},
     r"cuStreamGetAttribute|cuGraphKernelNodeGetAttribute": {"value_out": {"kind": "out_struct"}},
     r"cuCheckpointProcessLock|cuCheckpointProcessCheckpoint|cuCheckpointProcessRestore|cuCheckpointProcessUnlock": {
         "args": {"kind": "in_struct"}},
     r"cuParamSetv": {"ptr": _BLOB_IN("numbytes")},
+    # --- non-const struct pointers that are inputs (cuda.h lacks the const)
+    r"cuCtxCreate_v4": {"ctxCreateParams": {"kind": "in_struct"}},
+    r"cuGraphNodeSetParams|cuGraphExecNodeSetParams": {"nodeParams": {"kind": "in_struct"}},
+    r"cuMemGetDefaultMemPool|cuMemGetMemPool|cuMemSetMemPool|cuMemPoolGetAccess": {
+        "location": {"kind": "in_struct"}},
+    r"cuMemPoolImportPointer": {"shareData": {"kind": "in_struct"}},
+    # --- structs the driver reads and writes back (e.g. the dptr of a mem-alloc node)
+    r"cuGraphAddMemAllocNode|cuGraphAddNode": {"nodeParams": {"kind": "inout_struct"}},
+    r"cuGraphInstantiateWithParams": {"instantiateParams": {"kind": "inout_struct"}},
+    # --- fixed-size float vectors
+    r"cuTexRefSetBorderColor": {"pBorderColor": {"kind": "in_struct", "pointee": "float[4]", "pointee_size": 16}},
+    r"cuTexRefGetBorderColor": {"pBorderColor": {"kind": "out_struct", "pointee": "float[4]", "pointee_size": 16}},
+    # --- variable-size attribute values
+    r"cuCoredumpGetAttribute\w*": {"value": {"kind": "array_out", "count_param": "size", "count_is_ptr": True,
+                                            "elem_size": 1, "pointee": "char"}},
+    r"cuCoredumpSetAttribute\w*": {"value": {"kind": "array_in", "count_param": "size", "count_is_ptr": True,
+                                            "elem_size": 1, "pointee": "char"}},
+    # graph memory attributes are all cuuint64_t
+    r"cuDeviceGetGraphMemAttribute": {"value": {"kind": "out", "pointee": "cuuint64_t", "pointee_size": 8}},
+    r"cuDeviceSetGraphMemAttribute": {"value": {"kind": "in_struct", "pointee": "cuuint64_t", "pointee_size": 8}},
+    r"cuMemPoolExportToShareableHandle": {"handle_out": {"kind": "opaque"}},
+    r"cuDeviceGetHostAtomicCapabilities|cuDeviceGetP2PAtomicCapabilities": {
+        "capabilities": {"kind": "array_out", "count_param": "count"},
+        "operations": {"kind": "array_in", "count_param": "count"}},
 }

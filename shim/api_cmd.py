@@ -1,0 +1,86 @@
+"""`cudasnap api`: list every driver entry point and whether it is replayed, recorded or refused."""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Dict, List, Optional
+
+STATUSES = ("replay", "record", "refused")
+
+
+def _replay_handled() -> Optional[set]:
+    """ABI names the replay package really dispatches, if it says so (never fails)."""
+    try:
+        from cudasnap.replay import dispatch  # type: ignore
+
+        handled = getattr(dispatch, "REPLAY_HANDLED", None)
+        if handled is None:
+            return None
+        return set(handled)
+    except Exception:
+        return None
+
+
+def entries() -> List[Dict]:
+    """One row per ABI entry point, status refined by the replay package when available."""
+    from cudasnap.shim.description import load
+
+    d = load()
+    handled = _replay_handled()
+    rows = []
+    for f in d.functions:
+        status, reason = f["status"], f["reason"]
+        if status == "replay" and handled is not None and f["name"] not in handled:
+            status, reason = "record", "not handled by the replayer yet"
+        rows.append({"id": f["id"], "name": f["name"], "base": f["base"], "family": f["family"],
+                     "status": status, "reason": reason, "capture": f["capture"]})
+    return rows
+
+
+def _totals(rows) -> Dict[str, int]:
+    t = {s: 0 for s in STATUSES}
+    for r in rows:
+        t[r["status"]] = t.get(r["status"], 0) + 1
+    return t
+
+
+def run_api(status: Optional[str], json_out: bool) -> int:
+    if status is not None and status not in STATUSES:
+        print(f"cudasnap: error: --status must be one of {', '.join(STATUSES)}", file=sys.stderr)
+        return 2
+    try:
+        all_rows = entries()
+    except Exception as e:  # missing/corrupt description: say so, don't trace back
+        print(f"cudasnap: error: cannot load the API description: {e}", file=sys.stderr)
+        return 1
+    rows = [r for r in all_rows if status is None or r["status"] == status]
+    totals = _totals(rows)
+    summary = (f"{totals['replay']} recorded and replayable, {totals['record']} recorded only, "
+               f"{totals['refused']} refused")
+    if json_out:
+        from cudasnap.shim.description import load
+
+        d = load()
+        json.dump({"source": d.source, "digest": d.digest, "functions": rows, "totals": totals},
+                  sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return 0
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except Exception:
+        for r in rows:
+            print(f"{r['name']:<52} {r['base']:<44} {r['family']:<10} {r['status']:<8} {r['reason'] or ''}")
+        print(summary)
+        return 0
+    style = {"replay": "green", "record": "yellow", "refused": "red"}
+    table = Table(title="CUDA Driver API entry points", show_lines=False)
+    for col in ("ABI name", "base", "family", "status", "reason"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(r["name"], r["base"], r["family"],
+                      f"[{style.get(r['status'], '')}]{r['status']}[/]", r["reason"] or "")
+    console = Console()
+    console.print(table)
+    console.print(summary)
+    return 0
