@@ -1,0 +1,489 @@
+/*
+ * double_launch.c -- modules, libraries, built-in kernels and launches of the
+ * cudasnap CUDA driver TEST DOUBLE (see libcuda_double.c).  Never shipped.
+ *
+ * Module image format of the double (for cuModuleLoadData/Ex, cuModuleLoad,
+ * cuLibraryLoadData, cuLibraryLoadFromFile): NUL-terminated text
+ *     "CUDADOUBLE\nkernel add_one\nkernel fill\n..."
+ * naming built-in host "kernels".  Lines starting with '#' and blank lines are
+ * ignored; an unknown kernel name or a missing magic line is CUDA_ERROR_INVALID_IMAGE.
+ *
+ * Kernels run synchronously at launch over gridDim*blockDim "threads"
+ * (thread i handles element i); device pointers are host addresses and are
+ * checked against the allocation table (bad ones: CUDA_ERROR_ILLEGAL_ADDRESS).
+ */
+#define _GNU_SOURCE
+#include "double_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define CHECK(x) do { CUresult r_ = (x); if (r_ != CUDA_SUCCESS) return r_; } while (0)
+#define MAXK 16
+#define MAXPARAMS 256
+
+typedef unsigned long long u64;
+typedef CUresult (*kfn_t)(const unsigned char *pb, u64 nthreads);
+typedef struct kdesc { const char *name; int nparams; size_t off[4], size[4]; size_t total; kfn_t fn; } kdesc_t;
+
+#define P(type, off) (*(type *)(uintptr_t)(pb + (off)))
+static u64 count_of(int n, u64 nthreads) { return n <= 0 ? 0 : ((u64)n < nthreads ? (u64)n : nthreads); }
+
+/* add_one(float* p, int n): p[i] += 1 */
+static CUresult k_add_one(const unsigned char *pb, u64 nt) {
+    float *p = P(float *, 0);
+    u64 c = count_of(P(int, 8), nt);
+    if (c && !dev_range_ok((u64)(uintptr_t)p, c * sizeof(float))) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    for (u64 i = 0; i < c; i++) p[i] += 1.0f;
+    return CUDA_SUCCESS;
+}
+
+/* fill(unsigned* p, unsigned v, int n): p[i] = v */
+static CUresult k_fill(const unsigned char *pb, u64 nt) {
+    unsigned *p = P(unsigned *, 0);
+    unsigned v = P(unsigned, 8);
+    u64 c = count_of(P(int, 12), nt);
+    if (c && !dev_range_ok((u64)(uintptr_t)p, c * sizeof(unsigned))) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    for (u64 i = 0; i < c; i++) p[i] = v;
+    return CUDA_SUCCESS;
+}
+
+/* saxpy(float a, float* x, float* y, int n): y[i] = a*x[i] + y[i] */
+static CUresult k_saxpy(const unsigned char *pb, u64 nt) {
+    float a = P(float, 0);
+    const float *x = P(float *, 8);
+    float *y = P(float *, 16);
+    u64 c = count_of(P(int, 24), nt);
+    if (c && (!dev_range_ok((u64)(uintptr_t)x, c * 4) || !dev_range_ok((u64)(uintptr_t)y, c * 4)))
+        return CUDA_ERROR_ILLEGAL_ADDRESS;
+    for (u64 i = 0; i < c; i++) y[i] = a * x[i] + y[i];
+    return CUDA_SUCCESS;
+}
+
+/* chase(u64* table, u64* out, int n): out[i] = *(u64*)table[i] -- reads through stored device pointers */
+static CUresult k_chase(const unsigned char *pb, u64 nt) {
+    const u64 *table = P(u64 *, 0);
+    u64 *out = P(u64 *, 8);
+    u64 c = count_of(P(int, 16), nt);
+    if (c && (!dev_range_ok((u64)(uintptr_t)table, c * 8) || !dev_range_ok((u64)(uintptr_t)out, c * 8)))
+        return CUDA_ERROR_ILLEGAL_ADDRESS;
+    for (u64 i = 0; i < c; i++) {
+        if (!dev_range_ok(table[i], 8)) return CUDA_ERROR_ILLEGAL_ADDRESS;
+        out[i] = *(const u64 *)(uintptr_t)table[i];
+    }
+    return CUDA_SUCCESS;
+}
+
+/* incr(int* p, int n): p[i]++ */
+static CUresult k_incr(const unsigned char *pb, u64 nt) {
+    int *p = P(int *, 0);
+    u64 c = count_of(P(int, 8), nt);
+    if (c && !dev_range_ok((u64)(uintptr_t)p, c * sizeof(int))) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    for (u64 i = 0; i < c; i++) p[i]++;
+    return CUDA_SUCCESS;
+}
+
+/* spin(int ms): sleeps */
+static CUresult k_spin(const unsigned char *pb, u64 nt) {
+    (void)nt;
+    int ms = P(int, 0);
+    if (ms > 0) {
+        struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+        while (nanosleep(&ts, &ts) != 0) {}
+    }
+    return CUDA_SUCCESS;
+}
+
+static const kdesc_t kernels[] = {
+    {"add_one", 2, {0, 8}, {8, 4}, 12, k_add_one},
+    {"fill", 3, {0, 8, 12}, {8, 4, 4}, 16, k_fill},
+    {"saxpy", 4, {0, 8, 16, 24}, {4, 8, 8, 4}, 28, k_saxpy},
+    {"chase", 3, {0, 8, 16}, {8, 8, 4}, 20, k_chase},
+    {"incr", 2, {0, 8}, {8, 4}, 12, k_incr},
+    {"spin", 1, {0}, {4}, 4, k_spin},
+};
+#define NKERNELS (sizeof kernels / sizeof kernels[0])
+
+/* ------------------------------------------------------------------ objects */
+struct mod_obj;
+struct func_obj { int type; const kdesc_t *k; struct mod_obj *mod; int attrs[CU_FUNC_ATTRIBUTE_MAX]; };
+struct kern_obj { int type; struct func_obj *func; };
+struct mod_obj { int type; int nk; struct func_obj *funcs[MAXK]; int owned_by_library; };
+struct lib_obj { int type; struct mod_obj *mod; struct kern_obj *kerns[MAXK]; };
+
+static CUresult parse_image(const char *img, size_t maxlen, const kdesc_t **found, int *nfound) {
+    static const char magic[] = "CUDADOUBLE";
+    if (!img) return CUDA_ERROR_INVALID_VALUE;
+    size_t len = strnlen(img, maxlen);
+    if (len < sizeof magic - 1 || memcmp(img, magic, sizeof magic - 1) != 0) return CUDA_ERROR_INVALID_IMAGE;
+    *nfound = 0;
+    const char *p = img + sizeof magic - 1, *end = img + len;
+    while (p < end) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        const char *le = nl ? nl : end;
+        char line[128];
+        size_t ll = (size_t)(le - p);
+        while (ll && (p[ll - 1] == '\r' || p[ll - 1] == ' ' || p[ll - 1] == '\t')) ll--;
+        if (ll >= sizeof line) return CUDA_ERROR_INVALID_IMAGE;
+        memcpy(line, p, ll);
+        line[ll] = 0;
+        p = le + 1;
+        if (!ll || line[0] == '#') continue;
+        if (strncmp(line, "kernel ", 7) != 0) continue;
+        const char *name = line + 7;
+        while (*name == ' ') name++;
+        const kdesc_t *k = NULL;
+        for (size_t i = 0; i < NKERNELS; i++)
+            if (strcmp(kernels[i].name, name) == 0) k = &kernels[i];
+        if (!k) return CUDA_ERROR_INVALID_IMAGE;
+        int dup = 0;
+        for (int i = 0; i < *nfound; i++) dup |= found[i] == k;
+        if (!dup) {
+            if (*nfound >= MAXK) return CUDA_ERROR_INVALID_IMAGE;
+            found[(*nfound)++] = k;
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
+static CUresult module_from_image(struct mod_obj **out, const void *image, size_t maxlen) {
+    const kdesc_t *found[MAXK];
+    int n = 0;
+    CHECK(parse_image(image, maxlen, found, &n));
+    struct mod_obj *m = obj_new(OBJ_MODULE, sizeof *m);
+    m->nk = n;
+    for (int i = 0; i < n; i++) {
+        struct func_obj *f = obj_new(OBJ_FUNC, sizeof *f);
+        f->k = found[i];
+        f->mod = m;
+        f->attrs[CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK] = 1024;
+        f->attrs[CU_FUNC_ATTRIBUTE_NUM_REGS] = 16;
+        f->attrs[CU_FUNC_ATTRIBUTE_PTX_VERSION] = 90;
+        f->attrs[CU_FUNC_ATTRIBUTE_BINARY_VERSION] = 90;
+        f->attrs[CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES] = 49152;
+        f->attrs[CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT] = -1;
+        m->funcs[i] = f;
+    }
+    *out = m;
+    return CUDA_SUCCESS;
+}
+
+static char *read_file(const char *fname) {
+    FILE *f = fopen(fname, "rb");
+    if (!f) return NULL;
+    char *buf = calloc(1, 1 << 20);
+    size_t n = fread(buf, 1, (1 << 20) - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    return buf;
+}
+
+static void module_free(struct mod_obj *m) {
+    for (int i = 0; i < m->nk; i++) obj_free(m->funcs[i]);
+    obj_free(m);
+}
+
+API CUresult cuModuleLoadData(CUmodule *module, const void *image) {
+    CHECK(need_ctx());
+    if (!module || !image) return CUDA_ERROR_INVALID_VALUE;
+    return module_from_image((struct mod_obj **)module, image, 1 << 20);
+}
+
+API CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions, CUjit_option *options,
+                                void **optionValues) {
+    if (numOptions && (!options || !optionValues)) return CUDA_ERROR_INVALID_VALUE;
+    return cuModuleLoadData(module, image);
+}
+
+API CUresult cuModuleLoad(CUmodule *module, const char *fname) {
+    CHECK(need_ctx());
+    if (!module || !fname) return CUDA_ERROR_INVALID_VALUE;
+    char *buf = read_file(fname);
+    if (!buf) return CUDA_ERROR_FILE_NOT_FOUND;
+    CUresult r = module_from_image((struct mod_obj **)module, buf, 1 << 20);
+    free(buf);
+    return r;
+}
+
+API CUresult cuModuleUnload(CUmodule hmod) {
+    CHECK(need_init());
+    struct mod_obj *m = (struct mod_obj *)hmod;
+    if (!obj_check(m, OBJ_MODULE) || m->owned_by_library) return CUDA_ERROR_INVALID_HANDLE;
+    module_free(m);
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name) {
+    CHECK(need_ctx());
+    if (!hfunc || !name) return CUDA_ERROR_INVALID_VALUE;
+    struct mod_obj *m = (struct mod_obj *)hmod;
+    if (!obj_check(m, OBJ_MODULE)) return CUDA_ERROR_INVALID_HANDLE;
+    for (int i = 0; i < m->nk; i++)
+        if (strcmp(m->funcs[i]->k->name, name) == 0) { *hfunc = (CUfunction)m->funcs[i]; return CUDA_SUCCESS; }
+    return CUDA_ERROR_NOT_FOUND;
+}
+
+API CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule hmod, const char *name) {
+    CHECK(need_ctx());
+    (void)dptr; (void)bytes;
+    if (!name) return CUDA_ERROR_INVALID_VALUE;
+    return obj_check(hmod, OBJ_MODULE) ? CUDA_ERROR_NOT_FOUND : CUDA_ERROR_INVALID_HANDLE;
+}
+
+static CUresult library_from_image(CUlibrary *library, const void *code) {
+    CHECK(need_init());
+    if (!library || !code) return CUDA_ERROR_INVALID_VALUE;
+    struct mod_obj *m;
+    CHECK(module_from_image(&m, code, 1 << 20));
+    m->owned_by_library = 1;
+    struct lib_obj *l = obj_new(OBJ_LIBRARY, sizeof *l);
+    l->mod = m;
+    for (int i = 0; i < m->nk; i++) {
+        l->kerns[i] = obj_new(OBJ_KERNEL, sizeof(struct kern_obj));
+        l->kerns[i]->func = m->funcs[i];
+    }
+    *library = (CUlibrary)l;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jo, void **jv, unsigned int nj,
+                               CUlibraryOption *lo, void **lv, unsigned int nl) {
+    (void)jo; (void)jv; (void)nj; (void)lo; (void)lv; (void)nl;
+    return library_from_image(library, code);
+}
+
+API CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, CUjit_option *jo, void **jv,
+                                   unsigned int nj, CUlibraryOption *lo, void **lv, unsigned int nl) {
+    (void)jo; (void)jv; (void)nj; (void)lo; (void)lv; (void)nl;
+    CHECK(need_init());
+    if (!fileName) return CUDA_ERROR_INVALID_VALUE;
+    char *buf = read_file(fileName);
+    if (!buf) return CUDA_ERROR_FILE_NOT_FOUND;
+    CUresult r = library_from_image(library, buf);
+    free(buf);
+    return r;
+}
+
+API CUresult cuLibraryUnload(CUlibrary library) {
+    CHECK(need_init());
+    struct lib_obj *l = (struct lib_obj *)library;
+    if (!obj_check(l, OBJ_LIBRARY)) return CUDA_ERROR_INVALID_HANDLE;
+    for (int i = 0; i < l->mod->nk; i++) obj_free(l->kerns[i]);
+    module_free(l->mod);
+    obj_free(l);
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name) {
+    CHECK(need_init());
+    struct lib_obj *l = (struct lib_obj *)library;
+    if (!pKernel || !name) return CUDA_ERROR_INVALID_VALUE;
+    if (!obj_check(l, OBJ_LIBRARY)) return CUDA_ERROR_INVALID_HANDLE;
+    for (int i = 0; i < l->mod->nk; i++)
+        if (strcmp(l->mod->funcs[i]->k->name, name) == 0) { *pKernel = (CUkernel)l->kerns[i]; return CUDA_SUCCESS; }
+    return CUDA_ERROR_NOT_FOUND;
+}
+
+API CUresult cuLibraryGetModule(CUmodule *pMod, CUlibrary library) {
+    CHECK(need_ctx());
+    if (!pMod) return CUDA_ERROR_INVALID_VALUE;
+    if (!obj_check(library, OBJ_LIBRARY)) return CUDA_ERROR_INVALID_HANDLE;
+    *pMod = (CUmodule)((struct lib_obj *)library)->mod;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel) {
+    CHECK(need_ctx());
+    if (!pFunc) return CUDA_ERROR_INVALID_VALUE;
+    if (!obj_check(kernel, OBJ_KERNEL)) return CUDA_ERROR_INVALID_HANDLE;
+    *pFunc = (CUfunction)((struct kern_obj *)kernel)->func;
+    return CUDA_SUCCESS;
+}
+
+/* A CUfunction or a CUkernel used in its place (allowed since CUDA 12.0). */
+static struct func_obj *as_func(const void *h) {
+    if (obj_check(h, OBJ_FUNC)) return (struct func_obj *)h;
+    if (obj_check(h, OBJ_KERNEL)) return ((const struct kern_obj *)h)->func;
+    return NULL;
+}
+
+static CUresult param_info(const void *h, size_t idx, size_t *off, size_t *size) {
+    CHECK(need_init());
+    struct func_obj *f = as_func(h);
+    if (!f) return CUDA_ERROR_INVALID_HANDLE;
+    if (idx >= (size_t)f->k->nparams) return CUDA_ERROR_INVALID_VALUE;
+    if (off) *off = f->k->off[idx];
+    if (size) *size = f->k->size[idx];
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuFuncGetParamInfo(CUfunction f, size_t i, size_t *off, size_t *size) { return param_info(f, i, off, size); }
+
+API CUresult cuKernelGetParamInfo(CUkernel k, size_t i, size_t *off, size_t *size) {
+    if (!obj_check(k, OBJ_KERNEL)) return CUDA_ERROR_INVALID_HANDLE;
+    return param_info(k, i, off, size);
+}
+
+API CUresult cuFuncGetName(const char **name, CUfunction hfunc) {
+    CHECK(need_init());
+    struct func_obj *f = as_func(hfunc);
+    if (!name) return CUDA_ERROR_INVALID_VALUE;
+    if (!f) return CUDA_ERROR_INVALID_HANDLE;
+    *name = f->k->name;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuKernelGetName(const char **name, CUkernel k) {
+    if (!obj_check(k, OBJ_KERNEL)) return CUDA_ERROR_INVALID_HANDLE;
+    return cuFuncGetName(name, (CUfunction)k);
+}
+
+API CUresult cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction hfunc) {
+    CHECK(need_init());
+    struct func_obj *f = as_func(hfunc);
+    if (!pi || (unsigned)attrib >= CU_FUNC_ATTRIBUTE_MAX) return CUDA_ERROR_INVALID_VALUE;
+    if (!f) return CUDA_ERROR_INVALID_HANDLE;
+    *pi = f->attrs[attrib];
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value) {
+    CHECK(need_init());
+    struct func_obj *f = as_func(hfunc);
+    if (!f) return CUDA_ERROR_INVALID_HANDLE;
+    if (attrib != CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES && attrib != CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT &&
+        (unsigned)attrib < 10)
+        return CUDA_ERROR_INVALID_VALUE; /* read-only attributes */
+    if ((unsigned)attrib >= CU_FUNC_ATTRIBUTE_MAX) return CUDA_ERROR_INVALID_VALUE;
+    f->attrs[attrib] = value;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuKernelGetAttribute(int *pi, CUfunction_attribute attrib, CUkernel k, CUdevice dev) {
+    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    if (!obj_check(k, OBJ_KERNEL)) return CUDA_ERROR_INVALID_HANDLE;
+    return cuFuncGetAttribute(pi, attrib, (CUfunction)k);
+}
+
+API CUresult cuKernelSetAttribute(CUfunction_attribute attrib, int val, CUkernel k, CUdevice dev) {
+    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    if (!obj_check(k, OBJ_KERNEL)) return CUDA_ERROR_INVALID_HANDLE;
+    return cuFuncSetAttribute((CUfunction)k, attrib, val);
+}
+
+API CUresult cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_cache config) {
+    CHECK(need_init());
+    if ((unsigned)config > 3) return CUDA_ERROR_INVALID_VALUE;
+    return as_func(hfunc) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+API CUresult cuFuncGetModule(CUmodule *hmod, CUfunction hfunc) {
+    CHECK(need_init());
+    struct func_obj *f = as_func(hfunc);
+    if (!hmod) return CUDA_ERROR_INVALID_VALUE;
+    if (!f) return CUDA_ERROR_INVALID_HANDLE;
+    *hmod = (CUmodule)f->mod;
+    return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ launches */
+CUresult launch_run(void *func, const unsigned int grid[3], const unsigned int block[3], const unsigned char *params,
+                    size_t params_len) {
+    const kdesc_t *k = func;
+    unsigned char pb[MAXPARAMS] = {0};
+    memcpy(pb, params, params_len < MAXPARAMS ? params_len : MAXPARAMS);
+    u64 nthreads = (u64)grid[0] * grid[1] * grid[2] * block[0] * block[1] * block[2];
+    return k->fn(pb, nthreads);
+}
+
+static CUresult pack_params(const kdesc_t *k, void **kernelParams, void **extra, unsigned char *pb, size_t *len) {
+    if (kernelParams && extra) return CUDA_ERROR_INVALID_VALUE;
+    if (kernelParams) {
+        for (int i = 0; i < k->nparams; i++) {
+            if (!kernelParams[i]) return CUDA_ERROR_INVALID_VALUE;
+            memcpy(pb + k->off[i], kernelParams[i], k->size[i]);
+        }
+        *len = k->total;
+        return CUDA_SUCCESS;
+    }
+    if (extra) {
+        void *buf = NULL;
+        size_t size = 0;
+        int have_size = 0;
+        for (int i = 0; extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+            if (i > 64) return CUDA_ERROR_INVALID_VALUE;
+            if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) buf = extra[i + 1];
+            else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE) {
+                if (!extra[i + 1]) return CUDA_ERROR_INVALID_VALUE;
+                size = *(size_t *)extra[i + 1];
+                have_size = 1;
+            } else return CUDA_ERROR_INVALID_VALUE;
+        }
+        if (!buf || !have_size || size < k->total || size > MAXPARAMS) return CUDA_ERROR_INVALID_VALUE;
+        memcpy(pb, buf, size);
+        *len = size;
+        return CUDA_SUCCESS;
+    }
+    if (k->nparams) return CUDA_ERROR_INVALID_VALUE;
+    *len = 0;
+    return CUDA_SUCCESS;
+}
+
+static CUresult launch_common(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                              unsigned shmem, CUstream s, void **kernelParams, void **extra) {
+    CHECK(need_ctx());
+    CHECK(stream_validate(s));
+    struct func_obj *fo = as_func(f);
+    if (!fo) return CUDA_ERROR_INVALID_HANDLE;
+    if (!gx || !gy || !gz || !bx || !by || !bz || gy > 65535 || gz > 65535) return CUDA_ERROR_INVALID_VALUE;
+    if ((u64)bx * by * bz > 1024 || bz > 64) return CUDA_ERROR_INVALID_VALUE;
+    if (shmem > (unsigned)fo->attrs[CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES]) return CUDA_ERROR_INVALID_VALUE;
+    unsigned char pb[MAXPARAMS] = {0};
+    size_t len = 0;
+    CHECK(pack_params(fo->k, kernelParams, extra, pb, &len));
+    op_t op = {.kind = 1, .func = (void *)fo->k, .grid = {gx, gy, gz}, .block = {bx, by, bz}, .params = pb, .params_len = len};
+    if (stream_capture_append(s, &op)) return CUDA_SUCCESS;
+    return launch_run(op.func, op.grid, op.block, pb, len);
+}
+
+API CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                            unsigned shmem, CUstream s, void **kernelParams, void **extra) {
+    return launch_common(f, gx, gy, gz, bx, by, bz, shmem, s, kernelParams, extra);
+}
+
+API CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                 unsigned bz, unsigned shmem, CUstream s, void **kernelParams, void **extra) {
+    return launch_common(f, gx, gy, gz, bx, by, bz, shmem, s, kernelParams, extra);
+}
+
+API CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                       unsigned bz, unsigned shmem, CUstream s, void **kernelParams) {
+    if (!kernelParams && as_func(f) && as_func(f)->k->nparams) return CUDA_ERROR_INVALID_VALUE;
+    return launch_common(f, gx, gy, gz, bx, by, bz, shmem, s, kernelParams, NULL);
+}
+
+API CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                            unsigned by, unsigned bz, unsigned shmem, CUstream s, void **kernelParams) {
+    return cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, s, kernelParams);
+}
+
+API CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **kernelParams, void **extra) {
+    if (!c || (c->numAttrs && !c->attrs)) return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; i < c->numAttrs; i++) {
+        const CUlaunchAttribute *a = &c->attrs[i];
+        if ((unsigned)a->id > 32) return CUDA_ERROR_INVALID_VALUE;
+        if (a->id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION) {
+            unsigned x = a->value.clusterDim.x, y = a->value.clusterDim.y, z = a->value.clusterDim.z;
+            if (!x || !y || !z || (u64)x * y * z > 16 || c->gridDimX % x || c->gridDimY % y || c->gridDimZ % z)
+                return CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    return launch_common(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ,
+                         c->sharedMemBytes, c->hStream, kernelParams, extra);
+}
+
+API CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **kernelParams, void **extra) {
+    return cuLaunchKernelEx(c, f, kernelParams, extra);
+}
