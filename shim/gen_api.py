@@ -25,7 +25,6 @@ Steps:
 from __future__ import annotations
 
 import argparse
-import glob
 import hashlib
 import importlib.util
 import json
@@ -551,8 +550,6 @@ def fields_of(model, lay, key, composite):
     return out
 
 
-INT_CLASS = "int"
-
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -700,9 +697,6 @@ def dump_json(doc) -> str:
 # --------------------------------------------------------------------------------------
 # parameters
 
-SCALAR_KINDS = ("int", "enum", "handle", "float", "pointer", "funcptr")
-
-
 def param_type_info(model, types, lay, t):
     """(category, type name, size) of a type node. category: scalar|struct|void|ptr."""
     from pycparser import c_ast
@@ -758,7 +752,6 @@ def describe_function(model, lay, types, ov, name, fdecl, unused_rules, defaults
                 apply_param_rule(pr, r, types, lay)
         if hit:
             unused_rules.discard(pat)
-    # drop stale "default opaque" notes fixed by the overlay
     fam, status, reason, capture, replay = classify_function(ov, name, base)
     if ret != "CUresult":
         status, reason = "refused", f"returns {ret}, not CUresult: not interceptable"
