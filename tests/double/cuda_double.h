@@ -270,6 +270,8 @@ CUresult cuCtxPushCurrent_v2(CUcontext ctx);
 CUresult cuCtxPopCurrent_v2(CUcontext *pctx);
 CUresult cuCtxSynchronize(void);
 CUresult cuCtxGetDevice(CUdevice *device);
+CUresult cuCtxSynchronize_v2(CUcontext ctx);
+CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx);
 CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version);
 CUresult cuCtxGetFlags(unsigned int *flags);
 

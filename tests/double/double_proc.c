@@ -10,6 +10,8 @@
  */
 #include "double_internal.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct { const char *name; int ver; void *fn, *fn_ptds; } pa_t;
@@ -42,7 +44,9 @@ static const pa_t table[] = {
     E("cuCtxPushCurrent", 4000, cuCtxPushCurrent_v2),
     E("cuCtxPopCurrent", 4000, cuCtxPopCurrent_v2),
     E("cuCtxSynchronize", 2000, cuCtxSynchronize),
+    E("cuCtxSynchronize", 13000, cuCtxSynchronize_v2),
     E("cuCtxGetDevice", 2000, cuCtxGetDevice),
+    E("cuCtxGetDevice", 13000, cuCtxGetDevice_v2),
     E("cuCtxGetApiVersion", 3020, cuCtxGetApiVersion),
     E("cuCtxGetFlags", 7000, cuCtxGetFlags),
 
@@ -159,6 +163,9 @@ API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion
     int st;
     void *f = procaddr_lookup(symbol, cudaVersion, flags, &st);
     *pfn = f;
+    static int trace = -1; /* CUDA_DOUBLE_TRACE_PROCADDR=1: log every lookup to stderr */
+    if (trace < 0) trace = getenv("CUDA_DOUBLE_TRACE_PROCADDR") != NULL;
+    if (trace) fprintf(stderr, "cuGetProcAddress %s %d %llu -> %s\n", symbol, cudaVersion, (unsigned long long)flags, f ? "found" : "NOT_FOUND");
     if (symbolStatus) *symbolStatus = (CUdriverProcAddressQueryResult)st;
     return f ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }

@@ -35,6 +35,15 @@
 
 pthread_mutex_t dbl_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* The ABI layouts cuda_double.h must match (CUDA 13.0, LP64). */
+_Static_assert(sizeof(CUmemAllocationProp) == 32, "CUmemAllocationProp");
+_Static_assert(offsetof(CUmemAllocationProp, win32HandleMetaData) == 16, "CUmemAllocationProp.win32HandleMetaData");
+_Static_assert(sizeof(CUmemAccessDesc) == 12, "CUmemAccessDesc");
+_Static_assert(sizeof(CUlaunchAttribute) == 72 && offsetof(CUlaunchAttribute, value) == 8, "CUlaunchAttribute");
+_Static_assert(offsetof(CUlaunchConfig, hStream) == 32 && offsetof(CUlaunchConfig, numAttrs) == 48 &&
+               sizeof(CUlaunchConfig) == 56, "CUlaunchConfig");
+_Static_assert(sizeof(CUuuid) == 16 && sizeof(CUdeviceptr) == 8, "CUuuid/CUdeviceptr");
+
 #define MIB (1024ULL * 1024ULL)
 #define GRANULARITY (2 * MIB)
 #define TOTAL_MEM (80ULL * 1024ULL * MIB)
@@ -360,6 +369,20 @@ API CUresult cuCtxSynchronize(void) { return need_ctx(); }
 
 API CUresult cuCtxGetDevice(CUdevice *device) {
     CHECK(need_ctx());
+    if (!device) return CUDA_ERROR_INVALID_VALUE;
+    *device = 0;
+    return CUDA_SUCCESS;
+}
+
+/* CUDA 13.0 forms taking the context explicitly (NULL: the current one). */
+API CUresult cuCtxSynchronize_v2(CUcontext ctx) {
+    if (!ctx) return need_ctx();
+    CHECK(need_init());
+    return obj_check(ctx, OBJ_CTX) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+API CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx) {
+    CHECK(cuCtxSynchronize_v2(ctx));
     if (!device) return CUDA_ERROR_INVALID_VALUE;
     *device = 0;
     return CUDA_SUCCESS;

@@ -1,0 +1,39 @@
+"""Pytest helpers for the cudasnap CUDA driver TEST DOUBLE (tests/double).
+
+`built_double(tmp_path_factory)` is a plain function; test files wrap it:
+
+    from double.fixtures import built_double          # or load this file by path
+    double = pytest.fixture(scope="session")(built_double)
+
+It builds the double and the test programs once per process (every wrapper shares
+the result) and returns build()'s dict of paths plus "env": an environment whose
+LD_LIBRARY_PATH finds the double first.  Set CUDASNAP_DOUBLE_BUILD_DIR to build into
+(and reuse across runs) a fixed directory instead of a pytest tmp dir.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+_cache: dict | None = None
+
+
+def _load_build_module():
+    spec = importlib.util.spec_from_file_location("cudasnap_tests_double_build", _HERE / "build.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def built_double(tmp_path_factory) -> dict:
+    global _cache
+    if _cache is None:
+        b = _load_build_module()
+        fixed = os.environ.get("CUDASNAP_DOUBLE_BUILD_DIR")
+        outdir = Path(fixed) if fixed else tmp_path_factory.mktemp("cuda_double")
+        paths = b.build(outdir)
+        paths["env"] = b.env_for(paths)
+        _cache = paths
+    return dict(_cache)
