@@ -136,7 +136,7 @@ class Recorder:
             "cwd": info["cwd"],
             "env": info["env"],
             "options": self.options,
-            "api": {"source": self.desc.raw.get("source"), "digest": self.desc.digest},
+            "api": {"source": self.desc.doc.get("source"), "digest": self.desc.digest},
             "tool_version": __version__,
         }
         if ring.api_digest and self.desc.digest and not self.desc.digest.startswith(ring.api_digest[:16]):

@@ -91,7 +91,7 @@ class Ring:
         mm, view, mask = self.mm, self.view, self.mask
         pending_tail = self.tail
         for _ in range(limit):
-            off = pending_tail & mask
+            off = HDR_SIZE + (pending_tail & mask)
             ln, state = struct.unpack_from("<II", mm, off + 0)
             if state != 1 or ln < REC_HDR.size:
                 break
@@ -124,7 +124,7 @@ class Ring:
 
     def skip_unpublished(self) -> bool:
         """After the producer died: step over an unpublished record whose length is known."""
-        off = self.tail & self.mask
+        off = HDR_SIZE + (self.tail & self.mask)
         ln = struct.unpack_from("<I", self.mm, off)[0]
         if ln < REC_HDR.size or ln % 8 or self.tail + ln > self.head():
             return False

@@ -5,7 +5,9 @@
  * No locks around the real call, no syscalls per call, no allocation per call. The
  * recorder (capture/recorder.py) drains the ring in another process.
  */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -28,6 +30,12 @@ typedef int CUresult;
 typedef CUresult (*cs_gen_fn)(U, U, U, U, U, U, double, double, double, double, double, double,
                               double, double, U, U, U, U, U, U, U, U, U, U, U, U, U, U);
 
+/* @GENERATED_TABLE@ (build_shim.py puts the API table here) */
+static int cs_lookup(const char *name);
+static void *cs_wrap(int id, void *realp);
+static int cs_is_ours(void *p);
+static CUresult cs_call(int id, U *a, double *d);
+
 /* --- shared state ------------------------------------------------------------------ */
 static void *(*real_dlsym)(void *, const char *);
 static void *cs_libcuda;                 /* handle the program used for libcuda */
@@ -39,6 +47,7 @@ static int cs_state;                     /* 0 untouched, 1 recording, -1 off */
 static pid_t cs_pid;
 static pthread_mutex_t cs_init_lock = PTHREAD_MUTEX_INITIALIZER;
 static __thread uint64_t cs_tid;
+static __thread int cs_depth;            /* >0 inside a recorded call: nested driver calls pass through */
 
 #define REAL(id) ((cs_gen_fn)cs_resolve(id))
 
@@ -272,8 +281,9 @@ static CUresult cs_call(int id, U *a, double *d) {
     const cs_fn *fn = &cs_fns[id];
     cs_gen_fn real = REAL(id);
     if (!real) return 999; /* CUDA_ERROR_UNKNOWN: the driver lacks this entry */
-    if (fn->hook == CS_H_EXPORT_TABLE || cs_start() != 1)
+    if (fn->hook == CS_H_EXPORT_TABLE || cs_depth || cs_start() != 1)
         return cs_hook_passthrough(fn, real, a, d);
+    cs_depth++;
 
     /* blobs first, so the recorder has them when the call record arrives */
     uint64_t blob_serial[CS_MAXP] = {0};
@@ -361,6 +371,7 @@ static CUresult cs_call(int id, U *a, double *d) {
         cs_hook_post_fields(fn, &r, a, res);
         cs_publish(&r);
     }
+    cs_depth--;
     return res;
 }
 
@@ -378,8 +389,22 @@ static int cs_lookup(const char *name) {
 
 /* Install `realp` as the real entry of `id`, and answer with our wrapper; a second,
  * different real pointer for the same id (never seen so far) is passed through. */
+static int cs_is_ours(void *p) {
+    static void *base;
+    Dl_info me, it;
+    if (!base && dladdr((void *)cs_call, &me)) base = me.dli_fbase;
+    return base && dladdr(p, &it) && it.dli_fbase == base;
+}
+
 static void *cs_wrap(int id, void *realp) {
     if (!realp) return realp;
+    if (cs_is_ours(realp)) {
+        /* the driver's table resolved through our exported symbol (no -Bsymbolic):
+         * the real entry is libcuda's own definition */
+        void *h = cs_cuda_handle();
+        realp = h ? cs_dlsym(h, cs_fns[id].name) : NULL;
+        if (!realp || cs_is_ours(realp)) return cs_wrappers[id];
+    }
     void *expected = NULL;
     if (!__atomic_compare_exchange_n(&cs_real[id], &expected, realp, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)
         && expected != realp)

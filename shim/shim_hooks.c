@@ -363,7 +363,10 @@ static void cs_hook_after(const cs_fn *fn, int id, U *a, CUresult res) {
         const char *sym = (const char *)a[fn->params[0].ai];
         if (res != 0 || !pfn || !*pfn || !sym) return;
         if (strcmp(sym, "cuGetExportTable") == 0) { cs_last_wrapped = -1; return; }
-        int wid = cs_id_of_pointer(*pfn, sym);
+        int wid = cs_is_ours(*pfn) ? -1 : cs_id_of_pointer(*pfn, sym);
+        if (wid < 0) {   /* one of our wrappers came back: find which */
+            for (int k = 0; k < CS_NFN; k++) if (cs_wrappers[k] == *pfn) { wid = k; break; }
+        }
         if (wid < 0) {
             char msg[300];
             snprintf(msg, sizeof msg, "unknown entry point %s requested: passed through, calls not recorded", sym);
@@ -372,7 +375,7 @@ static void cs_hook_after(const cs_fn *fn, int id, U *a, CUresult res) {
             return;
         }
         void *w = cs_wrap(wid, *pfn);
-        cs_last_wrapped = w == *pfn ? -1 : wid;
+        cs_last_wrapped = w == cs_wrappers[wid] ? wid : -1;
         *pfn = w;
         return;
     }
