@@ -3,7 +3,6 @@ directly against it, its cuGetProcAddress tables, and cuda-python's
 cuda.bindings.driver driving it (what cudasnap's replayer uses)."""
 from __future__ import annotations
 
-import ctypes
 import importlib.util
 import os
 import re
@@ -183,27 +182,36 @@ def test_launch_forms(double):
     assert launches(r.stdout) == 8
 
 
-# ------------------------------------------------------- in-process (ctypes)
+# ------------------------------------------------- ctypes, in a subprocess
+# (never load the double into the pytest process: libcuda.so.1 would then be "already
+# loaded" for anything else in this session that looks for the real driver)
 
-
-@pytest.fixture(scope="module")
-def lib(double):
-    return ctypes.CDLL(double["lib"], mode=ctypes.RTLD_LOCAL)
-
-
-def _gpa(lib, name, version, flags=0):
+_PROBE = """
+import ctypes, json, sys
+l = ctypes.CDLL(sys.argv[1])
+def addr(sym):
+    return ctypes.cast(getattr(l, sym), ctypes.c_void_p).value
+def gpa(name, version, flags=0):
     fn = ctypes.c_void_p()
-    status = ctypes.c_int(-1)
-    r = lib.cuGetProcAddress_v2(name.encode(), ctypes.byref(fn), ctypes.c_int(version), ctypes.c_uint64(flags),
-                                ctypes.byref(status))
-    return r, fn.value, status.value
+    st = ctypes.c_int(-1)
+    r = l.cuGetProcAddress_v2(name.encode(), ctypes.byref(fn), ctypes.c_int(version), ctypes.c_uint64(flags),
+                              ctypes.byref(st))
+    return [r, fn.value, st.value]
+out = {}
+cases = json.loads(sys.argv[2])
+out["gpa"] = [[gpa(n, v, f), addr(abi) if abi else None] for n, v, f, abi in cases]
+fn = ctypes.c_void_p()
+out["old_gpa"] = [l.cuGetProcAddress(b"cuInit", ctypes.byref(fn), 2000, ctypes.c_uint64(0)), fn.value == addr("cuInit")]
+t = ctypes.c_void_p()
+out["export_table"] = l.cuGetExportTable(ctypes.byref(t), ctypes.create_string_buffer(16))
+s = ctypes.c_char_p()
+out["err700"] = [l.cuGetErrorName(700, ctypes.byref(s)), s.value.decode()]
+out["err0"] = [l.cuGetErrorString(0, ctypes.byref(s)), s.value.decode()]
+out["err_bad"] = l.cuGetErrorName(123456, ctypes.byref(s))
+print(json.dumps(out))
+"""
 
-
-def _addr(lib, sym):
-    return ctypes.cast(getattr(lib, sym), ctypes.c_void_p).value
-
-
-@pytest.mark.parametrize("name,version,flags,abi", [
+_GPA_CASES = [
     ("cuMemAlloc", 3020, 0, "cuMemAlloc_v2"),
     ("cuMemAlloc", 13000, 0, "cuMemAlloc_v2"),
     ("cuLaunchKernel", 4000, 0, "cuLaunchKernel"),
@@ -220,30 +228,45 @@ def _addr(lib, sym):
     ("cuStreamBeginCapture", 10010, 2, "cuStreamBeginCapture_v2_ptsz"),
     ("cuDeviceGetUuid", 11040, 0, "cuDeviceGetUuid_v2"),
     ("cuCtxSynchronize", 13000, 0, "cuCtxSynchronize_v2"),
-    ("cuStreamCreate", 2000, 2, "cuStreamCreate"),  # no _ptsz variant: default entry
-])
-def test_get_proc_address_versions(lib, name, version, flags, abi):
-    r, fn, status = _gpa(lib, name, version, flags)
+    ("cuStreamCreate", 2000, 2, "cuStreamCreate"),  # no _ptsz variant: the default entry
+]
+_GPA_ERRORS = [
+    ("cuNoSuchThing", 13000, 0, None, 1),
+    ("cuMemAlloc_v2", 13000, 0, None, 1),  # ABI names are not base names
+    ("cuLibraryLoadData", 11080, 0, None, 2),  # VERSION_NOT_SUFFICIENT
+]
+
+
+@pytest.fixture(scope="module")
+def probe(double):
+    import json
+
+    cases = [list(c) for c in _GPA_CASES] + [list(c[:4]) for c in _GPA_ERRORS]
+    r = subprocess.run([sys.executable, "-c", _PROBE, double["lib"], json.dumps(cases)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+@pytest.mark.parametrize("i", range(len(_GPA_CASES)), ids=[f"{c[0]}@{c[1]}/f{c[2]}" for c in _GPA_CASES])
+def test_get_proc_address_versions(probe, i):
+    (r, fn, status), want = probe["gpa"][i]
     assert (r, status) == (0, 0)
-    assert fn == _addr(lib, abi)
+    assert fn == want, _GPA_CASES[i]
 
 
-def test_get_proc_address_errors(lib):
-    assert _gpa(lib, "cuNoSuchThing", 13000) == (500, None, 1)
-    assert _gpa(lib, "cuMemAlloc_v2", 13000) == (500, None, 1)  # ABI names are not base names
-    assert _gpa(lib, "cuLibraryLoadData", 11080) == (500, None, 2)
-    fn = ctypes.c_void_p()
-    assert lib.cuGetProcAddress(b"cuInit", ctypes.byref(fn), 2000, ctypes.c_uint64(0)) == 0
-    assert fn.value == _addr(lib, "cuInit")
-    table = ctypes.c_void_p()
-    assert lib.cuGetExportTable(ctypes.byref(table), ctypes.create_string_buffer(16)) == 801
+def test_get_proc_address_errors(probe):
+    for k, case in enumerate(_GPA_ERRORS):
+        (r, fn, status), _ = probe["gpa"][len(_GPA_CASES) + k]
+        assert (r, fn, status) == (500, None, case[4]), case
+    assert probe["old_gpa"] == [0, True]
+    assert probe["export_table"] == 801
 
 
-def test_error_names(lib):
-    s = ctypes.c_char_p()
-    assert lib.cuGetErrorName(700, ctypes.byref(s)) == 0 and s.value == b"CUDA_ERROR_ILLEGAL_ADDRESS"
-    assert lib.cuGetErrorString(0, ctypes.byref(s)) == 0 and s.value == b"no error"
-    assert lib.cuGetErrorName(123456, ctypes.byref(s)) == 1
+def test_error_names(probe):
+    assert probe["err700"] == [0, "CUDA_ERROR_ILLEGAL_ADDRESS"]
+    assert probe["err0"] == [0, "no error"]
+    assert probe["err_bad"] == 1
 
 
 def test_not_initialized_then_init(double):
