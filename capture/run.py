@@ -76,7 +76,8 @@ def run_capture(command: list[str], out: Path | None, ring_mb: int, level: int, 
     if sig:
         # die the way the program died, so callers see the same status
         sys.stdout.flush(); sys.stderr.flush()
-        signal.signal(sig, signal.SIG_DFL)
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(sig, signal.SIG_DFL)
         os.kill(os.getpid(), sig)
     return code if code >= 0 else 128 + (-code)
 

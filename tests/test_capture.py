@@ -1,0 +1,156 @@
+"""Capture end to end on the test-double driver: the real shim, ring, recorder and format."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from collections import Counter
+
+import pytest
+
+from cudasnap.formats import SnapshotReader
+
+
+def _launches_printed(stdout: str) -> int:
+    m = re.search(r"^LAUNCHES (\d+)$", stdout, re.M)
+    assert m, stdout
+    return int(m.group(1))
+
+
+def _calls(path):
+    r = SnapshotReader(path)
+    return r, [c for c in r.records() if c["k"] == "c"]
+
+
+def _recorded_launches(calls) -> int:
+    return sum(1 for c in calls if c["f"].startswith("cuLaunch") and "Host" not in c["f"])
+
+
+@pytest.mark.parametrize("prog", ["direct", "viadlsym", "viaproc", "launch_forms", "chase"])
+def test_capture_matches_program(prog, double, capture, native):
+    """Direct symbols, dlsym and cuGetProcAddress paths: output unchanged, every launch recorded."""
+    path = double["progs"][prog]
+    ref = native(path)
+    cp, snap = capture(path)
+    assert cp.returncode == ref.returncode == 0, cp.stderr
+    assert cp.stdout == ref.stdout                      # capture never changes the program's output
+    r, calls = _calls(snap)
+    assert not r.truncated
+    assert _recorded_launches(calls) == _launches_printed(ref.stdout)
+    fns = {f["h"]: f for f in r.records(kinds=["fn"])}
+    for c in calls:
+        if c["f"].startswith("cuLaunchKernel") and c["f"] != "cuLaunchKernelEx":
+            assert "params" in c.get("x", {}), c       # packed parameters always present
+    assert all(f["params"] is not None for f in fns.values())
+    assert [c["s"] for c in sorted(calls, key=lambda c: c["s"])] == sorted({c["s"] for c in calls})
+    assert any(c["f"] == "cuModuleLoadData" and c["x"]["image"]["blob"] for c in calls) or prog == "launch_forms"
+
+
+def test_records_match_what_program_did(double, capture):
+    cp, snap = capture(double["progs"]["direct"], "7")
+    r, calls = _calls(snap)
+    names = [c["f"] for c in calls]
+    assert names[0] == "cuInit"
+    alloc = next(c for c in calls if c["f"] == "cuMemAlloc_v2")
+    assert alloc["a"]["bytesize"] == 4096 and alloc["a"]["dptr"] != 0
+    h2d = next(c for c in calls if c["f"] == "cuMemcpyHtoD_v2")
+    assert h2d["a"]["dstDevice"] == alloc["a"]["dptr"]
+    data = r.blob(h2d["x"]["srcHost"]["blob"])
+    import struct
+    assert struct.unpack("<4f", data[:16]) == (0.0, 1.0, 2.0, 3.0)
+    d2h = next(c for c in calls if c["f"] == "cuMemcpyDtoH_v2")
+    out = r.blob(d2h["x"]["dstHost"]["blob"])
+    assert struct.unpack("<4f", out[:16]) == (7.0, 8.0, 9.0, 10.0)   # 7 launches of add_one
+    launches = [c for c in calls if c["f"] == "cuLaunchKernel"]
+    assert len(launches) == 7
+    fn = next(iter(r.records(kinds=["fn"])))
+    assert fn["name"] == "add_one" and fn["params"] == [[0, 8], [8, 4]]
+    assert launches[0]["x"]["params"][:8] == alloc["a"]["dptr"].to_bytes(8, "little")
+    proc = next(iter(r.records(kinds=["proc"])))
+    assert proc["driver_version"] == 13000 and proc["gpus"][0]["cc"] == [9, 0]
+    end = next(iter(r.records(kinds=["end"])))
+    assert end["exit"] == 0 and end["clean_exit"]
+    assert all(c["t1"] >= c["t0"] for c in calls)
+
+
+def test_four_threads_ordering(double, capture, native):
+    cp, snap = capture(double["progs"]["threads"])
+    assert cp.returncode == 0, cp.stderr
+    r, calls = _calls(snap)
+    tids = Counter(c["tid"] for c in calls if c["f"].startswith("cuLaunch"))
+    assert len(tids) == 4 and len(set(tids.values())) == 1
+    assert _recorded_launches(calls) == _launches_printed(cp.stdout)
+    seqs = [c["s"] for c in calls]
+    assert len(seqs) == len(set(seqs))
+    # per thread, sequence numbers increase in program order
+    for tid in tids:
+        mine = [c for c in calls if c["tid"] == tid]
+        assert [c["s"] for c in mine] == sorted(c["s"] for c in mine)
+        assert all(a["t0"] <= b["t0"] for a, b in zip(mine, mine[1:]))
+
+
+def test_child_process_gets_its_own_snapshot(double, capture, tmp_path):
+    cp, snap = capture(double["progs"]["child"], out=tmp_path / "child.cusnap")
+    assert cp.returncode == 0, cp.stderr
+    snaps = sorted(tmp_path.glob("child*.cusnap"))
+    assert len(snaps) == 2, (snaps, cp.stderr)     # parent + CUDA child; the non-CUDA child leaves nothing
+    pids = {SnapshotReader(s).header["pid"] for s in snaps}
+    assert len(pids) == 2
+    for s in snaps:
+        _, calls = _calls(s)
+        assert _recorded_launches(calls) > 0
+
+
+def test_program_that_never_touches_cuda(double, capture, tmp_path):
+    cp, snap = capture(double["progs"]["nocuda"])
+    assert cp.returncode == 3                      # exit code passes through
+    assert "hello" in cp.stdout
+    assert not snap.exists()
+    assert not list(tmp_path.glob("*.cusnap"))
+
+
+def test_sigkill_mid_run_leaves_readable_snapshot(double, capture):
+    """killme raises SIGKILL on itself after 500 launches: the snapshot keeps every call."""
+    cp, snap = capture(double["progs"]["killme"], "500")
+    assert cp.returncode in (-9, 137), cp.returncode
+    r, calls = _calls(snap)
+    ready = int(re.search(r"READY (\d+)", cp.stdout).group(1))
+    launches = _recorded_launches(calls)
+    assert launches >= 500                         # every launch that entered the ring survived
+    assert len(calls) >= ready + 500
+    end = next(iter(r.records(kinds=["end"])))
+    assert end["signal"] == 9 and not end["clean_exit"]
+
+
+def test_sigkill_from_outside(double, tmp_path):
+    """The program is killed by someone else while launching in a loop."""
+    from conftest import cudasnap_cmd
+
+    out = tmp_path / "k.cusnap"
+    p = subprocess.Popen(cudasnap_cmd("capture", "-o", str(out), "--ring-mb", "16", "--", double["progs"]["killme"]),
+                         env=double["env"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = p.stdout.readline()
+    assert line.startswith("READY")
+    time.sleep(0.3)
+    child = [int(x) for x in subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()]
+    assert child
+    os.kill(child[0], signal.SIGKILL)
+    p.wait(timeout=60)
+    assert p.returncode in (-9, 137)
+    r, calls = _calls(out)
+    assert _recorded_launches(calls) > 100
+    assert not r.truncated                          # the recorder outlived the program and closed the file
+
+
+def test_info_and_dump_on_captured_snapshot(double, capture):
+    from typer.testing import CliRunner
+
+    from cudasnap.cli import app
+
+    cp, snap = capture(double["progs"]["direct"], "3")
+    res = CliRunner().invoke(app, ["info", str(snap)])
+    assert res.exit_code == 0 and "add_one" in res.output
+    res = CliRunner().invoke(app, ["dump", str(snap), "--calls", "launches"])
+    assert res.exit_code == 0 and res.output.count("cuLaunchKernel") == 3
