@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The one GPU-machine script: install from a wheel folder, build, run the GPU suite and the
+# GPU benchmarks, write results under $OUT. Run from the project root through the device tool:
+#   bash bench/gpu_suite.sh [pytest -k expression]        (carry .whl)
+# Env: SKIP_BENCH=1 skips benchmarks; SKIP_SUITE=1 skips the pytest suite.
+set -uo pipefail
+ROOT=$(pwd)
+OUT=${OUT:-/tmp/cudasnap-out}; mkdir -p "$OUT"
+SITE=/tmp/site
+export PYTHONUNBUFFERED=1
+if [ -d "$ROOT/.whl" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE "$ROOT"/.whl/*.whl || exit 2
+fi
+export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
+python3 -m pip install -q --no-deps --no-build-isolation --no-index --target $SITE "$ROOT" > "$OUT/install.log" 2>&1 || { tail -30 "$OUT/install.log"; exit 2; }
+export PATH=$SITE/bin:$PATH
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/card.txt"
+export CUDASNAP_GPU_RESULTS=$OUT/gpu_results.jsonl CUDASNAP_GPU_WORK=/tmp/cudasnap-gpu
+rm -f "$CUDASNAP_GPU_RESULTS"
+# test from outside the tree, so the installed package is what gets imported
+rm -rf /tmp/cs-tests && cp -r "$ROOT/tests" /tmp/cs-tests
+cd /tmp
+if [ -z "${SKIP_SUITE:-}" ]; then
+  timeout ${SUITE_TIMEOUT:-420} python3 -m pytest -m gpu -p no:cacheprovider -q -rA ${1:+-k "$1"} /tmp/cs-tests/gpu 2>&1 | tee "$OUT/gpu_suite.log" | tail -40
+  cp /tmp/cudasnap-gpu/snaps/nvcc_ptrs.cusnap "$OUT/example_ptrs.cusnap" 2>/dev/null
+fi
+if [ -z "${SKIP_BENCH:-}" ]; then
+  timeout ${BENCH_TIMEOUT:-300} python3 "$ROOT/bench/bench_capture_gpu.py" --json "$OUT/bench_capture.json" 2>&1 | tee "$OUT/bench.log" | tail -8
+fi
