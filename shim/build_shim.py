@@ -126,7 +126,7 @@ def generate_c(desc: dict) -> str:
         for p in params:
             if p.get("byval_struct"):
                 ok = False
-            isfloat = bool(p.get("float"))
+            isfloat = bool(p.get("float")) or p.get("abi_class") == "float"
             ai = floats if isfloat else ints
             if isfloat:
                 floats += 1
@@ -195,10 +195,12 @@ def make_ffi() -> FFI:
     ffi.cdef("int cs_shim_fn_count(void); const char *cs_shim_digest(void);")
     core = (HERE / "shim_core.c").read_text()
     # Order: table, forward declarations the wrappers need, engine (which includes hooks).
-    src = core.replace('#include "ring.h"', '#include "ring.h"\n/*GENERATED*/', 1)
+    src = core
     decl = "static CUresult cs_call(int id, U *a, double *d);\nstatic void *const cs_wrappers[CS_NFN];\n"
     table, wrappers = gen.split('#include "shim_core_decl.h"\n')
-    src = src.replace("/*GENERATED*/", table + decl, 1)
+    marker = "/* @GENERATED_TABLE@ (build_shim.py puts the API table here) */"
+    assert marker in src
+    src = src.replace(marker, table + decl, 1)
     src = src + "\n/* ---- generated wrappers ---- */\n" + wrappers
     ffi.set_source(
         "cudasnap.shim._shim",
