@@ -87,6 +87,36 @@ def api(
     raise typer.Exit(run_api(status, json_out))
 
 
+@app.command()
+def replay(
+    snapshot: Path = typer.Argument(..., help="A .cusnap file."),
+    device: int = typer.Option(0, "--device", help="GPU ordinal to replay on."),
+    calls: Optional[str] = typer.Option(None, "--calls", help="Only these launches/copies (call-set syntax as in dump); state-building calls always run."),
+    kernels: Optional[str] = typer.Option(None, "--kernels", help="Only launches of kernels matching this regex."),
+    rtol: float = typer.Option(0.0, "--rtol", help="Relative tolerance for D2H verification (with --dtype)."),
+    atol: float = typer.Option(0.0, "--atol", help="Absolute tolerance for D2H verification (with --dtype)."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="Element type for tolerances: f32, f16, bf16, f64."),
+    continue_on_error: bool = typer.Option(False, "--continue-on-error", help="Keep going past failures; report them all."),
+    watchdog: Optional[float] = typer.Option(None, "--watchdog", help="Seconds a driver call may take before replay gives up (exit 2)."),
+    sync_after_launch: bool = typer.Option(False, "--sync-after-launch", help="Synchronize after every launch (pins failures to a kernel)."),
+    threads: bool = typer.Option(False, "--threads", help="Replay each recorded thread on its own thread (recorded order kept)."),
+    relocate_payloads: bool = typer.Option(False, "--relocate-payloads", help="Rewrite stale recorded addresses found in H2D payloads after a fallback."),
+    progress: bool = typer.Option(False, "--progress", help="Show a progress bar."),
+    json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="No summary; the first problem only."),
+):
+    """Re-execute a snapshot on a GPU, placing memory at recorded addresses, and verify every D2H result.
+    Exit 0: all verified; 1: a verification mismatch; 2: replay could not proceed."""
+    from cudasnap.replay import ReplayOptions, run_replay_cli
+
+    if watchdog is not None and watchdog <= 0:
+        _fail("--watchdog must be > 0 seconds")
+    opts = ReplayOptions(device=device, calls=calls, kernels=kernels, rtol=rtol, atol=atol, dtype=dtype,
+                         continue_on_error=continue_on_error, watchdog=watchdog, sync_after_launch=sync_after_launch,
+                         threads=threads, progress=progress, relocate_payloads=relocate_payloads, quiet=quiet)
+    raise typer.Exit(run_replay_cli(snapshot, opts, json_out))
+
+
 def main() -> None:
     app()
 

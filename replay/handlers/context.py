@@ -1,0 +1,92 @@
+"""Context family: init, primary contexts, created contexts, current-context stack, sync."""
+from __future__ import annotations
+
+from . import handles
+
+
+def _current(rp, rec, ctx) -> None:
+    rp.cur_ctx[rec.get("tid")] = ctx
+
+
+@handles("cuInit", errors=True)
+def init(rp, rec):
+    rp.ensure_init(rec)
+
+
+@handles("cuDevicePrimaryCtxRetain")
+def primary_retain(rp, rec):
+    ctx = rp.drv(rec, "cuDevicePrimaryCtxRetain", rp.dev)
+    if ctx is not None:
+        rp.set_handle(rec["a"].get("pctx"), ctx)
+
+
+@handles("cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxReset")
+def primary_release(rp, rec):
+    # Reset would drop every allocation and the placement reservations with them; replay
+    # both as a release of one retain (the program's later calls re-create what they need).
+    if "Reset" in rec["f"]:
+        rp.note(f"call #{rec.get('s')} {rec['f']}: replayed as a release (placement is kept)")
+    rp.drv(rec, "cuDevicePrimaryCtxRelease", rp.dev)
+
+
+@handles("cuDevicePrimaryCtxSetFlags")
+def primary_set_flags(rp, rec):
+    rp.drv(rec, "cuDevicePrimaryCtxSetFlags", rp.dev, rec["a"].get("flags", 0))
+
+
+@handles("cuCtxCreate")
+def ctx_create(rp, rec):
+    a = rec["a"]
+    ctx = rp.drv(rec, "cuCtxCreate", None, a.get("flags", 0), rp.dev)
+    if ctx is not None:
+        rp.set_handle(a.get("pctx"), ctx)
+        _current(rp, rec, ctx)
+
+
+@handles("cuCtxDestroy")
+def ctx_destroy(rp, rec):
+    ctx = rp.live(rec, rec["a"].get("ctx"), "context")
+    rp.drv(rec, "cuCtxDestroy", ctx)
+    for tid, c in list(rp.cur_ctx.items()):
+        if c is ctx:
+            del rp.cur_ctx[tid]
+
+
+@handles("cuCtxSetCurrent", errors=True)
+def ctx_set_current(rp, rec):
+    h = rec["a"].get("ctx")
+    ctx = rp.live(rec, h, "context") if h else rp.cu.CUcontext(0)
+    rp.drv(rec, "cuCtxSetCurrent", ctx)
+    _current(rp, rec, ctx)
+
+
+@handles("cuCtxPushCurrent")
+def ctx_push(rp, rec):
+    ctx = rp.live(rec, rec["a"].get("ctx"), "context")
+    rp.drv(rec, "cuCtxPushCurrent", ctx)
+    _current(rp, rec, ctx)
+
+
+@handles("cuCtxPopCurrent")
+def ctx_pop(rp, rec):
+    rp.drv(rec, "cuCtxPopCurrent")
+    cur = rp.cu.cuCtxGetCurrent()
+    _current(rp, rec, cur[1] if int(cur[0]) == 0 else rp.cu.CUcontext(0))
+
+
+@handles("cuCtxSynchronize", errors=True)
+def ctx_sync(rp, rec):
+    rp.drv(rec, "cuCtxSynchronize")
+    rp.keepalive.clear()
+
+
+@handles("cuCtxSetLimit")
+def ctx_set_limit(rp, rec):
+    a = rec["a"]
+    rp.drv(rec, "cuCtxSetLimit", rp.cu.CUlimit(a.get("limit", 0)), a.get("value", 0))
+
+
+@handles("cuCtxSetCacheConfig", "cuCtxSetSharedMemConfig", "cuCtxResetPersistingL2Cache", "cuCtxSetFlags")
+def ctx_tuning(rp, rec):
+    # performance hints only: counted, no effect on results
+    pass

@@ -1,0 +1,136 @@
+"""Launch family: cuLaunchKernel(_ptsz), cuLaunchCooperativeKernel, cuLaunchKernelEx with the
+recorded packed parameter bytes (passed through the `extra` buffer form: no layout needed)."""
+from __future__ import annotations
+
+import ctypes
+import struct
+
+from . import handles
+from ..placement import relocate_params
+from .module import resolve_function
+
+CU_LAUNCH_PARAM_END, CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE = 0, 1, 2
+LAUNCH_CONFIG = struct.Struct("<7I4xQQI4x")   # CUlaunchConfig: grid xyz, block xyz, shmem, hStream, attrs, numAttrs
+LAUNCH_ATTR_SIZE = 72                          # CUlaunchAttribute: id, pad, 64-byte value union
+
+
+class _Params:
+    """Packed parameter bytes kept alive for the duration of one launch."""
+
+    def __init__(self, data: bytes, layout=None):
+        self.data = data
+        self.buf = ctypes.create_string_buffer(data, max(len(data), 1))
+        self.size = ctypes.c_size_t(len(data))
+        self.extra = (ctypes.c_void_p * 5)(CU_LAUNCH_PARAM_BUFFER_POINTER, ctypes.addressof(self.buf),
+                                           CU_LAUNCH_PARAM_BUFFER_SIZE, ctypes.addressof(self.size), CU_LAUNCH_PARAM_END)
+        self.kp = None
+        if layout is not None:
+            base = ctypes.addressof(self.buf)
+            self.kp = (ctypes.c_void_p * max(len(layout), 1))(*[base + o for o, _s in layout])
+
+    @property
+    def extra_ptr(self):
+        return ctypes.addressof(self.extra) if self.data else None
+
+    @property
+    def kp_ptr(self):
+        return ctypes.addressof(self.kp) if self.kp is not None else None
+
+
+def _prepare(rp, rec):
+    a = rec["a"]
+    x = rec.get("x") or {}
+    params = x.get("params")
+    h = a.get("f")
+    name = rp.kernel_name_of(h)
+    if params is None:
+        rp.fail(rec, f"kernel parameters of {name} were not captured (x.params missing); cannot launch")
+    params = bytes(params)
+    fn = resolve_function(rp, rec, h)
+    layout = (rp.fns.get(h) or {}).get("params")
+    # the kernel writes (as far as we can tell) every allocation its pointer parameters reach
+    seq = rec.get("s")
+    for off in range(0, len(params) - 7, 8):
+        v = int.from_bytes(params[off:off + 8], "little")
+        if v >= 0x10000:
+            rp.mark_written(v, seq, name)
+    if rp.space is not None and rp.space.moved:
+        params, changes = relocate_params(params, layout, rp.space)
+        rp.res.params_relocated += len(changes)
+    return fn, params, layout, name
+
+
+def _after(rp, rec, name):
+    rp.res.launches += 1
+    if rp.opt.sync_after_launch and rec.get("r", 0) == 0:
+        r = rp.cu.cuCtxSynchronize()
+        if int(r[0]) != 0:
+            from cudasnap.formats import cu_result_name
+            rp.fail(rec, f"kernel {name} failed: {cu_result_name(int(r[0]))} (--sync-after-launch)")
+
+
+@handles("cuLaunchKernel", errors=True)
+def launch_kernel(rp, rec):
+    a = rec["a"]
+    fn, params, _layout, name = _prepare(rp, rec)
+    p = _Params(params)
+    rp.drv(rec, "cuLaunchKernel", fn, a.get("gridDimX", 1), a.get("gridDimY", 1), a.get("gridDimZ", 1),
+           a.get("blockDimX", 1), a.get("blockDimY", 1), a.get("blockDimZ", 1), a.get("sharedMemBytes", 0),
+           rp.stream(rec, a.get("hStream")), None, p.extra_ptr)
+    _after(rp, rec, name)
+
+
+@handles("cuLaunchCooperativeKernel", errors=True)
+def launch_cooperative(rp, rec):
+    a = rec["a"]
+    fn, params, layout, name = _prepare(rp, rec)
+    if layout is None and params:
+        rp.fail(rec, f"cooperative launch of {name} needs the parameter layout (no fn record)")
+    p = _Params(params, layout or [])
+    rp.drv(rec, "cuLaunchCooperativeKernel", fn, a.get("gridDimX", 1), a.get("gridDimY", 1), a.get("gridDimZ", 1),
+           a.get("blockDimX", 1), a.get("blockDimY", 1), a.get("blockDimZ", 1), a.get("sharedMemBytes", 0),
+           rp.stream(rec, a.get("hStream")), p.kp_ptr)
+    _after(rp, rec, name)
+
+
+def build_config(rp, rec, cfg_bytes: bytes, attrs: bytes):
+    cu = rp.cu
+    if not isinstance(cfg_bytes, (bytes, bytearray)) or len(cfg_bytes) < LAUNCH_CONFIG.size:
+        rp.fail(rec, "the CUlaunchConfig struct was not captured")
+    gx, gy, gz, bx, by, bz, shm, hs, _attrp, nattr = LAUNCH_CONFIG.unpack_from(cfg_bytes)
+    c = cu.CUlaunchConfig()
+    c.gridDimX, c.gridDimY, c.gridDimZ = gx, gy, gz
+    c.blockDimX, c.blockDimY, c.blockDimZ = bx, by, bz
+    c.sharedMemBytes = shm
+    c.hStream = rp.stream(rec, hs)
+    lst = []
+    attrs = bytes(attrs or b"")
+    for i in range(min(nattr, len(attrs) // LAUNCH_ATTR_SIZE)):
+        at = cu.CUlaunchAttribute()
+        ctypes.memmove(int(at.getPtr()), attrs[i * LAUNCH_ATTR_SIZE:(i + 1) * LAUNCH_ATTR_SIZE], LAUNCH_ATTR_SIZE)
+        lst.append(at)
+    if nattr and len(lst) != nattr:
+        rp.fail(rec, f"launch attributes were not captured ({nattr} expected)")
+    if lst:
+        c.attrs = lst
+    c.numAttrs = len(lst)
+    return c
+
+
+@handles("cuLaunchKernelEx", errors=True)
+def launch_kernel_ex(rp, rec):
+    a = rec["a"]
+    fn, params, _layout, name = _prepare(rp, rec)
+    cfg = build_config(rp, rec, a.get("config"), (rec.get("x") or {}).get("attrs"))
+    p = _Params(params)
+    rp.drv(rec, "cuLaunchKernelEx", cfg, fn, None, p.extra_ptr)
+    _after(rp, rec, name)
+
+
+@handles("cuLaunchHostFunc", "cuStreamAddCallback")
+def host_func(rp, rec):
+    # a host function of the recorded process: cannot run; the stream order it imposed is kept
+    rp.res.skipped += 1
+    if not getattr(rp, "_hostfn_noted", False):
+        rp._hostfn_noted = True
+        rp.note(f"call #{rec.get('s')} {rec['f']}: host callbacks of the recorded process are not run")

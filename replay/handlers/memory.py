@@ -1,0 +1,341 @@
+"""Memory family: allocations through the placement manager, program VMM, pools, copies, memsets."""
+from __future__ import annotations
+
+import ctypes
+import struct
+
+from . import handles
+
+# ------------------------------------------------------------------ allocations
+
+
+def _alloc(rp, rec, ptr_key="dptr", size=None):
+    a = rec["a"]
+    rec_ptr = a.get(ptr_key)
+    n = size if size is not None else a.get("bytesize", 0)
+    if not isinstance(rec_ptr, int) or not rec_ptr:
+        rp.fail(rec, f"recorded allocation has no {ptr_key} output")
+    rp.space.alloc(rec_ptr, int(n), rec.get("s"))
+
+
+@handles("cuMemAlloc", "cuMemAllocManaged")
+def mem_alloc(rp, rec):
+    if rec["f"].startswith("cuMemAllocManaged") and not getattr(rp, "_managed_noted", False):
+        rp._managed_noted = True
+        rp.note("managed memory is replayed as device memory placed at its recorded address")
+    _alloc(rp, rec)
+
+
+@handles("cuMemAllocPitch")
+def mem_alloc_pitch(rp, rec):
+    a = rec["a"]
+    pitch = a.get("pPitch")
+    if not isinstance(pitch, int):
+        rp.fail(rec, "recorded pitch missing")
+    _alloc(rp, rec, size=pitch * int(a.get("Height", 0)))
+
+
+@handles("cuMemAllocAsync", "cuMemAllocFromPoolAsync")
+def mem_alloc_async(rp, rec):
+    # stream-ordered allocation becomes a VMM mapping at the recorded address, now
+    _alloc(rp, rec)
+
+
+@handles("cuMemFree")
+def mem_free(rp, rec):
+    p = rec["a"].get("dptr")
+    if rp.space.free(p) is None and p:
+        rp.note(f"call #{rec.get('s')} {rec['f']}: {p:#x} is not a replayed allocation; ignored")
+
+
+@handles("cuMemFreeAsync")
+def mem_free_async(rp, rec):
+    a = rec["a"]
+    s = rp.stream(rec, a.get("hStream"))
+    rp.raw("cuStreamSynchronize", s)      # frees happen after the stream's work
+    mem_free(rp, rec)
+
+
+@handles("cuMemHostAlloc", "cuMemAllocHost")
+def host_alloc(rp, rec):
+    a = rec["a"]
+    n = int(a.get("bytesize", 0))
+    if rec["f"].startswith("cuMemHostAlloc"):
+        live = rp.drv(rec, "cuMemHostAlloc", n, a.get("Flags", 0))
+    else:
+        live = rp.drv(rec, "cuMemAllocHost", n)
+    if live is not None:
+        rp.space.add_host(a.get("pp") or 0, n, int(live), rec.get("s"))
+
+
+@handles("cuMemHostGetDevicePointer")
+def host_dev_ptr(rp, rec):
+    a = rec["a"]
+    h = rp.space.find(a.get("p") or 0)
+    if h is None:
+        rp.fail(rec, "host pointer is not a replayed host allocation")
+    live = rp.drv(rec, "cuMemHostGetDevicePointer", h.live_base + (a["p"] - h.rec_base), a.get("Flags", 0))
+    if live is not None and a.get("pdptr") and a["pdptr"] != a["p"]:
+        rp.space.add_host(a["pdptr"], h.size, int(live), rec.get("s"))
+
+
+@handles("cuMemFreeHost")
+def host_free(rp, rec):
+    p = rec["a"].get("p")
+    h = rp.space.find(p or 0)
+    if h is None:
+        rp.fail(rec, "host pointer is not a replayed host allocation")
+    rp.drv(rec, "cuMemFreeHost", h.live_base)
+    rp.space.free(h.rec_base)
+
+
+@handles("cuMemHostRegister", "cuMemHostUnregister", "cuMemAdvise", "cuMemPrefetchAsync", "cuMemRangeGetAttribute",
+         "cuStreamAttachMemAsync")
+def host_ignored(rp, rec):
+    # host memory of the recorded process / placement hints: nothing to replay
+    rp.res.skipped += 1
+
+
+# ------------------------------------------------------------------ program VMM
+@handles("cuMemAddressReserve")
+def vmm_reserve(rp, rec):
+    a = rec["a"]
+    ptr, size = a.get("ptr"), int(a.get("size", 0))
+    sp = rp.space.span_of(ptr, size) if ptr else None
+    if sp is not None and sp.reserved:
+        rp.space.add_vmm(ptr, size, ptr, rec.get("s"))       # inside our reservation: virtual
+        rp.vmm_virtual.add(ptr)
+        return
+    live = rp.drv(rec, "cuMemAddressReserve", size, a.get("alignment", 0), ptr, 0)
+    if live is None:
+        return
+    live = int(live)
+    rp.space.add_vmm(ptr, size, live, rec.get("s"),
+                     (sp.reason if sp is not None else "") or f"cuMemAddressReserve hint {ptr:#x} returned {live:#x}")
+
+
+@handles("cuMemAddressFree")
+def vmm_free(rp, rec):
+    a = rec["a"]
+    ptr = a.get("ptr")
+    al = rp.space.free(ptr)
+    if ptr in rp.vmm_virtual:
+        rp.vmm_virtual.discard(ptr)
+        return
+    rp.drv(rec, "cuMemAddressFree", al.live_base if al else ptr, a.get("size", 0))
+
+
+@handles("cuMemCreate")
+def vmm_create(rp, rec):
+    a = rec["a"]
+    h = rp.drv(rec, "cuMemCreate", int(a.get("size", 0)), rp.ops.prop(), 0)
+    if h is not None:
+        rp.set_handle(a.get("handle"), h)
+
+
+@handles("cuMemRelease")
+def vmm_release(rp, rec):
+    h = rec["a"].get("handle")
+    rp.drv(rec, "cuMemRelease", rp.live(rec, h, "allocation handle"))
+
+
+@handles("cuMemMap")
+def vmm_map(rp, rec):
+    a = rec["a"]
+    h = rp.live(rec, a.get("handle"), "allocation handle")
+    rp.drv(rec, "cuMemMap", rp.tr(a.get("ptr")), int(a.get("size", 0)), int(a.get("offset", 0)), h, 0)
+
+
+@handles("cuMemUnmap")
+def vmm_unmap(rp, rec):
+    a = rec["a"]
+    rp.drv(rec, "cuMemUnmap", rp.tr(a.get("ptr")), int(a.get("size", 0)))
+
+
+@handles("cuMemSetAccess")
+def vmm_set_access(rp, rec):
+    a = rec["a"]
+    desc = a.get("desc")
+    flags = 3
+    if isinstance(desc, (bytes, bytearray)) and len(desc) >= 12:
+        flags = struct.unpack_from("<I", desc, 8)[0]
+    rp.ops.set_access(rp.tr(a.get("ptr")), int(a.get("size", 0)), flags)
+
+
+# ------------------------------------------------------------------ pools
+class PoolToken:
+    """Stands in for a recorded memory pool: pool allocations are placed by the manager."""
+
+    def __init__(self, rec_h):
+        self.rec_h = rec_h
+
+
+@handles("cuMemPoolCreate", "cuDeviceGetDefaultMemPool", "cuDeviceGetMemPool")
+def pool_create(rp, rec):
+    a = rec["a"]
+    key = a.get("pool") if "pool" in a and rec["f"].startswith("cuMemPool") else a.get("pool_out")
+    rp.set_handle(key, PoolToken(key))
+
+
+@handles("cuMemPoolDestroy", "cuMemPoolTrimTo", "cuMemPoolSetAttribute", "cuMemPoolSetAccess", "cuDeviceSetMemPool")
+def pool_misc(rp, rec):
+    pass
+
+
+# ------------------------------------------------------------------ copies
+def _async(rec):
+    return "Async" in rec["f"]
+
+
+def _stream(rp, rec):
+    return rp.stream(rec, rec["a"].get("hStream"))
+
+
+@handles("cuMemcpyHtoD", "cuMemcpyHtoDAsync", errors=True)
+def memcpy_htod(rp, rec):
+    a = rec["a"]
+    n = int(a.get("ByteCount", 0))
+    data = rp.blob(rec, "srcHost")
+    if data is None:
+        if n == 0:
+            data = b""
+        else:
+            rp.fail(rec, "the H2D source payload was not captured")
+    data = rp.h2d_payload(rec, data)
+    dst = rp.tr(a.get("dstDevice"))
+    if _async(rec):
+        buf = bytes(data)
+        rp.keepalive.append(buf)
+        rp.drv(rec, "cuMemcpyHtoDAsync", dst, buf, n, _stream(rp, rec))
+    else:
+        rp.drv(rec, "cuMemcpyHtoD", dst, data, n)
+    rp.mark_written(a.get("dstDevice"), rec.get("s"), rec["f"])
+
+
+@handles("cuMemcpyDtoH", "cuMemcpyDtoHAsync", errors=True)
+def memcpy_dtoh(rp, rec):
+    a = rec["a"]
+    n = int(a.get("ByteCount", 0))
+    buf = bytearray(n)
+    src = a.get("srcDevice")
+    if _async(rec):
+        s = _stream(rp, rec)
+        if rp.drv(rec, "cuMemcpyDtoHAsync", buf, rp.tr(src), n, s) is None:
+            return
+        if a.get("hStream") in rp.capturing:
+            return        # captured into a graph: no data until the graph runs
+        rp.raw("cuStreamSynchronize", s)
+    elif rp.drv(rec, "cuMemcpyDtoH", buf, rp.tr(src), n) is None:
+        return
+    if rec.get("r", 0) == 0:
+        rp.verify(rec, rp.blob(rec, "dstHost"), bytes(buf), src)
+
+
+@handles("cuMemcpyDtoD", "cuMemcpyDtoDAsync", "cuMemcpy", "cuMemcpyAsync", errors=True)
+def memcpy_dtod(rp, rec):
+    a = rec["a"]
+    b = rec["f"]
+    n = int(a.get("ByteCount", 0))
+    if b.startswith("cuMemcpyDtoD"):
+        dst, src = a.get("dstDevice"), a.get("srcDevice")
+        name = "cuMemcpyDtoDAsync" if _async(rec) else "cuMemcpyDtoD"
+    else:
+        dst, src = a.get("dst"), a.get("src")
+        name = "cuMemcpyAsync" if _async(rec) else "cuMemcpy"
+        if rp.space.find(dst or 0) is None or rp.space.find(src or 0) is None:
+            rp.note(f"call #{rec.get('s')} {b}: an end of the copy is not replayed memory (host memory of the "
+                    f"recorded process?); skipped")
+            rp.res.skipped += 1
+            return
+    args = [rp.tr(dst), rp.tr(src), n] + ([_stream(rp, rec)] if _async(rec) else [])
+    rp.drv(rec, name, *args)
+    al = rp.space.find(src or 0)
+    rp.mark_written(dst, rec.get("s"), al.last_writer[1] if al and al.last_writer else b)
+
+
+# CUDA_MEMCPY2D offsets (see shim_hooks.c cs_memcpy2d_host)
+_SRC, _DST = 0, 56
+MT_HOST, MT_DEVICE, MT_ARRAY, MT_UNIFIED = 1, 2, 3, 4
+
+
+def _u64(b, o):
+    return struct.unpack_from("<Q", b, o)[0]
+
+
+@handles("cuMemcpy2D", "cuMemcpy2DAsync", "cuMemcpy2DUnaligned", errors=True)
+def memcpy_2d(rp, rec):
+    a = rec["a"]
+    cp = a.get("pCopy")
+    if not isinstance(cp, (bytes, bytearray)) or len(cp) < 128:
+        rp.fail(rec, "the CUDA_MEMCPY2D struct was not captured")
+    cp = bytearray(cp[:128])
+    w, h = _u64(cp, 112), _u64(cp, 120)
+    host_bufs = {}
+    for base, key in ((_SRC, "hostsrc"), (_DST, "hostdst")):
+        mt = struct.unpack_from("<I", cp, base + 16)[0]
+        pitch = max(_u64(cp, base + 48), w)
+        if mt == MT_HOST:
+            n = pitch * (h - 1) + w if h and w else 0
+            if base == _SRC:
+                data = rp.blob(rec, key)
+                if data is None and n:
+                    rp.fail(rec, "the 2D copy's host source was not captured")
+                buf = ctypes.create_string_buffer(bytes(data or b""), max(n, 1))
+            else:
+                buf = ctypes.create_string_buffer(max(n, 1))
+            host_bufs[base] = (buf, pitch)
+            struct.pack_into("<QQ", cp, base, 0, 0)                       # x, y -> 0 in our buffer
+            struct.pack_into("<Q", cp, base + 24, ctypes.addressof(buf))
+            struct.pack_into("<Q", cp, base + 48, pitch)
+        elif mt in (MT_DEVICE, MT_UNIFIED):
+            struct.pack_into("<Q", cp, base + 32, rp.tr(_u64(cp, base + 32)))
+        elif mt == MT_ARRAY:
+            rp.fail(rec, "2D copies with CUDA arrays are not supported")
+    st = rp.cu.CUDA_MEMCPY2D()
+    ctypes.memmove(int(st.getPtr()), bytes(cp), 128)
+    name = "cuMemcpy2DAsync" if _async(rec) else ("cuMemcpy2DUnaligned" if "Unaligned" in rec["f"] else "cuMemcpy2D")
+    args = [st] + ([_stream(rp, rec)] if _async(rec) else [])
+    if rp.drv(rec, name, *args) is None:
+        return
+    if _async(rec):
+        rp.raw("cuStreamSynchronize", _stream(rp, rec))
+    if _DST in host_bufs and rec.get("r", 0) == 0:
+        buf, pitch = host_bufs[_DST]
+        exp = rp.blob(rec, "hostdst")
+        got = buf.raw[: pitch * (h - 1) + w]
+        if exp is not None:        # compare the copied rows only (gaps are untouched host memory)
+            exp = b"".join(exp[i * pitch:i * pitch + w] for i in range(h))
+            got = b"".join(got[i * pitch:i * pitch + w] for i in range(h))
+        src = _u64(rec["a"]["pCopy"], _SRC + 32)
+        rp.verify(rec, exp, got, src if struct.unpack_from("<I", cp, 16)[0] in (MT_DEVICE, MT_UNIFIED) else None)
+    elif struct.unpack_from("<I", cp, _DST + 16)[0] in (MT_DEVICE, MT_UNIFIED):
+        rp.mark_written(_u64(rec["a"]["pCopy"], _DST + 32), rec.get("s"), rec["f"])
+
+
+# ------------------------------------------------------------------ memsets
+_MEMSET_VAL = {"D8": "uc", "D16": "us", "D32": "ui"}
+
+
+@handles("cuMemsetD8", "cuMemsetD16", "cuMemsetD32", "cuMemsetD8Async", "cuMemsetD16Async", "cuMemsetD32Async",
+         "cuMemsetD2D8", "cuMemsetD2D16", "cuMemsetD2D32", "cuMemsetD2D8Async", "cuMemsetD2D16Async",
+         "cuMemsetD2D32Async", errors=True)
+def memset(rp, rec):
+    a = rec["a"]
+    f = rec["f"]
+    import re
+    m = re.match(r"cuMemset(D2D|D)(8|16|32)", f)
+    two_d = m.group(1) == "D2D"
+    width = "D" + m.group(2)
+    name = ("cuMemsetD2D" + width[1:]) if two_d else ("cuMemset" + width)
+    if _async(rec):
+        name += "Async"
+    val = a.get(_MEMSET_VAL[width], 0)
+    dst = rp.tr(a.get("dstDevice"))
+    if two_d:
+        args = [dst, a.get("dstPitch", 0), val, a.get("Width", 0), a.get("Height", 0)]
+    else:
+        args = [dst, val, a.get("N", 0)]
+    if _async(rec):
+        args.append(_stream(rp, rec))
+    rp.drv(rec, name, *args)
+    rp.mark_written(a.get("dstDevice"), rec.get("s"), f)

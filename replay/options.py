@@ -1,0 +1,55 @@
+"""Replay options and result."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional
+
+
+@dataclass
+class ReplayOptions:
+    device: int = 0
+    calls: Optional[str] = None          # call-set spec (formats.callset syntax)
+    kernels: Optional[str] = None        # regex on kernel names
+    rtol: float = 0.0
+    atol: float = 0.0
+    dtype: Optional[str] = None          # f32 f16 bf16 f64 (tolerance comparison)
+    continue_on_error: bool = False
+    watchdog: Optional[float] = None     # seconds
+    sync_after_launch: bool = False
+    threads: bool = False
+    progress: bool = False
+    relocate_payloads: bool = False
+    quiet: bool = False
+
+
+@dataclass
+class ReplayResult:
+    exit_code: int = 0
+    placed: int = 0
+    fell_back: int = 0
+    fallbacks: List[Dict[str, Any]] = field(default_factory=list)
+    d2h_verified: int = 0
+    d2h_bytes: int = 0
+    d2h_unverified: int = 0
+    mismatches: List[Dict[str, Any]] = field(default_factory=list)
+    launches: int = 0
+    calls: int = 0                        # call records replayed (executed)
+    skipped: int = 0                      # queries and ignored calls (counted, not executed)
+    filtered: int = 0                     # launches/copies left out by --calls/--kernels
+    errors: List[str] = field(default_factory=list)
+    warnings: List[str] = field(default_factory=list)
+    by_family: Dict[str, int] = field(default_factory=dict)
+    errors_recurred: int = 0
+    host_relocated: int = 0
+    payload_stale: List[Dict[str, Any]] = field(default_factory=list)
+    params_relocated: int = 0
+    arch: List[str] = field(default_factory=list)
+    truncated: bool = False
+    stopped_at: Optional[int] = None      # seq of the incomplete call replay stopped at
+    last_seq: Optional[int] = None
+    total_calls: int = 0
+    elapsed_s: float = 0.0
+    message: str = ""
+
+    def to_dict(self) -> Dict[str, Any]:
+        return asdict(self)

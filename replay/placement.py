@@ -1,0 +1,368 @@
+"""Address-space manager: places every device allocation at its recorded virtual address.
+
+Plan (driver-free, testable): collect the recorded allocation ranges, align them to the
+VMM granularity and merge overlapping/adjacent ones into spans.  Reserve (driver): after
+cuInit, reserve each span with cuMemAddressReserve(addr=span start) and verify the hint was
+honoured exactly.  Allocate: map physical memory (cuMemCreate + cuMemMap + cuMemSetAccess)
+at the recorded address, sharing granules between small allocations (reference counted
+chunks).  A range whose span could not be reserved falls back to cuMemAlloc anywhere and
+gets a relocation (recorded base -> live base, with the reason).
+
+Test hook: CUDASNAP_REPLAY_TEST_BLOCK=ADDR[:SIZE] (hex or decimal) reserves that range
+before the spans are reserved, so the span covering it misses and falls back.  Only for
+tests of the fallback path.
+"""
+from __future__ import annotations
+
+import bisect
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+TEST_BLOCK_ENV = "CUDASNAP_REPLAY_TEST_BLOCK"
+
+
+def align_down(x: int, a: int) -> int:
+    return x - (x % a)
+
+
+def align_up(x: int, a: int) -> int:
+    return -(-x // a) * a
+
+
+def plan_spans(ranges: List[Tuple[int, int]], gran: int) -> List[Tuple[int, int]]:
+    """Recorded (base, size) ranges -> sorted, merged, granule-aligned (start, size) spans."""
+    iv = sorted((align_down(b, gran), align_up(b + max(s, 1), gran)) for b, s in ranges if b)
+    out: List[List[int]] = []
+    for lo, hi in iv:
+        if out and lo <= out[-1][1]:  # overlapping or adjacent
+            out[-1][1] = max(out[-1][1], hi)
+        else:
+            out.append([lo, hi])
+    return [(lo, hi - lo) for lo, hi in out]
+
+
+@dataclass
+class Relocation:
+    rec_base: int
+    size: int
+    new_base: int
+    reason: str
+    seq: Optional[int] = None
+    host: bool = False
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"rec_base": hex(self.rec_base), "size": self.size, "new_base": hex(self.new_base),
+                "reason": self.reason, "seq": self.seq, "host": self.host}
+
+
+@dataclass
+class Span:
+    start: int
+    size: int
+    reserved: bool = False
+    live: int = 0
+    reason: str = ""
+    refused: bool = False     # the driver refused the call (as opposed to moving the hint)
+
+    @property
+    def end(self) -> int:
+        return self.start + self.size
+
+
+@dataclass
+class Chunk:
+    start: int
+    size: int
+    handle: Any
+    refs: int = 0
+
+
+@dataclass
+class Alloc:
+    rec_base: int
+    size: int
+    live_base: int
+    kind: str              # "placed" | "fallback" | "host" | "vmm"
+    seq: Optional[int] = None
+    chunks: List[Chunk] = field(default_factory=list)
+    last_writer: Optional[Tuple[int, str]] = None  # (seq, kernel or API name)
+
+
+class PlacementError(Exception):
+    pass
+
+
+class AddressSpace:
+    """Owns recorded->live address placement.  `drv` is a small adapter (see engine.DriverOps)
+    with reserve/free_va/create/map/unmap/release/set_access/mem_alloc/mem_free methods;
+    None for pure planning."""
+
+    def __init__(self, drv=None, gran: int = 2 << 20):
+        self.drv = drv
+        self.gran = gran
+        self.spans: List[Span] = []
+        self._span_starts: List[int] = []
+        self.granule_chunk: Dict[int, Chunk] = {}
+        self.allocs: Dict[int, Alloc] = {}          # recorded base -> Alloc (live ones)
+        self._sorted: List[int] = []                 # sorted recorded bases of live allocs
+        self.relocations: List[Relocation] = []      # every relocation ever made (report)
+        self.placed = 0
+        self.fell_back = 0
+        self.host_relocated = 0
+        self.globals_relocated = 0
+        self.test_block: Optional[Tuple[int, int]] = None
+        self._blocks: List[int] = []
+
+    # ------------------------------------------------------------- planning / reservation
+    def plan(self, ranges: List[Tuple[int, int]]) -> List[Span]:
+        self.spans = [Span(s, n) for s, n in plan_spans(ranges, self.gran)]
+        self._span_starts = [s.start for s in self.spans]
+        return self.spans
+
+    def reserve_all(self) -> None:
+        blk = os.environ.get(TEST_BLOCK_ENV)
+        if blk and not self._blocks:
+            addr, _, size = blk.partition(":")
+            a = align_down(int(addr, 0), self.gran)
+            n = align_up(int(size, 0), self.gran) if size else self.gran
+            try:
+                self._blocks.append(self.drv.reserve(n, a))
+            except Exception:
+                pass
+            self.test_block = (a, n)
+        for sp in self.spans:
+            if sp.reserved:
+                continue
+            sp.refused, sp.reason = False, ""
+            try:
+                got = self.drv.reserve(sp.size, sp.start)
+            except Exception as e:  # driver refused entirely
+                sp.reason = f"cuMemAddressReserve failed: {e}"
+                sp.refused = True
+                continue
+            if got == sp.start:
+                sp.reserved, sp.live = True, got
+            else:
+                sp.reason = (f"cuMemAddressReserve({sp.size:#x} at {sp.start:#x}) returned {got:#x}: "
+                             f"recorded range already in use")
+                try:
+                    self.drv.free_va(got, sp.size)
+                except Exception:
+                    pass
+
+    def span_of(self, addr: int, size: int = 1) -> Optional[Span]:
+        i = bisect.bisect_right(self._span_starts, addr) - 1
+        if i >= 0:
+            sp = self.spans[i]
+            if sp.start <= addr and addr + max(size, 1) <= sp.end:
+                return sp
+        return None
+
+    # ------------------------------------------------------------------- allocations
+    def _register(self, a: Alloc) -> None:
+        if a.rec_base in self.allocs:
+            self._forget(a.rec_base)
+        self.allocs[a.rec_base] = a
+        bisect.insort(self._sorted, a.rec_base)
+
+    def _forget(self, rec_base: int) -> Optional[Alloc]:
+        a = self.allocs.pop(rec_base, None)
+        if a is not None:
+            i = bisect.bisect_left(self._sorted, rec_base)
+            if i < len(self._sorted) and self._sorted[i] == rec_base:
+                del self._sorted[i]
+        return a
+
+    def _map_range(self, base: int, size: int) -> List[Chunk]:
+        """Map physical memory over [base, base+size) granule-aligned, sharing mapped granules."""
+        g = self.gran
+        lo, hi = align_down(base, g), align_up(base + max(size, 1), g)
+        chunks: List[Chunk] = []
+        run_start = None
+        addr = lo
+        while addr <= hi:
+            mapped = self.granule_chunk.get(addr) if addr < hi else None
+            if addr < hi and mapped is None:
+                if run_start is None:
+                    run_start = addr
+            else:
+                if run_start is not None:
+                    n = addr - run_start
+                    h = self.drv.create(n)
+                    try:
+                        self.drv.map(run_start, n, h)
+                        self.drv.set_access(run_start, n)
+                    except Exception:
+                        self.drv.release(h)
+                        raise
+                    c = Chunk(run_start, n, h)
+                    for ga in range(run_start, addr, g):
+                        self.granule_chunk[ga] = c
+                    chunks.append(c)
+                    run_start = None
+                if mapped is not None and mapped not in chunks:
+                    chunks.append(mapped)
+            addr += g
+        for c in chunks:
+            c.refs += 1
+        return chunks
+
+    def _unref(self, chunks: List[Chunk]) -> None:
+        for c in chunks:
+            c.refs -= 1
+            if c.refs <= 0:
+                for ga in range(c.start, c.start + c.size, self.gran):
+                    if self.granule_chunk.get(ga) is c:
+                        del self.granule_chunk[ga]
+                try:
+                    self.drv.unmap(c.start, c.size)
+                finally:
+                    self.drv.release(c.handle)
+
+    def alloc(self, rec_base: int, size: int, seq: Optional[int] = None) -> int:
+        """Allocate device memory for a recorded allocation; returns the live base address."""
+        sp = self.span_of(rec_base, size)
+        if sp is not None and sp.reserved:
+            try:
+                chunks = self._map_range(rec_base, size)
+            except Exception as e:
+                reason = f"mapping at the recorded address failed: {e}"
+            else:
+                self._register(Alloc(rec_base, size, rec_base, "placed", seq, chunks))
+                self.placed += 1
+                return rec_base
+        else:
+            reason = sp.reason if sp is not None else "recorded range was not reserved (not in the pre-scan)"
+        new = self.drv.mem_alloc(size)
+        self._register(Alloc(rec_base, size, new, "fallback", seq))
+        self.relocations.append(Relocation(rec_base, size, new, reason, seq))
+        self.fell_back += 1
+        return new
+
+    def add_host(self, rec_base: int, size: int, live: int, seq: Optional[int] = None) -> None:
+        """Pinned host memory: its address is the host allocator's; record a relocation."""
+        self._register(Alloc(rec_base, size, live, "host", seq))
+        if live != rec_base:
+            self.relocations.append(Relocation(rec_base, size, live, "host memory (address chosen by the host)", seq, host=True))
+        self.host_relocated += 1
+
+    def add_vmm(self, rec_base: int, size: int, live: int, seq: Optional[int] = None, reason: str = "") -> None:
+        """A program-recorded VMM reservation: placed when live == recorded."""
+        self._register(Alloc(rec_base, size, live, "vmm", seq))
+        if live == rec_base:
+            self.placed += 1
+        else:
+            self.fell_back += 1
+            self.relocations.append(Relocation(rec_base, size, live, reason or "reservation hint not honoured", seq))
+
+    def add_global(self, rec_base: int, size: int, live: int, seq: Optional[int] = None, name: str = "") -> None:
+        """A module global: the loader chooses its address; relocate when it moved."""
+        self._register(Alloc(rec_base, size, live, "global", seq))
+        if live != rec_base:
+            self.relocations.append(Relocation(rec_base, size, live, f"module global {name} (placed by the module loader)",
+                                               seq, host=True))
+            self.globals_relocated += 1
+
+    def free(self, rec_base: int) -> Optional[Alloc]:
+        a = self._forget(rec_base)
+        if a is None:
+            return None
+        if a.kind == "placed":
+            self._unref(a.chunks)
+        elif a.kind == "fallback":
+            self.drv.mem_free(a.live_base)
+        return a
+
+    # ------------------------------------------------------------------- translation
+    def find(self, rec_addr: int) -> Optional[Alloc]:
+        i = bisect.bisect_right(self._sorted, rec_addr) - 1
+        if i >= 0:
+            a = self.allocs[self._sorted[i]]
+            if a.rec_base <= rec_addr < a.rec_base + max(a.size, 1):
+                return a
+        return None
+
+    def translate(self, rec_addr: int) -> int:
+        """Recorded address -> live address (identity when placed or unknown)."""
+        if not rec_addr:
+            return rec_addr
+        a = self.find(rec_addr)
+        if a is None or a.live_base == a.rec_base:
+            return rec_addr
+        return a.live_base + (rec_addr - a.rec_base)
+
+    @property
+    def moved(self) -> bool:
+        return any(a.live_base != a.rec_base for a in self.allocs.values())
+
+    def release_all(self) -> None:
+        for base in list(self._sorted):
+            try:
+                self.free(base)
+            except Exception:
+                pass
+        for sp in self.spans:
+            if sp.reserved:
+                try:
+                    self.drv.free_va(sp.start, sp.size)
+                except Exception:
+                    pass
+        for b in self._blocks:
+            try:
+                self.drv.free_va(b, self.test_block[1])
+            except Exception:
+                pass
+
+
+# ----------------------------------------------------------------- relocation scanning
+def relocate_params(params: bytes, layout: Optional[List[List[int]]], space: AddressSpace) -> Tuple[bytes, List[Tuple[int, int, int]]]:
+    """Rewrite 8-byte kernel parameters that point into moved allocations.
+
+    layout: the fn record's [[offset, size], ...]; when None, every 8-byte aligned word is
+    scanned.  Returns (new bytes, [(offset, old, new), ...])."""
+    if not params:
+        return params, []
+    if layout:
+        offs = [o for o, s in layout if s == 8 and o % 8 == 0 and o + 8 <= len(params)]
+    else:
+        offs = list(range(0, len(params) - 7, 8))
+    buf = bytearray(params)
+    changes = []
+    for o in offs:
+        v = int.from_bytes(buf[o:o + 8], "little")
+        nv = space.translate(v)
+        if nv != v:
+            buf[o:o + 8] = nv.to_bytes(8, "little")
+            changes.append((o, v, nv))
+    return bytes(buf), changes
+
+
+def scan_payload(data: bytes, space: AddressSpace, rewrite: bool = False) -> Tuple[bytes, List[Tuple[int, int, int]]]:
+    """Find 8-byte aligned words in an H2D payload that are recorded addresses of moved
+    allocations; optionally rewrite them.  Returns (data, [(offset, old, new), ...])."""
+    moved = [a for a in space.allocs.values() if a.live_base != a.rec_base]
+    if not moved or len(data) < 8:
+        return data, []
+    n = len(data) // 8
+    lo = min(a.rec_base for a in moved)
+    hi = max(a.rec_base + a.size for a in moved)
+    found = []
+    try:
+        import numpy as np
+        w = np.frombuffer(data, dtype="<u8", count=n)
+        idx = np.nonzero((w >= lo) & (w < hi))[0]
+        cand = [(int(i) * 8, int(w[i])) for i in idx]
+    except ImportError:
+        import struct
+        cand = [(i * 8, v) for i, (v,) in enumerate(struct.iter_unpack("<Q", data[: n * 8])) if lo <= v < hi]
+    for o, v in cand:
+        nv = space.translate(v)
+        if nv != v:
+            found.append((o, v, nv))
+    if rewrite and found:
+        buf = bytearray(data)
+        for o, _v, nv in found:
+            buf[o:o + 8] = nv.to_bytes(8, "little")
+        return bytes(buf), found
+    return data, found
