@@ -237,7 +237,10 @@ class Replayer:
             self.res.errors_recurred += 1
             return None
         if want == 0 or want is None:
-            self.fail(rec, f"replay returned {cu_result_name(code)} (recorded CUDA_SUCCESS)")
+            hint = ""
+            if self.res.payload_stale and not self.opt.relocate_payloads:
+                hint = "; device memory holds stale recorded addresses after a fallback (try --relocate-payloads)"
+            self.fail(rec, f"replay returned {cu_result_name(code)} (recorded CUDA_SUCCESS){hint}")
         if code == 0:
             self.note(f"call #{rec.get('s')} {rec.get('f')}: recorded {cu_result_name(want)} did not recur")
             return res[1] if len(res) == 2 else tuple(res[1:])

@@ -113,12 +113,62 @@ class AddressSpace:
         self.globals_relocated = 0
         self.test_block: Optional[Tuple[int, int]] = None
         self._blocks: List[int] = []
+        self._ranges: List[Tuple[int, int]] = []
 
     # ------------------------------------------------------------- planning / reservation
     def plan(self, ranges: List[Tuple[int, int]]) -> List[Span]:
+        self._ranges = list(ranges)
         self.spans = [Span(s, n) for s, n in plan_spans(ranges, self.gran)]
         self._span_starts = [s.start for s in self.spans]
         return self.spans
+
+    def _split_missed(self) -> None:
+        """A span that missed is retried as its pieces (granule groups of overlapping
+        allocations, without merging merely adjacent ones), so one occupied granule only
+        costs the allocations that really sit on it."""
+        out: List[Span] = []
+        changed = False
+        for sp in self.spans:
+            if sp.reserved or sp.refused:
+                out.append(sp)
+                continue
+            inside = [(b, n) for b, n in self._ranges if sp.start <= b < sp.end]
+            iv = sorted((align_down(b, self.gran), align_up(b + max(n, 1), self.gran)) for b, n in inside)
+            pieces: List[List[int]] = []
+            for lo, hi in iv:
+                if pieces and lo < pieces[-1][1]:
+                    pieces[-1][1] = max(pieces[-1][1], hi)
+                else:
+                    pieces.append([lo, hi])
+            if len(pieces) <= 1:
+                out.append(sp)
+                continue
+            changed = True
+            for lo, hi in pieces:
+                piece = Span(lo, hi - lo)
+                self._reserve_one(piece)
+                out.append(piece)
+        if changed:
+            self.spans = out
+            self._span_starts = [s.start for s in self.spans]
+
+    def _reserve_one(self, sp: "Span") -> None:
+        sp.refused, sp.reason = False, ""
+        try:
+            got = self.drv.reserve(sp.size, sp.start)
+        except Exception as e:  # driver refused entirely
+            sp.reason = f"cuMemAddressReserve failed: {e}"
+            sp.refused = True
+            return
+        if got == sp.start:
+            sp.reserved, sp.live = True, got
+        else:
+            sp.reason = (f"cuMemAddressReserve({sp.size:#x} at {sp.start:#x}) returned {got:#x}: "
+                         f"recorded range already in use")
+            try:
+                self.drv.free_va(got, sp.size)
+            except Exception:
+                pass
 
     def reserve_all(self) -> None:
         blk = os.environ.get(TEST_BLOCK_ENV)
@@ -132,24 +182,10 @@ class AddressSpace:
                 pass
             self.test_block = (a, n)
         for sp in self.spans:
-            if sp.reserved:
-                continue
-            sp.refused, sp.reason = False, ""
-            try:
-                got = self.drv.reserve(sp.size, sp.start)
-            except Exception as e:  # driver refused entirely
-                sp.reason = f"cuMemAddressReserve failed: {e}"
-                sp.refused = True
-                continue
-            if got == sp.start:
-                sp.reserved, sp.live = True, got
-            else:
-                sp.reason = (f"cuMemAddressReserve({sp.size:#x} at {sp.start:#x}) returned {got:#x}: "
-                             f"recorded range already in use")
-                try:
-                    self.drv.free_va(got, sp.size)
-                except Exception:
-                    pass
+            if not sp.reserved:
+                self._reserve_one(sp)
+        if not all(sp.refused for sp in self.spans if not sp.reserved):
+            self._split_missed()
 
     def span_of(self, addr: int, size: int = 1) -> Optional[Span]:
         i = bisect.bisect_right(self._span_starts, addr) - 1

@@ -16,8 +16,8 @@ BASE = 0x200000000000
 
 
 class Synth:
-    def __init__(self, path, header: Optional[Dict[str, Any]] = None):
-        self.w = SnapshotWriter(path, header or {"argv": ["synthetic"], "pid": 1})
+    def __init__(self, path, header: Optional[Dict[str, Any]] = None, frame_bytes: int = 2 << 20):
+        self.w = SnapshotWriter(path, header or {"argv": ["synthetic"], "pid": 1}, frame_bytes=frame_bytes)
         self.seq = 0
         self.t = 1000
 
@@ -53,9 +53,9 @@ class Synth:
 
 
 def write_double_program(path, base: int = BASE, n: int = 64, tamper: bool = False, incomplete: bool = False,
-                         extra_calls=None) -> Dict[str, Any]:
+                         extra_calls=None, frame_bytes: int = 2 << 20) -> Dict[str, Any]:
     """Returns facts about what was written (addresses, seqs of D2H calls)."""
-    s = Synth(path)
+    s = Synth(path, frame_bytes=frame_bytes)
     ctx, mod = 0x55550000, 0x55560000
     f_add, f_fill, f_chase = 0x55570001, 0x55570002, 0x55570003
     s.call("cuInit", {"Flags": 0})

@@ -1,0 +1,152 @@
+"""Replay end to end on the CUDA test double: capture real programs with `cudasnap capture`,
+replay them with `cudasnap replay` (both with LD_LIBRARY_PATH pointing at the double)."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cudasnap.formats import SnapshotReader, SnapshotWriter
+from cudasnap.replay.synth import Synth, write_double_program
+
+
+def _replay(double, snap, *args, extra_env=None, timeout=120):
+    env = dict(double["env"])
+    env.pop("CUDASNAP_REPLAY_TEST_BLOCK", None)
+    env.update(extra_env or {})
+    return subprocess.run([sys.executable, "-m", "cudasnap", "replay", str(snap), *args], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _calls(path):
+    return [c for c in SnapshotReader(path).records() if c["k"] == "c"]
+
+
+def rewrite(src, dst, mutate):
+    """Copy a snapshot record by record (blobs re-added); mutate(rec, reader, writer) may edit."""
+    r = SnapshotReader(src)
+    with SnapshotWriter(dst, dict(r.raw_header)) as w:
+        for rec in r.records():
+            if rec.get("k") == "b":
+                continue
+            for key, ref in list((rec.get("x") or {}).items()):
+                if isinstance(ref, dict) and ref.get("blob"):
+                    ref["blob"] = w.add_blob(r.blob(ref["blob"]))
+            mutate(rec, r, w)
+            w.write(rec)
+
+
+@pytest.mark.parametrize("prog", ["direct", "viadlsym", "viaproc", "chase", "launch_forms", "threads"])
+def test_capture_then_replay_verifies(prog, double, capture):
+    cp, snap = capture(double["progs"][prog])
+    assert cp.returncode == 0, cp.stderr
+    rp = _replay(double, snap)
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    assert re.search(r"\d+ placed at recorded address, 0 fell back", rp.stdout), rp.stdout
+    assert "OK: every recorded D2H result reproduced" in rp.stdout
+
+
+def test_threads_option(double, capture):
+    cp, snap = capture(double["progs"]["threads"])
+    assert cp.returncode == 0
+    rp = _replay(double, snap, "--threads", "--json")
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    assert '"exit_code": 0' in rp.stdout
+
+
+def test_forced_fallback_is_reported_and_payloads_relocated(double, capture):
+    cp, snap = capture(double["progs"]["chase"])
+    assert cp.returncode == 0
+    big = [c for c in _calls(snap) if c["f"] == "cuMemAlloc_v2" and c["a"]["bytesize"] == 8 << 20][0]
+    addr = hex(big["a"]["dptr"])
+    env = {"CUDASNAP_REPLAY_TEST_BLOCK": addr}
+    rp = _replay(double, snap, extra_env=env)
+    assert "1 fell back" in rp.stdout, rp.stdout
+    assert f"fell back: {addr}" in rp.stdout and "already in use" in rp.stdout
+    assert "stale recorded address" in rp.stdout      # the pointer table in device memory
+    assert rp.returncode == 2                          # the kernel chases a stale pointer
+    rp = _replay(double, snap, "--relocate-payloads", extra_env=env)
+    assert rp.returncode == 0, rp.stdout
+    assert "1 fell back" in rp.stdout and "rewritten" in rp.stdout
+
+
+def test_tampered_d2h_blob_exits_1_naming_the_call(double, capture, tmp_path):
+    cp, snap = capture(double["progs"]["chase"])
+    assert cp.returncode == 0
+    d2h = [c for c in _calls(snap) if c["f"].startswith("cuMemcpyDtoH")][0]
+    bad = tmp_path / "tampered.cusnap"
+
+    def mutate(rec, r, w):
+        if rec.get("k") == "c" and rec.get("s") == d2h["s"]:
+            data = bytearray(r.blob(d2h["x"]["dstHost"]["blob"]))
+            data[3] ^= 0xFF
+            rec["x"]["dstHost"] = {"blob": w.add_blob(bytes(data)), "size": len(data)}
+
+    rewrite(snap, bad, mutate)
+    rp = _replay(double, bad)
+    assert rp.returncode == 1, rp.stdout + rp.stderr
+    assert f"call #{d2h['s']} {d2h['f']}" in rp.stdout and "byte offset 3" in rp.stdout
+    assert "last written by" in rp.stdout and "chase" in rp.stdout
+
+
+def test_truncated_snapshot_replays_to_last_complete_call(double, tmp_path):
+    full = tmp_path / "full.cusnap"
+    write_double_program(full, frame_bytes=512)
+    data = full.read_bytes()
+    cut = tmp_path / "cut.cusnap"
+    cut.write_bytes(data[: int(len(data) * 0.8)])
+    r = SnapshotReader(cut)
+    assert r.truncated
+    rp = _replay(double, cut)
+    assert "truncated" in rp.stdout and "last complete call #" in rp.stdout, rp.stdout
+    assert rp.returncode in (0, 1), rp.stdout + rp.stderr
+
+
+def test_incomplete_call_stops_replay(double, tmp_path):
+    p = tmp_path / "inc.cusnap"
+    write_double_program(p, incomplete=True)
+    rp = _replay(double, p)
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    assert "never returned in the recording" in rp.stdout
+
+
+def test_synthetic_program_and_kernel_filter(double, tmp_path):
+    p = tmp_path / "syn.cusnap"
+    facts = write_double_program(p)
+    rp = _replay(double, p)
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    assert "3 placed at recorded address, 0 fell back" in rp.stdout
+    rp = _replay(double, p, "--kernels", "^add_one$", "--continue-on-error")
+    assert rp.returncode == 1                           # chase left out: its output differs
+    assert f"call #{facts['d2h_c']}" in rp.stdout
+
+
+def test_watchdog_turns_a_hang_into_exit_2(double, tmp_path):
+    import struct
+    p = tmp_path / "hang.cusnap"
+
+    def spin(s, facts):
+        s.call("cuModuleGetFunction", {"hfunc": 0x66660001, "hmod": 0x55560000, "name": "spin"})
+        s.fn(0x66660001, "spin", 0x55560000, [[0, 4]])
+        s.launch(0x66660001, struct.pack("<i", 5000))
+
+    write_double_program(p, extra_calls=[spin])
+    rp = _replay(double, p, "--watchdog", "0.5", timeout=60)
+    assert rp.returncode == 2
+    assert "watchdog" in rp.stderr and "cuLaunchKernel" in rp.stderr
+
+
+def test_no_driver_is_one_line_error(tmp_path):
+    p = tmp_path / "syn.cusnap"
+    write_double_program(p)
+    env = {"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": str(tmp_path)}   # no libcuda anywhere
+    import os
+    env.update({k: v for k, v in os.environ.items() if k.startswith(("PYTHON", "VIRTUAL_ENV", "HOME"))})
+    env["LD_LIBRARY_PATH"] = str(tmp_path)
+    rp = subprocess.run([sys.executable, "-m", "cudasnap", "replay", "-q", str(p)], env=env, capture_output=True,
+                        text=True, timeout=60)
+    assert rp.returncode == 2
+    assert "Traceback" not in rp.stderr + rp.stdout
