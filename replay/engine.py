@@ -364,7 +364,11 @@ class Replayer:
         if self.initialized:
             return
         self.initialized = True
-        r = self.cu.cuInit(0)
+        try:
+            r = self.cu.cuInit(0)
+        except Exception as e:  # the bindings could not load libcuda.so.1
+            raise ReplayError(f"no CUDA driver: cannot load libcuda.so.1 ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0] if str(e) else ''})")
         if _code(r[0]) != 0:
             raise ReplayError(f"cuInit failed: {cu_result_name(_code(r[0]))} (no usable GPU or driver?)")
         try:
