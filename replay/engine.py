@@ -1,7 +1,6 @@
 """The replay engine: reads a snapshot in file order and dispatches each call record."""
 from __future__ import annotations
 
-import ctypes
 import os
 import queue
 import re
