@@ -18,4 +18,4 @@ for i in range(5):
     g.replay()
     outs.append(static_y.sum().item())
 print("sums", [round(v, 3) for v in outs])
-print("sha256", hashlib.sha256(static_y.cpu().numpy().tobytes()).hexdigest())
+print("sha256", hashlib.sha256(static_y.detach().cpu().numpy().tobytes()).hexdigest())
