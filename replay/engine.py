@@ -164,7 +164,10 @@ class Replayer:
         return self.live(rec, rec_s, "stream")
 
     def blob(self, rec, key: str) -> Optional[bytes]:
-        ref = (rec.get("x") or {}).get(key)
+        x = rec.get("x") or {}
+        ref = x.get(key)
+        if ref is None:  # early snapshots named payloads "src"/"dst"
+            ref = x.get({"srcHost": "src", "dstHost": "dst"}.get(key, ""))
         if not isinstance(ref, dict) or not ref.get("blob"):
             return None
         try:

@@ -52,17 +52,31 @@ def ctx_destroy(rp, rec):
             del rp.cur_ctx[tid]
 
 
+def ctx_or_primary(rp, rec, h):
+    """A context handle whose creation was not recorded (the runtime retains its primary
+    context through paths the shim may not see) is taken to be the device's primary context."""
+    if not h:
+        return rp.cu.CUcontext(0)
+    if h in rp.handles:
+        return rp.handles[h]
+    ctx = rp.raw("cuDevicePrimaryCtxRetain", rp.dev)
+    rp.set_handle(h, ctx)
+    rp.note(f"call #{rec.get('s')} {rec['f']}: context {h:#x} was not created by a recorded call; "
+            f"using the primary context of device {rp.opt.device}")
+    return ctx
+
+
 @handles("cuCtxSetCurrent", errors=True)
 def ctx_set_current(rp, rec):
     h = rec["a"].get("ctx")
-    ctx = rp.live(rec, h, "context") if h else rp.cu.CUcontext(0)
+    ctx = ctx_or_primary(rp, rec, h)
     rp.drv(rec, "cuCtxSetCurrent", ctx)
     _current(rp, rec, ctx)
 
 
 @handles("cuCtxPushCurrent")
 def ctx_push(rp, rec):
-    ctx = rp.live(rec, rec["a"].get("ctx"), "context")
+    ctx = ctx_or_primary(rp, rec, rec["a"].get("ctx"))
     rp.drv(rec, "cuCtxPushCurrent", ctx)
     _current(rp, rec, ctx)
 
