@@ -164,7 +164,7 @@ class AddressSpace:
             sp.reserved, sp.live = True, got
         else:
             sp.reason = (f"cuMemAddressReserve({sp.size:#x} at {sp.start:#x}) returned {got:#x}: "
-                         f"recorded range already in use")
+                         f"the driver did not honour the hint (range in use or not reservable)")
             try:
                 self.drv.free_va(got, sp.size)
             except Exception:

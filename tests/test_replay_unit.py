@@ -277,7 +277,7 @@ def test_fallback_when_reservation_misses_and_translation():
     assert sp.alloc(base + 8 * G, 64) == base + 8 * G
     assert sp.fell_back == 1 and sp.placed == 1
     r = sp.relocations[0]
-    assert r.seq == 7 and "already in use" in r.reason
+    assert r.seq == 7 and "did not honour" in r.reason
     assert sp.translate(base + 0x100 + 8) == new + 8
     assert sp.translate(base + 8 * G + 4) == base + 8 * G + 4
     # kernel parameters: only the moved pointer is rewritten
@@ -347,7 +347,7 @@ def test_fallback_reported_and_params_relocated(tmp_path):
     res, rp = _run(p, drv)
     assert res.exit_code == 0, (res.errors, rp.mismatch_text)
     assert res.fell_back == 2 and res.placed == 0
-    assert res.fallbacks[0]["rec_base"] == hex(A) and "already in use" in res.fallbacks[0]["reason"]
+    assert res.fallbacks[0]["rec_base"] == hex(A) and "did not honour" in res.fallbacks[0]["reason"]
     assert res.params_relocated == 1
 
 
