@@ -139,8 +139,15 @@ class Recorder:
             "api": {"source": self.desc.doc.get("source"), "digest": self.desc.digest},
             "tool_version": __version__,
         }
-        if ring.api_digest and self.desc.digest and not self.desc.digest.startswith(ring.api_digest[:16]):
+        mismatch = ring.fn_count != len(self.desc.functions) or (
+            ring.api_digest and self.desc.digest and not self.desc.digest.startswith(ring.api_digest))
+        if mismatch:
+            # the ids in the ring would decode to the wrong functions: say so loudly
             header["api"]["shim_digest"] = ring.api_digest
+            print(f"cudasnap: error: the shim library was built from another API description "
+                  f"({ring.fn_count} functions, digest {ring.api_digest[:12]}) than this cudasnap has "
+                  f"({len(self.desc.functions)}, {self.desc.digest[:12]}): reinstall cudasnap (pip install .)",
+                  file=sys.stderr)
         path = self._path_for(pid)
         path.parent.mkdir(parents=True, exist_ok=True)
         writer = SnapshotWriter(path, header, level=self.level, threads=self.threads)

@@ -32,8 +32,11 @@ HELPERS = [
     "cuFuncGetModule", "cuStreamSynchronize", "cuStreamSynchronize_ptsz", "cuStreamIsCapturing",
     "cuStreamIsCapturing_ptsz", "cuDriverGetVersion", "cuDeviceGetCount", "cuDeviceGet",
     "cuDeviceGetName", "cuDeviceGetUuid", "cuDeviceGetUuid_v2", "cuDeviceGetAttribute",
-    "cuDeviceTotalMem_v2",
+    "cuDeviceTotalMem_v2", "cuCtxGetDevice", "cuMemAddressReserve", "cuMemCreate", "cuMemMap",
+    "cuMemSetAccess", "cuMemAddressFree", "cuMemRelease", "cuMemUnmap", "cuMemGetAllocationGranularity",
 ]
+# Calls the placement hook answers itself (shim_placement.c).
+PLACEMENT = {"cuMemAlloc_v2", "cuMemFree_v2", "cuMemGetAddressRange_v2", "cuMemAddressReserve"}
 
 
 def load_description(path: Path = HERE / "api_description.json") -> dict:
@@ -55,6 +58,8 @@ def _hook_of(fn) -> tuple[int, int, int, int]:
     name = fn["name"]
     if fn["base"] == "cuInit":
         return HOOKS["init"], -1, -1, -1
+    if name in PLACEMENT:
+        return 9, -1, -1, -1
     if cap == "module_image" and any(p["kind"] == "blob_in" for p in params):
         cap = None  # cuLinkAddData & co carry their size: the generic blob path has it
     hook = HOOKS.get(cap, 0)
@@ -104,7 +109,7 @@ def generate_c(desc: dict) -> str:
       " CS_K_BLOB_IN, CS_K_BLOB_OUT, CS_K_ARRAY_IN, CS_K_ARRAY_OUT };")
     w("enum { CS_P_FLOAT = 1, CS_P_COUNT_PTR = 2 };")
     w("enum { CS_H_NONE, CS_H_LAUNCH, CS_H_MODULE_IMAGE, CS_H_MODULE_FILE, CS_H_GETPROC,"
-      " CS_H_EXPORT_TABLE, CS_H_MEMCPY_STRUCT, CS_H_ASYNC_D2H, CS_H_INIT };")
+      " CS_H_EXPORT_TABLE, CS_H_MEMCPY_STRUCT, CS_H_ASYNC_D2H, CS_H_INIT, CS_H_PLACE };")
     w("typedef struct { unsigned char kind, size, flags, ai; unsigned short len_idx; unsigned aux; } cs_param;")
     w("typedef struct { const char *name, *base; unsigned char nparams, hook; signed char h0, h1, h2;"
       " const cs_param *params; } cs_fn;")

@@ -255,6 +255,7 @@ static void cs_exit_hook(void) {
 
 /* --- hooks: what a generic parameter table can't say ---------------------------------- */
 #include "shim_hooks.c"
+#include "shim_placement.c"
 
 /* --- the generic call engine ------------------------------------------------------- */
 static uint32_t cs_pre_size(const cs_fn *fn, const U *a) {
@@ -321,8 +322,9 @@ static CUresult cs_call(int id, U *a, double *d) {
         cs_publish(&r);
     }
 
-    CUresult res = real(a[0], a[1], a[2], a[3], a[4], a[5], d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7],
-                        a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16], a[17], a[18], a[19]);
+    CUresult res;
+    if (!(fn->hook == CS_H_PLACE && cs_hook_replace(fn, a, &res)))
+        res = CS_CALL_REAL(real, a, d);
 
     cs_hook_after(fn, id, a, res);
     /* output blobs (D2H results) */

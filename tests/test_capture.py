@@ -35,7 +35,9 @@ def test_capture_matches_program(prog, double, capture, native):
     ref = native(path)
     cp, snap = capture(path)
     assert cp.returncode == ref.returncode == 0, cp.stderr
-    assert cp.stdout == ref.stdout                      # capture never changes the program's output
+    # capture never changes the program's output; device addresses differ (placement region)
+    mask = lambda s: re.sub(r"ptr 0x[0-9a-f]+", "ptr <addr>", s)
+    assert mask(cp.stdout) == mask(ref.stdout)
     r, calls = _calls(snap)
     assert not r.truncated
     assert _recorded_launches(calls) == _launches_printed(ref.stdout)

@@ -1,0 +1,239 @@
+/* Placement: cudasnap capture puts device allocations into a tool-owned virtual address
+ * region, so replay can reserve the very same addresses first (FIELD-NOTES: addresses the
+ * driver picks for small allocations move with host ASLR and can't be reserved again).
+ *
+ * cuMemAlloc_v2 becomes VMM inside the region: large allocations get their own
+ * granule-aligned range; small ones are packed into 2 MiB slabs (refcounted, released
+ * when empty). cuMemAddressReserve with no address hint gets a hint inside the region.
+ * cuMemFree_v2 and cuMemGetAddressRange_v2 answer for the packed allocations.
+ * Off with CUDASNAP_PLACEMENT=off (then the driver places everything, as without capture).
+ * Included by shim_core.c. */
+
+#define CS_REGION_BASE 0x600000000000ull
+#define CS_REGION_END  0x680000000000ull   /* 8 TiB */
+#define CS_SMALL_ALIGN 512ull
+
+typedef struct { U base, size; U handle; int refs; int open; } cs_slab;
+typedef struct { U ptr, size; int slab; U handle; U rsize; } cs_alloc;
+
+static pthread_mutex_t cs_pl_lock = PTHREAD_MUTEX_INITIALIZER;
+static int cs_pl_on = -1;
+static U cs_pl_next = CS_REGION_BASE;        /* bump pointer over the region */
+static U cs_pl_gran;
+static cs_slab *cs_slabs; static int cs_nslabs, cs_capslabs, cs_cur_slab = -1;
+static cs_alloc *cs_allocs; static int cs_nallocs, cs_capallocs;
+
+typedef CUresult (*cs_f5)(U, U, U, U, U);
+
+static int cs_placement_on(void) {
+    if (cs_pl_on < 0) {
+        const char *e = getenv("CUDASNAP_PLACEMENT");
+        cs_pl_on = !(e && (strcmp(e, "off") == 0 || strcmp(e, "0") == 0));
+    }
+    return cs_pl_on;
+}
+
+/* CUmemAllocationProp: type PINNED, location DEVICE dev (32 bytes) */
+static void cs_prop(unsigned char prop[32], int dev) {
+    memset(prop, 0, 32);
+    uint32_t v;
+    v = 1; memcpy(prop + 0, &v, 4);     /* CU_MEM_ALLOCATION_TYPE_PINNED */
+    v = 1; memcpy(prop + 8, &v, 4);     /* CU_MEM_LOCATION_TYPE_DEVICE */
+    memcpy(prop + 12, &dev, 4);
+}
+
+static int cs_cur_device(void) {
+    int dev = 0;
+    cs_fn2 g = CALLREAL(CS_ID_cuCtxGetDevice, cs_fn2);
+    if (g) ((CUresult(*)(U))g)((U)&dev);
+    return dev;
+}
+
+/* Reserve [want, want+size) exactly, map fresh physical memory there. 0 on success. */
+static CUresult cs_map_at(U want, U size, int dev, U *handle_out) {
+    cs_f5 reserve = CALLREAL(CS_ID_cuMemAddressReserve, cs_f5);
+    cs_fn4 create = CALLREAL(CS_ID_cuMemCreate, cs_fn4);
+    cs_f5 map = CALLREAL(CS_ID_cuMemMap, cs_f5);
+    cs_fn4 access = CALLREAL(CS_ID_cuMemSetAccess, cs_fn4);
+    cs_fn2 afree = CALLREAL(CS_ID_cuMemAddressFree, cs_fn2);
+    cs_fn2 release = CALLREAL(CS_ID_cuMemRelease, cs_fn2);
+    cs_fn2 unmap = CALLREAL(CS_ID_cuMemUnmap, cs_fn2);
+    if (!reserve || !create || !map || !access || !afree || !release || !unmap) return 801;
+    U got = 0;
+    CUresult r = reserve((U)&got, size, cs_pl_gran, want, 0);
+    if (r) return r;
+    if (got != want) { afree(got, size); return 1; }
+    unsigned char prop[32];
+    cs_prop(prop, dev);
+    U h = 0;
+    if ((r = create((U)&h, size, (U)prop, 0))) { afree(got, size); return r; }
+    if ((r = map(got, size, 0, h, 0))) { release(h, 0); afree(got, size); return r; }
+    unsigned char desc[12];
+    uint32_t t = 1, fl = 3;   /* location DEVICE, READWRITE */
+    memcpy(desc, &t, 4); memcpy(desc + 4, &dev, 4); memcpy(desc + 8, &fl, 4);
+    if ((r = access(got, size, (U)desc, 1))) { unmap(got, size); release(h, 0); afree(got, size); return r; }
+    *handle_out = h;
+    return 0;
+}
+
+static void cs_unmap_at(U base, U size, U h) {
+    cs_fn2 unmap = CALLREAL(CS_ID_cuMemUnmap, cs_fn2);
+    cs_fn2 release = CALLREAL(CS_ID_cuMemRelease, cs_fn2);
+    cs_fn2 afree = CALLREAL(CS_ID_cuMemAddressFree, cs_fn2);
+    if (unmap) unmap(base, size);
+    if (release) ((CUresult(*)(U))release)(h);
+    if (afree) afree(base, size);
+}
+
+/* Next free range of `size` bytes in the region; a taken range is skipped. */
+static CUresult cs_region_map(U size, int dev, U *base, U *handle) {
+    for (int tries = 0; tries < 64; tries++) {
+        U want = (cs_pl_next + cs_pl_gran - 1) & ~(cs_pl_gran - 1);
+        if (want + size > CS_REGION_END) return 2;  /* region exhausted: out of memory */
+        cs_pl_next = want + size;
+        CUresult r = cs_map_at(want, size, dev, handle);
+        if (r == 0) { *base = want; return 0; }
+        if (r != 1) return r;                          /* a real error (out of memory...) */
+        cs_pl_next = want + size + cs_pl_gran;         /* taken: skip ahead */
+    }
+    return 1;
+}
+
+static int cs_push_alloc(cs_alloc a) {
+    if (cs_nallocs == cs_capallocs) {
+        int cap = cs_capallocs ? cs_capallocs * 2 : 1024;
+        cs_alloc *g = realloc(cs_allocs, (size_t)cap * sizeof *g);
+        if (!g) return -1;
+        cs_allocs = g; cs_capallocs = cap;
+    }
+    cs_allocs[cs_nallocs++] = a;
+    return 0;
+}
+
+static int cs_find_alloc(U p, int containing) {
+    for (int i = cs_nallocs - 1; i >= 0; i--) {
+        if (cs_allocs[i].ptr == p) return i;
+        if (containing && p > cs_allocs[i].ptr && p < cs_allocs[i].ptr + cs_allocs[i].size) return i;
+    }
+    return -1;
+}
+
+static CUresult cs_place_alloc(U *dptr, U bytes) {
+    int dev = cs_cur_device();
+    if (!cs_pl_gran) {
+        cs_fn3 gg = CALLREAL(CS_ID_cuMemGetAllocationGranularity, cs_fn3);
+        unsigned char prop[32];
+        cs_prop(prop, dev);
+        size_t g = 0;
+        if (!gg || gg((U)&g, (U)prop, 0) != 0 || !g) return 801;
+        cs_pl_gran = g;
+    }
+    if (bytes >= cs_pl_gran / 2) {
+        U size = (bytes + cs_pl_gran - 1) & ~(cs_pl_gran - 1), base, h;
+        CUresult r = cs_region_map(size, dev, &base, &h);
+        if (r) return r;
+        cs_alloc a = {base, bytes, -1, h, size};
+        if (cs_push_alloc(a)) { cs_unmap_at(base, size, h); return 2; }
+        *dptr = base;
+        return 0;
+    }
+    U need = (bytes + CS_SMALL_ALIGN - 1) & ~(CS_SMALL_ALIGN - 1);
+    cs_slab *s = cs_cur_slab >= 0 ? &cs_slabs[cs_cur_slab] : NULL;
+    if (!s || s->open + need > s->size) {
+        if (s) { s->open = (int)s->size; if (s->refs == 0) { cs_unmap_at(s->base, s->size, s->handle); s->size = 0; } }
+        if (cs_nslabs == cs_capslabs) {
+            int cap = cs_capslabs ? cs_capslabs * 2 : 64;
+            cs_slab *g = realloc(cs_slabs, (size_t)cap * sizeof *g);
+            if (!g) return 2;
+            cs_slabs = g; cs_capslabs = cap;
+        }
+        cs_slab n = {0, cs_pl_gran, 0, 0, 0};
+        CUresult r = cs_region_map(n.size, dev, &n.base, &n.handle);
+        if (r) return r;
+        cs_slabs[cs_nslabs] = n;
+        cs_cur_slab = cs_nslabs++;
+        s = &cs_slabs[cs_cur_slab];
+    }
+    U p = s->base + (U)s->open;
+    s->open += (int)need;
+    s->refs++;
+    cs_alloc a = {p, bytes, cs_cur_slab, 0, need};
+    if (cs_push_alloc(a)) { s->refs--; return 2; }
+    *dptr = p;
+    return 0;
+}
+
+static int cs_place_free(U p, CUresult *res) {
+    int i = cs_find_alloc(p, 0);
+    if (i < 0) return 0;
+    cs_alloc a = cs_allocs[i];
+    cs_allocs[i] = cs_allocs[--cs_nallocs];
+    if (a.slab < 0) {
+        cs_unmap_at(a.ptr, a.rsize, a.handle);
+    } else {
+        cs_slab *s = &cs_slabs[a.slab];
+        if (--s->refs == 0 && a.slab != cs_cur_slab && s->size) {
+            cs_unmap_at(s->base, s->size, s->handle);
+            s->size = 0;
+        }
+    }
+    *res = 0;
+    return 1;
+}
+
+/* Replace the real call for the allocation family; returns 1 when handled. */
+static int cs_hook_replace(const cs_fn *fn, U *a, CUresult *res) {
+    if (fn->hook != CS_H_PLACE || !cs_placement_on()) return 0;
+    const char *n = fn->name;
+    int handled = 0;
+    if (strcmp(n, "cuMemAlloc_v2") == 0) {
+        if (!a[0] || !a[1]) return 0;
+        pthread_mutex_lock(&cs_pl_lock);
+        U p = 0;
+        CUresult r = cs_place_alloc(&p, a[1]);
+        pthread_mutex_unlock(&cs_pl_lock);
+        if (r == 801 || r == 1) return 0;   /* no VMM here: let the driver place it */
+        if (r == 0) *(U *)a[0] = p;
+        *res = r;
+        return 1;
+    }
+    if (strcmp(n, "cuMemFree_v2") == 0) {
+        pthread_mutex_lock(&cs_pl_lock);
+        handled = cs_place_free(a[0], res);
+        pthread_mutex_unlock(&cs_pl_lock);
+        return handled;
+    }
+    if (strcmp(n, "cuMemGetAddressRange_v2") == 0) {
+        pthread_mutex_lock(&cs_pl_lock);
+        int i = cs_find_alloc(a[2], 1);
+        if (i >= 0) {
+            if (a[0]) *(U *)a[0] = cs_allocs[i].ptr;
+            if (a[1]) *(U *)a[1] = cs_allocs[i].size;
+            *res = 0;
+            handled = 1;
+        }
+        pthread_mutex_unlock(&cs_pl_lock);
+        return handled;
+    }
+    if (strcmp(n, "cuMemAddressReserve") == 0 && a[3] == 0 && a[0] && a[1]) {
+        /* a reservation the driver would place: give it a hint inside the region */
+        cs_f5 reserve = (cs_f5)cs_resolve((int)(fn - cs_fns));
+        pthread_mutex_lock(&cs_pl_lock);
+        U align = a[2] > (2ull << 20) ? a[2] : (2ull << 20);
+        for (int tries = 0; tries < 16 && !handled; tries++) {
+            U want = (cs_pl_next + align - 1) & ~(align - 1);
+            if (want + a[1] > CS_REGION_END) break;
+            cs_pl_next = want + a[1];
+            U got = 0;
+            CUresult r = reserve((U)&got, a[1], a[2], want, a[4]);
+            if (r) { *res = r; handled = 1; break; }
+            if (got == want) { *(U *)a[0] = got; *res = 0; handled = 1; break; }
+            cs_fn2 afree = CALLREAL(CS_ID_cuMemAddressFree, cs_fn2);
+            if (afree) afree(got, a[1]);
+            cs_pl_next = want + a[1] + align;
+        }
+        pthread_mutex_unlock(&cs_pl_lock);
+        return handled;
+    }
+    return 0;
+}
