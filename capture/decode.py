@@ -12,6 +12,7 @@ F_PARAMS, F_ATTRS, F_IMAGE, F_SYMBOL, F_WRAPPED, F_HOSTSRC, F_HOSTDST = 0x100, 0
 F_NAME, F_HANDLE, F_KIND, F_MODULE, F_LAYOUT, F_MSG, F_INFO, F_CODE = 0x110, 0x111, 0x112, 0x113, 0x114, 0x115, 0x116, 0x117
 EXTRA_NAMES = {F_PARAMS: "params", F_ATTRS: "attrs", F_IMAGE: "image", F_HOSTSRC: "hostsrc", F_HOSTDST: "hostdst"}
 INFO_ROW = 256 + 16 + 24
+SIGNED_C = {"int", "long", "short", "long long", "signed char", "int32_t", "int64_t", "ssize_t"}
 
 
 class Decoder:
@@ -19,10 +20,18 @@ class Decoder:
 
     def __init__(self, desc, blob_sink):
         self.fns = sorted(desc.functions, key=lambda f: f["name"])  # same order as the C table
+        self.types = desc.types
         self.blob_sink = blob_sink      # object with begin(serial), piece(serial, data), end(serial, size) -> blob id
         self.blobs: dict[int, tuple[str, int]] = {}
         self.open: dict[int, dict] = {}
         self.counts = {"calls": 0, "launches": 0, "h2d_bytes": 0, "d2h_bytes": 0, "blob_bytes": 0, "notes": 0}
+
+    def _signed(self, p: dict) -> bool:
+        ct = p.get("ctype", "")
+        if ct in SIGNED_C:
+            return True
+        t = self.types.get(ct)
+        return bool(t and t.get("kind") in ("int", "enum") and t.get("signed"))
 
     def _blobref(self, data: bytes) -> dict:
         serial, size = struct.unpack_from("<QQ", data)
@@ -47,7 +56,12 @@ class Decoder:
             name = p["name"]
             if tag == R.T_VAL:
                 if not post:
-                    args[name] = struct.unpack("<Q", data)[0]
+                    v = struct.unpack("<Q", data)[0]
+                    if p.get("size", 8) < 8 and self._signed(p) and v >> (8 * p["size"] - 1):
+                        v -= 1 << (8 * p["size"])       # sign-extend negative ints (priorities...)
+                    elif p.get("size", 8) == 8 and self._signed(p) and v >> 63:
+                        v -= 1 << 64
+                    args[name] = v
             elif tag == R.T_F64:
                 args[name] = struct.unpack("<d", data)[0]
             elif tag == R.T_STR:

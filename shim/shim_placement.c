@@ -18,6 +18,7 @@ typedef struct { U ptr, size; int slab; U handle; U rsize; } cs_alloc;
 
 static pthread_mutex_t cs_pl_lock = PTHREAD_MUTEX_INITIALIZER;
 static int cs_pl_on = -1;
+static const char *cs_pl_step = "";        /* which VMM step failed, for the fallback note */
 static U cs_pl_next = CS_REGION_BASE;        /* bump pointer over the region */
 static U cs_pl_gran;
 static cs_slab *cs_slabs; static int cs_nslabs, cs_capslabs, cs_cur_slab = -1;
@@ -58,16 +59,21 @@ static CUresult cs_map_at(U want, U size, int dev, U *handle_out) {
     cs_fn2 afree = CALLREAL(CS_ID_cuMemAddressFree, cs_fn2);
     cs_fn2 release = CALLREAL(CS_ID_cuMemRelease, cs_fn2);
     cs_fn2 unmap = CALLREAL(CS_ID_cuMemUnmap, cs_fn2);
+    cs_pl_step = "resolving the VMM entry points";
     if (!reserve || !create || !map || !access || !afree || !release || !unmap) return 801;
     U got = 0;
     CUresult r = reserve((U)&got, size, cs_pl_gran, want, 0);
+    cs_pl_step = "cuMemAddressReserve";
     if (r) return r;
     if (got != want) { afree(got, size); return 1; }
+    cs_pl_step = "cuMemCreate";
     unsigned char prop[32];
     cs_prop(prop, dev);
     U h = 0;
     if ((r = create((U)&h, size, (U)prop, 0))) { afree(got, size); return r; }
+    cs_pl_step = "cuMemMap";
     if ((r = map(got, size, 0, h, 0))) { release(h, 0); afree(got, size); return r; }
+    cs_pl_step = "cuMemSetAccess";
     unsigned char desc[12];
     uint32_t t = 1, fl = 3;   /* location DEVICE, READWRITE */
     memcpy(desc, &t, 4); memcpy(desc + 4, &dev, 4); memcpy(desc + 8, &fl, 4);
@@ -125,6 +131,7 @@ static CUresult cs_place_alloc(U *dptr, U bytes) {
         unsigned char prop[32];
         cs_prop(prop, dev);
         size_t g = 0;
+        cs_pl_step = "cuMemGetAllocationGranularity";
         if (!gg || gg((U)&g, (U)prop, 0) != 0 || !g) return 801;
         cs_pl_gran = g;
     }
@@ -192,7 +199,17 @@ static int cs_hook_replace(const cs_fn *fn, U *a, CUresult *res) {
         U p = 0;
         CUresult r = cs_place_alloc(&p, a[1]);
         pthread_mutex_unlock(&cs_pl_lock);
-        if (r == 801 || r == 1) return 0;   /* no VMM here: let the driver place it */
+        if (r == 801 || r == 1 || r == 3 || r == 201) {
+            /* no VMM here (or no usable context): the driver places it; say why, once per kind */
+            static int said;
+            if (said++ < 4) {
+                char msg[256];
+                snprintf(msg, sizeof msg, "placement: cuMemAlloc_v2(%llu) left to the driver: %s returned %d",
+                         (unsigned long long)a[1], cs_pl_step, (int)r);
+                cs_note(msg);
+            }
+            return 0;
+        }
         if (r == 0) *(U *)a[0] = p;
         *res = r;
         return 1;
