@@ -38,7 +38,10 @@ class Frame:
 
 
 class SnapshotReader:
-    def __init__(self, path):
+    def __init__(self, path, *, scan: bool = False):
+        """scan=True ignores any index and recovers by scanning (what repair uses when an
+        indexed file turns out to hold a corrupt frame)."""
+        self._force_scan = bool(scan)
         self.path = os.fspath(path)
         self.name = self.path
         try:
@@ -73,7 +76,7 @@ class SnapshotReader:
         if not isinstance(hdr, dict):
             raise snap_error(self.path, PREAMBLE_SIZE, "header frame is not a map")
         self._raw_header = hdr
-        if not self._load_index():
+        if self._force_scan or not self._load_index():
             self._scan()
 
     def _load_index(self) -> bool:
@@ -303,6 +306,20 @@ class SnapshotReader:
     def blob(self, bid: str) -> bytes:
         parts = list(self.blob_reader(bid))
         return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def verify(self) -> None:
+        """Read and check every frame (checksums, decoding, chunk ids); SnapshotError on the first bad one."""
+        for fr in self._frames:
+            kind, payload = self._read_frame(fr.offset, decode=True)
+            if kind != fr.kind or self._last_comp_len != fr.comp_len:
+                raise snap_error(self.path, fr.offset, "frame disagrees with the index")
+            if kind == KIND_RECORDS:
+                for _ in iter_record_payload(payload, self._last_count, self.path, fr.offset):
+                    pass
+            elif kind == KIND_CHUNK:
+                cid = payload[:CHUNK_ID_LEN].hex()
+                if chunk_digest(payload[CHUNK_ID_LEN:]).hex() != cid:
+                    raise snap_error(self.path, fr.offset, "chunk content checksum mismatch")
 
     def frames(self) -> List[Tuple[int, str, int]]:
         return [(fr.offset, KIND_NAMES[fr.kind], fr.comp_len) for fr in self._frames]

@@ -24,6 +24,12 @@ def repair(path, out=None) -> Dict[str, Any]:
     {path, out, was_truncated, frames, records, blobs, chunks, lost_bytes, bytes_before, bytes_after}."""
     src = os.fspath(path)
     r = SnapshotReader(src)
+    if not r.truncated:
+        try:
+            r.verify()
+        except SnapshotError:       # indexed but damaged: recover by scanning instead
+            r.close()
+            r = SnapshotReader(src, scan=True)
     dst = os.fspath(out) if out is not None else src
     try:
         st = r.stats
@@ -38,7 +44,8 @@ def repair(path, out=None) -> Dict[str, Any]:
             with os.fdopen(fd, "wb") as f:
                 _rewrite(r, f)
                 f.flush()
-                os.fsync(f.fileno())
+                if out is None:          # replacing the original: make the new bytes durable first
+                    os.fsync(f.fileno())
             os.replace(tmp, dst)
         except BaseException:
             try:
@@ -68,17 +75,13 @@ def _rewrite(r: SnapshotReader, f) -> None:
         offset_map[fr.offset] = new_off
         f.write(head)
         pos, left = fr.offset + FRAME_SIZE, comp_len
-        hasher_ok = True
         while left > 0:
             piece = r._read_at(pos, min(left, _COPY_PIECE))
             if not piece:
-                hasher_ok = False
-                break
+                raise SnapshotError(f"{r.path}: offset {fr.offset}: file changed during repair")
             f.write(piece)
             pos += len(piece)
             left -= len(piece)
-        if not hasher_ok:
-            raise SnapshotError(f"{r.path}: offset {fr.offset}: file changed during repair")
         frames.append([new_off, kind, comp_len])
         stats["frames"] += 1
         if kind == KIND_RECORDS:
