@@ -338,6 +338,9 @@ def _fmt_text(rec: Dict[str, Any], fn_names: Dict[Any, str], blobs: bool, r: Sna
                 f"module={_fmt_val(rec.get('module'), False)} params={_fmt_val(rec.get('params'), False)}")
     if k == "note":
         return f"[note {rec.get('level')}] {rec.get('msg')}"
+    if k == "region":
+        return (f"[region] base={_fmt_val(rec.get('base'), False)} size={_fmt_val(rec.get('size'), False)} "
+                f"purpose={rec.get('purpose')}")
     if k == "end":
         return f"[end] exit={rec.get('exit')} signal={rec.get('signal')} partial={rec.get('partial')}"
     rest = {kk: vv for kk, vv in rec.items() if kk != "k"}
