@@ -150,6 +150,10 @@ class Decoder:
             self.counts["notes"] += 1
             msg = rec.fields[0][2].decode("utf-8", "replace") if rec.fields else ""
             return [{"k": "note", "level": "warning", "msg": msg, "t": rec.t_ns}]
+        if t == R.REGION:
+            d = {idx: data for idx, _tag, data in rec.fields}
+            return [{"k": "region", "base": struct.unpack("<Q", d[F_HANDLE])[0],
+                     "size": struct.unpack("<Q", d[F_CODE])[0], "purpose": "placement"}]
         if t == R.EXIT:
             return []
         return []

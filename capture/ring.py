@@ -13,7 +13,7 @@ REC_HDR = struct.Struct("<IIHHIQQQiI")  # len, state, type, nfields, fn, seq, ti
 FIELD_HDR = struct.Struct("<HHI")
 assert REC_HDR.size == 48
 
-PAD, PRE, POST, FN, PROC, NOTE, BLOB_PIECE, BLOB_END, EXIT = range(1, 10)
+PAD, PRE, POST, FN, PROC, NOTE, BLOB_PIECE, BLOB_END, EXIT, REGION = range(1, 11)
 T_VAL, T_BYTES, T_STR, T_BLOB, T_F64 = range(1, 6)
 
 OFF_CAPACITY, OFF_PID, OFF_PPID, OFF_HEAD, OFF_TAIL = 16, 24, 32, 40, 48

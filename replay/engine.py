@@ -87,6 +87,7 @@ class Replayer:
         self.space: Optional[AddressSpace] = None
         self.ops: Optional[DriverOps] = None
         self.ranges: List[Tuple[int, int]] = []
+        self.regions: List[Tuple[int, int]] = []     # capture placement zones ("region" records)
         self.initialized = False
         self.watchdog: Optional[Watchdog] = None
         self.device_cc: Optional[Tuple[int, int]] = None
@@ -245,6 +246,9 @@ class Replayer:
                 self.func_names.setdefault(rec["h"], rec.get("name") or "")
             elif k == "proc":
                 self.recorded_gpus = rec.get("gpus") or []
+            elif k == "region" and isinstance(rec.get("base"), int) and isinstance(rec.get("size"), int):
+                # capture's placement zone: reserved whole, first, so allocations land inside
+                self.regions.append((rec["base"], rec["size"]))
 
     def ensure_init(self, rec=None) -> None:
         """cuInit + placement; idempotent (a snapshot may lack cuInit)."""
@@ -277,7 +281,7 @@ class Replayer:
         except Exception:
             gran = 2 << 20
         self.space = AddressSpace(self.ops, gran)
-        self.space.plan(self.ranges)
+        self.space.plan(self.ranges, self.regions)
         self.space.reserve_all()
         if self.space.spans and all(s.refused for s in self.space.spans):
             # some drivers want a context for reservations: retain the primary one and retry

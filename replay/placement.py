@@ -116,9 +116,11 @@ class AddressSpace:
         self._ranges: List[Tuple[int, int]] = []
 
     # ------------------------------------------------------------- planning / reservation
-    def plan(self, ranges: List[Tuple[int, int]]) -> List[Span]:
+    def plan(self, ranges: List[Tuple[int, int]], regions: List[Tuple[int, int]] = ()) -> List[Span]:
+        """ranges: recorded allocations; regions: whole zones capture reserved (reserved as one
+        span; if a zone misses, its allocations are retried piece by piece)."""
         self._ranges = list(ranges)
-        self.spans = [Span(s, n) for s, n in plan_spans(ranges, self.gran)]
+        self.spans = [Span(s, n) for s, n in plan_spans(list(ranges) + list(regions), self.gran)]
         self._span_starts = [s.start for s in self.spans]
         return self.spans
 

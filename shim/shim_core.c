@@ -232,8 +232,10 @@ static int cs_open_ring(void) {
 
 /* First driver call of this process: open the ring if a capture session asked for it. */
 static int cs_start(void) {
+    /* fast path: no syscall; a forked child was reset by cs_atfork_child */
+    int st = __atomic_load_n(&cs_state, __ATOMIC_ACQUIRE);
+    if (st != 0) return st;
     pid_t pid = getpid();
-    if (cs_state != 0 && cs_pid == pid) return cs_state;
     pthread_mutex_lock(&cs_init_lock);
     if (cs_state == 0 || cs_pid != pid) {
         static int hooked;

@@ -9,8 +9,15 @@
  * Off with CUDASNAP_PLACEMENT=off (then the driver places everything, as without capture).
  * Included by shim_core.c. */
 
-#define CS_REGION_BASE 0x600000000000ull
-#define CS_REGION_END  0x680000000000ull   /* 8 TiB */
+/* Allocation zone: ONE reservation made on the first allocation (the driver honours the
+ * hint of a large reservation at a fixed address, not of small ones), recorded as a
+ * REGION record so replay reserves the same range before anything else. */
+#define CS_ZONE_SIZE   0x10000000000ull    /* 1 TiB of VA */
+static const U cs_zone_bases[] = {0x600000000000ull, 0x500000000000ull, 0x400000000000ull, 0x300000000000ull};
+/* The program's own hint-less reservations (cuMemAddressReserve, e.g. PyTorch's expandable
+ * segments) get hints above the zone; being large, they are honoured individually. */
+#define CS_RES_BASE    0x610000000000ull
+#define CS_RES_END     0x680000000000ull
 #define CS_SMALL_ALIGN 512ull
 
 typedef struct { U base, size; U handle; int refs; int open; } cs_slab;
@@ -19,7 +26,11 @@ typedef struct { U ptr, size; int slab; U handle; U rsize; } cs_alloc;
 static pthread_mutex_t cs_pl_lock = PTHREAD_MUTEX_INITIALIZER;
 static int cs_pl_on = -1;
 static const char *cs_pl_step = "";        /* which VMM step failed, for the fallback note */
-static U cs_pl_next = CS_REGION_BASE;        /* bump pointer over the region */
+static U cs_zone, cs_zone_end;              /* the reserved allocation zone */
+static U cs_pl_next;                         /* bump pointer over the zone */
+static U cs_res_next = CS_RES_BASE;          /* bump pointer for program reservations */
+typedef struct { U base, size; } cs_range;
+static cs_range *cs_holes; static int cs_nholes, cs_capholes;   /* freed large ranges, reused first-fit */
 static U cs_pl_gran;
 static cs_slab *cs_slabs; static int cs_nslabs, cs_capslabs, cs_cur_slab = -1;
 static cs_alloc *cs_allocs; static int cs_nallocs, cs_capallocs;
@@ -50,59 +61,98 @@ static int cs_cur_device(void) {
     return dev;
 }
 
-/* Reserve [want, want+size) exactly, map fresh physical memory there. 0 on success. */
-static CUresult cs_map_at(U want, U size, int dev, U *handle_out) {
-    cs_f5 reserve = CALLREAL(CS_ID_cuMemAddressReserve, cs_f5);
+/* Map fresh physical memory at [at, at+size) inside the zone. 0 on success. */
+static CUresult cs_map_at(U at, U size, int dev, U *handle_out) {
     cs_fn4 create = CALLREAL(CS_ID_cuMemCreate, cs_fn4);
     cs_f5 map = CALLREAL(CS_ID_cuMemMap, cs_f5);
     cs_fn4 access = CALLREAL(CS_ID_cuMemSetAccess, cs_fn4);
-    cs_fn2 afree = CALLREAL(CS_ID_cuMemAddressFree, cs_fn2);
     cs_fn2 release = CALLREAL(CS_ID_cuMemRelease, cs_fn2);
     cs_fn2 unmap = CALLREAL(CS_ID_cuMemUnmap, cs_fn2);
     cs_pl_step = "resolving the VMM entry points";
-    if (!reserve || !create || !map || !access || !afree || !release || !unmap) return 801;
-    U got = 0;
-    CUresult r = reserve((U)&got, size, cs_pl_gran, want, 0);
-    cs_pl_step = "cuMemAddressReserve";
-    if (r) return r;
-    if (got != want) { afree(got, size); return 1; }
-    cs_pl_step = "cuMemCreate";
+    if (!create || !map || !access || !release || !unmap) return 801;
     unsigned char prop[32];
     cs_prop(prop, dev);
     U h = 0;
-    if ((r = create((U)&h, size, (U)prop, 0))) { afree(got, size); return r; }
+    CUresult r;
+    cs_pl_step = "cuMemCreate";
+    if ((r = create((U)&h, size, (U)prop, 0))) return r;
     cs_pl_step = "cuMemMap";
-    if ((r = map(got, size, 0, h, 0))) { release(h, 0); afree(got, size); return r; }
-    cs_pl_step = "cuMemSetAccess";
+    if ((r = map(at, size, 0, h, 0))) { ((CUresult(*)(U))release)(h); return r; }
     unsigned char desc[12];
     uint32_t t = 1, fl = 3;   /* location DEVICE, READWRITE */
     memcpy(desc, &t, 4); memcpy(desc + 4, &dev, 4); memcpy(desc + 8, &fl, 4);
-    if ((r = access(got, size, (U)desc, 1))) { unmap(got, size); release(h, 0); afree(got, size); return r; }
+    cs_pl_step = "cuMemSetAccess";
+    if ((r = access(at, size, (U)desc, 1))) { unmap(at, size); ((CUresult(*)(U))release)(h); return r; }
     *handle_out = h;
     return 0;
+}
+
+static void cs_emit_region(U base, U size) {
+    cs_rec r;
+    if (cs_reserve(&r, (uint32_t)sizeof(cs_rec_hdr) + 2 * cs_flen(8), CS_REC_REGION)) return;
+    r.h->t_ns = cs_now();
+    cs_put_val(&r, CS_F_HANDLE, base);
+    cs_put_val(&r, CS_F_CODE, size);
+    cs_publish(&r);
+}
+
+/* Reserve the allocation zone at one of the fixed bases. */
+static CUresult cs_zone_reserve(void) {
+    cs_f5 reserve = CALLREAL(CS_ID_cuMemAddressReserve, cs_f5);
+    cs_fn2 afree = CALLREAL(CS_ID_cuMemAddressFree, cs_fn2);
+    cs_pl_step = "cuMemAddressReserve of the placement zone";
+    if (!reserve || !afree) return 801;
+    for (unsigned i = 0; i < sizeof cs_zone_bases / sizeof cs_zone_bases[0]; i++) {
+        U got = 0;
+        CUresult r = reserve((U)&got, CS_ZONE_SIZE, cs_pl_gran, cs_zone_bases[i], 0);
+        if (r) return r;
+        if (got == cs_zone_bases[i]) {
+            cs_zone = got; cs_zone_end = got + CS_ZONE_SIZE; cs_pl_next = got;
+            cs_emit_region(got, CS_ZONE_SIZE);
+            return 0;
+        }
+        afree(got, CS_ZONE_SIZE);
+    }
+    return 1;
+}
+
+static void cs_push_hole(U base, U size) {
+    if (cs_nholes == cs_capholes) {
+        int cap = cs_capholes ? cs_capholes * 2 : 256;
+        cs_range *g = realloc(cs_holes, (size_t)cap * sizeof *g);
+        if (!g) return;   /* the range is simply not reused */
+        cs_holes = g; cs_capholes = cap;
+    }
+    cs_holes[cs_nholes++] = (cs_range){base, size};
 }
 
 static void cs_unmap_at(U base, U size, U h) {
     cs_fn2 unmap = CALLREAL(CS_ID_cuMemUnmap, cs_fn2);
     cs_fn2 release = CALLREAL(CS_ID_cuMemRelease, cs_fn2);
-    cs_fn2 afree = CALLREAL(CS_ID_cuMemAddressFree, cs_fn2);
     if (unmap) unmap(base, size);
     if (release) ((CUresult(*)(U))release)(h);
-    if (afree) afree(base, size);
+    cs_push_hole(base, size);
 }
 
-/* Next free range of `size` bytes in the region; a taken range is skipped. */
+/* A free range of `size` bytes in the zone (a freed one of that size first), mapped. */
 static CUresult cs_region_map(U size, int dev, U *base, U *handle) {
-    for (int tries = 0; tries < 64; tries++) {
-        U want = (cs_pl_next + cs_pl_gran - 1) & ~(cs_pl_gran - 1);
-        if (want + size > CS_REGION_END) return 2;  /* region exhausted: out of memory */
-        cs_pl_next = want + size;
-        CUresult r = cs_map_at(want, size, dev, handle);
-        if (r == 0) { *base = want; return 0; }
-        if (r != 1) return r;                          /* a real error (out of memory...) */
-        cs_pl_next = want + size + cs_pl_gran;         /* taken: skip ahead */
+    if (!cs_zone) { CUresult r = cs_zone_reserve(); if (r) return r; }
+    U at = 0;
+    int hole = -1;
+    for (int i = 0; i < cs_nholes; i++)
+        if (cs_holes[i].size == size) { hole = i; break; }
+    if (hole >= 0) {
+        at = cs_holes[hole].base;
+        cs_holes[hole] = cs_holes[--cs_nholes];
+    } else {
+        if (cs_pl_next + size > cs_zone_end) return 2;   /* zone exhausted: out of memory */
+        at = cs_pl_next;
+        cs_pl_next += size;
     }
-    return 1;
+    CUresult r = cs_map_at(at, size, dev, handle);
+    if (r) { cs_push_hole(at, size); return r; }
+    *base = at;
+    return 0;
 }
 
 static int cs_push_alloc(cs_alloc a) {
@@ -238,16 +288,16 @@ static int cs_hook_replace(const cs_fn *fn, U *a, CUresult *res) {
         pthread_mutex_lock(&cs_pl_lock);
         U align = a[2] > (2ull << 20) ? a[2] : (2ull << 20);
         for (int tries = 0; tries < 16 && !handled; tries++) {
-            U want = (cs_pl_next + align - 1) & ~(align - 1);
-            if (want + a[1] > CS_REGION_END) break;
-            cs_pl_next = want + a[1];
+            U want = (cs_res_next + align - 1) & ~(align - 1);
+            if (want + a[1] > CS_RES_END) break;
+            cs_res_next = want + a[1];
             U got = 0;
             CUresult r = reserve((U)&got, a[1], a[2], want, a[4]);
             if (r) { *res = r; handled = 1; break; }
             if (got == want) { *(U *)a[0] = got; *res = 0; handled = 1; break; }
             cs_fn2 afree = CALLREAL(CS_ID_cuMemAddressFree, cs_fn2);
             if (afree) afree(got, a[1]);
-            cs_pl_next = want + a[1] + align;
+            cs_res_next = want + a[1] + align;
         }
         pthread_mutex_unlock(&cs_pl_lock);
         return handled;
