@@ -1,22 +1,30 @@
 #!/usr/bin/env python3
-"""Generate shim/api_description.json from CUDA 13.0 cuda.h + cudaTypedefs.h + shim/overlay.py.
+"""Generate shim/api_description.json from CUDA 13.0 driver headers + shim/overlay.py.
+
+Headers: cuda.h, cudaGL.h, cudaEGL.h, cudaVDPAU.h (nvidia-cuda-runtime 13.0.96) and
+cudaProfiler.h (nvidia-cuda-profiler-api 13.0.85: the runtime wheel lacks it, though it
+ships cudaProfilerTypedefs.h), with their PFN typedef headers cudaTypedefs.h,
+cudaGLTypedefs.h, cudaEGLTypedefs.h, cudaVDPAUTypedefs.h, cudaProfilerTypedefs.h. The GL,
+EGL and VDPAU types those headers use come from tiny stub headers (STUB_HEADERS) with the
+x86-64 sizes of the real ones; no system GL/EGL/VDPAU header is read.
 
 Usage:
     python shim/gen_api.py [--include DIR] [--out shim/api_description.json] [--report FILE] [--check]
 
-Without --include, the header wheel (nvidia-cuda-runtime==13.0.96) is fetched with
-`pip download` into a temporary directory; the two headers are then kept in a cache
-directory ($CUDASNAP_HEADER_CACHE or ~/.cache/cudasnap/cuda-headers-13.0.96) so that
-later runs (and the determinism test) need no network.
+Without --include, the header wheels (nvidia-cuda-runtime==13.0.96,
+nvidia-cuda-profiler-api==13.0.85) are fetched with `pip download` into a temporary
+directory; the headers are then kept in a cache directory ($CUDASNAP_HEADER_CACHE or
+~/.cache/cudasnap/cuda-headers-13.0.96) so that later runs (and the determinism test)
+need no network.
 
 Needs gcc and pycparser; building or using cudasnap does not: the output is committed.
 
 Steps:
-  1. preprocess cuda.h + cudaTypedefs.h three times with gcc -E (legacy/internal view with
+  1. preprocess the headers (HEADER_INCLUDES) three times with gcc -E (legacy/internal view with
      __CUDA_API_VERSION_INTERNAL, the default view, and the per-thread-default-stream view)
-     against tiny fake libc headers, and parse each with pycparser;
+     against tiny fake libc and GL/EGL/VDPAU stub headers, and parse each with pycparser;
   2. collect every exported function declaration (static inline helpers are skipped);
-  3. compile and run a C program against the real header (gcc, x86-64 Linux) to get exact
+  3. compile and run a C program against the real headers (gcc, x86-64 Linux) to get exact
      sizeof/alignof/offsetof of every type reachable from a parameter, and every enumerator;
   4. classify parameters (C-type defaults, then shim/overlay.py corrections);
   5. pair the PFN_cuX_vNNNN[_ptds|_ptsz] typedefs with ABI symbols by signature
@@ -39,7 +47,18 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 WHEEL_SPEC = "nvidia-cuda-runtime==13.0.96"
-SOURCE = "cuda.h from nvidia-cuda-runtime 13.0.96"
+PROFILER_WHEEL_SPEC = "nvidia-cuda-profiler-api==13.0.85"
+SOURCE = ("cuda.h, cudaGL.h, cudaEGL.h, cudaVDPAU.h from nvidia-cuda-runtime 13.0.96; "
+          "cudaProfiler.h from nvidia-cuda-profiler-api 13.0.85")
+# header -> wheel that ships it (under nvidia/cu13/include/)
+HEADERS = {
+    "cuda.h": WHEEL_SPEC, "cudaTypedefs.h": WHEEL_SPEC,
+    "cudaGL.h": WHEEL_SPEC, "cudaGLTypedefs.h": WHEEL_SPEC,
+    "cudaEGL.h": WHEEL_SPEC, "cudaEGLTypedefs.h": WHEEL_SPEC,
+    "cudaVDPAU.h": WHEEL_SPEC, "cudaVDPAUTypedefs.h": WHEEL_SPEC,
+    "cudaProfilerTypedefs.h": WHEEL_SPEC,
+    "cudaProfiler.h": PROFILER_WHEEL_SPEC,
+}
 CUDA_VERSION = 13000
 SCHEMA = 1
 
@@ -57,32 +76,38 @@ def default_cache_dir() -> Path:
 
 def cached_include() -> Path | None:
     d = default_cache_dir()
-    if (d / "cuda.h").is_file() and (d / "cudaTypedefs.h").is_file():
+    if all((d / h).is_file() for h in HEADERS):
         return d
     return None
 
 
 def fetch_headers() -> Path:
-    """pip download the runtime wheel into a temp dir, unzip the headers, cache them."""
+    """pip download the header wheels into a temp dir, unzip the headers, cache them."""
     c = cached_include()
     if c:
         return c
     tmp = Path(tempfile.mkdtemp(prefix="cudasnap-hdr-"))
-    subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "-q", WHEEL_SPEC, "-d", str(tmp)],
-        check=True,
-    )
-    whl = sorted(tmp.glob("*.whl"))[0]
     inc = tmp / "include"
     inc.mkdir()
-    with zipfile.ZipFile(whl) as z:
-        for n in z.namelist():
-            if n.startswith("nvidia/cu13/include/") and n.endswith(".h") and "/" not in n[len("nvidia/cu13/include/"):]:
-                (inc / os.path.basename(n)).write_bytes(z.read(n))
+    for k, spec in enumerate(sorted(set(HEADERS.values()))):
+        dl = tmp / f"wheel{k}"
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "-q", spec, "-d", str(dl)],
+            check=True,
+        )
+        whl = sorted(dl.glob("*.whl"))[0]
+        with zipfile.ZipFile(whl) as z:
+            for n in z.namelist():
+                if n.startswith("nvidia/cu13/include/") and n.endswith(".h") \
+                        and "/" not in n[len("nvidia/cu13/include/"):]:
+                    (inc / os.path.basename(n)).write_bytes(z.read(n))
+    missing = [h for h in HEADERS if not (inc / h).is_file()]
+    if missing:
+        raise SystemExit(f"header wheels lack {missing}")
     cache = default_cache_dir()
     try:
         cache.mkdir(parents=True, exist_ok=True)
-        for h in ("cuda.h", "cudaTypedefs.h"):
+        for h in sorted(HEADERS):
             shutil.copy(inc / h, cache / h)
         return cache
     except OSError:
@@ -108,6 +133,49 @@ FAKE_DEFS = [
     "-U__cplusplus",
 ]
 
+# Stand-ins for the GL / EGL / VDPAU headers the interop headers include (or, for
+# cudaVDPAU.h, expect to be included first). Only the types the CUDA declarations use, with
+# the x86-64 Linux sizes of the real ones: GLuint/GLenum are unsigned int (GL/gl.h),
+# EGLint is khronos_int32_t, the EGL*KHR handles are void * (EGL/eglext.h), and VDPAU
+# handles are uint32_t (vdpau/vdpau.h). Used for both the parse and the layout probe, ahead
+# of any system include directory.
+STUB_HEADERS = {
+    "GL/gl.h": "#ifndef CUDASNAP_STUB_GL_H\n#define CUDASNAP_STUB_GL_H\n"
+               "typedef unsigned int GLuint;\ntypedef unsigned int GLenum;\n#endif\n",
+    "EGL/egl.h": "#ifndef CUDASNAP_STUB_EGL_H\n#define CUDASNAP_STUB_EGL_H\n"
+                 "#include <stdint.h>\ntypedef int32_t EGLint;\n#endif\n",
+    "EGL/eglext.h": "#ifndef CUDASNAP_STUB_EGLEXT_H\n#define CUDASNAP_STUB_EGLEXT_H\n"
+                    "typedef void *EGLImageKHR;\ntypedef void *EGLStreamKHR;\ntypedef void *EGLSyncKHR;\n#endif\n",
+    "vdpau/vdpau.h": "#ifndef CUDASNAP_STUB_VDPAU_H\n#define CUDASNAP_STUB_VDPAU_H\n#include <stdint.h>\n"
+                     "typedef uint32_t VdpDevice;\ntypedef uint32_t VdpVideoSurface;\n"
+                     "typedef uint32_t VdpOutputSurface;\ntypedef uint32_t VdpFuncId;\n"
+                     "typedef enum { VDP_STATUS_OK = 0 } VdpStatus;\n"
+                     "typedef VdpStatus VdpGetProcAddress(VdpDevice device, VdpFuncId function_id,"
+                     " void **function_pointer);\n#endif\n",
+}
+
+# What the parse reads: each API header, then its PFN typedef header. cudaVDPAU.h includes
+# nothing itself: the VDPAU types must come first.
+HEADER_INCLUDES = [
+    "cuda.h", "cudaTypedefs.h",
+    "GL/gl.h", "cudaGL.h", "cudaGLTypedefs.h",
+    "EGL/egl.h", "EGL/eglext.h", "cudaEGL.h", "cudaEGLTypedefs.h",
+    "vdpau/vdpau.h", "cudaVDPAU.h", "cudaVDPAUTypedefs.h",
+    "cudaProfiler.h", "cudaProfilerTypedefs.h",
+]
+# The layout probe needs the declarations only (and real libc headers).
+PROBE_INCLUDES = [h for h in HEADER_INCLUDES if "Typedefs" not in h]
+
+
+def write_stubs(d: Path) -> Path:
+    """Write STUB_HEADERS under d; return d."""
+    for rel, text in STUB_HEADERS.items():
+        p = d / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return d
+
+
 VIEWS = {
     # legacy/internal view: unversioned old ABI declarations, _ptds/_ptsz of the main
     # declarations, and the PFN typedefs of the old versions
@@ -117,10 +185,11 @@ VIEWS = {
 }
 
 
-def preprocess(include: Path, defines, fake_dir: Path) -> str:
-    src = '#include "cuda.h"\n#include "cudaTypedefs.h"\n'
+def preprocess(include: Path, defines, fake_dir: Path, stub_dir: Path) -> str:
+    src = "".join(f"#include <{h}>\n" for h in HEADER_INCLUDES)
     r = subprocess.run(
-        ["gcc", "-E", "-P", "-nostdinc", "-I", str(fake_dir), "-I", str(include), *FAKE_DEFS, *defines, "-x", "c", "-"],
+        ["gcc", "-E", "-P", "-nostdinc", "-I", str(fake_dir), "-I", str(stub_dir), "-I", str(include), *FAKE_DEFS,
+         *defines, "-x", "c", "-"],
         input=src, capture_output=True, text=True,
     )
     if r.returncode != 0:
@@ -360,7 +429,7 @@ def build_probe(model, names, include: Path):
     from pycparser import c_ast
 
     lines = [
-        "#include <stdio.h>", "#include <stddef.h>", '#include "cuda.h"',
+        "#include <stdio.h>", "#include <stddef.h>", *(f"#include <{h}>" for h in PROBE_INCLUDES),
         "#define S(k,T) printf(\"S\\t%s\\t%zu\\t%zu\\n\", k, sizeof(T), _Alignof(T));",
         "#define F(k,f,off,sz) printf(\"F\\t%s\\t%s\\t%zu\\t%zu\\n\", k, f, (size_t)(off), (size_t)(sz));",
         "#define E(n) printf(\"E\\t%s\\t%lld\\n\", #n, (long long)(n));",
@@ -423,7 +492,9 @@ def run_probe(src: str, include: Path) -> Layout:
         c = Path(td) / "probe.c"
         c.write_text(src)
         exe = Path(td) / "probe"
-        r = subprocess.run(["gcc", "-std=gnu11", "-O0", "-w", "-D__CUDA_API_VERSION_INTERNAL", "-I", str(include), str(c), "-o", str(exe)],
+        stubs = write_stubs(Path(td) / "stubs")
+        r = subprocess.run(["gcc", "-std=gnu11", "-O0", "-w", "-D__CUDA_API_VERSION_INTERNAL", "-I", str(stubs),
+                            "-I", str(include), str(c), "-o", str(exe)],
                            capture_output=True, text=True)
         if r.returncode != 0:
             raise SystemExit("probe compile failed:\n" + r.stderr[-6000:])
@@ -553,7 +624,7 @@ def fields_of(model, lay, key, composite):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--include", type=Path, help="directory holding cuda.h and cudaTypedefs.h")
+    ap.add_argument("--include", type=Path, help="directory holding the headers listed in HEADERS")
     ap.add_argument("--out", type=Path, default=HERE / "api_description.json")
     ap.add_argument("--report", type=Path, help="write the generator report here (default: stderr)")
     ap.add_argument("--check", action="store_true", help="exit 1 if --out differs from the generated JSON")
@@ -585,8 +656,9 @@ def generate(include: Path):
         fd = Path(fake)
         (fd / "stdint.h").write_text(FAKE_STDINT)
         (fd / "stdlib.h").write_text(FAKE_STDLIB)
+        stubs = write_stubs(fd / "stubs")
         for view, defs in VIEWS.items():
-            model.add_ast(parse(preprocess(include, defs, fd)), view)
+            model.add_ast(parse(preprocess(include, defs, fd, stubs)), view)
 
     fnames = sorted(model.funcs)
     # ---- layout probe

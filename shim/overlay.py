@@ -64,6 +64,12 @@ FAMILY_RULES = [
     (r"cuFlushGPUDirectRDMAWrites", "misc"),
     (r"cuThreadExchangeStreamCaptureMode", "stream"),
     (r"cuDeviceGetNvSciSyncAttributes", "interop"),
+    # cudaProfiler.h
+    (r"cuProfiler\w+", "profiler"),
+    # cudaGL.h, cudaEGL.h, cudaVDPAU.h (cuGLCtxCreate / cuVDPAUCtxCreate / cuEventCreateFromEGLSync
+    # included: they need a GL / VDPAU / EGL object of the captured process)
+    (r"cuGL\w+|cuGraphicsGL\w+|cuWGL\w+|cuEGL\w+|cuGraphicsEGL\w+|cuGraphicsResourceGetMappedEglFrame"
+     r"|cuEventCreateFromEGLSync|cuVDPAU\w+|cuGraphicsVDPAU\w+", "interop"),
     (r"cuIpc\w+", "ipc"),
     (r"cuCheckpoint\w+", "checkpoint"),
     (r"cuLogs\w+", "logs"),
@@ -101,7 +107,7 @@ FAMILY_RULES = [
 FAMILY_STATUS = {
     "context": "replay", "device": "replay", "module": "replay", "memory": "replay", "vmm": "replay",
     "pool": "replay", "launch": "replay", "stream": "replay", "event": "replay", "graph": "replay",
-    "misc": "replay", "tensormap": "replay",
+    "misc": "replay", "tensormap": "replay", "profiler": "replay",
     "peer": "record", "interop": "record", "texture": "record", "surface": "record", "green": "record",
     "multicast": "record", "coredump": "record", "logs": "record", "checkpoint": "record", "ipc": "refused",
 }
@@ -315,4 +321,15 @@ PARAMS = {
     r"cuDeviceGetHostAtomicCapabilities|cuDeviceGetP2PAtomicCapabilities": {
         "capabilities": {"kind": "array_out", "count_param": "count"},
         "operations": {"kind": "array_in", "count_param": "count"}},
+    # --- GL / EGL / VDPAU interop (cudaGL.h, cudaEGL.h, cudaVDPAU.h)
+    # the driver fills up to cudaDeviceCount devices, *pCudaDeviceCount says how many
+    r"cuGLGetDevices": {"pCudaDevices": {"kind": "array_out", "count_param": "cudaDeviceCount"}},
+    # VdpGetProcAddress *: the caller's VDPAU entry-point getter (a function pointer), an input
+    r"cuVDPAUGetDevice|cuVDPAUCtxCreate": {"vdpGetProcAddress": {"kind": "val"}},
+    # the connection handle is written by *Connect*, read through the pointer by the frame calls,
+    # read (and possibly cleared) by *Disconnect*; the stream pointer's direction is not
+    # documented: recorded before and after
+    r"cuEGLStreamConsumerDisconnect|cuEGLStreamProducerDisconnect": {"conn": {"kind": "inout_struct"}},
+    r"cuEGLStreamConsumerAcquireFrame|cuEGLStreamConsumerReleaseFrame|cuEGLStreamProducerPresentFrame"
+    r"|cuEGLStreamProducerReturnFrame": {"conn": {"kind": "in_struct"}, "pStream": {"kind": "inout_struct"}},
 }

@@ -28,6 +28,8 @@ BYVAL_EXPECTED = {
     ("cuMemAdvise_v2", "location", "CUmemLocation", 8),
     ("cuMemPrefetchAsync_v2", "location", "CUmemLocation", 8),
     ("cuMemPrefetchAsync_v2_ptsz", "location", "CUmemLocation", 8),
+    # cudaEGL.h: the 64-byte frame descriptor goes on the stack
+    ("cuEGLStreamProducerPresentFrame", "eglframe", "CUeglFrame", 64),
 }
 FLOAT_EXPECTED = {
     ("cuParamSetf", "value"), ("cuTexRefSetMipmapLevelBias", "bias"),
@@ -79,9 +81,29 @@ def test_header(doc):
     assert doc["digest"] == digest
 
 
+# Entry points declared outside cuda.h (cudaGL.h, cudaEGL.h, cudaVDPAU.h, cudaProfiler.h) that
+# real programs ask cuGetProcAddress for, with the ABI variants those headers declare.
+INTEROP_NAMES = [
+    "cuGLCtxCreate", "cuGLCtxCreate_v2", "cuGLInit", "cuGLGetDevices", "cuGLGetDevices_v2",
+    "cuGLRegisterBufferObject", "cuGLMapBufferObject", "cuGLMapBufferObject_v2", "cuGLMapBufferObject_v2_ptds",
+    "cuGLMapBufferObjectAsync", "cuGLMapBufferObjectAsync_v2", "cuGLMapBufferObjectAsync_v2_ptsz",
+    "cuGLUnmapBufferObject", "cuGLUnmapBufferObjectAsync", "cuGLUnregisterBufferObject",
+    "cuGLSetBufferObjectMapFlags", "cuGraphicsGLRegisterImage", "cuGraphicsGLRegisterBuffer",
+    "cuGraphicsEGLRegisterImage", "cuEGLStreamConsumerConnect", "cuEGLStreamConsumerDisconnect",
+    "cuEGLStreamConsumerAcquireFrame", "cuEGLStreamConsumerReleaseFrame", "cuEGLStreamProducerConnect",
+    "cuEGLStreamProducerDisconnect", "cuEGLStreamProducerPresentFrame", "cuEGLStreamProducerReturnFrame",
+    "cuGraphicsResourceGetMappedEglFrame", "cuEGLStreamConsumerConnectWithFlags", "cuEventCreateFromEGLSync",
+    "cuVDPAUGetDevice", "cuVDPAUCtxCreate", "cuVDPAUCtxCreate_v2", "cuGraphicsVDPAURegisterVideoSurface",
+    "cuGraphicsVDPAURegisterOutputSurface",
+]
+PROFILER_NAMES = ["cuProfilerInitialize", "cuProfilerStart", "cuProfilerStop"]
+# 634 from cuda.h; 35 + 3 from the interop and profiler headers
+FUNCTION_COUNT = 672
+
+
 def test_coverage_and_ids(desc):
     names = [f["name"] for f in desc.functions]
-    assert len(names) >= 500
+    assert len(names) == FUNCTION_COUNT
     assert names == sorted(names)
     assert len(set(names)) == len(names)
     for i, f in enumerate(desc.functions):
@@ -209,6 +231,48 @@ def test_ptds_variants_present(desc):
     assert sum(f["ptds"] for f in desc.functions) >= 90
 
 
+def test_interop_and_profiler_headers(desc):
+    for name in INTEROP_NAMES:
+        f = fn(desc, name)
+        assert (f["family"], f["status"], f["replay"]) == ("interop", "record", None), name
+        assert f["reason"], name
+    for name in PROFILER_NAMES:
+        f = fn(desc, name)
+        assert (f["family"], f["status"], f["replay"]) == ("profiler", "replay", "profiler"), name
+    assert fn(desc, "cuGLMapBufferObject_v2_ptds")["ptds"] is True
+    assert fn(desc, "cuGLMapBufferObjectAsync_v2_ptsz")["base"] == "cuGLMapBufferObjectAsync"
+    # legacy 32-bit forms vs the _v2 ones
+    p = param(fn(desc, "cuGLMapBufferObject"), "dptr")
+    assert (p["kind"], p["pointee"], p["pointee_size"]) == ("out", "CUdeviceptr_v1", 4)
+    p = param(fn(desc, "cuGLMapBufferObject_v2"), "dptr")
+    assert (p["kind"], p["pointee"], p["pointee_size"]) == ("out", "CUdeviceptr", 8)
+    assert param(fn(desc, "cuGLMapBufferObject_v2"), "size")["pointee_size"] == 8
+    assert param(fn(desc, "cuGLMapBufferObject"), "size")["pointee_size"] == 4
+    p = param(fn(desc, "cuGLGetDevices_v2"), "pCudaDevices")
+    assert (p["kind"], p["count_param"], p["elem_size"]) == ("array_out", "cudaDeviceCount", 4)
+    # stub GL / EGL / VDPAU types carry the real x86-64 sizes
+    p = param(fn(desc, "cuGraphicsGLRegisterImage"), "target")
+    assert (p["ctype"], p["kind"], p["size"]) == ("GLenum", "val", 4)
+    assert param(fn(desc, "cuGraphicsGLRegisterBuffer"), "buffer")["size"] == 4
+    assert param(fn(desc, "cuGraphicsEGLRegisterImage"), "image")["size"] == 8
+    assert param(fn(desc, "cuEGLStreamProducerConnect"), "width")["size"] == 4
+    assert param(fn(desc, "cuGraphicsVDPAURegisterVideoSurface"), "vdpSurface")["size"] == 4
+    p = param(fn(desc, "cuVDPAUCtxCreate_v2"), "vdpGetProcAddress")
+    assert (p["kind"], p["size"]) == ("val", 8)  # a function pointer passed in, not an output
+    assert param(fn(desc, "cuProfilerInitialize"), "configFile")["kind"] == "str"
+    t = desc.types
+    assert t["GLuint"] == {"kind": "int", "signed": False, "size": 4}
+    assert t["EGLImageKHR"]["size"] == 8 and t["VdpDevice"]["size"] == 4
+    assert t["CUeglStreamConnection"]["kind"] == "handle"
+    e = t["CUeglFrame_v1"]
+    assert (e["kind"], e["size"], e["align"]) == ("struct", 64, 8)
+    assert e["fields"][0] == ["frame", "CUeglFrame_v1.frame", 0, 24]
+    assert e["fields"][-1][2:] == [56, 4]
+    assert t["CUoutput_mode"]["values"] == {"CU_OUT_KEY_VALUE_PAIR": 0, "CU_OUT_CSV": 1}
+    p = param(fn(desc, "cuGraphicsResourceGetMappedEglFrame"), "eglFrame")
+    assert (p["kind"], p["pointee_size"]) == ("out_struct", 64)
+
+
 def test_types(desc):
     t = desc.types
     assert t["CUcontext"] == {"kind": "handle", "size": 8, "handle": "context"}
@@ -255,6 +319,21 @@ def test_resolve(desc):
     assert r("cuGraphInstantiate", 12000, 0) == "cuGraphInstantiateWithFlags"
     assert r("cuGraphInstantiate", 11000, 0) == "cuGraphInstantiate_v2"
     assert r("cuNoSuchFunction", 13000, 0) is None
+    # interop / profiler headers
+    assert r("cuGLCtxCreate", 13000, 0) == "cuGLCtxCreate_v2"
+    assert r("cuGLCtxCreate", 3020, 0) == "cuGLCtxCreate_v2"
+    assert r("cuGLCtxCreate", 3010, 0) == "cuGLCtxCreate"
+    assert r("cuGLGetDevices", 13000, 0) == "cuGLGetDevices_v2"
+    assert r("cuGLGetDevices", 6000, 0) == "cuGLGetDevices"
+    assert r("cuGLMapBufferObject", 13000, 0) == "cuGLMapBufferObject_v2"
+    assert r("cuGLMapBufferObject", 13000, 2) == "cuGLMapBufferObject_v2_ptds"
+    assert r("cuGLMapBufferObject", 2000, 0) == "cuGLMapBufferObject"
+    assert r("cuGLMapBufferObjectAsync", 13000, 2) == "cuGLMapBufferObjectAsync_v2_ptsz"
+    assert r("cuGLInit", 13000, 0) == "cuGLInit"
+    assert r("cuVDPAUCtxCreate", 13000, 0) == "cuVDPAUCtxCreate_v2"
+    assert r("cuGraphicsEGLRegisterImage", 13000, 0) == "cuGraphicsEGLRegisterImage"
+    assert r("cuEGLStreamConsumerConnectWithFlags", 13000, 0) == "cuEGLStreamConsumerConnectWithFlags"
+    assert r("cuProfilerStart", 13000, 0) == "cuProfilerStart"
 
 
 def test_versions_table(desc):
@@ -262,6 +341,13 @@ def test_versions_table(desc):
     assert v["cuMemAlloc"]["abi"] == [[2000, "cuMemAlloc"], [3020, "cuMemAlloc_v2"]]
     assert v["cuMemcpy"]["abi"] == [[4000, "cuMemcpy"]] and v["cuMemcpy"]["ptds"] == "cuMemcpy_ptds"
     assert v["cuMemcpy"]["ptsz"] is None
+    assert v["cuGLCtxCreate"]["abi"] == [[2000, "cuGLCtxCreate"], [3020, "cuGLCtxCreate_v2"]]
+    assert v["cuGLGetDevices"]["abi"] == [[4010, "cuGLGetDevices"], [6050, "cuGLGetDevices_v2"]]
+    assert v["cuGLMapBufferObject"]["abi"] == [[2000, "cuGLMapBufferObject"], [3020, "cuGLMapBufferObject_v2"]]
+    assert v["cuGLMapBufferObject"]["per_thread"] == [[7000, "cuGLMapBufferObject_v2_ptds"]]
+    assert v["cuVDPAUCtxCreate"]["abi"] == [[3010, "cuVDPAUCtxCreate"], [3020, "cuVDPAUCtxCreate_v2"]]
+    assert v["cuProfilerInitialize"]["abi"] == [[4000, "cuProfilerInitialize"]]
+    assert v["cuEventCreateFromEGLSync"]["abi"] == [[9000, "cuEventCreateFromEGLSync"]]
     for base, e in v.items():
         vers = [x[0] for x in e["abi"]]
         assert vers == sorted(vers), base
