@@ -98,6 +98,8 @@ class Replayer:
         self._workers: Dict[int, "queue.Queue"] = {}
         self._mismatch_text: List[str] = []
         self.mismatch_text: List[str] = []
+        self.subscribers: List[Any] = []             # objects with on_event(kind, event): see events.py
+        self._sub_errors: Dict[Tuple[int, str], int] = {}
 
     # ------------------------------------------------------------------ helpers for handlers
     def note(self, msg: str) -> None:
@@ -216,6 +218,65 @@ class Replayer:
         fr = self.fns.get(rec_f)
         return fr["name"] if fr else (f"{rec_f:#x}" if isinstance(rec_f, int) else "?")
 
+    # ------------------------------------------------------------------ events (replay/events.py)
+    def emit(self, kind: str, ev) -> None:
+        """Tell every subscriber; an exception in one is reported and replay goes on."""
+        for sub in self.subscribers:
+            if kind in ("before_call", "after_call") and not getattr(sub, "wants_calls", False):
+                continue
+            try:
+                sub.on_event(kind, ev)
+            except (_StopVerify, _Abort, ReplayError):
+                raise
+            except Exception as e:
+                key = (id(sub), kind)
+                n = self._sub_errors[key] = self._sub_errors.get(key, 0) + 1
+                if n <= 3:
+                    who = getattr(sub, "label", None) or type(sub).__name__
+                    seq = getattr(ev, "seq", None)
+                    self.note(f"{who}: {kind}{f' (call #{seq})' if seq is not None else ''} raised "
+                              f"{type(e).__name__}: {e}; replay continues")
+
+    def before_launch(self, rec, fn, params: bytes, name: str, cfg=None):
+        """Launch handlers call this just before the driver launch; returns the event (or None)."""
+        if not self.subscribers:
+            return None
+        from .events import make_launch_event
+        ev = make_launch_event(self, rec, fn, params, name, cfg)
+        self.emit("before_launch", ev)
+        if ev.ctx.timing_requested:
+            ev.ctx._record(0)
+        return ev
+
+    def after_launch(self, ev) -> None:
+        if ev is None:
+            return
+        if ev.ctx.timing_requested:
+            ev.ctx._record(1)
+        self.emit("after_launch", ev)
+
+    def _before_call_event(self, rec):
+        """before_call, before_copy (returns the copy event) and teardown events."""
+        from .events import CallEvent, classify, copy_event
+        c = classify(rec.get("f") or "")
+        self.emit("before_call", CallEvent(rec.get("s"), rec.get("f"), rec, self))
+        if c == "copy":
+            ev = copy_event(self, rec)
+            self.emit("before_copy", ev)
+            return ev
+        if c == "teardown":
+            self.emit("teardown", CallEvent(rec.get("s"), rec.get("f"), rec, self))
+        return None
+
+    def _after_call_event(self, rec, cev) -> None:
+        from .events import CallEvent, classify
+        c = classify(rec.get("f") or "")
+        if c == "copy" and cev is not None:
+            self.emit("copy", cev)
+        elif c == "sync":
+            self.emit("sync", CallEvent(rec.get("s"), rec.get("f"), rec, self))
+        self.emit("after_call", CallEvent(rec.get("s"), rec.get("f"), rec, self))
+
     # ------------------------------------------------------------------ setup
     def _load_driver(self):
         if self._driver is not None:
@@ -319,6 +380,9 @@ class Replayer:
             self.cu = self._load_driver()
             if self.opt.watchdog:
                 self.watchdog = Watchdog(self.opt.watchdog)
+            if self.subscribers:
+                from .events import RunEvent
+                self.emit("start", RunEvent(self, self.path))
             self._loop()
             if self.incomplete:
                 inc = self.incomplete[0]
@@ -334,6 +398,12 @@ class Replayer:
         except ReplayError as e:
             self.res.errors.append(str(e))
         finally:
+            if self.subscribers:
+                from .events import EndEvent
+                try:
+                    self.emit("end", EndEvent(self.res, self))
+                except Exception as e:  # a stop raised by a subscriber at the very end
+                    self.res.errors.append(str(e))
             if self.space is not None:
                 self.res.placed, self.res.fell_back = self.space.placed, self.space.fell_back
                 self.res.host_relocated = self.space.host_relocated
@@ -469,10 +539,15 @@ class Replayer:
             except DriverCallError:
                 pass
         self._last_tid = tid
+        cev = None
         try:
             if self.watchdog is not None:
                 self.watchdog.arm(f"call #{seq} {f}")
+            if self.subscribers:
+                cev = self._before_call_event(rec)
             h.fn(self, rec)
+            if self.subscribers:
+                self._after_call_event(rec, cev)
         except (_StopVerify, _Abort):
             raise
         except ReplayError as e:

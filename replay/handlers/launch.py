@@ -60,8 +60,9 @@ def _prepare(rp, rec):
     return fn, params, layout, name
 
 
-def _after(rp, rec, name):
+def _after(rp, rec, name, ev=None):
     rp.res.launches += 1
+    rp.after_launch(ev)
     if rp.opt.sync_after_launch and rec.get("r", 0) == 0:
         r = rp.cu.cuCtxSynchronize()
         if int(r[0]) != 0:
@@ -74,10 +75,11 @@ def launch_kernel(rp, rec):
     a = rec["a"]
     fn, params, _layout, name = _prepare(rp, rec)
     p = _Params(params)
+    ev = rp.before_launch(rec, fn, params, name)
     rp.drv(rec, "cuLaunchKernel", fn, a.get("gridDimX", 1), a.get("gridDimY", 1), a.get("gridDimZ", 1),
            a.get("blockDimX", 1), a.get("blockDimY", 1), a.get("blockDimZ", 1), a.get("sharedMemBytes", 0),
            rp.stream(rec, a.get("hStream")), None, p.extra_ptr)
-    _after(rp, rec, name)
+    _after(rp, rec, name, ev)
 
 
 @handles("cuLaunchCooperativeKernel", errors=True)
@@ -87,10 +89,11 @@ def launch_cooperative(rp, rec):
     if layout is None and params:
         rp.fail(rec, f"cooperative launch of {name} needs the parameter layout (no fn record)")
     p = _Params(params, layout or [])
+    ev = rp.before_launch(rec, fn, params, name)
     rp.drv(rec, "cuLaunchCooperativeKernel", fn, a.get("gridDimX", 1), a.get("gridDimY", 1), a.get("gridDimZ", 1),
            a.get("blockDimX", 1), a.get("blockDimY", 1), a.get("blockDimZ", 1), a.get("sharedMemBytes", 0),
            rp.stream(rec, a.get("hStream")), p.kp_ptr)
-    _after(rp, rec, name)
+    _after(rp, rec, name, ev)
 
 
 def build_config(rp, rec, cfg_bytes: bytes, attrs: bytes):
@@ -123,8 +126,9 @@ def launch_kernel_ex(rp, rec):
     fn, params, _layout, name = _prepare(rp, rec)
     cfg = build_config(rp, rec, a.get("config"), (rec.get("x") or {}).get("attrs"))
     p = _Params(params)
+    ev = rp.before_launch(rec, fn, params, name, cfg)
     rp.drv(rec, "cuLaunchKernelEx", cfg, fn, None, p.extra_ptr)
-    _after(rp, rec, name)
+    _after(rp, rec, name, ev)
 
 
 @handles("cuLaunchHostFunc", "cuStreamAddCallback")

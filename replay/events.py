@@ -1,0 +1,267 @@
+"""Replay events: what the engine tells its subscribers (profilers, hooks, NVTX).
+
+A subscriber is any object with `on_event(kind, event)`; append it to
+`Replayer.subscribers` before `run()`.  Kinds, in order of appearance:
+
+- "start"          RunEvent      after the snapshot's pre-scan, before the first call
+- "before_call"    CallEvent     every replayed call record (only for subscribers whose
+- "after_call"     CallEvent       `wants_calls` attribute is true)
+- "before_launch"  LaunchEvent   just before the driver launch
+- "after_launch"   LaunchEvent   just after the launch was enqueued (asynchronous)
+- "before_copy"    CopyEvent     memcpy/memset family, before the driver call
+- "copy"           CopyEvent     after it
+- "sync"           CallEvent     after cuCtxSynchronize / cuStreamSynchronize / cuEventSynchronize
+- "teardown"       CallEvent     before a context is destroyed or released (resolve events now)
+- "end"            EndEvent      after the final synchronize
+
+Subscribers fail open: an exception is reported as a replay warning and replay goes on.
+"""
+from __future__ import annotations
+
+import ctypes
+import re
+import struct
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+_BASE_RX = re.compile(r"(_v\d+)?(_pt(sz|ds))?(_v\d+)?$")
+_CLASS_CACHE: Dict[str, Optional[str]] = {}
+SYNC_CALLS = {"cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize"}
+TEARDOWN_CALLS = {"cuCtxDestroy", "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxReset"}
+LAUNCH_CONFIG = struct.Struct("<7I4xQQI4x")
+
+
+def classify(f: str) -> Optional[str]:
+    """'copy' | 'sync' | 'teardown' | None for an ABI name (cached)."""
+    c = _CLASS_CACHE.get(f, "?")
+    if c != "?":
+        return c
+    b = _BASE_RX.sub("", f)
+    if b.startswith("cuMemcpy") or b.startswith("cuMemset"):
+        c = "copy"
+    elif b in SYNC_CALLS:
+        c = "sync"
+    elif b in TEARDOWN_CALLS:
+        c = "teardown"
+    else:
+        c = None
+    _CLASS_CACHE[f] = c
+    return c
+
+
+@dataclass
+class RunEvent:
+    replayer: Any
+    path: str
+
+
+@dataclass
+class CallEvent:
+    seq: Optional[int]
+    call: str                       # ABI name as recorded
+    rec: Dict[str, Any]
+    replayer: Any
+
+
+@dataclass
+class CopyEvent:
+    seq: Optional[int]
+    call: str
+    direction: str                  # HtoD DtoH DtoD memset 2D other
+    nbytes: int
+    dst: Optional[int]              # recorded addresses (device side) where known
+    src: Optional[int]
+    stream: Any                     # live stream handle
+    rec_stream: int
+    rec: Dict[str, Any]
+    replayer: Any
+    data: Dict[str, Any] = field(default_factory=dict)   # per-event scratch for subscribers
+
+
+@dataclass
+class EndEvent:
+    result: Any
+    replayer: Any
+
+
+def copy_event(rp, rec) -> CopyEvent:
+    f = rec.get("f") or ""
+    a = rec.get("a") or {}
+    b = _BASE_RX.sub("", f)
+    if b.startswith("cuMemset"):
+        d, w = "memset", {"D8": 1, "D16": 2, "D32": 4}
+        unit = next((v for k, v in w.items() if b.startswith("cuMemset" + k) or b.startswith("cuMemset2D" + k)), 1)
+        n = int(a.get("N") or 0) * unit * max(int(a.get("Height") or 1), 1)
+        dst, src = a.get("dstDevice"), None
+    elif "2D" in b or "3D" in b:
+        d, n, dst, src = "2D", 0, None, None
+    else:
+        d = next((k for k in ("HtoD", "DtoH", "DtoD", "HtoA", "AtoH", "DtoA", "AtoD", "AtoA") if k in b), "other")
+        n = int(a.get("ByteCount") or 0)
+        dst = a.get("dstDevice", a.get("dst"))
+        src = a.get("srcDevice", a.get("src"))
+    rs = a.get("hStream") or 0
+    try:
+        live = rp.stream(rec, rs) if "Async" in f else rp.cu.CUstream(0)
+    except Exception:
+        live = None
+    return CopyEvent(rec.get("s"), f, d, n, dst if isinstance(dst, int) else None,
+                     src if isinstance(src, int) else None, live, rs if isinstance(rs, int) else 0, rec, rp)
+
+
+class LaunchContext:
+    """What a subscriber may do around one launch: read device memory, ask for this launch to
+    be timed with CUDA events, relaunch it (profilers)."""
+
+    def __init__(self, rp, ev: "LaunchEvent"):
+        self.replayer = rp
+        self._ev = ev
+        self.timing_requested = False
+        self._ev0 = self._ev1 = None
+
+    # -- memory
+    def translate(self, addr: int) -> int:
+        return self.replayer.tr(addr)
+
+    def read_device(self, addr: int, n: int, sync: bool = True) -> bytes:
+        """Bytes at device address `addr` (recorded or live; recorded ones are translated).
+        Synchronizes the context first, so after_launch sees the kernel's result."""
+        rp = self.replayer
+        if sync:
+            rp.raw("cuCtxSynchronize")
+        buf = bytearray(n)
+        if n:
+            rp.raw("cuMemcpyDtoH", buf, rp.tr(addr), n)
+        return bytes(buf)
+
+    def allocation_of(self, addr: int) -> Optional[Tuple[int, int]]:
+        """(live base, size) of the replayed allocation holding recorded address `addr`."""
+        sp = self.replayer.space
+        a = sp.find(addr) if sp is not None else None
+        return (a.live_base, a.size) if a is not None else None
+
+    # -- timing
+    def request_timing(self) -> None:
+        """Record CUDA events around this launch; read the result with event.elapsed_ms()
+        in after_launch (it synchronizes on the end event).  Call in before_launch."""
+        self.timing_requested = True
+
+    def _record(self, which: int) -> None:
+        rp = self.replayer
+        e = rp.raw("cuEventCreate", 0)
+        rp.raw("cuEventRecord", e, self._ev.stream)
+        if which == 0:
+            self._ev0 = e
+        else:
+            self._ev1 = e
+
+    def elapsed_ms(self) -> Optional[float]:
+        if self._ev0 is None or self._ev1 is None:
+            return None
+        rp = self.replayer
+        rp.raw("cuEventSynchronize", self._ev1)
+        ms = float(rp.raw("cuEventElapsedTime", self._ev0, self._ev1))
+        for e in (self._ev0, self._ev1):
+            try:
+                rp.cu.cuEventDestroy(e)
+            except Exception:
+                pass
+        self._ev0 = self._ev1 = None
+        self._ms = ms
+        return ms
+
+    # -- relaunch (profilers)
+    def relaunch(self, stream=None) -> None:
+        """Launch the same kernel with the same (live) parameters again, on `stream` (default:
+        the recorded launch's stream).  Raises DriverCallError."""
+        from .handlers.launch import _Params
+        ev, rp = self._ev, self.replayer
+        s = ev.stream if stream is None else stream
+        base = _BASE_RX.sub("", ev.call)
+        if base == "cuLaunchKernelEx" and ev.config is not None:
+            cfg = ev.config
+            old = cfg.hStream
+            cfg.hStream = s
+            try:
+                p = _Params(ev.params)
+                rp.raw("cuLaunchKernelEx", cfg, ev.function, None, p.extra_ptr)
+            finally:
+                cfg.hStream = old
+            return
+        if base == "cuLaunchCooperativeKernel":
+            p = _Params(ev.params, ev.layout or [])
+            rp.raw("cuLaunchCooperativeKernel", ev.function, *ev.grid, *ev.block, ev.shmem, s, p.kp_ptr)
+            return
+        p = _Params(ev.params)
+        rp.raw("cuLaunchKernel", ev.function, *ev.grid, *ev.block, ev.shmem, s, None, p.extra_ptr)
+
+
+@dataclass
+class LaunchEvent:
+    seq: Optional[int]                 # the launch's call sequence number (as `dump` shows)
+    index: int                         # 0-based ordinal among replayed launches
+    call: str                          # cuLaunchKernel, cuLaunchKernelEx_ptsz, ...
+    name: str                          # kernel name as recorded
+    grid: Tuple[int, int, int]
+    block: Tuple[int, int, int]
+    shmem: int
+    stream: Any                        # live CUstream
+    rec_stream: int                    # recorded stream handle (0 = default)
+    params: bytes                      # packed parameter bytes as launched (relocated)
+    rec_params: bytes                  # as recorded
+    layout: Optional[List[Tuple[int, int]]]   # [(offset, size), ...] from the fn record
+    module: Optional[int]              # recorded module/library handle
+    function: Any                      # live CUfunction
+    rec_function: Optional[int]
+    config: Any = None                 # CUlaunchConfig for cuLaunchKernelEx
+    ctx: Optional[LaunchContext] = None
+    data: Dict[str, Any] = field(default_factory=dict)   # per-launch scratch for subscribers
+
+    def param_values(self) -> List[bytes]:
+        """Each parameter's bytes, by the recorded layout (one blob if no layout)."""
+        if not self.layout:
+            return [self.params]
+        return [self.params[o:o + s] for o, s in self.layout]
+
+    def pointer_params(self) -> List[Tuple[int, int]]:
+        """(index, value) of 8-byte parameters that hold a replayed device address."""
+        out = []
+        sp = self.ctx.replayer.space if self.ctx else None
+        items = self.layout or [(o, 8) for o in range(0, len(self.params) - 7, 8)]
+        for i, (o, s) in enumerate(items):
+            if s != 8 or o + 8 > len(self.rec_params):
+                continue
+            v = int.from_bytes(self.rec_params[o:o + 8], "little")
+            if v >= 0x10000 and (sp is None or sp.find(v) is not None):
+                out.append((i, v))
+        return out
+
+    def elapsed_ms(self) -> Optional[float]:
+        return self.ctx.elapsed_ms() if self.ctx else None
+
+
+def make_launch_event(rp, rec, fn, params: bytes, name: str, cfg=None) -> LaunchEvent:
+    a = rec.get("a") or {}
+    f = rec.get("f") or ""
+    h = a.get("f")
+    fr = rp.fns.get(h) or {}
+    if cfg is not None:
+        grid = (int(cfg.gridDimX), int(cfg.gridDimY), int(cfg.gridDimZ))
+        block = (int(cfg.blockDimX), int(cfg.blockDimY), int(cfg.blockDimZ))
+        shmem = int(cfg.sharedMemBytes)
+        raw = a.get("config")
+        rs = LAUNCH_CONFIG.unpack_from(bytes(raw))[7] if isinstance(raw, (bytes, bytearray)) and len(raw) >= LAUNCH_CONFIG.size else 0
+        live_s = cfg.hStream
+    else:
+        grid = (int(a.get("gridDimX", 1)), int(a.get("gridDimY", 1)), int(a.get("gridDimZ", 1)))
+        block = (int(a.get("blockDimX", 1)), int(a.get("blockDimY", 1)), int(a.get("blockDimZ", 1)))
+        shmem = int(a.get("sharedMemBytes", 0))
+        rs = a.get("hStream") or 0
+        live_s = rp.stream(rec, rs)
+    layout = fr.get("params")
+    layout = [tuple(p) for p in layout] if layout else None
+    rec_params = bytes((rec.get("x") or {}).get("params") or b"")
+    ev = LaunchEvent(rec.get("s"), rp.res.launches, f, name, grid, block, shmem, live_s, rs if isinstance(rs, int) else 0,
+                     bytes(params), rec_params, layout, fr.get("module", rp.module_of.get(h)), fn, h, cfg)
+    ev.ctx = LaunchContext(rp, ev)
+    return ev
