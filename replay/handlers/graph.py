@@ -1,16 +1,189 @@
-"""Graphs: stream capture, instantiate/launch/update/destroy.  Explicit node construction
-(cuGraphAdd*Node) is not replayed yet: it stops with a clear 'unsupported' error."""
+"""Graphs: stream capture (cuStreamBeginCapture, cuStreamBeginCaptureToGraph, capture modes,
+capture dependencies), explicit node construction, instantiate/update/launch/destroy.
+
+Stream capture rebuilds itself: the calls the program made on a capturing stream are
+replayed in order onto the mapped (live) stream, so the live driver captures them into the
+live graph exactly as it did when recorded.  Nodes built explicitly (cuGraphAdd*Node,
+cuGraphAddNode) are rebuilt from the recorded structs with recorded handles and device
+addresses mapped to live ones; recorded node handles map to the live nodes.
+
+What cannot be rebuilt:
+- kernel nodes: capture records the CUDA_KERNEL_NODE_PARAMS struct only; its kernelParams /
+  extra members are host pointers of the recorded process, the packed arguments themselves
+  are not recorded (unlike launches, whose arguments the shim packs into x.params).  Such
+  calls stop the replay with a one-line reason (a recording that does carry x.params is
+  rebuilt through the `extra` buffer form).
+- host nodes (host callbacks of the recorded process) become empty nodes: same edges, so the
+  order they imposed is kept.
+- graph memory nodes (alloc/free), external semaphore and batch memory-op nodes."""
 from __future__ import annotations
 
-from . import handles
+import ctypes
+import struct
+from typing import Any, List, Optional
+
+from . import handles, refuses
+
+# CUgraphNodeType
+NT_KERNEL, NT_MEMCPY, NT_MEMSET, NT_HOST, NT_GRAPH, NT_EMPTY, NT_WAIT_EVENT, NT_EVENT_RECORD = range(8)
+NT_EXT_SEMAS_SIGNAL, NT_EXT_SEMAS_WAIT, NT_MEM_ALLOC, NT_MEM_FREE, NT_BATCH_MEM_OP, NT_CONDITIONAL = range(8, 14)
+NODE_TYPE_NAMES = {NT_EXT_SEMAS_SIGNAL: "external semaphore signal", NT_EXT_SEMAS_WAIT: "external semaphore wait",
+                   NT_MEM_ALLOC: "graph memory allocation", NT_MEM_FREE: "graph memory free",
+                   NT_BATCH_MEM_OP: "batch memory operation"}
+NODE_PARAMS_SIZE, NP_UNION = 256, 16          # CUgraphNodeParams: type, reserved0[3], union @16
+KERNEL_PARAMS_SIZE = 72                       # CUDA_KERNEL_NODE_PARAMS(_v2/_v3)
+MEMSET_PARAMS_SIZE = 40                       # CUDA_MEMSET_NODE_PARAMS (v2 adds ctx @40)
+MEMCPY3D_SIZE = 200
+MT_HOST, MT_DEVICE, MT_ARRAY, MT_UNIFIED = 1, 2, 3, 4
+CU_LAUNCH_PARAM_END, CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE = 0, 1, 2
+
+KERNEL_NODE_REASON = ("capture records only the CUDA_KERNEL_NODE_PARAMS struct, whose kernelParams/extra are "
+                      "host pointers of the recorded process (the packed kernel arguments were not captured), "
+                      "so the kernel node cannot be rebuilt")
 
 
+def _u64(b, o: int) -> int:
+    return struct.unpack_from("<Q", b, o)[0]
+
+
+def _u32(b, o: int) -> int:
+    return struct.unpack_from("<I", b, o)[0]
+
+
+def _ival(x) -> int:
+    if x is None:
+        return 0
+    try:
+        return int(x)
+    except TypeError:
+        return int(getattr(x, "value", 0))
+
+
+def _state(rp, name: str, factory):
+    v = getattr(rp, name, None)
+    if v is None:
+        v = factory()
+        setattr(rp, name, v)
+    return v
+
+
+def _struct_bytes(rp, rec, key: str, size: int, what: str) -> bytearray:
+    raw = rec["a"].get(key)
+    if not isinstance(raw, (bytes, bytearray)) or len(raw) < size:
+        rp.fail(rec, f"the {what} struct ({key}) was not captured")
+    return bytearray(raw[:size])
+
+
+def _fill(obj, data: bytes):
+    ctypes.memmove(int(obj.getPtr()), bytes(data), len(data))
+    return obj
+
+
+# ------------------------------------------------------------------ handle helpers
+def graph(rp, rec, h, what: str = "graph"):
+    """Live graph for a recorded CUgraph.  A graph handle no recorded call returned may be a
+    body graph of a conditional node (the driver writes those into a host array capture does
+    not record): the oldest unclaimed body is taken for it, with a note."""
+    if h and h not in rp.handles:
+        bodies = _state(rp, "cond_bodies", list)
+        if bodies:
+            live = bodies.pop(0)
+            rp.set_handle(h, live)
+            rp.note(f"call #{rec.get('s')} {rec['f']}: graph {h:#x} taken to be the next body graph of a "
+                    f"conditional node (body handles are not recorded)")
+            return live
+    return rp.live(rec, h, what)
+
+
+def nodes(rp, rec, key: str = "dependencies", count_key: str = "numDependencies") -> List[Any]:
+    """Live CUgraphNodes for a recorded array of node handles (array_in: bytes)."""
+    a = rec["a"]
+    n = int(a.get(count_key) or 0)
+    if n <= 0:
+        return []
+    raw = a.get(key)
+    if not isinstance(raw, (bytes, bytearray)) or len(raw) < 8 * n:
+        rp.fail(rec, f"the {key} array ({n} nodes) was not captured")
+    out = []
+    for i in range(n):
+        h = _u64(raw, 8 * i)
+        if h not in rp.handles:
+            rp.fail(rec, f"{key}[{i}]: graph node {h:#x} is unknown (not created by a replayed call; nodes made "
+                         f"implicitly by stream capture have no recorded handle)")
+        out.append(rp.handles[h])
+    return out
+
+
+def edges(rp, rec, key: str = "dependencyData", count_key: str = "numDependencies") -> Optional[List[Any]]:
+    """CUgraphEdgeData list for a recorded edge array, or None (NULL: default edges)."""
+    a = rec["a"]
+    n = int(a.get(count_key) or 0)
+    raw = a.get(key)
+    if n <= 0 or not isinstance(raw, (bytes, bytearray)) or len(raw) < 8 * n or not any(raw[:8 * n]):
+        return None
+    out = []
+    for i in range(n):
+        e = rp.cu.CUgraphEdgeData()
+        e.from_port, e.to_port, e.type = raw[8 * i], raw[8 * i + 1], raw[8 * i + 2]
+        out.append(e)
+    return out
+
+
+def context(rp, rec, h):
+    """Live context for a recorded CUcontext member/argument (0: the current context)."""
+    if h and h in rp.handles:
+        return rp.handles[h]
+    if h:
+        from .context import ctx_or_primary
+        return ctx_or_primary(rp, rec, h)
+    r = rp.cu.cuCtxGetCurrent()
+    return r[1] if len(r) > 1 and _ival(r[0]) == 0 else rp.cu.CUcontext(0)
+
+
+def stream_capturing(rp, rec_s, live_s=None) -> bool:
+    """Is the recorded stream capturing now?  Streams whose capture was begun by a replayed
+    call, and streams that joined a capture (through an event wait), asked of the driver."""
+    if rec_s in rp.capturing:
+        return True
+    if not rp.capturing or live_s is None:
+        return False
+    try:
+        r = rp.cu.cuStreamIsCapturing(live_s)
+        return len(r) > 1 and _ival(r[0]) == 0 and _ival(r[1]) != 0
+    except Exception:
+        return False
+
+
+def keep_forever(rp, obj) -> None:
+    """Host memory a graph node reads or writes whenever the graph runs: never released."""
+    rp.keepalive_images.append(obj)
+
+
+def _note_once(rp, key: str, msg: str) -> None:
+    seen = _state(rp, "graph_notes", set)
+    if key not in seen:
+        seen.add(key)
+        rp.note(msg)
+
+
+# ------------------------------------------------------------------ stream capture
 @handles("cuStreamBeginCapture", errors=True)
 def begin_capture(rp, rec):
     a = rec["a"]
     s = rp.stream(rec, a.get("hStream"))
     mode = rp.cu.CUstreamCaptureMode(a.get("mode", 0))
     if rp.drv(rec, "cuStreamBeginCapture", s, mode) is not None:
+        rp.capturing.add(a.get("hStream"))
+
+
+@handles("cuStreamBeginCaptureToGraph", errors=True)
+def begin_capture_to_graph(rp, rec):
+    a = rec["a"]
+    s = rp.stream(rec, a.get("hStream"))
+    g = graph(rp, rec, a.get("hGraph"))
+    deps = nodes(rp, rec)
+    mode = rp.cu.CUstreamCaptureMode(a.get("mode", 0))
+    if rp.drv(rec, "cuStreamBeginCaptureToGraph", s, g, deps, edges(rp, rec), len(deps), mode) is not None:
         rp.capturing.add(a.get("hStream"))
 
 
@@ -23,6 +196,41 @@ def end_capture(rp, rec):
         rp.set_handle(a.get("phGraph"), g)
 
 
+@handles("cuStreamUpdateCaptureDependencies", errors=True)
+def update_capture_deps(rp, rec):
+    a = rec["a"]
+    deps = nodes(rp, rec)
+    rp.drv(rec, "cuStreamUpdateCaptureDependencies", rp.stream(rec, a.get("hStream")), deps, edges(rp, rec),
+           len(deps), a.get("flags", 0))
+
+
+def _exchange_inputs(rp) -> dict:
+    """cuThreadExchangeStreamCaptureMode records only the mode it returned (the previous one):
+    the mode a call set is what the next exchange on the same thread returned; the last one
+    on a thread is taken to restore the thread's first mode."""
+    m = getattr(rp, "_xmode_inputs", None)
+    if m is None:
+        m, by_tid = {}, {}
+        for r in rp.reader.records(("c",)):
+            if r.get("f") == "cuThreadExchangeStreamCaptureMode" and r.get("r") == 0 \
+                    and isinstance((r.get("a") or {}).get("mode"), int):
+                by_tid.setdefault(r.get("tid"), []).append(r)
+        for lst in by_tid.values():
+            for i, r in enumerate(lst):
+                m[r.get("s")] = (lst[i + 1] if i + 1 < len(lst) else lst[0])["a"]["mode"]
+        rp._xmode_inputs = m
+    return m
+
+
+@handles("cuThreadExchangeStreamCaptureMode", family="stream")
+def exchange_capture_mode(rp, rec):
+    mode = _exchange_inputs(rp).get(rec.get("s"))
+    if mode is None:
+        mode = rec["a"].get("mode", 0) if isinstance(rec["a"].get("mode"), int) else 0
+    rp.drv(rec, "cuThreadExchangeStreamCaptureMode", rp.cu.CUstreamCaptureMode(mode))
+
+
+# ------------------------------------------------------------------ graphs
 @handles("cuGraphCreate")
 def graph_create(rp, rec):
     a = rec["a"]
@@ -31,16 +239,404 @@ def graph_create(rp, rec):
         rp.set_handle(a.get("phGraph"), g)
 
 
-@handles("cuGraphInstantiate", "cuGraphInstantiateWithFlags", "cuGraphInstantiateWithParams", errors=True)
+@handles("cuGraphClone")
+def graph_clone(rp, rec):
+    a = rec["a"]
+    g = rp.drv(rec, "cuGraphClone", graph(rp, rec, a.get("originalGraph")))
+    if g is not None:
+        rp.set_handle(a.get("phGraphClone"), g)
+
+
+@handles("cuGraphNodeFindInClone")
+def node_find_in_clone(rp, rec):
+    a = rec["a"]
+    n = rp.drv(rec, "cuGraphNodeFindInClone", rp.live(rec, a.get("hOriginalNode"), "graph node"),
+               graph(rp, rec, a.get("hClonedGraph")))
+    if n is not None:
+        rp.set_handle(a.get("phNode"), n)
+
+
+@handles("cuGraphChildGraphNodeGetGraph")
+def child_graph_get_graph(rp, rec):
+    a = rec["a"]
+    g = rp.drv(rec, "cuGraphChildGraphNodeGetGraph", rp.live(rec, a.get("hNode"), "graph node"))
+    if g is not None:
+        rp.set_handle(a.get("phGraph"), g)
+
+
+@handles("cuGraphDestroy")
+def graph_destroy(rp, rec):
+    h = rec["a"].get("hGraph")
+    rp.drv(rec, "cuGraphDestroy", rp.live(rec, h, "graph"))
+    rp.handles.pop(h, None)
+
+
+@handles("cuGraphDestroyNode")
+def graph_destroy_node(rp, rec):
+    h = rec["a"].get("hNode")
+    rp.drv(rec, "cuGraphDestroyNode", rp.live(rec, h, "graph node"))
+    rp.handles.pop(h, None)
+
+
+def _node_out(rp, rec, n) -> None:
+    if n is not None:
+        rp.set_handle(rec["a"].get("phGraphNode"), n)
+
+
+@handles("cuGraphAddEmptyNode")
+def add_empty_node(rp, rec):
+    a = rec["a"]
+    deps = nodes(rp, rec)
+    _node_out(rp, rec, rp.drv(rec, "cuGraphAddEmptyNode", graph(rp, rec, a.get("hGraph")), deps, len(deps)))
+
+
+@handles("cuGraphAddHostNode")
+def add_host_node(rp, rec):
+    # a host callback of the recorded process: an empty node with the same dependencies keeps
+    # the order it imposed (later nodes depending on it still wait for its predecessors)
+    a = rec["a"]
+    deps = nodes(rp, rec)
+    n = rp.raw("cuGraphAddEmptyNode", graph(rp, rec, a.get("hGraph")), deps, len(deps))
+    _node_out(rp, rec, n)
+    _note_once(rp, "host", f"call #{rec.get('s')} {rec['f']}: graph host nodes (callbacks of the recorded "
+                           f"process) are replayed as empty nodes")
+
+
+@handles("cuGraphAddChildGraphNode")
+def add_child_graph_node(rp, rec):
+    a = rec["a"]
+    deps = nodes(rp, rec)
+    _node_out(rp, rec, rp.drv(rec, "cuGraphAddChildGraphNode", graph(rp, rec, a.get("hGraph")), deps, len(deps),
+                              graph(rp, rec, a.get("childGraph"), "child graph")))
+
+
+@handles("cuGraphAddEventRecordNode", "cuGraphAddEventWaitNode")
+def add_event_node(rp, rec):
+    a = rec["a"]
+    deps = nodes(rp, rec)
+    name = "cuGraphAddEventRecordNode" if "Record" in rec["f"] else "cuGraphAddEventWaitNode"
+    _node_out(rp, rec, rp.drv(rec, name, graph(rp, rec, a.get("hGraph")), deps, len(deps),
+                              rp.live(rec, a.get("event"), "event")))
+
+
+def memset_params(rp, rec, raw: bytearray, off: int = 0) -> bytearray:
+    """Map the destination of a recorded CUDA_MEMSET_NODE_PARAMS at raw[off:] in place."""
+    dst = _u64(raw, off)
+    struct.pack_into("<Q", raw, off, rp.tr(dst))
+    rp.mark_written(dst, rec.get("s"), rec["f"])
+    return raw
+
+
+def memcpy3d_params(rp, rec, raw: bytearray, off: int = 0) -> bytearray:
+    """Map both ends of a recorded CUDA_MEMCPY3D at raw[off:] in place: device memory to its
+    live address, host memory only when it is a replayed pinned allocation."""
+    for side, base in (("source", off), ("destination", off + 88)):
+        mt = _u32(raw, base + 32)
+        if mt in (MT_DEVICE, MT_UNIFIED):
+            addr = _u64(raw, base + 48)
+            if side == "destination":
+                rp.mark_written(addr, rec.get("s"), rec["f"])
+            struct.pack_into("<Q", raw, base + 48, rp.tr(addr))
+        elif mt == MT_HOST:
+            hp = _u64(raw, base + 40)
+            al = rp.space.find(hp) if rp.space is not None else None
+            if side == "source":
+                rp.fail(rec, f"the copy reads host memory of the recorded process ({hp:#x}) when the graph runs: "
+                             f"those contents were not captured")
+            if al is None or al.kind != "host":
+                rp.fail(rec, f"the copy writes host memory of the recorded process ({hp:#x}) that is not a "
+                             f"replayed pinned allocation")
+            struct.pack_into("<Q", raw, base + 40, rp.tr(hp))
+        elif mt == MT_ARRAY:
+            rp.fail(rec, "copies with CUDA arrays are not supported")
+    return raw
+
+
+@handles("cuGraphAddMemsetNode")
+def add_memset_node(rp, rec):
+    a = rec["a"]
+    raw = memset_params(rp, rec, _struct_bytes(rp, rec, "memsetParams", MEMSET_PARAMS_SIZE, "CUDA_MEMSET_NODE_PARAMS"))
+    p = _fill(rp.cu.CUDA_MEMSET_NODE_PARAMS(), raw)
+    deps = nodes(rp, rec)
+    _node_out(rp, rec, rp.drv(rec, "cuGraphAddMemsetNode", graph(rp, rec, a.get("hGraph")), deps, len(deps), p,
+                              context(rp, rec, a.get("ctx"))))
+
+
+@handles("cuGraphAddMemcpyNode")
+def add_memcpy_node(rp, rec):
+    a = rec["a"]
+    raw = memcpy3d_params(rp, rec, _struct_bytes(rp, rec, "copyParams", MEMCPY3D_SIZE, "CUDA_MEMCPY3D"))
+    p = _fill(rp.cu.CUDA_MEMCPY3D(), raw)
+    deps = nodes(rp, rec)
+    _node_out(rp, rec, rp.drv(rec, "cuGraphAddMemcpyNode", graph(rp, rec, a.get("hGraph")), deps, len(deps), p,
+                              context(rp, rec, a.get("ctx"))))
+
+
+class _KernelArgs:
+    """Packed kernel arguments (x.params) handed to a kernel node through `extra`."""
+
+    def __init__(self, data: bytes):
+        self.buf = ctypes.create_string_buffer(data, max(len(data), 1))
+        self.size = ctypes.c_size_t(len(data))
+        self.extra = (ctypes.c_void_p * 5)(CU_LAUNCH_PARAM_BUFFER_POINTER, ctypes.addressof(self.buf),
+                                           CU_LAUNCH_PARAM_BUFFER_SIZE, ctypes.addressof(self.size),
+                                           CU_LAUNCH_PARAM_END)
+
+
+def kernel_params(rp, rec, raw: bytearray, off: int = 0) -> bytearray:
+    """Rebuild a recorded CUDA_KERNEL_NODE_PARAMS at raw[off:] in place, or refuse."""
+    x = rec.get("x") or {}
+    params = x.get("params")
+    if params is None:
+        rp.fail(rec, f"cannot rebuild the kernel node: {KERNEL_NODE_REASON}")
+    from ..placement import relocate_params
+    from .module import resolve_function
+    h = _u64(raw, off) or _u64(raw, off + 56)          # func, else kern
+    fn = resolve_function(rp, rec, h)
+    params = bytes(params)
+    if rp.space is not None and rp.space.moved:
+        params, changes = relocate_params(params, (rp.fns.get(h) or {}).get("params"), rp.space)
+        rp.res.params_relocated += len(changes)
+    params = patch_conditional_handles(rp, rec, params, (rp.fns.get(h) or {}).get("params"))
+    args = _KernelArgs(params)
+    keep_forever(rp, args)
+    ctx = _u64(raw, off + 64)
+    struct.pack_into("<QQQQQ", raw, off + 40, 0, ctypes.addressof(args.extra), 0, 0,
+                     _ival(context(rp, rec, ctx)) if ctx else 0)
+    struct.pack_into("<Q", raw, off, _ival(fn))
+    return raw
+
+
+@refuses("cuGraphAddKernelNode", reason=KERNEL_NODE_REASON)
+def add_kernel_node(rp, rec):
+    a = rec["a"]
+    raw = kernel_params(rp, rec, _struct_bytes(rp, rec, "nodeParams", KERNEL_PARAMS_SIZE, "CUDA_KERNEL_NODE_PARAMS"))
+    p = _fill(rp.cu.CUDA_KERNEL_NODE_PARAMS(), raw)
+    deps = nodes(rp, rec)
+    _node_out(rp, rec, rp.drv(rec, "cuGraphAddKernelNode", graph(rp, rec, a.get("hGraph")), deps, len(deps), p))
+
+
+@refuses("cuGraphKernelNodeSetParams", "cuGraphExecKernelNodeSetParams", reason=KERNEL_NODE_REASON)
+def kernel_node_set_params(rp, rec):
+    a = rec["a"]
+    raw = kernel_params(rp, rec, _struct_bytes(rp, rec, "nodeParams", KERNEL_PARAMS_SIZE, "CUDA_KERNEL_NODE_PARAMS"))
+    p = _fill(rp.cu.CUDA_KERNEL_NODE_PARAMS(), raw)
+    node = rp.live(rec, a.get("hNode"), "graph node")
+    if "Exec" in rec["f"]:
+        rp.drv(rec, "cuGraphExecKernelNodeSetParams", rp.live(rec, a.get("hGraphExec"), "graph exec"), node, p)
+    else:
+        rp.drv(rec, "cuGraphKernelNodeSetParams", node, p)
+
+
+def node_params(rp, rec, key: str = "nodeParams"):
+    """Rebuild a recorded CUgraphNodeParams (cuGraphAddNode, cuGraph(Exec)NodeSetParams).
+    Returns (params object, node type, conditional body buffer or None)."""
+    raw = _struct_bytes(rp, rec, key, NODE_PARAMS_SIZE, "CUgraphNodeParams")
+    t = _u32(raw, 0)
+    u = NP_UNION
+    bodies = None
+    if t == NT_KERNEL:
+        kernel_params(rp, rec, raw, u)
+    elif t == NT_MEMCPY:
+        # CUDA_MEMCPY_NODE_PARAMS: flags, reserved, copyCtx @8, copyParams @16
+        memcpy3d_params(rp, rec, raw, u + 16)
+        c = _u64(raw, u + 8)
+        struct.pack_into("<Q", raw, u + 8, _ival(context(rp, rec, c)) if c else 0)
+    elif t == NT_MEMSET:
+        memset_params(rp, rec, raw, u)
+        c = _u64(raw, u + 40)
+        struct.pack_into("<Q", raw, u + 40, _ival(context(rp, rec, c)) if c else 0)
+    elif t == NT_HOST:
+        raw[:] = bytes(NODE_PARAMS_SIZE)
+        struct.pack_into("<I", raw, 0, NT_EMPTY)
+        _note_once(rp, "host", f"call #{rec.get('s')} {rec['f']}: graph host nodes (callbacks of the recorded "
+                               f"process) are replayed as empty nodes")
+    elif t == NT_GRAPH:
+        struct.pack_into("<Q", raw, u, _ival(graph(rp, rec, _u64(raw, u), "child graph")))
+    elif t in (NT_WAIT_EVENT, NT_EVENT_RECORD):
+        struct.pack_into("<Q", raw, u, _ival(rp.live(rec, _u64(raw, u), "event")))
+    elif t == NT_EMPTY:
+        pass
+    elif t == NT_CONDITIONAL:
+        # CUDA_CONDITIONAL_NODE_PARAMS: handle, type, size, phGraph_out (driver-written array), ctx
+        rec_handle, size = _u64(raw, u), _u32(raw, u + 12)
+        live_h = rp.handles.get(rec_handle)
+        if live_h is None:
+            rp.fail(rec, f"conditional handle {rec_handle:#x} is unknown (its cuGraphConditionalHandleCreate "
+                         f"was not replayed)")
+        bodies = (ctypes.c_uint64 * max(size, 1))()
+        keep_forever(rp, bodies)
+        c = _u64(raw, u + 24)
+        struct.pack_into("<Q", raw, u, _ival(live_h))
+        struct.pack_into("<Q", raw, u + 16, ctypes.addressof(bodies))
+        struct.pack_into("<Q", raw, u + 24, _ival(context(rp, rec, c)) if c else 0)
+        bodies = (bodies, size)
+    else:
+        rp.fail(rec, f"{NODE_TYPE_NAMES.get(t, f'type {t}')} nodes are not supported by the replayer")
+    return _fill(rp.cu.CUgraphNodeParams(), raw), t, bodies
+
+
+@handles("cuGraphAddNode")
+def add_node(rp, rec):
+    a = rec["a"]
+    p, _t, bodies = node_params(rp, rec)
+    deps = nodes(rp, rec)
+    n = rp.drv(rec, "cuGraphAddNode", graph(rp, rec, a.get("hGraph")), deps, edges(rp, rec), len(deps), p)
+    _node_out(rp, rec, n)
+    if n is not None and bodies is not None:
+        arr, size = bodies
+        _state(rp, "cond_bodies", list).extend(rp.cu.CUgraph(arr[i]) for i in range(size))
+
+
+@handles("cuGraphNodeSetParams", "cuGraphExecNodeSetParams")
+def node_set_params(rp, rec):
+    a = rec["a"]
+    p, t, _bodies = node_params(rp, rec)
+    if t == NT_CONDITIONAL:
+        rp.fail(rec, "changing a conditional node's parameters is not supported")
+    node = rp.live(rec, a.get("hNode"), "graph node")
+    if "Exec" in rec["f"]:
+        rp.drv(rec, "cuGraphExecNodeSetParams", rp.live(rec, a.get("hGraphExec"), "graph exec"), node, p)
+    else:
+        rp.drv(rec, "cuGraphNodeSetParams", node, p)
+
+
+@handles("cuGraphMemsetNodeSetParams", "cuGraphExecMemsetNodeSetParams")
+def memset_node_set_params(rp, rec):
+    a = rec["a"]
+    key = "memsetParams" if "Exec" in rec["f"] else "nodeParams"
+    p = _fill(rp.cu.CUDA_MEMSET_NODE_PARAMS(),
+              memset_params(rp, rec, _struct_bytes(rp, rec, key, MEMSET_PARAMS_SIZE, "CUDA_MEMSET_NODE_PARAMS")))
+    node = rp.live(rec, a.get("hNode"), "graph node")
+    if "Exec" in rec["f"]:
+        rp.drv(rec, "cuGraphExecMemsetNodeSetParams", rp.live(rec, a.get("hGraphExec"), "graph exec"), node, p,
+               context(rp, rec, a.get("ctx")))
+    else:
+        rp.drv(rec, "cuGraphMemsetNodeSetParams", node, p)
+
+
+@handles("cuGraphMemcpyNodeSetParams", "cuGraphExecMemcpyNodeSetParams")
+def memcpy_node_set_params(rp, rec):
+    a = rec["a"]
+    key = "copyParams" if "Exec" in rec["f"] else "nodeParams"
+    p = _fill(rp.cu.CUDA_MEMCPY3D(), memcpy3d_params(rp, rec, _struct_bytes(rp, rec, key, MEMCPY3D_SIZE,
+                                                                                "CUDA_MEMCPY3D")))
+    node = rp.live(rec, a.get("hNode"), "graph node")
+    if "Exec" in rec["f"]:
+        rp.drv(rec, "cuGraphExecMemcpyNodeSetParams", rp.live(rec, a.get("hGraphExec"), "graph exec"), node, p,
+               context(rp, rec, a.get("ctx")))
+    else:
+        rp.drv(rec, "cuGraphMemcpyNodeSetParams", node, p)
+
+
+@handles("cuGraphEventRecordNodeSetEvent", "cuGraphEventWaitNodeSetEvent",
+         "cuGraphExecEventRecordNodeSetEvent", "cuGraphExecEventWaitNodeSetEvent")
+def event_node_set_event(rp, rec):
+    a = rec["a"]
+    f = rec["f"]
+    name = "cuGraph" + ("Exec" if "Exec" in f else "") + ("EventRecord" if "Record" in f else "EventWait") \
+        + "NodeSetEvent"
+    node = rp.live(rec, a.get("hNode"), "graph node")
+    ev = rp.live(rec, a.get("event"), "event")
+    if "Exec" in f:
+        rp.drv(rec, name, rp.live(rec, a.get("hGraphExec"), "graph exec"), node, ev)
+    else:
+        rp.drv(rec, name, node, ev)
+
+
+@handles("cuGraphExecChildGraphNodeSetParams")
+def exec_child_set_params(rp, rec):
+    a = rec["a"]
+    rp.drv(rec, "cuGraphExecChildGraphNodeSetParams", rp.live(rec, a.get("hGraphExec"), "graph exec"),
+           rp.live(rec, a.get("hNode"), "graph node"), graph(rp, rec, a.get("childGraph"), "child graph"))
+
+
+@handles("cuGraphNodeSetEnabled")
+def node_set_enabled(rp, rec):
+    a = rec["a"]
+    rp.drv(rec, "cuGraphNodeSetEnabled", rp.live(rec, a.get("hGraphExec"), "graph exec"),
+           rp.live(rec, a.get("hNode"), "graph node"), a.get("isEnabled", 1))
+
+
+@handles("cuGraphAddDependencies", "cuGraphRemoveDependencies")
+def graph_dependencies(rp, rec):
+    a = rec["a"]
+    frm = nodes(rp, rec, "from")
+    to = nodes(rp, rec, "to")
+    name = "cuGraphAddDependencies" if "Add" in rec["f"] else "cuGraphRemoveDependencies"
+    rp.drv(rec, name, graph(rp, rec, a.get("hGraph")), frm, to, edges(rp, rec, "edgeData"), len(frm))
+
+
+@handles("cuGraphKernelNodeSetAttribute", "cuGraphKernelNodeCopyAttributes")
+def kernel_node_attributes(rp, rec):
+    # scheduling attributes of kernel nodes (access policy windows, priorities, clusters of
+    # nodes this replayer builds only from captured streams): no effect on results
+    pass
+
+
+@handles("cuGraphRetainUserObject", "cuGraphReleaseUserObject", "cuUserObjectCreate", "cuUserObjectRetain",
+         "cuUserObjectRelease")
+def user_objects(rp, rec):
+    # host-side lifetime of objects of the recorded process (destructor callbacks): nothing to replay
+    pass
+
+
+# ------------------------------------------------------------------ conditional handles
+@handles("cuGraphConditionalHandleCreate")
+def conditional_handle_create(rp, rec):
+    a = rec["a"]
+    h = rp.drv(rec, "cuGraphConditionalHandleCreate", graph(rp, rec, a.get("hGraph")),
+               context(rp, rec, a.get("ctx")), a.get("defaultLaunchValue", 0), a.get("flags", 0))
+    if h is None:
+        return
+    rec_h = a.get("pHandle_out")
+    rp.set_handle(rec_h, h)
+    if isinstance(rec_h, int) and rec_h and _ival(h) != rec_h:
+        _state(rp, "cond_handles", dict)[rec_h] = _ival(h)
+
+
+def patch_conditional_handles(rp, rec, params: bytes, layout) -> bytes:
+    """Kernels set conditional handles they receive as 8-byte arguments: a recorded handle value
+    the live driver gave differently is replaced (8-byte parameters of the layout only)."""
+    m = getattr(rp, "cond_handles", None)
+    if not m or not layout:
+        return params
+    out = None
+    for off, size in layout:
+        if size != 8 or off + 8 > len(params):
+            continue
+        v = _u64(params, off)
+        if v in m:
+            out = out or bytearray(params)
+            struct.pack_into("<Q", out, off, m[v])
+    return bytes(out) if out is not None else params
+
+
+# ------------------------------------------------------------------ executable graphs
+@handles("cuGraphInstantiate", "cuGraphInstantiateWithFlags", errors=True)
 def graph_instantiate(rp, rec):
     a = rec["a"]
     flags = a.get("flags", 0) if isinstance(a.get("flags"), int) else 0
-    p = a.get("instantiateParams")
-    if isinstance(p, (bytes, bytearray)) and len(p) >= 8:
-        flags = int.from_bytes(p[:8], "little")
-    g = rp.live(rec, a.get("hGraph"), "graph")
+    g = graph(rp, rec, a.get("hGraph"))
     fn = "cuGraphInstantiateWithFlags" if hasattr(rp.cu, "cuGraphInstantiateWithFlags") else "cuGraphInstantiate"
     ex = rp.drv(rec, fn, g, flags)
+    if ex is not None:
+        rp.set_handle(a.get("phGraphExec"), ex)
+
+
+@handles("cuGraphInstantiateWithParams", errors=True)
+def graph_instantiate_params(rp, rec):
+    a = rec["a"]
+    raw = a.get("instantiateParams")
+    g = graph(rp, rec, a.get("hGraph"))
+    if not isinstance(raw, (bytes, bytearray)) or len(raw) < 32:
+        rp.fail(rec, "the CUDA_GRAPH_INSTANTIATE_PARAMS struct was not captured")
+    flags, up = _u64(raw, 0), _u64(raw, 8)
+    p = rp.cu.CUDA_GRAPH_INSTANTIATE_PARAMS()
+    p.flags = flags
+    if up:
+        p.hUploadStream = rp.stream(rec, up)
+    ex = rp.drv(rec, "cuGraphInstantiateWithParams", g, p)
     if ex is not None:
         rp.set_handle(a.get("phGraphExec"), ex)
 
@@ -59,14 +655,7 @@ def graph_launch(rp, rec):
 def graph_exec_update(rp, rec):
     a = rec["a"]
     rp.drv(rec, "cuGraphExecUpdate", rp.live(rec, a.get("hGraphExec"), "graph exec"),
-           rp.live(rec, a.get("hGraph"), "graph"))
-
-
-@handles("cuGraphDestroy")
-def graph_destroy(rp, rec):
-    h = rec["a"].get("hGraph")
-    rp.drv(rec, "cuGraphDestroy", rp.live(rec, h, "graph"))
-    rp.handles.pop(h, None)
+           graph(rp, rec, a.get("hGraph")))
 
 
 @handles("cuGraphExecDestroy")

@@ -5,6 +5,20 @@ import ctypes
 import struct
 
 from . import handles
+from .graph import keep_forever, stream_capturing
+
+
+def _captured(rp, rec) -> bool:
+    """An async call on a stream in capture: it became a graph node, it did not execute."""
+    a = rec["a"]
+    return "Async" in rec["f"] and stream_capturing(rp, a.get("hStream"), rp.stream(rec, a.get("hStream")))
+
+
+def _note_capture_d2h(rp, rec) -> None:
+    if not getattr(rp, "_capture_d2h_noted", False):
+        rp._capture_d2h_noted = True
+        rp.note(f"call #{rec.get('s')} {rec['f']}: device-to-host copies captured into graphs are not verified "
+                f"(the recorded bytes predate the graph's execution)")
 
 # ------------------------------------------------------------------ allocations
 
@@ -52,6 +66,14 @@ def mem_free(rp, rec):
 def mem_free_async(rp, rec):
     a = rec["a"]
     s = rp.stream(rec, a.get("hStream"))
+    if stream_capturing(rp, a.get("hStream"), s):
+        # a free node of the captured graph: the graph's kernels use the memory whenever it runs
+        if not getattr(rp, "_capture_free_noted", False):
+            rp._capture_free_noted = True
+            rp.note(f"call #{rec.get('s')} {rec['f']}: frees captured into graphs are not performed (the memory "
+                    f"stays mapped at its recorded address)")
+        rp.res.skipped += 1
+        return
     rp.raw("cuStreamSynchronize", s)      # frees happen after the stream's work
     mem_free(rp, rec)
 
@@ -177,7 +199,16 @@ def pool_create(rp, rec):
     rp.set_handle(key, PoolToken(key))
 
 
-@handles("cuMemPoolDestroy", "cuMemPoolTrimTo", "cuMemPoolSetAttribute", "cuMemPoolSetAccess", "cuDeviceSetMemPool")
+@handles("cuMemGetDefaultMemPool", "cuMemGetMemPool")
+def pool_get(rp, rec):
+    a = rec["a"]
+    key = a.get("pool_out") if "Default" in rec["f"] else a.get("pool")
+    if key not in rp.handles:
+        rp.set_handle(key, PoolToken(key))
+
+
+@handles("cuMemPoolDestroy", "cuMemPoolTrimTo", "cuMemPoolSetAttribute", "cuMemPoolSetAccess", "cuDeviceSetMemPool",
+         "cuMemSetMemPool")
 def pool_misc(rp, rec):
     pass
 
@@ -205,7 +236,10 @@ def memcpy_htod(rp, rec):
     dst = rp.tr(a.get("dstDevice"))
     if _async(rec):
         buf = bytes(data)
-        rp.keepalive.append(buf)
+        if _captured(rp, rec):
+            keep_forever(rp, buf)         # a graph node reads it whenever the graph runs
+        else:
+            rp.keepalive.append(buf)
         rp.drv(rec, "cuMemcpyHtoDAsync", dst, buf, n, _stream(rp, rec))
     else:
         rp.drv(rec, "cuMemcpyHtoD", dst, data, n)
@@ -220,10 +254,14 @@ def memcpy_dtoh(rp, rec):
     src = a.get("srcDevice")
     if _async(rec):
         s = _stream(rp, rec)
+        captured = _captured(rp, rec)
+        if captured:
+            keep_forever(rp, buf)         # the graph writes it whenever it runs
         if rp.drv(rec, "cuMemcpyDtoHAsync", buf, rp.tr(src), n, s) is None:
             return
-        if a.get("hStream") in rp.capturing:
-            return        # captured into a graph: no data until the graph runs
+        if captured:
+            _note_capture_d2h(rp, rec)    # captured into a graph: no data until the graph runs
+            return
         rp.raw("cuStreamSynchronize", s)
     elif rp.drv(rec, "cuMemcpyDtoH", buf, rp.tr(src), n) is None:
         return
@@ -295,7 +333,16 @@ def memcpy_2d(rp, rec):
     ctypes.memmove(int(st.getPtr()), bytes(cp), 128)
     name = "cuMemcpy2DAsync" if _async(rec) else ("cuMemcpy2DUnaligned" if "Unaligned" in rec["f"] else "cuMemcpy2D")
     args = [st] + ([_stream(rp, rec)] if _async(rec) else [])
+    captured = _captured(rp, rec)
+    if captured:
+        keep_forever(rp, host_bufs)       # graph nodes read/write them whenever the graph runs
     if rp.drv(rec, name, *args) is None:
+        return
+    if captured:
+        if _DST in host_bufs:
+            _note_capture_d2h(rp, rec)
+        elif struct.unpack_from("<I", cp, _DST + 16)[0] in (MT_DEVICE, MT_UNIFIED):
+            rp.mark_written(_u64(rec["a"]["pCopy"], _DST + 32), rec.get("s"), rec["f"])
         return
     if _async(rec):
         rp.raw("cuStreamSynchronize", _stream(rp, rec))
