@@ -7,6 +7,7 @@ import struct
 
 from . import handles
 from ..placement import relocate_params
+from .graph import patch_conditional_handles, stream_capturing
 from .module import resolve_function
 
 CU_LAUNCH_PARAM_END, CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE = 0, 1, 2
@@ -57,13 +58,24 @@ def _prepare(rp, rec):
     if rp.space is not None and rp.space.moved:
         params, changes = relocate_params(params, layout, rp.space)
         rp.res.params_relocated += len(changes)
+    params = patch_conditional_handles(rp, rec, params, layout)
     return fn, params, layout, name
+
+
+def _capturing(rp, rec) -> bool:
+    a = rec["a"]
+    hs = a.get("hStream")
+    if rec["f"].startswith("cuLaunchKernelEx") and isinstance(a.get("config"), (bytes, bytearray)) \
+            and len(a["config"]) >= LAUNCH_CONFIG.size:
+        hs = LAUNCH_CONFIG.unpack_from(a["config"])[7]
+    return stream_capturing(rp, hs, rp.stream(rec, hs))
 
 
 def _after(rp, rec, name, ev=None):
     rp.res.launches += 1
     rp.after_launch(ev)
-    if rp.opt.sync_after_launch and rec.get("r", 0) == 0:
+    # a launch on a capturing stream became a graph node: a sync now would break the capture
+    if rp.opt.sync_after_launch and rec.get("r", 0) == 0 and not _capturing(rp, rec):
         r = rp.cu.cuCtxSynchronize()
         if int(r[0]) != 0:
             from cudasnap.formats import cu_result_name
@@ -133,7 +145,9 @@ def launch_kernel_ex(rp, rec):
 
 @handles("cuLaunchHostFunc", "cuStreamAddCallback")
 def host_func(rp, rec):
-    # a host function of the recorded process: cannot run; the stream order it imposed is kept
+    # A host function of the recorded process: cannot run.  Leaving it out keeps the order it
+    # imposed: work after it on the stream still follows work before it, and on a capturing
+    # stream the next captured node depends on the previous one (the edges the host node had).
     rp.res.skipped += 1
     if not getattr(rp, "_hostfn_noted", False):
         rp._hostfn_noted = True
