@@ -104,3 +104,19 @@ def ctx_set_limit(rp, rec):
 def ctx_tuning(rp, rec):
     # performance hints only: counted, no effect on results
     pass
+
+
+@handles("cuCtxRecordEvent", "cuCtxWaitEvent", errors=True)
+def ctx_event(rp, rec):
+    a = rec["a"]
+    name = "cuCtxRecordEvent" if "Record" in rec["f"] else "cuCtxWaitEvent"
+    rp.drv(rec, name, ctx_or_primary(rp, rec, a.get("hCtx")), rp.live(rec, a.get("hEvent"), "event"))
+
+
+@handles("cuCtxAttach", "cuCtxDetach")
+def ctx_attach(rp, rec):
+    # deprecated usage counting of the current context: Attach hands out the current context
+    if "Attach" in rec["f"]:
+        cur = rp.cu.cuCtxGetCurrent()
+        if int(cur[0]) == 0:
+            rp.set_handle(rec["a"].get("pctx"), cur[1])
