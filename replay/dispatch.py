@@ -1,7 +1,14 @@
 """The dispatch table: ABI name -> replay handler, built once from the API description.
 
-REPLAY_HANDLED lists the ABI names the replayer executes or deliberately skips (queries);
-`cudasnap api` reads it."""
+Every ABI name of the description falls in exactly one class:
+- REPLAY_EXECUTED: a handler replays it (for real, or as a counted no-op where the call has
+  no effect on results: hints, profiler control, host-side lifetimes);
+- REPLAY_SKIPPED: a pure query (no effect on device state): skipped and counted;
+- REPLAY_REFUSED: a handler that stops the replay with a one-line reason (name -> reason):
+  what capture records is not enough to rebuild the call;
+- anything else has no handler: replay stops with "unsupported".
+REPLAY_HANDLED = REPLAY_EXECUTED | REPLAY_SKIPPED: what `cudasnap api` reports as replayable.
+`coverage()` counts the classes per family."""
 from __future__ import annotations
 
 import re
@@ -9,7 +16,8 @@ from typing import Dict, Optional, Set
 
 from .handlers import Handler, load_all
 
-# Queries: no effect on device state. Skipped (and counted).
+# Queries: no effect on device state. Skipped (and counted).  A name with a handler is never
+# a query (the handler wins): e.g. cuDeviceGetDefaultMemPool maps the pool it returns.
 _QUERY_RX = re.compile(
     r"^cu(DeviceGet(?!DefaultMemPool|MemPool)\w*|DeviceTotalMem\w*|DeviceComputeCapability|DeviceCanAccessPeer"
     r"|DriverGetVersion|CtxGet\w*|FuncGet\w*|KernelGet(?!Function)\w*|PointerGetAttributes?|GetErrorName"
@@ -18,12 +26,23 @@ _QUERY_RX = re.compile(
     r"|Occupancy\w*|MemPoolGetAttribute|ModuleGetFunctionCount|ModuleEnumerateFunctions|LibraryGetKernelCount"
     r"|LibraryEnumerateKernels|DeviceGetP2PAttribute"
     r"|CtxGetDevice\w*|FuncIsLoaded|MemGetAccess|MemRetainAllocationHandle|MemGetAllocationPropertiesFromHandle"
-    r"|ProfilerStart|ProfilerStop|GraphGetNodes|GraphGetEdges\w*|GraphNodeGet\w*|GraphDebugDotPrint"
-    r"|DeviceGetGraphMemAttribute|UserObject\w*|GetFlags)(_v\d+)?(_pt(sz|ds))?$")
+    r"|GraphGetNodes|GraphGetRootNodes|GraphGetEdges\w*|GraphNodeGet\w*|Graph\w+NodeGet\w*|GraphExecGetFlags"
+    r"|GraphDebugDotPrint|DeviceGetGraphMemAttribute|GetFlags)(_v\d+)?(_pt(sz|ds))?$")
+
+# Pure queries the pattern above does not name (explicit, by base name).
+QUERY_NAMES = frozenset({
+    "cuMemHostGetFlags", "cuMemRangeGetAttributes", "cuMemPoolGetAccess", "cuArrayGetDescriptor",
+    "cuArray3DGetDescriptor", "cuArrayGetMemoryRequirements", "cuArrayGetSparseProperties",
+    "cuMipmappedArrayGetMemoryRequirements", "cuMipmappedArrayGetSparseProperties",
+})
+
+
+def _base(name: str) -> str:
+    return re.sub(r"(_v\d+)?(_pt(sz|ds))?(_v\d+)?$", "", name)
 
 
 def is_query(name: str) -> bool:
-    return bool(_QUERY_RX.match(name))
+    return bool(_QUERY_RX.match(name)) or name in QUERY_NAMES or _base(name) in QUERY_NAMES
 
 
 _table: Optional[Dict[str, Handler]] = None
@@ -79,15 +98,48 @@ def family_of(name: str) -> str:
     return "other"
 
 
-def _handled() -> Set[str]:
-    out = set(table())
+def _classes():
+    """(executed, skipped, refused) over the description's ABI names (plus registry names
+    when the description is missing)."""
+    t = table()
     try:
-        for f in _desc().functions:
-            if is_query(f["name"]):
-                out.add(f["name"])
+        names = [f["name"] for f in _desc().functions]
     except Exception:
-        pass
+        names = list(t)
+    executed: Set[str] = set()
+    skipped: Set[str] = set()
+    refused: Dict[str, str] = {}
+    for n in names:
+        h = lookup(n)
+        if h is not None:
+            if h.refused:
+                refused[n] = h.refused
+            else:
+                executed.add(n)
+        elif is_query(n):
+            skipped.add(n)
+    return frozenset(executed), frozenset(skipped), refused
+
+
+REPLAY_EXECUTED, REPLAY_SKIPPED, REPLAY_REFUSED = _classes()
+REPLAY_HANDLED: Set[str] = set(REPLAY_EXECUTED | REPLAY_SKIPPED)
+
+
+def coverage(statuses=("replay",)) -> Dict[str, Dict[str, int]]:
+    """family -> {"handled", "skipped", "refused", "unhandled"} counts over the description's
+    functions whose status is in `statuses` (None: all)."""
+    out: Dict[str, Dict[str, int]] = {}
+    for f in _desc().functions:
+        if statuses is not None and f.get("status") not in statuses:
+            continue
+        n = f["name"]
+        c = out.setdefault(f.get("family") or "other", {"handled": 0, "skipped": 0, "refused": 0, "unhandled": 0})
+        if n in REPLAY_EXECUTED:
+            c["handled"] += 1
+        elif n in REPLAY_SKIPPED:
+            c["skipped"] += 1
+        elif n in REPLAY_REFUSED:
+            c["refused"] += 1
+        else:
+            c["unhandled"] += 1
     return out
-
-
-REPLAY_HANDLED: Set[str] = _handled()

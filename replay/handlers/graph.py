@@ -663,3 +663,9 @@ def graph_exec_destroy(rp, rec):
     h = rec["a"].get("hGraphExec")
     rp.drv(rec, "cuGraphExecDestroy", rp.live(rec, h, "graph exec"))
     rp.handles.pop(h, None)
+
+
+@handles("cuDeviceGraphMemTrim", "cuDeviceSetGraphMemAttribute")
+def graph_mem_hints(rp, rec):
+    # graph memory pool trimming / high-watermark resets: no effect on results
+    pass
