@@ -104,6 +104,16 @@ def replay(
     progress: bool = typer.Option(False, "--progress", help="Show a progress bar."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No summary; the first problem only."),
+    profile: Optional[str] = typer.Option(None, "--profile", help="Per-kernel profiling: timeline, isolated or graph. With it, --kernels/--calls/--launch choose the launches profiled and every call still runs."),
+    repeat: int = typer.Option(10, "--repeat", help="isolated/graph: timed runs per launch (per graph)."),
+    warmup: int = typer.Option(2, "--warmup", help="isolated/graph: untimed runs before the timed ones."),
+    flush_l2: bool = typer.Option(False, "--flush-l2", help="isolated: flush the L2 cache before every run."),
+    launch: Optional[int] = typer.Option(None, "--launch", help="Profile only the launch with this call sequence number (as dump shows)."),
+    out_file: Optional[Path] = typer.Option(None, "--out", help="Write per-launch and per-kernel rows to FILE.json or FILE.csv."),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="Write a Chrome trace / Perfetto JSON of the timeline (with --profile timeline)."),
+    hook: List[str] = typer.Option([], "--hook", help="A hook MODULE:OBJECT[?key=value&...] (repeatable); see replay/hooks.py."),
+    nvtx: Optional[bool] = typer.Option(None, "--nvtx/--no-nvtx", help="Emit NVTX ranges named after recorded calls and kernels (default: when nsys/ncu is attached)."),
+    check_repeats: bool = typer.Option(False, "--check-repeats", help="isolated: check that every repeat writes the same memory."),
 ):
     """Re-execute a snapshot on a GPU, placing memory at recorded addresses, and verify every D2H result.
     Exit 0: all verified; 1: a verification mismatch; 2: replay could not proceed."""
@@ -111,9 +121,20 @@ def replay(
 
     if watchdog is not None and watchdog <= 0:
         _fail("--watchdog must be > 0 seconds")
-    opts = ReplayOptions(device=device, calls=calls, kernels=kernels, rtol=rtol, atol=atol, dtype=dtype,
+    profiling = bool(profile or hook or out_file or trace or nvtx or launch is not None)
+    if profiling and not profile and (out_file or trace or launch is not None):
+        profile = "timeline"
+    opts = ReplayOptions(device=device, calls=None if profile else calls, kernels=None if profile else kernels,
+                         rtol=rtol, atol=atol, dtype=dtype,
                          continue_on_error=continue_on_error, watchdog=watchdog, sync_after_launch=sync_after_launch,
                          threads=threads, progress=progress, relocate_payloads=relocate_payloads, quiet=quiet)
+    if profiling:
+        from cudasnap.replay.profile import ProfileConfig, run_profile_cli
+        cfg = ProfileConfig(mode=profile, repeat=repeat, warmup=warmup, flush_l2=flush_l2,
+                            kernels=kernels if profile else None, calls=calls if profile else None, launch=launch,
+                            out=str(out_file) if out_file else None, trace=str(trace) if trace else None,
+                            hooks=list(hook), nvtx=nvtx, check_repeats=check_repeats)
+        raise typer.Exit(run_profile_cli(snapshot, opts, cfg, json_out))
     raise typer.Exit(run_replay_cli(snapshot, opts, json_out))
 
 

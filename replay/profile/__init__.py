@@ -1,0 +1,219 @@
+"""Per-kernel profiling on replay (`cudasnap replay SNAPSHOT --profile MODE`).
+
+Profilers are replay subscribers (replay/events.py); they never patch the engine.
+
+- timeline  replay as recorded (asynchronous); kernel and copy times from CUPTI activity
+            records (cupti-python) or, without CUPTI, CUDA events around each launch.
+- isolated  each selected launch runs warmup + repeat more times, its memory restored to the
+            pre-launch contents before every run (like Nsight Compute's kernel replay).
+- graph     the selected launches are stream-captured into one CUDA graph and replayed.
+
+Selection (which launches are profiled; every call still runs): --kernels REGEX,
+--calls SET (call-set syntax of `dump`), --launch N (the launch with call sequence number N).
+
+Python API:
+
+    from cudasnap.replay.profile import ProfileConfig, profile_replay
+    run = profile_replay("x.cusnap", ProfileConfig(mode="isolated", repeat=20), hooks=[MyHook()])
+    run.report["kernels"]     # per-kernel rows; run.report["launches"]: per-launch rows
+    run.result.exit_code      # the replay's own verdict (verification still runs)
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional
+
+from ..options import ReplayOptions, ReplayResult
+
+MODES = ("timeline", "isolated", "graph")
+
+
+@dataclass
+class ProfileConfig:
+    mode: Optional[str] = None          # timeline | isolated | graph | None (hooks/NVTX only)
+    repeat: int = 10
+    warmup: int = 2
+    flush_l2: bool = False
+    kernels: Optional[str] = None
+    calls: Optional[str] = None
+    launch: Optional[int] = None
+    out: Optional[str] = None           # .json or .csv
+    trace: Optional[str] = None         # Chrome trace JSON (timeline mode)
+    hooks: List[str] = field(default_factory=list)
+    nvtx: Optional[bool] = None         # None: on when an NVTX tool is attached (nsys, ncu)
+    backend: str = "auto"               # auto | cupti | events (timing source of timeline/graph)
+    check_repeats: bool = False         # isolated: hash written memory after every run
+    top: int = 20
+    save_limit: int = 256 << 20         # isolated/graph: save every live allocation when all fit
+
+
+class Selection:
+    """Which launches are profiled."""
+
+    def __init__(self, cfg: ProfileConfig, func_names: Dict[int, str]):
+        self.rx = re.compile(cfg.kernels) if cfg.kernels else None
+        self.sel = None
+        if cfg.calls:
+            from cudasnap.formats import parse_callset
+            self.sel = parse_callset(cfg.calls)
+        self.launch = cfg.launch
+        self.func_names = func_names
+
+    @property
+    def everything(self) -> bool:
+        return self.rx is None and self.sel is None and self.launch is None
+
+    def rec(self, rec, name: str) -> bool:
+        if self.launch is not None and rec.get("s") != self.launch:
+            return False
+        if self.sel is not None and not self.sel(rec, self.func_names):
+            return False
+        if self.rx is not None and not self.rx.search(name or ""):
+            return False
+        return True
+
+    def __call__(self, ev) -> bool:
+        return self.rec({"k": "c", "s": ev.seq, "f": ev.call, "a": {"f": ev.rec_function}}, ev.name)
+
+
+def is_launch_call(f: str) -> bool:
+    return f.startswith("cuLaunch") and not f.startswith("cuLaunchHostFunc")
+
+
+def check_config(cfg: ProfileConfig) -> Optional[str]:
+    """An error message for a bad configuration, or None."""
+    if cfg.mode is not None and cfg.mode not in MODES:
+        return f"--profile must be one of {', '.join(MODES)}"
+    if cfg.repeat < 1:
+        return "--repeat must be >= 1"
+    if cfg.warmup < 0:
+        return "--warmup must be >= 0"
+    if cfg.backend not in ("auto", "cupti", "events"):
+        return "backend must be auto, cupti or events"
+    if cfg.out and not cfg.out.lower().endswith((".json", ".csv")):
+        return "--out must name a .json or .csv file"
+    if cfg.trace and cfg.mode != "timeline":
+        return "--trace needs --profile timeline"
+    if cfg.kernels:
+        try:
+            re.compile(cfg.kernels)
+        except re.error as e:
+            return f"--kernels: bad regex: {e}"
+    if cfg.calls:
+        from cudasnap.formats import parse_callset
+        try:
+            parse_callset(cfg.calls)
+        except ValueError as e:
+            return f"--calls: {e}"
+    return None
+
+
+def make_profiler(cfg: ProfileConfig, warn: Callable[[str], None]):
+    if cfg.mode == "timeline":
+        from .timeline import TimelineProfiler
+        return TimelineProfiler(cfg, warn)
+    if cfg.mode == "isolated":
+        from .isolated import IsolatedProfiler
+        return IsolatedProfiler(cfg, warn)
+    if cfg.mode == "graph":
+        from .graphmode import GraphProfiler
+        return GraphProfiler(cfg, warn)
+    return None
+
+
+@dataclass
+class ProfileRun:
+    result: ReplayResult
+    report: Optional[Dict[str, Any]]
+    replayer: Any
+    warnings: List[str]
+    hooks: List[Any]
+
+
+def profile_replay(snapshot, cfg: ProfileConfig, options: Optional[ReplayOptions] = None, driver=None,
+                   hooks: Optional[List[Any]] = None, out=None) -> ProfileRun:
+    """Replay `snapshot` with the profiler of cfg.mode, hooks (objects, or 'module:object'
+    specs) and NVTX ranges.  Writes cfg.out and cfg.trace when set."""
+    from ..engine import Replayer
+    from ..hooks import HookAdapter, load_hook
+    err = check_config(cfg)
+    if err:
+        raise ValueError(err)
+    opts = options or ReplayOptions()
+    rp = Replayer(snapshot, opts, driver=driver, out=out)
+    warnings: List[str] = []
+
+    def warn(msg: str) -> None:
+        warnings.append(msg)
+        rp.note(msg)
+
+    nv = cfg.nvtx
+    if nv is None:
+        nv = bool(os.environ.get("NVTX_INJECTION64_PATH") or os.environ.get("NSYS_PROFILING_SESSION_ID"))
+    if nv:
+        from .nvtx import NvtxEmitter
+        rp.subscribers.append(NvtxEmitter(warn))
+    hook_objs = [load_hook(h) if isinstance(h, str) else h for h in list(cfg.hooks) + list(hooks or [])]
+    for h in hook_objs:
+        rp.subscribers.append(HookAdapter(h, warn))
+    prof = make_profiler(cfg, warn)
+    if prof is not None:
+        rp.subscribers.append(prof)
+    res = rp.run()
+    report = None
+    if prof is not None:
+        from .report import build_report, write_out
+        report = build_report(prof, cfg)
+        report["snapshot"] = os.fspath(snapshot)
+        report["warnings"] = list(dict.fromkeys(warnings))
+        if cfg.out:
+            write_out(report, cfg.out)
+        if cfg.trace:
+            from .trace import write_trace
+            write_trace(prof, cfg.trace, os.fspath(snapshot))
+    return ProfileRun(res, report, rp, warnings, hook_objs)
+
+
+def run_profile_cli(snapshot, opts: ReplayOptions, cfg: ProfileConfig, as_json: bool = False, out=None) -> int:
+    """`cudasnap replay --profile/--hook/...`: replay, print the replay summary and the profile table."""
+    import json
+    from ..summary import render
+    out = out or sys.stdout
+    err = check_config(cfg)
+    if err:
+        sys.stderr.write(f"cudasnap: error: {err}\n")
+        return 2
+    if not os.path.exists(snapshot):
+        sys.stderr.write(f"cudasnap: error: {snapshot}: no such file\n")
+        return 2
+    try:
+        run = profile_replay(snapshot, cfg, opts, out=out)
+    except KeyboardInterrupt:
+        sys.stderr.write("cudasnap: replay interrupted\n")
+        return 2
+    except Exception as e:  # a hook that cannot be loaded
+        sys.stderr.write(f"cudasnap: error: {e}\n")
+        return 2
+    res = run.result
+    if as_json:
+        d = res.to_dict()
+        d["snapshot"] = os.fspath(snapshot)
+        d["mismatch_text"] = run.replayer.mismatch_text
+        d["profile"] = run.report
+        out.write(json.dumps(d, indent=2, default=str) + "\n")
+        return res.exit_code
+    if not opts.quiet:
+        render(res, run.replayer.mismatch_text, os.fspath(snapshot), out, False)
+    elif res.exit_code:
+        for e in (res.errors or run.replayer.mismatch_text)[:1]:
+            sys.stderr.write(f"cudasnap: {e}\n")
+    if run.report is not None:
+        from .report import render_table
+        render_table(run.report, out, cfg.top)
+        for p, what in ((cfg.out, "profile"), (cfg.trace, "trace")):
+            if p:
+                out.write(f"{what} written to {p}\n")
+    return res.exit_code

@@ -1,0 +1,122 @@
+"""Profile results: per-launch and per-kernel rows, the terminal table, JSON and CSV files.
+
+JSON: {"summary": {...}, "kernels": [...], "launches": [...], "warnings": [...]}.
+CSV: one row per launch (row_type=launch) then one per kernel name (row_type=kernel)."""
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from typing import Any, Dict, List
+
+KERNEL_COLS = ["name", "launches", "total_us", "median_us", "min_us", "max_us", "mean_us", "share_pct",
+               "spread_pct", "max_spread_pct"]
+LAUNCH_COLS = ["seq", "index", "name", "stream", "grid", "block", "shmem", "time_us", "start_ns", "end_ns",
+               "median_us", "min_us", "max_us", "mean_us", "spread_pct", "iqr_pct", "saved_bytes",
+               "repeats_identical", "node", "error"]
+
+
+def _launch_time(r: Dict[str, Any]):
+    """One number per launch: its timeline duration, or the median of its repeats."""
+    if "median_us" in r:
+        return r["median_us"]
+    return r.get("time_us")
+
+
+def aggregate(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    by: Dict[str, List[Dict[str, Any]]] = {}
+    for r in rows:
+        by.setdefault(r.get("name") or "?", []).append(r)
+    out = []
+    for name, rs in by.items():
+        ts = [t for t in (_launch_time(r) for r in rs) if t is not None]
+        k: Dict[str, Any] = {"name": name, "launches": len(rs), "timed": len(ts)}
+        if ts:
+            k.update(total_us=sum(ts), median_us=statistics.median(ts), min_us=min(ts), max_us=max(ts),
+                     mean_us=statistics.fmean(ts))
+        sp = [r["spread_pct"] for r in rs if "spread_pct" in r]
+        if sp:
+            k["spread_pct"] = statistics.median(sp)
+            k["max_spread_pct"] = max(sp)
+        out.append(k)
+    total = sum(k.get("total_us", 0.0) for k in out)
+    for k in out:
+        k["share_pct"] = (k.get("total_us", 0.0) / total * 100) if total > 0 else 0.0
+    out.sort(key=lambda k: -k.get("total_us", 0.0))
+    return out
+
+
+def build_report(prof, cfg) -> Dict[str, Any]:
+    rows = prof.launch_rows()
+    kernels = aggregate(rows)
+    summary = prof.summary()
+    summary.setdefault("kernel_time_us", sum(k.get("total_us", 0.0) for k in kernels))
+    return {"summary": summary, "kernels": kernels, "launches": rows}
+
+
+def write_out(report: Dict[str, Any], path: str) -> None:
+    if path.lower().endswith(".csv"):
+        cols = ["row_type"] + LAUNCH_COLS + [c for c in KERNEL_COLS if c not in LAUNCH_COLS] + ["launches"]
+        cols = list(dict.fromkeys(cols))
+        with open(path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
+            w.writeheader()
+            for r in report["launches"]:
+                w.writerow({"row_type": "launch", **{k: (json.dumps(v) if isinstance(v, list) else v)
+                                                     for k, v in r.items()}})
+            for k in report["kernels"]:
+                w.writerow({"row_type": "kernel", **k})
+        return
+    with open(path, "w") as f:
+        json.dump(report, f, indent=1, default=str)
+        f.write("\n")
+
+
+def _us(v) -> str:
+    if v is None:
+        return "-"
+    if v >= 1e6:
+        return f"{v / 1e6:.2f} s"
+    if v >= 1e3:
+        return f"{v / 1e3:.2f} ms"
+    return f"{v:.1f} us"
+
+
+def render_table(report: Dict[str, Any], out, top: int = 20) -> None:
+    s = report["summary"]
+    ks = report["kernels"]
+    isolated = s.get("mode") == "isolated" or any("spread_pct" in k for k in ks)
+    head = f"profile ({s.get('mode')}, {s.get('backend')})"
+    if s.get("mode") == "graph" and "total_us" in s:
+        head += f": graph of {s.get('nodes')} launches, {_us(s['total_us'])} per replay (median of {s.get('repeat')})"
+    elif s.get("mode") == "timeline" and "span_us" in s:
+        head += f": {s.get('launches_timed')} launches timed, span {_us(s['span_us'])}, kernels {_us(s['kernel_time_us'])}"
+    elif s.get("mode") == "isolated":
+        head += f": {s.get('launches_profiled', 0)} launches x {s.get('repeat')} repeats (+{s.get('warmup')} warmup)"
+    try:
+        from rich.console import Console
+        from rich.table import Table
+        con = Console(file=out, highlight=False, soft_wrap=True)
+        t = Table(title=head, show_header=True)
+        for c, j in (("kernel", "left"), ("launches", "right"), ("total", "right"), ("median", "right"),
+                     ("min", "right"), ("max", "right")):
+            t.add_column(c, justify=j, overflow="fold")
+        if isolated:
+            t.add_column("spread", justify="right")
+        t.add_column("share", justify="right")
+        for k in ks[:top]:
+            name = k["name"] if len(k["name"]) <= 80 else k["name"][:77] + "..."
+            row = [name, str(k["launches"]), _us(k.get("total_us")), _us(k.get("median_us")), _us(k.get("min_us")),
+                   _us(k.get("max_us"))]
+            if isolated:
+                row.append(f"{k['spread_pct']:.1f}%" if "spread_pct" in k else "-")
+            row.append(f"{k.get('share_pct', 0):.1f}%")
+            t.add_row(*row)
+        con.print(t)
+        if len(ks) > top:
+            con.print(f"({len(ks) - top} more kernels; --out FILE for all)")
+    except Exception:
+        out.write(head + "\n")
+        for k in ks[:top]:
+            out.write(f"  {k['name'][:60]:60} {k['launches']:6} {_us(k.get('total_us')):>10} "
+                      f"{_us(k.get('median_us')):>10} {k.get('share_pct', 0):5.1f}%\n")

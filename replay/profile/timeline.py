@@ -1,0 +1,312 @@
+"""`--profile timeline`: the replay's own timeline, asynchronous as recorded.
+
+Kernel and copy start/end come from CUPTI activity records (cupti-python).  Each launch and
+copy is tagged with an external correlation id (its call sequence number), so records map to
+calls exactly.  Without CUPTI, CUDA events are recorded around each launch and copy (with a
+warning: an event pair per operation adds work on the stream and can serialize)."""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+EVENT_WARNING = ("CUPTI (cupti-python) is not available: timing with CUDA events around each launch, "
+                 "which adds serialization; install cupti-python for CUPTI activity timestamps")
+
+
+# ----------------------------------------------------------------------------- CUPTI
+class CuptiCollector:
+    """CUPTI activity records: kernels, memcpys, memsets, external correlations.  One per
+    process at a time (CUPTI's activity callbacks are process-wide)."""
+
+    _active: Optional["CuptiCollector"] = None
+    _registered = False
+
+    def __init__(self):
+        from cupti import cupti  # raises ImportError (or a load error) without cupti-python/libcupti
+        self.c = cupti
+        self.kernels: List[Tuple[int, int, int, str, int]] = []      # corr, start, end, name, stream_id
+        self.copies: List[Tuple[int, int, int, int, str, int]] = []  # corr, start, end, bytes, kind, stream_id
+        self.ext: Dict[int, int] = {}                               # corr -> external id
+        A = cupti.ActivityKind
+        self._kinds = [A.CONCURRENT_KERNEL, A.MEMCPY, A.MEMSET, A.EXTERNAL_CORRELATION]
+        CuptiCollector._active = self
+        if not CuptiCollector._registered:
+            cupti.activity_register_callbacks(CuptiCollector._requested, CuptiCollector._completed)
+            CuptiCollector._registered = True
+        for k in self._kinds:
+            cupti.activity_enable(k)
+        self.ext_kind = cupti.ExternalCorrelationKind.CUSTOM0
+
+    @staticmethod
+    def _requested():
+        return 8 << 20, 0
+
+    @staticmethod
+    def _completed(activities):
+        self = CuptiCollector._active
+        if self is None:
+            return
+        A = self.c.ActivityKind
+        for a in activities:
+            k = a.kind
+            try:
+                if k in (A.CONCURRENT_KERNEL, A.KERNEL):
+                    self.kernels.append((int(a.correlation_id), int(a.start), int(a.end), str(a.name), int(a.stream_id)))
+                elif k == A.MEMCPY:
+                    self.copies.append((int(a.correlation_id), int(a.start), int(a.end), int(a.bytes), "memcpy",
+                                        int(a.stream_id)))
+                elif k == A.MEMSET:
+                    self.copies.append((int(a.correlation_id), int(a.start), int(a.end), int(a.bytes), "memset",
+                                        int(a.stream_id)))
+                elif k == A.EXTERNAL_CORRELATION:
+                    self.ext[int(a.correlation_id)] = int(a.external_id)
+            except Exception:
+                continue
+
+    def push(self, ext_id: int) -> None:
+        self.c.activity_push_external_correlation_id(self.ext_kind, int(ext_id))
+
+    def pop(self) -> None:
+        self.c.activity_pop_external_correlation_id(self.ext_kind)
+
+    def flush(self) -> None:
+        self.c.activity_flush_all(1)
+
+    def close(self) -> None:
+        try:
+            self.flush()
+        finally:
+            for k in self._kinds:
+                try:
+                    self.c.activity_disable(k)
+                except Exception:
+                    pass
+            CuptiCollector._active = None
+
+    def reset(self) -> None:
+        self.flush()
+        self.kernels, self.copies, self.ext = [], [], {}
+
+
+def open_cupti(backend: str, warn: Callable[[str], None]) -> Optional[CuptiCollector]:
+    if backend == "events":
+        return None
+    try:
+        return CuptiCollector()
+    except Exception as e:
+        if backend == "cupti":
+            warn(f"CUPTI requested but unavailable ({type(e).__name__}: {e})")
+        return None
+
+
+# ----------------------------------------------------------------------------- CUDA events
+class EventClock:
+    """Times operations with CUDA event pairs; positions relative to a reference event per
+    context.  Resolve at synchronizations (cheap: only completed pairs) and before teardown."""
+
+    def __init__(self, rp):
+        self.rp = rp
+        self.ref = None
+        self.base_ms = 0.0           # offset of the current reference (contexts come and go)
+        self.last_ms = 0.0
+        self.pending: List[Tuple[Any, Any, Dict[str, Any]]] = []
+
+    def _ev(self):
+        return self.rp.raw("cuEventCreate", 0)
+
+    def begin(self, stream) -> Any:
+        rp = self.rp
+        if self.ref is None:
+            self.ref = self._ev()
+            rp.raw("cuEventRecord", self.ref, rp.cu.CUstream(0))
+            rp.raw("cuEventSynchronize", self.ref)
+            self.base_ms = self.last_ms
+        e = self._ev()
+        rp.raw("cuEventRecord", e, stream)
+        return e
+
+    def end(self, e0, stream, slice_: Dict[str, Any]) -> None:
+        e1 = self._ev()
+        self.rp.raw("cuEventRecord", e1, stream)
+        self.pending.append((e0, e1, slice_))
+
+    def resolve(self, wait: bool = False) -> None:
+        rp = self.rp
+        keep = []
+        for e0, e1, sl in self.pending:
+            if wait:
+                try:
+                    rp.raw("cuEventSynchronize", e1)
+                except Exception:
+                    pass
+            elif int(rp.cu.cuEventQuery(e1)[0]) != 0:
+                keep.append((e0, e1, sl))
+                continue
+            try:
+                t0 = float(rp.raw("cuEventElapsedTime", self.ref, e0))
+                t1 = float(rp.raw("cuEventElapsedTime", self.ref, e1))
+                sl["start_ns"] = int((self.base_ms + t0) * 1e6)
+                sl["end_ns"] = int((self.base_ms + t1) * 1e6)
+                self.last_ms = max(self.last_ms, self.base_ms + t1)
+            except Exception:
+                sl["lost"] = True
+            for e in (e0, e1):
+                try:
+                    rp.cu.cuEventDestroy(e)
+                except Exception:
+                    pass
+        self.pending = keep
+
+    def drop_ref(self) -> None:
+        self.resolve(wait=True)
+        if self.ref is not None:
+            try:
+                self.rp.cu.cuEventDestroy(self.ref)
+            except Exception:
+                pass
+        self.ref = None
+
+
+# ----------------------------------------------------------------------------- profiler
+class TimelineProfiler:
+    mode = "timeline"
+    label = "timeline profiler"
+
+    def __init__(self, cfg, warn: Callable[[str], None]):
+        self.cfg = cfg
+        self.warn = warn
+        self.rp = None
+        self.sel = None
+        self.cupti: Optional[CuptiCollector] = None
+        self.clock: Optional[EventClock] = None
+        self.backend = "none"
+        self.slices: List[Dict[str, Any]] = []        # kernels and copies, in issue order
+        self.by_ext: Dict[int, Dict[str, Any]] = {}
+        self._next_ext = 1
+        self.streams: Dict[int, str] = {}
+
+    # events
+    def on_event(self, kind: str, ev) -> None:
+        m = getattr(self, "_" + kind, None)
+        if m is not None:
+            m(ev)
+
+    def _start(self, ev) -> None:
+        from . import Selection
+        self.rp = ev.replayer
+        self.sel = Selection(self.cfg, self.rp.func_names)
+        self.cupti = open_cupti(self.cfg.backend, self.warn)
+        if self.cupti is not None:
+            self.backend = "cupti"
+        else:
+            self.backend = "events"
+            self.clock = EventClock(self.rp)
+            self.warn(EVENT_WARNING)
+
+    def _open(self, sl: Dict[str, Any], stream) -> None:
+        self.slices.append(sl)
+        if self.cupti is not None:
+            ext = self._next_ext
+            self._next_ext += 1
+            sl["ext"] = ext
+            self.by_ext[ext] = sl
+            self.cupti.push(ext)
+        else:
+            sl["_e0"] = self.clock.begin(stream)
+
+    def _close(self, sl: Dict[str, Any], stream) -> None:
+        if self.cupti is not None:
+            self.cupti.pop()
+        else:
+            e0 = sl.pop("_e0", None)
+            if e0 is not None:
+                self.clock.end(e0, stream, sl)
+
+    def _before_launch(self, ev) -> None:
+        if not self.sel(ev):
+            return
+        sl = {"kind": "kernel", "seq": ev.seq, "index": ev.index, "name": ev.name, "stream": ev.rec_stream,
+              "grid": list(ev.grid), "block": list(ev.block), "shmem": ev.shmem}
+        ev.data["timeline"] = sl
+        self._open(sl, ev.stream)
+
+    def _after_launch(self, ev) -> None:
+        sl = ev.data.get("timeline")
+        if sl is not None:
+            self._close(sl, ev.stream)
+
+    def _before_copy(self, ev) -> None:
+        if ev.stream is None:
+            return
+        sl = {"kind": "copy", "seq": ev.seq, "name": f"{ev.direction} {ev.nbytes} B" if ev.nbytes else ev.call,
+              "call": ev.call, "bytes": ev.nbytes, "stream": ev.rec_stream}
+        ev.data["timeline"] = sl
+        self._open(sl, ev.stream)
+
+    def _copy(self, ev) -> None:
+        sl = ev.data.get("timeline")
+        if sl is not None:
+            self._close(sl, ev.stream)
+
+    def _sync(self, ev) -> None:
+        if self.clock is not None and self.clock.pending:
+            self.clock.resolve()
+
+    def _teardown(self, ev) -> None:
+        if self.clock is not None:
+            try:
+                self.rp.raw("cuCtxSynchronize")
+            except Exception:
+                pass
+            self.clock.drop_ref()
+
+    def _end(self, ev) -> None:
+        if self.clock is not None:
+            try:
+                self.clock.resolve(wait=True)
+            except Exception:
+                pass
+        if self.cupti is not None:
+            try:
+                self.cupti.close()
+            finally:
+                self._match_cupti()
+
+    def _match_cupti(self) -> None:
+        c = self.cupti
+        unmatched = []
+        for corr, t0, t1, name, sid in c.kernels:
+            sl = self.by_ext.get(c.ext.get(corr, -1))
+            if sl is None or sl["kind"] != "kernel" or "start_ns" in sl:
+                unmatched.append((corr, t0, t1, name, sid))
+                continue
+            sl["start_ns"], sl["end_ns"], sl["cupti_name"], sl["stream_id"] = t0, t1, name, sid
+        if unmatched:  # no external correlation records: match by issue order
+            todo = [s for s in self.slices if s["kind"] == "kernel" and "start_ns" not in s]
+            for sl, (corr, t0, t1, name, sid) in zip(todo, sorted(unmatched)):
+                sl["start_ns"], sl["end_ns"], sl["cupti_name"], sl["stream_id"] = t0, t1, name, sid
+        for corr, t0, t1, nb, kind, sid in c.copies:
+            sl = self.by_ext.get(c.ext.get(corr, -1))
+            if sl is not None and sl["kind"] == "copy" and "start_ns" not in sl:
+                sl["start_ns"], sl["end_ns"], sl["stream_id"] = t0, t1, sid
+
+    # results
+    def launch_rows(self) -> List[Dict[str, Any]]:
+        rows = []
+        for sl in self.slices:
+            if sl["kind"] != "kernel":
+                continue
+            r = {k: v for k, v in sl.items() if not k.startswith("_") and k not in ("ext", "kind")}
+            if "start_ns" in sl and "end_ns" in sl:
+                r["time_us"] = (sl["end_ns"] - sl["start_ns"]) / 1e3
+            rows.append(r)
+        return rows
+
+    def summary(self) -> Dict[str, Any]:
+        ks = [s for s in self.slices if s["kind"] == "kernel" and "start_ns" in s]
+        d: Dict[str, Any] = {"mode": "timeline", "backend": self.backend, "launches_timed": len(ks),
+                             "launches_selected": sum(1 for s in self.slices if s["kind"] == "kernel")}
+        if ks:
+            d["span_us"] = (max(s["end_ns"] for s in ks) - min(s["start_ns"] for s in ks)) / 1e3
+            d["kernel_time_us"] = sum(s["end_ns"] - s["start_ns"] for s in ks) / 1e3
+            d["total_us"] = d["span_us"]
+        return d
