@@ -401,7 +401,8 @@ def kernel_params(rp, rec, raw: bytearray, off: int = 0) -> bytearray:
     args = _KernelArgs(params)
     keep_forever(rp, args)
     ctx = _u64(raw, off + 64)
-    struct.pack_into("<QQQQQ", raw, off + 40, 0, ctypes.addressof(args.extra), 0, 0,
+    # kernelParams @40 -> NULL, extra @48 -> packed buffer, kern @56 -> NULL (func is set), ctx @64
+    struct.pack_into("<QQQQ", raw, off + 40, 0, ctypes.addressof(args.extra), 0,
                      _ival(context(rp, rec, ctx)) if ctx else 0)
     struct.pack_into("<Q", raw, off, _ival(fn))
     return raw
