@@ -1,0 +1,382 @@
+"""Profiling on replay and replay hooks, on the CUDA test double (kernels run as host functions,
+synchronously; CUDA events carry host clock times)."""
+from __future__ import annotations
+
+import csv
+import json
+import struct
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from cudasnap.formats import SnapshotReader
+from cudasnap.replay.synth import DOUBLE_MODULE, Synth
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples" / "hooks"
+
+
+def _replay(double, snap, *args, timeout=120):
+    env = dict(double["env"])
+    env.pop("CUDASNAP_REPLAY_TEST_BLOCK", None)
+    return subprocess.run([sys.executable, "-m", "cudasnap", "replay", str(snap), *args], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _launches(snap):
+    return [c for c in SnapshotReader(snap).records() if c["k"] == "c" and c["f"].startswith("cuLaunch")]
+
+
+RECORDER_HOOK = textwrap.dedent('''
+    import json
+    class Recorder:
+        def __init__(self, out, fail=""):
+            self.f = open(out, "w")
+            self.fail = fail.split(",") if fail else []
+        def _w(self, kind, **kw):
+            self.f.write(json.dumps({"kind": kind, **kw}) + "\\n"); self.f.flush()
+        def before_launch(self, ev):
+            self._w("before_launch", seq=ev.seq, index=ev.index, name=ev.name, grid=ev.grid, block=ev.block,
+                    shmem=ev.shmem, stream=ev.rec_stream, params=ev.params.hex(), layout=ev.layout,
+                    values=[v.hex() for v in ev.param_values()], ptrs=ev.pointer_params(), module=ev.module)
+            if "before_launch" in self.fail:
+                raise RuntimeError("boom before")
+        def after_launch(self, ev):
+            first = ev.pointer_params()[0][1] if ev.pointer_params() else None
+            head = ev.ctx.read_device(first, 16).hex() if first else None
+            self._w("after_launch", seq=ev.seq, head=head)
+            if "after_launch" in self.fail:
+                raise ValueError("boom after")
+        def copy(self, ev):
+            self._w("copy", seq=ev.seq, direction=ev.direction, nbytes=ev.nbytes)
+        def sync(self, ev):
+            self._w("sync", seq=ev.seq, call=ev.call)
+        def end(self, ev):
+            self._w("end", exit=ev.result.exit_code)
+''')
+
+
+@pytest.fixture
+def recorder(tmp_path):
+    p = tmp_path / "rechook.py"
+    p.write_text(RECORDER_HOOK)
+    return p
+
+
+def _events(path):
+    return [json.loads(l) for l in Path(path).read_text().splitlines()]
+
+
+def incr_program(path, n=16, launches=3, stream=0):
+    """A synthetic session: D = zeros(n) int32; incr(D, n) `launches` times; D2H expects `launches`."""
+    s = Synth(path)
+    ctx, mod, f_incr = 0x55550000, 0x55560000, 0x55570005
+    D = 0x200000000000
+    s.call("cuInit", {"Flags": 0})
+    s.call("cuDeviceGet", {"device": 0, "ordinal": 0})
+    s.call("cuDevicePrimaryCtxRetain", {"pctx": ctx, "dev": 0})
+    s.call("cuCtxSetCurrent", {"ctx": ctx})
+    s.call("cuModuleLoadData", {"module": mod, "image": 0x7F0000001000}, x={"image": s.blob(DOUBLE_MODULE + b"\0")})
+    s.call("cuModuleGetFunction", {"hfunc": f_incr, "hmod": mod, "name": "incr"})
+    s.fn(f_incr, "incr", mod, [[0, 8], [8, 4]])
+    s.call("cuMemAlloc_v2", {"dptr": D, "bytesize": n * 4})
+    s.call("cuMemcpyHtoD_v2", {"dstDevice": D, "srcHost": 0x7F0000100000, "ByteCount": n * 4},
+           x={"srcHost": s.blob(bytes(n * 4))})
+    seqs = [s.launch(f_incr, struct.pack("<Qi", D, n), block=n, stream=stream)["s"] for _ in range(launches)]
+    s.call("cuCtxSynchronize", {})
+    s.call("cuMemcpyDtoH_v2", {"dstHost": 0x7F0000200000, "srcDevice": D, "ByteCount": n * 4},
+           x={"dstHost": s.blob(struct.pack(f"<{n}i", *([launches] * n)))})
+    s.call("cuMemFree_v2", {"dptr": D})
+    s.call("cuDevicePrimaryCtxRelease_v2", {"dev": 0})
+    s.w.write({"k": "end", "exit": 0, "signal": None, "partial": False})
+    s.close()
+    return {"D": D, "n": n, "seqs": seqs}
+
+
+# --------------------------------------------------------------------------- hooks
+def test_hooks_see_every_launch_with_decoded_params(double, capture, recorder, tmp_path):
+    cp, snap = capture(double["progs"]["direct"], "7")
+    assert cp.returncode == 0, cp.stderr
+    out = tmp_path / "events.jsonl"
+    rp = _replay(double, snap, "--hook", f"{recorder}:Recorder?out={out}")
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    evs = _events(out)
+    rec = _launches(snap)
+    before = [e for e in evs if e["kind"] == "before_launch"]
+    after = [e for e in evs if e["kind"] == "after_launch"]
+    assert [e["seq"] for e in before] == [c["s"] for c in rec] == [e["seq"] for e in after]
+    assert len(before) == 7
+    alloc = [c for c in SnapshotReader(snap).records() if c["k"] == "c" and c["f"].startswith("cuMemAlloc")][0]
+    d = alloc["a"]["dptr"]
+    for i, (e, c) in enumerate(zip(before, rec)):
+        assert e["name"] == "add_one" and e["index"] == i
+        assert e["grid"] == [4, 1, 1] and e["block"] == [256, 1, 1] and e["shmem"] == 0
+        assert e["layout"] == [[0, 8], [8, 4]]
+        assert bytes.fromhex(e["params"]) == bytes(c["x"]["params"])
+        assert int.from_bytes(bytes.fromhex(e["values"][0]), "little") == d
+        assert int.from_bytes(bytes.fromhex(e["values"][1]), "little") == 1024
+        assert e["ptrs"] == [[0, d]]
+        assert e["module"] is not None
+    # the hook reads device memory after each launch: element 1 was 1.0, +1 per launch
+    for k, e in enumerate(after):
+        assert struct.unpack("<4f", bytes.fromhex(e["head"]))[1] == 1.0 + k + 1
+    kinds = [e["kind"] for e in evs]
+    assert [e["direction"] for e in evs if e["kind"] == "copy"] == ["HtoD", "DtoH"]
+    assert "sync" in kinds and kinds[-1] == "end" and kinds.count("end") == 1
+
+
+def test_hook_exceptions_fail_open(double, capture, recorder, tmp_path):
+    cp, snap = capture(double["progs"]["direct"], "5")
+    assert cp.returncode == 0
+    out = tmp_path / "events.jsonl"
+    rp = _replay(double, snap, "--hook", f"{recorder}:Recorder?out={out}&fail=before_launch,after_launch", "--json")
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    res = json.loads(rp.stdout)
+    assert res["launches"] == 5 and res["d2h_verified"] >= 1 and not res["mismatches"]
+    assert "raised RuntimeError: boom before" in rp.stderr and "raised ValueError: boom after" in rp.stderr
+    assert any("boom before" in w for w in res["warnings"])
+    evs = _events(out)
+    assert sum(e["kind"] == "before_launch" for e in evs) == 5     # every launch still reached the hook
+    assert evs[-1]["kind"] == "end"
+
+
+def test_bad_hook_spec_is_one_line_error(double, tmp_path):
+    from cudasnap.replay.synth import write_double_program
+    p = tmp_path / "syn.cusnap"
+    write_double_program(p)
+    rp = _replay(double, p, "--hook", "no_such_module_xyz:Hook")
+    assert rp.returncode == 2
+    assert "cannot import no_such_module_xyz" in rp.stderr and "Traceback" not in rp.stderr
+
+
+def test_example_hooks(double, capture, tmp_path):
+    cp, snap = capture(double["progs"]["direct"], "4")
+    assert cp.returncode == 0
+    dumps = tmp_path / "dumps"
+    rp = _replay(double, snap, "--hook", f"{EXAMPLES / 'bandwidth.py'}:Bandwidth",
+                 "--hook", f"{EXAMPLES / 'dump_buffers.py'}:DumpBuffers?kernel=add_one&out={dumps}")
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    assert re.search(r"add_one\s+4\s+0\.02", rp.stdout), rp.stdout       # 1024 floats in, out: 2 x 4 KiB... per launch
+    idx = [json.loads(l) for l in (dumps / "index.jsonl").read_text().splitlines()]
+    assert len(idx) == 4 and all(r["bytes"] == 4096 for r in idx)
+    first = struct.unpack("<4f", (dumps / idx[0]["file"]).read_bytes()[:16])
+    assert first == (1.0, 2.0, 3.0, 4.0)
+    # compare against itself from a changed run: the first differing launch is named
+    dumps2 = tmp_path / "dumps2"
+    rp = _replay(double, snap, "--hook",
+                 f"{EXAMPLES / 'dump_buffers.py'}:DumpBuffers?kernel=add_one&out={dumps2}&compare={dumps}")
+    assert rp.returncode == 0 and "0 buffer(s) differ" in rp.stderr, rp.stderr
+    rows = [json.loads(l) for l in (dumps / "index.jsonl").read_text().splitlines()]
+    rows[2]["sha256"] = "0" * 64
+    (dumps / "index.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rp = _replay(double, snap, "--hook",
+                 f"{EXAMPLES / 'dump_buffers.py'}:DumpBuffers?kernel=add_one&dump=0&compare={dumps}")
+    assert f"first difference: call #{rows[2]['seq']} add_one parameter 0" in rp.stderr, rp.stderr
+
+
+import re  # noqa: E402
+
+
+# --------------------------------------------------------------------------- modes
+def test_isolated_restores_memory_between_repeats(double, recorder, tmp_path):
+    snap = tmp_path / "incr.cusnap"
+    facts = incr_program(snap, launches=3)
+    out = tmp_path / "prof.json"
+    evf = tmp_path / "events.jsonl"
+    rp = _replay(double, snap, "--profile", "isolated", "--repeat", "5", "--warmup", "1", "--check-repeats",
+                 "--out", str(out), "--hook", f"{recorder}:Recorder?out={evf}")
+    # the D2H after the launches expects exactly 3 increments: every repeat started from restored memory
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    rep = json.loads(out.read_text())
+    rows = rep["launches"]
+    assert [r["seq"] for r in rows] == facts["seqs"]
+    for r in rows:
+        assert len(r["times_us"]) == 5 and r["repeats_identical"] is True
+        assert r["min_us"] <= r["median_us"] <= r["max_us"] and "spread_pct" in r
+        assert r["saved_bytes"] >= facts["n"] * 4
+    # hooks see each launch's own result (1, 2, 3), not the repeats'
+    heads = [struct.unpack("<4i", bytes.fromhex(e["head"])) for e in _events(evf) if e["kind"] == "after_launch"]
+    assert heads == [(1,) * 4, (2,) * 4, (3,) * 4]
+    k = rep["kernels"]
+    assert len(k) == 1 and k[0]["name"] == "incr" and k[0]["launches"] == 3 and k[0]["share_pct"] == 100.0
+    assert "spread" in rp.stdout and "incr" in rp.stdout
+
+
+def test_isolated_flush_l2_and_launch_selection(double, tmp_path):
+    snap = tmp_path / "incr.cusnap"
+    facts = incr_program(snap, launches=3)
+    out = tmp_path / "prof.json"
+    rp = _replay(double, snap, "--profile", "isolated", "--flush-l2", "--repeat", "3",
+                 "--launch", str(facts["seqs"][1]), "--out", str(out))
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    rows = json.loads(out.read_text())["launches"]
+    assert [r["seq"] for r in rows] == [facts["seqs"][1]]
+
+
+def test_timeline_trace_one_slice_per_launch(double, capture, tmp_path):
+    cp, snap = capture(double["progs"]["direct"], "6")
+    assert cp.returncode == 0
+    trace, out = tmp_path / "trace.json", tmp_path / "prof.csv"
+    rp = _replay(double, snap, "--profile", "timeline", "--trace", str(trace), "--out", str(out))
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    assert "CUDA events" in rp.stdout          # no CUPTI on the double: the fallback is announced
+    data = json.loads(trace.read_text())
+    evs = data["traceEvents"]
+    kern = [e for e in evs if e.get("ph") == "X" and e["cat"] == "kernel"]
+    assert len(kern) == len(_launches(snap)) == 6
+    assert all(e["name"] == "add_one" and e["dur"] >= 0 and e["ts"] >= 0 for e in kern)
+    assert [e["args"]["seq"] for e in kern] == [c["s"] for c in _launches(snap)]
+    assert sorted(e["ts"] for e in kern) == [e["ts"] for e in kern]
+    copies = [e for e in evs if e.get("ph") == "X" and e["cat"] == "copy"]
+    assert len(copies) == 2
+    names = {e["args"]["name"] for e in evs if e.get("ph") == "M" and e["name"] == "thread_name"}
+    assert "default stream" in names
+    rows = list(csv.DictReader(out.open()))
+    assert sum(r["row_type"] == "launch" for r in rows) == 6
+    k = [r for r in rows if r["row_type"] == "kernel"]
+    assert len(k) == 1 and k[0]["name"] == "add_one" and k[0]["launches"] == "6"
+    assert float(k[0]["median_us"]) > 0
+
+
+def test_timeline_kernel_filter_profiles_but_runs_everything(double, tmp_path):
+    from cudasnap.replay.synth import write_double_program
+    p = tmp_path / "syn.cusnap"
+    write_double_program(p)
+    out = tmp_path / "prof.json"
+    rp = _replay(double, p, "--profile", "timeline", "--kernels", "^chase$", "--out", str(out), "--json")
+    assert rp.returncode == 0, rp.stdout + rp.stderr        # add_one still ran: every D2H verifies
+    res = json.loads(rp.stdout)
+    assert res["launches"] == 2 and res["filtered"] == 0
+    assert [k["name"] for k in res["profile"]["kernels"]] == ["chase"]
+    assert [k["name"] for k in json.loads(out.read_text())["kernels"]] == ["chase"]
+
+
+def test_graph_mode(double, capture, tmp_path):
+    cp, snap = capture(double["progs"]["direct"], "8")
+    assert cp.returncode == 0
+    out = tmp_path / "prof.json"
+    rp = _replay(double, snap, "--profile", "graph", "--repeat", "4", "--out", str(out))
+    assert rp.returncode == 0, rp.stdout + rp.stderr     # memory restored after the graph runs
+    s = json.loads(out.read_text())["summary"]
+    assert s["mode"] == "graph" and s["nodes"] == 8 and "error" not in s
+    assert len(s["graph_times_us"]) == 4 and s["total_us"] > 0
+    assert "graph of 8 launches" in rp.stdout
+
+
+def test_graph_mode_incr_memory_restored(double, tmp_path):
+    snap = tmp_path / "incr.cusnap"
+    incr_program(snap, launches=4)
+    out = tmp_path / "prof.json"
+    rp = _replay(double, snap, "--profile", "graph", "--repeat", "3", "--out", str(out))
+    assert rp.returncode == 0, rp.stdout + rp.stderr      # the D2H after still sees exactly 4 increments
+    assert json.loads(out.read_text())["summary"]["nodes"] == 4
+
+
+def test_profile_option_errors(double, tmp_path):
+    snap = tmp_path / "incr.cusnap"
+    incr_program(snap)
+    for args, msg in ((["--profile", "bogus"], "--profile must be one of"),
+                      (["--profile", "isolated", "--trace", "t.json"], "--trace needs --profile timeline"),
+                      (["--profile", "timeline", "--out", "x.txt"], ".json or .csv"),
+                      (["--profile", "timeline", "--kernels", "("], "bad regex")):
+        rp = _replay(double, snap, *args)
+        assert rp.returncode == 2 and msg in rp.stderr, (args, rp.stderr)
+
+
+def test_nvtx_flag_replays(double, tmp_path):
+    snap = tmp_path / "incr.cusnap"
+    incr_program(snap)
+    rp = _replay(double, snap, "--nvtx")
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+
+
+# --------------------------------------------------------------------------- units
+def test_load_hook_specs(tmp_path):
+    from cudasnap.replay.hooks import HookError, load_hook
+    p = tmp_path / "h.py"
+    p.write_text("class H:\n    def __init__(self, a='1'):\n        self.a = a\n    def end(self, ev): pass\n"
+                 "inst = H('x')\n")
+    assert load_hook(f"{p}:H?a=7").a == "7"
+    assert load_hook(f"{p}:inst").a == "x"
+    with pytest.raises(HookError, match="has no Nope"):
+        load_hook(f"{p}:Nope")
+    with pytest.raises(HookError, match="MODULE:OBJECT"):
+        load_hook("justaname")
+    with pytest.raises(HookError, match="failed"):
+        load_hook(f"{p}:H?b=1")
+
+
+def test_hook_adapter_and_engine_emit_fail_open():
+    from cudasnap.replay.engine import Replayer
+    from cudasnap.replay.hooks import HookAdapter
+
+    class Bad:
+        def sync(self, ev):
+            raise KeyError("x")
+
+    warned = []
+    import io
+    a = HookAdapter(Bad(), warned.append, stream=io.StringIO())
+    for _ in range(5):
+        a.on_event("sync", type("E", (), {"seq": 3})())
+    assert len(warned) == 3 and "call #3" in warned[0] and "KeyError" in warned[0]
+
+    class BadSub:
+        def on_event(self, kind, ev):
+            raise RuntimeError("sub")
+
+    rp = Replayer("/nonexistent.cusnap")
+    rp.subscribers.append(BadSub())
+    rp.emit("sync", type("E", (), {"seq": 9})())
+    assert any("raised RuntimeError: sub" in w for w in rp.res.warnings)
+
+
+def test_nvtx_emitter_balances_ranges():
+    from cudasnap.replay.profile.nvtx import NvtxEmitter
+
+    class Fake:
+        def __init__(self):
+            self.log = []
+
+        def push(self, m):
+            self.log.append(("push", m))
+
+        def pop(self):
+            self.log.append(("pop",))
+
+    f = Fake()
+    e = NvtxEmitter(impl=f)
+    C = type("C", (), {})
+    c = C(); c.call, c.seq = "cuLaunchKernel", 5
+    l = C(); l.name = "saxpy"
+    e.on_event("before_call", c)
+    e.on_event("before_launch", l)
+    e.on_event("after_launch", l)
+    e.on_event("after_call", c)
+    c2 = C(); c2.call, c2.seq = "cuMemcpyHtoD_v2", 6
+    e.on_event("before_call", c2)            # its handler failed: no after_call
+    e.on_event("before_call", c)
+    e.on_event("end", None)
+    pushes = sum(x[0] == "push" for x in f.log)
+    assert pushes == sum(x[0] == "pop" for x in f.log) == 4
+    assert f.log[:4] == [("push", "cuLaunchKernel #5"), ("push", "saxpy"), ("pop",), ("pop",)]
+
+
+def test_report_aggregate_and_trace_units():
+    from cudasnap.replay.profile.report import aggregate
+    from cudasnap.replay.profile.trace import trace_events
+    rows = [{"name": "a", "time_us": 10.0}, {"name": "a", "time_us": 30.0}, {"name": "b", "time_us": 60.0},
+            {"name": "c"}]
+    k = {r["name"]: r for r in aggregate(rows)}
+    assert k["a"]["total_us"] == 40 and k["a"]["median_us"] == 20 and k["a"]["launches"] == 2
+    assert k["b"]["share_pct"] == 60.0 and k["c"]["timed"] == 0
+    assert [r["name"] for r in aggregate(rows)][:2] == ["b", "a"]
+    t = trace_events([{"kind": "kernel", "name": "k", "seq": 1, "stream": 0x99, "start_ns": 5000, "end_ns": 7000},
+                      {"kind": "copy", "name": "HtoD 4 B", "seq": 2, "stream": 0, "start_ns": 1000, "end_ns": 2000},
+                      {"kind": "kernel", "name": "untimed", "seq": 3, "stream": 0}])
+    xs = [e for e in t["traceEvents"] if e["ph"] == "X"]
+    assert len(xs) == 2 and xs[0]["ts"] == 4.0 and xs[0]["dur"] == 2.0
+    json.dumps(t)
