@@ -119,6 +119,11 @@ class LaunchContext:
         self.timing_requested = False
         self._ev0 = self._ev1 = None
 
+    @property
+    def capturing(self) -> bool:
+        """A recorded stream capture is in progress: synchronizing now would break it."""
+        return bool(getattr(self.replayer, "capturing", None))
+
     # -- memory
     def translate(self, addr: int) -> int:
         return self.replayer.tr(addr)
@@ -127,6 +132,8 @@ class LaunchContext:
         """Bytes at device address `addr` (recorded or live; recorded ones are translated).
         Synchronizes the context first, so after_launch sees the kernel's result."""
         rp = self.replayer
+        if self.capturing:
+            raise RuntimeError("read_device during a recorded stream capture (the launch has not run yet)")
         if sync:
             rp.raw("cuCtxSynchronize")
         buf = bytearray(n)

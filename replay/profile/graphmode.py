@@ -27,6 +27,7 @@ class GraphProfiler:
         self.last_seq: Optional[int] = None
         self.launches: List[Any] = []
         self.done = False
+        self.due = False
         self.total_times_us: List[float] = []
         self.node_times: List[List[float]] = []
         self.backend = "events"
@@ -35,12 +36,17 @@ class GraphProfiler:
     def on_event(self, kind: str, ev) -> None:
         if kind == "start":
             self._start(ev)
-        elif kind == "before_launch" and not self.done and self.sel(ev):
+            return
+        if self.done:
+            return
+        capturing = bool(getattr(self.rp, "capturing", None))
+        if kind == "before_launch" and self.sel(ev) and not capturing:
             self.launches.append(ev)
-        elif kind == "after_launch" and not self.done and ev.seq == self.last_seq and self.launches:
-            self.done = True
-            self._run()
-        elif kind in ("teardown", "end") and not self.done and self.launches:
+        elif kind == "after_launch" and ev.seq == self.last_seq:
+            self.due = True
+        if kind in ("teardown", "end"):
+            self.due = True
+        if self.due and self.launches and not capturing and kind in ("after_launch", "copy", "sync", "teardown", "end"):
             self.done = True
             self._run()
 

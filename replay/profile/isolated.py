@@ -60,16 +60,22 @@ class MemorySaver:
 
     @property
     def nbytes(self) -> int:
-        return sum(n for _b, n in self.ranges)
+        return sum(n for _b, _bk, n in self.copies)
 
     def save(self) -> None:
         rp = self.rp
         rp.raw("cuCtxSynchronize")
+        self.skipped = []
         try:
             for base, n in self.ranges:
                 bk = int(rp.raw("cuMemAlloc", n))
+                try:
+                    rp.raw("cuMemcpyDtoD", bk, base, n)
+                except Exception:        # not (or no longer) device memory: nothing a kernel writes
+                    rp.raw("cuMemFree", bk)
+                    self.skipped.append((base, n))
+                    continue
                 self.copies.append((base, bk, n))
-                rp.raw("cuMemcpyDtoD", bk, base, n)
             rp.raw("cuCtxSynchronize")
         except Exception:
             self.free()
@@ -153,6 +159,8 @@ class IsolatedProfiler:
             self.rp = ev.replayer
             self.sel = Selection(self.cfg, self.rp.func_names)
         elif kind == "before_launch" and self.sel(ev):
+            if ev.ctx.capturing:       # recorded into a graph, not run now; syncing would break the capture
+                return
             self._save(ev)
         elif kind == "after_launch" and "isolated" in ev.data:
             self._repeat(ev)

@@ -221,8 +221,11 @@ class TimelineProfiler:
             if e0 is not None:
                 self.clock.end(e0, stream, sl)
 
+    def _capturing(self) -> bool:
+        return self.clock is not None and bool(getattr(self.rp, "capturing", None))
+
     def _before_launch(self, ev) -> None:
-        if not self.sel(ev):
+        if not self.sel(ev) or self._capturing():   # events would become graph nodes
             return
         sl = {"kind": "kernel", "seq": ev.seq, "index": ev.index, "name": ev.name, "stream": ev.rec_stream,
               "grid": list(ev.grid), "block": list(ev.block), "shmem": ev.shmem}
@@ -235,7 +238,7 @@ class TimelineProfiler:
             self._close(sl, ev.stream)
 
     def _before_copy(self, ev) -> None:
-        if ev.stream is None:
+        if ev.stream is None or self._capturing():
             return
         sl = {"kind": "copy", "seq": ev.seq, "name": f"{ev.direction} {ev.nbytes} B" if ev.nbytes else ev.call,
               "call": ev.call, "bytes": ev.nbytes, "stream": ev.rec_stream}
