@@ -94,8 +94,13 @@ def check_preamble(buf: bytes, path: Any) -> int:
 # ---------------------------------------------------------------------------- frames
 
 def pack_frame_header(kind: int, codec: int, raw_len: int, stored: bytes, count: int) -> bytes:
-    head = struct.pack("<4sBBHIIQI", FRAME_MAGIC, kind, codec, 0, raw_len, len(stored),
-                       xxh64(stored), count)
+    return pack_frame_header_sum(kind, codec, raw_len, len(stored), xxh64(stored), count)
+
+
+def pack_frame_header_sum(kind: int, codec: int, raw_len: int, comp_len: int, digest: int, count: int) -> bytes:
+    """Frame header for a payload whose stored length and xxh64 are already known (a payload
+    written as several pieces)."""
+    head = struct.pack("<4sBBHIIQI", FRAME_MAGIC, kind, codec, 0, raw_len, comp_len, digest, count)
     return head + struct.pack("<I", xxhash.xxh32_intdigest(head))
 
 
@@ -151,6 +156,24 @@ def encode_payload(raw, level: int) -> Tuple[int, bytes]:
     if len(comp) >= len(raw):
         return CODEC_STORED, bytes(raw)
     return CODEC_ZSTD, comp
+
+
+PROBE_MIN = 256 << 10        # payloads at least this big are probed before compressing
+PROBE_PIECE = 16 << 10       # 4 samples of this size, spread over the payload
+PROBE_GAIN = 0.97            # compressed sample must be below this fraction of its size
+
+
+def looks_incompressible(data) -> bool:
+    """Cheap probe for large payloads: compress 4 spread 16 KiB samples (64 KiB) at zstd
+    level 1; True when they do not shrink by more than 3% (random data, already-compressed
+    data). Small payloads are never judged (False): compressing them is cheap anyway."""
+    mv = memoryview(data).cast("B")
+    n = len(mv)
+    if n < PROBE_MIN:
+        return False
+    step = (n - PROBE_PIECE) // 3
+    sample = b"".join(mv[i * step:i * step + PROBE_PIECE] for i in range(4))
+    return len(compressor(1).compress(sample)) > PROBE_GAIN * len(sample)
 
 
 def decode_payload(stored: bytes, codec: int, raw_len: int, path: Any, offset: int) -> bytes:

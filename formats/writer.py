@@ -1,7 +1,14 @@
 """SnapshotWriter: streams records and content-addressed blobs into a .cusnap file.
 
-Frames go to the file as soon as they are complete (and the file is flushed after each),
-so a writer killed at any point leaves every complete frame readable by the scanner.
+Frames go to the file (os.pwrite, no user-space buffering) as soon as they are complete,
+at offsets handed out in submission order, so a writer killed at any point leaves a prefix
+of complete frames that the scanner reads (a frame still being written when it died ends
+the prefix).
+
+With threads > 0, frame encoding runs on a thread pool: for blob chunks of >= 1 MiB the
+chunk digest, the dedup decision, the incompressibility probe, compression, the frame
+checksum and the write itself all run on the worker (zstd, xxhash and pwrite release the
+GIL); the calling thread only hashes the whole blob (its id) and hands chunks over.
 """
 from __future__ import annotations
 
@@ -11,21 +18,58 @@ import socket
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Deque, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple, Union
+
+import xxhash
 
 from .container import (
-    CHUNK_SIZE, FORMAT_VERSION, FRAME_SIZE, KIND_CHUNK, KIND_HEADER, KIND_INDEX, KIND_RECORDS,
-    MAX_FRAME, SCHEMA_VERSION, TRAILER, TRAILER_MAGIC, blob_hasher, chunk_digest, encode_payload,
-    new_packer, pack_frame_header, pack_preamble, xxh64,
+    CHUNK_ID_LEN, CHUNK_SIZE, CODEC_STORED, CODEC_ZSTD, FORMAT_VERSION, FRAME_SIZE, KIND_CHUNK,
+    KIND_HEADER, KIND_INDEX, KIND_RECORDS, MAX_FRAME, SCHEMA_VERSION, TRAILER, TRAILER_MAGIC,
+    blob_hasher, chunk_digest, compressor, encode_payload, looks_incompressible, new_packer,
+    pack_frame_header, pack_frame_header_sum, pack_preamble, xxh64,
 )
 
 Buffer = Union[bytes, bytearray, memoryview]
+Release = Optional[Callable[[], None]]
+
+_JOB_DIGEST_MIN = 1 << 20     # chunks this big are digested on the worker, smaller ones inline
 
 
 def _encode_frame(kind: int, raw, count: int, level: int) -> Tuple[bytes, bytes, int]:
-    """Runs on a worker thread when threads > 0: compress + build the header."""
+    """Compress + build the header (records, header and index frames)."""
     codec, stored = encode_payload(raw, level)
     return pack_frame_header(kind, codec, len(raw), stored, count), stored, len(raw)
+
+
+def _encode_chunk(digest: bytes, data, level: int) -> Tuple[List[Any], int]:
+    """A chunk frame as pieces to write (header, then payload pieces) without copying the
+    chunk when it is stored: incompressible chunks (see container.looks_incompressible) and
+    chunks zstd does not shrink are stored raw. Returns (pieces, stored payload length)."""
+    raw_len = CHUNK_ID_LEN + len(data)
+    if level != 0 and len(data) and not looks_incompressible(data):
+        comp = compressor(level).compress(b"".join((digest, data)))
+        if len(comp) < raw_len:
+            head = pack_frame_header_sum(KIND_CHUNK, CODEC_ZSTD, raw_len, len(comp), xxh64(comp), 0)
+            return [head, comp], len(comp)
+    h = xxhash.xxh64()
+    h.update(digest)
+    h.update(data)
+    head = pack_frame_header_sum(KIND_CHUNK, CODEC_STORED, raw_len, raw_len, h.intdigest(), 0)
+    return [head, digest, data], raw_len
+
+
+def _pwrite_all(fd: int, pieces: List[Any], off: int) -> None:
+    views = [memoryview(p).cast("B") for p in pieces if len(p)]
+    while views:
+        n = os.pwritev(fd, views[:64], off)
+        if n <= 0:
+            raise OSError(28, "short write")
+        off += n
+        while views and n >= len(views[0]):
+            n -= len(views[0])
+            views.pop(0)
+        if views and n:
+            views[0] = views[0][n:]
 
 
 class BlobStream:
@@ -35,52 +79,74 @@ class BlobStream:
         self._w = writer
         self._hash = blob_hasher()
         self._buf = bytearray()
-        self._chunks: List[str] = []
+        self._chunks: List[Any] = []          # chunk ids, or futures of chunk ids
         self._size = 0
         self._done: Optional[str] = None
 
-    def write(self, data: Buffer) -> int:
-        if self._done is not None:
-            raise ValueError("blob stream already finished")
-        mv = memoryview(data).cast("B")
-        n = len(mv)
-        self._hash.update(mv)
-        self._size += n
-        pos = 0
-        if self._buf:
-            take = min(CHUNK_SIZE - len(self._buf), n)
-            self._buf += mv[:take]
-            pos = take
-            if len(self._buf) == CHUNK_SIZE:
-                self._chunks.append(self._w._put_chunk(self._buf))
-                self._buf = bytearray()
-        while n - pos >= CHUNK_SIZE:
-            self._chunks.append(self._w._put_chunk(mv[pos:pos + CHUNK_SIZE]))
-            pos += CHUNK_SIZE
-        if pos < n:
-            self._buf += mv[pos:]
-        return n
+    def write(self, data: Buffer, release: Release = None) -> int:
+        """Append data. Without `release` the data is copied before write returns (the caller
+        may reuse its buffer). With `release`, the caller keeps `data` valid and unchanged
+        until release() is called: a piece that is exactly one whole chunk at a chunk boundary
+        is then handed to the writer without a copy; release() is called exactly once, when
+        the writer no longer needs the memory (possibly from a worker thread, possibly
+        before write returns)."""
+        handed = False
+        try:
+            if self._done is not None:
+                raise ValueError("blob stream already finished")
+            mv = memoryview(data).cast("B")
+            n = len(mv)
+            self._hash.update(mv)
+            self._size += n
+            if release is not None and not self._buf and n == CHUNK_SIZE:
+                handed = True
+                self._chunks.append(self._w._put_chunk(mv, release))
+                return n
+            pos = 0
+            if self._buf:
+                take = min(CHUNK_SIZE - len(self._buf), n)
+                self._buf += mv[:take]
+                pos = take
+                if len(self._buf) == CHUNK_SIZE:
+                    buf, self._buf = self._buf, bytearray()
+                    self._chunks.append(self._w._put_chunk(buf))      # the job owns buf now
+            while n - pos >= CHUNK_SIZE:
+                self._chunks.append(self._w._put_chunk(bytes(mv[pos:pos + CHUNK_SIZE])))
+                pos += CHUNK_SIZE
+            if pos < n:
+                self._buf += mv[pos:]
+            return n
+        finally:
+            if release is not None and not handed:
+                release()
 
     def finish(self) -> str:
         if self._done is not None:
             return self._done
         if self._buf:
-            self._chunks.append(self._w._put_chunk(self._buf))
-            self._buf = bytearray()
-        self._done = self._w._define_blob(self._hash.hexdigest(), self._size, self._chunks)
+            buf, self._buf = self._buf, bytearray()
+            self._chunks.append(self._w._put_chunk(buf))
+        chunks = [c if isinstance(c, str) else c.result() for c in self._chunks]
+        self._done = self._w._define_blob(self._hash.hexdigest(), self._size, chunks)
+        self._chunks = []
         return self._done
 
 
 class SnapshotWriter:
     def __init__(self, path, header: Optional[Dict[str, Any]] = None, *, level: int = 3,
-                 frame_bytes: int = 2 << 20, threads: int = 0):
+                 frame_bytes: int = 2 << 20, threads: int = 0, blob_level: Optional[int] = None):
         """level: zstd level (0 = store uncompressed; negative = zstd fast levels).
+        blob_level: zstd level for blob chunks (default: level). Large chunks whose sample
+        does not compress are stored raw whatever the level.
         frame_bytes: target raw size of a records frame (clamped to 64 MiB).
-        threads: > 0 compresses frames on that many worker threads; file order is kept."""
+        threads: > 0 encodes and writes frames on that many worker threads; file order is
+        kept (offsets are handed out in submission order)."""
         self.path = os.fspath(path)
         self.level = int(level)
+        self.blob_level = self.level if blob_level is None else int(blob_level)
         self.frame_bytes = max(1, min(int(frame_bytes), MAX_FRAME))
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()          # callers' state: records buffer, blobs, queue
+        self._mlock = threading.Condition(threading.Lock())   # file position, index, chunk set
         self._packer = new_packer()
         self._buf = bytearray()
         self._buf_count = 0
@@ -89,7 +155,11 @@ class SnapshotWriter:
         if threads and threads > 0:
             self._pool = ThreadPoolExecutor(max_workers=int(threads), thread_name_prefix="cusnap-zstd")
             self._max_pending = 2 * int(threads)
-        self._pending: Deque[Tuple[int, Any, Optional[str]]] = collections.deque()
+        self._pending: Deque[Future] = collections.deque()
+        self._ticket = 0          # next frame's place in the file (under _lock)
+        self._turn = 0            # frame allowed to take the next file offset (under _mlock)
+        self._pos = 0             # next file offset (under _mlock)
+        self._io_error: Optional[OSError] = None
         self._frames: List[List[int]] = []
         self._chunk_off: Dict[str, int] = {}
         self._chunk_known: set = set()
@@ -98,6 +168,8 @@ class SnapshotWriter:
         self._st = dict(raw_bytes=0, stored_bytes=0, blobs=0, blob_refs=0, chunks=0, chunk_hits=0,
                         records=0, frames=0, record_raw_bytes=0, blob_logical_bytes=0,
                         blob_unique_bytes=0, chunk_raw_bytes=0, chunk_stored_bytes=0)
+        self._mst = dict(stored_bytes=0, chunks=0, chunk_hits=0, frames=0, chunk_raw_bytes=0,
+                         chunk_stored_bytes=0)       # updated by workers, under _mlock
         hdr = dict(header or {})
         hdr.setdefault("format", "cudasnap")
         hdr.setdefault("schema", SCHEMA_VERSION)
@@ -105,17 +177,16 @@ class SnapshotWriter:
         hdr.setdefault("host", socket.gethostname())
         hdr.setdefault("tool_version", _tool_version())
         self.header = hdr
-        self._f = open(self.path, "wb")
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o666)
         try:
-            self._write_raw(pack_preamble(FORMAT_VERSION))
+            self._write_at_end([pack_preamble(FORMAT_VERSION)])
             raw = self._packer.pack(hdr)
             if len(raw) > MAX_FRAME:
                 raise ValueError("snapshot header too large")
             self._emit(KIND_HEADER, raw, 0)
             self._drain(0)
-            self._f.flush()
         except BaseException:
-            self._f.close()
+            self._shutdown()
             raise
 
     # ------------------------------------------------------------------ public API
@@ -147,7 +218,10 @@ class SnapshotWriter:
             if bid_hex in self._blobs:
                 self._ref(len(mv))
                 return bid_hex
-            chunks = [self._put_chunk(mv[i:i + CHUNK_SIZE]) for i in range(0, len(mv), CHUNK_SIZE)]
+            own = isinstance(data, bytes)      # immutable: chunks can be views of it
+            chunks = [self._put_chunk(mv[i:i + CHUNK_SIZE] if own else bytes(mv[i:i + CHUNK_SIZE]))
+                      for i in range(0, len(mv), CHUNK_SIZE)]
+            chunks = [c if isinstance(c, str) else c.result() for c in chunks]
             return self._define_blob(bid_hex, len(mv), chunks)
 
     def begin_blob(self) -> BlobStream:
@@ -155,18 +229,21 @@ class SnapshotWriter:
         return BlobStream(self)
 
     def flush(self) -> None:
-        """Force the current records frame (and pending compressed frames) to the file."""
+        """Force the current records frame (and pending frames) to the file."""
         with self._lock:
             if self._closed:
                 return
             self._flush_records()
             self._drain(0)
-            self._f.flush()
 
     @property
     def stats(self) -> Dict[str, int]:
         with self._lock:
-            return dict(self._st)
+            st = dict(self._st)
+            with self._mlock:
+                for k, v in self._mst.items():
+                    st[k] += v
+            return st
 
     def close(self) -> None:
         with self._lock:
@@ -175,27 +252,25 @@ class SnapshotWriter:
             try:
                 self._flush_records()
                 self._drain(0)
+                if self._io_error is not None:
+                    raise self._io_error
+                self._frames.sort()
                 index = {
                     "frames": self._frames,
                     "chunks": self._chunk_off,
                     "blobs": self._blobs,
                     "records": self._st["records"],
-                    "stats": {k: v for k, v in self._st.items()},
+                    "stats": self.stats,
                 }
                 raw = self._packer.pack(index)
                 if len(raw) > MAX_FRAME:  # pragma: no cover - needs ~1M frames
                     raise ValueError("index too large for one frame")
-                off = self._f.tell()
                 head, stored, _ = _encode_frame(KIND_INDEX, raw, 0, self.level)
-                self._write_raw(head)
-                self._write_raw(stored)
-                self._write_raw(TRAILER.pack(TRAILER_MAGIC, off, xxh64(stored)))
-                self._f.flush()
+                off = self._write_at_end([head, stored])
+                self._write_at_end([TRAILER.pack(TRAILER_MAGIC, off, xxh64(stored))])
             finally:
                 self._closed = True
-                if self._pool is not None:
-                    self._pool.shutdown(wait=True)
-                self._f.close()
+                self._shutdown()
 
     def abort(self) -> None:
         """Close the file without an index (what a crash leaves); for tests and emergencies."""
@@ -207,9 +282,7 @@ class SnapshotWriter:
                 self._flush_records()
                 self._drain(0)
             finally:
-                if self._pool is not None:
-                    self._pool.shutdown(wait=True)
-                self._f.close()
+                self._shutdown()
 
     def __enter__(self) -> "SnapshotWriter":
         return self
@@ -218,6 +291,13 @@ class SnapshotWriter:
         self.close()
 
     # ------------------------------------------------------------------ internals
+    def _shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
     def _check_open(self) -> None:
         if self._closed:
             raise ValueError("snapshot writer is closed")
@@ -238,20 +318,105 @@ class SnapshotWriter:
                 self.write({"k": "b", "id": bid, "size": size, "chunks": list(chunks)})
             return bid
 
-    def _put_chunk(self, data: Buffer) -> str:
-        digest = chunk_digest(data)
+    def _claim(self, digest: bytes, size: int) -> Optional[str]:
+        """The chunk id when this chunk is new (the caller writes it), None when known."""
         cid = digest.hex()
-        with self._lock:
-            self._check_open()
+        with self._mlock:
             if cid in self._chunk_known:
-                self._st["chunk_hits"] += 1
-                return cid
+                self._mst["chunk_hits"] += 1
+                return None
             self._chunk_known.add(cid)
-            self._st["chunks"] += 1
-            self._st["chunk_raw_bytes"] += len(data)
-            payload = b"".join((digest, data))       # one copy: caller may reuse its buffer
-            self._emit(KIND_CHUNK, payload, 0, cid)
-        return cid
+            self._mst["chunks"] += 1
+            self._mst["chunk_raw_bytes"] += size
+            return cid
+
+    def _put_chunk(self, data: Buffer, release: Release = None):
+        """Queue one chunk. Returns its chunk id, or a Future of it (large chunks are
+        digested on a worker). The writer keeps a reference to `data` until the chunk is
+        written: pass memory nobody changes, and `release` (called exactly once, when the
+        writer is done with `data`) for borrowed memory."""
+        with self._lock:
+            try:
+                self._check_open()
+                if self._pool is not None and len(data) >= _JOB_DIGEST_MIN:
+                    rel, release = release, None          # the job owns it from here
+                    fut = self._submit(self._chunk_job, data, None, rel)
+                    self._drain(self._max_pending)
+                    return fut
+                digest = chunk_digest(data)
+                cid = self._claim(digest, len(data))
+                if cid is not None:
+                    rel, release = release, None
+                    self._submit(self._chunk_job, data, digest, rel)
+                    self._drain(self._max_pending)
+                return digest.hex()
+            finally:
+                if release is not None:
+                    release()
+
+    def _chunk_job(self, ticket: int, data, digest: Optional[bytes], release: Release) -> str:
+        """Digest (when not done yet), dedup, encode and write one chunk frame."""
+        try:
+            pieces = None
+            try:
+                if digest is None:
+                    digest = chunk_digest(data)
+                    if self._claim(digest, len(data)) is not None:
+                        pieces = _encode_chunk(digest, data, self.blob_level)
+                else:
+                    pieces = _encode_chunk(digest, data, self.blob_level)
+            except BaseException:
+                self._place(ticket, None, KIND_CHUNK, 0, None)     # give up the turn, write nothing
+                raise
+            cid = digest.hex()
+            if pieces is not None:
+                self._place(ticket, pieces[0], KIND_CHUNK, pieces[1], cid)
+            else:
+                self._place(ticket, None, KIND_CHUNK, 0, None)
+            return cid
+        finally:
+            if release is not None:
+                release()
+
+    def _frame_job(self, ticket: int, kind: int, raw, count: int) -> None:
+        try:
+            head, stored, _ = _encode_frame(kind, raw, count, self.level)
+        except BaseException:
+            self._place(ticket, None, kind, 0, None)
+            raise
+        self._place(ticket, [head, stored], kind, len(stored), None)
+
+    def _place(self, ticket: int, pieces: Optional[List[Any]], kind: int, comp_len: int, cid: Optional[str]) -> None:
+        """Wait for this frame's turn, take the next file offset, then write (outside the
+        lock, so frames are written in parallel). After a write error nothing more is
+        written (the file keeps a readable prefix) and every later frame raises it."""
+        with self._mlock:
+            while self._turn != ticket:
+                self._mlock.wait()
+            err = self._io_error
+            off = self._pos
+            if pieces is not None and err is None:
+                self._pos += sum(len(p) for p in pieces)
+            self._turn += 1
+            self._mlock.notify_all()
+        if pieces is None:
+            return
+        if err is not None:
+            raise err
+        try:
+            _pwrite_all(self._fd, pieces, off)
+        except OSError as e:
+            with self._mlock:
+                if self._io_error is None:
+                    self._io_error = e
+            raise
+        with self._mlock:
+            self._frames.append([off, kind, comp_len])
+            self._mst["frames"] += 1
+            self._mst["stored_bytes"] += FRAME_SIZE + comp_len
+            if cid is not None:
+                self._chunk_off[cid] = off
+                self._mst["chunk_stored_bytes"] += comp_len + FRAME_SIZE
 
     def _flush_records(self) -> None:
         if not self._buf:
@@ -261,34 +426,43 @@ class SnapshotWriter:
         self._buf_count = 0
         self._emit(KIND_RECORDS, raw, count)
 
-    def _emit(self, kind: int, raw, count: int, cid: Optional[str] = None) -> None:
-        if self._pool is None:
-            self._write_frame(kind, _encode_frame(kind, raw, count, self.level), cid)
-            return
-        fut = self._pool.submit(_encode_frame, kind, raw, count, self.level)
-        self._pending.append((kind, fut, cid))
-        self._drain(self._max_pending)
+    def _emit(self, kind: int, raw, count: int) -> None:
+        with self._lock:
+            self._submit(self._frame_job, kind, raw, count)
+            self._drain(self._max_pending)
+
+    def _submit(self, job, *args) -> Optional[Future]:
+        """Run job(ticket, *args) on the pool, or now without one (or when the pool refuses
+        it); tickets, hence file order, follow call order. A job always runs to its end
+        (it passes its turn on and releases borrowed memory even when it fails)."""
+        with self._lock:
+            ticket = self._ticket
+            self._ticket += 1
+            if self._pool is not None:
+                try:
+                    fut = self._pool.submit(job, ticket, *args)
+                except RuntimeError:       # pool shut down (interpreter exit): run it here
+                    fut = None
+                if fut is not None:
+                    self._pending.append(fut)
+                    return fut
+            job(ticket, *args)
+            return None
 
     def _drain(self, keep: int) -> None:
         while len(self._pending) > keep:
-            kind, fut, cid = self._pending.popleft()
-            self._write_frame(kind, fut.result(), cid)
+            fut = self._pending.popleft()
+            fut.result()
 
-    def _write_frame(self, kind: int, encoded: Tuple[bytes, bytes, int], cid: Optional[str]) -> None:
-        head, stored, raw_len = encoded
-        off = self._f.tell()
-        self._write_raw(head)
-        self._write_raw(stored)
-        self._f.flush()      # complete frames reach the OS: a crash keeps them
-        self._frames.append([off, kind, len(stored)])
-        self._st["frames"] += 1
-        if kind == KIND_CHUNK and cid is not None:
-            self._chunk_off[cid] = off
-            self._st["chunk_stored_bytes"] += len(stored) + FRAME_SIZE
-
-    def _write_raw(self, b: bytes) -> None:
-        self._f.write(b)
-        self._st["stored_bytes"] += len(b)
+    def _write_at_end(self, pieces: List[Any]) -> int:
+        """Write outside the frame sequence (preamble, index, trailer): nothing is pending."""
+        with self._mlock:
+            off = self._pos
+            _pwrite_all(self._fd, pieces, off)
+            n = sum(len(p) for p in pieces)
+            self._pos += n
+            self._mst["stored_bytes"] += n
+            return off
 
 
 def _tool_version() -> str:
