@@ -21,7 +21,7 @@ class Decoder:
     def __init__(self, desc, blob_sink):
         self.fns = sorted(desc.functions, key=lambda f: f["name"])  # same order as the C table
         self.types = desc.types
-        self.blob_sink = blob_sink      # object with begin(serial), piece(serial, data), end(serial, size) -> blob id
+        self.blob_sink = blob_sink      # object with piece(serial, data[, release]), end(serial, size) -> blob id
         self.blobs: dict[int, tuple[str, int]] = {}
         self.open: dict[int, dict] = {}
         self.counts = {"calls": 0, "launches": 0, "h2d_bytes": 0, "d2h_bytes": 0, "blob_bytes": 0, "notes": 0}
@@ -83,7 +83,12 @@ class Decoder:
         """Consume one raw record; return schema records now complete."""
         t = rec.type
         if t == R.BLOB_PIECE:
-            self.blob_sink.piece(rec.seq, rec.fields[0][2] if rec.fields else b"")
+            # a payload still in the ring comes with rec.release: the sink calls it once done
+            release, rec.release = rec.release, None
+            if release is None:
+                self.blob_sink.piece(rec.seq, rec.fields[0][2] if rec.fields else b"")
+            else:
+                self.blob_sink.piece(rec.seq, rec.fields[0][2] if rec.fields else b"", release)
             return []
         if t == R.BLOB_END:
             size = struct.unpack("<Q", rec.fields[0][2])[0] if rec.fields else 0

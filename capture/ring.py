@@ -4,8 +4,10 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable, Optional
 
 MAGIC = b"CSRING1\0"
 HDR_SIZE = 4096
@@ -30,6 +32,9 @@ class RawRecord:
     result: int
     aux: int
     fields: list = field(default_factory=list)  # (idx, tag, memoryview-or-bytes)
+    # set when a field is a view into the ring (poll(pin_blobs=True)): call once when done
+    # with it; the ring space is not reused before.
+    release: Optional[Callable[[], None]] = None
 
 
 class Ring:
@@ -54,7 +59,12 @@ class Ring:
         self.fn_count = struct.unpack_from("<I", self.mm, OFF_FNCOUNT)[0]
         self.api_digest = bytes(self.mm[OFF_DIGEST:OFF_DIGEST + 72]).split(b"\0")[0].decode()
         self.view = memoryview(self.mm)
+        # `tail`: where the next record is read. The tail the producers see (OFF_TAIL) may
+        # lag behind it while records read with pin_blobs are still in use.
         self.tail = struct.unpack_from("<Q", self.mm, OFF_TAIL)[0]
+        self._published = self.tail
+        self._pins: dict = {}            # start position -> True, for records still in use
+        self._pin_lock = threading.Lock()
 
     # header fields the producers update
     def head(self) -> int:
@@ -83,13 +93,16 @@ class Ring:
         except OSError:
             return False
 
-    def poll(self, limit: int = 4096, copy_threshold: int = 1 << 16):
-        """Yield up to `limit` published records. Field payloads are copied out of the ring
-        (the space is reused once tail moves) except that large ones are yielded as
-        memoryviews valid until the next call to poll()."""
+    def poll(self, limit: int = 4096, copy_threshold: int = 1 << 16, pin_blobs: bool = False):
+        """Return up to `limit` published records. Field payloads are copied out of the
+        ring, except with pin_blobs: then the payload of a BLOB_PIECE larger than
+        copy_threshold is a memoryview into the ring, and the record's `release` must be
+        called once when it is no longer needed (from any thread); until then the
+        producers cannot reuse that space (they wait, as when the ring is full)."""
         out = []
         mm, view, mask = self.mm, self.view, self.mask
         pending_tail = self.tail
+        pins = []
         for _ in range(limit):
             off = HDR_SIZE + (pending_tail & mask)
             ln, state = struct.unpack_from("<II", mm, off + 0)
@@ -105,17 +118,45 @@ class Ring:
                         break
                     idx, tag, flen = FIELD_HDR.unpack_from(mm, p)
                     p += 8
-                    data = bytes(view[p:p + flen])
+                    if pin_blobs and typ == BLOB_PIECE and flen > copy_threshold and p + flen <= end:
+                        data = view[p:p + flen]
+                        if rec.release is None:
+                            pins.append(pending_tail)
+                            rec.release = self._releaser(pending_tail)
+                    else:
+                        data = bytes(view[p:p + flen])
                     rec.fields.append((idx, tag, data))
                     p += (flen + 7) & ~7
                 out.append(rec)
-            # release: clear the header word so the slot reads as unpublished when reused
+            # clear the header word so the slot reads as unpublished when reused (a pinned
+            # record's payload stays intact: the producers' tail has not passed it)
             struct.pack_into("<II", mm, off, 0, 0)
             pending_tail += ln
-        if pending_tail != self.tail:
-            self.tail = pending_tail
-            struct.pack_into("<Q", mm, OFF_TAIL, pending_tail)
+        if pending_tail != self.tail or pins:
+            with self._pin_lock:
+                for start in pins:
+                    self._pins[start] = True
+                self.tail = pending_tail
+                self._publish()
         return out
+
+    def _releaser(self, start: int) -> Callable[[], None]:
+        def release() -> None:
+            with self._pin_lock:
+                if self._pins.pop(start, None):
+                    self._publish()
+        return release
+
+    def _publish(self) -> None:
+        """Under _pin_lock: move the producers' tail up to the oldest record still in use."""
+        t = next(iter(self._pins)) if self._pins else self.tail
+        if t != self._published and not self.mm.closed:
+            self._published = t
+            struct.pack_into("<Q", self.mm, OFF_TAIL, t)
+
+    def pinned(self) -> int:
+        """Records read with pin_blobs and not released yet."""
+        return len(self._pins)
 
     def stuck_record(self) -> bool:
         """True when the record at tail was reserved but never published (the producer
@@ -129,8 +170,9 @@ class Ring:
         if ln < REC_HDR.size or ln % 8 or self.tail + ln > self.head():
             return False
         struct.pack_into("<II", self.mm, off, 0, 0)
-        self.tail += ln
-        struct.pack_into("<Q", self.mm, OFF_TAIL, self.tail)
+        with self._pin_lock:
+            self.tail += ln
+            self._publish()
         return True
 
     def close(self) -> None:
