@@ -89,14 +89,15 @@ def end_to_end(n: int, size_mb: int, outdir: Path, extra: list[str]) -> None:
     out.unlink()
 
 
-def writer_only(total_mb: int, thread_list: list[int], levels: list[int], outdir: Path) -> None:
+def writer_only(total_mb: int, thread_list: list[int], levels: list[int], outdir: Path, devnull: bool) -> None:
     from cudasnap.formats import SnapshotWriter
     from cudasnap.formats.container import CHUNK_SIZE
 
     base = bytearray(os.urandom(64 << 20))          # 16 distinct chunks, made unique per write below
     nchunks = total_mb // 4
-    p = outdir / "bench_writer.cusnap"
-    print(f"writer blob path: {total_mb} MiB random in 4 MiB pieces, one blob per 256 MiB, cpus={os.cpu_count()}")
+    p = Path(os.devnull) if devnull else outdir / "bench_writer.cusnap"
+    print(f"writer blob path: {total_mb} MiB random in 4 MiB pieces, one blob per 256 MiB, cpus={os.cpu_count()}, "
+          f"to {p}")
     for level in levels:
         for threads in thread_list:
             c0, t0 = _cpu_self(), time.perf_counter()
@@ -117,7 +118,8 @@ def writer_only(total_mb: int, thread_list: list[int], levels: list[int], outdir
             mb = nchunks * 4 * 1.048576
             print(f"  level {level:3d} threads {threads:2d}: {mb / wall:8.0f} MB/s wall, "
                   f"{mb / cpu:8.0f} MB per CPU-second (cpu {cpu:.2f} s, wall {wall:.2f} s)")
-            p.unlink()
+            if not devnull:
+                p.unlink()
 
 
 def main() -> None:
@@ -130,6 +132,7 @@ def main() -> None:
     ap.add_argument("--writer-mb", type=int, default=1024)
     ap.add_argument("--threads", default="0,1,2,4")
     ap.add_argument("--levels", default="3")
+    ap.add_argument("--devnull", action="store_true", help="writer part writes to /dev/null (CPU cost without the file system)")
     ap.add_argument("--capture-args", default="", help="extra `cudasnap capture` options, e.g. '--threads 2'")
     a = ap.parse_args()
     outdir = a.out or Path(tempfile.mkdtemp(prefix="cusnap-bench-out-"))
@@ -138,7 +141,7 @@ def main() -> None:
     if not a.skip_e2e:
         end_to_end(a.n, a.size_mb, outdir, a.capture_args.split())
     if not a.skip_writer:
-        writer_only(a.writer_mb, [int(x) for x in a.threads.split(",")], [int(x) for x in a.levels.split(",")], outdir)
+        writer_only(a.writer_mb, [int(x) for x in a.threads.split(",")], [int(x) for x in a.levels.split(",")], outdir, a.devnull)
 
 
 if __name__ == "__main__":
