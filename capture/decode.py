@@ -26,6 +26,16 @@ class Decoder:
         self.open: dict[int, dict] = {}
         self.counts = {"calls": 0, "launches": 0, "h2d_bytes": 0, "d2h_bytes": 0, "blob_bytes": 0, "notes": 0}
 
+    def _value(self, p: dict, data: bytes, i: int):
+        """Argument i of an 8-byte-per-value field, as the C type means it."""
+        if p.get("float") or p.get("abi_class") in ("float", "sse"):
+            return struct.unpack_from("<d", data, 8 * i)[0]
+        v = struct.unpack_from("<Q", data, 8 * i)[0]
+        size = min(p.get("size", 8), 8)
+        if self._signed(p) and v >> (8 * size - 1):
+            v -= 1 << (8 * size)               # sign-extend negative ints (priorities...)
+        return v
+
     def _signed(self, p: dict) -> bool:
         ct = p.get("ctype", "")
         if ct in SIGNED_C:
@@ -43,6 +53,10 @@ class Decoder:
     def _fields(self, fn: dict, rec: R.RawRecord, args: dict, extra: dict, post: bool) -> None:
         params = fn["params"]
         for idx, tag, data in rec.fields:
+            if tag == R.T_VALS:
+                for i, p in enumerate(params[: len(data) // 8]):
+                    args[p["name"]] = self._value(p, data, i)
+                continue
             if idx >= 0x100:
                 if idx in EXTRA_NAMES:
                     extra[EXTRA_NAMES[idx]] = self._blobref(data) if tag == R.T_BLOB else data
@@ -56,12 +70,7 @@ class Decoder:
             name = p["name"]
             if tag == R.T_VAL:
                 if not post:
-                    v = struct.unpack("<Q", data)[0]
-                    if p.get("size", 8) < 8 and self._signed(p) and v >> (8 * p["size"] - 1):
-                        v -= 1 << (8 * p["size"])       # sign-extend negative ints (priorities...)
-                    elif p.get("size", 8) == 8 and self._signed(p) and v >> 63:
-                        v -= 1 << 64
-                    args[name] = v
+                    args[name] = self._value(p, data, 0)
             elif tag == R.T_F64:
                 args[name] = struct.unpack("<d", data)[0]
             elif tag == R.T_STR:

@@ -195,6 +195,7 @@ class Recorder:
         ring, dec = pc.ring, pc.decoder
         last_flush = time.monotonic()
         dead_since = None
+        clean_since = None
         while True:
             ring.beat()
             raws = ring.poll(pin_blobs=True)      # blob pieces stay in the ring until written
@@ -219,12 +220,15 @@ class Recorder:
             if raws:
                 dead_since = None
                 continue
-            if ring.head() == ring.tail and (ring.exited_cleanly() or not ring.process_alive()):
-                if not ring.process_alive() or ring.exited_cleanly():
-                    # one more look: a record published after our last poll
-                    if not ring.poll(1):
+            if ring.head() == ring.tail:
+                # everything reserved was consumed: done once the process is gone, or a
+                # moment after it ran its exit handlers (threads may still be finishing)
+                if not ring.process_alive():
+                    break
+                if ring.exited_cleanly():
+                    clean_since = clean_since or now
+                    if now - clean_since > 0.1:
                         break
-                    continue
             if not ring.process_alive():
                 dead_since = dead_since or now
                 if now - dead_since > 0.2:

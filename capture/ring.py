@@ -16,7 +16,8 @@ FIELD_HDR = struct.Struct("<HHI")
 assert REC_HDR.size == 48
 
 PAD, PRE, POST, FN, PROC, NOTE, BLOB_PIECE, BLOB_END, EXIT, REGION = range(1, 11)
-T_VAL, T_BYTES, T_STR, T_BLOB, T_F64 = range(1, 6)
+T_VAL, T_BYTES, T_STR, T_BLOB, T_F64, T_VALS = range(1, 7)
+F_VALS = 0xFFFF
 
 OFF_CAPACITY, OFF_PID, OFF_PPID, OFF_HEAD, OFF_TAIL = 16, 24, 32, 40, 48
 OFF_DROPPED, OFF_BEAT, OFF_STATE, OFF_EXIT, OFF_FNCOUNT, OFF_DIGEST = 64, 72, 80, 84, 104, 112
@@ -106,9 +107,12 @@ class Ring:
         for _ in range(limit):
             off = HDR_SIZE + (pending_tail & mask)
             ln, state = struct.unpack_from("<II", mm, off + 0)
-            if state != 1 or ln < REC_HDR.size:
+            if state != 1 or ln < 8 or ln % 8:
                 break
-            (ln, _st, typ, nf, fn, seq, tid, t_ns, result, aux) = REC_HDR.unpack_from(mm, off)
+            # a published record shorter than a header is a pad to the end of the ring
+            typ = PAD
+            if ln >= REC_HDR.size:
+                (ln, _st, typ, nf, fn, seq, tid, t_ns, result, aux) = REC_HDR.unpack_from(mm, off)
             if typ != PAD:
                 rec = RawRecord(typ, fn, seq, tid, t_ns, result, aux)
                 p = off + REC_HDR.size

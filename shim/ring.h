@@ -71,10 +71,13 @@ enum {
     CS_T_STR = 3,     /* string bytes, no NUL */
     CS_T_BLOB = 4,    /* 16 bytes: u64 blob serial, u64 size (data came as BLOB_PIECEs) */
     CS_T_F64 = 5,     /* 8-byte double */
+    CS_T_VALS = 6,    /* every argument's value, 8 bytes each in parameter order (idx CS_F_VALS);
+                         float arguments as the bits of a double */
 };
 
 /* Named extras use field indices from 0x100 up. */
 enum {
+    CS_F_VALS = 0xFFFF,       /* the CS_T_VALS field of a PRE record */
     CS_F_PARAMS = 0x100,      /* packed kernel parameter bytes */
     CS_F_ATTRS = 0x101,       /* launch attributes array (cuLaunchKernelEx) */
     CS_F_IMAGE = 0x102,       /* module image blob */

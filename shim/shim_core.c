@@ -46,8 +46,10 @@ static uint64_t cs_mask;
 static int cs_state;                     /* 0 untouched, 1 recording, -1 off */
 static pid_t cs_pid;
 static pthread_mutex_t cs_init_lock = PTHREAD_MUTEX_INITIALIZER;
-static __thread uint64_t cs_tid;
-static __thread int cs_depth;            /* >0 inside a recorded call: nested driver calls pass through */
+/* initial-exec TLS: no __tls_get_addr per access (the shim is preloaded, so static TLS has room) */
+#define CS_TLS static __thread __attribute__((tls_model("initial-exec")))
+CS_TLS uint64_t cs_tid;
+CS_TLS int cs_depth;            /* >0 inside a recorded call: nested driver calls pass through */
 
 #define REAL(id) ((cs_gen_fn)cs_resolve(id))
 
@@ -98,7 +100,8 @@ typedef struct { cs_rec_hdr *h; char *p; char *end; } cs_rec;
 
 static int cs_recorder_alive(void) {
     uint64_t beat = __atomic_load_n(&cs_ring->recorder_beat_ns, __ATOMIC_RELAXED);
-    return beat && cs_now() - beat < 3000000000ull;
+    /* signed: the recorder may have beaten after we read the clock */
+    return beat && (int64_t)(cs_now() - beat) < 3000000000ll;
 }
 
 /* Reserve `len` bytes (multiple of 8). Waits while the ring is full and the recorder is
@@ -113,19 +116,23 @@ static int cs_reserve(cs_rec *r, uint32_t len, uint16_t type) {
         uint64_t pad = (off + len > cap) ? cap - off : 0;
         uint64_t tail = __atomic_load_n(&cs_ring->tail, __ATOMIC_ACQUIRE);
         if (head + pad + len - tail > cap) {
-            if (++spins > 64 && !cs_recorder_alive()) {
+            /* full: wait for a live recorder (a slow disk slows the program rather than
+             * losing data); with no recorder draining, drop at once */
+            if (!cs_recorder_alive()) {
                 __atomic_fetch_add(&cs_ring->dropped, 1, __ATOMIC_RELAXED);
                 return -1;
             }
-            if (spins < 64) sched_yield(); else { struct timespec ts = {0, 200000}; nanosleep(&ts, NULL); }
+            if (++spins < 64) sched_yield(); else { struct timespec ts = {0, 200000}; nanosleep(&ts, NULL); }
             continue;
         }
         if (!__atomic_compare_exchange_n(&cs_ring->head, &head, head + pad + len, 1, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
             continue;
         if (pad) {
-            cs_rec_hdr *ph = (cs_rec_hdr *)(cs_data + off);
-            ph->len = (uint32_t)pad; ph->type = CS_REC_PAD; ph->nfields = 0;
-            __atomic_store_n(&ph->state, 1, __ATOMIC_RELEASE);
+            /* a pad may be as short as 8 bytes: write only len and state (any published
+             * record shorter than a header is a pad to the consumer) */
+            uint32_t *ph = (uint32_t *)(cs_data + off);
+            ph[0] = (uint32_t)pad;
+            __atomic_store_n(&ph[1], 1, __ATOMIC_RELEASE);
             off = 0;
         }
         cs_rec_hdr *h = (cs_rec_hdr *)(cs_data + off);
@@ -214,7 +221,7 @@ static int cs_open_ring(void) {
     int fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) return -1;
     if (ftruncate(fd, (off_t)(CS_RING_HDR + cap)) != 0) { close(fd); unlink(tmp); return -1; }
-    void *mem = mmap(NULL, CS_RING_HDR + cap, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void *mem = mmap(NULL, CS_RING_HDR + cap, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     close(fd);
     if (mem == MAP_FAILED) { unlink(tmp); return -1; }
     cs_ring_hdr *h = (cs_ring_hdr *)mem;
@@ -261,10 +268,9 @@ static void cs_exit_hook(void) {
 
 /* --- the generic call engine ------------------------------------------------------- */
 static uint32_t cs_pre_size(const cs_fn *fn, const U *a) {
-    uint32_t n = (uint32_t)sizeof(cs_rec_hdr);
+    uint32_t n = (uint32_t)sizeof(cs_rec_hdr) + cs_flen(8u * fn->nparams);
     for (int i = 0; i < fn->nparams; i++) {
         const cs_param *p = &fn->params[i];
-        n += cs_flen(8);
         void *ptr = (void *)a[p->ai];
         switch (p->kind) {
         case CS_K_IN_STRUCT: case CS_K_INOUT_STRUCT:
@@ -301,12 +307,21 @@ static CUresult cs_call(int id, U *a, double *d) {
     cs_rec r;
     if (cs_reserve(&r, cs_pre_size(fn, a), CS_REC_PRE) == 0) {
         r.h->fn = (uint32_t)id; r.h->seq = seq; r.h->t_ns = cs_now();
+        /* every argument's value in one field (8 bytes each, in parameter order) */
+        cs_field_hdr *vf = (cs_field_hdr *)r.p;
+        vf->idx = CS_F_VALS; vf->tag = CS_T_VALS; vf->len = 8u * fn->nparams;
+        U *vals = (U *)(vf + 1);
         for (int i = 0; i < fn->nparams; i++) {
             const cs_param *p = &fn->params[i];
-            U v = p->flags & CS_P_FLOAT ? 0 : a[p->ai];
-            if (p->flags & CS_P_FLOAT) { cs_put(&r, (uint16_t)i, CS_T_F64, &d[p->ai], 8); continue; }
-            if (p->size < 8) v &= (1ull << (8 * p->size)) - 1;
-            cs_put_val(&r, (uint16_t)i, v);
+            U v;
+            if (p->flags & CS_P_FLOAT) memcpy(&v, &d[p->ai], 8);
+            else { v = a[p->ai]; if (p->size < 8) v &= (1ull << (8 * p->size)) - 1; }
+            vals[i] = v;
+        }
+        r.p += cs_flen(8u * fn->nparams); r.h->nfields++;
+        for (int i = 0; i < fn->nparams; i++) {
+            const cs_param *p = &fn->params[i];
+            if (p->flags & CS_P_FLOAT) continue;
             void *ptr = (void *)a[p->ai];
             switch (p->kind) {
             case CS_K_IN_STRUCT: case CS_K_INOUT_STRUCT:

@@ -12,8 +12,8 @@ typedef CUresult (*cs_fn3)(U, U, U);
 typedef CUresult (*cs_fn4)(U, U, U, U);
 #define CALLREAL(id, T) ((id) >= 0 && cs_resolve(id) ? (T)cs_resolve(id) : (T)0)
 
-static __thread int cs_skip_out;   /* async D2H inside stream capture: no result to keep */
-static __thread uint64_t cs_post_serial, cs_post_size;  /* memcpy2D host destination blob */
+CS_TLS int cs_skip_out;   /* async D2H inside stream capture: no result to keep */
+CS_TLS uint64_t cs_post_serial, cs_post_size;  /* memcpy2D host destination blob */
 
 static CUresult cs_hook_passthrough(const cs_fn *fn, cs_gen_fn real, U *a, double *d) {
     (void)fn;
@@ -132,7 +132,7 @@ static uint32_t cs_launch_bytes(const cs_fn *fn, const U *a, const void **src, c
 }
 
 static uint32_t cs_attrs_bytes(const cs_fn *fn, const U *a) {
-    if (fn->hook != CS_H_LAUNCH || strncmp(fn->name, "cuLaunchKernelEx", 16) != 0) return 0;
+    if (fn->hook != CS_H_LAUNCH || fn->h2 < 0 || fn->h0 != 1) return 0;   /* cuLaunchKernelEx: (config, f, ...) */
     const char *cfg = (const char *)a[fn->params[0].ai];
     if (!cfg) return 0;
     uint32_t na = *(const uint32_t *)(cfg + CS_LAUNCHCFG_NUMATTRS_OFF);
@@ -351,7 +351,7 @@ static int cs_id_of_pointer(void *p, const char *symbol) {
     return best;
 }
 
-static __thread int cs_last_wrapped = -2;
+CS_TLS int cs_last_wrapped = -2;
 
 static void cs_hook_after(const cs_fn *fn, int id, U *a, CUresult res) {
     (void)id;
