@@ -20,10 +20,15 @@ rm -f "$CUDASNAP_GPU_RESULTS"
 # test from outside the tree, so the installed package is what gets imported
 rm -rf /tmp/cs-tests && cp -r "$ROOT/tests" /tmp/cs-tests
 cd /tmp
+if [ -z "${SKIP_EXAMPLE:-}" ]; then
+  bash "$ROOT/examples/run.sh" 2>&1 | tee "$OUT/example.log" | tail -6
+  cp /tmp/cudasnap-example.cusnap "$OUT/example_vector_add.cusnap" 2>/dev/null
+fi
 if [ -z "${SKIP_SUITE:-}" ]; then
   timeout ${SUITE_TIMEOUT:-420} python3 -m pytest -m gpu -p no:cacheprovider -q -rA ${1:+-k "$1"} /tmp/cs-tests/gpu 2>&1 | tee "$OUT/gpu_suite.log" | tail -40
   cp /tmp/cudasnap-gpu/snaps/nvcc_ptrs.cusnap "$OUT/example_ptrs.cusnap" 2>/dev/null
 fi
 if [ -z "${SKIP_BENCH:-}" ]; then
   timeout ${BENCH_TIMEOUT:-300} python3 "$ROOT/bench/bench_capture_gpu.py" --json "$OUT/bench_capture.json" 2>&1 | tee "$OUT/bench.log" | tail -8
+  timeout ${BENCH_TIMEOUT:-300} python3 "$ROOT/bench/bench_replay_gpu.py" --json "$OUT/bench_replay.json" 2>&1 | tee -a "$OUT/bench.log" | tail -8
 fi

@@ -28,7 +28,8 @@ def _session_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="cudasnap-", dir=base))
 
 
-def run_capture(command: list[str], out: Path | None, ring_mb: int, level: int, threads: int, quiet: bool) -> int:
+def run_capture(command: list[str], out: Path | None, ring_mb: int = 256, level: int = 3, threads: int | None = None,
+                quiet: bool = False, placement: str = "region") -> int:
     if not command:
         print("cudasnap: error: no command given: use `cudasnap capture [-o OUT] -- COMMAND ARGS...`", file=sys.stderr)
         return 2
@@ -49,7 +50,8 @@ def run_capture(command: list[str], out: Path | None, ring_mb: int, level: int, 
     env["LD_PRELOAD"] = lib + (":" + env["LD_PRELOAD"] if env.get("LD_PRELOAD") else "")
     env["CUDASNAP_SESSION"] = str(session)
     env["CUDASNAP_RING_MB"] = str(ring_mb)
-    options = {"ring_mb": ring_mb, "level": level, "command": command}
+    env["CUDASNAP_PLACEMENT"] = placement
+    options = {"ring_mb": ring_mb, "level": level, "command": command, "placement": placement}
     root = {"pid": -1}
     rec = Recorder(session, out, lambda: root["pid"], options, level=level, threads=threads)
     rec.start()

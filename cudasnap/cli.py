@@ -26,7 +26,8 @@ def capture(
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Snapshot path (default ./PROGRAM.cusnap; other processes get PROGRAM.PID.cusnap)."),
     ring_mb: int = typer.Option(256, "--ring-mb", help="Shared-memory ring per process, MiB (a larger ring absorbs bursts)."),
     level: int = typer.Option(3, "--level", help="zstd compression level (1 fastest .. 19)."),
-    threads: int = typer.Option(4, "--threads", help="Compression threads per process."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="Hashing/compression threads per process (default: min(16, CPUs))."),
+    placement: str = typer.Option("region", "--placement", help="region: put device allocations in a tool-owned address zone so replay can place them exactly (VMM memory); off: leave addresses to the driver."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No summary lines."),
 ):
     """Run COMMAND with the shim preloaded and write a snapshot for each process that used CUDA."""
@@ -36,7 +37,11 @@ def capture(
         _fail("--ring-mb must be between 1 and 65536")
     if not 1 <= level <= 22:
         _fail("--level must be between 1 and 22")
-    raise typer.Exit(run_capture(list(command), output, ring_mb, level, max(0, threads), quiet))
+    if placement not in ("region", "off"):
+        _fail("--placement must be region or off")
+    if threads is not None and threads < 0:
+        _fail("--threads must be >= 0")
+    raise typer.Exit(run_capture(list(command), output, ring_mb, level, threads, quiet, placement))
 
 
 @app.command()

@@ -25,6 +25,9 @@ class ReplayOptions:
 @dataclass
 class ReplayResult:
     exit_code: int = 0
+    first_launch_unix: Optional[float] = None   # wall clock of the first launch (time to first kernel)
+    first_launch_mono: Optional[float] = None
+    last_launch_mono: Optional[float] = None     # launch rate = launches / (last - first)
     placed: int = 0
     fell_back: int = 0
     fallbacks: List[Dict[str, Any]] = field(default_factory=list)

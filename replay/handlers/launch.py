@@ -2,6 +2,8 @@
 recorded packed parameter bytes (passed through the `extra` buffer form: no layout needed)."""
 from __future__ import annotations
 
+import time
+
 import ctypes
 import struct
 
@@ -73,6 +75,10 @@ def _capturing(rp, rec) -> bool:
 
 def _after(rp, rec, name, ev=None):
     rp.res.launches += 1
+    now = time.monotonic()
+    if rp.res.first_launch_mono is None:
+        rp.res.first_launch_mono, rp.res.first_launch_unix = now, time.time()
+    rp.res.last_launch_mono = now
     rp.after_launch(ev)
     # a launch on a capturing stream became a graph node: a sync now would break the capture
     if rp.opt.sync_after_launch and rec.get("r", 0) == 0 and not _capturing(rp, rec):
