@@ -3,6 +3,7 @@
 # say so and show `cudasnap info` of the real snapshot shipped here instead.
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
+command -v cudasnap > /dev/null 2>&1 || cudasnap() { python3 -m cudasnap "$@"; }
 if command -v nvidia-smi > /dev/null 2>&1 && nvidia-smi -L > /dev/null 2>&1; then
   OUT=${TMPDIR:-/tmp}/cudasnap-example.cusnap
   cudasnap capture -o "$OUT" -- python3 "$HERE/vector_add.py" || exit $?

@@ -128,10 +128,11 @@ def test_sigkill_mid_run_leaves_readable_snapshot(double, capture):
 
 def test_sigkill_from_outside(double, tmp_path):
     """The program is killed by someone else while launching in a loop."""
-    from conftest import cudasnap_cmd
+    import sys
 
     out = tmp_path / "k.cusnap"
-    p = subprocess.Popen(cudasnap_cmd("capture", "-o", str(out), "--ring-mb", "16", "--", double["progs"]["killme"]),
+    p = subprocess.Popen([sys.executable, "-m", "cudasnap", "capture", "-o", str(out), "--ring-mb", "16", "--",
+                          double["progs"]["killme"]],
                          env=double["env"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = p.stdout.readline()
     assert line.startswith("READY")
