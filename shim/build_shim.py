@@ -9,6 +9,7 @@ registers, 14 stack slots), which forwards any driver call on x86-64 SysV unchan
 from __future__ import annotations
 
 import json
+import re
 import os
 from pathlib import Path
 
@@ -60,6 +61,12 @@ def _hook_of(fn) -> tuple[int, int, int, int]:
         return HOOKS["init"], -1, -1, -1
     if name in PLACEMENT:
         return 9, -1, -1, -1
+    kn = _param_index(params, ("nodeParams", "pNodeParams"))
+    if kn >= 0 and "Get" not in name and ("KernelNode" in name or re.match(r"cuGraph(Add|Exec)?Node(SetParams)?(_v\d)?$", name)
+                    or re.match(r"cuGraph(Exec)?NodeSetParams", name) or name.startswith("cuGraphAddNode")):
+        # kernel graph nodes carry their arguments as host pointers: pack them like a launch
+        generic = "KernelNode" not in name
+        return 10, kn, 16 if generic else 0, 1 if (generic or (params[kn].get("pointee_size") or 0) >= 72) else 0
     if cap == "module_image" and any(p["kind"] == "blob_in" for p in params):
         cap = None  # cuLinkAddData & co carry their size: the generic blob path has it
     hook = HOOKS.get(cap, 0)
@@ -109,7 +116,7 @@ def generate_c(desc: dict) -> str:
       " CS_K_BLOB_IN, CS_K_BLOB_OUT, CS_K_ARRAY_IN, CS_K_ARRAY_OUT };")
     w("enum { CS_P_FLOAT = 1, CS_P_COUNT_PTR = 2 };")
     w("enum { CS_H_NONE, CS_H_LAUNCH, CS_H_MODULE_IMAGE, CS_H_MODULE_FILE, CS_H_GETPROC,"
-      " CS_H_EXPORT_TABLE, CS_H_MEMCPY_STRUCT, CS_H_ASYNC_D2H, CS_H_INIT, CS_H_PLACE };")
+      " CS_H_EXPORT_TABLE, CS_H_MEMCPY_STRUCT, CS_H_ASYNC_D2H, CS_H_INIT, CS_H_PLACE, CS_H_KNODE };")
     w("typedef struct { unsigned char kind, size, flags, ai; unsigned short len_idx; unsigned aux; } cs_param;")
     w("typedef struct { const char *name, *base; unsigned char nparams, hook; signed char h0, h1, h2;"
       " const cs_param *params; } cs_fn;")

@@ -110,25 +110,71 @@ static const cs_layout *cs_layout_of(U h) {
     return L;
 }
 
-/* Packed parameter bytes: from kernelParams through the layout, or the `extra` buffer. */
-static uint32_t cs_launch_bytes(const cs_fn *fn, const U *a, const void **src, const cs_layout **lay) {
+/* Packed parameter bytes of function/kernel handle f: from the `extra` buffer form, or
+ * from kernelParams through the handle's layout. */
+static uint32_t cs_pack_size(U f, U kparams, U extra, const void **src, const cs_layout **lay) {
     *src = NULL; *lay = NULL;
-    U extra = fn->h2 >= 0 ? a[fn->params[fn->h2].ai] : 0;
+    (void)kparams;
     if (extra) {
         void **e = (void **)extra;
         void *buf = NULL; size_t size = 0;
         for (int i = 0; i < 16 && e[i]; i += 2) {
             if (e[i] == (void *)1) buf = e[i + 1];
             else if (e[i] == (void *)2) size = *(size_t *)e[i + 1];
-            else if (e[i] != (void *)1 && e[i] != (void *)2) break;
+            else break;
         }
         if (buf && size <= 65536) { *src = buf; return (uint32_t)size; }
         return 0;
     }
-    U f = a[fn->params[fn->h0].ai];
+    if (!f) return 0;
     const cs_layout *L = cs_layout_of(f);
     *lay = L;
     return L ? L->total : 0;
+}
+
+static void cs_put_packed(cs_rec *r, uint32_t n, const void *src, const cs_layout *L, U kparams) {
+    cs_field_hdr *fh = (cs_field_hdr *)r->p;
+    fh->idx = CS_F_PARAMS; fh->tag = CS_T_BYTES; fh->len = n;
+    char *dst = (char *)(fh + 1);
+    if (src) memcpy(dst, src, n);
+    else if (L && n) {
+        void **kp = (void **)kparams;
+        memset(dst, 0, n);
+        for (uint32_t i = 0; kp && i < L->n; i++)
+            memcpy(dst + L->off_size[2 * i], kp[i], L->off_size[2 * i + 1]);
+    }
+    r->p += cs_flen(n); r->h->nfields++;
+}
+
+/* Where the launch-like arguments of a call are: (handle, kernelParams, extra). Launches
+ * take them as arguments; kernel graph nodes inside a CUDA_KERNEL_NODE_PARAMS struct
+ * (h0 = struct param, h1 = its offset in the argument, h2 = 1 when it has `kern`). */
+static int cs_launch_args(const cs_fn *fn, const U *a, U *f, U *kp, U *ex) {
+    if (fn->hook == CS_H_LAUNCH) {
+        *f = a[fn->params[fn->h0].ai];
+        *kp = fn->h1 >= 0 ? a[fn->params[fn->h1].ai] : 0;
+        *ex = fn->h2 >= 0 ? a[fn->params[fn->h2].ai] : 0;
+        return 1;
+    }
+    if (fn->hook == CS_H_KNODE) {
+        const char *s = (const char *)a[fn->params[fn->h0].ai];
+        if (!s) return 0;
+        if (fn->h1 == 16 && *(const uint32_t *)s != 0) return 0;   /* CUgraphNodeParams: not a kernel node */
+        s += fn->h1;
+        *f = *(const U *)s;
+        if (!*f && fn->h2 == 1) *f = *(const U *)(s + 56);            /* CUkernel `kern` */
+        *kp = *(const U *)(s + 40);
+        *ex = *(const U *)(s + 48);
+        return 1;
+    }
+    return 0;
+}
+
+static uint32_t cs_launch_bytes(const cs_fn *fn, const U *a, const void **src, const cs_layout **lay, U *kp) {
+    U f = 0, ex = 0;
+    *kp = 0; *src = NULL; *lay = NULL;
+    if (!cs_launch_args(fn, a, &f, kp, &ex)) return 0;
+    return cs_pack_size(f, *kp, ex, src, lay);
 }
 
 static uint32_t cs_attrs_bytes(const cs_fn *fn, const U *a) {
@@ -224,9 +270,9 @@ static uint64_t cs_hook_pre_blob(const cs_fn *fn, const U *a) {
 
 static uint32_t cs_hook_pre_size(const cs_fn *fn, const U *a) {
     switch (fn->hook) {
-    case CS_H_LAUNCH: {
-        const void *src; const cs_layout *L;
-        return cs_flen(cs_launch_bytes(fn, a, &src, &L)) + cs_flen(cs_attrs_bytes(fn, a));
+    case CS_H_LAUNCH: case CS_H_KNODE: {
+        const void *src; const cs_layout *L; U kp;
+        return cs_flen(cs_launch_bytes(fn, a, &src, &L, &kp)) + cs_flen(cs_attrs_bytes(fn, a));
     }
     case CS_H_MODULE_IMAGE: case CS_H_MODULE_FILE: case CS_H_MEMCPY_STRUCT: return cs_flen(16);
     default: return 0;
@@ -235,20 +281,12 @@ static uint32_t cs_hook_pre_size(const cs_fn *fn, const U *a) {
 
 static void cs_hook_pre_fields(const cs_fn *fn, cs_rec *r, const U *a, uint64_t serial) {
     switch (fn->hook) {
-    case CS_H_LAUNCH: {
-        const void *src; const cs_layout *L;
-        uint32_t n = cs_launch_bytes(fn, a, &src, &L);
-        cs_field_hdr *f = (cs_field_hdr *)r->p;
-        f->idx = CS_F_PARAMS; f->tag = CS_T_BYTES; f->len = n;
-        char *dst = (char *)(f + 1);
-        if (src) memcpy(dst, src, n);
-        else if (L && n) {
-            void **kp = (void **)a[fn->params[fn->h1].ai];
-            memset(dst, 0, n);
-            for (uint32_t i = 0; kp && i < L->n; i++)
-                memcpy(dst + L->off_size[2 * i], kp[i], L->off_size[2 * i + 1]);
-        }
-        r->p += cs_flen(n); r->h->nfields++;
+    case CS_H_LAUNCH: case CS_H_KNODE: {
+        const void *src; const cs_layout *L; U kp;
+        uint32_t n = cs_launch_bytes(fn, a, &src, &L, &kp);
+        U f = 0, k2 = 0, ex = 0;
+        if (!cs_launch_args(fn, a, &f, &k2, &ex)) break;   /* not a kernel node: nothing packed */
+        cs_put_packed(r, n, src, L, kp);
         uint32_t na = cs_attrs_bytes(fn, a);
         if (na) {
             const char *cfg = (const char *)a[fn->params[0].ai];
