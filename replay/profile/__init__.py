@@ -5,8 +5,10 @@ Profilers are replay subscribers (replay/events.py); they never patch the engine
 - timeline  replay as recorded (asynchronous); kernel and copy times from CUPTI activity
             records (cupti-python) or, without CUPTI, CUDA events around each launch.
 - isolated  each selected launch runs warmup + repeat more times, its memory restored to the
-            pre-launch contents before every run (like Nsight Compute's kernel replay).
-- graph     the selected launches are stream-captured into one CUDA graph and replayed.
+            pre-launch contents before every run (like Nsight Compute's kernel replay); kernel
+            durations from CUPTI, CUDA events without it.
+- graph     the selected launches (with the memsets and device copies between them) are
+            stream-captured into one CUDA graph and replayed from the pre-sequence memory.
 
 Selection (which launches are profiled; every call still runs): --kernels REGEX,
 --calls SET (call-set syntax of `dump`), --launch N (the launch with call sequence number N).
@@ -35,7 +37,7 @@ MODES = ("timeline", "isolated", "graph")
 class ProfileConfig:
     mode: Optional[str] = None          # timeline | isolated | graph | None (hooks/NVTX only)
     repeat: int = 10
-    warmup: int = 2
+    warmup: int = 3
     flush_l2: bool = False
     kernels: Optional[str] = None
     calls: Optional[str] = None
@@ -204,6 +206,7 @@ def run_profile_cli(snapshot, opts: ReplayOptions, cfg: ProfileConfig, as_json: 
         d["mismatch_text"] = run.replayer.mismatch_text
         d["profile"] = run.report
         out.write(json.dumps(d, indent=2, default=str) + "\n")
+        _exit_if_gpu_hung(run, res.exit_code, out)
         return res.exit_code
     if not opts.quiet:
         render(res, run.replayer.mismatch_text, os.fspath(snapshot), out, False)
@@ -216,4 +219,17 @@ def run_profile_cli(snapshot, opts: ReplayOptions, cfg: ProfileConfig, as_json: 
         for p, what in ((cfg.out, "profile"), (cfg.trace, "trace")):
             if p:
                 out.write(f"{what} written to {p}\n")
+    _exit_if_gpu_hung(run, res.exit_code, out)
     return res.exit_code
+
+
+def _exit_if_gpu_hung(run: ProfileRun, code: int, out) -> None:
+    """A graph run that never finished keeps the GPU busy: interpreter shutdown (context
+    teardown) would wait for it.  Results are written; leave now."""
+    if run.report and (run.report.get("summary") or {}).get("hung"):
+        for f in (out, sys.stdout, sys.stderr):
+            try:
+                f.flush()
+            except Exception:
+                pass
+        os._exit(code or 2)

@@ -1,18 +1,49 @@
 """`--profile graph`: the selected launches, in recorded order, are stream-captured into one
-CUDA graph (on one new stream: launches of several recorded streams are serialized) right
-after the last selected launch replayed, and the graph is launched warmup + repeat times.
+CUDA graph and the graph is launched warmup + repeat times; each timed run's time is the
+graph launch's (CUDA events around cuGraphLaunch: the whole selected sequence).
 
-Result: total time per graph launch (CUDA events) and, with CUPTI, per-kernel times.  Memory
-the launches could write is saved before the graph runs and restored after, so the replay
-continues (and verifies) as recorded.  The launches' buffers must still be allocated after
-the last selected launch (true for caching allocators: PyTorch, JAX)."""
+What the graph holds: every selected launch from the first to the last one replayed, and the
+device-side state changes issued between them (memsets, device-to-device copies, host-to-device
+copies through a device staging buffer), in recorded order.  Kernels often depend on those: a
+cuBLAS/CUB/CUTLASS kernel that spin-waits on a semaphore or tile counter that the library
+zeroes with a memset right before the launch never finishes when the memset is left out and
+the counter holds whatever a later kernel left there.  Device-to-host copies are not captured.
+
+Capture: on one new non-blocking stream (CU_STREAM_NON_BLOCKING, so neither the legacy NULL
+stream nor any other replayed stream synchronizes with it), in CU_STREAM_CAPTURE_MODE_RELAXED,
+with nothing synchronized or queried while capturing.  Launches of every recorded stream,
+the NULL stream included, are relaunched onto it (serialized in recorded order).  Launches
+that the recording made into a stream capture of its own are graph nodes of the program's
+graph, not executed launches: they are skipped.  A failed capture is ended and reported.
+
+Memory: everything the launches could write is saved before the first selected launch
+(pre-state) and after the last one (post-state).  Every graph run starts from the pre-state,
+so each run does the recorded work on the recorded data; afterwards the post-state is put
+back and the replay continues (and verifies) as recorded.  Runs are waited for with a time
+limit (below --watchdog): a run that does not finish is reported as such and replay stops."""
 from __future__ import annotations
 
-import statistics
-from typing import Any, Callable, Dict, List, Optional
+import re
+import time
+from types import SimpleNamespace
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .isolated import MemorySaver, ranges_for, stats
+from .isolated import SAVE_KINDS, MemorySaver, ranges_for, stats
 from .timeline import open_cupti
+
+CU_STREAM_NON_BLOCKING = 1
+CUDA_ERROR_NOT_READY = 600
+_MEMSET_RX = re.compile(r"cuMemset(D2D|D)(8|16|32)")
+_MEMSET_VAL = {"8": "uc", "16": "us", "32": "ui"}
+
+
+class GraphHang(Exception):
+    pass
+
+
+def _base(f: str) -> str:
+    from ..events import _BASE_RX
+    return _BASE_RX.sub("", f)
 
 
 class GraphProfiler:
@@ -24,132 +55,412 @@ class GraphProfiler:
         self.warn = warn
         self.rp = None
         self.sel = None
+        self.first_seq: Optional[int] = None
         self.last_seq: Optional[int] = None
-        self.launches: List[Any] = []
+        self.ops: List[Tuple] = []               # ("launch", ev) | ("memset", name, args) | ("dtod", dst, src, n)
+        self.launches: List[Any] = []            #   | ("htod", rec, dst, n)
+        self.skipped_ops: Dict[str, int] = {}
+        self.skipped_captured = 0
+        self.pre: Optional[MemorySaver] = None
+        self._sel_params: List[bytes] = []
         self.done = False
         self.due = False
         self.total_times_us: List[float] = []
         self.node_times: List[List[float]] = []
+        self.cupti_spans_us: List[float] = []
         self.backend = "events"
         self.info: Dict[str, Any] = {}
+        self.timeout = 300.0
 
+    # ------------------------------------------------------------------ events
     def on_event(self, kind: str, ev) -> None:
         if kind == "start":
             self._start(ev)
             return
         if self.done:
             return
-        capturing = bool(getattr(self.rp, "capturing", None))
-        if kind == "before_launch" and self.sel(ev) and not capturing:
-            self.launches.append(ev)
+        if kind == "before_launch":
+            if self.sel(ev):
+                if self._captured(ev.rec_stream, ev.stream):
+                    self.skipped_captured += 1       # a node of the program's own graph, not run now
+                else:
+                    if not self.ops:
+                        self._save_pre(ev)
+                    self.ops.append(("launch", ev))
+                    self.launches.append(ev)
+        elif kind == "copy" and self.ops:
+            self._add_copy(ev)
         elif kind == "after_launch" and ev.seq == self.last_seq:
             self.due = True
         if kind in ("teardown", "end"):
             self.due = True
-        if self.due and self.launches and not capturing and kind in ("after_launch", "copy", "sync", "teardown", "end"):
+        if self.due and self.launches and not self.rp.capturing \
+                and kind in ("after_launch", "copy", "sync", "teardown", "end"):
             self.done = True
             self._run()
 
+    def _captured(self, rec_stream, live_stream) -> bool:
+        """Is this recorded stream inside a stream capture that the replay is rebuilding?"""
+        rp = self.rp
+        if not rp.capturing:
+            return False
+        from ..handlers.graph import stream_capturing
+        return stream_capturing(rp, rec_stream, live_stream)
+
     def _start(self, ev) -> None:
         from . import Selection, is_launch_call
+        from ..events import LAUNCH_CONFIG
         self.rp = rp = ev.replayer
         self.sel = Selection(self.cfg, rp.func_names)
+        wd = getattr(rp.opt, "watchdog", None)
+        if wd:
+            self.timeout = max(1.0, 0.8 * float(wd))
+        in_capture: set = set()
         for rec in rp.reader.records(("c",)):
             f = rec.get("f") or ""
-            if not is_launch_call(f) or rec.get("r", 0) != 0 or rec.get("incomplete"):
+            if rec.get("r", 0) != 0 or rec.get("incomplete"):
                 continue
-            if self.sel.rec(rec, rp.kernel_name_of((rec.get("a") or {}).get("f"))):
+            a = rec.get("a") or {}
+            b = _base(f)
+            if b in ("cuStreamBeginCapture", "cuStreamBeginCaptureToGraph"):
+                in_capture.add(a.get("hStream"))
+                continue
+            if b == "cuStreamEndCapture":
+                in_capture.discard(a.get("hStream"))
+                continue
+            if not is_launch_call(f):
+                continue
+            hs = a.get("hStream")
+            cfg = a.get("config")
+            if b == "cuLaunchKernelEx" and isinstance(cfg, (bytes, bytearray)) and len(cfg) >= LAUNCH_CONFIG.size:
+                hs = LAUNCH_CONFIG.unpack_from(bytes(cfg))[7]
+            if hs and hs in in_capture:
+                continue
+            if self.sel.rec(rec, rp.kernel_name_of(a.get("f"))):
                 s = rec.get("s")
-                if isinstance(s, int) and (self.last_seq is None or s > self.last_seq):
-                    self.last_seq = s
+                if isinstance(s, int):
+                    if self.first_seq is None or s < self.first_seq:
+                        self.first_seq = s
+                    if self.last_seq is None or s > self.last_seq:
+                        self.last_seq = s
+                    p = (rec.get("x") or {}).get("params")
+                    if p:
+                        self._sel_params.append(bytes(p))
         if self.last_seq is None:
             self.warn("graph: no launch selected")
 
-    def _run(self) -> None:
-        rp, cfg, cu = self.rp, self.cfg, self.rp.cu
-        saver = None
-        stream = graph = gexec = None
-        evs: List[Any] = []
-        cupti = None
+    # ------------------------------------------------------------------ recording the sequence
+    def _save_pre(self, ev) -> None:
+        """Memory before the first selected launch: every graph run starts from it."""
+        rp = self.rp
+        if rp.capturing:
+            self.warn("graph: the first selected launch comes during a recorded stream capture: graph runs start "
+                      "from the memory the sequence left (not restored to the pre-sequence state)")
+            return
         try:
             rp.raw("cuCtxSynchronize")
-            saver = MemorySaver(rp, ranges_for(rp, self.launches, cfg.save_limit))
-            saver.save()
-            stream = rp.raw("cuStreamCreate", 1)          # CU_STREAM_NON_BLOCKING
-            mode = getattr(getattr(cu, "CUstreamCaptureMode", None), "CU_STREAM_CAPTURE_MODE_RELAXED", 2)
-            rp.raw("cuStreamBeginCapture", stream, mode)
+            evs = [SimpleNamespace(rec_params=p) for p in self._sel_params]
+            pre = MemorySaver(rp, ranges_for(rp, evs, self.cfg.save_limit))
+            pre.save()
+            self.pre = pre
+        except Exception as e:
+            self.warn(f"graph: could not save memory before call #{ev.seq} ({type(e).__name__}: {e}); graph runs "
+                      f"start from the memory the sequence left")
+
+    def _skip(self, what: str) -> None:
+        self.skipped_ops[what] = self.skipped_ops.get(what, 0) + 1
+
+    def _add_copy(self, ev) -> None:
+        """A memset/copy between the first and the last selected launch (after it ran)."""
+        rp = self.rp
+        rec = ev.rec
+        if rec.get("r", 0) != 0:
+            return
+        f = rec.get("f") or ""
+        a = rec.get("a") or {}
+        if "Async" in f and self._captured(ev.rec_stream, ev.stream):
+            return
+        b = _base(f)
+        m = _MEMSET_RX.match(b)
+        if m:
+            two_d, width = m.group(1) == "D2D", m.group(2)
+            name = ("cuMemsetD2D" if two_d else "cuMemsetD") + width + "Async"
+            dst = rp.tr(a.get("dstDevice"))
+            val = a.get(_MEMSET_VAL[width], 0)
+            args = [dst, a.get("dstPitch", 0), val, a.get("Width", 0), a.get("Height", 0)] if two_d \
+                else [dst, val, a.get("N", 0)]
+            self.ops.append(("memset", name, args, rec.get("s")))
+            return
+        n = int(a.get("ByteCount") or 0)
+        if b == "cuMemcpyDtoD" or b == "cuMemcpyDtoDAsync":
+            self.ops.append(("dtod", rp.tr(a.get("dstDevice")), rp.tr(a.get("srcDevice")), n, rec.get("s")))
+        elif b in ("cuMemcpy", "cuMemcpyAsync"):
+            sp = rp.space
+            if sp is not None and sp.find(a.get("dst") or 0) is not None and sp.find(a.get("src") or 0) is not None:
+                self.ops.append(("dtod", rp.tr(a.get("dst")), rp.tr(a.get("src")), n, rec.get("s")))
+            else:
+                self._skip(b)
+        elif b in ("cuMemcpyHtoD", "cuMemcpyHtoDAsync"):
+            self.ops.append(("htod", rec, rp.tr(a.get("dstDevice")), n, rec.get("s")))
+        elif "DtoH" in b or "AtoH" in b:
+            pass                                   # results for the host: nothing a later kernel reads
+        else:
+            self._skip(b)
+
+    # ------------------------------------------------------------------ running the graph
+    def _arm(self, what: str) -> None:
+        wd = getattr(self.rp, "watchdog", None)
+        if wd is not None:
+            wd.arm(f"graph profiler: {what} ({len(self.launches)} launches, calls #{self.first_seq}..#{self.last_seq})")
+
+    def _wait(self, stream, what: str) -> None:
+        """cuStreamSynchronize with a time limit (polls cuStreamQuery)."""
+        from ..driverops import DriverCallError, _code
+        cu = self.rp.cu
+        t_end = time.monotonic() + self.timeout
+        delay = 0.0
+        while True:
+            code = _code(cu.cuStreamQuery(stream)[0])
+            if code == 0:
+                return
+            if code != CUDA_ERROR_NOT_READY:
+                raise DriverCallError("cuStreamQuery", code)
+            if time.monotonic() > t_end:
+                raise GraphHang(f"{what} did not finish within {self.timeout:g} s")
+            time.sleep(delay)
+            delay = min(0.002, delay + 0.0001)
+
+    def _issue(self, op, stream) -> None:
+        rp = self.rp
+        k = op[0]
+        if k == "launch":
+            op[1].ctx.relaunch(stream)
+        elif k == "memset":
+            rp.raw(op[1], *op[2], stream)
+        elif k == "dtod":
+            rp.raw("cuMemcpyDtoDAsync", op[1], op[2], op[3], stream)
+        elif k == "htod":
+            rp.raw("cuMemcpyDtoDAsync", op[2], op[5], op[3], stream)   # from the staging copy
+
+    @staticmethod
+    def _desc(op) -> str:
+        if op[0] == "launch":
+            return f"call #{op[1].seq} {op[1].name}"
+        return f"call #{op[-1] if op[0] != 'htod' else op[4]} ({op[0]})"
+
+    def _stage(self) -> List[int]:
+        """Host-to-device payloads into device buffers, before the capture (a capture may not
+        read pageable host memory)."""
+        rp = self.rp
+        bufs: List[int] = []
+        total = 0
+        for i, op in enumerate(self.ops):
+            if op[0] != "htod":
+                continue
+            rec, dst, n = op[1], op[2], op[3]
+            data = rp.blob(rec, "srcHost")
+            if data is None or n == 0 or total + n > self.cfg.save_limit:
+                self.ops[i] = ("skip",)
+                self._skip("cuMemcpyHtoD")
+                continue
+            data = rp.h2d_payload(rec, bytes(data))[:n]
+            buf = int(rp.raw("cuMemAlloc", n))
+            bufs.append(buf)
+            rp.raw("cuMemcpyHtoD", buf, data, n)
+            total += n
+            self.ops[i] = op[:5] + (buf,)
+        self.ops = [op for op in self.ops if op[0] != "skip"]
+        return bufs
+
+    def _capture(self, stream):
+        rp, cu = self.rp, self.rp.cu
+        mode = getattr(getattr(cu, "CUstreamCaptureMode", None), "CU_STREAM_CAPTURE_MODE_RELAXED", 2)
+        rp.raw("cuStreamBeginCapture", stream, mode)
+        err = None
+        for op in self.ops:           # nothing else in between: no sync, no query, no event
             try:
-                for ev in self.launches:
-                    ev.ctx.relaunch(stream)
-            finally:
-                graph = rp.raw("cuStreamEndCapture", stream)
+                self._issue(op, stream)
+            except Exception as e:
+                err = f"{self._desc(op)}: {e}"
+                break
+        try:
+            graph = rp.raw("cuStreamEndCapture", stream)
+        except Exception as e:
+            graph = None
+            err = err or f"cuStreamEndCapture: {e}"
+        if err is not None:
+            if graph is not None:
+                try:
+                    cu.cuGraphDestroy(graph)
+                except Exception:
+                    pass
+            raise RuntimeError(f"stream capture failed at {err}")
+        return graph
+
+    def _live_ranges(self) -> List[Tuple[int, int]]:
+        rp = self.rp
+        sp = rp.space
+        live = [(a.live_base, a.size) for a in (sp.allocs.values() if sp else []) if a.kind in SAVE_KINDS]
+        for base, _bk, _n in (self.pre.copies if self.pre else []):
+            try:
+                b, n = rp.raw("cuMemGetAddressRange", base)
+                live.append((int(b), int(n)))
+            except Exception:
+                pass
+        return live
+
+    def _run(self) -> None:
+        rp, cfg, cu = self.rp, self.cfg, self.rp.cu
+        post = None
+        stream = graph = gexec = None
+        staging: List[int] = []
+        evs: List[Any] = []
+        cupti = None
+        hung = False
+        try:
+            self._arm("saving memory")
+            rp.raw("cuCtxSynchronize")
+            post = MemorySaver(rp, ranges_for(rp, self.launches, cfg.save_limit))
+            post.save()
+            if self.pre is not None:
+                dropped = self.pre.keep_only(self._live_ranges())
+                if dropped:
+                    self.warn(f"graph: {dropped} range(s) saved before the sequence were freed during it; not restored")
+            stream = rp.raw("cuStreamCreate", CU_STREAM_NON_BLOCKING)
+            staging = self._stage()
+            rp.raw("cuCtxSynchronize")
+            self._arm("capturing")
+            graph = self._capture(stream)
             gexec = rp.raw("cuGraphInstantiate", graph, 0)
-            for _ in range(cfg.warmup):
-                rp.raw("cuGraphLaunch", gexec, stream)
-            rp.raw("cuStreamSynchronize", stream)
+            digests: List[str] = []
+
+            def one(what: str, timed: bool = False, ext: Optional[int] = None) -> None:
+                self._arm(what)
+                if self.pre is not None:
+                    self.pre.restore(stream)
+                    self._wait(stream, f"restoring memory before {what}")
+                if timed:
+                    e0, e1 = rp.raw("cuEventCreate", 0), rp.raw("cuEventCreate", 0)
+                    evs.append((e0, e1))
+                    rp.raw("cuEventRecord", e0, stream)
+                if ext is not None:
+                    cupti.push(ext)
+                try:
+                    rp.raw("cuGraphLaunch", gexec, stream)
+                finally:
+                    if ext is not None:
+                        cupti.pop()
+                if timed:
+                    rp.raw("cuEventRecord", e1, stream)
+                self._wait(stream, what)
+                if cfg.check_repeats and self.pre is not None and (timed or not digests):
+                    digests.append(post.digest())
+
+            for i in range(cfg.warmup):
+                one(f"warmup run {i + 1}")
+            for i in range(cfg.repeat):
+                one(f"timed run {i + 1}", timed=True)
+            self.total_times_us = [float(rp.raw("cuEventElapsedTime", a, b)) * 1e3 for a, b in evs]
+            if cfg.check_repeats and digests:
+                self.info["repeats_identical"] = len(set(digests)) <= 1
+                self.info["graph_matches_replay"] = digests[0] == post.digest(backup=True)
+                if not self.info["graph_matches_replay"]:
+                    self.warn("graph: memory after a graph run differs from the replay's (nondeterministic kernels, "
+                              "or state the graph does not reproduce)")
+            # per-kernel times from CUPTI in separate runs (CUPTI's kernel tracing slows the graph)
             cupti = open_cupti(cfg.backend, self.warn)
             if cupti is not None:
-                self.backend = "cupti"
-            for i in range(cfg.repeat):
-                e0, e1 = rp.raw("cuEventCreate", 0), rp.raw("cuEventCreate", 0)
-                evs.append((e0, e1))
-                if cupti is not None:
-                    cupti.push(i + 1)
-                rp.raw("cuEventRecord", e0, stream)
-                rp.raw("cuGraphLaunch", gexec, stream)
-                rp.raw("cuEventRecord", e1, stream)
-                if cupti is not None:
-                    cupti.pop()
-            rp.raw("cuStreamSynchronize", stream)
-            self.total_times_us = [float(rp.raw("cuEventElapsedTime", a, b)) * 1e3 for a, b in evs]
-            if cupti is not None:
+                for i in range(cfg.repeat):
+                    one(f"CUPTI run {i + 1}", ext=i + 1)
                 cupti.close()
                 self._per_node(cupti)
-            self.info = {"nodes": len(self.launches)}
+                if self.node_times:
+                    self.backend = "cupti"
+            self.info.update(nodes=len(self.ops), launches=len(self.launches),
+                             memsets=sum(op[0] == "memset" for op in self.ops),
+                             copies=sum(op[0] in ("dtod", "htod") for op in self.ops),
+                             pre_state_restored=self.pre is not None)
+        except GraphHang as e:
+            hung = True
+            msg = (f"graph: {e}: a kernel of the graph is likely waiting for state that the captured sequence "
+                   f"does not reproduce (a semaphore or flag set by work outside calls "
+                   f"#{self.first_seq}..#{self.last_seq}, or by another process); the GPU is still busy, replay stops")
+            self.warn(msg)
+            self.info.update(error=str(e), hung=True)
+            from ..engine import ReplayError
+            raise ReplayError(msg)
         except Exception as e:
             self.warn(f"graph: {type(e).__name__}: {e}")
             self.info["error"] = str(e)
         finally:
-            if cupti is not None and not self.node_times:
+            if not hung:
+                self._cleanup(post, stream, graph, gexec, staging, evs, cupti)
+
+    def _cleanup(self, post, stream, graph, gexec, staging, evs, cupti) -> None:
+        rp, cu = self.rp, self.rp.cu
+        if cupti is not None and not self.node_times:
+            try:
+                cupti.close()
+            except Exception:
+                pass
+        for p in evs:
+            for e in p:
                 try:
-                    cupti.close()
+                    cu.cuEventDestroy(e)
                 except Exception:
                     pass
-            for p in evs:
-                for e in p:
-                    try:
-                        cu.cuEventDestroy(e)
-                    except Exception:
-                        pass
-            if saver is not None:
+        try:
+            if post is not None and post.copies:
+                self._arm("restoring memory")
+                if stream is not None:
+                    self._wait(stream, "the last graph run")
+                post.restore(stream if stream is not None else cu.CUstream(0))
+                rp.raw("cuCtxSynchronize")
+        except Exception as e:
+            self.warn(f"graph: could not restore memory after the graph runs ({type(e).__name__}: {e})")
+            self.info.setdefault("error", str(e))
+        finally:
+            for s in (post, self.pre):
+                if s is not None:
+                    s.free()
+            self.pre = None
+            for b in staging:
                 try:
-                    if saver.copies:
-                        if stream is not None:
-                            rp.raw("cuStreamSynchronize", stream)
-                        saver.restore(cu.CUstream(0))
-                        rp.raw("cuCtxSynchronize")
-                finally:
-                    saver.free()
+                    rp.raw("cuMemFree", b)
+                except Exception:
+                    pass
             for name, h in (("cuGraphExecDestroy", gexec), ("cuGraphDestroy", graph), ("cuStreamDestroy", stream)):
                 if h is not None:
                     try:
                         getattr(cu, name)(h)
                     except Exception:
                         pass
+            if self.skipped_ops:
+                self.info["skipped_ops"] = dict(self.skipped_ops)
+                self.warn("graph: not captured (not reproduced in the graph): "
+                          + ", ".join(f"{k} x{v}" for k, v in sorted(self.skipped_ops.items())))
+            if self.skipped_captured:
+                self.info["skipped_captured_launches"] = self.skipped_captured
 
     def _per_node(self, cupti) -> None:
         n = len(self.launches)
         runs: Dict[int, List] = {}
         for corr, t0, t1, name, sid in cupti.kernels:
-            runs.setdefault(cupti.ext.get(corr, 0), []).append((t0, t1, name))
+            ext = cupti.ext.get(corr)
+            if ext is not None:
+                runs.setdefault(ext, []).append((t0, t1, name))
         self.node_times = [[] for _ in range(n)]
-        for run_id, ks in runs.items():
+        for _run_id, ks in sorted(runs.items()):
             ks.sort()
             if len(ks) != n:
                 continue
+            self.cupti_spans_us.append((ks[-1][1] - ks[0][0]) / 1e3)
             for i, (t0, t1, _name) in enumerate(ks):
                 self.node_times[i].append((t1 - t0) / 1e3)
+        if not any(self.node_times):
+            self.node_times = []
 
+    # ------------------------------------------------------------------ results
     def launch_rows(self) -> List[Dict[str, Any]]:
         rows = []
         for i, ev in enumerate(self.launches):
@@ -162,8 +473,9 @@ class GraphProfiler:
         return rows
 
     def summary(self) -> Dict[str, Any]:
-        d: Dict[str, Any] = {"mode": "graph", "backend": self.backend, "nodes": len(self.launches),
-                             "repeat": self.cfg.repeat, "warmup": self.cfg.warmup, **self.info}
+        d: Dict[str, Any] = {"mode": "graph", "backend": self.backend, "nodes": len(self.ops),
+                             "launches": len(self.launches), "repeat": self.cfg.repeat, "warmup": self.cfg.warmup,
+                             "first_seq": self.first_seq, "last_seq": self.last_seq, **self.info}
         if self.total_times_us:
             st = stats(self.total_times_us)
             d["total_us"] = st["median_us"]
@@ -171,4 +483,6 @@ class GraphProfiler:
             d["graph"] = st
             if self.launches:
                 d["per_launch_us"] = st["median_us"] / len(self.launches)
+        if self.cupti_spans_us:
+            d["cupti_span_us"] = stats(self.cupti_spans_us)["median_us"]
         return d

@@ -6,7 +6,14 @@ every live replayed allocation when they all fit in `save_limit` bytes, else eve
 a pointer-sized parameter points into.  Saved copies live in device memory (cuMemAlloc +
 cuMemcpyDtoD) and are copied back on the launch's stream before each run.  Every run starts
 from the pre-launch contents, so after the last one memory holds exactly one application of
-the kernel, and replay (with its D2H verification) continues as recorded."""
+the kernel, and replay (with its D2H verification) continues as recorded.
+
+Timing: CUPTI kernel activity records (cupti-python; the same source as timeline mode) give
+each run's kernel duration on the GPU, without launch latency or the restore copies.  Each run
+is: restore the saved memory (and flush L2 with --flush-l2) on the launch's stream, synchronize,
+launch.  Without CUPTI, CUDA events around each run are the fallback (with a warning: they
+include launch gaps, so they read higher and spread more).  Spread over the timed repeats is
+reported as (max - min) / median (spread_pct) and as the interquartile range (iqr_pct)."""
 from __future__ import annotations
 
 import statistics
@@ -85,14 +92,29 @@ class MemorySaver:
         for base, bk, n in self.copies:
             self.rp.raw("cuMemcpyDtoDAsync", base, bk, n, stream)
 
-    def digest(self) -> str:
+    def keep_only(self, live: List[Tuple[int, int]]) -> int:
+        """Drop saved ranges that are no longer inside live memory (freed since the save);
+        returns how many were dropped."""
+        keep, drop = [], []
+        for c in self.copies:
+            (keep if any(lo <= c[0] and c[0] + c[2] <= lo + n for lo, n in live) else drop).append(c)
+        self.copies = keep
+        for _b, bk, _n in drop:
+            try:
+                self.rp.raw("cuMemFree", bk)
+            except Exception:
+                pass
+        return len(drop)
+
+    def digest(self, backup: bool = False) -> str:
+        """sha256 of the saved ranges as they are now (or of the saved copies)."""
         import hashlib
         rp = self.rp
         rp.raw("cuCtxSynchronize")
         h = hashlib.sha256()
-        for base, _bk, n in self.copies:
+        for base, bk, n in self.copies:
             buf = bytearray(n)
-            rp.raw("cuMemcpyDtoH", buf, base, n)
+            rp.raw("cuMemcpyDtoH", buf, bk if backup else base, n)
             h.update(buf)
         return h.hexdigest()
 
@@ -139,6 +161,10 @@ def stats(times_us: List[float]) -> Dict[str, Any]:
     return d
 
 
+EVENT_WARNING = ("isolated: CUPTI (cupti-python) is not available: timing repeats with CUDA events, which include "
+                 "launch gaps (higher, noisier times); install cupti-python for kernel durations from CUPTI")
+
+
 class IsolatedProfiler:
     mode = "isolated"
     label = "isolated profiler"
@@ -152,21 +178,33 @@ class IsolatedProfiler:
         self.flusher: Optional[L2Flusher] = None
         self.saved_bytes = 0
         self.backend = "events"
+        self.cupti = None
+        self._next_ext = 1
+        self._matched = False
 
     def on_event(self, kind: str, ev) -> None:
         if kind == "start":
             from . import Selection
+            from .timeline import open_cupti
             self.rp = ev.replayer
             self.sel = Selection(self.cfg, self.rp.func_names)
+            self.cupti = open_cupti(self.cfg.backend, self.warn)
+            if self.cupti is not None:
+                self.backend = "cupti"
+            else:
+                self.warn(EVENT_WARNING)
         elif kind == "before_launch" and self.sel(ev):
             if ev.ctx.capturing:       # recorded into a graph, not run now; syncing would break the capture
                 return
             self._save(ev)
         elif kind == "after_launch" and "isolated" in ev.data:
             self._repeat(ev)
-        elif kind in ("teardown", "end") and self.flusher is not None:
-            self.flusher.close()
-            self.flusher = None
+        elif kind in ("teardown", "end"):
+            if self.flusher is not None:
+                self.flusher.close()
+                self.flusher = None
+            if kind == "end":
+                self._finish_cupti()
 
     def _save(self, ev) -> None:
         rp = self.rp
@@ -185,31 +223,53 @@ class IsolatedProfiler:
         row: Dict[str, Any] = {"seq": ev.seq, "index": ev.index, "name": ev.name, "stream": ev.rec_stream,
                                "grid": list(ev.grid), "block": list(ev.block), "shmem": ev.shmem,
                                "saved_bytes": saver.nbytes}
-        evs = []
+        evs: List[Tuple] = []
         try:
             if cfg.flush_l2 and self.flusher is None:
                 self.flusher = L2Flusher(rp)
             s = ev.stream
-            digests = []
-            for i in range(cfg.warmup + cfg.repeat):
-                saver.restore(s)
-                if self.flusher is not None:
-                    self.flusher.flush(s)
-                e0 = rp.raw("cuEventCreate", 0)
-                e1 = rp.raw("cuEventCreate", 0)
-                rp.raw("cuEventRecord", e0, s)
-                ev.ctx.relaunch()
-                rp.raw("cuEventRecord", e1, s)
-                if i >= cfg.warmup:
-                    evs.append((e0, e1))
-                else:
-                    evs.append((e0, e1, "warmup"))
-                if cfg.check_repeats and i >= cfg.warmup:
-                    digests.append(saver.digest())
-            rp.raw("cuCtxSynchronize")
-            times = [float(rp.raw("cuEventElapsedTime", p[0], p[1])) * 1e3 for p in evs if len(p) == 2]
-            row["times_us"] = times
-            row.update(stats(times))
+            digests: List[str] = []
+            if self.cupti is not None:
+                exts = []
+                for i in range(cfg.warmup + cfg.repeat):
+                    # restore (and flush), wait for it, then the run alone: CUPTI times the kernel itself
+                    saver.restore(s)
+                    if self.flusher is not None:
+                        self.flusher.flush(s)
+                    rp.raw("cuStreamSynchronize", s)
+                    if i < cfg.warmup:
+                        ev.ctx.relaunch()
+                    else:
+                        ext = self._next_ext
+                        self._next_ext += 1
+                        exts.append(ext)
+                        self.cupti.push(ext)
+                        try:
+                            ev.ctx.relaunch()
+                        finally:
+                            self.cupti.pop()
+                    if cfg.check_repeats and i >= cfg.warmup:
+                        digests.append(saver.digest())
+                rp.raw("cuStreamSynchronize", s)
+                row["_exts"] = exts              # durations arrive with CUPTI's buffers (at the end)
+            else:
+                for i in range(cfg.warmup + cfg.repeat):
+                    # queued back to back (no host wait): the event pair sits right around the kernel
+                    saver.restore(s)
+                    if self.flusher is not None:
+                        self.flusher.flush(s)
+                    e0 = rp.raw("cuEventCreate", 0)
+                    e1 = rp.raw("cuEventCreate", 0)
+                    evs.append((e0, e1) if i >= cfg.warmup else (e0, e1, "warmup"))
+                    rp.raw("cuEventRecord", e0, s)
+                    ev.ctx.relaunch()
+                    rp.raw("cuEventRecord", e1, s)
+                    if cfg.check_repeats and i >= cfg.warmup:
+                        digests.append(saver.digest())
+                rp.raw("cuCtxSynchronize")
+                times = [float(rp.raw("cuEventElapsedTime", p[0], p[1])) * 1e3 for p in evs if len(p) == 2]
+                row["times_us"] = times
+                row.update(stats(times))
             if cfg.check_repeats:
                 row["repeats_identical"] = len(set(digests)) <= 1
                 if not row["repeats_identical"]:
@@ -218,6 +278,7 @@ class IsolatedProfiler:
         except Exception as e:
             self.warn(f"isolated: call #{ev.seq} {ev.name}: {type(e).__name__}: {e}")
             row["error"] = str(e)
+            row.pop("_exts", None)
             try:  # leave memory as one run of the kernel left it, if we can
                 rp.raw("cuCtxSynchronize")
             except Exception:
@@ -232,13 +293,45 @@ class IsolatedProfiler:
             saver.free()
         self.rows.append(row)
 
+    def _finish_cupti(self) -> None:
+        """Match CUPTI kernel records to the timed runs by external correlation id."""
+        c = self.cupti
+        if c is None or self._matched:
+            return
+        self._matched = True
+        try:
+            c.close()
+        except Exception as e:
+            self.warn(f"isolated: CUPTI flush failed ({type(e).__name__}: {e})")
+        dur: Dict[int, Tuple[float, str]] = {}
+        for corr, t0, t1, name, _sid in c.kernels:
+            ext = c.ext.get(corr)
+            if ext is not None:
+                dur[ext] = ((t1 - t0) / 1e3, name)
+        lost = 0
+        for row in self.rows:
+            exts = row.pop("_exts", None)
+            if exts is None:
+                continue
+            got = [dur[e] for e in exts if e in dur]
+            lost += len(exts) - len(got)
+            times = [t for t, _n in got]
+            row["times_us"] = times
+            if got:
+                row["cupti_name"] = got[0][1]
+                row.update(stats(times))
+        if lost:
+            self.warn(f"isolated: {lost} timed run(s) had no CUPTI kernel record")
+
     def launch_rows(self) -> List[Dict[str, Any]]:
-        return self.rows
+        self._finish_cupti()
+        return [{k: v for k, v in r.items() if not k.startswith("_")} for r in self.rows]
 
     def summary(self) -> Dict[str, Any]:
         ok = [r for r in self.rows if "median_us" in r]
-        d = {"mode": "isolated", "backend": "events", "launches_profiled": len(ok), "repeat": self.cfg.repeat,
+        d = {"mode": "isolated", "backend": self.backend, "launches_profiled": len(ok), "repeat": self.cfg.repeat,
              "warmup": self.cfg.warmup, "flush_l2": self.cfg.flush_l2, "max_saved_bytes": self.saved_bytes}
         if ok:
             d["total_us"] = sum(r["median_us"] for r in ok)
+            d["max_spread_pct"] = max(r["spread_pct"] for r in ok)
         return d

@@ -10,7 +10,7 @@ import statistics
 from typing import Any, Dict, List
 
 KERNEL_COLS = ["name", "launches", "total_us", "median_us", "min_us", "max_us", "mean_us", "share_pct",
-               "spread_pct", "max_spread_pct"]
+               "spread_pct", "max_spread_pct", "iqr_pct"]
 LAUNCH_COLS = ["seq", "index", "name", "stream", "grid", "block", "shmem", "time_us", "start_ns", "end_ns",
                "median_us", "min_us", "max_us", "mean_us", "spread_pct", "iqr_pct", "saved_bytes",
                "repeats_identical", "node", "error"]
@@ -38,6 +38,9 @@ def aggregate(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         if sp:
             k["spread_pct"] = statistics.median(sp)
             k["max_spread_pct"] = max(sp)
+        iq = [r["iqr_pct"] for r in rs if "iqr_pct" in r]
+        if iq:
+            k["iqr_pct"] = statistics.median(iq)
         out.append(k)
     total = sum(k.get("total_us", 0.0) for k in out)
     for k in out:
@@ -88,7 +91,10 @@ def render_table(report: Dict[str, Any], out, top: int = 20) -> None:
     isolated = s.get("mode") == "isolated" or any("spread_pct" in k for k in ks)
     head = f"profile ({s.get('mode')}, {s.get('backend')})"
     if s.get("mode") == "graph" and "total_us" in s:
-        head += f": graph of {s.get('nodes')} launches, {_us(s['total_us'])} per replay (median of {s.get('repeat')})"
+        extra = s.get("copies", 0) + s.get("memsets", 0)
+        head += (f": graph of {s.get('launches', s.get('nodes'))} launches"
+                 + (f" (+{extra} copies/memsets)" if extra else "")
+                 + f", {_us(s['total_us'])} per replay (median of {s.get('repeat')})")
     elif s.get("mode") == "timeline" and "span_us" in s:
         head += f": {s.get('launches_timed')} launches timed, span {_us(s['span_us'])}, kernels {_us(s['kernel_time_us'])}"
     elif s.get("mode") == "isolated":
