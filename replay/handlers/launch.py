@@ -33,7 +33,7 @@ class _Params:
 
     @property
     def extra_ptr(self):
-        return ctypes.addressof(self.extra) if self.data else None
+        return ctypes.addressof(self.extra) if self.data else 0   # no parameters: NULL extra
 
     @property
     def kp_ptr(self):
