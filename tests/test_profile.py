@@ -380,3 +380,265 @@ def test_report_aggregate_and_trace_units():
     xs = [e for e in t["traceEvents"] if e["ph"] == "X"]
     assert len(xs) == 2 and xs[0]["ts"] == 4.0 and xs[0]["dur"] == 2.0
     json.dumps(t)
+
+
+# --------------------------------------------------------------------------- graph capture (issue: graph mode hung)
+def incr_memset_program(path, n=16, stream=0x5000):
+    """incr x2 on a created stream, memsetD32Async(D, 0), incr x2 on the NULL stream, HtoD of 10s,
+    incr x1: the D2H expects 11.  The graph must hold the memset and the HtoD to reproduce it."""
+    s = Synth(path)
+    ctx, mod, f_incr = 0x55550000, 0x55560000, 0x55570005
+    D = 0x200000000000
+    s.call("cuInit", {"Flags": 0})
+    s.call("cuDeviceGet", {"device": 0, "ordinal": 0})
+    s.call("cuDevicePrimaryCtxRetain", {"pctx": ctx, "dev": 0})
+    s.call("cuCtxSetCurrent", {"ctx": ctx})
+    s.call("cuModuleLoadData", {"module": mod, "image": 0x7F0000001000}, x={"image": s.blob(DOUBLE_MODULE + b"\0")})
+    s.call("cuModuleGetFunction", {"hfunc": f_incr, "hmod": mod, "name": "incr"})
+    s.fn(f_incr, "incr", mod, [[0, 8], [8, 4]])
+    s.call("cuStreamCreate", {"phStream": stream, "Flags": 0})
+    s.call("cuMemAlloc_v2", {"dptr": D, "bytesize": n * 4})
+    s.call("cuMemcpyHtoD_v2", {"dstDevice": D, "srcHost": 0x7F0000100000, "ByteCount": n * 4},
+           x={"srcHost": s.blob(bytes(n * 4))})
+    p = struct.pack("<Qi", D, n)
+    seqs = [s.launch(f_incr, p, block=n, stream=stream)["s"] for _ in range(2)]
+    s.call("cuMemsetD32Async", {"dstDevice": D, "ui": 0, "N": n, "hStream": stream})
+    seqs += [s.launch(f_incr, p, block=n, stream=0)["s"] for _ in range(2)]
+    s.call("cuMemcpyHtoD_v2", {"dstDevice": D, "srcHost": 0x7F0000100000, "ByteCount": n * 4},
+           x={"srcHost": s.blob(struct.pack(f"<{n}i", *([10] * n)))})
+    seqs.append(s.launch(f_incr, p, block=n, stream=stream)["s"])
+    s.call("cuCtxSynchronize", {})
+    s.call("cuMemcpyDtoH_v2", {"dstHost": 0x7F0000200000, "srcDevice": D, "ByteCount": n * 4},
+           x={"dstHost": s.blob(struct.pack(f"<{n}i", *([11] * n)))})
+    s.call("cuMemFree_v2", {"dptr": D})
+    s.call("cuDevicePrimaryCtxRelease_v2", {"dev": 0})
+    s.w.write({"k": "end", "exit": 0, "signal": None, "partial": False})
+    s.close()
+    return {"D": D, "n": n, "seqs": seqs}
+
+
+def test_graph_mode_starts_every_run_from_pre_sequence_memory(double, tmp_path):
+    snap = tmp_path / "incr.cusnap"
+    incr_program(snap, launches=4)              # NULL-stream launches: captured on a stream of our own
+    out = tmp_path / "prof.json"
+    rp = _replay(double, snap, "--profile", "graph", "--repeat", "3", "--warmup", "1", "--check-repeats",
+                 "--out", str(out))
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    s = json.loads(out.read_text())["summary"]
+    assert "error" not in s, s
+    assert s["launches"] == 4 and s["nodes"] == 4 and s["pre_state_restored"] is True
+    # every run: 0 -> 4, as the replay did (without the restore the runs would leave 8, 12, ...)
+    assert s["repeats_identical"] is True and s["graph_matches_replay"] is True
+    assert len(s["graph_times_us"]) == 3
+
+
+def test_graph_mode_captures_memsets_and_copies_between_launches(double, tmp_path):
+    snap = tmp_path / "incr_ms.cusnap"
+    facts = incr_memset_program(snap)
+    out = tmp_path / "prof.json"
+    rp = _replay(double, snap, "--profile", "graph", "--repeat", "2", "--check-repeats", "--out", str(out))
+    assert rp.returncode == 0, rp.stdout + rp.stderr     # the D2H after the graph runs still sees 11
+    rep = json.loads(out.read_text())
+    s = rep["summary"]
+    assert "error" not in s, s
+    assert s["launches"] == 5 and s["memsets"] == 1 and s["copies"] == 1 and s["nodes"] == 7
+    assert s["first_seq"] == facts["seqs"][0] and s["last_seq"] == facts["seqs"][-1]
+    assert s["graph_matches_replay"] is True and s["repeats_identical"] is True
+    assert [r["seq"] for r in rep["launches"]] == facts["seqs"]
+    assert "graph of 5 launches (+2 copies/memsets)" in rp.stdout
+
+
+def test_graph_mode_selection_keeps_memsets_in_span(double, tmp_path):
+    snap = tmp_path / "incr_ms.cusnap"
+    facts = incr_memset_program(snap)
+    out = tmp_path / "prof.json"
+    rp = _replay(double, snap, "--profile", "graph", "--calls", f"{facts['seqs'][1]}-{facts['seqs'][3]}",
+                 "--out", str(out))
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    s = json.loads(out.read_text())["summary"]
+    assert s["launches"] == 3 and s["memsets"] == 1 and s["copies"] == 0 and "error" not in s
+
+
+def test_graph_mode_skips_launches_inside_recorded_captures(double, capture, tmp_path):
+    cp, snap = capture(double["progs"]["launch_forms"])
+    assert cp.returncode == 0, cp.stderr
+    out = tmp_path / "prof.json"
+    rp = _replay(double, snap, "--profile", "graph", "--repeat", "2", "--out", str(out))
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    rep = json.loads(out.read_text())
+    s = rep["summary"]
+    assert "error" not in s, s
+    recs = [c for c in SnapshotReader(snap).records() if c["k"] == "c"]
+    launches = [c for c in recs if c["f"].startswith("cuLaunch")]
+    assert s["skipped_captured_launches"] == 1
+    assert s["launches"] == len(launches) - 1 == len(rep["launches"])
+    assert s["skipped_ops"] == {"cuGraphLaunch": 2}
+    assert any("not captured" in w and "cuGraphLaunch x2" in w for w in rep["warnings"])
+
+
+WRAPPED = textwrap.dedent('''
+    import json, sys
+    from cuda.bindings import driver as cu
+    from cudasnap.replay.options import ReplayOptions
+    from cudasnap.replay.profile import ProfileConfig, profile_replay
+    import cudasnap.replay.profile.timeline as tl
+    import cudasnap.replay.profile.graphmode as gm
+
+    snap, mode, behaviour = sys.argv[1], sys.argv[2], sys.argv[3]
+    log = []
+
+    class FakeCupti:
+        """CUPTI stand-in: one kernel record per launch made while an external id is pushed."""
+        def __init__(self):
+            self.kernels, self.copies, self.ext, self.stack, self.corr, self.t = [], [], {}, [], 0, 1000
+        def push(self, e): self.stack.append(e)
+        def pop(self): self.stack.pop()
+        def flush(self): pass
+        def close(self): pass
+        def record(self, n=1):
+            for _ in range(n):
+                self.corr += 1
+                self.ext[self.corr] = self.stack[-1]
+                self.kernels.append((self.corr, self.t, self.t + 50000, "incr_cupti", 7))
+                self.t += 60000
+
+    fake = FakeCupti() if behaviour == "cupti" else None
+    if fake is not None:
+        tl.open_cupti = gm.open_cupti = lambda backend, warn: fake
+
+    class W:
+        def __init__(self):
+            self.capturing = False
+            self.ours = None
+            self.nodes = 0
+        def __getattr__(self, name):
+            fn = getattr(cu, name)
+            def call(*a):
+                log.append(name)
+                if name == "cuStreamBeginCapture":
+                    if behaviour == "begin_fails":
+                        return (cu.CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,)
+                    self.capturing, self.ours = True, a[0]
+                if name == "cuStreamEndCapture":
+                    self.capturing = False
+                if name == "cuLaunchKernel" and self.capturing and behaviour == "launch_fails":
+                    return (cu.CUresult.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,)
+                if name in ("cuCtxSynchronize", "cuStreamSynchronize", "cuStreamQuery", "cuEventSynchronize") \\
+                        and self.capturing:
+                    raise AssertionError(name + " while capturing")
+                if name == "cuStreamQuery" and behaviour == "hang" and self.ours is not None \\
+                        and int(a[0]) == int(self.ours):
+                    return (cu.CUresult.CUDA_ERROR_NOT_READY,)
+                if name == "cuLaunchKernel" and self.capturing:
+                    self.nodes += 1
+                if name == "cuLaunchKernel" and fake is not None and fake.stack:
+                    fake.record()
+                if name == "cuGraphLaunch" and fake is not None and fake.stack:
+                    fake.record(self.nodes)
+                return fn(*a)
+            return call
+
+    cfg = ProfileConfig(mode=mode, repeat=4, warmup=2)
+    run = profile_replay(snap, cfg, ReplayOptions(quiet=True, watchdog=2.0), driver=W())
+    print(json.dumps({"exit": run.result.exit_code, "errors": run.result.errors, "report": run.report, "log": log},
+                     default=str))
+''')
+
+
+def _wrapped(double, tmp_path, snap, mode, behaviour):
+    p = tmp_path / "wrapped.py"
+    p.write_text(WRAPPED)
+    env = dict(double["env"])
+    env.pop("CUDASNAP_REPLAY_TEST_BLOCK", None)
+    cp = subprocess.run([sys.executable, str(p), str(snap), mode, behaviour], env=env, capture_output=True,
+                        text=True, timeout=120)
+    assert cp.stdout.strip(), cp.stderr
+    return json.loads(cp.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("behaviour", ["begin_fails", "launch_fails"])
+def test_graph_capture_failure_is_reported_and_replay_goes_on(double, tmp_path, behaviour):
+    snap = tmp_path / "incr.cusnap"
+    incr_program(snap, launches=3)
+    r = _wrapped(double, tmp_path, snap, "graph", behaviour)
+    assert r["exit"] == 0, r["errors"]             # memory put back: the D2H after still verifies
+    s = r["report"]["summary"]
+    assert "error" in s and "total_us" not in s
+    if behaviour == "launch_fails":
+        assert "stream capture failed at call #" in s["error"] and "incr" in s["error"]
+        assert "cuStreamEndCapture" in r["log"]     # the capture was ended, not left open
+    assert any(w.startswith("graph: ") for w in r["report"]["warnings"])
+
+
+def test_graph_run_that_never_finishes_is_reported_not_hung(double, tmp_path):
+    snap = tmp_path / "incr.cusnap"
+    incr_program(snap, launches=3)
+    r = _wrapped(double, tmp_path, snap, "graph", "hang")     # watchdog 2 s: waits give up after 1.6 s
+    assert r["exit"] == 2
+    s = r["report"]["summary"]
+    assert s["hung"] is True and "did not finish within 1.6 s" in s["error"]
+    assert any("did not finish" in e and "replay stops" in e for e in r["errors"])
+
+
+def test_graph_mode_uses_a_non_blocking_stream_and_no_sync_while_capturing(double, tmp_path):
+    snap = tmp_path / "incr.cusnap"
+    incr_program(snap, launches=3)
+    r = _wrapped(double, tmp_path, snap, "graph", "none")      # the wrapper asserts no sync during capture
+    assert r["exit"] == 0, r["errors"]
+    s = r["report"]["summary"]
+    assert "error" not in s and s["launches"] == 3 and len(s["graph_times_us"]) == 4
+    log = r["log"]
+    b, e = log.index("cuStreamBeginCapture"), log.index("cuStreamEndCapture")
+    assert log[b + 1:e] == ["cuLaunchKernel"] * 3
+    assert log.count("cuGraphLaunch") == 2 + 4
+
+
+def test_graph_mode_per_node_times_from_cupti(double, tmp_path):
+    snap = tmp_path / "incr.cusnap"
+    incr_program(snap, launches=3)
+    r = _wrapped(double, tmp_path, snap, "graph", "cupti")
+    s = r["report"]["summary"]
+    assert r["exit"] == 0 and "error" not in s, (r["errors"], s)
+    assert s["backend"] == "cupti" and len(s["graph_times_us"]) == 4     # totals: event runs without CUPTI
+    assert s["cupti_span_us"] == 170.0                                     # 3 kernels of 50 us, 10 us apart
+    rows = r["report"]["launches"]
+    assert [x["node"] for x in rows] == [0, 1, 2] and all(x["times_us"] == [50.0] * 4 for x in rows)
+    assert r["log"].count("cuGraphLaunch") == 2 + 4 + 4
+
+
+def test_isolated_uses_cupti_durations_and_syncs_before_each_timed_run(double, tmp_path):
+    snap = tmp_path / "incr.cusnap"
+    facts = incr_program(snap, launches=2)
+    r = _wrapped(double, tmp_path, snap, "isolated", "cupti")
+    assert r["exit"] == 0, r["errors"]
+    rep = r["report"]
+    assert rep["summary"]["backend"] == "cupti" and rep["summary"]["warmup"] == 2
+    assert not any("CUDA events" in w for w in rep["warnings"])
+    rows = rep["launches"]
+    assert [x["seq"] for x in rows] == facts["seqs"]
+    for x in rows:
+        assert x["times_us"] == [50.0] * 4 and x["median_us"] == 50.0
+        assert x["spread_pct"] == 0.0 and x["iqr_pct"] == 0.0 and x["cupti_name"] == "incr_cupti"
+    # each run: restore copies, then a stream synchronize, then the launch (no event pairs)
+    log = r["log"]
+    assert "cuEventRecord" not in log
+    launches = [i for i, n in enumerate(log) if n == "cuLaunchKernel"]
+    reruns = [i for i in launches if log[i - 1] == "cuStreamSynchronize"]
+    assert len(reruns) == 2 * (2 + 4)
+    for i in reruns:
+        assert "cuMemcpyDtoDAsync" in log[i - 3:i]
+
+
+def test_isolated_without_cupti_warns_and_uses_events(double, tmp_path):
+    snap = tmp_path / "incr.cusnap"
+    incr_program(snap, launches=1)
+    r = _wrapped(double, tmp_path, snap, "isolated", "none")
+    rep = r["report"]
+    assert r["exit"] == 0 and rep["summary"]["backend"] == "events"
+    assert any("CUDA events" in w and "cupti-python" in w for w in rep["warnings"])
+    assert len(rep["launches"][0]["times_us"]) == 4
+
+
+def test_default_warmup_is_three():
+    from cudasnap.replay.profile import ProfileConfig
+    assert ProfileConfig().warmup == 3

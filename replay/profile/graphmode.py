@@ -116,6 +116,7 @@ class GraphProfiler:
         if wd:
             self.timeout = max(1.0, 0.8 * float(wd))
         in_capture: set = set()
+        graph_launches: List[int] = []
         for rec in rp.reader.records(("c",)):
             f = rec.get("f") or ""
             if rec.get("r", 0) != 0 or rec.get("incomplete"):
@@ -127,6 +128,9 @@ class GraphProfiler:
                 continue
             if b == "cuStreamEndCapture":
                 in_capture.discard(a.get("hStream"))
+                continue
+            if b == "cuGraphLaunch":
+                graph_launches.append(rec.get("s"))
                 continue
             if not is_launch_call(f):
                 continue
@@ -148,6 +152,10 @@ class GraphProfiler:
                         self._sel_params.append(bytes(p))
         if self.last_seq is None:
             self.warn("graph: no launch selected")
+            return
+        n = sum(1 for s in graph_launches if isinstance(s, int) and self.first_seq < s < self.last_seq)
+        if n:      # the program's own graphs run between the selected launches: not in ours
+            self.skipped_ops["cuGraphLaunch"] = n
 
     # ------------------------------------------------------------------ recording the sequence
     def _save_pre(self, ev) -> None:
