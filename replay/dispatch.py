@@ -27,7 +27,10 @@ _QUERY_RX = re.compile(
     r"|LibraryEnumerateKernels|DeviceGetP2PAttribute"
     r"|CtxGetDevice\w*|FuncIsLoaded|MemGetAccess|MemRetainAllocationHandle|MemGetAllocationPropertiesFromHandle"
     r"|GraphGetNodes|GraphGetRootNodes|GraphGetEdges\w*|GraphNodeGet\w*|Graph\w+NodeGet\w*|GraphExecGetFlags"
-    r"|GraphDebugDotPrint|DeviceGetGraphMemAttribute|GetFlags)(_v\d+)?(_pt(sz|ds))?$")
+    r"|GraphDebugDotPrint|DeviceGetGraphMemAttribute|GetFlags"
+    # TMA descriptors: the encoded 128-byte map reaches kernels inside the recorded parameter
+    # bytes, and it stays valid because every allocation is placed at its recorded address
+    r"|TensorMapEncode\w*)(_v\d+)?(_pt(sz|ds))?$")
 
 # Pure queries the pattern above does not name (explicit, by base name).
 QUERY_NAMES = frozenset({

@@ -37,7 +37,7 @@ HELPERS = [
     "cuMemSetAccess", "cuMemAddressFree", "cuMemRelease", "cuMemUnmap", "cuMemGetAllocationGranularity",
 ]
 # Calls the placement hook answers itself (shim_placement.c).
-PLACEMENT = {"cuMemAlloc_v2", "cuMemFree_v2", "cuMemGetAddressRange_v2", "cuMemAddressReserve"}
+PLACEMENT = {"cuMemAlloc_v2", "cuMemFree_v2", "cuMemGetAddressRange_v2", "cuMemAddressReserve", "cuMemAddressFree"}
 
 
 def load_description(path: Path = HERE / "api_description.json") -> dict:

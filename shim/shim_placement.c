@@ -12,12 +12,11 @@
 /* Allocation zone: ONE reservation made on the first allocation (the driver honours the
  * hint of a large reservation at a fixed address, not of small ones), recorded as a
  * REGION record so replay reserves the same range before anything else. */
-#define CS_ZONE_SIZE   0x10000000000ull    /* 1 TiB of VA */
+#define CS_ZONE_SIZE   0x20000000000ull    /* 2 TiB of VA */
 static const U cs_zone_bases[] = {0x600000000000ull, 0x500000000000ull, 0x400000000000ull, 0x300000000000ull};
-/* The program's own hint-less reservations (cuMemAddressReserve, e.g. PyTorch's expandable
- * segments) get hints above the zone; being large, they are honoured individually. */
-#define CS_RES_BASE    0x610000000000ull
-#define CS_RES_END     0x680000000000ull
+/* The program's own hint-less reservations (cuMemAddressReserve: PyTorch's expandable
+ * segments, XLA) are carved from the zone too, without a driver call (the driver ignores
+ * hints for small reservations); their cuMemAddressFree returns the range to the zone. */
 #define CS_SMALL_ALIGN 512ull
 
 typedef struct { U base, size; U handle; int refs; int open; } cs_slab;
@@ -28,14 +27,15 @@ static int cs_pl_on = -1;
 static const char *cs_pl_step = "";        /* which VMM step failed, for the fallback note */
 static U cs_zone, cs_zone_end;              /* the reserved allocation zone */
 static U cs_pl_next;                         /* bump pointer over the zone */
-static U cs_res_next = CS_RES_BASE;          /* bump pointer for program reservations */
 typedef struct { U base, size; } cs_range;
 static cs_range *cs_holes; static int cs_nholes, cs_capholes;   /* freed large ranges, reused first-fit */
 static U cs_pl_gran;
 static cs_slab *cs_slabs; static int cs_nslabs, cs_capslabs, cs_cur_slab = -1;
 static cs_alloc *cs_allocs; static int cs_nallocs, cs_capallocs;
+static cs_range *cs_resv; static int cs_nresv, cs_capresv;      /* program reservations in the zone */
 
 typedef CUresult (*cs_f5)(U, U, U, U, U);
+static CUresult cs_zone_take(U size, U align, U *at);
 
 static int cs_placement_on(void) {
     if (cs_pl_on < 0) {
@@ -134,22 +134,12 @@ static void cs_unmap_at(U base, U size, U h) {
     cs_push_hole(base, size);
 }
 
-/* A free range of `size` bytes in the zone (a freed one of that size first), mapped. */
+/* A free range of `size` bytes in the zone, mapped with fresh physical memory. */
 static CUresult cs_region_map(U size, int dev, U *base, U *handle) {
-    if (!cs_zone) { CUresult r = cs_zone_reserve(); if (r) return r; }
     U at = 0;
-    int hole = -1;
-    for (int i = 0; i < cs_nholes; i++)
-        if (cs_holes[i].size == size) { hole = i; break; }
-    if (hole >= 0) {
-        at = cs_holes[hole].base;
-        cs_holes[hole] = cs_holes[--cs_nholes];
-    } else {
-        if (cs_pl_next + size > cs_zone_end) return 2;   /* zone exhausted: out of memory */
-        at = cs_pl_next;
-        cs_pl_next += size;
-    }
-    CUresult r = cs_map_at(at, size, dev, handle);
+    CUresult r = cs_zone_take(size, cs_pl_gran, &at);
+    if (r) return r;
+    r = cs_map_at(at, size, dev, handle);
     if (r) { cs_push_hole(at, size); return r; }
     *base = at;
     return 0;
@@ -174,8 +164,7 @@ static int cs_find_alloc(U p, int containing) {
     return -1;
 }
 
-static CUresult cs_place_alloc(U *dptr, U bytes) {
-    int dev = cs_cur_device();
+static CUresult cs_ensure_zone(int dev) {
     if (!cs_pl_gran) {
         cs_fn3 gg = CALLREAL(CS_ID_cuMemGetAllocationGranularity, cs_fn3);
         unsigned char prop[32];
@@ -185,6 +174,28 @@ static CUresult cs_place_alloc(U *dptr, U bytes) {
         if (!gg || gg((U)&g, (U)prop, 0) != 0 || !g) return 801;
         cs_pl_gran = g;
     }
+    return cs_zone ? 0 : cs_zone_reserve();
+}
+
+/* A range of `size` bytes aligned to `align` from the zone (a freed one of that size first). */
+static CUresult cs_zone_take(U size, U align, U *at) {
+    for (int i = 0; i < cs_nholes; i++)
+        if (cs_holes[i].size == size && (cs_holes[i].base & (align - 1)) == 0) {
+            *at = cs_holes[i].base;
+            cs_holes[i] = cs_holes[--cs_nholes];
+            return 0;
+        }
+    U want = (cs_pl_next + align - 1) & ~(align - 1);
+    if (want + size > cs_zone_end) return 2;   /* zone exhausted: out of memory */
+    cs_pl_next = want + size;
+    *at = want;
+    return 0;
+}
+
+static CUresult cs_place_alloc(U *dptr, U bytes) {
+    int dev = cs_cur_device();
+    CUresult zr = cs_ensure_zone(dev);
+    if (zr) return zr;
     if (bytes >= cs_pl_gran / 2) {
         U size = (bytes + cs_pl_gran - 1) & ~(cs_pl_gran - 1), base, h;
         CUresult r = cs_region_map(size, dev, &base, &h);
@@ -283,22 +294,39 @@ static int cs_hook_replace(const cs_fn *fn, U *a, CUresult *res) {
         return handled;
     }
     if (strcmp(n, "cuMemAddressReserve") == 0 && a[3] == 0 && a[0] && a[1]) {
-        /* a reservation the driver would place: give it a hint inside the region */
-        cs_f5 reserve = (cs_f5)cs_resolve((int)(fn - cs_fns));
+        /* a reservation the driver would place: carve it from the zone */
         pthread_mutex_lock(&cs_pl_lock);
-        U align = a[2] > (2ull << 20) ? a[2] : (2ull << 20);
-        for (int tries = 0; tries < 16 && !handled; tries++) {
-            U want = (cs_res_next + align - 1) & ~(align - 1);
-            if (want + a[1] > CS_RES_END) break;
-            cs_res_next = want + a[1];
-            U got = 0;
-            CUresult r = reserve((U)&got, a[1], a[2], want, a[4]);
-            if (r) { *res = r; handled = 1; break; }
-            if (got == want) { *(U *)a[0] = got; *res = 0; handled = 1; break; }
-            cs_fn2 afree = CALLREAL(CS_ID_cuMemAddressFree, cs_fn2);
-            if (afree) afree(got, a[1]);
-            cs_res_next = want + a[1] + align;
+        if (cs_ensure_zone(cs_cur_device()) == 0 && (a[1] & (cs_pl_gran - 1)) == 0) {
+            U align = a[2] > cs_pl_gran ? a[2] : cs_pl_gran, at = 0;
+            if ((align & (align - 1)) == 0 && cs_zone_take(a[1], align, &at) == 0) {
+                if (cs_nresv == cs_capresv) {
+                    int cap = cs_capresv ? cs_capresv * 2 : 64;
+                    cs_range *g = realloc(cs_resv, (size_t)cap * sizeof *g);
+                    if (g) { cs_resv = g; cs_capresv = cap; }
+                }
+                if (cs_nresv < cs_capresv) {
+                    cs_resv[cs_nresv++] = (cs_range){at, a[1]};
+                    *(U *)a[0] = at;
+                    *res = 0;
+                    handled = 1;
+                } else {
+                    cs_push_hole(at, a[1]);
+                }
+            }
         }
+        pthread_mutex_unlock(&cs_pl_lock);
+        return handled;
+    }
+    if (strcmp(n, "cuMemAddressFree") == 0) {
+        pthread_mutex_lock(&cs_pl_lock);
+        for (int i = 0; i < cs_nresv; i++)
+            if (cs_resv[i].base == a[0]) {
+                cs_push_hole(cs_resv[i].base, cs_resv[i].size);
+                cs_resv[i] = cs_resv[--cs_nresv];
+                *res = 0;
+                handled = 1;
+                break;
+            }
         pthread_mutex_unlock(&cs_pl_lock);
         return handled;
     }
