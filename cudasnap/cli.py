@@ -111,7 +111,7 @@ def replay(
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No summary; the first problem only."),
     profile: Optional[str] = typer.Option(None, "--profile", help="Per-kernel profiling: timeline, isolated or graph. With it, --kernels/--calls/--launch choose the launches profiled and every call still runs."),
     repeat: int = typer.Option(10, "--repeat", help="isolated/graph: timed runs per launch (per graph)."),
-    warmup: int = typer.Option(2, "--warmup", help="isolated/graph: untimed runs before the timed ones."),
+    warmup: int = typer.Option(3, "--warmup", help="isolated/graph: untimed runs before the timed ones."),
     flush_l2: bool = typer.Option(False, "--flush-l2", help="isolated: flush the L2 cache before every run."),
     launch: Optional[int] = typer.Option(None, "--launch", help="Profile only the launch with this call sequence number (as dump shows)."),
     out_file: Optional[Path] = typer.Option(None, "--out", help="Write per-launch and per-kernel rows to FILE.json or FILE.csv."),
