@@ -7,7 +7,8 @@ import re
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from array import array
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 from cudasnap.formats import SnapshotError, SnapshotReader, cu_result_name
 
@@ -124,16 +125,19 @@ class Replayer:
             self.res.errors_recurred += 1
             return None
         if want == 0 or want is None:
-            hint = ""
-            if self.res.payload_stale and not self.opt.relocate_payloads:
-                hint = "; device memory holds stale recorded addresses after a fallback (try --relocate-payloads)"
-            self.fail(rec, f"replay returned {cu_result_name(code)} (recorded CUDA_SUCCESS){hint}")
+            self.fail(rec, self._new_error_text(code))
         if code == 0:
             self.note(f"call #{rec.get('s')} {rec.get('f')}: recorded {cu_result_name(want)} did not recur")
             return res[1] if len(res) == 2 else tuple(res[1:])
         self.note(f"call #{rec.get('s')} {rec.get('f')}: replay returned {cu_result_name(code)}, "
                   f"recorded {cu_result_name(want)}")
         return None
+
+    def _new_error_text(self, code: int) -> str:
+        hint = ""
+        if self.res.payload_stale and not self.opt.relocate_payloads:
+            hint = "; device memory holds stale recorded addresses after a fallback (try --relocate-payloads)"
+        return f"replay returned {cu_result_name(code)} (recorded CUDA_SUCCESS){hint}"
 
     def raw(self, name: str, *args):
         """Driver call outside any record; raises DriverCallError."""
@@ -288,10 +292,22 @@ class Replayer:
                               f"install it with: pip install cuda-python")
         return cu
 
+    def _fast_eligible(self) -> bool:
+        """May plain launches run as native batches?  Not when anything needs per-launch
+        Python work: subscribers (hooks, profilers, NVTX), --sync-after-launch, --threads,
+        --calls/--kernels, or a driver object other than cuda-bindings (tests)."""
+        o = self.opt
+        if self._driver is not None or self.subscribers or o.sync_after_launch or o.threads \
+                or o.calls or o.kernels:
+            return False
+        return os.environ.get("CUDASNAP_FASTPATH", "1") != "0"
+
     def _prescan(self) -> None:
         self.total = 0
         self.last_complete = None
         self.incomplete: List[Dict[str, Any]] = []
+        planner = _Planner(self._fast_eligible())
+        self._planner = planner
         for rec in self.reader.records():
             k = rec.get("k")
             if k == "c":
@@ -302,6 +318,8 @@ class Replayer:
                 rng = alloc_range(rec)
                 if rng:
                     self.ranges.append(rng)
+                if planner.keeping:
+                    planner.add(rec)
             elif k == "fn" and isinstance(rec.get("h"), int):
                 self.fns[rec["h"]] = rec
                 self.func_names.setdefault(rec["h"], rec.get("name") or "")
@@ -310,6 +328,9 @@ class Replayer:
             elif k == "region" and isinstance(rec.get("base"), int) and isinstance(rec.get("size"), int):
                 # capture's placement zone: reserved whole, first, so allocations land inside
                 self.regions.append((rec["base"], rec["size"]))
+        # the records, decoded once: the main loop replays from this plan (None when the
+        # snapshot is too big to keep: the loop reads the file again)
+        self._plan = planner.finish() if planner.keeping else None
 
     def ensure_init(self, rec=None) -> None:
         """cuInit + placement; idempotent (a snapshot may lack cuInit)."""
@@ -453,6 +474,12 @@ class Replayer:
             return bool(self.kern_rx.search(self.kernel_name_of(h)))
         return True
 
+    def _items(self) -> Iterable[Union[Dict[str, Any], "_Batch"]]:
+        if self._plan is not None:
+            return self._plan
+        return _Planner(self._planner.fast, keep=False).stream(
+            r for r in self.reader.records(("c",)) if not (r.get("incomplete") or "r" not in r))
+
     def _loop(self) -> None:
         prog = None
         if self.opt.progress and not self.opt.quiet:
@@ -463,25 +490,149 @@ class Replayer:
                 task = prog.add_task("replaying", total=self.total)
             except Exception:
                 prog = None
+        self._launcher = None
+        if self._planner.fast:
+            from .fastlaunch import make_launcher
+            try:
+                self._launcher = make_launcher(self.cu)
+            except Exception as e:  # pragma: no cover - defensive
+                self.note(f"launch fast path unavailable ({type(e).__name__}: {e})")
+        self.fast_launches = 0
         try:
-            stop_seq = self.incomplete[0].get("s") if self.incomplete else None
-            for rec in self.reader.records(("c", "fn")):
-                if rec.get("k") == "fn":
+            for item in self._items():
+                if type(item) is _Batch:
+                    self._run_batch(item)
+                    if prog is not None:
+                        prog.advance(task, item.nrec)
                     continue
-                if rec.get("incomplete") or "r" not in rec:
-                    continue
-                if stop_seq is not None and isinstance(rec.get("s"), int) and rec["s"] > stop_seq:
-                    # completed after the call the program died in: later in entry order; still replay
-                    pass
                 if self.opt.threads:
-                    self._on_thread(rec)
+                    self._on_thread(item)
                 else:
-                    self._one(rec)
+                    self._one(item)
                 if prog is not None:
                     prog.advance(task)
         finally:
             if prog is not None:
                 prog.stop()
+
+    # ------------------------------------------------------------------ launch fast path
+    def _run_batch(self, b: "_Batch") -> None:
+        """Replay a run of plain launches (and skipped queries between them) in file order:
+        one native call when nothing needs per-launch Python work, else call by call."""
+        if self._launcher is None or self.capturing or b.n == 0:
+            self._batch_slow(b, 0)
+            return
+        self.ensure_init()
+        tid = b.tid
+        if tid != self._last_tid and self._last_tid is not None and tid in self.cur_ctx:
+            try:
+                self.raw("cuCtxSetCurrent", self.cur_ctx[tid])
+            except DriverCallError:
+                pass
+        self._last_tid = tid
+        try:
+            live, nchg = self._batch_live(b)
+            prepared = self._launcher.prepare(live)
+        except (_StopVerify, _Abort):
+            raise
+        except Exception:
+            # a launch would fail before reaching the driver (unknown function, bad stream...):
+            # replay the batch call by call, so the error lands on the same launch
+            self._batch_slow(b, 0)
+            return
+        res = self.res
+        start, n = 0, b.n
+        fam = _LAUNCH_FAMILY
+        while start < n:
+            if self.watchdog is not None:
+                self.watchdog.arm(_BatchDesc(self._launcher, b, start))
+            try:
+                done, code, t_first, t_last = self._launcher.run(prepared, b.idx, start, n)
+            finally:
+                if self.watchdog is not None:
+                    self.watchdog.disarm()
+            end = start + done
+            if done:
+                res.launches += done
+                res.calls += done
+                res.by_family[fam] = res.by_family.get(fam, 0) + done
+                self.fast_launches += done
+                if res.first_launch_mono is None:
+                    res.first_launch_mono = t_first
+                    res.first_launch_unix = time.time() - (time.monotonic() - t_first)
+                res.last_launch_mono = t_last
+                if nchg is not None:
+                    res.params_relocated += sum(nchg[b.idx[i]] for i in range(start, end))
+            self._batch_mark_written(b, start, min(end + 1, n))
+            if end >= n:
+                break
+            # launch `end` failed: reported as the slow path's drv() would
+            res.last_seq = b.seqs[end]
+            rec = b.rec(end)
+            self._error(rec, f"call #{b.seqs[end]} {rec['f']}: {self._new_error_text(code)}")
+            start = end + 1
+        res.skipped += b.skips
+        res.last_seq = b.last_seq
+
+    def _batch_slow(self, b: "_Batch", start: int) -> None:
+        for i in range(start, b.n):
+            self._one(b.rec(i))
+        self.res.skipped += b.skips
+        if b.n:
+            self.res.last_seq = b.last_seq
+
+    def _batch_live(self, b: "_Batch"):
+        """Per descriptor: (live function, grid, block, shmem, live stream, params as launched),
+        and per descriptor the relocated-parameter count (None when nothing moved)."""
+        from .handlers.graph import patch_conditional_handles
+        from .handlers.module import resolve_function
+        from .placement import relocate_params
+        moved = self.space is not None and self.space.moved
+        cond = bool(getattr(self, "cond_handles", None))
+        fns: Dict[int, int] = {}
+        streams: Dict[Tuple[str, Any], int] = {}
+        live = []
+        nchg = [] if moved else None
+        for j, d in enumerate(b.descs):
+            f, h, gx, gy, gz, bx, by, bz, shm, hs, params = d
+            fn = fns.get(h)
+            if fn is None:
+                rec = b.rec(b.first_pos[j])
+                fn = fns[h] = int(resolve_function(self, rec, h))
+            sk = (f, hs)
+            st = streams.get(sk)
+            if st is None:
+                rec = b.rec(b.first_pos[j])
+                st = streams[sk] = int(self.stream(rec, hs))
+            if moved or cond:
+                layout = (self.fns.get(h) or {}).get("params")
+                if moved:
+                    params, changes = relocate_params(params, layout, self.space)
+                    nchg.append(len(changes))
+                if cond:
+                    params = patch_conditional_handles(self, b.rec(b.first_pos[j]), params, layout)
+            live.append((fn, (gx, gy, gz), (bx, by, bz), shm, st, params))
+        return live, nchg
+
+    def _batch_mark_written(self, b: "_Batch", start: int, end: int) -> None:
+        """What launches [start, end) wrote, as the slow path marks it: every allocation an
+        8-byte parameter word points into, last writer wins."""
+        if self.space is None or not b.any_words:
+            return
+        words = b.words
+        if start == 0 and end == b.n:
+            last = b.last_pos
+        else:
+            last = {}
+            for i in range(start, end):
+                j = b.idx[i]
+                if words[j]:
+                    last[j] = i
+        for j, i in sorted(last.items(), key=lambda kv: kv[1]):
+            name = self.kernel_name_of(b.descs[j][1])
+            seq = b.seqs[i]
+            for v in words[j]:
+                self.mark_written(v, seq, name)
 
     def _on_thread(self, rec) -> None:
         """--threads: each recorded thread replays on its own thread; one call at a time, in
@@ -570,6 +721,203 @@ class Replayer:
         self.res.errors.append(msg)
         if not self.opt.continue_on_error:
             raise _Abort(msg)
+
+
+_LAUNCH_FAMILY = "launch"
+_PLAIN_LAUNCHES = ("cuLaunchKernel", "cuLaunchKernel_ptsz")
+BATCH_MAX = 16384                 # launches per batch (watchdog and progress granularity)
+PLAN_MAX_RECORDS = 200_000        # decoded records kept from the prescan (else the loop re-reads)
+PLAN_MAX_DESCS = 2_000_000        # distinct launch descriptors kept
+PLAN_MAX_LAUNCHES = 50_000_000
+
+
+class _Batch:
+    """Consecutive plain launches of one recorded thread, and skipped queries among them.
+    descs: distinct (f, function, gx, gy, gz, bx, by, bz, shmem, stream, params) tuples;
+    idx[i]: the descriptor of launch i; seqs[i]: its call number."""
+    __slots__ = ("tid", "descs", "idx", "seqs", "skips", "last_seq", "nrec", "words", "any_words",
+                 "first_pos", "last_pos", "_index")
+
+    def __init__(self, tid):
+        self.tid = tid
+        self.descs: List[tuple] = []
+        self.idx = array("I")
+        self.seqs = array("q")
+        self.skips = 0
+        self.last_seq = None
+        self.nrec = 0
+        self.words: List[tuple] = []
+        self.any_words = False
+        self.first_pos: List[int] = []
+        self.last_pos: Dict[int, int] = {}
+        self._index: Optional[Dict[tuple, int]] = {}
+
+    @property
+    def n(self) -> int:
+        return len(self.idx)
+
+    def add(self, d: tuple, seq: int, words: tuple) -> None:
+        j = self._index.get(d)
+        i = len(self.idx)
+        if j is None:
+            j = self._index[d] = len(self.descs)
+            self.descs.append(d)
+            self.words.append(words)
+            self.first_pos.append(i)
+            if words:
+                self.any_words = True
+        if words:
+            self.last_pos[j] = i
+        self.idx.append(j)
+        self.seqs.append(seq)
+        self.last_seq = seq
+        self.nrec += 1
+
+    def close(self) -> None:
+        self._index = None
+
+    def rec(self, i: int) -> Dict[str, Any]:
+        """The call record of launch i (what the slow path's handler reads)."""
+        f, h, gx, gy, gz, bx, by, bz, shm, hs, params = self.descs[self.idx[i]]
+        return {"k": "c", "s": self.seqs[i], "tid": self.tid, "f": f, "r": 0,
+                "a": {"f": h, "gridDimX": gx, "gridDimY": gy, "gridDimZ": gz, "blockDimX": bx,
+                      "blockDimY": by, "blockDimZ": bz, "sharedMemBytes": shm, "hStream": hs},
+                "x": {"params": params}}
+
+
+class _BatchDesc:
+    """The watchdog's description of a running batch: names the launch in progress."""
+
+    def __init__(self, launcher, b: "_Batch", start: int):
+        self.launcher, self.b, self.start = launcher, b, start
+
+    def __str__(self) -> str:
+        b = self.b
+        try:
+            i = min(self.start + max(0, self.launcher.current()), b.n - 1)
+        except Exception:
+            i = self.start
+        return f"call #{b.seqs[i]} {b.descs[b.idx[i]][0]}"
+
+    __format__ = lambda self, spec: format(str(self), spec)  # noqa: E731
+
+
+def _param_words(params: bytes) -> tuple:
+    """8-byte words of a parameter buffer that may be device addresses (launch._prepare's rule)."""
+    return tuple(v for v in (int.from_bytes(params[o:o + 8], "little") for o in range(0, len(params) - 7, 8))
+                 if v >= 0x10000)
+
+
+class _Planner:
+    """Turns complete call records, in file order, into the replay plan: records to dispatch
+    one by one, and _Batch runs of plain launches (when `fast`).  keep=True collects the plan
+    (within the PLAN_MAX_* bounds; past them `keeping` turns False and the plan is dropped)."""
+
+    def __init__(self, fast: bool, keep: bool = True):
+        self.fast = fast
+        self.keeping = keep
+        self.items: List[Any] = []
+        self.cur: Optional[_Batch] = None
+        self.nrecs = self.ndescs = self.nlaunches = 0
+        self._words: Dict[bytes, tuple] = {}
+        self._disp: Dict[str, Any] = {}
+
+    def _kind(self, f: str) -> int:
+        """1: plain launch handler, 2: skipped query, 0: anything else."""
+        k = self._disp.get(f)
+        if k is None:
+            h = dispatch.lookup(f)
+            if h is None:
+                k = 2 if dispatch.is_query(f) else 0
+            else:
+                from .handlers.launch import launch_kernel
+                k = 1 if (h.fn is launch_kernel and f in _PLAIN_LAUNCHES) else 0
+            self._disp[f] = k
+        return k
+
+    def _plain(self, rec) -> Optional[tuple]:
+        a = rec.get("a")
+        x = rec.get("x")
+        if rec.get("r", 0) != 0 or type(a) is not dict or type(x) is not dict:
+            return None
+        params = x.get("params")
+        h = a.get("f")
+        if type(params) is not bytes or type(h) is not int or not h:
+            return None
+        g = a.get
+        d = (rec["f"], h, g("gridDimX", 1), g("gridDimY", 1), g("gridDimZ", 1), g("blockDimX", 1),
+             g("blockDimY", 1), g("blockDimZ", 1), g("sharedMemBytes", 0), g("hStream"), params)
+        for v in d[2:9]:
+            if type(v) is not int or not (0 <= v < (1 << 32)):
+                return None
+        hs = d[9]
+        if hs is not None and type(hs) is not int:
+            return None
+        return d
+
+    def _step(self, rec) -> Iterator[Any]:
+        """Feed one record; yields finished items."""
+        f = rec.get("f") or ""
+        k = self._kind(f) if self.fast else 0
+        if k == 1:
+            d = self._plain(rec)
+            tid = rec.get("tid")
+            if d is not None and type(rec.get("s")) is int:
+                b = self.cur
+                if b is not None and (b.tid != tid or b.n >= BATCH_MAX):
+                    b.close()
+                    yield b
+                    b = None
+                if b is None:
+                    b = self.cur = _Batch(tid)
+                w = self._words.get(d[10])
+                if w is None:
+                    w = self._words[d[10]] = _param_words(d[10])
+                before = len(b.descs)
+                b.add(d, rec["s"], w)
+                self.ndescs += len(b.descs) - before
+                self.nlaunches += 1
+                return
+        elif k == 2 and self.cur is not None:
+            # a query between launches: skipped by the slow path too; keeps the batch going
+            self.cur.skips += 1
+            self.cur.nrec += 1
+            if isinstance(rec.get("s"), int):
+                self.cur.last_seq = rec["s"]
+            return
+        if self.cur is not None:
+            self.cur.close()
+            yield self.cur
+            self.cur = None
+        self.nrecs += 1
+        yield rec
+
+    def add(self, rec) -> None:
+        for item in self._step(rec):
+            self.items.append(item)
+        if self.nrecs > PLAN_MAX_RECORDS or self.ndescs > PLAN_MAX_DESCS or self.nlaunches > PLAN_MAX_LAUNCHES:
+            self.keeping = False
+            self.items = []
+            self.cur = None
+            self._words = {}
+
+    def finish(self) -> List[Any]:
+        if self.cur is not None:
+            self.cur.close()
+            self.items.append(self.cur)
+            self.cur = None
+        self._words = {}
+        return self.items
+
+    def stream(self, recs: Iterable[Dict[str, Any]]) -> Iterator[Any]:
+        for rec in recs:
+            yield from self._step(rec)
+            if len(self._words) > 100_000:
+                self._words = {}
+        if self.cur is not None:
+            self.cur.close()
+            yield self.cur
+            self.cur = None
 
 
 class _StopVerify(Exception):
