@@ -4,7 +4,7 @@
 #   bash bench/gpu_suite.sh [pytest -k expression]        (carry .whl)
 # Env: SKIP_BENCH=1 skips benchmarks; SKIP_SUITE=1 skips the pytest suite.
 set -uo pipefail
-ROOT=$(pwd)
+ROOT=$(pwd); export CUDASNAP_ROOT=$ROOT
 OUT=${OUT:-/tmp/cudasnap-out}; mkdir -p "$OUT"
 SITE=/tmp/site
 export PYTHONUNBUFFERED=1

@@ -37,7 +37,7 @@ def check(res):
 
 
 def main():
-    n = 1 << 20
+    n = 1 << 18
     check(cu.cuInit(0))
     dev = check(cu.cuDeviceGet(0))
     ctx = check(cu.cuDevicePrimaryCtxRetain(dev))
