@@ -295,11 +295,11 @@ static CUresult cs_call(int id, U *a, double *d) {
     cs_depth++;
 
     /* blobs first, so the recorder has them when the call record arrives */
-    uint64_t blob_serial[CS_MAXP] = {0};
+    uint64_t blob_serial[CS_MAXP];   /* not zero-filled: a rep stos here was 20% of the hot path */
     for (int i = 0; i < fn->nparams; i++) {
         const cs_param *p = &fn->params[i];
-        if (p->kind == CS_K_BLOB_IN && a[p->ai])
-            blob_serial[i] = cs_blob((const void *)a[p->ai], a[fn->params[p->len_idx].ai]);
+        blob_serial[i] = (p->kind == CS_K_BLOB_IN && a[p->ai])
+            ? cs_blob((const void *)a[p->ai], a[fn->params[p->len_idx].ai]) : 0;
     }
     uint64_t hook_serial = cs_hook_pre_blob(fn, a);
 
@@ -345,13 +345,12 @@ static CUresult cs_call(int id, U *a, double *d) {
 
     cs_hook_after(fn, id, a, res);
     /* output blobs (D2H results) */
-    uint64_t out_serial[CS_MAXP] = {0};
-    if (res == 0 && !cs_skip_out) {
-        for (int i = 0; i < fn->nparams; i++) {
-            const cs_param *p = &fn->params[i];
-            if (p->kind == CS_K_BLOB_OUT && a[p->ai])
-                out_serial[i] = cs_blob((const void *)a[p->ai], a[fn->params[p->len_idx].ai]);
-        }
+    uint64_t out_serial[CS_MAXP];
+    int keep_out = res == 0 && !cs_skip_out;
+    for (int i = 0; i < fn->nparams; i++) {
+        const cs_param *p = &fn->params[i];
+        out_serial[i] = (keep_out && p->kind == CS_K_BLOB_OUT && a[p->ai])
+            ? cs_blob((const void *)a[p->ai], a[fn->params[p->len_idx].ai]) : 0;
     }
     uint32_t n = (uint32_t)sizeof(cs_rec_hdr);
     if (res == 0) {
