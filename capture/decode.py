@@ -12,6 +12,8 @@ F_PARAMS, F_ATTRS, F_IMAGE, F_SYMBOL, F_WRAPPED, F_HOSTSRC, F_HOSTDST = 0x100, 0
 F_NAME, F_HANDLE, F_KIND, F_MODULE, F_LAYOUT, F_MSG, F_INFO, F_CODE = 0x110, 0x111, 0x112, 0x113, 0x114, 0x115, 0x116, 0x117
 EXTRA_NAMES = {F_PARAMS: "params", F_ATTRS: "attrs", F_IMAGE: "image", F_HOSTSRC: "hostsrc", F_HOSTDST: "hostdst"}
 INFO_ROW = 256 + 16 + 24
+# allocations whose memory kernels can read without an API call (UVA pinned host, managed)
+HOST_VISIBLE = ("cuMemHostAlloc", "cuMemAllocHost", "cuMemHostRegister", "cuMemAllocManaged")
 SIGNED_C = {"int", "long", "short", "long long", "signed char", "int32_t", "int64_t", "ssize_t"}
 
 
@@ -24,7 +26,8 @@ class Decoder:
         self.blob_sink = blob_sink      # object with piece(serial, data[, release]), end(serial, size) -> blob id
         self.blobs: dict[int, tuple[str, int]] = {}
         self.open: dict[int, dict] = {}
-        self.counts = {"calls": 0, "launches": 0, "h2d_bytes": 0, "d2h_bytes": 0, "blob_bytes": 0, "notes": 0}
+        self.counts = {"calls": 0, "launches": 0, "h2d_bytes": 0, "d2h_bytes": 0, "blob_bytes": 0, "notes": 0,
+                       "host_visible_allocs": 0}
 
     def _value(self, p: dict, data: bytes, i: int):
         """Argument i of an 8-byte-per-value field, as the C type means it."""
@@ -131,6 +134,8 @@ class Decoder:
             self.counts["calls"] += 1
             if fn["name"].startswith("cuLaunch") and "Host" not in fn["name"]:
                 self.counts["launches"] += 1
+            elif call["r"] == 0 and fn["name"].startswith(HOST_VISIBLE):
+                self.counts["host_visible_allocs"] += 1
             return [call]
         if t == R.FN:
             d = {idx: data for idx, _tag, data in rec.fields}
@@ -181,6 +186,14 @@ class Decoder:
             out.append(call)
             self.counts["calls"] += 1
         self.open.clear()
+        n = self.counts["host_visible_allocs"]
+        if n:
+            # named limitation: kernels can read these without an API call, and capture does
+            # not snapshot them at launches
+            out.append({"k": "note", "level": "warning", "msg":
+                        f"limitation: {n} host-visible allocation(s) (pinned/mapped host or managed memory); "
+                        f"what kernels read from them directly, without a copy call, is not captured"})
+            self.counts["notes"] += 1
         return out
 
 

@@ -28,6 +28,31 @@ def default_threads() -> int:
     return max(1, min(16, os.cpu_count() or 1))
 
 
+class _NullWriter:
+    """Stands in for a SnapshotWriter that could not be created: accepts and drops."""
+
+    stats: dict = {}
+
+    def write(self, *args, **kw) -> None:
+        for a in args:            # a pinned ring piece comes with its release callback
+            if callable(a):
+                a()
+        if callable(kw.get("release")):
+            kw["release"]()
+
+    def flush(self, *args, **kw) -> None:
+        pass
+
+    def close(self, *args, **kw) -> None:
+        pass
+
+    def begin_blob(self, *args, **kw):
+        return self
+
+    def finish(self, *args, **kw) -> str:
+        return ""
+
+
 class _BlobSink:
     """Reassembles blobs that arrive as pieces (several may interleave) into the writer."""
 
@@ -167,9 +192,18 @@ class Recorder:
                   f"({len(self.desc.functions)}, {self.desc.digest[:12]}): reinstall cudasnap (pip install .)",
                   file=sys.stderr)
         path = self._path_for(pid)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        writer = SnapshotWriter(path, header, level=self.level, threads=self.threads, blob_level=self.blob_level)
+        error = None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            writer = SnapshotWriter(path, header, level=self.level, threads=self.threads, blob_level=self.blob_level)
+        except OSError as e:
+            # full disk, read-only directory...: keep draining so the program never stalls
+            error = str(e)
+            print(f"cudasnap: warning: cannot write {path} ({e}); this process is not recorded", file=sys.stderr)
+            writer = _NullWriter()
         pc = ProcessCapture(ring, path, writer, Decoder(self.desc, _BlobSink(writer)))
+        if error:
+            pc.disk_error, pc.partial = error, True
         pc.thread = threading.Thread(target=self._drain, args=(pc,), name=f"cudasnap-drain-{pid}", daemon=True)
         self.procs[pid] = pc
         pc.thread.start()

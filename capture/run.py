@@ -100,6 +100,8 @@ def _summary(procs, out: Path) -> None:
             flags.append("[red]partial[/]")
         if pc.signal:
             flags.append(f"killed by signal {pc.signal}")
+        if c.get("host_visible_allocs"):
+            flags.append(f"[yellow]{c['host_visible_allocs']} host-visible allocations: direct kernel reads of them not captured[/]")
         if c.get("notes"):
             flags.append(f"{c['notes']} notes")
         con.print(
