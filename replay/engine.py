@@ -100,6 +100,7 @@ class Replayer:
         self._mismatch_text: List[str] = []
         self.mismatch_text: List[str] = []
         self.subscribers: List[Any] = []             # objects with on_event(kind, event): see events.py
+        self._prefetch: Optional["_BlobPrefetch"] = None
         self._sub_errors: Dict[Tuple[int, str], int] = {}
 
     # ------------------------------------------------------------------ helpers for handlers
@@ -182,6 +183,28 @@ class Replayer:
         except SnapshotError as e:
             self.note(f"call #{rec.get('s')}: blob for {key} unreadable: {e}")
             return None
+
+    def _start_prefetch(self) -> None:
+        """Read, verify and decompress the blobs of synchronous H2D copies ahead, on a thread,
+        while the driver loads and the calls before them replay."""
+        if self._h2d_order and os.environ.get("CUDASNAP_PREFETCH", "1") != "0":
+            big = [b for b in self._h2d_order if self.reader.has_blob(b) and self.reader.blob_size(b) >= PREFETCH_MIN]
+            if big:
+                self._prefetch = _BlobPrefetch(self.path, big)
+
+    def blob_chunks(self, rec, key: str) -> Optional[Tuple[int, Iterator[Any]]]:
+        """(size, iterator over the blob's chunks) for payload `key` of rec, or None when the
+        payload was not captured.  Chunks come from the prefetch thread when it holds this blob,
+        else from the file; an unreadable blob raises SnapshotError while iterating."""
+        ref = (rec.get("x") or {}).get(key)
+        if not isinstance(ref, dict) or not ref.get("blob") or not self.reader.has_blob(ref["blob"]):
+            return None
+        bid = ref["blob"]
+        size = self.reader.blob_size(bid)
+        it = self._prefetch.take(bid) if self._prefetch is not None else None
+        if it is None:
+            it = self.reader.blob_reader(bid)
+        return size, it
 
     def tr(self, addr) -> int:
         return self.space.translate(addr) if isinstance(addr, int) else 0
@@ -307,6 +330,7 @@ class Replayer:
         self.last_complete = None
         self.incomplete: List[Dict[str, Any]] = []
         planner = _Planner(self._fast_eligible())
+        self._h2d_order: List[str] = []
         self._planner = planner
         for rec in self.reader.records():
             k = rec.get("k")
@@ -320,6 +344,10 @@ class Replayer:
                     self.ranges.append(rng)
                 if planner.keeping:
                     planner.add(rec)
+                if rec.get("f") in _SYNC_H2D and len(self._h2d_order) < 4096:
+                    ref = (rec.get("x") or {}).get("srcHost")
+                    if isinstance(ref, dict) and isinstance(ref.get("blob"), str) and rec.get("r", 0) == 0:
+                        self._h2d_order.append(ref["blob"])
             elif k == "fn" and isinstance(rec.get("h"), int):
                 self.fns[rec["h"]] = rec
                 self.func_names.setdefault(rec["h"], rec.get("name") or "")
@@ -388,6 +416,7 @@ class Replayer:
             self.res.truncated = bool(self.reader.truncated)
             self._prescan()
             self.res.total_calls = self.total
+            self._start_prefetch()
             try:
                 from cudasnap.formats import parse_callset
                 self.sel = parse_callset(self.opt.calls) if self.opt.calls else None
@@ -433,6 +462,8 @@ class Replayer:
             if self._workers:
                 for q in self._workers.values():
                     q.put(None)
+            if self._prefetch is not None:
+                self._prefetch.stop()
         r = self.res
         r.exit_code = 2 if r.errors else (1 if r.mismatches else 0)
         self.mismatch_text = self._mismatch_text
@@ -918,6 +949,82 @@ class _Planner:
             self.cur.close()
             yield self.cur
             self.cur = None
+
+
+_SYNC_H2D = ("cuMemcpyHtoD", "cuMemcpyHtoD_v2")
+PREFETCH_MIN = 8 << 20            # blobs prefetched: at least this big
+PREFETCH_BYTES = 256 << 20        # read ahead at most this much
+
+
+class _BlobPrefetch:
+    """A thread that reads the blobs of upcoming H2D copies, in replay order, through its own
+    SnapshotReader (verified chunk by chunk like blob_reader), at most PREFETCH_BYTES ahead."""
+
+    def __init__(self, path: str, order: List[str]):
+        self.order = list(order)
+        self.pos = 0                       # next blob the consumer may take
+        self.q: "queue.Queue" = queue.Queue()
+        self._room = threading.Semaphore(max(1, PREFETCH_BYTES // (4 << 20)))
+        self._stop = threading.Event()
+        self.dead = False
+        self._t = threading.Thread(target=self._run, args=(path,), daemon=True, name="cudasnap-prefetch")
+        self._t.start()
+
+    def _run(self, path: str) -> None:
+        try:
+            r = SnapshotReader(path)
+        except Exception as e:
+            self.dead = True
+            self.q.put((-1, e))
+            return
+        try:
+            for k, bid in enumerate(self.order):
+                try:
+                    for chunk in r.blob_reader(bid):
+                        while not self._room.acquire(timeout=0.1):
+                            if self._stop.is_set():
+                                return
+                        if self._stop.is_set():
+                            return
+                        self.q.put((k, chunk))
+                    self.q.put((k, None))
+                except Exception as e:     # handed to the consumer of this blob
+                    self.q.put((k, e))
+                if self._stop.is_set():
+                    return
+        finally:
+            r.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def take(self, bid: str) -> Optional[Iterator[bytes]]:
+        """The chunks of `bid` when it is among the blobs still ahead (blobs before it that
+        were not taken are dropped), else None."""
+        if self.dead:
+            return None
+        try:
+            k = self.order.index(bid, self.pos)
+        except ValueError:
+            return None
+        self.pos = k + 1
+        return self._chunks(k)
+
+    def _chunks(self, k: int) -> Iterator[bytes]:
+        while True:
+            got, item = self.q.get()
+            if got == -1:                  # the thread could not open the snapshot
+                raise item
+            if got != k:                   # a blob (or the rest of one) the replay did not take
+                if item is not None and not isinstance(item, Exception):
+                    self._room.release()
+                continue
+            if item is None:
+                return
+            if isinstance(item, Exception):
+                raise item
+            self._room.release()
+            yield item
 
 
 class _StopVerify(Exception):
