@@ -488,21 +488,35 @@ WRAPPED = textwrap.dedent('''
     log = []
 
     class FakeCupti:
-        """CUPTI stand-in: one kernel record per launch made while an external id is pushed."""
-        def __init__(self):
-            self.kernels, self.copies, self.ext, self.stack, self.corr, self.t = [], [], {}, [], 0, 1000
+        """CUPTI stand-in, as real CUPTI behaves with only kernel/memcpy/memset/external-correlation
+        kinds enabled: a kernel record for every kernel that runs (the replay's own launches,
+        warmups and timed runs alike), no external correlation records (those need API records),
+        records delivered only by a flush; timestamps on the records' clock."""
+        def __init__(self, silent=False, ext=False):
+            self.kernels, self.copies, self.ext, self.stack, self.corr = [], [], {}, [], 0
+            self.now, self.pending, self.silent, self.with_ext, self.flushes = 1000, [], silent, ext, 0
         def push(self, e): self.stack.append(e)
         def pop(self): self.stack.pop()
-        def flush(self): pass
-        def close(self): pass
-        def record(self, n=1):
+        def flush(self):
+            self.flushes += 1
+            self.kernels += self.pending
+            self.pending = []
+        def close(self): self.flush()
+        def timestamp(self):
+            self.now += 1000
+            return self.now
+        def record(self, n=1, name="incr_cupti"):
+            if self.silent:
+                return
             for _ in range(n):
                 self.corr += 1
-                self.ext[self.corr] = self.stack[-1]
-                self.kernels.append((self.corr, self.t, self.t + 50000, "incr_cupti", 7))
-                self.t += 60000
+                if self.with_ext and self.stack:
+                    self.ext[self.corr] = self.stack[-1]
+                start = self.now + 10000
+                self.pending.append((self.corr, start, start + 50000, name, 7))
+                self.now = start + 50000
 
-    fake = FakeCupti() if behaviour == "cupti" else None
+    fake = FakeCupti(silent=behaviour == "cupti_silent") if behaviour.startswith("cupti") else None
     if fake is not None:
         tl.open_cupti = gm.open_cupti = lambda backend, warn: fake
 
@@ -531,26 +545,28 @@ WRAPPED = textwrap.dedent('''
                     return (cu.CUresult.CUDA_ERROR_NOT_READY,)
                 if name == "cuLaunchKernel" and self.capturing:
                     self.nodes += 1
-                if name == "cuLaunchKernel" and fake is not None and fake.stack:
+                r = fn(*a)
+                if name == "cuLaunchKernel" and fake is not None and not self.capturing:
                     fake.record()
-                if name == "cuGraphLaunch" and fake is not None and fake.stack:
-                    fake.record(self.nodes)
-                return fn(*a)
+                if name == "cuGraphLaunch" and fake is not None:
+                    fake.record(self.nodes, "incr_graph")
+                return r
             return call
 
-    cfg = ProfileConfig(mode=mode, repeat=4, warmup=2)
+    extra = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
+    cfg = ProfileConfig(mode=mode, repeat=4, warmup=2, **extra)
     run = profile_replay(snap, cfg, ReplayOptions(quiet=True, watchdog=2.0), driver=W())
     print(json.dumps({"exit": run.result.exit_code, "errors": run.result.errors, "report": run.report, "log": log},
                      default=str))
 ''')
 
 
-def _wrapped(double, tmp_path, snap, mode, behaviour):
+def _wrapped(double, tmp_path, snap, mode, behaviour, **cfg):
     p = tmp_path / "wrapped.py"
     p.write_text(WRAPPED)
     env = dict(double["env"])
     env.pop("CUDASNAP_REPLAY_TEST_BLOCK", None)
-    cp = subprocess.run([sys.executable, str(p), str(snap), mode, behaviour], env=env, capture_output=True,
+    cp = subprocess.run([sys.executable, str(p), str(snap), mode, behaviour, json.dumps(cfg)], env=env, capture_output=True,
                         text=True, timeout=120)
     assert cp.stdout.strip(), cp.stderr
     return json.loads(cp.stdout.strip().splitlines()[-1])
@@ -642,3 +658,157 @@ def test_isolated_without_cupti_warns_and_uses_events(double, tmp_path):
 def test_default_warmup_is_three():
     from cudasnap.replay.profile import ProfileConfig
     assert ProfileConfig().warmup == 3
+
+
+# --------------------------------------------------------------------------- kernels only inside the program's graphs
+def incr_graph_program(path, n=16, graph_launches=3, stream=0x5000, plain_after=0):
+    """incr captured into a graph on a created stream (as JAX/XLA command buffers do), the graph
+    launched `graph_launches` times (+ `plain_after` plain incr launches); the D2H expects the sum."""
+    s = Synth(path)
+    ctx, mod, f_incr = 0x55550000, 0x55560000, 0x55570005
+    G, GE = 0x66660000, 0x66670000
+    D = 0x200000000000
+    s.call("cuInit", {"Flags": 0})
+    s.call("cuDeviceGet", {"device": 0, "ordinal": 0})
+    s.call("cuDevicePrimaryCtxRetain", {"pctx": ctx, "dev": 0})
+    s.call("cuCtxSetCurrent", {"ctx": ctx})
+    s.call("cuModuleLoadData", {"module": mod, "image": 0x7F0000001000}, x={"image": s.blob(DOUBLE_MODULE + b"\0")})
+    s.call("cuModuleGetFunction", {"hfunc": f_incr, "hmod": mod, "name": "incr"})
+    s.fn(f_incr, "incr", mod, [[0, 8], [8, 4]])
+    s.call("cuStreamCreate", {"phStream": stream, "Flags": 0})
+    s.call("cuMemAlloc_v2", {"dptr": D, "bytesize": n * 4})
+    s.call("cuMemcpyHtoD_v2", {"dstDevice": D, "srcHost": 0x7F0000100000, "ByteCount": n * 4},
+           x={"srcHost": s.blob(bytes(n * 4))})
+    p = struct.pack("<Qi", D, n)
+    s.call("cuStreamBeginCapture_v2", {"hStream": stream, "mode": 0})
+    cap = s.launch(f_incr, p, block=n, stream=stream)["s"]
+    s.call("cuStreamEndCapture", {"hStream": stream, "phGraph": G})
+    s.call("cuGraphInstantiateWithFlags", {"phGraphExec": GE, "hGraph": G, "flags": 0})
+    glaunch = [s.call("cuGraphLaunch", {"hGraphExec": GE, "hStream": stream})["s"] for _ in range(graph_launches)]
+    plain = [s.launch(f_incr, p, block=n, stream=stream)["s"] for _ in range(plain_after)]
+    s.call("cuStreamSynchronize", {"hStream": stream})
+    total = graph_launches + plain_after
+    s.call("cuMemcpyDtoH_v2", {"dstHost": 0x7F0000200000, "srcDevice": D, "ByteCount": n * 4},
+           x={"dstHost": s.blob(struct.pack(f"<{n}i", *([total] * n)))})
+    s.call("cuMemFree_v2", {"dptr": D})
+    s.call("cuDevicePrimaryCtxRelease_v2", {"dev": 0})
+    s.w.write({"k": "end", "exit": 0, "signal": None, "partial": False})
+    s.close()
+    return {"D": D, "n": n, "captured": cap, "graph_launches": glaunch, "plain": plain}
+
+
+def test_graph_program_replays(double, tmp_path):
+    snap = tmp_path / "g.cusnap"
+    incr_graph_program(snap)
+    rp = _replay(double, snap, "--json")
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+
+
+def test_match_windows_by_time_not_correlation():
+    from cudasnap.replay.profile.graphunits import match_windows, node_rows
+    ks = [(1, 100, 200, "before", 7),            # the replay's own launch: before every window
+          (2, 1100, 1150, "a", 7), (3, 1160, 1190, "b", 7),
+          (4, 1500, 1600, "warmup", 7),          # between windows
+          (9, 2050, 2080, "a", 7),                # correlation ids mean nothing here
+          (5, 995, 1020, "edge", 7)]             # starts before the window, midpoint inside
+    w = [(("t", 1000), ("t", 1200)), (("t", 2000), ("t", 2100)), (("t", 3000), ("t", 3100))]
+    got = match_windows(ks, w)
+    assert [[n for _a, _b, n in run] for run in got] == [["edge", "a", "b"], ["a"], []]
+    # flush-index windows (no cupti.get_timestamp)
+    assert [[n for _a, _b, n in r] for r in match_windows(ks, [(("n", 1), ("n", 3))])] == [["a", "b"]]
+    rows = node_rows([[(0, 50_000, "a"), (60_000, 80_000, "b")], [(0, 40_000, "a"), (50_000, 70_000, "b")]])
+    assert [(r["node"], r["name"], r["times_us"]) for r in rows] == [(0, "a", [50.0, 40.0]), (1, "b", [20.0, 20.0])]
+
+
+def test_isolated_cupti_windows_ignore_the_replays_own_launches(double, tmp_path):
+    snap = tmp_path / "incr.cusnap"
+    facts = incr_program(snap, launches=3)
+    r = _wrapped(double, tmp_path, snap, "isolated", "cupti")
+    rep = r["report"]
+    assert r["exit"] == 0 and rep["summary"]["backend"] == "cupti", (r["errors"], rep["summary"])
+    assert rep["summary"]["launches_profiled"] == 3
+    # each timed window holds exactly its run's kernel: 3 launches x 4 timed runs, no more
+    assert [len(x["times_us"]) for x in rep["launches"]] == [4, 4, 4]
+    assert all(x["timing"] == "cupti" and x["times_us"] == [50.0] * 4 for x in rep["launches"])
+    assert not any("no CUPTI kernel record" in w for w in rep["warnings"])
+    assert [x["seq"] for x in rep["launches"]] == facts["seqs"]
+
+
+def test_isolated_cupti_without_records_falls_back_to_events_loudly(double, tmp_path):
+    snap = tmp_path / "incr.cusnap"
+    incr_program(snap, launches=4)
+    r = _wrapped(double, tmp_path, snap, "isolated", "cupti_silent")
+    rep = r["report"]
+    assert r["exit"] == 0, r["errors"]            # memory still restored: the D2H verifies
+    s = rep["summary"]
+    assert s["backend"] == "events" and s["launches_profiled"] == 4 and "error" not in s, s
+    assert all(x["timing"] == "events" and len(x["times_us"]) == 4 for x in rep["launches"])
+    assert any("no CUPTI kernel record" in w and "CUDA events" in w for w in rep["warnings"])
+    assert any("timing the rest with CUDA events" in w for w in rep["warnings"])   # gave up after 3
+
+
+@pytest.mark.parametrize("behaviour", ["cupti", "none"])
+def test_isolated_times_graph_launches_as_units(double, tmp_path, behaviour):
+    snap = tmp_path / "g.cusnap"
+    facts = incr_graph_program(snap, graph_launches=3, plain_after=1)
+    r = _wrapped(double, tmp_path, snap, "isolated", behaviour)
+    assert r["exit"] == 0, r["errors"]       # every graph run started from the saved memory: D2H sees 4
+    rep = r["report"]
+    s = rep["summary"]
+    assert "error" not in s, s
+    assert s["launches_profiled"] == 1 and s["graph_launches_profiled"] == 3 and s["captured_launches"] == 1
+    assert any("cuGraphLaunch" in p for p in s["paths"]) and any("one by one" in p for p in s["paths"])
+    units = [x for x in rep["launches"] if x.get("unit") == "graph"]
+    assert [x["seq"] for x in units] == facts["graph_launches"]
+    assert all(len(x["times_us"]) == 4 and x["median_us"] > 0 for x in units)
+    if behaviour == "cupti":
+        assert s["backend"] == "cupti"
+        assert all(x["name"] == "incr_graph" and x["node"] == 0 and x["times_us"] == [50.0] * 4 for x in units)
+        k = {x["name"]: x for x in rep["kernels"]}
+        assert k["incr_graph"]["launches"] == 3 and k["incr"]["launches"] == 1
+        assert s["graph_units"][0]["kernels_per_run"] == 1
+    else:
+        assert all(x["name"] == f"cuGraphLaunch #{x['seq']}" and x["timing"] == "events" for x in units)
+    # each timed graph run: restore, synchronize, then the graph launch
+    log = r["log"]
+    g = [i for i, n in enumerate(log) if n == "cuGraphLaunch"]
+    assert len(g) == 3 * (1 + 2 + 4)
+    reruns = [i for i in g if log[i - 1] == "cuStreamSynchronize" or log[i - 1] == "cuEventRecord"]
+    assert len(reruns) == 3 * (2 + 4)
+    for i in reruns:
+        assert "cuMemcpyDtoDAsync" in log[i - 6:i]
+
+
+@pytest.mark.parametrize("behaviour", ["cupti", "none"])
+def test_graph_mode_times_recorded_graph_launches(double, tmp_path, behaviour):
+    snap = tmp_path / "g.cusnap"
+    facts = incr_graph_program(snap, graph_launches=2)
+    r = _wrapped(double, tmp_path, snap, "graph", behaviour)
+    assert r["exit"] == 0, r["errors"]
+    rep = r["report"]
+    s = rep["summary"]
+    assert "error" not in s and s["path"] == "recorded graph launches", s
+    assert s["graph_launches_timed"] == 2 and s["total_us"] > 0 and s["launches"] == 2
+    assert any("only inside the program's own CUDA graphs" in w for w in rep["warnings"])
+    assert [x["seq"] for x in rep["launches"]] == facts["graph_launches"]
+    if behaviour == "cupti":
+        assert s["backend"] == "cupti"
+        assert all(x["name"] == "incr_graph" and x["times_us"] == [50.0] * 4 for x in rep["launches"])
+    assert all(x["median_us"] > 0 for x in rep["launches"])
+    assert r["log"].count("cuGraphLaunch") == 2 * (1 + 2 + 4 + (4 if behaviour == "cupti" else 0))
+
+
+def test_graph_mode_standard_path_is_named(double, tmp_path):
+    snap = tmp_path / "incr.cusnap"
+    incr_program(snap, launches=2)
+    r = _wrapped(double, tmp_path, snap, "graph", "none")
+    assert r["report"]["summary"]["path"] == "captured sequence"
+
+
+def test_isolated_nothing_timed_is_an_error_not_silence(double, tmp_path):
+    snap = tmp_path / "g.cusnap"
+    incr_graph_program(snap, graph_launches=1)
+    r = _wrapped(double, tmp_path, snap, "isolated", "cupti", kernels="^no_such_kernel$")
+    s = r["report"]["summary"]
+    assert s["launches_profiled"] == 0 and "no launch was timed" in s["error"], s
+    assert any("no launch was timed" in w for w in r["report"]["warnings"])

@@ -20,7 +20,14 @@ Memory: everything the launches could write is saved before the first selected l
 (pre-state) and after the last one (post-state).  Every graph run starts from the pre-state,
 so each run does the recorded work on the recorded data; afterwards the post-state is put
 back and the replay continues (and verifies) as recorded.  Runs are waited for with a time
-limit (below --watchdog): a run that does not finish is reported as such and replay stops."""
+limit (below --watchdog): a run that does not finish is reported as such and replay stops.
+
+Kernels that run only inside the program's own graphs (JAX/XLA command buffers, CUDA-graph
+PyTorch): when no selected launch runs outside a recorded stream capture, the recorded
+cuGraphLaunch calls that hold selected kernels are timed themselves (they are graphs already):
+each from the memory saved before it, warmup + repeat runs timed with CUDA events (the graph's
+time), then repeat runs under CUPTI for per-kernel-node rows (graphunits.py).  The summary's
+`path` says which was used: "captured sequence" or "recorded graph launches"."""
 from __future__ import annotations
 
 import re
@@ -49,6 +56,7 @@ def _base(f: str) -> str:
 class GraphProfiler:
     mode = "graph"
     label = "graph profiler"
+    wants_calls = False              # on when timing the recorded graph launches (unit mode)
 
     def __init__(self, cfg, warn: Callable[[str], None]):
         self.cfg = cfg
@@ -71,11 +79,20 @@ class GraphProfiler:
         self.backend = "events"
         self.info: Dict[str, Any] = {}
         self.timeout = 300.0
+        self.unit_mode = False
+        self.graphs = None
+        self.unit_seqs: set = set()
+        self._pending_unit = None
+        self.unit_rows: List[Dict[str, Any]] = []
+        self.units: List[Dict[str, Any]] = []
 
     # ------------------------------------------------------------------ events
     def on_event(self, kind: str, ev) -> None:
         if kind == "start":
             self._start(ev)
+            return
+        if self.unit_mode:
+            self._unit_event(kind, ev)
             return
         if self.done:
             return
@@ -151,7 +168,9 @@ class GraphProfiler:
                     if p:
                         self._sel_params.append(bytes(p))
         if self.last_seq is None:
-            self.warn("graph: no launch selected")
+            if not self._start_units():
+                self.warn("graph: no launch selected")
+                self.info["error"] = "no launch selected"
             return
         n = sum(1 for s in graph_launches if isinstance(s, int) and self.first_seq < s < self.last_seq)
         if n:      # the program's own graphs run between the selected launches: not in ours
@@ -341,6 +360,8 @@ class GraphProfiler:
             graph = self._capture(stream)
             gexec = rp.raw("cuGraphInstantiate", graph, 0)
             digests: List[str] = []
+            windows: List[Tuple] = []
+            clock = None
 
             def one(what: str, timed: bool = False, ext: Optional[int] = None) -> None:
                 self._arm(what)
@@ -351,6 +372,7 @@ class GraphProfiler:
                     e0, e1 = rp.raw("cuEventCreate", 0), rp.raw("cuEventCreate", 0)
                     evs.append((e0, e1))
                     rp.raw("cuEventRecord", e0, stream)
+                m0 = clock.mark() if ext is not None else None
                 if ext is not None:
                     cupti.push(ext)
                 try:
@@ -361,6 +383,8 @@ class GraphProfiler:
                 if timed:
                     rp.raw("cuEventRecord", e1, stream)
                 self._wait(stream, what)
+                if m0 is not None:
+                    windows.append((m0, clock.mark()))
                 if cfg.check_repeats and self.pre is not None and (timed or not digests):
                     digests.append(post.digest())
 
@@ -378,10 +402,14 @@ class GraphProfiler:
             # per-kernel times from CUPTI in separate runs (CUPTI's kernel tracing slows the graph)
             cupti = open_cupti(cfg.backend, self.warn)
             if cupti is not None:
+                from .graphunits import WindowClock
+                clock = WindowClock(cupti)
+                clock.start()
                 for i in range(cfg.repeat):
                     one(f"CUPTI run {i + 1}", ext=i + 1)
+                runs = clock.collect(windows)
                 cupti.close()
-                self._per_node(cupti)
+                self._per_node(cupti, runs)
                 if self.node_times:
                     self.backend = "cupti"
             self.info.update(nodes=len(self.ops), launches=len(self.launches),
@@ -450,40 +478,169 @@ class GraphProfiler:
             if self.skipped_captured:
                 self.info["skipped_captured_launches"] = self.skipped_captured
 
-    def _per_node(self, cupti) -> None:
+    def _per_node(self, cupti, windows: Optional[List[List]] = None) -> None:
+        """Per-node times: the kernel records of each CUPTI run (time windows; external
+        correlation ids where CUPTI gave them), the i-th kernel by start time being node i."""
         n = len(self.launches)
         runs: Dict[int, List] = {}
-        for corr, t0, t1, name, sid in cupti.kernels:
-            ext = cupti.ext.get(corr)
-            if ext is not None:
-                runs.setdefault(ext, []).append((t0, t1, name))
+        for i, ks in enumerate(windows or []):
+            if ks:
+                runs[i] = list(ks)
+        if not runs:
+            for corr, t0, t1, name, sid in cupti.kernels:
+                ext = cupti.ext.get(corr)
+                if ext is not None:
+                    runs.setdefault(ext, []).append((t0, t1, name))
         self.node_times = [[] for _ in range(n)]
+        self.node_names = [None] * n
+        skipped = 0
         for _run_id, ks in sorted(runs.items()):
             ks.sort()
             if len(ks) != n:
+                skipped += 1
                 continue
             self.cupti_spans_us.append((ks[-1][1] - ks[0][0]) / 1e3)
             for i, (t0, t1, _name) in enumerate(ks):
                 self.node_times[i].append((t1 - t0) / 1e3)
+                self.node_names[i] = _name
+        if skipped:
+            self.warn(f"graph: {skipped} CUPTI run(s) had a kernel count other than the graph's {n} launches; "
+                      f"not used for per-node times")
         if not any(self.node_times):
             self.node_times = []
 
+    # ------------------------------------------------------------------ the program's graph launches
+    def _start_units(self) -> bool:
+        """No selected launch outside recorded captures: time the recorded graph launches that
+        hold selected kernels.  True when there is one."""
+        from .graphunits import RecordedGraphs
+        try:
+            g = RecordedGraphs(self.rp)
+        except Exception as e:
+            self.warn(f"graph: could not scan the recording's graphs ({type(e).__name__}: {e})")
+            return False
+        seqs = {r.get("s") for r in g.launches if g.records_of(r) and g.selected(self.sel, r)}
+        if not seqs:
+            return False
+        self.graphs, self.unit_seqs, self.unit_mode, self.wants_calls = g, seqs, True, True
+        self.info["path"] = "recorded graph launches"
+        self.warn(f"graph: the selected kernels run only inside the program's own CUDA graphs: timing its "
+                  f"{len(seqs)} recorded cuGraphLaunch call(s) as they are")
+        return True
+
+    def _unit_event(self, kind: str, ev) -> None:
+        from .graphunits import GraphUnit, is_graph_launch
+        if kind == "before_call" and ev.seq in self.unit_seqs and is_graph_launch(ev.call):
+            rp = self.rp
+            if rp.capturing:
+                return
+            rec = ev.rec
+            saver = self.graphs.saver(rec, self.cfg.save_limit)
+            if not saver.ranges:
+                self.units.append({"seq": ev.seq, "error": "memory the graph writes is not known"})
+                return
+            try:
+                saver.save()
+                self._pending_unit = GraphUnit(rp, rec, saver, self.graphs.kernel_names(rec))
+            except Exception as e:
+                saver.free()
+                self.units.append({"seq": ev.seq, "error": f"not prepared: {type(e).__name__}: {e}"})
+        elif kind == "after_call" and self._pending_unit is not None and ev.seq == self._pending_unit.seq:
+            unit, self._pending_unit = self._pending_unit, None
+            self._run_unit(unit)
+        elif kind == "end" and self._pending_unit is not None:
+            self._pending_unit.saver.free()
+            self._pending_unit = None
+
+    def _run_unit(self, unit) -> None:
+        from .graphunits import unit_rows
+        cfg = self.cfg
+        info: Dict[str, Any] = {"seq": unit.seq, "kernels_recorded": len(unit.names)}
+        cupti = None
+        try:
+            times = unit.run_events(cfg.warmup, cfg.repeat)
+            info["graph_times_us"] = times
+            if times:
+                info["graph_us"] = stats(times)["median_us"]
+            cupti = open_cupti(cfg.backend, self.warn)
+            if cupti is not None:
+                runs = unit.run_cupti(cupti, 0, cfg.repeat)
+                cupti.close()
+                cupti = None
+                rows, cinfo = unit_rows(unit, runs, cfg.repeat, "graph")
+                info.update({k: v for k, v in cinfo.items() if k != "seq"})
+                if self.sel.rx is not None:
+                    rows = [r for r in rows if self.sel.rx.search(r["name"])] or rows
+                if rows:
+                    self.backend = "cupti"
+                    self.unit_rows.extend(rows)
+                else:
+                    info["cupti"] = "no kernel record"
+                    self.warn(f"graph: call #{unit.seq} cuGraphLaunch: CUPTI gave no kernel record for its runs; "
+                              f"only the graph's time (CUDA events) is reported")
+            if "graph_us" in info and not any(r.get("graph_seq") == unit.seq for r in self.unit_rows):
+                self.unit_rows.append({"seq": unit.seq, "name": f"cuGraphLaunch #{unit.seq}", "unit": "graph",
+                                       "times_us": times, **stats(times)})
+        except Exception as e:
+            self.warn(f"graph: call #{unit.seq} cuGraphLaunch: {type(e).__name__}: {e}")
+            info["error"] = str(e)
+            try:
+                self.rp.raw("cuCtxSynchronize")
+            except Exception:
+                pass
+        finally:
+            if cupti is not None:
+                try:
+                    cupti.close()
+                except Exception:
+                    pass
+            unit.saver.free()
+        self.units.append(info)
+
+    def _unit_summary(self) -> Dict[str, Any]:
+        ok = [u for u in self.units if "graph_us" in u]
+        d: Dict[str, Any] = {"mode": "graph", "backend": self.backend, "path": "recorded graph launches",
+                             "repeat": self.cfg.repeat, "warmup": self.cfg.warmup,
+                             "graph_launches": len(self.unit_seqs), "graph_launches_timed": len(ok),
+                             "launches": sum(u.get("kernels_recorded", 0) for u in ok),
+                             "nodes": sum(u.get("kernels_recorded", 0) for u in ok),
+                             "units": [{k: v for k, v in u.items() if k != "graph_times_us"} for u in self.units[:50]]}
+        if ok:
+            d["total_us"] = sum(u["graph_us"] for u in ok)
+            d["graph_times_us"] = [u["graph_us"] for u in ok]
+            if d["launches"]:
+                d["per_launch_us"] = d["total_us"] / d["launches"]
+            spans = [u["span_us"] for u in ok if "span_us" in u]
+            if spans:
+                d["cupti_span_us"] = sum(spans)
+        else:
+            errs = [u["error"] for u in self.units if u.get("error")]
+            d["error"] = "no recorded graph launch was timed" + (f" ({errs[0]})" if errs else "")
+        return d
+
     # ------------------------------------------------------------------ results
     def launch_rows(self) -> List[Dict[str, Any]]:
+        if self.unit_mode:
+            return [dict(r) for r in self.unit_rows]
         rows = []
         for i, ev in enumerate(self.launches):
             r = {"seq": ev.seq, "index": ev.index, "name": ev.name, "stream": ev.rec_stream, "grid": list(ev.grid),
                  "block": list(ev.block), "shmem": ev.shmem, "node": i}
             if self.node_times and self.node_times[i]:
                 r["times_us"] = self.node_times[i]
+                if getattr(self, "node_names", None) and self.node_names[i]:
+                    r["cupti_name"] = self.node_names[i]
                 r.update(stats(self.node_times[i]))
             rows.append(r)
         return rows
 
     def summary(self) -> Dict[str, Any]:
+        if self.unit_mode:
+            return self._unit_summary()
         d: Dict[str, Any] = {"mode": "graph", "backend": self.backend, "nodes": len(self.ops),
                              "launches": len(self.launches), "repeat": self.cfg.repeat, "warmup": self.cfg.warmup,
-                             "first_seq": self.first_seq, "last_seq": self.last_seq, **self.info}
+                             "first_seq": self.first_seq, "last_seq": self.last_seq,
+                             "path": "captured sequence", **self.info}
         if self.total_times_us:
             st = stats(self.total_times_us)
             d["total_us"] = st["median_us"]

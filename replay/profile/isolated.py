@@ -11,9 +11,17 @@ the kernel, and replay (with its D2H verification) continues as recorded.
 Timing: CUPTI kernel activity records (cupti-python; the same source as timeline mode) give
 each run's kernel duration on the GPU, without launch latency or the restore copies.  Each run
 is: restore the saved memory (and flush L2 with --flush-l2) on the launch's stream, synchronize,
-launch.  Without CUPTI, CUDA events around each run are the fallback (with a warning: they
-include launch gaps, so they read higher and spread more).  Spread over the timed repeats is
-reported as (max - min) / median (spread_pct) and as the interquartile range (iqr_pct)."""
+CUPTI timestamp, launch, synchronize, CUPTI timestamp; a kernel record belongs to the run whose
+window holds it (graphunits.match_windows: no correlation ids needed).  A launch whose runs got
+no CUPTI record is timed again with CUDA events (with a warning); without CUPTI, CUDA events
+around each run are the timing (with a warning: they include launch gaps, so they read higher
+and spread more).  A launch that could not be timed at all is a row with an error.  Spread over
+the timed repeats is reported as (max - min) / median (spread_pct) and as the interquartile
+range (iqr_pct).
+
+Launches recorded into a stream capture are graph nodes, not run when replayed: the program's
+cuGraphLaunch calls are timed instead, each as a unit (graphunits.py), with the memory the graph
+can write restored before every run; CUPTI gives a row per kernel node (unit="graph")."""
 from __future__ import annotations
 
 import statistics
@@ -168,6 +176,8 @@ EVENT_WARNING = ("isolated: CUPTI (cupti-python) is not available: timing repeat
 class IsolatedProfiler:
     mode = "isolated"
     label = "isolated profiler"
+    wants_calls = False          # set in start when the recording launches graphs (cuGraphLaunch)
+    CUPTI_GIVE_UP = 3            # profiled launches in a row without any CUPTI record: events from then on
 
     def __init__(self, cfg, warn: Callable[[str], None]):
         self.cfg = cfg
@@ -175,12 +185,19 @@ class IsolatedProfiler:
         self.rp = None
         self.sel = None
         self.rows: List[Dict[str, Any]] = []
+        self.units: List[Dict[str, Any]] = []
         self.flusher: Optional[L2Flusher] = None
         self.saved_bytes = 0
         self.backend = "events"
         self.cupti = None
-        self._next_ext = 1
-        self._matched = False
+        self.graphs = None
+        self.skipped_captured = 0
+        self._pending_units: Dict[Any, Any] = {}
+        self._cupti_misses = 0          # consecutive launches without any CUPTI record
+        self._cupti_dead = False
+        self._events_fallbacks = 0
+        self._lost_runs = 0
+        self._closed = False
 
     def on_event(self, kind: str, ev) -> None:
         if kind == "start":
@@ -193,19 +210,34 @@ class IsolatedProfiler:
                 self.backend = "cupti"
             else:
                 self.warn(EVENT_WARNING)
+            try:
+                from .graphunits import RecordedGraphs
+                self.graphs = RecordedGraphs(self.rp)
+                self.wants_calls = bool(self.graphs.launches)
+            except Exception as e:
+                self.warn(f"isolated: could not scan the recording's graphs ({type(e).__name__}: {e})")
         elif kind == "before_launch" and self.sel(ev):
-            if ev.ctx.capturing:       # recorded into a graph, not run now; syncing would break the capture
+            if ev.ctx.capturing:       # recorded into a graph, not run now: timed with its cuGraphLaunch
+                self.skipped_captured += 1
                 return
             self._save(ev)
         elif kind == "after_launch" and "isolated" in ev.data:
             self._repeat(ev)
+        elif kind == "before_call":
+            self._before_graph_launch(ev)
+        elif kind == "after_call":
+            if self._pending_units:
+                unit = self._pending_units.pop(ev.seq, None)
+                if unit is not None:
+                    self._repeat_unit(unit)
         elif kind in ("teardown", "end"):
             if self.flusher is not None:
                 self.flusher.close()
                 self.flusher = None
             if kind == "end":
-                self._finish_cupti()
+                self._close()
 
+    # ------------------------------------------------------------------ plain launches
     def _save(self, ev) -> None:
         rp = self.rp
         saver = MemorySaver(rp, ranges_for(rp, [ev], self.cfg.save_limit))
@@ -213,62 +245,76 @@ class IsolatedProfiler:
             saver.save()
         except Exception as e:
             self.warn(f"isolated: call #{ev.seq} {ev.name}: could not save its memory ({e}); launch not profiled")
+            self.rows.append(self._base_row(ev, saver) | {"error": f"memory not saved: {e}"})
             return
         self.saved_bytes = max(self.saved_bytes, saver.nbytes)
         ev.data["isolated"] = saver
 
+    @staticmethod
+    def _base_row(ev, saver) -> Dict[str, Any]:
+        return {"seq": ev.seq, "index": ev.index, "name": ev.name, "stream": ev.rec_stream,
+                "grid": list(ev.grid), "block": list(ev.block), "shmem": ev.shmem, "saved_bytes": saver.nbytes}
+
+    def _use_cupti(self) -> bool:
+        return self.cupti is not None and not self._cupti_dead
+
+    def _cupti_result(self, got_any: bool, what: str) -> None:
+        """Count launches whose runs got no CUPTI record; give CUPTI up after a few in a row."""
+        if got_any:
+            self._cupti_misses = 0
+            return
+        self._cupti_misses += 1
+        self._events_fallbacks += 1
+        if self._cupti_misses >= self.CUPTI_GIVE_UP and not self._cupti_dead:
+            self._cupti_dead = True
+            self.warn(f"isolated: CUPTI delivered no kernel record for the last {self._cupti_misses} profiled "
+                      f"launches (latest: {what}): timing the rest with CUDA events")
+
     def _repeat(self, ev) -> None:
         rp, cfg = self.rp, self.cfg
         saver: MemorySaver = ev.data.pop("isolated")
-        row: Dict[str, Any] = {"seq": ev.seq, "index": ev.index, "name": ev.name, "stream": ev.rec_stream,
-                               "grid": list(ev.grid), "block": list(ev.block), "shmem": ev.shmem,
-                               "saved_bytes": saver.nbytes}
-        evs: List[Tuple] = []
+        row = self._base_row(ev, saver)
         try:
             if cfg.flush_l2 and self.flusher is None:
                 self.flusher = L2Flusher(rp)
             s = ev.stream
             digests: List[str] = []
-            if self.cupti is not None:
-                exts = []
+            done = False
+            if self._use_cupti():
+                from .graphunits import WindowClock
+                clock = WindowClock(self.cupti)
+                clock.start()
+                windows = []
                 for i in range(cfg.warmup + cfg.repeat):
-                    # restore (and flush), wait for it, then the run alone: CUPTI times the kernel itself
+                    # restore (and flush), wait for it, then the run alone in a CUPTI time window
                     saver.restore(s)
                     if self.flusher is not None:
                         self.flusher.flush(s)
                     rp.raw("cuStreamSynchronize", s)
-                    if i < cfg.warmup:
-                        ev.ctx.relaunch()
-                    else:
-                        ext = self._next_ext
-                        self._next_ext += 1
-                        exts.append(ext)
-                        self.cupti.push(ext)
-                        try:
-                            ev.ctx.relaunch()
-                        finally:
-                            self.cupti.pop()
+                    m0 = clock.mark() if i >= cfg.warmup else None
+                    ev.ctx.relaunch()
+                    if m0 is not None:
+                        rp.raw("cuStreamSynchronize", s)
+                        windows.append((m0, clock.mark()))
                     if cfg.check_repeats and i >= cfg.warmup:
                         digests.append(saver.digest())
                 rp.raw("cuStreamSynchronize", s)
-                row["_exts"] = exts              # durations arrive with CUPTI's buffers (at the end)
-            else:
-                for i in range(cfg.warmup + cfg.repeat):
-                    # queued back to back (no host wait): the event pair sits right around the kernel
-                    saver.restore(s)
-                    if self.flusher is not None:
-                        self.flusher.flush(s)
-                    e0 = rp.raw("cuEventCreate", 0)
-                    e1 = rp.raw("cuEventCreate", 0)
-                    evs.append((e0, e1) if i >= cfg.warmup else (e0, e1, "warmup"))
-                    rp.raw("cuEventRecord", e0, s)
-                    ev.ctx.relaunch()
-                    rp.raw("cuEventRecord", e1, s)
-                    if cfg.check_repeats and i >= cfg.warmup:
-                        digests.append(saver.digest())
-                rp.raw("cuCtxSynchronize")
-                times = [float(rp.raw("cuEventElapsedTime", p[0], p[1])) * 1e3 for p in evs if len(p) == 2]
+                runs = clock.collect(windows)
+                times = [sum(t1 - t0 for t0, t1, _n in run) / 1e3 for run in runs if run]
+                self._lost_runs += len(runs) - len(times)
+                self._cupti_result(bool(times), f"call #{ev.seq} {ev.name}")
+                if times:
+                    row["times_us"] = times
+                    row["cupti_name"] = next(run[0][2] for run in runs if run)
+                    row["timing"] = "cupti"
+                    row.update(stats(times))
+                    done = True
+                else:
+                    digests = []
+            if not done:
+                times = self._events_runs(ev, saver, digests)
                 row["times_us"] = times
+                row["timing"] = "events"
                 row.update(stats(times))
             if cfg.check_repeats:
                 row["repeats_identical"] = len(set(digests)) <= 1
@@ -278,11 +324,36 @@ class IsolatedProfiler:
         except Exception as e:
             self.warn(f"isolated: call #{ev.seq} {ev.name}: {type(e).__name__}: {e}")
             row["error"] = str(e)
-            row.pop("_exts", None)
             try:  # leave memory as one run of the kernel left it, if we can
                 rp.raw("cuCtxSynchronize")
             except Exception:
                 pass
+        finally:
+            saver.free()
+        if "median_us" not in row and "error" not in row:
+            row["error"] = "no timing: neither CUPTI nor CUDA events gave a time for its runs"
+        self.rows.append(row)
+
+    def _events_runs(self, ev, saver, digests: List[str]) -> List[float]:
+        """Queued back to back (no host wait): the event pair sits right around the kernel."""
+        rp, cfg = self.rp, self.cfg
+        s = ev.stream
+        evs: List[Tuple] = []
+        try:
+            for i in range(cfg.warmup + cfg.repeat):
+                saver.restore(s)
+                if self.flusher is not None:
+                    self.flusher.flush(s)
+                e0 = rp.raw("cuEventCreate", 0)
+                e1 = rp.raw("cuEventCreate", 0)
+                evs.append((e0, e1) if i >= cfg.warmup else (e0, e1, "warmup"))
+                rp.raw("cuEventRecord", e0, s)
+                ev.ctx.relaunch()
+                rp.raw("cuEventRecord", e1, s)
+                if cfg.check_repeats and i >= cfg.warmup:
+                    digests.append(saver.digest())
+            rp.raw("cuCtxSynchronize")
+            return [float(rp.raw("cuEventElapsedTime", p[0], p[1])) * 1e3 for p in evs if len(p) == 2]
         finally:
             for p in evs:
                 for e in p[:2]:
@@ -290,48 +361,128 @@ class IsolatedProfiler:
                         rp.cu.cuEventDestroy(e)
                     except Exception:
                         pass
-            saver.free()
-        self.rows.append(row)
 
-    def _finish_cupti(self) -> None:
-        """Match CUPTI kernel records to the timed runs by external correlation id."""
-        c = self.cupti
-        if c is None or self._matched:
+    # ------------------------------------------------------------------ the program's graphs
+    def _before_graph_launch(self, ev) -> None:
+        from .graphunits import GraphUnit, is_graph_launch
+        if self.graphs is None or not is_graph_launch(ev.call):
             return
-        self._matched = True
+        rec = ev.rec
+        if rec.get("r", 0) != 0 or not self.graphs.selected(self.sel, rec):
+            return
+        rp = self.rp
+        names = self.graphs.kernel_names(rec)
+        base = {"seq": ev.seq, "name": f"cuGraphLaunch #{ev.seq}", "unit": "graph", "kernels_recorded": len(names)}
+        if rp.capturing:              # launched into a capture being rebuilt: not run now
+            return
+        saver = self.graphs.saver(rec, self.cfg.save_limit)
+        if not saver.ranges:
+            self.warn(f"isolated: call #{ev.seq} cuGraphLaunch: the memory its graph can write is not known "
+                      f"(no live allocation, or more than the save limit and no recorded kernel parameters); "
+                      f"not profiled")
+            self.rows.append(base | {"error": "memory the graph writes is not known"})
+            return
         try:
-            c.close()
+            saver.save()
+            unit = GraphUnit(rp, rec, saver, names)
         except Exception as e:
-            self.warn(f"isolated: CUPTI flush failed ({type(e).__name__}: {e})")
-        dur: Dict[int, Tuple[float, str]] = {}
-        for corr, t0, t1, name, _sid in c.kernels:
-            ext = c.ext.get(corr)
-            if ext is not None:
-                dur[ext] = ((t1 - t0) / 1e3, name)
-        lost = 0
-        for row in self.rows:
-            exts = row.pop("_exts", None)
-            if exts is None:
-                continue
-            got = [dur[e] for e in exts if e in dur]
-            lost += len(exts) - len(got)
-            times = [t for t, _n in got]
-            row["times_us"] = times
-            if got:
-                row["cupti_name"] = got[0][1]
-                row.update(stats(times))
-        if lost:
-            self.warn(f"isolated: {lost} timed run(s) had no CUPTI kernel record")
+            saver.free()
+            self.warn(f"isolated: call #{ev.seq} cuGraphLaunch: could not prepare ({type(e).__name__}: {e}); "
+                      f"not profiled")
+            self.rows.append(base | {"error": f"not prepared: {e}"})
+            return
+        self.saved_bytes = max(self.saved_bytes, saver.nbytes)
+        self._pending_units[ev.seq] = unit
+
+    def _repeat_unit(self, unit) -> None:
+        from .graphunits import unit_rows
+        rp, cfg = self.rp, self.cfg
+        base = {"seq": unit.seq, "name": f"cuGraphLaunch #{unit.seq}", "unit": "graph",
+                "kernels_recorded": len(unit.names), "saved_bytes": unit.saver.nbytes}
+        info: Dict[str, Any] = {"seq": unit.seq, "kernels_recorded": len(unit.names)}
+        try:
+            if cfg.flush_l2 and self.flusher is None:
+                self.flusher = L2Flusher(rp)
+            rows: List[Dict[str, Any]] = []
+            if self._use_cupti():
+                runs = unit.run_cupti(self.cupti, cfg.warmup, cfg.repeat, self.flusher)
+                rows, info = unit_rows(unit, runs, cfg.repeat, "isolated")
+                self._lost_runs += cfg.repeat - info["runs_with_records"]
+                self._cupti_result(bool(rows), f"call #{unit.seq} cuGraphLaunch")
+                if self.sel.rx is not None:
+                    rows = [r for r in rows if self.sel.rx.search(r["name"])] or rows
+                for r in rows:
+                    r["saved_bytes"] = unit.saver.nbytes
+                info["timing"] = "cupti"
+            if not rows:
+                times = unit.run_events(cfg.warmup, cfg.repeat, self.flusher)
+                rows = [base | {"times_us": times, "timing": "events", **stats(times)}]
+                info["timing"] = "events"
+                if times:
+                    info["graph_us"] = rows[0]["median_us"]
+            self.rows.extend(rows)
+        except Exception as e:
+            self.warn(f"isolated: call #{unit.seq} cuGraphLaunch: {type(e).__name__}: {e}")
+            self.rows.append(base | {"error": str(e)})
+            info["error"] = str(e)
+            try:
+                rp.raw("cuCtxSynchronize")
+            except Exception:
+                pass
+        finally:
+            unit.saver.free()
+        self.units.append(info)
+
+    # ------------------------------------------------------------------ results
+    def _close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for unit in self._pending_units.values():
+            unit.saver.free()
+        self._pending_units = {}
+        if self.cupti is not None:
+            try:
+                self.cupti.close()
+            except Exception as e:
+                self.warn(f"isolated: CUPTI flush failed ({type(e).__name__}: {e})")
+        if self._lost_runs:
+            self.warn(f"isolated: {self._lost_runs} timed run(s) had no CUPTI kernel record")
+        if self._events_fallbacks:
+            self.warn(f"isolated: {self._events_fallbacks} launch(es) got no CUPTI kernel record and were timed "
+                      f"with CUDA events (which include launch gaps)")
 
     def launch_rows(self) -> List[Dict[str, Any]]:
-        self._finish_cupti()
+        self._close()
         return [{k: v for k, v in r.items() if not k.startswith("_")} for r in self.rows]
 
     def summary(self) -> Dict[str, Any]:
         ok = [r for r in self.rows if "median_us" in r]
-        d = {"mode": "isolated", "backend": self.backend, "launches_profiled": len(ok), "repeat": self.cfg.repeat,
+        plain = [r for r in ok if r.get("unit") != "graph"]
+        timings = {r.get("timing") for r in ok}
+        backend = self.backend if not timings else "+".join(t for t in ("cupti", "events") if t in timings)
+        d = {"mode": "isolated", "backend": backend, "launches_profiled": len(plain), "repeat": self.cfg.repeat,
              "warmup": self.cfg.warmup, "flush_l2": self.cfg.flush_l2, "max_saved_bytes": self.saved_bytes}
+        if self.units:
+            d["graph_launches_profiled"] = sum(1 for u in self.units if "error" not in u)
+            d["graph_kernel_rows"] = sum(1 for r in ok if r.get("unit") == "graph")
+            d["graph_units"] = self.units[:50]
+        paths = []
+        if plain:
+            paths.append("launches relaunched one by one")
+        if any(r.get("unit") == "graph" for r in ok):
+            paths.append("the program's cuGraphLaunch calls timed as units (kernels recorded into graphs)")
+        d["paths"] = paths
+        if self.skipped_captured:
+            d["captured_launches"] = self.skipped_captured
         if ok:
             d["total_us"] = sum(r["median_us"] for r in ok)
             d["max_spread_pct"] = max(r["spread_pct"] for r in ok)
+        else:
+            why = [r["error"] for r in self.rows if r.get("error")]
+            d["error"] = ("no launch was timed" + (f" ({why[0]})" if why else
+                          " (no selected launch ran outside a stream capture, and no selected graph launch)"))
+            if not getattr(self, "_warned_none", False):
+                self._warned_none = True
+                self.warn("isolated: " + d["error"])
         return d

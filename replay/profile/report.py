@@ -13,7 +13,7 @@ KERNEL_COLS = ["name", "launches", "total_us", "median_us", "min_us", "max_us", 
                "spread_pct", "max_spread_pct", "iqr_pct"]
 LAUNCH_COLS = ["seq", "index", "name", "stream", "grid", "block", "shmem", "time_us", "start_ns", "end_ns",
                "median_us", "min_us", "max_us", "mean_us", "spread_pct", "iqr_pct", "saved_bytes",
-               "repeats_identical", "node", "error"]
+               "repeats_identical", "node", "unit", "timing", "error"]
 
 
 def _launch_time(r: Dict[str, Any]):
@@ -90,7 +90,10 @@ def render_table(report: Dict[str, Any], out, top: int = 20) -> None:
     ks = report["kernels"]
     isolated = s.get("mode") == "isolated" or any("spread_pct" in k for k in ks)
     head = f"profile ({s.get('mode')}, {s.get('backend')})"
-    if s.get("mode") == "graph" and "total_us" in s:
+    if s.get("mode") == "graph" and s.get("path") == "recorded graph launches" and "total_us" in s:
+        head += (f": the program's own graphs, {s.get('graph_launches_timed')} cuGraphLaunch call(s) "
+                 f"({s.get('launches')} kernels), {_us(s['total_us'])} (medians of {s.get('repeat')})")
+    elif s.get("mode") == "graph" and "total_us" in s:
         extra = s.get("copies", 0) + s.get("memsets", 0)
         head += (f": graph of {s.get('launches', s.get('nodes'))} launches"
                  + (f" (+{extra} copies/memsets)" if extra else "")
@@ -98,7 +101,12 @@ def render_table(report: Dict[str, Any], out, top: int = 20) -> None:
     elif s.get("mode") == "timeline" and "span_us" in s:
         head += f": {s.get('launches_timed')} launches timed, span {_us(s['span_us'])}, kernels {_us(s['kernel_time_us'])}"
     elif s.get("mode") == "isolated":
-        head += f": {s.get('launches_profiled', 0)} launches x {s.get('repeat')} repeats (+{s.get('warmup')} warmup)"
+        head += f": {s.get('launches_profiled', 0)} launches"
+        if s.get("graph_launches_profiled"):
+            head += f" + {s['graph_launches_profiled']} graph launches"
+        head += f" x {s.get('repeat')} repeats (+{s.get('warmup')} warmup)"
+        if s.get("error"):
+            head += f" -- {s['error']}"
     try:
         from rich.console import Console
         from rich.table import Table

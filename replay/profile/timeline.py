@@ -71,6 +71,10 @@ class CuptiCollector:
     def flush(self) -> None:
         self.c.activity_flush_all(1)
 
+    def timestamp(self) -> int:
+        """Now, on the activity records' clock (cuptiGetTimestamp)."""
+        return int(self.c.get_timestamp())
+
     def close(self) -> None:
         try:
             self.flush()

@@ -1,0 +1,279 @@
+"""Timing the program's own CUDA graphs (recorded cuGraphLaunch calls) as units, and matching
+CUPTI kernel records to timed runs by time window.
+
+Programs such as JAX/XLA (command buffers) and CUDA-graph PyTorch run (nearly) all their kernels
+inside graphs: the launches are recorded into a stream capture (cuStreamBeginCapture(ToGraph)
+.. cuStreamEndCapture) or added as kernel nodes, and executed by cuGraphLaunch.  Such launches
+are graph nodes, not executed launches, so isolated and graph mode time the recorded
+cuGraphLaunch calls instead: each run restores the memory the graph can write (saved before
+the recorded launch), launches the graph, waits for it; CUPTI gives one kernel record per
+kernel node, reported per node (and aggregated per kernel name like any launch row).
+
+Matching CUPTI records to runs does not rely on correlation ids (external correlation records
+are only emitted when API activity records are enabled): every timed run is bracketed by
+synchronizations and CUPTI timestamps (cupti.get_timestamp(), the activity records' own clock),
+and a kernel record belongs to the run whose window holds its midpoint.  Without
+get_timestamp, the window is the records delivered between two forced flushes."""
+from __future__ import annotations
+
+import bisect
+from types import SimpleNamespace
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from .isolated import MemorySaver, ranges_for, stats
+
+
+def _base(f: str) -> str:
+    from ..events import _BASE_RX
+    return _BASE_RX.sub("", f or "")
+
+
+def is_graph_launch(f: str) -> bool:
+    return _base(f) == "cuGraphLaunch"
+
+
+# ----------------------------------------------------------------------------- CUPTI windows
+class WindowClock:
+    """Marks for run windows on a CuptiCollector: CUPTI timestamps, else flush indices."""
+
+    def __init__(self, cupti):
+        self.cupti = cupti
+        self.use_ts = hasattr(cupti, "timestamp")
+
+    def start(self) -> None:
+        """Before a batch of runs: records of earlier work are delivered now."""
+        try:
+            self.cupti.flush()
+        except Exception:
+            pass
+
+    def mark(self) -> Tuple[str, int]:
+        if self.use_ts:
+            try:
+                return ("t", int(self.cupti.timestamp()))
+            except Exception:
+                self.use_ts = False
+        self.cupti.flush()
+        return ("n", len(self.cupti.kernels))
+
+    def collect(self, windows: List[Tuple[Tuple[str, int], Tuple[str, int]]]) -> List[List[Tuple[int, int, str]]]:
+        """Kernel records (start, end, name) of each window, sorted by start (flushes first)."""
+        try:
+            self.cupti.flush()
+        except Exception:
+            pass
+        return match_windows(self.cupti.kernels, windows)
+
+
+def match_windows(kernels, windows) -> List[List[Tuple[int, int, str]]]:
+    """kernels: CuptiCollector.kernels tuples (corr, start, end, name, stream_id); windows: pairs
+    of marks (("t", ns) or ("n", record index)).  A record belongs to the time window that holds
+    its midpoint (windows are disjoint: each is closed by a synchronization)."""
+    out: List[List[Tuple[int, int, str]]] = [[] for _ in windows]
+    timed = sorted((w[0][1], w[1][1], i) for i, w in enumerate(windows) if w[0][0] == "t" and w[1][0] == "t")
+    starts = [w[0] for w in timed]
+    for i, (m0, m1) in enumerate(windows):
+        if m0[0] == "n" and m1[0] == "n":
+            out[i] = [(k[1], k[2], k[3]) for k in kernels[m0[1]:m1[1]]]
+    if timed:
+        for k in kernels:
+            mid = (k[1] + k[2]) / 2
+            j = bisect.bisect_right(starts, mid) - 1
+            if j >= 0 and mid <= timed[j][1]:
+                out[timed[j][2]].append((k[1], k[2], k[3]))
+    for lst in out:
+        lst.sort()
+    return out
+
+
+def node_rows(runs: List[List[Tuple[int, int, str]]]) -> List[Dict[str, Any]]:
+    """Per-kernel-node times over runs: the k-th kernel of a name in a run is one node."""
+    nodes: Dict[Tuple[str, int], Dict[str, Any]] = {}
+    order: List[Tuple[str, int]] = []
+    for run in runs:
+        seen: Dict[str, int] = {}
+        for t0, t1, name in run:
+            k = seen.get(name, 0)
+            seen[name] = k + 1
+            key = (name, k)
+            if key not in nodes:
+                nodes[key] = {"name": name, "times_us": [], "first": t0}
+                order.append(key)
+            nodes[key]["times_us"].append((t1 - t0) / 1e3)
+    rows = []
+    for i, key in enumerate(sorted(order, key=lambda k: nodes[k]["first"])):
+        r = nodes[key]
+        rows.append({"node": i, "name": r["name"], "times_us": r["times_us"]})
+    return rows
+
+
+# ----------------------------------------------------------------------------- recorded graphs
+class RecordedGraphs:
+    """What the recording put into each graph: launch records captured into it (stream capture)
+    and kernel nodes added to it; per executable graph, through cuGraphInstantiate."""
+
+    def __init__(self, rp):
+        from . import is_launch_call
+        from ..events import LAUNCH_CONFIG
+        self.rp = rp
+        self.graphs: Dict[int, List[Dict[str, Any]]] = {}     # recorded CUgraph -> launch/node records
+        self.execs: Dict[int, List[Dict[str, Any]]] = {}      # recorded CUgraphExec -> records
+        self.launches: List[Dict[str, Any]] = []              # cuGraphLaunch records
+        self.captured_launches = 0
+        open_caps: Dict[Any, List[Dict[str, Any]]] = {}
+        for rec in rp.reader.records(("c",)):
+            if rec.get("r", 0) != 0 or rec.get("incomplete"):
+                continue
+            f = rec.get("f") or ""
+            a = rec.get("a") or {}
+            b = _base(f)
+            if b == "cuStreamBeginCapture":
+                open_caps[a.get("hStream")] = []
+            elif b == "cuStreamBeginCaptureToGraph":
+                open_caps[a.get("hStream")] = self.graphs.setdefault(a.get("hGraph"), [])
+            elif b == "cuStreamEndCapture":
+                cap = open_caps.pop(a.get("hStream"), None)
+                g = a.get("phGraph")
+                if cap is not None and g:
+                    lst = self.graphs.setdefault(g, [])
+                    if lst is not cap:
+                        lst.extend(cap)
+            elif b in ("cuGraphAddKernelNode", "cuGraphAddNode", "cuGraphKernelNodeSetParams",
+                       "cuGraphExecKernelNodeSetParams"):
+                if (rec.get("x") or {}).get("params") is not None:
+                    key = a.get("hGraphExec") if "Exec" in b else a.get("hGraph")
+                    (self.execs if "Exec" in b else self.graphs).setdefault(key, []).append(rec)
+            elif b == "cuGraphAddChildGraphNode":
+                self.graphs.setdefault(a.get("hGraph"), []).extend(self.graphs.get(a.get("childGraph"), []))
+            elif b.startswith("cuGraphInstantiate"):
+                ex = a.get("phGraphExec")
+                if ex:
+                    self.execs.setdefault(ex, []).extend(self.graphs.get(a.get("hGraph"), []))
+            elif b == "cuGraphExecUpdate":
+                self.execs.setdefault(a.get("hGraphExec"), []).extend(self.graphs.get(a.get("hGraph"), []))
+            elif b == "cuGraphLaunch":
+                self.launches.append(rec)
+            elif is_launch_call(f) and open_caps:
+                hs = a.get("hStream")
+                cfg = a.get("config")
+                if b == "cuLaunchKernelEx" and isinstance(cfg, (bytes, bytearray)) and len(cfg) >= LAUNCH_CONFIG.size:
+                    hs = LAUNCH_CONFIG.unpack_from(bytes(cfg))[7]
+                self.captured_launches += 1
+                if hs in open_caps:
+                    open_caps[hs].append(rec)
+                else:                  # a stream that joined a capture (event wait): every open one
+                    for cap in open_caps.values():
+                        cap.append(rec)
+
+    def exec_of(self, rec) -> Optional[int]:
+        a = rec.get("a") or {}
+        return a.get("hGraph") or a.get("hGraphExec")
+
+    def records_of(self, rec) -> List[Dict[str, Any]]:
+        return self.execs.get(self.exec_of(rec), [])
+
+    def kernel_names(self, rec) -> List[str]:
+        out = []
+        for r in self.records_of(rec):
+            fh = (r.get("a") or {}).get("f")
+            if fh is not None:
+                out.append(self.rp.kernel_name_of(fh))
+        return out
+
+    def selected(self, sel, rec) -> bool:
+        """Is this cuGraphLaunch selected: everything, --launch/--calls naming it, or a kernel
+        recorded into its graph selected (--kernels/--calls)."""
+        if sel.everything:
+            return True
+        if sel.launch is not None:
+            return rec.get("s") == sel.launch
+        if sel.sel is not None and sel.sel(rec, sel.func_names) and sel.rx is None:
+            return True
+        for r in self.records_of(rec):
+            fh = (r.get("a") or {}).get("f")
+            name = self.rp.kernel_name_of(fh) if fh is not None else ""
+            if sel.rec(r, name):
+                return True
+        return False
+
+    def saver(self, rec, limit: int) -> MemorySaver:
+        evs = [SimpleNamespace(rec_params=bytes((r.get("x") or {}).get("params") or b"")) for r in self.records_of(rec)]
+        return MemorySaver(self.rp, ranges_for(self.rp, evs, limit))
+
+
+# ----------------------------------------------------------------------------- one unit
+class GraphUnit:
+    """One recorded cuGraphLaunch timed as a unit: save memory before it (before_call), repeat it
+    after it ran (after_call), each run from the saved memory."""
+
+    def __init__(self, rp, rec, saver: MemorySaver, names: List[str]):
+        self.rp = rp
+        self.rec = rec
+        self.seq = rec.get("s")
+        self.saver = saver
+        self.names = names
+        a = rec.get("a") or {}
+        self.exec = rp.live(rec, a.get("hGraph") or a.get("hGraphExec"), "graph exec")
+        self.stream = rp.stream(rec, a.get("hStream"))
+
+    def _prep(self, flusher) -> None:
+        self.saver.restore(self.stream)
+        if flusher is not None:
+            flusher.flush(self.stream)
+        self.rp.raw("cuStreamSynchronize", self.stream)
+
+    def run_cupti(self, cupti, n_warm: int, n_timed: int, flusher=None) -> List[List[Tuple[int, int, str]]]:
+        clock = WindowClock(cupti)
+        clock.start()
+        windows = []
+        for i in range(n_warm + n_timed):
+            self._prep(flusher)
+            m0 = clock.mark() if i >= n_warm else None
+            self.rp.raw("cuGraphLaunch", self.exec, self.stream)
+            self.rp.raw("cuStreamSynchronize", self.stream)
+            if m0 is not None:
+                windows.append((m0, clock.mark()))
+        return clock.collect(windows)
+
+    def run_events(self, n_warm: int, n_timed: int, flusher=None) -> List[float]:
+        rp = self.rp
+        times = []
+        for i in range(n_warm + n_timed):
+            self._prep(flusher)
+            e0, e1 = rp.raw("cuEventCreate", 0), rp.raw("cuEventCreate", 0)
+            try:
+                rp.raw("cuEventRecord", e0, self.stream)
+                rp.raw("cuGraphLaunch", self.exec, self.stream)
+                rp.raw("cuEventRecord", e1, self.stream)
+                rp.raw("cuEventSynchronize", e1)
+                if i >= n_warm:
+                    times.append(float(rp.raw("cuEventElapsedTime", e0, e1)) * 1e3)
+            finally:
+                for e in (e0, e1):
+                    try:
+                        rp.cu.cuEventDestroy(e)
+                    except Exception:
+                        pass
+        return times
+
+
+def unit_rows(unit: GraphUnit, runs, n_timed: int, mode: str) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
+    """Kernel-node rows of a unit's CUPTI runs, and the unit's summary row."""
+    rows = []
+    for r in node_rows(runs):
+        r.update(seq=unit.seq, unit="graph", graph_seq=unit.seq, cupti_name=r["name"], timing="cupti")
+        r.update(stats(r["times_us"]))
+        rows.append(r)
+    got = [run for run in runs if run]
+    info: Dict[str, Any] = {"seq": unit.seq, "kernels_recorded": len(unit.names), "runs": n_timed,
+                            "runs_with_records": len(got)}
+    if got:
+        info["kernels_per_run"] = statistics_median([len(run) for run in got])
+        info["span_us"] = statistics_median([(run[-1][1] - run[0][0]) / 1e3 for run in got])
+        info["kernel_us"] = statistics_median([sum(t1 - t0 for t0, t1, _n in run) / 1e3 for run in got])
+    return rows, info
+
+
+def statistics_median(xs):
+    import statistics
+    return statistics.median(xs)
