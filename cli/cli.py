@@ -112,7 +112,7 @@ def replay(
     profile: Optional[str] = typer.Option(None, "--profile", help="Per-kernel profiling: timeline, isolated or graph. With it, --kernels/--calls/--launch choose the launches profiled and every call still runs."),
     repeat: int = typer.Option(10, "--repeat", help="isolated/graph: timed runs per launch (per graph)."),
     warmup: int = typer.Option(3, "--warmup", help="isolated/graph: untimed runs before the timed ones."),
-    flush_l2: bool = typer.Option(False, "--flush-l2", help="isolated: flush the L2 cache before every run."),
+    flush_l2: bool = typer.Option(True, "--flush-l2/--no-flush-l2", help="isolated: flush the L2 cache before every run (as Nsight Compute does by default), so each run starts from the same cache state."),
     launch: Optional[int] = typer.Option(None, "--launch", help="Profile only the launch with this call sequence number (as dump shows)."),
     out_file: Optional[Path] = typer.Option(None, "--out", help="Write per-launch and per-kernel rows to FILE.json or FILE.csv."),
     trace: Optional[Path] = typer.Option(None, "--trace", help="Write a Chrome trace / Perfetto JSON of the timeline (with --profile timeline)."),

@@ -38,7 +38,7 @@ class ProfileConfig:
     mode: Optional[str] = None          # timeline | isolated | graph | None (hooks/NVTX only)
     repeat: int = 10
     warmup: int = 3
-    flush_l2: bool = False
+    flush_l2: bool = True           # isolated: start every run from a flushed L2 (as ncu does)
     kernels: Optional[str] = None
     calls: Optional[str] = None
     launch: Optional[int] = None
