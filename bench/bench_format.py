@@ -19,21 +19,8 @@ import numpy as np
 
 try:
     from cudasnap.formats import SnapshotReader, SnapshotWriter
-except ImportError:  # pragma: no cover - not installed: map the repo layout by hand
-    import importlib.util
-    import types
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    pkg = types.ModuleType("cudasnap")
-    pkg.__path__ = [str(root / "cudasnap")]
-    sys.modules["cudasnap"] = pkg
-    spec = importlib.util.spec_from_file_location(
-        "cudasnap.formats", root / "formats" / "__init__.py", submodule_search_locations=[str(root / "formats")])
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["cudasnap.formats"] = mod
-    spec.loader.exec_module(mod)
-    SnapshotReader, SnapshotWriter = mod.SnapshotReader, mod.SnapshotWriter
+except ImportError:
+    raise SystemExit("cudasnap is not installed: run `pip install .` in the repository first")
 
 
 def cpu_model() -> str:

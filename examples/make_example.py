@@ -17,21 +17,8 @@ from pathlib import Path
 
 try:
     from cudasnap.formats import SnapshotWriter
-except ImportError:  # pragma: no cover - not installed: map the repo layout by hand
-    import importlib.util
-    import sys
-    import types
-
-    root = Path(__file__).resolve().parents[1]
-    pkg = types.ModuleType("cudasnap")
-    pkg.__path__ = [str(root / "cudasnap")]
-    sys.modules["cudasnap"] = pkg
-    spec = importlib.util.spec_from_file_location(
-        "cudasnap.formats", root / "formats" / "__init__.py", submodule_search_locations=[str(root / "formats")])
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["cudasnap.formats"] = mod
-    spec.loader.exec_module(mod)
-    SnapshotWriter = mod.SnapshotWriter
+except ImportError:
+    raise SystemExit("cudasnap is not installed: run `pip install .` in the repository first")
 
 HERE = Path(__file__).resolve().parent
 
