@@ -120,6 +120,18 @@ class Decoder:
                 call["x"] = extra
             self.open[rec.seq] = call
             return []
+        if t == R.CALL:
+            if rec.fn >= len(self.fns):
+                return []
+            fn = self.fns[rec.fn]
+            args, extra = {}, {}
+            self._fields(fn, rec, args, extra, post=True)
+            call = {"k": "c", "s": rec.seq, "tid": rec.tid, "t0": rec.t_ns, "t1": rec.t_ns, "f": fn["name"],
+                    "a": args, "r": rec.result}
+            if extra:
+                call["x"] = extra
+            self.counts["calls"] += 1
+            return [call]
         if t == R.POST:
             call = self.open.pop(rec.seq, None)
             if call is None or rec.fn >= len(self.fns):

@@ -36,6 +36,15 @@ HELPERS = [
     "cuDeviceTotalMem_v2", "cuCtxGetDevice", "cuMemAddressReserve", "cuMemCreate", "cuMemMap",
     "cuMemSetAccess", "cuMemAddressFree", "cuMemRelease", "cuMemUnmap", "cuMemGetAllocationGranularity",
 ]
+# Pure queries (no effect on driver state, cannot block): recorded as ONE record after they
+# return instead of a pre- and a post-record. Runtimes issue several per launch
+# (cuCtxGetDevice, cuDevicePrimaryCtxGetState, cuStreamIsCapturing...).
+QUERY_RX = re.compile(
+    r"^cu(CtxGet(Current|Device|Flags|ApiVersion|Id|Limit|CacheConfig|SharedMemConfig|StreamPriorityRange|ExecAffinity)"
+    r"|DeviceGet(Attribute|Count|Name|Uuid|Luid|PCIBusId|ByPCIBusId|\b|$)|DeviceTotalMem|DevicePrimaryCtxGetState"
+    r"|DriverGetVersion|FuncGetAttribute|KernelGetAttribute|PointerGetAttributes?|StreamIsCapturing|StreamGetCaptureInfo"
+    r"|StreamGet(Priority|Flags|Ctx|Id|Device)|StreamQuery|EventQuery|GetErrorName|GetErrorString|MemGetInfo"
+    r"|OccupancyMaxActiveBlocksPerMultiprocessor|OccupancyMaxPotentialBlockSize)\w*$")
 # Calls the placement hook answers itself (shim_placement.c).
 PLACEMENT = {"cuMemAlloc_v2", "cuMemFree_v2", "cuMemGetAddressRange_v2", "cuMemAddressReserve", "cuMemAddressFree"}
 
@@ -118,7 +127,7 @@ def generate_c(desc: dict) -> str:
     w("enum { CS_H_NONE, CS_H_LAUNCH, CS_H_MODULE_IMAGE, CS_H_MODULE_FILE, CS_H_GETPROC,"
       " CS_H_EXPORT_TABLE, CS_H_MEMCPY_STRUCT, CS_H_ASYNC_D2H, CS_H_INIT, CS_H_PLACE, CS_H_KNODE };")
     w("typedef struct { unsigned char kind, size, flags, ai; unsigned short len_idx; unsigned aux; } cs_param;")
-    w("typedef struct { const char *name, *base; unsigned char nparams, hook; signed char h0, h1, h2;"
+    w("typedef struct { const char *name, *base; unsigned char nparams, hook; signed char h0, h1, h2; unsigned char query;"
       " const cs_param *params; } cs_fn;")
     ids = {f["name"]: i for i, f in enumerate(fns)}
     for h in HELPERS:
@@ -178,7 +187,9 @@ def generate_c(desc: dict) -> str:
         if not ok:
             skipped.append(f["name"])
         w(f"static const cs_param cs_p{i}[] = {{{','.join(prow) if prow else '{0,0,0,0,0,0}'}}};")
-        rows.append(f'  {{"{f["name"]}", "{f["base"]}", {len(params) if ok else 0}, {hook if ok else 0}, {h0}, {h1}, {h2}, cs_p{i}}},')
+        query = 1 if (ok and hook == 0 and QUERY_RX.match(f["name"])
+                      and all(p["kind"] in ("val", "opaque", "out", "out_struct") for p in params)) else 0
+        rows.append(f'  {{"{f["name"]}", "{f["base"]}", {len(params) if ok else 0}, {hook if ok else 0}, {h0}, {h1}, {h2}, {query}, cs_p{i}}},')
     w("static const cs_fn cs_fns[CS_NFN] = {")
     out.extend(rows)
     w("};")

@@ -63,6 +63,7 @@ enum {
     CS_REC_PAD = 1, CS_REC_PRE = 2, CS_REC_POST = 3, CS_REC_FN = 4, CS_REC_PROC = 5,
     CS_REC_NOTE = 6, CS_REC_BLOB_PIECE = 7, CS_REC_BLOB_END = 8, CS_REC_EXIT = 9,
     CS_REC_REGION = 10,   /* placement zone reserved: base (F_HANDLE), size (F_CODE) */
+    CS_REC_CALL = 11,     /* a pure query, recorded once after it returned (pre+post in one) */
 };
 
 enum {

@@ -286,12 +286,52 @@ static uint32_t cs_pre_size(const cs_fn *fn, const U *a) {
     return n + cs_hook_pre_size(fn, a);
 }
 
+/* A pure query: call, then one CALL record with the arguments, outputs and result. */
+static CUresult cs_call_query(int id, const cs_fn *fn, cs_gen_fn real, U *a, double *d) {
+    cs_depth++;
+    CUresult res = CS_CALL_REAL(real, a, d);
+    cs_depth--;
+    uint32_t n = (uint32_t)sizeof(cs_rec_hdr) + cs_flen(8u * fn->nparams);
+    if (res == 0)
+        for (int i = 0; i < fn->nparams; i++) {
+            const cs_param *p = &fn->params[i];
+            if (a[p->ai] && (p->kind == CS_K_OUT || p->kind == CS_K_OUT_STRUCT || p->kind == CS_K_INOUT_STRUCT))
+                n += cs_flen(p->aux);
+        }
+    cs_rec r;
+    if (cs_reserve(&r, n, CS_REC_CALL) == 0) {
+        r.h->fn = (uint32_t)id;
+        r.h->seq = __atomic_fetch_add(&cs_ring->seq, 1, __ATOMIC_RELAXED);
+        r.h->t_ns = cs_now(); r.h->result = res; r.h->aux = res == 0;
+        cs_field_hdr *vf = (cs_field_hdr *)r.p;
+        vf->idx = CS_F_VALS; vf->tag = CS_T_VALS; vf->len = 8u * fn->nparams;
+        U *vals = (U *)(vf + 1);
+        for (int i = 0; i < fn->nparams; i++) {
+            const cs_param *p = &fn->params[i];
+            U v;
+            if (p->flags & CS_P_FLOAT) memcpy(&v, &d[p->ai], 8);
+            else { v = a[p->ai]; if (p->size < 8) v &= (1ull << (8 * p->size)) - 1; }
+            vals[i] = v;
+        }
+        r.p += cs_flen(8u * fn->nparams); r.h->nfields++;
+        if (res == 0)
+            for (int i = 0; i < fn->nparams; i++) {
+                const cs_param *p = &fn->params[i];
+                if (a[p->ai] && (p->kind == CS_K_OUT || p->kind == CS_K_OUT_STRUCT || p->kind == CS_K_INOUT_STRUCT))
+                    cs_put(&r, (uint16_t)i, CS_T_BYTES, (const void *)a[p->ai], p->aux);
+            }
+        cs_publish(&r);
+    }
+    return res;
+}
+
 static CUresult cs_call(int id, U *a, double *d) {
     const cs_fn *fn = &cs_fns[id];
     cs_gen_fn real = REAL(id);
     if (!real) return 999; /* CUDA_ERROR_UNKNOWN: the driver lacks this entry */
     if (fn->hook == CS_H_EXPORT_TABLE || cs_depth || cs_start() != 1)
         return cs_hook_passthrough(fn, real, a, d);
+    if (fn->query) return cs_call_query(id, fn, real, a, d);
     cs_depth++;
 
     /* blobs first, so the recorder has them when the call record arrives */
