@@ -286,6 +286,22 @@ static uint32_t cs_pre_size(const cs_fn *fn, const U *a) {
     return n + cs_hook_pre_size(fn, a);
 }
 
+/* Every argument's value in one field (8 bytes each, in parameter order; a float argument
+ * as the bits of a double), masked to its C size. */
+static inline void cs_put_vals(cs_rec *r, const cs_fn *fn, const U *a, const double *d) {
+    cs_field_hdr *vf = (cs_field_hdr *)r->p;
+    vf->idx = CS_F_VALS; vf->tag = CS_T_VALS; vf->len = 8u * fn->nparams;
+    U *vals = (U *)(vf + 1);
+    for (int i = 0; i < fn->nparams; i++) {
+        const cs_param *p = &fn->params[i];
+        U v;
+        if (p->flags & CS_P_FLOAT) memcpy(&v, &d[p->ai], 8);
+        else { v = a[p->ai]; if (p->size < 8) v &= (1ull << (8 * p->size)) - 1; }
+        vals[i] = v;
+    }
+    r->p += cs_flen(8u * fn->nparams); r->h->nfields++;
+}
+
 /* A pure query: call, then one CALL record with the arguments, outputs and result. */
 static CUresult cs_call_query(int id, const cs_fn *fn, cs_gen_fn real, U *a, double *d) {
     cs_depth++;
@@ -303,17 +319,7 @@ static CUresult cs_call_query(int id, const cs_fn *fn, cs_gen_fn real, U *a, dou
         r.h->fn = (uint32_t)id;
         r.h->seq = __atomic_fetch_add(&cs_ring->seq, 1, __ATOMIC_RELAXED);
         r.h->t_ns = cs_now(); r.h->result = res; r.h->aux = res == 0;
-        cs_field_hdr *vf = (cs_field_hdr *)r.p;
-        vf->idx = CS_F_VALS; vf->tag = CS_T_VALS; vf->len = 8u * fn->nparams;
-        U *vals = (U *)(vf + 1);
-        for (int i = 0; i < fn->nparams; i++) {
-            const cs_param *p = &fn->params[i];
-            U v;
-            if (p->flags & CS_P_FLOAT) memcpy(&v, &d[p->ai], 8);
-            else { v = a[p->ai]; if (p->size < 8) v &= (1ull << (8 * p->size)) - 1; }
-            vals[i] = v;
-        }
-        r.p += cs_flen(8u * fn->nparams); r.h->nfields++;
+        cs_put_vals(&r, fn, a, d);
         if (res == 0)
             for (int i = 0; i < fn->nparams; i++) {
                 const cs_param *p = &fn->params[i];
@@ -347,18 +353,7 @@ static CUresult cs_call(int id, U *a, double *d) {
     cs_rec r;
     if (cs_reserve(&r, cs_pre_size(fn, a), CS_REC_PRE) == 0) {
         r.h->fn = (uint32_t)id; r.h->seq = seq; r.h->t_ns = cs_now();
-        /* every argument's value in one field (8 bytes each, in parameter order) */
-        cs_field_hdr *vf = (cs_field_hdr *)r.p;
-        vf->idx = CS_F_VALS; vf->tag = CS_T_VALS; vf->len = 8u * fn->nparams;
-        U *vals = (U *)(vf + 1);
-        for (int i = 0; i < fn->nparams; i++) {
-            const cs_param *p = &fn->params[i];
-            U v;
-            if (p->flags & CS_P_FLOAT) memcpy(&v, &d[p->ai], 8);
-            else { v = a[p->ai]; if (p->size < 8) v &= (1ull << (8 * p->size)) - 1; }
-            vals[i] = v;
-        }
-        r.p += cs_flen(8u * fn->nparams); r.h->nfields++;
+        cs_put_vals(&r, fn, a, d);
         for (int i = 0; i < fn->nparams; i++) {
             const cs_param *p = &fn->params[i];
             if (p->flags & CS_P_FLOAT) continue;
