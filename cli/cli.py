@@ -106,7 +106,7 @@ def replay(
     sync_after_launch: bool = typer.Option(False, "--sync-after-launch", help="Synchronize after every launch (pins failures to a kernel)."),
     threads: bool = typer.Option(False, "--threads", help="Replay each recorded thread on its own thread (recorded order kept)."),
     relocate_payloads: bool = typer.Option(False, "--relocate-payloads", help="Rewrite stale recorded addresses found in H2D payloads after a fallback."),
-    progress: bool = typer.Option(False, "--progress", help="Show a progress bar."),
+    progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bar on stderr (default: on for long replays on a terminal)."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No summary; the first problem only."),
     profile: Optional[str] = typer.Option(None, "--profile", help="Per-kernel profiling: timeline, isolated or graph. With it, --kernels/--calls/--launch choose the launches profiled and every call still runs."),

@@ -513,10 +513,12 @@ class Replayer:
 
     def _loop(self) -> None:
         prog = None
-        if self.opt.progress and not self.opt.quiet:
+        auto = self.opt.progress is None and self.total > 20000 and sys.stderr.isatty()
+        if (self.opt.progress or auto) and not self.opt.quiet:
             try:
+                from rich.console import Console
                 from rich.progress import Progress
-                prog = Progress(transient=True)
+                prog = Progress(transient=True, console=Console(stderr=True))
                 prog.start()
                 task = prog.add_task("replaying", total=self.total)
             except Exception:

@@ -17,7 +17,7 @@ class ReplayOptions:
     watchdog: Optional[float] = None     # seconds
     sync_after_launch: bool = False
     threads: bool = False
-    progress: bool = False
+    progress: Optional[bool] = None      # None: automatic (long replay, stderr is a terminal)
     relocate_payloads: bool = False
     quiet: bool = False
 
