@@ -22,7 +22,7 @@ import ctypes
 import struct
 from typing import Any, List, Optional
 
-from . import handles, refuses
+from . import handles, refuses  # noqa: F401 (refuses: for calls that cannot be rebuilt)
 
 # CUgraphNodeType
 NT_KERNEL, NT_MEMCPY, NT_MEMSET, NT_HOST, NT_GRAPH, NT_EMPTY, NT_WAIT_EVENT, NT_EVENT_RECORD = range(8)
@@ -37,9 +37,8 @@ MEMCPY3D_SIZE = 200
 MT_HOST, MT_DEVICE, MT_ARRAY, MT_UNIFIED = 1, 2, 3, 4
 CU_LAUNCH_PARAM_END, CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE = 0, 1, 2
 
-KERNEL_NODE_REASON = ("capture records only the CUDA_KERNEL_NODE_PARAMS struct, whose kernelParams/extra are "
-                      "host pointers of the recorded process (the packed kernel arguments were not captured), "
-                      "so the kernel node cannot be rebuilt")
+KERNEL_NODE_REASON = ("this snapshot has no packed arguments for it (x.params; captured by cudasnap >= the "
+                      "kernel-node hook): CUDA_KERNEL_NODE_PARAMS alone holds host pointers of the recorded process")
 
 
 def _u64(b, o: int) -> int:
@@ -408,7 +407,7 @@ def kernel_params(rp, rec, raw: bytearray, off: int = 0) -> bytearray:
     return raw
 
 
-@refuses("cuGraphAddKernelNode", reason=KERNEL_NODE_REASON)
+@handles("cuGraphAddKernelNode")   # needs x.params: capture packs kernel-node arguments
 def add_kernel_node(rp, rec):
     a = rec["a"]
     raw = kernel_params(rp, rec, _struct_bytes(rp, rec, "nodeParams", KERNEL_PARAMS_SIZE, "CUDA_KERNEL_NODE_PARAMS"))
@@ -417,7 +416,7 @@ def add_kernel_node(rp, rec):
     _node_out(rp, rec, rp.drv(rec, "cuGraphAddKernelNode", graph(rp, rec, a.get("hGraph")), deps, len(deps), p))
 
 
-@refuses("cuGraphKernelNodeSetParams", "cuGraphExecKernelNodeSetParams", reason=KERNEL_NODE_REASON)
+@handles("cuGraphKernelNodeSetParams", "cuGraphExecKernelNodeSetParams")
 def kernel_node_set_params(rp, rec):
     a = rec["a"]
     raw = kernel_params(rp, rec, _struct_bytes(rp, rec, "nodeParams", KERNEL_PARAMS_SIZE, "CUDA_KERNEL_NODE_PARAMS"))
