@@ -267,7 +267,7 @@ static void cs_exit_hook(void) {
 #include "shim_placement.c"
 
 /* --- the generic call engine ------------------------------------------------------- */
-static uint32_t cs_pre_size(const cs_fn *fn, const U *a) {
+static uint32_t cs_pre_size(const cs_fn *fn, const U *a, const cs_pre *pre) {
     uint32_t n = (uint32_t)sizeof(cs_rec_hdr) + cs_flen(8u * fn->nparams);
     for (int i = 0; i < fn->nparams; i++) {
         const cs_param *p = &fn->params[i];
@@ -283,7 +283,7 @@ static uint32_t cs_pre_size(const cs_fn *fn, const U *a) {
         default: break;
         }
     }
-    return n + cs_hook_pre_size(fn, a);
+    return n + cs_hook_pre_size(pre);
 }
 
 /* Every argument's value in one field (8 bytes each, in parameter order; a float argument
@@ -347,11 +347,12 @@ static CUresult cs_call(int id, U *a, double *d) {
         blob_serial[i] = (p->kind == CS_K_BLOB_IN && a[p->ai])
             ? cs_blob((const void *)a[p->ai], a[fn->params[p->len_idx].ai]) : 0;
     }
-    uint64_t hook_serial = cs_hook_pre_blob(fn, a);
+    cs_pre pre;
+    cs_hook_pre(fn, a, &pre);
 
     uint64_t seq = __atomic_fetch_add(&cs_ring->seq, 1, __ATOMIC_RELAXED);
     cs_rec r;
-    if (cs_reserve(&r, cs_pre_size(fn, a), CS_REC_PRE) == 0) {
+    if (cs_reserve(&r, cs_pre_size(fn, a, &pre), CS_REC_PRE) == 0) {
         r.h->fn = (uint32_t)id; r.h->seq = seq; r.h->t_ns = cs_now();
         cs_put_vals(&r, fn, a, d);
         for (int i = 0; i < fn->nparams; i++) {
@@ -370,7 +371,7 @@ static CUresult cs_call(int id, U *a, double *d) {
             default: break;
             }
         }
-        cs_hook_pre_fields(fn, &r, a, hook_serial);
+        cs_hook_pre_fields(fn, &r, a, &pre);
         cs_publish(&r);
     }
 

@@ -170,13 +170,6 @@ static int cs_launch_args(const cs_fn *fn, const U *a, U *f, U *kp, U *ex) {
     return 0;
 }
 
-static uint32_t cs_launch_bytes(const cs_fn *fn, const U *a, const void **src, const cs_layout **lay, U *kp) {
-    U f = 0, ex = 0;
-    *kp = 0; *src = NULL; *lay = NULL;
-    if (!cs_launch_args(fn, a, &f, kp, &ex)) return 0;
-    return cs_pack_size(f, *kp, ex, src, lay);
-}
-
 static uint32_t cs_attrs_bytes(const cs_fn *fn, const U *a) {
     if (fn->hook != CS_H_LAUNCH || fn->h2 < 0 || fn->h0 != 1) return 0;   /* cuLaunchKernelEx: (config, f, ...) */
     const char *cfg = (const char *)a[fn->params[0].ai];
@@ -250,64 +243,70 @@ static int cs_memcpy2d_host(const char *c, int dst, const char **ptr, uint64_t *
     return 1;
 }
 
-static uint64_t cs_hook_pre_blob(const cs_fn *fn, const U *a) {
+/* What the pre-call record of a hooked call carries, worked out once per call: packed
+ * kernel arguments (launches, kernel graph nodes), launch attributes, or a blob (module
+ * image or file, memcpy2D host source) streamed into the ring before the record. */
+typedef struct {
+    int packed;                 /* launch-like: a CS_F_PARAMS field follows */
+    uint32_t pbytes, abytes;    /* packed argument bytes, launch attribute bytes */
+    const void *src;            /* `extra` buffer, or NULL: pack kernelParams through lay */
+    const cs_layout *lay;
+    U kp;
+    uint16_t blob_field;        /* CS_F_IMAGE / CS_F_HOSTSRC, or 0 */
+    uint64_t serial, size;      /* the blob streamed for it */
+} cs_pre;
+
+static void cs_hook_pre(const cs_fn *fn, const U *a, cs_pre *pre) {
+    memset(pre, 0, sizeof *pre);
     switch (fn->hook) {
+    case CS_H_LAUNCH: case CS_H_KNODE: {
+        U f = 0, ex = 0;
+        if (!cs_launch_args(fn, a, &f, &pre->kp, &ex)) return;   /* not a kernel node */
+        pre->packed = 1;
+        pre->pbytes = cs_pack_size(f, pre->kp, ex, &pre->src, &pre->lay);
+        pre->abytes = cs_attrs_bytes(fn, a);
+        return;
+    }
     case CS_H_MODULE_IMAGE: {
         const void *start;
-        uint64_t n = cs_image_size((const void *)a[fn->params[fn->h0].ai], &start);
-        return n ? cs_blob(start, n) : 0;
+        pre->blob_field = CS_F_IMAGE;
+        pre->size = cs_image_size((const void *)a[fn->params[fn->h0].ai], &start);
+        if (pre->size) pre->serial = cs_blob(start, pre->size);
+        return;
     }
     case CS_H_MODULE_FILE:
-        return cs_read_file_blob((const char *)a[fn->params[fn->h0].ai]);
+        pre->blob_field = CS_F_IMAGE;
+        pre->serial = cs_read_file_blob((const char *)a[fn->params[fn->h0].ai]);
+        return;
     case CS_H_MEMCPY_STRUCT: {
-        const char *c = (const char *)a[fn->params[0].ai], *hp; uint64_t n;
-        if (c && strstr(fn->name, "2D") && cs_memcpy2d_host(c, 0, &hp, &n)) return cs_blob(hp, n);
-        return 0;
+        const char *c = (const char *)a[fn->params[0].ai], *hp;
+        pre->blob_field = CS_F_HOSTSRC;
+        if (c && strstr(fn->name, "2D") && cs_memcpy2d_host(c, 0, &hp, &pre->size))
+            pre->serial = cs_blob(hp, pre->size);
+        else
+            pre->size = 0;
+        return;
     }
-    default: return 0;
-    }
-}
-
-static uint32_t cs_hook_pre_size(const cs_fn *fn, const U *a) {
-    switch (fn->hook) {
-    case CS_H_LAUNCH: case CS_H_KNODE: {
-        const void *src; const cs_layout *L; U kp;
-        return cs_flen(cs_launch_bytes(fn, a, &src, &L, &kp)) + cs_flen(cs_attrs_bytes(fn, a));
-    }
-    case CS_H_MODULE_IMAGE: case CS_H_MODULE_FILE: case CS_H_MEMCPY_STRUCT: return cs_flen(16);
-    default: return 0;
+    default: return;
     }
 }
 
-static void cs_hook_pre_fields(const cs_fn *fn, cs_rec *r, const U *a, uint64_t serial) {
-    switch (fn->hook) {
-    case CS_H_LAUNCH: case CS_H_KNODE: {
-        const void *src; const cs_layout *L; U kp;
-        uint32_t n = cs_launch_bytes(fn, a, &src, &L, &kp);
-        U f = 0, k2 = 0, ex = 0;
-        if (!cs_launch_args(fn, a, &f, &k2, &ex)) break;   /* not a kernel node: nothing packed */
-        cs_put_packed(r, n, src, L, kp);
-        uint32_t na = cs_attrs_bytes(fn, a);
-        if (na) {
+static uint32_t cs_hook_pre_size(const cs_pre *pre) {
+    uint32_t n = 0;
+    if (pre->packed) n += cs_flen(pre->pbytes) + (pre->abytes ? cs_flen(pre->abytes) : 0);
+    if (pre->blob_field) n += cs_flen(16);
+    return n;
+}
+
+static void cs_hook_pre_fields(const cs_fn *fn, cs_rec *r, const U *a, const cs_pre *pre) {
+    if (pre->packed) {
+        cs_put_packed(r, pre->pbytes, pre->src, pre->lay, pre->kp);
+        if (pre->abytes) {
             const char *cfg = (const char *)a[fn->params[0].ai];
-            cs_put(r, CS_F_ATTRS, CS_T_BYTES, *(const void *const *)(cfg + CS_LAUNCHCFG_ATTRS_OFF), na);
+            cs_put(r, CS_F_ATTRS, CS_T_BYTES, *(const void *const *)(cfg + CS_LAUNCHCFG_ATTRS_OFF), pre->abytes);
         }
-        break;
     }
-    case CS_H_MODULE_IMAGE: case CS_H_MODULE_FILE: {
-        uint64_t size = 0;
-        if (fn->hook == CS_H_MODULE_IMAGE) { const void *s; size = cs_image_size((const void *)a[fn->params[fn->h0].ai], &s); }
-        cs_put_blobref(r, CS_F_IMAGE, serial, size);
-        break;
-    }
-    case CS_H_MEMCPY_STRUCT: {
-        const char *c = (const char *)a[fn->params[0].ai], *hp; uint64_t n = 0;
-        if (!(c && strstr(fn->name, "2D") && cs_memcpy2d_host(c, 0, &hp, &n))) n = 0;
-        cs_put_blobref(r, CS_F_HOSTSRC, serial, n);
-        break;
-    }
-    default: break;
-    }
+    if (pre->blob_field) cs_put_blobref(r, pre->blob_field, pre->serial, pre->size);
 }
 
 static void cs_emit_proc(void) {
