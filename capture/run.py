@@ -93,7 +93,6 @@ def _summary(procs, out: Path) -> None:
         return
     for pc in sorted(procs, key=lambda p: p.ring.pid):
         c = pc.decoder.counts
-        st = pc.writer.stats
         size = pc.path.stat().st_size if pc.path.exists() else 0
         flags = []
         if pc.partial:
@@ -109,7 +108,6 @@ def _summary(procs, out: Path) -> None:
             f"{_mb(c['h2d_bytes'])} H2D, {_mb(c['d2h_bytes'])} D2H captured, file {_mb(size)}"
             + (f"  ({', '.join(flags)})" if flags else "")
         )
-        _ = st
 
 
 def _mb(n: int) -> str:

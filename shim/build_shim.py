@@ -71,8 +71,8 @@ def _hook_of(fn) -> tuple[int, int, int, int]:
     if name in PLACEMENT:
         return 9, -1, -1, -1
     kn = _param_index(params, ("nodeParams", "pNodeParams"))
-    if kn >= 0 and "Get" not in name and ("KernelNode" in name or re.match(r"cuGraph(Add|Exec)?Node(SetParams)?(_v\d)?$", name)
-                    or re.match(r"cuGraph(Exec)?NodeSetParams", name) or name.startswith("cuGraphAddNode")):
+    generic_node = re.fullmatch(r"cuGraph(AddNode|NodeSetParams|ExecNodeSetParams)(_v\d)?", name)
+    if kn >= 0 and "Get" not in name and ("KernelNode" in name or generic_node):
         # kernel graph nodes carry their arguments as host pointers: pack them like a launch
         generic = "KernelNode" not in name
         return 10, kn, 16 if generic else 0, 1 if (generic or (params[kn].get("pointee_size") or 0) >= 72) else 0
@@ -98,9 +98,6 @@ def _hook_of(fn) -> tuple[int, int, int, int]:
         h0 = _param_index(params, ("hStream",))
     elif cap == "getproc" and len(params) < 4:
         hook = 0
-    if hook == 0 and cap not in (None, "host_alloc", "launch_config") and fn["base"] != "cuInit":
-        pass
-    _ = name
     return hook, h0, h1, h2
 
 
@@ -161,10 +158,7 @@ def generate_c(desc: dict) -> str:
                 kind = 1
                 len_idx = 0
             if kind in (9, 10):
-                aux = p.get("elem_size", 1)
-                if p.get("count_is_ptr"):
-                    # the count parameter is a pointer: its pointee size tells how to read it
-                    pass
+                aux = p.get("elem_size", 1)   # (a count passed by pointer: see the loop below)
             elif kind in (2, 3, 4, 5):
                 aux = p.get("pointee_size") or 8
             else:

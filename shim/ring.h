@@ -82,7 +82,6 @@ enum {
     CS_F_PARAMS = 0x100,      /* packed kernel parameter bytes */
     CS_F_ATTRS = 0x101,       /* launch attributes array (cuLaunchKernelEx) */
     CS_F_IMAGE = 0x102,       /* module image blob */
-    CS_F_SYMBOL = 0x103,      /* cuGetProcAddress: requested symbol */
     CS_F_WRAPPED = 0x104,     /* cuGetProcAddress: API id handed back, or -1 passthrough */
     CS_F_HOSTSRC = 0x105,     /* memcpy2D/3D host source region blob */
     CS_F_HOSTDST = 0x106,     /* memcpy2D/3D host destination region blob */
