@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cudasnap.formats import SnapshotReader
-from cudasnap.replay.synth import DOUBLE_MODULE, Synth
+from cudasnap.replay.synth import Synth
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "hooks"
@@ -75,13 +75,7 @@ def incr_program(path, n=16, launches=3, stream=0):
     s = Synth(path)
     ctx, mod, f_incr = 0x55550000, 0x55560000, 0x55570005
     D = 0x200000000000
-    s.call("cuInit", {"Flags": 0})
-    s.call("cuDeviceGet", {"device": 0, "ordinal": 0})
-    s.call("cuDevicePrimaryCtxRetain", {"pctx": ctx, "dev": 0})
-    s.call("cuCtxSetCurrent", {"ctx": ctx})
-    s.call("cuModuleLoadData", {"module": mod, "image": 0x7F0000001000}, x={"image": s.blob(DOUBLE_MODULE + b"\0")})
-    s.call("cuModuleGetFunction", {"hfunc": f_incr, "hmod": mod, "name": "incr"})
-    s.fn(f_incr, "incr", mod, [[0, 8], [8, 4]])
+    s.double_prologue("incr", f_incr, [[0, 8], [8, 4]], ctx, mod)
     s.call("cuMemAlloc_v2", {"dptr": D, "bytesize": n * 4})
     s.call("cuMemcpyHtoD_v2", {"dstDevice": D, "srcHost": 0x7F0000100000, "ByteCount": n * 4},
            x={"srcHost": s.blob(bytes(n * 4))})
@@ -389,13 +383,7 @@ def incr_memset_program(path, n=16, stream=0x5000):
     s = Synth(path)
     ctx, mod, f_incr = 0x55550000, 0x55560000, 0x55570005
     D = 0x200000000000
-    s.call("cuInit", {"Flags": 0})
-    s.call("cuDeviceGet", {"device": 0, "ordinal": 0})
-    s.call("cuDevicePrimaryCtxRetain", {"pctx": ctx, "dev": 0})
-    s.call("cuCtxSetCurrent", {"ctx": ctx})
-    s.call("cuModuleLoadData", {"module": mod, "image": 0x7F0000001000}, x={"image": s.blob(DOUBLE_MODULE + b"\0")})
-    s.call("cuModuleGetFunction", {"hfunc": f_incr, "hmod": mod, "name": "incr"})
-    s.fn(f_incr, "incr", mod, [[0, 8], [8, 4]])
+    s.double_prologue("incr", f_incr, [[0, 8], [8, 4]], ctx, mod)
     s.call("cuStreamCreate", {"phStream": stream, "Flags": 0})
     s.call("cuMemAlloc_v2", {"dptr": D, "bytesize": n * 4})
     s.call("cuMemcpyHtoD_v2", {"dstDevice": D, "srcHost": 0x7F0000100000, "ByteCount": n * 4},
@@ -668,13 +656,7 @@ def incr_graph_program(path, n=16, graph_launches=3, stream=0x5000, plain_after=
     ctx, mod, f_incr = 0x55550000, 0x55560000, 0x55570005
     G, GE = 0x66660000, 0x66670000
     D = 0x200000000000
-    s.call("cuInit", {"Flags": 0})
-    s.call("cuDeviceGet", {"device": 0, "ordinal": 0})
-    s.call("cuDevicePrimaryCtxRetain", {"pctx": ctx, "dev": 0})
-    s.call("cuCtxSetCurrent", {"ctx": ctx})
-    s.call("cuModuleLoadData", {"module": mod, "image": 0x7F0000001000}, x={"image": s.blob(DOUBLE_MODULE + b"\0")})
-    s.call("cuModuleGetFunction", {"hfunc": f_incr, "hmod": mod, "name": "incr"})
-    s.fn(f_incr, "incr", mod, [[0, 8], [8, 4]])
+    s.double_prologue("incr", f_incr, [[0, 8], [8, 4]], ctx, mod)
     s.call("cuStreamCreate", {"phStream": stream, "Flags": 0})
     s.call("cuMemAlloc_v2", {"dptr": D, "bytesize": n * 4})
     s.call("cuMemcpyHtoD_v2", {"dstDevice": D, "srcHost": 0x7F0000100000, "ByteCount": n * 4},

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from cudasnap.replay.synth import DOUBLE_MODULE, Synth
+from cudasnap.replay.synth import Synth
 
 MODES = ["0", "python", "1"]
 
@@ -32,13 +32,7 @@ def incr_session(path, n=16, launches=200, bad_at=None, h2d_bytes=None, queries=
     s = Synth(path)
     ctx, mod, f_incr = 0x55550000, 0x55560000, 0x55570005
     D = 0x200000000000
-    s.call("cuInit", {"Flags": 0})
-    s.call("cuDeviceGet", {"device": 0, "ordinal": 0})
-    s.call("cuDevicePrimaryCtxRetain", {"pctx": ctx, "dev": 0})
-    s.call("cuCtxSetCurrent", {"ctx": ctx})
-    s.call("cuModuleLoadData", {"module": mod, "image": 0x7F0000001000}, x={"image": s.blob(DOUBLE_MODULE + b"\0")})
-    s.call("cuModuleGetFunction", {"hfunc": f_incr, "hmod": mod, "name": "incr"})
-    s.fn(f_incr, "incr", mod, [[0, 8], [8, 4]])
+    s.double_prologue("incr", f_incr, [[0, 8], [8, 4]], ctx, mod)
     size = max(n * 4, h2d_bytes or 0)
     s.call("cuMemAlloc_v2", {"dptr": D, "bytesize": size})
     init = bytes(n * 4)
