@@ -62,14 +62,19 @@ def library_load(rp, rec):
         rp.libraries[rec_lib] = lib
 
 
+def _forget_functions(rp, h) -> None:
+    """Functions looked up in an unloaded module or library are gone with it."""
+    for f, m in list(rp.module_of.items()):
+        if m == h:
+            rp.funcs.pop(f, None)
+
+
 @handles("cuModuleUnload")
 def module_unload(rp, rec):
     h = rec["a"].get("hmod")
     rp.drv(rec, "cuModuleUnload", rp.live(rec, h, "module"))
     rp.modules.pop(h, None)
-    for f, m in list(rp.module_of.items()):
-        if m == h:
-            rp.funcs.pop(f, None)
+    _forget_functions(rp, h)
 
 
 @handles("cuLibraryUnload")
@@ -77,9 +82,7 @@ def library_unload(rp, rec):
     h = rec["a"].get("library")
     rp.drv(rec, "cuLibraryUnload", rp.live(rec, h, "library"))
     rp.libraries.pop(h, None)
-    for f, m in list(rp.module_of.items()):
-        if m == h:
-            rp.funcs.pop(f, None)
+    _forget_functions(rp, h)
 
 
 def _name(rec, key="name"):
