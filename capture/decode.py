@@ -10,6 +10,7 @@ from . import ring as R
 
 F_PARAMS, F_ATTRS, F_IMAGE, F_WRAPPED, F_HOSTSRC, F_HOSTDST = 0x100, 0x101, 0x102, 0x104, 0x105, 0x106
 F_NAME, F_HANDLE, F_KIND, F_MODULE, F_LAYOUT, F_MSG, F_INFO, F_CODE = 0x110, 0x111, 0x112, 0x113, 0x114, 0x115, 0x116, 0x117
+F_DIGEST, F_REPEATS = 0x118, 0x119
 EXTRA_NAMES = {F_PARAMS: "params", F_ATTRS: "attrs", F_IMAGE: "image", F_HOSTSRC: "hostsrc", F_HOSTDST: "hostdst"}
 INFO_ROW = 256 + 16 + 24
 # allocations whose memory kernels can read without an API call (UVA pinned host, managed)
@@ -23,11 +24,11 @@ class Decoder:
     def __init__(self, desc, blob_sink):
         self.fns = sorted(desc.functions, key=lambda f: f["name"])  # same order as the C table
         self.types = desc.types
-        self.blob_sink = blob_sink      # object with piece(serial, data[, release]), end(serial, size) -> blob id
+        self.blob_sink = blob_sink      # put_chunk(digest, data, release), add_blob_chunks(size, digests) -> id (a SnapshotWriter)
         self.blobs: dict[int, tuple[str, int]] = {}
         self.open: dict[int, dict] = {}
         self.counts = {"calls": 0, "launches": 0, "h2d_bytes": 0, "d2h_bytes": 0, "blob_bytes": 0, "notes": 0,
-                       "host_visible_allocs": 0}
+                       "host_visible_allocs": 0, "collapsed": 0}
 
     def _value(self, p: dict, data: bytes, i: int):
         """Argument i of an 8-byte-per-value field, as the C type means it."""
@@ -95,16 +96,17 @@ class Decoder:
         """Consume one raw record; return schema records now complete."""
         t = rec.type
         if t == R.BLOB_PIECE:
-            # a payload still in the ring comes with rec.release: the sink calls it once done
+            # one new chunk with its digest (the shim hashed it); a payload still in the ring
+            # comes with rec.release: the sink calls it once done
             release, rec.release = rec.release, None
-            if release is None:
-                self.blob_sink.piece(rec.seq, rec.fields[0][2] if rec.fields else b"")
-            else:
-                self.blob_sink.piece(rec.seq, rec.fields[0][2] if rec.fields else b"", release)
+            d = {idx: data for idx, _tag, data in rec.fields}
+            self.blob_sink.put_chunk(bytes(d.get(F_DIGEST, b"")), d.get(0, b""), release)
             return []
         if t == R.BLOB_END:
-            size = struct.unpack("<Q", rec.fields[0][2])[0] if rec.fields else 0
-            bid = self.blob_sink.end(rec.seq, size)
+            d = {idx: data for idx, _tag, data in rec.fields}
+            size = struct.unpack("<Q", d[0])[0] if 0 in d else 0
+            digests = bytes(d.get(F_DIGEST, b""))
+            bid = self.blob_sink.add_blob_chunks(size, [digests[i:i + 16] for i in range(0, len(digests), 16)])
             self.blobs[rec.seq] = (bid, size)
             self.counts["blob_bytes"] += size
             return []
@@ -185,6 +187,15 @@ class Decoder:
             d = {idx: data for idx, _tag, data in rec.fields}
             return [{"k": "region", "base": struct.unpack("<Q", d[F_HANDLE])[0],
                      "size": struct.unpack("<Q", d[F_CODE])[0], "purpose": "placement"}]
+        if t == R.REPEAT:
+            data = rec.fields[0][2] if rec.fields else b""
+            calls = []
+            for fid, n, of in struct.iter_unpack("<IIQ", data[: len(data) // 16 * 16]):
+                if fid < len(self.fns) and n:
+                    calls.append({"f": self.fns[fid]["name"], "of": of, "n": n})
+                    self.counts["calls"] += n
+                    self.counts["collapsed"] += n
+            return [{"k": "rep", "tid": rec.tid, "t": rec.t_ns, "calls": calls}] if calls else []
         if t == R.EXIT:
             return []
         return []

@@ -34,49 +34,21 @@ class _NullWriter:
     stats: dict = {}
 
     def write(self, *args, **kw) -> None:
-        for a in args:            # a pinned ring piece comes with its release callback
-            if callable(a):
-                a()
-        if callable(kw.get("release")):
-            kw["release"]()
+        pass
+
+    def put_chunk(self, digest, data, release=None) -> str:
+        if release is not None:    # a pinned ring piece: hand the space back
+            release()
+        return ""
+
+    def add_blob_chunks(self, *args, **kw) -> str:
+        return ""
 
     def flush(self, *args, **kw) -> None:
         pass
 
     def close(self, *args, **kw) -> None:
         pass
-
-    def begin_blob(self, *args, **kw):
-        return self
-
-    def finish(self, *args, **kw) -> str:
-        return ""
-
-
-class _BlobSink:
-    """Reassembles blobs that arrive as pieces (several may interleave) into the writer."""
-
-    def __init__(self, writer: SnapshotWriter):
-        self.writer = writer
-        self.streams: dict = {}
-
-    def piece(self, serial: int, data, release=None) -> None:
-        """`release`: data is a view into the ring; the stream calls it once done."""
-        try:
-            s = self.streams.get(serial)
-            if s is None:
-                s = self.streams[serial] = self.writer.begin_blob()
-        except BaseException:
-            if release is not None:
-                release()
-            raise
-        s.write(data, release)
-
-    def end(self, serial: int, size: int) -> str:
-        s = self.streams.pop(serial, None)
-        if s is None:
-            s = self.writer.begin_blob()
-        return s.finish()
 
 
 @dataclass
@@ -132,6 +104,7 @@ class Recorder:
         self.threads = default_threads() if threads is None else threads
         self.blob_level = 1 if blob_level is None else blob_level
         self.procs: dict[int, ProcessCapture] = {}
+        self.unreadable: set[int] = set()
         self.desc = description.load()
         self.stop = threading.Event()
         self.watcher = threading.Thread(target=self._watch, name="cudasnap-watch", daemon=True)
@@ -161,9 +134,13 @@ class Recorder:
             except ValueError:
                 continue
             with self.lock:
-                if pid in self.procs:
+                if pid in self.procs or pid in self.unreadable:
                     continue
-                self._open(pid, self.session_dir / name)
+                try:
+                    self._open(pid, self.session_dir / name)
+                except (OSError, ValueError) as e:
+                    self.unreadable.add(pid)
+                    print(f"cudasnap: error: process {pid} is not recorded: {e}", file=sys.stderr)
 
     def _open(self, pid: int, ring_path: Path) -> None:
         ring = Ring(str(ring_path))
@@ -201,7 +178,7 @@ class Recorder:
             error = str(e)
             print(f"cudasnap: warning: cannot write {path} ({e}); this process is not recorded", file=sys.stderr)
             writer = _NullWriter()
-        pc = ProcessCapture(ring, path, writer, Decoder(self.desc, _BlobSink(writer)))
+        pc = ProcessCapture(ring, path, writer, Decoder(self.desc, writer))
         if error:
             pc.disk_error, pc.partial = error, True
         pc.thread = threading.Thread(target=self._drain, args=(pc,), name=f"cudasnap-drain-{pid}", daemon=True)

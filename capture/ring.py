@@ -10,16 +10,17 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 MAGIC = b"CSRING1\0"
+VERSION = 2                      # CS_RING_VERSION
 HDR_SIZE = 4096
 REC_HDR = struct.Struct("<IIHHIQQQiI")  # len, state, type, nfields, fn, seq, tid, t_ns, result, aux
 FIELD_HDR = struct.Struct("<HHI")
 assert REC_HDR.size == 48
 
-PAD, PRE, POST, FN, PROC, NOTE, BLOB_PIECE, BLOB_END, EXIT, REGION, CALL = range(1, 12)
+PAD, PRE, POST, FN, PROC, NOTE, BLOB_PIECE, BLOB_END, EXIT, REGION, CALL, REPEAT = range(1, 13)
 T_VAL, T_BYTES, T_STR, T_BLOB, T_F64, T_VALS = range(1, 7)
 F_VALS = 0xFFFF
 
-OFF_CAPACITY, OFF_PID, OFF_PPID, OFF_HEAD, OFF_TAIL = 16, 24, 32, 40, 48
+OFF_VERSION, OFF_CAPACITY, OFF_PID, OFF_PPID, OFF_HEAD, OFF_TAIL = 8, 16, 24, 32, 40, 48
 OFF_DROPPED, OFF_BEAT, OFF_STATE, OFF_EXIT, OFF_FNCOUNT, OFF_DIGEST = 64, 72, 80, 84, 104, 112
 
 
@@ -53,6 +54,11 @@ class Ring:
             os.close(fd)
         if self.mm[:8] != MAGIC:
             raise ValueError(f"{path}: not a cudasnap ring")
+        version = struct.unpack_from("<I", self.mm, OFF_VERSION)[0]
+        if version != VERSION:
+            self.mm.close()
+            raise ValueError(f"{path}: ring version {version} from the shim, this recorder reads {VERSION}: "
+                             f"the preloaded shim comes from another cudasnap build (reinstall: pip install .)")
         self.capacity = struct.unpack_from("<Q", self.mm, OFF_CAPACITY)[0]
         self.mask = self.capacity - 1
         self.pid = struct.unpack_from("<Q", self.mm, OFF_PID)[0]

@@ -29,7 +29,8 @@ def _session_dir() -> Path:
 
 
 def run_capture(command: list[str], out: Path | None, ring_mb: int = 256, level: int = 3, threads: int | None = None,
-                quiet: bool = False, placement: str = "region") -> int:
+                quiet: bool = False, placement: str = "region", all_queries: bool = False,
+                copy_threads: int | None = None) -> int:
     if not command:
         print("cudasnap: error: no command given: use `cudasnap capture [-o OUT] -- COMMAND ARGS...`", file=sys.stderr)
         return 2
@@ -51,7 +52,12 @@ def run_capture(command: list[str], out: Path | None, ring_mb: int = 256, level:
     env["CUDASNAP_SESSION"] = str(session)
     env["CUDASNAP_RING_MB"] = str(ring_mb)
     env["CUDASNAP_PLACEMENT"] = placement
-    options = {"ring_mb": ring_mb, "level": level, "command": command, "placement": placement}
+    if all_queries:
+        env["CUDASNAP_ALL_QUERIES"] = "1"
+    if copy_threads is not None:
+        env["CUDASNAP_COPY_THREADS"] = str(copy_threads)
+    options = {"ring_mb": ring_mb, "level": level, "command": command, "placement": placement,
+               "all_queries": all_queries}
     root = {"pid": -1}
     rec = Recorder(session, out, lambda: root["pid"], options, level=level, threads=threads)
     rec.start()

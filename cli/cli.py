@@ -28,6 +28,8 @@ def capture(
     level: int = typer.Option(3, "--level", help="zstd compression level (1 fastest .. 19)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="Hashing/compression threads per process (default: min(16, CPUs))."),
     placement: str = typer.Option("region", "--placement", help="region: put device allocations in a tool-owned address zone so replay can place them exactly (VMM memory); off: leave addresses to the driver."),
+    all_queries: bool = typer.Option(False, "--all-queries", help="Record every pure query (cuCtxGetDevice...); by default a repeat identical to the thread's last recorded one is only counted."),
+    copy_threads: Optional[int] = typer.Option(None, "--copy-threads", help="Helper threads in the program that digest and copy payloads of 8 MiB or more (default: half the CPUs, at most 8; 0: the calling thread alone)."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No summary lines."),
 ):
     """Run COMMAND with the shim preloaded and write a snapshot for each process that used CUDA."""
@@ -41,7 +43,10 @@ def capture(
         _fail("--placement must be region or off")
     if threads is not None and threads < 0:
         _fail("--threads must be >= 0")
-    raise typer.Exit(run_capture(list(command), output, ring_mb, level, threads, quiet, placement))
+    if copy_threads is not None and not 0 <= copy_threads <= 32:
+        _fail("--copy-threads must be between 0 and 32")
+    raise typer.Exit(run_capture(list(command), output, ring_mb, level, threads, quiet, placement,
+                                 all_queries=all_queries, copy_threads=copy_threads))
 
 
 @app.command()

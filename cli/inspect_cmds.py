@@ -94,6 +94,7 @@ def summarize(r: SnapshotReader) -> Dict[str, Any]:
     proc = hdr.get("proc") if isinstance(hdr.get("proc"), dict) else {}
     fn_names: Dict[Any, str] = {}
     calls: Counter = Counter()
+    collapsed = 0
     kernels: Counter = Counter()
     mem = defaultdict(lambda: {"count": 0, "bytes": 0})
     modules = {"loads": 0, "image_bytes": 0}
@@ -151,6 +152,12 @@ def summarize(r: SnapshotReader) -> Dict[str, Any]:
                     if isinstance(v, dict) and isinstance(v.get("blob"), str) and r.has_blob(v["blob"]):
                         modules["image_bytes"] += r.blob_size(v["blob"])
                         break
+        elif k == "rep":
+            # identical repeats of recorded queries, counted at capture
+            for e in rec.get("calls") if isinstance(rec.get("calls"), list) else []:
+                if isinstance(e, dict) and isinstance(e.get("f"), str) and _as_int(e.get("n")):
+                    calls[e["f"]] += e["n"]
+                    collapsed += e["n"]
         elif k == "note":
             lvl = rec.get("level") if isinstance(rec.get("level"), str) else "info"
             notes[lvl] += 1
@@ -179,6 +186,7 @@ def summarize(r: SnapshotReader) -> Dict[str, Any]:
         "records": n_records,
         "record_kinds": dict(kinds),
         "calls": {"total": sum(calls.values()), "errors": errors, "unreturned": unreturned,
+                  "collapsed": collapsed,
                   "by_name": dict(calls.most_common())},
         "kernels": {"launches": sum(kernels.values()), "distinct": len(kernels),
                     "by_name": dict(kernels.most_common())},
@@ -236,7 +244,8 @@ def run_info(path: Path, json_out: bool) -> int:
     dur = s["duration_s"]
     con.print(f"duration : {dur:.6f} s" if dur is not None else "duration : -")
     c = s["calls"]
-    con.print(f"calls    : {c['total']}  (errors {c['errors']}, never returned {c['unreturned']})")
+    rep = f", {c['collapsed']} identical queries counted, not stored" if c.get("collapsed") else ""
+    con.print(f"calls    : {c['total']}  (errors {c['errors']}, never returned {c['unreturned']}{rep})")
     state = "no" if not s["truncated"] else f"[red]YES[/red], {s['lost_bytes']} bytes lost, {s['recovered_frames']} frames recovered"
     con.print(f"truncated: {state}")
     b = s["blobs"]
@@ -338,6 +347,9 @@ def _fmt_text(rec: Dict[str, Any], fn_names: Dict[Any, str], blobs: bool, r: Sna
                 f"module={_fmt_val(rec.get('module'), False)} params={_fmt_val(rec.get('params'), False)}")
     if k == "note":
         return f"[note {rec.get('level')}] {rec.get('msg')}"
+    if k == "rep" and isinstance(rec.get("calls"), list):
+        reps = ", ".join(f"{e.get('f')} x{e.get('n')} (as #{e.get('of')})" for e in rec["calls"] if isinstance(e, dict))
+        return f"[repeats] {rec.get('tid', '?')}  {reps}"
     if k == "region":
         return (f"[region] base={_fmt_val(rec.get('base'), False)} size={_fmt_val(rec.get('size'), False)} "
                 f"purpose={rec.get('purpose')}")

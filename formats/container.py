@@ -68,8 +68,20 @@ def chunk_digest(data) -> bytes:
     return xxhash.xxh3_128_digest(data)
 
 
-def blob_hasher():
-    return xxhash.xxh3_128()
+def blob_id(chunk_digests) -> str:
+    """A blob's id from its chunks' digests (SCHEMA.md): a blob of one chunk is named by
+    that chunk's digest (the xxh3_128 of its content), a longer one by the xxh3_128 of its
+    chunk digests in order, an empty one by the xxh3_128 of nothing. Content-addressed
+    either way, and computable without reading the content twice."""
+    if len(chunk_digests) == 1:
+        return bytes(chunk_digests[0]).hex()
+    return xxhash.xxh3_128_hexdigest(b"".join(chunk_digests))
+
+
+def blob_id_of(data) -> str:
+    """blob_id of a payload held in memory."""
+    mv = memoryview(data).cast("B")
+    return blob_id([chunk_digest(mv[i:i + CHUNK_SIZE]) for i in range(0, len(mv), CHUNK_SIZE)])
 
 
 # ---------------------------------------------------------------------------- preamble

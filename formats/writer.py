@@ -8,7 +8,8 @@ the prefix).
 With threads > 0, frame encoding runs on a thread pool: for blob chunks of >= 1 MiB the
 chunk digest, the dedup decision, the incompressibility probe, compression, the frame
 checksum and the write itself all run on the worker (zstd, xxhash and pwrite release the
-GIL); the calling thread only hashes the whole blob (its id) and hands chunks over.
+GIL). A blob's id comes from its chunk digests (container.blob_id), so nothing reads the
+content twice; put_chunk takes chunks whose digest the caller already has (the shim's).
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import xxhash
 from .container import (
     CHUNK_ID_LEN, CHUNK_SIZE, CODEC_STORED, CODEC_ZSTD, FORMAT_VERSION, FRAME_SIZE, KIND_CHUNK,
     KIND_HEADER, KIND_INDEX, KIND_RECORDS, MAX_FRAME, SCHEMA_VERSION, TRAILER, TRAILER_MAGIC,
-    blob_hasher, chunk_digest, compressor, encode_payload, looks_incompressible, new_packer,
+    blob_id, chunk_digest, compressor, encode_payload, looks_incompressible, new_packer,
     pack_frame_header, pack_frame_header_sum, pack_preamble, xxh64,
 )
 
@@ -77,7 +78,6 @@ class BlobStream:
 
     def __init__(self, writer: "SnapshotWriter"):
         self._w = writer
-        self._hash = blob_hasher()
         self._buf = bytearray()
         self._chunks: List[Any] = []          # chunk ids, or futures of chunk ids
         self._size = 0
@@ -96,7 +96,6 @@ class BlobStream:
                 raise ValueError("blob stream already finished")
             mv = memoryview(data).cast("B")
             n = len(mv)
-            self._hash.update(mv)
             self._size += n
             if release is not None and not self._buf and n == CHUNK_SIZE:
                 handed = True
@@ -127,7 +126,7 @@ class BlobStream:
             buf, self._buf = self._buf, bytearray()
             self._chunks.append(self._w._put_chunk(buf))
         chunks = [c if isinstance(c, str) else c.result() for c in self._chunks]
-        self._done = self._w._define_blob(self._hash.hexdigest(), self._size, chunks)
+        self._done = self._w._define_blob(blob_id([bytes.fromhex(c) for c in chunks]), self._size, chunks)
         self._chunks = []
         return self._done
 
@@ -210,19 +209,38 @@ class SnapshotWriter:
     def add_blob(self, data: Buffer) -> str:
         """Store a payload (deduplicated by content); returns its blob id."""
         mv = memoryview(data).cast("B")
-        bid = blob_hasher()
-        bid.update(mv)
-        bid_hex = bid.hexdigest()
+        pieces = [mv[i:i + CHUNK_SIZE] for i in range(0, len(mv), CHUNK_SIZE)]
+        digests = [chunk_digest(p) for p in pieces]
+        bid = blob_id(digests)
         with self._lock:
             self._check_open()
-            if bid_hex in self._blobs:
+            if bid in self._blobs:
                 self._ref(len(mv))
-                return bid_hex
+                return bid
             own = isinstance(data, bytes)      # immutable: chunks can be views of it
-            chunks = [self._put_chunk(mv[i:i + CHUNK_SIZE] if own else bytes(mv[i:i + CHUNK_SIZE]))
-                      for i in range(0, len(mv), CHUNK_SIZE)]
-            chunks = [c if isinstance(c, str) else c.result() for c in chunks]
-            return self._define_blob(bid_hex, len(mv), chunks)
+            for d, p in zip(digests, pieces):
+                self.put_chunk(d, p if own else bytes(p))
+            return self._define_blob(bid, len(mv), [d.hex() for d in digests])
+
+    def put_chunk(self, digest: bytes, data: Buffer, release: Release = None) -> str:
+        """Queue one chunk whose digest (chunk_digest of data) the caller computed; it is
+        written unless the file has it already. Same ownership rules as _put_chunk."""
+        with self._lock:
+            try:
+                self._check_open()
+                cid = self._claim(digest, len(data))
+                if cid is not None:
+                    rel, release = release, None
+                    self._submit(self._chunk_job, data, digest, rel)
+                    self._drain(self._max_pending)
+                return digest.hex()
+            finally:
+                if release is not None:
+                    release()
+
+    def add_blob_chunks(self, size: int, digests: List[bytes]) -> str:
+        """Define a blob from chunks already given to put_chunk (or known); returns its id."""
+        return self._define_blob(blob_id(digests), size, [bytes(d).hex() for d in digests])
 
     def begin_blob(self) -> BlobStream:
         self._check_open()

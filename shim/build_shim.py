@@ -125,7 +125,8 @@ def generate_c(desc: dict) -> str:
       " CS_H_EXPORT_TABLE, CS_H_MEMCPY_STRUCT, CS_H_ASYNC_D2H, CS_H_INIT, CS_H_PLACE, CS_H_KNODE };")
     w("typedef struct { unsigned char kind, size, flags, ai; unsigned short len_idx; unsigned aux; } cs_param;")
     w("typedef struct { const char *name, *base; unsigned char nparams, hook; signed char h0, h1, h2; unsigned char query;"
-      " const cs_param *params; } cs_fn;")
+      " unsigned short kinds; unsigned char simple; const cs_param *params; } cs_fn;"
+      "   /* kinds: bit 1<<CS_K_* per kind present; simple: at most 6 integer arguments, no float */")
     ids = {f["name"]: i for i, f in enumerate(fns)}
     for h in HELPERS:
         w(f"#define CS_ID_{h} {ids.get(h, -1)}")
@@ -136,10 +137,12 @@ def generate_c(desc: dict) -> str:
     w(f"#define CS_SIZEOF_LAUNCHATTR {attr.get('size', 72)}")
     rows = []
     skipped = []
+    simples = []
     for i, f in enumerate(fns):
         params = f["params"]
         ints = floats = 0
         prow = []
+        kinds = 0
         ok = f.get("ret", "CUresult") == "CUresult"
         for p in params:
             if p.get("byval_struct"):
@@ -164,6 +167,7 @@ def generate_c(desc: dict) -> str:
             else:
                 aux = 0
             size = min(int(p.get("size", 8)), 8)
+            kinds |= 1 << kind
             prow.append(f"{{{kind},{size},{flags},{ai},{max(len_idx, 0)},{aux}}}")
         if ints > MAX_INT_ARGS or floats > MAX_FLOAT_ARGS:
             ok = False
@@ -178,12 +182,14 @@ def generate_c(desc: dict) -> str:
                     parts[5] = str(c.get("pointee_size") or 8)
                     prow[k] = "{" + ",".join(parts) + "}"
         hook, h0, h1, h2 = _hook_of(f)
+        simple = 1 if ok and ints <= 6 and floats == 0 else 0
+        simples.append(simple)
         if not ok:
             skipped.append(f["name"])
         w(f"static const cs_param cs_p{i}[] = {{{','.join(prow) if prow else '{0,0,0,0,0,0}'}}};")
         query = 1 if (ok and hook == 0 and QUERY_RX.match(f["name"])
                       and all(p["kind"] in ("val", "opaque", "out", "out_struct") for p in params)) else 0
-        rows.append(f'  {{"{f["name"]}", "{f["base"]}", {len(params) if ok else 0}, {hook if ok else 0}, {h0}, {h1}, {h2}, {query}, cs_p{i}}},')
+        rows.append(f'  {{"{f["name"]}", "{f["base"]}", {len(params) if ok else 0}, {hook if ok else 0}, {h0}, {h1}, {h2}, {query}, {kinds}, {simple}, cs_p{i}}},')
     w("static const cs_fn cs_fns[CS_NFN] = {")
     out.extend(rows)
     w("};")
@@ -195,8 +201,11 @@ def generate_c(desc: dict) -> str:
     w(f"#define CS_W(N) static CUresult cs_w_##N{sig} {{ "
       "U a[20] = {a0,a1,a2,a3,a4,a5,s0,s1,s2,s3,s4,s5,s6,s7,s8,s9,s10,s11,s12,s13}; "
       "double d[8] = {d0,d1,d2,d3,d4,d5,d6,d7}; return cs_call(N, a, d); }")
+    # most entry points take at most 6 integer arguments: their wrappers copy only those
+    w(f"#define CS_W6(N) static CUresult cs_w_##N({ia}) {{ "
+      "U a[20]; a[0] = a0; a[1] = a1; a[2] = a2; a[3] = a3; a[4] = a4; a[5] = a5; return cs_call(N, a, 0); }")
     for i in range(len(fns)):
-        w(f"CS_W({i})")
+        w(f"CS_W6({i})" if simples[i] else f"CS_W({i})")
     w("static void *const cs_wrappers[CS_NFN] = {" + ",".join(f"(void*)cs_w_{i}" for i in range(len(fns))) + "};")
     # Exported ABI symbols for programs linked with -lcuda.
     for i, f in enumerate(fns):

@@ -14,7 +14,7 @@
 #include <stdint.h>
 
 #define CS_RING_MAGIC "CSRING1"
-#define CS_RING_VERSION 1
+#define CS_RING_VERSION 2
 #define CS_RING_HDR 4096
 
 typedef struct {
@@ -64,6 +64,7 @@ enum {
     CS_REC_NOTE = 6, CS_REC_BLOB_PIECE = 7, CS_REC_BLOB_END = 8, CS_REC_EXIT = 9,
     CS_REC_REGION = 10,   /* placement zone reserved: base (F_HANDLE), size (F_CODE) */
     CS_REC_CALL = 11,     /* a pure query, recorded once after it returned (pre+post in one) */
+    CS_REC_REPEAT = 12,   /* identical repeats of this thread's recorded queries, counted */
 };
 
 enum {
@@ -87,6 +88,8 @@ enum {
     CS_F_HOSTDST = 0x106,     /* memcpy2D/3D host destination region blob */
     CS_F_NAME = 0x110, CS_F_HANDLE = 0x111, CS_F_KIND = 0x112, CS_F_MODULE = 0x113,
     CS_F_LAYOUT = 0x114, CS_F_MSG = 0x115, CS_F_INFO = 0x116, CS_F_CODE = 0x117,
+    CS_F_DIGEST = 0x118,
+    CS_F_REPEATS = 0x119,     /* REPEAT: {u32 api id, u32 count, u64 seq of the recorded call} each */      /* XXH3-128 chunk digest(s): BLOB_PIECE one, BLOB_END one per chunk */
 };
 
 #endif

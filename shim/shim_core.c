@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -82,9 +83,8 @@ static void *cs_cuda_handle(void) {
 }
 
 /* Real entry for an API id: what the program was handed, else libcuda's export. */
-static void *cs_resolve(int id) {
-    void *p = __atomic_load_n(&cs_real[id], __ATOMIC_ACQUIRE);
-    if (p) return p;
+static __attribute__((noinline)) void *cs_resolve_slow(int id) {
+    void *p;
     void *h = cs_cuda_handle();
     p = h ? cs_dlsym(h, cs_fns[id].name) : NULL;
     if (p) {
@@ -95,13 +95,20 @@ static void *cs_resolve(int id) {
     return p;
 }
 
+static inline void *cs_resolve(int id) {
+    void *p = __atomic_load_n(&cs_real[id], __ATOMIC_ACQUIRE);
+    return p ? p : cs_resolve_slow(id);
+}
+
 /* --- ring ---------------------------------------------------------------------------- */
 typedef struct { cs_rec_hdr *h; char *p; char *end; } cs_rec;
 
 static int cs_recorder_alive(void) {
     uint64_t beat = __atomic_load_n(&cs_ring->recorder_beat_ns, __ATOMIC_RELAXED);
+    /* before its first beat the recorder is still finding the new ring: give it 10 s */
+    if (!beat) return (int64_t)(cs_now() - cs_ring->start_ns) < 10000000000ll;
     /* signed: the recorder may have beaten after we read the clock */
-    return beat && (int64_t)(cs_now() - beat) < 3000000000ll;
+    return (int64_t)(cs_now() - beat) < 3000000000ll;
 }
 
 /* Reserve `len` bytes (multiple of 8). Waits while the ring is full and the recorder is
@@ -160,28 +167,7 @@ static inline void cs_put(cs_rec *r, uint16_t idx, uint16_t tag, const void *src
 
 static inline void cs_put_val(cs_rec *r, uint16_t idx, U v) { cs_put(r, idx, CS_T_VAL, &v, 8); }
 
-/* Stream a large host buffer into the ring as BLOB_PIECEs; returns the blob serial. */
-#define CS_PIECE (4u << 20)
-static uint64_t cs_blob(const void *src, uint64_t size) {
-    uint64_t serial = __atomic_add_fetch(&cs_ring->blob_serial, 1, __ATOMIC_RELAXED);
-    const char *s = (const char *)src;
-    for (uint64_t off = 0; off < size || (size == 0 && off == 0); off += CS_PIECE) {
-        uint32_t n = (uint32_t)((size - off) < CS_PIECE ? (size - off) : CS_PIECE);
-        cs_rec r;
-        if (cs_reserve(&r, (uint32_t)sizeof(cs_rec_hdr) + cs_flen(n), CS_REC_BLOB_PIECE)) return 0;
-        r.h->seq = serial;
-        r.h->aux = (uint32_t)(off / CS_PIECE);
-        cs_put(&r, 0, CS_T_BYTES, s + off, n);
-        cs_publish(&r);
-        if (size == 0) break;
-    }
-    cs_rec r;
-    if (cs_reserve(&r, (uint32_t)sizeof(cs_rec_hdr) + cs_flen(8), CS_REC_BLOB_END)) return 0;
-    r.h->seq = serial;
-    cs_put_val(&r, 0, size);
-    cs_publish(&r);
-    return serial;
-}
+#include "shim_blob.c"
 
 static inline void cs_put_blobref(cs_rec *r, uint16_t idx, uint64_t serial, uint64_t size) {
     U v[2] = {serial, size};
@@ -199,11 +185,15 @@ static void cs_note(const char *msg) {
 
 /* --- session start ------------------------------------------------------------------ */
 static void cs_exit_hook(void);
+static void cs_q_atfork_child(void);
+static void cs_q_flush_all(void);
 
 static void cs_atfork_child(void) {
     /* A forked child records into a ring of its own, made on its first driver call. */
     cs_ring = NULL; cs_data = NULL; cs_state = 0; cs_tid = 0;
     pthread_mutex_init(&cs_init_lock, NULL);
+    cs_blob_atfork_child();
+    cs_q_atfork_child();
 }
 
 static int cs_open_ring(void) {
@@ -257,6 +247,7 @@ static int cs_start(void) {
 
 static void cs_exit_hook(void) {
     if (!cs_ring || cs_pid != getpid()) return;
+    cs_q_flush_all();
     cs_rec r;
     if (cs_reserve(&r, (uint32_t)sizeof(cs_rec_hdr), CS_REC_EXIT) == 0) { r.h->t_ns = cs_now(); cs_publish(&r); }
     __atomic_store_n(&cs_ring->state, 2, __ATOMIC_RELEASE);
@@ -267,9 +258,14 @@ static void cs_exit_hook(void) {
 #include "shim_placement.c"
 
 /* --- the generic call engine ------------------------------------------------------- */
+/* which parameter kinds add fields before / after the call (most calls have none) */
+#define CS_M(k) (1u << (k))
+#define CS_M_PRE (CS_M(CS_K_IN_STRUCT) | CS_M(CS_K_INOUT_STRUCT) | CS_M(CS_K_STR) | CS_M(CS_K_BLOB_IN) | CS_M(CS_K_ARRAY_IN))
+#define CS_M_POST (CS_M(CS_K_OUT) | CS_M(CS_K_OUT_STRUCT) | CS_M(CS_K_INOUT_STRUCT) | CS_M(CS_K_BLOB_OUT) | CS_M(CS_K_ARRAY_OUT))
+
 static uint32_t cs_pre_size(const cs_fn *fn, const U *a, const cs_pre *pre) {
     uint32_t n = (uint32_t)sizeof(cs_rec_hdr) + cs_flen(8u * fn->nparams);
-    for (int i = 0; i < fn->nparams; i++) {
+    if (fn->kinds & CS_M_PRE) for (int i = 0; i < fn->nparams; i++) {
         const cs_param *p = &fn->params[i];
         void *ptr = (void *)a[p->ai];
         switch (p->kind) {
@@ -302,11 +298,147 @@ static inline void cs_put_vals(cs_rec *r, const cs_fn *fn, const U *a, const dou
     r->p += cs_flen(8u * fn->nparams); r->h->nfields++;
 }
 
-/* A pure query: call, then one CALL record with the arguments, outputs and result. */
+/* --- pure queries ------------------------------------------------------------------- *
+ * A pure query is called, then recorded as one CALL record. A repeat of this thread's last
+ * recorded call of the same function with the same arguments, outputs and result is only
+ * counted (frameworks ask cuCtxGetDevice several times per kernel): the counts go into one
+ * REPEAT record before the thread's next record, at thread exit, or at process exit.
+ * CUDASNAP_ALL_QUERIES=1 records every call. The cache is on the heap, reached through one
+ * TLS pointer: the shim may be dlopen'ed too, where static TLS has little room. */
+#define CS_QSLOTS 16
+#define CS_QKEY 16                         /* words compared: result, arguments, outputs */
+typedef struct { int id; uint32_t len, count; uint64_t seq; U key[CS_QKEY]; } cs_qslot;
+typedef struct cs_qcache {
+    cs_qslot s[CS_QSLOTS];
+    int pending;                           /* some slot has a count to write */
+    uint64_t tid;
+    struct cs_qcache *prev, *next;         /* registry, for the exit hook */
+} cs_qcache;
+CS_TLS cs_qcache *cs_qc;
+static cs_qcache *cs_qlist;
+static pthread_mutex_t cs_qlock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_key_t cs_qkey;
+static pthread_once_t cs_qonce = PTHREAD_ONCE_INIT;
+static int cs_qoff = -1;                   /* CUDASNAP_ALL_QUERIES, read once */
+
+static void cs_q_flush(cs_qcache *q) {
+    if (!q->pending || !cs_ring) return;
+    q->pending = 0;
+    uint32_t n = 0;
+    struct { uint32_t fn, count; uint64_t seq; } e[CS_QSLOTS];
+    for (int i = 0; i < CS_QSLOTS; i++)
+        if (q->s[i].count) {
+            e[n].fn = (uint32_t)q->s[i].id; e[n].count = q->s[i].count; e[n].seq = q->s[i].seq;
+            q->s[i].count = 0; n++;
+        }
+    cs_rec r;
+    if (!n || cs_reserve(&r, (uint32_t)sizeof(cs_rec_hdr) + cs_flen(16u * n), CS_REC_REPEAT)) return;
+    r.h->tid = q->tid; r.h->t_ns = cs_now();
+    cs_put(&r, CS_F_REPEATS, CS_T_BYTES, e, 16u * n);
+    cs_publish(&r);
+}
+
+static void cs_q_thread_exit(void *p) {
+    cs_qcache *q = p;
+    pthread_mutex_lock(&cs_qlock);
+    cs_q_flush(q);
+    if (q->prev) q->prev->next = q->next; else cs_qlist = q->next;
+    if (q->next) q->next->prev = q->prev;
+    pthread_mutex_unlock(&cs_qlock);
+    if (cs_qc == q) cs_qc = NULL;
+    free(q);
+}
+
+static void cs_q_key_init(void) { pthread_key_create(&cs_qkey, cs_q_thread_exit); }
+
+static cs_qcache *cs_q_get(void) {
+    if (cs_qc) return cs_qc;
+    if (cs_qoff < 0) { const char *e = getenv("CUDASNAP_ALL_QUERIES"); cs_qoff = e && *e && *e != '0'; }
+    if (cs_qoff) return NULL;
+    cs_qcache *q = calloc(1, sizeof *q);
+    if (!q) return NULL;
+    for (int i = 0; i < CS_QSLOTS; i++) q->s[i].id = -1;
+    q->tid = cs_thread();
+    pthread_once(&cs_qonce, cs_q_key_init);
+    pthread_setspecific(cs_qkey, q);
+    pthread_mutex_lock(&cs_qlock);
+    q->next = cs_qlist; if (cs_qlist) cs_qlist->prev = q; cs_qlist = q;
+    pthread_mutex_unlock(&cs_qlock);
+    return cs_qc = q;
+}
+
+/* process exit: every thread's counts (other threads may still run: their counts as of now) */
+static void cs_q_flush_all(void) {
+    pthread_mutex_lock(&cs_qlock);
+    for (cs_qcache *q = cs_qlist; q; q = q->next) cs_q_flush(q);
+    pthread_mutex_unlock(&cs_qlock);
+}
+
+/* a forked child keeps only the forking thread, with nothing counted */
+static void cs_q_atfork_child(void) {
+    pthread_mutex_init(&cs_qlock, NULL);
+    cs_qlist = NULL;
+    if (cs_qc) {
+        memset(cs_qc->s, 0, sizeof cs_qc->s);
+        for (int i = 0; i < CS_QSLOTS; i++) cs_qc->s[i].id = -1;
+        cs_qc->pending = 0; cs_qc->prev = cs_qc->next = NULL; cs_qc->tid = 0;
+        cs_qc->tid = cs_thread();
+        cs_qlist = cs_qc;
+    }
+}
+
+static inline void cs_q_before_record(void) {
+    if (cs_qc && cs_qc->pending) cs_q_flush(cs_qc);
+}
+
 static CUresult cs_call_query(int id, const cs_fn *fn, cs_gen_fn real, U *a, double *d) {
     cs_depth++;
-    CUresult res = CS_CALL_REAL(real, a, d);
+    CUresult res = CS_CALL_REAL(fn, real, a, d);
     cs_depth--;
+    uint32_t nout = 0;
+    if (res == 0)
+        for (int i = 0; i < fn->nparams; i++) {
+            const cs_param *p = &fn->params[i];
+            if (a[p->ai] && (p->kind == CS_K_OUT || p->kind == CS_K_OUT_STRUCT || p->kind == CS_K_INOUT_STRUCT))
+                nout += p->aux;
+        }
+    /* the key, in words: result, argument values, output bytes */
+    cs_qcache *q = cs_q_get();
+    cs_qslot *slot = NULL;
+    U key[CS_QKEY];
+    uint32_t kw = 1u + fn->nparams + (nout + 7u * fn->nparams) / 8u;   /* upper bound */
+    if (q && fn->simple && kw <= CS_QKEY) {
+        U *k = key;
+        *k++ = (uint32_t)res;
+        for (int i = 0; i < fn->nparams; i++) {
+            const cs_param *p = &fn->params[i];
+            U v = a[p->ai];
+            if (p->size < 8) v &= (1ull << (8 * p->size)) - 1;
+            *k++ = v;
+        }
+        if (res == 0)
+            for (int i = 0; i < fn->nparams; i++) {
+                const cs_param *p = &fn->params[i];
+                if (a[p->ai] && (p->kind == CS_K_OUT || p->kind == CS_K_OUT_STRUCT || p->kind == CS_K_INOUT_STRUCT)) {
+                    uint32_t w = (p->aux + 7u) / 8u;
+                    k[w - 1] = 0;
+                    memcpy(k, (const void *)a[p->ai], p->aux);
+                    k += w;
+                }
+            }
+        kw = (uint32_t)(k - key);
+        slot = &q->s[id % CS_QSLOTS];
+        if (slot->id == id && slot->len == kw && slot->count < 0x7fffffffu) {
+            uint32_t i = 0;
+            while (i < kw && slot->key[i] == key[i]) i++;
+            if (i == kw) {
+                slot->count++;
+                q->pending = 1;
+                return res;
+            }
+        }
+    }
+    cs_q_before_record();
     uint32_t n = (uint32_t)sizeof(cs_rec_hdr) + cs_flen(8u * fn->nparams);
     if (res == 0)
         for (int i = 0; i < fn->nparams; i++) {
@@ -316,8 +448,9 @@ static CUresult cs_call_query(int id, const cs_fn *fn, cs_gen_fn real, U *a, dou
         }
     cs_rec r;
     if (cs_reserve(&r, n, CS_REC_CALL) == 0) {
+        uint64_t seq = __atomic_fetch_add(&cs_ring->seq, 1, __ATOMIC_RELAXED);
         r.h->fn = (uint32_t)id;
-        r.h->seq = __atomic_fetch_add(&cs_ring->seq, 1, __ATOMIC_RELAXED);
+        r.h->seq = seq;
         r.h->t_ns = cs_now(); r.h->result = res; r.h->aux = res == 0;
         cs_put_vals(&r, fn, a, d);
         if (res == 0)
@@ -327,6 +460,7 @@ static CUresult cs_call_query(int id, const cs_fn *fn, cs_gen_fn real, U *a, dou
                     cs_put(&r, (uint16_t)i, CS_T_BYTES, (const void *)a[p->ai], p->aux);
             }
         cs_publish(&r);
+        if (slot) { slot->id = id; slot->len = kw; slot->count = 0; slot->seq = seq; memcpy(slot->key, key, 8u * kw); }
     }
     return res;
 }
@@ -339,10 +473,11 @@ static CUresult cs_call(int id, U *a, double *d) {
         return cs_hook_passthrough(fn, real, a, d);
     if (fn->query) return cs_call_query(id, fn, real, a, d);
     cs_depth++;
+    cs_q_before_record();
 
     /* blobs first, so the recorder has them when the call record arrives */
     uint64_t blob_serial[CS_MAXP];   /* not zero-filled: a rep stos here was 20% of the hot path */
-    for (int i = 0; i < fn->nparams; i++) {
+    if (fn->kinds & CS_M(CS_K_BLOB_IN)) for (int i = 0; i < fn->nparams; i++) {
         const cs_param *p = &fn->params[i];
         blob_serial[i] = (p->kind == CS_K_BLOB_IN && a[p->ai])
             ? cs_blob((const void *)a[p->ai], a[fn->params[p->len_idx].ai]) : 0;
@@ -355,7 +490,7 @@ static CUresult cs_call(int id, U *a, double *d) {
     if (cs_reserve(&r, cs_pre_size(fn, a, &pre), CS_REC_PRE) == 0) {
         r.h->fn = (uint32_t)id; r.h->seq = seq; r.h->t_ns = cs_now();
         cs_put_vals(&r, fn, a, d);
-        for (int i = 0; i < fn->nparams; i++) {
+        if (fn->kinds & CS_M_PRE) for (int i = 0; i < fn->nparams; i++) {
             const cs_param *p = &fn->params[i];
             if (p->flags & CS_P_FLOAT) continue;
             void *ptr = (void *)a[p->ai];
@@ -377,19 +512,20 @@ static CUresult cs_call(int id, U *a, double *d) {
 
     CUresult res;
     if (!(fn->hook == CS_H_PLACE && cs_hook_replace(fn, a, &res)))
-        res = CS_CALL_REAL(real, a, d);
+        res = CS_CALL_REAL(fn, real, a, d);
 
     cs_hook_after(fn, id, a, res);
     /* output blobs (D2H results) */
     uint64_t out_serial[CS_MAXP];
     int keep_out = res == 0 && !cs_skip_out;
-    for (int i = 0; i < fn->nparams; i++) {
+    if (fn->kinds & CS_M(CS_K_BLOB_OUT)) for (int i = 0; i < fn->nparams; i++) {
         const cs_param *p = &fn->params[i];
         out_serial[i] = (keep_out && p->kind == CS_K_BLOB_OUT && a[p->ai])
             ? cs_blob((const void *)a[p->ai], a[fn->params[p->len_idx].ai]) : 0;
     }
     uint32_t n = (uint32_t)sizeof(cs_rec_hdr);
-    if (res == 0) {
+    int post = res == 0 && (fn->kinds & CS_M_POST);
+    if (post) {
         for (int i = 0; i < fn->nparams; i++) {
             const cs_param *p = &fn->params[i];
             void *ptr = (void *)a[p->ai];
@@ -406,7 +542,7 @@ static CUresult cs_call(int id, U *a, double *d) {
     if (cs_reserve(&r, n, CS_REC_POST) == 0) {
         r.h->fn = (uint32_t)id; r.h->seq = seq; r.h->t_ns = cs_now(); r.h->result = res;
         r.h->aux = res == 0;
-        if (res == 0) {
+        if (post) {
             for (int i = 0; i < fn->nparams; i++) {
                 const cs_param *p = &fn->params[i];
                 void *ptr = (void *)a[p->ai];

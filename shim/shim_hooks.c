@@ -2,7 +2,13 @@
  * by the overlay ("capture": ...) and selected per function through cs_fns[id].hook.
  * Included by shim_core.c. */
 
-#define CS_CALL_REAL(real, a, d)                                                              \
+/* The real call: a `simple` entry point (at most 6 integer arguments, no float) gets just
+ * those registers; others the full generic signature. */
+typedef CUresult (*cs_fn6)(U, U, U, U, U, U);
+#define CS_CALL_REAL(fn, real, a, d)                                                          \
+    ((fn)->simple ? ((cs_fn6)(real))((a)[0], (a)[1], (a)[2], (a)[3], (a)[4], (a)[5])          \
+                  : CS_CALL_GENERIC(real, a, d))
+#define CS_CALL_GENERIC(real, a, d)                                                           \
     (real)((a)[0], (a)[1], (a)[2], (a)[3], (a)[4], (a)[5], (d)[0], (d)[1], (d)[2], (d)[3], (d)[4], \
            (d)[5], (d)[6], (d)[7], (a)[6], (a)[7], (a)[8], (a)[9], (a)[10], (a)[11], (a)[12],    \
            (a)[13], (a)[14], (a)[15], (a)[16], (a)[17], (a)[18], (a)[19])
@@ -16,8 +22,7 @@ CS_TLS int cs_skip_out;   /* async D2H inside stream capture: no result to keep 
 CS_TLS uint64_t cs_post_serial, cs_post_size;  /* memcpy2D host destination blob */
 
 static CUresult cs_hook_passthrough(const cs_fn *fn, cs_gen_fn real, U *a, double *d) {
-    (void)fn;
-    return CS_CALL_REAL(real, a, d);
+    return CS_CALL_REAL(fn, real, a, d);
 }
 
 static uint32_t cs_array_bytes(const cs_fn *fn, const cs_param *p, const U *a) {

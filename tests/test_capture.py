@@ -181,3 +181,61 @@ def test_disk_full_mid_capture_marks_partial(double, capture, tmp_path):
         assert r.truncated or any(e.get("partial") for e in r.records(kinds=["end"]))
     finally:
         subprocess.run(["umount", str(mnt)])
+
+
+@pytest.mark.parametrize("copy_threads", ["0", "3"])
+def test_large_payloads_are_chunked_and_deduplicated(double, capture, tmp_path, copy_threads):
+    """A 21 MiB buffer uploaded twice, then with one byte changed, then read back: the shim
+    digests its 4 MiB chunks (on helper threads or alone) and sends only new ones; every
+    payload reads back exactly; the file stores 6 + 1 chunks."""
+    from cudasnap.formats.container import blob_id_of
+    work = tmp_path / "payloads"
+    work.mkdir()
+    cp, snap = capture(double["progs"]["bigcopy"], str(work), extra_env={"CUDASNAP_COPY_THREADS": copy_threads})
+    assert cp.returncode == 0 and "MATCH 1" in cp.stdout, cp.stderr
+    v1, v2 = (work / "v1.bin").read_bytes(), (work / "v2.bin").read_bytes()
+    r, calls = _calls(snap)
+    h2d = [c["x"]["srcHost"]["blob"] for c in calls if c["f"] == "cuMemcpyHtoD_v2"]
+    d2h = [c["x"]["dstHost"]["blob"] for c in calls if c["f"] == "cuMemcpyDtoH_v2"]
+    assert h2d == [blob_id_of(v1), blob_id_of(v1), blob_id_of(v2)] and d2h == [blob_id_of(v2)]
+    assert r.blob(h2d[0]) == v1 and r.blob(h2d[2]) == v2 and r.blob(d2h[0]) == v2
+    chunk_frames = [f for f in r.frames() if f[1] == "chunk"]
+    assert len(chunk_frames) == 7, chunk_frames       # 5 whole + 1 tail, then the changed one
+    r.verify()
+
+
+@pytest.mark.parametrize("all_queries", [False, True])
+def test_identical_queries_are_counted(double, tmp_path, all_queries):
+    """Two threads asking the same questions before every launch: the snapshot accounts for
+    every call, as a record or (by default) as a counted repeat of that thread's recorded
+    call with the same arguments, outputs and result; --all-queries records each one."""
+    import sys
+    from cudasnap.inspect_cmds import summarize
+    cudasnap_cmd = lambda *a: [sys.executable, "-m", "cudasnap", *a]
+    snap = tmp_path / "q.cusnap"
+    cmd = cudasnap_cmd("capture", "-q", "-o", str(snap), *(["--all-queries"] if all_queries else []),
+                       "--", double["progs"]["queries"], "300")
+    cp = subprocess.run(cmd, env=double["env"], capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 0, cp.stderr
+    made = {k: int(v) for k, v in re.findall(r"(cu\w+) (\d+)", cp.stdout)}
+    r, calls = _calls(snap)
+    by_seq = {c["s"]: c for c in calls}
+    stored, counted = Counter(), Counter()
+    for c in calls:
+        stored[c["f"].removesuffix("_v2")] += 1
+    reps = list(r.records(kinds=["rep"]))
+    for rep in reps:
+        for e in rep["calls"]:
+            orig = by_seq[e["of"]]
+            assert orig["f"] == e["f"] and orig["tid"] == rep["tid"] and e["n"] > 0
+            counted[e["f"].removesuffix("_v2")] += e["n"]
+    for name, n in made.items():
+        assert stored[name] + counted[name] == n, (name, stored[name], counted[name], n)
+    assert stored["cuLaunchKernel"] == 600
+    if all_queries:
+        assert not reps
+    else:
+        assert stored["cuCtxGetDevice"] < 20 and counted["cuCtxGetDevice"] > 1700
+    info = summarize(r)["calls"]                      # `cudasnap info` counts them all
+    assert sum(n for f, n in info["by_name"].items() if f.startswith("cuCtxGetDevice")) == made["cuCtxGetDevice"]
+    assert info["collapsed"] == sum(counted.values())

@@ -17,6 +17,7 @@ import xxhash
 from cudasnap.capture import ring as R
 from cudasnap.formats import SnapshotReader, SnapshotWriter
 from cudasnap.formats import container as C
+from cudasnap.formats.container import blob_id_of
 
 HEADER = {"pid": 1}
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,6 +33,7 @@ def _make_ring(path: Path, capacity: int = 32 * MiB) -> mmap.mmap:
     mm = mmap.mmap(fd, R.HDR_SIZE + capacity)
     os.close(fd)
     mm[:8] = R.MAGIC
+    struct.pack_into("<I", mm, R.OFF_VERSION, R.VERSION)
     struct.pack_into("<Q", mm, R.OFF_CAPACITY, capacity)
     struct.pack_into("<Q", mm, R.OFF_PID, os.getpid())
     return mm
@@ -127,7 +129,7 @@ def _chunks_by_codec(path) -> dict:
 @pytest.mark.parametrize("threads", [0, 1, 4])
 def test_streamed_pieces_with_release(tmp_path, threads):
     """Whole-chunk pieces go to the writer in place; release is called once per piece;
-    ids stay xxh3_128 of the content; random chunks are stored raw, zeros compressed."""
+    ids follow the chunk-digest rule; random chunks are stored raw, zeros compressed."""
     rnd = os.urandom(12 * MiB)
     zeros = bytes(8 * MiB)
     data = rnd + zeros + rnd[:3 * MiB]                 # 23 MiB: 5 whole chunks + a 3 MiB tail
@@ -148,7 +150,7 @@ def test_streamed_pieces_with_release(tmp_path, threads):
         bid = bs.finish()
         st = w.stats
     assert [r.n for r in rel] == [1] * len(rel)
-    assert bid == xxhash.xxh3_128_hexdigest(data)
+    assert bid == blob_id_of(data)
     r = SnapshotReader(p)
     assert not r.truncated and r.blob(bid) == data
     assert st["chunks"] == 5 and st["chunk_hits"] == 1        # the 2 zero chunks are one
@@ -205,7 +207,7 @@ def test_parallel_writes_keep_order_and_crash_prefix(tmp_path):
     w.abort()
     r = SnapshotReader(q)
     assert r.truncated and r.lost_bytes == 0
-    assert sorted(r.blob_ids()) == sorted(xxhash.xxh3_128_hexdigest(b) for b in blobs[:3])
+    assert sorted(r.blob_ids()) == sorted(blob_id_of(b) for b in blobs[:3])
 
 
 def test_probe():
@@ -255,7 +257,7 @@ def test_capture_large_h2d_copies(double, tmp_path):
     for it, c in enumerate(calls):
         bid = c["x"]["srcHost"]["blob"]
         data = r.blob(bid)
-        assert len(data) == size_mb * MiB and xxhash.xxh3_128_hexdigest(data) == bid
+        assert len(data) == size_mb * MiB and blob_id_of(data) == bid
         words = struct.unpack_from("<8Q", data)
         bump = (it + 1) * (it + 2) // 2             # buf[0] += it + 1 before copy `it`
         assert words[1:] == tuple(first[1:]) and words[0] == (first[0] + bump) & ((1 << 64) - 1)

@@ -36,6 +36,8 @@ PROGRAMS = {
     "nocuda": "none",
     "chase": "link",
     "launch_forms": "link",
+    "bigcopy": "link",
+    "queries": "link",
 }
 
 MODULE_TEXT = "CUDADOUBLE\nkernel add_one\nkernel fill\nkernel saxpy\nkernel chase\nkernel incr\nkernel spin\n"
