@@ -300,8 +300,8 @@ static inline void cs_put_vals(cs_rec *r, const cs_fn *fn, const U *a, const dou
 
 /* --- pure queries ------------------------------------------------------------------- *
  * A pure query is called, then recorded as one CALL record. A repeat of this thread's last
- * recorded call of the same function with the same arguments, outputs and result is only
- * counted (frameworks ask cuCtxGetDevice several times per kernel): the counts go into one
+ * recorded call of the same function with the same inputs, outputs and result (output
+ * pointers may differ: call sites differ) is only counted (frameworks ask cuCtxGetDevice several times per kernel): the counts go into one
  * REPEAT record before the thread's next record, at thread exit, or at process exit.
  * CUDASNAP_ALL_QUERIES=1 records every call. The cache is on the heap, reached through one
  * TLS pointer: the shim may be dlopen'ed too, where static TLS has little room. */
@@ -413,7 +413,9 @@ static CUresult cs_call_query(int id, const cs_fn *fn, cs_gen_fn real, U *a, dou
         for (int i = 0; i < fn->nparams; i++) {
             const cs_param *p = &fn->params[i];
             U v = a[p->ai];
-            if (p->size < 8) v &= (1ull << (8 * p->size)) - 1;
+            if (p->kind == CS_K_OUT || p->kind == CS_K_OUT_STRUCT) v = v != 0;   /* where it is written
+                                                   varies by call site; what is written counts */
+            else if (p->size < 8) v &= (1ull << (8 * p->size)) - 1;
             *k++ = v;
         }
         if (res == 0)

@@ -10,10 +10,10 @@ the kernel, and replay (with its D2H verification) continues as recorded.
 
 Timing: CUPTI kernel activity records (cupti-python; the same source as timeline mode) give
 each run's kernel duration on the GPU, without launch latency or the restore copies.  Each run
-is: CUPTI timestamp, then on the launch's stream and back to back (no idle gap in which the GPU
-clocks drop) restore the saved memory, flush L2 (--flush-l2, a read-only sweep kernel), launch;
-synchronize, CUPTI timestamp.  A kernel record belongs to the run whose window holds it
-(graphunits.match_windows: no correlation ids needed); the sweep kernel's record is dropped.  A launch whose runs got
+is: restore the saved memory and flush L2 (--flush-l2, a read-only sweep kernel) on the
+launch's stream, synchronize, CUPTI timestamp, launch, synchronize, CUPTI timestamp.  A kernel
+record belongs to the run whose window holds it (graphunits.match_windows: no correlation ids
+needed); a sweep kernel record is never a run's.  A launch whose runs got
 no CUPTI record is timed again with CUDA events (with a warning); without CUPTI, CUDA events
 around each run are the timing (with a warning: they include launch gaps, so they read higher
 and spread more).  A launch that could not be timed at all is a row with an error.  Spread over
@@ -363,16 +363,16 @@ class IsolatedProfiler:
                 clock.start()
                 windows = []
                 for i in range(cfg.warmup + cfg.repeat):
-                    # restore, flush and run back to back on the stream (no idle gap for the
-                    # clocks to drop in before the run), in a CUPTI time window closed by a
-                    # synchronization; the sweep kernel's own record is left out below
-                    m0 = clock.mark() if i >= cfg.warmup else None
+                    # restore and flush, wait for them, then the run alone in a CUPTI time
+                    # window (back to back, without the wait, spread as much or more on H200)
                     saver.restore(s)
                     if self.flusher is not None:
                         self.flusher.flush(s)
-                    ev.ctx.relaunch()
                     rp.raw("cuStreamSynchronize", s)
+                    m0 = clock.mark() if i >= cfg.warmup else None
+                    ev.ctx.relaunch()
                     if m0 is not None:
+                        rp.raw("cuStreamSynchronize", s)
                         windows.append((m0, clock.mark()))
                     if cfg.check_repeats and i >= cfg.warmup:
                         digests.append(saver.digest())

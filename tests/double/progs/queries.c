@@ -1,6 +1,7 @@
 /* queries.c -- the query pattern of a framework's launch path: per iteration, three
  * cuCtxGetDevice, one cuDevicePrimaryCtxGetState and a launch; every 50th iteration
- * cuMemGetInfo (its answer changes as memory is allocated). Two threads do it, the second
+ * cuMemGetInfo (its answer changes as memory is allocated). The three cuCtxGetDevice write
+ * to three places, as from different call sites. Two threads do it, the second
  * with its own allocation. Prints how many of each call it made. */
 #include <pthread.h>
 #include "common.h"
@@ -18,8 +19,9 @@ static void *work(void *arg) {
     int n = 1024;
     void *args[] = {&d, &n};
     for (int i = 0; i < iters; i++) {
-        CUdevice dev; unsigned flags; int active;
-        for (int k = 0; k < 3; k++) { CK(cuCtxGetDevice(&dev)); n_getdev[t]++; }
+        CUdevice dev, devs[3]; unsigned flags; int active;   /* three call sites: three out pointers */
+        for (int k = 0; k < 3; k++) { CK(cuCtxGetDevice(&devs[k])); n_getdev[t]++; }
+        dev = devs[2];
         CK(cuDevicePrimaryCtxGetState(dev, &flags, &active)); n_state[t]++;
         if (i % 50 == 0) {
             size_t fr, tot; CUdeviceptr tmp;
