@@ -311,6 +311,7 @@ typedef struct { int id; uint32_t len, count; uint64_t seq; U key[CS_QKEY]; } cs
 typedef struct cs_qcache {
     cs_qslot s[CS_QSLOTS];
     int pending;                           /* some slot has a count to write */
+    int victim;                            /* next slot a new function takes */
     uint64_t tid;
     struct cs_qcache *prev, *next;         /* registry, for the exit hook */
 } cs_qcache;
@@ -429,7 +430,17 @@ static CUresult cs_call_query(int id, const cs_fn *fn, cs_gen_fn real, U *a, dou
                 }
             }
         kw = (uint32_t)(k - key);
-        slot = &q->s[id % CS_QSLOTS];
+        /* one slot per function (a direct-mapped index made two of PyTorch's three per-launch
+         * queries evict each other); a new function takes the slots in turn */
+        slot = NULL;
+        for (int j = 0; j < CS_QSLOTS; j++)
+            if (q->s[j].id == id) { slot = &q->s[j]; break; }
+        if (!slot) {
+            if (q->s[q->victim].count) cs_q_flush(q);   /* its count must not be lost */
+            slot = &q->s[q->victim];
+            q->victim = (q->victim + 1) % CS_QSLOTS;
+            slot->id = -1;
+        }
         if (slot->id == id && slot->len == kw && slot->count < 0x7fffffffu) {
             uint32_t i = 0;
             while (i < kw && slot->key[i] == key[i]) i++;
