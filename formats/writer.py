@@ -353,21 +353,15 @@ class SnapshotWriter:
         digested on a worker). The writer keeps a reference to `data` until the chunk is
         written: pass memory nobody changes, and `release` (called exactly once, when the
         writer is done with `data`) for borrowed memory."""
+        if self._pool is None or len(data) < _JOB_DIGEST_MIN:
+            return self.put_chunk(chunk_digest(data), data, release)
         with self._lock:
             try:
                 self._check_open()
-                if self._pool is not None and len(data) >= _JOB_DIGEST_MIN:
-                    rel, release = release, None          # the job owns it from here
-                    fut = self._submit(self._chunk_job, data, None, rel)
-                    self._drain(self._max_pending)
-                    return fut
-                digest = chunk_digest(data)
-                cid = self._claim(digest, len(data))
-                if cid is not None:
-                    rel, release = release, None
-                    self._submit(self._chunk_job, data, digest, rel)
-                    self._drain(self._max_pending)
-                return digest.hex()
+                rel, release = release, None          # the job owns it from here
+                fut = self._submit(self._chunk_job, data, None, rel)
+                self._drain(self._max_pending)
+                return fut
             finally:
                 if release is not None:
                     release()
