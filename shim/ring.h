@@ -88,8 +88,8 @@ enum {
     CS_F_HOSTDST = 0x106,     /* memcpy2D/3D host destination region blob */
     CS_F_NAME = 0x110, CS_F_HANDLE = 0x111, CS_F_KIND = 0x112, CS_F_MODULE = 0x113,
     CS_F_LAYOUT = 0x114, CS_F_MSG = 0x115, CS_F_INFO = 0x116, CS_F_CODE = 0x117,
-    CS_F_DIGEST = 0x118,
-    CS_F_REPEATS = 0x119,     /* REPEAT: {u32 api id, u32 count, u64 seq of the recorded call} each */      /* XXH3-128 chunk digest(s): BLOB_PIECE one, BLOB_END one per chunk */
+    CS_F_DIGEST = 0x118,      /* XXH3-128 chunk digest(s): BLOB_PIECE one, BLOB_END one per chunk */
+    CS_F_REPEATS = 0x119,     /* REPEAT: {u32 api id, u32 count, u64 seq of the recorded call} each */
 };
 
 #endif

@@ -2,8 +2,9 @@
  * 4 MiB chunks. Included by shim_core.c.
  *
  * The shim digests each chunk with XXH3-128 (the snapshot's chunk id) and sends only the
- * chunks this process has not sent before: re-uploading a buffer costs one read of it, and
- * the recorder does no hashing at all. The BLOB_END record lists the chunk digests, from
+ * chunks of 64 KiB or more that this process has not sent before: re-uploading a buffer
+ * costs one read of it, and the recorder does no hashing at all (it still stores a chunk
+ * once per file). The BLOB_END record lists the chunk digests, from
  * which the recorder names the blob (formats/SCHEMA.md). A sent chunk's digest is taken
  * from its copy in the ring, so a program changing its buffer meanwhile can never make a
  * chunk disagree with its id. Payloads of CS_PAR_MIN bytes or more are digested and
@@ -17,6 +18,7 @@
 #define CS_CHUNK (4u << 20)
 #define CS_PAR_MIN (8u << 20)
 #define CS_SUB (256u << 10)          /* copy-then-digest step, so the digest reads from cache */
+#define CS_DEDUP_MIN (64u << 10)     /* chunks this big are deduplicated in the shim */
 
 /* --- digests of the chunks this process has sent ------------------------------------ */
 typedef struct { uint64_t lo, hi; } cs_dig;
@@ -73,8 +75,13 @@ static void cs_chunk(cs_blobjob *j, uint32_t i) {
     uint32_t n = (uint32_t)((j->size - off) < CS_CHUNK ? (j->size - off) : CS_CHUNK);
     const char *s = j->src + off;
     XXH128_canonical_t c;
-    XXH128_canonicalFromHash(&c, XXH3_128bits(s, n));
-    if (cs_seen_find(cs_dig_of(c.digest), 0)) { memcpy(j->digests + 16ull * i, c.digest, 16); return; }
+    /* big chunks: digest the source first, and send nothing if this process sent it before;
+     * small ones (scalars, launch-sized copies) are just sent: one pass, no lock */
+    int dedup = n >= CS_DEDUP_MIN;
+    if (dedup) {
+        XXH128_canonicalFromHash(&c, XXH3_128bits(s, n));
+        if (cs_seen_find(cs_dig_of(c.digest), 0)) { memcpy(j->digests + 16ull * i, c.digest, 16); return; }
+    }
     cs_rec r;
     if (cs_reserve(&r, (uint32_t)sizeof(cs_rec_hdr) + cs_flen(16) + cs_flen(n), CS_REC_BLOB_PIECE)) {
         __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
@@ -83,7 +90,8 @@ static void cs_chunk(cs_blobjob *j, uint32_t i) {
     r.h->seq = j->serial;
     r.h->aux = i;
     cs_field_hdr *df = (cs_field_hdr *)r.p;        /* digest field, filled after the copy */
-    cs_put(&r, CS_F_DIGEST, CS_T_BYTES, c.digest, 16);
+    df->idx = CS_F_DIGEST; df->tag = CS_T_BYTES; df->len = 16;
+    r.p += cs_flen(16); r.h->nfields++;
     cs_field_hdr *f = (cs_field_hdr *)r.p;
     f->idx = 0; f->tag = CS_T_BYTES; f->len = n;
     char *dst = (char *)(f + 1);
@@ -99,8 +107,8 @@ static void cs_chunk(cs_blobjob *j, uint32_t i) {
     r.p += cs_flen(n); r.h->nfields++;
     cs_publish(&r);
     memcpy(j->digests + 16ull * i, c.digest, 16);
-    cs_seen_find(cs_dig_of(c.digest), 1);          /* after publishing: a later reference
-                                                      never overtakes the data in the ring */
+    if (dedup) cs_seen_find(cs_dig_of(c.digest), 1);   /* after publishing: a later reference
+                                                          never overtakes the data in the ring */
 }
 
 static void cs_job_run(cs_blobjob *j) {

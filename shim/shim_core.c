@@ -301,8 +301,8 @@ static inline void cs_put_vals(cs_rec *r, const cs_fn *fn, const U *a, const dou
 /* --- pure queries ------------------------------------------------------------------- *
  * A pure query is called, then recorded as one CALL record. A repeat of this thread's last
  * recorded call of the same function with the same inputs, outputs and result (output
- * pointers may differ: call sites differ) is only counted (frameworks ask cuCtxGetDevice several times per kernel): the counts go into one
- * REPEAT record before the thread's next record, at thread exit, or at process exit.
+ * pointers may differ: call sites differ) is only counted (frameworks ask cuCtxGetDevice
+ * several times per kernel): the counts go into one REPEAT record before the thread's next record, at thread exit, or at process exit.
  * CUDASNAP_ALL_QUERIES=1 records every call. The cache is on the heap, reached through one
  * TLS pointer: the shim may be dlopen'ed too, where static TLS has little room. */
 #define CS_QSLOTS 16
@@ -382,8 +382,8 @@ static void cs_q_atfork_child(void) {
     if (cs_qc) {
         memset(cs_qc->s, 0, sizeof cs_qc->s);
         for (int i = 0; i < CS_QSLOTS; i++) cs_qc->s[i].id = -1;
-        cs_qc->pending = 0; cs_qc->prev = cs_qc->next = NULL; cs_qc->tid = 0;
-        cs_qc->tid = cs_thread();
+        cs_qc->pending = 0; cs_qc->prev = cs_qc->next = NULL;
+        cs_qc->tid = cs_thread();                  /* cs_tid was reset: the child's id */
         cs_qlist = cs_qc;
     }
 }
@@ -392,55 +392,55 @@ static inline void cs_q_before_record(void) {
     if (cs_qc && cs_qc->pending) cs_q_flush(cs_qc);
 }
 
+static inline int cs_is_out(const cs_param *p) {
+    return p->kind == CS_K_OUT || p->kind == CS_K_OUT_STRUCT || p->kind == CS_K_INOUT_STRUCT;
+}
+
+/* A query's identity, in words: result, input values, output bytes (an output pointer counts
+ * only as set or not: where it is written varies by call site). 0: too long to compare. */
+static uint32_t cs_q_key(const cs_fn *fn, const U *a, CUresult res, U *key) {
+    if (fn->nparams + 1u > CS_QKEY) return 0;
+    U *k = key, *end = key + CS_QKEY;
+    *k++ = (uint32_t)res;
+    for (int i = 0; i < fn->nparams; i++) {
+        const cs_param *p = &fn->params[i];
+        U v = a[p->ai];
+        *k++ = cs_is_out(p) ? v != 0 : (p->size < 8 ? v & ((1ull << (8 * p->size)) - 1) : v);
+    }
+    if (res == 0)
+        for (int i = 0; i < fn->nparams; i++) {
+            const cs_param *p = &fn->params[i];
+            if (!a[p->ai] || !cs_is_out(p)) continue;
+            uint32_t w = (p->aux + 7u) / 8u;
+            if (k + w > end) return 0;
+            k[w - 1] = 0;
+            memcpy(k, (const void *)a[p->ai], p->aux);
+            k += w;
+        }
+    return (uint32_t)(k - key);
+}
+
+/* The slot of this function in the thread's cache (a new function takes the slots in turn). */
+static cs_qslot *cs_q_slot(cs_qcache *q, int id) {
+    for (int j = 0; j < CS_QSLOTS; j++)
+        if (q->s[j].id == id) return &q->s[j];
+    cs_qslot *slot = &q->s[q->victim];
+    if (slot->count) cs_q_flush(q);                 /* its count must not be lost */
+    q->victim = (q->victim + 1) % CS_QSLOTS;
+    slot->id = -1;
+    return slot;
+}
+
 static CUresult cs_call_query(int id, const cs_fn *fn, cs_gen_fn real, U *a, double *d) {
     cs_depth++;
     CUresult res = CS_CALL_REAL(fn, real, a, d);
     cs_depth--;
-    uint32_t nout = 0;
-    if (res == 0)
-        for (int i = 0; i < fn->nparams; i++) {
-            const cs_param *p = &fn->params[i];
-            if (a[p->ai] && (p->kind == CS_K_OUT || p->kind == CS_K_OUT_STRUCT || p->kind == CS_K_INOUT_STRUCT))
-                nout += p->aux;
-        }
-    /* the key, in words: result, argument values, output bytes */
     cs_qcache *q = cs_q_get();
     cs_qslot *slot = NULL;
     U key[CS_QKEY];
-    uint32_t kw = 1u + fn->nparams + (nout + 7u * fn->nparams) / 8u;   /* upper bound */
-    if (q && fn->simple && kw <= CS_QKEY) {
-        U *k = key;
-        *k++ = (uint32_t)res;
-        for (int i = 0; i < fn->nparams; i++) {
-            const cs_param *p = &fn->params[i];
-            U v = a[p->ai];
-            if (p->kind == CS_K_OUT || p->kind == CS_K_OUT_STRUCT) v = v != 0;   /* where it is written
-                                                   varies by call site; what is written counts */
-            else if (p->size < 8) v &= (1ull << (8 * p->size)) - 1;
-            *k++ = v;
-        }
-        if (res == 0)
-            for (int i = 0; i < fn->nparams; i++) {
-                const cs_param *p = &fn->params[i];
-                if (a[p->ai] && (p->kind == CS_K_OUT || p->kind == CS_K_OUT_STRUCT || p->kind == CS_K_INOUT_STRUCT)) {
-                    uint32_t w = (p->aux + 7u) / 8u;
-                    k[w - 1] = 0;
-                    memcpy(k, (const void *)a[p->ai], p->aux);
-                    k += w;
-                }
-            }
-        kw = (uint32_t)(k - key);
-        /* one slot per function (a direct-mapped index made two of PyTorch's three per-launch
-         * queries evict each other); a new function takes the slots in turn */
-        slot = NULL;
-        for (int j = 0; j < CS_QSLOTS; j++)
-            if (q->s[j].id == id) { slot = &q->s[j]; break; }
-        if (!slot) {
-            if (q->s[q->victim].count) cs_q_flush(q);   /* its count must not be lost */
-            slot = &q->s[q->victim];
-            q->victim = (q->victim + 1) % CS_QSLOTS;
-            slot->id = -1;
-        }
+    uint32_t kw = q && fn->simple ? cs_q_key(fn, a, res, key) : 0;
+    if (kw) {
+        slot = cs_q_slot(q, id);
         if (slot->id == id && slot->len == kw && slot->count < 0x7fffffffu) {
             uint32_t i = 0;
             while (i < kw && slot->key[i] == key[i]) i++;
@@ -456,7 +456,7 @@ static CUresult cs_call_query(int id, const cs_fn *fn, cs_gen_fn real, U *a, dou
     if (res == 0)
         for (int i = 0; i < fn->nparams; i++) {
             const cs_param *p = &fn->params[i];
-            if (a[p->ai] && (p->kind == CS_K_OUT || p->kind == CS_K_OUT_STRUCT || p->kind == CS_K_INOUT_STRUCT))
+            if (a[p->ai] && cs_is_out(p))
                 n += cs_flen(p->aux);
         }
     cs_rec r;
@@ -469,7 +469,7 @@ static CUresult cs_call_query(int id, const cs_fn *fn, cs_gen_fn real, U *a, dou
         if (res == 0)
             for (int i = 0; i < fn->nparams; i++) {
                 const cs_param *p = &fn->params[i];
-                if (a[p->ai] && (p->kind == CS_K_OUT || p->kind == CS_K_OUT_STRUCT || p->kind == CS_K_INOUT_STRUCT))
+                if (a[p->ai] && cs_is_out(p))
                     cs_put(&r, (uint16_t)i, CS_T_BYTES, (const void *)a[p->ai], p->aux);
             }
         cs_publish(&r);
