@@ -10,10 +10,9 @@ the kernel, and replay (with its D2H verification) continues as recorded.
 
 Timing: CUPTI kernel activity records (cupti-python; the same source as timeline mode) give
 each run's kernel duration on the GPU, without launch latency or the restore copies.  Each run
-is: restore the saved memory and flush L2 (--flush-l2, a read-only sweep kernel) on the
-launch's stream, synchronize, CUPTI timestamp, launch, synchronize, CUPTI timestamp.  A kernel
-record belongs to the run whose window holds it (graphunits.match_windows: no correlation ids
-needed); a sweep kernel record is never a run's.  A launch whose runs got
+is: restore the saved memory (and flush L2 with --flush-l2) on the launch's stream, synchronize,
+CUPTI timestamp, launch, synchronize, CUPTI timestamp; a kernel record belongs to the run whose
+window holds it (graphunits.match_windows: no correlation ids needed).  A launch whose runs got
 no CUPTI record is timed again with CUDA events (with a warning); without CUPTI, CUDA events
 around each run are the timing (with a warning: they include launch gaps, so they read higher
 and spread more).  A launch that could not be timed at all is a row with an error.  Spread over
@@ -26,7 +25,6 @@ can write restored before every run; CUPTI gives a row per kernel node (unit="gr
 from __future__ import annotations
 
 import statistics
-import struct
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 SAVE_KINDS = ("placed", "fallback", "global")
@@ -137,100 +135,26 @@ class MemorySaver:
         self.copies = []
 
 
-# Reads n 16-byte words with ld.global.cg (cached in L2 only); stores only if their xor is a
-# value a zeroed buffer never gives, so nothing is written. PTX: the driver JITs it anywhere.
-_SWEEP_PTX = b"""
-.version 6.0
-.target sm_50
-.address_size 64
-.visible .entry cudasnap_l2_sweep(.param .u64 p_buf, .param .u64 p_n)
-{
-    .reg .pred %p<3>;
-    .reg .b32 %r<12>;
-    .reg .b64 %rd<14>;
-    ld.param.u64 %rd1, [p_buf];
-    ld.param.u64 %rd2, [p_n];
-    cvta.to.global.u64 %rd1, %rd1;
-    mov.u32 %r1, %ctaid.x;
-    mov.u32 %r2, %ntid.x;
-    mov.u32 %r3, %tid.x;
-    mov.u32 %r4, %nctaid.x;
-    cvt.u64.u32 %rd4, %r1;
-    cvt.u64.u32 %rd5, %r2;
-    cvt.u64.u32 %rd6, %r3;
-    mad.lo.u64 %rd7, %rd4, %rd5, %rd6;
-    cvt.u64.u32 %rd8, %r4;
-    mul.lo.u64 %rd9, %rd8, %rd5;
-    mov.u32 %r5, 0;
-LOOP:
-    setp.ge.u64 %p1, %rd7, %rd2;
-    @%p1 bra DONE;
-    shl.b64 %rd10, %rd7, 4;
-    add.s64 %rd11, %rd1, %rd10;
-    ld.global.cg.v4.u32 {%r6, %r7, %r8, %r9}, [%rd11];
-    xor.b32 %r5, %r5, %r6;
-    xor.b32 %r5, %r5, %r7;
-    xor.b32 %r5, %r5, %r8;
-    xor.b32 %r5, %r5, %r9;
-    add.s64 %rd7, %rd7, %rd9;
-    bra LOOP;
-DONE:
-    setp.ne.u32 %p2, %r5, 2143462881;
-    @%p2 bra END;
-    st.global.u32 [%rd1], %r5;
-END:
-    ret;
-}
-\0"""
-
-
-SWEEP_KERNEL = "cudasnap_l2_sweep"
-
-
 class L2Flusher:
-    """--flush-l2: between runs, read a zeroed buffer of twice the L2 size through L2 (a
-    read-only sweep kernel), so every timed run starts with L2 holding only clean lines of
-    another buffer. The usual flush, a memset, leaves L2 full of dirty lines whose write-back
-    then lands inside the timed kernel and makes memory-bound kernels spread; the memset is
-    only the fallback when the sweep kernel can't be loaded."""
-
     def __init__(self, rp):
         self.rp = rp
-        cu = rp.cu
         try:
-            l2 = int(rp.raw("cuDeviceGetAttribute", cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, rp.dev))
+            l2 = int(rp.raw("cuDeviceGetAttribute", rp.cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, rp.dev))
         except Exception:
             l2 = 0
         self.size = max(2 * l2, 8 << 20)
         self.buf = int(rp.raw("cuMemAlloc", self.size))
-        rp.raw("cuMemsetD8", self.buf, 0, self.size)
         self.n = 0
-        self.mod = self.fn = None
-        try:
-            sms = int(rp.raw("cuDeviceGetAttribute", cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, rp.dev))
-            self.mod = rp.raw("cuModuleLoadData", _SWEEP_PTX)
-            self.fn = rp.raw("cuModuleGetFunction", self.mod, b"cudasnap_l2_sweep")
-            from ..handlers.launch import _Params
-            self.params = _Params(struct.pack("<QQ", self.buf, self.size // 16))
-            self.grid = max(1, sms) * 4
-        except Exception:
-            self.fn = None
-        self.method = "read sweep" if self.fn is not None else "memset"
 
     def flush(self, stream) -> None:
         self.n += 1
-        if self.fn is not None:
-            self.rp.raw("cuLaunchKernel", self.fn, self.grid, 1, 1, 256, 1, 1, 0, stream, None, self.params.extra_ptr)
-        else:
-            self.rp.raw("cuMemsetD8Async", self.buf, self.n & 0xFF, self.size, stream)
+        self.rp.raw("cuMemsetD8Async", self.buf, self.n & 0xFF, self.size, stream)
 
     def close(self) -> None:
-        for name, h in (("cuMemFree", self.buf), ("cuModuleUnload", self.mod)):
-            if h is not None:
-                try:
-                    self.rp.raw(name, h)
-                except Exception:
-                    pass
+        try:
+            self.rp.raw("cuMemFree", self.buf)
+        except Exception:
+            pass
 
 
 def stats(times_us: List[float]) -> Dict[str, Any]:
@@ -353,7 +277,6 @@ class IsolatedProfiler:
         try:
             if cfg.flush_l2 and self.flusher is None:
                 self.flusher = L2Flusher(rp)
-                self.flush_method = self.flusher.method
             s = ev.stream
             digests: List[str] = []
             done = False
@@ -363,8 +286,7 @@ class IsolatedProfiler:
                 clock.start()
                 windows = []
                 for i in range(cfg.warmup + cfg.repeat):
-                    # restore and flush, wait for them, then the run alone in a CUPTI time
-                    # window (back to back, without the wait, spread as much or more on H200)
+                    # restore (and flush), wait for it, then the run alone in a CUPTI time window
                     saver.restore(s)
                     if self.flusher is not None:
                         self.flusher.flush(s)
@@ -377,7 +299,7 @@ class IsolatedProfiler:
                     if cfg.check_repeats and i >= cfg.warmup:
                         digests.append(saver.digest())
                 rp.raw("cuStreamSynchronize", s)
-                runs = [[k for k in run if k[2] != SWEEP_KERNEL] for run in clock.collect(windows)]
+                runs = clock.collect(windows)
                 times = [sum(t1 - t0 for t0, t1, _n in run) / 1e3 for run in runs if run]
                 self._lost_runs += len(runs) - len(times)
                 self._cupti_result(bool(times), f"call #{ev.seq} {ev.name}")
@@ -481,7 +403,6 @@ class IsolatedProfiler:
         try:
             if cfg.flush_l2 and self.flusher is None:
                 self.flusher = L2Flusher(rp)
-                self.flush_method = self.flusher.method
             rows: List[Dict[str, Any]] = []
             if self._use_cupti():
                 runs = unit.run_cupti(self.cupti, cfg.warmup, cfg.repeat, self.flusher)
@@ -542,8 +463,6 @@ class IsolatedProfiler:
         backend = self.backend if not timings else "+".join(t for t in ("cupti", "events") if t in timings)
         d = {"mode": "isolated", "backend": backend, "launches_profiled": len(plain), "repeat": self.cfg.repeat,
              "warmup": self.cfg.warmup, "flush_l2": self.cfg.flush_l2, "max_saved_bytes": self.saved_bytes}
-        if self.cfg.flush_l2:
-            d["l2_flush_method"] = getattr(self, "flush_method", None)
         if self.units:
             d["graph_launches_profiled"] = sum(1 for u in self.units if "error" not in u)
             d["graph_kernel_rows"] = sum(1 for r in ok if r.get("unit") == "graph")

@@ -140,7 +140,6 @@ def test_isolated_spread(name, runner, tmp_path):
     rows = [x for x in r["report"]["launches"] if x.get("median_us", 0) >= MIN_US]
     worst = sorted(rows, key=lambda x: -x["spread_pct"])[:10]
     record_result({"test": "profile_isolated_spread", "workload": name, "launches": len(rows), "backend": backend,
-                   "l2_flush": r["report"]["summary"].get("l2_flush_method"),
                    "warnings": r["report"].get("warnings", [])[:5],
                    "worst": [{"seq": x["seq"], "name": x["name"][:100], "median_us": round(x["median_us"], 2),
                               "spread_pct": round(x["spread_pct"], 2), "iqr_pct": round(x.get("iqr_pct", 0), 2)}
