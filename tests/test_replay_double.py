@@ -150,3 +150,35 @@ def test_no_driver_is_one_line_error(tmp_path):
                         text=True, timeout=60)
     assert rp.returncode == 2
     assert "Traceback" not in rp.stderr + rp.stdout
+
+
+@pytest.mark.parametrize("use_after_destroy", [False, True])
+def test_description_driven_handlers(double, tmp_path, use_after_destroy):
+    """Streams, events and graphs replayed by the generic handler from the API description:
+    created handles are remembered, passed on as live ones, and forgotten when destroyed."""
+    p = tmp_path / "gen.cusnap"
+    s = Synth(p)
+    s.double_prologue("add_one", 0x55570001, [[0, 8], [8, 4]])
+    S, E0, E1, G = 0x5000, 0x6000, 0x6001, 0x7000
+    s.call("cuStreamCreateWithPriority", {"phStream": S, "flags": 1, "priority": -1})
+    s.call("cuEventCreate", {"phEvent": E0, "Flags": 0})
+    s.call("cuEventCreate", {"phEvent": E1, "Flags": 0})
+    s.call("cuEventRecord", {"hEvent": E0, "hStream": S})
+    s.call("cuStreamWaitEvent", {"hStream": 0, "hEvent": E0, "Flags": 0})
+    s.call("cuEventRecord", {"hEvent": E1, "hStream": S})
+    s.call("cuEventSynchronize", {"hEvent": E1})
+    s.call("cuEventElapsedTime_v2", {"pMilliseconds": 0, "hStart": E0, "hEnd": E1})
+    s.call("cuGraphCreate", {"phGraph": G, "flags": 0})
+    s.call("cuGraphDestroy", {"hGraph": G})
+    s.call("cuEventDestroy_v2", {"hEvent": E0})
+    s.call("cuEventDestroy_v2", {"hEvent": E1})
+    s.call("cuStreamSynchronize", {"hStream": S})
+    s.call("cuStreamDestroy_v2", {"hStream": S})
+    if use_after_destroy:
+        s.call("cuEventSynchronize", {"hEvent": E1})
+    s.close()
+    rp = _replay(double, p)
+    if use_after_destroy:
+        assert rp.returncode == 2 and "unknown event 0x6001" in rp.stdout + rp.stderr, rp.stdout + rp.stderr
+    else:
+        assert rp.returncode == 0, rp.stdout + rp.stderr

@@ -22,6 +22,7 @@ import ctypes
 import struct
 from typing import Any, List, Optional
 
+from ..driverops import _ival
 from . import handles, refuses  # noqa: F401 (refuses: for calls that cannot be rebuilt)
 
 # CUgraphNodeType
@@ -47,15 +48,6 @@ def _u64(b, o: int) -> int:
 
 def _u32(b, o: int) -> int:
     return struct.unpack_from("<I", b, o)[0]
-
-
-def _ival(x) -> int:
-    if x is None:
-        return 0
-    try:
-        return int(x)
-    except TypeError:
-        return int(getattr(x, "value", 0))
 
 
 def _state(rp, name: str, factory):
@@ -230,53 +222,6 @@ def exchange_capture_mode(rp, rec):
 
 
 # ------------------------------------------------------------------ graphs
-@handles("cuGraphCreate")
-def graph_create(rp, rec):
-    a = rec["a"]
-    g = rp.drv(rec, "cuGraphCreate", a.get("flags", 0))
-    if g is not None:
-        rp.set_handle(a.get("phGraph"), g)
-
-
-@handles("cuGraphClone")
-def graph_clone(rp, rec):
-    a = rec["a"]
-    g = rp.drv(rec, "cuGraphClone", graph(rp, rec, a.get("originalGraph")))
-    if g is not None:
-        rp.set_handle(a.get("phGraphClone"), g)
-
-
-@handles("cuGraphNodeFindInClone")
-def node_find_in_clone(rp, rec):
-    a = rec["a"]
-    n = rp.drv(rec, "cuGraphNodeFindInClone", rp.live(rec, a.get("hOriginalNode"), "graph node"),
-               graph(rp, rec, a.get("hClonedGraph")))
-    if n is not None:
-        rp.set_handle(a.get("phNode"), n)
-
-
-@handles("cuGraphChildGraphNodeGetGraph")
-def child_graph_get_graph(rp, rec):
-    a = rec["a"]
-    g = rp.drv(rec, "cuGraphChildGraphNodeGetGraph", rp.live(rec, a.get("hNode"), "graph node"))
-    if g is not None:
-        rp.set_handle(a.get("phGraph"), g)
-
-
-@handles("cuGraphDestroy")
-def graph_destroy(rp, rec):
-    h = rec["a"].get("hGraph")
-    rp.drv(rec, "cuGraphDestroy", rp.live(rec, h, "graph"))
-    rp.handles.pop(h, None)
-
-
-@handles("cuGraphDestroyNode")
-def graph_destroy_node(rp, rec):
-    h = rec["a"].get("hNode")
-    rp.drv(rec, "cuGraphDestroyNode", rp.live(rec, h, "graph node"))
-    rp.handles.pop(h, None)
-
-
 def _node_out(rp, rec, n) -> None:
     if n is not None:
         rp.set_handle(rec["a"].get("phGraphNode"), n)
@@ -656,13 +601,6 @@ def graph_exec_update(rp, rec):
     a = rec["a"]
     rp.drv(rec, "cuGraphExecUpdate", rp.live(rec, a.get("hGraphExec"), "graph exec"),
            graph(rp, rec, a.get("hGraph")))
-
-
-@handles("cuGraphExecDestroy")
-def graph_exec_destroy(rp, rec):
-    h = rec["a"].get("hGraphExec")
-    rp.drv(rec, "cuGraphExecDestroy", rp.live(rec, h, "graph exec"))
-    rp.handles.pop(h, None)
 
 
 @handles("cuDeviceGraphMemTrim", "cuDeviceSetGraphMemAttribute")
