@@ -9,8 +9,8 @@ python3 -c "import sys; sys.path.insert(0, '$ROOT/tests/double'); import build; 
 gcc -O2 -I "$ROOT/tests/double" -o /tmp/hotpath "$ROOT/bench/hotpath_double.c" -ldl
 SHIM=$(cd /tmp && python3 -c 'import cudasnap.shim._shim as s; print(s.__file__)')
 for i in 1 2 3; do
-  echo "native : $(LD_LIBRARY_PATH=/tmp/dbl/lib /tmp/hotpath 500000 | head -2 | tr '\n' ' ')"
+  echo "native : $(LD_LIBRARY_PATH=/tmp/dbl/lib /tmp/hotpath 500000 | head -3 | tr '\n' ' ')"
   rm -rf /dev/shm/hp && mkdir -p /dev/shm/hp
-  echo "shim   : $(LD_LIBRARY_PATH=/tmp/dbl/lib CUDASNAP_SESSION=/dev/shm/hp CUDASNAP_RING_MB=1024 LD_PRELOAD=$SHIM /tmp/hotpath 500000 | head -2 | tr '\n' ' ')"
+  echo "shim   : $(LD_LIBRARY_PATH=/tmp/dbl/lib CUDASNAP_SESSION=/dev/shm/hp CUDASNAP_RING_MB=1024 LD_PRELOAD=$SHIM /tmp/hotpath 500000 | head -3 | tr '\n' ' ')"
 done
 rm -rf /dev/shm/hp

@@ -302,16 +302,21 @@ static inline void cs_put_vals(cs_rec *r, const cs_fn *fn, const U *a, const dou
  * A pure query is called, then recorded as one CALL record. A repeat of this thread's last
  * recorded call of the same function with the same inputs, outputs and result (output
  * pointers may differ: call sites differ) is only counted (frameworks ask cuCtxGetDevice
- * several times per kernel): the counts go into one REPEAT record before the thread's next record, at thread exit, or at process exit.
+ * several times per kernel). The counts go into one REPEAT record once the thread has made
+ * CS_QBATCH more records, before a counted query's recorded call is replaced, at thread exit
+ * and at process exit: a REPEAT record per launch cost as much as the launch record itself.
  * CUDASNAP_ALL_QUERIES=1 records every call. The cache is on the heap, reached through one
  * TLS pointer: the shim may be dlopen'ed too, where static TLS has little room. */
 #define CS_QSLOTS 16
 #define CS_QKEY 16                         /* words compared: result, arguments, outputs */
+#define CS_QBATCH 64                       /* records of the thread between REPEAT records */
 typedef struct { int id; uint32_t len, count; uint64_t seq; U key[CS_QKEY]; } cs_qslot;
 typedef struct cs_qcache {
     cs_qslot s[CS_QSLOTS];
     int pending;                           /* some slot has a count to write */
     int victim;                            /* next slot a new function takes */
+    uint32_t since;                        /* records of this thread since counts were pending */
+    uint8_t where[CS_NFN];                 /* API id -> its slot + 1 (0: none) */
     uint64_t tid;
     struct cs_qcache *prev, *next;         /* registry, for the exit hook */
 } cs_qcache;
@@ -324,7 +329,7 @@ static int cs_qoff = -1;                   /* CUDASNAP_ALL_QUERIES, read once */
 
 static void cs_q_flush(cs_qcache *q) {
     if (!q->pending || !cs_ring) return;
-    q->pending = 0;
+    q->pending = 0; q->since = 0;
     uint32_t n = 0;
     struct { uint32_t fn, count; uint64_t seq; } e[CS_QSLOTS];
     for (int i = 0; i < CS_QSLOTS; i++)
@@ -381,15 +386,16 @@ static void cs_q_atfork_child(void) {
     cs_qlist = NULL;
     if (cs_qc) {
         memset(cs_qc->s, 0, sizeof cs_qc->s);
+        memset(cs_qc->where, 0, sizeof cs_qc->where);
         for (int i = 0; i < CS_QSLOTS; i++) cs_qc->s[i].id = -1;
-        cs_qc->pending = 0; cs_qc->prev = cs_qc->next = NULL;
+        cs_qc->pending = 0; cs_qc->since = 0; cs_qc->prev = cs_qc->next = NULL;
         cs_qc->tid = cs_thread();                  /* cs_tid was reset: the child's id */
         cs_qlist = cs_qc;
     }
 }
 
 static inline void cs_q_before_record(void) {
-    if (cs_qc && cs_qc->pending) cs_q_flush(cs_qc);
+    if (cs_qc && cs_qc->pending && ++cs_qc->since >= CS_QBATCH) cs_q_flush(cs_qc);
 }
 
 static inline int cs_is_out(const cs_param *p) {
@@ -421,11 +427,13 @@ static uint32_t cs_q_key(const cs_fn *fn, const U *a, CUresult res, U *key) {
 }
 
 /* The slot of this function in the thread's cache (a new function takes the slots in turn). */
-static cs_qslot *cs_q_slot(cs_qcache *q, int id) {
-    for (int j = 0; j < CS_QSLOTS; j++)
-        if (q->s[j].id == id) return &q->s[j];
+static inline cs_qslot *cs_q_slot(cs_qcache *q, int id) {
+    unsigned j = q->where[id];
+    if (j && q->s[j - 1].id == id) return &q->s[j - 1];
     cs_qslot *slot = &q->s[q->victim];
     if (slot->count) cs_q_flush(q);                 /* its count must not be lost */
+    if (slot->id >= 0) q->where[slot->id] = 0;
+    q->where[id] = (uint8_t)(q->victim + 1);
     q->victim = (q->victim + 1) % CS_QSLOTS;
     slot->id = -1;
     return slot;
@@ -451,6 +459,7 @@ static CUresult cs_call_query(int id, const cs_fn *fn, cs_gen_fn real, U *a, dou
             }
         }
     }
+    if (slot && slot->count) cs_q_flush(q);          /* counts of the call this one replaces */
     cs_q_before_record();
     uint32_t n = (uint32_t)sizeof(cs_rec_hdr) + cs_flen(8u * fn->nparams);
     if (res == 0)
