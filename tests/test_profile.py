@@ -610,11 +610,10 @@ def test_graph_mode_per_node_times_from_cupti(double, tmp_path):
     assert r["log"].count("cuGraphLaunch") == 2 + 4 + 4
 
 
-@pytest.mark.parametrize("sync_runs", [False, True])
-def test_isolated_uses_cupti_durations_and_restores_before_each_run(double, tmp_path, sync_runs):
+def test_isolated_uses_cupti_durations_and_syncs_before_each_timed_run(double, tmp_path):
     snap = tmp_path / "incr.cusnap"
     facts = incr_program(snap, launches=2)
-    r = _wrapped(double, tmp_path, snap, "isolated", "cupti", sync_runs=sync_runs)
+    r = _wrapped(double, tmp_path, snap, "isolated", "cupti")
     assert r["exit"] == 0, r["errors"]
     rep = r["report"]
     assert rep["summary"]["backend"] == "cupti" and rep["summary"]["warmup"] == 2
@@ -624,19 +623,14 @@ def test_isolated_uses_cupti_durations_and_restores_before_each_run(double, tmp_
     for x in rows:
         assert x["times_us"] == [50.0] * 4 and x["median_us"] == 50.0
         assert x["spread_pct"] == 0.0 and x["iqr_pct"] == 0.0 and x["cupti_name"] == "incr_cupti"
-    # every run: the restore copies, then the launch (no event pairs); --sync-runs waits before
-    # each run, the default queues the timed runs back to back after the warmup
+    # each run: restore copies, then a stream synchronize, then the launch (no event pairs)
     log = r["log"]
     assert "cuEventRecord" not in log
     launches = [i for i, n in enumerate(log) if n == "cuLaunchKernel"]
-    reruns = [i for i in launches if "cuMemcpyDtoDAsync" in log[i - 3:i]]
+    reruns = [i for i in launches if log[i - 1] == "cuStreamSynchronize"]
     assert len(reruns) == 2 * (2 + 4)
-    synced = [i for i in reruns if log[i - 1] == "cuStreamSynchronize"]
-    assert len(synced) == (2 * (2 + 4) if sync_runs else 0)
-    if not sync_runs:    # warmup, one wait, then the 4 timed runs with no wait between them
-        for a, b in zip(reruns[2:5], reruns[3:6]):
-            assert "cuStreamSynchronize" not in log[a:b]
-        assert "cuStreamSynchronize" in log[reruns[1]:reruns[2]]
+    for i in reruns:
+        assert "cuMemcpyDtoDAsync" in log[i - 3:i]
 
 
 def test_isolated_without_cupti_warns_and_uses_events(double, tmp_path):

@@ -10,11 +10,9 @@ the kernel, and replay (with its D2H verification) continues as recorded.
 
 Timing: CUPTI kernel activity records (cupti-python; the same source as timeline mode) give
 each run's kernel duration on the GPU, without launch latency or the restore copies.  Each run
-is: restore the saved memory (and flush L2 with --flush-l2) on the launch's stream, then launch.
-The timed runs are queued back to back and timed in one CUPTI window, so the GPU does not idle
-between them; the window's kernel records, in start order, are the runs.  With --sync-runs (or
---check-repeats, which reads memory after every run) each run is waited for and has its own
-window (graphunits.match_windows: no correlation ids needed).  A launch whose runs got
+is: restore the saved memory (and flush L2 with --flush-l2) on the launch's stream, synchronize,
+idle for --run-gap-ms, CUPTI timestamp, launch, synchronize, CUPTI timestamp; a kernel record
+belongs to the run whose window holds it (graphunits.match_windows: no correlation ids needed).  A launch whose runs got
 no CUPTI record is timed again with CUDA events (with a warning); without CUPTI, CUDA events
 around each run are the timing (with a warning: they include launch gaps, so they read higher
 and spread more).  A launch that could not be timed at all is a row with an error.  Spread over
@@ -27,6 +25,7 @@ can write restored before every run; CUPTI gives a row per kernel node (unit="gr
 from __future__ import annotations
 
 import statistics
+import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 SAVE_KINDS = ("placed", "fallback", "global")
@@ -283,11 +282,7 @@ class IsolatedProfiler:
             digests: List[str] = []
             done = False
             if self._use_cupti():
-                runs = None
-                if not (cfg.sync_runs or cfg.check_repeats):
-                    runs = self._queued_runs(ev, saver)
-                if runs is None:
-                    runs = self._windowed_runs(ev, saver, digests)
+                runs = self._windowed_runs(ev, saver, digests)
                 times = [sum(t1 - t0 for t0, t1, _n in run) / 1e3 for run in runs if run]
                 self._lost_runs += len(runs) - len(times)
                 self._cupti_result(bool(times), f"call #{ev.seq} {ev.name}")
@@ -322,46 +317,22 @@ class IsolatedProfiler:
             row["error"] = "no timing: neither CUPTI nor CUDA events gave a time for its runs"
         self.rows.append(row)
 
-    def _run_once(self, ev, saver) -> None:
-        """Restore what the launch may write (and flush L2), then launch it: all on its stream."""
-        saver.restore(ev.stream)
-        if self.flusher is not None:
-            self.flusher.flush(ev.stream)
-        ev.ctx.relaunch()
-
-    def _queued_runs(self, ev, saver):
-        """The timed runs queued back to back in one CUPTI window, with no host wait between them
-        (the GPU never idles between runs, as in a program's own loop); kernel records in start
-        order, split evenly over the runs.  None when they don't split evenly."""
-        from .graphunits import WindowClock
-        rp, cfg, s = self.rp, self.cfg, ev.stream
-        clock = WindowClock(self.cupti)
-        clock.start()
-        for _ in range(cfg.warmup):
-            self._run_once(ev, saver)
-        rp.raw("cuStreamSynchronize", s)
-        m0 = clock.mark()
-        for _ in range(cfg.repeat):
-            self._run_once(ev, saver)
-        rp.raw("cuStreamSynchronize", s)
-        recs = clock.collect([(m0, clock.mark())])[0]
-        if not recs or len(recs) % cfg.repeat:
-            return None        # (timed again, one window per run)
-        k = len(recs) // cfg.repeat
-        return [recs[i * k:(i + 1) * k] for i in range(cfg.repeat)]
-
     def _windowed_runs(self, ev, saver, digests: List[str]):
-        """Each run alone in a CUPTI time window: restore (and flush), wait, mark, launch, wait, mark."""
+        """Each run alone in a CUPTI time window: restore (and flush), wait, idle for the run gap,
+        mark, launch, wait, mark."""
         from .graphunits import WindowClock
         rp, cfg, s = self.rp, self.cfg, ev.stream
         clock = WindowClock(self.cupti)
         clock.start()
         windows = []
+        gap = max(0.0, cfg.run_gap_ms) / 1e3
         for i in range(cfg.warmup + cfg.repeat):
             saver.restore(s)
             if self.flusher is not None:
                 self.flusher.flush(s)
             rp.raw("cuStreamSynchronize", s)
+            if gap:
+                time.sleep(gap)
             m0 = clock.mark() if i >= cfg.warmup else None
             ev.ctx.relaunch()
             if m0 is not None:
