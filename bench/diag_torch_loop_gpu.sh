@@ -6,7 +6,7 @@ set -uo pipefail
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
 ROOT=$(pwd); W=/tmp/diagt; mkdir -p $W; cd $W
 SHIM=$(python3 -c 'import cudasnap.shim._shim as s; print(s.__file__)')
-L="python3 $ROOT/bench/torch_loop.py 20000"
+L="python3 $ROOT/bench/torch_loop.py 20000 3"
 for i in 1 2 3; do
   echo "native        $($L)"
   echo "capture       $(python3 -m cudasnap capture -q -o c.cusnap -- $L)"

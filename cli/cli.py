@@ -124,7 +124,6 @@ def replay(
     hook: List[str] = typer.Option([], "--hook", help="A hook MODULE:OBJECT[?key=value&...] (repeatable); see replay/hooks.py."),
     nvtx: Optional[bool] = typer.Option(None, "--nvtx/--no-nvtx", help="Emit NVTX ranges named after recorded calls and kernels (default: when nsys/ncu is attached)."),
     check_repeats: bool = typer.Option(False, "--check-repeats", help="isolated: check that every repeat writes the same memory."),
-    run_gap_ms: float = typer.Option(0.0, "--run-gap-ms", help="isolated: idle the GPU this long before every run (ms)."),
 ):
     """Re-execute a snapshot on a GPU, placing memory at recorded addresses, and verify every D2H result.
     Exit 0: all verified; 1: a verification mismatch; 2: replay could not proceed."""
@@ -144,7 +143,7 @@ def replay(
         cfg = ProfileConfig(mode=profile, repeat=repeat, warmup=warmup, flush_l2=flush_l2,
                             kernels=kernels if profile else None, calls=calls if profile else None, launch=launch,
                             out=str(out_file) if out_file else None, trace=str(trace) if trace else None,
-                            hooks=list(hook), nvtx=nvtx, check_repeats=check_repeats, run_gap_ms=run_gap_ms)
+                            hooks=list(hook), nvtx=nvtx, check_repeats=check_repeats)
         raise typer.Exit(run_profile_cli(snapshot, opts, cfg, json_out))
     raise typer.Exit(run_replay_cli(snapshot, opts, json_out))
 

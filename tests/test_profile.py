@@ -622,7 +622,7 @@ def test_isolated_uses_cupti_durations_and_syncs_before_each_timed_run(double, t
     assert [x["seq"] for x in rows] == facts["seqs"]
     for x in rows:
         assert x["times_us"] == [50.0] * 4 and x["median_us"] == 50.0
-        assert x["spread_pct"] == 0.0 and x["iqr_pct"] == 0.0 and x["cupti_name"] == "incr_cupti"
+        assert x["spread_pct"] == 0.0 and x["iqr_pct"] == 0.0 and x["noise_pct"] == 0.0 and x["cupti_name"] == "incr_cupti"
     # each run: restore copies, then a stream synchronize, then the launch (no event pairs)
     log = r["log"]
     assert "cuEventRecord" not in log

@@ -48,7 +48,6 @@ class ProfileConfig:
     nvtx: Optional[bool] = None         # None: on when an NVTX tool is attached (nsys, ncu)
     backend: str = "auto"               # auto | cupti | events (timing source of timeline/graph)
     check_repeats: bool = False         # isolated: hash written memory after every run
-    run_gap_ms: float = 0.0             # isolated: GPU idle time before every run
     top: int = 20
     save_limit: int = 256 << 20         # isolated/graph: save every live allocation when all fit
 

@@ -11,13 +11,13 @@ the kernel, and replay (with its D2H verification) continues as recorded.
 Timing: CUPTI kernel activity records (cupti-python; the same source as timeline mode) give
 each run's kernel duration on the GPU, without launch latency or the restore copies.  Each run
 is: restore the saved memory (and flush L2 with --flush-l2) on the launch's stream, synchronize,
-idle for --run-gap-ms, CUPTI timestamp, launch, synchronize, CUPTI timestamp; a kernel record
+CUPTI timestamp, launch, synchronize, CUPTI timestamp; a kernel record
 belongs to the run whose window holds it (graphunits.match_windows: no correlation ids needed).  A launch whose runs got
 no CUPTI record is timed again with CUDA events (with a warning); without CUPTI, CUDA events
 around each run are the timing (with a warning: they include launch gaps, so they read higher
 and spread more).  A launch that could not be timed at all is a row with an error.  Spread over
 the timed repeats is reported as (max - min) / median (spread_pct) and as the interquartile
-range (iqr_pct).
+range (iqr_pct) and the relative standard deviation (noise_pct, nvbench's "Noise").
 
 Launches recorded into a stream capture are graph nodes, not run when replayed: the program's
 cuGraphLaunch calls are timed instead, each as a unit (graphunits.py), with the memory the graph
@@ -25,7 +25,6 @@ can write restored before every run; CUPTI gives a row per kernel node (unit="gr
 from __future__ import annotations
 
 import statistics
-import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 SAVE_KINDS = ("placed", "fallback", "global")
@@ -164,6 +163,7 @@ def stats(times_us: List[float]) -> Dict[str, Any]:
     med = statistics.median(times_us)
     d = {"median_us": med, "min_us": min(times_us), "max_us": max(times_us), "mean_us": statistics.fmean(times_us)}
     d["spread_pct"] = (d["max_us"] - d["min_us"]) / med * 100 if med > 0 else 0.0
+    d["noise_pct"] = statistics.pstdev(times_us) / d["mean_us"] * 100 if d["mean_us"] > 0 else 0.0
     if len(times_us) >= 4:
         q = statistics.quantiles(times_us, n=4)
         d["iqr_pct"] = (q[2] - q[0]) / med * 100 if med > 0 else 0.0
@@ -318,21 +318,17 @@ class IsolatedProfiler:
         self.rows.append(row)
 
     def _windowed_runs(self, ev, saver, digests: List[str]):
-        """Each run alone in a CUPTI time window: restore (and flush), wait, idle for the run gap,
-        mark, launch, wait, mark."""
+        """Each run alone in a CUPTI time window: restore (and flush), wait, mark, launch, wait, mark."""
         from .graphunits import WindowClock
         rp, cfg, s = self.rp, self.cfg, ev.stream
         clock = WindowClock(self.cupti)
         clock.start()
         windows = []
-        gap = max(0.0, cfg.run_gap_ms) / 1e3
         for i in range(cfg.warmup + cfg.repeat):
             saver.restore(s)
             if self.flusher is not None:
                 self.flusher.flush(s)
             rp.raw("cuStreamSynchronize", s)
-            if gap:
-                time.sleep(gap)
             m0 = clock.mark() if i >= cfg.warmup else None
             ev.ctx.relaunch()
             if m0 is not None:

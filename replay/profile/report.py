@@ -10,9 +10,9 @@ import statistics
 from typing import Any, Dict, List
 
 KERNEL_COLS = ["name", "launches", "total_us", "median_us", "min_us", "max_us", "mean_us", "share_pct",
-               "spread_pct", "max_spread_pct", "iqr_pct"]
+               "spread_pct", "max_spread_pct", "iqr_pct", "noise_pct"]
 LAUNCH_COLS = ["seq", "index", "name", "stream", "grid", "block", "shmem", "time_us", "start_ns", "end_ns",
-               "median_us", "min_us", "max_us", "mean_us", "spread_pct", "iqr_pct", "saved_bytes",
+               "median_us", "min_us", "max_us", "mean_us", "spread_pct", "iqr_pct", "noise_pct", "saved_bytes",
                "repeats_identical", "node", "unit", "timing", "error"]
 
 
@@ -38,9 +38,10 @@ def aggregate(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         if sp:
             k["spread_pct"] = statistics.median(sp)
             k["max_spread_pct"] = max(sp)
-        iq = [r["iqr_pct"] for r in rs if "iqr_pct" in r]
-        if iq:
-            k["iqr_pct"] = statistics.median(iq)
+        for key in ("iqr_pct", "noise_pct"):
+            vals = [r[key] for r in rs if key in r]
+            if vals:
+                k[key] = statistics.median(vals)
         out.append(k)
     total = sum(k.get("total_us", 0.0) for k in out)
     for k in out:
@@ -117,6 +118,7 @@ def render_table(report: Dict[str, Any], out, top: int = 20) -> None:
             t.add_column(c, justify=j, overflow="fold")
         if isolated:
             t.add_column("spread", justify="right")
+            t.add_column("noise", justify="right")
         t.add_column("share", justify="right")
         for k in ks[:top]:
             name = k["name"] if len(k["name"]) <= 80 else k["name"][:77] + "..."
@@ -124,6 +126,7 @@ def render_table(report: Dict[str, Any], out, top: int = 20) -> None:
                    _us(k.get("max_us"))]
             if isolated:
                 row.append(f"{k['spread_pct']:.1f}%" if "spread_pct" in k else "-")
+                row.append(f"{k['noise_pct']:.1f}%" if "noise_pct" in k else "-")
             row.append(f"{k.get('share_pct', 0):.1f}%")
             t.add_row(*row)
         con.print(t)
