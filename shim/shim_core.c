@@ -417,10 +417,13 @@ static uint32_t cs_q_key(const cs_fn *fn, const U *a, CUresult res, U *key) {
         for (int i = 0; i < fn->nparams; i++) {
             const cs_param *p = &fn->params[i];
             if (!a[p->ai] || !cs_is_out(p)) continue;
+            const void *src = (const void *)a[p->ai];
             uint32_t w = (p->aux + 7u) / 8u;
             if (k + w > end) return 0;
+            if (p->aux == 4) { uint32_t v; memcpy(&v, src, 4); *k++ = v; continue; }  /* most outputs: */
+            if (p->aux == 8) { memcpy(k++, src, 8); continue; }                      /* no libc call */
             k[w - 1] = 0;
-            memcpy(k, (const void *)a[p->ai], p->aux);
+            memcpy(k, src, p->aux);
             k += w;
         }
     return (uint32_t)(k - key);
