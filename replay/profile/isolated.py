@@ -11,8 +11,8 @@ the kernel, and replay (with its D2H verification) continues as recorded.
 Timing: CUPTI kernel activity records (cupti-python; the same source as timeline mode) give
 each run's kernel duration on the GPU, without launch latency or the restore copies.  Each run
 is: restore the saved memory (and flush L2 with --flush-l2) on the launch's stream, synchronize,
-CUPTI timestamp, launch, synchronize, CUPTI timestamp; a kernel record
-belongs to the run whose window holds it (graphunits.match_windows: no correlation ids needed).  A launch whose runs got
+CUPTI timestamp, launch, synchronize, CUPTI timestamp; a kernel record belongs to the run whose
+window holds it (graphunits.match_windows: no correlation ids needed).  A launch whose runs got
 no CUPTI record is timed again with CUDA events (with a warning); without CUPTI, CUDA events
 around each run are the timing (with a warning: they include launch gaps, so they read higher
 and spread more).  A launch that could not be timed at all is a row with an error.  Spread over
@@ -278,7 +278,6 @@ class IsolatedProfiler:
         try:
             if cfg.flush_l2 and self.flusher is None:
                 self.flusher = L2Flusher(rp)
-            s = ev.stream
             digests: List[str] = []
             done = False
             if self._use_cupti():
