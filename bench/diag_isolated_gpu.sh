@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Isolated-mode spread on the GPU suite's profiling snapshots, per way of running the repeats:
-# with and without the L2 flush, and with the GPU idle for --run-gap-ms before every run.
+# with and without the L2 flush, 10 and 30 repeats. (Runs queued back to back and 1-20 ms of GPU idle
+# before each run were tried with it and dropped: README, "Latest figures".)
 # Run after gpu_suite.sh (installs the package and makes /tmp/cudasnap-gpu/snaps/prof_*.cusnap).
 set -uo pipefail
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
@@ -8,7 +9,7 @@ OUT=${OUT:-/tmp/cudasnap-out}; W=/tmp/diag-iso; mkdir -p $W
 for snap in prof_torch prof_jax; do
   S=/tmp/cudasnap-gpu/snaps/$snap.cusnap
   [ -f $S ] || { echo "no $S"; continue; }
-  for v in "default::--repeat 10" "gap1:--run-gap-ms 1:--repeat 10" "gap5:--run-gap-ms 5:--repeat 10" "gap20:--run-gap-ms 20:--repeat 10" "gap5-noflush:--run-gap-ms 5 --no-flush-l2:--repeat 10"; do
+  for v in "default::--repeat 10" "noflush:--no-flush-l2:--repeat 10" "repeat30::--repeat 30"; do
     name=${v%%:*}; rest=${v#*:}; flag=${rest%%:*}; rep=${rest#*:}
     python3 -m cudasnap replay $S --profile isolated $flag $rep --warmup 3 --out $W/$snap.$name.json -q > /dev/null 2>&1
     python3 - "$W/$snap.$name.json" "$snap $name" <<'PY'
