@@ -296,24 +296,20 @@ def memcpy3d_params(rp, rec, raw: bytearray, off: int = 0) -> bytearray:
     return raw
 
 
-@handles("cuGraphAddMemsetNode")
-def add_memset_node(rp, rec):
-    a = rec["a"]
-    raw = memset_params(rp, rec, _struct_bytes(rp, rec, "memsetParams", MEMSET_PARAMS_SIZE, "CUDA_MEMSET_NODE_PARAMS"))
-    p = _fill(rp.cu.CUDA_MEMSET_NODE_PARAMS(), raw)
-    deps = nodes(rp, rec)
-    _node_out(rp, rec, rp.drv(rec, "cuGraphAddMemsetNode", graph(rp, rec, a.get("hGraph")), deps, len(deps), p,
-                              context(rp, rec, a.get("ctx"))))
+def _copy_node_handler(name: str, key: str, size: int, ctype: str, fix) -> None:
+    """cuGraphAddMemsetNode / cuGraphAddMemcpyNode: the node's struct with its addresses
+    translated (fix), on the recorded graph, dependencies and context."""
+    @handles(name)
+    def add_node(rp, rec):
+        a = rec["a"]
+        p = _fill(getattr(rp.cu, ctype)(), fix(rp, rec, _struct_bytes(rp, rec, key, size, ctype)))
+        deps = nodes(rp, rec)
+        _node_out(rp, rec, rp.drv(rec, name, graph(rp, rec, a.get("hGraph")), deps, len(deps), p,
+                                  context(rp, rec, a.get("ctx"))))
 
 
-@handles("cuGraphAddMemcpyNode")
-def add_memcpy_node(rp, rec):
-    a = rec["a"]
-    raw = memcpy3d_params(rp, rec, _struct_bytes(rp, rec, "copyParams", MEMCPY3D_SIZE, "CUDA_MEMCPY3D"))
-    p = _fill(rp.cu.CUDA_MEMCPY3D(), raw)
-    deps = nodes(rp, rec)
-    _node_out(rp, rec, rp.drv(rec, "cuGraphAddMemcpyNode", graph(rp, rec, a.get("hGraph")), deps, len(deps), p,
-                              context(rp, rec, a.get("ctx"))))
+_copy_node_handler("cuGraphAddMemsetNode", "memsetParams", MEMSET_PARAMS_SIZE, "CUDA_MEMSET_NODE_PARAMS", memset_params)
+_copy_node_handler("cuGraphAddMemcpyNode", "copyParams", MEMCPY3D_SIZE, "CUDA_MEMCPY3D", memcpy3d_params)
 
 
 class _KernelArgs:
