@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Isolated-mode spread on the GPU suite's profiling snapshots, per way of running the repeats:
-# with and without the L2 flush, 10 and 30 repeats. (Runs queued back to back and 1-20 ms of GPU idle
+# L2 flushed by reading (default) or by a memset, not flushed; 10 and 30 repeats. (Runs queued back to back and 1-20 ms of GPU idle
 # before each run were tried with it and dropped: README, "Latest figures".)
 # Run after gpu_suite.sh (installs the package and makes /tmp/cudasnap-gpu/snaps/prof_*.cusnap).
 set -uo pipefail
@@ -9,9 +9,10 @@ OUT=${OUT:-/tmp/cudasnap-out}; W=/tmp/diag-iso; mkdir -p $W
 for snap in prof_torch prof_jax; do
   S=/tmp/cudasnap-gpu/snaps/$snap.cusnap
   [ -f $S ] || { echo "no $S"; continue; }
-  for v in "default::--repeat 10" "noflush:--no-flush-l2:--repeat 10" "repeat30::--repeat 30"; do
+  for v in "default::--repeat 10" "memsetflush::--repeat 10" "noflush:--no-flush-l2:--repeat 10" "repeat30::--repeat 30"; do
     name=${v%%:*}; rest=${v#*:}; flag=${rest%%:*}; rep=${rest#*:}
-    python3 -m cudasnap replay $S --profile isolated $flag $rep --warmup 3 --out $W/$snap.$name.json -q > /dev/null 2>&1
+    fl=read; [ $name = memsetflush ] && fl=memset
+    CUDASNAP_L2_FLUSH=$fl python3 -m cudasnap replay $S --profile isolated $flag $rep --warmup 3 --out $W/$snap.$name.json -q > /dev/null 2>&1
     python3 - "$W/$snap.$name.json" "$snap $name" <<'PY'
 import json, statistics, sys
 rows = [r for r in json.load(open(sys.argv[1]))["launches"] if r.get("median_us", 0) >= 20]
