@@ -1,0 +1,41 @@
+"""Native run-to-run series of prof_torch's HBM-bound tanh (32M floats), timed by CUPTI through
+torch.profiler: is the two-level spread seen in isolated replay a property of the GPU?
+
+  python bench/diag_native_series.py [N]
+
+"synced": each run alone (L2 scrubbed by a read-only reduction, synchronize, tanh,
+synchronize), as isolated replay runs them; "queued": N tanh launches back to back."""
+import statistics
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+n = int(sys.argv[1]) if len(sys.argv) > 1 else 40
+x = torch.randn(32 << 20, device="cuda")
+y = torch.empty_like(x)
+scrub = torch.zeros(2 * torch.cuda.get_device_properties(0).L2_cache_size // 4 + 1, device="cuda")
+
+
+def series(prof):
+    t = [e.time_range.elapsed_us() for e in prof.events()
+         if e.device_type == torch.autograd.DeviceType.CUDA and "tanh" in e.name]
+    return t[3:]            # first runs warm up
+
+
+for mode in ("synced", "queued", "synced"):
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(n + 3):
+            if mode == "synced":
+                scrub.sum()
+                torch.cuda.synchronize()
+            torch.tanh(x, out=y)
+            if mode == "synced":
+                torch.cuda.synchronize()
+        torch.cuda.synchronize()
+    t = series(prof)
+    med = statistics.median(t)
+    print(f"native {mode}: median {med:.2f} us, max-min {(max(t) - min(t)) / med * 100:.2f}%, "
+          f"noise {statistics.pstdev(t) / statistics.fmean(t) * 100:.2f}%")
+    print("   " + " ".join(f"{v:.1f}" for v in t))
