@@ -1,10 +1,12 @@
 """Native run-to-run series of prof_torch's HBM-bound tanh (32M floats), timed by CUPTI through
 torch.profiler: is the two-level spread seen in isolated replay a property of the GPU?
 
-  python bench/diag_native_series.py [N]
+  python bench/diag_native_series.py [N] [PADS]
 
 "synced": each run alone (L2 scrubbed by a read-only reduction, synchronize, tanh,
-synchronize), as isolated replay runs them; "queued": N tanh launches back to back."""
+synchronize), as isolated replay runs them; "queued": N tanh launches back to back.
+PADS (default "0"): comma list; with p > 0 each tanh is followed by p tiny launches (does the
+two-level pattern follow the count of launches between runs?)."""
 import statistics
 import sys
 
@@ -12,6 +14,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 n = int(sys.argv[1]) if len(sys.argv) > 1 else 40
+pads = [int(p) for p in (sys.argv[2] if len(sys.argv) > 2 else "0").split(",")]
 x = torch.randn(32 << 20, device="cuda")
 y = torch.empty_like(x)
 scrub = torch.zeros(2 * torch.cuda.get_device_properties(0).L2_cache_size // 4 + 1, device="cuda")
@@ -23,7 +26,8 @@ def series(prof):
     return t[3:]            # first runs warm up
 
 
-for mode in ("synced", "queued", "synced"):
+tiny = torch.zeros(1, device="cuda")
+for mode, pad in [(m, p) for p in pads for m in ("synced", "queued")]:
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for i in range(n + 3):
@@ -31,11 +35,13 @@ for mode in ("synced", "queued", "synced"):
                 scrub.sum()
                 torch.cuda.synchronize()
             torch.tanh(x, out=y)
+            for _ in range(pad):
+                tiny.add_(1)
             if mode == "synced":
                 torch.cuda.synchronize()
         torch.cuda.synchronize()
     t = series(prof)
     med = statistics.median(t)
-    print(f"native {mode}: median {med:.2f} us, max-min {(max(t) - min(t)) / med * 100:.2f}%, "
+    print(f"native {mode} pad {pad}: median {med:.2f} us, max-min {(max(t) - min(t)) / med * 100:.2f}%, "
           f"noise {statistics.pstdev(t) / statistics.fmean(t) * 100:.2f}%")
     print("   " + " ".join(f"{v:.1f}" for v in t))
