@@ -20,6 +20,8 @@ from cudasnap.shim import description
 from .decode import Decoder
 from .ring import Ring
 
+LAZY_MAX_AGE_S = 5.0     # lazy draining: records wait in the ring at most this long
+
 ENV_KEEP = ("CUDA_", "PYTORCH_", "XLA_", "JAX_", "TRITON_", "NCCL_", "LD_LIBRARY_PATH", "CUDASNAP_")
 
 
@@ -103,6 +105,7 @@ class Recorder:
         self.level = level
         self.threads = default_threads() if threads is None else threads
         self.blob_level = 1 if blob_level is None else blob_level
+        self.drain = os.environ.get("CUDASNAP_DRAIN", "eager")
         self.procs: dict[int, ProcessCapture] = {}
         self.unreadable: set[int] = set()
         self.desc = description.load()
@@ -207,8 +210,20 @@ class Recorder:
         last_flush = time.monotonic()
         dead_since = None
         clean_since = None
+        lazy = self.drain == "lazy"
+        low = ring.capacity // 4
+        last_drain = time.monotonic()
         while True:
             ring.beat()
+            if lazy:
+                # leave records in the ring while it has room: the program runs without the
+                # recorder's work beside it (the ring survives the program whatever happens)
+                now = time.monotonic()
+                if (ring.head() - ring.tail < low and now - last_drain < LAZY_MAX_AGE_S
+                        and not ring.exited_cleanly() and ring.process_alive()):
+                    time.sleep(0.005)
+                    continue
+                last_drain = now
             raws = ring.poll(pin_blobs=True)      # blob pieces stay in the ring until written
             for raw in raws:
                 try:
