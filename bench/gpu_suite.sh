@@ -12,7 +12,7 @@ if [ -d "$ROOT/.whl" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE "$ROOT"/.whl/*.whl || exit 2
 fi
 export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
-python3 -m pip install -q --no-deps --no-build-isolation --no-index --target $SITE "$ROOT" > "$OUT/install.log" 2>&1 || { tail -30 "$OUT/install.log"; exit 2; }
+python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target $SITE "$ROOT" > "$OUT/install.log" 2>&1 || { tail -30 "$OUT/install.log"; exit 2; }
 export PATH=$SITE/bin:$PATH
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/card.txt"
 export CUDASNAP_GPU_RESULTS=$OUT/gpu_results.jsonl CUDASNAP_GPU_WORK=/tmp/cudasnap-gpu
