@@ -92,7 +92,7 @@ def _proc_info(pid: int) -> dict:
 
 class Recorder:
     def __init__(self, session_dir: Path, out: Path, root_pid_getter, options: dict, level: int = 3,
-                 threads: int | None = None, blob_level: int | None = None):
+                 threads: int | None = None, blob_level: int | None = None, drain: str = "lazy"):
         """threads: writer worker threads per process (encode + write frames); None means
         min(16, os.cpu_count()). level: zstd level of record frames. blob_level: zstd level
         of blob chunks, default 1 (on weight-like data (bf16/f32/int arrays) level 1 gives
@@ -105,7 +105,7 @@ class Recorder:
         self.level = level
         self.threads = default_threads() if threads is None else threads
         self.blob_level = 1 if blob_level is None else blob_level
-        self.drain = os.environ.get("CUDASNAP_DRAIN", "eager")
+        self.drain = drain
         self.procs: dict[int, ProcessCapture] = {}
         self.unreadable: set[int] = set()
         self.desc = description.load()

@@ -30,7 +30,7 @@ def _session_dir() -> Path:
 
 def run_capture(command: list[str], out: Path | None, ring_mb: int = 256, level: int = 3, threads: int | None = None,
                 quiet: bool = False, placement: str = "region", all_queries: bool = False,
-                copy_threads: int | None = None) -> int:
+                copy_threads: int | None = None, drain: str = "lazy") -> int:
     if not command:
         print("cudasnap: error: no command given: use `cudasnap capture [-o OUT] -- COMMAND ARGS...`", file=sys.stderr)
         return 2
@@ -57,9 +57,9 @@ def run_capture(command: list[str], out: Path | None, ring_mb: int = 256, level:
     if copy_threads is not None:
         env["CUDASNAP_COPY_THREADS"] = str(copy_threads)
     options = {"ring_mb": ring_mb, "level": level, "command": command, "placement": placement,
-               "all_queries": all_queries}
+               "all_queries": all_queries, "drain": drain}
     root = {"pid": -1}
-    rec = Recorder(session, out, lambda: root["pid"], options, level=level, threads=threads)
+    rec = Recorder(session, out, lambda: root["pid"], options, level=level, threads=threads, drain=drain)
     rec.start()
     # Signals meant for the program go to it; we stay to finish the snapshot.
     old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT)}

@@ -30,6 +30,7 @@ def capture(
     placement: str = typer.Option("region", "--placement", help="region: put device allocations in a tool-owned address zone so replay can place them exactly (VMM memory); off: leave addresses to the driver."),
     all_queries: bool = typer.Option(False, "--all-queries", help="Record every pure query (cuCtxGetDevice...); by default a repeat identical to the thread's last recorded one is only counted."),
     copy_threads: Optional[int] = typer.Option(None, "--copy-threads", help="Helper threads in the program that digest and copy payloads of 8 MiB or more (default: half the CPUs, at most 8; 0: the calling thread alone)."),
+    drain: str = typer.Option("lazy", "--drain", help="lazy: the recorder leaves records in the ring until it is a quarter full, 5 s pass or the process exits, so its work does not run beside the program's; eager: drain continuously (the snapshot file keeps up with the program)."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No summary lines."),
 ):
     """Run COMMAND with the shim preloaded and write a snapshot for each process that used CUDA."""
@@ -45,8 +46,10 @@ def capture(
         _fail("--threads must be >= 0")
     if copy_threads is not None and not 0 <= copy_threads <= 32:
         _fail("--copy-threads must be between 0 and 32")
+    if drain not in ("lazy", "eager"):
+        _fail("--drain must be lazy or eager")
     raise typer.Exit(run_capture(list(command), output, ring_mb, level, threads, quiet, placement,
-                                 all_queries=all_queries, copy_threads=copy_threads))
+                                 all_queries=all_queries, copy_threads=copy_threads, drain=drain))
 
 
 @app.command()
