@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# CPU cost of interception on the GPU machine's CPU, through the test-double driver (so the
-# GPU's launch queue can't hide or add anything). Run after gpu_suite.sh installed the package.
+# CPU cost of interception on the GPU machine: through the test-double driver (so the
+# GPU launch queue cannot hide or add anything), then on the real driver. Run after gpu_suite.sh.
 set -uo pipefail
 export PYTHONPATH=/tmp/site
 ROOT=$(pwd)
@@ -12,5 +12,14 @@ for i in 1 2 3; do
   echo "native : $(LD_LIBRARY_PATH=/tmp/dbl/lib /tmp/hotpath 500000 | head -3 | tr '\n' ' ')"
   rm -rf /dev/shm/hp && mkdir -p /dev/shm/hp
   echo "shim   : $(LD_LIBRARY_PATH=/tmp/dbl/lib CUDASNAP_SESSION=/dev/shm/hp CUDASNAP_RING_MB=1024 LD_PRELOAD=$SHIM /tmp/hotpath 500000 | head -3 | tr '\n' ' ')"
+done
+rm -rf /dev/shm/hp
+# the same on the real driver (bench/hotpath_gpu.cu): native, ring only, full capture
+nvcc -O2 -arch=sm_90 -o /tmp/hotpath_gpu "$ROOT/bench/hotpath_gpu.cu" -lcuda || exit 1
+for i in 1 2 3; do
+  echo "gpu native : $(/tmp/hotpath_gpu 200000 | tr '\n' ' ')"
+  rm -rf /dev/shm/hp && mkdir -p /dev/shm/hp
+  echo "gpu ring   : $(CUDASNAP_SESSION=/dev/shm/hp CUDASNAP_RING_MB=1024 LD_PRELOAD=$SHIM /tmp/hotpath_gpu 200000 | tr '\n' ' ')"
+  echo "gpu capture: $(cd /tmp && python3 -m cudasnap capture -q -o /tmp/hp.cusnap -- /tmp/hotpath_gpu 200000 | tr '\n' ' ')"
 done
 rm -rf /dev/shm/hp
