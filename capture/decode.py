@@ -36,6 +36,8 @@ class Decoder:
             return struct.unpack_from("<d", data, 8 * i)[0]
         v = struct.unpack_from("<Q", data, 8 * i)[0]
         size = min(p.get("size", 8), 8)
+        if size < 8:
+            v &= (1 << (8 * size)) - 1         # the shim stores registers as passed
         if self._signed(p) and v >> (8 * size - 1):
             v -= 1 << (8 * size)               # sign-extend negative ints (priorities...)
         return v

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 MAGIC = b"CSRING1\0"
-VERSION = 2                      # CS_RING_VERSION
+VERSION = 3                      # CS_RING_VERSION
 HDR_SIZE = 4096
 REC_HDR = struct.Struct("<IIHHIQQQiI")  # len, state, type, nfields, fn, seq, tid, t_ns, result, aux
 FIELD_HDR = struct.Struct("<HHI")

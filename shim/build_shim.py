@@ -109,6 +109,40 @@ def _struct_field(types, tname, field, default):
     return default
 
 
+QKEY_WORDS = 16      # CS_QKEY: words a pure query's identity may take
+
+
+def _query_key_fn(i: int, prow: list) -> str | None:
+    """C for the identity of a call of pure query i, as words: result, every argument (an
+    output pointer only as set or not: call sites differ), then the outputs when it succeeded.
+    None when the key could exceed QKEY_WORDS (the query is then never collapsed)."""
+    params = [tuple(int(x) for x in r.strip("{}").split(",")) for r in prow]
+    outs = [(j, p) for j, p in enumerate(params) if p[0] in (2, 4, 5)]
+    if 1 + len(params) + sum((p[5] + 7) // 8 for _j, p in outs) > QKEY_WORDS:
+        return None
+    body = ["U *k = key;", "*k++ = (uint32_t)res;"]
+    for kind, size, _flags, ai, _len, _aux in params:
+        if kind in (2, 4, 5):
+            body.append(f"*k++ = a[{ai}] != 0;")
+        elif size < 8:
+            body.append(f"*k++ = a[{ai}] & 0x{(1 << (8 * size)) - 1:x}ull;")
+        else:
+            body.append(f"*k++ = a[{ai}];")
+    if outs:
+        body.append("if (res == 0) {")
+        for _j, (_kind, _size, _flags, ai, _len, aux) in outs:
+            words = (aux + 7) // 8
+            if aux == 4:
+                body.append(f"  if (a[{ai}]) {{ uint32_t v; memcpy(&v, (const void *)a[{ai}], 4); *k++ = v; }}")
+            elif aux == 8:
+                body.append(f"  if (a[{ai}]) memcpy(k++, (const void *)a[{ai}], 8);")
+            else:
+                body.append(f"  if (a[{ai}]) {{ k[{words - 1}] = 0; memcpy(k, (const void *)a[{ai}], {aux}); k += {words}; }}")
+        body.append("}")
+    body.append("return (uint32_t)(k - key);")
+    return f"static uint32_t cs_qk{i}(const U *a, CUresult res, U *key) {{ " + " ".join(body) + " }"
+
+
 def generate_c(desc: dict) -> str:
     fns = sorted(desc["functions"], key=lambda f: f["name"])
     types = desc.get("types", {})
@@ -117,6 +151,7 @@ def generate_c(desc: dict) -> str:
     maxp = max(len(f["params"]) for f in fns)
     w(f"#define CS_NFN {len(fns)}")
     w(f"#define CS_MAXP {max(maxp, 1)}")
+    w(f"#define CS_QKEY {QKEY_WORDS}")
     w(f'#define CS_API_DIGEST "{desc.get("digest", "")[:64]}"')
     w("enum { CS_K_VAL = 1, CS_K_OUT, CS_K_IN_STRUCT, CS_K_INOUT_STRUCT, CS_K_OUT_STRUCT, CS_K_STR,"
       " CS_K_BLOB_IN, CS_K_BLOB_OUT, CS_K_ARRAY_IN, CS_K_ARRAY_OUT };")
@@ -125,8 +160,9 @@ def generate_c(desc: dict) -> str:
       " CS_H_EXPORT_TABLE, CS_H_MEMCPY_STRUCT, CS_H_ASYNC_D2H, CS_H_INIT, CS_H_PLACE, CS_H_KNODE };")
     w("typedef struct { unsigned char kind, size, flags, ai; unsigned short len_idx; unsigned aux; } cs_param;")
     w("typedef struct { const char *name, *base; unsigned char nparams, hook; signed char h0, h1, h2; unsigned char query;"
-      " unsigned short kinds; unsigned char simple; const cs_param *params; } cs_fn;"
-      "   /* kinds: bit 1<<CS_K_* per kind present; simple: at most 6 integer arguments, no float */")
+      " unsigned short kinds; unsigned char simple, floats; const cs_param *params; } cs_fn;"
+      "   /* kinds: bit 1<<CS_K_* per kind present; simple: at most 6 integer arguments, no float;"
+      " floats: float arguments */")
     ids = {f["name"]: i for i, f in enumerate(fns)}
     for h in HELPERS:
         w(f"#define CS_ID_{h} {ids.get(h, -1)}")
@@ -138,6 +174,7 @@ def generate_c(desc: dict) -> str:
     rows = []
     skipped = []
     simples = []
+    qkeys: list = []
     for i, f in enumerate(fns):
         params = f["params"]
         ints = floats = 0
@@ -189,10 +226,15 @@ def generate_c(desc: dict) -> str:
         w(f"static const cs_param cs_p{i}[] = {{{','.join(prow) if prow else '{0,0,0,0,0,0}'}}};")
         query = 1 if (ok and hook == 0 and QUERY_RX.match(f["name"])
                       and all(p["kind"] in ("val", "opaque", "out", "out_struct") for p in params)) else 0
-        rows.append(f'  {{"{f["name"]}", "{f["base"]}", {len(params) if ok else 0}, {hook if ok else 0}, {h0}, {h1}, {h2}, {query}, {kinds}, {simple}, cs_p{i}}},')
+        rows.append(f'  {{"{f["name"]}", "{f["base"]}", {len(params) if ok else 0}, {hook if ok else 0}, {h0}, {h1}, {h2}, {query}, {kinds}, {simple}, {floats}, cs_p{i}}},')
+        qkeys.append(_query_key_fn(i, prow) if query and simple else None)
     w("static const cs_fn cs_fns[CS_NFN] = {")
     out.extend(rows)
     w("};")
+    # a pure query's identity, unrolled per function (shim_core.c, cs_call_query)
+    w("typedef uint32_t (*cs_qkey_fn)(const U *a, CUresult res, U *key);")
+    out.extend(q for q in qkeys if q)
+    w("static const cs_qkey_fn cs_qkeys[CS_NFN] = {" + ",".join(f"cs_qk{i}" if q else "0" for i, q in enumerate(qkeys)) + "};")
     w('#include "shim_core_decl.h"')
     ia = ", ".join(f"U a{k}" for k in range(6))
     fa = ", ".join(f"double d{k}" for k in range(8))

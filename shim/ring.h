@@ -14,7 +14,7 @@
 #include <stdint.h>
 
 #define CS_RING_MAGIC "CSRING1"
-#define CS_RING_VERSION 2
+#define CS_RING_VERSION 3
 #define CS_RING_HDR 4096
 
 typedef struct {

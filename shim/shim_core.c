@@ -283,17 +283,17 @@ static uint32_t cs_pre_size(const cs_fn *fn, const U *a, const cs_pre *pre) {
 }
 
 /* Every argument's value in one field (8 bytes each, in parameter order; a float argument
- * as the bits of a double), masked to its C size. */
+ * as the bits of a double). Integers are stored as passed: bits above an argument's C size
+ * may be garbage (the ABI leaves them undefined) and the decoder masks them. */
 static inline void cs_put_vals(cs_rec *r, const cs_fn *fn, const U *a, const double *d) {
     cs_field_hdr *vf = (cs_field_hdr *)r->p;
     vf->idx = CS_F_VALS; vf->tag = CS_T_VALS; vf->len = 8u * fn->nparams;
     U *vals = (U *)(vf + 1);
-    for (int i = 0; i < fn->nparams; i++) {
+    if (!fn->floats) memcpy(vals, a, 8u * fn->nparams);     /* no float: argument i is a[i] */
+    else for (int i = 0; i < fn->nparams; i++) {
         const cs_param *p = &fn->params[i];
-        U v;
-        if (p->flags & CS_P_FLOAT) memcpy(&v, &d[p->ai], 8);
-        else { v = a[p->ai]; if (p->size < 8) v &= (1ull << (8 * p->size)) - 1; }
-        vals[i] = v;
+        if (p->flags & CS_P_FLOAT) memcpy(&vals[i], &d[p->ai], 8);
+        else vals[i] = a[p->ai];
     }
     r->p += cs_flen(8u * fn->nparams); r->h->nfields++;
 }
@@ -308,7 +308,7 @@ static inline void cs_put_vals(cs_rec *r, const cs_fn *fn, const U *a, const dou
  * CUDASNAP_ALL_QUERIES=1 records every call. The cache is on the heap, reached through one
  * TLS pointer: the shim may be dlopen'ed too, where static TLS has little room. */
 #define CS_QSLOTS 16
-#define CS_QKEY 16                         /* words compared: result, arguments, outputs */
+/* CS_QKEY (words of a query's identity: result, arguments, outputs) comes with the table */
 #define CS_QBATCH 64                       /* records of the thread between REPEAT records */
 typedef struct { int id; uint32_t len, count; uint64_t seq; U key[CS_QKEY]; } cs_qslot;
 typedef struct cs_qcache {
@@ -402,33 +402,6 @@ static inline int cs_is_out(const cs_param *p) {
     return p->kind == CS_K_OUT || p->kind == CS_K_OUT_STRUCT || p->kind == CS_K_INOUT_STRUCT;
 }
 
-/* A query's identity, in words: result, input values, output bytes (an output pointer counts
- * only as set or not: where it is written varies by call site). 0: too long to compare. */
-static uint32_t cs_q_key(const cs_fn *fn, const U *a, CUresult res, U *key) {
-    if (fn->nparams + 1u > CS_QKEY) return 0;
-    U *k = key, *end = key + CS_QKEY;
-    *k++ = (uint32_t)res;
-    for (int i = 0; i < fn->nparams; i++) {
-        const cs_param *p = &fn->params[i];
-        U v = a[p->ai];
-        *k++ = cs_is_out(p) ? v != 0 : (p->size < 8 ? v & ((1ull << (8 * p->size)) - 1) : v);
-    }
-    if (res == 0)
-        for (int i = 0; i < fn->nparams; i++) {
-            const cs_param *p = &fn->params[i];
-            if (!a[p->ai] || !cs_is_out(p)) continue;
-            const void *src = (const void *)a[p->ai];
-            uint32_t w = (p->aux + 7u) / 8u;
-            if (k + w > end) return 0;
-            if (p->aux == 4) { uint32_t v; memcpy(&v, src, 4); *k++ = v; continue; }  /* most outputs: */
-            if (p->aux == 8) { memcpy(k++, src, 8); continue; }                      /* no libc call */
-            k[w - 1] = 0;
-            memcpy(k, src, p->aux);
-            k += w;
-        }
-    return (uint32_t)(k - key);
-}
-
 /* The slot of this function in the thread's cache (a new function takes the slots in turn). */
 static inline cs_qslot *cs_q_slot(cs_qcache *q, int id) {
     unsigned j = q->where[id];
@@ -442,14 +415,16 @@ static inline cs_qslot *cs_q_slot(cs_qcache *q, int id) {
     return slot;
 }
 
-static CUresult cs_call_query(int id, const cs_fn *fn, cs_gen_fn real, U *a, double *d) {
+/* noinline: a query hit runs in this small frame, not in cs_call_rec's large one */
+static __attribute__((noinline)) CUresult cs_call_query(int id, const cs_fn *fn, cs_gen_fn real, U *a, double *d) {
     cs_depth++;
     CUresult res = CS_CALL_REAL(fn, real, a, d);
     cs_depth--;
     cs_qcache *q = cs_q_get();
     cs_qslot *slot = NULL;
     U key[CS_QKEY];
-    uint32_t kw = q && fn->simple ? cs_q_key(fn, a, res, key) : 0;
+    /* the query's identity (result, inputs, outputs): generated per function (build_shim.py) */
+    uint32_t kw = q && cs_qkeys[id] ? cs_qkeys[id](a, res, key) : 0;
     if (kw) {
         slot = cs_q_slot(q, id);
         if (slot->id == id && slot->len == kw && slot->count < 0x7fffffffu) {
@@ -490,6 +465,9 @@ static CUresult cs_call_query(int id, const cs_fn *fn, cs_gen_fn real, U *a, dou
     return res;
 }
 
+static __attribute__((noinline)) CUresult cs_call_rec(int id, const cs_fn *fn, cs_gen_fn real, U *a, double *d);
+
+/* Every wrapper lands here: pass through, a pure query, or a recorded call. */
 static CUresult cs_call(int id, U *a, double *d) {
     const cs_fn *fn = &cs_fns[id];
     cs_gen_fn real = REAL(id);
@@ -497,6 +475,10 @@ static CUresult cs_call(int id, U *a, double *d) {
     if (fn->hook == CS_H_EXPORT_TABLE || cs_depth || cs_start() != 1)
         return cs_hook_passthrough(fn, real, a, d);
     if (fn->query) return cs_call_query(id, fn, real, a, d);
+    return cs_call_rec(id, fn, real, a, d);
+}
+
+static __attribute__((noinline)) CUresult cs_call_rec(int id, const cs_fn *fn, cs_gen_fn real, U *a, double *d) {
     cs_depth++;
     cs_q_before_record();
 
