@@ -42,6 +42,12 @@ class Decoder:
             v -= 1 << (8 * size)               # sign-extend negative ints (priorities...)
         return v
 
+    def _count(self, name: str, result: int) -> None:
+        if name.startswith("cuLaunch") and "Host" not in name:
+            self.counts["launches"] += 1
+        elif result == 0 and name.startswith(HOST_VISIBLE):
+            self.counts["host_visible_allocs"] += 1
+
     def _signed(self, p: dict) -> bool:
         ct = p.get("ctype", "")
         if ct in SIGNED_C:
@@ -130,11 +136,13 @@ class Decoder:
             fn = self.fns[rec.fn]
             args, extra = {}, {}
             self._fields(fn, rec, args, extra, post=True)
-            call = {"k": "c", "s": rec.seq, "tid": rec.tid, "t0": rec.t_ns, "t1": rec.t_ns, "f": fn["name"],
+            t1 = next((struct.unpack("<Q", data)[0] for idx, _tag, data in rec.fields if idx == R.F_T1), rec.t_ns)
+            call = {"k": "c", "s": rec.seq, "tid": rec.tid, "t0": rec.t_ns, "t1": t1, "f": fn["name"],
                     "a": args, "r": rec.result}
             if extra:
                 call["x"] = extra
             self.counts["calls"] += 1
+            self._count(fn["name"], rec.result)
             return [call]
         if t == R.POST:
             call = self.open.pop(rec.seq, None)
@@ -148,10 +156,7 @@ class Decoder:
             call["t1"] = rec.t_ns
             call["r"] = rec.result
             self.counts["calls"] += 1
-            if fn["name"].startswith("cuLaunch") and "Host" not in fn["name"]:
-                self.counts["launches"] += 1
-            elif call["r"] == 0 and fn["name"].startswith(HOST_VISIBLE):
-                self.counts["host_visible_allocs"] += 1
+            self._count(fn["name"], rec.result)
             return [call]
         if t == R.FN:
             d = {idx: data for idx, _tag, data in rec.fields}

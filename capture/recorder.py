@@ -258,8 +258,14 @@ class Recorder:
             if not ring.process_alive():
                 dead_since = dead_since or now
                 if now - dead_since > 0.2:
-                    # the producer died while writing a record: step over it, or stop
-                    if not ring.skip_unpublished():
+                    # the producer died inside a launch (its record is complete: read it), or
+                    # while writing a record: step over it, or stop
+                    raws = ring.poll(pin_blobs=True, dead=True)
+                    for raw in raws:
+                        recs = dec.feed(raw)
+                        if recs:
+                            self._write(pc, recs)
+                    if not raws and not ring.skip_unpublished():
                         break
                     dead_since = None
                     continue

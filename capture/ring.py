@@ -19,6 +19,8 @@ assert REC_HDR.size == 48
 PAD, PRE, POST, FN, PROC, NOTE, BLOB_PIECE, BLOB_END, EXIT, REGION, CALL, REPEAT = range(1, 13)
 T_VAL, T_BYTES, T_STR, T_BLOB, T_F64, T_VALS = range(1, 7)
 F_VALS = 0xFFFF
+F_T1 = 0x11A                     # CS_F_T1: when a launch returned
+STATE_INFLIGHT = 2               # CS_STATE_INFLIGHT
 
 OFF_VERSION, OFF_CAPACITY, OFF_PID, OFF_PPID, OFF_HEAD, OFF_TAIL = 8, 16, 24, 32, 40, 48
 OFF_DROPPED, OFF_BEAT, OFF_STATE, OFF_EXIT, OFF_FNCOUNT, OFF_DIGEST = 64, 72, 80, 84, 104, 112
@@ -100,12 +102,14 @@ class Ring:
         except OSError:
             return False
 
-    def poll(self, limit: int = 4096, copy_threshold: int = 1 << 16, pin_blobs: bool = False):
+    def poll(self, limit: int = 4096, copy_threshold: int = 1 << 16, pin_blobs: bool = False, dead: bool = False):
         """Return up to `limit` published records. Field payloads are copied out of the
         ring, except with pin_blobs: then the payload of a BLOB_PIECE larger than
         copy_threshold is a memoryview into the ring, and the record's `release` must be
         called once when it is no longer needed (from any thread); until then the
-        producers cannot reuse that space (they wait, as when the ring is full)."""
+        producers cannot reuse that space (they wait, as when the ring is full).
+        dead: the producer is gone; a launch record still in flight is read as a PRE
+        (its call never returned)."""
         out = []
         mm, view, mask = self.mm, self.view, self.mask
         pending_tail = self.tail
@@ -113,12 +117,15 @@ class Ring:
         for _ in range(limit):
             off = HDR_SIZE + (pending_tail & mask)
             ln, state = struct.unpack_from("<II", mm, off + 0)
-            if state != 1 or ln < 8 or ln % 8:
+            inflight = state == STATE_INFLIGHT and dead and ln >= REC_HDR.size
+            if (state != 1 and not inflight) or ln < 8 or ln % 8:
                 break
             # a published record shorter than a header is a pad to the end of the ring
             typ = PAD
             if ln >= REC_HDR.size:
                 (ln, _st, typ, nf, fn, seq, tid, t_ns, result, aux) = REC_HDR.unpack_from(mm, off)
+                if inflight:
+                    typ = PRE
             if typ != PAD:
                 rec = RawRecord(typ, fn, seq, tid, t_ns, result, aux)
                 p = off + REC_HDR.size

@@ -5,7 +5,8 @@
  * The file is $CUDASNAP_SESSION/ring-<pid>.shm: a 4096-byte header, then `capacity`
  * bytes of data (a power of two). Positions are monotonic byte counts; offset = pos &
  * (capacity-1). A record never wraps: a PAD record fills the end when needed.
- * Producers reserve with a CAS on `head`, write, then publish by storing `state` = 1.
+ * Producers reserve with a CAS on `head`, write, then publish by storing `state` = 1
+ * (a launch first stores CS_STATE_INFLIGHT, then 1 once the call returned).
  * The consumer reads at `tail`, waits for `state`, consumes, zeroes the header word and
  * advances `tail`. Nothing is lost when the program dies: the mapping outlives it.
  */
@@ -41,7 +42,7 @@ typedef struct {
 /* Record header, 8-byte aligned; fields follow. */
 typedef struct {
     uint32_t len;      /* total bytes including this header, multiple of 8 */
-    uint32_t state;    /* 0 being written, 1 published */
+    uint32_t state;    /* 0 being written, 1 published, CS_STATE_INFLIGHT */
     uint16_t type;     /* CS_REC_* */
     uint16_t nfields;
     uint32_t fn;       /* API table id (calls), or 0 */
@@ -67,6 +68,10 @@ enum {
     CS_REC_REPEAT = 12,   /* identical repeats of this thread's recorded queries, counted */
 };
 
+/* Record state word: 0 being written, 1 published; a launch's CALL record is complete but
+ * its call not returned yet while CS_STATE_INFLIGHT (read as a PRE if the program dies). */
+#define CS_STATE_INFLIGHT 2
+
 enum {
     CS_T_VAL = 1,     /* 8-byte little-endian integer */
     CS_T_BYTES = 2,   /* raw bytes (structs, arrays, packed params) */
@@ -90,6 +95,7 @@ enum {
     CS_F_LAYOUT = 0x114, CS_F_MSG = 0x115, CS_F_INFO = 0x116, CS_F_CODE = 0x117,
     CS_F_DIGEST = 0x118,      /* XXH3-128 chunk digest(s): BLOB_PIECE one, BLOB_END one per chunk */
     CS_F_REPEATS = 0x119,     /* REPEAT: {u32 api id, u32 count, u64 seq of the recorded call} each */
+    CS_F_T1 = 0x11A,          /* CALL of a launch: CLOCK_MONOTONIC ns when the call returned */
 };
 
 #endif

@@ -492,9 +492,15 @@ static __attribute__((noinline)) CUresult cs_call_rec(int id, const cs_fn *fn, c
     cs_pre pre;
     cs_hook_pre(fn, a, &pre);
 
+    /* A launch is one CALL record, complete before the call and marked in flight (state 2),
+     * finished in place after it: half the ring work of a PRE + POST pair. It returns at
+     * once (no output): a record in flight holds the recorder back only for that long, and
+     * one left in flight by a dying program is read as a call that never returned. */
+    int inflight = fn->hook == CS_H_LAUNCH;
     uint64_t seq = __atomic_fetch_add(&cs_ring->seq, 1, __ATOMIC_RELAXED);
     cs_rec r;
-    if (cs_reserve(&r, cs_pre_size(fn, a, &pre), CS_REC_PRE) == 0) {
+    U *t1 = NULL;
+    if (cs_reserve(&r, cs_pre_size(fn, a, &pre) + (inflight ? cs_flen(8) : 0), inflight ? CS_REC_CALL : CS_REC_PRE) == 0) {
         r.h->fn = (uint32_t)id; r.h->seq = seq; r.h->t_ns = cs_now();
         cs_put_vals(&r, fn, a, d);
         if (fn->kinds & CS_M_PRE) for (int i = 0; i < fn->nparams; i++) {
@@ -514,7 +520,13 @@ static __attribute__((noinline)) CUresult cs_call_rec(int id, const cs_fn *fn, c
             }
         }
         cs_hook_pre_fields(fn, &r, a, &pre);
-        cs_publish(&r);
+        if (inflight) {
+            cs_field_hdr *f = (cs_field_hdr *)r.p;
+            f->idx = CS_F_T1; f->tag = CS_T_VAL; f->len = 8;
+            t1 = (U *)(f + 1);
+            r.p += cs_flen(8); r.h->nfields++;
+            __atomic_store_n(&r.h->state, CS_STATE_INFLIGHT, __ATOMIC_RELEASE);
+        } else cs_publish(&r);
     }
 
     CUresult res;
@@ -522,6 +534,11 @@ static __attribute__((noinline)) CUresult cs_call_rec(int id, const cs_fn *fn, c
         res = CS_CALL_REAL(fn, real, a, d);
 
     cs_hook_after(fn, id, a, res);
+    if (inflight) {
+        if (t1) { *t1 = cs_now(); r.h->result = res; r.h->aux = res == 0; cs_publish(&r); }
+        cs_depth--;
+        return res;
+    }
     /* output blobs (D2H results) */
     uint64_t out_serial[CS_MAXP];
     int keep_out = res == 0 && !cs_skip_out;

@@ -147,6 +147,30 @@ def test_sigkill_from_outside(double, tmp_path):
     assert not r.truncated                          # the recorder outlived the program and closed the file
 
 
+@pytest.mark.parametrize("drain", ["lazy", "eager"])
+def test_killed_inside_a_launch(double, tmp_path, drain):
+    """A launch's record is complete before the call: killed inside cuLaunchKernel, the
+    snapshot has that launch, marked as a call that never returned."""
+    import sys
+
+    out = tmp_path / "spin.cusnap"
+    p = subprocess.Popen([sys.executable, "-m", "cudasnap", "capture", "-o", str(out), "--drain", drain, "--",
+                          double["progs"]["killme"], "-1"],
+                         env=double["env"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline().startswith("READY")
+    p.stdout.readline()
+    assert p.stdout.readline().startswith("SPIN")
+    time.sleep(0.5)
+    child = [int(x) for x in subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()]
+    os.kill(child[0], signal.SIGKILL)
+    p.wait(timeout=60)
+    r, calls = _calls(out)
+    last = calls[-1]
+    assert last["f"] == "cuLaunchKernel" and last.get("incomplete") is True, last
+    assert _recorded_launches(calls) == 6
+    assert all(not c.get("incomplete") for c in calls[:-1])
+
+
 def test_info_and_dump_on_captured_snapshot(double, capture):
     from typer.testing import CliRunner
 
