@@ -23,9 +23,26 @@ def shim_path() -> str:
     return spec.origin
 
 
-def _session_dir() -> Path:
-    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-    return Path(tempfile.mkdtemp(prefix="cudasnap-", dir=base))
+def _free_bytes(path: str) -> int:
+    try:
+        st = os.statvfs(path)
+        return st.f_bavail * st.f_frsize
+    except OSError:
+        return 0
+
+
+def _session_dir(ring_mb: int = 256) -> Path:
+    """Where the rings live: /dev/shm (RAM) when it has room for a few of them, else the
+    temporary directory. A ring that does not fit is not made (its process is not recorded)."""
+    need = 2 * ring_mb << 20
+    shm = "/dev/shm"
+    if os.path.isdir(shm) and os.access(shm, os.W_OK) and _free_bytes(shm) >= need:
+        return Path(tempfile.mkdtemp(prefix="cudasnap-", dir=shm))
+    d = Path(tempfile.mkdtemp(prefix="cudasnap-"))
+    if _free_bytes(str(d)) < need:
+        print(f"cudasnap: warning: neither /dev/shm nor {d.parent} has room for two {ring_mb} MiB rings: "
+              f"processes whose ring does not fit are not recorded (use a smaller --ring-mb)", file=sys.stderr)
+    return d
 
 
 def run_capture(command: list[str], out: Path | None, ring_mb: int = 256, level: int = 3, threads: int | None = None,
@@ -46,7 +63,7 @@ def run_capture(command: list[str], out: Path | None, ring_mb: int = 256, level:
     if out is None:
         out = Path.cwd() / f"{Path(command[0]).name}.cusnap"
     out = out.resolve()
-    session = _session_dir()
+    session = _session_dir(ring_mb)
     env = dict(os.environ)
     env["LD_PRELOAD"] = lib + (":" + env["LD_PRELOAD"] if env.get("LD_PRELOAD") else "")
     env["CUDASNAP_SESSION"] = str(session)

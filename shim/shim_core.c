@@ -210,7 +210,10 @@ static int cs_open_ring(void) {
     snprintf(tmp, sizeof tmp, "%s/.ring-%d.tmp", dir, (int)pid);
     int fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) return -1;
-    if (ftruncate(fd, (off_t)(CS_RING_HDR + cap)) != 0) { close(fd); unlink(tmp); return -1; }
+    /* allocate the pages now: a tmpfs too small for the ring (a container's 64 MB /dev/shm)
+     * must fail here (the process is then not recorded; `cudasnap capture` picks a session
+     * directory with room), not as a SIGBUS in the program at its first record past it */
+    if (posix_fallocate(fd, 0, (off_t)(CS_RING_HDR + cap)) != 0) { close(fd); unlink(tmp); return -1; }
     void *mem = mmap(NULL, CS_RING_HDR + cap, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     close(fd);
     if (mem == MAP_FAILED) { unlink(tmp); return -1; }

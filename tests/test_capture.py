@@ -263,3 +263,22 @@ def test_identical_queries_are_counted(double, tmp_path, all_queries):
     info = summarize(r)["calls"]                      # `cudasnap info` counts them all
     assert sum(n for f, n in info["by_name"].items() if f.startswith("cuCtxGetDevice")) == made["cuCtxGetDevice"]
     assert info["collapsed"] == sum(counted.values())
+
+
+def test_session_dir_falls_back_when_dev_shm_is_small(monkeypatch, capsys):
+    """A container's small /dev/shm: rings go to the temporary directory instead."""
+    from cudasnap.capture import run as cr
+
+    monkeypatch.setattr(cr, "_free_bytes", lambda p: (64 << 20) if p == "/dev/shm" else (1 << 40))
+    d = cr._session_dir(256)
+    try:
+        assert not str(d).startswith("/dev/shm")
+        assert capsys.readouterr().err == ""
+    finally:
+        d.rmdir()
+    monkeypatch.setattr(cr, "_free_bytes", lambda p: 0)
+    d = cr._session_dir(256)
+    try:
+        assert "has room for two 256 MiB rings" in capsys.readouterr().err
+    finally:
+        d.rmdir()
