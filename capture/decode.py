@@ -21,10 +21,11 @@ SIGNED_C = {"int", "long", "short", "long long", "signed char", "int32_t", "int6
 class Decoder:
     """Stateful per-process decoder: holds open calls and blob serial -> blob id."""
 
-    def __init__(self, desc, blob_sink):
+    def __init__(self, desc, blob_sink, clock=None):
         self.fns = sorted(desc.functions, key=lambda f: f["name"])  # same order as the C table
         self.types = desc.types
         self.blob_sink = blob_sink      # put_chunk(digest, data, release), add_blob_chunks(size, digests) -> id (a SnapshotWriter)
+        self.clock = clock or (lambda t: t)   # record timestamp -> ns (Ring.to_ns)
         self.blobs: dict[int, tuple[str, int]] = {}
         self.open: dict[int, dict] = {}
         self.counts = {"calls": 0, "launches": 0, "h2d_bytes": 0, "d2h_bytes": 0, "blob_bytes": 0, "notes": 0,
@@ -103,6 +104,7 @@ class Decoder:
     def feed(self, rec: R.RawRecord) -> list[dict]:
         """Consume one raw record; return schema records now complete."""
         t = rec.type
+        rec.t_ns = self.clock(rec.t_ns)
         if t == R.BLOB_PIECE:
             # one new chunk with its digest (the shim hashed it); a payload still in the ring
             # comes with rec.release: the sink calls it once done
@@ -136,7 +138,8 @@ class Decoder:
             fn = self.fns[rec.fn]
             args, extra = {}, {}
             self._fields(fn, rec, args, extra, post=True)
-            t1 = next((struct.unpack("<Q", data)[0] for idx, _tag, data in rec.fields if idx == R.F_T1), rec.t_ns)
+            t1 = next((self.clock(struct.unpack("<Q", data)[0]) for idx, _tag, data in rec.fields if idx == R.F_T1),
+                      rec.t_ns)
             call = {"k": "c", "s": rec.seq, "tid": rec.tid, "t0": rec.t_ns, "t1": t1, "f": fn["name"],
                     "a": args, "r": rec.result}
             if extra:

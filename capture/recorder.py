@@ -181,7 +181,7 @@ class Recorder:
             error = str(e)
             print(f"cudasnap: warning: cannot write {path} ({e}); this process is not recorded", file=sys.stderr)
             writer = _NullWriter()
-        pc = ProcessCapture(ring, path, writer, Decoder(self.desc, writer))
+        pc = ProcessCapture(ring, path, writer, Decoder(self.desc, writer, clock=ring.to_ns))
         if error:
             pc.disk_error, pc.partial = error, True
         pc.thread = threading.Thread(target=self._drain, args=(pc,), name=f"cudasnap-drain-{pid}", daemon=True)
@@ -224,6 +224,7 @@ class Recorder:
                     time.sleep(0.005)
                     continue
                 last_drain = now
+            ring.recalibrate()
             raws = ring.poll(pin_blobs=True)      # blob pieces stay in the ring until written
             for raw in raws:
                 try:

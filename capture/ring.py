@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 MAGIC = b"CSRING1\0"
-VERSION = 3                      # CS_RING_VERSION
+VERSION = 4                      # CS_RING_VERSION
 HDR_SIZE = 4096
 REC_HDR = struct.Struct("<IIHHIQQQiI")  # len, state, type, nfields, fn, seq, tid, t_ns, result, aux
 FIELD_HDR = struct.Struct("<HHI")
@@ -24,6 +24,8 @@ STATE_INFLIGHT = 2               # CS_STATE_INFLIGHT
 
 OFF_VERSION, OFF_CAPACITY, OFF_PID, OFF_PPID, OFF_HEAD, OFF_TAIL = 8, 16, 24, 32, 40, 48
 OFF_DROPPED, OFF_BEAT, OFF_STATE, OFF_EXIT, OFF_FNCOUNT, OFF_DIGEST = 64, 72, 80, 84, 104, 112
+OFF_CLOCK, OFF_CLOCK_TSC0, OFF_CLOCK_NS0 = 108, 184, 192
+_PAIR_LOCK = threading.Lock()
 
 
 @dataclass
@@ -67,6 +69,16 @@ class Ring:
         self.ppid = struct.unpack_from("<Q", self.mm, OFF_PPID)[0]
         self.fn_count = struct.unpack_from("<I", self.mm, OFF_FNCOUNT)[0]
         self.api_digest = bytes(self.mm[OFF_DIGEST:OFF_DIGEST + 72]).split(b"\0")[0].decode()
+        # record timestamps in TSC ticks: mapped to CLOCK_MONOTONIC ns by the line through the
+        # shim's (tsc, ns) pair at ring creation and a fresh pair read here (recalibrate)
+        self.tsc = struct.unpack_from("<I", self.mm, OFF_CLOCK)[0] == 1
+        self.tsc0, self.ns0 = struct.unpack_from("<QQ", self.mm, OFF_CLOCK_TSC0)
+        self._ns_per_tick = 1.0
+        self._pair = None
+        if self.tsc:
+            from cudasnap.shim._shim import lib       # the same code the program ran
+            self._pair = lib
+            self.recalibrate()
         self.view = memoryview(self.mm)
         # `tail`: where the next record is read. The tail the producers see (OFF_TAIL) may
         # lag behind it while records read with pin_blobs are still in use.
@@ -74,6 +86,24 @@ class Ring:
         self._published = self.tail
         self._pins: dict = {}            # start position -> True, for records still in use
         self._pin_lock = threading.Lock()
+
+    def recalibrate(self) -> None:
+        """Refine the ticks -> ns line with a pair read now (every record decoded after this
+        lies between the two pairs, so its error is that of reading a pair, tens of ns)."""
+        if not self._pair:
+            return
+        lib = self._pair
+        with _PAIR_LOCK:                 # the pair's ns waits in the library for the next call
+            t = lib.cs_shim_clock_pair()
+            n = lib.cs_shim_clock_ns()
+        if t > self.tsc0 + 1000 and n > self.ns0:
+            self._ns_per_tick = (n - self.ns0) / (t - self.tsc0)
+
+    def to_ns(self, t: int) -> int:
+        """A record timestamp in CLOCK_MONOTONIC ns."""
+        if not self.tsc or not t:
+            return t
+        return self.ns0 + round((t - self.tsc0) * self._ns_per_tick)
 
     # header fields the producers update
     def head(self) -> int:

@@ -260,7 +260,8 @@ def make_ffi() -> FFI:
     desc = load_description()
     gen = generate_c(desc)
     ffi = FFI()
-    ffi.cdef("int cs_shim_fn_count(void); const char *cs_shim_digest(void);")
+    ffi.cdef("int cs_shim_fn_count(void); const char *cs_shim_digest(void);"
+             " uint64_t cs_shim_clock_pair(void); uint64_t cs_shim_clock_ns(void);")
     core = (HERE / "shim_core.c").read_text()
     # Order: table, forward declarations the wrappers need, engine (which includes hooks).
     src = core

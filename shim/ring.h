@@ -15,7 +15,7 @@
 #include <stdint.h>
 
 #define CS_RING_MAGIC "CSRING1"
-#define CS_RING_VERSION 3
+#define CS_RING_VERSION 4
 #define CS_RING_HDR 4096
 
 typedef struct {
@@ -35,8 +35,10 @@ typedef struct {
     uint64_t start_ns;           /* 88 */
     uint64_t blob_serial;        /* 96  blob serial counter (atomic) */
     uint32_t fn_count;           /* 104 functions in the API table the shim was built with */
-    uint32_t reserved0;          /* 108 */
+    uint32_t clock;              /* 108 record timestamps: 0 CLOCK_MONOTONIC ns, 1 TSC ticks */
     char api_digest[72];         /* 112 digest of the API description */
+    uint64_t clock_tsc0;         /* 184 TSC ...                                            */
+    uint64_t clock_ns0;          /* 192 ... and CLOCK_MONOTONIC ns read together at the start */
 } cs_ring_hdr;
 
 /* Record header, 8-byte aligned; fields follow. */
@@ -48,7 +50,7 @@ typedef struct {
     uint32_t fn;       /* API table id (calls), or 0 */
     uint64_t seq;      /* call sequence number (PRE/POST), blob serial (BLOB_*) */
     uint64_t tid;
-    uint64_t t_ns;
+    uint64_t t_ns;     /* timestamp (ns, or TSC ticks: header `clock`) */
     int32_t result;    /* POST: CUresult */
     uint32_t aux;      /* POST: 1 = outputs valid */
 } cs_rec_hdr;          /* 48 bytes */
@@ -95,7 +97,7 @@ enum {
     CS_F_LAYOUT = 0x114, CS_F_MSG = 0x115, CS_F_INFO = 0x116, CS_F_CODE = 0x117,
     CS_F_DIGEST = 0x118,      /* XXH3-128 chunk digest(s): BLOB_PIECE one, BLOB_END one per chunk */
     CS_F_REPEATS = 0x119,     /* REPEAT: {u32 api id, u32 count, u64 seq of the recorded call} each */
-    CS_F_T1 = 0x11A,          /* CALL of a launch: CLOCK_MONOTONIC ns when the call returned */
+    CS_F_T1 = 0x11A,          /* CALL of a launch: timestamp when the call returned */
 };
 
 #endif

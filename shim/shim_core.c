@@ -54,10 +54,47 @@ CS_TLS int cs_depth;            /* >0 inside a recorded call: nested driver call
 
 #define REAL(id) ((cs_gen_fn)cs_resolve(id))
 
-static inline uint64_t cs_now(void) {
+/* CLOCK_MONOTONIC in ns: the recorder's heartbeat and the ring's start are in it */
+static inline uint64_t cs_mono(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Record timestamps: the TSC where the kernel itself keeps time with it (clocksource "tsc":
+ * invariant and synchronized across cores), a third of the cost of clock_gettime; the
+ * recorder maps ticks to CLOCK_MONOTONIC ns (ring header: clock, clock_tsc0, clock_ns0).
+ * CUDASNAP_CLOCK=ns turns it off. */
+static int cs_clock_tsc;
+#if defined(__x86_64__)
+#include <x86intrin.h>
+static int cs_tsc_usable(void) {
+    const char *e = getenv("CUDASNAP_CLOCK");
+    if (e && strcmp(e, "ns") == 0) return 0;
+    char buf[32] = {0};
+    int fd = open("/sys/devices/system/clocksource/clocksource0/current_clocksource", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    return n >= 3 && strncmp(buf, "tsc", 3) == 0 && (buf[3] == '\n' || buf[3] == 0);
+}
+static inline uint64_t cs_now(void) { return cs_clock_tsc ? __rdtsc() : cs_mono(); }
+#else
+static int cs_tsc_usable(void) { return 0; }
+static inline uint64_t cs_now(void) { return cs_mono(); }
+#endif
+
+/* A (TSC, CLOCK_MONOTONIC ns) pair read back to back (the closest of three tries). */
+static void cs_clock_pair(uint64_t *tsc, uint64_t *ns) {
+#if defined(__x86_64__)
+    uint64_t best = ~0ull;
+    for (int i = 0; i < 3; i++) {
+        uint64_t a = __rdtsc(), t = cs_mono(), b = __rdtsc();
+        if (b - a < best) { best = b - a; *tsc = a + (b - a) / 2; *ns = t; }
+    }
+#else
+    *tsc = 0; *ns = cs_mono();
+#endif
 }
 
 static inline uint64_t cs_thread(void) {
@@ -106,9 +143,9 @@ typedef struct { cs_rec_hdr *h; char *p; char *end; } cs_rec;
 static int cs_recorder_alive(void) {
     uint64_t beat = __atomic_load_n(&cs_ring->recorder_beat_ns, __ATOMIC_RELAXED);
     /* before its first beat the recorder is still finding the new ring: give it 10 s */
-    if (!beat) return (int64_t)(cs_now() - cs_ring->start_ns) < 10000000000ll;
+    if (!beat) return (int64_t)(cs_mono() - cs_ring->start_ns) < 10000000000ll;
     /* signed: the recorder may have beaten after we read the clock */
-    return (int64_t)(cs_now() - beat) < 3000000000ll;
+    return (int64_t)(cs_mono() - beat) < 3000000000ll;
 }
 
 /* Reserve `len` bytes (multiple of 8). Waits while the ring is full and the recorder is
@@ -221,7 +258,10 @@ static int cs_open_ring(void) {
     memcpy(h->magic, CS_RING_MAGIC, 8);
     h->version = CS_RING_VERSION; h->hdr_size = CS_RING_HDR; h->capacity = cap;
     h->pid = (uint64_t)pid; h->ppid = (uint64_t)getppid();
-    h->state = 1; h->start_ns = cs_now(); h->fn_count = CS_NFN;
+    h->state = 1; h->start_ns = cs_mono(); h->fn_count = CS_NFN;
+    cs_clock_tsc = cs_tsc_usable();
+    h->clock = (uint32_t)cs_clock_tsc;
+    cs_clock_pair(&h->clock_tsc0, &h->clock_ns0);
     snprintf(h->api_digest, sizeof h->api_digest, "%s", CS_API_DIGEST);
     cs_data = (char *)mem + CS_RING_HDR;
     cs_mask = cap - 1;
@@ -639,6 +679,13 @@ __attribute__((visibility("default"))) void *dlsym(void *handle, const char *nam
     if (!cs_libcuda && handle != RTLD_NEXT && handle != RTLD_DEFAULT) cs_libcuda = handle;
     return cs_wrap(id, p);
 }
+
+/* The recorder's calibration of TSC timestamps (cffi, in its own process): read a pair,
+ * return its TSC; cs_shim_clock_ns gives its ns (integers only: a pointer argument would
+ * make cffi reference Python data symbols, unresolvable where the shim is preloaded). */
+static uint64_t cs_pair_ns;
+uint64_t cs_shim_clock_pair(void) { uint64_t t; cs_clock_pair(&t, &cs_pair_ns); return t; }
+uint64_t cs_shim_clock_ns(void) { return cs_pair_ns; }
 
 /* Exported-symbol path (programs linked with -lcuda) lands directly in the wrappers,
  * which resolve the real entry lazily from libcuda. Python: report what we are. */

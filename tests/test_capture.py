@@ -282,3 +282,25 @@ def test_session_dir_falls_back_when_dev_shm_is_small(monkeypatch, capsys):
         assert "has room for two 256 MiB rings" in capsys.readouterr().err
     finally:
         d.rmdir()
+
+
+@pytest.mark.parametrize("clock", ["tsc", "ns"])
+def test_timestamps_are_monotonic_ns(double, tmp_path, clock):
+    """Record timestamps come out as CLOCK_MONOTONIC ns whether the shim took them from the
+    TSC (where the kernel's clocksource is tsc) or from clock_gettime (CUDASNAP_CLOCK=ns)."""
+    import sys
+
+    env = dict(double["env"])
+    if clock == "ns":
+        env["CUDASNAP_CLOCK"] = "ns"
+    out = tmp_path / "clk.cusnap"
+    a = time.monotonic_ns()
+    cp = subprocess.run([sys.executable, "-m", "cudasnap", "capture", "-q", "-o", str(out), "--",
+                         double["progs"]["direct"], "20"], env=env, capture_output=True, text=True)
+    b = time.monotonic_ns()
+    assert cp.returncode == 0, cp.stderr
+    _r, calls = _calls(out)
+    t0 = [c["t0"] for c in calls]
+    assert all(a <= t <= b for t in t0)
+    assert t0 == sorted(t0)
+    assert all(0 <= c["t1"] - c["t0"] < 10**9 for c in calls)
