@@ -205,11 +205,6 @@ class Ring:
         """Records read with pin_blobs and not released yet."""
         return len(self._pins)
 
-    def stuck_record(self) -> bool:
-        """True when the record at tail was reserved but never published (the producer
-        died while writing it)."""
-        return self.head() != self.tail
-
     def skip_unpublished(self) -> bool:
         """After the producer died: step over an unpublished record whose length is known."""
         off = HDR_SIZE + (self.tail & self.mask)
