@@ -205,8 +205,22 @@ class Recorder:
             pc.partial = True
             print(f"cudasnap: warning: writing {pc.path} failed ({e}); the snapshot is partial", file=sys.stderr)
 
+    def _feed(self, pc: ProcessCapture, raws: list) -> None:
+        """Decode ring records and write what they complete."""
+        for raw in raws:
+            try:
+                recs = pc.decoder.feed(raw)
+            except OSError as e:
+                recs = []
+                if not pc.disk_error:
+                    pc.disk_error = str(e)
+                    pc.partial = True
+                    print(f"cudasnap: warning: writing {pc.path} failed ({e}); the snapshot is partial", file=sys.stderr)
+            if recs:
+                self._write(pc, recs)
+
     def _drain(self, pc: ProcessCapture) -> None:
-        ring, dec = pc.ring, pc.decoder
+        ring = pc.ring
         last_flush = time.monotonic()
         dead_since = None
         clean_since = None
@@ -226,17 +240,7 @@ class Recorder:
                 last_drain = now
             ring.recalibrate()
             raws = ring.poll(pin_blobs=True)      # blob pieces stay in the ring until written
-            for raw in raws:
-                try:
-                    recs = dec.feed(raw)
-                except OSError as e:
-                    recs = []
-                    if not pc.disk_error:
-                        pc.disk_error = str(e)
-                        pc.partial = True
-                        print(f"cudasnap: warning: writing {pc.path} failed ({e}); the snapshot is partial", file=sys.stderr)
-                if recs:
-                    self._write(pc, recs)
+            self._feed(pc, raws)
             now = time.monotonic()
             if now - last_flush > 0.25 and not pc.disk_error:
                 try:
@@ -262,10 +266,7 @@ class Recorder:
                     # the producer died inside a launch (its record is complete: read it), or
                     # while writing a record: step over it, or stop
                     raws = ring.poll(pin_blobs=True, dead=True)
-                    for raw in raws:
-                        recs = dec.feed(raw)
-                        if recs:
-                            self._write(pc, recs)
+                    self._feed(pc, raws)
                     if not raws and not ring.skip_unpublished():
                         break
                     dead_since = None
