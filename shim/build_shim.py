@@ -112,11 +112,10 @@ def _struct_field(types, tname, field, default):
 QKEY_WORDS = 16      # CS_QKEY: words a pure query's identity may take
 
 
-def _query_key_fn(i: int, prow: list) -> str | None:
+def _query_key_fn(i: int, params: list) -> str | None:
     """C for the identity of a call of pure query i, as words: result, every argument (an
     output pointer only as set or not: call sites differ), then the outputs when it succeeded.
     None when the key could exceed QKEY_WORDS (the query is then never collapsed)."""
-    params = [tuple(int(x) for x in r.strip("{}").split(",")) for r in prow]
     outs = [(j, p) for j, p in enumerate(params) if p[0] in (2, 4, 5)]
     if 1 + len(params) + sum((p[5] + 7) // 8 for _j, p in outs) > QKEY_WORDS:
         return None
@@ -205,7 +204,7 @@ def generate_c(desc: dict) -> str:
                 aux = 0
             size = min(int(p.get("size", 8)), 8)
             kinds |= 1 << kind
-            prow.append(f"{{{kind},{size},{flags},{ai},{max(len_idx, 0)},{aux}}}")
+            prow.append([kind, size, flags, ai, max(len_idx, 0), aux])
         if ints > MAX_INT_ARGS or floats > MAX_FLOAT_ARGS:
             ok = False
         # a count passed by pointer is read through it: record the pointee size in its aux
@@ -214,16 +213,14 @@ def generate_c(desc: dict) -> str:
                 ref = p.get("count_param") or p.get("len_param")
                 k = _param_index(params, (ref,))
                 if k >= 0:
-                    c = params[k]
-                    parts = prow[k].strip("{}").split(",")
-                    parts[5] = str(c.get("pointee_size") or 8)
-                    prow[k] = "{" + ",".join(parts) + "}"
+                    prow[k][5] = params[k].get("pointee_size") or 8
         hook, h0, h1, h2 = _hook_of(f)
         simple = 1 if ok and ints <= 6 and floats == 0 else 0
         simples.append(simple)
         if not ok:
             skipped.append(f["name"])
-        w(f"static const cs_param cs_p{i}[] = {{{','.join(prow) if prow else '{0,0,0,0,0,0}'}}};")
+        cells = ",".join("{" + ",".join(map(str, r)) + "}" for r in prow)
+        w(f"static const cs_param cs_p{i}[] = {{{cells or '{0,0,0,0,0,0}'}}};")
         query = 1 if (ok and hook == 0 and QUERY_RX.match(f["name"])
                       and all(p["kind"] in ("val", "opaque", "out", "out_struct") for p in params)) else 0
         rows.append(f'  {{"{f["name"]}", "{f["base"]}", {len(params) if ok else 0}, {hook if ok else 0}, {h0}, {h1}, {h2}, {query}, {kinds}, {simple}, {floats}, cs_p{i}}},')
