@@ -30,11 +30,12 @@ if [ -n "${PERF_DIR:-}" ]; then
   PERF="$PERF_DIR/ld-linux-x86-64.so.2 --library-path $PERF_DIR $PERF_DIR/perf"
   export OPENBLAS_NUM_THREADS=1
   $PERF record -q -o native.data -- $L 2>&1 | tail -2
-  # the captured program alone (perf runs under the capture; the recorder is not profiled)
-  python3 -m cudasnap capture -q -o p.cusnap -- $PERF record -q -o capture.data -- $L 2>&1 | tail -2
+  # perf around the capture (perf run under the preloaded shim fails: its bundled libc is
+  # older than the shim's); program and recorder are told apart by pid in the reports
+  $PERF record -q -o capture.data -- python3 -m cudasnap capture -q -o p.cusnap -- $L 2>&1 | tail -2
   for m in native capture; do
-    $PERF report -i $m.data --stdio --sort comm,dso 2>/dev/null | grep -v '^#' | grep -v '^$' | head -25 > "$OUT/perf_${m}_dso.txt"
-    $PERF report -i $m.data --stdio --comm python3 --sort dso,sym 2>/dev/null | grep -v '^#' | grep -v '^$' | head -60 > "$OUT/perf_${m}_sym.txt"
+    $PERF report -i $m.data --stdio --sort pid,dso 2>/dev/null | grep -v '^#' | grep -v '^$' | head -25 > "$OUT/perf_${m}_dso.txt"
+    $PERF report -i $m.data --stdio --sort pid,dso,sym 2>/dev/null | grep -v '^#' | grep -v '^$' | head -60 > "$OUT/perf_${m}_sym.txt"
   done
   $PERF stat -e task-clock,cycles,instructions,cache-misses,page-faults -o "$OUT/perf_stat_native.txt" -- $L
   $PERF stat -e task-clock,cycles,instructions,cache-misses,page-faults -o "$OUT/perf_stat_ringonly.txt" -- env CUDASNAP_SESSION=/dev/shm CUDASNAP_RING_MB=2048 LD_PRELOAD=$SHIM $L

@@ -74,10 +74,10 @@ class Ring:
         self.tsc = struct.unpack_from("<I", self.mm, OFF_CLOCK)[0] == 1
         self.tsc0, self.ns0 = struct.unpack_from("<QQ", self.mm, OFF_CLOCK_TSC0)
         self._ns_per_tick = 1.0
-        self._pair = None
+        self._clock_lib = None
         if self.tsc:
             from cudasnap.shim._shim import lib       # the same code the program ran
-            self._pair = lib
+            self._clock_lib = lib
             self.recalibrate()
         self.view = memoryview(self.mm)
         # `tail`: where the next record is read. The tail the producers see (OFF_TAIL) may
@@ -90,9 +90,9 @@ class Ring:
     def recalibrate(self) -> None:
         """Refine the ticks -> ns line with a pair read now (every record decoded after this
         lies between the two pairs, so its error is that of reading a pair, tens of ns)."""
-        if not self._pair:
+        lib = self._clock_lib
+        if lib is None:
             return
-        lib = self._pair
         with _PAIR_LOCK:                 # the pair's ns waits in the library for the next call
             t = lib.cs_shim_clock_pair()
             n = lib.cs_shim_clock_ns()
