@@ -125,13 +125,19 @@ def main() -> None:
     # does not bound it; "unique_ring4g": with a 4 GiB ring (--ring-mb 4096) that holds the burst
     ram = Path("/dev/shm")
     ram_ok = ram.is_dir() and os.statvfs(ram).f_bavail * os.statvfs(ram).f_frsize > (6 << 30)
-    modes = [("unique", tmp, ()), ("same", tmp, ()), ("unique_ring4g", tmp, ("--ring-mb", "4096"))]
+    # "unique_oneseg": --segments 0, every chunk into the one snapshot file (the kernel
+    # serializes buffered writes to one file: bench/diag_storage.py)
+    # "unique_long": 32 copies (8 GiB), sustained rather than a burst
+    modes = [("unique", tmp, ()), ("same", tmp, ()), ("unique_oneseg", tmp, ("--segments", "0")),
+             ("unique_long", tmp, ()), ("unique_ring4g", tmp, ("--ring-mb", "4096"))]
     modes += [("unique_ram", ram, ())] if ram_ok else []
     for mode, where, cargs in modes:
         arg = mode.split("_")[0]
-        out_n, _ = run([str(h2d), "8", arg])
+        iters = "32" if mode == "unique_long" else "8"
+        out_n, _ = run([str(h2d), iters, arg])
         snap = where / f"cudasnap-bench-h2d_{mode}.cusnap"
-        out_c, wall_c = run([str(h2d), "8", arg], snap, capture_args=cargs)
+        out_c, wall_c = run([str(h2d), iters, arg], snap, capture_args=cargs)
+        res[f"h2d_{mode}_copies"] = int(iters)
         res[f"h2d_{mode}_gbps_native"] = float(re.search(r"= ([\d.]+) GB/s", out_n).group(1))
         res[f"h2d_{mode}_gbps_capture"] = float(re.search(r"= ([\d.]+) GB/s", out_c).group(1))
         res[f"h2d_{mode}_capture_wall_s"] = wall_c
@@ -147,10 +153,10 @@ def main() -> None:
           f"captured {res['torch_loop_s_capture']:.3f} s: {res['torch_loop_ratio']:.3f}x, medians {res['torch_loop_ratio_median']:.3f}x "
           f"(target <= 1.05); --drain eager {res['torch_loop_s_eager']:.3f} s: {res['torch_loop_eager_ratio']:.3f}x, "
           f"medians {res['torch_loop_eager_ratio_median']:.3f}x")
-    for mode in ("unique", "same", "unique_ram", "unique_ring4g"):
+    for mode in ("unique", "same", "unique_oneseg", "unique_long", "unique_ram", "unique_ring4g"):
         if f"h2d_{mode}_gbps_native" not in res:
             continue
-        print(f"  H2D 8 x 256 MiB {mode:13s}: native {res[f'h2d_{mode}_gbps_native']:.1f} GB/s, captured {res[f'h2d_{mode}_gbps_capture']:.1f} GB/s "
+        print(f"  H2D {res[f'h2d_{mode}_copies']:2d} x 256 MiB {mode:13s}: native {res[f'h2d_{mode}_gbps_native']:.1f} GB/s, captured {res[f'h2d_{mode}_gbps_capture']:.1f} GB/s "
               f"as the program sees it (target >= 10); whole capture {res[f'h2d_{mode}_capture_wall_s']:.2f} s, "
               f"snapshot {res[f'h2d_{mode}_snapshot_bytes'] / 2**20:.0f} MiB")
     print(f"  disk: 2 GiB of 4 MiB pwrites from 4 threads into the snapshot directory: {res['disk_pwrite_gbps']:.1f} GB/s "

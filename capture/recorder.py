@@ -92,12 +92,14 @@ def _proc_info(pid: int) -> dict:
 
 class Recorder:
     def __init__(self, session_dir: Path, out: Path, root_pid_getter, options: dict, level: int = 3,
-                 threads: int | None = None, blob_level: int | None = None, drain: str = "lazy"):
+                 threads: int | None = None, blob_level: int | None = None, drain: str = "lazy",
+                 segments: int = 4):
         """threads: writer worker threads per process (encode + write frames); None means
         min(16, os.cpu_count()). level: zstd level of record frames. blob_level: zstd level
         of blob chunks, default 1 (on weight-like data (bf16/f32/int arrays) level 1 gives
         the ratio of level 3 at about twice the speed); chunks whose sample does not
-        compress by 3% are stored raw at any level."""
+        compress by 3% are stored raw at any level. segments: side files large chunks
+        spill into while the snapshot file is busy (SnapshotWriter), folded in at the end."""
         self.session_dir = session_dir
         self.out = out
         self.root_pid_getter = root_pid_getter
@@ -106,6 +108,7 @@ class Recorder:
         self.threads = default_threads() if threads is None else threads
         self.blob_level = 1 if blob_level is None else blob_level
         self.drain = drain
+        self.segments = segments
         self.procs: dict[int, ProcessCapture] = {}
         self.unreadable: set[int] = set()
         self.desc = description.load()
@@ -175,7 +178,8 @@ class Recorder:
         error = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            writer = SnapshotWriter(path, header, level=self.level, threads=self.threads, blob_level=self.blob_level)
+            writer = SnapshotWriter(path, header, level=self.level, threads=self.threads, blob_level=self.blob_level,
+                                    segments=self.segments)
         except OSError as e:
             # full disk, read-only directory...: keep draining so the program never stalls
             error = str(e)

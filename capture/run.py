@@ -47,7 +47,7 @@ def _session_dir(ring_mb: int = 256) -> Path:
 
 def run_capture(command: list[str], out: Path | None, ring_mb: int = 256, level: int = 3, threads: int | None = None,
                 quiet: bool = False, placement: str = "region", all_queries: bool = False,
-                copy_threads: int | None = None, drain: str = "lazy") -> int:
+                copy_threads: int | None = None, drain: str = "lazy", segments: int = 4) -> int:
     if not command:
         print("cudasnap: error: no command given: use `cudasnap capture [-o OUT] -- COMMAND ARGS...`", file=sys.stderr)
         return 2
@@ -74,9 +74,10 @@ def run_capture(command: list[str], out: Path | None, ring_mb: int = 256, level:
     if copy_threads is not None:
         env["CUDASNAP_COPY_THREADS"] = str(copy_threads)
     options = {"ring_mb": ring_mb, "level": level, "command": command, "placement": placement,
-               "all_queries": all_queries, "drain": drain}
+               "all_queries": all_queries, "drain": drain, "segments": segments}
     root = {"pid": -1}
-    rec = Recorder(session, out, lambda: root["pid"], options, level=level, threads=threads, drain=drain)
+    rec = Recorder(session, out, lambda: root["pid"], options, level=level, threads=threads, drain=drain,
+                   segments=segments)
     rec.start()
     # Signals meant for the program go to it; we stay to finish the snapshot.
     old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT)}

@@ -466,7 +466,8 @@ def run_repair(path: Path, output: Optional[Path]) -> int:
     if not s["was_truncated"]:
         print(f"{s['path']}: already had a valid index; rewrote {s['frames']} frames to {s['out']}")
     else:
+        segs = f", with the chunks of {s['segments']} segment file(s) folded in" if s.get("segments") else ""
         print(f"{s['path']}: kept {s['frames']} frames ({s['records']} records, {s['blobs']} blobs, "
-              f"{s['chunks']} chunks); lost {s['lost_bytes']} bytes after the last complete frame")
+              f"{s['chunks']} chunks{segs}); lost {s['lost_bytes']} bytes after the last complete frame")
     print(f"wrote {s['out']} ({s['bytes_after']} bytes, with index)")
     return 0

@@ -38,10 +38,16 @@ class Frame:
 
 
 class SnapshotReader:
-    def __init__(self, path, *, scan: bool = False):
+    def __init__(self, path, *, scan: bool = False, segment: bool = False,
+                 segment_chunks: Optional[Iterable[str]] = None):
         """scan=True ignores any index and recovers by scanning (what repair uses when an
-        indexed file turns out to hold a corrupt frame)."""
-        self._force_scan = bool(scan)
+        indexed file turns out to hold a corrupt frame). segment=True reads a segment file
+        (a preamble, then chunk frames: formats/writer.py) by scanning. A file without an
+        index whose writer left segments beside it is refused (`cudasnap repair` folds
+        them in) unless segment_chunks names the chunk ids those segments hold."""
+        self._force_scan = bool(scan) or segment
+        self._segment = segment
+        self._segment_chunks = set(segment_chunks) if segment_chunks is not None else None
         self.path = os.fspath(path)
         self.name = self.path
         try:
@@ -70,13 +76,25 @@ class SnapshotReader:
         self._blobs: Dict[str, Tuple[int, List[str]]] = {}
         self._scan_blob_refs: Optional[int] = None
         self._header_merged: Optional[Dict[str, Any]] = None
-        # The header frame is required in every mode.
+        self._raw_header = {}
+        if self._segment:
+            self._scan()
+            return
+        # The header frame is required in every other mode.
         kind, payload = self._read_frame(PREAMBLE_SIZE, expect_kind=KIND_HEADER)
         hdr = unpack_one(payload, self.path, PREAMBLE_SIZE, "header frame")
         if not isinstance(hdr, dict):
             raise snap_error(self.path, PREAMBLE_SIZE, "header frame is not a map")
         self._raw_header = hdr
         if self._force_scan or not self._load_index():
+            if self._segment_chunks is None:
+                from .segments import segment_paths
+                segs = segment_paths(self.path)
+                if segs:
+                    raise SnapshotError(
+                        f"{self.path}: its writer stopped before finishing and left {len(segs)} segment "
+                        f"file(s) beside it ({os.path.basename(segs[0])}...): run `cudasnap repair {self.path}` "
+                        f"to fold them in")
             self._scan()
 
     def _load_index(self) -> bool:
@@ -145,33 +163,31 @@ class SnapshotReader:
         return frames, chunks, blobs
 
     def _scan(self) -> None:
-        """Recovery: walk frames from the start, verifying everything; stop at the first bad one."""
+        """Recovery: walk frames from the start, verifying everything; stop at the first bad
+        one. Blob records are checked against the chunks of the whole walk (a writer folding
+        segments in puts chunk frames after the records naming them), then the frames are
+        cut at the first records frame with a blob whose chunks are nowhere."""
         size = self.file_size
         frames: List[Frame] = []
         pos = PREAMBLE_SIZE
-        refs: Dict[str, int] = {}
+        blob_recs: List[Tuple[int, List[Dict[str, Any]], Dict[str, int]]] = []
         while pos < size:
             if pos + FRAME_SIZE > size:
                 break
             try:
                 kind, payload = self._read_frame(pos)
+                if self._segment and kind != KIND_CHUNK:
+                    raise snap_error(self.path, pos, "segment file holds a frame other than a chunk")
                 if kind == KIND_HEADER and pos != PREAMBLE_SIZE:
                     raise snap_error(self.path, pos, "second header frame")
                 if kind == KIND_INDEX:
                     break
                 if kind == KIND_RECORDS:
                     recs = list(iter_record_payload(payload, self._last_count, self.path, pos))
-                    newblobs = {}
+                    refs: Dict[str, int] = {}
                     for rec in recs:
-                        if rec.get("k") == "b":
-                            bid, bsize, bchunks = rec.get("id"), rec.get("size"), rec.get("chunks")
-                            if not (_is_hex_id(bid) and _is_uint(bsize) and isinstance(bchunks, list)
-                                    and _chunk_count_ok(bsize, bchunks)
-                                    and all(c in self._chunks for c in bchunks)):
-                                raise snap_error(self.path, pos, "blob record refers to missing chunks")
-                            newblobs[bid] = (bsize, list(bchunks))
                         _count_blob_refs(rec, refs)
-                    self._blobs.update(newblobs)
+                    blob_recs.append((len(frames), [r for r in recs if r.get("k") == "b"], refs))
                 elif kind == KIND_CHUNK:
                     cid = self._chunk_id_of(payload, pos)
                     self._chunks.setdefault(cid, pos)
@@ -180,10 +196,30 @@ class SnapshotReader:
             fr = Frame(pos, kind, self._last_comp_len)
             frames.append(fr)
             pos = fr.end
+        known = self._segment_chunks or set()
+        refs_all: Dict[str, int] = {}
+        for at, brecs, refs in blob_recs:
+            newblobs = {}
+            for rec in brecs:
+                bid, bsize, bchunks = rec.get("id"), rec.get("size"), rec.get("chunks")
+                if not (_is_hex_id(bid) and _is_uint(bsize) and isinstance(bchunks, list)
+                        and _chunk_count_ok(bsize, bchunks)
+                        and all(c in self._chunks or c in known for c in bchunks)):
+                    newblobs = None
+                    break
+                newblobs[bid] = (bsize, list(bchunks))
+            if newblobs is None:          # a blob whose chunks are missing: the prefix ends here
+                pos = frames[at].offset
+                frames = frames[:at]
+                self._chunks = {c: o for c, o in self._chunks.items() if o < pos}
+                break
+            self._blobs.update(newblobs)
+            for b, n in refs.items():
+                refs_all[b] = refs_all.get(b, 0) + n
         self._frames = frames
         self.recovered_frames = len(frames)
         self.lost_bytes = size - pos
-        self._scan_blob_refs = sum(s * max(1, refs.get(b, 0)) for b, (s, _) in self._blobs.items())
+        self._scan_blob_refs = sum(s * max(1, refs_all.get(b, 0)) for b, (s, _) in self._blobs.items())
 
     def _chunk_id_of(self, stored: bytes, off: int) -> str:
         # payload is still compressed here: decompress only its first 16 bytes

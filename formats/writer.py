@@ -10,11 +10,22 @@ chunk digest, the dedup decision, the incompressibility probe, compression, the 
 checksum and the write itself all run on the worker (zstd, xxhash and pwrite release the
 GIL). A blob's id comes from its chunk digests (container.blob_id), so nothing reads the
 content twice; put_chunk takes chunks whose digest the caller already has (the shim's).
+
+Segments: buffered writes into one file are serialized by the kernel (one inode lock), about
+3-4 GB/s on the GPU machine, where 4 files written in parallel take 12-14 GB/s. With
+segments > 0, a large chunk frame that finds the snapshot file busy with another large write
+goes to one of that many segment files beside it (`<path>.seg<k>`: a preamble, then chunk
+frames). close() folds the segments into the snapshot (copy_file_range, each segment unlinked
+once copied) before writing the index, so the result is one ordinary file. A records frame is
+written only after every earlier segment write finished, so a blob record never reaches the
+file before its chunks. A writer that dies before close() leaves its segments beside the file:
+`cudasnap repair` folds them in (formats/recover.py).
 """
 from __future__ import annotations
 
 import collections
 import os
+import queue
 import socket
 import threading
 import time
@@ -25,15 +36,17 @@ import xxhash
 
 from .container import (
     CHUNK_ID_LEN, CHUNK_SIZE, CODEC_STORED, CODEC_ZSTD, FORMAT_VERSION, FRAME_SIZE, KIND_CHUNK,
-    KIND_HEADER, KIND_INDEX, KIND_RECORDS, MAX_FRAME, SCHEMA_VERSION, TRAILER, TRAILER_MAGIC,
+    KIND_HEADER, KIND_INDEX, KIND_RECORDS, MAX_FRAME, PREAMBLE_SIZE, SCHEMA_VERSION, TRAILER, TRAILER_MAGIC,
     blob_id, chunk_digest, compressor, encode_payload, looks_incompressible, new_packer,
     pack_frame_header, pack_frame_header_sum, pack_preamble, xxh64,
 )
+from .segments import Segment, copy_range, segment_paths
 
 Buffer = Union[bytes, bytearray, memoryview]
 Release = Optional[Callable[[], None]]
 
 _JOB_DIGEST_MIN = 1 << 20     # chunks this big are digested on the worker, smaller ones inline
+_SEGMENT_MIN = 1 << 20        # chunk frames this big may go to a segment file
 
 
 def _encode_frame(kind: int, raw, count: int, level: int) -> Tuple[bytes, bytes, int]:
@@ -133,13 +146,16 @@ class BlobStream:
 
 class SnapshotWriter:
     def __init__(self, path, header: Optional[Dict[str, Any]] = None, *, level: int = 3,
-                 frame_bytes: int = 2 << 20, threads: int = 0, blob_level: Optional[int] = None):
+                 frame_bytes: int = 2 << 20, threads: int = 0, blob_level: Optional[int] = None,
+                 segments: int = 0):
         """level: zstd level (0 = store uncompressed; negative = zstd fast levels).
         blob_level: zstd level for blob chunks (default: level). Large chunks whose sample
         does not compress are stored raw whatever the level.
         frame_bytes: target raw size of a records frame (clamped to 64 MiB).
         threads: > 0 encodes and writes frames on that many worker threads; file order is
-        kept (offsets are handed out in submission order)."""
+        kept (offsets are handed out in submission order).
+        segments: with threads, how many segment files large chunks may spill into while
+        the snapshot file is busy (module docstring); 0 writes everything into the file."""
         self.path = os.fspath(path)
         self.level = int(level)
         self.blob_level = self.level if blob_level is None else int(blob_level)
@@ -162,6 +178,11 @@ class SnapshotWriter:
         self._frames: List[List[int]] = []
         self._chunk_off: Dict[str, int] = {}
         self._chunk_known: set = set()
+        self._nseg = int(segments) if self._pool is not None else 0
+        self._segs: List[Segment] = []
+        self._seg_free: "queue.SimpleQueue[Segment]" = queue.SimpleQueue()
+        self._seg_inflight = 0    # segment writes under way (under _mlock)
+        self._main_busy = False   # a large chunk is being written into the file (under _mlock)
         self._blobs: Dict[str, List[Any]] = {}
         self._closed = False
         self._st = dict(raw_bytes=0, stored_bytes=0, blobs=0, blob_refs=0, chunks=0, chunk_hits=0,
@@ -177,6 +198,11 @@ class SnapshotWriter:
         hdr.setdefault("tool_version", _tool_version())
         self.header = hdr
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o666)
+        for stale in segment_paths(self.path):      # an earlier writer's: not this file's
+            try:
+                os.unlink(stale)
+            except OSError:
+                pass
         try:
             self._write_at_end([pack_preamble(FORMAT_VERSION)])
             raw = self._packer.pack(hdr)
@@ -272,6 +298,7 @@ class SnapshotWriter:
                 self._drain(0)
                 if self._io_error is not None:
                     raise self._io_error
+                self._fold_segments()
                 self._frames.sort()
                 index = {
                     "frames": self._frames,
@@ -312,6 +339,10 @@ class SnapshotWriter:
     def _shutdown(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+        for seg in self._segs:
+            if seg.fd >= 0:
+                os.close(seg.fd)
+                seg.fd = -1
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
@@ -399,16 +430,33 @@ class SnapshotWriter:
         self._place(ticket, [head, stored], kind, len(stored), None)
 
     def _place(self, ticket: int, pieces: Optional[List[Any]], kind: int, comp_len: int, cid: Optional[str]) -> None:
-        """Wait for this frame's turn, take the next file offset, then write (outside the
-        lock, so frames are written in parallel). After a write error nothing more is
-        written (the file keeps a readable prefix) and every later frame raises it."""
+        """Wait for this frame's turn, take the next file offset (or a free segment), then
+        write (outside the lock, so frames are written in parallel). After a write error
+        nothing more is written (the file keeps a readable prefix) and every later frame
+        raises it."""
+        seg = None
+        big = kind == KIND_CHUNK and comp_len >= _SEGMENT_MIN
+        owns_busy = False
         with self._mlock:
             while self._turn != ticket:
                 self._mlock.wait()
+            if kind == KIND_RECORDS:          # its blob records must not precede their chunks
+                while self._seg_inflight:
+                    self._mlock.wait()
             err = self._io_error
             off = self._pos
             if pieces is not None and err is None:
-                self._pos += sum(len(p) for p in pieces)
+                n = sum(len(p) for p in pieces)
+                if big and self._main_busy and self._nseg:
+                    seg = self._take_segment()
+                if seg is not None:
+                    off = seg.pos
+                    seg.pos += n
+                    self._seg_inflight += 1
+                else:
+                    self._pos += n
+                    if big and not self._main_busy:
+                        self._main_busy = owns_busy = True
             self._turn += 1
             self._mlock.notify_all()
         if pieces is None:
@@ -416,19 +464,64 @@ class SnapshotWriter:
         if err is not None:
             raise err
         try:
-            _pwrite_all(self._fd, pieces, off)
+            _pwrite_all(seg.fd if seg is not None else self._fd, pieces, off)
         except OSError as e:
             with self._mlock:
                 if self._io_error is None:
                     self._io_error = e
             raise
+        finally:
+            with self._mlock:
+                if seg is not None:
+                    self._seg_inflight -= 1
+                    self._seg_free.put(seg)
+                    self._mlock.notify_all()
+                elif owns_busy:
+                    self._main_busy = False
         with self._mlock:
-            self._frames.append([off, kind, comp_len])
+            if seg is not None:
+                seg.frames.append((off, comp_len, cid))
+            else:
+                self._frames.append([off, kind, comp_len])
+                if cid is not None:
+                    self._chunk_off[cid] = off
             self._mst["frames"] += 1
             self._mst["stored_bytes"] += FRAME_SIZE + comp_len
             if cid is not None:
-                self._chunk_off[cid] = off
                 self._mst["chunk_stored_bytes"] += comp_len + FRAME_SIZE
+
+    def _take_segment(self) -> Optional[Segment]:
+        """A free segment, creating them on first use; None when all are busy (under _mlock)."""
+        if not self._segs:
+            try:
+                for k in range(1, self._nseg + 1):
+                    seg = Segment(f"{self.path}.seg{k}")
+                    self._segs.append(seg)
+                    self._seg_free.put(seg)
+            except OSError:
+                self._nseg = 0                # cannot create them: the file alone it is
+                return None
+        try:
+            return self._seg_free.get_nowait()
+        except queue.Empty:
+            return None
+
+    def _fold_segments(self) -> None:
+        """Append every segment's frames to the file (nothing is pending), unlinking each
+        one once copied; a writer dying meanwhile leaves the rest for `cudasnap repair`."""
+        for seg in self._segs:
+            base = self._pos - PREAMBLE_SIZE
+            n = seg.pos - PREAMBLE_SIZE
+            if n:
+                copy_range(seg.fd, PREAMBLE_SIZE, self._fd, self._pos, n)
+            self._pos += n
+            for off, comp_len, cid in seg.frames:
+                self._frames.append([base + off, KIND_CHUNK, comp_len])
+                self._chunk_off[cid] = base + off
+            os.close(seg.fd)
+            seg.fd = -1
+            os.unlink(seg.path)
+        self._segs = []
 
     def _flush_records(self) -> None:
         if not self._buf:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import random
 import struct
+import time
 
 import msgpack
 import pytest
@@ -272,6 +273,97 @@ def test_killed_writer_leaves_complete_frames(tmp_path):
     assert r.truncated and r.lost_bytes == 0
     assert [x["s"] for x in r.records()] == list(range(200))
     w.abort()
+
+
+def _write_spilling(p, monkeypatch, n=16, fold=True):
+    """n unique 4 MiB blobs from 8 threads into 4 segments; returns (writer, blob ids, segment
+    paths seen before close). The writer is closed when fold is True. Large writes into the
+    snapshot file itself are slowed down, so later chunks find it busy and spill."""
+    from cudasnap.formats import writer as W
+    from cudasnap.formats.segments import segment_paths
+    real = W._pwrite_all
+
+    def slow_main(fd, pieces, off):
+        if str(os.readlink(f"/proc/self/fd/{fd}")).endswith(".cusnap") and sum(map(len, pieces)) > C.CHUNK_SIZE:
+            time.sleep(0.02)
+        real(fd, pieces, off)
+    monkeypatch.setattr(W, "_pwrite_all", slow_main)
+    base = os.urandom(C.CHUNK_SIZE)
+    w = SnapshotWriter(p, HEADER, threads=8, segments=4, level=1)
+    ids = []
+    for i in range(n):
+        ids.append(w.add_blob(struct.pack("<Q", i) + base[8:]))
+        w.write({"k": "c", "s": i, "f": "cuMemcpyHtoD_v2", "a": {}, "r": 0, "x": {"src": {"blob": ids[-1]}}})
+    w.flush()
+    seen = [(q, os.path.getsize(q)) for q in segment_paths(p)]
+    if fold:
+        w.close()
+    return w, ids, seen
+
+
+def _check_blobs(p, ids):
+    r = SnapshotReader(p)
+    r.verify()
+    assert not r.truncated and r.stats["chunks"] == len(ids)
+    assert [rec["s"] for rec in r.records("c")] == list(range(len(ids)))
+    for i, b in enumerate(ids):
+        assert r.blob(b)[:8] == struct.pack("<Q", i)
+
+
+def test_segments_fold_into_one_file(tmp_path, monkeypatch):
+    from cudasnap.formats.segments import segment_paths
+    p = tmp_path / "s.cusnap"
+    _, ids, seen = _write_spilling(p, monkeypatch)
+    # chunks spilled while the file was busy: segments held frames before close
+    assert seen and sum(n for _, n in seen) > len(seen) * C.PREAMBLE_SIZE
+    assert segment_paths(p) == []
+    _check_blobs(p, ids)
+
+
+def test_segments_left_by_a_dead_writer_are_repaired(tmp_path, monkeypatch):
+    from cudasnap.formats.segments import segment_paths
+    p = tmp_path / "d.cusnap"
+    w, ids, _ = _write_spilling(p, monkeypatch, fold=False)
+    w.abort()                              # what a killed recorder leaves
+    assert segment_paths(p)
+    with pytest.raises(SnapshotError, match="segment file.*cudasnap repair"):
+        SnapshotReader(p)
+    s = repair(p)
+    assert s["was_truncated"] and s["segments"] == 4
+    assert segment_paths(p) == []
+    _check_blobs(p, ids)
+
+
+def test_writer_dying_while_folding_is_repaired(tmp_path, monkeypatch):
+    """Chunks already folded sit after the records naming them: the scan still finds them."""
+    from cudasnap.formats.segments import segment_paths
+    p = tmp_path / "f.cusnap"
+    w, ids, _ = _write_spilling(p, monkeypatch, fold=False)
+    segs = w._segs
+    w._segs = segs[:1]
+
+    def die():
+        w._segs = segs[:1]
+        type(w)._fold_segments(w)
+        raise OSError(28, "simulated death after one segment")
+    w._fold_segments = die
+    with pytest.raises(OSError):
+        w.close()
+    assert len(segment_paths(p)) == 3
+    repair(p)
+    assert segment_paths(p) == []
+    _check_blobs(p, ids)
+
+
+def test_segments_off_writes_one_file(tmp_path):
+    from cudasnap.formats.segments import segment_paths
+    p = tmp_path / "o.cusnap"
+    base = os.urandom(C.CHUNK_SIZE)
+    with SnapshotWriter(p, HEADER, threads=8, segments=0, level=1) as w:
+        ids = [w.add_blob(struct.pack("<Q", i) + base[8:]) for i in range(16)]
+        assert segment_paths(p) == []
+    r = SnapshotReader(p)
+    assert all(r.blob(b)[:8] == struct.pack("<Q", i) for i, b in enumerate(ids))
 
 
 def test_corrupt_index_falls_back_to_scan(tmp_path):
