@@ -72,6 +72,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--launches", type=int, default=100000)
+    ap.add_argument("--parts", default="launch,torch,h2d", help="comma-separated subset of launch,torch,h2d")
     ap.add_argument("--launch-pairs", type=int, default=8)
     ap.add_argument("--torch-runs", type=int, default=8)
     args = ap.parse_args()
@@ -81,9 +82,10 @@ def main() -> None:
     # a process's launch rate moves by up to 15% from one process to the next (seen natively):
     # alternate native and captured processes; the added cost is the median of the pairs'
     # differences (each process: median of its 5 loops)
+    parts = set(args.parts.split(","))
     loop = nvcc(HERE / "launch_loop.cu", tmp / "launch_loop")
     per: dict = {"native": [], "capture": []}
-    for i in range(args.launch_pairs):
+    for i in range(args.launch_pairs if "launch" in parts else 0):
         for mode in per:
             snap = tmp / f"launch{i}.cusnap" if mode == "capture" else None
             out, _ = run([str(loop), str(args.launches), "5"], snap)
@@ -91,12 +93,11 @@ def main() -> None:
             if snap is not None:
                 res["launch_snapshot_bytes"] = snap.stat().st_size
                 snap.unlink()
-    nat = statistics.median(per["native"])
-    cap = statistics.median(per["capture"])
-    res["launch_us_per_process"] = per
-    res["launch_us_native"] = nat
-    res["launch_us_capture"] = cap
-    res["launch_added_us"] = statistics.median(c - n for n, c in zip(per["native"], per["capture"]))
+    if per["native"]:
+        res["launch_us_per_process"] = per
+        res["launch_us_native"] = nat = statistics.median(per["native"])
+        res["launch_us_capture"] = cap = statistics.median(per["capture"])
+        res["launch_added_us"] = statistics.median(c - n for n, c in zip(per["native"], per["capture"]))
 
     # the loop's wall time moves by +-30% from process to process on the same host (seen
     # natively): alternate native and captured processes; each reports its best of 3 loops.
@@ -105,18 +106,19 @@ def main() -> None:
     tl = HERE / "torch_loop.py"
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     t: dict = {"native": [], "capture": [], "eager": []}
-    for i in range(args.torch_runs):
+    for i in range(args.torch_runs if "torch" in parts else 0):
         for mode in t:
             cargs = ("--drain", "eager") if mode == "eager" else ()
             out, _ = run([sys.executable, str(tl), "20000", "3"], tmp / f"t{mode}{i}.cusnap" if mode != "native" else None,
                          capture_args=cargs, env=env)
             t[mode].append(float(re.search(r"LOOP_S ([\d.]+)", out).group(1)))
-    res["torch_loop_runs"] = t
-    for mode in ("native", "capture", "eager"):
-        res[f"torch_loop_s_{mode}"] = min(t[mode])
-    for mode, key in (("capture", ""), ("eager", "_eager")):
-        res[f"torch_loop{key}_ratio"] = min(t[mode]) / min(t["native"])
-        res[f"torch_loop{key}_ratio_median"] = statistics.median(t[mode]) / statistics.median(t["native"])
+    if t["native"]:
+        res["torch_loop_runs"] = t
+        for mode in ("native", "capture", "eager"):
+            res[f"torch_loop_s_{mode}"] = min(t[mode])
+        for mode, key in (("capture", ""), ("eager", "_eager")):
+            res[f"torch_loop{key}_ratio"] = min(t[mode]) / min(t["native"])
+            res[f"torch_loop{key}_ratio_median"] = statistics.median(t[mode]) / statistics.median(t["native"])
 
     h2d = nvcc(HERE / "h2d_loop.cu", tmp / "h2d_loop")
     # GB/s the program sees, and end to end: 2 GiB over the whole capture, from start until
@@ -126,12 +128,13 @@ def main() -> None:
     ram = Path("/dev/shm")
     ram_ok = ram.is_dir() and os.statvfs(ram).f_bavail * os.statvfs(ram).f_frsize > (6 << 30)
     # "unique_oneseg": --segments 0, every chunk into the one snapshot file (the kernel
-    # serializes buffered writes to one file: bench/diag_storage.py)
+    # serializes buffered writes to one file: bench/diag_storage.py); "unique_seg8": 8 segments
     # "unique_long": 32 copies (8 GiB), sustained rather than a burst
     modes = [("unique", tmp, ()), ("same", tmp, ()), ("unique_oneseg", tmp, ("--segments", "0")),
-             ("unique_long", tmp, ()), ("unique_ring4g", tmp, ("--ring-mb", "4096"))]
+             ("unique_seg8", tmp, ("--segments", "8")), ("unique_long", tmp, ()),
+             ("unique_ring4g", tmp, ("--ring-mb", "4096"))]
     modes += [("unique_ram", ram, ())] if ram_ok else []
-    for mode, where, cargs in modes:
+    for mode, where, cargs in (modes if "h2d" in parts else []):
         arg = mode.split("_")[0]
         iters = "32" if mode == "unique_long" else "8"
         out_n, _ = run([str(h2d), iters, arg])
@@ -143,24 +146,29 @@ def main() -> None:
         res[f"h2d_{mode}_capture_wall_s"] = wall_c
         res[f"h2d_{mode}_snapshot_bytes"] = snap.stat().st_size
         snap.unlink()
-    res["disk_pwrite_gbps"] = _disk_write_gbps(tmp)
+    if "h2d" in parts:
+        res["disk_pwrite_gbps"] = _disk_write_gbps(tmp)
 
     print(f"capture overhead on {res['card']}")
-    print(f"  C launch loop ({args.launch_pairs} native/captured process pairs x 5 x {args.launches} launches): native {nat:.3f} us/launch, "
-          f"captured {cap:.3f} us/launch (medians); added {res['launch_added_us']:+.3f} us, median of the pairs (target <= 0.3); "
-          f"pairs: {' '.join(f'{c - n:+.3f}' for n, c in zip(per['native'], per['capture']))}")
-    print(f"  PyTorch loop (40k launches, best of {args.torch_runs} processes x 3 loops): native {res['torch_loop_s_native']:.3f} s, "
-          f"captured {res['torch_loop_s_capture']:.3f} s: {res['torch_loop_ratio']:.3f}x, medians {res['torch_loop_ratio_median']:.3f}x "
-          f"(target <= 1.05); --drain eager {res['torch_loop_s_eager']:.3f} s: {res['torch_loop_eager_ratio']:.3f}x, "
-          f"medians {res['torch_loop_eager_ratio_median']:.3f}x")
-    for mode in ("unique", "same", "unique_oneseg", "unique_long", "unique_ram", "unique_ring4g"):
+    if "launch_added_us" in res:
+        print(f"  C launch loop ({args.launch_pairs} native/captured process pairs x 5 x {args.launches} launches): "
+              f"native {nat:.3f} us/launch, captured {cap:.3f} us/launch (medians); added "
+              f"{res['launch_added_us']:+.3f} us, median of the pairs (target <= 0.3); pairs: "
+              f"{' '.join(f'{c - n:+.3f}' for n, c in zip(per['native'], per['capture']))}")
+    if "torch_loop_ratio" in res:
+        print(f"  PyTorch loop (40k launches, best of {args.torch_runs} processes x 3 loops): native {res['torch_loop_s_native']:.3f} s, "
+              f"captured {res['torch_loop_s_capture']:.3f} s: {res['torch_loop_ratio']:.3f}x, medians {res['torch_loop_ratio_median']:.3f}x "
+              f"(target <= 1.05); --drain eager {res['torch_loop_s_eager']:.3f} s: {res['torch_loop_eager_ratio']:.3f}x, "
+              f"medians {res['torch_loop_eager_ratio_median']:.3f}x")
+    for mode in ("unique", "same", "unique_oneseg", "unique_seg8", "unique_long", "unique_ram", "unique_ring4g"):
         if f"h2d_{mode}_gbps_native" not in res:
             continue
         print(f"  H2D {res[f'h2d_{mode}_copies']:2d} x 256 MiB {mode:13s}: native {res[f'h2d_{mode}_gbps_native']:.1f} GB/s, captured {res[f'h2d_{mode}_gbps_capture']:.1f} GB/s "
               f"as the program sees it (target >= 10); whole capture {res[f'h2d_{mode}_capture_wall_s']:.2f} s, "
               f"snapshot {res[f'h2d_{mode}_snapshot_bytes'] / 2**20:.0f} MiB")
-    print(f"  disk: 2 GiB of 4 MiB pwrites from 4 threads into the snapshot directory: {res['disk_pwrite_gbps']:.1f} GB/s "
-          f"(bounds capture of data that neither dedups nor compresses)")
+    if "disk_pwrite_gbps" in res:
+        print(f"  disk: 2 GiB of 4 MiB pwrites from 4 threads into one file in the snapshot directory: "
+              f"{res['disk_pwrite_gbps']:.1f} GB/s (bench/diag_storage.py compares ways of writing)")
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
 

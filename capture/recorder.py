@@ -231,11 +231,13 @@ class Recorder:
         lazy = self.drain == "lazy"
         low = ring.capacity // 4
         last_drain = time.monotonic()
+        burst = False
         while True:
             ring.beat()
-            if lazy:
+            if lazy and not burst:
                 # leave records in the ring while it has room: the program runs without the
-                # recorder's work beside it (the ring survives the program whatever happens)
+                # recorder's work beside it (the ring survives the program whatever happens);
+                # during a burst of payload data (a pass read a sixteenth of the ring) drain on
                 now = time.monotonic()
                 if (ring.head() - ring.tail < low and now - last_drain < LAZY_MAX_AGE_S
                         and not ring.exited_cleanly() and ring.process_alive()):
@@ -243,7 +245,9 @@ class Recorder:
                     continue
                 last_drain = now
             ring.recalibrate()
+            read_from = ring.tail
             raws = ring.poll(pin_blobs=True)      # blob pieces stay in the ring until written
+            burst = ring.tail - read_from >= low // 4
             self._feed(pc, raws)
             now = time.monotonic()
             if now - last_flush > 0.25 and not pc.disk_error:

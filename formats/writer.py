@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import collections
 import os
-import queue
 import socket
 import threading
 import time
@@ -180,7 +179,7 @@ class SnapshotWriter:
         self._chunk_known: set = set()
         self._nseg = int(segments) if self._pool is not None else 0
         self._segs: List[Segment] = []
-        self._seg_free: "queue.SimpleQueue[Segment]" = queue.SimpleQueue()
+        self._seg_free: List[Segment] = []       # under _mlock
         self._seg_inflight = 0    # segment writes under way (under _mlock)
         self._main_busy = False   # a large chunk is being written into the file (under _mlock)
         self._blobs: Dict[str, List[Any]] = {}
@@ -448,7 +447,12 @@ class SnapshotWriter:
             if pieces is not None and err is None:
                 n = sum(len(p) for p in pieces)
                 if big and self._main_busy and self._nseg:
+                    # a second large write into the file would only queue on its inode lock:
+                    # wait for a free segment, or for the file
                     seg = self._take_segment()
+                    while seg is None and self._main_busy and self._nseg:
+                        self._mlock.wait()
+                        seg = self._take_segment()
                 if seg is not None:
                     off = seg.pos
                     seg.pos += n
@@ -474,10 +478,11 @@ class SnapshotWriter:
             with self._mlock:
                 if seg is not None:
                     self._seg_inflight -= 1
-                    self._seg_free.put(seg)
+                    self._seg_free.append(seg)
                     self._mlock.notify_all()
                 elif owns_busy:
                     self._main_busy = False
+                    self._mlock.notify_all()
         with self._mlock:
             if seg is not None:
                 seg.frames.append((off, comp_len, cid))
@@ -497,14 +502,11 @@ class SnapshotWriter:
                 for k in range(1, self._nseg + 1):
                     seg = Segment(f"{self.path}.seg{k}")
                     self._segs.append(seg)
-                    self._seg_free.put(seg)
+                    self._seg_free.append(seg)
             except OSError:
                 self._nseg = 0                # cannot create them: the file alone it is
                 return None
-        try:
-            return self._seg_free.get_nowait()
-        except queue.Empty:
-            return None
+        return self._seg_free.pop() if self._seg_free else None
 
     def _fold_segments(self) -> None:
         """Append every segment's frames to the file (nothing is pending), unlinking each
