@@ -15,7 +15,7 @@ import msgpack
 import xxhash
 import zstandard
 
-FORMAT_VERSION = 1          # container (preamble) version this code writes and reads
+FORMAT_VERSION = 2          # container (preamble) version this code writes; it reads 1 and 2
 SCHEMA_VERSION = 1          # record schema version this code writes
 
 MAGIC = b"CUSNAP\0\0"
@@ -23,7 +23,7 @@ PREAMBLE = struct.Struct("<8sII")           # magic, format_version, reserved
 PREAMBLE_SIZE = PREAMBLE.size               # 16
 
 FRAME_MAGIC = b"CSFR"
-FRAME = struct.Struct("<4sBBHIIQII")        # magic kind codec reserved raw comp xxh64 count hcrc
+FRAME = struct.Struct("<4sBBHIIQII")        # magic kind codec flags raw comp xxh64 count hcrc
 FRAME_SIZE = FRAME.size                     # 32
 FRAME_CRC_SPAN = 28
 
@@ -34,6 +34,9 @@ TRAILER_SIZE = TRAILER.size                 # 24
 KIND_HEADER, KIND_RECORDS, KIND_CHUNK, KIND_INDEX = 0, 1, 2, 3
 KIND_NAMES = {0: "header", 1: "records", 2: "chunk", 3: "index"}
 CODEC_STORED, CODEC_ZSTD = 0, 1
+# frame flag (format 2): a stored chunk frame whose payload is checked by its chunk id (the
+# xxh3_128 of the data after it) instead of an xxh64, so writing it reads the data only once
+FLAG_ID_SUM = 1
 
 MAX_FRAME = 64 << 20        # bound on raw_len and comp_len of any frame
 CHUNK_SIZE = 4 << 20        # blobs are cut in 4 MiB chunks
@@ -109,18 +112,20 @@ def pack_frame_header(kind: int, codec: int, raw_len: int, stored: bytes, count:
     return pack_frame_header_sum(kind, codec, raw_len, len(stored), xxh64(stored), count)
 
 
-def pack_frame_header_sum(kind: int, codec: int, raw_len: int, comp_len: int, digest: int, count: int) -> bytes:
+def pack_frame_header_sum(kind: int, codec: int, raw_len: int, comp_len: int, digest: int, count: int,
+                          flags: int = 0) -> bytes:
     """Frame header for a payload whose stored length and xxh64 are already known (a payload
     written as several pieces)."""
-    head = struct.pack("<4sBBHIIQI", FRAME_MAGIC, kind, codec, 0, raw_len, comp_len, digest, count)
+    head = struct.pack("<4sBBHIIQI", FRAME_MAGIC, kind, codec, flags, raw_len, comp_len, digest, count)
     return head + struct.pack("<I", xxhash.xxh32_intdigest(head))
 
 
 def parse_frame_header(buf: bytes, path: Any, offset: int) -> Tuple[int, int, int, int, int, int]:
-    """Validate a 32-byte frame header; returns (kind, codec, raw_len, comp_len, xxh64, count)."""
+    """Validate a 32-byte frame header; returns (kind, codec, raw_len, comp_len, xxh64, count);
+    xxh64 is None for a frame checked by its chunk id (FLAG_ID_SUM)."""
     if len(buf) < FRAME_SIZE:
         raise snap_error(path, offset, "incomplete frame header")
-    magic, kind, codec, reserved, raw_len, comp_len, digest, count, hcrc = FRAME.unpack_from(buf, 0)
+    magic, kind, codec, flags, raw_len, comp_len, digest, count, hcrc = FRAME.unpack_from(buf, 0)
     if magic != FRAME_MAGIC:
         raise snap_error(path, offset, "bad frame magic")
     if xxhash.xxh32_intdigest(buf[:FRAME_CRC_SPAN]) != hcrc:
@@ -137,6 +142,10 @@ def parse_frame_header(buf: bytes, path: Any, offset: int) -> Tuple[int, int, in
         raise snap_error(path, offset, "non-record frame with nonzero record count")
     if kind == KIND_CHUNK and raw_len < CHUNK_ID_LEN:
         raise snap_error(path, offset, "chunk frame shorter than its chunk id")
+    if flags:
+        if flags != FLAG_ID_SUM or kind != KIND_CHUNK or codec != CODEC_STORED or digest != 0:
+            raise snap_error(path, offset, f"bad frame flags {flags:#x}")
+        digest = None
     return kind, codec, raw_len, comp_len, digest, count
 
 

@@ -257,8 +257,12 @@ class SnapshotReader:
         stored = self._read_at(off + FRAME_SIZE, comp_len)
         if len(stored) != comp_len:
             raise snap_error(self.path, off, "truncated frame payload")
-        if xxh64(stored) != digest or (expect_digest is not None and digest != expect_digest):
+        if digest is None:           # FLAG_ID_SUM: a stored chunk checked by its chunk id
+            if expect_digest is not None or chunk_digest(memoryview(stored)[CHUNK_ID_LEN:]) != stored[:CHUNK_ID_LEN]:
+                raise snap_error(self.path, off, "chunk content checksum mismatch")
+        elif xxh64(stored) != digest or (expect_digest is not None and digest != expect_digest):
             raise snap_error(self.path, off, "frame payload checksum mismatch")
+        self._last_id_checked = digest is None
         self._last_comp_len, self._last_count, self._last_codec = comp_len, count, codec
         if decode is None:
             decode = kind != KIND_CHUNK
@@ -335,7 +339,7 @@ class SnapshotReader:
         if payload[:CHUNK_ID_LEN].hex() != cid:
             raise snap_error(self.path, off, "chunk id does not match the index")
         data = payload[CHUNK_ID_LEN:]
-        if chunk_digest(data).hex() != cid:
+        if not self._last_id_checked and chunk_digest(data).hex() != cid:
             raise snap_error(self.path, off, "chunk content checksum mismatch")
         return data
 
@@ -352,7 +356,7 @@ class SnapshotReader:
             if kind == KIND_RECORDS:
                 for _ in iter_record_payload(payload, self._last_count, self.path, fr.offset):
                     pass
-            elif kind == KIND_CHUNK:
+            elif kind == KIND_CHUNK and not self._last_id_checked:
                 cid = payload[:CHUNK_ID_LEN].hex()
                 if chunk_digest(payload[CHUNK_ID_LEN:]).hex() != cid:
                     raise snap_error(self.path, fr.offset, "chunk content checksum mismatch")

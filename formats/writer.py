@@ -34,7 +34,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple, Union
 import xxhash
 
 from .container import (
-    CHUNK_ID_LEN, CHUNK_SIZE, CODEC_STORED, CODEC_ZSTD, FORMAT_VERSION, FRAME_SIZE, KIND_CHUNK,
+    CHUNK_ID_LEN, CHUNK_SIZE, CODEC_STORED, CODEC_ZSTD, FLAG_ID_SUM, FORMAT_VERSION, FRAME_SIZE, KIND_CHUNK,
     KIND_HEADER, KIND_INDEX, KIND_RECORDS, MAX_FRAME, PREAMBLE_SIZE, SCHEMA_VERSION, TRAILER, TRAILER_MAGIC,
     blob_id, chunk_digest, compressor, encode_payload, looks_incompressible, new_packer,
     pack_frame_header, pack_frame_header_sum, pack_preamble, xxh64,
@@ -64,10 +64,8 @@ def _encode_chunk(digest: bytes, data, level: int) -> Tuple[List[Any], int]:
         if len(comp) < raw_len:
             head = pack_frame_header_sum(KIND_CHUNK, CODEC_ZSTD, raw_len, len(comp), xxh64(comp), 0)
             return [head, comp], len(comp)
-    h = xxhash.xxh64()
-    h.update(digest)
-    h.update(data)
-    head = pack_frame_header_sum(KIND_CHUNK, CODEC_STORED, raw_len, raw_len, h.intdigest(), 0)
+    # stored: checked by its chunk id, so the data is not read again here
+    head = pack_frame_header_sum(KIND_CHUNK, CODEC_STORED, raw_len, raw_len, 0, 0, flags=FLAG_ID_SUM)
     return [head, digest, data], raw_len
 
 

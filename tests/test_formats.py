@@ -73,7 +73,37 @@ def test_roundtrip_every_kind(tmp_path, threads, level):
     assert [x["k"] for x in r.records(kinds=["c"])] == ["c"] * 4
     assert list(r.records("end")) == [recs[-1]]
     assert r.stats["records"] == len(want)
-    assert FORMAT_VERSION == 1
+    assert FORMAT_VERSION == 2
+
+
+def test_format_1_files_still_read():
+    """Snapshots written before stored chunks were checked by their id (format 1) read and
+    verify: the real-GPU examples in examples/ are such files."""
+    ex = os.path.join(os.path.dirname(__file__), "..", "examples", "vector_add_h200.cusnap")
+    r = SnapshotReader(ex)
+    assert r.version == 1 and not r.truncated
+    r.verify()
+    assert r.blob_ids() and all(len(r.blob(b)) == r.blob_size(b) for b in r.blob_ids())
+
+
+def test_stored_chunks_are_checked_by_their_id(tmp_path):
+    """A stored chunk frame carries no xxh64 (FLAG_ID_SUM): a flipped data byte is caught by
+    the chunk id, in indexed reads and in scans."""
+    p = tmp_path / "id.cusnap"
+    data = os.urandom(1 << 20)
+    with SnapshotWriter(p, HEADER, level=1) as w:
+        bid = w.add_blob(data)
+    raw = bytearray(p.read_bytes())
+    off = raw.index(bytes.fromhex(bid)) + 16 + 1000          # inside the chunk's data
+    head = C.FRAME.unpack_from(raw, raw.index(bytes.fromhex(bid)) - C.FRAME_SIZE)
+    assert head[3] == C.FLAG_ID_SUM and head[6] == 0
+    assert SnapshotReader(p).blob(bid) == data
+    raw[off] ^= 0x40
+    p.write_bytes(bytes(raw))
+    with pytest.raises(SnapshotError, match="checksum mismatch"):
+        SnapshotReader(p).blob(bid)
+    r = SnapshotReader(p, scan=True)
+    assert bid not in r.blob_ids() and r.lost_bytes > len(data)
 
 
 def test_file_layout_matches_schema(tmp_path):
@@ -81,7 +111,7 @@ def test_file_layout_matches_schema(tmp_path):
     with SnapshotWriter(p, HEADER) as w:
         w.write({"k": "c", "s": 1, "f": "cuInit", "a": {"Flags": 0}, "r": 0})
     data = p.read_bytes()
-    assert data[:8] == b"CUSNAP\0\0" and struct.unpack_from("<II", data, 8) == (1, 0)
+    assert data[:8] == b"CUSNAP\0\0" and struct.unpack_from("<II", data, 8) == (2, 0)
     magic, kind, codec, res, raw, comp, h64, count, hcrc = struct.unpack_from("<4sBBHIIQII", data, 16)
     assert (magic, kind, res, count) == (b"CSFR", 0, 0, 0)
     assert hcrc == xxhash.xxh32_intdigest(data[16:44])
@@ -399,7 +429,7 @@ def test_errors_are_one_line_snapshot_errors(tmp_path):
     with pytest.raises(SnapshotError, match="cannot open"):
         SnapshotReader(tmp_path / "missing.cusnap")
     p.write_bytes(C.PREAMBLE.pack(C.MAGIC, 7, 0) + b"\0" * 64)
-    with pytest.raises(SnapshotError, match=r"unsupported snapshot format version 7 \(this cudasnap reads <= 1\)"):
+    with pytest.raises(SnapshotError, match=r"unsupported snapshot format version 7 \(this cudasnap reads <= 2\)"):
         SnapshotReader(p)
     p.write_bytes(C.pack_preamble())
     with pytest.raises(SnapshotError, match="truncated frame header"):

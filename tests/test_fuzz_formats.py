@@ -253,8 +253,11 @@ def forged_frame(draw):
     count = draw(st.one_of(st.integers(0, 8), U32))
     if kind == 3 or draw(st.booleans()):
         count = count if kind == 1 else 0
-    head = bytearray(struct.pack("<4sBBHIIQI", C.FRAME_MAGIC, kind & 0xFF, codec & 0xFF, 0,
-                                 raw_len, len(stored), C.xxh64(stored), count))
+    # flags: FLAG_ID_SUM (a stored chunk checked by its id, xxh64 field 0) or junk
+    flags = draw(st.sampled_from([0, 0, C.FLAG_ID_SUM, 2, 0xFFFF]))
+    digest = 0 if flags == C.FLAG_ID_SUM and draw(st.booleans()) else C.xxh64(stored)
+    head = bytearray(struct.pack("<4sBBHIIQI", C.FRAME_MAGIC, kind & 0xFF, codec & 0xFF, flags,
+                                 raw_len, len(stored), digest, count))
     comp_override = draw(st.one_of(st.none(), U32))
     if comp_override is not None:
         struct.pack_into("<I", head, 12, comp_override)

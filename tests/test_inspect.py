@@ -179,10 +179,10 @@ def test_corrupt_file_exit_2_one_line(tmp_path, cmd):
 
 def test_newer_format_version_refused(tmp_path):
     p = tmp_path / "new.cusnap"
-    p.write_bytes(b"CUSNAP\0\0" + struct.pack("<II", 2, 0) + b"\0" * 100)
+    p.write_bytes(b"CUSNAP\0\0" + struct.pack("<II", 3, 0) + b"\0" * 100)
     res = runner.invoke(app, ["info", str(p)])
     assert res.exit_code == 2
-    assert "unsupported snapshot format version 2 (this cudasnap reads <= 1)" in _stderr(res)
+    assert "unsupported snapshot format version 3 (this cudasnap reads <= 2)" in _stderr(res)
 
 
 def test_missing_file(tmp_path):
