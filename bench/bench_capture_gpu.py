@@ -128,10 +128,10 @@ def main() -> None:
     ram = Path("/dev/shm")
     ram_ok = ram.is_dir() and os.statvfs(ram).f_bavail * os.statvfs(ram).f_frsize > (6 << 30)
     # "unique_oneseg": --segments 0, every chunk into the one snapshot file (the kernel
-    # serializes buffered writes to one file: bench/diag_storage.py); "unique_seg8": 8 segments
+    # serializes buffered writes to one file: bench/diag_storage.py); "unique_seg4": 4 segments (default 8)
     # "unique_long": 32 copies (8 GiB), sustained rather than a burst
     modes = [("unique", tmp, ()), ("same", tmp, ()), ("unique_oneseg", tmp, ("--segments", "0")),
-             ("unique_seg8", tmp, ("--segments", "8")), ("unique_long", tmp, ()),
+             ("unique_seg4", tmp, ("--segments", "4")), ("unique_long", tmp, ()),
              ("unique_ring4g", tmp, ("--ring-mb", "4096"))]
     modes += [("unique_ram", ram, ())] if ram_ok else []
     for mode, where, cargs in (modes if "h2d" in parts else []):
@@ -160,7 +160,7 @@ def main() -> None:
               f"captured {res['torch_loop_s_capture']:.3f} s: {res['torch_loop_ratio']:.3f}x, medians {res['torch_loop_ratio_median']:.3f}x "
               f"(target <= 1.05); --drain eager {res['torch_loop_s_eager']:.3f} s: {res['torch_loop_eager_ratio']:.3f}x, "
               f"medians {res['torch_loop_eager_ratio_median']:.3f}x")
-    for mode in ("unique", "same", "unique_oneseg", "unique_seg8", "unique_long", "unique_ram", "unique_ring4g"):
+    for mode in ("unique", "same", "unique_oneseg", "unique_seg4", "unique_long", "unique_ram", "unique_ring4g"):
         if f"h2d_{mode}_gbps_native" not in res:
             continue
         print(f"  H2D {res[f'h2d_{mode}_copies']:2d} x 256 MiB {mode:13s}: native {res[f'h2d_{mode}_gbps_native']:.1f} GB/s, captured {res[f'h2d_{mode}_gbps_capture']:.1f} GB/s "

@@ -93,7 +93,7 @@ def _proc_info(pid: int) -> dict:
 class Recorder:
     def __init__(self, session_dir: Path, out: Path, root_pid_getter, options: dict, level: int = 3,
                  threads: int | None = None, blob_level: int | None = None, drain: str = "lazy",
-                 segments: int = 4):
+                 segments: int = 8):
         """threads: writer worker threads per process (encode + write frames); None means
         min(16, os.cpu_count()). level: zstd level of record frames. blob_level: zstd level
         of blob chunks, default 1 (on weight-like data (bf16/f32/int arrays) level 1 gives

@@ -47,7 +47,7 @@ def _session_dir(ring_mb: int = 256) -> Path:
 
 def run_capture(command: list[str], out: Path | None, ring_mb: int = 256, level: int = 3, threads: int | None = None,
                 quiet: bool = False, placement: str = "region", all_queries: bool = False,
-                copy_threads: int | None = None, drain: str = "lazy", segments: int = 4) -> int:
+                copy_threads: int | None = None, drain: str = "lazy", segments: int = 8) -> int:
     if not command:
         print("cudasnap: error: no command given: use `cudasnap capture [-o OUT] -- COMMAND ARGS...`", file=sys.stderr)
         return 2

@@ -30,7 +30,7 @@ def capture(
     placement: str = typer.Option("region", "--placement", help="region: put device allocations in a tool-owned address zone so replay can place them exactly (VMM memory); off: leave addresses to the driver."),
     all_queries: bool = typer.Option(False, "--all-queries", help="Record every pure query (cuCtxGetDevice...); by default a repeat identical to the thread's last recorded one is only counted."),
     copy_threads: Optional[int] = typer.Option(None, "--copy-threads", help="Helper threads in the program that digest and copy payloads of 8 MiB or more (default: half the CPUs, at most 8; 0: the calling thread alone)."),
-    segments: int = typer.Option(4, "--segments", help="Side files that large payload chunks spill into while the snapshot file is busy, folded into it when the process ends (one file takes 3-4 GB/s of buffered writes, four in parallel about 13 GB/s); 0: write everything into the snapshot file."),
+    segments: int = typer.Option(8, "--segments", help="Side files that large payload chunks spill into while the snapshot file is busy, folded into it when the process ends (one file takes 3-4 GB/s of buffered writes, several in parallel far more); 0: write everything into the snapshot file."),
     drain: str = typer.Option("lazy", "--drain", help="lazy: the recorder leaves records in the ring until it is a quarter full, 5 s pass or the process exits, so its work does not run beside the program's; eager: drain continuously (the snapshot file keeps up with the program)."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No summary lines."),
 ):
