@@ -46,28 +46,6 @@ def run(cmd, capture_to: Path | None = None, capture_args=(), env=None):
     return cp.stdout, wall
 
 
-def _disk_write_gbps(d: Path) -> float:
-    import threading
-    buf = os.urandom(4 << 20)
-    path = d / "disk_probe.bin"
-    fd = os.open(path, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o600)
-    n, nthr = 512, 4
-    t0 = time.perf_counter()
-
-    def w(k: int) -> None:
-        for i in range(k, n, nthr):
-            os.pwrite(fd, buf, i * len(buf))
-    ts = [threading.Thread(target=w, args=(k,)) for k in range(nthr)]
-    for th in ts:
-        th.start()
-    for th in ts:
-        th.join()
-    dt = time.perf_counter() - t0
-    os.close(fd)
-    path.unlink()
-    return n * len(buf) / dt / 1e9
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
@@ -147,7 +125,8 @@ def main() -> None:
         res[f"h2d_{mode}_snapshot_bytes"] = snap.stat().st_size
         snap.unlink()
     if "h2d" in parts:
-        res["disk_pwrite_gbps"] = _disk_write_gbps(tmp)
+        import diag_storage              # beside this script
+        res["disk_pwrite_gbps"] = diag_storage.run(tmp, diag_storage.source(128), files=1, threads=4, direct=False)
 
     print(f"capture overhead on {res['card']}")
     if "launch_added_us" in res:
@@ -167,7 +146,7 @@ def main() -> None:
               f"as the program sees it (target >= 10); whole capture {res[f'h2d_{mode}_capture_wall_s']:.2f} s, "
               f"snapshot {res[f'h2d_{mode}_snapshot_bytes'] / 2**20:.0f} MiB")
     if "disk_pwrite_gbps" in res:
-        print(f"  disk: 2 GiB of 4 MiB pwrites from 4 threads into one file in the snapshot directory: "
+        print(f"  disk: 2 GiB of 4 MiB buffered pwrites from 4 threads into one file in the snapshot directory: "
               f"{res['disk_pwrite_gbps']:.1f} GB/s (bench/diag_storage.py compares ways of writing)")
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))

@@ -14,6 +14,7 @@ from .container import (
     SnapshotError, _decompressor, check_preamble, chunk_digest, decode_payload,
     iter_record_payload, parse_frame_header, snap_error, unpack_one, xxh64,
 )
+from .segments import segment_paths
 
 _HEX = set("0123456789abcdef")
 
@@ -88,7 +89,6 @@ class SnapshotReader:
         self._raw_header = hdr
         if self._force_scan or not self._load_index():
             if self._segment_chunks is None:
-                from .segments import segment_paths
                 segs = segment_paths(self.path)
                 if segs:
                     raise SnapshotError(
