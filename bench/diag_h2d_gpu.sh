@@ -9,9 +9,10 @@ ROOT=$(pwd); OUT=${OUT:-/tmp}; W=/tmp/cs-h2d; mkdir -p $W; cd $W
 nvcc -O2 -arch=sm_90 -o h2d_loop "$ROOT/bench/h2d_loop.cu" || exit 2
 cap() { python3 -m cudasnap capture -q -o $W/h.cusnap "$@" -- ./h2d_loop 8 unique; rm -f $W/h.cusnap; }
 echo "native: $(./h2d_loop 8 unique)"
-for v in "--segments 4" "--segments 8" "--segments 12" "--segments 8 --copy-threads 4" \
-         "--segments 8 --threads 24" "--segments 8 --drain eager" "--segments 8 --ring-mb 512"; do
-  for rep in 1 2; do echo "$v: $(cap $v)"; done
+# VARIANTS: ';'-separated capture option sets (default below); REPS runs of each
+IFS=';' read -ra VS <<< "${VARIANTS:---segments 4;--segments 8;--segments 12;--segments 8 --copy-threads 4;--segments 8 --threads 24;--segments 8 --drain eager;--segments 8 --ring-mb 512}"
+for v in "${VS[@]}"; do
+  for rep in $(seq ${REPS:-2}); do echo "$v: $(cap $v)"; done
 done
 if [ -n "${PERF:-}" ]; then
   P="$PERF/ld-linux-x86-64.so.2 --library-path $PERF $PERF/perf"

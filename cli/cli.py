@@ -26,7 +26,7 @@ def capture(
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Snapshot path (default ./PROGRAM.cusnap; other processes get PROGRAM.PID.cusnap)."),
     ring_mb: int = typer.Option(256, "--ring-mb", help="Shared-memory ring per process, MiB (a larger ring absorbs bursts)."),
     level: int = typer.Option(3, "--level", help="zstd compression level (1 fastest .. 19)."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="Hashing/compression threads per process (default: min(16, CPUs))."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="Compression/writing threads per process (default: half the CPUs, at most 8)."),
     placement: str = typer.Option("region", "--placement", help="region: put device allocations in a tool-owned address zone so replay can place them exactly (VMM memory); off: leave addresses to the driver."),
     all_queries: bool = typer.Option(False, "--all-queries", help="Record every pure query (cuCtxGetDevice...); by default a repeat identical to the thread's last recorded one is only counted."),
     copy_threads: Optional[int] = typer.Option(None, "--copy-threads", help="Helper threads in the program that digest and copy payloads of 8 MiB or more (default: half the CPUs, at most 8; 0: the calling thread alone)."),
