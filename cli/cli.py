@@ -1,7 +1,6 @@
 """The `cudasnap` command line. Each command's work lives in its part; this file only wires."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import List, Optional
 

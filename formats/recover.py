@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 from .container import (
     FORMAT_VERSION, FRAME_SIZE, KIND_CHUNK, KIND_INDEX, KIND_RECORDS, MAX_FRAME, TRAILER,

@@ -7,9 +7,10 @@ the prefix).
 
 With threads > 0, frame encoding runs on a thread pool: for blob chunks of >= 1 MiB the
 chunk digest, the dedup decision, the incompressibility probe, compression, the frame
-checksum and the write itself all run on the worker (zstd, xxhash and pwrite release the
-GIL). A blob's id comes from its chunk digests (container.blob_id), so nothing reads the
-content twice; put_chunk takes chunks whose digest the caller already has (the shim's).
+checksum of a compressed chunk and the write itself all run on the worker (zstd, xxhash and
+pwrite release the GIL). A blob's id comes from its chunk digests (container.blob_id), and a
+chunk stored raw is checked by its id (FLAG_ID_SUM), so nothing reads the content twice;
+put_chunk takes chunks whose digest the caller already has (the shim's).
 
 Segments: buffered writes into one file are serialized by the kernel (one inode lock), about
 3-4 GB/s on the GPU machine, where 4 files written in parallel take 12-14 GB/s. With
@@ -31,7 +32,6 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple, Union
 
-import xxhash
 
 from .container import (
     CHUNK_ID_LEN, CHUNK_SIZE, CODEC_STORED, CODEC_ZSTD, FLAG_ID_SUM, FORMAT_VERSION, FRAME_SIZE, KIND_CHUNK,
