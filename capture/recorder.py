@@ -97,7 +97,7 @@ class Recorder:
                  threads: int | None = None, blob_level: int | None = None, drain: str = "lazy",
                  segments: int = 8):
         """threads: writer worker threads per process (encode + write frames); None means
-        min(16, os.cpu_count()). level: zstd level of record frames. blob_level: zstd level
+        default_threads(). level: zstd level of record frames. blob_level: zstd level
         of blob chunks, default 1 (on weight-like data (bf16/f32/int arrays) level 1 gives
         the ratio of level 3 at about twice the speed); chunks whose sample does not
         compress by 3% are stored raw at any level. segments: side files large chunks

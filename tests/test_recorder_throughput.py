@@ -221,8 +221,8 @@ def test_probe():
 def test_recorder_default_threads():
     from cudasnap.capture.recorder import default_threads
 
-    assert 1 <= default_threads() <= 16
-    assert default_threads() == max(1, min(16, os.cpu_count() or 1))
+    assert 1 <= default_threads() <= 8
+    assert default_threads() == max(1, min(8, (os.cpu_count() or 2) // 2))
 
 
 # ---------------------------------------------------------------------------- end to end
