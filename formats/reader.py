@@ -92,9 +92,9 @@ class SnapshotReader:
                 segs = segment_paths(self.path)
                 if segs:
                     raise SnapshotError(
-                        f"{self.path}: its writer stopped before finishing and left {len(segs)} segment "
-                        f"file(s) beside it ({os.path.basename(segs[0])}...): run `cudasnap repair {self.path}` "
-                        f"to fold them in")
+                        f"{self.path}: unfinished, with {len(segs)} segment file(s) of its chunks beside it "
+                        f"({os.path.basename(segs[0])}...): once its writer has stopped, run "
+                        f"`cudasnap repair {self.path}` to fold them in")
             self._scan()
 
     def _load_index(self) -> bool:
