@@ -46,7 +46,7 @@ class SnapshotReader:
         (a preamble, then chunk frames: formats/writer.py) by scanning. A file without an
         index whose writer left segments beside it is refused (`cudasnap repair` folds
         them in) unless segment_chunks names the chunk ids those segments hold."""
-        self._force_scan = bool(scan) or segment
+        self._force_scan = bool(scan)
         self._segment = segment
         self._segment_chunks = set(segment_chunks) if segment_chunks is not None else None
         self.path = os.fspath(path)

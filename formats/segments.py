@@ -21,7 +21,7 @@ def segment_paths(path) -> List[str]:
 
 
 class Segment:
-    """One segment file: written by one thread at a time (taken from the free queue)."""
+    """One segment file: written by one thread at a time (the writer hands out free ones)."""
 
     def __init__(self, path: str):
         self.path = path
