@@ -1,6 +1,7 @@
 """The replay engine: reads a snapshot in file order and dispatches each call record."""
 from __future__ import annotations
 
+import bisect
 import os
 import queue
 import re
@@ -74,7 +75,9 @@ class Replayer:
         self.handles: Dict[int, Any] = {}
         self.funcs: Dict[int, Any] = {}               # recorded CUfunction/CUkernel -> live CUfunction
         self.func_names: Dict[int, str] = {}          # recorded function handle -> name
-        self.fns: Dict[int, Dict[str, Any]] = {}      # "fn" records by handle
+        self.fns: Dict[int, Dict[str, Any]] = {}      # "fn" records by handle (the first)
+        self.fn_versions: Dict[int, List[Tuple[int, Dict[str, Any]]]] = {}  # reused handles: (after seq, fn)
+        self.func_from: Dict[int, Dict[str, Any]] = {}  # handle -> fn record its live function was resolved by
         self.modules: Dict[int, Any] = {}             # recorded module -> live
         self.libraries: Dict[int, Any] = {}           # recorded library -> live
         self.module_of: Dict[int, int] = {}           # recorded function -> recorded module/library
@@ -239,7 +242,32 @@ class Replayer:
             if not self.opt.continue_on_error:
                 raise _StopVerify(m)
 
-    def kernel_name_of(self, rec_f) -> str:
+    def _add_fn(self, rec, after_seq: int) -> None:
+        """An fn record names a handle at first sight. The shim sends one again after a module,
+        library or context is unloaded; one that names another kernel than before (a reused
+        handle value) holds for the calls after it, so versions are kept with their position."""
+        h = rec["h"]
+        first = self.fns.get(h)
+        if first is None:
+            self.fns[h] = rec
+            self.func_names.setdefault(h, rec.get("name") or "")
+            return
+        vers = self.fn_versions.get(h)
+        last = vers[-1][1] if vers else first
+        if (rec.get("name"), rec.get("module"), rec.get("kind")) != (last.get("name"), last.get("module"), last.get("kind")):
+            self.fn_versions.setdefault(h, [(-1, first)]).append((after_seq, rec))
+
+    def fn_record(self, h, seq=None) -> Optional[Dict[str, Any]]:
+        """The fn record that names handle h at call `seq` (the newest one before it)."""
+        vers = self.fn_versions.get(h)
+        if not vers or not isinstance(seq, int):
+            return self.fns.get(h)
+        i = bisect.bisect_left([v[0] for v in vers], seq) - 1
+        return vers[max(i, 0)][1]
+
+    def kernel_name_of(self, rec_f, seq=None) -> str:
+        if rec_f in self.fn_versions:
+            return (self.fn_record(rec_f, seq) or {}).get("name") or f"{rec_f:#x}"
         if rec_f in self.func_names:
             return self.func_names[rec_f]
         fr = self.fns.get(rec_f)
@@ -332,6 +360,7 @@ class Replayer:
         planner = _Planner(self._fast_eligible())
         self._h2d_order: List[str] = []
         self._planner = planner
+        max_seq = -1          # the highest call sequence number read so far, in file order
         for rec in self.reader.records():
             k = rec.get("k")
             if k == "c":
@@ -339,6 +368,8 @@ class Replayer:
                     self.incomplete.append(rec)
                     continue
                 self.total += 1
+                if type(rec.get("s")) is int and rec["s"] > max_seq:
+                    max_seq = rec["s"]
                 rng = alloc_range(rec)
                 if rng:
                     self.ranges.append(rng)
@@ -349,8 +380,7 @@ class Replayer:
                     if isinstance(ref, dict) and isinstance(ref.get("blob"), str) and rec.get("r", 0) == 0:
                         self._h2d_order.append(ref["blob"])
             elif k == "fn" and isinstance(rec.get("h"), int):
-                self.fns[rec["h"]] = rec
-                self.func_names.setdefault(rec["h"], rec.get("name") or "")
+                self._add_fn(rec, max_seq)
             elif k == "proc":
                 self.recorded_gpus = rec.get("gpus") or []
             elif k == "region" and isinstance(rec.get("base"), int) and isinstance(rec.get("size"), int):
@@ -638,7 +668,7 @@ class Replayer:
                 rec = b.rec(b.first_pos[j])
                 st = streams[sk] = int(self.stream(rec, hs))
             if moved or cond:
-                layout = (self.fns.get(h) or {}).get("params")
+                layout = (self.fn_record(h, b.seqs[b.first_pos[j]]) or {}).get("params")
                 if moved:
                     params, changes = relocate_params(params, layout, self.space)
                     nchg.append(len(changes))

@@ -251,7 +251,7 @@ def make_launch_event(rp, rec, fn, params: bytes, name: str, cfg=None) -> Launch
     a = rec.get("a") or {}
     f = rec.get("f") or ""
     h = a.get("f")
-    fr = rp.fns.get(h) or {}
+    fr = rp.fn_record(h, rec.get("s")) or {}
     if cfg is not None:
         grid = (int(cfg.gridDimX), int(cfg.gridDimY), int(cfg.gridDimZ))
         block = (int(cfg.blockDimX), int(cfg.blockDimY), int(cfg.blockDimZ))

@@ -26,6 +26,7 @@ KINDS = {
 HOOKS = {
     None: 0, "launch": 1, "module_image": 2, "module_file": 3, "getproc": 4, "export_table": 5,
     "memcpy_struct": 6, "host_alloc": 0, "async_d2h": 7, "init": 8, "launch_config": 0,
+    "unload": 11,
 }
 # Real driver entries the hooks call themselves (never through a wrapper).
 HELPERS = [
@@ -101,6 +102,15 @@ def _hook_of(fn) -> tuple[int, int, int, int]:
     return hook, h0, h1, h2
 
 
+def _first_sight(params) -> int:
+    """Index of the first CUfunction/CUkernel passed by value, or -1: the shim identifies such
+    a handle (name, module, parameter layout) before the call, whatever produced it."""
+    for i, p in enumerate(params):
+        if p["kind"] == "val" and p.get("ctype") in ("CUfunction", "CUkernel"):
+            return i
+    return -1
+
+
 def _struct_field(types, tname, field, default):
     t = types.get(tname) or {}
     for f in t.get("fields", []):
@@ -156,12 +166,12 @@ def generate_c(desc: dict) -> str:
       " CS_K_BLOB_IN, CS_K_BLOB_OUT, CS_K_ARRAY_IN, CS_K_ARRAY_OUT };")
     w("enum { CS_P_FLOAT = 1, CS_P_COUNT_PTR = 2 };")
     w("enum { CS_H_NONE, CS_H_LAUNCH, CS_H_MODULE_IMAGE, CS_H_MODULE_FILE, CS_H_GETPROC,"
-      " CS_H_EXPORT_TABLE, CS_H_MEMCPY_STRUCT, CS_H_ASYNC_D2H, CS_H_INIT, CS_H_PLACE, CS_H_KNODE };")
+      " CS_H_EXPORT_TABLE, CS_H_MEMCPY_STRUCT, CS_H_ASYNC_D2H, CS_H_INIT, CS_H_PLACE, CS_H_KNODE, CS_H_UNLOAD };")
     w("typedef struct { unsigned char kind, size, flags, ai; unsigned short len_idx; unsigned aux; } cs_param;")
     w("typedef struct { const char *name, *base; unsigned char nparams, hook; signed char h0, h1, h2; unsigned char query;"
-      " unsigned short kinds; unsigned char simple, floats; const cs_param *params; } cs_fn;"
+      " unsigned short kinds; unsigned char simple, floats; signed char fh; const cs_param *params; } cs_fn;"
       "   /* kinds: bit 1<<CS_K_* per kind present; simple: at most 6 integer arguments, no float;"
-      " floats: float arguments */")
+      " floats: float arguments; fh: a CUfunction/CUkernel argument to identify at first sight */")
     ids = {f["name"]: i for i, f in enumerate(fns)}
     for h in HELPERS:
         w(f"#define CS_ID_{h} {ids.get(h, -1)}")
@@ -215,6 +225,7 @@ def generate_c(desc: dict) -> str:
                 if k >= 0:
                     prow[k][5] = params[k].get("pointee_size") or 8
         hook, h0, h1, h2 = _hook_of(f)
+        fh = _first_sight(params) if ok and hook not in (HOOKS["launch"], 10) else -1
         simple = 1 if ok and ints <= 6 and floats == 0 else 0
         simples.append(simple)
         if not ok:
@@ -223,7 +234,7 @@ def generate_c(desc: dict) -> str:
         w(f"static const cs_param cs_p{i}[] = {{{cells or '{0,0,0,0,0,0}'}}};")
         query = 1 if (ok and hook == 0 and QUERY_RX.match(f["name"])
                       and all(p["kind"] in ("val", "opaque", "out", "out_struct") for p in params)) else 0
-        rows.append(f'  {{"{f["name"]}", "{f["base"]}", {len(params) if ok else 0}, {hook if ok else 0}, {h0}, {h1}, {h2}, {query}, {kinds}, {simple}, {floats}, cs_p{i}}},')
+        rows.append(f'  {{"{f["name"]}", "{f["base"]}", {len(params) if ok else 0}, {hook if ok else 0}, {h0}, {h1}, {h2}, {query}, {kinds}, {simple}, {floats}, {fh}, cs_p{i}}},')
         qkeys.append(_query_key_fn(i, prow) if query and simple else None)
     w("static const cs_fn cs_fns[CS_NFN] = {")
     out.extend(rows)

@@ -162,6 +162,8 @@ CAPTURE_RULES = [
      r"|cuMemcpy3DPeerAsync", "memcpy_struct"),
     (r"cuMemHostAlloc|cuMemAllocHost|cuMemHostRegister|cuMemAllocManaged", "host_alloc"),
     (r"cuMemcpyDtoHAsync|cuMemcpyAtoHAsync", "async_d2h"),
+    # function and kernel handle values may be handed out again for other kernels afterwards
+    (r"cuModuleUnload|cuLibraryUnload|cuCtxDestroy|cuDevicePrimaryCtxRelease|cuDevicePrimaryCtxReset", "unload"),
 ]
 
 # ---------------------------------------------------------------------------------------

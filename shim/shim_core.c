@@ -517,6 +517,7 @@ static CUresult cs_call(int id, U *a, double *d) {
     if (!real) return 999; /* CUDA_ERROR_UNKNOWN: the driver lacks this entry */
     if (fn->hook == CS_H_EXPORT_TABLE || cs_depth || cs_start() != 1)
         return cs_hook_passthrough(fn, real, a, d);
+    if (fn->fh >= 0 && a[fn->params[fn->fh].ai]) cs_layout_of(a[fn->params[fn->fh].ai]);
     if (fn->query) return cs_call_query(id, fn, real, a, d);
     return cs_call_rec(id, fn, real, a, d);
 }

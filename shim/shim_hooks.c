@@ -39,10 +39,19 @@ static uint32_t cs_array_bytes(const cs_fn *fn, const cs_param *p, const U *a) {
 }
 
 /* --- kernel parameter layouts, cached per handle -------------------------------------- */
-typedef struct { U handle; uint32_t n, total; uint32_t *off_size; } cs_layout;
+/* An entry is immutable once published; the table holds pointers to entries, so a lock-free
+ * reader never sees one half rewritten. Unloading a module or library (or destroying a
+ * context) bumps the generation: a handle value the driver hands out again may name another
+ * kernel (JIT autotuners load and unload modules by the thousand), so every handle seen after
+ * that is asked again and re-identified by a new FN record. Replaced entries are not freed
+ * (a reader may still hold one); they are small and few. */
+typedef struct { U handle; uint64_t gen; uint32_t n, total; uint32_t *off_size; } cs_layout;
 #define CS_LAYOUTS 16384
-static cs_layout cs_layouts[CS_LAYOUTS];
+static cs_layout *cs_layouts[CS_LAYOUTS];
+static uint64_t cs_layout_gen = 1;
 static pthread_mutex_t cs_layout_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void cs_layouts_invalidate(void) { __atomic_add_fetch(&cs_layout_gen, 1, __ATOMIC_ACQ_REL); }
 
 static void cs_emit_fn(U h, int kind, const char *name, const cs_layout *L, U module) {
     uint32_t nl = name ? (uint32_t)strnlen(name, 4096) : 0;
@@ -58,24 +67,9 @@ static void cs_emit_fn(U h, int kind, const char *name, const cs_layout *L, U mo
     cs_publish(&r);
 }
 
-/* Layout of a launched function: cuFuncGetParamInfo, else cuKernelGetParamInfo (the
- * runtime passes CUkernel handles cast to CUfunction). Emits an FN record on first sight. */
-static const cs_layout *cs_layout_of(U h) {
-    uint64_t slot = (h >> 4) * 0x9E3779B97F4A7C15ull;
-    for (unsigned probe = 0; probe < CS_LAYOUTS; probe++) {
-        cs_layout *L = &cs_layouts[(slot + probe) & (CS_LAYOUTS - 1)];
-        U k = __atomic_load_n(&L->handle, __ATOMIC_ACQUIRE);
-        if (k == h) return L;
-        if (k == 0) break;
-    }
-    pthread_mutex_lock(&cs_layout_lock);
-    cs_layout *L = NULL;
-    for (unsigned probe = 0; probe < CS_LAYOUTS; probe++) {
-        cs_layout *c = &cs_layouts[(slot + probe) & (CS_LAYOUTS - 1)];
-        if (c->handle == h) { pthread_mutex_unlock(&cs_layout_lock); return c; }
-        if (c->handle == 0) { L = c; break; }
-    }
-    if (!L) { pthread_mutex_unlock(&cs_layout_lock); return NULL; }
+/* Parameter offsets and sizes of h: cuFuncGetParamInfo, else cuKernelGetParamInfo (the
+ * runtime passes CUkernel handles cast to CUfunction). kind: 0 function, 1 kernel. */
+static int cs_query_layout(U h, cs_layout *L) {
     cs_fn4 fpi = CALLREAL(CS_ID_cuFuncGetParamInfo, cs_fn4);
     cs_fn4 kpi = CALLREAL(CS_ID_cuKernelGetParamInfo, cs_fn4);
     int kind = 0;
@@ -98,18 +92,45 @@ static const cs_layout *cs_layout_of(U h) {
         }
     }
     L->n = n; L->total = total; L->off_size = os;
-    char name[1] = {0};
-    const char *nm = name;
+    return kind;
+}
+
+/* Layout of a function or kernel handle; emits an FN record (name, module, layout) the first
+ * time the handle is seen in this generation, whatever call it first appears in. */
+static const cs_layout *cs_layout_of(U h) {
+    uint64_t gen = __atomic_load_n(&cs_layout_gen, __ATOMIC_ACQUIRE);
+    uint64_t slot = (h >> 4) * 0x9E3779B97F4A7C15ull;
+    for (unsigned probe = 0; probe < CS_LAYOUTS; probe++) {
+        cs_layout *L = __atomic_load_n(&cs_layouts[(slot + probe) & (CS_LAYOUTS - 1)], __ATOMIC_ACQUIRE);
+        if (!L) break;
+        if (L->handle == h && L->gen == gen) return L;
+    }
+    pthread_mutex_lock(&cs_layout_lock);
+    gen = __atomic_load_n(&cs_layout_gen, __ATOMIC_ACQUIRE);
+    int free_at = -1;
+    for (unsigned probe = 0; probe < CS_LAYOUTS; probe++) {
+        unsigned i = (unsigned)((slot + probe) & (CS_LAYOUTS - 1));
+        cs_layout *c = cs_layouts[i];
+        if (c && c->handle == h && c->gen == gen) { pthread_mutex_unlock(&cs_layout_lock); return c; }
+        if (free_at < 0 && (!c || c->gen != gen)) free_at = (int)i;   /* empty, or stale: reusable */
+        if (!c) break;
+    }
+    cs_layout *L = free_at >= 0 ? calloc(1, sizeof *L) : NULL;
+    if (!L) { pthread_mutex_unlock(&cs_layout_lock); return NULL; }
+    int kind = cs_query_layout(h, L);
+    char empty[1] = {0};
+    const char *nm = empty;
     cs_fn2 gn = kind == 0 ? CALLREAL(CS_ID_cuFuncGetName, cs_fn2) : CALLREAL(CS_ID_cuKernelGetName, cs_fn2);
-    if (gn && gn((U)&nm, h) != 0) nm = name;
-    if (kind == 0 && gn && nm == name) {  /* maybe a CUkernel after all */
+    if (gn && gn((U)&nm, h) != 0) nm = empty;
+    if (kind == 0 && nm == empty) {  /* maybe a CUkernel after all */
         cs_fn2 kn = CALLREAL(CS_ID_cuKernelGetName, cs_fn2);
         if (kn && kn((U)&nm, h) == 0) kind = 1;
     }
     U module = 0;
     cs_fn2 gm = CALLREAL(CS_ID_cuFuncGetModule, cs_fn2);
     if (kind == 0 && gm) gm((U)&module, h);
-    __atomic_store_n(&L->handle, h, __ATOMIC_RELEASE);
+    L->handle = h; L->gen = gen;
+    __atomic_store_n(&cs_layouts[free_at], L, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&cs_layout_lock);
     cs_emit_fn(h, kind, nm, L, module);
     return L;
@@ -423,6 +444,9 @@ static void cs_hook_after(const cs_fn *fn, int id, U *a, CUresult res) {
     }
     case CS_H_INIT:
         if (res == 0) cs_emit_proc();
+        return;
+    case CS_H_UNLOAD:
+        if (res == 0) cs_layouts_invalidate();
         return;
     case CS_H_MEMCPY_STRUCT: {
         const char *c = (const char *)a[fn->params[0].ai], *hp; uint64_t n;

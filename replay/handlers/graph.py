@@ -335,9 +335,9 @@ def kernel_params(rp, rec, raw: bytearray, off: int = 0) -> bytearray:
     fn = resolve_function(rp, rec, h)
     params = bytes(params)
     if rp.space is not None and rp.space.moved:
-        params, changes = relocate_params(params, (rp.fns.get(h) or {}).get("params"), rp.space)
+        params, changes = relocate_params(params, (rp.fn_record(h, rec.get("s")) or {}).get("params"), rp.space)
         rp.res.params_relocated += len(changes)
-    params = patch_conditional_handles(rp, rec, params, (rp.fns.get(h) or {}).get("params"))
+    params = patch_conditional_handles(rp, rec, params, (rp.fn_record(h, rec.get("s")) or {}).get("params"))
     args = _KernelArgs(params)
     keep_forever(rp, args)
     ctx = _u64(raw, off + 64)

@@ -45,12 +45,12 @@ def _prepare(rp, rec):
     x = rec.get("x") or {}
     params = x.get("params")
     h = a.get("f")
-    name = rp.kernel_name_of(h)
+    name = rp.kernel_name_of(h, rec.get("s"))
     if params is None:
         rp.fail(rec, f"kernel parameters of {name} were not captured (x.params missing); cannot launch")
     params = bytes(params)
     fn = resolve_function(rp, rec, h)
-    layout = (rp.fns.get(h) or {}).get("params")
+    layout = (rp.fn_record(h, rec.get("s")) or {}).get("params")
     # the kernel writes (as far as we can tell) every allocation its pointer parameters reach
     seq = rec.get("s")
     for off in range(0, len(params) - 7, 8):

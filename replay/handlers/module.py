@@ -101,6 +101,7 @@ def module_get_function(rp, rec):
     fn = rp.drv(rec, "cuModuleGetFunction", rp.live(rec, a.get("hmod"), "module"), name.encode())
     if fn is not None:
         rp.funcs[a.get("hfunc")] = fn
+        rp.func_from.pop(a.get("hfunc"), None)
         rp.set_handle(a.get("hfunc"), fn)
         rp.func_names[a.get("hfunc")] = name
         rp.module_of[a.get("hfunc")] = a.get("hmod")
@@ -159,9 +160,9 @@ def resolve_function(rp, rec, h):
     """Live CUfunction for a recorded function/kernel handle: from the map, else by the fn
     record's name in the loaded modules and libraries."""
     fn = rp.funcs.get(h)
-    if fn is not None:
+    fr = rp.fn_record(h, rec.get("s"))
+    if fn is not None and (h not in rp.fn_versions or rp.func_from.get(h, fr) is fr):
         return fn
-    fr = rp.fns.get(h)
     name = (fr or {}).get("name") or rp.func_names.get(h)
     if not name:
         rp.fail(rec, f"function handle {h:#x} is unknown (no cuModuleGetFunction/cuLibraryGetKernel and no fn record)"
@@ -189,7 +190,11 @@ def resolve_function(rp, rec, h):
     if fn is None:
         rp.fail(rec, f"kernel {name!r} not found in any loaded module or library")
     rp.funcs[h] = fn
-    rp.func_names.setdefault(h, name)
+    rp.func_from[h] = fr
+    if h in rp.fn_versions:
+        rp.func_names[h] = name
+    else:
+        rp.func_names.setdefault(h, name)
     return fn
 
 

@@ -38,6 +38,7 @@ PROGRAMS = {
     "launch_forms": "link",
     "bigcopy": "link",
     "queries": "link",
+    "reload": "link",
 }
 
 MODULE_TEXT = "CUDADOUBLE\nkernel add_one\nkernel fill\nkernel saxpy\nkernel chase\nkernel incr\nkernel spin\n"

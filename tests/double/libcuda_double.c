@@ -54,8 +54,20 @@ _Static_assert(sizeof(CUuuid) == 16 && sizeof(CUdeviceptr) == 8, "CUuuid/CUdevic
 static void **objs;
 static size_t nobjs, capobjs;
 
+/* Freed function objects are handed out again, newest first, so a handle value names another
+ * kernel after its module is unloaded, as the real driver's do. */
+static void *spare_funcs[256];
+static size_t nspare_funcs;
+
 void *obj_new(int type, size_t size) {
-    int *o = calloc(1, size < sizeof(int) ? sizeof(int) : size);
+    int *o = NULL;
+    if (type == OBJ_FUNC) {
+        LOCK();
+        if (nspare_funcs) o = spare_funcs[--nspare_funcs];
+        UNLOCK();
+        if (o) memset(o, 0, size);
+    }
+    if (!o) o = calloc(1, size < sizeof(int) ? sizeof(int) : size);
     if (!o) return NULL;
     *o = type;
     LOCK();
@@ -87,8 +99,10 @@ void obj_free(void *p) {
     for (size_t i = 0; i < nobjs; i++)
         if (objs[i] == p) {
             objs[i] = objs[--nobjs];
+            int func = *(int *)p == OBJ_FUNC;
             *(int *)p = 0;
-            free(p);
+            if (func && nspare_funcs < sizeof spare_funcs / sizeof *spare_funcs) spare_funcs[nspare_funcs++] = p;
+            else free(p);
             break;
         }
     UNLOCK();

@@ -1,0 +1,47 @@
+"""Handles identified at first sight, on the CUDA test double: a function handle value the
+driver hands out again for another kernel after its module was unloaded (what JIT autotuners
+cause), and a function that reached the program through a path no interception sees."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from cudasnap.formats import SnapshotReader
+
+
+def _launch_params(r: SnapshotReader):
+    return [(c["a"]["f"], len(c["x"]["params"])) for c in r.records("c") if c["f"].startswith("cuLaunchKernel")]
+
+
+def test_reused_handles_keep_their_own_layout_and_replay(double, capture, native):
+    nat = native(double["progs"]["reload"])
+    assert nat.returncode == 0, nat.stderr
+    assert "REUSED 7" in nat.stdout           # the double really handed the same value out again
+    cp, snap = capture(double["progs"]["reload"])
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout == nat.stdout
+    r = SnapshotReader(snap)
+    fns = list(r.records("fn"))
+    launches = _launch_params(r)
+    # saxpy(float, float*, float*, int) packs 28 bytes, add_one(float*, int) 12: each launch
+    # carries its own kernel's bytes although both share one handle value
+    assert [n for _, n in launches[:8]] == [28, 12] * 4
+    reused = launches[0][0]
+    names = [f["name"] for f in fns if f["h"] == reused]
+    assert names[:8] == ["saxpy", "add_one"] * 4, names
+    rp = subprocess.run([sys.executable, "-m", "cudasnap", "replay", str(snap)], env=double["env"],
+                        capture_output=True, text=True, timeout=120)
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    assert "OK: every recorded D2H result reproduced" in rp.stdout
+
+
+def test_function_from_an_unseen_path_is_identified_before_its_first_use(double, capture):
+    cp, snap = capture(double["progs"]["reload"])
+    assert cp.returncode == 0, cp.stderr
+    r = SnapshotReader(snap)
+    order = [(rec["k"], rec.get("f") or rec.get("name")) for rec in r.records() if rec["k"] in ("c", "fn")]
+    attr = order.index(("c", "cuFuncSetAttribute"))
+    # the fn record naming `incr` comes before the attribute call that first uses the handle
+    assert ("fn", "incr") in order[:attr]
+    assert not any(c["f"] == "cuModuleGetFunction" for c in r.records("c")
+                   if (c.get("a") or {}).get("name") == "incr")
