@@ -197,6 +197,12 @@ class Decoder:
             d = {idx: data for idx, _tag, data in rec.fields}
             return [{"k": "region", "base": struct.unpack("<Q", d[F_HANDLE])[0],
                      "size": struct.unpack("<Q", d[F_CODE])[0], "purpose": "placement"}]
+        if t == R.CTX:
+            d = {idx: data for idx, _tag, data in rec.fields}
+            dev = struct.unpack("<q", d.get(F_CODE, b"\xff" * 8))[0]
+            return [{"k": "ctx", "h": struct.unpack("<Q", d[F_HANDLE])[0] if F_HANDLE in d else 0,
+                     "device": dev if dev >= 0 else None,
+                     "primary": bool(struct.unpack("<Q", d.get(F_KIND, bytes(8)))[0])}]
         if t == R.REPEAT:
             data = rec.fields[0][2] if rec.fields else b""
             calls = []

@@ -16,7 +16,7 @@ REC_HDR = struct.Struct("<IIHHIQQQiI")  # len, state, type, nfields, fn, seq, ti
 FIELD_HDR = struct.Struct("<HHI")
 assert REC_HDR.size == 48
 
-PAD, PRE, POST, FN, PROC, NOTE, BLOB_PIECE, BLOB_END, EXIT, REGION, CALL, REPEAT = range(1, 13)
+PAD, PRE, POST, FN, PROC, NOTE, BLOB_PIECE, BLOB_END, EXIT, REGION, CALL, REPEAT, CTX = range(1, 14)
 T_VAL, T_BYTES, T_STR, T_BLOB, T_F64, T_VALS = range(1, 7)
 F_VALS = 0xFFFF
 F_T1 = 0x11A                     # CS_F_T1: when a launch returned

@@ -78,6 +78,7 @@ class Replayer:
         self.fns: Dict[int, Dict[str, Any]] = {}      # "fn" records by handle (the first)
         self.fn_versions: Dict[int, List[Tuple[int, Dict[str, Any]]]] = {}  # reused handles: (after seq, fn)
         self.func_from: Dict[int, Dict[str, Any]] = {}  # handle -> fn record its live function was resolved by
+        self.ctx_ids: Dict[int, Dict[str, Any]] = {}  # "ctx" records: contexts identified at first sight
         self.modules: Dict[int, Any] = {}             # recorded module -> live
         self.libraries: Dict[int, Any] = {}           # recorded library -> live
         self.module_of: Dict[int, int] = {}           # recorded function -> recorded module/library
@@ -381,6 +382,8 @@ class Replayer:
                         self._h2d_order.append(ref["blob"])
             elif k == "fn" and isinstance(rec.get("h"), int):
                 self._add_fn(rec, max_seq)
+            elif k == "ctx" and isinstance(rec.get("h"), int):
+                self.ctx_ids.setdefault(rec["h"], rec)
             elif k == "proc":
                 self.recorded_gpus = rec.get("gpus") or []
             elif k == "region" and isinstance(rec.get("base"), int) and isinstance(rec.get("size"), int):

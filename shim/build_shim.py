@@ -34,7 +34,8 @@ HELPERS = [
     "cuFuncGetModule", "cuStreamSynchronize", "cuStreamSynchronize_ptsz", "cuStreamIsCapturing",
     "cuStreamIsCapturing_ptsz", "cuDriverGetVersion", "cuDeviceGetCount", "cuDeviceGet",
     "cuDeviceGetName", "cuDeviceGetUuid", "cuDeviceGetUuid_v2", "cuDeviceGetAttribute",
-    "cuDeviceTotalMem_v2", "cuCtxGetDevice", "cuMemAddressReserve", "cuMemCreate", "cuMemMap",
+    "cuDeviceTotalMem_v2", "cuCtxGetDevice", "cuCtxGetDevice_v2", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2",
+    "cuDevicePrimaryCtxGetState", "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease_v2", "cuPointerGetAttribute", "cuMemAddressReserve", "cuMemCreate", "cuMemMap",
     "cuMemSetAccess", "cuMemAddressFree", "cuMemRelease", "cuMemUnmap", "cuMemGetAllocationGranularity",
 ]
 # Pure queries (no effect on driver state, cannot block): recorded as ONE record after they
@@ -47,7 +48,8 @@ QUERY_RX = re.compile(
     r"|StreamGet(Priority|Flags|Ctx|Id|Device)|StreamQuery|EventQuery|GetErrorName|GetErrorString|MemGetInfo"
     r"|OccupancyMaxActiveBlocksPerMultiprocessor|OccupancyMaxPotentialBlockSize)\w*$")
 # Calls the placement hook answers itself (shim_placement.c).
-PLACEMENT = {"cuMemAlloc_v2", "cuMemFree_v2", "cuMemGetAddressRange_v2", "cuMemAddressReserve", "cuMemAddressFree"}
+PLACEMENT = {"cuMemAlloc_v2", "cuMemFree_v2", "cuMemGetAddressRange_v2", "cuMemAddressReserve", "cuMemAddressFree",
+             "cuPointerGetAttribute", "cuPointerGetAttributes"}
 
 
 def load_description(path: Path = HERE / "api_description.json") -> dict:
@@ -102,11 +104,12 @@ def _hook_of(fn) -> tuple[int, int, int, int]:
     return hook, h0, h1, h2
 
 
-def _first_sight(params) -> int:
-    """Index of the first CUfunction/CUkernel passed by value, or -1: the shim identifies such
-    a handle (name, module, parameter layout) before the call, whatever produced it."""
+def _first_sight(params, ctypes) -> int:
+    """Index of the first handle of these C types passed by value, or -1: the shim identifies
+    such a handle (a function's name, module and parameter layout; a context's device) before
+    the call, whatever produced it."""
     for i, p in enumerate(params):
-        if p["kind"] == "val" and p.get("ctype") in ("CUfunction", "CUkernel"):
+        if p["kind"] == "val" and p.get("ctype") in ctypes:
             return i
     return -1
 
@@ -169,9 +172,9 @@ def generate_c(desc: dict) -> str:
       " CS_H_EXPORT_TABLE, CS_H_MEMCPY_STRUCT, CS_H_ASYNC_D2H, CS_H_INIT, CS_H_PLACE, CS_H_KNODE, CS_H_UNLOAD };")
     w("typedef struct { unsigned char kind, size, flags, ai; unsigned short len_idx; unsigned aux; } cs_param;")
     w("typedef struct { const char *name, *base; unsigned char nparams, hook; signed char h0, h1, h2; unsigned char query;"
-      " unsigned short kinds; unsigned char simple, floats; signed char fh; const cs_param *params; } cs_fn;"
+      " unsigned short kinds; unsigned char simple, floats; signed char fh, ch; const cs_param *params; } cs_fn;"
       "   /* kinds: bit 1<<CS_K_* per kind present; simple: at most 6 integer arguments, no float;"
-      " floats: float arguments; fh: a CUfunction/CUkernel argument to identify at first sight */")
+      " floats: float arguments; fh, ch: a CUfunction/CUkernel, a CUcontext argument to identify at first sight */")
     ids = {f["name"]: i for i, f in enumerate(fns)}
     for h in HELPERS:
         w(f"#define CS_ID_{h} {ids.get(h, -1)}")
@@ -225,7 +228,8 @@ def generate_c(desc: dict) -> str:
                 if k >= 0:
                     prow[k][5] = params[k].get("pointee_size") or 8
         hook, h0, h1, h2 = _hook_of(f)
-        fh = _first_sight(params) if ok and hook not in (HOOKS["launch"], 10) else -1
+        fh = _first_sight(params, ("CUfunction", "CUkernel")) if ok and hook not in (HOOKS["launch"], 10) else -1
+        ch = _first_sight(params, ("CUcontext",)) if ok else -1
         simple = 1 if ok and ints <= 6 and floats == 0 else 0
         simples.append(simple)
         if not ok:
@@ -234,7 +238,7 @@ def generate_c(desc: dict) -> str:
         w(f"static const cs_param cs_p{i}[] = {{{cells or '{0,0,0,0,0,0}'}}};")
         query = 1 if (ok and hook == 0 and QUERY_RX.match(f["name"])
                       and all(p["kind"] in ("val", "opaque", "out", "out_struct") for p in params)) else 0
-        rows.append(f'  {{"{f["name"]}", "{f["base"]}", {len(params) if ok else 0}, {hook if ok else 0}, {h0}, {h1}, {h2}, {query}, {kinds}, {simple}, {floats}, {fh}, cs_p{i}}},')
+        rows.append(f'  {{"{f["name"]}", "{f["base"]}", {len(params) if ok else 0}, {hook if ok else 0}, {h0}, {h1}, {h2}, {query}, {kinds}, {simple}, {floats}, {fh}, {ch}, cs_p{i}}},')
         qkeys.append(_query_key_fn(i, prow) if query and simple else None)
     w("static const cs_fn cs_fns[CS_NFN] = {")
     out.extend(rows)

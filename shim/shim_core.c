@@ -288,9 +288,11 @@ static int cs_start(void) {
     return cs_state;
 }
 
+static void cs_place_exit_note(void);
 static void cs_exit_hook(void) {
     if (!cs_ring || cs_pid != getpid()) return;
     cs_q_flush_all();
+    cs_place_exit_note();
     cs_rec r;
     if (cs_reserve(&r, (uint32_t)sizeof(cs_rec_hdr), CS_REC_EXIT) == 0) { r.h->t_ns = cs_now(); cs_publish(&r); }
     __atomic_store_n(&cs_ring->state, 2, __ATOMIC_RELEASE);
@@ -510,6 +512,15 @@ static __attribute__((noinline)) CUresult cs_call_query(int id, const cs_fn *fn,
 
 static __attribute__((noinline)) CUresult cs_call_rec(int id, const cs_fn *fn, cs_gen_fn real, U *a, double *d);
 
+/* Identify a function/kernel or context argument before the call; driver calls made while
+ * identifying pass through unrecorded (a driver may route them through its own entry points). */
+static __attribute__((noinline)) void cs_first_sight(const cs_fn *fn, const U *a) {
+    cs_depth++;
+    if (fn->fh >= 0 && a[fn->params[fn->fh].ai]) cs_layout_of(a[fn->params[fn->fh].ai]);
+    if (fn->ch >= 0 && a[fn->params[fn->ch].ai]) cs_ctx_identify(a[fn->params[fn->ch].ai]);
+    cs_depth--;
+}
+
 /* Every wrapper lands here: pass through, a pure query, or a recorded call. */
 static CUresult cs_call(int id, U *a, double *d) {
     const cs_fn *fn = &cs_fns[id];
@@ -517,7 +528,8 @@ static CUresult cs_call(int id, U *a, double *d) {
     if (!real) return 999; /* CUDA_ERROR_UNKNOWN: the driver lacks this entry */
     if (fn->hook == CS_H_EXPORT_TABLE || cs_depth || cs_start() != 1)
         return cs_hook_passthrough(fn, real, a, d);
-    if (fn->fh >= 0 && a[fn->params[fn->fh].ai]) cs_layout_of(a[fn->params[fn->fh].ai]);
+    if ((fn->fh >= 0 && a[fn->params[fn->fh].ai]) || (fn->ch >= 0 && a[fn->params[fn->ch].ai]))
+        cs_first_sight(fn, a);
     if (fn->query) return cs_call_query(id, fn, real, a, d);
     return cs_call_rec(id, fn, real, a, d);
 }

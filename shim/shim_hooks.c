@@ -136,6 +136,75 @@ static const cs_layout *cs_layout_of(U h) {
     return L;
 }
 
+/* --- contexts, identified at first sight ----------------------------------------------- */
+/* Runtimes reach their primary context through private paths, so a context handle may first
+ * appear as an argument. Its device, and whether it is that device's primary context, are
+ * recorded (CTX record) before the call; a destroyed context's value may come back, so the
+ * unload hook forgets them all. */
+#define CS_CTXS 64
+static U cs_ctx_seen[CS_CTXS];
+static pthread_mutex_t cs_ctx_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void cs_ctx_forget(void) {
+    pthread_mutex_lock(&cs_ctx_lock);
+    for (int i = 0; i < CS_CTXS; i++) __atomic_store_n(&cs_ctx_seen[i], 0, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&cs_ctx_lock);
+}
+
+static int cs_ctx_device(U ctx) {
+    int dev = -1;
+    cs_fn2 gd2 = CALLREAL(CS_ID_cuCtxGetDevice_v2, cs_fn2);
+    if (gd2 && gd2((U)&dev, ctx) == 0) return dev;
+    cs_fn2 push = CALLREAL(CS_ID_cuCtxPushCurrent_v2, cs_fn2), pop = CALLREAL(CS_ID_cuCtxPopCurrent_v2, cs_fn2);
+    cs_fn2 gd = CALLREAL(CS_ID_cuCtxGetDevice, cs_fn2);
+    if (push && pop && gd && ((CUresult(*)(U))push)(ctx) == 0) {
+        if (((CUresult(*)(U))gd)((U)&dev) != 0) dev = -1;
+        U was = 0;
+        ((CUresult(*)(U))pop)((U)&was);
+    }
+    return dev;
+}
+
+static void cs_ctx_identify(U ctx) {
+    for (int i = 0; i < CS_CTXS; i++) {
+        U v = __atomic_load_n(&cs_ctx_seen[i], __ATOMIC_ACQUIRE);
+        if (v == ctx) return;
+        if (!v) break;
+    }
+    pthread_mutex_lock(&cs_ctx_lock);
+    int slot = -1;
+    for (int i = 0; i < CS_CTXS; i++) {
+        if (cs_ctx_seen[i] == ctx) { pthread_mutex_unlock(&cs_ctx_lock); return; }
+        if (!cs_ctx_seen[i]) { slot = i; break; }
+    }
+    if (slot < 0) { pthread_mutex_unlock(&cs_ctx_lock); return; }
+    int dev = cs_ctx_device(ctx), primary = 0;
+    if (dev >= 0) {
+        /* the primary context is retained (and released at once) only while it is active,
+         * so this never creates one */
+        cs_fn3 st = CALLREAL(CS_ID_cuDevicePrimaryCtxGetState, cs_fn3);
+        cs_fn2 retain = CALLREAL(CS_ID_cuDevicePrimaryCtxRetain, cs_fn2);
+        cs_fn2 release = CALLREAL(CS_ID_cuDevicePrimaryCtxRelease_v2, cs_fn2);
+        unsigned flags = 0;
+        int active = 0;
+        U p = 0;
+        if (st && retain && release && st((U)dev, (U)&flags, (U)&active) == 0 && active
+            && retain((U)&p, (U)dev) == 0) {
+            primary = p == ctx;
+            ((CUresult(*)(U))release)((U)dev);
+        }
+    }
+    __atomic_store_n(&cs_ctx_seen[slot], ctx, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&cs_ctx_lock);
+    cs_rec r;
+    if (cs_reserve(&r, (uint32_t)sizeof(cs_rec_hdr) + 3 * cs_flen(8), CS_REC_CTX)) return;
+    r.h->t_ns = cs_now();
+    cs_put_val(&r, CS_F_HANDLE, ctx);
+    cs_put_val(&r, CS_F_CODE, (U)(int64_t)dev);
+    cs_put_val(&r, CS_F_KIND, (U)primary);
+    cs_publish(&r);
+}
+
 /* Packed parameter bytes of function/kernel handle f: from the `extra` buffer form, or
  * from kernelParams through the handle's layout. */
 static uint32_t cs_pack_size(U f, U kparams, U extra, const void **src, const cs_layout **lay) {
@@ -201,6 +270,7 @@ static uint32_t cs_attrs_bytes(const cs_fn *fn, const U *a) {
     const char *cfg = (const char *)a[fn->params[0].ai];
     if (!cfg) return 0;
     uint32_t na = *(const uint32_t *)(cfg + CS_LAUNCHCFG_NUMATTRS_OFF);
+    if (!*(const void *const *)(cfg + CS_LAUNCHCFG_ATTRS_OFF)) return 0;   /* the driver's to refuse */
     if (na > 64) na = 64;
     return na * CS_SIZEOF_LAUNCHATTR;
 }
@@ -415,6 +485,7 @@ static int cs_id_of_pointer(void *p, const char *symbol) {
 }
 
 CS_TLS int cs_last_wrapped = -2;
+static void cs_place_after(const cs_fn *fn, const U *a, CUresult res);
 
 static void cs_hook_after(const cs_fn *fn, int id, U *a, CUresult res) {
     (void)id;
@@ -445,8 +516,11 @@ static void cs_hook_after(const cs_fn *fn, int id, U *a, CUresult res) {
     case CS_H_INIT:
         if (res == 0) cs_emit_proc();
         return;
+    case CS_H_PLACE:
+        cs_place_after(fn, a, res);
+        return;
     case CS_H_UNLOAD:
-        if (res == 0) cs_layouts_invalidate();
+        if (res == 0) { cs_layouts_invalidate(); cs_ctx_forget(); }
         return;
     case CS_H_MEMCPY_STRUCT: {
         const char *c = (const char *)a[fn->params[0].ai], *hp; uint64_t n;

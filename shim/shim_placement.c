@@ -25,6 +25,7 @@ typedef struct { U ptr, size; int slab; U handle; U rsize; } cs_alloc;
 static pthread_mutex_t cs_pl_lock = PTHREAD_MUTEX_INITIALIZER;
 static int cs_pl_on = -1;
 static const char *cs_pl_step = "";        /* which VMM step failed, for the fallback note */
+static unsigned cs_pl_fallbacks;            /* allocations left to the driver */
 static U cs_zone, cs_zone_end;              /* the reserved allocation zone */
 static U cs_pl_next;                         /* bump pointer over the zone */
 typedef struct { U base, size; } cs_range;
@@ -260,10 +261,12 @@ static int cs_hook_replace(const cs_fn *fn, U *a, CUresult *res) {
         U p = 0;
         CUresult r = cs_place_alloc(&p, a[1]);
         pthread_mutex_unlock(&cs_pl_lock);
-        if (r == 801 || r == 1 || r == 3 || r == 201) {
-            /* no VMM here (or no usable context): the driver places it; say why, once per kind */
-            static int said;
-            if (said++ < 4) {
+        if (r) {
+            /* Placement never makes an allocation fail that the driver would make: whatever
+             * went wrong (no VMM, no context, VMM out of memory, zone exhausted), the driver
+             * places this one itself. Said for the first few, then counted at exit. */
+            unsigned k = __atomic_fetch_add(&cs_pl_fallbacks, 1, __ATOMIC_RELAXED);
+            if (k < 4) {
                 char msg[256];
                 snprintf(msg, sizeof msg, "placement: cuMemAlloc_v2(%llu) left to the driver: %s returned %d",
                          (unsigned long long)a[1], cs_pl_step, (int)r);
@@ -271,8 +274,8 @@ static int cs_hook_replace(const cs_fn *fn, U *a, CUresult *res) {
             }
             return 0;
         }
-        if (r == 0) *(U *)a[0] = p;
-        *res = r;
+        *(U *)a[0] = p;
+        *res = 0;
         return 1;
     }
     if (strcmp(n, "cuMemFree_v2") == 0) {
@@ -331,4 +334,46 @@ static int cs_hook_replace(const cs_fn *fn, U *a, CUresult *res) {
         return handled;
     }
     return 0;
+}
+
+/* After a pointer-attribute query: a packed allocation's range is its own, not its slab's
+ * (what the driver reports for a cuMemAlloc of the program's, so capture changes nothing). */
+static void cs_place_after(const cs_fn *fn, const U *a, CUresult res) {
+    enum { RANGE_START = 11, RANGE_SIZE = 12 };
+    if (res != 0 || !cs_placement_on() || !cs_nallocs) return;
+    const char *n = fn->name;
+    U ptr;
+    unsigned num;
+    const uint32_t *attrs;
+    void *const *data;
+    uint32_t one;
+    void *one_data;
+    if (strcmp(n, "cuPointerGetAttribute") == 0) {
+        one = (uint32_t)a[1]; one_data = (void *)a[0];
+        num = 1; attrs = &one; data = &one_data; ptr = a[2];
+    } else if (strcmp(n, "cuPointerGetAttributes") == 0) {
+        num = (unsigned)a[0]; attrs = (const uint32_t *)a[1]; data = (void *const *)a[2]; ptr = a[3];
+        if (!attrs || !data) return;
+    } else {
+        return;
+    }
+    for (unsigned i = 0; i < num; i++) {
+        if ((attrs[i] != RANGE_START && attrs[i] != RANGE_SIZE) || !data[i]) continue;
+        pthread_mutex_lock(&cs_pl_lock);
+        int k = cs_find_alloc(ptr, 1);
+        cs_alloc al = k >= 0 ? cs_allocs[k] : (cs_alloc){0};
+        pthread_mutex_unlock(&cs_pl_lock);
+        if (k < 0 || al.slab < 0) continue;     /* not packed: the driver's answer is exact */
+        *(U *)data[i] = attrs[i] == RANGE_START ? al.ptr : al.size;
+    }
+}
+
+/* At exit: how many allocations placement left to the driver, when more than were named. */
+static void cs_place_exit_note(void) {
+    unsigned k = __atomic_load_n(&cs_pl_fallbacks, __ATOMIC_RELAXED);
+    if (k > 4) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "placement: %u cuMemAlloc_v2 calls left to the driver in all", k);
+        cs_note(msg);
+    }
 }

@@ -1,6 +1,7 @@
 """Handles identified at first sight, on the CUDA test double: a function handle value the
 driver hands out again for another kernel after its module was unloaded (what JIT autotuners
-cause), and a function that reached the program through a path no interception sees."""
+cause), and a function and a context that reached the program through paths no interception
+sees."""
 from __future__ import annotations
 
 import subprocess
@@ -33,6 +34,7 @@ def test_reused_handles_keep_their_own_layout_and_replay(double, capture, native
                         capture_output=True, text=True, timeout=120)
     assert rp.returncode == 0, rp.stdout + rp.stderr
     assert "OK: every recorded D2H result reproduced" in rp.stdout
+    assert "could not identify" not in rp.stdout and "not created by a recorded call" not in rp.stdout
 
 
 def test_function_from_an_unseen_path_is_identified_before_its_first_use(double, capture):
@@ -45,3 +47,15 @@ def test_function_from_an_unseen_path_is_identified_before_its_first_use(double,
     assert ("fn", "incr") in order[:attr]
     assert not any(c["f"] == "cuModuleGetFunction" for c in r.records("c")
                    if (c.get("a") or {}).get("name") == "incr")
+
+
+def test_context_from_an_unseen_path_is_identified_as_primary(double, capture):
+    cp, snap = capture(double["progs"]["reload"])
+    assert cp.returncode == 0, cp.stderr
+    r = SnapshotReader(snap)
+    calls = list(r.records("c"))
+    created = {c["a"].get("pctx") for c in calls if c["f"].startswith(("cuCtxCreate", "cuDevicePrimaryCtxRetain"))}
+    set_cur = [c["a"]["ctx"] for c in calls if c["f"] == "cuCtxSetCurrent"]
+    assert set_cur and set_cur[-1] not in created           # no recorded call produced it
+    ctxs = {c["h"]: c for c in r.records("ctx")}
+    assert ctxs[set_cur[-1]]["primary"] is True and ctxs[set_cur[-1]]["device"] == 0

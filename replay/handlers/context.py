@@ -61,8 +61,12 @@ def ctx_or_primary(rp, rec, h):
         return rp.handles[h]
     ctx = rp.raw("cuDevicePrimaryCtxRetain", rp.dev)
     rp.set_handle(h, ctx)
-    rp.note(f"call #{rec.get('s')} {rec['f']}: context {h:#x} was not created by a recorded call; "
-            f"using the primary context of device {rp.opt.device}")
+    ident = rp.ctx_ids.get(h)
+    if not (ident and ident.get("primary")):
+        what = "a context the capture could not identify" if ident is None else \
+            f"a non-primary context of device {ident.get('device')} not created by a recorded call"
+        rp.note(f"call #{rec.get('s')} {rec['f']}: context {h:#x} is {what}; "
+                f"using the primary context of device {rp.opt.device}")
     return ctx
 
 

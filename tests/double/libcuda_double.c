@@ -261,7 +261,7 @@ CUresult need_ctx(void) {
     return CUDA_SUCCESS;
 }
 
-API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
+static CUresult primary_retain(CUcontext *pctx, CUdevice dev) {
     CHECK_DEV(dev);
     if (!pctx) return CUDA_ERROR_INVALID_VALUE;
     if (!primary_ctx) {
@@ -278,6 +278,12 @@ API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
     *pctx = (CUcontext)primary_ctx;
     return CUDA_SUCCESS;
 }
+
+API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) { return primary_retain(pctx, dev); }
+
+/* Not a driver entry point: the primary context reached the way the CUDA runtime reaches it,
+ * through a path no interception sees. */
+API CUresult double_private_primary_ctx(CUcontext *pctx, CUdevice dev) { return primary_retain(pctx, dev); }
 
 API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     CHECK_DEV(dev);

@@ -2,11 +2,13 @@
  * modules by the thousand: each round loads a one-kernel module, launches its kernel and
  * unloads it; the double's allocator gives the next module's kernel the same handle value,
  * alternating between saxpy (4 parameters) and add_one (2). Then a function obtained through a
- * private path (double_private_get_function) is configured and launched. */
+ * private path (double_private_get_function) is configured and launched, and the primary
+ * context, reached through another (double_private_primary_ctx), is made current and used. */
 #include <string.h>
 #include "common.h"
 
 CUresult double_private_get_function(CUfunction *hfunc, CUmodule hmod, const char *name);
+CUresult double_private_primary_ctx(CUcontext *pctx, CUdevice dev);
 
 int main(void) {
     enum { N = 256, ROUNDS = 8 };
@@ -50,7 +52,15 @@ int main(void) {
     void *args_incr[] = {&c, &n};
     LAUNCH(cuLaunchKernel(hidden, 1, 1, 1, N, 1, 1, 0, NULL, args_incr, NULL));
     CK(cuMemcpyDtoH(hc, c, sizeof hc));
-    double sum = 0;
+    CUcontext primary;
+    CUdeviceptr z;
+    unsigned hz[N];
+    CK(double_private_primary_ctx(&primary, dev));
+    CK(cuCtxSetCurrent(primary));
+    CK(cuMemAlloc(&z, sizeof hz));
+    CK(cuMemsetD32(z, 7u, N));
+    CK(cuMemcpyDtoH(hz, z, sizeof hz));
+    double sum = hz[N - 1];
     for (int i = 0; i < N; i++) sum += hy[i] + hc[i];
     printf("REUSED %d\nSUM %.3f\nLAUNCHES %ld\n", reused, sum, g_launches);
     return 0;
