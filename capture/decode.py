@@ -202,7 +202,7 @@ class Decoder:
             dev = struct.unpack("<q", d.get(F_CODE, b"\xff" * 8))[0]
             return [{"k": "ctx", "h": struct.unpack("<Q", d[F_HANDLE])[0] if F_HANDLE in d else 0,
                      "device": dev if dev >= 0 else None,
-                     "primary": bool(struct.unpack("<Q", d.get(F_KIND, bytes(8)))[0])}]
+                     "primary": {0: False, 1: True}.get(struct.unpack("<Q", d.get(F_KIND, bytes(8)))[0])}]
         if t == R.REPEAT:
             data = rec.fields[0][2] if rec.fields else b""
             calls = []

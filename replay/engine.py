@@ -376,6 +376,11 @@ class Replayer:
                     self.ranges.append(rng)
                 if planner.keeping:
                     planner.add(rec)
+                if rec.get("f", "").startswith("cuDevicePrimaryCtxRetain") and rec.get("r") == 0:
+                    # a context made current before its retain is the primary one
+                    h = (rec.get("a") or {}).get("pctx")
+                    if isinstance(h, int) and h:
+                        self.ctx_ids.setdefault(h, {"h": h, "device": (rec.get("a") or {}).get("dev")})["primary"] = True
                 if rec.get("f") in _SYNC_H2D and len(self._h2d_order) < 4096:
                     ref = (rec.get("x") or {}).get("srcHost")
                     if isinstance(ref, dict) and isinstance(ref.get("blob"), str) and rec.get("r", 0) == 0:
@@ -383,7 +388,7 @@ class Replayer:
             elif k == "fn" and isinstance(rec.get("h"), int):
                 self._add_fn(rec, max_seq)
             elif k == "ctx" and isinstance(rec.get("h"), int):
-                self.ctx_ids.setdefault(rec["h"], rec)
+                self.ctx_ids.setdefault(rec["h"], dict(rec))
             elif k == "proc":
                 self.recorded_gpus = rec.get("gpus") or []
             elif k == "region" and isinstance(rec.get("base"), int) and isinstance(rec.get("size"), int):

@@ -287,6 +287,8 @@ def make_ffi() -> FFI:
         "cudasnap.shim._shim",
         src,
         include_dirs=[str(HERE)],
+        # the generated source #includes these: a change to one alone must rebuild the shim
+        depends=sorted(str(f) for f in (*HERE.glob("*.c"), *HERE.glob("*.h"))),
         extra_compile_args=["-O2", "-fvisibility=default", "-Wno-unused-function", "-Wno-unused-parameter",
                             "-Wno-attribute-alias", "-std=gnu11"],
         libraries=["dl", "pthread"],

@@ -68,7 +68,8 @@ enum {
     CS_REC_REGION = 10,   /* placement zone reserved: base (F_HANDLE), size (F_CODE) */
     CS_REC_CALL = 11,     /* a pure query, recorded once after it returned (pre+post in one) */
     CS_REC_REPEAT = 12,   /* identical repeats of this thread's recorded queries, counted */
-    CS_REC_CTX = 13,      /* a context at first sight: handle (F_HANDLE), device (F_CODE), primary (F_KIND) */
+    CS_REC_CTX = 13,      /* a context at first sight: handle (F_HANDLE), device (F_CODE),
+                             primary (F_KIND: 0 no, 1 yes, 2 not known yet) */
 };
 
 /* Record state word: 0 being written, 1 published; a launch's CALL record is complete but

@@ -178,10 +178,11 @@ static void cs_ctx_identify(U ctx) {
         if (!cs_ctx_seen[i]) { slot = i; break; }
     }
     if (slot < 0) { pthread_mutex_unlock(&cs_ctx_lock); return; }
-    int dev = cs_ctx_device(ctx), primary = 0;
+    int dev = cs_ctx_device(ctx), primary = 2;   /* 0 no, 1 yes, 2 unknown */
     if (dev >= 0) {
         /* the primary context is retained (and released at once) only while it is active,
-         * so this never creates one */
+         * so this never creates one; the runtime makes its primary context current before
+         * it retains it, and then nothing can tell yet */
         cs_fn3 st = CALLREAL(CS_ID_cuDevicePrimaryCtxGetState, cs_fn3);
         cs_fn2 retain = CALLREAL(CS_ID_cuDevicePrimaryCtxRetain, cs_fn2);
         cs_fn2 release = CALLREAL(CS_ID_cuDevicePrimaryCtxRelease_v2, cs_fn2);

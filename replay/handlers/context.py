@@ -63,7 +63,7 @@ def ctx_or_primary(rp, rec, h):
     rp.set_handle(h, ctx)
     ident = rp.ctx_ids.get(h)
     if not (ident and ident.get("primary")):
-        what = "a context the capture could not identify" if ident is None else \
+        what = "a context the capture could not identify" if not ident or ident.get("primary") is None else \
             f"a non-primary context of device {ident.get('device')} not created by a recorded call"
         rp.note(f"call #{rec.get('s')} {rec['f']}: context {h:#x} is {what}; "
                 f"using the primary context of device {rp.opt.device}")

@@ -281,9 +281,21 @@ static CUresult primary_retain(CUcontext *pctx, CUdevice dev) {
 
 API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) { return primary_retain(pctx, dev); }
 
-/* Not a driver entry point: the primary context reached the way the CUDA runtime reaches it,
- * through a path no interception sees. */
-API CUresult double_private_primary_ctx(CUcontext *pctx, CUdevice dev) { return primary_retain(pctx, dev); }
+/* Not a driver entry point: the primary context's handle reached the way the CUDA runtime
+ * reaches it, through a path no interception sees, before it is retained (not active yet). */
+API CUresult double_private_primary_ctx(CUcontext *pctx, CUdevice dev) {
+    CHECK_DEV(dev);
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    if (!primary_ctx) {
+        struct ctx_obj *c = obj_new(OBJ_CTX, sizeof *c);
+        LOCK();
+        if (!primary_ctx) { c->primary = 1; primary_ctx = c; c = NULL; }
+        UNLOCK();
+        if (c) obj_free(c);
+    }
+    *pctx = (CUcontext)primary_ctx;
+    return CUDA_SUCCESS;
+}
 
 API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     CHECK_DEV(dev);

@@ -55,8 +55,11 @@ int main(void) {
     CUcontext primary;
     CUdeviceptr z;
     unsigned hz[N];
-    CK(double_private_primary_ctx(&primary, dev));
+    CUcontext retained;
+    CK(double_private_primary_ctx(&primary, dev));   /* as the CUDA runtime does: current first, */
     CK(cuCtxSetCurrent(primary));
+    CK(cuDevicePrimaryCtxRetain(&retained, dev));    /* then retained */
+    if (retained != primary) { fprintf(stderr, "primary context mismatch\n"); return 1; }
     CK(cuMemAlloc(&z, sizeof hz));
     CK(cuMemsetD32(z, 7u, N));
     CK(cuMemcpyDtoH(hz, z, sizeof hz));
