@@ -194,18 +194,25 @@ def test_repair_cli(tmp_path):
     p = make_session(tmp_path / "r.cusnap", close=False, frame_bytes=300)
     data = p.read_bytes()
     p.write_bytes(data[:-40])
+    p.chmod(0o644)
     before = list(SnapshotReader(p).records())
     out = tmp_path / "fixed.cusnap"
     res = runner.invoke(app, ["repair", str(p), "-o", str(out)])
     assert res.exit_code == 0, res.output
-    assert "kept" in res.stdout and "lost" in res.stdout
+    assert "kept" in res.stdout and "lost" in res.stdout and "skipped" in res.stdout
     r = SnapshotReader(out)
-    assert not r.truncated and list(r.records()) == before
-    res = runner.invoke(app, ["repair", str(p)])           # in place
+    assert not r.truncated and [x for x in r.records() if x["k"] != "repair"] == before
+    assert out.stat().st_mode & 0o777 == 0o644
+    res = runner.invoke(app, ["info", str(out)])                # the loss stays visible
+    assert res.exit_code == 0 and "repaired : PARTIAL" in res.stdout, res.stdout
+    res = runner.invoke(app, ["repair", str(p)])           # in place: the original is kept
     assert res.exit_code == 0
-    assert not SnapshotReader(p).truncated
-    res = runner.invoke(app, ["repair", str(p)])           # already fine
-    assert res.exit_code == 0 and "already had a valid index" in res.stdout
+    assert not SnapshotReader(p).truncated and (tmp_path / "r.cusnap.orig").read_bytes() == data[:-40]
+    assert p.stat().st_mode & 0o777 == 0o644
+    mtime = p.stat().st_mtime_ns
+    res = runner.invoke(app, ["repair", str(p)])           # already fine: left alone
+    assert res.exit_code == 0 and "intact, nothing to do" in res.stdout
+    assert p.stat().st_mtime_ns == mtime
 
 
 def test_example_file_reads():
