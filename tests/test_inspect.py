@@ -225,3 +225,67 @@ def test_example_file_reads():
     assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)
     assert d["kernels"]["by_name"] and d["end"]["exit"] == 0 and not d["truncated"]
+
+
+def _corrupt_cases(tmp_path):
+    """(name, path) of snapshots replay must refuse: one line on stderr, exit 2, no GPU needed."""
+    import os
+    good = make_session(tmp_path / "good.cusnap", frame_bytes=300)
+    data = good.read_bytes()
+    r = SnapshotReader(good)
+    rec_off = [o for o, k, _ in r.frames() if k == "records"][1]
+    r.close()
+    cases = {
+        "random": os.urandom(4000),
+        "bad_checksum": data[:rec_off + 40] + bytes([data[rec_off + 40] ^ 1]) + data[rec_off + 41:],
+        "truncated_header": data[:30],
+        "version_3": data[:8] + struct.pack("<I", 3) + data[12:],
+        "no_calls": data[:r.frames()[1][0]],
+    }
+    for name, blob in cases.items():
+        p = tmp_path / f"{name}.cusnap"
+        p.write_bytes(blob)
+        yield name, p
+
+
+@pytest.mark.parametrize("cmd", ["replay", "info", "dump"])
+def test_bad_snapshots_are_one_line_exit_2(tmp_path, cmd):
+    for name, p in _corrupt_cases(tmp_path):
+        if name == "no_calls" and cmd != "replay":
+            continue                 # info and dump show an empty snapshot as it is
+        res = runner.invoke(app, [cmd, str(p)])
+        err = _stderr(res).strip()
+        assert res.exit_code == 2, (name, res.output)
+        assert err.startswith("cudasnap: error: ") and "\n" not in err, (name, err)
+        assert res.exception is None or isinstance(res.exception, SystemExit), name
+        if cmd == "replay":
+            assert res.stdout == "", (name, res.stdout)
+    res = runner.invoke(app, ["replay", str(tmp_path / "no_calls.cusnap")])
+    assert "no replayable call in" in _stderr(res)
+
+
+def test_pipes_get_whole_plain_lines(snap):
+    res = runner.invoke(app, ["api"])
+    assert res.exit_code == 0
+    lines = [l for l in res.stdout.splitlines() if l.split()[:1] == ["cuStreamBeginCapture_v2"]]
+    assert len(lines) == 1 and "stream" in lines[0]
+    res = runner.invoke(app, ["info", str(snap)])
+    assert res.exit_code == 0
+    assert not set("│┃━─╇┏") & set(res.stdout), res.stdout
+    assert "None" not in res.stdout and "signal 9" in res.stdout
+    res = runner.invoke(app, ["dump", str(snap)])
+    assert "None" not in res.stdout and "[end] signal=9 partial=true" in res.stdout
+
+
+def test_help_and_version():
+    from importlib.metadata import version
+    res = runner.invoke(app, ["--version"])
+    assert res.exit_code == 0 and res.stdout.startswith(f"cudasnap {version('cudasnap')}")
+    for cmd in ([], ["capture"], ["info"], ["dump"], ["repair"], ["api"], ["replay"]):
+        res = runner.invoke(app, cmd + ["--help"])
+        assert res.exit_code == 0, cmd
+        for junk in ("<bool>", "<path>", "<int>", "<str>", "{", "╭"):
+            assert junk not in res.stdout, (cmd, junk)
+    res = runner.invoke(app, ["replay", "--help"])
+    line = next(l for l in res.stdout.splitlines() if "--sync-after-launch" in l)
+    assert "Synchronize after every launch (pins failures to a kernel)." in line
