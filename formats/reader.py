@@ -202,12 +202,9 @@ class SnapshotReader:
             except SnapshotError as e:
                 if not self._resync:
                     break
-                nxt = self._next_frame(pos + 1)
-                self.gaps.append(self._gap(pos, (size if nxt is None else nxt) - pos, e))
-                if nxt is None:
-                    pos = size
-                    break
-                pos = nxt
+                gap = self._gap(pos, e)
+                self.gaps.append(gap)
+                pos += gap["length"]
                 continue
             fr = Frame(pos, kind, self._last_comp_len)
             frames.append(fr)
@@ -257,21 +254,27 @@ class SnapshotReader:
             except SnapshotError:
                 pos += 1
 
-    def _gap(self, off: int, length: int, err: SnapshotError) -> Dict[str, Any]:
-        """What a resync stepped over: where, why, and what the damaged frame held when its
-        header still reads (kind None: unknown; an old index and trailer are kind "index")."""
+    def _gap(self, off: int, err: SnapshotError) -> Dict[str, Any]:
+        """The stretch a resync steps over at off, why, and what it held. A frame whose header
+        still reads (it is checksummed) is skipped by its own length and named by its kind;
+        otherwise the stretch runs to the next frame that verifies, its kind unknown (None).
+        An old index and its trailer are kind "index": not data."""
         kind = records = None
         try:
-            k, _, _, _, _, count = parse_frame_header(self._read_at(off, FRAME_SIZE), self.path, off)
+            k, _, _, comp_len, _, count = parse_frame_header(self._read_at(off, FRAME_SIZE), self.path, off)
             kind, records = KIND_NAMES[k], (count if k == KIND_RECORDS else None)
-        except SnapshotError:          # a trailer naming this offset: the old index's header is what broke
+            end = min(off + FRAME_SIZE + comp_len, self.file_size)
+        except SnapshotError:
+            nxt = self._next_frame(off + 1)
+            end = self.file_size if nxt is None else nxt
             tail = self._read_at(self.file_size - TRAILER_SIZE, TRAILER_SIZE)
-            if len(tail) == TRAILER_SIZE and TRAILER.unpack(tail)[:2] == (TRAILER_MAGIC, off):
-                kind = "index"
+            if len(tail) == TRAILER_SIZE and TRAILER.unpack(tail)[0] == TRAILER_MAGIC and \
+                    (TRAILER.unpack(tail)[1] == off or off == self.file_size - TRAILER_SIZE):
+                kind = "index"           # the old index (its header broke) or the trailer itself
         reason, prefix = str(err), f"{self.path}: offset {off}: "
         if reason.startswith(prefix):
             reason = reason[len(prefix):]
-        return {"offset": off, "length": length, "reason": reason, "kind": kind, "records": records}
+        return {"offset": off, "length": end - off, "reason": reason, "kind": kind, "records": records}
 
     def _chunk_id_of(self, stored: bytes, off: int) -> str:
         # payload is still compressed here: decompress only its first 16 bytes
