@@ -243,13 +243,18 @@ def _repair_line(rp: Optional[Mapping[str, Any]]) -> Optional[str]:
         return None
     if not rp["lost_bytes"] and not rp["lost_blobs"]:
         return "repaired : nothing lost (index rebuilt)"
-    what = [f"{rp['lost_records']} records"]
-    if rp["unknown_gaps"]:
-        what.append(f"{rp['unknown_gaps']} stretch(es) of unknown content")
-    if rp["lost_blobs"]:
-        what.append(f"{rp['lost_blobs']} blob(s) lost")
     return (f"repaired : [red]PARTIAL[/red], {rp['lost_bytes']} bytes of damaged data dropped in "
-            f"{rp['gap_count']} stretch(es) ({', '.join(what)})")
+            f"{rp['gap_count']} stretch(es): {_lost_what(rp)}")
+
+
+def _lost_what(s: Mapping[str, Any]) -> str:
+    """Records (a lower bound when a stretch's kind is unknown) and blobs a repair lost."""
+    what = f"{'at least ' if s['unknown_gaps'] else ''}{s['lost_records']} records"
+    if s["unknown_gaps"]:
+        what += f" ({s['unknown_gaps']} stretch(es) of unknown content)"
+    if s["lost_blobs"]:
+        what += f", {s['lost_blobs']} blob(s)"
+    return what
 
 
 def _end_line(e: Optional[Mapping[str, Any]]) -> str:
@@ -543,9 +548,8 @@ def _repair_losses(s: Mapping[str, Any]) -> list:
     if s["lost_blobs"]:
         lines.append(f"  {s['lost_blobs']} blob(s) left out: a chunk of theirs was in a damaged stretch")
     if data or s["lost_blobs"]:
-        unknown = f" (and {s['unknown_gaps']} stretch(es) of unknown content)" if s["unknown_gaps"] else ""
-        lines.insert(0, f"lost {s['lost_bytes']} bytes of damaged data in {len(data)} stretch(es), "
-                        f"{s['lost_records']} records{unknown}; the repaired file keeps a note of it for `info`")
+        lines.insert(0, f"lost {s['lost_bytes']} bytes of damaged data in {len(data)} stretch(es): "
+                        f"{_lost_what(s)}; the repaired file keeps a note of this loss for `info`")
     else:
         lines.insert(0, "nothing lost" + (" (the index was rebuilt)" if gaps else ""))
     return lines
