@@ -24,11 +24,11 @@ import stat
 import subprocess
 import sys
 import time
+import traceback
 from contextlib import redirect_stderr, redirect_stdout
 from io import StringIO
 from pathlib import Path
 
-import pytest
 from typer.testing import CliRunner
 
 from cudasnap.cli import app
@@ -127,7 +127,6 @@ def cli(t: Tally, case: str, *args: str):
     """Run a command in-process; (exit code, stdout, stderr); an exception is a traceback."""
     res = runner.invoke(app, list(args))
     if res.exception is not None and not isinstance(res.exception, SystemExit):
-        import traceback
         t.traceback(case, f"{args[0]}: " + "".join(traceback.format_exception(res.exception)))
     return res.exit_code, res.stdout, _stderr(res)
 
