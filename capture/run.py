@@ -10,6 +10,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from cudasnap.formats import SnapshotError, SnapshotReader
+
 from .recorder import Recorder
 
 
@@ -63,6 +65,10 @@ def run_capture(command: list[str], out: Path | None, ring_mb: int = 256, level:
     if out is None:
         out = Path.cwd() / f"{Path(command[0]).name}.cusnap"
     out = out.resolve()
+    problem = output_problem(out)
+    if problem:          # found before the program runs: a run whose recording is lost helps nobody
+        print(f"cudasnap: error: {problem}", file=sys.stderr)
+        return 2
     session = _session_dir(ring_mb)
     env = dict(os.environ)
     env["LD_PRELOAD"] = lib + (":" + env["LD_PRELOAD"] if env.get("LD_PRELOAD") else "")
@@ -97,8 +103,19 @@ def run_capture(command: list[str], out: Path | None, ring_mb: int = 256, level:
     rec.set_root_exit(code if code >= 0 else None, sig)
     procs = rec.finish()
     shutil.rmtree(session, ignore_errors=True)
+    unsaved = {}
+    for pc in procs:
+        why = _not_saved(pc)
+        if why:
+            unsaved[pc.ring.pid] = why
     if not quiet:
-        _summary(procs, out)
+        _summary(procs, out, unsaved)
+    for pc in procs:
+        if pc.ring.pid in unsaved:
+            print(f"cudasnap: error: {pc.path}: the snapshot was not saved completely "
+                  f"({unsaved[pc.ring.pid]})", file=sys.stderr)
+    if unsaved and code == 0:
+        return 2          # the program succeeded, its recording did not: never report success
     if sig:
         # die the way the program died, so callers see the same status
         sys.stdout.flush(); sys.stderr.flush()
@@ -108,18 +125,54 @@ def run_capture(command: list[str], out: Path | None, ring_mb: int = 256, level:
     return code if code >= 0 else 128 + (-code)
 
 
-def _summary(procs, out: Path) -> None:
-    from rich.console import Console
+def output_problem(out: Path) -> str | None:
+    """Why a snapshot cannot be written at `out` (None when it can), by opening it as the
+    writer will, without truncating an existing file and removing one made for the test."""
+    if out.is_dir():
+        return f"{out}: is a directory; give a file path with -o"
+    if not out.parent.is_dir():
+        return f"{out.parent}: no such directory"
+    flags = os.O_WRONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)   # a FIFO must not block
+    existed = os.path.lexists(out)
+    try:
+        os.close(os.open(out, flags if existed else flags | os.O_CREAT | os.O_EXCL, 0o666))
+    except OSError as e:
+        return f"cannot write {out} ({e.strerror or e})"
+    if not existed:
+        os.unlink(out)
+    return None
 
-    con = Console(stderr=True, highlight=False)
+
+def _not_saved(pc) -> str | None:
+    """Why this process's snapshot is not whole on disk: a write failed, or it has no index."""
+    if pc.disk_error:
+        return f"writing failed: {pc.disk_error}"
+    try:
+        with SnapshotReader(pc.path) as r:
+            if r.truncated:
+                return "it was not closed: run `cudasnap repair` on it"
+    except SnapshotError as e:
+        return str(e)
+    return None
+
+
+def _summary(procs, out: Path, unsaved: dict) -> None:
+    from rich.markup import escape
+
+    from cudasnap.console import console
+
+    con = console(stderr=True)
     if not procs:
-        con.print(f"[bold]cudasnap:[/] the program made no CUDA driver calls; no snapshot written ({out.name} not created)")
+        con.print(f"[bold]cudasnap:[/] the program made no CUDA driver calls; no snapshot written "
+                  f"({escape(out.name)} not created)")
         return
     for pc in sorted(procs, key=lambda p: p.ring.pid):
         c = pc.decoder.counts
-        size = pc.path.stat().st_size if pc.path.exists() else 0
+        size = pc.path.stat().st_size if pc.path.exists() and pc.path.is_file() else 0
         flags = []
-        if pc.partial:
+        if pc.ring.pid in unsaved:
+            flags.append("[red]NOT SAVED completely[/]")
+        elif pc.partial:
             flags.append("[red]partial[/]")
         if pc.signal:
             flags.append(f"killed by signal {pc.signal}")
@@ -128,9 +181,9 @@ def _summary(procs, out: Path) -> None:
         if c.get("notes"):
             flags.append(f"{c['notes']} notes")
         con.print(
-            f"[bold]cudasnap:[/] {pc.path}  pid {pc.ring.pid}: {c['calls']:,} calls, {c['launches']:,} launches, "
-            f"{_mb(c['h2d_bytes'])} H2D, {_mb(c['d2h_bytes'])} D2H captured, file {_mb(size)}"
-            + (f"  ({', '.join(flags)})" if flags else "")
+            f"[bold]cudasnap:[/] {escape(str(pc.path))}  pid {pc.ring.pid}: {c['calls']:,} calls, "
+            f"{c['launches']:,} launches, {_mb(c['h2d_bytes'])} H2D, {_mb(c['d2h_bytes'])} D2H captured, "
+            f"file {_mb(size)}" + (f"  ({', '.join(flags)})" if flags else "")
         )
 
 

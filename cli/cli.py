@@ -4,13 +4,46 @@ from __future__ import annotations
 from pathlib import Path
 from typing import List, Optional
 
+import os
+import sys
+
 import typer
+from typer.core import TyperArgument, TyperCommand
+
+from cudasnap.console import is_tty
+
+
+def _help_width() -> Optional[int]:
+    """Help is laid out for the terminal it is shown on; in a pipe or a log, for 100 columns
+    (not 80, which squeezes replay's option descriptions into a narrow column)."""
+    return None if is_tty(sys.stdout) else 100
+
+
+class _Argument(TyperArgument):
+    """An argument shown by its name alone: no type placeholder (<path>), no braces."""
+
+    def display_type_rich(self, ctx) -> None:
+        return None
+
+    def _usage_display_name(self) -> str:
+        return self.display_name_raw + ("..." if self.nargs != 1 else "")
+
+
+class _Command(TyperCommand):
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        for p in self.params:
+            if type(p) is TyperArgument:
+                p.__class__ = _Argument
+
 
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
+    rich_markup_mode=None,          # plain help: no boxes, no <bool> type column, fine in a pipe
     help="CUDA snapshot-and-replay: capture a workload's driver calls, inspect, replay, verify.",
-    context_settings={"help_option_names": ["-h", "--help"]},
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100,
+                      "terminal_width": _help_width()},
 )
 
 
@@ -19,21 +52,56 @@ def _fail(msg: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-@app.command(context_settings={"allow_interspersed_args": False})
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        v = version("cudasnap")
+    except PackageNotFoundError:
+        from cudasnap import __version__ as v
+    try:
+        from cudasnap.shim.description import load
+
+        cv = load().doc.get("cuda_version")
+        if isinstance(cv, int) and cv > 0:
+            return f"cudasnap {v} (driver API description: CUDA {cv // 1000}.{cv % 1000 // 10})"
+    except Exception:           # the version alone is still the answer
+        pass
+    return f"cudasnap {v}"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(_version())
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                 help="Print the version and exit."),
+) -> None:
+    pass
+
+
+@app.command(cls=_Command, context_settings={"allow_interspersed_args": False})
 def capture(
-    command: List[str] = typer.Argument(..., help="The program and its arguments, after --."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Snapshot path (default ./PROGRAM.cusnap; other processes get PROGRAM.PID.cusnap)."),
-    ring_mb: int = typer.Option(256, "--ring-mb", help="Shared-memory ring per process, MiB (a larger ring absorbs bursts)."),
-    level: int = typer.Option(3, "--level", help="zstd compression level (1 fastest .. 19)."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="Compression/writing threads per process (default: half the CPUs, at most 8)."),
-    placement: str = typer.Option("region", "--placement", help="region: put device allocations in a tool-owned address zone so replay can place them exactly (VMM memory); off: leave addresses to the driver."),
+    command: List[str] = typer.Argument(..., metavar="COMMAND", help="The program and its arguments, after --."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", metavar="PATH", help="Snapshot path (default ./PROGRAM.cusnap; other processes get PROGRAM.PID.cusnap)."),
+    ring_mb: int = typer.Option(256, "--ring-mb", metavar="MIB", help="Shared-memory ring per process, MiB (a larger ring absorbs bursts)."),
+    level: int = typer.Option(3, "--level", metavar="N", help="zstd compression level (1 fastest .. 19)."),
+    threads: Optional[int] = typer.Option(None, "--threads", metavar="N", help="Compression/writing threads per process (default: half the CPUs, at most 8)."),
+    placement: str = typer.Option("region", "--placement", metavar="region|off", help="region: put device allocations in a tool-owned address zone so replay can place them exactly (VMM memory); off: leave addresses to the driver."),
     all_queries: bool = typer.Option(False, "--all-queries", help="Record every pure query (cuCtxGetDevice...); by default a repeat identical to the thread's last recorded one is only counted."),
-    copy_threads: Optional[int] = typer.Option(None, "--copy-threads", help="Helper threads in the program that digest and copy payloads of 8 MiB or more (default: half the CPUs, at most 8; 0: the calling thread alone)."),
-    segments: int = typer.Option(8, "--segments", help="Side files that large payload chunks spill into while the snapshot file is busy, folded into it when the process ends (one file takes 3-4 GB/s of buffered writes, several in parallel far more); 0: write everything into the snapshot file."),
-    drain: str = typer.Option("lazy", "--drain", help="lazy: the recorder leaves records in the ring until it is a quarter full, 5 s pass or the process exits, so its work does not run beside the program's; eager: drain continuously (the snapshot file keeps up with the program)."),
+    copy_threads: Optional[int] = typer.Option(None, "--copy-threads", metavar="N", help="Helper threads in the program that digest and copy payloads of 8 MiB or more (default: half the CPUs, at most 8; 0: the calling thread alone)."),
+    segments: int = typer.Option(8, "--segments", metavar="N", help="Side files that large payload chunks spill into while the snapshot file is busy, folded into it when the process ends (one file takes 3-4 GB/s of buffered writes, several in parallel far more); 0: write everything into the snapshot file."),
+    drain: str = typer.Option("lazy", "--drain", metavar="lazy|eager", help="lazy: the recorder leaves records in the ring until it is a quarter full, 5 s pass or the process exits, so its work does not run beside the program's; eager: drain continuously (the snapshot file keeps up with the program)."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No summary lines."),
 ):
-    """Run COMMAND with the shim preloaded and write a snapshot for each process that used CUDA."""
+    """Run COMMAND with the shim preloaded; a snapshot for each process that used CUDA.
+
+    Exit: the program's own status; 2 when the snapshot cannot be written (checked before the
+    program starts) or, the program having succeeded, was not saved completely."""
     from cudasnap.capture.run import run_capture
 
     if ring_mb < 1 or ring_mb > 65536:
@@ -55,9 +123,9 @@ def capture(
                                  segments=segments))
 
 
-@app.command()
+@app.command(cls=_Command)
 def info(
-    snapshot: Path = typer.Argument(..., help="A .cusnap file."),
+    snapshot: Path = typer.Argument(..., metavar="SNAPSHOT", help="A .cusnap file."),
     json_out: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
 ):
     """Summarize a snapshot: process, GPU, calls, kernels, memory, modules, blobs."""
@@ -66,13 +134,13 @@ def info(
     raise typer.Exit(run_info(snapshot, json_out))
 
 
-@app.command()
+@app.command(cls=_Command)
 def dump(
-    snapshot: Path = typer.Argument(..., help="A .cusnap file."),
+    snapshot: Path = typer.Argument(..., metavar="SNAPSHOT", help="A .cusnap file."),
     calls: Optional[str] = typer.Option(
-        None, "--calls", help="Call set: '100-200', '5,7,9-', 'launches', 'memcpy', a kernel or API name; join with ','."
+        None, "--calls", metavar="SET", help="Call set: '100-200', '5,7,9-', 'launches', 'memcpy', a kernel or API name; join with ','."
     ),
-    fmt: str = typer.Option("text", "--format", help="text or jsonl."),
+    fmt: str = typer.Option("text", "--format", metavar="text|jsonl", help="text or jsonl."),
     blobs: bool = typer.Option(False, "--blobs", help="Show blob contents (hex preview) instead of references."),
 ):
     """Print every record (or a selected set) of a snapshot."""
@@ -81,20 +149,24 @@ def dump(
     raise typer.Exit(run_dump(snapshot, calls, fmt, blobs))
 
 
-@app.command()
+@app.command(cls=_Command)
 def repair(
-    snapshot: Path = typer.Argument(..., help="A .cusnap file left without an index (crash, kill)."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write here instead of in place."),
+    snapshot: Path = typer.Argument(..., metavar="SNAPSHOT", help="A .cusnap file: truncated, left without an index or damaged."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", metavar="PATH", help="Write here instead of in place."),
 ):
-    """Rewrite a truncated snapshot with an index, keeping every complete frame."""
+    """Rewrite a damaged snapshot with an index, keeping every frame that still reads.
+
+    Steps over damaged stretches (reporting each), folds in segment files, keeps the file mode
+    and, in place, the original as SNAPSHOT.orig; an intact snapshot is left alone.
+    Exit 0: repaired or intact; 2: unreadable (no preamble or header) or not writable."""
     from cudasnap.inspect_cmds import run_repair
 
     raise typer.Exit(run_repair(snapshot, output))
 
 
-@app.command()
+@app.command(cls=_Command)
 def api(
-    status: Optional[str] = typer.Option(None, "--status", help="Only: replay, record, refused."),
+    status: Optional[str] = typer.Option(None, "--status", metavar="replay|record|refused", help="Only: replay, record, refused."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ):
     """List every driver entry point and whether it is recorded, replayable or refused."""
@@ -103,36 +175,39 @@ def api(
     raise typer.Exit(run_api(status, json_out))
 
 
-@app.command()
+@app.command(cls=_Command)
 def replay(
-    snapshot: Path = typer.Argument(..., help="A .cusnap file."),
-    device: int = typer.Option(0, "--device", help="GPU ordinal to replay on."),
-    calls: Optional[str] = typer.Option(None, "--calls", help="Only these launches/copies (call-set syntax as in dump); state-building calls always run."),
-    kernels: Optional[str] = typer.Option(None, "--kernels", help="Only launches of kernels matching this regex."),
-    rtol: float = typer.Option(0.0, "--rtol", help="Relative tolerance for D2H verification (with --dtype)."),
-    atol: float = typer.Option(0.0, "--atol", help="Absolute tolerance for D2H verification (with --dtype)."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="Element type for tolerances: f32, f16, bf16, f64."),
+    snapshot: Path = typer.Argument(..., metavar="SNAPSHOT", help="A .cusnap file."),
+    device: int = typer.Option(0, "--device", metavar="N", help="GPU ordinal to replay on."),
+    calls: Optional[str] = typer.Option(None, "--calls", metavar="SET", help="Only these launches/copies (call-set syntax as in dump); state-building calls always run."),
+    kernels: Optional[str] = typer.Option(None, "--kernels", metavar="REGEX", help="Only launches of kernels matching this regex."),
+    rtol: float = typer.Option(0.0, "--rtol", metavar="F", help="Relative tolerance for D2H verification (with --dtype)."),
+    atol: float = typer.Option(0.0, "--atol", metavar="F", help="Absolute tolerance for D2H verification (with --dtype)."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", metavar="f32|f16|bf16|f64", help="Element type for tolerances: f32, f16, bf16, f64."),
     continue_on_error: bool = typer.Option(False, "--continue-on-error", help="Keep going past failures; report them all."),
-    watchdog: Optional[float] = typer.Option(None, "--watchdog", help="Seconds a driver call may take before replay gives up (exit 2)."),
+    watchdog: Optional[float] = typer.Option(None, "--watchdog", metavar="SECONDS", help="Seconds a driver call may take before replay gives up (exit 2)."),
     sync_after_launch: bool = typer.Option(False, "--sync-after-launch", help="Synchronize after every launch (pins failures to a kernel)."),
     threads: bool = typer.Option(False, "--threads", help="Replay each recorded thread on its own thread (recorded order kept)."),
     relocate_payloads: bool = typer.Option(False, "--relocate-payloads", help="Rewrite stale recorded addresses found in H2D payloads after a fallback."),
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bar on stderr (default: on for long replays on a terminal)."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No summary; the first problem only."),
-    profile: Optional[str] = typer.Option(None, "--profile", help="Per-kernel profiling: timeline, isolated or graph. With it, --kernels/--calls/--launch choose the launches profiled and every call still runs."),
-    repeat: int = typer.Option(10, "--repeat", help="isolated/graph: timed runs per launch (per graph)."),
-    warmup: int = typer.Option(3, "--warmup", help="isolated/graph: untimed runs before the timed ones."),
+    profile: Optional[str] = typer.Option(None, "--profile", metavar="timeline|isolated|graph", help="Per-kernel profiling: timeline, isolated or graph. With it, --kernels/--calls/--launch choose the launches profiled and every call still runs."),
+    repeat: int = typer.Option(10, "--repeat", metavar="N", help="isolated/graph: timed runs per launch (per graph)."),
+    warmup: int = typer.Option(3, "--warmup", metavar="N", help="isolated/graph: untimed runs before the timed ones."),
     flush_l2: bool = typer.Option(True, "--flush-l2/--no-flush-l2", help="isolated: flush the L2 cache before every run (as Nsight Compute does by default), so each run starts from the same cache state."),
-    launch: Optional[int] = typer.Option(None, "--launch", help="Profile only the launch with this call sequence number (as dump shows)."),
-    out_file: Optional[Path] = typer.Option(None, "--out", help="Write per-launch and per-kernel rows to FILE.json or FILE.csv."),
-    trace: Optional[Path] = typer.Option(None, "--trace", help="Write a Chrome trace / Perfetto JSON of the timeline (with --profile timeline)."),
-    hook: List[str] = typer.Option([], "--hook", help="A hook MODULE:OBJECT[?key=value&...] (repeatable); see replay/hooks.py."),
+    launch: Optional[int] = typer.Option(None, "--launch", metavar="SEQ", help="Profile only the launch with this call sequence number (as dump shows)."),
+    out_file: Optional[Path] = typer.Option(None, "--out", metavar="FILE", help="Write per-launch and per-kernel rows to FILE.json or FILE.csv."),
+    trace: Optional[Path] = typer.Option(None, "--trace", metavar="FILE", help="Write a Chrome trace / Perfetto JSON of the timeline (with --profile timeline)."),
+    hook: List[str] = typer.Option([], "--hook", metavar="MODULE:OBJECT", help="A hook MODULE:OBJECT[?key=value&...] (repeatable); see replay/hooks.py."),
     nvtx: Optional[bool] = typer.Option(None, "--nvtx/--no-nvtx", help="Emit NVTX ranges named after recorded calls and kernels (default: when nsys/ncu is attached)."),
     check_repeats: bool = typer.Option(False, "--check-repeats", help="isolated: check that every repeat writes the same memory."),
 ):
-    """Re-execute a snapshot on a GPU, placing memory at recorded addresses, and verify every D2H result.
-    Exit 0: all verified; 1: a verification mismatch; 2: replay could not proceed."""
+    """Replay a snapshot on a GPU and verify every D2H result.
+
+    Memory is placed at recorded addresses. Exit 0: calls replayed and every D2H result
+    verified; 1: a verification mismatch; 2: replay could not proceed (the snapshot is
+    unreadable, damaged or holds no call to replay; no GPU; an unsupported call)."""
     from cudasnap.replay import ReplayOptions, run_replay_cli
 
     if watchdog is not None and watchdog <= 0:
@@ -155,7 +230,11 @@ def replay(
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except BrokenPipeError:         # `cudasnap api | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,9 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
+from rich.markup import escape
+
+from cudasnap.console import console, print_table
 from cudasnap.formats import SnapshotError, SnapshotReader, cu_result_name, parse_callset, repair
 from cudasnap.formats import callset as cs
 
@@ -104,6 +107,7 @@ def summarize(r: SnapshotReader) -> Dict[str, Any]:
     notes = Counter()
     note_msgs = []
     end = None
+    repaired: Dict[str, Any] = {}
     n_records = 0
     kinds: Counter = Counter()
     launches = []
@@ -165,6 +169,8 @@ def summarize(r: SnapshotReader) -> Dict[str, Any]:
                 note_msgs.append(str(rec.get("msg"))[:200])
         elif k == "end":
             end = {"exit": rec.get("exit"), "signal": rec.get("signal"), "partial": rec.get("partial")}
+        elif k == "repair":
+            _add_repair(repaired, rec)
     for rec in launches:
         name = cs.kernel_name(rec, fn_names)
         if name is None:
@@ -200,10 +206,66 @@ def summarize(r: SnapshotReader) -> Dict[str, Any]:
         "truncated": r.truncated,
         "lost_bytes": r.lost_bytes,
         "recovered_frames": r.recovered_frames,
+        "repaired": repaired or None,
         "notes": dict(notes),
         "warnings": note_msgs,
         "end": end,
     }
+
+
+_REPAIR_COUNTS = ("lost_bytes", "lost_records", "unknown_gaps", "lost_blobs", "gap_count")
+
+
+def _add_repair(acc: Dict[str, Any], rec: Mapping[str, Any]) -> None:
+    """Fold one `repair` record (SCHEMA.md) into the totals info shows: losses add up."""
+    acc["times"] = acc.get("times", 0) + 1
+    for key in _REPAIR_COUNTS:
+        acc[key] = acc.get(key, 0) + (_as_int(rec.get(key)) or 0)
+    gaps = acc.setdefault("gaps", [])
+    for g in rec.get("gaps") if isinstance(rec.get("gaps"), list) else []:
+        if isinstance(g, list) and len(g) >= 4 and len(gaps) < 10:
+            gaps.append({"offset": g[0], "length": g[1], "kind": g[2], "reason": g[3]})
+
+
+def _v(x: Any, none: str = "-") -> str:
+    """A value for people: never Python's None."""
+    return none if x is None or x == "" else str(x)
+
+
+def _driver(v: Any) -> str:
+    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+        return "unknown"
+    return f"{v} (CUDA {v // 1000}.{v % 1000 // 10})"
+
+
+def _repair_line(rp: Optional[Mapping[str, Any]]) -> Optional[str]:
+    if not rp:
+        return None
+    if not rp["lost_bytes"] and not rp["lost_blobs"]:
+        return "repaired : nothing lost (index rebuilt)"
+    return (f"repaired : [red]PARTIAL[/red], {rp['lost_bytes']} bytes of damaged data dropped in "
+            f"{rp['gap_count']} stretch(es): {_lost_what(rp)}")
+
+
+def _lost_what(s: Mapping[str, Any]) -> str:
+    """Records (a lower bound when a stretch's kind is unknown) and blobs a repair lost."""
+    what = f"{'at least ' if s['unknown_gaps'] else ''}{s['lost_records']} records"
+    if s["unknown_gaps"]:
+        what += f" ({s['unknown_gaps']} stretch(es) of unknown content)"
+    if s["lost_blobs"]:
+        what += f", {s['lost_blobs']} blob(s)"
+    return what
+
+
+def _end_line(e: Optional[Mapping[str, Any]]) -> str:
+    if e is None:
+        return "end      : [yellow]no end record[/yellow] (process did not finish cleanly?)"
+    parts = [f"exit {_v(e.get('exit'))}"]
+    if e.get("signal"):
+        parts.append(f"killed by signal {e['signal']}")
+    if e.get("partial"):
+        parts.append("[red]partial[/red]")
+    return "end      : " + ", ".join(parts)
 
 
 def _human(n: Any) -> str:
@@ -225,22 +287,19 @@ def run_info(path: Path, json_out: bool) -> int:
     if json_out:
         print(json.dumps(s, default=_json_default, sort_keys=False))
         return 0
-    from rich.console import Console
-    from rich.table import Table
-
-    con = Console(highlight=False, soft_wrap=True)
+    con = console()
     p = s["process"]
-    con.print(f"[bold]{s['file']}[/bold]  (format {s['format_version']}, schema {s['schema']}, "
-              f"cudasnap {s['tool_version']})")
+    con.print(f"[bold]{escape(s['file'])}[/bold]  (format {_v(s['format_version'])}, schema "
+              f"{escape(_v(s['schema']))}, cudasnap {escape(_v(s['tool_version']))})")
     argv = p.get("argv")
-    con.print(f"process  : {' '.join(map(str, argv)) if isinstance(argv, list) else argv!s}  "
-              f"pid {p.get('pid')} on {p.get('host')}", markup=False)
-    con.print(f"driver   : {s['driver_version']}", markup=False)
+    argv_s = " ".join(map(str, argv)) if isinstance(argv, list) else _v(argv)
+    con.print(f"process  : {argv_s or '-'}  pid {_v(p.get('pid'))} on {_v(p.get('host'))}", markup=False)
+    con.print(f"driver   : {_driver(s['driver_version'])}", markup=False)
     for g in s["gpus"]:
         cc = g.get("cc")
         cc_s = ".".join(map(str, cc)) if isinstance(cc, list) else "?"
-        con.print(f"gpu {g.get('index')}    : {g.get('name')}  cc {cc_s}  {_human(g.get('mem'))}  {g.get('uuid', '')}",
-                  markup=False)
+        con.print(f"gpu {_v(g.get('index'))}    : {_v(g.get('name'), '?')}  cc {cc_s}  {_human(g.get('mem'))}  "
+                  f"{_v(g.get('uuid'), '')}".rstrip(), markup=False)
     dur = s["duration_s"]
     con.print(f"duration : {dur:.6f} s" if dur is not None else "duration : -")
     c = s["calls"]
@@ -248,6 +307,9 @@ def run_info(path: Path, json_out: bool) -> int:
     con.print(f"calls    : {c['total']}  (errors {c['errors']}, never returned {c['unreturned']}{rep})")
     state = "no" if not s["truncated"] else f"[red]YES[/red], {s['lost_bytes']} bytes lost, {s['recovered_frames']} frames recovered"
     con.print(f"truncated: {state}")
+    line = _repair_line(s["repaired"])
+    if line:
+        con.print(line)
     b = s["blobs"]
     con.print(f"file     : {_human(s['file_size'])}, compression {s['compression_ratio']}x, "
               f"blobs {b['count']} ({_human(b['logical_bytes'])} logical, {_human(b['unique_bytes'])} unique, "
@@ -257,43 +319,28 @@ def run_info(path: Path, json_out: bool) -> int:
     con.print(f"notes    : {sum(notes.values())} ({notes.get('warning', 0)} warnings)")
     for m in s["warnings"]:
         con.print(f"  warning: {m}", markup=False)
-    e = s["end"]
-    if e is None:
-        con.print("end      : [yellow]no end record[/yellow] (process did not finish cleanly?)")
-    else:
-        con.print(f"end      : exit {e.get('exit')}  signal {e.get('signal')}  partial {e.get('partial')}")
+    con.print(_end_line(s["end"]))
 
-    t = Table(title="API calls", show_edge=False)
-    t.add_column("function")
-    t.add_column("count", justify="right")
-    for name, n in list(c["by_name"].items())[:40]:
-        t.add_row(name, str(n))
+    rows = [(name, n) for name, n in list(c["by_name"].items())[:40]]
     if len(c["by_name"]) > 40:
-        t.add_row(f"... {len(c['by_name']) - 40} more", "")
-    con.print(t)
+        rows.append((f"... {len(c['by_name']) - 40} more", ""))
+    print_table(con, ["function", ("count", "right")], rows, title="API calls")
     if s["kernels"]["by_name"]:
-        t = Table(title="Kernels by launches", show_edge=False)
-        t.add_column("kernel")
-        t.add_column("launches", justify="right")
-        for name, n in list(s["kernels"]["by_name"].items())[:30]:
-            t.add_row(name, str(n))
-        con.print(t)
+        print_table(con, ["kernel", ("launches", "right")], list(s["kernels"]["by_name"].items())[:30],
+                    title="Kernels by launches")
     if s["memory"]:
-        t = Table(title="Memory traffic", show_edge=False)
-        t.add_column("kind")
-        t.add_column("calls", justify="right")
-        t.add_column("bytes", justify="right")
-        for k, v in s["memory"].items():
-            t.add_row(k, str(v["count"]), _human(v["bytes"]))
-        con.print(t)
+        print_table(con, ["kind", ("calls", "right"), ("bytes", "right")],
+                    [(k, v["count"], _human(v["bytes"])) for k, v in s["memory"].items()], title="Memory traffic")
     return 0
 
 
 # ============================================================================ dump
 
 def _fmt_val(v: Any, blobs: bool, depth: int = 0) -> str:
-    if isinstance(v, bool) or v is None:
-        return str(v)
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "true" if v else "false"
     if isinstance(v, int):
         return hex(v) if v > 0xFFFF else str(v)
     if isinstance(v, float):
@@ -332,7 +379,7 @@ def _fmt_text(rec: Dict[str, Any], fn_names: Dict[Any, str], blobs: bool, r: Sna
         if _as_int(t0) is not None and _as_int(t1) is not None and t1 >= t0:
             us = (t1 - t0) / 1000
             dur = f" [{us:.1f} us]" if us < 1000 else f" [{us / 1000:.2f} ms]"
-        line = f"#{rec.get('s', '?')}  {rec.get('tid', '?')}  {f}({args}) -> {res}{dur}"
+        line = f"#{_v(rec.get('s'), '?')}  {_v(rec.get('tid'), '?')}  {f}({args}) -> {res}{dur}"
         if kn:
             line += f"  kernel={kn}"
         x = rec.get("x")
@@ -341,20 +388,22 @@ def _fmt_text(rec: Dict[str, Any], fn_names: Dict[Any, str], blobs: bool, r: Sna
         return line
     if k == "b":
         ch = rec.get("chunks")
-        return f"[b] id={rec.get('id')} size={rec.get('size')} chunks={len(ch) if isinstance(ch, list) else '?'}"
+        return f"[b] id={_v(rec.get('id'))} size={_v(rec.get('size'))} chunks={len(ch) if isinstance(ch, list) else '?'}"
     if k == "fn":
-        return (f"[fn] h={_fmt_val(rec.get('h'), False)} name={rec.get('name')} kind={rec.get('kind')} "
+        return (f"[fn] h={_fmt_val(rec.get('h'), False)} name={_v(rec.get('name'))} kind={_v(rec.get('kind'))} "
                 f"module={_fmt_val(rec.get('module'), False)} params={_fmt_val(rec.get('params'), False)}")
     if k == "note":
-        return f"[note {rec.get('level')}] {rec.get('msg')}"
+        return f"[note {_v(rec.get('level'))}] {_v(rec.get('msg'))}"
     if k == "rep" and isinstance(rec.get("calls"), list):
-        reps = ", ".join(f"{e.get('f')} x{e.get('n')} (as #{e.get('of')})" for e in rec["calls"] if isinstance(e, dict))
-        return f"[repeats] {rec.get('tid', '?')}  {reps}"
+        reps = ", ".join(f"{_v(e.get('f'), '?')} x{_v(e.get('n'), '?')} (as #{_v(e.get('of'), '?')})"
+                         for e in rec["calls"] if isinstance(e, dict))
+        return f"[repeats] {_v(rec.get('tid'), '?')}  {reps}"
     if k == "region":
         return (f"[region] base={_fmt_val(rec.get('base'), False)} size={_fmt_val(rec.get('size'), False)} "
-                f"purpose={rec.get('purpose')}")
+                f"purpose={_v(rec.get('purpose'))}")
     if k == "end":
-        return f"[end] exit={rec.get('exit')} signal={rec.get('signal')} partial={rec.get('partial')}"
+        return "[end] " + " ".join(f"{n}={_fmt_val(rec.get(n), False)}" for n in ("exit", "signal", "partial")
+                                   if rec.get(n) is not None)
     rest = {kk: vv for kk, vv in rec.items() if kk != "k"}
     return f"[{k}] " + json.dumps(_jsonable(rest, blobs, None), separators=(",", ":"), default=str)
 
@@ -463,11 +512,44 @@ def run_repair(path: Path, output: Optional[Path]) -> int:
         return _err(str(e))
     except OSError as e:
         return _err(f"{path}: {e.strerror or e}")
-    if not s["was_truncated"]:
-        print(f"{s['path']}: already had a valid index; rewrote {s['frames']} frames to {s['out']}")
-    else:
-        segs = f", with the chunks of {s['segments']} segment file(s) folded in" if s.get("segments") else ""
-        print(f"{s['path']}: kept {s['frames']} frames ({s['records']} records, {s['blobs']} blobs, "
-              f"{s['chunks']} chunks{segs}); lost {s['lost_bytes']} bytes after the last complete frame")
-    print(f"wrote {s['out']} ({s['bytes_after']} bytes, with index)")
+    if s["intact"]:
+        print(f"{s['path']}: intact, nothing to do")
+        return 0
+    segs = f", with the chunks of {s['segments']} segment file(s) folded in" if s["segments"] else ""
+    print(f"{s['path']}: kept {s['frames']} frames ({s['records']} records, {s['blobs']} blobs, "
+          f"{s['chunks']} chunks{segs})")
+    for line in _repair_losses(s):
+        print(line)
+    kept = f"; the original is kept as {s['orig']}" if s["orig"] else ""
+    print(f"wrote {s['out']} ({s['bytes_after']} bytes, with index){kept}")
     return 0
+
+
+_GAPS_SHOWN = 10
+
+
+def _repair_losses(s: Mapping[str, Any]) -> list:
+    """What repair dropped and why: one line per damaged stretch (the first few), then totals."""
+    gaps = s["gaps"]
+    data = [g for g in gaps if g["kind"] != "index"]
+    lines = []
+    for g in gaps[:_GAPS_SHOWN]:
+        if g["kind"] == "index":
+            what = "the old index (rebuilt)"
+        elif g["kind"] == "records":
+            what = f"a records frame of {g['records']} records"
+        elif g["kind"] is not None:
+            what = f"a {g['kind']} frame"
+        else:
+            what = "data of unknown kind"
+        lines.append(f"  skipped {g['length']} bytes at offset {g['offset']}: {what}: {g['reason']}")
+    if len(gaps) > _GAPS_SHOWN:
+        lines.append(f"  ... and {len(gaps) - _GAPS_SHOWN} more stretch(es)")
+    if s["lost_blobs"]:
+        lines.append(f"  {s['lost_blobs']} blob(s) left out: a chunk of theirs was in a damaged stretch")
+    if data or s["lost_blobs"]:
+        lines.insert(0, f"lost {s['lost_bytes']} bytes of damaged data in {len(data)} stretch(es): "
+                        f"{_lost_what(s)}; the repaired file keeps a note of this loss for `info`")
+    else:
+        lines.insert(0, "nothing lost" + (" (the index was rebuilt)" if gaps else ""))
+    return lines

@@ -5,11 +5,12 @@ every problem raised as SnapshotError with a one-line 'file: offset N: problem' 
 """
 from __future__ import annotations
 
+import mmap
 import os
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from .container import (
-    CHUNK_ID_LEN, CHUNK_SIZE, CODEC_ZSTD, FRAME_SIZE, KIND_CHUNK, KIND_HEADER, KIND_INDEX,
+    CHUNK_ID_LEN, CHUNK_SIZE, CODEC_ZSTD, FRAME_MAGIC, FRAME_SIZE, KIND_CHUNK, KIND_HEADER, KIND_INDEX,
     KIND_NAMES, KIND_RECORDS, MAX_FRAME, PREAMBLE_SIZE, TRAILER, TRAILER_MAGIC, TRAILER_SIZE,
     SnapshotError, _decompressor, check_preamble, chunk_digest, decode_payload,
     iter_record_payload, parse_frame_header, snap_error, unpack_one, xxh64,
@@ -40,13 +41,18 @@ class Frame:
 
 class SnapshotReader:
     def __init__(self, path, *, scan: bool = False, segment: bool = False,
-                 segment_chunks: Optional[Iterable[str]] = None):
-        """scan=True ignores any index and recovers by scanning (what repair uses when an
-        indexed file turns out to hold a corrupt frame). segment=True reads a segment file
-        (a preamble, then chunk frames: formats/writer.py) by scanning. A file without an
+                 segment_chunks: Optional[Iterable[str]] = None, resync: bool = False):
+        """scan=True ignores any index and recovers by scanning. segment=True reads a segment
+        file (a preamble, then chunk frames: formats/writer.py) by scanning. A file without an
         index whose writer left segments beside it is refused (`cudasnap repair` folds
-        them in) unless segment_chunks names the chunk ids those segments hold."""
-        self._force_scan = bool(scan)
+        them in) unless segment_chunks names the chunk ids those segments hold.
+        resync=True (implies scan; what repair uses) steps over a corrupt stretch to the next
+        frame that verifies instead of stopping there, and keeps records frames whose blobs
+        lost a chunk (leaving those blobs out): `gaps` lists each stretch skipped, `lost_blobs`
+        the blobs left out."""
+        self._resync = bool(resync)
+        self._force_scan = bool(scan) or self._resync
+        self._map: Optional[mmap.mmap] = None
         self._segment = segment
         self._segment_chunks = set(segment_chunks) if segment_chunks is not None else None
         self.path = os.fspath(path)
@@ -59,10 +65,10 @@ class SnapshotReader:
         try:
             self._open()
         except SnapshotError:
-            self._f.close()
+            self.close()
             raise
         except Exception as e:  # pragma: no cover - defensive: never a traceback
-            self._f.close()
+            self.close()
             raise SnapshotError(f"{self.path}: unreadable snapshot ({type(e).__name__}: {e})") from None
 
     # ------------------------------------------------------------------ opening
@@ -78,6 +84,8 @@ class SnapshotReader:
         self._scan_blob_refs: Optional[int] = None
         self._header_merged: Optional[Dict[str, Any]] = None
         self._raw_header = {}
+        self.gaps: List[Dict[str, Any]] = []
+        self.lost_blobs: List[str] = []
         if self._segment:
             self._scan()
             return
@@ -172,9 +180,9 @@ class SnapshotReader:
         pos = PREAMBLE_SIZE
         blob_recs: List[Tuple[int, List[Dict[str, Any]], Dict[str, int]]] = []
         while pos < size:
-            if pos + FRAME_SIZE > size:
-                break
             try:
+                if pos + FRAME_SIZE > size:
+                    raise snap_error(self.path, pos, "incomplete frame header")
                 kind, payload = self._read_frame(pos)
                 if self._segment and kind != KIND_CHUNK:
                     raise snap_error(self.path, pos, "segment file holds a frame other than a chunk")
@@ -191,8 +199,13 @@ class SnapshotReader:
                 elif kind == KIND_CHUNK:
                     cid = self._chunk_id_of(payload, pos)
                     self._chunks.setdefault(cid, pos)
-            except SnapshotError:
-                break
+            except SnapshotError as e:
+                if not self._resync:
+                    break
+                gap = self._gap(pos, e)
+                self.gaps.append(gap)
+                pos += gap["length"]
+                continue
             fr = Frame(pos, kind, self._last_comp_len)
             frames.append(fr)
             pos = fr.end
@@ -200,26 +213,68 @@ class SnapshotReader:
         refs_all: Dict[str, int] = {}
         for at, brecs, refs in blob_recs:
             newblobs = {}
+            bad: List[str] = []
             for rec in brecs:
                 bid, bsize, bchunks = rec.get("id"), rec.get("size"), rec.get("chunks")
                 if not (_is_hex_id(bid) and _is_uint(bsize) and isinstance(bchunks, list)
                         and _chunk_count_ok(bsize, bchunks)
                         and all(c in self._chunks or c in known for c in bchunks)):
-                    newblobs = None
-                    break
+                    bad.append(str(bid))
+                    continue
                 newblobs[bid] = (bsize, list(bchunks))
-            if newblobs is None:          # a blob whose chunks are missing: the prefix ends here
+            if bad and not self._resync:  # a blob whose chunks are missing: the prefix ends here
                 pos = frames[at].offset
                 frames = frames[:at]
                 self._chunks = {c: o for c, o in self._chunks.items() if o < pos}
                 break
+            self.lost_blobs.extend(bad)
             self._blobs.update(newblobs)
             for b, n in refs.items():
                 refs_all[b] = refs_all.get(b, 0) + n
         self._frames = frames
         self.recovered_frames = len(frames)
-        self.lost_bytes = size - pos
+        if self._resync:       # an old index and trailer hold no data: only data gaps count
+            self.lost_bytes = sum(g["length"] for g in self.gaps if g["kind"] != "index")
+        else:
+            self.lost_bytes = size - pos
         self._scan_blob_refs = sum(s * max(1, refs_all.get(b, 0)) for b, (s, _) in self._blobs.items())
+
+    def _next_frame(self, start: int) -> Optional[int]:
+        """Offset of the first frame at or after start that reads and verifies (resync)."""
+        if self._map is None:
+            self._map = mmap.mmap(self._f.fileno(), 0, access=mmap.ACCESS_READ)
+        pos = start
+        while True:
+            pos = self._map.find(FRAME_MAGIC, pos)
+            if pos < 0 or pos + FRAME_SIZE > self.file_size:
+                return None
+            try:
+                self._read_frame(pos)
+                return pos
+            except SnapshotError:
+                pos += 1
+
+    def _gap(self, off: int, err: SnapshotError) -> Dict[str, Any]:
+        """The stretch a resync steps over at off, why, and what it held. A frame whose header
+        still reads (it is checksummed) is skipped by its own length and named by its kind;
+        otherwise the stretch runs to the next frame that verifies, its kind unknown (None).
+        An old index and its trailer are kind "index": not data."""
+        kind = records = None
+        try:
+            k, _, _, comp_len, _, count = parse_frame_header(self._read_at(off, FRAME_SIZE), self.path, off)
+            kind, records = KIND_NAMES[k], (count if k == KIND_RECORDS else None)
+            end = min(off + FRAME_SIZE + comp_len, self.file_size)
+        except SnapshotError:
+            nxt = self._next_frame(off + 1)
+            end = self.file_size if nxt is None else nxt
+            tail = self._read_at(self.file_size - TRAILER_SIZE, TRAILER_SIZE)
+            if len(tail) == TRAILER_SIZE and TRAILER.unpack(tail)[0] == TRAILER_MAGIC and \
+                    (TRAILER.unpack(tail)[1] == off or off == self.file_size - TRAILER_SIZE):
+                kind = "index"           # the old index (its header broke) or the trailer itself
+        reason, prefix = str(err), f"{self.path}: offset {off}: "
+        if reason.startswith(prefix):
+            reason = reason[len(prefix):]
+        return {"offset": off, "length": end - off, "reason": reason, "kind": kind, "records": records}
 
     def _chunk_id_of(self, stored: bytes, off: int) -> str:
         # payload is still compressed here: decompress only its first 16 bytes
@@ -405,6 +460,9 @@ class SnapshotReader:
         }
 
     def close(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None
         self._f.close()
 
     def __enter__(self) -> "SnapshotReader":

@@ -1,15 +1,22 @@
-"""repair(): rewrite a snapshot left without an index (crash, kill -9, full disk).
+"""repair(): rewrite a damaged snapshot (crash, kill -9, full disk, flipped bytes) with an index.
 
-Every complete, verified frame is copied byte for byte (no recompression); the chunk frames
-of segment files a dead writer left beside it (formats/writer.py) follow; a new index frame
-and trailer are appended. In place (via a temp file + rename, then the segments are
-removed) when out is None.
+The file is scanned with resync (reader.py): every frame that verifies is kept, a corrupt
+stretch is stepped over rather than ending the scan, so repair keeps at least every record
+a plain read finds. Kept frames are copied byte for byte (no recompression); the chunk frames
+of segment files a dead writer left beside it (formats/writer.py) follow; then a `repair`
+record saying what was lost (SCHEMA.md), so the loss stays visible once the file has an index
+again, and a new index and trailer. The new file keeps the original's mode. In place, the
+original stays beside it as NAME.orig (its segments as NAME.orig.segK). An intact file is
+left alone.
 """
 from __future__ import annotations
 
 import os
+import shutil
+import stat
 import tempfile
-from typing import Any, Dict
+import time
+from typing import Any, Dict, List
 
 from .container import (
     FORMAT_VERSION, FRAME_SIZE, KIND_CHUNK, KIND_INDEX, KIND_RECORDS, MAX_FRAME, TRAILER,
@@ -20,12 +27,18 @@ from .reader import SnapshotReader
 from .segments import segment_paths
 
 _COPY_PIECE = 8 << 20
+MAX_GAPS_RECORDED = 64      # stretches listed in a repair record (counts cover them all)
 
 
 def repair(path, out=None) -> Dict[str, Any]:
-    """Rewrite `path` with an index. Returns a summary dict:
-    {path, out, was_truncated, frames, records, blobs, chunks, lost_bytes, bytes_before, bytes_after}."""
+    """Rewrite `path` (to `out`, else in place). Returns a summary dict: {path, out, intact,
+    was_truncated, frames, records, blobs, chunks, segments, lost_bytes, lost_records,
+    unknown_gaps, gaps, lost_blobs, bytes_before, bytes_after, orig}. `intact`: nothing was
+    wrong and nothing was written. Raises SnapshotError when the file cannot be read at all
+    (no preamble or header frame) or the result cannot be written."""
     src = os.fspath(path)
+    in_place = out is None or _same_file(src, os.fspath(out))
+    dst = src if in_place else os.fspath(out)
     segs = []
     for p in segment_paths(src):
         try:
@@ -33,39 +46,67 @@ def repair(path, out=None) -> Dict[str, Any]:
         except SnapshotError:           # not even a preamble: it holds nothing to recover
             pass
     known = {cid for sg in segs for cid in sg._chunks}
-    r = SnapshotReader(src, segment_chunks=known)
-    if not r.truncated:
-        for sg in segs:                 # an indexed file has no segments of its own
-            sg.close()
-        segs = []
-        try:
-            r.verify()
-        except SnapshotError:       # indexed but damaged: recover by scanning instead
-            r.close()
-            r = SnapshotReader(src, scan=True, segment_chunks=known)
-    dst = os.fspath(out) if out is not None else src
     try:
+        r = SnapshotReader(src, segment_chunks=known)
+        indexed = not r.truncated
+        if indexed:
+            try:
+                r.verify()
+                intact = True
+            except SnapshotError:       # indexed but damaged: recover by scanning instead
+                intact = False
+            if intact:
+                r.close()
+                for sg in segs:
+                    sg.close()
+                return {"path": src, "out": dst, "intact": True, "was_truncated": False,
+                        "frames": r.recovered_frames, "lost_bytes": 0}
+        r.close()
+        r = SnapshotReader(src, resync=True, segment_chunks=known)
+    except BaseException:
+        for sg in segs:
+            sg.close()
+        raise
+    orig = src + ".orig" if in_place else None
+    try:
+        if orig is not None and os.path.lexists(orig):
+            raise SnapshotError(f"{orig} already exists (the original of an earlier repair): "
+                                f"move it away, or write elsewhere with -o")
+        mode = stat.S_IMODE(os.stat(src).st_mode)
+        data_gaps = [g for g in r.gaps if g["kind"] != "index"]
         st = r.stats
         summary: Dict[str, Any] = {
-            "path": src, "out": dst, "was_truncated": r.truncated,
+            "path": src, "out": dst, "intact": False, "was_truncated": not indexed,
             "frames": len(r._frames), "records": st["records"], "blobs": st["blobs"],
-            "chunks": st["chunks"] + len(known - set(r._chunks)), "lost_bytes": r.lost_bytes,
-            "bytes_before": r.file_size + sum(sg.file_size for sg in segs), "segments": len(segs),
+            "chunks": st["chunks"] + len(known - set(r._chunks)), "segments": len(segs),
+            "lost_bytes": r.lost_bytes,
+            "lost_records": sum(g["records"] or 0 for g in data_gaps),
+            "unknown_gaps": sum(1 for g in data_gaps if g["kind"] is None),
+            "gaps": list(r.gaps), "lost_blobs": len(r.lost_blobs),
+            "bytes_before": r.file_size + sum(sg.file_size for sg in segs), "orig": orig,
         }
+        note = {"k": "repair", "t": time.time(), "tool_version": _tool_version(),
+                "bytes_before": summary["bytes_before"], "lost_bytes": r.lost_bytes,
+                "lost_records": summary["lost_records"], "unknown_gaps": summary["unknown_gaps"],
+                "lost_blobs": summary["lost_blobs"], "segments": len(segs), "gap_count": len(data_gaps),
+                "gaps": [[g["offset"], g["length"], g["kind"], g["reason"]]
+                         for g in data_gaps[:MAX_GAPS_RECORDED]]}
         d = os.path.dirname(os.path.abspath(dst)) or "."
         fd, tmp = tempfile.mkstemp(prefix=".cusnap-repair-", suffix=".tmp", dir=d)
         try:
             with os.fdopen(fd, "wb") as f:
-                _rewrite(r, segs, f)
+                _rewrite(r, segs, f, note)
                 f.flush()
-                if out is None:          # replacing the original: make the new bytes durable first
+                os.fchmod(f.fileno(), mode)
+                if in_place:             # replacing the original: make the new bytes durable first
                     os.fsync(f.fileno())
+            if in_place:
+                _keep_original(src, orig)
             os.replace(tmp, dst)
         except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+            if in_place and os.path.exists(tmp):     # the original was not replaced: drop its copy
+                _unlink_quiet(orig)
+            _unlink_quiet(tmp)
             raise
     except OSError as e:
         raise SnapshotError(f"{dst}: cannot write repaired snapshot ({e.strerror or e})") from None
@@ -73,14 +114,41 @@ def repair(path, out=None) -> Dict[str, Any]:
         r.close()
         for sg in segs:
             sg.close()
-    if out is None:
-        for sg in segs:                 # folded in: the file is whole without them
+    if in_place:
+        for k, sg in enumerate(segs, 1):      # folded in; they belong with the original now
             try:
-                os.unlink(sg.path)
-            except OSError:
+                os.replace(sg.path, f"{orig}.seg{k}")
+            except OSError:             # left beside an indexed file, which ignores it
                 pass
     summary["bytes_after"] = os.path.getsize(dst)
     return summary
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.abspath(a) == os.path.abspath(b)
+
+
+def _unlink_quiet(p: str) -> None:
+    try:
+        os.unlink(p)
+    except OSError:
+        pass
+
+
+def _keep_original(src: str, orig: str) -> None:
+    """src stays in place until the repaired file replaces it: a second name, else a copy."""
+    try:
+        os.link(src, orig)
+    except OSError:
+        shutil.copy2(src, orig)
+
+
+def _tool_version() -> str:
+    from .writer import _tool_version as v
+    return v()
 
 
 def _copy_frame(src: SnapshotReader, fr, f) -> tuple:
@@ -100,16 +168,15 @@ def _copy_frame(src: SnapshotReader, fr, f) -> tuple:
     return new_off, kind, raw_len, comp_len, count
 
 
-def _rewrite(r: SnapshotReader, segs, f) -> None:
+def _rewrite(r: SnapshotReader, segs, f, note: Dict[str, Any]) -> None:
     f.write(pack_preamble(FORMAT_VERSION))
-    frames = []
+    frames: List[List[int]] = []
     chunks: Dict[str, int] = {}
     offset_map: Dict[int, int] = {}
     stats = {"records": 0, "frames": 0, "record_raw_bytes": 0, "chunk_raw_bytes": 0,
              "chunk_stored_bytes": 0}
 
-    def add(src: SnapshotReader, fr) -> int:
-        new_off, kind, raw_len, comp_len, count = _copy_frame(src, fr, f)
+    def account(new_off: int, kind: int, raw_len: int, comp_len: int, count: int) -> int:
         frames.append([new_off, kind, comp_len])
         stats["frames"] += 1
         if kind == KIND_RECORDS:
@@ -120,6 +187,9 @@ def _rewrite(r: SnapshotReader, segs, f) -> None:
             stats["chunk_stored_bytes"] += comp_len + FRAME_SIZE
         return new_off
 
+    def add(src: SnapshotReader, fr) -> int:
+        return account(*_copy_frame(src, fr, f))
+
     for fr in r._frames:
         offset_map[fr.offset] = add(r, fr)
     for cid, off in r._chunks.items():
@@ -129,6 +199,13 @@ def _rewrite(r: SnapshotReader, segs, f) -> None:
         for cid, off in sg._chunks.items():
             if cid not in chunks:
                 chunks[cid] = add(sg, at[off])
+    # the loss, as a record of its own: it outlives this index (and any later repair)
+    raw = new_packer().pack(note)
+    codec, stored = encode_payload(raw, 3)
+    off = f.tell()
+    f.write(pack_frame_header(KIND_RECORDS, codec, len(raw), stored, 1))
+    f.write(stored)
+    account(off, KIND_RECORDS, len(raw), len(stored), 1)
     blobs = {bid: [size, list(cl)] for bid, (size, cl) in r._blobs.items()}
     logical = r.stats["blob_logical_bytes"]
     stats.update(blobs=len(blobs), chunks=len(chunks), blob_logical_bytes=logical,

@@ -11,7 +11,7 @@ from typing import Optional
 
 from .options import ReplayOptions, ReplayResult
 
-__all__ = ["replay", "ReplayOptions", "ReplayResult", "Replayer", "run_replay_cli"]
+__all__ = ["replay", "ReplayOptions", "ReplayResult", "Replayer", "run_replay_cli", "snapshot_problem"]
 
 
 def __getattr__(name):
@@ -29,17 +29,63 @@ def replay(snapshot, driver=None, **kw) -> ReplayResult:
     return Replayer(snapshot, opts, driver=driver).run()
 
 
+def snapshot_problem(snapshot) -> Optional[str]:
+    """Why `snapshot` cannot be replayed, found before any GPU work (so without a GPU or
+    cuda-python too): missing, unreadable or corrupt, or holding no call to replay. None when
+    replay may start. Records are read up to the first call to replay; a damaged frame after
+    it is met by the replayer's first pass over the records, which also precedes driver work."""
+    from cudasnap.formats import SnapshotError, SnapshotReader
+    from .dispatch import is_query
+    if not os.path.exists(snapshot):
+        return f"{snapshot}: no such file"
+    try:
+        r = SnapshotReader(snapshot)
+    except SnapshotError as e:            # not a snapshot, or its start is gone: nothing to repair
+        return str(e)
+    with r:
+        try:
+            for rec in r.records("c"):
+                f = rec.get("f")
+                if isinstance(f, str) and "r" in rec and not rec.get("incomplete") and not is_query(f):
+                    return None
+        except SnapshotError as e:
+            return damaged(e)
+        lost = f" (truncated: {r.lost_bytes} bytes lost)" if r.truncated and r.lost_bytes else ""
+    return f"no replayable call in {os.fspath(snapshot)}{lost}"
+
+
+def damaged(e: Exception) -> str:
+    return f"{e} (a damaged snapshot: `cudasnap repair` keeps every frame that still reads)"
+
+
+# The replayer notes a payload it could not read and goes on; a D2H result that cannot be
+# read was not verified, so replay must not report success (engine.Replayer.blob's note).
+_UNREADABLE_BLOB = " unreadable: "
+
+
+def fail_unreadable_payloads(res: ReplayResult) -> None:
+    """A replay that otherwise succeeded but could not read a payload fails (exit 2)."""
+    if res.exit_code == 0:
+        for w in res.warnings:
+            if "blob for" in w and _UNREADABLE_BLOB in w:
+                res.errors.append(f"damaged snapshot: {w}")
+                res.exit_code = 2
+                return
+
+
 def run_replay_cli(snapshot, opts: ReplayOptions, as_json: bool = False, out=None) -> int:
     """The `cudasnap replay` command: replay, print the summary, return the exit code."""
     import sys
+    from cudasnap.formats import SnapshotError
     from .engine import Replayer
     from .summary import render
     out = out or sys.stdout
     if opts.dtype and opts.dtype not in ("f32", "f16", "bf16", "f64"):
         sys.stderr.write(f"cudasnap: error: --dtype must be one of f32, f16, bf16, f64\n")
         return 2
-    if not os.path.exists(snapshot):
-        sys.stderr.write(f"cudasnap: error: {snapshot}: no such file\n")
+    problem = snapshot_problem(snapshot)
+    if problem:
+        sys.stderr.write(f"cudasnap: error: {problem}\n")
         return 2
     rp = Replayer(snapshot, opts)
     try:
@@ -47,6 +93,10 @@ def run_replay_cli(snapshot, opts: ReplayOptions, as_json: bool = False, out=Non
     except KeyboardInterrupt:
         sys.stderr.write("cudasnap: replay interrupted\n")
         return 2
+    except SnapshotError as e:             # a damaged frame after the first call
+        sys.stderr.write(f"cudasnap: error: {damaged(e)}\n")
+        return 2
+    fail_unreadable_payloads(res)
     if not opts.quiet or as_json:
         render(res, rp.mismatch_text, os.fspath(snapshot), out, as_json)
     elif res.exit_code:

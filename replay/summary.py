@@ -24,34 +24,23 @@ def render(res: ReplayResult, mismatch_text: List[str], path: str, out=None, as_
         d["mismatch_text"] = mismatch_text
         out.write(json.dumps(d, indent=2, default=str) + "\n")
         return
-    lines = []
-    try:
-        from rich.console import Console
-        from rich.table import Table
-        con = Console(file=out, highlight=False, soft_wrap=True)
-        t = Table(title=f"cudasnap replay: {path}", show_header=True)
-        t.add_column("what")
-        t.add_column("count", justify="right")
-        for fam, n in sorted(res.by_family.items()):
-            t.add_row(f"calls: {fam}", str(n))
-        t.add_row("calls replayed", f"{res.calls} of {res.total_calls}")
-        t.add_row("queries / ignored (skipped)", str(res.skipped))
-        if res.filtered:
-            t.add_row("left out by --calls/--kernels", str(res.filtered))
-        t.add_row("launches", str(res.launches))
-        t.add_row("recorded errors recurred", str(res.errors_recurred))
-        t.add_row("D2H verified", f"{res.d2h_verified} ({_hum(res.d2h_bytes)})")
-        if res.d2h_unverified:
-            t.add_row("D2H without a recorded result", str(res.d2h_unverified))
-        t.add_row("mismatches", str(len(res.mismatches)))
-        t.add_row("time", f"{res.elapsed_s:.3f} s")
-        con.print(t)
-        emit = con.print
-    except Exception:  # rich missing: plain text
-        emit = lambda s="": out.write(str(s) + "\n")  # noqa: E731
-        emit(f"cudasnap replay: {path}: {res.calls}/{res.total_calls} calls, {res.launches} launches, "
-             f"{res.d2h_verified} D2H verified ({_hum(res.d2h_bytes)}), {len(res.mismatches)} mismatches, "
-             f"{res.elapsed_s:.3f} s")
+    from cudasnap.console import console, print_table
+    con = console(file=out)
+    rows = [(f"calls: {fam}", n) for fam, n in sorted(res.by_family.items())]
+    rows += [("calls replayed", f"{res.calls} of {res.total_calls}"),
+             ("queries / ignored (skipped)", res.skipped)]
+    if res.filtered:
+        rows.append(("left out by --calls/--kernels", res.filtered))
+    rows += [("launches", res.launches), ("recorded errors recurred", res.errors_recurred),
+             ("D2H verified", f"{res.d2h_verified} ({_hum(res.d2h_bytes)})")]
+    if res.d2h_unverified:
+        rows.append(("D2H without a recorded result", res.d2h_unverified))
+    rows += [("mismatches", len(res.mismatches)), ("time", f"{res.elapsed_s:.3f} s")]
+    print_table(con, ["what", ("count", "right")], rows, title=f"cudasnap replay: {path}")
+
+    def emit(line: str = "") -> None:
+        con.print(line, markup=False)
+
     emit(f"placement: {res.placed} placed at recorded address, {res.fell_back} fell back")
     for fb in res.fallbacks:
         emit(f"  fell back: {fb['rec_base']} ({fb['size']} bytes, call #{fb['seq']}) -> {fb['new_base']}: {fb['reason']}")
@@ -68,6 +57,8 @@ def render(res: ReplayResult, mismatch_text: List[str], path: str, out=None, as_
         emit(f"MISMATCH: {m}")
     for e in res.errors:
         emit(f"ERROR: {e}")
-    verdict = {0: "OK: every recorded D2H result reproduced", 1: "FAILED: verification mismatch",
-               2: "FAILED: replay could not proceed"}[res.exit_code]
+    ok = ("OK: every recorded D2H result reproduced" if res.d2h_verified and not res.d2h_unverified else
+          f"OK: {res.calls} calls replayed; {res.d2h_verified} D2H result(s) verified, "
+          f"{res.d2h_unverified} without a recorded result")
+    verdict = {0: ok, 1: "FAILED: verification mismatch", 2: "FAILED: replay could not proceed"}[res.exit_code]
     emit(f"{verdict} (exit {res.exit_code})")

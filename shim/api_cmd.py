@@ -65,22 +65,15 @@ def run_api(status: Optional[str], json_out: bool) -> int:
                   sys.stdout, indent=1)
         sys.stdout.write("\n")
         return 0
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except Exception:
-        for r in rows:
-            print(f"{r['name']:<52} {r['base']:<44} {r['family']:<10} {r['status']:<8} {r['reason'] or ''}")
-        print(summary)
-        return 0
+    from rich.markup import escape
+
+    from cudasnap.console import console, print_table
+
     style = {"replay": "green", "record": "yellow", "refused": "red"}
-    table = Table(title="CUDA Driver API entry points", show_lines=False)
-    for col in ("ABI name", "base", "family", "status", "reason"):
-        table.add_column(col, overflow="fold")
-    for r in rows:
-        table.add_row(r["name"], r["base"], r["family"],
-                      f"[{style.get(r['status'], '')}]{r['status']}[/]", r["reason"] or "")
-    console = Console()
-    console.print(table)
-    console.print(summary)
+    con = console()
+    print_table(con, ["ABI name", "base", "family", "status", "reason"],
+                [(escape(r["name"]), escape(r["base"]), escape(r["family"]),
+                  f"[{style.get(r['status'], '')}]{escape(r['status'])}[/]", escape(r["reason"] or ""))
+                 for r in rows], title="CUDA Driver API entry points", markup=True)
+    con.print(summary, markup=False)
     return 0

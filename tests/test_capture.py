@@ -184,11 +184,25 @@ def test_info_and_dump_on_captured_snapshot(double, capture):
 
 
 def test_unwritable_snapshot_never_stalls_the_program(double, capture):
-    """/dev/full: every write fails. The program runs to the end, unchanged; a warning says so."""
+    """/dev/full: every write fails. The program runs to the end, unchanged; capture then says
+    the snapshot was not saved and, the program having succeeded, exits 2 (never "captured")."""
     cp, _ = capture(double["progs"]["direct"], "20", out=__import__("pathlib").Path("/dev/full"))
-    assert cp.returncode == 0
+    assert cp.returncode == 2
     assert "LAUNCHES 20" in cp.stdout
-    assert "partial" in cp.stderr
+    assert "/dev/full: the snapshot was not saved completely" in cp.stderr
+    assert cp.stderr.strip().splitlines()[-1].startswith("cudasnap: error: ")
+
+
+@pytest.mark.parametrize("where", ["missing_dir", "a_dir", "not_a_dir", "unwritable"])
+def test_unwritable_output_path_is_refused_before_the_program_runs(tmp_path, where):
+    from pathlib import Path
+    from cudasnap.capture.run import run_capture
+    out = {"missing_dir": tmp_path / "nope" / "x.cusnap", "a_dir": tmp_path,
+           "not_a_dir": tmp_path / "file" / "x.cusnap", "unwritable": Path("/sys/x.cusnap")}[where]
+    (tmp_path / "file").write_text("")
+    marker = tmp_path / "ran"
+    assert run_capture(["touch", str(marker)], out, ring_mb=1) == 2
+    assert not marker.exists()
 
 
 def test_disk_full_mid_capture_marks_partial(double, capture, tmp_path):
@@ -199,8 +213,10 @@ def test_disk_full_mid_capture_marks_partial(double, capture, tmp_path):
         pytest.skip("cannot mount a small tmpfs here (needs root)")
     try:
         cp, snap = capture(double["progs"]["direct"], "30000", out=mnt / "t.cusnap")
-        assert cp.returncode == 0 and "LAUNCHES" in cp.stdout
-        assert cp.stderr.count("No space left on device") <= 2   # warned once (plus the close)
+        assert cp.returncode == 2 and "LAUNCHES" in cp.stdout   # the program succeeded, the snapshot did not
+        warnings = [l for l in cp.stderr.splitlines() if l.startswith("cudasnap: warning:")]
+        assert sum("No space left on device" in l for l in warnings) <= 2   # warned once (plus the close)
+        assert "the snapshot was not saved completely" in cp.stderr
         with SnapshotReader(snap) as r:        # closed before the unmount (else: busy)
             assert r.truncated or any(e.get("partial") for e in r.records(kinds=["end"]))
     finally:

@@ -229,6 +229,11 @@ def make_small_frames(path, n=120, blob_every=15):
     return w
 
 
+def _kept(path):
+    """Records of a repaired file, without the `repair` record repair adds."""
+    return [r for r in SnapshotReader(path).records() if r.get("k") != "repair"]
+
+
 def _frame_ends(path):
     r = SnapshotReader(path)
     return [(off, off + 32 + comp, kind) for off, kind, comp in r.frames()], r
@@ -272,10 +277,13 @@ def test_truncation_every_frame_boundary_and_mid_frame(tmp_path):
             if rec["k"] == "b":
                 assert len(tr.blob(rec["id"])) == 300
         s = repair(tp, rp)
-        assert s["was_truncated"] and s["lost_bytes"] == cut - last_end
+        data_lost = cut - last_end if last_end < per_frame[-1][0] else 0     # an index is not data
+        assert s["was_truncated"] and s["lost_bytes"] == data_lost
         rr = SnapshotReader(rp)
         assert not rr.truncated and rr.lost_bytes == 0
-        assert list(rr.records()) == want
+        assert _kept(rp) == want
+        note = list(rr.records("repair"))
+        assert len(note) == 1 and note[0]["lost_bytes"] == data_lost
         assert sorted(rr.blob_ids()) == sorted(tr.blob_ids())
 
 
@@ -284,12 +292,85 @@ def test_repair_in_place(tmp_path):
     make_small_frames(p, n=40)
     data = p.read_bytes()
     p.write_bytes(data[:len(data) - 300])
+    os.chmod(p, 0o640)
     before = list(SnapshotReader(p).records())
     s = repair(p)
-    assert s["out"] == str(p) and s["was_truncated"]
+    assert s["out"] == str(p) and s["was_truncated"] and s["orig"] == f"{p}.orig"
     r = SnapshotReader(p)
-    assert not r.truncated and list(r.records()) == before
+    assert not r.truncated and _kept(p) == before
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".cusnap-repair")]
+    assert os.stat(p).st_mode & 0o777 == 0o640                     # the mode is kept
+    assert open(f"{p}.orig", "rb").read() == data[:len(data) - 300]  # so is the original
+    assert repair(p)["intact"]                                     # now whole: left alone
+    with open(p, "r+b") as f:                                      # damaged again: the first
+        f.seek(len(data) // 2)                                     # original is not overwritten
+        f.write(b"\xff" * 4)
+    with pytest.raises(SnapshotError, match=r"x.cusnap.orig already exists"):
+        repair(p)
+
+
+def _flip(path, off, mask=0x10):
+    data = bytearray(open(path, "rb").read())
+    data[off] ^= mask
+    open(path, "wb").write(bytes(data))
+
+
+@pytest.mark.parametrize("indexed", [True, False])
+def test_repair_resyncs_past_a_corrupt_records_frame(tmp_path, indexed):
+    """A plain read stops at a damaged frame; repair steps over it, keeps every frame after
+    it, reports the stretch, and leaves the loss on record for `info`."""
+    p = tmp_path / "c.cusnap"
+    make_small_frames(p, n=60)
+    if not indexed:
+        data = p.read_bytes()
+        p.write_bytes(data[:struct.unpack_from("<Q", data, len(data) - 16)[0]])   # index and trailer gone
+    frames, _ = _frame_ends(p)
+    rec_frames = [(o, e) for o, e, k in frames if k == "records"]
+    off, end = rec_frames[len(rec_frames) // 2]
+    full = list(SnapshotReader(p).records())
+    _flip(p, off + 40)
+    plain = []
+    try:
+        for rec in SnapshotReader(p).records():
+            plain.append(rec)
+    except SnapshotError:
+        pass
+    s = repair(p, tmp_path / "fixed.cusnap")
+    kept = _kept(tmp_path / "fixed.cusnap")
+    assert len(kept) > len(plain)
+    assert [g["offset"] for g in s["gaps"]] == [off] and s["gaps"][0]["kind"] == "records"
+    assert s["lost_bytes"] == end - off and s["lost_records"] == len(full) - len(kept)
+    assert kept == [r for r in full if r in kept] and kept[-1] == full[-1]
+    from cudasnap.inspect_cmds import summarize
+    info = summarize(SnapshotReader(tmp_path / "fixed.cusnap"))
+    assert not info["truncated"] and info["repaired"]["lost_bytes"] == end - off
+    assert info["repaired"]["lost_records"] == s["lost_records"]
+
+
+def test_repair_keeps_records_whose_blob_lost_a_chunk(tmp_path):
+    p = tmp_path / "b.cusnap"
+    make_small_frames(p, n=60)
+    frames, r = _frame_ends(p)
+    n_blobs = len(r.blob_ids())
+    off = [o for o, e, k in frames if k == "chunk"][1]
+    full = list(r.records())
+    _flip(p, off + 40)
+    s = repair(p, tmp_path / "fixed.cusnap")
+    rr = SnapshotReader(tmp_path / "fixed.cusnap")
+    assert _kept(tmp_path / "fixed.cusnap") == full
+    assert s["lost_blobs"] == 1 and len(rr.blob_ids()) == n_blobs - 1
+    rr.verify()
+
+
+def test_repair_of_a_damaged_index_loses_nothing(tmp_path):
+    p = tmp_path / "i.cusnap"
+    make_small_frames(p, n=30)
+    full = list(SnapshotReader(p).records())
+    data = p.read_bytes()
+    _flip(p, struct.unpack_from("<Q", data, len(data) - 16)[0] + 3)   # the index frame's header
+    s = repair(p, tmp_path / "fixed.cusnap")
+    assert s["lost_bytes"] == 0 and [g["kind"] for g in s["gaps"]] == ["index"]
+    assert _kept(tmp_path / "fixed.cusnap") == full
 
 
 def test_killed_writer_leaves_complete_frames(tmp_path):

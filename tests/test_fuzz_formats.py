@@ -109,11 +109,16 @@ def consume(data: bytes, key: str, do_repair: bool = False) -> None:
     opened = _read_all(path)
     if opened and do_repair:
         out = os.path.join(TMP, f"out-{key}.cusnap")
+        if os.path.exists(out):
+            os.unlink(out)
         try:
-            repair(path, out)
+            s = repair(path, out)
         except SnapshotError as e:
             _check_error(e, path)
         else:
+            if s["intact"]:                # left alone: nothing written
+                assert not os.path.exists(out)
+                out = path
             r = SnapshotReader(out)        # a repaired file always opens with an index...
             assert not r.truncated
             for _ in r.records():          # ...and its records always read

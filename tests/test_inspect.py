@@ -194,18 +194,25 @@ def test_repair_cli(tmp_path):
     p = make_session(tmp_path / "r.cusnap", close=False, frame_bytes=300)
     data = p.read_bytes()
     p.write_bytes(data[:-40])
+    p.chmod(0o644)
     before = list(SnapshotReader(p).records())
     out = tmp_path / "fixed.cusnap"
     res = runner.invoke(app, ["repair", str(p), "-o", str(out)])
     assert res.exit_code == 0, res.output
-    assert "kept" in res.stdout and "lost" in res.stdout
+    assert "kept" in res.stdout and "lost" in res.stdout and "skipped" in res.stdout
     r = SnapshotReader(out)
-    assert not r.truncated and list(r.records()) == before
-    res = runner.invoke(app, ["repair", str(p)])           # in place
+    assert not r.truncated and [x for x in r.records() if x["k"] != "repair"] == before
+    assert out.stat().st_mode & 0o777 == 0o644
+    res = runner.invoke(app, ["info", str(out)])                # the loss stays visible
+    assert res.exit_code == 0 and "repaired : PARTIAL" in res.stdout, res.stdout
+    res = runner.invoke(app, ["repair", str(p)])           # in place: the original is kept
     assert res.exit_code == 0
-    assert not SnapshotReader(p).truncated
-    res = runner.invoke(app, ["repair", str(p)])           # already fine
-    assert res.exit_code == 0 and "already had a valid index" in res.stdout
+    assert not SnapshotReader(p).truncated and (tmp_path / "r.cusnap.orig").read_bytes() == data[:-40]
+    assert p.stat().st_mode & 0o777 == 0o644
+    mtime = p.stat().st_mtime_ns
+    res = runner.invoke(app, ["repair", str(p)])           # already fine: left alone
+    assert res.exit_code == 0 and "intact, nothing to do" in res.stdout
+    assert p.stat().st_mtime_ns == mtime
 
 
 def test_example_file_reads():
@@ -218,3 +225,67 @@ def test_example_file_reads():
     assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)
     assert d["kernels"]["by_name"] and d["end"]["exit"] == 0 and not d["truncated"]
+
+
+def _corrupt_cases(tmp_path):
+    """(name, path) of snapshots replay must refuse: one line on stderr, exit 2, no GPU needed."""
+    import os
+    good = make_session(tmp_path / "good.cusnap", frame_bytes=300)
+    data = good.read_bytes()
+    r = SnapshotReader(good)
+    rec_off = [o for o, k, _ in r.frames() if k == "records"][1]
+    r.close()
+    cases = {
+        "random": os.urandom(4000),
+        "bad_checksum": data[:rec_off + 40] + bytes([data[rec_off + 40] ^ 1]) + data[rec_off + 41:],
+        "truncated_header": data[:30],
+        "version_3": data[:8] + struct.pack("<I", 3) + data[12:],
+        "no_calls": data[:r.frames()[1][0]],
+    }
+    for name, blob in cases.items():
+        p = tmp_path / f"{name}.cusnap"
+        p.write_bytes(blob)
+        yield name, p
+
+
+@pytest.mark.parametrize("cmd", ["replay", "info", "dump"])
+def test_bad_snapshots_are_one_line_exit_2(tmp_path, cmd):
+    for name, p in _corrupt_cases(tmp_path):
+        if name == "no_calls" and cmd != "replay":
+            continue                 # info and dump show an empty snapshot as it is
+        res = runner.invoke(app, [cmd, str(p)])
+        err = _stderr(res).strip()
+        assert res.exit_code == 2, (name, res.output)
+        assert err.startswith("cudasnap: error: ") and "\n" not in err, (name, err)
+        assert res.exception is None or isinstance(res.exception, SystemExit), name
+        if cmd == "replay":
+            assert res.stdout == "", (name, res.stdout)
+    res = runner.invoke(app, ["replay", str(tmp_path / "no_calls.cusnap")])
+    assert "no replayable call in" in _stderr(res)
+
+
+def test_pipes_get_whole_plain_lines(snap):
+    res = runner.invoke(app, ["api"])
+    assert res.exit_code == 0
+    lines = [l for l in res.stdout.splitlines() if l.split()[:1] == ["cuStreamBeginCapture_v2"]]
+    assert len(lines) == 1 and "stream" in lines[0]
+    res = runner.invoke(app, ["info", str(snap)])
+    assert res.exit_code == 0
+    assert not set("│┃━─╇┏") & set(res.stdout), res.stdout
+    assert "None" not in res.stdout and "signal 9" in res.stdout
+    res = runner.invoke(app, ["dump", str(snap)])
+    assert "None" not in res.stdout and "[end] signal=9 partial=true" in res.stdout
+
+
+def test_help_and_version():
+    from importlib.metadata import version
+    res = runner.invoke(app, ["--version"])
+    assert res.exit_code == 0 and res.stdout.startswith(f"cudasnap {version('cudasnap')}")
+    for cmd in ([], ["capture"], ["info"], ["dump"], ["repair"], ["api"], ["replay"]):
+        res = runner.invoke(app, cmd + ["--help"])
+        assert res.exit_code == 0, cmd
+        for junk in ("<bool>", "<path>", "<int>", "<str>", "{", "╭"):
+            assert junk not in res.stdout, (cmd, junk)
+    res = runner.invoke(app, ["replay", "--help"])
+    line = next(l for l in res.stdout.splitlines() if "--sync-after-launch" in l)
+    assert "Synchronize after every launch (pins failures to a kernel)." in line

@@ -182,24 +182,28 @@ def profile_replay(snapshot, cfg: ProfileConfig, options: Optional[ReplayOptions
 def run_profile_cli(snapshot, opts: ReplayOptions, cfg: ProfileConfig, as_json: bool = False, out=None) -> int:
     """`cudasnap replay --profile/--hook/...`: replay, print the replay summary and the profile table."""
     import json
+    from cudasnap.formats import SnapshotError
+    from .. import damaged, fail_unreadable_payloads, snapshot_problem
     from ..summary import render
     out = out or sys.stdout
     err = check_config(cfg)
     if err:
         sys.stderr.write(f"cudasnap: error: {err}\n")
         return 2
-    if not os.path.exists(snapshot):
-        sys.stderr.write(f"cudasnap: error: {snapshot}: no such file\n")
+    problem = snapshot_problem(snapshot)
+    if problem:
+        sys.stderr.write(f"cudasnap: error: {problem}\n")
         return 2
     try:
         run = profile_replay(snapshot, cfg, opts, out=out)
     except KeyboardInterrupt:
         sys.stderr.write("cudasnap: replay interrupted\n")
         return 2
-    except Exception as e:  # a hook that cannot be loaded
-        sys.stderr.write(f"cudasnap: error: {e}\n")
+    except Exception as e:  # a hook that cannot be loaded, a damaged frame after the first call
+        sys.stderr.write(f"cudasnap: error: {damaged(e) if isinstance(e, SnapshotError) else e}\n")
         return 2
     res = run.result
+    fail_unreadable_payloads(res)
     if as_json:
         d = res.to_dict()
         d["snapshot"] = os.fspath(snapshot)

@@ -108,32 +108,24 @@ def render_table(report: Dict[str, Any], out, top: int = 20) -> None:
         head += f" x {s.get('repeat')} repeats (+{s.get('warmup')} warmup)"
         if s.get("error"):
             head += f" -- {s['error']}"
-    try:
-        from rich.console import Console
-        from rich.table import Table
-        con = Console(file=out, highlight=False, soft_wrap=True)
-        t = Table(title=head, show_header=True)
-        for c, j in (("kernel", "left"), ("launches", "right"), ("total", "right"), ("median", "right"),
-                     ("min", "right"), ("max", "right")):
-            t.add_column(c, justify=j, overflow="fold")
+    from cudasnap.console import console, is_tty, print_table
+    cols = [("kernel", "left"), ("launches", "right"), ("total", "right"), ("median", "right"),
+            ("min", "right"), ("max", "right")]
+    if isolated:
+        cols += [("spread", "right"), ("noise", "right")]
+    cols.append(("share", "right"))
+    cut = is_tty(out)         # at a terminal long names are cut; logs and pipes get them whole
+    rows = []
+    for k in ks[:top]:
+        name = k["name"] if not cut or len(k["name"]) <= 80 else k["name"][:77] + "..."
+        row = [name, str(k["launches"]), _us(k.get("total_us")), _us(k.get("median_us")), _us(k.get("min_us")),
+               _us(k.get("max_us"))]
         if isolated:
-            t.add_column("spread", justify="right")
-            t.add_column("noise", justify="right")
-        t.add_column("share", justify="right")
-        for k in ks[:top]:
-            name = k["name"] if len(k["name"]) <= 80 else k["name"][:77] + "..."
-            row = [name, str(k["launches"]), _us(k.get("total_us")), _us(k.get("median_us")), _us(k.get("min_us")),
-                   _us(k.get("max_us"))]
-            if isolated:
-                row.append(f"{k['spread_pct']:.1f}%" if "spread_pct" in k else "-")
-                row.append(f"{k['noise_pct']:.1f}%" if "noise_pct" in k else "-")
-            row.append(f"{k.get('share_pct', 0):.1f}%")
-            t.add_row(*row)
-        con.print(t)
-        if len(ks) > top:
-            con.print(f"({len(ks) - top} more kernels; --out FILE for all)")
-    except Exception:
-        out.write(head + "\n")
-        for k in ks[:top]:
-            out.write(f"  {k['name'][:60]:60} {k['launches']:6} {_us(k.get('total_us')):>10} "
-                      f"{_us(k.get('median_us')):>10} {k.get('share_pct', 0):5.1f}%\n")
+            row.append(f"{k['spread_pct']:.1f}%" if "spread_pct" in k else "-")
+            row.append(f"{k['noise_pct']:.1f}%" if "noise_pct" in k else "-")
+        row.append(f"{k.get('share_pct', 0):.1f}%")
+        rows.append(row)
+    con = console(file=out)
+    print_table(con, cols, rows, title=head)
+    if len(ks) > top:
+        con.print(f"({len(ks) - top} more kernels; --out FILE for all)", markup=False)

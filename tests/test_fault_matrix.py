@@ -1,0 +1,452 @@
+"""Fault-injection matrix: every command keeps its promises on damaged input and hostile disks.
+
+A small program is captured on the test double; seeded faults are then applied to the
+snapshot (bit flips, truncation, zeroed stretches, garbage), to output paths (missing,
+unwritable, a directory), to the disk (a file-size limit, writes failing with ENOSPC) and to
+the program (SIGKILL at random points). For every case: no traceback; the exit code the
+rules give (info/dump: 0 when every record reads, else 2; repair: 0 when the file has a
+snapshot's start, else 2; replay: 2 when unreadable, damaged or without a call to replay,
+0 when what a read finds replays and verifies; capture: 2 when the snapshot cannot be
+written, the program's own status otherwise); one line on stderr for every exit 2; and no
+records lost: "records lost" counts records a plain read of the damaged file finds that
+repair did not keep, and calls missing before the last recorded one of a killed program.
+File faults run in-process; a few subprocesses capture, kill, fill the disk and replay.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import random
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+import traceback
+from contextlib import redirect_stderr, redirect_stdout
+from io import StringIO
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from cudasnap.cli import app
+from cudasnap.formats import SnapshotError, SnapshotReader, SnapshotWriter
+from cudasnap.replay.dispatch import is_query
+
+SEED = 1212
+FILE_CASES = {"flip": 45, "truncate": 25, "zero": 12, "tail_garbage": 8}   # per base snapshot
+GARBAGE_CASES = 16
+DRIVER_REPLAYS = 40           # damaged-but-readable snapshots replayed on the double
+KILLS = 4
+
+try:
+    runner = CliRunner(mix_stderr=False)
+except TypeError:                    # click >= 8.2 always separates stderr
+    runner = CliRunner()
+
+# Replays snapshots on the double, each in a forked child (fresh driver state), and prints
+# {path: [exit code, stdout + stderr]}: one interpreter start for the whole batch.
+WORKER = r"""
+import json, os, signal, sys, traceback
+from cudasnap.replay import ReplayOptions, run_replay_cli
+out = {}
+for path in json.loads(sys.stdin.read()):
+    log = path + ".replay.log"
+    sys.stdout.flush(); sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(60)
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 1); os.dup2(fd, 2)
+        try:
+            code = run_replay_cli(path, ReplayOptions())
+        except BaseException:
+            traceback.print_exc()
+            code = 99
+        sys.stdout.flush(); sys.stderr.flush()
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    out[path] = [os.waitstatus_to_exitcode(status), open(log, errors="replace").read()]
+print(json.dumps(out))
+"""
+
+# Runs the CLI with RLIMIT_FSIZE lowered for cudasnap itself (the program it runs gets the
+# limit back: its ring, a file in /dev/shm, must not hit it): the disk "fills" at that size.
+FULL_DISK = r"""
+import resource, subprocess, sys
+limit = int(sys.argv[1])
+_, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+class Popen(subprocess.Popen):
+    def __init__(self, *a, preexec_fn=None, **kw):
+        def pre():
+            resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
+            if preexec_fn:
+                preexec_fn()
+        super().__init__(*a, preexec_fn=pre, **kw)
+subprocess.Popen = Popen
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+from cudasnap.cli import main
+sys.argv = ["cudasnap"] + sys.argv[2:]
+main()
+"""
+
+
+class Tally:
+    def __init__(self):
+        self.cases = self.lost = self.tracebacks = self.wrong = 0
+        self.problems: list[str] = []
+
+    def problem(self, case: str, what: str) -> None:
+        if len(self.problems) < 30:
+            self.problems.append(f"{case}: {what}")
+
+    def traceback(self, case: str, text: str) -> None:
+        self.tracebacks += 1
+        self.problem(case, f"traceback: {text[-400:]}")
+
+    def exit(self, case: str, cmd: str, got: int, want: int, stderr: str, output: str = "") -> None:
+        if got != want:
+            self.wrong += 1
+            self.problem(case, f"{cmd} exited {got}, want {want}: {(stderr or output).strip()[-300:]}")
+        elif got == 2:
+            err = stderr.strip()
+            if "\n" in err or not err.startswith("cudasnap: error: "):
+                self.problem(case, f"{cmd}: exit 2 without one error line on stderr: {err[-300:]!r}")
+
+
+def _stderr(res) -> str:
+    try:
+        return res.stderr
+    except (ValueError, AttributeError):
+        return ""
+
+
+def cli(t: Tally, case: str, *args: str):
+    """Run a command in-process; (exit code, stdout, stderr); an exception is a traceback."""
+    res = runner.invoke(app, list(args))
+    if res.exception is not None and not isinstance(res.exception, SystemExit):
+        t.traceback(case, f"{args[0]}: " + "".join(traceback.format_exception(res.exception)))
+    return res.exit_code, res.stdout, _stderr(res)
+
+
+def plain_read(path: Path) -> dict:
+    """What a plain read finds: whether the file opens, the records it yields before any error,
+    whether all of them (and the frame sizes info shows) read, whether every frame verifies,
+    and whether a call to replay is among them."""
+    got = {"opens": False, "records": 0, "records_ok": False, "stats_ok": False, "verifies": False,
+           "has_call": False}
+    try:
+        r = SnapshotReader(path)
+    except SnapshotError:
+        return got
+    got["opens"] = True
+    with r:
+        try:
+            for rec in r.records():
+                got["records"] += 1
+                f = rec.get("f")
+                if rec.get("k") == "c" and isinstance(f, str) and "r" in rec and not rec.get("incomplete") \
+                        and not is_query(f):
+                    got["has_call"] = True
+            got["records_ok"] = True
+            r.stats
+            got["stats_ok"] = True
+            r.verify()
+            got["verifies"] = True
+        except SnapshotError:
+            pass
+    return got
+
+
+def _kept(path: Path) -> int:
+    with SnapshotReader(path) as r:
+        return sum(1 for rec in r.records() if rec.get("k") != "repair")
+
+
+def _rewrite(src: Path, dst: Path, close: bool) -> None:
+    """The captured records in small frames (a file of many frames), with or without an index."""
+    r = SnapshotReader(src)
+    w = SnapshotWriter(dst, dict(r.raw_header), frame_bytes=256)
+    for rec in r.records():
+        if rec.get("k") == "b":
+            continue                        # blobs are added again below, before their records
+        for ref in (rec.get("x") or {}).values():
+            if isinstance(ref, dict) and isinstance(ref.get("blob"), str):
+                ref["blob"] = w.add_blob(r.blob(ref["blob"]))
+        w.write(rec)
+    if close:
+        w.close()
+    else:
+        w.abort()
+
+
+def _mutations(data: bytes, rnd: random.Random):
+    n = len(data)
+    for i in range(FILE_CASES["flip"]):
+        d = bytearray(data)
+        for _ in range(rnd.randint(1, 4)):
+            d[rnd.randrange(n)] ^= 1 << rnd.randrange(8)
+        yield f"flip{i}", bytes(d)
+    for i in range(FILE_CASES["truncate"]):
+        yield f"truncate{i}", data[:rnd.randrange(n)]
+    for i in range(FILE_CASES["zero"]):
+        at = rnd.randrange(n)
+        k = rnd.randint(1, 96)
+        yield f"zero{i}", data[:at] + bytes(min(k, n - at)) + data[at + k:]
+    for i in range(FILE_CASES["tail_garbage"]):
+        yield f"tail_garbage{i}", data[:rnd.randrange(n)] + rnd.randbytes(rnd.randint(1, 3000))
+
+
+def check_file_case(t: Tally, case: str, p: Path, work: Path, driver_batch: list, inplace: bool) -> None:
+    t.cases += 1
+    want = plain_read(p)
+    readable = want["records_ok"] and want["stats_ok"]
+    code, out, err = cli(t, case, "info", str(p))
+    t.exit(case, "info", code, 0 if readable else 2, err, out)
+    if code == 0 and "None" in out:
+        t.problem(case, "info printed a Python None")
+    code, out, err = cli(t, case, "dump", str(p))
+    t.exit(case, "dump", code, 0 if want["records_ok"] else 2, err, out)
+
+    fixed = work / f"{case}.fixed.cusnap"
+    mode = stat.S_IMODE(p.stat().st_mode)
+    code, out, err = cli(t, case, "repair", str(p), "-o", str(fixed))
+    t.exit(case, "repair", code, 0 if want["opens"] else 2, err, out)
+    if code == 0:
+        if "intact, nothing to do" in out:
+            kept = want["records"]
+            if fixed.exists() or not want["verifies"]:
+                t.problem(case, "repair called a damaged file intact, or wrote it anyway")
+        else:
+            kept = _kept(fixed)
+            with SnapshotReader(fixed) as r:
+                indexed = not r.truncated
+            if not indexed or stat.S_IMODE(fixed.stat().st_mode) != mode:
+                t.problem(case, "repaired file without an index or with another mode")
+            info = cli(t, case, "info", str(fixed))
+            if info[0] != 0 or (kept < want["records"] and "repaired : PARTIAL" not in info[1]):
+                t.problem(case, f"info of the repaired file hides the loss: {info[1][:300]}")
+        if kept < want["records"]:
+            t.lost += want["records"] - kept
+            t.problem(case, f"repair kept {kept} records, a plain read finds {want['records']}")
+    if inplace and want["opens"]:
+        check_in_place(t, case, p, work)
+
+    if not (want["records_ok"] and want["has_call"]):
+        code, out, err = cli(t, case, "replay", str(p))        # refused before any driver work
+        t.exit(case, "replay", code, 2, err, out)
+    else:
+        driver_batch.append((case, p, 0 if want["verifies"] else 2))
+
+
+def check_in_place(t: Tally, case: str, p: Path, work: Path) -> None:
+    q = work / f"{case}.inplace.cusnap"
+    before = p.read_bytes()
+    q.write_bytes(before)
+    q.chmod(0o640)
+    code, out, err = cli(t, case, "repair", str(q))
+    orig = Path(f"{q}.orig")
+    if code != 0:
+        t.exit(case, "repair in place", code, 0, err, out)
+    elif "intact" in out:
+        if orig.exists() or q.read_bytes() != before:
+            t.problem(case, "in-place repair touched an intact file")
+    elif not orig.exists() or orig.read_bytes() != before or stat.S_IMODE(q.stat().st_mode) != 0o640:
+        t.problem(case, "in-place repair lost the original or the file mode")
+
+
+def check_output_paths(t: Tally, work: Path, damaged: Path) -> None:
+    """Unwritable outputs: capture refuses before running the program; repair says so."""
+    from cudasnap.capture.run import run_capture
+    (work / "a_file").write_text("")
+    marker = work / "program_ran"
+    for name, out in (("missing_dir", work / "nope" / "x.cusnap"), ("a_dir", work),
+                      ("under_a_file", work / "a_file" / "x.cusnap"), ("unwritable_dir", Path("/sys/x.cusnap"))):
+        case = f"capture_to_{name}"
+        t.cases += 1
+        err = StringIO()
+        try:
+            with redirect_stderr(err), redirect_stdout(StringIO()):
+                code = run_capture(["touch", str(marker)], out, ring_mb=1)
+        except Exception as e:      # noqa: BLE001 - counted, not raised
+            t.traceback(case, repr(e))
+            continue
+        t.exit(case, "capture", code, 2, err.getvalue())
+        if marker.exists():
+            t.problem(case, "the program ran although its snapshot could not be written")
+        t.cases += 1
+        code, out_, err_ = cli(t, f"repair_to_{name}", "repair", str(damaged), "-o", str(out))
+        t.exit(f"repair_to_{name}", "repair", code, 2, err_, out_)
+
+
+def check_repair_on_full_disk(t: Tally, work: Path, damaged: Path, monkeypatch) -> None:
+    """Writes failing with ENOSPC midway: exit 2, one line, the source untouched, nothing left."""
+    from cudasnap.formats import recover
+    real = recover._rewrite
+    work = work / "full_disk"
+    work.mkdir()
+    damaged = Path(shutil.copy(damaged, work))
+
+    def full(r, segs, f, note):
+        f.write(b"\0" * 100)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    before = damaged.read_bytes()
+    monkeypatch.setattr(recover, "_rewrite", full)
+    try:
+        for name, extra in (("in_place", []), ("to_file", ["-o", str(work / "full.cusnap")])):
+            case = f"repair_full_disk_{name}"
+            t.cases += 1
+            code, out, err = cli(t, case, "repair", str(damaged), *extra)
+            t.exit(case, "repair", code, 2, err, out)
+            left = [x.name for x in work.iterdir() if x.name.startswith(".cusnap-repair") or x.name.endswith(".orig")
+                    or x.name == "full.cusnap"]
+            if damaged.read_bytes() != before or left:
+                t.problem(case, f"a failed repair changed the source or left {left}")
+    finally:
+        monkeypatch.setattr(recover, "_rewrite", real)
+
+
+def _cudasnap(*args: str) -> list:
+    return [sys.executable, "-m", "cudasnap", *args]
+
+
+def check_capture_on_full_disk(t: Tally, double, work: Path) -> None:
+    """The disk fills while capturing: the program runs unchanged, capture then exits 2 (the
+    program succeeded, its snapshot was not saved) with the error as its last line."""
+    for limit in (2000, 6000):
+        case = f"capture_full_disk_{limit}"
+        t.cases += 1
+        out = work / f"{case}.cusnap"
+        cp = subprocess.run([sys.executable, "-c", FULL_DISK, str(limit), "capture", "-o", str(out),
+                             "--ring-mb", "16", "--segments", "0", "--", double["progs"]["direct"], "5"],
+                            env=double["env"], capture_output=True, text=True, timeout=120)
+        if "Traceback" in cp.stderr + cp.stdout:
+            t.traceback(case, cp.stderr)
+        if "LAUNCHES 5" not in cp.stdout:
+            t.problem(case, "the program's output changed")
+        t.exit(case, "capture", cp.returncode, 2, cp.stderr.strip().splitlines()[-1] if cp.stderr.strip() else "")
+        got = plain_read(out)
+        if got["opens"]:             # what reached the disk still repairs to at least a read
+            fixed = work / f"{case}.fixed.cusnap"
+            code, o, e = cli(t, case, "repair", str(out), "-o", str(fixed))
+            kept = got["records"] if "intact" in o else (_kept(fixed) if code == 0 else 0)
+            if kept < got["records"]:
+                t.lost += got["records"] - kept
+
+
+def check_killed_programs(t: Tally, double, work: Path, rnd: random.Random, driver_batch: list) -> None:
+    """SIGKILL at random points: capture dies of the same signal, the snapshot is closed and holds
+    every call up to the last one recorded (sequence numbers without a hole)."""
+    killme = double["progs"]["killme"]
+    for i in range(KILLS):
+        case = f"sigkill{i}"
+        t.cases += 1
+        out = work / f"{case}.cusnap"
+        if i % 2 == 0:              # the program kills itself after M launches
+            m = rnd.randint(1, 400)
+            cp = subprocess.run(_cudasnap("capture", "-o", str(out), "--ring-mb", "16", "--", killme, str(m)),
+                                env=double["env"], capture_output=True, text=True, timeout=120)
+            code, stderr = cp.returncode, cp.stderr
+        else:                       # someone else kills it while it launches
+            m = 0
+            p = subprocess.Popen(_cudasnap("capture", "-o", str(out), "--ring-mb", "16", "--", killme),
+                                 env=double["env"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            p.stdout.readline()
+            time.sleep(rnd.uniform(0.02, 0.4))
+            kids = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()
+            for k in kids:
+                os.kill(int(k), signal.SIGKILL)
+            stdout, stderr = p.communicate(timeout=120)
+            code = p.returncode
+        if "Traceback" in stderr:
+            t.traceback(case, stderr)
+        if code not in (-9, 137):
+            t.wrong += 1
+            t.problem(case, f"capture exited {code}, want death by SIGKILL")
+        try:
+            with SnapshotReader(out) as r:
+                seqs = sorted(rec["s"] for rec in r.records("c"))
+                if r.truncated:
+                    t.problem(case, "the recorder did not close the snapshot of a killed program")
+        except SnapshotError as e:
+            t.problem(case, f"unreadable: {e}")
+            continue
+        holes = len(set(range(seqs[0], seqs[-1] + 1)) - set(seqs)) if seqs else 0
+        t.lost += holes
+        if len(seqs) < m:
+            t.lost += m - len(seqs)
+        driver_batch.append((case, out, 0))
+
+
+def run_driver_replays(t: Tally, double, batch: list) -> None:
+    if not batch:
+        return
+    cp = subprocess.run([sys.executable, "-c", WORKER], input=json.dumps([str(p) for _, p, _ in batch]),
+                        env=double["env"], capture_output=True, text=True, timeout=600)
+    if cp.returncode != 0:
+        t.traceback("replay worker", cp.stderr)
+        return
+    results = json.loads(cp.stdout.strip().splitlines()[-1])
+    for case, p, want in batch:
+        code, log = results[str(p)]
+        if "Traceback" in log:
+            t.traceback(case, log)
+        if code != want:
+            t.wrong += 1
+            t.problem(case, f"replay exited {code}, want {want}: {log.strip()[-300:]}")
+
+
+def test_fault_matrix(double, tmp_path_factory, monkeypatch, capsys):
+    work = tmp_path_factory.mktemp("faults")
+    rnd = random.Random(SEED)
+    t = Tally()
+
+    captured = work / "captured.cusnap"
+    cp = subprocess.run(_cudasnap("capture", "-q", "-o", str(captured), "--ring-mb", "16", "--",
+                                  double["progs"]["direct"], "5"),
+                        env=double["env"], capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 0 and "LAUNCHES 5" in cp.stdout, cp.stderr
+    bases = {"captured": captured, "framed": work / "framed.cusnap", "unindexed": work / "unindexed.cusnap"}
+    _rewrite(captured, bases["framed"], close=True)
+    _rewrite(captured, bases["unindexed"], close=False)
+
+    driver_batch: list = []
+    n = 0
+    for base, path in bases.items():
+        data = path.read_bytes()
+        for name, blob in _mutations(data, rnd):
+            case = f"{base}.{name}"
+            p = work / f"{case}.cusnap"
+            p.write_bytes(blob)
+            p.chmod(0o644)
+            n += 1
+            check_file_case(t, case, p, work, driver_batch, inplace=n % 12 == 0)
+    for i in range(GARBAGE_CASES):
+        case = f"garbage{i}"
+        p = work / f"{case}.cusnap"
+        head = bases["captured"].read_bytes()[:16] if i % 2 else b""     # half start like a snapshot
+        p.write_bytes(head + rnd.randbytes(rnd.randint(0, 4000)))
+        check_file_case(t, case, p, work, driver_batch, inplace=False)
+
+    damaged = work / "damaged.cusnap"
+    data = bytearray(bases["framed"].read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    check_output_paths(t, work, damaged)
+    check_repair_on_full_disk(t, work, damaged, monkeypatch)
+    check_capture_on_full_disk(t, double, work)
+    check_killed_programs(t, double, work, rnd, driver_batch)
+
+    killed = [b for b in driver_batch if b[0].startswith("sigkill")]
+    damaged_ones = [b for b in driver_batch if not b[0].startswith("sigkill")]
+    rnd.shuffle(damaged_ones)
+    run_driver_replays(t, double, damaged_ones[:DRIVER_REPLAYS] + killed)
+
+    with capsys.disabled():
+        print(f"\nfault matrix: cases {t.cases}, records lost {t.lost}, tracebacks {t.tracebacks}, "
+              f"wrong exit codes {t.wrong}")
+    assert t.cases >= 300
+    assert t.tracebacks == 0 and t.wrong == 0 and t.lost == 0 and not t.problems, "\n".join(t.problems)
