@@ -186,6 +186,7 @@ class Replayer:
             return self.reader.blob(ref["blob"])
         except SnapshotError as e:
             self.note(f"call #{rec.get('s')}: blob for {key} unreadable: {e}")
+            self.res.unreadable_payloads.append(f"call #{rec.get('s')} {key}: {e}")
             return None
 
     def _start_prefetch(self) -> None:
@@ -387,6 +388,9 @@ class Replayer:
                         self._h2d_order.append(ref["blob"])
             elif k == "fn" and isinstance(rec.get("h"), int):
                 self._add_fn(rec, max_seq)
+            elif k == "repair" and (rec.get("lost_bytes") or rec.get("lost_records") or rec.get("unknown_gaps")):
+                self.note(f"snapshot was repaired: {rec.get('lost_bytes', 0)} damaged bytes dropped "
+                          f"({rec.get('lost_records', 0)} records known lost); calls may be missing from it")
             elif k == "ctx" and isinstance(rec.get("h"), int):
                 self.ctx_ids.setdefault(rec["h"], dict(rec))
             elif k == "proc":
@@ -503,6 +507,10 @@ class Replayer:
             if self._prefetch is not None:
                 self._prefetch.stop()
         r = self.res
+        if r.unreadable_payloads and not r.errors and not r.mismatches:
+            # a result that could not be read was not verified: never report success
+            r.errors.append(f"damaged snapshot: {len(r.unreadable_payloads)} payload(s) unreadable, "
+                            f"first {r.unreadable_payloads[0]}")
         r.exit_code = 2 if r.errors else (1 if r.mismatches else 0)
         self.mismatch_text = self._mismatch_text
         return r

@@ -41,6 +41,7 @@ class ReplayResult:
     filtered: int = 0                     # launches/copies left out by --calls/--kernels
     errors: List[str] = field(default_factory=list)
     warnings: List[str] = field(default_factory=list)
+    unreadable_payloads: List[str] = field(default_factory=list)   # payloads the snapshot could not give
     by_family: Dict[str, int] = field(default_factory=dict)
     errors_recurred: int = 0
     host_relocated: int = 0
