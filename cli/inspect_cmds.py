@@ -104,6 +104,7 @@ def summarize(r: SnapshotReader) -> Dict[str, Any]:
     notes = Counter()
     note_msgs = []
     end = None
+    loss = None
     n_records = 0
     kinds: Counter = Counter()
     launches = []
@@ -165,6 +166,10 @@ def summarize(r: SnapshotReader) -> Dict[str, Any]:
                 note_msgs.append(str(rec.get("msg"))[:200])
         elif k == "end":
             end = {"exit": rec.get("exit"), "signal": rec.get("signal"), "partial": rec.get("partial")}
+            lost = rec.get("lost") if isinstance(rec.get("lost"), dict) else {}
+            loss = {"partial": bool(rec.get("partial")), "calls_missing": _as_int(rec.get("calls_missing")),
+                    "seq_issued": _as_int(rec.get("seq_issued")),
+                    "lost": {str(a): b for a, b in lost.items() if _as_int(b)}}
     for rec in launches:
         name = cs.kernel_name(rec, fn_names)
         if name is None:
@@ -203,6 +208,7 @@ def summarize(r: SnapshotReader) -> Dict[str, Any]:
         "notes": dict(notes),
         "warnings": note_msgs,
         "end": end,
+        "loss": loss,
     }
 
 
@@ -214,6 +220,36 @@ def _human(n: Any) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return str(n)
+
+
+def _partial_line(loss: Any) -> str:
+    """What the end record says the snapshot misses (formats/SCHEMA.md, `end`)."""
+    if loss is None:
+        return "unknown (no end record)"
+    lost = loss["lost"]
+    n = loss["calls_missing"]
+    parts = []
+    if n:
+        parts.append(f"{n} call{'s' if n != 1 else ''} missing"
+                     + (f" of {loss['seq_issued']}" if loss.get("seq_issued") else ""))
+    if lost.get("payload_bytes") or lost.get("payloads"):
+        parts.append(f"{_human(lost.get('payload_bytes', 0))} of payloads missing ({lost.get('payloads', 0)} payloads)")
+    if lost.get("dropped_records"):
+        parts.append(f"{lost['dropped_records']} records dropped ({_human(lost.get('dropped_bytes', 0))})")
+    if lost.get("unpublished_records"):
+        parts.append(f"{lost['unpublished_records']} records left half-written by the dying process "
+                     f"({_human(lost.get('unpublished_bytes', 0))})")
+    if lost.get("unread_bytes"):
+        parts.append(f"{_human(lost['unread_bytes'])} of the ring unreadable")
+    if lost.get("undecodable_records"):
+        parts.append(f"{lost['undecodable_records']} records undecodable")
+    if lost.get("repeated_seqs"):
+        parts.append(f"{lost['repeated_seqs']} call records repeated")
+    if not loss["partial"] and not parts:
+        return "no"
+    if not parts:
+        return "[red]YES[/red] (amount not known: see the warnings)"
+    return "[red]YES[/red], " + ", ".join(parts)
 
 
 def run_info(path: Path, json_out: bool) -> int:
@@ -248,6 +284,7 @@ def run_info(path: Path, json_out: bool) -> int:
     con.print(f"calls    : {c['total']}  (errors {c['errors']}, never returned {c['unreturned']}{rep})")
     state = "no" if not s["truncated"] else f"[red]YES[/red], {s['lost_bytes']} bytes lost, {s['recovered_frames']} frames recovered"
     con.print(f"truncated: {state}")
+    con.print(f"partial  : {_partial_line(s['loss'])}")
     b = s["blobs"]
     con.print(f"file     : {_human(s['file_size'])}, compression {s['compression_ratio']}x, "
               f"blobs {b['count']} ({_human(b['logical_bytes'])} logical, {_human(b['unique_bytes'])} unique, "
