@@ -20,7 +20,7 @@ PAD, PRE, POST, FN, PROC, NOTE, BLOB_PIECE, BLOB_END, EXIT, REGION, CALL, REPEAT
 T_VAL, T_BYTES, T_STR, T_BLOB, T_F64, T_VALS = range(1, 7)
 F_VALS = 0xFFFF
 F_T1 = 0x11A                     # CS_F_T1: when a launch returned
-PUBLISHED, INFLIGHT = 1, 2       # CS_PUBLISHED, CS_INFLIGHT
+PUBLISHED, INFLIGHT, PADDING = 1, 2, 3   # CS_PUBLISHED, CS_INFLIGHT, CS_PADDING
 
 OFF_VERSION, OFF_CAPACITY, OFF_PID, OFF_PPID, OFF_HEAD, OFF_TAIL = 8, 16, 24, 32, 40, 48
 OFF_DROPPED, OFF_BEAT, OFF_STATE, OFF_EXIT, OFF_FNCOUNT, OFF_DIGEST = 64, 72, 80, 84, 104, 112
@@ -30,7 +30,8 @@ _PAIR_LOCK = threading.Lock()
 
 
 def state_word(pos: int, kind: int = PUBLISHED) -> int:
-    """CS_STATE: the state word of a published (or in-flight) record at ring position pos."""
+    """CS_STATE: the state word of a record of that kind (published, in flight, a pad) at
+    ring position pos."""
     return ((((pos >> 3) ^ (pos >> 33)) << 2) & 0xFFFFFFFF) | kind
 
 
@@ -175,12 +176,15 @@ class Ring:
             # left here never pass for a record
             want = state_word(pending_tail, 0)
             inflight = dead and state == want | INFLIGHT and ln >= REC_HDR.size
-            if ((state != want | PUBLISHED and not inflight) or ln < 8 or ln % 8
+            pad = state == want | PADDING and (pending_tail & mask) + ln == self.capacity
+            if ((state != want | PUBLISHED and not inflight and not pad) or ln < 8 or ln % 8
                     or pending_tail + ln > head or (pending_tail & mask) + ln > self.capacity):
                 break
-            # a published record shorter than a header is a pad to the end of the ring
+            # a pad fills the end of the ring: only its length and state are its own
             typ = PAD
-            if ln >= REC_HDR.size:
+            if not pad:
+                if ln < REC_HDR.size:
+                    break
                 (ln, _st, typ, nf, fn, seq, tid, t_ns, result, aux) = REC_HDR.unpack_from(mm, off)
                 if inflight:
                     typ = PRE

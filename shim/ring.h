@@ -8,8 +8,8 @@
  * Producers reserve with a CAS on `head`, write, then publish by storing the record's
  * state word CS_STATE(pos, CS_PUBLISHED) (a launch first stores CS_STATE(pos,
  * CS_INFLIGHT), then the published word once the call returned). The word carries bits of
- * the record's position, so bytes left in the slot by an earlier lap (an old payload word
- * that happens to read 1) never pass for a published record.
+ * the record's position and its kind, so bytes left in the slot by an earlier lap (an old
+ * payload word that happens to read 1, an old header behind a pad) never pass for a record.
  * The consumer reads at `tail`, waits for the state word its position expects, consumes,
  * zeroes the header word and advances `tail`. Nothing is lost when the program dies: the
  * mapping outlives it. `seq` counts the call sequence numbers handed out and `dropped` /
@@ -80,9 +80,11 @@ enum {
 /* Record state word of the record at ring position `pos` (a monotonic byte count): the kind
  * in the low 2 bits, 30 bits folded from the position above them. CS_PUBLISHED: complete;
  * CS_INFLIGHT: a launch's CALL record, complete but its call not returned yet (read as a
- * PRE if the program dies). A PAD is published the same way. */
+ * PRE if the program dies); CS_PADDING: a PAD to the end of the ring, of which only `len`
+ * and `state` are written (whatever else the slot holds is left from an earlier lap). */
 #define CS_PUBLISHED 1u
 #define CS_INFLIGHT 2u
+#define CS_PADDING 3u
 #define CS_STATE(pos, kind) ((uint32_t)((((pos) >> 3) ^ ((pos) >> 33)) << 2) | (kind))
 
 enum {

@@ -175,11 +175,11 @@ static int cs_reserve(cs_rec *r, uint32_t len, uint16_t type) {
         if (!__atomic_compare_exchange_n(&cs_ring->head, &head, head + pad + len, 1, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
             continue;
         if (pad) {
-            /* a pad may be as short as 8 bytes: write only len and state (any published
-             * record shorter than a header is a pad to the consumer) */
+            /* a pad may be as short as 8 bytes: write only len and state (its kind says pad:
+             * the rest of a longer one is whatever an earlier lap left there) */
             uint32_t *ph = (uint32_t *)(cs_data + off);
             ph[0] = (uint32_t)pad;
-            __atomic_store_n(&ph[1], CS_STATE(head, CS_PUBLISHED), __ATOMIC_RELEASE);
+            __atomic_store_n(&ph[1], CS_STATE(head, CS_PADDING), __ATOMIC_RELEASE);
             off = 0;
         }
         cs_rec_hdr *h = (cs_rec_hdr *)(cs_data + off);
