@@ -71,6 +71,7 @@ class ProcessCapture:
     done: threading.Event = field(default_factory=threading.Event)
     undecodable: int = 0         # ring records the decoder failed on
     left_running: bool = False   # drained until LINGER_S after exit, the process still running
+    failure: str | None = None   # the drain stopped on an error of the recorder's own
     loss: dict = field(default_factory=dict)   # the end record's account of what is missing
 
 
@@ -256,6 +257,17 @@ class Recorder:
                 self._write(pc, recs)
 
     def _drain(self, pc: ProcessCapture) -> None:
+        try:
+            self._drain_ring(pc)
+        except Exception as e:  # never leave without an end record saying so
+            import traceback
+
+            pc.failure = f"{type(e).__name__}: {e}"
+            print(f"cudasnap: error: draining process {pc.ring.pid} failed; the snapshot is partial\n"
+                  + traceback.format_exc(), file=sys.stderr)
+        self._finish(pc)
+
+    def _drain_ring(self, pc: ProcessCapture) -> None:
         ring = pc.ring
         last_flush = time.monotonic()
         idle_since = None
@@ -307,7 +319,6 @@ class Recorder:
             else:
                 idle_since = None
             time.sleep(0.0005 if now - last_flush < 0.05 else 0.002)
-        self._finish(pc)
 
     def _drain_dead(self, pc: ProcessCapture) -> None:
         """The producer is gone: read everything it published, a launch it was inside as a call
@@ -370,6 +381,8 @@ class Recorder:
             msgs.append(f"{lost['payloads']} payloads ({lost['payload_bytes']} bytes) referenced by calls are missing")
         if "repeated_seqs" in lost:
             msgs.append(f"{lost['repeated_seqs']} call records repeat a sequence number")
+        if pc.failure:
+            msgs.append(f"the recorder stopped draining on an error ({pc.failure})")
         if msgs:
             pc.partial = True
             self._write(pc, [{"k": "note", "level": "warning", "msg": "incomplete capture: " + "; ".join(msgs)}])

@@ -229,22 +229,25 @@ def _partial_line(loss: Any) -> str:
     lost = loss["lost"]
     n = loss["calls_missing"]
     parts = []
+
+    def count(k: int, what: str) -> str:
+        return f"{k} {what}{'' if k == 1 else 's'}"
+
     if n:
-        parts.append(f"{n} call{'s' if n != 1 else ''} missing"
-                     + (f" of {loss['seq_issued']}" if loss.get("seq_issued") else ""))
+        parts.append(count(n, "call") + " missing" + (f" of {loss['seq_issued']}" if loss.get("seq_issued") else ""))
     if lost.get("payload_bytes") or lost.get("payloads"):
-        parts.append(f"{_human(lost.get('payload_bytes', 0))} of payloads missing ({lost.get('payloads', 0)} payloads)")
+        parts.append(f"{_human(lost.get('payload_bytes', 0))} of payloads missing ({count(lost.get('payloads', 0), 'payload')})")
     if lost.get("dropped_records"):
-        parts.append(f"{lost['dropped_records']} records dropped ({_human(lost.get('dropped_bytes', 0))})")
+        parts.append(count(lost["dropped_records"], "record") + f" dropped ({_human(lost.get('dropped_bytes', 0))})")
     if lost.get("unpublished_records"):
-        parts.append(f"{lost['unpublished_records']} records left half-written by the dying process "
+        parts.append(count(lost["unpublished_records"], "record") + " left half-written by the dying process "
                      f"({_human(lost.get('unpublished_bytes', 0))})")
     if lost.get("unread_bytes"):
         parts.append(f"{_human(lost['unread_bytes'])} of the ring unreadable")
     if lost.get("undecodable_records"):
-        parts.append(f"{lost['undecodable_records']} records undecodable")
+        parts.append(count(lost["undecodable_records"], "record") + " undecodable")
     if lost.get("repeated_seqs"):
-        parts.append(f"{lost['repeated_seqs']} call records repeated")
+        parts.append(count(lost["repeated_seqs"], "call record") + " repeated")
     if not loss["partial"] and not parts:
         return "no"
     if not parts:
