@@ -106,7 +106,7 @@ def test_thread_launch_loop_through_a_small_ring_is_complete(double, tmp_path):
     writes its length and state, and was once decoded with the header an earlier lap left
     behind it (an old cuCtxSetCurrent read again, left open as never returned)."""
     cpus = _two_cpus()
-    iters = 3000
+    iters = 10000                                     # 40,000 launches: about six laps
     runs = max(3, ITERS // 16)
     bad = []
     with _Load(cpus):
@@ -291,6 +291,47 @@ def test_loss_is_counted_and_shown(tmp_path):
     import json
 
     assert json.loads(res.output)["loss"]["calls_missing"] == 2
+
+
+def test_recorder_asks_whether_the_program_lives_before_it_looks_at_the_ring(tmp_path, monkeypatch):
+    """The race behind captures that lost their last calls, made deterministic: the program
+    writes its last records and exits while the recorder, having found the ring drained,
+    is asking whether it is still alive. The recorder must read those records."""
+    from cudasnap.capture.recorder import Recorder
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    session = tmp_path / "session"
+    session.mkdir()
+    mm = _make_ring(session / f"ring-{gone.pid}.shm", pid=gone.pid, seq=2)
+    init, free = _fn_id("cuInit"), _fn_id("cuMemFree_v2")
+    end = _rec(mm, 0, R.PRE, seq=0, fn=init)          # the program is inside cuInit
+    state = {"exited": False}
+
+    def process_alive(ring):
+        if state["exited"]:
+            return False
+        if ring.tail < ring.head():
+            return True
+        # everything so far was read: now the call returns, one more is made, the program exits
+        pos = _rec(mm, end, R.POST, seq=0, fn=init)
+        _rec(mm, pos, R.CALL, seq=1, fn=free)
+        struct.pack_into("<I", mm, R.OFF_STATE, 2)
+        state["exited"] = True
+        return False
+
+    monkeypatch.setattr(R.Ring, "process_alive", process_alive)
+    out = tmp_path / "race.cusnap"
+    rec = Recorder(session, out, lambda: gone.pid, {}, threads=0, drain="eager")
+    rec.start()
+    rec.set_root_exit(0, None)
+    rec.finish(timeout=60)
+    mm.close()
+    with SnapshotReader(out) as r:
+        calls = [(c["s"], c["f"], c.get("r")) for c in r.records("c")]
+        end_rec = _end(r)
+    assert calls == [(0, "cuInit", 0), (1, "cuMemFree_v2", 0)], calls
+    assert _complete(end_rec), end_rec
 
 
 def test_complete_capture_says_so(double, capture):
