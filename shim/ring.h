@@ -51,7 +51,7 @@ typedef struct {
 /* Record header, 8-byte aligned; fields follow. */
 typedef struct {
     uint32_t len;      /* total bytes including this header, multiple of 8 */
-    uint32_t state;    /* CS_STATE(pos, CS_PUBLISHED | CS_INFLIGHT); anything else: being written */
+    uint32_t state;    /* CS_STATE(pos, kind), below; anything else: being written */
     uint16_t type;     /* CS_REC_* */
     uint16_t nfields;
     uint32_t fn;       /* API table id (calls), or 0 */

@@ -148,14 +148,15 @@ static int cs_recorder_alive(void) {
     return (int64_t)(cs_mono() - beat) < 3000000000ll;
 }
 
-/* Reserve `len` bytes (multiple of 8). Waits while the ring is full and the recorder is
- * alive (a slow disk slows the program rather than losing data); drops otherwise. */
+/* A record that gets no ring space is counted, so the snapshot can say what it misses. */
 static __attribute__((noinline, cold)) int cs_drop(uint32_t len) {
     __atomic_fetch_add(&cs_ring->dropped, 1, __ATOMIC_RELAXED);
     __atomic_fetch_add(&cs_ring->dropped_bytes, len, __ATOMIC_RELAXED);
     return -1;
 }
 
+/* Reserve `len` bytes (multiple of 8). Waits while the ring is full and the recorder is
+ * alive (a slow disk slows the program rather than losing data); drops otherwise. */
 static int cs_reserve(cs_rec *r, uint32_t len, uint16_t type) {
     uint64_t cap = cs_mask + 1;
     if (len > cap / 2) return cs_drop(len);        /* larger than the ring can take: counted */
