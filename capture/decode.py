@@ -4,6 +4,7 @@ Pre- and post-call records are merged into one call record when the call returns
 still open when the process died is written without a result (`r` absent)."""
 from __future__ import annotations
 
+import bisect
 import struct
 
 from . import ring as R
@@ -29,7 +30,10 @@ class Decoder:
         self.blobs: dict[int, tuple[str, int]] = {}
         self.open: dict[int, dict] = {}
         self.counts = {"calls": 0, "launches": 0, "h2d_bytes": 0, "d2h_bytes": 0, "blob_bytes": 0, "notes": 0,
-                       "host_visible_allocs": 0, "collapsed": 0}
+                       "host_visible_allocs": 0, "collapsed": 0,
+                       # what the snapshot misses, as far as the records tell
+                       "undecodable": 0, "lost_payloads": 0, "lost_payload_bytes": 0}
+        self.seqs = SeqSet()            # sequence numbers of the call records written
 
     def _value(self, p: dict, data: bytes, i: int):
         """Argument i of an 8-byte-per-value field, as the C type means it."""
@@ -60,8 +64,15 @@ class Decoder:
         serial, size = struct.unpack_from("<QQ", data)
         ent = self.blobs.get(serial)
         if ent is None:
+            if serial or size:           # (serial 0 and size 0: a NULL buffer, nothing to send)
+                self.counts["lost_payloads"] += 1
+                self.counts["lost_payload_bytes"] += size
             return {"blob": None, "size": size, "lost": True}
         return {"blob": ent[0], "size": ent[1]}
+
+    def _emit(self, call: dict) -> None:
+        self.counts["calls"] += 1
+        self.seqs.add(call["s"])
 
     def _fields(self, fn: dict, rec: R.RawRecord, args: dict, extra: dict, post: bool) -> None:
         params = fn["params"]
@@ -122,6 +133,7 @@ class Decoder:
             return []
         if t == R.PRE:
             if rec.fn >= len(self.fns):
+                self.counts["undecodable"] += 1
                 return [{"k": "note", "level": "warning", "msg": f"call to unknown API id {rec.fn}"}]
             fn = self.fns[rec.fn]
             args: dict = {}
@@ -134,6 +146,7 @@ class Decoder:
             return []
         if t == R.CALL:
             if rec.fn >= len(self.fns):
+                self.counts["undecodable"] += 1
                 return []
             fn = self.fns[rec.fn]
             args, extra = {}, {}
@@ -144,12 +157,16 @@ class Decoder:
                     "a": args, "r": rec.result}
             if extra:
                 call["x"] = extra
-            self.counts["calls"] += 1
+            self._emit(call)
             self._count(fn["name"], rec.result)
             return [call]
         if t == R.POST:
             call = self.open.pop(rec.seq, None)
-            if call is None or rec.fn >= len(self.fns):
+            if call is None:
+                return []                # its PRE is missing: the call counts as missing
+            if rec.fn >= len(self.fns):
+                self.counts["undecodable"] += 1
+                self.open[rec.seq] = call
                 return []
             fn = self.fns[rec.fn]
             extra = call.setdefault("x", {})
@@ -158,7 +175,7 @@ class Decoder:
                 del call["x"]
             call["t1"] = rec.t_ns
             call["r"] = rec.result
-            self.counts["calls"] += 1
+            self._emit(call)
             self._count(fn["name"], rec.result)
             return [call]
         if t == R.FN:
@@ -223,7 +240,7 @@ class Decoder:
             call = self.open[seq]
             call["incomplete"] = True
             out.append(call)
-            self.counts["calls"] += 1
+            self._emit(call)
         self.open.clear()
         n = self.counts["host_visible_allocs"]
         if n:
@@ -234,6 +251,46 @@ class Decoder:
                         f"what kernels read from them directly, without a copy call, is not captured"})
             self.counts["notes"] += 1
         return out
+
+
+class SeqSet:
+    """Distinct integers seen, as sorted disjoint runs [start, end): call sequence numbers
+    arrive almost in order, so there are few runs at any time. Counts repeats."""
+
+    def __init__(self):
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self.count = 0
+        self.repeats = 0
+
+    def add(self, s: int) -> None:
+        starts, ends = self.starts, self.ends
+        i = bisect.bisect_right(starts, s)       # runs[i-1] starts at or before s
+        if i and s < ends[i - 1]:
+            self.repeats += 1
+            return
+        self.count += 1
+        joins_left = i and ends[i - 1] == s
+        joins_right = i < len(starts) and starts[i] == s + 1
+        if joins_left and joins_right:
+            ends[i - 1] = ends[i]
+            del starts[i], ends[i]
+        elif joins_left:
+            ends[i - 1] = s + 1
+        elif joins_right:
+            starts[i] = s
+        else:
+            starts.insert(i, s)
+            ends.insert(i, s + 1)
+
+    def missing_below(self, n: int) -> int:
+        """How many of 0..n-1 were not seen."""
+        seen = 0
+        for a, b in zip(self.starts, self.ends):
+            if a >= n:
+                break
+            seen += min(b, n) - a
+        return n - seen
 
 
 def _uuid(b: bytes) -> str:

@@ -21,6 +21,8 @@ from .decode import Decoder
 from .ring import Ring
 
 LAZY_MAX_AGE_S = 5.0     # lazy draining: records wait in the ring at most this long
+LINGER_S = 5.0           # a process still running this long after its exit handlers and the
+                         # program's end, with nothing new in its ring, is left behind
 
 ENV_KEEP = ("CUDA_", "PYTORCH_", "XLA_", "JAX_", "TRITON_", "NCCL_", "LD_LIBRARY_PATH", "CUDASNAP_")
 
@@ -67,6 +69,10 @@ class ProcessCapture:
     exit_code: int | None = None
     signal: int | None = None
     done: threading.Event = field(default_factory=threading.Event)
+    undecodable: int = 0         # ring records the decoder failed on
+    left_running: bool = False   # drained until LINGER_S after exit, the process still running
+    failure: str | None = None   # the drain stopped on an error of the recorder's own
+    loss: dict = field(default_factory=dict)   # the end record's account of what is missing
 
 
 def _proc_info(pid: int) -> dict:
@@ -123,8 +129,11 @@ class Recorder:
     def start(self) -> None:
         self.watcher.start()
 
-    def _path_for(self, pid: int) -> Path:
-        if pid == self.root_pid_getter():
+    def _path_for(self, pid: int, ppid: int = -1) -> Path:
+        root = self.root_pid_getter()
+        # the program is the only process started by this one: its ring may appear before
+        # its pid is known here
+        if pid == root or (root < 0 and ppid == os.getpid()):
             return self.out
         stem = self.out.name[: -len(".cusnap")] if self.out.name.endswith(".cusnap") else self.out.name
         return self.out.with_name(f"{stem}.{pid}.cusnap")
@@ -176,7 +185,7 @@ class Recorder:
                   f"({ring.fn_count} functions, digest {ring.api_digest[:12]}) than this cudasnap has "
                   f"({len(self.desc.functions)}, {self.desc.digest[:12]}): reinstall cudasnap (pip install .)",
                   file=sys.stderr)
-        path = self._path_for(pid)
+        path = self._path_for(pid, ring.ppid)
         error = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -197,8 +206,22 @@ class Recorder:
     def _watch(self) -> None:
         while not self.stop.is_set():
             self._scan()
+            self._beat()
             self.stop.wait(0.02)
         self._scan()
+
+    def _beat(self) -> None:
+        """Tell the shims the recorder is alive while their drain threads run, even while one
+        waits for the disk: a program whose ring is full then waits instead of dropping."""
+        with self.lock:
+            pcs = list(self.procs.values())
+        for pc in pcs:
+            if pc.done.is_set() or pc.thread is None or not pc.thread.is_alive():
+                continue
+            try:
+                pc.ring.beat()
+            except (ValueError, BufferError):       # closed meanwhile
+                pass
 
     def _write(self, pc: ProcessCapture, recs: list) -> None:
         if pc.disk_error:
@@ -222,14 +245,32 @@ class Recorder:
                     pc.disk_error = str(e)
                     pc.partial = True
                     print(f"cudasnap: warning: writing {pc.path} failed ({e}); the snapshot is partial", file=sys.stderr)
+            except Exception as e:  # a record that does not decode: counted, never fatal
+                recs = []
+                if raw.release is not None:
+                    raw.release()
+                pc.undecodable += 1
+                if pc.undecodable == 1:
+                    print(f"cudasnap: warning: process {pc.ring.pid}: a ring record of type {raw.type} "
+                          f"could not be decoded ({type(e).__name__}: {e}); the snapshot is partial", file=sys.stderr)
             if recs:
                 self._write(pc, recs)
 
     def _drain(self, pc: ProcessCapture) -> None:
+        try:
+            self._drain_ring(pc)
+        except Exception as e:  # never leave without an end record saying so
+            import traceback
+
+            pc.failure = f"{type(e).__name__}: {e}"
+            print(f"cudasnap: error: draining process {pc.ring.pid} failed; the snapshot is partial\n"
+                  + traceback.format_exc(), file=sys.stderr)
+        self._finish(pc)
+
+    def _drain_ring(self, pc: ProcessCapture) -> None:
         ring = pc.ring
         last_flush = time.monotonic()
-        dead_since = None
-        clean_since = None
+        idle_since = None
         lazy = self.drain == "lazy"
         low = ring.capacity // 4
         last_drain = time.monotonic()
@@ -259,44 +300,103 @@ class Recorder:
                     pass
                 last_flush = now
             if raws:
-                dead_since = None
+                idle_since = None
                 continue
-            if ring.head() == ring.tail:
-                # everything reserved was consumed: done once the process is gone, or a
-                # moment after it ran its exit handlers (threads may still be finishing)
-                if not ring.process_alive():
-                    break
-                if ring.exited_cleanly():
-                    clean_since = clean_since or now
-                    if now - clean_since > 0.1:
-                        break
+            # Nothing published at the tail. Whether the process is gone is asked before the
+            # ring is looked at again: a process seen dead adds nothing after, so the ring
+            # then holds all it ever wrote. (Asked the other way round, a program that wrote
+            # its last records and exited between the two reads lost them.)
             if not ring.process_alive():
-                dead_since = dead_since or now
-                if now - dead_since > 0.2:
-                    # the producer died inside a launch (its record is complete: read it), or
-                    # while writing a record: step over it, or stop
-                    raws = ring.poll(pin_blobs=True, dead=True)
-                    self._feed(pc, raws)
-                    if not raws and not ring.skip_unpublished():
-                        break
-                    dead_since = None
-                    continue
+                self._drain_dead(pc)
+                break
+            if ring.exited_cleanly() and ring.head() == ring.tail and self.stop.is_set():
+                # exit handlers ran and the program has ended, yet this process still runs
+                # (a stuck destructor, an orphan): wait a while for records, then leave it
+                idle_since = idle_since or now
+                if now - idle_since > LINGER_S:
+                    pc.left_running = True
+                    break
+            else:
+                idle_since = None
             time.sleep(0.0005 if now - last_flush < 0.05 else 0.002)
-        self._finish(pc)
+
+    def _drain_dead(self, pc: ProcessCapture) -> None:
+        """The producer is gone: read everything it published, a launch it was inside as a call
+        that never returned, step over records it died writing (counted), and count what
+        can't be framed. Never stops while a reserved byte is left unread."""
+        ring = pc.ring
+        while True:
+            raws = ring.poll(pin_blobs=True)
+            if not raws:
+                if ring.head() == ring.tail:
+                    return
+                raws = ring.poll(pin_blobs=True, dead=True)
+            if raws:
+                self._feed(pc, raws)
+                continue
+            if not ring.skip_unpublished():
+                ring.give_up()
+                return
+
+    def _account(self, pc: ProcessCapture) -> dict:
+        """What the snapshot misses: compares the shim's counters with what was written."""
+        ring, counts = pc.ring, pc.decoder.counts
+        issued = ring.seq_issued()
+        written = pc.decoder.seqs.count
+        lost = {
+            "dropped_records": ring.dropped(),
+            "dropped_bytes": ring.dropped_bytes(),
+            "undecodable_records": pc.undecodable + counts["undecodable"],
+            "unpublished_records": ring.unpublished_records,
+            "unpublished_bytes": ring.unpublished_bytes,
+            "unread_bytes": ring.unread_bytes,
+            "payloads": counts["lost_payloads"],
+            "payload_bytes": counts["lost_payload_bytes"],
+            "repeated_seqs": pc.decoder.seqs.repeats,
+        }
+        lost = {k: v for k, v in lost.items() if v}
+        return {"seq_issued": issued, "seq_written": written,
+                "calls_missing": pc.decoder.seqs.missing_below(issued), "lost": lost}
 
     def _finish(self, pc: ProcessCapture) -> None:
         recs = pc.decoder.finish()
         if recs:
             self._write(pc, recs)
-        dropped = pc.ring.dropped()
-        if dropped:
+        loss = pc.loss = self._account(pc)
+        lost = loss["lost"]
+        msgs = []
+        if loss["calls_missing"]:
+            msgs.append(f"{loss['calls_missing']} of {loss['seq_issued']} calls missing (sequence numbers never written)")
+        if "dropped_records" in lost:
+            msgs.append(f"{lost['dropped_records']} records ({lost.get('dropped_bytes', 0)} bytes) dropped: "
+                        f"the ring was full and the recorder stopped draining, or a record was larger than half the ring")
+        if "undecodable_records" in lost:
+            msgs.append(f"{lost['undecodable_records']} records could not be decoded")
+        if "unpublished_records" in lost:
+            msgs.append(f"the process died while writing {lost['unpublished_records']} records "
+                        f"({lost['unpublished_bytes']} bytes)")
+        if "unread_bytes" in lost:
+            msgs.append(f"{lost['unread_bytes']} bytes the process reserved in its ring could not be read")
+        if "payloads" in lost:
+            msgs.append(f"{lost['payloads']} payloads ({lost['payload_bytes']} bytes) referenced by calls are missing")
+        if "repeated_seqs" in lost:
+            msgs.append(f"{lost['repeated_seqs']} call records repeat a sequence number")
+        if pc.failure:
+            msgs.append(f"the recorder stopped draining on an error ({pc.failure})")
+        if msgs:
             pc.partial = True
-            self._write(pc, [{"k": "note", "level": "warning", "msg": f"{dropped} records dropped: the recorder stopped draining"}])
+            self._write(pc, [{"k": "note", "level": "warning", "msg": "incomplete capture: " + "; ".join(msgs)}])
+            print(f"cudasnap: warning: {pc.path}: " + "; ".join(msgs) + "; the snapshot is partial", file=sys.stderr)
+        if pc.left_running:
+            self._write(pc, [{"k": "note", "level": "warning", "msg":
+                              f"process {pc.ring.pid} still ran {LINGER_S:.0f} s after its exit handlers and the "
+                              f"program's end; records it made after that are not in the snapshot"}])
         clean = pc.ring.exited_cleanly()
         if pc.ring.pid == self.root_pid_getter():
             self.root_exited.wait(10)
             pc.exit_code, pc.signal = self._root_exit
-        end = {"k": "end", "exit": pc.exit_code, "signal": pc.signal, "clean_exit": clean, "partial": pc.partial}
+        end = {"k": "end", "exit": pc.exit_code, "signal": pc.signal, "clean_exit": clean, "partial": pc.partial,
+               **loss}
         self._write(pc, [end])
         try:
             pc.writer.close()

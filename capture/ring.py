@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 MAGIC = b"CSRING1\0"
-VERSION = 4                      # CS_RING_VERSION
+VERSION = 5                      # CS_RING_VERSION
 HDR_SIZE = 4096
 REC_HDR = struct.Struct("<IIHHIQQQiI")  # len, state, type, nfields, fn, seq, tid, t_ns, result, aux
 FIELD_HDR = struct.Struct("<HHI")
@@ -20,12 +20,19 @@ PAD, PRE, POST, FN, PROC, NOTE, BLOB_PIECE, BLOB_END, EXIT, REGION, CALL, REPEAT
 T_VAL, T_BYTES, T_STR, T_BLOB, T_F64, T_VALS = range(1, 7)
 F_VALS = 0xFFFF
 F_T1 = 0x11A                     # CS_F_T1: when a launch returned
-STATE_INFLIGHT = 2               # CS_STATE_INFLIGHT
+PUBLISHED, INFLIGHT, PADDING = 1, 2, 3   # CS_PUBLISHED, CS_INFLIGHT, CS_PADDING
 
 OFF_VERSION, OFF_CAPACITY, OFF_PID, OFF_PPID, OFF_HEAD, OFF_TAIL = 8, 16, 24, 32, 40, 48
 OFF_DROPPED, OFF_BEAT, OFF_STATE, OFF_EXIT, OFF_FNCOUNT, OFF_DIGEST = 64, 72, 80, 84, 104, 112
 OFF_CLOCK, OFF_CLOCK_TSC0, OFF_CLOCK_NS0 = 108, 184, 192
+OFF_SEQ, OFF_DROPPED_BYTES = 56, 200
 _PAIR_LOCK = threading.Lock()
+
+
+def state_word(pos: int, kind: int = PUBLISHED) -> int:
+    """CS_STATE: the state word of a record of that kind (published, in flight, a pad) at
+    ring position pos."""
+    return ((((pos >> 3) ^ (pos >> 33)) << 2) & 0xFFFFFFFF) | kind
 
 
 @dataclass
@@ -86,6 +93,10 @@ class Ring:
         self._published = self.tail
         self._pins: dict = {}            # start position -> True, for records still in use
         self._pin_lock = threading.Lock()
+        # what a dead producer left unfinished: records stepped over, bytes that could not be read
+        self.unpublished_records = 0
+        self.unpublished_bytes = 0
+        self.unread_bytes = 0
 
     def recalibrate(self) -> None:
         """Refine the ticks -> ns line with a pair read now (every record decoded after this
@@ -112,6 +123,13 @@ class Ring:
     def dropped(self) -> int:
         return struct.unpack_from("<Q", self.mm, OFF_DROPPED)[0]
 
+    def dropped_bytes(self) -> int:
+        return struct.unpack_from("<Q", self.mm, OFF_DROPPED_BYTES)[0]
+
+    def seq_issued(self) -> int:
+        """Call sequence numbers the shim handed out (every recorded call takes one)."""
+        return struct.unpack_from("<Q", self.mm, OFF_SEQ)[0]
+
     def exited_cleanly(self) -> bool:
         return struct.unpack_from("<I", self.mm, OFF_STATE)[0] == 2
 
@@ -119,18 +137,22 @@ class Ring:
         struct.pack_into("<Q", self.mm, OFF_BEAT, time.monotonic_ns())
 
     def process_alive(self) -> bool:
+        """False once no thread of the process can write to the ring any more. A zombie is
+        dead, but a main thread that ended (pthread_exit) leaves a zombie leader while the
+        other threads run on: then every thread is looked at."""
         try:
             os.kill(self.pid, 0)
         except ProcessLookupError:
             return False
         except PermissionError:
             return True
-        # a zombie is dead for our purposes
+        if not _zombie(f"/proc/{self.pid}/stat"):
+            return True
         try:
-            with open(f"/proc/{self.pid}/stat", "rb") as f:
-                return f.read().split(b") ", 1)[1][:1] != b"Z"
+            tasks = os.listdir(f"/proc/{self.pid}/task")
         except OSError:
             return False
+        return any(not _zombie(f"/proc/{self.pid}/task/{t}/stat") for t in tasks)
 
     def poll(self, limit: int = 4096, copy_threshold: int = 1 << 16, pin_blobs: bool = False, dead: bool = False):
         """Return up to `limit` published records. Field payloads are copied out of the
@@ -143,16 +165,26 @@ class Ring:
         out = []
         mm, view, mask = self.mm, self.view, self.mask
         pending_tail = self.tail
+        head = self.head()               # nothing at or past it is a record yet
         pins = []
         for _ in range(limit):
+            if pending_tail >= head:
+                break
             off = HDR_SIZE + (pending_tail & mask)
             ln, state = struct.unpack_from("<II", mm, off + 0)
-            inflight = state == STATE_INFLIGHT and dead and ln >= REC_HDR.size
-            if (state != 1 and not inflight) or ln < 8 or ln % 8:
+            # the state word names the position it was published at: bytes an earlier lap
+            # left here never pass for a record
+            want = state_word(pending_tail, 0)
+            inflight = dead and state == want | INFLIGHT and ln >= REC_HDR.size
+            pad = state == want | PADDING and (pending_tail & mask) + ln == self.capacity
+            if ((state != want | PUBLISHED and not inflight and not pad) or ln < 8 or ln % 8
+                    or pending_tail + ln > head or (pending_tail & mask) + ln > self.capacity):
                 break
-            # a published record shorter than a header is a pad to the end of the ring
+            # a pad fills the end of the ring: only its length and state are its own
             typ = PAD
-            if ln >= REC_HDR.size:
+            if not pad:
+                if ln < REC_HDR.size:
+                    break
                 (ln, _st, typ, nf, fn, seq, tid, t_ns, result, aux) = REC_HDR.unpack_from(mm, off)
                 if inflight:
                     typ = PRE
@@ -206,16 +238,28 @@ class Ring:
         return len(self._pins)
 
     def skip_unpublished(self) -> bool:
-        """After the producer died: step over an unpublished record whose length is known."""
+        """After the producer died: step over an unpublished record whose length is known
+        (counted in unpublished_records/bytes). False when its length is unknown."""
         off = HDR_SIZE + (self.tail & self.mask)
         ln = struct.unpack_from("<I", self.mm, off)[0]
-        if ln < REC_HDR.size or ln % 8 or self.tail + ln > self.head():
+        if ln < 8 or ln % 8 or self.tail + ln > self.head():
             return False
+        if ln < REC_HDR.size and (self.tail + ln) & self.mask:
+            return False                 # only a pad is that short, and a pad ends the ring
         struct.pack_into("<II", self.mm, off, 0, 0)
         with self._pin_lock:
             self.tail += ln
             self._publish()
+        self.unpublished_records += 1
+        self.unpublished_bytes += ln
         return True
+
+    def give_up(self) -> int:
+        """After the producer died: what is left between tail and head can't be framed
+        (a record whose length was never written): count it as unread, return its size."""
+        n = max(0, self.head() - self.tail)
+        self.unread_bytes += n
+        return n
 
     def close(self) -> None:
         try:
@@ -223,3 +267,12 @@ class Ring:
             self.mm.close()
         except (BufferError, ValueError):
             pass
+
+
+def _zombie(stat_path: str) -> bool:
+    """A task that has exited (zombie or dead), or is gone."""
+    try:
+        with open(stat_path, "rb") as f:
+            return f.read().rsplit(b") ", 1)[1][:1] in (b"Z", b"X")
+    except (OSError, IndexError):
+        return True

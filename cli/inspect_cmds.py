@@ -108,6 +108,7 @@ def summarize(r: SnapshotReader) -> Dict[str, Any]:
     note_msgs = []
     end = None
     repaired: Dict[str, Any] = {}
+    loss = None
     n_records = 0
     kinds: Counter = Counter()
     launches = []
@@ -169,6 +170,10 @@ def summarize(r: SnapshotReader) -> Dict[str, Any]:
                 note_msgs.append(str(rec.get("msg"))[:200])
         elif k == "end":
             end = {"exit": rec.get("exit"), "signal": rec.get("signal"), "partial": rec.get("partial")}
+            lost = rec.get("lost") if isinstance(rec.get("lost"), dict) else {}
+            loss = {"partial": bool(rec.get("partial")), "calls_missing": _as_int(rec.get("calls_missing")),
+                    "seq_issued": _as_int(rec.get("seq_issued")),
+                    "lost": {str(a): b for a, b in lost.items() if _as_int(b)}}
         elif k == "repair":
             _add_repair(repaired, rec)
     for rec in launches:
@@ -210,6 +215,7 @@ def summarize(r: SnapshotReader) -> Dict[str, Any]:
         "notes": dict(notes),
         "warnings": note_msgs,
         "end": end,
+        "loss": loss,
     }
 
 
@@ -278,6 +284,39 @@ def _human(n: Any) -> str:
     return str(n)
 
 
+def _partial_line(loss: Any) -> str:
+    """What the end record says the snapshot misses (formats/SCHEMA.md, `end`)."""
+    if loss is None:
+        return "unknown (no end record)"
+    lost = loss["lost"]
+    n = loss["calls_missing"]
+    parts = []
+
+    def count(k: int, what: str) -> str:
+        return f"{k} {what}{'' if k == 1 else 's'}"
+
+    if n:
+        parts.append(count(n, "call") + " missing" + (f" of {loss['seq_issued']}" if loss.get("seq_issued") else ""))
+    if lost.get("payload_bytes") or lost.get("payloads"):
+        parts.append(f"{_human(lost.get('payload_bytes', 0))} of payloads missing ({count(lost.get('payloads', 0), 'payload')})")
+    if lost.get("dropped_records"):
+        parts.append(count(lost["dropped_records"], "record") + f" dropped ({_human(lost.get('dropped_bytes', 0))})")
+    if lost.get("unpublished_records"):
+        parts.append(count(lost["unpublished_records"], "record") + " left half-written by the dying process "
+                     f"({_human(lost.get('unpublished_bytes', 0))})")
+    if lost.get("unread_bytes"):
+        parts.append(f"{_human(lost['unread_bytes'])} of the ring unreadable")
+    if lost.get("undecodable_records"):
+        parts.append(count(lost["undecodable_records"], "record") + " undecodable")
+    if lost.get("repeated_seqs"):
+        parts.append(count(lost["repeated_seqs"], "call record") + " repeated")
+    if not loss["partial"] and not parts:
+        return "no"
+    if not parts:
+        return "[red]YES[/red] (amount not known: see the warnings)"
+    return "[red]YES[/red], " + ", ".join(parts)
+
+
 def run_info(path: Path, json_out: bool) -> int:
     try:
         with SnapshotReader(path) as r:
@@ -310,6 +349,7 @@ def run_info(path: Path, json_out: bool) -> int:
     line = _repair_line(s["repaired"])
     if line:
         con.print(line)
+    con.print(f"partial  : {_partial_line(s['loss'])}")
     b = s["blobs"]
     con.print(f"file     : {_human(s['file_size'])}, compression {s['compression_ratio']}x, "
               f"blobs {b['count']} ({_human(b['logical_bytes'])} logical, {_human(b['unique_bytes'])} unique, "

@@ -5,17 +5,23 @@
  * The file is $CUDASNAP_SESSION/ring-<pid>.shm: a 4096-byte header, then `capacity`
  * bytes of data (a power of two). Positions are monotonic byte counts; offset = pos &
  * (capacity-1). A record never wraps: a PAD record fills the end when needed.
- * Producers reserve with a CAS on `head`, write, then publish by storing `state` = 1
- * (a launch first stores CS_STATE_INFLIGHT, then 1 once the call returned).
- * The consumer reads at `tail`, waits for `state`, consumes, zeroes the header word and
- * advances `tail`. Nothing is lost when the program dies: the mapping outlives it.
+ * Producers reserve with a CAS on `head`, write, then publish by storing the record's
+ * state word CS_STATE(pos, CS_PUBLISHED) (a launch first stores CS_STATE(pos,
+ * CS_INFLIGHT), then the published word once the call returned). The word carries bits of
+ * the record's position and its kind, so bytes left in the slot by an earlier lap (an old
+ * payload word that happens to read 1, an old header behind a pad) never pass for a record.
+ * The consumer reads at `tail`, waits for the state word its position expects, consumes,
+ * zeroes the header word and advances `tail`. Nothing is lost when the program dies: the
+ * mapping outlives it. `seq` counts the call sequence numbers handed out and `dropped` /
+ * `dropped_bytes` the records that could not be reserved, so the recorder can tell what a
+ * snapshot misses.
  */
 #ifndef CUDASNAP_RING_H
 #define CUDASNAP_RING_H
 #include <stdint.h>
 
 #define CS_RING_MAGIC "CSRING1"
-#define CS_RING_VERSION 4
+#define CS_RING_VERSION 5
 #define CS_RING_HDR 4096
 
 typedef struct {
@@ -39,12 +45,13 @@ typedef struct {
     char api_digest[72];         /* 112 digest of the API description */
     uint64_t clock_tsc0;         /* 184 TSC ...                                            */
     uint64_t clock_ns0;          /* 192 ... and CLOCK_MONOTONIC ns read together at the start */
+    uint64_t dropped_bytes;      /* 200 bytes of the dropped records (atomic) */
 } cs_ring_hdr;
 
 /* Record header, 8-byte aligned; fields follow. */
 typedef struct {
     uint32_t len;      /* total bytes including this header, multiple of 8 */
-    uint32_t state;    /* 0 being written, 1 published, CS_STATE_INFLIGHT */
+    uint32_t state;    /* CS_STATE(pos, kind), below; anything else: being written */
     uint16_t type;     /* CS_REC_* */
     uint16_t nfields;
     uint32_t fn;       /* API table id (calls), or 0 */
@@ -72,9 +79,15 @@ enum {
                              primary (F_KIND: 0 no, 1 yes, 2 not known yet) */
 };
 
-/* Record state word: 0 being written, 1 published; a launch's CALL record is complete but
- * its call not returned yet while CS_STATE_INFLIGHT (read as a PRE if the program dies). */
-#define CS_STATE_INFLIGHT 2
+/* Record state word of the record at ring position `pos` (a monotonic byte count): the kind
+ * in the low 2 bits, 30 bits folded from the position above them. CS_PUBLISHED: complete;
+ * CS_INFLIGHT: a launch's CALL record, complete but its call not returned yet (read as a
+ * PRE if the program dies); CS_PADDING: a PAD to the end of the ring, of which only `len`
+ * and `state` are written (whatever else the slot holds is left from an earlier lap). */
+#define CS_PUBLISHED 1u
+#define CS_INFLIGHT 2u
+#define CS_PADDING 3u
+#define CS_STATE(pos, kind) ((uint32_t)((((pos) >> 3) ^ ((pos) >> 33)) << 2) | (kind))
 
 enum {
     CS_T_VAL = 1,     /* 8-byte little-endian integer */

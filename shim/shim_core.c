@@ -138,7 +138,7 @@ static inline void *cs_resolve(int id) {
 }
 
 /* --- ring ---------------------------------------------------------------------------- */
-typedef struct { cs_rec_hdr *h; char *p; char *end; } cs_rec;
+typedef struct { cs_rec_hdr *h; char *p; char *end; uint64_t pos; } cs_rec;
 
 static int cs_recorder_alive(void) {
     uint64_t beat = __atomic_load_n(&cs_ring->recorder_beat_ns, __ATOMIC_RELAXED);
@@ -148,11 +148,18 @@ static int cs_recorder_alive(void) {
     return (int64_t)(cs_mono() - beat) < 3000000000ll;
 }
 
+/* A record that gets no ring space is counted, so the snapshot can say what it misses. */
+static __attribute__((noinline, cold)) int cs_drop(uint32_t len) {
+    __atomic_fetch_add(&cs_ring->dropped, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&cs_ring->dropped_bytes, len, __ATOMIC_RELAXED);
+    return -1;
+}
+
 /* Reserve `len` bytes (multiple of 8). Waits while the ring is full and the recorder is
  * alive (a slow disk slows the program rather than losing data); drops otherwise. */
 static int cs_reserve(cs_rec *r, uint32_t len, uint16_t type) {
     uint64_t cap = cs_mask + 1;
-    if (len > cap / 2) return -1;
+    if (len > cap / 2) return cs_drop(len);        /* larger than the ring can take: counted */
     unsigned spins = 0;
     for (;;) {
         uint64_t head = __atomic_load_n(&cs_ring->head, __ATOMIC_RELAXED);
@@ -162,34 +169,36 @@ static int cs_reserve(cs_rec *r, uint32_t len, uint16_t type) {
         if (head + pad + len - tail > cap) {
             /* full: wait for a live recorder (a slow disk slows the program rather than
              * losing data); with no recorder draining, drop at once */
-            if (!cs_recorder_alive()) {
-                __atomic_fetch_add(&cs_ring->dropped, 1, __ATOMIC_RELAXED);
-                return -1;
-            }
+            if (!cs_recorder_alive()) return cs_drop(len);
             if (++spins < 64) sched_yield(); else { struct timespec ts = {0, 200000}; nanosleep(&ts, NULL); }
             continue;
         }
         if (!__atomic_compare_exchange_n(&cs_ring->head, &head, head + pad + len, 1, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
             continue;
         if (pad) {
-            /* a pad may be as short as 8 bytes: write only len and state (any published
-             * record shorter than a header is a pad to the consumer) */
+            /* a pad may be as short as 8 bytes: write only len and state (its kind says pad:
+             * the rest of a longer one is whatever an earlier lap left there) */
             uint32_t *ph = (uint32_t *)(cs_data + off);
             ph[0] = (uint32_t)pad;
-            __atomic_store_n(&ph[1], 1, __ATOMIC_RELEASE);
+            __atomic_store_n(&ph[1], CS_STATE(head, CS_PADDING), __ATOMIC_RELEASE);
             off = 0;
         }
         cs_rec_hdr *h = (cs_rec_hdr *)(cs_data + off);
         h->len = len; h->type = type; h->nfields = 0; h->fn = 0; h->seq = 0;
         h->tid = cs_thread(); h->t_ns = 0; h->result = 0; h->aux = 0;
-        r->h = h; r->p = (char *)(h + 1); r->end = (char *)h + len;
+        r->h = h; r->p = (char *)(h + 1); r->end = (char *)h + len; r->pos = head + pad;
         return 0;
     }
 }
 
 static inline void cs_publish(cs_rec *r) {
     /* Unused tail bytes become an empty trailing field-less gap: record len stays. */
-    __atomic_store_n(&r->h->state, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&r->h->state, CS_STATE(r->pos, CS_PUBLISHED), __ATOMIC_RELEASE);
+}
+
+/* A launch's record: complete, its call not returned yet. */
+static inline void cs_publish_inflight(cs_rec *r) {
+    __atomic_store_n(&r->h->state, CS_STATE(r->pos, CS_INFLIGHT), __ATOMIC_RELEASE);
 }
 
 static inline uint32_t cs_flen(uint32_t n) { return (uint32_t)sizeof(cs_field_hdr) + ((n + 7u) & ~7u); }
@@ -492,8 +501,9 @@ static __attribute__((noinline)) CUresult cs_call_query(int id, const cs_fn *fn,
                 n += cs_flen(p->aux);
         }
     cs_rec r;
+    /* the number is taken whether or not the record fits: a dropped call leaves a gap */
+    uint64_t seq = __atomic_fetch_add(&cs_ring->seq, 1, __ATOMIC_RELAXED);
     if (cs_reserve(&r, n, CS_REC_CALL) == 0) {
-        uint64_t seq = __atomic_fetch_add(&cs_ring->seq, 1, __ATOMIC_RELAXED);
         r.h->fn = (uint32_t)id;
         r.h->seq = seq;
         r.h->t_ns = cs_now(); r.h->result = res; r.h->aux = res == 0;
@@ -581,7 +591,7 @@ static __attribute__((noinline)) CUresult cs_call_rec(int id, const cs_fn *fn, c
             f->idx = CS_F_T1; f->tag = CS_T_VAL; f->len = 8;
             t1 = (U *)(f + 1);
             r.p += cs_flen(8); r.h->nfields++;
-            __atomic_store_n(&r.h->state, CS_STATE_INFLIGHT, __ATOMIC_RELEASE);
+            cs_publish_inflight(&r);
         } else cs_publish(&r);
     }
 

@@ -49,7 +49,7 @@ def _put(mm: mmap.mmap, head: int, typ: int, seq: int, payload: bytes) -> int:
     R.FIELD_HDR.pack_into(mm, off + R.REC_HDR.size, 0, R.T_BYTES, len(payload))
     p = off + R.REC_HDR.size + 8
     mm[p:p + len(payload)] = payload
-    struct.pack_into("<I", mm, off + 4, 1)
+    struct.pack_into("<I", mm, off + 4, R.state_word(head))
     head += ln
     struct.pack_into("<Q", mm, R.OFF_HEAD, head)
     return head
