@@ -25,7 +25,7 @@ _QUERY_RX = re.compile(
     r"|StreamGet\w*|StreamIsCapturing\w*|StreamQuery\w*|EventQuery|DevicePrimaryCtxGetState|MemGetAllocation\w*"
     r"|Occupancy\w*|MemPoolGetAttribute|ModuleGetFunctionCount|ModuleEnumerateFunctions|LibraryGetKernelCount"
     r"|LibraryEnumerateKernels|DeviceGetP2PAttribute"
-    r"|CtxGetDevice\w*|FuncIsLoaded|MemGetAccess|MemRetainAllocationHandle|MemGetAllocationPropertiesFromHandle"
+    r"|CtxGetDevice\w*|FuncIsLoaded|MemGetAccess|MemGetAllocationPropertiesFromHandle"
     r"|GraphGetNodes|GraphGetRootNodes|GraphGetEdges\w*|GraphNodeGet\w*|Graph\w+NodeGet\w*|GraphExecGetFlags"
     r"|GraphDebugDotPrint|DeviceGetGraphMemAttribute|GetFlags"
     # TMA descriptors: the encoded 128-byte map reaches kernels inside the recorded parameter

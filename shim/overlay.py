@@ -162,6 +162,8 @@ CAPTURE_RULES = [
      r"|cuMemcpy3DPeerAsync", "memcpy_struct"),
     (r"cuMemHostAlloc|cuMemAllocHost|cuMemHostRegister|cuMemAllocManaged", "host_alloc"),
     (r"cuMemcpyDtoHAsync|cuMemcpyAtoHAsync", "async_d2h"),
+    # unified-addressing copies: an end in host memory is recorded like an H2D source / D2H result
+    (r"cuMemcpy|cuMemcpyAsync", "memcpy_unified"),
     # function and kernel handle values may be handed out again for other kernels afterwards
     (r"cuModuleUnload|cuLibraryUnload|cuCtxDestroy|cuDevicePrimaryCtxRelease|cuDevicePrimaryCtxReset", "unload"),
 ]

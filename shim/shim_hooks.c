@@ -340,6 +340,16 @@ static int cs_memcpy2d_host(const char *c, int dst, const char **ptr, uint64_t *
     return 1;
 }
 
+/* Host memory, to the driver: pinned (memory type HOST) or unknown to it (pageable). */
+static int cs_is_host_ptr(U p) {
+    enum { MEMORY_TYPE = 2, MEMORYTYPE_HOST = 1 };
+    cs_fn3 q = CALLREAL(CS_ID_cuPointerGetAttribute, cs_fn3);
+    unsigned type = 0;
+    if (!p || !q) return 0;
+    if (q((U)&type, MEMORY_TYPE, p) != 0) return 1;
+    return type == MEMORYTYPE_HOST;
+}
+
 /* What the pre-call record of a hooked call carries, worked out once per call: packed
  * kernel arguments (launches, kernel graph nodes), launch attributes, or a blob (module
  * image or file, memcpy2D host source) streamed into the ring before the record. */
@@ -375,6 +385,15 @@ static void cs_hook_pre(const cs_fn *fn, const U *a, cs_pre *pre) {
         pre->blob_field = CS_F_IMAGE;
         pre->serial = cs_read_file_blob((const char *)a[fn->params[fn->h0].ai]);
         return;
+    case CS_H_MEMCPY_UNIFIED: {
+        U src = a[fn->params[fn->h2].ai], n = a[fn->params[2].ai];
+        if (n && cs_is_host_ptr(src)) {
+            pre->blob_field = CS_F_HOSTSRC;
+            pre->size = n;
+            pre->serial = cs_blob((const void *)src, n);
+        }
+        return;
+    }
     case CS_H_MEMCPY_STRUCT: {
         const char *c = (const char *)a[fn->params[0].ai], *hp;
         pre->blob_field = CS_F_HOSTSRC;
@@ -485,6 +504,17 @@ static int cs_id_of_pointer(void *p, const char *symbol) {
     return best;
 }
 
+/* An async copy's host result exists once its stream is done: wait for it, unless the stream
+ * is being captured into a graph (then there is nothing to read yet: returns 0). */
+static int cs_await_stream(const cs_fn *fn, U stream) {
+    int ptsz = strstr(fn->name, "_pt") != NULL, capturing = 0;
+    cs_fn2 isc = CALLREAL(ptsz ? CS_ID_cuStreamIsCapturing_ptsz : CS_ID_cuStreamIsCapturing, cs_fn2);
+    if (isc && isc(stream, (U)&capturing) == 0 && capturing) return 0;
+    cs_fn2 sync = CALLREAL(ptsz ? CS_ID_cuStreamSynchronize_ptsz : CS_ID_cuStreamSynchronize, cs_fn2);
+    if (sync) ((CUresult(*)(U))sync)(stream);
+    return 1;
+}
+
 CS_TLS int cs_last_wrapped = -2;
 static void cs_place_after(const cs_fn *fn, const U *a, CUresult res);
 
@@ -531,16 +561,19 @@ static void cs_hook_after(const cs_fn *fn, int id, U *a, CUresult res) {
         }
         return;
     }
+    case CS_H_MEMCPY_UNIFIED: {
+        U dst = a[fn->params[fn->h1].ai], n = a[fn->params[2].ai];
+        cs_post_serial = cs_post_size = 0;
+        if (res != 0 || !n || !cs_is_host_ptr(dst)) return;
+        if (fn->h0 >= 0 && !cs_await_stream(fn, a[fn->params[fn->h0].ai])) return;
+        cs_post_serial = cs_blob((const void *)dst, n); cs_post_size = n;
+        return;
+    }
     case CS_H_ASYNC_D2H: {
         if (res != 0) return;
         /* The result exists only once the copy finishes: wait for it, unless the stream
          * is being captured into a graph (then there is nothing to read yet). */
-        U stream = fn->h0 >= 0 ? a[fn->params[fn->h0].ai] : 0;
-        int capturing = 0;
-        cs_fn2 isc = CALLREAL(strstr(fn->name, "_pt") ? CS_ID_cuStreamIsCapturing_ptsz : CS_ID_cuStreamIsCapturing, cs_fn2);
-        if (isc && isc(stream, (U)&capturing) == 0 && capturing) { cs_skip_out = 1; return; }
-        cs_fn2 sync = (cs_fn2)CALLREAL(strstr(fn->name, "_pt") ? CS_ID_cuStreamSynchronize_ptsz : CS_ID_cuStreamSynchronize, cs_fn2);
-        if (sync) ((CUresult(*)(U))sync)(stream);
+        if (!cs_await_stream(fn, fn->h0 >= 0 ? a[fn->params[fn->h0].ai] : 0)) cs_skip_out = 1;
         return;
     }
     default: return;
@@ -550,14 +583,14 @@ static void cs_hook_after(const cs_fn *fn, int id, U *a, CUresult res) {
 static uint32_t cs_hook_post_size(const cs_fn *fn, const U *a, CUresult res) {
     (void)res;
     if (fn->hook == CS_H_GETPROC) return cs_flen(8);
-    if (fn->hook == CS_H_MEMCPY_STRUCT && res == 0 && cs_post_serial) return cs_flen(16);
+    if ((fn->hook == CS_H_MEMCPY_STRUCT || fn->hook == CS_H_MEMCPY_UNIFIED) && res == 0 && cs_post_serial) return cs_flen(16);
     (void)a;
     return 0;
 }
 
 static void cs_hook_post_fields(const cs_fn *fn, cs_rec *r, const U *a, CUresult res) {
     if (fn->hook == CS_H_GETPROC) { cs_put_val(r, CS_F_WRAPPED, (U)(int64_t)cs_last_wrapped); return; }
-    if (fn->hook == CS_H_MEMCPY_STRUCT && res == 0 && cs_post_serial)
+    if ((fn->hook == CS_H_MEMCPY_STRUCT || fn->hook == CS_H_MEMCPY_UNIFIED) && res == 0 && cs_post_serial)
         cs_put_blobref(r, CS_F_HOSTDST, cs_post_serial, cs_post_size);
     (void)a;
 }

@@ -64,3 +64,19 @@ def test_context_made_current_before_it_is_retained(double, capture):
     ctxs = {c["h"]: c for c in r.records("ctx")}
     ident = ctxs[set_cur["a"]["ctx"]]
     assert ident["device"] == 0 and ident["primary"] is None
+
+
+def test_unified_copies_with_a_host_end_are_captured_and_verified(double, capture, native):
+    nat = native(double["progs"]["unified"])
+    assert nat.returncode == 0, nat.stderr
+    cp, snap = capture(double["progs"]["unified"])
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout == nat.stdout
+    copies = [c for c in SnapshotReader(snap).records("c") if c["f"] in ("cuMemcpy", "cuMemcpyAsync")]
+    assert len(copies) == 4
+    assert ["hostsrc" in c.get("x", {}) for c in copies] == [True, False, True, False]
+    assert ["hostdst" in c.get("x", {}) for c in copies] == [False, True, False, True]
+    rp = subprocess.run([sys.executable, "-m", "cudasnap", "replay", str(snap), "--json"], env=double["env"],
+                        capture_output=True, text=True, timeout=120)
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    assert '"d2h_verified": 2' in rp.stdout, rp.stdout

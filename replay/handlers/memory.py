@@ -161,6 +161,15 @@ def vmm_release(rp, rec):
     rp.drv(rec, "cuMemRelease", rp.live(rec, h, "allocation handle"))
 
 
+@handles("cuMemRetainAllocationHandle")
+def vmm_retain(rp, rec):
+    # not a query: it takes a reference the program gives back with a cuMemRelease of its own
+    a = rec["a"]
+    h = rp.drv(rec, "cuMemRetainAllocationHandle", rp.tr(a.get("addr")))
+    if h is not None:
+        rp.set_handle(a.get("handle"), h)
+
+
 @handles("cuMemMap")
 def vmm_map(rp, rec):
     a = rec["a"]
@@ -396,15 +405,64 @@ def memcpy_dtod(rp, rec):
     else:
         dst, src = a.get("dst"), a.get("src")
         name = "cuMemcpyAsync" if _async(rec) else "cuMemcpy"
-        if rp.space.find(dst or 0) is None or rp.space.find(src or 0) is None:
-            rp.note(f"call #{rec.get('s')} {b}: an end of the copy is not replayed memory (host memory of the "
-                    f"recorded process?); skipped")
+        # an end in host memory came with its bytes (the host source as it was, the result as
+        # the program got it): those are replayed, whether or not the host memory was replayed
+        x = rec.get("x") or {}
+        if "hostsrc" in x:
+            _unified_h2d(rp, rec, dst, src, n)
+            return
+        if "hostdst" in x:
+            _unified_d2h(rp, rec, dst, src, n)
+            return
+        if rp.space.find(src or 0) is None or rp.space.find(dst or 0) is None:
+            rp.note(f"call #{rec.get('s')} {b}: an end of the copy is host memory whose contents were not "
+                    f"captured; skipped")
             rp.res.skipped += 1
             return
     args = [rp.tr(dst), rp.tr(src), n] + ([_stream(rp, rec)] if _async(rec) else [])
     rp.drv(rec, name, *args)
     al = rp.space.find(src or 0)
     rp.mark_written(dst, rec.get("s"), al.last_writer[1] if al and al.last_writer else b)
+
+
+def _host_mirror(rp, rec_ptr, data: bytes) -> None:
+    """Keep a replayed pinned host allocation's bytes as the program had them."""
+    al = rp.space.find(rec_ptr or 0)
+    if al is not None and al.kind == "host":
+        ctypes.memmove(rp.tr(rec_ptr), data, len(data))
+
+
+def _unified_h2d(rp, rec, dst, src, n: int) -> None:
+    """cuMemcpy(Async) from host memory: the captured source bytes, copied as an H2D."""
+    data = rp.blob(rec, "hostsrc")
+    if data is None or len(data) < n:
+        rp.fail(rec, "the host source of the copy was not captured whole")
+    data = rp.h2d_payload(rec, bytes(data[:n]))
+    _host_mirror(rp, src, data)
+    if _async(rec):
+        if _captured(rp, rec):
+            keep_forever(rp, data)
+        else:
+            rp.keepalive.append(data)
+        rp.drv(rec, "cuMemcpyHtoDAsync", rp.tr(dst), data, n, _stream(rp, rec))
+    else:
+        rp.drv(rec, "cuMemcpyHtoD", rp.tr(dst), data, n)
+    rp.mark_written(dst, rec.get("s"), rec["f"])
+
+
+def _unified_d2h(rp, rec, dst, src, n: int) -> None:
+    """cuMemcpy(Async) into host memory: read back and verified like a D2H."""
+    buf = bytearray(n)
+    if _async(rec):
+        s = _stream(rp, rec)
+        if rp.drv(rec, "cuMemcpyDtoHAsync", buf, rp.tr(src), n, s) is None:
+            return
+        rp.raw("cuStreamSynchronize", s)
+    elif rp.drv(rec, "cuMemcpyDtoH", buf, rp.tr(src), n) is None:
+        return
+    _host_mirror(rp, dst, bytes(buf))
+    if rec.get("r", 0) == 0:
+        rp.verify(rec, rp.blob(rec, "hostdst"), bytes(buf), src)
 
 
 # CUDA_MEMCPY2D offsets (see shim_hooks.c cs_memcpy2d_host)

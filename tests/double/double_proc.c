@@ -57,6 +57,7 @@ static const pa_t table[] = {
     E("cuMemGetAddressRange", 3020, cuMemGetAddressRange_v2),
     E("cuMemAllocHost", 3020, cuMemAllocHost_v2),
     E("cuMemHostAlloc", 2020, cuMemHostAlloc),
+    E("cuPointerGetAttribute", 4000, cuPointerGetAttribute),
     E("cuMemFreeHost", 2000, cuMemFreeHost),
     E("cuMemHostGetDevicePointer", 3020, cuMemHostGetDevicePointer_v2),
     E("cuMemAllocManaged", 6000, cuMemAllocManaged),

@@ -603,6 +603,20 @@ API CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdevice
     return r ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }
 
+/* CU_POINTER_ATTRIBUTE_MEMORY_TYPE only: host allocations are HOST, device memory DEVICE,
+ * anything else (pageable host memory) unknown to the driver. */
+API CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr) {
+    CHECK(need_init());
+    if (!data || attribute != CU_POINTER_ATTRIBUTE_MEMORY_TYPE) return CUDA_ERROR_INVALID_VALUE;
+    LOCK();
+    region_t *r = reg_containing(ptr, 1);
+    int kind = r ? r->kind : 0;
+    UNLOCK();
+    if (!kind) return CUDA_ERROR_INVALID_VALUE;
+    *(unsigned int *)data = kind == R_HOST ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+    return CUDA_SUCCESS;
+}
+
 API CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags) {
     CHECK(need_ctx());
     if (!pp || size == 0 || flags > 7) return CUDA_ERROR_INVALID_VALUE;
