@@ -986,6 +986,22 @@ API CUresult cuEventRecord(CUevent ev, CUstream s) {
 }
 API CUresult cuEventRecord_ptsz(CUevent e, CUstream s) { return cuEventRecord(e, s); }
 
+/* CU_EVENT_RECORD_EXTERNAL on a capturing stream: an event record node (stamped when the graph runs). */
+API CUresult cuEventRecordWithFlags(CUevent ev, CUstream s, unsigned int flags) {
+    CHECK(need_ctx());
+    CHECK(stream_validate(s));
+    if (!obj_check(ev, OBJ_EVENT)) return CUDA_ERROR_INVALID_HANDLE;
+    if (flags > CU_EVENT_RECORD_EXTERNAL) return CUDA_ERROR_INVALID_VALUE;
+    if (flags & CU_EVENT_RECORD_EXTERNAL) {
+        op_t op = {0};
+        op.kind = OP_EVENT_RECORD;
+        op.func = ev;
+        if (stream_capture_append(s, &op)) return CUDA_SUCCESS;
+    }
+    return cuEventRecord(ev, s);
+}
+API CUresult cuEventRecordWithFlags_ptsz(CUevent e, CUstream s, unsigned int f) { return cuEventRecordWithFlags(e, s, f); }
+
 API CUresult cuEventQuery(CUevent e) {
     CHECK(need_init());
     return obj_check(e, OBJ_EVENT) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
@@ -1043,7 +1059,17 @@ API CUresult cuGraphLaunch(CUgraphExec hx, CUstream s) {
     CHECK(stream_validate(s));
     if (!obj_check(hx, OBJ_GRAPHEXEC)) return CUDA_ERROR_INVALID_HANDLE;
     struct graph_obj *x = (struct graph_obj *)hx;
-    for (int i = 0; i < x->nops; i++) CHECK(op_run(&x->ops[i]));
+    for (int i = 0; i < x->nops; i++) {
+        const op_t *op = &x->ops[i];
+        if (op->kind == OP_EVENT_RECORD) {          /* event record node: the event's time is now */
+            struct event_obj *e = (struct event_obj *)op->func;
+            if (e->type != OBJ_EVENT) return CUDA_ERROR_INVALID_HANDLE;    /* (no registry scan per node) */
+            clock_gettime(CLOCK_MONOTONIC, &e->t);
+            e->recorded = 1;
+            continue;
+        }
+        CHECK(op_run(op));
+    }
     return CUDA_SUCCESS;
 }
 API CUresult cuGraphLaunch_ptsz(CUgraphExec hx, CUstream s) { return cuGraphLaunch(hx, s); }
