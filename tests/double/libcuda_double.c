@@ -80,11 +80,27 @@ void *obj_new(int type, size_t size) {
     return o;
 }
 
-static int obj_check_locked(const void *p, int type) {
-    if (!p) return 0;
+/* Where recent lookups found their objects: a lookup looks near those first, so that programs
+ * holding many handles (a graph's event record nodes: their events read or destroyed in order,
+ * between lookups of the same stream and function) do not scan the whole registry each time. */
+static size_t obj_hints[4];
+static unsigned obj_hint_next;
+
+static int obj_find_locked(const void *p, size_t *at) {
+    for (unsigned h = 0; h < 4; h++) {
+        size_t c = obj_hints[h];
+        for (size_t i = c > 2 ? c - 2 : 0; i < nobjs && i <= c + 2; i++)
+            if (objs[i] == p) { *at = obj_hints[h] = i; return 1; }
+    }
     for (size_t i = nobjs; i-- > 0;)
-        if (objs[i] == p) return *(const int *)p == type;
+        if (objs[i] == p) { *at = obj_hints[obj_hint_next++ % 4] = i; return 1; }
     return 0;
+}
+
+static int obj_check_locked(const void *p, int type) {
+    size_t i;
+    if (!p || !obj_find_locked(p, &i)) return 0;
+    return *(const int *)p == type;
 }
 
 int obj_check(const void *p, int type) {
@@ -96,15 +112,14 @@ int obj_check(const void *p, int type) {
 
 void obj_free(void *p) {
     LOCK();
-    for (size_t i = 0; i < nobjs; i++)
-        if (objs[i] == p) {
-            objs[i] = objs[--nobjs];
-            int func = *(int *)p == OBJ_FUNC;
-            *(int *)p = 0;
-            if (func && nspare_funcs < sizeof spare_funcs / sizeof *spare_funcs) spare_funcs[nspare_funcs++] = p;
-            else free(p);
-            break;
-        }
+    size_t i;
+    if (p && obj_find_locked(p, &i)) {
+        objs[i] = objs[--nobjs];
+        int func = *(int *)p == OBJ_FUNC;
+        *(int *)p = 0;
+        if (func && nspare_funcs < sizeof spare_funcs / sizeof *spare_funcs) spare_funcs[nspare_funcs++] = p;
+        else free(p);
+    }
     UNLOCK();
 }
 
