@@ -148,9 +148,9 @@ class CuptiCollector:
             cbid = int(cbid)
             if cbid not in (int(R.GRAPHNODE_CREATED), int(R.GRAPHNODE_CLONED)):
                 return
-            if not hasattr(data, "resource_descriptor"):
-                data = c.ResourceData.from_ptr(int(data), owner=self)
-            g = c.GraphData.from_ptr(int(data.resource_descriptor), owner=self)
+            if not hasattr(data, "resource_descriptor"):      # a pointer to CUpti_ResourceData
+                data = c.ResourceData.from_ptr(int(data), readonly=True)
+            g = c.GraphData.from_ptr(int(data.resource_descriptor), readonly=True)
             node = int(c.get_graph_node_id(int(g.node)))
             if cbid == int(R.GRAPHNODE_CREATED):
                 self.node_created[node] = self.node_tag
