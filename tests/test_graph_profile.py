@@ -320,3 +320,22 @@ def test_graph_notes_and_median_comparison():
     t = {"launches": [{"name": "a", "cupti_name": "A", "time_us": 10.0}, {"name": "b", "time_us": 2.1},
                       {"name": "d", "time_us": 9.0}]}
     assert [(d["name"], round(d["diff_pct"], 1)) for d in compare_kernel_medians(g, t)] == [("A", 4.0)]
+
+
+def test_cupti_collector_follows_node_creation_and_cloning():
+    """Resource callbacks: a created node is tagged with the operation being issued; a cloned
+    node (instantiation) points to its original.  cbdata may be the ResourceData or its address."""
+    from types import SimpleNamespace as NS
+    from cudasnap.replay.profile.timeline import CuptiCollector
+    graph_data = {0x500: NS(node=0x10, original_node=0), 0x600: NS(node=0x20, original_node=0x10)}
+    resources = {0x700: NS(resource_descriptor=0x600)}
+    c = NS(CallbackDomain=NS(RESOURCE=3, DRIVER_API=1), CallbackIdResource=NS(GRAPHNODE_CREATED=13, GRAPHNODE_CLONED=20),
+           ResourceData=NS(from_ptr=lambda p, readonly=True: resources[p]),
+           GraphData=NS(from_ptr=lambda p, readonly=True: graph_data[p]),
+           get_graph_node_id=lambda h: 1000 + h)
+    col = CuptiCollector.__new__(CuptiCollector)
+    col.c, col.node_created, col.node_clones, col.node_tag = c, {}, {}, 4
+    col._on_callback(None, 3, 13, NS(resource_descriptor=0x500))     # created while operation 4 was issued
+    col._on_callback(None, 3, 20, 0x700)                              # cloned at instantiation
+    col._on_callback(None, 1, 13, NS(resource_descriptor=0x500))     # another domain: ignored
+    assert col.node_created == {1000 + 0x10: 4} and col.node_clones == {1000 + 0x20: 1000 + 0x10}
