@@ -594,7 +594,12 @@ def test_graph_mode_uses_a_non_blocking_stream_and_no_sync_while_capturing(doubl
     log = r["log"]
     b, e = log.index("cuStreamBeginCapture"), log.index("cuStreamEndCapture")
     assert log[b + 1:e] == ["cuLaunchKernel"] * 3
-    assert log.count("cuGraphLaunch") == 2 + 4
+    # without CUPTI, per-node times: the sequence captured again with an event record node around
+    # every launch, run once to warm up and 4 times timed
+    b2, e2 = log.index("cuStreamBeginCapture", e), log.index("cuStreamEndCapture", e + 1)
+    assert log[b2 + 1:e2] == ["cuEventRecordWithFlags"] + ["cuLaunchKernel", "cuEventRecordWithFlags"] * 3
+    assert log.count("cuGraphLaunch") == 2 + 4 + 1 + 4
+    assert s["per_node_method"] == "event nodes between launches" and s["launches_timed"] == 3
 
 
 def test_graph_mode_per_node_times_from_cupti(double, tmp_path):

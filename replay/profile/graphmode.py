@@ -22,6 +22,25 @@ so each run does the recorded work on the recorded data; afterwards the post-sta
 back and the replay continues (and verifies) as recorded.  Runs are waited for with a time
 limit (below --watchdog): a run that does not finish is reported as such and replay stops.
 
+Per-node times, in runs of their own after the timed ones (tracing slows a graph):
+- CUPTI (cupti-python): repeat runs under CUPTI activity tracing.  Records of work run by a graph
+  carry the graph node id; those are ids of the executable graph's nodes (clones made at
+  instantiation), so the sequence is captured once more while CUPTI reports node creation (each
+  node tagged with the operation being issued) and instantiated while it reports node cloning:
+  record -> executable node -> captured node -> operation.  Where CUPTI gives no such callbacks
+  (another subscriber holds them), node ids are matched to the operations by graph order (the
+  graph is one chain).  Records are attributed by node id, not counted: a memset/copy node that
+  CUPTI reports as a kernel is that memset/copy; a record of no captured node is listed as "not
+  a recorded launch"; no run is thrown away.  Records without node ids (an old CUPTI): the i-th
+  kernel record of a run is launch i, in runs with as many kernel records as launches.
+- Without CUPTI: the sequence captured once more with an event record node (cuEventRecordWithFlags,
+  CU_EVENT_RECORD_EXTERNAL) before the first operation and after each one; a node's time is the
+  time between its two events (it holds the gap to the next node; the event nodes lengthen the
+  graph).
+The summary's `per_node_method` says which ran ("CUPTI graph node ids", "event nodes between
+launches"), `node_mapping` how node ids were matched, and `check` compares per-node times (with
+the time between nodes that no record covers, under CUPTI) with the graph's time (within 5%?).
+
 Kernels that run only inside the program's own graphs (JAX/XLA command buffers, CUDA-graph
 PyTorch): when no selected launch runs outside a recorded stream capture, the recorded
 cuGraphLaunch calls that hold selected kernels are timed themselves (they are graphs already):
@@ -31,6 +50,7 @@ time), then repeat runs under CUPTI for per-kernel-node rows (graphunits.py).  T
 from __future__ import annotations
 
 import re
+import statistics
 import time
 from types import SimpleNamespace
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -39,6 +59,7 @@ from .isolated import SAVE_KINDS, MemorySaver, ranges_for, stats
 from .timeline import open_cupti
 
 CU_STREAM_NON_BLOCKING = 1
+CU_EVENT_RECORD_EXTERNAL = 1
 CUDA_ERROR_NOT_READY = 600
 _MEMSET_RX = re.compile(r"cuMemset(D2D|D)(8|16|32)")
 _MEMSET_VAL = {"8": "uc", "16": "us", "32": "ui"}
@@ -51,6 +72,11 @@ class GraphHang(Exception):
 def _base(f: str) -> str:
     from ..events import _BASE_RX
     return _BASE_RX.sub("", f)
+
+
+def _union(spans: List[Tuple[int, int]]) -> int:
+    from .graphunits import covered_ns
+    return covered_ns(spans)
 
 
 class GraphProfiler:
@@ -85,6 +111,12 @@ class GraphProfiler:
         self._pending_unit = None
         self.unit_rows: List[Dict[str, Any]] = []
         self.units: List[Dict[str, Any]] = []
+        self.node_names: List[Optional[str]] = []
+        self.op_times: List[List[float]] = []           # per captured operation (launches, memsets, copies)
+        self.extra_records: List[Dict[str, Any]] = []   # CUPTI records of no captured operation
+        self.between_us: Optional[float] = None         # CUPTI runs: time inside the run no record covers
+        self.event_spans_us: List[float] = []           # event-node runs: first to last event
+        self._made: List[Tuple[str, Any]] = []
 
     # ------------------------------------------------------------------ events
     def on_event(self, kind: str, ev) -> None:
@@ -299,17 +331,32 @@ class GraphProfiler:
         self.ops = [op for op in self.ops if op[0] != "skip"]
         return bufs
 
-    def _capture(self, stream):
+    def _capture(self, stream, tag=None, events: Optional[List] = None):
+        """The operations captured into a new graph.  tag: an object whose node_tag is set to
+        each operation's index while it is issued (CUPTI node tracking); events: n + 1 events
+        recorded as event record nodes, before the first operation and after each one."""
         rp, cu = self.rp, self.rp.cu
         mode = getattr(getattr(cu, "CUstreamCaptureMode", None), "CU_STREAM_CAPTURE_MODE_RELAXED", 2)
         rp.raw("cuStreamBeginCapture", stream, mode)
         err = None
-        for op in self.ops:           # nothing else in between: no sync, no query, no event
-            try:
-                self._issue(op, stream)
-            except Exception as e:
-                err = f"{self._desc(op)}: {e}"
-                break
+        try:                          # nothing else in between: no sync, no query
+            if events:
+                rp.raw("cuEventRecordWithFlags", events[0], stream, CU_EVENT_RECORD_EXTERNAL)
+            for i, op in enumerate(self.ops):
+                if tag is not None:
+                    tag.node_tag = i
+                try:
+                    self._issue(op, stream)
+                    if events:
+                        rp.raw("cuEventRecordWithFlags", events[i + 1], stream, CU_EVENT_RECORD_EXTERNAL)
+                except Exception as e:
+                    err = f"{self._desc(op)}: {e}"
+                    break
+        except Exception as e:
+            err = f"event record node: {e}"
+        finally:
+            if tag is not None:
+                tag.node_tag = None
         try:
             graph = rp.raw("cuStreamEndCapture", stream)
         except Exception as e:
@@ -337,7 +384,7 @@ class GraphProfiler:
         return live
 
     def _run(self) -> None:
-        rp, cfg, cu = self.rp, self.cfg, self.rp.cu
+        rp, cfg = self.rp, self.cfg
         post = None
         stream = graph = gexec = None
         staging: List[int] = []
@@ -360,38 +407,19 @@ class GraphProfiler:
             graph = self._capture(stream)
             gexec = rp.raw("cuGraphInstantiate", graph, 0)
             digests: List[str] = []
-            windows: List[Tuple] = []
-            clock = None
 
-            def one(what: str, timed: bool = False, ext: Optional[int] = None) -> None:
-                self._arm(what)
-                if self.pre is not None:
-                    self.pre.restore(stream)
-                    self._wait(stream, f"restoring memory before {what}")
-                if timed:
-                    e0, e1 = rp.raw("cuEventCreate", 0), rp.raw("cuEventCreate", 0)
-                    evs.append((e0, e1))
-                    rp.raw("cuEventRecord", e0, stream)
-                m0 = clock.mark() if ext is not None else None
-                if ext is not None:
-                    cupti.push(ext)
-                try:
-                    rp.raw("cuGraphLaunch", gexec, stream)
-                finally:
-                    if ext is not None:
-                        cupti.pop()
-                if timed:
-                    rp.raw("cuEventRecord", e1, stream)
-                self._wait(stream, what)
-                if m0 is not None:
-                    windows.append((m0, clock.mark()))
+            def check(timed: bool) -> None:
                 if cfg.check_repeats and self.pre is not None and (timed or not digests):
                     digests.append(post.digest())
 
             for i in range(cfg.warmup):
-                one(f"warmup run {i + 1}")
+                self._graph_run(gexec, stream, f"warmup run {i + 1}")
+                check(False)
             for i in range(cfg.repeat):
-                one(f"timed run {i + 1}", timed=True)
+                e0, e1 = rp.raw("cuEventCreate", 0), rp.raw("cuEventCreate", 0)
+                evs.append((e0, e1))
+                self._graph_run(gexec, stream, f"timed run {i + 1}", events=(e0, e1))
+                check(True)
             self.total_times_us = [float(rp.raw("cuEventElapsedTime", a, b)) * 1e3 for a, b in evs]
             if cfg.check_repeats and digests:
                 self.info["repeats_identical"] = len(set(digests)) <= 1
@@ -399,19 +427,19 @@ class GraphProfiler:
                 if not self.info["graph_matches_replay"]:
                     self.warn("graph: memory after a graph run differs from the replay's (nondeterministic kernels, "
                               "or state the graph does not reproduce)")
-            # per-kernel times from CUPTI in separate runs (CUPTI's kernel tracing slows the graph)
-            cupti = open_cupti(cfg.backend, self.warn)
-            if cupti is not None:
-                from .graphunits import WindowClock
-                clock = WindowClock(cupti)
-                clock.start()
-                for i in range(cfg.repeat):
-                    one(f"CUPTI run {i + 1}", ext=i + 1)
-                runs = clock.collect(windows)
-                cupti.close()
-                self._per_node(cupti, runs)
-                if self.node_times:
-                    self.backend = "cupti"
+            # per-node times in separate runs: CUPTI's kernel tracing, or event record nodes, slow the graph
+            try:
+                cupti = open_cupti(cfg.backend, self.warn)
+                if cupti is not None:
+                    self._cupti_node_times(cupti, stream, gexec)
+                    if self.node_times:
+                        self.backend = "cupti"
+                if not self.node_times and cfg.backend != "cupti":
+                    self._event_node_times(stream)
+            except GraphHang:
+                raise
+            except Exception as e:
+                self.warn(f"graph: per-node times: {type(e).__name__}: {e}")
             self.info.update(nodes=len(self.ops), launches=len(self.launches),
                              memsets=sum(op[0] == "memset" for op in self.ops),
                              copies=sum(op[0] in ("dtod", "htod") for op in self.ops),
@@ -432,13 +460,276 @@ class GraphProfiler:
             if not hung:
                 self._cleanup(post, stream, graph, gexec, staging, evs, cupti)
 
+    def _graph_run(self, gexec, stream, what: str, events: Optional[Tuple] = None, clock=None,
+                   windows: Optional[List] = None) -> None:
+        """One run of an executable graph from the pre-sequence memory, waited for (time limit).
+        events: a pair recorded around the launch; clock: CUPTI window marks around it."""
+        rp = self.rp
+        self._arm(what)
+        if self.pre is not None:
+            self.pre.restore(stream)
+            self._wait(stream, f"restoring memory before {what}")
+        if events is not None:
+            rp.raw("cuEventRecord", events[0], stream)
+        m0 = clock.mark() if clock is not None else None
+        rp.raw("cuGraphLaunch", gexec, stream)
+        if events is not None:
+            rp.raw("cuEventRecord", events[1], stream)
+        self._wait(stream, what)
+        if m0 is not None and windows is not None:
+            windows.append((m0, clock.mark()))
+
+    def _own(self, destroy: str, h) -> None:
+        """A handle made for per-node runs, destroyed in _cleanup."""
+        if h is not None:
+            self._made.append((destroy, h))
+
+    # ------------------------------------------------------------------ per-node times: CUPTI
+    def _cupti_node_times(self, cupti, stream, gexec) -> None:
+        """Repeat runs under CUPTI.  The graph is captured once more while CUPTI follows graph
+        node creation (each node tagged with the operation being captured) and instantiated
+        while it follows node cloning: a record's graph node id, an executable graph's node,
+        leads to its original node and so to the captured operation (graph node ids).  Without
+        those callbacks the node ids are matched to operations by their order in the graph."""
+        from .graphunits import WindowClock
+        rp, cfg = self.rp, self.cfg
+        tracked = False
+        exe = gexec
+        try:
+            track = getattr(cupti, "track_graph_nodes", None)
+            tracked = bool(track and track())
+            if tracked:
+                self._arm("capturing (CUPTI)")
+                g2 = self._capture(stream, tag=cupti)
+                self._own("cuGraphDestroy", g2)
+                exe = rp.raw("cuGraphInstantiate", g2, 0)
+                self._own("cuGraphExecDestroy", exe)
+        except Exception as e:
+            self.warn(f"graph: CUPTI node tracking: {type(e).__name__}: {e}; node ids matched by graph order")
+            exe = gexec
+        finally:
+            if tracked:
+                cupti.untrack_graph_nodes()
+        if exe is not gexec:
+            self._graph_run(exe, stream, "CUPTI warmup run")      # a new executable graph: its first upload
+        clock = WindowClock(cupti)
+        clock.start()
+        windows: List[Tuple] = []
+        for i in range(cfg.repeat):
+            cupti.push(i + 1)
+            try:
+                self._graph_run(exe, stream, f"CUPTI run {i + 1}", clock=clock, windows=windows)
+            finally:
+                cupti.pop()
+        runs = clock.collect_records(windows)
+        cupti.close()
+        created = getattr(cupti, "node_created", None) or {}
+        clones = getattr(cupti, "node_clones", None) or {}
+        self._per_node(runs, created if exe is not gexec else {}, clones)
+
+    @staticmethod
+    def _op_kind(op) -> str:
+        return {"launch": "kernel", "memset": "memset"}.get(op[0], "memcpy")
+
+    def _per_node(self, runs: List[List[Any]], created: Optional[Dict[int, Any]] = None,
+                  clones: Optional[Dict[int, int]] = None) -> None:
+        """Per-node times from the records of each CUPTI run (graphunits.Rec)."""
+        if not any(r.node for run in runs for r in run):
+            self._per_node_by_order(runs)
+            return
+        id2op, how = self._map_node_ids(runs, created or {}, clones or {})
+        self.info["per_node_method"] = "CUPTI graph node ids"
+        self.info["node_mapping"] = how
+        self._attribute(runs, id2op)
+
+    def _map_node_ids(self, runs, created: Dict[int, Any], clones: Dict[int, int]) -> Tuple[Dict[int, int], str]:
+        """Graph node id of the records -> index of the captured operation."""
+        seen = {r.node for run in runs for r in run if r.node}
+        ops_of = {nid: tag for nid, tag in created.items() if isinstance(tag, int) and 0 <= tag < len(self.ops)}
+        exact = {}
+        for nid in seen:
+            t = ops_of.get(clones.get(nid, nid))
+            if t is not None:
+                exact[nid] = t
+        if exact and len(exact) * 2 >= len(seen):
+            return exact, ("node creation and clone records" if any(n in clones for n in exact)
+                           else "node creation records")
+        return self._align_node_ids(runs), "node ids in graph order"
+
+    def _align_node_ids(self, runs, lookahead: int = 16) -> Dict[int, int]:
+        """Node ids matched to the captured operations by graph order.  The graph is a chain
+        (one stream): a run's nodes start in the order of the operations.  The run that saw
+        the most nodes gives the order; a node is the next operation of its kind (kernel name
+        too, where the recorded names are CUPTI's), a few operations ahead at most; what has
+        no such operation (a kernel the driver added) is left unmatched."""
+        best = max(runs, key=lambda run: len({r.node for r in run if r.node}), default=[])
+        groups: Dict[int, Dict[str, Any]] = {}
+        for r in best:
+            if not r.node:
+                continue
+            g = groups.setdefault(r.node, {"t0": r.t0, "kinds": set(), "name": None})
+            g["t0"] = min(g["t0"], r.t0)
+            g["kinds"].add(r.kind)
+            if r.kind == "kernel" and g["name"] is None:
+                g["name"] = r.name
+        names = {op[1].name for op in self.ops if op[0] == "launch"}
+        kgroups = [g for g in groups.values() if g["kinds"] == {"kernel"}]
+        comparable = bool(kgroups) and sum(g["name"] in names for g in kgroups) * 2 >= len(kgroups)
+        kinds = [self._op_kind(op) for op in self.ops]
+        out: Dict[int, int] = {}
+        j = 0
+        for nid in sorted(groups, key=lambda n: groups[n]["t0"]):
+            g = groups[nid]
+            gk = "memset" if "memset" in g["kinds"] else "memcpy" if "memcpy" in g["kinds"] else "kernel"
+            want = {gk}
+            if gk == "kernel" and comparable and g["name"] not in names:
+                want = {"memset", "memcpy"}            # the driver's kernel for a memset/copy node
+            for k in range(j, min(len(self.ops), j + lookahead)):
+                if kinds[k] not in want:
+                    continue
+                if "kernel" in want and comparable and self.ops[k][1].name != g["name"]:
+                    continue
+                out[nid] = k
+                j = k + 1
+                break
+        return out
+
+    def _attribute(self, runs, id2op: Dict[int, int]) -> None:
+        """Records -> operations, run by run: an operation's time in a run spans its records."""
+        n = len(self.ops)
+        launch_of = {}
+        li = 0
+        for k, op in enumerate(self.ops):
+            if op[0] == "launch":
+                launch_of[k] = li
+                li += 1
+        self.node_times = [[] for _ in self.launches]
+        self.node_names = [None] * len(self.launches)
+        self.op_times = [[] for _ in range(n)]
+        extra: Dict[str, Dict[str, Any]] = {}
+        between: List[float] = []
+        for run in runs:
+            if not run:
+                continue
+            per: Dict[int, List[int]] = {}
+            names: Dict[int, str] = {}
+            spans: List[Tuple[int, int]] = []
+            for r in run:
+                k = id2op.get(r.node) if r.node else None
+                spans.append((r.t0, r.t1))
+                if k is None:
+                    key = r.name if r.kind == "kernel" else f"({r.kind})"
+                    e = extra.setdefault(key, {"name": key, "kind": r.kind, "records": 0, "us": 0.0})
+                    e["records"] += 1
+                    e["us"] += (r.t1 - r.t0) / 1e3
+                    continue
+                sp = per.setdefault(k, [r.t0, r.t1])
+                sp[0], sp[1] = min(sp[0], r.t0), max(sp[1], r.t1)
+                if r.kind == "kernel":
+                    names.setdefault(k, r.name)
+            for k, (t0, t1) in per.items():
+                self.op_times[k].append((t1 - t0) / 1e3)
+                if k in launch_of and k in names:
+                    self.node_names[launch_of[k]] = names[k]
+            t_first, t_last = min(a for a, _ in spans), max(b for _, b in spans)
+            self.cupti_spans_us.append((t_last - t_first) / 1e3)
+            between.append(((t_last - t_first) - _union(spans)) / 1e3)
+        for k, li in launch_of.items():
+            self.node_times[li] = self.op_times[k]
+        runs_used = sum(1 for run in runs if run)
+        for e in extra.values():
+            e["per_run"] = e["records"] / runs_used if runs_used else 0
+            e["us_per_run"] = e.pop("us") / runs_used if runs_used else 0.0
+        self.extra_records = sorted(extra.values(), key=lambda e: -e["us_per_run"])
+        if between:
+            self.between_us = statistics.median(between)
+        if self.extra_records:
+            self.warn("graph: CUPTI records of no captured operation (not a recorded launch), per run: "
+                      + ", ".join(f"{e['name'][:60]} x{e['per_run']:g}" for e in self.extra_records[:5])
+                      + (" ..." if len(self.extra_records) > 5 else ""))
+        untimed = sum(1 for t in self.node_times if not t)
+        if untimed:
+            self.warn(f"graph: {untimed} of {len(self.launches)} launches got no CUPTI record of their graph node")
+        if not any(self.node_times):
+            self.node_times = []
+
+    def _per_node_by_order(self, runs) -> None:
+        """Records without graph node ids (a CUPTI without the fields): the i-th kernel record
+        of a run is launch i, in runs with as many kernel records as launches."""
+        n = len(self.launches)
+        self.node_times = [[] for _ in range(n)]
+        self.node_names = [None] * n
+        skipped = 0
+        for run in runs:
+            ks = sorted(r for r in run if r.kind == "kernel")
+            if not ks:
+                continue
+            if len(ks) != n:
+                skipped += 1
+                continue
+            self.cupti_spans_us.append((ks[-1][1] - ks[0][0]) / 1e3)
+            for i, r in enumerate(ks):
+                self.node_times[i].append((r.t1 - r.t0) / 1e3)
+                self.node_names[i] = r.name
+        self.info["per_node_method"] = "CUPTI kernel order"
+        if skipped:
+            self.warn(f"graph: CUPTI records carry no graph node ids and {skipped} run(s) had a kernel count other "
+                      f"than the graph's {n} launches; not used for per-node times")
+        if not any(self.node_times):
+            self.node_times = []
+
+    # ------------------------------------------------------------------ per-node times: event nodes
+    def _event_node_times(self, stream) -> None:
+        """Without CUPTI: the sequence captured again with an event record node
+        (CU_EVENT_RECORD_EXTERNAL) before the first operation and after each one; a node's time
+        is the time between the events around it (so it holds the gap before the next node,
+        and the event nodes add to the graph's time)."""
+        rp, cfg = self.rp, self.cfg
+        n = len(self.ops)
+        try:
+            evs = []
+            for _ in range(n + 1):
+                e = rp.raw("cuEventCreate", 0)
+                self._own("cuEventDestroy", e)
+                evs.append(e)
+            self._arm("capturing (event nodes)")
+            g2 = self._capture(stream, events=evs)
+            self._own("cuGraphDestroy", g2)
+            exe = rp.raw("cuGraphInstantiate", g2, 0)
+            self._own("cuGraphExecDestroy", exe)
+        except Exception as e:
+            self.warn(f"graph: per-node times with event nodes not available ({type(e).__name__}: {e})")
+            return
+        self.op_times = [[] for _ in range(n)]
+        spans = []
+        self._graph_run(exe, stream, "event-node warmup run")
+        for i in range(cfg.repeat):
+            self._graph_run(exe, stream, f"event-node run {i + 1}")
+            span = 0.0
+            for k in range(n):
+                t = float(rp.raw("cuEventElapsedTime", evs[k], evs[k + 1])) * 1e3
+                self.op_times[k].append(t)
+                span += t
+            spans.append(span)
+        self.node_times = [self.op_times[k] for k, op in enumerate(self.ops) if op[0] == "launch"]
+        self.node_names = [None] * len(self.launches)
+        self.event_spans_us = spans
+        self.backend = "events"
+        self.info["per_node_method"] = "event nodes between launches"
+
     def _cleanup(self, post, stream, graph, gexec, staging, evs, cupti) -> None:
         rp, cu = self.rp, self.rp.cu
-        if cupti is not None and not self.node_times:
+        if cupti is not None:
             try:
                 cupti.close()
             except Exception:
                 pass
+        for name, h in reversed(self._made):
+            try:
+                getattr(cu, name)(h)
+            except Exception:
+                pass
+        self._made = []
         for p in evs:
             for e in p:
                 try:
@@ -477,37 +768,6 @@ class GraphProfiler:
                           + ", ".join(f"{k} x{v}" for k, v in sorted(self.skipped_ops.items())))
             if self.skipped_captured:
                 self.info["skipped_captured_launches"] = self.skipped_captured
-
-    def _per_node(self, cupti, windows: Optional[List[List]] = None) -> None:
-        """Per-node times: the kernel records of each CUPTI run (time windows; external
-        correlation ids where CUPTI gave them), the i-th kernel by start time being node i."""
-        n = len(self.launches)
-        runs: Dict[int, List] = {}
-        for i, ks in enumerate(windows or []):
-            if ks:
-                runs[i] = list(ks)
-        if not runs:
-            for corr, t0, t1, name, sid in cupti.kernels:
-                ext = cupti.ext.get(corr)
-                if ext is not None:
-                    runs.setdefault(ext, []).append((t0, t1, name))
-        self.node_times = [[] for _ in range(n)]
-        self.node_names = [None] * n
-        skipped = 0
-        for _run_id, ks in sorted(runs.items()):
-            ks.sort()
-            if len(ks) != n:
-                skipped += 1
-                continue
-            self.cupti_spans_us.append((ks[-1][1] - ks[0][0]) / 1e3)
-            for i, (t0, t1, _name) in enumerate(ks):
-                self.node_times[i].append((t1 - t0) / 1e3)
-                self.node_names[i] = _name
-        if skipped:
-            self.warn(f"graph: {skipped} CUPTI run(s) had a kernel count other than the graph's {n} launches; "
-                      f"not used for per-node times")
-        if not any(self.node_times):
-            self.node_times = []
 
     # ------------------------------------------------------------------ the program's graph launches
     def _start_units(self) -> bool:
@@ -613,6 +873,19 @@ class GraphProfiler:
             spans = [u["span_us"] for u in ok if "span_us" in u]
             if spans:
                 d["cupti_span_us"] = sum(spans)
+            with_rows = [u for u in ok if "span_us" in u and "covered_us" in u]
+            if with_rows:          # kernel nodes of the program's graphs can run concurrently
+                graph_us = sum(u["graph_us"] for u in with_rows)
+                kernels = sum(u["kernel_us"] for u in with_rows)
+                overlap = sum(max(0.0, u["kernel_us"] - u["covered_us"]) for u in with_rows)
+                between = sum(max(0.0, u["span_us"] - u["covered_us"]) for u in with_rows)
+                total = kernels - overlap + between
+                c = {"graph_us": graph_us, "kernels_us": kernels, "overlap_us": overlap, "between_nodes_us": between,
+                     "other_nodes_us": 0.0, "unrecorded_us": 0.0, "sum_us": total,
+                     "kernel_share_pct": kernels / graph_us * 100 if graph_us > 0 else None,
+                     "diff_pct": (total - graph_us) / graph_us * 100 if graph_us > 0 else None}
+                c["within_5pct"] = c["diff_pct"] is not None and abs(c["diff_pct"]) <= 5.0
+                d["check"] = c
         else:
             errs = [u["error"] for u in self.units if u.get("error")]
             d["error"] = "no recorded graph launch was timed" + (f" ({errs[0]})" if errs else "")
@@ -622,17 +895,50 @@ class GraphProfiler:
     def launch_rows(self) -> List[Dict[str, Any]]:
         if self.unit_mode:
             return [dict(r) for r in self.unit_rows]
+        timing = "cupti" if self.backend == "cupti" else "event nodes"
         rows = []
         for i, ev in enumerate(self.launches):
             r = {"seq": ev.seq, "index": ev.index, "name": ev.name, "stream": ev.rec_stream, "grid": list(ev.grid),
                  "block": list(ev.block), "shmem": ev.shmem, "node": i}
             if self.node_times and self.node_times[i]:
                 r["times_us"] = self.node_times[i]
-                if getattr(self, "node_names", None) and self.node_names[i]:
+                r["timing"] = timing
+                if self.node_names and self.node_names[i]:
                     r["cupti_name"] = self.node_names[i]
                 r.update(stats(self.node_times[i]))
             rows.append(r)
         return rows
+
+    def _other_nodes(self) -> List[Dict[str, Any]]:
+        """Memset and copy nodes of the graph: count and median time per run, by kind."""
+        out: Dict[str, Dict[str, Any]] = {}
+        for k, op in enumerate(self.ops):
+            if op[0] == "launch":
+                continue
+            kind = "memset" if op[0] == "memset" else "copy"
+            d = out.setdefault(kind, {"kind": kind, "nodes": 0, "timed": 0, "us_per_run": 0.0})
+            d["nodes"] += 1
+            ts = self.op_times[k] if k < len(self.op_times) else []
+            if ts:
+                d["timed"] += 1
+                d["us_per_run"] += statistics.median(ts)
+        return list(out.values())
+
+    def _consistency(self, graph_us: float) -> Dict[str, Any]:
+        """Per-node times against the graph's time (CUDA events around the whole graph)."""
+        kernels = sum(statistics.median(t) for t in self.node_times if t)
+        other = sum(d["us_per_run"] for d in self._other_nodes())
+        extra = sum(e["us_per_run"] for e in self.extra_records)
+        between = self.between_us or 0.0
+        total = kernels + other + extra + between
+        c: Dict[str, Any] = {"graph_us": graph_us, "kernels_us": kernels, "other_nodes_us": other,
+                             "unrecorded_us": extra, "between_nodes_us": between, "sum_us": total,
+                             "kernel_share_pct": kernels / graph_us * 100 if graph_us > 0 else None,
+                             "diff_pct": (total - graph_us) / graph_us * 100 if graph_us > 0 else None}
+        c["within_5pct"] = c["diff_pct"] is not None and abs(c["diff_pct"]) <= 5.0
+        if self.event_spans_us:
+            c["event_span_us"] = statistics.median(self.event_spans_us)
+        return c
 
     def summary(self) -> Dict[str, Any]:
         if self.unit_mode:
@@ -650,4 +956,19 @@ class GraphProfiler:
                 d["per_launch_us"] = st["median_us"] / len(self.launches)
         if self.cupti_spans_us:
             d["cupti_span_us"] = stats(self.cupti_spans_us)["median_us"]
+        if self.node_times:
+            d.setdefault("per_node_method", "CUPTI graph node ids" if self.backend == "cupti" else
+                         "event nodes between launches")
+            d["launches_timed"] = sum(1 for t in self.node_times if t)
+            other = self._other_nodes()
+            if other:
+                d["other_nodes"] = other
+            if self.extra_records:
+                d["unrecorded"] = self.extra_records[:20]
+            if self.total_times_us:
+                d["check"] = self._consistency(d["total_us"])
+        else:
+            d["launches_timed"] = 0
+            d.pop("per_node_method", None)
+            d.pop("node_mapping", None)
         return d

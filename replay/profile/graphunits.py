@@ -47,22 +47,81 @@ class WindowClock:
         except Exception:
             pass
 
-    def mark(self) -> Tuple[str, int]:
+    def mark(self) -> Tuple:
         if self.use_ts:
             try:
                 return ("t", int(self.cupti.timestamp()))
             except Exception:
                 self.use_ts = False
         self.cupti.flush()
-        return ("n", len(self.cupti.kernels))
+        return ("n", len(self.cupti.kernels), len(self.cupti.copies))
 
-    def collect(self, windows: List[Tuple[Tuple[str, int], Tuple[str, int]]]) -> List[List[Tuple[int, int, str]]]:
+    def collect(self, windows: List[Tuple[Tuple, Tuple]]) -> List[List[Tuple[int, int, str]]]:
         """Kernel records (start, end, name) of each window, sorted by start (flushes first)."""
         try:
             self.cupti.flush()
         except Exception:
             pass
         return match_windows(self.cupti.kernels, windows)
+
+    def collect_records(self, windows: List[Tuple[Tuple, Tuple]]) -> List[List["Rec"]]:
+        """Every record (kernels, memcpys, memsets) of each window with the graph node that ran
+        it, sorted by start (flushes first)."""
+        try:
+            self.cupti.flush()
+        except Exception:
+            pass
+        return records_in_windows(self.cupti, windows)
+
+
+class Rec(tuple):
+    """One CUPTI record: (start, end, name, kind, graph id, graph node id); kind is "kernel",
+    "memcpy" or "memset"; the ids are 0 for work outside graphs (or without the fields)."""
+    __slots__ = ()
+
+    def __new__(cls, t0, t1, name, kind="kernel", graph=0, node=0):
+        return tuple.__new__(cls, (t0, t1, name, kind, graph, node))
+
+    t0 = property(lambda self: self[0])
+    t1 = property(lambda self: self[1])
+    name = property(lambda self: self[2])
+    kind = property(lambda self: self[3])
+    graph = property(lambda self: self[4])
+    node = property(lambda self: self[5])
+
+
+def collector_records(cupti) -> Tuple[List[Rec], List[Rec]]:
+    """A collector's kernel and copy records as Rec (graph ids from kernel_nodes/copy_nodes when
+    the collector keeps them)."""
+    kn = getattr(cupti, "kernel_nodes", None) or []
+    cn = getattr(cupti, "copy_nodes", None) or []
+    ks = [Rec(k[1], k[2], k[3], "kernel", *(kn[i] if i < len(kn) else (0, 0))) for i, k in enumerate(cupti.kernels)]
+    cs = [Rec(c[1], c[2], c[4], c[4], *(cn[i] if i < len(cn) else (0, 0)))
+          for i, c in enumerate(getattr(cupti, "copies", None) or [])]
+    return ks, cs
+
+
+def records_in_windows(cupti, windows) -> List[List[Rec]]:
+    """Records of each window (as match_windows: time windows by midpoint, else the records
+    delivered between two flushes), sorted by start."""
+    ks, cs = collector_records(cupti)
+    out: List[List[Rec]] = [[] for _ in windows]
+    timed = sorted((w[0][1], w[1][1], i) for i, w in enumerate(windows) if w[0][0] == "t" and w[1][0] == "t")
+    starts = [w[0] for w in timed]
+    for i, (m0, m1) in enumerate(windows):
+        if m0[0] == "n" and m1[0] == "n":
+            out[i] = ks[m0[1]:m1[1]]
+            if len(m0) > 2 and len(m1) > 2:
+                out[i] += cs[m0[2]:m1[2]]
+    if timed:
+        for r in ks + cs:
+            mid = (r[0] + r[1]) / 2
+            j = bisect.bisect_right(starts, mid) - 1
+            if j >= 0 and mid <= timed[j][1]:
+                out[timed[j][2]].append(r)
+    for lst in out:
+        lst.sort()
+    return out
 
 
 def match_windows(kernels, windows) -> List[List[Tuple[int, int, str]]]:
@@ -86,24 +145,39 @@ def match_windows(kernels, windows) -> List[List[Tuple[int, int, str]]]:
     return out
 
 
-def node_rows(runs: List[List[Tuple[int, int, str]]]) -> List[Dict[str, Any]]:
-    """Per-kernel-node times over runs: the k-th kernel of a name in a run is one node."""
-    nodes: Dict[Tuple[str, int], Dict[str, Any]] = {}
-    order: List[Tuple[str, int]] = []
+def node_rows(runs: List[List[Tuple]]) -> List[Dict[str, Any]]:
+    """Per-kernel-node times over runs.  A kernel record with a graph node id (Rec, or a tuple
+    (start, end, name, node id)) belongs to that node; without one, the k-th kernel of a name
+    in a run is one node."""
+    nodes: Dict[Tuple, Dict[str, Any]] = {}
+    order: List[Tuple] = []
     for run in runs:
         seen: Dict[str, int] = {}
-        for t0, t1, name in run:
-            k = seen.get(name, 0)
-            seen[name] = k + 1
-            key = (name, k)
+        for r in run:
+            t0, t1, name = r[0], r[1], r[2]
+            if isinstance(r, Rec):
+                if r.kind != "kernel":
+                    continue
+                nid = r.node
+            else:
+                nid = r[3] if len(r) > 3 else 0
+            if nid:
+                key: Tuple = ("id", nid)
+            else:
+                k = seen.get(name, 0)
+                seen[name] = k + 1
+                key = (name, k)
             if key not in nodes:
-                nodes[key] = {"name": name, "times_us": [], "first": t0}
+                nodes[key] = {"name": name, "times_us": [], "first": t0, "graph_node_id": nid or None}
                 order.append(key)
             nodes[key]["times_us"].append((t1 - t0) / 1e3)
     rows = []
     for i, key in enumerate(sorted(order, key=lambda k: nodes[k]["first"])):
         r = nodes[key]
-        rows.append({"node": i, "name": r["name"], "times_us": r["times_us"]})
+        row = {"node": i, "name": r["name"], "times_us": r["times_us"]}
+        if r["graph_node_id"]:
+            row["graph_node_id"] = r["graph_node_id"]
+        rows.append(row)
     return rows
 
 
@@ -222,7 +296,7 @@ class GraphUnit:
             flusher.flush(self.stream)
         self.rp.raw("cuStreamSynchronize", self.stream)
 
-    def run_cupti(self, cupti, n_warm: int, n_timed: int, flusher=None) -> List[List[Tuple[int, int, str]]]:
+    def run_cupti(self, cupti, n_warm: int, n_timed: int, flusher=None) -> List[List[Rec]]:
         clock = WindowClock(cupti)
         clock.start()
         windows = []
@@ -233,7 +307,7 @@ class GraphUnit:
             self.rp.raw("cuStreamSynchronize", self.stream)
             if m0 is not None:
                 windows.append((m0, clock.mark()))
-        return clock.collect(windows)
+        return [[r for r in run if r.kind == "kernel"] for run in clock.collect_records(windows)]
 
     def run_events(self, n_warm: int, n_timed: int, flusher=None) -> List[float]:
         rp = self.rp
@@ -270,8 +344,22 @@ def unit_rows(unit: GraphUnit, runs, n_timed: int, mode: str) -> Tuple[List[Dict
     if got:
         info["kernels_per_run"] = statistics_median([len(run) for run in got])
         info["span_us"] = statistics_median([(run[-1][1] - run[0][0]) / 1e3 for run in got])
-        info["kernel_us"] = statistics_median([sum(t1 - t0 for t0, t1, _n in run) / 1e3 for run in got])
+        info["kernel_us"] = statistics_median([sum(r[1] - r[0] for r in run) / 1e3 for run in got])
+        info["covered_us"] = statistics_median([covered_ns([(r[0], r[1]) for r in run]) / 1e3 for run in got])
     return rows, info
+
+
+def covered_ns(spans: List[Tuple[int, int]]) -> int:
+    """Length covered by a set of [start, end) intervals (concurrent nodes counted once)."""
+    total, end = 0, None
+    for a, b in sorted(spans):
+        if end is None or a > end:
+            total += b - a
+            end = b
+        elif b > end:
+            total += b - end
+            end = b
+    return total
 
 
 def statistics_median(xs):

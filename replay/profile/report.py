@@ -108,6 +108,7 @@ def render_table(report: Dict[str, Any], out, top: int = 20) -> None:
         head += f" x {s.get('repeat')} repeats (+{s.get('warmup')} warmup)"
         if s.get("error"):
             head += f" -- {s['error']}"
+    notes = graph_notes(s) if s.get("mode") == "graph" else []
     from cudasnap.console import console, is_tty, print_table
     cols = [("kernel", "left"), ("launches", "right"), ("total", "right"), ("median", "right"),
             ("min", "right"), ("max", "right")]
@@ -129,3 +130,74 @@ def render_table(report: Dict[str, Any], out, top: int = 20) -> None:
     print_table(con, cols, rows, title=head)
     if len(ks) > top:
         con.print(f"({len(ks) - top} more kernels; --out FILE for all)", markup=False)
+    for line in notes:
+        con.print(line, markup=False)
+
+
+def graph_notes(s: Dict[str, Any]) -> List[str]:
+    """Graph mode (captured sequence): how per-node times were taken, the nodes that are not
+    recorded launches, and the check of per-node times against the graph's time."""
+    lines = []
+    if s.get("path") != "recorded graph launches":
+        n, timed = s.get("launches", 0), s.get("launches_timed", 0)
+        if not timed:
+            if "total_us" in s:
+                lines.append("per-node times: none (only the graph's time)")
+            return lines
+        how = f" ({s['node_mapping']})" if s.get("node_mapping") else ""
+        lines.append(f"per-node times: {s.get('per_node_method')}{how}; {timed} of {n} launches timed")
+    other = s.get("other_nodes") or []
+    if other:
+        lines.append("memset/copy nodes: " + ", ".join(
+            f"{d['kind']} x{d['nodes']} ({_us(d['us_per_run'])} per run)" for d in other))
+    un = s.get("unrecorded") or []
+    if un:
+        lines.append("not a recorded launch (CUPTI records of no captured operation), per run: " + ", ".join(
+            f"{e['name'][:50]} x{e['per_run']:g} ({_us(e['us_per_run'])})" for e in un[:5])
+            + (" ..." if len(un) > 5 else ""))
+    c = s.get("check")
+    if c and c.get("diff_pct") is not None:
+        parts = [f"kernels {_us(c['kernels_us'])}"]
+        if c.get("other_nodes_us"):
+            parts.append(f"memset/copy nodes {_us(c['other_nodes_us'])}")
+        if c.get("unrecorded_us"):
+            parts.append(f"not recorded {_us(c['unrecorded_us'])}")
+        if c.get("overlap_us"):
+            parts[0] += f" (less {_us(c['overlap_us'])} of concurrent nodes)"
+        if c.get("between_nodes_us"):
+            parts.append(f"between nodes {_us(c['between_nodes_us'])}")
+        verdict = "within 5%" if c["within_5pct"] else f"NOT within 5%: gap {_us(abs(c['sum_us'] - c['graph_us']))}"
+        line = (f"check: {' + '.join(parts)} = {_us(c['sum_us'])} vs the graph's {_us(c['graph_us'])} "
+                f"({c['diff_pct']:+.1f}%, {verdict}); kernels are {c['kernel_share_pct']:.1f}% of the graph's time")
+        lines.append(line)
+        if not c["within_5pct"] and c.get("event_span_us"):
+            lines.append(f"  (per-node runs, with an event record node after every node: "
+                         f"{_us(c['event_span_us'])} from first to last event; the graph alone, CUDA events "
+                         f"around its launch: {_us(c['graph_us'])})")
+        elif not c["within_5pct"]:
+            lines.append("  (the CUPTI-traced runs differ from the graph's timed runs: tracing overhead, or time "
+                         "around the nodes that no record covers)")
+    return lines
+
+
+def compare_kernel_medians(graph_report: Dict[str, Any], other_report: Dict[str, Any],
+                           min_us: float = 5.0) -> List[Dict[str, Any]]:
+    """Per-kernel medians of a graph-mode report against another mode's (a timeline run of the
+    same snapshot), for kernels whose median is at least min_us in both; kernels are matched by
+    their CUPTI name where both rows have one, else by name."""
+    def medians(rep):
+        by: Dict[str, List[float]] = {}
+        for r in rep.get("launches", []):
+            t = _launch_time(r)
+            if t is not None:
+                by.setdefault(r.get("cupti_name") or r.get("name") or "?", []).append(t)
+        return {k: statistics.median(v) for k, v in by.items()}
+    g, o = medians(graph_report), medians(other_report)
+    out = []
+    for name, gm in g.items():
+        om = o.get(name)
+        if om is None or gm < min_us or om < min_us:
+            continue
+        out.append({"name": name, "graph_us": gm, "other_us": om, "diff_pct": (gm - om) / om * 100})
+    out.sort(key=lambda d: -abs(d["diff_pct"]))
+    return out

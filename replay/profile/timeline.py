@@ -15,7 +15,13 @@ EVENT_WARNING = ("CUPTI (cupti-python) is not available: timing with CUDA events
 # ----------------------------------------------------------------------------- CUPTI
 class CuptiCollector:
     """CUPTI activity records: kernels, memcpys, memsets, external correlations.  One per
-    process at a time (CUPTI's activity callbacks are process-wide)."""
+    process at a time (CUPTI's activity callbacks are process-wide).
+
+    Work run by a CUDA graph carries the ids of the graph and of the graph node that ran it
+    (kernel_nodes[i] / copy_nodes[i]: (graph id, graph node id) of kernels[i] / copies[i]; 0, 0
+    outside graphs).  Those are ids of the executable graph's nodes, clones of the nodes the
+    graph was built with: track_graph_nodes() follows node creation and cloning (CUPTI resource
+    callbacks) so that they can be traced back to the nodes made by each captured operation."""
 
     _active: Optional["CuptiCollector"] = None
     _registered = False
@@ -25,7 +31,13 @@ class CuptiCollector:
         self.c = cupti
         self.kernels: List[Tuple[int, int, int, str, int]] = []      # corr, start, end, name, stream_id
         self.copies: List[Tuple[int, int, int, int, str, int]] = []  # corr, start, end, bytes, kind, stream_id
+        self.kernel_nodes: List[Tuple[int, int]] = []               # graph id, graph node id (of kernels[i])
+        self.copy_nodes: List[Tuple[int, int]] = []                 # graph id, graph node id (of copies[i])
         self.ext: Dict[int, int] = {}                               # corr -> external id
+        self.node_created: Dict[int, Any] = {}                      # node id -> tag current at its creation
+        self.node_clones: Dict[int, int] = {}                       # cloned node id -> original node id
+        self.node_tag: Any = None
+        self._subscriber = None
         A = cupti.ActivityKind
         self._kinds = [A.CONCURRENT_KERNEL, A.MEMCPY, A.MEMSET, A.EXTERNAL_CORRELATION]
         CuptiCollector._active = self
@@ -50,13 +62,16 @@ class CuptiCollector:
             k = a.kind
             try:
                 if k in (A.CONCURRENT_KERNEL, A.KERNEL):
-                    self.kernels.append((int(a.correlation_id), int(a.start), int(a.end), str(a.name), int(a.stream_id)))
-                elif k == A.MEMCPY:
-                    self.copies.append((int(a.correlation_id), int(a.start), int(a.end), int(a.bytes), "memcpy",
-                                        int(a.stream_id)))
-                elif k == A.MEMSET:
-                    self.copies.append((int(a.correlation_id), int(a.start), int(a.end), int(a.bytes), "memset",
-                                        int(a.stream_id)))
+                    rec = (int(a.correlation_id), int(a.start), int(a.end), str(a.name), int(a.stream_id))
+                    node = _graph_node(a)
+                    self.kernels.append(rec)
+                    self.kernel_nodes.append(node)
+                elif k in (A.MEMCPY, A.MEMSET):
+                    rec = (int(a.correlation_id), int(a.start), int(a.end), int(a.bytes),
+                           "memcpy" if k == A.MEMCPY else "memset", int(a.stream_id))
+                    node = _graph_node(a)
+                    self.copies.append(rec)
+                    self.copy_nodes.append(node)
                 elif k == A.EXTERNAL_CORRELATION:
                     self.ext[int(a.correlation_id)] = int(a.external_id)
             except Exception:
@@ -79,6 +94,7 @@ class CuptiCollector:
         try:
             self.flush()
         finally:
+            self.untrack_graph_nodes()
             for k in self._kinds:
                 try:
                     self.c.activity_disable(k)
@@ -89,6 +105,68 @@ class CuptiCollector:
     def reset(self) -> None:
         self.flush()
         self.kernels, self.copies, self.ext = [], [], {}
+        self.kernel_nodes, self.copy_nodes = [], []
+
+    # graph nodes: creation (tagged with node_tag) and cloning (instantiation), by CUPTI node id
+    def track_graph_nodes(self) -> bool:
+        """Subscribe to CUPTI's graph-node created/cloned callbacks.  False when CUPTI refuses
+        (one subscriber per process: a profiler such as Nsight Systems may hold it)."""
+        if self._subscriber is not None:
+            return True
+        c = self.c
+        try:
+            sub = c.subscribe(self._on_callback, None)
+        except Exception:
+            return False
+        try:
+            R = c.CallbackIdResource
+            for cbid in (R.GRAPHNODE_CREATED, R.GRAPHNODE_CLONED):
+                c.enable_callback(1, sub, c.CallbackDomain.RESOURCE, cbid)
+        except Exception:
+            try:
+                c.unsubscribe(sub)
+            except Exception:
+                pass
+            return False
+        self._subscriber = sub
+        return True
+
+    def untrack_graph_nodes(self) -> None:
+        sub, self._subscriber = self._subscriber, None
+        if sub is not None:
+            try:
+                self.c.unsubscribe(sub)
+            except Exception:
+                pass
+
+    def _on_callback(self, userdata, domain, cbid, data) -> None:
+        c = self.c
+        try:
+            if int(domain) != int(c.CallbackDomain.RESOURCE):
+                return
+            R = c.CallbackIdResource
+            cbid = int(cbid)
+            if cbid not in (int(R.GRAPHNODE_CREATED), int(R.GRAPHNODE_CLONED)):
+                return
+            if not hasattr(data, "resource_descriptor"):      # a pointer to CUpti_ResourceData
+                data = c.ResourceData.from_ptr(int(data), readonly=True)
+            g = c.GraphData.from_ptr(int(data.resource_descriptor), readonly=True)
+            node = int(c.get_graph_node_id(int(g.node)))
+            if cbid == int(R.GRAPHNODE_CREATED):
+                self.node_created[node] = self.node_tag
+            elif g.original_node:
+                self.node_clones[node] = int(c.get_graph_node_id(int(g.original_node)))
+        except Exception:
+            pass
+
+
+def _graph_node(a) -> Tuple[int, int]:
+    """(graph id, graph node id) of an activity record; 0, 0 for work outside graphs (or a
+    CUPTI without the fields)."""
+    try:
+        return int(getattr(a, "graph_id", 0) or 0), int(getattr(a, "graph_node_id", 0) or 0)
+    except Exception:
+        return 0, 0
 
 
 def open_cupti(backend: str, warn: Callable[[str], None]) -> Optional[CuptiCollector]:

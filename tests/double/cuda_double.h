@@ -150,6 +150,7 @@ typedef enum CUdriverProcAddressQueryResult_enum {
 #define CU_STREAM_PER_THREAD ((CUstream)0x2)
 enum { CU_STREAM_DEFAULT = 0, CU_STREAM_NON_BLOCKING = 1 };
 enum { CU_EVENT_DEFAULT = 0, CU_EVENT_BLOCKING_SYNC = 1, CU_EVENT_DISABLE_TIMING = 2, CU_EVENT_INTERPROCESS = 4 };
+enum { CU_EVENT_RECORD_DEFAULT = 0, CU_EVENT_RECORD_EXTERNAL = 1 };
 typedef enum CUstreamCaptureMode_enum {
     CU_STREAM_CAPTURE_MODE_GLOBAL = 0,
     CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1,
@@ -389,6 +390,8 @@ CUresult cuStreamIsCapturing_ptsz(CUstream hStream, CUstreamCaptureStatus *captu
 CUresult cuEventCreate(CUevent *phEvent, unsigned int flags);
 CUresult cuEventRecord(CUevent hEvent, CUstream hStream);
 CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream);
+CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags);
+CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream, unsigned int flags);
 CUresult cuEventQuery(CUevent hEvent);
 CUresult cuEventSynchronize(CUevent hEvent);
 CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd);
@@ -448,6 +451,7 @@ CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTable
 #define cuStreamEndCapture cuStreamEndCapture_ptsz
 #define cuStreamIsCapturing cuStreamIsCapturing_ptsz
 #define cuEventRecord cuEventRecord_ptsz
+#define cuEventRecordWithFlags cuEventRecordWithFlags_ptsz
 #define cuLaunchKernel cuLaunchKernel_ptsz
 #define cuLaunchKernelEx cuLaunchKernelEx_ptsz
 #define cuLaunchCooperativeKernel cuLaunchCooperativeKernel_ptsz

@@ -27,7 +27,7 @@ int dev_range_ok(unsigned long long p, size_t n);
 
 /* Recorded stream work (graph capture). */
 typedef struct op {
-    int kind; /* 1 = launch, 2 = memcpy, 3 = memset8, 4 = memset32 */
+    int kind; /* 1 = launch, 2 = memcpy, 3 = memset8, 4 = memset32, OP_EVENT_RECORD (func = the event) */
     void *func;
     unsigned int grid[3], block[3];
     unsigned char *params;
@@ -36,6 +36,8 @@ typedef struct op {
     size_t n;
     unsigned int value;
 } op_t;
+
+enum { OP_EVENT_RECORD = 5 };
 
 struct stream_obj;
 /* Non-NULL graph if this stream is capturing; s may be NULL/legacy/per-thread. */

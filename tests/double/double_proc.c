@@ -124,6 +124,7 @@ static const pa_t table[] = {
     S("cuStreamIsCapturing", 10000, cuStreamIsCapturing, cuStreamIsCapturing_ptsz),
     E("cuEventCreate", 2000, cuEventCreate),
     S("cuEventRecord", 2000, cuEventRecord, cuEventRecord_ptsz),
+    S("cuEventRecordWithFlags", 11010, cuEventRecordWithFlags, cuEventRecordWithFlags_ptsz),
     E("cuEventQuery", 2000, cuEventQuery),
     E("cuEventSynchronize", 2000, cuEventSynchronize),
     E("cuEventElapsedTime", 2000, cuEventElapsedTime),

@@ -80,11 +80,27 @@ void *obj_new(int type, size_t size) {
     return o;
 }
 
-static int obj_check_locked(const void *p, int type) {
-    if (!p) return 0;
+/* Where recent lookups found their objects: a lookup looks near those first, so that programs
+ * holding many handles (a graph's event record nodes: their events read or destroyed in order,
+ * between lookups of the same stream and function) do not scan the whole registry each time. */
+static size_t obj_hints[4];
+static unsigned obj_hint_next;
+
+static int obj_find_locked(const void *p, size_t *at) {
+    for (unsigned h = 0; h < 4; h++) {
+        size_t c = obj_hints[h];
+        for (size_t i = c > 2 ? c - 2 : 0; i < nobjs && i <= c + 2; i++)
+            if (objs[i] == p) { *at = obj_hints[h] = i; return 1; }
+    }
     for (size_t i = nobjs; i-- > 0;)
-        if (objs[i] == p) return *(const int *)p == type;
+        if (objs[i] == p) { *at = obj_hints[obj_hint_next++ % 4] = i; return 1; }
     return 0;
+}
+
+static int obj_check_locked(const void *p, int type) {
+    size_t i;
+    if (!p || !obj_find_locked(p, &i)) return 0;
+    return *(const int *)p == type;
 }
 
 int obj_check(const void *p, int type) {
@@ -96,15 +112,14 @@ int obj_check(const void *p, int type) {
 
 void obj_free(void *p) {
     LOCK();
-    for (size_t i = 0; i < nobjs; i++)
-        if (objs[i] == p) {
-            objs[i] = objs[--nobjs];
-            int func = *(int *)p == OBJ_FUNC;
-            *(int *)p = 0;
-            if (func && nspare_funcs < sizeof spare_funcs / sizeof *spare_funcs) spare_funcs[nspare_funcs++] = p;
-            else free(p);
-            break;
-        }
+    size_t i;
+    if (p && obj_find_locked(p, &i)) {
+        objs[i] = objs[--nobjs];
+        int func = *(int *)p == OBJ_FUNC;
+        *(int *)p = 0;
+        if (func && nspare_funcs < sizeof spare_funcs / sizeof *spare_funcs) spare_funcs[nspare_funcs++] = p;
+        else free(p);
+    }
     UNLOCK();
 }
 
@@ -1012,6 +1027,22 @@ API CUresult cuEventRecord(CUevent ev, CUstream s) {
 }
 API CUresult cuEventRecord_ptsz(CUevent e, CUstream s) { return cuEventRecord(e, s); }
 
+/* CU_EVENT_RECORD_EXTERNAL on a capturing stream: an event record node (stamped when the graph runs). */
+API CUresult cuEventRecordWithFlags(CUevent ev, CUstream s, unsigned int flags) {
+    CHECK(need_ctx());
+    CHECK(stream_validate(s));
+    if (!obj_check(ev, OBJ_EVENT)) return CUDA_ERROR_INVALID_HANDLE;
+    if (flags > CU_EVENT_RECORD_EXTERNAL) return CUDA_ERROR_INVALID_VALUE;
+    if (flags & CU_EVENT_RECORD_EXTERNAL) {
+        op_t op = {0};
+        op.kind = OP_EVENT_RECORD;
+        op.func = ev;
+        if (stream_capture_append(s, &op)) return CUDA_SUCCESS;
+    }
+    return cuEventRecord(ev, s);
+}
+API CUresult cuEventRecordWithFlags_ptsz(CUevent e, CUstream s, unsigned int f) { return cuEventRecordWithFlags(e, s, f); }
+
 API CUresult cuEventQuery(CUevent e) {
     CHECK(need_init());
     return obj_check(e, OBJ_EVENT) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
@@ -1069,7 +1100,17 @@ API CUresult cuGraphLaunch(CUgraphExec hx, CUstream s) {
     CHECK(stream_validate(s));
     if (!obj_check(hx, OBJ_GRAPHEXEC)) return CUDA_ERROR_INVALID_HANDLE;
     struct graph_obj *x = (struct graph_obj *)hx;
-    for (int i = 0; i < x->nops; i++) CHECK(op_run(&x->ops[i]));
+    for (int i = 0; i < x->nops; i++) {
+        const op_t *op = &x->ops[i];
+        if (op->kind == OP_EVENT_RECORD) {          /* event record node: the event's time is now */
+            struct event_obj *e = (struct event_obj *)op->func;
+            if (e->type != OBJ_EVENT) return CUDA_ERROR_INVALID_HANDLE;    /* (no registry scan per node) */
+            clock_gettime(CLOCK_MONOTONIC, &e->t);
+            e->recorded = 1;
+            continue;
+        }
+        CHECK(op_run(op));
+    }
     return CUDA_SUCCESS;
 }
 API CUresult cuGraphLaunch_ptsz(CUgraphExec hx, CUstream s) { return cuGraphLaunch(hx, s); }

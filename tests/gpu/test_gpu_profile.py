@@ -5,7 +5,10 @@
 - timeline per-kernel medians agree with the same kernels timed natively by CUPTI
   (cupti-python, tests/gpu/cupti_native.py) within +-5% for kernels of at least 20 us;
 - isolated repeats (CUPTI kernel durations) have a spread (max - min) / median under 3% for those kernels;
-- graph mode is at least 3x faster than timeline on a launch-bound snapshot (bench/torch_loop.py).
+- graph mode is at least 3x faster than timeline on a launch-bound snapshot (bench/torch_loop.py);
+- graph mode times every kernel (CUPTI graph node ids) of a bf16 GPT training loop (>= 10,000
+  launches) and of a JAX program: per-node times add up to the graph's time within 5%, and
+  kernel medians of at least 5 us are within +-5% of a timeline run's.
 Rows go to $CUDASNAP_GPU_RESULTS through record_result."""
 from __future__ import annotations
 
@@ -31,7 +34,9 @@ PROFILE_WORKLOADS = {
     "prof_torch": ([PY, str(HERE / "workloads" / "prof_torch.py")], {}),
     "prof_jax": ([PY, str(HERE / "workloads" / "prof_jax.py")], {}),
     "torch_loop": ([PY, str(ROOT / "bench" / "torch_loop.py"), "2000"], {}),
+    "gpt_train": ([PY, str(HERE / "workloads" / "prof_gpt_train.py"), "60"], {}),
 }
+GRAPH_MIN_US = 5.0
 
 
 def _have_cupti() -> bool:
@@ -181,3 +186,43 @@ def test_trace_and_nvtx_on_gpu(runner, tmp_path):
                    "slices": len(slices), "launches": res.get("launches"), "stderr": cp.stderr[-800:]})
     assert cp.returncode == 0
     assert len(slices) == res["launches"]
+
+
+@pytest.mark.parametrize("name", ["gpt_train", "prof_jax"])
+def test_graph_mode_times_every_kernel(name, runner, tmp_path):
+    """Graph mode's per-node times: every launch of the graph gets a CUPTI time (records matched
+    to the captured operations through CUPTI's graph node ids), the per-node times plus the time
+    between nodes come within 5% of the graph's time, and per-kernel medians of at least 5 us are
+    within +-5% of timeline mode's for the same snapshot."""
+    if not _have_cupti():
+        pytest.skip("cupti-python is not installed on the GPU machine (pip install cupti-python)")
+    from cudasnap.replay.profile.report import compare_kernel_medians
+    snap = snapshot(name, runner)
+    gr = profile(snap, tmp_path, "graph", "--repeat", "10", "--warmup", "3")
+    tl = profile(snap, tmp_path, "timeline")
+    gs, ts = gr["report"].get("summary", {}), tl["report"].get("summary", {})
+    rows = gr["report"].get("launches", [])
+    untimed = [{"seq": r.get("seq"), "name": r.get("name", "")[:100]} for r in rows if r.get("median_us") is None]
+    check = gs.get("check") or {}
+    cmp = compare_kernel_medians(gr["report"], tl["report"], GRAPH_MIN_US)
+    bad = [c for c in cmp if abs(c["diff_pct"]) > 5.0]
+    record_result({"test": "profile_graph_per_node", "workload": name, "rc": [gr["rc"], tl["rc"]],
+                   "path": gs.get("path"), "backend": gs.get("backend"), "per_node_method": gs.get("per_node_method"),
+                   "node_mapping": gs.get("node_mapping"), "launches": gs.get("launches"),
+                   "launches_timed": gs.get("launches_timed"), "rows": len(rows), "untimed": untimed[:10],
+                   "memsets": gs.get("memsets"), "copies": gs.get("copies"), "other_nodes": gs.get("other_nodes"),
+                   "unrecorded": (gs.get("unrecorded") or [])[:5], "check": check,
+                   "graph_total_us": gs.get("total_us"), "timeline_span_us": ts.get("span_us"),
+                   "timeline_backend": ts.get("backend"), "compared": cmp[:20], "n_compared": len(cmp),
+                   "warnings": gr["report"].get("warnings", [])[:5], "error": gs.get("error"),
+                   "stderr": (gr["stderr"] + tl["stderr"])[-800:]})
+    assert gr["rc"] == 0 and tl["rc"] == 0, (gr["stdout"] + gr["stderr"])[-3000:]
+    assert "error" not in gs and gs.get("total_us", 0) > 0, gs
+    assert gs.get("backend") == "cupti" and ts.get("backend") == "cupti", (gs, ts)
+    if name == "gpt_train":
+        assert gs["path"] == "captured sequence" and gs["launches"] >= 10000, gs
+        assert gs["per_node_method"] == "CUPTI graph node ids" and gs["launches_timed"] == gs["launches"], gs
+        assert cmp, f"no kernel of >= {GRAPH_MIN_US} us in both graph and timeline rows"
+    assert rows and not untimed, untimed[:10]
+    assert check.get("within_5pct") is True, check
+    assert not bad, bad[:10]
