@@ -285,6 +285,9 @@ def compare(base: Dict[str, Any], cand: Dict[str, Any], threshold: float = 5.0, 
             notes.append(f"the {who} replay did not verify (exit {f['exit_code']}): its results differed or it stopped")
     if not has_repeats and mode == "timeline":
         notes.append("timeline profiles: one time per launch; noise is read from the spread of paired launches' ratios")
+    if not kernels:
+        notes.append("no per-kernel times in these profiles (graph mode without CUPTI times the graph whole): "
+                     "the total alone is compared")
     unpaired = [k["name"] for k in kernels if not k.get("paired") and not k.get("only_in")]
     if unpaired:
         notes.append(f"launches do not pair up for {len(unpaired)} kernel(s) ({', '.join(unpaired[:5])}): "
@@ -300,14 +303,16 @@ def _total(base, cand, kernels, threshold) -> Dict[str, Any]:
     gb, gc = (base.get("summary") or {}).get("graph"), (cand.get("summary") or {}).get("graph")
     if isinstance(gb, dict) and isinstance(gc, dict) and gb.get("median_us") and gc.get("median_us"):
         # graph mode: the whole graph's replays are the measurement
+        sb, sc = base["summary"].get("graph_times_us"), cand["summary"].get("graph_times_us")
         t = {"what": "graph replay (median)", "base_us": gb["median_us"], "candidate_us": gc["median_us"],
-             "base_noise_pct": gb.get("noise_pct"), "candidate_noise_pct": gc.get("noise_pct")}
+             "base_noise_pct": _rel_std(sb) if isinstance(sb, list) and len(sb) > 1 else gb.get("noise_pct"),
+             "candidate_noise_pct": _rel_std(sc) if isinstance(sc, list) and len(sc) > 1 else gc.get("noise_pct")}
         t["noise_pct"] = combine(t["base_noise_pct"], t["candidate_noise_pct"])
     else:
         both = [k for k in kernels if k.get("ratio") is not None and k.get("base_us") is not None]
         vb = sum(k["base_us"] for k in both)
         vc = sum(k["candidate_us"] for k in both)
-        t = {"what": f"kernel time ({len(both)} kernels timed in both)", "base_us": vb, "candidate_us": vc,
+        t = {"what": f"kernel time, {len(both)} kernel(s) timed in both", "base_us": vb, "candidate_us": vc,
              "base_noise_pct": _weighted([(k["base_us"], k.get("base_noise_pct")) for k in both]),
              "candidate_noise_pct": _weighted([(k["candidate_us"], k.get("candidate_noise_pct")) for k in both]),
              "noise_pct": _weighted([(k["base_us"], k.get("noise_pct")) for k in both])}
@@ -319,7 +324,7 @@ def _total(base, cand, kernels, threshold) -> Dict[str, Any]:
         if sum(x for _, x in w) > 0:
             t["ratio_of_sums"] = t["ratio"]
             t["ratio"] = sum(r * x for r, x in w) / sum(x for _, x in w)
-            t["what"] += "; ratio: the kernels' ratios weighted by their time"
+            t["what"] += " (ratio: their ratios, time-weighted)"
     if t["ratio"] is not None:
         t["diff_pct"] = (t["ratio"] - 1) * 100
     t["verdict"], t["why"] = verdict(t["ratio"], t.get("noise_pct"), threshold)

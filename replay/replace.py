@@ -214,6 +214,9 @@ class Replacements:
                 rp.fail(rec, f"--replace {what}: the new image has no kernel {name} (recorded module {rec_mod:#x} had it)")
             self._check(rec, what, name, [tuple(p) for p in params] if isinstance(params, list) else None,
                         query, r[1])
+        if not kernels:
+            rp.note(f"--replace {what}: the recording names no kernel of module {rec_mod:#x} (no lookup, "
+                    f"no fn record): parameter layouts not checked")
         self.applied.append(f"module {rec_mod:#x} loaded from {path} ({len(kernels)} kernel(s) checked)")
         rp.note(f"--replace: module {rec_mod:#x} loaded from {path}; parameter layouts of "
                 f"{len(kernels)} kernel(s) match the recording")

@@ -345,3 +345,78 @@ def test_replace_swaps_kernels_and_modules(double, profiles, tmp_path):
               env={"CUDASNAP_REPLACE": f"incr={img}"})
     assert cp.returncode == 0, cp.stderr
     assert json.loads(out.read_text())["run"]["replace"] == [f"incr={img}", f"fill={img}"]
+
+
+def _library_snapshot(path, layout):
+    """The CUDA 12+ runtime's way: cuLibraryLoadData, cuLibraryGetKernel, launches of the CUkernel
+    (its fn record: kind kernel, no module)."""
+    s = Synth(path)
+    ctx, lib, k = 0x55550000, 0x55580000, 0x55590001
+    s.call("cuInit", {"Flags": 0})
+    s.call("cuDeviceGet", {"device": 0, "ordinal": 0})
+    s.call("cuDevicePrimaryCtxRetain", {"pctx": ctx, "dev": 0})
+    s.call("cuCtxSetCurrent", {"ctx": ctx})
+    s.call("cuLibraryLoadData", {"library": lib, "code": 0x7F0000001000, "numJitOptions": 0,
+                                 "numLibraryOptions": 0}, x={"image": s.blob(b"CUDADOUBLE\nkernel incr\nkernel fill\n\0")})
+    s.call("cuLibraryGetKernel", {"pKernel": k, "library": lib, "name": "incr"})
+    s.fn(k, "incr", 0, layout, kind="kernel")
+    D = 0x200000000000
+    s.call("cuMemAlloc_v2", {"dptr": D, "bytesize": 64})
+    s.call("cuMemsetD32_v2", {"dstDevice": D, "ui": 0, "N": 16})
+    s.launch(k, struct.pack("<Qi", D, 16), block=16)
+    s.call("cuCtxSynchronize", {})
+    s.call("cuMemcpyDtoH_v2", {"dstHost": 0x7F0000200000, "srcDevice": D, "ByteCount": 64},
+           x={"dstHost": s.blob(struct.pack("<16i", *([1] * 16)))})
+    s.call("cuDevicePrimaryCtxRelease_v2", {"dev": 0})
+    s.close()
+    return path
+
+
+def test_replace_library_kernels(double, tmp_path):
+    img = tmp_path / "lib.cudadouble"
+    img.write_text("CUDADOUBLE\nkernel incr\nkernel fill\n")
+    ok = _library_snapshot(tmp_path / "lib.cusnap", [[0, 8], [8, 4]])
+    for spec in (f"incr={img}", f"module:incr={img}", f"0x55580000={img}"):
+        cp = _cli(double, "replay", ok, "--replace", spec)
+        assert cp.returncode == 0 and "--replace" in cp.stdout, (spec, cp.stdout + cp.stderr)
+    bad = _library_snapshot(tmp_path / "bad.cusnap", [[0, 8], [8, 4], [12, 4]])
+    for spec in (f"incr={img}", f"module:incr={img}"):
+        cp = _cli(double, "replay", bad, "-q", "--replace", spec)
+        assert cp.returncode == 2 and "recorded 3 parameter(s) [0:8, 8:4, 12:4], the new image has 2" in cp.stderr, \
+            (spec, cp.stderr)
+
+
+def test_bisect_search_and_correctness_breaks(tmp_path):
+    """The search itself, with replays stood in for: every first-bad position of 2..12
+    environments is found within ceil(log2 n) + 2 replays; a replay that stops reproducing the
+    results (exit 1) is a correctness break, not a timing verdict."""
+    from cudasnap.compare.bisect import Bisector, Env, Outcome
+
+    class Fake(Bisector):
+        def __init__(self, n, bad_from, kind="slower"):
+            super().__init__(tmp_path / "x.cusnap", [Env(i, f"e{i + 1}") for i in range(n)], workdir=str(tmp_path))
+            self.bad_from, self.kind = bad_from, kind
+
+        def run_env(self, i):
+            if i in self.done:
+                return self.done[i]
+            bad = i >= self.bad_from
+            o = Outcome(self.envs[i], len(self.done) + 1, 1 if bad and self.kind == "correctness" else 0, 0.1,
+                        f"p{i}.json", "cmd")
+            steady = [[100.0, 101.0, 99.0, 100.5, 99.5]] * 3
+            o.profile = _prof([[t * (2 if bad and self.kind == "slower" else 1) for t in ts] for ts in steady])
+            if o.rc == 1:
+                o.status, o.reason = "correctness", "the replay no longer reproduces the recorded results"
+            self.done[i] = o
+            return o
+
+    for n in range(2, 13):
+        for k in range(1, n):
+            res = Fake(n, k).run()
+            assert res["first_bad"]["index"] == k and res["last_good"]["index"] == k - 1, (n, k)
+            assert res["replays"] <= math.ceil(math.log2(n)) + 2 and res["replays"] <= res["max_replays"], (n, k)
+            assert res["kind"] == "timing regression" and res["regressed_kernels"][0]["name"] == "k"
+    res = Fake(6, 3, kind="correctness").run()
+    assert res["first_bad"]["name"] == "e4" and res["kind"] == "correctness break" and "regressed_kernels" not in res
+    res = Fake(5, 99).run()
+    assert res["exit_code"] == 1 and "first_bad" not in res and res["replays"] == 2

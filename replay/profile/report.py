@@ -62,7 +62,7 @@ def build_report(prof, cfg) -> Dict[str, Any]:
     return {"summary": summary, "kernels": kernels, "launches": rows}
 
 
-ENV_PREFIXES = ("CUDA", "CUDASNAP", "CUPTI", "NVIDIA", "NV_", "LD_LIBRARY_PATH", "LD_PRELOAD", "PYTORCH")
+ENV_PREFIXES = ("CUDA", "CUPTI", "NVIDIA", "LD_LIBRARY_PATH", "LD_PRELOAD")   # "CUDA" covers CUDA_* and CUDASNAP_*
 
 
 def snapshot_id(header: Dict[str, Any]) -> str:
