@@ -150,6 +150,15 @@ def compare_sections(page: Page, res: Dict[str, Any], heading: str = "") -> None
     page.figure(ratio_figure(res, f"{heading}per-kernel difference, candidate vs base (bars: noise band)"))
     page.add("<h2>Top regressions</h2>" + kernels_table(res, only=(SLOWER,), limit=30))
     page.add("<h2>All kernels</h2>" + kernels_table(res))
+    moved = [r for r in res.get("launches", []) if r.get("verdict") in (SLOWER, FASTER)]
+    if res.get("launches"):
+        rows = [[r["name"], r.get("seq"), r.get("index"), us(r.get("base_us")), us(r.get("candidate_us")),
+                 f"{pct(r.get('base_noise_pct'))} / {pct(r.get('candidate_noise_pct'))}", ratio(r.get("ratio")),
+                 "-" if r.get("noise_pct") is None else f"+-{r['noise_pct']:.1f}%", r["verdict"]]
+                for r in sorted(moved, key=lambda r: -abs((r.get("ratio") or 1) - 1))[:200]]
+        page.add(f"<h2>Launches that moved ({len(moved)} of {len(res['launches'])} paired launches)</h2>"
+                 + (table(["kernel", "call #", "launch #", "base", "candidate", "noise b/c", "ratio", "noise band",
+                           "verdict"], rows) if rows else "<p>none</p>"))
     page.add("<h2>Total</h2>" + table(
         ["measure", "base", "candidate", "ratio", "diff", "noise band", "verdict", "why"],
         [[t["what"], us(t.get("base_us")), us(t.get("candidate_us")), ratio(t.get("ratio")),
