@@ -202,6 +202,7 @@ def replay(
     hook: List[str] = typer.Option([], "--hook", metavar="MODULE:OBJECT", help="A hook MODULE:OBJECT[?key=value&...] (repeatable); see replay/hooks.py."),
     nvtx: Optional[bool] = typer.Option(None, "--nvtx/--no-nvtx", help="Emit NVTX ranges named after recorded calls and kernels (default: when nsys/ncu is attached)."),
     check_repeats: bool = typer.Option(False, "--check-repeats", help="isolated: check that every repeat writes the same memory."),
+    replace: List[str] = typer.Option([], "--replace", metavar="KERNEL=FILE", help="Run KERNEL (a recorded name), module:KERNEL (its whole module) or 0xMODULE (a recorded module handle) from FILE, a rebuilt cubin/fatbin/PTX with the same parameter layout (checked; a mismatch stops with exit 2). Repeatable; CUDASNAP_REPLACE='T=F;T=F' adds more."),
 ):
     """Replay a snapshot on a GPU and verify every D2H result.
 
@@ -218,7 +219,12 @@ def replay(
     opts = ReplayOptions(device=device, calls=None if profile else calls, kernels=None if profile else kernels,
                          rtol=rtol, atol=atol, dtype=dtype,
                          continue_on_error=continue_on_error, watchdog=watchdog, sync_after_launch=sync_after_launch,
-                         threads=threads, progress=progress, relocate_payloads=relocate_payloads, quiet=quiet)
+                         threads=threads, progress=progress, relocate_payloads=relocate_payloads, quiet=quiet,
+                         replace=list(replace))
+    from cudasnap.replay.replace import check_specs
+    bad = check_specs(opts)
+    if bad:
+        _fail(bad)
     if profiling:
         from cudasnap.replay.profile import ProfileConfig, run_profile_cli
         cfg = ProfileConfig(mode=profile, repeat=repeat, warmup=warmup, flush_l2=flush_l2,
@@ -227,6 +233,54 @@ def replay(
                             hooks=list(hook), nvtx=nvtx, check_repeats=check_repeats)
         raise typer.Exit(run_profile_cli(snapshot, opts, cfg, json_out))
     raise typer.Exit(run_replay_cli(snapshot, opts, json_out))
+
+
+@app.command(cls=_Command)
+def compare(
+    base: Path = typer.Argument(..., metavar="BASE", help="A profile: `replay --profile MODE --out BASE.json`."),
+    candidate: Path = typer.Argument(..., metavar="CANDIDATE", help="The profile to judge against BASE."),
+    threshold: float = typer.Option(5.0, "--threshold", metavar="PCT", help="Smallest difference, in percent, that counts (a difference within the runs' combined noise never counts)."),
+    html: Optional[Path] = typer.Option(None, "--html", metavar="REPORT.html", help="Write a self-contained HTML report (needs plotly: pip install 'cudasnap[report]')."),
+    json_out: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
+    force: bool = typer.Option(False, "--force", help="Compare runs of another GPU model, snapshot or profile mode (the report says so)."),
+    top: int = typer.Option(20, "--top", metavar="N", help="Kernels shown in the table."),
+):
+    """Compare two profiles kernel by kernel: SAME, FASTER or SLOWER, against the threshold and
+    the measured noise of both runs.
+
+    Exit 0: no significant regression; 1: a kernel or the total is SLOWER; 2: error (unreadable
+    profile; runs of another GPU, snapshot or profile mode without --force)."""
+    from cudasnap.compare import run_compare_cli
+
+    raise typer.Exit(run_compare_cli(str(base), str(candidate), threshold, str(html) if html else None, json_out,
+                                     force, top))
+
+
+@app.command(cls=_Command)
+def bisect(
+    snapshot: Path = typer.Argument(..., metavar="SNAPSHOT", help="A .cusnap file."),
+    envs: Path = typer.Option(..., "--envs", metavar="ENVS.toml", help="[[env]] tables (name, vars, optional driver = path of a libcuda, optional device), the first good, the last bad."),
+    profile: str = typer.Option("isolated", "--profile", metavar="isolated|timeline", help="How each environment's replay is timed."),
+    kernels: Optional[str] = typer.Option(None, "--kernels", metavar="REGEX", help="Profile only kernels matching this regex (every call still runs)."),
+    repeat: int = typer.Option(10, "--repeat", metavar="N", help="isolated: timed runs per launch."),
+    warmup: int = typer.Option(3, "--warmup", metavar="N", help="isolated: untimed runs before them."),
+    threshold: float = typer.Option(5.0, "--threshold", metavar="PCT", help="Smallest slowdown, in percent, that makes an environment bad (beyond the noise too)."),
+    html: Optional[Path] = typer.Option(None, "--html", metavar="REPORT.html", help="Write a self-contained HTML report (needs plotly)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the result as JSON (progress on stderr)."),
+    keep: Optional[Path] = typer.Option(None, "--keep", metavar="DIR", help="Keep each environment's profile JSON in DIR (default: a temporary directory)."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", metavar="SECONDS", help="Give up on a replay that runs longer."),
+    top: int = typer.Option(20, "--top", metavar="N", help="Kernels shown in the table."),
+):
+    """Find the first environment (driver, variables, kernel build) where a snapshot's replay
+    regressed: both ends, then a binary search, each replay in its own process.
+
+    An environment is bad when a kernel or the total is SLOWER than in the first (as `compare`
+    judges), or when its replay no longer reproduces the recorded results (a correctness break).
+    Exit 0: found; 1: no regression between the ends; 2: error."""
+    from cudasnap.compare.bisect import run_bisect_cli
+
+    raise typer.Exit(run_bisect_cli(str(snapshot), str(envs), profile, kernels, repeat, warmup, threshold,
+                                    str(html) if html else None, json_out, str(keep) if keep else None, timeout, top))
 
 
 def main() -> None:

@@ -20,6 +20,7 @@ class ReplayOptions:
     progress: Optional[bool] = None      # None: automatic (long replay, stderr is a terminal)
     relocate_payloads: bool = False
     quiet: bool = False
+    replace: List[str] = field(default_factory=list)   # TARGET=FILE swaps (replay/replace.py); CUDASNAP_REPLACE adds
 
 
 @dataclass

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from . import handles
 from ..archcheck import runnable
+from ..replace import replacements
 
 
 def _image(rp, rec):
@@ -33,6 +34,10 @@ def _arch(rp, rec, img, rec_mod):
 
 def _load_module(rp, rec, img, out_key):
     rec_mod = rec["a"].get(out_key) or 0
+    rep = replacements(rp)
+    swap = rep.module_image(rec, rec_mod) if rep else None
+    if swap:
+        img = swap[1]              # --replace: a rebuilt image in place of the recorded one
     _arch(rp, rec, img, rec_mod)
     if not img.endswith(b"\0") and rp.blob(rec, "image") is not None and img[:4] != b"\x7fELF":
         img = img + b"\0"
@@ -41,6 +46,8 @@ def _load_module(rp, rec, img, out_key):
         rp.keepalive_images.append(img)
         rp.set_handle(rec_mod, mod)
         rp.modules[rec_mod] = mod
+        if swap:
+            rep.check_module(rec, rec_mod, mod, library=False)
     elif rp.res.arch and rec["r"] == 0:
         pass
 
@@ -54,12 +61,18 @@ def module_load(rp, rec):
 def library_load(rp, rec):
     img = _image(rp, rec)
     rec_lib = rec["a"].get("library") or 0
+    rep = replacements(rp)
+    swap = rep.module_image(rec, rec_lib) if rep else None
+    if swap:
+        img = swap[1]
     _arch(rp, rec, img, rec_lib)
     lib = rp.drv(rec, "cuLibraryLoadData", img, None, None, 0, None, None, 0)
     if lib is not None:
         rp.keepalive_images.append(img)
         rp.set_handle(rec_lib, lib)
         rp.libraries[rec_lib] = lib
+        if swap:
+            rep.check_module(rec, rec_lib, lib, library=True)
 
 
 def _forget_functions(rp, h) -> None:
@@ -99,6 +112,9 @@ def module_get_function(rp, rec):
     a = rec["a"]
     name = _name(rec)
     fn = rp.drv(rec, "cuModuleGetFunction", rp.live(rec, a.get("hmod"), "module"), name.encode())
+    rep = replacements(rp)
+    if fn is not None and rep and rep.wants(name):
+        fn = rep.function(rec, name)
     if fn is not None:
         rp.funcs[a.get("hfunc")] = fn
         rp.func_from.pop(a.get("hfunc"), None)
@@ -112,6 +128,9 @@ def library_get_kernel(rp, rec):
     a = rec["a"]
     name = _name(rec)
     k = rp.drv(rec, "cuLibraryGetKernel", rp.live(rec, a.get("library"), "library"), name.encode())
+    rep = replacements(rp)
+    if k is not None and rep and rep.wants(name):
+        k = rep.kernel(rec, name)
     if k is not None:
         rp.set_handle(a.get("pKernel"), k)
         rp.funcs[a.get("pKernel")] = rp.cu.CUfunction(int(k))   # the runtime launches CUkernel cast to CUfunction
@@ -170,12 +189,19 @@ def resolve_function(rp, rec, h):
     cu = rp.cu
     order = []
     mod = (fr or {}).get("module")
-    if mod in rp.modules:
-        order.append(("m", rp.modules[mod]))
-    if mod in rp.libraries:
-        order.append(("l", rp.libraries[mod]))
-    order += [("l", v) for k, v in rp.libraries.items() if k != mod]
-    order += [("m", v) for k, v in rp.modules.items() if k != mod]
+    rep = replacements(rp)
+    if rep and rep.wants(name):          # --replace: the kernel from its rebuilt image
+        if (fr or {}).get("kind") == "kernel":
+            fn = cu.CUfunction(int(rep.kernel(rec, name)))
+        else:
+            fn = rep.function(rec, name)
+    else:
+        if mod in rp.modules:
+            order.append(("m", rp.modules[mod]))
+        if mod in rp.libraries:
+            order.append(("l", rp.libraries[mod]))
+        order += [("l", v) for k, v in rp.libraries.items() if k != mod]
+        order += [("m", v) for k, v in rp.modules.items() if k != mod]
     for kind, obj in order:
         if kind == "m":
             r = cu.cuModuleGetFunction(obj, name.encode())

@@ -171,6 +171,12 @@ def profile_replay(snapshot, cfg: ProfileConfig, options: Optional[ReplayOptions
         report = build_report(prof, cfg)
         report["snapshot"] = os.fspath(snapshot)
         report["warnings"] = list(dict.fromkeys(warnings))
+        try:
+            from .report import run_info
+            report["run"] = run_info(rp, cfg, opts, snapshot)
+            report["run"]["exit_code"] = res.exit_code
+        except Exception as e:  # facts for comparisons; never a reason to lose the profile
+            report["warnings"].append(f"run facts unavailable: {type(e).__name__}: {e}")
         if cfg.out:
             write_out(report, cfg.out)
         if cfg.trace:

@@ -1,6 +1,10 @@
 """Profile results: per-launch and per-kernel rows, the terminal table, JSON and CSV files.
 
-JSON: {"summary": {...}, "kernels": [...], "launches": [...], "warnings": [...]}.
+JSON: {"summary": {...}, "kernels": [...], "launches": [...], "warnings": [...], "run": {...}}.
+`run` says what was measured where (`cudasnap compare` refuses runs that differ): the
+snapshot (path, id, what it was captured on), the GPU replayed on, the driver (CUDA version
+it supports, NVIDIA version, libcuda path), tool versions, the profile settings, the replay
+command and the CUDA-related environment.
 CSV: one row per launch (row_type=launch) then one per kernel name (row_type=kernel)."""
 from __future__ import annotations
 
@@ -56,6 +60,108 @@ def build_report(prof, cfg) -> Dict[str, Any]:
     summary = prof.summary()
     summary.setdefault("kernel_time_us", sum(k.get("total_us", 0.0) for k in kernels))
     return {"summary": summary, "kernels": kernels, "launches": rows}
+
+
+ENV_PREFIXES = ("CUDA", "CUPTI", "NVIDIA", "LD_LIBRARY_PATH", "LD_PRELOAD")   # "CUDA" covers CUDA_* and CUDASNAP_*
+
+
+def snapshot_id(header: Dict[str, Any]) -> str:
+    """A capture's identity: the xxh3-128 of its header (host, pid, creation time, command
+    line, environment), the same for every copy of the file."""
+    import xxhash
+    return xxhash.xxh3_128_hexdigest(json.dumps(header, sort_keys=True, default=str).encode())
+
+
+def _libcuda_path() -> Any:
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                p = line.split(None, 5)[-1].strip()
+                if "/libcuda.so" in p:
+                    return p
+    except OSError:
+        pass
+    return None
+
+
+def run_info(rp, cfg, opts, snapshot) -> Dict[str, Any]:
+    """Facts about one profiled replay (see the module doc); fields that cannot be learned
+    are None."""
+    import os
+    import platform
+    import shlex
+    import sys
+    import time
+    d: Dict[str, Any] = {"snapshot": os.path.abspath(os.fspath(snapshot)), "snapshot_id": None,
+                         "captured": None, "gpu": None, "driver_version": None, "cuda_version": None,
+                         "nvidia_driver": None, "libcuda": _libcuda_path(), "host": platform.node(),
+                         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    rd = getattr(rp, "reader", None)
+    try:
+        if rd is not None:
+            h = rd.header
+            d["snapshot_id"] = snapshot_id(rd.raw_header)
+            proc = h.get("proc") or {}
+            d["captured"] = {"host": h.get("host"), "argv": h.get("argv"), "created": h.get("created"),
+                             "gpus": [{k: g.get(k) for k in ("name", "uuid", "cc")} for g in proc.get("gpus") or []],
+                             "driver_version": proc.get("driver_version")}
+    except Exception:
+        pass
+    cu = getattr(rp, "cu", None)
+    if cu is not None and getattr(rp, "initialized", False) and hasattr(rp, "dev"):
+        try:
+            r = cu.cuDeviceGetName(256, rp.dev)
+            gpu: Dict[str, Any] = {"index": opts.device if opts is not None else None,
+                                   "name": bytes(r[1]).split(b"\0", 1)[0].decode(errors="replace")}
+            if getattr(rp, "device_cc", None):
+                gpu["cc"] = list(rp.device_cc)
+            try:
+                u = cu.cuDeviceGetUuid(rp.dev)
+                if int(u[0]) == 0:
+                    b = bytes(u[1].bytes)
+                    x = b.hex()
+                    gpu["uuid"] = f"GPU-{x[:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:32]}"
+            except Exception:
+                pass
+            d["gpu"] = gpu
+        except Exception:
+            pass
+        try:
+            r = cu.cuDriverGetVersion()
+            if int(r[0]) == 0:
+                v = int(r[1])
+                d["driver_version"] = v
+                d["cuda_version"] = f"{v // 1000}.{v % 1000 // 10}"
+        except Exception:
+            pass
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            first = f.readline()
+        import re
+        m = re.search(r"Kernel Module\s+(?:for \S+\s+)?([0-9][0-9.]+)", first)
+        d["nvidia_driver"] = m.group(1) if m else first.strip()
+    except OSError:
+        pass
+    from importlib.metadata import PackageNotFoundError, version
+    tools = {"python": platform.python_version()}
+    for pkg in ("cudasnap", "cuda-python", "cuda-bindings", "cupti-python"):
+        try:
+            tools[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    d["tools"] = tools
+    d["profile"] = {k: getattr(cfg, k, None) for k in ("mode", "repeat", "warmup", "flush_l2", "kernels", "calls",
+                                                       "launch", "backend")}
+    if opts is not None:
+        from ..replace import effective_specs
+        d["replace"] = effective_specs(opts)
+    argv = list(sys.argv)
+    if argv and (os.path.basename(argv[0]) == "cudasnap" or argv[0].endswith(("cudasnap/__main__.py", "-m"))):
+        d["command"] = "cudasnap " + " ".join(shlex.quote(a) for a in argv[1:])
+    else:
+        d["command"] = None
+    d["env"] = {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
+    return d
 
 
 def write_out(report: Dict[str, Any], path: str) -> None:

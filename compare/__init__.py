@@ -1,0 +1,62 @@
+"""cudasnap.compare: A/B comparison of profiles and bisection over environments.
+
+    from cudasnap.compare import load_profile, compare
+    res = compare(load_profile("a.json"), load_profile("b.json"), threshold=5.0)
+    res["kernels"]      # per kernel: medians, spread, noise, ratio, verdict SAME/FASTER/SLOWER
+    res["exit_code"]    # 1 when a kernel or the total regressed
+
+`cudasnap compare` (run_compare_cli) and `cudasnap bisect` (bisect.run_bisect_cli) are the
+command-line faces; core.py holds the statistics, html.py the report."""
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from typing import Optional
+
+from .core import FASTER, SAME, SLOWER, CompareError, compare, facts, load_profile  # noqa: F401
+
+__all__ = ["compare", "load_profile", "facts", "CompareError", "run_compare_cli", "SAME", "SLOWER", "FASTER"]
+
+
+def run_compare_cli(base, candidate, threshold: float = 5.0, html: Optional[str] = None, as_json: bool = False,
+                    force: bool = False, top: int = 20, out=None) -> int:
+    """Exit 0: no significant regression; 1: a kernel or the total regressed; 2: error."""
+    out = out or sys.stdout
+    if threshold < 0:
+        sys.stderr.write("cudasnap: error: --threshold must be >= 0\n")
+        return 2
+    if html:
+        from .html import need_plotly
+        why = need_plotly()
+        if why:
+            sys.stderr.write(f"cudasnap: error: {why}\n")
+            return 2
+    try:
+        res = compare(load_profile(base), load_profile(candidate), threshold=threshold, force=force)
+    except CompareError as e:
+        sys.stderr.write(f"cudasnap: error: {e}\n")
+        return 2
+    if html:
+        from .html import write_compare_html
+        try:
+            write_compare_html(res, html, compare_cmd=_command())
+        except OSError as e:
+            sys.stderr.write(f"cudasnap: error: cannot write {html}: {e}\n")
+            return 2
+        res["html"] = str(html)
+    if as_json:
+        out.write(json.dumps(res, indent=1, default=str) + "\n")
+    else:
+        from .render import render_text
+        render_text(res, out, top)
+        if html:
+            out.write(f"report written to {html}\n")
+    return res["exit_code"]
+
+
+def _command() -> Optional[str]:
+    argv = list(sys.argv)
+    if argv and (argv[0].endswith(("cudasnap", "cudasnap/__main__.py"))):
+        return "cudasnap " + " ".join(shlex.quote(a) for a in argv[1:])
+    return None

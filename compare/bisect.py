@@ -1,0 +1,437 @@
+"""`cudasnap bisect SNAPSHOT --envs ENVS.toml`: find the first environment where a snapshot's
+replay got slower (or stopped reproducing its results).
+
+ENVS.toml lists environments in order, the first good and the last bad:
+
+    [[env]]
+    name = "r570"                                  # required, unique
+    driver = "/opt/drivers/570.86/libcuda.so.1"    # optional: its directory goes first on LD_LIBRARY_PATH
+    device = 0                                     # optional: --device for the replay
+    vars = { CUDA_FORCE_PTX_JIT = "1" }            # optional: variables set for the replay
+
+Each replay runs in its own process (`python -m cudasnap replay SNAPSHOT --profile MODE --out
+X.json` with the environment's variables), so a driver library or a variable read once at
+load time applies. The two ends are replayed first, then a binary search: at most
+ceil(log2(n - 1)) more replays. An environment is bad when, compared with the first, a kernel
+or the total is SLOWER (`cudasnap compare`'s verdict: beyond the threshold and the noise), or
+when its replay no longer reproduces the recorded results (replay exit 1: a correctness
+break, reported as such, never as a timing verdict). A replay that cannot run (exit 2) stops
+the bisection with its reason. CUDASNAP_REPLACE in an environment's vars swaps kernels there
+(as `replay --replace`), which bisects compiler builds on one driver."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from .core import SLOWER, CompareError, compare, facts, load_profile
+
+
+class BisectError(Exception):
+    """A bisection that cannot proceed (one line)."""
+
+
+@dataclass
+class Env:
+    index: int
+    name: str
+    vars: Dict[str, str] = field(default_factory=dict)
+    driver: Optional[str] = None
+    device: Optional[int] = None
+
+
+def _toml_load(path: str) -> Dict[str, Any]:
+    try:
+        import tomllib  # Python 3.11+
+    except ModuleNotFoundError:
+        try:
+            import tomli as tomllib  # type: ignore
+        except ModuleNotFoundError:
+            raise BisectError("reading ENVS.toml needs Python 3.11+ (tomllib) or the tomli package: pip install tomli")
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise BisectError(f"{path}: no such file")
+    except OSError as e:
+        raise BisectError(f"{path}: {e.strerror or e}")
+    except tomllib.TOMLDecodeError as e:
+        raise BisectError(f"{path}: not valid TOML: {e}")
+
+
+def load_envs(path) -> List[Env]:
+    doc = _toml_load(os.fspath(path))
+    tables = doc.get("env")
+    if not isinstance(tables, list) or not tables:
+        raise BisectError(f"{path}: no [[env]] tables")
+    envs: List[Env] = []
+    names = set()
+    base = os.path.dirname(os.path.abspath(os.fspath(path)))
+    for i, t in enumerate(tables):
+        where = f"{path}: [[env]] #{i + 1}"
+        if not isinstance(t, dict):
+            raise BisectError(f"{where}: not a table")
+        unknown = set(t) - {"name", "vars", "driver", "device"}
+        if unknown:
+            raise BisectError(f"{where}: unknown key(s) {', '.join(sorted(unknown))} (name, vars, driver, device)")
+        name = t.get("name")
+        if not isinstance(name, str) or not name:
+            raise BisectError(f"{where}: needs a name")
+        if name in names:
+            raise BisectError(f"{where}: name {name!r} used twice")
+        names.add(name)
+        vars_ = t.get("vars", {})
+        if not isinstance(vars_, dict) or not all(isinstance(v, (str, int, float, bool)) for v in vars_.values()):
+            raise BisectError(f"{where} ({name}): vars must be a table of strings or numbers")
+        drv = t.get("driver")
+        if drv is not None:
+            if not isinstance(drv, str) or not drv:
+                raise BisectError(f"{where} ({name}): driver must be a path")
+            drv = os.path.join(base, os.path.expanduser(drv))
+            if not os.path.exists(drv):
+                raise BisectError(f"{where} ({name}): driver {drv}: no such file")
+        dev = t.get("device")
+        if dev is not None and (not isinstance(dev, int) or isinstance(dev, bool) or dev < 0):
+            raise BisectError(f"{where} ({name}): device must be an ordinal >= 0")
+        envs.append(Env(i, name, {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in vars_.items()},
+                        drv, dev))
+    if len(envs) < 2:
+        raise BisectError(f"{path}: bisect needs at least two environments (the first good, the last bad)")
+    return envs
+
+
+@dataclass
+class Outcome:
+    env: Env
+    order: int                      # 1 = replayed first
+    rc: int
+    seconds: float
+    profile_path: str
+    command: str
+    status: str = ""                # good | slower | correctness | error
+    reason: str = ""
+    profile: Optional[Dict[str, Any]] = None
+    vs_first: Optional[Dict[str, Any]] = None
+    stderr_tail: str = ""
+
+    def to_dict(self) -> Dict[str, Any]:
+        d = {"env": self.env.name, "index": self.env.index, "order": self.order, "replay_exit": self.rc,
+             "seconds": round(self.seconds, 3), "status": self.status, "reason": self.reason,
+             "profile": self.profile_path, "command": self.command}
+        if self.vs_first is not None:
+            d["vs_first"] = {"slower": self.vs_first["slower"], "total": self.vs_first["total"]}
+        return d
+
+
+class Bisector:
+    def __init__(self, snapshot, envs: List[Env], mode: str = "isolated", kernels: Optional[str] = None,
+                 repeat: int = 10, warmup: int = 3, threshold: float = 5.0, workdir: Optional[str] = None,
+                 timeout: Optional[float] = None, log=None):
+        self.snapshot = os.path.abspath(os.fspath(snapshot))
+        self.envs = envs
+        self.mode = mode
+        self.kernels = kernels
+        self.repeat = repeat
+        self.warmup = warmup
+        self.threshold = threshold
+        self.timeout = timeout
+        self._tmp = None
+        if workdir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="cudasnap-bisect-")
+            workdir = self._tmp.name
+        os.makedirs(workdir, exist_ok=True)
+        self.workdir = workdir
+        self.log = log or (lambda s: None)
+        self.done: Dict[int, Outcome] = {}
+
+    # ------------------------------------------------------------------ one replay
+    def _driver_dir(self, env: Env) -> Optional[str]:
+        if env.driver is None:
+            return None
+        p = os.path.abspath(env.driver)
+        if os.path.isdir(p):
+            return p
+        if os.path.basename(p) == "libcuda.so.1":
+            return os.path.dirname(p)
+        # the loader looks for libcuda.so.1: give it that name beside nothing else
+        d = os.path.join(self.workdir, "drivers", f"{env.index}")
+        os.makedirs(d, exist_ok=True)
+        link = os.path.join(d, "libcuda.so.1")
+        if os.path.lexists(link):
+            os.unlink(link)
+        os.symlink(p, link)
+        return d
+
+    def environ(self, env: Env) -> Dict[str, str]:
+        e = dict(os.environ)
+        e.update(env.vars)
+        d = self._driver_dir(env)
+        if d:
+            old = e.get("LD_LIBRARY_PATH", "")
+            e["LD_LIBRARY_PATH"] = d + (os.pathsep + old if old else "")
+        e.pop("CUDASNAP_REPLAY_TEST_BLOCK", None)
+        return e
+
+    def argv(self, env: Env, out: str) -> List[str]:
+        a = ["replay", self.snapshot, "--profile", self.mode, "--out", out, "-q", "--no-progress"]
+        if self.mode in ("isolated", "graph"):
+            a += ["--repeat", str(self.repeat), "--warmup", str(self.warmup)]
+        if self.kernels:
+            a += ["--kernels", self.kernels]
+        if env.device is not None:
+            a += ["--device", str(env.device)]
+        return a
+
+    def command_text(self, env: Env, out: str) -> str:
+        pre = [f"{k}={shlex.quote(v)}" for k, v in env.vars.items()]
+        d = self._driver_dir(env)
+        if d:
+            pre.append(f"LD_LIBRARY_PATH={shlex.quote(d)}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}")
+        return " ".join(pre + ["cudasnap"] + [shlex.quote(x) for x in self.argv(env, out)])
+
+    def run_env(self, i: int) -> Outcome:
+        if i in self.done:
+            return self.done[i]
+        env = self.envs[i]
+        out = os.path.join(self.workdir, f"env{i + 1:02d}-{_safe(env.name)}.json")
+        if os.path.exists(out):
+            os.unlink(out)
+        cmd = [sys.executable, "-m", "cudasnap"] + self.argv(env, out)
+        t0 = time.monotonic()
+        try:
+            cp = subprocess.run(cmd, env=self.environ(env), capture_output=True, text=True, timeout=self.timeout)
+            rc, err = cp.returncode, (cp.stderr or "")
+        except subprocess.TimeoutExpired:
+            rc, err = 124, f"the replay ran past {self.timeout:g} s"
+        o = Outcome(env, len(self.done) + 1, rc, time.monotonic() - t0, out, self.command_text(env, out))
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        o.stderr_tail = "\n".join(lines[-5:])
+        if rc in (0, 1) and os.path.exists(out):
+            try:
+                o.profile = load_profile(out)
+            except CompareError as e:
+                o.status, o.reason = "error", str(e)
+        if rc == 1:
+            o.status = "correctness"
+            o.reason = "the replay no longer reproduces the recorded results (replay exit 1)" + (
+                f": {lines[0]}" if lines else "")
+        elif rc != 0:
+            o.status = "error"
+            o.reason = f"the replay could not run (exit {rc})" + (f": {lines[-1]}" if lines else "")
+        elif o.profile is None and not o.status:
+            o.status, o.reason = "error", "the replay wrote no profile"
+        if o.profile is not None and env.driver and not o.status:
+            got = (o.profile.get("run") or {}).get("libcuda")
+            want = os.path.realpath(env.driver if not os.path.isdir(env.driver)
+                                    else os.path.join(env.driver, "libcuda.so.1"))
+            if got and os.path.realpath(got) != want:
+                o.status = "error"
+                o.reason = f"driver {env.driver} requested, but the replay loaded {got}"
+        self.done[i] = o
+        return o
+
+    def judge(self, i: int) -> Outcome:
+        o = self.run_env(i)
+        if o.status:
+            self._log(o)
+            return o
+        if i == 0:
+            o.status, o.reason = "good", "the reference (first environment)"
+        else:
+            ref = self.done[0]
+            try:
+                o.vs_first = compare(ref.profile, o.profile, threshold=self.threshold)
+            except CompareError as e:
+                o.status, o.reason = "error", str(e)
+                self._log(o)
+                return o
+            if o.vs_first["regressed"]:
+                o.status = "slower"
+                sl = [k for k in o.vs_first["kernels"] if k["verdict"] == SLOWER]
+                parts = [f"{k['name']} {k['ratio']:.2f}x" for k in sl[:4]]
+                if o.vs_first["total"]["verdict"] == SLOWER:
+                    parts.append(f"total {o.vs_first['total']['ratio']:.2f}x")
+                o.reason = "SLOWER than the first: " + ", ".join(parts)
+            else:
+                o.status = "good"
+                t = o.vs_first["total"]
+                o.reason = f"same as the first (total {t['ratio']:.3f}x)" if t.get("ratio") else "same as the first"
+        self._log(o)
+        return o
+
+    def _log(self, o: Outcome) -> None:
+        self.log(f"[replay {o.order}] env {o.env.index + 1}/{len(self.envs)} {o.env.name!r}: {o.status}"
+                 f" ({o.seconds:.1f} s): {o.reason}")
+
+    # ------------------------------------------------------------------ the search
+    def run(self) -> Dict[str, Any]:
+        n = len(self.envs)
+        first = self.judge(0)
+        if first.status != "good":
+            raise _Stop(2, f"the first environment {first.env.name!r} must be good: {first.reason}")
+        last = self.judge(n - 1)
+        if last.status == "error":
+            raise _Stop(2, f"environment {last.env.name!r}: {last.reason}")
+        if last.status == "good":
+            return self._result(None, 1, f"no regression between {first.env.name!r} and {last.env.name!r}")
+        lo, hi = 0, n - 1
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            o = self.judge(mid)
+            if o.status == "error":
+                raise _Stop(2, f"environment {o.env.name!r}: {o.reason}")
+            if o.status == "good":
+                lo = mid
+            else:
+                hi = mid
+        return self._result(hi, 0, None, last_good=lo)
+
+    def _result(self, bad: Optional[int], code: int, message: Optional[str], last_good: Optional[int] = None):
+        n = len(self.envs)
+        res: Dict[str, Any] = {"snapshot": self.snapshot, "mode": self.mode, "threshold_pct": self.threshold,
+                               "repeat": self.repeat if self.mode in ("isolated", "graph") else None,
+                               "kernels": self.kernels, "envs": [], "replays": len(self.done),
+                               "max_replays": 2 + (math.ceil(math.log2(n - 1)) if n > 2 else 0),
+                               "exit_code": code, "message": message, "workdir": self.workdir}
+        for env in self.envs:
+            o = self.done.get(env.index)
+            d = {"name": env.name, "index": env.index, "vars": env.vars, "driver": env.driver, "device": env.device,
+                 "tested": o is not None}
+            if o is not None:
+                d.update(o.to_dict())
+                if o.profile is not None:
+                    d["facts"] = facts(o.profile)
+            res["envs"].append(d)
+        if bad is not None:
+            o = self.done[bad]
+            res["first_bad"] = {"name": o.env.name, "index": o.env.index, "status": o.status, "reason": o.reason}
+            res["last_good"] = ({"name": self.envs[last_good].name, "index": last_good}
+                                if last_good is not None else None)
+            if o.status == "slower":
+                res["kind"] = "timing regression"
+                res["vs_first"] = o.vs_first
+                lg = self.done.get(last_good) if last_good is not None else None
+                if lg is not None and lg.profile is not None and last_good != 0:
+                    try:
+                        res["vs_last_good"] = compare(lg.profile, o.profile, threshold=self.threshold)
+                    except CompareError:
+                        pass
+                res["regressed_kernels"] = [
+                    {k2: k.get(k2) for k2 in ("name", "base_median_us", "candidate_median_us", "base_us",
+                                             "candidate_us", "ratio", "diff_pct", "noise_pct", "base_noise_pct",
+                                             "candidate_noise_pct", "why")}
+                    for k in o.vs_first["kernels"] if k["verdict"] == SLOWER]
+            else:
+                res["kind"] = "correctness break"
+                res["correctness"] = o.stderr_tail
+            msg = f"first bad environment: {o.env.name!r} ({o.env.index + 1} of {n}), {res['kind']}"
+            if last_good is not None:
+                msg += f"; last good: {self.envs[last_good].name!r} ({last_good + 1} of {n})"
+            res["message"] = msg
+        res["commands"] = {"bisect": _command(), "replays": {o.env.name: o.command for o in self.done.values()}}
+        return res
+
+    def close(self) -> None:
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+
+class _Stop(Exception):
+    def __init__(self, code: int, msg: str):
+        super().__init__(msg)
+        self.code = code
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:40] or "env"
+
+
+def _command() -> Optional[str]:
+    argv = list(sys.argv)
+    if argv and argv[0].endswith(("cudasnap", "cudasnap/__main__.py")):
+        return "cudasnap " + " ".join(shlex.quote(a) for a in argv[1:])
+    return None
+
+
+def run_bisect_cli(snapshot, envs_path, mode: str = "isolated", kernels: Optional[str] = None, repeat: int = 10,
+                   warmup: int = 3, threshold: float = 5.0, html: Optional[str] = None, as_json: bool = False,
+                   keep: Optional[str] = None, timeout: Optional[float] = None, top: int = 20, out=None) -> int:
+    """Exit 0: the first bad environment found; 1: no regression between the ends; 2: error."""
+    out = out or sys.stdout
+    err = sys.stderr
+
+    def fail(msg: str) -> int:
+        err.write(f"cudasnap: error: {msg}\n")
+        return 2
+
+    if mode not in ("isolated", "timeline"):
+        return fail("--profile must be isolated or timeline")
+    if repeat < 1:
+        return fail("--repeat must be >= 1")
+    if threshold < 0:
+        return fail("--threshold must be >= 0")
+    if kernels:
+        import re
+        try:
+            re.compile(kernels)
+        except re.error as e:
+            return fail(f"--kernels: bad regex: {e}")
+    if not os.path.exists(snapshot):
+        return fail(f"{snapshot}: no such file")
+    if html:
+        from .html import need_plotly
+        why = need_plotly()
+        if why:
+            return fail(why)
+    try:
+        envs = load_envs(envs_path)
+    except BisectError as e:
+        return fail(str(e))
+    log = (lambda s: err.write(s + "\n")) if as_json else (lambda s: (out.write(s + "\n"), out.flush()))
+    b = Bisector(snapshot, envs, mode, kernels, repeat, warmup, threshold, workdir=keep, timeout=timeout, log=log)
+    try:
+        try:
+            res = b.run()
+        except _Stop as s:
+            res = b._result(None, s.code, str(s))
+        if html:
+            from .bisect_html import write_bisect_html
+            try:
+                write_bisect_html(res, html)
+                res["html"] = str(html)
+            except OSError as e:
+                err.write(f"cudasnap: error: cannot write {html}: {e}\n")
+                res["exit_code"] = 2
+        if as_json:
+            out.write(json.dumps(res, indent=1, default=str) + "\n")
+        else:
+            render_bisect(res, out, top)
+        if res["exit_code"] == 2 and not as_json:
+            err.write(f"cudasnap: error: {res['message']}\n")
+        return res["exit_code"]
+    finally:
+        b.close()
+
+
+def render_bisect(res: Dict[str, Any], out, top: int = 20) -> None:
+    from .render import render_text
+    w = out.write
+    w(f"replays: {res['replays']} of {len(res['envs'])} environments (at most {res['max_replays']})\n")
+    if res.get("first_bad"):
+        w(res["message"] + "\n")
+        if res.get("vs_first"):
+            render_text(res["vs_first"], out, top,
+                        title=f"{res['first_bad']['name']!r} vs the first environment {res['envs'][0]['name']!r}:")
+        elif res.get("correctness"):
+            w(res["correctness"] + "\n")
+    elif res.get("message") and res["exit_code"] != 2:
+        w(res["message"] + "\n")
+    if res.get("html"):
+        w(f"report written to {res['html']}\n")
