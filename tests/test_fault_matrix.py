@@ -259,7 +259,7 @@ def check_in_place(t: Tally, case: str, p: Path, work: Path) -> None:
 
 def check_output_paths(t: Tally, work: Path, damaged: Path) -> None:
     """Unwritable outputs: capture refuses before running the program; repair says so."""
-    from cudasnap.capture.run import run_capture
+    from cudasnap.capture.runner import run_capture
     (work / "a_file").write_text("")
     marker = work / "program_ran"
     for name, out in (("missing_dir", work / "nope" / "x.cusnap"), ("a_dir", work),

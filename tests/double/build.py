@@ -39,6 +39,7 @@ PROGRAMS = {
     "bigcopy": "link",
     "queries": "link",
     "reload": "link",
+    "sigwait": "link",
 }
 
 MODULE_TEXT = "CUDADOUBLE\nkernel add_one\nkernel fill\nkernel saxpy\nkernel chase\nkernel incr\nkernel spin\n"
