@@ -37,6 +37,15 @@ class _Command(TyperCommand):
             if type(p) is TyperArgument:
                 p.__class__ = _Argument
 
+    def parse_args(self, ctx, args):
+        """A value outside an option's declared choices or range is one line, as every other
+        cudasnap error: 'cudasnap: error: Invalid value for '--level': ...'."""
+        try:
+            return super().parse_args(ctx, args)
+        except typer.BadParameter as e:
+            typer.echo(f"cudasnap: error: {' '.join(e.format_message().split())}", err=True)
+            ctx.exit(2)
+
 
 app = typer.Typer(
     add_completion=False,
