@@ -167,6 +167,7 @@ def capture(
     """Run COMMAND with the shim preloaded; a snapshot for each process that used CUDA.
 
     Signals INT, TERM, HUP, QUIT, USR1 and USR2 sent to cudasnap are forwarded to the program.
+
     Exit: the program's own status (killed by a signal, cudasnap dies of the same signal); 2
     when the snapshot cannot be written or exists (checked before the program starts) or, the
     program having succeeded, was not saved completely."""
