@@ -37,7 +37,7 @@ def nvcc(src: Path, out: Path) -> Path:
 
 def run(cmd, capture_to: Path | None = None, capture_args=(), env=None):
     if capture_to is not None:
-        cmd = [sys.executable, "-m", "cudasnap", "capture", "-q", "-o", str(capture_to), *capture_args, "--", *cmd]
+        cmd = [sys.executable, "-m", "cudasnap", "capture", "-q", "-f", "-o", str(capture_to), *capture_args, "--", *cmd]
     t0 = time.perf_counter()
     cp = subprocess.run(cmd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0

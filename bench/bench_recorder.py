@@ -71,7 +71,7 @@ def end_to_end(n: int, size_mb: int, outdir: Path, extra: list[str]) -> None:
     nbytes, secs, _ = _parse(text)
     print(f"native:    {nbytes / secs / 1e9:6.2f} GB/s  ({n} x {size_mb} MiB H2D in {secs:.3f} s)")
     out = outdir / "bench_recorder.cusnap"
-    cmd = [sys.executable, "-m", "cudasnap", "capture", "-q", "-o", str(out), *extra, "--", str(exe), str(n), str(size_mb)]
+    cmd = [sys.executable, "-m", "cudasnap", "capture", "-q", "-f", "-o", str(out), *extra, "--", str(exe), str(n), str(size_mb)]
     text, wall, cpu_tree = _run_timed(cmd, env)
     nbytes, secs, app_cpu = _parse(text)
     rec_cpu = max(cpu_tree - app_cpu, 1e-9)

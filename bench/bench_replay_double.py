@@ -62,7 +62,7 @@ def main() -> None:
            for _ in range(args.reps)]
     out["native_us"] = sorted(nat)[len(nat) // 2]
     snap = tmp / "loop.cusnap"
-    sh([sys.executable, "-m", "cudasnap", "capture", "-q", "-o", str(snap), "--", str(prog), str(args.launches)], env)
+    sh([sys.executable, "-m", "cudasnap", "capture", "-q", "-f", "-o", str(snap), "--", str(prog), str(args.launches)], env)
     print(f"launch loop on the double: native {out['native_us']:.3f} us/launch ({args.launches} launches)")
     for mode in args.modes.split(","):
         pers, walls = [], []
@@ -79,7 +79,7 @@ def main() -> None:
 
     if args.h2d_mb:
         big = tmp / "big.cusnap"
-        sh([sys.executable, "-m", "cudasnap", "capture", "-q", "-o", str(big), "--", str(prog), "1", str(args.h2d_mb)], env)
+        sh([sys.executable, "-m", "cudasnap", "capture", "-q", "-f", "-o", str(big), "--", str(prog), "1", str(args.h2d_mb)], env)
         firsts = []
         for _ in range(args.reps):
             rj, t0, wall = replay(big, env, "1")

@@ -20,6 +20,6 @@ for i in 1 2 3; do
   echo "gpu native : $(/tmp/hotpath_gpu 200000 | tr '\n' ' ')"
   rm -rf /dev/shm/hp && mkdir -p /dev/shm/hp
   echo "gpu ring   : $(CUDASNAP_SESSION=/dev/shm/hp CUDASNAP_RING_MB=1024 LD_PRELOAD=$SHIM /tmp/hotpath_gpu 200000 | tr '\n' ' ')"
-  echo "gpu capture: $(cd /tmp && python3 -m cudasnap capture -q -o /tmp/hp.cusnap -- /tmp/hotpath_gpu 200000 | tr '\n' ' ')"
+  echo "gpu capture: $(cd /tmp && python3 -m cudasnap capture -q -f -o /tmp/hp.cusnap -- /tmp/hotpath_gpu 200000 | tr '\n' ' ')"
 done
 rm -rf /dev/shm/hp

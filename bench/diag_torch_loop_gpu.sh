@@ -13,14 +13,14 @@ SHIM=$(python3 -c 'import cudasnap.shim._shim as s; print(s.__file__)')
 L="python3 $ROOT/bench/torch_loop.py 20000 3"
 for i in 1 2 3 4; do
   echo "native        $($L)"
-  echo "capture       $(python3 -m cudasnap capture -q -o c.cusnap -- $L)"
+  echo "capture       $(python3 -m cudasnap capture -q -f -o c.cusnap -- $L)"
   # numpy's OpenBLAS threads (imported with torch) spin on every core: one thread of it
   export OPENBLAS_NUM_THREADS=1
   echo "native b1     $($L)"
   echo "passthru b1   $(LD_PRELOAD=$SHIM $L)"
   rm -rf /dev/shm/ro; mkdir -p /dev/shm/ro
   echo "ring only b1  $(CUDASNAP_SESSION=/dev/shm/ro CUDASNAP_RING_MB=2048 LD_PRELOAD=$SHIM $L)"
-  echo "capture b1    $(python3 -m cudasnap capture -q -o c.cusnap -- $L)"
+  echo "capture b1    $(python3 -m cudasnap capture -q -f -o c.cusnap -- $L)"
   unset OPENBLAS_NUM_THREADS
 done
 rm -rf /dev/shm/ro
@@ -32,7 +32,7 @@ if [ -n "${PERF_DIR:-}" ]; then
   $PERF record -q -o native.data -- $L 2>&1 | tail -2
   # perf around the capture (perf run under the preloaded shim fails: its bundled libc is
   # older than the shim's); program and recorder are told apart by pid in the reports
-  $PERF record -q -o capture.data -- python3 -m cudasnap capture -q -o p.cusnap -- $L 2>&1 | tail -2
+  $PERF record -q -o capture.data -- python3 -m cudasnap capture -q -f -o p.cusnap -- $L 2>&1 | tail -2
   for m in native capture; do
     $PERF report -i $m.data --stdio --sort pid,dso 2>/dev/null | grep -v '^#' | grep -v '^$' | head -25 > "$OUT/perf_${m}_dso.txt"
     $PERF report -i $m.data --stdio --sort pid,dso,sym 2>/dev/null | grep -v '^#' | grep -v '^$' | head -60 > "$OUT/perf_${m}_sym.txt"

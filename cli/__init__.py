@@ -5,6 +5,39 @@ Parts (each its own subpackage):
   cudasnap.shim     the API description and the preloaded interception library
   cudasnap.capture  `cudasnap capture`: runs a program under the shim, records snapshots
   cudasnap.replay   `cudasnap replay`: re-executes a snapshot on a GPU through cuda-python
+
+From Python (every name is imported on first use: `import cudasnap` loads nothing else and
+needs no cuda-python):
+
+    import cudasnap
+    res = cudasnap.capture.run(["./app"], out="app.cusnap")     # CaptureResult
+    with cudasnap.SnapshotReader(res.snapshot) as r: ...
+    result = cudasnap.replay.replay("app.cusnap", device=0)     # ReplayResult (needs a GPU)
+
+`cudasnap.replay` is the replay package; its function `replay` replays (the package cannot be
+called itself); `cudasnap.capture.run` and `cudasnap.replay.replay` mirror the two commands.
 """
 
 __version__ = "0.1.0"
+
+__all__ = ["SnapshotReader", "SnapshotWriter", "SnapshotError", "CaptureResult", "ReplayOptions", "ReplayResult",
+           "capture", "formats", "replay", "__version__"]
+
+_SUBPACKAGES = ("capture", "formats", "replay", "shim")
+_NAMES = {"SnapshotReader": "cudasnap.formats", "SnapshotWriter": "cudasnap.formats",
+          "SnapshotError": "cudasnap.formats", "CaptureResult": "cudasnap.capture",
+          "ReplayOptions": "cudasnap.replay", "ReplayResult": "cudasnap.replay"}
+
+
+def __getattr__(name: str):
+    import importlib
+
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"cudasnap.{name}")
+    if name in _NAMES:
+        return getattr(importlib.import_module(_NAMES[name]), name)
+    raise AttributeError(f"module 'cudasnap' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__) | set(_SUBPACKAGES))

@@ -1,8 +1,9 @@
 """The `cudasnap` command line. Each command's work lives in its part; this file only wires."""
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Type
 
 import os
 import sys
@@ -36,6 +37,15 @@ class _Command(TyperCommand):
             if type(p) is TyperArgument:
                 p.__class__ = _Argument
 
+    def parse_args(self, ctx, args):
+        """A value outside an option's declared choices or range is one line, as every other
+        cudasnap error: 'cudasnap: error: Invalid value for '--level': ...'."""
+        try:
+            return super().parse_args(ctx, args)
+        except typer.BadParameter as e:
+            typer.echo(f"cudasnap: error: {' '.join(e.format_message().split())}", err=True)
+            ctx.exit(2)
+
 
 app = typer.Typer(
     add_completion=False,
@@ -45,6 +55,61 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100,
                       "terminal_width": _help_width()},
 )
+
+
+class Placement(str, Enum):
+    region = "region"
+    off = "off"
+
+
+class Drain(str, Enum):
+    lazy = "lazy"
+    eager = "eager"
+
+
+class DumpFormat(str, Enum):
+    text = "text"
+    jsonl = "jsonl"
+
+
+class ApiStatus(str, Enum):
+    replay = "replay"
+    record = "record"
+    refused = "refused"
+
+
+class Dtype(str, Enum):
+    f32 = "f32"
+    f16 = "f16"
+    bf16 = "bf16"
+    f64 = "f64"
+
+
+class ProfileMode(str, Enum):
+    timeline = "timeline"
+    isolated = "isolated"
+    graph = "graph"
+
+
+class StatsReport(str, Enum):
+    api = "api"
+    kernels = "kernels"
+    memory = "memory"
+
+
+class StatsFormat(str, Enum):
+    text = "text"
+    csv = "csv"
+    json = "json"
+
+
+def _one_of(choices: Type[Enum]) -> str:
+    """The metavar of a choice option: its values, as --help lists them and the parser checks."""
+    return "|".join(c.value for c in choices)
+
+
+def _value(v):
+    return v.value if isinstance(v, Enum) else v
 
 
 def _fail(msg: str, code: int = 2) -> None:
@@ -87,40 +152,30 @@ def _main(
 @app.command(cls=_Command, context_settings={"allow_interspersed_args": False})
 def capture(
     command: List[str] = typer.Argument(..., metavar="COMMAND", help="The program and its arguments, after --."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", metavar="PATH", help="Snapshot path (default ./PROGRAM.cusnap; other processes get PROGRAM.PID.cusnap)."),
-    ring_mb: int = typer.Option(256, "--ring-mb", metavar="MIB", help="Shared-memory ring per process, MiB (a larger ring absorbs bursts)."),
-    level: int = typer.Option(3, "--level", metavar="N", help="zstd compression level (1 fastest .. 19)."),
-    threads: Optional[int] = typer.Option(None, "--threads", metavar="N", help="Compression/writing threads per process (default: half the CPUs, at most 8)."),
-    placement: str = typer.Option("region", "--placement", metavar="region|off", help="region: put device allocations in a tool-owned address zone so replay can place them exactly (VMM memory); off: leave addresses to the driver."),
+    output: Optional[str] = typer.Option(None, "-o", "--output", metavar="PATH", help="Snapshot path (default ./PROGRAM.cusnap; other processes get STEM.PID.cusnap beside it). Expands %p (the program's pid), %h (host name), %q{VAR} (environment variable VAR), %% (a %)."),
+    force: bool = typer.Option(False, "-f", "--force-overwrite", help="Replace an existing snapshot (by default an existing file is refused before the program starts)."),
+    ring_mb: int = typer.Option(256, "--ring-mb", metavar="MIB", min=1, max=65536, help="Shared-memory ring per process, MiB (a larger ring absorbs bursts)."),
+    level: int = typer.Option(3, "--level", metavar="N", min=1, max=22, help="zstd compression level: 1 fastest .. 22 smallest (20-22 need much more memory)."),
+    threads: Optional[int] = typer.Option(None, "--threads", metavar="N", min=0, help="Compression/writing threads per process (default: half the CPUs, at most 8)."),
+    placement: Placement = typer.Option(Placement.region, "--placement", metavar=_one_of(Placement), help="region: put device allocations in a tool-owned address zone so replay can place them exactly (VMM memory); off: leave addresses to the driver."),
     all_queries: bool = typer.Option(False, "--all-queries", help="Record every pure query (cuCtxGetDevice...); by default a repeat identical to the thread's last recorded one is only counted."),
-    copy_threads: Optional[int] = typer.Option(None, "--copy-threads", metavar="N", help="Helper threads in the program that digest and copy payloads of 8 MiB or more (default: half the CPUs, at most 8; 0: the calling thread alone)."),
-    segments: int = typer.Option(8, "--segments", metavar="N", help="Side files that large payload chunks spill into while the snapshot file is busy, folded into it when the process ends (one file takes 3-4 GB/s of buffered writes, several in parallel far more); 0: write everything into the snapshot file."),
-    drain: str = typer.Option("lazy", "--drain", metavar="lazy|eager", help="lazy: the recorder leaves records in the ring until it is a quarter full, 5 s pass or the process exits, so its work does not run beside the program's; eager: drain continuously (the snapshot file keeps up with the program)."),
+    copy_threads: Optional[int] = typer.Option(None, "--copy-threads", metavar="N", min=0, max=32, help="Helper threads in the program that digest and copy payloads of 8 MiB or more (default: half the CPUs, at most 8; 0: the calling thread alone)."),
+    segments: int = typer.Option(8, "--segments", metavar="N", min=0, max=16, help="Side files that large payload chunks spill into while the snapshot file is busy, folded into it when the process ends (one file takes 3-4 GB/s of buffered writes, several in parallel far more); 0: write everything into the snapshot file."),
+    drain: Drain = typer.Option(Drain.lazy, "--drain", metavar=_one_of(Drain), help="lazy: the recorder leaves records in the ring until it is a quarter full, 5 s pass or the process exits, so its work does not run beside the program's; eager: drain continuously (the snapshot file keeps up with the program)."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No summary lines."),
 ):
     """Run COMMAND with the shim preloaded; a snapshot for each process that used CUDA.
 
-    Exit: the program's own status; 2 when the snapshot cannot be written (checked before the
-    program starts) or, the program having succeeded, was not saved completely."""
-    from cudasnap.capture.run import run_capture
+    Signals INT, TERM, HUP, QUIT, USR1 and USR2 sent to cudasnap are forwarded to the program.
 
-    if ring_mb < 1 or ring_mb > 65536:
-        _fail("--ring-mb must be between 1 and 65536")
-    if not 1 <= level <= 22:
-        _fail("--level must be between 1 and 22")
-    if placement not in ("region", "off"):
-        _fail("--placement must be region or off")
-    if threads is not None and threads < 0:
-        _fail("--threads must be >= 0")
-    if copy_threads is not None and not 0 <= copy_threads <= 32:
-        _fail("--copy-threads must be between 0 and 32")
-    if drain not in ("lazy", "eager"):
-        _fail("--drain must be lazy or eager")
-    if not 0 <= segments <= 16:
-        _fail("--segments must be between 0 and 16")
-    raise typer.Exit(run_capture(list(command), output, ring_mb, level, threads, quiet, placement,
-                                 all_queries=all_queries, copy_threads=copy_threads, drain=drain,
-                                 segments=segments))
+    Exit: the program's own status (killed by a signal, cudasnap dies of the same signal); 2
+    when the snapshot cannot be written or exists (checked before the program starts) or, the
+    program having succeeded, was not saved completely."""
+    from cudasnap.capture.runner import run_capture
+
+    raise typer.Exit(run_capture(list(command), output, ring_mb, level, threads, quiet, _value(placement),
+                                 all_queries=all_queries, copy_threads=copy_threads, drain=_value(drain),
+                                 segments=segments, force=force))
 
 
 @app.command(cls=_Command)
@@ -140,13 +195,13 @@ def dump(
     calls: Optional[str] = typer.Option(
         None, "--calls", metavar="SET", help="Call set: '100-200', '5,7,9-', 'launches', 'memcpy', a kernel or API name; join with ','."
     ),
-    fmt: str = typer.Option("text", "--format", metavar="text|jsonl", help="text or jsonl."),
+    fmt: DumpFormat = typer.Option(DumpFormat.text, "--format", metavar=_one_of(DumpFormat), help="text or jsonl."),
     blobs: bool = typer.Option(False, "--blobs", help="Show blob contents (hex preview) instead of references."),
 ):
     """Print every record (or a selected set) of a snapshot."""
     from cudasnap.inspect_cmds import run_dump
 
-    raise typer.Exit(run_dump(snapshot, calls, fmt, blobs))
+    raise typer.Exit(run_dump(snapshot, calls, _value(fmt), blobs))
 
 
 @app.command(cls=_Command)
@@ -165,25 +220,44 @@ def repair(
 
 
 @app.command(cls=_Command)
+def stats(
+    snapshot: Path = typer.Argument(..., metavar="SNAPSHOT", help="A .cusnap file."),
+    fmt: StatsFormat = typer.Option(StatsFormat.text, "--format", metavar=_one_of(StatsFormat), help="text: tables; csv: one CSV block per report, each after a '# REPORT' line; json."),
+    report: List[StatsReport] = typer.Option([], "--report", metavar=_one_of(StatsReport), help="Only these reports (repeatable; default all): api (per entry point), kernels (per kernel), memory (copies and memsets by kind)."),
+    out: Optional[str] = typer.Option(None, "--out", metavar="FILE.sqlite|DIR/", help="Also export the calls as tables named as nsys names them (CUPTI_ACTIVITY_KIND_KERNEL, _MEMCPY, _MEMSET, _RUNTIME, StringIds): into an SQLite file, or one CSV per table into a directory."),
+    force: bool = typer.Option(False, "-f", "--force-overwrite", help="Replace an existing export."),
+):
+    """Summarize a snapshot's calls, as `nsys stats` does: API time per entry point, launches per
+    kernel, memory traffic by kind.
+
+    Times are the host times of the recorded calls (enter to exit); device times come from a
+    replay: `cudasnap replay SNAPSHOT --profile timeline --out FILE.csv`. Exit 0; 2: unreadable
+    snapshot or export."""
+    from cudasnap.stats import run_stats
+
+    raise typer.Exit(run_stats(snapshot, _value(fmt), out, [_value(r) for r in report] or None, force))
+
+
+@app.command(cls=_Command)
 def api(
-    status: Optional[str] = typer.Option(None, "--status", metavar="replay|record|refused", help="Only: replay, record, refused."),
+    status: Optional[ApiStatus] = typer.Option(None, "--status", metavar=_one_of(ApiStatus), help="Only: replay, record, refused."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ):
     """List every driver entry point and whether it is recorded, replayable or refused."""
     from cudasnap.shim.api_cmd import run_api
 
-    raise typer.Exit(run_api(status, json_out))
+    raise typer.Exit(run_api(_value(status), json_out))
 
 
 @app.command(cls=_Command)
 def replay(
     snapshot: Path = typer.Argument(..., metavar="SNAPSHOT", help="A .cusnap file."),
-    device: int = typer.Option(0, "--device", metavar="N", help="GPU ordinal to replay on."),
+    device: int = typer.Option(0, "--device", metavar="N", min=0, help="GPU ordinal to replay on."),
     calls: Optional[str] = typer.Option(None, "--calls", metavar="SET", help="Only these launches/copies (call-set syntax as in dump); state-building calls always run."),
     kernels: Optional[str] = typer.Option(None, "--kernels", metavar="REGEX", help="Only launches of kernels matching this regex."),
     rtol: float = typer.Option(0.0, "--rtol", metavar="F", help="Relative tolerance for D2H verification (with --dtype)."),
     atol: float = typer.Option(0.0, "--atol", metavar="F", help="Absolute tolerance for D2H verification (with --dtype)."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", metavar="f32|f16|bf16|f64", help="Element type for tolerances: f32, f16, bf16, f64."),
+    dtype: Optional[Dtype] = typer.Option(None, "--dtype", metavar=_one_of(Dtype), help="Element type for tolerances: f32, f16, bf16, f64."),
     continue_on_error: bool = typer.Option(False, "--continue-on-error", help="Keep going past failures; report them all."),
     watchdog: Optional[float] = typer.Option(None, "--watchdog", metavar="SECONDS", help="Seconds a driver call may take before replay gives up (exit 2)."),
     sync_after_launch: bool = typer.Option(False, "--sync-after-launch", help="Synchronize after every launch (pins failures to a kernel)."),
@@ -192,9 +266,9 @@ def replay(
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bar on stderr (default: on for long replays on a terminal)."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No summary; the first problem only."),
-    profile: Optional[str] = typer.Option(None, "--profile", metavar="timeline|isolated|graph", help="Per-kernel profiling: timeline, isolated or graph. With it, --kernels/--calls/--launch choose the launches profiled and every call still runs."),
-    repeat: int = typer.Option(10, "--repeat", metavar="N", help="isolated/graph: timed runs per launch (per graph)."),
-    warmup: int = typer.Option(3, "--warmup", metavar="N", help="isolated/graph: untimed runs before the timed ones."),
+    profile: Optional[ProfileMode] = typer.Option(None, "--profile", metavar=_one_of(ProfileMode), help="Per-kernel profiling: timeline, isolated or graph. With it, --kernels/--calls/--launch choose the launches profiled and every call still runs."),
+    repeat: int = typer.Option(10, "--repeat", metavar="N", min=1, help="isolated/graph: timed runs per launch (per graph)."),
+    warmup: int = typer.Option(3, "--warmup", metavar="N", min=0, help="isolated/graph: untimed runs before the timed ones."),
     flush_l2: bool = typer.Option(True, "--flush-l2/--no-flush-l2", help="isolated: flush the L2 cache before every run (as Nsight Compute does by default), so each run starts from the same cache state."),
     launch: Optional[int] = typer.Option(None, "--launch", metavar="SEQ", help="Profile only the launch with this call sequence number (as dump shows)."),
     out_file: Optional[Path] = typer.Option(None, "--out", metavar="FILE", help="Write per-launch and per-kernel rows to FILE.json or FILE.csv."),
@@ -211,6 +285,7 @@ def replay(
     unreadable, damaged or holds no call to replay; no GPU; an unsupported call)."""
     from cudasnap.replay import ReplayOptions, run_replay_cli
 
+    dtype, profile = _value(dtype), _value(profile)
     if watchdog is not None and watchdog <= 0:
         _fail("--watchdog must be > 0 seconds")
     profiling = bool(profile or hook or out_file or trace or nvtx or launch is not None)

@@ -192,6 +192,7 @@ def summarize(r: SnapshotReader) -> Dict[str, Any]:
         "process": {"argv": hdr.get("argv"), "pid": hdr.get("pid"), "host": hdr.get("host"),
                     "cwd": hdr.get("cwd"), "created": hdr.get("created")},
         "driver_version": proc.get("driver_version"),
+        "display_driver": display_driver(hdr),
         "gpus": [g for g in gpus if isinstance(g, dict)],
         "duration_s": (t1 - t0) / 1e9 if t0 is not None and t1 is not None and t1 >= t0 else None,
         "records": n_records,
@@ -238,10 +239,24 @@ def _v(x: Any, none: str = "-") -> str:
     return none if x is None or x == "" else str(x)
 
 
-def _driver(v: Any) -> str:
+def display_driver(hdr: Mapping[str, Any]) -> Optional[str]:
+    """The NVIDIA display driver version recorded at capture (header `display_driver`, or
+    in the capture options), None when the capturing host had none."""
+    v = hdr.get("display_driver")
+    opts = hdr.get("options")
+    if v is None and isinstance(opts, dict):
+        v = opts.get("display_driver")
+    return v if isinstance(v, str) and v else None
+
+
+def _driver(v: Any, display: Optional[str] = None) -> str:
+    """'580.159.04 (CUDA 13.0)': the display driver ('-' when not recorded) and the CUDA
+    version its libcuda reported."""
     if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-        return "unknown"
-    return f"{v} (CUDA {v // 1000}.{v % 1000 // 10})"
+        cuda = "CUDA unknown"
+    else:
+        cuda = f"CUDA {v // 1000}.{v % 1000 // 10}"
+    return f"{display or '-'} ({cuda})"
 
 
 def _repair_line(rp: Optional[Mapping[str, Any]]) -> Optional[str]:
@@ -333,7 +348,7 @@ def run_info(path: Path, json_out: bool) -> int:
     argv = p.get("argv")
     argv_s = " ".join(map(str, argv)) if isinstance(argv, list) else _v(argv)
     con.print(f"process  : {argv_s or '-'}  pid {_v(p.get('pid'))} on {_v(p.get('host'))}", markup=False)
-    con.print(f"driver   : {_driver(s['driver_version'])}", markup=False)
+    con.print(f"driver   : {_driver(s['driver_version'], s['display_driver'])}", markup=False)
     for g in s["gpus"]:
         cc = g.get("cc")
         cc_s = ".".join(map(str, cc)) if isinstance(cc, list) else "?"

@@ -6,7 +6,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 command -v cudasnap > /dev/null 2>&1 || cudasnap() { python3 -m cudasnap "$@"; }
 if command -v nvidia-smi > /dev/null 2>&1 && nvidia-smi -L > /dev/null 2>&1; then
   OUT=${TMPDIR:-/tmp}/cudasnap-example.cusnap
-  cudasnap capture -o "$OUT" -- python3 "$HERE/vector_add.py" || exit $?
+  cudasnap capture -f -o "$OUT" -- python3 "$HERE/vector_add.py" || exit $?
   cudasnap info "$OUT"
   cudasnap replay "$OUT"
 else

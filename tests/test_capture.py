@@ -196,7 +196,7 @@ def test_unwritable_snapshot_never_stalls_the_program(double, capture):
 @pytest.mark.parametrize("where", ["missing_dir", "a_dir", "not_a_dir", "unwritable"])
 def test_unwritable_output_path_is_refused_before_the_program_runs(tmp_path, where):
     from pathlib import Path
-    from cudasnap.capture.run import run_capture
+    from cudasnap.capture.runner import run_capture
     out = {"missing_dir": tmp_path / "nope" / "x.cusnap", "a_dir": tmp_path,
            "not_a_dir": tmp_path / "file" / "x.cusnap", "unwritable": Path("/sys/x.cusnap")}[where]
     (tmp_path / "file").write_text("")
@@ -283,7 +283,7 @@ def test_identical_queries_are_counted(double, tmp_path, all_queries):
 
 def test_session_dir_falls_back_when_dev_shm_is_small(monkeypatch, capsys):
     """A container's small /dev/shm: rings go to the temporary directory instead."""
-    from cudasnap.capture import run as cr
+    from cudasnap.capture import runner as cr
 
     monkeypatch.setattr(cr, "_free_bytes", lambda p: (64 << 20) if p == "/dev/shm" else (1 << 40))
     d = cr._session_dir(256)

@@ -75,17 +75,18 @@ print(json.dumps(out))
 # Runs the CLI with RLIMIT_FSIZE lowered for cudasnap itself (the program it runs gets the
 # limit back: its ring, a file in /dev/shm, must not hit it): the disk "fills" at that size.
 FULL_DISK = r"""
-import resource, subprocess, sys
+import resource, sys
+import cudasnap.capture.runner as runner
 limit = int(sys.argv[1])
 _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-class Popen(subprocess.Popen):
-    def __init__(self, *a, preexec_fn=None, **kw):
-        def pre():
-            resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
-            if preexec_fn:
-                preexec_fn()
-        super().__init__(*a, preexec_fn=pre, **kw)
-subprocess.Popen = Popen
+spawn = runner._spawn_gated
+def unlimited_spawn(*a, **kw):      # the program starts without the limit; only capture's writes fail
+    resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
+    try:
+        return spawn(*a, **kw)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+runner._spawn_gated = unlimited_spawn
 resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
 from cudasnap.cli import main
 sys.argv = ["cudasnap"] + sys.argv[2:]
@@ -259,7 +260,7 @@ def check_in_place(t: Tally, case: str, p: Path, work: Path) -> None:
 
 def check_output_paths(t: Tally, work: Path, damaged: Path) -> None:
     """Unwritable outputs: capture refuses before running the program; repair says so."""
-    from cudasnap.capture.run import run_capture
+    from cudasnap.capture.runner import run_capture
     (work / "a_file").write_text("")
     marker = work / "program_ran"
     for name, out in (("missing_dir", work / "nope" / "x.cusnap"), ("a_dir", work),

@@ -285,7 +285,7 @@ def test_help_and_version():
         res = runner.invoke(app, cmd + ["--help"])
         assert res.exit_code == 0, cmd
         for junk in ("<bool>", "<path>", "<int>", "<str>", "{", "╭"):
-            assert junk not in res.stdout, (cmd, junk)
+            assert junk not in res.stdout.replace("%q{VAR}", ""), (cmd, junk)     # -o's %q{VAR} is meant
     res = runner.invoke(app, ["replay", "--help"])
     line = next(l for l in res.stdout.splitlines() if "--sync-after-launch" in l)
     assert "Synchronize after every launch (pins failures to a kernel)." in line

@@ -272,7 +272,7 @@ def test_graph_mode_incr_memory_restored(double, tmp_path):
 def test_profile_option_errors(double, tmp_path):
     snap = tmp_path / "incr.cusnap"
     incr_program(snap)
-    for args, msg in ((["--profile", "bogus"], "--profile must be one of"),
+    for args, msg in ((["--profile", "bogus"], "is not one of"),
                       (["--profile", "isolated", "--trace", "t.json"], "--trace needs --profile timeline"),
                       (["--profile", "timeline", "--out", "x.txt"], ".json or .csv"),
                       (["--profile", "timeline", "--kernels", "("], "bad regex")):

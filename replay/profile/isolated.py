@@ -237,14 +237,18 @@ class L2Flusher:
 
 
 def stats(times_us: List[float]) -> Dict[str, Any]:
+    """Spread of the timed repeats, as nvbench computes it: noise_pct is the sample standard
+    deviation (n - 1) over the mean; iqr_pct the interquartile range over the median, from
+    inclusive quartiles (the sample's own minimum and maximum are quartiles 0 and 4)."""
     if not times_us:
         return {}
     med = statistics.median(times_us)
     d = {"median_us": med, "min_us": min(times_us), "max_us": max(times_us), "mean_us": statistics.fmean(times_us)}
     d["spread_pct"] = (d["max_us"] - d["min_us"]) / med * 100 if med > 0 else 0.0
-    d["noise_pct"] = statistics.pstdev(times_us) / d["mean_us"] * 100 if d["mean_us"] > 0 else 0.0
+    sd = statistics.stdev(times_us) if len(times_us) > 1 else 0.0
+    d["noise_pct"] = sd / d["mean_us"] * 100 if d["mean_us"] > 0 else 0.0
     if len(times_us) >= 4:
-        q = statistics.quantiles(times_us, n=4)
+        q = statistics.quantiles(times_us, n=4, method="inclusive")
         d["iqr_pct"] = (q[2] - q[0]) / med * 100 if med > 0 else 0.0
     return d
 

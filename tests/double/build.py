@@ -40,6 +40,7 @@ PROGRAMS = {
     "queries": "link",
     "reload": "link",
     "unified": "link",
+    "sigwait": "link",
 }
 
 MODULE_TEXT = "CUDADOUBLE\nkernel add_one\nkernel fill\nkernel saxpy\nkernel chase\nkernel incr\nkernel spin\n"

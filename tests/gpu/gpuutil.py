@@ -63,7 +63,7 @@ class Runner:
 
     def capture(self, cmd, out: Path, extra_env=None, timeout=600):
         cf = self.tmp / "capture.count"
-        full = [sys.executable, "-m", "cudasnap", "capture", "-o", str(out), "--", *cmd]
+        full = [sys.executable, "-m", "cudasnap", "capture", "-f", "-o", str(out), "--", *cmd]
         cp = subprocess.run(full, env=self.env(extra_env, cf), capture_output=True, text=True, timeout=timeout)
         return cp, int(cf.read_text()) if cf.exists() else None
 

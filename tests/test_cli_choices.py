@@ -1,0 +1,69 @@
+"""Choices and ranges are declared to typer: --help lists them and the parser enforces the same."""
+from __future__ import annotations
+
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+from cudasnap.cli import app
+
+
+def _help(cmd: str) -> str:
+    res = CliRunner().invoke(app, [cmd, "--help"])
+    assert res.exit_code == 0, res.output
+    return " ".join(res.output.split())          # help wraps; compare words
+
+
+@pytest.mark.parametrize("cmd, shown", [
+    ("capture", ["--placement region|off", "--drain lazy|eager", "1<=x<=22", "1<=x<=65536", "0<=x<=32",
+                 "0<=x<=16", "-f, --force-overwrite", "%p", "%h", "%q{VAR}"]),
+    ("replay", ["--dtype f32|f16|bf16|f64", "--profile timeline|isolated|graph", "x>=1", "x>=0"]),
+    ("dump", ["--format text|jsonl"]),
+    ("api", ["--status replay|record|refused"]),
+    ("stats", ["--format text|csv|json", "--report api|kernels|memory", "FILE.sqlite|DIR/"]),
+])
+def test_help_lists_choices_and_ranges(cmd, shown):
+    h = _help(cmd)
+    for s in shown:
+        assert s in h, (cmd, s)
+
+
+def test_level_help_and_check_agree():
+    h = _help("capture")
+    m = re.search(r"--level N .*?\[default: 3; (\d+)<=x<=(\d+)\]", h)
+    assert m and (m.group(1), m.group(2)) == ("1", "22"), h
+    assert "1 fastest .. 22" in h
+
+
+@pytest.mark.parametrize("args", [
+    ["capture", "--level", "23", "--", "true"],
+    ["capture", "--level", "0", "--", "true"],
+    ["capture", "--placement", "nowhere", "--", "true"],
+    ["capture", "--drain", "sometimes", "--", "true"],
+    ["capture", "--segments", "17", "--", "true"],
+    ["capture", "--copy-threads", "33", "--", "true"],
+    ["capture", "--ring-mb", "0", "--", "true"],
+    ["replay", "x.cusnap", "--dtype", "f8"],
+    ["replay", "x.cusnap", "--profile", "everything"],
+    ["replay", "x.cusnap", "--repeat", "0"],
+    ["dump", "x.cusnap", "--format", "xml"],
+    ["api", "--status", "maybe"],
+    ["stats", "x.cusnap", "--format", "xml"],
+    ["stats", "x.cusnap", "--report", "gpu"],
+])
+def test_out_of_range_and_unknown_choices_are_refused(args, tmp_path):
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2, res.output
+    opt = next(a for a in args if a.startswith("--"))
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"cudasnap: error: Invalid value for '{opt}'"), res.output
+
+
+def test_choices_reach_the_commands(double, capture, tmp_path):
+    cp, snap = capture(double["progs"]["direct"], "1")
+    assert cp.returncode == 0, cp.stderr
+    res = CliRunner().invoke(app, ["dump", str(snap), "--format", "jsonl", "--calls", "launches"])
+    assert res.exit_code == 0 and res.output.lstrip().startswith("{")
+    res = CliRunner().invoke(app, ["api", "--status", "refused", "--json"])
+    assert res.exit_code == 0
