@@ -12,7 +12,7 @@
 #      most ceil(log2 6) + 2 = 5 replays).
 # Writes under $OUT: demo.log, compare_same.html, compare_replace.html, bisect.html, bisect.json,
 # demo_files.tar.gz (every profile, comparison and the envs file).
-# Run from the project root through the device tool (carry .whl: the wheels the image lacks,
+# Run from the project root on the GPU machine (with .whl holding the wheels the image lacks,
 # plotly and narwhals among them; without plotly no HTML is written):
 #   bash bench/demo_bisect_gpu.sh
 # Env: REPEAT (isolated repeats, default 10), ARCH (default sm_90), N / ITERS (problem size).

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The one GPU-machine script: install from a wheel folder, build, run the GPU suite and the
-# GPU benchmarks, write results under $OUT. Run from the project root through the device tool:
+# GPU benchmarks, write results under $OUT. Run from the project root on the GPU machine:
 #   bash bench/gpu_suite.sh [pytest -k expression]        (carry .whl)
 # Env: SKIP_BENCH=1 skips benchmarks; SKIP_SUITE=1 skips the pytest suite; SUITE_FILES: test
 # paths under tests/ to run instead of the default (tests/gpu without the stress test), e.g.
