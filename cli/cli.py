@@ -229,6 +229,24 @@ def replay(
     raise typer.Exit(run_replay_cli(snapshot, opts, json_out))
 
 
+@app.command(cls=_Command)
+def export(
+    snapshot: Path = typer.Argument(..., metavar="SNAPSHOT", help="A .cusnap file."),
+    output: Path = typer.Option(..., "-o", "--output", metavar="DIR", help="Directory for replay.c, its Makefile and data/."),
+    calls: Optional[str] = typer.Option(None, "--calls", metavar="SET", help="Only these launches/copies (call-set syntax as in dump); state-building calls always run."),
+):
+    """Write a standalone C program that replays SNAPSHOT through the CUDA Driver API.
+
+    DIR gets replay.c, a Makefile (CC, CFLAGS, LDFLAGS honoured; links -lcuda) and data/
+    (H2D payloads, module images, expected D2H results). The program needs no Python and
+    no cudasnap; it verifies every D2H result and prints per-kernel times. Its exit: 0
+    verified, 1 a result differs, 2 cannot proceed. Export exits 2 naming a call it cannot
+    translate."""
+    from cudasnap.export.commands import run_export_cli
+
+    raise typer.Exit(run_export_cli(snapshot, output, calls))
+
+
 def main() -> None:
     try:
         app()
