@@ -247,6 +247,29 @@ def export(
     raise typer.Exit(run_export_cli(snapshot, output, calls))
 
 
+@app.command(cls=_Command)
+def extract(
+    snapshot: Path = typer.Argument(..., metavar="SNAPSHOT", help="A .cusnap file."),
+    output: Path = typer.Option(..., "-o", "--output", metavar="SMALL.cusnap", help="The snapshot to write."),
+    launch: Optional[int] = typer.Option(None, "--launch", metavar="N", help="The launch with call number N (as dump shows)."),
+    kernel: Optional[str] = typer.Option(None, "--kernel", metavar="REGEX[#K]", help="The K-th launch (from 1; default the first) of a kernel whose name matches REGEX."),
+    calls: Optional[str] = typer.Option(None, "--calls", metavar="A-B", help="Every call numbered A to B."),
+    memory: str = typer.Option("reachable", "--memory", metavar="reachable|all", help="reachable: restore the allocations the selection's parameters point into, plus what pointer scanning finds in them, plus module globals; all: every live allocation."),
+    device: int = typer.Option(0, "--device", metavar="N", help="GPU ordinal to replay on."),
+):
+    """Write a small self-contained snapshot of selected launches, with the memory they read.
+
+    Replays SNAPSHOT up to the selection, reads back the memory it can read, replays it and
+    reads back what it could write. SMALL.cusnap holds the state-building calls (context,
+    placement zone, allocations, the module loads the kernels need), H2D copies restoring
+    that memory, the selection, and D2H copies whose expected results are what was read back:
+    `cudasnap replay SMALL.cusnap` verifies against them. Exit 2: nothing selected, or the
+    replay could not reach the selection."""
+    from cudasnap.export.commands import run_extract_cli
+
+    raise typer.Exit(run_extract_cli(snapshot, output, launch, kernel, calls, memory, device))
+
+
 def main() -> None:
     try:
         app()

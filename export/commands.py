@@ -42,3 +42,33 @@ def run_export_cli(snapshot, outdir, calls: Optional[str] = None, out=None) -> i
         out.write(f"  note: {n}\n")
     out.write(f"  build and run: make -C {r.outdir} && {r.program}   ({r.elapsed_s:.2f} s)\n")
     return 0
+
+
+def run_extract_cli(snapshot, output, launch=None, kernel=None, calls=None, memory="reachable", device=0,
+                    out=None) -> int:
+    from .extract import extract
+    out = out or sys.stdout
+    if not os.path.exists(snapshot):
+        sys.stderr.write(f"cudasnap: error: {snapshot}: no such file\n")
+        return 2
+    try:
+        r = extract(snapshot, output, launch=launch, kernel=kernel, calls=calls, memory=memory, device=device)
+    except ExportError as e:
+        sys.stderr.write(f"cudasnap extract: error: {e}\n")
+        return 2
+    sel = r.selected
+    what = (f"call #{sel[0]}" if len(sel) == 1 else f"calls #{sel[0]}-#{sel[-1]} ({len(sel)} calls)")
+    kern = f" ({', '.join(sorted(set(r.kernels))[:3])}{'...' if len(set(r.kernels)) > 3 else ''})" if r.kernels else ""
+    pct = 100.0 * r.size / r.original_size if r.original_size else 0.0
+    out.write(f"extracted {what}{kern} from {os.fspath(snapshot)} into {r.output}: {_mib(r.size)} "
+              f"({pct:.2f}% of {_mib(r.original_size)}) in {r.elapsed_s:.2f} s\n")
+    how = ("every live allocation" if r.memory == "all" else
+           "the allocations the selection's parameters point into, what pointer scanning found in them, and module globals")
+    out.write(f"  memory restored: {len(r.restored)} range(s), {_mib(r.restored_bytes)}: {how}\n")
+    out.write(f"  expected results: {r.expected} range(s), {_mib(r.expected_bytes)} (read back after replaying the "
+              f"selection); state-building calls kept: {r.prefix_calls}; module loads kept {r.modules_kept}, "
+              f"left out {r.modules_dropped}\n")
+    for n in r.notes:
+        out.write(f"  note: {n}\n")
+    out.write(f"  verify: cudasnap replay {r.output}\n")
+    return 0

@@ -110,3 +110,17 @@ def test_export_refuses_a_call_it_cannot_translate(tmp_path):
     assert ex.returncode == 2
     assert "call #1 cuArrayCreate_v2" in ex.stderr and "cannot translate" in ex.stderr
     assert not (tmp_path / "out" / "replay.c").exists()
+
+
+def test_extracted_kernel_exports_as_a_standalone_repro(double, capture, tmp_path):
+    cp, snap = capture(double["progs"]["chase"])
+    assert cp.returncode == 0
+    small = tmp_path / "chase_kernel.cusnap"
+    ex = subprocess.run([sys.executable, "-m", "cudasnap", "extract", str(snap), "--kernel", "chase", "-o", str(small)],
+                        env=double["env"], capture_output=True, text=True, timeout=120)
+    assert ex.returncode == 0, ex.stdout + ex.stderr
+    out = tmp_path / "repro"
+    assert _export(small, out).returncode == 0
+    run = _run(double, _build(double, out))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "OK: 10 device-to-host results verified" in run.stdout
