@@ -272,6 +272,9 @@ class Extractor:
             if any(a.get(k) in gone for k in _HANDLE_KEYS if isinstance(a.get(k), int)):
                 continue
             out.append(rec)
+        # module globals whose lookup stays: only those exist (at an address of their own) on replay
+        self.kept_globals = {(r.get("a") or {}).get("dptr") for r in out
+                             if base_name(r.get("f") or "") in ("cuModuleGetGlobal", "cuLibraryGetGlobal")}
         self.res.modules_kept = len(loads) - len(dropped)
         self.res.modules_dropped = len(dropped)
         self.prefix_recs = out
@@ -300,7 +303,7 @@ class Extractor:
                         run = (p, n)
                 if run is not None:
                     out.append((run[0], run[1], "vmm"))
-        out = [r for r in out if r[1] > 0]
+        out = [r for r in out if r[1] > 0 and (r[2] != "global" or r[0] in self.kept_globals)]
         out.sort()
         return out
 
