@@ -202,6 +202,7 @@ def replay(
     hook: List[str] = typer.Option([], "--hook", metavar="MODULE:OBJECT", help="A hook MODULE:OBJECT[?key=value&...] (repeatable); see replay/hooks.py."),
     nvtx: Optional[bool] = typer.Option(None, "--nvtx/--no-nvtx", help="Emit NVTX ranges named after recorded calls and kernels (default: when nsys/ncu is attached)."),
     check_repeats: bool = typer.Option(False, "--check-repeats", help="isolated: check that every repeat writes the same memory."),
+    jit: Optional[str] = typer.Option(None, "--jit", metavar="ptx", help="ptx: load every module from the PTX its image carries (JIT-compiled for this GPU; the JIT time is reported)."),
 ):
     """Replay a snapshot on a GPU and verify every D2H result.
 
@@ -212,13 +213,16 @@ def replay(
 
     if watchdog is not None and watchdog <= 0:
         _fail("--watchdog must be > 0 seconds")
+    if jit not in (None, "ptx"):
+        _fail("--jit takes ptx")
     profiling = bool(profile or hook or out_file or trace or nvtx or launch is not None)
     if profiling and not profile and (out_file or trace or launch is not None):
         profile = "timeline"
     opts = ReplayOptions(device=device, calls=None if profile else calls, kernels=None if profile else kernels,
                          rtol=rtol, atol=atol, dtype=dtype,
                          continue_on_error=continue_on_error, watchdog=watchdog, sync_after_launch=sync_after_launch,
-                         threads=threads, progress=progress, relocate_payloads=relocate_payloads, quiet=quiet)
+                         threads=threads, progress=progress, relocate_payloads=relocate_payloads, quiet=quiet,
+                         jit=jit)
     if profiling:
         from cudasnap.replay.profile import ProfileConfig, run_profile_cli
         cfg = ProfileConfig(mode=profile, repeat=repeat, warmup=warmup, flush_l2=flush_l2,

@@ -72,6 +72,11 @@ def run_replay_cli(snapshot, opts: ReplayOptions, as_json: bool = False, out=Non
     if problem:
         sys.stderr.write(f"cudasnap: error: {problem}\n")
         return 2
+    if opts.jit == "ptx":
+        os.environ["CUDA_MODULE_LOADING"] = "EAGER"      # JIT at load, so the load's time is the JIT's
+    from .retarget import preflight
+    if preflight(snapshot, opts.device, opts.jit, sys.stderr if as_json else out, quiet=opts.quiet):
+        return 2
     rp = Replayer(snapshot, opts)
     try:
         res = rp.run()

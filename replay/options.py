@@ -20,6 +20,7 @@ class ReplayOptions:
     progress: Optional[bool] = None      # None: automatic (long replay, stderr is a terminal)
     relocate_payloads: bool = False
     quiet: bool = False
+    jit: Optional[str] = None            # "ptx": load every module from its PTX (JIT-compiled)
 
 
 @dataclass

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from . import handles
 from ..archcheck import runnable
+from ..retarget import jit_done, jit_image
 
 
 def _image(rp, rec):
@@ -33,10 +34,12 @@ def _arch(rp, rec, img, rec_mod):
 
 def _load_module(rp, rec, img, out_key):
     rec_mod = rec["a"].get(out_key) or 0
+    img = jit_image(rp, rec, img)                 # --jit ptx: the image's PTX instead
     _arch(rp, rec, img, rec_mod)
     if not img.endswith(b"\0") and rp.blob(rec, "image") is not None and img[:4] != b"\x7fELF":
         img = img + b"\0"
     mod = rp.drv(rec, "cuModuleLoadData", img)
+    jit_done(rp, rec)
     if mod is not None:
         rp.keepalive_images.append(img)
         rp.set_handle(rec_mod, mod)
@@ -52,10 +55,11 @@ def module_load(rp, rec):
 
 @handles("cuLibraryLoadData", "cuLibraryLoadFromFile", errors=True)
 def library_load(rp, rec):
-    img = _image(rp, rec)
+    img = jit_image(rp, rec, _image(rp, rec))     # --jit ptx: the image's PTX instead
     rec_lib = rec["a"].get("library") or 0
     _arch(rp, rec, img, rec_lib)
     lib = rp.drv(rec, "cuLibraryLoadData", img, None, None, 0, None, None, 0)
+    jit_done(rp, rec)
     if lib is not None:
         rp.keepalive_images.append(img)
         rp.set_handle(rec_lib, lib)
