@@ -3,10 +3,11 @@
 #   1. export: an nvcc program's snapshot -> a standalone C program built with gcc against the
 #      real libcuda; it runs and verifies (exit 0); one corrupted expected result -> exit 1
 #   2. extract: one GEMM of a PyTorch snapshot -> a small snapshot that replays verified, and
-#      that small snapshot exported as a C program too
+#      that small snapshot exported as a C program too; the whole PyTorch snapshot exported
 #   3. replay --jit ptx: an nvcc program built with SASS and PTX, replayed from its PTX
-#   4. replay's preflight: a module with SASS for sm_80 only (no sm_90, no PTX) is refused
-#      before anything runs; one with PTX only is reported as JIT
+#   4. replay's preflight: a program built with PTX only is reported as JIT and verifies; a
+#      snapshot whose module has SASS for sm_80 only (no sm_90, no PTX: as if captured on an
+#      A100) is refused before anything runs
 # Run from the project root (install as gpu_suite.sh does; carry .whl): bash bench/demo_export_gpu.sh
 # Writes $OUT/demo.log (everything) and $OUT/demo_summary.txt (one line per check).
 set -uo pipefail
@@ -52,6 +53,10 @@ cudasnap replay gemm.cusnap; rc=$?; check "replay of the extracted GEMM verifies
 cudasnap export gemm.cusnap -o gemm_c && make -s -C gemm_c CC=gcc CUDA_HOME="$CUDA_HOME" && ./gemm_c/replay
 check "extracted GEMM as a standalone C program" 0 $?
 
+step "2b. the whole PyTorch snapshot as a standalone C program"
+cudasnap export mlp.cusnap -o mlp_c && make -s -C mlp_c CC=gcc CUDA_HOME="$CUDA_HOME" && ./mlp_c/replay
+check "PyTorch snapshot exported, built with gcc, run" 0 $?
+
 step "3. replay --jit ptx: an nvcc program built with SASS and PTX"
 if cudasnap replay --help | grep -q -- "--jit"; then
   nvcc -O2 -cudart static -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
@@ -68,9 +73,24 @@ if cudasnap replay --help | grep -q -- "--jit"; then
   nvcc -O2 -cudart static -gencode arch=compute_80,code=compute_80 -o ptrs_ptxonly "$ROOT/tests/gpu/workloads/ptrs.cu"
   cudasnap capture -o ptxonly.cusnap -- ./ptrs_ptxonly | tail -1
   cudasnap replay ptxonly.cusnap; check "PTX-only module: preflight says JIT, replay verifies" 0 $?
-  nvcc -O2 -cudart static -gencode arch=compute_80,code=sm_80 -o ptrs_sm80 "$ROOT/tests/gpu/workloads/ptrs.cu"
-  cudasnap capture -o sm80.cusnap -- ./ptrs_sm80 | tail -1
-  cudasnap info sm80.cusnap | grep -i -A3 "module"
+  # as if captured on an A100: the sm_90 snapshot with its module image swapped for the same
+  # source built for sm_80 only (SASS, no PTX)
+  nvcc -fatbin -gencode arch=compute_80,code=sm_80 -o ptrs_sm80.fatbin "$ROOT/tests/gpu/workloads/ptrs.cu"
+  python3 - ptrs.cusnap ptrs_sm80.fatbin sm80.cusnap <<'EOF'
+import sys
+from cudasnap.formats import SnapshotReader, SnapshotWriter
+src, image, dst = sys.argv[1], open(sys.argv[2], "rb").read(), sys.argv[3]
+r = SnapshotReader(src)
+with SnapshotWriter(dst, dict(r.raw_header)) as w:
+    for rec in r.records():
+        if rec.get("k") == "b":
+            continue
+        for key, ref in list((rec.get("x") or {}).items()):
+            if isinstance(ref, dict) and ref.get("blob"):
+                ref["blob"] = w.add_blob(image if key == "image" else r.blob(ref["blob"]))
+        w.write(rec)
+EOF
+  cudasnap info sm80.cusnap | grep -A3 "Modules"
   cudasnap replay sm80.cusnap; check "sm_80-only module refused before replay" 2 $?
 else
   check "preflight (not built)" 0 1
