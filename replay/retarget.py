@@ -275,8 +275,11 @@ def preflight(snapshot, device: int = 0, jit: Optional[str] = None, out=None, qu
     cc, name = device_cc(device)
     if cc is None:
         return 0                       # the replay reports a missing GPU or driver itself
-    with SnapshotReader(snapshot) as r:
-        loads = module_loads(r)
+    try:
+        with SnapshotReader(snapshot) as r:
+            loads = module_loads(r)
+    except Exception:                  # a damaged snapshot: the replay says how far it reads
+        return 0
     if not loads or all(ld["info"].format == "unknown" for ld in loads):
         return 0
     dev = cc[0] * 10 + cc[1]
