@@ -40,6 +40,9 @@ p = sys.argv[1]; b = bytearray(open(p, "rb").read()); b[0] ^= 1; open(p, "wb").w
 EOF
 ./ptrs_c/replay; check "exported program with one corrupted expected result" 1 $?
 cp ptrs_c/replay.c "$OUT/demo_ptrs_replay.c"
+# fill() guards i < n: a larger grid gives the same results, which replay verifies
+cudasnap replay ptrs.cusnap --launch-override 'grid=256,1,1,kernel=fill' | tail -3
+check "replay --launch-override grid=256 on fill()" 0 ${PIPESTATUS[0]}
 
 step "2. extract one GEMM from a PyTorch snapshot"
 cudasnap capture -o mlp.cusnap -- python3 "$ROOT/bench/demo_torch_mlp.py" 48 2048 | tail -3

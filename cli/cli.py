@@ -203,6 +203,7 @@ def replay(
     nvtx: Optional[bool] = typer.Option(None, "--nvtx/--no-nvtx", help="Emit NVTX ranges named after recorded calls and kernels (default: when nsys/ncu is attached)."),
     check_repeats: bool = typer.Option(False, "--check-repeats", help="isolated: check that every repeat writes the same memory."),
     jit: Optional[str] = typer.Option(None, "--jit", metavar="ptx", help="ptx: load every module from the PTX its image carries (JIT-compiled for this GPU; the JIT time is reported)."),
+    launch_override: Optional[str] = typer.Option(None, "--launch-override", metavar="SPEC", help="grid=X,Y,Z and/or block=X,Y,Z[,kernel=REGEX]: replay launches with these sizes (a block the kernel cannot take is left as recorded) and verify as usual."),
 ):
     """Replay a snapshot on a GPU and verify every D2H result.
 
@@ -222,7 +223,7 @@ def replay(
                          rtol=rtol, atol=atol, dtype=dtype,
                          continue_on_error=continue_on_error, watchdog=watchdog, sync_after_launch=sync_after_launch,
                          threads=threads, progress=progress, relocate_payloads=relocate_payloads, quiet=quiet,
-                         jit=jit)
+                         jit=jit, launch_override=launch_override)
     if profiling:
         from cudasnap.replay.profile import ProfileConfig, run_profile_cli
         cfg = ProfileConfig(mode=profile, repeat=repeat, warmup=warmup, flush_l2=flush_l2,

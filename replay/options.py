@@ -21,6 +21,7 @@ class ReplayOptions:
     relocate_payloads: bool = False
     quiet: bool = False
     jit: Optional[str] = None            # "ptx": load every module from its PTX (JIT-compiled)
+    launch_override: Optional[str] = None   # "grid=X,Y,Z,block=X,Y,Z[,kernel=REGEX]" (replay/override.py)
 
 
 @dataclass

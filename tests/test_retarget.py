@@ -141,3 +141,17 @@ def test_jit_ptx_loads_the_recorded_ptx(comp, double, capture, tmp_path):
     _with_image(snap, sass_only, fatbin([(2, 90, cubin(90), "")]))
     rp = _cli(double, "replay", str(sass_only), "--jit", "ptx")
     assert rp.returncode == 2 and "has no PTX to JIT" in rp.stderr
+
+
+def test_launch_override_reruns_with_other_sizes_and_verifies(double, capture):
+    cp, snap = capture(double["progs"]["direct"])          # add_one over 1024 floats, 4 blocks of 256
+    assert cp.returncode == 0
+    same = _cli(double, "replay", str(snap), "--launch-override", "grid=8,1,1,block=128,1,1")
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert "10 launch(es) of 1 kernel(s) replayed with grid 8x1x1, block 128x1x1" in same.stdout
+    short = _cli(double, "replay", str(snap), "--launch-override", "grid=1,block=32,kernel=add_")
+    assert short.returncode == 1 and "MISMATCH" in short.stdout      # fewer threads than elements: it shows
+    big = _cli(double, "replay", str(snap), "--launch-override", "block=4096")
+    assert big.returncode == 0 and "left as recorded (block of 4096 threads, the kernel allows 1024)" in big.stdout
+    bad = _cli(double, "replay", str(snap), "--launch-override", "grid=x")
+    assert bad.returncode == 2 and "grid takes integers" in bad.stderr
