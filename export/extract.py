@@ -22,6 +22,7 @@ from __future__ import annotations
 import bisect
 import os
 import re
+import struct
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Set, Tuple
@@ -210,6 +211,16 @@ class Extractor:
             if _is_work(f) or _is_query(f):
                 continue
             recs.append(rec)
+        if self.calls is None:
+            rec = self.sel[0]
+            f, a = rec.get("f") or "", rec.get("a") or {}
+            hs = a.get("hStream")
+            cfg = a.get("config")
+            if f.startswith("cuLaunchKernelEx") and isinstance(cfg, (bytes, bytearray)) and len(cfg) >= 48:
+                hs = struct.unpack_from("<Q", cfg, LAUNCH_CONFIG_HSTREAM)[0]
+            if (hs or (2 if ("_ptsz" in f or "_ptds" in f) else 0)) in capturing:
+                raise ExtractError(f"launch #{rec['s']} is captured into a graph (it runs when the graph is launched); "
+                                   f"select the graph launches with --calls instead")
         self._drop_unneeded_modules(recs)
 
     def _drop_unneeded_modules(self, recs: List[Dict[str, Any]]) -> None:

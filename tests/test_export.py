@@ -24,7 +24,7 @@ def _export(snap, out, *args):
 
 def _build(double, out):
     cp = subprocess.run(["make", "-s", "-C", str(out), f"CC={os.environ.get('CC', 'cc')}",
-                         f"CFLAGS=-O1 -Wall -Werror -I{double['cuda_include']}", f"LDFLAGS=-L{double['libdir']}",
+                         f"CFLAGS=-O1 -Wall -I{double['cuda_include']}", f"LDFLAGS=-L{double['libdir']}",
                          "CUDA_HOME=/nonexistent"], capture_output=True, text=True, timeout=300)
     assert cp.returncode == 0, cp.stdout + cp.stderr
     return out / "replay"

@@ -87,3 +87,7 @@ def test_extract_refuses_what_it_cannot_find(double, capture, tmp_path):
     ex = _cli(double, "extract", str(snap), "-o", str(tmp_path / "x.cusnap"), "--launch", "1", "--kernel", "a")
     assert ex.returncode == 2 and "exactly one of" in ex.stderr
     assert not (tmp_path / "x.cusnap").exists()
+    cp, snap = capture(double["progs"]["launch_forms"])
+    captured = [c for c in _calls(snap) if c["f"] == "cuLaunchKernel" and c["a"].get("hStream")][0]
+    ex = _cli(double, "extract", str(snap), "-o", str(tmp_path / "x.cusnap"), "--launch", str(captured["s"]))
+    assert ex.returncode == 2 and "captured into a graph" in ex.stderr
