@@ -277,6 +277,8 @@ def replay(
     nvtx: Optional[bool] = typer.Option(None, "--nvtx/--no-nvtx", help="Emit NVTX ranges named after recorded calls and kernels (default: when nsys/ncu is attached)."),
     check_repeats: bool = typer.Option(False, "--check-repeats", help="isolated: check that every repeat writes the same memory."),
     replace: List[str] = typer.Option([], "--replace", metavar="KERNEL=FILE", help="Run KERNEL (a recorded name), module:KERNEL (its whole module) or 0xMODULE (a recorded module handle) from FILE, a rebuilt cubin/fatbin/PTX with the same parameter layout (checked; a mismatch stops with exit 2). Repeatable; CUDASNAP_REPLACE='T=F;T=F' adds more."),
+    jit: Optional[str] = typer.Option(None, "--jit", metavar="ptx", help="ptx: load every module from the PTX its image carries (JIT-compiled for this GPU; the JIT time is reported)."),
+    launch_override: Optional[str] = typer.Option(None, "--launch-override", metavar="SPEC", help="grid=X,Y,Z and/or block=X,Y,Z[,kernel=REGEX]: replay launches with these sizes (a block the kernel cannot take is left as recorded) and verify as usual."),
 ):
     """Replay a snapshot on a GPU and verify every D2H result.
 
@@ -288,6 +290,8 @@ def replay(
     dtype, profile = _value(dtype), _value(profile)
     if watchdog is not None and watchdog <= 0:
         _fail("--watchdog must be > 0 seconds")
+    if jit not in (None, "ptx"):
+        _fail("--jit takes ptx")
     profiling = bool(profile or hook or out_file or trace or nvtx or launch is not None)
     if profiling and not profile and (out_file or trace or launch is not None):
         profile = "timeline"
@@ -295,7 +299,7 @@ def replay(
                          rtol=rtol, atol=atol, dtype=dtype,
                          continue_on_error=continue_on_error, watchdog=watchdog, sync_after_launch=sync_after_launch,
                          threads=threads, progress=progress, relocate_payloads=relocate_payloads, quiet=quiet,
-                         replace=list(replace))
+                         replace=list(replace), jit=jit, launch_override=launch_override)
     from cudasnap.replay.replace import check_specs
     bad = check_specs(opts)
     if bad:
@@ -356,6 +360,47 @@ def bisect(
 
     raise typer.Exit(run_bisect_cli(str(snapshot), str(envs), profile, kernels, repeat, warmup, threshold,
                                     str(html) if html else None, json_out, str(keep) if keep else None, timeout, top))
+
+
+@app.command(cls=_Command)
+def export(
+    snapshot: Path = typer.Argument(..., metavar="SNAPSHOT", help="A .cusnap file."),
+    output: Path = typer.Option(..., "-o", "--output", metavar="DIR", help="Directory for replay.c, its Makefile and data/."),
+    calls: Optional[str] = typer.Option(None, "--calls", metavar="SET", help="Only these launches/copies (call-set syntax as in dump); state-building calls always run."),
+):
+    """Write a standalone C program that replays SNAPSHOT through the CUDA Driver API.
+
+    DIR gets replay.c, a Makefile (CC, CFLAGS, LDFLAGS honoured; links -lcuda) and data/
+    (H2D payloads, module images, expected D2H results). The program needs no Python and
+    no cudasnap; it verifies every D2H result and prints per-kernel times. Its exit: 0
+    verified, 1 a result differs, 2 cannot proceed. Export exits 2 naming a call it cannot
+    translate."""
+    from cudasnap.export.commands import run_export_cli
+
+    raise typer.Exit(run_export_cli(snapshot, output, calls))
+
+
+@app.command(cls=_Command)
+def extract(
+    snapshot: Path = typer.Argument(..., metavar="SNAPSHOT", help="A .cusnap file."),
+    output: Path = typer.Option(..., "-o", "--output", metavar="SMALL.cusnap", help="The snapshot to write."),
+    launch: Optional[int] = typer.Option(None, "--launch", metavar="N", help="The launch with call number N (as dump shows)."),
+    kernel: Optional[str] = typer.Option(None, "--kernel", metavar="REGEX[#K]", help="The K-th launch (from 1; default the first) of a kernel whose name matches REGEX."),
+    calls: Optional[str] = typer.Option(None, "--calls", metavar="A-B", help="Every call numbered A to B."),
+    memory: str = typer.Option("reachable", "--memory", metavar="reachable|all", help="reachable: restore the allocations the selection's parameters point into, plus what pointer scanning finds in them, plus module globals; all: every live allocation."),
+    device: int = typer.Option(0, "--device", metavar="N", help="GPU ordinal to replay on."),
+):
+    """Write a small self-contained snapshot of selected launches, with the memory they read.
+
+    Replays SNAPSHOT up to the selection, reads back the memory it can read, replays it and
+    reads back what it could write. SMALL.cusnap holds the state-building calls (context,
+    placement zone, allocations, the module loads the kernels need), H2D copies restoring
+    that memory, the selection, and D2H copies whose expected results are what was read back:
+    `cudasnap replay SMALL.cusnap` verifies against them. Exit 2: nothing selected, or the
+    replay could not reach the selection."""
+    from cudasnap.export.commands import run_extract_cli
+
+    raise typer.Exit(run_extract_cli(snapshot, output, launch, kernel, calls, memory, device))
 
 
 def main() -> None:

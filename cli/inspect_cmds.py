@@ -204,6 +204,7 @@ def summarize(r: SnapshotReader) -> Dict[str, Any]:
                     "by_name": dict(kernels.most_common())},
         "memory": {k: dict(v) for k, v in sorted(mem.items())},
         "modules": modules,
+        "module_images": _module_images(r),
         "blobs": {"count": st["blobs"], "logical_bytes": st["blob_logical_bytes"],
                   "unique_bytes": st["blob_unique_bytes"], "stored_bytes": st["blob_stored_bytes"],
                   "dedup_ratio": st["dedup_ratio"]},
@@ -218,6 +219,20 @@ def summarize(r: SnapshotReader) -> Dict[str, Any]:
         "end": end,
         "loss": loss,
     }
+
+
+def _module_images(r: SnapshotReader) -> list:
+    """Each module/library load with the code its image carries (SASS architectures, PTX)."""
+    try:
+        from cudasnap.replay.retarget import module_loads
+        loads = module_loads(r)
+    except SnapshotError:
+        return []
+    return [{"seq": ld["seq"], "call": ld["call"], "result": ld["r"], "bytes": ld["size"],
+             "format": ld["info"].format, "sass": ["sm_%d" % a for a in ld["info"].sass],
+             "ptx": ["compute_%d" % a for a in ld["info"].ptx],
+             "compressed": sorted({e.compressed for e in ld["info"].entries if e.compressed}),
+             "kernels": len(ld["kernels"]), "launched": sorted(ld.get("launched") or ())} for ld in loads]
 
 
 _REPAIR_COUNTS = ("lost_bytes", "lost_records", "unknown_gaps", "lost_blobs", "gap_count")
@@ -383,6 +398,14 @@ def run_info(path: Path, json_out: bool) -> int:
     if s["kernels"]["by_name"]:
         print_table(con, ["kernel", ("launches", "right")], list(s["kernels"]["by_name"].items())[:30],
                     title="Kernels by launches")
+    imgs = s.get("module_images") or []
+    if imgs:
+        rows = [(f"#{m['seq']}", m["call"], _human(m["bytes"]), m["format"], " ".join(m["sass"]) or "-",
+                 " ".join(m["ptx"]) or "-", m["kernels"]) for m in imgs[:40]]
+        if len(imgs) > 40:
+            rows.append((f"... {len(imgs) - 40} more", "", "", "", "", "", ""))
+        print_table(con, ["call", "load", ("image", "right"), "format", "SASS", "PTX", ("kernels", "right")], rows,
+                    title="Modules: the code each image carries")
     if s["memory"]:
         print_table(con, ["kind", ("calls", "right"), ("bytes", "right")],
                     [(k, v["count"], _human(v["bytes"])) for k, v in s["memory"].items()], title="Memory traffic")

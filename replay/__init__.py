@@ -60,6 +60,7 @@ def damaged(e: Exception) -> str:
 
 def run_replay_cli(snapshot, opts: ReplayOptions, as_json: bool = False, out=None) -> int:
     """The `cudasnap replay` command: replay, print the summary, return the exit code."""
+    import re
     import sys
     from cudasnap.formats import SnapshotError
     from .engine import Replayer
@@ -72,7 +73,19 @@ def run_replay_cli(snapshot, opts: ReplayOptions, as_json: bool = False, out=Non
     if problem:
         sys.stderr.write(f"cudasnap: error: {problem}\n")
         return 2
+    if opts.jit == "ptx":
+        os.environ["CUDA_MODULE_LOADING"] = "EAGER"      # JIT at load, so the load's time is the JIT's
+    from .retarget import preflight
+    if preflight(snapshot, opts.device, opts.jit, sys.stderr if as_json else out, quiet=opts.quiet):
+        return 2
     rp = Replayer(snapshot, opts)
+    if opts.launch_override:
+        from .override import LaunchOverride
+        try:
+            rp.subscribers.append(LaunchOverride(opts.launch_override))
+        except (ValueError, re.error) as e:
+            sys.stderr.write(f"cudasnap: error: {e}\n")
+            return 2
     try:
         res = rp.run()
     except KeyboardInterrupt:

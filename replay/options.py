@@ -21,6 +21,8 @@ class ReplayOptions:
     relocate_payloads: bool = False
     quiet: bool = False
     replace: List[str] = field(default_factory=list)   # TARGET=FILE swaps (replay/replace.py); CUDASNAP_REPLACE adds
+    jit: Optional[str] = None            # "ptx": load every module from its PTX (JIT-compiled)
+    launch_override: Optional[str] = None   # "grid=X,Y,Z,block=X,Y,Z[,kernel=REGEX]" (replay/override.py)
 
 
 @dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 from . import handles
 from ..archcheck import runnable
 from ..replace import replacements
+from ..retarget import jit_done, jit_image
 
 
 def _image(rp, rec):
@@ -38,10 +39,13 @@ def _load_module(rp, rec, img, out_key):
     swap = rep.module_image(rec, rec_mod) if rep else None
     if swap:
         img = swap[1]              # --replace: a rebuilt image in place of the recorded one
+    else:
+        img = jit_image(rp, rec, img)             # --jit ptx: the image's PTX instead
     _arch(rp, rec, img, rec_mod)
     if not img.endswith(b"\0") and rp.blob(rec, "image") is not None and img[:4] != b"\x7fELF":
         img = img + b"\0"
     mod = rp.drv(rec, "cuModuleLoadData", img)
+    jit_done(rp, rec)
     if mod is not None:
         rp.keepalive_images.append(img)
         rp.set_handle(rec_mod, mod)
@@ -59,7 +63,7 @@ def module_load(rp, rec):
 
 @handles("cuLibraryLoadData", "cuLibraryLoadFromFile", errors=True)
 def library_load(rp, rec):
-    img = _image(rp, rec)
+    img = jit_image(rp, rec, _image(rp, rec))     # --jit ptx: the image's PTX instead
     rec_lib = rec["a"].get("library") or 0
     rep = replacements(rp)
     swap = rep.module_image(rec, rec_lib) if rep else None
@@ -67,6 +71,7 @@ def library_load(rp, rec):
         img = swap[1]
     _arch(rp, rec, img, rec_lib)
     lib = rp.drv(rec, "cuLibraryLoadData", img, None, None, 0, None, None, 0)
+    jit_done(rp, rec)
     if lib is not None:
         rp.keepalive_images.append(img)
         rp.set_handle(rec_lib, lib)

@@ -10,6 +10,7 @@ test fixture for CI without a GPU; it is never shipped or installed.
     paths["progs"]        # {"direct": ".../direct", ...}
     paths["module"]       # a module image file naming every built-in kernel
     paths["include"]      # directory holding cuda_double.h
+    paths["cuda_include"] # directory holding a cuda.h that includes it (for -I)
 
 Rebuilds only what is older than its sources (mtime).  Run as a script:
     python tests/double/build.py OUTDIR
@@ -117,6 +118,7 @@ def build(outdir) -> dict:
         "module": str(module),
         "module_text": MODULE_TEXT,
         "include": str(HERE),
+        "cuda_include": str(HERE / "include"),
     }
 
 

@@ -1,0 +1,569 @@
+"""`cudasnap extract`: a small self-contained snapshot of selected work.
+
+The snapshot is replayed (by the replayer) up to the first selected call; there the memory
+the selection can read is read back; the selected calls are replayed and the memory they
+could write is read back.  The new snapshot holds:
+
+  - the state-building calls before the selection (contexts, the placement zone, allocations,
+    the module loads and lookups the selected kernels need, streams, events, graph captures),
+    with every module load nobody selected left out;
+  - one H2D copy per allocation restoring its contents as they were when the selection started;
+  - the selected calls;
+  - one D2H copy per allocation the selection could write, whose expected result is what the
+    replay read back, so `cudasnap replay SMALL.cusnap` verifies the selection reproduces it.
+
+Memory: `reachable` (default) restores the allocations the selected launches' parameters
+point into, plus those whose addresses pointer scanning finds in them (transitively), plus
+module globals; `all` restores every live allocation.  Kernels that reach memory by other
+means (addresses computed from nothing in their parameters, host memory) need `all`.
+"""
+from __future__ import annotations
+
+import bisect
+import os
+import re
+import struct
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Set, Tuple
+
+from cudasnap.formats import SnapshotError, SnapshotReader, SnapshotWriter
+
+from .emit import Emitter, ExportError, base_name
+
+READ_CHUNK = 64 << 20
+SCAN_LIMIT = 1 << 30           # bytes of allocation contents scanned for pointers, at most
+LAUNCH_CONFIG_HSTREAM = 40     # CUlaunchConfig.hStream offset
+
+
+_HANDLE_KEYS = ("module", "library", "hmod", "hfunc", "kernel", "pKernel", "pFunc", "pMod", "f")
+
+
+class ExtractError(ExportError):
+    pass
+
+
+class _Done(BaseException):
+    """Ends the replay once the selection ran (a BaseException: replay's subscriber guard
+    reports and swallows Exceptions)."""
+
+
+@dataclass
+class ExtractResult:
+    output: str
+    selected: List[int] = field(default_factory=list)        # original call numbers
+    kernels: List[str] = field(default_factory=list)
+    memory: str = "reachable"
+    restored: List[Tuple[int, int]] = field(default_factory=list)     # (base, size)
+    restored_bytes: int = 0
+    expected: int = 0
+    expected_bytes: int = 0
+    prefix_calls: int = 0
+    modules_kept: int = 0
+    modules_dropped: int = 0
+    size: int = 0
+    original_size: int = 0
+    elapsed_s: float = 0.0
+    notes: List[str] = field(default_factory=list)
+
+
+def _is_work(f: str) -> bool:
+    """Calls whose effect the restored memory stands for (or that only order work)."""
+    b = base_name(f)
+    return (b.startswith(("cuLaunch", "cuGraphLaunch", "cuMemcpy", "cuMemset", "cuMemPrefetch"))
+            or b in ("cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize", "cuEventRecord",
+                     "cuEventRecordWithFlags", "cuStreamWaitEvent", "cuStreamAddCallback", "cuEventElapsedTime",
+                     "cuCtxRecordEvent", "cuCtxWaitEvent"))
+
+
+def _is_query(f: str) -> bool:
+    from cudasnap.replay import dispatch
+    return dispatch.lookup(f) is None and dispatch.is_query(f)
+
+
+def _is_launch(f: str) -> bool:
+    return f.startswith("cuLaunch") and not f.startswith("cuLaunchHostFunc")
+
+
+class Extractor:
+    def __init__(self, snapshot, out, launch: Optional[int] = None, kernel: Optional[str] = None,
+                 calls: Optional[str] = None, memory: str = "reachable", device: int = 0, driver=None):
+        self.path = os.fspath(snapshot)
+        self.out = os.fspath(out)
+        self.launch, self.kernel, self.calls = launch, kernel, calls
+        if memory not in ("reachable", "all"):
+            raise ExtractError("--memory must be reachable or all")
+        if sum(x is not None for x in (launch, kernel, calls)) != 1:
+            raise ExtractError("give exactly one of --launch, --kernel, --calls")
+        self.memory = memory
+        self.device = device
+        self.driver = driver
+        self.res = ExtractResult(self.out, memory=memory)
+
+    # ------------------------------------------------------------------ selection (no GPU)
+    def _names(self) -> Emitter:
+        em = Emitter(self.path)
+        em.reader = self.reader
+        em.prescan()
+        return em
+
+    def select(self) -> None:
+        em = self.em
+        lo = hi = None
+        if self.calls is not None:
+            m = re.fullmatch(r"\s*(\d+)\s*-\s*(\d+)\s*", self.calls)
+            if not m:
+                raise ExtractError("--calls takes a range A-B of call numbers (as dump shows)")
+            lo, hi = int(m.group(1)), int(m.group(2))
+            if hi < lo:
+                raise ExtractError(f"--calls: empty range {self.calls}")
+        want_k = 1
+        rx = None
+        if self.kernel is not None:
+            pat, _, k = self.kernel.rpartition("#") if re.search(r"#\d+$", self.kernel) else (self.kernel, "", "")
+            want_k = int(k) if k else 1
+            if want_k < 1:
+                raise ExtractError("--kernel REGEX#K counts matching launches from 1")
+            try:
+                rx = re.compile(pat)
+            except re.error as e:
+                raise ExtractError(f"--kernel: bad regex: {e}")
+        seen = 0
+        sel: List[Dict[str, Any]] = []
+        for rec in self.reader.records(("c",)):
+            s, f = rec.get("s"), rec.get("f") or ""
+            if rec.get("incomplete") or "r" not in rec:
+                break
+            if lo is not None:
+                if lo <= s <= hi and rec.get("r", 0) == 0 and not _is_query(f):
+                    sel.append(rec)
+                continue
+            if not _is_launch(f) or rec.get("r", 0) != 0:
+                continue
+            if self.launch is not None:
+                if s == self.launch:
+                    sel.append(rec)
+                    break
+                continue
+            h = (rec.get("a") or {}).get("f")
+            fr = em.fn_record(h, s) or {}
+            name = fr.get("name") or em.func_names.get(h) or ""
+            if rx.search(name):
+                seen += 1
+                if seen == want_k:
+                    sel.append(rec)
+                    break
+        if not sel:
+            what = (f"launch #{self.launch}" if self.launch is not None else
+                    f"launch {want_k} of kernels matching {self.kernel!r} ({seen} found)" if self.kernel is not None
+                    else f"calls {self.calls}")
+            raise ExtractError(f"no {what} in {self.path}")
+        self.sel = sel
+        self.first, self.last = sel[0]["s"], sel[-1]["s"]
+        self.res.selected = [r["s"] for r in sel]
+        for r in sel:
+            if _is_launch(r.get("f") or ""):
+                h = (r.get("a") or {}).get("f")
+                self.res.kernels.append((em.fn_record(h, r["s"]) or {}).get("name") or em.func_names.get(h) or f"{h:#x}")
+
+    # ------------------------------------------------------------------ the prefix (no GPU)
+    def prefix(self) -> None:
+        """State-building calls before the selection, and the module loads they need."""
+        recs: List[Dict[str, Any]] = []
+        capturing: Dict[Any, Any] = {}
+        cap_events: Dict[Any, Any] = {}
+        self.mapped: Dict[int, int] = {}            # program VMM mappings live at the selection
+        for rec in self.reader.records(("c",)):
+            s, f = rec.get("s"), rec.get("f") or ""
+            if rec.get("incomplete") or "r" not in rec:
+                break
+            if s >= self.first:
+                continue
+            if rec.get("r", 0) != 0:
+                continue
+            a = rec.get("a") or {}
+            b = base_name(f)
+            hs = a.get("hStream")
+            key = hs or (2 if ("_ptsz" in f or "_ptds" in f) else 0)
+            in_cap = key in capturing
+            if b == "cuMemMap":
+                self.mapped[a.get("ptr")] = int(a.get("size", 0))
+            elif b == "cuMemUnmap":
+                self.mapped.pop(a.get("ptr"), None)
+            if b in ("cuStreamBeginCapture", "cuStreamBeginCaptureToGraph"):
+                capturing[key] = key
+                recs.append(rec)
+                continue
+            if b == "cuStreamEndCapture":
+                origin = capturing.get(key)
+                for k in [k for k, o in capturing.items() if o == origin]:
+                    del capturing[k]
+                recs.append(rec)
+                continue
+            if b in ("cuEventRecord", "cuEventRecordWithFlags") and in_cap:
+                cap_events[a.get("hEvent")] = capturing[key]
+            if b == "cuStreamWaitEvent" and a.get("hEvent") in cap_events and cap_events[a["hEvent"]] in capturing.values():
+                capturing[key] = cap_events[a["hEvent"]]
+                in_cap = True
+            if in_cap:
+                recs.append(rec)             # graph building: captured work does not run
+                continue
+            if _is_work(f) or _is_query(f):
+                continue
+            recs.append(rec)
+        if self.calls is None:
+            rec = self.sel[0]
+            f, a = rec.get("f") or "", rec.get("a") or {}
+            hs = a.get("hStream")
+            cfg = a.get("config")
+            if f.startswith("cuLaunchKernelEx") and isinstance(cfg, (bytes, bytearray)) and len(cfg) >= 48:
+                hs = struct.unpack_from("<Q", cfg, LAUNCH_CONFIG_HSTREAM)[0]
+            if (hs or (2 if ("_ptsz" in f or "_ptds" in f) else 0)) in capturing:
+                raise ExtractError(f"launch #{rec['s']} is captured into a graph (it runs when the graph is launched); "
+                                   f"select the graph launches with --calls instead")
+        self._drop_unneeded_modules(recs)
+
+    def _drop_unneeded_modules(self, recs: List[Dict[str, Any]]) -> None:
+        """Keep the module/library loads that the selected and captured launches' kernels come
+        from; leave out the others with every call that names them or their functions."""
+        em = self.em
+        made_by: Dict[Any, Tuple[str, Any]] = {}     # function/kernel/module handle -> (kind, parent handle)
+        loads: Dict[Any, Dict[str, Any]] = {}
+        for rec in list(recs) + list(self.sel):
+            a = rec.get("a") or {}
+            b = base_name(rec.get("f") or "")
+            if b.startswith(("cuModuleLoad", "cuLibraryLoad")):
+                loads[a.get("module") or a.get("library")] = rec
+            elif b == "cuModuleGetFunction":
+                made_by[a.get("hfunc")] = ("module", a.get("hmod"))
+            elif b == "cuLibraryGetKernel":
+                made_by[a.get("pKernel")] = ("library", a.get("library"))
+            elif b == "cuKernelGetFunction":
+                made_by[a.get("pFunc")] = ("kernel", a.get("kernel"))
+            elif b == "cuLibraryGetModule":
+                made_by[a.get("pMod")] = ("library", a.get("library"))
+        needed_fns = []
+        for rec in list(self.sel) + list(recs):
+            if _is_launch(rec.get("f") or ""):
+                needed_fns.append(((rec.get("a") or {}).get("f"), rec.get("s")))
+        keep: Set[Any] = set()
+        unresolved = False
+        for h, s in needed_fns:
+            cur, guard = h, 0
+            while cur in made_by and guard < 4:
+                cur = made_by[cur][1]
+                guard += 1
+            if cur in loads:
+                keep.add(cur)
+                continue
+            mod = (em.fn_record(h, s) or {}).get("module")
+            while mod in made_by and mod not in loads and guard < 8:
+                mod = made_by[mod][1]
+                guard += 1
+            if mod in loads:
+                keep.add(mod)
+            else:
+                unresolved = True
+        if unresolved:
+            keep = set(loads)
+            self.res.notes.append("the module of a selected kernel was not identified: every module load is kept")
+        dropped = {h for h in loads if h not in keep}
+        # everything made from a dropped module goes too
+        gone = set(dropped)
+        changed = True
+        while changed:
+            changed = False
+            for child, (_k, parent) in made_by.items():
+                if parent in gone and child not in gone:
+                    gone.add(child)
+                    changed = True
+        out = []
+        for rec in recs:
+            a = rec.get("a") or {}
+            if any(a.get(k) in gone for k in _HANDLE_KEYS if isinstance(a.get(k), int)):
+                continue
+            out.append(rec)
+        # module globals whose lookup stays: only those exist (at an address of their own) on replay
+        self.kept_globals = {(r.get("a") or {}).get("dptr") for r in out
+                             if base_name(r.get("f") or "") in ("cuModuleGetGlobal", "cuLibraryGetGlobal")}
+        self.res.modules_kept = len(loads) - len(dropped)
+        self.res.modules_dropped = len(dropped)
+        self.prefix_recs = out
+        self.res.prefix_calls = len(out)
+
+    # ------------------------------------------------------------------ memory (GPU, in the replay)
+    def _ranges(self, rp) -> List[Tuple[int, int, str]]:
+        """Live device ranges at this point: (recorded base, size, kind)."""
+        sp = rp.space
+        out: List[Tuple[int, int, str]] = []
+        vmm_pieces = sorted(self.mapped.items())
+        for base in list(sp._sorted):
+            a = sp.allocs[base]
+            if a.kind in ("placed", "fallback", "global"):
+                out.append((a.rec_base, max(int(a.size), 0), a.kind))
+            elif a.kind == "vmm":
+                run = None
+                for p, n in vmm_pieces:
+                    if not (a.rec_base <= p < a.rec_base + a.size):
+                        continue
+                    if run is not None and run[0] + run[1] == p:
+                        run = (run[0], run[1] + n)
+                    else:
+                        if run is not None:
+                            out.append((run[0], run[1], "vmm"))
+                        run = (p, n)
+                if run is not None:
+                    out.append((run[0], run[1], "vmm"))
+        out = [r for r in out if r[1] > 0 and (r[2] != "global" or r[0] in self.kept_globals)]
+        out.sort()
+        return out
+
+    def _read(self, rp, base: int, n: int) -> bytes:
+        import ctypes
+        buf = bytearray(n)
+        if not n:
+            return b""
+        addr = ctypes.addressof((ctypes.c_char * n).from_buffer(buf))
+        live = rp.tr(base)
+        for off in range(0, n, READ_CHUNK):
+            m = min(READ_CHUNK, n - off)
+            rp.raw("cuMemcpyDtoH", addr + off, live + off, m)
+        return bytes(buf)
+
+    def _words(self, data: bytes) -> List[int]:
+        """8-byte aligned words of data that may be device addresses (>= 64 KiB)."""
+        n = len(data) // 8 * 8
+        try:
+            import numpy as np
+            w = np.frombuffer(data[:n], dtype="<u8")
+            w = w[(w >= self._lo) & (w < self._hi)]
+            return [int(x) for x in np.unique(w)]
+        except ImportError:
+            vals = set()
+            for o in range(0, n, 8):
+                v = int.from_bytes(data[o:o + 8], "little")
+                if self._lo <= v < self._hi:
+                    vals.add(v)
+            return sorted(vals)
+
+    def _find(self, v: int) -> Optional[int]:
+        i = bisect.bisect_right(self._starts, v) - 1
+        if i >= 0:
+            b, n, _k = self._live[i]
+            if b <= v < b + n:
+                return i
+        return None
+
+    def at_start(self, rp) -> None:
+        if rp.res.errors:
+            raise ExtractError(f"replay failed before the selection: {rp.res.errors[0]}")
+        rp.raw("cuCtxSynchronize")
+        self._live = self._ranges(rp)
+        self._starts = [r[0] for r in self._live]
+        if not self._live:
+            self.chosen: List[int] = []
+            self.restore = []
+            return
+        self._lo = self._live[0][0]
+        self._hi = max(b + n for b, n, _k in self._live)
+        if self.memory == "all":
+            todo = list(range(len(self._live)))
+        else:
+            words: List[int] = []
+            for rec in self.sel:
+                p = (rec.get("x") or {}).get("params")
+                if isinstance(p, (bytes, bytearray)):
+                    words += self._words(bytes(p) + b"\0" * (-len(p) % 8))
+                a = rec.get("a") or {}
+                for k in ("dstDevice", "srcDevice", "dst", "src", "ptr", "dptr"):
+                    if isinstance(a.get(k), int):
+                        words.append(a[k])
+            todo = sorted({i for i in (self._find(w) for w in words) if i is not None})
+            todo += [i for i, r in enumerate(self._live) if r[2] == "global" and i not in todo]
+        chosen: Dict[int, str] = {}
+        scanned = 0
+        while todo:
+            i = todo.pop()
+            if i in chosen:
+                continue
+            base, n, _k = self._live[i]
+            data = self._read(rp, base, n)
+            chosen[i] = self.w.add_blob(data)
+            if self.memory == "reachable" and scanned < SCAN_LIMIT:
+                scanned += n
+                for v in self._words(data):
+                    j = self._find(v)
+                    if j is not None and j not in chosen:
+                        todo.append(j)
+        self.chosen = sorted(chosen)
+        self.restore = [(self._live[i][0], self._live[i][1], chosen[i]) for i in self.chosen]
+        self.res.restored = [(b, n) for b, n, _ in self.restore]
+        self.res.restored_bytes = sum(n for _b, n, _ in self.restore)
+
+    def at_end(self, rp) -> None:
+        rp.raw("cuCtxSynchronize")
+        self.expected = []
+        for i in self.chosen:
+            base, n, _k = self._live[i]
+            if rp.space.find(base) is None:
+                continue                      # freed by the selection itself
+            self.expected.append((base, n, self.w.add_blob(self._read(rp, base, n))))
+        self.res.expected = len(self.expected)
+        self.res.expected_bytes = sum(n for _b, n, _ in self.expected)
+
+    # ------------------------------------------------------------------ writing
+    def _copy_blobs(self, rec) -> Dict[str, Any]:
+        rec = dict(rec)
+        x = rec.get("x")
+        if isinstance(x, dict):
+            x = dict(x)
+            for k, v in list(x.items()):
+                if isinstance(v, dict) and isinstance(v.get("blob"), str) and self.reader.has_blob(v["blob"]):
+                    x[k] = {**v, "blob": self.w.add_blob(self.reader.blob(v["blob"]))}
+            rec["x"] = x
+        return rec
+
+    def write(self) -> None:
+        w = self.w
+        seq = 0
+        sel_seqs = set(self.res.selected)
+        first_rec = self.sel[0]
+        tid, t = first_rec.get("tid"), first_rec.get("t0", 0)
+
+        def put(rec):
+            nonlocal seq
+            rec = self._copy_blobs(rec)
+            rec["os"] = rec.get("s")              # the call's number in the original snapshot
+            rec["s"] = seq
+            seq += 1
+            w.write(rec)
+
+        def synth(f, a, x=None):
+            nonlocal seq
+            rec = {"k": "c", "s": seq, "tid": tid, "t0": t, "t1": t, "f": f, "a": a, "r": 0}
+            if x:
+                rec["x"] = x
+            seq += 1
+            w.write(rec)
+
+        prefix_seqs = {r["s"] for r in self.prefix_recs}
+        phase = 0                                  # 0 prefix, 1 selection, 2 after
+        for rec in self.reader.records():
+            k = rec.get("k")
+            if k == "c":
+                s = rec.get("s")
+                if phase == 0 and s >= self.first:
+                    for base, n, bid in self.restore:
+                        synth("cuMemcpyHtoD_v2", {"dstDevice": base, "srcHost": 0, "ByteCount": n},
+                              {"srcHost": {"blob": bid}})
+                    synth("cuCtxSynchronize", {})
+                    phase = 1
+                if phase == 1 and s > self.last:
+                    break
+                if phase == 0 and s in prefix_seqs:
+                    put(rec)
+                elif phase == 1 and s in sel_seqs:
+                    put(rec)
+            elif k in ("fn", "ctx", "region", "proc"):
+                w.write(rec)
+        synth("cuCtxSynchronize", {})
+        for base, n, bid in self.expected:
+            synth("cuMemcpyDtoH_v2", {"dstHost": 0, "srcDevice": base, "ByteCount": n}, {"dstHost": {"blob": bid}})
+        w.write({"k": "note", "level": "info",
+                 "msg": f"extracted from {os.path.basename(self.path)}: calls {self.res.selected[:8]}"
+                        f"{'...' if len(self.res.selected) > 8 else ''}; memory restored: "
+                        + ("every live allocation" if self.memory == "all" else
+                           "allocations the selection's parameters point into, what pointer scanning found in "
+                           "them, and module globals")})
+        w.write({"k": "end", "exit": 0, "signal": None, "partial": False})
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> ExtractResult:
+        t0 = time.monotonic()
+        try:
+            self.reader = SnapshotReader(self.path)
+        except SnapshotError as e:
+            raise ExtractError(str(e))
+        self.res.original_size = os.path.getsize(self.path)
+        with self.reader:
+            self.em = self._names()
+            self.select()
+            for r in self.sel:
+                if _is_launch(r.get("f") or "") and (r.get("x") or {}).get("params") is None:
+                    raise ExtractError(f"call #{r['s']} {r['f']}: kernel parameters were not captured")
+            self.prefix()
+            hdr = dict(self.reader.raw_header)
+            hdr["extracted_from"] = {"snapshot": os.path.basename(self.path), "calls": self.res.selected[:64],
+                                     "memory": self.memory}
+            tmp = self.out + ".tmp"
+            self.w = SnapshotWriter(tmp, hdr, level=3, threads=4)
+            ok = False
+            try:
+                self._replay()
+                self.write()
+                self.w.close()
+                os.replace(tmp, self.out)
+                ok = True
+            finally:
+                if not ok:
+                    try:
+                        self.w.abort()
+                    except Exception:
+                        pass
+                    try:
+                        os.unlink(tmp)
+                    except OSError:
+                        pass
+        self.res.size = os.path.getsize(self.out)
+        self.res.elapsed_s = time.monotonic() - t0
+        return self.res
+
+    def _replay(self) -> None:
+        from cudasnap.replay.engine import Replayer
+        from cudasnap.replay.options import ReplayOptions
+        ex = self
+
+        class Tap:
+            wants_calls = True
+            label = "extract"
+
+            def __init__(self):
+                self.started = False
+                self.err: Optional[BaseException] = None
+
+            def on_event(self, kind, ev):
+                if kind == "before_call" and ev.seq == ex.first and not self.started:
+                    self.started = True
+                    try:
+                        ex.at_start(ev.replayer)
+                    except BaseException as e:
+                        self.err = e
+                        raise _Done()
+                if kind == "after_call" and ev.seq == ex.last and self.started:
+                    try:
+                        ex.at_end(ev.replayer)
+                    except BaseException as e:
+                        self.err = e
+                    raise _Done()
+
+        tap = Tap()
+        with open(os.devnull, "w") as devnull:
+            rp = Replayer(self.path, ReplayOptions(device=self.device, continue_on_error=True, quiet=True),
+                          driver=self.driver, out=devnull)
+            rp.subscribers.append(tap)
+            done = False
+            try:
+                rp.run()
+            except _Done:
+                done = True
+        if tap.err is not None:
+            if isinstance(tap.err, ExportError):
+                raise tap.err
+            raise ExtractError(f"reading device memory failed: {type(tap.err).__name__}: {tap.err}")
+        if not done:
+            why = rp.res.errors[0] if rp.res.errors else "the selected calls did not run"
+            raise ExtractError(f"replay did not reach the end of the selection: {why}")
+
+
+def extract(snapshot, out, **kw) -> ExtractResult:
+    return Extractor(snapshot, out, **kw).run()

@@ -1,0 +1,126 @@
+"""`cudasnap export` end to end on the CUDA test double: capture a program, export it as a
+standalone C program, build it with the C compiler against the double (its cuda.h and
+libcuda), run it, check the verification and the exit codes."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cudasnap.formats import SnapshotWriter
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None or shutil.which(os.environ.get("CC", "cc")) is None,
+                                reason="needs make and a C compiler")
+
+
+def _export(snap, out, *args):
+    return subprocess.run([sys.executable, "-m", "cudasnap", "export", str(snap), "-o", str(out), *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def _build(double, out):
+    cp = subprocess.run(["make", "-s", "-C", str(out), f"CC={os.environ.get('CC', 'cc')}",
+                         f"CFLAGS=-O1 -Wall -I{double['cuda_include']}", f"LDFLAGS=-L{double['libdir']}",
+                         "CUDA_HOME=/nonexistent"], capture_output=True, text=True, timeout=300)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    return out / "replay"
+
+
+def _run(double, exe, *args):
+    return subprocess.run([str(exe), *args], env=double["env"], capture_output=True, text=True, timeout=120)
+
+
+def _exported(double, capture, tmp_path, prog, *export_args):
+    cp, snap = capture(double["progs"][prog])
+    assert cp.returncode == 0, cp.stderr
+    out = tmp_path / f"exp_{prog}"
+    ex = _export(snap, out, *export_args)
+    assert ex.returncode == 0, ex.stdout + ex.stderr
+    return snap, out, _build(double, out)
+
+
+@pytest.mark.parametrize("prog,kernels", [("direct", ["add_one"]), ("chase", ["chase"]),
+                                          ("launch_forms", ["fill", "add_one", "saxpy"])])
+def test_exported_program_builds_runs_and_verifies(prog, kernels, double, capture, tmp_path):
+    _snap, out, exe = _exported(double, capture, tmp_path, prog)
+    src = (out / "replay.c").read_text()
+    assert "#include <cuda.h>" in src and "reserve_exact(0x" in src
+    assert "CU_LAUNCH_PARAM_BUFFER_POINTER" in src
+    run = _run(double, exe)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "OK: " in run.stdout and "device-to-host results verified" in run.stdout
+    assert "0 device-to-host results verified" not in run.stdout
+    table = run.stdout.split("median us")[1]
+    for k in kernels:
+        assert k in table, run.stdout
+
+
+def test_corrupted_expected_result_exits_1(double, capture, tmp_path):
+    _snap, out, exe = _exported(double, capture, tmp_path, "chase")
+    d2h = sorted((out / "data").glob("d2h-*.bin"))
+    assert len(d2h) == 1
+    data = bytearray(d2h[0].read_bytes())
+    data[9] ^= 0x40
+    d2h[0].write_bytes(bytes(data))
+    run = _run(double, exe)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "MISMATCH call #" in run.stderr and "cuMemcpyDtoH" in run.stderr and "byte 9" in run.stderr
+    assert "FAILED: 1 of 1" in run.stdout
+
+
+def test_driver_error_and_missing_data_exit_2(double, capture, tmp_path):
+    _snap, out, exe = _exported(double, capture, tmp_path, "direct")
+    run = _run(double, exe, "-d", "3")
+    assert run.returncode == 2 and "only 1 device" in run.stderr
+    img = next((out / "data").glob("module-*.bin"))
+    good = img.read_bytes()
+    img.write_bytes(b"NOT A MODULE IMAGE\n".ljust(len(good), b" "))
+    run = _run(double, exe)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "cuModuleLoadData returned CUDA_ERROR_INVALID_IMAGE" in run.stderr
+    img.write_bytes(good)
+    h2d = next((out / "data").glob("h2d-*.bin"))
+    h2d.write_bytes(h2d.read_bytes()[:-1])
+    run = _run(double, exe)
+    assert run.returncode == 2 and "shorter than expected" in run.stderr, run.stderr
+    # data files are found beside the program wherever it is run from, or in -C DIR
+    shutil.move(str(out / "data"), str(tmp_path / "elsewhere"))
+    run = _run(double, exe)
+    assert run.returncode == 2 and "cannot open data file" in run.stderr
+
+
+def test_call_set_keeps_state_building_calls(double, capture, tmp_path):
+    snap, out, exe = _exported(double, capture, tmp_path, "direct", "--calls", "8-10")
+    run = _run(double, exe)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "launches: 3" in run.stdout and "OK: 0 device-to-host" in run.stdout
+
+
+def test_export_refuses_a_call_it_cannot_translate(tmp_path):
+    snap = tmp_path / "arr.cusnap"
+    with SnapshotWriter(snap, {"argv": ["arr"]}) as w:
+        w.write({"k": "c", "s": 0, "tid": 1, "t0": 0, "t1": 1, "f": "cuInit", "a": {"Flags": 0}, "r": 0})
+        w.write({"k": "c", "s": 1, "tid": 1, "t0": 2, "t1": 3, "f": "cuArrayCreate_v2",
+                 "a": {"pHandle": 0x1234, "pAllocateArray": b"\0" * 24}, "r": 0})
+    ex = _export(snap, tmp_path / "out")
+    assert ex.returncode == 2
+    assert "call #1 cuArrayCreate_v2" in ex.stderr and "cannot translate" in ex.stderr
+    assert not (tmp_path / "out" / "replay.c").exists()
+
+
+def test_extracted_kernel_exports_as_a_standalone_repro(double, capture, tmp_path):
+    cp, snap = capture(double["progs"]["chase"])
+    assert cp.returncode == 0
+    small = tmp_path / "chase_kernel.cusnap"
+    ex = subprocess.run([sys.executable, "-m", "cudasnap", "extract", str(snap), "--kernel", "chase", "-o", str(small)],
+                        env=double["env"], capture_output=True, text=True, timeout=120)
+    assert ex.returncode == 0, ex.stdout + ex.stderr
+    out = tmp_path / "repro"
+    assert _export(small, out).returncode == 0
+    run = _run(double, _build(double, out))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "OK: 10 device-to-host results verified" in run.stdout
