@@ -55,7 +55,7 @@ class _Load:
 
 
 def _capture(env: dict, cpus: set, out: Path, args: list, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cudasnap", "capture", "-q", "-o", str(out), *args],
+    return subprocess.run([sys.executable, "-m", "cudasnap", "capture", "-q", "-f", "-o", str(out), *args],
                           env=env, capture_output=True, text=True, timeout=timeout,
                           preexec_fn=lambda: os.sched_setaffinity(0, cpus))
 
