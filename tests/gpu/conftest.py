@@ -32,3 +32,8 @@ def ptrs_binary() -> Path:
 @pytest.fixture
 def runner(cupti_counter, tmp_path):
     return gpuutil.Runner(cupti_counter, tmp_path)
+
+
+def pytest_configure(config):
+    # the suite also runs from a copy outside the repository, without pyproject.toml's markers
+    config.addinivalue_line("markers", "gpu: needs a real NVIDIA GPU")
