@@ -429,6 +429,7 @@ static double now_ns(void) {
 CUresult launch_run(void *func, const unsigned int grid[3], const unsigned int block[3], const unsigned char *params,
                     size_t params_len) {
     const kdesc_t *k = func;
+    __atomic_add_fetch(&dbl_ops, 1, __ATOMIC_RELAXED);
     unsigned char pb[MAXPARAMS] = {0};
     memcpy(pb, params, params_len < MAXPARAMS ? params_len : MAXPARAMS);
     u64 nthreads = (u64)grid[0] * grid[1] * grid[2] * block[0] * block[1] * block[2];
