@@ -103,6 +103,9 @@ static const kdesc_t kernels[] = {
     {"chase", 3, {0, 8, 16}, {8, 8, 4}, 20, k_chase},
     {"incr", 2, {0, 8}, {8, 4}, 12, k_incr},
     {"spin", 1, {0}, {4}, 4, k_spin},
+    /* incr under C++ names, for kernel-name matching: incr(int*, int), void demo::incr<int>(int*, int) */
+    {"_Z4incrPii", 2, {0, 8}, {8, 4}, 12, k_incr},
+    {"_ZN4demo4incrIiEEvPT_i", 2, {0, 8}, {8, 4}, 12, k_incr},
 };
 #define NKERNELS (sizeof kernels / sizeof kernels[0])
 
