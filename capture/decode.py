@@ -14,6 +14,7 @@ F_NAME, F_HANDLE, F_KIND, F_MODULE, F_LAYOUT, F_MSG, F_INFO, F_CODE = 0x110, 0x1
 F_DIGEST, F_REPEATS = 0x118, 0x119
 EXTRA_NAMES = {F_PARAMS: "params", F_ATTRS: "attrs", F_IMAGE: "image", F_HOSTSRC: "hostsrc", F_HOSTDST: "hostdst"}
 INFO_ROW = 256 + 16 + 24
+NVTX_OPS = {1: "push", 2: "pop", 3: "start", 4: "end", 5: "mark", 6: "domain"}
 # allocations whose memory kernels can read without an API call (UVA pinned host, managed)
 HOST_VISIBLE = ("cuMemHostAlloc", "cuMemAllocHost", "cuMemHostRegister", "cuMemAllocManaged")
 SIGNED_C = {"int", "long", "short", "long long", "signed char", "int32_t", "int64_t", "ssize_t"}
@@ -32,8 +33,12 @@ class Decoder:
         self.counts = {"calls": 0, "launches": 0, "h2d_bytes": 0, "d2h_bytes": 0, "blob_bytes": 0, "notes": 0,
                        "host_visible_allocs": 0, "collapsed": 0,
                        # what the snapshot misses, as far as the records tell
-                       "undecodable": 0, "lost_payloads": 0, "lost_payload_bytes": 0}
+                       "undecodable": 0, "lost_payloads": 0, "lost_payload_bytes": 0, "nvtx": 0}
         self.seqs = SeqSet()            # sequence numbers of the call records written
+        # NVTX: domain names by id, open push ranges per (thread, domain), open start ranges by id
+        self.nvtx_domains: dict[int, str] = {}
+        self.nvtx_stacks: dict[tuple, list] = {}
+        self.nvtx_started: dict[int, str | None] = {}
 
     def _value(self, p: dict, data: bytes, i: int):
         """Argument i of an 8-byte-per-value field, as the C type means it."""
@@ -229,9 +234,38 @@ class Decoder:
                     self.counts["calls"] += n
                     self.counts["collapsed"] += n
             return [{"k": "rep", "tid": rec.tid, "t": rec.t_ns, "calls": calls}] if calls else []
+        if t == R.NVTX:
+            return self._nvtx(rec)
         if t == R.EXIT:
             return []
         return []
+
+    def _nvtx(self, rec: R.RawRecord) -> list[dict]:
+        """An NVTX event (shim_nvtx.c). A pop or an end carries no message: it gets the name of
+        the range it closes (the thread's innermost push of that domain, the start of that id)."""
+        d = {idx: data for idx, _tag, data in rec.fields}
+        name = d[F_NAME].decode("utf-8", "replace") if F_NAME in d else None
+        dom_id = struct.unpack("<Q", d[F_HANDLE])[0] if F_HANDLE in d else 0
+        op = NVTX_OPS.get(rec.fn)
+        if op is None:
+            self.counts["undecodable"] += 1
+            return []
+        if op == "domain":
+            self.nvtx_domains[rec.seq] = name or ""
+            return []
+        domain = self.nvtx_domains.get(dom_id, f"domain {dom_id}") if dom_id else None
+        if op == "push":
+            self.nvtx_stacks.setdefault((rec.tid, dom_id), []).append(name)
+        elif op == "pop":
+            st = self.nvtx_stacks.get((rec.tid, dom_id))
+            name = st.pop() if st else None
+        elif op == "start":
+            self.nvtx_started[rec.seq] = name
+        elif op == "end":
+            name = self.nvtx_started.pop(rec.seq, None)
+        self.counts["nvtx"] += 1
+        return [{"k": "nvtx", "op": op, "name": name, "domain": domain, "id": rec.seq, "tid": rec.tid,
+                 "t": rec.t_ns}]
 
     def finish(self) -> list[dict]:
         """Calls that never returned (the program died inside them), in entry order."""

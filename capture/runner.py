@@ -388,12 +388,18 @@ def capture(command: Union[Sequence[str], str], out: Union[str, os.PathLike, Non
     env["CUDASNAP_SESSION"] = str(session)
     env["CUDASNAP_RING_MB"] = str(ring_mb)
     env["CUDASNAP_PLACEMENT"] = placement
+    # NVTX v3 loads the library this names at its first call: the shim records the ranges. A
+    # tool already named (nsys, ncu) keeps its place, and NVTX then goes to it alone.
+    nvtx_tool = env.get("NVTX_INJECTION64_PATH")
+    if not nvtx_tool:
+        env["NVTX_INJECTION64_PATH"] = lib
     if all_queries:
         env["CUDASNAP_ALL_QUERIES"] = "1"
     if copy_threads is not None:
         env["CUDASNAP_COPY_THREADS"] = str(copy_threads)
     options = {"ring_mb": ring_mb, "level": level, "command": list(command), "placement": placement,
-               "all_queries": all_queries, "drain": drain, "segments": segments}
+               "all_queries": all_queries, "drain": drain, "segments": segments,
+               "nvtx": "recorded" if not nvtx_tool else f"not recorded: NVTX_INJECTION64_PATH={nvtx_tool}"}
     fwd = _Forwarder(forward_signals)        # before any thread starts: they inherit the mask
     rec = gate = pid = None
     reaped = False

@@ -91,6 +91,17 @@ class ProfileMode(str, Enum):
     graph = "graph"
 
 
+class NameBase(str, Enum):
+    function = "function"
+    demangled = "demangled"
+    mangled = "mangled"
+
+
+class ProfilerRange(str, Enum):
+    recorded = "recorded"
+    workload = "workload"
+
+
 class StatsReport(str, Enum):
     api = "api"
     kernels = "kernels"
@@ -254,7 +265,11 @@ def replay(
     snapshot: Path = typer.Argument(..., metavar="SNAPSHOT", help="A .cusnap file."),
     device: int = typer.Option(0, "--device", metavar="N", min=0, help="GPU ordinal to replay on."),
     calls: Optional[str] = typer.Option(None, "--calls", metavar="SET", help="Only these launches/copies (call-set syntax as in dump); state-building calls always run."),
-    kernels: Optional[str] = typer.Option(None, "--kernels", metavar="REGEX", help="Only launches of kernels matching this regex."),
+    kernels: Optional[str] = typer.Option(None, "--kernels", metavar="REGEX", help="Only launches of kernels whose recorded (mangled) name this regex finds."),
+    kernel_name: Optional[str] = typer.Option(None, "-k", "--kernel-name", metavar="NAME|regex:RX", help="Only launches of this kernel, as Nsight Compute's -k: NAME matches the name in --kernel-name-base exactly; regex:RX searches it."),
+    kernel_name_base: NameBase = typer.Option(NameBase.function, "--kernel-name-base", metavar=_one_of(NameBase), help="What -k matches: function (the bare function name, as ncu's default), demangled (the full C++ name) or mangled (as recorded)."),
+    launch_skip: int = typer.Option(0, "-s", "--launch-skip", metavar="N", min=0, help="Skip the first N launches that pass the filters (counted in recorded order, as ncu's -s)."),
+    launch_count: Optional[int] = typer.Option(None, "-c", "--launch-count", metavar="N", min=1, help="Select at most N launches that pass the filters (after --launch-skip, as ncu's -c)."),
     rtol: float = typer.Option(0.0, "--rtol", metavar="F", help="Relative tolerance for D2H verification (with --dtype)."),
     atol: float = typer.Option(0.0, "--atol", metavar="F", help="Absolute tolerance for D2H verification (with --dtype)."),
     dtype: Optional[Dtype] = typer.Option(None, "--dtype", metavar=_one_of(Dtype), help="Element type for tolerances: f32, f16, bf16, f64."),
@@ -266,28 +281,33 @@ def replay(
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bar on stderr (default: on for long replays on a terminal)."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No summary; the first problem only."),
-    profile: Optional[ProfileMode] = typer.Option(None, "--profile", metavar=_one_of(ProfileMode), help="Per-kernel profiling: timeline, isolated or graph. With it, --kernels/--calls/--launch choose the launches profiled and every call still runs."),
+    profile: Optional[ProfileMode] = typer.Option(None, "--profile", metavar=_one_of(ProfileMode), help="Per-kernel profiling: timeline, isolated or graph. With it, -k/-s/-c/--kernels/--calls/--launch choose the launches profiled and every call still runs."),
     repeat: int = typer.Option(10, "--repeat", metavar="N", min=1, help="isolated/graph: timed runs per launch (per graph)."),
     warmup: int = typer.Option(3, "--warmup", metavar="N", min=0, help="isolated/graph: untimed runs before the timed ones."),
     flush_l2: bool = typer.Option(True, "--flush-l2/--no-flush-l2", help="isolated: flush the L2 cache before every run (as Nsight Compute does by default), so each run starts from the same cache state."),
     launch: Optional[int] = typer.Option(None, "--launch", metavar="SEQ", help="Profile only the launch with this call sequence number (as dump shows)."),
     out_file: Optional[Path] = typer.Option(None, "--out", metavar="FILE", help="Write per-launch and per-kernel rows to FILE.json or FILE.csv."),
-    trace: Optional[Path] = typer.Option(None, "--trace", metavar="FILE", help="Write a Chrome trace / Perfetto JSON of the timeline (with --profile timeline)."),
+    trace: Optional[Path] = typer.Option(None, "--trace", metavar="FILE.json[.gz]", help="Write a trace of the timeline as the PyTorch profiler (Kineto) writes one (with --profile timeline): kernels, copies and memsets per device and stream, the replayed driver calls with flow arrows to their kernels, the recording's NVTX ranges; opens in Perfetto, chrome://tracing, TensorBoard, HTA."),
     hook: List[str] = typer.Option([], "--hook", metavar="MODULE:OBJECT", help="A hook MODULE:OBJECT[?key=value&...] (repeatable); see replay/hooks.py."),
     nvtx: Optional[bool] = typer.Option(None, "--nvtx/--no-nvtx", help="Emit NVTX ranges named after recorded calls and kernels (default: when nsys/ncu is attached)."),
     check_repeats: bool = typer.Option(False, "--check-repeats", help="isolated: check that every repeat writes the same memory."),
+    profiler_range: ProfilerRange = typer.Option(ProfilerRange.recorded, "--profiler-range", metavar=_one_of(ProfilerRange), help="recorded: call the recorded cuProfilerStart/Stop; workload: call cuProfilerStart right before the first replayed launch, copy or memset and cuProfilerStop after the last (once its work is done), ignoring recorded ones, so `nsys --capture-range=cudaProfilerApi` and `ncu --profile-from-start off` skip replay set-up."),
     replace: List[str] = typer.Option([], "--replace", metavar="KERNEL=FILE", help="Run KERNEL (a recorded name), module:KERNEL (its whole module) or 0xMODULE (a recorded module handle) from FILE, a rebuilt cubin/fatbin/PTX with the same parameter layout (checked; a mismatch stops with exit 2). Repeatable; CUDASNAP_REPLACE='T=F;T=F' adds more."),
     jit: Optional[str] = typer.Option(None, "--jit", metavar="ptx", help="ptx: load every module from the PTX its image carries (JIT-compiled for this GPU; the JIT time is reported)."),
     launch_override: Optional[str] = typer.Option(None, "--launch-override", metavar="SPEC", help="grid=X,Y,Z and/or block=X,Y,Z[,kernel=REGEX]: replay launches with these sizes (a block the kernel cannot take is left as recorded) and verify as usual."),
 ):
     """Replay a snapshot on a GPU and verify every D2H result.
 
-    Memory is placed at recorded addresses. Exit 0: calls replayed and every D2H result
-    verified; 1: a verification mismatch; 2: replay could not proceed (the snapshot is
-    unreadable, damaged or holds no call to replay; no GPU; an unsupported call)."""
+    Memory is placed at recorded addresses. -k/-s/-c/--kernels/--calls select launches: without
+    --profile only those run; with it every call runs and those are profiled.
+
+    Exit 0: calls replayed and every D2H result verified; 1: a verification mismatch; 2: replay
+    could not proceed (the snapshot is unreadable, damaged or holds no call to replay; no GPU;
+    an unsupported call)."""
     from cudasnap.replay import ReplayOptions, run_replay_cli
 
     dtype, profile = _value(dtype), _value(profile)
+    name_base, prange = _value(kernel_name_base), _value(profiler_range)
     if watchdog is not None and watchdog <= 0:
         _fail("--watchdog must be > 0 seconds")
     if jit not in (None, "ptx"):
@@ -295,7 +315,13 @@ def replay(
     profiling = bool(profile or hook or out_file or trace or nvtx or launch is not None)
     if profiling and not profile and (out_file or trace or launch is not None):
         profile = "timeline"
-    opts = ReplayOptions(device=device, calls=None if profile else calls, kernels=None if profile else kernels,
+    pick = dict(calls=calls, kernels=kernels, kernel_name=kernel_name, kernel_name_base=name_base,
+                launch_skip=launch_skip, launch_count=launch_count)
+    from cudasnap.replay.selection import check as check_selection
+    bad = check_selection(kernels, calls, kernel_name, name_base, launch_skip, launch_count)
+    if bad:
+        _fail(bad)
+    opts = ReplayOptions(device=device, **({} if profile else pick), profiler_range=prange,
                          rtol=rtol, atol=atol, dtype=dtype,
                          continue_on_error=continue_on_error, watchdog=watchdog, sync_after_launch=sync_after_launch,
                          threads=threads, progress=progress, relocate_payloads=relocate_payloads, quiet=quiet,
@@ -307,7 +333,7 @@ def replay(
     if profiling:
         from cudasnap.replay.profile import ProfileConfig, run_profile_cli
         cfg = ProfileConfig(mode=profile, repeat=repeat, warmup=warmup, flush_l2=flush_l2,
-                            kernels=kernels if profile else None, calls=calls if profile else None, launch=launch,
+                            **(pick if profile else {}), launch=launch,
                             out=str(out_file) if out_file else None, trace=str(trace) if trace else None,
                             hooks=list(hook), nvtx=nvtx, check_repeats=check_repeats)
         raise typer.Exit(run_profile_cli(snapshot, opts, cfg, json_out))

@@ -112,6 +112,7 @@ def summarize(r: SnapshotReader) -> Dict[str, Any]:
     n_records = 0
     kinds: Counter = Counter()
     launches = []
+    nvtx = _NvtxRanges()
     for rec in r.records():
         n_records += 1
         k = rec.get("k")
@@ -176,6 +177,8 @@ def summarize(r: SnapshotReader) -> Dict[str, Any]:
                     "lost": {str(a): b for a, b in lost.items() if _as_int(b)}}
         elif k == "repair":
             _add_repair(repaired, rec)
+        elif k == "nvtx":
+            nvtx.add(rec)
     for rec in launches:
         name = cs.kernel_name(rec, fn_names)
         if name is None:
@@ -203,6 +206,7 @@ def summarize(r: SnapshotReader) -> Dict[str, Any]:
         "kernels": {"launches": sum(kernels.values()), "distinct": len(kernels),
                     "by_name": dict(kernels.most_common())},
         "memory": {k: dict(v) for k, v in sorted(mem.items())},
+        "nvtx": nvtx.summary(),
         "modules": modules,
         "module_images": _module_images(r),
         "blobs": {"count": st["blobs"], "logical_bytes": st["blob_logical_bytes"],
@@ -233,6 +237,60 @@ def _module_images(r: SnapshotReader) -> list:
              "ptx": ["compute_%d" % a for a in ld["info"].ptx],
              "compressed": sorted({e.compressed for e in ld["info"].entries if e.compressed}),
              "kernels": len(ld["kernels"]), "launched": sorted(ld.get("launched") or ())} for ld in loads]
+
+
+class _NvtxRanges:
+    """NVTX ranges and marks of `nvtx` records (SCHEMA.md), per (domain, name): how many, and
+    the time inside the closed ones (a push to its pop on the same thread and domain, a start to
+    the end of the same id)."""
+
+    def __init__(self):
+        self.rows: Dict[tuple, Dict[str, Any]] = {}
+        self.open_push: Dict[tuple, list] = defaultdict(list)
+        self.open_start: Dict[Any, tuple] = {}
+        self.events = 0
+
+    def _row(self, domain, name, kind: str) -> Dict[str, Any]:
+        key = (domain if isinstance(domain, str) else None, name if isinstance(name, str) else None, kind)
+        row = self.rows.get(key)
+        if row is None:
+            row = self.rows[key] = {"name": key[1], "domain": key[0], "kind": kind, "count": 0, "closed": 0,
+                                    "total_ns": 0}
+        return row
+
+    def add(self, rec: Mapping[str, Any]) -> None:
+        self.events += 1
+        op, t = rec.get("op"), _as_int(rec.get("t"))
+        dom, name = rec.get("domain"), rec.get("name")
+        if op in ("push", "start"):
+            row = self._row(dom, name, "range")
+            row["count"] += 1
+            if op == "push":
+                self.open_push[(rec.get("tid"), dom)].append((row, t))
+            else:
+                try:
+                    self.open_start[rec.get("id")] = (row, t)
+                except TypeError:
+                    pass
+        elif op in ("pop", "end"):
+            try:
+                opened = (self.open_push[(rec.get("tid"), dom)].pop() if op == "pop"
+                          else self.open_start.pop(rec.get("id")))
+            except (IndexError, KeyError, TypeError):
+                return
+            row, t0 = opened
+            if t is not None and t0 is not None and t >= t0:
+                row["closed"] += 1
+                row["total_ns"] += t - t0
+        elif op == "mark":
+            self._row(dom, name, "mark")["count"] += 1
+
+    def summary(self) -> Optional[Dict[str, Any]]:
+        if not self.events:
+            return None
+        rows = sorted(self.rows.values(), key=lambda r: (-r["total_ns"], -r["count"], str(r["name"])))
+        return {"events": self.events, "ranges": sum(r["count"] for r in rows if r["kind"] == "range"),
+                "marks": sum(r["count"] for r in rows if r["kind"] == "mark"), "by_name": rows}
 
 
 _REPAIR_COUNTS = ("lost_bytes", "lost_records", "unknown_gaps", "lost_blobs", "gap_count")
@@ -409,6 +467,18 @@ def run_info(path: Path, json_out: bool) -> int:
     if s["memory"]:
         print_table(con, ["kind", ("calls", "right"), ("bytes", "right")],
                     [(k, v["count"], _human(v["bytes"])) for k, v in s["memory"].items()], title="Memory traffic")
+    nv = s["nvtx"]
+    if nv:
+        rows = []
+        for row in nv["by_name"][:30]:
+            name = _v(row["name"], "(no message)") + ("  [mark]" if row["kind"] == "mark" else "")
+            avg = row["total_ns"] / row["closed"] / 1e3 if row["closed"] else None
+            rows.append((name, _v(row["domain"]), row["count"],
+                         f"{row['total_ns'] / 1e3:.1f}" if row["closed"] else "-", f"{avg:.1f}" if avg is not None else "-"))
+        if len(nv["by_name"]) > 30:
+            rows.append((f"... {len(nv['by_name']) - 30} more", "", "", "", ""))
+        print_table(con, ["NVTX range", "domain", ("count", "right"), ("total us", "right"), ("avg us", "right")],
+                    rows, title=f"NVTX ranges recorded ({nv['ranges']} ranges, {nv['marks']} marks)")
     return 0
 
 
@@ -476,6 +546,10 @@ def _fmt_text(rec: Dict[str, Any], fn_names: Dict[Any, str], blobs: bool, r: Sna
         reps = ", ".join(f"{_v(e.get('f'), '?')} x{_v(e.get('n'), '?')} (as #{_v(e.get('of'), '?')})"
                          for e in rec["calls"] if isinstance(e, dict))
         return f"[repeats] {_v(rec.get('tid'), '?')}  {reps}"
+    if k == "nvtx":
+        dom = f"  domain={_fmt_val(rec.get('domain'), False)}" if rec.get("domain") is not None else ""
+        return (f"[nvtx {_v(rec.get('op'), '?')}] {_v(rec.get('tid'), '?')}  {_fmt_val(rec.get('name'), False)}{dom}"
+                f"  id={_v(rec.get('id'))}  t={_v(rec.get('t'))}")
     if k == "region":
         return (f"[region] base={_fmt_val(rec.get('base'), False)} size={_fmt_val(rec.get('size'), False)} "
                 f"purpose={_v(rec.get('purpose'))}")

@@ -97,8 +97,10 @@ class Replayer:
         self.watchdog: Optional[Watchdog] = None
         self.device_cc: Optional[Tuple[int, int]] = None
         self.recorded_gpus: List[Dict[str, Any]] = []
-        self.sel = None
-        self.kern_rx = None
+        self.selection = None                         # LaunchSelection (replay/selection.py)
+        self._pr = False                              # --profiler-range workload
+        self._pr_state = 0                            # 0 before the range, 1 inside, 2 after
+        self._workload_last: Optional[int] = None     # seq of the last workload call (profiler range)
         self.cu = None
         self._workers: Dict[int, "queue.Queue"] = {}
         self._mismatch_text: List[str] = []
@@ -351,7 +353,7 @@ class Replayer:
         --calls/--kernels, or a driver object other than cuda-bindings (tests)."""
         o = self.opt
         if self._driver is not None or self.subscribers or o.sync_after_launch or o.threads \
-                or o.calls or o.kernels:
+                or (self.selection is not None and not self.selection.everything):
             return False
         return os.environ.get("CUDASNAP_FASTPATH", "1") != "0"
 
@@ -372,6 +374,8 @@ class Replayer:
                 self.total += 1
                 if type(rec.get("s")) is int and rec["s"] > max_seq:
                     max_seq = rec["s"]
+                if self._pr and rec.get("r") == 0 and is_workload(rec.get("f") or "") and type(rec.get("s")) is int:
+                    self._workload_last = rec["s"]
                 rng = alloc_range(rec)
                 if rng:
                     self.ranges.append(rng)
@@ -456,19 +460,20 @@ class Replayer:
             except SnapshotError as e:
                 raise ReplayError(str(e))
             self.res.truncated = bool(self.reader.truncated)
+            from .selection import LaunchSelection
+            try:
+                self.selection = LaunchSelection.of(self.opt, self.func_names)
+            except ValueError as e:
+                raise ReplayError(str(e))
+            pr = getattr(self.opt, "profiler_range", None) or "recorded"
+            if pr not in PROFILER_RANGES:
+                raise ReplayError(f"--profiler-range must be one of {', '.join(PROFILER_RANGES)}")
+            self._pr = pr == "workload"
+            self.res.profiler = {"range": pr, "starts": 0, "stops": 0}
             self._prescan()
             self.res.total_calls = self.total
+            self.selection.prepare(self)
             self._start_prefetch()
-            try:
-                from cudasnap.formats import parse_callset
-                self.sel = parse_callset(self.opt.calls) if self.opt.calls else None
-            except ValueError as e:
-                raise ReplayError(f"--calls: {e}")
-            if self.opt.kernels:
-                try:
-                    self.kern_rx = re.compile(self.opt.kernels)
-                except re.error as e:
-                    raise ReplayError(f"--kernels: bad regex: {e}")
             self.cu = self._load_driver()
             if self.opt.watchdog:
                 self.watchdog = Watchdog(self.opt.watchdog)
@@ -476,6 +481,8 @@ class Replayer:
                 from .events import RunEvent
                 self.emit("start", RunEvent(self, self.path))
             self._loop()
+            if self._pr_state == 1:
+                self._profiler_stop(None)
             if self.incomplete:
                 inc = self.incomplete[0]
                 self.res.stopped_at = inc.get("s")
@@ -534,22 +541,65 @@ class Replayer:
             self.watchdog.disarm()
 
     def _selected(self, rec) -> bool:
-        """--calls / --kernels: launches, D2H/D2D copies, memsets and syncs can be left out;
-        state-building calls always run."""
-        if self.sel is None and self.kern_rx is None:
+        """The launch selection (replay/selection.py: -k, -s, -c, --kernels, --calls): launches,
+        D2H/D2D copies, memsets and graph launches can be left out (copies, memsets and graph
+        launches by --calls only); state-building calls always run."""
+        sel = self.selection
+        if sel is None or sel.everything:
             return True
         f = rec.get("f", "")
+        if f.startswith("cuLaunch") and not f.startswith("cuLaunchHostFunc"):
+            return sel.rec(rec, self.kernel_name_of((rec.get("a") or {}).get("f"), rec.get("s")))
         b = base_name(f)
-        filterable = (f.startswith("cuLaunch") and not f.startswith("cuLaunchHostFunc")) or b.startswith("cuGraphLaunch") \
-            or (b.startswith("cuMemcpy") and "HtoD" not in b and "HtoA" not in b) or b.startswith("cuMemset")
-        if not filterable:
-            return True
-        if self.sel is not None and not self.sel(rec, self.func_names):
-            return False
-        if self.kern_rx is not None and f.startswith("cuLaunch"):
-            h = (rec.get("a") or {}).get("f")
-            return bool(self.kern_rx.search(self.kernel_name_of(h)))
+        if b.startswith("cuGraphLaunch") or (b.startswith("cuMemcpy") and "HtoD" not in b and "HtoA" not in b) \
+                or b.startswith("cuMemset"):
+            return sel.calls_only(rec)
         return True
+
+    # ------------------------------------------------------------------ profiler range
+    def profiler_control(self, rec) -> None:
+        """A recorded cuProfilerStart/Stop: called on replay, so a profiler collecting from
+        them (nsys --capture-range=cudaProfilerApi, ncu --profile-from-start off) sees the
+        range the program asked for; ignored under --profiler-range workload."""
+        f = base_name(rec.get("f") or "")
+        p = self.res.profiler
+        if f not in ("cuProfilerStart", "cuProfilerStop"):
+            return                                     # cuProfilerInitialize: deprecated, no effect
+        if self._pr:
+            p["ignored"] = p.get("ignored", 0) + 1
+            return
+        self._profiler_call(f, rec.get("s"))
+
+    def _profiler_call(self, name: str, seq) -> bool:
+        p = self.res.profiler
+        try:
+            code = _code(getattr(self.cu, name)()[0])
+        except Exception as e:                          # bindings without it: say so, go on
+            self.note(f"{name}: {type(e).__name__}: {e}")
+            return False
+        if code != 0:
+            self.note(f"{name}{f' (call #{seq})' if seq is not None else ''}: replay returned {cu_result_name(code)}")
+            return False
+        key = "starts" if name == "cuProfilerStart" else "stops"
+        p[key] += 1
+        edge = "first_seq" if key == "starts" else "last_seq"
+        if seq is not None and (edge not in p or key == "stops"):
+            p[edge] = seq
+        return True
+
+    def _profiler_start(self, seq) -> None:
+        """--profiler-range workload: cuProfilerStart right before the first workload call."""
+        self._pr_state = 1
+        self._profiler_call("cuProfilerStart", seq)
+
+    def _profiler_stop(self, seq) -> None:
+        """--profiler-range workload: after the last workload call, once its work is done."""
+        self._pr_state = 2
+        try:
+            self._guard("cuCtxSynchronize before cuProfilerStop", lambda: self.cu.cuCtxSynchronize())
+        except Exception:
+            pass
+        self._profiler_call("cuProfilerStop", seq)
 
     def _items(self) -> Iterable[Union[Dict[str, Any], "_Batch"]]:
         if self._plan is not None:
@@ -588,6 +638,8 @@ class Replayer:
                     self._on_thread(item)
                 else:
                     self._one(item)
+                if self._pr_state == 1 and isinstance(item.get("s"), int) and item["s"] >= (self._workload_last or 0):
+                    self._profiler_stop(item["s"])     # the last workload call was left out
                 if prog is not None:
                     prog.advance(task)
         finally:
@@ -619,6 +671,15 @@ class Replayer:
             # replay the batch call by call, so the error lands on the same launch
             self._batch_slow(b, 0)
             return
+        if self._pr and self._pr_state == 0:
+            self._profiler_start(b.seqs[0])
+        try:
+            self._run_prepared(b, prepared, nchg)
+        finally:
+            if self._pr_state == 1 and b.last_seq is not None and b.last_seq >= (self._workload_last or 0):
+                self._profiler_stop(b.last_seq)
+
+    def _run_prepared(self, b: "_Batch", prepared, nchg) -> None:
         res = self.res
         start, n = 0, b.n
         fam = _LAUNCH_FAMILY
@@ -770,6 +831,8 @@ class Replayer:
                 pass
         self._last_tid = tid
         cev = None
+        if self._pr and self._pr_state == 0 and is_workload(f):
+            self._profiler_start(seq)
         try:
             if self.watchdog is not None:
                 self.watchdog.arm(f"call #{seq} {f}")
@@ -792,6 +855,8 @@ class Replayer:
         finally:
             if self.watchdog is not None:
                 self.watchdog.disarm()
+            if self._pr_state == 1 and isinstance(seq, int) and seq >= (self._workload_last or 0):
+                self._profiler_stop(seq)
         self.res.calls += 1
         fam = h.family
         self.res.by_family[fam] = self.res.by_family.get(fam, 0) + 1
@@ -803,6 +868,15 @@ class Replayer:
 
 
 _LAUNCH_FAMILY = "launch"
+PROFILER_RANGES = ("recorded", "workload")
+
+
+def is_workload(f: str) -> bool:
+    """The calls --profiler-range workload brackets: launches (kernels and graphs), copies and
+    memsets -- not context, memory or module set-up."""
+    if f.startswith("cuLaunch"):
+        return not f.startswith("cuLaunchHostFunc")
+    return f.startswith(("cuGraphLaunch", "cuMemcpy", "cuMemset"))
 _PLAIN_LAUNCHES = ("cuLaunchKernel", "cuLaunchKernel_ptsz")
 BATCH_MAX = 16384                 # launches per batch (watchdog and progress granularity)
 PLAN_MAX_RECORDS = 200_000        # decoded records kept from the prescan (else the loop re-reads)

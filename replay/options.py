@@ -10,6 +10,11 @@ class ReplayOptions:
     device: int = 0
     calls: Optional[str] = None          # call-set spec (formats.callset syntax)
     kernels: Optional[str] = None        # regex on kernel names
+    kernel_name: Optional[str] = None    # -k: NAME (exact, on kernel_name_base) or regex:RX (replay/selection.py)
+    kernel_name_base: str = "function"   # function | demangled | mangled
+    launch_skip: int = 0                 # -s: matching launches skipped first
+    launch_count: Optional[int] = None   # -c: matching launches selected at most
+    profiler_range: str = "recorded"     # recorded: pass cuProfilerStart/Stop through; workload: around the workload
     rtol: float = 0.0
     atol: float = 0.0
     dtype: Optional[str] = None          # f32 f16 bf16 f64 (tolerance comparison)
@@ -41,7 +46,8 @@ class ReplayResult:
     launches: int = 0
     calls: int = 0                        # call records replayed (executed)
     skipped: int = 0                      # queries and ignored calls (counted, not executed)
-    filtered: int = 0                     # launches/copies left out by --calls/--kernels
+    filtered: int = 0                     # launches/copies left out by the selection (-k/-s/-c/--calls/--kernels)
+    profiler: Dict[str, Any] = field(default_factory=dict)   # cuProfilerStart/Stop made: range, starts, stops, seqs
     errors: List[str] = field(default_factory=list)
     warnings: List[str] = field(default_factory=list)
     unreadable_payloads: List[str] = field(default_factory=list)   # payloads the snapshot could not give

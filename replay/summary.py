@@ -30,7 +30,7 @@ def render(res: ReplayResult, mismatch_text: List[str], path: str, out=None, as_
     rows += [("calls replayed", f"{res.calls} of {res.total_calls}"),
              ("queries / ignored (skipped)", res.skipped)]
     if res.filtered:
-        rows.append(("left out by --calls/--kernels", res.filtered))
+        rows.append(("left out by the selection", res.filtered))
     rows += [("launches", res.launches), ("recorded errors recurred", res.errors_recurred),
              ("D2H verified", f"{res.d2h_verified} ({_hum(res.d2h_bytes)})")]
     if res.d2h_unverified:
@@ -49,6 +49,17 @@ def render(res: ReplayResult, mismatch_text: List[str], path: str, out=None, as_
     for p in res.payload_stale:
         emit(f"  call #{p['seq']} {p['call']}: H2D payload holds {p['count']} stale recorded address(es) "
              f"(first {p['value']} at offset {p['first_offset']}){' - rewritten' if p['rewritten'] else ''}")
+    pr = res.profiler or {}
+    if pr.get("range") == "workload":
+        if pr.get("starts"):
+            emit(f"profiler range: cuProfilerStart before call #{pr.get('first_seq', '?')}, cuProfilerStop after "
+                 f"call #{pr.get('last_seq', '?')} (the workload)"
+                 + (f"; {pr['ignored']} recorded cuProfilerStart/Stop ignored" if pr.get("ignored") else ""))
+        else:
+            emit("profiler range: no workload call replayed; cuProfilerStart was not called")
+    elif pr.get("starts") or pr.get("stops"):
+        emit(f"profiler range: recorded cuProfilerStart x{pr.get('starts', 0)}, cuProfilerStop x{pr.get('stops', 0)} "
+             f"called as recorded")
     for a in res.arch:
         emit(f"architecture: {a}")
     for w in res.warnings:

@@ -21,7 +21,7 @@
 #include <stdint.h>
 
 #define CS_RING_MAGIC "CSRING1"
-#define CS_RING_VERSION 5
+#define CS_RING_VERSION 6
 #define CS_RING_HDR 4096
 
 typedef struct {
@@ -77,6 +77,9 @@ enum {
     CS_REC_REPEAT = 12,   /* identical repeats of this thread's recorded queries, counted */
     CS_REC_CTX = 13,      /* a context at first sight: handle (F_HANDLE), device (F_CODE),
                              primary (F_KIND: 0 no, 1 yes, 2 not known yet) */
+    CS_REC_NVTX = 14,     /* an NVTX event (shim_nvtx.c): op in `fn` (1 push, 2 pop, 3 start, 4 end,
+                             5 mark, 6 domain), range id / push level / domain id in `seq`,
+                             message (F_NAME), domain id (F_HANDLE; absent: the default domain) */
 };
 
 /* Record state word of the record at ring position `pos` (a monotonic byte count): the kind

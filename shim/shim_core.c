@@ -233,6 +233,8 @@ static void cs_note(const char *msg) {
 static void cs_exit_hook(void);
 static void cs_q_atfork_child(void);
 static void cs_q_flush_all(void);
+static void cs_nvtx_atfork_child(void);
+static void cs_nvtx_ring_opened(void);
 
 static void cs_atfork_child(void) {
     /* A forked child records into a ring of its own, made on its first driver call. */
@@ -240,6 +242,7 @@ static void cs_atfork_child(void) {
     pthread_mutex_init(&cs_init_lock, NULL);
     cs_blob_atfork_child();
     cs_q_atfork_child();
+    cs_nvtx_atfork_child();
 }
 
 static int cs_open_ring(void) {
@@ -292,6 +295,7 @@ static int cs_start(void) {
         cs_pid = pid;
         int ok = cs_open_ring() == 0;
         __atomic_store_n(&cs_state, ok ? 1 : -1, __ATOMIC_RELEASE);
+        if (ok) cs_nvtx_ring_opened();     /* NVTX events made before the first driver call */
     }
     pthread_mutex_unlock(&cs_init_lock);
     return cs_state;
@@ -310,6 +314,7 @@ static void cs_exit_hook(void) {
 /* --- hooks: what a generic parameter table can't say ---------------------------------- */
 #include "shim_hooks.c"
 #include "shim_placement.c"
+#include "shim_nvtx.c"
 
 /* --- the generic call engine ------------------------------------------------------- */
 /* which parameter kinds add fields before / after the call (most calls have none) */

@@ -224,10 +224,10 @@ def test_timeline_trace_one_slice_per_launch(double, capture, tmp_path):
     assert all(e["name"] == "add_one" and e["dur"] >= 0 and e["ts"] >= 0 for e in kern)
     assert [e["args"]["seq"] for e in kern] == [c["s"] for c in _launches(snap)]
     assert sorted(e["ts"] for e in kern) == [e["ts"] for e in kern]
-    copies = [e for e in evs if e.get("ph") == "X" and e["cat"] == "copy"]
-    assert len(copies) == 2
+    copies = [e for e in evs if e.get("ph") == "X" and e["cat"] == "gpu_memcpy"]
+    assert [e["name"] for e in copies] == ["Memcpy HtoD", "Memcpy DtoH"]
     names = {e["args"]["name"] for e in evs if e.get("ph") == "M" and e["name"] == "thread_name"}
-    assert "default stream" in names
+    assert "stream 1 (default stream)" in names
     rows = list(csv.DictReader(out.open()))
     assert sum(r["row_type"] == "launch" for r in rows) == 6
     k = [r for r in rows if r["row_type"] == "kernel"]

@@ -1,9 +1,12 @@
-"""Profiler control (cuProfilerInitialize/Start/Stop): no effect on results; counted no-ops."""
+"""Profiler control: cuProfilerStart/Stop are called on replay (a profiler that collects only
+between them sees the range the program asked for), unless --profiler-range workload puts the
+range around the replayed workload instead (Replayer.profiler_control); cuProfilerInitialize
+(deprecated) is a counted no-op. None has an effect on results."""
 from __future__ import annotations
 
 from . import handles
 
 
 @handles("cuProfilerInitialize", "cuProfilerStart", "cuProfilerStop")
-def profiler_noop(rp, rec):
-    pass
+def profiler_control(rp, rec):
+    rp.profiler_control(rec)

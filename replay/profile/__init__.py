@@ -10,8 +10,10 @@ Profilers are replay subscribers (replay/events.py); they never patch the engine
 - graph     the selected launches (with the memsets and device copies between them) are
             stream-captured into one CUDA graph and replayed from the pre-sequence memory.
 
-Selection (which launches are profiled; every call still runs): --kernels REGEX,
---calls SET (call-set syntax of `dump`), --launch N (the launch with call sequence number N).
+Selection (which launches are profiled; every call still runs), replay/selection.py:
+-k/--kernel-name NAME|regex:RX on --kernel-name-base, -s/--launch-skip N, -c/--launch-count N
+(as Nsight Compute), --kernels REGEX, --calls SET (call-set syntax of `dump`), --launch N (the
+launch with call sequence number N).
 
 Python API:
 
@@ -29,6 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
 from ..options import ReplayOptions, ReplayResult
+from ..selection import LaunchSelection, is_launch_call  # noqa: F401  (is_launch_call: profilers import it here)
+from ..selection import check as check_selection
 
 MODES = ("timeline", "isolated", "graph")
 
@@ -42,6 +46,10 @@ class ProfileConfig:
     kernels: Optional[str] = None
     calls: Optional[str] = None
     launch: Optional[int] = None
+    kernel_name: Optional[str] = None   # -k NAME | regex:RX (replay/selection.py)
+    kernel_name_base: str = "function"
+    launch_skip: int = 0
+    launch_count: Optional[int] = None
     out: Optional[str] = None           # .json or .csv
     trace: Optional[str] = None         # Chrome trace JSON (timeline mode)
     hooks: List[str] = field(default_factory=list)
@@ -52,37 +60,13 @@ class ProfileConfig:
     save_limit: int = 256 << 20         # isolated/graph: save every live allocation when all fit
 
 
-class Selection:
-    """Which launches are profiled."""
-
-    def __init__(self, cfg: ProfileConfig, func_names: Dict[int, str]):
-        self.rx = re.compile(cfg.kernels) if cfg.kernels else None
-        self.sel = None
-        if cfg.calls:
-            from cudasnap.formats import parse_callset
-            self.sel = parse_callset(cfg.calls)
-        self.launch = cfg.launch
-        self.func_names = func_names
-
-    @property
-    def everything(self) -> bool:
-        return self.rx is None and self.sel is None and self.launch is None
-
-    def rec(self, rec, name: str) -> bool:
-        if self.launch is not None and rec.get("s") != self.launch:
-            return False
-        if self.sel is not None and not self.sel(rec, self.func_names):
-            return False
-        if self.rx is not None and not self.rx.search(name or ""):
-            return False
-        return True
-
-    def __call__(self, ev) -> bool:
-        return self.rec({"k": "c", "s": ev.seq, "f": ev.call, "a": {"f": ev.rec_function}}, ev.name)
-
-
-def is_launch_call(f: str) -> bool:
-    return f.startswith("cuLaunch") and not f.startswith("cuLaunchHostFunc")
+def Selection(cfg: ProfileConfig, rp) -> LaunchSelection:
+    """Which launches are profiled: the selection of cfg, prepared on replayer rp (after its
+    first pass; -s/-c count the recorded launches). rp may be a mapping of function names
+    (no counting then)."""
+    if isinstance(rp, dict):
+        return LaunchSelection.of(cfg, rp)
+    return LaunchSelection.of(cfg, rp.func_names).prepare(rp)
 
 
 def check_config(cfg: ProfileConfig) -> Optional[str]:
@@ -99,18 +83,10 @@ def check_config(cfg: ProfileConfig) -> Optional[str]:
         return "--out must name a .json or .csv file"
     if cfg.trace and cfg.mode != "timeline":
         return "--trace needs --profile timeline"
-    if cfg.kernels:
-        try:
-            re.compile(cfg.kernels)
-        except re.error as e:
-            return f"--kernels: bad regex: {e}"
-    if cfg.calls:
-        from cudasnap.formats import parse_callset
-        try:
-            parse_callset(cfg.calls)
-        except ValueError as e:
-            return f"--calls: {e}"
-    return None
+    if cfg.trace and not cfg.trace.lower().endswith((".json", ".json.gz")):
+        return "--trace must name a .json or .json.gz file"
+    return check_selection(cfg.kernels, cfg.calls, cfg.kernel_name, cfg.kernel_name_base or "function",
+                           cfg.launch_skip or 0, cfg.launch_count)
 
 
 def make_profiler(cfg: ProfileConfig, warn: Callable[[str], None]):

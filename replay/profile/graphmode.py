@@ -160,7 +160,7 @@ class GraphProfiler:
         from . import Selection, is_launch_call
         from ..events import LAUNCH_CONFIG
         self.rp = rp = ev.replayer
-        self.sel = Selection(self.cfg, rp.func_names)
+        self.sel = Selection(self.cfg, rp)
         wd = getattr(rp.opt, "watchdog", None)
         if wd:
             self.timeout = max(1.0, 0.8 * float(wd))
@@ -829,8 +829,8 @@ class GraphProfiler:
                 cupti = None
                 rows, cinfo = unit_rows(unit, runs, cfg.repeat, "graph")
                 info.update({k: v for k, v in cinfo.items() if k != "seq"})
-                if self.sel.rx is not None:
-                    rows = [r for r in rows if self.sel.rx.search(r["name"])] or rows
+                if self.sel.name_filter:
+                    rows = [r for r in rows if self.sel.matches_name(r["name"])] or rows
                 if rows:
                     self.backend = "cupti"
                     self.unit_rows.extend(rows)

@@ -261,7 +261,7 @@ class RecordedGraphs:
             return True
         if sel.launch is not None:
             return rec.get("s") == sel.launch
-        if sel.sel is not None and sel.sel(rec, sel.func_names) and sel.rx is None:
+        if sel.sel is not None and sel.sel(rec, sel.func_names) and not sel.name_filter and not sel.counting:
             return True
         for r in self.records_of(rec):
             fh = (r.get("a") or {}).get("f")

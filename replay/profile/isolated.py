@@ -288,7 +288,7 @@ class IsolatedProfiler:
             from . import Selection
             from .timeline import open_cupti
             self.rp = ev.replayer
-            self.sel = Selection(self.cfg, self.rp.func_names)
+            self.sel = Selection(self.cfg, self.rp)
             self.cupti = open_cupti(self.cfg.backend, self.warn)
             if self.cupti is not None:
                 self.backend = "cupti"
@@ -496,8 +496,8 @@ class IsolatedProfiler:
                 rows, info = unit_rows(unit, runs, cfg.repeat, "isolated")
                 self._lost_runs += cfg.repeat - info["runs_with_records"]
                 self._cupti_result(bool(rows), f"call #{unit.seq} cuGraphLaunch")
-                if self.sel.rx is not None:
-                    rows = [r for r in rows if self.sel.rx.search(r["name"])] or rows
+                if self.sel.name_filter:
+                    rows = [r for r in rows if self.sel.matches_name(r["name"])] or rows
                 for r in rows:
                     r["saved_bytes"] = unit.saver.nbytes
                 info["timing"] = "cupti"

@@ -5,7 +5,8 @@ JSON: {"summary": {...}, "kernels": [...], "launches": [...], "warnings": [...],
 snapshot (path, id, what it was captured on), the GPU replayed on, the driver (CUDA version
 it supports, NVIDIA version, libcuda path), tool versions, the profile settings, the replay
 command and the CUDA-related environment.
-CSV: one row per launch (row_type=launch) then one per kernel name (row_type=kernel)."""
+CSV: one row per launch (row_type=launch) then one per kernel name (row_type=kernel).
+`name` is the kernel's recorded (mangled) name, `demangled` its C++ name (replay/names.py)."""
 from __future__ import annotations
 
 import csv
@@ -13,9 +14,9 @@ import json
 import statistics
 from typing import Any, Dict, List
 
-KERNEL_COLS = ["name", "launches", "total_us", "median_us", "min_us", "max_us", "mean_us", "share_pct",
+KERNEL_COLS = ["name", "demangled", "launches", "total_us", "median_us", "min_us", "max_us", "mean_us", "share_pct",
                "spread_pct", "max_spread_pct", "iqr_pct", "noise_pct"]
-LAUNCH_COLS = ["seq", "index", "name", "stream", "grid", "block", "shmem", "time_us", "start_ns", "end_ns",
+LAUNCH_COLS = ["seq", "index", "name", "demangled", "stream", "grid", "block", "shmem", "time_us", "start_ns", "end_ns",
                "median_us", "min_us", "max_us", "mean_us", "spread_pct", "iqr_pct", "noise_pct", "saved_bytes",
                "repeats_identical", "node", "unit", "timing", "error"]
 
@@ -55,8 +56,14 @@ def aggregate(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
 
 
 def build_report(prof, cfg) -> Dict[str, Any]:
+    from ..names import demangle
     rows = prof.launch_rows()
+    for r in rows:
+        if isinstance(r.get("name"), str):
+            r["demangled"] = demangle(r["name"])
     kernels = aggregate(rows)
+    for k in kernels:
+        k["demangled"] = demangle(k["name"])
     summary = prof.summary()
     summary.setdefault("kernel_time_us", sum(k.get("total_us", 0.0) for k in kernels))
     return {"summary": summary, "kernels": kernels, "launches": rows}
@@ -151,7 +158,8 @@ def run_info(rp, cfg, opts, snapshot) -> Dict[str, Any]:
             pass
     d["tools"] = tools
     d["profile"] = {k: getattr(cfg, k, None) for k in ("mode", "repeat", "warmup", "flush_l2", "kernels", "calls",
-                                                       "launch", "backend")}
+                                                       "launch", "kernel_name", "kernel_name_base", "launch_skip",
+                                                       "launch_count", "backend")}
     if opts is not None:
         from ..replace import effective_specs
         d["replace"] = effective_specs(opts)

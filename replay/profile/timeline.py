@@ -1,11 +1,17 @@
 """`--profile timeline`: the replay's own timeline, asynchronous as recorded.
 
-Kernel and copy start/end come from CUPTI activity records (cupti-python).  Each launch and
-copy is tagged with an external correlation id (its call sequence number), so records map to
-calls exactly.  Without CUPTI, CUDA events are recorded around each launch and copy (with a
-warning: an event pair per operation adds work on the stream and can serialize)."""
+Kernel, copy and memset start/end come from CUPTI activity records (cupti-python).  Each
+launch, copy and memset is tagged with an external correlation id, so records map to calls
+exactly.  Without CUPTI, CUDA events are recorded around each of them (with a warning: an
+event pair per operation adds work on the stream and can serialize).
+
+With a trace (--trace) every replayed driver call is timed on the host as well, on the clock
+of the device times (CUPTI's timestamp; CLOCK_MONOTONIC with CUDA events, each reference
+event anchored to the host time it completed at), so replay/profile/trace.py can draw calls,
+kernels and the arrows between them on one time axis."""
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 EVENT_WARNING = ("CUPTI (cupti-python) is not available: timing with CUDA events around each launch, "
@@ -188,8 +194,7 @@ class EventClock:
     def __init__(self, rp):
         self.rp = rp
         self.ref = None
-        self.base_ms = 0.0           # offset of the current reference (contexts come and go)
-        self.last_ms = 0.0
+        self.ref_ns = 0              # CLOCK_MONOTONIC when the current reference completed
         self.pending: List[Tuple[Any, Any, Dict[str, Any]]] = []
 
     def _ev(self):
@@ -201,7 +206,7 @@ class EventClock:
             self.ref = self._ev()
             rp.raw("cuEventRecord", self.ref, rp.cu.CUstream(0))
             rp.raw("cuEventSynchronize", self.ref)
-            self.base_ms = self.last_ms
+            self.ref_ns = time.monotonic_ns()   # contexts come and go: each reference has its anchor
         e = self._ev()
         rp.raw("cuEventRecord", e, stream)
         return e
@@ -226,9 +231,8 @@ class EventClock:
             try:
                 t0 = float(rp.raw("cuEventElapsedTime", self.ref, e0))
                 t1 = float(rp.raw("cuEventElapsedTime", self.ref, e1))
-                sl["start_ns"] = int((self.base_ms + t0) * 1e6)
-                sl["end_ns"] = int((self.base_ms + t1) * 1e6)
-                self.last_ms = max(self.last_ms, self.base_ms + t1)
+                sl["start_ns"] = self.ref_ns + int(t0 * 1e6)
+                sl["end_ns"] = self.ref_ns + int(t1 * 1e6)
             except Exception:
                 sl["lost"] = True
             for e in (e0, e1):
@@ -265,6 +269,11 @@ class TimelineProfiler:
         self.by_ext: Dict[int, Dict[str, Any]] = {}
         self._next_ext = 1
         self.streams: Dict[int, str] = {}
+        # --trace: every replayed call timed on the host: [seq, f, tid, recorded t0, t1, t0, t1]
+        self.wants_calls = bool(getattr(cfg, "trace", None))
+        self.calls: List[list] = []
+        self._open_calls: List[list] = []
+        self.device: Optional[int] = None
 
     # events
     def on_event(self, kind: str, ev) -> None:
@@ -275,7 +284,8 @@ class TimelineProfiler:
     def _start(self, ev) -> None:
         from . import Selection
         self.rp = ev.replayer
-        self.sel = Selection(self.cfg, self.rp.func_names)
+        self.device = getattr(getattr(self.rp, "opt", None), "device", None)
+        self.sel = Selection(self.cfg, self.rp)
         self.cupti = open_cupti(self.cfg.backend, self.warn)
         if self.cupti is not None:
             self.backend = "cupti"
@@ -319,10 +329,35 @@ class TimelineProfiler:
         if sl is not None:
             self._close(sl, ev.stream)
 
+    def now(self) -> int:
+        """Host time on the device times' clock."""
+        if self.cupti is not None:
+            try:
+                return self.cupti.timestamp()
+            except Exception:
+                pass
+        return time.monotonic_ns()
+
+    def _before_call(self, ev) -> None:
+        rec = ev.rec or {}
+        c = [ev.seq, ev.call, rec.get("tid"), rec.get("t0"), rec.get("t1"), self.now(), None]
+        self.calls.append(c)
+        self._open_calls.append(c)
+
+    def _after_call(self, ev) -> None:
+        t = self.now()
+        while self._open_calls:
+            c = self._open_calls.pop()
+            c[6] = t
+            if c[0] == ev.seq:
+                break
+
     def _before_copy(self, ev) -> None:
         if ev.stream is None or self._capturing():
             return
-        sl = {"kind": "copy", "seq": ev.seq, "name": f"{ev.direction} {ev.nbytes} B" if ev.nbytes else ev.call,
+        memset = ev.direction == "memset"
+        sl = {"kind": "memset" if memset else "copy", "seq": ev.seq, "direction": ev.direction,
+              "name": f"{ev.direction} {ev.nbytes} B" if ev.nbytes else ev.call,
               "call": ev.call, "bytes": ev.nbytes, "stream": ev.rec_stream}
         ev.data["timeline"] = sl
         self._open(sl, ev.stream)
@@ -345,6 +380,10 @@ class TimelineProfiler:
             self.clock.drop_ref()
 
     def _end(self, ev) -> None:
+        t = self.now()
+        for c in self._open_calls:          # a call that raised: closed now
+            c[6] = t
+        self._open_calls = []
         if self.clock is not None:
             try:
                 self.clock.resolve(wait=True)
@@ -371,7 +410,7 @@ class TimelineProfiler:
                 sl["start_ns"], sl["end_ns"], sl["cupti_name"], sl["stream_id"] = t0, t1, name, sid
         for corr, t0, t1, nb, kind, sid in c.copies:
             sl = self.by_ext.get(c.ext.get(corr, -1))
-            if sl is not None and sl["kind"] == "copy" and "start_ns" not in sl:
+            if sl is not None and sl["kind"] in ("copy", "memset") and "start_ns" not in sl:
                 sl["start_ns"], sl["end_ns"], sl["stream_id"] = t0, t1, sid
 
     # results

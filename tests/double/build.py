@@ -42,6 +42,7 @@ PROGRAMS = {
     "reload": "link",
     "unified": "link",
     "sigwait": "link",
+    "nvtx_client": "link",
 }
 
 MODULE_TEXT = "CUDADOUBLE\nkernel add_one\nkernel fill\nkernel saxpy\nkernel chase\nkernel incr\nkernel spin\n"

@@ -277,6 +277,8 @@ CUresult cuCtxSynchronize_v2(CUcontext ctx);
 CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx);
 CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version);
 CUresult cuCtxGetFlags(unsigned int *flags);
+CUresult cuProfilerStart(void);
+CUresult cuProfilerStop(void);
 
 CUresult cuMemGetInfo_v2(size_t *free_, size_t *total);
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);

@@ -48,6 +48,9 @@ CUresult launch_run(void *func, const unsigned int grid[3], const unsigned int b
                     size_t params_len);
 void op_release(op_t *op);
 
+/* Device work run so far (launches, copies, memsets): cuProfilerStart/Stop log it. */
+extern unsigned long long dbl_ops;
+
 void *procaddr_lookup(const char *symbol, int cudaVersion, unsigned long long flags, int *status);
 
 #endif

@@ -103,6 +103,9 @@ static const kdesc_t kernels[] = {
     {"chase", 3, {0, 8, 16}, {8, 8, 4}, 20, k_chase},
     {"incr", 2, {0, 8}, {8, 4}, 12, k_incr},
     {"spin", 1, {0}, {4}, 4, k_spin},
+    /* incr under C++ names, for kernel-name matching: incr(int*, int), void demo::incr<int>(int*, int) */
+    {"_Z4incrPii", 2, {0, 8}, {8, 4}, 12, k_incr},
+    {"_ZN4demo4incrIiEEvPT_i", 2, {0, 8}, {8, 4}, 12, k_incr},
 };
 #define NKERNELS (sizeof kernels / sizeof kernels[0])
 
@@ -429,6 +432,7 @@ static double now_ns(void) {
 CUresult launch_run(void *func, const unsigned int grid[3], const unsigned int block[3], const unsigned char *params,
                     size_t params_len) {
     const kdesc_t *k = func;
+    __atomic_add_fetch(&dbl_ops, 1, __ATOMIC_RELAXED);
     unsigned char pb[MAXPARAMS] = {0};
     memcpy(pb, params, params_len < MAXPARAMS ? params_len : MAXPARAMS);
     u64 nthreads = (u64)grid[0] * grid[1] * grid[2] * block[0] * block[1] * block[2];

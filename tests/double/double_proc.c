@@ -49,6 +49,8 @@ static const pa_t table[] = {
     E("cuCtxGetDevice", 13000, cuCtxGetDevice_v2),
     E("cuCtxGetApiVersion", 3020, cuCtxGetApiVersion),
     E("cuCtxGetFlags", 7000, cuCtxGetFlags),
+    E("cuProfilerStart", 4000, cuProfilerStart),
+    E("cuProfilerStop", 4000, cuProfilerStop),
 
     E("cuMemGetInfo", 3020, cuMemGetInfo_v2),
     E("cuMemAlloc", 3020, cuMemAlloc_v2),
