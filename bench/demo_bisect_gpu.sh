@@ -20,16 +20,8 @@ set -uo pipefail
 ROOT=$(pwd)
 OUT=${OUT:-/tmp/cudasnap-out}; mkdir -p "$OUT"
 W=/tmp/cudasnap-demo; rm -rf "$W"; mkdir -p "$W/keep"
-SITE=/tmp/site
 REPEAT=${REPEAT:-10}; ARCH=${ARCH:-sm_90}; N=${N:-16777216}; ITERS=${ITERS:-128}
-export PYTHONUNBUFFERED=1
-if [ -d "$ROOT/.whl" ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE "$ROOT"/.whl/*.whl || exit 2
-fi
-export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
-python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target $SITE "$ROOT" > "$W/install.log" 2>&1 \
-  || { tail -30 "$W/install.log"; exit 2; }
-export PATH=$SITE/bin:$PATH
+INSTALL_LOG=$W/install.log . "$ROOT/bench/gpu_env.sh"
 exec > >(tee "$OUT/demo.log") 2>&1
 HTML=1; python3 -c 'import plotly' 2>/dev/null || { HTML=; echo "plotly missing: no HTML reports (carry its wheels in .whl)"; }
 html() { [ -n "$HTML" ] && echo "--html $OUT/$1"; }

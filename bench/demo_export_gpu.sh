@@ -12,9 +12,7 @@
 # Writes $OUT/demo.log (everything) and $OUT/demo_summary.txt (one line per check).
 set -uo pipefail
 ROOT=$(pwd); OUT=${OUT:-/tmp/cudasnap-out}; mkdir -p "$OUT"
-SKIP_SUITE=1 SKIP_BENCH=1 SKIP_EXAMPLE=1 bash "$ROOT/bench/gpu_suite.sh" > "$OUT/demo_install.log" 2>&1 \
-  || { tail -20 "$OUT/demo_install.log"; exit 2; }
-export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
+INSTALL_LOG=$OUT/demo_install.log . "$ROOT/bench/gpu_env.sh"
 CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
 W=/tmp/cudasnap-demo; rm -rf $W; mkdir -p $W; cd $W
 SUM=$OUT/demo_summary.txt; : > "$SUM"

@@ -20,16 +20,8 @@ set -uo pipefail
 ROOT=$(pwd)
 OUT=${OUT:-/tmp/cudasnap-out}; mkdir -p "$OUT"
 W=/tmp/cudasnap-habits; rm -rf "$W"; mkdir -p "$W"
-SITE=/tmp/site
 STEPS=${STEPS:-3}
-export PYTHONUNBUFFERED=1
-if [ -d "$ROOT/.whl" ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE "$ROOT"/.whl/*.whl || exit 2
-fi
-export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
-python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target $SITE "$ROOT" > "$W/install.log" 2>&1 \
-  || { tail -30 "$W/install.log"; exit 2; }
-export PATH=$SITE/bin:$PATH:/usr/local/cuda/bin
+INSTALL_LOG=$W/install.log . "$ROOT/bench/gpu_env.sh"
 exec > >(tee "$OUT/demo_habits.log") 2>&1
 step() { echo; echo "=== $*"; }
 FAIL=0

@@ -10,14 +10,7 @@
 set -uo pipefail
 ROOT=$(pwd); export CUDASNAP_ROOT=$ROOT
 OUT=${OUT:-/tmp/cudasnap-out}; mkdir -p "$OUT"
-SITE=/tmp/site
-export PYTHONUNBUFFERED=1
-if [ -d "$ROOT/.whl" ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE "$ROOT"/.whl/*.whl || exit 2
-fi
-export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
-python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target $SITE "$ROOT" > "$OUT/install.log" 2>&1 || { tail -30 "$OUT/install.log"; exit 2; }
-export PATH=$SITE/bin:$PATH
+INSTALL_LOG=$OUT/install.log . "$ROOT/bench/gpu_env.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/card.txt"
 export CUDASNAP_GPU_RESULTS=$OUT/gpu_results.jsonl CUDASNAP_GPU_WORK=/tmp/cudasnap-gpu
 rm -f "$CUDASNAP_GPU_RESULTS"
