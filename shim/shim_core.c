@@ -700,7 +700,7 @@ static void *cs_wrap(int id, void *realp) {
 __attribute__((visibility("default"))) void *dlsym(void *handle, const char *name) {
     void *p = cs_dlsym(handle, name);
     if (!p || !name || name[0] != 'c' || name[1] != 'u') return p;
-    if (strcmp(name, "cuGetExportTable") == 0) return p;  /* untouched, no work: see FIELD-NOTES */
+    if (strcmp(name, "cuGetExportTable") == 0) return p;  /* untouched, no work: runtimes fetch private tables here, and work inside this hook has hung them */
     if (getenv("CUDASNAP_SESSION") == NULL) return p;
     int id = cs_lookup(name);
     if (id < 0) return p;

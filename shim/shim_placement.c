@@ -1,5 +1,5 @@
 /* Placement: cudasnap capture puts device allocations into a tool-owned virtual address
- * region, so replay can reserve the very same addresses first (FIELD-NOTES: addresses the
+ * region, so replay can reserve the very same addresses first (the addresses the
  * driver picks for small allocations move with host ASLR and can't be reserved again).
  *
  * cuMemAlloc_v2 becomes VMM inside the region: large allocations get their own
