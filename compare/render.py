@@ -3,17 +3,11 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
+from cudasnap.replay.profile.report import fmt_us as us
+
 from .core import FASTER, SAME, SLOWER
 
 
-def us(v) -> str:
-    if v is None:
-        return "-"
-    if v >= 1e6:
-        return f"{v / 1e6:.2f} s"
-    if v >= 1e3:
-        return f"{v / 1e3:.2f} ms"
-    return f"{v:.1f} us"
 
 
 def pct(v, sign: bool = False) -> str:

@@ -190,7 +190,8 @@ def write_out(report: Dict[str, Any], path: str) -> None:
         f.write("\n")
 
 
-def _us(v) -> str:
+def fmt_us(v) -> str:
+    """A time in microseconds, in the unit that reads best ("-" when unknown)."""
     if v is None:
         return "-"
     if v >= 1e6:
@@ -207,14 +208,14 @@ def render_table(report: Dict[str, Any], out, top: int = 20) -> None:
     head = f"profile ({s.get('mode')}, {s.get('backend')})"
     if s.get("mode") == "graph" and s.get("path") == "recorded graph launches" and "total_us" in s:
         head += (f": the program's own graphs, {s.get('graph_launches_timed')} cuGraphLaunch call(s) "
-                 f"({s.get('launches')} kernels), {_us(s['total_us'])} (medians of {s.get('repeat')})")
+                 f"({s.get('launches')} kernels), {fmt_us(s['total_us'])} (medians of {s.get('repeat')})")
     elif s.get("mode") == "graph" and "total_us" in s:
         extra = s.get("copies", 0) + s.get("memsets", 0)
         head += (f": graph of {s.get('launches', s.get('nodes'))} launches"
                  + (f" (+{extra} copies/memsets)" if extra else "")
-                 + f", {_us(s['total_us'])} per replay (median of {s.get('repeat')})")
+                 + f", {fmt_us(s['total_us'])} per replay (median of {s.get('repeat')})")
     elif s.get("mode") == "timeline" and "span_us" in s:
-        head += f": {s.get('launches_timed')} launches timed, span {_us(s['span_us'])}, kernels {_us(s['kernel_time_us'])}"
+        head += f": {s.get('launches_timed')} launches timed, span {fmt_us(s['span_us'])}, kernels {fmt_us(s['kernel_time_us'])}"
     elif s.get("mode") == "isolated":
         head += f": {s.get('launches_profiled', 0)} launches"
         if s.get("graph_launches_profiled"):
@@ -233,8 +234,8 @@ def render_table(report: Dict[str, Any], out, top: int = 20) -> None:
     rows = []
     for k in ks[:top]:
         name = k["name"] if not cut or len(k["name"]) <= 80 else k["name"][:77] + "..."
-        row = [name, str(k["launches"]), _us(k.get("total_us")), _us(k.get("median_us")), _us(k.get("min_us")),
-               _us(k.get("max_us"))]
+        row = [name, str(k["launches"]), fmt_us(k.get("total_us")), fmt_us(k.get("median_us")), fmt_us(k.get("min_us")),
+               fmt_us(k.get("max_us"))]
         if isolated:
             row.append(f"{k['spread_pct']:.1f}%" if "spread_pct" in k else "-")
             row.append(f"{k['noise_pct']:.1f}%" if "noise_pct" in k else "-")
@@ -263,31 +264,31 @@ def graph_notes(s: Dict[str, Any]) -> List[str]:
     other = s.get("other_nodes") or []
     if other:
         lines.append("memset/copy nodes: " + ", ".join(
-            f"{d['kind']} x{d['nodes']} ({_us(d['us_per_run'])} per run)" for d in other))
+            f"{d['kind']} x{d['nodes']} ({fmt_us(d['us_per_run'])} per run)" for d in other))
     un = s.get("unrecorded") or []
     if un:
         lines.append("not a recorded launch (CUPTI records of no captured operation), per run: " + ", ".join(
-            f"{e['name'][:50]} x{e['per_run']:g} ({_us(e['us_per_run'])})" for e in un[:5])
+            f"{e['name'][:50]} x{e['per_run']:g} ({fmt_us(e['us_per_run'])})" for e in un[:5])
             + (" ..." if len(un) > 5 else ""))
     c = s.get("check")
     if c and c.get("diff_pct") is not None:
-        parts = [f"kernels {_us(c['kernels_us'])}"]
+        parts = [f"kernels {fmt_us(c['kernels_us'])}"]
         if c.get("other_nodes_us"):
-            parts.append(f"memset/copy nodes {_us(c['other_nodes_us'])}")
+            parts.append(f"memset/copy nodes {fmt_us(c['other_nodes_us'])}")
         if c.get("unrecorded_us"):
-            parts.append(f"not recorded {_us(c['unrecorded_us'])}")
+            parts.append(f"not recorded {fmt_us(c['unrecorded_us'])}")
         if c.get("overlap_us"):
-            parts[0] += f" (less {_us(c['overlap_us'])} of concurrent nodes)"
+            parts[0] += f" (less {fmt_us(c['overlap_us'])} of concurrent nodes)"
         if c.get("between_nodes_us"):
-            parts.append(f"between nodes {_us(c['between_nodes_us'])}")
-        verdict = "within 5%" if c["within_5pct"] else f"NOT within 5%: gap {_us(abs(c['sum_us'] - c['graph_us']))}"
-        line = (f"check: {' + '.join(parts)} = {_us(c['sum_us'])} vs the graph's {_us(c['graph_us'])} "
+            parts.append(f"between nodes {fmt_us(c['between_nodes_us'])}")
+        verdict = "within 5%" if c["within_5pct"] else f"NOT within 5%: gap {fmt_us(abs(c['sum_us'] - c['graph_us']))}"
+        line = (f"check: {' + '.join(parts)} = {fmt_us(c['sum_us'])} vs the graph's {fmt_us(c['graph_us'])} "
                 f"({c['diff_pct']:+.1f}%, {verdict}); kernels are {c['kernel_share_pct']:.1f}% of the graph's time")
         lines.append(line)
         if not c["within_5pct"] and c.get("event_span_us"):
             lines.append(f"  (per-node runs, with an event record node after every node: "
-                         f"{_us(c['event_span_us'])} from first to last event; the graph alone, CUDA events "
-                         f"around its launch: {_us(c['graph_us'])})")
+                         f"{fmt_us(c['event_span_us'])} from first to last event; the graph alone, CUDA events "
+                         f"around its launch: {fmt_us(c['graph_us'])})")
         elif not c["within_5pct"]:
             lines.append("  (the CUPTI-traced runs differ from the graph's timed runs: tracing overhead, or time "
                          "around the nodes that no record covers)")
