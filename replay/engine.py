@@ -266,7 +266,7 @@ class Replayer:
         vers = self.fn_versions.get(h)
         if not vers or not isinstance(seq, int):
             return self.fns.get(h)
-        i = bisect.bisect_left([v[0] for v in vers], seq) - 1
+        i = bisect.bisect_left(vers, seq, key=lambda v: v[0]) - 1
         return vers[max(i, 0)][1]
 
     def kernel_name_of(self, rec_f, seq=None) -> str:

@@ -50,6 +50,9 @@ QUERY_RX = re.compile(
 # Calls the placement hook answers itself (shim_placement.c).
 PLACEMENT = {"cuMemAlloc_v2", "cuMemFree_v2", "cuMemGetAddressRange_v2", "cuMemAddressReserve", "cuMemAddressFree",
              "cuPointerGetAttribute", "cuPointerGetAttributes"}
+# Of those, the ones the hook only corrects after the real call (cs_place_after): they stay
+# pure queries, counted when repeated.
+PLACEMENT_AFTER = {"cuPointerGetAttribute", "cuPointerGetAttributes"}
 
 
 def load_description(path: Path = HERE / "api_description.json") -> dict:
@@ -241,7 +244,7 @@ def generate_c(desc: dict) -> str:
             skipped.append(f["name"])
         cells = ",".join("{" + ",".join(map(str, r)) + "}" for r in prow)
         w(f"static const cs_param cs_p{i}[] = {{{cells or '{0,0,0,0,0,0}'}}};")
-        query = 1 if (ok and hook == 0 and QUERY_RX.match(f["name"])
+        query = 1 if (ok and (hook == 0 or f["name"] in PLACEMENT_AFTER) and QUERY_RX.match(f["name"])
                       and all(p["kind"] in ("val", "opaque", "out", "out_struct") for p in params)) else 0
         rows.append(f'  {{"{f["name"]}", "{f["base"]}", {len(params) if ok else 0}, {hook if ok else 0}, {h0}, {h1}, {h2}, {query}, {kinds}, {simple}, {floats}, {fh}, {ch}, cs_p{i}}},')
         qkeys.append(_query_key_fn(i, prow) if query and simple else None)

@@ -479,6 +479,7 @@ static __attribute__((noinline)) CUresult cs_call_query(int id, const cs_fn *fn,
     cs_depth++;
     CUresult res = CS_CALL_REAL(fn, real, a, d);
     cs_depth--;
+    if (fn->hook == CS_H_PLACE) cs_place_after(fn, a, res);   /* outputs as without placement */
     cs_qcache *q = cs_q_get();
     cs_qslot *slot = NULL;
     U key[CS_QKEY];

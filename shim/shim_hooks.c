@@ -20,6 +20,7 @@ typedef CUresult (*cs_fn4)(U, U, U, U);
 
 CS_TLS int cs_skip_out;   /* async D2H inside stream capture: no result to keep */
 CS_TLS uint64_t cs_post_serial, cs_post_size;  /* memcpy2D host destination blob */
+CS_TLS int cs_unified_dst_host;   /* cuMemcpy(Async): the destination is host memory (asked once, before) */
 
 static CUresult cs_hook_passthrough(const cs_fn *fn, cs_gen_fn real, U *a, double *d) {
     return CS_CALL_REAL(fn, real, a, d);
@@ -387,6 +388,7 @@ static void cs_hook_pre(const cs_fn *fn, const U *a, cs_pre *pre) {
         return;
     case CS_H_MEMCPY_UNIFIED: {
         U src = a[fn->params[fn->h2].ai], n = a[fn->params[2].ai];
+        cs_unified_dst_host = n && cs_is_host_ptr(a[fn->params[fn->h1].ai]);   /* for cs_hook_after */
         if (n && cs_is_host_ptr(src)) {
             pre->blob_field = CS_F_HOSTSRC;
             pre->size = n;
@@ -564,7 +566,7 @@ static void cs_hook_after(const cs_fn *fn, int id, U *a, CUresult res) {
     case CS_H_MEMCPY_UNIFIED: {
         U dst = a[fn->params[fn->h1].ai], n = a[fn->params[2].ai];
         cs_post_serial = cs_post_size = 0;
-        if (res != 0 || !n || !cs_is_host_ptr(dst)) return;
+        if (res != 0 || !cs_unified_dst_host) return;
         if (fn->h0 >= 0 && !cs_await_stream(fn, a[fn->params[fn->h0].ai])) return;
         cs_post_serial = cs_blob((const void *)dst, n); cs_post_size = n;
         return;

@@ -128,7 +128,9 @@ typedef enum CUfunction_attribute_enum {
 } CUfunction_attribute;
 
 typedef enum CUjit_option_enum { CU_JIT_MAX_REGISTERS = 0 } CUjit_option;
-typedef enum CUpointer_attribute_enum { CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2 } CUpointer_attribute;
+typedef enum CUpointer_attribute_enum {
+    CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11, CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12
+} CUpointer_attribute;
 typedef enum CUmemorytype_enum { CU_MEMORYTYPE_HOST = 1, CU_MEMORYTYPE_DEVICE = 2 } CUmemorytype;
 typedef enum CUlibraryOption_enum { CU_LIBRARY_HOST_UNIVERSAL_FUNCTION_AND_DATA_TABLE = 0 } CUlibraryOption;
 typedef enum CUfunc_cache_enum { CU_FUNC_CACHE_PREFER_NONE = 0 } CUfunc_cache;

@@ -636,17 +636,23 @@ API CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdevice
     return r ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }
 
-/* CU_POINTER_ATTRIBUTE_MEMORY_TYPE only: host allocations are HOST, device memory DEVICE,
- * anything else (pageable host memory) unknown to the driver. */
+/* Memory type (host allocations HOST, device memory DEVICE) and the allocation's range;
+ * anything else (pageable host memory) is unknown to the driver. */
 API CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr) {
     CHECK(need_init());
-    if (!data || attribute != CU_POINTER_ATTRIBUTE_MEMORY_TYPE) return CUDA_ERROR_INVALID_VALUE;
+    if (!data) return CUDA_ERROR_INVALID_VALUE;
     LOCK();
     region_t *r = reg_containing(ptr, 1);
-    int kind = r ? r->kind : 0;
+    region_t reg = r ? *r : (region_t){0};
     UNLOCK();
-    if (!kind) return CUDA_ERROR_INVALID_VALUE;
-    *(unsigned int *)data = kind == R_HOST ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+    if (!reg.kind) return CUDA_ERROR_INVALID_VALUE;
+    switch (attribute) {
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+        *(unsigned int *)data = reg.kind == R_HOST ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE; break;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr *)data = reg.base; break;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data = reg.size; break;
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
     return CUDA_SUCCESS;
 }
 

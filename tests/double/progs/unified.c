@@ -1,6 +1,7 @@
 /* unified.c -- copies through unified addressing (cuMemcpy, cuMemcpyAsync) whose host end is
  * pageable memory or a pinned host allocation, as CUDA libraries issue them
- * (cudaMemcpyDefault): the host bytes must be captured for replay to restore and verify them. */
+ * (cudaMemcpyDefault): the host bytes must be captured for replay to restore and verify them.
+ * Also asks a small allocation's range, which must not change under capture's placement. */
 #include <string.h>
 #include "common.h"
 
@@ -32,6 +33,14 @@ int main(void) {
     CK(cuMemcpyAsync(d, (CUdeviceptr)pinned, sizeof back, s));        /* pinned -> device */
     LAUNCH(cuLaunchKernel(add_one, N / 256, 1, 1, 256, 1, 1, 0, s, args, NULL));
     CK(cuMemcpy((CUdeviceptr)pinned, d, sizeof back));                /* device -> pinned */
+    /* a small allocation's range is its own, whoever placed it */
+    CUdeviceptr small;
+    CUdeviceptr start = 0;
+    size_t size = 0;
+    CK(cuMemAlloc(&small, 1000));
+    CK(cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, small + 10));
+    CK(cuPointerGetAttribute(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, small + 10));
+    printf("RANGE own %d size %zu\n", start == small, size);
     double sum = 0;
     for (int i = 0; i < N; i++) sum += pinned[i];
     printf("SUM %.1f\nLAUNCHES %ld\n", sum, g_launches);
