@@ -68,3 +68,20 @@ class Runner:
         return cp, int(cf.read_text()) if cf.exists() else None
 
 
+
+
+def replay_snapshot(snap: Path, test: str, name: str) -> tuple[dict, dict, int]:
+    """`cudasnap replay --json` of a snapshot: (result row, JSON result, exit code)."""
+    cp = subprocess.run([sys.executable, "-m", "cudasnap", "replay", str(snap), "--json", "--watchdog", "120"],
+                        capture_output=True, text=True, timeout=600)
+    try:
+        res = json.loads(cp.stdout)
+    except json.JSONDecodeError:
+        res = {}
+    row = {"test": test, "workload": name, "rc": cp.returncode,
+           **{k: res.get(k) for k in ("placed", "fell_back", "d2h_verified", "d2h_bytes", "d2h_unverified", "launches",
+                                      "calls", "total_calls", "elapsed_s", "message", "stopped_at", "params_relocated")},
+           "fallbacks": (res.get("fallbacks") or [])[:5], "mismatches": (res.get("mismatch_text") or [])[:3],
+           "errors": (res.get("errors") or [])[:5], "warnings": (res.get("warnings") or [])[:5],
+           "stderr": cp.stderr[-1500:]}
+    return row, res, cp.returncode

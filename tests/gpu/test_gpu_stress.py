@@ -275,23 +275,6 @@ def test_stress_capture(name, runner, request, tmp_path):
     assert not failures, json.dumps({k: v for k, v in row.items() if k != "runs"}, indent=1, default=str)[:6000]
 
 
-def replay_snapshot(snap: Path, name: str) -> tuple[dict, dict, int]:
-    """Replay as test_gpu_replay.py does; returns (row, JSON result, exit code)."""
-    cp = subprocess.run([PY, "-m", "cudasnap", "replay", str(snap), "--json", "--watchdog", "120"],
-                        capture_output=True, text=True, timeout=600)
-    try:
-        res = json.loads(cp.stdout)
-    except json.JSONDecodeError:
-        res = {}
-    row = {"test": "stress_replay", "workload": name, "rc": cp.returncode,
-           **{k: res.get(k) for k in ("placed", "fell_back", "d2h_verified", "d2h_bytes", "d2h_unverified", "launches",
-                                      "calls", "total_calls", "elapsed_s", "message", "stopped_at", "params_relocated")},
-           "fallbacks": (res.get("fallbacks") or [])[:5], "mismatches": (res.get("mismatch_text") or [])[:3],
-           "errors": (res.get("errors") or [])[:5], "warnings": (res.get("warnings") or [])[:5],
-           "stderr": cp.stderr[-1500:]}
-    return row, res, cp.returncode
-
-
 @pytest.mark.parametrize("name", list(STRESS_WORKLOADS), scope="module")   # capture[W] then replay[W]
 def test_stress_replay(name, runner, request):
     snap = last_snapshot(name)
@@ -302,7 +285,7 @@ def test_stress_replay(name, runner, request):
         cap, _ = runner.capture(cmd, snap, env)
         assert cap.returncode == 0, cap.stderr[-2000:]
     t0 = time.monotonic()
-    row, res, rc = replay_snapshot(snap, name)
+    row, res, rc = gpuutil.replay_snapshot(snap, "stress_replay", name)
     row["s"] = round(time.monotonic() - t0, 2)
     record_result(row)
     _say(request.config, f"stress {name}: replay {row['s']:.1f} s (estimated {est_replay_test(name):.0f} s), "
