@@ -17,6 +17,7 @@ def test_replay_workload(name, runner, ptrs_binary):
     snap = WORK / "snaps" / f"{name}.cusnap"
     if not snap.exists():
         cmd, env = WORKLOADS[name]
+        snap.parent.mkdir(parents=True, exist_ok=True)     # capture refuses a missing directory
         cap, _ = runner.capture(cmd or [str(ptrs_binary)], snap, {**DETERMINISTIC, **env})
         assert cap.returncode == 0, cap.stderr[-2000:]
     row, res, rc = replay_snapshot(snap, "replay", name)
