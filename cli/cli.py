@@ -108,6 +108,16 @@ class StatsReport(str, Enum):
     memory = "memory"
 
 
+class ExtractMemory(str, Enum):
+    reachable = "reachable"
+    all = "all"
+
+
+class ExtractRanges(str, Enum):
+    exact = "exact"
+    segment = "segment"
+
+
 class StatsFormat(str, Enum):
     text = "text"
     csv = "csv"
@@ -413,7 +423,9 @@ def extract(
     launch: Optional[int] = typer.Option(None, "--launch", metavar="N", help="The launch with call number N (as dump shows)."),
     kernel: Optional[str] = typer.Option(None, "--kernel", metavar="REGEX[#K]", help="The K-th launch (from 1; default the first) of a kernel whose name matches REGEX."),
     calls: Optional[str] = typer.Option(None, "--calls", metavar="A-B", help="Every call numbered A to B."),
-    memory: str = typer.Option("reachable", "--memory", metavar="reachable|all", help="reachable: restore the allocations the selection's parameters point into, plus what pointer scanning finds in them, plus module globals; all: every live allocation."),
+    memory: ExtractMemory = typer.Option(ExtractMemory.reachable, "--memory", metavar=_one_of(ExtractMemory), help="reachable: restore what the selection's parameters point into, plus what pointer scanning finds there, plus module globals; all: every live allocation, whole."),
+    ranges: ExtractRanges = typer.Option(ExtractRanges.exact, "--ranges", metavar=_one_of(ExtractRanges), help="exact: within an allocation, restore from each pointer to the next tensor start the snapshot names (plus what the selection writes beyond); segment: whole allocations (for kernels that read beyond their tensors)."),
+    check: bool = typer.Option(False, "--check", help="Replay the extract right away and exit 1 if it does not verify."),
     device: int = typer.Option(0, "--device", metavar="N", help="GPU ordinal to replay on."),
 ):
     """Write a small self-contained snapshot of selected launches, with the memory they read.
@@ -423,10 +435,11 @@ def extract(
     placement zone, allocations, the module loads the kernels need), H2D copies restoring
     that memory, the selection, and D2H copies whose expected results are what was read back:
     `cudasnap replay SMALL.cusnap` verifies against them. Exit 2: nothing selected, or the
-    replay could not reach the selection."""
+    replay could not reach the selection; exit 1: --check found that the extract does not verify."""
     from cudasnap.export.commands import run_extract_cli
 
-    raise typer.Exit(run_extract_cli(snapshot, output, launch, kernel, calls, memory, device))
+    raise typer.Exit(run_extract_cli(snapshot, output, launch, kernel, calls, _value(memory), device,
+                                     ranges=_value(ranges), check=check))
 
 
 def main() -> None:

@@ -36,6 +36,7 @@ PROGRAMS = {
     "killme": "link",
     "nocuda": "none",
     "chase": "link",
+    "carve": "link",
     "launch_forms": "link",
     "bigcopy": "link",
     "queries": "link",

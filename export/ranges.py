@@ -1,0 +1,193 @@
+"""Narrow memory ranges for `cudasnap extract --ranges exact`.
+
+Caching allocators (PyTorch's, JAX's BFC) carve many tensors out of one driver allocation,
+so restoring whole allocations restores far more than a kernel touches.  Here a pointer the
+selection can reach (a launch parameter word, a copy or memset argument, a TMA descriptor's
+address, or a word found in memory already restored) is taken to reach from itself to the
+next "tensor start" in its allocation: the boundaries are every device address any launch
+parameter, copy or memset of the whole snapshot names.  Bytes the selection writes beyond
+those ranges are found by comparing the allocation before and after it, and are restored
+and verified too.  Reads beyond them cannot be seen: the extract's replay then does not
+verify, and `--ranges segment` restores whole allocations instead.
+"""
+from __future__ import annotations
+
+import bisect
+from typing import Dict, Iterable, List, Optional, Set, Tuple
+
+import numpy as np
+
+from .emit import base_name
+
+MIN_ADDR = 1 << 16                # smaller words are never device addresses
+WHOLE_DIFF_LIMIT = 256 << 20      # allocations up to this size are compared whole
+DIFF_MARGIN = 64 << 20            # larger ones: the ranges plus this much either side
+COALESCE_GAP = 4096               # written bytes closer than this become one range
+PTR_KEYS = ("dstDevice", "srcDevice", "dst", "src", "ptr", "dptr")
+_ELEM_BYTES = {0: 1, 1: 2, 2: 4, 3: 4, 4: 8, 5: 8, 6: 2, 7: 4, 8: 8, 9: 2, 10: 4, 11: 4, 12: 4}
+Interval = Tuple[int, int]        # [start, end)
+
+
+def words(data) -> np.ndarray:
+    """The 8-byte aligned little-endian words of data (zero-padded), >= MIN_ADDR."""
+    b = bytes(data)
+    b += b"\0" * (-len(b) % 8)
+    w = np.frombuffer(b, dtype="<u8")
+    return w[w >= MIN_ADDR]
+
+
+def pointer_args(rec) -> List[Tuple[int, int]]:
+    """(address, bytes known to be reached) of a copy or memset's device pointer arguments."""
+    a = rec.get("a") or {}
+    b = base_name(rec.get("f") or "")
+    n = 0
+    if isinstance(a.get("ByteCount"), int):
+        n = a["ByteCount"]
+    elif b.startswith("cuMemsetD") and isinstance(a.get("N"), int) and "2D" not in b:
+        n = a["N"] * {"cuMemsetD8": 1, "cuMemsetD16": 2, "cuMemsetD32": 4}.get(b.removesuffix("Async"), 1)
+    return [(a[k], n) for k in PTR_KEYS if isinstance(a.get(k), int) and a[k] >= MIN_ADDR]
+
+
+def _u64s(v, n: int) -> List[int]:
+    if isinstance(v, (bytes, bytearray)):
+        return [int.from_bytes(v[i * 8:i * 8 + 8], "little") for i in range(min(n, len(v) // 8))]
+    if isinstance(v, (list, tuple)):
+        return [int(x) for x in v[:n]]
+    return []
+
+
+def tensor_map_extent(a) -> Optional[Tuple[bytes, int, int]]:
+    """(encoded map, global address, bytes it spans) of a cuTensorMapEncode* record's args."""
+    m, addr, rank = a.get("tensorMap"), a.get("globalAddress"), a.get("tensorRank")
+    if not isinstance(m, (bytes, bytearray)) or not isinstance(addr, int) or not isinstance(rank, int) or rank < 1:
+        return None
+    dims = _u64s(a.get("globalDim"), rank)
+    strides = _u64s(a.get("globalStrides"), rank - 1)
+    if len(dims) != rank or len(strides) != rank - 1:
+        return bytes(m), addr, 0
+    n = dims[0] * _ELEM_BYTES.get(a.get("tensorDataType"), 1)
+    for d, s in zip(dims[1:], strides):
+        n += (d - 1) * s if d else 0
+    return bytes(m), addr, n
+
+
+class Boundaries:
+    """Every device address the snapshot's launches, copies and memsets name (tensor starts),
+    and the TMA descriptors it encoded.  Built without a GPU, in one pass over the records."""
+
+    def __init__(self, reader):
+        found: List[np.ndarray] = []
+        extra: List[int] = []
+        self.tensor_maps: List[Tuple[bytes, int, int]] = []
+        for rec in reader.records(("c",)):
+            if rec.get("incomplete") or rec.get("r", 0) != 0:
+                continue
+            f = rec.get("f") or ""
+            if f.startswith("cuLaunch") and not f.startswith("cuLaunchHostFunc"):
+                p = (rec.get("x") or {}).get("params")
+                if isinstance(p, (bytes, bytearray)) and p:
+                    found.append(words(p))
+            elif f.startswith(("cuMemcpy", "cuMemset", "cuMemPrefetch")):
+                extra += [p for p, _n in pointer_args(rec)]
+            elif f.startswith("cuTensorMapEncode"):
+                tm = tensor_map_extent(rec.get("a") or {})
+                if tm is not None:
+                    self.tensor_maps.append(tm)
+                    extra.append(tm[1])
+        allw = np.concatenate(found + [np.array(extra, dtype="<u8")]) if (found or extra) else np.zeros(0, "<u8")
+        self.sorted: List[int] = [int(x) for x in np.unique(allw)]
+
+    def next_after(self, addr: int) -> Optional[int]:
+        i = bisect.bisect_right(self.sorted, addr)
+        return self.sorted[i] if i < len(self.sorted) else None
+
+    def roots_of(self, rec) -> List[Tuple[int, int]]:
+        """(address, bytes known to be reached) for the pointers one selected call names."""
+        out: List[Tuple[int, int]] = []
+        p = (rec.get("x") or {}).get("params")
+        if isinstance(p, (bytes, bytearray)) and p:
+            out += [(int(w), 0) for w in np.unique(words(p))]
+            pb = bytes(p)
+            out += [(addr, n) for m, addr, n in self.tensor_maps if m in pb]
+        out += pointer_args(rec)
+        return out
+
+
+def merge(iv: Iterable[Interval], gap: int = 0) -> List[Interval]:
+    out: List[List[int]] = []
+    for lo, hi in sorted(iv):
+        if out and lo <= out[-1][1] + gap:
+            out[-1][1] = max(out[-1][1], hi)
+        else:
+            out.append([lo, hi])
+    return [(lo, hi) for lo, hi in out]
+
+
+def subtract(iv: List[Interval], minus: List[Interval]) -> List[Interval]:
+    """Parts of intervals iv (merged) not covered by minus (merged)."""
+    out: List[Interval] = []
+    for lo, hi in iv:
+        cur = lo
+        for mlo, mhi in minus:
+            if mhi <= cur or mlo >= hi:
+                continue
+            if mlo > cur:
+                out.append((cur, mlo))
+            cur = max(cur, mhi)
+        if cur < hi:
+            out.append((cur, hi))
+    return out
+
+
+def extent(addr: int, known: int, seg: Interval, bounds: Boundaries) -> Interval:
+    """[addr, end): up to the next tensor start in the allocation seg (at least `known` bytes)."""
+    s_lo, s_hi = seg
+    nxt = bounds.next_after(addr)
+    end = s_hi if nxt is None else min(nxt, s_hi)
+    end = min(max(end, addr + known), s_hi)
+    return addr, max(end, min(addr + 1, s_hi))
+
+
+def written(before: bytes, after: bytes, base: int, gap: int = COALESCE_GAP) -> List[Interval]:
+    """Byte ranges (absolute, from base) that differ between two reads of the same window."""
+    n = min(len(before), len(after))
+    if not n or before[:n] == after[:n]:
+        return []
+    d = np.flatnonzero(np.frombuffer(before, np.uint8, n) != np.frombuffer(after, np.uint8, n))
+    if not len(d):
+        return []
+    cut = np.flatnonzero(np.diff(d) > gap)
+    starts = np.concatenate(([d[0]], d[cut + 1]))
+    ends = np.concatenate((d[cut], [d[-1]])) + 1
+    return [(base + int(a), base + int(b)) for a, b in zip(starts, ends)]
+
+
+def diff_window(seg: Interval, ranges: List[Interval]) -> Interval:
+    """The part of an allocation compared before and after the selection."""
+    s_lo, s_hi = seg
+    if s_hi - s_lo <= WHOLE_DIFF_LIMIT or not ranges:
+        return seg
+    return max(s_lo, ranges[0][0] - DIFF_MARGIN), min(s_hi, ranges[-1][1] + DIFF_MARGIN)
+
+
+def plan(roots: List[Tuple[int, int]], live: List[Tuple[int, int, str]], bounds: Boundaries,
+         find) -> Dict[int, List[Interval]]:
+    """Roots -> {index into live: merged intervals}; find(addr) gives the live index or None."""
+    per: Dict[int, List[Interval]] = {}
+    for addr, known in roots:
+        i = find(addr)
+        if i is None:
+            continue
+        b, n, _k = live[i]
+        per.setdefault(i, []).append(extent(addr, known, (b, b + n), bounds))
+    return {i: merge(v) for i, v in per.items()}
+
+
+def new_roots(data: bytes, seen: Set[int]) -> List[Tuple[int, int]]:
+    out = []
+    for w in np.unique(words(data)):
+        w = int(w)
+        if w not in seen:
+            seen.add(w)
+            out.append((w, 0))
+    return out
