@@ -35,7 +35,6 @@ from . import ranges as R
 from .emit import Emitter, ExportError, base_name
 
 READ_CHUNK = 64 << 20
-SCAN_LIMIT = 1 << 30           # bytes of allocation contents scanned for pointers, at most
 LAUNCH_CONFIG_HSTREAM = 40     # CUlaunchConfig.hStream offset
 
 
@@ -382,7 +381,7 @@ class Extractor:
         self._lo = self._live[0][0]
         self._hi = max(b + n for b, n, _k in self._live)
         if self.exact:
-            return self._start_exact(rp)
+            return R.start_exact(self, rp)
         if self.memory == "all":
             todo = list(range(len(self._live)))
         else:
@@ -406,7 +405,7 @@ class Extractor:
             base, n, _k = self._live[i]
             data = self._read(rp, base, n)
             chosen[i] = self.w.add_blob(data)
-            if self.memory == "reachable" and scanned < SCAN_LIMIT:
+            if self.memory == "reachable" and scanned < R.SCAN_LIMIT:
                 scanned += n
                 for v in self._words(data):
                     j = self._find(v)
@@ -426,70 +425,10 @@ class Extractor:
             recs += self.captured_work
         return recs
 
-    def _start_exact(self, rp) -> None:
-        """Ranges from each reachable pointer to the next tensor start (ranges.py), scanned for
-        pointers transitively; then the allocations they lie in are read, to be compared after."""
-        roots: List[Tuple[int, int]] = []
-        for rec in self._root_recs():
-            roots += self.bounds.roots_of(rec)
-        seen = {a for a, _n in roots}
-        per: Dict[int, List[R.Interval]] = {}
-        for i, r in enumerate(self._live):
-            if r[2] == "global":
-                per[i] = [(r[0], r[0] + r[1])]
-        scanned_iv: Dict[int, List[R.Interval]] = {}
-        scanned = 0
-        while roots:
-            for i, iv in R.plan(roots, self._live, self.bounds, self._find).items():
-                per[i] = R.merge(per.get(i, []) + iv)
-            roots = []
-            for i, iv in per.items():
-                todo = R.subtract(iv, scanned_iv.get(i, []))
-                scanned_iv[i] = list(iv)
-                for lo, hi in todo:
-                    if scanned >= SCAN_LIMIT:
-                        break
-                    scanned += hi - lo
-                    roots += R.new_roots(self._read(rp, lo, hi - lo), seen)
-        self.per = per
-        self.before: Dict[int, Tuple[int, bytes]] = {}
-        for i, iv in per.items():
-            b, n, _k = self._live[i]
-            lo, hi = R.diff_window((b, b + n), iv)
-            self.before[i] = (lo, self._read(rp, lo, hi - lo))
-        self.chosen = sorted(per)
-        self.res.segments = len(per)
-        self.res.segments_bytes = sum(self._live[i][1] for i in per)
-
-    def _end_exact(self, rp) -> None:
-        """Add what the selection wrote beyond the ranges; restore every range as it was before
-        the selection and expect it as it is after."""
-        self.restore, self.expected = [], []
-        beyond = 0
-        for i in self.chosen:
-            base, n, _k = self._live[i]
-            lo, before = self.before[i]
-            iv = self.per[i]
-            after = None
-            if rp.space.find(base) is not None:
-                after = self._read(rp, lo, len(before))
-                extra = R.subtract(R.merge(R.written(before, after, lo)), iv)
-                beyond += sum(h - l for l, h in extra)
-                iv = R.merge(iv + extra)
-            for l, h in iv:
-                self.restore.append((l, h - l, self.w.add_blob(before[l - lo:h - lo])))
-                if after is not None:
-                    self.expected.append((l, h - l, self.w.add_blob(after[l - lo:h - lo])))
-        self.res.written_beyond = beyond
-        self.res.restored = [(b, n) for b, n, _ in self.restore]
-        self.res.restored_bytes = sum(n for _b, n, _ in self.restore)
-        self.res.expected = len(self.expected)
-        self.res.expected_bytes = sum(n for _b, n, _ in self.expected)
-
     def at_end(self, rp) -> None:
         rp.raw("cuCtxSynchronize")
         if self.exact:
-            return self._end_exact(rp)
+            return R.end_exact(self, rp)
         self.expected = []
         for i in self.chosen:
             base, n, _k = self._live[i]

@@ -22,6 +22,7 @@ from .emit import base_name
 MIN_ADDR = 1 << 16                # smaller words are never device addresses
 WHOLE_DIFF_LIMIT = 256 << 20      # allocations up to this size are compared whole
 DIFF_MARGIN = 64 << 20            # larger ones: the ranges plus this much either side
+SCAN_LIMIT = 1 << 30              # bytes of memory scanned for pointers, at most
 COALESCE_GAP = 4096               # written bytes closer than this become one range
 PTR_KEYS = ("dstDevice", "srcDevice", "dst", "src", "ptr", "dptr")
 _ELEM_BYTES = {0: 1, 1: 2, 2: 4, 3: 4, 4: 8, 5: 8, 6: 2, 7: 4, 8: 8, 9: 2, 10: 4, 11: 4, 12: 4}
@@ -191,3 +192,68 @@ def new_roots(data: bytes, seen: Set[int]) -> List[Tuple[int, int]]:
             seen.add(w)
             out.append((w, 0))
     return out
+
+
+# ---------------------------------------------------------------- in the extracting replay
+def start_exact(ex, rp) -> None:
+    """Ranges from each pointer the selection reaches to the next tensor start, scanned for
+    pointers transitively; then the allocations they lie in are read, to be compared after."""
+    roots: List[Tuple[int, int]] = []
+    for rec in ex._root_recs():
+        roots += ex.bounds.roots_of(rec)
+    seen = {a for a, _n in roots}
+    per: Dict[int, List[Interval]] = {}
+    for i, r in enumerate(ex._live):
+        if r[2] == "global":
+            per[i] = [(r[0], r[0] + r[1])]
+    scanned_iv: Dict[int, List[Interval]] = {}
+    scanned = 0
+    while roots:
+        for i, iv in plan(roots, ex._live, ex.bounds, ex._find).items():
+            per[i] = merge(per.get(i, []) + iv)
+        roots = []
+        for i, iv in per.items():
+            todo = subtract(iv, scanned_iv.get(i, []))
+            scanned_iv[i] = list(iv)
+            for lo, hi in todo:
+                if scanned >= SCAN_LIMIT:
+                    break
+                scanned += hi - lo
+                roots += new_roots(ex._read(rp, lo, hi - lo), seen)
+    ex.per = per
+    ex.before = {}
+    for i, iv in per.items():
+        b, n, _k = ex._live[i]
+        lo, hi = diff_window((b, b + n), iv)
+        ex.before[i] = (lo, ex._read(rp, lo, hi - lo))
+    ex.chosen = sorted(per)
+    ex.res.segments = len(per)
+    ex.res.segments_bytes = sum(ex._live[i][1] for i in per)
+
+
+def end_exact(ex, rp) -> None:
+    """Add what the selection wrote beyond the ranges; restore every range as it was before
+    the selection and expect it as it is after."""
+    ex.restore, ex.expected = [], []
+    beyond = 0
+    for i in ex.chosen:
+        base, n, _k = ex._live[i]
+        lo, before = ex.before[i]
+        iv = ex.per[i]
+        after = None
+        if rp.space.find(base) is not None:
+            after = ex._read(rp, lo, len(before))
+            extra = subtract(merge(written(before, after, lo)), iv)
+            beyond += sum(h - l for l, h in extra)
+            iv = merge(iv + extra)
+        for l, h in iv:
+            ex.restore.append((l, h - l, ex.w.add_blob(before[l - lo:h - lo])))
+            if after is not None:
+                ex.expected.append((l, h - l, ex.w.add_blob(after[l - lo:h - lo])))
+    ex.before = {}
+    ex.res.written_beyond = beyond
+    ex.res.restored = [(b, n) for b, n, _ in ex.restore]
+    ex.res.restored_bytes = sum(n for _b, n, _ in ex.restore)
+    ex.res.expected = len(ex.expected)
+    ex.res.expected_bytes = sum(n for _b, n, _ in ex.expected)
+
