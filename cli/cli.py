@@ -434,7 +434,10 @@ def extract(
     reads back what it could write. SMALL.cusnap holds the state-building calls (context,
     placement zone, allocations, the module loads the kernels need), H2D copies restoring
     that memory, the selection, and D2H copies whose expected results are what was read back:
-    `cudasnap replay SMALL.cusnap` verifies against them. Exit 2: nothing selected, or the
+    `cudasnap replay SMALL.cusnap` verifies against them. Within an allocation (a caching
+    allocator's segment holds many tensors) only the bytes from each pointer to the next tensor
+    start are restored, plus what the selection writes beyond; a kernel that reads beyond them
+    does not verify (--check says so): use --ranges segment. Exit 2: nothing selected, or the
     replay could not reach the selection; exit 1: --check found that the extract does not verify."""
     from cudasnap.export.commands import run_extract_cli
 

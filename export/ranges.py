@@ -110,6 +110,10 @@ class Boundaries:
             out += [(int(w), 0) for w in np.unique(words(p))]
             pb = bytes(p)
             out += [(addr, n) for m, addr, n in self.tensor_maps if m in pb]
+        else:                         # structs by value (a CUDA_MEMCPY3D, say): their pointer words
+            for v in (rec.get("a") or {}).values():
+                if isinstance(v, (bytes, bytearray)) and len(v) >= 8:
+                    out += [(int(w), 0) for w in np.unique(words(v))]
         out += pointer_args(rec)
         return out
 
