@@ -13,6 +13,7 @@ verify, and `--ranges segment` restores whole allocations instead.
 from __future__ import annotations
 
 import bisect
+import os
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 import numpy as np
@@ -23,6 +24,8 @@ MIN_ADDR = 1 << 16                # smaller words are never device addresses
 WHOLE_DIFF_LIMIT = 256 << 20      # allocations up to this size are compared whole
 DIFF_MARGIN = 64 << 20            # larger ones: the ranges plus this much either side
 SCAN_LIMIT = 1 << 30              # bytes of memory scanned for pointers, at most
+DIFF_BUDGET = 4 << 30             # host memory for allocations kept to compare, at most
+DIFF_BUDGET_ENV = "CUDASNAP_EXTRACT_DIFF_BYTES"   # overrides it (small hosts; tests)
 COALESCE_GAP = 4096               # written bytes closer than this become one range
 PTR_KEYS = ("dstDevice", "srcDevice", "dst", "src", "ptr", "dptr")
 _ELEM_BYTES = {0: 1, 1: 2, 2: 4, 3: 4, 4: 8, 5: 8, 6: 2, 7: 4, 8: 8, 9: 2, 10: 4, 11: 4, 12: 4}
@@ -226,10 +229,20 @@ def start_exact(ex, rp) -> None:
                 roots += new_roots(ex._read(rp, lo, hi - lo), seen)
     ex.per = per
     ex.before = {}
-    for i, iv in per.items():
+    limit = int(os.environ.get(DIFF_BUDGET_ENV, DIFF_BUDGET))
+    budget, uncompared = limit, 0
+    for i, iv in sorted(per.items()):
         b, n, _k = ex._live[i]
         lo, hi = diff_window((b, b + n), iv)
-        ex.before[i] = (lo, ex._read(rp, lo, hi - lo))
+        if hi - lo <= budget:
+            budget -= hi - lo
+            ex.before[i] = (lo, ex._read(rp, lo, hi - lo))
+        else:                         # kept as blobs now; writes beyond its ranges go unseen
+            uncompared += 1
+            ex.before[i] = (None, [(l, h - l, ex.w.add_blob(ex._read(rp, l, h - l))) for l, h in iv])
+    if uncompared:
+        ex.res.notes.append(f"{uncompared} allocation(s) not compared before and after the selection (more than "
+                            f"{limit} bytes in all, {DIFF_BUDGET_ENV}): bytes it writes beyond their ranges are not verified")
     ex.chosen = sorted(per)
     ex.res.segments = len(per)
     ex.res.segments_bytes = sum(ex._live[i][1] for i in per)
@@ -244,8 +257,13 @@ def end_exact(ex, rp) -> None:
         base, n, _k = ex._live[i]
         lo, before = ex.before[i]
         iv = ex.per[i]
+        live = rp.space.find(base) is not None
+        if lo is None:
+            ex.restore += before
+            ex.expected += [(l, m, ex.w.add_blob(ex._read(rp, l, m))) for l, m, _b in before] if live else []
+            continue
         after = None
-        if rp.space.find(base) is not None:
+        if live:
             after = ex._read(rp, lo, len(before))
             extra = subtract(merge(written(before, after, lo)), iv)
             beyond += sum(h - l for l, h in extra)

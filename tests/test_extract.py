@@ -155,6 +155,12 @@ def test_exact_ranges_cover_writes_beyond_them_and_check_refuses_reads_beyond(do
     rp = _cli(double, "replay", str(out))
     assert rp.returncode == 1
     _extract_and_replay(double, snap, tmp_path / "s.cusnap", "--kernel", "saxpy#2", "--ranges", "segment", "--check")
+    # with no host memory to compare allocations, the ranges are kept as they are, and the summary says so
+    env = {**double["env"], "CUDASNAP_EXTRACT_DIFF_BYTES": "0"}
+    ex = subprocess.run([sys.executable, "-m", "cudasnap", "extract", str(snap), "-o", str(tmp_path / "n.cusnap"),
+                         "--kernel", "saxpy", "--check"], env=env, capture_output=True, text=True, timeout=120)
+    assert ex.returncode == 0 and "1 allocation(s) not compared" in ex.stdout, ex.stdout + ex.stderr
+    assert _h2d_d2h(tmp_path / "n.cusnap") == ([(t[2], TB), (t[6], TB)], [(t[2], TB), (t[6], TB)])
 
 
 def test_boundaries_and_extents_without_a_gpu():
