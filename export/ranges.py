@@ -21,6 +21,7 @@ import numpy as np
 from .emit import base_name
 
 MIN_ADDR = 1 << 16                # smaller words are never device addresses
+ALIGN = 16                        # addresses are taken down to this (a pointer may carry flag bits)
 WHOLE_DIFF_LIMIT = 256 << 20      # allocations up to this size are compared whole
 DIFF_MARGIN = 64 << 20            # larger ones: the ranges plus this much either side
 SCAN_LIMIT = 1 << 30              # bytes of memory scanned for pointers, at most
@@ -99,7 +100,7 @@ class Boundaries:
                     self.tensor_maps.append(tm)
                     extra.append(tm[1])
         allw = np.concatenate(found + [np.array(extra, dtype="<u8")]) if (found or extra) else np.zeros(0, "<u8")
-        self.sorted: List[int] = [int(x) for x in np.unique(allw)]
+        self.sorted: List[int] = [int(x) for x in np.unique(allw & ~np.uint64(ALIGN - 1))]
 
     def next_after(self, addr: int) -> Optional[int]:
         i = bisect.bisect_right(self.sorted, addr)
@@ -187,7 +188,8 @@ def plan(roots: List[Tuple[int, int]], live: List[Tuple[int, int, str]], bounds:
         if i is None:
             continue
         b, n, _k = live[i]
-        per.setdefault(i, []).append(extent(addr, known, (b, b + n), bounds))
+        lo = max(addr & ~(ALIGN - 1), b)
+        per.setdefault(i, []).append(extent(lo, known + addr - lo, (b, b + n), bounds))
     return {i: merge(v) for i, v in per.items()}
 
 

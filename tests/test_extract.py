@@ -172,6 +172,10 @@ def test_boundaries_and_extents_without_a_gpu():
     assert R.extent(0x10000, 0x9000, seg, b) == (0x10000, 0x19000)      # a copy's length wins
     assert R.extent(0x30000, 0, seg, b) == (0x30000, 0x40000)           # no later start: the end
     assert R.extent(0x31000, 0x20000, seg, b) == (0x31000, 0x40000)     # capped by the allocation
+    live = [(0x10000, 0x30000, "placed")]
+    find = lambda a: 0 if 0x10000 <= a < 0x40000 else None         # noqa: E731
+    # a pointer with flag bits in its low bits (or a 4-byte offset view) reaches from its granule
+    assert R.plan([(0x18001, 0), (0x10004, 0), (0x50000, 0)], live, b, find) == {0: [(0x10000, 0x30000)]}
     assert R.merge([(5, 9), (1, 3), (3, 4)]) == [(1, 4), (5, 9)]
     assert R.subtract([(0, 100)], [(10, 20), (50, 120)]) == [(0, 10), (20, 50)]
     before, after = bytes(10000), bytearray(10000)
