@@ -78,33 +78,85 @@ def tensor_map_extent(a) -> Optional[Tuple[bytes, int, int]]:
 
 class Boundaries:
     """Every device address the snapshot's launches, copies and memsets name (tensor starts),
-    and the TMA descriptors it encoded.  Built without a GPU, in one pass over the records."""
+    with the calls that name it, and the TMA descriptors it encoded.  Built without a GPU, in
+    one pass over the records.
 
-    def __init__(self, reader):
-        found: List[np.ndarray] = []
-        extra: List[int] = []
+    A start counts for a pointer only if some call names it while the pointer's tensor is
+    known to be live: from the pointer's last use before the selection to the selection's
+    end (or, for a pointer first used by the selection, to its next use).  An allocator that
+    once split a block differently leaves starts that no call names in that window."""
+
+    def __init__(self, reader=None):
         self.tensor_maps: List[Tuple[bytes, int, int]] = []
+        if reader is None:
+            return self._index([], [])
+        addrs: List[np.ndarray] = []
+        seqs: List[np.ndarray] = []
+
+        def add(w: np.ndarray, s: int) -> None:
+            if len(w):
+                addrs.append(w)
+                seqs.append(np.full(len(w), s, dtype=np.int64))
+
         for rec in reader.records(("c",)):
             if rec.get("incomplete") or rec.get("r", 0) != 0:
                 continue
-            f = rec.get("f") or ""
+            f, s = rec.get("f") or "", rec.get("s", 0)
             if f.startswith("cuLaunch") and not f.startswith("cuLaunchHostFunc"):
                 p = (rec.get("x") or {}).get("params")
                 if isinstance(p, (bytes, bytearray)) and p:
-                    found.append(words(p))
+                    add(np.unique(words(p)), s)
             elif f.startswith(("cuMemcpy", "cuMemset", "cuMemPrefetch")):
-                extra += [p for p, _n in pointer_args(rec)]
+                add(np.array([p for p, _n in pointer_args(rec)], dtype="<u8"), s)
             elif f.startswith("cuTensorMapEncode"):
                 tm = tensor_map_extent(rec.get("a") or {})
                 if tm is not None:
                     self.tensor_maps.append(tm)
-                    extra.append(tm[1])
-        allw = np.concatenate(found + [np.array(extra, dtype="<u8")]) if (found or extra) else np.zeros(0, "<u8")
-        self.sorted: List[int] = [int(x) for x in np.unique(allw & ~np.uint64(ALIGN - 1))]
+                    add(np.array([tm[1]], dtype="<u8"), s)
+        self._index(addrs, seqs)
 
-    def next_after(self, addr: int) -> Optional[int]:
+    def _index(self, addrs: List[np.ndarray], seqs: List[np.ndarray]) -> None:
+        a = np.concatenate(addrs) if addrs else np.zeros(0, "<u8")
+        q = np.concatenate(seqs) if seqs else np.zeros(0, np.int64)
+        a = a & ~np.uint64(ALIGN - 1)
+        order = np.lexsort((q, a))
+        self._addr, self._seq = a[order], q[order]
+        self.sorted: List[int] = [int(x) for x in np.unique(self._addr)]
+
+    @classmethod
+    def of(cls, uses: Dict[int, List[int]]) -> "Boundaries":
+        """From {address: [call numbers naming it]} (tests)."""
+        b = cls()
+        b._index([np.array([k] * len(v), dtype="<u8") for k, v in uses.items()],
+                 [np.array(v, dtype=np.int64) for v in uses.values()])
+        return b
+
+    def _uses(self, addr: int) -> np.ndarray:
+        a = np.uint64(addr)
+        return self._seq[np.searchsorted(self._addr, a, "left"):np.searchsorted(self._addr, a, "right")]
+
+    def window(self, addr: int, first: int, last: int) -> Tuple[int, int]:
+        """Calls during which the tensor at addr (used by the selection first..last) is live."""
+        u = self._uses(addr & ~(ALIGN - 1))
+        before = u[u < first]
+        if len(before):
+            return int(before[-1]), last
+        after = u[u > last]
+        return first, int(after[0]) if len(after) else last
+
+    def next_after(self, addr: int, limit: int, win: Optional[Tuple[int, int]] = None) -> Optional[int]:
+        """The first start above addr (below limit) that a call in win names (any call if None)."""
         i = bisect.bisect_right(self.sorted, addr)
-        return self.sorted[i] if i < len(self.sorted) else None
+        while i < len(self.sorted) and self.sorted[i] < limit:
+            b = self.sorted[i]
+            if win is None:
+                return b
+            u = self._uses(b)
+            k = np.searchsorted(u, win[0], "left")
+            if k < len(u) and u[k] <= win[1]:
+                return b
+            i += 1
+        return None
 
     def roots_of(self, rec) -> List[Tuple[int, int]]:
         """(address, bytes known to be reached) for the pointers one selected call names."""
@@ -148,10 +200,11 @@ def subtract(iv: List[Interval], minus: List[Interval]) -> List[Interval]:
     return out
 
 
-def extent(addr: int, known: int, seg: Interval, bounds: Boundaries) -> Interval:
+def extent(addr: int, known: int, seg: Interval, bounds: Boundaries,
+           win: Optional[Tuple[int, int]] = None) -> Interval:
     """[addr, end): up to the next tensor start in the allocation seg (at least `known` bytes)."""
     s_lo, s_hi = seg
-    nxt = bounds.next_after(addr)
+    nxt = bounds.next_after(addr, s_hi, win)
     end = s_hi if nxt is None else min(nxt, s_hi)
     end = min(max(end, addr + known), s_hi)
     return addr, max(end, min(addr + 1, s_hi))
@@ -180,8 +233,9 @@ def diff_window(seg: Interval, ranges: List[Interval]) -> Interval:
 
 
 def plan(roots: List[Tuple[int, int]], live: List[Tuple[int, int, str]], bounds: Boundaries,
-         find) -> Dict[int, List[Interval]]:
-    """Roots -> {index into live: merged intervals}; find(addr) gives the live index or None."""
+         find, span: Optional[Tuple[int, int]] = None) -> Dict[int, List[Interval]]:
+    """Roots -> {index into live: merged intervals}; find(addr) gives the live index or None;
+    span: the selection's first and last call numbers (None: every start counts)."""
     per: Dict[int, List[Interval]] = {}
     for addr, known in roots:
         i = find(addr)
@@ -189,7 +243,8 @@ def plan(roots: List[Tuple[int, int]], live: List[Tuple[int, int, str]], bounds:
             continue
         b, n, _k = live[i]
         lo = max(addr & ~(ALIGN - 1), b)
-        per.setdefault(i, []).append(extent(lo, known + addr - lo, (b, b + n), bounds))
+        win = bounds.window(addr, *span) if span else None
+        per.setdefault(i, []).append(extent(lo, known + addr - lo, (b, b + n), bounds, win))
     return {i: merge(v) for i, v in per.items()}
 
 
@@ -218,7 +273,7 @@ def start_exact(ex, rp) -> None:
     scanned_iv: Dict[int, List[Interval]] = {}
     scanned = 0
     while roots:
-        for i, iv in plan(roots, ex._live, ex.bounds, ex._find).items():
+        for i, iv in plan(roots, ex._live, ex.bounds, ex._find, (ex.first, ex.last)).items():
             per[i] = merge(per.get(i, []) + iv)
         roots = []
         for i, iv in per.items():

@@ -165,8 +165,7 @@ def test_exact_ranges_cover_writes_beyond_them_and_check_refuses_reads_beyond(do
 
 def test_boundaries_and_extents_without_a_gpu():
     from cudasnap.export import ranges as R
-    b = R.Boundaries.__new__(R.Boundaries)
-    b.sorted, b.tensor_maps = [0x10000, 0x18000, 0x30000], []
+    b = R.Boundaries.of({0x10000: [1], 0x18000: [2], 0x30000: [3]})
     seg = (0x10000, 0x40000)
     assert R.extent(0x10000, 0, seg, b) == (0x10000, 0x18000)
     assert R.extent(0x10000, 0x9000, seg, b) == (0x10000, 0x19000)      # a copy's length wins
@@ -176,6 +175,16 @@ def test_boundaries_and_extents_without_a_gpu():
     find = lambda a: 0 if 0x10000 <= a < 0x40000 else None         # noqa: E731
     # a pointer with flag bits in its low bits (or a 4-byte offset view) reaches from its granule
     assert R.plan([(0x18001, 0), (0x10004, 0), (0x50000, 0)], live, b, find) == {0: [(0x10000, 0x30000)]}
+    # a start counts only if a call names it while the pointer's tensor is live: from the
+    # pointer's last use before the selection (call 10) to the selection's end
+    b2 = R.Boundaries.of({0x10000: [5, 10], 0x14000: [2], 0x30000: [7], 0x38000: [12]})
+    assert b2.window(0x10000, 10, 10) == (5, 10)
+    assert R.plan([(0x10000, 0)], live, b2, find, (10, 10)) == {0: [(0x10000, 0x30000)]}
+    assert R.plan([(0x10000, 0)], live, b2, find) == {0: [(0x10000, 0x14000)]}
+    # first named by the selection: live until its next use
+    b3 = R.Boundaries.of({0x10000: [10, 20], 0x18000: [15], 0x20000: [25]})
+    assert b3.window(0x10000, 10, 10) == (10, 20)
+    assert R.plan([(0x10000, 0)], live, b3, find, (10, 10)) == {0: [(0x10000, 0x18000)]}
     assert R.merge([(5, 9), (1, 3), (3, 4)]) == [(1, 4), (5, 9)]
     assert R.subtract([(0, 100)], [(10, 20), (50, 120)]) == [(0, 10), (20, 50)]
     before, after = bytes(10000), bytearray(10000)
