@@ -75,8 +75,8 @@ def run_extract_cli(snapshot, output, launch=None, kernel=None, calls=None, memo
     if r.written_beyond:
         out.write(f"  written beyond the ranges: {_mib(r.written_beyond)} (restored and verified too)\n")
     out.write(f"  expected results: {r.expected} range(s), {_mib(r.expected_bytes)} (read back after replaying the "
-              f"selection); state-building calls kept: {r.prefix_calls}; module loads kept {r.modules_kept}, "
-              f"left out {r.modules_dropped}\n")
+              f"selection); state-building calls kept: {r.prefix_calls}; module loads kept {r.modules_kept} "
+              f"({_mib(r.module_bytes)}), left out {r.modules_dropped}\n")
     for n in r.notes:
         out.write(f"  note: {n}\n")
     if not check:

@@ -60,6 +60,7 @@ class ExtractResult:
     segments: int = 0                 # allocations the restored ranges lie in
     segments_bytes: int = 0
     written_beyond: int = 0           # bytes written outside the ranges (added to them)
+    module_bytes: int = 0             # images of the module loads kept
     restored: List[Tuple[int, int]] = field(default_factory=list)     # (base, size)
     restored_bytes: int = 0
     expected: int = 0
@@ -446,7 +447,10 @@ class Extractor:
             x = dict(x)
             for k, v in list(x.items()):
                 if isinstance(v, dict) and isinstance(v.get("blob"), str) and self.reader.has_blob(v["blob"]):
-                    x[k] = {**v, "blob": self.w.add_blob(self.reader.blob(v["blob"]))}
+                    data = self.reader.blob(v["blob"])
+                    x[k] = {**v, "blob": self.w.add_blob(data)}
+                    if base_name(rec.get("f") or "").startswith(("cuModuleLoad", "cuLibraryLoad")):
+                        self.res.module_bytes += len(data)
             rec["x"] = x
         return rec
 
