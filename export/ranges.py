@@ -297,12 +297,25 @@ def start_exact(ex, rp) -> None:
         else:                         # kept as blobs now; writes beyond its ranges go unseen
             uncompared += 1
             ex.before[i] = (None, [(l, h - l, ex.w.add_blob(ex._read(rp, l, h - l))) for l, h in iv])
+    # the allocations no pointer reaches are compared too (while the budget lasts): what the
+    # selection writes there, through addresses its parameters do not show, is restored and verified
+    others = 0
+    for i, (b, n, k) in enumerate(ex._live):
+        if i in per or k == "global":
+            continue
+        if n <= budget:
+            budget -= n
+            per[i] = []
+            ex.before[i] = (b, ex._read(rp, b, n))
+        else:
+            others += 1
     if uncompared:
         ex.res.notes.append(f"{uncompared} allocation(s) not compared before and after the selection (more than "
                             f"{limit} bytes in all, {DIFF_BUDGET_ENV}): bytes it writes beyond their ranges are not verified")
+    if others:
+        ex.res.notes.append(f"{others} allocation(s) no pointer reaches were not compared before and after the "
+                            f"selection (more than {limit} bytes in all): what it writes there is not verified")
     ex.chosen = sorted(per)
-    ex.res.segments = len(per)
-    ex.res.segments_bytes = sum(ex._live[i][1] for i in per)
 
 
 def end_exact(ex, rp) -> None:
@@ -310,12 +323,14 @@ def end_exact(ex, rp) -> None:
     the selection and expect it as it is after."""
     ex.restore, ex.expected = [], []
     beyond = 0
+    segs = set()
     for i in ex.chosen:
         base, n, _k = ex._live[i]
         lo, before = ex.before[i]
         iv = ex.per[i]
         live = rp.space.find(base) is not None
         if lo is None:
+            segs.add(i)
             ex.restore += before
             ex.expected += [(l, m, ex.w.add_blob(ex._read(rp, l, m))) for l, m, _b in before] if live else []
             continue
@@ -325,12 +340,16 @@ def end_exact(ex, rp) -> None:
             extra = subtract(merge(written(before, after, lo)), iv)
             beyond += sum(h - l for l, h in extra)
             iv = merge(iv + extra)
+        if iv:
+            segs.add(i)
         for l, h in iv:
             ex.restore.append((l, h - l, ex.w.add_blob(before[l - lo:h - lo])))
             if after is not None:
                 ex.expected.append((l, h - l, ex.w.add_blob(after[l - lo:h - lo])))
     ex.before = {}
     ex.res.written_beyond = beyond
+    ex.res.segments = len(segs)
+    ex.res.segments_bytes = sum(ex._live[i][1] for i in segs)
     ex.res.restored = [(b, n) for b, n, _ in ex.restore]
     ex.res.restored_bytes = sum(n for _b, n, _ in ex.restore)
     ex.res.expected = len(ex.expected)
