@@ -328,7 +328,8 @@ def end_exact(ex, rp) -> None:
         base, n, _k = ex._live[i]
         lo, before = ex.before[i]
         iv = ex.per[i]
-        live = rp.space.find(base) is not None
+        a = rp.space.find(base)
+        live = a is not None and base + n <= a.rec_base + max(a.size, 1)    # not freed (or remade smaller)
         if lo is None:
             segs.add(i)
             ex.restore += before
