@@ -102,7 +102,8 @@ def _check(r, device: int, out) -> int:
     why = next((ln for ln in last if ln.startswith(("MISMATCH:", "ERROR:"))), last[-1] if last else "")
     hint = ("the selection reads bytes beyond the ranges restored with --ranges exact; extract again with "
             "--ranges segment (whole allocations)" if r.ranges == "exact" else
-            "replay the extract for details")
+            "the selection reaches memory its parameters do not name; extract again with --memory all"
+            if r.memory == "reachable" else "replay the extract for details")
     sys.stderr.write(f"cudasnap extract: check: replay of {r.output} does not verify (exit {cp.returncode}: "
                      f"{why}): {hint}\n")
     return 1

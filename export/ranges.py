@@ -2,13 +2,15 @@
 
 Caching allocators (PyTorch's, JAX's BFC) carve many tensors out of one driver allocation,
 so restoring whole allocations restores far more than a kernel touches.  Here a pointer the
-selection can reach (a launch parameter word, a copy or memset argument, a TMA descriptor's
-address, or a word found in memory already restored) is taken to reach from itself to the
-next "tensor start" in its allocation: the boundaries are every device address any launch
-parameter, copy or memset of the whole snapshot names.  Bytes the selection writes beyond
-those ranges are found by comparing the allocation before and after it, and are restored
-and verified too.  Reads beyond them cannot be seen: the extract's replay then does not
-verify, and `--ranges segment` restores whole allocations instead.
+selection can reach (a launch parameter word, a struct argument's word, a copy or memset
+argument, a TMA descriptor's address, or a word found in memory already restored) reaches
+from itself to the next "tensor start" in its allocation.  Tensor starts are the device
+addresses the snapshot's launches, copies and memsets name; one counts only if a call names
+it while the pointer's tensor is live (see Boundaries.window).  The allocations are compared
+before and after the selection (those no pointer reaches too, within a host-memory budget):
+bytes it writes outside the ranges are restored and verified as well.  Reads outside them
+cannot be seen: the extract's replay then does not verify (`extract --check` says so), and
+`--ranges segment` restores whole allocations instead.
 """
 from __future__ import annotations
 
