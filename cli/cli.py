@@ -181,7 +181,7 @@ def capture(
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No summary lines."),
     window: Optional[str] = typer.Option(None, "--window", metavar="SPEC", help="Record only inside a window, with the state it needs at its start: launches:A-B (launch numbers from 0), nvtx:NAME[#K], kernel:REGEX[#K] (with --context N launches after it), profiler (cuProfilerStart..Stop), time:S-E (seconds), signal (SIGUSR1 to cudasnap opens and closes). Window N is written to STEM.wN.cusnap."),
     context: int = typer.Option(0, "--context", metavar="N", min=0, help="--window kernel: N more launches after the matching one."),
-    flight_recorder: Optional[float] = typer.Option(None, "--flight-recorder", metavar="SECONDS", min=1.0, help="Keep the last SECONDS (default 60) replayable through checkpoints; write the snapshot only on a trigger (an error per --trigger, death by a signal, --hang-timeout, SIGUSR2 to cudasnap)."),
+    flight_recorder: Optional[float] = typer.Option(None, "--flight-recorder", metavar="SECONDS", min=0.1, help="Keep the last SECONDS (default 60) replayable through checkpoints; write the snapshot only on a trigger (an error per --trigger, death by a signal, --hang-timeout, SIGUSR2 to cudasnap)."),
     trigger: Trigger = typer.Option(Trigger.sticky, "--trigger", metavar=_one_of(Trigger), help="--flight-recorder: the errors that write the snapshot: sticky (errors that poison the context, such as an illegal address) or any."),
     hang_timeout: Optional[float] = typer.Option(None, "--hang-timeout", metavar="S", min=0.1, help="--flight-recorder: write the snapshot when a synchronization makes no progress for S seconds."),
 ):
