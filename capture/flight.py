@@ -42,6 +42,8 @@ class FlightRouter(WindowRouter):
         self.triggered: Optional[str] = None
         self.trigger_t = 0.0
         self.trigger_seq: Optional[int] = None
+        self.trigger_head: Optional[int] = None
+        self.urgent = False
         self.done = False
         self.checkpoints = 0
         self.discarded: List[str] = []
@@ -97,7 +99,12 @@ class FlightRouter(WindowRouter):
             if self.triggered or self.done:
                 return
             self.triggered, self.trigger_seq = why, seq
-            self.trigger_t = time.monotonic() - (POST_TRIGGER_S if now else 0.0)
+            self.urgent = True               # the recorder drains at once (no lazy wait)
+            self.trigger_t = time.monotonic()
+            if now and self.ring is not None:
+                # written once everything the program did up to now is read from the ring
+                self.trigger_head = self.ring.head()
+                self.trigger_t -= POST_TRIGGER_S
 
     def tick(self) -> None:
         with self.lock:
@@ -105,7 +112,7 @@ class FlightRouter(WindowRouter):
                 return
             now = time.monotonic()
             if self.triggered:
-                if now - self.trigger_t >= POST_TRIGGER_S:
+                if now - self.trigger_t >= POST_TRIGGER_S and self.trigger_head is None:
                     self._finalize(None)
                 return
             if self.ring is not None and now - self.last_request >= self.period_s:
@@ -133,7 +140,15 @@ class FlightRouter(WindowRouter):
             if self.done:
                 return
             super().write(rec)
-            if self.triggered and time.monotonic() - self.trigger_t >= POST_TRIGGER_S:
+            if self.triggered and self.trigger_head is None and time.monotonic() - self.trigger_t >= POST_TRIGGER_S:
+                self._finalize(None)
+
+    def after_feed(self) -> None:
+        """The drain thread fed every record it read: a trigger asked for 'now' is written once
+        the ring was read past the point it came at."""
+        with self.lock:
+            h = self.trigger_head
+            if self.triggered and not self.done and h is not None and self.ring is not None and self.ring.tail >= h:
                 self._finalize(None)
 
     def _on_end(self, rec: dict) -> None:

@@ -333,7 +333,8 @@ class Recorder:
                 # during a burst of payload data (a pass read a sixteenth of the ring) drain on
                 now = time.monotonic()
                 if (ring.head() - ring.tail < low and now - last_drain < LAZY_MAX_AGE_S
-                        and not ring.exited_cleanly() and ring.process_alive()):
+                        and not ring.exited_cleanly() and ring.process_alive()
+                        and not getattr(pc.writer, "urgent", False)):     # a flight-recorder trigger
                     time.sleep(0.005)
                     continue
                 last_drain = now
@@ -342,6 +343,8 @@ class Recorder:
             raws = ring.poll(pin_blobs=True)      # blob pieces stay in the ring until written
             burst = ring.tail - read_from >= low // 4
             self._feed(pc, raws)
+            if raws and hasattr(pc.writer, "after_feed"):    # the flight recorder's triggers
+                pc.writer.after_feed()
             now = time.monotonic()
             if now - last_flush > 0.25 and not pc.disk_error:
                 try:
