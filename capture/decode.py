@@ -244,7 +244,8 @@ class Decoder:
             val = lambda k: struct.unpack("<Q", d[k])[0] if k in d else 0
             return [{"k": "win", "op": WINDOW_OPS.get(rec.fn, str(rec.fn)), "n": rec.seq,
                      "why": bytes(d.get(F_MSG, b"")).decode("utf-8", "replace"), "bytes": val(F_CODE),
-                     "ranges": val(F_KIND), "launches": val(F_HANDLE), "t": rec.t_ns}]
+                     "ranges": val(F_KIND), "launches": val(F_HANDLE), "t": rec.t_ns,
+                     **_dump_stats(bytes(d.get(F_INFO, b"")))}]
         if t == R.EXIT:
             return []
         return []
@@ -294,6 +295,15 @@ class Decoder:
                         f"what kernels read from them directly, without a copy call, is not captured"})
             self.counts["notes"] += 1
         return out
+
+
+def _dump_stats(b: bytes) -> dict:
+    """A window state record's account (shim_window.c): bytes copied D2H, bytes referenced
+    unchanged from the previous state, bytes hashed on the GPU, hashing and dump time."""
+    if len(b) < 40:
+        return {}
+    copied, referenced, hashed, hash_ns, dump_ns = struct.unpack_from("<5Q", b)
+    return {"copied": copied, "referenced": referenced, "hashed": hashed, "hash_ns": hash_ns, "dump_ns": dump_ns}
 
 
 class SeqSet:

@@ -215,8 +215,9 @@ class Recorder:
         win = self.options["window"]
 
         def make_writer(p: Path, hdr: dict) -> SnapshotWriter:
+            # no side files: a later window reads chunks back from this file (WindowRouter._fetch)
             return SnapshotWriter(p, hdr, level=self.level, threads=self.threads, blob_level=self.blob_level,
-                                  segments=self.segments)
+                                  segments=0)
 
         base = dict(window=win)
         if win["mode"] == "flight":

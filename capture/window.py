@@ -216,6 +216,7 @@ class Segment:
     last_seq: Optional[int] = None
     blobs: set = field(default_factory=set)
     chunks: set = field(default_factory=set)     # digests given to this segment's writer
+    dump: dict = field(default_factory=dict)     # the shim's account of the state dump
 
 
 def _blob_ids(rec) -> List[str]:
@@ -250,6 +251,8 @@ class WindowRouter:
         self.stats: dict = {}
         self.ring = None
         self.decoder = None
+        self.chunk_home: Dict[bytes, Segment] = {}      # digest -> the newest segment holding it
+        self.missing_chunks = 0
 
     # ---------------------------------------------------------------- blob sink
     def put_chunk(self, digest: bytes, data, release=None) -> str:
@@ -260,6 +263,7 @@ class WindowRouter:
             copy = bytes(data) if (keep or len(targets) > 1 or not targets) else None
             for i, seg in enumerate(targets):
                 seg.chunks.add(digest)
+                self.chunk_home[digest] = seg
                 if copy is None and i == len(targets) - 1:
                     seg.writer.put_chunk(digest, data, release)
                     release = None
@@ -286,14 +290,18 @@ class WindowRouter:
             return bid
 
     def _define(self, seg: Segment, bid: str, size: int, digests: List[bytes]) -> bool:
-        """Define a blob in a segment, giving it the chunks it lacks; False when one is gone."""
+        """Define a blob in a segment, giving it the chunks it lacks (kept in memory, or read
+        back from the snapshot that has them: a chunk the shim found unchanged since the last
+        state dump comes as a reference only); False when one is nowhere."""
         for dg in digests:
             if dg not in seg.chunks:
-                data = self.retained.get(dg) or self.cache.get(dg)
+                data = self.retained.get(dg) or self.cache.get(dg) or self._fetch(dg)
                 if data is None:
+                    self.missing_chunks += 1
                     return False
                 seg.writer.put_chunk(dg, data)
                 seg.chunks.add(dg)
+                self.chunk_home[dg] = seg
         seg.writer.add_blob_chunks(size, digests)
         seg.blobs.add(bid)
         return True
@@ -359,6 +367,33 @@ class WindowRouter:
                 continue
             self._define(seg, bid, d[0], d[1])
 
+    def _fetch(self, dg: bytes) -> Optional[bytes]:
+        """A chunk's data from the segment file that holds it."""
+        from cudasnap.formats.container import FRAME_SIZE, decode_payload, parse_frame_header
+        seg = self.chunk_home.get(dg)
+        if seg is None:
+            return None
+        cid = dg.hex()
+        off = seg.writer._chunk_off.get(cid) if hasattr(seg.writer, "_chunk_off") else None
+        if off is None and seg in self.active:
+            seg.writer.flush()              # still queued: write it out first
+            off = seg.writer._chunk_off.get(cid)
+        if off is None:
+            return None
+        try:
+            fd = os.open(seg.path, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            head = os.pread(fd, FRAME_SIZE, off)
+            _kind, codec, raw_len, comp_len, _x, _n = parse_frame_header(head, seg.path, off)
+            raw = decode_payload(os.pread(fd, comp_len, off + FRAME_SIZE), codec, raw_len, seg.path, off)
+        except Exception:  # a damaged or moved file: the blob is then reported lost
+            return None
+        finally:
+            os.close(fd)
+        return bytes(raw[16:]) if bytes(raw[:16]) == dg else None
+
     # ---------------------------------------------------------------- segments
     def _segment_path(self, n: int) -> Path:
         stem = self.base.name[: -len(".cusnap")] if self.base.name.endswith(".cusnap") else self.base.name
@@ -387,6 +422,7 @@ class WindowRouter:
             if self.active:
                 seg = self.active[-1]
                 seg.state_bytes, seg.state_ranges = rec.get("bytes", 0), rec.get("ranges", 0)
+                seg.dump = {k: rec[k] for k in ("copied", "referenced", "hashed", "hash_ns", "dump_ns") if k in rec}
                 seg.writer.write(rec)
         elif op == "close":
             self.in_state = False
@@ -412,7 +448,7 @@ class WindowRouter:
         seg.writer.close()
         self.outputs.append(seg.path)
         self.windows.append({"n": seg.n, "path": str(seg.path), "calls": seg.calls, "state_bytes": seg.state_bytes,
-                             "state_ranges": seg.state_ranges, "why": seg.why})
+                             "state_ranges": seg.state_ranges, "why": seg.why, **seg.dump})
 
     def _on_end(self, rec: dict) -> None:
         while self.active:
@@ -436,7 +472,7 @@ class WindowRouter:
         if not self.windows:
             return [f"window {self.window.get('spec')}: never opened; no snapshot written"]
         return [f"window {w['n']} ({w['why']}): {w['path']}: {w['calls']:,} calls, state {w['state_bytes']:,} bytes "
-                f"in {w['state_ranges']} ranges" for w in self.windows]
+                f"in {w['state_ranges']} ranges{_copied(w)}" for w in self.windows]
 
 
 class TimeWindows(WindowRouter):
@@ -453,6 +489,12 @@ class TimeWindows(WindowRouter):
         if time.monotonic() - self.t_start >= self.marks[0]:
             self.marks.pop(0)
             self.ring.request_window()
+
+
+def _copied(w: dict) -> str:
+    if not w.get("referenced"):
+        return ""
+    return f" ({w.get('copied', 0):,} copied, {w['referenced']:,} unchanged since the previous state)"
 
 
 def parse_window_spec(spec: str) -> Dict[str, Any]:

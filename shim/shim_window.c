@@ -44,7 +44,8 @@ static unsigned char cs_win_role[CS_NFN];
 static int cs_win_id_h2d = -1, cs_win_id_sync = -1, cs_win_id_d2h = -1, cs_win_id_hostalloc = -1,
            cs_win_id_getcur = -1, cs_win_id_push = -1, cs_win_id_pop = -1;
 
-typedef struct { U ptr, size, ctx; } cs_wrange;
+/* a live range; hprev/dprev: per 4 MiB chunk, its hash and digest at the last state dump */
+typedef struct { U ptr, size, ctx; U *hprev; unsigned char *dprev; U nch; int hvalid, dvalid; } cs_wrange;
 static cs_wrange *cs_wr; static int cs_nwr, cs_capwr;
 static pthread_mutex_t cs_wr_lock = PTHREAD_MUTEX_INITIALIZER;
 #define CS_WSTAGE (64ull << 20)
@@ -112,14 +113,18 @@ static void cs_wr_add(U ptr, U size) {
         if (!g) { pthread_mutex_unlock(&cs_wr_lock); return; }
         cs_wr = g; cs_capwr = cap;
     }
-    cs_wr[cs_nwr++] = (cs_wrange){ptr, size, ctx};
+    cs_wr[cs_nwr++] = (cs_wrange){ptr, size, ctx, NULL, NULL, 0, 0, 0};
     pthread_mutex_unlock(&cs_wr_lock);
 }
 
 static void cs_wr_remove(U ptr) {
     pthread_mutex_lock(&cs_wr_lock);
     for (int i = cs_nwr - 1; i >= 0; i--)
-        if (cs_wr[i].ptr == ptr) { cs_wr[i] = cs_wr[--cs_nwr]; break; }
+        if (cs_wr[i].ptr == ptr) {
+            free(cs_wr[i].hprev); free(cs_wr[i].dprev);
+            cs_wr[i] = cs_wr[--cs_nwr];
+            break;
+        }
     pthread_mutex_unlock(&cs_wr_lock);
 }
 
@@ -141,10 +146,13 @@ static void cs_win_track(const cs_fn *fn, int id, const U *a, CUresult res) {
 }
 
 /* --- records ------------------------------------------------------------------------- */
+static U cs_dump_stats[5];               /* state dump: copied, referenced, hashed bytes; hash ns, dump ns */
 static void cs_win_record(int op, const char *why, U bytes, U nranges) {
     uint32_t n = why ? (uint32_t)strnlen(why, 1024) : 0;
     cs_rec r;
-    if (cs_reserve(&r, (uint32_t)sizeof(cs_rec_hdr) + cs_flen(n) + 3 * cs_flen(8), CS_REC_WINDOW)) return;
+    if (cs_reserve(&r, (uint32_t)sizeof(cs_rec_hdr) + cs_flen(n) + 3 * cs_flen(8) + cs_flen(sizeof cs_dump_stats),
+                   CS_REC_WINDOW)) return;
+    if (op == CS_WOP_STATE) cs_put(&r, CS_F_INFO, CS_T_BYTES, cs_dump_stats, sizeof cs_dump_stats);
     r.h->fn = (uint32_t)op; r.h->seq = cs_win_serial; r.h->t_ns = cs_now();
     cs_put(&r, CS_F_MSG, CS_T_STR, why ? why : "", n);
     cs_put_val(&r, CS_F_CODE, bytes);
@@ -187,51 +195,176 @@ static void cs_win_quiesce(void) {
     }
 }
 
+/* --- chunk hashes: unchanged chunks are not copied again -------------------------------- *
+ * Every 4 MiB chunk of a range of 4 MiB or more is hashed on the GPU (hash_kernel.cu, loaded
+ * from embedded PTX with interception paused); a chunk whose hash is the one it had at the
+ * previous state dump is written as a reference to its earlier digest (a BLOB_END with no
+ * pieces: the recorder takes the data from the previous snapshot), so only changed chunks
+ * cross PCIe. Where the module does not load (a driver too old for the PTX, the test
+ * double), chunks are copied and their digests compared on the host: the ring is spared,
+ * not the bus. CUDASNAP_WIN_HASH=host forces that, =off copies everything every time. */
+#include "shim_hash_ptx.h"
+static int cs_hash_mode = -2;            /* -2 not tried, 1 GPU, 0 host digests, -1 off */
+static U cs_hash_fn, cs_hash_buf, cs_hash_cap;
+
+static void cs_hash_init(void) {
+    const char *e = getenv("CUDASNAP_WIN_HASH");
+    cs_hash_mode = e && strcmp(e, "off") == 0 ? -1 : 0;
+    if (e && strcmp(e, "host") == 0) return;
+    if (cs_hash_mode < 0) return;
+    int load = cs_lookup("cuModuleLoadData"), get = cs_lookup("cuModuleGetFunction");
+    U mod = 0, fn = 0;
+    cs_fn2 ld = load >= 0 ? (cs_fn2)cs_resolve(load) : NULL;
+    cs_fn3 gf = get >= 0 ? (cs_fn3)cs_resolve(get) : NULL;
+    if (ld && gf && ld((U)&mod, (U)cs_hash_ptx) == 0 && gf((U)&fn, mod, (U)"cs_hash_chunks") == 0) {
+        cs_hash_fn = fn;
+        cs_hash_mode = 1;
+    }
+}
+
+/* The hashes of the nch chunks of [ptr, ptr+size) into h (host); 0 on success. */
+static int cs_hash_gpu(U ptr, U size, U nch, U *h) {
+    static int id_alloc = -2, id_free, id_memset, id_launch;
+    if (id_alloc == -2) {
+        id_alloc = cs_lookup("cuMemAlloc_v2"); id_free = cs_lookup("cuMemFree_v2");
+        id_memset = cs_lookup("cuMemsetD8_v2"); id_launch = cs_lookup("cuLaunchKernel");
+    }
+    if (id_alloc < 0 || id_free < 0 || id_memset < 0 || id_launch < 0) return -1;
+    if (cs_hash_cap < nch * 8) {
+        if (cs_hash_buf) ((cs_fn1)cs_resolve(id_free))(cs_hash_buf);
+        cs_hash_buf = 0; cs_hash_cap = 0;
+        U want = nch * 8 < (64u << 10) ? (64u << 10) : nch * 8;
+        if (((cs_fn2)cs_resolve(id_alloc))((U)&cs_hash_buf, want) != 0) { cs_hash_buf = 0; return -1; }
+        cs_hash_cap = want;
+    }
+    if (((cs_fn3)cs_resolve(id_memset))(cs_hash_buf, 0, nch * 8) != 0) return -1;
+    U nwords = size / 16, chunk_words = CS_CHUNK / 16;
+    unsigned bpc = 8, threads = 256;
+    void *params[] = {&ptr, &nwords, &chunk_words, &bpc, &cs_hash_buf};
+    typedef CUresult (*launch_t)(U, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, U, void **, void **);
+    if (((launch_t)cs_resolve(id_launch))(cs_hash_fn, (unsigned)(nch * bpc), 1, 1, threads, 1, 1, 0, 0, params, NULL) != 0)
+        return -1;
+    cs_fn3 d2h = (cs_fn3)cs_resolve(cs_win_id_d2h);
+    return d2h((U)h, cs_hash_buf, nch * 8) == 0 ? 0 : -1;
+}
+
+/* A blob made of one chunk sent before (its digest): no data through the ring. */
+static uint64_t cs_blob_ref(const unsigned char dig[16], uint64_t size) {
+    uint64_t serial = __atomic_add_fetch(&cs_ring->blob_serial, 1, __ATOMIC_RELAXED);
+    cs_rec r;
+    if (cs_reserve(&r, (uint32_t)sizeof(cs_rec_hdr) + cs_flen(8) + cs_flen(16), CS_REC_BLOB_END)) return 0;
+    r.h->seq = serial;
+    cs_put_val(&r, 0, size);
+    cs_put(&r, CS_F_DIGEST, CS_T_BYTES, dig, 16);
+    cs_publish(&r);
+    return serial;
+}
+
+/* One range: hash (GPU), then copy the chunks that changed in runs of up to CS_WSTAGE. */
+static void cs_dump_range(cs_wrange *w, cs_fn3 d2h, unsigned *failed) {
+    U nch = w->size >= CS_CHUNK ? (w->size + CS_CHUNK - 1) / CS_CHUNK : 0;
+    if (nch && w->nch != nch) {
+        free(w->hprev); free(w->dprev);
+        w->hprev = calloc(nch, 8); w->dprev = calloc(nch, 16);
+        w->nch = w->hprev && w->dprev ? nch : 0; w->hvalid = w->dvalid = 0;
+        if (!w->nch) { free(w->hprev); free(w->dprev); w->hprev = NULL; w->dprev = NULL; }
+        nch = w->nch;
+    }
+    U *hnow = NULL;
+    int gpu = 0;
+    if (nch && cs_hash_mode == 1 && w->size % 16 == 0 && (hnow = malloc(nch * 8))) {
+        U t0 = cs_mono();
+        gpu = cs_hash_gpu(w->ptr, w->size, nch, hnow) == 0;
+        cs_dump_stats[3] += cs_mono() - t0;
+        if (gpu) cs_dump_stats[2] += w->size;
+    }
+    U off = 0;
+    while (off < w->size) {
+        U c = off / CS_CHUNK;
+        if (gpu && w->hvalid && w->dvalid && hnow[c] == w->hprev[c]) {      /* unchanged: a reference */
+            U len = w->size - off < CS_CHUNK ? w->size - off : CS_CHUNK;
+            cs_win_emit_h2d(w->ptr + off, cs_blob_ref(w->dprev + 16 * c, len), len);
+            cs_dump_stats[1] += len;
+            off += len;
+            continue;
+        }
+        /* a run of changed chunks, at most the staging buffer */
+        U run = 0;
+        while (off + run < w->size && run < CS_WSTAGE) {
+            U cc = (off + run) / CS_CHUNK;
+            if (run && gpu && w->hvalid && w->dvalid && hnow[cc] == w->hprev[cc]) break;
+            U len = w->size - (off + run) < CS_CHUNK ? w->size - (off + run) : CS_CHUNK;
+            run += len;
+        }
+        if (d2h((U)cs_wstage, w->ptr + off, run) != 0) { (*failed)++; w->dvalid = 0; free(hnow); return; }
+        for (U p = 0; p < run; p += CS_CHUNK) {
+            U len = run - p < CS_CHUNK ? run - p : CS_CHUNK;
+            U cc = (off + p) / CS_CHUNK;
+            unsigned char dig[16];
+            const char *src = (const char *)cs_wstage + p;
+            if (nch && !gpu && w->dvalid && cs_hash_mode == 0) {       /* host digests: spare the ring */
+                XXH128_hash_t hh = XXH3_128bits(src, len);
+                XXH128_canonical_t cn;
+                XXH128_canonicalFromHash(&cn, hh);
+                if (memcmp(cn.digest, w->dprev + 16 * cc, 16) == 0) {
+                    cs_win_emit_h2d(w->ptr + off + p, cs_blob_ref(w->dprev + 16 * cc, len), len);
+                    cs_dump_stats[1] += len;
+                    continue;
+                }
+            }
+            cs_blob_dig_out = dig;
+            uint64_t serial = cs_blob(src, len);
+            cs_blob_dig_out = NULL;
+            if (nch && serial) memcpy(w->dprev + 16 * cc, dig, 16);
+            cs_win_emit_h2d(w->ptr + off + p, serial, len);
+            cs_dump_stats[0] += len;
+        }
+        off += run;
+    }
+    if (nch) {
+        w->dvalid = 1;
+        if (gpu) { memcpy(w->hprev, hnow, nch * 8); w->hvalid = 1; } else w->hvalid = 0;
+    }
+    free(hnow);
+}
+
 /* Write every live range's contents as state records. Returns bytes written. */
 static U cs_win_dump(U *nranges) {
-    U total = 0;
+    U total = 0, t0 = cs_mono();
     *nranges = 0;
+    memset(cs_dump_stats, 0, sizeof cs_dump_stats);
     cs_fn0 csync = cs_win_id_sync >= 0 ? (cs_fn0)cs_resolve(cs_win_id_sync) : NULL;
     cs_fn3 d2h = cs_win_id_d2h >= 0 ? (cs_fn3)cs_resolve(cs_win_id_d2h) : NULL;
     cs_fn1 push = cs_win_id_push >= 0 ? (cs_fn1)cs_resolve(cs_win_id_push) : NULL;
     cs_fn1 pop = cs_win_id_pop >= 0 ? (cs_fn1)cs_resolve(cs_win_id_pop) : NULL;
     if (!csync || !d2h || cs_win_id_h2d < 0) return 0;
-    pthread_mutex_lock(&cs_wr_lock);
-    int n = cs_nwr;
-    cs_wrange *snap = n ? malloc((size_t)n * sizeof *snap) : NULL;
-    if (snap) memcpy(snap, cs_wr, (size_t)n * sizeof *snap);
-    pthread_mutex_unlock(&cs_wr_lock);
-    if (!snap) return 0;
+    pthread_mutex_lock(&cs_wr_lock);         /* other threads wait at the gate meanwhile */
+    if (!cs_nwr) { pthread_mutex_unlock(&cs_wr_lock); return 0; }
+    U cur = cs_win_curctx(), dummy = 0;
     if (!cs_wstage) {
         cs_fn2 ha = cs_win_id_hostalloc >= 0 ? (cs_fn2)cs_resolve(cs_win_id_hostalloc) : NULL;
         void *p = NULL;
-        if (ha && snap[0].ctx && push && pop) {
-            U dummy = 0;
-            if (push(snap[0].ctx) == 0) {
-                if (ha((U)&p, CS_WSTAGE) == 0) cs_wstage_pinned = 1; else p = NULL;
-                pop((U)&dummy);
-            }
-        }
+        U c0 = cs_wr[0].ctx;
+        int pushed = c0 && c0 != cur && push && pop && push(c0) == 0;
+        if (ha && (cur || pushed) && ha((U)&p, CS_WSTAGE) == 0) cs_wstage_pinned = 1; else p = NULL;
+        if (pushed) pop((U)&dummy);
         cs_wstage = p ? p : malloc(CS_WSTAGE);
-        if (!cs_wstage) { free(snap); return 0; }
+        if (!cs_wstage) { pthread_mutex_unlock(&cs_wr_lock); return 0; }
     }
-    U cur = cs_win_curctx(), synced = 0;
+    U synced = 0;
     unsigned failed = 0;
-    for (int i = 0; i < n; i++) {
-        U ctx = snap[i].ctx, dummy = 0;
-        int pushed = ctx && ctx != cur && push && pop && push(ctx) == 0;
-        if (ctx != synced) { csync(); synced = ctx; }
-        for (U off = 0; off < snap[i].size; off += CS_WSTAGE) {
-            U len = snap[i].size - off < CS_WSTAGE ? snap[i].size - off : CS_WSTAGE;
-            if (d2h((U)cs_wstage, snap[i].ptr + off, len) != 0) { failed++; break; }
-            uint64_t serial = cs_blob(cs_wstage, len);
-            cs_win_emit_h2d(snap[i].ptr + off, serial, len);
-            total += len;
-        }
+    for (int i = 0; i < cs_nwr; i++) {
+        cs_wrange *w = &cs_wr[i];
+        int pushed = w->ctx && w->ctx != cur && push && pop && push(w->ctx) == 0;
+        if (w->ctx != synced || !synced) { csync(); synced = w->ctx; }
+        if (cs_hash_mode == -2) cs_hash_init();
+        cs_dump_range(w, d2h, &failed);
+        total += w->size;
         (*nranges)++;
         if (pushed) pop((U)&dummy);
     }
-    free(snap);
+    pthread_mutex_unlock(&cs_wr_lock);
+    cs_dump_stats[4] = cs_mono() - t0;
     if (failed) {
         char msg[160];
         snprintf(msg, sizeof msg, "window state: %u live range(s) could not be read back (unmapped or no access yet)", failed);

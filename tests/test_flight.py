@@ -61,6 +61,10 @@ def test_illegal_address_writes_a_replayable_snapshot(double, tmp_path):
     assert rp.returncode == 0, rp.stdout + rp.stderr
     assert re.search(r"recorded error CUDA_ERROR_ILLEGAL_ADDRESS recurred \(in kernel add_one", rp.stdout), rp.stdout
     assert "0 fell back" in rp.stdout
+    # the 9 MiB buffer that never changes crossed the ring once: later states refer to it
+    st = [w for w in SnapshotReader(tmp_path / "f.cusnap").records() if w["k"] == "win" and w["op"] == "state"][0]
+    if end["trigger"]["checkpoint"] >= 2:
+        assert st["referenced"] >= 9 << 20 and st["copied"] < 1 << 20, st
 
 
 @pytest.mark.parametrize("action,sig", [("segv", signal.SIGSEGV), ("abort", signal.SIGABRT)])

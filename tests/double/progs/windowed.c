@@ -4,7 +4,8 @@
  * long-lived buffer and incr on the scratch one, copies results back and folds them into a
  * checksum; prints "STEP i" after each step and "SUM s" / "LAUNCHES n" at the end. At step
  * AT, ACTION: fail (a launch with an illegal address: the double returns
- * CUDA_ERROR_ILLEGAL_ADDRESS), segv, abort, kill (SIGKILL itself). */
+ * CUDA_ERROR_ILLEGAL_ADDRESS), segv, abort, kill (SIGKILL itself). A 9 MiB "weights" buffer
+ * is uploaded once and read back every 10th step (state chunks that never change). */
 #include <signal.h>
 #include <string.h>
 #include <time.h>
@@ -21,7 +22,9 @@ int main(int argc, char **argv) {
     CUcontext ctx;
     CUmodule mod;
     CUfunction add_one, incr;
-    CUdeviceptr a, scratch = 0;
+    CUdeviceptr a, scratch = 0, wts;
+    enum { W = 9 << 20 };
+    static unsigned char hw[W];
     CK(cuInit(0));
     CK(cuDeviceGet(&dev, 0));
     CK(cuCtxCreate(&ctx, NULL, 0, dev));
@@ -31,6 +34,9 @@ int main(int argc, char **argv) {
     CK(cuMemAlloc(&a, sizeof h));
     for (int i = 0; i < N; i++) h[i] = (float)i;
     CK(cuMemcpyHtoD(a, h, sizeof h));
+    CK(cuMemAlloc(&wts, W));
+    for (int i = 0; i < W; i++) hw[i] = (unsigned char)(i * 7 + (i >> 20));
+    CK(cuMemcpyHtoD(wts, hw, W));
     double sum = 0;
     int n = N;
     for (long s = 0; s < steps; s++) {
@@ -61,6 +67,10 @@ int main(int argc, char **argv) {
         CK(cuMemcpyDtoH(h, a, sizeof h));
         CK(cuMemcpyDtoH(hi, scratch, sizeof hi));
         for (int i = 0; i < N; i += 97) sum += h[i] + hi[i];
+        if (s % 10 == 9) {
+            CK(cuMemcpyDtoH(hw, wts, W));
+            for (int i = 0; i < W; i += 4099) sum += hw[i];
+        }
         CK(cuStreamDestroy(st));
         printf("STEP %ld\n", s);
         fflush(stdout);
@@ -71,6 +81,7 @@ int main(int argc, char **argv) {
     }
     CK(cuMemFree(scratch));
     CK(cuMemFree(a));
+    CK(cuMemFree(wts));
     printf("SUM %.1f\n", sum);
     printf("LAUNCHES %ld\n", g_launches);
     return 0;
