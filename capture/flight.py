@@ -50,6 +50,7 @@ class FlightRouter(WindowRouter):
         self.written: Optional[Path] = None
         self._hung: List[dict] = []
         self.pauses: List[float] = []
+        self.dumps: List[dict] = []              # the shim's account of each checkpoint's state
         self._open_segment(0, "start", self._tmp_path(0))
 
     def _tmp_path(self, n: int) -> Path:
@@ -70,6 +71,8 @@ class FlightRouter(WindowRouter):
     def _on_window(self, rec: dict) -> None:
         if rec.get("op") == "state" and getattr(self, "_ckpt_t", None) and rec.get("t"):
             self.pauses.append((rec["t"] - self._ckpt_t) / 1e9)
+            self.dumps.append({k: rec.get(k, 0) for k in ("bytes", "copied", "referenced", "hashed", "hash_ns",
+                                                          "dump_ns")})
         super()._on_window(rec)
 
     def _discard(self, seg: Segment) -> None:
@@ -107,19 +110,27 @@ class FlightRouter(WindowRouter):
                 self.trigger_t -= POST_TRIGGER_S
 
     def tick(self) -> None:
-        with self.lock:
+        # never wait for the drain thread (it may be copying chunks): the watcher beats the rings
+        now = time.monotonic()
+        if self.ring is not None and not self.triggered and not self.done and now - self.last_request >= self.period_s:
+            self.last_request = now
+            try:
+                self.ring.request_window()
+            except (ValueError, BufferError):     # the ring was closed meanwhile (the end)
+                pass
+        if not self.lock.acquire(blocking=False):
+            return
+        try:
             if self.done:
                 return
-            now = time.monotonic()
             if self.triggered:
                 if now - self.trigger_t >= POST_TRIGGER_S and self.trigger_head is None:
                     self._finalize(None)
                 return
-            if self.ring is not None and now - self.last_request >= self.period_s:
-                self.last_request = now
-                self.ring.request_window()
             if self.hang_timeout and self.decoder is not None:
                 self._check_hang()
+        finally:
+            self.lock.release()
 
     def _check_hang(self) -> None:
         try:
@@ -201,6 +212,9 @@ class FlightRouter(WindowRouter):
                     self.done = True
 
     def summary(self) -> List[str]:
+        return self._summary() + [_dump_line(i + 1, d) for i, d in enumerate(self.dumps)]
+
+    def _summary(self) -> List[str]:
         p = ""
         if self.pauses:
             ps = sorted(self.pauses)
@@ -210,6 +224,18 @@ class FlightRouter(WindowRouter):
         w = self.windows[-1]
         return [f"flight recorder: {self.triggered}: wrote {self.written} ({w['calls']:,} calls since checkpoint "
                 f"{w['n']}, state {w['state_bytes']:,} bytes{_copied(w)}; {self.checkpoints} checkpoints{p})"]
+
+
+def _dump_line(n: int, d: dict) -> str:
+    """One checkpoint: its size, how much crossed the bus, its speed and the hashing's."""
+    gib = 1 << 30
+    secs = d.get("dump_ns", 0) / 1e9
+    line = (f"checkpoint {n}: state {d['bytes'] / gib:.2f} GiB in {secs * 1e3:.1f} ms "
+            f"({d['bytes'] / secs / 1e9 if secs else 0:.1f} GB/s), copied {d['copied'] / gib:.2f} GiB, "
+            f"unchanged {d['referenced'] / gib:.2f} GiB")
+    if d.get("hashed") and d.get("hash_ns"):
+        line += f", GPU hashing {d['hashed'] / gib:.2f} GiB at {d['hashed'] / d['hash_ns']:.1f} GB/s"
+    return line
 
 
 def _signame(sig: int) -> str:

@@ -459,9 +459,13 @@ class WindowRouter:
         """Called often from the recorder's watcher thread (time windows, flight checkpoints)."""
 
     def flush(self) -> None:
-        with self.lock:
+        if not self.lock.acquire(blocking=False):   # busy copying chunks: the next flush will do
+            return
+        try:
             for seg in self.active:
                 seg.writer.flush()
+        finally:
+            self.lock.release()
 
     def close(self) -> None:
         with self.lock:
@@ -488,7 +492,10 @@ class TimeWindows(WindowRouter):
             return
         if time.monotonic() - self.t_start >= self.marks[0]:
             self.marks.pop(0)
-            self.ring.request_window()
+            try:
+                self.ring.request_window()
+            except (ValueError, BufferError):     # the ring was closed meanwhile (the end)
+                pass
 
 
 def _copied(w: dict) -> str:
