@@ -21,7 +21,7 @@ typedef CUresult (*cs_fn0)(void);
 enum { CS_W_OFF, CS_W_LAUNCHES, CS_W_PROFILER, CS_W_NVTX, CS_W_KERNEL, CS_W_SIGNAL, CS_W_TIME, CS_W_FLIGHT };
 enum { CS_WOP_OPEN = 1, CS_WOP_CLOSE = 2, CS_WOP_STATE = 3, CS_WOP_CHECKPOINT = 4 };
 enum { CS_WR_NONE, CS_WR_ALLOC, CS_WR_PITCH, CS_WR_FREE, CS_WR_MAP, CS_WR_UNMAP, CS_WR_CAPBEGIN, CS_WR_CAPEND,
-       CS_WR_PROFSTART, CS_WR_PROFSTOP };
+       CS_WR_PROFSTART, CS_WR_PROFSTOP, CS_WR_GLOBAL };
 
 static int cs_win_mode;                  /* CS_W_*, read when the ring opens */
 static int cs_win_open;                  /* inside a window: payloads are recorded */
@@ -79,6 +79,7 @@ static void cs_win_init(void) {
         {"cuMemFreeAsync", CS_WR_FREE}, {"cuMemMap", CS_WR_MAP}, {"cuMemUnmap", CS_WR_UNMAP},
         {"cuStreamBeginCapture", CS_WR_CAPBEGIN}, {"cuStreamBeginCaptureToGraph", CS_WR_CAPBEGIN},
         {"cuStreamEndCapture", CS_WR_CAPEND}, {"cuProfilerStart", CS_WR_PROFSTART}, {"cuProfilerStop", CS_WR_PROFSTOP},
+        {"cuModuleGetGlobal", CS_WR_GLOBAL}, {"cuLibraryGetGlobal", CS_WR_GLOBAL},
     };
     for (int i = 0; i < CS_NFN; i++)
         for (size_t j = 0; j < sizeof roles / sizeof roles[0]; j++)
@@ -136,6 +137,20 @@ static void cs_win_track(const cs_fn *fn, int id, const U *a, CUresult res) {
     case CS_WR_PITCH: {   /* (dptr*, pPitch*, WidthInBytes, Height, ElementSizeBytes) */
         U *p = (U *)a[fn->params[0].ai]; size_t *pitch = (size_t *)a[fn->params[1].ai];
         if (p && pitch) cs_wr_add(*p, (U)*pitch * a[fn->params[3].ai]);
+        break;
+    }
+    case CS_WR_GLOBAL: {  /* (dptr*, bytes*, module, name): a module's global, once */
+        const void *p = (const void *)a[fn->params[0].ai], *b = (const void *)a[fn->params[1].ai];
+        if (!p || !b) break;
+        /* the v1 entry point writes 32-bit values (aux: the output's size) */
+        U ptr = fn->params[0].aux == 4 ? *(const uint32_t *)p : *(const U *)p;
+        U bytes = fn->params[1].aux == 4 ? *(const uint32_t *)b : *(const U *)b;
+        if (!ptr) break;
+        pthread_mutex_lock(&cs_wr_lock);
+        int seen = 0;
+        for (int i = 0; i < cs_nwr && !seen; i++) seen = cs_wr[i].ptr == ptr;
+        pthread_mutex_unlock(&cs_wr_lock);
+        if (!seen) cs_wr_add(ptr, bytes);
         break;
     }
     case CS_WR_FREE: cs_wr_remove(a[fn->params[0].ai]); break;
