@@ -294,6 +294,7 @@ static void cs_dump_range(cs_wrange *w, cs_fn3 d2h, unsigned *failed) {
         if (gpu) cs_dump_stats[2] += w->size;
     }
     U off = 0;
+    int lost = 0;                            /* a chunk did not reach the ring: no digests to trust */
     while (off < w->size) {
         U c = off / CS_CHUNK;
         if (gpu && w->hvalid && w->dvalid && hnow[c] == w->hprev[c]) {      /* unchanged: a reference */
@@ -312,12 +313,25 @@ static void cs_dump_range(cs_wrange *w, cs_fn3 d2h, unsigned *failed) {
             run += len;
         }
         if (d2h((U)cs_wstage, w->ptr + off, run) != 0) { (*failed)++; w->dvalid = 0; free(hnow); return; }
-        for (U p = 0; p < run; p += CS_CHUNK) {
+        if (!(nch && !gpu && w->dvalid && cs_hash_mode == 0)) {
+            /* one blob for the run: its chunks are digested and copied by the helper threads */
+            unsigned char digs[16 * (CS_WSTAGE / CS_CHUNK)];
+            cs_blob_dig_out = digs;
+            uint64_t serial = cs_blob(cs_wstage, run);
+            cs_blob_dig_out = NULL;
+            if (nch && serial) memcpy(w->dprev + 16 * (off / CS_CHUNK), digs, 16 * ((run + CS_CHUNK - 1) / CS_CHUNK));
+            if (!serial) lost = 1;
+            cs_win_emit_h2d(w->ptr + off, serial, run);
+            cs_dump_stats[0] += run;
+            off += run;
+            continue;
+        }
+        for (U p = 0; p < run; p += CS_CHUNK) {       /* host digests: spare the ring */
             U len = run - p < CS_CHUNK ? run - p : CS_CHUNK;
             U cc = (off + p) / CS_CHUNK;
             unsigned char dig[16];
             const char *src = (const char *)cs_wstage + p;
-            if (nch && !gpu && w->dvalid && cs_hash_mode == 0) {       /* host digests: spare the ring */
+            {
                 XXH128_hash_t hh = XXH3_128bits(src, len);
                 XXH128_canonical_t cn;
                 XXH128_canonicalFromHash(&cn, hh);
@@ -331,13 +345,14 @@ static void cs_dump_range(cs_wrange *w, cs_fn3 d2h, unsigned *failed) {
             uint64_t serial = cs_blob(src, len);
             cs_blob_dig_out = NULL;
             if (nch && serial) memcpy(w->dprev + 16 * cc, dig, 16);
+            if (!serial) lost = 1;
             cs_win_emit_h2d(w->ptr + off + p, serial, len);
             cs_dump_stats[0] += len;
         }
         off += run;
     }
     if (nch) {
-        w->dvalid = 1;
+        w->dvalid = !lost;
         if (gpu) { memcpy(w->hprev, hnow, nch * 8); w->hvalid = 1; } else w->hvalid = 0;
     }
     free(hnow);
