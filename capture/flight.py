@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import signal as _signal
+import struct
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -43,7 +44,7 @@ class FlightRouter(WindowRouter):
         self.trigger_t = 0.0
         self.trigger_seq: Optional[int] = None
         self.trigger_head: Optional[int] = None
-        self.urgent = False
+        self.urgent = bool(hang_timeout)         # watching for hangs: the ring is read as it fills
         self.done = False
         self.checkpoints = 0
         self.discarded: List[str] = []
@@ -144,6 +145,33 @@ class FlightRouter(WindowRouter):
                 self.triggered = f"hang: call #{c.get('s')} {c.get('f')} made no progress for {self.hang_timeout:g} s"
                 self._finalize(None)
                 return
+        stuck = self._launch_in_flight()
+        if stuck is not None and now_ns - stuck["t0"] > self.hang_timeout * 1e9:
+            self._hung = [dict(c, incomplete=True) for c in open_calls] + [stuck]
+            self.triggered = (f"hang: call #{stuck['s']} {stuck['f']} did not return for {self.hang_timeout:g} s "
+                              f"(the recorder read everything before it)")
+            self._finalize(None)
+
+    def _launch_in_flight(self) -> Optional[dict]:
+        """The launch the ring's reader waits on (published 'in flight', its call not returned):
+        an incomplete call record naming it (its arguments stay in the ring)."""
+        from . import ring as R
+        ring = self.ring
+        if ring is None:
+            return None
+        try:
+            tail = ring.tail
+            if ring.head() <= tail:
+                return None
+            off = R.HDR_SIZE + (tail & ring.mask)
+            (ln, state, _typ, _nf, fn, seq, tid, t, _res, _aux) = R.REC_HDR.unpack_from(ring.mm, off)
+        except (ValueError, struct.error):
+            return None
+        if state != R.state_word(tail, R.INFLIGHT) or ln < R.REC_HDR.size:
+            return None
+        fns = self.decoder.fns if self.decoder is not None else []
+        name = fns[fn]["name"] if 0 <= fn < len(fns) else f"API {fn}"
+        return {"k": "c", "s": seq, "tid": tid, "t0": ring.to_ns(t), "f": name, "a": {}, "incomplete": True}
 
     # the end ---------------------------------------------------------------
     def write(self, rec: dict) -> None:

@@ -141,3 +141,23 @@ def test_any_trigger_and_bad_options(double, tmp_path):
     r = SnapshotReader(tmp_path / "f.cusnap")
     assert r.header["window"]["period"] == 60
     assert _replay(double, tmp_path / "f.cusnap").returncode == 0
+
+
+def test_hang_timeout(double, tmp_path):
+    """A launch that does not return for --hang-timeout: the snapshot is written while the
+    program still hangs (killme -1 spins a minute inside cuLaunchKernel)."""
+    out = tmp_path / "h.cusnap"
+    p = subprocess.Popen(_cmd(out, double["progs"]["killme"], "-1", period="10", extra=("--hang-timeout", "1")),
+                         env=double["env"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t0 = time.monotonic()
+    while not out.exists() and time.monotonic() - t0 < 30:
+        time.sleep(0.1)
+    assert out.exists()
+    kids = Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split()
+    os.kill(int(kids[0]), signal.SIGKILL)
+    _o, err = p.communicate(timeout=60)
+    assert "hang: call #" in err and "cuLaunchKernel did not return" in err
+    end = [r for r in SnapshotReader(out).records() if r["k"] == "end"][-1]
+    assert "hang" in end["trigger"]["why"]
+    rp = _replay(double, out)
+    assert rp.returncode == 0 and "never returned" in rp.stdout, rp.stdout
