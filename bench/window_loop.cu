@@ -1,18 +1,20 @@
 // A long-running training-loop shape for capture windows and the flight recorder
 // (bench/demo_window_gpu.sh, bench/bench_flight_gpu.py).
-//   window_loop STEPS WS_MIB [FAIL_AFTER_S] [TOUCH_PERMILLE]
+//   window_loop STEPS WS_MIB [FAIL_AFTER_S] [TOUCH_PERMILLE] [STEP_SLEEP_US]
 // Allocates a working set of WS_MIB (1 GiB pieces) filled by a kernel, then runs STEPS steps
 // (STEPS 0: until FAIL_AFTER_S): each step, inside an NVTX range "step", updates
 // TOUCH_PERMILLE/1000 of the working set (default 10), runs a saxpy on a small buffer and reads
 // 4 KiB back. cudaProfilerStart/Stop bracket steps 5..7. After FAIL_AFTER_S seconds (when
 // given) it launches `bad_kernel`, which writes through an illegal address, and reports the
-// error of the next synchronization (exit 1). Prints "STEP_US p50 <us>" (the steady-state
+// error of the next synchronization (exit 1). STEP_SLEEP_US: host time between steps (a
+// data loader's share of a training step). Prints "STEP_US p50 <us>" (the steady-state
 // step time, steps 10 on), "SUM <checksum>" and "STEPS <n>".
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 #include <nvtx3/nvToolsExt.h>
 
 #include <algorithm>
+#include <thread>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -52,6 +54,7 @@ int main(int argc, char **argv) {
     size_t ws_mib = argc > 2 ? strtoull(argv[2], nullptr, 10) : 1024;
     double fail_after = argc > 3 ? atof(argv[3]) : -1.0;
     int permille = argc > 4 ? atoi(argv[4]) : 10;
+    long sleep_us = argc > 5 ? atol(argv[5]) : 0;
     const size_t piece = 1ull << 30;
     size_t total = ws_mib << 20;
     std::vector<unsigned *> pieces;
@@ -101,6 +104,7 @@ int main(int argc, char **argv) {
         nvtxRangePop();
         times.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
         if (s == 7) cudaProfilerStop();
+        if (sleep_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
         for (int i = 0; i < 1024; i += 97) sum += out[i];
     }
     CK(cudaDeviceSynchronize());
