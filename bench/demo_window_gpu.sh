@@ -23,7 +23,7 @@ CARD=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -
 T0=$SECONDS
 
 # ---- 1. PyTorch: --window nvtx: around one training step (the 5th "step" range; loss.item() inside it)
-TRAIN=(python3 "$ROOT/bench/bench_flight_gpu.py" loop 0 2048)
+TRAIN=(python3 "$ROOT/bench/bench_flight_gpu.py" loop 0 4096)
 "${TRAIN[@]}" | grep -v STEP_MS > native.txt
 cudasnap capture -f -o whole.cusnap -- "${TRAIN[@]}" > whole.txt 2> whole.err
 grep -v STEP_MS whole.txt | cmp -s - native.txt; check "PyTorch: whole-run capture, output identical" 0 $?
