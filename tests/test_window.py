@@ -73,7 +73,7 @@ def test_signal_windows(double, tmp_path):
     out = []
     for line in p.stdout:
         out.append(line)
-        if line.strip() in ("STEP 5", "STEP 12", "STEP 20", "STEP 25"):
+        if line.strip() in ("STEP 5", "STEP 12", "STEP 16", "STEP 23"):
             p.send_signal(signal.SIGUSR1)
     err = p.stderr.read()
     assert p.wait(timeout=120) == 0, err
@@ -87,6 +87,12 @@ def test_signal_windows(double, tmp_path):
         assert rp.returncode == 0, rp.stdout + rp.stderr
         assert re.search(r"D2H verified\s+[1-9]", rp.stdout)
     assert "window 2 (signal)" in err
+    # the 9 MiB buffer did not change: window 2's state refers to it and the recorder took
+    # its data from window 1's file; its read-back at step 19 verifies it
+    st = [r for r in _recs(tmp_path / "s.w2.cusnap") if r["k"] == "win" and r["op"] == "state"][0]
+    assert st["referenced"] >= 9 << 20, st
+    assert any(r.get("f") == "cuMemcpyDtoH_v2" and r["a"]["ByteCount"] == 9 << 20
+               for r in _recs(tmp_path / "s.w2.cusnap") if r["k"] == "c")
 
 
 @pytest.mark.parametrize("spec,expect", [("nvtx:step#2", 1), ("profiler", 1), ("kernel:add_one#2", 1),
