@@ -252,6 +252,7 @@ class WindowRouter:
         self.ring = None
         self.decoder = None
         self.chunk_home: Dict[bytes, Segment] = {}      # digest -> the newest segment holding it
+        self.nvtx_open: List[dict] = []                 # NVTX ranges open now (push/start records)
         self.missing_chunks = 0
 
     # ---------------------------------------------------------------- blob sink
@@ -324,6 +325,8 @@ class WindowRouter:
                 self._pin(rec)
             if k == "rep":
                 return                      # counts of queries that may lie outside the segment
+            if k == "nvtx":
+                self._track_nvtx(rec)
             for seg in self.active:
                 seg.writer.write(rec)
 
@@ -342,6 +345,23 @@ class WindowRouter:
                 seg.first_seq = rec["s"] if seg.first_seq is None else seg.first_seq
                 seg.last_seq = rec["s"]
         self._after_call(rec)
+
+    def _track_nvtx(self, rec: dict) -> None:
+        """NVTX ranges open at any moment, so a window starts inside the ranges it is in."""
+        op = rec.get("op")
+        if op == "push":
+            self.nvtx_open.append(rec)
+        elif op == "pop":
+            for i in range(len(self.nvtx_open) - 1, -1, -1):
+                o = self.nvtx_open[i]
+                if o.get("op") == "push" and o.get("tid") == rec.get("tid") and o.get("domain") == rec.get("domain"):
+                    del self.nvtx_open[i]
+                    break
+        elif op == "start":
+            self.nvtx_open.append(rec)
+        elif op == "end":
+            self.nvtx_open = [o for o in self.nvtx_open if not (o.get("op") == "start" and o.get("id") == rec.get("id"))]
+        del self.nvtx_open[:-256]          # a program that never pops: keep the newest
 
     def _after_call(self, rec: dict) -> None:
         """Hook for the flight recorder (triggers on errors)."""
@@ -408,6 +428,8 @@ class WindowRouter:
                 self._ensure_blobs(seg, rec)
             seg.writer.write(rec)
         seg.state_records = len(self.state.calls)
+        for rec in self.nvtx_open:          # the ranges the window starts inside
+            seg.writer.write(rec)
         self.active.append(seg)
         return seg
 
