@@ -113,6 +113,14 @@ cudasnap capture -f -o flight.cusnap --flight-recorder=$FLIGHT_PERIOD -- ./windo
 cat flight.out | tail -3; cat flight.err
 check "flight: the program fails as natively (exit 1)" 1 $rc
 [ -f flight.cusnap ]; check "flight: snapshot written on the error" 0 $?
+python3 - <<'EOF'
+import os, re
+m = re.search(r"launching bad_kernel after [\d.]+ s at ([\d.]+)", open("flight.out").read())
+if m and os.path.exists("flight.cusnap"):
+    dt = os.path.getmtime("flight.cusnap") - float(m.group(1))
+    print(f"failure to complete snapshot on disk: {dt:.1f} s ({os.path.getsize('flight.cusnap') / 2**20:.1f} MiB)")
+    print(("PASS" if dt <= 10 else "FAIL") + "  snapshot complete within 10 s of the failure")
+EOF
 ls flight*.cusnap
 cudasnap info flight.cusnap | grep -E "window|calls|file"
 cudasnap replay flight.cusnap > flight.replay 2>&1; rc=$?; tail -6 flight.replay

@@ -83,7 +83,8 @@ int main(int argc, char **argv) {
     for (;; s++) {
         double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
         if (fail_after >= 0 && el >= fail_after) {
-            printf("launching bad_kernel after %.1f s\n", el);
+            printf("launching bad_kernel after %.1f s at %.3f\n", el,
+                   std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
             fflush(stdout);
             bad_kernel<<<1, 32>>>((int *)0x10);
             CK(cudaDeviceSynchronize());
