@@ -14,7 +14,13 @@ from __future__ import annotations
 import re
 from typing import Dict, Optional, Set
 
-from .handlers import Handler, load_all
+from .handlers import REGISTRY, Handler
+
+
+def load_all() -> Dict[str, Handler]:
+    """Every handler module, imported once: each registers its names in REGISTRY."""
+    from .handlers import context, generic, graph, launch, memory, module, profiler, stream  # noqa: F401
+    return REGISTRY
 
 # Queries: no effect on device state. Skipped (and counted).  A name with a handler is never
 # a query (the handler wins): e.g. cuDeviceGetDefaultMemPool maps the pool it returns.

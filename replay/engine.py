@@ -4,7 +4,6 @@ from __future__ import annotations
 import bisect
 import os
 import queue
-import re
 import sys
 import threading
 import time
@@ -12,8 +11,11 @@ from array import array
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 from cudasnap.formats import SnapshotError, SnapshotReader, cu_result_name
+from cudasnap.formats.abi import base_name, per_thread
 
 from . import dispatch
+from .driverops import DriverOps, Watchdog, _code, _ival
+from .errors import DriverCallError, ReplayError
 from .options import ReplayOptions, ReplayResult
 from .placement import AddressSpace, scan_payload
 from .verify import Mismatch, Tolerance, compare
@@ -26,10 +28,6 @@ ALLOC_PARAMS = {  # base name -> (address out param, size param or callable)
     "cuMemAllocManaged": ("dptr", "bytesize"),
     "cuMemAddressReserve": ("ptr", "size"),
 }
-
-
-def base_name(f: str) -> str:
-    return re.sub(r"(_v\d+)?(_pt(sz|ds))?(_v\d+)?$", "", f)
 
 
 def alloc_range(rec: Dict[str, Any]) -> Optional[Tuple[int, int]]:
@@ -53,15 +51,6 @@ def alloc_range(rec: Dict[str, Any]) -> Optional[Tuple[int, int]]:
     return None
 
 
-class ReplayError(Exception):
-    """Replay cannot proceed past this call (exit code 2)."""
-
-    def __init__(self, msg: str, code: int = 2):
-        super().__init__(msg)
-        self.code = code
-
-
-from .driverops import DriverCallError, DriverOps, Watchdog, _code, _ival  # noqa: E402
 
 
 class Replayer:
@@ -172,7 +161,7 @@ class Replayer:
         cu = self.cu
         f = rec.get("f", "")
         if not rec_s:
-            return cu.CUstream(CU_STREAM_PER_THREAD if ("_ptsz" in f or "_ptds" in f) else 0)
+            return cu.CUstream(CU_STREAM_PER_THREAD if per_thread(f) else 0)
         if rec_s in (CU_STREAM_LEGACY, CU_STREAM_PER_THREAD):
             return cu.CUstream(rec_s)
         return self.live(rec, rec_s, "stream")

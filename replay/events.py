@@ -18,13 +18,12 @@ Subscribers fail open: an exception is reported as a replay warning and replay g
 """
 from __future__ import annotations
 
-import ctypes
-import re
 import struct
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-_BASE_RX = re.compile(r"(_v\d+)?(_pt(sz|ds))?(_v\d+)?$")
+from cudasnap.formats.abi import base_name
+
 _CLASS_CACHE: Dict[str, Optional[str]] = {}
 SYNC_CALLS = {"cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize"}
 TEARDOWN_CALLS = {"cuCtxDestroy", "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxReset"}
@@ -36,7 +35,7 @@ def classify(f: str) -> Optional[str]:
     c = _CLASS_CACHE.get(f, "?")
     if c != "?":
         return c
-    b = _BASE_RX.sub("", f)
+    b = base_name(f)
     if b.startswith("cuMemcpy") or b.startswith("cuMemset"):
         c = "copy"
     elif b in SYNC_CALLS:
@@ -87,7 +86,7 @@ class EndEvent:
 def copy_event(rp, rec) -> CopyEvent:
     f = rec.get("f") or ""
     a = rec.get("a") or {}
-    b = _BASE_RX.sub("", f)
+    b = base_name(f)
     if b.startswith("cuMemset"):
         d, w = "memset", {"D8": 1, "D16": 2, "D32": 4}
         unit = next((v for k, v in w.items() if b.startswith("cuMemset" + k) or b.startswith("cuMemset2D" + k)), 1)
@@ -184,7 +183,7 @@ class LaunchContext:
         from .handlers.launch import _Params
         ev, rp = self._ev, self.replayer
         s = ev.stream if stream is None else stream
-        base = _BASE_RX.sub("", ev.call)
+        base = base_name(ev.call)
         if base == "cuLaunchKernelEx" and ev.config is not None:
             cfg = ev.config
             old = cfg.hStream

@@ -22,6 +22,8 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
+from .errors import ReplayError
+
 ENV = "CUDASNAP_REPLACE"
 _HEX = re.compile(r"^0x[0-9a-fA-F]+$")
 
@@ -290,7 +292,6 @@ def _err(cu, code) -> str:
 
 
 def raise_error(rp, msg: str) -> None:
-    from .engine import ReplayError
     raise ReplayError(msg)
 
 

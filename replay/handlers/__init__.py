@@ -34,8 +34,3 @@ def refuses(*names: str, reason: str, family: str = ""):
             REGISTRY[n] = Handler(fn, False, family or fn.__module__.rsplit(".", 1)[-1], reason)
         return fn
     return deco
-
-
-def load_all() -> Dict[str, Handler]:
-    from . import context, generic, graph, launch, memory, module, profiler, stream  # noqa: F401
-    return REGISTRY

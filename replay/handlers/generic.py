@@ -8,6 +8,8 @@ from __future__ import annotations
 import re
 from typing import Dict, List, Tuple
 
+from cudasnap.shim.description import load as load_description
+
 from . import handles
 
 # creators: the output handle is remembered
@@ -28,8 +30,7 @@ def _plan(rp, rec) -> Tuple[str, List[Tuple[str, str, str]]]:
     abi = rec["f"]
     plan = _plans.get(abi)
     if plan is None:
-        from ..dispatch import _desc
-        desc = _desc()
+        desc = load_description()
         fn = next(f for f in desc.functions if f["name"] == abi)
         steps = []
         for p in fn["params"]:
@@ -87,8 +88,7 @@ def order(rp, rec):
 
 def _register() -> None:
     """Each name under its family in the description (replay counts calls per family)."""
-    from ..dispatch import _desc
-    desc = _desc()
+    desc = load_description()
     for names, fn, errors in ((CREATE, create, False), (DESTROY, destroy, False), (ORDER, order, True)):
         for n in names:
             f = desc.by_name(n) or {}

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from . import handles
 from ..archcheck import runnable
+from ..errors import ReplayError
 from ..replace import replacements
 from ..retarget import jit_done, jit_image
 
@@ -107,7 +108,6 @@ def _name(rec, key="name"):
     n = rec["a"].get(key)
     if not isinstance(n, str):
         rp_fail = f"call #{rec.get('s')} {rec['f']}: the {key} string was not captured"
-        from ..engine import ReplayError
         raise ReplayError(rp_fail)
     return n
 
