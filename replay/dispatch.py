@@ -94,19 +94,6 @@ def lookup(name: str) -> Optional[Handler]:
     return h
 
 
-def family_of(name: str) -> str:
-    h = lookup(name)
-    if h is not None:
-        return h.family
-    try:
-        f = _desc().by_name(name)
-        if f:
-            return f.get("family") or "other"
-    except Exception:
-        pass
-    return "other"
-
-
 def _classes():
     """(executed, skipped, refused) over the description's ABI names (plus registry names
     when the description is missing)."""
@@ -121,10 +108,7 @@ def _classes():
     for n in names:
         h = lookup(n)
         if h is not None:
-            if h.refused:
-                refused[n] = h.refused
-            else:
-                executed.add(n)
+            executed.add(n)
         elif is_query(n):
             skipped.add(n)
     return frozenset(executed), frozenset(skipped), refused

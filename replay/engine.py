@@ -77,7 +77,6 @@ class Replayer:
         self.capturing: set = set()                   # recorded streams in capture
         self.cur_ctx: Dict[int, Any] = {}             # recorded tid -> live ctx current on it
         self._last_tid = None
-        self.primary_retained = False
         self.space: Optional[AddressSpace] = None
         self.ops: Optional[DriverOps] = None
         self.ranges: List[Tuple[int, int]] = []
@@ -85,7 +84,6 @@ class Replayer:
         self.initialized = False
         self.watchdog: Optional[Watchdog] = None
         self.device_cc: Optional[Tuple[int, int]] = None
-        self.recorded_gpus: List[Dict[str, Any]] = []
         self.selection = None                         # LaunchSelection (replay/selection.py)
         self._pr = False                              # --profiler-range workload
         self._pr_state = 0                            # 0 before the range, 1 inside, 2 after
@@ -348,7 +346,6 @@ class Replayer:
 
     def _prescan(self) -> None:
         self.total = 0
-        self.last_complete = None
         self.incomplete: List[Dict[str, Any]] = []
         planner = _Planner(self._fast_eligible())
         self._h2d_order: List[str] = []
@@ -386,8 +383,6 @@ class Replayer:
                           f"({rec.get('lost_records', 0)} records known lost); calls may be missing from it")
             elif k == "ctx" and isinstance(rec.get("h"), int):
                 self.ctx_ids.setdefault(rec["h"], dict(rec))
-            elif k == "proc":
-                self.recorded_gpus = rec.get("gpus") or []
             elif k == "region" and isinstance(rec.get("base"), int) and isinstance(rec.get("size"), int):
                 # capture's placement zone: reserved whole, first, so allocations land inside
                 self.regions.append((rec["base"], rec["size"]))
@@ -433,7 +428,6 @@ class Replayer:
             try:
                 ctx = self.raw("cuDevicePrimaryCtxRetain", self.dev)
                 self.raw("cuCtxSetCurrent", ctx)
-                self.primary_retained = True
                 self.space.reserve_all()
                 self.raw("cuCtxSetCurrent", self.cu.CUcontext(0))
             except DriverCallError as e:

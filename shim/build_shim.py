@@ -192,7 +192,6 @@ def generate_c(desc: dict) -> str:
     attr = types.get("CUlaunchAttribute") or types.get("CUlaunchAttribute_st") or {}
     w(f"#define CS_SIZEOF_LAUNCHATTR {attr.get('size', 72)}")
     rows = []
-    skipped = []
     simples = []
     qkeys: list = []
     for i, f in enumerate(fns):
@@ -240,8 +239,6 @@ def generate_c(desc: dict) -> str:
         ch = _first_sight(params, ("CUcontext",)) if ok else -1
         simple = 1 if ok and ints <= 6 and floats == 0 else 0
         simples.append(simple)
-        if not ok:
-            skipped.append(f["name"])
         cells = ",".join("{" + ",".join(map(str, r)) + "}" for r in prow)
         w(f"static const cs_param cs_p{i}[] = {{{cells or '{0,0,0,0,0,0}'}}};")
         query = 1 if (ok and (hook == 0 or f["name"] in PLACEMENT_AFTER) and QUERY_RX.match(f["name"])
@@ -272,7 +269,6 @@ def generate_c(desc: dict) -> str:
     # Exported ABI symbols for programs linked with -lcuda.
     for i, f in enumerate(fns):
         w(f'__attribute__((visibility("default"))) CUresult {f["name"]}{sig} __attribute__((alias("cs_w_{i}")));')
-    generate_c.skipped = skipped  # type: ignore[attr-defined]
     return "\n".join(out) + "\n"
 
 

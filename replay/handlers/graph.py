@@ -23,7 +23,7 @@ import struct
 from typing import Any, List, Optional
 
 from ..driverops import _ival
-from . import handles, refuses  # noqa: F401 (refuses: for calls that cannot be rebuilt)
+from . import handles
 
 # CUgraphNodeType
 NT_KERNEL, NT_MEMCPY, NT_MEMSET, NT_HOST, NT_GRAPH, NT_EMPTY, NT_WAIT_EVENT, NT_EVENT_RECORD = range(8)
