@@ -16,6 +16,14 @@ def base_name(f: str) -> str:
     return _SUFFIX.sub("", f)
 
 
+_PER_THREAD = re.compile(r"_pt(sz|ds)$")
+
+
+def strip_per_thread(f: str) -> str:
+    """cuStreamSynchronize_ptsz -> cuStreamSynchronize (versions kept: cuMemcpyHtoD_v2)."""
+    return _PER_THREAD.sub("", f)
+
+
 def per_thread(f: str) -> bool:
     """The per-thread default stream variant (_ptsz / _ptds): stream 0 means the thread's stream."""
     return "_ptsz" in f or "_ptds" in f

@@ -18,16 +18,16 @@ Subscribers fail open: an exception is reported as a replay warning and replay g
 """
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from cudasnap.formats.abi import base_name
 
+from .handlers.launch import LAUNCH_CONFIG, _Params
+
 _CLASS_CACHE: Dict[str, Optional[str]] = {}
 SYNC_CALLS = {"cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize"}
 TEARDOWN_CALLS = {"cuCtxDestroy", "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxReset"}
-LAUNCH_CONFIG = struct.Struct("<7I4xQQI4x")
 
 
 def classify(f: str) -> Optional[str]:
@@ -180,7 +180,6 @@ class LaunchContext:
     def relaunch(self, stream=None) -> None:
         """Launch the same kernel with the same (live) parameters again, on `stream` (default:
         the recorded launch's stream).  Raises DriverCallError."""
-        from .handlers.launch import _Params
         ev, rp = self._ev, self.replayer
         s = ev.stream if stream is None else stream
         base = base_name(ev.call)

@@ -5,9 +5,9 @@ description's parameter list and handle kinds; the family modules keep only the 
 need more (structs, arrays, memory, placement, counting)."""
 from __future__ import annotations
 
-import re
 from typing import Dict, List, Tuple
 
+from cudasnap.formats.abi import strip_per_thread
 from cudasnap.shim.description import load as load_description
 
 from . import handles
@@ -42,7 +42,7 @@ def _plan(rp, rec) -> Tuple[str, List[Tuple[str, str, str]]]:
                 steps.append((p["name"], "out" if kind else "skip", kind))
             else:
                 raise ValueError(f"{abi}: parameter {p['name']} ({p['kind']}) needs a hand-written handler")
-        stripped = re.sub(r"_pt(sz|ds)$", "", abi)
+        stripped = strip_per_thread(abi)
         names = [n for n in (fn["base"], stripped, fn["base"] + "_v2") if hasattr(rp.cu, n)]
         plan = _plans[abi] = (names[0] if names else fn["base"], steps)
     return plan

@@ -23,6 +23,7 @@ import struct
 from typing import Any, List, Optional
 
 from ..driverops import _ival
+from ..layout import offsetof, sizeof
 from . import handles
 
 # CUgraphNodeType
@@ -31,10 +32,11 @@ NT_EXT_SEMAS_SIGNAL, NT_EXT_SEMAS_WAIT, NT_MEM_ALLOC, NT_MEM_FREE, NT_BATCH_MEM_
 NODE_TYPE_NAMES = {NT_EXT_SEMAS_SIGNAL: "external semaphore signal", NT_EXT_SEMAS_WAIT: "external semaphore wait",
                    NT_MEM_ALLOC: "graph memory allocation", NT_MEM_FREE: "graph memory free",
                    NT_BATCH_MEM_OP: "batch memory operation"}
-NODE_PARAMS_SIZE, NP_UNION = 256, 16          # CUgraphNodeParams: type, reserved0[3], union @16
-KERNEL_PARAMS_SIZE = 72                       # CUDA_KERNEL_NODE_PARAMS(_v2/_v3)
-MEMSET_PARAMS_SIZE = 40                       # CUDA_MEMSET_NODE_PARAMS (v2 adds ctx @40)
-MEMCPY3D_SIZE = 200
+NODE_PARAMS_SIZE = sizeof("CUgraphNodeParams")
+NP_UNION = offsetof("CUgraphNodeParams", "kernel")     # type, reserved0[3], then the union
+KERNEL_PARAMS_SIZE = sizeof("CUDA_KERNEL_NODE_PARAMS")
+MEMSET_PARAMS_SIZE = sizeof("CUDA_MEMSET_NODE_PARAMS")  # v1 (v2 adds ctx at its end)
+MEMCPY3D_SIZE = sizeof("CUDA_MEMCPY3D")
 MT_HOST, MT_DEVICE, MT_ARRAY, MT_UNIFIED = 1, 2, 3, 4
 CU_LAUNCH_PARAM_END, CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE = 0, 1, 2
 

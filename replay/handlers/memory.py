@@ -4,6 +4,7 @@ from __future__ import annotations
 import ctypes
 import struct
 
+from ..layout import offsetof, sizeof
 from . import handles
 from .graph import keep_forever, stream_capturing
 
@@ -466,7 +467,8 @@ def _unified_d2h(rp, rec, dst, src, n: int) -> None:
 
 
 # CUDA_MEMCPY2D offsets (see shim_hooks.c cs_memcpy2d_host)
-_SRC, _DST = 0, 56
+_SRC, _DST = 0, offsetof("CUDA_MEMCPY2D", "dstXInBytes")
+MEMCPY2D_SIZE = sizeof("CUDA_MEMCPY2D")
 MT_HOST, MT_DEVICE, MT_ARRAY, MT_UNIFIED = 1, 2, 3, 4
 
 
@@ -478,9 +480,9 @@ def _u64(b, o):
 def memcpy_2d(rp, rec):
     a = rec["a"]
     cp = a.get("pCopy")
-    if not isinstance(cp, (bytes, bytearray)) or len(cp) < 128:
+    if not isinstance(cp, (bytes, bytearray)) or len(cp) < MEMCPY2D_SIZE:
         rp.fail(rec, "the CUDA_MEMCPY2D struct was not captured")
-    cp = bytearray(cp[:128])
+    cp = bytearray(cp[:MEMCPY2D_SIZE])
     w, h = _u64(cp, 112), _u64(cp, 120)
     host_bufs = {}
     for base, key in ((_SRC, "hostsrc"), (_DST, "hostdst")):
@@ -504,7 +506,7 @@ def memcpy_2d(rp, rec):
         elif mt == MT_ARRAY:
             rp.fail(rec, "2D copies with CUDA arrays are not supported")
     st = rp.cu.CUDA_MEMCPY2D()
-    ctypes.memmove(int(st.getPtr()), bytes(cp), 128)
+    ctypes.memmove(int(st.getPtr()), bytes(cp), MEMCPY2D_SIZE)
     name = "cuMemcpy2DAsync" if _async(rec) else ("cuMemcpy2DUnaligned" if "Unaligned" in rec["f"] else "cuMemcpy2D")
     args = [st] + ([_stream(rp, rec)] if _async(rec) else [])
     captured = _captured(rp, rec)
