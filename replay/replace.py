@@ -298,12 +298,12 @@ def raise_error(rp, msg: str) -> None:
 def replacements(rp) -> Optional[Replacements]:
     """The replayer's Replacements (None when nothing is replaced); built on first use, after
     the first pass over the records has collected the fn records."""
-    r = rp.__dict__.get("_replacements", False)
+    r = rp.replacements
     if r is False:
         try:
             pairs = parse_specs(effective_specs(rp.opt))
         except ValueError as e:
             raise_error(rp, str(e))
         r = Replacements(rp, pairs) if pairs else None
-        rp._replacements = r
+        rp.replacements = r
     return r

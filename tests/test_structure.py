@@ -169,6 +169,13 @@ def test_shim_imports_nothing_from_replay():
     assert _edges(import_graph(), "cudasnap.shim", "cudasnap.replay") == []
 
 
+def test_handlers_never_import_the_engine():
+    """Handlers see a ReplayContext (replay/context.py), not the Replayer."""
+    g = import_graph()
+    assert _edges(g, "cudasnap.replay.handlers", "cudasnap.replay.engine") == []
+    assert _edges(g, "cudasnap.replay.context", "cudasnap.replay.engine") == []
+
+
 def test_cycle_finder_finds_a_circle():
     g = {"p.a": {"p.b"}, "p.b": {"p.c"}, "p.c": {"p.a"}, "p.d": {"p.a"}, "q": {"p.a"}}
     assert cycles_within(g, "p") == [["p.a", "p.b", "p.c"]]

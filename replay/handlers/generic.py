@@ -68,7 +68,7 @@ def _replay(rp, rec):
     vals = out if len(outs) > 1 else (out,)
     for (p, role, _k), v in zip([s for s in steps if s[1] != "in"], vals):
         if role == "out":
-            rp.set_handle(a.get(p), v)
+            rp.set_handle(a.get(p), v, _k)
 
 
 def create(rp, rec):

@@ -155,6 +155,4 @@ def host_func(rp, rec):
     # imposed: work after it on the stream still follows work before it, and on a capturing
     # stream the next captured node depends on the previous one (the edges the host node had).
     rp.res.skipped += 1
-    if not getattr(rp, "_hostfn_noted", False):
-        rp._hostfn_noted = True
-        rp.note(f"call #{rec.get('s')} {rec['f']}: host callbacks of the recorded process are not run")
+    rp.note_once("hostfn", f"call #{rec.get('s')} {rec['f']}: host callbacks of the recorded process are not run")

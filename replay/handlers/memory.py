@@ -16,10 +16,8 @@ def _captured(rp, rec) -> bool:
 
 
 def _note_capture_d2h(rp, rec) -> None:
-    if not getattr(rp, "_capture_d2h_noted", False):
-        rp._capture_d2h_noted = True
-        rp.note(f"call #{rec.get('s')} {rec['f']}: device-to-host copies captured into graphs are not verified "
-                f"(the recorded bytes predate the graph's execution)")
+    rp.note_once("capture_d2h", f"call #{rec.get('s')} {rec['f']}: device-to-host copies captured into graphs "
+                                f"are not verified (the recorded bytes predate the graph's execution)")
 
 # ------------------------------------------------------------------ allocations
 
@@ -35,9 +33,8 @@ def _alloc(rp, rec, ptr_key="dptr", size=None):
 
 @handles("cuMemAlloc", "cuMemAllocManaged")
 def mem_alloc(rp, rec):
-    if rec["f"].startswith("cuMemAllocManaged") and not getattr(rp, "_managed_noted", False):
-        rp._managed_noted = True
-        rp.note("managed memory is replayed as device memory placed at its recorded address")
+    if rec["f"].startswith("cuMemAllocManaged"):
+        rp.note_once("managed", "managed memory is replayed as device memory placed at its recorded address")
     _alloc(rp, rec)
 
 
@@ -69,10 +66,8 @@ def mem_free_async(rp, rec):
     s = rp.stream(rec, a.get("hStream"))
     if stream_capturing(rp, a.get("hStream"), s):
         # a free node of the captured graph: the graph's kernels use the memory whenever it runs
-        if not getattr(rp, "_capture_free_noted", False):
-            rp._capture_free_noted = True
-            rp.note(f"call #{rec.get('s')} {rec['f']}: frees captured into graphs are not performed (the memory "
-                    f"stays mapped at its recorded address)")
+        rp.note_once("capture_free", f"call #{rec.get('s')} {rec['f']}: frees captured into graphs are not "
+                                     f"performed (the memory stays mapped at its recorded address)")
         rp.res.skipped += 1
         return
     rp.raw("cuStreamSynchronize", s)      # frees happen after the stream's work
@@ -153,7 +148,7 @@ def vmm_create(rp, rec):
     a = rec["a"]
     h = rp.drv(rec, "cuMemCreate", int(a.get("size", 0)), rp.ops.prop(), 0)
     if h is not None:
-        rp.set_handle(a.get("handle"), h)
+        rp.set_handle(a.get("handle"), h, "allocation handle")
 
 
 @handles("cuMemRelease")
@@ -168,7 +163,7 @@ def vmm_retain(rp, rec):
     a = rec["a"]
     h = rp.drv(rec, "cuMemRetainAllocationHandle", rp.tr(a.get("addr")))
     if h is not None:
-        rp.set_handle(a.get("handle"), h)
+        rp.set_handle(a.get("handle"), h, "allocation handle")
 
 
 @handles("cuMemMap")
@@ -206,7 +201,7 @@ class PoolToken:
 def pool_create(rp, rec):
     a = rec["a"]
     key = a.get("pool") if "pool" in a and rec["f"].startswith("cuMemPool") else a.get("pool_out")
-    rp.set_handle(key, PoolToken(key))
+    rp.set_handle(key, PoolToken(key), "pool")
 
 
 @handles("cuMemGetDefaultMemPool", "cuMemGetMemPool")
@@ -214,7 +209,7 @@ def pool_get(rp, rec):
     a = rec["a"]
     key = a.get("pool_out") if "Default" in rec["f"] else a.get("pool")
     if key not in rp.handles:
-        rp.set_handle(key, PoolToken(key))
+        rp.set_handle(key, PoolToken(key), "pool")
 
 
 @handles("cuMemPoolDestroy", "cuMemPoolTrimTo", "cuMemPoolSetAttribute", "cuMemPoolSetAccess", "cuDeviceSetMemPool",

@@ -157,7 +157,7 @@ class GraphProfiler:
         if not rp.capturing:
             return False
         from ..handlers.graph import stream_capturing
-        return stream_capturing(rp, rec_stream, live_stream)
+        return stream_capturing(rp.ctx, rec_stream, live_stream)
 
     def _start(self, ev) -> None:
         from ..events import LAUNCH_CONFIG
