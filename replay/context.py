@@ -90,6 +90,9 @@ class Handles:
     def __len__(self) -> int:
         return len(self._all)
 
+    def __iter__(self):
+        return iter(self._all)
+
     def items(self):
         return self._all.items()
 
