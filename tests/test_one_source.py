@@ -77,6 +77,15 @@ def test_handler_struct_sizes_come_from_the_description():
         int.from_bytes(bytes(range(32, 40)), "little")
 
 
+def test_memcpy2d_field_groups_have_one_shape():
+    """The 2D copy handler addresses src* and dst* fields relative to their group's start."""
+    from cudasnap.replay.handlers import memory as M
+    from cudasnap.replay.layout import offsetof
+    for f, rel in (("MemoryType", M._MTYPE), ("Host", M._HOST), ("Device", M._DEVICE), ("Pitch", M._PITCH)):
+        assert offsetof("CUDA_MEMCPY2D", "dst" + f) - M._DST == rel == offsetof("CUDA_MEMCPY2D", "src" + f) - M._SRC
+    assert (M._WIDTH, M._HEIGHT, M.MEMCPY2D_SIZE) == (112, 120, 128)
+
+
 def test_ring_constants_match_ring_h():
     r = subprocess.run([sys.executable, str(ROOT / "shim" / "gen_ring.py"), "--check"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr

@@ -461,9 +461,13 @@ def _unified_d2h(rp, rec, dst, src, n: int) -> None:
         rp.verify(rec, rp.blob(rec, "hostdst"), bytes(buf), src)
 
 
-# CUDA_MEMCPY2D offsets (see shim_hooks.c cs_memcpy2d_host)
-_SRC, _DST = 0, offsetof("CUDA_MEMCPY2D", "dstXInBytes")
+# CUDA_MEMCPY2D layout (see shim_hooks.c cs_memcpy2d_host): the src* and dst* field groups
+# have the same shape; offsets inside a group are relative to its XInBytes field
+_SRC, _DST = offsetof("CUDA_MEMCPY2D", "srcXInBytes"), offsetof("CUDA_MEMCPY2D", "dstXInBytes")
 MEMCPY2D_SIZE = sizeof("CUDA_MEMCPY2D")
+_MTYPE, _HOST, _DEVICE, _PITCH = (offsetof("CUDA_MEMCPY2D", "src" + f) - _SRC
+                                  for f in ("MemoryType", "Host", "Device", "Pitch"))
+_WIDTH, _HEIGHT = offsetof("CUDA_MEMCPY2D", "WidthInBytes"), offsetof("CUDA_MEMCPY2D", "Height")
 MT_HOST, MT_DEVICE, MT_ARRAY, MT_UNIFIED = 1, 2, 3, 4
 
 
@@ -478,11 +482,11 @@ def memcpy_2d(rp, rec):
     if not isinstance(cp, (bytes, bytearray)) or len(cp) < MEMCPY2D_SIZE:
         rp.fail(rec, "the CUDA_MEMCPY2D struct was not captured")
     cp = bytearray(cp[:MEMCPY2D_SIZE])
-    w, h = _u64(cp, 112), _u64(cp, 120)
+    w, h = _u64(cp, _WIDTH), _u64(cp, _HEIGHT)
     host_bufs = {}
     for base, key in ((_SRC, "hostsrc"), (_DST, "hostdst")):
-        mt = struct.unpack_from("<I", cp, base + 16)[0]
-        pitch = max(_u64(cp, base + 48), w)
+        mt = struct.unpack_from("<I", cp, base + _MTYPE)[0]
+        pitch = max(_u64(cp, base + _PITCH), w)
         if mt == MT_HOST:
             n = pitch * (h - 1) + w if h and w else 0
             if base == _SRC:
@@ -494,10 +498,10 @@ def memcpy_2d(rp, rec):
                 buf = ctypes.create_string_buffer(max(n, 1))
             host_bufs[base] = (buf, pitch)
             struct.pack_into("<QQ", cp, base, 0, 0)                       # x, y -> 0 in our buffer
-            struct.pack_into("<Q", cp, base + 24, ctypes.addressof(buf))
-            struct.pack_into("<Q", cp, base + 48, pitch)
+            struct.pack_into("<Q", cp, base + _HOST, ctypes.addressof(buf))
+            struct.pack_into("<Q", cp, base + _PITCH, pitch)
         elif mt in (MT_DEVICE, MT_UNIFIED):
-            struct.pack_into("<Q", cp, base + 32, rp.tr(_u64(cp, base + 32)))
+            struct.pack_into("<Q", cp, base + _DEVICE, rp.tr(_u64(cp, base + _DEVICE)))
         elif mt == MT_ARRAY:
             rp.fail(rec, "2D copies with CUDA arrays are not supported")
     st = rp.cu.CUDA_MEMCPY2D()
@@ -512,8 +516,8 @@ def memcpy_2d(rp, rec):
     if captured:
         if _DST in host_bufs:
             _note_capture_d2h(rp, rec)
-        elif struct.unpack_from("<I", cp, _DST + 16)[0] in (MT_DEVICE, MT_UNIFIED):
-            rp.mark_written(_u64(rec["a"]["pCopy"], _DST + 32), rec.get("s"), rec["f"])
+        elif struct.unpack_from("<I", cp, _DST + _MTYPE)[0] in (MT_DEVICE, MT_UNIFIED):
+            rp.mark_written(_u64(rec["a"]["pCopy"], _DST + _DEVICE), rec.get("s"), rec["f"])
         return
     if _async(rec):
         rp.raw("cuStreamSynchronize", _stream(rp, rec))
@@ -524,10 +528,10 @@ def memcpy_2d(rp, rec):
         if exp is not None:        # compare the copied rows only (gaps are untouched host memory)
             exp = b"".join(exp[i * pitch:i * pitch + w] for i in range(h))
             got = b"".join(got[i * pitch:i * pitch + w] for i in range(h))
-        src = _u64(rec["a"]["pCopy"], _SRC + 32)
-        rp.verify(rec, exp, got, src if struct.unpack_from("<I", cp, 16)[0] in (MT_DEVICE, MT_UNIFIED) else None)
-    elif struct.unpack_from("<I", cp, _DST + 16)[0] in (MT_DEVICE, MT_UNIFIED):
-        rp.mark_written(_u64(rec["a"]["pCopy"], _DST + 32), rec.get("s"), rec["f"])
+        src = _u64(rec["a"]["pCopy"], _SRC + _DEVICE)
+        rp.verify(rec, exp, got, src if struct.unpack_from("<I", cp, _SRC + _MTYPE)[0] in (MT_DEVICE, MT_UNIFIED) else None)
+    elif struct.unpack_from("<I", cp, _DST + _MTYPE)[0] in (MT_DEVICE, MT_UNIFIED):
+        rp.mark_written(_u64(rec["a"]["pCopy"], _DST + _DEVICE), rec.get("s"), rec["f"])
 
 
 # ------------------------------------------------------------------ memsets
