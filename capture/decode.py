@@ -8,10 +8,9 @@ import bisect
 import struct
 
 from . import ring as R
+from .ring_constants import (F_ATTRS, F_CODE, F_DIGEST, F_HANDLE, F_HOSTDST, F_HOSTSRC, F_IMAGE,  # noqa: F401
+                             F_INFO, F_KIND, F_LAYOUT, F_MODULE, F_MSG, F_NAME, F_PARAMS, F_REPEATS, F_WRAPPED)
 
-F_PARAMS, F_ATTRS, F_IMAGE, F_WRAPPED, F_HOSTSRC, F_HOSTDST = 0x100, 0x101, 0x102, 0x104, 0x105, 0x106
-F_NAME, F_HANDLE, F_KIND, F_MODULE, F_LAYOUT, F_MSG, F_INFO, F_CODE = 0x110, 0x111, 0x112, 0x113, 0x114, 0x115, 0x116, 0x117
-F_DIGEST, F_REPEATS = 0x118, 0x119
 EXTRA_NAMES = {F_PARAMS: "params", F_ATTRS: "attrs", F_IMAGE: "image", F_HOSTSRC: "hostsrc", F_HOSTDST: "hostdst"}
 INFO_ROW = 256 + 16 + 24
 WINDOW_OPS = {1: "open", 2: "close", 3: "state", 4: "checkpoint"}

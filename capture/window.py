@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
+from cudasnap.formats.abi import base_name
+
 # Calls that do work or only ask: never part of the state. Everything else a successful call
 # does (create, load, set, make current...) is kept until what it made is destroyed.
 _WORK = re.compile(
@@ -36,8 +38,7 @@ _CAPTURE_END = re.compile(r"^cuStreamEndCapture")
 _HANDLE_MIN = 0x10000                           # smaller values are counts, flags, enums
 
 
-def _base(f: str) -> str:
-    return re.sub(r"(_v\d+)?(_pt(sz|ds))?(_v\d+)?$", "", f)
+_base = base_name
 
 
 class StateKeeper:

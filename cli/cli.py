@@ -290,7 +290,7 @@ def api(
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ):
     """List every driver entry point and whether it is recorded, replayable or refused."""
-    from cudasnap.shim.api_cmd import run_api
+    from cudasnap.api_cmd import run_api
 
     raise typer.Exit(run_api(_value(status), json_out))
 
