@@ -12,6 +12,8 @@ from . import ring as R
 F_PARAMS, F_ATTRS, F_IMAGE, F_WRAPPED, F_HOSTSRC, F_HOSTDST = 0x100, 0x101, 0x102, 0x104, 0x105, 0x106
 F_NAME, F_HANDLE, F_KIND, F_MODULE, F_LAYOUT, F_MSG, F_INFO, F_CODE = 0x110, 0x111, 0x112, 0x113, 0x114, 0x115, 0x116, 0x117
 F_DIGEST, F_REPEATS = 0x118, 0x119
+F_LINK = 0x11B
+LINK_KINDS = {1: "export", 2: "import"}
 EXTRA_NAMES = {F_PARAMS: "params", F_ATTRS: "attrs", F_IMAGE: "image", F_HOSTSRC: "hostsrc", F_HOSTDST: "hostdst"}
 INFO_ROW = 256 + 16 + 24
 NVTX_OPS = {1: "push", 2: "pop", 3: "start", 4: "end", 5: "mark", 6: "domain"}
@@ -92,6 +94,8 @@ class Decoder:
                 elif idx == F_WRAPPED:
                     wid = struct.unpack("<q", data)[0]
                     extra["wrapped"] = self.fns[wid]["name"] if 0 <= wid < len(self.fns) else None
+                elif idx == F_LINK and len(data) >= 64:
+                    extra["link"] = _link(data)
                 continue
             if idx >= len(params):
                 continue
@@ -330,3 +334,18 @@ class SeqSet:
 def _uuid(b: bytes) -> str:
     h = b.hex()
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def _link(data: bytes) -> dict:
+    """CS_F_LINK (shim_share.c): an exported or imported POSIX fd, the file it is, and for
+    an import the exporting process and its export number when they were found."""
+    kind, fd, dev, ino, pid, no, peer, err = struct.unpack_from("<8q", data)
+    out = {"kind": LINK_KINDS.get(kind, str(kind)), "fd": fd, "dev": dev, "ino": ino, "pid": pid}
+    if kind == 1:
+        out["export"] = no
+    else:
+        out["peer_pid"] = peer or None
+        out["peer_export"] = no if peer else None
+        if err:
+            out["match_errno"] = err
+    return out

@@ -44,6 +44,7 @@ class CaptureResult:
     snapshots: List[Path] = field(default_factory=list)     # the first process's first
     unsaved: Dict[Path, str] = field(default_factory=dict)  # snapshot -> why it is not whole
     error: Optional[str] = None                             # why the program was not run
+    group: Optional[Path] = None                            # the group manifest (several processes)
 
     @property
     def signal(self) -> Optional[int]:
@@ -444,10 +445,17 @@ def capture(command: Union[Sequence[str], str], out: Union[str, os.PathLike, Non
         _summary(procs, path, unsaved)
     ordered = sorted(procs, key=lambda pc: (pc.ring.pid != pid, pc.ring.pid))
     snaps = [pc.path for pc in ordered if os.path.exists(pc.path) and pc.path not in unsaved]
+    group = None
+    if len(snaps) > 1:
+        from .group import write_manifest
+        group = write_manifest(path, snaps, list(command))
+        if group is not None and not quiet:
+            print(f"cudasnap: group manifest {group}: {len(snaps)} processes (replay it with "
+                  f"`cudasnap replay {group}`)", file=sys.stderr)
     exit_code = code if code >= 0 else 128 - code
     if unsaved and code == 0:
         exit_code = 2          # the program succeeded, its recording did not: never report success
-    return CaptureResult(exit_code, returncode=code, path=path, snapshots=snaps, unsaved=unsaved)
+    return CaptureResult(exit_code, returncode=code, path=path, snapshots=snaps, unsaved=unsaved, group=group)
 
 
 def run_capture(command: List[str], out: Optional[Path], ring_mb: int = 256, level: int = 3,

@@ -52,6 +52,9 @@ class DriverOps:
         p.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
         p.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
         p.location.id = self.device
+        if os.environ.get("CUDASNAP_GROUP_SOCKET"):
+            # a group replay may hand placed memory to another rank (legacy IPC): exportable
+            p.requestedHandleTypes = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
         return p
 
     def granularity(self) -> int:

@@ -26,7 +26,7 @@ KINDS = {
 HOOKS = {
     None: 0, "launch": 1, "module_image": 2, "module_file": 3, "getproc": 4, "export_table": 5,
     "memcpy_struct": 6, "host_alloc": 0, "async_d2h": 7, "init": 8, "launch_config": 0,
-    "unload": 11, "memcpy_unified": 12,
+    "unload": 11, "memcpy_unified": 12, "share": 13,
 }
 # Real driver entries the hooks call themselves (never through a wrapper).
 HELPERS = [
@@ -107,6 +107,13 @@ def _hook_of(fn) -> tuple[int, int, int, int]:
         h1, h2 = _param_index(params, ("dst",)), _param_index(params, ("src",))
         if h1 < 0 or h2 < 0 or _param_index(params, ("ByteCount",)) != 2:
             hook = 0
+    elif cap == "share":
+        # shim_share.c: h0 the handle type, h1 the fd (export: an output, import: a value), h2 export
+        h0 = _param_index(params, ("handleType", "shHandleType"))
+        h1 = _param_index(params, ("shareableHandle", "osHandle"))
+        h2 = 1 if h1 >= 0 and params[h1]["name"] == "shareableHandle" else 0
+        if h0 < 0 or h1 < 0:
+            hook = 0
     elif cap == "getproc" and len(params) < 4:
         hook = 0
     return hook, h0, h1, h2
@@ -177,7 +184,7 @@ def generate_c(desc: dict) -> str:
       " CS_K_BLOB_IN, CS_K_BLOB_OUT, CS_K_ARRAY_IN, CS_K_ARRAY_OUT };")
     w("enum { CS_P_FLOAT = 1, CS_P_COUNT_PTR = 2 };")
     w("enum { CS_H_NONE, CS_H_LAUNCH, CS_H_MODULE_IMAGE, CS_H_MODULE_FILE, CS_H_GETPROC,"
-      " CS_H_EXPORT_TABLE, CS_H_MEMCPY_STRUCT, CS_H_ASYNC_D2H, CS_H_INIT, CS_H_PLACE, CS_H_KNODE, CS_H_UNLOAD, CS_H_MEMCPY_UNIFIED };")
+      " CS_H_EXPORT_TABLE, CS_H_MEMCPY_STRUCT, CS_H_ASYNC_D2H, CS_H_INIT, CS_H_PLACE, CS_H_KNODE, CS_H_UNLOAD, CS_H_MEMCPY_UNIFIED, CS_H_SHARE };")
     w("typedef struct { unsigned char kind, size, flags, ai; unsigned short len_idx; unsigned aux; } cs_param;")
     w("typedef struct { const char *name, *base; unsigned char nparams, hook; signed char h0, h1, h2; unsigned char query;"
       " unsigned short kinds; unsigned char simple, floats; signed char fh, ch; const cs_param *params; } cs_fn;"

@@ -166,6 +166,8 @@ CAPTURE_RULES = [
     (r"cuMemcpy|cuMemcpyAsync", "memcpy_unified"),
     # function and kernel handle values may be handed out again for other kernels afterwards
     (r"cuModuleUnload|cuLibraryUnload|cuCtxDestroy|cuDevicePrimaryCtxRelease|cuDevicePrimaryCtxReset", "unload"),
+    # an exported / imported POSIX fd: which file it is, and whose export (shim_share.c)
+    (r"cuMemExportToShareableHandle|cuMemImportFromShareableHandle", "share"),
 ]
 
 # ---------------------------------------------------------------------------------------
@@ -231,7 +233,9 @@ PARAMS = {
     r"cuMemPoolGetAttribute|cuMemPoolSetAttribute|cuDeviceGetGraphMemAttribute|cuDeviceSetGraphMemAttribute"
     r"|cuCoredumpGetAttribute\w*|cuCoredumpSetAttribute\w*": {"value": {"kind": "opaque"}},
     r"cuMemGetHandleForAddressRange": {"handle": {"kind": "opaque"}},
-    r"cuMemExportToShareableHandle|cuMemPoolExportToShareableHandle": {"shareableHandle": {"kind": "opaque"}},
+    # a POSIX fd (an int) is written there; fabric handles (64 bytes) keep only their first 4
+    r"cuMemExportToShareableHandle": {"shareableHandle": {"kind": "out", "pointee": "int", "pointee_size": 4}},
+    r"cuMemPoolExportToShareableHandle": {"shareableHandle": {"kind": "opaque"}},
     r"cuMemImportFromShareableHandle|cuMemPoolImportFromShareableHandle": {"osHandle": {"kind": "val"}},
     r"cuStreamAddCallback|cuLaunchHostFunc|cuUserObjectCreate|cuDeviceRegisterAsyncNotification"
     r"|cuLogsRegisterCallback": {"userData": {"kind": "val"}, "ptr": {"kind": "val"}},

@@ -37,5 +37,5 @@ def refuses(*names: str, reason: str, family: str = ""):
 
 
 def load_all() -> Dict[str, Handler]:
-    from . import context, generic, graph, launch, memory, module, profiler, stream  # noqa: F401
+    from . import context, generic, graph, ipc, launch, memory, module, profiler, stream  # noqa: F401
     return REGISTRY

@@ -43,6 +43,7 @@ PROGRAMS = {
     "unified": "link",
     "sigwait": "link",
     "nvtx_client": "link",
+    "share": "link",
 }
 
 MODULE_TEXT = "CUDADOUBLE\nkernel add_one\nkernel fill\nkernel saxpy\nkernel chase\nkernel incr\nkernel spin\n"

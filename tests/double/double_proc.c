@@ -86,6 +86,8 @@ static const pa_t table[] = {
     E("cuMemUnmap", 10020, cuMemUnmap),
     E("cuMemSetAccess", 10020, cuMemSetAccess),
     E("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity),
+    E("cuMemExportToShareableHandle", 10020, cuMemExportToShareableHandle),
+    E("cuMemImportFromShareableHandle", 10020, cuMemImportFromShareableHandle),
 
     E("cuModuleLoad", 2000, cuModuleLoad),
     E("cuModuleLoadData", 2000, cuModuleLoadData),

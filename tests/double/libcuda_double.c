@@ -25,7 +25,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -470,7 +472,7 @@ API CUresult cuCtxGetFlags(unsigned int *flags) {
 
 /* ------------------------------------------------------------ memory table */
 enum { R_ALLOC = 1, R_HOST, R_RESERVE, R_MAP };
-struct memh_obj { int type; int fd; size_t size; int released; int nmaps; };
+struct memh_obj { int type; int fd; size_t size; int released; int nmaps; unsigned handle_types; };
 typedef struct region {
     unsigned long long base;
     size_t size, maplen;
@@ -833,9 +835,47 @@ API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, cons
     struct memh_obj *h = obj_new(OBJ_MEMHANDLE, sizeof *h);
     h->fd = fd;
     h->size = size;
+    h->handle_types = (unsigned)prop->requestedHandleTypes;
     LOCK();
     mem_used += size;
     UNLOCK();
+    *handle = (CUmemGenericAllocationHandle)(uintptr_t)h;
+    return CUDA_SUCCESS;
+}
+
+/* Shareable handles: a POSIX fd is a duplicate of the allocation's memfd, so another process
+ * that receives it (SCM_RIGHTS) maps the same memory; only for allocations created with
+ * CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR requested, as the driver wants. */
+API CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
+                                          CUmemAllocationHandleType handleType, unsigned long long flags) {
+    CHECK(need_init());
+    struct memh_obj *h = (struct memh_obj *)(uintptr_t)handle;
+    if (!shareableHandle || flags) return CUDA_ERROR_INVALID_VALUE;
+    LOCK();
+    CUresult r = CUDA_SUCCESS;
+    if (!obj_check_locked(h, OBJ_MEMHANDLE) || h->released) r = CUDA_ERROR_INVALID_HANDLE;
+    else if (handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || !(h->handle_types & handleType))
+        r = CUDA_ERROR_NOT_SUPPORTED;
+    int fd = r == CUDA_SUCCESS ? dup(h->fd) : -1;
+    UNLOCK();
+    if (r == CUDA_SUCCESS && fd < 0) r = CUDA_ERROR_OUT_OF_MEMORY;
+    if (r == CUDA_SUCCESS) *(int *)shareableHandle = fd;
+    return r;
+}
+
+API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
+                                            CUmemAllocationHandleType shHandleType) {
+    CHECK(need_ctx());
+    int fd = (int)(intptr_t)osHandle;
+    struct stat st;
+    if (!handle || shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_INVALID_VALUE;
+    if (fd < 0 || fstat(fd, &st) != 0 || st.st_size <= 0 || st.st_size % GRANULARITY) return CUDA_ERROR_INVALID_VALUE;
+    int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (own < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    struct memh_obj *h = obj_new(OBJ_MEMHANDLE, sizeof *h);
+    h->fd = own;
+    h->size = (size_t)st.st_size;
+    h->handle_types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     *handle = (CUmemGenericAllocationHandle)(uintptr_t)h;
     return CUDA_SUCCESS;
 }
