@@ -412,7 +412,7 @@ def run_group(paths: Sequence, devices: Optional[str], args: List[str], as_json:
             env.update({ENV_SOCKET: sock_path, ENV_PID: str(r["pid"]), ENV_RANK: str(r["rank"]),
                         ENV_PROGRESS: os.path.join(tmp, "progress"), ENV_NRANKS: str(len(ranks)),
                         ENV_TIMEOUT: str(timeout)})
-            cmd = [sys.executable, "-m", "cudasnap.cli", "replay", r["snapshot"], "--device", str(d), "--json",
+            cmd = [sys.executable, "-m", "cudasnap", "replay", r["snapshot"], "--device", str(d), "--json",
                    "--hook", "cudasnap.replay.group:RankHook",
                    "--watchdog", str(watchdog or DEFAULT_WATCHDOG), *[x.replace("{rank}", str(r["rank"])) for x in args]]
             procs.append(subprocess.Popen(cmd, env=env, stdout=open(os.path.join(tmp, f"out{r['rank']}"), "wb"),

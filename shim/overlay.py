@@ -126,9 +126,11 @@ FAMILY_RECORD_REASON = {
 # Per-function status exceptions: (pattern on base or ABI name, status, reason).
 STATUS_RULES = [
     (r"cuGetExportTable", "refused", "private runtime tables: passed through untouched, not recordable"),
-    (r"cuIpc\w+", "refused", "cross-process handles cannot be replayed in one process"),
-    (r"cuMemImportFromShareableHandle", "refused", "imports an OS handle from another process; cannot be replayed"),
-    (r"cuMemExportToShareableHandle|cuMemPoolExportToShareableHandle|cuMemPoolExportPointer"
+    # replayed with the other processes of the job (replay/group.py): handles pass between ranks
+    (r"cuIpcGetMemHandle|cuIpcOpenMemHandle|cuIpcCloseMemHandle|cuMemExportToShareableHandle"
+     r"|cuMemImportFromShareableHandle|cuCtxEnablePeerAccess|cuCtxDisablePeerAccess", "replay", None),
+    (r"cuIpc\w+", "refused", "cross-process event handles cannot be replayed"),
+    (r"cuMemPoolExportToShareableHandle|cuMemPoolExportPointer"
      r"|cuMemGetHandleForAddressRange", "record",
      "exports an OS handle for another process; recorded only"),
     (r"cuMemPoolImportFromShareableHandle|cuMemPoolImportPointer", "refused",
