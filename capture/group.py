@@ -2,7 +2,7 @@
 
 Written after every snapshot is closed: at OUT itself when the first process made no CUDA
 call (torchrun's or mpirun's launcher: `cudasnap replay OUT` then replays the job), else
-beside it as STEM.group.cusnap."""
+beside it as STEM.group.json (so that globs of *.cusnap find snapshots only)."""
 from __future__ import annotations
 
 import sys
@@ -13,7 +13,7 @@ from cudasnap.formats.group import build, save
 
 
 def manifest_path(out: Path, snapshots: List[Path]) -> Path:
-    return out if out not in snapshots and not out.exists() else out.with_name(out.stem + ".group.cusnap")
+    return out if out not in snapshots and not out.exists() else out.with_name(out.stem + ".group.json")
 
 
 def write_manifest(out: Path, snapshots: List[Path], command: List[str]) -> Optional[Path]:

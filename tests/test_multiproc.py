@@ -29,7 +29,7 @@ def job(double, tmp_path):
     out = tmp_path / "job.cusnap"
     cp = _run(double, "capture", "-o", str(out), "--ring-mb", "16", "--", double["progs"]["share"])
     assert cp.returncode == 0, cp.stderr
-    man = tmp_path / "job.group.cusnap"
+    man = tmp_path / "job.group.json"
     assert is_manifest(man), cp.stderr
     m = load(man)
     return cp, man, {r["pid"]: r["snapshot"] for r in m["ranks"]}
