@@ -317,10 +317,9 @@ def replay(
         fwd += [f"--dtype={dtype}"] if dtype else []
         fwd += [f"--profile={profile}"] if profile else []
         fwd += [f"--out={_per_rank(out_file)}"] if out_file else []
-        fwd += [f"--trace={_per_rank(trace)}"] if trace else []
         fwd += [f for f, on in (("--continue-on-error", continue_on_error), ("--sync-after-launch", sync_after_launch),
                                 ("--relocate-payloads", relocate_payloads), ("-q", quiet)) if on]
-        raise typer.Exit(run_group(snapshot, devices, fwd, json_out, watchdog))
+        raise typer.Exit(run_group(snapshot, devices, fwd, json_out, watchdog, trace=str(trace) if trace else None))
     snapshot = snapshot[0]
     name_base, prange = _value(kernel_name_base), _value(profiler_range)
     if jit not in (None, "ptx"):

@@ -383,10 +383,12 @@ def _gpu_count() -> Optional[int]:
 
 
 def run_group(paths: Sequence, devices: Optional[str], args: List[str], as_json: bool = False,
-              watchdog: Optional[float] = None, out=None) -> int:
+              watchdog: Optional[float] = None, out=None, trace: Optional[str] = None) -> int:
     """`cudasnap replay JOB.cusnap [...]`: replay every rank at once; returns the exit code.
-    args: the replay options passed on to each rank's `cudasnap replay`."""
+    args: the replay options passed on to each rank's `cudasnap replay` ("{rank}" in them
+    becomes the rank); trace: one trace file for all ranks (--profile timeline)."""
     out = out or sys.stdout
+    args = list(args)
     try:
         m = load_group(paths)
         ds = device_map(m, devices, _gpu_count())
@@ -396,6 +398,8 @@ def run_group(paths: Sequence, devices: Optional[str], args: List[str], as_json:
     ranks = m["ranks"]
     timeout = float(os.environ.get(ENV_TIMEOUT, DEFAULT_TIMEOUT))
     tmp = tempfile.mkdtemp(prefix="cudasnap-group-")
+    if trace:
+        args.append(f"--trace={os.path.join(tmp, 'trace{rank}.json')}")
     sock_path = os.path.join(tmp, "sock")
     store = _Store(m, timeout)
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -430,6 +434,10 @@ def run_group(paths: Sequence, devices: Optional[str], args: List[str], as_json:
     for r, d, p, c in zip(ranks, ds, procs, codes):
         res = _rank_result(tmp, r, d, c, why.get(r["rank"]))
         results.append(res)
+    if trace:
+        n = merge_traces([(r["rank"], os.path.join(tmp, f"trace{r['rank']}.json")) for r in ranks], trace)
+        if n:
+            sys.stderr.write(f"cudasnap: trace of {len(ranks)} ranks ({n} events) written to {trace}\n")
     shutil.rmtree(tmp, ignore_errors=True)
     code = 2 if any(x["exit_code"] not in (0, 1) for x in results) else (1 if any(x["exit_code"] for x in results) else 0)
     _summary(results, code, time.monotonic() - t0, as_json, out)
@@ -503,3 +511,54 @@ def _summary(results, code: int, elapsed: float, as_json: bool, out) -> None:
     ok = sum(1 for x in results if x["exit_code"] == 0)
     out.write(f"job: {n} ranks, {ok} verified, {elapsed:.2f} s: "
               f"{'PASS' if code == 0 else ('MISMATCH' if code == 1 else 'ERROR')}\n")
+
+
+def merge_traces(paths: List[Tuple[int, str]], out_path: str) -> int:
+    """One trace of every rank: each rank's processes (its GPU, its host calls) get a pid and
+    name of their own ("rank R: GPU N"), and times move onto one clock (each rank's trace
+    starts at its own clock_origin_ns; the clocks are the host's, shared by the ranks).
+    Returns the number of events written."""
+    import gzip
+    loaded = []
+    for r, p in paths:
+        try:
+            with (gzip.open if p.lower().endswith(".gz") else open)(p, "rt") as f:
+                loaded.append((r, json.load(f)))
+        except (OSError, ValueError):
+            continue
+    if not loaded:
+        return 0
+    origins = [(d.get("otherData") or {}).get("clock_origin_ns") or 0 for _r, d in loaded]
+    base = min(origins)
+    evs: List[Dict[str, Any]] = []
+    props = []
+    for (r, d), origin in zip(loaded, origins):
+        shift = (origin - base) / 1000.0
+        pids: Dict[Any, int] = {}
+
+        def pid_of(p):
+            if p not in pids:
+                pids[p] = (r + 1) * 1_000_000 + len(pids)
+            return pids[p]
+        for e in d.get("traceEvents") or []:
+            e = dict(e)
+            if "pid" in e:
+                e["pid"] = pid_of(e["pid"])
+            if isinstance(e.get("ts"), (int, float)):
+                e["ts"] = e["ts"] + shift
+            if "id" in e and e.get("ph") in ("s", "f", "t", "b", "e"):
+                e["id"] = f"r{r}:{e['id']}"
+            if e.get("ph") == "M" and e.get("name") == "process_name":
+                e["args"] = {"name": f"rank {r}: {(e.get('args') or {}).get('name', '')}"}
+            if e.get("ph") == "M" and e.get("name") == "process_sort_index":
+                e["args"] = {"sort_index": (r + 1) * 1_000_000 + int((e.get("args") or {}).get("sort_index", 0)) % 1_000_000}
+            evs.append(e)
+        for dp in d.get("deviceProperties") or []:
+            props.append({**dp, "id": pid_of(dp.get("id")), "rank": r})
+    out = {"schemaVersion": 1, "traceName": "cudasnap group replay", "displayTimeUnit": "ms", "traceEvents": evs,
+           "otherData": {"tool": "cudasnap", "ranks": [r for r, _d in loaded], "clock_origin_ns": base}}
+    if props:
+        out["deviceProperties"] = props
+    with (gzip.open if out_path.lower().endswith(".gz") else open)(out_path, "wt") as f:
+        json.dump(out, f)
+    return len(evs)

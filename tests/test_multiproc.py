@@ -173,3 +173,20 @@ def test_manifest_pairs_by_file_and_time_without_kcmp(job):
         G.scan = real
     (link,) = m["links"]
     assert link["matched_by"] == "time" and link["from"]["seq"] == load(man)["links"][0]["from"]["seq"]
+
+
+def test_group_timeline_one_trace_and_a_profile_per_rank(job, double, tmp_path):
+    _cp, man, _snaps = job
+    trace, prof = tmp_path / "job_trace.json", tmp_path / "prof.json"
+    rp = _run(double, "replay", str(man), "--profile", "timeline", "--trace", str(trace), "--out", str(prof))
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    d = json.loads(trace.read_text())
+    names = {(e.get("args") or {}).get("name") for e in d["traceEvents"] if e.get("name") == "process_name"}
+    assert {"rank 0: GPU 0", "rank 1: GPU 0"} <= names
+    # a track per rank: the peer's kernel sits under rank 1's GPU process
+    pid1 = next(e["pid"] for e in d["traceEvents"] if e.get("name") == "process_name"
+                and e["args"]["name"] == "rank 1: GPU 0")
+    assert any(e.get("ph") == "X" and e.get("pid") == pid1 and "add_one" in e.get("name", "") for e in d["traceEvents"])
+    for r in (0, 1):
+        rows = json.loads((tmp_path / f"prof.rank{r}.json").read_text())["launches"]
+        assert len(rows) == r          # the owner launches nothing, the peer one add_one
