@@ -169,7 +169,8 @@ CAPTURE_RULES = [
     # function and kernel handle values may be handed out again for other kernels afterwards
     (r"cuModuleUnload|cuLibraryUnload|cuCtxDestroy|cuDevicePrimaryCtxRelease|cuDevicePrimaryCtxReset", "unload"),
     # an exported / imported POSIX fd: which file it is, and whose export (shim_share.c)
-    (r"cuMemExportToShareableHandle|cuMemImportFromShareableHandle", "share"),
+    # (cuIpcGetMemHandle: a note when it fails on memory capture placed: legacy IPC needs cuMemAlloc's)
+    (r"cuMemExportToShareableHandle|cuMemImportFromShareableHandle|cuIpcGetMemHandle", "share"),
 ]
 
 # ---------------------------------------------------------------------------------------

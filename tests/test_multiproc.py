@@ -190,3 +190,30 @@ def test_group_timeline_one_trace_and_a_profile_per_rank(job, double, tmp_path):
     for r in (0, 1):
         rows = json.loads((tmp_path / f"prof.rank{r}.json").read_text())["launches"]
         assert len(rows) == r          # the owner launches nothing, the peer one add_one
+
+
+def test_legacy_ipc_needs_placement_off_and_replays_as_a_group(double, tmp_path):
+    """Legacy IPC: capture with the default placement leaves the program's cuIpcGetMemHandle
+    to fail on VMM memory, as the driver does, and says why in a note; with --placement off
+    it works, both 64-byte handles are recorded and paired, and the group replay hands the
+    owner's memory to the child."""
+    prog = double["progs"]["ipc"]
+    cp = _run(double, "capture", "-o", str(tmp_path / "reg.cusnap"), "--", prog)
+    assert cp.returncode == 5
+    with SnapshotReader(tmp_path / "reg.cusnap") as r:
+        notes = [n["msg"] for n in r.records("note")]
+    assert any("capture this program with --placement off" in n for n in notes), notes
+    out = tmp_path / "ipc.cusnap"
+    cp = _run(double, "capture", "-o", str(out), "--placement", "off", "--", prog)
+    assert cp.returncode == 0, cp.stderr
+    assert "OWNER CHECKSUM 1048576.0" in cp.stdout and "CHILD CHECKSUM 1048576.0" in cp.stdout
+    m = load(tmp_path / "ipc.group.json")
+    (link,) = m["links"]
+    assert link["kind"] == "ipc" and link["handle"].startswith(b"CDIPC".hex())
+    with SnapshotReader(m["ranks"][1]["snapshot"]) as r:
+        op = next(c for c in r.records("c") if c["f"].startswith("cuIpcOpenMemHandle"))
+    assert op["a"]["handle"].hex() == link["handle"] and op["a"]["pdptr"] == link["to"]["dptr"]
+    rp = _run(double, "replay", str(tmp_path / "ipc.group.json"), "--json")
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    d = json.loads(rp.stdout)
+    assert [r["replay"]["d2h_verified"] for r in d["ranks"]] == [1, 1]

@@ -44,6 +44,7 @@ PROGRAMS = {
     "sigwait": "link",
     "nvtx_client": "link",
     "share": "link",
+    "ipc": "link",
 }
 
 MODULE_TEXT = "CUDADOUBLE\nkernel add_one\nkernel fill\nkernel saxpy\nkernel chase\nkernel incr\nkernel spin\n"

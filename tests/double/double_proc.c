@@ -88,6 +88,10 @@ static const pa_t table[] = {
     E("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity),
     E("cuMemExportToShareableHandle", 10020, cuMemExportToShareableHandle),
     E("cuMemImportFromShareableHandle", 10020, cuMemImportFromShareableHandle),
+    E("cuIpcGetMemHandle", 4010, cuIpcGetMemHandle),
+    E("cuIpcOpenMemHandle", 4010, cuIpcOpenMemHandle),
+    E("cuIpcOpenMemHandle", 11000, cuIpcOpenMemHandle_v2),
+    E("cuIpcCloseMemHandle", 4010, cuIpcCloseMemHandle),
 
     E("cuModuleLoad", 2000, cuModuleLoad),
     E("cuModuleLoadData", 2000, cuModuleLoadData),

@@ -471,7 +471,7 @@ API CUresult cuCtxGetFlags(unsigned int *flags) {
 }
 
 /* ------------------------------------------------------------ memory table */
-enum { R_ALLOC = 1, R_HOST, R_RESERVE, R_MAP };
+enum { R_ALLOC = 1, R_HOST, R_RESERVE, R_MAP, R_IPC };
 struct memh_obj { int type; int fd; size_t size; int released; int nmaps; unsigned handle_types; };
 typedef struct region {
     unsigned long long base;
@@ -582,6 +582,7 @@ static CUresult mem_free(unsigned long long p, int kind) {
         if (regs[i].base == p && regs[i].kind == kind) {
             munmap((void *)p, regs[i].maplen);
             if (kind == R_ALLOC) mem_used -= regs[i].maplen;
+            if (kind == R_ALLOC && regs[i].h) { close(regs[i].h->fd); free(regs[i].h); }   /* shared by IPC */
             reg_del(i);
             UNLOCK();
             return CUDA_SUCCESS;
@@ -878,6 +879,92 @@ API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle
     h->handle_types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     *handle = (CUmemGenericAllocationHandle)(uintptr_t)h;
     return CUDA_SUCCESS;
+}
+
+/* Legacy IPC: cuIpcGetMemHandle turns a cuMemAlloc allocation into shared memory in place (a
+ * memfd holding its bytes, mapped over it) and names it by (pid, fd); another process opens
+ * /proc/PID/fd/FD and maps it where the driver would put it. VMM and pool memory are refused
+ * (CUDA_ERROR_INVALID_VALUE), as by the driver. The handle's first 8 bytes are "CDIPC". */
+typedef struct { char magic[8]; int pid, fd; unsigned long long size, maplen; } ipc_handle_t;
+
+API CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
+    CHECK(need_ctx());
+    if (!pHandle) return CUDA_ERROR_INVALID_VALUE;
+    LOCK();
+    region_t *r = NULL;
+    for (size_t i = 0; i < nregs; i++)
+        if (regs[i].kind == R_ALLOC && dptr >= regs[i].base && dptr < regs[i].base + regs[i].maplen) r = &regs[i];
+    CUresult res = r ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (r && !r->h) {
+        int fd = memfd_create("cudasnap-test-double-ipc", MFD_CLOEXEC);
+        struct memh_obj *h = fd >= 0 ? calloc(1, sizeof *h) : NULL;
+        if (!h || ftruncate(fd, (off_t)r->maplen) != 0 || pwrite(fd, (void *)r->base, r->maplen, 0) != (ssize_t)r->maplen
+            || mmap((void *)r->base, r->maplen, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) != (void *)r->base) {
+            if (fd >= 0) close(fd);
+            free(h);
+            res = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            h->type = OBJ_MEMHANDLE; h->fd = fd; h->size = r->maplen;
+            r->h = h;
+        }
+    }
+    if (res == CUDA_SUCCESS) {
+        ipc_handle_t ih;
+        memset(pHandle, 0, sizeof *pHandle);
+        memset(&ih, 0, sizeof ih);
+        memcpy(ih.magic, "CDIPC", 6);
+        ih.pid = (int)getpid(); ih.fd = r->h->fd; ih.size = r->size; ih.maplen = r->maplen;
+        memcpy(pHandle, &ih, sizeof ih);
+    }
+    UNLOCK();
+    return res;
+}
+
+static CUresult ipc_open(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags) {
+    CHECK(need_ctx());
+    ipc_handle_t ih;
+    memcpy(&ih, &handle, sizeof ih);
+    if (!pdptr || memcmp(ih.magic, "CDIPC", 6) != 0 || !(flags & 1)) return CUDA_ERROR_INVALID_VALUE;
+    if (ih.pid == (int)getpid()) return CUDA_ERROR_INVALID_CONTEXT;    /* a process cannot open its own */
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", ih.pid, ih.fd);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) return CUDA_ERROR_INVALID_HANDLE;
+    LOCK();
+    unsigned long long p = va_alloc(ih.maplen, GRANULARITY, PROT_NONE);
+    CUresult res = CUDA_ERROR_OUT_OF_MEMORY;
+    struct memh_obj *h = calloc(1, sizeof *h);
+    if (p && h && mmap((void *)p, ih.maplen, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == (void *)p) {
+        h->type = OBJ_MEMHANDLE; h->fd = fd; h->size = ih.maplen;
+        reg_add((region_t){p, ih.size, ih.maplen, R_IPC, 1, h});
+        *pdptr = p;
+        res = CUDA_SUCCESS;
+    } else {
+        if (p) munmap((void *)p, ih.maplen);
+        free(h);
+        close(fd);
+    }
+    UNLOCK();
+    return res;
+}
+
+API CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags) { return ipc_open(pdptr, handle, flags); }
+API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags) { return ipc_open(pdptr, handle, flags); }
+
+API CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
+    CHECK(need_init());
+    LOCK();
+    for (size_t i = 0; i < nregs; i++)
+        if (regs[i].kind == R_IPC && regs[i].base == dptr) {
+            munmap((void *)dptr, regs[i].maplen);
+            close(regs[i].h->fd);
+            free(regs[i].h);
+            reg_del(i);
+            UNLOCK();
+            return CUDA_SUCCESS;
+        }
+    UNLOCK();
+    return CUDA_ERROR_INVALID_VALUE;
 }
 
 API CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
