@@ -194,7 +194,12 @@ def info(
     snapshot: Path = typer.Argument(..., metavar="SNAPSHOT", help="A .cusnap file."),
     json_out: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
 ):
-    """Summarize a snapshot: process, GPU, calls, kernels, memory, modules, blobs."""
+    """Summarize a snapshot: process, GPU, calls, kernels, memory, modules, blobs (a job's
+    group manifest: its ranks and links)."""
+    from cudasnap.formats.group import is_manifest
+    if is_manifest(snapshot):
+        from cudasnap.formats.group import run_info_group
+        raise typer.Exit(run_info_group(snapshot, json_out))
     from cudasnap.inspect_cmds import run_info
 
     raise typer.Exit(run_info(snapshot, json_out))

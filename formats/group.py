@@ -185,3 +185,30 @@ def load(path) -> Dict[str, Any]:
     for r in m["ranks"]:
         r["snapshot"] = os.fspath((path.parent / r["snapshot"]).resolve())
     return m
+
+
+def run_info_group(path, as_json: bool = False) -> int:
+    """`cudasnap info JOB.cusnap` for a manifest: ranks, GPUs, links; exit 2 when unreadable."""
+    import sys
+    try:
+        m = load(path)
+    except GroupError as e:
+        sys.stderr.write(f"cudasnap: error: {e}\n")
+        return 2
+    if as_json:
+        print(json.dumps(m, indent=1))
+        return 0
+    print(f"group    : {path} ({len(m['ranks'])} processes)")
+    if m.get("command"):
+        print(f"command  : {' '.join(m['command'])}")
+    for r in m["ranks"]:
+        there = "" if os.path.isfile(r["snapshot"]) else "  (MISSING)"
+        print(f"rank {r['rank']:<4}: pid {r['pid']}, GPU(s) {','.join(map(str, r.get('devices') or [])) or '-'}, "
+              f"{r['snapshot']}{there}")
+    kinds: Dict[str, int] = {}
+    for ln in m.get("links", []):
+        kinds[ln["kind"]] = kinds.get(ln["kind"], 0) + 1
+    print("links    : " + (", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "none"))
+    for u in m.get("unmatched", []):
+        print(f"unmatched: process {u.get('pid')} call #{u.get('seq')}: {u.get('why')}")
+    return 0

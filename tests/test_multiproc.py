@@ -217,3 +217,10 @@ def test_legacy_ipc_needs_placement_off_and_replays_as_a_group(double, tmp_path)
     assert rp.returncode == 0, rp.stdout + rp.stderr
     d = json.loads(rp.stdout)
     assert [r["replay"]["d2h_verified"] for r in d["ranks"]] == [1, 1]
+
+
+def test_info_on_a_manifest(job, double):
+    _cp, man, _snaps = job
+    cp = _run(double, "info", str(man))
+    assert cp.returncode == 0, cp.stderr
+    assert "(2 processes)" in cp.stdout and "links    : 1 shareable" in cp.stdout and "rank 1" in cp.stdout
