@@ -119,16 +119,20 @@ cat > peer.cu <<'EOF'
 #include <cstdlib>
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e)); exit(1); } } while (0)
 __global__ void fill(float *p, int n) { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) p[i] = (float)(i % 977); }
-__global__ void twice(const float *peer, float *out, int n) { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) out[i] = 2.0f * peer[i]; }
+__global__ void twice(const float *peer, float *out, int n, int *count) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) { out[i] = 2.0f * peer[i]; if (i % 1024 == 0) atomicAdd(count, 1); } }
 int main() {
     const int n = 8 << 20; size_t bytes = n * sizeof(float);
     int ok = 0; CK(cudaDeviceCanAccessPeer(&ok, 1, 0));
     if (!ok) { fprintf(stderr, "no peer access between GPU 1 and 0\n"); return 3; }
-    float *a, *b, *c;
-    CK(cudaSetDevice(0)); CK(cudaMalloc(&a, bytes)); CK(cudaMalloc(&c, bytes));
-    fill<<<(n + 255) / 256, 256>>>(a, n); CK(cudaDeviceSynchronize());
-    CK(cudaSetDevice(1)); CK(cudaDeviceEnablePeerAccess(0, 0)); CK(cudaMalloc(&b, bytes));
-    twice<<<(n + 255) / 256, 256>>>(a, b, n); CK(cudaDeviceSynchronize());
+    float *a, *b, *c; int *small0, *count;     // small ones on each GPU: capture packs them per GPU
+    CK(cudaSetDevice(0)); CK(cudaMalloc(&a, bytes)); CK(cudaMalloc(&c, bytes)); CK(cudaMalloc(&small0, 256));
+    fill<<<(n + 255) / 256, 256>>>(a, n); CK(cudaMemset(small0, 0, 256)); CK(cudaDeviceSynchronize());
+    CK(cudaSetDevice(1)); CK(cudaDeviceEnablePeerAccess(0, 0)); CK(cudaMalloc(&b, bytes)); CK(cudaMalloc(&count, 256));
+    CK(cudaMemset(count, 0, 256));
+    twice<<<(n + 255) / 256, 256>>>(a, b, n, count); CK(cudaDeviceSynchronize());
+    int cnt = 0; CK(cudaMemcpy(&cnt, count, sizeof cnt, cudaMemcpyDeviceToHost));
+    printf("PEER COUNT %d\n", cnt);
     CK(cudaMemcpyPeer(c, 0, b, 1, bytes));
     CK(cudaSetDevice(0));
     float *h = (float *)malloc(bytes); CK(cudaMemcpy(h, c, bytes, cudaMemcpyDeviceToHost));

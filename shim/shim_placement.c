@@ -19,7 +19,7 @@ static const U cs_zone_bases[] = {0x600000000000ull, 0x500000000000ull, 0x400000
  * hints for small reservations); their cuMemAddressFree returns the range to the zone. */
 #define CS_SMALL_ALIGN 512ull
 
-typedef struct { U base, size; U handle; int refs; int open; } cs_slab;
+typedef struct { U base, size; U handle; int refs; int open; int dev; } cs_slab;
 typedef struct { U ptr, size; int slab; U handle; U rsize; } cs_alloc;
 
 static pthread_mutex_t cs_pl_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -31,7 +31,11 @@ static U cs_pl_next;                         /* bump pointer over the zone */
 typedef struct { U base, size; } cs_range;
 static cs_range *cs_holes; static int cs_nholes, cs_capholes;   /* freed large ranges, reused first-fit */
 static U cs_pl_gran;
-static cs_slab *cs_slabs; static int cs_nslabs, cs_capslabs, cs_cur_slab = -1;
+static cs_slab *cs_slabs; static int cs_nslabs, cs_capslabs;
+/* the slab small allocations go to, per device (index + 1; 0: none): a slab's memory lives on
+ * one GPU and is accessible from it, so another device's allocations never share it */
+#define CS_PL_DEVS 64
+static int cs_cur_slab1[CS_PL_DEVS];
 static cs_alloc *cs_allocs; static int cs_nallocs, cs_capallocs;
 static cs_range *cs_resv; static int cs_nresv, cs_capresv;      /* program reservations in the zone */
 
@@ -207,7 +211,8 @@ static CUresult cs_place_alloc(U *dptr, U bytes) {
         return 0;
     }
     U need = (bytes + CS_SMALL_ALIGN - 1) & ~(CS_SMALL_ALIGN - 1);
-    cs_slab *s = cs_cur_slab >= 0 ? &cs_slabs[cs_cur_slab] : NULL;
+    int *cur = &cs_cur_slab1[(unsigned)dev % CS_PL_DEVS];
+    cs_slab *s = *cur > 0 ? &cs_slabs[*cur - 1] : NULL;
     if (!s || s->open + need > s->size) {
         if (s) { s->open = (int)s->size; if (s->refs == 0) { cs_unmap_at(s->base, s->size, s->handle); s->size = 0; } }
         if (cs_nslabs == cs_capslabs) {
@@ -216,17 +221,17 @@ static CUresult cs_place_alloc(U *dptr, U bytes) {
             if (!g) return 2;
             cs_slabs = g; cs_capslabs = cap;
         }
-        cs_slab n = {0, cs_pl_gran, 0, 0, 0};
+        cs_slab n = {0, cs_pl_gran, 0, 0, 0, dev};
         CUresult r = cs_region_map(n.size, dev, &n.base, &n.handle);
         if (r) return r;
         cs_slabs[cs_nslabs] = n;
-        cs_cur_slab = cs_nslabs++;
-        s = &cs_slabs[cs_cur_slab];
+        *cur = ++cs_nslabs;
+        s = &cs_slabs[*cur - 1];
     }
     U p = s->base + (U)s->open;
     s->open += (int)need;
     s->refs++;
-    cs_alloc a = {p, bytes, cs_cur_slab, 0, need};
+    cs_alloc a = {p, bytes, *cur - 1, 0, need};
     if (cs_push_alloc(a)) { s->refs--; return 2; }
     *dptr = p;
     return 0;
@@ -241,7 +246,7 @@ static int cs_place_free(U p, CUresult *res) {
         cs_unmap_at(a.ptr, a.rsize, a.handle);
     } else {
         cs_slab *s = &cs_slabs[a.slab];
-        if (--s->refs == 0 && a.slab != cs_cur_slab && s->size) {
+        if (--s->refs == 0 && a.slab != cs_cur_slab1[(unsigned)s->dev % CS_PL_DEVS] - 1 && s->size) {
             cs_unmap_at(s->base, s->size, s->handle);
             s->size = 0;
         }
