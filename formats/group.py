@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -59,6 +60,7 @@ def scan(path) -> Dict[str, Any]:
                 out["rank_env"] = int(env[k])
                 break
         devs: List[int] = []
+        weight: Dict[int, int] = {}       # device -> allocations made on it (cuMemCreate's location)
         for rec in r.records(("c", "proc", "ctx")):
             k = rec.get("k")
             if k == "proc":
@@ -76,6 +78,10 @@ def scan(path) -> Dict[str, Any]:
             x = rec.get("x") or {}
             if b in ("cuDevicePrimaryCtxRetain", "cuCtxCreate") and isinstance(a.get("dev"), int) and a["dev"] not in devs:
                 devs.append(a["dev"])
+            elif b == "cuMemCreate" and isinstance(a.get("prop"), (bytes, bytearray)) and len(a["prop"]) >= 16:
+                ltype, lid = struct.unpack_from("<Ii", a["prop"], 8)
+                if ltype == 1:            # CU_MEM_LOCATION_TYPE_DEVICE
+                    weight[lid] = weight.get(lid, 0) + 1
             elif b == "cuMemExportToShareableHandle":
                 link = x.get("link") or {}
                 out["exports"].append({"seq": rec.get("s"), "t": rec.get("t1") or rec.get("t0"), "fd": a.get("shareableHandle"),
@@ -98,7 +104,11 @@ def scan(path) -> Dict[str, Any]:
                                         "handle": h.hex() if isinstance(h, (bytes, bytearray)) else None})
             elif b == "cuCtxEnablePeerAccess":
                 out["peer"].append({"seq": rec.get("s"), "peer_ctx": a.get("peerContext")})
-        out["devices"] = devs
+        # the rank's own GPU first: LOCAL_RANK's when it used it (torchrun), else where it allocated most
+        local = env.get("LOCAL_RANK")
+        main = int(local) if str(local or "").isdigit() and int(local) in devs else \
+            max(devs, key=lambda d: (weight.get(d, 0), -devs.index(d))) if devs else None
+        out["devices"] = ([main] + [d for d in devs if d != main]) if main is not None else devs
     return out
 
 
