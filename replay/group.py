@@ -19,10 +19,13 @@ given together. The coordinator (this module, in the `cudasnap` process):
   timeout, every rank gets a watchdog: a clear error and exit 2, never a hang;
 - prints a summary per rank and for the job. Exit 0 all ranks verified, 1 a mismatch, 2 a
   rank could not proceed.
+
+Environment: CUDASNAP_GROUP_TIMEOUT (seconds an import waits for its export, and a copy for the
+other ranks; default 60); CUDASNAP_GROUP_TEST_KILL=RANK:SEQ (tests: that rank's replayer kills
+itself before call SEQ).
 """
 from __future__ import annotations
 
-import array
 import json
 import mmap
 import os
@@ -214,7 +217,7 @@ class _Store:
         ik = _k(key)
         ek = self.pairs.get(ik)
         if ek is None:
-            return None, f"no recorded export is linked to this import (see the manifest's unmatched list)"
+            return None, "no recorded export is linked to this import (see the manifest's unmatched list)"
         src_pid = json.loads(ek)[1]
         deadline = time.monotonic() + min(timeout, self.timeout)
         with self.cv:
@@ -300,6 +303,9 @@ def load_group(paths: Sequence) -> Dict[str, Any]:
     if len(paths) == 1:
         if not os.path.exists(paths[0]):
             raise GroupProblem(f"{paths[0]}: no such file")
+        if not is_manifest(paths[0]):
+            raise GroupProblem(f"{paths[0]} is one snapshot: --devices is for a job (its group manifest or all its "
+                               f"snapshots); use --device N")
         try:
             m = load(paths[0])
         except GroupError as e:
@@ -409,6 +415,7 @@ def run_group(paths: Sequence, devices: Optional[str], args: List[str], as_json:
     threading.Thread(target=_serve, args=(srv, store, stop), daemon=True).start()
     prog = _Progress(os.path.join(tmp, "progress"), len(ranks), create=True)
     procs: List[subprocess.Popen] = []
+    codes = None
     t0 = time.monotonic()
     try:
         for r, d in zip(ranks, ds):
@@ -422,6 +429,9 @@ def run_group(paths: Sequence, devices: Optional[str], args: List[str], as_json:
             procs.append(subprocess.Popen(cmd, env=env, stdout=open(os.path.join(tmp, f"out{r['rank']}"), "wb"),
                                           stderr=open(os.path.join(tmp, f"err{r['rank']}"), "wb")))
         codes, why = _watch(procs, ranks, store, prog)
+    except KeyboardInterrupt:
+        sys.stderr.write("cudasnap: group replay interrupted; every rank was stopped\n")
+        return 2
     finally:
         for p in procs:
             if p.poll() is None:
@@ -430,6 +440,8 @@ def run_group(paths: Sequence, devices: Optional[str], args: List[str], as_json:
         stop.set()
         srv.close()
         store.close()
+        if codes is None:              # interrupted, or could not start a rank
+            shutil.rmtree(tmp, ignore_errors=True)
     results = []
     for r, d, p, c in zip(ranks, ds, procs, codes):
         res = _rank_result(tmp, r, d, c, why.get(r["rank"]))
