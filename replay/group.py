@@ -169,7 +169,7 @@ class RankHook:
         self.prog.set(self.rank, rec.get("t1") or t0)
 
     def _wait_for(self, t: int, rec) -> None:
-        w, nap = self.prog.words, 0.0002
+        w, nap = self.prog.words, 0.00005
         deadline = time.monotonic() + self.timeout
         while True:
             behind = [i for i in range(self.prog.n) if i != self.rank and w[i] < t]
@@ -181,7 +181,7 @@ class RankHook:
                 _leave(f"call #{rec.get('s')} {rec.get('f')}: rank {behind[0]} did not reach the calls recorded "
                        f"before it within {self.timeout:g} s (hung or waiting for this rank?)")
             time.sleep(nap)
-            nap = min(nap * 2, 0.005)
+            nap = min(nap * 2, 0.001)
 
 
 def _leave(msg: str) -> None:
