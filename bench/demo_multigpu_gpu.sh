@@ -9,7 +9,7 @@
 #   5. a missing rank, fewer GPUs than recorded (--devices 0), a killed peer replayer: a clear
 #      error and exit 2, in bounded time.
 # Prints PASS/FAIL lines; writes $OUT/demo_multigpu.log, multigpu_manifest.json,
-# multigpu_replay.json, multigpu_timeline.json.
+# multigpu_replay.json, multigpu_timeline.json, multigpu_trace.json.gz (every rank in one trace).
 # Run from the project root (carry .whl: cffi, pycparser, zstandard):
 #   bash bench/demo_multigpu_gpu.sh
 # Env: STEPS (DDP steps, default 5), NPROC (ranks, default 2; 4 on a 4-GPU machine).
@@ -145,8 +145,8 @@ EOF
 RUN=(python3 -m torch.distributed.run --standalone --nproc-per-node "$NPROC")
 
 step "1. DDP, $NPROC ranks, $STEPS steps: native, captured, replayed as a group"
-timeout 180 "${RUN[@]}" ddp.py "$STEPS" > native.txt 2> native.err; check $? "native DDP run"
-timeout 240 cudasnap capture -f -o job.cusnap -- "${RUN[@]}" ddp.py "$STEPS" > captured.txt 2> capture.err
+timeout 120 "${RUN[@]}" ddp.py "$STEPS" > native.txt 2> native.err; check $? "native DDP run"
+timeout 180 cudasnap capture -f -o job.cusnap -- "${RUN[@]}" ddp.py "$STEPS" > captured.txt 2> capture.err
 rc=$?; tail -8 capture.err; check $rc "DDP capture (exit 0)"
 sort native.txt > a.txt; sort captured.txt > b.txt
 diff a.txt b.txt > /dev/null; check $? "capture does not change the program's output ($(wc -l < a.txt) rank lines)"
@@ -166,7 +166,7 @@ print(f"{'PASS' if ok else 'FAIL'}: manifest: {n} ranks on {n} GPUs, {len(links)
 sys.exit(0 if ok else 1)
 EOF
 [ $? = 0 ] || FAIL=1
-timeout 300 cudasnap replay "$MAN" --json > "$OUT/multigpu_replay.json"
+timeout 180 cudasnap replay "$MAN" --json > "$OUT/multigpu_replay.json"
 rc=$?
 python3 - "$OUT/multigpu_replay.json" "$rc" <<'EOF'
 import json, sys
@@ -205,8 +205,8 @@ cudasnap info peer.cusnap | grep -iE "gpu|device" | head -4
 timeout 180 cudasnap replay peer.cusnap; check $? "peer replay (exit 0; the recorded devices fold onto GPU 0)"
 
 step "4. NCCL kernel times per rank: --profile timeline against native (torch.profiler)"
-timeout 180 env DDP_PROFILE="$W/native_prof" "${RUN[@]}" ddp.py "$STEPS" > /dev/null 2>&1; check $? "native profiled run"
-timeout 300 cudasnap replay "$MAN" --profile timeline --out "$W/replay_prof.json" > timeline.txt 2>&1
+timeout 120 env DDP_PROFILE="$W/native_prof" "${RUN[@]}" ddp.py "$STEPS" > /dev/null 2>&1; check $? "native profiled run"
+timeout 180 cudasnap replay "$MAN" --profile timeline --out "$W/replay_prof.json" --trace "$OUT/multigpu_trace.json.gz" > timeline.txt 2>&1
 check $? "group replay --profile timeline"
 tail -4 timeline.txt
 python3 - "$W" "$NPROC" "$OUT/multigpu_timeline.json" <<'EOF'
@@ -255,7 +255,7 @@ EOF
 )
 echo "killing rank ${KILL%%:*} before call #${KILL##*:}"
 start=$(date +%s)
-timeout 200 env CUDASNAP_GROUP_TEST_KILL=$KILL cudasnap replay "$MAN" > killed.txt 2>&1; rc=$?
+timeout 150 env CUDASNAP_GROUP_TEST_KILL=$KILL cudasnap replay "$MAN" > killed.txt 2>&1; rc=$?
 took=$(( $(date +%s) - start )); tail -5 killed.txt
 [ $rc = 2 ] && grep -q "killed by signal 9" killed.txt; check $? "killed peer replayer: clear error, exit 2 in ${took} s (got $rc)"
 
