@@ -37,6 +37,7 @@ HELPERS = [
     "cuDeviceTotalMem_v2", "cuCtxGetDevice", "cuCtxGetDevice_v2", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2",
     "cuDevicePrimaryCtxGetState", "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease_v2", "cuPointerGetAttribute", "cuMemAddressReserve", "cuMemCreate", "cuMemMap",
     "cuMemSetAccess", "cuMemAddressFree", "cuMemRelease", "cuMemUnmap", "cuMemGetAllocationGranularity",
+    "cuDeviceCanAccessPeer",
 ]
 # Pure queries (no effect on driver state, cannot block): recorded as ONE record after they
 # return instead of a pre- and a post-record. Runtimes issue several per launch

@@ -66,6 +66,35 @@ static int cs_cur_device(void) {
     return dev;
 }
 
+/* The devices that may reach memory of `dev`: itself, then every GPU that can access it as a
+ * peer. Peer access (cuCtxEnablePeerAccess) does not reach VMM memory, cuMemSetAccess does: a
+ * program's kernel reading a peer's cudaMalloc memory works under capture as it did without.
+ * Asked once (called with cs_pl_lock held). */
+#define CS_PL_MAXDEV 16
+static int cs_peer_n = -1;
+static unsigned char cs_peer_can[CS_PL_MAXDEV][CS_PL_MAXDEV];   /* [d][dev]: d can reach dev */
+static int cs_access_list(int dev, int *out) {
+    if (cs_peer_n < 0) {
+        int n = 0;
+        cs_fn2 count = CALLREAL(CS_ID_cuDeviceGetCount, cs_fn2);
+        cs_fn3 can = CALLREAL(CS_ID_cuDeviceCanAccessPeer, cs_fn3);
+        if (count && count((U)&n, 0) != 0) n = 0;
+        if (n > CS_PL_MAXDEV) n = CS_PL_MAXDEV;
+        for (int d = 0; d < n; d++)
+            for (int e = 0; e < n; e++) {
+                int c = 0;
+                if (d != e && can && can((U)&c, (U)d, (U)e) != 0) c = 0;
+                cs_peer_can[d][e] = (unsigned char)(d != e && c);
+            }
+        cs_peer_n = n;
+    }
+    int k = 0;
+    out[k++] = dev;
+    for (int d = 0; d < cs_peer_n; d++)
+        if (d != dev && dev >= 0 && dev < CS_PL_MAXDEV && cs_peer_can[d][dev]) out[k++] = d;
+    return k;
+}
+
 /* Map fresh physical memory at [at, at+size) inside the zone. 0 on success. */
 static CUresult cs_map_at(U at, U size, int dev, U *handle_out) {
     cs_fn4 create = CALLREAL(CS_ID_cuMemCreate, cs_fn4);
@@ -83,11 +112,15 @@ static CUresult cs_map_at(U at, U size, int dev, U *handle_out) {
     if ((r = create((U)&h, size, (U)prop, 0))) return r;
     cs_pl_step = "cuMemMap";
     if ((r = map(at, size, 0, h, 0))) { ((CUresult(*)(U))release)(h); return r; }
-    unsigned char desc[12];
+    int devs[CS_PL_MAXDEV + 1];
+    int nd = cs_access_list(dev, devs);
+    unsigned char desc[12 * (CS_PL_MAXDEV + 1)];
     uint32_t t = 1, fl = 3;   /* location DEVICE, READWRITE */
-    memcpy(desc, &t, 4); memcpy(desc + 4, &dev, 4); memcpy(desc + 8, &fl, 4);
+    for (int i = 0; i < nd; i++) {
+        memcpy(desc + 12 * i, &t, 4); memcpy(desc + 12 * i + 4, &devs[i], 4); memcpy(desc + 12 * i + 8, &fl, 4);
+    }
     cs_pl_step = "cuMemSetAccess";
-    if ((r = access(at, size, (U)desc, 1))) { unmap(at, size); ((CUresult(*)(U))release)(h); return r; }
+    if ((r = access(at, size, (U)desc, (U)nd))) { unmap(at, size); ((CUresult(*)(U))release)(h); return r; }
     *handle_out = h;
     return 0;
 }
