@@ -45,6 +45,7 @@ PROGRAMS = {
     "nvtx_client": "link",
     "share": "link",
     "ipc": "link",
+    "peer": "link",
 }
 
 MODULE_TEXT = "CUDADOUBLE\nkernel add_one\nkernel fill\nkernel saxpy\nkernel chase\nkernel incr\nkernel spin\n"

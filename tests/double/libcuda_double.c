@@ -134,6 +134,8 @@ static const struct { CUresult code; const char *name, *text; } errtab[] = {
     {CUDA_ERROR_DEINITIALIZED, "CUDA_ERROR_DEINITIALIZED", "driver shutting down"},
     {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
     {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED", "peer access is already enabled"},
+    {CUDA_ERROR_PEER_ACCESS_NOT_ENABLED, "CUDA_ERROR_PEER_ACCESS_NOT_ENABLED", "peer access has not been enabled"},
     {CUDA_ERROR_INVALID_IMAGE, "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
     {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
     {CUDA_ERROR_CONTEXT_ALREADY_CURRENT, "CUDA_ERROR_CONTEXT_ALREADY_CURRENT", "context already current"},
@@ -193,20 +195,40 @@ API CUresult cuDriverGetVersion(int *v) {
 }
 
 #define CHECK(x) do { CUresult r_ = (x); if (r_ != CUDA_SUCCESS) return r_; } while (0)
-#define CHECK_DEV(d) do { CHECK(need_init()); if ((d) != 0) return CUDA_ERROR_INVALID_DEVICE; } while (0)
+/* CUDA_DOUBLE_DEVICES=N (1..8, default 1): that many devices, all in the same host memory;
+ * every device reaches every other as a peer. */
+#define MAX_DEVICES 8
+int double_ndev(void) {
+    static int n;
+    if (!n) {
+        const char *e = getenv("CUDA_DOUBLE_DEVICES");
+        int v = e && *e ? atoi(e) : 1;
+        n = v < 1 ? 1 : v > MAX_DEVICES ? MAX_DEVICES : v;
+    }
+    return n;
+}
+#define CHECK_DEV(d) do { CHECK(need_init()); if ((d) < 0 || (d) >= double_ndev()) return CUDA_ERROR_INVALID_DEVICE; } while (0)
 
 API CUresult cuDeviceGet(CUdevice *device, int ordinal) {
     CHECK(need_init());
     if (!device) return CUDA_ERROR_INVALID_VALUE;
-    if (ordinal != 0) return CUDA_ERROR_INVALID_DEVICE;
-    *device = 0;
+    if (ordinal < 0 || ordinal >= double_ndev()) return CUDA_ERROR_INVALID_DEVICE;
+    *device = ordinal;
     return CUDA_SUCCESS;
 }
 
 API CUresult cuDeviceGetCount(int *count) {
     CHECK(need_init());
     if (!count) return CUDA_ERROR_INVALID_VALUE;
-    *count = 1;
+    *count = double_ndev();
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev) {
+    CHECK_DEV(dev);
+    CHECK_DEV(peerDev);
+    if (!canAccessPeer) return CUDA_ERROR_INVALID_VALUE;
+    *canAccessPeer = dev != peerDev;
     return CUDA_SUCCESS;
 }
 
@@ -221,6 +243,7 @@ API CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) {
     CHECK_DEV(dev);
     if (!uuid) return CUDA_ERROR_INVALID_VALUE;
     memcpy(uuid->bytes, "cudasnap-double!", 16);
+    uuid->bytes[15] = (char)('!' + dev);        /* device 0 keeps the historic UUID */
     return CUDA_SUCCESS;
 }
 
@@ -265,8 +288,9 @@ API CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice d
 }
 
 /* ---------------------------------------------------------------- contexts */
-struct ctx_obj { int type; CUdevice dev; unsigned int flags; int primary; int refs; int active; };
-static struct ctx_obj *primary_ctx;
+struct ctx_obj { int type; CUdevice dev; unsigned int flags; int primary; int refs; int active; unsigned peers; };
+static struct ctx_obj *primary_ctxs[MAX_DEVICES];
+#define primary_ctx primary_ctxs[dev]
 static __thread CUcontext ctx_stack[64];
 static __thread int ctx_depth;
 
@@ -284,7 +308,7 @@ static CUresult primary_retain(CUcontext *pctx, CUdevice dev) {
     if (!primary_ctx) {
         struct ctx_obj *c = obj_new(OBJ_CTX, sizeof *c);
         LOCK();
-        if (!primary_ctx) { c->primary = 1; primary_ctx = c; c = NULL; }
+        if (!primary_ctx) { c->primary = 1; c->dev = dev; primary_ctx = c; c = NULL; }
         UNLOCK();
         if (c) obj_free(c);
     }
@@ -306,7 +330,7 @@ API CUresult double_private_primary_ctx(CUcontext *pctx, CUdevice dev) {
     if (!primary_ctx) {
         struct ctx_obj *c = obj_new(OBJ_CTX, sizeof *c);
         LOCK();
-        if (!primary_ctx) { c->primary = 1; primary_ctx = c; c = NULL; }
+        if (!primary_ctx) { c->primary = 1; c->dev = dev; primary_ctx = c; c = NULL; }
         UNLOCK();
         if (c) obj_free(c);
     }
@@ -437,7 +461,7 @@ API CUresult cuProfilerStop(void) { return profiler_log("cuProfilerStop"); }
 API CUresult cuCtxGetDevice(CUdevice *device) {
     CHECK(need_ctx());
     if (!device) return CUDA_ERROR_INVALID_VALUE;
-    *device = 0;
+    *device = ((struct ctx_obj *)ctx_stack[ctx_depth - 1])->dev;
     return CUDA_SUCCESS;
 }
 
@@ -451,7 +475,8 @@ API CUresult cuCtxSynchronize_v2(CUcontext ctx) {
 API CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx) {
     CHECK(cuCtxSynchronize_v2(ctx));
     if (!device) return CUDA_ERROR_INVALID_VALUE;
-    *device = 0;
+    if (!ctx) return cuCtxGetDevice(device);
+    *device = ((struct ctx_obj *)ctx)->dev;
     return CUDA_SUCCESS;
 }
 
@@ -718,6 +743,34 @@ static CUresult do_copy(unsigned long long dst, unsigned long long src, size_t n
     return op_run(&op);
 }
 
+/* Peer access: bookkeeping only (every device reaches all memory); refused as the driver
+ * refuses it: a context of the same device, twice, or disabling what was not enabled. */
+static CUresult peer_access(CUcontext peer, int enable) {
+    CHECK(need_ctx());
+    struct ctx_obj *c = (struct ctx_obj *)ctx_stack[ctx_depth - 1], *p = (struct ctx_obj *)peer;
+    if (!obj_check(p, OBJ_CTX) || !p->active) return CUDA_ERROR_INVALID_CONTEXT;
+    if (p->dev == c->dev) return CUDA_ERROR_INVALID_DEVICE;
+    unsigned bit = 1u << p->dev;
+    if (enable && (c->peers & bit)) return CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
+    if (!enable && !(c->peers & bit)) return CUDA_ERROR_PEER_ACCESS_NOT_ENABLED;
+    c->peers ^= bit;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags) {
+    return Flags ? CUDA_ERROR_INVALID_VALUE : peer_access(peerContext, 1);
+}
+API CUresult cuCtxDisablePeerAccess(CUcontext peerContext) { return peer_access(peerContext, 0); }
+
+API CUresult cuMemcpyPeer(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t n) {
+    if (!obj_check(dctx, OBJ_CTX) || !obj_check(sctx, OBJ_CTX)) return CUDA_ERROR_INVALID_CONTEXT;
+    return do_copy(dst, src, n, 3, NULL, 0);
+}
+API CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t n, CUstream st) {
+    if (!obj_check(dctx, OBJ_CTX) || !obj_check(sctx, OBJ_CTX)) return CUDA_ERROR_INVALID_CONTEXT;
+    return do_copy(dst, src, n, 3, st, 1);
+}
+
 static CUresult do_set(unsigned long long dst, unsigned int v, size_t n, int width, CUstream s, int async) {
     CHECK(need_ctx());
     if (async) CHECK(stream_validate(s));
@@ -758,7 +811,7 @@ API CUresult cuMemsetD32Async_ptsz(CUdeviceptr d, unsigned int v, size_t n, CUst
 static CUresult check_prop(const CUmemAllocationProp *prop) {
     if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return CUDA_ERROR_INVALID_VALUE;
-    if (prop->location.id != 0) return CUDA_ERROR_INVALID_DEVICE;
+    if (prop->location.id < 0 || prop->location.id >= double_ndev()) return CUDA_ERROR_INVALID_DEVICE;
     return CUDA_SUCCESS;
 }
 
@@ -1028,7 +1081,8 @@ API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc 
     if (!desc || count == 0 || size == 0) return CUDA_ERROR_INVALID_VALUE;
     int prot = PROT_NONE;
     for (size_t i = 0; i < count; i++) {
-        if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || desc[i].location.id != 0) return CUDA_ERROR_INVALID_DEVICE;
+        if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || desc[i].location.id < 0
+            || desc[i].location.id >= double_ndev()) return CUDA_ERROR_INVALID_DEVICE;
         if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE) prot = PROT_READ | PROT_WRITE;
         else if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READ) prot = PROT_READ;
         else if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE) return CUDA_ERROR_INVALID_VALUE;
