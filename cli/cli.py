@@ -269,7 +269,7 @@ def api(
 def replay(
     snapshot: List[Path] = typer.Argument(..., metavar="SNAPSHOT...", help="A .cusnap file; or a job: its group manifest, or all its snapshots (one replayer per rank, together)."),
     device: int = typer.Option(0, "--device", metavar="N", min=0, help="GPU ordinal to replay on."),
-    devices: Optional[str] = typer.Option(None, "--devices", metavar="N,N,...", help="A job: the GPU of each rank, in rank order (default: each rank's recorded GPU)."),
+    devices: Optional[str] = typer.Option(None, "--devices", metavar="N,N,...", help="A job: the GPU of each rank, in rank order (default: each rank's recorded GPU). One snapshot that drove several GPUs: the GPU of each recorded device (default: the same ordinals when present, else all on --device)."),
     calls: Optional[str] = typer.Option(None, "--calls", metavar="SET", help="Only these launches/copies (call-set syntax as in dump); state-building calls always run."),
     kernels: Optional[str] = typer.Option(None, "--kernels", metavar="REGEX", help="Only launches of kernels whose recorded (mangled) name this regex finds."),
     kernel_name: Optional[str] = typer.Option(None, "-k", "--kernel-name", metavar="NAME|regex:RX", help="Only launches of this kernel, as Nsight Compute's -k: NAME matches the name in --kernel-name-base exactly; regex:RX searches it."),
@@ -316,7 +316,7 @@ def replay(
     if watchdog is not None and watchdog <= 0:
         _fail("--watchdog must be > 0 seconds")
     from cudasnap.formats.group import is_manifest
-    if len(snapshot) > 1 or devices is not None or is_manifest(snapshot[0]):
+    if len(snapshot) > 1 or is_manifest(snapshot[0]):
         from cudasnap.replay.group import run_group
         fwd = [f"--{k.replace('_', '-')}={v}" for k, v in (("rtol", rtol), ("atol", atol)) if v]
         fwd += [f"--dtype={dtype}"] if dtype else []
@@ -342,7 +342,7 @@ def replay(
                          rtol=rtol, atol=atol, dtype=dtype,
                          continue_on_error=continue_on_error, watchdog=watchdog, sync_after_launch=sync_after_launch,
                          threads=threads, progress=progress, relocate_payloads=relocate_payloads, quiet=quiet,
-                         replace=list(replace), jit=jit, launch_override=launch_override)
+                         replace=list(replace), jit=jit, launch_override=launch_override, devices=devices)
     from cudasnap.replay.replace import check_specs
     bad = check_specs(opts)
     if bad:

@@ -224,3 +224,32 @@ def test_info_on_a_manifest(job, double):
     cp = _run(double, "info", str(man))
     assert cp.returncode == 0, cp.stderr
     assert "(2 processes)" in cp.stdout and "links    : 1 shareable" in cp.stdout and "rank 1" in cp.stdout
+
+
+def test_one_process_two_devices_peer_access(double, tmp_path):
+    """One process driving two devices (CUDA_DOUBLE_DEVICES=2): capture packs small allocations
+    per device; replay puts each recorded device on its own GPU (peer access enabled for real),
+    or, with one GPU, folds them onto it; --devices remaps them."""
+    two = {"CUDA_DOUBLE_DEVICES": "2"}
+    snap = tmp_path / "peer.cusnap"
+    cp = _run(double, "capture", "-o", str(snap), "--", double["progs"]["peer"], env=two)
+    assert cp.returncode == 0, cp.stderr
+    assert "PEER CHECKSUM 1572352.0" in cp.stdout
+    with SnapshotReader(snap) as r:
+        allocs = [c["a"]["dptr"] for c in r.records("c") if c["f"].startswith("cuMemAlloc")]
+    small0, small1 = allocs[1], allocs[3]          # 256 bytes on device 0, then on device 1
+    assert small0 >> 21 != small1 >> 21            # never in one 2 MiB slab: each device its own
+    rp = _run(double, "replay", str(snap), "--json", env=two)
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    d = json.loads(rp.stdout)
+    assert d["d2h_verified"] == 1 and d["fell_back"] == 0
+    assert any("recorded 0 on GPU 0, recorded 1 on GPU 1" in w for w in d["warnings"]), d["warnings"]
+    assert not any("peer access is implicit" in w for w in d["warnings"])
+    rp = _run(double, "replay", str(snap), "--json", "--devices", "1,0", env=two)
+    assert rp.returncode == 0 and any("recorded 0 on GPU 1" in w for w in json.loads(rp.stdout)["warnings"])
+    rp = _run(double, "replay", str(snap), "--json")          # one GPU: folded, still verified
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    d = json.loads(rp.stdout)
+    assert d["d2h_verified"] == 1 and any("replay on GPU 0 alone" in w for w in d["warnings"])
+    rp = _run(double, "replay", str(snap), "--devices", "1", env=two)
+    assert rp.returncode == 2 and "give one GPU for each of devices 0..1" in rp.stdout + rp.stderr
