@@ -4,7 +4,8 @@
 #      per rank and a group manifest with the shareable-handle links; the program's output is
 #      unchanged; replayed as a group: exit 0, 0 fell back, D2H verified on both ranks;
 #   2. legacy CUDA IPC between 2 processes (nvcc; captured with --placement off), group replay;
-#   3. one process, 2 GPUs, peer access (cudaMemcpyPeer, a kernel reading the peer), replay;
+#   3. one process, 2 GPUs, peer access (cudaMemcpyPeer, a kernel reading the peer), replayed on
+#      2 GPUs (and with the GPUs swapped);
 #   4. NCCL kernels' per-rank times: --profile timeline against native (torch.profiler), +-10%;
 #   5. a missing rank, fewer GPUs than recorded (--devices 0), a killed peer replayer: a clear
 #      error and exit 2, in bounded time.
@@ -202,7 +203,10 @@ nvcc -O2 -arch=sm_90 -o peer peer.cu || { echo "FAIL: nvcc peer.cu"; FAIL=1; }
 ./peer; check $? "native peer program"
 timeout 120 cudasnap capture -f -o peer.cusnap -- ./peer; check $? "peer capture"
 cudasnap info peer.cusnap | grep -iE "gpu|device" | head -4
-timeout 180 cudasnap replay peer.cusnap; check $? "peer replay (exit 0; the recorded devices fold onto GPU 0)"
+timeout 180 cudasnap replay peer.cusnap > peer_replay.txt 2>&1; rc=$?; tail -6 peer_replay.txt
+[ $rc = 0 ] && grep -q "recorded 0 on GPU 0, recorded 1 on GPU 1" peer_replay.txt
+check $? "peer replay on 2 GPUs (exit 0, D2H verified, peer access enabled for real)"
+timeout 180 cudasnap replay peer.cusnap --devices 1,0 > /dev/null 2>&1; check $? "peer replay with the GPUs swapped (--devices 1,0)"
 
 step "4. NCCL kernel times per rank: --profile timeline against native (torch.profiler)"
 timeout 120 env DDP_PROFILE="$W/native_prof" "${RUN[@]}" ddp.py "$STEPS" > /dev/null 2>&1; check $? "native profiled run"
