@@ -16,6 +16,7 @@ F_LINK = 0x11B
 LINK_KINDS = {1: "export", 2: "import"}
 EXTRA_NAMES = {F_PARAMS: "params", F_ATTRS: "attrs", F_IMAGE: "image", F_HOSTSRC: "hostsrc", F_HOSTDST: "hostdst"}
 INFO_ROW = 256 + 16 + 24
+WINDOW_OPS = {1: "open", 2: "close", 3: "state", 4: "checkpoint"}
 NVTX_OPS = {1: "push", 2: "pop", 3: "start", 4: "end", 5: "mark", 6: "domain"}
 # allocations whose memory kernels can read without an API call (UVA pinned host, managed)
 HOST_VISIBLE = ("cuMemHostAlloc", "cuMemAllocHost", "cuMemHostRegister", "cuMemAllocManaged")
@@ -151,6 +152,8 @@ class Decoder:
             call = {"k": "c", "s": rec.seq, "tid": rec.tid, "t0": rec.t_ns, "f": fn["name"], "a": args}
             if extra:
                 call["x"] = extra
+            if rec.aux == 2:
+                call["state"] = True     # written by the shim at a window start (shim_window.c)
             self.open[rec.seq] = call
             return []
         if t == R.CALL:
@@ -240,6 +243,13 @@ class Decoder:
             return [{"k": "rep", "tid": rec.tid, "t": rec.t_ns, "calls": calls}] if calls else []
         if t == R.NVTX:
             return self._nvtx(rec)
+        if t == R.WINDOW:
+            d = {idx: data for idx, _tag, data in rec.fields}
+            val = lambda k: struct.unpack("<Q", d[k])[0] if k in d else 0
+            return [{"k": "win", "op": WINDOW_OPS.get(rec.fn, str(rec.fn)), "n": rec.seq,
+                     "why": bytes(d.get(F_MSG, b"")).decode("utf-8", "replace"), "bytes": val(F_CODE),
+                     "ranges": val(F_KIND), "launches": val(F_HANDLE), "t": rec.t_ns,
+                     **_dump_stats(bytes(d.get(F_INFO, b"")))}]
         if t == R.EXIT:
             return []
         return []
@@ -289,6 +299,15 @@ class Decoder:
                         f"what kernels read from them directly, without a copy call, is not captured"})
             self.counts["notes"] += 1
         return out
+
+
+def _dump_stats(b: bytes) -> dict:
+    """A window state record's account (shim_window.c): bytes copied D2H, bytes referenced
+    unchanged from the previous state, bytes hashed on the GPU, hashing and dump time."""
+    if len(b) < 40:
+        return {}
+    copied, referenced, hashed, hash_ns, dump_ns = struct.unpack_from("<5Q", b)
+    return {"copied": copied, "referenced": referenced, "hashed": hashed, "hash_ns": hash_ns, "dump_ns": dump_ns}
 
 
 class SeqSet:

@@ -26,6 +26,8 @@ OFF_VERSION, OFF_CAPACITY, OFF_PID, OFF_PPID, OFF_HEAD, OFF_TAIL = 8, 16, 24, 32
 OFF_DROPPED, OFF_BEAT, OFF_STATE, OFF_EXIT, OFF_FNCOUNT, OFF_DIGEST = 64, 72, 80, 84, 104, 112
 OFF_CLOCK, OFF_CLOCK_TSC0, OFF_CLOCK_NS0 = 108, 184, 192
 OFF_SEQ, OFF_DROPPED_BYTES = 56, 200
+WINDOW = 15                      # CS_REC_WINDOW (shim_window.c)
+OFF_WIN_REQ = 208                # window requests: the recorder bumps, the shim acts at its next call
 _PAIR_LOCK = threading.Lock()
 
 
@@ -132,6 +134,11 @@ class Ring:
 
     def exited_cleanly(self) -> bool:
         return struct.unpack_from("<I", self.mm, OFF_STATE)[0] == 2
+
+    def request_window(self) -> None:
+        """Ask the shim to open/close a window (or take a checkpoint) at its next call."""
+        v = struct.unpack_from("<I", self.mm, OFF_WIN_REQ)[0]
+        struct.pack_into("<I", self.mm, OFF_WIN_REQ, (v + 1) & 0xFFFFFFFF)
 
     def beat(self) -> None:
         struct.pack_into("<Q", self.mm, OFF_BEAT, time.monotonic_ns())

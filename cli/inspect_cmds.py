@@ -113,6 +113,8 @@ def summarize(r: SnapshotReader) -> Dict[str, Any]:
     kinds: Counter = Counter()
     launches = []
     nvtx = _NvtxRanges()
+    win_state = trigger = None      # capture windows (capture/window.py)
+    state_calls = 0
     for rec in r.records():
         n_records += 1
         k = rec.get("k")
@@ -179,6 +181,12 @@ def summarize(r: SnapshotReader) -> Dict[str, Any]:
             _add_repair(repaired, rec)
         elif k == "nvtx":
             nvtx.add(rec)
+        elif k == "win" and rec.get("op") == "state":
+            win_state = {"bytes": _as_int(rec.get("bytes")) or 0, "ranges": _as_int(rec.get("ranges")) or 0}
+        elif k == "c" and rec.get("state"):
+            state_calls += 1
+        if k == "end" and isinstance(rec.get("trigger"), dict):
+            trigger = rec["trigger"]
     for rec in launches:
         name = cs.kernel_name(rec, fn_names)
         if name is None:
@@ -222,7 +230,21 @@ def summarize(r: SnapshotReader) -> Dict[str, Any]:
         "warnings": note_msgs,
         "end": end,
         "loss": loss,
+        "window": _window_info(hdr, win_state, state_calls, trigger),
     }
+
+
+def _window_info(hdr: Mapping[str, Any], state, state_calls: int, trigger) -> Optional[Dict[str, Any]]:
+    """A windowed or flight-recorder snapshot: its window, the state written at its start."""
+    w = hdr.get("window") if isinstance(hdr.get("window"), dict) else None
+    if w is None:
+        return None
+    out = {"spec": w.get("spec"), "n": w.get("n"), "opened_by": w.get("why"), "launch": w.get("launch")}
+    if state:
+        out.update(state_bytes=state["bytes"], state_ranges=state["ranges"], state_records=state_calls)
+    if trigger:
+        out["trigger"] = trigger.get("why")
+    return out
 
 
 def _module_images(r: SnapshotReader) -> list:
@@ -434,6 +456,13 @@ def run_info(path: Path, json_out: bool) -> int:
     con.print(f"calls    : {c['total']}  (errors {c['errors']}, never returned {c['unreturned']}{rep})")
     state = "no" if not s["truncated"] else f"[red]YES[/red], {s['lost_bytes']} bytes lost, {s['recovered_frames']} frames recovered"
     con.print(f"truncated: {state}")
+    w = s.get("window")
+    if w:
+        st = (f", state {_human(w['state_bytes'])} in {w['state_ranges']} ranges" if "state_bytes" in w
+              else ", state: none (from the program's start)")
+        trig = f", written on {w['trigger']}" if w.get("trigger") else ""
+        con.print(f"window   : {w.get('spec')} #{_v(w.get('n'))} (opened by {_v(w.get('opened_by'))}"
+                  f"{', launch ' + str(w['launch']) if w.get('launch') is not None else ''}){st}{trig}", markup=False)
     line = _repair_line(s["repaired"])
     if line:
         con.print(line)

@@ -36,6 +36,7 @@ PROGRAMS = {
     "killme": "link",
     "nocuda": "none",
     "chase": "link",
+    "carve": "link",
     "launch_forms": "link",
     "bigcopy": "link",
     "queries": "link",
@@ -46,6 +47,7 @@ PROGRAMS = {
     "share": "link",
     "ipc": "link",
     "peer": "link",
+    "windowed": "link",
 }
 
 MODULE_TEXT = "CUDADOUBLE\nkernel add_one\nkernel fill\nkernel saxpy\nkernel chase\nkernel incr\nkernel spin\n"
