@@ -21,8 +21,8 @@ given together. The coordinator (this module, in the `cudasnap` process):
   rank could not proceed.
 
 Environment: CUDASNAP_GROUP_TIMEOUT (seconds an import waits for its export, and a copy for the
-other ranks; default 60); CUDASNAP_GROUP_TEST_KILL=RANK:SEQ (tests: that rank's replayer kills
-itself before call SEQ).
+other ranks; default 60); CUDASNAP_GROUP_TEST_KILL=RANK:SEQ[:stall] (tests: that rank's replayer
+kills itself, or hangs, before call SEQ).
 """
 from __future__ import annotations
 
@@ -140,14 +140,19 @@ class RankHook:
         self.prog = _Progress(path, n) if path else None
         self.timeout = float(os.environ.get(ENV_TIMEOUT, DEFAULT_TIMEOUT))
         # tests: CUDASNAP_GROUP_TEST_KILL=RANK:SEQ kills this rank's replayer before call SEQ
-        kill = os.environ.get(TEST_KILL_ENV, "")
-        r, _, seq = kill.partition(":")
-        self.kill_at = int(seq) if r.isdigit() and int(r) == self.rank and seq.isdigit() else None
+        kill = os.environ.get(TEST_KILL_ENV, "").split(":")
+        ok = len(kill) >= 2 and kill[0].isdigit() and int(kill[0]) == self.rank and kill[1].isdigit()
+        self.kill_at = int(kill[1]) if ok else None
+        self.stall = len(kill) > 2 and kill[2] == "stall"        # hang there instead of dying
 
     def start(self, ev) -> None:
         rp = ev.replayer
         if self.prog is not None and self not in rp.subscribers:
             rp.subscribers.append(self)
+            # rendezvous: every rank has read its snapshot before any replays a call, so the
+            # ranks start together (collectives wait on each other, as when recorded)
+            self.prog.set(self.rank, 1)
+            self._wait_for(1, "the start: rank {r} did not start replaying")
 
     def on_event(self, kind: str, ev) -> None:
         if kind == "before_call":
@@ -161,14 +166,17 @@ class RankHook:
         # has returned here. Waiting before a call: all calls before it (they returned before
         # its start); running it: itself excepted, those up to its own return time.
         if self.kill_at is not None and rec.get("s") == self.kill_at:
+            if self.stall:
+                time.sleep(3600)
             os.kill(os.getpid(), signal.SIGKILL)
         t0 = rec.get("t0") or 0
         if classify(rec.get("f") or "") == "copy" and t0:
             self.prog.set(self.rank, t0)
-            self._wait_for(t0, rec)
+            self._wait_for(t0, f"call #{rec.get('s')} {rec.get('f')}: rank {{r}} did not reach the calls recorded "
+                                "before it")
         self.prog.set(self.rank, rec.get("t1") or t0)
 
-    def _wait_for(self, t: int, rec) -> None:
+    def _wait_for(self, t: int, what: str) -> None:
         w, nap = self.prog.words, 0.00005
         deadline = time.monotonic() + self.timeout
         while True:
@@ -178,8 +186,7 @@ class RankHook:
             if self.prog.aborted:
                 _leave("the group replay was stopped (another rank failed)")
             if time.monotonic() > deadline:
-                _leave(f"call #{rec.get('s')} {rec.get('f')}: rank {behind[0]} did not reach the calls recorded "
-                       f"before it within {self.timeout:g} s (hung or waiting for this rank?)")
+                _leave(f"{what.format(r=behind[0])} within {self.timeout:g} s (hung, or waiting for this rank?)")
             time.sleep(nap)
             nap = min(nap * 2, 0.001)
 

@@ -253,3 +253,18 @@ def test_one_process_two_devices_peer_access(double, tmp_path):
     assert d["d2h_verified"] == 1 and any("replay on GPU 0 alone" in w for w in d["warnings"])
     rp = _run(double, "replay", str(snap), "--devices", "1", env=two)
     assert rp.returncode == 2 and "give one GPU for each of devices 0..1" in rp.stdout + rp.stderr
+
+
+def test_hung_peer_replayer_times_out(job, double):
+    """A rank that hangs (alive, never progressing): the rank waiting for it gives up after
+    the timeout, the coordinator stops the hung one: exit 2, bounded time."""
+    _cp, man, _snaps = job
+    m = load(man)
+    seq = m["links"][0]["to"]["seq"] + 1            # the importer hangs after importing
+    t = time.monotonic()
+    rp = _run(double, "replay", str(man), env={"CUDASNAP_GROUP_TEST_KILL": f"1:{seq}:stall",
+                                               "CUDASNAP_GROUP_TIMEOUT": "3"}, timeout=90)
+    assert rp.returncode == 2, rp.stdout + rp.stderr
+    assert time.monotonic() - t < 40
+    assert "rank 1 did not reach the calls recorded before it within 3 s" in rp.stdout, rp.stdout
+    assert "stopped by the coordinator" in rp.stdout
