@@ -184,17 +184,17 @@ class RankHook:
             if not behind:
                 return
             if self.prog.aborted:
-                _leave("the group replay was stopped (another rank failed)")
+                _stop("the group replay was stopped (another rank failed)")
             if time.monotonic() > deadline:
-                _leave(f"{what.format(r=behind[0])} within {self.timeout:g} s (hung, or waiting for this rank?)")
+                _stop(f"{what.format(r=behind[0])} within {self.timeout:g} s (hung, or waiting for this rank?)")
             time.sleep(nap)
             nap = min(nap * 2, 0.001)
 
 
-def _leave(msg: str) -> None:
-    sys.stderr.write(f"cudasnap replay: {msg}\n")
-    sys.stderr.flush()
-    os._exit(2)
+def _stop(msg: str) -> None:
+    """Stop this rank's replay with an error (exit 2; its result so far is still reported)."""
+    from .engine import ReplayError
+    raise ReplayError(msg)
 
 
 # ================================================================== coordinator
