@@ -302,7 +302,7 @@ def api(
 
 @app.command(cls=_Command)
 def replay(
-    snapshot: List[Path] = typer.Argument(..., metavar="SNAPSHOT...", help="A .cusnap file; or a job: its group manifest, or all its snapshots (one replayer per rank, together)."),
+    snapshot: List[Path] = typer.Argument(..., metavar="SNAPSHOT", help="A .cusnap file; or a job: its group manifest, or all its snapshots (one replayer per rank, together)."),
     device: int = typer.Option(0, "--device", metavar="N", min=0, help="GPU ordinal to replay on."),
     devices: Optional[str] = typer.Option(None, "--devices", metavar="N,N,...", help="A job: the GPU of each rank, in rank order (default: each rank's recorded GPU). One snapshot that drove several GPUs: the GPU of each recorded device (default: the same ordinals when present, else all on --device)."),
     calls: Optional[str] = typer.Option(None, "--calls", metavar="SET", help="Only these launches/copies (call-set syntax as in dump); state-building calls always run."),
