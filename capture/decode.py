@@ -9,8 +9,10 @@ import struct
 
 from . import ring as R
 from .ring_constants import (F_ATTRS, F_CODE, F_DIGEST, F_HANDLE, F_HOSTDST, F_HOSTSRC, F_IMAGE,  # noqa: F401
-                             F_INFO, F_KIND, F_LAYOUT, F_MODULE, F_MSG, F_NAME, F_PARAMS, F_REPEATS, F_WRAPPED)
+                             F_INFO, F_KIND, F_LAYOUT, F_LINK, F_MODULE, F_MSG, F_NAME, F_PARAMS, F_REPEATS,
+                             F_WRAPPED)
 
+LINK_KINDS = {1: "export", 2: "import"}
 EXTRA_NAMES = {F_PARAMS: "params", F_ATTRS: "attrs", F_IMAGE: "image", F_HOSTSRC: "hostsrc", F_HOSTDST: "hostdst"}
 INFO_ROW = 256 + 16 + 24
 WINDOW_OPS = {1: "open", 2: "close", 3: "state", 4: "checkpoint"}
@@ -92,6 +94,8 @@ class Decoder:
                 elif idx == F_WRAPPED:
                     wid = struct.unpack("<q", data)[0]
                     extra["wrapped"] = self.fns[wid]["name"] if 0 <= wid < len(self.fns) else None
+                elif idx == F_LINK and len(data) >= 64:
+                    extra["link"] = _link(data)
                 continue
             if idx >= len(params):
                 continue
@@ -348,3 +352,18 @@ class SeqSet:
 def _uuid(b: bytes) -> str:
     h = b.hex()
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def _link(data: bytes) -> dict:
+    """CS_F_LINK (shim_share.c): an exported or imported POSIX fd, the file it is, and for
+    an import the exporting process and its export number when they were found."""
+    kind, fd, dev, ino, pid, no, peer, err = struct.unpack_from("<8q", data)
+    out = {"kind": LINK_KINDS.get(kind, str(kind)), "fd": fd, "dev": dev, "ino": ino, "pid": pid}
+    if kind == 1:
+        out["export"] = no
+    else:
+        out["peer_pid"] = peer or None
+        out["peer_export"] = no if peer else None
+        if err:
+            out["match_errno"] = err
+    return out

@@ -24,7 +24,8 @@ LAZY_MAX_AGE_S = 5.0     # lazy draining: records wait in the ring at most this 
 LINGER_S = 5.0           # a process still running this long after its exit handlers and the
                          # program's end, with nothing new in its ring, is left behind
 
-ENV_KEEP = ("CUDA_", "PYTORCH_", "XLA_", "JAX_", "TRITON_", "NCCL_", "LD_LIBRARY_PATH", "CUDASNAP_")
+ENV_KEEP = ("CUDA_", "PYTORCH_", "XLA_", "JAX_", "TRITON_", "NCCL_", "LD_LIBRARY_PATH", "CUDASNAP_",
+            "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_")   # ranks of a job
 
 
 def default_threads() -> int:

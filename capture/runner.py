@@ -44,6 +44,7 @@ class CaptureResult:
     snapshots: List[Path] = field(default_factory=list)     # the first process's first
     unsaved: Dict[Path, str] = field(default_factory=dict)  # snapshot -> why it is not whole
     error: Optional[str] = None                             # why the program was not run
+    group: Optional[Path] = None                            # the group manifest (several processes)
 
     @property
     def signal(self) -> Optional[int]:
@@ -461,10 +462,19 @@ def capture(command: Union[Sequence[str], str], out: Union[str, os.PathLike, Non
         _summary(procs, path, unsaved)
     ordered = sorted(procs, key=lambda pc: (pc.ring.pid != pid, pc.ring.pid))
     snaps = [p for pc in ordered for p in _outputs(pc) if os.path.exists(p) and p not in unsaved]
+    group = None
+    # a job: one whole snapshot per process (a capture in windows writes several per process)
+    whole = [pc.path for pc in ordered if _outputs(pc) == [pc.path] and pc.path in snaps]
+    if len(whole) > 1 and len(whole) == len(ordered):
+        from .group import write_manifest
+        group = write_manifest(path, whole, list(command))
+        if group is not None and not quiet:
+            print(f"cudasnap: group manifest {group}: {len(whole)} processes (replay it with "
+                  f"`cudasnap replay {group}`)", file=sys.stderr)
     exit_code = code if code >= 0 else 128 - code
     if unsaved and code == 0:
         exit_code = 2          # the program succeeded, its recording did not: never report success
-    return CaptureResult(exit_code, returncode=code, path=path, snapshots=snaps, unsaved=unsaved)
+    return CaptureResult(exit_code, returncode=code, path=path, snapshots=snaps, unsaved=unsaved, group=group)
 
 
 def run_capture(command: List[str], out: Optional[Path], ring_mb: int = 256, level: int = 3,

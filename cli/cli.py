@@ -229,7 +229,12 @@ def info(
     snapshot: Path = typer.Argument(..., metavar="SNAPSHOT", help="A .cusnap file."),
     json_out: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
 ):
-    """Summarize a snapshot: process, GPU, calls, kernels, memory, modules, blobs."""
+    """Summarize a snapshot: process, GPU, calls, kernels, memory, modules, blobs (a job's
+    group manifest: its ranks and links)."""
+    from cudasnap.formats.group import is_manifest
+    if is_manifest(snapshot):
+        from cudasnap.formats.group import run_info_group
+        raise typer.Exit(run_info_group(snapshot, json_out))
     from cudasnap.inspect_cmds import run_info
 
     raise typer.Exit(run_info(snapshot, json_out))
@@ -297,8 +302,9 @@ def api(
 
 @app.command(cls=_Command)
 def replay(
-    snapshot: Path = typer.Argument(..., metavar="SNAPSHOT", help="A .cusnap file."),
+    snapshot: List[Path] = typer.Argument(..., metavar="SNAPSHOT", help="A .cusnap file; or a job: its group manifest, or all its snapshots (one replayer per rank, together)."),
     device: int = typer.Option(0, "--device", metavar="N", min=0, help="GPU ordinal to replay on."),
+    devices: Optional[str] = typer.Option(None, "--devices", metavar="N,N,...", help="A job: the GPU of each rank, in rank order (default: each rank's recorded GPU). One snapshot that drove several GPUs: the GPU of each recorded device (default: the same ordinals when present, else all on --device)."),
     calls: Optional[str] = typer.Option(None, "--calls", metavar="SET", help="Only these launches/copies (call-set syntax as in dump); state-building calls always run."),
     kernels: Optional[str] = typer.Option(None, "--kernels", metavar="REGEX", help="Only launches of kernels whose recorded (mangled) name this regex finds."),
     kernel_name: Optional[str] = typer.Option(None, "-k", "--kernel-name", metavar="NAME|regex:RX", help="Only launches of this kernel, as Nsight Compute's -k: NAME matches the name in --kernel-name-base exactly; regex:RX searches it."),
@@ -342,9 +348,20 @@ def replay(
     from cudasnap.replay import ReplayOptions, run_replay_cli
 
     dtype, profile = _value(dtype), _value(profile)
-    name_base, prange = _value(kernel_name_base), _value(profiler_range)
     if watchdog is not None and watchdog <= 0:
         _fail("--watchdog must be > 0 seconds")
+    from cudasnap.formats.group import is_manifest
+    if len(snapshot) > 1 or is_manifest(snapshot[0]):
+        from cudasnap.replay.group import run_group
+        fwd = [f"--{k.replace('_', '-')}={v}" for k, v in (("rtol", rtol), ("atol", atol)) if v]
+        fwd += [f"--dtype={dtype}"] if dtype else []
+        fwd += [f"--profile={profile}"] if profile else []
+        fwd += [f"--out={_per_rank(out_file)}"] if out_file else []
+        fwd += [f for f, on in (("--continue-on-error", continue_on_error), ("--sync-after-launch", sync_after_launch),
+                                ("--relocate-payloads", relocate_payloads), ("-q", quiet)) if on]
+        raise typer.Exit(run_group(snapshot, devices, fwd, json_out, watchdog, trace=str(trace) if trace else None))
+    snapshot = snapshot[0]
+    name_base, prange = _value(kernel_name_base), _value(profiler_range)
     if jit not in (None, "ptx"):
         _fail("--jit takes ptx")
     profiling = bool(profile or hook or out_file or trace or nvtx or launch is not None)
@@ -360,7 +377,7 @@ def replay(
                          rtol=rtol, atol=atol, dtype=dtype,
                          continue_on_error=continue_on_error, watchdog=watchdog, sync_after_launch=sync_after_launch,
                          threads=threads, progress=progress, relocate_payloads=relocate_payloads, quiet=quiet,
-                         replace=list(replace), jit=jit, launch_override=launch_override)
+                         replace=list(replace), jit=jit, launch_override=launch_override, devices=devices)
     from cudasnap.replay.replace import check_specs
     bad = check_specs(opts)
     if bad:
@@ -373,6 +390,13 @@ def replay(
                             hooks=list(hook), nvtx=nvtx, check_repeats=check_repeats)
         raise typer.Exit(run_profile_cli(snapshot, opts, cfg, json_out))
     raise typer.Exit(run_replay_cli(snapshot, opts, json_out))
+
+
+def _per_rank(p: Path) -> str:
+    """FILE.json -> FILE.rank{rank}.json: each rank of a job writes its own."""
+    name = p.name
+    stem, dot, ext = name.partition(".")
+    return str(p.with_name(f"{stem}.rank{{rank}}{dot}{ext}"))
 
 
 @app.command(cls=_Command)

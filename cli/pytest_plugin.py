@@ -71,6 +71,9 @@ def _wanted(config, path: Path) -> bool:
 
 def pytest_collect_file(file_path: Path, parent):
     if file_path.suffix == SUFFIX and _wanted(parent.config, file_path):
+        from cudasnap.formats.group import is_manifest
+        if is_manifest(file_path):          # a job's manifest (`cudasnap replay` replays it), not a snapshot
+            return None
         return SnapshotFile.from_parent(parent, path=file_path)
     return None
 

@@ -122,7 +122,7 @@ class ReplayContext:
         "keepalive", "keepalive_images", "vmm_virtual", "capturing", "cur_ctx", "mismatch_text", "prefetch",
         # state the handlers keep
         "cond_bodies", "cond_handles", "graph_notes", "xmode_inputs", "noted", "replacements", "jit_t0",
-        "jit_what",
+        "jit_what", "ipc_opened", "devmap", "devlive",
     )
 
     def __init__(self, opt, res, tol):
@@ -157,6 +157,9 @@ class ReplayContext:
         self.replacements: Any = False                   # replace.Replacements, None, or False: not built
         self.jit_t0: Optional[float] = None              # --jit ptx: first JIT start
         self.jit_what: Any = None
+        self.ipc_opened: Dict[Any, Any] = {}             # recorded IPC/imported handle -> what was opened (ipc.py)
+        self.devmap = None                               # recorded device -> GPU (devices.py), built on first use
+        self.devlive: Dict[int, Any] = {}                # GPU ordinal -> live CUdevice
 
     @property
     def modules(self) -> Dict[int, Any]:

@@ -32,6 +32,40 @@ class DriverOps:
 
     def __init__(self, cu, device: int):
         self.cu, self.device = cu, device
+        self.others: list = []          # other GPUs of a several-GPU replay (replay/devices.py)
+        self._reach: dict = {}
+
+    def follow_context(self, live: list) -> None:
+        """Several GPUs: memory goes to the current context's GPU, reachable from the others
+        that can access it."""
+        self.others = list(live)
+
+    def current(self) -> int:
+        if not self.others:
+            return self.device
+        try:
+            res = self.cu.cuCtxGetDevice()
+            if _code(res[0]) == 0:
+                return int(res[1])
+        except Exception:
+            pass
+        return self.device
+
+    def _reaching(self, dev: int) -> list:
+        """dev, then the other GPUs of the replay that can access dev's memory."""
+        if dev not in self._reach:
+            out = [dev]
+            for d in self.others:
+                if d == dev:
+                    continue
+                try:
+                    res = self.cu.cuDeviceCanAccessPeer(self.cu.CUdevice(d), self.cu.CUdevice(dev))
+                    if _code(res[0]) == 0 and int(res[1]):
+                        out.append(d)
+                except Exception:
+                    pass
+            self._reach[dev] = out
+        return self._reach[dev]
 
     def _c(self, name, *args):
         res = getattr(self.cu, name)(*args)
@@ -45,7 +79,10 @@ class DriverOps:
         p = cu.CUmemAllocationProp()
         p.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
         p.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-        p.location.id = self.device
+        p.location.id = self.current()
+        if os.environ.get("CUDASNAP_GROUP_SOCKET"):
+            # a group replay may hand placed memory to another rank (legacy IPC): exportable
+            p.requestedHandleTypes = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
         return p
 
     def granularity(self) -> int:
@@ -73,12 +110,15 @@ class DriverOps:
 
     def set_access(self, addr: int, size: int, flags: Optional[int] = None) -> None:
         cu = self.cu
-        d = cu.CUmemAccessDesc()
-        d.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-        d.location.id = self.device
-        d.flags = (cu.CUmemAccess_flags(flags) if flags is not None
-                   else cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
-        self._c("cuMemSetAccess", addr, size, [d], 1)
+        descs = []
+        for dev in self._reaching(self.current()):
+            d = cu.CUmemAccessDesc()
+            d.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+            d.location.id = dev
+            d.flags = (cu.CUmemAccess_flags(flags) if flags is not None
+                       else cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+            descs.append(d)
+        self._c("cuMemSetAccess", addr, size, descs, len(descs))
 
     def mem_alloc(self, size: int) -> int:
         return _ival(self._c("cuMemAlloc", max(size, 1)))

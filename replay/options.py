@@ -28,6 +28,7 @@ class ReplayOptions:
     replace: List[str] = field(default_factory=list)   # TARGET=FILE swaps (replay/replace.py); CUDASNAP_REPLACE adds
     jit: Optional[str] = None            # "ptx": load every module from its PTX (JIT-compiled)
     launch_override: Optional[str] = None   # "grid=X,Y,Z,block=X,Y,Z[,kernel=REGEX]" (replay/override.py)
+    devices: Optional[str] = None           # "A,B,...": recorded device i replays on GPU A, B... (replay/devices.py)
 
 
 @dataclass

@@ -26,7 +26,7 @@ KINDS = {
 HOOKS = {
     None: 0, "launch": 1, "module_image": 2, "module_file": 3, "getproc": 4, "export_table": 5,
     "memcpy_struct": 6, "host_alloc": 0, "async_d2h": 7, "init": 8, "launch_config": 0,
-    "unload": 11, "memcpy_unified": 12,
+    "unload": 11, "memcpy_unified": 12, "share": 13,
 }
 # Real driver entries the hooks call themselves (never through a wrapper).
 HELPERS = [
@@ -37,6 +37,7 @@ HELPERS = [
     "cuDeviceTotalMem_v2", "cuCtxGetDevice", "cuCtxGetDevice_v2", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2",
     "cuDevicePrimaryCtxGetState", "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease_v2", "cuPointerGetAttribute", "cuMemAddressReserve", "cuMemCreate", "cuMemMap",
     "cuMemSetAccess", "cuMemAddressFree", "cuMemRelease", "cuMemUnmap", "cuMemGetAllocationGranularity",
+    "cuDeviceCanAccessPeer",
 ]
 # Calls the placement hook answers itself (shim_placement.c).
 PLACEMENT = {"cuMemAlloc_v2", "cuMemFree_v2", "cuMemGetAddressRange_v2", "cuMemAddressReserve", "cuMemAddressFree",
@@ -97,6 +98,17 @@ def _hook_of(fn) -> tuple[int, int, int, int]:
         h0 = _param_index(params, ("hStream",))
         h1, h2 = _param_index(params, ("dst",)), _param_index(params, ("src",))
         if h1 < 0 or h2 < 0 or _param_index(params, ("ByteCount",)) != 2:
+            hook = 0
+    elif cap == "share" and fn["base"] == "cuIpcGetMemHandle":
+        h1, h2 = _param_index(params, ("dptr",)), 2       # shim_share.c: h1 the pointer
+        if h1 < 0:
+            hook = 0
+    elif cap == "share":
+        # shim_share.c: h0 the handle type, h1 the fd (export: an output, import: a value), h2 export
+        h0 = _param_index(params, ("handleType", "shHandleType"))
+        h1 = _param_index(params, ("shareableHandle", "osHandle"))
+        h2 = 1 if h1 >= 0 and params[h1]["name"] == "shareableHandle" else 0
+        if h0 < 0 or h1 < 0:
             hook = 0
     elif cap == "getproc" and len(params) < 4:
         hook = 0
@@ -166,9 +178,9 @@ def generate_c(desc: dict) -> str:
     w(f'#define CS_API_DIGEST "{desc.get("digest", "")[:64]}"')
     w("enum { CS_K_VAL = 1, CS_K_OUT, CS_K_IN_STRUCT, CS_K_INOUT_STRUCT, CS_K_OUT_STRUCT, CS_K_STR,"
       " CS_K_BLOB_IN, CS_K_BLOB_OUT, CS_K_ARRAY_IN, CS_K_ARRAY_OUT };")
-    w("enum { CS_P_FLOAT = 1, CS_P_COUNT_PTR = 2 };")
+    w("enum { CS_P_FLOAT = 1, CS_P_COUNT_PTR = 2, CS_P_BYVAL = 4 };   /* BYVAL: a struct passed by value (its bytes at &a[ai]) */")
     w("enum { CS_H_NONE, CS_H_LAUNCH, CS_H_MODULE_IMAGE, CS_H_MODULE_FILE, CS_H_GETPROC,"
-      " CS_H_EXPORT_TABLE, CS_H_MEMCPY_STRUCT, CS_H_ASYNC_D2H, CS_H_INIT, CS_H_PLACE, CS_H_KNODE, CS_H_UNLOAD, CS_H_MEMCPY_UNIFIED };")
+      " CS_H_EXPORT_TABLE, CS_H_MEMCPY_STRUCT, CS_H_ASYNC_D2H, CS_H_INIT, CS_H_PLACE, CS_H_KNODE, CS_H_UNLOAD, CS_H_MEMCPY_UNIFIED, CS_H_SHARE };")
     w("typedef struct { unsigned char kind, size, flags, ai; unsigned short len_idx; unsigned aux; } cs_param;")
     w("typedef struct { const char *name, *base; unsigned char nparams, hook; signed char h0, h1, h2; unsigned char query;"
       " unsigned short kinds; unsigned char simple, floats; signed char fh, ch; const cs_param *params; } cs_fn;"
@@ -191,17 +203,30 @@ def generate_c(desc: dict) -> str:
         prow = []
         kinds = 0
         ok = f.get("ret", "CUresult") == "CUresult"
+        regs = stack = 0
         for p in params:
-            if p.get("byval_struct"):
+            byval = bool(p.get("byval_struct"))
+            if byval and not (p.get("abi_class") == "memory" and 0 < int(p.get("size", 0)) <= 64):
                 ok = False
             isfloat = bool(p.get("float")) or p.get("abi_class") == "float"
-            ai = floats if isfloat else ints
             if isfloat:
+                ai = floats
                 floats += 1
+            elif byval:
+                # a struct passed by value in memory: its bytes are stack slots (shim_core.c reads &a[ai])
+                ai = 6 + stack
+                stack += -(-int(p.get("size", 8)) // 8)
+            elif regs < 6:
+                ai = regs
+                regs += 1
             else:
-                ints += 1
+                ai = 6 + stack
+                stack += 1
+            ints = 6 + stack if stack else regs
             kind = KINDS.get(p["kind"], 1)
-            flags = (1 if isfloat else 0) | (2 if p.get("count_is_ptr") else 0)
+            flags = (1 if isfloat else 0) | (2 if p.get("count_is_ptr") else 0) | (4 if byval else 0)
+            if byval:
+                kind = KINDS["in_struct"]
             ref = p.get("len_param") or p.get("count_param")
             len_idx = _param_index(params, (ref,)) if ref else 0
             if kind in (7, 8, 9, 10) and len_idx < 0:
@@ -209,11 +234,15 @@ def generate_c(desc: dict) -> str:
                 len_idx = 0
             if kind in (9, 10):
                 aux = p.get("elem_size", 1)   # (a count passed by pointer: see the loop below)
+            elif byval:
+                aux = int(p.get("size", 8))
             elif kind in (2, 3, 4, 5):
                 aux = p.get("pointee_size") or 8
             else:
                 aux = 0
             size = min(int(p.get("size", 8)), 8)
+            if byval:
+                size = 8
             kinds |= 1 << kind
             prow.append([kind, size, flags, ai, max(len_idx, 0), aux])
         if ints > MAX_INT_ARGS or floats > MAX_FLOAT_ARGS:
@@ -228,7 +257,7 @@ def generate_c(desc: dict) -> str:
         hook, h0, h1, h2 = _hook_of(f)
         fh = _first_sight(params, ("CUfunction", "CUkernel")) if ok and hook not in (HOOKS["launch"], 10) else -1
         ch = _first_sight(params, ("CUcontext",)) if ok else -1
-        simple = 1 if ok and ints <= 6 and floats == 0 else 0
+        simple = 1 if ok and ints <= 6 and floats == 0 and not stack else 0
         simples.append(simple)
         cells = ",".join("{" + ",".join(map(str, r)) + "}" for r in prow)
         w(f"static const cs_param cs_p{i}[] = {{{cells or '{0,0,0,0,0,0}'}}};")

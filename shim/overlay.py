@@ -126,9 +126,11 @@ FAMILY_RECORD_REASON = {
 # Per-function status exceptions: (pattern on base or ABI name, status, reason).
 STATUS_RULES = [
     (r"cuGetExportTable", "refused", "private runtime tables: passed through untouched, not recordable"),
-    (r"cuIpc\w+", "refused", "cross-process handles cannot be replayed in one process"),
-    (r"cuMemImportFromShareableHandle", "refused", "imports an OS handle from another process; cannot be replayed"),
-    (r"cuMemExportToShareableHandle|cuMemPoolExportToShareableHandle|cuMemPoolExportPointer"
+    # replayed with the other processes of the job (replay/group.py): handles pass between ranks
+    (r"cuIpcGetMemHandle|cuIpcOpenMemHandle|cuIpcCloseMemHandle|cuMemExportToShareableHandle"
+     r"|cuMemImportFromShareableHandle|cuCtxEnablePeerAccess|cuCtxDisablePeerAccess", "replay", None),
+    (r"cuIpc\w+", "refused", "cross-process event handles cannot be replayed"),
+    (r"cuMemPoolExportToShareableHandle|cuMemPoolExportPointer"
      r"|cuMemGetHandleForAddressRange", "record",
      "exports an OS handle for another process; recorded only"),
     (r"cuMemPoolImportFromShareableHandle|cuMemPoolImportPointer", "refused",
@@ -208,6 +210,9 @@ CAPTURE_RULES = [
     (r"cuMemcpy|cuMemcpyAsync", "memcpy_unified"),
     # function and kernel handle values may be handed out again for other kernels afterwards
     (r"cuModuleUnload|cuLibraryUnload|cuCtxDestroy|cuDevicePrimaryCtxRelease|cuDevicePrimaryCtxReset", "unload"),
+    # an exported / imported POSIX fd: which file it is, and whose export (shim_share.c)
+    # (cuIpcGetMemHandle: a note when it fails on memory capture placed: legacy IPC needs cuMemAlloc's)
+    (r"cuMemExportToShareableHandle|cuMemImportFromShareableHandle|cuIpcGetMemHandle", "share"),
 ]
 
 # ---------------------------------------------------------------------------------------
@@ -273,7 +278,9 @@ PARAMS = {
     r"cuMemPoolGetAttribute|cuMemPoolSetAttribute|cuDeviceGetGraphMemAttribute|cuDeviceSetGraphMemAttribute"
     r"|cuCoredumpGetAttribute\w*|cuCoredumpSetAttribute\w*": {"value": {"kind": "opaque"}},
     r"cuMemGetHandleForAddressRange": {"handle": {"kind": "opaque"}},
-    r"cuMemExportToShareableHandle|cuMemPoolExportToShareableHandle": {"shareableHandle": {"kind": "opaque"}},
+    # a POSIX fd (an int) is written there; fabric handles (64 bytes) keep only their first 4
+    r"cuMemExportToShareableHandle": {"shareableHandle": {"kind": "out", "pointee": "int", "pointee_size": 4}},
+    r"cuMemPoolExportToShareableHandle": {"shareableHandle": {"kind": "opaque"}},
     r"cuMemImportFromShareableHandle|cuMemPoolImportFromShareableHandle": {"osHandle": {"kind": "val"}},
     r"cuStreamAddCallback|cuLaunchHostFunc|cuUserObjectCreate|cuDeviceRegisterAsyncNotification"
     r"|cuLogsRegisterCallback": {"userData": {"kind": "val"}, "ptr": {"kind": "val"}},

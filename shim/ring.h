@@ -120,6 +120,7 @@ enum {
     CS_F_DIGEST = 0x118,      /* XXH3-128 chunk digest(s): BLOB_PIECE one, BLOB_END one per chunk */
     CS_F_REPEATS = 0x119,     /* REPEAT: {u32 api id, u32 count, u64 seq of the recorded call} each */
     CS_F_T1 = 0x11A,          /* CALL of a launch: timestamp when the call returned */
+    CS_F_LINK = 0x11B,        /* an exported/imported POSIX fd: 8 int64 (shim_share.c) */
 };
 
 #endif

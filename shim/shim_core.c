@@ -316,6 +316,7 @@ static void cs_exit_hook(void) {
 /* --- hooks: what a generic parameter table can't say ---------------------------------- */
 #include "shim_hooks.c"
 #include "shim_placement.c"
+#include "shim_share.c"
 #include "shim_window.c"
 #include "shim_nvtx.c"
 
@@ -329,7 +330,7 @@ static uint32_t cs_pre_size(const cs_fn *fn, const U *a, const cs_pre *pre) {
     uint32_t n = (uint32_t)sizeof(cs_rec_hdr) + cs_flen(8u * fn->nparams);
     if (fn->kinds & CS_M_PRE) for (int i = 0; i < fn->nparams; i++) {
         const cs_param *p = &fn->params[i];
-        void *ptr = (void *)a[p->ai];
+        void *ptr = (p->flags & CS_P_BYVAL) ? (void *)&a[p->ai] : (void *)a[p->ai];
         switch (p->kind) {
         case CS_K_IN_STRUCT: case CS_K_INOUT_STRUCT:
             if (ptr) n += cs_flen(p->aux); break;
@@ -587,7 +588,7 @@ static __attribute__((noinline)) CUresult cs_call_rec(int id, const cs_fn *fn, c
         if (fn->kinds & CS_M_PRE) for (int i = 0; i < fn->nparams; i++) {
             const cs_param *p = &fn->params[i];
             if (p->flags & CS_P_FLOAT) continue;
-            void *ptr = (void *)a[p->ai];
+            void *ptr = (p->flags & CS_P_BYVAL) ? (void *)&a[p->ai] : (void *)a[p->ai];
             switch (p->kind) {
             case CS_K_IN_STRUCT: case CS_K_INOUT_STRUCT:
                 if (ptr) cs_put(&r, (uint16_t)i, CS_T_BYTES, ptr, p->aux); break;

@@ -519,6 +519,9 @@ static int cs_await_stream(const cs_fn *fn, U stream) {
 
 CS_TLS int cs_last_wrapped = -2;
 static void cs_place_after(const cs_fn *fn, const U *a, CUresult res);
+static void cs_share_after(const cs_fn *fn, const U *a, CUresult res);
+CS_TLS int cs_link_ok;
+CS_TLS int64_t cs_link[8];
 
 static void cs_hook_after(const cs_fn *fn, int id, U *a, CUresult res) {
     (void)id;
@@ -555,6 +558,9 @@ static void cs_hook_after(const cs_fn *fn, int id, U *a, CUresult res) {
     case CS_H_UNLOAD:
         if (res == 0) { cs_layouts_invalidate(); cs_ctx_forget(); }
         return;
+    case CS_H_SHARE:
+        cs_share_after(fn, a, res);
+        return;
     case CS_H_MEMCPY_STRUCT: {
         const char *c = (const char *)a[fn->params[0].ai], *hp; uint64_t n;
         cs_post_serial = cs_post_size = 0;
@@ -585,6 +591,7 @@ static void cs_hook_after(const cs_fn *fn, int id, U *a, CUresult res) {
 static uint32_t cs_hook_post_size(const cs_fn *fn, const U *a, CUresult res) {
     (void)res;
     if (fn->hook == CS_H_GETPROC) return cs_flen(8);
+    if (fn->hook == CS_H_SHARE) return cs_link_ok ? cs_flen(sizeof cs_link) : 0;
     if ((fn->hook == CS_H_MEMCPY_STRUCT || fn->hook == CS_H_MEMCPY_UNIFIED) && res == 0 && cs_post_serial) return cs_flen(16);
     (void)a;
     return 0;
@@ -592,6 +599,7 @@ static uint32_t cs_hook_post_size(const cs_fn *fn, const U *a, CUresult res) {
 
 static void cs_hook_post_fields(const cs_fn *fn, cs_rec *r, const U *a, CUresult res) {
     if (fn->hook == CS_H_GETPROC) { cs_put_val(r, CS_F_WRAPPED, (U)(int64_t)cs_last_wrapped); return; }
+    if (fn->hook == CS_H_SHARE) { if (cs_link_ok) cs_put(r, CS_F_LINK, CS_T_BYTES, cs_link, sizeof cs_link); return; }
     if ((fn->hook == CS_H_MEMCPY_STRUCT || fn->hook == CS_H_MEMCPY_UNIFIED) && res == 0 && cs_post_serial)
         cs_put_blobref(r, CS_F_HOSTDST, cs_post_serial, cs_post_size);
     (void)a;

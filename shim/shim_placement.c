@@ -19,7 +19,7 @@ static const U cs_zone_bases[] = {0x600000000000ull, 0x500000000000ull, 0x400000
  * hints for small reservations); their cuMemAddressFree returns the range to the zone. */
 #define CS_SMALL_ALIGN 512ull
 
-typedef struct { U base, size; U handle; int refs; int open; } cs_slab;
+typedef struct { U base, size; U handle; int refs; int open; int dev; } cs_slab;
 typedef struct { U ptr, size; int slab; U handle; U rsize; } cs_alloc;
 
 static pthread_mutex_t cs_pl_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -31,7 +31,11 @@ static U cs_pl_next;                         /* bump pointer over the zone */
 typedef struct { U base, size; } cs_range;
 static cs_range *cs_holes; static int cs_nholes, cs_capholes;   /* freed large ranges, reused first-fit */
 static U cs_pl_gran;
-static cs_slab *cs_slabs; static int cs_nslabs, cs_capslabs, cs_cur_slab = -1;
+static cs_slab *cs_slabs; static int cs_nslabs, cs_capslabs;
+/* the slab small allocations go to, per device (index + 1; 0: none): a slab's memory lives on
+ * one GPU and is accessible from it, so another device's allocations never share it */
+#define CS_PL_DEVS 64
+static int cs_cur_slab1[CS_PL_DEVS];
 static cs_alloc *cs_allocs; static int cs_nallocs, cs_capallocs;
 static cs_range *cs_resv; static int cs_nresv, cs_capresv;      /* program reservations in the zone */
 
@@ -62,6 +66,35 @@ static int cs_cur_device(void) {
     return dev;
 }
 
+/* The devices that may reach memory of `dev`: itself, then every GPU that can access it as a
+ * peer. Peer access (cuCtxEnablePeerAccess) does not reach VMM memory, cuMemSetAccess does: a
+ * program's kernel reading a peer's cudaMalloc memory works under capture as it did without.
+ * Asked once (called with cs_pl_lock held). */
+#define CS_PL_MAXDEV 16
+static int cs_peer_n = -1;
+static unsigned char cs_peer_can[CS_PL_MAXDEV][CS_PL_MAXDEV];   /* [d][dev]: d can reach dev */
+static int cs_access_list(int dev, int *out) {
+    if (cs_peer_n < 0) {
+        int n = 0;
+        cs_fn2 count = CALLREAL(CS_ID_cuDeviceGetCount, cs_fn2);
+        cs_fn3 can = CALLREAL(CS_ID_cuDeviceCanAccessPeer, cs_fn3);
+        if (count && count((U)&n, 0) != 0) n = 0;
+        if (n > CS_PL_MAXDEV) n = CS_PL_MAXDEV;
+        for (int d = 0; d < n; d++)
+            for (int e = 0; e < n; e++) {
+                int c = 0;
+                if (d != e && can && can((U)&c, (U)d, (U)e) != 0) c = 0;
+                cs_peer_can[d][e] = (unsigned char)(d != e && c);
+            }
+        cs_peer_n = n;
+    }
+    int k = 0;
+    out[k++] = dev;
+    for (int d = 0; d < cs_peer_n; d++)
+        if (d != dev && dev >= 0 && dev < CS_PL_MAXDEV && cs_peer_can[d][dev]) out[k++] = d;
+    return k;
+}
+
 /* Map fresh physical memory at [at, at+size) inside the zone. 0 on success. */
 static CUresult cs_map_at(U at, U size, int dev, U *handle_out) {
     cs_fn4 create = CALLREAL(CS_ID_cuMemCreate, cs_fn4);
@@ -79,11 +112,15 @@ static CUresult cs_map_at(U at, U size, int dev, U *handle_out) {
     if ((r = create((U)&h, size, (U)prop, 0))) return r;
     cs_pl_step = "cuMemMap";
     if ((r = map(at, size, 0, h, 0))) { ((CUresult(*)(U))release)(h); return r; }
-    unsigned char desc[12];
+    int devs[CS_PL_MAXDEV + 1];
+    int nd = cs_access_list(dev, devs);
+    unsigned char desc[12 * (CS_PL_MAXDEV + 1)];
     uint32_t t = 1, fl = 3;   /* location DEVICE, READWRITE */
-    memcpy(desc, &t, 4); memcpy(desc + 4, &dev, 4); memcpy(desc + 8, &fl, 4);
+    for (int i = 0; i < nd; i++) {
+        memcpy(desc + 12 * i, &t, 4); memcpy(desc + 12 * i + 4, &devs[i], 4); memcpy(desc + 12 * i + 8, &fl, 4);
+    }
     cs_pl_step = "cuMemSetAccess";
-    if ((r = access(at, size, (U)desc, 1))) { unmap(at, size); ((CUresult(*)(U))release)(h); return r; }
+    if ((r = access(at, size, (U)desc, (U)nd))) { unmap(at, size); ((CUresult(*)(U))release)(h); return r; }
     *handle_out = h;
     return 0;
 }
@@ -207,7 +244,8 @@ static CUresult cs_place_alloc(U *dptr, U bytes) {
         return 0;
     }
     U need = (bytes + CS_SMALL_ALIGN - 1) & ~(CS_SMALL_ALIGN - 1);
-    cs_slab *s = cs_cur_slab >= 0 ? &cs_slabs[cs_cur_slab] : NULL;
+    int *cur = &cs_cur_slab1[(unsigned)dev % CS_PL_DEVS];
+    cs_slab *s = *cur > 0 ? &cs_slabs[*cur - 1] : NULL;
     if (!s || s->open + need > s->size) {
         if (s) { s->open = (int)s->size; if (s->refs == 0) { cs_unmap_at(s->base, s->size, s->handle); s->size = 0; } }
         if (cs_nslabs == cs_capslabs) {
@@ -216,17 +254,17 @@ static CUresult cs_place_alloc(U *dptr, U bytes) {
             if (!g) return 2;
             cs_slabs = g; cs_capslabs = cap;
         }
-        cs_slab n = {0, cs_pl_gran, 0, 0, 0};
+        cs_slab n = {0, cs_pl_gran, 0, 0, 0, dev};
         CUresult r = cs_region_map(n.size, dev, &n.base, &n.handle);
         if (r) return r;
         cs_slabs[cs_nslabs] = n;
-        cs_cur_slab = cs_nslabs++;
-        s = &cs_slabs[cs_cur_slab];
+        *cur = ++cs_nslabs;
+        s = &cs_slabs[*cur - 1];
     }
     U p = s->base + (U)s->open;
     s->open += (int)need;
     s->refs++;
-    cs_alloc a = {p, bytes, cs_cur_slab, 0, need};
+    cs_alloc a = {p, bytes, *cur - 1, 0, need};
     if (cs_push_alloc(a)) { s->refs--; return 2; }
     *dptr = p;
     return 0;
@@ -241,7 +279,7 @@ static int cs_place_free(U p, CUresult *res) {
         cs_unmap_at(a.ptr, a.rsize, a.handle);
     } else {
         cs_slab *s = &cs_slabs[a.slab];
-        if (--s->refs == 0 && a.slab != cs_cur_slab && s->size) {
+        if (--s->refs == 0 && a.slab != cs_cur_slab1[(unsigned)s->dev % CS_PL_DEVS] - 1 && s->size) {
             cs_unmap_at(s->base, s->size, s->handle);
             s->size = 0;
         }

@@ -203,12 +203,16 @@ def test_special_captures(desc):
         "cuGetProcAddress_v2": "getproc", "cuGetExportTable": "export_table",
         "cuMemHostAlloc": "host_alloc", "cuMemAllocHost_v2": "host_alloc",
         "cuMemHostRegister_v2": "host_alloc", "cuMemAllocManaged": "host_alloc",
+        "cuMemExportToShareableHandle": "share", "cuMemImportFromShareableHandle": "share",
+        "cuIpcGetMemHandle": "share",
     }
     for name, cap in caps.items():
         assert fn(desc, name)["capture"] == cap, name
     f = fn(desc, "cuGetExportTable")
     assert f["status"] == "refused" and "not recordable" in f["reason"]
-    assert fn(desc, "cuIpcOpenMemHandle_v2")["status"] == "refused"
+    # cross-process handles replay within a group replay (replay/group.py); IPC events do not
+    assert fn(desc, "cuIpcOpenMemHandle_v2")["status"] == "replay"
+    assert fn(desc, "cuIpcOpenEventHandle")["status"] == "refused"
 
 
 def test_arrays_and_strings(desc):

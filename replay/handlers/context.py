@@ -13,9 +13,15 @@ def init(rp, rec):
     rp.ensure_init(rec)
 
 
+def _dev(rp, rec_dev):
+    """The GPU a recorded device replays on (replay/devices.py)."""
+    from ..devices import live_device
+    return live_device(rp, rec_dev)
+
+
 @handles("cuDevicePrimaryCtxRetain")
 def primary_retain(rp, rec):
-    ctx = rp.drv(rec, "cuDevicePrimaryCtxRetain", rp.dev)
+    ctx = rp.drv(rec, "cuDevicePrimaryCtxRetain", _dev(rp, rec["a"].get("dev")))
     if ctx is not None:
         rp.set_handle(rec["a"].get("pctx"), ctx, "context")
 
@@ -26,18 +32,18 @@ def primary_release(rp, rec):
     # both as a release of one retain (the program's later calls re-create what they need).
     if "Reset" in rec["f"]:
         rp.note(f"call #{rec.get('s')} {rec['f']}: replayed as a release (placement is kept)")
-    rp.drv(rec, "cuDevicePrimaryCtxRelease", rp.dev)
+    rp.drv(rec, "cuDevicePrimaryCtxRelease", _dev(rp, rec["a"].get("dev")))
 
 
 @handles("cuDevicePrimaryCtxSetFlags")
 def primary_set_flags(rp, rec):
-    rp.drv(rec, "cuDevicePrimaryCtxSetFlags", rp.dev, rec["a"].get("flags", 0))
+    rp.drv(rec, "cuDevicePrimaryCtxSetFlags", _dev(rp, rec["a"].get("dev")), rec["a"].get("flags", 0))
 
 
 @handles("cuCtxCreate")
 def ctx_create(rp, rec):
     a = rec["a"]
-    ctx = rp.drv(rec, "cuCtxCreate", None, a.get("flags", 0), rp.dev)
+    ctx = rp.drv(rec, "cuCtxCreate", None, a.get("flags", 0), _dev(rp, a.get("dev")))
     if ctx is not None:
         rp.set_handle(a.get("pctx"), ctx, "context")
         _current(rp, rec, ctx)
@@ -59,9 +65,9 @@ def ctx_or_primary(rp, rec, h):
         return rp.cu.CUcontext(0)
     if h in rp.handles:
         return rp.handles[h]
-    ctx = rp.raw("cuDevicePrimaryCtxRetain", rp.dev)
-    rp.set_handle(h, ctx, "context")
     ident = rp.ctx_ids.get(h)
+    ctx = rp.raw("cuDevicePrimaryCtxRetain", _dev(rp, (ident or {}).get("device")))
+    rp.set_handle(h, ctx, "context")
     if not (ident and ident.get("primary")):
         what = "a context the capture could not identify" if not ident or ident.get("primary") is None else \
             f"a non-primary context of device {ident.get('device')} not created by a recorded call"

@@ -146,7 +146,8 @@ def vmm_free(rp, rec):
 @handles("cuMemCreate")
 def vmm_create(rp, rec):
     a = rec["a"]
-    h = rp.drv(rec, "cuMemCreate", int(a.get("size", 0)), rp.ops.prop(), 0)
+    from .ipc import recorded_prop      # the shareable handle types asked for (exports need them)
+    h = rp.drv(rec, "cuMemCreate", int(a.get("size", 0)), recorded_prop(rp, a.get("prop")), 0)
     if h is not None:
         rp.set_handle(a.get("handle"), h, "allocation handle")
 

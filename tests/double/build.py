@@ -44,6 +44,9 @@ PROGRAMS = {
     "unified": "link",
     "sigwait": "link",
     "nvtx_client": "link",
+    "share": "link",
+    "ipc": "link",
+    "peer": "link",
     "windowed": "link",
 }
 

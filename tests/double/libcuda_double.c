@@ -25,7 +25,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -132,6 +134,8 @@ static const struct { CUresult code; const char *name, *text; } errtab[] = {
     {CUDA_ERROR_DEINITIALIZED, "CUDA_ERROR_DEINITIALIZED", "driver shutting down"},
     {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
     {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED", "peer access is already enabled"},
+    {CUDA_ERROR_PEER_ACCESS_NOT_ENABLED, "CUDA_ERROR_PEER_ACCESS_NOT_ENABLED", "peer access has not been enabled"},
     {CUDA_ERROR_INVALID_IMAGE, "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
     {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
     {CUDA_ERROR_CONTEXT_ALREADY_CURRENT, "CUDA_ERROR_CONTEXT_ALREADY_CURRENT", "context already current"},
@@ -191,20 +195,40 @@ API CUresult cuDriverGetVersion(int *v) {
 }
 
 #define CHECK(x) do { CUresult r_ = (x); if (r_ != CUDA_SUCCESS) return r_; } while (0)
-#define CHECK_DEV(d) do { CHECK(need_init()); if ((d) != 0) return CUDA_ERROR_INVALID_DEVICE; } while (0)
+/* CUDA_DOUBLE_DEVICES=N (1..8, default 1): that many devices, all in the same host memory;
+ * every device reaches every other as a peer. */
+#define MAX_DEVICES 8
+int double_ndev(void) {
+    static int n;
+    if (!n) {
+        const char *e = getenv("CUDA_DOUBLE_DEVICES");
+        int v = e && *e ? atoi(e) : 1;
+        n = v < 1 ? 1 : v > MAX_DEVICES ? MAX_DEVICES : v;
+    }
+    return n;
+}
+#define CHECK_DEV(d) do { CHECK(need_init()); if ((d) < 0 || (d) >= double_ndev()) return CUDA_ERROR_INVALID_DEVICE; } while (0)
 
 API CUresult cuDeviceGet(CUdevice *device, int ordinal) {
     CHECK(need_init());
     if (!device) return CUDA_ERROR_INVALID_VALUE;
-    if (ordinal != 0) return CUDA_ERROR_INVALID_DEVICE;
-    *device = 0;
+    if (ordinal < 0 || ordinal >= double_ndev()) return CUDA_ERROR_INVALID_DEVICE;
+    *device = ordinal;
     return CUDA_SUCCESS;
 }
 
 API CUresult cuDeviceGetCount(int *count) {
     CHECK(need_init());
     if (!count) return CUDA_ERROR_INVALID_VALUE;
-    *count = 1;
+    *count = double_ndev();
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev) {
+    CHECK_DEV(dev);
+    CHECK_DEV(peerDev);
+    if (!canAccessPeer) return CUDA_ERROR_INVALID_VALUE;
+    *canAccessPeer = dev != peerDev;
     return CUDA_SUCCESS;
 }
 
@@ -219,6 +243,7 @@ API CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) {
     CHECK_DEV(dev);
     if (!uuid) return CUDA_ERROR_INVALID_VALUE;
     memcpy(uuid->bytes, "cudasnap-double!", 16);
+    uuid->bytes[15] = (char)('!' + dev);        /* device 0 keeps the historic UUID */
     return CUDA_SUCCESS;
 }
 
@@ -263,8 +288,9 @@ API CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice d
 }
 
 /* ---------------------------------------------------------------- contexts */
-struct ctx_obj { int type; CUdevice dev; unsigned int flags; int primary; int refs; int active; };
-static struct ctx_obj *primary_ctx;
+struct ctx_obj { int type; CUdevice dev; unsigned int flags; int primary; int refs; int active; unsigned peers; };
+static struct ctx_obj *primary_ctxs[MAX_DEVICES];
+#define primary_ctx primary_ctxs[dev]
 static __thread CUcontext ctx_stack[64];
 static __thread int ctx_depth;
 
@@ -282,7 +308,7 @@ static CUresult primary_retain(CUcontext *pctx, CUdevice dev) {
     if (!primary_ctx) {
         struct ctx_obj *c = obj_new(OBJ_CTX, sizeof *c);
         LOCK();
-        if (!primary_ctx) { c->primary = 1; primary_ctx = c; c = NULL; }
+        if (!primary_ctx) { c->primary = 1; c->dev = dev; primary_ctx = c; c = NULL; }
         UNLOCK();
         if (c) obj_free(c);
     }
@@ -304,7 +330,7 @@ API CUresult double_private_primary_ctx(CUcontext *pctx, CUdevice dev) {
     if (!primary_ctx) {
         struct ctx_obj *c = obj_new(OBJ_CTX, sizeof *c);
         LOCK();
-        if (!primary_ctx) { c->primary = 1; primary_ctx = c; c = NULL; }
+        if (!primary_ctx) { c->primary = 1; c->dev = dev; primary_ctx = c; c = NULL; }
         UNLOCK();
         if (c) obj_free(c);
     }
@@ -435,7 +461,7 @@ API CUresult cuProfilerStop(void) { return profiler_log("cuProfilerStop"); }
 API CUresult cuCtxGetDevice(CUdevice *device) {
     CHECK(need_ctx());
     if (!device) return CUDA_ERROR_INVALID_VALUE;
-    *device = 0;
+    *device = ((struct ctx_obj *)ctx_stack[ctx_depth - 1])->dev;
     return CUDA_SUCCESS;
 }
 
@@ -449,7 +475,8 @@ API CUresult cuCtxSynchronize_v2(CUcontext ctx) {
 API CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx) {
     CHECK(cuCtxSynchronize_v2(ctx));
     if (!device) return CUDA_ERROR_INVALID_VALUE;
-    *device = 0;
+    if (!ctx) return cuCtxGetDevice(device);
+    *device = ((struct ctx_obj *)ctx)->dev;
     return CUDA_SUCCESS;
 }
 
@@ -469,8 +496,8 @@ API CUresult cuCtxGetFlags(unsigned int *flags) {
 }
 
 /* ------------------------------------------------------------ memory table */
-enum { R_ALLOC = 1, R_HOST, R_RESERVE, R_MAP };
-struct memh_obj { int type; int fd; size_t size; int released; int nmaps; };
+enum { R_ALLOC = 1, R_HOST, R_RESERVE, R_MAP, R_IPC };
+struct memh_obj { int type; int fd; size_t size; int released; int nmaps; unsigned handle_types; };
 typedef struct region {
     unsigned long long base;
     size_t size, maplen;
@@ -580,6 +607,7 @@ static CUresult mem_free(unsigned long long p, int kind) {
         if (regs[i].base == p && regs[i].kind == kind) {
             munmap((void *)p, regs[i].maplen);
             if (kind == R_ALLOC) mem_used -= regs[i].maplen;
+            if (kind == R_ALLOC && regs[i].h) { close(regs[i].h->fd); free(regs[i].h); }   /* shared by IPC */
             reg_del(i);
             UNLOCK();
             return CUDA_SUCCESS;
@@ -715,6 +743,34 @@ static CUresult do_copy(unsigned long long dst, unsigned long long src, size_t n
     return op_run(&op);
 }
 
+/* Peer access: bookkeeping only (every device reaches all memory); refused as the driver
+ * refuses it: a context of the same device, twice, or disabling what was not enabled. */
+static CUresult peer_access(CUcontext peer, int enable) {
+    CHECK(need_ctx());
+    struct ctx_obj *c = (struct ctx_obj *)ctx_stack[ctx_depth - 1], *p = (struct ctx_obj *)peer;
+    if (!obj_check(p, OBJ_CTX) || !p->active) return CUDA_ERROR_INVALID_CONTEXT;
+    if (p->dev == c->dev) return CUDA_ERROR_INVALID_DEVICE;
+    unsigned bit = 1u << p->dev;
+    if (enable && (c->peers & bit)) return CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
+    if (!enable && !(c->peers & bit)) return CUDA_ERROR_PEER_ACCESS_NOT_ENABLED;
+    c->peers ^= bit;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags) {
+    return Flags ? CUDA_ERROR_INVALID_VALUE : peer_access(peerContext, 1);
+}
+API CUresult cuCtxDisablePeerAccess(CUcontext peerContext) { return peer_access(peerContext, 0); }
+
+API CUresult cuMemcpyPeer(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t n) {
+    if (!obj_check(dctx, OBJ_CTX) || !obj_check(sctx, OBJ_CTX)) return CUDA_ERROR_INVALID_CONTEXT;
+    return do_copy(dst, src, n, 3, NULL, 0);
+}
+API CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t n, CUstream st) {
+    if (!obj_check(dctx, OBJ_CTX) || !obj_check(sctx, OBJ_CTX)) return CUDA_ERROR_INVALID_CONTEXT;
+    return do_copy(dst, src, n, 3, st, 1);
+}
+
 static CUresult do_set(unsigned long long dst, unsigned int v, size_t n, int width, CUstream s, int async) {
     CHECK(need_ctx());
     if (async) CHECK(stream_validate(s));
@@ -755,7 +811,7 @@ API CUresult cuMemsetD32Async_ptsz(CUdeviceptr d, unsigned int v, size_t n, CUst
 static CUresult check_prop(const CUmemAllocationProp *prop) {
     if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return CUDA_ERROR_INVALID_VALUE;
-    if (prop->location.id != 0) return CUDA_ERROR_INVALID_DEVICE;
+    if (prop->location.id < 0 || prop->location.id >= double_ndev()) return CUDA_ERROR_INVALID_DEVICE;
     return CUDA_SUCCESS;
 }
 
@@ -833,11 +889,135 @@ API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, cons
     struct memh_obj *h = obj_new(OBJ_MEMHANDLE, sizeof *h);
     h->fd = fd;
     h->size = size;
+    h->handle_types = (unsigned)prop->requestedHandleTypes;
     LOCK();
     mem_used += size;
     UNLOCK();
     *handle = (CUmemGenericAllocationHandle)(uintptr_t)h;
     return CUDA_SUCCESS;
+}
+
+/* Shareable handles: a POSIX fd is a duplicate of the allocation's memfd, so another process
+ * that receives it (SCM_RIGHTS) maps the same memory; only for allocations created with
+ * CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR requested, as the driver wants. */
+API CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
+                                          CUmemAllocationHandleType handleType, unsigned long long flags) {
+    CHECK(need_init());
+    struct memh_obj *h = (struct memh_obj *)(uintptr_t)handle;
+    if (!shareableHandle || flags) return CUDA_ERROR_INVALID_VALUE;
+    LOCK();
+    CUresult r = CUDA_SUCCESS;
+    if (!obj_check_locked(h, OBJ_MEMHANDLE) || h->released) r = CUDA_ERROR_INVALID_HANDLE;
+    else if (handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || !(h->handle_types & handleType))
+        r = CUDA_ERROR_NOT_SUPPORTED;
+    int fd = r == CUDA_SUCCESS ? dup(h->fd) : -1;
+    UNLOCK();
+    if (r == CUDA_SUCCESS && fd < 0) r = CUDA_ERROR_OUT_OF_MEMORY;
+    if (r == CUDA_SUCCESS) *(int *)shareableHandle = fd;
+    return r;
+}
+
+API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
+                                            CUmemAllocationHandleType shHandleType) {
+    CHECK(need_ctx());
+    int fd = (int)(intptr_t)osHandle;
+    struct stat st;
+    if (!handle || shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_INVALID_VALUE;
+    if (fd < 0 || fstat(fd, &st) != 0 || st.st_size <= 0 || st.st_size % GRANULARITY) return CUDA_ERROR_INVALID_VALUE;
+    int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (own < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    struct memh_obj *h = obj_new(OBJ_MEMHANDLE, sizeof *h);
+    h->fd = own;
+    h->size = (size_t)st.st_size;
+    h->handle_types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    *handle = (CUmemGenericAllocationHandle)(uintptr_t)h;
+    return CUDA_SUCCESS;
+}
+
+/* Legacy IPC: cuIpcGetMemHandle turns a cuMemAlloc allocation into shared memory in place (a
+ * memfd holding its bytes, mapped over it) and names it by (pid, fd); another process opens
+ * /proc/PID/fd/FD and maps it where the driver would put it. VMM and pool memory are refused
+ * (CUDA_ERROR_INVALID_VALUE), as by the driver. The handle's first 8 bytes are "CDIPC". */
+typedef struct { char magic[8]; int pid, fd; unsigned long long size, maplen; } ipc_handle_t;
+
+API CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
+    CHECK(need_ctx());
+    if (!pHandle) return CUDA_ERROR_INVALID_VALUE;
+    LOCK();
+    region_t *r = NULL;
+    for (size_t i = 0; i < nregs; i++)
+        if (regs[i].kind == R_ALLOC && dptr >= regs[i].base && dptr < regs[i].base + regs[i].maplen) r = &regs[i];
+    CUresult res = r ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (r && !r->h) {
+        int fd = memfd_create("cudasnap-test-double-ipc", MFD_CLOEXEC);
+        struct memh_obj *h = fd >= 0 ? calloc(1, sizeof *h) : NULL;
+        if (!h || ftruncate(fd, (off_t)r->maplen) != 0 || pwrite(fd, (void *)r->base, r->maplen, 0) != (ssize_t)r->maplen
+            || mmap((void *)r->base, r->maplen, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) != (void *)r->base) {
+            if (fd >= 0) close(fd);
+            free(h);
+            res = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            h->type = OBJ_MEMHANDLE; h->fd = fd; h->size = r->maplen;
+            r->h = h;
+        }
+    }
+    if (res == CUDA_SUCCESS) {
+        ipc_handle_t ih;
+        memset(pHandle, 0, sizeof *pHandle);
+        memset(&ih, 0, sizeof ih);
+        memcpy(ih.magic, "CDIPC", 6);
+        ih.pid = (int)getpid(); ih.fd = r->h->fd; ih.size = r->size; ih.maplen = r->maplen;
+        memcpy(pHandle, &ih, sizeof ih);
+    }
+    UNLOCK();
+    return res;
+}
+
+static CUresult ipc_open(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags) {
+    CHECK(need_ctx());
+    ipc_handle_t ih;
+    memcpy(&ih, &handle, sizeof ih);
+    if (!pdptr || memcmp(ih.magic, "CDIPC", 6) != 0 || !(flags & 1)) return CUDA_ERROR_INVALID_VALUE;
+    if (ih.pid == (int)getpid()) return CUDA_ERROR_INVALID_CONTEXT;    /* a process cannot open its own */
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", ih.pid, ih.fd);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) return CUDA_ERROR_INVALID_HANDLE;
+    LOCK();
+    unsigned long long p = va_alloc(ih.maplen, GRANULARITY, PROT_NONE);
+    CUresult res = CUDA_ERROR_OUT_OF_MEMORY;
+    struct memh_obj *h = calloc(1, sizeof *h);
+    if (p && h && mmap((void *)p, ih.maplen, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == (void *)p) {
+        h->type = OBJ_MEMHANDLE; h->fd = fd; h->size = ih.maplen;
+        reg_add((region_t){p, ih.size, ih.maplen, R_IPC, 1, h});
+        *pdptr = p;
+        res = CUDA_SUCCESS;
+    } else {
+        if (p) munmap((void *)p, ih.maplen);
+        free(h);
+        close(fd);
+    }
+    UNLOCK();
+    return res;
+}
+
+API CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags) { return ipc_open(pdptr, handle, flags); }
+API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags) { return ipc_open(pdptr, handle, flags); }
+
+API CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
+    CHECK(need_init());
+    LOCK();
+    for (size_t i = 0; i < nregs; i++)
+        if (regs[i].kind == R_IPC && regs[i].base == dptr) {
+            munmap((void *)dptr, regs[i].maplen);
+            close(regs[i].h->fd);
+            free(regs[i].h);
+            reg_del(i);
+            UNLOCK();
+            return CUDA_SUCCESS;
+        }
+    UNLOCK();
+    return CUDA_ERROR_INVALID_VALUE;
 }
 
 API CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
@@ -901,7 +1081,8 @@ API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc 
     if (!desc || count == 0 || size == 0) return CUDA_ERROR_INVALID_VALUE;
     int prot = PROT_NONE;
     for (size_t i = 0; i < count; i++) {
-        if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || desc[i].location.id != 0) return CUDA_ERROR_INVALID_DEVICE;
+        if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || desc[i].location.id < 0
+            || desc[i].location.id >= double_ndev()) return CUDA_ERROR_INVALID_DEVICE;
         if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE) prot = PROT_READ | PROT_WRITE;
         else if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READ) prot = PROT_READ;
         else if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE) return CUDA_ERROR_INVALID_VALUE;

@@ -1,0 +1,268 @@
+#!/usr/bin/env bash
+# GPU checks of group capture and replay (several processes, several GPUs), on a 2-GPU machine:
+#   1. a 2-rank PyTorch DDP program (NCCL all-reduce, 5 steps, torchrun) captured: one snapshot
+#      per rank and a group manifest with the shareable-handle links; the program's output is
+#      unchanged; replayed as a group: exit 0, 0 fell back, D2H verified on both ranks;
+#   2. legacy CUDA IPC between 2 processes (nvcc; captured with --placement off), group replay;
+#   3. one process, 2 GPUs, peer access (cudaMemcpyPeer, a kernel reading the peer), replayed on
+#      2 GPUs (and with the GPUs swapped);
+#   4. NCCL kernels' per-rank times: --profile timeline against native (torch.profiler), +-10%;
+#   5. a missing rank, fewer GPUs than recorded (--devices 0), a killed peer replayer: a clear
+#      error and exit 2, in bounded time.
+# Prints PASS/FAIL lines; writes $OUT/demo_multigpu.log, multigpu_manifest.json,
+# multigpu_replay.json, multigpu_timeline.json, multigpu_trace.json.gz (every rank in one trace).
+# Run from the project root (carry .whl: cffi, pycparser, zstandard):
+#   bash bench/demo_multigpu_gpu.sh
+# Env: STEPS (DDP steps, default 5), NPROC (ranks, default 2; 4 on a 4-GPU machine).
+set -uo pipefail
+ROOT=$(pwd)
+OUT=${OUT:-/tmp/cudasnap-out}; mkdir -p "$OUT"
+W=/tmp/cudasnap-multigpu; rm -rf "$W"; mkdir -p "$W"
+STEPS=${STEPS:-5}
+NPROC=${NPROC:-2}
+INSTALL_LOG=$W/install.log . "$ROOT/bench/gpu_env.sh"
+exec > >(tee "$OUT/demo_multigpu.log") 2>&1
+step() { echo; echo "=== $*"; }
+FAIL=0
+check() { if [ "$1" = 0 ]; then echo "PASS: $2"; else echo "FAIL: $2"; FAIL=1; fi; }
+nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader
+NGPU=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
+[ "$NGPU" -ge "$NPROC" ] || { echo "FAIL: needs $NPROC GPUs, this machine has $NGPU"; exit 2; }
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+cd "$W"
+
+cat > ddp.py <<'EOF'
+import json, os, sys
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+steps = int(sys.argv[1])
+dist.init_process_group("nccl")
+rank, local = dist.get_rank(), int(os.environ["LOCAL_RANK"])
+torch.cuda.set_device(local)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(1024, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 10)).cuda()
+ddp = DDP(model, device_ids=[local])
+opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+g = torch.Generator(device="cuda").manual_seed(rank)
+x = torch.randn(256, 1024, device="cuda", generator=g)
+y = torch.randint(0, 10, (256,), device="cuda", generator=g)
+prof_out = os.environ.get("DDP_PROFILE")
+prof = None
+if prof_out:
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+    prof.__enter__()
+for step in range(steps):
+    loss = torch.nn.functional.cross_entropy(ddp(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+torch.cuda.synchronize()
+if prof is not None:
+    prof.__exit__(None, None, None)
+    prof.export_chrome_trace(f"{prof_out}.rank{rank}.json")
+s = sum(float(p.double().sum()) for p in model.parameters())
+print(f"rank {rank} loss {float(loss):.6f} params {s:.6f}", flush=True)
+dist.destroy_process_group()
+EOF
+
+cat > ipc.cu <<'EOF'
+// Legacy CUDA IPC: the owner fills 64 MiB, hands its cudaIpcMemHandle to a child process
+// (exec'd, its own GPU when there are two), which adds 1 through the opened mapping; the owner
+// reads the child's result.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <sys/wait.h>
+#include <unistd.h>
+#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e)); exit(1); } } while (0)
+__global__ void fill(float *p, int n) { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) p[i] = (float)(i % 1000); }
+__global__ void add1(float *p, int n) { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) p[i] += 1.0f; }
+static double sum(float *d, int n) {
+    float *h = (float *)malloc(n * sizeof(float)); CK(cudaMemcpy(h, d, n * sizeof(float), cudaMemcpyDeviceToHost));
+    double s = 0; for (int i = 0; i < n; i++) s += h[i]; free(h); return s;
+}
+int main(int argc, char **argv) {
+    const int n = 16 << 20;
+    int ndev = 0; CK(cudaGetDeviceCount(&ndev));
+    if (argc > 1) {                                    // child: argv[1] = the handle in hex
+        cudaIpcMemHandle_t h;
+        for (int i = 0; i < (int)sizeof h; i++) sscanf(argv[1] + 2 * i, "%2hhx", (unsigned char *)&h + i);
+        CK(cudaSetDevice(ndev > 1 ? 1 : 0));
+        float *p; CK(cudaIpcOpenMemHandle((void **)&p, h, cudaIpcMemLazyEnablePeerAccess));
+        add1<<<(n + 255) / 256, 256>>>(p, n); CK(cudaDeviceSynchronize());
+        printf("CHILD SUM %.1f\n", sum(p, n));
+        CK(cudaIpcCloseMemHandle(p));
+        return 0;
+    }
+    CK(cudaSetDevice(0));
+    float *p; CK(cudaMalloc(&p, n * sizeof(float)));
+    fill<<<(n + 255) / 256, 256>>>(p, n); CK(cudaDeviceSynchronize());
+    cudaIpcMemHandle_t h; CK(cudaIpcGetMemHandle(&h, p));
+    char hex[2 * sizeof h + 1];
+    for (int i = 0; i < (int)sizeof h; i++) sprintf(hex + 2 * i, "%02x", ((unsigned char *)&h)[i]);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) { execl(argv[0], argv[0], hex, (char *)0); _exit(127); }
+    int st = 0; waitpid(pid, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st)) { fprintf(stderr, "child failed\n"); return 1; }
+    printf("OWNER SUM %.1f\n", sum(p, n));
+    CK(cudaFree(p));
+    return 0;
+}
+EOF
+
+cat > peer.cu <<'EOF'
+// One process, two GPUs: device 1 reads device 0's buffer through peer access, then
+// cudaMemcpyPeer brings device 1's result back to device 0.
+#include <cstdio>
+#include <cstdlib>
+#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e)); exit(1); } } while (0)
+__global__ void fill(float *p, int n) { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) p[i] = (float)(i % 977); }
+__global__ void twice(const float *peer, float *out, int n, int *count) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) { out[i] = 2.0f * peer[i]; if (i % 1024 == 0) atomicAdd(count, 1); } }
+int main() {
+    const int n = 8 << 20; size_t bytes = n * sizeof(float);
+    int ok = 0; CK(cudaDeviceCanAccessPeer(&ok, 1, 0));
+    if (!ok) { fprintf(stderr, "no peer access between GPU 1 and 0\n"); return 3; }
+    float *a, *b, *c; int *small0, *count;     // small ones on each GPU: capture packs them per GPU
+    CK(cudaSetDevice(0)); CK(cudaMalloc(&a, bytes)); CK(cudaMalloc(&c, bytes)); CK(cudaMalloc(&small0, 256));
+    fill<<<(n + 255) / 256, 256>>>(a, n); CK(cudaMemset(small0, 0, 256)); CK(cudaDeviceSynchronize());
+    CK(cudaSetDevice(1)); CK(cudaDeviceEnablePeerAccess(0, 0)); CK(cudaMalloc(&b, bytes)); CK(cudaMalloc(&count, 256));
+    CK(cudaMemset(count, 0, 256));
+    twice<<<(n + 255) / 256, 256>>>(a, b, n, count); CK(cudaDeviceSynchronize());
+    int cnt = 0; CK(cudaMemcpy(&cnt, count, sizeof cnt, cudaMemcpyDeviceToHost));
+    printf("PEER COUNT %d\n", cnt);
+    CK(cudaMemcpyPeer(c, 0, b, 1, bytes));
+    CK(cudaSetDevice(0));
+    float *h = (float *)malloc(bytes); CK(cudaMemcpy(h, c, bytes, cudaMemcpyDeviceToHost));
+    double s = 0; for (int i = 0; i < n; i++) s += h[i];
+    printf("PEER SUM %.1f\n", s);
+    return 0;
+}
+EOF
+
+RUN=(python3 -m torch.distributed.run --standalone --nproc-per-node "$NPROC")
+
+step "1. DDP, $NPROC ranks, $STEPS steps: native, captured, replayed as a group"
+timeout 120 "${RUN[@]}" ddp.py "$STEPS" > native.txt 2> native.err; check $? "native DDP run"
+timeout 180 cudasnap capture -f -o job.cusnap -- "${RUN[@]}" ddp.py "$STEPS" > captured.txt 2> capture.err
+rc=$?; tail -8 capture.err; check $rc "DDP capture (exit 0)"
+sort native.txt > a.txt; sort captured.txt > b.txt
+diff a.txt b.txt > /dev/null; check $? "capture does not change the program's output ($(wc -l < a.txt) rank lines)"
+MAN=job.cusnap; [ -f job.group.json ] && MAN=job.group.json
+cp "$MAN" "$OUT/multigpu_manifest.json"
+python3 - "$MAN" "$NPROC" <<'EOF'
+import json, sys
+m = json.load(open(sys.argv[1])); n = int(sys.argv[2])
+ranks = [r for r in m["ranks"] if r.get("devices")]
+links = m["links"]
+print("ranks:", [(r["rank"], r["pid"], r["devices"], r.get("rank_env")) for r in m["ranks"]])
+print("links:", len(links), "by", sorted({l.get("matched_by") for l in links}), "unmatched:", len(m["unmatched"]))
+for u in m["unmatched"][:3]:
+    print("  unmatched:", u)
+ok = len(ranks) == n and len({r["devices"][0] for r in ranks}) == n and links and not m["unmatched"]
+print(f"{'PASS' if ok else 'FAIL'}: manifest: {n} ranks on {n} GPUs, {len(links)} shareable-handle links, none unmatched")
+sys.exit(0 if ok else 1)
+EOF
+[ $? = 0 ] || FAIL=1
+timeout 180 cudasnap replay "$MAN" --json > "$OUT/multigpu_replay.json"
+rc=$?
+python3 - "$OUT/multigpu_replay.json" "$rc" <<'EOF'
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+except ValueError:
+    print("FAIL: group replay printed no JSON (exit %s)" % sys.argv[2]); sys.exit(1)
+for r in d["ranks"]:
+    b = r["replay"]
+    print(f"rank {r['rank']} GPU {r['device']}: exit {r['exit_code']}, {b.get('launches')} launches, {b.get('placed')} placed, "
+          f"{b.get('fell_back')} fell back, {b.get('d2h_verified')} D2H verified; errors {r['errors'][:2]}")
+work = [r for r in d["ranks"] if r["replay"].get("launches")]
+ok = d["exit_code"] == 0 and all(r["replay"].get("fell_back") == 0 and r["replay"].get("d2h_verified", 0) > 0 for r in work) and len(work) >= 2
+print(f"{'PASS' if ok else 'FAIL'}: DDP group replay: exit {d['exit_code']}, 0 fell back, D2H verified on every rank ({d['elapsed_s']:.1f} s)")
+sys.exit(0 if ok else 1)
+EOF
+[ $? = 0 ] || FAIL=1
+
+step "2. legacy CUDA IPC between 2 processes (captured with --placement off)"
+nvcc -O2 -arch=sm_90 -o ipc ipc.cu || { echo "FAIL: nvcc ipc.cu"; FAIL=1; }
+./ipc > ipc_native.txt; check $? "native IPC program: $(tr '\n' ' ' < ipc_native.txt)"
+timeout 120 cudasnap capture -f -o ipcreg.cusnap -- ./ipc > ipc_region.txt 2>&1
+echo "(with the default --placement region: exit $?, $(grep -c SUM ipc_region.txt) sums printed: legacy IPC needs cuMemAlloc memory)"
+timeout 120 cudasnap capture -f --placement off -o ipc.cusnap -- ./ipc > ipc_cap.txt 2> ipc_cap.err
+check $? "IPC capture --placement off"
+diff <(sort ipc_native.txt) <(sort ipc_cap.txt) > /dev/null; check $? "IPC capture does not change the output"
+IMAN=ipc.group.json
+python3 -c "import json; m=json.load(open('$IMAN')); print('links', [(l['kind'], l['from']['pid'], l['to']['pid']) for l in m['links']], 'unmatched', m['unmatched'])"
+timeout 180 cudasnap replay "$IMAN"; check $? "IPC group replay (exit 0, both processes verified)"
+
+step "3. one process, 2 GPUs, peer access"
+nvcc -O2 -arch=sm_90 -o peer peer.cu || { echo "FAIL: nvcc peer.cu"; FAIL=1; }
+./peer; check $? "native peer program"
+timeout 120 cudasnap capture -f -o peer.cusnap -- ./peer; check $? "peer capture"
+cudasnap info peer.cusnap | grep -iE "gpu|device" | head -4
+timeout 180 cudasnap replay peer.cusnap > peer_replay.txt 2>&1; rc=$?; tail -6 peer_replay.txt
+[ $rc = 0 ] && grep -q "recorded 0 on GPU 0, recorded 1 on GPU 1" peer_replay.txt
+check $? "peer replay on 2 GPUs (exit 0, D2H verified, peer access enabled for real)"
+timeout 180 cudasnap replay peer.cusnap --devices 1,0 > /dev/null 2>&1; check $? "peer replay with the GPUs swapped (--devices 1,0)"
+
+step "4. NCCL kernel times per rank: --profile timeline against native (torch.profiler)"
+timeout 120 env DDP_PROFILE="$W/native_prof" "${RUN[@]}" ddp.py "$STEPS" > /dev/null 2>&1; check $? "native profiled run"
+timeout 180 cudasnap replay "$MAN" --profile timeline --out "$W/replay_prof.json" --trace "$OUT/multigpu_trace.json.gz" > timeline.txt 2>&1
+check $? "group replay --profile timeline"
+tail -4 timeline.txt
+python3 - "$W" "$NPROC" "$OUT/multigpu_timeline.json" <<'EOF'
+import glob, json, statistics, sys
+w, n, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+res, ok = {}, True
+for r in range(n):
+    try:
+        nat = [e["dur"] for e in json.load(open(f"{w}/native_prof.rank{r}.json"))["traceEvents"]
+               if e.get("cat") == "kernel" and "nccl" in e.get("name", "").lower()]
+        rep = [x["time_us"] for x in json.load(open(f"{w}/replay_prof.rank{r}.json"))["launches"]
+               if "nccl" in (x.get("name") or "").lower() and x.get("time_us")]
+    except (OSError, ValueError, KeyError) as e:
+        print(f"FAIL: rank {r}: no timings ({e})"); ok = False; continue
+    if not nat or not rep:
+        print(f"FAIL: rank {r}: NCCL kernels native {len(nat)}, replayed {len(rep)}"); ok = False; continue
+    a, b = statistics.median(nat), statistics.median(rep)
+    d = (b - a) / a * 100
+    res[r] = {"native_median_us": a, "replay_median_us": b, "diff_pct": d, "native_n": len(nat), "replay_n": len(rep)}
+    good = abs(d) <= 10
+    ok &= good
+    print(f"{'PASS' if good else 'FAIL'}: rank {r}: NCCL kernels median native {a:.1f} us ({len(nat)}), replay {b:.1f} us ({len(rep)}): {d:+.1f}%")
+json.dump(res, open(out, "w"), indent=1)
+sys.exit(0 if ok else 1)
+EOF
+[ $? = 0 ] || FAIL=1
+
+step "5. failures: missing rank, fewer GPUs, a killed peer"
+R1=$(python3 -c "import json; m=json.load(open('$MAN')); print([r for r in m['ranks'] if r.get('devices')][-1]['snapshot'])")
+mv "$R1" "$R1.away"
+timeout 60 cudasnap replay "$MAN" > miss.txt 2>&1; rc=$?; cat miss.txt | tail -2
+[ $rc = 2 ] && grep -q "is missing" miss.txt; check $? "missing rank snapshot: clear error, exit 2 (got $rc)"
+mv "$R1.away" "$R1"
+timeout 60 cudasnap replay "$MAN" --devices 0 > few.txt 2>&1; rc=$?; tail -2 few.txt
+[ $rc = 2 ] && grep -q "GPU" few.txt; check $? "--devices 0 for a $NPROC-GPU job: clear error, exit 2 (got $rc)"
+KILL=$(python3 - "$MAN" <<'EOF'
+import json, sys
+from cudasnap.formats import SnapshotReader
+m = json.load(open(sys.argv[1]))
+r = [r for r in m["ranks"] if r.get("devices")][-1]
+import os
+path = r["snapshot"] if os.path.isabs(r["snapshot"]) else os.path.join(os.path.dirname(os.path.abspath(sys.argv[1])), r["snapshot"])
+seqs = [c["s"] for c in SnapshotReader(path).records("c") if c["f"].startswith("cuLaunch")]
+print(f"{r['rank']}:{seqs[len(seqs) // 2]}")
+EOF
+)
+echo "killing rank ${KILL%%:*} before call #${KILL##*:}"
+start=$(date +%s)
+timeout 150 env CUDASNAP_GROUP_TEST_KILL=$KILL cudasnap replay "$MAN" > killed.txt 2>&1; rc=$?
+took=$(( $(date +%s) - start )); tail -5 killed.txt
+[ $rc = 2 ] && grep -q "killed by signal 9" killed.txt; check $? "killed peer replayer: clear error, exit 2 in ${took} s (got $rc)"
+
+echo
+[ $FAIL = 0 ] && echo "ALL PASS" || echo "SOME FAILED"
+exit $FAIL

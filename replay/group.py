@@ -1,0 +1,583 @@
+"""Group replay: every rank of a captured job at once, one replayer process per rank.
+
+    cudasnap replay JOB.cusnap [--devices 0,1] [replay options...]
+
+JOB.cusnap is the group manifest capture wrote (formats/group.py), or several snapshots
+given together. The coordinator (this module, in the `cudasnap` process):
+- checks the manifest: every rank's snapshot is there, there are as many GPUs as ranks
+  (each rank gets its own GPU: --devices maps rank i to the i-th listed ordinal; by default
+  each rank's recorded device);
+- serves a UNIX socket (SOCK_SEQPACKET) over which rank replayers hand over the live file
+  descriptors of their exports (SCM_RIGHTS) and ask for the ones their imports need, paired
+  by the manifest's links (the recorded pid and call of each end);
+- starts one `cudasnap replay SNAP --device D --json` per rank at once, with a hook
+  (RankHook) that keeps the recorded cross-rank order of copies: before a copy at recorded
+  time t a rank waits until every other rank has returned from each call that had returned
+  before t in the recording (a shared progress table of recorded return times);
+- watches them: a rank that dies, or fails, stops the others after a short grace (they may
+  be waiting for it on the GPU), an import whose exporter ended or never came fails after a
+  timeout, every rank gets a watchdog: a clear error and exit 2, never a hang;
+- prints a summary per rank and for the job. Exit 0 all ranks verified, 1 a mismatch, 2 a
+  rank could not proceed.
+
+Environment: CUDASNAP_GROUP_TIMEOUT (seconds an import waits for its export, and a copy for the
+other ranks; default 60); CUDASNAP_GROUP_TEST_KILL=RANK:SEQ[:stall] (tests: that rank's replayer
+kills itself, or hangs, before call SEQ).
+"""
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+ENV_SOCKET, ENV_PID, ENV_RANK, ENV_PROGRESS, ENV_NRANKS, ENV_TIMEOUT = (
+    "CUDASNAP_GROUP_SOCKET", "CUDASNAP_GROUP_PID", "CUDASNAP_GROUP_RANK", "CUDASNAP_GROUP_PROGRESS",
+    "CUDASNAP_GROUP_NRANKS", "CUDASNAP_GROUP_TIMEOUT")
+TEST_KILL_ENV = "CUDASNAP_GROUP_TEST_KILL"
+DEFAULT_TIMEOUT = 60.0        # an import waits this long for its export
+DEFAULT_WATCHDOG = 120.0      # each rank's --watchdog unless one is given
+GRACE = 3.0                   # after a rank failed, the others get this long to end
+DONE = (1 << 63) - 1          # a rank's progress slot once it has ended
+MSG = 65536
+
+
+class GroupProblem(Exception):
+    """The group cannot be replayed (exit 2); the message names the problem."""
+
+
+# ================================================================== rank side
+class Client:
+    """A rank replayer's connection to the coordinator (one request at a time)."""
+
+    def __init__(self, path: str, pid: int, timeout: float):
+        self.pid = pid
+        self.timeout = timeout
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.sock.connect(path)
+        self.lock = threading.Lock()
+
+    def _ask(self, msg: Dict[str, Any], fds: Sequence[int] = ()) -> Tuple[Dict[str, Any], List[int]]:
+        with self.lock:
+            socket.send_fds(self.sock, [json.dumps(msg).encode()], list(fds))
+            data, got, _flags, _addr = socket.recv_fds(self.sock, MSG, 16)
+        if not data:
+            raise OSError("the coordinator closed the connection")
+        return json.loads(data), list(got)
+
+    def put(self, key, meta: Dict[str, Any], fds: Sequence[int]) -> None:
+        reply, _ = self._ask({"op": "put", "key": key, "meta": meta}, fds)
+        if not reply.get("ok"):
+            raise OSError(reply.get("error") or "put refused")
+
+    def get(self, key, rp=None, rec=None) -> Tuple[Dict[str, Any], List[int]]:
+        reply, fds = self._ask({"op": "get", "key": key, "timeout": self.timeout})
+        if not reply.get("ok"):
+            for fd in fds:
+                os.close(fd)
+            msg = reply.get("error") or "no answer"
+            if rp is not None:
+                rp.fail(rec, msg)
+            raise OSError(msg)
+        return reply.get("meta") or {}, fds
+
+
+_client: Optional[Client] = None
+
+
+def client() -> Optional[Client]:
+    """This process's coordinator connection (None outside a group replay)."""
+    global _client
+    if _client is None and os.environ.get(ENV_SOCKET):
+        _client = Client(os.environ[ENV_SOCKET], int(os.environ.get(ENV_PID, "0")),
+                         float(os.environ.get(ENV_TIMEOUT, DEFAULT_TIMEOUT)))
+    return _client
+
+
+class _Progress:
+    """The shared table: one int64 per rank (recorded return time of the call it is in, or
+    DONE), and an abort word after them."""
+
+    def __init__(self, path: str, n: int, create: bool = False):
+        self.n = n
+        if create:
+            with open(path, "wb") as f:
+                f.write(b"\0" * 8 * (n + 1))
+        self.f = open(path, "r+b")
+        self.mm = mmap.mmap(self.f.fileno(), 8 * (n + 1))
+        self.words = memoryview(self.mm).cast("q")
+
+    def set(self, i: int, v: int) -> None:
+        self.words[i] = v
+
+    def abort(self) -> None:
+        self.words[self.n] = 1
+
+    @property
+    def aborted(self) -> bool:
+        return self.words[self.n] != 0
+
+
+class RankHook:
+    """Loaded by each rank replayer (--hook cudasnap.replay.group:RankHook): publishes the
+    recorded return time of each call as it starts it, and holds a copy back until every
+    other rank has passed the copy's recorded start time."""
+
+    wants_calls = True
+
+    def __init__(self):
+        self.rank = int(os.environ.get(ENV_RANK, "0"))
+        n = int(os.environ.get(ENV_NRANKS, "1"))
+        path = os.environ.get(ENV_PROGRESS)
+        self.prog = _Progress(path, n) if path else None
+        self.timeout = float(os.environ.get(ENV_TIMEOUT, DEFAULT_TIMEOUT))
+        # tests: CUDASNAP_GROUP_TEST_KILL=RANK:SEQ kills this rank's replayer before call SEQ
+        kill = os.environ.get(TEST_KILL_ENV, "").split(":")
+        ok = len(kill) >= 2 and kill[0].isdigit() and int(kill[0]) == self.rank and kill[1].isdigit()
+        self.kill_at = int(kill[1]) if ok else None
+        self.stall = len(kill) > 2 and kill[2] == "stall"        # hang there instead of dying
+
+    def start(self, ev) -> None:
+        rp = ev.replayer
+        if self.prog is not None and self not in rp.subscribers:
+            rp.subscribers.append(self)
+            # rendezvous: every rank has read its snapshot before any replays a call, so the
+            # ranks start together (collectives wait on each other, as when recorded)
+            self.prog.set(self.rank, 1)
+            self._wait_for(1, "the start: rank {r} did not start replaying")
+
+    def on_event(self, kind: str, ev) -> None:
+        if kind == "before_call":
+            self._before(ev.rec)
+        elif kind == "end" and self.prog is not None:
+            self.prog.set(self.rank, DONE)
+
+    def _before(self, rec) -> None:
+        from .events import classify
+        # published: every call of this rank whose recorded return time is below the value
+        # has returned here. Waiting before a call: all calls before it (they returned before
+        # its start); running it: itself excepted, those up to its own return time.
+        if self.kill_at is not None and rec.get("s") == self.kill_at:
+            if self.stall:
+                time.sleep(3600)
+            os.kill(os.getpid(), signal.SIGKILL)
+        t0 = rec.get("t0") or 0
+        if classify(rec.get("f") or "") == "copy" and t0:
+            self.prog.set(self.rank, t0)
+            self._wait_for(t0, f"call #{rec.get('s')} {rec.get('f')}: rank {{r}} did not reach the calls recorded "
+                                "before it")
+        self.prog.set(self.rank, rec.get("t1") or t0)
+
+    def _wait_for(self, t: int, what: str) -> None:
+        w, nap = self.prog.words, 0.00005
+        deadline = time.monotonic() + self.timeout
+        while True:
+            behind = [i for i in range(self.prog.n) if i != self.rank and w[i] < t]
+            if not behind:
+                return
+            if self.prog.aborted:
+                _stop("the group replay was stopped (another rank failed)")
+            if time.monotonic() > deadline:
+                _stop(f"{what.format(r=behind[0])} within {self.timeout:g} s (hung, or waiting for this rank?)")
+            time.sleep(nap)
+            nap = min(nap * 2, 0.001)
+
+
+def _stop(msg: str) -> None:
+    """Stop this rank's replay with an error (exit 2; its result so far is still reported)."""
+    from .errors import ReplayError
+    raise ReplayError(msg)
+
+
+# ================================================================== coordinator
+class _Store:
+    """Exported fds by key, paired to imports through the manifest."""
+
+    def __init__(self, manifest: Dict[str, Any], timeout: float):
+        self.cv = threading.Condition()
+        self.items: Dict[str, Tuple[Dict[str, Any], List[int]]] = {}
+        self.timeout = timeout
+        self.ended: Dict[int, str] = {}            # recorded pid -> how its rank ended
+        self.pairs: Dict[str, str] = {}            # import key -> export key
+        for ln in manifest.get("links", []):
+            fr, to = ln["from"], ln["to"]
+            self.pairs[_k(["import", to["pid"], to["seq"]])] = _k(["export", fr["pid"], fr["seq"]])
+
+    def put(self, key, meta, fds) -> None:
+        with self.cv:
+            old = self.items.pop(_k(key), None)
+            if old:
+                for fd in old[1]:
+                    os.close(fd)
+            self.items[_k(key)] = (meta, fds)
+            self.cv.notify_all()
+
+    def get(self, key, timeout: float):
+        ik = _k(key)
+        ek = self.pairs.get(ik)
+        if ek is None:
+            return None, "no recorded export is linked to this import (see the manifest's unmatched list)"
+        src_pid = json.loads(ek)[1]
+        deadline = time.monotonic() + min(timeout, self.timeout)
+        with self.cv:
+            while ek not in self.items:
+                if src_pid in self.ended:
+                    return None, f"the exporting process {src_pid} {self.ended[src_pid]} before exporting it"
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None, (f"the export of process {src_pid} (call #{json.loads(ek)[2]}) did not come "
+                                  f"within {self.timeout:g} s")
+                self.cv.wait(min(left, 0.2))
+            meta, fds = self.items[ek]
+            return meta, [os.dup(fd) for fd in fds]
+
+    def rank_ended(self, pid: int, how: str) -> None:
+        with self.cv:
+            self.ended[pid] = how
+            self.cv.notify_all()
+
+    def close(self) -> None:
+        for _m, fds in self.items.values():
+            for fd in fds:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+
+def _k(key) -> str:
+    return json.dumps(list(key))
+
+
+def _serve(srv: socket.socket, store: _Store, stop: threading.Event) -> None:
+    srv.settimeout(0.2)
+    while not stop.is_set():
+        try:
+            conn, _ = srv.accept()
+        except socket.timeout:
+            continue
+        except OSError:
+            return
+        threading.Thread(target=_conn, args=(conn, store), daemon=True).start()
+
+
+def _conn(conn: socket.socket, store: _Store) -> None:
+    with conn:
+        while True:
+            try:
+                data, fds, _f, _a = socket.recv_fds(conn, MSG, 16)
+            except OSError:
+                return
+            if not data:
+                return
+            try:
+                msg = json.loads(data)
+                if msg.get("op") == "put":
+                    store.put(msg["key"], msg.get("meta") or {}, list(fds))
+                    socket.send_fds(conn, [b'{"ok": true}'], [])
+                elif msg.get("op") == "get":
+                    meta, out = store.get(msg["key"], float(msg.get("timeout") or store.timeout))
+                    if meta is None:
+                        socket.send_fds(conn, [json.dumps({"ok": False, "error": out}).encode()], [])
+                    else:
+                        try:
+                            socket.send_fds(conn, [json.dumps({"ok": True, "meta": meta}).encode()], out)
+                        finally:
+                            for fd in out:
+                                os.close(fd)
+                else:
+                    socket.send_fds(conn, [b'{"ok": false, "error": "unknown request"}'], [])
+            except (OSError, ValueError, KeyError) as e:
+                try:
+                    socket.send_fds(conn, [json.dumps({"ok": False, "error": str(e)}).encode()], [])
+                except OSError:
+                    return
+
+
+def load_group(paths: Sequence) -> Dict[str, Any]:
+    """The manifest of one manifest path, or one built from several snapshots."""
+    from cudasnap.formats import SnapshotError
+    from cudasnap.formats.group import GroupError, build, is_manifest, load
+    paths = [os.fspath(p) for p in paths]
+    if len(paths) == 1:
+        if not os.path.exists(paths[0]):
+            raise GroupProblem(f"{paths[0]}: no such file")
+        if not is_manifest(paths[0]):
+            raise GroupProblem(f"{paths[0]} is one snapshot: --devices is for a job (its group manifest or all its "
+                               f"snapshots); use --device N")
+        try:
+            m = load(paths[0])
+        except GroupError as e:
+            raise GroupProblem(str(e))
+        missing = [r for r in m["ranks"] if not os.path.isfile(r["snapshot"])]
+        if missing:
+            r = missing[0]
+            raise GroupProblem(f"rank {r['rank']} (pid {r['pid']}): snapshot {r['snapshot']} is missing; the job "
+                               f"needs all {len(m['ranks'])} ranks")
+        return m
+    for p in paths:
+        if not os.path.isfile(p):
+            raise GroupProblem(f"{p}: no such file")
+        if is_manifest(p):
+            raise GroupProblem(f"{p} is a group manifest: give it alone")
+    try:
+        return build(paths)
+    except SnapshotError as e:
+        raise GroupProblem(str(e))
+
+
+def _gpu_key(r) -> Any:
+    """The physical GPU a rank used: its UUID where recorded, else its ordinal."""
+    d = (r.get("devices") or [0])[0]
+    g = r.get("gpus") or []
+    return g[d] if 0 <= d < len(g) and g[d] else d
+
+
+def device_map(m: Dict[str, Any], devices: Optional[str], count: Optional[int]) -> List[int]:
+    """One GPU ordinal per rank: --devices in rank order, else each rank's recorded device.
+    Ranks recorded on different GPUs must replay on different GPUs (NCCL refuses two ranks
+    on one GPU); ranks that shared one when recorded may share one again."""
+    ranks = m["ranks"]
+    keys = [_gpu_key(r) for r in ranks]
+    ngpu = len(set(keys))
+    if devices:
+        try:
+            ds = [int(x) for x in devices.split(",") if x.strip() != ""]
+        except ValueError:
+            raise GroupProblem(f"--devices {devices}: give GPU ordinals separated by commas (e.g. 0,1)")
+        if len(ds) == 0 or len(set(ds)) < ngpu:
+            raise GroupProblem(f"--devices {devices}: {len(set(ds))} GPU(s) for {len(ranks)} ranks; the job was "
+                               f"recorded on {ngpu} GPUs and ranks on different GPUs need different GPUs")
+        if len(ds) < len(ranks):
+            raise GroupProblem(f"--devices {devices}: {len(ds)} ordinal(s) for {len(ranks)} ranks (one per rank)")
+        ds = ds[:len(ranks)]
+    else:
+        ds = [(r.get("devices") or [0])[0] for r in ranks]
+        if len(set(zip(keys, ds))) != len(set(keys)) or len(set(ds)) != ngpu:
+            order = list(dict.fromkeys(keys))     # one process per GPU, each seeing its own as 0
+            ds = [order.index(k) for k in keys]
+    for i in range(len(ranks)):
+        for j in range(i):
+            if ds[i] == ds[j] and keys[i] != keys[j]:
+                raise GroupProblem(f"ranks {j} and {i} were recorded on different GPUs but would share GPU {ds[i]} "
+                                   f"(use --devices)")
+    if count is not None:
+        need = len(set(ds))
+        if count < need or any(d >= count for d in ds):
+            raise GroupProblem(f"the job needs {need} GPUs (ordinals {','.join(map(str, ds))}); this machine has "
+                               f"{count}")
+    many = [r for r in ranks if len(r.get("devices") or []) > 1]
+    if many:
+        r = many[0]
+        sys.stderr.write(f"cudasnap: note: rank {r['rank']} used {len(r['devices'])} GPUs; it replays on GPU "
+                         f"{ds[r['rank']]} alone (its devices fold onto one)\n")
+    return ds
+
+
+def _gpu_count() -> Optional[int]:
+    if os.environ.get("CUDASNAP_GROUP_NO_COUNT"):
+        return None
+    try:
+        from cuda.bindings import driver as cu  # type: ignore
+        if int(cu.cuInit(0)[0]) != 0:
+            return 0
+        err, n = cu.cuDeviceGetCount()
+        return int(n) if int(err) == 0 else 0
+    except Exception:
+        return None      # the ranks say it themselves
+
+
+def run_group(paths: Sequence, devices: Optional[str], args: List[str], as_json: bool = False,
+              watchdog: Optional[float] = None, out=None, trace: Optional[str] = None) -> int:
+    """`cudasnap replay JOB.cusnap [...]`: replay every rank at once; returns the exit code.
+    args: the replay options passed on to each rank's `cudasnap replay` ("{rank}" in them
+    becomes the rank); trace: one trace file for all ranks (--profile timeline)."""
+    out = out or sys.stdout
+    args = list(args)
+    try:
+        m = load_group(paths)
+        ds = device_map(m, devices, _gpu_count())
+    except GroupProblem as e:
+        sys.stderr.write(f"cudasnap: error: {e}\n")
+        return 2
+    ranks = m["ranks"]
+    timeout = float(os.environ.get(ENV_TIMEOUT, DEFAULT_TIMEOUT))
+    tmp = tempfile.mkdtemp(prefix="cudasnap-group-")
+    if trace:
+        args.append(f"--trace={os.path.join(tmp, 'trace{rank}.json')}")
+    sock_path = os.path.join(tmp, "sock")
+    store = _Store(m, timeout)
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    srv.bind(sock_path)
+    srv.listen(len(ranks) * 2)
+    stop = threading.Event()
+    threading.Thread(target=_serve, args=(srv, store, stop), daemon=True).start()
+    prog = _Progress(os.path.join(tmp, "progress"), len(ranks), create=True)
+    procs: List[subprocess.Popen] = []
+    codes = None
+    t0 = time.monotonic()
+    try:
+        for r, d in zip(ranks, ds):
+            env = dict(os.environ)
+            env.update({ENV_SOCKET: sock_path, ENV_PID: str(r["pid"]), ENV_RANK: str(r["rank"]),
+                        ENV_PROGRESS: os.path.join(tmp, "progress"), ENV_NRANKS: str(len(ranks)),
+                        ENV_TIMEOUT: str(timeout)})
+            cmd = [sys.executable, "-m", "cudasnap", "replay", r["snapshot"], "--device", str(d), "--json",
+                   "--hook", "cudasnap.replay.group:RankHook",
+                   "--watchdog", str(watchdog or DEFAULT_WATCHDOG), *[x.replace("{rank}", str(r["rank"])) for x in args]]
+            procs.append(subprocess.Popen(cmd, env=env, stdout=open(os.path.join(tmp, f"out{r['rank']}"), "wb"),
+                                          stderr=open(os.path.join(tmp, f"err{r['rank']}"), "wb")))
+        codes, why = _watch(procs, ranks, store, prog)
+    except KeyboardInterrupt:
+        sys.stderr.write("cudasnap: group replay interrupted; every rank was stopped\n")
+        return 2
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        stop.set()
+        srv.close()
+        store.close()
+        if codes is None:              # interrupted, or could not start a rank
+            shutil.rmtree(tmp, ignore_errors=True)
+    results = []
+    for r, d, p, c in zip(ranks, ds, procs, codes):
+        res = _rank_result(tmp, r, d, c, why.get(r["rank"]))
+        results.append(res)
+    if trace:
+        n = merge_traces([(r["rank"], os.path.join(tmp, f"trace{r['rank']}.json")) for r in ranks], trace)
+        if n:
+            sys.stderr.write(f"cudasnap: trace of {len(ranks)} ranks ({n} events) written to {trace}\n")
+    shutil.rmtree(tmp, ignore_errors=True)
+    code = 2 if any(x["exit_code"] not in (0, 1) for x in results) else (1 if any(x["exit_code"] for x in results) else 0)
+    _summary(results, code, time.monotonic() - t0, as_json, out)
+    return code
+
+
+def _watch(procs, ranks, store: _Store, prog: _Progress) -> Tuple[List[Optional[int]], Dict[int, str]]:
+    """Wait for every rank; after one fails (or dies), give the rest GRACE seconds, then stop
+    them. Returns the exit codes (negative: signal) and why ranks were stopped."""
+    codes: List[Optional[int]] = [None] * len(procs)
+    why: Dict[int, str] = {}
+    failed_at = None
+    while any(c is None for c in codes):
+        for i, p in enumerate(procs):
+            if codes[i] is None and p.poll() is not None:
+                codes[i] = p.returncode
+                how = "ended" if p.returncode == 0 else (f"was killed by signal {-p.returncode}" if p.returncode < 0
+                                                         else f"failed (exit {p.returncode})")
+                store.rank_ended(ranks[i]["pid"], how)
+                if p.returncode not in (0, 1) and failed_at is None:
+                    failed_at = time.monotonic()
+                    prog.abort()
+                    for j in range(len(procs)):
+                        if j != i:
+                            why.setdefault(ranks[j]["rank"], f"rank {ranks[i]['rank']} (pid {ranks[i]['pid']}) {how}")
+        if failed_at is not None and time.monotonic() - failed_at > GRACE:
+            for i, p in enumerate(procs):
+                if codes[i] is None:
+                    p.send_signal(signal.SIGKILL)
+                    p.wait()
+                    codes[i] = -signal.SIGKILL
+                    why[ranks[i]["rank"]] = why.get(ranks[i]["rank"], "") + "; stopped by the coordinator"
+        time.sleep(0.05)
+    return codes, why
+
+
+def _rank_result(tmp: str, r, d: int, code: Optional[int], why: Optional[str]) -> Dict[str, Any]:
+    res: Dict[str, Any] = {"rank": r["rank"], "pid": r["pid"], "snapshot": r["snapshot"], "device": d}
+    try:
+        body = json.loads(open(os.path.join(tmp, f"out{r['rank']}"), "rb").read() or b"{}")
+    except ValueError:
+        body = {}
+    err = open(os.path.join(tmp, f"err{r['rank']}"), "rb").read().decode("utf-8", "replace").strip()
+    res["replay"] = body
+    res["exit_code"] = code if code is not None and code >= 0 else 2
+    errors = list(body.get("errors") or [])
+    if code is not None and code < 0:
+        errors.append(f"the rank's replayer was killed by signal {-code}")
+    if why and res["exit_code"] != 0:
+        errors.append(f"stopped: {why}")
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    if res["exit_code"] and not body and lines:
+        errors.append(lines[-1])
+    res["errors"] = errors
+    return res
+
+
+def _summary(results, code: int, elapsed: float, as_json: bool, out) -> None:
+    if as_json:
+        out.write(json.dumps({"exit_code": code, "elapsed_s": elapsed, "ranks": results}, indent=2, default=str) + "\n")
+        return
+    for x in results:
+        b = x["replay"]
+        state = {0: "PASS", 1: "MISMATCH"}.get(x["exit_code"], "ERROR")
+        out.write(f"rank {x['rank']} (pid {x['pid']}, GPU {x['device']}): {state}  "
+                  f"{b.get('calls', 0)} calls, {b.get('launches', 0)} launches, {b.get('placed', 0)} placed, "
+                  f"{b.get('fell_back', 0)} fell back, {b.get('d2h_verified', 0)} D2H verified\n")
+        for e in x["errors"][:3]:
+            out.write(f"  error: {e}\n")
+    n = len(results)
+    ok = sum(1 for x in results if x["exit_code"] == 0)
+    out.write(f"job: {n} ranks, {ok} verified, {elapsed:.2f} s: "
+              f"{'PASS' if code == 0 else ('MISMATCH' if code == 1 else 'ERROR')}\n")
+
+
+def merge_traces(paths: List[Tuple[int, str]], out_path: str) -> int:
+    """One trace of every rank: each rank's processes (its GPU, its host calls) get a pid and
+    name of their own ("rank R: GPU N"), and times move onto one clock (each rank's trace
+    starts at its own clock_origin_ns; the clocks are the host's, shared by the ranks).
+    Returns the number of events written."""
+    import gzip
+    loaded = []
+    for r, p in paths:
+        try:
+            with (gzip.open if p.lower().endswith(".gz") else open)(p, "rt") as f:
+                loaded.append((r, json.load(f)))
+        except (OSError, ValueError):
+            continue
+    if not loaded:
+        return 0
+    origins = [(d.get("otherData") or {}).get("clock_origin_ns") or 0 for _r, d in loaded]
+    base = min(origins)
+    evs: List[Dict[str, Any]] = []
+    props = []
+    for (r, d), origin in zip(loaded, origins):
+        shift = (origin - base) / 1000.0
+        pids: Dict[Any, int] = {}
+
+        def pid_of(p):
+            if p not in pids:
+                pids[p] = (r + 1) * 1_000_000 + len(pids)
+            return pids[p]
+        for e in d.get("traceEvents") or []:
+            e = dict(e)
+            if "pid" in e:
+                e["pid"] = pid_of(e["pid"])
+            if isinstance(e.get("ts"), (int, float)):
+                e["ts"] = e["ts"] + shift
+            if "id" in e and e.get("ph") in ("s", "f", "t", "b", "e"):
+                e["id"] = f"r{r}:{e['id']}"
+            if e.get("ph") == "M" and e.get("name") == "process_name":
+                e["args"] = {"name": f"rank {r}: {(e.get('args') or {}).get('name', '')}"}
+            if e.get("ph") == "M" and e.get("name") == "process_sort_index":
+                e["args"] = {"sort_index": (r + 1) * 1_000_000 + int((e.get("args") or {}).get("sort_index", 0)) % 1_000_000}
+            evs.append(e)
+        for dp in d.get("deviceProperties") or []:
+            props.append({**dp, "id": pid_of(dp.get("id")), "rank": r})
+    out = {"schemaVersion": 1, "traceName": "cudasnap group replay", "displayTimeUnit": "ms", "traceEvents": evs,
+           "otherData": {"tool": "cudasnap", "ranks": [r for r, _d in loaded], "clock_origin_ns": base}}
+    if props:
+        out["deviceProperties"] = props
+    with (gzip.open if out_path.lower().endswith(".gz") else open)(out_path, "wt") as f:
+        json.dump(out, f)
+    return len(evs)

@@ -1,0 +1,216 @@
+"""Cross-process and cross-device links: shareable handles, legacy IPC handles, peer access.
+
+In a group replay (replay/group.py) each rank runs in its own replayer process; an export
+hands the live fd (or IPC bytes) to the coordinator under the recorded (pid, call), and the
+import the manifest pairs with it waits for it there. Imported memory is mapped by the
+program's own recorded cuMemMap at the recorded address (the rank's placement zone is its
+own: ranks are separate processes, so zones never collide). Outside a group these calls
+stop the replay with a one-line reason."""
+from __future__ import annotations
+
+import os
+import struct
+
+from . import handles
+
+POSIX_FD = 1
+_ERR_PEER_ALREADY = (704, 705)  # CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED / _NOT_ENABLED
+
+
+def _client(rp, rec):
+    from ..group import client
+    c = client()
+    if c is None:
+        rp.fail(rec, "links another process: replay the whole job (its group manifest, or all its snapshots) "
+                     "with `cudasnap replay JOB.cusnap`")
+    return c
+
+
+def recorded_prop(rp, prop_bytes):
+    """The allocation properties to create with: this replay's device, and the shareable
+    handle types the program asked for (an export needs them)."""
+    p = rp.ops.prop()
+    if isinstance(prop_bytes, (bytes, bytearray)) and len(prop_bytes) >= 8:
+        types = struct.unpack_from("<I", prop_bytes, 4)[0]
+        if types:
+            try:
+                p.requestedHandleTypes = rp.cu.CUmemAllocationHandleType(types)
+            except Exception:
+                p.requestedHandleTypes = types
+    return p
+
+
+# ------------------------------------------------------------------ shareable handles
+@handles("cuMemExportToShareableHandle")
+def mem_export(rp, rec):
+    a = rec["a"]
+    htype = int(a.get("handleType") or 0)
+    if htype != POSIX_FD:
+        rp.fail(rec, f"shareable handle type {htype} is not replayed (POSIX file descriptors are)")
+    c = _client(rp, rec)
+    live = rp.live(rec, a.get("handle"), "allocation handle")
+    fd = rp.drv(rec, "cuMemExportToShareableHandle", live, rp.cu.CUmemAllocationHandleType(htype), 0)
+    if fd is None:
+        return
+    fd = int(fd)
+    try:
+        c.put(["export", c.pid, rec.get("s")], {"recorded_fd": a.get("shareableHandle")}, [fd])
+    finally:
+        os.close(fd)       # the coordinator holds its own copy
+
+
+@handles("cuMemImportFromShareableHandle")
+def mem_import(rp, rec):
+    a = rec["a"]
+    htype = int(a.get("shHandleType") or 0)
+    if htype != POSIX_FD:
+        rp.fail(rec, f"shareable handle type {htype} is not replayed (POSIX file descriptors are)")
+    c = _client(rp, rec)
+    _meta, fds = c.get(["import", c.pid, rec.get("s")], rp, rec)
+    if not fds:
+        rp.fail(rec, "the coordinator sent no file descriptor for this import")
+    try:
+        h = rp.drv(rec, "cuMemImportFromShareableHandle", fds[0], rp.cu.CUmemAllocationHandleType(htype))
+    finally:
+        for fd in fds:
+            os.close(fd)
+    if h is not None:
+        rp.set_handle(a.get("handle"), h, "mem handle")
+
+
+# ------------------------------------------------------------------ legacy IPC handles
+@handles("cuIpcGetMemHandle")
+def ipc_get(rp, rec):
+    """The exporter's allocation is placed by this replay (VMM chunks) or fell back to
+    cuMemAlloc: the first is handed over as shareable fds of its chunks, the second as a
+    real IPC handle."""
+    a = rec["a"]
+    c = _client(rp, rec)
+    dptr = a.get("dptr")
+    al = rp.space.find(dptr or 0)
+    if al is None:
+        rp.fail(rec, f"{dptr:#x} is not a replayed allocation" if isinstance(dptr, int) else "no dptr recorded")
+    if al.kind == "placed" and al.chunks:
+        fds, parts = [], []
+        try:
+            for ch in al.chunks:
+                fd = rp.raw("cuMemExportToShareableHandle", ch.handle, rp.cu.CUmemAllocationHandleType(POSIX_FD), 0)
+                fds.append(int(fd))
+                parts.append([ch.start, ch.size])
+            c.put(["export", c.pid, rec.get("s")],
+                  {"kind": "chunks", "base": al.rec_base, "size": al.size, "chunks": parts}, fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return
+    h = rp.drv(rec, "cuIpcGetMemHandle", rp.tr(dptr))
+    if h is not None:
+        raw = bytes(getattr(h, "reserved", b"")) or bytes(h)
+        c.put(["export", c.pid, rec.get("s")], {"kind": "ipc", "bytes": raw.hex(), "base": al.rec_base,
+                                                "size": al.size}, [])
+
+
+@handles("cuIpcOpenMemHandle")
+def ipc_open(rp, rec):
+    a = rec["a"]
+    c = _client(rp, rec)
+    meta, fds = c.get(["import", c.pid, rec.get("s")], rp, rec)
+    want = a.get("pdptr")
+    try:
+        if meta.get("kind") == "chunks":
+            _map_chunks(rp, rec, meta, fds, want)
+            return
+        h = rp.cu.CUipcMemHandle()
+        h.reserved = bytes.fromhex(meta.get("bytes", ""))
+        live = rp.drv(rec, "cuIpcOpenMemHandle", h, int(a.get("Flags") or 1))
+        if live is not None:
+            rp.space.add_vmm(want, int(meta.get("size") or 0), int(live), rec.get("s"),
+                             "" if int(live) == want else f"cuIpcOpenMemHandle returned {int(live):#x}")
+            rp.ipc_opened[want] = ("ipc", int(live))
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _map_chunks(rp, rec, meta, fds, want):
+    """Map the exporter's chunks so that its allocation base lands at the recorded address."""
+    chunks = meta.get("chunks") or []
+    if len(chunks) != len(fds) or not chunks:
+        rp.fail(rec, "the exporter sent an incomplete set of chunks")
+    lo = chunks[0][0]
+    span = chunks[-1][0] + chunks[-1][1] - lo
+    hint = want - (meta["base"] - lo)
+    got = int(rp.raw("cuMemAddressReserve", span, 0, hint, 0))
+    handles_ = []
+    for (start, size), fd in zip(chunks, fds):
+        h = rp.raw("cuMemImportFromShareableHandle", fd, rp.cu.CUmemAllocationHandleType(POSIX_FD))
+        handles_.append(h)
+        rp.ops.map(got + (start - lo), size, h)
+    rp.ops.set_access(got, span)
+    live = got + (meta["base"] - lo)
+    rp.space.add_vmm(want, int(meta["size"]), live, rec.get("s"),
+                     "" if live == want else f"cuMemAddressReserve hint {hint:#x} returned {got:#x}")
+    rp.ipc_opened[want] = ("chunks", got, span, handles_)
+
+
+@handles("cuIpcCloseMemHandle")
+def ipc_close(rp, rec):
+    want = rec["a"].get("dptr")
+    ent = rp.ipc_opened.pop(want, None)
+    if ent is None:
+        rp.note(f"call #{rec.get('s')} {rec['f']}: {want:#x} was not opened by this replay; ignored")
+        return
+    rp.space.free(want)
+    if ent[0] == "ipc":
+        rp.drv(rec, "cuIpcCloseMemHandle", ent[1])
+        return
+    _, got, span, hs = ent
+    rp.ops.unmap(got, span)
+    for h in hs:
+        rp.ops.release(h)
+    rp.ops.free_va(got, span)
+
+
+# ------------------------------------------------------------------ peer access
+def _peer(rp, rec, f):
+    a = rec["a"]
+    from .context import ctx_or_primary
+    peer = ctx_or_primary(rp, rec, a.get("peerContext"))
+    cur = rp.cu.cuCtxGetCurrent()
+    if int(cur[0]) == 0 and int(cur[1]) == int(peer):
+        # both devices of the recording replay on one GPU: access is already there
+        rp.note_once("peer-folded", f"call #{rec.get('s')} {rec['f']}: the recorded devices replay on one GPU; "
+                     "peer access is implicit")
+        return
+    args = (peer, int(a.get("Flags") or 0)) if f == "cuCtxEnablePeerAccess" else (peer,)
+    res = getattr(rp.cu, f)(*args)
+    code = int(res[0])
+    if code not in (0,) + _ERR_PEER_ALREADY:
+        from cudasnap.formats import cu_result_name
+        rp.fail(rec, f"replay returned {cu_result_name(code)}")
+
+
+@handles("cuCtxEnablePeerAccess")
+def enable_peer(rp, rec):
+    _peer(rp, rec, "cuCtxEnablePeerAccess")
+
+
+@handles("cuCtxDisablePeerAccess")
+def disable_peer(rp, rec):
+    _peer(rp, rec, "cuCtxDisablePeerAccess")
+
+
+@handles("cuMemcpyPeer", "cuMemcpyPeerAsync", errors=True)
+def memcpy_peer(rp, rec):
+    """Between two contexts: a device-to-device copy when both replay on one GPU."""
+    a = rec["a"]
+    from .context import ctx_or_primary
+    dc, sc = ctx_or_primary(rp, rec, a.get("dstContext")), ctx_or_primary(rp, rec, a.get("srcContext"))
+    dst, src, n = rp.tr(a.get("dstDevice")), rp.tr(a.get("srcDevice")), int(a.get("ByteCount") or 0)
+    is_async = "Async" in rec["f"]
+    s = [rp.stream(rec, a.get("hStream"))] if is_async else []
+    if int(dc) == int(sc):
+        rp.drv(rec, "cuMemcpyDtoDAsync" if is_async else "cuMemcpyDtoD", dst, src, n, *s)
+    else:
+        rp.drv(rec, "cuMemcpyPeerAsync" if is_async else "cuMemcpyPeer", dst, dc, src, sc, n, *s)
+    rp.mark_written(a.get("dstDevice"), rec.get("s"), rec["f"])

@@ -1,0 +1,270 @@
+"""Several processes: capture of a job writes a group manifest; replay runs every rank at once
+under a coordinator that passes exported file descriptors between the rank replayers.
+On the test double: two processes share a VMM allocation through a POSIX-fd shareable handle
+(tests/double/progs/share.c), as NCCL's cuMem transport does."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from cudasnap.formats import SnapshotReader
+from cudasnap.formats.group import build, is_manifest, load
+from cudasnap.replay.group import GroupProblem, device_map
+
+
+def _run(double, *args, timeout=120, env=None):
+    e = dict(double["env"])
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "cudasnap", *args], env=e, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture
+def job(double, tmp_path):
+    """A captured two-process job: (CompletedProcess, manifest path, {pid: snapshot})."""
+    out = tmp_path / "job.cusnap"
+    cp = _run(double, "capture", "-o", str(out), "--ring-mb", "16", "--", double["progs"]["share"])
+    assert cp.returncode == 0, cp.stderr
+    man = tmp_path / "job.group.json"
+    assert is_manifest(man), cp.stderr
+    m = load(man)
+    return cp, man, {r["pid"]: r["snapshot"] for r in m["ranks"]}
+
+
+def test_capture_writes_manifest_with_the_link(job, double, native):
+    cp, man, snaps = job
+    ref = native(double["progs"]["share"])
+    assert cp.stdout == ref.stdout                       # capture changes nothing the program prints
+    assert "OWNER CHECKSUM 524800.0" in cp.stdout and "PEER CHECKSUM 524800.0" in cp.stdout
+    m = load(man)
+    assert len(m["ranks"]) == 2 and m["unmatched"] == []
+    owner, peer = m["ranks"]
+    (link,) = m["links"]
+    assert link["kind"] == "shareable" and link["matched_by"] == "kcmp"
+    assert link["from"]["pid"] == owner["pid"] and link["to"]["pid"] == peer["pid"]
+    # both ends are in the snapshots: the fd the owner got, the fd the peer imported, the export number
+    with SnapshotReader(owner["snapshot"]) as r:
+        ex = next(c for c in r.records("c") if c["f"] == "cuMemExportToShareableHandle")
+    with SnapshotReader(peer["snapshot"]) as r:
+        im = next(c for c in r.records("c") if c["f"] == "cuMemImportFromShareableHandle")
+    assert ex["s"] == link["from"]["seq"] and im["s"] == link["to"]["seq"]
+    assert ex["a"]["shareableHandle"] == ex["x"]["link"]["fd"] >= 0
+    assert ex["x"]["link"]["export"] == 1
+    assert im["x"]["link"]["peer_pid"] == owner["pid"] and im["x"]["link"]["peer_export"] == 1
+    assert im["a"]["osHandle"] == im["x"]["link"]["fd"]
+    assert (ex["x"]["link"]["dev"], ex["x"]["link"]["ino"]) == (im["x"]["link"]["dev"], im["x"]["link"]["ino"])
+
+
+def test_group_replay_passes_fds_and_verifies_both_ranks(job, double):
+    _cp, man, _snaps = job
+    t = time.monotonic()
+    rp = _run(double, "replay", str(man), "--json")
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    d = json.loads(rp.stdout)
+    assert d["exit_code"] == 0 and len(d["ranks"]) == 2
+    for r in d["ranks"]:
+        assert r["exit_code"] == 0 and r["errors"] == []
+        assert r["replay"]["d2h_verified"] == 1 and r["replay"]["fell_back"] == 0 and not r["replay"]["mismatches"]
+    # the owner's D2H reads what the peer's kernel wrote through the imported mapping
+    assert d["ranks"][1]["replay"]["launches"] == 1
+    assert time.monotonic() - t < 60
+
+
+def test_group_replay_from_the_snapshots_and_text_summary(job, double):
+    _cp, _man, snaps = job
+    rp = _run(double, "replay", *sorted(snaps.values()))
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    assert "job: 2 ranks, 2 verified" in rp.stdout and rp.stdout.count(": PASS") == 3
+
+
+def test_one_rank_alone_says_replay_the_job(job, double):
+    _cp, man, _snaps = job
+    peer = load(man)["ranks"][1]["snapshot"]
+    rp = _run(double, "replay", peer)
+    assert rp.returncode == 2
+    assert "links another process: replay the whole job" in rp.stdout + rp.stderr
+
+
+def test_missing_rank_snapshot(job, double):
+    _cp, man, _snaps = job
+    peer = load(man)["ranks"][1]["snapshot"]
+    import os
+    os.rename(peer, peer + ".away")
+    rp = _run(double, "replay", str(man))
+    assert rp.returncode == 2
+    assert "snapshot" in rp.stderr and "is missing; the job needs all 2 ranks" in rp.stderr
+    assert "Traceback" not in rp.stderr
+
+
+@pytest.mark.parametrize("victim", ["exporter", "importer"])
+def test_dead_peer_replayer_stops_the_job(job, double, victim):
+    """A rank replayer killed mid-replay: the others stop with a clear error, exit 2, no hang."""
+    _cp, man, _snaps = job
+    m = load(man)
+    link = m["links"][0]
+    rank = 0 if victim == "exporter" else 1
+    seq = link["from"]["seq"] if victim == "exporter" else link["to"]["seq"] + 1
+    t = time.monotonic()
+    rp = _run(double, "replay", str(man), env={"CUDASNAP_GROUP_TEST_KILL": f"{rank}:{seq}"}, timeout=60)
+    assert rp.returncode == 2, rp.stdout + rp.stderr
+    assert time.monotonic() - t < 30
+    assert f"rank {rank}" in rp.stdout and "killed by signal 9" in rp.stdout
+    assert "job: 2 ranks, 0 verified" in rp.stdout or "job: 2 ranks, 1 verified" in rp.stdout
+
+
+def test_import_waits_then_times_out_when_export_never_comes(job, double, tmp_path):
+    """A manifest whose link names an export that never happens: the import fails after the
+    timeout with the exporter named, exit 2."""
+    _cp, man, _snaps = job
+    m = json.loads(man.read_text())
+    m["links"][0]["from"]["seq"] = 999999
+    man.write_text(json.dumps(m))
+    rp = _run(double, "replay", str(man), env={"CUDASNAP_GROUP_TIMEOUT": "2"}, timeout=60)
+    assert rp.returncode == 2
+    assert "call #999999) did not come within 2 s" in rp.stdout or "before exporting it" in rp.stdout, rp.stdout
+
+
+def _manifest(*uuids, devs=None):
+    devs = devs or [0] * len(uuids)
+    return {"ranks": [{"rank": i, "pid": 100 + i, "devices": [d], "gpus": ["GPU-a", "GPU-b", "GPU-c", "GPU-d"],
+                       "snapshot": f"r{i}"} if u is None else
+                      {"rank": i, "pid": 100 + i, "devices": [d], "gpus": [u], "snapshot": f"r{i}"}
+                      for i, (u, d) in enumerate(zip(uuids, devs))]}
+
+
+def test_device_map_rules():
+    # torchrun: every rank sees every GPU and records its own ordinal
+    m = _manifest(None, None, devs=[0, 1])
+    assert device_map(m, None, 2) == [0, 1]
+    assert device_map(m, "1,0", 2) == [1, 0]
+    with pytest.raises(GroupProblem, match="recorded on 2 GPUs"):
+        device_map(m, "0", 2)
+    with pytest.raises(GroupProblem, match="needs 2 GPUs .* this machine has 1"):
+        device_map(m, None, 1)
+    # one visible GPU per process (CUDA_VISIBLE_DEVICES): ordinal 0 each, different GPUs
+    m = _manifest("GPU-x", "GPU-y")
+    assert device_map(m, None, 4) == [0, 1]
+    # two processes recorded on one GPU may share it again
+    assert device_map(_manifest("GPU-x", "GPU-x"), None, 1) == [0, 0]
+    with pytest.raises(GroupProblem, match="ordinals separated by commas"):
+        device_map(m, "a,b", 2)
+
+
+def test_manifest_pairs_by_file_and_time_without_kcmp(job):
+    """Where kcmp was not allowed, an import pairs with the newest earlier export of the same file."""
+    _cp, man, snaps = job
+    from cudasnap.formats import group as G
+    real = G.scan
+
+    def no_kcmp(path):
+        s = real(path)
+        for im in s["imports"]:
+            im["peer_pid"] = im["peer_export"] = None
+        return s
+
+    G.scan = no_kcmp
+    try:
+        m = build(sorted(snaps.values()))
+    finally:
+        G.scan = real
+    (link,) = m["links"]
+    assert link["matched_by"] == "time" and link["from"]["seq"] == load(man)["links"][0]["from"]["seq"]
+
+
+def test_group_timeline_one_trace_and_a_profile_per_rank(job, double, tmp_path):
+    _cp, man, _snaps = job
+    trace, prof = tmp_path / "job_trace.json", tmp_path / "prof.json"
+    rp = _run(double, "replay", str(man), "--profile", "timeline", "--trace", str(trace), "--out", str(prof))
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    d = json.loads(trace.read_text())
+    names = {(e.get("args") or {}).get("name") for e in d["traceEvents"] if e.get("name") == "process_name"}
+    assert {"rank 0: GPU 0", "rank 1: GPU 0"} <= names
+    # a track per rank: the peer's kernel sits under rank 1's GPU process
+    pid1 = next(e["pid"] for e in d["traceEvents"] if e.get("name") == "process_name"
+                and e["args"]["name"] == "rank 1: GPU 0")
+    assert any(e.get("ph") == "X" and e.get("pid") == pid1 and "add_one" in e.get("name", "") for e in d["traceEvents"])
+    for r in (0, 1):
+        rows = json.loads((tmp_path / f"prof.rank{r}.json").read_text())["launches"]
+        assert len(rows) == r          # the owner launches nothing, the peer one add_one
+
+
+def test_legacy_ipc_needs_placement_off_and_replays_as_a_group(double, tmp_path):
+    """Legacy IPC: capture with the default placement leaves the program's cuIpcGetMemHandle
+    to fail on VMM memory, as the driver does, and says why in a note; with --placement off
+    it works, both 64-byte handles are recorded and paired, and the group replay hands the
+    owner's memory to the child."""
+    prog = double["progs"]["ipc"]
+    cp = _run(double, "capture", "-o", str(tmp_path / "reg.cusnap"), "--", prog)
+    assert cp.returncode == 5
+    with SnapshotReader(tmp_path / "reg.cusnap") as r:
+        notes = [n["msg"] for n in r.records("note")]
+    assert any("capture this program with --placement off" in n for n in notes), notes
+    out = tmp_path / "ipc.cusnap"
+    cp = _run(double, "capture", "-o", str(out), "--placement", "off", "--", prog)
+    assert cp.returncode == 0, cp.stderr
+    assert "OWNER CHECKSUM 1048576.0" in cp.stdout and "CHILD CHECKSUM 1048576.0" in cp.stdout
+    m = load(tmp_path / "ipc.group.json")
+    (link,) = m["links"]
+    assert link["kind"] == "ipc" and link["handle"].startswith(b"CDIPC".hex())
+    with SnapshotReader(m["ranks"][1]["snapshot"]) as r:
+        op = next(c for c in r.records("c") if c["f"].startswith("cuIpcOpenMemHandle"))
+    assert op["a"]["handle"].hex() == link["handle"] and op["a"]["pdptr"] == link["to"]["dptr"]
+    rp = _run(double, "replay", str(tmp_path / "ipc.group.json"), "--json")
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    d = json.loads(rp.stdout)
+    assert [r["replay"]["d2h_verified"] for r in d["ranks"]] == [1, 1]
+
+
+def test_info_on_a_manifest(job, double):
+    _cp, man, _snaps = job
+    cp = _run(double, "info", str(man))
+    assert cp.returncode == 0, cp.stderr
+    assert "(2 processes)" in cp.stdout and "links    : 1 shareable" in cp.stdout and "rank 1" in cp.stdout
+
+
+def test_one_process_two_devices_peer_access(double, tmp_path):
+    """One process driving two devices (CUDA_DOUBLE_DEVICES=2): capture packs small allocations
+    per device; replay puts each recorded device on its own GPU (peer access enabled for real),
+    or, with one GPU, folds them onto it; --devices remaps them."""
+    two = {"CUDA_DOUBLE_DEVICES": "2"}
+    snap = tmp_path / "peer.cusnap"
+    cp = _run(double, "capture", "-o", str(snap), "--", double["progs"]["peer"], env=two)
+    assert cp.returncode == 0, cp.stderr
+    assert "PEER CHECKSUM 1572352.0" in cp.stdout
+    with SnapshotReader(snap) as r:
+        allocs = [c["a"]["dptr"] for c in r.records("c") if c["f"].startswith("cuMemAlloc")]
+    small0, small1 = allocs[1], allocs[3]          # 256 bytes on device 0, then on device 1
+    assert small0 >> 21 != small1 >> 21            # never in one 2 MiB slab: each device its own
+    rp = _run(double, "replay", str(snap), "--json", env=two)
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    d = json.loads(rp.stdout)
+    assert d["d2h_verified"] == 1 and d["fell_back"] == 0
+    assert any("recorded 0 on GPU 0, recorded 1 on GPU 1" in w for w in d["warnings"]), d["warnings"]
+    assert not any("peer access is implicit" in w for w in d["warnings"])
+    rp = _run(double, "replay", str(snap), "--json", "--devices", "1,0", env=two)
+    assert rp.returncode == 0 and any("recorded 0 on GPU 1" in w for w in json.loads(rp.stdout)["warnings"])
+    rp = _run(double, "replay", str(snap), "--json")          # one GPU: folded, still verified
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    d = json.loads(rp.stdout)
+    assert d["d2h_verified"] == 1 and any("replay on GPU 0 alone" in w for w in d["warnings"])
+    rp = _run(double, "replay", str(snap), "--devices", "1", env=two)
+    assert rp.returncode == 2 and "give one GPU for each of devices 0..1" in rp.stdout + rp.stderr
+
+
+def test_hung_peer_replayer_times_out(job, double):
+    """A rank that hangs (alive, never progressing): the rank waiting for it gives up after
+    the timeout, the coordinator stops the hung one: exit 2, bounded time."""
+    _cp, man, _snaps = job
+    m = load(man)
+    seq = m["links"][0]["to"]["seq"] + 1            # the importer hangs after importing
+    t = time.monotonic()
+    rp = _run(double, "replay", str(man), env={"CUDASNAP_GROUP_TEST_KILL": f"1:{seq}:stall",
+                                               "CUDASNAP_GROUP_TIMEOUT": "3"}, timeout=90)
+    assert rp.returncode == 2, rp.stdout + rp.stderr
+    assert time.monotonic() - t < 40
+    assert "rank 1 did not reach the calls recorded before it within 3 s" in rp.stdout, rp.stdout
+    assert "stopped by the coordinator" in rp.stdout
