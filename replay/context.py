@@ -122,7 +122,7 @@ class ReplayContext:
         "keepalive", "keepalive_images", "vmm_virtual", "capturing", "cur_ctx", "mismatch_text", "prefetch",
         # state the handlers keep
         "cond_bodies", "cond_handles", "graph_notes", "xmode_inputs", "noted", "replacements", "jit_t0",
-        "jit_what", "ipc_opened", "devmap", "devlive",
+        "jit_what", "ipc_opened", "devmap", "devlive", "host_placed",
     )
 
     def __init__(self, opt, res, tol):
@@ -160,6 +160,7 @@ class ReplayContext:
         self.ipc_opened: Dict[Any, Any] = {}             # recorded IPC/imported handle -> what was opened (ipc.py)
         self.devmap = None                               # recorded device -> GPU (devices.py), built on first use
         self.devlive: Dict[int, Any] = {}                # GPU ordinal -> live CUdevice
+        self.host_placed: Set[int] = set()               # pinned host ranges mapped at their recorded address
 
     @property
     def modules(self) -> Dict[int, Any]:

@@ -283,7 +283,7 @@ class AddressSpace:
         self._register(Alloc(rec_base, size, live, "host", seq))
         if live != rec_base:
             self.relocations.append(Relocation(rec_base, size, live, "host memory (address chosen by the host)", seq, host=True))
-        self.host_relocated += 1
+            self.host_relocated += 1
 
     def add_vmm(self, rec_base: int, size: int, live: int, seq: Optional[int] = None, reason: str = "") -> None:
         """A program-recorded VMM reservation: placed when live == recorded."""

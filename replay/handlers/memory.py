@@ -4,6 +4,7 @@ from __future__ import annotations
 import ctypes
 import struct
 
+from .. import hostplace
 from ..layout import offsetof, sizeof
 from . import handles
 from .graph import keep_forever, stream_capturing
@@ -78,12 +79,17 @@ def mem_free_async(rp, rec):
 def host_alloc(rp, rec):
     a = rec["a"]
     n = int(a.get("bytesize", 0))
+    want = a.get("pp") or 0
+    if rec.get("r", 0) == 0 and want and hostplace.place(rp, want, n, int(a.get("Flags", 0) or 0)):
+        rp.space.add_host(want, n, want, rec.get("s"))      # at its recorded address
+        rp.host_placed.add(want)
+        return
     if rec["f"].startswith("cuMemHostAlloc"):
         live = rp.drv(rec, "cuMemHostAlloc", n, a.get("Flags", 0))
     else:
         live = rp.drv(rec, "cuMemAllocHost", n)
     if live is not None:
-        rp.space.add_host(a.get("pp") or 0, n, int(live), rec.get("s"))
+        rp.space.add_host(want, n, int(live), rec.get("s"))
 
 
 @handles("cuMemHostGetDevicePointer")
@@ -103,12 +109,41 @@ def host_free(rp, rec):
     h = rp.space.find(p or 0)
     if h is None:
         rp.fail(rec, "host pointer is not a replayed host allocation")
-    rp.drv(rec, "cuMemFreeHost", h.live_base)
+    if h.rec_base in rp.host_placed:
+        rp.host_placed.discard(h.rec_base)
+        hostplace.release(rp, h.rec_base, h.size)
+    else:
+        rp.drv(rec, "cuMemFreeHost", h.live_base)
     rp.space.free(h.rec_base)
 
 
-@handles("cuMemHostRegister", "cuMemHostUnregister", "cuMemAdvise", "cuMemPrefetchAsync", "cuMemRangeGetAttribute",
-         "cuStreamAttachMemAsync")
+@handles("cuMemHostRegister")
+def host_register(rp, rec):
+    """A program's own host range registered for the device: mapped and registered at its
+    recorded address when that is free here (kernels may read it through that address)."""
+    a = rec["a"]
+    p, n = a.get("p") or 0, int(a.get("bytesize", 0) or 0)
+    if rec.get("r", 0) == 0 and p and rp.space is not None and rp.space.find(p) is None \
+            and hostplace.place(rp, p, n, int(a.get("Flags", 0) or 0)):
+        rp.space.add_host(p, n, p, rec.get("s"))
+        rp.host_placed.add(p)
+        return
+    rp.res.skipped += 1
+
+
+@handles("cuMemHostUnregister")
+def host_unregister(rp, rec):
+    p = rec["a"].get("p") or 0
+    h = rp.space.find(p) if rp.space is not None else None
+    if h is not None and h.rec_base == p and p in rp.host_placed:
+        rp.host_placed.discard(p)
+        hostplace.release(rp, p, h.size)
+        rp.space.free(p)
+        return
+    rp.res.skipped += 1
+
+
+@handles("cuMemAdvise", "cuMemPrefetchAsync", "cuMemRangeGetAttribute", "cuStreamAttachMemAsync")
 def host_ignored(rp, rec):
     # host memory of the recorded process / placement hints: nothing to replay
     rp.res.skipped += 1

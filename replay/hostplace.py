@@ -1,0 +1,82 @@
+"""Pinned host memory at its recorded address.
+
+Kernels reach mapped pinned memory (cuMemHostAlloc with DEVICEMAP, cuMemAllocHost, registered
+host ranges) through its host address (unified addressing), and programs store that address in
+device memory (NCCL's device communicators do). Replay maps anonymous memory at the recorded
+address (MAP_FIXED_NOREPLACE: never over something of ours) and registers it with the driver,
+so the recorded pointers stay valid. Where the address is taken, the caller falls back to a
+driver-chosen address (a relocation)."""
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+from typing import Optional
+
+_PAGE = mmap.PAGESIZE
+_MAP_FIXED_NOREPLACE = 0x100000
+_REG_PORTABLE, _REG_DEVICEMAP = 0x1, 0x2
+
+_libc = None
+
+
+def _c():
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.mmap.restype = ctypes.c_void_p
+        _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    return _libc
+
+
+def span(addr: int, size: int):
+    lo = addr - addr % _PAGE
+    hi = addr + max(size, 1)
+    return lo, (hi + _PAGE - 1) // _PAGE * _PAGE - lo
+
+
+def map_at(addr: int, size: int) -> bool:
+    """Anonymous zeroed memory covering [addr, addr+size), exactly there; False if taken."""
+    if not addr or size <= 0 or os.environ.get("CUDASNAP_HOST_PLACEMENT", "1") == "0":
+        return False
+    lo, n = span(addr, size)
+    c = _c()
+    got = c.mmap(lo, n, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_FIXED_NOREPLACE, -1, 0)
+    if got in (None, ctypes.c_void_p(-1).value) or got == 2 ** 64 - 1:
+        return False
+    if got != lo:        # an old kernel ignoring NOREPLACE gave another address
+        c.munmap(got, n)
+        return False
+    return True
+
+
+def unmap(addr: int, size: int) -> None:
+    lo, n = span(addr, size)
+    _c().munmap(lo, n)
+
+
+def place(ctx, addr: int, size: int, flags: int = 0) -> Optional[int]:
+    """Map and register [addr, addr+size) for the device; the address, or None (nothing left
+    mapped) when the address is taken or the driver refuses."""
+    if not map_at(addr, size):
+        return None
+    lo, n = span(addr, size)
+    reg = _REG_DEVICEMAP | (_REG_PORTABLE if flags & 0x1 else 0)
+    try:
+        r = ctx.cu.cuMemHostRegister(lo, n, reg)
+        code = int(r[0]) if isinstance(r, tuple) else int(r)
+    except Exception:
+        code = -1
+    if code != 0:
+        unmap(addr, size)
+        return None
+    return addr
+
+
+def release(ctx, addr: int, size: int) -> None:
+    lo, n = span(addr, size)
+    try:
+        ctx.cu.cuMemHostUnregister(lo)
+    finally:
+        unmap(addr, size)
