@@ -160,12 +160,16 @@ def build(snapshots: Sequence, command: Optional[List[str]] = None) -> Dict[str,
             links.append({"kind": "ipc", "handle": op["handle"],
                           "from": {"pid": src[0], "seq": src[1]["seq"], "dptr": src[1]["dptr"]},
                           "to": {"pid": s["pid"], "seq": op["seq"], "dptr": op["dptr"]}})
+    # a process that used no GPU (a launcher that only initialized the driver) is not a rank
+    gpu_procs = [s for s in scans if s["devices"] or s["exports"] or s["imports"] or s["ipc_get"] or s["ipc_open"]]
+    others = [{"pid": s["pid"], "snapshot": s["snapshot"]} for s in scans if gpu_procs and s not in gpu_procs]
     ranks = []
-    for i, s in enumerate(scans):
+    for i, s in enumerate(gpu_procs or scans):
         ranks.append({"rank": i, "pid": s["pid"], "snapshot": s["snapshot"], "devices": s["devices"],
                       "gpus": s["gpus"], **({"rank_env": s["rank_env"]} if s.get("rank_env") is not None else {}),
                       "peer_access": len(s["peer"])})
-    return {MANIFEST_KEY: VERSION, "command": command, "ranks": ranks, "links": links, "unmatched": unmatched}
+    return {MANIFEST_KEY: VERSION, "command": command, "ranks": ranks, "links": links, "unmatched": unmatched,
+            **({"other_processes": others} if others else {})}
 
 
 def save(manifest: Dict[str, Any], path) -> None:
