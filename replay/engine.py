@@ -13,9 +13,11 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 
 from cudasnap.formats import SnapshotError, SnapshotReader, cu_result_name
 
-from . import dispatch
+from . import dispatch, plan
+from .executor import NEED_SLOW
 from .options import ReplayOptions, ReplayResult
 from .placement import AddressSpace, scan_payload
+from .plan import OpBatch, Planner, Ranges, SlotMap, Slots
 from .verify import Mismatch, Tolerance, compare
 
 CU_STREAM_LEGACY, CU_STREAM_PER_THREAD = 1, 2
@@ -348,11 +350,11 @@ class Replayer:
         return cu
 
     def _fast_eligible(self) -> bool:
-        """May plain launches run as native batches?  Not when anything needs per-launch
-        Python work: subscribers (hooks, profilers, NVTX), --sync-after-launch, --threads,
-        --calls/--kernels, or a driver object other than cuda-bindings (tests)."""
+        """Compile a plan of batches?  Not when every call needs its handler: --sync-after-launch,
+        --threads, --calls/--kernels, or a driver object other than cuda-bindings (tests).
+        Subscribers are asked at run time (batches then replay call by call)."""
         o = self.opt
-        if self._driver is not None or self.subscribers or o.sync_after_launch or o.threads \
+        if self._driver is not None or o.sync_after_launch or o.threads \
                 or (self.selection is not None and not self.selection.everything):
             return False
         return os.environ.get("CUDASNAP_FASTPATH", "1") != "0"
@@ -361,7 +363,14 @@ class Replayer:
         self.total = 0
         self.last_complete = None
         self.incomplete: List[Dict[str, Any]] = []
-        planner = _Planner(self._fast_eligible())
+        self._plan_fast = self._fast_eligible()
+        self._pace_on = getattr(self.opt, "pace", "fast") == "recorded"
+        self._pace_base = 0.0
+        self._slots = Slots()
+        self._ranges = Ranges()
+        self.handles = SlotMap(self._slots, "h", self.handles)
+        self.funcs = SlotMap(self._slots, "f", self.funcs)
+        planner = self._new_planner()
         self._h2d_order: List[str] = []
         self._planner = planner
         max_seq = -1          # the highest call sequence number read so far, in file order
@@ -379,6 +388,7 @@ class Replayer:
                 rng = alloc_range(rec)
                 if rng:
                     self.ranges.append(rng)
+                    self._ranges.add(*rng)
                 if planner.keeping:
                     planner.add(rec)
                 if rec.get("f", "").startswith("cuDevicePrimaryCtxRetain") and rec.get("r") == 0:
@@ -405,6 +415,7 @@ class Replayer:
         # the records, decoded once: the main loop replays from this plan (None when the
         # snapshot is too big to keep: the loop reads the file again)
         self._plan = planner.finish() if planner.keeping else None
+        self._t_origin = planner.t_origin
 
     def ensure_init(self, rec=None) -> None:
         """cuInit + placement; idempotent (a snapshot may lack cuInit)."""
@@ -469,6 +480,10 @@ class Replayer:
             if pr not in PROFILER_RANGES:
                 raise ReplayError(f"--profiler-range must be one of {', '.join(PROFILER_RANGES)}")
             self._pr = pr == "workload"
+            pace = getattr(self.opt, "pace", None) or "fast"
+            if pace not in PACES:
+                raise ReplayError(f"--pace must be one of {', '.join(PACES)}")
+            self.res.pace = pace
             self.res.profiler = {"range": pr, "starts": 0, "stops": 0}
             self._prescan()
             self.res.total_calls = self.total
@@ -601,10 +616,10 @@ class Replayer:
             pass
         self._profiler_call("cuProfilerStop", seq)
 
-    def _items(self) -> Iterable[Union[Dict[str, Any], "_Batch"]]:
+    def _items(self) -> Iterable[Union[Dict[str, Any], OpBatch]]:
         if self._plan is not None:
             return self._plan
-        return _Planner(self._planner.fast, keep=False).stream(
+        return self._new_planner(keep=False).stream(
             r for r in self.reader.records(("c",)) if not (r.get("incomplete") or "r" not in r))
 
     def _loop(self) -> None:
@@ -619,21 +634,26 @@ class Replayer:
                 task = prog.add_task("replaying", total=self.total)
             except Exception:
                 prog = None
-        self._launcher = None
-        if self._planner.fast:
-            from .fastlaunch import make_launcher
+        self._executor = None
+        if self._planner.fast and not self.subscribers:
+            from .executor import make_executor
             try:
-                self._launcher = make_launcher(self.cu)
+                self._executor = make_executor()
             except Exception as e:  # pragma: no cover - defensive
-                self.note(f"launch fast path unavailable ({type(e).__name__}: {e})")
-        self.fast_launches = 0
+                self.note(f"C executor unavailable ({type(e).__name__}: {e})")
+        self.fast_ops = 0
+        self.res.loop_start_mono = time.monotonic()
+        if self._pace_on:
+            self._pace_base = self.res.loop_start_mono
         try:
             for item in self._items():
-                if type(item) is _Batch:
+                if type(item) is OpBatch:
                     self._run_batch(item)
                     if prog is not None:
-                        prog.advance(task, item.nrec)
+                        prog.advance(task, item.n)
                     continue
+                if self._pace_on:
+                    self._pace_wait(item)
                 if self.opt.threads:
                     self._on_thread(item)
                 else:
@@ -643,17 +663,73 @@ class Replayer:
                 if prog is not None:
                     prog.advance(task)
         finally:
+            self.res.loop_end_mono = time.monotonic()
             if prog is not None:
                 prog.stop()
 
-    # ------------------------------------------------------------------ launch fast path
-    def _run_batch(self, b: "_Batch") -> None:
-        """Replay a run of plain launches (and skipped queries between them) in file order:
-        one native call when nothing needs per-launch Python work, else call by call."""
-        if self._launcher is None or self.capturing or b.n == 0:
-            self._batch_slow(b, 0)
+    # ------------------------------------------------------------------ pace
+    def _pace_wait(self, rec) -> None:
+        """--pace recorded: a call starts no earlier than its recorded offset from the first."""
+        t0 = rec.get("t0")
+        if type(t0) is not int or self._t_origin is None:
             return
+        due = self._pace_base + (t0 - self._t_origin) * 1e-9
+        d = due - time.monotonic()
+        if d > 0:
+            time.sleep(d)
+
+    def _sync_mark(self) -> None:
+        """A synchronization returned: its time (step boundaries for benchmarks)."""
+        s = self.res.sync_mono
+        if len(s) < SYNC_TIMES_MAX:
+            s.append(time.monotonic())
+
+    # ------------------------------------------------------------------ C executor
+    def _native_ok(self, b: OpBatch) -> bool:
+        """May this batch run in the executor?  Not while a stream captures, with conditional
+        graph handles to patch, with a function handle reused for another kernel, nor when an
+        address it names lies in an allocation replay had to move (the handlers translate)."""
+        if self._executor is None or b.ops is None or self.capturing or getattr(self, "cond_handles", None):
+            return False
+        fv = self.fn_versions
+        if fv and any(h in fv for h in b.funcs):
+            return False
+        sp = self.space
+        if sp is not None and sp.relocations:
+            moved = [(a.rec_base, a.rec_base + max(a.size, 1)) for a in sp.allocs.values() if a.live_base != a.rec_base]
+            if moved:
+                for i in range(b.n):
+                    for v in self._op_addrs(b, i):
+                        if any(lo <= v < hi for lo, hi in moved):
+                            return False
+        for i in b.copies:     # cuMemcpy(Async): both ends must be replayed device memory
+            a = b.recs[i]["a"]
+            if sp is None or sp.find(a.get("src") or 0) is None or sp.find(a.get("dst") or 0) is None:
+                return False
+        return True
+
+    @staticmethod
+    def _op_addrs(b: OpBatch, i: int) -> Iterable[int]:
+        k = b.kinds[i]
+        a = b.recs[i]["a"]
+        if k in plan.LAUNCHES:
+            p = b.recs[i]["x"]["params"]
+            return [int.from_bytes(p[o:o + 8], "little") for o in range(0, len(p) - 7, 8)]
+        if plan.MEMSET8 <= k <= plan.MEMSET32_ASYNC:
+            return [a["dstDevice"]]
+        if k in (plan.COPY, plan.COPY_ASYNC):
+            return [a["dst"], a["src"]]
+        if k in (plan.COPY_DTOD, plan.COPY_DTOD_ASYNC):
+            return [a["dstDevice"], a["srcDevice"]]
+        return ()
+
+    def _run_batch(self, b: OpBatch) -> None:
+        """Replay a run of plain calls in file order: in the C executor when nothing needs
+        per-call Python work, else call by call through the handlers."""
         self.ensure_init()
+        if not self._native_ok(b):
+            self._batch_slow(b, 0, b.n)
+            return
         tid = b.tid
         if tid != self._last_tid and self._last_tid is not None and tid in self.cur_ctx:
             try:
@@ -661,118 +737,184 @@ class Replayer:
             except DriverCallError:
                 pass
         self._last_tid = tid
-        try:
-            live, nchg = self._batch_live(b)
-            prepared = self._launcher.prepare(live)
-        except (_StopVerify, _Abort):
-            raise
-        except Exception:
-            # a launch would fail before reaching the driver (unknown function, bad stream...):
-            # replay the batch call by call, so the error lands on the same launch
-            self._batch_slow(b, 0)
-            return
-        if self._pr and self._pr_state == 0:
-            self._profiler_start(b.seqs[0])
-        try:
-            self._run_prepared(b, prepared, nchg)
-        finally:
-            if self._pr_state == 1 and b.last_seq is not None and b.last_seq >= (self._workload_last or 0):
-                self._profiler_stop(b.last_seq)
-
-    def _run_prepared(self, b: "_Batch", prepared, nchg) -> None:
+        slots = self._slots
+        fidx = slots.index
+        for h, i in b.funcs.items():        # functions not looked up yet: resolve them now
+            if slots.values[fidx[("f", h)]] == 0:
+                try:
+                    from .handlers.module import resolve_function
+                    resolve_function(self, b.recs[i], h)
+                except Exception:
+                    pass                    # its launch takes the handler: the error lands there
+        ex = self._executor
         res = self.res
-        start, n = 0, b.n
-        fam = _LAUNCH_FAMILY
-        while start < n:
-            if self.watchdog is not None:
-                self.watchdog.arm(_BatchDesc(self._launcher, b, start))
-            try:
-                done, code, t_first, t_last = self._launcher.run(prepared, b.idx, start, n)
-            finally:
+        n = b.n
+        pos = 0
+        while pos < n:
+            end = n
+            pr_at = None
+            if self._pr and self._pr_state != 2:
+                pr_at = self._pr_split(b, pos)
+                if pr_at is not None:
+                    end = pr_at[0]
+            if pos < end:
                 if self.watchdog is not None:
-                    self.watchdog.disarm()
-            end = start + done
-            if done:
-                res.launches += done
-                res.calls += done
-                res.by_family[fam] = res.by_family.get(fam, 0) + done
-                self.fast_launches += done
-                if res.first_launch_mono is None:
-                    res.first_launch_mono = t_first
-                    res.first_launch_unix = time.time() - (time.monotonic() - t_first)
-                res.last_launch_mono = t_last
-                if nchg is not None:
-                    res.params_relocated += sum(nchg[b.idx[i]] for i in range(start, end))
-            self._batch_mark_written(b, start, min(end + 1, n))
-            if end >= n:
-                break
-            # launch `end` failed: reported as the slow path's drv() would
-            res.last_seq = b.seqs[end]
-            rec = b.rec(end)
-            self._error(rec, f"call #{b.seqs[end]} {rec['f']}: {self._new_error_text(code)}")
-            start = end + 1
-        res.skipped += b.skips
-        res.last_seq = b.last_seq
+                    self.watchdog.arm(_OpDesc(ex, b))
+                try:
+                    i, code, t_first, t_last, syncs = ex.run(b, pos, end, slots, self._pace_base if self._pace_on else 0.0)
+                finally:
+                    if self.watchdog is not None:
+                        self.watchdog.disarm()
+                self._account(b, pos, i, t_first, t_last, syncs)
+                if i < end:
+                    rec = b.recs[i]
+                    if code == NEED_SLOW:
+                        self._one(rec)
+                        self._after_ctx_ops(b, i, i + 1)
+                    else:
+                        # as the handler's drv() reports it; a launch marked its writes first
+                        res.last_seq = rec["s"]
+                        if b.kinds[i] in plan.LAUNCHES:
+                            self._marks_exact(b, i, i + 1)
+                        self._error(rec, f"call #{rec['s']} {rec['f']}: {self._new_error_text(code)}")
+                    pos = i + 1
+                    continue
+                pos = end
+            if pr_at is not None:
+                at, what = pr_at
+                if what == "start":
+                    self._profiler_start(b.seq(at))
+                else:
+                    # the op at `at` - 1 was the last workload call: stop after it
+                    self._profiler_stop(b.seq(at - 1))
 
-    def _batch_slow(self, b: "_Batch", start: int) -> None:
-        for i in range(start, b.n):
-            self._one(b.rec(i))
-        self.res.skipped += b.skips
-        if b.n:
-            self.res.last_seq = b.last_seq
+    def _pr_split(self, b: OpBatch, pos: int):
+        """--profiler-range workload: where in b[pos:] the range starts ("start", before the op)
+        or stops ("stop", after op at-1), or None."""
+        if self._pr_state == 0:
+            for i in range(pos, b.n):
+                if b.kinds[i] != plan.SKIP and is_workload(b.recs[i]["f"]):
+                    return i, "start"
+            return None
+        last = self._workload_last or 0
+        for i in range(pos, b.n):
+            if b.kinds[i] != plan.SKIP and b.recs[i]["s"] >= last:
+                return i + 1, "stop"
+        return None
 
-    def _batch_live(self, b: "_Batch"):
-        """Per descriptor: (live function, grid, block, shmem, live stream, params as launched),
-        and per descriptor the relocated-parameter count (None when nothing moved)."""
-        from .handlers.graph import patch_conditional_handles
-        from .handlers.module import resolve_function
-        from .placement import relocate_params
-        moved = self.space is not None and self.space.moved
-        cond = bool(getattr(self, "cond_handles", None))
-        fns: Dict[int, int] = {}
-        streams: Dict[Tuple[str, Any], int] = {}
-        live = []
-        nchg = [] if moved else None
-        for j, d in enumerate(b.descs):
-            f, h, gx, gy, gz, bx, by, bz, shm, hs, params = d
-            fn = fns.get(h)
-            if fn is None:
-                rec = b.rec(b.first_pos[j])
-                fn = fns[h] = int(resolve_function(self, rec, h))
-            sk = (f, hs)
-            st = streams.get(sk)
-            if st is None:
-                rec = b.rec(b.first_pos[j])
-                st = streams[sk] = int(self.stream(rec, hs))
-            if moved or cond:
-                layout = (self.fn_record(h, b.seqs[b.first_pos[j]]) or {}).get("params")
-                if moved:
-                    params, changes = relocate_params(params, layout, self.space)
-                    nchg.append(len(changes))
-                if cond:
-                    params = patch_conditional_handles(self, b.rec(b.first_pos[j]), params, layout)
-            live.append((fn, (gx, gy, gz), (bx, by, bz), shm, st, params))
-        return live, nchg
-
-    def _batch_mark_written(self, b: "_Batch", start: int, end: int) -> None:
-        """What launches [start, end) wrote, as the slow path marks it: every allocation an
-        8-byte parameter word points into, last writer wins."""
-        if self.space is None or not b.any_words:
+    def _account(self, b: OpBatch, s: int, e: int, t_first, t_last, syncs) -> None:
+        """The counters and bookkeeping of ops [s, e) the executor ran, as their handlers keep them."""
+        if e <= s:
             return
-        words = b.words
-        if start == 0 and end == b.n:
-            last = b.last_pos
+        res = self.res
+        if s == 0 and e == b.n:
+            c = b.counts
+            res.calls += c["calls"]
+            res.launches += c["launches"]
+            res.skipped += c["skipped"]
+            fam = res.by_family
+            for k, v in c["fam"].items():
+                fam[k] = fam.get(k, 0) + v
+            if b.marks and self.space is not None:
+                self._marks_apply(b.marks)
+            if b.has_ctx_sync:
+                self.keepalive.clear()
         else:
-            last = {}
-            for i in range(start, end):
-                j = b.idx[i]
-                if words[j]:
-                    last[j] = i
-        for j, i in sorted(last.items(), key=lambda kv: kv[1]):
-            name = self.kernel_name_of(b.descs[j][1])
-            seq = b.seqs[i]
-            for v in words[j]:
-                self.mark_written(v, seq, name)
+            fam = res.by_family
+            for i in range(s, e):
+                k = b.kinds[i]
+                if k == plan.SKIP:
+                    res.skipped += 1
+                    continue
+                res.calls += 1
+                f = b.fams[i]
+                fam[f] = fam.get(f, 0) + 1
+                if k in plan.LAUNCHES:
+                    res.launches += 1
+                elif k == plan.SYNC_CTX:
+                    self.keepalive.clear()
+            if self.space is not None:
+                self._marks_exact(b, s, e)
+        self.fast_ops += e - s
+        res.last_seq = b.recs[e - 1]["s"]
+        if t_first is not None:
+            if res.first_launch_mono is None:
+                res.first_launch_mono = t_first
+                res.first_launch_unix = time.time() - (time.monotonic() - t_first)
+            res.last_launch_mono = t_last
+        if syncs:
+            room = SYNC_TIMES_MAX - len(res.sync_mono)
+            if room > 0:
+                res.sync_mono.extend(syncs[:room])
+        if b.ctx_ops:
+            self._after_ctx_ops(b, s, e)
+
+    def _after_ctx_ops(self, b: OpBatch, s: int, e: int) -> None:
+        """The context current on the batch's thread after ops [s, e) (the handlers' _current)."""
+        for i in reversed(b.ctx_ops):
+            if s <= i < e:
+                h = b.recs[i]["a"].get("ctx")
+                ctx = self.handles.get(h) if h else self.cu.CUcontext(0)
+                if ctx is not None:
+                    self.cur_ctx[b.tid] = ctx
+                return
+
+    def _marks_apply(self, marks) -> None:
+        """A whole batch's writes (plan.Planner._summarise), oldest first; copies read their
+        source's writer as it was before the batch."""
+        find = self.space.find
+        pre = {}
+        for m in marks:
+            if m[2] == "c":
+                al = find(m[3])
+                pre[m[3]] = al.last_writer[1] if al is not None and al.last_writer else m[4]
+        for m in marks:
+            a = find(m[0])
+            if a is None:
+                continue
+            kind = m[2]
+            if kind == "k":
+                a.last_writer = (m[1], self.kernel_name_of(m[3], m[1]))
+            elif kind == "n":
+                a.last_writer = (m[1], m[3])
+            else:
+                a.last_writer = (m[1], pre[m[3]])
+
+    def _marks_exact(self, b: OpBatch, s: int, e: int) -> None:
+        """Ops [s, e)'s writes, one by one, as their handlers mark them."""
+        if self.space is None:
+            return
+        for i in range(s, e):
+            k = b.kinds[i]
+            rec = b.recs[i]
+            a = rec["a"]
+            seq = rec["s"]
+            if k in plan.LAUNCHES:
+                name = self.kernel_name_of(a["f"], seq)
+                for v in self._op_addrs(b, i):
+                    if v >= 0x10000:
+                        self.mark_written(v, seq, name)
+            elif plan.MEMSET8 <= k <= plan.MEMSET32_ASYNC:
+                self.mark_written(a["dstDevice"], seq, rec["f"])
+            elif plan.COPY_DTOD <= k <= plan.COPY_ASYNC:
+                dst, src = self._op_addrs(b, i)
+                al = self.space.find(src or 0)
+                self.mark_written(dst, seq, al.last_writer[1] if al and al.last_writer else rec["f"])
+
+    def _batch_slow(self, b: OpBatch, start: int, end: int) -> None:
+        for i in range(start, end):
+            rec = b.recs[i]
+            if self._pace_on:
+                self._pace_wait(rec)
+            self._one(rec)
+            if self._pr_state == 1 and rec["s"] >= (self._workload_last or 0):
+                self._profiler_stop(rec["s"])
+
+    def _new_planner(self, keep: bool = True) -> Planner:
+        from .executor import module
+        mod = module()
+        return Planner(self._plan_fast, self._slots, self._ranges, keep=keep,
+                       ffi=mod.ffi if mod is not None else None, pace=self._pace_on)
 
     def _on_thread(self, rec) -> None:
         """--threads: each recorded thread replays on its own thread; one call at a time, in
@@ -860,6 +1002,8 @@ class Replayer:
         self.res.calls += 1
         fam = h.family
         self.res.by_family[fam] = self.res.by_family.get(fam, 0) + 1
+        if f in _SYNC_CALLS:
+            self._sync_mark()
 
     def _error(self, rec, msg: str) -> None:
         self.res.errors.append(msg)
@@ -867,8 +1011,8 @@ class Replayer:
             raise _Abort(msg)
 
 
-_LAUNCH_FAMILY = "launch"
 PROFILER_RANGES = ("recorded", "workload")
+PACES = ("fast", "recorded")
 
 
 def is_workload(f: str) -> bool:
@@ -877,200 +1021,9 @@ def is_workload(f: str) -> bool:
     if f.startswith("cuLaunch"):
         return not f.startswith("cuLaunchHostFunc")
     return f.startswith(("cuGraphLaunch", "cuMemcpy", "cuMemset"))
-_PLAIN_LAUNCHES = ("cuLaunchKernel", "cuLaunchKernel_ptsz")
-BATCH_MAX = 16384                 # launches per batch (watchdog and progress granularity)
-PLAN_MAX_RECORDS = 200_000        # decoded records kept from the prescan (else the loop re-reads)
-PLAN_MAX_DESCS = 2_000_000        # distinct launch descriptors kept
-PLAN_MAX_LAUNCHES = 50_000_000
-
-
-class _Batch:
-    """Consecutive plain launches of one recorded thread, and skipped queries among them.
-    descs: distinct (f, function, gx, gy, gz, bx, by, bz, shmem, stream, params) tuples;
-    idx[i]: the descriptor of launch i; seqs[i]: its call number."""
-    __slots__ = ("tid", "descs", "idx", "seqs", "skips", "last_seq", "nrec", "words", "any_words",
-                 "first_pos", "last_pos", "_index")
-
-    def __init__(self, tid):
-        self.tid = tid
-        self.descs: List[tuple] = []
-        self.idx = array("I")
-        self.seqs = array("q")
-        self.skips = 0
-        self.last_seq = None
-        self.nrec = 0
-        self.words: List[tuple] = []
-        self.any_words = False
-        self.first_pos: List[int] = []
-        self.last_pos: Dict[int, int] = {}
-        self._index: Optional[Dict[tuple, int]] = {}
-
-    @property
-    def n(self) -> int:
-        return len(self.idx)
-
-    def add(self, d: tuple, seq: int, words: tuple) -> None:
-        j = self._index.get(d)
-        i = len(self.idx)
-        if j is None:
-            j = self._index[d] = len(self.descs)
-            self.descs.append(d)
-            self.words.append(words)
-            self.first_pos.append(i)
-            if words:
-                self.any_words = True
-        if words:
-            self.last_pos[j] = i
-        self.idx.append(j)
-        self.seqs.append(seq)
-        self.last_seq = seq
-        self.nrec += 1
-
-    def close(self) -> None:
-        self._index = None
-
-    def rec(self, i: int) -> Dict[str, Any]:
-        """The call record of launch i (what the slow path's handler reads)."""
-        f, h, gx, gy, gz, bx, by, bz, shm, hs, params = self.descs[self.idx[i]]
-        return {"k": "c", "s": self.seqs[i], "tid": self.tid, "f": f, "r": 0,
-                "a": {"f": h, "gridDimX": gx, "gridDimY": gy, "gridDimZ": gz, "blockDimX": bx,
-                      "blockDimY": by, "blockDimZ": bz, "sharedMemBytes": shm, "hStream": hs},
-                "x": {"params": params}}
-
-
-class _BatchDesc:
-    """The watchdog's description of a running batch: names the launch in progress."""
-
-    def __init__(self, launcher, b: "_Batch", start: int):
-        self.launcher, self.b, self.start = launcher, b, start
-
-    def __str__(self) -> str:
-        b = self.b
-        try:
-            i = min(self.start + max(0, self.launcher.current()), b.n - 1)
-        except Exception:
-            i = self.start
-        return f"call #{b.seqs[i]} {b.descs[b.idx[i]][0]}"
-
-    __format__ = lambda self, spec: format(str(self), spec)  # noqa: E731
-
-
-def _param_words(params: bytes) -> tuple:
-    """8-byte words of a parameter buffer that may be device addresses (launch._prepare's rule)."""
-    return tuple(v for v in (int.from_bytes(params[o:o + 8], "little") for o in range(0, len(params) - 7, 8))
-                 if v >= 0x10000)
-
-
-class _Planner:
-    """Turns complete call records, in file order, into the replay plan: records to dispatch
-    one by one, and _Batch runs of plain launches (when `fast`).  keep=True collects the plan
-    (within the PLAN_MAX_* bounds; past them `keeping` turns False and the plan is dropped)."""
-
-    def __init__(self, fast: bool, keep: bool = True):
-        self.fast = fast
-        self.keeping = keep
-        self.items: List[Any] = []
-        self.cur: Optional[_Batch] = None
-        self.nrecs = self.ndescs = self.nlaunches = 0
-        self._words: Dict[bytes, tuple] = {}
-        self._disp: Dict[str, Any] = {}
-
-    def _kind(self, f: str) -> int:
-        """1: plain launch handler, 2: skipped query, 0: anything else."""
-        k = self._disp.get(f)
-        if k is None:
-            h = dispatch.lookup(f)
-            if h is None:
-                k = 2 if dispatch.is_query(f) else 0
-            else:
-                from .handlers.launch import launch_kernel
-                k = 1 if (h.fn is launch_kernel and f in _PLAIN_LAUNCHES) else 0
-            self._disp[f] = k
-        return k
-
-    def _plain(self, rec) -> Optional[tuple]:
-        a = rec.get("a")
-        x = rec.get("x")
-        if rec.get("r", 0) != 0 or type(a) is not dict or type(x) is not dict:
-            return None
-        params = x.get("params")
-        h = a.get("f")
-        if type(params) is not bytes or type(h) is not int or not h:
-            return None
-        g = a.get
-        d = (rec["f"], h, g("gridDimX", 1), g("gridDimY", 1), g("gridDimZ", 1), g("blockDimX", 1),
-             g("blockDimY", 1), g("blockDimZ", 1), g("sharedMemBytes", 0), g("hStream"), params)
-        for v in d[2:9]:
-            if type(v) is not int or not (0 <= v < (1 << 32)):
-                return None
-        hs = d[9]
-        if hs is not None and type(hs) is not int:
-            return None
-        return d
-
-    def _step(self, rec) -> Iterator[Any]:
-        """Feed one record; yields finished items."""
-        f = rec.get("f") or ""
-        k = self._kind(f) if self.fast else 0
-        if k == 1:
-            d = self._plain(rec)
-            tid = rec.get("tid")
-            if d is not None and type(rec.get("s")) is int:
-                b = self.cur
-                if b is not None and (b.tid != tid or b.n >= BATCH_MAX):
-                    b.close()
-                    yield b
-                    b = None
-                if b is None:
-                    b = self.cur = _Batch(tid)
-                w = self._words.get(d[10])
-                if w is None:
-                    w = self._words[d[10]] = _param_words(d[10])
-                before = len(b.descs)
-                b.add(d, rec["s"], w)
-                self.ndescs += len(b.descs) - before
-                self.nlaunches += 1
-                return
-        elif k == 2 and self.cur is not None:
-            # a query between launches: skipped by the slow path too; keeps the batch going
-            self.cur.skips += 1
-            self.cur.nrec += 1
-            if isinstance(rec.get("s"), int):
-                self.cur.last_seq = rec["s"]
-            return
-        if self.cur is not None:
-            self.cur.close()
-            yield self.cur
-            self.cur = None
-        self.nrecs += 1
-        yield rec
-
-    def add(self, rec) -> None:
-        for item in self._step(rec):
-            self.items.append(item)
-        if self.nrecs > PLAN_MAX_RECORDS or self.ndescs > PLAN_MAX_DESCS or self.nlaunches > PLAN_MAX_LAUNCHES:
-            self.keeping = False
-            self.items = []
-            self.cur = None
-            self._words = {}
-
-    def finish(self) -> List[Any]:
-        if self.cur is not None:
-            self.cur.close()
-            self.items.append(self.cur)
-            self.cur = None
-        self._words = {}
-        return self.items
-
-    def stream(self, recs: Iterable[Dict[str, Any]]) -> Iterator[Any]:
-        for rec in recs:
-            yield from self._step(rec)
-            if len(self._words) > 100_000:
-                self._words = {}
-        if self.cur is not None:
-            self.cur.close()
-            yield self.cur
-            self.cur = None
+_SYNC_CALLS = frozenset(("cuCtxSynchronize", "cuStreamSynchronize", "cuStreamSynchronize_ptsz",
+                         "cuEventSynchronize"))
+SYNC_TIMES_MAX = 100_000         # synchronization times kept in the result
 
 
 _SYNC_H2D = ("cuMemcpyHtoD", "cuMemcpyHtoD_v2")
@@ -1147,6 +1100,23 @@ class _BlobPrefetch:
                 raise item
             self._room.release()
             yield item
+
+
+class _OpDesc:
+    """The watchdog's description of a running batch: names the call in progress."""
+
+    def __init__(self, ex, b: OpBatch):
+        self.ex, self.b = ex, b
+
+    def __str__(self) -> str:
+        b = self.b
+        try:
+            i = min(max(0, self.ex.current()), b.n - 1)
+        except Exception:
+            i = 0
+        return f"call #{b.recs[i].get('s')} {b.recs[i].get('f')}"
+
+    __format__ = lambda self, spec: format(str(self), spec)  # noqa: E731
 
 
 class _StopVerify(Exception):

@@ -28,6 +28,7 @@ class ReplayOptions:
     replace: List[str] = field(default_factory=list)   # TARGET=FILE swaps (replay/replace.py); CUDASNAP_REPLACE adds
     jit: Optional[str] = None            # "ptx": load every module from its PTX (JIT-compiled)
     launch_override: Optional[str] = None   # "grid=X,Y,Z,block=X,Y,Z[,kernel=REGEX]" (replay/override.py)
+    pace: str = "fast"                   # fast: as fast as possible; recorded: keep the recorded host gaps
 
 
 @dataclass
@@ -62,6 +63,10 @@ class ReplayResult:
     last_seq: Optional[int] = None
     total_calls: int = 0
     elapsed_s: float = 0.0
+    pace: str = "fast"                    # the pace that ran (fast | recorded)
+    loop_start_mono: Optional[float] = None   # the replay loop (after start-up: read, plan, driver load)
+    loop_end_mono: Optional[float] = None
+    sync_mono: List[float] = field(default_factory=list)   # when each synchronization returned (step boundaries)
     message: str = ""
 
     def to_dict(self) -> Dict[str, Any]:

@@ -1,0 +1,480 @@
+"""The replay plan: call records compiled once, in file order, into records the engine
+dispatches one by one and OpBatch runs of plain calls the C executor (replay/executor.py)
+runs in one call each.
+
+A plain call is one whose handler does nothing but the driver call and some bookkeeping the
+batch can do in bulk: launches with packed parameters, event record / stream wait, 1-D
+memsets, device-to-device copies, synchronizations, context switches, and skipped queries.
+Its handles are compiled to slots of a table the handlers fill as they create them
+(SlotMap), so the plan can be compiled before any handle exists.  The original records are
+kept: the engine replays an op through its handler when the executor cannot (a slot still
+empty, a moved allocation, a subscriber that wants each call, an error)."""
+from __future__ import annotations
+
+import bisect
+import struct
+from array import array
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
+
+from . import dispatch
+
+# op kinds: the C executor's EX_* (replay/build_executor.py)
+(SKIP, LAUNCH, LAUNCH_EX, EVENT_RECORD, EVENT_RECORD_FLAGS, STREAM_WAIT,
+ MEMSET8, MEMSET16, MEMSET32, MEMSET8_ASYNC, MEMSET16_ASYNC, MEMSET32_ASYNC,
+ COPY_DTOD, COPY_DTOD_ASYNC, COPY, COPY_ASYNC,
+ SYNC_STREAM, SYNC_EVENT, SYNC_CTX, CTX_SET, CTX_PUSH) = range(21)
+LAUNCHES = (LAUNCH, LAUNCH_EX)
+SYNCS = (SYNC_STREAM, SYNC_EVENT, SYNC_CTX)
+CTX_OPS = (CTX_SET, CTX_PUSH)
+CU_STREAM_LEGACY, CU_STREAM_PER_THREAD = 1, 2
+LAUNCH_CONFIG = struct.Struct("<7I4xQQI4x")   # CUlaunchConfig: grid, block, shmem, hStream, attrs, numAttrs
+
+BATCH_MAX = 16384                 # ops per batch (watchdog and progress granularity)
+PLAN_MAX_RECORDS = 200_000        # records dispatched one by one, kept from the prescan
+PLAN_MAX_OPS = 2_000_000          # ops kept (else the engine compiles while it reads again)
+
+# handler function name -> how its calls compile (base name -> kind)
+_BY_HANDLER = {
+    "launch_kernel": {"cuLaunchKernel": LAUNCH},
+    "launch_kernel_ex": {"cuLaunchKernelEx": LAUNCH_EX},
+    "order": {"cuEventRecord": EVENT_RECORD, "cuEventRecordWithFlags": EVENT_RECORD_FLAGS,
+              "cuStreamWaitEvent": STREAM_WAIT, "cuStreamSynchronize": SYNC_STREAM,
+              "cuEventSynchronize": SYNC_EVENT},
+    "memset": {"cuMemsetD8": MEMSET8, "cuMemsetD16": MEMSET16, "cuMemsetD32": MEMSET32,
+               "cuMemsetD8Async": MEMSET8_ASYNC, "cuMemsetD16Async": MEMSET16_ASYNC,
+               "cuMemsetD32Async": MEMSET32_ASYNC},
+    "memcpy_dtod": {"cuMemcpyDtoD": COPY_DTOD, "cuMemcpyDtoDAsync": COPY_DTOD_ASYNC,
+                    "cuMemcpy": COPY, "cuMemcpyAsync": COPY_ASYNC},
+    "ctx_sync": {"cuCtxSynchronize": SYNC_CTX},
+    "ctx_set_current": {"cuCtxSetCurrent": CTX_SET},
+    "ctx_push": {"cuCtxPushCurrent": CTX_PUSH},
+}
+_MEMSET_KEY = {MEMSET8: "uc", MEMSET16: "us", MEMSET32: "ui", MEMSET8_ASYNC: "uc", MEMSET16_ASYNC: "us",
+               MEMSET32_ASYNC: "ui"}
+_ASYNC = (MEMSET8_ASYNC, MEMSET16_ASYNC, MEMSET32_ASYNC, COPY_DTOD_ASYNC, COPY_ASYNC)
+
+
+def _u32(v) -> bool:
+    return type(v) is int and 0 <= v < (1 << 32)
+
+
+class Slots:
+    """Recorded handle -> slot index, per namespace ("h": Replayer.handles, "f": Replayer.funcs),
+    and the live values (uint64) the executor reads.  The table grows as the plan does."""
+
+    def __init__(self):
+        self.index: Dict[Tuple[str, int], int] = {}
+        self.values = array("Q", [0])     # slot 0 unused: keeps "0 = empty" unambiguous
+        self.maps: Dict[str, Any] = {}    # namespace -> SlotMap (set by the engine)
+
+    def slot(self, ns: str, h: int) -> int:
+        k = (ns, h)
+        i = self.index.get(k)
+        if i is None:
+            i = self.index[k] = len(self.values)
+            self.values.append(0)
+            m = self.maps.get(ns)
+            if m is not None and h in m:
+                self.values[i] = _live_int(dict.__getitem__(m, h))
+        return i
+
+
+def _live_int(v) -> int:
+    try:
+        return int(v) & 0xFFFFFFFFFFFFFFFF
+    except Exception:
+        return 0
+
+
+class SlotMap(dict):
+    """A handle map (recorded -> live) that keeps the executor's slot table in step: handlers
+    store and drop handles as before; a handle with a slot is written to it."""
+
+    def __init__(self, slots: Slots, ns: str, init=()):
+        super().__init__(init)
+        self._slots = slots
+        self._ns = ns
+        slots.maps[ns] = self
+
+    def _put(self, k, v) -> None:
+        i = self._slots.index.get((self._ns, k))
+        if i is not None:
+            self._slots.values[i] = _live_int(v) if v is not None else 0
+
+    def __setitem__(self, k, v):
+        super().__setitem__(k, v)
+        self._put(k, v)
+
+    def __delitem__(self, k):
+        super().__delitem__(k)
+        self._put(k, None)
+
+    def pop(self, k, *default):
+        had = k in self
+        v = super().pop(k, *default)
+        if had:
+            self._put(k, None)
+        return v
+
+    def setdefault(self, k, v=None):
+        if k not in self:
+            self[k] = v
+        return self[k]
+
+    def update(self, *a, **kw):
+        for k, v in dict(*a, **kw).items():
+            self[k] = v
+
+    def clear(self):
+        for k in list(self):
+            self._put(k, None)
+        super().clear()
+
+
+class Ranges:
+    """Recorded allocation ranges seen so far (prescan order): groups addresses by the
+    allocation holding them, so a batch's writes can be summarised per allocation."""
+
+    def __init__(self):
+        self.bases: List[int] = []
+        self.size: Dict[int, int] = {}
+
+    def add(self, base: int, size: int) -> None:
+        if base not in self.size:
+            bisect.insort(self.bases, base)
+        self.size[base] = size
+
+    def key(self, addr: int) -> Optional[int]:
+        i = bisect.bisect_right(self.bases, addr) - 1
+        if i >= 0:
+            b = self.bases[i]
+            if addr < b + max(self.size[b], 1):
+                return b
+        return None
+
+
+class OpBatch:
+    """Consecutive plain calls of one recorded thread.  recs[i] is op i's record, fams[i] its
+    family (dispatch), kinds[i] its op kind; ops (cffi ex_op[]) is built by close()."""
+    __slots__ = ("tid", "recs", "kinds", "fams", "ops", "keep", "funcs", "copies", "marks", "counts",
+                 "nsync", "has_ctx_sync", "ctx_ops", "n", "last_seq", "_params")
+
+    def __init__(self, tid):
+        self.tid = tid
+        self.recs: List[Dict[str, Any]] = []
+        self.kinds = array("B")
+        self.fams: List[str] = []
+        self.ops = None
+        self.keep: List[Any] = []
+        self.funcs: Dict[int, int] = {}        # recorded function handle -> first op using it
+        self.copies: List[int] = []            # cuMemcpy(Async) ops: both ends checked at run time
+        self.marks: List[tuple] = []           # summary of the batch's writes (see _summarise)
+        self.counts: Dict[str, Any] = {}
+        self.nsync = 0
+        self.has_ctx_sync = False
+        self.ctx_ops: List[int] = []
+        self.n = 0
+        self.last_seq = None
+
+    def seq(self, i: int):
+        return self.recs[i].get("s")
+
+
+def _stream_ref(slots: Slots, f: str, hs) -> Optional[int]:
+    """Executor ref of a recorded stream (Replayer.stream's rule); None: not compilable."""
+    if not hs:
+        return -((CU_STREAM_PER_THREAD if ("_ptsz" in f or "_ptds" in f) else 0) + 1)
+    if hs in (CU_STREAM_LEGACY, CU_STREAM_PER_THREAD):
+        return -(hs + 1)
+    if type(hs) is not int:
+        return None
+    return slots.slot("h", hs)
+
+
+def _handle_ref(slots: Slots, h) -> Optional[int]:
+    if type(h) is not int or not h:
+        return None
+    return slots.slot("h", h)
+
+
+class Planner:
+    """Turns complete call records, in file order, into plan items: records (dispatched one by
+    one) and OpBatch runs.  keep=True collects them (within PLAN_MAX_*; past them `keeping`
+    turns False and the plan is dropped: the engine compiles again as it reads)."""
+
+    def __init__(self, fast: bool, slots: Slots, ranges: Ranges, keep: bool = True, ffi=None, pace: bool = False):
+        self.fast = fast
+        self.slots = slots
+        self.ranges = ranges
+        self.keeping = keep
+        self.ffi = ffi
+        self.items: List[Any] = []
+        self.cur: Optional[OpBatch] = None
+        self.nrecs = self.nops = 0
+        self.pace = pace
+        self.t_origin: Optional[int] = None   # recorded t0 of the first call (--pace recorded)
+        self._disp: Dict[str, Any] = {}
+        self._params: Dict[bytes, Any] = {}
+
+    # ------------------------------------------------------------------ classification
+    def _kind(self, f: str):
+        """(op kind, family) of an ABI name, or None (dispatched one by one)."""
+        k = self._disp.get(f, 0)
+        if k != 0:
+            return k
+        h = dispatch.lookup(f)
+        k = None
+        if h is None:
+            if dispatch.is_query(f):
+                k = (SKIP, "")
+        elif not h.refused:
+            kinds = _BY_HANDLER.get(getattr(h.fn, "__name__", ""))
+            if kinds:
+                from .engine import base_name
+                kk = kinds.get(base_name(f))
+                if kk is not None:
+                    k = (kk, h.family)
+        self._disp[f] = k
+        return k
+
+    def _op(self, kind: int, rec) -> Optional[tuple]:
+        """(C field values, extra) for a record of this kind, or None when it needs its handler."""
+        a = rec.get("a")
+        if type(a) is not dict:
+            return None
+        f = rec["f"]
+        S = self.slots
+        if kind in LAUNCHES:
+            x = rec.get("x")
+            params = x.get("params") if type(x) is dict else None
+            h = a.get("f")
+            if type(params) is not bytes or type(h) is not int or not h:
+                return None
+            if kind == LAUNCH:
+                g = a.get
+                dims = (g("gridDimX", 1), g("gridDimY", 1), g("gridDimZ", 1), g("blockDimX", 1), g("blockDimY", 1),
+                        g("blockDimZ", 1), g("sharedMemBytes", 0))
+                hs = a.get("hStream")
+            else:
+                cfg = a.get("config")
+                if not isinstance(cfg, (bytes, bytearray)) or len(cfg) < LAUNCH_CONFIG.size:
+                    return None
+                v = LAUNCH_CONFIG.unpack_from(cfg)
+                if v[9] != 0:                  # launch attributes: the handler builds them
+                    return None
+                dims, hs = v[:7], v[7]
+            if not all(_u32(d) for d in dims):
+                return None
+            sr = _stream_ref(S, f, hs)
+            if sr is None:
+                return None
+            return {"rf": S.slot("f", h), "r0": sr, "grid": dims[0:3], "block": dims[3:6], "shmem": dims[6]}, params
+        if kind in (EVENT_RECORD, EVENT_RECORD_FLAGS):
+            e, sr = _handle_ref(S, a.get("hEvent")), _stream_ref(S, f, a.get("hStream"))
+            fl = a.get("flags", 0) if kind == EVENT_RECORD_FLAGS else 0
+            if e is None or sr is None or not _u32(fl):
+                return None
+            return {"r0": e, "r1": sr, "val": fl}, None
+        if kind == STREAM_WAIT:
+            sr, e, fl = _stream_ref(S, f, a.get("hStream")), _handle_ref(S, a.get("hEvent")), a.get("Flags", 0)
+            if e is None or sr is None or not _u32(fl):
+                return None
+            return {"r0": sr, "r1": e, "val": fl}, None
+        if MEMSET8 <= kind <= MEMSET32_ASYNC:
+            dst, val, n = a.get("dstDevice"), a.get(_MEMSET_KEY[kind], 0), a.get("N", 0)
+            if type(dst) is not int or not _u32(val) or type(n) is not int or n < 0:
+                return None
+            d = {"dst": dst, "val": val, "n": n}
+        elif COPY_DTOD <= kind <= COPY_ASYNC:
+            if kind in (COPY, COPY_ASYNC):
+                x = rec.get("x")
+                if type(x) is dict and ("hostsrc" in x or "hostdst" in x):
+                    return None
+                dst, src = a.get("dst"), a.get("src")
+            else:
+                dst, src = a.get("dstDevice"), a.get("srcDevice")
+            n = a.get("ByteCount", 0)
+            if type(dst) is not int or type(src) is not int or type(n) is not int or n < 0:
+                return None
+            d = {"dst": dst, "src": src, "n": n}
+        elif kind == SYNC_STREAM:
+            sr = _stream_ref(S, f, a.get("hStream"))
+            return None if sr is None else ({"r0": sr}, None)
+        elif kind == SYNC_EVENT:
+            e = _handle_ref(S, a.get("hEvent"))
+            return None if e is None else ({"r0": e}, None)
+        elif kind == SYNC_CTX:
+            return {}, None
+        elif kind in CTX_OPS:
+            h = a.get("ctx")
+            if type(h) is not int:
+                return None
+            return {"r0": S.slot("h", h) if h else -1}, None
+        else:
+            return None
+        if kind in _ASYNC:
+            sr = _stream_ref(S, f, a.get("hStream"))
+            if sr is None:
+                return None
+            d["r0"] = sr
+        return d, None
+
+    # ------------------------------------------------------------------ feeding
+    def _step(self, rec) -> Iterator[Any]:
+        f = rec.get("f") or ""
+        if self.pace and self.t_origin is None and type(rec.get("t0")) is int:
+            self.t_origin = rec["t0"]
+        k = self._kind(f) if self.fast else None
+        if k is not None and type(rec.get("s")) is int:
+            kind, fam = k
+            if kind == SKIP:
+                op = ({}, None)
+            elif rec.get("r", 0) != 0:
+                op = None                     # a recorded error: its handler decides
+            else:
+                op = self._op(kind, rec)
+            if op is not None:
+                tid = rec.get("tid")
+                b = self.cur
+                if b is not None and (b.tid != tid or b.n >= BATCH_MAX):
+                    self._close(b)
+                    yield b
+                    b = None
+                if b is None:
+                    b = self.cur = OpBatch(tid)
+                self._add(b, kind, fam, rec, op)
+                self.nops += 1
+                return
+        if self.cur is not None:
+            self._close(self.cur)
+            yield self.cur
+            self.cur = None
+        self.nrecs += 1
+        yield rec
+
+    def _add(self, b: OpBatch, kind: int, fam: str, rec, op) -> None:
+        b.recs.append(rec)
+        b.kinds.append(kind)
+        b.fams.append(fam)
+        b.keep.append(op)
+        b.n += 1
+        b.last_seq = rec["s"]
+
+    def _close(self, b: OpBatch) -> None:
+        """Build the C op array, the counters and the write summary."""
+        ffi = self.ffi
+        n = b.n
+        ops = ffi.new("ex_op[]", max(n, 1)) if ffi is not None else None
+        keep = []
+        counts: Dict[str, Any] = {"calls": 0, "launches": 0, "skipped": 0, "fam": {}}
+        fam_c = counts["fam"]
+        t_origin = self.t_origin
+        for i in range(n):
+            kind = b.kinds[i]
+            fields, params = b.keep[i]
+            rec = b.recs[i]
+            if kind == SKIP:
+                counts["skipped"] += 1
+            else:
+                counts["calls"] += 1
+                fam_c[b.fams[i]] = fam_c.get(b.fams[i], 0) + 1
+            if kind in LAUNCHES:
+                counts["launches"] += 1
+                h = rec["a"]["f"]
+                if h not in b.funcs:
+                    b.funcs[h] = i
+            elif kind in (COPY, COPY_ASYNC):
+                b.copies.append(i)
+            elif kind in SYNCS:
+                b.nsync += 1
+                if kind == SYNC_CTX:
+                    b.has_ctx_sync = True
+            elif kind in CTX_OPS:
+                b.ctx_ops.append(i)
+            if ops is not None:
+                o = ops[i]
+                o.kind = kind
+                for name, v in fields.items():
+                    setattr(o, name, v)
+                if params:
+                    buf = self._params.get(params)
+                    if buf is None:
+                        buf = self._params[params] = ffi.from_buffer(params)
+                    keep.append(buf)
+                    o.params = buf
+                    o.size = len(params)
+                if t_origin is not None and type(rec.get("t0")) is int:
+                    o.at = max(0.0, (rec["t0"] - t_origin) * 1e-9)
+        if len(self._params) > 100_000:
+            self._params = {}
+        b.ops = ops
+        b.keep = keep
+        b.counts = counts
+        b.marks = self._summarise(b)
+
+    def _summarise(self, b: OpBatch) -> List[tuple]:
+        """What the batch writes, as the handlers' mark_written calls would leave it: per
+        allocation (recorded ranges; else per address) the last write, in op order.  Entries:
+        (addr, seq, "k", function handle) for a launch (named at apply time), (addr, seq, "n",
+        name) for a memset, (addr, seq, "c", src address, name) for a copy whose source was
+        not written earlier in the batch (its writer is read at apply time)."""
+        last: Dict[int, tuple] = {}
+        key = self.ranges.key
+        words_cache: Dict[bytes, tuple] = {}
+        for i in range(b.n):
+            kind = b.kinds[i]
+            rec = b.recs[i]
+            seq = rec["s"]
+            a = rec["a"]
+            if kind in LAUNCHES:
+                p = rec["x"]["params"]
+                ws = words_cache.get(p)
+                if ws is None:
+                    ws = words_cache[p] = tuple(dict.fromkeys(
+                        v for v in (int.from_bytes(p[o:o + 8], "little") for o in range(0, len(p) - 7, 8))
+                        if v >= 0x10000))
+                h = a["f"]
+                for v in ws:
+                    kk = key(v)
+                    last[v if kk is None else kk] = (v, seq, "k", h)
+            elif MEMSET8 <= kind <= MEMSET32_ASYNC:
+                v = a["dstDevice"]
+                kk = key(v)
+                last[v if kk is None else kk] = (v, seq, "n", rec["f"])
+            elif COPY_DTOD <= kind <= COPY_ASYNC:
+                dst, src = (a["dst"], a["src"]) if kind in (COPY, COPY_ASYNC) else (a["dstDevice"], a["srcDevice"])
+                ks, kd = key(src), key(dst)
+                w = last.get(src if ks is None else ks)
+                if w is None:
+                    ent = (dst, seq, "c", src, rec["f"])
+                elif w[2] == "c":
+                    ent = (dst, seq, "c", w[3], w[4])
+                else:
+                    ent = (dst, seq) + w[2:]
+                last[dst if kd is None else kd] = ent
+        return sorted(last.values(), key=lambda e: e[1])
+
+    def add(self, rec) -> None:
+        for item in self._step(rec):
+            self.items.append(item)
+        if self.nrecs > PLAN_MAX_RECORDS or self.nops > PLAN_MAX_OPS:
+            self.keeping = False
+            self.items = []
+            self.cur = None
+            self._params = {}
+
+    def finish(self) -> List[Any]:
+        if self.cur is not None:
+            self._close(self.cur)
+            self.items.append(self.cur)
+            self.cur = None
+        self._params = {}
+        return self.items
+
+    def stream(self, recs: Iterable[Dict[str, Any]]) -> Iterator[Any]:
+        for rec in recs:
+            yield from self._step(rec)
+        if self.cur is not None:
+            self._close(self.cur)
+            yield self.cur
+            self.cur = None
