@@ -641,7 +641,6 @@ class Replayer:
                 self._executor = make_executor()
             except Exception as e:  # pragma: no cover - defensive
                 self.note(f"C executor unavailable ({type(e).__name__}: {e})")
-        self.fast_ops = 0
         self.res.loop_start_mono = time.monotonic()
         if self._pace_on:
             self._pace_base = self.res.loop_start_mono
@@ -835,7 +834,7 @@ class Replayer:
                     self.keepalive.clear()
             if self.space is not None:
                 self._marks_exact(b, s, e)
-        self.fast_ops += e - s
+        res.native_calls += e - s
         res.last_seq = b.recs[e - 1]["s"]
         if t_first is not None:
             if res.first_launch_mono is None:
