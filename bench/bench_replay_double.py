@@ -7,9 +7,15 @@ bench/bench_replay_gpu.py's two targets, as far as a CPU can show them.
      modes CUDASNAP_FASTPATH=0 (per-launch Python path), python (batches through
      cuda-bindings) and 1 (native batches), plus the whole replay's wall time;
   2. time to first replayed kernel of a snapshot holding H2D_MB (1024) MiB of device memory
-     (launch_loop_double 1 H2D_MB): from starting `cudasnap replay` to its first launch.
+     (launch_loop_double 1 H2D_MB): from starting `cudasnap replay` to its first launch;
+  3. the framework-like mix of bench/mixed_double.c (per step a context switch, two launches,
+     event record + wait, async memset and D2D copy, a verified D2H every 10 steps; ~142k
+     calls): native us per call against replay us per call excluding start-up (the replay
+     loop: result's loop_end_mono - loop_start_mono, over the calls), as a ratio (goal <= 3x),
+     per CUDASNAP_FASTPATH mode, with the start-up (reading, planning) beside it.
 
-Usage: python bench/bench_replay_double.py [--launches 100000] [--h2d-mb 1024] [--reps 3] [--json OUT]"""
+Usage: python bench/bench_replay_double.py [--launches 100000] [--h2d-mb 1024] [--steps 20000] [--reps 3]
+                                          [--modes 0,python,1] [--json OUT]"""
 from __future__ import annotations
 
 import argparse
@@ -43,12 +49,44 @@ def replay(snap: Path, env, mode: str) -> tuple[dict, float, float]:
     return json.loads(cp.stdout), t0, wall
 
 
+def mixed(args, tmp: Path, d, env, out: dict) -> None:
+    prog = tmp / "mixed_double"
+    sh(["cc", "-O2", "-I", d["include"], "-o", str(prog), str(HERE / "mixed_double.c"), "-ldl"], env)
+    nat, calls = [], 0
+    for _ in range(args.reps):
+        o = sh([str(prog), str(args.steps)], env).stdout
+        nat.append(float(re.search(r"us_per_call ([\d.]+)", o).group(1)))
+        calls = int(re.search(r"CALLS (\d+)", o).group(1))
+    native = sorted(nat)[len(nat) // 2]
+    snap = tmp / "mixed.cusnap"
+    sh([sys.executable, "-m", "cudasnap", "capture", "-q", "-f", "-o", str(snap), "--", str(prog), str(args.steps)], env)
+    out["mixed_native_us_per_call"] = native
+    print(f"mixed pattern on the double ({calls} calls in the loop): native {native:.3f} us/call")
+    for mode in args.modes.split(","):
+        pers, starts, walls = [], [], []
+        for _ in range(args.reps):
+            rj, _t0, wall = replay(snap, env, mode)
+            assert rj["exit_code"] == 0 and rj["d2h_verified"] == args.steps // 10, rj["errors"]
+            loop = rj["loop_end_mono"] - rj["loop_start_mono"]
+            pers.append(loop / rj["total_calls"] * 1e6)
+            starts.append(rj["elapsed_s"] - loop)
+            walls.append(wall)
+        per = sorted(pers)[len(pers) // 2]
+        start = sorted(starts)[len(starts) // 2]
+        out[f"mixed_replay_us_per_call_fastpath_{mode}"] = per
+        out[f"mixed_ratio_fastpath_{mode}"] = per / native
+        out[f"mixed_startup_s_fastpath_{mode}"] = start
+        print(f"  CUDASNAP_FASTPATH={mode:6s}: {per:8.3f} us per replayed call = {per / native:6.1f}x native "
+              f"(goal <= 3x); start-up {start:.2f} s, wall {sorted(walls)[len(walls) // 2]:.2f} s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--launches", type=int, default=100000)
     ap.add_argument("--h2d-mb", type=int, default=1024)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--modes", default="0,python,1")
+    ap.add_argument("--steps", type=int, default=20000, help="mixed pattern steps (0: skip)")
     ap.add_argument("--json")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="cudasnap-dbench-"))
@@ -77,6 +115,8 @@ def main() -> None:
         out[f"replay_wall_s_fastpath_{mode}"] = wall
         print(f"  CUDASNAP_FASTPATH={mode:6s}: {per:8.3f} us per replayed launch, replay wall {wall:.2f} s")
 
+    if args.steps:
+        mixed(args, tmp, d, env, out)
     if args.h2d_mb:
         big = tmp / "big.cusnap"
         sh([sys.executable, "-m", "cudasnap", "capture", "-q", "-f", "-o", str(big), "--", str(prog), "1", str(args.h2d_mb)], env)

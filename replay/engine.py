@@ -366,7 +366,9 @@ class Replayer:
         self._plan_fast = self._fast_eligible()
         self._pace_on = getattr(self.opt, "pace", "fast") == "recorded"
         self._pace_base = 0.0
-        self._slots = Slots()
+        from .executor import module
+        mod = module()
+        self._slots = Slots(mod.ffi if mod is not None else None)
         self._ranges = Ranges()
         self.handles = SlotMap(self._slots, "h", self.handles)
         self.funcs = SlotMap(self._slots, "f", self.funcs)
@@ -385,7 +387,7 @@ class Replayer:
                     max_seq = rec["s"]
                 if self._pr and rec.get("r") == 0 and is_workload(rec.get("f") or "") and type(rec.get("s")) is int:
                     self._workload_last = rec["s"]
-                rng = alloc_range(rec)
+                rng = alloc_range(rec) if rec.get("f", "").startswith("cuMem") else None
                 if rng:
                     self.ranges.append(rng)
                     self._ranges.add(*rng)
@@ -737,9 +739,9 @@ class Replayer:
                 pass
         self._last_tid = tid
         slots = self._slots
-        fidx = slots.index
-        for h, i in b.funcs.items():        # functions not looked up yet: resolve them now
-            if slots.values[fidx[("f", h)]] == 0:
+        vals = slots.values
+        for sl, h, i in b.fslots:          # functions not looked up yet: resolve them now
+            if vals[sl] == 0:
                 try:
                     from .handlers.module import resolve_function
                     resolve_function(self, b.recs[i], h)

@@ -54,12 +54,8 @@ class NativeExecutor:
         if b.nsync > len(self._sync):
             self._sync = self.ffi.new("double[]", b.nsync)
         self._nsync[0] = 0
-        sp = self.ffi.from_buffer("uint64_t[]", slots.values)   # released below: the table may grow
-        try:
-            i = self.lib.ex_run(b.ops, start, end, sp, self._code, t, t + 1,
-                                self._sync, len(self._sync), self._nsync, pace_base)
-        finally:
-            self.ffi.release(sp)
+        i = self.lib.ex_run(b.ops, start, end, slots.values, self._code, t, t + 1,
+                            self._sync, len(self._sync), self._nsync, pace_base)
         ns = self._nsync[0]
         syncs = [self._sync[k] for k in range(ns)] if ns else []
         return int(i), int(self._code[0]), (t[0] or None), (t[1] or None), syncs

@@ -54,25 +54,43 @@ _MEMSET_KEY = {MEMSET8: "uc", MEMSET16: "us", MEMSET32: "ui", MEMSET8_ASYNC: "uc
 _ASYNC = (MEMSET8_ASYNC, MEMSET16_ASYNC, MEMSET32_ASYNC, COPY_DTOD_ASYNC, COPY_ASYNC)
 
 
+_Z3 = (0, 0, 0)
+_EMPTY = (0, 0, 0, 0, 0, 0, 0, _Z3, _Z3, 0, None)
+_U64 = 1 << 64
+# ex_op, packed as the C compiler lays it out (x86-64 / aarch64 LP64; checked against ffi.sizeof)
+_OP = struct.Struct("<HHIqqqQQQ3I3II4xQQd")
+OP_SIZE = _OP.size
+
+
 def _u32(v) -> bool:
     return type(v) is int and 0 <= v < (1 << 32)
 
 
 class Slots:
     """Recorded handle -> slot index, per namespace ("h": Replayer.handles, "f": Replayer.funcs),
-    and the live values (uint64) the executor reads.  The table grows as the plan does."""
+    and the live values (uint64) the executor reads: a cffi array when the executor module is
+    built (grown by copying, between batches), else a list."""
 
-    def __init__(self):
+    def __init__(self, ffi=None):
+        self.ffi = ffi
         self.index: Dict[Tuple[str, int], int] = {}
-        self.values = array("Q", [0])     # slot 0 unused: keeps "0 = empty" unambiguous
+        self.n = 1                        # slot 0 unused: keeps "0 = empty" unambiguous
+        self.values = ffi.new("uint64_t[]", 1024) if ffi is not None else [0] * 1024
         self.maps: Dict[str, Any] = {}    # namespace -> SlotMap (set by the engine)
 
     def slot(self, ns: str, h: int) -> int:
         k = (ns, h)
         i = self.index.get(k)
         if i is None:
-            i = self.index[k] = len(self.values)
-            self.values.append(0)
+            i = self.index[k] = self.n
+            self.n += 1
+            if i >= len(self.values):
+                if self.ffi is not None:
+                    new = self.ffi.new("uint64_t[]", 2 * len(self.values))
+                    self.ffi.memmove(new, self.values, 8 * len(self.values))
+                    self.values = new
+                else:
+                    self.values.extend([0] * len(self.values))
             m = self.maps.get(ns)
             if m is not None and h in m:
                 self.values[i] = _live_int(dict.__getitem__(m, h))
@@ -156,7 +174,7 @@ class Ranges:
 class OpBatch:
     """Consecutive plain calls of one recorded thread.  recs[i] is op i's record, fams[i] its
     family (dispatch), kinds[i] its op kind; ops (cffi ex_op[]) is built by close()."""
-    __slots__ = ("tid", "recs", "kinds", "fams", "ops", "keep", "funcs", "copies", "marks", "counts",
+    __slots__ = ("tid", "recs", "kinds", "fams", "ops", "keep", "funcs", "fslots", "copies", "marks", "counts",
                  "nsync", "has_ctx_sync", "ctx_ops", "n", "last_seq", "_params")
 
     def __init__(self, tid):
@@ -167,6 +185,7 @@ class OpBatch:
         self.ops = None
         self.keep: List[Any] = []
         self.funcs: Dict[int, int] = {}        # recorded function handle -> first op using it
+        self.fslots: List[Tuple[int, int, int]] = []   # (slot, handle, first op) per function
         self.copies: List[int] = []            # cuMemcpy(Async) ops: both ends checked at run time
         self.marks: List[tuple] = []           # summary of the batch's writes (see _summarise)
         self.counts: Dict[str, Any] = {}
@@ -207,6 +226,8 @@ class Planner:
         self.slots = slots
         self.ranges = ranges
         self.keeping = keep
+        if ffi is not None and (ffi.sizeof("ex_op") != OP_SIZE or ffi.offsetof("ex_op", "at") != OP_SIZE - 8):
+            ffi = None                    # a layout this packing does not know: handlers only
         self.ffi = ffi
         self.items: List[Any] = []
         self.cur: Optional[OpBatch] = None
@@ -238,13 +259,14 @@ class Planner:
         return k
 
     def _op(self, kind: int, rec) -> Optional[tuple]:
-        """(C field values, extra) for a record of this kind, or None when it needs its handler."""
+        """(val, r0, r1, rf, dst, src, n, grid, block, shmem, params) for a record of this
+        kind (the ex_op fields), or None when it needs its handler."""
         a = rec.get("a")
         if type(a) is not dict:
             return None
         f = rec["f"]
         S = self.slots
-        if kind in LAUNCHES:
+        if kind <= LAUNCH_EX:
             x = rec.get("x")
             params = x.get("params") if type(x) is dict else None
             h = a.get("f")
@@ -254,7 +276,7 @@ class Planner:
                 g = a.get
                 dims = (g("gridDimX", 1), g("gridDimY", 1), g("gridDimZ", 1), g("blockDimX", 1), g("blockDimY", 1),
                         g("blockDimZ", 1), g("sharedMemBytes", 0))
-                hs = a.get("hStream")
+                hs = g("hStream")
             else:
                 cfg = a.get("config")
                 if not isinstance(cfg, (bytes, bytearray)) or len(cfg) < LAUNCH_CONFIG.size:
@@ -263,30 +285,29 @@ class Planner:
                 if v[9] != 0:                  # launch attributes: the handler builds them
                     return None
                 dims, hs = v[:7], v[7]
-            if not all(_u32(d) for d in dims):
-                return None
+            for d in dims:
+                if type(d) is not int or not 0 <= d < 4294967296:
+                    return None
             sr = _stream_ref(S, f, hs)
             if sr is None:
                 return None
-            return {"rf": S.slot("f", h), "r0": sr, "grid": dims[0:3], "block": dims[3:6], "shmem": dims[6]}, params
-        if kind in (EVENT_RECORD, EVENT_RECORD_FLAGS):
-            e, sr = _handle_ref(S, a.get("hEvent")), _stream_ref(S, f, a.get("hStream"))
-            fl = a.get("flags", 0) if kind == EVENT_RECORD_FLAGS else 0
+            return (0, sr, 0, S.slot("f", h), 0, 0, 0, dims[0:3], dims[3:6], dims[6], params)
+        if kind <= STREAM_WAIT:
+            e = _handle_ref(S, a.get("hEvent"))
+            sr = _stream_ref(S, f, a.get("hStream"))
+            fl = a.get("flags", 0) if kind == EVENT_RECORD_FLAGS else a.get("Flags", 0) if kind == STREAM_WAIT else 0
             if e is None or sr is None or not _u32(fl):
                 return None
-            return {"r0": e, "r1": sr, "val": fl}, None
-        if kind == STREAM_WAIT:
-            sr, e, fl = _stream_ref(S, f, a.get("hStream")), _handle_ref(S, a.get("hEvent")), a.get("Flags", 0)
-            if e is None or sr is None or not _u32(fl):
-                return None
-            return {"r0": sr, "r1": e, "val": fl}, None
-        if MEMSET8 <= kind <= MEMSET32_ASYNC:
+            return (fl, e, sr, 0, 0, 0, 0, _Z3, _Z3, 0, None) if kind != STREAM_WAIT else \
+                (fl, sr, e, 0, 0, 0, 0, _Z3, _Z3, 0, None)
+        r0 = 0
+        if kind <= MEMSET32_ASYNC:
             dst, val, n = a.get("dstDevice"), a.get(_MEMSET_KEY[kind], 0), a.get("N", 0)
             if type(dst) is not int or not _u32(val) or type(n) is not int or n < 0:
                 return None
-            d = {"dst": dst, "val": val, "n": n}
-        elif COPY_DTOD <= kind <= COPY_ASYNC:
-            if kind in (COPY, COPY_ASYNC):
+            src = 0
+        elif kind <= COPY_ASYNC:
+            if kind >= COPY:
                 x = rec.get("x")
                 if type(x) is dict and ("hostsrc" in x or "hostdst" in x):
                     return None
@@ -296,28 +317,29 @@ class Planner:
             n = a.get("ByteCount", 0)
             if type(dst) is not int or type(src) is not int or type(n) is not int or n < 0:
                 return None
-            d = {"dst": dst, "src": src, "n": n}
+            val = 0
         elif kind == SYNC_STREAM:
             sr = _stream_ref(S, f, a.get("hStream"))
-            return None if sr is None else ({"r0": sr}, None)
+            return None if sr is None else (0, sr, 0, 0, 0, 0, 0, _Z3, _Z3, 0, None)
         elif kind == SYNC_EVENT:
             e = _handle_ref(S, a.get("hEvent"))
-            return None if e is None else ({"r0": e}, None)
+            return None if e is None else (0, e, 0, 0, 0, 0, 0, _Z3, _Z3, 0, None)
         elif kind == SYNC_CTX:
-            return {}, None
+            return _EMPTY
         elif kind in CTX_OPS:
             h = a.get("ctx")
             if type(h) is not int:
                 return None
-            return {"r0": S.slot("h", h) if h else -1}, None
+            return (0, S.slot("h", h) if h else -1, 0, 0, 0, 0, 0, _Z3, _Z3, 0, None)
         else:
             return None
         if kind in _ASYNC:
-            sr = _stream_ref(S, f, a.get("hStream"))
-            if sr is None:
+            r0 = _stream_ref(S, f, a.get("hStream"))
+            if r0 is None:
                 return None
-            d["r0"] = sr
-        return d, None
+        if not (0 <= dst < _U64 and 0 <= src < _U64 and n < _U64):
+            return None
+        return (val, r0, 0, 0, dst, src, n, _Z3, _Z3, 0, None)
 
     # ------------------------------------------------------------------ feeding
     def _step(self, rec) -> Iterator[Any]:
@@ -328,7 +350,7 @@ class Planner:
         if k is not None and type(rec.get("s")) is int:
             kind, fam = k
             if kind == SKIP:
-                op = ({}, None)
+                op = _EMPTY
             elif rec.get("r", 0) != 0:
                 op = None                     # a recorded error: its handler decides
             else:
@@ -342,7 +364,12 @@ class Planner:
                     b = None
                 if b is None:
                     b = self.cur = OpBatch(tid)
-                self._add(b, kind, fam, rec, op)
+                b.recs.append(rec)
+                b.kinds.append(kind)
+                b.fams.append(fam)
+                b.keep.append(op)
+                b.n += 1
+                b.last_seq = rec["s"]
                 self.nops += 1
                 return
         if self.cur is not None:
@@ -352,64 +379,66 @@ class Planner:
         self.nrecs += 1
         yield rec
 
-    def _add(self, b: OpBatch, kind: int, fam: str, rec, op) -> None:
-        b.recs.append(rec)
-        b.kinds.append(kind)
-        b.fams.append(fam)
-        b.keep.append(op)
-        b.n += 1
-        b.last_seq = rec["s"]
-
     def _close(self, b: OpBatch) -> None:
         """Build the C op array, the counters and the write summary."""
         ffi = self.ffi
         n = b.n
-        ops = ffi.new("ex_op[]", max(n, 1)) if ffi is not None else None
-        keep = []
         counts: Dict[str, Any] = {"calls": 0, "launches": 0, "skipped": 0, "fam": {}}
         fam_c = counts["fam"]
-        t_origin = self.t_origin
+        kinds = b.kinds
         for i in range(n):
-            kind = b.kinds[i]
-            fields, params = b.keep[i]
-            rec = b.recs[i]
+            kind = kinds[i]
             if kind == SKIP:
                 counts["skipped"] += 1
-            else:
-                counts["calls"] += 1
-                fam_c[b.fams[i]] = fam_c.get(b.fams[i], 0) + 1
-            if kind in LAUNCHES:
+                continue
+            counts["calls"] += 1
+            fm = b.fams[i]
+            fam_c[fm] = fam_c.get(fm, 0) + 1
+            if kind <= LAUNCH_EX:
                 counts["launches"] += 1
-                h = rec["a"]["f"]
+                h = b.recs[i]["a"]["f"]
                 if h not in b.funcs:
                     b.funcs[h] = i
-            elif kind in (COPY, COPY_ASYNC):
+            elif kind >= SYNC_STREAM:
+                if kind <= SYNC_CTX:
+                    b.nsync += 1
+                    if kind == SYNC_CTX:
+                        b.has_ctx_sync = True
+                else:
+                    b.ctx_ops.append(i)
+            elif kind >= COPY:
                 b.copies.append(i)
-            elif kind in SYNCS:
-                b.nsync += 1
-                if kind == SYNC_CTX:
-                    b.has_ctx_sync = True
-            elif kind in CTX_OPS:
-                b.ctx_ops.append(i)
-            if ops is not None:
-                o = ops[i]
-                o.kind = kind
-                for name, v in fields.items():
-                    setattr(o, name, v)
+        keep: List[Any] = []
+        if ffi is not None:
+            buf = bytearray(OP_SIZE * max(n, 1))
+            pack = _OP.pack_into
+            cache = self._params
+            t_origin = self.t_origin
+            for i in range(n):
+                val, r0, r1, rf, dst, src, cnt, grid, block, shm, params = b.keep[i]
+                pp = size = 0
                 if params:
-                    buf = self._params.get(params)
-                    if buf is None:
-                        buf = self._params[params] = ffi.from_buffer(params)
-                    keep.append(buf)
-                    o.params = buf
-                    o.size = len(params)
-                if t_origin is not None and type(rec.get("t0")) is int:
-                    o.at = max(0.0, (rec["t0"] - t_origin) * 1e-9)
+                    ent = cache.get(params)
+                    if ent is None:
+                        cb = ffi.from_buffer(params)
+                        ent = cache[params] = (cb, int(ffi.cast("uintptr_t", cb)))
+                    keep.append(ent[0])
+                    pp, size = ent[1], len(params)
+                at = 0.0
+                if t_origin is not None:
+                    t0 = b.recs[i].get("t0")
+                    if type(t0) is int:
+                        at = max(0.0, (t0 - t_origin) * 1e-9)
+                pack(buf, i * OP_SIZE, kinds[i], 0, val, r0, r1, rf, dst, src, cnt, grid[0], grid[1], grid[2],
+                     block[0], block[1], block[2], shm, pp, size, at)
+            ops = ffi.new("ex_op[]", max(n, 1))
+            ffi.memmove(ops, buf, len(buf))
+            b.ops = ops
         if len(self._params) > 100_000:
             self._params = {}
-        b.ops = ops
         b.keep = keep
         b.counts = counts
+        b.fslots = [(self.slots.index[("f", h)], h, i) for h, i in b.funcs.items()]
         b.marks = self._summarise(b)
 
     def _summarise(self, b: OpBatch) -> List[tuple]:
