@@ -637,7 +637,7 @@ class Replayer:
             except Exception:
                 prog = None
         self._executor = None
-        if self._planner.fast and not self.subscribers:
+        if self._planner.fast and all(getattr(sub, "batch_ok", False) for sub in self.subscribers):
             from .executor import make_executor
             try:
                 self._executor = make_executor()
@@ -679,11 +679,11 @@ class Replayer:
         if d > 0:
             time.sleep(d)
 
-    def _sync_mark(self) -> None:
-        """A synchronization returned: its time (step boundaries for benchmarks)."""
+    def _sync_mark(self, seq) -> None:
+        """A synchronization returned: [seq, its time] (step boundaries for benchmarks)."""
         s = self.res.sync_mono
         if len(s) < SYNC_TIMES_MAX:
-            s.append(time.monotonic())
+            s.append([seq, time.monotonic()])
 
     # ------------------------------------------------------------------ C executor
     def _native_ok(self, b: OpBatch) -> bool:
@@ -761,12 +761,15 @@ class Replayer:
             if pos < end:
                 if self.watchdog is not None:
                     self.watchdog.arm(_OpDesc(ex, b))
+                l0 = res.launches
                 try:
                     i, code, t_first, t_last, syncs = ex.run(b, pos, end, slots, self._pace_base if self._pace_on else 0.0)
                 finally:
                     if self.watchdog is not None:
                         self.watchdog.disarm()
                 self._account(b, pos, i, t_first, t_last, syncs)
+                if self.subscribers and i > pos:
+                    self.emit("batch", plan.BatchEvent(b, pos, i, l0, self))
                 if i < end:
                     rec = b.recs[i]
                     if code == NEED_SLOW:
@@ -846,7 +849,8 @@ class Replayer:
         if syncs:
             room = SYNC_TIMES_MAX - len(res.sync_mono)
             if room > 0:
-                res.sync_mono.extend(syncs[:room])
+                seqs = [b.recs[i]["s"] for i in b.sync_idx if s <= i < e]
+                res.sync_mono.extend([q, t] for q, t in zip(seqs[:room], syncs))
         if b.ctx_ops:
             self._after_ctx_ops(b, s, e)
 
@@ -1004,7 +1008,7 @@ class Replayer:
         fam = h.family
         self.res.by_family[fam] = self.res.by_family.get(fam, 0) + 1
         if f in _SYNC_CALLS:
-            self._sync_mark()
+            self._sync_mark(seq)
 
     def _error(self, rec, msg: str) -> None:
         self.res.errors.append(msg)

@@ -67,7 +67,7 @@ class ReplayResult:
     loop_start_mono: Optional[float] = None   # the replay loop (after start-up: read, plan, driver load)
     loop_end_mono: Optional[float] = None
     native_calls: int = 0                 # calls (and skipped queries) the C executor ran
-    sync_mono: List[float] = field(default_factory=list)   # when each synchronization returned (step boundaries)
+    sync_mono: List[List[float]] = field(default_factory=list)   # [seq, time] as each synchronization returned (step boundaries)
     message: str = ""
 
     def to_dict(self) -> Dict[str, Any]:

@@ -175,7 +175,7 @@ class OpBatch:
     """Consecutive plain calls of one recorded thread.  recs[i] is op i's record, fams[i] its
     family (dispatch), kinds[i] its op kind; ops (cffi ex_op[]) is built by close()."""
     __slots__ = ("tid", "recs", "kinds", "fams", "ops", "keep", "funcs", "fslots", "copies", "marks", "counts",
-                 "nsync", "has_ctx_sync", "ctx_ops", "n", "last_seq", "_params")
+                 "nsync", "sync_idx", "has_ctx_sync", "ctx_ops", "n", "last_seq", "_params")
 
     def __init__(self, tid):
         self.tid = tid
@@ -190,6 +190,7 @@ class OpBatch:
         self.marks: List[tuple] = []           # summary of the batch's writes (see _summarise)
         self.counts: Dict[str, Any] = {}
         self.nsync = 0
+        self.sync_idx: List[int] = []
         self.has_ctx_sync = False
         self.ctx_ops: List[int] = []
         self.n = 0
@@ -197,6 +198,35 @@ class OpBatch:
 
     def seq(self, i: int):
         return self.recs[i].get("s")
+
+
+class BatchEvent:
+    """Ops [start, end) of `batch` ran in the C executor ("batch" event; only subscribers whose
+    `batch_ok` is true are present then).  index: the launch ordinal of the first launch among
+    them (LaunchEvent.index's numbering)."""
+    __slots__ = ("batch", "start", "end", "index", "replayer")
+
+    def __init__(self, batch: "OpBatch", start: int, end: int, index: int, replayer):
+        self.batch, self.start, self.end, self.index, self.replayer = batch, start, end, index, replayer
+
+    def ops(self) -> Iterator[Tuple[int, int, Dict[str, Any]]]:
+        """(op kind, launch ordinal or -1, record) per op that ran, in order."""
+        b = self.batch
+        n = self.index
+        for i in range(self.start, self.end):
+            k = b.kinds[i]
+            if k <= LAUNCH_EX and k != SKIP:
+                yield k, n, b.recs[i]
+                n += 1
+            else:
+                yield k, -1, b.recs[i]
+
+    def launch_stream(self, rec) -> int:
+        """Recorded stream handle of a launch record."""
+        a = rec["a"]
+        if rec["f"].startswith("cuLaunchKernelEx"):
+            return LAUNCH_CONFIG.unpack_from(a["config"])[7]
+        return a.get("hStream") or 0
 
 
 def _stream_ref(slots: Slots, f: str, hs) -> Optional[int]:
@@ -402,6 +432,7 @@ class Planner:
             elif kind >= SYNC_STREAM:
                 if kind <= SYNC_CTX:
                     b.nsync += 1
+                    b.sync_idx.append(i)
                     if kind == SYNC_CTX:
                         b.has_ctx_sync = True
                 else:

@@ -169,6 +169,8 @@ def test_executor_matches_the_per_call_path_on_a_mixed_snapshot(double, tmp_path
         cp, got = _replay(double, snap, mode)
         assert {k: got.get(k) for k in MIXED_KEYS} == {k: base.get(k) for k in MIXED_KEYS}, (mode, cp.stderr)
         assert len(got["sync_mono"]) == len(base["sync_mono"]) == 10   # 8 stream, 1 context, 1 event
+        assert [q for q, _t in got["sync_mono"]] == [q for q, _t in base["sync_mono"]]
+        assert all(a[1] <= b[1] for a, b in zip(got["sync_mono"], got["sync_mono"][1:]))
         assert got["first_launch_mono"] <= got["last_launch_mono"]
         assert (got["native_calls"] > 300) == (mode == "1")
 
