@@ -637,6 +637,7 @@ class Replayer:
             except Exception:
                 prog = None
         self._executor = None
+        self._moved_key, self._moved = None, []
         if self._planner.fast and all(getattr(sub, "batch_ok", False) for sub in self.subscribers):
             from .executor import make_executor
             try:
@@ -697,12 +698,16 @@ class Replayer:
             return False
         sp = self.space
         if sp is not None and sp.relocations:
-            moved = [(a.rec_base, a.rec_base + max(a.size, 1)) for a in sp.allocs.values() if a.live_base != a.rec_base]
-            if moved:
-                for i in range(b.n):
-                    for v in self._op_addrs(b, i):
-                        if any(lo <= v < hi for lo, hi in moved):
-                            return False
+            key = (len(sp.relocations), len(sp.allocs))
+            if self._moved_key != key:
+                self._moved_key = key
+                self._moved = [(a.rec_base, a.rec_base + max(a.size, 1)) for a in sp.allocs.values()
+                               if a.live_base != a.rec_base]
+            addrs = b.addrs
+            for lo, hi in self._moved:
+                j = bisect.bisect_left(addrs, lo)
+                if j < len(addrs) and addrs[j] < hi:
+                    return False
         for i in b.copies:     # cuMemcpy(Async): both ends must be replayed device memory
             a = b.recs[i]["a"]
             if sp is None or sp.find(a.get("src") or 0) is None or sp.find(a.get("dst") or 0) is None:

@@ -175,7 +175,7 @@ class OpBatch:
     """Consecutive plain calls of one recorded thread.  recs[i] is op i's record, fams[i] its
     family (dispatch), kinds[i] its op kind; ops (cffi ex_op[]) is built by close()."""
     __slots__ = ("tid", "recs", "kinds", "fams", "ops", "keep", "funcs", "fslots", "copies", "marks", "counts",
-                 "nsync", "sync_idx", "has_ctx_sync", "ctx_ops", "n", "last_seq", "_params")
+                 "nsync", "sync_idx", "has_ctx_sync", "addrs", "ctx_ops", "n", "last_seq", "_params")
 
     def __init__(self, tid):
         self.tid = tid
@@ -191,6 +191,7 @@ class OpBatch:
         self.counts: Dict[str, Any] = {}
         self.nsync = 0
         self.sync_idx: List[int] = []
+        self.addrs: List[int] = []             # sorted distinct addresses the ops name (moved-memory check)
         self.has_ctx_sync = False
         self.ctx_ops: List[int] = []
         self.n = 0
@@ -481,6 +482,7 @@ class Planner:
         last: Dict[int, tuple] = {}
         key = self.ranges.key
         words_cache: Dict[bytes, tuple] = {}
+        addrs = set()
         for i in range(b.n):
             kind = b.kinds[i]
             rec = b.recs[i]
@@ -494,15 +496,19 @@ class Planner:
                         v for v in (int.from_bytes(p[o:o + 8], "little") for o in range(0, len(p) - 7, 8))
                         if v >= 0x10000))
                 h = a["f"]
+                addrs.update(ws)
                 for v in ws:
                     kk = key(v)
                     last[v if kk is None else kk] = (v, seq, "k", h)
             elif MEMSET8 <= kind <= MEMSET32_ASYNC:
                 v = a["dstDevice"]
+                addrs.add(v)
                 kk = key(v)
                 last[v if kk is None else kk] = (v, seq, "n", rec["f"])
             elif COPY_DTOD <= kind <= COPY_ASYNC:
                 dst, src = (a["dst"], a["src"]) if kind in (COPY, COPY_ASYNC) else (a["dstDevice"], a["srcDevice"])
+                addrs.add(src)
+                addrs.add(dst)
                 ks, kd = key(src), key(dst)
                 w = last.get(src if ks is None else ks)
                 if w is None:
@@ -512,6 +518,7 @@ class Planner:
                 else:
                     ent = (dst, seq) + w[2:]
                 last[dst if kd is None else kd] = ent
+        b.addrs = sorted(addrs)
         return sorted(last.values(), key=lambda e: e[1])
 
     def add(self, rec) -> None:

@@ -230,3 +230,57 @@ def test_pace_recorded_keeps_the_recorded_gaps(double, tmp_path):
     cp = subprocess.run([sys.executable, "-m", "cudasnap", "replay", str(snap), "--pace", "slow"], env=double["env"],
                         capture_output=True, text=True, timeout=60)
     assert cp.returncode == 2 and "Traceback" not in cp.stderr
+
+
+TIMELINE_FAKE_CUPTI = '''
+import json, sys
+from cudasnap.replay.options import ReplayOptions
+from cudasnap.replay.profile import ProfileConfig, profile_replay
+import cudasnap.replay.profile.timeline as tl
+
+snap, n = sys.argv[1], int(sys.argv[2])
+
+
+class FakeCupti:
+    """CUPTI as it behaves without API records: one kernel record per kernel, in issue order
+    (correlation ids ascending), no external correlation records."""
+    def __init__(self):
+        self.kernels, self.copies, self.ext, self.kernel_nodes, self.copy_nodes = [], [], {}, [], []
+        self.now = 0
+    def push(self, e): pass
+    def pop(self): pass
+    def flush(self):
+        if not self.kernels:
+            self.kernels = [(i + 1, 1000 * i, 1000 * i + 100 + i, "k", 7) for i in range(n)]
+            self.kernel_nodes = [(0, 0)] * n
+    def close(self): self.flush()
+    def timestamp(self):
+        self.now += 1
+        return self.now
+
+
+tl.open_cupti = lambda backend, warn: FakeCupti()
+run = profile_replay(snap, ProfileConfig(mode="timeline"), ReplayOptions(quiet=True))
+print(json.dumps({"exit": run.result.exit_code, "native_calls": run.result.native_calls,
+                  "launches": run.result.launches, "rows": run.report["launches"]}, default=str))
+'''
+
+
+def test_timeline_with_cupti_runs_in_the_executor_and_times_every_launch(double, tmp_path):
+    snap = tmp_path / "mixed.cusnap"
+    mixed_session(snap, steps=20)
+    from cudasnap.formats import SnapshotReader
+    seqs = [r["s"] for r in SnapshotReader(snap).records("c") if r["f"].startswith("cuLaunch")]
+    p = tmp_path / "fake.py"
+    p.write_text(TIMELINE_FAKE_CUPTI)
+    env = dict(double["env"], CUDASNAP_FASTPATH="1")
+    cp = subprocess.run([sys.executable, str(p), str(snap), str(len(seqs))], env=env, capture_output=True, text=True,
+                        timeout=120)
+    r = json.loads(cp.stdout.strip().splitlines()[-1])
+    assert r["exit"] == 0 and r["launches"] == len(seqs) and r["native_calls"] > 100, cp.stderr
+    rows = sorted(r["rows"], key=lambda x: x["seq"])
+    assert [x["seq"] for x in rows] == seqs
+    assert [x["index"] for x in rows] == list(range(len(seqs)))
+    # the i-th kernel record (issue order) times the i-th launch: durations 100 + i ns
+    assert [round(x["time_us"] * 1e3) for x in rows] == [100 + i for i in range(len(seqs))]
+    assert {x["name"] for x in rows} == {"add_one", "incr"}
