@@ -46,13 +46,25 @@ def replay_json(snap: Path, *extra: str) -> tuple[dict, float]:
 
 
 def step_syncs(snap: Path, steps: int) -> list:
-    """Call numbers of the loop's step synchronizations: the last steps + 1 cuCtxSynchronize
-    calls (the one before the loop, then one per step)."""
+    """Call numbers of the loop's step synchronizations (bench/gpt_step.py): after the first two
+    cuCtxSynchronize calls with no launch or memory call between them, the next `steps`; the
+    second of the pair opens the first step."""
     from cudasnap.formats import SnapshotReader
-    seqs = [r["s"] for r in SnapshotReader(snap).records("c") if (r.get("f") or "").startswith("cuCtxSynchronize")]
-    if len(seqs) < steps + 1:
-        raise SystemExit(f"{snap}: {len(seqs)} cuCtxSynchronize calls, expected >= {steps + 1}")
-    return seqs[-(steps + 1):]
+    prev, start, seqs = None, None, []
+    for r in SnapshotReader(snap).records("c"):
+        f = r.get("f") or ""
+        if f.startswith("cuCtxSynchronize"):
+            if start is None and prev is not None:
+                start = r["s"]
+                seqs = [start]
+            elif start is not None:
+                seqs.append(r["s"])
+                if len(seqs) == steps + 1:
+                    return seqs
+            prev = r["s"]
+        elif f.startswith(("cuLaunch", "cuMem", "cuGraph")):
+            prev = None
+    raise SystemExit(f"{snap}: the loop's {steps} step synchronizations were not found")
 
 
 def replay_step_ms(rj: dict, seqs: list) -> float:

@@ -5,7 +5,8 @@ torch.cuda.synchronize(), timed in-process: the training-loop row of bench/bench
     python gpt_step.py graph [STEPS]   the same step captured once as a CUDA graph and replayed
                                        (the GPU-bound time; AdamW capturable=True there)
 Prints `step_ms <median of steps 10..STEPS>` and `STEPS <n>`; the eager loop's per-step
-synchronize is a cuCtxSynchronize, the step boundary replay times (result's sync_mono)."""
+synchronize is a cuCtxSynchronize, the step boundary replay times (result's sync_mono); two
+synchronizations in a row, with no launch or memory call between them, open the loop."""
 import statistics
 import sys
 import time
@@ -78,6 +79,7 @@ if mode == "graph":
         static_loss = step()
     run = g.replay
 torch.cuda.synchronize()
+torch.cuda.synchronize()        # two in a row: marks the loop's start in the snapshot
 times = []
 for i in range(steps):
     t0 = time.perf_counter()
