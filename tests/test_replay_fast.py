@@ -284,3 +284,17 @@ def test_timeline_with_cupti_runs_in_the_executor_and_times_every_launch(double,
     # the i-th kernel record (issue order) times the i-th launch: durations 100 + i ns
     assert [round(x["time_us"] * 1e3) for x in rows] == [100 + i for i in range(len(seqs))]
     assert {x["name"] for x in rows} == {"add_one", "incr"}
+
+
+@pytest.mark.parametrize("extra", [("--profiler-range", "workload"), ("--calls", "40-200"), ("--threads",)])
+def test_executor_options_match_the_per_call_path(double, tmp_path, extra):
+    """--profiler-range workload starts and stops inside batches at the same calls; selections
+    and --threads (which keep every call on its handler) count the same."""
+    snap = tmp_path / "mixed.cusnap"
+    mixed_session(snap, steps=20)
+    _cp0, base = _replay(double, snap, "0", *extra)
+    _cp, got = _replay(double, snap, "1", *extra)
+    assert base["exit_code"] == (1 if extra[0] == "--calls" else 0), base["errors"]   # --calls: results differ
+    assert {k: got.get(k) for k in MIXED_KEYS + ("profiler",)} == {k: base.get(k) for k in MIXED_KEYS + ("profiler",)}
+    if extra[0] == "--profiler-range":
+        assert got["profiler"]["starts"] == got["profiler"]["stops"] == 1 and got["native_calls"] > 100
