@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import bisect
+import gc
 import os
 import queue
 import re
@@ -376,6 +377,8 @@ class Replayer:
         self._h2d_order: List[str] = []
         self._planner = planner
         max_seq = -1          # the highest call sequence number read so far, in file order
+        d2h_keep = self._plan_fast        # the plan reads D2H expectations ahead (small ones)
+        d2h_blobs: List[str] = []
         for rec in self.reader.records():
             k = rec.get("k")
             if k == "c":
@@ -398,6 +401,10 @@ class Replayer:
                     h = (rec.get("a") or {}).get("pctx")
                     if isinstance(h, int) and h:
                         self.ctx_ids.setdefault(h, {"h": h, "device": (rec.get("a") or {}).get("dev")})["primary"] = True
+                if d2h_keep and rec.get("f", "").startswith("cuMemcpyDtoH") and rec.get("r") == 0:
+                    ref = (rec.get("x") or {}).get("dstHost")
+                    if isinstance(ref, dict) and isinstance(ref.get("blob"), str):
+                        d2h_blobs.append(ref["blob"])
                 if rec.get("f") in _SYNC_H2D and len(self._h2d_order) < 4096:
                     ref = (rec.get("x") or {}).get("srcHost")
                     if isinstance(ref, dict) and isinstance(ref.get("blob"), str) and rec.get("r", 0) == 0:
@@ -418,6 +425,27 @@ class Replayer:
         # snapshot is too big to keep: the loop reads the file again)
         self._plan = planner.finish() if planner.keeping else None
         self._t_origin = planner.t_origin
+        if d2h_blobs and self._plan is not None:
+            self._read_expected(d2h_blobs)
+
+    def _read_expected(self, bids: List[str]) -> None:
+        """The plan's blob prefetch for verification points: the expected bytes of small D2H
+        copies, read now so the loop does not stop on the file for each (an unreadable one is
+        left for its call to report)."""
+        got: Dict[str, bytes] = {}
+        total = 0
+        r = self.reader
+        for bid in dict.fromkeys(bids):
+            try:
+                n = r.blob_size(bid)
+                if n > D2H_AHEAD_EACH or total + n > D2H_AHEAD_TOTAL:
+                    continue
+                got[bid] = r.blob(bid)
+                total += n
+            except Exception:
+                continue
+        if got:
+            self.reader = _ExpectedBlobs(r, got)
 
     def ensure_init(self, rec=None) -> None:
         """cuInit + placement; idempotent (a snapshot may lack cuInit)."""
@@ -644,6 +672,10 @@ class Replayer:
                 self._executor = make_executor()
             except Exception as e:  # pragma: no cover - defensive
                 self.note(f"C executor unavailable ({type(e).__name__}: {e})")
+        # the plan's records stay alive to the end: keep the collector from walking them again and
+        # again while the loop allocates (a full collection over 100k+ records costs milliseconds)
+        gc.collect()
+        gc.freeze()
         self.res.loop_start_mono = time.monotonic()
         if self._pace_on:
             self._pace_base = self.res.loop_start_mono
@@ -666,6 +698,7 @@ class Replayer:
                     prog.advance(task)
         finally:
             self.res.loop_end_mono = time.monotonic()
+            gc.unfreeze()
             if prog is not None:
                 prog.stop()
 
@@ -1110,6 +1143,24 @@ class _BlobPrefetch:
                 raise item
             self._room.release()
             yield item
+
+
+D2H_AHEAD_EACH = 1 << 20         # D2H expectations read ahead: at most this big each
+D2H_AHEAD_TOTAL = 64 << 20       # and this much in all
+
+
+class _ExpectedBlobs:
+    """The snapshot reader, answering blob() for the D2H expectations read ahead from memory."""
+
+    def __init__(self, reader, blobs: Dict[str, bytes]):
+        self._reader, self._blobs = reader, blobs
+
+    def blob(self, bid: str) -> bytes:
+        d = self._blobs.get(bid)
+        return d if d is not None else self._reader.blob(bid)
+
+    def __getattr__(self, name):
+        return getattr(self._reader, name)
 
 
 class _OpDesc:

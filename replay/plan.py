@@ -282,8 +282,11 @@ class Planner:
         elif not h.refused:
             kinds = _BY_HANDLER.get(getattr(h.fn, "__name__", ""))
             if kinds:
-                from .engine import base_name
-                kk = kinds.get(base_name(f))
+                try:                          # the base name, from the API description
+                    base = (dispatch._desc().by_name(f) or {}).get("base")
+                except Exception:
+                    base = None
+                kk = kinds.get(base or "")
                 if kk is not None:
                     k = (kk, h.family)
         self._disp[f] = k
@@ -373,13 +376,14 @@ class Planner:
         return (val, r0, 0, 0, dst, src, n, _Z3, _Z3, 0, None)
 
     # ------------------------------------------------------------------ feeding
-    def _step(self, rec) -> Iterator[Any]:
+    def _feed(self, rec, out: List[Any]) -> None:
+        """Feed one record; finished items are appended to out."""
         f = rec.get("f") or ""
         if self.pace and self.t_origin is None and type(rec.get("t0")) is int:
             self.t_origin = rec["t0"]
-        k = self._kind(f) if self.fast else None
+        k = (self._disp[f] if f in self._disp else self._kind(f)) if self.fast else None
         if k is not None and type(rec.get("s")) is int:
-            kind, fam = k
+            kind = k[0]
             if kind == SKIP:
                 op = _EMPTY
             elif rec.get("r", 0) != 0:
@@ -389,26 +393,24 @@ class Planner:
             if op is not None:
                 tid = rec.get("tid")
                 b = self.cur
-                if b is not None and (b.tid != tid or b.n >= BATCH_MAX):
-                    self._close(b)
-                    yield b
-                    b = None
-                if b is None:
+                if b is None or b.tid != tid or b.n >= BATCH_MAX:
+                    if b is not None:
+                        self._close(b)
+                        out.append(b)
                     b = self.cur = OpBatch(tid)
                 b.recs.append(rec)
                 b.kinds.append(kind)
-                b.fams.append(fam)
+                b.fams.append(k[1])
                 b.keep.append(op)
                 b.n += 1
-                b.last_seq = rec["s"]
                 self.nops += 1
                 return
         if self.cur is not None:
             self._close(self.cur)
-            yield self.cur
+            out.append(self.cur)
             self.cur = None
         self.nrecs += 1
-        yield rec
+        out.append(rec)
 
     def _close(self, b: OpBatch) -> None:
         """Build the C op array, the counters and the write summary."""
@@ -469,6 +471,7 @@ class Planner:
         if len(self._params) > 100_000:
             self._params = {}
         b.keep = keep
+        b.last_seq = b.recs[-1]["s"] if n else None
         b.counts = counts
         b.fslots = [(self.slots.index[("f", h)], h, i) for h, i in b.funcs.items()]
         b.marks = self._summarise(b)
@@ -522,8 +525,7 @@ class Planner:
         return sorted(last.values(), key=lambda e: e[1])
 
     def add(self, rec) -> None:
-        for item in self._step(rec):
-            self.items.append(item)
+        self._feed(rec, self.items)
         if self.nrecs > PLAN_MAX_RECORDS or self.nops > PLAN_MAX_OPS:
             self.keeping = False
             self.items = []
@@ -539,8 +541,12 @@ class Planner:
         return self.items
 
     def stream(self, recs: Iterable[Dict[str, Any]]) -> Iterator[Any]:
+        out: List[Any] = []
         for rec in recs:
-            yield from self._step(rec)
+            self._feed(rec, out)
+            if out:
+                yield from out
+                out.clear()
         if self.cur is not None:
             self._close(self.cur)
             yield self.cur
