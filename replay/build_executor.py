@@ -63,9 +63,10 @@ enum {
     EX_SKIP, EX_LAUNCH, EX_LAUNCH_EX, EX_EVENT_RECORD, EX_EVENT_RECORD_FLAGS, EX_STREAM_WAIT,
     EX_MEMSET8, EX_MEMSET16, EX_MEMSET32, EX_MEMSET8_ASYNC, EX_MEMSET16_ASYNC, EX_MEMSET32_ASYNC,
     EX_COPY_DTOD, EX_COPY_DTOD_ASYNC, EX_COPY, EX_COPY_ASYNC,
-    EX_SYNC_STREAM, EX_SYNC_EVENT, EX_SYNC_CTX, EX_CTX_SET, EX_CTX_PUSH, EX_NKINDS
+    EX_SYNC_STREAM, EX_SYNC_EVENT, EX_SYNC_CTX, EX_CTX_SET, EX_CTX_PUSH, EX_D2H, EX_NKINDS
 };
 #define EX_NEED_SLOW (-1)
+#define EX_MISMATCH (-2)
 
 typedef int CUres;
 typedef void *P;
@@ -79,7 +80,7 @@ static const struct { const char *name; int ver; } ex_names[EX_NKINDS] = {
     {"cuMemsetD8Async", 3020}, {"cuMemsetD16Async", 3020}, {"cuMemsetD32Async", 3020},
     {"cuMemcpyDtoD", 3020}, {"cuMemcpyDtoDAsync", 3020}, {"cuMemcpy", 4000}, {"cuMemcpyAsync", 4000},
     {"cuStreamSynchronize", 2000}, {"cuEventSynchronize", 2000}, {"cuCtxSynchronize", 2000},
-    {"cuCtxSetCurrent", 4000}, {"cuCtxPushCurrent", 4000},
+    {"cuCtxSetCurrent", 4000}, {"cuCtxPushCurrent", 4000}, {"cuMemcpyDtoH", 3020},
 };
 static void *ex_fn[EX_NKINDS];
 static int ex_ready;
@@ -123,8 +124,8 @@ int ex_init(int per_thread, char *err, int errlen) {
                          else (out) = (P)(uintptr_t)(uint64_t)(-((r) + 1)); } while (0)
 
 /* Run ops[start, end) in order; stop at the first failing op.  Returns the index it stopped at
-   (end when all ran); *code: its CUresult, or EX_NEED_SLOW when the op must take the per-call
-   path.  *t_first / *t_last: CLOCK_MONOTONIC after the first and the last launch (left as
+   (end when all ran); *code: its CUresult, EX_NEED_SLOW when the op must take the per-call
+   path, or EX_MISMATCH when a D2H result differs from the recorded one.  *t_first / *t_last: CLOCK_MONOTONIC after the first and the last launch (left as
    they are when none ran); sync_t[*nsync++]: after each synchronization op. */
 int64_t ex_run(const ex_op *ops, int64_t start, int64_t end, const uint64_t *slots, int *code,
                double *t_first, double *t_last, double *sync_t, int64_t sync_cap, int64_t *nsync,
@@ -186,6 +187,13 @@ int64_t ex_run(const ex_op *ops, int64_t start, int64_t end, const uint64_t *slo
         case EX_SYNC_STREAM: case EX_SYNC_EVENT: REF(o->r0, a); r = ((CUres (*)(P))fn)(a); goto synced;
         case EX_SYNC_CTX: r = ((CUres (*)(void))fn)(); goto synced;
         case EX_CTX_SET: case EX_CTX_PUSH: REF(o->r0, a); r = ((CUres (*)(P))fn)(a); break;
+        case EX_D2H:      /* into the scratch buffer (dst), compared with the expected bytes (params) */
+            r = ((CUres (*)(P, uint64_t, size_t))fn)((P)(uintptr_t)o->dst, o->src, o->n);
+            if (r == 0 && o->n && memcmp((const void *)(uintptr_t)o->dst, o->params, o->n) != 0) {
+                *code = EX_MISMATCH;       /* the handler copies again and reports it */
+                return i;
+            }
+            break;
         default: goto slow;
         }
         if (r != 0) { *code = (int)r; break; }

@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 from cudasnap.formats import SnapshotError, SnapshotReader, cu_result_name
 
 from . import dispatch, plan
-from .executor import NEED_SLOW
+from .executor import MISMATCH, NEED_SLOW
 from .options import ReplayOptions, ReplayResult
 from .placement import AddressSpace, scan_payload
 from .plan import OpBatch, Planner, Ranges, SlotMap, Slots
@@ -370,6 +370,8 @@ class Replayer:
         from .executor import module
         mod = module()
         self._slots = Slots(mod.ffi if mod is not None else None)
+        self._expected: Dict[str, bytes] = {}
+        self._expected_bytes = 0
         self._ranges = Ranges()
         self.handles = SlotMap(self._slots, "h", self.handles)
         self.funcs = SlotMap(self._slots, "f", self.funcs)
@@ -377,8 +379,6 @@ class Replayer:
         self._h2d_order: List[str] = []
         self._planner = planner
         max_seq = -1          # the highest call sequence number read so far, in file order
-        d2h_keep = self._plan_fast        # the plan reads D2H expectations ahead (small ones)
-        d2h_blobs: List[str] = []
         for rec in self.reader.records():
             k = rec.get("k")
             if k == "c":
@@ -401,10 +401,6 @@ class Replayer:
                     h = (rec.get("a") or {}).get("pctx")
                     if isinstance(h, int) and h:
                         self.ctx_ids.setdefault(h, {"h": h, "device": (rec.get("a") or {}).get("dev")})["primary"] = True
-                if d2h_keep and rec.get("f", "").startswith("cuMemcpyDtoH") and rec.get("r") == 0:
-                    ref = (rec.get("x") or {}).get("dstHost")
-                    if isinstance(ref, dict) and isinstance(ref.get("blob"), str):
-                        d2h_blobs.append(ref["blob"])
                 if rec.get("f") in _SYNC_H2D and len(self._h2d_order) < 4096:
                     ref = (rec.get("x") or {}).get("srcHost")
                     if isinstance(ref, dict) and isinstance(ref.get("blob"), str) and rec.get("r", 0) == 0:
@@ -425,27 +421,27 @@ class Replayer:
         # snapshot is too big to keep: the loop reads the file again)
         self._plan = planner.finish() if planner.keeping else None
         self._t_origin = planner.t_origin
-        if d2h_blobs and self._plan is not None:
-            self._read_expected(d2h_blobs)
+        if self._expected:
+            self.reader = _ExpectedBlobs(self.reader, self._expected)
 
-    def _read_expected(self, bids: List[str]) -> None:
-        """The plan's blob prefetch for verification points: the expected bytes of small D2H
-        copies, read now so the loop does not stop on the file for each (an unreadable one is
-        left for its call to report)."""
-        got: Dict[str, bytes] = {}
-        total = 0
+    def _expected_blob(self, bid: str) -> Optional[bytes]:
+        """The plan's blob prefetch for verification points: the expected bytes of a small D2H
+        copy, read while compiling (None: too big, over the budget, or unreadable -- its call
+        then takes the handler, which reads and reports as before)."""
+        got = self._expected.get(bid)
+        if got is not None:
+            return got
         r = self.reader
-        for bid in dict.fromkeys(bids):
-            try:
-                n = r.blob_size(bid)
-                if n > D2H_AHEAD_EACH or total + n > D2H_AHEAD_TOTAL:
-                    continue
-                got[bid] = r.blob(bid)
-                total += n
-            except Exception:
-                continue
-        if got:
-            self.reader = _ExpectedBlobs(r, got)
+        try:
+            n = r.blob_size(bid)
+            if n > D2H_AHEAD_EACH or self._expected_bytes + n > D2H_AHEAD_TOTAL:
+                return None
+            got = r.blob(bid)
+        except Exception:
+            return None
+        self._expected[bid] = got
+        self._expected_bytes += n
+        return got
 
     def ensure_init(self, rec=None) -> None:
         """cuInit + placement; idempotent (a snapshot may lack cuInit)."""
@@ -760,6 +756,8 @@ class Replayer:
             return [a["dst"], a["src"]]
         if k in (plan.COPY_DTOD, plan.COPY_DTOD_ASYNC):
             return [a["dstDevice"], a["srcDevice"]]
+        if k == plan.D2H:
+            return [a["srcDevice"]]
         return ()
 
     def _run_batch(self, b: OpBatch) -> None:
@@ -810,7 +808,7 @@ class Replayer:
                     self.emit("batch", plan.BatchEvent(b, pos, i, l0, self))
                 if i < end:
                     rec = b.recs[i]
-                    if code == NEED_SLOW:
+                    if code in (NEED_SLOW, MISMATCH):
                         self._one(rec)
                         self._after_ctx_ops(b, i, i + 1)
                     else:
@@ -854,6 +852,9 @@ class Replayer:
             res.calls += c["calls"]
             res.launches += c["launches"]
             res.skipped += c["skipped"]
+            if c["d2h"]:
+                res.d2h_verified += c["d2h"]
+                res.d2h_bytes += c["d2h_bytes"]
             fam = res.by_family
             for k, v in c["fam"].items():
                 fam[k] = fam.get(k, 0) + v
@@ -875,6 +876,9 @@ class Replayer:
                     res.launches += 1
                 elif k == plan.SYNC_CTX:
                     self.keepalive.clear()
+                elif k == plan.D2H:
+                    res.d2h_verified += 1
+                    res.d2h_bytes += b.recs[i]["a"]["ByteCount"]
             if self.space is not None:
                 self._marks_exact(b, s, e)
         res.native_calls += e - s
@@ -957,7 +961,7 @@ class Replayer:
         from .executor import module
         mod = module()
         return Planner(self._plan_fast, self._slots, self._ranges, keep=keep,
-                       ffi=mod.ffi if mod is not None else None, pace=self._pace_on)
+                       ffi=mod.ffi if mod is not None else None, pace=self._pace_on, expected=self._expected_blob)
 
     def _on_thread(self, rec) -> None:
         """--threads: each recorded thread replays on its own thread; one call at a time, in

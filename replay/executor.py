@@ -9,6 +9,7 @@ import os
 from typing import Optional, Tuple
 
 NEED_SLOW = -1                  # the op must take its handler (an empty slot, no entry point)
+MISMATCH = -2                   # a D2H result differs from the recording: its handler reports it
 
 
 def _per_thread() -> int:

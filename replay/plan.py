@@ -22,7 +22,7 @@ from . import dispatch
 (SKIP, LAUNCH, LAUNCH_EX, EVENT_RECORD, EVENT_RECORD_FLAGS, STREAM_WAIT,
  MEMSET8, MEMSET16, MEMSET32, MEMSET8_ASYNC, MEMSET16_ASYNC, MEMSET32_ASYNC,
  COPY_DTOD, COPY_DTOD_ASYNC, COPY, COPY_ASYNC,
- SYNC_STREAM, SYNC_EVENT, SYNC_CTX, CTX_SET, CTX_PUSH) = range(21)
+ SYNC_STREAM, SYNC_EVENT, SYNC_CTX, CTX_SET, CTX_PUSH, D2H) = range(22)
 LAUNCHES = (LAUNCH, LAUNCH_EX)
 SYNCS = (SYNC_STREAM, SYNC_EVENT, SYNC_CTX)
 CTX_OPS = (CTX_SET, CTX_PUSH)
@@ -48,7 +48,9 @@ _BY_HANDLER = {
     "ctx_sync": {"cuCtxSynchronize": SYNC_CTX},
     "ctx_set_current": {"cuCtxSetCurrent": CTX_SET},
     "ctx_push": {"cuCtxPushCurrent": CTX_PUSH},
+    "memcpy_dtoh": {"cuMemcpyDtoH": D2H},
 }
+D2H_MAX = 1 << 20                 # D2H verification in the executor: results up to this size
 _MEMSET_KEY = {MEMSET8: "uc", MEMSET16: "us", MEMSET32: "ui", MEMSET8_ASYNC: "uc", MEMSET16_ASYNC: "us",
                MEMSET32_ASYNC: "ui"}
 _ASYNC = (MEMSET8_ASYNC, MEMSET16_ASYNC, MEMSET32_ASYNC, COPY_DTOD_ASYNC, COPY_ASYNC)
@@ -252,7 +254,8 @@ class Planner:
     one) and OpBatch runs.  keep=True collects them (within PLAN_MAX_*; past them `keeping`
     turns False and the plan is dropped: the engine compiles again as it reads)."""
 
-    def __init__(self, fast: bool, slots: Slots, ranges: Ranges, keep: bool = True, ffi=None, pace: bool = False):
+    def __init__(self, fast: bool, slots: Slots, ranges: Ranges, keep: bool = True, ffi=None, pace: bool = False,
+                 expected=None):
         self.fast = fast
         self.slots = slots
         self.ranges = ranges
@@ -260,6 +263,8 @@ class Planner:
         if ffi is not None and (ffi.sizeof("ex_op") != OP_SIZE or ffi.offsetof("ex_op", "at") != OP_SIZE - 8):
             ffi = None                    # a layout this packing does not know: handlers only
         self.ffi = ffi
+        self.expected = expected          # blob id -> expected D2H bytes (or None): verified in C
+        self._scratch = ffi.new("char[]", D2H_MAX) if ffi is not None and expected is not None else None
         self.items: List[Any] = []
         self.cur: Optional[OpBatch] = None
         self.nrecs = self.nops = 0
@@ -360,6 +365,17 @@ class Planner:
             return None if e is None else (0, e, 0, 0, 0, 0, 0, _Z3, _Z3, 0, None)
         elif kind == SYNC_CTX:
             return _EMPTY
+        elif kind == D2H:
+            x = rec.get("x")
+            ref = x.get("dstHost") if type(x) is dict else None
+            src, n = a.get("srcDevice"), a.get("ByteCount", 0)
+            if self._scratch is None or type(ref) is not dict or type(ref.get("blob")) is not str \
+                    or type(src) is not int or type(n) is not int or not 0 < n <= D2H_MAX or not 0 <= src < _U64:
+                return None
+            data = self.expected(ref["blob"])
+            if data is None or len(data) != n:
+                return None
+            return (0, 0, 0, 0, int(self.ffi.cast("uintptr_t", self._scratch)), src, n, _Z3, _Z3, 0, data)
         elif kind in CTX_OPS:
             h = a.get("ctx")
             if type(h) is not int:
@@ -416,7 +432,7 @@ class Planner:
         """Build the C op array, the counters and the write summary."""
         ffi = self.ffi
         n = b.n
-        counts: Dict[str, Any] = {"calls": 0, "launches": 0, "skipped": 0, "fam": {}}
+        counts: Dict[str, Any] = {"calls": 0, "launches": 0, "skipped": 0, "fam": {}, "d2h": 0, "d2h_bytes": 0}
         fam_c = counts["fam"]
         kinds = b.kinds
         for i in range(n):
@@ -432,6 +448,9 @@ class Planner:
                 h = b.recs[i]["a"]["f"]
                 if h not in b.funcs:
                     b.funcs[h] = i
+            elif kind == D2H:
+                counts["d2h"] += 1
+                counts["d2h_bytes"] += b.recs[i]["a"]["ByteCount"]
             elif kind >= SYNC_STREAM:
                 if kind <= SYNC_CTX:
                     b.nsync += 1
@@ -442,7 +461,7 @@ class Planner:
                     b.ctx_ops.append(i)
             elif kind >= COPY:
                 b.copies.append(i)
-        keep: List[Any] = []
+        keep: List[Any] = [self._scratch] if counts["d2h"] else []
         if ffi is not None:
             buf = bytearray(OP_SIZE * max(n, 1))
             pack = _OP.pack_into
@@ -508,6 +527,8 @@ class Planner:
                 addrs.add(v)
                 kk = key(v)
                 last[v if kk is None else kk] = (v, seq, "n", rec["f"])
+            elif kind == D2H:
+                addrs.add(a["srcDevice"])
             elif COPY_DTOD <= kind <= COPY_ASYNC:
                 dst, src = (a["dst"], a["src"]) if kind in (COPY, COPY_ASYNC) else (a["dstDevice"], a["srcDevice"])
                 addrs.add(src)

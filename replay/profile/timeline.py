@@ -332,7 +332,7 @@ class TimelineProfiler:
 
     def _batch(self, ev) -> None:
         """Ops the C executor ran: their slices, in issue order (timed by _match_cupti)."""
-        from ..plan import LAUNCH_EX, MEMSET8, COPY_ASYNC, MEMSET32_ASYNC
+        from ..plan import COPY_ASYNC, D2H, LAUNCH_EX, MEMSET8, MEMSET32_ASYNC
         rp = self.rp
         add = self.slices.append
         for k, index, rec in ev.ops():
@@ -349,7 +349,7 @@ class TimelineProfiler:
                     shm, rs = g("sharedMemBytes", 0), g("hStream") or 0
                 add({"kind": "kernel", "seq": rec["s"], "index": index, "name": rp.kernel_name_of(a["f"], rec["s"]),
                      "stream": rs, "grid": grid, "block": block, "shmem": shm})
-            elif MEMSET8 <= k <= COPY_ASYNC:
+            elif MEMSET8 <= k <= COPY_ASYNC or k == D2H:
                 a = rec["a"]
                 memset = k <= MEMSET32_ASYNC
                 if memset:
@@ -358,7 +358,7 @@ class TimelineProfiler:
                     d = "memset"
                 else:
                     nb = int(a.get("ByteCount") or 0)
-                    d = "DtoD" if "DtoD" in rec["f"] else "other"
+                    d = "DtoH" if k == D2H else "DtoD" if "DtoD" in rec["f"] else "other"
                 add({"kind": "memset" if memset else "copy", "seq": rec["s"], "direction": d,
                      "name": f"{d} {nb} B" if nb else rec["f"], "call": rec["f"], "bytes": nb,
                      "stream": a.get("hStream") or 0})
