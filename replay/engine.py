@@ -511,7 +511,13 @@ class Replayer:
                 raise ReplayError(f"--pace must be one of {', '.join(PACES)}")
             self.res.pace = pace
             self.res.profiler = {"range": pr, "starts": 0, "stops": 0}
-            self._prescan()
+            gc_on = gc.isenabled()
+            gc.disable()            # the prescan builds 100k+ records that live on: no cycles to find
+            try:
+                self._prescan()
+            finally:
+                if gc_on:
+                    gc.enable()
             self.res.total_calls = self.total
             self.selection.prepare(self)
             self._start_prefetch()
@@ -670,7 +676,6 @@ class Replayer:
                 self.note(f"C executor unavailable ({type(e).__name__}: {e})")
         # the plan's records stay alive to the end: keep the collector from walking them again and
         # again while the loop allocates (a full collection over 100k+ records costs milliseconds)
-        gc.collect()
         gc.freeze()
         self.res.loop_start_mono = time.monotonic()
         if self._pace_on:
