@@ -298,3 +298,28 @@ def test_executor_options_match_the_per_call_path(double, tmp_path, extra):
     assert {k: got.get(k) for k in MIXED_KEYS + ("profiler",)} == {k: base.get(k) for k in MIXED_KEYS + ("profiler",)}
     if extra[0] == "--profiler-range":
         assert got["profiler"]["starts"] == got["profiler"]["stops"] == 1 and got["native_calls"] > 100
+
+
+STREAMED = '''
+import json, sys
+from cudasnap.replay import plan
+from cudasnap.replay.engine import Replayer
+from cudasnap.replay.options import ReplayOptions
+plan.PLAN_MAX_OPS = 50               # too big to keep: compiled again while the loop reads
+r = Replayer(sys.argv[1], ReplayOptions(quiet=True)).run()
+print(json.dumps(r.to_dict(), default=str))
+'''
+
+
+def test_executor_streams_a_plan_too_big_to_keep(double, tmp_path):
+    snap = tmp_path / "mixed.cusnap"
+    mixed_session(snap, steps=30)
+    _cp0, base = _replay(double, snap, "0")
+    p = tmp_path / "streamed.py"
+    p.write_text(STREAMED)
+    env = dict(double["env"], CUDASNAP_FASTPATH="1")
+    env.pop("CUDASNAP_REPLAY_TEST_BLOCK", None)
+    cp = subprocess.run([sys.executable, str(p), str(snap)], env=env, capture_output=True, text=True, timeout=120)
+    got = json.loads(cp.stdout.strip().splitlines()[-1])
+    assert {k: got.get(k) for k in MIXED_KEYS} == {k: base.get(k) for k in MIXED_KEYS}, cp.stderr
+    assert got["native_calls"] > 200
