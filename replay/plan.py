@@ -56,6 +56,7 @@ _MEMSET_KEY = {MEMSET8: "uc", MEMSET16: "us", MEMSET32: "ui", MEMSET8_ASYNC: "uc
 _ASYNC = (MEMSET8_ASYNC, MEMSET16_ASYNC, MEMSET32_ASYNC, COPY_DTOD_ASYNC, COPY_ASYNC)
 
 
+_MISS = object()
 _Z3 = (0, 0, 0)
 _EMPTY = (0, 0, 0, 0, 0, 0, 0, _Z3, _Z3, 0, None)
 _U64 = 1 << 64
@@ -272,6 +273,7 @@ class Planner:
         self.t_origin: Optional[int] = None   # recorded t0 of the first call (--pace recorded)
         self._disp: Dict[str, Any] = {}
         self._params: Dict[bytes, Any] = {}
+        self._memo: Dict[tuple, Any] = {}
 
     # ------------------------------------------------------------------ classification
     def _kind(self, f: str):
@@ -405,7 +407,19 @@ class Planner:
             elif rec.get("r", 0) != 0:
                 op = None                     # a recorded error: its handler decides
             else:
-                op = self._op(kind, rec)
+                # the same call with the same arguments compiles the same (loops repeat them)
+                a, x = rec.get("a"), rec.get("x")
+                try:
+                    mk = (f, tuple(a.items()), tuple(x.items()) if type(x) is dict else None)
+                    op = self._memo.get(mk, _MISS)
+                except (TypeError, AttributeError):
+                    mk, op = None, _MISS
+                if op is _MISS:
+                    op = self._op(kind, rec)
+                    if mk is not None:
+                        if len(self._memo) > 200_000:
+                            self._memo.clear()
+                        self._memo[mk] = op
             if op is not None:
                 tid = rec.get("tid")
                 b = self.cur
@@ -552,6 +566,7 @@ class Planner:
             self.items = []
             self.cur = None
             self._params = {}
+            self._memo = {}
 
     def finish(self) -> List[Any]:
         if self.cur is not None:
@@ -559,6 +574,7 @@ class Planner:
             self.items.append(self.cur)
             self.cur = None
         self._params = {}
+        self._memo = {}
         return self.items
 
     def stream(self, recs: Iterable[Dict[str, Any]]) -> Iterator[Any]:
