@@ -389,7 +389,7 @@ class Replayer(BatchRunner):
                     max_seq = rec["s"]
                 if self._pr and rec.get("r") == 0 and is_workload(rec.get("f") or "") and type(rec.get("s")) is int:
                     self._workload_last = rec["s"]
-                rng = alloc_range(rec) if rec.get("f", "").startswith("cuMem") else None
+                rng = alloc_range(rec) if rec.get("f", "").startswith(("cuMemAlloc", "cuMemAddressReserve")) else None
                 if rng:
                     self.ranges.append(rng)
                     self._ranges.add(*rng)
