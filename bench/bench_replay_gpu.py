@@ -86,7 +86,8 @@ def training_row(tmp: Path, steps: int, reps: int) -> dict:
     run([sys.executable, str(HERE / "gpt_step.py"), "eager", str(steps)], snap)
     seqs = step_syncs(snap, steps)
     nat, plain, tl, graph = [], [], [], []
-    calls = launches = native_calls = 0
+    calls = launches = native_calls = tl_native = 0
+    backend = None
     for _ in range(reps):
         nat.append(gpt("eager", steps))
         rj, _ = replay_json(snap)
@@ -94,11 +95,14 @@ def training_row(tmp: Path, steps: int, reps: int) -> dict:
         calls, launches, native_calls = rj["total_calls"], rj["launches"], rj.get("native_calls", 0)
         tj, _ = replay_json(snap, "--profile", "timeline")
         tl.append(replay_step_ms(tj, seqs))
+        backend = ((tj.get("profile") or {}).get("summary") or {}).get("backend")
+        tl_native = tj.get("native_calls", 0)
         graph.append(gpt("graph", steps))
     m = statistics.median
     r = {"train_native_ms": m(nat), "train_plain_ms": m(plain), "train_timeline_ms": m(tl), "train_graph_ms": m(graph),
          "train_runs": {"native": nat, "plain": plain, "timeline": tl, "graph": graph},
-         "train_calls": calls, "train_launches": launches, "train_native_calls": native_calls}
+         "train_calls": calls, "train_launches": launches, "train_native_calls": native_calls,
+         "train_timeline_backend": backend, "train_timeline_native_calls": tl_native}
     r["train_plain_vs_native"] = r["train_plain_ms"] / r["train_native_ms"]
     r["train_plain_vs_graph"] = r["train_plain_ms"] / r["train_graph_ms"]
     r["train_timeline_vs_plain"] = r["train_timeline_ms"] / r["train_plain_ms"]
@@ -151,7 +155,8 @@ def main() -> None:
         print(f"    native {r['train_native_ms']:.3f} ms | plain replay {r['train_plain_ms']:.3f} ms "
               f"({r['train_plain_vs_native']:.2f}x native, goal <= 1.0; {r['train_plain_vs_graph']:.2f}x graph, goal <= 1.5)")
         print(f"    replay --profile timeline {r['train_timeline_ms']:.3f} ms ({r['train_timeline_vs_plain']:.2f}x plain, "
-              f"goal <= 1.1) | CUDA graph (GPU-bound) {r['train_graph_ms']:.3f} ms", flush=True)
+              f"goal <= 1.1; backend {r['train_timeline_backend']}, {r['train_timeline_native_calls']} calls in the "
+              f"C executor) | CUDA graph (GPU-bound) {r['train_graph_ms']:.3f} ms", flush=True)
     if "launch" not in skip:
         r = launch_row(tmp, args.launches)
         res.update(r)
