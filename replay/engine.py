@@ -835,7 +835,10 @@ class Replayer(BatchRunner):
         self.res.calls += 1
         fam = h.family
         self.res.by_family[fam] = self.res.by_family.get(fam, 0) + 1
-        if f in _SYNC_CALLS:
+        sync = _SYNC_CALLS.get(f)
+        if sync is None:
+            sync = _SYNC_CALLS[f] = base_name(f) in ("cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize")
+        if sync:
             self._sync_mark(seq)
 
     def _error(self, rec, msg: str) -> None:
@@ -854,8 +857,7 @@ def is_workload(f: str) -> bool:
     if f.startswith("cuLaunch"):
         return not f.startswith("cuLaunchHostFunc")
     return f.startswith(("cuGraphLaunch", "cuMemcpy", "cuMemset"))
-_SYNC_CALLS = frozenset(("cuCtxSynchronize", "cuStreamSynchronize", "cuStreamSynchronize_ptsz",
-                         "cuEventSynchronize"))
+_SYNC_CALLS: Dict[str, bool] = {}    # ABI name -> is a synchronization (sync times)
 
 
 _SYNC_H2D = ("cuMemcpyHtoD", "cuMemcpyHtoD_v2")
