@@ -224,6 +224,10 @@ class BatchRunner:
         """The context current on the batch's thread after ops [s, e) (the handlers' _current)."""
         for i in reversed(b.ctx_ops):
             if s <= i < e:
+                if b.kinds[i] == plan.CTX_POP:          # as ctx_pop: whatever is current now
+                    cur = self.cu.cuCtxGetCurrent()
+                    self.cur_ctx[b.tid] = cur[1] if int(cur[0]) == 0 else self.cu.CUcontext(0)
+                    return
                 h = b.recs[i]["a"].get("ctx")
                 ctx = self.handles.get(h) if h else self.cu.CUcontext(0)
                 if ctx is not None:

@@ -63,7 +63,7 @@ enum {
     EX_SKIP, EX_LAUNCH, EX_LAUNCH_EX, EX_EVENT_RECORD, EX_EVENT_RECORD_FLAGS, EX_STREAM_WAIT,
     EX_MEMSET8, EX_MEMSET16, EX_MEMSET32, EX_MEMSET8_ASYNC, EX_MEMSET16_ASYNC, EX_MEMSET32_ASYNC,
     EX_COPY_DTOD, EX_COPY_DTOD_ASYNC, EX_COPY, EX_COPY_ASYNC,
-    EX_SYNC_STREAM, EX_SYNC_EVENT, EX_SYNC_CTX, EX_CTX_SET, EX_CTX_PUSH, EX_D2H, EX_NKINDS
+    EX_SYNC_STREAM, EX_SYNC_EVENT, EX_SYNC_CTX, EX_CTX_SET, EX_CTX_PUSH, EX_D2H, EX_CTX_POP, EX_NKINDS
 };
 #define EX_NEED_SLOW (-1)
 #define EX_MISMATCH (-2)
@@ -81,6 +81,7 @@ static const struct { const char *name; int ver; } ex_names[EX_NKINDS] = {
     {"cuMemcpyDtoD", 3020}, {"cuMemcpyDtoDAsync", 3020}, {"cuMemcpy", 4000}, {"cuMemcpyAsync", 4000},
     {"cuStreamSynchronize", 2000}, {"cuEventSynchronize", 2000}, {"cuCtxSynchronize", 2000},
     {"cuCtxSetCurrent", 4000}, {"cuCtxPushCurrent", 4000}, {"cuMemcpyDtoH", 3020},
+    {"cuCtxPopCurrent", 4000},
 };
 static void *ex_fn[EX_NKINDS];
 static int ex_ready;
@@ -187,6 +188,7 @@ int64_t ex_run(const ex_op *ops, int64_t start, int64_t end, const uint64_t *slo
         case EX_SYNC_STREAM: case EX_SYNC_EVENT: REF(o->r0, a); r = ((CUres (*)(P))fn)(a); goto synced;
         case EX_SYNC_CTX: r = ((CUres (*)(void))fn)(); goto synced;
         case EX_CTX_SET: case EX_CTX_PUSH: REF(o->r0, a); r = ((CUres (*)(P))fn)(a); break;
+        case EX_CTX_POP: { P out = NULL; r = ((CUres (*)(P *))fn)(&out); break; }
         case EX_D2H:      /* into the scratch buffer (dst), compared with the expected bytes (params) */
             r = ((CUres (*)(P, uint64_t, size_t))fn)((P)(uintptr_t)o->dst, o->src, o->n);
             if (r == 0 && o->n && memcmp((const void *)(uintptr_t)o->dst, o->params, o->n) != 0) {

@@ -22,10 +22,10 @@ from . import dispatch
 (SKIP, LAUNCH, LAUNCH_EX, EVENT_RECORD, EVENT_RECORD_FLAGS, STREAM_WAIT,
  MEMSET8, MEMSET16, MEMSET32, MEMSET8_ASYNC, MEMSET16_ASYNC, MEMSET32_ASYNC,
  COPY_DTOD, COPY_DTOD_ASYNC, COPY, COPY_ASYNC,
- SYNC_STREAM, SYNC_EVENT, SYNC_CTX, CTX_SET, CTX_PUSH, D2H) = range(22)
+ SYNC_STREAM, SYNC_EVENT, SYNC_CTX, CTX_SET, CTX_PUSH, D2H, CTX_POP) = range(23)
 LAUNCHES = (LAUNCH, LAUNCH_EX)
 SYNCS = (SYNC_STREAM, SYNC_EVENT, SYNC_CTX)
-CTX_OPS = (CTX_SET, CTX_PUSH)
+CTX_OPS = (CTX_SET, CTX_PUSH, CTX_POP)
 CU_STREAM_LEGACY, CU_STREAM_PER_THREAD = 1, 2
 LAUNCH_CONFIG = struct.Struct("<7I4xQQI4x")   # CUlaunchConfig: grid, block, shmem, hStream, attrs, numAttrs
 
@@ -48,6 +48,7 @@ _BY_HANDLER = {
     "ctx_sync": {"cuCtxSynchronize": SYNC_CTX},
     "ctx_set_current": {"cuCtxSetCurrent": CTX_SET},
     "ctx_push": {"cuCtxPushCurrent": CTX_PUSH},
+    "ctx_pop": {"cuCtxPopCurrent": CTX_POP},
     "memcpy_dtoh": {"cuMemcpyDtoH": D2H},
 }
 D2H_MAX = 1 << 20                 # D2H verification in the executor: results up to this size
@@ -378,6 +379,8 @@ class Planner:
             if data is None or len(data) != n:
                 return None
             return (0, 0, 0, 0, int(self.ffi.cast("uintptr_t", self._scratch)), src, n, _Z3, _Z3, 0, data)
+        elif kind == CTX_POP:
+            return _EMPTY
         elif kind in CTX_OPS:
             h = a.get("ctx")
             if type(h) is not int:

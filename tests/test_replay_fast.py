@@ -107,7 +107,7 @@ CFG = struct.Struct("<7I4xQQI4x")      # CUlaunchConfig
 
 
 def mixed_session(path, steps=40, bad=None, unknown_event_at=None, spin_at=None, tamper_at=None):
-    """A framework-like mix on the double: per step a context switch, add_one(A) and incr(B)
+    """A framework-like mix on the double: per step context switches (set, push, pop), add_one(A) and incr(B)
     (the second through cuLaunchKernelEx), event record + stream wait, async memsets, a D2D copy
     C <- A, a unified cuMemcpyAsync D <- B, queries, stream syncs; D2H of C and D every 10 steps.
     bad: step whose memset targets unallocated memory (the double fails it); unknown_event_at:
@@ -138,6 +138,8 @@ def mixed_session(path, steps=40, bad=None, unknown_event_at=None, spin_at=None,
         s.call("cuEventRecord", {"hEvent": E, "hStream": S1})
         s.call("cuStreamWaitEvent", {"hStream": S2, "hEvent": 0x6666 if i == unknown_event_at else E, "Flags": 0})
         s.call("cuCtxGetCurrent", {"pctx": ctx})
+        s.call("cuCtxPushCurrent_v2", {"ctx": ctx})
+        s.call("cuCtxPopCurrent_v2", {"pctx": ctx})
         s.call("cuMemsetD32Async", {"dstDevice": 0x10 if i == bad else C, "ui": i, "N": n, "hStream": S2})
         s.call("cuMemcpyDtoDAsync_v2", {"dstDevice": C, "srcDevice": A, "ByteCount": n * 4, "hStream": S2})
         s.call("cuMemcpyAsync", {"dst": D, "src": B, "ByteCount": n * 4, "hStream": S2})
