@@ -1,16 +1,26 @@
 """Replay performance on the GPU machine, side by side with the native program in one run.
+Every row names the card and gives ratios against native measured in the same run.
 
-  1. launch rate: a launch-bound C loop (100k empty-kernel launches) natively vs replayed
-     (time per launch between the first and the last replayed launch); target <= 1.3x
-  2. time to first replayed kernel for a snapshot holding 1 GiB of device memory (from
-     starting `cudasnap replay` to its first launch); target <= 2 s
+  1. training loop (bench/gpt_step.py: a small bf16 GPT with AdamW, ~250 launches a step, one
+     torch.cuda.synchronize per step): per-step time (median of steps 10..N)
+       native eager, in-process;
+       plain replay: between the step synchronizations' returns (the result's sync_mono);
+       replay --profile timeline: the same;
+       the same step as one CUDA graph, natively (the GPU-bound time);
+     goals: plain <= 1.0x native, plain <= 1.5x graph, timeline <= 1.1x plain.  Native and
+     replay runs alternate (REPS pairs); medians are reported.
+  2. launch rate: a launch-bound C loop (100k empty-kernel launches) natively vs replayed
+     (time per launch between the first and the last replayed launch); goal <= 1.1x
+  3. big snapshot: big_snapshot_row() (time to first kernel; the 6 GiB row's place).
 
-Usage: python bench/bench_replay_gpu.py [--json OUT.json]  (needs nvcc and a GPU)"""
+Usage: python bench/bench_replay_gpu.py [--json OUT.json] [--steps 60] [--reps 3] [--skip ROWS]
+(needs nvcc, PyTorch and a GPU; ROWS: comma list of train,launch,big)"""
 from __future__ import annotations
 
 import argparse
 import json
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,35 +45,128 @@ def replay_json(snap: Path, *extra: str) -> tuple[dict, float]:
     return res, t0
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--json")
-    ap.add_argument("--launches", type=int, default=100000)
-    args = ap.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="cudasnap-rbench-"))
-    res: dict = {"card": card()}
+def step_syncs(snap: Path, steps: int) -> list:
+    """Call numbers of the loop's step synchronizations (bench/gpt_step.py): after the first two
+    cuCtxSynchronize calls with no launch or memory call between them, the next `steps`; the
+    second of the pair opens the first step."""
+    from cudasnap.formats import SnapshotReader
+    prev, start, seqs = None, None, []
+    for r in SnapshotReader(snap).records("c"):
+        f = r.get("f") or ""
+        if f.startswith("cuCtxSynchronize"):
+            if start is None and prev is not None:
+                start = r["s"]
+                seqs = [start]
+            elif start is not None:
+                seqs.append(r["s"])
+                if len(seqs) == steps + 1:
+                    return seqs
+            prev = r["s"]
+        elif f.startswith(("cuLaunch", "cuMem", "cuGraph")):
+            prev = None
+    raise SystemExit(f"{snap}: the loop's {steps} step synchronizations were not found")
 
+
+def replay_step_ms(rj: dict, seqs: list) -> float:
+    t = {int(q): x for q, x in rj["sync_mono"]}
+    missing = [q for q in seqs if q not in t]
+    if missing:
+        raise SystemExit(f"replay result lacks sync times of calls {missing[:5]} (pace {rj.get('pace')})")
+    d = [(t[b] - t[a]) * 1e3 for a, b in zip(seqs, seqs[1:])]
+    return statistics.median(d[10:] or d)
+
+
+def gpt(mode: str, steps: int) -> float:
+    out, _ = run([sys.executable, str(HERE / "gpt_step.py"), mode, str(steps)])
+    return float(re.search(r"step_ms ([\d.]+)", out).group(1))
+
+
+def training_row(tmp: Path, steps: int, reps: int) -> dict:
+    snap = tmp / "gpt.cusnap"
+    run([sys.executable, str(HERE / "gpt_step.py"), "eager", str(steps)], snap)
+    seqs = step_syncs(snap, steps)
+    nat, plain, tl, graph = [], [], [], []
+    calls = launches = native_calls = tl_native = 0
+    backend = None
+    for _ in range(reps):
+        nat.append(gpt("eager", steps))
+        rj, _ = replay_json(snap)
+        plain.append(replay_step_ms(rj, seqs))
+        calls, launches, native_calls = rj["total_calls"], rj["launches"], rj.get("native_calls", 0)
+        tj, _ = replay_json(snap, "--profile", "timeline")
+        tl.append(replay_step_ms(tj, seqs))
+        backend = ((tj.get("profile") or {}).get("summary") or {}).get("backend")
+        tl_native = tj.get("native_calls", 0)
+        graph.append(gpt("graph", steps))
+    m = statistics.median
+    r = {"train_native_ms": m(nat), "train_plain_ms": m(plain), "train_timeline_ms": m(tl), "train_graph_ms": m(graph),
+         "train_runs": {"native": nat, "plain": plain, "timeline": tl, "graph": graph},
+         "train_calls": calls, "train_launches": launches, "train_native_calls": native_calls,
+         "train_timeline_backend": backend, "train_timeline_native_calls": tl_native}
+    r["train_plain_vs_native"] = r["train_plain_ms"] / r["train_native_ms"]
+    r["train_plain_vs_graph"] = r["train_plain_ms"] / r["train_graph_ms"]
+    r["train_timeline_vs_plain"] = r["train_timeline_ms"] / r["train_plain_ms"]
+    return r
+
+
+def launch_row(tmp: Path, launches: int) -> dict:
     loop = nvcc(HERE / "launch_loop.cu", tmp / "launch_loop")
-    out, _ = run([str(loop), str(args.launches), "3"])
+    out, _ = run([str(loop), str(launches), "3"])
     native = sorted(float(x) for x in re.findall(r"us_per_launch ([\d.]+)", out))[1]
     snap = tmp / "loop.cusnap"
-    run([str(loop), str(args.launches), "1"], snap)
+    run([str(loop), str(launches), "1"], snap)
     rj, _ = replay_json(snap)
     n = rj["launches"]
     per = (rj["last_launch_mono"] - rj["first_launch_mono"]) / max(1, n - 1) * 1e6
-    res.update(launch_us_native=native, launch_us_replay=per, launch_ratio=per / native, replay_launches=n,
-               replay_placed=rj["placed"], replay_fell_back=rj["fell_back"])
+    return dict(launch_us_native=native, launch_us_replay=per, launch_ratio=per / native, replay_launches=n,
+                replay_placed=rj["placed"], replay_fell_back=rj["fell_back"])
 
+
+def big_snapshot_row(tmp: Path) -> dict:
+    """The big-snapshot row: replay of a snapshot holding bench/big_mem.cu's device memory,
+    time to the first kernel after starting replay.  The place for the 6 GiB row (GB/s end to
+    end, first kernel, peak host memory): extend this function; main() prints what it returns
+    under "big_*" keys."""
     big = nvcc(HERE / "big_mem.cu", tmp / "big_mem")
     bsnap = tmp / "big.cusnap"
     run([str(big)], bsnap)
     bj, t0 = replay_json(bsnap)
-    res.update(first_kernel_s=bj["first_launch_unix"] - t0, big_snapshot_bytes=bsnap.stat().st_size,
-               big_d2h_verified=bj["d2h_verified"], big_fell_back=bj["fell_back"])
+    return dict(big_first_kernel_s=bj["first_launch_unix"] - t0, big_snapshot_bytes=bsnap.stat().st_size,
+                big_replay_s=bj["elapsed_s"], big_d2h_verified=bj["d2h_verified"], big_fell_back=bj["fell_back"])
 
-    print(f"replay performance on {res['card']}")
-    print(f"  launch rate   : native {native:.3f} us/launch, replay {per:.3f} us/launch, ratio {per / native:.2f}x (target <= 1.3)")
-    print(f"  first kernel  : {res['first_kernel_s']:.2f} s after starting replay of a {bsnap.stat().st_size / 2**30:.2f} GiB snapshot with 1 GiB of device memory (target <= 2)")
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    ap.add_argument("--launches", type=int, default=100000)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--skip", default="")
+    args = ap.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    tmp = Path(tempfile.mkdtemp(prefix="cudasnap-rbench-"))
+    res: dict = {"card": card()}
+    print(f"replay performance on {res['card']}", flush=True)
+    if "train" not in skip:
+        r = training_row(tmp, args.steps, args.reps)
+        res.update(r)
+        print(f"  training loop (bf16 GPT, AdamW; {r['train_launches']} launches, {r['train_calls']} calls, "
+              f"{r['train_native_calls']} in the C executor), per step, median of {args.reps} runs:")
+        print(f"    native {r['train_native_ms']:.3f} ms | plain replay {r['train_plain_ms']:.3f} ms "
+              f"({r['train_plain_vs_native']:.2f}x native, goal <= 1.0; {r['train_plain_vs_graph']:.2f}x graph, goal <= 1.5)")
+        print(f"    replay --profile timeline {r['train_timeline_ms']:.3f} ms ({r['train_timeline_vs_plain']:.2f}x plain, "
+              f"goal <= 1.1; backend {r['train_timeline_backend']}, {r['train_timeline_native_calls']} calls in the "
+              f"C executor) | CUDA graph (GPU-bound) {r['train_graph_ms']:.3f} ms", flush=True)
+    if "launch" not in skip:
+        r = launch_row(tmp, args.launches)
+        res.update(r)
+        print(f"  launch rate   : native {r['launch_us_native']:.3f} us/launch, replay {r['launch_us_replay']:.3f} "
+              f"us/launch, ratio {r['launch_ratio']:.2f}x (goal <= 1.1)", flush=True)
+    if "big" not in skip:
+        r = big_snapshot_row(tmp)
+        res.update(r)
+        print(f"  big snapshot  : first kernel {r['big_first_kernel_s']:.2f} s after starting replay of a "
+              f"{r['big_snapshot_bytes'] / 2**30:.2f} GiB snapshot; replay {r['big_replay_s']:.2f} s", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
 

@@ -107,6 +107,11 @@ class ProfilerRange(str, Enum):
     workload = "workload"
 
 
+class Pace(str, Enum):
+    fast = "fast"
+    recorded = "recorded"
+
+
 class StatsReport(str, Enum):
     api = "api"
     kernels = "kernels"
@@ -335,6 +340,7 @@ def replay(
     profiler_range: ProfilerRange = typer.Option(ProfilerRange.recorded, "--profiler-range", metavar=_one_of(ProfilerRange), help="recorded: call the recorded cuProfilerStart/Stop; workload: call cuProfilerStart right before the first replayed launch, copy or memset and cuProfilerStop after the last (once its work is done), ignoring recorded ones, so `nsys --capture-range=cudaProfilerApi` and `ncu --profile-from-start off` skip replay set-up."),
     replace: List[str] = typer.Option([], "--replace", metavar="KERNEL=FILE", help="Run KERNEL (a recorded name), module:KERNEL (its whole module) or 0xMODULE (a recorded module handle) from FILE, a rebuilt cubin/fatbin/PTX with the same parameter layout (checked; a mismatch stops with exit 2). Repeatable; CUDASNAP_REPLACE='T=F;T=F' adds more."),
     jit: Optional[str] = typer.Option(None, "--jit", metavar="ptx", help="ptx: load every module from the PTX its image carries (JIT-compiled for this GPU; the JIT time is reported)."),
+    pace: Pace = typer.Option(Pace.fast, "--pace", metavar=_one_of(Pace), help="fast: replay as fast as the driver takes the calls; recorded: keep the recorded host gaps between calls (each call starts no earlier than its recorded offset from the first), so a timeline compares with the program's own."),
     launch_override: Optional[str] = typer.Option(None, "--launch-override", metavar="SPEC", help="grid=X,Y,Z and/or block=X,Y,Z[,kernel=REGEX]: replay launches with these sizes (a block the kernel cannot take is left as recorded) and verify as usual."),
 ):
     """Replay a snapshot on a GPU and verify every D2H result.
@@ -377,7 +383,8 @@ def replay(
                          rtol=rtol, atol=atol, dtype=dtype,
                          continue_on_error=continue_on_error, watchdog=watchdog, sync_after_launch=sync_after_launch,
                          threads=threads, progress=progress, relocate_payloads=relocate_payloads, quiet=quiet,
-                         replace=list(replace), jit=jit, launch_override=launch_override, devices=devices)
+                         replace=list(replace), jit=jit, launch_override=launch_override, devices=devices,
+                         pace=_value(pace))
     from cudasnap.replay.replace import check_specs
     bad = check_specs(opts)
     if bad:

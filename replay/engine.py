@@ -1,23 +1,25 @@
 """The replay engine: reads a snapshot in file order and dispatches each call record."""
 from __future__ import annotations
 
+import gc
 import os
 import queue
 import sys
 import threading
 import time
-from array import array
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 from cudasnap.formats import SnapshotError, SnapshotReader, cu_result_name
 from cudasnap.formats.abi import base_name
 
-from . import dispatch
+from . import dispatch, plan
+from .batchrun import D2H_AHEAD_EACH, D2H_AHEAD_TOTAL, SYNC_TIMES_MAX, BatchRunner, ExpectedBlobs
 from .context import ReplayContext
 from .driverops import DriverOps, Watchdog, _code, _ival
 from .errors import DriverCallError, ReplayError
 from .options import ReplayOptions, ReplayResult
 from .placement import AddressSpace
+from .plan import OpBatch, Planner, Ranges, SlotMap, Slots
 from .verify import Mismatch, Tolerance
 
 CU_STREAM_LEGACY, CU_STREAM_PER_THREAD = 1, 2
@@ -70,10 +72,10 @@ def _delegate(name: str, attr: Optional[str] = None):
     return method
 
 
-class Replayer:
+class Replayer(BatchRunner):
     """Reads a snapshot and replays it. Handlers see only its ReplayContext (self.ctx,
     replay/context.py); the state they share with the engine is the context's, under the
-    same names here."""
+    same names here. Runs of plain calls go to the C executor (batchrun.py)."""
 
     def __init__(self, snapshot_path, options: Optional[ReplayOptions] = None, driver=None, out=None):
         self.path = os.fspath(snapshot_path)
@@ -209,11 +211,11 @@ class Replayer:
         return cu
 
     def _fast_eligible(self) -> bool:
-        """May plain launches run as native batches?  Not when anything needs per-launch
-        Python work: subscribers (hooks, profilers, NVTX), --sync-after-launch, --threads,
-        --calls/--kernels, or a driver object other than cuda-bindings (tests)."""
+        """Compile a plan of batches?  Not when every call needs its handler: --sync-after-launch,
+        --threads, --calls/--kernels, or a driver object other than cuda-bindings (tests).
+        Subscribers are asked at run time (batches then replay call by call)."""
         o = self.opt
-        if self._driver is not None or self.subscribers or o.sync_after_launch or o.threads \
+        if self._driver is not None or o.sync_after_launch or o.threads \
                 or (self.selection is not None and not self.selection.everything):
             return False
         return os.environ.get("CUDASNAP_FASTPATH", "1") != "0"
@@ -221,7 +223,19 @@ class Replayer:
     def _prescan(self) -> None:
         self.total = 0
         self.incomplete: List[Dict[str, Any]] = []
-        planner = _Planner(self._fast_eligible())
+        self._plan_fast = self._fast_eligible()
+        self._pace_on = getattr(self.opt, "pace", "fast") == "recorded"
+        self._pace_base = 0.0
+        from .executor import module
+        mod = module()
+        self._slots = Slots(mod.ffi if mod is not None else None)
+        self._expected: Dict[str, bytes] = {}
+        self._expected_bytes = 0
+        self._ranges = Ranges()
+        hs = self.ctx.handles          # handlers store live handles there: the slots follow
+        hs._all = SlotMap(self._slots, "h", hs._all)
+        self.ctx.funcs = SlotMap(self._slots, "f", self.ctx.funcs)
+        planner = self._new_planner()
         self._h2d_order: List[str] = []
         self._planner = planner
         max_seq = -1          # the highest call sequence number read so far, in file order
@@ -236,9 +250,10 @@ class Replayer:
                     max_seq = rec["s"]
                 if self._pr and rec.get("r") == 0 and is_workload(rec.get("f") or "") and type(rec.get("s")) is int:
                     self._workload_last = rec["s"]
-                rng = alloc_range(rec)
+                rng = alloc_range(rec) if rec.get("f", "").startswith(("cuMemAlloc", "cuMemAddressReserve")) else None
                 if rng:
                     self.ranges.append(rng)
+                    self._ranges.add(*rng)
                 if planner.keeping:
                     planner.add(rec)
                 if rec.get("f", "").startswith("cuDevicePrimaryCtxRetain") and rec.get("r") == 0:
@@ -263,6 +278,28 @@ class Replayer:
         # the records, decoded once: the main loop replays from this plan (None when the
         # snapshot is too big to keep: the loop reads the file again)
         self._plan = planner.finish() if planner.keeping else None
+        self._t_origin = planner.t_origin
+        if self._expected:
+            self.reader = ExpectedBlobs(self.reader, self._expected)
+
+    def _expected_blob(self, bid: str) -> Optional[bytes]:
+        """The plan's blob prefetch for verification points: the expected bytes of a small D2H
+        copy, read while compiling (None: too big, over the budget, or unreadable -- its call
+        then takes the handler, which reads and reports as before)."""
+        got = self._expected.get(bid)
+        if got is not None:
+            return got
+        r = self.reader
+        try:
+            n = r.blob_size(bid)
+            if n > D2H_AHEAD_EACH or self._expected_bytes + n > D2H_AHEAD_TOTAL:
+                return None
+            got = r.blob(bid)
+        except Exception:
+            return None
+        self._expected[bid] = got
+        self._expected_bytes += n
+        return got
 
     def ensure_init(self, rec=None) -> None:
         """cuInit + placement; idempotent (a snapshot may lack cuInit)."""
@@ -326,8 +363,18 @@ class Replayer:
             if pr not in PROFILER_RANGES:
                 raise ReplayError(f"--profiler-range must be one of {', '.join(PROFILER_RANGES)}")
             self._pr = pr == "workload"
+            pace = getattr(self.opt, "pace", None) or "fast"
+            if pace not in PACES:
+                raise ReplayError(f"--pace must be one of {', '.join(PACES)}")
+            self.res.pace = pace
             self.res.profiler = {"range": pr, "starts": 0, "stops": 0}
-            self._prescan()
+            gc_on = gc.isenabled()
+            gc.disable()            # the prescan builds 100k+ records that live on: no cycles to find
+            try:
+                self._prescan()
+            finally:
+                if gc_on:
+                    gc.enable()
             self.res.total_calls = self.total
             self.selection.prepare(self)
             self._start_prefetch()
@@ -458,10 +505,10 @@ class Replayer:
             pass
         self._profiler_call("cuProfilerStop", seq)
 
-    def _items(self) -> Iterable[Union[Dict[str, Any], "_Batch"]]:
+    def _items(self) -> Iterable[Union[Dict[str, Any], OpBatch]]:
         if self._plan is not None:
             return self._plan
-        return _Planner(self._planner.fast, keep=False).stream(
+        return self._new_planner(keep=False).stream(
             r for r in self.reader.records(("c",)) if not (r.get("incomplete") or "r" not in r))
 
     def _loop(self) -> None:
@@ -476,21 +523,29 @@ class Replayer:
                 task = prog.add_task("replaying", total=self.total)
             except Exception:
                 prog = None
-        self._launcher = None
-        if self._planner.fast:
-            from .fastlaunch import make_launcher
+        self._executor = None
+        self._moved_key, self._moved = None, []
+        if self._planner.fast and all(getattr(sub, "batch_ok", False) for sub in self.subscribers):
+            from .executor import make_executor
             try:
-                self._launcher = make_launcher(self.cu)
+                self._executor = make_executor()
             except Exception as e:  # pragma: no cover - defensive
-                self.note(f"launch fast path unavailable ({type(e).__name__}: {e})")
-        self.fast_launches = 0
+                self.note(f"C executor unavailable ({type(e).__name__}: {e})")
+        # the plan's records stay alive to the end: keep the collector from walking them again and
+        # again while the loop allocates (a full collection over 100k+ records costs milliseconds)
+        gc.freeze()
+        self.res.loop_start_mono = time.monotonic()
+        if self._pace_on:
+            self._pace_base = self.res.loop_start_mono
         try:
             for item in self._items():
-                if type(item) is _Batch:
+                if type(item) is OpBatch:
                     self._run_batch(item)
                     if prog is not None:
-                        prog.advance(task, item.nrec)
+                        prog.advance(task, item.n)
                     continue
+                if self._pace_on:
+                    self._pace_wait(item)
                 if self.opt.threads:
                     self._on_thread(item)
                 else:
@@ -500,136 +555,57 @@ class Replayer:
                 if prog is not None:
                     prog.advance(task)
         finally:
+            self.res.loop_end_mono = time.monotonic()
+            gc.unfreeze()
             if prog is not None:
                 prog.stop()
 
-    # ------------------------------------------------------------------ launch fast path
-    def _run_batch(self, b: "_Batch") -> None:
-        """Replay a run of plain launches (and skipped queries between them) in file order:
-        one native call when nothing needs per-launch Python work, else call by call."""
-        if self._launcher is None or self.capturing or b.n == 0:
-            self._batch_slow(b, 0)
+    # ------------------------------------------------------------------ pace
+    def _pace_wait(self, rec) -> None:
+        """--pace recorded: a call starts no earlier than its recorded offset from the first."""
+        t0 = rec.get("t0")
+        if type(t0) is not int or self._t_origin is None:
             return
-        self.ensure_init()
-        tid = b.tid
-        if tid != self._last_tid and self._last_tid is not None and tid in self.cur_ctx:
-            try:
-                self.raw("cuCtxSetCurrent", self.cur_ctx[tid])
-            except DriverCallError:
-                pass
-        self._last_tid = tid
-        try:
-            live, nchg = self._batch_live(b)
-            prepared = self._launcher.prepare(live)
-        except (_StopVerify, _Abort):
-            raise
-        except Exception:
-            # a launch would fail before reaching the driver (unknown function, bad stream...):
-            # replay the batch call by call, so the error lands on the same launch
-            self._batch_slow(b, 0)
-            return
-        if self._pr and self._pr_state == 0:
-            self._profiler_start(b.seqs[0])
-        try:
-            self._run_prepared(b, prepared, nchg)
-        finally:
-            if self._pr_state == 1 and b.last_seq is not None and b.last_seq >= (self._workload_last or 0):
-                self._profiler_stop(b.last_seq)
+        due = self._pace_base + (t0 - self._t_origin) * 1e-9
+        d = due - time.monotonic()
+        if d > 0:
+            time.sleep(d)
 
-    def _run_prepared(self, b: "_Batch", prepared, nchg) -> None:
-        res = self.res
-        start, n = 0, b.n
-        fam = _LAUNCH_FAMILY
-        while start < n:
-            if self.watchdog is not None:
-                self.watchdog.arm(_BatchDesc(self._launcher, b, start))
-            try:
-                done, code, t_first, t_last = self._launcher.run(prepared, b.idx, start, n)
-            finally:
-                if self.watchdog is not None:
-                    self.watchdog.disarm()
-            end = start + done
-            if done:
-                res.launches += done
-                res.calls += done
-                res.by_family[fam] = res.by_family.get(fam, 0) + done
-                self.fast_launches += done
-                if res.first_launch_mono is None:
-                    res.first_launch_mono = t_first
-                    res.first_launch_unix = time.time() - (time.monotonic() - t_first)
-                res.last_launch_mono = t_last
-                if nchg is not None:
-                    res.params_relocated += sum(nchg[b.idx[i]] for i in range(start, end))
-            self._batch_mark_written(b, start, min(end + 1, n))
-            if end >= n:
-                break
-            # launch `end` failed: reported as the slow path's drv() would
-            res.last_seq = b.seqs[end]
-            rec = b.rec(end)
-            self._error(rec, f"call #{b.seqs[end]} {rec['f']}: {self._new_error_text(code)}")
-            start = end + 1
-        res.skipped += b.skips
-        res.last_seq = b.last_seq
+    def _sync_mark(self, seq) -> None:
+        """A synchronization returned: [seq, its time] (step boundaries for benchmarks)."""
+        s = self.res.sync_mono
+        if len(s) < SYNC_TIMES_MAX:
+            s.append([seq, time.monotonic()])
 
-    def _batch_slow(self, b: "_Batch", start: int) -> None:
-        for i in range(start, b.n):
-            self._one(b.rec(i))
-        self.res.skipped += b.skips
-        if b.n:
-            self.res.last_seq = b.last_seq
+    # ------------------------------------------------------------------ C executor
+    def _pr_split(self, b: OpBatch, pos: int):
+        """--profiler-range workload: where in b[pos:] the range starts ("start", before the op)
+        or stops ("stop", after op at-1), or None."""
+        if self._pr_state == 0:
+            for i in range(pos, b.n):
+                if b.kinds[i] != plan.SKIP and is_workload(b.recs[i]["f"]):
+                    return i, "start"
+            return None
+        last = self._workload_last or 0
+        for i in range(pos, b.n):
+            if b.kinds[i] != plan.SKIP and b.recs[i]["s"] >= last:
+                return i + 1, "stop"
+        return None
 
-    def _batch_live(self, b: "_Batch"):
-        """Per descriptor: (live function, grid, block, shmem, live stream, params as launched),
-        and per descriptor the relocated-parameter count (None when nothing moved)."""
-        from .handlers.graph import patch_conditional_handles
-        from .handlers.module import resolve_function
-        from .placement import relocate_params
-        moved = self.space is not None and self.space.moved
-        cond = bool(getattr(self, "cond_handles", None))
-        fns: Dict[int, int] = {}
-        streams: Dict[Tuple[str, Any], int] = {}
-        live = []
-        nchg = [] if moved else None
-        for j, d in enumerate(b.descs):
-            f, h, gx, gy, gz, bx, by, bz, shm, hs, params = d
-            fn = fns.get(h)
-            if fn is None:
-                rec = b.rec(b.first_pos[j])
-                fn = fns[h] = int(resolve_function(self.ctx, rec, h))
-            sk = (f, hs)
-            st = streams.get(sk)
-            if st is None:
-                rec = b.rec(b.first_pos[j])
-                st = streams[sk] = int(self.stream(rec, hs))
-            if moved or cond:
-                layout = (self.fn_record(h, b.seqs[b.first_pos[j]]) or {}).get("params")
-                if moved:
-                    params, changes = relocate_params(params, layout, self.space)
-                    nchg.append(len(changes))
-                if cond:
-                    params = patch_conditional_handles(self.ctx, b.rec(b.first_pos[j]), params, layout)
-            live.append((fn, (gx, gy, gz), (bx, by, bz), shm, st, params))
-        return live, nchg
+    def _batch_slow(self, b: OpBatch, start: int, end: int) -> None:
+        for i in range(start, end):
+            rec = b.recs[i]
+            if self._pace_on:
+                self._pace_wait(rec)
+            self._one(rec)
+            if self._pr_state == 1 and rec["s"] >= (self._workload_last or 0):
+                self._profiler_stop(rec["s"])
 
-    def _batch_mark_written(self, b: "_Batch", start: int, end: int) -> None:
-        """What launches [start, end) wrote, as the slow path marks it: every allocation an
-        8-byte parameter word points into, last writer wins."""
-        if self.space is None or not b.any_words:
-            return
-        words = b.words
-        if start == 0 and end == b.n:
-            last = b.last_pos
-        else:
-            last = {}
-            for i in range(start, end):
-                j = b.idx[i]
-                if words[j]:
-                    last[j] = i
-        for j, i in sorted(last.items(), key=lambda kv: kv[1]):
-            name = self.kernel_name_of(b.descs[j][1])
-            seq = b.seqs[i]
-            for v in words[j]:
-                self.mark_written(v, seq, name)
+    def _new_planner(self, keep: bool = True) -> Planner:
+        from .executor import module
+        mod = module()
+        return Planner(self._plan_fast, self._slots, self._ranges, keep=keep,
+                       ffi=mod.ffi if mod is not None else None, pace=self._pace_on, expected=self._expected_blob)
 
     def _on_thread(self, rec) -> None:
         """--threads: each recorded thread replays on its own thread; one call at a time, in
@@ -717,6 +693,11 @@ class Replayer:
         self.res.calls += 1
         fam = h.family
         self.res.by_family[fam] = self.res.by_family.get(fam, 0) + 1
+        sync = _SYNC_CALLS.get(f)
+        if sync is None:
+            sync = _SYNC_CALLS[f] = base_name(f) in ("cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize")
+        if sync:
+            self._sync_mark(seq)
 
     def _error(self, rec, msg: str) -> None:
         self.res.errors.append(msg)
@@ -724,8 +705,8 @@ class Replayer:
             raise _Abort(msg)
 
 
-_LAUNCH_FAMILY = "launch"
 PROFILER_RANGES = ("recorded", "workload")
+PACES = ("fast", "recorded")
 
 
 def is_workload(f: str) -> bool:
@@ -734,200 +715,7 @@ def is_workload(f: str) -> bool:
     if f.startswith("cuLaunch"):
         return not f.startswith("cuLaunchHostFunc")
     return f.startswith(("cuGraphLaunch", "cuMemcpy", "cuMemset"))
-_PLAIN_LAUNCHES = ("cuLaunchKernel", "cuLaunchKernel_ptsz")
-BATCH_MAX = 16384                 # launches per batch (watchdog and progress granularity)
-PLAN_MAX_RECORDS = 200_000        # decoded records kept from the prescan (else the loop re-reads)
-PLAN_MAX_DESCS = 2_000_000        # distinct launch descriptors kept
-PLAN_MAX_LAUNCHES = 50_000_000
-
-
-class _Batch:
-    """Consecutive plain launches of one recorded thread, and skipped queries among them.
-    descs: distinct (f, function, gx, gy, gz, bx, by, bz, shmem, stream, params) tuples;
-    idx[i]: the descriptor of launch i; seqs[i]: its call number."""
-    __slots__ = ("tid", "descs", "idx", "seqs", "skips", "last_seq", "nrec", "words", "any_words",
-                 "first_pos", "last_pos", "_index")
-
-    def __init__(self, tid):
-        self.tid = tid
-        self.descs: List[tuple] = []
-        self.idx = array("I")
-        self.seqs = array("q")
-        self.skips = 0
-        self.last_seq = None
-        self.nrec = 0
-        self.words: List[tuple] = []
-        self.any_words = False
-        self.first_pos: List[int] = []
-        self.last_pos: Dict[int, int] = {}
-        self._index: Optional[Dict[tuple, int]] = {}
-
-    @property
-    def n(self) -> int:
-        return len(self.idx)
-
-    def add(self, d: tuple, seq: int, words: tuple) -> None:
-        j = self._index.get(d)
-        i = len(self.idx)
-        if j is None:
-            j = self._index[d] = len(self.descs)
-            self.descs.append(d)
-            self.words.append(words)
-            self.first_pos.append(i)
-            if words:
-                self.any_words = True
-        if words:
-            self.last_pos[j] = i
-        self.idx.append(j)
-        self.seqs.append(seq)
-        self.last_seq = seq
-        self.nrec += 1
-
-    def close(self) -> None:
-        self._index = None
-
-    def rec(self, i: int) -> Dict[str, Any]:
-        """The call record of launch i (what the slow path's handler reads)."""
-        f, h, gx, gy, gz, bx, by, bz, shm, hs, params = self.descs[self.idx[i]]
-        return {"k": "c", "s": self.seqs[i], "tid": self.tid, "f": f, "r": 0,
-                "a": {"f": h, "gridDimX": gx, "gridDimY": gy, "gridDimZ": gz, "blockDimX": bx,
-                      "blockDimY": by, "blockDimZ": bz, "sharedMemBytes": shm, "hStream": hs},
-                "x": {"params": params}}
-
-
-class _BatchDesc:
-    """The watchdog's description of a running batch: names the launch in progress."""
-
-    def __init__(self, launcher, b: "_Batch", start: int):
-        self.launcher, self.b, self.start = launcher, b, start
-
-    def __str__(self) -> str:
-        b = self.b
-        try:
-            i = min(self.start + max(0, self.launcher.current()), b.n - 1)
-        except Exception:
-            i = self.start
-        return f"call #{b.seqs[i]} {b.descs[b.idx[i]][0]}"
-
-    __format__ = lambda self, spec: format(str(self), spec)  # noqa: E731
-
-
-def _param_words(params: bytes) -> tuple:
-    """8-byte words of a parameter buffer that may be device addresses (launch._prepare's rule)."""
-    return tuple(v for v in (int.from_bytes(params[o:o + 8], "little") for o in range(0, len(params) - 7, 8))
-                 if v >= 0x10000)
-
-
-class _Planner:
-    """Turns complete call records, in file order, into the replay plan: records to dispatch
-    one by one, and _Batch runs of plain launches (when `fast`).  keep=True collects the plan
-    (within the PLAN_MAX_* bounds; past them `keeping` turns False and the plan is dropped)."""
-
-    def __init__(self, fast: bool, keep: bool = True):
-        self.fast = fast
-        self.keeping = keep
-        self.items: List[Any] = []
-        self.cur: Optional[_Batch] = None
-        self.nrecs = self.ndescs = self.nlaunches = 0
-        self._words: Dict[bytes, tuple] = {}
-        self._disp: Dict[str, Any] = {}
-
-    def _kind(self, f: str) -> int:
-        """1: plain launch handler, 2: skipped query, 0: anything else."""
-        k = self._disp.get(f)
-        if k is None:
-            h = dispatch.lookup(f)
-            if h is None:
-                k = 2 if dispatch.is_query(f) else 0
-            else:
-                from .handlers.launch import launch_kernel
-                k = 1 if (h.fn is launch_kernel and f in _PLAIN_LAUNCHES) else 0
-            self._disp[f] = k
-        return k
-
-    def _plain(self, rec) -> Optional[tuple]:
-        a = rec.get("a")
-        x = rec.get("x")
-        if rec.get("r", 0) != 0 or type(a) is not dict or type(x) is not dict:
-            return None
-        params = x.get("params")
-        h = a.get("f")
-        if type(params) is not bytes or type(h) is not int or not h:
-            return None
-        g = a.get
-        d = (rec["f"], h, g("gridDimX", 1), g("gridDimY", 1), g("gridDimZ", 1), g("blockDimX", 1),
-             g("blockDimY", 1), g("blockDimZ", 1), g("sharedMemBytes", 0), g("hStream"), params)
-        for v in d[2:9]:
-            if type(v) is not int or not (0 <= v < (1 << 32)):
-                return None
-        hs = d[9]
-        if hs is not None and type(hs) is not int:
-            return None
-        return d
-
-    def _step(self, rec) -> Iterator[Any]:
-        """Feed one record; yields finished items."""
-        f = rec.get("f") or ""
-        k = self._kind(f) if self.fast else 0
-        if k == 1:
-            d = self._plain(rec)
-            tid = rec.get("tid")
-            if d is not None and type(rec.get("s")) is int:
-                b = self.cur
-                if b is not None and (b.tid != tid or b.n >= BATCH_MAX):
-                    b.close()
-                    yield b
-                    b = None
-                if b is None:
-                    b = self.cur = _Batch(tid)
-                w = self._words.get(d[10])
-                if w is None:
-                    w = self._words[d[10]] = _param_words(d[10])
-                before = len(b.descs)
-                b.add(d, rec["s"], w)
-                self.ndescs += len(b.descs) - before
-                self.nlaunches += 1
-                return
-        elif k == 2 and self.cur is not None:
-            # a query between launches: skipped by the slow path too; keeps the batch going
-            self.cur.skips += 1
-            self.cur.nrec += 1
-            if isinstance(rec.get("s"), int):
-                self.cur.last_seq = rec["s"]
-            return
-        if self.cur is not None:
-            self.cur.close()
-            yield self.cur
-            self.cur = None
-        self.nrecs += 1
-        yield rec
-
-    def add(self, rec) -> None:
-        for item in self._step(rec):
-            self.items.append(item)
-        if self.nrecs > PLAN_MAX_RECORDS or self.ndescs > PLAN_MAX_DESCS or self.nlaunches > PLAN_MAX_LAUNCHES:
-            self.keeping = False
-            self.items = []
-            self.cur = None
-            self._words = {}
-
-    def finish(self) -> List[Any]:
-        if self.cur is not None:
-            self.cur.close()
-            self.items.append(self.cur)
-            self.cur = None
-        self._words = {}
-        return self.items
-
-    def stream(self, recs: Iterable[Dict[str, Any]]) -> Iterator[Any]:
-        for rec in recs:
-            yield from self._step(rec)
-            if len(self._words) > 100_000:
-                self._words = {}
-        if self.cur is not None:
-            self.cur.close()
-            yield self.cur
-            self.cur = None
+_SYNC_CALLS: Dict[str, bool] = {}    # ABI name -> is a synchronization (sync times)
 
 
 _SYNC_H2D = ("cuMemcpyHtoD", "cuMemcpyHtoD_v2")

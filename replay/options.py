@@ -29,6 +29,7 @@ class ReplayOptions:
     jit: Optional[str] = None            # "ptx": load every module from its PTX (JIT-compiled)
     launch_override: Optional[str] = None   # "grid=X,Y,Z,block=X,Y,Z[,kernel=REGEX]" (replay/override.py)
     devices: Optional[str] = None           # "A,B,...": recorded device i replays on GPU A, B... (replay/devices.py)
+    pace: str = "fast"                   # fast: as fast as possible; recorded: keep the recorded host gaps
 
 
 @dataclass
@@ -63,6 +64,11 @@ class ReplayResult:
     last_seq: Optional[int] = None
     total_calls: int = 0
     elapsed_s: float = 0.0
+    pace: str = "fast"                    # the pace that ran (fast | recorded)
+    loop_start_mono: Optional[float] = None   # the replay loop (after start-up: read, plan, driver load)
+    loop_end_mono: Optional[float] = None
+    native_calls: int = 0                 # calls (and skipped queries) the C executor ran
+    sync_mono: List[List[float]] = field(default_factory=list)   # [seq, time] as each synchronization returned (step boundaries)
     message: str = ""
 
     def to_dict(self) -> Dict[str, Any]:

@@ -35,7 +35,7 @@ def render(res: ReplayResult, mismatch_text: List[str], path: str, out=None, as_
              ("D2H verified", f"{res.d2h_verified} ({_hum(res.d2h_bytes)})")]
     if res.d2h_unverified:
         rows.append(("D2H without a recorded result", res.d2h_unverified))
-    rows += [("mismatches", len(res.mismatches)), ("time", f"{res.elapsed_s:.3f} s")]
+    rows += [("mismatches", len(res.mismatches)), ("time", f"{res.elapsed_s:.3f} s"), ("pace", res.pace)]
     print_table(con, ["what", ("count", "right")], rows, title=f"cudasnap replay: {path}")
 
     def emit(line: str = "") -> None:

@@ -133,7 +133,7 @@ def _edges(g, src_prefix: str, dst_prefix: str) -> List[str]:
 def test_graph_sees_the_package():
     g = import_graph()
     assert "cudasnap.replay.engine" in g and "cudasnap.formats.reader" in g
-    assert "cudasnap.replay._fastlaunch" in g and "cudasnap.shim._shim" in g   # cffi modules
+    assert "cudasnap.replay._executor" in g and "cudasnap.shim._shim" in g   # cffi modules
     # replay/__init__ imports the engine only inside functions: still an edge
     assert "cudasnap.replay.engine" in g["cudasnap.replay"]
 

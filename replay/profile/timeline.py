@@ -277,6 +277,12 @@ class TimelineProfiler:
         self._open_calls: List[list] = []
         self.device: Optional[int] = None
 
+    @property
+    def batch_ok(self) -> bool:
+        """Plain calls may run in the replay's C executor: CUPTI times them; their records are
+        matched to the slices in issue order (no external correlation id per launch)."""
+        return self.cupti is not None and not self.wants_calls and self.sel is not None and self.sel.everything
+
     # events
     def on_event(self, kind: str, ev) -> None:
         m = getattr(self, "_" + kind, None)
@@ -324,6 +330,39 @@ class TimelineProfiler:
               "grid": list(ev.grid), "block": list(ev.block), "shmem": ev.shmem}
         ev.data["timeline"] = sl
         self._open(sl, ev.stream)
+
+    def _batch(self, ev) -> None:
+        """Ops the C executor ran: their slices, in issue order (timed by _match_cupti)."""
+        from ..plan import COPY_ASYNC, D2H, LAUNCH_EX, MEMSET8, MEMSET32_ASYNC
+        rp = self.rp
+        add = self.slices.append
+        for k, index, rec in ev.ops():
+            if index >= 0:
+                a = rec["a"]
+                if k == LAUNCH_EX:
+                    from ..plan import LAUNCH_CONFIG
+                    v = LAUNCH_CONFIG.unpack_from(a["config"])
+                    grid, block, shm, rs = list(v[0:3]), list(v[3:6]), v[6], v[7]
+                else:
+                    g = a.get
+                    grid = [g("gridDimX", 1), g("gridDimY", 1), g("gridDimZ", 1)]
+                    block = [g("blockDimX", 1), g("blockDimY", 1), g("blockDimZ", 1)]
+                    shm, rs = g("sharedMemBytes", 0), g("hStream") or 0
+                add({"kind": "kernel", "seq": rec["s"], "index": index, "name": rp.kernel_name_of(a["f"], rec["s"]),
+                     "stream": rs, "grid": grid, "block": block, "shmem": shm})
+            elif MEMSET8 <= k <= COPY_ASYNC or k == D2H:
+                a = rec["a"]
+                memset = k <= MEMSET32_ASYNC
+                if memset:
+                    unit = (1, 2, 4)[(k - MEMSET8) % 3]
+                    nb = int(a.get("N") or 0) * unit
+                    d = "memset"
+                else:
+                    nb = int(a.get("ByteCount") or 0)
+                    d = "DtoH" if k == D2H else "DtoD" if "DtoD" in rec["f"] else "other"
+                add({"kind": "memset" if memset else "copy", "seq": rec["s"], "direction": d,
+                     "name": f"{d} {nb} B" if nb else rec["f"], "call": rec["f"], "bytes": nb,
+                     "stream": a.get("hStream") or 0})
 
     def _after_launch(self, ev) -> None:
         sl = ev.data.get("timeline")
@@ -399,19 +438,31 @@ class TimelineProfiler:
     def _match_cupti(self) -> None:
         c = self.cupti
         unmatched = []
-        for corr, t0, t1, name, sid in c.kernels:
+        for j, (corr, t0, t1, name, sid) in enumerate(c.kernels):
             sl = self.by_ext.get(c.ext.get(corr, -1))
             if sl is None or sl["kind"] != "kernel" or "start_ns" in sl:
-                unmatched.append((corr, t0, t1, name, sid))
+                # untagged work outside graphs: calls the C executor ran (or no external
+                # correlation records at all), matched by issue order below
+                if corr not in c.ext and c.kernel_nodes[j:j + 1] in ([], [(0, 0)]):
+                    unmatched.append((corr, t0, t1, name, sid))
                 continue
             sl["start_ns"], sl["end_ns"], sl["cupti_name"], sl["stream_id"] = t0, t1, name, sid
-        if unmatched:  # no external correlation records: match by issue order
-            todo = [s for s in self.slices if s["kind"] == "kernel" and "start_ns" not in s]
+        if unmatched:
+            todo = [s for s in self.slices if s["kind"] == "kernel" and "start_ns" not in s
+                    and ("ext" not in s or not c.ext)]
             for sl, (corr, t0, t1, name, sid) in zip(todo, sorted(unmatched)):
                 sl["start_ns"], sl["end_ns"], sl["cupti_name"], sl["stream_id"] = t0, t1, name, sid
-        for corr, t0, t1, nb, kind, sid in c.copies:
+        loose = []
+        for j, (corr, t0, t1, nb, kind, sid) in enumerate(c.copies):
             sl = self.by_ext.get(c.ext.get(corr, -1))
             if sl is not None and sl["kind"] in ("copy", "memset") and "start_ns" not in sl:
+                sl["start_ns"], sl["end_ns"], sl["stream_id"] = t0, t1, sid
+            elif corr not in c.ext and c.copy_nodes[j:j + 1] in ([], [(0, 0)]):
+                loose.append((corr, t0, t1, sid))
+        if loose:                  # copies and memsets the C executor ran: by issue order
+            todo = [s for s in self.slices if s["kind"] in ("copy", "memset") and "start_ns" not in s
+                    and ("ext" not in s or not c.ext)]
+            for sl, (corr, t0, t1, sid) in zip(todo, sorted(loose)):
                 sl["start_ns"], sl["end_ns"], sl["stream_id"] = t0, t1, sid
 
     # results
