@@ -1,0 +1,111 @@
+"""Big H2D copies: the read-ahead pipeline (replay/staging.py) and SnapshotReader.chunk_into
+give the blob's exact bytes, verified, and a staged replay on the test double goes through
+the page-locked slots and the dedicated stream."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from cudasnap.formats import CHUNK_SIZE, SnapshotError, SnapshotReader, SnapshotWriter
+from cudasnap.replay.staging import BlobPipeline
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_replay_fast import incr_session  # noqa: E402
+
+
+def _payloads():
+    rng = np.random.default_rng(7)
+    rand = rng.integers(0, 256, 2 * CHUNK_SIZE + 12345, dtype=np.uint8).tobytes()        # stored raw
+    fp16 = (rng.standard_normal(CHUNK_SIZE + 777) * 0.01).astype(np.float16).tobytes()  # zstd
+    return {"rand": rand, "fp16": fp16, "zeros": bytes(3 * CHUNK_SIZE)}
+
+
+@pytest.fixture
+def snap(tmp_path):
+    path = tmp_path / "blobs.cusnap"
+    ids = {}
+    with SnapshotWriter(path, level=3) as w:
+        for name, data in _payloads().items():
+            ids[name] = w.add_blob(data)
+    return path, ids
+
+
+def test_chunk_into_matches_chunk(snap):
+    path, ids = snap
+    with SnapshotReader(path) as r:
+        out = bytearray(CHUNK_SIZE)
+        scratch = None
+        for bid in ids.values():
+            _size, cids = r.blob_chunk_ids(bid)
+            for cid in cids:
+                n, scratch = r.chunk_into(cid, out, scratch)
+                assert bytes(out[:n]) == r.chunk(cid)
+
+
+def test_pipeline_gives_each_blob_in_order_and_skips(snap):
+    path, ids = snap
+    data = _payloads()
+    order = [ids["rand"], ids["fp16"], ids["zeros"], ids["rand"]]
+    pipe = BlobPipeline(str(path), order, nbytes=3 * CHUNK_SIZE, threads=2)
+    try:
+        assert b"".join(pipe.take(ids["rand"])) == data["rand"]
+        # fp16 is skipped: its slots come back, zeros and rand still arrive whole
+        assert b"".join(pipe.take(ids["zeros"])) == data["zeros"]
+        assert pipe.take(ids["fp16"]) is None            # behind the consumer now
+        assert b"".join(pipe.take(ids["rand"])) == data["rand"]
+        assert pipe._free.qsize() == len(pipe.slots)
+    finally:
+        pipe.stop()
+
+
+def test_pipeline_reports_a_corrupt_chunk(snap, tmp_path):
+    path, ids = snap
+    with SnapshotReader(path) as r:
+        _size, cids = r.blob_chunk_ids(ids["rand"])
+        off = r._chunks[cids[1]]
+    raw = bytearray(path.read_bytes())
+    raw[off + 32 + 1000] ^= 0xFF                      # inside the second chunk's data
+    bad = tmp_path / "bad.cusnap"
+    bad.write_bytes(raw)
+    pipe = BlobPipeline(str(bad), [ids["rand"], ids["zeros"]], nbytes=2 * CHUNK_SIZE, threads=2)
+    try:
+        with pytest.raises(SnapshotError, match="checksum mismatch"):
+            b"".join(pipe.take(ids["rand"]))
+        assert b"".join(pipe.take(ids["zeros"])) == bytes(3 * CHUNK_SIZE)
+    finally:
+        pipe.stop()
+
+
+_COUNTING = """
+import sys
+from cudasnap.replay import staging
+n = [0]
+orig = staging.Stager.copy_sync
+def counted(self, *a, **k):
+    n[0] += 1
+    return orig(self, *a, **k)
+staging.Stager.copy_sync = counted
+from cudasnap.cli import main
+try:
+    main()
+finally:
+    sys.stderr.write("STAGED %d\\n" % n[0])
+"""
+
+
+def test_staged_replay_uses_the_slots(double, tmp_path):
+    snap = tmp_path / "big.cusnap"
+    incr_session(snap, launches=3, h2d_bytes=(40 << 20) + 4096)
+    env = dict(double["env"], CUDASNAP_PREFETCH="1")
+    env.pop("CUDASNAP_REPLAY_TEST_BLOCK", None)
+    cp = subprocess.run([sys.executable, "-c", _COUNTING, "replay", str(snap), "--json"], env=env,
+                        capture_output=True, text=True, timeout=120)
+    assert cp.stdout.startswith("{"), cp.stderr[-2000:]
+    r = json.loads(cp.stdout)
+    assert r["exit_code"] == 0 and r["d2h_verified"] == 2 and not r["mismatches"], (r["errors"], cp.stderr)
+    assert "STAGED 1" in cp.stderr, cp.stderr
