@@ -109,3 +109,4 @@ def test_staged_replay_uses_the_slots(double, tmp_path):
     r = json.loads(cp.stdout)
     assert r["exit_code"] == 0 and r["d2h_verified"] == 2 and not r["mismatches"], (r["errors"], cp.stderr)
     assert "STAGED 1" in cp.stderr, cp.stderr
+    assert not [w for w in r["warnings"] if "page-lock" in w], r["warnings"]
