@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -74,7 +75,8 @@ def replay_measured(snap: Path, env=None) -> dict:
             "warnings": res.get("warnings", [])[:3]}
 
 
-def bigsnap_row(tmp: Path, gib: float = 6, buffers: int = 54, launches: int = 99, reps: int = 2) -> dict:
+def bigsnap_row(tmp: Path, gib: float = 6, buffers: int = 54, launches: int = 99, reps: int = 2,
+                baseline: bool = False) -> dict:
     exe = nvcc(HERE / "big_mem.cu", tmp / "big_mem")
     args = [str(exe), str(gib), str(buffers), str(launches)]
     _, native = run(args)
@@ -91,6 +93,9 @@ def bigsnap_row(tmp: Path, gib: float = 6, buffers: int = 54, launches: int = 99
            "rss_over_largest": (best["peak_rss"] - big) if best["peak_rss"] else None,
            "d2h_verified": best["d2h_verified"], "fell_back": best["fell_back"], "launches": best["launches"],
            "runs_wall_s": [r["wall_s"] for r in reps_out], "warnings": best["warnings"]}
+    if baseline:      # the same snapshot with the read-ahead off: one reader, three pinned buffers
+        b = replay_measured(snap, dict(os.environ, CUDASNAP_PREFETCH="0"))
+        row["baseline_wall_s"], row["baseline_first_kernel_s"] = b["wall_s"], b["first_kernel_s"]
     row["ok"] = bool(row["replay_gbs"] >= GOAL_GBS and row["first_kernel_s"] is not None
                      and row["first_kernel_s"] <= GOAL_FIRST_S and row["rss_over_largest"] is not None
                      and row["rss_over_largest"] <= GOAL_RSS_OVER)
@@ -114,6 +119,9 @@ def print_row(r: dict) -> None:
               f"largest allocation (goal <= +{GOAL_RSS_OVER / gi:g})")
     for w in r["warnings"]:
         print(f"  replay warning : {w}")
+    if "baseline_wall_s" in r:
+        print(f"  baseline       : CUDASNAP_PREFETCH=0 replay wall {r['baseline_wall_s']:.2f} s, "
+              f"{r['snapshot_bytes'] / r['baseline_wall_s'] / 1e9:.2f} GB/s, first kernel {r['baseline_first_kernel_s'] or 0:.2f} s")
     print(f"  within goals   : {'yes' if r['ok'] else 'NO'}")
 
 
@@ -123,11 +131,12 @@ def main() -> None:
     ap.add_argument("--buffers", type=int, default=54)
     ap.add_argument("--launches", type=int, default=99)
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--baseline", action="store_true", help="also replay with the read-ahead off")
     ap.add_argument("--json")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="cudasnap-bigsnap-"))
     try:
-        row = bigsnap_row(tmp, args.gib, args.buffers, args.launches, args.reps)
+        row = bigsnap_row(tmp, args.gib, args.buffers, args.launches, args.reps, args.baseline)
     finally:
         for p in tmp.glob("*.cusnap"):
             p.unlink()
