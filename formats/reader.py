@@ -19,6 +19,7 @@ from .container import (
     iter_record_payload, parse_frame_header, snap_error, unpack_one, xxh64,
 )
 from .segments import segment_paths
+from .summary import check_map
 
 _HEX = set("0123456789abcdef")
 
@@ -338,6 +339,19 @@ class SnapshotReader:
                 break
             self._header_merged = h
         return self._header_merged
+
+    def summary(self) -> Optional[Dict[str, Any]]:
+        """The index's record summary (formats/summary.py), None when the file has none (no
+        index: a crash; or written by a repair or an older cudasnap): callers then scan.
+        A summary that is there but malformed raises SnapshotError."""
+        if self.index is None or "summary" not in self.index:
+            return None
+        sm = self.index["summary"]
+        why = check_map(sm)
+        if why is not None:
+            raise snap_error(self.path, self._index_offset,
+                             f"index summary is malformed ({why}); `cudasnap repair` rebuilds the index")
+        return sm
 
     @property
     def raw_header(self) -> Dict[str, Any]:
