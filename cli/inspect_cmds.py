@@ -42,6 +42,7 @@ def summarize(r: SnapshotReader) -> Dict[str, Any]:
         for rec in r.records():
             acc.add(rec)
         return _render(r, hdr, proc, acc.to_map())
+    r.check_records()           # damage shows even though no record is decoded
     try:
         return _render(r, hdr, proc, sm)
     except (TypeError, KeyError, ValueError, AttributeError, IndexError) as e:

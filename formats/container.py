@@ -284,11 +284,15 @@ def unpack_many(payload: bytes, path: Any, offset: int, what: str, expect: int |
     u = _unpacker(len(payload))
     try:
         u.feed(payload)
-        objs = []
-        for obj in u:
-            objs.append(obj)
-            if expect is not None and len(objs) > expect:
-                break
+        if expect is None:
+            objs = list(u)
+        else:
+            objs = []
+            try:
+                for _ in range(expect):
+                    objs.append(u.unpack())
+            except msgpack.OutOfData:      # fewer than expected: reported below
+                pass
         leftover = u.tell() != len(payload)
     except SnapshotError:
         raise
@@ -302,7 +306,12 @@ def unpack_many(payload: bytes, path: Any, offset: int, what: str, expect: int |
 
 
 def iter_record_payload(payload: bytes, count: int, path: Any, offset: int) -> Iterator[dict]:
-    for rec in unpack_many(payload, path, offset, "records frame", expect=count):
-        if not isinstance(rec, dict):
-            raise snap_error(path, offset, "records frame: record is not a map")
-        yield rec
+    return iter(record_list(payload, count, path, offset))
+
+
+def record_list(payload: bytes, count: int, path: Any, offset: int) -> List[dict]:
+    """The records of one records frame, every one checked to be a map."""
+    recs = unpack_many(payload, path, offset, "records frame", expect=count)
+    if not all(type(rec) is dict for rec in recs):
+        raise snap_error(path, offset, "records frame: record is not a map")
+    return recs

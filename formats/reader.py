@@ -16,7 +16,7 @@ from .container import (
     CHUNK_ID_LEN, CHUNK_SIZE, CODEC_ZSTD, FRAME_MAGIC, FRAME_SIZE, KIND_CHUNK, KIND_HEADER, KIND_INDEX,
     KIND_NAMES, KIND_RECORDS, MAX_FRAME, PREAMBLE_SIZE, TRAILER, TRAILER_MAGIC, TRAILER_SIZE,
     SnapshotError, _decompressor, check_preamble, chunk_digest, decode_payload,
-    iter_record_payload, parse_frame_header, snap_error, unpack_one, xxh64,
+    iter_record_payload, parse_frame_header, record_list, snap_error, unpack_one, xxh64,
 )
 from .segments import segment_paths
 from .summary import check_map
@@ -368,9 +368,11 @@ class SnapshotReader:
             kind, payload = self._read_frame(fr.offset, expect_kind=KIND_RECORDS)
             if self._last_comp_len != fr.comp_len:
                 raise snap_error(self.path, fr.offset, "frame length disagrees with the index")
-            for rec in iter_record_payload(payload, self._last_count, self.path, fr.offset):
-                if want is None or rec.get("k") in want:
-                    yield rec
+            recs = record_list(payload, self._last_count, self.path, fr.offset)
+            if want is None:
+                yield from recs
+            else:
+                yield from [rec for rec in recs if rec.get("k") in want]
 
     def blob_ids(self) -> List[str]:
         return list(self._blobs)
@@ -504,6 +506,15 @@ class SnapshotReader:
                 cid = payload[:CHUNK_ID_LEN].hex()
                 if chunk_digest(payload[CHUNK_ID_LEN:]).hex() != cid:
                     raise snap_error(self.path, fr.offset, "chunk content checksum mismatch")
+
+    def check_records(self) -> None:
+        """Verify every records frame's header and payload checksum without decompressing or
+        decoding it (what a reader of the summary alone still checks); SnapshotError on the first bad one."""
+        for fr in self._frames:
+            if fr.kind == KIND_RECORDS:
+                self._read_frame(fr.offset, expect_kind=KIND_RECORDS, decode=False)
+                if self._last_comp_len != fr.comp_len:
+                    raise snap_error(self.path, fr.offset, "frame length disagrees with the index")
 
     def frames(self) -> List[Tuple[int, str, int]]:
         return [(fr.offset, KIND_NAMES[fr.kind], fr.comp_len) for fr in self._frames]
