@@ -69,6 +69,11 @@ def copy_direction(f: str, a: Mapping[str, Any]) -> str:
     return "unified"
 
 
+def _direction_by_name(f: str) -> Optional[str]:
+    d = copy_direction(f, {})
+    return None if d == "unified" else d
+
+
 def alloc_bytes(f: str, a: Mapping[str, Any]) -> int:
     if "Pitch" in f:
         w = as_int(a.get("WidthInBytes")) or 0
@@ -172,6 +177,7 @@ class Summary:
     def __init__(self, blob_size: Callable[[str], Optional[int]]):
         self._blob_size = blob_size
         self._cat: Dict[str, int] = {}
+        self._dir: Dict[str, Optional[str]] = {}  # copy direction by name (None: from its arguments)
         self.n = 0
         self.kinds: Dict[str, int] = {}
         self.calls: Dict[str, int] = {}
@@ -221,13 +227,19 @@ class Summary:
             if not isinstance(a, dict):
                 a = {}
             if cat == _LAUNCH:
-                h = cs.launch_function_handle(rec)
+                h = a.get("f")
+                if h is None or isinstance(h, (dict, list)):
+                    h = cs.launch_function_handle(rec)
                 try:
                     self.launches[h] = self.launches.get(h, 0) + 1
                 except TypeError:
                     self.launches[None] = self.launches.get(None, 0) + 1
             elif cat == _MEMCPY:
-                self._mem(copy_direction(f, a), copy_bytes(a))
+                d = self._dir.get(f, "")
+                if d == "":
+                    d = self._dir[f] = _direction_by_name(f)
+                n = a.get("ByteCount")
+                self._mem(d or copy_direction(f, a), n if type(n) is int and n >= 0 else copy_bytes(a))
             elif cat == _MEMSET:
                 self._mem("memset", memset_bytes(f, a))
             elif cat == _ALLOC:
