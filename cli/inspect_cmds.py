@@ -330,26 +330,53 @@ def _fmt_val(v: Any, blobs: bool, depth: int = 0) -> str:
     return repr(v)
 
 
-def _fmt_text(rec: Dict[str, Any], fn_names: Dict[Any, str], blobs: bool, r: SnapshotReader) -> str:
+class _Memo(dict):
+    """Formatted pieces of call records by their value (dump): calls repeat the same arguments,
+    so most lines are assembled from strings made once. Cleared when it grows large."""
+
+    def piece(self, key, make):
+        try:
+            got = self.get(key)
+        except TypeError:               # an unhashable value (nested map): not kept
+            return make()
+        if got is None:
+            if len(self) > 200_000:
+                self.clear()
+            got = self[key] = make()
+        return got
+
+
+def _fmt_text(rec: Dict[str, Any], fn_names: Dict[Any, str], blobs: bool, r: SnapshotReader,
+              memo: Optional[_Memo] = None) -> str:
     k = rec.get("k")
+    if memo is None:
+        memo = _Memo()
     if k == "c":
-        f = rec.get("f") if isinstance(rec.get("f"), str) else "?"
-        a = rec.get("a") if isinstance(rec.get("a"), dict) else {}
-        args = ", ".join(f"{n}={_fmt_val(v, blobs)}" for n, v in a.items())
-        kn = cs.kernel_name(rec, fn_names) if cs.is_launch(f) else None
+        f = rec.get("f")
+        if type(f) is not str:
+            f = "?"
+        a = rec.get("a")
+        if type(a) is not dict:
+            a = {}
         rv = rec.get("r")
-        res = f"{cu_result_name(rv)} ({rv})" if rv is not None else "<never returned>"
+        # types are part of the key: 1, 1.0 and True are equal but print differently
+        body = memo.piece((f, tuple(a.items()), tuple(map(type, a.values())), rv, type(rv), blobs),
+                           lambda: f"{f}({', '.join(f'{n}={_fmt_val(v, blobs)}' for n, v in a.items())}) -> " + (
+                               f"{cu_result_name(rv)} ({rv})" if rv is not None else "<never returned>"))
         t0, t1 = rec.get("t0"), rec.get("t1")
         dur = ""
-        if _as_int(t0) is not None and _as_int(t1) is not None and t1 >= t0:
+        if type(t0) is int and type(t1) is int and t1 >= t0 >= 0:
             us = (t1 - t0) / 1000
             dur = f" [{us:.1f} us]" if us < 1000 else f" [{us / 1000:.2f} ms]"
-        line = f"#{_v(rec.get('s'), '?')}  {_v(rec.get('tid'), '?')}  {f}({args}) -> {res}{dur}"
-        if kn:
-            line += f"  kernel={kn}"
+        line = f"#{_v(rec.get('s'), '?')}  {_v(rec.get('tid'), '?')}  {body}{dur}"
+        if f.startswith("cuLaunch") and cs.is_launch(f):
+            kn = cs.kernel_name(rec, fn_names)
+            if kn:
+                line += f"  kernel={kn}"
         x = rec.get("x")
         if isinstance(x, dict) and x:
-            line += "  x=" + _fmt_x(x, blobs, r)
+            line += "  x=" + memo.piece(("x", tuple(x.items()), tuple(map(type, x.values())), blobs),
+                                        lambda: _fmt_x(x, blobs, r))
         return line
     if k == "b":
         ch = rec.get("chunks")
@@ -445,6 +472,7 @@ def run_dump(path: Path, calls: Optional[str], fmt: str, blobs: bool) -> int:
     try:
         with SnapshotReader(path) as r:
             fn_names: Dict[Any, str] = {}
+            memo = _Memo()
             for rec in r.records():
                 if rec.get("k") == "fn" and isinstance(rec.get("name"), str):
                     try:
@@ -454,7 +482,7 @@ def run_dump(path: Path, calls: Optional[str], fmt: str, blobs: bool) -> int:
                 if pred is not None and not pred(rec, fn_names):
                     continue
                 if fmt == "text":
-                    line = _fmt_text(rec, fn_names, blobs, r)
+                    line = _fmt_text(rec, fn_names, blobs, r, memo)
                 else:
                     line = json.dumps(_jsonable(rec, blobs, r), separators=(",", ":"), default=str)
                 out.write(line + "\n")

@@ -182,8 +182,10 @@ class Summary:
         self.kinds: Dict[str, int] = {}
         self.calls: Dict[str, int] = {}
         self.collapsed = self.errors = self.unreturned = 0
-        self.t0: Optional[int] = None
-        self.t1: Optional[int] = None
+        self.nc = 0                               # call records (kinds["c"])
+        self._c_at = 0
+        self._t0 = 1 << 64                        # first enter, last exit (None when no call has one)
+        self._t1 = -1
         self.launches: Dict[Any, int] = {}       # function handle -> launches
         self.mem: Dict[str, List[int]] = {}
         self.loads = self.image_bytes = 0
@@ -198,64 +200,80 @@ class Summary:
         self.modrecs: List[Dict[str, Any]] = []   # module loads and lookups (module images)
 
     def add(self, rec: Mapping[str, Any]) -> None:
+        # the writer calls this for every record it writes: the call path is kept short
         self.n += 1
-        k = rec.get("k")
-        ks = k if type(k) is str else str(k)
-        self.kinds[ks] = self.kinds.get(ks, 0) + 1
-        if k == "c":
-            f = rec.get("f")
-            if type(f) is not str:
-                f = "?"
-            self.calls[f] = self.calls.get(f, 0) + 1
-            v = rec.get("t0")
-            if type(v) is int and v >= 0 and (self.t0 is None or v < self.t0):
-                self.t0 = v
-            v = rec.get("t1")
-            if type(v) is int and v >= 0 and (self.t1 is None or v > self.t1):
-                self.t1 = v
-            r = rec.get("r")
+        get = rec.get
+        k = get("k")
+        if k != "c":
+            self._other(rec, k)
+            return
+        if not self.nc:
+            self._c_at = len(self.kinds)          # where "c" goes in kinds' first-seen order
+        self.nc += 1
+        f = get("f")
+        if type(f) is not str:
+            f = "?"
+        calls = self.calls
+        try:
+            calls[f] += 1
+        except KeyError:
+            calls[f] = 1
+        v = get("t0")
+        if type(v) is int and 0 <= v < self._t0:
+            self._t0 = v
+        v = get("t1")
+        if type(v) is int and v > self._t1:
+            self._t1 = v
+        r = get("r")
+        if r != 0:
             if r is None:
                 self.unreturned += 1
-            elif r != 0:
-                self.errors += 1
-            cat = self._cat.get(f)
-            if cat is None:
-                cat = self._cat[f] = _category(f)
-            if cat == _OTHER:
-                return
-            a = rec.get("a")
-            if not isinstance(a, dict):
-                a = {}
-            if cat == _LAUNCH:
-                h = a.get("f")
-                if h is None or isinstance(h, (dict, list)):
-                    h = cs.launch_function_handle(rec)
-                try:
-                    self.launches[h] = self.launches.get(h, 0) + 1
-                except TypeError:
-                    self.launches[None] = self.launches.get(None, 0) + 1
-            elif cat == _MEMCPY:
-                d = self._dir.get(f, "")
-                if d == "":
-                    d = self._dir[f] = _direction_by_name(f)
-                n = a.get("ByteCount")
-                self._mem(d or copy_direction(f, a), n if type(n) is int and n >= 0 else copy_bytes(a))
-            elif cat == _MEMSET:
-                self._mem("memset", memset_bytes(f, a))
-            elif cat == _ALLOC:
-                self._mem("alloc", alloc_bytes(f, a))
             else:
-                if cat == _MODLOAD:
-                    self.loads += 1
-                    x = rec.get("x") if isinstance(rec.get("x"), dict) else {}
-                    for v in list(x.values()) + [x]:
-                        if isinstance(v, dict) and isinstance(v.get("blob"), str):
-                            size = self._blob_size(v["blob"])
-                            if size is not None:
-                                self.image_bytes += size
-                                break
-                self.modrecs.append({kk: rec.get(kk) for kk in ("k", "s", "f", "a", "r", "x") if kk in rec})
-        elif k == "fn":
+                self.errors += 1
+        cat = self._cat.get(f)
+        if cat is None:
+            cat = self._cat[f] = _category(f)
+        if cat:
+            self._call(rec, f, cat)
+
+    def _call(self, rec: Mapping[str, Any], f: str, cat: int) -> None:
+        a = rec.get("a")
+        if not isinstance(a, dict):
+            a = {}
+        if cat == _LAUNCH:
+            h = a.get("f")
+            if h is None or isinstance(h, (dict, list)):
+                h = cs.launch_function_handle(rec)
+            try:
+                self.launches[h] = self.launches.get(h, 0) + 1
+            except TypeError:
+                self.launches[None] = self.launches.get(None, 0) + 1
+        elif cat == _MEMCPY:
+            d = self._dir.get(f, "")
+            if d == "":
+                d = self._dir[f] = _direction_by_name(f)
+            n = a.get("ByteCount")
+            self._mem(d or copy_direction(f, a), n if type(n) is int and n >= 0 else copy_bytes(a))
+        elif cat == _MEMSET:
+            self._mem("memset", memset_bytes(f, a))
+        elif cat == _ALLOC:
+            self._mem("alloc", alloc_bytes(f, a))
+        else:
+            if cat == _MODLOAD:
+                self.loads += 1
+                x = rec.get("x") if isinstance(rec.get("x"), dict) else {}
+                for v in list(x.values()) + [x]:
+                    if isinstance(v, dict) and isinstance(v.get("blob"), str):
+                        size = self._blob_size(v["blob"])
+                        if size is not None:
+                            self.image_bytes += size
+                            break
+            self.modrecs.append({kk: rec.get(kk) for kk in ("k", "s", "f", "a", "r", "x") if kk in rec})
+
+    def _other(self, rec: Mapping[str, Any], k: Any) -> None:
+        ks = k if type(k) is str else str(k)
+        self.kinds[ks] = self.kinds.get(ks, 0) + 1
+        if k == "fn":
             name, h = rec.get("name"), rec.get("h")
             try:
                 if isinstance(name, str):
@@ -302,10 +320,15 @@ class Summary:
             if name is None:
                 name = f"<function {h:#x}>" if isinstance(h, int) else "<unknown function>"
             kernels[name] = kernels.get(name, 0) + n
+        kinds = list(self.kinds.items())
+        if self.nc:
+            kinds.insert(self._c_at, ("c", self.nc))
+        kinds = dict(kinds)
         return {
-            "v": SUMMARY_VERSION, "records": self.n, "kinds": self.kinds, "calls": self.calls,
+            "v": SUMMARY_VERSION, "records": self.n, "kinds": kinds, "calls": self.calls,
             "collapsed": self.collapsed, "errors": self.errors, "unreturned": self.unreturned,
-            "t0": self.t0, "t1": self.t1, "kernels": kernels,
+            "t0": self._t0 if self._t0 < 1 << 64 else None, "t1": self._t1 if self._t1 >= 0 else None,
+            "kernels": kernels,
             "memory": {k: list(v) for k, v in self.mem.items()},
             "modules": {"loads": self.loads, "image_bytes": self.image_bytes},
             "notes": self.notes, "warnings": self.note_msgs, "end": self.end, "loss": self.loss,
