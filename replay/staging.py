@@ -23,7 +23,9 @@ from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
 
 from cudasnap.formats import CHUNK_SIZE, SnapshotError, SnapshotReader
 
-H2D_PREFETCHED = ("cuMemcpyHtoD", "cuMemcpyHtoD_v2")    # the copies whose blobs are read ahead
+# the copies whose blobs are read ahead (engine prescan), in replay order
+H2D_PREFETCHED = ("cuMemcpyHtoD", "cuMemcpyHtoD_v2", "cuMemcpyHtoD_v2_ptds",
+                  "cuMemcpyHtoDAsync", "cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync_v2_ptsz")
 PREFETCH_MIN = 8 << 20            # blobs read ahead: at least this big
 PREFETCH_BYTES = 128 << 20        # slot pool: read ahead at most this much
 PINNED_MIN = 16 << 20             # synchronous H2D copies at least this big go through staging
@@ -207,16 +209,25 @@ class Taken:
 # ---------------------------------------------------------------------------- staged copies
 
 class Stager:
-    """The dedicated stream and per-slot events of one context."""
+    """The dedicated stream and per-slot events of one context. A slot whose copy was queued
+    stays pending until its event completed (asynchronous copies leave theirs pending after
+    they return); the oldest pending slot is waited for whenever the readers need one."""
 
     def __init__(self, rp, pipe: BlobPipeline):
         self.rp, self.pipe, self.cu = rp, pipe, rp.cu
         self.stream = rp.raw("cuStreamCreate", CU_STREAM_NON_BLOCKING)
         self.start = rp.raw("cuEventCreate", CU_EVENT_DISABLE_TIMING)
         self.events = [rp.raw("cuEventCreate", CU_EVENT_DISABLE_TIMING) for _ in pipe.slots]
+        self.pending: Deque[Slot] = collections.deque()
 
     def close(self) -> None:
         cu = self.cu
+        for s in self.pending:          # copies still queued read the slots: let them finish
+            try:
+                cu.cuEventSynchronize(self.events[s.k])
+            except Exception:
+                pass
+        self.pending.clear()
         for ev in [self.start] + self.events:
             try:
                 cu.cuEventDestroy(ev)
@@ -227,6 +238,33 @@ class Stager:
         except Exception:
             pass
 
+    def free_one(self) -> bool:
+        if not self.pending:
+            return False
+        s = self.pending.popleft()
+        self.rp.raw("cuEventSynchronize", self.events[s.k])
+        self.pipe.release(s)
+        return True
+
+    def _queue(self, rec, dst: int, taken: Taken, n: int, stream, mine: Optional[List[Slot]]) -> int:
+        rp = self.rp
+        off = 0
+        for slot, m in taken.slots(self.free_one):
+            if off + m > n:
+                self.pipe.release(slot)
+                rp.fail(rec, f"the H2D payload holds more than the copy's {n} bytes")
+            try:
+                rp.drv(rec, "cuMemcpyHtoDAsync", dst + off, slot.addr, m, stream)
+                rp.raw("cuEventRecord", self.events[slot.k], stream)
+            except BaseException:
+                self.pipe.release(slot)   # never queued: nothing reads it
+                raise
+            self.pending.append(slot)
+            if mine is not None:
+                mine.append(slot)
+            off += m
+        return off
+
     def copy_sync(self, rec, dst: int, taken: Taken, n: int) -> int:
         """A synchronous H2D copy of the blob `taken` to dst: after the work its stream holds,
         and complete when this returns. Returns the bytes copied."""
@@ -234,37 +272,22 @@ class Stager:
         caller = cu.CUstream(2 if "_ptds" in rec["f"] else 1)    # CU_STREAM_PER_THREAD / LEGACY
         rp.raw("cuEventRecord", self.start, caller)
         rp.raw("cuStreamWaitEvent", self.stream, self.start, 0)
-        pending: Deque[Slot] = collections.deque()
-
-        def free_one() -> bool:
-            if not pending:
-                return False
-            s = pending.popleft()
-            rp.raw("cuEventSynchronize", self.events[s.k])
-            self.pipe.release(s)
-            return True
-
-        off = 0
+        mine: List[Slot] = []
         try:
-            for slot, m in taken.slots(free_one):
-                if off + m > n:
-                    self.pipe.release(slot)
-                    rp.fail(rec, f"the H2D payload holds more than the copy's {n} bytes")
-                try:
-                    rp.drv(rec, "cuMemcpyHtoDAsync", dst + off, slot.addr, m, self.stream)
-                    rp.raw("cuEventRecord", self.events[slot.k], self.stream)
-                except BaseException:
-                    self.pipe.release(slot)   # never queued: nothing reads it
-                    raise
-                pending.append(slot)
-                off += m
+            return self._queue(rec, dst, taken, n, self.stream, mine)
         finally:
             try:
                 rp.raw("cuStreamSynchronize", self.stream)
             finally:
-                while pending:
-                    self.pipe.release(pending.popleft())
-        return off
+                for s in mine:
+                    if s in self.pending:
+                        self.pending.remove(s)
+                        self.pipe.release(s)
+
+    def copy_async(self, rec, dst: int, taken: Taken, n: int, stream) -> int:
+        """An asynchronous H2D copy on the program's stream: queued in order there; its slots
+        go back once their events completed."""
+        return self._queue(rec, dst, taken, n, stream, None)
 
 
 def _stager(rp, pipe: BlobPipeline) -> Optional[Stager]:
@@ -310,7 +333,7 @@ def h2d_from_blob(rp, rec, n: int) -> bool:
     _size, chunks = got
     dst = rp.tr(rec["a"].get("dstDevice"))
     try:
-        if isinstance(chunks, Taken) and n >= PINNED_MIN:
+        if isinstance(chunks, Taken):
             st = _stager(rp, chunks.pipe)
             if st is not None:
                 off = st.copy_sync(rec, dst, chunks, n)
@@ -318,6 +341,33 @@ def h2d_from_blob(rp, rec, n: int) -> bool:
                     rp.fail(rec, f"the H2D payload holds {off} bytes, the copy {n}")
                 return True
         off = _copy_chunks(rp, rec, dst, chunks, n)
+    except SnapshotError as e:
+        rp.fail(rec, f"blob for srcHost unreadable: {e}")
+    if off != n:
+        rp.fail(rec, f"the H2D payload holds {off} bytes, the copy {n}")
+    return True
+
+
+def h2d_async_from_blob(rp, rec, n: int, stream) -> bool:
+    """An asynchronous H2D copy of a captured blob that the read-ahead holds, through its slots
+    on the program's stream (never the whole payload in host memory). False when this path does
+    not apply: the caller copies the whole payload."""
+    if rec.get("r", 0) != 0 or n < PREFETCH_MIN or (rp.space is not None and rp.space.moved) \
+            or not hasattr(rp, "blob_chunks"):
+        return False
+    try:
+        got = rp.blob_chunks(rec, "srcHost")         # a Taken when the read-ahead holds it
+    except Exception:
+        return False
+    if got is None or got[0] != n or not isinstance(got[1], Taken):
+        return False
+    dst = rp.tr(rec["a"].get("dstDevice"))
+    st = _stager(rp, got[1].pipe)
+    try:
+        if st is None:
+            off = _copy_chunks(rp, rec, dst, got[1], n)     # synchronous, but correct
+        else:
+            off = st.copy_async(rec, dst, got[1], n, stream)
     except SnapshotError as e:
         rp.fail(rec, f"blob for srcHost unreadable: {e}")
     if off != n:

@@ -6,7 +6,7 @@ import struct
 
 from . import handles
 from .graph import keep_forever, stream_capturing
-from ..staging import h2d_from_blob
+from ..staging import h2d_async_from_blob, h2d_from_blob
 
 
 def _captured(rp, rec) -> bool:
@@ -232,11 +232,18 @@ def _stream(rp, rec):
     return rp.stream(rec, rec["a"].get("hStream"))
 
 
+def _staged(rp, rec, n: int) -> bool:
+    """Copies of big captured blobs stream through replay/staging.py (read ahead, page-locked)."""
+    if not _async(rec):
+        return h2d_from_blob(rp, rec, n)
+    return not _captured(rp, rec) and h2d_async_from_blob(rp, rec, n, _stream(rp, rec))
+
+
 @handles("cuMemcpyHtoD", "cuMemcpyHtoDAsync", errors=True)
 def memcpy_htod(rp, rec):
     a = rec["a"]
     n = int(a.get("ByteCount", 0))
-    if not _async(rec) and n and h2d_from_blob(rp, rec, n):
+    if n and _staged(rp, rec, n):
         rp.mark_written(a.get("dstDevice"), rec.get("s"), rec["f"])
         return
     data = rp.blob(rec, "srcHost")
