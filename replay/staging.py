@@ -1,14 +1,15 @@
 """Big host-to-device copies of captured blobs.
 
 A BlobPipeline reads the blobs of upcoming H2D copies ahead, in replay order: a producer
-thread hands slots of one page-locked pool (registered with cuMemHostRegister once a context
-exists) to a pool of threads that read, verify and decompress chunks straight into them
+thread hands slots of one pool (each page-locked with cuMemHostRegister when a copy first uses
+it: that needs a context, the reading starts before one exists) to a pool of threads that read, verify and decompress chunks straight into them
 (SnapshotReader.chunk_into: positioned reads and zstd release the GIL). Copies then go out
 with cuMemcpyHtoDAsync from the slots on a dedicated stream, one event per slot: a slot goes
 back to the readers once its event completed. A synchronous copy waits on an event recorded
 on the stream it would have run on before its first chunk, and synchronizes the dedicated
 stream before it returns, so nothing that follows can see the device memory early.
-Host memory stays at the slot pool (PREFETCH_BYTES), whatever the size of the copies.
+Host memory stays at the slot pool (PREFETCH_BYTES, or what the blobs need if less), whatever
+the size of the copies.
 """
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ import ctypes
 import mmap
 import os
 import queue
+import sys
 import threading
+import time
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
 
 from cudasnap.formats import CHUNK_SIZE, SnapshotError, SnapshotReader
@@ -27,13 +30,21 @@ from cudasnap.formats import CHUNK_SIZE, SnapshotError, SnapshotReader
 H2D_PREFETCHED = ("cuMemcpyHtoD", "cuMemcpyHtoD_v2", "cuMemcpyHtoD_v2_ptds",
                   "cuMemcpyHtoDAsync", "cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync_v2_ptsz")
 PREFETCH_MIN = 8 << 20            # blobs read ahead: at least this big
-PREFETCH_BYTES = 128 << 20        # slot pool: read ahead at most this much
+PREFETCH_BYTES = 256 << 20        # slot pool: read ahead at most this much (CUDASNAP_STAGE_MB)
 PINNED_MIN = 16 << 20             # synchronous H2D copies at least this big go through staging
 STAGE_SLOTS = 3                   # pinned buffers of the fallback path (no read-ahead)
 _SLOT = CHUNK_SIZE                # one chunk per slot
 CU_STREAM_NON_BLOCKING = 1
 CU_EVENT_DISABLE_TIMING = 2
 CU_MEMHOSTREGISTER_PORTABLE = 1
+
+
+def _pool_bytes() -> int:
+    try:
+        mb = int(os.environ.get("CUDASNAP_STAGE_MB", "0"))
+    except ValueError:
+        mb = 0
+    return mb << 20 if mb > 0 else PREFETCH_BYTES
 
 
 def _threads() -> int:
@@ -54,23 +65,29 @@ class Slot:
 class BlobPipeline:
     """Reads the chunks of `order` (blob ids, replay order) ahead into a slot pool."""
 
-    def __init__(self, path: str, order: List[str], nbytes: int = PREFETCH_BYTES, threads: Optional[int] = None):
+    def __init__(self, path: str, order: List[str], nbytes: Optional[int] = None, threads: Optional[int] = None):
         self.order = list(order)
         self.pos = 0                       # next blob the consumer may take
-        nslots = max(2, nbytes // _SLOT)
+        nslots = max(2, (nbytes or _pool_bytes()) // _SLOT)
         self._mem = mmap.mmap(-1, nslots * _SLOT)
         self._base = ctypes.addressof(ctypes.c_char.from_buffer(self._mem))
         whole = memoryview(self._mem)
         self.slots = [Slot(k, whole[k * _SLOT:(k + 1) * _SLOT], self._base + k * _SLOT) for k in range(nslots)]
         self.nbytes = nslots * _SLOT
-        self._free: "queue.Queue[Slot]" = queue.Queue()
-        for s in self.slots:
-            self._free.put(s)
+        self._free: "queue.Queue[Slot]" = queue.Queue()     # filled once the blobs' sizes are known
         self.q: "queue.Queue" = queue.Queue()
         self._stop = threading.Event()
         self.dead = False
         self.stagers: Dict[int, "Stager"] = {}      # per live context
-        self.registered: Optional[Tuple[Any, bool]] = None   # (driver, registered?) once tried
+        # slots are page-locked one by one as copies first use them (cuMemHostRegister needs a
+        # context; a small snapshot pins only the few slots it needs)
+        self._pinned = [False] * nslots
+        # what CUDASNAP_STAGE_STATS=1 prints at the end: copies, bytes, seconds in them, seconds
+        # of those spent waiting for the readers
+        self.stats = {"copies": 0, "bytes": 0, "copy_s": 0.0, "wait_s": 0.0, "threads": threads or _threads()}
+        self._t_start = time.perf_counter()
+        self._pin_cu: Any = None
+        self._pin_failed = False
         self._tls = threading.local()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=threads or _threads(),
                                                            thread_name_prefix="cudasnap-stage")
@@ -86,6 +103,14 @@ class BlobPipeline:
             self.q.put((-1, None, e))
             return
         try:
+            need = 0
+            for bid in self.order:
+                try:
+                    need += len(r.blob_chunk_ids(bid)[1])
+                except SnapshotError:
+                    pass
+            for s in self.slots[:max(1, min(len(self.slots), need))]:
+                self._free.put(s)
             for k, bid in enumerate(self.order):
                 try:
                     _size, cids = r.blob_chunk_ids(bid)
@@ -120,19 +145,43 @@ class BlobPipeline:
         self._free.put(slot)
 
     def stop(self) -> None:
-        """Stop reading ahead and give the page-locked memory back (nothing is in flight: every
-        staged copy synchronized its stream before returning)."""
+        """Stop reading ahead and give the page-locked memory back (copies still queued are
+        waited for first)."""
+        if os.environ.get("CUDASNAP_STAGE_STATS") == "1" and not self._stop.is_set():
+            st = self.stats
+            sys.stderr.write(
+                f"cudasnap: staging: {st['copies']} copies, {st['bytes'] / 2**30:.2f} GiB in {st['copy_s']:.2f} s "
+                f"({st['bytes'] / max(st['copy_s'], 1e-9) / 1e9:.2f} GB/s), {st['wait_s']:.2f} s of it waiting for "
+                f"{st['threads']} readers, {sum(self._pinned)} of {len(self.slots)} slots page-locked, "
+                f"{time.perf_counter() - self._t_start:.2f} s since the read-ahead started\n")
         self._stop.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
         for st in list(self.stagers.values()):
             st.close()
         self.stagers = {}
-        if self.registered and self.registered[1]:
-            try:
-                self.registered[0].cuMemHostUnregister(self._base)
-            except Exception:
-                pass
-        self.registered = None
+        for s in self.slots:
+            if self._pinned[s.k]:
+                try:
+                    self._pin_cu.cuMemHostUnregister(s.addr)
+                except Exception:
+                    pass
+                self._pinned[s.k] = False
+
+    def pin(self, slot: Slot, rp) -> None:
+        """Page-lock a slot before its first copy (once; after a failure copies run from
+        pageable memory, which is slower but correct)."""
+        if self._pinned[slot.k] or self._pin_failed:
+            return
+        cu = rp.cu
+        try:
+            ok = int(cu.cuMemHostRegister(slot.addr, _SLOT, CU_MEMHOSTREGISTER_PORTABLE)[0]) == 0
+        except Exception:
+            ok = False
+        if ok:
+            self._pinned[slot.k], self._pin_cu = True, cu
+        else:
+            self._pin_failed = True
+            rp.note("staging: could not page-lock the read-ahead buffers; big H2D copies run from pageable memory")
 
     # ------------------------------------------------------------------ consumer
     def take(self, bid: str) -> Optional["Taken"]:
@@ -148,6 +197,13 @@ class BlobPipeline:
         return Taken(self, k)
 
     def _next(self, k: int, idle: Optional[Callable[[], bool]] = None):
+        t0 = time.perf_counter()
+        try:
+            return self._next_item(k, idle)
+        finally:
+            self.stats["wait_s"] += time.perf_counter() - t0
+
+    def _next_item(self, k: int, idle: Optional[Callable[[], bool]] = None):
         """The next (slot, future) of blob k, (None, None) at its end. Items of blobs the
         consumer skipped are dropped (their slots freed once filled). idle() is called while
         nothing is ready; it returns True when it freed a slot (the producer may need one)."""
@@ -197,12 +253,15 @@ class Taken:
             if slot is None:
                 self.done = True
                 return
+            t0 = time.perf_counter()
             try:
                 n = fut.result()
             except BaseException:
                 self.pipe.release(slot)
                 self.done = True
                 raise
+            finally:
+                self.pipe.stats["wait_s"] += time.perf_counter() - t0
             yield slot, n
 
 
@@ -248,12 +307,14 @@ class Stager:
 
     def _queue(self, rec, dst: int, taken: Taken, n: int, stream, mine: Optional[List[Slot]]) -> int:
         rp = self.rp
+        self.pipe.stats["copies"] += 1
         off = 0
         for slot, m in taken.slots(self.free_one):
             if off + m > n:
                 self.pipe.release(slot)
                 rp.fail(rec, f"the H2D payload holds more than the copy's {n} bytes")
             try:
+                self.pipe.pin(slot, rp)
                 rp.drv(rec, "cuMemcpyHtoDAsync", dst + off, slot.addr, m, stream)
                 rp.raw("cuEventRecord", self.events[slot.k], stream)
             except BaseException:
@@ -263,6 +324,7 @@ class Stager:
             if mine is not None:
                 mine.append(slot)
             off += m
+            self.pipe.stats["bytes"] += m
         return off
 
     def copy_sync(self, rec, dst: int, taken: Taken, n: int) -> int:
@@ -273,6 +335,7 @@ class Stager:
         rp.raw("cuEventRecord", self.start, caller)
         rp.raw("cuStreamWaitEvent", self.stream, self.start, 0)
         mine: List[Slot] = []
+        t0 = time.perf_counter()
         try:
             return self._queue(rec, dst, taken, n, self.stream, mine)
         finally:
@@ -283,16 +346,20 @@ class Stager:
                     if s in self.pending:
                         self.pending.remove(s)
                         self.pipe.release(s)
+                self.pipe.stats["copy_s"] += time.perf_counter() - t0
 
     def copy_async(self, rec, dst: int, taken: Taken, n: int, stream) -> int:
         """An asynchronous H2D copy on the program's stream: queued in order there; its slots
         go back once their events completed."""
-        return self._queue(rec, dst, taken, n, stream, None)
+        t0 = time.perf_counter()
+        try:
+            return self._queue(rec, dst, taken, n, stream, None)
+        finally:
+            self.pipe.stats["copy_s"] += time.perf_counter() - t0
 
 
 def _stager(rp, pipe: BlobPipeline) -> Optional[Stager]:
-    """The pipeline's Stager for the current context (its slots registered on first use)."""
-    cu = rp.cu
+    """The pipeline's Stager for the current context."""
     try:
         ctx = int(rp.raw("cuCtxGetCurrent"))
     except Exception:
@@ -302,14 +369,6 @@ def _stager(rp, pipe: BlobPipeline) -> Optional[Stager]:
     st = pipe.stagers.get(ctx)
     if st is not None:
         return st
-    if pipe.registered is None:
-        try:
-            ok = int(cu.cuMemHostRegister(pipe._base, pipe.nbytes, CU_MEMHOSTREGISTER_PORTABLE)[0]) == 0
-        except Exception:
-            ok = False
-        pipe.registered = (cu, ok)
-        if not ok:
-            rp.note("staging: could not page-lock the read-ahead buffers; big H2D copies run from pageable memory")
     try:
         st = pipe.stagers[ctx] = Stager(rp, pipe)
     except Exception:
