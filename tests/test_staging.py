@@ -162,3 +162,22 @@ def test_many_staged_copies_fill_and_reuse_the_slots(double, tmp_path, async_on)
     r = json.loads(cp.stdout)
     assert r["exit_code"] == 0 and r["d2h_verified"] == 2 * len(sizes) and not r["mismatches"], (r["errors"], cp.stderr)
     assert f"STAGED {len(sizes)}" in cp.stderr, cp.stderr
+
+
+def test_a_corrupt_chunk_fails_the_staged_copy_clearly(double, tmp_path):
+    snap = tmp_path / "big.cusnap"
+    incr_session(snap, launches=3, h2d_bytes=(24 << 20) + 4096)
+    with SnapshotReader(snap) as r:
+        bid = max(r.blob_ids(), key=r.blob_size)
+        _size, cids = r.blob_chunk_ids(bid)
+        off = r._chunks[cids[2]]
+    raw = bytearray(snap.read_bytes())
+    raw[off + 32 + 5000] ^= 0x55
+    snap.write_bytes(raw)
+    env = dict(double["env"], CUDASNAP_PREFETCH="1")
+    env.pop("CUDASNAP_REPLAY_TEST_BLOCK", None)
+    cp = subprocess.run([sys.executable, "-m", "cudasnap", "replay", str(snap), "--json"], env=env,
+                        capture_output=True, text=True, timeout=120)
+    r = json.loads(cp.stdout)
+    assert cp.returncode == 2 and r["exit_code"] == 2, cp.stderr[-2000:]
+    assert any("cuMemcpyHtoD" in e and "unreadable" in e and "checksum" in e for e in r["errors"]), r["errors"]
