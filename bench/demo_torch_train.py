@@ -1,14 +1,15 @@
 """A small PyTorch training loop for the extract demo: an MLP trained with AdamW on fixed
 data, each step inside an NVTX range "step N" (so a step's calls can be found in the snapshot).
-Usage: python3 demo_torch_train.py [STEPS] [WIDTH]"""
+Usage: python3 demo_torch_train.py [STEPS] [WIDTH] [LAYERS]"""
 import sys
 
 import torch
 
 steps = int(sys.argv[1]) if len(sys.argv) > 1 else 5
 width = int(sys.argv[2]) if len(sys.argv) > 2 else 1024
+layers = int(sys.argv[3]) if len(sys.argv) > 3 else 8
 torch.manual_seed(0)
-model = torch.nn.Sequential(*[m for _ in range(8) for m in (torch.nn.Linear(width, width), torch.nn.ReLU())]).cuda()
+model = torch.nn.Sequential(*[m for _ in range(layers) for m in (torch.nn.Linear(width, width), torch.nn.ReLU())]).cuda()
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 x, y = torch.randn(256, width).cuda(), torch.randn(256, width).cuda()
 for step in range(steps):

@@ -8,12 +8,12 @@ import bisect
 import struct
 
 from . import ring as R
+from .ring_constants import (F_ATTRS, F_CODE, F_DIGEST, F_HANDLE, F_HOSTDST, F_HOSTSRC, F_IMAGE,  # noqa: F401
+                             F_INFO, F_KIND, F_LAYOUT, F_MODULE, F_MSG, F_NAME, F_PARAMS, F_REPEATS, F_WRAPPED)
 
-F_PARAMS, F_ATTRS, F_IMAGE, F_WRAPPED, F_HOSTSRC, F_HOSTDST = 0x100, 0x101, 0x102, 0x104, 0x105, 0x106
-F_NAME, F_HANDLE, F_KIND, F_MODULE, F_LAYOUT, F_MSG, F_INFO, F_CODE = 0x110, 0x111, 0x112, 0x113, 0x114, 0x115, 0x116, 0x117
-F_DIGEST, F_REPEATS = 0x118, 0x119
 EXTRA_NAMES = {F_PARAMS: "params", F_ATTRS: "attrs", F_IMAGE: "image", F_HOSTSRC: "hostsrc", F_HOSTDST: "hostdst"}
 INFO_ROW = 256 + 16 + 24
+WINDOW_OPS = {1: "open", 2: "close", 3: "state", 4: "checkpoint"}
 NVTX_OPS = {1: "push", 2: "pop", 3: "start", 4: "end", 5: "mark", 6: "domain"}
 # allocations whose memory kernels can read without an API call (UVA pinned host, managed)
 HOST_VISIBLE = ("cuMemHostAlloc", "cuMemAllocHost", "cuMemHostRegister", "cuMemAllocManaged")
@@ -147,6 +147,8 @@ class Decoder:
             call = {"k": "c", "s": rec.seq, "tid": rec.tid, "t0": rec.t_ns, "f": fn["name"], "a": args}
             if extra:
                 call["x"] = extra
+            if rec.aux == 2:
+                call["state"] = True     # written by the shim at a window start (shim_window.c)
             self.open[rec.seq] = call
             return []
         if t == R.CALL:
@@ -236,6 +238,13 @@ class Decoder:
             return [{"k": "rep", "tid": rec.tid, "t": rec.t_ns, "calls": calls}] if calls else []
         if t == R.NVTX:
             return self._nvtx(rec)
+        if t == R.WINDOW:
+            d = {idx: data for idx, _tag, data in rec.fields}
+            val = lambda k: struct.unpack("<Q", d[k])[0] if k in d else 0
+            return [{"k": "win", "op": WINDOW_OPS.get(rec.fn, str(rec.fn)), "n": rec.seq,
+                     "why": bytes(d.get(F_MSG, b"")).decode("utf-8", "replace"), "bytes": val(F_CODE),
+                     "ranges": val(F_KIND), "launches": val(F_HANDLE), "t": rec.t_ns,
+                     **_dump_stats(bytes(d.get(F_INFO, b"")))}]
         if t == R.EXIT:
             return []
         return []
@@ -285,6 +294,15 @@ class Decoder:
                         f"what kernels read from them directly, without a copy call, is not captured"})
             self.counts["notes"] += 1
         return out
+
+
+def _dump_stats(b: bytes) -> dict:
+    """A window state record's account (shim_window.c): bytes copied D2H, bytes referenced
+    unchanged from the previous state, bytes hashed on the GPU, hashing and dump time."""
+    if len(b) < 40:
+        return {}
+    copied, referenced, hashed, hash_ns, dump_ns = struct.unpack_from("<5Q", b)
+    return {"copied": copied, "referenced": referenced, "hashed": hashed, "hash_ns": hash_ns, "dump_ns": dump_ns}
 
 
 class SeqSet:

@@ -189,24 +189,75 @@ class Recorder:
         error = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            writer = SnapshotWriter(path, header, level=self.level, threads=self.threads, blob_level=self.blob_level,
-                                    segments=self.segments)
+            if self.options.get("window"):      # windows / flight recorder: one file per window
+                writer = self._router(path, header)
+            else:
+                writer = SnapshotWriter(path, header, level=self.level, threads=self.threads,
+                                        blob_level=self.blob_level, segments=self.segments)
         except OSError as e:
             # full disk, read-only directory...: keep draining so the program never stalls
             error = str(e)
             print(f"cudasnap: warning: cannot write {path} ({e}); this process is not recorded", file=sys.stderr)
             writer = _NullWriter()
         pc = ProcessCapture(ring, path, writer, Decoder(self.desc, writer, clock=ring.to_ns))
+        if hasattr(writer, "tick"):
+            writer.ring, writer.decoder = ring, pc.decoder
         if error:
             pc.disk_error, pc.partial = error, True
         pc.thread = threading.Thread(target=self._drain, args=(pc,), name=f"cudasnap-drain-{pid}", daemon=True)
         self.procs[pid] = pc
         pc.thread.start()
 
+    def _router(self, path: Path, header: dict):
+        from .window import TimeWindows, WindowRouter
+        from .flight import FlightRouter
+
+        win = self.options["window"]
+
+        def make_writer(p: Path, hdr: dict) -> SnapshotWriter:
+            # no side files: a later window reads chunks back from this file (WindowRouter._fetch)
+            return SnapshotWriter(p, hdr, level=self.level, threads=self.threads, blob_level=self.blob_level,
+                                  segments=0)
+
+        base = dict(window=win)
+        if win["mode"] == "flight":
+            return FlightRouter(path, header, self.desc, make_writer, period_s=win["period"],
+                                trigger=win.get("trigger", "sticky"), hang_timeout=win.get("hang_timeout"), **base)
+        if win["mode"] == "time":
+            return TimeWindows(path, header, self.desc, make_writer, start_s=win["start"], end_s=win["end"], **base)
+        return WindowRouter(path, header, self.desc, make_writer, **base)
+
+    def routers(self) -> list:
+        with self.lock:
+            return [pc.writer for pc in self.procs.values() if hasattr(pc.writer, "tick") and not pc.done.is_set()]
+
+    def request_window(self) -> None:
+        """SIGUSR1 in `--window signal`: open or close the window in every process."""
+        for r in self.routers():
+            if r.ring is not None and r.window.get("mode") == "signal":
+                try:
+                    r.ring.request_window()
+                except (ValueError, BufferError):
+                    pass
+
+    def trigger(self, why: str) -> None:
+        """SIGUSR2 with `--flight-recorder`: write the snapshot now."""
+        for r in self.routers():
+            if hasattr(r, "trigger"):
+                r.trigger(why, now=True)
+
+    def _tick(self) -> None:
+        for r in self.routers():
+            try:
+                r.tick()
+            except Exception as e:  # never let a window problem stop the watcher
+                print(f"cudasnap: warning: window: {type(e).__name__}: {e}", file=sys.stderr)
+
     def _watch(self) -> None:
         while not self.stop.is_set():
             self._scan()
             self._beat()
+            self._tick()
             self.stop.wait(0.02)
         self._scan()
 
@@ -283,7 +334,8 @@ class Recorder:
                 # during a burst of payload data (a pass read a sixteenth of the ring) drain on
                 now = time.monotonic()
                 if (ring.head() - ring.tail < low and now - last_drain < LAZY_MAX_AGE_S
-                        and not ring.exited_cleanly() and ring.process_alive()):
+                        and not ring.exited_cleanly() and ring.process_alive()
+                        and not getattr(pc.writer, "urgent", False)):     # a flight-recorder trigger
                     time.sleep(0.005)
                     continue
                 last_drain = now
@@ -292,6 +344,8 @@ class Recorder:
             raws = ring.poll(pin_blobs=True)      # blob pieces stay in the ring until written
             burst = ring.tail - read_from >= low // 4
             self._feed(pc, raws)
+            if raws and hasattr(pc.writer, "after_feed"):    # the flight recorder's triggers
+                pc.writer.after_feed()
             now = time.monotonic()
             if now - last_flush > 0.25 and not pc.disk_error:
                 try:

@@ -9,23 +9,21 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-MAGIC = b"CSRING1\0"
-VERSION = 6                      # CS_RING_VERSION
-HDR_SIZE = 4096
-REC_HDR = struct.Struct("<IIHHIQQQiI")  # len, state, type, nfields, fn, seq, tid, t_ns, result, aux
-FIELD_HDR = struct.Struct("<HHI")
-assert REC_HDR.size == 48
+from . import ring_constants as C
+# the wire constants, generated from shim/ring.h (capture/ring_constants.py)
+from .ring_constants import (F_T1, F_VALS, INFLIGHT, OFF_CAPACITY, OFF_CLOCK, OFF_CLOCK_NS0,  # noqa: F401
+                             OFF_CLOCK_TSC0, OFF_DROPPED, OFF_DROPPED_BYTES, OFF_HEAD, OFF_PID, OFF_PPID,
+                             OFF_SEQ, OFF_STATE, OFF_TAIL, OFF_VERSION, PADDING, PUBLISHED, T_BLOB, T_BYTES,
+                             T_F64, T_STR, T_VAL, T_VALS)
 
-PAD, PRE, POST, FN, PROC, NOTE, BLOB_PIECE, BLOB_END, EXIT, REGION, CALL, REPEAT, CTX, NVTX = range(1, 15)
-T_VAL, T_BYTES, T_STR, T_BLOB, T_F64, T_VALS = range(1, 7)
-F_VALS = 0xFFFF
-F_T1 = 0x11A                     # CS_F_T1: when a launch returned
-PUBLISHED, INFLIGHT, PADDING = 1, 2, 3   # CS_PUBLISHED, CS_INFLIGHT, CS_PADDING
-
-OFF_VERSION, OFF_CAPACITY, OFF_PID, OFF_PPID, OFF_HEAD, OFF_TAIL = 8, 16, 24, 32, 40, 48
-OFF_DROPPED, OFF_BEAT, OFF_STATE, OFF_EXIT, OFF_FNCOUNT, OFF_DIGEST = 64, 72, 80, 84, 104, 112
-OFF_CLOCK, OFF_CLOCK_TSC0, OFF_CLOCK_NS0 = 108, 184, 192
-OFF_SEQ, OFF_DROPPED_BYTES = 56, 200
+MAGIC, VERSION, HDR_SIZE = C.RING_MAGIC, C.RING_VERSION, C.RING_HDR
+REC_HDR = struct.Struct(C.REC_HDR_FORMAT)   # len, state, type, nfields, fn, seq, tid, t_ns, result, aux
+FIELD_HDR = struct.Struct(C.FIELD_HDR_FORMAT)
+PAD, PRE, POST, FN, PROC, NOTE = C.REC_PAD, C.REC_PRE, C.REC_POST, C.REC_FN, C.REC_PROC, C.REC_NOTE
+BLOB_PIECE, BLOB_END, EXIT, REGION = C.REC_BLOB_PIECE, C.REC_BLOB_END, C.REC_EXIT, C.REC_REGION
+CALL, REPEAT, CTX, NVTX = C.REC_CALL, C.REC_REPEAT, C.REC_CTX, C.REC_NVTX
+WINDOW, OFF_WIN_REQ = C.REC_WINDOW, C.OFF_WIN_REQ   # window requests: the recorder bumps, the shim acts at its next call
+OFF_BEAT, OFF_EXIT, OFF_FNCOUNT, OFF_DIGEST = C.OFF_RECORDER_BEAT_NS, C.OFF_EXIT_CODE, C.OFF_FN_COUNT, C.OFF_API_DIGEST
 _PAIR_LOCK = threading.Lock()
 
 
@@ -75,7 +73,7 @@ class Ring:
         self.pid = struct.unpack_from("<Q", self.mm, OFF_PID)[0]
         self.ppid = struct.unpack_from("<Q", self.mm, OFF_PPID)[0]
         self.fn_count = struct.unpack_from("<I", self.mm, OFF_FNCOUNT)[0]
-        self.api_digest = bytes(self.mm[OFF_DIGEST:OFF_DIGEST + 72]).split(b"\0")[0].decode()
+        self.api_digest = bytes(self.mm[OFF_DIGEST:OFF_DIGEST + C.LEN_API_DIGEST]).split(b"\0")[0].decode()
         # record timestamps in TSC ticks: mapped to CLOCK_MONOTONIC ns by the line through the
         # shim's (tsc, ns) pair at ring creation and a fresh pair read here (recalibrate)
         self.tsc = struct.unpack_from("<I", self.mm, OFF_CLOCK)[0] == 1
@@ -132,6 +130,11 @@ class Ring:
 
     def exited_cleanly(self) -> bool:
         return struct.unpack_from("<I", self.mm, OFF_STATE)[0] == 2
+
+    def request_window(self) -> None:
+        """Ask the shim to open/close a window (or take a checkpoint) at its next call."""
+        v = struct.unpack_from("<I", self.mm, OFF_WIN_REQ)[0]
+        struct.pack_into("<I", self.mm, OFF_WIN_REQ, (v + 1) & 0xFFFFFFFF)
 
     def beat(self) -> None:
         struct.pack_into("<Q", self.mm, OFF_BEAT, time.monotonic_ns())

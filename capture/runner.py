@@ -215,6 +215,10 @@ class _Forwarder:
 
     def _handle(self, info) -> None:
         sig, pid = info.si_signo, self.pid
+        take = getattr(self, "intercept", {}).get(sig)
+        if take is not None:            # a signal cudasnap acts on itself (windows, flight recorder)
+            take()
+            return
         with self.lock:
             if not self.ended and pid is not None:
                 if info.si_pid == pid:
@@ -343,14 +347,17 @@ def _wait(pid: int, fwd: _Forwarder) -> int:
 def capture(command: Union[Sequence[str], str], out: Union[str, os.PathLike, None] = None, *, force: bool = False,
             ring_mb: int = 256, level: int = 3, threads: Optional[int] = None, quiet: bool = True,
             placement: str = "region", all_queries: bool = False, copy_threads: Optional[int] = None,
-            drain: str = "lazy", segments: int = 8, forward_signals: bool = False) -> CaptureResult:
+            drain: str = "lazy", segments: int = 8, forward_signals: bool = False,
+            window: Optional[dict] = None) -> CaptureResult:
     """Run `command` under the shim and record one snapshot per process that uses CUDA.
 
     out: the first process's snapshot (default ./PROGRAM.cusnap), with -o's %-sequences
     (expand_output); others get OUT-STEM.PID.cusnap beside it. An existing file is refused
     unless force. forward_signals: forward INT, TERM, HUP, QUIT, USR1, USR2 sent to this
     process to the program (the command line does; it blocks them in the calling thread,
-    so it belongs to a program's main thread). Nothing is raised for the program's or the
+    so it belongs to a program's main thread). window: a capture window (window.parse_window_spec,
+    plus "context") or the flight recorder ({"mode": "flight", "period", "trigger",
+    "hang_timeout"}): snapshots are then written per window. Nothing is raised for the program's or the
     recording's failures: see CaptureResult."""
     if isinstance(command, (str, os.PathLike)):
         command = [os.fspath(command)]
@@ -397,9 +404,14 @@ def capture(command: Union[Sequence[str], str], out: Union[str, os.PathLike, Non
         env["CUDASNAP_ALL_QUERIES"] = "1"
     if copy_threads is not None:
         env["CUDASNAP_COPY_THREADS"] = str(copy_threads)
+    if window:
+        from .window import window_env
+        env.update(window_env(window, window.get("context", 0)))
     options = {"ring_mb": ring_mb, "level": level, "command": list(command), "placement": placement,
                "all_queries": all_queries, "drain": drain, "segments": segments,
                "nvtx": "recorded" if not nvtx_tool else f"not recorded: NVTX_INJECTION64_PATH={nvtx_tool}"}
+    if window:
+        options["window"] = dict(window)
     fwd = _Forwarder(forward_signals)        # before any thread starts: they inherit the mask
     rec = gate = pid = None
     reaped = False
@@ -418,6 +430,10 @@ def capture(command: Union[Sequence[str], str], out: Union[str, os.PathLike, Non
             return CaptureResult(2, error=problem)
         rec = Recorder(session, path, lambda: pid, options, level=level, threads=threads, drain=drain,
                        segments=segments)
+        if window and window["mode"] == "signal":
+            fwd.intercept = {signal.SIGUSR1: rec.request_window}
+        elif window and window["mode"] == "flight":
+            fwd.intercept = {signal.SIGUSR2: lambda: rec.trigger("SIGUSR2 sent to cudasnap")}
         rec.start()
         _release(gate, go=True)
         gate = None
@@ -437,13 +453,14 @@ def capture(command: Union[Sequence[str], str], out: Union[str, os.PathLike, Non
         shutil.rmtree(session, ignore_errors=True)
     unsaved = {}
     for pc in procs:
-        why = _not_saved(pc)
-        if why:
-            unsaved[pc.path] = why
+        for p in _outputs(pc):
+            why = _not_saved(pc, p)
+            if why:
+                unsaved[p] = why
     if not quiet:
         _summary(procs, path, unsaved)
     ordered = sorted(procs, key=lambda pc: (pc.ring.pid != pid, pc.ring.pid))
-    snaps = [pc.path for pc in ordered if os.path.exists(pc.path) and pc.path not in unsaved]
+    snaps = [p for pc in ordered for p in _outputs(pc) if os.path.exists(p) and p not in unsaved]
     exit_code = code if code >= 0 else 128 - code
     if unsaved and code == 0:
         exit_code = 2          # the program succeeded, its recording did not: never report success
@@ -453,12 +470,13 @@ def capture(command: Union[Sequence[str], str], out: Union[str, os.PathLike, Non
 def run_capture(command: List[str], out: Optional[Path], ring_mb: int = 256, level: int = 3,
                 threads: Optional[int] = None, quiet: bool = False, placement: str = "region",
                 all_queries: bool = False, copy_threads: Optional[int] = None, drain: str = "lazy",
-                segments: int = 8, force: bool = False) -> int:
+                segments: int = 8, force: bool = False, window: Optional[dict] = None) -> int:
     """The `cudasnap capture` command: capture, print errors, return the exit code; a
     program killed by a signal makes cudasnap die of the same signal."""
     res = capture(command, out, force=force, ring_mb=ring_mb, level=level, threads=threads, quiet=quiet,
                   placement=placement, all_queries=all_queries, copy_threads=copy_threads, drain=drain,
-                  segments=segments, forward_signals=threading.current_thread() is threading.main_thread())
+                  segments=segments, forward_signals=threading.current_thread() is threading.main_thread(),
+                  window=window)
     if res.error:
         print(f"cudasnap: error: {res.error}", file=sys.stderr)
         return res.exit_code
@@ -502,12 +520,18 @@ def _dir_problem(out: Path) -> Optional[str]:
     return None
 
 
-def _not_saved(pc) -> str | None:
+def _outputs(pc) -> List[Path]:
+    """The snapshots a process's capture wrote: its one file, or one per window."""
+    outs = getattr(pc.writer, "outputs", None)
+    return [Path(p) for p in outs] if outs is not None else [pc.path]
+
+
+def _not_saved(pc, path: Optional[Path] = None) -> str | None:
     """Why this process's snapshot is not whole on disk: a write failed, or it has no index."""
     if pc.disk_error:
         return f"writing failed: {pc.disk_error}"
     try:
-        with SnapshotReader(pc.path) as r:
+        with SnapshotReader(path or pc.path) as r:
             if r.truncated:
                 return "it was not closed: run `cudasnap repair` on it"
     except SnapshotError as e:
@@ -527,6 +551,10 @@ def _summary(procs, out: Path, unsaved: dict) -> None:
         return
     for pc in sorted(procs, key=lambda p: p.ring.pid):
         c = pc.decoder.counts
+        if hasattr(pc.writer, "summary"):           # windows / flight recorder
+            for line in pc.writer.summary():
+                con.print(f"[bold]cudasnap:[/] pid {pc.ring.pid}: {escape(line)}")
+            continue
         size = pc.path.stat().st_size if pc.path.exists() and pc.path.is_file() else 0
         flags = []
         if pc.path in unsaved:

@@ -67,6 +67,11 @@ class Drain(str, Enum):
     eager = "eager"
 
 
+class Trigger(str, Enum):
+    sticky = "sticky"
+    any = "any"
+
+
 class DumpFormat(str, Enum):
     text = "text"
     jsonl = "jsonl"
@@ -106,6 +111,16 @@ class StatsReport(str, Enum):
     api = "api"
     kernels = "kernels"
     memory = "memory"
+
+
+class ExtractMemory(str, Enum):
+    reachable = "reachable"
+    all = "all"
+
+
+class ExtractRanges(str, Enum):
+    exact = "exact"
+    segment = "segment"
 
 
 class StatsFormat(str, Enum):
@@ -174,6 +189,11 @@ def capture(
     segments: int = typer.Option(8, "--segments", metavar="N", min=0, max=16, help="Side files that large payload chunks spill into while the snapshot file is busy, folded into it when the process ends (one file takes 3-4 GB/s of buffered writes, several in parallel far more); 0: write everything into the snapshot file."),
     drain: Drain = typer.Option(Drain.lazy, "--drain", metavar=_one_of(Drain), help="lazy: the recorder leaves records in the ring until it is a quarter full, 5 s pass or the process exits, so its work does not run beside the program's; eager: drain continuously (the snapshot file keeps up with the program)."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No summary lines."),
+    window: Optional[str] = typer.Option(None, "--window", metavar="SPEC", help="Record only inside a window, with the state it needs at its start: launches:A-B (launch numbers from 0), nvtx:NAME[#K], kernel:REGEX[#K] (with --context N launches after it), profiler (cuProfilerStart..Stop), time:S-E (seconds), signal (SIGUSR1 to cudasnap opens and closes). Window N is written to STEM.wN.cusnap."),
+    context: int = typer.Option(0, "--context", metavar="N", min=0, help="--window kernel: N more launches after the matching one."),
+    flight_recorder: Optional[float] = typer.Option(None, "--flight-recorder", metavar="SECONDS", min=0.1, help="Keep the last SECONDS (default 60) replayable through checkpoints; write the snapshot only on a trigger (an error per --trigger, death by a signal, --hang-timeout, SIGUSR2 to cudasnap)."),
+    trigger: Trigger = typer.Option(Trigger.sticky, "--trigger", metavar=_one_of(Trigger), help="--flight-recorder: the errors that write the snapshot: sticky (errors that poison the context, such as an illegal address) or any."),
+    hang_timeout: Optional[float] = typer.Option(None, "--hang-timeout", metavar="S", min=0.1, help="--flight-recorder: write the snapshot when a synchronization makes no progress for S seconds."),
 ):
     """Run COMMAND with the shim preloaded; a snapshot for each process that used CUDA.
 
@@ -183,10 +203,25 @@ def capture(
     when the snapshot cannot be written or exists (checked before the program starts) or, the
     program having succeeded, was not saved completely."""
     from cudasnap.capture.runner import run_capture
+    from cudasnap.capture.window import parse_window_spec
 
+    win = None
+    if window is not None and flight_recorder is not None:
+        _fail("--window and --flight-recorder exclude each other")
+    if window is not None:
+        try:
+            win = parse_window_spec(window)
+        except ValueError as e:
+            _fail(str(e))
+        win["context"] = context
+    elif flight_recorder is not None:
+        win = {"mode": "flight", "spec": f"flight-recorder={flight_recorder:g}", "period": flight_recorder,
+               "trigger": _value(trigger), "hang_timeout": hang_timeout}
+    elif hang_timeout is not None:
+        _fail("--hang-timeout needs --flight-recorder")
     raise typer.Exit(run_capture(list(command), output, ring_mb, level, threads, quiet, _value(placement),
                                  all_queries=all_queries, copy_threads=copy_threads, drain=_value(drain),
-                                 segments=segments, force=force))
+                                 segments=segments, force=force, window=win))
 
 
 @app.command(cls=_Command)
@@ -255,7 +290,7 @@ def api(
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ):
     """List every driver entry point and whether it is recorded, replayable or refused."""
-    from cudasnap.shim.api_cmd import run_api
+    from cudasnap.api_cmd import run_api
 
     raise typer.Exit(run_api(_value(status), json_out))
 
@@ -413,7 +448,9 @@ def extract(
     launch: Optional[int] = typer.Option(None, "--launch", metavar="N", help="The launch with call number N (as dump shows)."),
     kernel: Optional[str] = typer.Option(None, "--kernel", metavar="REGEX[#K]", help="The K-th launch (from 1; default the first) of a kernel whose name matches REGEX."),
     calls: Optional[str] = typer.Option(None, "--calls", metavar="A-B", help="Every call numbered A to B."),
-    memory: str = typer.Option("reachable", "--memory", metavar="reachable|all", help="reachable: restore the allocations the selection's parameters point into, plus what pointer scanning finds in them, plus module globals; all: every live allocation."),
+    memory: ExtractMemory = typer.Option(ExtractMemory.reachable, "--memory", metavar=_one_of(ExtractMemory), help="reachable: restore what the selection's parameters point into, plus what pointer scanning finds there, plus module globals; all: every live allocation, whole."),
+    ranges: ExtractRanges = typer.Option(ExtractRanges.exact, "--ranges", metavar=_one_of(ExtractRanges), help="exact: within an allocation, restore from each pointer to the next tensor start the snapshot names (plus what the selection writes beyond); segment: whole allocations (for kernels that read beyond their tensors)."),
+    check: bool = typer.Option(False, "--check", help="Replay the extract right away and exit 1 if it does not verify."),
     device: int = typer.Option(0, "--device", metavar="N", help="GPU ordinal to replay on."),
 ):
     """Write a small self-contained snapshot of selected launches, with the memory they read.
@@ -422,14 +459,37 @@ def extract(
     reads back what it could write. SMALL.cusnap holds the state-building calls (context,
     placement zone, allocations, the module loads the kernels need), H2D copies restoring
     that memory, the selection, and D2H copies whose expected results are what was read back:
-    `cudasnap replay SMALL.cusnap` verifies against them. Exit 2: nothing selected, or the
-    replay could not reach the selection."""
+    `cudasnap replay SMALL.cusnap` verifies against them. Within an allocation (a caching
+    allocator's segment holds many tensors) only the bytes from each pointer to the next tensor
+    start are restored, plus what the selection writes beyond; a kernel that reads beyond them
+    does not verify (--check says so): use --ranges segment. Exit 2: nothing selected, or the
+    replay could not reach the selection; exit 1: --check found that the extract does not verify."""
     from cudasnap.export.commands import run_extract_cli
 
-    raise typer.Exit(run_extract_cli(snapshot, output, launch, kernel, calls, memory, device))
+    raise typer.Exit(run_extract_cli(snapshot, output, launch, kernel, calls, _value(memory), device,
+                                     ranges=_value(ranges), check=check))
+
+
+def _flight_default(argv: List[str]) -> List[str]:
+    """`--flight-recorder` with no value means 60 s (SECONDS is optional, as `=SECONDS`)."""
+    out, i = [], 0
+    while i < len(argv):
+        a = argv[i]
+        out.append(a)
+        if a == "--":
+            return out + argv[i + 1:]
+        if a == "--flight-recorder":
+            nxt = argv[i + 1] if i + 1 < len(argv) else ""
+            try:
+                float(nxt)
+            except ValueError:
+                out.append("60")
+        i += 1
+    return out
 
 
 def main() -> None:
+    sys.argv[1:] = _flight_default(sys.argv[1:])
     try:
         app()
     except BrokenPipeError:         # `cudasnap api | head`: the reader has all it wanted

@@ -91,7 +91,21 @@ def _render(r: SnapshotReader, hdr: Mapping[str, Any], proc: Mapping[str, Any], 
         "warnings": list(sm["warnings"]),
         "end": sm.get("end"),
         "loss": sm.get("loss"),
+        "window": _window_info(hdr, sm.get("window_state"), sm.get("state_calls") or 0, sm.get("trigger")),
     }
+
+
+def _window_info(hdr: Mapping[str, Any], state, state_calls: int, trigger) -> Optional[Dict[str, Any]]:
+    """A windowed or flight-recorder snapshot: its window, the state written at its start."""
+    w = hdr.get("window") if isinstance(hdr.get("window"), dict) else None
+    if w is None:
+        return None
+    out = {"spec": w.get("spec"), "n": w.get("n"), "opened_by": w.get("why"), "launch": w.get("launch")}
+    if state:
+        out.update(state_bytes=state["bytes"], state_ranges=state["ranges"], state_records=state_calls)
+    if trigger:
+        out["trigger"] = trigger.get("why")
+    return out
 
 
 class _SummaryRecords:
@@ -251,6 +265,13 @@ def run_info(path: Path, json_out: bool) -> int:
     con.print(f"calls    : {c['total']}  (errors {c['errors']}, never returned {c['unreturned']}{rep})")
     state = "no" if not s["truncated"] else f"[red]YES[/red], {s['lost_bytes']} bytes lost, {s['recovered_frames']} frames recovered"
     con.print(f"truncated: {state}")
+    w = s.get("window")
+    if w:
+        st = (f", state {_human(w['state_bytes'])} in {w['state_ranges']} ranges" if "state_bytes" in w
+              else ", state: none (from the program's start)")
+        trig = f", written on {w['trigger']}" if w.get("trigger") else ""
+        con.print(f"window   : {w.get('spec')} #{_v(w.get('n'))} (opened by {_v(w.get('opened_by'))}"
+                  f"{', launch ' + str(w['launch']) if w.get('launch') is not None else ''}){st}{trig}", markup=False)
     line = _repair_line(s["repaired"])
     if line:
         con.print(line)

@@ -45,14 +45,15 @@ def run_export_cli(snapshot, outdir, calls: Optional[str] = None, out=None) -> i
 
 
 def run_extract_cli(snapshot, output, launch=None, kernel=None, calls=None, memory="reachable", device=0,
-                    out=None) -> int:
+                    out=None, ranges="exact", check=False) -> int:
     from .extract import extract
     out = out or sys.stdout
     if not os.path.exists(snapshot):
         sys.stderr.write(f"cudasnap: error: {snapshot}: no such file\n")
         return 2
     try:
-        r = extract(snapshot, output, launch=launch, kernel=kernel, calls=calls, memory=memory, device=device)
+        r = extract(snapshot, output, launch=launch, kernel=kernel, calls=calls, memory=memory, ranges=ranges,
+                    device=device)
     except ExportError as e:
         sys.stderr.write(f"cudasnap extract: error: {e}\n")
         return 2
@@ -63,12 +64,46 @@ def run_extract_cli(snapshot, output, launch=None, kernel=None, calls=None, memo
     out.write(f"extracted {what}{kern} from {os.fspath(snapshot)} into {r.output}: {_mib(r.size)} "
               f"({pct:.2f}% of {_mib(r.original_size)}) in {r.elapsed_s:.2f} s\n")
     how = ("every live allocation" if r.memory == "all" else
-           "the allocations the selection's parameters point into, what pointer scanning found in them, and module globals")
+           "from each pointer the selection reaches to the next tensor start (--ranges exact)" if r.ranges == "exact"
+           else "the allocations the selection's parameters point into, what pointer scanning found in them, "
+                "and module globals")
     out.write(f"  memory restored: {len(r.restored)} range(s), {_mib(r.restored_bytes)}: {how}\n")
+    seg_pct = 100.0 * r.restored_bytes / r.segments_bytes if r.segments_bytes else 0.0
+    out.write(f"  restored bytes: {r.restored_bytes} of the {r.segments_bytes} in the {r.segments} allocation(s) "
+              f"they lie in ({seg_pct:.1f}%); extract file {r.size} B = {pct:.2f}% of the source's "
+              f"{r.original_size} B\n")
+    if r.written_beyond:
+        out.write(f"  written beyond the ranges: {_mib(r.written_beyond)} (restored and verified too)\n")
     out.write(f"  expected results: {r.expected} range(s), {_mib(r.expected_bytes)} (read back after replaying the "
-              f"selection); state-building calls kept: {r.prefix_calls}; module loads kept {r.modules_kept}, "
-              f"left out {r.modules_dropped}\n")
+              f"selection); state-building calls kept: {r.prefix_calls}; module loads kept {r.modules_kept} "
+              f"({_mib(r.module_bytes)}), left out {r.modules_dropped}\n")
     for n in r.notes:
         out.write(f"  note: {n}\n")
-    out.write(f"  verify: cudasnap replay {r.output}\n")
-    return 0
+    if not check:
+        out.write(f"  verify: cudasnap replay {r.output}"
+                  + ("   (if it does not verify, extract again with --ranges segment)\n" if r.ranges == "exact" else "\n"))
+        return 0
+    return _check(r, device, out)
+
+
+def _check(r, device: int, out) -> int:
+    """Replay the extract in a fresh process: 0 when it verifies, 1 when it does not."""
+    import subprocess
+    cmd = [sys.executable, "-m", "cudasnap", "replay", r.output, "--device", str(device)]
+    try:
+        cp = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    except subprocess.TimeoutExpired:
+        sys.stderr.write(f"cudasnap extract: check: replay of {r.output} did not finish within an hour\n")
+        return 1
+    last = [ln.strip() for ln in (cp.stdout + cp.stderr).splitlines() if ln.strip()]
+    if cp.returncode == 0:
+        out.write(f"  check: replay of {r.output} verified ({last[-1] if last else 'exit 0'})\n")
+        return 0
+    why = next((ln for ln in last if ln.startswith(("MISMATCH:", "ERROR:"))), last[-1] if last else "")
+    hint = ("the selection reads bytes beyond the ranges restored with --ranges exact; extract again with "
+            "--ranges segment (whole allocations)" if r.ranges == "exact" else
+            "the selection reaches memory its parameters do not name; extract again with --memory all"
+            if r.memory == "reachable" else "replay the extract for details")
+    sys.stderr.write(f"cudasnap extract: check: replay of {r.output} does not verify (exit {cp.returncode}: "
+                     f"{why}): {hint}\n")
+    return 1

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from cudasnap.formats import SnapshotError, SnapshotReader, parse_callset
+from cudasnap.formats.abi import base_name
 
 PLACE_GRAN = 2 << 20              # granule the placement plan is aligned to (checked when run)
 CALLS_PER_FUNCTION = 400          # the call sequence is split into functions this long
@@ -45,8 +46,6 @@ class ExportError(Exception):
     """The snapshot cannot be exported (exit code 2); the message names the call."""
 
 
-def base_name(f: str) -> str:
-    return re.sub(r"(_v\d+)?(_pt(sz|ds))?(_v\d+)?$", "", f)
 
 
 def c_string(s: str) -> str:

@@ -12,10 +12,12 @@ could write is read back.  The new snapshot holds:
   - one D2H copy per allocation the selection could write, whose expected result is what the
     replay read back, so `cudasnap replay SMALL.cusnap` verifies the selection reproduces it.
 
-Memory: `reachable` (default) restores the allocations the selected launches' parameters
-point into, plus those whose addresses pointer scanning finds in them (transitively), plus
-module globals; `all` restores every live allocation.  Kernels that reach memory by other
-means (addresses computed from nothing in their parameters, host memory) need `all`.
+Memory: `reachable` (default) restores what the selected launches' parameters point into,
+plus what pointer scanning finds there (transitively), plus module globals; `all` restores
+every live allocation.  Kernels that reach memory by other means (addresses computed from
+nothing in their parameters, host memory) need `all`.  Ranges: `exact` (default) restores,
+within an allocation, from each pointer up to the next tensor start the snapshot names (see
+ranges.py), plus what the selection writes beyond that; `segment` restores whole allocations.
 """
 from __future__ import annotations
 
@@ -29,10 +31,10 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 from cudasnap.formats import SnapshotError, SnapshotReader, SnapshotWriter
 
+from . import ranges as R
 from .emit import Emitter, ExportError, base_name
 
 READ_CHUNK = 64 << 20
-SCAN_LIMIT = 1 << 30           # bytes of allocation contents scanned for pointers, at most
 LAUNCH_CONFIG_HSTREAM = 40     # CUlaunchConfig.hStream offset
 
 
@@ -54,6 +56,11 @@ class ExtractResult:
     selected: List[int] = field(default_factory=list)        # original call numbers
     kernels: List[str] = field(default_factory=list)
     memory: str = "reachable"
+    ranges: str = "exact"
+    segments: int = 0                 # allocations the restored ranges lie in
+    segments_bytes: int = 0
+    written_beyond: int = 0           # bytes written outside the ranges (added to them)
+    module_bytes: int = 0             # images of the module loads kept
     restored: List[Tuple[int, int]] = field(default_factory=list)     # (base, size)
     restored_bytes: int = 0
     expected: int = 0
@@ -87,18 +94,22 @@ def _is_launch(f: str) -> bool:
 
 class Extractor:
     def __init__(self, snapshot, out, launch: Optional[int] = None, kernel: Optional[str] = None,
-                 calls: Optional[str] = None, memory: str = "reachable", device: int = 0, driver=None):
+                 calls: Optional[str] = None, memory: str = "reachable", ranges: str = "exact", device: int = 0,
+                 driver=None):
         self.path = os.fspath(snapshot)
         self.out = os.fspath(out)
         self.launch, self.kernel, self.calls = launch, kernel, calls
         if memory not in ("reachable", "all"):
             raise ExtractError("--memory must be reachable or all")
+        if ranges not in ("exact", "segment"):
+            raise ExtractError("--ranges must be exact or segment")
         if sum(x is not None for x in (launch, kernel, calls)) != 1:
             raise ExtractError("give exactly one of --launch, --kernel, --calls")
         self.memory = memory
+        self.exact = ranges == "exact" and memory == "reachable"
         self.device = device
         self.driver = driver
-        self.res = ExtractResult(self.out, memory=memory)
+        self.res = ExtractResult(self.out, memory=memory, ranges=ranges if memory == "reachable" else "segment")
 
     # ------------------------------------------------------------------ selection (no GPU)
     def _names(self) -> Emitter:
@@ -173,6 +184,7 @@ class Extractor:
         capturing: Dict[Any, Any] = {}
         cap_events: Dict[Any, Any] = {}
         self.mapped: Dict[int, int] = {}            # program VMM mappings live at the selection
+        self.captured_work: List[Dict[str, Any]] = []   # what graph launches in the selection run
         for rec in self.reader.records(("c",)):
             s, f = rec.get("s"), rec.get("f") or ""
             if rec.get("incomplete") or "r" not in rec:
@@ -207,6 +219,8 @@ class Extractor:
                 in_cap = True
             if in_cap:
                 recs.append(rec)             # graph building: captured work does not run
+                if _is_work(f):
+                    self.captured_work.append(rec)
                 continue
             if _is_work(f) or _is_query(f):
                 continue
@@ -363,19 +377,22 @@ class Extractor:
         if not self._live:
             self.chosen: List[int] = []
             self.restore = []
+            self.per, self.before = {}, {}
             return
         self._lo = self._live[0][0]
         self._hi = max(b + n for b, n, _k in self._live)
+        if self.exact:
+            return R.start_exact(self, rp)
         if self.memory == "all":
             todo = list(range(len(self._live)))
         else:
             words: List[int] = []
-            for rec in self.sel:
+            for rec in self._root_recs():
                 p = (rec.get("x") or {}).get("params")
                 if isinstance(p, (bytes, bytearray)):
                     words += self._words(bytes(p) + b"\0" * (-len(p) % 8))
                 a = rec.get("a") or {}
-                for k in ("dstDevice", "srcDevice", "dst", "src", "ptr", "dptr"):
+                for k in R.PTR_KEYS:
                     if isinstance(a.get(k), int):
                         words.append(a[k])
             todo = sorted({i for i in (self._find(w) for w in words) if i is not None})
@@ -389,7 +406,7 @@ class Extractor:
             base, n, _k = self._live[i]
             data = self._read(rp, base, n)
             chosen[i] = self.w.add_blob(data)
-            if self.memory == "reachable" and scanned < SCAN_LIMIT:
+            if self.memory == "reachable" and scanned < R.SCAN_LIMIT:
                 scanned += n
                 for v in self._words(data):
                     j = self._find(v)
@@ -399,9 +416,20 @@ class Extractor:
         self.restore = [(self._live[i][0], self._live[i][1], chosen[i]) for i in self.chosen]
         self.res.restored = [(b, n) for b, n, _ in self.restore]
         self.res.restored_bytes = sum(n for _b, n, _ in self.restore)
+        self.res.segments = len(self.restore)
+        self.res.segments_bytes = self.res.restored_bytes
+
+    def _root_recs(self) -> List[Dict[str, Any]]:
+        """The selected calls, and the captured work its graph launches run."""
+        recs = list(self.sel)
+        if any(base_name(r.get("f") or "").startswith("cuGraphLaunch") for r in self.sel):
+            recs += self.captured_work
+        return recs
 
     def at_end(self, rp) -> None:
         rp.raw("cuCtxSynchronize")
+        if self.exact:
+            return R.end_exact(self, rp)
         self.expected = []
         for i in self.chosen:
             base, n, _k = self._live[i]
@@ -419,7 +447,10 @@ class Extractor:
             x = dict(x)
             for k, v in list(x.items()):
                 if isinstance(v, dict) and isinstance(v.get("blob"), str) and self.reader.has_blob(v["blob"]):
-                    x[k] = {**v, "blob": self.w.add_blob(self.reader.blob(v["blob"]))}
+                    data = self.reader.blob(v["blob"])
+                    x[k] = {**v, "blob": self.w.add_blob(data)}
+                    if base_name(rec.get("f") or "").startswith(("cuModuleLoad", "cuLibraryLoad")):
+                        self.res.module_bytes += len(data)
             rec["x"] = x
         return rec
 
@@ -473,6 +504,9 @@ class Extractor:
                  "msg": f"extracted from {os.path.basename(self.path)}: calls {self.res.selected[:8]}"
                         f"{'...' if len(self.res.selected) > 8 else ''}; memory restored: "
                         + ("every live allocation" if self.memory == "all" else
+                           "from each pointer the selection reaches to the next tensor start the original "
+                           "snapshot names, plus what it wrote beyond (if this replay does not verify, the "
+                           "kernel reads beyond them: extract again with --ranges segment)" if self.exact else
                            "allocations the selection's parameters point into, what pointer scanning found in "
                            "them, and module globals")})
         w.write({"k": "end", "exit": 0, "signal": None, "partial": False})
@@ -494,7 +528,9 @@ class Extractor:
             self.prefix()
             hdr = dict(self.reader.raw_header)
             hdr["extracted_from"] = {"snapshot": os.path.basename(self.path), "calls": self.res.selected[:64],
-                                     "memory": self.memory}
+                                     "memory": self.memory, "ranges": self.res.ranges}
+            if self.exact:
+                self.bounds = R.Boundaries(self.reader)
             tmp = self.out + ".tmp"
             self.w = SnapshotWriter(tmp, hdr, level=3, threads=4)
             ok = False

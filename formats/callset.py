@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Dict, Mapping, Optional
 
+from .abi import base_name
+
 Predicate = Callable[[Dict[str, Any], Optional[Mapping[Any, str]]], bool]
 
 _ALLOC_NAMES = ("cuMemAlloc", "cuMemCreate", "cuMemHostAlloc", "cuMemAllocAsync",
@@ -23,9 +25,7 @@ _SYNC_NAMES = ("cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize",
                "cuStreamWaitEvent", "cuStreamQuery", "cuEventQuery")
 
 
-def _base(f: str) -> str:
-    """Strip ABI suffixes: cuMemcpyHtoD_v2 -> cuMemcpyHtoD, cuLaunchKernel_ptsz -> cuLaunchKernel."""
-    return re.sub(r"(_v\d+)?(_pt(sz|ds))?(_v\d+)?$", "", f)
+_base = base_name
 
 
 def is_launch(f: str) -> bool:

@@ -198,6 +198,9 @@ class Summary:
         self.fn_names: Dict[Any, str] = {}
         self.fns: List[list] = []                 # [h, name, module] of every fn record
         self.modrecs: List[Dict[str, Any]] = []   # module loads and lookups (module images)
+        self.win_state: Optional[Dict[str, int]] = None   # a window's state dump: bytes, ranges
+        self.state_calls = 0
+        self.trigger: Optional[Dict[str, Any]] = None     # the end record's trigger (flight recorder)
 
     def add(self, rec: Mapping[str, Any]) -> None:
         # the writer calls this for every record it writes: the call path is kept short
@@ -224,6 +227,8 @@ class Summary:
         v = get("t1")
         if type(v) is int and v > self._t1:
             self._t1 = v
+        if get("state"):                          # a window's state record (capture/window.py)
+            self.state_calls += 1
         r = get("r")
         if r != 0:
             if r is None:
@@ -292,6 +297,8 @@ class Summary:
             if lvl != "info" and len(self.note_msgs) < 10:
                 self.note_msgs.append(str(rec.get("msg"))[:200])
         elif k == "end":
+            if isinstance(rec.get("trigger"), dict):
+                self.trigger = rec["trigger"]
             self.end = {"exit": rec.get("exit"), "signal": rec.get("signal"), "partial": rec.get("partial")}
             lost = rec.get("lost") if isinstance(rec.get("lost"), dict) else {}
             self.loss = {"partial": bool(rec.get("partial")), "calls_missing": as_int(rec.get("calls_missing")),
@@ -301,6 +308,8 @@ class Summary:
             _add_repair(self.repaired, rec)
         elif k == "nvtx":
             self.nvtx.add(rec)
+        elif k == "win" and rec.get("op") == "state":
+            self.win_state = {"bytes": as_int(rec.get("bytes")) or 0, "ranges": as_int(rec.get("ranges")) or 0}
 
     def _mem(self, kind: str, n: int) -> None:
         m = self.mem.get(kind)
@@ -335,6 +344,7 @@ class Summary:
             "repaired": self.repaired or None, "nvtx": self.nvtx.summary(),
             "fns": self.fns, "modrecs": self.modrecs,
             "launched": [h for h in self.launches if isinstance(h, int)],
+            "window_state": self.win_state, "state_calls": self.state_calls, "trigger": self.trigger,
         }
 
 
@@ -366,7 +376,9 @@ def check_map(sm: Any) -> Optional[str]:
     if not all(isinstance(e, list) and len(e) == 3 for e in sm["fns"]) or \
             not all(isinstance(e, dict) for e in sm["modrecs"]):
         return "fns or modrecs hold a bad entry"
-    for key in ("end", "loss", "repaired", "nvtx"):
+    if sm.get("state_calls") is not None and as_int(sm["state_calls"]) is None:
+        return "state_calls is not a count"
+    for key in ("end", "loss", "repaired", "nvtx", "window_state", "trigger"):
         if sm.get(key) is not None and not isinstance(sm[key], dict):
             return f"{key} is not a map"
     return None

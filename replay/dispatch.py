@@ -1,59 +1,53 @@
 """The dispatch table: ABI name -> replay handler, built once from the API description.
 
-Every ABI name of the description falls in exactly one class:
+What replay does with a call is the description's "replay_class" (shim/overlay.py,
+REPLAY_CLASS_RULES); every ABI name of the description falls in exactly one class here:
 - REPLAY_EXECUTED: a handler replays it (for real, or as a counted no-op where the call has
   no effect on results: hints, profiler control, host-side lifetimes);
-- REPLAY_SKIPPED: a pure query (no effect on device state): skipped and counted;
-- REPLAY_REFUSED: a handler that stops the replay with a one-line reason (name -> reason):
-  what capture records is not enough to rebuild the call;
+- REPLAY_SKIPPED: a pure query (class "query": no effect on device state): skipped and counted;
+- REPLAY_REFUSED: class "refuse" (name -> reason): cannot be replayed;
 - anything else has no handler: replay stops with "unsupported".
 REPLAY_HANDLED = REPLAY_EXECUTED | REPLAY_SKIPPED: what `cudasnap api` reports as replayable.
 `coverage()` counts the classes per family."""
 from __future__ import annotations
 
-import re
 from typing import Dict, Optional, Set
 
-from .handlers import Handler, load_all
+from cudasnap.formats.abi import base_name
+from cudasnap.shim.description import load as _desc
 
-# Queries: no effect on device state. Skipped (and counted).  A name with a handler is never
-# a query (the handler wins): e.g. cuDeviceGetDefaultMemPool maps the pool it returns.
-_QUERY_RX = re.compile(
-    r"^cu(DeviceGet(?!DefaultMemPool|MemPool)\w*|DeviceTotalMem\w*|DeviceComputeCapability|DeviceCanAccessPeer"
-    r"|DriverGetVersion|CtxGet\w*|FuncGet\w*|KernelGet(?!Function)\w*|PointerGetAttributes?|GetErrorName"
-    r"|GetErrorString|GetProcAddress\w*|GetExportTable|ModuleGetLoadingMode|MemGetInfo\w*|MemGetAddressRange\w*"
-    r"|StreamGet\w*|StreamIsCapturing\w*|StreamQuery\w*|EventQuery|DevicePrimaryCtxGetState|MemGetAllocation\w*"
-    r"|Occupancy\w*|MemPoolGetAttribute|ModuleGetFunctionCount|ModuleEnumerateFunctions|LibraryGetKernelCount"
-    r"|LibraryEnumerateKernels|DeviceGetP2PAttribute"
-    r"|CtxGetDevice\w*|FuncIsLoaded|MemGetAccess|MemGetAllocationPropertiesFromHandle"
-    r"|GraphGetNodes|GraphGetRootNodes|GraphGetEdges\w*|GraphNodeGet\w*|Graph\w+NodeGet\w*|GraphExecGetFlags"
-    r"|GraphDebugDotPrint|DeviceGetGraphMemAttribute|GetFlags"
-    # TMA descriptors: the encoded 128-byte map reaches kernels inside the recorded parameter
-    # bytes, and it stays valid because every allocation is placed at its recorded address
-    r"|TensorMapEncode\w*)(_v\d+)?(_pt(sz|ds))?$")
-
-# Pure queries the pattern above does not name (explicit, by base name).
-QUERY_NAMES = frozenset({
-    "cuMemHostGetFlags", "cuMemRangeGetAttributes", "cuMemPoolGetAccess", "cuArrayGetDescriptor",
-    "cuArray3DGetDescriptor", "cuArrayGetMemoryRequirements", "cuArrayGetSparseProperties",
-    "cuMipmappedArrayGetMemoryRequirements", "cuMipmappedArrayGetSparseProperties",
-})
+from .handlers import REGISTRY, Handler
 
 
-def _base(name: str) -> str:
-    return re.sub(r"(_v\d+)?(_pt(sz|ds))?(_v\d+)?$", "", name)
+def load_all() -> Dict[str, Handler]:
+    """Every handler module, imported once: each registers its names in REGISTRY."""
+    from .handlers import context, generic, graph, launch, memory, module, profiler, stream  # noqa: F401
+    return REGISTRY
+
+
+_class_of: Optional[Dict[str, str]] = None
+
+
+def replay_class(name: str) -> Optional[str]:
+    """query | execute | refuse | record for an ABI name (the description's replay_class; a
+    name the description lacks takes the class of its base name), None when unknown."""
+    global _class_of
+    if _class_of is None:
+        m: Dict[str, str] = {}
+        for f in _desc().functions:
+            m[f["name"]] = f["replay_class"]
+            m.setdefault(f["base"], f["replay_class"])
+        _class_of = m
+    c = _class_of.get(name)
+    return c if c is not None else _class_of.get(base_name(name))
 
 
 def is_query(name: str) -> bool:
-    return bool(_QUERY_RX.match(name)) or name in QUERY_NAMES or _base(name) in QUERY_NAMES
+    """A pure query: no effect on device state, skipped on replay."""
+    return replay_class(name) == "query"
 
 
 _table: Optional[Dict[str, Handler]] = None
-
-
-def _desc():
-    from cudasnap.shim.description import load
-    return load()
 
 
 def table() -> Dict[str, Handler]:
@@ -62,15 +56,8 @@ def table() -> Dict[str, Handler]:
     if _table is None:
         reg = load_all()
         t: Dict[str, Handler] = {}
-        try:
-            fns = _desc().functions
-        except Exception:  # description missing: fall back to the registry's own names
-            fns = [{"name": n, "base": n} for n in reg]
-        for f in fns:
-            h = reg.get(f["name"]) or reg.get(f.get("base") or "")
-            if h is None:
-                base = re.sub(r"(_v\d+)?(_pt(sz|ds))?(_v\d+)?$", "", f["name"])
-                h = reg.get(base)
+        for f in _desc().functions:
+            h = reg.get(f["name"]) or reg.get(f["base"])
             if h is not None:
                 t[f["name"]] = h
         for n, h in reg.items():
@@ -82,45 +69,22 @@ def table() -> Dict[str, Handler]:
 def lookup(name: str) -> Optional[Handler]:
     t = table()
     h = t.get(name)
-    if h is None:
-        base = re.sub(r"(_v\d+)?(_pt(sz|ds))?(_v\d+)?$", "", name)
-        h = t.get(base)
-    return h
-
-
-def family_of(name: str) -> str:
-    h = lookup(name)
-    if h is not None:
-        return h.family
-    try:
-        f = _desc().by_name(name)
-        if f:
-            return f.get("family") or "other"
-    except Exception:
-        pass
-    return "other"
+    return h if h is not None else t.get(base_name(name))
 
 
 def _classes():
-    """(executed, skipped, refused) over the description's ABI names (plus registry names
-    when the description is missing)."""
-    t = table()
-    try:
-        names = [f["name"] for f in _desc().functions]
-    except Exception:
-        names = list(t)
+    """(executed, skipped, refused) over the description's ABI names."""
     executed: Set[str] = set()
     skipped: Set[str] = set()
     refused: Dict[str, str] = {}
-    for n in names:
-        h = lookup(n)
-        if h is not None:
-            if h.refused:
-                refused[n] = h.refused
-            else:
-                executed.add(n)
-        elif is_query(n):
+    for f in _desc().functions:
+        n = f["name"]
+        if lookup(n) is not None:
+            executed.add(n)
+        elif f["replay_class"] == "query":
             skipped.add(n)
+        elif f["replay_class"] == "refuse":
+            refused[n] = f["reason"] or "cannot be replayed"
     return frozenset(executed), frozenset(skipped), refused
 
 

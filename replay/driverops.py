@@ -8,13 +8,7 @@ import threading
 import time
 from typing import Optional
 
-from cudasnap.formats import cu_result_name
-
-
-class DriverCallError(Exception):
-    def __init__(self, name: str, code: int):
-        super().__init__(f"{name} returned {cu_result_name(code)}")
-        self.name, self.code = name, code
+from .errors import DriverCallError  # noqa: F401  (re-exported: callers import it from here)
 
 
 def _code(err) -> int:

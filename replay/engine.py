@@ -1,10 +1,8 @@
 """The replay engine: reads a snapshot in file order and dispatches each call record."""
 from __future__ import annotations
 
-import bisect
 import os
 import queue
-import re
 import sys
 import threading
 import time
@@ -12,12 +10,16 @@ from array import array
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 from cudasnap.formats import SnapshotError, SnapshotReader, cu_result_name
+from cudasnap.formats.abi import base_name
 
 from . import dispatch
+from .context import ReplayContext
+from .driverops import DriverOps, Watchdog, _code, _ival
+from .errors import DriverCallError, ReplayError
 from .options import ReplayOptions, ReplayResult
-from .placement import AddressSpace, scan_payload
+from .placement import AddressSpace
 from .staging import H2D_PREFETCHED as _SYNC_H2D, PREFETCH_MIN, BlobPipeline as _BlobPrefetch
-from .verify import Mismatch, Tolerance, compare
+from .verify import Mismatch, Tolerance
 
 CU_STREAM_LEGACY, CU_STREAM_PER_THREAD = 1, 2
 ALLOC_PARAMS = {  # base name -> (address out param, size param or callable)
@@ -27,10 +29,6 @@ ALLOC_PARAMS = {  # base name -> (address out param, size param or callable)
     "cuMemAllocManaged": ("dptr", "bytesize"),
     "cuMemAddressReserve": ("ptr", "size"),
 }
-
-
-def base_name(f: str) -> str:
-    return re.sub(r"(_v\d+)?(_pt(sz|ds))?(_v\d+)?$", "", f)
 
 
 def alloc_range(rec: Dict[str, Any]) -> Optional[Tuple[int, int]]:
@@ -54,143 +52,84 @@ def alloc_range(rec: Dict[str, Any]) -> Optional[Tuple[int, int]]:
     return None
 
 
-class ReplayError(Exception):
-    """Replay cannot proceed past this call (exit code 2)."""
-
-    def __init__(self, msg: str, code: int = 2):
-        super().__init__(msg)
-        self.code = code
 
 
-from .driverops import DriverCallError, DriverOps, Watchdog, _code, _ival  # noqa: E402
+def _shared(name: str, attr: Optional[str] = None) -> property:
+    """A Replayer attribute that is the handlers' context's field (one object, two names)."""
+    attr = attr or name
+    return property(lambda self: getattr(self.ctx, attr), lambda self, v: setattr(self.ctx, attr, v),
+                    doc=f"ReplayContext.{attr}")
+
+
+def _delegate(name: str, attr: Optional[str] = None):
+    attr = attr or name
+
+    def method(self, *args, **kw):
+        return getattr(self.ctx, attr)(*args, **kw)
+    method.__name__ = name
+    method.__doc__ = f"ReplayContext.{attr}"
+    return method
 
 
 class Replayer:
+    """Reads a snapshot and replays it. Handlers see only its ReplayContext (self.ctx,
+    replay/context.py); the state they share with the engine is the context's, under the
+    same names here."""
+
     def __init__(self, snapshot_path, options: Optional[ReplayOptions] = None, driver=None, out=None):
         self.path = os.fspath(snapshot_path)
-        self.opt = options or ReplayOptions()
+        opt = options or ReplayOptions()
+        self.ctx = ReplayContext(opt, ReplayResult(), Tolerance(opt.rtol, opt.atol, opt.dtype))
+        hooks = self.ctx.hooks
+        hooks.ensure_init = self.ensure_init
+        hooks.profiler_control = self.profiler_control
+        hooks.before_launch = self.before_launch
+        hooks.after_launch = self.after_launch
+        hooks.stop_verify = self._stop_verify
         self._driver = driver
         self.out = out if out is not None else sys.stdout
-        self.res = ReplayResult()
-        self.tol = Tolerance(self.opt.rtol, self.opt.atol, self.opt.dtype)
-        self.handles: Dict[int, Any] = {}
-        self.funcs: Dict[int, Any] = {}               # recorded CUfunction/CUkernel -> live CUfunction
-        self.func_names: Dict[int, str] = {}          # recorded function handle -> name
-        self.fns: Dict[int, Dict[str, Any]] = {}      # "fn" records by handle (the first)
-        self.fn_versions: Dict[int, List[Tuple[int, Dict[str, Any]]]] = {}  # reused handles: (after seq, fn)
-        self.func_from: Dict[int, Dict[str, Any]] = {}  # handle -> fn record its live function was resolved by
-        self.ctx_ids: Dict[int, Dict[str, Any]] = {}  # "ctx" records: contexts identified at first sight
-        self.modules: Dict[int, Any] = {}             # recorded module -> live
-        self.libraries: Dict[int, Any] = {}           # recorded library -> live
-        self.module_of: Dict[int, int] = {}           # recorded function -> recorded module/library
-        self.keepalive: List[Any] = []               # host buffers of async copies, until a sync
-        self.keepalive_images: List[bytes] = []
-        self.vmm_virtual: set = set()                 # program reservations inside our spans
-        self.capturing: set = set()                   # recorded streams in capture
-        self.cur_ctx: Dict[int, Any] = {}             # recorded tid -> live ctx current on it
         self._last_tid = None
-        self.primary_retained = False
-        self.space: Optional[AddressSpace] = None
-        self.ops: Optional[DriverOps] = None
         self.ranges: List[Tuple[int, int]] = []
         self.regions: List[Tuple[int, int]] = []     # capture placement zones ("region" records)
         self.initialized = False
         self.watchdog: Optional[Watchdog] = None
-        self.device_cc: Optional[Tuple[int, int]] = None
-        self.recorded_gpus: List[Dict[str, Any]] = []
         self.selection = None                         # LaunchSelection (replay/selection.py)
         self._pr = False                              # --profiler-range workload
         self._pr_state = 0                            # 0 before the range, 1 inside, 2 after
         self._workload_last: Optional[int] = None     # seq of the last workload call (profiler range)
-        self.cu = None
         self._workers: Dict[int, "queue.Queue"] = {}
-        self._mismatch_text: List[str] = []
         self.mismatch_text: List[str] = []
         self.subscribers: List[Any] = []             # objects with on_event(kind, event): see events.py
-        self._prefetch: Optional["_BlobPrefetch"] = None
         self._sub_errors: Dict[Tuple[int, str], int] = {}
 
-    # ------------------------------------------------------------------ helpers for handlers
-    def note(self, msg: str) -> None:
-        self.res.warnings.append(msg)
+    # the context's state, under the engine's names
+    cu, dev, device_cc, ops, space, reader = (_shared(n) for n in ("cu", "dev", "device_cc", "ops", "space", "reader"))
+    opt, res, tol, handles = (_shared(n) for n in ("opt", "res", "tol", "handles"))
+    funcs, func_names, fns, fn_versions, func_from, module_of, ctx_ids = (
+        _shared(n) for n in ("funcs", "func_names", "fns", "fn_versions", "func_from", "module_of", "ctx_ids"))
+    keepalive, keepalive_images, vmm_virtual, capturing, cur_ctx = (
+        _shared(n) for n in ("keepalive", "keepalive_images", "vmm_virtual", "capturing", "cur_ctx"))
+    cond_handles, cond_bodies = _shared("cond_handles"), _shared("cond_bodies")
+    _mismatch_text, _prefetch = _shared("_mismatch_text", "mismatch_text"), _shared("_prefetch", "prefetch")
 
-    def fail(self, rec, msg: str) -> None:
-        raise ReplayError(f"call #{rec.get('s')} {rec.get('f')}: {msg}")
+    @property
+    def modules(self) -> Dict[int, Any]:
+        return self.ctx.modules
 
-    def drv(self, rec, name: str, *args):
-        """Call driver `name`; compare its CUresult with the recorded one.  Returns the output
-        values (a single value, a tuple, or () when none), or None when the recorded error
-        recurred.  Raises ReplayError on a new error."""
-        fn = getattr(self.cu, name, None)
-        if fn is None:
-            self.fail(rec, f"the driver bindings lack {name}")
-        res = fn(*args)
-        code = _code(res[0])
-        want = rec.get("r", 0) if rec is not None else 0
-        if code == 0 and want in (0, None):
-            return res[1] if len(res) == 2 else tuple(res[1:])
-        if code == want:
-            self.res.errors_recurred += 1
-            return None
-        if want == 0 or want is None:
-            self.fail(rec, self._new_error_text(code))
-        if code == 0:
-            self.note(f"call #{rec.get('s')} {rec.get('f')}: recorded {cu_result_name(want)} did not recur")
-            return res[1] if len(res) == 2 else tuple(res[1:])
-        self.note(f"call #{rec.get('s')} {rec.get('f')}: replay returned {cu_result_name(code)}, "
-                  f"recorded {cu_result_name(want)}")
-        return None
+    @property
+    def libraries(self) -> Dict[int, Any]:
+        return self.ctx.libraries
 
-    def _new_error_text(self, code: int) -> str:
-        hint = ""
-        if self.res.payload_stale and not self.opt.relocate_payloads:
-            hint = "; device memory holds stale recorded addresses after a fallback (try --relocate-payloads)"
-        return f"replay returned {cu_result_name(code)} (recorded CUDA_SUCCESS){hint}"
+    # ------------------------------------------------------------------ helpers (the context's)
+    note, fail, drv, raw = _delegate("note"), _delegate("fail"), _delegate("drv"), _delegate("raw")
+    _new_error_text = _delegate("_new_error_text", "new_error_text")
+    set_handle, live, stream, tr = _delegate("set_handle"), _delegate("live"), _delegate("stream"), _delegate("tr")
+    blob, blob_chunks, h2d_payload = _delegate("blob"), _delegate("blob_chunks"), _delegate("h2d_payload")
+    mark_written, verify = _delegate("mark_written"), _delegate("verify")
+    _add_fn, fn_record, kernel_name_of = _delegate("_add_fn", "add_fn"), _delegate("fn_record"), _delegate("kernel_name_of")
 
-    def raw(self, name: str, *args):
-        """Driver call outside any record; raises DriverCallError."""
-        res = getattr(self.cu, name)(*args)
-        code = _code(res[0])
-        if code != 0:
-            raise DriverCallError(name, code)
-        return res[1] if len(res) == 2 else tuple(res[1:])
-
-    def set_handle(self, rec_h, live) -> None:
-        if isinstance(rec_h, int) and rec_h:
-            self.handles[rec_h] = live
-
-    def live(self, rec, rec_h, what: str = "handle"):
-        if not rec_h:
-            return None
-        try:
-            return self.handles[rec_h]
-        except (KeyError, TypeError):
-            self.fail(rec, f"unknown {what} {rec_h:#x} (its creating call was not replayed)"
-                      if isinstance(rec_h, int) else f"bad {what} {rec_h!r}")
-
-    def stream(self, rec, rec_s):
-        """Live stream for a recorded stream handle (0 = default; per-thread for _ptsz)."""
-        cu = self.cu
-        f = rec.get("f", "")
-        if not rec_s:
-            return cu.CUstream(CU_STREAM_PER_THREAD if ("_ptsz" in f or "_ptds" in f) else 0)
-        if rec_s in (CU_STREAM_LEGACY, CU_STREAM_PER_THREAD):
-            return cu.CUstream(rec_s)
-        return self.live(rec, rec_s, "stream")
-
-    def blob(self, rec, key: str) -> Optional[bytes]:
-        x = rec.get("x") or {}
-        ref = x.get(key)
-        if ref is None:  # early snapshots named payloads "src"/"dst"
-            ref = x.get({"srcHost": "src", "dstHost": "dst"}.get(key, ""))
-        if not isinstance(ref, dict) or not ref.get("blob"):
-            return None
-        try:
-            return self.reader.blob(ref["blob"])
-        except SnapshotError as e:
-            self.note(f"call #{rec.get('s')}: blob for {key} unreadable: {e}")
-            self.res.unreadable_payloads.append(f"call #{rec.get('s')} {key}: {e}")
-            return None
+    def _stop_verify(self, m: Mismatch) -> None:
+        raise _StopVerify(m)
 
     def _start_prefetch(self) -> None:
         """Read, verify and decompress the blobs of synchronous H2D copies ahead, on a thread,
@@ -199,84 +138,6 @@ class Replayer:
             big = [b for b in self._h2d_order if self.reader.has_blob(b) and self.reader.blob_size(b) >= PREFETCH_MIN]
             if big:
                 self._prefetch = _BlobPrefetch(self.path, big)
-
-    def blob_chunks(self, rec, key: str) -> Optional[Tuple[int, Iterator[Any]]]:
-        """(size, iterator over the blob's chunks) for payload `key` of rec, or None when the
-        payload was not captured.  Chunks come from the prefetch thread when it holds this blob,
-        else from the file; an unreadable blob raises SnapshotError while iterating."""
-        ref = (rec.get("x") or {}).get(key)
-        if not isinstance(ref, dict) or not ref.get("blob") or not self.reader.has_blob(ref["blob"]):
-            return None
-        bid = ref["blob"]
-        size = self.reader.blob_size(bid)
-        it = self._prefetch.take(bid) if self._prefetch is not None else None
-        if it is None:
-            it = self.reader.blob_reader(bid)
-        return size, it
-
-    def tr(self, addr) -> int:
-        return self.space.translate(addr) if isinstance(addr, int) else 0
-
-    def h2d_payload(self, rec, data: bytes) -> bytes:
-        if self.space is None or not self.space.moved:
-            return data
-        data, found = scan_payload(data, self.space, self.opt.relocate_payloads)
-        if found:
-            self.res.payload_stale.append({"seq": rec.get("s"), "call": rec.get("f"), "count": len(found),
-                                           "first_offset": found[0][0], "value": hex(found[0][1]),
-                                           "rewritten": self.opt.relocate_payloads})
-        return data
-
-    def mark_written(self, rec_addr: int, seq, who: str) -> None:
-        a = self.space.find(rec_addr) if self.space and isinstance(rec_addr, int) else None
-        if a is not None:
-            a.last_writer = (seq, who)
-
-    def verify(self, rec, expected: Optional[bytes], got: bytes, src: Optional[int] = None) -> None:
-        if expected is None:
-            self.res.d2h_unverified += 1
-            return
-        alloc = self.space.find(src) if (self.space and src) else None
-        writer = alloc.last_writer if alloc else None
-        m = compare(expected, got, self.tol, seq=rec.get("s", 0), call=rec.get("f", ""), src=src, writer=writer)
-        self.res.d2h_verified += 1
-        self.res.d2h_bytes += len(expected)
-        if m is not None:
-            self.res.mismatches.append(m.to_dict())
-            self._mismatch_text.append(m.describe())
-            if not self.opt.continue_on_error:
-                raise _StopVerify(m)
-
-    def _add_fn(self, rec, after_seq: int) -> None:
-        """An fn record names a handle at first sight. The shim sends one again after a module,
-        library or context is unloaded; one that names another kernel than before (a reused
-        handle value) holds for the calls after it, so versions are kept with their position."""
-        h = rec["h"]
-        first = self.fns.get(h)
-        if first is None:
-            self.fns[h] = rec
-            self.func_names.setdefault(h, rec.get("name") or "")
-            return
-        vers = self.fn_versions.get(h)
-        last = vers[-1][1] if vers else first
-        if (rec.get("name"), rec.get("module"), rec.get("kind")) != (last.get("name"), last.get("module"), last.get("kind")):
-            self.fn_versions.setdefault(h, [(-1, first)]).append((after_seq, rec))
-
-    def fn_record(self, h, seq=None) -> Optional[Dict[str, Any]]:
-        """The fn record that names handle h at call `seq` (the newest one before it)."""
-        vers = self.fn_versions.get(h)
-        if not vers or not isinstance(seq, int):
-            return self.fns.get(h)
-        i = bisect.bisect_left(vers, seq, key=lambda v: v[0]) - 1
-        return vers[max(i, 0)][1]
-
-    def kernel_name_of(self, rec_f, seq=None) -> str:
-        if rec_f in self.fn_versions:
-            return (self.fn_record(rec_f, seq) or {}).get("name") or f"{rec_f:#x}"
-        if rec_f in self.func_names:
-            return self.func_names[rec_f]
-        fr = self.fns.get(rec_f)
-        return fr["name"] if fr else (f"{rec_f:#x}" if isinstance(rec_f, int) else "?")
 
     # ------------------------------------------------------------------ events (replay/events.py)
     def emit(self, kind: str, ev) -> None:
@@ -360,7 +221,6 @@ class Replayer:
 
     def _prescan(self) -> None:
         self.total = 0
-        self.last_complete = None
         self.incomplete: List[Dict[str, Any]] = []
         planner = _Planner(self._fast_eligible())
         self._h2d_order: List[str] = []
@@ -398,8 +258,6 @@ class Replayer:
                           f"({rec.get('lost_records', 0)} records known lost); calls may be missing from it")
             elif k == "ctx" and isinstance(rec.get("h"), int):
                 self.ctx_ids.setdefault(rec["h"], dict(rec))
-            elif k == "proc":
-                self.recorded_gpus = rec.get("gpus") or []
             elif k == "region" and isinstance(rec.get("base"), int) and isinstance(rec.get("size"), int):
                 # capture's placement zone: reserved whole, first, so allocations land inside
                 self.regions.append((rec["base"], rec["size"]))
@@ -445,7 +303,6 @@ class Replayer:
             try:
                 ctx = self.raw("cuDevicePrimaryCtxRetain", self.dev)
                 self.raw("cuCtxSetCurrent", ctx)
-                self.primary_retained = True
                 self.space.reserve_all()
                 self.raw("cuCtxSetCurrent", self.cu.CUcontext(0))
             except DriverCallError as e:
@@ -739,7 +596,7 @@ class Replayer:
             fn = fns.get(h)
             if fn is None:
                 rec = b.rec(b.first_pos[j])
-                fn = fns[h] = int(resolve_function(self, rec, h))
+                fn = fns[h] = int(resolve_function(self.ctx, rec, h))
             sk = (f, hs)
             st = streams.get(sk)
             if st is None:
@@ -751,7 +608,7 @@ class Replayer:
                     params, changes = relocate_params(params, layout, self.space)
                     nchg.append(len(changes))
                 if cond:
-                    params = patch_conditional_handles(self, b.rec(b.first_pos[j]), params, layout)
+                    params = patch_conditional_handles(self.ctx, b.rec(b.first_pos[j]), params, layout)
             live.append((fn, (gx, gy, gz), (bx, by, bz), shm, st, params))
         return live, nchg
 
@@ -839,7 +696,7 @@ class Replayer:
                 self.watchdog.arm(f"call #{seq} {f}")
             if self.subscribers:
                 cev = self._before_call_event(rec)
-            h.fn(self, rec)
+            h.fn(self.ctx, rec)
             if self.subscribers:
                 self._after_call_event(rec, cev)
         except (_StopVerify, _Abort):

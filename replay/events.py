@@ -18,17 +18,16 @@ Subscribers fail open: an exception is reported as a replay warning and replay g
 """
 from __future__ import annotations
 
-import ctypes
-import re
-import struct
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-_BASE_RX = re.compile(r"(_v\d+)?(_pt(sz|ds))?(_v\d+)?$")
+from cudasnap.formats.abi import base_name
+
+from .handlers.launch import LAUNCH_CONFIG, _Params
+
 _CLASS_CACHE: Dict[str, Optional[str]] = {}
 SYNC_CALLS = {"cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize"}
 TEARDOWN_CALLS = {"cuCtxDestroy", "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxReset"}
-LAUNCH_CONFIG = struct.Struct("<7I4xQQI4x")
 
 
 def classify(f: str) -> Optional[str]:
@@ -36,7 +35,7 @@ def classify(f: str) -> Optional[str]:
     c = _CLASS_CACHE.get(f, "?")
     if c != "?":
         return c
-    b = _BASE_RX.sub("", f)
+    b = base_name(f)
     if b.startswith("cuMemcpy") or b.startswith("cuMemset"):
         c = "copy"
     elif b in SYNC_CALLS:
@@ -87,7 +86,7 @@ class EndEvent:
 def copy_event(rp, rec) -> CopyEvent:
     f = rec.get("f") or ""
     a = rec.get("a") or {}
-    b = _BASE_RX.sub("", f)
+    b = base_name(f)
     if b.startswith("cuMemset"):
         d, w = "memset", {"D8": 1, "D16": 2, "D32": 4}
         unit = next((v for k, v in w.items() if b.startswith("cuMemset" + k) or b.startswith("cuMemset2D" + k)), 1)
@@ -181,10 +180,9 @@ class LaunchContext:
     def relaunch(self, stream=None) -> None:
         """Launch the same kernel with the same (live) parameters again, on `stream` (default:
         the recorded launch's stream).  Raises DriverCallError."""
-        from .handlers.launch import _Params
         ev, rp = self._ev, self.replayer
         s = ev.stream if stream is None else stream
-        base = _BASE_RX.sub("", ev.call)
+        base = base_name(ev.call)
         if base == "cuLaunchKernelEx" and ev.config is not None:
             cfg = ev.config
             old = cfg.hStream

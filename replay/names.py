@@ -128,6 +128,60 @@ def function_name(name: Optional[str]) -> Optional[str]:
     return s or name
 
 
+def _collapse_templates(s: str, keep: int) -> str:
+    """Template arguments nested deeper than `keep` levels shown as <…>, and parameter lists
+    inside template arguments (of lambdas and function types) as (…)."""
+    out, depth, paren = [], 0, 0
+    for c in s:
+        if paren:                       # inside a (…) of a template argument
+            paren += (c == "(") - (c == ")")
+            if not paren:
+                out.append(")")
+            continue
+        if c == "<":
+            depth += 1
+            if depth == keep + 1:
+                out.append("<…")
+                continue
+        elif c == ">" and depth > 0:
+            depth -= 1
+            if depth == keep:
+                out.append(">")
+                continue
+        elif c == "(" and 0 < depth <= keep:
+            paren = 1
+            out.append("(…")
+            continue
+        if depth <= keep:
+            out.append(c)
+    return "".join(out)
+
+
+@functools.lru_cache(maxsize=65536)
+def short_name(name: Optional[str], width: Optional[int] = None) -> str:
+    """A kernel name for tables people read: demangled, without its return type and parameter
+    list, template arguments nested more than one level deep shown as <…>, and, with `width`,
+    cut in the middle to that many characters. JSON and CSV keep the recorded name."""
+    if not isinstance(name, str) or not name:
+        return name or "?"
+    s = demangle(name).strip()
+    if s != name and s.endswith((" const", " volatile", " &", " &&")) and ")" in s:   # member qualifiers
+        s = s[: s.rfind(")") + 1]
+    if s != name and s.endswith(")"):
+        i = _match_back(s, len(s) - 1, ")", "(")
+        if i > 0:
+            s = s[:i].rstrip()
+        j = _last_top_level(s, " ")
+        if j >= 0 and not s[j + 1:].startswith("operator"):
+            s = s[j + 1:]
+    if "<" in s:
+        s = _collapse_templates(s, 1)
+    if width is not None and len(s) > width > 8:
+        tail = width // 3
+        s = s[:width - tail - 1] + "…" + s[-tail:]
+    return s
+
+
 def name_for(name: Optional[str], base: str = "function") -> Optional[str]:
     """The name of a kernel in one of BASES."""
     if base == "mangled":

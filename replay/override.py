@@ -71,7 +71,7 @@ class LaunchOverride:
             return self._limits[h]
         from .handlers.module import resolve_function
         try:
-            fn = resolve_function(rp, rec, h)
+            fn = resolve_function(rp.ctx, rec, h)
             r = rp.cu.cuFuncGetAttribute(rp.cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, fn)
             v = int(r[1]) if int(r[0]) == 0 else None
         except Exception:

@@ -22,6 +22,8 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
+from .errors import ReplayError
+
 ENV = "CUDASNAP_REPLACE"
 _HEX = re.compile(r"^0x[0-9a-fA-F]+$")
 
@@ -290,19 +292,18 @@ def _err(cu, code) -> str:
 
 
 def raise_error(rp, msg: str) -> None:
-    from .engine import ReplayError
     raise ReplayError(msg)
 
 
 def replacements(rp) -> Optional[Replacements]:
     """The replayer's Replacements (None when nothing is replaced); built on first use, after
     the first pass over the records has collected the fn records."""
-    r = rp.__dict__.get("_replacements", False)
+    r = rp.replacements
     if r is False:
         try:
             pairs = parse_specs(effective_specs(rp.opt))
         except ValueError as e:
             raise_error(rp, str(e))
         r = Replacements(rp, pairs) if pairs else None
-        rp._replacements = r
+        rp.replacements = r
     return r

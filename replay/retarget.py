@@ -318,15 +318,15 @@ def jit_image(rp, rec, img: bytes) -> bytes:
         rp.fail(rec, f"--jit ptx: {e}")
     if got is None:
         rp.fail(rec, f"--jit ptx: the module image holds no PTX ({analyze(img).describe()})")
-    rp._jit_t0 = time.perf_counter()
-    rp._jit_what = f"compute_{got[0]} PTX, {len(got[1]) - 1} bytes"
+    rp.jit_t0 = time.perf_counter()
+    rp.jit_what = f"compute_{got[0]} PTX, {len(got[1]) - 1} bytes"
     return got[1]
 
 
 def jit_done(rp, rec) -> None:
-    t0 = getattr(rp, "_jit_t0", None)
+    t0 = rp.jit_t0
     if t0 is None:
         return
-    rp._jit_t0 = None
-    rp.note(f"--jit ptx: call #{rec.get('s')} {rec.get('f')}: loaded from {rp._jit_what}; load with JIT took "
+    rp.jit_t0 = None
+    rp.note(f"--jit ptx: call #{rec.get('s')} {rec.get('f')}: loaded from {rp.jit_what}; load with JIT took "
             f"{(time.perf_counter() - t0) * 1000:.1f} ms")

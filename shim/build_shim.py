@@ -38,15 +38,6 @@ HELPERS = [
     "cuDevicePrimaryCtxGetState", "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease_v2", "cuPointerGetAttribute", "cuMemAddressReserve", "cuMemCreate", "cuMemMap",
     "cuMemSetAccess", "cuMemAddressFree", "cuMemRelease", "cuMemUnmap", "cuMemGetAllocationGranularity",
 ]
-# Pure queries (no effect on driver state, cannot block): recorded as ONE record after they
-# return instead of a pre- and a post-record. Runtimes issue several per launch
-# (cuCtxGetDevice, cuDevicePrimaryCtxGetState, cuStreamIsCapturing...).
-QUERY_RX = re.compile(
-    r"^cu(CtxGet(Current|Device|Flags|ApiVersion|Id|Limit|CacheConfig|SharedMemConfig|StreamPriorityRange|ExecAffinity)"
-    r"|DeviceGet(Attribute|Count|Name|Uuid|Luid|PCIBusId|ByPCIBusId|\b|$)|DeviceTotalMem|DevicePrimaryCtxGetState"
-    r"|DriverGetVersion|FuncGetAttribute|KernelGetAttribute|PointerGetAttributes?|StreamIsCapturing|StreamGetCaptureInfo"
-    r"|StreamGet(Priority|Flags|Ctx|Id|Device)|StreamQuery|EventQuery|GetErrorName|GetErrorString|MemGetInfo"
-    r"|OccupancyMaxActiveBlocksPerMultiprocessor|OccupancyMaxPotentialBlockSize)\w*$")
 # Calls the placement hook answers itself (shim_placement.c).
 PLACEMENT = {"cuMemAlloc_v2", "cuMemFree_v2", "cuMemGetAddressRange_v2", "cuMemAddressReserve", "cuMemAddressFree",
              "cuPointerGetAttribute", "cuPointerGetAttributes"}
@@ -192,7 +183,6 @@ def generate_c(desc: dict) -> str:
     attr = types.get("CUlaunchAttribute") or types.get("CUlaunchAttribute_st") or {}
     w(f"#define CS_SIZEOF_LAUNCHATTR {attr.get('size', 72)}")
     rows = []
-    skipped = []
     simples = []
     qkeys: list = []
     for i, f in enumerate(fns):
@@ -240,11 +230,9 @@ def generate_c(desc: dict) -> str:
         ch = _first_sight(params, ("CUcontext",)) if ok else -1
         simple = 1 if ok and ints <= 6 and floats == 0 else 0
         simples.append(simple)
-        if not ok:
-            skipped.append(f["name"])
         cells = ",".join("{" + ",".join(map(str, r)) + "}" for r in prow)
         w(f"static const cs_param cs_p{i}[] = {{{cells or '{0,0,0,0,0,0}'}}};")
-        query = 1 if (ok and (hook == 0 or f["name"] in PLACEMENT_AFTER) and QUERY_RX.match(f["name"])
+        query = 1 if (ok and (hook == 0 or f["name"] in PLACEMENT_AFTER) and f["capture_query"]
                       and all(p["kind"] in ("val", "opaque", "out", "out_struct") for p in params)) else 0
         rows.append(f'  {{"{f["name"]}", "{f["base"]}", {len(params) if ok else 0}, {hook if ok else 0}, {h0}, {h1}, {h2}, {query}, {kinds}, {simple}, {floats}, {fh}, {ch}, cs_p{i}}},')
         qkeys.append(_query_key_fn(i, prow) if query and simple else None)
@@ -272,7 +260,6 @@ def generate_c(desc: dict) -> str:
     # Exported ABI symbols for programs linked with -lcuda.
     for i, f in enumerate(fns):
         w(f'__attribute__((visibility("default"))) CUresult {f["name"]}{sig} __attribute__((alias("cs_w_{i}")));')
-    generate_c.skipped = skipped  # type: ignore[attr-defined]
     return "\n".join(out) + "\n"
 
 

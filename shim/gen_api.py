@@ -834,8 +834,11 @@ def describe_function(model, lay, types, ov, name, fdecl, unused_rules, defaults
     for pr in params:
         finish_param(pr, types, pnames, name)
     ptds = name.endswith(("_ptds", "_ptsz"))
+    rclass = replay_class(ov, name, base, status)
     return {"name": name, "base": base, "family": fam, "ptds": ptds, "ret": ret, "params": params,
-            "capture": capture, "replay": replay, "status": status, "reason": reason}
+            "capture": capture, "replay": replay, "status": status, "reason": reason,
+            "replay_class": rclass,
+            "capture_query": rclass == "query" and re.fullmatch(ov.CAPTURE_QUERY_RX, name) is not None}
 
 
 def apply_param_rule(pr, r, types, lay):
@@ -983,6 +986,14 @@ def classify_function(ov, name, base):
             break
     replay = fam if status == "replay" else None
     return fam, status, reason, capture, replay
+
+
+def replay_class(ov, name, base, status) -> str:
+    """query | execute | refuse | record: what replay does with the call (overlay.REPLAY_CLASS_RULES)."""
+    for pat, cls in ov.REPLAY_CLASS_RULES:
+        if re.fullmatch(pat, base) or re.fullmatch(pat, name):
+            return cls
+    return {"replay": "execute", "refused": "refuse"}.get(status, "record")
 
 
 # --------------------------------------------------------------------------------------

@@ -150,6 +150,48 @@ STATUS_RULES = [
     (r"cuModuleGetTexRef|cuModuleGetSurfRef", "record", "texture/surface references are recorded only"),
 ]
 
+# ---------------------------------------------------------------------------------------
+# Replay classes ("replay_class" of each ABI name): what replay does with a recorded call.
+#   query    a pure query (no effect on device state): skipped and counted
+#   execute  replayed by its handler (replay/handlers/); one without a handler is "unsupported"
+#   refuse   status "refused": cannot be replayed
+#   record   status "record": recorded only
+# Rules (pattern on base or ABI name, class) are tried in order, the first match wins; a name
+# no rule matches takes its status's class (replay -> execute).
+REPLAY_CLASS_RULES = [
+    # getters whose result later calls use as a handle: replay maps it
+    (r"cuGraphChildGraphNodeGetGraph", "execute"),
+    (r"cuDeviceGet(?!DefaultMemPool|MemPool)\w*|cuDeviceTotalMem\w*|cuDeviceComputeCapability|cuDeviceCanAccessPeer"
+     r"|cuDriverGetVersion|cuCtxGet\w*|cuFuncGet\w*|cuKernelGet(?!Function)\w*|cuPointerGetAttributes?|cuGetErrorName"
+     r"|cuGetErrorString|cuGetProcAddress\w*|cuGetExportTable|cuModuleGetLoadingMode|cuMemGetInfo\w*"
+     r"|cuMemGetAddressRange\w*|cuStreamGet\w*|cuStreamIsCapturing\w*|cuStreamQuery\w*|cuEventQuery"
+     r"|cuDevicePrimaryCtxGetState|cuMemGetAllocation\w*|cuOccupancy\w*|cuMemPoolGetAttribute"
+     r"|cuModuleGetFunctionCount|cuModuleEnumerateFunctions|cuLibraryGetKernelCount|cuLibraryEnumerateKernels"
+     r"|cuFuncIsLoaded|cuMemGetAccess|cuGraphGetNodes|cuGraphGetRootNodes|cuGraphGetEdges\w*|cuGraphNodeGet\w*"
+     r"|cuGraph\w+NodeGet\w*|cuGraphExecGetFlags|cuGraphDebugDotPrint|cuGetFlags"
+     r"|cuMemHostGetFlags|cuMemRangeGetAttributes|cuMemPoolGetAccess|cuArrayGetDescriptor|cuArray3DGetDescriptor"
+     r"|cuArrayGetMemoryRequirements|cuArrayGetSparseProperties|cuMipmappedArrayGetMemoryRequirements"
+     r"|cuMipmappedArrayGetSparseProperties"
+     # TMA descriptors: the encoded 128-byte map reaches kernels inside the recorded parameter
+     # bytes, and stays valid because every allocation is placed at its recorded address
+     r"|cuTensorMapEncode\w*", "query"),
+    # recorded-only calls replay keeps in order as no-ops (host callbacks cannot be called;
+    # the pre-CUDA-4 launch shape setters have no effect without the legacy launch)
+    (r"cuLaunchHostFunc|cuStreamAddCallback|cuGraphAddHostNode|cuUserObjectCreate|cuFuncSetBlockShape"
+     r"|cuFuncSetSharedSize", "execute"),
+]
+
+# Pure queries that cannot block: the shim records each as ONE record after it returns
+# (instead of a pre- and a post-record) when its parameters allow ("capture_query"). Runtimes
+# issue several per launch (cuCtxGetDevice, cuDevicePrimaryCtxGetState, cuStreamIsCapturing...).
+# Matched on the ABI name; every such call is a replay "query" too.
+CAPTURE_QUERY_RX = (
+    r"cu(CtxGet(Current|Device|Flags|ApiVersion|Id|Limit|CacheConfig|SharedMemConfig|StreamPriorityRange|ExecAffinity)"
+    r"|DeviceGet(Attribute|Count|Name|Uuid|Luid|PCIBusId|ByPCIBusId|\b|$)|DeviceTotalMem|DevicePrimaryCtxGetState"
+    r"|DriverGetVersion|FuncGetAttribute|KernelGetAttribute|PointerGetAttributes?|StreamIsCapturing|StreamGetCaptureInfo"
+    r"|StreamGet(Priority|Flags|Ctx|Id|Device)|StreamQuery|EventQuery|GetErrorName|GetErrorString|MemGetInfo"
+    r"|OccupancyMaxActiveBlocksPerMultiprocessor|OccupancyMaxPotentialBlockSize)\w*")
+
 # Special capture handlers (the C wrapper does more than the generic parameter recording).
 CAPTURE_RULES = [
     (r"cuModuleLoadData|cuModuleLoadDataEx|cuModuleLoadFatBinary|cuLibraryLoadData|cuLinkAddData",

@@ -46,6 +46,7 @@ typedef struct {
     uint64_t clock_tsc0;         /* 184 TSC ...                                            */
     uint64_t clock_ns0;          /* 192 ... and CLOCK_MONOTONIC ns read together at the start */
     uint64_t dropped_bytes;      /* 200 bytes of the dropped records (atomic) */
+    uint32_t win_req;            /* 208 window requests (recorder bumps: open/close, or checkpoint) */
 } cs_ring_hdr;
 
 /* Record header, 8-byte aligned; fields follow. */
@@ -80,6 +81,9 @@ enum {
     CS_REC_NVTX = 14,     /* an NVTX event (shim_nvtx.c): op in `fn` (1 push, 2 pop, 3 start, 4 end,
                              5 mark, 6 domain), range id / push level / domain id in `seq`,
                              message (F_NAME), domain id (F_HANDLE; absent: the default domain) */
+    CS_REC_WINDOW = 15,   /* a capture window event (shim_window.c): op in `fn` (1 open, 2 close,
+                             3 state written, 4 checkpoint), window number in `seq`, reason
+                             (F_MSG), state bytes (F_CODE), live ranges (F_KIND), launches so far (F_HANDLE) */
 };
 
 /* Record state word of the record at ring position `pos` (a monotonic byte count): the kind

@@ -235,6 +235,7 @@ static void cs_q_atfork_child(void);
 static void cs_q_flush_all(void);
 static void cs_nvtx_atfork_child(void);
 static void cs_nvtx_ring_opened(void);
+static void cs_win_init(void);
 
 static void cs_atfork_child(void) {
     /* A forked child records into a ring of its own, made on its first driver call. */
@@ -295,6 +296,7 @@ static int cs_start(void) {
         cs_pid = pid;
         int ok = cs_open_ring() == 0;
         __atomic_store_n(&cs_state, ok ? 1 : -1, __ATOMIC_RELEASE);
+        if (ok) cs_win_init();             /* capture windows (shim_window.c) */
         if (ok) cs_nvtx_ring_opened();     /* NVTX events made before the first driver call */
     }
     pthread_mutex_unlock(&cs_init_lock);
@@ -314,6 +316,7 @@ static void cs_exit_hook(void) {
 /* --- hooks: what a generic parameter table can't say ---------------------------------- */
 #include "shim_hooks.c"
 #include "shim_placement.c"
+#include "shim_window.c"
 #include "shim_nvtx.c"
 
 /* --- the generic call engine ------------------------------------------------------- */
@@ -546,6 +549,12 @@ static CUresult cs_call(int id, U *a, double *d) {
         return cs_hook_passthrough(fn, real, a, d);
     if ((fn->fh >= 0 && a[fn->params[fn->fh].ai]) || (fn->ch >= 0 && a[fn->params[fn->ch].ai]))
         cs_first_sight(fn, a);
+    if (cs_win_mode) {          /* windows: state tracking and triggers around the call */
+        uint64_t launch = cs_win_before(fn, id, a);
+        CUresult res = fn->query ? cs_call_query(id, fn, real, a, d) : cs_call_rec(id, fn, real, a, d);
+        cs_win_after(fn, id, a, res, launch);
+        return res;
+    }
     if (fn->query) return cs_call_query(id, fn, real, a, d);
     return cs_call_rec(id, fn, real, a, d);
 }
@@ -558,7 +567,7 @@ static __attribute__((noinline)) CUresult cs_call_rec(int id, const cs_fn *fn, c
     uint64_t blob_serial[CS_MAXP];   /* not zero-filled: a rep stos here was 20% of the hot path */
     if (fn->kinds & CS_M(CS_K_BLOB_IN)) for (int i = 0; i < fn->nparams; i++) {
         const cs_param *p = &fn->params[i];
-        blob_serial[i] = (p->kind == CS_K_BLOB_IN && a[p->ai])
+        blob_serial[i] = (p->kind == CS_K_BLOB_IN && a[p->ai] && !cs_win_skip)
             ? cs_blob((const void *)a[p->ai], a[fn->params[p->len_idx].ai]) : 0;
     }
     cs_pre pre;
@@ -585,7 +594,8 @@ static __attribute__((noinline)) CUresult cs_call_rec(int id, const cs_fn *fn, c
             case CS_K_STR:
                 if (ptr) cs_put(&r, (uint16_t)i, CS_T_STR, ptr, (uint32_t)strnlen((const char *)ptr, 4096)); break;
             case CS_K_BLOB_IN:
-                cs_put_blobref(&r, (uint16_t)i, blob_serial[i], ptr ? a[fn->params[p->len_idx].ai] : 0); break;
+                /* outside a capture window no payload is sent: size 0 says so (not a loss) */
+                cs_put_blobref(&r, (uint16_t)i, blob_serial[i], ptr && !cs_win_skip ? a[fn->params[p->len_idx].ai] : 0); break;
             case CS_K_ARRAY_IN:
                 if (ptr) cs_put(&r, (uint16_t)i, CS_T_BYTES, ptr, cs_array_bytes(fn, p, a)); break;
             default: break;
@@ -613,7 +623,7 @@ static __attribute__((noinline)) CUresult cs_call_rec(int id, const cs_fn *fn, c
     }
     /* output blobs (D2H results) */
     uint64_t out_serial[CS_MAXP];
-    int keep_out = res == 0 && !cs_skip_out;
+    int keep_out = res == 0 && !cs_skip_out && !cs_win_skip;
     if (fn->kinds & CS_M(CS_K_BLOB_OUT)) for (int i = 0; i < fn->nparams; i++) {
         const cs_param *p = &fn->params[i];
         out_serial[i] = (keep_out && p->kind == CS_K_BLOB_OUT && a[p->ai])

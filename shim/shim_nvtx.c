@@ -108,6 +108,7 @@ static void cs_nvtx_atfork_child(void) {
 static void cs_nvtx_event(uint16_t op, uint32_t domain, uint64_t id, const char *name) {
     uint64_t t = cs_now();
     uint32_t len = name ? (uint32_t)strnlen(name, CS_NVTX_NAME_MAX) : 0;
+    cs_win_nvtx(op, id, name);            /* windows by NVTX range (shim_window.c) */
     int st = __atomic_load_n(&cs_state, __ATOMIC_ACQUIRE);
     if (st == 1) {
         if (__atomic_load_n(&cs_nvtx_npend, __ATOMIC_ACQUIRE)) cs_nvtx_flush();   /* keep each thread's order */

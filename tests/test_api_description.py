@@ -406,7 +406,7 @@ def test_api_command_json():
         from typer.testing import CliRunner
 
         from cudasnap.cli import app
-        import cudasnap.shim.api_cmd  # noqa: F401
+        import cudasnap.api_cmd  # noqa: F401
     except ImportError as e:
         pytest.skip(f"cudasnap package not importable: {e}")
     res = CliRunner().invoke(app, ["api", "--json", "--status", "refused"])

@@ -20,6 +20,7 @@ def _help(cmd: str) -> str:
                  "0<=x<=16", "-f, --force-overwrite", "%p", "%h", "%q{VAR}"]),
     ("replay", ["--dtype f32|f16|bf16|f64", "--profile timeline|isolated|graph", "x>=1", "x>=0"]),
     ("dump", ["--format text|jsonl"]),
+    ("extract", ["--memory reachable|all", "--ranges exact|segment"]),
     ("api", ["--status replay|record|refused"]),
     ("stats", ["--format text|csv|json", "--report api|kernels|memory", "FILE.sqlite|DIR/"]),
 ])
@@ -48,6 +49,8 @@ def test_level_help_and_check_agree():
     ["replay", "x.cusnap", "--profile", "everything"],
     ["replay", "x.cusnap", "--repeat", "0"],
     ["dump", "x.cusnap", "--format", "xml"],
+    ["extract", "x.cusnap", "-o", "y.cusnap", "--ranges", "tight"],
+    ["extract", "x.cusnap", "-o", "y.cusnap", "--memory", "some"],
     ["api", "--status", "maybe"],
     ["stats", "x.cusnap", "--format", "xml"],
     ["stats", "x.cusnap", "--report", "gpu"],

@@ -124,3 +124,17 @@ def test_extracted_kernel_exports_as_a_standalone_repro(double, capture, tmp_pat
     run = _run(double, _build(double, out))
     assert run.returncode == 0, run.stdout + run.stderr
     assert "OK: 10 device-to-host results verified" in run.stdout
+
+
+def test_extract_with_exact_ranges_exports_and_verifies(double, capture, tmp_path):
+    cp, snap = capture(double["progs"]["carve"])
+    assert cp.returncode == 0
+    small = tmp_path / "saxpy.cusnap"
+    ex = subprocess.run([sys.executable, "-m", "cudasnap", "extract", str(snap), "--kernel", "saxpy", "-o", str(small)],
+                        env=double["env"], capture_output=True, text=True, timeout=120)
+    assert ex.returncode == 0 and "(25.0%)" in ex.stdout, ex.stdout + ex.stderr
+    out = tmp_path / "repro"
+    assert _export(small, out).returncode == 0
+    run = _run(double, _build(double, out))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "OK: 2 device-to-host results verified" in run.stdout

@@ -2,6 +2,7 @@
 whose replay verifies against what the original's replay produced."""
 from __future__ import annotations
 
+import re
 import struct
 import subprocess
 import sys
@@ -60,6 +61,8 @@ def test_pointer_scanning_restores_what_a_pointer_table_reaches(double, capture,
     cp, snap = capture(double["progs"]["chase"])
     assert cp.returncode == 0
     ex, _ = _extract_and_replay(double, snap, tmp_path / "x.cusnap", "--kernel", "chase")
+    assert "memory restored: 10 range(s)" in ex.stdout and "next tensor start" in ex.stdout
+    ex, _ = _extract_and_replay(double, snap, tmp_path / "seg.cusnap", "--kernel", "chase", "--ranges", "segment")
     assert "memory restored: 10 range(s)" in ex.stdout and "pointer scanning" in ex.stdout
     ex, _ = _extract_and_replay(double, snap, tmp_path / "all.cusnap", "--kernel", "chase", "--memory", "all")
     assert "every live allocation" in ex.stdout
@@ -69,14 +72,14 @@ def test_kernel_occurrence_leaves_out_unneeded_modules(double, capture, tmp_path
     cp, snap = capture(double["progs"]["launch_forms"])
     assert cp.returncode == 0
     ex, _ = _extract_and_replay(double, snap, tmp_path / "x.cusnap", "--kernel", "add_one#3")
-    assert "module loads kept 1, left out 1" in ex.stdout
+    assert re.search(r"module loads kept 1 \(\d+ B\), left out 1", ex.stdout), ex.stdout
     xc = [c["f"] for c in _calls(tmp_path / "x.cusnap")]
     assert "cuLibraryLoadData" in xc and "cuModuleLoadData" not in xc
     _extract_and_replay(double, snap, tmp_path / "s.cusnap", "--kernel", "sax")
     launches = [c for c in _calls(snap) if c["f"].startswith("cuLaunch")]
     ex, _ = _extract_and_replay(double, snap, tmp_path / "r.cusnap", "--calls",
                                 f"{launches[0]['s']}-{launches[-1]['s']}")
-    assert "module loads kept 2, left out 0" in ex.stdout
+    assert re.search(r"module loads kept 2 \(\d+ B\), left out 0", ex.stdout), ex.stdout
 
 
 def test_extract_refuses_what_it_cannot_find(double, capture, tmp_path):
@@ -91,3 +94,108 @@ def test_extract_refuses_what_it_cannot_find(double, capture, tmp_path):
     captured = [c for c in _calls(snap) if c["f"] == "cuLaunchKernel" and c["a"].get("hStream")][0]
     ex = _cli(double, "extract", str(snap), "-o", str(tmp_path / "x.cusnap"), "--launch", str(captured["s"]))
     assert ex.returncode == 2 and "captured into a graph" in ex.stderr
+
+
+TB = 64 << 10          # carve.c: 8 tensors of 64 KiB carved out of one allocation
+
+
+def _h2d_d2h(path):
+    xc = _calls(path)
+    return ([(c["a"]["dstDevice"], c["a"]["ByteCount"]) for c in xc if c["f"] == "cuMemcpyHtoD_v2"],
+            [(c["a"]["srcDevice"], c["a"]["ByteCount"]) for c in xc if c["f"] == "cuMemcpyDtoH_v2"])
+
+
+def _carve_base(snap):
+    return [c for c in _calls(snap) if c["f"] == "cuMemAlloc_v2"][0]["a"]["dptr"]
+
+
+def test_exact_ranges_restore_only_the_tensors_a_kernel_uses(double, capture, tmp_path):
+    cp, snap = capture(double["progs"]["carve"])
+    assert cp.returncode == 0 and "CARVE OK" in cp.stdout, cp.stdout + cp.stderr
+    big = _carve_base(snap)
+    t = [big + k * TB for k in range(8)]
+    # saxpy(2, x=T[2], y=T[6]): only those two tensors, from each pointer to the next tensor start
+    out = tmp_path / "x.cusnap"
+    ex, rp = _extract_and_replay(double, snap, out, "--kernel", "saxpy", "--check")
+    assert "check: replay of" in ex.stdout and "verified" in ex.stdout
+    h2d, d2h = _h2d_d2h(out)
+    assert h2d == [(t[2], TB), (t[6], TB)]
+    assert d2h == [(t[2], TB), (t[6], TB)]
+    assert f"restored bytes: {2 * TB} of the {8 * TB} in the 1 allocation(s) they lie in (25.0%)" in ex.stdout
+    r = SnapshotReader(out)
+    y = [c for c in r.records() if c["k"] == "c" and c["f"] == "cuMemcpyDtoH_v2"][1]
+    got = struct.unpack(f"<{TB // 4}f", r.blob(y["x"]["dstHost"]["blob"]))
+    assert got[:3] == (2.0 * 2000 + 6000, 2.0 * 2001 + 6001, 2.0 * 2002 + 6002)
+    # the old behaviour: the whole allocation
+    seg = tmp_path / "seg.cusnap"
+    ex, _ = _extract_and_replay(double, snap, seg, "--kernel", "saxpy", "--ranges", "segment")
+    assert _h2d_d2h(seg) == ([(big, 8 * TB)], [(big, 8 * TB)])
+    assert "pointer scanning" in ex.stdout
+    assert out.stat().st_size < seg.stat().st_size
+
+
+def test_exact_ranges_cover_writes_beyond_them_and_check_refuses_reads_beyond(double, capture, tmp_path):
+    cp, snap = capture(double["progs"]["carve"])
+    assert cp.returncode == 0
+    big = _carve_base(snap)
+    t = [big + k * TB for k in range(8)]
+    # add_one(T[5]) alone: its range ends at T[6]
+    ex, _ = _extract_and_replay(double, snap, tmp_path / "a.cusnap", "--kernel", "add_one#2")
+    assert _h2d_d2h(tmp_path / "a.cusnap") == ([(t[5], TB)], [(t[5], TB)])
+    # saxpy(3, x=T[1], y=T[4], n = two tensors): it writes T[5] too (found by comparing the
+    # allocation before and after, so restored and verified), but reads T[2] unseen: the
+    # extract does not verify, and --check says so and names --ranges segment
+    out = tmp_path / "b.cusnap"
+    ex = _cli(double, "extract", str(snap), "-o", str(out), "--kernel", "saxpy#2", "--check")
+    assert ex.returncode == 1, ex.stdout + ex.stderr
+    assert f"written beyond the ranges: {TB} B" in ex.stdout
+    h2d, d2h = _h2d_d2h(out)
+    assert h2d == [(t[1], TB), (t[4], 2 * TB)] and d2h == h2d
+    err = ex.stderr.strip().splitlines()
+    assert len(err) == 1 and "does not verify" in err[0] and "MISMATCH" in err[0] and "--ranges segment" in err[0]
+    rp = _cli(double, "replay", str(out))
+    assert rp.returncode == 1
+    _extract_and_replay(double, snap, tmp_path / "s.cusnap", "--kernel", "saxpy#2", "--ranges", "segment", "--check")
+    # with no host memory to compare allocations, the ranges are kept as they are, and the summary says so
+    env = {**double["env"], "CUDASNAP_EXTRACT_DIFF_BYTES": "0"}
+    ex = subprocess.run([sys.executable, "-m", "cudasnap", "extract", str(snap), "-o", str(tmp_path / "n.cusnap"),
+                         "--kernel", "saxpy", "--check"], env=env, capture_output=True, text=True, timeout=120)
+    assert ex.returncode == 0 and "1 allocation(s) not compared" in ex.stdout, ex.stdout + ex.stderr
+    assert _h2d_d2h(tmp_path / "n.cusnap") == ([(t[2], TB), (t[6], TB)], [(t[2], TB), (t[6], TB)])
+
+
+def test_boundaries_and_extents_without_a_gpu():
+    from cudasnap.export import ranges as R
+    b = R.Boundaries.of({0x10000: [1], 0x18000: [2], 0x30000: [3]})
+    seg = (0x10000, 0x40000)
+    assert R.extent(0x10000, 0, seg, b) == (0x10000, 0x18000)
+    assert R.extent(0x10000, 0x9000, seg, b) == (0x10000, 0x19000)      # a copy's length wins
+    assert R.extent(0x30000, 0, seg, b) == (0x30000, 0x40000)           # no later start: the end
+    assert R.extent(0x31000, 0x20000, seg, b) == (0x31000, 0x40000)     # capped by the allocation
+    live = [(0x10000, 0x30000, "placed")]
+    find = lambda a: 0 if 0x10000 <= a < 0x40000 else None         # noqa: E731
+    # a pointer with flag bits in its low bits (or a 4-byte offset view) reaches from its granule
+    assert R.plan([(0x18001, 0), (0x10004, 0), (0x50000, 0)], live, b, find) == {0: [(0x10000, 0x30000)]}
+    # a start counts only if a call names it while the pointer's tensor is live: from the
+    # pointer's last use before the selection (call 10) to the selection's end
+    b2 = R.Boundaries.of({0x10000: [5, 10], 0x14000: [2], 0x30000: [7], 0x38000: [12]})
+    assert b2.window(0x10000, 10, 10) == (5, 10)
+    assert R.plan([(0x10000, 0)], live, b2, find, (10, 10)) == {0: [(0x10000, 0x30000)]}
+    assert R.plan([(0x10000, 0)], live, b2, find) == {0: [(0x10000, 0x14000)]}
+    # first named by the selection: live until its next use
+    b3 = R.Boundaries.of({0x10000: [10, 20], 0x18000: [15], 0x20000: [25]})
+    assert b3.window(0x10000, 10, 10) == (10, 20)
+    assert R.plan([(0x10000, 0)], live, b3, find, (10, 10)) == {0: [(0x10000, 0x18000)]}
+    assert R.merge([(5, 9), (1, 3), (3, 4)]) == [(1, 4), (5, 9)]
+    assert R.subtract([(0, 100)], [(10, 20), (50, 120)]) == [(0, 10), (20, 50)]
+    before, after = bytes(10000), bytearray(10000)
+    after[5] = after[7000] = after[9999] = 1
+    assert R.written(before, bytes(after), 0x1000) == [(0x1005, 0x1006), (0x1000 + 7000, 0x1000 + 10000)]
+    # a TMA descriptor: the encoded map found in a launch's parameters reaches its whole tensor
+    dims = (64).to_bytes(8, "little") + (32).to_bytes(8, "little")
+    tm = R.tensor_map_extent({"tensorMap": b"\x07" * 128, "globalAddress": 0x20000, "tensorRank": 2,
+                              "tensorDataType": 7, "globalDim": dims, "globalStrides": (512).to_bytes(8, "little")})
+    assert tm == (b"\x07" * 128, 0x20000, 64 * 4 + 31 * 512)
+    b.tensor_maps = [tm]
+    roots = b.roots_of({"f": "cuLaunchKernel", "x": {"params": b"\0" * 8 + b"\x07" * 128}})
+    assert (0x20000, 64 * 4 + 31 * 512) in roots

@@ -17,7 +17,7 @@ def init(rp, rec):
 def primary_retain(rp, rec):
     ctx = rp.drv(rec, "cuDevicePrimaryCtxRetain", rp.dev)
     if ctx is not None:
-        rp.set_handle(rec["a"].get("pctx"), ctx)
+        rp.set_handle(rec["a"].get("pctx"), ctx, "context")
 
 
 @handles("cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxReset")
@@ -39,7 +39,7 @@ def ctx_create(rp, rec):
     a = rec["a"]
     ctx = rp.drv(rec, "cuCtxCreate", None, a.get("flags", 0), rp.dev)
     if ctx is not None:
-        rp.set_handle(a.get("pctx"), ctx)
+        rp.set_handle(a.get("pctx"), ctx, "context")
         _current(rp, rec, ctx)
 
 
@@ -60,7 +60,7 @@ def ctx_or_primary(rp, rec, h):
     if h in rp.handles:
         return rp.handles[h]
     ctx = rp.raw("cuDevicePrimaryCtxRetain", rp.dev)
-    rp.set_handle(h, ctx)
+    rp.set_handle(h, ctx, "context")
     ident = rp.ctx_ids.get(h)
     if not (ident and ident.get("primary")):
         what = "a context the capture could not identify" if not ident or ident.get("primary") is None else \
@@ -123,4 +123,4 @@ def ctx_attach(rp, rec):
     if "Attach" in rec["f"]:
         cur = rp.cu.cuCtxGetCurrent()
         if int(cur[0]) == 0:
-            rp.set_handle(rec["a"].get("pctx"), cur[1])
+            rp.set_handle(rec["a"].get("pctx"), cur[1], "context")

@@ -5,8 +5,10 @@ description's parameter list and handle kinds; the family modules keep only the 
 need more (structs, arrays, memory, placement, counting)."""
 from __future__ import annotations
 
-import re
 from typing import Dict, List, Tuple
+
+from cudasnap.formats.abi import strip_per_thread
+from cudasnap.shim.description import load as load_description
 
 from . import handles
 
@@ -28,8 +30,7 @@ def _plan(rp, rec) -> Tuple[str, List[Tuple[str, str, str]]]:
     abi = rec["f"]
     plan = _plans.get(abi)
     if plan is None:
-        from ..dispatch import _desc
-        desc = _desc()
+        desc = load_description()
         fn = next(f for f in desc.functions if f["name"] == abi)
         steps = []
         for p in fn["params"]:
@@ -41,7 +42,7 @@ def _plan(rp, rec) -> Tuple[str, List[Tuple[str, str, str]]]:
                 steps.append((p["name"], "out" if kind else "skip", kind))
             else:
                 raise ValueError(f"{abi}: parameter {p['name']} ({p['kind']}) needs a hand-written handler")
-        stripped = re.sub(r"_pt(sz|ds)$", "", abi)
+        stripped = strip_per_thread(abi)
         names = [n for n in (fn["base"], stripped, fn["base"] + "_v2") if hasattr(rp.cu, n)]
         plan = _plans[abi] = (names[0] if names else fn["base"], steps)
     return plan
@@ -67,7 +68,7 @@ def _replay(rp, rec):
     vals = out if len(outs) > 1 else (out,)
     for (p, role, _k), v in zip([s for s in steps if s[1] != "in"], vals):
         if role == "out":
-            rp.set_handle(a.get(p), v)
+            rp.set_handle(a.get(p), v, _k)
 
 
 def create(rp, rec):
@@ -87,8 +88,7 @@ def order(rp, rec):
 
 def _register() -> None:
     """Each name under its family in the description (replay counts calls per family)."""
-    from ..dispatch import _desc
-    desc = _desc()
+    desc = load_description()
     for names, fn, errors in ((CREATE, create, False), (DESTROY, destroy, False), (ORDER, order, True)):
         for n in names:
             f = desc.by_name(n) or {}

@@ -23,7 +23,8 @@ import struct
 from typing import Any, List, Optional
 
 from ..driverops import _ival
-from . import handles, refuses  # noqa: F401 (refuses: for calls that cannot be rebuilt)
+from ..layout import offsetof, sizeof
+from . import handles
 
 # CUgraphNodeType
 NT_KERNEL, NT_MEMCPY, NT_MEMSET, NT_HOST, NT_GRAPH, NT_EMPTY, NT_WAIT_EVENT, NT_EVENT_RECORD = range(8)
@@ -31,10 +32,11 @@ NT_EXT_SEMAS_SIGNAL, NT_EXT_SEMAS_WAIT, NT_MEM_ALLOC, NT_MEM_FREE, NT_BATCH_MEM_
 NODE_TYPE_NAMES = {NT_EXT_SEMAS_SIGNAL: "external semaphore signal", NT_EXT_SEMAS_WAIT: "external semaphore wait",
                    NT_MEM_ALLOC: "graph memory allocation", NT_MEM_FREE: "graph memory free",
                    NT_BATCH_MEM_OP: "batch memory operation"}
-NODE_PARAMS_SIZE, NP_UNION = 256, 16          # CUgraphNodeParams: type, reserved0[3], union @16
-KERNEL_PARAMS_SIZE = 72                       # CUDA_KERNEL_NODE_PARAMS(_v2/_v3)
-MEMSET_PARAMS_SIZE = 40                       # CUDA_MEMSET_NODE_PARAMS (v2 adds ctx @40)
-MEMCPY3D_SIZE = 200
+NODE_PARAMS_SIZE = sizeof("CUgraphNodeParams")
+NP_UNION = offsetof("CUgraphNodeParams", "kernel")     # type, reserved0[3], then the union
+KERNEL_PARAMS_SIZE = sizeof("CUDA_KERNEL_NODE_PARAMS")
+MEMSET_PARAMS_SIZE = sizeof("CUDA_MEMSET_NODE_PARAMS")  # v1 (v2 adds ctx at its end)
+MEMCPY3D_SIZE = sizeof("CUDA_MEMCPY3D")
 MT_HOST, MT_DEVICE, MT_ARRAY, MT_UNIFIED = 1, 2, 3, 4
 CU_LAUNCH_PARAM_END, CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE = 0, 1, 2
 
@@ -48,14 +50,6 @@ def _u64(b, o: int) -> int:
 
 def _u32(b, o: int) -> int:
     return struct.unpack_from("<I", b, o)[0]
-
-
-def _state(rp, name: str, factory):
-    v = getattr(rp, name, None)
-    if v is None:
-        v = factory()
-        setattr(rp, name, v)
-    return v
 
 
 def _struct_bytes(rp, rec, key: str, size: int, what: str) -> bytearray:
@@ -76,10 +70,10 @@ def graph(rp, rec, h, what: str = "graph"):
     body graph of a conditional node (the driver writes those into a host array capture does
     not record): the oldest unclaimed body is taken for it, with a note."""
     if h and h not in rp.handles:
-        bodies = _state(rp, "cond_bodies", list)
+        bodies = rp.cond_bodies
         if bodies:
             live = bodies.pop(0)
-            rp.set_handle(h, live)
+            rp.set_handle(h, live, "graph")
             rp.note(f"call #{rec.get('s')} {rec['f']}: graph {h:#x} taken to be the next body graph of a "
                     f"conditional node (body handles are not recorded)")
             return live
@@ -151,7 +145,7 @@ def keep_forever(rp, obj) -> None:
 
 
 def _note_once(rp, key: str, msg: str) -> None:
-    seen = _state(rp, "graph_notes", set)
+    seen = rp.graph_notes
     if key not in seen:
         seen.add(key)
         rp.note(msg)
@@ -184,7 +178,7 @@ def end_capture(rp, rec):
     g = rp.drv(rec, "cuStreamEndCapture", rp.stream(rec, a.get("hStream")))
     rp.capturing.discard(a.get("hStream"))
     if g is not None:
-        rp.set_handle(a.get("phGraph"), g)
+        rp.set_handle(a.get("phGraph"), g, "graph")
 
 
 @handles("cuStreamUpdateCaptureDependencies", errors=True)
@@ -199,7 +193,7 @@ def _exchange_inputs(rp) -> dict:
     """cuThreadExchangeStreamCaptureMode records only the mode it returned (the previous one):
     the mode a call set is what the next exchange on the same thread returned; the last one
     on a thread is taken to restore the thread's first mode."""
-    m = getattr(rp, "_xmode_inputs", None)
+    m = rp.xmode_inputs
     if m is None:
         m, by_tid = {}, {}
         for r in rp.reader.records(("c",)):
@@ -209,7 +203,7 @@ def _exchange_inputs(rp) -> dict:
         for lst in by_tid.values():
             for i, r in enumerate(lst):
                 m[r.get("s")] = (lst[i + 1] if i + 1 < len(lst) else lst[0])["a"]["mode"]
-        rp._xmode_inputs = m
+        rp.xmode_inputs = m
     return m
 
 
@@ -224,7 +218,7 @@ def exchange_capture_mode(rp, rec):
 # ------------------------------------------------------------------ graphs
 def _node_out(rp, rec, n) -> None:
     if n is not None:
-        rp.set_handle(rec["a"].get("phGraphNode"), n)
+        rp.set_handle(rec["a"].get("phGraphNode"), n, "graph node")
 
 
 @handles("cuGraphAddEmptyNode")
@@ -426,7 +420,7 @@ def add_node(rp, rec):
     _node_out(rp, rec, n)
     if n is not None and bodies is not None:
         arr, size = bodies
-        _state(rp, "cond_bodies", list).extend(rp.cu.CUgraph(arr[i]) for i in range(size))
+        rp.cond_bodies.extend(rp.cu.CUgraph(arr[i]) for i in range(size))
 
 
 @handles("cuGraphNodeSetParams", "cuGraphExecNodeSetParams")
@@ -531,15 +525,15 @@ def conditional_handle_create(rp, rec):
     if h is None:
         return
     rec_h = a.get("pHandle_out")
-    rp.set_handle(rec_h, h)
+    rp.set_handle(rec_h, h, "conditional handle")
     if isinstance(rec_h, int) and rec_h and _ival(h) != rec_h:
-        _state(rp, "cond_handles", dict)[rec_h] = _ival(h)
+        rp.cond_handles[rec_h] = _ival(h)
 
 
 def patch_conditional_handles(rp, rec, params: bytes, layout) -> bytes:
     """Kernels set conditional handles they receive as 8-byte arguments: a recorded handle value
     the live driver gave differently is replaced (8-byte parameters of the layout only)."""
-    m = getattr(rp, "cond_handles", None)
+    m = rp.cond_handles
     if not m or not layout:
         return params
     out = None
@@ -562,7 +556,7 @@ def graph_instantiate(rp, rec):
     fn = "cuGraphInstantiateWithFlags" if hasattr(rp.cu, "cuGraphInstantiateWithFlags") else "cuGraphInstantiate"
     ex = rp.drv(rec, fn, g, flags)
     if ex is not None:
-        rp.set_handle(a.get("phGraphExec"), ex)
+        rp.set_handle(a.get("phGraphExec"), ex, "graph exec")
 
 
 @handles("cuGraphInstantiateWithParams", errors=True)
@@ -579,7 +573,7 @@ def graph_instantiate_params(rp, rec):
         p.hUploadStream = rp.stream(rec, up)
     ex = rp.drv(rec, "cuGraphInstantiateWithParams", g, p)
     if ex is not None:
-        rp.set_handle(a.get("phGraphExec"), ex)
+        rp.set_handle(a.get("phGraphExec"), ex, "graph exec")
 
 
 @handles("cuGraphLaunch", "cuGraphUpload", errors=True)

@@ -5,16 +5,16 @@ from __future__ import annotations
 import time
 
 import ctypes
-import struct
 
 from . import handles
+from ..layout import packer, sizeof
 from ..placement import relocate_params
 from .graph import patch_conditional_handles, stream_capturing
 from .module import resolve_function
 
 CU_LAUNCH_PARAM_END, CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE = 0, 1, 2
-LAUNCH_CONFIG = struct.Struct("<7I4xQQI4x")   # CUlaunchConfig: grid xyz, block xyz, shmem, hStream, attrs, numAttrs
-LAUNCH_ATTR_SIZE = 72                          # CUlaunchAttribute: id, pad, 64-byte value union
+LAUNCH_CONFIG = packer("CUlaunchConfig")       # grid xyz, block xyz, shmem, hStream, attrs, numAttrs
+LAUNCH_ATTR_SIZE = sizeof("CUlaunchAttribute")  # id, pad, 64-byte value union
 
 
 class _Params:
@@ -155,6 +155,4 @@ def host_func(rp, rec):
     # imposed: work after it on the stream still follows work before it, and on a capturing
     # stream the next captured node depends on the previous one (the edges the host node had).
     rp.res.skipped += 1
-    if not getattr(rp, "_hostfn_noted", False):
-        rp._hostfn_noted = True
-        rp.note(f"call #{rec.get('s')} {rec['f']}: host callbacks of the recorded process are not run")
+    rp.note_once("hostfn", f"call #{rec.get('s')} {rec['f']}: host callbacks of the recorded process are not run")

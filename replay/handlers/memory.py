@@ -4,6 +4,7 @@ from __future__ import annotations
 import ctypes
 import struct
 
+from ..layout import offsetof, sizeof
 from . import handles
 from .graph import keep_forever, stream_capturing
 from ..staging import h2d_async_from_blob, h2d_from_blob
@@ -16,10 +17,8 @@ def _captured(rp, rec) -> bool:
 
 
 def _note_capture_d2h(rp, rec) -> None:
-    if not getattr(rp, "_capture_d2h_noted", False):
-        rp._capture_d2h_noted = True
-        rp.note(f"call #{rec.get('s')} {rec['f']}: device-to-host copies captured into graphs are not verified "
-                f"(the recorded bytes predate the graph's execution)")
+    rp.note_once("capture_d2h", f"call #{rec.get('s')} {rec['f']}: device-to-host copies captured into graphs "
+                                f"are not verified (the recorded bytes predate the graph's execution)")
 
 # ------------------------------------------------------------------ allocations
 
@@ -35,9 +34,8 @@ def _alloc(rp, rec, ptr_key="dptr", size=None):
 
 @handles("cuMemAlloc", "cuMemAllocManaged")
 def mem_alloc(rp, rec):
-    if rec["f"].startswith("cuMemAllocManaged") and not getattr(rp, "_managed_noted", False):
-        rp._managed_noted = True
-        rp.note("managed memory is replayed as device memory placed at its recorded address")
+    if rec["f"].startswith("cuMemAllocManaged"):
+        rp.note_once("managed", "managed memory is replayed as device memory placed at its recorded address")
     _alloc(rp, rec)
 
 
@@ -69,10 +67,8 @@ def mem_free_async(rp, rec):
     s = rp.stream(rec, a.get("hStream"))
     if stream_capturing(rp, a.get("hStream"), s):
         # a free node of the captured graph: the graph's kernels use the memory whenever it runs
-        if not getattr(rp, "_capture_free_noted", False):
-            rp._capture_free_noted = True
-            rp.note(f"call #{rec.get('s')} {rec['f']}: frees captured into graphs are not performed (the memory "
-                    f"stays mapped at its recorded address)")
+        rp.note_once("capture_free", f"call #{rec.get('s')} {rec['f']}: frees captured into graphs are not "
+                                     f"performed (the memory stays mapped at its recorded address)")
         rp.res.skipped += 1
         return
     rp.raw("cuStreamSynchronize", s)      # frees happen after the stream's work
@@ -153,7 +149,7 @@ def vmm_create(rp, rec):
     a = rec["a"]
     h = rp.drv(rec, "cuMemCreate", int(a.get("size", 0)), rp.ops.prop(), 0)
     if h is not None:
-        rp.set_handle(a.get("handle"), h)
+        rp.set_handle(a.get("handle"), h, "allocation handle")
 
 
 @handles("cuMemRelease")
@@ -168,7 +164,7 @@ def vmm_retain(rp, rec):
     a = rec["a"]
     h = rp.drv(rec, "cuMemRetainAllocationHandle", rp.tr(a.get("addr")))
     if h is not None:
-        rp.set_handle(a.get("handle"), h)
+        rp.set_handle(a.get("handle"), h, "allocation handle")
 
 
 @handles("cuMemMap")
@@ -206,7 +202,7 @@ class PoolToken:
 def pool_create(rp, rec):
     a = rec["a"]
     key = a.get("pool") if "pool" in a and rec["f"].startswith("cuMemPool") else a.get("pool_out")
-    rp.set_handle(key, PoolToken(key))
+    rp.set_handle(key, PoolToken(key), "pool")
 
 
 @handles("cuMemGetDefaultMemPool", "cuMemGetMemPool")
@@ -214,7 +210,7 @@ def pool_get(rp, rec):
     a = rec["a"]
     key = a.get("pool_out") if "Default" in rec["f"] else a.get("pool")
     if key not in rp.handles:
-        rp.set_handle(key, PoolToken(key))
+        rp.set_handle(key, PoolToken(key), "pool")
 
 
 @handles("cuMemPoolDestroy", "cuMemPoolTrimTo", "cuMemPoolSetAttribute", "cuMemPoolSetAccess", "cuDeviceSetMemPool",
@@ -360,8 +356,13 @@ def _unified_d2h(rp, rec, dst, src, n: int) -> None:
         rp.verify(rec, rp.blob(rec, "hostdst"), bytes(buf), src)
 
 
-# CUDA_MEMCPY2D offsets (see shim_hooks.c cs_memcpy2d_host)
-_SRC, _DST = 0, 56
+# CUDA_MEMCPY2D layout (see shim_hooks.c cs_memcpy2d_host): the src* and dst* field groups
+# have the same shape; offsets inside a group are relative to its XInBytes field
+_SRC, _DST = offsetof("CUDA_MEMCPY2D", "srcXInBytes"), offsetof("CUDA_MEMCPY2D", "dstXInBytes")
+MEMCPY2D_SIZE = sizeof("CUDA_MEMCPY2D")
+_MTYPE, _HOST, _DEVICE, _PITCH = (offsetof("CUDA_MEMCPY2D", "src" + f) - _SRC
+                                  for f in ("MemoryType", "Host", "Device", "Pitch"))
+_WIDTH, _HEIGHT = offsetof("CUDA_MEMCPY2D", "WidthInBytes"), offsetof("CUDA_MEMCPY2D", "Height")
 MT_HOST, MT_DEVICE, MT_ARRAY, MT_UNIFIED = 1, 2, 3, 4
 
 
@@ -373,14 +374,14 @@ def _u64(b, o):
 def memcpy_2d(rp, rec):
     a = rec["a"]
     cp = a.get("pCopy")
-    if not isinstance(cp, (bytes, bytearray)) or len(cp) < 128:
+    if not isinstance(cp, (bytes, bytearray)) or len(cp) < MEMCPY2D_SIZE:
         rp.fail(rec, "the CUDA_MEMCPY2D struct was not captured")
-    cp = bytearray(cp[:128])
-    w, h = _u64(cp, 112), _u64(cp, 120)
+    cp = bytearray(cp[:MEMCPY2D_SIZE])
+    w, h = _u64(cp, _WIDTH), _u64(cp, _HEIGHT)
     host_bufs = {}
     for base, key in ((_SRC, "hostsrc"), (_DST, "hostdst")):
-        mt = struct.unpack_from("<I", cp, base + 16)[0]
-        pitch = max(_u64(cp, base + 48), w)
+        mt = struct.unpack_from("<I", cp, base + _MTYPE)[0]
+        pitch = max(_u64(cp, base + _PITCH), w)
         if mt == MT_HOST:
             n = pitch * (h - 1) + w if h and w else 0
             if base == _SRC:
@@ -392,14 +393,14 @@ def memcpy_2d(rp, rec):
                 buf = ctypes.create_string_buffer(max(n, 1))
             host_bufs[base] = (buf, pitch)
             struct.pack_into("<QQ", cp, base, 0, 0)                       # x, y -> 0 in our buffer
-            struct.pack_into("<Q", cp, base + 24, ctypes.addressof(buf))
-            struct.pack_into("<Q", cp, base + 48, pitch)
+            struct.pack_into("<Q", cp, base + _HOST, ctypes.addressof(buf))
+            struct.pack_into("<Q", cp, base + _PITCH, pitch)
         elif mt in (MT_DEVICE, MT_UNIFIED):
-            struct.pack_into("<Q", cp, base + 32, rp.tr(_u64(cp, base + 32)))
+            struct.pack_into("<Q", cp, base + _DEVICE, rp.tr(_u64(cp, base + _DEVICE)))
         elif mt == MT_ARRAY:
             rp.fail(rec, "2D copies with CUDA arrays are not supported")
     st = rp.cu.CUDA_MEMCPY2D()
-    ctypes.memmove(int(st.getPtr()), bytes(cp), 128)
+    ctypes.memmove(int(st.getPtr()), bytes(cp), MEMCPY2D_SIZE)
     name = "cuMemcpy2DAsync" if _async(rec) else ("cuMemcpy2DUnaligned" if "Unaligned" in rec["f"] else "cuMemcpy2D")
     args = [st] + ([_stream(rp, rec)] if _async(rec) else [])
     captured = _captured(rp, rec)
@@ -410,8 +411,8 @@ def memcpy_2d(rp, rec):
     if captured:
         if _DST in host_bufs:
             _note_capture_d2h(rp, rec)
-        elif struct.unpack_from("<I", cp, _DST + 16)[0] in (MT_DEVICE, MT_UNIFIED):
-            rp.mark_written(_u64(rec["a"]["pCopy"], _DST + 32), rec.get("s"), rec["f"])
+        elif struct.unpack_from("<I", cp, _DST + _MTYPE)[0] in (MT_DEVICE, MT_UNIFIED):
+            rp.mark_written(_u64(rec["a"]["pCopy"], _DST + _DEVICE), rec.get("s"), rec["f"])
         return
     if _async(rec):
         rp.raw("cuStreamSynchronize", _stream(rp, rec))
@@ -422,10 +423,10 @@ def memcpy_2d(rp, rec):
         if exp is not None:        # compare the copied rows only (gaps are untouched host memory)
             exp = b"".join(exp[i * pitch:i * pitch + w] for i in range(h))
             got = b"".join(got[i * pitch:i * pitch + w] for i in range(h))
-        src = _u64(rec["a"]["pCopy"], _SRC + 32)
-        rp.verify(rec, exp, got, src if struct.unpack_from("<I", cp, 16)[0] in (MT_DEVICE, MT_UNIFIED) else None)
-    elif struct.unpack_from("<I", cp, _DST + 16)[0] in (MT_DEVICE, MT_UNIFIED):
-        rp.mark_written(_u64(rec["a"]["pCopy"], _DST + 32), rec.get("s"), rec["f"])
+        src = _u64(rec["a"]["pCopy"], _SRC + _DEVICE)
+        rp.verify(rec, exp, got, src if struct.unpack_from("<I", cp, _SRC + _MTYPE)[0] in (MT_DEVICE, MT_UNIFIED) else None)
+    elif struct.unpack_from("<I", cp, _DST + _MTYPE)[0] in (MT_DEVICE, MT_UNIFIED):
+        rp.mark_written(_u64(rec["a"]["pCopy"], _DST + _DEVICE), rec.get("s"), rec["f"])
 
 
 # ------------------------------------------------------------------ memsets

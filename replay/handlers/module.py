@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from . import handles
 from ..archcheck import runnable
+from ..errors import ReplayError
 from ..replace import replacements
 from ..retarget import jit_done, jit_image
 
@@ -48,7 +49,7 @@ def _load_module(rp, rec, img, out_key):
     jit_done(rp, rec)
     if mod is not None:
         rp.keepalive_images.append(img)
-        rp.set_handle(rec_mod, mod)
+        rp.set_handle(rec_mod, mod, "module")
         rp.modules[rec_mod] = mod
         if swap:
             rep.check_module(rec, rec_mod, mod, library=False)
@@ -74,7 +75,7 @@ def library_load(rp, rec):
     jit_done(rp, rec)
     if lib is not None:
         rp.keepalive_images.append(img)
-        rp.set_handle(rec_lib, lib)
+        rp.set_handle(rec_lib, lib, "library")
         rp.libraries[rec_lib] = lib
         if swap:
             rep.check_module(rec, rec_lib, lib, library=True)
@@ -107,7 +108,6 @@ def _name(rec, key="name"):
     n = rec["a"].get(key)
     if not isinstance(n, str):
         rp_fail = f"call #{rec.get('s')} {rec['f']}: the {key} string was not captured"
-        from ..engine import ReplayError
         raise ReplayError(rp_fail)
     return n
 
@@ -123,7 +123,7 @@ def module_get_function(rp, rec):
     if fn is not None:
         rp.funcs[a.get("hfunc")] = fn
         rp.func_from.pop(a.get("hfunc"), None)
-        rp.set_handle(a.get("hfunc"), fn)
+        rp.set_handle(a.get("hfunc"), fn, "function")
         rp.func_names[a.get("hfunc")] = name
         rp.module_of[a.get("hfunc")] = a.get("hmod")
 
@@ -137,7 +137,7 @@ def library_get_kernel(rp, rec):
     if k is not None and rep and rep.wants(name):
         k = rep.kernel(rec, name)
     if k is not None:
-        rp.set_handle(a.get("pKernel"), k)
+        rp.set_handle(a.get("pKernel"), k, "kernel")
         rp.funcs[a.get("pKernel")] = rp.cu.CUfunction(int(k))   # the runtime launches CUkernel cast to CUfunction
         rp.func_names[a.get("pKernel")] = name
         rp.module_of[a.get("pKernel")] = a.get("library")
@@ -149,7 +149,7 @@ def kernel_get_function(rp, rec):
     fn = rp.drv(rec, "cuKernelGetFunction", rp.live(rec, a.get("kernel"), "kernel"))
     if fn is not None:
         rp.funcs[a.get("pFunc")] = fn
-        rp.set_handle(a.get("pFunc"), fn)
+        rp.set_handle(a.get("pFunc"), fn, "function")
         if a.get("kernel") in rp.func_names:
             rp.func_names[a.get("pFunc")] = rp.func_names[a.get("kernel")]
 
@@ -159,7 +159,7 @@ def library_get_module(rp, rec):
     a = rec["a"]
     m = rp.drv(rec, "cuLibraryGetModule", rp.live(rec, a.get("library"), "library"))
     if m is not None:
-        rp.set_handle(a.get("pMod"), m)
+        rp.set_handle(a.get("pMod"), m, "module")
         rp.modules[a.get("pMod")] = m
 
 

@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
 from ..options import ReplayOptions, ReplayResult
-from ..selection import LaunchSelection, is_launch_call  # noqa: F401  (is_launch_call: profilers import it here)
+from ..selection import LaunchSelection, is_launch_call  # noqa: F401  (re-exported)
 from ..selection import check as check_selection
+from .common import Selection  # noqa: F401  (re-exported)
 
 MODES = ("timeline", "isolated", "graph")
 
@@ -58,15 +59,6 @@ class ProfileConfig:
     check_repeats: bool = False         # isolated: hash written memory after every run
     top: int = 20
     save_limit: int = 256 << 20         # isolated/graph: save every live allocation when all fit
-
-
-def Selection(cfg: ProfileConfig, rp) -> LaunchSelection:
-    """Which launches are profiled: the selection of cfg, prepared on replayer rp (after its
-    first pass; -s/-c count the recorded launches). rp may be a mapping of function names
-    (no counting then)."""
-    if isinstance(rp, dict):
-        return LaunchSelection.of(cfg, rp)
-    return LaunchSelection.of(cfg, rp.func_names).prepare(rp)
 
 
 def check_config(cfg: ProfileConfig) -> Optional[str]:

@@ -55,7 +55,11 @@ import time
 from types import SimpleNamespace
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .isolated import SAVE_KINDS, MemorySaver, ranges_for, stats
+from cudasnap.formats.abi import base_name
+
+from ..errors import ReplayError
+from ..selection import is_launch_call
+from .common import SAVE_KINDS, MemorySaver, Selection, ranges_for, stats
 from .timeline import open_cupti
 
 CU_STREAM_NON_BLOCKING = 1
@@ -70,8 +74,7 @@ class GraphHang(Exception):
 
 
 def _base(f: str) -> str:
-    from ..events import _BASE_RX
-    return _BASE_RX.sub("", f)
+    return base_name(f or "")
 
 
 def _union(spans: List[Tuple[int, int]]) -> int:
@@ -154,10 +157,9 @@ class GraphProfiler:
         if not rp.capturing:
             return False
         from ..handlers.graph import stream_capturing
-        return stream_capturing(rp, rec_stream, live_stream)
+        return stream_capturing(rp.ctx, rec_stream, live_stream)
 
     def _start(self, ev) -> None:
-        from . import Selection, is_launch_call
         from ..events import LAUNCH_CONFIG
         self.rp = rp = ev.replayer
         self.sel = Selection(self.cfg, rp)
@@ -451,7 +453,6 @@ class GraphProfiler:
                    f"#{self.first_seq}..#{self.last_seq}, or by another process); the GPU is still busy, replay stops")
             self.warn(msg)
             self.info.update(error=str(e), hung=True)
-            from ..engine import ReplayError
             raise ReplayError(msg)
         except Exception as e:
             self.warn(f"graph: {type(e).__name__}: {e}")

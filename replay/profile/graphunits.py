@@ -20,12 +20,14 @@ import bisect
 from types import SimpleNamespace
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .isolated import MemorySaver, ranges_for, stats
+from cudasnap.formats.abi import base_name
+
+from ..selection import is_launch_call
+from .common import MemorySaver, ranges_for, stats
 
 
 def _base(f: str) -> str:
-    from ..events import _BASE_RX
-    return _BASE_RX.sub("", f or "")
+    return base_name(f or "")
 
 
 def is_graph_launch(f: str) -> bool:
@@ -187,7 +189,6 @@ class RecordedGraphs:
     and kernel nodes added to it; per executable graph, through cuGraphInstantiate."""
 
     def __init__(self, rp):
-        from . import is_launch_call
         from ..events import LAUNCH_CONFIG
         self.rp = rp
         self.graphs: Dict[int, List[Dict[str, Any]]] = {}     # recorded CUgraph -> launch/node records

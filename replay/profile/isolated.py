@@ -25,116 +25,11 @@ can write restored before every run; CUPTI gives a row per kernel node (unit="gr
 from __future__ import annotations
 
 import os
-import statistics
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-SAVE_KINDS = ("placed", "fallback", "global")
-
-
-def _merge(ranges: List[Tuple[int, int]]) -> List[Tuple[int, int]]:
-    out: List[List[int]] = []
-    for lo, n in sorted((b, s) for b, s in ranges if s > 0):
-        hi = lo + n
-        if out and lo <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], hi)
-        else:
-            out.append([lo, hi])
-    return [(lo, hi - lo) for lo, hi in out]
-
-
-def ranges_for(rp, launches, limit: int) -> List[Tuple[int, int]]:
-    """Live (base, size) ranges the given launch events could write."""
-    sp = rp.space
-    allocs = [a for a in (sp.allocs.values() if sp else []) if a.kind in SAVE_KINDS]
-    if allocs and sum(a.size for a in allocs) <= limit:
-        return _merge([(a.live_base, a.size) for a in allocs])
-    out = []
-    for ev in launches:
-        raw = ev.rec_params
-        for off in range(0, len(raw) - 7, 8):
-            v = int.from_bytes(raw[off:off + 8], "little")
-            if v < 0x10000:
-                continue
-            a = sp.find(v) if sp else None
-            if a is not None and a.kind in SAVE_KINDS:
-                out.append((a.live_base, a.size))
-                continue
-            live = rp.tr(v)
-            try:  # program VMM mappings and memory the placement does not know
-                base, size = rp.raw("cuMemGetAddressRange", live)
-                out.append((int(base), int(size)))
-            except Exception:
-                pass
-    return _merge(out)
-
-
-class MemorySaver:
-    def __init__(self, rp, ranges: List[Tuple[int, int]]):
-        self.rp = rp
-        self.ranges = ranges
-        self.copies: List[Tuple[int, int, int]] = []      # live, backup, size
-
-    @property
-    def nbytes(self) -> int:
-        return sum(n for _b, _bk, n in self.copies)
-
-    def save(self) -> None:
-        rp = self.rp
-        rp.raw("cuCtxSynchronize")
-        self.skipped = []
-        try:
-            for base, n in self.ranges:
-                bk = int(rp.raw("cuMemAlloc", n))
-                try:
-                    rp.raw("cuMemcpyDtoD", bk, base, n)
-                except Exception:        # not (or no longer) device memory: nothing a kernel writes
-                    rp.raw("cuMemFree", bk)
-                    self.skipped.append((base, n))
-                    continue
-                self.copies.append((base, bk, n))
-            rp.raw("cuCtxSynchronize")
-        except Exception:
-            self.free()
-            raise
-
-    def restore(self, stream) -> None:
-        for base, bk, n in self.copies:
-            self.rp.raw("cuMemcpyDtoDAsync", base, bk, n, stream)
-
-    def keep_only(self, live: List[Tuple[int, int]]) -> int:
-        """Drop saved ranges that are no longer inside live memory (freed since the save);
-        returns how many were dropped."""
-        keep, drop = [], []
-        for c in self.copies:
-            (keep if any(lo <= c[0] and c[0] + c[2] <= lo + n for lo, n in live) else drop).append(c)
-        self.copies = keep
-        for _b, bk, _n in drop:
-            try:
-                self.rp.raw("cuMemFree", bk)
-            except Exception:
-                pass
-        return len(drop)
-
-    def digest(self, backup: bool = False) -> str:
-        """sha256 of the saved ranges as they are now (or of the saved copies)."""
-        import hashlib
-        rp = self.rp
-        rp.raw("cuCtxSynchronize")
-        h = hashlib.sha256()
-        for base, bk, n in self.copies:
-            buf = bytearray(n)
-            rp.raw("cuMemcpyDtoH", buf, bk if backup else base, n)
-            h.update(buf)
-        return h.hexdigest()
-
-    def free(self) -> None:
-        for _b, bk, _n in self.copies:
-            try:
-                self.rp.raw("cuMemFree", bk)
-            except Exception:
-                pass
-        self.copies = []
-
+from .common import SAVE_KINDS, MemorySaver, Selection, ranges_for, stats  # noqa: F401  (re-exported)
+from .graphunits import GraphUnit, RecordedGraphs, WindowClock, is_graph_launch, unit_rows
+from .timeline import open_cupti
 
 # Reads a buffer through L2 (16-byte loads, grid-stride); stores only if the xor of everything
 # read equals a value the zeroed buffer never gives, so the loads are not optimized away.
@@ -236,23 +131,6 @@ class L2Flusher:
                 pass
 
 
-def stats(times_us: List[float]) -> Dict[str, Any]:
-    """Spread of the timed repeats, as nvbench computes it: noise_pct is the sample standard
-    deviation (n - 1) over the mean; iqr_pct the interquartile range over the median, from
-    inclusive quartiles (the sample's own minimum and maximum are quartiles 0 and 4)."""
-    if not times_us:
-        return {}
-    med = statistics.median(times_us)
-    d = {"median_us": med, "min_us": min(times_us), "max_us": max(times_us), "mean_us": statistics.fmean(times_us)}
-    d["spread_pct"] = (d["max_us"] - d["min_us"]) / med * 100 if med > 0 else 0.0
-    sd = statistics.stdev(times_us) if len(times_us) > 1 else 0.0
-    d["noise_pct"] = sd / d["mean_us"] * 100 if d["mean_us"] > 0 else 0.0
-    if len(times_us) >= 4:
-        q = statistics.quantiles(times_us, n=4, method="inclusive")
-        d["iqr_pct"] = (q[2] - q[0]) / med * 100 if med > 0 else 0.0
-    return d
-
-
 EVENT_WARNING = ("isolated: CUPTI (cupti-python) is not available: timing repeats with CUDA events, which include "
                  "launch gaps (higher, noisier times); install cupti-python for kernel durations from CUPTI")
 
@@ -285,8 +163,6 @@ class IsolatedProfiler:
 
     def on_event(self, kind: str, ev) -> None:
         if kind == "start":
-            from . import Selection
-            from .timeline import open_cupti
             self.rp = ev.replayer
             self.sel = Selection(self.cfg, self.rp)
             self.cupti = open_cupti(self.cfg.backend, self.warn)
@@ -295,7 +171,6 @@ class IsolatedProfiler:
             else:
                 self.warn(EVENT_WARNING)
             try:
-                from .graphunits import RecordedGraphs
                 self.graphs = RecordedGraphs(self.rp)
                 self.wants_calls = bool(self.graphs.launches)
             except Exception as e:
@@ -401,7 +276,6 @@ class IsolatedProfiler:
 
     def _windowed_runs(self, ev, saver, digests: List[str]):
         """Each run alone in a CUPTI time window: restore (and flush), wait, mark, launch, wait, mark."""
-        from .graphunits import WindowClock
         rp, cfg, s = self.rp, self.cfg, ev.stream
         clock = WindowClock(self.cupti)
         clock.start()
@@ -451,7 +325,6 @@ class IsolatedProfiler:
 
     # ------------------------------------------------------------------ the program's graphs
     def _before_graph_launch(self, ev) -> None:
-        from .graphunits import GraphUnit, is_graph_launch
         if self.graphs is None or not is_graph_launch(ev.call):
             return
         rec = ev.rec
@@ -482,7 +355,6 @@ class IsolatedProfiler:
         self._pending_units[ev.seq] = unit
 
     def _repeat_unit(self, unit) -> None:
-        from .graphunits import unit_rows
         rp, cfg = self.rp, self.cfg
         base = {"seq": unit.seq, "name": f"cuGraphLaunch #{unit.seq}", "unit": "graph",
                 "kernels_recorded": len(unit.names), "saved_bytes": unit.saver.nbytes}

@@ -14,6 +14,8 @@ import json
 import statistics
 from typing import Any, Dict, List
 
+from ..names import demangle, short_name
+
 KERNEL_COLS = ["name", "demangled", "launches", "total_us", "median_us", "min_us", "max_us", "mean_us", "share_pct",
                "spread_pct", "max_spread_pct", "iqr_pct", "noise_pct"]
 LAUNCH_COLS = ["seq", "index", "name", "demangled", "stream", "grid", "block", "shmem", "time_us", "start_ns", "end_ns",
@@ -56,7 +58,6 @@ def aggregate(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
 
 
 def build_report(prof, cfg) -> Dict[str, Any]:
-    from ..names import demangle
     rows = prof.launch_rows()
     for r in rows:
         if isinstance(r.get("name"), str):
@@ -230,10 +231,12 @@ def render_table(report: Dict[str, Any], out, top: int = 20) -> None:
     if isolated:
         cols += [("spread", "right"), ("noise", "right")]
     cols.append(("share", "right"))
-    cut = is_tty(out)         # at a terminal long names are cut; logs and pipes get them whole
+    # demangled and shortened (replay/names.short_name); cut to 80 characters at a terminal,
+    # never cut nor wrapped in logs and pipes; JSON and CSV keep the recorded name
+    width = 80 if is_tty(out) else None
     rows = []
     for k in ks[:top]:
-        name = k["name"] if not cut or len(k["name"]) <= 80 else k["name"][:77] + "..."
+        name = short_name(k["name"], width)
         row = [name, str(k["launches"]), fmt_us(k.get("total_us")), fmt_us(k.get("median_us")), fmt_us(k.get("min_us")),
                fmt_us(k.get("max_us"))]
         if isolated:
@@ -268,7 +271,7 @@ def graph_notes(s: Dict[str, Any]) -> List[str]:
     un = s.get("unrecorded") or []
     if un:
         lines.append("not a recorded launch (CUPTI records of no captured operation), per run: " + ", ".join(
-            f"{e['name'][:50]} x{e['per_run']:g} ({fmt_us(e['us_per_run'])})" for e in un[:5])
+            f"{short_name(e['name'], 50)} x{e['per_run']:g} ({fmt_us(e['us_per_run'])})" for e in un[:5])
             + (" ..." if len(un) > 5 else ""))
     c = s.get("check")
     if c and c.get("diff_pct") is not None:

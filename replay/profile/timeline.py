@@ -14,6 +14,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from .common import Selection
+
 EVENT_WARNING = ("CUPTI (cupti-python) is not available: timing with CUDA events around each launch, "
                  "which adds serialization; install cupti-python for CUPTI activity timestamps")
 
@@ -282,7 +284,6 @@ class TimelineProfiler:
             m(ev)
 
     def _start(self, ev) -> None:
-        from . import Selection
         self.rp = ev.replayer
         self.device = getattr(getattr(self.rp, "opt", None), "device", None)
         self.sel = Selection(self.cfg, self.rp)

@@ -36,6 +36,7 @@ PROGRAMS = {
     "killme": "link",
     "nocuda": "none",
     "chase": "link",
+    "carve": "link",
     "launch_forms": "link",
     "bigcopy": "link",
     "queries": "link",
@@ -43,6 +44,7 @@ PROGRAMS = {
     "unified": "link",
     "sigwait": "link",
     "nvtx_client": "link",
+    "windowed": "link",
 }
 
 MODULE_TEXT = "CUDADOUBLE\nkernel add_one\nkernel fill\nkernel saxpy\nkernel chase\nkernel incr\nkernel spin\n"

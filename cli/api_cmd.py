@@ -9,14 +9,10 @@ STATUSES = ("replay", "record", "refused")
 
 
 def _replay_handled() -> Optional[set]:
-    """ABI names the replay package really dispatches, if it says so (never fails)."""
+    """ABI names the replay package really dispatches (None if it cannot say: never fails)."""
     try:
-        from cudasnap.replay import dispatch  # type: ignore
-
-        handled = getattr(dispatch, "REPLAY_HANDLED", None)
-        if handled is None:
-            return None
-        return set(handled)
+        from cudasnap.replay import dispatch
+        return set(dispatch.REPLAY_HANDLED)
     except Exception:
         return None
 

@@ -1,0 +1,355 @@
+"""What replay handlers see: a ReplayContext, not the engine.
+
+The engine (Replayer) owns one context and passes it to every handler. The context holds:
+- the driver, device, options, result and the address space (set by the engine);
+- one declared map per handle kind (Handles), and the function/module bookkeeping;
+- translate/record methods: live(), set_handle(), stream(), tr(), drv(), raw(), blob(),
+  verify(), note(), fail(), mark_written(), before_launch()/after_launch() (the engine's
+  event hooks);
+- the declared fields handlers keep state in (nothing is stored on it ad hoc: __slots__).
+"""
+from __future__ import annotations
+
+import bisect
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
+
+from cudasnap.formats import SnapshotError, cu_result_name
+from cudasnap.formats.abi import per_thread
+
+from .driverops import _code
+from .errors import DriverCallError, ReplayError
+from .placement import scan_payload
+from .verify import compare
+
+CU_STREAM_LEGACY, CU_STREAM_PER_THREAD = 1, 2
+
+# handle kind -> the Handles map it lives in; `what` words handlers and the description use
+_KIND_MAP = {
+    "context": "contexts", "stream": "streams", "event": "events", "graph": "graphs", "child graph": "graphs",
+    "graph node": "graph_nodes", "node": "graph_nodes", "graph exec": "graph_execs",
+    "allocation handle": "mem_handles", "mem handle": "mem_handles", "mempool": "pools", "pool": "pools",
+    "module": "modules", "library": "libraries", "kernel": "kernels", "function": "functions",
+    "conditional handle": "conditionals",
+}
+
+
+class Handles:
+    """Recorded handle -> live object, one map per handle kind (contexts, streams, events,
+    graphs, graph_nodes, graph_execs, mem_handles, pools, modules, libraries, kernels,
+    functions, conditionals; anything else in `other`). A recorded value belongs to one kind
+    at a time. A lookup by kind falls back to the value alone: programs pass one kind as
+    another (the runtime hands CUkernel handles to calls that take a CUfunction)."""
+
+    KINDS = ("contexts", "streams", "events", "graphs", "graph_nodes", "graph_execs", "mem_handles", "pools",
+             "modules", "libraries", "kernels", "functions", "conditionals", "other")
+    __slots__ = KINDS + ("_all", "_kind_of")
+
+    def __init__(self):
+        for k in self.KINDS:
+            setattr(self, k, {})
+        self._all: Dict[int, Any] = {}
+        self._kind_of: Dict[int, str] = {}
+
+    @staticmethod
+    def map_name(kind: str) -> str:
+        return _KIND_MAP.get(kind.replace("_", " "), "other")
+
+    def set(self, kind: str, rec_h: int, live) -> None:
+        m = self.map_name(kind)
+        old = self._kind_of.get(rec_h)
+        if old is not None and old != m:
+            getattr(self, old).pop(rec_h, None)
+        getattr(self, m)[rec_h] = live
+        self._all[rec_h] = live
+        self._kind_of[rec_h] = m
+
+    def lookup(self, kind: str, rec_h):
+        """The live object of rec_h (KeyError when unknown)."""
+        v = getattr(self, self.map_name(kind)).get(rec_h)
+        return v if v is not None else self._all[rec_h]
+
+    def kind_of(self, rec_h) -> Optional[str]:
+        return self._kind_of.get(rec_h)
+
+    # any-kind access (by value)
+    def __contains__(self, rec_h) -> bool:
+        return rec_h in self._all
+
+    def __getitem__(self, rec_h):
+        return self._all[rec_h]
+
+    def get(self, rec_h, default=None):
+        return self._all.get(rec_h, default)
+
+    def pop(self, rec_h, default=None):
+        m = self._kind_of.pop(rec_h, None)
+        if m is not None:
+            getattr(self, m).pop(rec_h, None)
+        return self._all.pop(rec_h, default)
+
+    def __len__(self) -> int:
+        return len(self._all)
+
+    def __iter__(self):
+        return iter(self._all)
+
+    def items(self):
+        return self._all.items()
+
+
+class EngineHooks:
+    """What the engine does for handlers: initialize, run profiler control, tell subscribers
+    about a launch, stop on a mismatch. Set by the engine that owns the context."""
+    __slots__ = ("ensure_init", "profiler_control", "before_launch", "after_launch", "wants_launch_events",
+                 "stop_verify")
+
+    def __init__(self):
+        self.ensure_init: Callable[[Any], None] = lambda rec=None: None
+        self.profiler_control: Callable[[Any], None] = lambda rec: None
+        self.before_launch: Callable[..., Any] = lambda *a, **k: None
+        self.after_launch: Callable[[Any], None] = lambda ev: None
+        self.wants_launch_events: Callable[[], bool] = lambda: False
+        self.stop_verify: Callable[[Any], None] = lambda m: None
+
+
+class ReplayContext:
+    __slots__ = (
+        # driver, device and run (set by the engine)
+        "cu", "dev", "device_cc", "ops", "space", "reader", "opt", "res", "tol", "hooks",
+        # handles
+        "handles", "funcs", "func_names", "fns", "fn_versions", "func_from", "module_of", "ctx_ids",
+        # lifetimes and replay state
+        "keepalive", "keepalive_images", "vmm_virtual", "capturing", "cur_ctx", "mismatch_text", "prefetch",
+        # state the handlers keep
+        "cond_bodies", "cond_handles", "graph_notes", "xmode_inputs", "noted", "replacements", "jit_t0",
+        "jit_what",
+    )
+
+    def __init__(self, opt, res, tol):
+        self.cu = None                                   # cuda.bindings.driver (or a test driver)
+        self.dev = None                                  # live CUdevice
+        self.device_cc: Optional[Tuple[int, int]] = None
+        self.ops = None                                  # DriverOps
+        self.space = None                                # AddressSpace (placement)
+        self.reader = None                               # SnapshotReader
+        self.opt, self.res, self.tol = opt, res, tol
+        self.hooks = EngineHooks()
+        self.handles = Handles()
+        self.funcs: Dict[int, Any] = {}                  # recorded CUfunction/CUkernel -> live CUfunction
+        self.func_names: Dict[int, str] = {}             # recorded function handle -> name
+        self.fns: Dict[int, Dict[str, Any]] = {}         # "fn" records by handle (the first)
+        self.fn_versions: Dict[int, List[Tuple[int, Dict[str, Any]]]] = {}  # reused handles: (after seq, fn)
+        self.func_from: Dict[int, Dict[str, Any]] = {}   # handle -> fn record its live function was resolved by
+        self.module_of: Dict[int, int] = {}              # recorded function -> recorded module/library
+        self.ctx_ids: Dict[int, Dict[str, Any]] = {}     # "ctx" records: contexts identified at first sight
+        self.keepalive: List[Any] = []                   # host buffers of async copies, until a sync
+        self.keepalive_images: List[Any] = []            # module images and structs the driver keeps pointers to
+        self.vmm_virtual: Set[int] = set()               # program reservations inside our spans
+        self.capturing: Set[Any] = set()                 # recorded streams in capture
+        self.cur_ctx: Dict[Any, Any] = {}                # recorded tid -> live ctx current on it
+        self.mismatch_text: List[str] = []
+        self.prefetch = None                             # the engine's blob prefetch thread
+        self.cond_bodies: List[Any] = []                 # conditional node body graphs (kept alive)
+        self.cond_handles: Dict[int, int] = {}           # recorded conditional handle -> live value
+        self.graph_notes: Set[str] = set()               # graph notes already given
+        self.xmode_inputs: Optional[Dict[int, Any]] = None  # capture dependencies read ahead (graph.py)
+        self.noted: Set[str] = set()                     # one-time notes already given
+        self.replacements: Any = False                   # replace.Replacements, None, or False: not built
+        self.jit_t0: Optional[float] = None              # --jit ptx: first JIT start
+        self.jit_what: Any = None
+
+    @property
+    def modules(self) -> Dict[int, Any]:
+        return self.handles.modules
+
+    @property
+    def libraries(self) -> Dict[int, Any]:
+        return self.handles.libraries
+
+    # ------------------------------------------------------------------ report
+    def note(self, msg: str) -> None:
+        self.res.warnings.append(msg)
+
+    def note_once(self, key: str, msg: str) -> None:
+        if key not in self.noted:
+            self.noted.add(key)
+            self.note(msg)
+
+    def fail(self, rec, msg: str) -> None:
+        raise ReplayError(f"call #{rec.get('s')} {rec.get('f')}: {msg}")
+
+    # ------------------------------------------------------------------ driver calls
+    def drv(self, rec, name: str, *args):
+        """Call driver `name`; compare its CUresult with the recorded one.  Returns the output
+        values (a single value, a tuple, or () when none), or None when the recorded error
+        recurred.  Raises ReplayError on a new error."""
+        fn = getattr(self.cu, name, None)
+        if fn is None:
+            self.fail(rec, f"the driver bindings lack {name}")
+        res = fn(*args)
+        code = _code(res[0])
+        want = rec.get("r", 0) if rec is not None else 0
+        if code == 0 and want in (0, None):
+            return res[1] if len(res) == 2 else tuple(res[1:])
+        if code == want:
+            self.res.errors_recurred += 1
+            if self.res.errors_recurred <= 3:       # name it, with its kernel (handlers/state.py)
+                from .handlers.state import recurred_note
+                self.note(recurred_note(self, rec, code))
+            return None
+        if want == 0 or want is None:
+            self.fail(rec, self.new_error_text(code))
+        if code == 0:
+            self.note(f"call #{rec.get('s')} {rec.get('f')}: recorded {cu_result_name(want)} did not recur")
+            return res[1] if len(res) == 2 else tuple(res[1:])
+        self.note(f"call #{rec.get('s')} {rec.get('f')}: replay returned {cu_result_name(code)}, "
+                  f"recorded {cu_result_name(want)}")
+        return None
+
+    def new_error_text(self, code: int) -> str:
+        hint = ""
+        if self.res.payload_stale and not self.opt.relocate_payloads:
+            hint = "; device memory holds stale recorded addresses after a fallback (try --relocate-payloads)"
+        return f"replay returned {cu_result_name(code)} (recorded CUDA_SUCCESS){hint}"
+
+    def raw(self, name: str, *args):
+        """Driver call outside any record; raises DriverCallError."""
+        res = getattr(self.cu, name)(*args)
+        code = _code(res[0])
+        if code != 0:
+            raise DriverCallError(name, code)
+        return res[1] if len(res) == 2 else tuple(res[1:])
+
+    # ------------------------------------------------------------------ handles
+    def set_handle(self, rec_h, live, kind: str = "other") -> None:
+        if isinstance(rec_h, int) and rec_h:
+            self.handles.set(kind, rec_h, live)
+
+    def live(self, rec, rec_h, what: str = "handle"):
+        if not rec_h:
+            return None
+        try:
+            return self.handles.lookup(what, rec_h)
+        except (KeyError, TypeError):
+            self.fail(rec, f"unknown {what} {rec_h:#x} (its creating call was not replayed)"
+                      if isinstance(rec_h, int) else f"bad {what} {rec_h!r}")
+
+    def stream(self, rec, rec_s):
+        """Live stream for a recorded stream handle (0 = default; per-thread for _ptsz)."""
+        cu = self.cu
+        if not rec_s:
+            return cu.CUstream(CU_STREAM_PER_THREAD if per_thread(rec.get("f", "")) else 0)
+        if rec_s in (CU_STREAM_LEGACY, CU_STREAM_PER_THREAD):
+            return cu.CUstream(rec_s)
+        return self.live(rec, rec_s, "stream")
+
+    # ------------------------------------------------------------------ payloads
+    def blob(self, rec, key: str) -> Optional[bytes]:
+        x = rec.get("x") or {}
+        ref = x.get(key)
+        if ref is None:  # early snapshots named payloads "src"/"dst"
+            ref = x.get({"srcHost": "src", "dstHost": "dst"}.get(key, ""))
+        if not isinstance(ref, dict) or not ref.get("blob"):
+            return None
+        try:
+            return self.reader.blob(ref["blob"])
+        except SnapshotError as e:
+            self.note(f"call #{rec.get('s')}: blob for {key} unreadable: {e}")
+            self.res.unreadable_payloads.append(f"call #{rec.get('s')} {key}: {e}")
+            return None
+
+    def blob_chunks(self, rec, key: str) -> Optional[Tuple[int, Iterator[Any]]]:
+        """(size, iterator over the blob's chunks) for payload `key` of rec, or None when the
+        payload was not captured.  Chunks come from the prefetch thread when it holds this blob,
+        else from the file; an unreadable blob raises SnapshotError while iterating."""
+        ref = (rec.get("x") or {}).get(key)
+        if not isinstance(ref, dict) or not ref.get("blob") or not self.reader.has_blob(ref["blob"]):
+            return None
+        bid = ref["blob"]
+        size = self.reader.blob_size(bid)
+        it = self.prefetch.take(bid) if self.prefetch is not None else None
+        if it is None:
+            it = self.reader.blob_reader(bid)
+        return size, it
+
+    # ------------------------------------------------------------------ addresses
+    def tr(self, addr) -> int:
+        return self.space.translate(addr) if isinstance(addr, int) else 0
+
+    def h2d_payload(self, rec, data: bytes) -> bytes:
+        if self.space is None or not self.space.moved:
+            return data
+        data, found = scan_payload(data, self.space, self.opt.relocate_payloads)
+        if found:
+            self.res.payload_stale.append({"seq": rec.get("s"), "call": rec.get("f"), "count": len(found),
+                                           "first_offset": found[0][0], "value": hex(found[0][1]),
+                                           "rewritten": self.opt.relocate_payloads})
+        return data
+
+    def mark_written(self, rec_addr: int, seq, who: str) -> None:
+        a = self.space.find(rec_addr) if self.space and isinstance(rec_addr, int) else None
+        if a is not None:
+            a.last_writer = (seq, who)
+
+    # ------------------------------------------------------------------ verification
+    def verify(self, rec, expected: Optional[bytes], got: bytes, src: Optional[int] = None) -> None:
+        if expected is None:
+            self.res.d2h_unverified += 1
+            return
+        alloc = self.space.find(src) if (self.space and src) else None
+        writer = alloc.last_writer if alloc else None
+        m = compare(expected, got, self.tol, seq=rec.get("s", 0), call=rec.get("f", ""), src=src, writer=writer)
+        self.res.d2h_verified += 1
+        self.res.d2h_bytes += len(expected)
+        if m is not None:
+            self.res.mismatches.append(m.to_dict())
+            self.mismatch_text.append(m.describe())
+            if not self.opt.continue_on_error:
+                self.hooks.stop_verify(m)
+
+    # ------------------------------------------------------------------ functions
+    def add_fn(self, rec, after_seq: int) -> None:
+        """An fn record names a handle at first sight. The shim sends one again after a module,
+        library or context is unloaded; one that names another kernel than before (a reused
+        handle value) holds for the calls after it, so versions are kept with their position."""
+        h = rec["h"]
+        first = self.fns.get(h)
+        if first is None:
+            self.fns[h] = rec
+            self.func_names.setdefault(h, rec.get("name") or "")
+            return
+        vers = self.fn_versions.get(h)
+        last = vers[-1][1] if vers else first
+        if (rec.get("name"), rec.get("module"), rec.get("kind")) != (last.get("name"), last.get("module"), last.get("kind")):
+            self.fn_versions.setdefault(h, [(-1, first)]).append((after_seq, rec))
+
+    def fn_record(self, h, seq=None) -> Optional[Dict[str, Any]]:
+        """The fn record that names handle h at call `seq` (the newest one before it)."""
+        vers = self.fn_versions.get(h)
+        if not vers or not isinstance(seq, int):
+            return self.fns.get(h)
+        i = bisect.bisect_left(vers, seq, key=lambda v: v[0]) - 1
+        return vers[max(i, 0)][1]
+
+    def kernel_name_of(self, rec_f, seq=None) -> str:
+        if rec_f in self.fn_versions:
+            return (self.fn_record(rec_f, seq) or {}).get("name") or f"{rec_f:#x}"
+        if rec_f in self.func_names:
+            return self.func_names[rec_f]
+        fr = self.fns.get(rec_f)
+        return fr["name"] if fr else (f"{rec_f:#x}" if isinstance(rec_f, int) else "?")
+
+    # ------------------------------------------------------------------ engine hooks
+    def ensure_init(self, rec=None) -> None:
+        self.hooks.ensure_init(rec)
+
+    def profiler_control(self, rec) -> None:
+        self.hooks.profiler_control(rec)
+
+    def before_launch(self, rec, fn, params: bytes, name: str, cfg=None):
+        """Launch handlers call this just before the driver launch; returns the event (or None)."""
+        return self.hooks.before_launch(rec, fn, params, name, cfg)
+
+    def after_launch(self, ev) -> None:
+        if ev is not None:
+            self.hooks.after_launch(ev)

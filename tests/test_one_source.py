@@ -1,0 +1,108 @@
+"""One source of truth: call classification comes from the API description, the ABI-suffix
+rule lives in one module, handler struct sizes come from the description, and the ring's wire
+constants are generated from shim/ring.h."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from cudasnap.formats.abi import base_name
+from cudasnap.replay import dispatch
+from cudasnap.shim.description import load
+
+ROOT = Path(__file__).resolve().parents[1]
+CLASSES = {"query", "execute", "refuse", "record"}
+
+
+def test_every_function_has_a_replay_class():
+    for f in load().functions:
+        assert f["replay_class"] in CLASSES, f["name"]
+        if f["status"] == "refused" and f["replay_class"] != "query":
+            assert f["replay_class"] == "refuse", f["name"]
+
+
+def test_dispatch_reads_the_description():
+    for f in load().functions:
+        n = f["name"]
+        assert dispatch.is_query(n) == (f["replay_class"] == "query"), n
+        if dispatch.lookup(n) is not None:
+            # a handler for a query or a recorded-only call is a description bug
+            assert f["replay_class"] == "execute", n
+        elif f["replay_class"] == "query":
+            assert n in dispatch.REPLAY_SKIPPED
+        elif f["replay_class"] == "refuse":
+            assert dispatch.REPLAY_REFUSED[n] == f["reason"]
+    # a name the description lacks takes its base's class; an unknown base has none
+    assert dispatch.is_query("cuCtxGetDevice_v9")
+    assert dispatch.replay_class("cuNoSuchCall") is None and not dispatch.is_query("cuNoSuchCall")
+
+
+def test_capture_queries_are_replay_queries():
+    qs = [f["name"] for f in load().functions if f["capture_query"]]
+    assert "cuCtxGetDevice" in qs and "cuStreamIsCapturing" in qs and "cuMemAlloc_v2" not in qs
+    for f in load().functions:
+        if f["capture_query"]:
+            assert f["replay_class"] == "query", f["name"]
+
+
+def test_description_bases_agree_with_the_one_rule():
+    for f in load().functions:
+        assert base_name(f["name"]) == f["base"], f["name"]
+
+
+def test_abi_suffix_rule_is_written_once():
+    """No copy of the suffix regex outside formats/abi.py."""
+    hits = []
+    for p in ROOT.rglob("*.py"):
+        rel = p.relative_to(ROOT).as_posix()
+        if rel.startswith(("build/", ".venv/", "tests/")) or "/." in rel:
+            continue
+        if re.search(r"_pt\(sz\|ds\)", p.read_text(errors="replace")):
+            hits.append(rel)
+    assert hits == ["formats/abi.py"]
+
+
+def test_handler_struct_sizes_come_from_the_description():
+    from cudasnap.replay.handlers import graph, launch
+    from cudasnap.replay.layout import offsetof, packer, sizeof
+    types = load().types
+    assert graph.KERNEL_PARAMS_SIZE == types["CUDA_KERNEL_NODE_PARAMS"]["size"] == 72
+    assert graph.NODE_PARAMS_SIZE == sizeof("CUgraphNodeParams") == 256
+    assert graph.NP_UNION == offsetof("CUgraphNodeParams", "kernel") == 16
+    assert launch.LAUNCH_CONFIG.format == packer("CUlaunchConfig").format
+    # the layout the launch handlers relied on before it came from the description
+    assert launch.LAUNCH_CONFIG.size == 56 and launch.LAUNCH_CONFIG.unpack(bytes(range(56)))[7] == \
+        int.from_bytes(bytes(range(32, 40)), "little")
+
+
+def test_memcpy2d_field_groups_have_one_shape():
+    """The 2D copy handler addresses src* and dst* fields relative to their group's start."""
+    from cudasnap.replay.handlers import memory as M
+    from cudasnap.replay.layout import offsetof
+    for f, rel in (("MemoryType", M._MTYPE), ("Host", M._HOST), ("Device", M._DEVICE), ("Pitch", M._PITCH)):
+        assert offsetof("CUDA_MEMCPY2D", "dst" + f) - M._DST == rel == offsetof("CUDA_MEMCPY2D", "src" + f) - M._SRC
+    assert (M._WIDTH, M._HEIGHT, M.MEMCPY2D_SIZE) == (112, 120, 128)
+
+
+def test_ring_constants_match_ring_h():
+    r = subprocess.run([sys.executable, str(ROOT / "shim" / "gen_ring.py"), "--check"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    from cudasnap.capture import ring as R
+    assert R.REC_HDR.size == 48 and R.FIELD_HDR.size == 8 and R.MAGIC == b"CSRING1\0"
+    assert (R.PRE, R.POST, R.CALL, R.NVTX) == (2, 3, 11, 14)
+
+
+def test_ring_generator_sees_an_edit(tmp_path):
+    """Editing ring.h without regenerating fails the check above."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("gen_ring", ROOT / "shim" / "gen_ring.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    text = (ROOT / "shim" / "ring.h").read_text()
+    assert gen.render(text) == (ROOT / "capture" / "ring_constants.py").read_text()
+    edited = text.replace("CS_REC_NVTX = 14,", "CS_REC_NVTX = 14,\n    CS_REC_NEW = 15,")
+    assert edited != text and "REC_NEW = 15" in gen.render(edited)
+    moved = text.replace("uint32_t hdr_size;", "uint64_t hdr_size;")
+    assert "OFF_CAPACITY = 16" in gen.render(text) and "OFF_CAPACITY = 24" in gen.render(moved)
