@@ -37,6 +37,8 @@ _SLOT = CHUNK_SIZE                # one chunk per slot
 CU_STREAM_NON_BLOCKING = 1
 CU_EVENT_DISABLE_TIMING = 2
 CU_MEMHOSTREGISTER_PORTABLE = 1
+CUDA_ERROR_NOT_READY = 600
+CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712
 
 
 def _pool_bytes() -> int:
@@ -167,6 +169,11 @@ class BlobPipeline:
                     pass
                 self._pinned[s.k] = False
 
+    def repin(self) -> None:
+        """Forget which slots are page-locked (their context is gone): pin them again on use."""
+        self._pinned = [False] * len(self.slots)
+        self._pin_failed = False
+
     def pin(self, slot: Slot, rp) -> None:
         """Page-lock a slot before its first copy (once; after a failure copies run from
         pageable memory, which is slower but correct)."""
@@ -174,7 +181,8 @@ class BlobPipeline:
             return
         cu = rp.cu
         try:
-            ok = int(cu.cuMemHostRegister(slot.addr, _SLOT, CU_MEMHOSTREGISTER_PORTABLE)[0]) == 0
+            code = int(cu.cuMemHostRegister(slot.addr, _SLOT, CU_MEMHOSTREGISTER_PORTABLE)[0])
+            ok = code in (0, CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED)
         except Exception:
             ok = False
         if ok:
@@ -368,7 +376,18 @@ def _stager(rp, pipe: BlobPipeline) -> Optional[Stager]:
         return None
     st = pipe.stagers.get(ctx)
     if st is not None:
-        return st
+        try:
+            code = int(rp.cu.cuStreamQuery(st.stream)[0])
+        except Exception:
+            code = -1
+        if code in (0, CUDA_ERROR_NOT_READY):
+            return st
+        # the context behind this handle was destroyed (a new one may reuse its value): its
+        # stream, events and page-locking went with it, and no copy of it can be in flight
+        del pipe.stagers[ctx]
+        while st.pending:
+            pipe.release(st.pending.popleft())
+        pipe.repin()
     try:
         st = pipe.stagers[ctx] = Stager(rp, pipe)
     except Exception:

@@ -181,3 +181,56 @@ def test_a_corrupt_chunk_fails_the_staged_copy_clearly(double, tmp_path):
     r = json.loads(cp.stdout)
     assert cp.returncode == 2 and r["exit_code"] == 2, cp.stderr[-2000:]
     assert any("cuMemcpyHtoD" in e and "unreadable" in e and "checksum" in e for e in r["errors"]), r["errors"]
+
+
+class _FakeCU:
+    def __init__(self):
+        self.query = 0
+        self.registered = []
+
+    def cuStreamQuery(self, s):
+        return (self.query,)
+
+    def cuMemHostRegister(self, addr, n, flags):
+        self.registered.append(addr)
+        return (0,)
+
+    def __getattr__(self, name):          # destroy calls and the like
+        return lambda *a: (0,)
+
+
+class _FakeRP:
+    def __init__(self):
+        self.cu = _FakeCU()
+        self.made = 0
+        self.notes = []
+
+    def raw(self, name, *args):
+        if name == "cuCtxGetCurrent":
+            return 0x1234                   # the same handle value before and after
+        self.made += 1
+        return self.made
+
+    def note(self, msg):
+        self.notes.append(msg)
+
+
+def test_a_destroyed_context_gets_a_new_stager_and_slots_pinned_again(snap):
+    from cudasnap.replay.staging import _stager
+    path, ids = snap
+    pipe = BlobPipeline(str(path), [ids["rand"]], nbytes=2 * CHUNK_SIZE, threads=1)
+    try:
+        rp = _FakeRP()
+        st = _stager(rp, pipe)
+        assert _stager(rp, pipe) is st                       # stream still valid: the same one
+        slot = pipe._free.get(timeout=5)
+        pipe.pin(slot, rp)
+        st.pending.append(slot)
+        rp.cu.query = 201                                    # CUDA_ERROR_INVALID_CONTEXT: it was destroyed
+        st2 = _stager(rp, pipe)
+        assert st2 is not st and not st.pending and not any(pipe._pinned)
+        rp.cu.query = 0
+        pipe.pin(slot, rp)
+        assert rp.cu.registered == [slot.addr, slot.addr] and not rp.notes
+    finally:
+        pipe.stop()
