@@ -355,6 +355,12 @@ class _Memo(dict):
     """Formatted pieces of call records by their value (dump): calls repeat the same arguments,
     so most lines are assembled from strings made once. Cleared when it grows large."""
 
+    def keep(self, key, value):
+        if len(self) > 200_000:
+            self.clear()
+        self[key] = value
+        return value
+
     def piece(self, key, make):
         try:
             got = self.get(key)
@@ -365,6 +371,11 @@ class _Memo(dict):
                 self.clear()
             got = self[key] = make()
         return got
+
+
+def _call_body(f: str, a: Mapping[str, Any], rv: Any, blobs: bool) -> str:
+    res = f"{cu_result_name(rv)} ({rv})" if rv is not None else "<never returned>"
+    return f"{f}({', '.join(f'{n}={_fmt_val(v, blobs)}' for n, v in a.items())}) -> {res}"
 
 
 def _fmt_text(rec: Dict[str, Any], fn_names: Dict[Any, str], blobs: bool, r: SnapshotReader,
@@ -381,15 +392,20 @@ def _fmt_text(rec: Dict[str, Any], fn_names: Dict[Any, str], blobs: bool, r: Sna
             a = {}
         rv = rec.get("r")
         # types are part of the key: 1, 1.0 and True are equal but print differently
-        body = memo.piece((f, tuple(a.items()), tuple(map(type, a.values())), rv, type(rv), blobs),
-                           lambda: f"{f}({', '.join(f'{n}={_fmt_val(v, blobs)}' for n, v in a.items())}) -> " + (
-                               f"{cu_result_name(rv)} ({rv})" if rv is not None else "<never returned>"))
+        key = (f, tuple(a.items()), tuple(map(type, a.values())), rv, type(rv), blobs)
+        try:
+            body = memo[key]
+        except KeyError:
+            body = memo.keep(key, _call_body(f, a, rv, blobs))
+        except TypeError:               # an unhashable value (nested map): made each time
+            body = _call_body(f, a, rv, blobs)
         t0, t1 = rec.get("t0"), rec.get("t1")
         dur = ""
         if type(t0) is int and type(t1) is int and t1 >= t0 >= 0:
             us = (t1 - t0) / 1000
             dur = f" [{us:.1f} us]" if us < 1000 else f" [{us / 1000:.2f} ms]"
-        line = f"#{_v(rec.get('s'), '?')}  {_v(rec.get('tid'), '?')}  {body}{dur}"
+        sq, tid = rec.get("s"), rec.get("tid")
+        line = f"#{'?' if sq is None or sq == '' else sq}  {'?' if tid is None or tid == '' else tid}  {body}{dur}"
         if f.startswith("cuLaunch") and cs.is_launch(f):
             kn = cs.kernel_name(rec, fn_names)
             if kn:
@@ -490,6 +506,7 @@ def run_dump(path: Path, calls: Optional[str], fmt: str, blobs: bool) -> int:
     except ValueError as e:
         return _err(str(e))
     out = sys.stdout
+    lines: list = []            # written in blocks; what was read before an error still shows
     try:
         with SnapshotReader(path) as r:
             fn_names: Dict[Any, str] = {}
@@ -503,14 +520,25 @@ def run_dump(path: Path, calls: Optional[str], fmt: str, blobs: bool) -> int:
                 if pred is not None and not pred(rec, fn_names):
                     continue
                 if fmt == "text":
-                    line = _fmt_text(rec, fn_names, blobs, r, memo)
+                    lines.append(_fmt_text(rec, fn_names, blobs, r, memo))
                 else:
-                    line = json.dumps(_jsonable(rec, blobs, r), separators=(",", ":"), default=str)
-                out.write(line + "\n")
+                    lines.append(json.dumps(_jsonable(rec, blobs, r), separators=(",", ":"), default=str))
+                if len(lines) >= 4096:
+                    lines.append("")
+                    out.write("\n".join(lines))
+                    lines.clear()
+            if lines:
+                lines.append("")
+                out.write("\n".join(lines))
             if r.truncated:
                 print(f"cudasnap: warning: {r.path} is truncated: {r.lost_bytes} bytes after the last "
                       f"complete frame were lost (run `cudasnap repair`)", file=sys.stderr)
     except SnapshotError as e:
+        if lines:
+            try:
+                out.write("\n".join(lines) + "\n")
+            except BrokenPipeError:
+                pass
         return _err(str(e))
     except BrokenPipeError:  # `cudasnap dump x | head`
         try:
