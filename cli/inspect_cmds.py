@@ -113,8 +113,7 @@ class _SummaryRecords:
     launch per launched handle: all that module_loads reads, without the other records."""
 
     def __init__(self, r: SnapshotReader, sm: Mapping[str, Any]):
-        self._r, self._sm = r, sm
-        self.has_blob, self.blob_size, self.blob = r.has_blob, r.blob_size, r.blob
+        self._sm, self.has_blob, self.blob_size, self.blob = sm, r.has_blob, r.blob_size, r.blob
 
     def records(self, kinds=None):
         for h, name, module in self._sm["fns"]:
@@ -381,8 +380,7 @@ def _call_body(f: str, a: Mapping[str, Any], rv: Any, blobs: bool) -> str:
 def _fmt_text(rec: Dict[str, Any], fn_names: Dict[Any, str], blobs: bool, r: SnapshotReader,
               memo: Optional[_Memo] = None) -> str:
     k = rec.get("k")
-    if memo is None:
-        memo = _Memo()
+    memo = _Memo() if memo is None else memo
     if k == "c":
         f = rec.get("f")
         if type(f) is not str:
@@ -527,9 +525,7 @@ def run_dump(path: Path, calls: Optional[str], fmt: str, blobs: bool) -> int:
                     lines.append("")
                     out.write("\n".join(lines))
                     lines.clear()
-            if lines:
-                lines.append("")
-                out.write("\n".join(lines))
+            out.write("".join(line + "\n" for line in lines))
             if r.truncated:
                 print(f"cudasnap: warning: {r.path} is truncated: {r.lost_bytes} bytes after the last "
                       f"complete frame were lost (run `cudasnap repair`)", file=sys.stderr)
