@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
@@ -16,6 +16,7 @@ from rich.markup import escape
 from cudasnap.console import console, print_table
 from cudasnap.formats import SnapshotError, SnapshotReader, cu_result_name, parse_callset, repair
 from cudasnap.formats import callset as cs
+from cudasnap.formats.summary import Summary, as_int, copy_bytes, memset_bytes
 
 
 def _err(msg: str) -> int:
@@ -26,175 +27,35 @@ def _err(msg: str) -> int:
 
 # ============================================================================ info
 
-_SIZE_KEYS = ("ByteCount", "byteCount", "bytes", "bytesize", "byteSize", "size", "Size", "N", "count", "Count")
-
-
-def _as_int(v: Any) -> Optional[int]:
-    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
-
-
-def _copy_bytes(a: Mapping[str, Any]) -> int:
-    for k in _SIZE_KEYS:
-        n = _as_int(a.get(k))
-        if n is not None:
-            return n
-    for key in ("pCopy", "copy", "p"):
-        c = a.get(key)
-        if isinstance(c, dict):
-            w = _as_int(c.get("WidthInBytes")) or 0
-            h = _as_int(c.get("Height")) or 1
-            d = _as_int(c.get("Depth")) or 1
-            return w * max(h, 1) * max(d, 1)
-    return 0
-
-
-def _memset_bytes(f: str, a: Mapping[str, Any]) -> int:
-    elem = 4 if "D32" in f else 2 if "D16" in f else 1
-    if "D2D" in f:
-        w = _as_int(a.get("Width")) or 0
-        h = _as_int(a.get("Height")) or 0
-        return w * h * elem
-    n = _as_int(a.get("N"))
-    if n is None:
-        n = _copy_bytes(a) // elem if elem > 1 else _copy_bytes(a)
-    return n * elem
-
-
-_MEMTYPE = {1: "H", 2: "D", 3: "A", 4: "U"}
-
-
-def _copy_direction(f: str, a: Mapping[str, Any]) -> str:
-    b = cs._base(f)
-    for tag, kind in (("HtoD", "H2D"), ("DtoH", "D2H"), ("DtoD", "D2D"), ("HtoA", "H2D"),
-                      ("AtoH", "D2H"), ("DtoA", "D2D"), ("AtoD", "D2D"), ("AtoA", "D2D"), ("Peer", "P2P")):
-        if tag in b:
-            return kind
-    c = a.get("pCopy") if isinstance(a.get("pCopy"), dict) else None
-    if c is not None:
-        s = _MEMTYPE.get(c.get("srcMemoryType"), "?")
-        d = _MEMTYPE.get(c.get("dstMemoryType"), "?")
-        if s == "H" and d in "DA":
-            return "H2D"
-        if s in "DA" and d == "H":
-            return "D2H"
-        if s in "DA" and d in "DA":
-            return "D2D"
-    return "unified"
-
-
-def _alloc_bytes(f: str, a: Mapping[str, Any]) -> int:
-    if "Pitch" in f:
-        w = _as_int(a.get("WidthInBytes")) or 0
-        h = _as_int(a.get("Height")) or 0
-        p = _as_int(a.get("pPitch")) or w
-        return max(p, w) * h
-    return _copy_bytes(a)
+# the record arithmetic lives with the summary (formats/summary.py); stats.py uses these two
+_as_int, _copy_bytes, _memset_bytes = as_int, copy_bytes, memset_bytes
 
 
 def summarize(r: SnapshotReader) -> Dict[str, Any]:
-    """Everything `info` shows, as a JSON-able dict."""
+    """Everything `info` shows, as a JSON-able dict: from the index's summary when the file
+    has one (no record is read), else from a scan of every record (same arithmetic)."""
     hdr = r.header
     proc = hdr.get("proc") if isinstance(hdr.get("proc"), dict) else {}
-    fn_names: Dict[Any, str] = {}
-    calls: Counter = Counter()
-    collapsed = 0
-    kernels: Counter = Counter()
-    mem = defaultdict(lambda: {"count": 0, "bytes": 0})
-    modules = {"loads": 0, "image_bytes": 0}
-    t0 = t1 = None
-    errors = 0
-    unreturned = 0
-    notes = Counter()
-    note_msgs = []
-    end = None
-    repaired: Dict[str, Any] = {}
-    loss = None
-    n_records = 0
-    kinds: Counter = Counter()
-    launches = []
-    nvtx = _NvtxRanges()
-    win_state = trigger = None      # capture windows (capture/window.py)
-    state_calls = 0
-    for rec in r.records():
-        n_records += 1
-        k = rec.get("k")
-        kinds[str(k)] += 1
-        if k == "fn":
-            name = rec.get("name")
-            try:
-                if isinstance(name, str):
-                    fn_names[rec.get("h")] = name
-            except TypeError:
-                pass
-        elif k == "c":
-            f = rec.get("f") if isinstance(rec.get("f"), str) else "?"
-            a = rec.get("a") if isinstance(rec.get("a"), dict) else {}
-            calls[f] += 1
-            v0, v1 = _as_int(rec.get("t0")), _as_int(rec.get("t1"))
-            if v0 is not None:
-                t0 = v0 if t0 is None else min(t0, v0)
-            if v1 is not None:
-                t1 = v1 if t1 is None else max(t1, v1)
-            if rec.get("r") is None:
-                unreturned += 1
-            elif rec.get("r") != 0:
-                errors += 1
-            if cs.is_launch(f):
-                launches.append(rec)       # resolved after all fn records are seen
-            elif cs.is_memcpy(f):
-                m = mem[_copy_direction(f, a)]
-                m["count"] += 1
-                m["bytes"] += _copy_bytes(a)
-            elif cs.is_memset(f):
-                m = mem["memset"]
-                m["count"] += 1
-                m["bytes"] += _memset_bytes(f, a)
-            elif cs.is_alloc(f):
-                m = mem["alloc"]
-                m["count"] += 1
-                m["bytes"] += _alloc_bytes(f, a)
-            elif cs.is_module_load(f):
-                modules["loads"] += 1
-                x = rec.get("x") if isinstance(rec.get("x"), dict) else {}
-                for v in list(x.values()) + [x]:
-                    if isinstance(v, dict) and isinstance(v.get("blob"), str) and r.has_blob(v["blob"]):
-                        modules["image_bytes"] += r.blob_size(v["blob"])
-                        break
-        elif k == "rep":
-            # identical repeats of recorded queries, counted at capture
-            for e in rec.get("calls") if isinstance(rec.get("calls"), list) else []:
-                if isinstance(e, dict) and isinstance(e.get("f"), str) and _as_int(e.get("n")):
-                    calls[e["f"]] += e["n"]
-                    collapsed += e["n"]
-        elif k == "note":
-            lvl = rec.get("level") if isinstance(rec.get("level"), str) else "info"
-            notes[lvl] += 1
-            if lvl != "info" and len(note_msgs) < 10:
-                note_msgs.append(str(rec.get("msg"))[:200])
-        elif k == "end":
-            end = {"exit": rec.get("exit"), "signal": rec.get("signal"), "partial": rec.get("partial")}
-            lost = rec.get("lost") if isinstance(rec.get("lost"), dict) else {}
-            loss = {"partial": bool(rec.get("partial")), "calls_missing": _as_int(rec.get("calls_missing")),
-                    "seq_issued": _as_int(rec.get("seq_issued")),
-                    "lost": {str(a): b for a, b in lost.items() if _as_int(b)}}
-        elif k == "repair":
-            _add_repair(repaired, rec)
-        elif k == "nvtx":
-            nvtx.add(rec)
-        elif k == "win" and rec.get("op") == "state":
-            win_state = {"bytes": _as_int(rec.get("bytes")) or 0, "ranges": _as_int(rec.get("ranges")) or 0}
-        elif k == "c" and rec.get("state"):
-            state_calls += 1
-        if k == "end" and isinstance(rec.get("trigger"), dict):
-            trigger = rec["trigger"]
-    for rec in launches:
-        name = cs.kernel_name(rec, fn_names)
-        if name is None:
-            h = cs.launch_function_handle(rec)
-            name = f"<function {h:#x}>" if isinstance(h, int) else "<unknown function>"
-        kernels[name] += 1
+    sm = r.summary()
+    if sm is None:
+        acc = Summary(lambda bid: r.blob_size(bid) if r.has_blob(bid) else None)
+        for rec in r.records():
+            acc.add(rec)
+        return _render(r, hdr, proc, acc.to_map())
+    r.check_records()           # damage shows even though no record is decoded
+    try:
+        return _render(r, hdr, proc, sm)
+    except (TypeError, KeyError, ValueError, AttributeError, IndexError) as e:
+        raise SnapshotError(f"{r.path}: index summary is malformed ({type(e).__name__}: {e}); "
+                            f"`cudasnap repair` rebuilds the index") from None
+
+
+def _render(r: SnapshotReader, hdr: Mapping[str, Any], proc: Mapping[str, Any], sm: Mapping[str, Any]) -> Dict[str, Any]:
     st = r.stats
     gpus = proc.get("gpus") if isinstance(proc.get("gpus"), list) else []
+    t0, t1 = sm.get("t0"), sm.get("t1")
+    calls = Counter(sm["calls"])
+    kernels = Counter(sm["kernels"])
     return {
         "file": r.path,
         "format_version": r.version,
@@ -206,17 +67,17 @@ def summarize(r: SnapshotReader) -> Dict[str, Any]:
         "display_driver": display_driver(hdr),
         "gpus": [g for g in gpus if isinstance(g, dict)],
         "duration_s": (t1 - t0) / 1e9 if t0 is not None and t1 is not None and t1 >= t0 else None,
-        "records": n_records,
-        "record_kinds": dict(kinds),
-        "calls": {"total": sum(calls.values()), "errors": errors, "unreturned": unreturned,
-                  "collapsed": collapsed,
+        "records": sm["records"],
+        "record_kinds": dict(sm["kinds"]),
+        "calls": {"total": sum(calls.values()), "errors": sm["errors"], "unreturned": sm["unreturned"],
+                  "collapsed": sm["collapsed"],
                   "by_name": dict(calls.most_common())},
         "kernels": {"launches": sum(kernels.values()), "distinct": len(kernels),
                     "by_name": dict(kernels.most_common())},
-        "memory": {k: dict(v) for k, v in sorted(mem.items())},
-        "nvtx": nvtx.summary(),
-        "modules": modules,
-        "module_images": _module_images(r),
+        "memory": {k: {"count": v[0], "bytes": v[1]} for k, v in sorted(sm["memory"].items())},
+        "nvtx": sm.get("nvtx"),
+        "modules": dict(sm["modules"]),
+        "module_images": _module_images(r, sm),
         "blobs": {"count": st["blobs"], "logical_bytes": st["blob_logical_bytes"],
                   "unique_bytes": st["blob_unique_bytes"], "stored_bytes": st["blob_stored_bytes"],
                   "dedup_ratio": st["dedup_ratio"]},
@@ -225,12 +86,12 @@ def summarize(r: SnapshotReader) -> Dict[str, Any]:
         "truncated": r.truncated,
         "lost_bytes": r.lost_bytes,
         "recovered_frames": r.recovered_frames,
-        "repaired": repaired or None,
-        "notes": dict(notes),
-        "warnings": note_msgs,
-        "end": end,
-        "loss": loss,
-        "window": _window_info(hdr, win_state, state_calls, trigger),
+        "repaired": sm.get("repaired") or None,
+        "notes": dict(sm["notes"]),
+        "warnings": list(sm["warnings"]),
+        "end": sm.get("end"),
+        "loss": sm.get("loss"),
+        "window": _window_info(hdr, sm.get("window_state"), sm.get("state_calls") or 0, sm.get("trigger")),
     }
 
 
@@ -247,11 +108,26 @@ def _window_info(hdr: Mapping[str, Any], state, state_calls: int, trigger) -> Op
     return out
 
 
-def _module_images(r: SnapshotReader) -> list:
+class _SummaryRecords:
+    """A reader whose records are the summary's module loads and lookups, fn records and one
+    launch per launched handle: all that module_loads reads, without the other records."""
+
+    def __init__(self, r: SnapshotReader, sm: Mapping[str, Any]):
+        self._sm, self.has_blob, self.blob_size, self.blob = sm, r.has_blob, r.blob_size, r.blob
+
+    def records(self, kinds=None):
+        for h, name, module in self._sm["fns"]:
+            yield {"k": "fn", "h": h, "name": name, "module": module}
+        yield from self._sm["modrecs"]
+        for h in self._sm["launched"]:
+            yield {"k": "c", "f": "cuLaunchKernel", "a": {"f": h}, "r": 0}
+
+
+def _module_images(r: SnapshotReader, sm: Mapping[str, Any]) -> list:
     """Each module/library load with the code its image carries (SASS architectures, PTX)."""
     try:
         from cudasnap.replay.retarget import module_loads
-        loads = module_loads(r)
+        loads = module_loads(_SummaryRecords(r, sm))
     except SnapshotError:
         return []
     return [{"seq": ld["seq"], "call": ld["call"], "result": ld["r"], "bytes": ld["size"],
@@ -259,74 +135,6 @@ def _module_images(r: SnapshotReader) -> list:
              "ptx": ["compute_%d" % a for a in ld["info"].ptx],
              "compressed": sorted({e.compressed for e in ld["info"].entries if e.compressed}),
              "kernels": len(ld["kernels"]), "launched": sorted(ld.get("launched") or ())} for ld in loads]
-
-
-class _NvtxRanges:
-    """NVTX ranges and marks of `nvtx` records (SCHEMA.md), per (domain, name): how many, and
-    the time inside the closed ones (a push to its pop on the same thread and domain, a start to
-    the end of the same id)."""
-
-    def __init__(self):
-        self.rows: Dict[tuple, Dict[str, Any]] = {}
-        self.open_push: Dict[tuple, list] = defaultdict(list)
-        self.open_start: Dict[Any, tuple] = {}
-        self.events = 0
-
-    def _row(self, domain, name, kind: str) -> Dict[str, Any]:
-        key = (domain if isinstance(domain, str) else None, name if isinstance(name, str) else None, kind)
-        row = self.rows.get(key)
-        if row is None:
-            row = self.rows[key] = {"name": key[1], "domain": key[0], "kind": kind, "count": 0, "closed": 0,
-                                    "total_ns": 0}
-        return row
-
-    def add(self, rec: Mapping[str, Any]) -> None:
-        self.events += 1
-        op, t = rec.get("op"), _as_int(rec.get("t"))
-        dom, name = rec.get("domain"), rec.get("name")
-        if op in ("push", "start"):
-            row = self._row(dom, name, "range")
-            row["count"] += 1
-            if op == "push":
-                self.open_push[(rec.get("tid"), dom)].append((row, t))
-            else:
-                try:
-                    self.open_start[rec.get("id")] = (row, t)
-                except TypeError:
-                    pass
-        elif op in ("pop", "end"):
-            try:
-                opened = (self.open_push[(rec.get("tid"), dom)].pop() if op == "pop"
-                          else self.open_start.pop(rec.get("id")))
-            except (IndexError, KeyError, TypeError):
-                return
-            row, t0 = opened
-            if t is not None and t0 is not None and t >= t0:
-                row["closed"] += 1
-                row["total_ns"] += t - t0
-        elif op == "mark":
-            self._row(dom, name, "mark")["count"] += 1
-
-    def summary(self) -> Optional[Dict[str, Any]]:
-        if not self.events:
-            return None
-        rows = sorted(self.rows.values(), key=lambda r: (-r["total_ns"], -r["count"], str(r["name"])))
-        return {"events": self.events, "ranges": sum(r["count"] for r in rows if r["kind"] == "range"),
-                "marks": sum(r["count"] for r in rows if r["kind"] == "mark"), "by_name": rows}
-
-
-_REPAIR_COUNTS = ("lost_bytes", "lost_records", "unknown_gaps", "lost_blobs", "gap_count")
-
-
-def _add_repair(acc: Dict[str, Any], rec: Mapping[str, Any]) -> None:
-    """Fold one `repair` record (SCHEMA.md) into the totals info shows: losses add up."""
-    acc["times"] = acc.get("times", 0) + 1
-    for key in _REPAIR_COUNTS:
-        acc[key] = acc.get(key, 0) + (_as_int(rec.get(key)) or 0)
-    gaps = acc.setdefault("gaps", [])
-    for g in rec.get("gaps") if isinstance(rec.get("gaps"), list) else []:
-        if isinstance(g, list) and len(g) >= 4 and len(gaps) < 10:
-            gaps.append({"offset": g[0], "length": g[1], "kind": g[2], "reason": g[3]})
 
 
 def _v(x: Any, none: str = "-") -> str:
@@ -542,26 +350,68 @@ def _fmt_val(v: Any, blobs: bool, depth: int = 0) -> str:
     return repr(v)
 
 
-def _fmt_text(rec: Dict[str, Any], fn_names: Dict[Any, str], blobs: bool, r: SnapshotReader) -> str:
+class _Memo(dict):
+    """Formatted pieces of call records by their value (dump): calls repeat the same arguments,
+    so most lines are assembled from strings made once. Cleared when it grows large."""
+
+    def keep(self, key, value):
+        if len(self) > 200_000:
+            self.clear()
+        self[key] = value
+        return value
+
+    def piece(self, key, make):
+        try:
+            got = self.get(key)
+        except TypeError:               # an unhashable value (nested map): not kept
+            return make()
+        if got is None:
+            if len(self) > 200_000:
+                self.clear()
+            got = self[key] = make()
+        return got
+
+
+def _call_body(f: str, a: Mapping[str, Any], rv: Any, blobs: bool) -> str:
+    res = f"{cu_result_name(rv)} ({rv})" if rv is not None else "<never returned>"
+    return f"{f}({', '.join(f'{n}={_fmt_val(v, blobs)}' for n, v in a.items())}) -> {res}"
+
+
+def _fmt_text(rec: Dict[str, Any], fn_names: Dict[Any, str], blobs: bool, r: SnapshotReader,
+              memo: Optional[_Memo] = None) -> str:
     k = rec.get("k")
+    memo = _Memo() if memo is None else memo
     if k == "c":
-        f = rec.get("f") if isinstance(rec.get("f"), str) else "?"
-        a = rec.get("a") if isinstance(rec.get("a"), dict) else {}
-        args = ", ".join(f"{n}={_fmt_val(v, blobs)}" for n, v in a.items())
-        kn = cs.kernel_name(rec, fn_names) if cs.is_launch(f) else None
+        f = rec.get("f")
+        if type(f) is not str:
+            f = "?"
+        a = rec.get("a")
+        if type(a) is not dict:
+            a = {}
         rv = rec.get("r")
-        res = f"{cu_result_name(rv)} ({rv})" if rv is not None else "<never returned>"
+        # types are part of the key: 1, 1.0 and True are equal but print differently
+        key = (f, tuple(a.items()), tuple(map(type, a.values())), rv, type(rv), blobs)
+        try:
+            body = memo[key]
+        except KeyError:
+            body = memo.keep(key, _call_body(f, a, rv, blobs))
+        except TypeError:               # an unhashable value (nested map): made each time
+            body = _call_body(f, a, rv, blobs)
         t0, t1 = rec.get("t0"), rec.get("t1")
         dur = ""
-        if _as_int(t0) is not None and _as_int(t1) is not None and t1 >= t0:
+        if type(t0) is int and type(t1) is int and t1 >= t0 >= 0:
             us = (t1 - t0) / 1000
             dur = f" [{us:.1f} us]" if us < 1000 else f" [{us / 1000:.2f} ms]"
-        line = f"#{_v(rec.get('s'), '?')}  {_v(rec.get('tid'), '?')}  {f}({args}) -> {res}{dur}"
-        if kn:
-            line += f"  kernel={kn}"
+        sq, tid = rec.get("s"), rec.get("tid")
+        line = f"#{'?' if sq is None or sq == '' else sq}  {'?' if tid is None or tid == '' else tid}  {body}{dur}"
+        if f.startswith("cuLaunch") and cs.is_launch(f):
+            kn = cs.kernel_name(rec, fn_names)
+            if kn:
+                line += f"  kernel={kn}"
         x = rec.get("x")
         if isinstance(x, dict) and x:
-            line += "  x=" + _fmt_x(x, blobs, r)
+            line += "  x=" + memo.piece(("x", tuple(x.items()), tuple(map(type, x.values())), blobs),
+                                        lambda: _fmt_x(x, blobs, r))
         return line
     if k == "b":
         ch = rec.get("chunks")
@@ -654,9 +504,11 @@ def run_dump(path: Path, calls: Optional[str], fmt: str, blobs: bool) -> int:
     except ValueError as e:
         return _err(str(e))
     out = sys.stdout
+    lines: list = []            # written in blocks; what was read before an error still shows
     try:
         with SnapshotReader(path) as r:
             fn_names: Dict[Any, str] = {}
+            memo = _Memo()
             for rec in r.records():
                 if rec.get("k") == "fn" and isinstance(rec.get("name"), str):
                     try:
@@ -666,14 +518,23 @@ def run_dump(path: Path, calls: Optional[str], fmt: str, blobs: bool) -> int:
                 if pred is not None and not pred(rec, fn_names):
                     continue
                 if fmt == "text":
-                    line = _fmt_text(rec, fn_names, blobs, r)
+                    lines.append(_fmt_text(rec, fn_names, blobs, r, memo))
                 else:
-                    line = json.dumps(_jsonable(rec, blobs, r), separators=(",", ":"), default=str)
-                out.write(line + "\n")
+                    lines.append(json.dumps(_jsonable(rec, blobs, r), separators=(",", ":"), default=str))
+                if len(lines) >= 4096:
+                    lines.append("")
+                    out.write("\n".join(lines))
+                    lines.clear()
+            out.write("".join(line + "\n" for line in lines))
             if r.truncated:
                 print(f"cudasnap: warning: {r.path} is truncated: {r.lost_bytes} bytes after the last "
                       f"complete frame were lost (run `cudasnap repair`)", file=sys.stderr)
     except SnapshotError as e:
+        if lines:
+            try:
+                out.write("\n".join(lines) + "\n")
+            except BrokenPipeError:
+                pass
         return _err(str(e))
     except BrokenPipeError:  # `cudasnap dump x | head`
         try:

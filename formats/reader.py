@@ -13,9 +13,11 @@ from .container import (
     CHUNK_ID_LEN, CHUNK_SIZE, CODEC_ZSTD, FRAME_MAGIC, FRAME_SIZE, KIND_CHUNK, KIND_HEADER, KIND_INDEX,
     KIND_NAMES, KIND_RECORDS, MAX_FRAME, PREAMBLE_SIZE, TRAILER, TRAILER_MAGIC, TRAILER_SIZE,
     SnapshotError, _decompressor, check_preamble, chunk_digest, decode_payload,
-    iter_record_payload, parse_frame_header, snap_error, unpack_one, xxh64,
+    iter_record_payload, parse_frame_header, record_list, snap_error, unpack_one, xxh64,
 )
+from .chunkio import chunk_into
 from .segments import segment_paths
+from .summary import check_map
 
 _HEX = set("0123456789abcdef")
 
@@ -336,6 +338,19 @@ class SnapshotReader:
             self._header_merged = h
         return self._header_merged
 
+    def summary(self) -> Optional[Dict[str, Any]]:
+        """The index's record summary (formats/summary.py), None when the file has none (no
+        index: a crash; or written by a repair or an older cudasnap): callers then scan.
+        A summary that is there but malformed raises SnapshotError."""
+        if self.index is None or "summary" not in self.index:
+            return None
+        sm = self.index["summary"]
+        why = check_map(sm)
+        if why is not None:
+            raise snap_error(self.path, self._index_offset,
+                             f"index summary is malformed ({why}); `cudasnap repair` rebuilds the index")
+        return sm
+
     @property
     def raw_header(self) -> Dict[str, Any]:
         return dict(self._raw_header)
@@ -351,9 +366,11 @@ class SnapshotReader:
             kind, payload = self._read_frame(fr.offset, expect_kind=KIND_RECORDS)
             if self._last_comp_len != fr.comp_len:
                 raise snap_error(self.path, fr.offset, "frame length disagrees with the index")
-            for rec in iter_record_payload(payload, self._last_count, self.path, fr.offset):
-                if want is None or rec.get("k") in want:
-                    yield rec
+            recs = record_list(payload, self._last_count, self.path, fr.offset)
+            if want is None:
+                yield from recs
+            else:
+                yield from [rec for rec in recs if rec.get("k") in want]
 
     def blob_ids(self) -> List[str]:
         return list(self._blobs)
@@ -398,6 +415,16 @@ class SnapshotReader:
             raise snap_error(self.path, off, "chunk content checksum mismatch")
         return data
 
+    def blob_chunk_ids(self, bid: str) -> Tuple[int, List[str]]:
+        """(size, chunk ids in order) of a blob."""
+        size, chunks = self._blob_entry(bid)
+        return size, list(chunks)
+
+    def chunk_into(self, cid: str, out, scratch: Optional[bytearray] = None) -> Tuple[int, Optional[bytearray]]:
+        """Chunk `cid` read, verified and decompressed straight into `out` (formats/chunkio.py);
+        thread-safe. Returns (data length, reusable scratch buffer)."""
+        return chunk_into(self, cid, out, scratch)
+
     def blob(self, bid: str) -> bytes:
         parts = list(self.blob_reader(bid))
         return parts[0] if len(parts) == 1 else b"".join(parts)
@@ -415,6 +442,15 @@ class SnapshotReader:
                 cid = payload[:CHUNK_ID_LEN].hex()
                 if chunk_digest(payload[CHUNK_ID_LEN:]).hex() != cid:
                     raise snap_error(self.path, fr.offset, "chunk content checksum mismatch")
+
+    def check_records(self) -> None:
+        """Verify every records frame's header and payload checksum without decompressing or
+        decoding it (what a reader of the summary alone still checks); SnapshotError on the first bad one."""
+        for fr in self._frames:
+            if fr.kind == KIND_RECORDS:
+                self._read_frame(fr.offset, expect_kind=KIND_RECORDS, decode=False)
+                if self._last_comp_len != fr.comp_len:
+                    raise snap_error(self.path, fr.offset, "frame length disagrees with the index")
 
     def frames(self) -> List[Tuple[int, str, int]]:
         return [(fr.offset, KIND_NAMES[fr.kind], fr.comp_len) for fr in self._frames]

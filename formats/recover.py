@@ -52,6 +52,7 @@ def repair(path, out=None) -> Dict[str, Any]:
         if indexed:
             try:
                 r.verify()
+                r.summary()             # a malformed summary is damage too: rebuilt without it
                 intact = True
             except SnapshotError:       # indexed but damaged: recover by scanning instead
                 intact = False

@@ -40,6 +40,7 @@ from .container import (
     pack_frame_header, pack_frame_header_sum, pack_preamble, xxh64,
 )
 from .segments import Segment, copy_range, segment_paths
+from .summary import Summary
 
 Buffer = Union[bytes, bytearray, memoryview]
 Release = Optional[Callable[[], None]]
@@ -181,6 +182,9 @@ class SnapshotWriter:
         self._seg_inflight = 0    # segment writes under way (under _mlock)
         self._main_busy = False   # a large chunk is being written into the file (under _mlock)
         self._blobs: Dict[str, List[Any]] = {}
+        # what `info` shows, kept as records are written (index "summary"); None after a
+        # record it could not take (the index then has no summary: readers scan instead)
+        self._summary: Optional[Summary] = Summary(lambda bid: (self._blobs.get(bid) or (None,))[0])
         self._closed = False
         self._st = dict(raw_bytes=0, stored_bytes=0, blobs=0, blob_refs=0, chunks=0, chunk_hits=0,
                         records=0, frames=0, record_raw_bytes=0, blob_logical_bytes=0,
@@ -223,6 +227,11 @@ class SnapshotWriter:
                 self._flush_records()
             self._buf += raw
             self._buf_count += 1
+            if self._summary is not None:
+                try:
+                    self._summary.add(record)
+                except Exception:
+                    self._summary = None
             self._st["records"] += 1
             self._st["record_raw_bytes"] += len(raw)
             self._st["raw_bytes"] += len(raw)
@@ -304,7 +313,15 @@ class SnapshotWriter:
                     "records": self._st["records"],
                     "stats": self.stats,
                 }
+                if self._summary is not None:
+                    try:
+                        index["summary"] = self._summary.to_map()
+                    except Exception:       # never fail a close over it: readers scan
+                        pass
                 raw = self._packer.pack(index)
+                if len(raw) > MAX_FRAME and "summary" in index:     # readers scan instead
+                    del index["summary"]
+                    raw = self._packer.pack(index)
                 if len(raw) > MAX_FRAME:  # pragma: no cover - needs ~1M frames
                     raise ValueError("index too large for one frame")
                 head, stored, _ = _encode_frame(KIND_INDEX, raw, 0, self.level)

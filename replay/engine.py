@@ -7,7 +7,7 @@ import queue
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 from cudasnap.formats import SnapshotError, SnapshotReader, cu_result_name
 from cudasnap.formats.abi import base_name
@@ -20,6 +20,7 @@ from .errors import DriverCallError, ReplayError
 from .options import ReplayOptions, ReplayResult
 from .placement import AddressSpace
 from .plan import OpBatch, Planner, Ranges, SlotMap, Slots
+from .staging import H2D_PREFETCHED as _SYNC_H2D, PREFETCH_MIN, BlobPipeline as _BlobPrefetch
 from .verify import Mismatch, Tolerance
 
 CU_STREAM_LEGACY, CU_STREAM_PER_THREAD = 1, 2
@@ -716,82 +717,6 @@ def is_workload(f: str) -> bool:
         return not f.startswith("cuLaunchHostFunc")
     return f.startswith(("cuGraphLaunch", "cuMemcpy", "cuMemset"))
 _SYNC_CALLS: Dict[str, bool] = {}    # ABI name -> is a synchronization (sync times)
-
-
-_SYNC_H2D = ("cuMemcpyHtoD", "cuMemcpyHtoD_v2")
-PREFETCH_MIN = 8 << 20            # blobs prefetched: at least this big
-PREFETCH_BYTES = 256 << 20        # read ahead at most this much
-
-
-class _BlobPrefetch:
-    """A thread that reads the blobs of upcoming H2D copies, in replay order, through its own
-    SnapshotReader (verified chunk by chunk like blob_reader), at most PREFETCH_BYTES ahead."""
-
-    def __init__(self, path: str, order: List[str]):
-        self.order = list(order)
-        self.pos = 0                       # next blob the consumer may take
-        self.q: "queue.Queue" = queue.Queue()
-        self._room = threading.Semaphore(max(1, PREFETCH_BYTES // (4 << 20)))
-        self._stop = threading.Event()
-        self.dead = False
-        self._t = threading.Thread(target=self._run, args=(path,), daemon=True, name="cudasnap-prefetch")
-        self._t.start()
-
-    def _run(self, path: str) -> None:
-        try:
-            r = SnapshotReader(path)
-        except Exception as e:
-            self.dead = True
-            self.q.put((-1, e))
-            return
-        try:
-            for k, bid in enumerate(self.order):
-                try:
-                    for chunk in r.blob_reader(bid):
-                        while not self._room.acquire(timeout=0.1):
-                            if self._stop.is_set():
-                                return
-                        if self._stop.is_set():
-                            return
-                        self.q.put((k, chunk))
-                    self.q.put((k, None))
-                except Exception as e:     # handed to the consumer of this blob
-                    self.q.put((k, e))
-                if self._stop.is_set():
-                    return
-        finally:
-            r.close()
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def take(self, bid: str) -> Optional[Iterator[bytes]]:
-        """The chunks of `bid` when it is among the blobs still ahead (blobs before it that
-        were not taken are dropped), else None."""
-        if self.dead:
-            return None
-        try:
-            k = self.order.index(bid, self.pos)
-        except ValueError:
-            return None
-        self.pos = k + 1
-        return self._chunks(k)
-
-    def _chunks(self, k: int) -> Iterator[bytes]:
-        while True:
-            got, item = self.q.get()
-            if got == -1:                  # the thread could not open the snapshot
-                raise item
-            if got != k:                   # a blob (or the rest of one) the replay did not take
-                if item is not None and not isinstance(item, Exception):
-                    self._room.release()
-                continue
-            if item is None:
-                return
-            if isinstance(item, Exception):
-                raise item
-            self._room.release()
-            yield item
 
 
 class _StopVerify(Exception):

@@ -8,6 +8,7 @@ from .. import hostplace
 from ..layout import offsetof, sizeof
 from . import handles
 from .graph import keep_forever, stream_capturing
+from ..staging import h2d_async_from_blob, h2d_from_blob
 
 
 def _captured(rp, rec) -> bool:
@@ -263,124 +264,18 @@ def _stream(rp, rec):
     return rp.stream(rec, rec["a"].get("hStream"))
 
 
-PINNED_MIN = 16 << 20      # synchronous H2D copies at least this big stream through pinned staging
-STAGE_SLOTS = 3            # pinned staging buffers in flight
-
-
-def _h2d_streamed(rp, rec, n: int) -> bool:
-    """A synchronous H2D copy of a captured blob, chunk by chunk as the blob is read (no copy
-    of the whole payload in host memory), through pinned staging buffers and async copies on
-    the stream a synchronous copy runs on, waited for before returning.  False when this path
-    does not apply (the caller copies the whole payload)."""
-    if rec.get("r", 0) != 0 or (rp.space is not None and rp.space.moved) or not hasattr(rp, "blob_chunks"):
-        return False
-    try:
-        got = rp.blob_chunks(rec, "srcHost")
-    except Exception:
-        return False
-    if got is None or got[0] != n:
-        return False
-    _size, chunks = got
-    a = rec["a"]
-    dst = rp.tr(a.get("dstDevice"))
-    stage = _Staging.open(rp, rec) if n >= PINNED_MIN else None
-    off = 0
-    try:
-        for chunk in chunks:
-            m = len(chunk)
-            if stage is not None and stage.fits(m):
-                stage.copy(dst + off, chunk, m)
-            else:
-                if stage is not None:
-                    stage.drain()
-                rp.drv(rec, "cuMemcpyHtoD", dst + off, chunk, m)
-            off += m
-        if stage is not None:
-            stage.drain()
-    except Exception as e:
-        from cudasnap.formats import SnapshotError
-        if isinstance(e, SnapshotError):
-            rp.fail(rec, f"blob for srcHost unreadable: {e}")
-        raise
-    finally:
-        if stage is not None:
-            stage.close()
-    if off != n:
-        rp.fail(rec, f"the H2D payload holds {off} bytes, the copy {n}")
-    return True
-
-
-class _Staging:
-    """STAGE_SLOTS pinned host buffers (cuMemHostAlloc) cycled under cuMemcpyHtoDAsync on the
-    synchronous copy's stream (legacy default, or per-thread for _ptds), one event per slot."""
-
-    def __init__(self, rp, rec, stream, slot: int):
-        self.rp, self.rec, self.stream, self.slot = rp, rec, stream, slot
-        self.bufs, self.events, self.busy = [], [], []
-        self.k = 0
-
-    @classmethod
-    def open(cls, rp, rec):
-        cu = rp.cu
-        try:
-            from ...formats.container import CHUNK_SIZE
-        except Exception:
-            CHUNK_SIZE = 4 << 20
-        stream = cu.CUstream(2 if "_ptds" in rec["f"] else 1)    # CU_STREAM_PER_THREAD / CU_STREAM_LEGACY
-        st = cls(rp, rec, stream, CHUNK_SIZE)
-        try:
-            for _ in range(STAGE_SLOTS):
-                st.bufs.append(int(rp.raw("cuMemHostAlloc", CHUNK_SIZE, 0)))
-                st.events.append(rp.raw("cuEventCreate", 2))           # CU_EVENT_DISABLE_TIMING
-                st.busy.append(False)
-        except Exception:
-            st.close()
-            return None
-        return st
-
-    def fits(self, m: int) -> bool:
-        return m <= self.slot
-
-    def copy(self, dst: int, chunk, m: int) -> None:
-        k = self.k
-        self.k = (k + 1) % len(self.bufs)
-        if self.busy[k]:
-            self.rp.raw("cuEventSynchronize", self.events[k])
-        ctypes.memmove(self.bufs[k], chunk, m)
-        self.rp.drv(self.rec, "cuMemcpyHtoDAsync", dst, self.bufs[k], m, self.stream)
-        self.rp.raw("cuEventRecord", self.events[k], self.stream)
-        self.busy[k] = True
-
-    def drain(self) -> None:
-        if any(self.busy):
-            self.rp.drv(self.rec, "cuStreamSynchronize", self.stream)
-            self.busy = [False] * len(self.busy)
-
-    def close(self) -> None:
-        cu = self.rp.cu
-        if any(self.busy):
-            try:
-                cu.cuStreamSynchronize(self.stream)
-            except Exception:
-                pass
-        for e in self.events:
-            try:
-                cu.cuEventDestroy(e)
-            except Exception:
-                pass
-        for b in self.bufs:
-            try:
-                cu.cuMemFreeHost(b)
-            except Exception:
-                pass
-        self.bufs, self.events, self.busy = [], [], []
+def _staged(rp, rec, n: int) -> bool:
+    """Copies of big captured blobs stream through replay/staging.py (read ahead, page-locked)."""
+    if not _async(rec):
+        return h2d_from_blob(rp, rec, n)
+    return not _captured(rp, rec) and h2d_async_from_blob(rp, rec, n, _stream(rp, rec))
 
 
 @handles("cuMemcpyHtoD", "cuMemcpyHtoDAsync", errors=True)
 def memcpy_htod(rp, rec):
     a = rec["a"]
     n = int(a.get("ByteCount", 0))
-    if not _async(rec) and n and _h2d_streamed(rp, rec, n):
+    if n and _staged(rp, rec, n):
         rp.mark_written(a.get("dstDevice"), rec.get("s"), rec["f"])
         return
     data = rp.blob(rec, "srcHost")

@@ -61,6 +61,8 @@ static const pa_t table[] = {
     E("cuMemHostAlloc", 2020, cuMemHostAlloc),
     E("cuPointerGetAttribute", 4000, cuPointerGetAttribute),
     E("cuMemFreeHost", 2000, cuMemFreeHost),
+    E("cuMemHostRegister", 6050, cuMemHostRegister_v2),
+    E("cuMemHostUnregister", 4000, cuMemHostUnregister),
     E("cuMemHostGetDevicePointer", 3020, cuMemHostGetDevicePointer_v2),
     E("cuMemAllocManaged", 6000, cuMemAllocManaged),
     S("cuMemAllocAsync", 11020, cuMemAllocAsync, cuMemAllocAsync_ptsz),

@@ -699,6 +699,12 @@ API CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags) {
 
 API CUresult cuMemAllocHost_v2(void **pp, size_t size) { return cuMemHostAlloc(pp, size, 0); }
 API CUresult cuMemFreeHost(void *p) { return mem_free((unsigned long long)p, R_HOST); }
+/* page-locking is meaningless on host memory: checked and accepted (replay's staging uses it) */
+API CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned int flags) {
+    CHECK(need_ctx());
+    return !p || size == 0 || flags > 15 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+API CUresult cuMemHostUnregister(void *p) { return p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
 
 API CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsigned int flags) {
     CHECK(need_ctx());
