@@ -11,7 +11,8 @@ Every row names the card and gives ratios against native measured in the same ru
      replay runs alternate (REPS pairs); medians are reported.
   2. launch rate: a launch-bound C loop (100k empty-kernel launches) natively vs replayed
      (time per launch between the first and the last replayed launch); goal <= 1.1x
-  3. big snapshot: big_snapshot_row() (time to first kernel; the 6 GiB row's place).
+  3. big snapshot (bench/bench_bigsnap_gpu.py): a 6 GiB snapshot replayed end to end: GB/s of
+     snapshot (goal >= 3), first kernel (<= 3 s), peak host memory over the largest allocation (<= +2 GiB).
 
 Usage: python bench/bench_replay_gpu.py [--json OUT.json] [--steps 60] [--reps 3] [--skip ROWS]
 (needs nvcc, PyTorch and a GPU; ROWS: comma list of train,launch,big)"""
