@@ -87,7 +87,7 @@ static void *ex_fn[EX_NKINDS];
 static int ex_ready;
 static volatile int64_t ex_pos;   /* op in progress (absolute index): for the watchdog */
 
-typedef struct {                  /* CUlaunchConfig with no attributes */
+typedef struct {                  /* CUlaunchConfig */
     unsigned grid[3], block[3], shmem;
     P stream;
     P attrs;
@@ -163,7 +163,7 @@ int64_t ex_run(const ex_op *ops, int64_t start, int64_t end, const uint64_t *slo
                     NULL, size ? extra : NULL);
             } else {
                 ex_cfg c = {{o->grid[0], o->grid[1], o->grid[2]}, {o->block[0], o->block[1], o->block[2]}, o->shmem,
-                            a, NULL, 0};
+                            a, (P)(uintptr_t)o->src, (unsigned)o->n};   /* value-only attributes, as recorded */
                 r = ((CUres (*)(ex_cfg *, P, void **, void **))fn)(&c, f, NULL, size ? extra : NULL);
             }
             if (r == 0) {              /* launch timestamps: first and last, as the per-call path */

@@ -17,6 +17,7 @@ from array import array
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from . import dispatch
+from .layout import sizeof
 
 # op kinds: the C executor's EX_* (replay/build_executor.py)
 (SKIP, LAUNCH, LAUNCH_EX, EVENT_RECORD, EVENT_RECORD_FLAGS, STREAM_WAIT,
@@ -234,6 +235,21 @@ class BatchEvent:
         return a.get("hStream") or 0
 
 
+# CUlaunchAttributeID values whose value holds no handle or address: passed to the driver as
+# recorded (cooperative, synchronization policy, cluster dimension and scheduling, programmatic
+# stream serialization, priority, memory sync domain and map, preferred cluster dimension,
+# shared memory carveout)
+_VALUE_ONLY_ATTRS = frozenset({2, 3, 4, 5, 6, 8, 9, 10, 11, 14})
+LAUNCH_ATTR_SIZE = sizeof("CUlaunchAttribute")   # id, pad, 64-byte value union
+
+
+def _plain_attrs(attrs, nattr: int) -> bool:
+    if type(attrs) is not bytes or len(attrs) < nattr * LAUNCH_ATTR_SIZE:
+        return False
+    return all(int.from_bytes(attrs[i * LAUNCH_ATTR_SIZE:i * LAUNCH_ATTR_SIZE + 4], "little") in _VALUE_ONLY_ATTRS
+               for i in range(nattr))
+
+
 def _stream_ref(slots: Slots, f: str, hs) -> Optional[int]:
     """Executor ref of a recorded stream (Replayer.stream's rule); None: not compilable."""
     if not hs:
@@ -324,8 +340,12 @@ class Planner:
                 if not isinstance(cfg, (bytes, bytearray)) or len(cfg) < LAUNCH_CONFIG.size:
                     return None
                 v = LAUNCH_CONFIG.unpack_from(cfg)
-                if v[9] != 0:                  # launch attributes: the handler builds them
-                    return None
+                nattr = v[9]
+                if nattr:                      # launch attributes: passed as recorded, when value-only
+                    attrs = x.get("attrs") if type(x) is dict else None
+                    if not _plain_attrs(attrs, nattr):
+                        return None
+                    attrs = attrs[:nattr * LAUNCH_ATTR_SIZE]
                 dims, hs = v[:7], v[7]
             for d in dims:
                 if type(d) is not int or not 0 <= d < 4294967296:
@@ -333,6 +353,8 @@ class Planner:
             sr = _stream_ref(S, f, hs)
             if sr is None:
                 return None
+            if kind == LAUNCH_EX and nattr:     # attrs ride in the op's src/n fields
+                return (0, sr, 0, S.slot("f", h), 0, attrs, nattr, dims[0:3], dims[3:6], dims[6], params)
             return (0, sr, 0, S.slot("f", h), 0, 0, 0, dims[0:3], dims[3:6], dims[6], params)
         if kind <= STREAM_WAIT:
             e = _handle_ref(S, a.get("hEvent"))
@@ -494,6 +516,13 @@ class Planner:
                         ent = cache[params] = (cb, int(ffi.cast("uintptr_t", cb)))
                     keep.append(ent[0])
                     pp, size = ent[1], len(params)
+                if type(src) is bytes:           # launch attributes (LAUNCH_EX): their address
+                    ent = cache.get(src)
+                    if ent is None:
+                        cb = ffi.from_buffer(src)
+                        ent = cache[src] = (cb, int(ffi.cast("uintptr_t", cb)))
+                    keep.append(ent[0])
+                    src = ent[1]
                 at = 0.0
                 if t_origin is not None:
                     t0 = b.recs[i].get("t0")

@@ -107,13 +107,17 @@ def test_big_h2d_streams_through_pinned_staging(double, tmp_path, prefetch):
 CFG = struct.Struct("<7I4xQQI4x")      # CUlaunchConfig
 
 
-def mixed_session(path, steps=40, bad=None, unknown_event_at=None, spin_at=None, tamper_at=None):
+CLUSTER_1 = struct.pack("<II3I52x", 4, 0, 1, 1, 1)     # CUlaunchAttribute: CLUSTER_DIMENSION (1, 1, 1)
+
+
+def mixed_session(path, steps=40, bad=None, unknown_event_at=None, spin_at=None, tamper_at=None, attrs=False):
     """A framework-like mix on the double: per step context switches (set, push, pop), add_one(A) and incr(B)
     (the second through cuLaunchKernelEx), event record + stream wait, async memsets, a D2D copy
     C <- A, a unified cuMemcpyAsync D <- B, queries, stream syncs; D2H of C and D every 10 steps.
     bad: step whose memset targets unallocated memory (the double fails it); unknown_event_at:
     step whose wait names an event no recorded call created; spin_at: step with a 5 s kernel;
-    tamper_at: step whose D2H of C expects a wrong value."""
+    tamper_at: step whose D2H of C expects a wrong value; attrs: the cuLaunchKernelEx carries a
+    launch attribute (a cluster dimension)."""
     s = Synth(path)
     ctx, mod, f_add, f_incr, f_spin = 0x55550000, 0x55560000, 0x55570001, 0x55570005, 0x55570006
     S1, S2, E = 0x5001, 0x5002, 0x6001
@@ -133,9 +137,9 @@ def mixed_session(path, steps=40, bad=None, unknown_event_at=None, spin_at=None,
     for i in range(steps):
         s.call("cuCtxSetCurrent", {"ctx": ctx})
         s.launch(f_add, struct.pack("<Qi", A, n), block=n, stream=S1)
-        cfg = CFG.pack(1, 1, 1, n, 1, 1, 0, S1, 0, 0)
+        cfg = CFG.pack(1, 1, 1, n, 1, 1, 0, S1, 0x7FFF1000 if attrs else 0, 1 if attrs else 0)
         s.call("cuLaunchKernelEx", {"config": cfg, "f": f_incr, "kernelParams": 0x7FFF0000, "extra": 0},
-               x={"params": struct.pack("<Qi", B, n)})
+               x={"params": struct.pack("<Qi", B, n), **({"attrs": CLUSTER_1} if attrs else {})})
         s.call("cuEventRecord", {"hEvent": E, "hStream": S1})
         s.call("cuStreamWaitEvent", {"hStream": S2, "hEvent": 0x6666 if i == unknown_event_at else E, "Flags": 0})
         s.call("cuCtxGetCurrent", {"pctx": ctx})
@@ -176,6 +180,18 @@ def test_executor_matches_the_per_call_path_on_a_mixed_snapshot(double, tmp_path
         assert all(a[1] <= b[1] for a, b in zip(got["sync_mono"], got["sync_mono"][1:]))
         assert got["first_launch_mono"] <= got["last_launch_mono"]
         assert (got["native_calls"] > 300) == (mode == "1")
+
+
+def test_executor_runs_launches_with_value_only_attributes(double, tmp_path):
+    """cuLaunchKernelEx with a cluster dimension (as cuBLASLt's GEMMs launch) runs in the
+    executor with its attributes as recorded: the same results as call by call."""
+    snap = tmp_path / "attrs.cusnap"
+    mixed_session(snap, steps=20, attrs=True)
+    _cp0, base = _replay(double, snap, "0")
+    assert base["exit_code"] == 0 and base["launches"] == 40, base["errors"]
+    _cp, got = _replay(double, snap, "1")
+    assert {k: got.get(k) for k in MIXED_KEYS} == {k: base.get(k) for k in MIXED_KEYS}
+    assert got["native_calls"] >= 40 * 3         # the Ex launches among them
 
 
 @pytest.mark.parametrize("extra", [(), ("--continue-on-error",)])
