@@ -30,6 +30,7 @@ class Decoder:
         self.blob_sink = blob_sink      # put_chunk(digest, data, release), add_blob_chunks(size, digests) -> id (a SnapshotWriter)
         self.clock = clock or (lambda t: t)   # record timestamp -> ns (Ring.to_ns)
         self.blobs: dict[int, tuple[str, int]] = {}
+        self.parts: dict[tuple, bytearray] = {}    # (blob serial, chunk index) -> parts so far
         self.open: dict[int, dict] = {}
         self.counts = {"calls": 0, "launches": 0, "h2d_bytes": 0, "d2h_bytes": 0, "blob_bytes": 0, "notes": 0,
                        "host_visible_allocs": 0, "collapsed": 0,
@@ -127,7 +128,19 @@ class Decoder:
             # comes with rec.release: the sink calls it once done
             release, rec.release = rec.release, None
             d = {idx: data for idx, _tag, data in rec.fields}
-            self.blob_sink.put_chunk(bytes(d.get(F_DIGEST, b"")), d.get(0, b""), release)
+            if F_DIGEST not in d or F_CODE in d:
+                # a chunk sent in parts (a ring too small for it): gathered until the last one
+                key = (rec.seq, rec.aux)
+                buf = self.parts.setdefault(key, bytearray())
+                buf += d.get(0, b"")
+                if release is not None:
+                    release()
+                if F_DIGEST not in d:
+                    return []
+                data, release = bytes(self.parts.pop(key)), None
+            else:
+                data = d.get(0, b"")
+            self.blob_sink.put_chunk(bytes(d.get(F_DIGEST, b"")), data, release)
             return []
         if t == R.BLOB_END:
             d = {idx: data for idx, _tag, data in rec.fields}

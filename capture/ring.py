@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 MAGIC = b"CSRING1\0"
-VERSION = 6                      # CS_RING_VERSION
+VERSION = 7                      # CS_RING_VERSION
 HDR_SIZE = 4096
 REC_HDR = struct.Struct("<IIHHIQQQiI")  # len, state, type, nfields, fn, seq, tid, t_ns, result, aux
 FIELD_HDR = struct.Struct("<HHI")
@@ -28,6 +28,7 @@ OFF_CLOCK, OFF_CLOCK_TSC0, OFF_CLOCK_NS0 = 108, 184, 192
 OFF_SEQ, OFF_DROPPED_BYTES = 56, 200
 WINDOW = 15                      # CS_REC_WINDOW (shim_window.c)
 OFF_WIN_REQ = 208                # window requests: the recorder bumps, the shim acts at its next call
+OFF_RECORDER_PID = 212           # the recorder's pid: a state dump waits for space while it lives
 _PAIR_LOCK = threading.Lock()
 
 
@@ -142,6 +143,7 @@ class Ring:
 
     def beat(self) -> None:
         struct.pack_into("<Q", self.mm, OFF_BEAT, time.monotonic_ns())
+        struct.pack_into("<I", self.mm, OFF_RECORDER_PID, os.getpid())
 
     def process_alive(self) -> bool:
         """False once no thread of the process can write to the ring any more. A zombie is

@@ -21,7 +21,7 @@
 #include <stdint.h>
 
 #define CS_RING_MAGIC "CSRING1"
-#define CS_RING_VERSION 6
+#define CS_RING_VERSION 7
 #define CS_RING_HDR 4096
 
 typedef struct {
@@ -47,6 +47,7 @@ typedef struct {
     uint64_t clock_ns0;          /* 192 ... and CLOCK_MONOTONIC ns read together at the start */
     uint64_t dropped_bytes;      /* 200 bytes of the dropped records (atomic) */
     uint32_t win_req;            /* 208 window requests (recorder bumps: open/close, or checkpoint) */
+    uint32_t recorder_pid;       /* 212 the recorder's process (written with each beat) */
 } cs_ring_hdr;
 
 /* Record header, 8-byte aligned; fields follow. */

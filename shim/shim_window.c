@@ -409,12 +409,14 @@ static void cs_win_start(int op, const char *why) {
     __atomic_store_n(&cs_win_dumper, me, __ATOMIC_SEQ_CST);
     cs_win_quiesce();
     cs_depth++;
+    cs_patient = 1;
     cs_win_serial++;
     cs_blob_forget();
     cs_win_open = 1; cs_win_skip = 0;
     cs_win_record(op, why, 0, 0);
     U nr = 0, bytes = cs_win_dump(&nr);
     cs_win_record(CS_WOP_STATE, why, bytes, nr);
+    cs_patient = 0;
     cs_depth--;
     __atomic_store_n(&cs_win_dumper, 0, __ATOMIC_SEQ_CST);
 }
