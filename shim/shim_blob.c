@@ -102,6 +102,7 @@ static void cs_chunk(cs_blobjob *j, uint32_t i) {
         }
         r.h->seq = j->serial;
         r.h->aux = i;
+        r.h->fn = j->patient;                         /* 1: a window state's chunk */
         cs_field_hdr *df = NULL;
         if (last) {                                   /* digest field, filled after the copy */
             df = (cs_field_hdr *)r.p;
@@ -247,6 +248,7 @@ static uint64_t cs_blob(const void *src, uint64_t size) {
     if (!j.failed && cs_reserve(&r, (uint32_t)sizeof(cs_rec_hdr) + cs_flen(8) + cs_flen(16u * j.nchunks),
                                 CS_REC_BLOB_END) == 0) {
         r.h->seq = j.serial;
+        r.h->fn = j.patient;
         cs_put_val(&r, 0, size);
         cs_put(&r, CS_F_DIGEST, CS_T_BYTES, j.digests, 16u * j.nchunks);
         cs_publish(&r);

@@ -317,8 +317,11 @@ static int cs_start(void) {
 }
 
 static void cs_place_exit_note(void);
+static U cs_drain_wait(void);
+
 static void cs_exit_hook(void) {
     if (!cs_ring || cs_pid != getpid()) return;
+    cs_drain_wait();                     /* a window's state still draining */
     cs_q_flush_all();
     cs_place_exit_note();
     cs_rec r;
