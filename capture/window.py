@@ -526,7 +526,7 @@ class WindowRouter:
         if not self.windows:
             return [f"window {self.window.get('spec')}: never opened; no snapshot written"]
         return [f"window {w['n']} ({w['why']}): {w['path']}: {w['calls']:,} calls, state {w['state_bytes']:,} bytes "
-                f"in {w['state_ranges']} ranges{_copied(w)}" for w in self.windows]
+                f"in {w['state_ranges']} ranges{_copied(w)}{_paused(w)}" for w in self.windows]
 
 
 class TimeWindows(WindowRouter):
@@ -546,6 +546,13 @@ class TimeWindows(WindowRouter):
                 self.ring.request_window()
             except (ValueError, BufferError):     # the ring was closed meanwhile (the end)
                 pass
+
+
+def _paused(w: dict) -> str:
+    if not w.get("pause_ns"):
+        return ""
+    return (f"; program paused {w['pause_ns'] / 1e6:.1f} ms for it"
+            + (f", complete after {w['dump_ns'] / 1e6:.1f} ms" if w.get("spare") else ""))
 
 
 def _copied(w: dict) -> str:

@@ -101,7 +101,10 @@ static int cs_drain_plan(cs_wrange *w, U *hnow, int gpu, int refs) {
         U run = 0;
         while (off + run < w->size && !(run && refs && hnow[(off + run) / CS_CHUNK] == w->hprev[(off + run) / CS_CHUNK]))
             run += w->size - (off + run) < CS_CHUNK ? w->size - (off + run) : CS_CHUNK;
-        if (d2d(spare + so, w->ptr + off, run) != 0) r->lost = 1;
+        if (d2d(spare + so, w->ptr + off, run) != 0) {
+            r->lost = 1;
+            cs_note("window state: a live range could not be copied to spare device memory: the state is partial");
+        }
         else if (cs_dq_grow((void **)&cs_dq.p, &cs_dq.capp, cs_dq.np, sizeof *cs_dq.p) == 0)
             cs_dq.p[cs_dq.np++] = (cs_dpiece){w->ptr + off, spare + so, run, cs_dq.nr};
         else r->lost = 1;
