@@ -115,6 +115,8 @@ class FlightRouter(WindowRouter):
     def tick(self) -> None:
         # never wait for the drain thread (it may be copying chunks): the watcher beats the rings
         now = time.monotonic()
+        if self.in_state:                        # the last checkpoint's state is still coming:
+            self.last_request = now              # the period runs from its end
         if self.ring is not None and not self.triggered and not self.done and now - self.last_request >= self.period_s:
             self.last_request = now
             try:
