@@ -40,36 +40,49 @@ def loop(seconds: float, width: int) -> None:
         step += 1
     steady = times[10:]
     print(f"STEP_MS p50 {statistics.median(steady):.3f}")
+    print(f"STEP_MS mean {statistics.mean(steady):.3f} max {max(steady):.3f}")   # checkpoint pauses included
     print(f"STEPS {step} last loss {lv:.4f}")
 
 
 def _run(cmd, env=None):
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     m = re.search(r"STEP_MS p50 ([\d.]+)", p.stdout)
-    if p.returncode != 0 or not m:
+    mm = re.search(r"STEP_MS mean ([\d.]+)", p.stdout)
+    if p.returncode != 0 or not m or not mm:
         sys.exit(f"FAIL  {' '.join(cmd[:6])}...: exit {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
-    return float(m.group(1)), p.stderr
+    return float(m.group(1)), float(mm.group(1)), p.stderr
 
 
 def compare(seconds: float, period: float) -> None:
     me = [sys.executable, os.path.abspath(__file__), "loop", str(seconds)]
     d = tempfile.mkdtemp(prefix="flight-bench-")
-    native, flight, pauses = [], [], []
+    native, flight, nmean, fmean, pauses = [], [], [], [], []
     for i in range(2):
-        native.append(_run(me)[0])
-        ms, err = _run([sys.executable, "-m", "cudasnap", "capture", "-o", f"{d}/loop{i}.cusnap",
-                        f"--flight-recorder={period}", "--", *me])
+        ms, mean, _e = _run(me)
+        native.append(ms)
+        nmean.append(mean)
+        ms, mean, err = _run([sys.executable, "-m", "cudasnap", "capture", "-o", f"{d}/loop{i}.cusnap",
+                              f"--flight-recorder={period}", "--", *me])
         flight.append(ms)
+        fmean.append(mean)
         m = re.search(r"checkpoint pauses p50 ([\d.]+) ms, max ([\d.]+) ms", err)
         if m:
             pauses.append((float(m.group(1)), float(m.group(2))))
+        for line in err.splitlines():
+            if re.search(r"checkpoint \d+: state|dropped|missing", line):
+                print("   ", line.split(": ", 1)[-1])
         ok = "no trigger, nothing written" in err and not os.listdir(d)
         print(f"{'PASS' if ok else 'FAIL'}  flight recorder, clean exit: nothing written ({err.strip().splitlines()[0] if err.strip() else 'no summary'})")
     ratio = statistics.median(f / n for f, n in zip(flight, native))
+    mratio = statistics.median(f / n for f, n in zip(fmean, nmean))
     print(f"flight recorder overhead: step p50 native {statistics.median(native):.3f} ms, "
-          f"captured {statistics.median(flight):.3f} ms, ratio {ratio:.3f}x (checkpoint every {period:g} s)")
+          f"captured {statistics.median(flight):.3f} ms, ratio {ratio:.3f}x; step mean (checkpoint pauses "
+          f"included) native {statistics.median(nmean):.3f} ms, captured {statistics.median(fmean):.3f} ms, "
+          f"ratio {mratio:.3f}x (checkpoint every {period:g} s)")
     if pauses:
-        print(f"checkpoint pauses: p50 {statistics.median(p for p, _ in pauses):.1f} ms, max {max(m for _, m in pauses):.1f} ms")
+        p50, pmax = statistics.median(p for p, _ in pauses), max(m for _, m in pauses)
+        print(f"checkpoint pauses: p50 {p50:.1f} ms, max {pmax:.1f} ms")
+        print(f"{'PASS' if pmax < 1000 else 'FAIL'}  checkpoint pauses under a second (max {pmax:.1f} ms)")
     print(f"{'PASS' if ratio <= 1.03 else 'FAIL'}  flight recorder steady-state overhead <= 1.03x ({ratio:.3f}x)")
 
 

@@ -31,6 +31,7 @@ class Decoder:
         self.blob_sink = blob_sink      # put_chunk(digest, data, release), add_blob_chunks(size, digests) -> id (a SnapshotWriter)
         self.clock = clock or (lambda t: t)   # record timestamp -> ns (Ring.to_ns)
         self.blobs: dict[int, tuple[str, int]] = {}
+        self.parts: dict[tuple, bytearray] = {}    # (blob serial, chunk index) -> parts so far
         self.open: dict[int, dict] = {}
         self.counts = {"calls": 0, "launches": 0, "h2d_bytes": 0, "d2h_bytes": 0, "blob_bytes": 0, "notes": 0,
                        "host_visible_allocs": 0, "collapsed": 0,
@@ -130,13 +131,32 @@ class Decoder:
             # comes with rec.release: the sink calls it once done
             release, rec.release = rec.release, None
             d = {idx: data for idx, _tag, data in rec.fields}
-            self.blob_sink.put_chunk(bytes(d.get(F_DIGEST, b"")), d.get(0, b""), release)
+            if F_DIGEST not in d or F_CODE in d:
+                # a chunk sent in parts (a ring too small for it): gathered until the last one
+                key = (rec.seq, rec.aux)
+                buf = self.parts.setdefault(key, bytearray())
+                buf += d.get(0, b"")
+                if release is not None:
+                    release()
+                if F_DIGEST not in d:
+                    return []
+                data, release = bytes(self.parts.pop(key)), None
+            else:
+                data = d.get(0, b"")
+            if rec.fn == 1 and getattr(self.blob_sink, "takes_state", False):   # a window state's
+                self.blob_sink.put_chunk(bytes(d.get(F_DIGEST, b"")), data, release, state=True)
+            else:
+                self.blob_sink.put_chunk(bytes(d.get(F_DIGEST, b"")), data, release)
             return []
         if t == R.BLOB_END:
             d = {idx: data for idx, _tag, data in rec.fields}
             size = struct.unpack("<Q", d[0])[0] if 0 in d else 0
             digests = bytes(d.get(F_DIGEST, b""))
-            bid = self.blob_sink.add_blob_chunks(size, [digests[i:i + 16] for i in range(0, len(digests), 16)])
+            chunks = [digests[i:i + 16] for i in range(0, len(digests), 16)]
+            if rec.fn == 1 and getattr(self.blob_sink, "takes_state", False):
+                bid = self.blob_sink.add_blob_chunks(size, chunks, state=True)
+            else:
+                bid = self.blob_sink.add_blob_chunks(size, chunks)
             self.blobs[rec.seq] = (bid, size)
             self.counts["blob_bytes"] += size
             return []
@@ -302,11 +322,16 @@ class Decoder:
 
 def _dump_stats(b: bytes) -> dict:
     """A window state record's account (shim_window.c): bytes copied D2H, bytes referenced
-    unchanged from the previous state, bytes hashed on the GPU, hashing and dump time."""
+    unchanged from the previous state, bytes hashed on the GPU, hashing and dump time (until
+    the state was drained); then the program's pause, the wait for the previous state's
+    drain and the spare device memory used."""
     if len(b) < 40:
         return {}
     copied, referenced, hashed, hash_ns, dump_ns = struct.unpack_from("<5Q", b)
-    return {"copied": copied, "referenced": referenced, "hashed": hashed, "hash_ns": hash_ns, "dump_ns": dump_ns}
+    out = {"copied": copied, "referenced": referenced, "hashed": hashed, "hash_ns": hash_ns, "dump_ns": dump_ns}
+    if len(b) >= 64:
+        out["pause_ns"], out["wait_ns"], out["spare"] = struct.unpack_from("<3Q", b, 40)
+    return out
 
 
 class SeqSet:

@@ -71,9 +71,11 @@ class FlightRouter(WindowRouter):
 
     def _on_window(self, rec: dict) -> None:
         if rec.get("op") == "state" and getattr(self, "_ckpt_t", None) and rec.get("t"):
-            self.pauses.append((rec["t"] - self._ckpt_t) / 1e9)
+            # the program's pause: the shim's count (the state may drain after it), else the
+            # time from the checkpoint's record to the state's end
+            self.pauses.append(rec["pause_ns"] / 1e9 if "pause_ns" in rec else (rec["t"] - self._ckpt_t) / 1e9)
             self.dumps.append({k: rec.get(k, 0) for k in ("bytes", "copied", "referenced", "hashed", "hash_ns",
-                                                          "dump_ns")})
+                                                          "dump_ns", "pause_ns", "wait_ns", "spare")})
         super()._on_window(rec)
 
     def _discard(self, seg: Segment) -> None:
@@ -113,6 +115,8 @@ class FlightRouter(WindowRouter):
     def tick(self) -> None:
         # never wait for the drain thread (it may be copying chunks): the watcher beats the rings
         now = time.monotonic()
+        if self.in_state:                        # the last checkpoint's state is still coming:
+            self.last_request = now              # the period runs from its end
         if self.ring is not None and not self.triggered and not self.done and now - self.last_request >= self.period_s:
             self.last_request = now
             try:
@@ -255,12 +259,18 @@ class FlightRouter(WindowRouter):
 
 
 def _dump_line(n: int, d: dict) -> str:
-    """One checkpoint: its size, how much crossed the bus, its speed and the hashing's."""
+    """One checkpoint: its size, the program's pause and its speed, the drain, how much
+    crossed the bus, the hashing's speed."""
     gib = 1 << 30
     secs = d.get("dump_ns", 0) / 1e9
-    line = (f"checkpoint {n}: state {d['bytes'] / gib:.2f} GiB in {secs * 1e3:.1f} ms "
-            f"({d['bytes'] / secs / 1e9 if secs else 0:.1f} GB/s), copied {d['copied'] / gib:.2f} GiB, "
-            f"unchanged {d['referenced'] / gib:.2f} GiB")
+    pause = d.get("pause_ns", 0) / 1e9 or secs
+    line = (f"checkpoint {n}: state {d['bytes'] / gib:.2f} GiB, program paused {pause * 1e3:.1f} ms "
+            f"({d['bytes'] / pause / 1e9 if pause else 0:.1f} GB/s), complete after {secs * 1e3:.1f} ms, "
+            f"copied {d['copied'] / gib:.2f} GiB, unchanged {d['referenced'] / gib:.2f} GiB")
+    if d.get("spare"):
+        line += f", spare device memory {d['spare'] / gib:.2f} GiB"
+    if d.get("wait_ns", 0) >= 1e6:
+        line += f", waited {d['wait_ns'] / 1e6:.1f} ms for the previous checkpoint's drain"
     if d.get("hashed") and d.get("hash_ns"):
         line += f", GPU hashing {d['hashed'] / gib:.2f} GiB at {d['hashed'] / d['hash_ns']:.1f} GB/s"
     return line

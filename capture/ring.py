@@ -23,6 +23,7 @@ PAD, PRE, POST, FN, PROC, NOTE = C.REC_PAD, C.REC_PRE, C.REC_POST, C.REC_FN, C.R
 BLOB_PIECE, BLOB_END, EXIT, REGION = C.REC_BLOB_PIECE, C.REC_BLOB_END, C.REC_EXIT, C.REC_REGION
 CALL, REPEAT, CTX, NVTX = C.REC_CALL, C.REC_REPEAT, C.REC_CTX, C.REC_NVTX
 WINDOW, OFF_WIN_REQ = C.REC_WINDOW, C.OFF_WIN_REQ   # window requests: the recorder bumps, the shim acts at its next call
+OFF_RECORDER_PID = C.OFF_RECORDER_PID   # the recorder's pid: a state dump waits for space while it lives
 OFF_BEAT, OFF_EXIT, OFF_FNCOUNT, OFF_DIGEST = C.OFF_RECORDER_BEAT_NS, C.OFF_EXIT_CODE, C.OFF_FN_COUNT, C.OFF_API_DIGEST
 _PAIR_LOCK = threading.Lock()
 
@@ -138,6 +139,7 @@ class Ring:
 
     def beat(self) -> None:
         struct.pack_into("<Q", self.mm, OFF_BEAT, time.monotonic_ns())
+        struct.pack_into("<I", self.mm, OFF_RECORDER_PID, os.getpid())
 
     def process_alive(self) -> bool:
         """False once no thread of the process can write to the ring any more. A zombie is

@@ -232,6 +232,7 @@ class WindowRouter:
     """Stands in for a process's SnapshotWriter in a windowed capture (module docstring)."""
 
     CACHE_BYTES = 256 << 20          # recent chunks kept until their blob is known to be state
+    takes_state = True               # the decoder says which chunks and blobs are a window state's
 
     def __init__(self, base: Path, header: dict, desc, make_writer: Callable[[Path, dict], Any], window: dict):
         self.base = Path(base)
@@ -255,13 +256,16 @@ class WindowRouter:
         self.chunk_home: Dict[bytes, Segment] = {}      # digest -> the newest segment holding it
         self.nvtx_open: List[dict] = []                 # NVTX ranges open now (push/start records)
         self.missing_chunks = 0
+        # the program's records that came while the newest segment's state was still being
+        # drained by the shim (shim_window_drain.c): that segment gets them after its state
+        self.deferred: List[dict] = []
 
     # ---------------------------------------------------------------- blob sink
-    def put_chunk(self, digest: bytes, data, release=None) -> str:
+    def put_chunk(self, digest: bytes, data, release=None, state: bool = False) -> str:
         with self.lock:
             digest = bytes(digest)
-            targets = self.active[-1:] if self.in_state else self.active
-            keep = not self.in_state
+            targets = self.active[-1:] if state else self.active
+            keep = not state
             copy = bytes(data) if (keep or len(targets) > 1 or not targets) else None
             for i, seg in enumerate(targets):
                 seg.chunks.add(digest)
@@ -281,13 +285,13 @@ class WindowRouter:
                     self.cache_bytes -= len(old)
             return digest.hex()
 
-    def add_blob_chunks(self, size: int, digests: List[bytes]) -> str:
+    def add_blob_chunks(self, size: int, digests: List[bytes], state: bool = False) -> str:
         from cudasnap.formats.container import blob_id
         with self.lock:
             digests = [bytes(d) for d in digests]
             bid = blob_id(digests)
             self.blobdefs[bid] = (size, digests)
-            for seg in (self.active[-1:] if self.in_state else self.active):
+            for seg in (self.active[-1:] if state else self.active):
                 self._define(seg, bid, size, digests)
             return bid
 
@@ -328,14 +332,23 @@ class WindowRouter:
                 return                      # counts of queries that may lie outside the segment
             if k == "nvtx":
                 self._track_nvtx(rec)
-            for seg in self.active:
+            for seg in self._targets():
                 seg.writer.write(rec)
+            if self.in_state and self.active:
+                self.deferred.append(rec)
+
+    def _targets(self) -> List[Segment]:
+        """Where a program's record goes now: every open segment, except one whose state is
+        still coming (the record waits in `deferred` for it)."""
+        if self.in_state and self.active:
+            return self.active[:-1]
+        return self.active
 
     def _on_call(self, rec: dict) -> None:
         self.state.feed(rec)
         if rec.get("s") in self.state.calls:
             self._pin(rec)
-        targets = self.active[-1:] if rec.get("state") else self.active
+        targets = self.active[-1:] if rec.get("state") else self._targets()
         for seg in targets:
             self._ensure_blobs(seg, rec)
             seg.writer.write(rec)
@@ -345,7 +358,19 @@ class WindowRouter:
                 seg.calls += 1
                 seg.first_seq = rec["s"] if seg.first_seq is None else seg.first_seq
                 seg.last_seq = rec["s"]
+        if self.in_state and self.active and not rec.get("state"):
+            self.deferred.append(rec)
         self._after_call(rec)
+
+    def _write_deferred(self, seg: Segment) -> None:
+        recs, self.deferred = self.deferred, []
+        for rec in recs:
+            if rec.get("k") == "c":
+                self._ensure_blobs(seg, rec)
+                seg.calls += 1
+                seg.first_seq = rec["s"] if seg.first_seq is None else seg.first_seq
+                seg.last_seq = rec["s"]
+            seg.writer.write(rec)
 
     def _track_nvtx(self, rec: dict) -> None:
         """NVTX ranges open at any moment, so a window starts inside the ranges it is in."""
@@ -445,8 +470,11 @@ class WindowRouter:
             if self.active:
                 seg = self.active[-1]
                 seg.state_bytes, seg.state_ranges = rec.get("bytes", 0), rec.get("ranges", 0)
-                seg.dump = {k: rec[k] for k in ("copied", "referenced", "hashed", "hash_ns", "dump_ns") if k in rec}
+                seg.dump = {k: rec[k] for k in ("copied", "referenced", "hashed", "hash_ns", "dump_ns", "pause_ns",
+                                                "wait_ns", "spare") if k in rec}
                 seg.writer.write(rec)
+                self._write_deferred(seg)
+            self.deferred = []
         elif op == "close":
             self.in_state = False
             while self.active:
@@ -499,7 +527,7 @@ class WindowRouter:
         if not self.windows:
             return [f"window {self.window.get('spec')}: never opened; no snapshot written"]
         return [f"window {w['n']} ({w['why']}): {w['path']}: {w['calls']:,} calls, state {w['state_bytes']:,} bytes "
-                f"in {w['state_ranges']} ranges{_copied(w)}" for w in self.windows]
+                f"in {w['state_ranges']} ranges{_copied(w)}{_paused(w)}" for w in self.windows]
 
 
 class TimeWindows(WindowRouter):
@@ -519,6 +547,13 @@ class TimeWindows(WindowRouter):
                 self.ring.request_window()
             except (ValueError, BufferError):     # the ring was closed meanwhile (the end)
                 pass
+
+
+def _paused(w: dict) -> str:
+    if not w.get("pause_ns"):
+        return ""
+    return (f"; program paused {w['pause_ns'] / 1e6:.1f} ms for it"
+            + (f", complete after {w['dump_ns'] / 1e6:.1f} ms" if w.get("spare") else ""))
 
 
 def _copied(w: dict) -> str:

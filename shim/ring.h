@@ -21,7 +21,7 @@
 #include <stdint.h>
 
 #define CS_RING_MAGIC "CSRING1"
-#define CS_RING_VERSION 6
+#define CS_RING_VERSION 7
 #define CS_RING_HDR 4096
 
 typedef struct {
@@ -47,6 +47,7 @@ typedef struct {
     uint64_t clock_ns0;          /* 192 ... and CLOCK_MONOTONIC ns read together at the start */
     uint64_t dropped_bytes;      /* 200 bytes of the dropped records (atomic) */
     uint32_t win_req;            /* 208 window requests (recorder bumps: open/close, or checkpoint) */
+    uint32_t recorder_pid;       /* 212 the recorder's process (written with each beat) */
 } cs_ring_hdr;
 
 /* Record header, 8-byte aligned; fields follow. */
@@ -55,7 +56,7 @@ typedef struct {
     uint32_t state;    /* CS_STATE(pos, kind), below; anything else: being written */
     uint16_t type;     /* CS_REC_* */
     uint16_t nfields;
-    uint32_t fn;       /* API table id (calls), or 0 */
+    uint32_t fn;       /* API table id (calls), or 0; BLOB_*: 1 for a window state's chunks */
     uint64_t seq;      /* call sequence number (PRE/POST), blob serial (BLOB_*) */
     uint64_t tid;
     uint64_t t_ns;     /* timestamp (ns, or TSC ticks: header `clock`) */
@@ -117,7 +118,9 @@ enum {
     CS_F_HOSTDST = 0x106,     /* memcpy2D/3D host destination region blob */
     CS_F_NAME = 0x110, CS_F_HANDLE = 0x111, CS_F_KIND = 0x112, CS_F_MODULE = 0x113,
     CS_F_LAYOUT = 0x114, CS_F_MSG = 0x115, CS_F_INFO = 0x116, CS_F_CODE = 0x117,
-    CS_F_DIGEST = 0x118,      /* XXH3-128 chunk digest(s): BLOB_PIECE one, BLOB_END one per chunk */
+    CS_F_DIGEST = 0x118,      /* XXH3-128 chunk digest(s): BLOB_PIECE one, BLOB_END one per chunk;
+                                 a chunk sent in parts: only the last part has it, and every part
+                                 its offset in the chunk (F_CODE) */
     CS_F_REPEATS = 0x119,     /* REPEAT: {u32 api id, u32 count, u64 seq of the recorded call} each */
     CS_F_T1 = 0x11A,          /* CALL of a launch: timestamp when the call returned */
     CS_F_LINK = 0x11B,        /* an exported/imported POSIX fd: 8 int64 (shim_share.c) */

@@ -68,6 +68,7 @@ typedef struct {
     uint32_t next;                   /* next chunk to take (atomic) */
     int failed;                      /* a ring reservation failed: the blob is lost */
     unsigned char *digests;          /* 16 bytes per chunk */
+    int patient;                     /* a state dump's: wait out a full ring (cs_patient) */
 } cs_blobjob;
 
 static void cs_chunk(cs_blobjob *j, uint32_t i) {
@@ -82,41 +83,62 @@ static void cs_chunk(cs_blobjob *j, uint32_t i) {
         XXH128_canonicalFromHash(&c, XXH3_128bits(s, n));
         if (cs_seen_find(cs_dig_of(c.digest), 0)) { memcpy(j->digests + 16ull * i, c.digest, 16); return; }
     }
-    cs_rec r;
-    if (cs_reserve(&r, (uint32_t)sizeof(cs_rec_hdr) + cs_flen(16) + cs_flen(n), CS_REC_BLOB_PIECE)) {
-        __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
-        return;
-    }
-    r.h->seq = j->serial;
-    r.h->aux = i;
-    cs_field_hdr *df = (cs_field_hdr *)r.p;        /* digest field, filled after the copy */
-    df->idx = CS_F_DIGEST; df->tag = CS_T_BYTES; df->len = 16;
-    r.p += cs_flen(16); r.h->nfields++;
-    cs_field_hdr *f = (cs_field_hdr *)r.p;
-    f->idx = 0; f->tag = CS_T_BYTES; f->len = n;
-    char *dst = (char *)(f + 1);
+    /* a chunk too big for a quarter of the ring goes as parts (a small CUDASNAP_RING_MB):
+     * every part but the last has no digest, the last one its offset (F_CODE) and the digest */
+    uint64_t room = (cs_mask + 1) / 4;
+    uint32_t part = n;
+    if ((uint64_t)sizeof(cs_rec_hdr) + cs_flen(16) + cs_flen(8) + cs_flen(n) > room)
+        part = room > 2 * 4096 ? (uint32_t)((room - 4096) & ~4095ull) : 4096;
     XXH3_state_t st;
     XXH3_128bits_reset(&st);
-    for (uint32_t o = 0; o < n; o += CS_SUB) {
-        uint32_t k = n - o < CS_SUB ? n - o : CS_SUB;
-        memcpy(dst + o, s + o, k);
-        XXH3_128bits_update(&st, dst + o, k);
+    for (uint32_t po = 0; po < n; po += part) {
+        uint32_t pn = n - po < part ? n - po : part;
+        int last = po + pn == n;
+        cs_rec r;
+        uint32_t len = (uint32_t)sizeof(cs_rec_hdr) + (last ? cs_flen(16) : 0) + (part < n ? cs_flen(8) : 0) + cs_flen(pn);
+        if (cs_reserve(&r, len, CS_REC_BLOB_PIECE)) {
+            __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+            return;
+        }
+        r.h->seq = j->serial;
+        r.h->aux = i;
+        r.h->fn = j->patient;                         /* 1: a window state's chunk */
+        cs_field_hdr *df = NULL;
+        if (last) {                                   /* digest field, filled after the copy */
+            df = (cs_field_hdr *)r.p;
+            df->idx = CS_F_DIGEST; df->tag = CS_T_BYTES; df->len = 16;
+            r.p += cs_flen(16); r.h->nfields++;
+        }
+        if (part < n) cs_put_val(&r, CS_F_CODE, po);
+        cs_field_hdr *f = (cs_field_hdr *)r.p;
+        f->idx = 0; f->tag = CS_T_BYTES; f->len = pn;
+        char *dst = (char *)(f + 1);
+        for (uint32_t o = 0; o < pn; o += CS_SUB) {
+            uint32_t k = pn - o < CS_SUB ? pn - o : CS_SUB;
+            memcpy(dst + o, s + po + o, k);
+            XXH3_128bits_update(&st, dst + o, k);
+        }
+        if (last) {
+            XXH128_canonicalFromHash(&c, XXH3_128bits_digest(&st));
+            memcpy(df + 1, c.digest, 16);
+        }
+        r.p += cs_flen(pn); r.h->nfields++;
+        cs_publish(&r);
     }
-    XXH128_canonicalFromHash(&c, XXH3_128bits_digest(&st));
-    memcpy(df + 1, c.digest, 16);
-    r.p += cs_flen(n); r.h->nfields++;
-    cs_publish(&r);
     memcpy(j->digests + 16ull * i, c.digest, 16);
     if (dedup) cs_seen_find(cs_dig_of(c.digest), 1);   /* after publishing: a later reference
                                                           never overtakes the data in the ring */
 }
 
 static void cs_job_run(cs_blobjob *j) {
+    int was = cs_patient;
+    cs_patient = was || j->patient;
     for (;;) {
         uint32_t i = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
-        if (i >= j->nchunks) return;
+        if (i >= j->nchunks) break;
         cs_chunk(j, i);
     }
+    cs_patient = was;
 }
 
 /* --- helper threads ----------------------------------------------------------------- */
@@ -214,7 +236,7 @@ CS_TLS unsigned char *cs_blob_dig_out;
 
 /* Stream a host buffer into the ring; returns the blob serial (0: lost, recorder gone). */
 static uint64_t cs_blob(const void *src, uint64_t size) {
-    cs_blobjob j = {(const char *)src, size, 0, (uint32_t)((size + CS_CHUNK - 1) / CS_CHUNK), 0, 0, NULL};
+    cs_blobjob j = {(const char *)src, size, 0, (uint32_t)((size + CS_CHUNK - 1) / CS_CHUNK), 0, 0, NULL, cs_patient};
     j.serial = __atomic_add_fetch(&cs_ring->blob_serial, 1, __ATOMIC_RELAXED);
     unsigned char small[16 * 4];
     j.digests = j.nchunks <= 4 ? small : malloc(16ull * j.nchunks);
@@ -226,6 +248,7 @@ static uint64_t cs_blob(const void *src, uint64_t size) {
     if (!j.failed && cs_reserve(&r, (uint32_t)sizeof(cs_rec_hdr) + cs_flen(8) + cs_flen(16u * j.nchunks),
                                 CS_REC_BLOB_END) == 0) {
         r.h->seq = j.serial;
+        r.h->fn = j.patient;
         cs_put_val(&r, 0, size);
         cs_put(&r, CS_F_DIGEST, CS_T_BYTES, j.digests, 16u * j.nchunks);
         cs_publish(&r);

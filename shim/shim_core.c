@@ -148,6 +148,19 @@ static int cs_recorder_alive(void) {
     return (int64_t)(cs_mono() - beat) < 3000000000ll;
 }
 
+/* Set while a state dump (or its drain) writes: the program is paused for it anyway, so a
+ * full ring is waited out while the recorder's process lives (its beat may lag while it
+ * writes a big checkpoint), up to a minute without a beat, rather than losing state. */
+CS_TLS int cs_patient;
+
+static int cs_recorder_process_alive(void) {
+    uint32_t pid = __atomic_load_n(&cs_ring->recorder_pid, __ATOMIC_RELAXED);
+    if (!pid) return 0;
+    uint64_t beat = __atomic_load_n(&cs_ring->recorder_beat_ns, __ATOMIC_RELAXED);
+    if ((int64_t)(cs_mono() - beat) > 60000000000ll) return 0;
+    return kill((pid_t)pid, 0) == 0 || errno == EPERM;
+}
+
 /* A record that gets no ring space is counted, so the snapshot can say what it misses. */
 static __attribute__((noinline, cold)) int cs_drop(uint32_t len) {
     __atomic_fetch_add(&cs_ring->dropped, 1, __ATOMIC_RELAXED);
@@ -169,7 +182,7 @@ static int cs_reserve(cs_rec *r, uint32_t len, uint16_t type) {
         if (head + pad + len - tail > cap) {
             /* full: wait for a live recorder (a slow disk slows the program rather than
              * losing data); with no recorder draining, drop at once */
-            if (!cs_recorder_alive()) return cs_drop(len);
+            if (!cs_recorder_alive() && !(cs_patient && cs_recorder_process_alive())) return cs_drop(len);
             if (++spins < 64) sched_yield(); else { struct timespec ts = {0, 200000}; nanosleep(&ts, NULL); }
             continue;
         }
@@ -304,8 +317,11 @@ static int cs_start(void) {
 }
 
 static void cs_place_exit_note(void);
+static U cs_drain_wait(void);
+
 static void cs_exit_hook(void) {
     if (!cs_ring || cs_pid != getpid()) return;
+    cs_drain_wait();                     /* a window's state still draining */
     cs_q_flush_all();
     cs_place_exit_note();
     cs_rec r;

@@ -161,7 +161,9 @@ static void cs_win_track(const cs_fn *fn, int id, const U *a, CUresult res) {
 }
 
 /* --- records ------------------------------------------------------------------------- */
-static U cs_dump_stats[5];               /* state dump: copied, referenced, hashed bytes; hash ns, dump ns */
+/* state dump: bytes copied D2H, referenced, hashed; hash ns, dump ns (until drained), pause
+ * ns, ns waited for the previous drain, spare device memory bytes */
+static U cs_dump_stats[8];
 static void cs_win_record(int op, const char *why, U bytes, U nranges) {
     uint32_t n = why ? (uint32_t)strnlen(why, 1024) : 0;
     cs_rec r;
@@ -269,13 +271,55 @@ static uint64_t cs_blob_ref(const unsigned char dig[16], uint64_t size) {
     cs_rec r;
     if (cs_reserve(&r, (uint32_t)sizeof(cs_rec_hdr) + cs_flen(8) + cs_flen(16), CS_REC_BLOB_END)) return 0;
     r.h->seq = serial;
+    r.h->fn = 1;                             /* a window state's */
     cs_put_val(&r, 0, size);
     cs_put(&r, CS_F_DIGEST, CS_T_BYTES, dig, 16);
     cs_publish(&r);
     return serial;
 }
 
-/* One range: hash (GPU), then copy the chunks that changed in runs of up to CS_WSTAGE. */
+/* Send `run` bytes read back to `src` (host) as the state of [dst, dst+run). dig: the digests
+ * of the run's 4 MiB chunks (NULL: a range too small for chunk bookkeeping), updated with
+ * what was sent; cmp: chunks whose digest equals dig's go as references (host digests:
+ * the ring is spared, not the bus). Returns -1 when a chunk did not reach the ring. */
+static int cs_state_send(U dst, const char *src, U run, unsigned char *dig, int cmp) {
+    int lost = 0;
+    if (!cmp) {
+        /* one blob for the run: its chunks are digested and copied by the helper threads */
+        unsigned char digs[16 * (CS_WSTAGE / CS_CHUNK)];
+        cs_blob_dig_out = digs;
+        uint64_t serial = cs_blob(src, run);
+        cs_blob_dig_out = NULL;
+        if (dig && serial) memcpy(dig, digs, 16 * ((run + CS_CHUNK - 1) / CS_CHUNK));
+        if (!serial) lost = 1;
+        cs_win_emit_h2d(dst, serial, run);
+        cs_dump_stats[0] += run;
+        return lost ? -1 : 0;
+    }
+    for (U p = 0; p < run; p += CS_CHUNK) {
+        U len = run - p < CS_CHUNK ? run - p : CS_CHUNK;
+        unsigned char *d = dig + 16 * (p / CS_CHUNK), now[16];
+        XXH128_canonical_t cn;
+        XXH128_canonicalFromHash(&cn, XXH3_128bits(src + p, len));
+        if (memcmp(cn.digest, d, 16) == 0) {
+            cs_win_emit_h2d(dst + p, cs_blob_ref(d, len), len);
+            cs_dump_stats[1] += len;
+            continue;
+        }
+        cs_blob_dig_out = now;
+        uint64_t serial = cs_blob(src + p, len);
+        cs_blob_dig_out = NULL;
+        if (serial) memcpy(d, now, 16); else lost = 1;
+        cs_win_emit_h2d(dst + p, serial, len);
+        cs_dump_stats[0] += len;
+    }
+    return lost ? -1 : 0;
+}
+
+#include "shim_window_drain.c"
+
+/* One range: hash (GPU), then copy the chunks that changed, into spare device memory to be
+ * drained after the pause (shim_window_drain.c), or else in runs of up to CS_WSTAGE. */
 static void cs_dump_range(cs_wrange *w, cs_fn3 d2h, unsigned *failed) {
     U nch = w->size >= CS_CHUNK ? (w->size + CS_CHUNK - 1) / CS_CHUNK : 0;
     if (nch && w->nch != nch) {
@@ -293,11 +337,13 @@ static void cs_dump_range(cs_wrange *w, cs_fn3 d2h, unsigned *failed) {
         cs_dump_stats[3] += cs_mono() - t0;
         if (gpu) cs_dump_stats[2] += w->size;
     }
+    int refs = gpu && w->hvalid && w->dvalid;        /* unchanged chunks can be references */
+    if (cs_drain_plan(w, hnow, gpu, refs)) return;   /* hnow is the drain's now */
     U off = 0;
     int lost = 0;                            /* a chunk did not reach the ring: no digests to trust */
     while (off < w->size) {
         U c = off / CS_CHUNK;
-        if (gpu && w->hvalid && w->dvalid && hnow[c] == w->hprev[c]) {      /* unchanged: a reference */
+        if (refs && hnow[c] == w->hprev[c]) {      /* unchanged: a reference */
             U len = w->size - off < CS_CHUNK ? w->size - off : CS_CHUNK;
             cs_win_emit_h2d(w->ptr + off, cs_blob_ref(w->dprev + 16 * c, len), len);
             cs_dump_stats[1] += len;
@@ -308,47 +354,13 @@ static void cs_dump_range(cs_wrange *w, cs_fn3 d2h, unsigned *failed) {
         U run = 0;
         while (off + run < w->size && run < CS_WSTAGE) {
             U cc = (off + run) / CS_CHUNK;
-            if (run && gpu && w->hvalid && w->dvalid && hnow[cc] == w->hprev[cc]) break;
+            if (run && refs && hnow[cc] == w->hprev[cc]) break;
             U len = w->size - (off + run) < CS_CHUNK ? w->size - (off + run) : CS_CHUNK;
             run += len;
         }
         if (d2h((U)cs_wstage, w->ptr + off, run) != 0) { (*failed)++; w->dvalid = 0; free(hnow); return; }
-        if (!(nch && !gpu && w->dvalid && cs_hash_mode == 0)) {
-            /* one blob for the run: its chunks are digested and copied by the helper threads */
-            unsigned char digs[16 * (CS_WSTAGE / CS_CHUNK)];
-            cs_blob_dig_out = digs;
-            uint64_t serial = cs_blob(cs_wstage, run);
-            cs_blob_dig_out = NULL;
-            if (nch && serial) memcpy(w->dprev + 16 * (off / CS_CHUNK), digs, 16 * ((run + CS_CHUNK - 1) / CS_CHUNK));
-            if (!serial) lost = 1;
-            cs_win_emit_h2d(w->ptr + off, serial, run);
-            cs_dump_stats[0] += run;
-            off += run;
-            continue;
-        }
-        for (U p = 0; p < run; p += CS_CHUNK) {       /* host digests: spare the ring */
-            U len = run - p < CS_CHUNK ? run - p : CS_CHUNK;
-            U cc = (off + p) / CS_CHUNK;
-            unsigned char dig[16];
-            const char *src = (const char *)cs_wstage + p;
-            {
-                XXH128_hash_t hh = XXH3_128bits(src, len);
-                XXH128_canonical_t cn;
-                XXH128_canonicalFromHash(&cn, hh);
-                if (memcmp(cn.digest, w->dprev + 16 * cc, 16) == 0) {
-                    cs_win_emit_h2d(w->ptr + off + p, cs_blob_ref(w->dprev + 16 * cc, len), len);
-                    cs_dump_stats[1] += len;
-                    continue;
-                }
-            }
-            cs_blob_dig_out = dig;
-            uint64_t serial = cs_blob(src, len);
-            cs_blob_dig_out = NULL;
-            if (nch && serial) memcpy(w->dprev + 16 * cc, dig, 16);
-            if (!serial) lost = 1;
-            cs_win_emit_h2d(w->ptr + off + p, serial, len);
-            cs_dump_stats[0] += len;
-        }
+        int cmp = nch && !gpu && w->dvalid && cs_hash_mode == 0;
+        if (cs_state_send(w->ptr + off, cs_wstage, run, nch ? w->dprev + 16 * c : NULL, cmp)) lost = 1;
         off += run;
     }
     if (nch) {
@@ -383,18 +395,22 @@ static U cs_win_dump(U *nranges) {
     }
     U synced = 0;
     unsigned failed = 0;
+    cs_drain_begin();
     for (int i = 0; i < cs_nwr; i++) {
         cs_wrange *w = &cs_wr[i];
         int pushed = w->ctx && w->ctx != cur && push && pop && push(w->ctx) == 0;
         if (w->ctx != synced || !synced) { csync(); synced = w->ctx; }
         if (cs_hash_mode == -2) cs_hash_init();
+        int spared = cs_dq.nr;
         cs_dump_range(w, d2h, &failed);
+        if (cs_dq.nr != spared) csync();      /* the copies to spare memory are done before the program goes on */
         total += w->size;
         (*nranges)++;
         if (pushed) pop((U)&dummy);
     }
     pthread_mutex_unlock(&cs_wr_lock);
     cs_dump_stats[4] = cs_mono() - t0;
+    cs_dq.t0 = t0;
     if (failed) {
         char msg[160];
         snprintf(msg, sizeof msg, "window state: %u live range(s) could not be read back (unmapped or no access yet)", failed);
@@ -406,21 +422,28 @@ static U cs_win_dump(U *nranges) {
 /* Open a window or take a checkpoint: marker, then the state. */
 static void cs_win_start(int op, const char *why) {
     uint64_t me = cs_thread();
+    U waited = cs_drain_wait();              /* the previous state is still draining */
+    U t0 = cs_mono();
     __atomic_store_n(&cs_win_dumper, me, __ATOMIC_SEQ_CST);
     cs_win_quiesce();
     cs_depth++;
+    cs_patient = 1;
     cs_win_serial++;
     cs_blob_forget();
     cs_win_open = 1; cs_win_skip = 0;
     cs_win_record(op, why, 0, 0);
     U nr = 0, bytes = cs_win_dump(&nr);
-    cs_win_record(CS_WOP_STATE, why, bytes, nr);
+    cs_dump_stats[5] = cs_mono() - t0;
+    cs_dump_stats[6] = waited;
+    if (!cs_drain_launch(why, bytes, nr, cs_dq.t0)) cs_win_record(CS_WOP_STATE, why, bytes, nr);
+    cs_patient = 0;
     cs_depth--;
     __atomic_store_n(&cs_win_dumper, 0, __ATOMIC_SEQ_CST);
 }
 
 static void cs_win_close(const char *why) {
     if (!cs_win_open) return;
+    cs_drain_wait();                         /* the window's state is complete before it ends */
     cs_win_record(CS_WOP_CLOSE, why, 0, 0);
     cs_win_open = 0; cs_win_skip = 1;
 }

@@ -161,3 +161,35 @@ def test_hang_timeout(double, tmp_path):
     assert "hang" in end["trigger"]["why"]
     rp = _replay(double, out)
     assert rp.returncode == 0 and "never returned" in rp.stdout, rp.stdout
+
+
+@pytest.mark.parametrize("spare", ["on", "off"])
+def test_small_ring_big_working_set_loses_nothing(double, tmp_path, spare):
+    """A 1 MiB ring and ~35 MiB of live memory (a 24 MiB buffer, 1 MiB of it rewritten each
+    step): 4 MiB chunks go through the ring in parts, state dumps wait for ring space, every
+    checkpoint is complete and the snapshot replays with its read-backs verified. With spare
+    device memory the program waits only for the device copies and the state drains while it
+    runs (its calls meanwhile follow the state in the snapshot); without, it waits for all."""
+    prog = [double["progs"]["windowed"], "90", "12", "fail", "80", "24"]
+    native = _native(double, *prog)
+    cmd = [sys.executable, "-m", "cudasnap", "capture", "-o", str(tmp_path / "f.cusnap"), "--ring-mb", "1",
+           "--flight-recorder=0.2", "--", *prog]
+    env = dict(double["env"], CUDASNAP_WIN_SPARE="" if spare == "on" else "off")
+    cp = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert cp.returncode == native.returncode == 1, cp.stderr
+    assert cp.stdout == native.stdout
+    assert "dropped" not in cp.stderr and "missing" not in cp.stderr and "partial" not in cp.stderr, cp.stderr
+    dumps = re.findall(r"checkpoint \d+: state ([\d.]+) GiB, program paused ([\d.]+) ms .*complete after ([\d.]+) ms"
+                       r"(.*spare device memory)?", cp.stderr)
+    assert len(dumps) >= 2 and all(float(g) >= 0.03 for g, *_ in dumps), cp.stderr
+    assert all(bool(sp) == (spare == "on") for *_, sp in dumps), cp.stderr
+    if spare == "on":    # the drain ends after the pause
+        assert sum(float(done) for _g, _p, done, _s in dumps) > sum(float(p) for _g, p, _d, _s in dumps), cp.stderr
+    end = _checkpointed(tmp_path / "f.cusnap")
+    assert not end.get("partial") and not end.get("dropped"), end
+    st = [w for w in SnapshotReader(tmp_path / "f.cusnap").records() if w["k"] == "win" and w["op"] == "state"][0]
+    assert st["bytes"] >= (24 + 9) << 20, st
+    rp = _replay(double, tmp_path / "f.cusnap")
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    assert "0 fell back" in rp.stdout and "CUDA_ERROR_ILLEGAL_ADDRESS recurred" in rp.stdout, rp.stdout
+    assert re.search(r"D2H verified\s+[1-9]", rp.stdout) and re.search(r"mismatches\s+0", rp.stdout), rp.stdout

@@ -5,7 +5,8 @@
  * checksum; prints "STEP i" after each step and "SUM s" / "LAUNCHES n" at the end. At step
  * AT, ACTION: fail (a launch with an illegal address: the double returns
  * CUDA_ERROR_ILLEGAL_ADDRESS), segv, abort, kill (SIGKILL itself). A 9 MiB "weights" buffer
- * is uploaded once and read back every 10th step (state chunks that never change). */
+ * is uploaded once and read back every 10th step (state chunks that never change). BIG_MB
+ * (5th argument) adds a buffer of that many MiB, one MiB of it rewritten each step. */
 #include <signal.h>
 #include <string.h>
 #include <time.h>
@@ -15,6 +16,7 @@ int main(int argc, char **argv) {
     long steps = argc > 1 ? atol(argv[1]) : 10, sleep_ms = argc > 2 ? atol(argv[2]) : 0;
     const char *action = argc > 3 ? argv[3] : "none";
     long at = argc > 4 ? atol(argv[4]) : -1;
+    long big_mb = argc > 5 ? atol(argv[5]) : 0;
     enum { N = 1024 };
     static float h[N];
     static int hi[N];
@@ -37,6 +39,11 @@ int main(int argc, char **argv) {
     CK(cuMemAlloc(&wts, W));
     for (int i = 0; i < W; i++) hw[i] = (unsigned char)(i * 7 + (i >> 20));
     CK(cuMemcpyHtoD(wts, hw, W));
+    CUdeviceptr big = 0;
+    if (big_mb > 0) {
+        CK(cuMemAlloc(&big, (size_t)big_mb << 20));
+        for (long m = 0; m < big_mb; m++) CK(cuMemsetD8(big + ((CUdeviceptr)m << 20), (unsigned char)(m * 13 + 1), 1 << 20));
+    }
     double sum = 0;
     int n = N;
     for (long s = 0; s < steps; s++) {
@@ -70,7 +77,13 @@ int main(int argc, char **argv) {
         if (s % 10 == 9) {
             CK(cuMemcpyDtoH(hw, wts, W));
             for (int i = 0; i < W; i += 4099) sum += hw[i];
+            if (big) {                           /* the big buffer's last bytes, read back */
+                unsigned char t[64];
+                CK(cuMemcpyDtoH(t, big + ((CUdeviceptr)big_mb << 20) - sizeof t, sizeof t));
+                for (int i = 0; i < 64; i++) sum += t[i];
+            }
         }
+        if (big) CK(cuMemsetD8(big + ((CUdeviceptr)(s % big_mb) << 20), (unsigned char)s, 1 << 20));
         CK(cuStreamDestroy(st));
         printf("STEP %ld\n", s);
         fflush(stdout);
@@ -82,6 +95,12 @@ int main(int argc, char **argv) {
     CK(cuMemFree(scratch));
     CK(cuMemFree(a));
     CK(cuMemFree(wts));
+    if (big) {
+        unsigned char tail[64];
+        CK(cuMemcpyDtoH(tail, big + ((CUdeviceptr)big_mb << 20) - sizeof tail, sizeof tail));
+        for (int i = 0; i < 64; i++) sum += tail[i];
+        CK(cuMemFree(big));
+    }
     printf("SUM %.1f\n", sum);
     printf("LAUNCHES %ld\n", g_launches);
     return 0;
