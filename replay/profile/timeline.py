@@ -20,6 +20,14 @@ EVENT_WARNING = ("CUPTI (cupti-python) is not available: timing with CUDA events
                  "which adds serialization; install cupti-python for CUPTI activity timestamps")
 
 
+class _Deferred:
+    """A batch the C executor ran, in the slice list until the replay ends."""
+    __slots__ = ("ev",)
+
+    def __init__(self, ev):
+        self.ev = ev
+
+
 # ----------------------------------------------------------------------------- CUPTI
 class CuptiCollector:
     """CUPTI activity records: kernels, memcpys, memsets, external correlations.  One per
@@ -276,6 +284,7 @@ class TimelineProfiler:
         self.calls: List[list] = []
         self._open_calls: List[list] = []
         self.device: Optional[int] = None
+        self._deferred = False                        # slices holds _Deferred batch placeholders
 
     @property
     def batch_ok(self) -> bool:
@@ -332,10 +341,27 @@ class TimelineProfiler:
         self._open(sl, ev.stream)
 
     def _batch(self, ev) -> None:
-        """Ops the C executor ran: their slices, in issue order (timed by _match_cupti)."""
+        """Ops the C executor ran: a placeholder in issue order, made into their slices after
+        the replay (_expand), so that profiling adds no per-launch Python work to the run."""
+        self.slices.append(_Deferred(ev))
+        self._deferred = True
+
+    def _expand(self) -> None:
+        if not self._deferred:
+            return
+        out: List[Any] = []
+        for sl in self.slices:
+            if type(sl) is _Deferred:
+                self._batch_slices(sl.ev, out.append)
+            else:
+                out.append(sl)
+        self.slices[:] = out
+        self._deferred = False
+
+    def _batch_slices(self, ev, add) -> None:
+        """The slices of the ops a batch event ran, in issue order (timed by _match_cupti)."""
         from ..plan import COPY_ASYNC, D2H, LAUNCH_EX, MEMSET8, MEMSET32_ASYNC
         rp = self.rp
-        add = self.slices.append
         for k, index, rec in ev.ops():
             if index >= 0:
                 a = rec["a"]
@@ -436,6 +462,7 @@ class TimelineProfiler:
                 self._match_cupti()
 
     def _match_cupti(self) -> None:
+        self._expand()
         c = self.cupti
         unmatched = []
         for j, (corr, t0, t1, name, sid) in enumerate(c.kernels):
@@ -467,6 +494,7 @@ class TimelineProfiler:
 
     # results
     def launch_rows(self) -> List[Dict[str, Any]]:
+        self._expand()
         rows = []
         for sl in self.slices:
             if sl["kind"] != "kernel":
@@ -478,6 +506,7 @@ class TimelineProfiler:
         return rows
 
     def summary(self) -> Dict[str, Any]:
+        self._expand()
         ks = [s for s in self.slices if s["kind"] == "kernel" and "start_ns" in s]
         d: Dict[str, Any] = {"mode": "timeline", "backend": self.backend, "launches_timed": len(ks),
                              "launches_selected": sum(1 for s in self.slices if s["kind"] == "kernel")}
