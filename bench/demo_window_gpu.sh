@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU checks of capture windows and the flight recorder (issue: catch the failure in production).
+# GPU checks of capture windows and the flight recorder.
 #   1. --window nvtx: around one step of a PyTorch training loop: size vs the whole run, replay
 #      exit 0 / 0 fell back / D2H verified, the step's kernel times vs a whole-run capture (+-5%);
 #   2. --window launches: and --window profiler on an nvcc program (bench/window_loop.cu);

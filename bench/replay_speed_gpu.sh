@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Replay speed on the GPU machine (issue #13's rows): the training loop (native, plain replay,
+# Replay speed on the GPU machine: the training loop (native, plain replay,
 # --profile timeline, CUDA graph), the launch loop and the big-snapshot row, side by side with
 # native in one run, plus the replay tests that compare the C executor with the per-call path.
 # Run from the project root (carry .whl):  bash bench/replay_speed_gpu.sh

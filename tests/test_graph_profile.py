@@ -1,4 +1,4 @@
-"""Graph mode's per-node times (issue 19): every kernel of the captured graph gets a time.
+"""Graph mode's per-node times: every kernel of the captured graph gets a time.
 
 On the CUDA test double (no CUPTI): event record nodes between the launches, recorded when the
 double runs the graph.  With a CUPTI stand-in whose records carry graph node ids the way CUPTI

@@ -376,7 +376,7 @@ def test_report_aggregate_and_trace_units():
     json.dumps(t)
 
 
-# --------------------------------------------------------------------------- graph capture (issue: graph mode hung)
+# --------------------------------------------------------------------------- graph capture (graph mode once hung here)
 def incr_memset_program(path, n=16, stream=0x5000):
     """incr x2 on a created stream, memsetD32Async(D, 0), incr x2 on the NULL stream, HtoD of 10s,
     incr x1: the D2H expects 11.  The graph must hold the memset and the HtoD to reproduce it."""

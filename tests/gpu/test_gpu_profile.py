@@ -1,4 +1,4 @@
-"""GPU suite, profiling on replay (issue 5).
+"""GPU suite, profiling on replay.
 
 - every mode (timeline, isolated, graph) runs on the torch_eager and jax_jit snapshots (and on
   two profiling workloads with kernels >= 20 us), verifying as a plain replay does;
