@@ -138,8 +138,11 @@ class Ring:
         struct.pack_into("<I", self.mm, OFF_WIN_REQ, (v + 1) & 0xFFFFFFFF)
 
     def beat(self) -> None:
-        struct.pack_into("<Q", self.mm, OFF_BEAT, time.monotonic_ns())
-        struct.pack_into("<I", self.mm, OFF_RECORDER_PID, os.getpid())
+        try:
+            struct.pack_into("<Q", self.mm, OFF_BEAT, time.monotonic_ns())
+            struct.pack_into("<I", self.mm, OFF_RECORDER_PID, os.getpid())
+        except (TypeError, ValueError):     # the ring was closed meanwhile (the process ended)
+            pass
 
     def process_alive(self) -> bool:
         """False once no thread of the process can write to the ring any more. A zombie is
