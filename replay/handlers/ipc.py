@@ -8,12 +8,33 @@ own: ranks are separate processes, so zones never collide). Outside a group thes
 stop the replay with a one-line reason."""
 from __future__ import annotations
 
+import ctypes
 import os
 import struct
 
 from . import handles
 
 POSIX_FD = 1
+IPC_HANDLE_SIZE = 64          # CUipcMemHandle: opaque bytes, NULs included
+
+
+def _handle_bytes(h) -> bytes:
+    """The 64 opaque bytes of a CUipcMemHandle, read from its memory (a char-array field may
+    stop at the first NUL)."""
+    get = getattr(h, "getPtr", None)
+    if get is not None:
+        return ctypes.string_at(int(get()), IPC_HANDLE_SIZE)
+    return bytes(getattr(h, "reserved", b"")) or bytes(h)
+
+
+def _make_handle(cu, raw: bytes):
+    h = cu.CUipcMemHandle()
+    get = getattr(h, "getPtr", None)
+    if get is not None and len(raw) == IPC_HANDLE_SIZE:
+        ctypes.memmove(int(get()), raw, IPC_HANDLE_SIZE)
+    else:
+        h.reserved = raw
+    return h
 _ERR_PEER_ALREADY = (704, 705)  # CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED / _NOT_ENABLED
 
 
@@ -105,7 +126,7 @@ def ipc_get(rp, rec):
         return
     h = rp.drv(rec, "cuIpcGetMemHandle", rp.tr(dptr))
     if h is not None:
-        raw = bytes(getattr(h, "reserved", b"")) or bytes(h)
+        raw = _handle_bytes(h)
         c.put(["export", c.pid, rec.get("s")], {"kind": "ipc", "bytes": raw.hex(), "base": al.rec_base,
                                                 "size": al.size}, [])
 
@@ -120,8 +141,7 @@ def ipc_open(rp, rec):
         if meta.get("kind") == "chunks":
             _map_chunks(rp, rec, meta, fds, want)
             return
-        h = rp.cu.CUipcMemHandle()
-        h.reserved = bytes.fromhex(meta.get("bytes", ""))
+        h = _make_handle(rp.cu, bytes.fromhex(meta.get("bytes", "")))
         live = rp.drv(rec, "cuIpcOpenMemHandle", h, int(a.get("Flags") or 1))
         if live is not None:
             rp.space.add_vmm(want, int(meta.get("size") or 0), int(live), rec.get("s"),
