@@ -20,21 +20,6 @@ from typing import Any, Callable, Dict, List, Optional
 
 from cudasnap.formats.abi import base_name
 
-# Calls that do work or only ask: never part of the state. Everything else a successful call
-# does (create, load, set, make current...) is kept until what it made is destroyed.
-_WORK = re.compile(
-    r"^cu(Launch|Memcpy|Memset|MemPrefetch|StreamSynchronize|CtxSynchronize|EventSynchronize|StreamWait"
-    r"|EventRecord|StreamWriteValue|StreamBatchMemOp|StreamAddCallback|GraphLaunch|GraphUpload|Profiler"
-    r"|EventElapsedTime|StreamQuery|EventQuery|GetProcAddress|GetExportTable|GetErrorName|GetErrorString"
-    r"|DriverGetVersion|MemGetInfo|PointerGet|Occupancy|FuncGetAttribute|KernelGetAttribute|FuncGetName"
-    r"|KernelGetName|FuncGetParamInfo|KernelGetParamInfo|FuncGetModule|CtxGet(?!.*Graph)|DeviceGet(?!$|_)"
-    r"|DeviceTotalMem|DeviceComputeCapability|DeviceCanAccessPeer|DevicePrimaryCtxGetState|StreamGet|StreamIsCapturing"
-    r"|ThreadExchangeStreamCaptureMode|MemGetAddressRange|MemGetAllocation|ModuleGetLoadingMode|LibraryGetKernelCount"
-    r"|ModuleGetFunctionCount|FlushGPUDirect|CoredumpGet|LogsDump|GetExportTable)")
-_DESTROY = re.compile(r"^cu\w*(Destroy|Free|Unload|Release|Unregister|Unmap)(?<!PrimaryCtxRelease)")
-_UNMAP = re.compile(r"^cuMemUnmap")          # ends a mapping, not the reservation it is in
-_CAPTURE_BEGIN = re.compile(r"^cuStreamBeginCapture")
-_CAPTURE_END = re.compile(r"^cuStreamEndCapture")
 _HANDLE_MIN = 0x10000                           # smaller values are counts, flags, enums
 
 
@@ -55,7 +40,16 @@ class StateKeeper:
         self.capturing = 0
         self.last_current: Dict[Any, int] = {}               # tid -> seq of its kept cuCtxSetCurrent
         self._kinds: Dict[str, list] = {}
+        self._classes: Dict[str, str] = {}                   # ABI name -> window_class (shim/overlay.py)
         self.gets: Dict[tuple, int] = {}                     # identical lookups kept once
+
+    def _class(self, f: str) -> str:
+        """The description's window_class of an ABI name (state for a name it does not know)."""
+        c = self._classes.get(f)
+        if c is None:
+            fn = self.desc.by_name(f)
+            c = self._classes[f] = (fn or {}).get("window_class") or "state"
+        return c
 
     def _params(self, f: str) -> list:
         ps = self._kinds.get(f)
@@ -90,18 +84,19 @@ class StateKeeper:
         f = rec.get("f") or ""
         if rec.get("r") != 0 or rec.get("state") or rec.get("incomplete"):
             return
-        if _CAPTURE_BEGIN.match(f):
+        cls = self._class(f)
+        if cls == "capture_begin":
             self.capturing += 1
-        elif _CAPTURE_END.match(f):
+        elif cls == "capture_end":
             self.capturing = max(0, self.capturing - 1)
             self._keep(rec)
             return
         if self.capturing:          # a stream capture builds a graph: all of it is state
             self._keep(rec)
             return
-        if _WORK.match(f):
+        if cls == "work":
             return
-        if _DESTROY.match(f):
+        if cls in ("destroy", "unmap"):
             self._destroy(rec)
             return
         b = _base(f)
@@ -179,7 +174,7 @@ class StateKeeper:
         if not used or used[0][0] != 0:
             return                                 # destroys nothing this state knows
         h = used[0][1]
-        drop = self._closure(h, bool(_UNMAP.match(rec["f"])))
+        drop = self._closure(h, self._class(rec["f"]) == "unmap")
         if drop is None:
             self._keep(rec)                        # keep both; dropped once nothing uses it
             self.pending[rec["s"]] = h

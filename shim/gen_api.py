@@ -837,7 +837,7 @@ def describe_function(model, lay, types, ov, name, fdecl, unused_rules, defaults
     rclass = replay_class(ov, name, base, status)
     return {"name": name, "base": base, "family": fam, "ptds": ptds, "ret": ret, "params": params,
             "capture": capture, "replay": replay, "status": status, "reason": reason,
-            "replay_class": rclass,
+            "replay_class": rclass, "window_class": window_class(ov, name, base),
             "capture_query": rclass == "query" and re.fullmatch(ov.CAPTURE_QUERY_RX, name) is not None}
 
 
@@ -994,6 +994,14 @@ def replay_class(ov, name, base, status) -> str:
         if re.fullmatch(pat, base) or re.fullmatch(pat, name):
             return cls
     return {"replay": "execute", "refused": "refuse"}.get(status, "record")
+
+
+def window_class(ov, name, base) -> str:
+    """work | destroy | unmap | capture_begin | capture_end | state (overlay.WINDOW_CLASS_RULES)."""
+    for pat, cls in ov.WINDOW_CLASS_RULES:
+        if re.fullmatch(pat, base) or re.fullmatch(pat, name):
+            return cls
+    return "state"
 
 
 # --------------------------------------------------------------------------------------

@@ -183,6 +183,30 @@ REPLAY_CLASS_RULES = [
      r"|cuFuncSetSharedSize", "execute"),
 ]
 
+# Window classes ("window_class" of each ABI name): what a capture window's state keeper does
+# with a successful call made outside the window (capture/window.py).
+#   work           does work or only asks: never part of the state
+#   destroy        ends what its handle arguments made (their state calls are dropped)
+#   unmap          ends a mapping, not the reservation it is in
+#   capture_begin / capture_end   a stream capture: everything between builds a graph (state)
+#   state          creates, loads, sets or makes current: kept until what it made is destroyed
+# Rules (pattern on base or ABI name, class), first match wins; anything else is state (a
+# lookup such as cuDeviceGet is kept once: later calls use what it returned).
+WINDOW_CLASS_RULES = [
+    (r"cuStreamBeginCapture\w*", "capture_begin"),
+    (r"cuStreamEndCapture\w*", "capture_end"),
+    (r"cu(Launch|Memcpy|Memset|MemPrefetch|StreamSynchronize|CtxSynchronize|EventSynchronize|StreamWait"
+     r"|EventRecord|StreamWriteValue|StreamBatchMemOp|StreamAddCallback|GraphLaunch|GraphUpload|Profiler"
+     r"|EventElapsedTime|StreamQuery|EventQuery|GetProcAddress|GetExportTable|GetErrorName|GetErrorString"
+     r"|DriverGetVersion|MemGetInfo|PointerGet|Occupancy|FuncGetAttribute|KernelGetAttribute|FuncGetName"
+     r"|KernelGetName|FuncGetParamInfo|KernelGetParamInfo|FuncGetModule|CtxGet(?!.*Graph)|DeviceGet(?!$|_)"
+     r"|DeviceTotalMem|DeviceComputeCapability|DeviceCanAccessPeer|DevicePrimaryCtxGetState|StreamGet"
+     r"|StreamIsCapturing|ThreadExchangeStreamCaptureMode|MemGetAddressRange|MemGetAllocation|ModuleGetLoadingMode"
+     r"|LibraryGetKernelCount|ModuleGetFunctionCount|FlushGPUDirect|CoredumpGet|LogsDump)\w*", "work"),
+    (r"cuMemUnmap\w*", "unmap"),
+    (r"cu\w*(Destroy|Free|Unload|Release|Unregister|Unmap)(?<!PrimaryCtxRelease)\w*", "destroy"),
+]
+
 # Pure queries that cannot block: the shim records each as ONE record after it returns
 # (instead of a pre- and a post-record) when its parameters allow ("capture_query"). Runtimes
 # issue several per launch (cuCtxGetDevice, cuDevicePrimaryCtxGetState, cuStreamIsCapturing...).

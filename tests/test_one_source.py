@@ -106,3 +106,18 @@ def test_ring_generator_sees_an_edit(tmp_path):
     assert edited != text and "REC_NEW = 15" in gen.render(edited)
     moved = text.replace("uint32_t hdr_size;", "uint64_t hdr_size;")
     assert "OFF_CAPACITY = 16" in gen.render(text) and "OFF_CAPACITY = 24" in gen.render(moved)
+
+
+def test_window_class_comes_from_the_description():
+    """Capture windows classify calls by the description's window_class (overlay rules), not
+    by patterns of their own."""
+    from cudasnap.shim.description import load
+    d = load()
+    want = {"cuMemAlloc_v2": "state", "cuModuleLoadData": "state", "cuLaunchKernel": "work",
+            "cuMemcpyHtoD_v2": "work", "cuCtxGetDevice": "work", "cuMemFree_v2": "destroy",
+            "cuMemUnmap": "unmap", "cuStreamBeginCapture_v2": "capture_begin",
+            "cuStreamEndCapture": "capture_end", "cuDevicePrimaryCtxRelease_v2": "state"}
+    assert {n: (d.by_name(n) or {}).get("window_class") for n in want} == want
+    assert all(f.get("window_class") for f in d.functions)
+    src = (ROOT / "capture" / "window.py").read_text()
+    assert "Destroy|Free" not in src and "cuLaunch" not in src
