@@ -342,14 +342,12 @@ static void cs_dump_range(cs_wrange *w, cs_fn3 d2h, unsigned *failed) {
     U off = 0;
     int lost = 0;                            /* a chunk did not reach the ring: no digests to trust */
     while (off < w->size) {
-        U c = off / CS_CHUNK;
-        if (refs && hnow[c] == w->hprev[c]) {      /* unchanged: a reference */
-            U len = w->size - off < CS_CHUNK ? w->size - off : CS_CHUNK;
-            cs_win_emit_h2d(w->ptr + off, cs_blob_ref(w->dprev + 16 * c, len), len);
-            cs_dump_stats[1] += len;
-            off += len;
+        U ref = cs_win_ref_unchanged(w, hnow, refs, off);   /* unchanged: a reference */
+        if (ref) {
+            off += ref;
             continue;
         }
+        U c = off / CS_CHUNK;
         /* a run of changed chunks, at most the staging buffer */
         U run = 0;
         while (off + run < w->size && run < CS_WSTAGE) {

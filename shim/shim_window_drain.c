@@ -68,6 +68,17 @@ static int cs_dq_grow(void **p, int *cap, int n, size_t sz) {
  * into spare memory for the drain. Returns 0 when the range is left to the copy through
  * the host (small, nothing changed, no spare memory); 1 when taken (hnow is then the
  * drain's). */
+/* The chunk at `off`, when unchanged since the previous state, goes out as a reference to
+ * that state's chunk: its length, or 0 when it changed (or no digests can be trusted). */
+static U cs_win_ref_unchanged(cs_wrange *w, const U *hnow, int refs, U off) {
+    U c = off / CS_CHUNK;
+    if (!refs || hnow[c] != w->hprev[c]) return 0;
+    U len = w->size - off < CS_CHUNK ? w->size - off : CS_CHUNK;
+    cs_win_emit_h2d(w->ptr + off, cs_blob_ref(w->dprev + 16 * c, len), len);
+    cs_dump_stats[1] += len;
+    return len;
+}
+
 static int cs_drain_plan(cs_wrange *w, U *hnow, int gpu, int refs) {
     static int id_alloc = -2, id_d2d;
     if (id_alloc == -2) { id_alloc = cs_dq_id("cuMemAlloc_v2"); id_d2d = cs_dq_id("cuMemcpyDtoD_v2"); }
@@ -90,11 +101,8 @@ static int cs_drain_plan(cs_wrange *w, U *hnow, int gpu, int refs) {
     U so = 0;
     cs_fn3 d2d = (cs_fn3)cs_resolve(id_d2d);
     for (U off = 0; off < w->size;) {
-        U c = off / CS_CHUNK;
-        if (refs && hnow[c] == w->hprev[c]) {
-            U len = w->size - off < CS_CHUNK ? w->size - off : CS_CHUNK;
-            cs_win_emit_h2d(w->ptr + off, cs_blob_ref(w->dprev + 16 * c, len), len);
-            cs_dump_stats[1] += len;
+        U len = cs_win_ref_unchanged(w, hnow, refs, off);
+        if (len) {
             off += len;
             continue;
         }
