@@ -10,46 +10,18 @@ synchronizations in a row, with no launch or memory call between them, open the 
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "gpu" / "workloads"))
+from prof_gpt_train import GPT, B, T, V  # noqa: E402  (the GPU suite's profiling model)
 
 mode = sys.argv[1] if len(sys.argv) > 1 else "eager"
 steps = int(sys.argv[2]) if len(sys.argv) > 2 else 60
 torch.manual_seed(0)
 dev = "cuda"
-V, D, H, L, T, B = 512, 256, 4, 2, 128, 16
-
-
-class Block(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.ln1, self.ln2 = torch.nn.LayerNorm(D), torch.nn.LayerNorm(D)
-        self.qkv, self.proj = torch.nn.Linear(D, 3 * D), torch.nn.Linear(D, D)
-        self.fc, self.out = torch.nn.Linear(D, 4 * D), torch.nn.Linear(4 * D, D)
-
-    def forward(self, x, mask):
-        q, k, v = self.qkv(self.ln1(x)).view(B, T, 3, H, D // H).permute(2, 0, 3, 1, 4)
-        a = (q @ k.transpose(-1, -2)) * (D // H) ** -0.5
-        a = a.masked_fill(mask, float("-inf")).softmax(-1)
-        x = x + self.proj((a @ v).transpose(1, 2).reshape(B, T, D))
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
-
-
-class GPT(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.tok, self.pos = torch.nn.Embedding(V, D), torch.nn.Embedding(T, D)
-        self.blocks = torch.nn.ModuleList(Block() for _ in range(L))
-        self.ln, self.head = torch.nn.LayerNorm(D), torch.nn.Linear(D, V, bias=False)
-
-    def forward(self, idx, mask):
-        x = self.tok(idx) + self.pos(torch.arange(T, device=idx.device))
-        for b in self.blocks:
-            x = b(x, mask)
-        return self.head(self.ln(x))
-
-
 model = GPT().to(dev)
 opt = torch.optim.AdamW(model.parameters(), lr=3e-4, capturable=(mode == "graph"))
 mask = torch.triu(torch.ones(T, T, dtype=torch.bool, device=dev), 1)

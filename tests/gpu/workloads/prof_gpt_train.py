@@ -1,15 +1,11 @@
 """Profiling workload (PyTorch): a small bf16 GPT trained for STEPS steps (default 60), eager,
-AdamW; about 250 launches a step (>= 10,000 in all), most of them short.
+AdamW; about 250 launches a step (>= 10,000 in all), most of them short.  The model (GPT) is
+also the training-loop row of bench/gpt_step.py.
     python prof_gpt_train.py [STEPS]"""
 import sys
 import torch
 import torch.nn.functional as F
 
-torch.manual_seed(0)
-torch.use_deterministic_algorithms(True)
-torch.backends.cuda.matmul.allow_tf32 = False
-dev = "cuda"
-steps = int(sys.argv[1]) if len(sys.argv) > 1 else 60
 V, D, H, L, T, B = 512, 256, 4, 2, 128, 16
 
 
@@ -42,16 +38,26 @@ class GPT(torch.nn.Module):
         return self.head(self.ln(x))
 
 
-model = GPT().to(dev)
-opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
-mask = torch.triu(torch.ones(T, T, dtype=torch.bool, device=dev), 1)
-data = torch.randint(0, V, (B, T + 1), device=dev)
-for step in range(steps):
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        logits = model(data[:, :-1], mask)
-    loss = F.cross_entropy(logits.float().view(-1, V), data[:, 1:].reshape(-1))
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    opt.step()
-    if step % 20 == 19 or step == steps - 1:
-        print(f"step {step + 1} loss {loss.item():.4f}")
+def main():
+    torch.manual_seed(0)
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    dev = "cuda"
+    steps = int(sys.argv[1]) if len(sys.argv) > 1 else 60
+    model = GPT().to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    mask = torch.triu(torch.ones(T, T, dtype=torch.bool, device=dev), 1)
+    data = torch.randint(0, V, (B, T + 1), device=dev)
+    for step in range(steps):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(data[:, :-1], mask)
+        loss = F.cross_entropy(logits.float().view(-1, V), data[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if step % 20 == 19 or step == steps - 1:
+            print(f"step {step + 1} loss {loss.item():.4f}")
+
+
+if __name__ == "__main__":
+    main()
