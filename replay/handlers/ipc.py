@@ -12,9 +12,11 @@ import ctypes
 import os
 import struct
 
+from ..layout import offsetof
 from . import handles
 
 POSIX_FD = 1
+_REQ_TYPES = offsetof("CUmemAllocationProp", "requestedHandleTypes")
 IPC_HANDLE_SIZE = 64          # CUipcMemHandle: opaque bytes, NULs included
 
 
@@ -51,8 +53,8 @@ def recorded_prop(rp, prop_bytes):
     """The allocation properties to create with: this replay's device, and the shareable
     handle types the program asked for (an export needs them)."""
     p = rp.ops.prop()
-    if isinstance(prop_bytes, (bytes, bytearray)) and len(prop_bytes) >= 8:
-        types = struct.unpack_from("<I", prop_bytes, 4)[0]
+    if isinstance(prop_bytes, (bytes, bytearray)) and len(prop_bytes) >= _REQ_TYPES + 4:
+        types = struct.unpack_from("<I", prop_bytes, _REQ_TYPES)[0]
         if types:
             try:
                 p.requestedHandleTypes = rp.cu.CUmemAllocationHandleType(types)
@@ -62,12 +64,17 @@ def recorded_prop(rp, prop_bytes):
 
 
 # ------------------------------------------------------------------ shareable handles
+def _posix_fd(rp, rec, htype) -> int:
+    htype = int(htype or 0)
+    if htype != POSIX_FD:
+        rp.fail(rec, f"shareable handle type {htype} is not replayed (POSIX file descriptors are)")
+    return htype
+
+
 @handles("cuMemExportToShareableHandle")
 def mem_export(rp, rec):
     a = rec["a"]
-    htype = int(a.get("handleType") or 0)
-    if htype != POSIX_FD:
-        rp.fail(rec, f"shareable handle type {htype} is not replayed (POSIX file descriptors are)")
+    htype = _posix_fd(rp, rec, a.get("handleType"))
     c = _client(rp, rec)
     live = rp.live(rec, a.get("handle"), "allocation handle")
     fd = rp.drv(rec, "cuMemExportToShareableHandle", live, rp.cu.CUmemAllocationHandleType(htype), 0)
@@ -83,9 +90,7 @@ def mem_export(rp, rec):
 @handles("cuMemImportFromShareableHandle")
 def mem_import(rp, rec):
     a = rec["a"]
-    htype = int(a.get("shHandleType") or 0)
-    if htype != POSIX_FD:
-        rp.fail(rec, f"shareable handle type {htype} is not replayed (POSIX file descriptors are)")
+    htype = _posix_fd(rp, rec, a.get("shHandleType"))
     c = _client(rp, rec)
     _meta, fds = c.get(["import", c.pid, rec.get("s")], rp, rec)
     if not fds:
