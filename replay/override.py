@@ -8,10 +8,11 @@ is not applied to that launch; the summary counts those."""
 from __future__ import annotations
 
 import re
-import struct
 from typing import Dict, List, Optional, Tuple
 
-LAUNCH_CONFIG = struct.Struct("<7I4xQQI4x")
+from .layout import packer
+
+LAUNCH_CONFIG = packer("CUlaunchConfig")   # grid, block, shmem, hStream, attrs, numAttrs
 _GRID = ("gridDimX", "gridDimY", "gridDimZ")
 _BLOCK = ("blockDimX", "blockDimY", "blockDimZ")
 

@@ -17,7 +17,7 @@ from array import array
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from . import dispatch
-from .layout import sizeof
+from .layout import packer, sizeof
 
 # op kinds: the C executor's EX_* (replay/build_executor.py)
 (SKIP, LAUNCH, LAUNCH_EX, EVENT_RECORD, EVENT_RECORD_FLAGS, STREAM_WAIT,
@@ -28,7 +28,7 @@ LAUNCHES = (LAUNCH, LAUNCH_EX)
 SYNCS = (SYNC_STREAM, SYNC_EVENT, SYNC_CTX)
 CTX_OPS = (CTX_SET, CTX_PUSH, CTX_POP)
 CU_STREAM_LEGACY, CU_STREAM_PER_THREAD = 1, 2
-LAUNCH_CONFIG = struct.Struct("<7I4xQQI4x")   # CUlaunchConfig: grid, block, shmem, hStream, attrs, numAttrs
+LAUNCH_CONFIG = packer("CUlaunchConfig")     # grid, block, shmem, hStream, attrs, numAttrs
 
 BATCH_MAX = 16384                 # ops per batch (watchdog and progress granularity)
 PLAN_MAX_RECORDS = 200_000        # records dispatched one by one, kept from the prescan
