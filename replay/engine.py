@@ -20,7 +20,7 @@ from .errors import DriverCallError, ReplayError
 from .options import ReplayOptions, ReplayResult
 from .placement import AddressSpace
 from .plan import OpBatch, Planner, Ranges, SlotMap, Slots
-from .staging import H2D_PREFETCHED as _SYNC_H2D, PREFETCH_MIN, BlobPipeline as _BlobPrefetch
+from .staging import H2D_PREFETCHED, PREFETCH_MIN, BlobPipeline
 from .verify import Mismatch, Tolerance
 
 CU_STREAM_LEGACY, CU_STREAM_PER_THREAD = 1, 2
@@ -139,7 +139,7 @@ class Replayer(BatchRunner):
         if self._h2d_order and os.environ.get("CUDASNAP_PREFETCH", "1") != "0":
             big = [b for b in self._h2d_order if self.reader.has_blob(b) and self.reader.blob_size(b) >= PREFETCH_MIN]
             if big:
-                self._prefetch = _BlobPrefetch(self.path, big)
+                self._prefetch = BlobPipeline(self.path, big)
 
     # ------------------------------------------------------------------ events (replay/events.py)
     def emit(self, kind: str, ev) -> None:
@@ -262,7 +262,7 @@ class Replayer(BatchRunner):
                     h = (rec.get("a") or {}).get("pctx")
                     if isinstance(h, int) and h:
                         self.ctx_ids.setdefault(h, {"h": h, "device": (rec.get("a") or {}).get("dev")})["primary"] = True
-                if rec.get("f") in _SYNC_H2D and len(self._h2d_order) < 4096:
+                if rec.get("f") in H2D_PREFETCHED and len(self._h2d_order) < 4096:
                     ref = (rec.get("x") or {}).get("srcHost")
                     if isinstance(ref, dict) and isinstance(ref.get("blob"), str) and rec.get("r", 0) == 0:
                         self._h2d_order.append(ref["blob"])
