@@ -359,12 +359,30 @@ def replay(
     from cudasnap.formats.group import is_manifest
     if len(snapshot) > 1 or is_manifest(snapshot[0]):
         from cudasnap.replay.group import run_group
-        fwd = [f"--{k.replace('_', '-')}={v}" for k, v in (("rtol", rtol), ("atol", atol)) if v]
-        fwd += [f"--dtype={dtype}"] if dtype else []
-        fwd += [f"--profile={profile}"] if profile else []
-        fwd += [f"--out={_per_rank(out_file)}"] if out_file else []
+        sel = {"--calls": calls, "--kernels": kernels, "-k": kernel_name, "-s": launch_skip or None,
+               "-c": launch_count, "--launch": launch}
+        chosen = [k for k, v in sel.items() if v is not None]
+        if chosen and not profile:
+            _fail(f"{', '.join(chosen)}: a job replays every call of every rank (the ranks wait on each other); "
+                  "with --profile these choose the launches profiled")
+        if device:
+            _fail("--device: a job puts each rank on its own GPU; use --devices N,N,... (in rank order)")
+        # every per-rank option goes on to each rank's replayer ({rank} in --out becomes the rank)
+        vals = {"--rtol": rtol or None, "--atol": atol or None, "--dtype": dtype, "--profile": profile,
+                "--out": _per_rank(out_file) if out_file else None, "--pace": _value(pace),
+                "--kernel-name-base": _value(kernel_name_base) if kernel_name else None,
+                "--repeat": repeat if repeat != 10 else None, "--warmup": warmup if warmup != 3 else None,
+                "--profiler-range": _value(profiler_range), "--jit": jit, "--launch-override": launch_override,
+                **{k: v for k, v in sel.items() if v is not None}}
+        fwd = []
+        for k, v in vals.items():
+            if v is not None:
+                fwd += [f"{k}={v}"] if k.startswith("--") else [k, str(v)]
+        fwd += [f"--hook={h}" for h in hook] + [f"--replace={r}" for r in replace]
         fwd += [f for f, on in (("--continue-on-error", continue_on_error), ("--sync-after-launch", sync_after_launch),
-                                ("--relocate-payloads", relocate_payloads), ("-q", quiet)) if on]
+                                ("--relocate-payloads", relocate_payloads), ("-q", quiet), ("--threads", threads),
+                                ("--no-flush-l2", not flush_l2), ("--check-repeats", check_repeats),
+                                ("--nvtx", nvtx is True), ("--no-nvtx", nvtx is False)) if on]
         raise typer.Exit(run_group(snapshot, devices, fwd, json_out, watchdog, trace=str(trace) if trace else None))
     snapshot = snapshot[0]
     name_base, prange = _value(kernel_name_base), _value(profiler_range)

@@ -227,6 +227,7 @@ class Replayer(BatchRunner):
         self._plan_fast = self._fast_eligible()
         self._pace_on = getattr(self.opt, "pace", "fast") == "recorded"
         self._pace_base = 0.0
+        self._pace_start: Optional[float] = None
         from .executor import module
         mod = module()
         self._slots = Slots(mod.ffi if mod is not None else None)
@@ -537,7 +538,7 @@ class Replayer(BatchRunner):
         gc.freeze()
         self.res.loop_start_mono = time.monotonic()
         if self._pace_on:
-            self._pace_base = self.res.loop_start_mono
+            self._pace_base = self._pace_start if self._pace_start is not None else self.res.loop_start_mono
         try:
             for item in self._items():
                 if type(item) is OpBatch:
@@ -562,6 +563,15 @@ class Replayer(BatchRunner):
                 prog.stop()
 
     # ------------------------------------------------------------------ pace
+    def pace_origin(self) -> Optional[int]:
+        """--pace recorded: the recorded time (ns) of the first replayed call, else None."""
+        return self._t_origin if self._pace_on else None
+
+    def pace_start_at(self, mono_s: float) -> None:
+        """--pace recorded: put the first call at this time.monotonic() value instead of the
+        loop's start (group replay: one start for every rank)."""
+        self._pace_start = mono_s
+
     def _pace_wait(self, rec) -> None:
         """--pace recorded: a call starts no earlier than its recorded offset from the first."""
         t0 = rec.get("t0")

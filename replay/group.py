@@ -48,6 +48,7 @@ DEFAULT_WATCHDOG = 120.0      # each rank's --watchdog unless one is given
 GRACE = 3.0                   # after a rank failed, the others get this long to end
 DONE = (1 << 63) - 1          # a rank's progress slot once it has ended
 MSG = 65536
+PACE_LEAD_NS = 20_000_000     # --pace recorded: the group starts this long after the last rank is ready
 
 
 class GroupProblem(Exception):
@@ -104,16 +105,29 @@ def client() -> Optional[Client]:
 
 class _Progress:
     """The shared table: one int64 per rank (recorded return time of the call it is in, or
-    DONE), and an abort word after them."""
+    DONE), an abort word, then per rank its recorded first-call time and the CLOCK_MONOTONIC ns
+    at which it was ready to start (--pace recorded: one time origin for the whole group)."""
 
     def __init__(self, path: str, n: int, create: bool = False):
         self.n = n
+        size = 8 * (3 * n + 1)
         if create:
             with open(path, "wb") as f:
-                f.write(b"\0" * 8 * (n + 1))
+                f.write(b"\0" * size)
         self.f = open(path, "r+b")
-        self.mm = mmap.mmap(self.f.fileno(), 8 * (n + 1))
+        self.mm = mmap.mmap(self.f.fileno(), size)
         self.words = memoryview(self.mm).cast("q")
+
+    def set_start(self, i: int, origin: int, ready_ns: int) -> None:
+        self.words[self.n + 1 + i] = origin
+        self.words[2 * self.n + 1 + i] = ready_ns
+
+    def group_start(self) -> Tuple[int, int]:
+        """(the earliest recorded first call of any rank, the latest ready time): read once
+        every rank has passed the start rendezvous."""
+        w, n = self.words, self.n
+        origins = [w[n + 1 + i] for i in range(n) if w[n + 1 + i] > 0]
+        return (min(origins) if origins else 0), max(w[2 * n + 1 + i] for i in range(n))
 
     def set(self, i: int, v: int) -> None:
         self.words[i] = v
@@ -151,8 +165,16 @@ class RankHook:
             rp.subscribers.append(self)
             # rendezvous: every rank has read its snapshot before any replays a call, so the
             # ranks start together (collectives wait on each other, as when recorded)
+            origin = rp.pace_origin() or 0
+            self.prog.set_start(self.rank, origin, time.clock_gettime_ns(time.CLOCK_MONOTONIC))
             self.prog.set(self.rank, 1)
             self._wait_for(1, "the start: rank {r} did not start replaying")
+            if origin:
+                # --pace recorded: the recorded clock is one for all ranks (one host), so every
+                # rank keeps its offset from the group's first call, from one common start;
+                # a collective then waits on its peers about as long as when recorded
+                first, ready = self.prog.group_start()
+                rp.pace_start_at((ready + PACE_LEAD_NS + (origin - first)) * 1e-9)
 
     def on_event(self, kind: str, ev) -> None:
         if kind == "before_call":

@@ -268,3 +268,56 @@ def test_hung_peer_replayer_times_out(job, double):
     assert time.monotonic() - t < 40
     assert "rank 1 did not reach the calls recorded before it within 3 s" in rp.stdout, rp.stdout
     assert "stopped by the coordinator" in rp.stdout
+
+
+def _first_call_us(trace: dict) -> dict:
+    """rank -> the trace time (us) of that rank's first replayed driver call."""
+    ranks = {e["pid"]: int(e["args"]["name"].split()[1].rstrip(":")) for e in trace["traceEvents"]
+             if e.get("name") == "process_name" and e["args"]["name"].startswith("rank ")}
+    first: dict = {}
+    for e in trace["traceEvents"]:
+        if e.get("ph") == "X" and e.get("pid") in ranks and (e.get("name") or "").startswith("cu"):
+            r = ranks[e["pid"]]
+            first[r] = min(first.get(r, e["ts"]), e["ts"])
+    return first
+
+
+def test_paced_group_replay_keeps_the_ranks_recorded_offsets(double, tmp_path):
+    """--pace recorded in a group: one start for every rank, each call at its recorded offset
+    from the group's first call, so a rank that started 400 ms late in the recording starts
+    about 400 ms late in the replay too (and together with the others without --pace)."""
+    out = tmp_path / "late.cusnap"
+    cp = _run(double, "capture", "-o", str(out), "--ring-mb", "16", "--", double["progs"]["share"],
+              env={"SHARE_PEER_SLEEP_MS": "400"})
+    assert cp.returncode == 0, cp.stderr
+    man = tmp_path / "late.group.json"
+    m = load(man)
+    origin = {}
+    for r in m["ranks"]:
+        with SnapshotReader(r["snapshot"]) as rd:
+            origin[r["rank"]] = next(c["t0"] for c in rd.records("c") if isinstance(c.get("t0"), int))
+    recorded_ms = (origin[1] - origin[0]) / 1e6
+    assert recorded_ms > 350
+    got = {}
+    for pace in ("recorded", "fast"):
+        trace = tmp_path / f"trace_{pace}.json"
+        rp = _run(double, "replay", str(man), "--pace", pace, "--profile", "timeline", "--trace", str(trace), "--json")
+        assert rp.returncode == 0, rp.stdout + rp.stderr
+        d = json.loads(rp.stdout)
+        assert [r["replay"]["d2h_verified"] for r in d["ranks"]] == [1, 1]
+        first = _first_call_us(json.loads(trace.read_text()))
+        got[pace] = (first[1] - first[0]) / 1e3
+    assert abs(got["recorded"] - recorded_ms) < 100, (got, recorded_ms)
+    assert got["fast"] < recorded_ms / 2, (got, recorded_ms)
+
+
+def test_job_options_that_cannot_apply_are_refused(job, double):
+    _cp, man, _snaps = job
+    rp = _run(double, "replay", str(man), "-k", "add_one")
+    assert rp.returncode == 2 and "a job replays every call" in rp.stderr
+    rp = _run(double, "replay", str(man), "--device", "1")
+    assert rp.returncode == 2 and "--devices" in rp.stderr
+    # with --profile the selection goes on to every rank
+    rp = _run(double, "replay", str(man), "--profile", "timeline", "-k", "add_one", "--json")
+    assert rp.returncode == 0, rp.stderr
+    assert json.loads(rp.stdout)["exit_code"] == 0

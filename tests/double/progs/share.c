@@ -6,6 +6,7 @@
  *   share              owner: prints OWNER CHECKSUM
  *   share peer FD      peer (the socket is FD): prints PEER CHECKSUM
  * SHARE_PEER_DIE=1: the peer exits (status 3) right after importing, without answering. */
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -66,6 +67,8 @@ static int peer(int sock) {
     CUfunction f;
     CUmemGenericAllocationHandle h;
     static float out[N];
+    const char *nap = getenv("SHARE_PEER_SLEEP_MS");     /* tests of paced group replay */
+    if (nap) usleep(1000u * (unsigned)atoi(nap));
     setup(&ctx);
     int fd = recv_fd(sock);
     CK(cuMemImportFromShareableHandle(&h, (void *)(long)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
