@@ -6,19 +6,21 @@
 #   2. legacy CUDA IPC between 2 processes (nvcc; captured with --placement off), group replay;
 #   3. one process, 2 GPUs, peer access (cudaMemcpyPeer, a kernel reading the peer), replayed on
 #      2 GPUs (and with the GPUs swapped);
-#   4. NCCL kernels' per-rank times: --profile timeline against native (torch.profiler), +-10%;
+#   4. NCCL kernels' per-rank times: --profile timeline --pace recorded against native
+#      (torch.profiler), +-10%; the fast pace and the captured run's own profile beside them;
 #   5. a missing rank, fewer GPUs than recorded (--devices 0), a killed peer replayer: a clear
 #      error and exit 2, in bounded time.
 # Prints PASS/FAIL lines; writes $OUT/demo_multigpu.log, multigpu_manifest.json,
 # multigpu_replay.json, multigpu_timeline.json, multigpu_trace.json.gz (every rank in one trace).
 # Run from the project root (carry .whl: cffi, pycparser, zstandard):
 #   bash bench/demo_multigpu_gpu.sh
-# Env: STEPS (DDP steps, default 5), NPROC (ranks, default 2; 4 on a 4-GPU machine).
+# Env: STEPS (DDP steps, default 5), PROF_STEPS (steps of the timing run, default 30), NPROC (ranks, default 2; 4 on a 4-GPU machine).
 set -uo pipefail
 ROOT=$(pwd)
 OUT=${OUT:-/tmp/cudasnap-out}; mkdir -p "$OUT"
 W=/tmp/cudasnap-multigpu; rm -rf "$W"; mkdir -p "$W"
 STEPS=${STEPS:-5}
+PROF_STEPS=${PROF_STEPS:-30}
 NPROC=${NPROC:-2}
 INSTALL_LOG=$W/install.log . "$ROOT/bench/gpu_env.sh"
 exec > >(tee "$OUT/demo_multigpu.log") 2>&1
@@ -208,31 +210,55 @@ timeout 180 cudasnap replay peer.cusnap > peer_replay.txt 2>&1; rc=$?; tail -6 p
 check $? "peer replay on 2 GPUs (exit 0, D2H verified, peer access enabled for real)"
 timeout 180 cudasnap replay peer.cusnap --devices 1,0 > /dev/null 2>&1; check $? "peer replay with the GPUs swapped (--devices 1,0)"
 
-step "4. NCCL kernel times per rank: --profile timeline against native (torch.profiler)"
-timeout 120 env DDP_PROFILE="$W/native_prof" "${RUN[@]}" ddp.py "$STEPS" > /dev/null 2>&1; check $? "native profiled run"
-timeout 180 cudasnap replay "$MAN" --profile timeline --out "$W/replay_prof.json" --trace "$OUT/multigpu_trace.json.gz" > timeline.txt 2>&1
-check $? "group replay --profile timeline"
+step "4. NCCL kernel times per rank: --profile timeline against native (torch.profiler), $PROF_STEPS steps"
+# An NCCL kernel's time includes waiting for its peers, so it depends on when each rank's host
+# launched it: --pace recorded replays every rank's calls at their recorded offsets from one
+# group start. Compared with a native run and with the captured run's own profile.
+timeout 180 env DDP_PROFILE="$W/native_prof" "${RUN[@]}" ddp.py "$PROF_STEPS" > /dev/null 2>&1; check $? "native profiled run"
+timeout 300 env DDP_PROFILE="$W/captured_prof" cudasnap capture -f -o prof.cusnap -- "${RUN[@]}" ddp.py "$PROF_STEPS" > /dev/null 2> prof_capture.err
+check $? "capture of the profiled run"
+PMAN=prof.cusnap; [ -f prof.group.json ] && PMAN=prof.group.json
+timeout 300 cudasnap replay "$PMAN" --profile timeline --pace recorded --out "$W/paced_prof.json" \
+    --trace "$OUT/multigpu_trace.json.gz" > timeline.txt 2>&1
+check $? "group replay --profile timeline --pace recorded"
 tail -4 timeline.txt
+timeout 300 cudasnap replay "$PMAN" --profile timeline --out "$W/fast_prof.json" > timeline_fast.txt 2>&1
+check $? "group replay --profile timeline (--pace fast)"
 python3 - "$W" "$NPROC" "$OUT/multigpu_timeline.json" <<'EOF'
-import glob, json, statistics, sys
+import json, statistics, sys
 w, n, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+
+def torch_times(prefix, r):
+    return [e["dur"] for e in json.load(open(f"{w}/{prefix}.rank{r}.json"))["traceEvents"]
+            if e.get("cat") == "kernel" and "nccl" in e.get("name", "").lower()]
+
+def replay_times(prefix, r):
+    return [x["time_us"] for x in json.load(open(f"{w}/{prefix}.rank{r}.json"))["launches"]
+            if "nccl" in (x.get("name") or "").lower() and x.get("time_us")]
+
 res, ok = {}, True
 for r in range(n):
-    try:
-        nat = [e["dur"] for e in json.load(open(f"{w}/native_prof.rank{r}.json"))["traceEvents"]
-               if e.get("cat") == "kernel" and "nccl" in e.get("name", "").lower()]
-        rep = [x["time_us"] for x in json.load(open(f"{w}/replay_prof.rank{r}.json"))["launches"]
-               if "nccl" in (x.get("name") or "").lower() and x.get("time_us")]
-    except (OSError, ValueError, KeyError) as e:
-        print(f"FAIL: rank {r}: no timings ({e})"); ok = False; continue
-    if not nat or not rep:
-        print(f"FAIL: rank {r}: NCCL kernels native {len(nat)}, replayed {len(rep)}"); ok = False; continue
-    a, b = statistics.median(nat), statistics.median(rep)
-    d = (b - a) / a * 100
-    res[r] = {"native_median_us": a, "replay_median_us": b, "diff_pct": d, "native_n": len(nat), "replay_n": len(rep)}
-    good = abs(d) <= 10
+    row = {}
+    for name, fn, prefix in (("native", torch_times, "native_prof"), ("captured run", torch_times, "captured_prof"),
+                             ("replay paced", replay_times, "paced_prof"), ("replay fast", replay_times, "fast_prof")):
+        try:
+            t = fn(prefix, r)
+        except (OSError, ValueError, KeyError) as e:
+            t = []
+            print(f"  rank {r}: {name}: no timings ({type(e).__name__}: {e})")
+        row[name] = {"median_us": statistics.median(t) if t else None, "n": len(t)}
+    nat = row["native"]["median_us"]
+    for name in ("captured run", "replay paced", "replay fast"):
+        m = row[name]["median_us"]
+        row[name]["vs_native_pct"] = (m - nat) / nat * 100 if (m and nat) else None
+    res[r] = row
+    cells = "  ".join(f"{k} {v['median_us']:.1f} us ({v['n']})"
+                      + (f" {v['vs_native_pct']:+.1f}%" if v.get("vs_native_pct") is not None else "")
+                      for k, v in row.items() if v["median_us"] is not None)
+    d = row["replay paced"].get("vs_native_pct")
+    good = d is not None and abs(d) <= 10
     ok &= good
-    print(f"{'PASS' if good else 'FAIL'}: rank {r}: NCCL kernels median native {a:.1f} us ({len(nat)}), replay {b:.1f} us ({len(rep)}): {d:+.1f}%")
+    print(f"{'PASS' if good else 'FAIL'}: rank {r}: NCCL kernel medians: {cells}")
 json.dump(res, open(out, "w"), indent=1)
 sys.exit(0 if ok else 1)
 EOF
