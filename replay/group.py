@@ -435,6 +435,10 @@ def run_group(paths: Sequence, devices: Optional[str], args: List[str], as_json:
     tmp = tempfile.mkdtemp(prefix="cudasnap-group-")
     if trace:
         args.append(f"--trace={os.path.join(tmp, 'trace{rank}.json')}")
+    outs = [a.split("=", 1)[1] for a in args if a.startswith("--out=")]
+    if "--profile=timeline" in args and not outs:
+        outs = [os.path.join(tmp, "prof{rank}.json")]      # for the collectives' waits across ranks
+        args.append(f"--out={outs[0]}")
     sock_path = os.path.join(tmp, "sock")
     store = _Store(m, timeout)
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -479,10 +483,26 @@ def run_group(paths: Sequence, devices: Optional[str], args: List[str], as_json:
         n = merge_traces([(r["rank"], os.path.join(tmp, f"trace{r['rank']}.json")) for r in ranks], trace)
         if n:
             sys.stderr.write(f"cudasnap: trace of {len(ranks)} ranks ({n} events) written to {trace}\n")
+    coll = _collectives(outs[0] if outs else None, ranks)
     shutil.rmtree(tmp, ignore_errors=True)
     code = 2 if any(x["exit_code"] not in (0, 1) for x in results) else (1 if any(x["exit_code"] for x in results) else 0)
-    _summary(results, code, time.monotonic() - t0, as_json, out)
+    _summary(results, code, time.monotonic() - t0, as_json, out, coll)
     return code
+
+
+def _collectives(out_pattern: Optional[str], ranks) -> Optional[Dict[str, Any]]:
+    """--profile timeline: collective kernels matched across the ranks' profiles (their waits)."""
+    if not out_pattern:
+        return None
+    from .collectives import from_launch_rows, load_rows
+    rows = {}
+    for r in ranks:
+        try:
+            rows[r["rank"]] = load_rows(out_pattern.replace("{rank}", str(r["rank"])))
+        except (OSError, ValueError):
+            continue
+    c = from_launch_rows(rows) if len(rows) > 1 else None
+    return c if c and c["matched"] else None
 
 
 def _watch(procs, ranks, store: _Store, prog: _Progress) -> Tuple[List[Optional[int]], Dict[int, str]]:
@@ -536,9 +556,12 @@ def _rank_result(tmp: str, r, d: int, code: Optional[int], why: Optional[str]) -
     return res
 
 
-def _summary(results, code: int, elapsed: float, as_json: bool, out) -> None:
+def _summary(results, code: int, elapsed: float, as_json: bool, out, coll=None) -> None:
     if as_json:
-        out.write(json.dumps({"exit_code": code, "elapsed_s": elapsed, "ranks": results}, indent=2, default=str) + "\n")
+        d = {"exit_code": code, "elapsed_s": elapsed, "ranks": results}
+        if coll:
+            d["collectives"] = coll
+        out.write(json.dumps(d, indent=2, default=str) + "\n")
         return
     for x in results:
         b = x["replay"]
@@ -548,6 +571,9 @@ def _summary(results, code: int, elapsed: float, as_json: bool, out) -> None:
                   f"{b.get('fell_back', 0)} fell back, {b.get('d2h_verified', 0)} D2H verified\n")
         for e in x["errors"][:3]:
             out.write(f"  error: {e}\n")
+    if coll:
+        from .collectives import describe
+        out.write("\n".join(describe(coll)) + "\n")
     n = len(results)
     ok = sum(1 for x in results if x["exit_code"] == 0)
     out.write(f"job: {n} ranks, {ok} verified, {elapsed:.2f} s: "
