@@ -33,6 +33,16 @@ ALLOC_PARAMS = {  # base name -> (address out param, size param or callable)
 }
 
 
+HOST_MEMORY = ("cuMemHostAlloc", "cuMemAllocHost", "cuMemHostRegister")
+
+
+def host_range(rec: Dict[str, Any]) -> Tuple[int, int]:
+    """(recorded address, size) of pinned host memory (0, 0 when the record lacks them)."""
+    a = rec.get("a") or {}
+    addr = a.get("pp") if rec.get("f", "").startswith(("cuMemHostAlloc", "cuMemAllocHost")) else a.get("p")
+    return (addr if isinstance(addr, int) else 0), int(a.get("bytesize", 0) or 0)
+
+
 def alloc_range(rec: Dict[str, Any]) -> Optional[Tuple[int, int]]:
     """(recorded base, size) of a device allocation call, or None."""
     f = rec.get("f") or ""
@@ -228,6 +238,7 @@ class Replayer(BatchRunner):
         self._pace_on = getattr(self.opt, "pace", "fast") == "recorded"
         self._pace_base = 0.0
         self._pace_start: Optional[float] = None
+        self._host_ranges: List[Tuple[int, int]] = []     # recorded pinned host memory (hostplace)
         from .executor import module
         mod = module()
         self._slots = Slots(mod.ffi if mod is not None else None)
@@ -252,6 +263,8 @@ class Replayer(BatchRunner):
                     max_seq = rec["s"]
                 if self._pr and rec.get("r") == 0 and is_workload(rec.get("f") or "") and type(rec.get("s")) is int:
                     self._workload_last = rec["s"]
+                if rec.get("f", "").startswith(HOST_MEMORY) and rec.get("r") == 0:
+                    self._host_ranges.append(host_range(rec))
                 rng = alloc_range(rec) if rec.get("f", "").startswith(("cuMemAlloc", "cuMemAddressReserve")) else None
                 if rng:
                     self.ranges.append(rng)
@@ -380,6 +393,9 @@ class Replayer(BatchRunner):
             self.res.total_calls = self.total
             self.selection.prepare(self)
             self._start_prefetch()
+            if self._host_ranges:          # before the driver maps anything there
+                from . import hostplace
+                hostplace.reserve(self._host_ranges)
             self.cu = self._load_driver()
             if self.opt.watchdog:
                 self.watchdog = Watchdog(self.opt.watchdog)

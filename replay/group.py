@@ -39,6 +39,8 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from cudasnap.formats.abi import base_name
+
 ENV_SOCKET, ENV_PID, ENV_RANK, ENV_PROGRESS, ENV_NRANKS, ENV_TIMEOUT = (
     "CUDASNAP_GROUP_SOCKET", "CUDASNAP_GROUP_PID", "CUDASNAP_GROUP_RANK", "CUDASNAP_GROUP_PROGRESS",
     "CUDASNAP_GROUP_NRANKS", "CUDASNAP_GROUP_TIMEOUT")
@@ -158,6 +160,7 @@ class RankHook:
         ok = len(kill) >= 2 and kill[0].isdigit() and int(kill[0]) == self.rank and kill[1].isdigit()
         self.kill_at = int(kill[1]) if ok else None
         self.stall = len(kill) > 2 and kill[2] == "stall"        # hang there instead of dying
+        self.linked = False          # has imported another process's memory
 
     def start(self, ev) -> None:
         rp = ev.replayer
@@ -192,7 +195,13 @@ class RankHook:
                 time.sleep(3600)
             os.kill(os.getpid(), signal.SIGKILL)
         t0 = rec.get("t0") or 0
-        if classify(rec.get("f") or "") == "copy" and t0:
+        f = rec.get("f") or ""
+        if not self.linked and base_name(f) in IMPORTS:
+            self.linked = True
+        # a copy, and once this rank maps another's memory every launch, waits for the others to
+        # pass its recorded start: what the program's own host rendezvous ensured (e.g. a peer
+        # had set up the buffers a collective kernel reads) holds in the replay too
+        if t0 and (classify(f) == "copy" or (self.linked and _is_launch(f))):
             self.prog.set(self.rank, t0)
             self._wait_for(t0, f"call #{rec.get('s')} {rec.get('f')}: rank {{r}} did not reach the calls recorded "
                                 "before it")
@@ -211,6 +220,14 @@ class RankHook:
                 _stop(f"{what.format(r=behind[0])} within {self.timeout:g} s (hung, or waiting for this rank?)")
             time.sleep(nap)
             nap = min(nap * 2, 0.001)
+
+
+IMPORTS = frozenset(("cuMemImportFromShareableHandle", "cuIpcOpenMemHandle"))
+
+
+def _is_launch(f: str) -> bool:
+    b = base_name(f)
+    return b.startswith("cuLaunch") or b == "cuGraphLaunch"
 
 
 def _stop(msg: str) -> None:

@@ -45,3 +45,22 @@ def test_span_rounds_to_pages():
     p = mmap.PAGESIZE
     assert hostplace.span(p + 10, 1) == (p, p)
     assert hostplace.span(p, p + 1) == (p, 2 * p)
+
+
+def test_reserved_ranges_are_taken_over_and_kept():
+    """Recorded ranges reserved before the driver loads: map_at takes them over (once), unmap
+    gives them back to the reservation, a foreign mapping is never replaced."""
+    n = 2 * mmap.PAGESIZE
+    addr = _free_address(4 * n)
+    assert hostplace.reserve([(addr, n), (addr + 2 * n, n)]) == 2
+    assert hostplace.reserve([(addr, n)]) == 0                       # already held
+    assert hostplace.map_at(addr, n)
+    buf = (ctypes.c_char * n).from_address(addr)
+    buf[0] = b"z"
+    assert not hostplace.map_at(addr, n)                             # in use: never mapped over
+    hostplace.unmap(addr, n)
+    assert hostplace.map_at(addr, n) and buf[0] == b"\0"             # fresh zeroed memory again
+    hostplace.unmap(addr, n)
+    other = _free_address(n)
+    assert hostplace.reserve([(other, n)]) == 1 and hostplace.map_at(other, n)
+    hostplace.unmap(other, n)
