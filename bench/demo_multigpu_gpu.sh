@@ -246,7 +246,7 @@ def torch_rows(prefix, r):
             for e in d["traceEvents"] if e.get("cat") == "kernel"]
 
 def replay_rows(prefix, r):
-    return [(x.get("name") or "", x.get("start_ns"), x.get("end_ns"))
+    return [(x.get("demangled") or x.get("name") or "", x.get("start_ns"), x.get("end_ns"))
             for x in json.load(open(f"{w}/{prefix}.rank{r}.json"))["launches"]]
 
 runs = {}

@@ -15,7 +15,7 @@ import statistics
 from collections import defaultdict
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-COLLECTIVE = re.compile(r"^(nccl|rccl)\w*Kernel|^ncclDevKernel", re.I)
+COLLECTIVE = re.compile(r"(nccl|rccl)\w*Kernel", re.I)      # demangled or mangled names
 
 
 def is_collective(name: Optional[str]) -> bool:
@@ -65,7 +65,7 @@ def split_waits(ranks: Dict[int, Iterable[Tuple[str, int, int]]]) -> Dict[str, A
 
 def from_launch_rows(rows_by_rank: Dict[int, Sequence[Dict[str, Any]]]) -> Dict[str, Any]:
     """split_waits over profile launch rows (name, start_ns, end_ns: --profile timeline --out)."""
-    return split_waits({r: [((x.get("name") or ""), x.get("start_ns"), x.get("end_ns")) for x in rows]
+    return split_waits({r: [((x.get("demangled") or x.get("name") or ""), x.get("start_ns"), x.get("end_ns")) for x in rows]
                         for r, rows in rows_by_rank.items()})
 
 

@@ -34,3 +34,7 @@ def test_what_counts_as_a_collective():
     assert is_collective(AR) and is_collective("ncclKernel_AllGather_RING_LL_Sum_int8_t")
     assert not is_collective("ampere_sgemm_128x64_nn") and not is_collective(None)
     assert describe(split_waits({0: [("gemm", 0, 1)], 1: []})) == []
+
+
+def test_mangled_names_count_too():
+    assert is_collective("_Z39ncclDevKernel_AllReduce_Sum_f32_RING_LL24ncclDevKernelArgsStorageILm4096EE")
