@@ -15,7 +15,7 @@
 # multigpu_replay.json, multigpu_timeline.json, multigpu_trace.json.gz (every rank in one trace).
 # Run from the project root (carry .whl: cffi, pycparser, zstandard):
 #   bash bench/demo_multigpu_gpu.sh
-# Env: STEPS (DDP steps, default 5), PROF_STEPS (steps of the timing run, default 30), NPROC (ranks, default 2; 4 on a 4-GPU machine).
+# Env: PARTS (which of 1-5, default 12345; 5 needs 1), STEPS (DDP steps, default 5), PROF_STEPS (steps of the timing run, default 30), NPROC (ranks, default 2; 4 on a 4-GPU machine).
 set -uo pipefail
 ROOT=$(pwd)
 OUT=${OUT:-/tmp/cudasnap-out}; mkdir -p "$OUT"
@@ -23,6 +23,7 @@ W=/tmp/cudasnap-multigpu; rm -rf "$W"; mkdir -p "$W"
 STEPS=${STEPS:-5}
 PROF_STEPS=${PROF_STEPS:-30}
 NPROC=${NPROC:-2}
+PARTS=${PARTS:-12345}
 INSTALL_LOG=$W/install.log . "$ROOT/bench/gpu_env.sh"
 exec > >(tee "$OUT/demo_multigpu.log") 2>&1
 step() { echo; echo "=== $*"; }
@@ -148,6 +149,7 @@ EOF
 
 RUN=(python3 -m torch.distributed.run --standalone --nproc-per-node "$NPROC")
 
+if [[ $PARTS == *1* ]]; then
 step "1. DDP, $NPROC ranks, $STEPS steps: native, captured, replayed as a group"
 timeout 120 "${RUN[@]}" ddp.py "$STEPS" > native.txt 2> native.err; check $? "native DDP run"
 timeout 180 cudasnap capture -f -o job.cusnap -- "${RUN[@]}" ddp.py "$STEPS" > captured.txt 2> capture.err
@@ -195,6 +197,8 @@ sys.exit(0 if ok else 1)
 EOF
 [ $? = 0 ] || FAIL=1
 
+fi
+if [[ $PARTS == *2* ]]; then
 step "2. legacy CUDA IPC between 2 processes (captured with --placement off)"
 nvcc -O2 -arch=sm_90 -o ipc ipc.cu || { echo "FAIL: nvcc ipc.cu"; FAIL=1; }
 ./ipc > ipc_native.txt; check $? "native IPC program: $(tr '\n' ' ' < ipc_native.txt)"
@@ -207,6 +211,8 @@ IMAN=ipc.group.json
 python3 -c "import json; m=json.load(open('$IMAN')); print('links', [(l['kind'], l['from']['pid'], l['to']['pid']) for l in m['links']], 'unmatched', m['unmatched'])"
 timeout 180 cudasnap replay "$IMAN"; check $? "IPC group replay (exit 0, both processes verified)"
 
+fi
+if [[ $PARTS == *3* ]]; then
 step "3. one process, 2 GPUs, peer access"
 nvcc -O2 -arch=sm_90 -o peer peer.cu || { echo "FAIL: nvcc peer.cu"; FAIL=1; }
 ./peer; check $? "native peer program"
@@ -217,6 +223,8 @@ timeout 180 cudasnap replay peer.cusnap > peer_replay.txt 2>&1; rc=$?; tail -6 p
 check $? "peer replay on 2 GPUs (exit 0, D2H verified, peer access enabled for real)"
 timeout 180 cudasnap replay peer.cusnap --devices 1,0 > /dev/null 2>&1; check $? "peer replay with the GPUs swapped (--devices 1,0)"
 
+fi
+if [[ $PARTS == *4* ]]; then
 step "4. NCCL kernel times per rank: --profile timeline against native (torch.profiler), $PROF_STEPS steps"
 # An NCCL kernel's time includes waiting for its peers, so it depends on when each rank's host
 # launched it: --pace recorded replays every rank's calls at their recorded offsets from one
@@ -277,6 +285,8 @@ sys.exit(0 if ok else 1)
 EOF
 [ $? = 0 ] || FAIL=1
 
+fi
+if [[ $PARTS == *5* ]]; then
 step "5. failures: missing rank, fewer GPUs, a killed peer"
 R1=$(python3 -c "import json; m=json.load(open('$MAN')); print([r for r in m['ranks'] if r.get('devices')][-1]['snapshot'])")
 mv "$R1" "$R1.away"
@@ -302,6 +312,7 @@ timeout 150 env CUDASNAP_GROUP_TEST_KILL=$KILL cudasnap replay "$MAN" > killed.t
 took=$(( $(date +%s) - start )); tail -5 killed.txt
 [ $rc = 2 ] && grep -q "killed by signal 9" killed.txt; check $? "killed peer replayer: clear error, exit 2 in ${took} s (got $rc)"
 
+fi
 echo
 [ $FAIL = 0 ] && echo "ALL PASS" || echo "SOME FAILED"
 exit $FAIL
