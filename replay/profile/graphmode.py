@@ -49,6 +49,7 @@ time), then repeat runs under CUPTI for per-kernel-node rows (graphunits.py).  T
 `path` says which was used: "captured sequence" or "recorded graph launches"."""
 from __future__ import annotations
 
+import importlib.util
 import re
 import statistics
 import time
@@ -60,6 +61,7 @@ from cudasnap.formats.abi import base_name
 from ..errors import ReplayError
 from ..selection import is_launch_call
 from .common import SAVE_KINDS, MemorySaver, Selection, ranges_for, stats
+from .gapmodel import GapChain
 from .timeline import open_cupti
 
 CU_STREAM_NON_BLOCKING = 1
@@ -118,6 +120,9 @@ class GraphProfiler:
         self.op_times: List[List[float]] = []           # per captured operation (launches, memsets, copies)
         self.extra_records: List[Dict[str, Any]] = []   # CUPTI records of no captured operation
         self.between_us: Optional[float] = None         # CUPTI runs: time inside the run no record covers
+        self.records_per_run: List[int] = []             # CUPTI runs: records (nodes) in each
+        self._chain: Optional[GapChain] = None           # gap calibration (gapmodel.py)
+        self.gap: Optional[Dict[str, Any]] = None
         self.event_spans_us: List[float] = []           # event-node runs: first to last event
         self._made: List[Tuple[str, Any]] = []
 
@@ -431,6 +436,13 @@ class GraphProfiler:
                               "or state the graph does not reproduce)")
             # per-node times in separate runs: CUPTI's kernel tracing, or event record nodes, slow the graph
             try:
+                if cfg.backend != "events" and importlib.util.find_spec("cupti") is not None:
+                    try:             # the gap calibration's untraced runs, before CUPTI is on
+                        self._chain = GapChain(rp, stream)
+                        self._chain.time_untraced()
+                    except Exception as e:
+                        self.warn(f"graph: gap calibration: {type(e).__name__}: {e}")
+                        self._close_chain()
                 cupti = open_cupti(cfg.backend, self.warn)
                 if cupti is not None:
                     self._cupti_node_times(cupti, stream, gexec)
@@ -523,6 +535,12 @@ class GraphProfiler:
             finally:
                 cupti.pop()
         runs = clock.collect_records(windows)
+        if self._chain is not None:
+            try:
+                self._chain.time_traced(clock)
+                self.gap = self._chain.model()
+            except Exception as e:
+                self.warn(f"graph: gap calibration under CUPTI: {type(e).__name__}: {e}")
         cupti.close()
         created = getattr(cupti, "node_created", None) or {}
         clones = getattr(cupti, "node_clones", None) or {}
@@ -632,6 +650,7 @@ class GraphProfiler:
                 self.op_times[k].append((t1 - t0) / 1e3)
                 if k in launch_of and k in names:
                     self.node_names[launch_of[k]] = names[k]
+            self.records_per_run.append(len(spans))
             t_first, t_last = min(a for a, _ in spans), max(b for _, b in spans)
             self.cupti_spans_us.append((t_last - t_first) / 1e3)
             between.append(((t_last - t_first) - _union(spans)) / 1e3)
@@ -718,6 +737,11 @@ class GraphProfiler:
         self.backend = "events"
         self.info["per_node_method"] = "event nodes between launches"
 
+    def _close_chain(self) -> None:
+        if self._chain is not None:
+            self._chain.close()
+            self._chain = None
+
     def _cleanup(self, post, stream, graph, gexec, staging, evs, cupti) -> None:
         rp, cu = self.rp, self.rp.cu
         if cupti is not None:
@@ -725,6 +749,7 @@ class GraphProfiler:
                 cupti.close()
             except Exception:
                 pass
+        self._close_chain()
         for name, h in reversed(self._made):
             try:
                 getattr(cu, name)(h)
@@ -930,7 +955,11 @@ class GraphProfiler:
         kernels = sum(statistics.median(t) for t in self.node_times if t)
         other = sum(d["us_per_run"] for d in self._other_nodes())
         extra = sum(e["us_per_run"] for e in self.extra_records)
-        between = self.between_us or 0.0
+        between = traced = self.between_us or 0.0
+        if self.gap and self.records_per_run and traced:
+            # what tracing added to each gap, measured on the calibration chain, taken off
+            gaps = max(0, statistics.median(self.records_per_run) - 1)
+            between = max(0.0, traced - gaps * self.gap["tracing_per_gap_us"])
         total = kernels + other + extra + between
         c: Dict[str, Any] = {"graph_us": graph_us, "kernels_us": kernels, "other_nodes_us": other,
                              "unrecorded_us": extra, "between_nodes_us": between, "sum_us": total,
@@ -939,6 +968,9 @@ class GraphProfiler:
         c["within_5pct"] = c["diff_pct"] is not None and abs(c["diff_pct"]) <= 5.0
         if self.event_spans_us:
             c["event_span_us"] = statistics.median(self.event_spans_us)
+        if self.gap and traced:
+            c["between_nodes_traced_us"] = traced
+            c["gap_model"] = self.gap
         return c
 
     def summary(self) -> Dict[str, Any]:

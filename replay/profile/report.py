@@ -284,6 +284,12 @@ def graph_notes(s: Dict[str, Any]) -> List[str]:
             parts[0] += f" (less {fmt_us(c['overlap_us'])} of concurrent nodes)"
         if c.get("between_nodes_us"):
             parts.append(f"between nodes {fmt_us(c['between_nodes_us'])}")
+        g = c.get("gap_model")
+        if g:
+            lines.append(f"between nodes: {fmt_us(c['between_nodes_traced_us'])} under CUPTI, less "
+                         f"{g['tracing_per_gap_us'] * 1e3:.0f} ns per gap that tracing adds (a chain of {g['nodes']} "
+                         f"empty kernels: {g['gap_untraced_us'] * 1e3:.0f} ns untraced, {g['gap_traced_us'] * 1e3:.0f} "
+                         f"ns traced)")
         verdict = "within 5%" if c["within_5pct"] else f"NOT within 5%: gap {fmt_us(abs(c['sum_us'] - c['graph_us']))}"
         line = (f"check: {' + '.join(parts)} = {fmt_us(c['sum_us'])} vs the graph's {fmt_us(c['graph_us'])} "
                 f"({c['diff_pct']:+.1f}%, {verdict}); kernels are {c['kernel_share_pct']:.1f}% of the graph's time")
