@@ -206,6 +206,13 @@ def test_graph_mode_times_every_kernel(name, runner, tmp_path):
     check = gs.get("check") or {}
     cmp = compare_kernel_medians(gr["report"], tl["report"], GRAPH_MIN_US)
     bad = [c for c in cmp if abs(c["diff_pct"]) > 5.0]
+    for c in bad[:5]:        # the spread of each mode's times, for the kernels outside 5%
+        for key, rep in (("graph", gr["report"]), ("timeline", tl["report"])):
+            ts_ = sorted(t for r in rep.get("launches", []) if (r.get("cupti_name") or r.get("name")) == c["name"]
+                         for t in [r.get("median_us") if key == "graph" else r.get("time_us")] if t is not None)
+            if ts_:
+                c[key + "_spread"] = {"n": len(ts_), "min": ts_[0], "p10": ts_[len(ts_) // 10],
+                                      "median": ts_[len(ts_) // 2], "p90": ts_[len(ts_) * 9 // 10], "max": ts_[-1]}
     record_result({"test": "profile_graph_per_node", "workload": name, "rc": [gr["rc"], tl["rc"]],
                    "path": gs.get("path"), "backend": gs.get("backend"), "per_node_method": gs.get("per_node_method"),
                    "node_mapping": gs.get("node_mapping"), "launches": gs.get("launches"),
