@@ -56,7 +56,7 @@ class GapChain:
         rp.raw("cuStreamBeginCapture", stream, mode)
         try:
             for _ in range(k):
-                rp.raw("cuLaunchKernel", fn, 1, 1, 1, 32, 1, 1, 0, stream, None, None)
+                rp.raw("cuLaunchKernel", fn, 1, 1, 1, 32, 1, 1, 0, stream, None, 0)
         finally:
             graph = rp.raw("cuStreamEndCapture", stream)
             self.made.append(("cuGraphDestroy", graph))
