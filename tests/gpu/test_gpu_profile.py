@@ -208,8 +208,13 @@ def test_graph_mode_times_every_kernel(name, runner, tmp_path):
     bad = [c for c in cmp if abs(c["diff_pct"]) > 5.0]
     for c in bad[:5]:        # the spread of each mode's times, for the kernels outside 5%
         for key, rep in (("graph", gr["report"]), ("timeline", tl["report"])):
-            ts_ = sorted(t for r in rep.get("launches", []) if (r.get("cupti_name") or r.get("name")) == c["name"]
-                         for t in [r.get("median_us") if key == "graph" else r.get("time_us")] if t is not None)
+            seq_t = sorted((r.get("seq") or 0, t) for r in rep.get("launches", [])
+                           if (r.get("cupti_name") or r.get("name")) == c["name"]
+                           for t in [r.get("median_us") if key == "graph" else r.get("time_us")] if t is not None)
+            ts_ = sorted(t for _s, t in seq_t)
+            if len(seq_t) >= 8:          # medians by quarter of the run, in recorded order
+                q = len(seq_t) // 4
+                c[key + "_by_quarter"] = [sorted(t for _s, t in seq_t[i * q:(i + 1) * q])[q // 2] for i in range(4)]
             if ts_:
                 c[key + "_spread"] = {"n": len(ts_), "min": ts_[0], "p10": ts_[len(ts_) // 10],
                                       "median": ts_[len(ts_) // 2], "p90": ts_[len(ts_) * 9 // 10], "max": ts_[-1]}
