@@ -52,11 +52,17 @@ class GapChain:
         mod = rp.raw("cuModuleLoadData", _EMPTY_PTX + b"\0")
         self.made.append(("cuModuleUnload", mod))
         fn = rp.raw("cuModuleGetFunction", mod, b"cudasnap_empty")
+        # as wide as a real kernel (2 blocks per SM): CUPTI's cost per node grows with the grid
+        try:
+            attr = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+            self.grid = 2 * max(1, int(rp.raw("cuDeviceGetAttribute", attr, rp.dev)))
+        except Exception:
+            self.grid = 256
         mode = getattr(getattr(cu, "CUstreamCaptureMode", None), "CU_STREAM_CAPTURE_MODE_RELAXED", 2)
         rp.raw("cuStreamBeginCapture", stream, mode)
         try:
             for _ in range(k):
-                rp.raw("cuLaunchKernel", fn, 1, 1, 1, 32, 1, 1, 0, stream, None, 0)
+                rp.raw("cuLaunchKernel", fn, self.grid, 1, 1, 128, 1, 1, 0, stream, None, 0)
         finally:
             graph = rp.raw("cuStreamEndCapture", stream)
             self.made.append(("cuGraphDestroy", graph))
@@ -90,7 +96,10 @@ class GapChain:
         self.traced = [[x for x in run if x.kind == "kernel"] for run in clock.collect_records(windows)]
 
     def model(self) -> Optional[Dict[str, Any]]:
-        return gap_model(self.untraced_us, self.traced, self.k)
+        m = gap_model(self.untraced_us, self.traced, self.k)
+        if m is not None:
+            m["grid"] = self.grid
+        return m
 
     def close(self) -> None:
         cu = self.rp.cu
