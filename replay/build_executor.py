@@ -140,9 +140,14 @@ int64_t ex_run(const ex_op *ops, int64_t start, int64_t end, const uint64_t *slo
             double due = pace_base + o->at;
             double now = ex_now();
             if (now < due) {
-                double w = due - now;
-                struct timespec ts = {(time_t)w, (long)((w - (double)(time_t)w) * 1e9)};
-                nanosleep(&ts, NULL);
+                /* sleep to 100 us before, then spin: nanosleep wakes tens of us late */
+                double w = due - now - 100e-6;
+                if (w > 0.0) {
+                    struct timespec ts = {(time_t)w, (long)((w - (double)(time_t)w) * 1e9)};
+                    nanosleep(&ts, NULL);
+                }
+                while (ex_now() < due) {
+                }
             }
         }
         int k = o->kind;

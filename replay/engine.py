@@ -33,6 +33,7 @@ ALLOC_PARAMS = {  # base name -> (address out param, size param or callable)
 }
 
 
+PACE_SPIN_S = 100e-6            # --pace recorded: spin (not sleep) this long before a call is due
 HOST_MEMORY = ("cuMemHostAlloc", "cuMemAllocHost", "cuMemHostRegister")
 
 
@@ -594,9 +595,11 @@ class Replayer(BatchRunner):
         if type(t0) is not int or self._t_origin is None:
             return
         due = self._pace_base + (t0 - self._t_origin) * 1e-9
-        d = due - time.monotonic()
+        d = due - time.monotonic() - PACE_SPIN_S
         if d > 0:
-            time.sleep(d)
+            time.sleep(d)            # wakes tens of us late: the last stretch spins
+        while time.monotonic() < due:
+            pass
 
     def _sync_mark(self, seq) -> None:
         """A synchronization returned: [seq, its time] (step boundaries for benchmarks)."""

@@ -208,18 +208,25 @@ class RankHook:
         self.prog.set(self.rank, rec.get("t1") or t0)
 
     def _wait_for(self, t: int, what: str) -> None:
-        w, nap = self.prog.words, 0.00005
-        deadline = time.monotonic() + self.timeout
+        w, n, me = self.prog.words, self.prog.n, self.rank
+        if all(w[i] >= t for i in range(n) if i != me):
+            return
+        # spin first (a peer usually arrives within microseconds: a sleep would wake late and
+        # shift this rank's next collective), then nap briefly
+        now = time.monotonic()
+        spin_until, deadline, nap = now + 0.0005, now + self.timeout, 0.00002
         while True:
-            behind = [i for i in range(self.prog.n) if i != self.rank and w[i] < t]
+            behind = [i for i in range(n) if i != me and w[i] < t]
             if not behind:
                 return
             if self.prog.aborted:
                 _stop("the group replay was stopped (another rank failed)")
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 _stop(f"{what.format(r=behind[0])} within {self.timeout:g} s (hung, or waiting for this rank?)")
-            time.sleep(nap)
-            nap = min(nap * 2, 0.001)
+            if now > spin_until:
+                time.sleep(nap)
+                nap = min(nap * 2, 0.0002)
 
 
 IMPORTS = frozenset(("cuMemImportFromShareableHandle", "cuIpcOpenMemHandle"))
