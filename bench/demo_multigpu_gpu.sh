@@ -211,6 +211,25 @@ diff <(sort ipc_native.txt) <(sort ipc_cap.txt) > /dev/null; check $? "IPC captu
 IMAN=ipc.group.json
 python3 -c "import json; m=json.load(open('$IMAN')); print('links', [(l['kind'], l['from']['pid'], l['to']['pid']) for l in m['links']], 'unmatched', m['unmatched'])"
 timeout 180 cudasnap replay "$IMAN"; check $? "IPC group replay (exit 0, both processes verified)"
+# the owner's allocation kept from its recorded address: it falls back to cuMemAlloc and is
+# shared through a real cudaIpcMemHandle (the path a taken address leads to)
+BLOCK=$(python3 - "$IMAN" <<'PY'
+import json, os, sys
+from cudasnap.formats import SnapshotReader
+m = json.load(open(sys.argv[1]))
+for r in m["ranks"]:
+    p = r["snapshot"] if os.path.isabs(r["snapshot"]) else os.path.join(os.path.dirname(os.path.abspath(sys.argv[1])), r["snapshot"])
+    with SnapshotReader(p) as rd:
+        calls = list(rd.records("c"))
+    if any(c["f"].startswith("cuIpcGetMemHandle") for c in calls):
+        a = next(c for c in calls if c["f"].startswith("cuMemAlloc") and c.get("r") == 0)["a"]
+        print(f"{a['dptr']:#x}:{a['bytesize']}")
+PY
+)
+echo "blocking the owner's recorded allocation $BLOCK"
+timeout 180 env CUDASNAP_REPLAY_TEST_BLOCK="$BLOCK" cudasnap replay "$IMAN" > ipc_fallback.txt 2>&1; rc=$?; tail -3 ipc_fallback.txt
+[ $rc = 0 ] && grep -q "rank 0.*[1-9][0-9]* fell back" ipc_fallback.txt
+check $? "IPC group replay with the owner's allocation fallen back (real IPC handle; exit 0)"
 
 fi
 if [[ $PARTS == *3* ]]; then

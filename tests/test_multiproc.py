@@ -217,6 +217,16 @@ def test_legacy_ipc_needs_placement_off_and_replays_as_a_group(double, tmp_path)
     assert rp.returncode == 0, rp.stdout + rp.stderr
     d = json.loads(rp.stdout)
     assert [r["replay"]["d2h_verified"] for r in d["ranks"]] == [1, 1]
+    # the owner's recorded address taken: its allocation falls back to cuMemAlloc and goes
+    # over as a real IPC handle
+    with SnapshotReader(m["ranks"][0]["snapshot"]) as r:
+        al = next(c for c in r.records("c") if c["f"].startswith("cuMemAlloc") and c.get("r") == 0)["a"]
+    rp = _run(double, "replay", str(tmp_path / "ipc.group.json"), "--json",
+              env={"CUDASNAP_REPLAY_TEST_BLOCK": f"{al['dptr']:#x}:{al['bytesize']}"})
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    d = json.loads(rp.stdout)
+    assert d["ranks"][0]["replay"]["fell_back"] >= 1
+    assert [r["replay"]["d2h_verified"] for r in d["ranks"]] == [1, 1]
 
 
 def test_info_on_a_manifest(job, double):
