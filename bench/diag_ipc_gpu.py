@@ -27,6 +27,7 @@ def setup(dev):
 
 if len(sys.argv) > 1:                      # child: argv = hex, owner address, size, mode
     raw, base, size, mode = bytes.fromhex(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    ok(cu.cuInit(0))
     setup(1 if ok(cu.cuDeviceGetCount()) > 1 else 0)
     if mode == "reserved":
         got = ok(cu.cuMemAddressReserve(size, 0, base, 0))
