@@ -227,8 +227,16 @@ for r in m["ranks"]:
 PY
 )
 echo "blocking the owner's recorded allocation $BLOCK"
-timeout 180 env CUDASNAP_REPLAY_TEST_BLOCK="$BLOCK" cudasnap replay "$IMAN" > ipc_fallback.txt 2>&1; rc=$?; tail -3 ipc_fallback.txt
-[ $rc = 0 ] && grep -q "rank 0.*[1-9][0-9]* fell back" ipc_fallback.txt
+timeout 180 env CUDASNAP_REPLAY_TEST_BLOCK="$BLOCK" cudasnap replay "$IMAN" --json > ipc_fallback.json 2> ipc_fallback.err; rc=$?
+python3 - ipc_fallback.json <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for r in d["ranks"]:
+    b = r["replay"]
+    print(f"  rank {r['rank']}: exit {r['exit_code']}, {b.get('placed')} placed, {b.get('fell_back')} fell back, "
+          f"{b.get('d2h_verified')} D2H verified; errors {r['errors'][:2]}; notes {(b.get('notes') or [])[:3]}")
+sys.exit(0 if d["exit_code"] == 0 and d["ranks"][0]["replay"].get("fell_back") else 1)
+PY
 check $? "IPC group replay with the owner's allocation fallen back (real IPC handle; exit 0)"
 
 fi
