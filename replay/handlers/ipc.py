@@ -29,6 +29,13 @@ def _handle_bytes(h) -> bytes:
     return bytes(getattr(h, "reserved", b"")) or bytes(h)
 
 
+def _ordinal(rp):
+    try:
+        return int(rp.dev)
+    except (TypeError, ValueError):
+        return None
+
+
 def _make_handle(cu, raw: bytes):
     h = cu.CUipcMemHandle()
     get = getattr(h, "getPtr", None)
@@ -133,7 +140,8 @@ def ipc_get(rp, rec):
     if h is not None:
         raw = _handle_bytes(h)
         c.put(["export", c.pid, rec.get("s")], {"kind": "ipc", "bytes": raw.hex(), "base": al.rec_base,
-                                                "size": al.size}, [])
+                                                "size": al.size, "live": al.live_base,
+                                                "device": _ordinal(rp)}, [])
 
 
 @handles("cuIpcOpenMemHandle")
@@ -146,8 +154,19 @@ def ipc_open(rp, rec):
         if meta.get("kind") == "chunks":
             _map_chunks(rp, rec, meta, fds, want)
             return
-        h = _make_handle(rp.cu, bytes.fromhex(meta.get("bytes", "")))
-        live = rp.drv(rec, "cuIpcOpenMemHandle", h, int(a.get("Flags") or 1))
+        raw = bytes.fromhex(meta.get("bytes", ""))
+        h = _make_handle(rp.cu, raw)
+        flags = int(a.get("Flags") or 1)
+        if rec.get("r", 0) != 0:
+            live = rp.drv(rec, "cuIpcOpenMemHandle", h, flags)
+        else:
+            res = rp.cu.cuIpcOpenMemHandle(h, flags)
+            if int(res[0]) != 0:
+                rp.fail(rec, f"replay returned {res[0]!r} opening the exporter's handle ({len(raw)} bytes "
+                             f"{raw[:16].hex()}..., its allocation at {int(meta.get('live') or 0):#x} on GPU "
+                             f"{meta.get('device')}, recorded at {int(meta.get('base') or 0):#x}; this rank on GPU "
+                             f"{_ordinal(rp)})")
+            live = res[1]
         if live is not None:
             rp.space.add_vmm(want, int(meta.get("size") or 0), int(live), rec.get("s"),
                              "" if int(live) == want else f"cuIpcOpenMemHandle returned {int(live):#x}")
