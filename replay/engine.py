@@ -240,6 +240,7 @@ class Replayer(BatchRunner):
         self._pace_base = 0.0
         self._pace_start: Optional[float] = None
         self._host_ranges: List[Tuple[int, int]] = []     # recorded pinned host memory (hostplace)
+        self._ipc_shared: List[int] = []                   # addresses shared through legacy IPC
         from .executor import module
         mod = module()
         self._slots = Slots(mod.ffi if mod is not None else None)
@@ -266,6 +267,8 @@ class Replayer(BatchRunner):
                     self._workload_last = rec["s"]
                 if rec.get("f", "").startswith(HOST_MEMORY) and rec.get("r") == 0:
                     self._host_ranges.append(host_range(rec))
+                elif rec.get("f", "").startswith("cuIpcGetMemHandle") and isinstance((rec.get("a") or {}).get("dptr"), int):
+                    self._ipc_shared.append(rec["a"]["dptr"])
                 rng = alloc_range(rec) if rec.get("f", "").startswith(("cuMemAlloc", "cuMemAddressReserve")) else None
                 if rng:
                     self.ranges.append(rng)
@@ -348,6 +351,7 @@ class Replayer(BatchRunner):
         except Exception:
             gran = 2 << 20
         self.space = AddressSpace(self.ops, gran)
+        self.space.shared = {b for b, n in self.ranges if any(b <= d < b + max(n, 1) for d in self._ipc_shared)}
         self.space.plan(self.ranges, self.regions)
         self.space.reserve_all()
         if self.space.spans and all(s.refused for s in self.space.spans):

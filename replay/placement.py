@@ -109,6 +109,7 @@ class AddressSpace:
         self.relocations: List[Relocation] = []      # every relocation ever made (report)
         self.placed = 0
         self.fell_back = 0
+        self.shared: set = set()      # recorded bases the program shares through legacy IPC
         self.host_relocated = 0
         self.globals_relocated = 0
         self.test_block: Optional[Tuple[int, int]] = None
@@ -272,11 +273,31 @@ class AddressSpace:
                 return rec_base
         else:
             reason = sp.reason if sp is not None else "recorded range was not reserved (not in the pre-scan)"
-        new = self.drv.mem_alloc(size)
-        self._register(Alloc(rec_base, size, new, "fallback", seq))
+        chunks = []
+        if rec_base in self.shared:
+            # shared with another process (legacy IPC): VMM memory anywhere, handed over as
+            # shareable fds like placed memory (an IPC handle opens only from a related process)
+            new, chunks = self._map_anywhere(size)
+        else:
+            new = self.drv.mem_alloc(size)
+        self._register(Alloc(rec_base, size, new, "fallback", seq, chunks))
         self.relocations.append(Relocation(rec_base, size, new, reason, seq))
         self.fell_back += 1
         return new
+
+    def _map_anywhere(self, size: int) -> Tuple[int, List[Chunk]]:
+        g = self.gran
+        n = align_up(max(size, 1), g)
+        va = self.drv.reserve(n, 0, g)
+        h = self.drv.create(n)
+        try:
+            self.drv.map(va, n, h)
+            self.drv.set_access(va, n)
+        except Exception:
+            self.drv.release(h)
+            self.drv.free_va(va, n)
+            raise
+        return va, [Chunk(va, n, h, refs=1)]
 
     def add_host(self, rec_base: int, size: int, live: int, seq: Optional[int] = None) -> None:
         """Pinned host memory: its address is the host allocator's; record a relocation."""
@@ -308,6 +329,11 @@ class AddressSpace:
             return None
         if a.kind == "placed":
             self._unref(a.chunks)
+        elif a.kind == "fallback" and a.chunks:
+            for c in a.chunks:
+                self.drv.unmap(c.start, c.size)
+                self.drv.release(c.handle)
+                self.drv.free_va(c.start, c.size)
         elif a.kind == "fallback":
             self.drv.mem_free(a.live_base)
         return a

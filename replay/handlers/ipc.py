@@ -114,16 +114,16 @@ def mem_import(rp, rec):
 # ------------------------------------------------------------------ legacy IPC handles
 @handles("cuIpcGetMemHandle")
 def ipc_get(rp, rec):
-    """The exporter's allocation is placed by this replay (VMM chunks) or fell back to
-    cuMemAlloc: the first is handed over as shareable fds of its chunks, the second as a
-    real IPC handle."""
+    """The exporter's allocation is VMM memory here (placed, or fallen back to another address:
+    placement makes IPC-shared allocations VMM either way), handed over as shareable fds of its
+    chunks; cuMemAlloc memory (a replay without placement) as a real IPC handle."""
     a = rec["a"]
     c = _client(rp, rec)
     dptr = a.get("dptr")
     al = rp.space.find(dptr or 0)
     if al is None:
         rp.fail(rec, f"{dptr:#x} is not a replayed allocation" if isinstance(dptr, int) else "no dptr recorded")
-    if al.kind == "placed" and al.chunks:
+    if al.chunks:
         fds, parts = [], []
         try:
             for ch in al.chunks:
@@ -131,7 +131,7 @@ def ipc_get(rp, rec):
                 fds.append(int(fd))
                 parts.append([ch.start, ch.size])
             c.put(["export", c.pid, rec.get("s")],
-                  {"kind": "chunks", "base": al.rec_base, "size": al.size, "chunks": parts}, fds)
+                  {"kind": "chunks", "base": al.live_base, "size": al.size, "chunks": parts}, fds)
         finally:
             for fd in fds:
                 os.close(fd)
