@@ -523,6 +523,40 @@ def _chunk_count_ok(size: int, chunks: List[Any]) -> bool:
 
 def _count_blob_refs(rec: Dict[str, Any], refs: Dict[str, int]) -> None:
     """Count {'blob': id} references inside a record's 'a' and 'x' maps."""
+    # the usual shapes (maps of scalars and of maps of scalars) without the walk, same counts
+    # (decoded records hold plain dicts and lists only)
+    found: List[str] = []
+    n = 2
+    for top in (rec.get("x"), rec.get("a")):
+        t = type(top)
+        if t is not dict:
+            if isinstance(top, (dict, list)):
+                return _walk_blob_refs(rec, refs)
+            continue
+        n += len(top)
+        b = top.get("blob")
+        if isinstance(b, str):
+            found.append(b)
+        kinds = set(map(type, top.values()))
+        if list in kinds:
+            return _walk_blob_refs(rec, refs)
+        if dict in kinds:
+            for v in top.values():
+                if type(v) is dict:
+                    n += len(v)
+                    b = v.get("blob")
+                    if isinstance(b, str):
+                        found.append(b)
+                    inner = set(map(type, v.values()))
+                    if dict in inner or list in inner:
+                        return _walk_blob_refs(rec, refs)
+    if n > 10000:
+        return _walk_blob_refs(rec, refs)
+    for b in found:
+        refs[b] = refs.get(b, 0) + 1
+
+
+def _walk_blob_refs(rec: Dict[str, Any], refs: Dict[str, int]) -> None:
     stack = [rec.get("x"), rec.get("a")]
     budget = 10000
     while stack and budget > 0:
