@@ -489,6 +489,49 @@ def _jsonable(v: Any, blobs: bool, r: Optional[SnapshotReader], depth: int = 0) 
     return str(v)
 
 
+def _json_piece(v: Any, blobs: bool, r: SnapshotReader, depth: int = 1) -> str:
+    return json.dumps(_jsonable(v, blobs, r, depth), separators=(",", ":"), default=str)
+
+
+def _json_line(rec: Dict[str, Any], blobs: bool, r: SnapshotReader, memo: "_Memo") -> str:
+    """json.dumps(_jsonable(rec)) of a record, assembled from pieces made once: records repeat
+    their keys and value types (one %-template per such shape, ints formatted by it), and calls
+    their maps of arguments."""
+    vals = list(rec.values())
+    types = tuple(map(type, vals))
+    shape = (tuple(rec), types)
+    ent = memo.get(shape)
+    if ent is None:
+        if "blob" in rec or not all(type(k) is str for k in shape[0]):
+            ent = memo.keep(shape, False)
+        else:
+            tmpl = "{" + ",".join(json.dumps(k).replace("%", "%%") + (":%d" if t is int else ":%s")
+                                  for k, t in zip(shape[0], types)) + "}"
+            ent = memo.keep(shape, (tmpl, [i for i, t in enumerate(types) if t is not int]))
+    if ent is False:                       # non-str keys, or a top-level blob reference
+        return _json_piece(rec, blobs, r, 0)
+    tmpl, conv = ent
+    for i in conv:
+        v, t = vals[i], types[i]
+        if t is str:
+            enc = memo.get(v)               # plain str keys cannot meet the tuple keys
+            if enc is None:
+                enc = memo.keep(v, json.dumps(v))
+            vals[i] = enc
+        elif t is dict:
+            # types are part of the key (1, 1.0 and True are equal); no floats (-0.0 == 0.0)
+            vt, kt = tuple(map(type, v.values())), tuple(map(type, v))
+            if float in vt or float in kt:
+                vals[i] = _json_piece(v, blobs, r)
+            else:
+                vals[i] = memo.piece(("j", tuple(v.items()), vt, kt), lambda: _json_piece(v, blobs, r))
+        elif v is None or t is bool:
+            vals[i] = "null" if v is None else "true" if v else "false"
+        else:
+            vals[i] = _json_piece(v, blobs, r)
+    return tmpl % tuple(vals)
+
+
 def _json_default(o: Any) -> Any:
     if isinstance(o, (bytes, bytearray)):
         return {"hex": bytes(o[:64]).hex(), "len": len(o)}
@@ -520,7 +563,7 @@ def run_dump(path: Path, calls: Optional[str], fmt: str, blobs: bool) -> int:
                 if fmt == "text":
                     lines.append(_fmt_text(rec, fn_names, blobs, r, memo))
                 else:
-                    lines.append(json.dumps(_jsonable(rec, blobs, r), separators=(",", ":"), default=str))
+                    lines.append(_json_line(rec, blobs, r, memo))
                 if len(lines) >= 4096:
                     lines.append("")
                     out.write("\n".join(lines))
