@@ -400,12 +400,19 @@ def _fmt_text(rec: Dict[str, Any], fn_names: Dict[Any, str], blobs: bool, r: Sna
         t0, t1 = rec.get("t0"), rec.get("t1")
         dur = ""
         if type(t0) is int and type(t1) is int and t1 >= t0 >= 0:
-            us = (t1 - t0) / 1000
-            dur = f" [{us:.1f} us]" if us < 1000 else f" [{us / 1000:.2f} ms]"
+            dt = t1 - t0
+            dur = memo.get(dt)          # durations repeat too (int keys meet no other key)
+            if dur is None:
+                us = dt / 1000
+                dur = memo.keep(dt, f" [{us:.1f} us]" if us < 1000 else f" [{us / 1000:.2f} ms]")
         sq, tid = rec.get("s"), rec.get("tid")
         line = f"#{'?' if sq is None or sq == '' else sq}  {'?' if tid is None or tid == '' else tid}  {body}{dur}"
         if f.startswith("cuLaunch") and cs.is_launch(f):
-            kn = cs.kernel_name(rec, fn_names)
+            h = a.get("f")              # the usual handle argument (launch_function_handle's first)
+            if type(h) is int:
+                kn = fn_names.get(h) if fn_names else None
+            else:
+                kn = cs.kernel_name(rec, fn_names)
             if kn:
                 line += f"  kernel={kn}"
         x = rec.get("x")

@@ -424,7 +424,12 @@ class Planner:
         f = rec.get("f") or ""
         if self.pace and self.t_origin is None and type(rec.get("t0")) is int:
             self.t_origin = rec["t0"]
-        k = (self._disp[f] if f in self._disp else self._kind(f)) if self.fast else None
+        if self.fast:
+            k = self._disp.get(f, 0)          # 0: not classified yet (None: dispatched one by one)
+            if k == 0:
+                k = self._kind(f)
+        else:
+            k = None
         if k is not None and type(rec.get("s")) is int:
             kind = k[0]
             if kind == SKIP:
