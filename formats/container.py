@@ -324,6 +324,7 @@ def iter_record_payload(payload: bytes, count: int, path: Any, offset: int) -> I
 
 
 _ARRAY32 = struct.Struct(">BI")
+_DICT = frozenset((dict,))
 
 
 def _ext_hook(code: int, data: bytes) -> Any:
@@ -358,6 +359,6 @@ def record_list(payload: bytes, count: int, path: Any, offset: int) -> List[dict
     recs = _fast_records(payload, count)
     if recs is None:
         recs = unpack_many(payload, path, offset, "records frame", expect=count)
-    if not all(type(rec) is dict for rec in recs):
+    if not _DICT.issuperset(map(type, recs)):
         raise snap_error(path, offset, "records frame: record is not a map")
     return recs

@@ -20,6 +20,10 @@ from .segments import segment_paths
 from .summary import check_map
 
 _HEX = set("0123456789abcdef")
+# A scan decodes every records frame; up to this many of its records are kept for the first
+# records() pass (info, dump and replay of a file without an index make exactly one), which
+# then reads them instead of decoding again. Each frame's are handed out once.
+SCAN_KEEP_RECORDS = 200_000
 
 
 def _is_hex_id(s: Any) -> bool:
@@ -86,6 +90,7 @@ class SnapshotReader:
         self._scan_blob_refs: Optional[int] = None
         self._header_merged: Optional[Dict[str, Any]] = None
         self._raw_header = {}
+        self._scan_recs: Dict[int, List[Dict[str, Any]]] = {}
         self.gaps: List[Dict[str, Any]] = []
         self.lost_blobs: List[str] = []
         if self._segment:
@@ -181,6 +186,7 @@ class SnapshotReader:
         frames: List[Frame] = []
         pos = PREAMBLE_SIZE
         blob_recs: List[Tuple[int, List[Dict[str, Any]], Dict[str, int]]] = []
+        kept = 0
         while pos < size:
             try:
                 if pos + FRAME_SIZE > size:
@@ -193,11 +199,19 @@ class SnapshotReader:
                 if kind == KIND_INDEX:
                     break
                 if kind == KIND_RECORDS:
-                    recs = list(iter_record_payload(payload, self._last_count, self.path, pos))
+                    recs = record_list(payload, self._last_count, self.path, pos)
                     refs: Dict[str, int] = {}
-                    for rec in recs:
+                    plain = _CONTAINERS.isdisjoint
+                    for rec in recs:            # _count_blob_refs's first test, inline for most calls
+                        a, x = rec.get("a"), rec.get("x")
+                        if type(a) is dict and "blob" not in a and plain(map(type, a.values())) and (
+                                x is None or type(x) is dict and "blob" not in x and plain(map(type, x.values()))):
+                            continue
                         _count_blob_refs(rec, refs)
                     blob_recs.append((len(frames), [r for r in recs if r.get("k") == "b"], refs))
+                    if kept + len(recs) <= SCAN_KEEP_RECORDS:
+                        self._scan_recs[pos] = recs
+                        kept += len(recs)
                 elif kind == KIND_CHUNK:
                     cid = self._chunk_id_of(payload, pos)
                     self._chunks.setdefault(cid, pos)
@@ -228,6 +242,7 @@ class SnapshotReader:
                 pos = frames[at].offset
                 frames = frames[:at]
                 self._chunks = {c: o for c, o in self._chunks.items() if o < pos}
+                self._scan_recs = {o: v for o, v in self._scan_recs.items() if o < pos}
                 break
             self.lost_blobs.extend(bad)
             self._blobs.update(newblobs)
@@ -363,10 +378,12 @@ class SnapshotReader:
         for fr in self._frames:
             if fr.kind != KIND_RECORDS:
                 continue
-            kind, payload = self._read_frame(fr.offset, expect_kind=KIND_RECORDS)
-            if self._last_comp_len != fr.comp_len:
-                raise snap_error(self.path, fr.offset, "frame length disagrees with the index")
-            recs = record_list(payload, self._last_count, self.path, fr.offset)
+            recs = self._scan_recs.pop(fr.offset, None) if self._scan_recs else None
+            if recs is None:
+                kind, payload = self._read_frame(fr.offset, expect_kind=KIND_RECORDS)
+                if self._last_comp_len != fr.comp_len:
+                    raise snap_error(self.path, fr.offset, "frame length disagrees with the index")
+                recs = record_list(payload, self._last_count, self.path, fr.offset)
             if want is None:
                 yield from recs
             else:
@@ -496,6 +513,7 @@ class SnapshotReader:
         }
 
     def close(self) -> None:
+        self._scan_recs = {}
         if self._map is not None:
             self._map.close()
             self._map = None
@@ -521,8 +539,23 @@ def _chunk_count_ok(size: int, chunks: List[Any]) -> bool:
     return len(chunks) == (size + CHUNK_SIZE - 1) // CHUNK_SIZE and all(_is_hex_id(c) for c in chunks)
 
 
+_CONTAINERS = frozenset((dict, list))
+
+
 def _count_blob_refs(rec: Dict[str, Any], refs: Dict[str, int]) -> None:
     """Count {'blob': id} references inside a record's 'a' and 'x' maps."""
+    for top in (rec.get("x"), rec.get("a")):
+        if type(top) is dict:
+            if "blob" in top or not _CONTAINERS.isdisjoint(map(type, top.values())):
+                break
+        elif isinstance(top, (dict, list)):
+            break
+    else:
+        return                  # maps of scalars (most calls): no reference
+    _count_nested_refs(rec, refs)
+
+
+def _count_nested_refs(rec: Dict[str, Any], refs: Dict[str, int]) -> None:
     # the usual shapes (maps of scalars and of maps of scalars) without the walk, same counts
     # (decoded records hold plain dicts and lists only)
     found: List[str] = []
