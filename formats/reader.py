@@ -15,6 +15,7 @@ from .container import (
     SnapshotError, _decompressor, check_preamble, chunk_digest, decode_payload,
     iter_record_payload, parse_frame_header, record_list, snap_error, unpack_one, xxh64,
 )
+from .blobrefs import frame_blob_refs
 from .chunkio import chunk_into
 from .segments import segment_paths
 from .summary import check_map
@@ -200,14 +201,7 @@ class SnapshotReader:
                     break
                 if kind == KIND_RECORDS:
                     recs = record_list(payload, self._last_count, self.path, pos)
-                    refs: Dict[str, int] = {}
-                    plain = _CONTAINERS.isdisjoint
-                    for rec in recs:            # _count_blob_refs's first test, inline for most calls
-                        a, x = rec.get("a"), rec.get("x")
-                        if type(a) is dict and "blob" not in a and plain(map(type, a.values())) and (
-                                x is None or type(x) is dict and "blob" not in x and plain(map(type, x.values()))):
-                            continue
-                        _count_blob_refs(rec, refs)
+                    refs = frame_blob_refs(recs)
                     blob_recs.append((len(frames), [r for r in recs if r.get("k") == "b"], refs))
                     if kept + len(recs) <= SCAN_KEEP_RECORDS:
                         self._scan_recs[pos] = recs
@@ -537,68 +531,3 @@ class SnapshotReader:
 def _chunk_count_ok(size: int, chunks: List[Any]) -> bool:
     """A blob of `size` bytes has exactly ceil(size / 4 MiB) chunks (bounds read work by size)."""
     return len(chunks) == (size + CHUNK_SIZE - 1) // CHUNK_SIZE and all(_is_hex_id(c) for c in chunks)
-
-
-_CONTAINERS = frozenset((dict, list))
-
-
-def _count_blob_refs(rec: Dict[str, Any], refs: Dict[str, int]) -> None:
-    """Count {'blob': id} references inside a record's 'a' and 'x' maps."""
-    for top in (rec.get("x"), rec.get("a")):
-        if type(top) is dict:
-            if "blob" in top or not _CONTAINERS.isdisjoint(map(type, top.values())):
-                break
-        elif isinstance(top, (dict, list)):
-            break
-    else:
-        return                  # maps of scalars (most calls): no reference
-    _count_nested_refs(rec, refs)
-
-
-def _count_nested_refs(rec: Dict[str, Any], refs: Dict[str, int]) -> None:
-    # the usual shapes (maps of scalars and of maps of scalars) without the walk, same counts
-    # (decoded records hold plain dicts and lists only)
-    found: List[str] = []
-    n = 2
-    for top in (rec.get("x"), rec.get("a")):
-        t = type(top)
-        if t is not dict:
-            if isinstance(top, (dict, list)):
-                return _walk_blob_refs(rec, refs)
-            continue
-        n += len(top)
-        b = top.get("blob")
-        if isinstance(b, str):
-            found.append(b)
-        kinds = set(map(type, top.values()))
-        if list in kinds:
-            return _walk_blob_refs(rec, refs)
-        if dict in kinds:
-            for v in top.values():
-                if type(v) is dict:
-                    n += len(v)
-                    b = v.get("blob")
-                    if isinstance(b, str):
-                        found.append(b)
-                    inner = set(map(type, v.values()))
-                    if dict in inner or list in inner:
-                        return _walk_blob_refs(rec, refs)
-    if n > 10000:
-        return _walk_blob_refs(rec, refs)
-    for b in found:
-        refs[b] = refs.get(b, 0) + 1
-
-
-def _walk_blob_refs(rec: Dict[str, Any], refs: Dict[str, int]) -> None:
-    stack = [rec.get("x"), rec.get("a")]
-    budget = 10000
-    while stack and budget > 0:
-        budget -= 1
-        v = stack.pop()
-        if isinstance(v, dict):
-            b = v.get("blob")
-            if isinstance(b, str):
-                refs[b] = refs.get(b, 0) + 1
-            stack.extend(v.values())
-        elif isinstance(v, list):
-            stack.extend(v)
