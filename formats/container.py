@@ -325,6 +325,7 @@ def iter_record_payload(payload: bytes, count: int, path: Any, offset: int) -> I
 
 _ARRAY32 = struct.Struct(">BI")
 _DICT = frozenset((dict,))
+_END = b"\xc4\x10" + os.urandom(16)      # bin8 of 16 random bytes
 
 
 def _ext_hook(code: int, data: bytes) -> Any:
@@ -344,14 +345,19 @@ def _fast_records(payload: bytes, count: int) -> List[dict] | None:
     gc_on = gc.isenabled()
     gc.disable()                # see unpack_many
     try:
-        recs = ormsgpack.unpackb(_ARRAY32.pack(0xDD, count) + payload, option=ormsgpack.OPT_NON_STR_KEYS,
+        # ormsgpack ignores bytes after the array: a last element no file can know shows that
+        # the payload held exactly `count` objects
+        recs = ormsgpack.unpackb(_ARRAY32.pack(0xDD, count + 1) + payload + _END, option=ormsgpack.OPT_NON_STR_KEYS,
                                  ext_hook=_ext_hook)
     except Exception:
         return None
     finally:
         if gc_on:
             gc.enable()
-    return recs if type(recs) is list and len(recs) == count else None
+    if type(recs) is not list or len(recs) != count + 1 or type(recs[-1]) is not bytes or recs[-1] != _END[2:]:
+        return None
+    recs.pop()
+    return recs
 
 
 def record_list(payload: bytes, count: int, path: Any, offset: int) -> List[dict]:
