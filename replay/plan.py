@@ -421,8 +421,9 @@ class Planner:
     # ------------------------------------------------------------------ feeding
     def _feed(self, rec, out: List[Any]) -> None:
         """Feed one record; finished items are appended to out."""
-        f = rec.get("f") or ""
-        if self.pace and self.t_origin is None and type(rec.get("t0")) is int:
+        get = rec.get
+        f = get("f") or ""
+        if self.pace and self.t_origin is None and type(get("t0")) is int:
             self.t_origin = rec["t0"]
         if self.fast:
             k = self._disp.get(f, 0)          # 0: not classified yet (None: dispatched one by one)
@@ -430,17 +431,18 @@ class Planner:
                 k = self._kind(f)
         else:
             k = None
-        if k is not None and type(rec.get("s")) is int:
+        if k is not None and type(get("s")) is int:
             kind = k[0]
             if kind == SKIP:
                 op = _EMPTY
-            elif rec.get("r", 0) != 0:
+            elif get("r", 0) != 0:
                 op = None                     # a recorded error: its handler decides
             else:
-                # the same call with the same arguments compiles the same (loops repeat them)
-                a, x = rec.get("a"), rec.get("x")
+                # the same call with the same arguments compiles the same (loops repeat them);
+                # keys and values as two tuples: the items' order and pairing, fewer objects
+                a, x = get("a"), get("x")
                 try:
-                    mk = (f, tuple(a.items()), tuple(x.items()) if type(x) is dict else None)
+                    mk = (f, tuple(a), tuple(a.values()), (tuple(x), tuple(x.values())) if type(x) is dict else None)
                     op = self._memo.get(mk, _MISS)
                 except (TypeError, AttributeError):
                     mk, op = None, _MISS
@@ -451,7 +453,7 @@ class Planner:
                             self._memo.clear()
                         self._memo[mk] = op
             if op is not None:
-                tid = rec.get("tid")
+                tid = get("tid")
                 b = self.cur
                 if b is None or b.tid != tid or b.n >= BATCH_MAX:
                     if b is not None:
