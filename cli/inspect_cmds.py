@@ -390,7 +390,7 @@ def _fmt_text(rec: Dict[str, Any], fn_names: Dict[Any, str], blobs: bool, r: Sna
             a = {}
         rv = rec.get("r")
         # types are part of the key: 1, 1.0 and True are equal but print differently
-        key = (f, tuple(a.items()), tuple(map(type, a.values())), rv, type(rv), blobs)
+        key = (f, tuple(a), tuple(a.values()), tuple(map(type, a.values())), rv, type(rv), blobs)
         try:
             body = memo[key]
         except KeyError:
@@ -531,7 +531,7 @@ def _json_line(rec: Dict[str, Any], blobs: bool, r: SnapshotReader, memo: "_Memo
             if float in vt or float in kt:
                 vals[i] = _json_piece(v, blobs, r)
             else:
-                vals[i] = memo.piece(("j", tuple(v.items()), vt, kt), lambda: _json_piece(v, blobs, r))
+                vals[i] = memo.piece(("j", tuple(v), tuple(v.values()), vt, kt), lambda: _json_piece(v, blobs, r))
         elif v is None or t is bool:
             vals[i] = "null" if v is None else "true" if v else "false"
         else:
