@@ -14,6 +14,8 @@ from __future__ import annotations
 import bisect
 import struct
 from array import array
+from collections import Counter
+from itertools import compress
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from . import dispatch
@@ -56,6 +58,11 @@ D2H_MAX = 1 << 20                 # D2H verification in the executor: results up
 _MEMSET_KEY = {MEMSET8: "uc", MEMSET16: "us", MEMSET32: "ui", MEMSET8_ASYNC: "uc", MEMSET16_ASYNC: "us",
                MEMSET32_ASYNC: "ui"}
 _ASYNC = (MEMSET8_ASYNC, MEMSET16_ASYNC, MEMSET32_ASYNC, COPY_DTOD_ASYNC, COPY_ASYNC)
+_LAUNCH_SET, _D2H_SET, _SYNC_SET = frozenset(LAUNCHES), frozenset((D2H,)), frozenset(SYNCS)
+_CTX_SET, _COPY_SET = frozenset(CTX_OPS), frozenset((COPY, COPY_ASYNC))
+# ops that neither write nor read device memory (_summarise passes over them)
+_NO_WRITES = frozenset((EVENT_RECORD, EVENT_RECORD_FLAGS, STREAM_WAIT, SYNC_STREAM, SYNC_EVENT, SYNC_CTX, CTX_SET,
+                        CTX_PUSH, CTX_POP))
 
 
 _MISS = object()
@@ -481,32 +488,33 @@ class Planner:
         counts: Dict[str, Any] = {"calls": 0, "launches": 0, "skipped": 0, "fam": {}, "d2h": 0, "d2h_bytes": 0}
         fam_c = counts["fam"]
         kinds = b.kinds
-        for i in range(n):
-            kind = kinds[i]
+        # counted per (kind, family) pair; the indices of the kinds that keep them, one pass each
+        for (kind, fm), c in Counter(zip(kinds, b.fams)).items():   # first-seen order: fam_c's too
             if kind == SKIP:
-                counts["skipped"] += 1
+                counts["skipped"] += c
                 continue
-            counts["calls"] += 1
-            fm = b.fams[i]
-            fam_c[fm] = fam_c.get(fm, 0) + 1
+            counts["calls"] += c
+            fam_c[fm] = fam_c.get(fm, 0) + c
             if kind <= LAUNCH_EX:
-                counts["launches"] += 1
-                h = b.recs[i]["a"]["f"]
-                if h not in b.funcs:
-                    b.funcs[h] = i
-            elif kind == D2H:
-                counts["d2h"] += 1
-                counts["d2h_bytes"] += b.recs[i]["a"]["ByteCount"]
-            elif kind >= SYNC_STREAM:
-                if kind <= SYNC_CTX:
-                    b.nsync += 1
-                    b.sync_idx.append(i)
-                    if kind == SYNC_CTX:
-                        b.has_ctx_sync = True
-                else:
-                    b.ctx_ops.append(i)
-            elif kind >= COPY:
-                b.copies.append(i)
+                counts["launches"] += c
+        present = set(kinds)
+        recs = b.recs
+
+        def where(want):
+            return list(compress(range(n), map(want.__contains__, kinds))) if not present.isdisjoint(want) else []
+
+        for i in where(_LAUNCH_SET):
+            h = recs[i]["a"]["f"]
+            if h not in b.funcs:
+                b.funcs[h] = i
+        for i in where(_D2H_SET):
+            counts["d2h"] += 1
+            counts["d2h_bytes"] += recs[i]["a"]["ByteCount"]
+        b.sync_idx = where(_SYNC_SET)
+        b.nsync = len(b.sync_idx)
+        b.has_ctx_sync = SYNC_CTX in present
+        b.ctx_ops = where(_CTX_SET)
+        b.copies = where(_COPY_SET)
         keep: List[Any] = [self._scratch] if counts["d2h"] else []
         if ffi is not None:
             buf = bytearray(OP_SIZE * max(n, 1))
@@ -555,12 +563,20 @@ class Planner:
         name) for a memset, (addr, seq, "c", src address, name) for a copy whose source was
         not written earlier in the batch (its writer is read at apply time)."""
         last: Dict[int, tuple] = {}
-        key = self.ranges.key
+        ranges_key = self.ranges.key
+        kcache: Dict[int, Optional[int]] = {}     # the ranges stay as they are during one batch
+
+        def key(v):
+            kk = kcache.get(v, _MISS)
+            if kk is _MISS:
+                kk = kcache[v] = ranges_key(v)
+            return kk
+
         words_cache: Dict[bytes, tuple] = {}
         addrs = set()
-        for i in range(b.n):
-            kind = b.kinds[i]
-            rec = b.recs[i]
+        for kind, rec in zip(b.kinds, b.recs):
+            if kind < LAUNCH or kind in _NO_WRITES:
+                continue
             seq = rec["s"]
             a = rec["a"]
             if kind in LAUNCHES:
