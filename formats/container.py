@@ -347,8 +347,8 @@ def _fast_records(payload: bytes, count: int) -> List[dict] | None:
     try:
         # ormsgpack ignores bytes after the array: a last element no file can know shows that
         # the payload held exactly `count` objects
-        recs = ormsgpack.unpackb(_ARRAY32.pack(0xDD, count + 1) + payload + _END, option=ormsgpack.OPT_NON_STR_KEYS,
-                                 ext_hook=_ext_hook)
+        recs = ormsgpack.unpackb(b"".join((_ARRAY32.pack(0xDD, count + 1), payload, _END)),
+                                 option=ormsgpack.OPT_NON_STR_KEYS, ext_hook=_ext_hook)
     except Exception:
         return None
     finally:
