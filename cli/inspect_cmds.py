@@ -526,12 +526,19 @@ def _json_line(rec: Dict[str, Any], blobs: bool, r: SnapshotReader, memo: "_Memo
                 enc = memo.keep(v, json.dumps(v))
             vals[i] = enc
         elif t is dict:
-            # types are part of the key (1, 1.0 and True are equal); no floats (-0.0 == 0.0)
-            vt, kt = tuple(map(type, v.values())), tuple(map(type, v))
-            if float in vt or float in kt:
-                vals[i] = _json_piece(v, blobs, r)
-            else:
-                vals[i] = memo.piece(("j", tuple(v), tuple(v.values()), vt, kt), lambda: _json_piece(v, blobs, r))
+            # value types are part of the key (1, 1.0 and True are equal), no floats (-0.0 == 0.0);
+            # only maps with str keys are kept, so a map found has str keys too
+            vt = tuple(map(type, v.values()))
+            mk = ("j", tuple(v), tuple(v.values()), vt) if float not in vt else None
+            try:
+                enc = memo.get(mk) if mk is not None else None
+            except TypeError:               # an unhashable value (nested list)
+                enc = mk = None
+            if enc is None:
+                enc = _json_piece(v, blobs, r)
+                if mk is not None and all(type(k) is str for k in v):
+                    memo.keep(mk, enc)
+            vals[i] = enc
         elif v is None or t is bool:
             vals[i] = "null" if v is None else "true" if v else "false"
         else:
