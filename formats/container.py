@@ -337,9 +337,9 @@ def _ext_hook(code: int, data: bytes) -> Any:
 
 
 def _fast_records(payload: bytes, count: int) -> List[dict] | None:
-    """The frame's records decoded by ormsgpack (about twice msgpack's speed) as one array of
-    `count`, or None when it refuses them: msgpack then decodes (and reports) as before. It
-    refuses what msgpack refuses except a map keyed by an array, which it reads with a tuple key."""
+    """The frame's records decoded by ormsgpack (1.5-2x msgpack's Unpacker here) as one array
+    of `count`, or None when it refuses them: msgpack then decodes (and reports) as before.
+    Whatever msgpack refuses it refuses too, except a map keyed by an array (a tuple key here)."""
     if ormsgpack is None or not 0 < count <= len(payload) <= MAX_FRAME:
         return None
     gc_on = gc.isenabled()
