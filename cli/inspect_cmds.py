@@ -390,7 +390,7 @@ def _fmt_text(rec: Dict[str, Any], fn_names: Dict[Any, str], blobs: bool, r: Sna
             a = {}
         rv = rec.get("r")
         # types are part of the key: 1, 1.0 and True are equal but print differently
-        key = (f, tuple(a.items()), tuple(map(type, a.values())), rv, type(rv), blobs)
+        key = (f, tuple(a), tuple(a.values()), tuple(map(type, a.values())), rv, type(rv), blobs)
         try:
             body = memo[key]
         except KeyError:
@@ -400,12 +400,19 @@ def _fmt_text(rec: Dict[str, Any], fn_names: Dict[Any, str], blobs: bool, r: Sna
         t0, t1 = rec.get("t0"), rec.get("t1")
         dur = ""
         if type(t0) is int and type(t1) is int and t1 >= t0 >= 0:
-            us = (t1 - t0) / 1000
-            dur = f" [{us:.1f} us]" if us < 1000 else f" [{us / 1000:.2f} ms]"
+            dt = t1 - t0
+            dur = memo.get(dt)          # durations repeat too (int keys meet no other key)
+            if dur is None:
+                us = dt / 1000
+                dur = memo.keep(dt, f" [{us:.1f} us]" if us < 1000 else f" [{us / 1000:.2f} ms]")
         sq, tid = rec.get("s"), rec.get("tid")
         line = f"#{'?' if sq is None or sq == '' else sq}  {'?' if tid is None or tid == '' else tid}  {body}{dur}"
         if f.startswith("cuLaunch") and cs.is_launch(f):
-            kn = cs.kernel_name(rec, fn_names)
+            h = a.get("f")              # the usual handle argument (launch_function_handle's first)
+            if type(h) is int:
+                kn = fn_names.get(h) if fn_names else None
+            else:
+                kn = cs.kernel_name(rec, fn_names)
             if kn:
                 line += f"  kernel={kn}"
         x = rec.get("x")
@@ -489,6 +496,56 @@ def _jsonable(v: Any, blobs: bool, r: Optional[SnapshotReader], depth: int = 0) 
     return str(v)
 
 
+def _json_piece(v: Any, blobs: bool, r: SnapshotReader, depth: int = 1) -> str:
+    return json.dumps(_jsonable(v, blobs, r, depth), separators=(",", ":"), default=str)
+
+
+def _json_line(rec: Dict[str, Any], blobs: bool, r: SnapshotReader, memo: "_Memo") -> str:
+    """json.dumps(_jsonable(rec)) of a record, assembled from pieces made once: records repeat
+    their keys and value types (one %-template per such shape, ints formatted by it), and calls
+    their maps of arguments."""
+    vals = list(rec.values())
+    types = tuple(map(type, vals))
+    shape = (tuple(rec), types)
+    ent = memo.get(shape)
+    if ent is None:
+        if "blob" in rec or not all(type(k) is str for k in shape[0]):
+            ent = memo.keep(shape, False)
+        else:
+            tmpl = "{" + ",".join(json.dumps(k).replace("%", "%%") + (":%d" if t is int else ":%s")
+                                  for k, t in zip(shape[0], types)) + "}"
+            ent = memo.keep(shape, (tmpl, [i for i, t in enumerate(types) if t is not int]))
+    if ent is False:                       # non-str keys, or a top-level blob reference
+        return _json_piece(rec, blobs, r, 0)
+    tmpl, conv = ent
+    for i in conv:
+        v, t = vals[i], types[i]
+        if t is str:
+            enc = memo.get(v)               # plain str keys cannot meet the tuple keys
+            if enc is None:
+                enc = memo.keep(v, json.dumps(v))
+            vals[i] = enc
+        elif t is dict:
+            # value types are part of the key (1, 1.0 and True are equal), no floats (-0.0 == 0.0);
+            # only maps with str keys are kept, so a map found has str keys too
+            vt = tuple(map(type, v.values()))
+            mk = ("j", tuple(v), tuple(v.values()), vt) if float not in vt else None
+            try:
+                enc = memo.get(mk) if mk is not None else None
+            except TypeError:               # an unhashable value (nested list)
+                enc = mk = None
+            if enc is None:
+                enc = _json_piece(v, blobs, r)
+                if mk is not None and all(type(k) is str for k in v):
+                    memo.keep(mk, enc)
+            vals[i] = enc
+        elif v is None or t is bool:
+            vals[i] = "null" if v is None else "true" if v else "false"
+        else:
+            vals[i] = _json_piece(v, blobs, r)
+    return tmpl % tuple(vals)
+
+
 def _json_default(o: Any) -> Any:
     if isinstance(o, (bytes, bytearray)):
         return {"hex": bytes(o[:64]).hex(), "len": len(o)}
@@ -520,7 +577,7 @@ def run_dump(path: Path, calls: Optional[str], fmt: str, blobs: bool) -> int:
                 if fmt == "text":
                     lines.append(_fmt_text(rec, fn_names, blobs, r, memo))
                 else:
-                    lines.append(json.dumps(_jsonable(rec, blobs, r), separators=(",", ":"), default=str))
+                    lines.append(_json_line(rec, blobs, r, memo))
                 if len(lines) >= 4096:
                     lines.append("")
                     out.write("\n".join(lines))

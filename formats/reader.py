@@ -15,11 +15,16 @@ from .container import (
     SnapshotError, _decompressor, check_preamble, chunk_digest, decode_payload,
     iter_record_payload, parse_frame_header, record_list, snap_error, unpack_one, xxh64,
 )
+from .blobrefs import frame_blob_refs
 from .chunkio import chunk_into
 from .segments import segment_paths
 from .summary import check_map
 
 _HEX = set("0123456789abcdef")
+# A scan decodes every records frame; up to this many of its records are kept for the first
+# records() pass (info, dump and replay of a file without an index make exactly one), which
+# then reads them instead of decoding again. Each frame's are handed out once.
+SCAN_KEEP_RECORDS = 200_000
 
 
 def _is_hex_id(s: Any) -> bool:
@@ -86,6 +91,7 @@ class SnapshotReader:
         self._scan_blob_refs: Optional[int] = None
         self._header_merged: Optional[Dict[str, Any]] = None
         self._raw_header = {}
+        self._scan_recs: Dict[int, List[Dict[str, Any]]] = {}
         self.gaps: List[Dict[str, Any]] = []
         self.lost_blobs: List[str] = []
         if self._segment:
@@ -181,6 +187,7 @@ class SnapshotReader:
         frames: List[Frame] = []
         pos = PREAMBLE_SIZE
         blob_recs: List[Tuple[int, List[Dict[str, Any]], Dict[str, int]]] = []
+        kept = 0
         while pos < size:
             try:
                 if pos + FRAME_SIZE > size:
@@ -193,11 +200,12 @@ class SnapshotReader:
                 if kind == KIND_INDEX:
                     break
                 if kind == KIND_RECORDS:
-                    recs = list(iter_record_payload(payload, self._last_count, self.path, pos))
-                    refs: Dict[str, int] = {}
-                    for rec in recs:
-                        _count_blob_refs(rec, refs)
+                    recs = record_list(payload, self._last_count, self.path, pos)
+                    refs = frame_blob_refs(recs)
                     blob_recs.append((len(frames), [r for r in recs if r.get("k") == "b"], refs))
+                    if kept + len(recs) <= SCAN_KEEP_RECORDS:
+                        self._scan_recs[pos] = recs
+                        kept += len(recs)
                 elif kind == KIND_CHUNK:
                     cid = self._chunk_id_of(payload, pos)
                     self._chunks.setdefault(cid, pos)
@@ -228,6 +236,7 @@ class SnapshotReader:
                 pos = frames[at].offset
                 frames = frames[:at]
                 self._chunks = {c: o for c, o in self._chunks.items() if o < pos}
+                self._scan_recs = {o: v for o, v in self._scan_recs.items() if o < pos}
                 break
             self.lost_blobs.extend(bad)
             self._blobs.update(newblobs)
@@ -363,10 +372,12 @@ class SnapshotReader:
         for fr in self._frames:
             if fr.kind != KIND_RECORDS:
                 continue
-            kind, payload = self._read_frame(fr.offset, expect_kind=KIND_RECORDS)
-            if self._last_comp_len != fr.comp_len:
-                raise snap_error(self.path, fr.offset, "frame length disagrees with the index")
-            recs = record_list(payload, self._last_count, self.path, fr.offset)
+            recs = self._scan_recs.pop(fr.offset, None) if self._scan_recs else None
+            if recs is None:
+                kind, payload = self._read_frame(fr.offset, expect_kind=KIND_RECORDS)
+                if self._last_comp_len != fr.comp_len:
+                    raise snap_error(self.path, fr.offset, "frame length disagrees with the index")
+                recs = record_list(payload, self._last_count, self.path, fr.offset)
             if want is None:
                 yield from recs
             else:
@@ -496,6 +507,7 @@ class SnapshotReader:
         }
 
     def close(self) -> None:
+        self._scan_recs = {}
         if self._map is not None:
             self._map.close()
             self._map = None
@@ -519,19 +531,3 @@ class SnapshotReader:
 def _chunk_count_ok(size: int, chunks: List[Any]) -> bool:
     """A blob of `size` bytes has exactly ceil(size / 4 MiB) chunks (bounds read work by size)."""
     return len(chunks) == (size + CHUNK_SIZE - 1) // CHUNK_SIZE and all(_is_hex_id(c) for c in chunks)
-
-
-def _count_blob_refs(rec: Dict[str, Any], refs: Dict[str, int]) -> None:
-    """Count {'blob': id} references inside a record's 'a' and 'x' maps."""
-    stack = [rec.get("x"), rec.get("a")]
-    budget = 10000
-    while stack and budget > 0:
-        budget -= 1
-        v = stack.pop()
-        if isinstance(v, dict):
-            b = v.get("blob")
-            if isinstance(b, str):
-                refs[b] = refs.get(b, 0) + 1
-            stack.extend(v.values())
-        elif isinstance(v, list):
-            stack.extend(v)

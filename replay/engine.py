@@ -254,6 +254,7 @@ class Replayer(BatchRunner):
         self._h2d_order: List[str] = []
         self._planner = planner
         max_seq = -1          # the highest call sequence number read so far, in file order
+        fkind: Dict[str, int] = {}     # per name: 1 allocation, 2 primary context retain, 4 H2D prefetched
         for rec in self.reader.records():
             k = rec.get("k")
             if k == "c":
@@ -261,26 +262,39 @@ class Replayer(BatchRunner):
                     self.incomplete.append(rec)
                     continue
                 self.total += 1
-                if type(rec.get("s")) is int and rec["s"] > max_seq:
-                    max_seq = rec["s"]
-                if self._pr and rec.get("r") == 0 and is_workload(rec.get("f") or "") and type(rec.get("s")) is int:
-                    self._workload_last = rec["s"]
-                if rec.get("f", "").startswith(HOST_MEMORY) and rec.get("r") == 0:
-                    self._host_ranges.append(host_range(rec))
-                elif rec.get("f", "").startswith("cuIpcGetMemHandle") and isinstance((rec.get("a") or {}).get("dptr"), int):
-                    self._ipc_shared.append(rec["a"]["dptr"])
-                rng = alloc_range(rec) if rec.get("f", "").startswith(("cuMemAlloc", "cuMemAddressReserve")) else None
+                sq = rec.get("s")
+                if type(sq) is int and sq > max_seq:
+                    max_seq = sq
+                if self._pr and rec.get("r") == 0 and is_workload(rec.get("f") or "") and type(sq) is int:
+                    self._workload_last = sq
+                f = rec.get("f", "")
+                fk = fkind.get(f) if type(f) is str else None
+                if fk is None:
+                    fk = ((1 if f.startswith(("cuMemAlloc", "cuMemAddressReserve")) else 0)
+                          | (2 if f.startswith("cuDevicePrimaryCtxRetain") else 0)
+                          | (4 if rec.get("f") in H2D_PREFETCHED else 0)
+                          | (8 if f.startswith(HOST_MEMORY) else 0)
+                          | (16 if f.startswith("cuIpcGetMemHandle") else 0))
+                    if type(f) is str:
+                        fkind[f] = fk
+                rng = alloc_range(rec) if fk & 1 else None
                 if rng:
                     self.ranges.append(rng)
                     self._ranges.add(*rng)
                 if planner.keeping:
                     planner.add(rec)
-                if rec.get("f", "").startswith("cuDevicePrimaryCtxRetain") and rec.get("r") == 0:
+                if not fk:
+                    continue
+                if fk & 2 and rec.get("r") == 0:
                     # a context made current before its retain is the primary one
                     h = (rec.get("a") or {}).get("pctx")
                     if isinstance(h, int) and h:
                         self.ctx_ids.setdefault(h, {"h": h, "device": (rec.get("a") or {}).get("dev")})["primary"] = True
-                if rec.get("f") in H2D_PREFETCHED and len(self._h2d_order) < 4096:
+                if fk & 8 and rec.get("r") == 0:
+                    self._host_ranges.append(host_range(rec))        # reserved before the driver loads
+                if fk & 16 and isinstance((rec.get("a") or {}).get("dptr"), int):
+                    self._ipc_shared.append(rec["a"]["dptr"])       # shared through legacy IPC
+                if fk & 4 and len(self._h2d_order) < 4096:
                     ref = (rec.get("x") or {}).get("srcHost")
                     if isinstance(ref, dict) and isinstance(ref.get("blob"), str) and rec.get("r", 0) == 0:
                         self._h2d_order.append(ref["blob"])

@@ -11,13 +11,15 @@ kept: the engine replays an op through its handler when the executor cannot (a s
 empty, a moved allocation, a subscriber that wants each call, an error)."""
 from __future__ import annotations
 
-import bisect
 import struct
 from array import array
+from collections import Counter
+from itertools import compress
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from . import dispatch
 from .layout import packer, sizeof
+from .slots import Ranges, SlotMap, Slots  # noqa: F401  (the engine takes them from here)
 
 # op kinds: the C executor's EX_* (replay/build_executor.py)
 (SKIP, LAUNCH, LAUNCH_EX, EVENT_RECORD, EVENT_RECORD_FLAGS, STREAM_WAIT,
@@ -56,6 +58,11 @@ D2H_MAX = 1 << 20                 # D2H verification in the executor: results up
 _MEMSET_KEY = {MEMSET8: "uc", MEMSET16: "us", MEMSET32: "ui", MEMSET8_ASYNC: "uc", MEMSET16_ASYNC: "us",
                MEMSET32_ASYNC: "ui"}
 _ASYNC = (MEMSET8_ASYNC, MEMSET16_ASYNC, MEMSET32_ASYNC, COPY_DTOD_ASYNC, COPY_ASYNC)
+_LAUNCH_SET, _D2H_SET, _SYNC_SET = frozenset(LAUNCHES), frozenset((D2H,)), frozenset(SYNCS)
+_CTX_SET, _COPY_SET = frozenset(CTX_OPS), frozenset((COPY, COPY_ASYNC))
+# ops that neither write nor read device memory (_summarise passes over them)
+_NO_WRITES = frozenset((EVENT_RECORD, EVENT_RECORD_FLAGS, STREAM_WAIT, SYNC_STREAM, SYNC_EVENT, SYNC_CTX, CTX_SET,
+                        CTX_PUSH, CTX_POP))
 
 
 _MISS = object()
@@ -69,111 +76,6 @@ OP_SIZE = _OP.size
 
 def _u32(v) -> bool:
     return type(v) is int and 0 <= v < (1 << 32)
-
-
-class Slots:
-    """Recorded handle -> slot index, per namespace ("h": Replayer.handles, "f": Replayer.funcs),
-    and the live values (uint64) the executor reads: a cffi array when the executor module is
-    built (grown by copying, between batches), else a list."""
-
-    def __init__(self, ffi=None):
-        self.ffi = ffi
-        self.index: Dict[Tuple[str, int], int] = {}
-        self.n = 1                        # slot 0 unused: keeps "0 = empty" unambiguous
-        self.values = ffi.new("uint64_t[]", 1024) if ffi is not None else [0] * 1024
-        self.maps: Dict[str, Any] = {}    # namespace -> SlotMap (set by the engine)
-
-    def slot(self, ns: str, h: int) -> int:
-        k = (ns, h)
-        i = self.index.get(k)
-        if i is None:
-            i = self.index[k] = self.n
-            self.n += 1
-            if i >= len(self.values):
-                if self.ffi is not None:
-                    new = self.ffi.new("uint64_t[]", 2 * len(self.values))
-                    self.ffi.memmove(new, self.values, 8 * len(self.values))
-                    self.values = new
-                else:
-                    self.values.extend([0] * len(self.values))
-            m = self.maps.get(ns)
-            if m is not None and h in m:
-                self.values[i] = _live_int(dict.__getitem__(m, h))
-        return i
-
-
-def _live_int(v) -> int:
-    try:
-        return int(v) & 0xFFFFFFFFFFFFFFFF
-    except Exception:
-        return 0
-
-
-class SlotMap(dict):
-    """A handle map (recorded -> live) that keeps the executor's slot table in step: handlers
-    store and drop handles as before; a handle with a slot is written to it."""
-
-    def __init__(self, slots: Slots, ns: str, init=()):
-        super().__init__(init)
-        self._slots = slots
-        self._ns = ns
-        slots.maps[ns] = self
-
-    def _put(self, k, v) -> None:
-        i = self._slots.index.get((self._ns, k))
-        if i is not None:
-            self._slots.values[i] = _live_int(v) if v is not None else 0
-
-    def __setitem__(self, k, v):
-        super().__setitem__(k, v)
-        self._put(k, v)
-
-    def __delitem__(self, k):
-        super().__delitem__(k)
-        self._put(k, None)
-
-    def pop(self, k, *default):
-        had = k in self
-        v = super().pop(k, *default)
-        if had:
-            self._put(k, None)
-        return v
-
-    def setdefault(self, k, v=None):
-        if k not in self:
-            self[k] = v
-        return self[k]
-
-    def update(self, *a, **kw):
-        for k, v in dict(*a, **kw).items():
-            self[k] = v
-
-    def clear(self):
-        for k in list(self):
-            self._put(k, None)
-        super().clear()
-
-
-class Ranges:
-    """Recorded allocation ranges seen so far (prescan order): groups addresses by the
-    allocation holding them, so a batch's writes can be summarised per allocation."""
-
-    def __init__(self):
-        self.bases: List[int] = []
-        self.size: Dict[int, int] = {}
-
-    def add(self, base: int, size: int) -> None:
-        if base not in self.size:
-            bisect.insort(self.bases, base)
-        self.size[base] = size
-
-    def key(self, addr: int) -> Optional[int]:
-        i = bisect.bisect_right(self.bases, addr) - 1
-        if i >= 0:
-            b = self.bases[i]
-            if addr < b + max(self.size[b], 1):
-                return b
-        return None
 
 
 class OpBatch:
@@ -421,21 +323,28 @@ class Planner:
     # ------------------------------------------------------------------ feeding
     def _feed(self, rec, out: List[Any]) -> None:
         """Feed one record; finished items are appended to out."""
-        f = rec.get("f") or ""
-        if self.pace and self.t_origin is None and type(rec.get("t0")) is int:
+        get = rec.get
+        f = get("f") or ""
+        if self.pace and self.t_origin is None and type(get("t0")) is int:
             self.t_origin = rec["t0"]
-        k = (self._disp[f] if f in self._disp else self._kind(f)) if self.fast else None
-        if k is not None and type(rec.get("s")) is int:
+        if self.fast:
+            k = self._disp.get(f, 0)          # 0: not classified yet (None: dispatched one by one)
+            if k == 0:
+                k = self._kind(f)
+        else:
+            k = None
+        if k is not None and type(get("s")) is int:
             kind = k[0]
             if kind == SKIP:
                 op = _EMPTY
-            elif rec.get("r", 0) != 0:
+            elif get("r", 0) != 0:
                 op = None                     # a recorded error: its handler decides
             else:
-                # the same call with the same arguments compiles the same (loops repeat them)
-                a, x = rec.get("a"), rec.get("x")
+                # the same call with the same arguments compiles the same (loops repeat them);
+                # keys and values as two tuples: the items' order and pairing, fewer objects
+                a, x = get("a"), get("x")
                 try:
-                    mk = (f, tuple(a.items()), tuple(x.items()) if type(x) is dict else None)
+                    mk = (f, tuple(a), tuple(a.values()), (tuple(x), tuple(x.values())) if type(x) is dict else None)
                     op = self._memo.get(mk, _MISS)
                 except (TypeError, AttributeError):
                     mk, op = None, _MISS
@@ -446,7 +355,7 @@ class Planner:
                             self._memo.clear()
                         self._memo[mk] = op
             if op is not None:
-                tid = rec.get("tid")
+                tid = get("tid")
                 b = self.cur
                 if b is None or b.tid != tid or b.n >= BATCH_MAX:
                     if b is not None:
@@ -474,32 +383,33 @@ class Planner:
         counts: Dict[str, Any] = {"calls": 0, "launches": 0, "skipped": 0, "fam": {}, "d2h": 0, "d2h_bytes": 0}
         fam_c = counts["fam"]
         kinds = b.kinds
-        for i in range(n):
-            kind = kinds[i]
+        # counted per (kind, family) pair; the indices of the kinds that keep them, one pass each
+        for (kind, fm), c in Counter(zip(kinds, b.fams)).items():   # first-seen order: fam_c's too
             if kind == SKIP:
-                counts["skipped"] += 1
+                counts["skipped"] += c
                 continue
-            counts["calls"] += 1
-            fm = b.fams[i]
-            fam_c[fm] = fam_c.get(fm, 0) + 1
+            counts["calls"] += c
+            fam_c[fm] = fam_c.get(fm, 0) + c
             if kind <= LAUNCH_EX:
-                counts["launches"] += 1
-                h = b.recs[i]["a"]["f"]
-                if h not in b.funcs:
-                    b.funcs[h] = i
-            elif kind == D2H:
-                counts["d2h"] += 1
-                counts["d2h_bytes"] += b.recs[i]["a"]["ByteCount"]
-            elif kind >= SYNC_STREAM:
-                if kind <= SYNC_CTX:
-                    b.nsync += 1
-                    b.sync_idx.append(i)
-                    if kind == SYNC_CTX:
-                        b.has_ctx_sync = True
-                else:
-                    b.ctx_ops.append(i)
-            elif kind >= COPY:
-                b.copies.append(i)
+                counts["launches"] += c
+        present = set(kinds)
+        recs = b.recs
+
+        def where(want):
+            return list(compress(range(n), map(want.__contains__, kinds))) if not present.isdisjoint(want) else []
+
+        for i in where(_LAUNCH_SET):
+            h = recs[i]["a"]["f"]
+            if h not in b.funcs:
+                b.funcs[h] = i
+        for i in where(_D2H_SET):
+            counts["d2h"] += 1
+            counts["d2h_bytes"] += recs[i]["a"]["ByteCount"]
+        b.sync_idx = where(_SYNC_SET)
+        b.nsync = len(b.sync_idx)
+        b.has_ctx_sync = SYNC_CTX in present
+        b.ctx_ops = where(_CTX_SET)
+        b.copies = where(_COPY_SET)
         keep: List[Any] = [self._scratch] if counts["d2h"] else []
         if ffi is not None:
             buf = bytearray(OP_SIZE * max(n, 1))
@@ -548,12 +458,20 @@ class Planner:
         name) for a memset, (addr, seq, "c", src address, name) for a copy whose source was
         not written earlier in the batch (its writer is read at apply time)."""
         last: Dict[int, tuple] = {}
-        key = self.ranges.key
+        ranges_key = self.ranges.key
+        kcache: Dict[int, Optional[int]] = {}     # the ranges stay as they are during one batch
+
+        def key(v):
+            kk = kcache.get(v, _MISS)
+            if kk is _MISS:
+                kk = kcache[v] = ranges_key(v)
+            return kk
+
         words_cache: Dict[bytes, tuple] = {}
         addrs = set()
-        for i in range(b.n):
-            kind = b.kinds[i]
-            rec = b.recs[i]
+        for kind, rec in zip(b.kinds, b.recs):
+            if kind < LAUNCH or kind in _NO_WRITES:
+                continue
             seq = rec["s"]
             a = rec["a"]
             if kind in LAUNCHES:
