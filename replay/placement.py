@@ -228,14 +228,7 @@ class AddressSpace:
             else:
                 if run_start is not None:
                     n = addr - run_start
-                    h = self.drv.create(n)
-                    try:
-                        self.drv.map(run_start, n, h)
-                        self.drv.set_access(run_start, n)
-                    except Exception:
-                        self.drv.release(h)
-                        raise
-                    c = Chunk(run_start, n, h)
+                    c = Chunk(run_start, n, self._back(run_start, n))
                     for ga in range(run_start, addr, g):
                         self.granule_chunk[ga] = c
                     chunks.append(c)
@@ -285,16 +278,23 @@ class AddressSpace:
         self.fell_back += 1
         return new
 
-    def _map_anywhere(self, size: int) -> Tuple[int, List[Chunk]]:
-        g = self.gran
-        n = align_up(max(size, 1), g)
-        va = self.drv.reserve(n, 0, g)
+    def _back(self, addr: int, n: int):
+        """Physical memory mapped and made accessible over [addr, addr+n); its handle."""
         h = self.drv.create(n)
         try:
-            self.drv.map(va, n, h)
-            self.drv.set_access(va, n)
+            self.drv.map(addr, n, h)
+            self.drv.set_access(addr, n)
         except Exception:
             self.drv.release(h)
+            raise
+        return h
+
+    def _map_anywhere(self, size: int) -> Tuple[int, List[Chunk]]:
+        n = align_up(max(size, 1), self.gran)
+        va = self.drv.reserve(n, 0, self.gran)
+        try:
+            h = self._back(va, n)
+        except Exception:
             self.drv.free_va(va, n)
             raise
         return va, [Chunk(va, n, h, refs=1)]

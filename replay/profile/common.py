@@ -141,3 +141,12 @@ def stats(times_us: List[float]) -> Dict[str, Any]:
         q = statistics.quantiles(times_us, n=4, method="inclusive")
         d["iqr_pct"] = (q[2] - q[0]) / med * 100 if med > 0 else 0.0
     return d
+
+
+def destroy_all(cu, made) -> None:
+    """Destroy (name, handle) pairs in reverse order of making; errors are ignored (cleanup)."""
+    for name, h in reversed(made):
+        try:
+            getattr(cu, name)(h)
+        except Exception:
+            pass

@@ -11,6 +11,8 @@ from __future__ import annotations
 import statistics
 from typing import Any, Dict, List, Optional, Sequence
 
+from .common import destroy_all
+
 _EMPTY_PTX = b"""
 .version 6.0
 .target sm_52
@@ -102,10 +104,5 @@ class GapChain:
         return m
 
     def close(self) -> None:
-        cu = self.rp.cu
-        for name, h in reversed(self.made):
-            try:
-                getattr(cu, name)(h)
-            except Exception:
-                pass
+        destroy_all(self.rp.cu, self.made)
         self.made = []

@@ -60,7 +60,7 @@ from cudasnap.formats.abi import base_name
 
 from ..errors import ReplayError
 from ..selection import is_launch_call
-from .common import SAVE_KINDS, MemorySaver, Selection, ranges_for, stats
+from .common import SAVE_KINDS, MemorySaver, Selection, destroy_all, ranges_for, stats
 from .gapmodel import GapChain
 from .timeline import open_cupti
 
@@ -750,11 +750,7 @@ class GraphProfiler:
             except Exception:
                 pass
         self._close_chain()
-        for name, h in reversed(self._made):
-            try:
-                getattr(cu, name)(h)
-            except Exception:
-                pass
+        destroy_all(cu, self._made)
         self._made = []
         for p in evs:
             for e in p:
