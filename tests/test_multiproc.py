@@ -331,3 +331,27 @@ def test_job_options_that_cannot_apply_are_refused(job, double):
     rp = _run(double, "replay", str(man), "--profile", "timeline", "-k", "add_one", "--json")
     assert rp.returncode == 0, rp.stderr
     assert json.loads(rp.stdout)["exit_code"] == 0
+
+
+def test_group_timeline_splits_collectives_into_wait_and_collective(double, tmp_path):
+    """Kernels named like NCCL collectives are matched across ranks (name and order) and split
+    into the wait for the last rank and the time after it arrived; rank 1 started 300 ms late in
+    the recording, so with --pace recorded it arrives last: rank 0's collectives wait for it,
+    rank 1's do not (the double's event times are not exact enough to check the amount)."""
+    out = tmp_path / "pair.cusnap"
+    cp = _run(double, "capture", "-o", str(out), "--ring-mb", "16", "--", double["progs"]["pair"],
+              env={"PAIR_LATE_MS": "300"})
+    assert cp.returncode == 0, cp.stderr
+    assert "RANK 0 SUM 768.0" in cp.stdout and "RANK 1 SUM 768.0" in cp.stdout
+    man = tmp_path / "pair.group.json"
+    rp = _run(double, "replay", str(man), "--profile", "timeline", "--pace", "recorded", "--json")
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    c = json.loads(rp.stdout)["collectives"]
+    assert c["matched"] == 3 and c["unmatched"] == 0
+    r0, r1 = c["ranks"]["0"], c["ranks"]["1"]
+    assert r0["n"] == r1["n"] == 3
+    assert r0["wait_us"] > 0 and r1["wait_us"] == 0, c
+    rp = _run(double, "replay", str(man), "--profile", "timeline")
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    assert "collectives: 3 matched across ranks by kernel name and order" in rp.stdout
+    assert "rank 0: 3 kernels" in rp.stdout and "rank 1: 3 kernels" in rp.stdout

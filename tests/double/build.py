@@ -45,6 +45,7 @@ PROGRAMS = {
     "sigwait": "link",
     "nvtx_client": "link",
     "share": "link",
+    "pair": "link",
     "ipc": "link",
     "peer": "link",
     "windowed": "link",

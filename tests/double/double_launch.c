@@ -106,6 +106,8 @@ static const kdesc_t kernels[] = {
     /* incr under C++ names, for kernel-name matching: incr(int*, int), void demo::incr<int>(int*, int) */
     {"_Z4incrPii", 2, {0, 8}, {8, 4}, 12, k_incr},
     {"_ZN4demo4incrIiEEvPT_i", 2, {0, 8}, {8, 4}, 12, k_incr},
+    /* add_one under an NCCL kernel's name: collectives matched across the ranks of a job */
+    {"ncclDevKernel_AllReduce_Sum_f32_RING_LL", 2, {0, 8}, {8, 4}, 12, k_add_one},
 };
 #define NKERNELS (sizeof kernels / sizeof kernels[0])
 
