@@ -22,7 +22,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench_capture_gpu import card, nvcc, run  # noqa: E402
+from bench_capture_gpu import card, nvcc, replay_result, run  # noqa: E402
 
 GOAL_GBS = 3.0
 GOAL_FIRST_S = 3.0
@@ -96,12 +96,7 @@ def replay_measured(snap: Path, env=None) -> dict:
     cp = subprocess.run([sys.executable, "-c", _RSS, "replay", str(snap), "--json"], capture_output=True,
                         text=True, env=env)
     wall = time.time() - t0
-    try:
-        res = json.loads(cp.stdout)
-    except json.JSONDecodeError:
-        raise SystemExit(f"replay failed ({cp.returncode}):\n{cp.stdout[-2000:]}\n{cp.stderr[-2000:]}")
-    if cp.returncode != 0:
-        raise SystemExit(f"replay exit {cp.returncode}: {res.get('message')} {res.get('errors')}")
+    res = replay_result(cp)
     rss = [int(line.split()[1]) * 1024 for line in cp.stderr.splitlines() if line.startswith("MAXRSS_KB ")]
     stage = [line for line in cp.stderr.splitlines() if line.startswith("cudasnap: staging: ")]
     first = res.get("first_launch_unix")

@@ -46,6 +46,17 @@ def run(cmd, capture_to: Path | None = None, capture_args=(), env=None):
     return cp.stdout, wall
 
 
+def replay_result(cp: subprocess.CompletedProcess) -> dict:
+    """The JSON of a `cudasnap replay --json` run; a failed replay ends the benchmark."""
+    try:
+        res = json.loads(cp.stdout)
+    except json.JSONDecodeError:
+        raise SystemExit(f"replay failed ({cp.returncode}):\n{cp.stdout[-2000:]}\n{cp.stderr[-2000:]}")
+    if cp.returncode != 0:
+        raise SystemExit(f"replay exit {cp.returncode}: {res.get('message')} {res.get('errors')}")
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")

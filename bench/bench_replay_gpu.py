@@ -30,19 +30,14 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench_capture_gpu import card, nvcc, run  # noqa: E402
+from bench_capture_gpu import card, nvcc, replay_result, run  # noqa: E402
 
 
 def replay_json(snap: Path, *extra: str) -> tuple[dict, float]:
     t0 = time.time()
     cp = subprocess.run([sys.executable, "-m", "cudasnap", "replay", str(snap), "--json", *extra],
                         capture_output=True, text=True)
-    try:
-        res = json.loads(cp.stdout)
-    except json.JSONDecodeError:
-        raise SystemExit(f"replay failed ({cp.returncode}):\n{cp.stdout[-2000:]}\n{cp.stderr[-2000:]}")
-    if cp.returncode != 0:
-        raise SystemExit(f"replay exit {cp.returncode}: {res.get('message')} {res.get('errors')}")
+    res = replay_result(cp)
     return res, t0
 
 
