@@ -183,10 +183,10 @@ class ReplayContext:
         raise ReplayError(f"call #{rec.get('s')} {rec.get('f')}: {msg}")
 
     # ------------------------------------------------------------------ driver calls
-    def drv(self, rec, name: str, *args):
+    def drv(self, rec, name: str, *args, detail: str = ""):
         """Call driver `name`; compare its CUresult with the recorded one.  Returns the output
         values (a single value, a tuple, or () when none), or None when the recorded error
-        recurred.  Raises ReplayError on a new error."""
+        recurred.  Raises ReplayError on a new error (`detail` is appended to its message)."""
         fn = getattr(self.cu, name, None)
         if fn is None:
             self.fail(rec, f"the driver bindings lack {name}")
@@ -202,7 +202,7 @@ class ReplayContext:
                 self.note(recurred_note(self, rec, code))
             return None
         if want == 0 or want is None:
-            self.fail(rec, self.new_error_text(code))
+            self.fail(rec, self.new_error_text(code) + detail)
         if code == 0:
             self.note(f"call #{rec.get('s')} {rec.get('f')}: recorded {cu_result_name(want)} did not recur")
             return res[1] if len(res) == 2 else tuple(res[1:])

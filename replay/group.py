@@ -40,6 +40,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from cudasnap.formats.abi import base_name
+from cudasnap.formats.callset import is_launch
 
 ENV_SOCKET, ENV_PID, ENV_RANK, ENV_PROGRESS, ENV_NRANKS, ENV_TIMEOUT = (
     "CUDASNAP_GROUP_SOCKET", "CUDASNAP_GROUP_PID", "CUDASNAP_GROUP_RANK", "CUDASNAP_GROUP_PROGRESS",
@@ -233,8 +234,7 @@ IMPORTS = frozenset(("cuMemImportFromShareableHandle", "cuIpcOpenMemHandle"))
 
 
 def _is_launch(f: str) -> bool:
-    b = base_name(f)
-    return b.startswith("cuLaunch") or b == "cuGraphLaunch"
+    return is_launch(f) or base_name(f) == "cuGraphLaunch"
 
 
 def _stop(msg: str) -> None:

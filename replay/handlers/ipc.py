@@ -156,17 +156,10 @@ def ipc_open(rp, rec):
             return
         raw = bytes.fromhex(meta.get("bytes", ""))
         h = _make_handle(rp.cu, raw)
-        flags = int(a.get("Flags") or 1)
-        if rec.get("r", 0) != 0:
-            live = rp.drv(rec, "cuIpcOpenMemHandle", h, flags)
-        else:
-            res = rp.cu.cuIpcOpenMemHandle(h, flags)
-            if int(res[0]) != 0:
-                rp.fail(rec, f"replay returned {res[0]!r} opening the exporter's handle ({len(raw)} bytes "
-                             f"{raw[:16].hex()}..., its allocation at {int(meta.get('live') or 0):#x} on GPU "
-                             f"{meta.get('device')}, recorded at {int(meta.get('base') or 0):#x}; this rank on GPU "
-                             f"{_ordinal(rp)})")
-            live = res[1]
+        live = rp.drv(rec, "cuIpcOpenMemHandle", h, int(a.get("Flags") or 1),
+                      detail=f" opening the exporter's handle ({len(raw)} bytes {raw[:16].hex()}..., its allocation "
+                             f"at {int(meta.get('live') or 0):#x} on GPU {meta.get('device')}, recorded at "
+                             f"{int(meta.get('base') or 0):#x}; this rank on GPU {_ordinal(rp)})")
         if live is not None:
             rp.space.add_vmm(want, int(meta.get("size") or 0), int(live), rec.get("s"),
                              "" if int(live) == want else f"cuIpcOpenMemHandle returned {int(live):#x}")
