@@ -18,6 +18,7 @@ from .context import ReplayContext
 from .driverops import DriverOps, Watchdog, _code, _ival
 from .errors import DriverCallError, ReplayError
 from .options import ReplayOptions, ReplayResult
+from . import hostplace
 from .placement import AddressSpace
 from .plan import OpBatch, Planner, Ranges, SlotMap, Slots
 from .staging import H2D_PREFETCHED, PREFETCH_MIN, BlobPipeline
@@ -34,14 +35,6 @@ ALLOC_PARAMS = {  # base name -> (address out param, size param or callable)
 
 
 PACE_SPIN_S = 100e-6            # --pace recorded: spin (not sleep) this long before a call is due
-HOST_MEMORY = ("cuMemHostAlloc", "cuMemAllocHost", "cuMemHostRegister")
-
-
-def host_range(rec: Dict[str, Any]) -> Tuple[int, int]:
-    """(recorded address, size) of pinned host memory (0, 0 when the record lacks them)."""
-    a = rec.get("a") or {}
-    addr = a.get("pp") if rec.get("f", "").startswith(("cuMemHostAlloc", "cuMemAllocHost")) else a.get("p")
-    return (addr if isinstance(addr, int) else 0), int(a.get("bytesize", 0) or 0)
 
 
 def alloc_range(rec: Dict[str, Any]) -> Optional[Tuple[int, int]]:
@@ -254,7 +247,9 @@ class Replayer(BatchRunner):
         self._h2d_order: List[str] = []
         self._planner = planner
         max_seq = -1          # the highest call sequence number read so far, in file order
-        fkind: Dict[str, int] = {}     # per name: 1 allocation, 2 primary context retain, 4 H2D prefetched
+        # per name: 1 allocation, 2 primary context retain, 4 H2D prefetched, 8 pinned host memory,
+        # 16 shared through legacy IPC
+        fkind: Dict[str, int] = {}
         for rec in self.reader.records():
             k = rec.get("k")
             if k == "c":
@@ -273,7 +268,7 @@ class Replayer(BatchRunner):
                     fk = ((1 if f.startswith(("cuMemAlloc", "cuMemAddressReserve")) else 0)
                           | (2 if f.startswith("cuDevicePrimaryCtxRetain") else 0)
                           | (4 if rec.get("f") in H2D_PREFETCHED else 0)
-                          | (8 if f.startswith(HOST_MEMORY) else 0)
+                          | (8 if f.startswith(hostplace.HOST_MEMORY) else 0)
                           | (16 if f.startswith("cuIpcGetMemHandle") else 0))
                     if type(f) is str:
                         fkind[f] = fk
@@ -291,7 +286,7 @@ class Replayer(BatchRunner):
                     if isinstance(h, int) and h:
                         self.ctx_ids.setdefault(h, {"h": h, "device": (rec.get("a") or {}).get("dev")})["primary"] = True
                 if fk & 8 and rec.get("r") == 0:
-                    self._host_ranges.append(host_range(rec))        # reserved before the driver loads
+                    self._host_ranges.append(hostplace.recorded_range(rec))    # reserved before the driver loads
                 if fk & 16 and isinstance((rec.get("a") or {}).get("dptr"), int):
                     self._ipc_shared.append(rec["a"]["dptr"])       # shared through legacy IPC
                 if fk & 4 and len(self._h2d_order) < 4096:
@@ -413,7 +408,6 @@ class Replayer(BatchRunner):
             self.selection.prepare(self)
             self._start_prefetch()
             if self._host_ranges:          # before the driver maps anything there
-                from . import hostplace
                 hostplace.reserve(self._host_ranges)
             self.cu = self._load_driver()
             if self.opt.watchdog:

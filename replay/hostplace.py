@@ -12,7 +12,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
-from typing import Dict, Iterable, Optional, Tuple
+from typing import Any, Dict, Iterable, Optional, Tuple
 
 _PAGE = mmap.PAGESIZE
 _MAP_FIXED_NOREPLACE = 0x100000
@@ -38,6 +38,16 @@ def span(addr: int, size: int):
     lo = addr - addr % _PAGE
     hi = addr + max(size, 1)
     return lo, (hi + _PAGE - 1) // _PAGE * _PAGE - lo
+
+
+HOST_MEMORY = ("cuMemHostAlloc", "cuMemAllocHost", "cuMemHostRegister")   # calls that pin host memory
+
+
+def recorded_range(rec: Dict[str, Any]) -> Tuple[int, int]:
+    """(recorded address, size) of a HOST_MEMORY call (0 where the record lacks them)."""
+    a = rec.get("a") or {}
+    addr = a.get("pp") if rec.get("f", "").startswith(("cuMemHostAlloc", "cuMemAllocHost")) else a.get("p")
+    return (addr if isinstance(addr, int) else 0), int(a.get("bytesize", 0) or 0)
 
 
 _reserved: Dict[int, int] = {}     # page-aligned start -> length of our PROT_NONE reservations

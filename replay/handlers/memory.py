@@ -79,8 +79,7 @@ def mem_free_async(rp, rec):
 @handles("cuMemHostAlloc", "cuMemAllocHost")
 def host_alloc(rp, rec):
     a = rec["a"]
-    n = int(a.get("bytesize", 0))
-    want = a.get("pp") or 0
+    want, n = hostplace.recorded_range(rec)
     if rec.get("r", 0) == 0 and want and hostplace.place(rp, want, n, int(a.get("Flags", 0) or 0)):
         rp.space.add_host(want, n, want, rec.get("s"))      # at its recorded address
         rp.host_placed.add(want)
@@ -123,7 +122,7 @@ def host_register(rp, rec):
     """A program's own host range registered for the device: mapped and registered at its
     recorded address when that is free here (kernels may read it through that address)."""
     a = rec["a"]
-    p, n = a.get("p") or 0, int(a.get("bytesize", 0) or 0)
+    p, n = hostplace.recorded_range(rec)
     if rec.get("r", 0) == 0 and p and rp.space is not None and rp.space.find(p) is None \
             and hostplace.place(rp, p, n, int(a.get("Flags", 0) or 0)):
         rp.space.add_host(p, n, p, rec.get("s"))
