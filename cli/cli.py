@@ -371,7 +371,7 @@ def replay(
         vals = {"--rtol": rtol or None, "--atol": atol or None, "--dtype": dtype, "--profile": profile,
                 "--out": _per_rank(out_file) if out_file else None, "--pace": _value(pace),
                 "--kernel-name-base": _value(kernel_name_base) if kernel_name else None,
-                "--repeat": repeat if repeat != 10 else None, "--warmup": warmup if warmup != 3 else None,
+                "--repeat": repeat, "--warmup": warmup,
                 "--profiler-range": _value(profiler_range), "--jit": jit, "--launch-override": launch_override,
                 **{k: v for k, v in sel.items() if v is not None}}
         fwd = []
