@@ -23,9 +23,7 @@ W=/tmp/cudasnap-habits; rm -rf "$W"; mkdir -p "$W"
 STEPS=${STEPS:-3}
 INSTALL_LOG=$W/install.log . "$ROOT/bench/gpu_env.sh"
 exec > >(tee "$OUT/demo_habits.log") 2>&1
-step() { echo; echo "=== $*"; }
-FAIL=0
-check() { if [ "$1" = 0 ]; then echo "PASS: $2"; else echo "FAIL: $2"; FAIL=1; fi; }
+. "$ROOT/bench/demo_lib.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 cd "$W"
 

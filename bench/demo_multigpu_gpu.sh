@@ -26,9 +26,7 @@ NPROC=${NPROC:-2}
 PARTS=${PARTS:-12345}
 INSTALL_LOG=$W/install.log . "$ROOT/bench/gpu_env.sh"
 exec > >(tee "$OUT/demo_multigpu.log") 2>&1
-step() { echo; echo "=== $*"; }
-FAIL=0
-check() { if [ "$1" = 0 ]; then echo "PASS: $2"; else echo "FAIL: $2"; FAIL=1; fi; }
+. "$ROOT/bench/demo_lib.sh"
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader
 NGPU=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
 [ "$NGPU" -ge "$NPROC" ] || { echo "FAIL: needs $NPROC GPUs, this machine has $NGPU"; exit 2; }
