@@ -118,13 +118,7 @@ class Replayer(BatchRunner):
     cond_handles, cond_bodies = _shared("cond_handles"), _shared("cond_bodies")
     _mismatch_text, _prefetch = _shared("_mismatch_text", "mismatch_text"), _shared("_prefetch", "prefetch")
 
-    @property
-    def modules(self) -> Dict[int, Any]:
-        return self.ctx.modules
-
-    @property
-    def libraries(self) -> Dict[int, Any]:
-        return self.ctx.libraries
+    modules, libraries = _shared("modules"), _shared("libraries")
 
     # ------------------------------------------------------------------ helpers (the context's)
     note, fail, drv, raw = _delegate("note"), _delegate("fail"), _delegate("drv"), _delegate("raw")
