@@ -4,7 +4,8 @@
 Graph mode times short kernels about 0.5 us below timeline mode. This measures whether the
 difference follows the launch path rather than the kernel: the same kernels (an empty one and
 clock64 spins of fixed cycle counts) run K times back to back on a stream and as a K-node graph,
-traced by the same CUPTI collector; prints median durations per path and their difference.
+traced by the same CUPTI collector, and once more on the stream with the GPU idle ~30 us
+before each launch (as in a launch-bound replay); prints median durations per path.
 
     python bench/diag_graph_offset_gpu.py [--k 1000] [--json OUT]
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import time
 
 from cuda.bindings import driver as cu
 
@@ -85,25 +87,30 @@ def main() -> int:
         ok(cu.cuStreamSynchronize(stream))
         clock.start()
         windows = []
-        for path in ("stream", "graph", "stream", "graph"):
+        paths = ("stream", "graph", "idle", "stream", "graph", "idle")
+        for path in paths:
             m0 = clock.mark()
             if path == "graph":
                 ok(cu.cuGraphLaunch(exe, stream))
             else:
                 for _ in range(a.k):
                     launch(fn, grid)
+                    if path == "idle":                  # the GPU idles between kernels
+                        t = time.perf_counter() + 30e-6
+                        while time.perf_counter() < t:
+                            pass
             ok(cu.cuStreamSynchronize(stream))
             windows.append((m0, clock.mark()))
         got = clock.collect_records(windows)
-        dur = {"stream": [], "graph": []}
-        for path, recs in zip(("stream", "graph", "stream", "graph"), got):
+        dur = {"stream": [], "graph": [], "idle": []}
+        for path, recs in zip(paths, got):
             dur[path] += [(x.t1 - x.t0) / 1e3 for x in recs if x.kind == "kernel"]
-        st, gr = statistics.median(dur["stream"]), statistics.median(dur["graph"])
+        st, gr, idl = (statistics.median(dur[p]) for p in ("stream", "graph", "idle"))
         row = {"cycles": n, "grid": grid, "stream_us": round(st, 3), "graph_us": round(gr, 3),
-               "stream_minus_graph_us": round(st - gr, 3), "n": [len(dur["stream"]), len(dur["graph"])]}
+               "idle_stream_us": round(idl, 3), "n": [len(dur[p]) for p in ("stream", "graph", "idle")]}
         rows.append(row)
         print(f"cycles {n:6d} grid {grid:4d}: stream {st:8.3f} us  graph {gr:8.3f} us  "
-              f"diff {st - gr:+.3f} us  (n {row['n']})", flush=True)
+              f"stream with idle gaps {idl:8.3f} us  (n {row['n']})", flush=True)
     cupti.close()
     if a.json:
         with open(a.json, "w") as f:
