@@ -16,6 +16,8 @@ from rich.markup import escape
 from cudasnap.console import console, print_table
 from cudasnap.formats import SnapshotError, SnapshotReader, cu_result_name, parse_callset, repair
 from cudasnap.formats import callset as cs
+from cudasnap.formats import native
+from cudasnap.formats.container import record_list
 from cudasnap.formats.summary import Summary, as_int, copy_bytes, memset_bytes
 
 
@@ -39,8 +41,7 @@ def summarize(r: SnapshotReader) -> Dict[str, Any]:
     sm = r.summary()
     if sm is None:
         acc = Summary(lambda bid: r.blob_size(bid) if r.has_blob(bid) else None)
-        for rec in r.records():
-            acc.add(rec)
+        native.summarize(r, acc)
         return _render(r, hdr, proc, acc.to_map())
     r.check_records()           # damage shows even though no record is decoded
     try:
@@ -558,6 +559,7 @@ def run_dump(path: Path, calls: Optional[str], fmt: str, blobs: bool) -> int:
         return _err(f"unknown --format {fmt!r} (use text or jsonl)")
     try:
         pred = parse_callset(calls) if calls else None
+        terms = (cs.parse_terms(calls) if str(calls).strip() else []) if calls else None
     except ValueError as e:
         return _err(str(e))
     out = sys.stdout
@@ -566,30 +568,47 @@ def run_dump(path: Path, calls: Optional[str], fmt: str, blobs: bool) -> int:
         with SnapshotReader(path) as r:
             fn_names: Dict[Any, str] = {}
             memo = _Memo()
-            for rec in r.records():
+            # lines made in C where it can (formats/native.py); the Python path below is the
+            # reference, and takes every record the C walk hands over
+            walk = native.dump_walk(r, fmt == "text", blobs, terms)
+
+            def one(rec: Dict[str, Any]) -> bool:
+                off = False
                 if rec.get("k") == "fn" and isinstance(rec.get("name"), str):
                     try:
                         fn_names[rec.get("h")] = rec["name"]
                     except TypeError:
                         pass
-                if pred is not None and not pred(rec, fn_names):
-                    continue
-                if fmt == "text":
-                    lines.append(_fmt_text(rec, fn_names, blobs, r, memo))
-                else:
-                    lines.append(_json_line(rec, blobs, r, memo))
-                if len(lines) >= 4096:
-                    lines.append("")
-                    out.write("\n".join(lines))
+                    if walk is not None:
+                        off = walk.fn(rec.get("h"), rec["name"])
+                if pred is None or pred(rec, fn_names):
+                    if fmt == "text":
+                        lines.append(_fmt_text(rec, fn_names, blobs, r, memo) + "\n")
+                    else:
+                        lines.append(_json_line(rec, blobs, r, memo) + "\n")
+                    if len(lines) >= 4096:
+                        out.write("".join(lines))
+                        lines.clear()
+                return off
+
+            for off, count, payload, recs in r.record_payloads():
+                if recs is None and (walk is None or not walk.run(payload, count, r.path, off, one, walk.need,
+                                                                  out=lines.append)):
+                    recs = record_list(payload, count, r.path, off)
+                for rec in recs or ():
+                    one(rec)
+                if len(lines) >= 64:
+                    out.write("".join(lines))
                     lines.clear()
-            out.write("".join(line + "\n" for line in lines))
+            out.write("".join(lines))
+            lines.clear()
             if r.truncated:
                 print(f"cudasnap: warning: {r.path} is truncated: {r.lost_bytes} bytes after the last "
                       f"complete frame were lost (run `cudasnap repair`)", file=sys.stderr)
     except SnapshotError as e:
         if lines:
             try:
-                out.write("\n".join(lines) + "\n")
+                out.write("".join(lines))
             except BrokenPipeError:
                 pass
         return _err(str(e))

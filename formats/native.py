@@ -198,3 +198,44 @@ def summarize(r, acc) -> None:
         for key, k in w.entries(TAB_HANDLES):
             h = int.from_bytes(key[1:], "little")
             acc.launches[-h if key[0] else h] += k
+
+
+# ---------------------------------------------------------------------------- dump
+
+class DumpWalk(Walk):
+    """`cudasnap dump` lines made in C: M_TEXT or M_JSON, with the --calls terms
+    (callset.parse_terms; None: every record) and the reader's blob sizes."""
+
+    def __init__(self, mod, r, text: bool, blobs: bool, terms: Optional[list]):
+        from .callset import is_launch
+        ts = terms or ()
+        super().__init__(mod, M_TEXT if text else M_JSON, blobs,
+                         [(t[1], U64 if t[2] is None else t[2]) for t in ts if t[0] == "seq"],
+                         any(t[0] == "errors" for t in ts), terms is not None)
+        self._by_name = [t[1] for t in ts if t[0] in ("group", "name")]
+        self._kernel = [t[1] for t in ts if t[0] == "name"]
+        self._all = terms is not None and not terms
+        self._is_launch = is_launch
+        for bid in r.blob_ids():
+            self.set(TAB_BLOBS, bid.encode(), r.blob_size(bid))
+
+    def need(self, name: str) -> None:
+        sel = 1 if self._all or any(t(name) for t in self._by_name) else 0
+        if self._kernel and self._is_launch(name):
+            sel |= 2
+        self.set(TAB_NAMES, name.encode(), sel)
+
+    def fn(self, h: Any, name: str) -> bool:
+        """A fn record's name for the launches after it; True when the walk cannot follow it."""
+        try:
+            if type(h) is not int:
+                raise ValueError
+            self.set_fn(h, int(any(m(name) for m in self._kernel)), name.encode())
+        except (ValueError, UnicodeEncodeError):
+            self.disabled = True
+        return self.disabled
+
+
+def dump_walk(r, text: bool, blobs: bool, terms: Optional[list]) -> Optional[DumpWalk]:
+    mod = module()
+    return DumpWalk(mod, r, text, blobs, terms) if mod else None

@@ -21,6 +21,7 @@ enum { TAB_NAMES, TAB_BLOBS, TAB_FNS, TAB_REFS, TAB_HANDLES, NTAB };
 #define NMEM 7
 #define MAXDEPTH 64
 #define MAXKEYS 64
+#define NDUR 1024
 
 typedef struct { uint8_t *key; uint32_t klen; int64_t v, v2; char *str; uint32_t slen; } ent;
 typedef struct { ent *e; size_t n, cap; int32_t *idx; size_t icap; } tab;
@@ -42,6 +43,8 @@ typedef struct {
     const char **resnames;
     int seen_mem[NMEM];
     tab t[NTAB];
+    struct durmemo { uint64_t dt; int len; char s[40]; } dur[NDUR];
+    const uint8_t *base;
 } rd;
 
 /* ------------------------------------------------------------------ tables */
@@ -193,6 +196,19 @@ static int utf8_ok(const uint8_t *s, uint32_t n) {
    data (ext types, container keys, invalid UTF-8) */
 static int skip(const uint8_t **pp, const uint8_t *e, int depth, int check) {
     mv v;
+    const uint8_t *p = *pp;
+    if (p < e) {                         /* the common scalars without rdv */
+        uint8_t b = *p;
+        size_t w = b <= 0x7f || b >= 0xe0 || (b >= 0xc0 && b <= 0xc3 && b != 0xc1) ? 1
+                 : b >= 0xcc && b <= 0xcf ? 1 + ((size_t)1 << (b - 0xcc))
+                 : b >= 0xd0 && b <= 0xd3 ? 1 + ((size_t)1 << (b - 0xd0))
+                 : b >= 0xa0 && b <= 0xbf && !check ? 1 + (size_t)(b & 31) : 0;
+        if (w) {
+            if ((size_t)(e - p) < w) return -1;
+            *pp = p + w;
+            return 0;
+        }
+    }
     if (depth > MAXDEPTH || rdv(pp, e, &v) < 0 || v.t == T_EXT) return -1;
     if (check && v.t == T_STR && !utf8_ok(v.s, v.n)) return -1;
     if (v.t == T_ARR)
@@ -217,8 +233,8 @@ int rd_check(const uint8_t *p, size_t n, uint32_t count) {
 
 /* ------------------------------------------------------------------ output */
 
-static int put(rd *c, const void *s, size_t n) {
-    if (c->outlen + n > c->outcap) {
+static int grow(rd *c, const void *s, size_t n) {
+    {
         size_t cap = c->outcap ? c->outcap : 1 << 16;
         while (cap < c->outlen + n) cap *= 2;
         char *o = realloc(c->out, cap);
@@ -229,19 +245,34 @@ static int put(rd *c, const void *s, size_t n) {
     c->outlen += n;
     return 0;
 }
+
+static inline int put(rd *c, const void *s, size_t n) {
+    if (c->outlen + n > c->outcap) return grow(c, s, n);
+    memcpy(c->out + c->outlen, s, n);
+    c->outlen += n;
+    return 0;
+}
 #define PUT(s, n) do { if (put(c, s, n)) return RD_NOMEM; } while (0)
 #define PUTS(s) PUT(s, strlen(s))
 #define TRY(x) do { int r_ = (x); if (r_) return r_; } while (0)
 
-static int putf(rd *c, const char *fmt, uint64_t u) {
-    char b[32];
-    int n = snprintf(b, sizeof b, fmt, (unsigned long long)u);
-    return put(c, b, (size_t)n);
+static int put_u(rd *c, uint64_t u, int hex) {
+    char b[24], *q = b + sizeof b;
+    do { *--q = "0123456789abcdef"[hex ? u & 15 : u % 10]; u = hex ? u >> 4 : u / 10; } while (u);
+    return put(c, q, (size_t)(b + sizeof b - q));
 }
 
 static int put_int(rd *c, const mv *v) {
     if (v->neg) PUT("-", 1);
-    return putf(c, "%llu", v->u);
+    return put_u(c, v->u, 0);
+}
+
+/* s, the decimal u, then t */
+static int put_sut(rd *c, const char *s, uint64_t u, const char *t) {
+    PUTS(s);
+    TRY(put_u(c, u, 0));
+    PUTS(t);
+    return 0;
 }
 
 static int put_hex(rd *c, const uint8_t *s, size_t n) {
@@ -296,7 +327,10 @@ static int ascii(const uint8_t *s, uint32_t n) {
 }
 
 static int streq(const mv *v, const char *s) {
-    return v->t == T_STR && v->n == strlen(s) && memcmp(v->s, s, v->n) == 0;
+    if (v->t != T_STR) return 0;
+    for (uint32_t i = 0; i < v->n; i++)
+        if (s[i] != (char)v->s[i] || !s[i]) return 0;
+    return s[v->n] == 0;
 }
 
 /* a map's keys: all str, none twice (what a Python dict keeps is then what msgpack holds).
@@ -341,7 +375,7 @@ static int fmt_val(rd *c, const uint8_t **pp, const uint8_t *e, int depth) {
     case T_NIL: PUT("-", 1); return 0;
     case T_BOOL: PUTS(v.u ? "true" : "false"); return 0;
     case T_INT:
-        if (!v.neg && v.u > 0xFFFF) return putf(c, "0x%llx", v.u);
+        if (!v.neg && v.u > 0xFFFF) { PUT("0x", 2); return put_u(c, v.u, 1); }
         return put_int(c, &v);
     case T_STR:
         if (!ascii(v.s, v.n)) return RD_FALLBACK;
@@ -349,7 +383,7 @@ static int fmt_val(rd *c, const uint8_t **pp, const uint8_t *e, int depth) {
         return put_jstr(c, v.s, v.n);
     case T_BIN: {
         size_t lim = c->blobs || v.n <= 32 ? v.n : 32;
-        TRY(putf(c, "<%lluB ", v.n));
+        TRY(put_sut(c, "<", v.n, "B "));
         TRY(put_hex(c, v.s, lim));
         PUTS(lim < v.n ? "...>" : ">");
         return 0;
@@ -372,7 +406,7 @@ static int fmt_val(rd *c, const uint8_t **pp, const uint8_t *e, int depth) {
                 TRY(fmt_val(c, pp, e, depth + 1));
             } else if (skip(pp, e, 0, 0) < 0) return RD_FALLBACK;
         }
-        if (v.n > 16) TRY(putf(c, ", ...%llu more", v.n - 16));
+        if (v.n > 16) TRY(put_sut(c, ", ...", v.n - 16, " more"));
         PUT("]", 1);
         return 0;
     }
@@ -420,6 +454,41 @@ static ent *blob_of(rd *c, const uint8_t *val, const uint8_t *e) {
     return tab_find(&c->t[TAB_BLOBS], b.s, b.n);
 }
 
+static int fmt_json(rd *c, const uint8_t **pp, const uint8_t *e, int depth);
+
+/* a map's n entries as JSON ({...}), keys checked (all str, none twice); known: the blob
+   the map names, whose size replaces a "size" value */
+static int json_map(rd *c, const uint8_t **pp, const uint8_t *e, uint32_t n, int depth, ent *known,
+                    const uint8_t **blob, int *has_size) {
+    const uint8_t *ks[MAXKEYS];
+    uint32_t kl[MAXKEYS];
+    *blob = NULL, *has_size = 0;
+    if (n > MAXKEYS) return RD_FALLBACK;
+    PUT("{", 1);
+    for (uint32_t i = 0; i < n; i++) {
+        mv k;
+        if (rdv(pp, e, &k) < 0 || k.t != T_STR) return RD_FALLBACK;
+        for (uint32_t j = 0; j < i; j++)
+            if (kl[j] == k.n && memcmp(ks[j], k.s, k.n) == 0) return RD_FALLBACK;
+        ks[i] = k.s, kl[i] = k.n;
+        if (i) PUT(",", 1);
+        TRY(put_jstr(c, k.s, k.n));
+        PUT(":", 1);
+        if (k.n == 4 && streq(&k, "blob")) *blob = *pp;
+        if (k.n == 4 && streq(&k, "size")) {
+            *has_size = 1;
+            if (known) {
+                if (skip(pp, e, 0, 0) < 0) return RD_FALLBACK;
+                TRY(put_u(c, (uint64_t)known->v, 0));
+                continue;
+            }
+        }
+        TRY(fmt_json(c, pp, e, depth + 1));
+    }
+    PUT("}", 1);
+    return 0;
+}
+
 static int fmt_json(rd *c, const uint8_t **pp, const uint8_t *e, int depth) {
     mv v;
     const uint8_t *start = *pp;
@@ -428,7 +497,7 @@ static int fmt_json(rd *c, const uint8_t **pp, const uint8_t *e, int depth) {
         size_t lim = c->blobs || v.n <= 64 ? v.n : 64;
         PUTS("{\"hex\":\"");
         TRY(put_hex(c, v.s, lim));
-        TRY(putf(c, "\",\"len\":%llu", v.n));
+        TRY(put_sut(c, "\",\"len\":", v.n, ""));
         PUTS(lim < v.n ? ",\"truncated\":true}" : "}");
         return 0;
     }
@@ -454,26 +523,19 @@ static int fmt_json(rd *c, const uint8_t **pp, const uint8_t *e, int depth) {
     case T_MAP: break;
     default: return RD_FALLBACK;
     }
-    const uint8_t *blob;
+    size_t mark = c->outlen;
+    const uint8_t *body = *pp, *blob;
     int has_size;
-    TRY(map_keys(*pp, e, v.n, "blob", &blob, &has_size));
+    TRY(json_map(c, pp, e, v.n, depth, NULL, &blob, &has_size));
     ent *known = blob_of(c, blob, e);
-    if (known && c->blobs) return RD_FALLBACK;      /* a preview of the blob's data */
-    PUT("{", 1);
-    for (uint32_t i = 0; i < v.n; i++) {
-        mv k;
-        if (rdv(pp, e, &k) < 0) return RD_FALLBACK;
-        if (i) PUT(",", 1);
-        TRY(put_jstr(c, k.s, k.n));
-        PUT(":", 1);
-        if (known && streq(&k, "size")) {
-            if (skip(pp, e, 0, 0) < 0) return RD_FALLBACK;
-            TRY(putf(c, "%llu", (uint64_t)known->v));
-        } else
-            TRY(fmt_json(c, pp, e, depth + 1));
+    if (!known) return 0;
+    if (c->blobs) return RD_FALLBACK;          /* a preview of the blob's data */
+    c->outlen = mark, *pp = body;              /* again, with the blob's size */
+    TRY(json_map(c, pp, e, v.n, depth, known, &blob, &has_size));
+    if (!has_size) {
+        c->outlen--;
+        TRY(put_sut(c, ",\"size\":", (uint64_t)known->v, "}"));
     }
-    if (known && !has_size) TRY(putf(c, ",\"size\":%llu", (uint64_t)known->v));
-    PUT("}", 1);
     return 0;
 }
 
@@ -481,19 +543,27 @@ static int fmt_json(rd *c, const uint8_t **pp, const uint8_t *e, int depth) {
 
 typedef struct { const uint8_t *k, *f, *a, *r, *s, *tid, *t0, *t1, *x, *state; } fields;
 
-static int fields_of(const uint8_t *p, const uint8_t *e, fields *fl) {
-    static const char *names[] = {"k", "f", "a", "r", "s", "tid", "t0", "t1", "x", "state"};
+static const char *FIELDS[] = {"k", "f", "a", "r", "s", "tid", "t0", "t1", "x", "state"};
+
+/* the record's map in one pass: keys all str and none twice, the fields found, its end */
+static int fields_of(const uint8_t *p, const uint8_t *e, fields *fl, const uint8_t **end) {
+    const uint8_t *ks[MAXKEYS];
+    uint32_t kl[MAXKEYS];
     mv m;
     memset(fl, 0, sizeof *fl);
-    if (rdv(&p, e, &m) < 0 || m.t != T_MAP) return RD_FALLBACK;
-    TRY(map_keys(p, e, m.n, NULL, NULL, NULL));
+    if (rdv(&p, e, &m) < 0 || m.t != T_MAP || m.n > MAXKEYS) return RD_FALLBACK;
     for (uint32_t i = 0; i < m.n; i++) {
         mv k;
-        if (rdv(&p, e, &k) < 0) return RD_FALLBACK;
-        for (int j = 0; j < 10; j++)
-            if (streq(&k, names[j])) ((const uint8_t **)fl)[j] = p;
+        if (rdv(&p, e, &k) < 0 || k.t != T_STR) return RD_FALLBACK;
+        for (uint32_t j = 0; j < i; j++)
+            if (kl[j] == k.n && memcmp(ks[j], k.s, k.n) == 0) return RD_FALLBACK;
+        ks[i] = k.s, kl[i] = k.n;
+        if (k.n <= 5)
+            for (int j = 0; j < 10; j++)
+                if (FIELDS[j][0] == (char)k.s[0] && streq(&k, FIELDS[j])) { ((const uint8_t **)fl)[j] = p; break; }
         if (skip(&p, e, 0, 0) < 0) return RD_FALLBACK;
     }
+    *end = p;
     return 0;
 }
 
@@ -565,13 +635,19 @@ static int text_call(rd *c, const fields *fl, const mv *f, const uint8_t *e) {
     if (f->t == T_STR) PUT(f->s, f->n); else PUT("?", 1);
     PUT("(", 1);
     mv a = val(fl->a, e);
+    const uint8_t *hp = NULL;
     if (a.t == T_MAP) {
-        const uint8_t *p = fl->a;
+        const uint8_t *p = fl->a, *ks[MAXKEYS];
+        uint32_t kl[MAXKEYS];
         rdv(&p, e, &a);
-        TRY(map_keys(p, e, a.n, NULL, NULL, NULL));
+        if (a.n > MAXKEYS) return RD_FALLBACK;
         for (uint32_t i = 0; i < a.n; i++) {
             mv k;
-            rdv(&p, e, &k);
+            if (rdv(&p, e, &k) < 0 || k.t != T_STR) return RD_FALLBACK;
+            for (uint32_t j = 0; j < i; j++)
+                if (kl[j] == k.n && memcmp(ks[j], k.s, k.n) == 0) return RD_FALLBACK;
+            ks[i] = k.s, kl[i] = k.n;
+            if (k.n == 1 && k.s[0] == 'f') hp = p;
             if (i) PUT(", ", 2);
             PUT(k.s, k.n);
             PUT("=", 1);
@@ -590,15 +666,20 @@ static int text_call(rd *c, const fields *fl, const mv *f, const uint8_t *e) {
     } else return RD_FALLBACK;
     if (t0.t == T_INT && t1.t == T_INT && !t0.neg && !t1.neg && t1.u >= t0.u) {
         uint64_t dt = t1.u - t0.u;
-        char b[64];
         if (dt > (1ull << 53)) return RD_FALLBACK;
-        double us = (double)dt / 1000;
-        int n = us < 1000 ? snprintf(b, sizeof b, " [%.1f us]", us) : snprintf(b, sizeof b, " [%.2f ms]", us / 1000);
-        PUT(b, (size_t)n);
+        struct durmemo *m = &c->dur[dt % NDUR];         /* durations repeat: each made once */
+        if (!m->len || m->dt != dt) {
+            double us = (double)dt / 1000;
+            int n = us < 1000 ? snprintf(m->s, sizeof m->s, " [%.1f us]", us)
+                              : snprintf(m->s, sizeof m->s, " [%.2f ms]", us / 1000);
+            m->dt = dt, m->len = n > 0 && n < (int)sizeof m->s ? n : 0;
+            if (!m->len) return RD_FALLBACK;
+        }
+        PUT(m->s, (size_t)m->len);
     }
     if (f->t == T_STR && is_launch(f) && a.t == T_MAP) {
-        mv h;
-        TRY(launch_handle(fl->a, e, &h));
+        mv h = val(hp, e);
+        if (!hp || h.t != T_INT) return RD_FALLBACK;
         ent *fn = fn_of(c, &h);
         if (fn && fn->slen) { PUTS("  kernel="); PUT(fn->str, fn->slen); }
     }
@@ -624,7 +705,7 @@ static int text_call(rd *c, const fields *fl, const mv *f, const uint8_t *e) {
                 if ((bl && c->blobs) || !ascii(b.s, m)) return RD_FALLBACK;
                 PUTS("blob:");
                 PUT(b.s, m);
-                if (bl) TRY(putf(c, "(%lluB)", (uint64_t)bl->v)); else PUTS("(?B)");
+                if (bl) TRY(put_sut(c, "(", (uint64_t)bl->v, "B)")); else PUTS("(?B)");
                 if (skip(&p, e, 0, 0) < 0) return RD_FALLBACK;
             } else
                 TRY(fmt_val(c, &p, e, 0));
@@ -741,7 +822,9 @@ static int summ_call(rd *c, const fields *fl, const mv *f, const uint8_t *e) {
 
 static int record(rd *c, const uint8_t *p, const uint8_t *e) {
     fields fl;
-    TRY(fields_of(p, e, &fl));
+    const uint8_t *end;
+    TRY(fields_of(p, e, &fl, &end));
+    c->rec_end = (size_t)(end - c->base);
     mv k = val(fl.k, e), f = val(fl.f, e);
     int call = streq(&k, "c");
     if (c->mode == M_SCAN) {
@@ -838,13 +921,19 @@ int rd_run(rd *c, const uint8_t *buf, size_t n, size_t *pos) {
     const uint8_t *e = buf + n;
     if (*pos == 0) c->idx = 0;
     c->note = 0;
+    c->base = buf;
     while (*pos < n) {
         const uint8_t *p = buf + *pos, *q = p;
-        if (skip(&q, e, 0, 0) < 0) { c->rec_end = n; return RD_FALLBACK; }
-        c->rec_end = (size_t)(q - buf);
         size_t mark = c->outlen;
-        int r = record(c, p, q);
-        if (r == RD_FALLBACK || r == RD_NEED || r == RD_NOMEM) { c->outlen = mark; return r; }
+        int r = record(c, p, e);
+        if (r == RD_FALLBACK || r == RD_NEED || r == RD_NOMEM) {
+            c->outlen = mark;
+            if (r == RD_FALLBACK) {              /* the record's end, when fields_of did not get there */
+                if (skip(&q, e, 0, 0) < 0) q = e;
+                c->rec_end = (size_t)(q - buf);
+            }
+            return r;
+        }
         *pos = c->rec_end;
         c->idx++;
         if (r == RD_NOTE) return r;
