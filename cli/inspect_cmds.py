@@ -553,62 +553,77 @@ def _json_default(o: Any) -> Any:
     return str(o)
 
 
+class _Dump:
+    """The lines `dump` prints for reader r's records frames, fed one at a time (frame).
+    Lines are made in C where the module is there (formats/native.py); the Python path
+    (one) is the reference, and takes every record the C walk hands over."""
+
+    def __init__(self, r, fmt: str, blobs: bool, calls: Optional[str], out, use_native: bool = True):
+        self.r, self.text, self.blobs, self.out = r, fmt == "text", blobs, out
+        self.pred = parse_callset(calls) if calls else None
+        terms = (cs.parse_terms(calls) if str(calls).strip() else []) if calls else None
+        self.walk = native.dump_walk(r, self.text, blobs, terms) if use_native else None
+        self.fn_names: Dict[Any, str] = {}
+        self.memo = _Memo()
+        self.lines: list = []       # written in blocks; what was read before an error still shows
+
+    def one(self, rec: Dict[str, Any]) -> bool:
+        """One record the Python way; True when the C walk cannot follow the file from here."""
+        off = False
+        if rec.get("k") == "fn" and isinstance(rec.get("name"), str):
+            try:
+                self.fn_names[rec.get("h")] = rec["name"]
+            except TypeError:
+                pass
+            if self.walk is not None:
+                off = self.walk.fn(rec.get("h"), rec["name"])
+        if self.pred is None or self.pred(rec, self.fn_names):
+            if self.text:
+                self.lines.append(_fmt_text(rec, self.fn_names, self.blobs, self.r, self.memo) + "\n")
+            else:
+                self.lines.append(_json_line(rec, self.blobs, self.r, self.memo) + "\n")
+            if len(self.lines) >= 4096:
+                self.flush()
+        return off
+
+    def frame(self, off: int, count: int, payload: bytes, recs) -> None:
+        w = self.walk
+        if recs is None and (w is None or not w.run(payload, count, self.r.path, off, self.one, w.need,
+                                                    out=self.lines.append)):
+            recs = record_list(payload, count, self.r.path, off)
+        for rec in recs or ():
+            self.one(rec)
+        if len(self.lines) >= 64:
+            self.flush()
+
+    def flush(self) -> None:
+        text = "".join(self.lines)
+        self.lines.clear()
+        self.out.write(text)
+
+
 def run_dump(path: Path, calls: Optional[str], fmt: str, blobs: bool) -> int:
     fmt = (fmt or "text").lower()
     if fmt not in ("text", "jsonl", "json"):
         return _err(f"unknown --format {fmt!r} (use text or jsonl)")
     try:
-        pred = parse_callset(calls) if calls else None
-        terms = (cs.parse_terms(calls) if str(calls).strip() else []) if calls else None
+        parse_callset(calls) if calls else None
     except ValueError as e:
         return _err(str(e))
-    out = sys.stdout
-    lines: list = []            # written in blocks; what was read before an error still shows
+    d = None
     try:
         with SnapshotReader(path) as r:
-            fn_names: Dict[Any, str] = {}
-            memo = _Memo()
-            # lines made in C where it can (formats/native.py); the Python path below is the
-            # reference, and takes every record the C walk hands over
-            walk = native.dump_walk(r, fmt == "text", blobs, terms)
-
-            def one(rec: Dict[str, Any]) -> bool:
-                off = False
-                if rec.get("k") == "fn" and isinstance(rec.get("name"), str):
-                    try:
-                        fn_names[rec.get("h")] = rec["name"]
-                    except TypeError:
-                        pass
-                    if walk is not None:
-                        off = walk.fn(rec.get("h"), rec["name"])
-                if pred is None or pred(rec, fn_names):
-                    if fmt == "text":
-                        lines.append(_fmt_text(rec, fn_names, blobs, r, memo) + "\n")
-                    else:
-                        lines.append(_json_line(rec, blobs, r, memo) + "\n")
-                    if len(lines) >= 4096:
-                        out.write("".join(lines))
-                        lines.clear()
-                return off
-
-            for off, count, payload, recs in r.record_payloads():
-                if recs is None and (walk is None or not walk.run(payload, count, r.path, off, one, walk.need,
-                                                                  out=lines.append)):
-                    recs = record_list(payload, count, r.path, off)
-                for rec in recs or ():
-                    one(rec)
-                if len(lines) >= 64:
-                    out.write("".join(lines))
-                    lines.clear()
-            out.write("".join(lines))
-            lines.clear()
+            d = _Dump(r, fmt, blobs, calls, sys.stdout)
+            for frame in r.record_payloads():
+                d.frame(*frame)
+            d.flush()
             if r.truncated:
                 print(f"cudasnap: warning: {r.path} is truncated: {r.lost_bytes} bytes after the last "
                       f"complete frame were lost (run `cudasnap repair`)", file=sys.stderr)
     except SnapshotError as e:
-        if lines:
+        if d is not None and d.lines:
             try:
-                out.write("".join(lines))
+                d.flush()
             except BrokenPipeError:
                 pass
         return _err(str(e))

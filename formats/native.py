@@ -17,7 +17,7 @@ from .container import record_list
 from .cuerrors import CURESULT_NAMES
 
 DONE, FALLBACK, NEED, NOTE = 0, 1, 2, 3
-M_TEXT, M_JSON, M_SCAN, M_SUMM = range(4)
+M_TEXT, M_JSON, M_SCAN, M_SUMM, M_KINDS = range(5)
 TAB_NAMES, TAB_BLOBS, TAB_FNS, TAB_REFS, TAB_HANDLES = range(5)
 MEM_KINDS = ("H2D", "D2H", "D2D", "P2P", "unified", "memset", "alloc")
 U64 = (1 << 64) - 1
@@ -149,6 +149,20 @@ def scan_frame(w: Walk, payload: bytes, count: int, path: Any, offset: int,
         b = b.decode()
         refs[b] = refs.get(b, 0) + k
     return brecs, refs
+
+
+def kinds_walk(kinds) -> Optional[Walk]:
+    """A walker handing over only records whose k is one of kinds (str), or None."""
+    mod = module()
+    if not mod or not all(type(k) is str for k in kinds):
+        return None
+    w = Walk(mod, M_KINDS)
+    for k in kinds:
+        try:
+            w.set(TAB_NAMES, k.encode())
+        except UnicodeEncodeError:
+            return None
+    return w
 
 
 # ---------------------------------------------------------------------------- summary

@@ -372,14 +372,15 @@ class SnapshotReader:
     def raw_header(self) -> Dict[str, Any]:
         return dict(self._raw_header)
 
-    def record_payloads(self) -> Iterator[Tuple[int, int, bytes, Optional[List[Dict[str, Any]]]]]:
+    def record_payloads(self, keep: bool = False) -> Iterator[Tuple[int, int, bytes, Optional[List[Dict[str, Any]]]]]:
         """(offset, count, payload, records) of every records frame in file order: its
         decompressed payload and record count, and its records when a scan kept them decoded
-        (else None: the caller decodes, record_list or formats/native.py)."""
+        (else None: the caller decodes, record_list or formats/native.py). What the scan kept
+        is handed out once, unless keep."""
         for fr in self._frames:
             if fr.kind != KIND_RECORDS:
                 continue
-            kept = self._scan_recs.pop(fr.offset, None) if self._scan_recs else None
+            kept = (self._scan_recs.get if keep else self._scan_recs.pop)(fr.offset, None) if self._scan_recs else None
             if isinstance(kept, list):
                 yield fr.offset, len(kept), b"", kept
                 continue
@@ -395,7 +396,12 @@ class SnapshotReader:
         if isinstance(kinds, str):
             kinds = (kinds,)
         want = set(kinds) if kinds is not None else None
-        for off, count, payload, recs in self.record_payloads():
+        walk = native.kinds_walk(want) if want is not None else None
+        for off, count, payload, recs in self.record_payloads(keep=want is not None):
+            if recs is None and walk is not None:       # only the wanted records are decoded
+                got: List[Dict[str, Any]] = []
+                if walk.run(payload, count, self.path, off, got.append):
+                    recs = got
             if recs is None:
                 recs = record_list(payload, count, self.path, off)
             if want is None:

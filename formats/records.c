@@ -6,6 +6,7 @@ in one of four modes:
   M_TEXT / M_JSON  the line `cudasnap dump` prints (cli/inspect_cmds.py _fmt_text, _json_line)
   M_SCAN           blob references per blob id (formats/blobrefs.py), blob records handed over
   M_SUMM           the counts formats/summary.py Summary keeps for call records
+  M_KINDS          only the records of some kinds handed over (SnapshotReader.records(kinds))
 Whatever a record holds that this code does not reproduce exactly (floats, non-string keys,
 duplicate keys, non-ASCII text in quoted values, rare record kinds...) stops the walk with
 RD_FALLBACK and the record's span: the Python layer handles that record, the reference.
@@ -16,7 +17,7 @@ Nothing here trusts the input: every read is bounds-checked. */
 #include <string.h>
 
 enum { RD_DONE = 0, RD_FALLBACK = 1, RD_NEED = 2, RD_NOTE = 3, RD_NOMEM = -1 };
-enum { M_TEXT, M_JSON, M_SCAN, M_SUMM };
+enum { M_TEXT, M_JSON, M_SCAN, M_SUMM, M_KINDS };
 enum { TAB_NAMES, TAB_BLOBS, TAB_FNS, TAB_REFS, TAB_HANDLES, NTAB };
 #define NMEM 7
 #define MAXDEPTH 64
@@ -202,9 +203,14 @@ static int skip(const uint8_t **pp, const uint8_t *e, int depth, int check) {
         size_t w = b <= 0x7f || b >= 0xe0 || (b >= 0xc0 && b <= 0xc3 && b != 0xc1) ? 1
                  : b >= 0xcc && b <= 0xcf ? 1 + ((size_t)1 << (b - 0xcc))
                  : b >= 0xd0 && b <= 0xd3 ? 1 + ((size_t)1 << (b - 0xd0))
-                 : b >= 0xa0 && b <= 0xbf && !check ? 1 + (size_t)(b & 31) : 0;
+                 : b >= 0xa0 && b <= 0xbf ? 1 + (size_t)(b & 31) : 0;
         if (w) {
             if ((size_t)(e - p) < w) return -1;
+            if (check && b >= 0xa0 && b <= 0xbf) {        /* fixstr: ASCII here, else the full check */
+                uint8_t any = 0;
+                for (size_t i = 1; i < w; i++) any |= p[i];
+                if (any & 0x80 && !utf8_ok(p + 1, (uint32_t)w - 1)) return -1;
+            }
             *pp = p + w;
             return 0;
         }
@@ -837,6 +843,8 @@ static int record(rd *c, const uint8_t *p, const uint8_t *e) {
         return 0;
     }
     if (c->mode == M_SUMM) return call ? summ_call(c, &fl, &f, e) : RD_FALLBACK;
+    if (c->mode == M_KINDS)                           /* records of the kinds in TAB_NAMES */
+        return k.t == T_STR && !tab_find(&c->t[TAB_NAMES], k.s, k.n) ? 0 : RD_FALLBACK;
     if (streq(&k, "fn")) return RD_FALLBACK;            /* the Python side keeps the names */
     if (c->filter) {
         if (!call) return 0;
