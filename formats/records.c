@@ -601,27 +601,28 @@ static ent *fn_of(rd *c, const mv *h) {
     return tab_find(&c->t[TAB_FNS], k, 9);
 }
 
-/* --calls: does the call match (1), not (0)? */
+/* --calls: does the call match (SEL), not (0)? */
+#define SEL 4
 static int selected(rd *c, const fields *fl, const mv *f, const uint8_t *e) {
     ent *nm = tab_find(&c->t[TAB_NAMES], f->s, f->n);
     if (!nm) { c->key = f->s, c->keylen = f->n; return RD_NEED; }
-    if (nm->v & 1) return 1;                      /* a group or a name pattern */
+    if (nm->v & 1) return SEL;                      /* a group or a name pattern */
     mv s = val(fl->s, e), r = val(fl->r, e);
     if (c->nranges) {
         if (s.t == T_FLT || s.t == T_BOOL || s.t == T_EXT) return RD_FALLBACK;
         if (s.t == T_INT && !s.neg)
             for (int i = 0; i < c->nranges; i++)
-                if (s.u >= c->lo[i] && s.u <= c->hi[i]) return 1;
+                if (s.u >= c->lo[i] && s.u <= c->hi[i]) return SEL;
     }
     if (c->errors_term) {
-        if (r.t == T_NIL || (r.t == T_INT && r.u)) return 1;
+        if (r.t == T_NIL || (r.t == T_INT && r.u)) return SEL;
         if (r.t != T_INT) return RD_FALLBACK;
     }
     if (nm->v & 2) {                              /* a launch, and patterns on kernel names */
         mv h;
         TRY(launch_handle(fl->a, e, &h));
         ent *fn = fn_of(c, &h);
-        if (fn && fn->slen && fn->v) return 1;
+        if (fn && fn->slen && fn->v) return SEL;
     }
     return 0;
 }
@@ -850,7 +851,7 @@ static int record(rd *c, const uint8_t *p, const uint8_t *e) {
         if (!call) return 0;
         if (f.t != T_STR) return RD_FALLBACK;
         int sel = selected(c, &fl, &f, e);
-        if (sel != 1) return sel;
+        if (sel != SEL) return sel;
     }
     if (c->mode == M_JSON) {
         TRY(fmt_json(c, &p, e, 0));
