@@ -748,7 +748,7 @@ static int scan_refs(rd *c, const uint8_t **pp, const uint8_t *e, int depth, int
     return 0;
 }
 
-/* a[key] when it is a count (an int >= 0): 0; 1 when it is not */
+/* a[key] when it is a count (an int >= 0): 0; 1 when it is not; 2 when it is a huge one */
 static int int_arg(const uint8_t *a, const uint8_t *e, const char *key, uint64_t *n) {
     mv am = val(a, e), v;
     const uint8_t *vp;
@@ -756,7 +756,8 @@ static int int_arg(const uint8_t *a, const uint8_t *e, const char *key, uint64_t
     rdv(&a, e, &am);
     if (map_keys(a, e, am.n, key, &vp, NULL)) return 1;
     v = val(vp, e);
-    if (!vp || v.t != T_INT || v.neg || (v.u >> 48)) return 1;
+    if (!vp || v.t != T_INT || v.neg) return 1;
+    if (v.u >> 48) return 2;                      /* a count, too large to add up here */
     *n = v.u;
     return 0;
 }
@@ -774,8 +775,10 @@ static const char *SIZE_KEYS[] = {"ByteCount", "byteCount", "bytes", "bytesize",
 
 /* summary.copy_bytes when one of its size keys holds a count (else RD_FALLBACK) */
 static int size_arg(const uint8_t *a, const uint8_t *e, uint64_t *n) {
-    for (int i = 0; i < 10; i++)
-        if (!int_arg(a, e, SIZE_KEYS[i], n)) return 0;
+    for (int i = 0; i < 10; i++) {
+        int r = int_arg(a, e, SIZE_KEYS[i], n);
+        if (r != 1) return r ? RD_FALLBACK : 0;
+    }
     return RD_FALLBACK;
 }
 
