@@ -340,14 +340,12 @@ static int streq(const mv *v, const char *s) {
 }
 
 /* a map's keys: all str, none twice (what a Python dict keeps is then what msgpack holds).
-   Leaves *pp at the first key; finds the value of `want` (its start) when asked. */
-static int map_keys(const uint8_t *p, const uint8_t *e, uint32_t n, const char *want, const uint8_t **found,
-                    int *has_size) {
+   Finds the value of `want` (its start) when asked. */
+static int map_keys(const uint8_t *p, const uint8_t *e, uint32_t n, const char *want, const uint8_t **found) {
     const uint8_t *ks[MAXKEYS];
     uint32_t kl[MAXKEYS];
     if (n > MAXKEYS) return RD_FALLBACK;
     if (found) *found = NULL;
-    if (has_size) *has_size = 0;
     for (uint32_t i = 0; i < n; i++) {
         mv k;
         if (rdv(&p, e, &k) < 0 || k.t != T_STR) return RD_FALLBACK;
@@ -355,7 +353,6 @@ static int map_keys(const uint8_t *p, const uint8_t *e, uint32_t n, const char *
             if (kl[j] == k.n && memcmp(ks[j], k.s, k.n) == 0) return RD_FALLBACK;
         ks[i] = k.s, kl[i] = k.n;
         if (want && streq(&k, want)) *found = p;
-        if (has_size && streq(&k, "size")) *has_size = 1;
         if (skip(&p, e, 0, 0) < 0) return RD_FALLBACK;
     }
     return 0;
@@ -417,7 +414,7 @@ static int fmt_val(rd *c, const uint8_t **pp, const uint8_t *e, int depth) {
         return 0;
     }
     const uint8_t *blob;
-    TRY(map_keys(*pp, e, v.n, "blob", &blob, NULL));
+    TRY(map_keys(*pp, e, v.n, "blob", &blob));
     if (blob) {
         mv b;
         const uint8_t *q = blob;
@@ -590,7 +587,7 @@ static int launch_handle(const uint8_t *a, const uint8_t *e, mv *h) {
     const uint8_t *hp;
     if (am.t != T_MAP) return RD_FALLBACK;
     rdv(&a, e, &am);
-    TRY(map_keys(a, e, am.n, "f", &hp, NULL));
+    TRY(map_keys(a, e, am.n, "f", &hp));
     *h = val(hp, e);
     return hp && h->t == T_INT ? 0 : RD_FALLBACK;
 }
@@ -694,7 +691,7 @@ static int text_call(rd *c, const fields *fl, const mv *f, const uint8_t *e) {
     if (x.t == T_MAP && x.n) {
         const uint8_t *p = fl->x;
         rdv(&p, e, &x);
-        TRY(map_keys(p, e, x.n, NULL, NULL, NULL));
+        TRY(map_keys(p, e, x.n, NULL, NULL));
         PUTS("  x={");
         for (uint32_t i = 0; i < x.n; i++) {
             mv k, b, v;
@@ -704,7 +701,7 @@ static int text_call(rd *c, const fields *fl, const mv *f, const uint8_t *e) {
             PUT("=", 1);
             const uint8_t *q = p, *bp = NULL;
             if (rdv(&q, e, &v) < 0) return RD_FALLBACK;
-            if (v.t == T_MAP) TRY(map_keys(q, e, v.n, "blob", &bp, NULL));
+            if (v.t == T_MAP) TRY(map_keys(q, e, v.n, "blob", &bp));
             b = val(bp, e);
             if (bp && b.t == T_STR) {
                 ent *bl = tab_find(&c->t[TAB_BLOBS], b.s, b.n);
@@ -754,7 +751,7 @@ static int int_arg(const uint8_t *a, const uint8_t *e, const char *key, uint64_t
     const uint8_t *vp;
     if (am.t != T_MAP) return 1;
     rdv(&a, e, &am);
-    if (map_keys(a, e, am.n, key, &vp, NULL)) return 1;
+    if (map_keys(a, e, am.n, key, &vp)) return 1;
     v = val(vp, e);
     if (!vp || v.t != T_INT || v.neg) return 1;
     if (v.u >> 48) return 2;                      /* a count, too large to add up here */
@@ -767,7 +764,7 @@ static int a_ok(const uint8_t *a, const uint8_t *e) {
     mv am = val(a, e);
     if (am.t != T_MAP) return RD_FALLBACK;
     rdv(&a, e, &am);
-    return map_keys(a, e, am.n, NULL, NULL, NULL);
+    return map_keys(a, e, am.n, NULL, NULL);
 }
 
 static const char *SIZE_KEYS[] = {"ByteCount", "byteCount", "bytes", "bytesize", "byteSize", "size", "Size",

@@ -170,7 +170,7 @@ def _pack(recs):
     return b"".join(p.pack(r) for r in recs)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 @given(_RECORDS, st.sampled_from(["text", "jsonl"]), st.sampled_from(CALLS), st.booleans())
 def test_generated_records_dump_the_same(recs, fmt, calls, blobs):
     frames = [(_pack(recs[:3]), len(recs[:3])), (_pack(recs[3:]), len(recs[3:]))]
@@ -227,7 +227,7 @@ def _python_or_error(payload, count):
         return str(e)
 
 
-@settings(max_examples=1500, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=800, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.one_of(st.binary(max_size=300),
                  st.builds(lambda recs, cut, junk: _pack(recs)[:cut] + junk, _RECORDS, st.integers(0, 400),
                            st.binary(max_size=8))),
