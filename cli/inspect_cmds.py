@@ -586,15 +586,14 @@ class _Dump:
                 self.flush()
         return off
 
-    def frame(self, off: int, count: int, payload: bytes, recs) -> None:
+    def frame(self, off: int, count: int, payload: bytes, recs, checked: bool = False) -> None:
         w = self.walk
         if recs is None and (w is None or not w.run(payload, count, self.r.path, off, self.one, w.need,
-                                                    out=self.lines.append)):
+                                                    out=self.lines.append, checked=checked)):
             recs = record_list(payload, count, self.r.path, off)
         for rec in recs or ():
             self.one(rec)
-        if len(self.lines) >= 64:
-            self.flush()
+        self.flush()
 
     def flush(self) -> None:
         text = "".join(self.lines)

@@ -86,17 +86,18 @@ class Walk:
 
     def run(self, payload: bytes, count: int, path: Any, offset: int, record: Callable[[dict], Any],
             need: Optional[Callable[[str], None]] = None, sync: Optional[Callable[[Any], None]] = None,
-            out: Optional[Callable[[str], None]] = None) -> bool:
+            out: Optional[Callable[[str], None]] = None, checked: bool = False) -> bool:
         """Walk one records frame. record(rec) gets each record handed over (decoded); a true
         result turns the walker off, and the frame's other records go to record too. need(name)
         classifies a function name; sync(c) takes the counters after each stretch; out(text)
-        gets the lines made. False: the payload is not one C reads (the caller decodes it)."""
+        gets the lines made. False: the payload is not one C reads (the caller decodes it).
+        checked: a walk already checked this payload (a scan's, kept by the reader)."""
         if self.disabled:
             return False
         ffi, lib, c = self.ffi, self.lib, self.c
         buf = ffi.from_buffer("uint8_t[]", payload)
         n = len(payload)
-        if lib.rd_check(buf, n, count) != 0:
+        if not checked and lib.rd_check(buf, n, count) != 0:
             return False
         pos = ffi.new("size_t *", 0)
         while True:
@@ -200,8 +201,8 @@ def summarize(r, acc) -> None:
                 acc.launches.setdefault(-c.hval if c.hneg else c.hval, 0)
             w.lib.rd_take(c)
 
-    for off, count, payload, recs in r.record_payloads():
-        if recs is None and (w is None or not w.run(payload, count, r.path, off, acc.add, need, sync)):
+    for off, count, payload, recs, checked in r.record_payloads():
+        if recs is None and (w is None or not w.run(payload, count, r.path, off, acc.add, need, sync, checked=checked)):
             recs = record_list(payload, count, r.path, off)
         for rec in recs or ():
             acc.add(rec)

@@ -372,24 +372,25 @@ class SnapshotReader:
     def raw_header(self) -> Dict[str, Any]:
         return dict(self._raw_header)
 
-    def record_payloads(self, keep: bool = False) -> Iterator[Tuple[int, int, bytes, Optional[List[Dict[str, Any]]]]]:
-        """(offset, count, payload, records) of every records frame in file order: its
-        decompressed payload and record count, and its records when a scan kept them decoded
-        (else None: the caller decodes, record_list or formats/native.py). What the scan kept
-        is handed out once, unless keep."""
+    def record_payloads(self, keep: bool = False) -> Iterator[Tuple[int, int, bytes, Optional[List[Dict[str, Any]]], bool]]:
+        """(offset, count, payload, records, checked) of every records frame in file order:
+        its decompressed payload and record count, its records when a scan kept them decoded
+        (else None: the caller decodes, record_list or formats/native.py), and whether the
+        C walk already checked the payload (native.Walk.run). What the scan kept is handed
+        out once, unless keep."""
         for fr in self._frames:
             if fr.kind != KIND_RECORDS:
                 continue
             kept = (self._scan_recs.get if keep else self._scan_recs.pop)(fr.offset, None) if self._scan_recs else None
             if isinstance(kept, list):
-                yield fr.offset, len(kept), b"", kept
-                continue
-            if kept is None:
+                yield fr.offset, len(kept), b"", kept, False
+            elif kept is not None:         # the C walk of the scan read it
+                yield fr.offset, kept[0], kept[1], None, True
+            else:
                 kind, payload = self._read_frame(fr.offset, expect_kind=KIND_RECORDS)
                 if self._last_comp_len != fr.comp_len:
                     raise snap_error(self.path, fr.offset, "frame length disagrees with the index")
-                kept = (self._last_count, payload)
-            yield fr.offset, kept[0], kept[1], None
+                yield fr.offset, self._last_count, payload, None, False
 
     def records(self, kinds: Optional[Iterable[str]] = None) -> Iterator[Dict[str, Any]]:
         """Every record in file order (optionally only those whose 'k' is in kinds)."""
@@ -397,10 +398,10 @@ class SnapshotReader:
             kinds = (kinds,)
         want = set(kinds) if kinds is not None else None
         walk = native.kinds_walk(want) if want is not None else None
-        for off, count, payload, recs in self.record_payloads(keep=want is not None):
+        for off, count, payload, recs, checked in self.record_payloads(keep=want is not None):
             if recs is None and walk is not None:       # only the wanted records are decoded
                 got: List[Dict[str, Any]] = []
-                if walk.run(payload, count, self.path, off, got.append):
+                if walk.run(payload, count, self.path, off, got.append, checked=checked):
                     recs = got
             if recs is None:
                 recs = record_list(payload, count, self.path, off)

@@ -292,6 +292,16 @@ static int put_hex(rd *c, const uint8_t *s, size_t n) {
 
 /* json.dumps of a str (ensure_ascii) */
 static int put_jstr(rd *c, const uint8_t *s, uint32_t n) {
+    uint32_t i = 0;
+    while (i < n && s[i] >= 0x20 && s[i] < 0x7f && s[i] != '"' && s[i] != '\\') i++;
+    if (i == n && c->outlen + n + 2 <= c->outcap) {      /* nothing to escape (keys, names) */
+        char *o = c->out + c->outlen;
+        o[0] = '"';
+        memcpy(o + 1, s, n);
+        o[n + 1] = '"';
+        c->outlen += n + 2;
+        return 0;
+    }
     PUT("\"", 1);
     for (uint32_t i = 0; i < n;) {
         uint8_t ch = s[i];

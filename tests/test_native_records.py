@@ -185,7 +185,7 @@ class _Frames:
 
     def record_payloads(self):
         for i, (payload, count) in enumerate(self.frames):
-            yield i, count, payload, None
+            yield i, count, payload, None, False
 
     def has_blob(self, bid):
         return False
