@@ -103,7 +103,7 @@ class Walk:
         while True:
             rc = lib.rd_run(c, buf, n, pos)
             if c.outlen:
-                out(ffi.unpack(c.out, c.outlen).decode())
+                out(str(ffi.buffer(c.out, c.outlen), "utf-8"))
                 c.outlen = 0
             if sync is not None:
                 sync(c)

@@ -263,8 +263,17 @@ static inline int put(rd *c, const void *s, size_t n) {
 #define TRY(x) do { int r_ = (x); if (r_) return r_; } while (0)
 
 static int put_u(rd *c, uint64_t u, int hex) {
+    static const char d2[] = "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+                             "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+                             "8081828384858687888990919293949596979899";
     char b[24], *q = b + sizeof b;
-    do { *--q = "0123456789abcdef"[hex ? u & 15 : u % 10]; u = hex ? u >> 4 : u / 10; } while (u);
+    if (hex)
+        do { *--q = "0123456789abcdef"[u & 15]; u >>= 4; } while (u);
+    else {
+        for (; u >= 100; u /= 100) q -= 2, memcpy(q, d2 + 2 * (u % 100), 2);
+        if (u >= 10) q -= 2, memcpy(q, d2 + 2 * u, 2);
+        else *--q = (char)('0' + u);
+    }
     return put(c, q, (size_t)(b + sizeof b - q));
 }
 
@@ -360,7 +369,7 @@ static int map_keys(const uint8_t *p, const uint8_t *e, uint32_t n, const char *
         mv k;
         if (rdv(&p, e, &k) < 0 || k.t != T_STR) return RD_FALLBACK;
         for (uint32_t j = 0; j < i; j++)
-            if (kl[j] == k.n && memcmp(ks[j], k.s, k.n) == 0) return RD_FALLBACK;
+            if (kl[j] == k.n && (!k.n || ks[j][0] == k.s[0]) && memcmp(ks[j], k.s, k.n) == 0) return RD_FALLBACK;
         ks[i] = k.s, kl[i] = k.n;
         if (want && streq(&k, want)) *found = p;
         if (skip(&p, e, 0, 0) < 0) return RD_FALLBACK;
@@ -482,7 +491,7 @@ static int json_map(rd *c, const uint8_t **pp, const uint8_t *e, uint32_t n, int
         mv k;
         if (rdv(pp, e, &k) < 0 || k.t != T_STR) return RD_FALLBACK;
         for (uint32_t j = 0; j < i; j++)
-            if (kl[j] == k.n && memcmp(ks[j], k.s, k.n) == 0) return RD_FALLBACK;
+            if (kl[j] == k.n && (!k.n || ks[j][0] == k.s[0]) && memcmp(ks[j], k.s, k.n) == 0) return RD_FALLBACK;
         ks[i] = k.s, kl[i] = k.n;
         if (i) PUT(",", 1);
         TRY(put_jstr(c, k.s, k.n));
@@ -569,7 +578,7 @@ static int fields_of(const uint8_t *p, const uint8_t *e, fields *fl, const uint8
         mv k;
         if (rdv(&p, e, &k) < 0 || k.t != T_STR) return RD_FALLBACK;
         for (uint32_t j = 0; j < i; j++)
-            if (kl[j] == k.n && memcmp(ks[j], k.s, k.n) == 0) return RD_FALLBACK;
+            if (kl[j] == k.n && (!k.n || ks[j][0] == k.s[0]) && memcmp(ks[j], k.s, k.n) == 0) return RD_FALLBACK;
         ks[i] = k.s, kl[i] = k.n;
         if (k.n <= 5)
             for (int j = 0; j < 10; j++)
@@ -659,7 +668,7 @@ static int text_call(rd *c, const fields *fl, const mv *f, const uint8_t *e) {
             mv k;
             if (rdv(&p, e, &k) < 0 || k.t != T_STR) return RD_FALLBACK;
             for (uint32_t j = 0; j < i; j++)
-                if (kl[j] == k.n && memcmp(ks[j], k.s, k.n) == 0) return RD_FALLBACK;
+                if (kl[j] == k.n && (!k.n || ks[j][0] == k.s[0]) && memcmp(ks[j], k.s, k.n) == 0) return RD_FALLBACK;
             ks[i] = k.s, kl[i] = k.n;
             if (k.n == 1 && k.s[0] == 'f') hp = p;
             if (i) PUT(", ", 2);
