@@ -180,6 +180,8 @@ def print_records(rows: list, snap_bytes: int) -> None:
           f"goal >= {GOAL_RECORDS_S / 1e6:g} M records/s")
     print(f"  load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores: wall times include other processes' "
           f"share; the CPU-time column is per second of this process's CPU")
+    from cudasnap.formats import native
+    print(f"  C records reader (cudasnap.formats._records): {'on' if native.module() else 'off: Python paths'}")
     for r in rows:
         ok = "ok" if r["records_per_s"] >= GOAL_RECORDS_S else "below goal"
         cpu = (f"   cpu {r['cpu_s']:7.3f} s  {r['records_per_cpu_s'] / 1e6:6.2f} M/cpu-s"

@@ -16,6 +16,8 @@ from rich.markup import escape
 from cudasnap.console import console, print_table
 from cudasnap.formats import SnapshotError, SnapshotReader, cu_result_name, parse_callset, repair
 from cudasnap.formats import callset as cs
+from cudasnap.formats import native
+from cudasnap.formats.container import record_list
 from cudasnap.formats.summary import Summary, as_int, copy_bytes, memset_bytes
 
 
@@ -39,8 +41,7 @@ def summarize(r: SnapshotReader) -> Dict[str, Any]:
     sm = r.summary()
     if sm is None:
         acc = Summary(lambda bid: r.blob_size(bid) if r.has_blob(bid) else None)
-        for rec in r.records():
-            acc.add(rec)
+        native.summarize(r, acc)
         return _render(r, hdr, proc, acc.to_map())
     r.check_records()           # damage shows even though no record is decoded
     try:
@@ -552,44 +553,76 @@ def _json_default(o: Any) -> Any:
     return str(o)
 
 
+class _Dump:
+    """The lines `dump` prints for reader r's records frames, fed one at a time (frame).
+    Lines are made in C where the module is there (formats/native.py); the Python path
+    (one) is the reference, and takes every record the C walk hands over."""
+
+    def __init__(self, r, fmt: str, blobs: bool, calls: Optional[str], out, use_native: bool = True):
+        self.r, self.text, self.blobs, self.out = r, fmt == "text", blobs, out
+        self.pred = parse_callset(calls) if calls else None
+        terms = (cs.parse_terms(calls) if str(calls).strip() else []) if calls else None
+        self.walk = native.dump_walk(r, self.text, blobs, terms) if use_native else None
+        self.fn_names: Dict[Any, str] = {}
+        self.memo = _Memo()
+        self.lines: list = []       # written in blocks; what was read before an error still shows
+
+    def one(self, rec: Dict[str, Any]) -> bool:
+        """One record the Python way; True when the C walk cannot follow the file from here."""
+        off = False
+        if rec.get("k") == "fn" and isinstance(rec.get("name"), str):
+            try:
+                self.fn_names[rec.get("h")] = rec["name"]
+            except TypeError:
+                pass
+            if self.walk is not None:
+                off = self.walk.fn(rec.get("h"), rec["name"])
+        if self.pred is None or self.pred(rec, self.fn_names):
+            if self.text:
+                self.lines.append(_fmt_text(rec, self.fn_names, self.blobs, self.r, self.memo) + "\n")
+            else:
+                self.lines.append(_json_line(rec, self.blobs, self.r, self.memo) + "\n")
+            if len(self.lines) >= 4096:
+                self.flush()
+        return off
+
+    def frame(self, off: int, count: int, payload: bytes, recs, checked: bool = False) -> None:
+        w = self.walk
+        if recs is None and (w is None or not w.run(payload, count, self.r.path, off, self.one, w.need,
+                                                    out=self.lines.append, checked=checked)):
+            recs = record_list(payload, count, self.r.path, off)
+        for rec in recs or ():
+            self.one(rec)
+        self.flush()
+
+    def flush(self) -> None:
+        text = "".join(self.lines)
+        self.lines.clear()
+        self.out.write(text)
+
+
 def run_dump(path: Path, calls: Optional[str], fmt: str, blobs: bool) -> int:
     fmt = (fmt or "text").lower()
     if fmt not in ("text", "jsonl", "json"):
         return _err(f"unknown --format {fmt!r} (use text or jsonl)")
     try:
-        pred = parse_callset(calls) if calls else None
+        parse_callset(calls) if calls else None
     except ValueError as e:
         return _err(str(e))
-    out = sys.stdout
-    lines: list = []            # written in blocks; what was read before an error still shows
+    d = None
     try:
         with SnapshotReader(path) as r:
-            fn_names: Dict[Any, str] = {}
-            memo = _Memo()
-            for rec in r.records():
-                if rec.get("k") == "fn" and isinstance(rec.get("name"), str):
-                    try:
-                        fn_names[rec.get("h")] = rec["name"]
-                    except TypeError:
-                        pass
-                if pred is not None and not pred(rec, fn_names):
-                    continue
-                if fmt == "text":
-                    lines.append(_fmt_text(rec, fn_names, blobs, r, memo))
-                else:
-                    lines.append(_json_line(rec, blobs, r, memo))
-                if len(lines) >= 4096:
-                    lines.append("")
-                    out.write("\n".join(lines))
-                    lines.clear()
-            out.write("".join(line + "\n" for line in lines))
+            d = _Dump(r, fmt, blobs, calls, sys.stdout)
+            for frame in r.record_payloads():
+                d.frame(*frame)
+            d.flush()
             if r.truncated:
                 print(f"cudasnap: warning: {r.path} is truncated: {r.lost_bytes} bytes after the last "
                       f"complete frame were lost (run `cudasnap repair`)", file=sys.stderr)
     except SnapshotError as e:
-        if lines:
+        if d is not None and d.lines:
             try:
-                out.write("\n".join(lines) + "\n")
+                d.flush()
             except BrokenPipeError:
                 pass
         return _err(str(e))

@@ -112,32 +112,27 @@ def kernel_name(rec: Mapping[str, Any], fn_names: Optional[Mapping[Any, str]]) -
         return None
 
 
-def parse_callset(spec: Optional[str]) -> Predicate:
-    """Compile a call-set spec into predicate(record, fn_names) -> bool.
-    fn_names maps function handle -> kernel name (from 'fn' records); may be None.
-    Raises ValueError on a malformed spec. None or '' selects every call."""
-    if spec is None or not str(spec).strip():
-        return lambda rec, fn_names=None: rec.get("k") == "c"
-    tests = []
+def parse_terms(spec: str) -> list:
+    """The terms of a call-set spec: ("seq", lo, hi, exact) (hi None: open), ("group", test),
+    ("errors",) or ("name", match). Raises ValueError on a malformed spec."""
+    terms: list = []
     for raw in str(spec).split(","):
         term = raw.strip()
         if not term:
             continue
         m = re.fullmatch(r"(\d*)\s*-\s*(\d*)", term)
         if term.isdigit():
-            n = int(term)
-            tests.append(lambda rec, fn, n=n: rec.get("s") == n)
+            terms.append(("seq", int(term), int(term), True))
         elif m and (m.group(1) or m.group(2)):
             lo = int(m.group(1)) if m.group(1) else 0
             hi = int(m.group(2)) if m.group(2) else None
             if hi is not None and hi < lo:
                 raise ValueError(f"call set: empty range {term!r}")
-            tests.append(lambda rec, fn, lo=lo, hi=hi: _in_range(rec.get("s"), lo, hi))
+            terms.append(("seq", lo, hi, False))
         elif term.lower() in GROUPS:
-            g = GROUPS[term.lower()]
-            tests.append(lambda rec, fn, g=g: g(_fname(rec)))
+            terms.append(("group", GROUPS[term.lower()]))
         elif term.lower() in ("errors", "error", "failed"):
-            tests.append(lambda rec, fn: is_error(rec))
+            terms.append(("errors",))
         else:
             try:
                 rx = re.compile(term, re.IGNORECASE)
@@ -145,9 +140,31 @@ def parse_callset(spec: Optional[str]) -> Predicate:
             except re.error:
                 low = term.lower()
                 match = lambda s, low=low: low in s.lower()  # noqa: E731
-            tests.append(lambda rec, fn, match=match: _name_match(rec, fn, match))
-    if not tests:
+            terms.append(("name", match))
+    if not terms:
         raise ValueError(f"call set: no terms in {spec!r}")
+    return terms
+
+
+def parse_callset(spec: Optional[str]) -> Predicate:
+    """Compile a call-set spec into predicate(record, fn_names) -> bool.
+    fn_names maps function handle -> kernel name (from 'fn' records); may be None.
+    Raises ValueError on a malformed spec. None or '' selects every call."""
+    if spec is None or not str(spec).strip():
+        return lambda rec, fn_names=None: rec.get("k") == "c"
+    tests = []
+    for t in parse_terms(spec):
+        if t[0] == "seq":
+            if t[3]:
+                tests.append(lambda rec, fn, n=t[1]: rec.get("s") == n)
+            else:
+                tests.append(lambda rec, fn, lo=t[1], hi=t[2]: _in_range(rec.get("s"), lo, hi))
+        elif t[0] == "group":
+            tests.append(lambda rec, fn, g=t[1]: g(_fname(rec)))
+        elif t[0] == "errors":
+            tests.append(lambda rec, fn: is_error(rec))
+        else:
+            tests.append(lambda rec, fn, match=t[1]: _name_match(rec, fn, match))
 
     def predicate(rec: Mapping[str, Any], fn_names: Optional[Mapping[Any, str]] = None) -> bool:
         if rec.get("k") != "c":

@@ -15,15 +15,17 @@ from .container import (
     SnapshotError, _decompressor, check_preamble, chunk_digest, decode_payload,
     iter_record_payload, parse_frame_header, record_list, snap_error, unpack_one, xxh64,
 )
+from . import native
 from .blobrefs import frame_blob_refs
 from .chunkio import chunk_into
 from .segments import segment_paths
 from .summary import check_map
 
 _HEX = set("0123456789abcdef")
-# A scan decodes every records frame; up to this many of its records are kept for the first
+# A scan reads every records frame; up to this many of its records are kept for the first
 # records() pass (info, dump and replay of a file without an index make exactly one), which
-# then reads them instead of decoding again. Each frame's are handed out once.
+# then reads them instead of reading the frame again: decoded, or the payload when the C walk
+# (formats/native.py) read it. Each frame's are handed out once.
 SCAN_KEEP_RECORDS = 200_000
 
 
@@ -91,7 +93,7 @@ class SnapshotReader:
         self._scan_blob_refs: Optional[int] = None
         self._header_merged: Optional[Dict[str, Any]] = None
         self._raw_header = {}
-        self._scan_recs: Dict[int, List[Dict[str, Any]]] = {}
+        self._scan_recs: Dict[int, Any] = {}      # records, or (count, payload)
         self.gaps: List[Dict[str, Any]] = []
         self.lost_blobs: List[str] = []
         if self._segment:
@@ -188,6 +190,7 @@ class SnapshotReader:
         pos = PREAMBLE_SIZE
         blob_recs: List[Tuple[int, List[Dict[str, Any]], Dict[str, int]]] = []
         kept = 0
+        walk = native.scan_walk()
         while pos < size:
             try:
                 if pos + FRAME_SIZE > size:
@@ -200,12 +203,17 @@ class SnapshotReader:
                 if kind == KIND_INDEX:
                     break
                 if kind == KIND_RECORDS:
-                    recs = record_list(payload, self._last_count, self.path, pos)
-                    refs = frame_blob_refs(recs)
-                    blob_recs.append((len(frames), [r for r in recs if r.get("k") == "b"], refs))
-                    if kept + len(recs) <= SCAN_KEEP_RECORDS:
+                    count = self._last_count
+                    got = native.scan_frame(walk, payload, count, self.path, pos, frame_blob_refs) if walk else None
+                    if got is None:        # the Python way: decoded records are kept
+                        recs = record_list(payload, count, self.path, pos)
+                        got = [r for r in recs if r.get("k") == "b"], frame_blob_refs(recs)
+                    else:                  # walked in C: the payload is kept
+                        recs = (count, payload)
+                    blob_recs.append((len(frames), *got))
+                    if kept + count <= SCAN_KEEP_RECORDS:
                         self._scan_recs[pos] = recs
-                        kept += len(recs)
+                        kept += count
                 elif kind == KIND_CHUNK:
                     cid = self._chunk_id_of(payload, pos)
                     self._chunks.setdefault(cid, pos)
@@ -364,20 +372,39 @@ class SnapshotReader:
     def raw_header(self) -> Dict[str, Any]:
         return dict(self._raw_header)
 
+    def record_payloads(self, keep: bool = False) -> Iterator[Tuple[int, int, bytes, Optional[List[Dict[str, Any]]], bool]]:
+        """(offset, count, payload, records, checked) of every records frame in file order:
+        its decompressed payload and record count, its records when a scan kept them decoded
+        (else None: the caller decodes, record_list or formats/native.py), and whether the
+        C walk already checked the payload (native.Walk.run). What the scan kept is handed
+        out once, unless keep."""
+        for fr in self._frames:
+            if fr.kind != KIND_RECORDS:
+                continue
+            kept = (self._scan_recs.get if keep else self._scan_recs.pop)(fr.offset, None) if self._scan_recs else None
+            if isinstance(kept, list):
+                yield fr.offset, len(kept), b"", kept, False
+            elif kept is not None:         # the C walk of the scan read it
+                yield fr.offset, kept[0], kept[1], None, True
+            else:
+                kind, payload = self._read_frame(fr.offset, expect_kind=KIND_RECORDS)
+                if self._last_comp_len != fr.comp_len:
+                    raise snap_error(self.path, fr.offset, "frame length disagrees with the index")
+                yield fr.offset, self._last_count, payload, None, False
+
     def records(self, kinds: Optional[Iterable[str]] = None) -> Iterator[Dict[str, Any]]:
         """Every record in file order (optionally only those whose 'k' is in kinds)."""
         if isinstance(kinds, str):
             kinds = (kinds,)
         want = set(kinds) if kinds is not None else None
-        for fr in self._frames:
-            if fr.kind != KIND_RECORDS:
-                continue
-            recs = self._scan_recs.pop(fr.offset, None) if self._scan_recs else None
+        walk = native.kinds_walk(want) if want is not None else None
+        for off, count, payload, recs, checked in self.record_payloads(keep=want is not None):
+            if recs is None and walk is not None:       # only the wanted records are decoded
+                got: List[Dict[str, Any]] = []
+                if walk.run(payload, count, self.path, off, got.append, checked=checked):
+                    recs = got
             if recs is None:
-                kind, payload = self._read_frame(fr.offset, expect_kind=KIND_RECORDS)
-                if self._last_comp_len != fr.comp_len:
-                    raise snap_error(self.path, fr.offset, "frame length disagrees with the index")
-                recs = record_list(payload, self._last_count, self.path, fr.offset)
+                recs = record_list(payload, count, self.path, off)
             if want is None:
                 yield from recs
             else:

@@ -99,6 +99,26 @@ def _category(f: str) -> int:
     return _OTHER
 
 
+_COPY_KINDS = ("H2D", "D2H", "D2D", "P2P")
+
+
+def name_class(f: str) -> int:
+    """How the C walk (formats/records.c summ_call) counts calls of f: 0 nothing more, 1 a
+    launch, 10 + i a copy of kind _COPY_KINDS[i], 20 + element size a memset, 30 an
+    allocation; 99: Summary.add does (directions from the arguments, 2D sizes, modules)."""
+    cat = _category(f)
+    if cat == _OTHER or cat == _LAUNCH:
+        return cat
+    if cat == _MEMCPY:
+        d = _direction_by_name(f)
+        return 10 + _COPY_KINDS.index(d) if d in _COPY_KINDS else 99
+    if cat == _MEMSET and "D2D" not in f:
+        return 20 + (4 if "D32" in f else 2 if "D16" in f else 1)
+    if cat == _ALLOC and "Pitch" not in f:
+        return 30
+    return 99
+
+
 class NvtxRanges:
     """NVTX ranges and marks of `nvtx` records (SCHEMA.md), per (domain, name): how many, and
     the time inside the closed ones (a push to its pop on the same thread and domain, a start to
