@@ -559,6 +559,7 @@ class _Dump:
     (one) is the reference, and takes every record the C walk hands over."""
 
     def __init__(self, r, fmt: str, blobs: bool, calls: Optional[str], out, use_native: bool = True):
+        """calls: a call-set spec already checked (parse_callset raised nothing for it)."""
         self.r, self.text, self.blobs, self.out = r, fmt == "text", blobs, out
         self.pred = parse_callset(calls) if calls else None
         terms = (cs.parse_terms(calls) if str(calls).strip() else []) if calls else None
@@ -605,10 +606,11 @@ def run_dump(path: Path, calls: Optional[str], fmt: str, blobs: bool) -> int:
     fmt = (fmt or "text").lower()
     if fmt not in ("text", "jsonl", "json"):
         return _err(f"unknown --format {fmt!r} (use text or jsonl)")
-    try:
-        parse_callset(calls) if calls else None
-    except ValueError as e:
-        return _err(str(e))
+    if calls and str(calls).strip():
+        try:
+            cs.parse_terms(calls)           # a malformed spec is refused before the file is opened
+        except ValueError as e:
+            return _err(str(e))
     d = None
     try:
         with SnapshotReader(path) as r:
