@@ -3,7 +3,8 @@
 
 Graph mode times short kernels about 0.5 us below timeline mode. This measures whether the
 difference follows the launch path rather than the kernel: the same kernels (an empty one and
-clock64 spins of fixed cycle counts) run K times back to back on a stream and as a K-node graph,
+clock64 spins of fixed cycle counts, and memory-bound elementwise adds of several waves, each
+reading what the one before wrote) run K times back to back on a stream and as a K-node graph,
 traced by the same CUPTI collector, and once more on the stream with the GPU idle ~30 us
 before each launch (as in a launch-bound replay); prints median durations per path.
 
@@ -40,6 +41,42 @@ L:  mov.u64 %rd3, %clock64;
 """
 
 
+# c = a + b over n floats, a thread per element: many waves, bound by memory like an
+# elementwise framework kernel
+ADD = """
+.version 7.0
+.target sm_70
+.address_size 64
+.visible .entry vadd(.param .u64 pa, .param .u64 pb, .param .u64 pc, .param .u32 n)
+{
+    .reg .u32 %r<6>;
+    .reg .u64 %rd<8>;
+    .reg .f32 %f<4>;
+    .reg .pred %p;
+    ld.param.u64 %rd1, [pa];
+    ld.param.u64 %rd2, [pb];
+    ld.param.u64 %rd3, [pc];
+    ld.param.u32 %r1, [n];
+    mov.u32 %r2, %ctaid.x;
+    mov.u32 %r3, %ntid.x;
+    mov.u32 %r4, %tid.x;
+    mad.lo.u32 %r5, %r2, %r3, %r4;
+    setp.ge.u32 %p, %r5, %r1;
+    @%p bra DONE;
+    mul.wide.u32 %rd4, %r5, 4;
+    add.u64 %rd5, %rd1, %rd4;
+    add.u64 %rd6, %rd2, %rd4;
+    add.u64 %rd7, %rd3, %rd4;
+    ld.global.f32 %f1, [%rd5];
+    ld.global.f32 %f2, [%rd6];
+    add.f32 %f3, %f1, %f2;
+    st.global.f32 [%rd7], %f3;
+DONE:
+    ret;
+}
+"""
+
+
 def ok(r):
     err, *vals = r if isinstance(r, tuple) else (r,)
     if int(err) != 0:
@@ -64,12 +101,31 @@ def main() -> int:
         mod = ok(cu.cuModuleLoadData(SPIN.format(n=n).encode() + b"\0"))
         kernels[n] = ok(cu.cuModuleGetFunction(mod, f"spin_{n}".encode()))
 
+    import ctypes
+    vmod = ok(cu.cuModuleLoadData(ADD.encode() + b"\0"))
+    vadd = ok(cu.cuModuleGetFunction(vmod, b"vadd"))
+    bufs = {}
+    for n in (1 << 20, 1 << 21):                       # 12 and 24 MB moved per kernel
+        bufs[n] = [int(ok(cu.cuMemAlloc(4 * n))) for _ in range(3)]
+        for b in bufs[n]:
+            ok(cu.cuMemsetD32(b, 0, n))
+        kernels[f"vadd {n >> 20}M"] = vadd
+    flip = {"i": 0}
+
     def launch(fn, grid):
+        if fn is vadd:                                  # grid carries n; alternate in/out
+            n = grid
+            a, b, c = bufs[n]
+            flip["i"] ^= 1
+            src, dst = (a, c) if flip["i"] else (c, a)
+            args = ((src, b, dst, n), (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32))
+            ok(cu.cuLaunchKernel(fn, (n + 255) // 256, 1, 1, 256, 1, 1, 0, stream, args, 0))
+            return
         ok(cu.cuLaunchKernel(fn, grid, 1, 1, 128, 1, 1, 0, stream, None, 0))
 
     graphs = {}
     for n, fn in kernels.items():
-        for grid in (2 * sms,):
+        for grid in ((int(n.split()[1][:-1]) << 20,) if isinstance(n, str) else (2 * sms,)):
             ok(cu.cuStreamBeginCapture(stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED))
             for _ in range(a.k):
                 launch(fn, grid)
@@ -109,7 +165,7 @@ def main() -> int:
         row = {"cycles": n, "grid": grid, "stream_us": round(st, 3), "graph_us": round(gr, 3),
                "idle_stream_us": round(idl, 3), "n": [len(dur[p]) for p in ("stream", "graph", "idle")]}
         rows.append(row)
-        print(f"cycles {n:6d} grid {grid:4d}: stream {st:8.3f} us  graph {gr:8.3f} us  "
+        print(f"{('cycles ' + str(n)) if isinstance(n, int) else n:>14} grid {grid:8d}: stream {st:8.3f} us  graph {gr:8.3f} us  "
               f"stream with idle gaps {idl:8.3f} us  (n {row['n']})", flush=True)
     cupti.close()
     if a.json:
