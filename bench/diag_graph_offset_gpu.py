@@ -5,10 +5,10 @@ Graph mode times short kernels about 0.5 us below timeline mode. This measures w
 difference follows the launch path rather than the kernel: the same kernels (an empty one and
 clock64 spins of fixed cycle counts, and memory-bound elementwise adds of several waves, each
 reading what the one before wrote) run K times back to back on a stream and as a K-node graph,
-traced by the same CUPTI collector, and once more on the stream with the GPU idle ~30 us
-before each launch (as in a launch-bound replay); prints median durations per path.
+traced by the same CUPTI collector, and on the stream with the GPU idle before each launch
+(as in a launch-bound replay; --idle-us, several lengths); prints median durations per path.
 
-    python bench/diag_graph_offset_gpu.py [--k 1000] [--json OUT]
+    python bench/diag_graph_offset_gpu.py [--k 1000] [--idle-us 30,100,250] [--json OUT]
 """
 from __future__ import annotations
 
@@ -87,6 +87,7 @@ def ok(r):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--k", type=int, default=1000)
+    ap.add_argument("--idle-us", default="30,100,250", help="idle gaps before each launch, us")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     ok(cu.cuInit(0))
@@ -143,30 +144,31 @@ def main() -> int:
         ok(cu.cuStreamSynchronize(stream))
         clock.start()
         windows = []
-        paths = ("stream", "graph", "idle", "stream", "graph", "idle")
+        idles = [f"idle {x}" for x in a.idle_us.split(",") if x.strip()]
+        paths = ("stream", "graph", *idles) * 2
         for path in paths:
             m0 = clock.mark()
             if path == "graph":
                 ok(cu.cuGraphLaunch(exe, stream))
             else:
+                gap = float(path.split()[1]) * 1e-6 if path.startswith("idle") else 0.0
                 for _ in range(a.k):
                     launch(fn, grid)
-                    if path == "idle":                  # the GPU idles between kernels
-                        t = time.perf_counter() + 30e-6
+                    if gap:                              # the GPU idles between kernels
+                        t = time.perf_counter() + gap
                         while time.perf_counter() < t:
                             pass
             ok(cu.cuStreamSynchronize(stream))
             windows.append((m0, clock.mark()))
         got = clock.collect_records(windows)
-        dur = {"stream": [], "graph": [], "idle": []}
+        dur = {p: [] for p in paths}
         for path, recs in zip(paths, got):
             dur[path] += [(x.t1 - x.t0) / 1e3 for x in recs if x.kind == "kernel"]
-        st, gr, idl = (statistics.median(dur[p]) for p in ("stream", "graph", "idle"))
-        row = {"cycles": n, "grid": grid, "stream_us": round(st, 3), "graph_us": round(gr, 3),
-               "idle_stream_us": round(idl, 3), "n": [len(dur[p]) for p in ("stream", "graph", "idle")]}
+        meds = {p: round(statistics.median(v), 3) for p, v in dur.items() if v}
+        row = {"kernel": n, "grid": grid, "median_us": meds, "n": {p: len(v) for p, v in dur.items()}}
         rows.append(row)
-        print(f"{('cycles ' + str(n)) if isinstance(n, int) else n:>14} grid {grid:8d}: stream {st:8.3f} us  graph {gr:8.3f} us  "
-              f"stream with idle gaps {idl:8.3f} us  (n {row['n']})", flush=True)
+        label = ("cycles " + str(n)) if isinstance(n, int) else n
+        print(f"{label:>14}: " + "  ".join(f"{p} {m:.3f}" for p, m in meds.items()) + " us", flush=True)
     cupti.close()
     if a.json:
         with open(a.json, "w") as f:
