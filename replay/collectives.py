@@ -7,7 +7,11 @@ host timing, which differs from run to run (native runs included); the time afte
 arrived is the collective's own cost. Instances are matched across ranks by kernel name and
 order (the k-th `ncclDevKernel_AllReduce...` of every rank is one collective: ranks issue the
 collectives of a communicator in the same order). Times must be on one clock for every rank
-(CUPTI's, or the host's: ranks of one machine share it)."""
+(CUPTI's, or the host's: ranks of one machine share it).
+
+The time after the last arrival also depends on which rank came last: in a ring, the ranks
+downstream of it finish later. Run-to-run comparisons of a rank's time are therefore made per
+last-arriving rank (`by_last`), so that two runs with different arrival orders still compare."""
 from __future__ import annotations
 
 import re
@@ -43,6 +47,8 @@ def split_waits(ranks: Dict[int, Iterable[Tuple[str, int, int]]]) -> Dict[str, A
     names = set().union(*(set(d) for d in per.values())) if per else set()
     waits: Dict[int, List[float]] = defaultdict(list)
     own: Dict[int, List[float]] = defaultdict(list)
+    by_last: Dict[int, Dict[int, List[float]]] = defaultdict(lambda: defaultdict(list))
+    spans: List[float] = []
     raw: Dict[int, List[float]] = defaultdict(list)
     matched = unmatched = 0
     for nm in sorted(names):
@@ -50,17 +56,39 @@ def split_waits(ranks: Dict[int, Iterable[Tuple[str, int, int]]]) -> Dict[str, A
         k = min(counts)
         unmatched += sum(counts) - k * len(rank_ids)
         for i in range(k):
-            last = max(per[r][nm][i][0] for r in rank_ids)
+            last, last_rank = max((per[r][nm][i][0], r) for r in rank_ids)
             matched += 1
+            spans.append(max(0, max(per[r][nm][i][1] for r in rank_ids) - last) / 1e3)
             for r in rank_ids:
                 t0, t1 = per[r][nm][i]
                 raw[r].append((t1 - t0) / 1e3)
                 waits[r].append(max(0, last - t0) / 1e3)
                 own[r].append(max(0, t1 - max(t0, last)) / 1e3)
+                by_last[r][last_rank].append(own[r][-1])
     med = (lambda v: statistics.median(v) if v else None)
     return {"matched": matched, "unmatched": unmatched, "matched_by": "kernel name and order",
+            "span_us": med(spans),
             "ranks": {r: {"n": len(raw[r]), "kernel_us": med(raw[r]), "wait_us": med(waits[r]),
-                          "collective_us": med(own[r])} for r in rank_ids}}
+                          "collective_us": med(own[r]),
+                          "by_last": {lr: {"n": len(v), "collective_us": med(v)} for lr, v in sorted(by_last[r].items())}}
+                      for r in rank_ids}}
+
+
+def compare_ranks(run: Dict[str, Any], base: Dict[str, Any], min_n: int = 5) -> Dict[int, Dict[str, Any]]:
+    """Per rank, run against base (two split_waits results of one job): the collective time
+    compared within each last-arriving rank both runs saw at least min_n times. Returns
+    {rank: {"cells": [(last rank, base us, run us, diff %)], "worst_pct": largest |diff|}}."""
+    out: Dict[int, Dict[str, Any]] = {}
+    for r, v in (run.get("ranks") or {}).items():
+        b = (base.get("ranks") or {}).get(r) or {}
+        cells = []
+        for lr, c in (v.get("by_last") or {}).items():
+            bc = (b.get("by_last") or {}).get(lr)
+            if bc and c["n"] >= min_n and bc["n"] >= min_n and bc["collective_us"]:
+                cells.append((lr, bc["collective_us"], c["collective_us"],
+                              (c["collective_us"] - bc["collective_us"]) / bc["collective_us"] * 100))
+        out[r] = {"cells": cells, "worst_pct": max((abs(x[3]) for x in cells), default=None)}
+    return out
 
 
 def from_launch_rows(rows_by_rank: Dict[int, Sequence[Dict[str, Any]]]) -> Dict[str, Any]:

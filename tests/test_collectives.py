@@ -1,7 +1,7 @@
 """Collective kernels matched across ranks: the wait for peers and the collective's own time."""
 from __future__ import annotations
 
-from cudasnap.replay.collectives import describe, from_launch_rows, is_collective, split_waits
+from cudasnap.replay.collectives import compare_ranks, describe, from_launch_rows, is_collective, split_waits
 
 AR = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 
@@ -38,3 +38,33 @@ def test_what_counts_as_a_collective():
 
 def test_mangled_names_count_too():
     assert is_collective("_Z39ncclDevKernel_AllReduce_Sum_f32_RING_LL24ncclDevKernelArgsStorageILm4096EE")
+
+
+def _ring_run(last_order, hop_us=4, base_us=48):
+    """Three ranks in a ring; per collective, the rank in last_order arrives last (100 us late)
+    and each rank finishes base + hop * (ring distance from that rank) after it."""
+    us, ranks = 1000, {0: [], 1: [], 2: []}
+    for i, last in enumerate(last_order):
+        t = i * 10_000 * us
+        for r in ranks:
+            start = t + (100 * us if r == last else 0)
+            end = t + 100 * us + (base_us + hop_us * ((r - last) % 3)) * us
+            ranks[r].append((AR, start, end))
+    return split_waits(ranks)
+
+
+def test_runs_with_other_arrival_orders_compare_per_last_rank():
+    # the same ring costs, but rank 2 comes last in one run and rank 0 in the other: plain
+    # per-rank medians differ by a hop or two; compared per last-arriving rank they agree
+    a = _ring_run([2] * 8 + [0] * 6)
+    b = _ring_run([0] * 8 + [2] * 6)
+    assert a["ranks"][1]["collective_us"] != b["ranks"][1]["collective_us"]
+    assert a["ranks"][0]["by_last"][2] == {"n": 8, "collective_us": 52}
+    assert a["span_us"] in (56, 52)
+    cmp = compare_ranks(a, b)
+    assert all(v["worst_pct"] == 0 and len(v["cells"]) == 2 for v in cmp.values())
+    # a rank that really got slower shows up in every cell
+    slow = _ring_run([2] * 8 + [0] * 6, base_us=60)
+    assert all(v["worst_pct"] > 10 for v in compare_ranks(slow, b).values())
+    # too few instances of an arrival order: nothing to compare
+    assert compare_ranks(_ring_run([1] * 3), b)[0] == {"cells": [], "worst_pct": None}
