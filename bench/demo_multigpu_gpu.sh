@@ -292,7 +292,8 @@ for name, fn, prefix in (("native", torch_rows, "native_prof"), ("captured run",
         print(f"  {name}: no timings ({type(e).__name__}: {e})")
 ok = "native" in runs and "replay paced" in runs
 # the time after the last arrival depends on which rank came last (ring distance), and a separate
-# native run has its own arrival order: compare per last-arriving rank (compare_ranks)
+# native run has its own arrival order: compare per last-arriving rank, else per ring distance
+# from it (compare_ranks)
 per = {name: compare_ranks(c, runs["native"]) for name, c in runs.items() if name != "native" and "native" in runs}
 per_rec = {name: compare_ranks(c, runs["captured run"]) for name, c in runs.items()
            if name.startswith("replay") and "captured run" in runs}
@@ -306,8 +307,9 @@ for r in range(n):
         cmp = per.get(name, {}).get(r)
         if cmp is not None:
             v["vs_native_by_last"] = cmp
-            txt += ("; vs native, per last rank: " + ", ".join(f"last {lr}: {b:.1f}->{x:.1f} ({d:+.1f}%)" for lr, b, x, d in cmp["cells"])
-                    if cmp["cells"] else "; no arrival order shared with native")
+            txt += (f"; vs native, per {cmp['by']}: " + ", ".join(f"{cmp['by'].split()[0]} {k}: {b:.1f}->{x:.1f} ({d:+.1f}%)"
+                                                          for _kern, k, b, x, d in cmp["cells"])
+                    if cmp["cells"] else "; nothing comparable with native")
             if name.startswith("replay") and (cmp["worst_pct"] is None or cmp["worst_pct"] > 10):
                 good = False
         rc = per_rec.get(name, {}).get(r)

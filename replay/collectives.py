@@ -9,9 +9,12 @@ order (the k-th `ncclDevKernel_AllReduce...` of every rank is one collective: ra
 collectives of a communicator in the same order). Times must be on one clock for every rank
 (CUPTI's, or the host's: ranks of one machine share it).
 
-The time after the last arrival also depends on which rank came last: in a ring, the ranks
-downstream of it finish later. Run-to-run comparisons of a rank's time are therefore made per
-last-arriving rank (`by_last`), so that two runs with different arrival orders still compare."""
+The time after the last arrival also depends on which rank came last: in a ring, each rank's
+time follows its distance from the last one. Run-to-run comparisons of a rank's time are
+therefore made per collective kernel and last-arriving rank (`by_last`); where two runs share no
+arrival order, a rank's time at each ring distance from the last rank (in rank order: NCCL's
+rings on one node follow it, measured on 4 GPUs) is compared with the other run's time at that
+distance, whichever rank held it there (`by_hop`)."""
 from __future__ import annotations
 
 import re
@@ -47,7 +50,10 @@ def split_waits(ranks: Dict[int, Iterable[Tuple[str, int, int]]]) -> Dict[str, A
     names = set().union(*(set(d) for d in per.values())) if per else set()
     waits: Dict[int, List[float]] = defaultdict(list)
     own: Dict[int, List[float]] = defaultdict(list)
-    by_last: Dict[int, Dict[int, List[float]]] = defaultdict(lambda: defaultdict(list))
+    by_last: Dict[int, Dict[Tuple[str, int], List[float]]] = defaultdict(lambda: defaultdict(list))
+    by_hop: Dict[int, Dict[Tuple[str, int], List[float]]] = defaultdict(lambda: defaultdict(list))
+    job_hop: Dict[Tuple[str, int], List[float]] = defaultdict(list)
+    pos = {r: i for i, r in enumerate(rank_ids)}
     spans: List[float] = []
     raw: Dict[int, List[float]] = defaultdict(list)
     matched = unmatched = 0
@@ -64,30 +70,45 @@ def split_waits(ranks: Dict[int, Iterable[Tuple[str, int, int]]]) -> Dict[str, A
                 raw[r].append((t1 - t0) / 1e3)
                 waits[r].append(max(0, last - t0) / 1e3)
                 own[r].append(max(0, t1 - max(t0, last)) / 1e3)
-                by_last[r][last_rank].append(own[r][-1])
+                by_last[r][nm, last_rank].append(own[r][-1])
+                hop = (pos[r] - pos[last_rank]) % len(rank_ids)
+                by_hop[r][nm, hop].append(own[r][-1])
+                job_hop[nm, hop].append(own[r][-1])
     med = (lambda v: statistics.median(v) if v else None)
     return {"matched": matched, "unmatched": unmatched, "matched_by": "kernel name and order",
             "span_us": med(spans),
+            "by_hop": [{"kernel": k, "hop": h, "n": len(v), "collective_us": med(v)}
+                       for (k, h), v in sorted(job_hop.items())],
             "ranks": {r: {"n": len(raw[r]), "kernel_us": med(raw[r]), "wait_us": med(waits[r]),
                           "collective_us": med(own[r]),
-                          "by_last": {lr: {"n": len(v), "collective_us": med(v)} for lr, v in sorted(by_last[r].items())}}
+                          "by_last": [{"kernel": k, "last": lr, "n": len(v), "collective_us": med(v)}
+                                      for (k, lr), v in sorted(by_last[r].items())],
+                          "by_hop": [{"kernel": k, "hop": h, "n": len(v), "collective_us": med(v)}
+                                     for (k, h), v in sorted(by_hop[r].items())]}
                       for r in rank_ids}}
 
 
 def compare_ranks(run: Dict[str, Any], base: Dict[str, Any], min_n: int = 5) -> Dict[int, Dict[str, Any]]:
-    """Per rank, run against base (two split_waits results of one job): the collective time
-    compared within each last-arriving rank both runs saw at least min_n times. Returns
-    {rank: {"cells": [(last rank, base us, run us, diff %)], "worst_pct": largest |diff|}}."""
+    """Per rank, run against base (two split_waits results of one job): the collective time of
+    each kernel compared within each last-arriving rank both runs saw at least min_n times, or,
+    where they share none, at each ring distance from the last rank against base's time at that
+    distance (any rank's). Returns {rank: {"by":
+    "last rank" | "ring distance" | None, "cells": [(kernel, key, base us, run us, diff %)],
+    "worst_pct": largest |diff|}}."""
     out: Dict[int, Dict[str, Any]] = {}
     for r, v in (run.get("ranks") or {}).items():
         b = (base.get("ranks") or {}).get(r) or {}
-        cells = []
-        for lr, c in (v.get("by_last") or {}).items():
-            bc = (b.get("by_last") or {}).get(lr)
-            if bc and c["n"] >= min_n and bc["n"] >= min_n and bc["collective_us"]:
-                cells.append((lr, bc["collective_us"], c["collective_us"],
-                              (c["collective_us"] - bc["collective_us"]) / bc["collective_us"] * 100))
-        out[r] = {"cells": cells, "worst_pct": max((abs(x[3]) for x in cells), default=None)}
+        res: Dict[str, Any] = {"by": None, "cells": [], "worst_pct": None}
+        for by, field, key, src in (("last rank", "by_last", "last", b), ("ring distance", "by_hop", "hop", base)):
+            have = {(c["kernel"], c[key]): c for c in src.get(field) or () if c["n"] >= min_n and c["collective_us"]}
+            cells = [(c["kernel"], c[key], have[c["kernel"], c[key]]["collective_us"], c["collective_us"],
+                      (c["collective_us"] - have[c["kernel"], c[key]]["collective_us"])
+                      / have[c["kernel"], c[key]]["collective_us"] * 100)
+                     for c in v.get(field) or () if c["n"] >= min_n and (c["kernel"], c[key]) in have]
+            if cells:
+                res = {"by": by, "cells": cells, "worst_pct": max(abs(x[4]) for x in cells)}
+                break
+        out[r] = res
     return out
 
 
