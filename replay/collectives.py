@@ -138,6 +138,14 @@ def describe(c: Dict[str, Any]) -> List[str]:
     out = [f"collectives: {c['matched']} matched across ranks by {c['matched_by']}"
            + (f", {c['unmatched']} kernels on some ranks only" if c.get("unmatched") else "")
            + "; per rank, medians of: the kernel, its wait for peers, the collective after the last rank arrived"]
+    if c.get("span_us") is not None:
+        line = f"  job: last arrival to the last rank's end {c['span_us']:.1f} us"
+        hops = [h for h in c.get("by_hop") or () if h["n"]]
+        if hops:       # the busiest kernel's times by ring distance from the last rank
+            top = max({h["kernel"] for h in hops}, key=lambda k: sum(h["n"] for h in hops if h["kernel"] == k))
+            line += "; by ring distance from the last rank: " + ", ".join(
+                f"{h['hop']}: {h['collective_us']:.1f} us" for h in hops if h["kernel"] == top)
+        out.append(line)
     for r, v in sorted(c["ranks"].items()):
         if v["n"]:
             out.append(f"  rank {r}: {v['n']} kernels: kernel {v['kernel_us']:.1f} us, waiting {v['wait_us']:.1f} us, "

@@ -20,7 +20,8 @@ def test_the_late_rank_waits_nothing_and_the_others_wait_for_it():
     assert r0["wait_us"] == 500 and r1["wait_us"] == 150          # medians of (1000, 0) and (0, 300)
     assert r0["kernel_us"] == (1060 + 60) / 2
     lines = describe(c)
-    assert lines[0].startswith("collectives: 2 matched") and "rank 1: 2 kernels" in lines[2]
+    assert lines[0].startswith("collectives: 2 matched") and lines[1].startswith("  job: last arrival to the last rank's end 60.0 us")
+    assert "rank 1: 2 kernels" in lines[3]
 
 
 def test_kernels_on_some_ranks_only_are_counted_not_matched():
