@@ -7,7 +7,10 @@ from the timeline trace: what ran just before it on its stream and how long the 
 idle on that stream, what overlapped it on other streams, and its median split by those. Each
 timeline instance is also matched to the graph run's time of the same launch.
 
-    python bench/diag_graph_outliers_gpu.py SNAPSHOT [--json OUT]
+    python bench/diag_graph_outliers_gpu.py SNAPSHOT [--native SCRIPT.py ARGS...] [--json OUT]
+
+--native also times the recorded program's kernels natively (CUPTI, tests/gpu/cupti_native.py),
+so each compared kernel shows native / timeline / graph medians side by side.
 """
 from __future__ import annotations
 
@@ -42,12 +45,29 @@ def main() -> int:
     ap.add_argument("snapshot")
     ap.add_argument("--json", default=None)
     ap.add_argument("--min-us", type=float, default=5.0)
+    ap.add_argument("--native", nargs=argparse.REMAINDER, default=None, help="the Python program and its arguments")
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="cs-outliers-"))
     trace_path = work / "timeline.trace.json.gz"
     tl = replay(a.snapshot, work, "timeline", "--trace", str(trace_path))
     gr = replay(a.snapshot, work, "graph", "--repeat", "10", "--warmup", "3")
     cmp = compare_kernel_medians(gr, tl, a.min_us)
+    if a.native:
+        nat_out = work / "native.json"
+        cp = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "tests" / "gpu" / "cupti_native.py"),
+                             str(nat_out), *a.native], capture_output=True, text=True)
+        if cp.returncode != 0:
+            sys.exit(f"native run failed ({cp.returncode}): {cp.stderr[-1500:]}")
+        nat = json.loads(nat_out.read_text())["kernels"]
+        print("kernel: native / timeline / graph median us (timeline, graph vs native %)")
+        for c in cmp:
+            n = nat.get(c["name"])
+            if n:
+                c["native_us"] = statistics.median(n)
+                tl_pct = (c["other_us"] - c["native_us"]) / c["native_us"] * 100
+                gr_pct = (c["graph_us"] - c["native_us"]) / c["native_us"] * 100
+                print(f"  {c['native_us']:8.3f} / {c['other_us']:8.3f} / {c['graph_us']:8.3f}"
+                      f"  ({tl_pct:+5.1f}%, {gr_pct:+5.1f}%)  {c['name'][:70]}")
     bad = [c for c in cmp if abs(c["diff_pct"]) > 5.0]
     print(f"{len(cmp)} kernels of >= {a.min_us} us compared; {len(bad)} outside 5%")
     with gzip.open(trace_path, "rt") as f:
