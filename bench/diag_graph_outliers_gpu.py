@@ -28,7 +28,7 @@ from cudasnap.replay.profile.report import compare_kernel_medians
 
 
 def replay(snap: str, work: Path, mode: str, *extra: str) -> dict:
-    out = work / f"{mode}.json"
+    out = work / f"{mode}{len(extra)}.json"
     cp = subprocess.run(["cudasnap", "replay", snap, "--profile", mode, "--out", str(out), *extra],
                         capture_output=True, text=True)
     if cp.returncode != 0:
@@ -49,7 +49,8 @@ def main() -> int:
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="cs-outliers-"))
     trace_path = work / "timeline.trace.json.gz"
-    tl = replay(a.snapshot, work, "timeline", "--trace", str(trace_path))
+    replay(a.snapshot, work, "timeline", "--trace", str(trace_path))      # call by call: for the gaps
+    tl = replay(a.snapshot, work, "timeline")                               # batched, as usually run
     gr = replay(a.snapshot, work, "graph", "--repeat", "10", "--warmup", "3")
     cmp = compare_kernel_medians(gr, tl, a.min_us)
     if a.native:
