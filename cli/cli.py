@@ -337,6 +337,7 @@ def replay(
     hook: List[str] = typer.Option([], "--hook", metavar="MODULE:OBJECT", help="A hook MODULE:OBJECT[?key=value&...] (repeatable); see replay/hooks.py."),
     nvtx: Optional[bool] = typer.Option(None, "--nvtx/--no-nvtx", help="Emit NVTX ranges named after recorded calls and kernels (default: when nsys/ncu is attached)."),
     check_repeats: bool = typer.Option(False, "--check-repeats", help="isolated: check that every repeat writes the same memory."),
+    timeline_check: Optional[bool] = typer.Option(None, "--timeline-check/--no-timeline-check", help="graph: replay the selection once more under --profile timeline (a second process) and list kernels of >= 5 us whose medians differ by more than 5% (default: on when CUPTI timed the nodes)."),
     profiler_range: ProfilerRange = typer.Option(ProfilerRange.recorded, "--profiler-range", metavar=_one_of(ProfilerRange), help="recorded: call the recorded cuProfilerStart/Stop; workload: call cuProfilerStart right before the first replayed launch, copy or memset and cuProfilerStop after the last (once its work is done), ignoring recorded ones, so `nsys --capture-range=cudaProfilerApi` and `ncu --profile-from-start off` skip replay set-up."),
     replace: List[str] = typer.Option([], "--replace", metavar="KERNEL=FILE", help="Run KERNEL (a recorded name), module:KERNEL (its whole module) or 0xMODULE (a recorded module handle) from FILE, a rebuilt cubin/fatbin/PTX with the same parameter layout (checked; a mismatch stops with exit 2). Repeatable; CUDASNAP_REPLACE='T=F;T=F' adds more."),
     jit: Optional[str] = typer.Option(None, "--jit", metavar="ptx", help="ptx: load every module from the PTX its image carries (JIT-compiled for this GPU; the JIT time is reported)."),
@@ -382,7 +383,9 @@ def replay(
         fwd += [f for f, on in (("--continue-on-error", continue_on_error), ("--sync-after-launch", sync_after_launch),
                                 ("--relocate-payloads", relocate_payloads), ("-q", quiet), ("--threads", threads),
                                 ("--no-flush-l2", not flush_l2), ("--check-repeats", check_repeats),
-                                ("--nvtx", nvtx is True), ("--no-nvtx", nvtx is False)) if on]
+                                ("--nvtx", nvtx is True), ("--no-nvtx", nvtx is False),
+                                ("--timeline-check", timeline_check is True),
+                                ("--no-timeline-check", timeline_check is False)) if on]
         raise typer.Exit(run_group(snapshot, devices, fwd, json_out, watchdog, trace=str(trace) if trace else None))
     snapshot = snapshot[0]
     name_base, prange = _value(kernel_name_base), _value(profiler_range)
@@ -412,7 +415,7 @@ def replay(
         cfg = ProfileConfig(mode=profile, repeat=repeat, warmup=warmup, flush_l2=flush_l2,
                             **(pick if profile else {}), launch=launch,
                             out=str(out_file) if out_file else None, trace=str(trace) if trace else None,
-                            hooks=list(hook), nvtx=nvtx, check_repeats=check_repeats)
+                            hooks=list(hook), nvtx=nvtx, check_repeats=check_repeats, timeline_check=timeline_check)
         raise typer.Exit(run_profile_cli(snapshot, opts, cfg, json_out))
     raise typer.Exit(run_replay_cli(snapshot, opts, json_out))
 

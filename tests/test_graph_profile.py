@@ -72,6 +72,24 @@ def test_graph_mode_times_every_kernel_of_a_two_kernel_snapshot(double, tmp_path
     assert "check: kernels" in rp.stdout and "within 5%" in rp.stdout
 
 
+def test_graph_mode_checks_itself_against_a_timeline_replay(double, tmp_path):
+    """--timeline-check: the same snapshot replayed once more under timeline (a child process);
+    kernels of >= 5 us compared by median, those outside 5% listed. Off by default without CUPTI."""
+    snap = tmp_path / "two.cusnap"
+    two_kernel_program(snap, spin_ms=2, rounds=2)
+    out = tmp_path / "prof.json"
+    rp = _replay(double, snap, "--profile", "graph", "--repeat", "3", "--warmup", "1", "--out", str(out),
+                 "--timeline-check")
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    t = json.loads(out.read_text())["summary"]["timeline_check"]
+    assert t["compared"] == 1 and t["min_us"] == 5.0, t          # the 2 ms spin; incr is too short
+    assert t["within"] is True and t["outside"] == [], t
+    assert "check against timeline mode (a second replay" in rp.stdout and "1 kernels of >= 5 us, all within 5%" in rp.stdout
+    rp = _replay(double, snap, "--profile", "graph", "--repeat", "2", "--warmup", "0", "--out", str(out))
+    assert rp.returncode == 0 and "timeline_check" not in json.loads(out.read_text())["summary"]
+    assert "check against timeline mode" not in rp.stdout
+
+
 def test_graph_mode_times_every_launch_of_a_long_captured_program(double, capture, tmp_path):
     cp, snap = capture(double["progs"]["direct"], "2000")
     assert cp.returncode == 0, cp.stderr
@@ -320,6 +338,11 @@ def test_graph_notes_and_median_comparison():
     t = {"launches": [{"name": "a", "cupti_name": "A", "time_us": 10.0}, {"name": "b", "time_us": 2.1},
                       {"name": "d", "time_us": 9.0}]}
     assert [(d["name"], round(d["diff_pct"], 1)) for d in compare_kernel_medians(g, t)] == [("A", 4.0)]
+    s["timeline_check"] = {"min_us": 5.0, "limit_pct": 5.0, "compared": 18, "within": False, "timeline_backend": "cupti",
+                           "outside": [{"name": "gelu_bwd", "graph_us": 5.1, "other_us": 5.4, "diff_pct": -5.6}]}
+    text = "\n".join(graph_notes(s))
+    assert "check against timeline mode (a second replay, cupti): 18 kernels of >= 5 us, 1 outside 5%" in text
+    assert "gelu_bwd: graph 5.1 us, timeline 5.4 us (-5.6%)" in text
 
 
 def test_cupti_collector_follows_node_creation_and_cloning():

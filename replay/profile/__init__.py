@@ -59,6 +59,7 @@ class ProfileConfig:
     check_repeats: bool = False         # isolated: hash written memory after every run
     top: int = 20
     save_limit: int = 256 << 20         # isolated/graph: save every live allocation when all fit
+    timeline_check: Optional[bool] = None   # graph: also time the selection under timeline (None: with CUPTI)
 
 
 def check_config(cfg: ProfileConfig) -> Optional[str]:
@@ -145,6 +146,9 @@ def profile_replay(snapshot, cfg: ProfileConfig, options: Optional[ReplayOptions
             report["run"]["exit_code"] = res.exit_code
         except Exception as e:  # facts for comparisons; never a reason to lose the profile
             report["warnings"].append(f"run facts unavailable: {type(e).__name__}: {e}")
+        if cfg.mode == "graph" and report.get("launches"):
+            from .graphcheck import add_timeline_check
+            add_timeline_check(report, snapshot, cfg, opts)
         if cfg.out:
             write_out(report, cfg.out)
         if cfg.trace:

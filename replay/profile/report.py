@@ -301,6 +301,18 @@ def graph_notes(s: Dict[str, Any]) -> List[str]:
         elif not c["within_5pct"]:
             lines.append("  (the CUPTI-traced runs differ from the graph's timed runs: tracing overhead, or time "
                          "around the nodes that no record covers)")
+    t = s.get("timeline_check")
+    if t:
+        if not t["compared"]:
+            lines.append(f"check against timeline mode: no kernel of >= {t['min_us']:g} us in both")
+        else:
+            verdict = (f"all within {t['limit_pct']:g}%" if t["within"] else
+                       f"{len(t['outside'])} outside {t['limit_pct']:g}%")
+            lines.append(f"check against timeline mode (a second replay, {t.get('timeline_backend')}): "
+                         f"{t['compared']} kernels of >= {t['min_us']:g} us, {verdict}")
+            for c2 in t["outside"][:10]:
+                lines.append(f"  {short_name(c2['name'], 60)}: graph {fmt_us(c2['graph_us'])}, timeline "
+                             f"{fmt_us(c2['other_us'])} ({c2['diff_pct']:+.1f}%)")
     return lines
 
 
