@@ -226,11 +226,16 @@ def test_graph_mode_times_every_kernel(name, runner, tmp_path):
                    "unrecorded": (gs.get("unrecorded") or [])[:5], "check": check,
                    "graph_total_us": gs.get("total_us"), "timeline_span_us": ts.get("span_us"),
                    "timeline_backend": ts.get("backend"), "compared": cmp[:20], "n_compared": len(cmp),
+                   "graph_timeline_check": {k: v for k, v in (gs.get("timeline_check") or {}).items() if k != "outside"},
+                   "graph_timeline_outside": [(c["name"][:60], round(c["diff_pct"], 1)) for c in (gs.get("timeline_check") or {}).get("outside", [])],
                    "warnings": gr["report"].get("warnings", [])[:5], "error": gs.get("error"),
                    "stderr": (gr["stderr"] + tl["stderr"])[-800:]})
     assert gr["rc"] == 0 and tl["rc"] == 0, (gr["stdout"] + gr["stderr"])[-3000:]
     assert "error" not in gs and gs.get("total_us", 0) > 0, gs
     assert gs.get("backend") == "cupti" and ts.get("backend") == "cupti", (gs, ts)
+    tc = gs.get("timeline_check") or {}        # graph mode's own check (a second, timeline replay)
+    assert tc.get("compared") and tc.get("timeline_backend") == "cupti", (tc, gr["report"].get("warnings"))
+    assert "check against timeline mode" in gr["stdout"], gr["stdout"][-2000:]
     if name == "gpt_train":
         assert gs["path"] == "captured sequence" and gs["launches"] >= 10000, gs
         assert gs["per_node_method"] == "CUPTI graph node ids" and gs["launches_timed"] == gs["launches"], gs
