@@ -882,6 +882,34 @@ typedef struct {                       /* replay/build_executor.py ex_op */
 } xop;
 _Static_assert(sizeof(xop) == 112, "ex_op layout");
 
+/* key names -> index, by a small open hash (key lookups are most of a record's cost) */
+typedef struct { const char **names; int nn; int8_t slot[128]; uint8_t len[32]; } ktab;
+
+static unsigned kh(const uint8_t *s, uint32_t n) { return (n * 7u + s[0] * 3u + s[n - 1]) & 127u; }
+
+static void kt_init(ktab *t, const char **names, int nn) {
+    memset(t->slot, -1, sizeof t->slot);
+    t->names = names, t->nn = nn;
+    for (int j = 0; j < nn; j++) {
+        uint32_t n = (uint32_t)strlen(names[j]);
+        unsigned h = kh((const uint8_t *)names[j], n);
+        while (t->slot[h] >= 0) h = (h + 1) & 127u;
+        t->slot[h] = (int8_t)j, t->len[j] = (uint8_t)n;
+    }
+}
+
+static int kt_find(const ktab *t, const uint8_t *s, uint32_t n) {
+    if (!n || n > 255) return -1;
+    for (unsigned h = kh(s, n); t->slot[h] >= 0; h = (h + 1) & 127u) {
+        int j = t->slot[h];
+        if (t->len[j] != n) continue;
+        uint32_t i = 0;                        /* short keys: no memcmp call */
+        while (i < n && t->names[j][i] == (char)s[i]) i++;
+        if (i == n) return j;
+    }
+    return -1;
+}
+
 typedef struct { i128 seq, t0; uint64_t hu; uint32_t fr, st, en; int32_t name; uint16_t fam; uint8_t hneg, has_t0; } pside;
 
 typedef struct {
@@ -907,10 +935,11 @@ struct plout {
     int slot_ns;
     /* private */
     size_t cap; pside *side;
-    size_t ocap;                        /* outputs' capacity (ops) */
+    size_t opcap;
     size_t mcap; size_t acap;
     uint64_t *rlo; uint64_t *rsz; int64_t nr;     /* recorded ranges: base, size (clamped) */
     tab st_h, st_f, blobs;
+    ktab kt_top, kt_a, kt_params, kt_host, kt_dst, kt_blob;
 };
 
 static uint64_t *pl_u64grow(uint64_t **p, size_t *cap, size_t need) {
@@ -933,11 +962,16 @@ static void pl_free_out(plout *o) {
 
 /* room for one more op in the open batch */
 static int pl_room(plout *o) {
+    void *p;
+    if ((size_t)o->n >= o->opcap) {          /* ops: handed to Python batch by batch (pl_take_ops) */
+        size_t c = o->opcap ? o->opcap * 2 : 256;
+        if (!(p = realloc(o->ops, c * sizeof(xop)))) return RD_NOMEM;
+        o->ops = p, o->opcap = c;
+    }
     if ((size_t)o->n < o->cap) return 0;
     size_t c = o->cap ? o->cap * 2 : 1024;
-    void *p;
 #define G(f, t) if (!(p = realloc(o->f, c * sizeof(t)))) return RD_NOMEM; o->f = p;
-    G(kinds, uint8_t) G(ops, xop) G(fams, uint16_t) G(fr, uint32_t) G(st, uint32_t) G(en, uint32_t)
+    G(kinds, uint8_t) G(fams, uint16_t) G(fr, uint32_t) G(st, uint32_t) G(en, uint32_t)
     G(side, pside) G(sync_idx, int64_t) G(ctx_idx, int64_t) G(copy_idx, int64_t)
     G(fam_id, int32_t) G(fam_n, int64_t) G(fn_neg, uint8_t) G(fn_u, uint64_t) G(fn_i, int64_t)
 #undef G
@@ -954,24 +988,42 @@ static const char *AKEYS[A_NKEYS] = {"f", "gridDimX", "gridDimY", "gridDimZ", "b
     "blockDimZ", "sharedMemBytes", "hStream", "hEvent", "flags", "Flags", "dstDevice", "srcDevice", "uc", "us",
     "ui", "N", "dst", "src", "ByteCount", "ctx"};
 
-/* a map's str keys (none twice), the values of those in names[0..nn) found; RD_FALLBACK else */
-static int pl_map(const uint8_t *p, const uint8_t *e, const char **names, int nn, const uint8_t **got) {
+/* a map's str keys, the values of those t names in got (NULL: absent); RD_FALLBACK where a key
+   is not a str or one t names comes twice. nkeys: the map's size; known: how many t named;
+   end: past the map */
+static int pl_map2(const uint8_t *p, const uint8_t *e, const ktab *t, const uint8_t **got, uint32_t *nkeys,
+                   uint32_t *known, const uint8_t **end, int subj, const ktab *st, const uint8_t **sgot, int *sok) {
     mv m;
-    const uint8_t *ks[MAXKEYS];
-    uint32_t kl[MAXKEYS];
-    for (int j = 0; j < nn; j++) got[j] = NULL;
-    if (!p || rdv(&p, e, &m) < 0 || m.t != T_MAP || m.n > MAXKEYS) return RD_FALLBACK;
+    for (int j = 0; j < t->nn; j++) got[j] = NULL;
+    if (!p || rdv(&p, e, &m) < 0 || m.t != T_MAP) return RD_FALLBACK;
+    uint32_t nk = 0;
     for (uint32_t i = 0; i < m.n; i++) {
         mv k;
         if (rdv(&p, e, &k) < 0 || k.t != T_STR) return RD_FALLBACK;
-        for (uint32_t j = 0; j < i; j++)
-            if (kl[j] == k.n && (!k.n || ks[j][0] == k.s[0]) && memcmp(ks[j], k.s, k.n) == 0) return RD_FALLBACK;
-        ks[i] = k.s, kl[i] = k.n;
-        for (int j = 0; j < nn; j++)
-            if (names[j][0] == (char)(k.n ? k.s[0] : 0) && streq(&k, names[j])) { got[j] = p; break; }
+        int j = kt_find(t, k.s, k.n);
+        if (j >= 0) {
+            if (got[j]) return RD_FALLBACK;
+            got[j] = p, nk++;
+            if (j == subj) {                   /* that value's map read in the same pass */
+                const uint8_t *q;
+                if (pl_map2(p, e, st, sgot, NULL, NULL, &q, -1, NULL, NULL, NULL) == 0) {
+                    *sok = 1, p = q;
+                    continue;
+                }
+                *sok = 0;
+            }
+        }
         if (skip(&p, e, 0, 0) < 0) return RD_FALLBACK;
     }
+    if (nkeys) *nkeys = m.n;
+    if (known) *known = nk;
+    if (end) *end = p;
     return 0;
+}
+
+static int pl_map(const uint8_t *p, const uint8_t *e, const ktab *t, const uint8_t **got, uint32_t *nkeys,
+                  uint32_t *known, const uint8_t **end) {
+    return pl_map2(p, e, t, got, nkeys, known, end, -1, NULL, NULL, NULL);
 }
 
 /* an int argument: absent gives dflt (ok 1); present, an int: ok 1; else ok 0 */
@@ -1016,21 +1068,20 @@ static const char *TOPKEYS[] = {"k", "s", "f", "a", "r", "tid", "t0", "t1", "x"}
 
 static int plan_rec(rd *c, const uint8_t *p, const uint8_t *e) {
     plout *o = c->plan;
-    const uint8_t *tk[9], *q = p, *ak[A_NKEYS];
-    mv m;
-    if (rdv(&q, e, &m) < 0 || m.t != T_MAP) return RD_FALLBACK;
-    TRY(pl_map(p, e, TOPKEYS, 9, tk));
-    uint32_t found = 0;
-    for (int j = 0; j < 9; j++) found += tk[j] != NULL;
-    if (found != m.n) return RD_FALLBACK;          /* another key ("incomplete", "state"...): Python */
-    {
-        const uint8_t *end = p;
-        if (skip(&end, e, 0, 0) < 0) return RD_FALLBACK;
-        c->rec_end = (size_t)(end - c->base);
+    const uint8_t *tk[9], *ak[A_NKEYS], *end;
+    uint32_t nkeys, known;
+    int aok = 0;
+    TRY(pl_map2(p, e, &o->kt_top, tk, &nkeys, &known, &end, 3, &o->kt_a, ak, &aok));
+    c->rec_end = (size_t)(end - c->base);
+    mv k = val(tk[0], e);
+    if (!streq(&k, "c")) {            /* the pre-scan reads these kinds; it passes over the others */
+        if (k.t != T_STR) return 0;
+        if (streq(&k, "fn") || streq(&k, "repair") || streq(&k, "ctx") || streq(&k, "region")) return RD_FALLBACK;
+        return 0;
     }
-    mv k = val(tk[0], e), s = val(tk[1], e), f = val(tk[2], e), r = val(tk[4], e), tid = val(tk[5], e);
-    mv t0 = val(tk[6], e);
-    if (!streq(&k, "c") || f.t != T_STR || !tk[4] || s.t != T_INT) return RD_FALLBACK;
+    if (known != nkeys) return RD_FALLBACK;        /* another key ("incomplete", "state"...): Python */
+    mv s = val(tk[1], e), f = val(tk[2], e), r = val(tk[4], e), tid = val(tk[5], e), t0 = val(tk[6], e);
+    if (f.t != T_STR || !tk[4] || s.t != T_INT) return RD_FALLBACK;
     ent *nm = tab_find(&c->t[TAB_NAMES], f.s, f.n);
     if (!nm) { c->key = f.s, c->keylen = f.n; return RD_NEED; }
     if (!(nm->v & PL_PLAIN)) return RD_FALLBACK;
@@ -1050,7 +1101,7 @@ static int plan_rec(rd *c, const uint8_t *p, const uint8_t *e) {
     int hneg = 0;
     if (kind != K_SKIP) {
         if (r.t != T_INT || r.u) return RD_FALLBACK;          /* a recorded error: its handler */
-        TRY(pl_map(tk[3], e, AKEYS, A_NKEYS, ak));
+        if (!aok) return RD_FALLBACK;
     }
     int64_t x0 = 0, x1 = 0;
     switch (kind) {
@@ -1058,8 +1109,7 @@ static int plan_rec(rd *c, const uint8_t *p, const uint8_t *e) {
         break;
     case K_LAUNCH: {
         const uint8_t *xk[1];
-        static const char *PK[] = {"params"};
-        if (pl_map(tk[8], e, PK, 1, xk)) return RD_FALLBACK;
+        if (pl_map(tk[8], e, &o->kt_params, xk, NULL, NULL, NULL)) return RD_FALLBACK;
         mv pv = val(xk[0], e), h = val(ak[A_F], e);
         if (pv.t != T_BIN || h.t != T_INT || !h.u) return RD_FALLBACK;
         iv d[7];
@@ -1101,10 +1151,9 @@ static int plan_rec(rd *c, const uint8_t *p, const uint8_t *e) {
         int ad = A_DSTDEV, as = A_SRCDEV;
         if (kind >= K_COPY) {
             const uint8_t *xk[2];
-            static const char *HK[] = {"hostsrc", "hostdst"};
             mv xv = val(tk[8], e);
             if (xv.t == T_MAP) {
-                if (pl_map(tk[8], e, HK, 2, xk) || xk[0] || xk[1]) return RD_FALLBACK;
+                if (pl_map(tk[8], e, &o->kt_host, xk, NULL, NULL, NULL) || xk[0] || xk[1]) return RD_FALLBACK;
             } else if (xv.t != T_NIL) return RD_FALLBACK;
             ad = A_DST, as = A_SRC;
         }
@@ -1129,8 +1178,9 @@ static int plan_rec(rd *c, const uint8_t *p, const uint8_t *e) {
     }
     case K_D2H: {
         const uint8_t *xk[1], *bk[1];
-        static const char *DK[] = {"dstHost"}, *BK[] = {"blob"};
-        if (!o->scratch || pl_map(tk[8], e, DK, 1, xk) || !xk[0] || pl_map(xk[0], e, BK, 1, bk)) return RD_FALLBACK;
+        if (!o->scratch || pl_map(tk[8], e, &o->kt_dst, xk, NULL, NULL, NULL) || !xk[0] ||
+            pl_map(xk[0], e, &o->kt_blob, bk, NULL, NULL, NULL))
+            return RD_FALLBACK;
         mv b = val(bk[0], e);
         iv src = pl_int(ak[A_SRCDEV], e, 0), n = pl_int(ak[A_BYTES], e, 0);
         if (b.t != T_STR || !ak[A_SRCDEV] || !U64(src) || !U64(n) || !n.u || n.u > PL_D2H_MAX) return RD_FALLBACK;
@@ -1390,6 +1440,18 @@ out:
     return rc;
 }
 
+/* the closed batch's ops, the caller's to free (pl_free); the next batch gets a new array */
+xop *pl_take_ops(rd *c) {
+    plout *o = c->plan;
+    xop *p = o->ops, *q = o->n ? realloc(p, (size_t)o->n * sizeof(xop)) : NULL;
+    o->ops = NULL, o->opcap = 0;
+    if (q) return q;
+    if (!o->n) free(p);
+    return o->n ? p : NULL;
+}
+
+void pl_free(void *p) { free(p); }
+
 /* a new batch opens with the next op */
 void pl_reset(rd *c) {
     plout *o = c->plan;
@@ -1400,7 +1462,10 @@ plout *pl_new(rd *c, int pace, uint64_t scratch) {
     if (c->plan) return c->plan;
     plout *o = calloc(1, sizeof *o);
     if (!o) return NULL;
+    static const char *PK[] = {"params"}, *HK[] = {"hostsrc", "hostdst"}, *DK[] = {"dstHost"}, *BK[] = {"blob"};
     o->pace = pace, o->scratch = scratch, o->ranges_ok = 1;
+    kt_init(&o->kt_top, TOPKEYS, 9), kt_init(&o->kt_a, AKEYS, A_NKEYS), kt_init(&o->kt_params, PK, 1);
+    kt_init(&o->kt_host, HK, 2), kt_init(&o->kt_dst, DK, 1), kt_init(&o->kt_blob, BK, 1);
     c->plan = o, c->mode = M_PLAN;
     return o;
 }

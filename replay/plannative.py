@@ -323,9 +323,12 @@ class NativePlanner(Planner):
         b.copies = _list(cffi, o.copy_idx, o.ncopy)
         keep: List[Any] = [self._scratch] if o.d2h else []
         if self.ffi is not None:
-            ops = self.ffi.new("ex_op[]", max(n, 1))
-            self.ffi.memmove(ops, cffi.buffer(o.ops, OP_SIZE * n), OP_SIZE * n)
-            b.ops = ops
+            raw = lib.pl_take_ops(self.w.c)     # the C array itself, freed with the batch
+            if raw == cffi.NULL:
+                raise MemoryError
+            raw = cffi.gc(raw, lib.pl_free)
+            keep.append(raw)
+            b.ops = self.ffi.cast("ex_op *", int(cffi.cast("uintptr_t", raw)))
             keep.extend(self._pykeep)
             keep.extend(p for p, _ in frames.values())
             if o.d2h:
