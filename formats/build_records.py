@@ -41,7 +41,7 @@ typedef struct {
     int pysumm;
     int tid_kind; int tid_neg; uint64_t tid_u;
     int64_t total; int has_max; int max_neg; uint64_t max_u; int has_wl; int wl_neg; uint64_t wl_u;
-    int64_t nops; int pace, has_origin, origin_neg; uint64_t origin_u;
+    int64_t nops, max_ops; int pace, has_origin, origin_neg; uint64_t origin_u;
     uint32_t frame; uint64_t scratch; int ranges_ok;
     int slot_ns;
     ...;

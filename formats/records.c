@@ -184,7 +184,7 @@ static int utf8_ok(const uint8_t *s, uint32_t n) {
         uint8_t c = s[i];
         if (c < 0x80) { i++; continue; }
         int k = c >= 0xf0 ? 3 : c >= 0xe0 ? 2 : 1;
-        if (c < 0xc2 || c > 0xf4 || (uint64_t)i + k >= (uint64_t)n + 1) return 0;
+        if (c < 0xc2 || c > 0xf4 || (uint64_t)i + k >= (uint64_t)n) return 0;
         uint32_t cp = c & (0x3f >> k);
         for (int j = 1; j <= k; j++) {
             if ((s[i + j] & 0xc0) != 0x80) return 0;
@@ -330,7 +330,7 @@ static int put_jstr(rd *c, const uint8_t *s, uint32_t n) {
         if (ch < 0x80) { cp = ch; i++; }
         else {
             int k = ch >= 0xf0 ? 3 : ch >= 0xe0 ? 2 : 1;
-            if ((uint64_t)i + k >= (uint64_t)n + 1) return RD_FALLBACK;   /* rd_check validated it */
+            if ((uint64_t)i + k >= (uint64_t)n) return RD_FALLBACK;   /* rd_check validated it */
             cp = ch & (0x3f >> k);
             for (int j = 1; j <= k; j++) cp = (cp << 6) | (s[i + j] & 0x3f);
             i += k + 1;
@@ -869,7 +869,6 @@ enum { K_SKIP, K_LAUNCH, K_LAUNCH_EX, K_EVENT_RECORD, K_EVENT_RECORD_FLAGS, K_ST
 #define PL_PTDS 0x200
 #define PL_WORK 0x400                  /* a --profiler-range workload call */
 #define PL_BATCH_MAX 16384
-#define PL_MAX_OPS 2000000
 #define PL_D2H_MAX (1 << 20)
 
 typedef struct {                       /* replay/build_executor.py ex_op */
@@ -930,7 +929,7 @@ struct plout {
     /* the open batch and the walk's counters (read and set by Python) */
     int tid_kind; int tid_neg; uint64_t tid_u;      /* tid_kind 0 None, 1 an int, 2 another value */
     int64_t total; int has_max; int max_neg; uint64_t max_u; int has_wl; int wl_neg; uint64_t wl_u;
-    int64_t nops; int pace, has_origin, origin_neg; uint64_t origin_u;
+    int64_t nops, max_ops; int pace, has_origin, origin_neg; uint64_t origin_u;
     uint32_t frame; uint64_t scratch; int ranges_ok;
     int slot_ns;
     /* private */
@@ -1212,7 +1211,7 @@ static int plan_rec(rd *c, const uint8_t *p, const uint8_t *e) {
     o->total++;
     if (!o->has_max || sd->seq > mk128(o->max_neg, o->max_u)) o->has_max = 1, o->max_neg = s.neg, o->max_u = s.u;
     if ((nm->v & PL_WORK) && r.t == T_INT && !r.u) o->has_wl = 1, o->wl_neg = s.neg, o->wl_u = s.u;
-    return ++o->nops > PL_MAX_OPS ? RD_LIMIT : 0;
+    return ++o->nops > o->max_ops ? RD_LIMIT : 0;     /* Planner drops the plan past PLAN_MAX_OPS */
 }
 
 /* ------------------------------------------------------------------ closing a batch */
@@ -1463,7 +1462,7 @@ plout *pl_new(rd *c, int pace, uint64_t scratch) {
     plout *o = calloc(1, sizeof *o);
     if (!o) return NULL;
     static const char *PK[] = {"params"}, *HK[] = {"hostsrc", "hostdst"}, *DK[] = {"dstHost"}, *BK[] = {"blob"};
-    o->pace = pace, o->scratch = scratch, o->ranges_ok = 1;
+    o->pace = pace, o->scratch = scratch, o->ranges_ok = 1, o->max_ops = INT64_MAX;
     kt_init(&o->kt_top, TOPKEYS, 9), kt_init(&o->kt_a, AKEYS, A_NKEYS), kt_init(&o->kt_params, PK, 1);
     kt_init(&o->kt_host, HK, 2), kt_init(&o->kt_dst, DK, 1), kt_init(&o->kt_blob, BK, 1);
     c->plan = o, c->mode = M_PLAN;

@@ -14,7 +14,7 @@ from cudasnap.formats import native
 from cudasnap.formats.container import record_list
 
 from . import plan
-from .plan import BATCH_MAX, OP_SIZE, PLAN_MAX_OPS, SKIP, OpBatch, Planner, _MISS, _OP, _EMPTY
+from .plan import BATCH_MAX, SKIP, OpBatch, Planner, _MISS, _OP, _EMPTY
 
 M_PLAN = 5
 DONE, FALLBACK, NEED, SLOT, BLOB, CLOSE, LIMIT = 0, 1, 2, 4, 5, 6, 7
@@ -82,6 +82,7 @@ class NativePlanner(Planner):
         self.o = self.lib.pl_new(self.w.c, int(bool(self.pace)), scratch)
         if self.o == cffi.NULL:
             raise MemoryError
+        self.o.max_ops = plan.PLAN_MAX_OPS
         self._names: Dict[str, int] = {}       # TAB_NAMES: name -> entry index
         self._name_list: List[str] = []
         self._fams: List[str] = []
@@ -365,7 +366,7 @@ class NativePlanner(Planner):
     # ------------------------------------------------------------------ Planner's interface
     def add(self, rec) -> None:
         self._feed(rec, self.items)
-        if self.nrecs > plan.PLAN_MAX_RECORDS or self.o.nops > PLAN_MAX_OPS:
+        if self.nrecs > plan.PLAN_MAX_RECORDS or self.o.nops > plan.PLAN_MAX_OPS:
             self._drop()
 
     def finish(self) -> List[Any]:

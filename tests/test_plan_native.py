@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cudasnap.formats import SnapshotError, SnapshotReader, SnapshotWriter, native
-from cudasnap.formats.container import record_list
+from cudasnap.formats.container import TRAILER, TRAILER_SIZE, record_list
 from cudasnap.replay import plan as P
 from cudasnap.replay.engine import Replayer
 from cudasnap.replay.slots import Ranges, Slots
@@ -110,6 +110,27 @@ def test_bench_patterns(src, args, double, capture, tmp_path, monkeypatch):
     cp, snap = capture(str(prog), *args)
     assert cp.returncode == 0, cp.stderr
     _check_same(snap, monkeypatch)
+    data = snap.read_bytes()                 # no index (a crash's file): the scan's frames, checked
+    cut = tmp_path / "noindex.cusnap"
+    cut.write_bytes(data[:TRAILER.unpack(data[-TRAILER_SIZE:])[1]])
+    _check_same(cut, monkeypatch)
+
+
+@pytest.mark.parametrize("max_ops,max_recs", [(50, 10**6), (10**6, 3), (2000, 10**6)])
+def test_plan_dropped_past_the_limits(max_ops, max_recs, double, capture, tmp_path, monkeypatch):
+    """Past PLAN_MAX_OPS / PLAN_MAX_RECORDS the plan is dropped at the same record, with the
+    same slots and expected bytes left behind."""
+    prog = tmp_path / "records_double"
+    subprocess.run(["cc", "-O2", "-I", double["include"], "-o", str(prog), str(ROOT / "bench" / "records_double.c"),
+                    "-ldl"], check=True, env=double["env"])
+    cp, snap = capture(str(prog), "300")
+    assert cp.returncode == 0, cp.stderr
+    monkeypatch.setattr(P, "PLAN_MAX_OPS", max_ops)
+    monkeypatch.setattr(P, "PLAN_MAX_RECORDS", max_recs)
+    got, _ = _prescan(snap, True, monkeypatch)
+    want, _ = _prescan(snap, False, monkeypatch)
+    assert got == want
+    assert got[0] is None
 
 
 def test_batches_full_and_split_by_thread(tmp_path, monkeypatch):
