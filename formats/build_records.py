@@ -38,6 +38,7 @@ typedef struct {
     int64_t nctx; int64_t *ctx_idx; int64_t ncopy; int64_t *copy_idx;
     int last_neg; uint64_t last_u;
     int64_t nmarks; plmark *marks; int64_t naddrs; uint64_t *addrs;
+    int64_t *seqs; int seqs_ok;
     int pysumm;
     int tid_kind; int tid_neg; uint64_t tid_u;
     int64_t total; int has_max; int max_neg; uint64_t max_u; int has_wl; int wl_neg; uint64_t wl_u;

@@ -925,6 +925,7 @@ struct plout {
     int64_t nctx; int64_t *ctx_idx; int64_t ncopy; int64_t *copy_idx;
     int last_neg; uint64_t last_u;
     int64_t nmarks; plmark *marks; int64_t naddrs; uint64_t *addrs;
+    int64_t *seqs; int seqs_ok;        /* the ops' seqs, when all fit int64 */
     int pysumm;
     /* the open batch and the walk's counters (read and set by Python) */
     int tid_kind; int tid_neg; uint64_t tid_u;      /* tid_kind 0 None, 1 an int, 2 another value */
@@ -954,7 +955,7 @@ static uint64_t *pl_u64grow(uint64_t **p, size_t *cap, size_t need) {
 static void pl_free_out(plout *o) {
     free(o->kinds), free(o->ops), free(o->fams), free(o->fr), free(o->st), free(o->en);
     free(o->fam_id), free(o->fam_n), free(o->fn_neg), free(o->fn_u), free(o->fn_i);
-    free(o->sync_idx), free(o->ctx_idx), free(o->copy_idx), free(o->marks), free(o->addrs);
+    free(o->sync_idx), free(o->ctx_idx), free(o->copy_idx), free(o->marks), free(o->addrs), free(o->seqs);
     free(o->side), free(o->rlo), free(o->rsz);
     tab_clear(&o->st_h), tab_clear(&o->st_f), tab_clear(&o->blobs);
 }
@@ -971,7 +972,7 @@ static int pl_room(plout *o) {
     size_t c = o->cap ? o->cap * 2 : 1024;
 #define G(f, t) if (!(p = realloc(o->f, c * sizeof(t)))) return RD_NOMEM; o->f = p;
     G(kinds, uint8_t) G(fams, uint16_t) G(fr, uint32_t) G(st, uint32_t) G(en, uint32_t)
-    G(side, pside) G(sync_idx, int64_t) G(ctx_idx, int64_t) G(copy_idx, int64_t)
+    G(side, pside) G(seqs, int64_t) G(sync_idx, int64_t) G(ctx_idx, int64_t) G(copy_idx, int64_t)
     G(fam_id, int32_t) G(fam_n, int64_t) G(fn_neg, uint8_t) G(fn_u, uint64_t) G(fn_i, int64_t)
 #undef G
     o->cap = c;
@@ -1385,7 +1386,7 @@ int pl_close(rd *c) {
     int64_t n = o->n;
     o->calls = o->launches = o->skipped = o->d2h = o->d2h_bytes = 0;
     o->nfam = o->nfuncs = o->nsync = o->nctx = o->ncopy = o->nmarks = o->naddrs = 0;
-    o->has_ctx_sync = 0;
+    o->has_ctx_sync = 0, o->seqs_ok = 1;
     hmap fams = {0}, fns = {0};
     int rc = RD_NOMEM;
     i128 origin = mk128(o->origin_neg, o->origin_u);
@@ -1398,6 +1399,8 @@ int pl_close(rd *c) {
             double at = (double)(sd->t0 - origin) * 1e-9;
             op->at = at > 0 ? at : 0.0;
         }
+        if (sd->seq > INT64_MAX) o->seqs_ok = 0;
+        else o->seqs[i] = (int64_t)sd->seq;
         if (k == K_SKIP) { o->skipped++; continue; }
         o->calls++;
         int64_t *f = hm_get(&fams, sd->fam, 1, &fr);

@@ -656,7 +656,7 @@ class Replayer(BatchRunner):
             return None
         last = self._workload_last or 0
         for i in range(pos, b.n):
-            if b.kinds[i] != plan.SKIP and b.recs[i]["s"] >= last:
+            if b.kinds[i] != plan.SKIP and b.seq(i) >= last:
                 return i + 1, "stop"
         return None
 

@@ -336,6 +336,8 @@ class NativePlanner(Planner):
                 keep.append(self._expected_keep)
         b.keep = keep
         b.last_seq = (-o.last_u if o.last_neg else o.last_u) if n else None
+        if o.seqs_ok and not o.pysumm:
+            b.seqs = _arr("q", cffi.buffer(o.seqs, 8 * n))
         b.counts = counts
         b.fslots = [(self.slots.index[("f", h)], h, i) for h, i in b.funcs.items()]
         if o.pysumm or not o.ranges_ok:

@@ -50,7 +50,8 @@ def _batch_view(b, ffi):
     c = b.counts
     return ("batch", b.tid, b.n, list(b.kinds), list(b.fams), list(b.recs), ops, list(c.items()),
             list(c["fam"].items()) if c else None, list(b.funcs.items()), b.fslots, b.sync_idx, b.nsync,
-            b.has_ctx_sync, b.ctx_ops, b.copies, b.marks, b.addrs, b.last_seq, b.seq(b.n - 1) if b.n else None)
+            b.has_ctx_sync, b.ctx_ops, b.copies, b.marks, b.addrs, b.last_seq, [b.seq(i) for i in range(b.n)],
+            [r.get("s") for r in b.recs])
 
 
 def _view(rp):
