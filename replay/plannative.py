@@ -11,7 +11,7 @@ from array import array
 from typing import Any, Callable, Dict, List, Optional
 
 from cudasnap.formats import native
-from cudasnap.formats.container import record_list
+from cudasnap.formats.container import record_list, record_one
 
 from . import plan
 from .plan import BATCH_MAX, SKIP, OpBatch, Planner, _MISS, _OP, _EMPTY
@@ -20,7 +20,7 @@ M_PLAN = 5
 DONE, FALLBACK, NEED, SLOT, BLOB, CLOSE, LIMIT = 0, 1, 2, 4, 5, 6, 7
 PLAIN, PTDS, WORK = 0x100, 0x200, 0x400
 _U64 = 1 << 64
-_MARK = {ord("k"): "k", ord("n"): "n", ord("c"): "c"}
+HANDED_MIN, HANDED_SKIP = 32, 4   # a frame whose records C mostly hands over: it and the next 4 go to Python
 
 
 def _arr(code: str, buf) -> array:
@@ -59,7 +59,7 @@ class LazyRecs:
         rec = self.got.get(i)
         if rec is None:
             payload, off = self.frames[self.fr[i]]
-            rec = self.got[i] = record_list(payload[self.st[i]:self.en[i]], 1, self.path, off)[0]
+            rec = self.got[i] = record_one(payload[self.st[i]:self.en[i]], self.path, off)
         return rec
 
     def __iter__(self):
@@ -94,6 +94,7 @@ class NativePlanner(Planner):
         self._weird_tid: Any = None
         self._expected_keep: List[Any] = []
         self._ranges_ver: Any = None
+        self._skip = 0
 
     # ------------------------------------------------------------------ names, counters
     def _name_id(self, f: str) -> int:
@@ -118,6 +119,8 @@ class NativePlanner(Planner):
         """(calls, highest int seq or None, seq of the last workload call or None) the C walk
         counted since the last take."""
         o = self.o
+        if not o.total:                        # nothing compiled in C since the last take
+            return 0, None, None
         n, mx = o.total, (-o.max_u if o.max_neg else o.max_u) if o.has_max else None
         wl = (-o.wl_u if o.wl_neg else o.wl_u) if o.has_wl else None
         o.total = o.has_max = o.has_wl = 0
@@ -131,7 +134,10 @@ class NativePlanner(Planner):
     # ------------------------------------------------------------------ the walk
     def walk(self, payload: bytes, count: int, offset: int, checked: bool, record: Callable[[dict], Any]) -> bool:
         """One records frame: C compiles what it can, record(rec) gets the others in order.
-        False: not a payload C reads (the caller decodes it)."""
+        False: not a payload C reads, or one left to Python (the caller decodes it)."""
+        if self._skip:                          # the last frames were mostly handed over
+            self._skip -= 1
+            return False
         cffi, lib, c = self.cffi, self.lib, self.w.c
         buf = cffi.from_buffer("uint8_t[]", payload)
         n = len(payload)
@@ -142,6 +148,7 @@ class NativePlanner(Planner):
         o.frame = self._frame
         self._frames[self._frame] = (payload, offset)
         pos = cffi.new("size_t *", 0)
+        handed = 0
         while True:
             rc = lib.rd_run(c, buf, n, pos)
             if rc == DONE:
@@ -151,10 +158,15 @@ class NativePlanner(Planner):
                     start, end = pos[0], c.rec_end
                     pos[0] = end
                     c.idx += 1
-                    record(record_list(payload[start:end], 1, self.path, offset)[0])
+                    record(record_one(payload[start:end], self.path, offset))
+                    handed += 1
                 else:
                     self._drop()
-                if not self.keeping:            # the plan is dropped: the rest the Python way
+                # the plan is dropped, or most records need Python: the rest the Python way
+                # (one decode for them all; the same results either way)
+                if not self.keeping or (handed >= HANDED_MIN and 2 * handed > c.idx):
+                    if self.keeping:
+                        self._skip = HANDED_SKIP
                     for rec in record_list(payload[pos[0]:], count - c.idx, self.path, offset):
                         record(rec)
                     return True
