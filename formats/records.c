@@ -983,10 +983,10 @@ static i128 mk128(int neg, uint64_t u) { return neg ? -(i128)u : (i128)u; }
 
 /* the keys of a call's "a" this compiler reads */
 enum { A_F, A_GX, A_GY, A_GZ, A_BX, A_BY, A_BZ, A_SHM, A_HSTREAM, A_HEVENT, A_FLAGS_L, A_FLAGS_U,
-       A_DSTDEV, A_SRCDEV, A_UC, A_US, A_UI, A_N, A_DST, A_SRC, A_BYTES, A_CTX, A_NKEYS };
+       A_DSTDEV, A_SRCDEV, A_UC, A_US, A_UI, A_N, A_DST, A_SRC, A_BYTES, A_CTX, A_CONFIG, A_NKEYS };
 static const char *AKEYS[A_NKEYS] = {"f", "gridDimX", "gridDimY", "gridDimZ", "blockDimX", "blockDimY",
     "blockDimZ", "sharedMemBytes", "hStream", "hEvent", "flags", "Flags", "dstDevice", "srcDevice", "uc", "us",
-    "ui", "N", "dst", "src", "ByteCount", "ctx"};
+    "ui", "N", "dst", "src", "ByteCount", "ctx", "config"};
 
 /* a map's str keys, the values of those t names in got (NULL: absent); RD_FALLBACK where a key
    is not a str or one t names comes twice. nkeys: the map's size; known: how many t named;
@@ -1086,7 +1086,7 @@ static int plan_rec(rd *c, const uint8_t *p, const uint8_t *e) {
     if (!nm) { c->key = f.s, c->keylen = f.n; return RD_NEED; }
     if (!(nm->v & PL_PLAIN)) return RD_FALLBACK;
     int kind = (int)(nm->v & 0xff), ptds = (nm->v & PL_PTDS) != 0;
-    if (kind >= K_N || kind == K_LAUNCH_EX) return RD_FALLBACK;
+    if (kind >= K_N) return RD_FALLBACK;
     if ((nm->v & PL_WORK) && r.t != T_INT) return RD_FALLBACK;    /* r == 0 the Python way: 0.0, False */
     if (!(tid.t == T_NIL || tid.t == T_INT) || o->tid_kind == 2) return RD_FALLBACK;
     int has_t0 = 0;
@@ -1107,17 +1107,44 @@ static int plan_rec(rd *c, const uint8_t *p, const uint8_t *e) {
     switch (kind) {
     case K_SKIP: case K_SYNC_CTX: case K_CTX_POP:
         break;
-    case K_LAUNCH: {
-        const uint8_t *xk[1];
+    case K_LAUNCH: case K_LAUNCH_EX: {
+        const uint8_t *xk[2];
         if (pl_map(tk[8], e, &o->kt_params, xk, NULL, NULL, NULL)) return RD_FALLBACK;
         mv pv = val(xk[0], e), h = val(ak[A_F], e);
         if (pv.t != T_BIN || h.t != T_INT || !h.u) return RD_FALLBACK;
         iv d[7];
-        for (int i = 0; i < 7; i++) {
-            d[i] = pl_int(ak[A_GX + i], e, i < 6 ? 1 : 0);
-            if (!U32(d[i])) return RD_FALLBACK;
+        uint64_t hs = 0;
+        if (kind == K_LAUNCH) {
+            for (int i = 0; i < 7; i++) {
+                d[i] = pl_int(ak[A_GX + i], e, i < 6 ? 1 : 0);
+                if (!U32(d[i])) return RD_FALLBACK;
+            }
+        } else {                               /* CUlaunchConfig: 7 u32, pad, hStream, attrs, numAttrs */
+            mv cf = val(ak[A_CONFIG], e);
+            if (cf.t != T_BIN || cf.n < 56) return RD_FALLBACK;
+            for (int i = 0; i < 7; i++) {
+                uint32_t w;
+                memcpy(&w, cf.s + 4 * i, 4);
+                d[i] = (iv){1, 0, w};
+            }
+            memcpy(&hs, cf.s + 32, 8);
+            uint32_t nattr;
+            memcpy(&nattr, cf.s + 48, 4);
+            if (nattr) {                       /* value-only attributes (plan.py _plain_attrs) */
+                mv at = val(xk[1], e);
+                if (at.t != T_BIN || (uint64_t)at.n < (uint64_t)nattr * 72) return RD_FALLBACK;
+                for (uint32_t i = 0; i < nattr; i++) {
+                    uint32_t id;
+                    memcpy(&id, at.s + (size_t)i * 72, 4);
+                    if (id > 14 || !((1u << id) & 0x4F7Cu)) return RD_FALLBACK;   /* 2-6, 8-11, 14 */
+                }
+                op.src = (uint64_t)(uintptr_t)at.s, op.n = nattr;
+            }
         }
-        TRY(pl_stream(c, o, ptds, ak[A_HSTREAM], e, &x0));
+        if (kind == K_LAUNCH) TRY(pl_stream(c, o, ptds, ak[A_HSTREAM], e, &x0));
+        else if (!hs) x0 = -((ptds ? 2 : 0) + 1);
+        else if (hs == 1 || hs == 2) x0 = -(int64_t)(hs + 1);
+        else TRY(pl_slot(c, o, 0, 0, hs, &x0));
         TRY(pl_slot(c, o, 1, h.neg, h.u, &x1));
         op.r0 = x0, op.rf = x1;
         for (int i = 0; i < 3; i++) op.grid[i] = (uint32_t)d[i].u, op.block[i] = (uint32_t)d[3 + i].u;
@@ -1464,9 +1491,9 @@ plout *pl_new(rd *c, int pace, uint64_t scratch) {
     if (c->plan) return c->plan;
     plout *o = calloc(1, sizeof *o);
     if (!o) return NULL;
-    static const char *PK[] = {"params"}, *HK[] = {"hostsrc", "hostdst"}, *DK[] = {"dstHost"}, *BK[] = {"blob"};
+    static const char *PK[] = {"params", "attrs"}, *HK[] = {"hostsrc", "hostdst"}, *DK[] = {"dstHost"}, *BK[] = {"blob"};
     o->pace = pace, o->scratch = scratch, o->ranges_ok = 1, o->max_ops = INT64_MAX;
-    kt_init(&o->kt_top, TOPKEYS, 9), kt_init(&o->kt_a, AKEYS, A_NKEYS), kt_init(&o->kt_params, PK, 1);
+    kt_init(&o->kt_top, TOPKEYS, 9), kt_init(&o->kt_a, AKEYS, A_NKEYS), kt_init(&o->kt_params, PK, 2);
     kt_init(&o->kt_host, HK, 2), kt_init(&o->kt_dst, DK, 1), kt_init(&o->kt_blob, BK, 1);
     c->plan = o, c->mode = M_PLAN;
     return o;

@@ -6,6 +6,7 @@ frames never crash it."""
 from __future__ import annotations
 
 import os
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -199,7 +200,8 @@ _CALLS = {
     "cuStreamQuery": {"hStream": _STREAMS},
     "cuCtxGetDevice": {"device": st.just(0)},
     "cuMemAlloc_v2": {"dptr": st.sampled_from([1 << 20, 1 << 40]), "bytesize": st.sampled_from([1 << 16, 0])},
-    "cuLaunchKernelEx": {"f": st.just(0x61), "config": st.just(bytes(56))},
+    "cuLaunchKernelEx": {"f": st.just(0x61), "config": st.sampled_from([
+        struct.pack("<7I4xQQI4x", 2, 1, 1, 64, 1, 1, 0, s, 0, n) for s in (0, 1, 0x51) for n in (0, 1, 2)] + [bytes(40)])},
     "cuModuleGetFunction": {"hfunc": st.just(0x61)},
 }
 _PARAMS = st.sampled_from([b"", bytes(8), (1 << 20).to_bytes(8, "little") * 2 + (0x10000).to_bytes(8, "little"),
@@ -216,6 +218,9 @@ def _call(draw):
            "f": f, "a": a, "r": draw(st.sampled_from([0, 0, 0, 0, 1, None]))}
     if f.startswith("cuLaunch"):
         rec["x"] = {"params": draw(_PARAMS)}
+        if f == "cuLaunchKernelEx":           # attribute ids: 2 and 8 value-only, 1 (access policy) not
+            ids = draw(st.lists(st.sampled_from([2, 8, 1]), max_size=2))
+            rec["x"]["attrs"] = b"".join(struct.pack("<I4x64s", i, bytes(64)) for i in ids)
     if f.startswith("cuMemcpyDtoH"):
         rec["x"] = {"dstHost": {"blob": draw(st.sampled_from(["B1", "B1", "B2", 3]))}}
     if f in ("cuMemcpy", "cuMemcpyAsync") and draw(st.booleans()):
