@@ -110,7 +110,11 @@ class NativePlanner(Planner):
                 v = k[0] | PLAIN | (PTDS if ("_ptsz" in f or "_ptds" in f) else 0) | (fam << 16)
                 if self.workload is not None and self.workload(f):
                     v |= WORK
-            self.w.set(native.TAB_NAMES, f.encode(), v)
+            try:
+                key = f.encode()
+            except UnicodeEncodeError:         # not a name C can meet: its ops summarised in Python
+                return -1
+            self.w.set(native.TAB_NAMES, key, v)
             i = self._names[f] = len(self._name_list)
             self._name_list.append(f)
         return i
@@ -283,7 +287,7 @@ class NativePlanner(Planner):
         if fam is None:
             fam = self._fam_of[fam_name] = len(self._fams)
             self._fams.append(fam_name)
-        name = self._name_id(f) if type(f) is str else -1
+        name = self._name_id(f) if type(f) is str else -1         # -1: summarised in Python
         seq = _split(rec["s"])
         h = _split(rec["a"]["f"]) if kind <= plan.LAUNCH_EX and kind != SKIP else (0, 0)
         t0 = rec.get("t0") if self.pace else None

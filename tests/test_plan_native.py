@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from cudasnap.formats import SnapshotError, SnapshotReader, SnapshotWriter, native
@@ -199,7 +199,7 @@ _CALLS = {
     "cuMemcpyDtoH_v2": {"dstHost": st.just(0x5000), "srcDevice": _ADDRS, "ByteCount": st.just(16)},
     "cuStreamQuery": {"hStream": _STREAMS},
     "cuCtxGetDevice": {"device": st.just(0)},
-    "cuMemAlloc_v2": {"dptr": st.sampled_from([1 << 20, 1 << 40]), "bytesize": st.sampled_from([1 << 16, 0])},
+    "cuMemAlloc_v2": {"dptr": st.sampled_from([1 << 20, 1 << 40, -4096]), "bytesize": st.sampled_from([1 << 16, 0])},
     "cuLaunchKernelEx": {"f": st.just(0x61), "config": st.sampled_from([
         struct.pack("<7I4xQQI4x", 2, 1, 1, 64, 1, 1, 0, s, 0, n) for s in (0, 1, 0x51) for n in (0, 1, 2)] + [bytes(40)])},
     "cuModuleGetFunction": {"hfunc": st.just(0x61)},
@@ -248,14 +248,17 @@ def test_generated_records_plan_the_same(tmp_path_factory, recs, frame_bytes):
     mp = pytest.MonkeyPatch()
     try:
         p = tmp_path_factory.mktemp("gen") / "g.cusnap"
-        with SnapshotWriter(p, {"pid": 1}, frame_bytes=frame_bytes) as w:
-            b1 = w.add_blob(bytes(16))
-            for rec in recs:
-                rec = dict(rec)
-                x = rec.get("x")
-                if isinstance(x, dict) and isinstance(x.get("dstHost"), dict) and x["dstHost"].get("blob") == "B1":
-                    rec["x"] = {**x, "dstHost": {"blob": b1}}
-                w.write(rec)
+        try:
+            with SnapshotWriter(p, {"pid": 1}, frame_bytes=frame_bytes) as w:
+                b1 = w.add_blob(bytes(16))
+                for rec in recs:
+                    rec = dict(rec)
+                    x = rec.get("x")
+                    if isinstance(x, dict) and isinstance(x.get("dstHost"), dict) and x["dstHost"].get("blob") == "B1":
+                        rec["x"] = {**x, "dstHost": {"blob": b1}}
+                    w.write(rec)
+        except OverflowError:                  # the index's byte totals past 64 bits: no file to read
+            assume(False)
         _check_same(p, mp, want_batches=False)
     finally:
         mp.undo()
