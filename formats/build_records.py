@@ -62,6 +62,7 @@ int rd_run(rd *c, const uint8_t *buf, size_t n, size_t *pos);
 plout *pl_new(rd *c, int pace, uint64_t scratch);
 int pl_close(rd *c);
 xop *pl_take_ops(rd *c);
+uint8_t *pl_take_arena(rd *c);
 void pl_free(void *p);
 void pl_reset(rd *c);
 int pl_set_slot(rd *c, int ns, int neg, uint64_t u, int64_t idx);

@@ -936,6 +936,7 @@ struct plout {
     /* private */
     size_t cap; pside *side;
     size_t opcap;
+    uint8_t *arena; size_t alen;       /* the closed batch's launch parameters, 16-byte aligned */
     size_t mcap; size_t acap;
     uint64_t *rlo; uint64_t *rsz; int64_t nr;     /* recorded ranges: base, size (clamped) */
     tab st_h, st_f, blobs;
@@ -956,7 +957,7 @@ static void pl_free_out(plout *o) {
     free(o->kinds), free(o->ops), free(o->fams), free(o->fr), free(o->st), free(o->en);
     free(o->fam_id), free(o->fam_n), free(o->fn_neg), free(o->fn_u), free(o->fn_i);
     free(o->sync_idx), free(o->ctx_idx), free(o->copy_idx), free(o->marks), free(o->addrs), free(o->seqs);
-    free(o->side), free(o->rlo), free(o->rsz);
+    free(o->side), free(o->rlo), free(o->rsz), free(o->arena);
     tab_clear(&o->st_h), tab_clear(&o->st_f), tab_clear(&o->blobs);
 }
 
@@ -1407,6 +1408,76 @@ out:
     return rc;
 }
 
+/* The batch's launch parameter bytes (and launch attributes) moved out of the frame into one
+   array, each at a 16-byte boundary as the Python planner's bytes objects are: the driver gets
+   them where a program's own buffer would be. Identical bytes are stored once. */
+static uint64_t fnv64(const uint8_t *p, size_t n) {
+    uint64_t h = 1469598103934665603ull;
+    while (n--) h = (h ^ *p++) * 1099511628211ull;
+    return h;
+}
+
+static int pl_align(plout *o) {
+    int64_t n = o->n;
+    size_t cap = 0, len = 0;
+    uint8_t *ar = NULL;
+    hmap seen = {0};
+    uint64_t *where = malloc((size_t)(2 * n + 1) * sizeof *where);   /* offset + 1 per op and field */
+    int rc = RD_NOMEM;
+    if (!where) return RD_NOMEM;
+    for (int64_t i = 0; i < n; i++) {
+        where[2 * i] = where[2 * i + 1] = 0;
+        int k = o->kinds[i];
+        if ((k != K_LAUNCH && k != K_LAUNCH_EX) || o->fr[i] == 0xFFFFFFFFu) continue;   /* Python's: aligned */
+        for (int w = 0; w < 2; w++) {
+            xop *op = &o->ops[i];
+            const uint8_t *src = (const uint8_t *)(uintptr_t)(w ? op->src : op->params);
+            size_t sz = w ? (k == K_LAUNCH_EX && op->n ? (size_t)op->n * 72 : 0) : (size_t)op->size;
+            if (!sz || !src) continue;
+            int fresh;
+            int64_t *at = hm_get(&seen, fnv64(src, sz) ^ sz, 1, &fresh);
+            if (!at) goto out;
+            if (!fresh) {
+                uint64_t off = (uint64_t)*at;
+                size_t olen;
+                memcpy(&olen, ar + off - 16, sizeof olen);
+                if (olen == sz && memcmp(ar + off, src, sz) == 0) { where[2 * i + w] = off + 1; continue; }
+            }
+            size_t need = len + 16 + ((sz + 15) & ~(size_t)15);    /* a length word, then the bytes */
+            if (need > cap) {
+                size_t c2 = cap ? cap * 2 : 4096;
+                while (c2 < need) c2 *= 2;
+                uint8_t *nb = realloc(ar, c2);
+                if (!nb) goto out;
+                ar = nb, cap = c2;
+            }
+            memcpy(ar + len, &sz, sizeof sz);
+            memcpy(ar + len + 16, src, sz);
+            *at = (int64_t)(len + 16);
+            where[2 * i + w] = len + 16 + 1;
+            len = need;
+        }
+    }
+    /* malloc's 16-byte alignment holds for the final array; offsets are multiples of 16 */
+    for (int64_t i = 0; i < n; i++) {
+        if (where[2 * i]) o->ops[i].params = (uint64_t)(uintptr_t)(ar + where[2 * i] - 1);
+        if (where[2 * i + 1]) o->ops[i].src = (uint64_t)(uintptr_t)(ar + where[2 * i + 1] - 1);
+    }
+    free(o->arena);
+    o->arena = ar, o->alen = len, ar = NULL;
+    rc = 0;
+out:
+    free(ar), free(where), free(seen.s);
+    return rc;
+}
+
+/* the closed batch's parameter array (pl_align), the caller's to free (pl_free) */
+uint8_t *pl_take_arena(rd *c) {
+    uint8_t *p = c->plan->arena;
+    c->plan->arena = NULL, c->plan->alen = 0;
+    return p;
+}
+
 /* the open batch's counters, index lists and write summary (Planner._close); the ops' `at` */
 int pl_close(rd *c) {
     plout *o = c->plan;
@@ -1463,6 +1534,7 @@ int pl_close(rd *c) {
         i128 s = o->side[n - 1].seq;
         o->last_neg = s < 0, o->last_u = (uint64_t)(s < 0 ? -s : s);
     }
+    if (pl_align(o)) goto out;
     rc = o->pysumm || !o->ranges_ok ? 0 : pl_summarise(o);
 out:
     free(fams.s), free(fns.s);

@@ -205,6 +205,7 @@ class NativePlanner(Planner):
 
     # ------------------------------------------------------------------ records Python compiles
     def _feed(self, rec, out: List[Any]) -> None:
+        """Planner._feed's classification and op, step for step; the batch is the C one."""
         get = rec.get
         f = get("f") or ""
         o = self.o
@@ -339,6 +340,9 @@ class NativePlanner(Planner):
         b.ctx_ops = _list(cffi, o.ctx_idx, o.nctx)
         b.copies = _list(cffi, o.copy_idx, o.ncopy)
         keep: List[Any] = [self._scratch] if o.d2h else []
+        arena = lib.pl_take_arena(self.w.c)      # the launch parameters the ops point at
+        if arena != cffi.NULL:
+            keep.append(cffi.gc(arena, lib.pl_free))
         if self.ffi is not None:
             raw = lib.pl_take_ops(self.w.c)     # the C array itself, freed with the batch
             if raw == cffi.NULL:

@@ -42,9 +42,10 @@ def _batch_view(b, ffi):
         for i in range(b.n):
             f = list(P._OP.unpack_from(raw, i * P.OP_SIZE))
             pp, size = f[16], f[17]
-            f[16] = bytes(ffi.buffer(ffi.cast("char *", pp), size)) if pp else None    # contents, not addresses
+            # contents, not addresses; and their alignment (16 bytes, as the bytes objects' are)
+            f[16] = (bytes(ffi.buffer(ffi.cast("char *", pp), size)), pp % 16) if pp else None
             if f[0] == P.LAUNCH_EX and f[8]:
-                f[7] = bytes(ffi.buffer(ffi.cast("char *", f[7]), f[8] * P.LAUNCH_ATTR_SIZE))
+                f[7] = (bytes(ffi.buffer(ffi.cast("char *", f[7]), f[8] * P.LAUNCH_ATTR_SIZE)), f[7] % 16)
             if f[0] == P.D2H:
                 f[6] = "scratch"
             ops.append(tuple(f))
