@@ -965,7 +965,7 @@ static void pl_free_out(plout *o) {
 static int pl_room(plout *o) {
     void *p;
     if ((size_t)o->n >= o->opcap) {          /* ops: handed to Python batch by batch (pl_take_ops) */
-        size_t c = o->opcap ? o->opcap * 2 : 256;
+        size_t c = o->opcap ? o->opcap * 2 : PL_BATCH_MAX;   /* pages are touched as ops come */
         if (!(p = realloc(o->ops, c * sizeof(xop)))) return RD_NOMEM;
         o->ops = p, o->opcap = c;
     }
@@ -1000,7 +1000,12 @@ static int pl_map2(const uint8_t *p, const uint8_t *e, const ktab *t, const uint
     uint32_t nk = 0;
     for (uint32_t i = 0; i < m.n; i++) {
         mv k;
-        if (rdv(&p, e, &k) < 0 || k.t != T_STR) return RD_FALLBACK;
+        if (p < e && *p >= 0xa0 && *p <= 0xbf) {      /* fixstr keys: the usual ones, read here */
+            k.n = *p & 31u, k.s = p + 1;
+            if ((size_t)(e - k.s) < k.n) return RD_FALLBACK;
+            p = k.s + k.n;
+        } else if (rdv(&p, e, &k) < 0 || k.t != T_STR)
+            return RD_FALLBACK;
         int j = kt_find(t, k.s, k.n);
         if (j >= 0) {
             if (got[j]) return RD_FALLBACK;
@@ -1014,6 +1019,7 @@ static int pl_map2(const uint8_t *p, const uint8_t *e, const ktab *t, const uint
                 *sok = 0;
             }
         }
+        if (p < e && (*p <= 0x7f || *p == 0xc0 || *p == 0xc2 || *p == 0xc3)) { p++; continue; }   /* 1-byte values */
         if (skip(&p, e, 0, 0) < 0) return RD_FALLBACK;
     }
     if (nkeys) *nkeys = m.n;
