@@ -360,6 +360,19 @@ def _fast_records(payload: bytes, count: int) -> List[dict] | None:
     return recs
 
 
+def record_one(data: bytes, path: Any, offset: int) -> dict:
+    """record_list(data, 1, path, offset)[0] for the span of one record a C walk checked
+    (formats/native.py), without the array around it."""
+    if ormsgpack is not None:
+        try:
+            rec = ormsgpack.unpackb(data, option=ormsgpack.OPT_NON_STR_KEYS, ext_hook=_ext_hook)
+        except Exception:
+            rec = None
+        if type(rec) is dict:
+            return rec
+    return record_list(data, 1, path, offset)[0]
+
+
 def record_list(payload: bytes, count: int, path: Any, offset: int) -> List[dict]:
     """The records of one records frame, every one checked to be a map."""
     recs = _fast_records(payload, count)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
-from .container import record_list
+from .container import record_list, record_one
 from .cuerrors import CURESULT_NAMES
 
 DONE, FALLBACK, NEED, NOTE = 0, 1, 2, 3
@@ -111,7 +111,7 @@ class Walk:
                 start, end = pos[0], c.rec_end
                 pos[0] = end
                 c.idx += 1
-                if record(record_list(payload[start:end], 1, path, offset)[0]):
+                if record(record_one(payload[start:end], path, offset)):
                     self.disabled = True
                     for rec in record_list(payload[end:], count - c.idx, path, offset):
                         record(rec)

@@ -206,7 +206,7 @@ class BatchRunner:
             if self.space is not None:
                 self._marks_exact(b, s, e)
         res.native_calls += e - s
-        res.last_seq = b.recs[e - 1]["s"]
+        res.last_seq = b.seq(e - 1)
         if t_first is not None:
             if res.first_launch_mono is None:
                 res.first_launch_mono = t_first
@@ -215,7 +215,7 @@ class BatchRunner:
         if syncs:
             room = SYNC_TIMES_MAX - len(res.sync_mono)
             if room > 0:
-                seqs = [b.recs[i]["s"] for i in b.sync_idx if s <= i < e]
+                seqs = [b.seq(i) for i in b.sync_idx if s <= i < e]
                 res.sync_mono.extend([q, t] for q, t in zip(seqs[:room], syncs))
         if b.ctx_ops:
             self._after_ctx_ops(b, s, e)

@@ -11,6 +11,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 from cudasnap.formats import SnapshotError, SnapshotReader, cu_result_name
 from cudasnap.formats.abi import base_name
+from cudasnap.formats.container import record_list
 
 from . import dispatch, plan
 from .batchrun import D2H_AHEAD_EACH, D2H_AHEAD_TOTAL, SYNC_TIMES_MAX, BatchRunner, ExpectedBlobs
@@ -237,35 +238,35 @@ class Replayer(BatchRunner):
         hs = self.ctx.handles          # handlers store live handles there: the slots follow
         hs._all = SlotMap(self._slots, "h", hs._all)
         self.ctx.funcs = SlotMap(self._slots, "f", self.ctx.funcs)
-        planner = self._new_planner()
+        self._fk: Dict[str, int] = {}
+        planner = self._new_planner(native=True)
         self._h2d_order: List[str] = []
         self._planner = planner
         max_seq = -1          # the highest call sequence number read so far, in file order
-        # per name: 1 allocation, 2 primary context retain, 4 H2D prefetched, 8 pinned host memory,
-        # 16 shared through legacy IPC
-        fkind: Dict[str, int] = {}
-        for rec in self.reader.records():
+        fkind = self._fkind
+        take = getattr(planner, "take", None)     # the C walk's call count and highest seq
+
+        def one(rec) -> None:
+            nonlocal max_seq
+            if take is not None:
+                n, mx, wl = take()
+                self.total += n
+                if mx is not None and mx > max_seq:
+                    max_seq = mx
+                if wl is not None:
+                    self._workload_last = wl
             k = rec.get("k")
             if k == "c":
                 if rec.get("incomplete") or "r" not in rec:
                     self.incomplete.append(rec)
-                    continue
+                    return
                 self.total += 1
                 sq = rec.get("s")
                 if type(sq) is int and sq > max_seq:
                     max_seq = sq
                 if self._pr and rec.get("r") == 0 and is_workload(rec.get("f") or "") and type(sq) is int:
                     self._workload_last = sq
-                f = rec.get("f", "")
-                fk = fkind.get(f) if type(f) is str else None
-                if fk is None:
-                    fk = ((1 if f.startswith(("cuMemAlloc", "cuMemAddressReserve")) else 0)
-                          | (2 if f.startswith("cuDevicePrimaryCtxRetain") else 0)
-                          | (4 if rec.get("f") in H2D_PREFETCHED else 0)
-                          | (8 if f.startswith(hostplace.HOST_MEMORY) else 0)
-                          | (16 if f.startswith("cuIpcGetMemHandle") else 0))
-                    if type(f) is str:
-                        fkind[f] = fk
+                fk = fkind(rec.get("f", ""))
                 rng = alloc_range(rec) if fk & 1 else None
                 if rng:
                     self.ranges.append(rng)
@@ -273,7 +274,7 @@ class Replayer(BatchRunner):
                 if planner.keeping:
                     planner.add(rec)
                 if not fk:
-                    continue
+                    return
                 if fk & 2 and rec.get("r") == 0:
                     # a context made current before its retain is the primary one
                     h = (rec.get("a") or {}).get("pctx")
@@ -297,12 +298,43 @@ class Replayer(BatchRunner):
             elif k == "region" and isinstance(rec.get("base"), int) and isinstance(rec.get("size"), int):
                 # capture's placement zone: reserved whole, first, so allocations land inside
                 self.regions.append((rec["base"], rec["size"]))
+
+        walk = getattr(planner, "walk", None)
+        path = self.reader.path
+        for off, count, payload, recs, checked in self.reader.record_payloads():
+            if recs is None and walk is not None and planner.keeping and walk(payload, count, off, checked, one):
+                continue
+            for rec in (record_list(payload, count, path, off) if recs is None else recs):
+                one(rec)
+        if take is not None:
+            n, _, wl = take()
+            self.total += n
+            if wl is not None:
+                self._workload_last = wl
         # the records, decoded once: the main loop replays from this plan (None when the
         # snapshot is too big to keep: the loop reads the file again)
         self._plan = planner.finish() if planner.keeping else None
         self._t_origin = planner.t_origin
         if self._expected:
             self.reader = ExpectedBlobs(self.reader, self._expected)
+
+    def _fkind(self, f) -> int:
+        """Per name: 1 allocation, 2 primary context retain, 4 H2D prefetched, 8 pinned host
+        memory, 16 shared through legacy IPC."""
+        fk = self._fk.get(f) if type(f) is str else None
+        if fk is None:
+            fk = ((1 if f.startswith(("cuMemAlloc", "cuMemAddressReserve")) else 0)
+                  | (2 if f.startswith("cuDevicePrimaryCtxRetain") else 0)
+                  | (4 if f in H2D_PREFETCHED else 0)
+                  | (8 if f.startswith(hostplace.HOST_MEMORY) else 0)
+                  | (16 if f.startswith("cuIpcGetMemHandle") else 0))
+            if type(f) is str:
+                self._fk[f] = fk
+        return fk
+
+    def _python_only(self, f: str) -> bool:
+        """Calls the pre-scan reads itself (the C plan walk hands them over)."""
+        return bool(self._fkind(f))
 
     def _expected_blob(self, bid: str) -> Optional[bytes]:
         """The plan's blob prefetch for verification points: the expected bytes of a small D2H
@@ -624,7 +656,7 @@ class Replayer(BatchRunner):
             return None
         last = self._workload_last or 0
         for i in range(pos, b.n):
-            if b.kinds[i] != plan.SKIP and b.recs[i]["s"] >= last:
+            if b.kinds[i] != plan.SKIP and b.seq(i) >= last:
                 return i + 1, "stop"
         return None
 
@@ -637,11 +669,20 @@ class Replayer(BatchRunner):
             if self._pr_state == 1 and rec["s"] >= (self._workload_last or 0):
                 self._profiler_stop(rec["s"])
 
-    def _new_planner(self, keep: bool = True) -> Planner:
+    def _new_planner(self, keep: bool = True, native: bool = False) -> Planner:
+        """native: compile in C where cudasnap.formats._records is built (replay/plannative.py)."""
         from .executor import module
         mod = module()
-        return Planner(self._plan_fast, self._slots, self._ranges, keep=keep,
-                       ffi=mod.ffi if mod is not None else None, pace=self._pace_on, expected=self._expected_blob)
+        args = (self._plan_fast, self._slots, self._ranges)
+        kw = dict(keep=keep, ffi=mod.ffi if mod is not None else None, pace=self._pace_on, expected=self._expected_blob)
+        if native and self._plan_fast:
+            from cudasnap.formats import native as rnative
+            rmod = rnative.module()
+            if rmod is not None and hasattr(rmod.lib, "pl_new"):
+                from .plannative import NativePlanner
+                return NativePlanner(rmod, self.reader.path, self._python_only, is_workload if self._pr else None,
+                                     *args, **kw)
+        return Planner(*args, **kw)
 
     def _on_thread(self, rec) -> None:
         """--threads: each recorded thread replays on its own thread; one call at a time, in

@@ -82,7 +82,7 @@ class OpBatch:
     """Consecutive plain calls of one recorded thread.  recs[i] is op i's record, fams[i] its
     family (dispatch), kinds[i] its op kind; ops (cffi ex_op[]) is built by close()."""
     __slots__ = ("tid", "recs", "kinds", "fams", "ops", "keep", "funcs", "fslots", "copies", "marks", "counts",
-                 "nsync", "sync_idx", "has_ctx_sync", "addrs", "ctx_ops", "n", "last_seq", "_params")
+                 "nsync", "sync_idx", "has_ctx_sync", "addrs", "ctx_ops", "n", "last_seq", "_params", "seqs")
 
     def __init__(self, tid):
         self.tid = tid
@@ -103,9 +103,10 @@ class OpBatch:
         self.ctx_ops: List[int] = []
         self.n = 0
         self.last_seq = None
+        self.seqs = None                       # op i's seq without its record (the C planner's)
 
     def seq(self, i: int):
-        return self.recs[i].get("s")
+        return self.seqs[i] if self.seqs is not None else self.recs[i].get("s")
 
 
 class BatchEvent:

@@ -97,8 +97,10 @@ class Ranges:
     def __init__(self):
         self.bases: List[int] = []
         self.size: Dict[int, int] = {}
+        self.version = 0                  # bumped on every add (the C planner's copy follows it)
 
     def add(self, base: int, size: int) -> None:
+        self.version += 1
         if base not in self.size:
             bisect.insort(self.bases, base)
         self.size[base] = size

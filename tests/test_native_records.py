@@ -270,3 +270,13 @@ def test_a_file_written_with_odd_records(tmp_path, monkeypatch):
             if i == 30:
                 w.write({"k": "fn", "h": 6.0, "name": "k6"})
     _check_same(p, tmp_path, monkeypatch)
+
+
+def test_truncated_utf8_at_a_string_end_is_refused():
+    """A multi-byte sequence cut by the string's end is invalid even when the next byte (the
+    next record's) looks like its continuation: C leaves the frame to the Python decoders (which
+    refuse it, or with ormsgpack keep the byte as a surrogate escape)."""
+    payload = b"\x81\xa1f\xa2a\xcc" + b"\x81\xa1k\xa1c"
+    assert native.module().lib.rd_check(payload, len(payload), 2) != 0
+    w = native.Walk(native.module(), native.M_TEXT)
+    assert not w.run(payload, 2, "gen", 0, lambda rec: None, need=lambda n: None, out=lambda s: None)
