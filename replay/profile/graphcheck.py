@@ -46,7 +46,7 @@ def add_timeline_check(report: Dict[str, Any], snapshot, cfg, opts) -> None:
     s = report.setdefault("summary", {})
     on = cfg.timeline_check
     if on is None:
-        on = s.get("backend") == "cupti" and bool(s.get("launches_timed"))
+        on = s.get("backend") == "cupti" and bool(s.get("launches_timed") or s.get("graph_launches_timed"))
     if not on:
         return
     with tempfile.TemporaryDirectory(prefix="cudasnap-graphcheck-") as d:
