@@ -173,7 +173,7 @@ REPLAY_CLASS_RULES = [
      r"|cuGraph\w+NodeGet\w*|cuGraphExecGetFlags|cuGraphDebugDotPrint|cuGetFlags"
      r"|cuMemHostGetFlags|cuMemRangeGetAttributes|cuMemPoolGetAccess|cuArrayGetDescriptor|cuArray3DGetDescriptor"
      r"|cuArrayGetMemoryRequirements|cuArrayGetSparseProperties|cuMipmappedArrayGetMemoryRequirements"
-     r"|cuMipmappedArrayGetSparseProperties"
+     r"|cuMipmappedArrayGetSparseProperties|cuMulticastGetGranularity"
      # TMA descriptors: the encoded 128-byte map reaches kernels inside the recorded parameter
      # bytes, and stays valid because every allocation is placed at its recorded address
      r"|cuTensorMapEncode\w*", "query"),

@@ -37,6 +37,8 @@ def test_dispatch_reads_the_description():
     # a name the description lacks takes its base's class; an unknown base has none
     assert dispatch.is_query("cuCtxGetDevice_v9")
     assert dispatch.replay_class("cuNoSuchCall") is None and not dispatch.is_query("cuNoSuchCall")
+    # XLA asks the multicast granularity at start-up on machines with several GPUs: a query
+    assert dispatch.is_query("cuMulticastGetGranularity") and not dispatch.is_query("cuMulticastCreate")
 
 
 def test_capture_queries_are_replay_queries():
