@@ -321,15 +321,16 @@ class Replayer(BatchRunner):
     def _fkind(self, f) -> int:
         """Per name: 1 allocation, 2 primary context retain, 4 H2D prefetched, 8 pinned host
         memory, 16 shared through legacy IPC."""
-        fk = self._fk.get(f) if type(f) is str else None
+        if type(f) is not str:
+            return 0                   # a damaged record: its handler reports it
+        fk = self._fk.get(f)
         if fk is None:
             fk = ((1 if f.startswith(("cuMemAlloc", "cuMemAddressReserve")) else 0)
                   | (2 if f.startswith("cuDevicePrimaryCtxRetain") else 0)
                   | (4 if f in H2D_PREFETCHED else 0)
                   | (8 if f.startswith(hostplace.HOST_MEMORY) else 0)
                   | (16 if f.startswith("cuIpcGetMemHandle") else 0))
-            if type(f) is str:
-                self._fk[f] = fk
+            self._fk[f] = fk
         return fk
 
     def _python_only(self, f: str) -> bool:

@@ -328,7 +328,7 @@ class Planner:
         f = get("f") or ""
         if self.pace and self.t_origin is None and type(get("t0")) is int:
             self.t_origin = rec["t0"]
-        if self.fast:
+        if self.fast and type(f) is str:     # (a damaged record's name: its handler reports it)
             k = self._disp.get(f, 0)          # 0: not classified yet (None: dispatched one by one)
             if k == 0:
                 k = self._kind(f)

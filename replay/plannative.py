@@ -216,7 +216,7 @@ class NativePlanner(Planner):
                 o.has_origin = 1
                 o.origin_neg, o.origin_u = _split(self.t_origin)
         k = None
-        if self.fast:
+        if self.fast and type(f) is str:
             k = self._disp.get(f, 0)
             if k == 0:
                 k = self._kind(f)

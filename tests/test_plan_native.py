@@ -231,7 +231,7 @@ def _call(draw):
         if where == "a" and a:
             a[draw(st.sampled_from(sorted(a)))] = draw(_ODD)
         elif where == "top":
-            rec[draw(st.sampled_from(["s", "tid", "t0", "r", "a", "incomplete", "state", "x"]))] = draw(_ODD)
+            rec[draw(st.sampled_from(["s", "tid", "t0", "r", "a", "incomplete", "state", "x", "f"]))] = draw(_ODD)
         elif where == "x":
             rec["x"] = draw(_ODD)
         elif a:
