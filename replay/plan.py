@@ -322,6 +322,23 @@ class Planner:
         return (val, r0, 0, 0, dst, src, n, _Z3, _Z3, 0, None)
 
     # ------------------------------------------------------------------ feeding
+    def _memo_op(self, kind: int, f: str, rec, get) -> Optional[tuple]:
+        """_op, memoised: the same call with the same arguments compiles the same (loops repeat
+        them); keys and values as two tuples: the items' order and pairing, fewer objects."""
+        a, x = get("a"), get("x")
+        try:
+            mk = (f, tuple(a), tuple(a.values()), (tuple(x), tuple(x.values())) if type(x) is dict else None)
+            op = self._memo.get(mk, _MISS)
+        except (TypeError, AttributeError):
+            mk, op = None, _MISS
+        if op is _MISS:
+            op = self._op(kind, rec)
+            if mk is not None:
+                if len(self._memo) > 200_000:
+                    self._memo.clear()
+                self._memo[mk] = op
+        return op
+
     def _feed(self, rec, out: List[Any]) -> None:
         """Feed one record; finished items are appended to out."""
         get = rec.get
@@ -341,20 +358,7 @@ class Planner:
             elif get("r", 0) != 0:
                 op = None                     # a recorded error: its handler decides
             else:
-                # the same call with the same arguments compiles the same (loops repeat them);
-                # keys and values as two tuples: the items' order and pairing, fewer objects
-                a, x = get("a"), get("x")
-                try:
-                    mk = (f, tuple(a), tuple(a.values()), (tuple(x), tuple(x.values())) if type(x) is dict else None)
-                    op = self._memo.get(mk, _MISS)
-                except (TypeError, AttributeError):
-                    mk, op = None, _MISS
-                if op is _MISS:
-                    op = self._op(kind, rec)
-                    if mk is not None:
-                        if len(self._memo) > 200_000:
-                            self._memo.clear()
-                        self._memo[mk] = op
+                op = self._memo_op(kind, f, rec, get)
             if op is not None:
                 tid = get("tid")
                 b = self.cur

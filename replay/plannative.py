@@ -14,7 +14,7 @@ from cudasnap.formats import native
 from cudasnap.formats.container import record_list, record_one
 
 from . import plan
-from .plan import BATCH_MAX, SKIP, OpBatch, Planner, _MISS, _OP, _EMPTY
+from .plan import BATCH_MAX, SKIP, OpBatch, Planner, _OP, _EMPTY
 
 M_PLAN = 5
 DONE, FALLBACK, NEED, SLOT, BLOB, CLOSE, LIMIT = 0, 1, 2, 4, 5, 6, 7
@@ -226,18 +226,7 @@ class NativePlanner(Planner):
             if kind == SKIP:
                 op = _EMPTY
             elif get("r", 0) == 0:
-                a, x = get("a"), get("x")
-                try:
-                    mk = (f, tuple(a), tuple(a.values()), (tuple(x), tuple(x.values())) if type(x) is dict else None)
-                    op = self._memo.get(mk, _MISS)
-                except (TypeError, AttributeError):
-                    mk, op = None, _MISS
-                if op is _MISS:
-                    op = self._op(kind, rec)
-                    if mk is not None:
-                        if len(self._memo) > 200_000:
-                            self._memo.clear()
-                        self._memo[mk] = op
+                op = self._memo_op(kind, f, rec, get)
         if op is not None:
             tid = get("tid")
             if o.n and (o.n >= BATCH_MAX or self._tid() != tid):
