@@ -5,49 +5,32 @@ the Python path (formats/native.py), with the same results."""
 from __future__ import annotations
 
 import os
+import re
 
 from cffi import FFI
 
-CDEF = """
-typedef struct {
-    char *out; size_t outlen;
-    size_t rec_end;
-    const uint8_t *key; uint32_t keylen;
-    int note;
-    int hneg; uint64_t hval; int memk;
-    int64_t idx;
-    int64_t n, nc, errors, unreturned, state_calls;
-    uint64_t t0, t1; int has_t0, has_t1;
-    int64_t mem_n[7]; uint64_t mem_b[7];
-    ...;
-} rd;
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "records.c")) as f:
+    SOURCE = f.read()
 
-typedef struct { ...; } xop;
 
-typedef struct {
-    uint64_t addr; int seq_neg; uint64_t seq_u; int type; int h_neg; uint64_t h_u; uint64_t src; int32_t name;
-} plmark;
+def _public(opening: str, name: str) -> str:
+    """The fields of a records.c struct that Python reads, as a cdef typedef: from `opening`
+    to its `/* private */` line (the rest is opaque to cffi)."""
+    body = SOURCE[SOURCE.index(opening):]
+    body = body[body.index("{") + 1:body.index("/* private */")]
+    consts = dict(re.findall(r"#define (\w+) (\d+)\n", SOURCE))
+    body = re.sub(r"\b(%s)\b" % "|".join(consts), lambda m: consts[m.group(1)], body)
+    return f"typedef struct {{{body}    ...;\n}} {name};\n"
 
-typedef struct {
-    int64_t n; uint8_t *kinds; xop *ops; uint16_t *fams;
-    uint32_t *fr, *st, *en;
-    int64_t calls, launches, skipped, d2h, d2h_bytes;
-    int64_t nfam; int32_t *fam_id; int64_t *fam_n;
-    int64_t nfuncs; uint8_t *fn_neg; uint64_t *fn_u; int64_t *fn_i;
-    int64_t nsync; int64_t *sync_idx; int has_ctx_sync;
-    int64_t nctx; int64_t *ctx_idx; int64_t ncopy; int64_t *copy_idx;
-    int last_neg; uint64_t last_u;
-    int64_t nmarks; plmark *marks; int64_t naddrs; uint64_t *addrs;
-    int64_t *seqs; int seqs_ok;
-    int pysumm;
-    int tid_kind; int tid_neg; uint64_t tid_u;
-    int64_t total; int has_max; int max_neg; uint64_t max_u; int has_wl; int wl_neg; uint64_t wl_u;
-    int64_t nops, max_ops; int pace, has_origin, origin_neg; uint64_t origin_u;
-    uint32_t frame; uint64_t scratch; int ranges_ok;
-    int slot_ns;
-    ...;
-} plout;
 
+def _typedef(name: str) -> str:
+    """A records.c typedef Python reads whole (`typedef struct { ... } name;`)."""
+    return re.search(r"typedef struct \{[^{}]*\} %s;" % name, SOURCE).group(0) + "\n"
+
+
+# the structs come from records.c itself, so the two cannot drift apart
+CDEF = (_public("typedef struct {\n    char *out;", "rd") + "typedef struct { ...; } xop;\n" + _typedef("plmark")
+        + _public("struct plout {", "plout") + """
 rd *rd_new(void);
 void rd_free(rd *c);
 int rd_check(const uint8_t *p, size_t n, uint32_t count);
@@ -70,10 +53,7 @@ int pl_set_blob(rd *c, const uint8_t *key, size_t klen, int64_t n, uint64_t ptr)
 int pl_ranges(rd *c, const uint64_t *lo, const uint64_t *sz, int64_t n);
 int pl_push(rd *c, const uint8_t *opb, int kind, int fam, int32_t name, int seq_neg, uint64_t seq_u,
             int h_neg, uint64_t h_u, int has_t0, int t0_neg, uint64_t t0_u);
-"""
-
-with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "records.c")) as f:
-    SOURCE = f.read()
+""")
 
 ffibuilder = FFI()
 ffibuilder.cdef(CDEF)

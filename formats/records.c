@@ -29,6 +29,8 @@ enum { TAB_NAMES, TAB_BLOBS, TAB_FNS, TAB_REFS, TAB_HANDLES, NTAB };
 typedef struct { uint8_t *key; uint32_t klen; int64_t v, v2; char *str; uint32_t slen; } ent;
 typedef struct { ent *e; size_t n, cap; int32_t *idx; size_t icap; } tab;
 
+/* the fields above "private" in rd and plout (and plmark whole) are what Python reads:
+   build_records.py makes its cdef from them here */
 typedef struct {
     char *out; size_t outlen;          /* lines made so far */
     size_t rec_end;                    /* RD_FALLBACK: end of the record handed over */
@@ -1309,6 +1311,11 @@ static int pl_summarise(plout *o) {
 #define ADDR(v) do { int fr_; int64_t *s_ = hm_get(&seen, (v), 1, &fr_); if (!s_) goto out; \
         if (fr_) { *s_ = 0; if (!pl_u64grow(&ad, &acap, (size_t)na + 1)) goto out; ad[na++] = (v); } } while (0)
     /* last write per key, in first-write order; ms grows by one per new key */
+#define MARK(key, mark) do { int fr_; int64_t *at_ = hm_get(&last, (key), 1, &fr_); if (!at_) goto out; \
+        if (fr_) { if ((size_t)nm >= mcap) { mcap *= 2; if (!(grow = realloc(ms, mcap * sizeof *ms))) goto out; \
+                                             ms = grow; } \
+                   *at_ = nm++; } \
+        ms[*at_] = (mark); } while (0)
     wmark *grow = NULL;
     size_t mcap = (size_t)n + 1;
     for (int64_t i = 0; i < n; i++) {
@@ -1332,19 +1339,8 @@ static int pl_summarise(plout *o) {
                 if (!fw && *wi == i) continue;
                 *wi = i;
                 ADDR(v);
-                int fr;
-                int64_t *at = hm_get(&last, pl_key(o, v), 1, &fr);
-                if (!at) goto out;
-                if (fr) {
-                    if ((size_t)nm >= mcap) {
-                        mcap *= 2;
-                        if (!(grow = realloc(ms, mcap * sizeof *ms))) goto out;
-                        ms = grow;
-                    }
-                    *at = nm++;
-                }
                 w.addr = v, w.type = 'k', w.hneg = sd->hneg, w.hu = sd->hu;
-                ms[*at] = w;
+                MARK(pl_key(o, v), w);
             }
             continue;
         }
@@ -1365,20 +1361,10 @@ static int pl_summarise(plout *o) {
                 w.type = p->type, w.hneg = p->hneg, w.hu = p->hu, w.src = p->src, w.name = p->name;
             }
         }
-        int fr;
-        int64_t *at = hm_get(&last, pl_key(o, dst), 1, &fr);
-        if (!at) goto out;
-        if (fr) {
-            if ((size_t)nm >= mcap) {
-                mcap *= 2;
-                if (!(grow = realloc(ms, mcap * sizeof *ms))) goto out;
-                ms = grow;
-            }
-            *at = nm++;
-        }
-        ms[*at] = w;
+        MARK(pl_key(o, dst), w);
     }
 #undef ADDR
+#undef MARK
     /* sorted(last.values(), key=seq): stable, so insertion sort on runs is fine for the
        mostly ordered input; fall back to a merge for the general case */
     {
