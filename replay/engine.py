@@ -320,7 +320,8 @@ class Replayer(BatchRunner):
 
     def _fkind(self, f) -> int:
         """Per name: 1 allocation, 2 primary context retain, 4 H2D prefetched, 8 pinned host
-        memory, 16 shared through legacy IPC."""
+        memory, 16 shared through legacy IPC (non-zero: the pre-scan reads the call itself, so
+        the C plan walk hands it over)."""
         if type(f) is not str:
             return 0                   # a damaged record: its handler reports it
         fk = self._fk.get(f)
@@ -332,10 +333,6 @@ class Replayer(BatchRunner):
                   | (16 if f.startswith("cuIpcGetMemHandle") else 0))
             self._fk[f] = fk
         return fk
-
-    def _python_only(self, f: str) -> bool:
-        """Calls the pre-scan reads itself (the C plan walk hands them over)."""
-        return bool(self._fkind(f))
 
     def _expected_blob(self, bid: str) -> Optional[bytes]:
         """The plan's blob prefetch for verification points: the expected bytes of a small D2H
@@ -681,7 +678,7 @@ class Replayer(BatchRunner):
             rmod = rnative.module()
             if rmod is not None and hasattr(rmod.lib, "pl_new"):
                 from .plannative import NativePlanner
-                return NativePlanner(rmod, self.reader.path, self._python_only, is_workload if self._pr else None,
+                return NativePlanner(rmod, self.reader.path, self._fkind, is_workload if self._pr else None,
                                      *args, **kw)
         return Planner(*args, **kw)
 
@@ -790,6 +787,8 @@ PACES = ("fast", "recorded")
 def is_workload(f: str) -> bool:
     """The calls --profiler-range workload brackets: launches (kernels and graphs), copies and
     memsets -- not context, memory or module set-up."""
+    if type(f) is not str:             # a damaged record: its handler reports it
+        return False
     if f.startswith("cuLaunch"):
         return not f.startswith("cuLaunchHostFunc")
     return f.startswith(("cuGraphLaunch", "cuMemcpy", "cuMemset"))

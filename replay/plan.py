@@ -322,9 +322,23 @@ class Planner:
         return (val, r0, 0, 0, dst, src, n, _Z3, _Z3, 0, None)
 
     # ------------------------------------------------------------------ feeding
-    def _memo_op(self, kind: int, f: str, rec, get) -> Optional[tuple]:
-        """_op, memoised: the same call with the same arguments compiles the same (loops repeat
-        them); keys and values as two tuples: the items' order and pairing, fewer objects."""
+    def _compile(self, rec, get, f) -> Optional[tuple]:
+        """(kind, family, op) of a call the batch runs, or None: dispatched one by one (not a
+        plain call, a recorded error, or a damaged record, whose handler reports it)."""
+        k = None
+        if self.fast and type(f) is str:
+            k = self._disp.get(f, 0)          # 0: not classified yet (None: dispatched one by one)
+            if k == 0:
+                k = self._kind(f)
+        if k is None or type(get("s")) is not int:
+            return None
+        kind = k[0]
+        if kind == SKIP:
+            return kind, k[1], _EMPTY
+        if get("r", 0) != 0:
+            return None                       # a recorded error: its handler decides
+        # the same call with the same arguments compiles the same (loops repeat them);
+        # keys and values as two tuples: the items' order and pairing, fewer objects
         a, x = get("a"), get("x")
         try:
             mk = (f, tuple(a), tuple(a.values()), (tuple(x), tuple(x.values())) if type(x) is dict else None)
@@ -337,7 +351,7 @@ class Planner:
                 if len(self._memo) > 200_000:
                     self._memo.clear()
                 self._memo[mk] = op
-        return op
+        return None if op is None else (kind, k[1], op)
 
     def _feed(self, rec, out: List[Any]) -> None:
         """Feed one record; finished items are appended to out."""
@@ -345,35 +359,23 @@ class Planner:
         f = get("f") or ""
         if self.pace and self.t_origin is None and type(get("t0")) is int:
             self.t_origin = rec["t0"]
-        if self.fast and type(f) is str:     # (a damaged record's name: its handler reports it)
-            k = self._disp.get(f, 0)          # 0: not classified yet (None: dispatched one by one)
-            if k == 0:
-                k = self._kind(f)
-        else:
-            k = None
-        if k is not None and type(get("s")) is int:
-            kind = k[0]
-            if kind == SKIP:
-                op = _EMPTY
-            elif get("r", 0) != 0:
-                op = None                     # a recorded error: its handler decides
-            else:
-                op = self._memo_op(kind, f, rec, get)
-            if op is not None:
-                tid = get("tid")
-                b = self.cur
-                if b is None or b.tid != tid or b.n >= BATCH_MAX:
-                    if b is not None:
-                        self._close(b)
-                        out.append(b)
-                    b = self.cur = OpBatch(tid)
-                b.recs.append(rec)
-                b.kinds.append(kind)
-                b.fams.append(k[1])
-                b.keep.append(op)
-                b.n += 1
-                self.nops += 1
-                return
+        c = self._compile(rec, get, f)
+        if c is not None:
+            kind, fam, op = c
+            tid = get("tid")
+            b = self.cur
+            if b is None or b.tid != tid or b.n >= BATCH_MAX:
+                if b is not None:
+                    self._close(b)
+                    out.append(b)
+                b = self.cur = OpBatch(tid)
+            b.recs.append(rec)
+            b.kinds.append(kind)
+            b.fams.append(fam)
+            b.keep.append(op)
+            b.n += 1
+            self.nops += 1
+            return
         if self.cur is not None:
             self._close(self.cur)
             out.append(self.cur)

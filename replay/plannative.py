@@ -14,7 +14,7 @@ from cudasnap.formats import native
 from cudasnap.formats.container import record_list, record_one
 
 from . import plan
-from .plan import BATCH_MAX, SKIP, OpBatch, Planner, _OP, _EMPTY
+from .plan import BATCH_MAX, SKIP, OpBatch, Planner, _OP
 
 M_PLAN = 5
 DONE, FALLBACK, NEED, SLOT, BLOB, CLOSE, LIMIT = 0, 1, 2, 4, 5, 6, 7
@@ -71,7 +71,7 @@ class NativePlanner(Planner):
     """Planner with the C walk: walk() feeds one records frame; records it hands over go
     through record(rec), the engine's per-record pre-scan, which calls add() as before."""
 
-    def __init__(self, mod, path, python_only: Callable[[str], bool], workload: Optional[Callable[[str], bool]],
+    def __init__(self, mod, path, python_only: Callable[[str], int], workload: Optional[Callable[[str], bool]],
                  *args, **kw):
         super().__init__(*args, **kw)
         self.mod, self.path, self.python_only, self.workload = mod, path, python_only, workload
@@ -205,7 +205,7 @@ class NativePlanner(Planner):
 
     # ------------------------------------------------------------------ records Python compiles
     def _feed(self, rec, out: List[Any]) -> None:
-        """Planner._feed's classification and op, step for step; the batch is the C one."""
+        """Planner._feed with the C batch: the same _compile, ops pushed to the C walk's batch."""
         get = rec.get
         f = get("f") or ""
         o = self.o
@@ -215,25 +215,15 @@ class NativePlanner(Planner):
                 self.t_origin = rec["t0"]
                 o.has_origin = 1
                 o.origin_neg, o.origin_u = _split(self.t_origin)
-        k = None
-        if self.fast and type(f) is str:
-            k = self._disp.get(f, 0)
-            if k == 0:
-                k = self._kind(f)
-        op = None
-        if k is not None and type(get("s")) is int:
-            kind = k[0]
-            if kind == SKIP:
-                op = _EMPTY
-            elif get("r", 0) == 0:
-                op = self._memo_op(kind, f, rec, get)
-        if op is not None:
+        c = self._compile(rec, get, f)
+        if c is not None:
+            kind, fam, op = c
             tid = get("tid")
             if o.n and (o.n >= BATCH_MAX or self._tid() != tid):
                 self._close_native(out)
             if not o.n:
                 self._set_tid(tid)
-            self._push(kind, k[1], f, rec, op)
+            self._push(kind, fam, f, rec, op)
             return
         if o.n:
             self._close_native(out)
