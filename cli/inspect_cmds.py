@@ -559,7 +559,7 @@ class _Dump:
     (one) is the reference, and takes every record the C walk hands over."""
 
     def __init__(self, r, fmt: str, blobs: bool, calls: Optional[str], out, use_native: bool = True):
-        """calls: a call-set spec already checked (parse_callset raised nothing for it)."""
+        """calls: a call-set spec run_dump has checked (parse_terms raised nothing for it)."""
         self.r, self.text, self.blobs, self.out = r, fmt == "text", blobs, out
         self.pred = parse_callset(calls) if calls else None
         terms = (cs.parse_terms(calls) if str(calls).strip() else []) if calls else None

@@ -81,10 +81,19 @@ def test_graph_mode_checks_itself_against_a_timeline_replay(double, tmp_path):
     rp = _replay(double, snap, "--profile", "graph", "--repeat", "3", "--warmup", "1", "--out", str(out),
                  "--timeline-check")
     assert rp.returncode == 0, rp.stdout + rp.stderr
-    t = json.loads(out.read_text())["summary"]["timeline_check"]
+    rep = json.loads(out.read_text())
+    t = rep["summary"]["timeline_check"]
     assert t["compared"] == 1 and t["min_us"] == 5.0, t          # the 2 ms spin; incr is too short
-    assert t["within"] is True and t["outside"] == [], t
-    assert "check against timeline mode (a second replay" in rp.stdout and "1 kernels of >= 5 us, all within 5%" in rp.stdout
+    # the double sleeps for a spin: a loaded host may stretch one mode's sleeps past 5%, so the
+    # verdict is checked against the times it was made from, and those are the spin's
+    graph_spin = [r["median_us"] for r in rep["launches"] if r["name"] == "spin"]
+    assert all(g >= 1900 for g in graph_spin), graph_spin
+    for c in t["outside"]:
+        assert c["name"] == "spin" and c["graph_us"] >= 1900 and c["other_us"] >= 1900, c
+        assert abs(c["diff_pct"]) > 5.0, c
+    assert t["within"] is (not t["outside"]), t
+    verdict = "all within 5%" if t["within"] else "1 outside 5%"
+    assert "check against timeline mode (a second replay" in rp.stdout and f"1 kernels of >= 5 us, {verdict}" in rp.stdout
     rp = _replay(double, snap, "--profile", "graph", "--repeat", "2", "--warmup", "0", "--out", str(out))
     assert rp.returncode == 0 and "timeline_check" not in json.loads(out.read_text())["summary"]
     assert "check against timeline mode" not in rp.stdout

@@ -146,7 +146,7 @@ def profile_replay(snapshot, cfg: ProfileConfig, options: Optional[ReplayOptions
             report["run"]["exit_code"] = res.exit_code
         except Exception as e:  # facts for comparisons; never a reason to lose the profile
             report["warnings"].append(f"run facts unavailable: {type(e).__name__}: {e}")
-        if cfg.mode == "graph" and report.get("launches"):
+        if cfg.mode == "graph" and report.get("launches") and res.exit_code == 0:
             from .graphcheck import add_timeline_check
             add_timeline_check(report, snapshot, cfg, opts)
         if cfg.out:
