@@ -9,6 +9,9 @@ traced by the same CUPTI collector, and on the stream with the GPU idle before e
 (as in a launch-bound replay; --idle-us, several lengths); prints median durations per path.
 
     python bench/diag_graph_offset_gpu.py [--k 1000] [--idle-us 30,100,250] [--json OUT]
+
+A last pattern mixes kernels (adds after spins and the reverse) to see whether a kernel's time
+in a graph depends on the kernel before it.
 """
 from __future__ import annotations
 
@@ -93,6 +96,58 @@ def ok(r):
     return vals[0] if len(vals) == 1 else vals
 
 
+MIXED = (("vadd 2M", 1 << 21), (10000, None), ("vadd 1M", 1 << 20), (0, None), (20000, None), ("vadd 2M", 1 << 21))
+
+
+def mixed(reps, kernels, launch, stream, clock):
+    """Different kernels in a row (a memory-bound add after a spin and the reverse, as framework
+    kernels follow each other): per position of the pattern, median duration on the stream back
+    to back and in a graph.  If a kernel's time in a graph depends on what ran just before it
+    (work of the previous kernel finishing inside the next one's span), these differ per position
+    while the sum stays."""
+    def one(i, grid):
+        key = MIXED[i][0]
+        launch(kernels[key], grid if grid else 2 * SMS["n"])
+
+    ok(cu.cuStreamBeginCapture(stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED))
+    for _ in range(reps):
+        for i, (_k, grid) in enumerate(MIXED):
+            one(i, grid)
+    exe = ok(cu.cuGraphInstantiate(ok(cu.cuStreamEndCapture(stream)), 0))
+    ok(cu.cuGraphLaunch(exe, stream))
+    ok(cu.cuStreamSynchronize(stream))
+    clock.start()
+    windows, paths = [], ("stream", "graph") * 3
+    for path in paths:
+        m0 = clock.mark()
+        if path == "graph":
+            ok(cu.cuGraphLaunch(exe, stream))
+        else:
+            for _ in range(reps):
+                for i, (_k, grid) in enumerate(MIXED):
+                    one(i, grid)
+        ok(cu.cuStreamSynchronize(stream))
+        windows.append((m0, clock.mark()))
+    per = {p: [[] for _ in MIXED] for p in ("stream", "graph")}
+    for path, recs in zip(paths, clock.collect_records(windows)):
+        ks = [x for x in recs if x.kind == "kernel"]
+        for j, x in enumerate(ks):
+            per[path][j % len(MIXED)].append((x.t1 - x.t0) / 1e3)
+    out = []
+    for i, (k, _g) in enumerate(MIXED):
+        prev = MIXED[i - 1][0]
+        s, g = statistics.median(per["stream"][i]), statistics.median(per["graph"][i])
+        label = lambda v: v if isinstance(v, str) else f"spin {v}"
+        out.append({"kernel": label(k), "after": label(prev), "stream_us": round(s, 3), "graph_us": round(g, 3),
+                    "diff_pct": round((g - s) / s * 100, 2)})
+        print(f"  mixed: {label(k):>10} after {label(prev):>10}: stream {s:.3f} graph {g:.3f} us ({(g - s) / s * 100:+.1f}%)",
+              flush=True)
+    return {"kernel": "mixed sequence", "positions": out}
+
+
+SMS = {"n": 132}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--k", type=int, default=1000)
@@ -105,6 +160,7 @@ def main() -> int:
     ctx = ok(cu.cuDevicePrimaryCtxRetain(dev))
     ok(cu.cuCtxSetCurrent(ctx))
     sms = ok(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev))
+    SMS["n"] = sms
     stream = ok(cu.cuStreamCreate(1))
     kernels = {}
     for n in (0, 10000, 20000):
@@ -185,6 +241,7 @@ def main() -> int:
         rows.append(row)
         label = ("cycles " + str(n)) if isinstance(n, int) else n
         print(f"{label:>14}: " + "  ".join(f"{p} {m:.3f}" for p, m in meds.items()) + " us", flush=True)
+    rows.append(mixed(a.k // 4, kernels, launch, stream, clock))
     cupti.close()
     if a.json:
         with open(a.json, "w") as f:

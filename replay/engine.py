@@ -186,6 +186,10 @@ class Replayer(BatchRunner):
             ev = copy_event(self, rec)
             self.emit("before_copy", ev)
             return ev
+        if c == "graph_launch":
+            ev = CallEvent(rec.get("s"), rec.get("f"), rec, self)
+            self.emit("before_graph_launch", ev)
+            return ev
         if c == "teardown":
             self.emit("teardown", CallEvent(rec.get("s"), rec.get("f"), rec, self))
         return None
@@ -195,6 +199,8 @@ class Replayer(BatchRunner):
         c = classify(rec.get("f") or "")
         if c == "copy" and cev is not None:
             self.emit("copy", cev)
+        elif c == "graph_launch" and cev is not None:
+            self.emit("graph_launch", cev)
         elif c == "sync":
             self.emit("sync", CallEvent(rec.get("s"), rec.get("f"), rec, self))
         self.emit("after_call", CallEvent(rec.get("s"), rec.get("f"), rec, self))

@@ -10,6 +10,9 @@ A subscriber is any object with `on_event(kind, event)`; append it to
 - "after_launch"   LaunchEvent   just after the launch was enqueued (asynchronous)
 - "before_copy"    CopyEvent     memcpy/memset family, before the driver call
 - "copy"           CopyEvent     after it
+- "before_graph_launch" CallEvent a recorded cuGraphLaunch, before the driver call
+- "graph_launch"   CallEvent     after it (the graph's kernels run now: they were recorded as
+                                 graph nodes, not as launches)
 - "sync"           CallEvent     after cuCtxSynchronize / cuStreamSynchronize / cuEventSynchronize
 - "teardown"       CallEvent     before a context is destroyed or released (resolve events now)
 - "end"            EndEvent      after the final synchronize
@@ -31,13 +34,15 @@ TEARDOWN_CALLS = {"cuCtxDestroy", "cuDevicePrimaryCtxRelease", "cuDevicePrimaryC
 
 
 def classify(f: str) -> Optional[str]:
-    """'copy' | 'sync' | 'teardown' | None for an ABI name (cached)."""
+    """'copy' | 'graph_launch' | 'sync' | 'teardown' | None for an ABI name (cached)."""
     c = _CLASS_CACHE.get(f, "?")
     if c != "?":
         return c
     b = base_name(f)
     if b.startswith("cuMemcpy") or b.startswith("cuMemset"):
         c = "copy"
+    elif b == "cuGraphLaunch":
+        c = "graph_launch"
     elif b in SYNC_CALLS:
         c = "sync"
     elif b in TEARDOWN_CALLS:

@@ -480,31 +480,40 @@ WRAPPED = textwrap.dedent('''
         kinds enabled: a kernel record for every kernel that runs (the replay's own launches,
         warmups and timed runs alike), no external correlation records (those need API records),
         records delivered only by a flush; timestamps on the records' clock."""
-        def __init__(self, silent=False, ext=False):
+        def __init__(self, silent=False, ext=False, nodes=False):
             self.kernels, self.copies, self.ext, self.stack, self.corr = [], [], {}, [], 0
+            self.nodes, self.kernel_nodes, self.pending_nodes = nodes, [], []
             self.now, self.pending, self.silent, self.with_ext, self.flushes = 1000, [], silent, ext, 0
         def push(self, e): self.stack.append(e)
         def pop(self): self.stack.pop()
         def flush(self):
             self.flushes += 1
             self.kernels += self.pending
-            self.pending = []
+            self.kernel_nodes += self.pending_nodes
+            self.pending, self.pending_nodes = [], []
         def close(self): self.flush()
         def timestamp(self):
             self.now += 1000
             return self.now
-        def record(self, n=1, name="incr_cupti"):
+        def record(self, n=1, name="incr_cupti", graph=0):
+            """n kernel records; with `nodes`, a graph's records carry (graph id, node id) and
+            share the cuGraphLaunch call's correlation id, as CUPTI's do."""
             if self.silent:
                 return
-            for _ in range(n):
+            if graph:
                 self.corr += 1
+            for i in range(n):
+                if not graph:
+                    self.corr += 1
                 if self.with_ext and self.stack:
                     self.ext[self.corr] = self.stack[-1]
                 start = self.now + 10000
                 self.pending.append((self.corr, start, start + 50000, name, 7))
+                self.pending_nodes.append((graph, 500 + i) if graph and self.nodes else (0, 0))
                 self.now = start + 50000
 
-    fake = FakeCupti(silent=behaviour == "cupti_silent") if behaviour.startswith("cupti") else None
+    fake = (FakeCupti(silent=behaviour == "cupti_silent", nodes=behaviour == "cupti_nodes")
+            if behaviour.startswith("cupti") else None)
     if fake is not None:
         tl.open_cupti = gm.open_cupti = lambda backend, warn: fake
 
@@ -537,7 +546,7 @@ WRAPPED = textwrap.dedent('''
                 if name == "cuLaunchKernel" and fake is not None and not self.capturing:
                     fake.record()
                 if name == "cuGraphLaunch" and fake is not None:
-                    fake.record(self.nodes, "incr_graph")
+                    fake.record(self.nodes, "incr_graph", graph=int(a[0]) & 0xffff or 1)
                 return r
             return call
 
@@ -783,6 +792,32 @@ def test_graph_mode_times_recorded_graph_launches(double, tmp_path, behaviour):
         assert all(x["name"] == "incr_graph" and x["times_us"] == [50.0] * 4 for x in rep["launches"])
     assert all(x["median_us"] > 0 for x in rep["launches"])
     assert r["log"].count("cuGraphLaunch") == 2 * (1 + 2 + 4 + (4 if behaviour == "cupti" else 0))
+
+
+@pytest.mark.parametrize("behaviour", ["cupti_nodes", "none"])
+def test_timeline_times_kernels_run_by_the_programs_graphs(double, tmp_path, behaviour):
+    """JAX/XLA command buffers and CUDA-graph PyTorch run their kernels through cuGraphLaunch:
+    the launch recorded into the capture is a graph node (no row of its own), and each graph
+    launch's kernels get rows (CUPTI), or the launch is timed whole (CUDA events)."""
+    snap = tmp_path / "g.cusnap"
+    facts = incr_graph_program(snap, graph_launches=3, plain_after=1)
+    r = _wrapped(double, tmp_path, snap, "timeline", behaviour)
+    assert r["exit"] == 0, r["errors"]
+    rep = r["report"]
+    s = rep["summary"]
+    assert s["captured_launches"] == 1 and s["graph_launches"] == 3, s
+    rows = rep["launches"]
+    assert facts["captured"] not in [x["seq"] for x in rows]
+    if behaviour == "cupti_nodes":
+        g = [x for x in rows if x.get("graph_seq") is not None]
+        assert [x["seq"] for x in g] == facts["graph_launches"]
+        assert all(x["cupti_name"] == "incr_graph" and x["graph_node_id"] == 500 and x["time_us"] == 50.0 for x in g)
+        [plain] = [x for x in rows if x.get("graph_seq") is None]
+        assert plain["seq"] == facts["plain"][0] and plain["time_us"] == 50.0
+        assert s["graph_kernels_timed"] == 3 and s["launches_timed"] == 4
+    else:
+        assert [x["seq"] for x in rows] == facts["plain"]
+        assert len(s["graph_launch_us"]) == 3 and all(t > 0 for t in s["graph_launch_us"])
 
 
 def test_graph_mode_standard_path_is_named(double, tmp_path):

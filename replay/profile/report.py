@@ -217,6 +217,14 @@ def render_table(report: Dict[str, Any], out, top: int = 20) -> None:
                  + f", {fmt_us(s['total_us'])} per replay (median of {s.get('repeat')})")
     elif s.get("mode") == "timeline" and "span_us" in s:
         head += f": {s.get('launches_timed')} launches timed, span {fmt_us(s['span_us'])}, kernels {fmt_us(s['kernel_time_us'])}"
+        if s.get("graph_launches"):
+            head += (f"; {s.get('graph_kernels_timed', 0)} of them kernels run by {s['graph_launches']} "
+                     f"cuGraphLaunch call(s) of the program")
+        if s.get("graph_launch_us"):
+            head += f"; {len(s['graph_launch_us'])} cuGraphLaunch call(s) of the program timed whole"
+    elif s.get("mode") == "timeline" and s.get("graph_launch_us"):
+        t = s["graph_launch_us"]
+        head += f": {len(t)} cuGraphLaunch call(s) of the program timed whole, {fmt_us(sum(t))} in all"
     elif s.get("mode") == "isolated":
         head += f": {s.get('launches_profiled', 0)} launches"
         if s.get("graph_launches_profiled"):

@@ -285,6 +285,10 @@ class TimelineProfiler:
         self._open_calls: List[list] = []
         self.device: Optional[int] = None
         self._deferred = False                        # slices holds _Deferred batch placeholders
+        self.captured_launches = 0                    # launches recorded into a stream capture
+        self.graph_slices: List[Dict[str, Any]] = []  # every replayed cuGraphLaunch, in issue order
+        self._graphs = None                           # RecordedGraphs, for a selection by kernel
+        self._graph_open: Optional[Dict[str, Any]] = None
 
     @property
     def batch_ok(self) -> bool:
@@ -313,13 +317,16 @@ class TimelineProfiler:
     def _open(self, sl: Dict[str, Any], stream) -> None:
         self.slices.append(sl)
         if self.cupti is not None:
-            ext = self._next_ext
-            self._next_ext += 1
-            sl["ext"] = ext
-            self.by_ext[ext] = sl
-            self.cupti.push(ext)
+            self._open_ext(sl)
         else:
             sl["_e0"] = self.clock.begin(stream)
+
+    def _open_ext(self, sl: Dict[str, Any]) -> None:
+        ext = self._next_ext
+        self._next_ext += 1
+        sl["ext"] = ext
+        self.by_ext[ext] = sl
+        self.cupti.push(ext)
 
     def _close(self, sl: Dict[str, Any], stream) -> None:
         if self.cupti is not None:
@@ -333,8 +340,15 @@ class TimelineProfiler:
         return self.clock is not None and bool(getattr(self.rp, "capturing", None))
 
     def _before_launch(self, ev) -> None:
-        if not self.sel(ev) or self._capturing():   # events would become graph nodes
+        if not self.sel(ev):
             return
+        if self.rp.capturing:
+            from ..handlers.graph import stream_capturing
+            if stream_capturing(self.rp, ev.rec_stream, ev.stream):
+                self.captured_launches += 1         # a node of the program's graph: runs with its cuGraphLaunch
+                return
+            if self._capturing():                   # events would become graph nodes
+                return
         sl = {"kind": "kernel", "seq": ev.seq, "index": ev.index, "name": ev.name, "stream": ev.rec_stream,
               "grid": list(ev.grid), "block": list(ev.block), "shmem": ev.shmem}
         ev.data["timeline"] = sl
@@ -389,6 +403,42 @@ class TimelineProfiler:
                 add({"kind": "memset" if memset else "copy", "seq": rec["s"], "direction": d,
                      "name": f"{d} {nb} B" if nb else rec["f"], "call": rec["f"], "bytes": nb,
                      "stream": a.get("hStream") or 0})
+
+    # the program's own graphs: their kernels run at cuGraphLaunch, as graph nodes
+    def _graph_selected(self, rec) -> bool:
+        if self.sel.everything:
+            return True
+        if self.sel.counting:             # -s/-c count recorded launches; graph nodes are not
+            return False
+        if self._graphs is None:
+            from .graphunits import RecordedGraphs
+            self._graphs = RecordedGraphs(self.rp)
+        return self._graphs.selected(self.sel, rec)
+
+    def _before_graph_launch(self, ev) -> None:
+        """Every replayed cuGraphLaunch gets a slice: CUPTI's records of the graph's work carry
+        the launch's correlation id and are matched to these slices in issue order
+        (_match_graph_records); with CUDA events a selected launch is timed whole."""
+        if self._capturing():
+            return
+        a = ev.rec.get("a") or {}
+        sl = {"kind": "graph", "seq": ev.seq, "name": "cuGraphLaunch", "stream": a.get("hStream") or 0,
+              "selected": self._graph_selected(ev.rec)}
+        self.graph_slices.append(sl)
+        if sl["selected"]:
+            self.slices.append(sl)
+        if self.cupti is not None:
+            self._open_ext(sl)
+        elif sl["selected"]:
+            sl["_e0"] = self.clock.begin(self.rp.stream(ev.rec, a.get("hStream")))
+        else:
+            return
+        self._graph_open = sl
+
+    def _graph_launch(self, ev) -> None:
+        sl, self._graph_open = self._graph_open, None
+        if sl is not None and sl["seq"] == ev.seq:
+            self._close(sl, self.rp.stream(ev.rec, (ev.rec.get("a") or {}).get("hStream")))
 
     def _after_launch(self, ev) -> None:
         sl = ev.data.get("timeline")
@@ -464,13 +514,17 @@ class TimelineProfiler:
     def _match_cupti(self) -> None:
         self._expand()
         c = self.cupti
+        self._match_graph_records()
         unmatched = []
+        kn = getattr(c, "kernel_nodes", None) or []
         for j, (corr, t0, t1, name, sid) in enumerate(c.kernels):
+            if kn[j:j + 1] not in ([], [(0, 0)]):
+                continue                    # a graph's work: _match_graph_records
             sl = self.by_ext.get(c.ext.get(corr, -1))
             if sl is None or sl["kind"] != "kernel" or "start_ns" in sl:
                 # untagged work outside graphs: calls the C executor ran (or no external
                 # correlation records at all), matched by issue order below
-                if corr not in c.ext and c.kernel_nodes[j:j + 1] in ([], [(0, 0)]):
+                if corr not in c.ext:
                     unmatched.append((corr, t0, t1, name, sid))
                 continue
             sl["start_ns"], sl["end_ns"], sl["cupti_name"], sl["stream_id"] = t0, t1, name, sid
@@ -480,17 +534,79 @@ class TimelineProfiler:
             for sl, (corr, t0, t1, name, sid) in zip(todo, sorted(unmatched)):
                 sl["start_ns"], sl["end_ns"], sl["cupti_name"], sl["stream_id"] = t0, t1, name, sid
         loose = []
+        cn = getattr(c, "copy_nodes", None) or []
         for j, (corr, t0, t1, nb, kind, sid) in enumerate(c.copies):
+            if cn[j:j + 1] not in ([], [(0, 0)]):
+                continue
             sl = self.by_ext.get(c.ext.get(corr, -1))
             if sl is not None and sl["kind"] in ("copy", "memset") and "start_ns" not in sl:
                 sl["start_ns"], sl["end_ns"], sl["stream_id"] = t0, t1, sid
-            elif corr not in c.ext and c.copy_nodes[j:j + 1] in ([], [(0, 0)]):
+            elif corr not in c.ext:
                 loose.append((corr, t0, t1, sid))
         if loose:                  # copies and memsets the C executor ran: by issue order
             todo = [s for s in self.slices if s["kind"] in ("copy", "memset") and "start_ns" not in s
                     and ("ext" not in s or not c.ext)]
             for sl, (corr, t0, t1, sid) in zip(todo, sorted(loose)):
                 sl["start_ns"], sl["end_ns"], sl["stream_id"] = t0, t1, sid
+
+    def _match_graph_records(self) -> None:
+        """Records of work run by graphs (a graph node id) become the rows of the cuGraphLaunch
+        that ran them: by external correlation id where CUPTI gave one, else one launch's
+        records share a correlation id (the cuGraphLaunch call's) and those groups follow the
+        replayed launches in issue order.  Kernels become kernel rows named by CUPTI, with the
+        launch's seq and their graph node id; memset and copy nodes become copy rows."""
+        c = self.cupti
+        kn, cn = getattr(c, "kernel_nodes", None) or [], getattr(c, "copy_nodes", None) or []
+        recs = [(r[0], r[1], r[2], r[3], r[4], "kernel", 0, n[1]) for r, n in zip(c.kernels, kn) if n != (0, 0)]
+        recs += [(r[0], r[1], r[2], None, r[5], r[4], r[3], n[1]) for r, n in zip(c.copies, cn) if n != (0, 0)]
+        if not recs:
+            if self.graph_slices:
+                self._drop_empty_graph_slices()
+            return
+        groups: Dict[int, List[tuple]] = {}
+        for r in recs:
+            groups.setdefault(r[0], []).append(r)
+        owner: Dict[int, Dict[str, Any]] = {}
+        for corr in groups:
+            sl = self.by_ext.get(c.ext.get(corr, -1))
+            if sl is not None and sl.get("kind") == "graph":
+                owner[corr] = sl
+        taken = {id(sl) for sl in owner.values()}
+        free = [g for g in self.graph_slices if id(g) not in taken]
+        rest = sorted(corr for corr in groups if corr not in owner)
+        if len(rest) != len(free):
+            self.warn(f"timeline: {len(rest)} graph launch(es) in CUPTI's records against {len(free)} replayed "
+                      f"cuGraphLaunch call(s) not matched otherwise; matched in order as far as they go")
+        for corr, sl in zip(rest, free):
+            owner[corr] = sl
+        for corr, sl in owner.items():
+            if not sl.get("selected"):
+                continue
+            kids = sl.setdefault("_kids", [])
+            for _corr, t0, t1, name, sid, kind, nb, nid in groups[corr]:
+                if kind == "kernel":
+                    kids.append({"kind": "kernel", "seq": sl["seq"], "graph_seq": sl["seq"], "graph_node_id": nid,
+                                 "name": name, "cupti_name": name, "stream": sl["stream"],
+                                 "start_ns": t0, "end_ns": t1, "stream_id": sid})
+                else:
+                    memset = kind == "memset"
+                    kids.append({"kind": "memset" if memset else "copy", "seq": sl["seq"], "graph_seq": sl["seq"],
+                                 "graph_node_id": nid, "direction": "memset" if memset else "graph node",
+                                 "name": f"{'memset' if memset else 'copy'} node {nb} B", "call": "cuGraphLaunch",
+                                 "bytes": nb, "stream": sl["stream"], "start_ns": t0, "end_ns": t1, "stream_id": sid})
+            kids.sort(key=lambda k: k["start_ns"])
+            sl["start_ns"], sl["end_ns"] = kids[0]["start_ns"], max(k["end_ns"] for k in kids)
+        self._drop_empty_graph_slices()
+
+    def _drop_empty_graph_slices(self) -> None:
+        """Graph slices give way to the rows of their work (CUPTI); a launch with none is dropped."""
+        out: List[Any] = []
+        for sl in self.slices:
+            if type(sl) is dict and sl.get("kind") == "graph":
+                out.extend(sl.get("_kids", ()))
+            else:
+                out.append(sl)
+        self.slices[:] = out
 
     # results
     def launch_rows(self) -> List[Dict[str, Any]]:
@@ -510,6 +626,16 @@ class TimelineProfiler:
         ks = [s for s in self.slices if s["kind"] == "kernel" and "start_ns" in s]
         d: Dict[str, Any] = {"mode": "timeline", "backend": self.backend, "launches_timed": len(ks),
                              "launches_selected": sum(1 for s in self.slices if s["kind"] == "kernel")}
+        if self.graph_slices:
+            sel = [g for g in self.graph_slices if g.get("selected")]
+            d["graph_launches"] = len(sel)
+            d["graph_kernels_timed"] = sum(1 for s in ks if s.get("graph_seq") is not None)
+            whole = [(g["end_ns"] - g["start_ns"]) / 1e3 for g in self.slices
+                     if g.get("kind") == "graph" and "start_ns" in g and "end_ns" in g]
+            if whole:                      # CUDA events: each launch timed whole
+                d["graph_launch_us"] = [round(x, 3) for x in whole]
+        if self.captured_launches:
+            d["captured_launches"] = self.captured_launches
         if ks:
             d["span_us"] = (max(s["end_ns"] for s in ks) - min(s["start_ns"] for s in ks)) / 1e3
             d["kernel_time_us"] = sum(s["end_ns"] - s["start_ns"] for s in ks) / 1e3

@@ -36,7 +36,7 @@ from ..names import demangle
 
 PID = 1                          # device pid when none is known (tests, the Python API)
 TID_SPACE = 1 << 22              # above every Linux thread id (pid_max <= 2^22)
-CATEGORY = {"kernel": "kernel", "copy": "gpu_memcpy", "memset": "gpu_memset"}
+CATEGORY = {"kernel": "kernel", "copy": "gpu_memcpy", "memset": "gpu_memset", "graph": "cuda_graph"}
 
 
 def _stream_name(stream: int) -> str:
@@ -201,12 +201,16 @@ def trace_events(slices: List[Dict[str, Any]], title: str = "cudasnap replay", c
                          "mangled": mangled})
             if s.get("cupti_name") and s["cupti_name"] != mangled:
                 args["cupti name"] = s["cupti_name"]
+        elif kind == "graph":                 # a cuGraphLaunch timed whole (CUDA events)
+            name = f"cuGraphLaunch #{seq}"
         elif kind == "memset":
             name = "Memset (Device)"
             args["bytes"] = s.get("bytes")
         else:
             name = f"Memcpy {s.get('direction') or ''}".rstrip()
             args["bytes"] = s.get("bytes")
+        if s.get("graph_node_id") is not None:
+            args["graph node"] = s["graph_node_id"]
         if kind != "kernel" and s.get("bytes") and s["end_ns"] > s["start_ns"]:
             args["memory bandwidth (GB/s)"] = round(s["bytes"] / (s["end_ns"] - s["start_ns"]), 3)
         ev = {"ph": "X", "cat": CATEGORY.get(kind, kind), "name": name, "pid": dev, "tid": tid,
