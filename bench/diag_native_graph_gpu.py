@@ -1,110 +1,105 @@
 #!/usr/bin/env python3
 """Do kernels run differently inside a CUDA graph than launched one by one, with no replay
-involved?  The GPT training step of bench/gpt_step.py (AdamW capturable=True in both, so both
-run the same kernels) runs STEPS times eager and STEPS times as one captured CUDA graph, in one
-process, traced by CUPTI concurrent-kernel records; prints per-kernel median durations of both
-and their difference for kernels of --min-us or more.
+involved?  The GPT training step of tests/gpu/workloads/prof_gpt_graph.py (AdamW capturable=True,
+so its eager loop and a CUDA graph of its step run the same kernels) runs STEPS times eager and
+STEPS times as one captured graph, in one process, traced by CUPTI; prints per-kernel medians of
+both and their difference for kernels of --min-us or more.
 
-    python bench/diag_native_graph_gpu.py [--steps 60] [--min-us 5] [--json OUT]
+    python bench/diag_native_graph_gpu.py [--steps 60] [--min-us 5] [--replay] [--json OUT]
 
-If graph-mode replay's per-kernel medians differ from timeline replay's as this program's graph
-differs from its eager loop, the difference belongs to graph execution, not to the replay."""
+--replay also captures the eager loop (`cudasnap capture`) and replays the snapshot under
+--profile timeline and --profile graph, and prints four columns per kernel: native eager,
+timeline replay, native graph, graph-mode replay.  Graph mode is right when it agrees with the
+native graph, and timeline mode when it agrees with native eager; where the native graph differs
+from native eager, graph and timeline modes must differ alike."""
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
-from cupti import cupti
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "gpu" / "workloads"))
-from prof_gpt_train import GPT, B, T, V  # noqa: E402
-
-phase = {"name": None}
-durs = {"eager": defaultdict(list), "graph": defaultdict(list)}
-graph_ids = {"eager": 0, "graph": 0}
+WORKLOAD = Path(__file__).resolve().parent.parent / "tests" / "gpu" / "workloads" / "prof_gpt_graph.py"
 
 
-def _req():
-    return 8 << 20, 0
+def run_native(steps: int, work: Path) -> dict:
+    out = work / "native.json"
+    cp = subprocess.run([sys.executable, str(WORKLOAD), "native", str(out), str(steps)], capture_output=True, text=True)
+    if cp.returncode != 0:
+        sys.exit(f"native run failed ({cp.returncode}): {cp.stderr[-1500:]}")
+    return json.loads(out.read_text())
 
 
-def _done(acts):
-    for a in acts:
-        if a.kind in (cupti.ActivityKind.CONCURRENT_KERNEL, cupti.ActivityKind.KERNEL) and phase["name"]:
-            durs[phase["name"]][str(a.name)].append((int(a.end) - int(a.start)) / 1e3)
-            graph_ids[phase["name"]] += int(getattr(a, "graph_id", 0) or 0) != 0
+def replay_medians(steps: int, work: Path) -> dict:
+    """Capture the eager loop and replay it under timeline and graph modes: per-kernel medians
+    (by CUPTI name) of each."""
+    snap = work / "eager.cusnap"
+    env = {**os.environ, "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    cp = subprocess.run([sys.executable, "-m", "cudasnap", "capture", "-f", "-o", str(snap), "--",
+                         sys.executable, str(WORKLOAD), "eager", str(steps)], env=env, capture_output=True, text=True)
+    if cp.returncode != 0:
+        sys.exit(f"capture failed ({cp.returncode}): {cp.stderr[-1500:]}")
+    out = {}
+    for mode, extra in (("timeline", []), ("graph", ["--repeat", "10", "--warmup", "3", "--no-timeline-check"])):
+        path = work / f"{mode}.json"
+        cp = subprocess.run([sys.executable, "-m", "cudasnap", "replay", str(snap), "--profile", mode, "--out", str(path),
+                             "--watchdog", "120", *extra], capture_output=True, text=True)
+        if cp.returncode != 0:
+            sys.exit(f"replay --profile {mode} failed ({cp.returncode}): {cp.stderr[-1500:]}")
+        by = defaultdict(list)
+        for r in json.loads(path.read_text()).get("launches", []):
+            t = r.get("median_us", r.get("time_us"))
+            if t is not None:
+                by[r.get("cupti_name") or r.get("name")].append(t)
+        out[mode] = {k: statistics.median(v) for k, v in by.items()}
+    return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--min-us", type=float, default=5.0)
+    ap.add_argument("--replay", action="store_true", help="also capture the eager loop and replay it")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
-    torch.manual_seed(0)
-    dev = "cuda"
-    model = GPT().to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, capturable=True)
-    mask = torch.triu(torch.ones(T, T, dtype=torch.bool, device=dev), 1)
-    data = torch.randint(0, V, (B, T + 1), device=dev)
-
-    def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
-            logits = model(data[:, :-1], mask)
-        loss = F.cross_entropy(logits.float().view(-1, V), data[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=False)
-        loss.backward()
-        opt.step()
-        return loss
-
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        step()
-    torch.cuda.synchronize()
-    cupti.activity_register_callbacks(_req, _done)
-    cupti.activity_enable(cupti.ActivityKind.CONCURRENT_KERNEL)
-    for name, run in (("eager", step), ("graph", g.replay), ("eager", step), ("graph", g.replay)):
-        for _ in range(5):                       # warm, untimed
-            run()
-        torch.cuda.synchronize()
-        cupti.activity_flush_all(1)
-        phase["name"] = name
-        for _ in range(a.steps // 2):
-            run()
-            torch.cuda.synchronize()
-        cupti.activity_flush_all(1)
-        phase["name"] = None
+    work = Path(tempfile.mkdtemp(prefix="cs-natgraph-"))
+    nat = run_native(a.steps, work)
     rows = []
-    for k in sorted(set(durs["eager"]) & set(durs["graph"])):
-        e, gr = durs["eager"][k], durs["graph"][k]
-        me, mg = statistics.median(e), statistics.median(gr)
+    for k in sorted(set(nat["eager"]) & set(nat["graph"])):
+        me, mg = statistics.median(nat["eager"][k]), statistics.median(nat["graph"][k])
         if max(me, mg) >= a.min_us:
             rows.append({"name": k, "eager_us": round(me, 3), "graph_us": round(mg, 3),
-                         "diff_pct": round((mg - me) / me * 100, 2), "n": [len(e), len(gr)]})
+                         "diff_pct": round((mg - me) / me * 100, 2), "n": [len(nat["eager"][k]), len(nat["graph"][k])]})
     rows.sort(key=lambda r: -abs(r["diff_pct"]))
-    print(f"device: {torch.cuda.get_device_name()}; kernels in graph records: {graph_ids}")
-    print("eager / graph median us (graph vs eager)")
+    print(f"device: {nat['device']}; kernel records carrying a graph id: {nat['graph_records']}")
+    print("native eager / native graph median us (graph vs eager)")
     for r in rows:
         print(f"  {r['eager_us']:8.3f} / {r['graph_us']:8.3f} ({r['diff_pct']:+6.2f}%) n={r['n']}  {r['name'][:90]}")
-    bad = [r for r in rows if abs(r["diff_pct"]) > 5]
-    print(f"{len(rows)} kernels of >= {a.min_us} us in both; {len(bad)} differ by more than 5%")
-    only = sorted(set(durs["eager"]) ^ set(durs["graph"]))
-    if only:
-        print(f"{len(only)} kernel name(s) in one mode only: {[n[:60] for n in only[:6]]}")
+    print(f"{len(rows)} kernels of >= {a.min_us} us in both; {sum(abs(r['diff_pct']) > 5 for r in rows)} differ by more than 5%")
+    if a.replay:
+        rm = replay_medians(a.steps, work)
+        pct = lambda x, y: round((x - y) / y * 100, 2) if x is not None and y else None
+        f = lambda v: f"{v:8.3f}" if v is not None else "       -"
+        print("native eager / timeline replay / native graph / graph-mode replay, median us;"
+              " (timeline vs native eager, graph mode vs native graph, graph mode vs timeline)")
+        for r in rows:
+            t, gm = rm["timeline"].get(r["name"]), rm["graph"].get(r["name"])
+            r.update(timeline_us=t, graphmode_us=gm, timeline_vs_eager_pct=pct(t, r["eager_us"]),
+                     graphmode_vs_graph_pct=pct(gm, r["graph_us"]), graphmode_vs_timeline_pct=pct(gm, t))
+            print(f"  {r['eager_us']:8.3f} / {f(t)} / {r['graph_us']:8.3f} / {f(gm)}  ({r['timeline_vs_eager_pct']}%,"
+                  f" {r['graphmode_vs_graph_pct']}%, {r['graphmode_vs_timeline_pct']}%)  {r['name'][:70]}")
+        for key, what in (("timeline_vs_eager_pct", "timeline replay vs native eager"),
+                          ("graphmode_vs_graph_pct", "graph-mode replay vs native graph"),
+                          ("graphmode_vs_timeline_pct", "graph-mode replay vs timeline replay")):
+            v = [abs(r[key]) for r in rows if r.get(key) is not None]
+            print(f"{what}: {len(v)} kernels, worst {max(v, default=0):.2f}%, {sum(x > 5 for x in v)} outside 5%")
     if a.json:
-        Path(a.json).write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+        Path(a.json).write_text(json.dumps({"device": nat["device"], "rows": rows}, indent=1))
     return 0
 
 

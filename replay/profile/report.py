@@ -321,6 +321,9 @@ def graph_notes(s: Dict[str, Any]) -> List[str]:
             for c2 in t["outside"][:10]:
                 lines.append(f"  {short_name(c2['name'], 60)}: graph {fmt_us(c2['graph_us'])}, timeline "
                              f"{fmt_us(c2['other_us'])} ({c2['diff_pct']:+.1f}%)")
+            if t["outside"]:
+                lines.append("  (kernels can run a few percent apart back to back inside a graph and launched one "
+                             "by one on a stream; a program's own CUDA graph shows it too: graph mode times the graph)")
     return lines
 
 

@@ -1,0 +1,97 @@
+"""Profiling workload (PyTorch): the bf16 GPT of prof_gpt_train.py with AdamW capturable=True,
+so that its eager loop and a CUDA graph of its step run the same kernels.
+
+    python prof_gpt_graph.py eager [STEPS]           the eager loop (what a test captures)
+    python prof_gpt_graph.py native OUT.json [STEPS] eager steps and replays of one captured graph
+                                                     of the step, alternating, timed by CUPTI
+
+OUT.json: {"eager": {name: [us, ...]}, "graph": {name: [us, ...]}, "graph_records": n}; names are
+CUPTI's.  Graph-mode replay of the eager loop's snapshot is right when it agrees with "graph"."""
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from prof_gpt_train import GPT, B, T, V  # noqa: E402
+
+
+def make_step():
+    torch.manual_seed(0)
+    dev = "cuda"
+    model = GPT().to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, capturable=True)
+    mask = torch.triu(torch.ones(T, T, dtype=torch.bool, device=dev), 1)
+    data = torch.randint(0, V, (B, T + 1), device=dev)
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+            logits = model(data[:, :-1], mask)
+        loss = F.cross_entropy(logits.float().view(-1, V), data[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=False)
+        loss.backward()
+        opt.step()
+        return loss
+    return step
+
+
+def eager(steps: int) -> None:
+    step = make_step()
+    for i in range(steps):
+        loss = step()
+        torch.cuda.synchronize()
+        if i % 20 == 19 or i == steps - 1:
+            print(f"step {i + 1} loss {float(loss):.4f}")
+
+
+def native(steps: int) -> dict:
+    """CUPTI kernel durations of `steps` eager steps and `steps` graph replays, in alternating
+    halves (after 5 untimed runs each), in one process."""
+    from cupti import cupti
+    step = make_step()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step()
+    torch.cuda.synchronize()
+    phase = {"name": None}
+    durs = {"eager": defaultdict(list), "graph": defaultdict(list)}
+    in_graph = [0]
+
+    def done(acts):
+        for a in acts:
+            if a.kind in (cupti.ActivityKind.CONCURRENT_KERNEL, cupti.ActivityKind.KERNEL) and phase["name"]:
+                durs[phase["name"]][str(a.name)].append((int(a.end) - int(a.start)) / 1e3)
+                in_graph[0] += int(getattr(a, "graph_id", 0) or 0) != 0
+    cupti.activity_register_callbacks(lambda: (8 << 20, 0), done)
+    cupti.activity_enable(cupti.ActivityKind.CONCURRENT_KERNEL)
+    for name, run in (("eager", step), ("graph", g.replay)) * 2:
+        for _ in range(5):
+            run()
+        torch.cuda.synchronize()
+        cupti.activity_flush_all(1)
+        phase["name"] = name
+        for _ in range(steps // 2):
+            run()
+            torch.cuda.synchronize()
+        cupti.activity_flush_all(1)
+        phase["name"] = None
+    cupti.activity_disable(cupti.ActivityKind.CONCURRENT_KERNEL)
+    return {"eager": durs["eager"], "graph": durs["graph"], "graph_records": in_graph[0],
+            "device": torch.cuda.get_device_name()}
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["native"]:
+        out = native(int(sys.argv[3]) if len(sys.argv) > 3 else 60)
+        Path(sys.argv[2]).write_text(json.dumps(out))
+    else:
+        eager(int(sys.argv[2]) if len(sys.argv) > 2 else 60)
