@@ -11,8 +11,7 @@
   its check against a timeline replay runs (the kernels it lists are recorded, not failed:
   kernels run back to back inside a graph differently from launched one by one, natively too);
 - graph-mode kernel medians of at least 5 us agree within +-5% with the same program's own CUDA
-  graph of its step, timed natively (prof_gpt_graph.py; kernels whose time follows their
-  buffers' addresses, which that graph's memory pool changes, are recorded and left out).
+  graph of its step, timed natively (prof_gpt_graph.py).
 Rows go to $CUDASNAP_GPU_RESULTS through record_result."""
 from __future__ import annotations
 
@@ -254,11 +253,9 @@ def test_graph_mode_times_every_kernel(name, runner, tmp_path):
 def test_graph_mode_matches_the_programs_own_graph(runner, tmp_path):
     """The GPT step with capturable AdamW: its eager loop captured and replayed in graph mode,
     against the same program's own CUDA graph of the step (torch.cuda.graph), both timed by
-    CUPTI: kernels of at least 5 us within +-5%.  A kernel whose time follows the addresses of its
-    buffers cannot be compared so: the program's graph keeps its buffers in a pool of its own,
-    at other addresses than the eager loop's, which the replay reproduces.  Such kernels show
-    as native eager against timeline replay (same program, same work) apart by more than 5%;
-    they are recorded and left out, and at least 80% of the kernels must be compared."""
+    CUPTI: every kernel of at least 5 us within +-5%.  Timeline replay and native eager are
+    recorded beside them (where the native graph differs from native eager, graph mode should
+    differ from timeline alike)."""
     if not _have_cupti():
         pytest.skip("cupti-python is not installed on the GPU machine (pip install cupti-python)")
     snap = snapshot("gpt_graph", runner)
@@ -274,7 +271,7 @@ def test_graph_mode_matches_the_programs_own_graph(runner, tmp_path):
     gmed = {k: statistics.median(v) for k, v in _by_cupti_name(gr["report"]).items()}
     tmed = {k: statistics.median(v) for k, v in _by_cupti_name(tl["report"]).items()}
     listed = {c["name"]: round(c["diff_pct"], 2) for c in (gs.get("timeline_check") or {}).get("outside", [])}
-    cmp, apart = [], []
+    cmp = []
     for k, ts in nat["graph"].items():
         ng, ne = statistics.median(ts), statistics.median(nat["eager"].get(k) or ts)
         if k not in gmed or ng < GRAPH_MIN_US:
@@ -285,19 +282,16 @@ def test_graph_mode_matches_the_programs_own_graph(runner, tmp_path):
                "native_graph_vs_eager_pct": round((ng - ne) / ne * 100, 2),
                "graph_vs_timeline_pct": round((gmed[k] - tmed[k]) / tmed[k] * 100, 2) if k in tmed else None,
                "listed_by_check": listed.get(k)}
-        if k in tmed and abs(tmed[k] - ne) / ne > 0.05:
-            apart.append(row)            # the same work natively and on replay: buffers elsewhere
-        else:
-            cmp.append(row)
+        cmp.append(row)
     cmp.sort(key=lambda c: -abs(c["diff_pct"]))
     missing = [k[:100] for k, ts in nat["graph"].items() if statistics.median(ts) >= GRAPH_MIN_US and k not in gmed]
     record_result({"test": "profile_graph_vs_native_graph", "device": nat.get("device"), "compared": cmp,
-                   "n_compared": len(cmp), "address_bound": apart, "missing": missing[:10],
+                   "n_compared": len(cmp), "missing": missing[:10],
                    "launches": gs.get("launches"), "launches_timed": gs.get("launches_timed"), "check": gs.get("check"),
                    "graph_timeline_check": {k: v for k, v in (gs.get("timeline_check") or {}).items() if k != "outside"},
                    "graph_timeline_outside": [(k[:60], v) for k, v in listed.items()]})
     assert gs.get("launches_timed") == gs.get("launches") and gs.get("launches", 0) >= 10000, gs
     assert not missing, missing
-    assert cmp and len(cmp) >= 0.8 * (len(cmp) + len(apart)), (len(cmp), apart)
+    assert cmp
     bad = [c for c in cmp if abs(c["diff_pct"]) > 5.0]
     assert not bad, bad[:10]
