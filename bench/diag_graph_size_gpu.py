@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Does a kernel's time in graph mode depend on how much of the loop the graph holds?  The
+snapshot's loop is cut at its context synchronizations (one per step in a training loop); graph
+mode replays graphs of the middle 1, N/10 and all steps (`--calls FIRST-LAST`), and timeline
+mode the whole snapshot; prints per-kernel medians side by side.
+
+    python bench/diag_graph_size_gpu.py SNAPSHOT [--min-us 5] [--json OUT]"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+from cudasnap.formats.abi import base_name
+from cudasnap.formats.reader import SnapshotReader
+
+
+def medians(path: Path) -> dict:
+    by = defaultdict(list)
+    for r in json.loads(path.read_text()).get("launches", []):
+        t = r.get("median_us", r.get("time_us"))
+        if t is not None:
+            by[r.get("cupti_name") or r.get("name")].append(t)
+    return {k: statistics.median(v) for k, v in by.items()}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("snapshot")
+    ap.add_argument("--min-us", type=float, default=5.0)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    syncs = [r["s"] for r in SnapshotReader(a.snapshot).records(("c",))
+             if base_name(r.get("f") or "") == "cuCtxSynchronize" and r.get("s") is not None]
+    steps = len(syncs) - 1
+    if steps < 2:
+        sys.exit(f"{a.snapshot}: {len(syncs)} context synchronizations; need a loop of steps")
+    work = Path(tempfile.mkdtemp(prefix="cs-gsize-"))
+    cols = {}
+    tl = work / "timeline.json"
+    subprocess.run([sys.executable, "-m", "cudasnap", "replay", a.snapshot, "--profile", "timeline", "--out", str(tl),
+                    "-q", "--watchdog", "120"], check=True, capture_output=True)
+    cols["timeline"] = medians(tl)
+    for n in sorted({1, max(1, steps // 10), steps}):
+        i = max(0, (steps - n) // 2)
+        rng = f"{syncs[i] + 1}-{syncs[i + n] - 1}"
+        out = work / f"graph{n}.json"
+        cp = subprocess.run([sys.executable, "-m", "cudasnap", "replay", a.snapshot, "--profile", "graph", "--calls", rng,
+                             "--repeat", "10", "--warmup", "3", "--no-timeline-check", "--out", str(out), "-q",
+                             "--watchdog", "120"], capture_output=True, text=True)
+        if cp.returncode != 0:
+            sys.exit(f"graph of {n} step(s) failed ({cp.returncode}): {cp.stderr[-1500:]}")
+        cols[f"graph {n} step(s)"] = medians(out)
+    names = sorted(k for k, v in cols["timeline"].items() if v >= a.min_us)
+    print(" / ".join(cols) + " (median us)")
+    rows = []
+    for k in names:
+        rows.append({"name": k, **{c: round(v[k], 3) if k in v else None for c, v in cols.items()}})
+        print("  " + " / ".join(f"{rows[-1][c]:8.3f}" if rows[-1][c] is not None else "       -" for c in cols)
+              + f"  {k[:70]}")
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
