@@ -19,6 +19,8 @@ A hook defines any of these methods (all optional):
                             event.elapsed_ms() (in after_launch)
     before_copy(event)    CopyEvent: call, direction (HtoD DtoH DtoD memset ...), nbytes,
     copy(event)             dst, src, rec_stream, seq
+    before_graph_launch(event)  CallEvent of a recorded cuGraphLaunch (its kernels run now:
+    graph_launch(event)           they were recorded as graph nodes, not launches)
     sync(event)           CallEvent: call, seq, rec
     end(event)            EndEvent: result (ReplayResult)
 
@@ -35,7 +37,8 @@ from typing import Any, Callable, Dict
 from urllib.parse import parse_qsl
 
 METHODS = {"start": "start", "before_launch": "before_launch", "after_launch": "after_launch",
-           "before_copy": "before_copy", "copy": "copy", "sync": "sync", "end": "end"}
+           "before_copy": "before_copy", "copy": "copy", "before_graph_launch": "before_graph_launch",
+           "graph_launch": "graph_launch", "sync": "sync", "end": "end"}
 
 
 class HookError(Exception):

@@ -54,6 +54,10 @@ RECORDER_HOOK = textwrap.dedent('''
             self._w("copy", seq=ev.seq, direction=ev.direction, nbytes=ev.nbytes)
         def sync(self, ev):
             self._w("sync", seq=ev.seq, call=ev.call)
+        def before_graph_launch(self, ev):
+            self._w("before_graph_launch", seq=ev.seq)
+        def graph_launch(self, ev):
+            self._w("graph_launch", seq=ev.seq)
         def end(self, ev):
             self._w("end", exit=ev.result.exit_code)
 ''')
@@ -698,6 +702,16 @@ def test_graph_program_replays(double, tmp_path):
     incr_graph_program(snap)
     rp = _replay(double, snap, "--json")
     assert rp.returncode == 0, rp.stdout + rp.stderr
+
+
+def test_hooks_see_graph_launches(double, recorder, tmp_path):
+    snap = tmp_path / "g.cusnap"
+    facts = incr_graph_program(snap, graph_launches=2)
+    out = tmp_path / "events.jsonl"
+    rp = _replay(double, snap, "--hook", f"{recorder}:Recorder?out={out}")
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    evs = [(e["kind"], e.get("seq")) for e in _events(out) if "graph" in e["kind"]]
+    assert evs == [(k, q) for q in facts["graph_launches"] for k in ("before_graph_launch", "graph_launch")]
 
 
 def test_match_windows_by_time_not_correlation():
