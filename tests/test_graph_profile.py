@@ -290,6 +290,9 @@ def test_graph_mode_per_node_times_from_cupti_graph_node_ids(double, tmp_path, b
     c = s["check"]
     assert c["kernels_us"] == 10.0 * sum(k + 1 for k in op_index)
     assert c["between_nodes_us"] == 2.0 * 7           # 2 us before each of the 8 records, 7 gaps inside a run
+    lo, hi = c["bounds_us"]                           # measured bounds: no gap, gaps as traced
+    assert lo == c["kernels_us"] + 7.0 + 0.5 and hi - lo == 14.0
+    assert c["within_bounds"] == (lo * 0.95 <= c["graph_us"] <= hi * 1.05)
     assert any("not a recorded launch" in w and "driver_internal" in w for w in rep["warnings"])
 
 

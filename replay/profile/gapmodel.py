@@ -37,8 +37,10 @@ def gap_model(untraced_us: Sequence[float], traced_runs: Sequence[Sequence[Any]]
     traced = statistics.median(
         (((r[-1].t1 - r[0].t0) / 1e3) - sum((x.t1 - x.t0) / 1e3 for x in r)) / (k - 1) for r in runs)
     untraced = (statistics.median(untraced_us) - k * dur) / (k - 1)
+    span = statistics.median((r[-1].t1 - r[0].t0) / 1e3 for r in runs)
     return {"nodes": k, "runs": len(runs), "kernel_us": dur, "gap_untraced_us": max(0.0, untraced),
-            "gap_traced_us": traced, "tracing_per_gap_us": max(0.0, traced - max(0.0, untraced))}
+            "gap_traced_us": traced, "tracing_per_gap_us": max(0.0, traced - max(0.0, untraced)),
+            "chain_untraced_us": statistics.median(untraced_us), "chain_traced_span_us": span}
 
 
 class GapChain:

@@ -967,6 +967,11 @@ class GraphProfiler:
         if self.gap and traced:
             c["between_nodes_traced_us"] = traced
             c["gap_model"] = self.gap
+        if traced and graph_us > 0:
+            # measured bounds, nothing calibrated: untraced gaps are at least 0 and at most as traced
+            lo, hi = kernels + other + extra, kernels + other + extra + traced
+            c["bounds_us"] = [lo, hi]
+            c["within_bounds"] = lo * 0.95 <= graph_us <= hi * 1.05
         return c
 
     def summary(self) -> Dict[str, Any]:

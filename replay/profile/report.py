@@ -309,6 +309,12 @@ def graph_notes(s: Dict[str, Any]) -> List[str]:
         elif not c["within_5pct"]:
             lines.append("  (the CUPTI-traced runs differ from the graph's timed runs: tracing overhead, or time "
                          "around the nodes that no record covers)")
+        if not c["within_5pct"] and c.get("bounds_us"):
+            lo, hi = c["bounds_us"]
+            why = ("the tracing cost per gap, calibrated on the empty-kernel chain, does not fit this graph"
+                   if c["within_bounds"] else "per-node times miss or double-count work")
+            lines.append(f"  the graph's time {'lies' if c['within_bounds'] else 'does NOT lie'} between its nodes "
+                         f"with no gap ({fmt_us(lo)}) and with the gaps as traced ({fmt_us(hi)}), within 5%: {why}")
     t = s.get("timeline_check")
     if t:
         if not t["compared"]:
