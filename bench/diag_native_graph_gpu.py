@@ -21,8 +21,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections import defaultdict
 from pathlib import Path
+
+from cudasnap.replay.profile.report import kernel_medians
 
 WORKLOAD = Path(__file__).resolve().parent.parent / "tests" / "gpu" / "workloads" / "prof_gpt_graph.py"
 
@@ -51,12 +52,7 @@ def replay_medians(steps: int, work: Path) -> dict:
                              "--watchdog", "120", *extra], capture_output=True, text=True)
         if cp.returncode != 0:
             sys.exit(f"replay --profile {mode} failed ({cp.returncode}): {cp.stderr[-1500:]}")
-        by = defaultdict(list)
-        for r in json.loads(path.read_text()).get("launches", []):
-            t = r.get("median_us", r.get("time_us"))
-            if t is not None:
-                by[r.get("cupti_name") or r.get("name")].append(t)
-        out[mode] = {k: statistics.median(v) for k, v in by.items()}
+        out[mode] = kernel_medians(json.loads(path.read_text()))
     return out
 
 

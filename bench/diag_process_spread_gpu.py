@@ -12,21 +12,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
 from collections import defaultdict
 from pathlib import Path
 
+from cudasnap.replay.profile.report import kernel_medians
+
 
 def medians(path: Path) -> dict:
-    by = defaultdict(list)
-    for r in json.loads(path.read_text()).get("launches", []):
-        t = r.get("median_us", r.get("time_us"))
-        if t is not None:
-            by[r.get("cupti_name") or r.get("name")].append(t)
-    return {k: statistics.median(v) for k, v in by.items()}
+    return kernel_medians(json.loads(path.read_text()))
 
 
 def main() -> int:

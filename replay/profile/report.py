@@ -333,19 +333,23 @@ def graph_notes(s: Dict[str, Any]) -> List[str]:
     return lines
 
 
+def kernel_medians(report: Dict[str, Any]) -> Dict[str, float]:
+    """Median time per kernel of a report's launch rows (any mode), by CUPTI name where the row
+    has one, else by name."""
+    by: Dict[str, List[float]] = {}
+    for r in report.get("launches", []):
+        t = _launch_time(r)
+        if t is not None:
+            by.setdefault(r.get("cupti_name") or r.get("name") or "?", []).append(t)
+    return {k: statistics.median(v) for k, v in by.items()}
+
+
 def compare_kernel_medians(graph_report: Dict[str, Any], other_report: Dict[str, Any],
                            min_us: float = 5.0) -> List[Dict[str, Any]]:
     """Per-kernel medians of a graph-mode report against another mode's (a timeline run of the
     same snapshot), for kernels whose median is at least min_us in both; kernels are matched by
     their CUPTI name where both rows have one, else by name."""
-    def medians(rep):
-        by: Dict[str, List[float]] = {}
-        for r in rep.get("launches", []):
-            t = _launch_time(r)
-            if t is not None:
-                by.setdefault(r.get("cupti_name") or r.get("name") or "?", []).append(t)
-        return {k: statistics.median(v) for k, v in by.items()}
-    g, o = medians(graph_report), medians(other_report)
+    g, o = kernel_medians(graph_report), kernel_medians(other_report)
     out = []
     for name, gm in g.items():
         om = o.get(name)
