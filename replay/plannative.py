@@ -103,11 +103,7 @@ class NativePlanner(Planner):
             k = self._kind(f) if self.fast else None
             v = 0
             if k is not None and not self.python_only(f):
-                fam = self._fam_of.get(k[1])
-                if fam is None:
-                    fam = self._fam_of[k[1]] = len(self._fams)
-                    self._fams.append(k[1])
-                v = k[0] | PLAIN | (PTDS if ("_ptsz" in f or "_ptds" in f) else 0) | (fam << 16)
+                v = k[0] | PLAIN | (PTDS if ("_ptsz" in f or "_ptds" in f) else 0) | (self._fam_id(k[1]) << 16)
                 if self.workload is not None and self.workload(f):
                     v |= WORK
             try:
@@ -117,6 +113,13 @@ class NativePlanner(Planner):
             self.w.set(native.TAB_NAMES, key, v)
             i = self._names[f] = len(self._name_list)
             self._name_list.append(f)
+        return i
+
+    def _fam_id(self, fam: str) -> int:
+        i = self._fam_of.get(fam)
+        if i is None:
+            i = self._fam_of[fam] = len(self._fams)
+            self._fams.append(fam)
         return i
 
     def take(self):
@@ -263,10 +266,7 @@ class NativePlanner(Planner):
             src = int(cffi.cast("uintptr_t", cb))
         opb = _OP.pack(kind, 0, val, r0, r1, rf, dst, src, cnt, grid[0], grid[1], grid[2], block[0], block[1],
                        block[2], shm, pp, size, 0.0)
-        fam = self._fam_of.get(fam_name)
-        if fam is None:
-            fam = self._fam_of[fam_name] = len(self._fams)
-            self._fams.append(fam_name)
+        fam = self._fam_id(fam_name)
         name = self._name_id(f) if type(f) is str else -1         # -1: summarised in Python
         seq = _split(rec["s"])
         h = _split(rec["a"]["f"]) if kind <= plan.LAUNCH_EX and kind != SKIP else (0, 0)

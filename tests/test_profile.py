@@ -815,11 +815,17 @@ def test_timeline_times_kernels_run_by_the_programs_graphs(double, tmp_path, beh
     launch's kernels get rows (CUPTI), or the launch is timed whole (CUDA events)."""
     snap = tmp_path / "g.cusnap"
     facts = incr_graph_program(snap, graph_launches=3, plain_after=1)
-    r = _wrapped(double, tmp_path, snap, "timeline", behaviour)
+    trace = tmp_path / "t.json"
+    r = _wrapped(double, tmp_path, snap, "timeline", behaviour, trace=str(trace))
     assert r["exit"] == 0, r["errors"]
     rep = r["report"]
     s = rep["summary"]
     assert s["captured_launches"] == 1 and s["graph_launches"] == 3, s
+    evs = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X"]
+    if behaviour == "cupti_nodes":
+        assert sorted(e["args"]["seq"] for e in evs if e["args"].get("graph node") == 500) == facts["graph_launches"]
+    else:
+        assert sorted(e["args"]["seq"] for e in evs if e["cat"] == "cuda_graph") == facts["graph_launches"]
     rows = rep["launches"]
     assert facts["captured"] not in [x["seq"] for x in rows]
     if behaviour == "cupti_nodes":

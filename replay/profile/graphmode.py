@@ -59,6 +59,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from cudasnap.formats.abi import base_name
 
 from ..errors import ReplayError
+from ..handlers.graph import stream_capturing
 from ..selection import is_launch_call
 from .common import SAVE_KINDS, MemorySaver, Selection, destroy_all, ranges_for, stats
 from .gapmodel import GapChain
@@ -138,7 +139,7 @@ class GraphProfiler:
             return
         if kind == "before_launch":
             if self.sel(ev):
-                if self._captured(ev.rec_stream, ev.stream):
+                if stream_capturing(self.rp, ev.rec_stream, ev.stream):
                     self.skipped_captured += 1       # a node of the program's own graph, not run now
                 else:
                     if not self.ops:
@@ -155,14 +156,6 @@ class GraphProfiler:
                 and kind in ("after_launch", "copy", "sync", "teardown", "end"):
             self.done = True
             self._run()
-
-    def _captured(self, rec_stream, live_stream) -> bool:
-        """Is this recorded stream inside a stream capture that the replay is rebuilding?"""
-        rp = self.rp
-        if not rp.capturing:
-            return False
-        from ..handlers.graph import stream_capturing
-        return stream_capturing(rp.ctx, rec_stream, live_stream)
 
     def _start(self, ev) -> None:
         from ..events import LAUNCH_CONFIG
@@ -244,7 +237,7 @@ class GraphProfiler:
             return
         f = rec.get("f") or ""
         a = rec.get("a") or {}
-        if "Async" in f and self._captured(ev.rec_stream, ev.stream):
+        if "Async" in f and stream_capturing(self.rp, ev.rec_stream, ev.stream):
             return
         b = _base(f)
         m = _MEMSET_RX.match(b)

@@ -215,16 +215,18 @@ def render_table(report: Dict[str, Any], out, top: int = 20) -> None:
         head += (f": graph of {s.get('launches', s.get('nodes'))} launches"
                  + (f" (+{extra} copies/memsets)" if extra else "")
                  + f", {fmt_us(s['total_us'])} per replay (median of {s.get('repeat')})")
-    elif s.get("mode") == "timeline" and "span_us" in s:
-        head += f": {s.get('launches_timed')} launches timed, span {fmt_us(s['span_us'])}, kernels {fmt_us(s['kernel_time_us'])}"
-        if s.get("graph_launches"):
-            head += (f"; {s.get('graph_kernels_timed', 0)} of them kernels run by {s['graph_launches']} "
-                     f"cuGraphLaunch call(s) of the program")
+    elif s.get("mode") == "timeline" and ("span_us" in s or s.get("graph_launch_us")):
+        parts = []
+        if "span_us" in s:
+            parts.append(f"{s.get('launches_timed')} launches timed, span {fmt_us(s['span_us'])}, "
+                         f"kernels {fmt_us(s['kernel_time_us'])}")
+        if s.get("graph_kernels_timed"):
+            parts.append(f"{s['graph_kernels_timed']} of them kernels run by {s['graph_launches']} cuGraphLaunch "
+                         f"call(s) of the program")
         if s.get("graph_launch_us"):
-            head += f"; {len(s['graph_launch_us'])} cuGraphLaunch call(s) of the program timed whole"
-    elif s.get("mode") == "timeline" and s.get("graph_launch_us"):
-        t = s["graph_launch_us"]
-        head += f": {len(t)} cuGraphLaunch call(s) of the program timed whole, {fmt_us(sum(t))} in all"
+            t = s["graph_launch_us"]
+            parts.append(f"{len(t)} cuGraphLaunch call(s) of the program timed whole, {fmt_us(sum(t))} in all")
+        head += ": " + "; ".join(parts)
     elif s.get("mode") == "isolated":
         head += f": {s.get('launches_profiled', 0)} launches"
         if s.get("graph_launches_profiled"):

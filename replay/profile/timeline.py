@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ..handlers.graph import stream_capturing
 from .common import Selection
 
 EVENT_WARNING = ("CUPTI (cupti-python) is not available: timing with CUDA events around each launch, "
@@ -342,13 +343,11 @@ class TimelineProfiler:
     def _before_launch(self, ev) -> None:
         if not self.sel(ev):
             return
-        if self.rp.capturing:
-            from ..handlers.graph import stream_capturing
-            if stream_capturing(self.rp, ev.rec_stream, ev.stream):
-                self.captured_launches += 1         # a node of the program's graph: runs with its cuGraphLaunch
-                return
-            if self._capturing():                   # events would become graph nodes
-                return
+        if stream_capturing(self.rp, ev.rec_stream, ev.stream):
+            self.captured_launches += 1             # a node of the program's graph: runs with its cuGraphLaunch
+            return
+        if self._capturing():                       # events would become graph nodes
+            return
         sl = {"kind": "kernel", "seq": ev.seq, "index": ev.index, "name": ev.name, "stream": ev.rec_stream,
               "grid": list(ev.grid), "block": list(ev.block), "shmem": ev.shmem}
         ev.data["timeline"] = sl
@@ -419,9 +418,10 @@ class TimelineProfiler:
         """Every replayed cuGraphLaunch gets a slice: CUPTI's records of the graph's work carry
         the launch's correlation id and are matched to these slices in issue order
         (_match_graph_records); with CUDA events a selected launch is timed whole."""
-        if self._capturing():
-            return
         a = ev.rec.get("a") or {}
+        live = self.rp.stream(ev.rec, a.get("hStream"))
+        if self._capturing() or stream_capturing(self.rp, a.get("hStream"), live):
+            return                          # a child graph of a recorded capture: runs with its graph
         sl = {"kind": "graph", "seq": ev.seq, "name": "cuGraphLaunch", "stream": a.get("hStream") or 0,
               "selected": self._graph_selected(ev.rec)}
         self.graph_slices.append(sl)
@@ -430,7 +430,7 @@ class TimelineProfiler:
         if self.cupti is not None:
             self._open_ext(sl)
         elif sl["selected"]:
-            sl["_e0"] = self.clock.begin(self.rp.stream(ev.rec, a.get("hStream")))
+            sl["_e0"] = self.clock.begin(live)
         else:
             return
         self._graph_open = sl

@@ -38,6 +38,21 @@ def make_step():
     return step
 
 
+def capture(step):
+    """A CUDA graph of one step (warmed up on a side stream first, as torch.cuda.graph asks)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step()
+    torch.cuda.synchronize()
+    return g
+
+
 def eager(steps: int) -> None:
     step = make_step()
     for i in range(steps):
@@ -52,16 +67,7 @@ def native(steps: int) -> dict:
     halves (after 5 untimed runs each), in one process."""
     from cupti import cupti
     step = make_step()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        step()
-    torch.cuda.synchronize()
+    g = capture(step)
     phase = {"name": None}
     durs = {"eager": defaultdict(list), "graph": defaultdict(list)}
     in_graph = [0]
