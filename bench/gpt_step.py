@@ -13,10 +13,9 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "gpu" / "workloads"))
-from prof_gpt_train import GPT, B, T, V  # noqa: E402  (the GPU suite's profiling model)
+from prof_gpt_train import make_step as make_eager_step  # noqa: E402  (the GPU suite's profiling model)
 
 mode = sys.argv[1] if len(sys.argv) > 1 else "eager"
 steps = int(sys.argv[2]) if len(sys.argv) > 2 else 60
@@ -24,20 +23,7 @@ if mode == "graph":                 # AdamW capturable=True: prof_gpt_graph's st
     from prof_gpt_graph import capture, make_step  # noqa: E402
     run = capture(make_step()).replay
 else:
-    torch.manual_seed(0)
-    dev = "cuda"
-    model = GPT().to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
-    mask = torch.triu(torch.ones(T, T, dtype=torch.bool, device=dev), 1)
-    data = torch.randint(0, V, (B, T + 1), device=dev)
-
-    def run():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = model(data[:, :-1], mask)
-        loss = F.cross_entropy(logits.float().view(-1, V), data[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+    run = make_eager_step()
 torch.cuda.synchronize()
 torch.cuda.synchronize()        # two in a row: marks the loop's start in the snapshot
 times = []

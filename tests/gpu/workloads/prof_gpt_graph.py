@@ -13,29 +13,13 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from prof_gpt_train import GPT, B, T, V  # noqa: E402
+from prof_gpt_train import make_step as make_train_step  # noqa: E402
 
 
 def make_step():
-    torch.manual_seed(0)
-    dev = "cuda"
-    model = GPT().to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, capturable=True)
-    mask = torch.triu(torch.ones(T, T, dtype=torch.bool, device=dev), 1)
-    data = torch.randint(0, V, (B, T + 1), device=dev)
-
-    def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
-            logits = model(data[:, :-1], mask)
-        loss = F.cross_entropy(logits.float().view(-1, V), data[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=False)
-        loss.backward()
-        opt.step()
-        return loss
-    return step
+    return make_train_step(capturable=True)
 
 
 def capture(step):

@@ -38,25 +38,37 @@ class GPT(torch.nn.Module):
         return self.head(self.ln(x))
 
 
-def main():
+def make_step(capturable: bool = False):
+    """The training step (AdamW, bf16 autocast) on a model seeded with 0; returns the loss.
+    capturable: as a CUDA graph can hold it (AdamW capturable=True, no autocast cache, gradients
+    zeroed in place), the same kernels eager or in a graph (prof_gpt_graph.py)."""
     torch.manual_seed(0)
-    torch.use_deterministic_algorithms(True)
-    torch.backends.cuda.matmul.allow_tf32 = False
     dev = "cuda"
-    steps = int(sys.argv[1]) if len(sys.argv) > 1 else 60
     model = GPT().to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, capturable=capturable)
     mask = torch.triu(torch.ones(T, T, dtype=torch.bool, device=dev), 1)
     data = torch.randint(0, V, (B, T + 1), device=dev)
-    for step in range(steps):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=not capturable):
             logits = model(data[:, :-1], mask)
         loss = F.cross_entropy(logits.float().view(-1, V), data[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=not capturable)
         loss.backward()
         opt.step()
-        if step % 20 == 19 or step == steps - 1:
-            print(f"step {step + 1} loss {loss.item():.4f}")
+        return loss
+    return step
+
+
+def main():
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    steps = int(sys.argv[1]) if len(sys.argv) > 1 else 60
+    step = make_step()
+    for i in range(steps):
+        loss = step()
+        if i % 20 == 19 or i == steps - 1:
+            print(f"step {i + 1} loss {loss.item():.4f}")
 
 
 if __name__ == "__main__":
