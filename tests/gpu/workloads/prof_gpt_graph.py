@@ -43,7 +43,7 @@ def eager(steps: int) -> None:
         loss = step()
         torch.cuda.synchronize()
         if i % 20 == 19 or i == steps - 1:
-            print(f"step {i + 1} loss {float(loss):.4f}")
+            print(f"step {i + 1} loss {loss.item():.4f}")
 
 
 def native(steps: int) -> dict:
