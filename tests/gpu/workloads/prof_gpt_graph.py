@@ -2,8 +2,10 @@
 so that its eager loop and a CUDA graph of its step run the same kernels.
 
     python prof_gpt_graph.py eager [STEPS]           the eager loop (what a test captures)
-    python prof_gpt_graph.py native OUT.json [STEPS] eager steps and replays of one captured graph
-                                                     of the step, alternating, timed by CUPTI
+    python prof_gpt_graph.py native OUT.json [STEPS [PAD_MB]]
+                                    eager steps and replays of one captured graph of the step,
+                                    alternating, timed by CUPTI; PAD_MB: MiB allocated before the
+                                    model, which moves every tensor (bench/diag_placement_gpu.py)
 
 OUT.json: {"eager": {name: [us, ...]}, "graph": {name: [us, ...]}, "graph_records": n}; names are
 CUPTI's.  Graph-mode replay of the eager loop's snapshot is right when it agrees with "graph"."""
@@ -46,10 +48,11 @@ def eager(steps: int) -> None:
             print(f"step {i + 1} loss {loss.item():.4f}")
 
 
-def native(steps: int) -> dict:
+def native(steps: int, pad_mb: int = 0) -> dict:
     """CUPTI kernel durations of `steps` eager steps and `steps` graph replays, in alternating
     halves (after 5 untimed runs each), in one process."""
     from cupti import cupti
+    pad = torch.empty(pad_mb << 20, dtype=torch.uint8, device="cuda") if pad_mb else None  # noqa: F841
     step = make_step()
     g = capture(step)
     phase = {"name": None}
@@ -81,7 +84,7 @@ def native(steps: int) -> dict:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["native"]:
-        out = native(int(sys.argv[3]) if len(sys.argv) > 3 else 60)
+        out = native(int(sys.argv[3]) if len(sys.argv) > 3 else 60, int(sys.argv[4]) if len(sys.argv) > 4 else 0)
         Path(sys.argv[2]).write_text(json.dumps(out))
     else:
         eager(int(sys.argv[2]) if len(sys.argv) > 2 else 60)
