@@ -115,6 +115,8 @@ class AddressSpace:
         self.test_block: Optional[Tuple[int, int]] = None
         self._blocks: List[int] = []
         self._ranges: List[Tuple[int, int]] = []
+        self.held: Optional[List[Alloc]] = None      # freed allocations kept mapped (hold_frees)
+        self.mappings: Dict[int, int] = {}           # the program's own cuMemMap ranges: live base -> size
 
     # ------------------------------------------------------------- planning / reservation
     def plan(self, ranges: List[Tuple[int, int]], regions: List[Tuple[int, int]] = ()) -> List[Span]:
@@ -327,6 +329,13 @@ class AddressSpace:
         a = self._forget(rec_base)
         if a is None:
             return None
+        if self.held is not None and a.kind in ("placed", "fallback"):
+            self.held.append(a)          # released by release_held
+        else:
+            self._release(a)
+        return a
+
+    def _release(self, a: Alloc) -> None:
         if a.kind == "placed":
             self._unref(a.chunks)
         elif a.kind == "fallback" and a.chunks:
@@ -336,7 +345,48 @@ class AddressSpace:
                 self.drv.free_va(c.start, c.size)
         elif a.kind == "fallback":
             self.drv.mem_free(a.live_base)
-        return a
+
+    # A graph of a recorded sequence runs after the whole sequence was replayed, so memory the
+    # sequence freed (stream-ordered pools, scratch buffers) must still be there when it runs.
+    # While holding, frees forget the allocation but keep its memory mapped; an allocation at
+    # the same recorded address maps the same granules again, as the program's pool did.
+    def hold_frees(self) -> None:
+        if self.held is None:
+            self.held = []
+
+    def held_ranges(self) -> List[Tuple[int, int]]:
+        return [(a.live_base, a.size) for a in self.held or []]
+
+    def release_held(self) -> int:
+        held, self.held = self.held or [], None
+        for a in held:
+            try:
+                self._release(a)
+            except Exception:
+                pass
+        return len(held)
+
+    # The program's own VMM mappings (cuMemMap on its reservations): memory kernels write that
+    # is no replayed allocation (a "vmm" alloc is the whole reservation, mostly unmapped).
+    def note_map(self, live: int, size: int) -> None:
+        if live and size:
+            self.mappings[live] = size
+
+    def note_unmap(self, live: int, size: int) -> None:
+        end = live + size
+        for b, n in list(self.mappings.items()):
+            if b < end and live < b + n:
+                del self.mappings[b]
+                if b < live:
+                    self.mappings[b] = live - b
+                if b + n > end:
+                    self.mappings[end] = b + n - end
+
+    def find_mapping(self, live: int) -> Optional[Tuple[int, int]]:
+        for b, n in self.mappings.items():
+            if b <= live < b + n:
+                return b, n
+        return None
 
     # ------------------------------------------------------------------- translation
     def find(self, rec_addr: int) -> Optional[Alloc]:
@@ -361,6 +411,7 @@ class AddressSpace:
         return any(a.live_base != a.rec_base for a in self.allocs.values())
 
     def release_all(self) -> None:
+        self.release_held()
         for base in list(self._sorted):
             try:
                 self.free(base)

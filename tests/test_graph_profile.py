@@ -124,6 +124,47 @@ def test_graph_mode_memsets_and_copies_get_event_node_times(double, tmp_path):
     assert "memset/copy nodes: memset x1" in rp.stdout
 
 
+def pool_scratch_program(path, n=16, rounds=3):
+    """Each round, as a stream-ordered pool (cudaMallocAsync) allocator does: S = cuMemAllocAsync
+    (the same address every round), memset S to 0, incr(S), copy S to D, cuMemFreeAsync(S).
+    The D2H of D expects 1.  A graph of the rounds runs after every S was freed."""
+    s = Synth(path)
+    ctx, mod, f_incr = 0x55550000, 0x55560000, 0x55570005
+    D, S = 0x200000000000, 0x200000400000
+    s.double_prologue("incr", f_incr, [[0, 8], [8, 4]], ctx, mod)
+    s.call("cuMemAlloc_v2", {"dptr": D, "bytesize": n * 4})
+    seqs = []
+    for _ in range(rounds):
+        s.call("cuMemAllocAsync", {"dptr": S, "bytesize": n * 4, "hStream": 0})
+        s.call("cuMemsetD32Async", {"dstDevice": S, "ui": 0, "N": n, "hStream": 0})
+        seqs.append(s.launch(f_incr, struct.pack("<Qi", S, n), block=n)["s"])
+        s.call("cuMemcpyDtoDAsync_v2", {"dstDevice": D, "srcDevice": S, "ByteCount": n * 4, "hStream": 0})
+        s.call("cuMemFreeAsync", {"dptr": S, "hStream": 0})
+    s.call("cuCtxSynchronize", {})
+    s.call("cuMemcpyDtoH_v2", {"dstHost": 0x7F0000200000, "srcDevice": D, "ByteCount": n * 4},
+           x={"dstHost": s.blob(struct.pack(f"<{n}i", *([1] * n)))})
+    s.call("cuMemFree_v2", {"dptr": D})
+    s.call("cuDevicePrimaryCtxRelease_v2", {"dev": 0})
+    s.w.write({"k": "end", "exit": 0, "signal": None, "partial": False})
+    s.close()
+    return {"seqs": seqs}
+
+
+def test_graph_mode_keeps_memory_the_sequence_freed_until_the_graph_ran(double, tmp_path):
+    snap = tmp_path / "pool.cusnap"
+    facts = pool_scratch_program(snap)
+    out = tmp_path / "prof.json"
+    rp = _replay(double, snap, "--profile", "graph", "--repeat", "3", "--warmup", "1", "--check-repeats",
+                 "--out", str(out))
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    rep = json.loads(out.read_text())
+    s = rep["summary"]
+    assert "error" not in s, s
+    assert s["launches"] == 3 and s["launches_timed"] == 3, s
+    assert [r["seq"] for r in rep["launches"]] == facts["seqs"]
+    assert s.get("frees_held", 0) >= 2 and s.get("repeats_identical") is True, (s, rp.stdout[-3000:])
+
+
 def test_double_event_record_nodes_are_stamped_when_the_graph_runs(double, tmp_path):
     """The double: cuEventRecordWithFlags(EXTERNAL) on a capturing stream is a graph node."""
     prog = textwrap.dedent('''

@@ -203,6 +203,45 @@ def test_isolated_restores_memory_between_repeats(double, recorder, tmp_path):
     assert "spread" in rp.stdout and "incr" in rp.stdout
 
 
+def vmm_incr_program(path, n=16, launches=3):
+    """incr on memory the program maps itself (cuMemAddressReserve/Create/Map, as PyTorch's
+    expandable segments do); the D2H expects `launches`."""
+    s = Synth(path)
+    ctx, mod, f_incr = 0x55550000, 0x55560000, 0x55570005
+    V, H, size = 0x300000000000, 0xC0000, 2 << 20
+    s.double_prologue("incr", f_incr, [[0, 8], [8, 4]], ctx, mod)
+    s.call("cuMemAlloc_v2", {"dptr": 0x200000000000, "bytesize": 4096})     # an ordinary allocation beside it
+    s.call("cuMemAddressReserve", {"ptr": V, "size": size, "alignment": 0, "addr": V, "flags": 0})
+    s.call("cuMemCreate", {"handle": H, "size": size, "prop": None, "flags": 0})
+    s.call("cuMemMap", {"ptr": V, "size": size, "offset": 0, "handle": H, "flags": 0})
+    s.call("cuMemSetAccess", {"ptr": V, "size": size, "desc": None, "count": 1})
+    s.call("cuMemsetD32_v2", {"dstDevice": V, "ui": 0, "N": n})
+    seqs = [s.launch(f_incr, struct.pack("<Qi", V, n), block=n)["s"] for _ in range(launches)]
+    s.call("cuCtxSynchronize", {})
+    s.call("cuMemcpyDtoH_v2", {"dstHost": 0x7F0000200000, "srcDevice": V, "ByteCount": n * 4},
+           x={"dstHost": s.blob(struct.pack(f"<{n}i", *([launches] * n)))})
+    s.call("cuMemUnmap", {"ptr": V, "size": size})
+    s.call("cuMemRelease", {"handle": H})
+    s.call("cuMemAddressFree", {"ptr": V, "size": size})
+    s.call("cuDevicePrimaryCtxRelease_v2", {"dev": 0})
+    s.w.write({"k": "end", "exit": 0, "signal": None, "partial": False})
+    s.close()
+    return {"seqs": seqs}
+
+
+def test_isolated_restores_memory_the_program_maps_itself(double, tmp_path):
+    snap = tmp_path / "vmm.cusnap"
+    facts = vmm_incr_program(snap)
+    out = tmp_path / "prof.json"
+    rp = _replay(double, snap, "--profile", "isolated", "--repeat", "4", "--warmup", "1", "--check-repeats",
+                 "--out", str(out))
+    # the D2H expects 3: every repeat started from the mapping's saved contents
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    rows = json.loads(out.read_text())["launches"]
+    assert [r["seq"] for r in rows] == facts["seqs"]
+    assert all(r["repeats_identical"] is True and r["saved_bytes"] >= 2 << 20 for r in rows), rows
+
+
 def test_isolated_flush_l2_and_launch_selection(double, tmp_path):
     snap = tmp_path / "incr.cusnap"
     facts = incr_program(snap, launches=3)

@@ -206,13 +206,17 @@ def vmm_retain(rp, rec):
 def vmm_map(rp, rec):
     a = rec["a"]
     h = rp.live(rec, a.get("handle"), "allocation handle")
-    rp.drv(rec, "cuMemMap", rp.tr(a.get("ptr")), int(a.get("size", 0)), int(a.get("offset", 0)), h, 0)
+    ptr, n = rp.tr(a.get("ptr")), int(a.get("size", 0))
+    if rp.drv(rec, "cuMemMap", ptr, n, int(a.get("offset", 0)), h, 0) is not None:
+        rp.space.note_map(ptr, n)
 
 
 @handles("cuMemUnmap")
 def vmm_unmap(rp, rec):
     a = rec["a"]
-    rp.drv(rec, "cuMemUnmap", rp.tr(a.get("ptr")), int(a.get("size", 0)))
+    ptr, n = rp.tr(a.get("ptr")), int(a.get("size", 0))
+    if rp.drv(rec, "cuMemUnmap", ptr, n) is not None:
+        rp.space.note_unmap(ptr, n)
 
 
 @handles("cuMemSetAccess")

@@ -33,11 +33,14 @@ def _merge(ranges: List[Tuple[int, int]]) -> List[Tuple[int, int]]:
 
 
 def ranges_for(rp, launches, limit: int) -> List[Tuple[int, int]]:
-    """Live (base, size) ranges the given launch events could write."""
+    """Live (base, size) ranges the given launch events could write: replayed allocations, the
+    program's own VMM mappings, and memory held for a graph (placement.hold_frees)."""
     sp = rp.space
-    allocs = [a for a in (sp.allocs.values() if sp else []) if a.kind in SAVE_KINDS]
-    if allocs and sum(a.size for a in allocs) <= limit:
-        return _merge([(a.live_base, a.size) for a in allocs])
+    allocs = [(a.live_base, a.size) for a in (sp.allocs.values() if sp else []) if a.kind in SAVE_KINDS]
+    if sp is not None:
+        allocs += list(sp.mappings.items()) + sp.held_ranges()
+    if allocs and sum(n for _b, n in allocs) <= limit:
+        return _merge(allocs)
     out = []
     for ev in launches:
         raw = ev.rec_params
@@ -50,7 +53,11 @@ def ranges_for(rp, launches, limit: int) -> List[Tuple[int, int]]:
                 out.append((a.live_base, a.size))
                 continue
             live = rp.tr(v)
-            try:  # program VMM mappings and memory the placement does not know
+            m = sp.find_mapping(live) if sp else None
+            if m is not None:
+                out.append(m)
+                continue
+            try:  # memory the placement does not know
                 base, size = rp.raw("cuMemGetAddressRange", live)
                 out.append((int(base), int(size)))
             except Exception:

@@ -19,7 +19,9 @@ graph, not executed launches: they are skipped.  A failed capture is ended and r
 Memory: everything the launches could write is saved before the first selected launch
 (pre-state) and after the last one (post-state).  Every graph run starts from the pre-state,
 so each run does the recorded work on the recorded data; afterwards the post-state is put
-back and the replay continues (and verifies) as recorded.  Runs are waited for with a time
+back and the replay continues (and verifies) as recorded.  Memory the sequence frees (a
+stream-ordered pool, cudaMallocAsync, scratch buffers) stays mapped until the graph has run
+(placement.hold_frees): its kernels use it whenever it runs.  Runs are waited for with a time
 limit (below --watchdog): a run that does not finish is reported as such and replay stops.
 
 Per-node times, in runs of their own after the timed ones (tracing slows a graph):
@@ -144,6 +146,8 @@ class GraphProfiler:
                 else:
                     if not self.ops:
                         self._save_pre(ev)
+                        if self.rp.space is not None:     # the graph runs after the sequence freed its memory
+                            self.rp.space.hold_frees()
                     self.ops.append(("launch", ev))
                     self.launches.append(ev)
         elif kind == "copy" and self.ops:
@@ -375,6 +379,8 @@ class GraphProfiler:
         rp = self.rp
         sp = rp.space
         live = [(a.live_base, a.size) for a in (sp.allocs.values() if sp else []) if a.kind in SAVE_KINDS]
+        if sp is not None:
+            live += list(sp.mappings.items()) + sp.held_ranges()
         for base, _bk, _n in (self.pre.copies if self.pre else []):
             try:
                 b, n = rp.raw("cuMemGetAddressRange", base)
@@ -766,6 +772,10 @@ class GraphProfiler:
                 if s is not None:
                     s.free()
             self.pre = None
+            if rp.space is not None:
+                held = rp.space.release_held()
+                if held:
+                    self.info["frees_held"] = held
             for b in staging:
                 try:
                     rp.raw("cuMemFree", b)
