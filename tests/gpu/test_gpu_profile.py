@@ -11,8 +11,8 @@
   launches) and of a JAX program: per-node times add up to the graph's time within 5%, and
   its check against a timeline replay runs (the kernels it lists are recorded, not failed:
   kernels run back to back inside a graph differently from launched one by one, natively too);
-- graph-mode kernel medians of at least 5 us agree within +-5% with the same program's own CUDA
-  graph of its step, timed natively (prof_gpt_graph.py).
+- graph-mode kernel medians of at least 5 us agree within 5% with the same program's own CUDA
+  graph of its step, timed natively (prof_gpt_graph.py) with its tensors at three placements.
 Rows go to $CUDASNAP_GPU_RESULTS through record_result."""
 from __future__ import annotations
 
@@ -181,20 +181,30 @@ def test_graph_mode_times_every_kernel(name, runner, tmp_path):
     assert check.get("within_5pct") is True, check
 
 
+PLACEMENT_PADS = (0, 3, 20)
+
+
 def test_graph_mode_matches_the_programs_own_graph(runner, tmp_path):
     """The GPT step with capturable AdamW: its eager loop captured and replayed in graph mode,
     against the same program's own CUDA graph of the step (torch.cuda.graph), both timed by
-    CUPTI: every kernel of at least 5 us within +-5%.  Timeline replay and native eager are
-    recorded beside them (where the native graph differs from native eager, graph mode should
-    differ from timeline alike)."""
+    CUPTI: every kernel of at least 5 us within 5% of the native graph's medians.  A replay is
+    another process, with its tensors elsewhere in memory, and some kernels' times depend on
+    that (AdamW's foreach kernel: 16.5-20.1 us natively as the tensors move,
+    bench/diag_placement_gpu.py), so the program runs natively with PLACEMENT_PADS MiB
+    allocated before its model, and graph mode must fall within 5% of the range of the native
+    graph's medians.  Timeline replay and native eager are recorded beside them (where the
+    native graph differs from native eager, graph mode should differ from timeline alike)."""
     if not _have_cupti():
         pytest.skip("cupti-python is not installed on the GPU machine (pip install cupti-python)")
     snap = snapshot("gpt_graph", runner)
-    out = tmp_path / "native.json"
-    cp = subprocess.run([PY, str(HERE / "workloads" / "prof_gpt_graph.py"), "native", str(out), "60"],
-                        env={**os.environ, **DETERMINISTIC}, capture_output=True, text=True, timeout=600)
-    assert cp.returncode == 0, cp.stderr[-2000:]
-    nat = json.loads(out.read_text())
+    nats = []
+    for pad in PLACEMENT_PADS:
+        out = tmp_path / f"native{pad}.json"
+        cp = subprocess.run([PY, str(HERE / "workloads" / "prof_gpt_graph.py"), "native", str(out), "60", str(pad)],
+                            env={**os.environ, **DETERMINISTIC}, capture_output=True, text=True, timeout=600)
+        assert cp.returncode == 0, cp.stderr[-2000:]
+        nats.append(json.loads(out.read_text()))
+    nat = nats[0]
     gr = profile(snap, tmp_path, "graph", "--repeat", "10", "--warmup", "3", "--no-timeline-check")
     tl = profile(snap, tmp_path, "timeline")      # its own, for the record (graph mode's check is off)
     assert gr["rc"] == 0 and tl["rc"] == 0, (gr["stdout"] + gr["stderr"] + tl["stderr"])[-3000:]
@@ -206,18 +216,24 @@ def test_graph_mode_matches_the_programs_own_graph(runner, tmp_path):
         ng, ne = statistics.median(ts), statistics.median(nat["eager"].get(k) or ts)
         if k not in gmed or ng < GRAPH_MIN_US:
             continue
-        cmp.append({"kernel": k[:100], "native_graph_us": round(ng, 3), "graph_mode_us": round(gmed[k], 3),
-                    "diff_pct": round((gmed[k] - ng) / ng * 100, 2), "native_eager_us": round(ne, 3),
-                    "timeline_us": round(tmed[k], 3) if k in tmed else None,
+        by_pad = [statistics.median(n["graph"][k]) for n in nats if n["graph"].get(k)]
+        lo, hi = min(by_pad), max(by_pad)
+        g = gmed[k]
+        outside = (g - hi) / hi * 100 if g > hi else (g - lo) / lo * 100 if g < lo else 0.0
+        cmp.append({"kernel": k[:100], "native_graph_us": round(ng, 3), "graph_mode_us": round(g, 3),
+                    "diff_pct": round((g - ng) / ng * 100, 2), "native_graph_by_pad_us": [round(x, 3) for x in by_pad],
+                    "placement_spread_pct": round((hi - lo) / lo * 100, 2), "outside_range_pct": round(outside, 2),
+                    "native_eager_us": round(ne, 3), "timeline_us": round(tmed[k], 3) if k in tmed else None,
                     "native_graph_vs_eager_pct": round((ng - ne) / ne * 100, 2),
-                    "graph_vs_timeline_pct": round((gmed[k] - tmed[k]) / tmed[k] * 100, 2) if k in tmed else None})
-    cmp.sort(key=lambda c: -abs(c["diff_pct"]))
+                    "graph_vs_timeline_pct": round((g - tmed[k]) / tmed[k] * 100, 2) if k in tmed else None})
+    cmp.sort(key=lambda c: -abs(c["outside_range_pct"]))
     missing = [k[:100] for k, ts in nat["graph"].items() if statistics.median(ts) >= GRAPH_MIN_US and k not in gmed]
     record_result({"test": "profile_graph_vs_native_graph", "device": nat.get("device"), "compared": cmp,
-                   "n_compared": len(cmp), "missing": missing[:10],
+                   "n_compared": len(cmp), "missing": missing[:10], "pads_mib": list(PLACEMENT_PADS),
+                   "placement_sensitive": [c["kernel"][:60] for c in cmp if c["placement_spread_pct"] > 5.0],
                    "launches": gs.get("launches"), "launches_timed": gs.get("launches_timed"), "check": gs.get("check")})
     assert gs.get("launches_timed") == gs.get("launches") and gs.get("launches", 0) >= 10000, gs
     assert not missing, missing
     assert cmp
-    bad = [c for c in cmp if abs(c["diff_pct"]) > 5.0]
+    bad = [c for c in cmp if abs(c["outside_range_pct"]) > 5.0]
     assert not bad, bad[:10]
