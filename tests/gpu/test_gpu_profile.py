@@ -123,6 +123,88 @@ def test_profile_modes_run(name, mode, runner, ptrs_binary, tmp_path):
             assert s.get("launches_timed") == s.get("launches_selected"), row
 
 
+@pytest.mark.parametrize("name", ["prof_torch", "prof_jax", "torch_eager", "jax_jit"])
+def test_timeline_matches_native(name, runner, tmp_path):
+    if not _have_cupti():
+        pytest.skip("cupti-python is not installed on the GPU machine (pip install cupti-python)")
+    snap = snapshot(name, runner)
+    nat = native_kernels(name, tmp_path)
+    r = profile(snap, tmp_path, "timeline")
+    assert r["rc"] == 0, r["stdout"] + r["stderr"]
+    assert r["report"]["summary"]["backend"] == "cupti", r["report"]["summary"]
+    rep = _by_cupti_name(r["report"])
+    cmp = []
+    for k, ts in nat.items():
+        nm = statistics.median(ts)
+        if nm < MIN_US or k not in rep:
+            continue
+        rm = statistics.median(rep[k])
+        cmp.append({"kernel": k[:120], "native_us": round(nm, 2), "replay_us": round(rm, 2),
+                    "diff_pct": round((rm - nm) / nm * 100, 2), "n_native": len(ts), "n_replay": len(rep[k])})
+    missing = [k[:120] for k, ts in nat.items() if statistics.median(ts) >= MIN_US and k not in rep]
+    record_result({"test": "profile_timeline_vs_native", "workload": name, "compared": cmp, "missing": missing[:10]})
+    if name.startswith("prof_"):
+        assert cmp, f"{name}: no kernel of >= {MIN_US} us to compare ({len(nat)} native kernels)"
+    bad = [c for c in cmp if abs(c["diff_pct"]) > 5.0]
+    assert not bad, bad
+    assert not missing, missing
+
+
+@pytest.mark.parametrize("name", ["prof_torch", "prof_jax"])
+def test_isolated_spread(name, runner, tmp_path):
+    """Spread of the repeats' CUPTI kernel durations (isolated mode's timing source with cupti-python)."""
+    if not _have_cupti():
+        pytest.skip("cupti-python is not installed on the GPU machine (pip install cupti-python)")
+    snap = snapshot(name, runner)
+    r = profile(snap, tmp_path, "isolated", "--repeat", "10", "--warmup", "3")
+    assert r["rc"] == 0, r["stdout"] + r["stderr"]
+    backend = r["report"]["summary"].get("backend")
+    rows = [x for x in r["report"]["launches"] if x.get("median_us", 0) >= MIN_US]
+    worst = sorted(rows, key=lambda x: -x["spread_pct"])[:10]
+    record_result({"test": "profile_isolated_spread", "workload": name, "launches": len(rows), "backend": backend,
+                   "warnings": r["report"].get("warnings", [])[:5],
+                   "worst": [{"seq": x["seq"], "name": x["name"][:100], "median_us": round(x["median_us"], 2),
+                              "spread_pct": round(x["spread_pct"], 2), "iqr_pct": round(x.get("iqr_pct", 0), 2)}
+                             for x in worst]})
+    assert backend == "cupti", r["report"]["summary"]
+    assert rows, f"{name}: no launch of >= {MIN_US} us"
+    assert all(x["spread_pct"] < 3.0 for x in rows), worst
+
+
+def test_graph_faster_than_timeline_on_launch_bound(runner, tmp_path):
+    assert (ROOT / "bench" / "torch_loop.py").exists(), f"{ROOT}/bench/torch_loop.py: set CUDASNAP_ROOT to the repo root"
+    snap = snapshot("torch_loop", runner)
+    tl = profile(snap, tmp_path, "timeline")
+    gr = profile(snap, tmp_path, "graph", "--repeat", "10", "--warmup", "2")
+    ts, gs = tl["report"].get("summary", {}), gr["report"].get("summary", {})
+    row = {"test": "profile_graph_vs_timeline", "workload": "torch_loop", "rc": [tl["rc"], gr["rc"]],
+           "timeline_span_us": ts.get("span_us"), "timeline_backend": ts.get("backend"),
+           "graph_total_us": gs.get("total_us"), "graph_nodes": gs.get("nodes"), "graph_backend": gs.get("backend"),
+           "graph_launches": gs.get("launches"), "timeline_launches": ts.get("launches_timed"),
+           "graph_memsets": gs.get("memsets"), "graph_copies": gs.get("copies"), "graph_error": gs.get("error"),
+           "graph_cupti_span_us": gs.get("cupti_span_us"),
+           "speedup": (ts["span_us"] / gs["total_us"]) if ts.get("span_us") and gs.get("total_us") else None,
+           "stderr": (tl["stderr"] + gr["stderr"])[-800:]}
+    record_result(row)
+    assert tl["rc"] == 0 and gr["rc"] == 0, row
+    assert gs.get("launches") == ts.get("launches_selected"), row     # the same launches on both sides
+    assert row["speedup"] is not None and row["speedup"] >= 3.0, row
+
+
+def test_trace_and_nvtx_on_gpu(runner, tmp_path):
+    snap = snapshot("torch_eager", runner)
+    trace = tmp_path / "t.json"
+    cp = subprocess.run([PY, "-m", "cudasnap", "replay", str(snap), "--profile", "timeline", "--trace", str(trace),
+                         "--nvtx", "--json"], capture_output=True, text=True, timeout=900)
+    res = json.loads(cp.stdout) if cp.stdout.strip().startswith("{") else {}
+    data = json.loads(trace.read_text()) if trace.exists() else {}
+    slices = [e for e in data.get("traceEvents", []) if e.get("ph") == "X" and e.get("cat") == "kernel"]
+    record_result({"test": "profile_trace", "workload": "torch_eager", "rc": cp.returncode,
+                   "slices": len(slices), "launches": res.get("launches"), "stderr": cp.stderr[-800:]})
+    assert cp.returncode == 0
+    assert len(slices) == res["launches"]
+
+
 @pytest.mark.parametrize("name", ["gpt_train", "prof_jax"])
 def test_graph_mode_times_every_kernel(name, runner, tmp_path):
     """Graph mode's per-node times: every launch of the graph gets a CUPTI time (records matched
