@@ -415,3 +415,55 @@ def test_cupti_collector_follows_node_creation_and_cloning():
     col._on_callback(None, 3, 20, 0x700)                              # cloned at instantiation
     col._on_callback(None, 1, 13, NS(resource_descriptor=0x500))     # another domain: ignored
     assert col.node_created == {1000 + 0x10: 4} and col.node_clones == {1000 + 0x20: 1000 + 0x10}
+
+
+class _GateDriver:
+    """rp.raw stand-in: host memory is a ctypes buffer; the stream's wait is checked when the
+    host releases it (the word must reach the value waited for)."""
+
+    def __init__(self, wait_ok=True):
+        import ctypes
+        self.buf = ctypes.create_string_buffer(8)
+        self.calls, self.wait_ok = [], wait_ok
+
+    def raw(self, name, *args):
+        self.calls.append((name, args))
+        if name == "cuMemHostAlloc":
+            import ctypes
+            return ctypes.addressof(self.buf)
+        if name == "cuMemHostGetDevicePointer":
+            return 0xD000
+        if name == "cuStreamWaitValue32" and not self.wait_ok:
+            raise RuntimeError("CUDA_ERROR_NOT_SUPPORTED")
+        return None
+
+    def word(self):
+        return struct.unpack_from("<I", self.buf.raw)[0]
+
+
+def test_launch_gate_holds_the_stream_until_the_launch_was_issued():
+    from cudasnap.replay.profile.common import LaunchGate
+    d = _GateDriver()
+    gate = LaunchGate.open(d, "S")
+    assert gate is not None and d.word() == 1          # the trial hold was released
+    d.calls.clear()
+    with gate:
+        assert d.word() == 1                            # held: the GPU waits for 2
+        d.raw("cuEventRecord", "e0", "S")
+        d.raw("cuGraphLaunch", "G", "S")
+        d.raw("cuEventRecord", "e1", "S")
+    assert [c[0] for c in d.calls] == ["cuStreamWaitValue32", "cuEventRecord", "cuGraphLaunch", "cuEventRecord"]
+    assert d.calls[0][1] == ("S", 0xD000, 2, 0) and d.word() == 2
+    with pytest.raises(RuntimeError):                   # issuing failed: the stream is released anyway
+        with gate:
+            raise RuntimeError("launch failed")
+    assert d.word() == 3
+    gate.close()
+    assert d.calls[-1][0] == "cuMemFreeHost"
+
+
+def test_launch_gate_is_none_where_stream_memory_operations_fail():
+    from cudasnap.replay.profile.common import LaunchGate
+    d = _GateDriver(wait_ok=False)
+    assert LaunchGate.open(d, "S") is None
+    assert d.calls[-1][0] == "cuMemFreeHost"

@@ -55,6 +55,7 @@ import importlib.util
 import re
 import statistics
 import time
+from contextlib import nullcontext
 from types import SimpleNamespace
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -63,7 +64,7 @@ from cudasnap.formats.abi import base_name
 from ..errors import ReplayError
 from ..handlers.graph import stream_capturing
 from ..selection import is_launch_call
-from .common import SAVE_KINDS, MemorySaver, Selection, destroy_all, ranges_for, stats
+from .common import SAVE_KINDS, LaunchGate, MemorySaver, Selection, destroy_all, ranges_for, stats
 from .gapmodel import GapChain
 from .timeline import open_cupti
 
@@ -100,6 +101,7 @@ class GraphProfiler:
         self.first_seq: Optional[int] = None
         self.last_seq: Optional[int] = None
         self.ops: List[Tuple] = []               # ("launch", ev) | ("memset", name, args) | ("dtod", dst, src, n)
+        self._gate: Optional[LaunchGate] = None    # holds the stream while a timed run is issued
         self.launches: List[Any] = []            #   | ("htod", rec, dst, n)
         self.skipped_ops: Dict[str, int] = {}
         self.skipped_captured = 0
@@ -421,6 +423,8 @@ class GraphProfiler:
             for i in range(cfg.warmup):
                 self._graph_run(gexec, stream, f"warmup run {i + 1}")
                 check(False)
+            self._gate = LaunchGate.open(rp, stream)
+            self.info["launch_gated"] = self._gate is not None
             for i in range(cfg.repeat):
                 e0, e1 = rp.raw("cuEventCreate", 0), rp.raw("cuEventCreate", 0)
                 evs.append((e0, e1))
@@ -481,12 +485,14 @@ class GraphProfiler:
         if self.pre is not None:
             self.pre.restore(stream)
             self._wait(stream, f"restoring memory before {what}")
-        if events is not None:
-            rp.raw("cuEventRecord", events[0], stream)
         m0 = clock.mark() if clock is not None else None
-        rp.raw("cuGraphLaunch", gexec, stream)
         if events is not None:
-            rp.raw("cuEventRecord", events[1], stream)
+            with self._gate or nullcontext():        # the events time the GPU, not the host's submission
+                rp.raw("cuEventRecord", events[0], stream)
+                rp.raw("cuGraphLaunch", gexec, stream)
+                rp.raw("cuEventRecord", events[1], stream)
+        else:
+            rp.raw("cuGraphLaunch", gexec, stream)
         self._wait(stream, what)
         if m0 is not None and windows is not None:
             windows.append((m0, clock.mark()))
@@ -749,6 +755,9 @@ class GraphProfiler:
             except Exception:
                 pass
         self._close_chain()
+        if self._gate is not None:
+            self._gate.close()
+            self._gate = None
         destroy_all(cu, self._made)
         self._made = []
         for p in evs:
@@ -845,6 +854,7 @@ class GraphProfiler:
         try:
             times = unit.run_events(cfg.warmup, cfg.repeat)
             info["graph_times_us"] = times
+            info["launch_gated"] = getattr(unit, "gated", False)
             if times:
                 info["graph_us"] = stats(times)["median_us"]
             cupti = open_cupti(cfg.backend, self.warn)
@@ -891,6 +901,7 @@ class GraphProfiler:
                              "nodes": sum(u.get("kernels_recorded", 0) for u in ok),
                              "units": [{k: v for k, v in u.items() if k != "graph_times_us"} for u in self.units[:50]]}
         if ok:
+            d["launch_gated"] = all(u.get("launch_gated") for u in ok)
             d["total_us"] = sum(u["graph_us"] for u in ok)
             d["graph_times_us"] = [u["graph_us"] for u in ok]
             if d["launches"]:

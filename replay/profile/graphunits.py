@@ -17,13 +17,14 @@ get_timestamp, the window is the records delivered between two forced flushes.""
 from __future__ import annotations
 
 import bisect
+from contextlib import nullcontext
 from types import SimpleNamespace
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from cudasnap.formats.abi import base_name
 
 from ..selection import is_launch_call
-from .common import MemorySaver, ranges_for, stats
+from .common import LaunchGate, MemorySaver, ranges_for, stats
 
 
 def _base(f: str) -> str:
@@ -313,22 +314,29 @@ class GraphUnit:
     def run_events(self, n_warm: int, n_timed: int, flusher=None) -> List[float]:
         rp = self.rp
         times = []
-        for i in range(n_warm + n_timed):
-            self._prep(flusher)
-            e0, e1 = rp.raw("cuEventCreate", 0), rp.raw("cuEventCreate", 0)
-            try:
-                rp.raw("cuEventRecord", e0, self.stream)
-                rp.raw("cuGraphLaunch", self.exec, self.stream)
-                rp.raw("cuEventRecord", e1, self.stream)
-                rp.raw("cuEventSynchronize", e1)
-                if i >= n_warm:
-                    times.append(float(rp.raw("cuEventElapsedTime", e0, e1)) * 1e3)
-            finally:
-                for e in (e0, e1):
-                    try:
-                        rp.cu.cuEventDestroy(e)
-                    except Exception:
-                        pass
+        gate = LaunchGate.open(rp, self.stream)      # the events time the GPU, not the host's submission
+        self.gated = gate is not None
+        try:
+            for i in range(n_warm + n_timed):
+                self._prep(flusher)
+                e0, e1 = rp.raw("cuEventCreate", 0), rp.raw("cuEventCreate", 0)
+                try:
+                    with gate or nullcontext():
+                        rp.raw("cuEventRecord", e0, self.stream)
+                        rp.raw("cuGraphLaunch", self.exec, self.stream)
+                        rp.raw("cuEventRecord", e1, self.stream)
+                    rp.raw("cuEventSynchronize", e1)
+                    if i >= n_warm:
+                        times.append(float(rp.raw("cuEventElapsedTime", e0, e1)) * 1e3)
+                finally:
+                    for e in (e0, e1):
+                        try:
+                            rp.cu.cuEventDestroy(e)
+                        except Exception:
+                            pass
+        finally:
+            if gate is not None:
+                gate.close()
         return times
 
 
