@@ -1,4 +1,4 @@
-"""Graph mode's gap calibration: what CUPTI tracing adds between graph nodes."""
+"""Graph mode's calibration: what CUPTI tracing adds per graph node."""
 from cudasnap.replay.profile.gapmodel import gap_model
 from cudasnap.replay.profile.graphunits import Rec
 
@@ -20,6 +20,8 @@ def test_model_separates_kernel_time_and_gaps():
     assert abs(m["gap_traced_us"] - 0.6) < 1e-9
     assert abs(m["gap_untraced_us"] - 0.3) < 1e-9
     assert abs(m["tracing_per_gap_us"] - 0.3) < 1e-9
+    # traced span 1000 x 1.0 + 999 x 0.6 against 1000 x 1.0 + 999 x 0.3 untraced: 0.2997 us per node
+    assert abs(m["tracing_per_node_us"] - 999 * 0.3 / 1000) < 1e-9
 
 
 def test_runs_with_missing_records_are_not_used():

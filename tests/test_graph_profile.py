@@ -386,6 +386,12 @@ def test_graph_notes_and_median_comparison():
     assert "per-node times: CUPTI graph node ids (node creation and clone records); 3 of 3 launches timed" in text
     assert "memset x1" in text and "memset32_aligned1D x1" in text
     assert "= 98.0 us vs the graph's 100.0 us (-2.0%, within 5%)" in text
+    s["check"].update(between_nodes_us=9.0, tracing_us=4.0, between_nodes_traced_us=9.0,
+                      gap_model={"nodes": 2000, "tracing_per_node_us": 0.17, "chain_untraced_us": 1250.0,
+                                 "chain_traced_span_us": 1590.0})
+    text = "\n".join(graph_notes(s))
+    assert "between nodes 9.0 us - tracing 4.0 us = 98.0 us" in text
+    assert "tracing: 170 ns per node that CUPTI adds" in text and "2000 empty kernels" in text
     g = {"launches": [{"name": "a", "cupti_name": "A", "median_us": 10.4}, {"name": "b", "median_us": 2.0},
                       {"name": "c", "median_us": 50.0}]}
     t = {"launches": [{"name": "a", "cupti_name": "A", "time_us": 10.0}, {"name": "b", "time_us": 2.1},

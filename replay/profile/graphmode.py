@@ -966,13 +966,14 @@ class GraphProfiler:
         other = sum(d["us_per_run"] for d in self._other_nodes())
         extra = sum(e["us_per_run"] for e in self.extra_records)
         between = traced = self.between_us or 0.0
+        tracing = 0.0
         if self.gap and self.records_per_run and traced:
-            # what tracing added to each gap, measured on the calibration chain, taken off
-            gaps = max(0, statistics.median(self.records_per_run) - 1)
-            between = max(0.0, traced - gaps * self.gap["tracing_per_gap_us"])
-        total = kernels + other + extra + between
+            # what tracing adds per node (durations and gaps), measured on the calibration chain
+            tracing = statistics.median(self.records_per_run) * self.gap.get("tracing_per_node_us", 0.0)
+        total = kernels + other + extra + between - tracing
         c: Dict[str, Any] = {"graph_us": graph_us, "kernels_us": kernels, "other_nodes_us": other,
-                             "unrecorded_us": extra, "between_nodes_us": between, "sum_us": total,
+                             "unrecorded_us": extra, "between_nodes_us": between, "tracing_us": tracing,
+                             "sum_us": total,
                              "kernel_share_pct": kernels / graph_us * 100 if graph_us > 0 else None,
                              "diff_pct": (total - graph_us) / graph_us * 100 if graph_us > 0 else None}
         c["within_5pct"] = c["diff_pct"] is not None and abs(c["diff_pct"]) <= 5.0

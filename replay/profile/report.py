@@ -295,13 +295,13 @@ def graph_notes(s: Dict[str, Any]) -> List[str]:
         if c.get("between_nodes_us"):
             parts.append(f"between nodes {fmt_us(c['between_nodes_us'])}")
         g = c.get("gap_model")
-        if g:
-            lines.append(f"between nodes: {fmt_us(c['between_nodes_traced_us'])} under CUPTI, less "
-                         f"{g['tracing_per_gap_us'] * 1e3:.0f} ns per gap that tracing adds (a chain of {g['nodes']} "
-                         f"empty kernels: {g['gap_untraced_us'] * 1e3:.0f} ns untraced, {g['gap_traced_us'] * 1e3:.0f} "
-                         f"ns traced)")
+        if g and c.get("tracing_us"):
+            lines.append(f"tracing: {g['tracing_per_node_us'] * 1e3:.0f} ns per node that CUPTI adds to durations and gaps "
+                         f"(a chain of {g['nodes']} empty kernels: {fmt_us(g['chain_untraced_us'])} untraced, "
+                         f"{fmt_us(g['chain_traced_span_us'])} traced), taken off")
         verdict = "within 5%" if c["within_5pct"] else f"NOT within 5%: gap {fmt_us(abs(c['sum_us'] - c['graph_us']))}"
-        line = (f"check: {' + '.join(parts)} = {fmt_us(c['sum_us'])} vs the graph's {fmt_us(c['graph_us'])} "
+        less = f" - tracing {fmt_us(c['tracing_us'])}" if c.get("tracing_us") else ""
+        line = (f"check: {' + '.join(parts)}{less} = {fmt_us(c['sum_us'])} vs the graph's {fmt_us(c['graph_us'])} "
                 f"({c['diff_pct']:+.1f}%, {verdict}); kernels are {c['kernel_share_pct']:.1f}% of the graph's time")
         lines.append(line)
         if not c["within_5pct"] and c.get("event_span_us"):
@@ -313,7 +313,7 @@ def graph_notes(s: Dict[str, Any]) -> List[str]:
                          "around the nodes that no record covers)")
         if not c["within_5pct"] and c.get("bounds_us"):
             lo, hi = c["bounds_us"]
-            why = ("the tracing cost per gap, calibrated on the empty-kernel chain, does not fit this graph"
+            why = ("the tracing cost per node, calibrated on the empty-kernel chain, does not fit this graph"
                    if c["within_bounds"] else "per-node times miss or double-count work")
             lines.append(f"  the graph's time {'lies' if c['within_bounds'] else 'does NOT lie'} between its nodes "
                          f"with no gap ({fmt_us(lo)}) and with the gaps as traced ({fmt_us(hi)}), within 5%: {why}")
