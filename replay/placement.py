@@ -117,6 +117,7 @@ class AddressSpace:
         self._ranges: List[Tuple[int, int]] = []
         self.held: Optional[List[Alloc]] = None      # freed allocations kept mapped (hold_frees)
         self.mappings: Dict[int, int] = {}           # the program's own cuMemMap ranges: live base -> size
+        self._map_starts: List[int] = []             # their sorted bases
 
     # ------------------------------------------------------------- planning / reservation
     def plan(self, ranges: List[Tuple[int, int]], regions: List[Tuple[int, int]] = ()) -> List[Span]:
@@ -370,22 +371,33 @@ class AddressSpace:
     # is no replayed allocation (a "vmm" alloc is the whole reservation, mostly unmapped).
     def note_map(self, live: int, size: int) -> None:
         if live and size:
+            if live not in self.mappings:
+                bisect.insort(self._map_starts, live)
             self.mappings[live] = size
 
     def note_unmap(self, live: int, size: int) -> None:
         end = live + size
-        for b, n in list(self.mappings.items()):
-            if b < end and live < b + n:
-                del self.mappings[b]
-                if b < live:
-                    self.mappings[b] = live - b
-                if b + n > end:
-                    self.mappings[end] = b + n - end
+        i = max(0, bisect.bisect_right(self._map_starts, live) - 1)
+        hit = []
+        while i < len(self._map_starts) and self._map_starts[i] < end:
+            b = self._map_starts[i]
+            if b + self.mappings[b] > live:
+                hit.append(b)
+            i += 1
+        for b in hit:
+            n = self.mappings.pop(b)
+            self._map_starts.remove(b)
+            if b < live:                       # what stays mapped either side
+                self.note_map(b, live - b)
+            if b + n > end:
+                self.note_map(end, b + n - end)
 
     def find_mapping(self, live: int) -> Optional[Tuple[int, int]]:
-        for b, n in self.mappings.items():
-            if b <= live < b + n:
-                return b, n
+        i = bisect.bisect_right(self._map_starts, live) - 1
+        if i >= 0:
+            b = self._map_starts[i]
+            if live < b + self.mappings[b]:
+                return b, self.mappings[b]
         return None
 
     # ------------------------------------------------------------------- translation

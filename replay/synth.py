@@ -60,6 +60,21 @@ class Synth:
              "blockDimZ": 1, "sharedMemBytes": 0, "hStream": stream, "kernelParams": 0x7FFF0000, "extra": 0}
         return self.call(f, a, r=r, x={"params": params})
 
+    def expect_d2h(self, src: int, ints) -> None:
+        """Synchronize, then a D2H of int32s from src whose recorded result is `ints` (what the
+        replay verifies)."""
+        self.call("cuCtxSynchronize", {})
+        self.call("cuMemcpyDtoH_v2", {"dstHost": 0x7F0000200000, "srcDevice": src, "ByteCount": 4 * len(ints)},
+                  x={"dstHost": self.blob(struct.pack(f"<{len(ints)}i", *ints))})
+
+    def double_epilogue(self, frees=()) -> None:
+        """The usual end: free `frees`, release the primary context, a clean exit, close."""
+        for p in frees:
+            self.call("cuMemFree_v2", {"dptr": p})
+        self.call("cuDevicePrimaryCtxRelease_v2", {"dev": 0})
+        self.w.write({"k": "end", "exit": 0, "signal": None, "partial": False})
+        self.close()
+
     def close(self) -> None:
         self.w.close()
 

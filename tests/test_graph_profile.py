@@ -33,13 +33,8 @@ def two_kernel_program(path, n=16, spin_ms=2, rounds=2):
     for _ in range(rounds):
         seqs.append(s.launch(f_spin, struct.pack("<i", spin_ms))["s"])
         seqs.append(s.launch(f_incr, struct.pack("<Qi", D, n), block=n)["s"])
-    s.call("cuCtxSynchronize", {})
-    s.call("cuMemcpyDtoH_v2", {"dstHost": 0x7F0000200000, "srcDevice": D, "ByteCount": n * 4},
-           x={"dstHost": s.blob(struct.pack(f"<{n}i", *([rounds] * n)))})
-    s.call("cuMemFree_v2", {"dptr": D})
-    s.call("cuDevicePrimaryCtxRelease_v2", {"dev": 0})
-    s.w.write({"k": "end", "exit": 0, "signal": None, "partial": False})
-    s.close()
+    s.expect_d2h(D, [rounds] * n)
+    s.double_epilogue(frees=[D])
     return {"seqs": seqs}
 
 
@@ -140,13 +135,8 @@ def pool_scratch_program(path, n=16, rounds=3):
         seqs.append(s.launch(f_incr, struct.pack("<Qi", S, n), block=n)["s"])
         s.call("cuMemcpyDtoDAsync_v2", {"dstDevice": D, "srcDevice": S, "ByteCount": n * 4, "hStream": 0})
         s.call("cuMemFreeAsync", {"dptr": S, "hStream": 0})
-    s.call("cuCtxSynchronize", {})
-    s.call("cuMemcpyDtoH_v2", {"dstHost": 0x7F0000200000, "srcDevice": D, "ByteCount": n * 4},
-           x={"dstHost": s.blob(struct.pack(f"<{n}i", *([1] * n)))})
-    s.call("cuMemFree_v2", {"dptr": D})
-    s.call("cuDevicePrimaryCtxRelease_v2", {"dev": 0})
-    s.w.write({"k": "end", "exit": 0, "signal": None, "partial": False})
-    s.close()
+    s.expect_d2h(D, [1] * n)
+    s.double_epilogue(frees=[D])
     return {"seqs": seqs}
 
 

@@ -84,13 +84,8 @@ def incr_program(path, n=16, launches=3, stream=0):
     s.call("cuMemcpyHtoD_v2", {"dstDevice": D, "srcHost": 0x7F0000100000, "ByteCount": n * 4},
            x={"srcHost": s.blob(bytes(n * 4))})
     seqs = [s.launch(f_incr, struct.pack("<Qi", D, n), block=n, stream=stream)["s"] for _ in range(launches)]
-    s.call("cuCtxSynchronize", {})
-    s.call("cuMemcpyDtoH_v2", {"dstHost": 0x7F0000200000, "srcDevice": D, "ByteCount": n * 4},
-           x={"dstHost": s.blob(struct.pack(f"<{n}i", *([launches] * n)))})
-    s.call("cuMemFree_v2", {"dptr": D})
-    s.call("cuDevicePrimaryCtxRelease_v2", {"dev": 0})
-    s.w.write({"k": "end", "exit": 0, "signal": None, "partial": False})
-    s.close()
+    s.expect_d2h(D, [launches] * n)
+    s.double_epilogue(frees=[D])
     return {"D": D, "n": n, "seqs": seqs}
 
 
@@ -217,15 +212,11 @@ def vmm_incr_program(path, n=16, launches=3):
     s.call("cuMemSetAccess", {"ptr": V, "size": size, "desc": None, "count": 1})
     s.call("cuMemsetD32_v2", {"dstDevice": V, "ui": 0, "N": n})
     seqs = [s.launch(f_incr, struct.pack("<Qi", V, n), block=n)["s"] for _ in range(launches)]
-    s.call("cuCtxSynchronize", {})
-    s.call("cuMemcpyDtoH_v2", {"dstHost": 0x7F0000200000, "srcDevice": V, "ByteCount": n * 4},
-           x={"dstHost": s.blob(struct.pack(f"<{n}i", *([launches] * n)))})
+    s.expect_d2h(V, [launches] * n)
     s.call("cuMemUnmap", {"ptr": V, "size": size})
     s.call("cuMemRelease", {"handle": H})
     s.call("cuMemAddressFree", {"ptr": V, "size": size})
-    s.call("cuDevicePrimaryCtxRelease_v2", {"dev": 0})
-    s.w.write({"k": "end", "exit": 0, "signal": None, "partial": False})
-    s.close()
+    s.double_epilogue()
     return {"seqs": seqs}
 
 
@@ -438,13 +429,8 @@ def incr_memset_program(path, n=16, stream=0x5000):
     s.call("cuMemcpyHtoD_v2", {"dstDevice": D, "srcHost": 0x7F0000100000, "ByteCount": n * 4},
            x={"srcHost": s.blob(struct.pack(f"<{n}i", *([10] * n)))})
     seqs.append(s.launch(f_incr, p, block=n, stream=stream)["s"])
-    s.call("cuCtxSynchronize", {})
-    s.call("cuMemcpyDtoH_v2", {"dstHost": 0x7F0000200000, "srcDevice": D, "ByteCount": n * 4},
-           x={"dstHost": s.blob(struct.pack(f"<{n}i", *([11] * n)))})
-    s.call("cuMemFree_v2", {"dptr": D})
-    s.call("cuDevicePrimaryCtxRelease_v2", {"dev": 0})
-    s.w.write({"k": "end", "exit": 0, "signal": None, "partial": False})
-    s.close()
+    s.expect_d2h(D, [11] * n)
+    s.double_epilogue(frees=[D])
     return {"D": D, "n": n, "seqs": seqs}
 
 

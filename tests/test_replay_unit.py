@@ -266,6 +266,37 @@ def test_small_allocations_share_a_granule_and_are_refcounted():
     assert sp.placed == 3 and sp.fell_back == 0
 
 
+def test_held_frees_keep_memory_mapped_until_released():
+    ops = FakeOps()
+    sp = AddressSpace(ops, G)
+    base = 0x1000_0000_0000
+    sp.plan([(base, 100)])
+    sp.reserve_all()
+    sp.alloc(base, 100)
+    sp.hold_frees()
+    sp.free(base)                                  # forgotten, but still mapped
+    assert sp.find(base) is None and ops.unmaps == [] and sp.held_ranges() == [(base, 100)]
+    assert sp.alloc(base, 100) == base and ops.created == 1     # the same granule again
+    sp.free(base)
+    assert sp.release_held() == 2 and ops.unmaps == [(base, G)] and sp.held is None
+    sp.alloc(base, 100)
+    sp.free(base)                                  # not holding: released at once
+    assert len(ops.unmaps) == 2
+
+
+def test_program_mappings_are_tracked_through_partial_unmaps():
+    sp = AddressSpace(FakeOps(), G)
+    v = 0x7000_0000_0000
+    sp.note_map(v, 4 * G)
+    sp.note_map(v + 8 * G, G)
+    assert sp.find_mapping(v + G + 5) == (v, 4 * G) and sp.find_mapping(v + 5 * G) is None
+    sp.note_unmap(v + G, G)                        # a hole in the first mapping
+    assert sorted(sp.mappings.items()) == [(v, G), (v + 2 * G, 2 * G), (v + 8 * G, G)]
+    assert sp.find_mapping(v + G) is None and sp.find_mapping(v + 3 * G) == (v + 2 * G, 2 * G)
+    sp.note_unmap(v, 16 * G)
+    assert sp.mappings == {} and sp.find_mapping(v) is None
+
+
 def test_fallback_when_reservation_misses_and_translation():
     base = 0x1000_0000_0000
     ops = FakeOps(occupied=[(base, G)])
