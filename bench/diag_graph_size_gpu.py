@@ -9,18 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from cudasnap.formats.abi import base_name
 from cudasnap.formats.reader import SnapshotReader
-from cudasnap.replay.profile.report import kernel_medians
-
-
-def medians(path: Path) -> dict:
-    return kernel_medians(json.loads(path.read_text()))
+from diag_profile import profile_medians
 
 
 def main() -> int:
@@ -36,20 +31,11 @@ def main() -> int:
         sys.exit(f"{a.snapshot}: {len(syncs)} context synchronizations; need a loop of steps")
     work = Path(tempfile.mkdtemp(prefix="cs-gsize-"))
     cols = {}
-    tl = work / "timeline.json"
-    subprocess.run([sys.executable, "-m", "cudasnap", "replay", a.snapshot, "--profile", "timeline", "--out", str(tl),
-                    "-q", "--watchdog", "120"], check=True, capture_output=True)
-    cols["timeline"] = medians(tl)
+    cols["timeline"] = profile_medians(a.snapshot, "timeline", work / "timeline.json")
     for n in sorted({1, max(1, steps // 10), steps}):
         i = max(0, (steps - n) // 2)
         rng = f"{syncs[i] + 1}-{syncs[i + n] - 1}"
-        out = work / f"graph{n}.json"
-        cp = subprocess.run([sys.executable, "-m", "cudasnap", "replay", a.snapshot, "--profile", "graph", "--calls", rng,
-                             "--repeat", "10", "--warmup", "3", "--no-timeline-check", "--out", str(out), "-q",
-                             "--watchdog", "120"], capture_output=True, text=True)
-        if cp.returncode != 0:
-            sys.exit(f"graph of {n} step(s) failed ({cp.returncode}): {cp.stderr[-1500:]}")
-        cols[f"graph {n} step(s)"] = medians(out)
+        cols[f"graph {n} step(s)"] = profile_medians(a.snapshot, "graph", work / f"graph{n}.json", "--calls", rng)
     names = sorted(k for k, v in cols["timeline"].items() if v >= a.min_us)
     print(" / ".join(cols) + " (median us)")
     rows = []

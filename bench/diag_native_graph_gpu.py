@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from cudasnap.replay.profile.report import kernel_medians
+from diag_profile import profile_medians
 
 WORKLOAD = Path(__file__).resolve().parent.parent / "tests" / "gpu" / "workloads" / "prof_gpt_graph.py"
 
@@ -45,15 +45,7 @@ def replay_medians(steps: int, work: Path) -> dict:
                          sys.executable, str(WORKLOAD), "eager", str(steps)], env=env, capture_output=True, text=True)
     if cp.returncode != 0:
         sys.exit(f"capture failed ({cp.returncode}): {cp.stderr[-1500:]}")
-    out = {}
-    for mode, extra in (("timeline", []), ("graph", ["--repeat", "10", "--warmup", "3", "--no-timeline-check"])):
-        path = work / f"{mode}.json"
-        cp = subprocess.run([sys.executable, "-m", "cudasnap", "replay", str(snap), "--profile", mode, "--out", str(path),
-                             "--watchdog", "120", *extra], capture_output=True, text=True)
-        if cp.returncode != 0:
-            sys.exit(f"replay --profile {mode} failed ({cp.returncode}): {cp.stderr[-1500:]}")
-        out[mode] = kernel_medians(json.loads(path.read_text()))
-    return out
+    return {mode: profile_medians(snap, mode, work / f"{mode}.json") for mode in ("timeline", "graph")}
 
 
 def main() -> int:

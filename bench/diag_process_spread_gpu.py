@@ -12,17 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-from cudasnap.replay.profile.report import kernel_medians
-
-
-def medians(path: Path) -> dict:
-    return kernel_medians(json.loads(path.read_text()))
+from diag_profile import profile_medians
 
 
 def main() -> int:
@@ -37,13 +31,7 @@ def main() -> int:
     runs = defaultdict(list)
     for i in range(a.runs):
         for mode in a.modes.split(","):
-            out = work / f"{mode}{i}.json"
-            extra = ["--repeat", "10", "--warmup", "3", "--no-timeline-check"] if mode == "graph" else []
-            cp = subprocess.run([sys.executable, "-m", "cudasnap", "replay", a.snapshot, "--profile", mode, "--out",
-                                 str(out), "--watchdog", "120", "-q", *extra], capture_output=True, text=True)
-            if cp.returncode != 0:
-                sys.exit(f"replay --profile {mode} failed ({cp.returncode}): {cp.stderr[-1500:]}")
-            runs[mode].append(medians(out))
+            runs[mode].append(profile_medians(a.snapshot, mode, work / f"{mode}{i}.json"))
     names = sorted({k for m in runs.values() for r in m for k, v in r.items() if v >= a.min_us})
     rows = []
     for k in names:

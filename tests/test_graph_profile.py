@@ -420,10 +420,11 @@ class _GateDriver:
     def __init__(self, wait_ok=True):
         import ctypes
         self.buf = ctypes.create_string_buffer(8)
-        self.calls, self.wait_ok = [], wait_ok
+        self.calls, self.seen, self.wait_ok = [], [], wait_ok
 
     def raw(self, name, *args):
         self.calls.append((name, args))
+        self.seen.append(self.word())          # the host word when the call was issued
         if name == "cuMemHostAlloc":
             import ctypes
             return ctypes.addressof(self.buf)
@@ -443,12 +444,10 @@ def test_launch_gate_holds_the_stream_until_the_launch_was_issued():
     gate = LaunchGate.open(d, "S")
     assert gate is not None and d.word() == 1          # the trial hold was released
     d.calls.clear()
-    with gate:
-        assert d.word() == 1                            # held: the GPU waits for 2
-        d.raw("cuEventRecord", "e0", "S")
-        d.raw("cuGraphLaunch", "G", "S")
-        d.raw("cuEventRecord", "e1", "S")
+    d.seen.clear()
+    LaunchGate.launch_timed(d, gate, "G", "S", "e0", "e1")
     assert [c[0] for c in d.calls] == ["cuStreamWaitValue32", "cuEventRecord", "cuGraphLaunch", "cuEventRecord"]
+    assert d.seen == [1, 1, 1, 1]                       # held while issued: the GPU waits for 2
     assert d.calls[0][1] == ("S", 0xD000, 2, 0) and d.word() == 2
     with pytest.raises(RuntimeError):                   # issuing failed: the stream is released anyway
         with gate:

@@ -4,6 +4,7 @@ restoring the memory a launch could write (MemorySaver), and the spread of timed
 from __future__ import annotations
 
 import statistics
+from contextlib import nullcontext
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..selection import LaunchSelection
@@ -32,13 +33,20 @@ def _merge(ranges: List[Tuple[int, int]]) -> List[Tuple[int, int]]:
     return [(lo, hi - lo) for lo, hi in out]
 
 
+def live_ranges(sp) -> List[Tuple[int, int]]:
+    """Every live (base, size) range a kernel can write: replayed allocations and module globals,
+    the program's own VMM mappings, and memory held for a graph (placement.hold_frees)."""
+    if sp is None:
+        return []
+    out = [(a.live_base, a.size) for a in sp.allocs.values() if a.kind in SAVE_KINDS]
+    return out + list(sp.mappings.items()) + sp.held_ranges()
+
+
 def ranges_for(rp, launches, limit: int) -> List[Tuple[int, int]]:
-    """Live (base, size) ranges the given launch events could write: replayed allocations, the
-    program's own VMM mappings, and memory held for a graph (placement.hold_frees)."""
+    """Live (base, size) ranges the given launch events could write: all of live_ranges when they
+    fit in `limit` bytes, else the ranges their pointer-sized parameters point into."""
     sp = rp.space
-    allocs = [(a.live_base, a.size) for a in (sp.allocs.values() if sp else []) if a.kind in SAVE_KINDS]
-    if sp is not None:
-        allocs += list(sp.mappings.items()) + sp.held_ranges()
+    allocs = live_ranges(sp)
     if allocs and sum(n for _b, n in allocs) <= limit:
         return _merge(allocs)
     out = []
@@ -201,6 +209,14 @@ class LaunchGate:
 
     def __exit__(self, *exc) -> None:
         self.word.value = self.value          # released even when issuing failed: never a stuck stream
+
+    @staticmethod
+    def launch_timed(rp, gate: Optional["LaunchGate"], exe, stream, e0, e1) -> None:
+        """e0, cuGraphLaunch(exe), e1 on stream, issued while `gate` (if any) holds the stream."""
+        with gate or nullcontext():
+            rp.raw("cuEventRecord", e0, stream)
+            rp.raw("cuGraphLaunch", exe, stream)
+            rp.raw("cuEventRecord", e1, stream)
 
     def close(self) -> None:
         if self.host:

@@ -10,7 +10,6 @@ the correction, so the check stays a check."""
 from __future__ import annotations
 
 import statistics
-from contextlib import nullcontext
 from typing import Any, Dict, List, Optional, Sequence
 
 from .common import LaunchGate, destroy_all
@@ -89,10 +88,7 @@ class GapChain:
         gate = LaunchGate.open(rp, self.stream)       # as the graph itself is timed (graphmode)
         try:
             for _ in range(self.runs):
-                with gate or nullcontext():
-                    rp.raw("cuEventRecord", e0, self.stream)
-                    rp.raw("cuGraphLaunch", self.exe, self.stream)
-                    rp.raw("cuEventRecord", e1, self.stream)
+                LaunchGate.launch_timed(rp, gate, self.exe, self.stream, e0, e1)
                 rp.raw("cuStreamSynchronize", self.stream)
                 self.untraced_us.append(float(rp.raw("cuEventElapsedTime", e0, e1)) * 1e3)
         finally:

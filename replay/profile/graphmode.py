@@ -55,7 +55,6 @@ import importlib.util
 import re
 import statistics
 import time
-from contextlib import nullcontext
 from types import SimpleNamespace
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -64,7 +63,7 @@ from cudasnap.formats.abi import base_name
 from ..errors import ReplayError
 from ..handlers.graph import stream_capturing
 from ..selection import is_launch_call
-from .common import SAVE_KINDS, LaunchGate, MemorySaver, Selection, destroy_all, ranges_for, stats
+from .common import LaunchGate, MemorySaver, Selection, destroy_all, live_ranges, ranges_for, stats
 from .gapmodel import GapChain
 from .timeline import open_cupti
 
@@ -101,8 +100,8 @@ class GraphProfiler:
         self.first_seq: Optional[int] = None
         self.last_seq: Optional[int] = None
         self.ops: List[Tuple] = []               # ("launch", ev) | ("memset", name, args) | ("dtod", dst, src, n)
-        self._gate: Optional[LaunchGate] = None    # holds the stream while a timed run is issued
         self.launches: List[Any] = []            #   | ("htod", rec, dst, n)
+        self._gate: Optional[LaunchGate] = None  # holds the stream while a timed run is issued
         self.skipped_ops: Dict[str, int] = {}
         self.skipped_captured = 0
         self.pre: Optional[MemorySaver] = None
@@ -379,10 +378,7 @@ class GraphProfiler:
 
     def _live_ranges(self) -> List[Tuple[int, int]]:
         rp = self.rp
-        sp = rp.space
-        live = [(a.live_base, a.size) for a in (sp.allocs.values() if sp else []) if a.kind in SAVE_KINDS]
-        if sp is not None:
-            live += list(sp.mappings.items()) + sp.held_ranges()
+        live = live_ranges(rp.space)
         for base, _bk, _n in (self.pre.copies if self.pre else []):
             try:
                 b, n = rp.raw("cuMemGetAddressRange", base)
@@ -486,11 +482,8 @@ class GraphProfiler:
             self.pre.restore(stream)
             self._wait(stream, f"restoring memory before {what}")
         m0 = clock.mark() if clock is not None else None
-        if events is not None:
-            with self._gate or nullcontext():        # the events time the GPU, not the host's submission
-                rp.raw("cuEventRecord", events[0], stream)
-                rp.raw("cuGraphLaunch", gexec, stream)
-                rp.raw("cuEventRecord", events[1], stream)
+        if events is not None:                       # the events time the GPU, not the host's submission
+            LaunchGate.launch_timed(rp, self._gate, gexec, stream, *events)
         else:
             rp.raw("cuGraphLaunch", gexec, stream)
         self._wait(stream, what)
@@ -965,7 +958,7 @@ class GraphProfiler:
         kernels = sum(statistics.median(t) for t in self.node_times if t)
         other = sum(d["us_per_run"] for d in self._other_nodes())
         extra = sum(e["us_per_run"] for e in self.extra_records)
-        between = traced = self.between_us or 0.0
+        between = traced = self.between_us or 0.0             # as traced
         tracing = 0.0
         if self.gap and self.records_per_run and traced:
             # what tracing adds per node (durations and gaps), measured on the calibration chain

@@ -17,7 +17,6 @@ get_timestamp, the window is the records delivered between two forced flushes.""
 from __future__ import annotations
 
 import bisect
-from contextlib import nullcontext
 from types import SimpleNamespace
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -321,10 +320,7 @@ class GraphUnit:
                 self._prep(flusher)
                 e0, e1 = rp.raw("cuEventCreate", 0), rp.raw("cuEventCreate", 0)
                 try:
-                    with gate or nullcontext():
-                        rp.raw("cuEventRecord", e0, self.stream)
-                        rp.raw("cuGraphLaunch", self.exec, self.stream)
-                        rp.raw("cuEventRecord", e1, self.stream)
+                    LaunchGate.launch_timed(rp, gate, self.exec, self.stream, e0, e1)
                     rp.raw("cuEventSynchronize", e1)
                     if i >= n_warm:
                         times.append(float(rp.raw("cuEventElapsedTime", e0, e1)) * 1e3)

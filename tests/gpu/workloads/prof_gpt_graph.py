@@ -52,7 +52,7 @@ def native(steps: int, pad_mb: int = 0) -> dict:
     """CUPTI kernel durations of `steps` eager steps and `steps` graph replays, in alternating
     halves (after 5 untimed runs each), in one process."""
     from cupti import cupti
-    pad = torch.empty(pad_mb << 20, dtype=torch.uint8, device="cuda") if pad_mb else None  # noqa: F841
+    pad = torch.empty(pad_mb << 20, dtype=torch.uint8, device="cuda") if pad_mb else None   # held to the end
     step = make_step()
     g = capture(step)
     phase = {"name": None}
@@ -79,7 +79,7 @@ def native(steps: int, pad_mb: int = 0) -> dict:
         phase["name"] = None
     cupti.activity_disable(cupti.ActivityKind.CONCURRENT_KERNEL)
     return {"eager": durs["eager"], "graph": durs["graph"], "graph_records": in_graph[0],
-            "device": torch.cuda.get_device_name()}
+            "device": torch.cuda.get_device_name(), "pad_mib": pad.numel() >> 20 if pad is not None else 0}
 
 
 if __name__ == "__main__":
