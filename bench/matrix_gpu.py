@@ -1,0 +1,87 @@
+"""Command x workload matrix on every GPU of this machine: each workload of tests/gpu/matrix.py
+runs all commands pinned to one GPU (CUDA_VISIBLE_DEVICES), workloads spread over the GPUs, the
+whole matrix --runs times. Prints a markdown table (the one bench/RESULTS.md keeps) and writes
+every cell to --json.
+
+    python3 bench/matrix_gpu.py [--runs 2] [--only torch_eager,jax_jit] [--json OUT.json]
+Exit 0 when every applicable cell passed, 1 otherwise."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+from matrix import WORKLOADS, run_workload, table  # noqa: E402
+
+
+def gpus() -> list:
+    out = subprocess.run(["nvidia-smi", "--query-gpu=index,name", "--format=csv,noheader"],
+                         capture_output=True, text=True, check=True).stdout.strip().splitlines()
+    return [l.split(",", 1) for l in out]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--only", default="")
+    ap.add_argument("--json", default="")
+    ap.add_argument("--work", default="/tmp/cudasnap-matrix")
+    a = ap.parse_args()
+    names = [n for n in (a.only.split(",") if a.only else WORKLOADS) if n]
+    unknown = [n for n in names if n not in WORKLOADS]
+    if unknown:
+        print(f"unknown workload(s): {', '.join(unknown)}; known: {', '.join(WORKLOADS)}", file=sys.stderr)
+        return 2
+    cards = gpus()
+    print(f"{len(cards)} GPU(s): " + "; ".join(f"{i}:{n.strip()}" for i, n in cards), flush=True)
+    jobs: "queue.Queue" = queue.Queue()
+    for run in range(1, a.runs + 1):
+        for n in names:
+            jobs.put((run, n))
+    rows, lock = [], threading.Lock()
+
+    def worker(gpu: str):
+        while True:
+            try:
+                run, n = jobs.get_nowait()
+            except queue.Empty:
+                return
+            t0 = time.monotonic()
+            cells = run_workload(n, Path(a.work) / f"r{run}" / n, {"CUDA_VISIBLE_DEVICES": gpu},
+                                 log=lambda s, g=gpu, r=run: print(f"[gpu{g} r{r}] {s}", flush=True))
+            with lock:
+                rows.append({"run": run, "workload": n, "gpu": gpu, "s": round(time.monotonic() - t0, 1), "cells": cells})
+                if a.json:      # after every workload: a run cut short still leaves its rows
+                    Path(a.json).write_text(json.dumps({"cards": cards, "rows": rows}, indent=1))
+
+    t0 = time.monotonic()
+    ts = [threading.Thread(target=worker, args=(i,)) for i, _ in cards]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    rows.sort(key=lambda r: (r["run"], names.index(r["workload"])))
+    print(f"\nmatrix: {len(rows)} workload runs in {time.monotonic() - t0:.0f} s on {len(cards)} GPU(s) "
+          f"({cards[0][1].strip()})\n")
+    print(table(rows))
+    bad = [(r["run"], r["workload"], k, v["detail"]) for r in rows for k, v in r["cells"].items() if v["ok"] is False]
+    for b in bad:
+        print("FAIL", *b)
+    graph = [(r["workload"], r["cells"]["graph"]["detail"]) for r in rows if r["cells"].get("graph", {}).get("ok")]
+    for w, d in graph:
+        print(f"graph {w}: {d}")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"cards": cards, "rows": rows}, indent=1))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

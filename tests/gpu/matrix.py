@@ -1,0 +1,261 @@
+"""Command x workload matrix: every cudasnap command on one real workload, as a user runs it.
+
+run_workload(name, work, env) runs, in order, on one GPU (CUDA_VISIBLE_DEVICES in env):
+  capture      the program under capture: its exit code and stdout equal a native run's
+  replay       exit 0, 0 fell back, D2H results verified
+  timeline     --profile timeline --out, twice (the second run feeds compare)
+  isolated     --profile isolated -c 20
+  graph        --profile graph (wall time kept beside timeline's)
+  extract:*    extract + export + make + run of three launches: the first launch, the longest
+               kernel of the timeline, a library GEMM (cuBLAS/cuBLASLt/CUTLASS names)
+  window       capture --window launches:A-B around the middle launches, replayed
+  flight       capture --flight-recorder of the program ending through _exit (no exit
+               handlers: the recorder's trigger for a process that ended abruptly), replayed
+  stats        stats --out X.sqlite: one kernel row per recorded launch
+  compare      compare of the two timelines: exit 0 (no regression between identical replays)
+Each cell is {"ok": bool, "s": seconds, "detail": str}; a cell that cannot apply (a workload
+with no library GEMM) is {"ok": None, "detail": why}. Used by tests/gpu/test_gpu_matrix.py and
+bench/matrix_gpu.py (all workloads, spread over every GPU)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+PY = sys.executable
+HERE = Path(__file__).resolve().parent
+W = HERE / "workloads"
+GEMM_RX = re.compile(r"gemm|Gemm|GEMM|nvjet|cutlass|xmma|cublas", re.I)
+DETERMINISTIC = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "XLA_FLAGS": "--xla_gpu_deterministic_ops=true",
+                 "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+
+# name -> (program argv or the nvcc source to build, extra env)
+WORKLOADS: Dict[str, tuple] = {
+    "torch_eager": ([PY, str(W / "torch_eager.py")], {}),
+    "torch_compile": ([PY, str(W / "torch_compile.py")], {}),
+    "torch_train_compile": ([PY, str(W / "torch_train_compile.py")], {}),
+    "torch_libs": ([PY, str(W / "torch_libs.py")], {}),
+    "torch_graph": ([PY, str(W / "torch_graph.py")], {}),
+    "triton_kernel": ([PY, str(W / "triton_kernel.py")], {}),
+    "jax_jit": ([PY, str(W / "jax_jit.py")], {}),
+    "jax_train": ([PY, str(W / "jax_train.py")], {}),
+    "cupy_libs": ([PY, str(W / "cupy_libs.py")], {}),
+    "nvcc_ptrs": ("ptrs.cu", {}),
+    "nvcc_mt_launch": ("mt_launch.cu", {}),
+}
+TIMEOUT = int(os.environ.get("CUDASNAP_MATRIX_TIMEOUT", "300"))
+
+# An nvcc program's flight-recorder variant: the program's main, then _exit (exit handlers skipped)
+_EXIT_WRAPPER = r"""
+#include <cstdio>
+#include <unistd.h>
+int workload_main(%s);
+int main(int argc, char **argv) { int r = workload_main(%s); fflush(stdout); fflush(stderr); _exit(r); }
+"""
+
+
+def _cudasnap(*args: str) -> List[str]:
+    return [PY, "-m", "cudasnap", *args]
+
+
+class Matrix:
+    def __init__(self, name: str, work: Path, env: Dict[str, str], log: Optional[Callable[[str], None]] = None):
+        self.name, self.work, self.log = name, work, log or (lambda s: None)
+        work.mkdir(parents=True, exist_ok=True)
+        prog, extra = WORKLOADS[name]
+        self.env = {**os.environ, **DETERMINISTIC, **extra, **env}
+        self.cells: Dict[str, dict] = {}
+        self.cmd = self._build(prog) if isinstance(prog, str) else list(prog)
+        self.flight_cmd = self._build(prog, exit_wrapper=True) if isinstance(prog, str) else [
+            PY, "-c", "import os, runpy, sys; sys.argv = sys.argv[1:]; "
+                      "runpy.run_path(sys.argv[0], run_name='__main__'); "
+                      "sys.stdout.flush(); sys.stderr.flush(); os._exit(0)", *prog[1:]]
+
+    # helpers --------------------------------------------------------------------------------
+    def _build(self, src: str, exit_wrapper: bool = False) -> List[str]:
+        out = self.work / (Path(src).stem + ("_exit" if exit_wrapper else ""))
+        cmd = ["nvcc", "-O2", "-cudart", "static", "-arch=sm_90", "-o", str(out)]
+        if exit_wrapper:
+            # -Dmain renames the workload's main; the wrapper is compiled on its own, without it
+            text = (W / src).read_text()
+            has_args = re.search(r"int\s+main\s*\(\s*int", text) is not None
+            wrap = self.work / "exit_wrapper.cu"
+            wrap.write_text(_EXIT_WRAPPER % (("int, char **", "argc, argv") if has_args else ("", "")))
+            obj = self.work / "exit_wrapper.o"
+            subprocess.run(["nvcc", "-c", "-arch=sm_90", "-o", str(obj), str(wrap)], check=True, capture_output=True)
+            cmd = [*cmd[:-2], "-o", str(out), "-Dmain=workload_main", str(W / src), str(obj)]
+        else:
+            cmd.append(str(W / src))
+        subprocess.run(cmd, check=True, capture_output=True)
+        return [str(out)]
+
+    def run(self, argv: List[str], timeout: int = TIMEOUT, cwd: Optional[Path] = None) -> subprocess.CompletedProcess:
+        try:
+            return subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=timeout,
+                                  cwd=str(cwd or self.work))
+        except subprocess.TimeoutExpired as e:
+            return subprocess.CompletedProcess(argv, 124, e.stdout or "", f"timed out after {timeout} s")
+
+    def cell(self, key: str, fn: Callable[[], tuple]) -> dict:
+        t0 = time.monotonic()
+        try:
+            ok, detail = fn()
+        except Exception as e:                      # a broken cell must not hide the others
+            ok, detail = False, f"{type(e).__name__}: {e}"
+        c = {"ok": ok, "s": round(time.monotonic() - t0, 2), "detail": str(detail)[-600:]}
+        self.cells[key] = c
+        self.log(f"{self.name:>20} {key:<16} {'PASS' if ok else ('n/a' if ok is None else 'FAIL')} "
+                 f"{c['s']:7.1f} s  {c['detail'][:160]}")
+        return c
+
+    @staticmethod
+    def _tail(cp: subprocess.CompletedProcess) -> str:
+        return f"exit {cp.returncode}: " + " | ".join((cp.stderr or cp.stdout).strip().splitlines()[-3:])
+
+    def replay_ok(self, snap: Path, *extra: str) -> tuple:
+        cp = self.run(_cudasnap("replay", str(snap), "--json", "--watchdog", "120", *extra))
+        try:
+            res = json.loads(cp.stdout)
+        except json.JSONDecodeError:
+            return False, self._tail(cp)
+        ok = cp.returncode == 0 and not res.get("fell_back") and (res.get("d2h_verified") or 0) + \
+            (res.get("end_state_bytes") or 0) > 0
+        return ok, (f"exit {cp.returncode}, {res.get('placed')} placed, {res.get('fell_back')} fell back, "
+                    f"{res.get('d2h_verified')} D2H verified, end state {res.get('end_state_bytes')} B; "
+                    f"{(res.get('message') or '')[:200]}")
+
+    # the matrix -----------------------------------------------------------------------------
+    def go(self) -> Dict[str, dict]:
+        snap = self.work / f"{self.name}.cusnap"
+        native = self.run(self.cmd)
+
+        def capture():
+            cp = self.run(_cudasnap("capture", "-o", str(snap), "--", *self.cmd))
+            same = cp.stdout == native.stdout
+            return (cp.returncode == native.returncode == 0 and same and snap.exists(),
+                    f"native exit {native.returncode}, capture exit {cp.returncode}, stdout identical {same}; "
+                    + " | ".join(cp.stderr.strip().splitlines()[-2:]))
+        if not self.cell("capture", capture)["ok"]:
+            return self.cells
+        self.cell("replay", lambda: self.replay_ok(snap))
+
+        prof: Dict[str, dict] = {}
+        walls: Dict[str, float] = {}
+
+        def profile(mode: str, out: str, *extra: str):
+            def fn():
+                t0 = time.monotonic()
+                cp = self.run(_cudasnap("replay", str(snap), "--profile", mode, "--out", str(self.work / out),
+                                        "--watchdog", "120", *extra))
+                walls[out] = time.monotonic() - t0
+                if cp.returncode != 0 or not (self.work / out).exists():
+                    return False, self._tail(cp)
+                rep = json.loads((self.work / out).read_text())
+                prof[out] = rep
+                rows = rep.get("launches") or []
+                timed = sum(1 for r in rows if r.get("time_us") is not None or r.get("median_us") is not None)
+                return timed > 0 and timed == len(rows), f"{timed} of {len(rows)} launches timed, {walls[out]:.1f} s"
+            return fn
+        self.cell("timeline", profile("timeline", "t1.json"))
+        self.cell("timeline_2", profile("timeline", "t2.json"))
+        self.cell("isolated", profile("isolated", "iso.json", "-c", "20"))
+        g = self.cell("graph", profile("graph", "graph.json", "--no-timeline-check"))
+        if g["ok"] and "t1.json" in walls:
+            g["detail"] += f"; graph/timeline wall {walls['graph.json'] / walls['t1.json']:.2f}x"
+
+        launches = sorted((prof.get("t1.json") or {}).get("launches") or [], key=lambda r: r.get("seq") or 0)
+        picks: Dict[str, Optional[dict]] = {"first": launches[0] if launches else None,
+                                            "longest": max(launches, key=lambda r: r.get("time_us") or 0) if launches else None,
+                                            "gemm": next((r for r in launches if GEMM_RX.search(r.get("name") or "")), None)}
+        for what, row in picks.items():
+            if row is None:
+                reason = "no library GEMM in this workload" if launches and what == "gemm" else "no timeline"
+                self.cells[f"extract:{what}"] = {"ok": None if launches else False, "s": 0, "detail": reason}
+                continue
+            self.cell(f"extract:{what}", lambda row=row, what=what: self._extract_export(snap, row, what))
+
+        def window():
+            n = len(launches)
+            if n < 2:
+                return False, "too few launches for a window"
+            a = n // 2
+            b = min(n - 1, a + max(1, min(50, n // 4)))
+            ws = self.work / "win.cusnap"
+            cp = self.run(_cudasnap("capture", "-o", str(ws), "--window", f"launches:{a}-{b}", "--", *self.cmd))
+            files = sorted(self.work.glob("win.w*.cusnap"))
+            if cp.returncode != 0 or not files:
+                return False, f"window {a}-{b}: " + self._tail(cp)
+            ok, d = self.replay_ok(files[0])
+            return ok, f"window launches {a}-{b} ({files[0].name}): {d}"
+        self.cell("window", window)
+
+        def flight():
+            fs = self.work / "flight.cusnap"
+            cp = self.run(_cudasnap("capture", "-o", str(fs), "--flight-recorder=30", "--", *self.flight_cmd))
+            if not fs.exists():
+                return False, "no snapshot written: " + self._tail(cp)
+            ok, d = self.replay_ok(fs)
+            return ok and cp.returncode == 0, f"capture exit {cp.returncode}; {d}"
+        self.cell("flight", flight)
+
+        def stats():
+            db = self.work / "stats.sqlite"
+            cp = self.run(_cudasnap("stats", str(snap), "--out", str(db)))
+            if cp.returncode != 0 or not db.exists():
+                return False, self._tail(cp)
+            with sqlite3.connect(db) as con:
+                k = con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+            want = len(launches) if launches else None
+            return k > 0 and (want is None or k >= want), f"{k} kernel rows (timeline launches {want})"
+        self.cell("stats", stats)
+
+        def compare():
+            cp = self.run(_cudasnap("compare", str(self.work / "t1.json"), str(self.work / "t2.json")))
+            return cp.returncode == 0, self._tail(cp) if cp.returncode else " | ".join(cp.stdout.strip().splitlines()[-2:])
+        self.cell("compare", compare)
+        return self.cells
+
+    def _extract_export(self, snap: Path, row: dict, what: str) -> tuple:
+        ex = self.work / f"x_{what}.cusnap"
+        cp = self.run(_cudasnap("extract", str(snap), "--launch", str(row["seq"]), "-o", str(ex), "--check"))
+        name = (row.get("name") or "?")[:60]
+        if cp.returncode != 0:
+            return False, f"extract #{row['seq']} {name}: " + self._tail(cp)
+        d = self.work / f"x_{what}_c"
+        cp = self.run(_cudasnap("export", str(ex), "-o", str(d)))
+        if cp.returncode != 0:
+            return False, f"export #{row['seq']} {name}: " + self._tail(cp)
+        cp = self.run(["make", "-s", "-C", str(d), "CC=gcc", "CUDA_HOME=/usr/local/cuda"])
+        if cp.returncode != 0:
+            return False, f"build #{row['seq']} {name}: " + self._tail(cp)
+        cp = self.run([str(d / "replay")], cwd=d)
+        size = ex.stat().st_size / max(1, snap.stat().st_size) * 100
+        return cp.returncode == 0, f"#{row['seq']} {name}: extract {size:.1f}% of the file, exported program exit {cp.returncode}"
+
+
+def run_workload(name: str, work: Path, env: Optional[Dict[str, str]] = None, log=None) -> Dict[str, dict]:
+    return Matrix(name, work, env or {}, log).go()
+
+
+COLUMNS = ["capture", "replay", "timeline", "isolated", "graph", "extract:first", "extract:longest", "extract:gemm",
+           "window", "flight", "stats", "compare"]
+
+
+def table(rows: List[dict]) -> str:
+    """Markdown: one row per (run, workload), one column per command."""
+    head = "| run | workload | " + " | ".join(COLUMNS) + " |\n|" + "---|" * (len(COLUMNS) + 2) + "\n"
+    lines = []
+    for r in rows:
+        cells = r["cells"]
+        marks = []
+        for c in COLUMNS:
+            v = cells.get(c)
+            marks.append("-" if v is None else {True: "ok", False: "**FAIL**", None: "n/a"}[v["ok"]])
+        lines.append(f"| {r.get('run', 1)} | {r['workload']} | " + " | ".join(marks) + " |")
+    return head + "\n".join(lines) + "\n"
