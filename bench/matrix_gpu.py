@@ -19,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
-from matrix import WORKLOADS, run_workload, table  # noqa: E402
+from matrix import JOBS, WORKLOADS, run_workload, table  # noqa: E402
 
 
 def gpus() -> list:
@@ -43,10 +43,21 @@ def main() -> int:
     cards = gpus()
     print(f"{len(cards)} GPU(s): " + "; ".join(f"{i}:{n.strip()}" for i, n in cards), flush=True)
     jobs: "queue.Queue" = queue.Queue()
+    multi = [(run, n) for run in range(1, a.runs + 1) for n in names if n in JOBS]
     for run in range(1, a.runs + 1):
         for n in names:
-            jobs.put((run, n))
+            if n not in JOBS:
+                jobs.put((run, n))
     rows, lock = [], threading.Lock()
+
+    def one(run: int, n: str, gpu: str):
+        t0 = time.monotonic()
+        cells = run_workload(n, Path(a.work) / f"r{run}" / n, {"CUDA_VISIBLE_DEVICES": gpu},
+                             log=lambda s, g=gpu, r=run: print(f"[gpu{g} r{r}] {s}", flush=True))
+        with lock:
+            rows.append({"run": run, "workload": n, "gpu": gpu, "s": round(time.monotonic() - t0, 1), "cells": cells})
+            if a.json:      # after every workload: a run cut short still leaves its rows
+                Path(a.json).write_text(json.dumps({"cards": cards, "rows": rows}, indent=1))
 
     def worker(gpu: str):
         while True:
@@ -54,16 +65,30 @@ def main() -> int:
                 run, n = jobs.get_nowait()
             except queue.Empty:
                 return
-            t0 = time.monotonic()
-            cells = run_workload(n, Path(a.work) / f"r{run}" / n, {"CUDA_VISIBLE_DEVICES": gpu},
-                                 log=lambda s, g=gpu, r=run: print(f"[gpu{g} r{r}] {s}", flush=True))
-            with lock:
-                rows.append({"run": run, "workload": n, "gpu": gpu, "s": round(time.monotonic() - t0, 1), "cells": cells})
-                if a.json:      # after every workload: a run cut short still leaves its rows
-                    Path(a.json).write_text(json.dumps({"cards": cards, "rows": rows}, indent=1))
+            one(run, n, gpu)
+
+    def job_lane(gpus_: list):
+        """Several-GPU workloads first on the last GPUs, then those GPUs take single ones."""
+        for run, n in multi:
+            if len(gpus_) < JOBS[n]:
+                with lock:
+                    rows.append({"run": run, "workload": n, "gpu": "", "s": 0, "cells": {
+                        "capture": {"ok": False, "s": 0, "detail": f"needs {JOBS[n]} GPUs, this machine has {len(cards)}"}}})
+                continue
+            one(run, n, ",".join(gpus_[:JOBS[n]]))
+        ws = [threading.Thread(target=worker, args=(g,)) for g in gpus_]
+        for w in ws:
+            w.start()
+        for w in ws:
+            w.join()
+
 
     t0 = time.monotonic()
-    ts = [threading.Thread(target=worker, args=(i,)) for i, _ in cards]
+    ids = [i for i, _ in cards]
+    k = max([JOBS[n] for _, n in multi], default=0)
+    lane = ids[-k:] if multi and len(ids) >= k else (ids if multi else [])
+    ts = [threading.Thread(target=worker, args=(i,)) for i in ids if i not in lane]
+    ts.append(threading.Thread(target=job_lane, args=(lane,)))
     for t in ts:
         t.start()
     for t in ts:

@@ -48,7 +48,11 @@ WORKLOADS: Dict[str, tuple] = {
     "cupy_libs": ([PY, str(W / "cupy_libs.py")], {}),
     "nvcc_ptrs": ("ptrs.cu", {}),
     "nvcc_mt_launch": ("mt_launch.cu", {}),
+    # a job: two ranks on two GPUs, NCCL (the matrix replays it as a group)
+    "ddp_nccl": ([PY, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(W / "ddp_train.py"), "5"],
+                 {"NCCL_NVLS_ENABLE": "0"}),
 }
+JOBS = {"ddp_nccl": 2}        # workloads that need several GPUs: how many
 TIMEOUT = int(os.environ.get("CUDASNAP_MATRIX_TIMEOUT", "300"))
 
 # An nvcc program's flight-recorder variant: the program's main, then _exit (exit handlers skipped)
@@ -71,8 +75,10 @@ class Matrix:
         prog, extra = WORKLOADS[name]
         self.env = {**os.environ, **DETERMINISTIC, **extra, **env}
         self.cells: Dict[str, dict] = {}
+        self.ranks: List[Path] = []
         self.cmd = self._build(prog) if isinstance(prog, str) else list(prog)
-        self.flight_cmd = self._build(prog, exit_wrapper=True) if isinstance(prog, str) else [
+        self.flight_env = {"WORKLOAD_EXIT_ABRUPTLY": "1"}      # ddp_train.py: each rank ends with _exit
+        self.flight_cmd = self._build(prog, exit_wrapper=True) if isinstance(prog, str) else list(prog) if name in JOBS else [
             PY, "-c", "import os, runpy, sys; sys.argv = sys.argv[1:]; "
                       "runpy.run_path(sys.argv[0], run_name='__main__'); "
                       "sys.stdout.flush(); sys.stderr.flush(); os._exit(0)", *prog[1:]]
@@ -95,9 +101,10 @@ class Matrix:
         subprocess.run(cmd, check=True, capture_output=True)
         return [str(out)]
 
-    def run(self, argv: List[str], timeout: int = TIMEOUT, cwd: Optional[Path] = None) -> subprocess.CompletedProcess:
+    def run(self, argv: List[str], timeout: int = TIMEOUT, cwd: Optional[Path] = None,
+            env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
         try:
-            return subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=timeout,
+            return subprocess.run(argv, env={**self.env, **(env or {})}, capture_output=True, text=True, timeout=timeout,
                                   cwd=str(cwd or self.work))
         except subprocess.TimeoutExpired as e:
             return subprocess.CompletedProcess(argv, 124, e.stdout or "", f"timed out after {timeout} s")
@@ -143,7 +150,12 @@ class Matrix:
                     + " | ".join(cp.stderr.strip().splitlines()[-2:]))
         if not self.cell("capture", capture)["ok"]:
             return self.cells
-        self.cell("replay", lambda: self.replay_ok(snap))
+        target = snap
+        if self.name in JOBS:       # the job's group manifest; rank files are STEM.PID.cusnap
+            man = snap.with_name(snap.stem + ".group.json")
+            target = man if man.exists() else snap
+            self.ranks = sorted(p for p in self.work.glob(f"{snap.stem}.*.cusnap"))
+        self.cell("replay", lambda: self.replay_ok(target))
 
         prof: Dict[str, dict] = {}
         walls: Dict[str, float] = {}
@@ -151,12 +163,15 @@ class Matrix:
         def profile(mode: str, out: str, *extra: str):
             def fn():
                 t0 = time.monotonic()
-                cp = self.run(_cudasnap("replay", str(snap), "--profile", mode, "--out", str(self.work / out),
+                cp = self.run(_cudasnap("replay", str(target), "--profile", mode, "--out", str(self.work / out),
                                         "--watchdog", "120", *extra))
                 walls[out] = time.monotonic() - t0
-                if cp.returncode != 0 or not (self.work / out).exists():
+                path = self.work / out
+                if self.name in JOBS:       # each rank writes FILE.rank{N}.json: rank 0's is read
+                    path = self.work / out.replace(".json", ".rank0.json")
+                if cp.returncode != 0 or not path.exists():
                     return False, self._tail(cp)
-                rep = json.loads((self.work / out).read_text())
+                rep = json.loads(path.read_text())
                 prof[out] = rep
                 rows = rep.get("launches") or []
                 timed = sum(1 for r in rows if r.get("time_us") is not None or r.get("median_us") is not None)
@@ -173,12 +188,13 @@ class Matrix:
         picks: Dict[str, Optional[dict]] = {"first": launches[0] if launches else None,
                                             "longest": max(launches, key=lambda r: r.get("time_us") or 0) if launches else None,
                                             "gemm": next((r for r in launches if GEMM_RX.search(r.get("name") or "")), None)}
+        xsnap = self.ranks[0] if self.name in JOBS and self.ranks else snap
         for what, row in picks.items():
             if row is None:
                 reason = "no library GEMM in this workload" if launches and what == "gemm" else "no timeline"
                 self.cells[f"extract:{what}"] = {"ok": None if launches else False, "s": 0, "detail": reason}
                 continue
-            self.cell(f"extract:{what}", lambda row=row, what=what: self._extract_export(snap, row, what))
+            self.cell(f"extract:{what}", lambda row=row, what=what: self._extract_export(xsnap, row, what))
 
         def window():
             n = len(launches)
@@ -188,16 +204,24 @@ class Matrix:
             b = min(n - 1, a + max(1, min(50, n // 4)))
             ws = self.work / "win.cusnap"
             cp = self.run(_cudasnap("capture", "-o", str(ws), "--window", f"launches:{a}-{b}", "--", *self.cmd))
-            files = sorted(self.work.glob("win.w*.cusnap"))
+            files = sorted(self.work.glob("win*.w1*.cusnap"))
             if cp.returncode != 0 or not files:
                 return False, f"window {a}-{b}: " + self._tail(cp)
+            if self.name in JOBS:           # each rank's window: replayed together
+                man = sorted(self.work.glob("win*.group.json"))
+                ok, d = self.replay_ok(man[0]) if man else (False, "no group manifest for the window")
+                return ok, f"window launches {a}-{b} ({len(files)} ranks): {d}"
             ok, d = self.replay_ok(files[0])
             return ok, f"window launches {a}-{b} ({files[0].name}): {d}"
         self.cell("window", window)
 
         def flight():
             fs = self.work / "flight.cusnap"
-            cp = self.run(_cudasnap("capture", "-o", str(fs), "--flight-recorder=30", "--", *self.flight_cmd))
+            cp = self.run(_cudasnap("capture", "-o", str(fs), "--flight-recorder=30", "--", *self.flight_cmd),
+                          env=self.flight_env)
+            if self.name in JOBS:
+                man = sorted(self.work.glob("flight*.group.json"))
+                fs = man[0] if man else fs
             if not fs.exists():
                 return False, "no snapshot written: " + self._tail(cp)
             ok, d = self.replay_ok(fs)
@@ -206,7 +230,7 @@ class Matrix:
 
         def stats():
             db = self.work / "stats.sqlite"
-            cp = self.run(_cudasnap("stats", str(snap), "--out", str(db)))
+            cp = self.run(_cudasnap("stats", str(xsnap), "--out", str(db)))
             if cp.returncode != 0 or not db.exists():
                 return False, self._tail(cp)
             with sqlite3.connect(db) as con:

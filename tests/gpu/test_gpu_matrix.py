@@ -6,13 +6,19 @@ from __future__ import annotations
 import pytest
 
 from gpuutil import WORK, record_result
-from matrix import WORKLOADS, run_workload
+import subprocess
+
+from matrix import JOBS, WORKLOADS, run_workload
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.parametrize("name", list(WORKLOADS))
 def test_matrix(name):
+    if name in JOBS:
+        n = len(subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.strip().splitlines())
+        if n < JOBS[name]:
+            pytest.skip(f"{name} needs {JOBS[name]} GPUs, this machine has {n} (bench/matrix_gpu.py on a multi-GPU machine)")
     cells = run_workload(name, WORK / "matrix" / name)
     record_result({"test": "matrix", "workload": name, "cells": cells})
     failed = {k: v["detail"] for k, v in cells.items() if v["ok"] is False}
