@@ -235,8 +235,10 @@ class Matrix:
                 return False, self._tail(cp)
             with sqlite3.connect(db) as con:
                 k = con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
-            want = len(launches) if launches else None
-            return k > 0 and (want is None or k >= want), f"{k} kernel rows (timeline launches {want})"
+            from cudasnap.formats import SnapshotReader
+            want = sum(1 for c in SnapshotReader(xsnap).records(kinds=["c"])
+                       if c["f"].startswith("cuLaunch") and "Host" not in c["f"] and c.get("r") == 0)
+            return k == want, f"{k} kernel rows, {want} launches recorded"
         self.cell("stats", stats)
 
         def compare():
