@@ -23,6 +23,9 @@ Chrome trace event format, times in microseconds (`ts`, `dur`) from the first ti
   async events (`ph` "b"/"e"), marks instant events; category `nvtx`, args `domain` and
   `recorded_dur_us`.
 Metadata events name the processes ("GPU N", the recorded command) and threads.
+Top level, as Kineto writes it: `distributedInfo` (the rank and world size; a rank of a job
+replay knows its own, a single process is rank 0 of 1), `deviceProperties`, and
+`baseTimeNanoseconds` (Unix time in ns of ts 0: ts * 1000 + base is the wall-clock time).
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ import bisect
 import gzip
 import json
 import os
+import time
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from ..names import demangle
@@ -160,9 +164,11 @@ def _nvtx_events(nvtx: Iterable[Dict[str, Any]], times: _CallTimes, pid: int, t0
 def trace_events(slices: List[Dict[str, Any]], title: str = "cudasnap replay", calls: Optional[List[list]] = None,
                  nvtx: Optional[Iterable[Dict[str, Any]]] = None, device: Optional[int] = None,
                  host_pid: Optional[int] = None, gpu: Optional[Dict[str, Any]] = None,
-                 clock: str = "monotonic") -> Dict[str, Any]:
+                 clock: str = "monotonic", rank: int = 0, world_size: int = 1,
+                 unix_offset_ns: Optional[int] = None) -> Dict[str, Any]:
     """The trace (a JSON-able dict). slices: TimelineProfiler.slices (kind, seq, name, stream,
-    start_ns, end_ns, ...); calls: TimelineProfiler.calls; nvtx: the recording's nvtx records."""
+    start_ns, end_ns, ...); calls: TimelineProfiler.calls; nvtx: the recording's nvtx records;
+    unix_offset_ns: Unix time minus the clock's time, for baseTimeNanoseconds (left out when None)."""
     timed = [s for s in slices if "start_ns" in s and "end_ns" in s]
     calls = [c for c in (calls or []) if isinstance(c[5], int) and isinstance(c[6], int)]
     starts = [s["start_ns"] for s in timed] + [c[5] for c in calls]
@@ -240,10 +246,38 @@ def trace_events(slices: List[Dict[str, Any]], title: str = "cudasnap replay", c
             evs.extend(_nvtx_events(nvtx, _CallTimes(calls), hpid, t0))
     out: Dict[str, Any] = {"schemaVersion": 1, "traceName": title, "displayTimeUnit": "ms", "traceEvents": evs,
                            "otherData": {"tool": "cudasnap", "title": title, "clock": clock,
-                                         "clock_origin_ns": t0}}
+                                         "clock_origin_ns": t0},
+                           "distributedInfo": {"rank": int(rank), "world_size": max(int(world_size), 1)}}
+    if unix_offset_ns is not None:
+        out["baseTimeNanoseconds"] = int(t0 + unix_offset_ns)
     if gpu:
         out["deviceProperties"] = [{"id": dev, **gpu}]
     return out
+
+
+def _rank() -> Tuple[int, int]:
+    """(rank, world size): a rank of a job replay is told by the coordinator's environment."""
+    from ..group import ENV_NRANKS, ENV_RANK
+    try:
+        return int(os.environ.get(ENV_RANK, "0")), int(os.environ.get(ENV_NRANKS, "1"))
+    except ValueError:
+        return 0, 1
+
+
+def _unix_offset(collector, cupti: bool) -> Optional[int]:
+    """Unix time minus the trace clock's time, sampled side by side (best of 5 by the gap
+    between the two Unix reads); None when the CUPTI clock cannot be read."""
+    best = None
+    for _ in range(5):
+        try:
+            a = time.time_ns()
+            c = int(collector.timestamp()) if cupti else time.monotonic_ns()
+            b = time.time_ns()
+        except Exception:
+            return None
+        if best is None or b - a < best[0]:
+            best = (b - a, (a + b) // 2 - c)
+    return best[1] if best else None
 
 
 def write_trace(prof, path: str, snapshot: str = "") -> None:
@@ -266,9 +300,13 @@ def write_trace(prof, path: str, snapshot: str = "") -> None:
         except Exception:
             gpu = None
     title = f"cudasnap replay {os.path.basename(snapshot)}".strip() if snapshot else "cudasnap replay"
+    cupti = getattr(prof, "backend", None) == "cupti"
+    rank, world = _rank()
     data = trace_events(getattr(prof, "slices", []), title, calls=getattr(prof, "calls", None), nvtx=nvtx,
                         device=getattr(prof, "device", None), host_pid=host_pid, gpu=gpu,
-                        clock="cupti" if getattr(prof, "backend", None) == "cupti" else "monotonic")
+                        clock="cupti" if cupti else "monotonic", rank=rank, world_size=world,
+                        unix_offset_ns=_unix_offset(getattr(prof, "cupti", None) if cupti else None, cupti))
+    from cudasnap.formats.outputs import atomic_path
     opener = gzip.open if path.lower().endswith(".gz") else open
-    with opener(path, "wt") as f:
+    with atomic_path(path) as tmp, opener(tmp, "wt") as f:
         json.dump(data, f)
