@@ -99,7 +99,7 @@ name = "G-build-3"
 vars = { CUDASNAP_REPLACE = "compute_k=$W/slow_G.cubin" }
 EOF
 cudasnap bisect demo.cusnap --envs envs.toml --repeat $REPEAT --keep $W/keep $(html bisect.html)
-echo "bisect exit $? (expected 0)"
+echo "bisect exit $? (expected 1: a regression)"
 cudasnap bisect demo.cusnap --envs envs.toml --repeat $REPEAT --json > "$OUT/bisect.json" 2> bisect_json.log
 echo "bisect --json exit $?: $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d.get('message'), '| replays', d['replays'], 'of at most', d['max_replays'])" "$OUT/bisect.json")"
 

@@ -148,6 +148,22 @@ def _fail(msg: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+_FORCE_HELP = "Replace an existing output (by default refused, before any work)."
+
+
+def _check_outputs(force: bool, inputs, *outs) -> None:
+    """Refuse an output before any work starts: the rule of formats/outputs.py, one line, exit 2.
+    outs: (path or None, "file" | "dir", what)."""
+    from cudasnap.formats.outputs import OutputError, check_output
+    for path, kind, what in outs:
+        if path is None:
+            continue
+        try:
+            check_output(path, force, kind, inputs, what)
+        except OutputError as e:
+            _fail(str(e))
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -263,7 +279,8 @@ def dump(
 @app.command(cls=_Command)
 def repair(
     snapshot: Path = typer.Argument(..., metavar="SNAPSHOT", help="A .cusnap file: truncated, left without an index or damaged."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", metavar="PATH", help="Write here instead of in place."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", metavar="PATH", help="Write here instead of in place (never onto SNAPSHOT itself; an existing file only with -f)."),
+    force: bool = typer.Option(False, "-f", "--force-overwrite", help=_FORCE_HELP),
 ):
     """Rewrite a damaged snapshot with an index, keeping every frame that still reads.
 
@@ -272,7 +289,7 @@ def repair(
     Exit 0: repaired or intact; 2: unreadable (no preamble or header) or not writable."""
     from cudasnap.inspect_cmds import run_repair
 
-    raise typer.Exit(run_repair(snapshot, output))
+    raise typer.Exit(run_repair(snapshot, output, force))
 
 
 @app.command(cls=_Command)
@@ -281,7 +298,7 @@ def stats(
     fmt: StatsFormat = typer.Option(StatsFormat.text, "--format", metavar=_one_of(StatsFormat), help="text: tables; csv: one CSV block per report, each after a '# REPORT' line; json."),
     report: List[StatsReport] = typer.Option([], "--report", metavar=_one_of(StatsReport), help="Only these reports (repeatable; default all): api (per entry point), kernels (per kernel), memory (copies and memsets by kind)."),
     out: Optional[str] = typer.Option(None, "--out", metavar="FILE.sqlite|DIR/", help="Also export the calls as tables named as nsys names them (CUPTI_ACTIVITY_KIND_KERNEL, _MEMCPY, _MEMSET, _RUNTIME, StringIds): into an SQLite file, or one CSV per table into a directory."),
-    force: bool = typer.Option(False, "-f", "--force-overwrite", help="Replace an existing export."),
+    force: bool = typer.Option(False, "-f", "--force-overwrite", help="Replace an existing FILE.sqlite, or write into a non-empty DIR/ (by default refused, before any work)."),
 ):
     """Summarize a snapshot's calls, as `nsys stats` does: API time per entry point, launches per
     kernel, memory traffic by kind.
@@ -332,7 +349,7 @@ def replay(
     warmup: int = typer.Option(3, "--warmup", metavar="N", min=0, help="isolated/graph: untimed runs before the timed ones."),
     flush_l2: bool = typer.Option(True, "--flush-l2/--no-flush-l2", help="isolated: flush the L2 cache before every run (as Nsight Compute does by default), so each run starts from the same cache state."),
     launch: Optional[int] = typer.Option(None, "--launch", metavar="SEQ", help="Profile only the launch with this call sequence number (as dump shows)."),
-    out_file: Optional[Path] = typer.Option(None, "--out", metavar="FILE", help="Write per-launch and per-kernel rows to FILE.json or FILE.csv."),
+    out_file: Optional[Path] = typer.Option(None, "--out", metavar="FILE", help="Write per-launch and per-kernel rows to FILE.json or FILE.csv (an existing file only with -f)."),
     trace: Optional[Path] = typer.Option(None, "--trace", metavar="FILE.json[.gz]", help="Write a trace of the timeline as the PyTorch profiler (Kineto) writes one (with --profile timeline): kernels, copies and memsets per device and stream, the replayed driver calls with flow arrows to their kernels, the recording's NVTX ranges; opens in Perfetto, chrome://tracing, TensorBoard, HTA."),
     hook: List[str] = typer.Option([], "--hook", metavar="MODULE:OBJECT", help="A hook MODULE:OBJECT[?key=value&...] (repeatable); see replay/hooks.py."),
     nvtx: Optional[bool] = typer.Option(None, "--nvtx/--no-nvtx", help="Emit NVTX ranges named after recorded calls and kernels (default: when nsys/ncu is attached)."),
@@ -343,6 +360,7 @@ def replay(
     jit: Optional[str] = typer.Option(None, "--jit", metavar="ptx", help="ptx: load every module from the PTX its image carries (JIT-compiled for this GPU; the JIT time is reported)."),
     pace: Pace = typer.Option(Pace.fast, "--pace", metavar=_one_of(Pace), help="fast: replay as fast as the driver takes the calls; recorded: keep the recorded host gaps between calls (each call starts no earlier than its recorded offset from the first), so a timeline compares with the program's own; in a job every rank keeps its offset from one group start."),
     launch_override: Optional[str] = typer.Option(None, "--launch-override", metavar="SPEC", help="grid=X,Y,Z and/or block=X,Y,Z[,kernel=REGEX]: replay launches with these sizes (a block the kernel cannot take is left as recorded) and verify as usual."),
+    force: bool = typer.Option(False, "-f", "--force-overwrite", help="Replace an existing --out or --trace file (by default refused, before any work)."),
 ):
     """Replay a snapshot on a GPU and verify every D2H result.
 
@@ -360,6 +378,8 @@ def replay(
     from cudasnap.formats.group import is_manifest
     if len(snapshot) > 1 or is_manifest(snapshot[0]):
         from cudasnap.replay.group import run_group
+        _check_outputs(force, snapshot, (trace, "file", "--trace"),
+                       *((p, "file", "--out") for p in _rank_outputs(snapshot, out_file)))
         sel = {"--calls": calls, "--kernels": kernels, "-k": kernel_name, "-s": launch_skip or None,
                "-c": launch_count, "--launch": launch}
         chosen = [k for k, v in sel.items() if v is not None]
@@ -380,7 +400,7 @@ def replay(
             if v is not None:
                 fwd += [f"{k}={v}"] if k.startswith("--") else [k, str(v)]
         fwd += [f"--hook={h}" for h in hook] + [f"--replace={r}" for r in replace]
-        fwd += [f for f, on in (("--continue-on-error", continue_on_error), ("--sync-after-launch", sync_after_launch),
+        fwd += [f for f, on in (("-f", force), ("--continue-on-error", continue_on_error), ("--sync-after-launch", sync_after_launch),
                                 ("--relocate-payloads", relocate_payloads), ("-q", quiet), ("--threads", threads),
                                 ("--no-flush-l2", not flush_l2), ("--check-repeats", check_repeats),
                                 ("--nvtx", nvtx is True), ("--no-nvtx", nvtx is False),
@@ -388,6 +408,7 @@ def replay(
                                 ("--no-timeline-check", timeline_check is False)) if on]
         raise typer.Exit(run_group(snapshot, devices, fwd, json_out, watchdog, trace=str(trace) if trace else None))
     snapshot = snapshot[0]
+    _check_outputs(force, [snapshot], (out_file, "file", "--out"), (trace, "file", "--trace"))
     name_base, prange = _value(kernel_name_base), _value(profiler_range)
     if jit not in (None, "ptx"):
         _fail("--jit takes ptx")
@@ -420,6 +441,19 @@ def replay(
     raise typer.Exit(run_replay_cli(snapshot, opts, json_out))
 
 
+def _rank_outputs(snapshots: List[Path], out_file: Optional[Path]) -> List[str]:
+    """Each rank's --out file, to check before the job starts (a job that cannot be read is
+    reported by the replay itself)."""
+    if out_file is None:
+        return []
+    from cudasnap.replay.group import GroupProblem, load_group
+    try:
+        ranks = load_group(snapshots)["ranks"]
+    except (GroupProblem, OSError, ValueError, KeyError):
+        return []
+    return [_per_rank(out_file).replace("{rank}", str(r["rank"])) for r in ranks]
+
+
 def _per_rank(p: Path) -> str:
     """FILE.json -> FILE.rank{rank}.json: each rank of a job writes its own."""
     name = p.name
@@ -432,10 +466,11 @@ def compare(
     base: Path = typer.Argument(..., metavar="BASE", help="A profile: `replay --profile MODE --out BASE.json`."),
     candidate: Path = typer.Argument(..., metavar="CANDIDATE", help="The profile to judge against BASE."),
     threshold: float = typer.Option(5.0, "--threshold", metavar="PCT", help="Smallest difference, in percent, that counts (a difference within the runs' combined noise never counts)."),
-    html: Optional[Path] = typer.Option(None, "--html", metavar="REPORT.html", help="Write a self-contained HTML report (needs plotly: pip install 'cudasnap[report]')."),
+    html: Optional[Path] = typer.Option(None, "--html", metavar="REPORT.html", help="Write a self-contained HTML report (needs plotly: pip install 'cudasnap[report]'; an existing file only with -f)."),
     json_out: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
     force: bool = typer.Option(False, "--force", help="Compare runs of another GPU model, snapshot or profile mode (the report says so)."),
     top: int = typer.Option(20, "--top", metavar="N", help="Kernels shown in the table."),
+    force_overwrite: bool = typer.Option(False, "-f", "--force-overwrite", help="Replace an existing --html file (by default refused, before any work)."),
 ):
     """Compare two profiles kernel by kernel: SAME, FASTER or SLOWER, against the threshold and
     the measured noise of both runs.
@@ -444,6 +479,7 @@ def compare(
     profile; runs of another GPU, snapshot or profile mode without --force)."""
     from cudasnap.compare import run_compare_cli
 
+    _check_outputs(force_overwrite, [base, candidate], (html, "file", "--html"))
     raise typer.Exit(run_compare_cli(str(base), str(candidate), threshold, str(html) if html else None, json_out,
                                      force, top))
 
@@ -457,29 +493,33 @@ def bisect(
     repeat: int = typer.Option(10, "--repeat", metavar="N", help="isolated: timed runs per launch."),
     warmup: int = typer.Option(3, "--warmup", metavar="N", help="isolated: untimed runs before them."),
     threshold: float = typer.Option(5.0, "--threshold", metavar="PCT", help="Smallest slowdown, in percent, that makes an environment bad (beyond the noise too)."),
-    html: Optional[Path] = typer.Option(None, "--html", metavar="REPORT.html", help="Write a self-contained HTML report (needs plotly)."),
+    html: Optional[Path] = typer.Option(None, "--html", metavar="REPORT.html", help="Write a self-contained HTML report (needs plotly; an existing file only with -f)."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON (progress on stderr)."),
-    keep: Optional[Path] = typer.Option(None, "--keep", metavar="DIR", help="Keep each environment's profile JSON in DIR (default: a temporary directory)."),
+    keep: Optional[Path] = typer.Option(None, "--keep", metavar="DIR", help="Keep each environment's profile JSON in DIR (default: a temporary directory; created if missing, a non-empty one only with -f)."),
     timeout: Optional[float] = typer.Option(None, "--timeout", metavar="SECONDS", help="Give up on a replay that runs longer."),
     top: int = typer.Option(20, "--top", metavar="N", help="Kernels shown in the table."),
+    force: bool = typer.Option(False, "-f", "--force-overwrite", help="Replace an existing --html file and write into a non-empty --keep DIR (by default refused, before any replay)."),
 ):
     """Find the first environment (driver, variables, kernel build) where a snapshot's replay
     regressed: both ends, then a binary search, each replay in its own process.
 
     An environment is bad when a kernel or the total is SLOWER than in the first (as `compare`
     judges), or when its replay no longer reproduces the recorded results (a correctness break).
-    Exit 0: found; 1: no regression between the ends; 2: error."""
+    Exit 0: no regression between the ends; 1: a regression found (slower or a correctness
+    break); 2: error (outputs are checked before the first replay)."""
     from cudasnap.compare.bisect import run_bisect_cli
 
     raise typer.Exit(run_bisect_cli(str(snapshot), str(envs), profile, kernels, repeat, warmup, threshold,
-                                    str(html) if html else None, json_out, str(keep) if keep else None, timeout, top))
+                                    str(html) if html else None, json_out, str(keep) if keep else None, timeout, top,
+                                    force=force))
 
 
 @app.command(cls=_Command)
 def export(
     snapshot: Path = typer.Argument(..., metavar="SNAPSHOT", help="A .cusnap file."),
-    output: Path = typer.Option(..., "-o", "--output", metavar="DIR", help="Directory for replay.c, its Makefile and data/."),
+    output: Path = typer.Option(..., "-o", "--output", metavar="DIR", help="Directory for replay.c, its Makefile and data/ (created if missing; its parent must exist)."),
     calls: Optional[str] = typer.Option(None, "--calls", metavar="SET", help="Only these launches/copies (call-set syntax as in dump); state-building calls always run."),
+    force: bool = typer.Option(False, "-f", "--force-overwrite", help="Write into a non-empty DIR, replacing the files export writes and keeping every other file (by default refused, before any work)."),
 ):
     """Write a standalone C program that replays SNAPSHOT through the CUDA Driver API.
 
@@ -487,16 +527,16 @@ def export(
     (H2D payloads, module images, expected D2H results). The program needs no Python and
     no cudasnap; it verifies every D2H result and prints per-kernel times. Its exit: 0
     verified, 1 a result differs, 2 cannot proceed. Export exits 2 naming a call it cannot
-    translate."""
+    translate or a snapshot without a call to export."""
     from cudasnap.export.commands import run_export_cli
 
-    raise typer.Exit(run_export_cli(snapshot, output, calls))
+    raise typer.Exit(run_export_cli(snapshot, output, calls, force=force))
 
 
 @app.command(cls=_Command)
 def extract(
     snapshot: Path = typer.Argument(..., metavar="SNAPSHOT", help="A .cusnap file."),
-    output: Path = typer.Option(..., "-o", "--output", metavar="SMALL.cusnap", help="The snapshot to write."),
+    output: Path = typer.Option(..., "-o", "--output", metavar="SMALL.cusnap", help="The snapshot to write (never onto SNAPSHOT; an existing file only with -f)."),
     launch: Optional[int] = typer.Option(None, "--launch", metavar="N", help="The launch with call number N (as dump shows)."),
     kernel: Optional[str] = typer.Option(None, "--kernel", metavar="REGEX[#K]", help="The K-th launch (from 1; default the first) of a kernel whose name matches REGEX."),
     calls: Optional[str] = typer.Option(None, "--calls", metavar="A-B", help="Every call numbered A to B."),
@@ -504,6 +544,7 @@ def extract(
     ranges: ExtractRanges = typer.Option(ExtractRanges.exact, "--ranges", metavar=_one_of(ExtractRanges), help="exact: within an allocation, restore from each pointer to the next tensor start the snapshot names (plus what the selection writes beyond); segment: whole allocations (for kernels that read beyond their tensors)."),
     check: bool = typer.Option(False, "--check", help="Replay the extract right away and exit 1 if it does not verify."),
     device: int = typer.Option(0, "--device", metavar="N", help="GPU ordinal to replay on."),
+    force: bool = typer.Option(False, "-f", "--force-overwrite", help=_FORCE_HELP),
 ):
     """Write a small self-contained snapshot of selected launches, with the memory they read.
 
@@ -519,7 +560,7 @@ def extract(
     from cudasnap.export.commands import run_extract_cli
 
     raise typer.Exit(run_extract_cli(snapshot, output, launch, kernel, calls, _value(memory), device,
-                                     ranges=_value(ranges), check=check))
+                                     ranges=_value(ranges), check=check, force=force))
 
 
 def _flight_default(argv: List[str]) -> List[str]:
@@ -547,6 +588,14 @@ def main() -> None:
     except BrokenPipeError:         # `cudasnap api | head`: the reader has all it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(0)
+    except Exception as e:
+        from cudasnap.formats import SnapshotError
+        if not isinstance(e, (OSError, SnapshotError)):
+            raise
+        # a file that could not be read or written where no command caught it: one line, exit 2
+        msg = f"{e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename and e.strerror else str(e)
+        typer.echo(f"cudasnap: error: {' '.join(msg.split())}", err=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -639,7 +639,13 @@ def run_dump(path: Path, calls: Optional[str], fmt: str, blobs: bool) -> int:
 
 # ============================================================================ repair
 
-def run_repair(path: Path, output: Optional[Path]) -> int:
+def run_repair(path: Path, output: Optional[Path], force: bool = False) -> int:
+    if output is not None:
+        from cudasnap.formats.outputs import OutputError, check_output
+        try:
+            check_output(output, force, "file", [path])
+        except OutputError as e:
+            return _err(str(e))
     try:
         s = repair(path, output)
     except SnapshotError as e:

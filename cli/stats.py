@@ -33,6 +33,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from cudasnap.formats import SnapshotError, SnapshotReader
 from cudasnap.formats import callset as cs
+from cudasnap.formats.outputs import OutputError, atomic_file, atomic_path, check_output
 
 REPORTS = ("api", "kernels", "memory")
 TABLES = ("StringIds", "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY",
@@ -389,21 +390,18 @@ def tables(c: Calls) -> Dict[str, Tuple[List[str], List[Tuple[Any, ...]]]]:
 
 
 def write_sqlite(c: Calls, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    if tmp.exists():
-        tmp.unlink()
-    db = sqlite3.connect(str(tmp))
-    try:
-        for name, (cols, rows) in tables(c).items():
-            if name == "StringIds":
-                db.execute("CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT NOT NULL)")
-            else:
-                db.execute(f"CREATE TABLE {name} ({', '.join(f'{col} {_sql_type(name, col)}' for col in cols)})")
-            db.executemany(f"INSERT INTO {name} VALUES ({', '.join('?' * len(cols))})", rows)
-        db.commit()
-    finally:
-        db.close()
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:          # an empty file: SQLite takes it as an empty database
+        db = sqlite3.connect(tmp)
+        try:
+            for name, (cols, rows) in tables(c).items():
+                if name == "StringIds":
+                    db.execute("CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT NOT NULL)")
+                else:
+                    db.execute(f"CREATE TABLE {name} ({', '.join(f'{col} {_sql_type(name, col)}' for col in cols)})")
+                db.executemany(f"INSERT INTO {name} VALUES ({', '.join('?' * len(cols))})", rows)
+            db.commit()
+        finally:
+            db.close()
 
 
 def _sql_type(table: str, col: str) -> str:
@@ -412,11 +410,11 @@ def _sql_type(table: str, col: str) -> str:
 
 
 def write_csv_dir(c: Calls, d: Path) -> List[Path]:
-    d.mkdir(parents=True, exist_ok=True)
+    d.mkdir(exist_ok=True)                  # its parent must exist (checked before the work)
     written = []
     for name, (cols, rows) in tables(c).items():
         p = d / f"{name}.csv"
-        with open(p, "w", newline="", encoding="utf-8") as f:
+        with atomic_file(p, "w", newline="", encoding="utf-8") as f:
             w = csv.writer(f)
             w.writerow(cols)
             w.writerows(rows)
@@ -448,14 +446,11 @@ def run_stats(path: Path, fmt: str = "text", out: Optional[str] = None, which: O
     kind = _export_kind(out) if out else None
     if kind == "?":
         return _err(f"--out {out}: give FILE.sqlite (SQLite) or DIR/ (one CSV per table)")
-    if kind == "sqlite" and os.path.lexists(out) and not force:
-        return _err(f"{out} exists: use -f (--force-overwrite) to replace it")
-    if kind == "sqlite" and not Path(out).resolve().parent.is_dir():
-        return _err(f"{Path(out).resolve().parent}: no such directory")
-    if kind == "dir" and not force:
-        existing = [n for n in TABLES if (Path(out) / f"{n}.csv").exists()]
-        if existing:
-            return _err(f"{out}: {existing[0]}.csv exists: use -f (--force-overwrite) to replace the tables")
+    if kind is not None:
+        try:
+            check_output(out, force, "file" if kind == "sqlite" else "dir", [path], "--out")
+        except OutputError as e:
+            return _err(str(e))
     try:
         with SnapshotReader(path) as r:
             c = collect(r)

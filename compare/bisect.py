@@ -64,6 +64,10 @@ def _toml_load(path: str) -> Dict[str, Any]:
         raise BisectError(f"{path}: {e.strerror or e}")
     except tomllib.TOMLDecodeError as e:
         raise BisectError(f"{path}: not valid TOML: {e}")
+    except UnicodeDecodeError:
+        raise BisectError(f"{path}: not valid TOML: not UTF-8 text")
+    except IsADirectoryError:
+        raise BisectError(f"{path} is a directory: give the ENVS.toml file")
 
 
 def load_envs(path) -> List[Env]:
@@ -280,7 +284,7 @@ class Bisector:
         if last.status == "error":
             raise _Stop(2, f"environment {last.env.name!r}: {last.reason}")
         if last.status == "good":
-            return self._result(None, 1, f"no regression between {first.env.name!r} and {last.env.name!r}")
+            return self._result(None, 0, f"no regression between {first.env.name!r} and {last.env.name!r}")
         lo, hi = 0, n - 1
         while hi - lo > 1:
             mid = (lo + hi) // 2
@@ -291,7 +295,7 @@ class Bisector:
                 lo = mid
             else:
                 hi = mid
-        return self._result(hi, 0, None, last_good=lo)
+        return self._result(hi, 1, None, last_good=lo)
 
     def _result(self, bad: Optional[int], code: int, message: Optional[str], last_good: Optional[int] = None):
         n = len(self.envs)
@@ -362,8 +366,11 @@ def _command() -> Optional[str]:
 
 def run_bisect_cli(snapshot, envs_path, mode: str = "isolated", kernels: Optional[str] = None, repeat: int = 10,
                    warmup: int = 3, threshold: float = 5.0, html: Optional[str] = None, as_json: bool = False,
-                   keep: Optional[str] = None, timeout: Optional[float] = None, top: int = 20, out=None) -> int:
-    """Exit 0: the first bad environment found; 1: no regression between the ends; 2: error."""
+                   keep: Optional[str] = None, timeout: Optional[float] = None, top: int = 20, out=None,
+                   force: bool = False) -> int:
+    """Exit 0: no regression between the ends; 1: the first bad environment found (slower or a
+    correctness break), as `compare` exits 1 on a regression; 2: error. Outputs are checked
+    before the first replay."""
     out = out or sys.stdout
     err = sys.stderr
 
@@ -385,6 +392,14 @@ def run_bisect_cli(snapshot, envs_path, mode: str = "isolated", kernels: Optiona
             return fail(f"--kernels: bad regex: {e}")
     if not os.path.exists(snapshot):
         return fail(f"{snapshot}: no such file")
+    from cudasnap.formats.outputs import OutputError, check_output
+    try:
+        if html:
+            check_output(html, force, "file", [snapshot, envs_path], "--html")
+        if keep:
+            check_output(keep, force, "dir", [snapshot, envs_path], "--keep")
+    except OutputError as e:
+        return fail(str(e))
     if html:
         from .html import need_plotly
         why = need_plotly()
@@ -395,12 +410,17 @@ def run_bisect_cli(snapshot, envs_path, mode: str = "isolated", kernels: Optiona
     except BisectError as e:
         return fail(str(e))
     log = (lambda s: err.write(s + "\n")) if as_json else (lambda s: (out.write(s + "\n"), out.flush()))
-    b = Bisector(snapshot, envs, mode, kernels, repeat, warmup, threshold, workdir=keep, timeout=timeout, log=log)
+    try:
+        b = Bisector(snapshot, envs, mode, kernels, repeat, warmup, threshold, workdir=keep, timeout=timeout, log=log)
+    except OSError as e:
+        return fail(f"--keep {keep}: {e.strerror or e}")
     try:
         try:
             res = b.run()
         except _Stop as s:
             res = b._result(None, s.code, str(s))
+        except OSError as e:        # the work directory (--keep) could not be written
+            return fail(f"{e.filename or b.workdir}: {e.strerror or e}")
         if html:
             from .bisect_html import write_bisect_html
             try:

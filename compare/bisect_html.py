@@ -41,7 +41,7 @@ def _total_figure(res: Dict[str, Any]):
 def write_bisect_html(res: Dict[str, Any], path) -> None:
     page = Page("cudasnap bisect")
     code = res["exit_code"]
-    cls = "bad" if code == 0 else ("good" if code == 1 else "warn")
+    cls = "bad" if code == 1 else ("good" if code == 0 else "warn")
     page.add(f"<div class='banner {cls}'>{e(res.get('message') or '')} (exit {code})</div>")
     page.add(f"<p>snapshot <code>{e(res['snapshot'])}</code>; profile {e(res['mode'])}"
              + (f" x{res['repeat']}" if res.get("repeat") else "")

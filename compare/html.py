@@ -69,8 +69,8 @@ class Page:
     def write(self, path) -> None:
         doc = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{e(self.title)}</title>"
                f"<style>{CSS}</style></head><body><h1>{e(self.title)}</h1>{''.join(self.parts)}</body></html>")
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(doc)
+        from cudasnap.formats.outputs import write_atomic
+        write_atomic(path, doc)
 
 
 def ratio_figure(res: Dict[str, Any], title: str, limit: int = 60):

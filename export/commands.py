@@ -2,27 +2,50 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from typing import Optional
 
+from cudasnap.formats import SnapshotError
+from cudasnap.formats.outputs import OutputError, atomic_path, check_output
+
 from .emit import ExportError
+
+
+def _err(msg: str) -> int:
+    sys.stderr.write(f"cudasnap: error: {' '.join(str(msg).split())}\n")
+    return 2
+
+
+def _before_work(snapshot, output, force: bool, kind: str) -> Optional[str]:
+    """Why the command must not start: a missing or unusable snapshot, an output the rule refuses."""
+    if not os.path.exists(snapshot):
+        return f"{snapshot}: no such file"
+    try:
+        check_output(output, force, kind, [snapshot])
+    except OutputError as e:
+        return str(e)
+    from cudasnap.replay import snapshot_problem
+    return snapshot_problem(snapshot)
 
 
 def _mib(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB" if n >= (1 << 20) else f"{n} B"
 
 
-def run_export_cli(snapshot, outdir, calls: Optional[str] = None, out=None) -> int:
+def run_export_cli(snapshot, outdir, calls: Optional[str] = None, out=None, force: bool = False) -> int:
     from .emit import export_snapshot
     out = out or sys.stdout
-    if not os.path.exists(snapshot):
-        sys.stderr.write(f"cudasnap: error: {snapshot}: no such file\n")
-        return 2
+    why = _before_work(snapshot, outdir, force, "dir")
+    if why:
+        return _err(why)
+    created = not os.path.lexists(outdir)
     try:
         r = export_snapshot(snapshot, outdir, calls)
-    except ExportError as e:
-        sys.stderr.write(f"cudasnap export: error: {e}\n")
-        return 2
+    except (ExportError, SnapshotError, OSError) as e:
+        if created and os.path.isdir(outdir):     # everything in it is this export's: leave nothing
+            shutil.rmtree(outdir, ignore_errors=True)
+        return _err(_oserror(e))
     skipped = []
     if r.queries_skipped:
         skipped.append(f"{r.queries_skipped} queries")
@@ -44,19 +67,26 @@ def run_export_cli(snapshot, outdir, calls: Optional[str] = None, out=None) -> i
     return 0
 
 
+def _oserror(e: Exception) -> str:
+    if isinstance(e, OSError) and e.filename and e.strerror:
+        return f"{e.filename}: {e.strerror}"
+    return str(e)
+
+
 def run_extract_cli(snapshot, output, launch=None, kernel=None, calls=None, memory="reachable", device=0,
-                    out=None, ranges="exact", check=False) -> int:
+                    out=None, ranges="exact", check=False, force: bool = False) -> int:
     from .extract import extract
     out = out or sys.stdout
-    if not os.path.exists(snapshot):
-        sys.stderr.write(f"cudasnap: error: {snapshot}: no such file\n")
-        return 2
+    why = _before_work(snapshot, output, force, "file")
+    if why:
+        return _err(why)
     try:
-        r = extract(snapshot, output, launch=launch, kernel=kernel, calls=calls, memory=memory, ranges=ranges,
-                    device=device)
-    except ExportError as e:
-        sys.stderr.write(f"cudasnap extract: error: {e}\n")
-        return 2
+        with atomic_path(output) as tmp:        # the extract appears whole or not at all
+            r = extract(snapshot, tmp, launch=launch, kernel=kernel, calls=calls, memory=memory, ranges=ranges,
+                        device=device)
+    except (ExportError, SnapshotError, OSError) as e:
+        return _err(_oserror(e))
+    r.output = os.fspath(output)
     sel = r.selected
     what = (f"call #{sel[0]}" if len(sel) == 1 else f"calls #{sel[0]}-#{sel[-1]} ({len(sel)} calls)")
     kern = f" ({', '.join(sorted(set(r.kernels))[:3])}{'...' if len(set(r.kernels)) > 3 else ''})" if r.kernels else ""

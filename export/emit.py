@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from cudasnap.formats import SnapshotError, SnapshotReader, parse_callset
 from cudasnap.formats.abi import base_name
+from cudasnap.formats.outputs import atomic_file, write_atomic
 
 PLACE_GRAN = 2 << 20              # granule the placement plan is aligned to (checked when run)
 CALLS_PER_FUNCTION = 400          # the call sequence is split into functions this long
@@ -491,11 +492,15 @@ class Emitter:
             if self.reader.truncated:
                 self.res.notes.append(f"the snapshot is truncated ({self.reader.lost_bytes} bytes lost): exported "
                                       f"up to its last complete call")
-            out.mkdir(parents=True, exist_ok=True)
+            if not self.res.calls:
+                raise ExportError(f"{self.path}: no call to export (the snapshot holds no call with an effect "
+                                  f"on the device)")
+            # the parent must exist (checked before the work); files export does not write are kept
+            out.mkdir(exist_ok=True)
             (out / "data").mkdir(exist_ok=True)
             self.write_data(out / "data")
-            (out / "replay.c").write_text(self.render())
-            (out / "Makefile").write_text(self.makefile())
+            write_atomic(out / "replay.c", self.render())
+            write_atomic(out / "Makefile", self.makefile())
         self.res.kernels = len(self.kernels)
         self.res.elapsed_s = time.monotonic() - t0
         return self.res
@@ -1099,14 +1104,9 @@ class Emitter:
 
     # -------------------------------------------------------------------------- output
     def write_data(self, ddir: Path) -> None:
-        keep = set(self.data)
-        for old in ddir.iterdir():
-            if old.is_file() and old.name not in keep:
-                old.unlink()
         for name, (kind, src) in self.data.items():
             path = ddir / name
-            tmp = ddir / (name + ".tmp")
-            with open(tmp, "wb") as fh:
+            with atomic_file(path, "wb") as fh:
                 if kind == "blob":
                     for chunk in self.reader.blob_reader(src):
                         fh.write(chunk)
@@ -1118,7 +1118,6 @@ class Emitter:
                 else:
                     with open(src, "rb") as f_in:
                         fh.write(f_in.read())
-            os.replace(tmp, path)
             if name.startswith("h2d-"):
                 self.res.h2d_files += 1
             elif name.startswith("d2h-"):

@@ -650,6 +650,7 @@ def merge_traces(paths: List[Tuple[int, str]], out_path: str) -> int:
            "otherData": {"tool": "cudasnap", "ranks": [r for r, _d in loaded], "clock_origin_ns": base}}
     if props:
         out["deviceProperties"] = props
-    with (gzip.open if out_path.lower().endswith(".gz") else open)(out_path, "wt") as f:
+    from cudasnap.formats.outputs import atomic_path
+    with atomic_path(out_path) as tmp, (gzip.open if out_path.lower().endswith(".gz") else open)(tmp, "wt") as f:
         json.dump(out, f)
     return len(evs)

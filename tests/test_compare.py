@@ -243,7 +243,7 @@ def test_bisect_names_the_first_slow_environment(double, profiles, tmp_path):
                          "--repeat", "5", "--warmup", "1", "--threshold", "15", "--json", "--html", str(html),
                          "--keep", str(keep)], env=_no_double_on_path(double), capture_output=True, text=True,
                         timeout=300)
-    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert cp.returncode == 1, cp.stdout + cp.stderr     # a regression, as compare exits
     res = json.loads(cp.stdout)
     assert res["first_bad"]["name"] == "r4" and res["last_good"]["name"] == "r3"
     assert res["kind"] == "timing regression"
@@ -264,15 +264,15 @@ def test_bisect_names_the_first_slow_environment(double, profiles, tmp_path):
     cp = subprocess.run([sys.executable, "-m", "cudasnap", "bisect", str(profiles["snap"]), "--envs", str(envs),
                          "--repeat", "5", "--warmup", "1", "--threshold", "15"], env=_no_double_on_path(double),
                         capture_output=True, text=True, timeout=300)
-    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert cp.returncode == 1, cp.stdout + cp.stderr     # a regression, as compare exits
     assert "first bad environment: 'r4' (4 of 6)" in cp.stdout and "fill" in cp.stdout
 
 
-def test_bisect_without_regression_exits_1(double, profiles, tmp_path):
+def test_bisect_without_regression_exits_0(double, profiles, tmp_path):
     envs = _envs_toml(tmp_path / "envs.toml", double, ["a", "b", "c"], slow_from=99)
     cp = _cli(double, "bisect", profiles["snap"], "--envs", envs, "--repeat", "5", "--warmup", "1",
               "--threshold", "15", "--profile", "timeline")
-    assert cp.returncode == 1, cp.stdout + cp.stderr
+    assert cp.returncode == 0, cp.stdout + cp.stderr
     assert "no regression between 'a' and 'c'" in cp.stdout and "replays: 2 of 3" in cp.stdout
 
 

@@ -174,10 +174,11 @@ def run_info(rp, cfg, opts, snapshot) -> Dict[str, Any]:
 
 
 def write_out(report: Dict[str, Any], path: str) -> None:
+    from cudasnap.formats.outputs import atomic_file
     if path.lower().endswith(".csv"):
         cols = ["row_type"] + LAUNCH_COLS + [c for c in KERNEL_COLS if c not in LAUNCH_COLS] + ["launches"]
         cols = list(dict.fromkeys(cols))
-        with open(path, "w", newline="") as f:
+        with atomic_file(path, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
             w.writeheader()
             for r in report["launches"]:
@@ -186,7 +187,7 @@ def write_out(report: Dict[str, Any], path: str) -> None:
             for k in report["kernels"]:
                 w.writerow({"row_type": "kernel", **k})
         return
-    with open(path, "w") as f:
+    with atomic_file(path, "w") as f:
         json.dump(report, f, indent=1, default=str)
         f.write("\n")
 

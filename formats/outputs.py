@@ -1,0 +1,153 @@
+"""The one rule for every file a command writes.
+
+Checked before any work starts (check_output): an existing file is replaced only with
+-f/--force-overwrite, the input itself never; a missing parent directory is an error, not
+created; a directory where a file goes (or the reverse) and a place that cannot be written
+are refused. Written atomically (atomic_file, atomic_path): into a temporary file in the same
+directory, renamed over the target when complete, removed on any failure, so a reader never
+sees half a file and a failed command leaves nothing behind.
+"""
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from contextlib import contextmanager
+from typing import IO, Iterable, Iterator, Optional, Union
+
+PathLike = Union[str, "os.PathLike[str]"]
+FORCE = "-f (--force-overwrite)"
+
+
+class OutputError(Exception):
+    """An output that must not or cannot be written (one line, exit 2)."""
+
+
+def _same(a: str, b: PathLike) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.abspath(a) == os.path.abspath(os.fspath(b))
+
+
+def _probe(d: str) -> None:
+    """Create and remove a file in d: the only test that root, read-only mounts and ACLs agree on."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".cudasnap-probe-", dir=d)
+    except OSError as e:
+        raise OutputError(f"{d}: cannot write there ({e.strerror or e})") from None
+    os.close(fd)
+    try:
+        os.unlink(name)
+    except OSError:
+        pass
+
+
+def check_output(path: PathLike, force: bool = False, kind: str = "file",
+                 inputs: Iterable[Optional[PathLike]] = (), what: str = "") -> str:
+    """Refuse an output before any work: raises OutputError with one line, else returns the
+    absolute path. kind "file": a file that is replaced only with force; kind "dir": a
+    directory created if missing (its parent must exist), written into when not empty only
+    with force. inputs: the files the command reads, never overwritten, force or not."""
+    if kind not in ("file", "dir"):
+        raise ValueError(f"kind must be file or dir, not {kind!r}")
+    p = os.fspath(path)
+    label = f"{what} {p}" if what else p
+    if not p:
+        raise OutputError(f"{what or 'output'}: an empty path")
+    a = os.path.abspath(p)
+    for i in inputs:
+        if i is not None and _same(a, i):
+            raise OutputError(f"{label} is the input {os.fspath(i)}: write the output elsewhere")
+    if os.path.lexists(a):
+        if kind == "file":
+            if os.path.isdir(a):
+                raise OutputError(f"{label} is a directory: give a file name")
+            if os.path.exists(a) and not os.path.isfile(a):
+                raise OutputError(f"{label} exists and is not a regular file")
+            if not force:
+                raise OutputError(f"{label} exists: use {FORCE} to replace it")
+        else:
+            if not os.path.isdir(a):
+                raise OutputError(f"{label} exists and is not a directory")
+            try:
+                full = any(True for _ in os.scandir(a))
+            except OSError as e:
+                raise OutputError(f"{label}: cannot read it ({e.strerror or e})") from None
+            if full and not force:
+                raise OutputError(f"{label} is not empty: use {FORCE} to write into it "
+                                  f"(files this command does not write are kept)")
+            _probe(a)
+            return a
+    parent = os.path.dirname(a)
+    if not os.path.isdir(parent):
+        if os.path.lexists(parent):
+            raise OutputError(f"{label}: {parent} is not a directory")
+        raise OutputError(f"{label}: no such directory {parent} (create it first)")
+    _probe(parent)
+    return a
+
+
+def _tmp_name(path: str) -> str:
+    d, base = os.path.split(os.path.abspath(path))
+    return os.path.join(d, f".{base}.{os.urandom(4).hex()}.tmp")
+
+
+def _reserve(path: str) -> str:
+    """A new, empty temporary file beside path, with the mode a plain create would give (or
+    the replaced file's mode)."""
+    for _ in range(16):
+        tmp = _tmp_name(path)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+        except FileExistsError:
+            continue
+        try:
+            st = os.stat(path)
+            if stat.S_ISREG(st.st_mode):
+                os.fchmod(fd, stat.S_IMODE(st.st_mode))
+        except OSError:
+            pass
+        os.close(fd)
+        return tmp
+    raise OSError(f"cannot create a temporary file beside {path}")
+
+
+def _unlink_quiet(p: str) -> None:
+    try:
+        os.unlink(p)
+    except OSError:
+        pass
+
+
+@contextmanager
+def atomic_path(path: PathLike) -> Iterator[str]:
+    """Yield a temporary path beside `path` (an empty file) for a writer that takes a name
+    (SQLite, gzip, a snapshot writer); on success it replaces `path`, on failure it is removed."""
+    p = os.fspath(path)
+    tmp = _reserve(p)
+    try:
+        yield tmp
+        os.replace(tmp, p)
+    except BaseException:
+        _unlink_quiet(tmp)
+        raise
+
+
+@contextmanager
+def atomic_file(path: PathLike, mode: str = "w", **open_kw) -> Iterator[IO]:
+    """open(path, mode) that writes a temporary file and renames it over path once closed."""
+    if not mode.startswith("w"):
+        raise ValueError("atomic_file writes: mode must start with 'w'")
+    with atomic_path(path) as tmp:
+        with open(tmp, mode, **open_kw) as f:
+            yield f
+
+
+def write_atomic(path: PathLike, data: Union[bytes, str], encoding: str = "utf-8") -> None:
+    if isinstance(data, str):
+        with atomic_file(path, "w", encoding=encoding) as f:
+            f.write(data)
+    else:
+        with atomic_file(path, "wb") as f:
+            f.write(data)
