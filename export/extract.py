@@ -72,6 +72,16 @@ class ExtractResult:
     original_size: int = 0
     elapsed_s: float = 0.0
     notes: List[str] = field(default_factory=list)
+    launches: int = 0                 # --calls: launches (and graph launches) kept
+    range_state: int = 0              # --calls: state-building calls kept from inside the range
+    range_left_out: int = 0           # --calls: calls after the range's last work, left out
+
+    def kept(self) -> str:
+        """What a --calls extract kept, in one phrase."""
+        deps = self.prefix_calls + self.range_state
+        return (f"{self.launches} launch(es) and {len(self.selected) - self.range_state - self.launches} other "
+                f"work call(s), with {deps} call(s) they depend on ({self.prefix_calls} made before its first work)"
+                + (f"; {self.range_left_out} call(s) after the range's last work left out" if self.range_left_out else ""))
 
 
 def _is_work(f: str) -> bool:
@@ -81,6 +91,12 @@ def _is_work(f: str) -> bool:
             or b in ("cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize", "cuEventRecord",
                      "cuEventRecordWithFlags", "cuStreamWaitEvent", "cuStreamAddCallback", "cuEventElapsedTime",
                      "cuCtxRecordEvent", "cuCtxWaitEvent"))
+
+
+def _is_data_work(f: str) -> bool:
+    """Work whose result the extract reads back: launches, graph launches, copies, memsets."""
+    b = base_name(f)
+    return (_is_launch(f) or b.startswith(("cuGraphLaunch", "cuMemcpy", "cuMemset")))
 
 
 def _is_query(f: str) -> bool:
@@ -140,6 +156,7 @@ class Extractor:
             except re.error as e:
                 raise ExtractError(f"--kernel: bad regex: {e}")
         seen = 0
+        last_seq = None
         sel: List[Dict[str, Any]] = []
         for rec in self.reader.records(("c",)):
             s, f = rec.get("s"), rec.get("f") or ""
@@ -148,6 +165,7 @@ class Extractor:
             if lo is not None:
                 if lo <= s <= hi and rec.get("r", 0) == 0 and not _is_query(f):
                     sel.append(rec)
+                last_seq = s
                 continue
             if not _is_launch(f) or rec.get("r", 0) != 0:
                 continue
@@ -164,6 +182,8 @@ class Extractor:
                 if seen == want_k:
                     sel.append(rec)
                     break
+        if lo is not None:
+            sel = self._range_work(sel, lo, hi, last_seq)
         if not sel:
             what = (f"launch #{self.launch}" if self.launch is not None else
                     f"launch {want_k} of kernels matching {self.kernel!r} ({seen} found)" if self.kernel is not None
@@ -176,6 +196,25 @@ class Extractor:
             if _is_launch(r.get("f") or ""):
                 h = (r.get("a") or {}).get("f")
                 self.res.kernels.append((em.fn_record(h, r["s"]) or {}).get("name") or em.func_names.get(h) or f"{h:#x}")
+
+    def _range_work(self, sel: List[Dict[str, Any]], lo: int, hi: int, last_seq: Optional[int]) -> List[Dict[str, Any]]:
+        """--calls A-B: the work in the range (launches, graph launches, copies, memsets and what
+        orders them) and the state-building calls among it; calls after the last piece of work
+        (frees, unloads, context teardown) are left out, since the expected results are read
+        back after it. What the work uses that was made before A comes with the prefix."""
+        if last_seq is None or lo > last_seq:
+            raise ExtractError(f"--calls {lo}-{hi}: the snapshot's calls are #0-#{last_seq if last_seq is not None else 0}"
+                               if last_seq is not None else f"--calls {lo}-{hi}: the snapshot holds no complete call")
+        work = [i for i, r in enumerate(sel) if _is_data_work(r.get("f") or "")]
+        if not work:
+            raise ExtractError(f"--calls {lo}-{min(hi, last_seq)}: no launch, copy or memset in that range")
+        self.res.range_left_out = len(sel) - work[-1] - 1
+        # state-building calls before the first work join the prefix: the memory is read there
+        sel = sel[work[0]:work[-1] + 1]
+        self.res.launches = sum(_is_launch(r.get("f") or "") or base_name(r.get("f") or "").startswith("cuGraphLaunch")
+                                for r in sel)
+        self.res.range_state = sum(not _is_work(r.get("f") or "") for r in sel)
+        return sel
 
     # ------------------------------------------------------------------ the prefix (no GPU)
     def prefix(self) -> None:
@@ -395,6 +434,8 @@ class Extractor:
                 for k in R.PTR_KEYS:
                     if isinstance(a.get(k), int):
                         words.append(a[k])
+            for data in self._copied_in():
+                words += self._words(data)
             todo = sorted({i for i in (self._find(w) for w in words) if i is not None})
             todo += [i for i, r in enumerate(self._live) if r[2] == "global" and i not in todo]
         chosen: Dict[int, str] = {}
@@ -425,6 +466,15 @@ class Extractor:
         if any(base_name(r.get("f") or "").startswith("cuGraphLaunch") for r in self.sel):
             recs += self.captured_work
         return recs
+
+    def _copied_in(self):
+        """The host data the selected H2D copies upload (their pointer words reach memory too)."""
+        for rec in self.sel:
+            if not base_name(rec.get("f") or "").startswith("cuMemcpyHtoD"):
+                continue
+            for v in (rec.get("x") or {}).values():
+                if isinstance(v, dict) and isinstance(v.get("blob"), str) and self.reader.has_blob(v["blob"]):
+                    yield self.reader.blob(v["blob"])
 
     def at_end(self, rp) -> None:
         rp.raw("cuCtxSynchronize")
@@ -526,6 +576,8 @@ class Extractor:
                 if _is_launch(r.get("f") or "") and (r.get("x") or {}).get("params") is None:
                     raise ExtractError(f"call #{r['s']} {r['f']}: kernel parameters were not captured")
             self.prefix()
+            if self.calls is not None:
+                self.res.notes.insert(0, f"kept {self.res.kept()}")
             hdr = dict(self.reader.raw_header)
             hdr["extracted_from"] = {"snapshot": os.path.basename(self.path), "calls": self.res.selected[:64],
                                      "memory": self.memory, "ranges": self.res.ranges}

@@ -268,6 +268,8 @@ def start_exact(ex, rp) -> None:
     for rec in ex._root_recs():
         roots += ex.bounds.roots_of(rec)
     seen = {a for a, _n in roots}
+    for data in ex._copied_in():          # pointer tables the selection itself uploads
+        roots += new_roots(data, seen)
     per: Dict[int, List[Interval]] = {}
     for i, r in enumerate(ex._live):
         if r[2] == "global":
