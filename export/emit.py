@@ -95,6 +95,7 @@ class ExportResult:
     calls: int = 0                    # recorded calls translated
     launches: int = 0
     queries_skipped: int = 0
+    host_only: Dict[str, int] = field(default_factory=dict)   # dropped calls without device effect, by name
     failed_skipped: int = 0           # calls that failed when recorded (they had no effect)
     filtered: int = 0                 # left out by --calls
     no_effect: int = 0                # hints, host-only calls: nothing to replay
@@ -281,6 +282,7 @@ class Emitter:
         self.res: Optional[ExportResult] = None
         self._desc = None
         self._noted: set = set()
+        self._dropped: Optional[list] = None   # [line index, first seq, {name: count}] of the last drop comment
 
     # -------------------------------------------------------------------------- helpers
     def fail(self, rec, msg: str):
@@ -489,6 +491,8 @@ class Emitter:
                                           f"(the program died in it); the export ends there")
                     break
                 self.one(rec, dispatch)
+            if self.dropped_note():
+                self.res.notes.append(self.dropped_note())
             if self.reader.truncated:
                 self.res.notes.append(f"the snapshot is truncated ({self.reader.lost_bytes} bytes lost): exported "
                                       f"up to its last complete call")
@@ -520,11 +524,12 @@ class Emitter:
             self.res.failed_skipped += 1
             return
         if method is None:
-            if dispatch.is_query(f):
-                self.res.queries_skipped += 1
+            if self.host_only(f):
+                self.drop(rec)
                 return
-            self.fail(rec, "export cannot translate this call (no C translation for it); "
-                           "export a call set without it (--calls) or replay the snapshot with `cudasnap replay`")
+            self.fail(rec, "export cannot translate this call (no C translation for it, and the API description "
+                           "gives it an effect on the device); export a call set without it (--calls) or replay "
+                           "the snapshot with `cudasnap replay`")
         if not self.selected(rec):
             self.res.filtered += 1
             return
@@ -533,6 +538,35 @@ class Emitter:
         getattr(self, method)(rec)
         if len(self.lines) > before:
             self.res.calls += 1
+
+    def host_only(self, f: str) -> bool:
+        """The API description says the call has no effect on the device (a query, a host
+        pointer lookup): the program does not need it."""
+        fn = self.desc().by_name(f) or self.desc().by_name(base_name(f))
+        if fn is None:
+            from cudasnap.replay import dispatch
+            return dispatch.is_query(f)
+        return bool(fn.get("host_only"))
+
+    def drop(self, rec) -> None:
+        """Leave out a host-only call, saying so in the program (consecutive ones share a comment)."""
+        f = rec.get("f") or "?"
+        self.res.host_only[f] = self.res.host_only.get(f, 0) + 1
+        run = self._dropped if self._dropped is not None and self._dropped[0] == len(self.lines) - 1 else None
+        if run is None:
+            self.lines.append("")
+            run = self._dropped = [len(self.lines) - 1, rec.get("s"), {}]
+        run[2][f] = run[2].get(f, 0) + 1
+        names = ", ".join(n + (f" x{k}" if k > 1 else "") for n, k in run[2].items())
+        where = f"#{run[1]}" if run[1] == rec.get("s") else f"#{run[1]}-#{rec.get('s')}"
+        self.lines[run[0]] = f"    /* {where}: dropped host-only (no device effect): {names} */"
+
+    def dropped_note(self) -> Optional[str]:
+        d = self.res.host_only
+        if not d:
+            return None
+        names = ", ".join(f"{n} x{k}" for n, k in sorted(d.items(), key=lambda kv: (-kv[1], kv[0])))
+        return f"dropped {sum(d.values())} host-only call(s) without device effect: {names}"
 
     def switch_thread(self, rec) -> None:
         """Recorded calls of several threads run on one thread, in recorded order: each

@@ -183,6 +183,11 @@ REPLAY_CLASS_RULES = [
      r"|cuFuncSetSharedSize", "execute"),
 ]
 
+# Host-only calls ("host_only" of each ABI name): no effect on the device. Every "query" is
+# one; these are replayed (replay maps the address they return) but change nothing on the
+# device, so a standalone export may leave them out. Pattern on base or ABI name.
+HOST_ONLY_RX = r"cuMemHostGetDevicePointer"
+
 # Window classes ("window_class" of each ABI name): what a capture window's state keeper does
 # with a successful call made outside the window (capture/window.py).
 #   work           does work or only asks: never part of the state

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from cudasnap.formats import SnapshotWriter
+from cudasnap.formats.abi import base_name
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None or shutil.which(os.environ.get("CC", "cc")) is None,
                                 reason="needs make and a C compiler")
@@ -138,3 +139,90 @@ def test_extract_with_exact_ranges_exports_and_verifies(double, capture, tmp_pat
     run = _run(double, _build(double, out))
     assert run.returncode == 0, run.stdout + run.stderr
     assert "OK: 2 device-to-host results verified" in run.stdout
+
+
+# ------------------------------------------------------------------ every extract exports
+_PROGS = [("direct", ()), ("chase", ()), ("launch_forms", ()), ("carve", ()), ("queries", ()), ("unified", ()),
+          ("threads", ("5",)), ("reload", ()), ("viaproc", ()), ("windowed", ("3",))]
+# host-only calls a framework makes around its launches, spliced into a captured program
+_HOST_ONLY = [("cuMemAllocHost_v2", {"pp": 0x7f0000001000, "bytesize": 4096}),
+              ("cuMemHostGetDevicePointer_v2", {"pdptr": 0x7f0000001000, "p": 0x7f0000001000, "Flags": 0}),
+              ("cuPointerGetAttribute", {"data": 0, "attribute": 1, "ptr": 0x7f0000001000}),
+              ("cuCtxGetDevice", {"device": 0}), ("cuDeviceGetAttribute", {"pi": 80, "attrib": 16, "dev": 0}),
+              ("cuMemHostGetFlags", {"pFlags": 0, "p": 0x7f0000001000})]
+
+
+def _translated_or_host_only(f: str) -> bool:
+    from cudasnap.export.emit import TABLE, Emitter
+    return (TABLE.get(base_name(f)) or TABLE.get(f)) is not None or Emitter("-").host_only(f)
+
+
+def _with_host_only_calls(src, dst) -> int:
+    """A copy of snapshot src with the _HOST_ONLY calls inserted before its first launch (the
+    sequence numbers of the calls after them move up): returns how many were inserted."""
+    from cudasnap.formats import SnapshotReader
+    with SnapshotReader(src) as r, SnapshotWriter(dst, r.header) as w:
+        shift, seen_launch = 0, False
+        for rec in r.records():
+            rec = dict(rec)
+            x = rec.get("x")
+            if isinstance(x, dict):
+                rec["x"] = {k: ({**v, "blob": w.add_blob(r.blob(v["blob"]))}
+                                if isinstance(v, dict) and isinstance(v.get("blob"), str) else v) for k, v in x.items()}
+            if rec.get("k") == "c" and isinstance(rec.get("s"), int):
+                if not seen_launch and rec.get("f", "").startswith("cuLaunch"):
+                    seen_launch = True
+                    for i, (f, a) in enumerate(_HOST_ONLY):
+                        w.write({"k": "c", "s": rec["s"] + i, "tid": rec.get("tid"), "t0": rec.get("t0", 0),
+                                 "t1": rec.get("t0", 0), "f": f, "a": dict(a), "r": 0})
+                    shift = len(_HOST_ONLY)
+                rec["s"] += shift
+            w.write(rec)
+    return shift
+
+
+def test_every_recorded_call_exports_or_is_dropped_as_host_only(double, capture, tmp_path):
+    """Every call name the test-double programs record has a C translation or is host-only
+    (dropped with a note); a call with device effect and no translation is still refused."""
+    from cudasnap.export.emit import export_snapshot
+    from cudasnap.formats import SnapshotReader
+    names = set()
+    for prog, args in _PROGS:
+        cp, snap = capture(double["progs"][prog], *args)
+        assert cp.returncode == 0, (prog, cp.stderr)
+        with SnapshotReader(snap) as r:
+            names |= {rec["f"] for rec in r.records(["c"]) if rec.get("r") == 0 and isinstance(rec.get("f"), str)}
+        export_snapshot(snap, tmp_path / f"exp_{prog}")       # raises ExportError on an untranslatable call
+    missing = sorted(n for n in names if not _translated_or_host_only(n))
+    assert not missing, missing
+    for f, _a in _HOST_ONLY:
+        assert _translated_or_host_only(f), f
+    assert not _translated_or_host_only("cuArrayCreate_v2") and not _translated_or_host_only("cuMemcpyPeer")
+
+
+def test_extract_with_host_only_calls_exports_builds_and_verifies(double, capture, tmp_path):
+    cp, snap = capture(double["progs"]["chase"])
+    assert cp.returncode == 0, cp.stderr
+    spliced = tmp_path / "spliced.cusnap"
+    assert _with_host_only_calls(snap, spliced) == len(_HOST_ONLY)
+    small = tmp_path / "chase_kernel.cusnap"
+    ex = subprocess.run([sys.executable, "-m", "cudasnap", "extract", str(spliced), "--kernel", "chase", "-o", str(small)],
+                        env=double["env"], capture_output=True, text=True, timeout=120)
+    assert ex.returncode == 0, ex.stdout + ex.stderr
+    out = tmp_path / "repro"
+    e = _export(small, out)
+    assert e.returncode == 0, e.stdout + e.stderr
+    assert "dropped 1 host-only call(s) without device effect: cuMemHostGetDevicePointer_v2 x1" in e.stdout, e.stdout
+    src = (out / "replay.c").read_text()
+    assert "dropped host-only (no device effect): cuMemHostGetDevicePointer_v2" in src
+    # the whole spliced snapshot too: every inserted name in one comment, each counted in the summary
+    full = tmp_path / "full"
+    e = _export(spliced, full)
+    assert e.returncode == 0, e.stdout + e.stderr
+    for f, _a in _HOST_ONLY[1:]:        # pinned host memory: translated as a call without device effect
+        assert f"{f} x1" in e.stdout, (f, e.stdout)
+    run = _run(double, _build(double, out))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "OK: 10 device-to-host results verified" in run.stdout
+    run = _run(double, _build(double, full))
+    assert run.returncode == 0 and "OK: " in run.stdout, run.stdout + run.stderr

@@ -496,7 +496,7 @@ API CUresult cuCtxGetFlags(unsigned int *flags) {
 }
 
 /* ------------------------------------------------------------ memory table */
-enum { R_ALLOC = 1, R_HOST, R_RESERVE, R_MAP, R_IPC };
+enum { R_ALLOC = 1, R_HOST, R_RESERVE, R_MAP, R_IPC, R_HOSTREG };   /* R_HOSTREG: a registered host range */
 struct memh_obj { int type; int fd; size_t size; int released; int nmaps; unsigned handle_types; };
 typedef struct region {
     unsigned long long base;
@@ -676,7 +676,7 @@ API CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CU
     if (!reg.kind) return CUDA_ERROR_INVALID_VALUE;
     switch (attribute) {
     case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
-        *(unsigned int *)data = reg.kind == R_HOST ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE; break;
+        *(unsigned int *)data = reg.kind == R_HOST || reg.kind == R_HOSTREG ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE; break;
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr *)data = reg.base; break;
     case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data = reg.size; break;
     default: return CUDA_ERROR_INVALID_VALUE;
@@ -702,16 +702,27 @@ API CUresult cuMemFreeHost(void *p) { return mem_free((unsigned long long)p, R_H
 /* page-locking is meaningless on host memory: checked and accepted (replay's staging uses it) */
 API CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned int flags) {
     CHECK(need_ctx());
-    return !p || size == 0 || flags > 15 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+    if (!p || size == 0 || flags > 15) return CUDA_ERROR_INVALID_VALUE;
+    LOCK();   /* remembered (not owned) so cuMemHostGetDevicePointer knows it, as the driver does */
+    reg_add((region_t){(unsigned long long)p, size, size, R_HOSTREG, 1, NULL});
+    UNLOCK();
+    return CUDA_SUCCESS;
 }
-API CUresult cuMemHostUnregister(void *p) { return p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
+API CUresult cuMemHostUnregister(void *p) {
+    if (!p) return CUDA_ERROR_INVALID_VALUE;
+    LOCK();
+    for (size_t i = 0; i < nregs; i++)
+        if (regs[i].base == (unsigned long long)p && regs[i].kind == R_HOSTREG) { reg_del(i); break; }
+    UNLOCK();
+    return CUDA_SUCCESS;
+}
 
 API CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsigned int flags) {
     CHECK(need_ctx());
     if (!pdptr || flags) return CUDA_ERROR_INVALID_VALUE;
     LOCK();
     region_t *r = reg_containing((unsigned long long)p, 1);
-    int ok = r && r->kind == R_HOST;
+    int ok = r && (r->kind == R_HOST || r->kind == R_HOSTREG);
     UNLOCK();
     if (!ok) return CUDA_ERROR_INVALID_VALUE;
     *pdptr = (CUdeviceptr)p;
