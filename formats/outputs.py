@@ -30,12 +30,12 @@ def _same(a: str, b: PathLike) -> bool:
         return os.path.abspath(a) == os.path.abspath(os.fspath(b))
 
 
-def _probe(d: str) -> None:
+def _probe(d: str, label: str) -> None:
     """Create and remove a file in d: the only test that root, read-only mounts and ACLs agree on."""
     try:
         fd, name = tempfile.mkstemp(prefix=".cudasnap-probe-", dir=d)
     except OSError as e:
-        raise OutputError(f"{d}: cannot write there ({e.strerror or e})") from None
+        raise OutputError(f"{label}: cannot write in {d} ({e.strerror or e})") from None
     os.close(fd)
     try:
         os.unlink(name)
@@ -77,14 +77,14 @@ def check_output(path: PathLike, force: bool = False, kind: str = "file",
             if full and not force:
                 raise OutputError(f"{label} is not empty: use {FORCE} to write into it "
                                   f"(files this command does not write are kept)")
-            _probe(a)
+            _probe(a, label)
             return a
     parent = os.path.dirname(a)
     if not os.path.isdir(parent):
         if os.path.lexists(parent):
             raise OutputError(f"{label}: {parent} is not a directory")
         raise OutputError(f"{label}: no such directory {parent} (create it first)")
-    _probe(parent)
+    _probe(parent, label)
     return a
 
 

@@ -451,3 +451,178 @@ def test_fault_matrix(double, tmp_path_factory, monkeypatch, capsys):
               f"wrong exit codes {t.wrong}")
     assert t.cases >= 300
     assert t.tracebacks == 0 and t.wrong == 0 and t.lost == 0 and not t.problems, "\n".join(t.problems)
+
+
+# ------------------------------------------------------------------ every command's output paths
+# (command, its arguments around the output, kind): OUT stands for the output, IN for its input.
+FILE_OUTPUTS = {
+    "extract -o": (["extract", "IN", "--kernel", ".", "-o", "OUT"], ".cusnap"),
+    "repair -o": (["repair", "IN", "-o", "OUT"], ".cusnap"),
+    "replay --out": (["replay", "IN", "--profile", "timeline", "--out", "OUT"], ".json"),
+    "replay --trace": (["replay", "IN", "--profile", "timeline", "--trace", "OUT"], ".json"),
+    "compare --html": (["compare", "IN", "PROFILE", "--html", "OUT"], ".html"),
+    "bisect --html": (["bisect", "SNAP", "--envs", "IN", "--html", "OUT"], ".html"),
+    "stats --out": (["stats", "IN", "--out", "OUT"], ".sqlite"),
+}
+DIR_OUTPUTS = {
+    "export -o": ["export", "IN", "-o", "OUT"],
+    "bisect --keep": ["bisect", "SNAP", "--envs", "IN", "--keep", "OUT"],
+    "stats --out DIR/": ["stats", "IN", "--out", "OUT/"],
+}
+
+
+class Outputs:
+    """Runs one command per case in a sandbox of precious files: counts files lost (a file
+    that existed before and changed or vanished, other than the one replaced with -f), files
+    written by a refused command, and temporary files left behind."""
+
+    def __init__(self, t: Tally, box: Path, double):
+        self.t, self.box, self.double = t, box, double
+        self.tmp_left = 0
+
+    def tree(self) -> dict:
+        import hashlib
+        return {str(p.relative_to(self.box)): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in self.box.rglob("*") if p.is_file()}
+
+    def run(self, case: str, args: list, want: int, replaced=(), name=None, subprocess_=False) -> None:
+        t = self.t
+        t.cases += 1
+        before = self.tree()
+        if subprocess_:             # needs the driver: the double, in a process of its own
+            cp = subprocess.run(_cudasnap(*args), env=self.double["env"], capture_output=True, text=True, timeout=120)
+            code, out, err = cp.returncode, cp.stdout, cp.stderr
+            if "Traceback" in out + err:
+                t.traceback(case, err)
+        else:
+            code, out, err = cli(t, case, *args)
+        t.exit(case, " ".join(args[:1]), code, want, err, out)
+        if want == 2 and name and code == 2 and str(name) not in err:
+            t.problem(case, f"the error does not name {name}: {err.strip()}")
+        after = self.tree()
+        for p, h in before.items():
+            if p not in replaced and after.get(p) != h:
+                t.lost += 1
+                t.problem(case, f"{p} {'changed' if p in after else 'was lost'}")
+        new = set(after) - set(before)
+        left = [p for p in new if p.endswith(".tmp") or ".cudasnap-probe-" in p]
+        if left:
+            self.tmp_left += len(left)
+            t.problem(case, f"temporary files left: {left}")
+        if code == 2 and new - set(left):
+            t.problem(case, f"refused, yet wrote {sorted(new)[:3]}")
+
+
+def _sandbox(box: Path, snap: Path, damaged: Path, profile: Path) -> dict:
+    box.mkdir()
+    p = {"snap": Path(shutil.copy(snap, box / "in.cusnap")), "damaged": Path(shutil.copy(damaged, box / "bad.cusnap")),
+         "profile": Path(shutil.copy(profile, box / "base.json")), "profile2": Path(shutil.copy(profile, box / "cand.json")),
+         "envs": box / "envs.toml", "adir": box / "adir", "full": box / "full"}
+    p["envs"].write_text('[[env]]\nname = "a"\n[[env]]\nname = "b"\n')
+    p["adir"].mkdir()
+    (p["adir"] / "inside.txt").write_text("precious")
+    p["full"].mkdir()
+    (p["full"] / "keep.txt").write_text("not export's")
+    (p["full"] / "Makefile").write_text("an older export's")
+    for ext in (".cusnap", ".json", ".html", ".sqlite"):
+        (box / f"existing{ext}").write_text("precious")
+    return p
+
+
+def _args(tpl: list, p: dict, inp, out) -> list:
+    sub = {"IN": str(inp), "SNAP": str(p["snap"]), "PROFILE": str(p["profile2"]), "OUT": str(out),
+           "OUT/": f"{out}/"}
+    return [sub.get(a, a) for a in tpl]
+
+
+def check_command_outputs(t: Tally, o: Outputs, p: dict) -> None:
+    box = o.box
+    inputs = {"extract -o": p["snap"], "repair -o": p["damaged"], "compare --html": p["profile"],
+              "bisect --html": p["envs"], "bisect --keep": p["envs"]}
+    for cmd, (tpl, ext) in FILE_OUTPUTS.items():
+        inp = inputs.get(cmd, p["snap"])
+        for case, out, force in (("existing", box / f"existing{ext}", []), ("the_input", inp, ["-f"]),
+                                 ("missing_parent", box / "nope" / f"x{ext}", ["-f"]), ("a_directory", p["adir"], ["-f"]),
+                                 ("under_a_file", box / f"existing{ext}" / f"x{ext}", ["-f"]),
+                                 ("unwritable", Path(f"/proc/cudasnap-x{ext}"), ["-f"])):
+            if cmd == "stats --out" and case == "a_directory":
+                continue            # stats --out DIR writes CSV tables there: a case of DIR_OUTPUTS
+            o.run(f"{cmd} {case}", _args(tpl, p, inp, out) + force, 2, name=out)
+    for cmd, tpl in DIR_OUTPUTS.items():
+        inp = inputs.get(cmd, p["snap"])
+        for case, out, force in (("not_empty", p["full"], []), ("a_file", box / "existing.json", ["-f"]),
+                                 ("the_input", inp, ["-f"]), ("missing_parent", box / "nope" / "d", ["-f"]),
+                                 ("unwritable", Path("/proc/cudasnap-d"), ["-f"])):
+            o.run(f"{cmd} {case}", _args(tpl, p, inp, out) + force, 2, name=out)
+    if (box / "nope").exists():
+        t.problem("missing_parent", "a command created a missing parent directory")
+    # -f replaces what the command writes and keeps every other file
+    o.run("repair -o -f", ["repair", str(p["damaged"]), "-o", str(box / "existing.cusnap"), "-f"], 0,
+          replaced={"existing.cusnap"})
+    o.run("stats --out -f", ["stats", str(p["snap"]), "--out", str(box / "existing.sqlite"), "-f"], 0,
+          replaced={"existing.sqlite"})
+    o.run("compare --html -f", ["compare", str(p["profile"]), str(p["profile2"]), "--html",
+                                str(box / "existing.html"), "-f"], 0, replaced={"existing.html"})
+    o.run("export -o DIR -f", ["export", str(p["snap"]), "-o", str(p["full"]), "-f"], 0,
+          replaced={"full/Makefile"})
+    if (p["full"] / "keep.txt").read_text() != "not export's" or not (p["full"] / "replay.c").exists():
+        t.problem("export -o DIR -f", "export into a non-empty directory lost a file or wrote no program")
+    o.run("replay --out --trace -f", ["replay", str(p["snap"]), "--profile", "timeline", "--out",
+                                      str(box / "existing.json"), "--trace", str(box / "trace.json"), "-f"], 0,
+          replaced={"existing.json"}, subprocess_=True)
+    o.run("extract -o -f", ["extract", str(p["snap"]), "--kernel", ".", "-o", str(box / "existing.cusnap"), "-f"], 0,
+          replaced={"existing.cusnap"}, subprocess_=True)
+
+
+def check_bad_inputs(t: Tally, o: Outputs, p: dict, monkeypatch) -> None:
+    """Damaged or empty inputs and failures midway: one line, exit 2, nothing left behind."""
+    box = o.box
+    empty = box / "empty.cusnap"
+    SnapshotWriter(empty, {"format": "cudasnap", "schema": 1, "pid": 1}).close()
+    o.run("export of a snapshot without calls", ["export", str(empty), "-o", str(box / "e1")], 2, name=empty)
+    for cmd, extra in (("export", ["-o", str(box / "e2")]), ("extract", ["--kernel", ".", "-o", str(box / "e2.cusnap")])):
+        o.run(f"{cmd} of a damaged snapshot", [cmd, str(p["damaged"]), *extra], 2)
+    binary = box / "binary.toml"
+    binary.write_bytes(bytes(range(256)) * 4)
+    o.run("bisect with a binary ENVS.toml", ["bisect", str(p["snap"]), "--envs", str(binary)], 2, name=binary)
+    from cudasnap.export import emit
+
+    def no_space(self):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(emit.Emitter, "makefile", no_space)
+    try:
+        o.run("export failing midway into a new directory", ["export", str(p["snap"]), "-o", str(box / "e3")], 2)
+        o.run("export failing midway into a used directory", ["export", str(p["snap"]), "-o", str(p["full"]), "-f"], 2,
+              replaced={"full/replay.c", "full/Makefile"} | {f"full/data/{x.name}" for x in (p["full"] / "data").glob("*")})
+    finally:
+        monkeypatch.undo()
+
+
+def test_output_matrix(double, tmp_path, monkeypatch, capsys):
+    t = Tally()
+    snap = tmp_path / "captured.cusnap"
+    cp = subprocess.run(_cudasnap("capture", "-q", "-o", str(snap), "--ring-mb", "16", "--",
+                                  double["progs"]["direct"], "5"), env=double["env"], capture_output=True, text=True,
+                        timeout=120)
+    assert cp.returncode == 0, cp.stderr
+    profile = tmp_path / "profile.json"
+    cp = subprocess.run(_cudasnap("replay", str(snap), "--profile", "timeline", "--out", str(profile), "-q"),
+                        env=double["env"], capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    damaged = tmp_path / "damaged.cusnap"
+    framed = tmp_path / "framed.cusnap"
+    _rewrite(snap, framed, close=True)
+    data = bytearray(framed.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    box = tmp_path / "box"
+    p = _sandbox(box, snap, damaged, profile)
+    o = Outputs(t, box, double)
+    check_command_outputs(t, o, p)
+    check_bad_inputs(t, o, p, monkeypatch)
+    with capsys.disabled():
+        print(f"\noutput matrix: cases {t.cases}, files lost {t.lost}, tracebacks {t.tracebacks}, "
+              f"wrong exit codes {t.wrong}, temporary files left {o.tmp_left}")
+    assert t.cases >= 60
+    assert t.tracebacks == 0 and t.wrong == 0 and t.lost == 0 and o.tmp_left == 0 and not t.problems, \
+        "\n".join(t.problems)
