@@ -563,6 +563,10 @@ def extract(
                                      ranges=_value(ranges), check=check, force=force))
 
 
+from cudasnap.campaign_cmd import campaign_app  # noqa: E402
+app.add_typer(campaign_app, name="campaign")
+
+
 def _flight_default(argv: List[str]) -> List[str]:
     """`--flight-recorder` with no value means 60 s (SECONDS is optional, as `=SECONDS`)."""
     out, i = [], 0

@@ -1,0 +1,374 @@
+"""Runs a campaign's cells on Ray.
+
+Each replay is a Ray task asking for one GPU (num_gpus=1) and, when its environment names a
+GPU model, a sliver of the custom resource `gpu_model:MODEL` that every node registers for
+its GPUs (`ray start --resources '{"gpu_model:H100": 8}'`; a local runtime registers it
+itself; Ray's own `accelerator_type:MODEL` is used when a cluster has no gpu_model). Ray
+places the tasks; this module decides what to run next (rules.py) and writes each finished
+cell to the store at once. Snapshots reach a node by path (the same node, or shared storage
+holding the same bytes, checked by digest) or once through Ray's object store into a
+node-local cache keyed by digest."""
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional
+
+from . import rules as R
+from .plan import Campaign, Cell
+from .store import Store, now_iso
+
+
+class EngineError(Exception):
+    """Ray cannot run the campaign (one line, exit 2)."""
+
+
+def gpu_model(name: str) -> Optional[str]:
+    """'NVIDIA H100 80GB HBM3' -> 'H100'; 'NVIDIA GeForce RTX 4090' -> 'RTX4090'."""
+    n = re.sub(r"^(NVIDIA|Tesla|Quadro)\s+", "", name.strip(), flags=re.I)
+    n = re.sub(r"^GeForce\s+", "", n, flags=re.I)
+    m = re.match(r"(RTX\s*)?([A-Z]+\d+\w*)", n)
+    return (m.group(1) or "").replace(" ", "") + m.group(2) if m else None
+
+
+def local_gpus() -> List[str]:
+    try:
+        cp = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                            text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [ln.strip() for ln in cp.stdout.splitlines() if ln.strip()] if cp.returncode == 0 else []
+
+
+def start_ray(address: Optional[str], init_kwargs: Optional[Dict[str, Any]] = None):
+    try:
+        import ray
+    except ImportError:
+        raise EngineError("campaigns run on Ray, which is not installed: pip install 'cudasnap[campaign]'")
+    if ray.is_initialized():
+        return ray
+    kw: Dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
+    if address:
+        kw["address"] = address
+    elif init_kwargs:
+        kw.update(init_kwargs)
+    else:
+        names = local_gpus()
+        models: Dict[str, int] = {}
+        for n in names:
+            m = gpu_model(n)
+            if m:
+                models[f"gpu_model:{m}"] = models.get(f"gpu_model:{m}", 0) + 1
+        if models:
+            kw["resources"] = models
+    try:
+        ray.init(**kw)
+    except Exception as e:
+        what = f"the Ray cluster at {address}" if address else "a local Ray runtime"
+        raise EngineError(f"cannot start or reach {what}: {' '.join(str(e).split())[:300]}")
+    return ray
+
+
+@dataclass
+class CellState:
+    cell: Cell
+    profiles: List[Dict[str, Any]] = field(default_factory=list)
+    failures: int = 0
+    attempts: int = 0
+    reruns: int = 0
+    confirming: bool = False
+    confirm_profile: Optional[Dict[str, Any]] = None
+    bad_nodes: List[str] = field(default_factory=list)
+    first_submit: Optional[float] = None
+    proc_s: float = 0.0
+    last: Optional[Dict[str, Any]] = None
+    waiting: bool = False             # measured, waiting for its baseline
+    done: bool = False
+    verdict: Optional[str] = None
+    cell_id: Optional[int] = None
+    status: Optional[str] = None
+
+
+class Engine:
+    def __init__(self, campaign: Campaign, store: Store, run_id: int, address: Optional[str] = None,
+                 init_kwargs: Optional[Dict[str, Any]] = None, ship: bool = False,
+                 on_event: Optional[Callable[[str, Dict[str, Any]], None]] = None):
+        self.c = campaign
+        self.store = store
+        self.run_id = run_id
+        self.ship = ship
+        self.on_event = on_event or (lambda kind, info: None)
+        self.ray = start_ray(address, init_kwargs)
+        self.hosts: set = set()
+        self._blobs: Dict[str, Any] = {}
+        self._base_run: Optional[int] = None
+        self._skip_ids: Dict[str, int] = {}
+        self._resources()
+        ray = self.ray
+
+        from .worker import cell_task
+        self._task = ray.remote(max_retries=0)(cell_task)
+        self.driver_node = ray.get_runtime_context().get_node_id()
+
+    # ------------------------------------------------------------------ resources
+    def _resources(self) -> None:
+        total = self.ray.cluster_resources()
+        self.gpus = int(total.get("GPU", 0))
+        if self.gpus < 1:
+            raise EngineError("the Ray cluster has no GPU (num_gpus): campaigns replay one cell per GPU")
+        self.model_key: Dict[str, str] = {}
+        for e in self.c.envs:
+            if not e.gpu:
+                continue
+            for key in (f"gpu_model:{e.gpu}", f"accelerator_type:{e.gpu}"):
+                if total.get(key, 0) > 0:
+                    self.model_key[e.gpu] = key
+                    break
+            else:
+                have = sorted(k.split(":", 1)[1] for k in total if k.startswith(("gpu_model:", "accelerator_type:")))
+                raise EngineError(f"env {e.name!r} needs a {e.gpu} GPU; the Ray cluster offers "
+                                  f"{', '.join(have) or 'no GPU model resource'}")
+
+    def slots(self) -> int:
+        return self.gpus
+
+    # ------------------------------------------------------------------ submission
+    def _spec(self, cell: Cell) -> Dict[str, Any]:
+        s, e, r = cell.snapshot, cell.env, self.c.rules
+        return {"path": s.path, "digest": s.digest, "size": s.size, "ship": self.ship, "mode": s.mode,
+                "kernels": s.kernels, "vars": e.vars, "driver": e.driver, "repeat": r.repeats, "warmup": r.warmup,
+                "timeout": r.timeout}
+
+    def _submit(self, st: CellState, purpose: str, with_bytes: bool = False):
+        cell = st.cell
+        opts: Dict[str, Any] = {"num_gpus": 1, "num_cpus": 0}
+        if cell.env.gpu:
+            opts["resources"] = {self.model_key[cell.env.gpu]: 0.001}
+        if st.bad_nodes:
+            alive = [n["NodeID"] for n in self.ray.nodes() if n.get("Alive") and n["NodeID"] not in st.bad_nodes
+                     and n.get("Resources", {}).get("GPU", 0) > 0]
+            if alive:
+                from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+                opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(alive[st.failures % len(alive)], soft=True)
+        refs = []
+        if with_bytes or self.ship:
+            refs = [self._blob(cell.snapshot)]
+        if st.first_submit is None:
+            st.first_submit = time.monotonic()
+        ref = self._task.options(**opts).remote(self._spec(cell), refs, self.driver_node, time.time())
+        self.inflight[ref] = (st, purpose, time.monotonic())
+        self.on_event("submit", {"cell": cell, "purpose": purpose})
+
+    def _blob(self, snap):
+        if snap.digest not in self._blobs:
+            with open(snap.path, "rb") as f:
+                self._blobs[snap.digest] = self.ray.put(f.read())
+        return self._blobs[snap.digest]
+
+    # ------------------------------------------------------------------ the run
+    def run(self, skip: Dict[str, int]) -> Dict[str, Any]:
+        """Runs every cell not in skip (finished earlier: cell_key -> cell id). Returns counts."""
+        ray = self.ray
+        self._skip_ids = dict(skip)
+        self.inflight: Dict[Any, Any] = {}
+        self.states: Dict[str, CellState] = {}
+        self.base_profiles: Dict[str, Optional[Dict[str, Any]]] = {}    # baseline cell key -> profile
+        self.counts = {"cells": len(self.c.cells), "skipped": 0, "ran": 0, "failed": 0, "regressed": 0}
+        for cell in self.c.cells:
+            if cell.key in skip:
+                self.counts["skipped"] += 1
+                if cell.baseline_key is None:
+                    row = self.store.cell(skip[cell.key])
+                    self.base_profiles[cell.key] = (self.store.profile(skip[cell.key])
+                                                    if row is not None and row["status"] == "ok" else None)
+                continue
+            st = self.states[cell.key] = CellState(cell)
+            self._submit(st, "measure")
+        self.on_event("start", dict(self.counts, slots=self.slots()))
+        try:
+            while self.inflight:
+                ready, _ = ray.wait(list(self.inflight), num_returns=1, timeout=1.0)
+                for ref in ready:
+                    st, purpose, t_sub = self.inflight.pop(ref)
+                    try:
+                        res = ray.get(ref)
+                    except Exception as e:      # worker or node lost, task failed in Ray
+                        res = {"exit_code": None, "lost": True, "error": _one_line(e)}
+                    self._handle(st, purpose, t_sub, res)
+                self.on_event("tick", {"inflight": len(self.inflight)})
+        except KeyboardInterrupt:
+            for ref in list(self.inflight):
+                try:
+                    ray.cancel(ref, force=True)
+                except Exception:
+                    pass
+            raise
+        return self.counts
+
+    def _handle(self, st: CellState, purpose: str, t_sub: float, res: Dict[str, Any]) -> None:
+        if res.get("need_bytes"):
+            self._submit(st, purpose, with_bytes=True)
+            return
+        st.attempts += 1
+        if res.get("host"):
+            self.hosts.add(res["host"])
+        prof = res.get("profile")
+        out = "lost" if res.get("lost") else R.outcome_of(res.get("exit_code"), prof is not None)
+        err = res.get("error") or (res.get("stderr_tail") or None if out != "ok" else None)
+        gpu = ((prof or {}).get("run") or {}).get("gpu") or {}
+        st.proc_s += res.get("proc_s") or 0.0
+        self.store.add_attempt(self.run_id, st.cell.key, {
+            "purpose": purpose, "outcome": out, "exit_code": res.get("exit_code"), "host": res.get("host"),
+            "node_id": res.get("node_id"), "gpu_uuid": gpu.get("uuid"), "visible_devices": res.get("visible_devices"),
+            "queue_s": res.get("queue_s"), "proc_s": res.get("proc_s"), "wall_s": time.monotonic() - t_sub,
+            "error": err, "started": now_iso(res["started"]) if res.get("started") else None,
+            "ended": now_iso(res["ended"]) if res.get("ended") else None})
+        self.on_event("attempt", {"cell": st.cell, "purpose": purpose, "outcome": out, "error": err})
+        if out in R.RETRYABLE:
+            st.failures += 1
+            if res.get("node_id"):
+                st.bad_nodes.append(res["node_id"])
+            if st.failures <= self.c.rules.retries:
+                self._submit(st, "retry" if purpose == "measure" else purpose)
+                return
+            st.last = res
+            self._finish(st, "infra", R.INFRA, error=f"{out} after {st.failures} tries: {err or ''}".strip())
+            return
+        st.last = res
+        if out == "mismatch":
+            self._finish(st, "mismatch", R.MISMATCH, error=err)
+            return
+        if purpose == "confirm":
+            st.confirm_profile = prof
+        else:
+            st.profiles.append(prof)
+        self._advance(st)
+
+    def _baseline_of(self, st: CellState):
+        """(ready, profile) of the cell's baseline: profile None when the baseline did not measure."""
+        cell = st.cell
+        if cell.baseline_key is None:
+            if self.c.baseline_env is not None:
+                return True, None
+            return True, self._run_baseline(cell)
+        if cell.baseline_key in self.base_profiles:
+            return True, self.base_profiles[cell.baseline_key]
+        return False, None
+
+    def _run_baseline(self, cell: Cell):
+        rid = self._base_run
+        if rid is None:
+            return None
+        row = self.store.find_cell(rid, cell.snapshot.digest, cell.env.name, cell.snapshot.mode, cell.snapshot.kernels)
+        return self.store.profile(row["id"]) if row is not None else None
+
+    def _advance(self, st: CellState) -> None:
+        cell = st.cell
+        merged = R.merge_profiles(st.profiles)
+        if cell.baseline_key is None and self.c.baseline_env is not None:
+            self._finish(st, "ok", R.BASELINE, profile=merged)
+            return
+        ready, base = self._baseline_of(st)
+        if not ready:
+            st.waiting = True
+            return
+        st.waiting = False
+        if base is None:
+            why = ("its baseline cell did not measure" if cell.baseline_key else
+                   f"no cell of this snapshot and env in the baseline run ({self.c.baseline})")
+            self._finish(st, "no-baseline", R.NO_BASELINE, profile=merged, error=why)
+            return
+        thr, rules = self.c.rules.threshold, self.c.rules
+        try:
+            res = R.judge(base, merged, thr)
+        except Exception as e:
+            self._finish(st, "error", R.INCOMPARABLE, profile=merged, error=_one_line(e))
+            return
+        if st.confirm_profile is None and not st.confirming:
+            if R.borderline(res, thr, rules.noise_factor) and st.reruns < rules.max_reruns:
+                st.reruns += 1
+                self._submit(st, "rerun")
+                return
+            if res["regressed"] and rules.confirm:
+                st.confirming = True
+                self._submit(st, "confirm")
+                return
+            v = R.SLOWER_ if res["regressed"] else (R.FASTER_ if res["faster"] else R.SAME_)
+            self._finish(st, "ok", v, profile=merged, res=res, confirmed=None)
+            return
+        # the confirmation run, judged alone, must find the same kernels slower
+        try:
+            conf = R.judge(base, st.confirm_profile, thr)
+        except Exception as e:
+            self._finish(st, "error", R.INCOMPARABLE, profile=merged, error=_one_line(e))
+            return
+        first, again = set(R.slower(res)), set(R.slower(conf))
+        agreed = first & again
+        unconfirmed = tuple(first - again)
+        v = R.SLOWER_ if agreed else R.UNCONFIRMED
+        self._finish(st, "ok", v, profile=merged, res=res, confirmed=1 if agreed else 0, unconfirmed=unconfirmed)
+
+    def _finish(self, st: CellState, status: str, verdict: str, profile=None, res=None, error=None,
+                confirmed=None, unconfirmed=()) -> None:
+        cell = st.cell
+        prof = profile or (st.last or {}).get("profile")
+        run = (prof or {}).get("run") or {}
+        gpu = run.get("gpu") or {}
+        base_id = None
+        if cell.baseline_key is not None:
+            bs = self.states.get(cell.baseline_key)
+            base_id = bs.cell_id if bs is not None else self._skip_ids.get(cell.baseline_key)
+        row = {"cell_key": cell.key, "snapshot": cell.snapshot.path, "snapshot_digest": cell.snapshot.digest,
+               "snapshot_id": run.get("snapshot_id"), "kernels": cell.snapshot.kernels, "mode": cell.snapshot.mode,
+               "env": cell.env.name, "env_json": _json(dict(cell.env.identity(), driver_version=run.get("driver_version"),
+                                      gpu_model=_model(gpu.get("name")))),
+               "is_baseline": int(cell.baseline_key is None and self.c.baseline_env is not None),
+               "baseline_cell_id": base_id, "gpu_req": cell.env.gpu,
+               "gpu_model": _model(gpu.get("name")),
+               "device_uuid": gpu.get("uuid"), "driver_version": run.get("driver_version"),
+               "libcuda": run.get("libcuda"), "host": (st.last or {}).get("host"), "status": status,
+               "verdict": verdict, "regressed": int(verdict in R.REGRESSIONS), "exit_code": (st.last or {}).get("exit_code"),
+               "attempts": st.attempts, "reruns": st.reruns, "confirmed": confirmed,
+               "wall_s": time.monotonic() - (st.first_submit or time.monotonic()), "replay_s": st.proc_s,
+               "error": error, "finished": now_iso()}
+        kernels = R.kernel_rows(res, prof, unconfirmed) if prof is not None else []
+        st.cell_id = self.store.add_cell(self.run_id, row, kernels, prof if status in ("ok", "no-baseline") else None)
+        st.done, st.verdict, st.status = True, verdict, status
+        self.counts["ran"] += 1
+        if status in ("infra", "error"):
+            self.counts["failed"] += 1
+        if row["regressed"]:
+            self.counts["regressed"] += 1
+        self.on_event("cell", {"cell": cell, "status": status, "verdict": verdict, "error": error,
+                               "slower": R.slower(res) if res and verdict == R.SLOWER_ else []})
+        if cell.baseline_key is None and self.c.baseline_env is not None:
+            self.base_profiles[cell.key] = prof if status == "ok" else None
+            for other in self.states.values():
+                if other.waiting and other.cell.baseline_key == cell.key:
+                    self._advance(other)
+
+    def set_baseline_run(self, run_id: Optional[int]) -> None:
+        self._base_run = run_id
+
+    def shutdown(self) -> None:
+        try:
+            self.ray.shutdown()
+        except Exception:
+            pass
+
+
+def _model(name: Optional[str]) -> Optional[str]:
+    return (gpu_model(name) or name) if name else None
+
+
+def _json(d) -> str:
+    import json
+    return json.dumps(d, sort_keys=True, default=str)
+
+
+def _one_line(e: BaseException) -> str:
+    s = " ".join(str(e).split())
+    return f"{type(e).__name__}: {s[:300]}"
+

@@ -1,0 +1,303 @@
+"""The campaign file (TOML) and the cells it makes: every snapshot x every environment.
+
+    name = "nightly"                 # optional (default: the file's stem)
+    baseline = "plain"               # an [[env]] name, or "run:latest" / "run:N" (a run in the store)
+
+    [rules]                          # all optional
+    repeats = 10                     # isolated: timed runs per launch (replay --repeat)
+    warmup = 3
+    threshold = 5.0                  # percent; a difference within the noise never counts
+    noise_factor = 2.0               # rerun when ||diff| - threshold| <= noise_factor x noise
+    max_reruns = 2
+    confirm = true                   # a regression needs a confirmation run that agrees
+    timeout = 1800                   # seconds per replay
+    retries = 2                      # crash, timeout, lost node: more tries on another worker
+
+    [[snapshot]]
+    path = "snaps/*.cusnap"          # a path or a glob, relative to this file
+    kernels = "gemm|attn"            # optional: replay --kernels REGEX
+    profile = "isolated"             # or "timeline"
+
+    [[env]]                          # as bisect's ENVS.toml, plus an optional GPU model
+    name = "r570"
+    vars = { CUDA_MODULE_LOADING = "EAGER" }
+    driver = "/opt/drivers/570/libcuda.so.1"
+    gpu = "H100"
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+import xxhash
+
+
+class PlanError(Exception):
+    """A campaign file that cannot be run (one line)."""
+
+
+@dataclass
+class Rules:
+    repeats: int = 10
+    warmup: int = 3
+    threshold: float = 5.0
+    noise_factor: float = 2.0
+    max_reruns: int = 2
+    confirm: bool = True
+    timeout: float = 1800.0
+    retries: int = 2
+
+
+@dataclass
+class Snapshot:
+    path: str
+    digest: str                     # xxh3-128 of the file's bytes
+    size: int
+    kernels: Optional[str] = None
+    mode: str = "isolated"
+
+
+@dataclass
+class Env:
+    index: int
+    name: str
+    vars: Dict[str, str] = field(default_factory=dict)
+    driver: Optional[str] = None
+    gpu: Optional[str] = None
+
+    def identity(self) -> Dict[str, Any]:
+        """What defines the environment; a rebuilt replacement kernel changes it (its file digest)."""
+        return {"name": self.name, "vars": dict(sorted(self.vars.items())), "driver": self.driver,
+                "driver_digest": _file_digest(self.driver) if self.driver else None, "gpu": self.gpu,
+                "replace": replace_digests(self.vars.get("CUDASNAP_REPLACE", ""))}
+
+
+@dataclass
+class Cell:
+    snapshot: Snapshot
+    env: Env
+    key: str                        # stable identity within the campaign file
+    baseline_key: Optional[str]     # the cell it is judged against (None: it is the baseline)
+
+    @property
+    def label(self) -> str:
+        return f"{os.path.basename(self.snapshot.path)} x {self.env.name}"
+
+
+@dataclass
+class Campaign:
+    path: str
+    name: str
+    file_hash: str
+    baseline: str                   # env name or "run:..."
+    rules: Rules
+    snapshots: List[Snapshot]
+    envs: List[Env]
+    cells: List[Cell]
+
+    @property
+    def baseline_env(self) -> Optional[str]:
+        return None if self.baseline.startswith("run:") else self.baseline
+
+
+def toml_load(path: str) -> Dict[str, Any]:
+    try:
+        import tomllib  # Python 3.11+
+    except ModuleNotFoundError:
+        try:
+            import tomli as tomllib  # type: ignore
+        except ModuleNotFoundError:
+            raise PlanError("reading a campaign file needs Python 3.11+ (tomllib) or the tomli package: pip install tomli")
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise PlanError(f"{path}: no such file")
+    except IsADirectoryError:
+        raise PlanError(f"{path}: a directory, not a campaign file")
+    except OSError as e:
+        raise PlanError(f"{path}: {e.strerror or e}")
+    except tomllib.TOMLDecodeError as e:
+        raise PlanError(f"{path}: not valid TOML: {e}")
+
+
+def _file_digest(path: str) -> Optional[str]:
+    h = xxhash.xxh3_128()
+    try:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 22), b""):
+                h.update(chunk)
+    except OSError:
+        return None
+    return h.hexdigest()
+
+
+def replace_digests(spec: str) -> Dict[str, Optional[str]]:
+    """CUDASNAP_REPLACE='K=FILE;K=FILE' -> {K: digest of FILE}: a rebuild is a new digest."""
+    out: Dict[str, Optional[str]] = {}
+    for part in (spec or "").split(";"):
+        if "=" in part:
+            k, f = part.split("=", 1)
+            out[k.strip()] = _file_digest(os.path.expanduser(f.strip()))
+    return out
+
+
+def _num(t: Dict[str, Any], key: str, default, kind, lo, where: str):
+    v = t.get(key, default)
+    if kind is bool:
+        if not isinstance(v, bool):
+            raise PlanError(f"{where}: {key} must be true or false")
+        return v
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not isinstance(v, int)):
+        raise PlanError(f"{where}: {key} must be {'an integer' if kind is int else 'a number'}")
+    if v < lo:
+        raise PlanError(f"{where}: {key} must be >= {lo}")
+    return kind(v)
+
+
+def _rules(t: Any, where: str) -> Rules:
+    if t is None:
+        return Rules()
+    if not isinstance(t, dict):
+        raise PlanError(f"{where}: [rules] must be a table")
+    known = set(Rules.__dataclass_fields__)
+    unknown = set(t) - known
+    if unknown:
+        raise PlanError(f"{where}: [rules]: unknown key(s) {', '.join(sorted(unknown))} ({', '.join(sorted(known))})")
+    d = Rules()
+    return Rules(repeats=_num(t, "repeats", d.repeats, int, 1, where), warmup=_num(t, "warmup", d.warmup, int, 0, where),
+                 threshold=_num(t, "threshold", d.threshold, float, 0, where),
+                 noise_factor=_num(t, "noise_factor", d.noise_factor, float, 0, where),
+                 max_reruns=_num(t, "max_reruns", d.max_reruns, int, 0, where),
+                 confirm=_num(t, "confirm", d.confirm, bool, 0, where),
+                 timeout=_num(t, "timeout", d.timeout, float, 1, where),
+                 retries=_num(t, "retries", d.retries, int, 0, where))
+
+
+def _envs(tables: Any, path: str, base: str) -> List[Env]:
+    if not isinstance(tables, list) or not tables:
+        raise PlanError(f"{path}: no [[env]] tables")
+    envs: List[Env] = []
+    for i, t in enumerate(tables):
+        where = f"{path}: [[env]] #{i + 1}"
+        if not isinstance(t, dict):
+            raise PlanError(f"{where}: not a table")
+        unknown = set(t) - {"name", "vars", "driver", "gpu"}
+        if unknown:
+            raise PlanError(f"{where}: unknown key(s) {', '.join(sorted(unknown))} (name, vars, driver, gpu)")
+        name = t.get("name")
+        if not isinstance(name, str) or not name or not re.fullmatch(r"[\w.+-]+", name):
+            raise PlanError(f"{where}: needs a name (letters, digits, _ . + -)")
+        if any(e.name == name for e in envs):
+            raise PlanError(f"{where}: name {name!r} used twice")
+        vars_ = t.get("vars", {})
+        if not isinstance(vars_, dict) or not all(isinstance(v, (str, int, float, bool)) for v in vars_.values()):
+            raise PlanError(f"{where} ({name}): vars must be a table of strings or numbers")
+        drv = t.get("driver")
+        if drv is not None:
+            if not isinstance(drv, str) or not drv:
+                raise PlanError(f"{where} ({name}): driver must be a path")
+            drv = os.path.join(base, os.path.expanduser(drv))
+            if not os.path.exists(drv):
+                raise PlanError(f"{where} ({name}): driver {drv}: no such file")
+        gpu = t.get("gpu")
+        if gpu is not None and (not isinstance(gpu, str) or not re.fullmatch(r"[\w.+-]+", gpu)):
+            raise PlanError(f"{where} ({name}): gpu must be a model name such as \"H100\"")
+        vs = {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in vars_.items()}
+        for kern, dig in replace_digests(vs.get("CUDASNAP_REPLACE", "")).items():
+            if dig is None:
+                raise PlanError(f"{where} ({name}): CUDASNAP_REPLACE {kern}: its file cannot be read")
+        envs.append(Env(i, name, vs, drv, gpu))
+    return envs
+
+
+def _snapshots(tables: Any, path: str, base: str) -> List[Snapshot]:
+    if not isinstance(tables, list) or not tables:
+        raise PlanError(f"{path}: no [[snapshot]] tables")
+    out: List[Snapshot] = []
+    seen = set()
+    for i, t in enumerate(tables):
+        where = f"{path}: [[snapshot]] #{i + 1}"
+        if not isinstance(t, dict):
+            raise PlanError(f"{where}: not a table")
+        unknown = set(t) - {"path", "kernels", "profile"}
+        if unknown:
+            raise PlanError(f"{where}: unknown key(s) {', '.join(sorted(unknown))} (path, kernels, profile)")
+        pat = t.get("path")
+        if not isinstance(pat, str) or not pat:
+            raise PlanError(f"{where}: needs a path (a file or a glob)")
+        mode = t.get("profile", "isolated")
+        if mode not in ("isolated", "timeline"):
+            raise PlanError(f"{where}: profile must be isolated or timeline, not {mode!r}")
+        kern = t.get("kernels")
+        if kern is not None:
+            if not isinstance(kern, str):
+                raise PlanError(f"{where}: kernels must be a regex string")
+            try:
+                re.compile(kern)
+            except re.error as e:
+                raise PlanError(f"{where}: kernels: bad regex: {e}")
+        full = os.path.join(base, os.path.expanduser(pat))
+        hits = sorted(glob.glob(full)) if glob.has_magic(full) else ([full] if os.path.exists(full) else [])
+        hits = [h for h in hits if os.path.isfile(h)]
+        if not hits:
+            raise PlanError(f"{where}: {pat!r} matches no file")
+        for h in hits:
+            dig = _file_digest(h)
+            if dig is None:
+                raise PlanError(f"{where}: {h}: cannot be read")
+            ident = (dig, kern, mode)
+            if ident in seen:
+                continue
+            seen.add(ident)
+            out.append(Snapshot(os.path.abspath(h), dig, os.path.getsize(h), kern, mode))
+    return out
+
+
+def cell_key(s: Snapshot, e: Env) -> str:
+    ident = {"snapshot": s.digest, "kernels": s.kernels, "mode": s.mode, "env": e.identity()}
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def load_campaign(path) -> Campaign:
+    path = os.fspath(path)
+    doc = toml_load(path)
+    unknown = set(doc) - {"name", "baseline", "rules", "snapshot", "env"}
+    if unknown:
+        raise PlanError(f"{path}: unknown key(s) {', '.join(sorted(unknown))} (name, baseline, rules, snapshot, env)")
+    base = os.path.dirname(os.path.abspath(path))
+    name = doc.get("name", os.path.splitext(os.path.basename(path))[0])
+    if not isinstance(name, str) or not name:
+        raise PlanError(f"{path}: name must be a string")
+    rules = _rules(doc.get("rules"), path)
+    envs = _envs(doc.get("env"), path, base)
+    snaps = _snapshots(doc.get("snapshot"), path, base)
+    bl = doc.get("baseline", envs[0].name)
+    if not isinstance(bl, str) or not bl:
+        raise PlanError(f"{path}: baseline must be an env name or run:latest / run:N")
+    if bl.startswith("run:"):
+        if bl != "run:latest" and not re.fullmatch(r"run:\d+", bl):
+            raise PlanError(f"{path}: baseline {bl!r}: an earlier run is run:latest or run:N")
+    elif bl not in {e.name for e in envs}:
+        raise PlanError(f"{path}: baseline {bl!r} is not an [[env]] name ({', '.join(e.name for e in envs)})")
+    with open(path, "rb") as f:
+        raw = f.read()
+    # the file's own bytes plus what it points at: a changed snapshot or replacement is another campaign
+    h = hashlib.sha256(raw)
+    h.update(json.dumps([[s.digest, s.kernels, s.mode] for s in snaps]).encode())
+    h.update(json.dumps([e.identity() for e in envs], sort_keys=True).encode())
+    cells: List[Cell] = []
+    for s in snaps:
+        keys = {e.name: cell_key(s, e) for e in envs}
+        for e in envs:
+            bkey = None
+            if not bl.startswith("run:") and e.name != bl:
+                bkey = keys[bl]
+            cells.append(Cell(s, e, keys[e.name], bkey))
+    return Campaign(path=os.path.abspath(path), name=name, file_hash=h.hexdigest()[:32], baseline=bl, rules=rules,
+                    snapshots=snaps, envs=envs, cells=cells)

@@ -1,0 +1,206 @@
+"""The campaign store: one SQLite file, appended to by every run (schema: SCHEMA.md).
+
+Each finished cell is written in its own transaction (cell, its kernels, its profile), so an
+interrupted campaign leaves only whole cells; attempts are written as they end. A run's own
+row is the one row updated in place: its end, status, hosts and session count."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sqlite3
+import time
+from typing import Any, Dict, Iterable, List, Optional
+
+import zstandard
+
+SCHEMA_VERSION = 1
+
+TABLES: Dict[str, List[str]] = {
+    "meta": ["key", "value"],
+    "runs": ["id", "campaign", "campaign_path", "campaign_hash", "baseline", "rules", "started", "ended", "status",
+             "hosts", "cudasnap_version", "address", "sessions", "exit_code"],
+    "cells": ["id", "run_id", "cell_key", "snapshot", "snapshot_digest", "snapshot_id", "kernels", "mode", "env",
+              "env_json", "is_baseline", "baseline_cell_id", "gpu_req", "gpu_model", "device_uuid", "driver_version",
+              "libcuda", "host", "status", "verdict", "regressed", "exit_code", "attempts", "reruns", "confirmed",
+              "wall_s", "replay_s", "error", "finished"],
+    "kernel_results": ["id", "cell_id", "kernel", "launches", "median_us", "noise_pct", "base_median_us",
+                       "base_noise_pct", "ratio", "diff_pct", "verdict", "why"],
+    "attempts": ["id", "run_id", "cell_key", "n", "purpose", "outcome", "exit_code", "host", "node_id", "gpu_uuid",
+                 "visible_devices", "queue_s", "proc_s", "wall_s", "error", "started", "ended"],
+    "profiles": ["cell_id", "encoding", "data"],
+}
+
+_DDL = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS runs (
+  id INTEGER PRIMARY KEY, campaign TEXT NOT NULL, campaign_path TEXT, campaign_hash TEXT NOT NULL,
+  baseline TEXT, rules TEXT, started TEXT NOT NULL, ended TEXT, status TEXT NOT NULL, hosts TEXT,
+  cudasnap_version TEXT, address TEXT, sessions INTEGER NOT NULL DEFAULT 1, exit_code INTEGER);
+CREATE TABLE IF NOT EXISTS cells (
+  id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL REFERENCES runs(id), cell_key TEXT NOT NULL,
+  snapshot TEXT NOT NULL, snapshot_digest TEXT NOT NULL, snapshot_id TEXT, kernels TEXT, mode TEXT NOT NULL,
+  env TEXT NOT NULL, env_json TEXT NOT NULL, is_baseline INTEGER NOT NULL, baseline_cell_id INTEGER,
+  gpu_req TEXT, gpu_model TEXT, device_uuid TEXT, driver_version INTEGER, libcuda TEXT, host TEXT,
+  status TEXT NOT NULL, verdict TEXT NOT NULL, regressed INTEGER NOT NULL, exit_code INTEGER,
+  attempts INTEGER NOT NULL, reruns INTEGER NOT NULL, confirmed INTEGER, wall_s REAL, replay_s REAL,
+  error TEXT, finished TEXT NOT NULL, UNIQUE (run_id, cell_key));
+CREATE TABLE IF NOT EXISTS kernel_results (
+  id INTEGER PRIMARY KEY, cell_id INTEGER NOT NULL REFERENCES cells(id), kernel TEXT NOT NULL,
+  launches INTEGER, median_us REAL, noise_pct REAL, base_median_us REAL, base_noise_pct REAL, ratio REAL,
+  diff_pct REAL, verdict TEXT, why TEXT);
+CREATE TABLE IF NOT EXISTS attempts (
+  id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL REFERENCES runs(id), cell_key TEXT NOT NULL, n INTEGER NOT NULL,
+  purpose TEXT NOT NULL, outcome TEXT NOT NULL, exit_code INTEGER, host TEXT, node_id TEXT, gpu_uuid TEXT,
+  visible_devices TEXT, queue_s REAL, proc_s REAL, wall_s REAL, error TEXT, started TEXT, ended TEXT);
+CREATE TABLE IF NOT EXISTS profiles (
+  cell_id INTEGER PRIMARY KEY REFERENCES cells(id), encoding TEXT NOT NULL, data BLOB NOT NULL);
+CREATE INDEX IF NOT EXISTS cells_by_snapshot ON cells (snapshot_digest, env);
+CREATE INDEX IF NOT EXISTS kernels_by_cell ON kernel_results (cell_id);
+CREATE INDEX IF NOT EXISTS attempts_by_cell ON attempts (run_id, cell_key);
+"""
+
+
+class StoreError(Exception):
+    """A store that cannot be opened or is not a campaign store (one line)."""
+
+
+def now_iso(t: Optional[float] = None) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if t is None else t))
+
+
+class Store:
+    def __init__(self, path, create: bool = True):
+        self.path = os.fspath(path)
+        if not create and not os.path.isfile(self.path):
+            raise StoreError(f"{self.path}: no such store")
+        if os.path.isdir(self.path):
+            raise StoreError(f"{self.path} is a directory: give a store file")
+        parent = os.path.dirname(os.path.abspath(self.path))
+        if not os.path.isdir(parent):
+            raise StoreError(f"{self.path}: no such directory {parent} (create it first)")
+        try:
+            self.db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            self.db.row_factory = sqlite3.Row
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA foreign_keys=ON")
+            tables = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        except sqlite3.DatabaseError as e:
+            raise StoreError(f"{self.path}: not an SQLite store ({e})")
+        if tables and "runs" not in tables:
+            raise StoreError(f"{self.path}: an SQLite file, but not a campaign store")
+        if not tables and not create:
+            raise StoreError(f"{self.path}: an empty file, not a campaign store")
+        if create:
+            try:
+                self.db.executescript(_DDL)         # idempotent: IF NOT EXISTS
+                self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            except sqlite3.DatabaseError as e:
+                raise StoreError(f"{self.path}: cannot write the store ({e})")
+        v = self.db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        if v is None or int(v[0]) != SCHEMA_VERSION:
+            raise StoreError(f"{self.path}: store schema version {v[0] if v else '?'}, this cudasnap reads {SCHEMA_VERSION}")
+
+    # ------------------------------------------------------------------ transactions
+    class _Tx:
+        def __init__(self, db):
+            self.db = db
+
+        def __enter__(self):
+            self.db.execute("BEGIN IMMEDIATE")
+            return self.db
+
+        def __exit__(self, et, ev, tb):
+            self.db.execute("COMMIT" if et is None else "ROLLBACK")
+            return False
+
+    def tx(self):
+        return Store._Tx(self.db)
+
+    def close(self) -> None:
+        self.db.close()
+
+    # ------------------------------------------------------------------ runs
+    def open_run(self, campaign, version: str, address: Optional[str], fresh: bool) -> (int, bool):
+        """The run to continue (the latest run of this campaign file: its finished cells are
+        skipped) or, when fresh or there is none, a new one. Returns (run id, resumed)."""
+        if not fresh:
+            r = self.db.execute("SELECT id FROM runs WHERE campaign_hash=? ORDER BY id DESC LIMIT 1",
+                                (campaign.file_hash,)).fetchone()
+            if r is not None:
+                with self.tx() as db:
+                    db.execute("UPDATE runs SET sessions=sessions+1, status='running', ended=NULL WHERE id=?", (r[0],))
+                return r[0], True
+        rules = json.dumps(campaign.rules.__dict__)
+        with self.tx() as db:
+            cur = db.execute("INSERT INTO runs (campaign, campaign_path, campaign_hash, baseline, rules, started, status,"
+                             " hosts, cudasnap_version, address) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                             (campaign.name, campaign.path, campaign.file_hash, campaign.baseline, rules, now_iso(),
+                              "running", json.dumps([socket.gethostname()]), version, address))
+            return cur.lastrowid, False
+
+    def close_run(self, run_id: int, status: str, hosts: Iterable[str], exit_code: Optional[int]) -> None:
+        row = self.db.execute("SELECT hosts FROM runs WHERE id=?", (run_id,)).fetchone()
+        old = json.loads(row[0]) if row and row[0] else []
+        allh = sorted(set(old) | set(h for h in hosts if h))
+        with self.tx() as db:
+            db.execute("UPDATE runs SET ended=?, status=?, hosts=?, exit_code=? WHERE id=?",
+                       (now_iso(), status, json.dumps(allh), exit_code, run_id))
+
+    def finished_keys(self, run_id: int) -> Dict[str, int]:
+        return {r[0]: r[1] for r in self.db.execute("SELECT cell_key, id FROM cells WHERE run_id=?", (run_id,))}
+
+    def runs(self, since: Optional[str] = None) -> List[sqlite3.Row]:
+        if since:
+            return list(self.db.execute("SELECT * FROM runs WHERE started >= ? ORDER BY id", (since,)))
+        return list(self.db.execute("SELECT * FROM runs ORDER BY id"))
+
+    def resolve_run(self, spec: str, campaign: str, exclude: int) -> Optional[int]:
+        """run:latest (the latest other run of this campaign) or run:N."""
+        if spec == "run:latest":
+            r = self.db.execute("SELECT id FROM runs WHERE campaign=? AND id<>? ORDER BY id DESC LIMIT 1",
+                                (campaign, exclude)).fetchone()
+        else:
+            r = self.db.execute("SELECT id FROM runs WHERE id=?", (int(spec[4:]),)).fetchone()
+        return r[0] if r else None
+
+    # ------------------------------------------------------------------ cells
+    def add_attempt(self, run_id: int, cell_key: str, a: Dict[str, Any]) -> None:
+        with self.tx() as db:
+            n = db.execute("SELECT COUNT(*) FROM attempts WHERE run_id=? AND cell_key=?", (run_id, cell_key)).fetchone()[0]
+            db.execute("INSERT INTO attempts (run_id, cell_key, n, purpose, outcome, exit_code, host, node_id, gpu_uuid,"
+                       " visible_devices, queue_s, proc_s, wall_s, error, started, ended)"
+                       " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                       (run_id, cell_key, n + 1, a.get("purpose"), a.get("outcome"), a.get("exit_code"), a.get("host"),
+                        a.get("node_id"), a.get("gpu_uuid"), a.get("visible_devices"), a.get("queue_s"),
+                        a.get("proc_s"), a.get("wall_s"), a.get("error"), a.get("started"), a.get("ended")))
+
+    def add_cell(self, run_id: int, c: Dict[str, Any], kernels: List[Dict[str, Any]],
+                 profile: Optional[Dict[str, Any]]) -> int:
+        """The whole cell in one transaction."""
+        cols = TABLES["cells"][2:]
+        with self.tx() as db:
+            cur = db.execute(f"INSERT INTO cells (run_id, {', '.join(cols)}) VALUES (?{', ?' * len(cols)})",
+                             [run_id] + [c.get(k) for k in cols])
+            cid = cur.lastrowid
+            kc = TABLES["kernel_results"][2:]
+            db.executemany(f"INSERT INTO kernel_results (cell_id, {', '.join(kc)}) VALUES (?{', ?' * len(kc)})",
+                           [[cid] + [k.get(x) for x in kc] for k in kernels])
+            if profile is not None:
+                data = zstandard.ZstdCompressor(level=9).compress(json.dumps(profile, separators=(",", ":")).encode())
+                db.execute("INSERT INTO profiles VALUES (?, 'zstd+json', ?)", (cid, data))
+            return cid
+
+    def profile(self, cell_id: int) -> Optional[Dict[str, Any]]:
+        r = self.db.execute("SELECT encoding, data FROM profiles WHERE cell_id=?", (cell_id,)).fetchone()
+        if r is None:
+            return None
+        return json.loads(zstandard.ZstdDecompressor().decompress(r[1]))
+
+    def cell(self, cell_id: int) -> Optional[sqlite3.Row]:
+        return self.db.execute("SELECT * FROM cells WHERE id=?", (cell_id,)).fetchone()
+
+    def find_cell(self, run_id: int, snapshot_digest: str, env: str, mode: str, kernels: Optional[str]):
+        return self.db.execute("SELECT * FROM cells WHERE run_id=? AND snapshot_digest=? AND env=? AND mode=?"
+                               " AND kernels IS ? AND status='ok' ORDER BY id DESC LIMIT 1",
+                               (run_id, snapshot_digest, env, mode, kernels)).fetchone()

@@ -1,0 +1,185 @@
+"""What runs on a Ray worker for one replay of a cell: `python -m cudasnap replay SNAP --profile
+MODE --out X.json` in its own process, with the environment's variables and driver, pinned to
+the GPU Ray gave the task (CUDA_VISIBLE_DEVICES). The replay dies with the worker (PDEATHSIG),
+so a lost worker never leaves a replay holding its GPU."""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any, Dict, List, Optional
+
+import xxhash
+
+# a test hook: when this file exists, the first replay to claim it (by removing it) has its
+# worker SIGKILLed while the replay runs, as a lost worker would
+KILL_HOOK = "CUDASNAP_CAMPAIGN_TEST_KILL"
+_verified: Dict[tuple, str] = {}
+
+
+def cache_dir() -> str:
+    d = os.environ.get("CUDASNAP_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "cudasnap")
+    return os.path.join(d, "snapshots")
+
+
+def _digest(path: str) -> str:
+    h = xxhash.xxh3_128()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def local_snapshot(spec: Dict[str, Any], same_node: bool, blob: Optional[bytes]) -> Optional[str]:
+    """The snapshot's path on this node: the driver's own path (same node, or shared storage
+    holding the same bytes), a cached copy, or the bytes from the object store written to the
+    cache. None: the driver must send the bytes."""
+    path, digest, size = spec["path"], spec["digest"], spec["size"]
+    if not spec.get("ship"):
+        if same_node and os.path.isfile(path):
+            return path
+        try:
+            st = os.stat(path)
+            k = (path, st.st_size, st.st_mtime_ns)
+            if st.st_size == size and (_verified.get(k) == digest or _digest(path) == digest):
+                _verified[k] = digest
+                return path
+        except OSError:
+            pass
+    cached = os.path.join(cache_dir(), digest + ".cusnap")
+    if os.path.isfile(cached) and os.path.getsize(cached) == size:
+        return cached
+    if blob is None:
+        return None
+    os.makedirs(os.path.dirname(cached), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(cached), prefix=f".{digest}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob)
+        os.replace(tmp, cached)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return cached
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+    os.setsid()
+
+
+def _driver_dir(driver: str, work: str) -> str:
+    p = os.path.abspath(driver)
+    if os.path.isdir(p):
+        return p
+    if os.path.basename(p) == "libcuda.so.1":
+        return os.path.dirname(p)
+    d = os.path.join(work, "driver")
+    os.makedirs(d, exist_ok=True)
+    os.symlink(p, os.path.join(d, "libcuda.so.1"))
+    return d
+
+
+def argv_for(snap: str, out: str, mode: str, kernels: Optional[str], repeat: int, warmup: int) -> List[str]:
+    a = ["replay", snap, "--profile", mode, "--out", out, "-q", "--no-progress"]
+    if mode == "isolated":
+        a += ["--repeat", str(repeat), "--warmup", str(warmup)]
+    if kernels:
+        a += ["--kernels", kernels]
+    return a
+
+
+def run_replay(spec: Dict[str, Any], gpu_ids: List[Any], snap: str) -> Dict[str, Any]:
+    """One replay in its own process; the result without any Ray type in it."""
+    res: Dict[str, Any] = {"host": socket.gethostname(), "visible_devices": ",".join(str(g) for g in gpu_ids),
+                           "started": time.time()}
+    with tempfile.TemporaryDirectory(prefix="cudasnap-cell-") as work:
+        out = os.path.join(work, "cell.json")
+        env = dict(os.environ)
+        env.update(spec["vars"])
+        env.pop("CUDASNAP_REPLAY_TEST_BLOCK", None)
+        env.pop(KILL_HOOK, None)
+        if gpu_ids:
+            env["CUDA_VISIBLE_DEVICES"] = res["visible_devices"]
+        if spec.get("driver"):
+            d = _driver_dir(spec["driver"], work)
+            old = env.get("LD_LIBRARY_PATH", "")
+            env["LD_LIBRARY_PATH"] = d + (os.pathsep + old if old else "")
+        cmd = [sys.executable, "-m", "cudasnap"] + argv_for(snap, out, spec["mode"], spec.get("kernels"),
+                                                            spec["repeat"], spec["warmup"])
+        t0 = time.monotonic()
+        p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=_die_with_parent)
+        _maybe_kill_self()
+        try:
+            _, err = p.communicate(timeout=spec["timeout"])
+            rc = p.returncode
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+            rc, err = 124, f"the replay ran past {spec['timeout']:g} s"
+        res["proc_s"] = time.monotonic() - t0
+        res["exit_code"] = rc
+        lines = [ln for ln in (err or "").splitlines() if ln.strip()]
+        res["stderr_tail"] = "\n".join(lines[-5:])
+        res["profile"] = None
+        if rc in (0, 1) and os.path.exists(out):
+            try:
+                with open(out) as f:
+                    res["profile"] = json.load(f)
+            except (OSError, ValueError) as e:
+                res["stderr_tail"] += f"\nprofile unreadable: {e}"
+        if res["profile"] is not None and spec.get("driver"):
+            got = (res["profile"].get("run") or {}).get("libcuda")
+            want = os.path.realpath(spec["driver"] if not os.path.isdir(spec["driver"])
+                                    else os.path.join(spec["driver"], "libcuda.so.1"))
+            if got and os.path.realpath(got) != want:
+                res["exit_code"] = 2
+                res["stderr_tail"] = f"driver {spec['driver']} requested, but the replay loaded {got}"
+                res["profile"] = None
+    res["ended"] = time.time()
+    return res
+
+
+def _maybe_kill_self() -> None:
+    hook = os.environ.get(KILL_HOOK)
+    if not hook:
+        return
+    try:
+        os.unlink(hook)             # claimed: only one replay is killed
+    except OSError:
+        return
+    threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+
+
+def cell_task(spec: Dict[str, Any], blob_refs: List[Any], driver_node: str, submitted: float) -> Dict[str, Any]:
+    """The body of the Ray task (engine.py wraps it with its resources)."""
+    import ray
+
+    ctx = ray.get_runtime_context()
+    node = ctx.get_node_id()
+    queue_s = max(0.0, time.time() - submitted)
+    blob = None
+    snap = local_snapshot(spec, node == driver_node, None)
+    if snap is None and blob_refs:
+        blob = ray.get(blob_refs[0])
+        snap = local_snapshot(spec, node == driver_node, blob)
+    if snap is None:
+        return {"need_bytes": True, "node_id": node, "host": socket.gethostname()}
+    res = run_replay(spec, list(ray.get_gpu_ids()), snap)
+    res["node_id"] = node
+    res["queue_s"] = queue_s
+    return res

@@ -1,0 +1,249 @@
+"""`cudasnap campaign run|report`: regression campaigns on Ray (the work is in cudasnap.campaign)."""
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import typer
+from typer.core import TyperCommand
+
+from cudasnap.console import is_tty
+
+
+class _Command(TyperCommand):
+    def parse_args(self, ctx, args):
+        """A bad option value is one line, as every other cudasnap error."""
+        try:
+            return super().parse_args(ctx, args)
+        except typer.BadParameter as e:
+            typer.echo(f"cudasnap: error: {' '.join(e.format_message().split())}", err=True)
+            ctx.exit(2)
+
+campaign_app = typer.Typer(
+    add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+    help="Regression campaigns: every snapshot x every environment, one replay per GPU, on Ray; results kept in an SQLite store.",
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+
+
+def _fail(msg: str, code: int = 2):
+    typer.echo(f"cudasnap: error: {msg}", err=True)
+    raise typer.Exit(code)
+
+
+class _Progress:
+    """A live bar of cells done, running and failed with an ETA at a terminal; one line per
+    finished cell elsewhere."""
+
+    def __init__(self, quiet: bool):
+        self.quiet = quiet
+        self.tty = is_tty(sys.stderr) and not quiet
+        self.bar = None
+        self.total = self.done = self.failed = self.regressed = 0
+        self.slots = 1
+        self.inflight = 0
+
+    def __call__(self, kind: str, info: Dict[str, Any]) -> None:
+        if kind == "start":
+            self.total = info["cells"] - info["skipped"]
+            self.slots = info["slots"]
+            if not self.quiet:
+                sys.stderr.write(f"campaign: {info['cells']} cells, {self.total} to run, {info['skipped']} finished "
+                                 f"earlier (skipped), {self.slots} GPU(s)\n")
+            if self.tty:
+                from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                           TimeRemainingColumn)
+                from cudasnap.console import console
+                self.bar = Progress(TextColumn("cells"), BarColumn(), MofNCompleteColumn(),
+                                    TextColumn("{task.fields[state]}"), TimeElapsedColumn(), TextColumn("ETA"),
+                                    TimeRemainingColumn(), console=console(stderr=True), transient=False)
+                self.task = self.bar.add_task("cells", total=self.total, state="")
+                self.bar.start()
+            self._update()
+        elif kind == "submit":
+            self.inflight += 1
+        elif kind == "attempt":
+            self.inflight -= 1
+            if info["outcome"] not in ("ok", "mismatch") and not self.quiet and not self.tty:
+                sys.stderr.write(f"  {info['cell'].label}: {info['purpose']} attempt {info['outcome']}: "
+                                 f"{(info.get('error') or '').splitlines()[-1:] or ''}\n")
+        elif kind == "cell":
+            self.done += 1
+            if info["status"] in ("infra", "error"):
+                self.failed += 1
+            if not self.quiet and not self.tty:
+                extra = f" ({', '.join(info['slower'])})" if info.get("slower") else ""
+                err = f": {info['error']}" if info.get("error") and info["status"] != "ok" else ""
+                sys.stderr.write(f"[{self.done}/{self.total}] {info['cell'].label}: {info['verdict']}{extra}{err}\n")
+            self._update()
+        elif kind == "tick":
+            self.inflight = info["inflight"]
+            self._update()
+
+    def _update(self) -> None:
+        if self.bar is not None:
+            running = min(self.inflight, self.slots)
+            self.bar.update(self.task, completed=self.done,
+                            state=f"done {self.done}  running {running}  queued {self.inflight - running}  "
+                                  f"failed {self.failed}")
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
+
+
+@campaign_app.command("run", cls=_Command)
+def run(
+    campaign: Path = typer.Argument(..., metavar="CAMPAIGN.toml", help="[[snapshot]] and [[env]] tables, a baseline and [rules]."),
+    output: Path = typer.Option(Path("campaign.sqlite"), "-o", "--output", metavar="STORE.sqlite", help="The store (created, or appended to: history accumulates)."),
+    address: Optional[str] = typer.Option(None, "--address", metavar="auto|ray://HOST:PORT", help="A Ray cluster to run on (default: a local Ray runtime using every GPU of this machine)."),
+    fresh: bool = typer.Option(False, "--fresh", help="A new campaign run even when this campaign file already ran in the store (nightly runs); by default its finished cells are skipped."),
+    ship: bool = typer.Option(False, "--ship", help="Send snapshots through Ray's object store even where a node sees the same path."),
+    json_out: bool = typer.Option(False, "--json", help="Print the run's counts and report as JSON."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress, only the report."),
+):
+    """Replay every snapshot in every environment, one replay per GPU, and judge each against
+    the baseline (reruns near the threshold, a confirmation run before a regression).
+
+    Each cell is written to the store as it finishes; running the same campaign file on the
+    same store again runs only the cells not finished (Ctrl-C leaves the store consistent).
+    Exit 0: no regression; 1: a regression; 2: infrastructure failures or bad input."""
+    from cudasnap.campaign.plan import PlanError, load_campaign
+    from cudasnap.campaign.store import Store, StoreError
+
+    try:
+        camp = load_campaign(campaign)
+    except PlanError as e:
+        _fail(str(e))
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        _fail("campaigns run on Ray, which is not installed: pip install 'cudasnap[campaign]'")
+    try:
+        store = Store(output)
+    except StoreError as e:
+        _fail(str(e))
+    raise typer.Exit(run_campaign(camp, store, address, fresh, ship, json_out, quiet))
+
+
+def run_campaign(camp, store, address, fresh: bool, ship: bool, json_out: bool, quiet: bool,
+                 init_kwargs: Optional[dict] = None) -> int:
+    from cudasnap.campaign.engine import Engine, EngineError
+    from cudasnap.campaign.report import build_report, render_text
+
+    from cudasnap import __version__ as version
+    base_run = None
+    run_id, resumed = store.open_run(camp, version, address, fresh)
+    if camp.baseline.startswith("run:"):
+        base_run = store.resolve_run(camp.baseline, camp.name, run_id)
+        if base_run is None:
+            store.close_run(run_id, "failed", [], 2)
+            _fail(f"baseline {camp.baseline}: no such earlier run of campaign {camp.name!r} in {store.path}")
+    skip = store.finished_keys(run_id) if resumed else {}
+    prog = _Progress(quiet or json_out)
+    eng = None
+    status, code = "failed", 2
+    old = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, _interrupt)
+    t0 = time.monotonic()
+    try:
+        try:
+            eng = Engine(camp, store, run_id, address=address, init_kwargs=init_kwargs, ship=ship, on_event=prog)
+        except EngineError as e:
+            prog.stop()
+            store.close_run(run_id, "failed", [], 2)
+            _fail(str(e))
+        eng.set_baseline_run(base_run)
+        counts = eng.run(skip)
+        prog.stop()
+        status = "done"
+    except KeyboardInterrupt:
+        prog.stop()
+        n = len(store.finished_keys(run_id))
+        store.close_run(run_id, "interrupted", eng.hosts if eng else [], 130)
+        sys.stderr.write(f"cudasnap: interrupted: {n} of {len(camp.cells)} cells are in {store.path}; "
+                         f"run the same command again to finish the others\n")
+        if eng:
+            eng.shutdown()
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    rep = build_report(store, run=run_id)
+    code = rep["exit_code"]
+    store.close_run(run_id, status, eng.hosts, code)
+    rep["run"] = dict(store.db.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone())
+    eng.shutdown()
+    wall = time.monotonic() - t0
+    summary = {"run": run_id, "resumed": resumed, "cells": counts["cells"], "ran": counts["ran"],
+               "skipped": counts["skipped"], "failed": counts["failed"], "gpus": eng.slots(),
+               "wall_s": round(wall, 3), "store": store.path}
+    if json_out:
+        sys.stdout.write(json.dumps(dict(summary, report=rep), indent=1, default=str) + "\n")
+    else:
+        sys.stdout.write(f"campaign run {run_id}{' (resumed)' if resumed else ''}: ran {counts['ran']} cells, "
+                         f"skipped {counts['skipped']} finished earlier, {counts['failed']} failed, "
+                         f"{wall:.1f} s on {eng.slots()} GPU(s); store {store.path}\n")
+        render_text(rep, sys.stdout)
+    return code
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt       # SIGTERM stops a campaign as Ctrl-C does: whole cells kept
+
+
+@campaign_app.command("report", cls=_Command)
+def report(
+    store_path: Path = typer.Argument(..., metavar="STORE", help="A campaign store (campaign run -o)."),
+    html: Optional[Path] = typer.Option(None, "--html", metavar="R.html", help="Write a self-contained HTML report with each kernel's trend plotted (needs plotly)."),
+    since: Optional[str] = typer.Option(None, "--since", metavar="DATE", help="Only runs started on or after DATE (YYYY-MM-DD or YYYY-MM-DDTHH:MM)."),
+    run_id: Optional[int] = typer.Option(None, "--run", metavar="N", help="The run whose matrix is shown (default: the latest)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    force: bool = typer.Option(False, "-f", "--force-overwrite", help="Replace an existing HTML report."),
+):
+    """The matrix of the latest run (snapshot x env, with verdicts), each kernel's history across
+    runs, and every regression attributed: its kernel, what differs from the last good cell
+    (driver, a variable, a rebuilt kernel), the first run where it appeared.
+
+    Exit 0: no regression; 1: a regression; 2: infrastructure failures, or bad input."""
+    from cudasnap.campaign.report import ReportError, build_report, parse_since, render_text, write_html
+    from cudasnap.campaign.store import Store, StoreError
+
+    try:
+        st = Store(store_path, create=False)
+    except StoreError as e:
+        _fail(str(e))
+    try:
+        since_iso = parse_since(since) if since else None
+    except ReportError as e:
+        _fail(str(e))
+    if html is not None:
+        from cudasnap.compare.html import need_plotly
+        from cudasnap.formats.outputs import OutputError, check_output
+        why = need_plotly()
+        if why:
+            _fail(why)
+        try:
+            check_output(html, force=force, inputs=[store_path], what="--html")
+        except OutputError as e:
+            _fail(str(e))
+    try:
+        rep = build_report(st, run=run_id, since=since_iso)
+    except ReportError as e:
+        _fail(str(e))
+    if html is not None:
+        try:
+            write_html(rep, html)
+        except OSError as e:
+            _fail(f"cannot write {html}: {e.strerror or e}")
+        rep["html"] = str(html)
+    if json_out:
+        sys.stdout.write(json.dumps(rep, indent=1, default=str) + "\n")
+    else:
+        render_text(rep, sys.stdout)
+        if html is not None:
+            sys.stdout.write(f"report written to {html}\n")
+    raise typer.Exit(rep["exit_code"])
