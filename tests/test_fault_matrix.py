@@ -554,6 +554,8 @@ def check_command_outputs(t: Tally, o: Outputs, p: dict) -> None:
                                  ("the_input", inp, ["-f"]), ("missing_parent", box / "nope" / "d", ["-f"]),
                                  ("unwritable", Path("/proc/cudasnap-d"), ["-f"])):
             o.run(f"{cmd} {case}", _args(tpl, p, inp, out) + force, 2, name=out)
+    o.run("capture -o existing", ["capture", "-o", str(box / "existing.cusnap"), "--", "touch", str(box / "ran")], 2,
+          name=box / "existing.cusnap")           # refused before the program starts: it writes nothing
     if (box / "nope").exists():
         t.problem("missing_parent", "a command created a missing parent directory")
     # -f replaces what the command writes and keeps every other file
