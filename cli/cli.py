@@ -155,13 +155,17 @@ def _check_outputs(force: bool, inputs, *outs) -> None:
     """Refuse an output before any work starts: the rule of formats/outputs.py, one line, exit 2.
     outs: (path or None, "file" | "dir", what)."""
     from cudasnap.formats.outputs import OutputError, check_output
+    seen = {}
     for path, kind, what in outs:
         if path is None:
             continue
         try:
-            check_output(path, force, kind, inputs, what)
+            a = check_output(path, force, kind, inputs, what)
         except OutputError as e:
             _fail(str(e))
+        if a in seen:
+            _fail(f"{what} {path} is also {seen[a]}: give each output its own file")
+        seen[a] = what
 
 
 def _version() -> str:
@@ -585,13 +589,28 @@ def _flight_default(argv: List[str]) -> List[str]:
     return out
 
 
+def _stdout_null() -> bool:
+    """Is stdout /dev/null (where rich points it when its reader went away)?"""
+    try:
+        st, nul = os.fstat(1), os.stat(os.devnull)
+        return (st.st_rdev, st.st_ino) == (nul.st_rdev, nul.st_ino)
+    except OSError:
+        return False
+
+
 def main() -> None:
     sys.argv[1:] = _flight_default(sys.argv[1:])
+    was_null = _stdout_null()
     try:
         app()
     except BrokenPipeError:         # `cudasnap api | head`: the reader has all it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(0)
+    except SystemExit as e:         # click and rich turn a broken pipe into exit 1: the same case
+        if e.code == 1 and (type(sys.stdout).__name__ == "PacifyFlushWrapper" or (_stdout_null() and not was_null)):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(0)
+        raise
     except Exception as e:
         from cudasnap.formats import SnapshotError
         if not isinstance(e, (OSError, SnapshotError)):

@@ -58,7 +58,8 @@ def check_output(path: PathLike, force: bool = False, kind: str = "file",
     a = os.path.abspath(p)
     for i in inputs:
         if i is not None and _same(a, i):
-            raise OutputError(f"{label} is the input {os.fspath(i)}: write the output elsewhere")
+            same = "" if os.fspath(i) == p else f" {os.fspath(i)}"
+            raise OutputError(f"{label} is the input{same}: write the output elsewhere")
     if os.path.lexists(a):
         if kind == "file":
             if os.path.isdir(a):
