@@ -15,7 +15,8 @@ from .ring_constants import (F_ATTRS, F_CODE, F_DIGEST, F_HANDLE, F_HOSTDST, F_H
 LINK_KINDS = {1: "export", 2: "import"}
 EXTRA_NAMES = {F_PARAMS: "params", F_ATTRS: "attrs", F_IMAGE: "image", F_HOSTSRC: "hostsrc", F_HOSTDST: "hostdst"}
 INFO_ROW = 256 + 16 + 24
-WINDOW_OPS = {1: "open", 2: "close", 3: "state", 4: "checkpoint"}
+WINDOW_OPS = {1: "open", 2: "close", 3: "state", 4: "checkpoint", 5: "endstate"}
+ENDSTATE_CHUNK = 4 << 20             # shim_blob.c CS_CHUNK: the end-state hash chunk
 NVTX_OPS = {1: "push", 2: "pop", 3: "start", 4: "end", 5: "mark", 6: "domain"}
 # allocations whose memory kernels can read without an API call (UVA pinned host, managed)
 HOST_VISIBLE = ("cuMemHostAlloc", "cuMemAllocHost", "cuMemHostRegister", "cuMemAllocManaged")
@@ -265,6 +266,12 @@ class Decoder:
         if t == R.WINDOW:
             d = {idx: data for idx, _tag, data in rec.fields}
             val = lambda k: struct.unpack("<Q", d[k])[0] if k in d else 0
+            if rec.fn == 5:             # a live range's hashes when a window closed (shim_window.c)
+                return [{"k": "endstate", "n": rec.seq, "why": bytes(d.get(F_MSG, b"")).decode("utf-8", "replace"),
+                         "addr": val(F_CODE), "size": val(F_KIND), "launches": val(F_HANDLE),
+                         "hash": "cs_hash_chunks", "chunk": ENDSTATE_CHUNK,
+                         "h": bytes(d[F_INFO]) if F_INFO in d else None,
+                         "tail": bytes(d[F_LAYOUT]) if F_LAYOUT in d else None}]
             return [{"k": "win", "op": WINDOW_OPS.get(rec.fn, str(rec.fn)), "n": rec.seq,
                      "why": bytes(d.get(F_MSG, b"")).decode("utf-8", "replace"), "bytes": val(F_CODE),
                      "ranges": val(F_KIND), "launches": val(F_HANDLE), "t": rec.t_ns,

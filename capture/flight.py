@@ -41,6 +41,7 @@ class FlightRouter(WindowRouter):
         self.hang_timeout = hang_timeout
         self.last_request = time.monotonic()
         self.triggered: Optional[str] = None
+        self.sticky = False                      # the trigger was an error that poisons the context
         self.trigger_t = 0.0
         self.trigger_seq: Optional[int] = None
         self.trigger_head: Optional[int] = None
@@ -98,6 +99,7 @@ class FlightRouter(WindowRouter):
             return
         if self.trigger_mode == "any" and (r == 600 or _QUERYISH.search(f)):
             return
+        self.sticky = r in STICKY
         self.trigger(f"call #{rec.get('s')} {f} returned {cu_result_name(r)}", rec.get("s"))
 
     def trigger(self, why: str, seq: Optional[int] = None, now: bool = False) -> None:
@@ -222,6 +224,10 @@ class FlightRouter(WindowRouter):
         e = dict(end) if end else {"k": "end", "exit": None, "signal": None, "partial": False}
         e["trigger"] = {"why": self.triggered, "seq": self.trigger_seq, "checkpoint": keep.n}
         keep.writer.write({"k": "note", "level": "info", "msg": f"flight recorder: written on {self.triggered}"})
+        # no end state to verify (formats/SCHEMA.md, "endstate"): replay says why
+        keep.writer.write({"k": "endstate", "none": (
+            f"the trigger ({self.triggered}) left the device in a sticky error state: its memory is not trustworthy"
+            if self.sticky else f"the flight recorder does not read device memory at a trigger ({self.triggered})")})
         self._close_segment(keep, None, e)
         try:
             os.replace(keep.path, self.base)

@@ -457,6 +457,8 @@ class Replayer(BatchRunner):
                 self.note(f"snapshot is truncated ({self.reader.lost_bytes} bytes lost): replayed up to the last "
                           f"complete call #{self.res.last_seq}")
             self._finish_sync()
+            from .endstate import check_window
+            check_window(self)           # a window's recorded end state against this device's memory
         except (_StopVerify, _Abort):
             pass
         except ReplayError as e:

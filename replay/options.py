@@ -44,6 +44,7 @@ class ReplayResult:
     d2h_verified: int = 0
     d2h_bytes: int = 0
     d2h_unverified: int = 0
+    endstate: Optional[Dict[str, Any]] = None   # a window's end state compared (replay/endstate.py)
     mismatches: List[Dict[str, Any]] = field(default_factory=list)
     launches: int = 0
     calls: int = 0                        # call records replayed (executed)

@@ -60,6 +60,9 @@ def render(res: ReplayResult, mismatch_text: List[str], path: str, out=None, as_
     elif pr.get("starts") or pr.get("stops"):
         emit(f"profiler range: recorded cuProfilerStart x{pr.get('starts', 0)}, cuProfilerStop x{pr.get('stops', 0)} "
              f"called as recorded")
+    from .endstate import summary_line
+    if summary_line(res.endstate):
+        emit(summary_line(res.endstate))
     for a in res.arch:
         emit(f"architecture: {a}")
     for w in res.warnings:

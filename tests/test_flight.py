@@ -61,6 +61,8 @@ def test_illegal_address_writes_a_replayable_snapshot(double, tmp_path):
     assert rp.returncode == 0, rp.stdout + rp.stderr
     assert re.search(r"recorded error CUDA_ERROR_ILLEGAL_ADDRESS recurred \(in kernel add_one", rp.stdout), rp.stdout
     assert "0 fell back" in rp.stdout
+    # after a sticky error the device memory is not trustworthy: no end state is compared
+    assert "end state: none recorded: the trigger (call #" in rp.stdout and "sticky error state" in rp.stdout
     # the 9 MiB buffer that never changes crossed the ring once: later states refer to it
     st = [w for w in SnapshotReader(tmp_path / "f.cusnap").records() if w["k"] == "win" and w["op"] == "state"][0]
     if end["trigger"]["checkpoint"] >= 2:
@@ -78,6 +80,7 @@ def test_death_by_signal(double, tmp_path, action, sig):
     assert end["signal"] == sig and signal.Signals(sig).name in end["trigger"]["why"]
     rp = _replay(double, tmp_path / "f.cusnap")
     assert rp.returncode == 0, rp.stdout + rp.stderr
+    assert "end state: none recorded: the flight recorder does not read device memory at a trigger" in rp.stdout
 
 
 def test_sigkill_from_outside(double, tmp_path):

@@ -163,3 +163,62 @@ def test_state_keeper_drops_what_was_destroyed():
     k.feed(_c(20, "cuDeviceGet", {"device": 0, "ordinal": 0}))
     k.feed(_c(21, "cuDeviceGet", {"device": 0, "ordinal": 0}))
     assert 20 in k.calls and 21 not in k.calls
+
+
+# ------------------------------------------------------------------ end state
+def test_window_without_d2h_verifies_its_end_state(double, tmp_path):
+    """launches:6-6 holds one add_one launch and no device-to-host copy: the end state the
+    window recorded at its close (every live allocation's chunk hashes) is what verifies it;
+    a result corrupted on replay (CUDA_DOUBLE_CORRUPT) is a mismatch naming the allocation,
+    the chunk and the kernel that wrote it."""
+    prog = [double["progs"]["windowed"], "12"]
+    cp = _cap(double, tmp_path / "w.cusnap", "launches:6-6", *prog)
+    assert cp.returncode == 0, cp.stderr
+    w1 = tmp_path / "w.w1.cusnap"
+    recs = _recs(w1)
+    assert not any(r.get("f", "").startswith("cuMemcpyDtoH") for r in recs if r["k"] == "c")
+    ends = [r for r in recs if r["k"] == "endstate"]
+    assert len(ends) == 3 and sum(r["size"] for r in ends) == 8192 + (9 << 20)
+    for r in ends:
+        assert r["hash"] == "cs_hash_chunks" and r["chunk"] == 4 << 20
+        assert len(r["h"]) == 8 * ((r["size"] // 16 * 16 + r["chunk"] - 1) // r["chunk"]) and r["tail"] == b""
+    assert recs.index(ends[-1]) < recs.index([r for r in recs if r["k"] == "win" and r["op"] == "close"][0])
+    rp = _replay(double, w1)
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    assert "0 D2H result(s) verified" in rp.stdout
+    m = re.search(r"end state: (\d+) allocation\(s\), ([\d.]+) MiB verified", rp.stdout)
+    assert m and int(m.group(1)) == 3 and float(m.group(2)) > 0, rp.stdout
+    bad = subprocess.run([sys.executable, "-m", "cudasnap", "replay", str(w1)],
+                         env={**double["env"], "CUDA_DOUBLE_CORRUPT": "add_one:1"}, capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert re.search(r"MISMATCH: end state: allocation 0x[0-9a-f]+ \(4096 bytes\): chunk 0 \(bytes 0-4096\) differs",
+                     bad.stdout), bad.stdout
+    assert "last written by #" in bad.stdout and "add_one" in bad.stdout
+    assert "2 allocation(s)" in bad.stdout and "1 differ" in bad.stdout
+
+
+def test_end_state_hash_is_the_kernel_function():
+    """replay/endstate.py's host hash is hash_kernel.cu's sum: a pure-Python transcription
+    agrees across a chunk boundary, and the PTX replay loads is the shim's."""
+    import os
+    from cudasnap.replay import endstate as E
+    m64 = (1 << 64) - 1
+
+    def mix(a, b, i):
+        h = ((a ^ (i * E._K1)) * E._K2) & m64
+        h ^= ((b + i) * E._K3) & m64
+        h ^= h >> 31
+        return (h * E._K4) & m64
+
+    data = os.urandom(16 * 40)
+    first = E._WORDS - 25                  # 25 words in chunk 0, 15 in chunk 1
+    want = [0, 0]
+    for k in range(40):
+        a = int.from_bytes(data[16 * k:16 * k + 8], "little")
+        b = int.from_bytes(data[16 * k + 8:16 * k + 16], "little")
+        w = first + k
+        want[w // E._WORDS] = (want[w // E._WORDS] + mix(a, b, w % E._WORDS)) & m64
+    assert E.host_hashes(data, first) == want
+    ptx = E.hash_ptx()
+    assert ptx.endswith(b"\0") and b".entry cs_hash_chunks" in ptx and b".version" in ptx
