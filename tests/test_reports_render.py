@@ -1,12 +1,14 @@
 """The HTML reports opened in a real browser: headless Chromium runs each page's scripts, then
 the test reads what it drew. The DOM after the scripts ran must hold one plotly chart (its
-"main-svg" and traces with visible marks) for every chart div the page carries, and the
-screenshot must not be blank and must show the bars the DOM says were drawn, in their colours.
+"main-svg" and traces with visible marks: bars, markers) for every chart div the page carries,
+and the screenshot must not be blank and must show the marks the DOM says were drawn, in their
+colours.
 
 Chromium is a system package (`apt-get install chromium`; .ci/run installs it): without it
 these tests fail, naming what is missing."""
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -25,6 +27,7 @@ BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stab
 WINDOW = (1400, 1000)
 VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
 BAR = re.compile(r"^M([-\d.e]+),([-\d.e]+)V([-\d.e]+)H([-\d.e]+)V([-\d.e]+)Z$")
+MARKER = re.compile(r"^M([\d.]+),0A")                     # a circle marker of radius r
 FILL = re.compile(r"fill:\s*rgb\((\d+),\s*(\d+),\s*(\d+)\)")
 
 
@@ -49,8 +52,9 @@ def _chromium(page: Path, *mode: str, timeout: float = 90) -> subprocess.Complet
 
 
 class _Charts(HTMLParser):
-    """Per plotly chart div of the rendered DOM: its main-svg count, traces, and each bar's
-    fill colour and area (plotly draws a bar as one path "M x0,y0 V y1 H x1 V y0 Z")."""
+    """Per plotly chart div of the rendered DOM: its main-svg count, traces, and each mark's
+    fill colour and area in px (plotly draws a bar as one path "M x0,y0 V y1 H x1 V y0 Z", a
+    circle marker as a path "M r,0 A r,r ..." of class "point")."""
 
     def __init__(self):
         super().__init__(convert_charrefs=True)
@@ -68,19 +72,25 @@ class _Charts(HTMLParser):
         cls = (a.get("class") or "").split()
         chart = None
         if tag == "div" and "js-plotly-plot" in cls:
-            chart = {"main_svg": 0, "traces": Counter(), "bars": []}
+            chart = {"main_svg": 0, "traces": Counter(), "marks": []}
             self.charts.append(chart)
         c = self._chart()
         if c is not None:
             if tag == "svg" and "main-svg" in cls:
                 c["main_svg"] += 1
             if tag == "g" and "trace" in cls:
-                c["traces"][" ".join(x for x in cls if x != "trace")] += 1
+                c["traces"][" ".join(x for x in cls if not x.startswith("trace"))] += 1
             if tag == "path":
-                m, f = BAR.match(a.get("d") or ""), FILL.search(a.get("style") or "")
-                if m and f:
-                    x0, y0, y1, x1, _y = map(float, m.groups())
-                    c["bars"].append(((int(f[1]), int(f[2]), int(f[3])), abs(x1 - x0) * abs(y1 - y0)))
+                d, f = a.get("d") or "", FILL.search(a.get("style") or "")
+                bar, marker = BAR.match(d), MARKER.match(d) if "point" in cls else None
+                if f and (bar or marker):
+                    if bar:
+                        x0, _y0, y1, x1, y2 = map(float, bar.groups())
+                        w, h = abs(x1 - x0), abs(y2 - y1)
+                    else:
+                        w = h = 2 * float(marker[1])
+                    area = w * h * (0.785 if marker else 1.0)
+                    c["marks"].append(((int(f[1]), int(f[2]), int(f[3])), area, min(w, h)))
         if tag not in VOID:
             self.stack.append((tag, chart))
 
@@ -104,7 +114,7 @@ def check_rendered(page: Path, out_dir: Path, min_charts: int = 1) -> dict:
     for i, c in enumerate(charts):
         assert c["main_svg"] >= 1, f"{page.name}: chart {i} has no main-svg"
         assert sum(c["traces"].values()) >= 1, f"{page.name}: chart {i} has no trace"
-        assert any(area >= 50 for _rgb, area in c["bars"]), f"{page.name}: chart {i} has no visible bar: {c}"
+        assert any(thick >= 3 for _rgb, _area, thick in c["marks"]), f"{page.name}: chart {i} has no visible mark: {c}"
     png = out_dir / (page.stem + ".png")
     _chromium(page, f"--screenshot={png}")
     img = Image.open(png).convert("RGB")
@@ -115,10 +125,15 @@ def check_rendered(page: Path, out_dir: Path, min_charts: int = 1) -> dict:
     assert background == (255, 255, 255), f"{png.name}: background {background}"
     assert total - bg_n > 0.03 * total, f"{png.name}: {total - bg_n} non-background pixels: blank"
     assert len(pixels) > 50, f"{png.name}: {len(pixels)} colours"
-    # the first chart is on screen: its largest bar's colour covers about the bar's area
-    rgb, area = max(charts[0]["bars"], key=lambda b: b[1])
-    assert pixels[rgb] >= 0.6 * area, f"{png.name}: bar colour {rgb} on {pixels[rgb]} px, the DOM's bar is {area:.0f}"
-    return {"charts": charts, "png": png, "pixels": pixels, "bar": (rgb, area)}
+    # the first chart is on screen: each colour of its marks at least 3 px thick covers at least
+    # the inside of its largest such mark (anti-aliased edges aside)
+    largest = {}
+    for rgb, area, thick in charts[0]["marks"]:
+        if thick >= 3:
+            largest[rgb] = max(area, largest.get(rgb, 0.0))
+    for rgb, area in largest.items():
+        assert pixels[rgb] >= 0.4 * area, f"{png.name}: colour {rgb} on {pixels[rgb]} px, the DOM's mark is {area:.0f}"
+    return {"charts": charts, "png": png, "pixels": pixels, "largest": largest}
 
 
 # --------------------------------------------------------------------------- the reports
@@ -176,7 +191,22 @@ def campaign_report(double, snap, d: Path) -> Path:
                     f'[[env]]\nname = "slow"\ndriver = "{lib}"\nvars = {{ CUDA_DOUBLE_SLOW = "*:1,fill:2", '
                     f'CUDA_DOUBLE_SLOW_FLOOR_US = "2000" }}\n')
     store = d / "store.sqlite"
-    cp = _cli(_no_double_on_path(double), "campaign", "run", camp, "-o", store, timeout=600)
+    import ray                    # a private local runtime with one fake GPU; the CLI joins it by address
+    saved = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    started = not ray.is_initialized()
+    try:
+        if started:
+            ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False)
+        cp = _cli(dict(_no_double_on_path(double), RAY_AUTH_MODE="disabled"), "campaign", "run", camp, "-o", store,
+                  "--address", ray.get_runtime_context().gcs_address, timeout=600)
+    finally:
+        if started:
+            ray.shutdown()
+        if saved is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = saved
     assert cp.returncode in (0, 1) and store.exists(), cp.stdout + cp.stderr
     html = d / "campaign.html"
     cp = _cli(_double_env(double), "campaign", "report", store, "--html", html)
@@ -190,7 +220,7 @@ def test_report_renders_in_chromium(double, snap, tmp_path, make, charts, colour
     page = make(double, snap, tmp_path)
     seen = check_rendered(page, tmp_path, min_charts=charts)
     # compare and bisect: the slowed kernel's (environment's) bar has a colour of its own
-    assert len({rgb for rgb, _a in seen["charts"][0]["bars"]}) >= colours, seen["charts"][0]["bars"]
+    assert len({rgb for rgb, _a, _t in seen["charts"][0]["marks"]}) >= colours, seen["charts"][0]["marks"]
 
 
 def test_a_page_whose_chart_fails_is_caught(tmp_path):
