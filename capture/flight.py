@@ -201,8 +201,11 @@ class FlightRouter(WindowRouter):
         if not self.triggered:
             if sig:
                 self.triggered = f"the program died of signal {sig} ({_signame(sig)})"
-            elif rec.get("clean_exit") is False and rec.get("exit") is None:
-                self.triggered = "the process ended without running its exit handlers"
+            elif rec.get("clean_exit") is False:
+                # _exit(), or a death the status does not show: the program's teardown never ran
+                code = rec.get("exit")
+                self.triggered = "the process ended without running its exit handlers" + (
+                    f" (exit status {code})" if code is not None else "")
         if self.triggered:
             self._finalize(rec)
         else:

@@ -196,3 +196,18 @@ def test_small_ring_big_working_set_loses_nothing(double, tmp_path, spare):
     assert rp.returncode == 0, rp.stdout + rp.stderr
     assert "0 fell back" in rp.stdout and "CUDA_ERROR_ILLEGAL_ADDRESS recurred" in rp.stdout, rp.stdout
     assert re.search(r"D2H verified\s+[1-9]", rp.stdout) and re.search(r"mismatches\s+0", rp.stdout), rp.stdout
+
+
+def test_exit_without_handlers_writes(double, tmp_path):
+    """A program that ends through _exit (status 0, exit handlers skipped) is not a clean end:
+    the recorder writes what it kept, as for a death by a signal."""
+    prog = [double["progs"]["windowed"], "60", "15", "_exit", "50"]
+    cp = subprocess.run(_cmd(tmp_path / "f.cusnap", *prog), env=double["env"], capture_output=True, text=True,
+                        timeout=120)
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout == _native(double, *prog).stdout
+    assert _left(tmp_path) == ["f.cusnap"], cp.stderr
+    end = _checkpointed(tmp_path / "f.cusnap")
+    assert end["exit"] == 0 and "without running its exit handlers" in end["trigger"]["why"], end
+    rp = _replay(double, tmp_path / "f.cusnap")
+    assert rp.returncode == 0, rp.stdout + rp.stderr
