@@ -240,6 +240,8 @@ def run_info(path: Path, json_out: bool) -> int:
     try:
         with SnapshotReader(path) as r:
             s = summarize(r)
+            from cudasnap.formats.integrity import damaged_frames
+            s["damaged_frames"] = [{"offset": o, "kind": k, "problem": why} for o, k, why in damaged_frames(r)]
     except SnapshotError as e:
         return _err(str(e))
     if json_out:
@@ -276,6 +278,12 @@ def run_info(path: Path, json_out: bool) -> int:
     if line:
         con.print(line)
     con.print(f"partial  : {_partial_line(s['loss'])}")
+    if s["damaged_frames"]:
+        d = s["damaged_frames"]
+        con.print(f"damaged  : [red]YES[/red], {len(d)}{'+' if len(d) >= 8 else ''} frame(s) fail their checksum: "
+                  + escape("; ".join(f"{x['kind']} at offset {x['offset']} ({x['problem']})" for x in d[:3])
+                           + " (replay, export and extract refuse it; `cudasnap repair` keeps every frame that "
+                             "still reads)"))
     b = s["blobs"]
     con.print(f"file     : {_human(s['file_size'])}, compression {s['compression_ratio']}x, "
               f"blobs {b['count']} ({_human(b['logical_bytes'])} logical, {_human(b['unique_bytes'])} unique, "

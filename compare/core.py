@@ -192,6 +192,10 @@ def compare(base: Dict[str, Any], cand: Dict[str, Any], threshold: float = 5.0, 
     diffs = differences(fa, fb)
     if diffs and not force:
         raise CompareError("runs differ: " + "; ".join(diffs) + " (--force compares them anyway)")
+    for prof in (base, cand):
+        why = _no_times(prof)
+        if why:
+            raise CompareError(why)
     mode = fa.get("mode")
     has_repeats = any(isinstance(r.get("times_us"), list) and len(r["times_us"]) > 1 for r in base["launches"]
                       if isinstance(r, dict))
@@ -296,6 +300,15 @@ def compare(base: Dict[str, Any], cand: Dict[str, Any], threshold: float = 5.0, 
             "mode": mode, "kernels": kernels, "launches": launches, "total": total,
             "slower": [k["name"] for k in slower], "faster": [k["name"] for k in faster],
             "regressed": regressed, "exit_code": 1 if regressed else 0, "notes": notes}
+
+
+def _no_times(prof: Dict[str, Any]) -> Optional[str]:
+    """Why a profile holds nothing to compare (no timed launch and no whole-graph time), or None."""
+    g = (prof.get("summary") or {}).get("graph")
+    if _timed(prof.get("launches") or []) or (isinstance(g, dict) and g.get("median_us")):
+        return None
+    return (f"{prof.get('_path', 'a profile')}: no kernel times in this profile (its replay profiled no launch): "
+            f"nothing to compare")
 
 
 def _total(base, cand, kernels, threshold) -> Dict[str, Any]:

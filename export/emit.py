@@ -469,6 +469,11 @@ class Emitter:
             self.reader = SnapshotReader(self.path)
         except SnapshotError as e:
             raise ExportError(str(e))
+        from cudasnap.formats.integrity import check_integrity
+        bad = check_integrity(self.reader)     # before the output is touched
+        if bad:
+            self.reader.close()
+            raise ExportError(bad)
         try:
             self.sel = parse_callset(self.calls_spec) if self.calls_spec else None
         except ValueError as e:

@@ -570,6 +570,10 @@ class Extractor:
             raise ExtractError(str(e))
         self.res.original_size = os.path.getsize(self.path)
         with self.reader:
+            from cudasnap.formats.integrity import check_integrity
+            bad = check_integrity(self.reader)
+            if bad:
+                raise ExtractError(bad)
             self.em = self._names()
             self.select()
             for r in self.sel:

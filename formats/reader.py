@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import mmap
 import os
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from .container import (
     CHUNK_ID_LEN, CHUNK_SIZE, CODEC_ZSTD, FRAME_MAGIC, FRAME_SIZE, KIND_CHUNK, KIND_HEADER, KIND_INDEX,
@@ -49,6 +49,20 @@ class Frame:
 
 
 class SnapshotReader:
+    """A .cusnap snapshot opened for reading (untrusted input: every problem is a SnapshotError
+    with a one-line 'file: offset N: problem' message).
+
+        with SnapshotReader("x.cusnap") as r:
+            r.header                   # the header frame, with the "proc" record merged in
+            for rec in r:              # every record in file order (as r.records())
+                ...
+            r.records("c")             # only the call records
+            r.blob(bid)                # a payload, every chunk checked against its id
+            r.check_payloads()         # every frame's checksum, without decoding (before work)
+
+    Through the index when the file has an intact one; else by scanning from the start
+    (`truncated`, `lost_bytes` then say what a crash cut off)."""
+
     def __init__(self, path, *, scan: bool = False, segment: bool = False,
                  segment_chunks: Optional[Iterable[str]] = None, resync: bool = False):
         """scan=True ignores any index and recovers by scanning. segment=True reads a segment
@@ -481,6 +495,23 @@ class SnapshotReader:
                 cid = payload[:CHUNK_ID_LEN].hex()
                 if chunk_digest(payload[CHUNK_ID_LEN:]).hex() != cid:
                     raise snap_error(self.path, fr.offset, "chunk content checksum mismatch")
+
+    def check_payloads(self, progress: Optional[Callable[[int, int], None]] = None) -> None:
+        """Verify every frame's header and payload checksum (a chunk checked by its id: its
+        content digest), reading the file once in order and decoding nothing: what a command
+        runs before the GPU or its output does any work. SnapshotError names the first bad
+        frame and its offset. progress(done_bytes, total_bytes) is called as frames pass."""
+        total = self._frames[-1].end if self._frames else 0
+        for fr in self._frames:
+            self._read_frame(fr.offset, decode=False)
+            if self._last_comp_len != fr.comp_len:
+                raise snap_error(self.path, fr.offset, "frame length disagrees with the index")
+            if progress is not None:
+                progress(fr.end, total)
+
+    def __iter__(self) -> Iterator[Dict[str, Any]]:
+        """Every record in file order."""
+        return self.records()
 
     def check_records(self) -> None:
         """Verify every records frame's header and payload checksum without decompressing or

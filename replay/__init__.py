@@ -26,14 +26,27 @@ def replay(snapshot, driver=None, **kw) -> ReplayResult:
     rtol, atol, dtype, continue_on_error, watchdog, sync_after_launch, threads, ...)."""
     from .engine import Replayer
     opts = ReplayOptions(**kw)
-    return Replayer(snapshot, opts, driver=driver).run()
+    problem = snapshot_problem(snapshot) or _option_problem(opts)
+    if problem:                           # as the CLI: exit 2 before any GPU work
+        return ReplayResult(exit_code=2, errors=[problem], message=problem)
+    from cudasnap.formats import SnapshotError
+    try:
+        return Replayer(snapshot, opts, driver=driver).run()
+    except SnapshotError as e:
+        msg = damaged(e)
+        return ReplayResult(exit_code=2, errors=[msg], message=msg)
+
+
+def _option_problem(opts: ReplayOptions) -> Optional[str]:
+    if opts.dtype and opts.dtype not in ("f32", "f16", "bf16", "f64"):
+        return "--dtype must be one of f32, f16, bf16, f64"
+    return None
 
 
 def snapshot_problem(snapshot) -> Optional[str]:
     """Why `snapshot` cannot be replayed, found before any GPU work (so without a GPU or
-    cuda-python too): missing, unreadable or corrupt, or holding no call to replay. None when
-    replay may start. Records are read up to the first call to replay; a damaged frame after
-    it is met by the replayer's first pass over the records, which also precedes driver work."""
+    cuda-python too): missing, unreadable, a frame whose checksum fails (every frame is checked),
+    or holding no call to replay. None when replay may start."""
     from cudasnap.formats import SnapshotError, SnapshotReader
     from .dispatch import is_query
     if not os.path.exists(snapshot):
@@ -43,6 +56,10 @@ def snapshot_problem(snapshot) -> Optional[str]:
     except SnapshotError as e:            # not a snapshot, or its start is gone: nothing to repair
         return str(e)
     with r:
+        from cudasnap.formats.integrity import check_integrity
+        bad = check_integrity(r)
+        if bad:
+            return bad
         try:
             for rec in r.records("c"):
                 f = rec.get("f")
@@ -66,10 +83,7 @@ def run_replay_cli(snapshot, opts: ReplayOptions, as_json: bool = False, out=Non
     from .engine import Replayer
     from .summary import render
     out = out or sys.stdout
-    if opts.dtype and opts.dtype not in ("f32", "f16", "bf16", "f64"):
-        sys.stderr.write(f"cudasnap: error: --dtype must be one of f32, f16, bf16, f64\n")
-        return 2
-    problem = snapshot_problem(snapshot)
+    problem = _option_problem(opts) or snapshot_problem(snapshot)
     if problem:
         sys.stderr.write(f"cudasnap: error: {problem}\n")
         return 2
@@ -93,6 +107,9 @@ def run_replay_cli(snapshot, opts: ReplayOptions, as_json: bool = False, out=Non
         return 2
     except SnapshotError as e:             # a damaged frame after the first call
         sys.stderr.write(f"cudasnap: error: {damaged(e)}\n")
+        return 2
+    if rp.empty_selection:
+        sys.stderr.write(f"cudasnap: error: {rp.empty_selection}\n")
         return 2
     if not opts.quiet or as_json:
         render(res, rp.mismatch_text, os.fspath(snapshot), out, as_json)

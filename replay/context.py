@@ -101,7 +101,7 @@ class EngineHooks:
     """What the engine does for handlers: initialize, run profiler control, tell subscribers
     about a launch, stop on a mismatch. Set by the engine that owns the context."""
     __slots__ = ("ensure_init", "profiler_control", "before_launch", "after_launch", "wants_launch_events",
-                 "stop_verify")
+                 "stop_verify", "stale")
 
     def __init__(self):
         self.ensure_init: Callable[[Any], None] = lambda rec=None: None
@@ -110,6 +110,7 @@ class EngineHooks:
         self.after_launch: Callable[[Any], None] = lambda ev: None
         self.wants_launch_events: Callable[[], bool] = lambda: False
         self.stop_verify: Callable[[Any], None] = lambda m: None
+        self.stale: Callable[[Any], bool] = lambda src: False    # a result the selection does not determine
 
 
 class ReplayContext:
@@ -299,6 +300,9 @@ class ReplayContext:
     def verify(self, rec, expected: Optional[bytes], got: bytes, src: Optional[int] = None) -> None:
         if expected is None:
             self.res.d2h_unverified += 1
+            return
+        if self.hooks.stale(src):
+            self.res.d2h_left_out += 1
             return
         alloc = self.space.find(src) if (self.space and src) else None
         writer = alloc.last_writer if alloc else None

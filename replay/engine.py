@@ -101,6 +101,8 @@ class Replayer(BatchRunner):
         self.initialized = False
         self.watchdog: Optional[Watchdog] = None
         self.selection = None                         # LaunchSelection (replay/selection.py)
+        self._stale = None                            # StaleResults of a partial selection
+        self.empty_selection: Optional[str] = None    # why the selection selects nothing
         self._pr = False                              # --profiler-range workload
         self._pr_state = 0                            # 0 before the range, 1 inside, 2 after
         self._workload_last: Optional[int] = None     # seq of the last workload call (profiler range)
@@ -437,6 +439,14 @@ class Replayer(BatchRunner):
             self.res.total_calls = self.total
             self.selection.prepare(self)
             self._start_prefetch()
+            why = self.selection.nothing(self)
+            if why:                        # before any driver work
+                self.empty_selection = why
+                raise ReplayError(why)
+            if not self.selection.everything:
+                from .selection import StaleResults
+                self._stale = StaleResults(lambda: self.space)
+                self.ctx.hooks.stale = self._stale.stale
             if self._host_ranges:          # before the driver maps anything there
                 hostplace.reserve(self._host_ranges)
             self.cu = self._load_driver()
@@ -739,6 +749,8 @@ class Replayer(BatchRunner):
             return
         if f != "cuInit":
             self.ensure_init(rec)
+            if self._stale is not None:
+                self._stale.skipped(rec)
         tid = rec.get("tid")
         if not threaded and tid != self._last_tid and self._last_tid is not None and tid in self.cur_ctx:
             try:
@@ -777,6 +789,8 @@ class Replayer(BatchRunner):
         fam = h.family
         self.res.by_family[fam] = self.res.by_family.get(fam, 0) + 1
         sync = _SYNC_CALLS.get(f)
+        if self._stale is not None:
+            self._stale.ran(rec)
         if sync is None:
             sync = _SYNC_CALLS[f] = base_name(f) in ("cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize")
         if sync:

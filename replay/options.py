@@ -44,6 +44,7 @@ class ReplayResult:
     d2h_verified: int = 0
     d2h_bytes: int = 0
     d2h_unverified: int = 0
+    d2h_left_out: int = 0                 # D2H results not compared: the selection left out work they depend on
     endstate: Optional[Dict[str, Any]] = None   # a window's end state compared (replay/endstate.py)
     mismatches: List[Dict[str, Any]] = field(default_factory=list)
     launches: int = 0

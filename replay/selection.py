@@ -69,6 +69,7 @@ class LaunchSelection:
         if calls:
             from cudasnap.formats import parse_callset
             self.sel = parse_callset(calls)
+        self.calls_text = calls
         self.name_base = name_base
         self.kname: Optional[str] = None
         self.kname_rx = None
@@ -116,7 +117,7 @@ class LaunchSelection:
         if self.rx is not None:
             parts.append(f"--kernels {self.rx.pattern}")
         if self.sel is not None:
-            parts.append("--calls")
+            parts.append(f"--calls {self.calls_text}")
         if self.launch is not None:
             parts.append(f"--launch {self.launch}")
         if self.skip:
@@ -173,6 +174,34 @@ class LaunchSelection:
         self.matched = n
         return self
 
+    def nothing(self, rp) -> Optional[str]:
+        """Why this selection selects no recorded work (a launch, or with --calls also a copy,
+        memset or graph launch), or None when it selects some. After prepare(rp)."""
+        if self.everything:
+            return None
+        launches = last = 0
+        for rec in rp.reader.records(("c",)):
+            f = rec.get("f") or ""
+            if isinstance(rec.get("s"), int):
+                last = rec["s"]
+            if "r" not in rec or rec.get("incomplete") or rec.get("r", 0) != 0:
+                continue
+            if is_launch_call(f):
+                launches += 1
+                if self.rec(rec, rp.kernel_name_of((rec.get("a") or {}).get("f"), rec.get("s"))):
+                    return None
+            elif self.sel is not None and self.launch is None and not self.name_filter and not self.counting \
+                    and ("GraphLaunch" in f or f.startswith("cuMemset")
+                         or (f.startswith("cuMemcpy") and "HtoD" not in f and "HtoA" not in f)) and self.calls_only(rec):
+                return None
+        if self.counting and self.matched:
+            return (f"-s {self.skip} skips every one of the {self.matched} launch(es) the other filters select"
+                    if self.skip >= self.matched else f"{self.describe()}: selects no launch")
+        if self.sel is not None and not self.name_filter and self.launch is None:
+            return (f"--calls {self.calls_text}: no launch, copy or memset of the snapshot is among those calls "
+                    f"(its calls are #0-#{last})")
+        return f"{self.describe()}: no launch of the snapshot matches ({launches} launch(es) recorded)"
+
     def rec(self, rec: Mapping[str, Any], name: Optional[str]) -> bool:
         """Is this launch record selected (name: its recorded kernel name)?"""
         if self.chosen is not None:
@@ -186,3 +215,83 @@ class LaunchSelection:
     def calls_only(self, rec: Mapping[str, Any]) -> bool:
         """Copies, memsets and graph launches: only --calls selects among them."""
         return self.sel is None or bool(self.sel(rec, self.func_names))
+
+
+_SKIP_DST_KEYS = ("dstDevice", "dst", "dptr")
+_PTR_KEYS = ("dstDevice", "srcDevice", "dst", "src", "ptr", "dptr")
+
+
+class StaleResults:
+    """Which D2H results a partial replay determines. A launch, copy or memset the selection
+    leaves out makes what it would have written stale; a selected launch that touches stale
+    memory makes every allocation it touches stale too (a kernel's reads and writes are not
+    told apart); a copy from stale memory makes its destination stale. A D2H whose source is
+    stale is not compared: the work that decides it did not run. Tracked per allocation, the
+    grain at which the replay knows what a launch writes; a left-out graph launch (whose
+    writes are not known here) makes everything stale."""
+
+    def __init__(self, space_of: Callable[[], Any]):
+        self._space_of = space_of
+        self._stale: Dict[int, Any] = {}      # id(Alloc) -> Alloc (held, so ids stay unique)
+        self.everything = False
+        self.left_out = 0
+
+    def _allocs(self, addrs) -> list:
+        sp = self._space_of()
+        if sp is None:
+            return []
+        out = []
+        for v in addrs:
+            if isinstance(v, int) and v >= 0x10000:
+                a = sp.find(v)
+                if a is not None:
+                    out.append(a)
+        return out
+
+    @staticmethod
+    def _param_words(rec) -> list:
+        p = (rec.get("x") or {}).get("params")
+        if not isinstance(p, (bytes, bytearray)):
+            return []
+        p = bytes(p)
+        return [int.from_bytes(p[o:o + 8], "little") for o in range(0, len(p) - 7, 8)]
+
+    def _mark(self, allocs) -> None:
+        for a in allocs:
+            self._stale[id(a)] = a
+
+    def _any(self, allocs) -> bool:
+        return self.everything or any(id(a) in self._stale for a in allocs)
+
+    def skipped(self, rec: Mapping[str, Any]) -> None:
+        """A launch, copy, memset or graph launch the selection left out."""
+        f = rec.get("f") or ""
+        a = rec.get("a") or {}
+        if is_launch_call(f):
+            self._mark(self._allocs(self._param_words(rec)))
+        elif "GraphLaunch" in f or "pCopy" in a or not any(k in a for k in _SKIP_DST_KEYS):
+            self.everything = True
+        else:
+            self._mark(self._allocs(a.get(k) for k in _SKIP_DST_KEYS))
+
+    def ran(self, rec: Mapping[str, Any]) -> None:
+        """A call the selection kept: carry staleness through launches and device copies."""
+        if not self._stale and not self.everything:
+            return
+        f = rec.get("f") or ""
+        a = rec.get("a") or {}
+        if is_launch_call(f):
+            touched = self._allocs(self._param_words(rec))
+            if self._any(touched):
+                self._mark(touched)
+        elif f.startswith("cuMemcpy") and "HtoD" not in f and "DtoH" not in f:
+            if self._any(self._allocs(a.get(k) for k in ("srcDevice", "src"))):
+                self._mark(self._allocs(a.get(k) for k in _SKIP_DST_KEYS))
+
+    def stale(self, src: Optional[int]) -> bool:
+        """Is a D2H result read from recorded address src undetermined by the selection?
+        Counts it when so."""
+        if self.everything or (self._stale and src is not None and self._any(self._allocs([src]))):
+            self.left_out += 1
+            return True
+        return False

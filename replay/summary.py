@@ -35,6 +35,8 @@ def render(res: ReplayResult, mismatch_text: List[str], path: str, out=None, as_
              ("D2H verified", f"{res.d2h_verified} ({_hum(res.d2h_bytes)})")]
     if res.d2h_unverified:
         rows.append(("D2H without a recorded result", res.d2h_unverified))
+    if res.d2h_left_out:
+        rows.append(("D2H not compared (selection)", res.d2h_left_out))
     rows += [("mismatches", len(res.mismatches)), ("time", f"{res.elapsed_s:.3f} s"), ("pace", res.pace)]
     print_table(con, ["what", ("count", "right")], rows, title=f"cudasnap replay: {path}")
 
@@ -71,8 +73,12 @@ def render(res: ReplayResult, mismatch_text: List[str], path: str, out=None, as_
         emit(f"MISMATCH: {m}")
     for e in res.errors:
         emit(f"ERROR: {e}")
-    ok = ("OK: every recorded D2H result reproduced" if res.d2h_verified and not res.d2h_unverified else
+    ok = ("OK: every recorded D2H result reproduced" if res.d2h_verified and not res.d2h_unverified
+          and not res.d2h_left_out and not res.filtered else
           f"OK: {res.calls} calls replayed; {res.d2h_verified} D2H result(s) verified, "
           f"{res.d2h_unverified} without a recorded result")
+    if res.d2h_left_out:
+        ok += (f"; {res.d2h_left_out} D2H result(s) not compared: they depend on work the selection left "
+               f"out{' (the selection replays only part of the snapshot)' if not res.d2h_verified else ''}")
     verdict = {0: ok, 1: "FAILED: verification mismatch", 2: "FAILED: replay could not proceed"}[res.exit_code]
     emit(f"{verdict} (exit {res.exit_code})")

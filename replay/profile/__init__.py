@@ -134,6 +134,10 @@ def profile_replay(snapshot, cfg: ProfileConfig, options: Optional[ReplayOptions
     if prof is not None:
         rp.subscribers.append(prof)
     res = rp.run()
+    sel = getattr(prof, "sel", None)
+    why = sel.nothing(rp) if sel is not None and rp.reader is not None and not res.errors else None
+    if why:                               # a profile of nothing is no profile
+        raise ValueError(why)
     report = None
     if prof is not None:
         from .report import build_report, write_out

@@ -1,0 +1,167 @@
+"""Selections that mean what they say, on the CUDA test double: `extract --calls A-B` keeps the
+range's work with what it depends on; a replay of part of a snapshot compares only the D2H
+results that part determines and says how many it left out; a selection of nothing, an invalid
+regex or a profile without kernel times is one line and exit 2; the Python API returns the
+CLI's exit codes."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from cudasnap.formats import SnapshotReader, SnapshotWriter
+
+
+def _cli(double, *args, timeout=180):
+    return subprocess.run([sys.executable, "-m", "cudasnap", *map(str, args)], env=double["env"],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _calls(path):
+    return [r for r in SnapshotReader(path) if r["k"] == "c"]
+
+
+def _one_line_error(cp):
+    assert cp.returncode == 2, cp.stdout + cp.stderr
+    assert "Traceback" not in cp.stdout + cp.stderr
+    lines = [ln for ln in cp.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("cudasnap"), cp.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def snaps(double, tmp_path_factory):
+    """direct: 10 launches on one buffer then one D2H; windowed: 10 rounds of H2D, two
+    launches on a fresh stream, two D2H; chase: pointer tables uploaded before its launch."""
+    d = tmp_path_factory.mktemp("sel")
+    out = {}
+    for prog in ("direct", "windowed", "chase", "carve"):
+        p = d / f"{prog}.cusnap"
+        cp = subprocess.run([sys.executable, "-m", "cudasnap", "capture", "-o", str(p), "--ring-mb", "16", "--",
+                             double["progs"][prog]], env=double["env"], capture_output=True, text=True, timeout=120)
+        assert cp.returncode == 0, cp.stderr
+        out[prog] = p
+    return out
+
+
+# ---------------------------------------------------------------- extract --calls
+@pytest.mark.parametrize("prog,rng", [("direct", "10-40"), ("direct", "3-33"), ("carve", "3-33"), ("chase", "20-50"),
+                                      ("windowed", "13-40"), ("windowed", "20-50")])
+def test_extract_calls_keeps_the_launches_and_what_they_depend_on(double, snaps, tmp_path, prog, rng):
+    out = tmp_path / "x.cusnap"
+    cp = _cli(double, "extract", snaps[prog], "--calls", rng, "-o", out, "--check")
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert "check: replay of" in cp.stdout and "verified" in cp.stdout
+    m = re.search(r"kept (\d+) launch\(es\) and (\d+) other work call\(s\), with (\d+) call\(s\) they depend on",
+                  cp.stdout)
+    assert m, cp.stdout
+    lo, hi = map(int, rng.split("-"))
+    orig = _calls(snaps[prog])
+    last_work = max(c["s"] for c in orig if lo <= c["s"] <= hi
+                    and c["f"].startswith(("cuLaunch", "cuMemcpy", "cuMemset", "cuGraphLaunch")))
+    in_range = [c for c in orig if lo <= c["s"] <= last_work and c["f"].startswith("cuLaunch")]
+    assert int(m.group(1)) == len(in_range) > 0         # every launch of the range, none lost
+    kept = _calls(out)
+    assert sorted(c.get("os") for c in kept if c["f"].startswith("cuLaunch")) == [c["s"] for c in in_range]
+    # what the launches use was made before the range too: nothing is left unknown on replay
+    assert "creating call was not replayed" not in cp.stdout + cp.stderr
+
+
+def test_extract_calls_direct_keeps_every_launch_of_the_range(double, snaps, tmp_path):
+    """The reported case: 10-40 on a 23-call snapshot keeps the 8 launches #10-#17 and the D2H
+    that reads their result; the teardown after it (free, unload, context destroy) is left out."""
+    out = tmp_path / "d.cusnap"
+    cp = _cli(double, "extract", snaps["direct"], "--calls", "10-40", "-o", out)
+    assert cp.returncode == 0, cp.stderr
+    assert "kept 8 launch(es)" in cp.stdout and "3 call(s) after the range's last work left out" in cp.stdout
+    kept = [c["f"] for c in _calls(out)]
+    assert "cuCtxDestroy_v2" not in kept and kept.count("cuLaunchKernel") == 8
+    rp = _cli(double, "replay", out)
+    assert rp.returncode == 0 and "OK: every recorded D2H result reproduced" in rp.stdout, rp.stdout + rp.stderr
+
+
+@pytest.mark.parametrize("rng,why", [("24-54", "the snapshot's calls are #0-#22"),
+                                     ("20-22", "no launch, copy or memset in that range"),
+                                     ("5-3", "empty range"), ("x", "takes a range")])
+def test_extract_calls_that_select_nothing_are_refused(double, snaps, tmp_path, rng, why):
+    out = tmp_path / "n.cusnap"
+    line = _one_line_error(_cli(double, "extract", snaps["direct"], "--calls", rng, "-o", out))
+    assert why in line
+    assert not out.exists()
+
+
+# ---------------------------------------------------------------- partial replays
+@pytest.mark.parametrize("sel", [["-c", "5"], ["-s", "8"], ["-c", "3", "-s", "2"], ["--calls", "9-19"],
+                                 ["-k", "regex:nothing_like_it|add"]])
+def test_partial_replay_never_reports_a_false_mismatch(double, snaps, sel):
+    cp = _cli(double, "replay", snaps["direct"], *sel)
+    out = cp.stdout + cp.stderr
+    assert cp.returncode == 0, out
+    assert "MISMATCH" not in out
+    if sel[0] != "-k":                      # every launch matches -k here: nothing is partial
+        # the one D2H reads the buffer every launch wrote: nothing to compare, and it says so
+        assert "0 D2H result(s) verified" in out and "1 D2H result(s) not compared" in out
+        assert "every recorded D2H result reproduced" not in out
+
+
+def test_partial_replay_compares_what_the_selection_determines(double, snaps):
+    """windowed: each round writes fresh buffers; -c 1 keeps the first launch only, so the D2H
+    of the buffer it alone wrote is compared and the others are counted as left out."""
+    cp = _cli(double, "replay", snaps["windowed"], "-c", "1", "--json")
+    assert cp.returncode == 0, cp.stderr
+    d = json.loads(cp.stdout)
+    assert d["d2h_verified"] >= 1 and d["d2h_left_out"] >= 1 and not d["mismatches"]
+    assert d["d2h_verified"] + d["d2h_left_out"] == 21           # every recorded D2H accounted for
+    full = json.loads(_cli(double, "replay", snaps["windowed"], "--json").stdout)
+    assert full["d2h_verified"] == 21 and full["d2h_left_out"] == 0
+
+
+@pytest.mark.parametrize("sel,why", [(["-k", "nomatch"], "no launch of the snapshot matches"),
+                                     (["--calls", "9999"], "its calls are #0-#22"),
+                                     (["-s", "50"], "skips every one of the 10 launch(es)"),
+                                     (["-k", "regex:("], "bad regex"), (["--kernels", "("], "bad regex")])
+def test_empty_or_invalid_selection_is_one_line_exit_2(double, snaps, sel, why):
+    assert why in _one_line_error(_cli(double, "replay", snaps["direct"], *sel))
+
+
+@pytest.mark.parametrize("sel", [["-k", "nomatch"], ["--calls", "9999"], ["-s", "50"]])
+def test_profile_of_nothing_is_refused_and_writes_nothing(double, snaps, tmp_path, sel):
+    out = tmp_path / "p.json"
+    _one_line_error(_cli(double, "replay", snaps["direct"], "--profile", "timeline", "--out", out, *sel))
+    assert not out.exists()
+
+
+def test_compare_refuses_a_profile_without_kernel_times(double, snaps, tmp_path):
+    good = tmp_path / "a.json"
+    cp = _cli(double, "replay", snaps["direct"], "--profile", "timeline", "--out", good)
+    assert cp.returncode == 0, cp.stderr
+    d = json.loads(good.read_text())
+    d["launches"] = []
+    (d.get("summary") or {}).pop("graph", None)
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps(d))
+    for a, b in ((good, empty), (empty, good), (empty, empty)):
+        line = _one_line_error(_cli(double, "compare", a, b))
+        assert "no kernel times" in line and "empty.json" in line
+    assert _cli(double, "compare", good, good).returncode == 0
+
+
+# ---------------------------------------------------------------- the Python API
+def test_python_replay_returns_the_cli_exit_codes(double, snaps, tmp_path):
+    zero = tmp_path / "zero.cusnap"
+    with SnapshotWriter(zero, {"argv": ["none"]}) as w:
+        w.write({"k": "end", "exit": 0, "signal": None, "partial": False})
+    code = ("import json, sys\nfrom cudasnap.replay import replay\n"
+            "print(json.dumps([replay(p, **json.loads(k)).exit_code for p, k in json.loads(sys.argv[1])]))")
+    cases = [(zero, {}), (tmp_path / "missing.cusnap", {}), (snaps["direct"], {"kernel_name": "nomatch"}),
+             (snaps["direct"], {"dtype": "f99"}), (snaps["direct"], {}), (snaps["direct"], {"launch_count": 5})]
+    cp = subprocess.run([sys.executable, "-c", code, json.dumps([(str(p), json.dumps(k)) for p, k in cases])],
+                        env=double["env"], capture_output=True, text=True, timeout=180)
+    assert cp.returncode == 0, cp.stderr
+    got = json.loads(cp.stdout.strip().splitlines()[-1])
+    cli = [_cli(double, "replay", zero).returncode, _cli(double, "replay", tmp_path / "missing.cusnap").returncode,
+           _cli(double, "replay", snaps["direct"], "-k", "nomatch").returncode]
+    assert got == cli + [2, 0, 0]
