@@ -131,11 +131,24 @@ class Matrix:
             res = json.loads(cp.stdout)
         except json.JSONDecodeError:
             return False, self._tail(cp)
-        ok = cp.returncode == 0 and not res.get("fell_back") and (res.get("d2h_verified") or 0) + \
-            (res.get("end_state_bytes") or 0) > 0
-        return ok, (f"exit {cp.returncode}, {res.get('placed')} placed, {res.get('fell_back')} fell back, "
-                    f"{res.get('d2h_verified')} D2H verified, end state {res.get('end_state_bytes')} B; "
-                    f"{(res.get('message') or '')[:200]}")
+        # a job: one result per rank, each as a single replay reports it
+        parts = [x.get("replay") or {} for x in res["ranks"]] if "ranks" in res else [res]
+        for p in parts:                 # bytes of the end state a window verified
+            p["end_state_bytes"] = (p.get("endstate") or {}).get("bytes") or 0
+        tot = {k: sum(p.get(k) or 0 for p in parts) for k in ("placed", "fell_back", "d2h_verified", "end_state_bytes")}
+        ok = cp.returncode == 0 and not tot["fell_back"] and tot["d2h_verified"] + tot["end_state_bytes"] > 0
+        msg = " | ".join(str(p.get("message") or "")[:160] for p in parts if p.get("message"))
+        if cp.returncode:
+            msg += " | " + " | ".join(cp.stderr.strip().splitlines()[-3:])
+        return ok, (f"exit {cp.returncode}{f', {len(parts)} ranks' if len(parts) > 1 else ''}: {tot['placed']} placed, "
+                    f"{tot['fell_back']} fell back, {tot['d2h_verified']} D2H verified, end state "
+                    f"{tot['end_state_bytes']} B; {msg}")
+
+    def recorded_launches(self, snap: Path) -> List[int]:
+        """Call numbers of the kernel launches the snapshot recorded (graph nodes are not launches)."""
+        from cudasnap.formats import SnapshotReader
+        return [c["s"] for c in SnapshotReader(snap).records(kinds=["c"])
+                if c["f"].startswith("cuLaunch") and "Host" not in c["f"] and c.get("r") == 0]
 
     # the matrix -----------------------------------------------------------------------------
     def go(self) -> Dict[str, dict]:
@@ -184,11 +197,16 @@ class Matrix:
         if g["ok"] and "t1.json" in walls:
             g["detail"] += f"; graph/timeline wall {walls['graph.json'] / walls['t1.json']:.2f}x"
 
-        launches = sorted((prof.get("t1.json") or {}).get("launches") or [], key=lambda r: r.get("seq") or 0)
+        xsnap = self.ranks[0] if self.name in JOBS and self.ranks else snap
+        recorded = self.recorded_launches(xsnap)
+        # launch rows of the timeline that are recorded launches (kernels of graphs have the
+        # graph launch's call number): those extract can select
+        rec_set = set(recorded)
+        launches = sorted((r for r in (prof.get("t1.json") or {}).get("launches") or [] if r.get("seq") in rec_set),
+                          key=lambda r: r["seq"])
         picks: Dict[str, Optional[dict]] = {"first": launches[0] if launches else None,
                                             "longest": max(launches, key=lambda r: r.get("time_us") or 0) if launches else None,
                                             "gemm": next((r for r in launches if GEMM_RX.search(r.get("name") or "")), None)}
-        xsnap = self.ranks[0] if self.name in JOBS and self.ranks else snap
         for what, row in picks.items():
             if row is None:
                 reason = "no library GEMM in this workload" if launches and what == "gemm" else "no timeline"
@@ -197,7 +215,7 @@ class Matrix:
             self.cell(f"extract:{what}", lambda row=row, what=what: self._extract_export(xsnap, row, what))
 
         def window():
-            n = len(launches)
+            n = len(recorded)
             if n < 2:
                 return False, "too few launches for a window"
             a = n // 2
@@ -235,9 +253,7 @@ class Matrix:
                 return False, self._tail(cp)
             with sqlite3.connect(db) as con:
                 k = con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
-            from cudasnap.formats import SnapshotReader
-            want = sum(1 for c in SnapshotReader(xsnap).records(kinds=["c"])
-                       if c["f"].startswith("cuLaunch") and "Host" not in c["f"] and c.get("r") == 0)
+            want = len(recorded)
             return k == want, f"{k} kernel rows, {want} launches recorded"
         self.cell("stats", stats)
 
