@@ -40,6 +40,7 @@ class _Command(TyperCommand):
     def parse_args(self, ctx, args):
         """A value outside an option's declared choices or range is one line, as every other
         cudasnap error: 'cudasnap: error: Invalid value for '--level': ...'."""
+        ctx.meta["cudasnap.args"] = list(args)          # replay --wrap re-executes these
         try:
             return super().parse_args(ctx, args)
         except typer.BadParameter as e:
@@ -328,6 +329,7 @@ def api(
 
 @app.command(cls=_Command)
 def replay(
+    ctx: typer.Context,
     snapshot: List[Path] = typer.Argument(..., metavar="SNAPSHOT", help="A .cusnap file; or a job: its group manifest, or all its snapshots (one replayer per rank, together)."),
     device: int = typer.Option(0, "--device", metavar="N", min=0, help="GPU ordinal to replay on."),
     devices: Optional[str] = typer.Option(None, "--devices", metavar="N,N,...", help="A job: the GPU of each rank, in rank order (default: each rank's recorded GPU). One snapshot that drove several GPUs: the GPU of each recorded device (default: the same ordinals when present, else all on --device)."),
@@ -365,6 +367,8 @@ def replay(
     pace: Pace = typer.Option(Pace.fast, "--pace", metavar=_one_of(Pace), help="fast: replay as fast as the driver takes the calls; recorded: keep the recorded host gaps between calls (each call starts no earlier than its recorded offset from the first), so a timeline compares with the program's own; in a job every rank keeps its offset from one group start."),
     launch_override: Optional[str] = typer.Option(None, "--launch-override", metavar="SPEC", help="grid=X,Y,Z and/or block=X,Y,Z[,kernel=REGEX]: replay launches with these sizes (a block the kernel cannot take is left as recorded) and verify as usual."),
     force: bool = typer.Option(False, "-f", "--force-overwrite", help="Replace an existing --out or --trace file (by default refused, before any work)."),
+    wrap: Optional[str] = typer.Option(None, "--wrap", metavar="'TOOL ARGS'", help="Run the replay under a tool, with these same options: 'compute-sanitizer --tool memcheck' (gets --error-exitcode 1 unless given), 'ncu --section SpeedOfLight', 'nsys profile' (with --profiler-range workload, ncu and nsys are told to see only the replayed work). The tool's exit status is returned; a tool not found is exit 2."),
+    preload: Optional[Path] = typer.Option(None, "--preload", metavar="TOOL.so", help="Load this library first in the replay process (LD_PRELOAD; under --wrap, in the replay process, not the tool's): an NVBit tool, an interposer."),
 ):
     """Replay a snapshot on a GPU and verify every D2H result.
 
@@ -374,6 +378,10 @@ def replay(
     Exit 0: calls replayed and every D2H result verified; 1: a verification mismatch; 2: replay
     could not proceed (the snapshot is unreadable, damaged or holds no call to replay; no GPU;
     an unsupported call)."""
+    if wrap is not None or preload is not None:
+        from cudasnap.wrap import exec_wrapped
+        raise typer.Exit(exec_wrapped(ctx, wrap, str(preload) if preload else None,
+                                      _value(profiler_range) == "workload"))
     from cudasnap.replay import ReplayOptions, run_replay_cli
 
     dtype, profile = _value(dtype), _value(profile)
