@@ -33,7 +33,7 @@ echo "== A. 8 layers x 1024, 3 steps"
 cudasnap capture -f -o train.cusnap -- python3 "$ROOT/bench/demo_torch_train.py" 3 | tail -4
 check "capture of the training loop" 0 ${PIPESTATUS[0]} "$(stat -c %s train.cusnap) bytes"
 count() {  # count SNAPSHOT: GEMM launches in it (extract names how many match when asked for too many)
-  cudasnap extract "$1" --kernel "$GEMM#1000000" -o /dev/null 2>&1 | sed -n 's/.*(\([0-9]*\) found).*/\1/p'
+  cudasnap extract "$1" --kernel "$GEMM#1000000" -f -o count.cusnap 2>&1 | sed -n 's/.*(\([0-9]*\) found).*/\1/p'
 }
 n=$(count train.cusnap); n=${n:-0}
 info "GEMM launches in the snapshot: $n"
