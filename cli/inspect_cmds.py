@@ -653,7 +653,8 @@ def run_repair(path: Path, output: Optional[Path], force: bool = False) -> int:
         try:
             check_output(output, force, "file", [path])
         except OutputError as e:
-            return _err(str(e))
+            hint = " (or leave out -o to repair in place, keeping the original as .orig)" if "is the input" in str(e) else ""
+            return _err(f"{e}{hint}")
     try:
         s = repair(path, output)
     except SnapshotError as e:
