@@ -3,7 +3,9 @@ restoring the memory a launch could write (MemorySaver), and the spread of timed
 (stats). A leaf of replay/profile/: it imports no profiler module."""
 from __future__ import annotations
 
+import math
 import statistics
+import struct
 from contextlib import nullcontext
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -49,27 +51,29 @@ def ranges_for(rp, launches, limit: int) -> List[Tuple[int, int]]:
     allocs = live_ranges(sp)
     if allocs and sum(n for _b, n in allocs) <= limit:
         return _merge(allocs)
-    out = []
+    words = set()            # each distinct value once: a loop's launches repeat the same pointers
     for ev in launches:
         raw = ev.rec_params
-        for off in range(0, len(raw) - 7, 8):
-            v = int.from_bytes(raw[off:off + 8], "little")
-            if v < 0x10000:
-                continue
-            a = sp.find(v) if sp else None
-            if a is not None and a.kind in SAVE_KINDS:
-                out.append((a.live_base, a.size))
-                continue
-            live = rp.tr(v)
-            m = sp.find_mapping(live) if sp else None
-            if m is not None:
-                out.append(m)
-                continue
-            try:  # memory the placement does not know
-                base, size = rp.raw("cuMemGetAddressRange", live)
-                out.append((int(base), int(size)))
-            except Exception:
-                pass
+        if len(raw) >= 8:
+            words.update(struct.unpack_from(f"<{len(raw) // 8}Q", raw))
+    out = []
+    for v in sorted(words):
+        if v < 0x10000:
+            continue
+        a = sp.find(v) if sp else None
+        if a is not None and a.kind in SAVE_KINDS:
+            out.append((a.live_base, a.size))
+            continue
+        live = rp.tr(v)
+        m = sp.find_mapping(live) if sp else None
+        if m is not None:
+            out.append(m)
+            continue
+        try:  # memory the placement does not know
+            base, size = rp.raw("cuMemGetAddressRange", live)
+            out.append((int(base), int(size)))
+        except Exception:
+            pass
     return _merge(out)
 
 
@@ -148,10 +152,13 @@ def stats(times_us: List[float]) -> Dict[str, Any]:
     if not times_us:
         return {}
     med = statistics.median(times_us)
-    d = {"median_us": med, "min_us": min(times_us), "max_us": max(times_us), "mean_us": statistics.fmean(times_us)}
+    n = len(times_us)
+    mean = math.fsum(times_us) / n
+    d = {"median_us": med, "min_us": min(times_us), "max_us": max(times_us), "mean_us": mean}
     d["spread_pct"] = (d["max_us"] - d["min_us"]) / med * 100 if med > 0 else 0.0
-    sd = statistics.stdev(times_us) if len(times_us) > 1 else 0.0
-    d["noise_pct"] = sd / d["mean_us"] * 100 if d["mean_us"] > 0 else 0.0
+    # in floats: statistics.stdev is exact (fractions) and costs ~100 us a row, seconds for a graph's rows
+    sd = math.sqrt(math.fsum((t - mean) ** 2 for t in times_us) / (n - 1)) if n > 1 else 0.0
+    d["noise_pct"] = sd / mean * 100 if mean > 0 else 0.0
     if len(times_us) >= 4:
         q = statistics.quantiles(times_us, n=4, method="inclusive")
         d["iqr_pct"] = (q[2] - q[0]) / med * 100 if med > 0 else 0.0
@@ -173,11 +180,23 @@ class LaunchGate:
     also time the host submitting the graph while the GPU waits for it: ~16 us per launch of a
     small JAX graph, and more for graphs of thousands of nodes.  Gated, the start event marks
     the GPU beginning the graph.  open() returns None where stream memory operations are not
-    available (the caller times ungated)."""
+    available (the caller times ungated).
+
+    A launch can wait for the stream it is issued to: a graph of thousands of nodes fills the
+    stream's queue, and cuGraphLaunch blocks until the GPU drains it, which a held stream never
+    does.  So the hold is released by a timer after RELEASE_AFTER_S whatever the host is doing;
+    a gate that had to be released that way is off from then on (`ok` false): its launches are
+    timed ungated, which for a graph that large adds a negligible share."""
+
+    RELEASE_AFTER_S = 0.05
 
     def __init__(self, rp, stream):
         import ctypes
+        import threading
         self.rp, self.stream, self.value = rp, stream, 0
+        self.released_late = 0
+        self._lock = threading.Lock()
+        self._timer = None
         self.host = int(rp.raw("cuMemHostAlloc", 4, 0x02))          # CU_MEMHOSTALLOC_DEVICEMAP
         self.word = ctypes.c_uint32.from_address(self.host)
         self.word.value = 0
@@ -202,31 +221,57 @@ class LaunchGate:
             return None
         return gate
 
+    @property
+    def ok(self) -> bool:
+        """Never had to be released by its timer: launches issued under it do not block."""
+        return self.released_late == 0
+
     def __enter__(self) -> "LaunchGate":
+        import threading
         self.value += 1
         self.rp.raw("cuStreamWaitValue32", self.stream, self.dptr, self.value, 0)   # CU_STREAM_WAIT_VALUE_GEQ
+        t = threading.Timer(self.RELEASE_AFTER_S, self._release_late, (self.value,))
+        t.daemon = True
+        self._timer = t
+        t.start()
         return self
 
+    def _release_late(self, value: int) -> None:
+        with self._lock:
+            if self.host and self.word.value < value:     # still issuing: the launch waits for the stream
+                self.word.value = value
+                self.released_late += 1
+
     def __exit__(self, *exc) -> None:
-        self.word.value = self.value          # released even when issuing failed: never a stuck stream
+        t, self._timer = self._timer, None
+        if t is not None:
+            t.cancel()
+        with self._lock:
+            self.word.value = self.value      # released even when issuing failed: never a stuck stream
 
     @staticmethod
     def launch_timed(rp, gate: Optional["LaunchGate"], exe, stream, e0, e1) -> None:
-        """e0, cuGraphLaunch(exe), e1 on stream, issued while `gate` (if any) holds the stream."""
-        with gate or nullcontext():
+        """e0, cuGraphLaunch(exe), e1 on stream, issued while `gate` (if any, and ok) holds the
+        stream."""
+        with gate if gate is not None and gate.ok else nullcontext():
             rp.raw("cuEventRecord", e0, stream)
             rp.raw("cuGraphLaunch", exe, stream)
             rp.raw("cuEventRecord", e1, stream)
 
     def close(self) -> None:
-        if self.host:
-            self.word.value = 0xFFFFFFFF      # nothing may still wait on it
+        t, self._timer = self._timer, None
+        if t is not None:
+            t.cancel()
+        with self._lock:
+            host, self.host = self.host, 0
+            if host:
+                self.word.value = 0xFFFFFFFF  # nothing may still wait on it
+        if host:
             try:
                 self.rp.raw("cuStreamSynchronize", self.stream)
             except Exception:
                 pass
             try:
-                self.rp.raw("cuMemFreeHost", self.host)
+                self.rp.raw("cuMemFreeHost", host)
             except Exception:
                 pass
-            self.host = 0

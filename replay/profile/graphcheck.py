@@ -10,6 +10,8 @@ import sys
 import tempfile
 from typing import Any, Dict, List
 
+from .progress import PhaseProgress
+
 MIN_US = 5.0
 LIMIT_PCT = 5.0
 
@@ -52,12 +54,17 @@ def add_timeline_check(report: Dict[str, Any], snapshot, cfg, opts) -> None:
     with tempfile.TemporaryDirectory(prefix="cudasnap-graphcheck-") as d:
         path = os.path.join(d, "timeline.json")
         argv = timeline_argv(snapshot, cfg, opts) + ["--out", path]
+        prog = PhaseProgress("graph", opts.progress, opts.quiet)
         try:
             limit = max(600.0, 20 * opts.watchdog) if opts.watchdog else None   # the child has the watchdog too
-            cp = subprocess.run(argv, capture_output=True, text=True, timeout=limit)
+            with prog.phase("checking against a timeline replay"):
+                cp = subprocess.run(argv, capture_output=True, text=True, timeout=limit)
         except (OSError, subprocess.SubprocessError) as e:
             report.setdefault("warnings", []).append(f"timeline check not run: {type(e).__name__}: {e}")
             return
+        finally:
+            prog.close()
+            s.setdefault("phases_s", {}).update({k: round(v, 3) for k, v in prog.times.items()})
         if cp.returncode != 0 or not os.path.exists(path):
             why = (cp.stderr or cp.stdout).strip().splitlines()[-1:] or [f"exit {cp.returncode}"]
             report.setdefault("warnings", []).append(f"timeline check failed (exit {cp.returncode}): {why[0]}")

@@ -65,9 +65,12 @@ from ..handlers.graph import stream_capturing
 from ..selection import is_launch_call
 from .common import LaunchGate, MemorySaver, Selection, destroy_all, live_ranges, ranges_for, stats
 from .gapmodel import GapChain
+from .progress import PhaseProgress
 from .timeline import open_cupti
 
 CU_STREAM_NON_BLOCKING = 1
+PRE_PHASE = "saving memory before the sequence"
+REPLAY_PHASE = "replaying (up to the last selected launch)"
 CU_EVENT_RECORD_EXTERNAL = 1
 CUDA_ERROR_NOT_READY = 600
 _MEMSET_RX = re.compile(r"cuMemset(D2D|D)(8|16|32)")
@@ -129,6 +132,7 @@ class GraphProfiler:
         self.gap: Optional[Dict[str, Any]] = None
         self.event_spans_us: List[float] = []           # event-node runs: first to last event
         self._made: List[Tuple[str, Any]] = []
+        self._progress: Optional[PhaseProgress] = None
 
     # ------------------------------------------------------------------ events
     def on_event(self, kind: str, ev) -> None:
@@ -165,6 +169,7 @@ class GraphProfiler:
     def _start(self, ev) -> None:
         from ..events import LAUNCH_CONFIG
         self.rp = rp = ev.replayer
+        self._t_start = time.monotonic()
         self.sel = Selection(self.cfg, rp)
         wd = getattr(rp.opt, "watchdog", None)
         if wd:
@@ -222,10 +227,11 @@ class GraphProfiler:
                       "from the memory the sequence left (not restored to the pre-sequence state)")
             return
         try:
-            rp.raw("cuCtxSynchronize")
-            evs = [SimpleNamespace(rec_params=p) for p in self._sel_params]
-            pre = MemorySaver(rp, ranges_for(rp, evs, self.cfg.save_limit))
-            pre.save()
+            with self._phase(PRE_PHASE):
+                rp.raw("cuCtxSynchronize")
+                evs = [SimpleNamespace(rec_params=p) for p in self._sel_params]
+                pre = MemorySaver(rp, ranges_for(rp, evs, self.cfg.save_limit))
+                pre.save()
             self.pre = pre
         except Exception as e:
             self.warn(f"graph: could not save memory before call #{ev.seq} ({type(e).__name__}: {e}); graph runs "
@@ -313,33 +319,62 @@ class GraphProfiler:
         return f"call #{op[-1] if op[0] != 'htod' else op[4]} ({op[0]})"
 
     def _stage(self) -> List[int]:
-        """Host-to-device payloads into device buffers, before the capture (a capture may not
-        read pageable host memory)."""
+        """Host-to-device payloads into device memory, before the capture (a capture may not
+        read pageable host memory): one buffer and one copy for all of them, since an
+        allocation per payload costs more than the graph for thousands of copies."""
         rp = self.rp
-        bufs: List[int] = []
+        parts: List[Tuple[int, bytes]] = []         # (index of the op, payload)
         total = 0
         for i, op in enumerate(self.ops):
             if op[0] != "htod":
                 continue
-            rec, dst, n = op[1], op[2], op[3]
+            rec, n = op[1], op[3]
             data = rp.blob(rec, "srcHost")
             if data is None or n == 0 or total + n > self.cfg.save_limit:
                 self.ops[i] = ("skip",)
                 self._skip("cuMemcpyHtoD")
                 continue
-            data = rp.h2d_payload(rec, bytes(data))[:n]
-            buf = int(rp.raw("cuMemAlloc", n))
+            parts.append((i, rp.h2d_payload(rec, bytes(data))[:n]))
+            total += -(-n // 256) * 256             # each payload 256-byte aligned, as cuMemAlloc's are
+        bufs: List[int] = []
+        if parts:
+            host = bytearray(total)
+            offs = []
+            off = 0
+            for _i, data in parts:
+                host[off:off + len(data)] = data
+                offs.append(off)
+                off += -(-len(data) // 256) * 256
+            buf = int(rp.raw("cuMemAlloc", total))
             bufs.append(buf)
-            rp.raw("cuMemcpyHtoD", buf, data, n)
-            total += n
-            self.ops[i] = op[:5] + (buf,)
+            rp.raw("cuMemcpyHtoD", buf, host, total)
+            for (i, _data), o in zip(parts, offs):
+                self.ops[i] = self.ops[i][:5] + (buf + o,)
         self.ops = [op for op in self.ops if op[0] != "skip"]
         return bufs
 
-    def _capture(self, stream, tag=None, events: Optional[List] = None):
+    def _prog(self) -> PhaseProgress:
+        if self._progress is None:
+            self._progress = PhaseProgress("graph", getattr(self.rp.opt, "progress", None),
+                                           bool(getattr(self.rp.opt, "quiet", False)),
+                                           getattr(self.rp, "progress_bar", None))
+        return self._progress
+
+    def _phase(self, name: str, total: Optional[int] = None):
+        return self._prog().phase(name, total)
+
+    def _capture(self, stream, tag=None, events: Optional[List] = None, what: str = "building the graph"):
         """The operations captured into a new graph.  tag: an object whose node_tag is set to
         each operation's index while it is issued (CUPTI node tracking); events: n + 1 events
         recorded as event record nodes, before the first operation and after each one."""
+        with self._phase(what, len(self.ops)) as ph:
+            return self._capture_ops(stream, tag, events, ph)
+
+    def _instantiate(self, graph, what: str = "instantiating"):
+        with self._phase(what):
+            return self.rp.raw("cuGraphInstantiate", graph, 0)
+
+    def _capture_ops(self, stream, tag, events, ph):
         rp, cu = self.rp, self.rp.cu
         mode = getattr(getattr(cu, "CUstreamCaptureMode", None), "CU_STREAM_CAPTURE_MODE_RELAXED", 2)
         rp.raw("cuStreamBeginCapture", stream, mode)
@@ -357,6 +392,8 @@ class GraphProfiler:
                 except Exception as e:
                     err = f"{self._desc(op)}: {e}"
                     break
+                if i & 255 == 255:
+                    ph.advance(256)
         except Exception as e:
             err = f"event record node: {e}"
         finally:
@@ -389,6 +426,8 @@ class GraphProfiler:
 
     def _run(self) -> None:
         rp, cfg = self.rp, self.cfg
+        prog = self._prog()                  # the replay up to here, as recorded, without the save before it
+        prog.record(REPLAY_PHASE, time.monotonic() - self._t_start - prog.times.get(PRE_PHASE, 0.0))
         post = None
         stream = graph = gexec = None
         staging: List[int] = []
@@ -397,35 +436,43 @@ class GraphProfiler:
         hung = False
         try:
             self._arm("saving memory")
-            rp.raw("cuCtxSynchronize")
-            post = MemorySaver(rp, ranges_for(rp, self.launches, cfg.save_limit))
-            post.save()
-            if self.pre is not None:
-                dropped = self.pre.keep_only(self._live_ranges())
-                if dropped:
-                    self.warn(f"graph: {dropped} range(s) saved before the sequence were freed during it; not restored")
-            stream = rp.raw("cuStreamCreate", CU_STREAM_NON_BLOCKING)
-            staging = self._stage()
-            rp.raw("cuCtxSynchronize")
+            with self._phase("saving memory"):
+                rp.raw("cuCtxSynchronize")
+                post = MemorySaver(rp, ranges_for(rp, self.launches, cfg.save_limit))
+                post.save()
+                if self.pre is not None:
+                    dropped = self.pre.keep_only(self._live_ranges())
+                    if dropped:
+                        self.warn(f"graph: {dropped} range(s) saved before the sequence were freed during it; "
+                                  f"not restored")
+                stream = rp.raw("cuStreamCreate", CU_STREAM_NON_BLOCKING)
+                staging = self._stage()
+                rp.raw("cuCtxSynchronize")
             self._arm("capturing")
             graph = self._capture(stream)
-            gexec = rp.raw("cuGraphInstantiate", graph, 0)
+            gexec = self._instantiate(graph)
             digests: List[str] = []
 
             def check(timed: bool) -> None:
                 if cfg.check_repeats and self.pre is not None and (timed or not digests):
                     digests.append(post.digest())
 
-            for i in range(cfg.warmup):
-                self._graph_run(gexec, stream, f"warmup run {i + 1}")
-                check(False)
-            self._gate = LaunchGate.open(rp, stream)
-            self.info["launch_gated"] = self._gate is not None
-            for i in range(cfg.repeat):
-                e0, e1 = rp.raw("cuEventCreate", 0), rp.raw("cuEventCreate", 0)
-                evs.append((e0, e1))
-                self._graph_run(gexec, stream, f"timed run {i + 1}", events=(e0, e1))
-                check(True)
+            with self._phase("timing the graph", cfg.warmup + cfg.repeat) as ph:
+                for i in range(cfg.warmup):
+                    self._graph_run(gexec, stream, f"warmup run {i + 1}")
+                    check(False)
+                    ph.advance()
+                self._gate = LaunchGate.open(rp, stream)
+                for i in range(cfg.repeat):
+                    e0, e1 = rp.raw("cuEventCreate", 0), rp.raw("cuEventCreate", 0)
+                    evs.append((e0, e1))
+                    self._graph_run(gexec, stream, f"timed run {i + 1}", events=(e0, e1))
+                    check(True)
+                    ph.advance()
+            self.info["launch_gated"] = self._gate is not None and self._gate.ok
+            if self._gate is not None and not self._gate.ok:
+                self.info["launch_gate"] = (f"released by its timer: the launch of {len(self.ops)} nodes waits for "
+                                            f"queue space on a held stream; timed ungated")
             self.total_times_us = [float(rp.raw("cuEventElapsedTime", a, b)) * 1e3 for a, b in evs]
             if cfg.check_repeats and digests:
                 self.info["repeats_identical"] = len(set(digests)) <= 1
@@ -437,8 +484,9 @@ class GraphProfiler:
             try:
                 if cfg.backend != "events" and importlib.util.find_spec("cupti") is not None:
                     try:             # the gap calibration's untraced runs, before CUPTI is on
-                        self._chain = GapChain(rp, stream)
-                        self._chain.time_untraced()
+                        with self._phase("calibrating tracing"):
+                            self._chain = GapChain(rp, stream)
+                            self._chain.time_untraced()
                     except Exception as e:
                         self.warn(f"graph: gap calibration: {type(e).__name__}: {e}")
                         self._close_chain()
@@ -511,9 +559,9 @@ class GraphProfiler:
             tracked = bool(track and track())
             if tracked:
                 self._arm("capturing (CUPTI)")
-                g2 = self._capture(stream, tag=cupti)
+                g2 = self._capture(stream, tag=cupti, what="building the graph (CUPTI node tracking)")
                 self._own("cuGraphDestroy", g2)
-                exe = rp.raw("cuGraphInstantiate", g2, 0)
+                exe = self._instantiate(g2, "instantiating (CUPTI node tracking)")
                 self._own("cuGraphExecDestroy", exe)
         except Exception as e:
             self.warn(f"graph: CUPTI node tracking: {type(e).__name__}: {e}; node ids matched by graph order")
@@ -521,28 +569,37 @@ class GraphProfiler:
         finally:
             if tracked:
                 cupti.untrack_graph_nodes()
-        if exe is not gexec:
-            self._graph_run(exe, stream, "CUPTI warmup run")      # a new executable graph: its first upload
         clock = WindowClock(cupti)
-        clock.start()
         windows: List[Tuple] = []
-        for i in range(cfg.repeat):
-            cupti.push(i + 1)
-            try:
-                self._graph_run(exe, stream, f"CUPTI run {i + 1}", clock=clock, windows=windows)
-            finally:
-                cupti.pop()
-        runs = clock.collect_records(windows)
+        with self._phase("timing every node (CUPTI)", cfg.repeat + (exe is not gexec)) as ph:
+            if exe is not gexec:
+                self._graph_run(exe, stream, "CUPTI warmup run")      # a new executable graph: its first upload
+                ph.advance()
+            clock.start()
+            for i in range(cfg.repeat):
+                cupti.push(i + 1)
+                try:
+                    self._graph_run(exe, stream, f"CUPTI run {i + 1}", clock=clock, windows=windows)
+                finally:
+                    cupti.pop()
+                ph.advance()
+        with self._phase("collecting CUPTI records"):
+            runs = clock.collect_records(windows)
+            reset = getattr(cupti, "reset", None)
+            if reset is not None:        # the calibration's records are read alone, not with these again
+                reset()
         if self._chain is not None:
             try:
-                self._chain.time_traced(clock)
-                self.gap = self._chain.model()
+                with self._phase("calibrating tracing (CUPTI)"):
+                    self._chain.time_traced(clock)
+                    self.gap = self._chain.model()
             except Exception as e:
                 self.warn(f"graph: gap calibration under CUPTI: {type(e).__name__}: {e}")
         cupti.close()
         created = getattr(cupti, "node_created", None) or {}
         clones = getattr(cupti, "node_clones", None) or {}
-        self._per_node(runs, created if exe is not gexec else {}, clones)
+        with self._phase("matching records to nodes"):
+            self._per_node(runs, created if exe is not gexec else {}, clones)
 
     @staticmethod
     def _op_kind(op) -> str:
@@ -711,24 +768,27 @@ class GraphProfiler:
                 self._own("cuEventDestroy", e)
                 evs.append(e)
             self._arm("capturing (event nodes)")
-            g2 = self._capture(stream, events=evs)
+            g2 = self._capture(stream, events=evs, what="building the graph (event nodes)")
             self._own("cuGraphDestroy", g2)
-            exe = rp.raw("cuGraphInstantiate", g2, 0)
+            exe = self._instantiate(g2, "instantiating (event nodes)")
             self._own("cuGraphExecDestroy", exe)
         except Exception as e:
             self.warn(f"graph: per-node times with event nodes not available ({type(e).__name__}: {e})")
             return
         self.op_times = [[] for _ in range(n)]
         spans = []
-        self._graph_run(exe, stream, "event-node warmup run")
-        for i in range(cfg.repeat):
-            self._graph_run(exe, stream, f"event-node run {i + 1}")
-            span = 0.0
-            for k in range(n):
-                t = float(rp.raw("cuEventElapsedTime", evs[k], evs[k + 1])) * 1e3
-                self.op_times[k].append(t)
-                span += t
-            spans.append(span)
+        with self._phase("timing every node (event nodes)", cfg.repeat + 1) as ph:
+            self._graph_run(exe, stream, "event-node warmup run")
+            ph.advance()
+            for i in range(cfg.repeat):
+                self._graph_run(exe, stream, f"event-node run {i + 1}")
+                span = 0.0
+                for k in range(n):
+                    t = float(rp.raw("cuEventElapsedTime", evs[k], evs[k + 1])) * 1e3
+                    self.op_times[k].append(t)
+                    span += t
+                spans.append(span)
+                ph.advance()
         self.node_times = [self.op_times[k] for k, op in enumerate(self.ops) if op[0] == "launch"]
         self.node_names = [None] * len(self.launches)
         self.event_spans_us = spans
@@ -762,10 +822,11 @@ class GraphProfiler:
         try:
             if post is not None and post.copies:
                 self._arm("restoring memory")
-                if stream is not None:
-                    self._wait(stream, "the last graph run")
-                post.restore(stream if stream is not None else cu.CUstream(0))
-                rp.raw("cuCtxSynchronize")
+                with self._phase("restoring memory"):
+                    if stream is not None:
+                        self._wait(stream, "the last graph run")
+                    post.restore(stream if stream is not None else cu.CUstream(0))
+                    rp.raw("cuCtxSynchronize")
         except Exception as e:
             self.warn(f"graph: could not restore memory after the graph runs ({type(e).__name__}: {e})")
             self.info.setdefault("error", str(e))
@@ -795,6 +856,9 @@ class GraphProfiler:
                           + ", ".join(f"{k} x{v}" for k, v in sorted(self.skipped_ops.items())))
             if self.skipped_captured:
                 self.info["skipped_captured_launches"] = self.skipped_captured
+            if self._progress is not None:
+                self._progress.close()
+                self.info["phases_s"] = {k: round(v, 3) for k, v in self._progress.times.items()}
 
     # ------------------------------------------------------------------ the program's graph launches
     def _start_units(self) -> bool:

@@ -332,6 +332,7 @@ class GraphUnit:
                             pass
         finally:
             if gate is not None:
+                self.gated = gate.ok
                 gate.close()
         return times
 
