@@ -11,6 +11,8 @@ written, the program's own status otherwise); one line on stderr for every exit 
 records lost: "records lost" counts records a plain read of the damaged file finds that
 repair did not keep, and calls missing before the last recorded one of a killed program.
 File faults run in-process; a few subprocesses capture, kill, fill the disk and replay.
+The output matrix puts every command's outputs on hostile paths among precious files: no
+traceback, the exit code, no file lost or half-written, no temporary file left.
 """
 from __future__ import annotations
 
