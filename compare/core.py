@@ -15,7 +15,13 @@ Noise (nvbench's measure, the relative standard deviation of a time, estimated r
   mean of its launches' (as if their noise were correlated: the cautious reading);
 - timeline, launches paired: that of the per-launch ratios candidate/base, which holds both
   runs' noise (it is reported as the combined noise);
-- timeline, unpaired: that of the kernel's launch times.
+- timeline, unpaired: that of the kernel's launch times;
+- timeline, a kernel with one or two paired launches: its own ratios cannot show the
+  run's jitter, so three times the noise of the ratios of every paired launch of similar
+  duration (half to twice its own, widened until 8 are found) is taken where it is larger: one
+  sample lies anywhere in that spread, and a run compares hundreds of such kernels. Short
+  kernels run once differ by 10-40% between two replays of one snapshot; judged by the
+  threshold alone they read as regressions that are not there.
 The combined noise of a comparison is sqrt(noise_base^2 + noise_candidate^2).
 
 Verdict: SAME when |ratio - 1| is within the threshold or within the combined noise
@@ -129,6 +135,21 @@ def _timed(rows: List[Dict[str, Any]]) -> Dict[Tuple, Dict[str, Any]]:
     return out
 
 
+MIN_OWN_RATIOS = 3        # fewer paired launches than this: the kernel borrows its class's noise
+MIN_CLASS_RATIOS = 8
+ONE_SAMPLE_SIGMAS = 3.0
+
+
+def class_noise(all_pairs: List[Tuple[float, float, Any]], t: float, name: Any) -> Optional[float]:
+    """Noise of the ratios of other kernels' paired launches whose duration is near t
+    (all_pairs: (duration, ratio, kernel)), widening the band until MIN_CLASS_RATIOS are in it."""
+    for f in (2.0, 4.0, 16.0, math.inf):
+        rs = [r for d, r, n in all_pairs if t / f <= d <= t * f and n != name]
+        if len(rs) >= MIN_CLASS_RATIOS:
+            return _rel_std(rs)
+    return None
+
+
 def combine(a: Optional[float], b: Optional[float]) -> Optional[float]:
     if a is None and b is None:
         return None
@@ -207,6 +228,8 @@ def compare(base: Dict[str, Any], cand: Dict[str, Any], threshold: float = 5.0, 
                 names.append(r.get("name"))
     launches: List[Dict[str, Any]] = []
     kernels: List[Dict[str, Any]] = []
+    all_pairs = [(min(_launch_time(lb[k]), _launch_time(lc[k])), _launch_time(lc[k]) / _launch_time(lb[k]),
+                  lb[k].get("name")) for k in lb if k in lc and _launch_time(lb[k]) > 0 and _launch_time(lc[k]) > 0]
     for name in names:
         kb = {k: r for k, r in lb.items() if r.get("name") == name}
         kc = {k: r for k, r in lc.items() if r.get("name") == name}
@@ -254,6 +277,12 @@ def compare(base: Dict[str, Any], cand: Dict[str, Any], threshold: float = 5.0, 
                 row["candidate_noise_pct"] = _rel_std(tc)
                 row["noise_pct"] = _rel_std(rs)
                 row["noise_from"] = "per-launch ratios" if len(rs) >= 2 else "one sample"
+                if len(rs) < MIN_OWN_RATIOS:
+                    cn = class_noise(all_pairs, min(vb, vc) / max(1, len(pairs)), name)
+                    if cn is not None and ONE_SAMPLE_SIGMAS * cn > (row["noise_pct"] or 0.0):
+                        row["noise_pct"] = ONE_SAMPLE_SIGMAS * cn
+                        row["noise_from"] = (f"{ONE_SAMPLE_SIGMAS:g}x the noise of launches of similar duration "
+                                             f"({len(rs)} own ratio(s))")
         elif kb and kc:
             row["base_us"], row["candidate_us"] = sb["median_us"], sc["median_us"]
             row["ratio"] = sc["median_us"] / sb["median_us"] if sb["median_us"] > 0 else None

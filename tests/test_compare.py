@@ -421,3 +421,29 @@ def test_bisect_search_and_correctness_breaks(tmp_path):
     assert res["exit_code"] == 1                # a regression, as compare exits
     res = Fake(5, 99).run()
     assert res["exit_code"] == 0 and "first_bad" not in res and res["replays"] == 2
+
+
+def test_timeline_kernels_run_once_borrow_the_noise_of_similar_launches():
+    """Two timeline replays of one snapshot: short kernels run once jitter well past the
+    threshold; judged alone they would read as regressions. A kernel with few launches takes the
+    noise of paired launches of similar duration, so jitter is SAME and a real slowdown is not."""
+    import random
+    rnd = random.Random(7)
+
+    def prof(rows, mode="timeline"):
+        return {"summary": {"mode": mode}, "kernels": [], "launches": rows,
+                "run": {"snapshot_id": "s", "gpu": {"name": "G"}}, "_path": "x.json"}
+    base, cand = [], []
+    for i in range(40):                         # 40 single-launch kernels of 2-4 us, +-15% jitter
+        t = 2.0 + (i % 3)
+        base.append({"seq": i, "index": i, "name": f"k{i}", "time_us": t * (1 + rnd.uniform(-0.15, 0.15))})
+        cand.append({"seq": i, "index": i, "name": f"k{i}", "time_us": t * (1 + rnd.uniform(-0.15, 0.15))})
+    base.append({"seq": 100, "index": 100, "name": "jitter", "time_us": 2.5})
+    cand.append({"seq": 100, "index": 100, "name": "jitter", "time_us": 2.5 * 1.2})
+    base.append({"seq": 101, "index": 101, "name": "slowed", "time_us": 3.0})
+    cand.append({"seq": 101, "index": 101, "name": "slowed", "time_us": 3.0 * 2.5})
+    res = compare(prof(base), prof(cand), threshold=5)
+    by = {k["name"]: k for k in res["kernels"]}
+    assert by["jitter"]["verdict"] == SAME and "similar duration" in by["jitter"]["noise_from"], by["jitter"]
+    assert by["slowed"]["verdict"] == SLOWER, by["slowed"]
+    assert [k["name"] for k in res["kernels"] if k["verdict"] == SLOWER] == ["slowed"]
