@@ -97,7 +97,22 @@ grep -E "replay under|Invalid|at poke|by thread|Address|ERROR SUMMARY" memcheck.
 grep -q "Invalid __global__ write of size 4 bytes" memcheck.txt; yes_no "memcheck names the invalid write" $?
 grep -Eq "at poke\(" memcheck.txt; yes_no "memcheck names the kernel poke" $?
 grep -q "by thread (17,0,0) in block (3,0,0)" memcheck.txt; yes_no "memcheck names thread (17,0,0) in block (3,0,0)" $?
-grep -Eq "Address 0x[0-9a-f]+ is out of bounds" memcheck.txt; yes_no "memcheck names the faulting address" $?
+grep -Eq "(Access to|Address) 0x[0-9a-f]+ is out of bounds" memcheck.txt; yes_no "memcheck names the faulting address" $?
+# placement at recorded addresses: the fault is where it was recorded, the buffer + 256 GiB
+python3 - <<'PY'
+import re
+from cudasnap.formats import SnapshotReader
+t = open("memcheck.txt").read()
+acc = re.search(r"(?:Access to|Address) (0x[0-9a-f]+) is out of bounds", t)
+near = re.search(r"nearest allocation at (0x[0-9a-f]+)", t)
+rec = [r["a"]["dptr"] for r in SnapshotReader("fail.cusnap").records() if r["k"] == "c" and r["f"].startswith("cuMemAlloc")]
+a = int(acc[1], 16) if acc else None
+b = int(near[1], 16) if near else None
+print(f"faulting address {acc[1] if acc else '?'}, nearest allocation {near[1] if near else '?'}, "
+      f"recorded allocations {[hex(x) for x in rec]}")
+raise SystemExit(0 if a is not None and b in rec and a - b == 4 << 36 else 1)
+PY
+yes_no "the replayed fault is at the recorded buffer + 256 GiB, as the program wrote it" $?
 grep -q "failjob.cu:$LINE" memcheck.txt; yes_no "memcheck names the source line failjob.cu:$LINE (-lineinfo)" $?
 [ -n "$REF_THREAD" ] && grep -qF "$REF_THREAD" memcheck.txt
 yes_no "the replay's report names the thread and block memcheck names on the program" $?
