@@ -105,6 +105,15 @@ def main() -> int:
         print(f"graph {w}: {d}")
     if a.json:
         Path(a.json).write_text(json.dumps({"cards": cards, "rows": rows}, indent=1))
+        # the command logs of workloads with a failed cell, beside the JSON
+        failed = sorted({(r["run"], r["workload"]) for r in rows for v in r["cells"].values() if v["ok"] is False})
+        logs = [Path(a.work) / f"r{run}" / n / "commands.log" for run, n in failed]
+        logs = [p for p in logs if p.exists()]
+        if logs:
+            import tarfile
+            with tarfile.open(Path(a.json).with_suffix(".logs.tar.xz"), "w:xz") as t:
+                for p in logs:
+                    t.add(p, arcname=f"{p.parent.parent.name}_{p.parent.name}.log")
     return 1 if bad else 0
 
 

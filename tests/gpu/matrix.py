@@ -104,10 +104,14 @@ class Matrix:
     def run(self, argv: List[str], timeout: int = TIMEOUT, cwd: Optional[Path] = None,
             env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
         try:
-            return subprocess.run(argv, env={**self.env, **(env or {})}, capture_output=True, text=True, timeout=timeout,
-                                  cwd=str(cwd or self.work))
+            cp = subprocess.run(argv, env={**self.env, **(env or {})}, capture_output=True, text=True, timeout=timeout,
+                                cwd=str(cwd or self.work))
         except subprocess.TimeoutExpired as e:
-            return subprocess.CompletedProcess(argv, 124, e.stdout or "", f"timed out after {timeout} s")
+            out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            cp = subprocess.CompletedProcess(argv, 124, out, f"timed out after {timeout} s")
+        with open(self.work / "commands.log", "a") as f:      # every command's output, for a failed cell
+            f.write(f"\n$ {' '.join(map(str, argv))}\n# exit {cp.returncode}\n{cp.stdout[-20000:]}\n{cp.stderr[-20000:]}\n")
+        return cp
 
     def cell(self, key: str, fn: Callable[[], tuple]) -> dict:
         t0 = time.monotonic()
