@@ -136,8 +136,10 @@ def profile_replay(snapshot, cfg: ProfileConfig, options: Optional[ReplayOptions
     res = rp.run()
     sel = getattr(prof, "sel", None)
     why = sel.nothing(rp) if sel is not None and rp.reader is not None and not res.errors else None
-    if why:                               # a profile of nothing is no profile
-        raise ValueError(why)
+    if why:                               # a profile of nothing is no profile: nothing is written
+        rp.empty_selection = why
+        res.errors.append(why)
+        res.exit_code = 2
     report = None
     if prof is not None:
         from .report import build_report, write_out
@@ -153,9 +155,9 @@ def profile_replay(snapshot, cfg: ProfileConfig, options: Optional[ReplayOptions
         if cfg.mode == "graph" and report.get("launches") and res.exit_code == 0:
             from .graphcheck import add_timeline_check
             add_timeline_check(report, snapshot, cfg, opts)
-        if cfg.out:
+        if cfg.out and not why:
             write_out(report, cfg.out)
-        if cfg.trace:
+        if cfg.trace and not why:
             from .trace import write_trace
             write_trace(prof, cfg.trace, os.fspath(snapshot))
     return ProfileRun(res, report, rp, warnings, hook_objs)
@@ -185,6 +187,9 @@ def run_profile_cli(snapshot, opts: ReplayOptions, cfg: ProfileConfig, as_json: 
         sys.stderr.write(f"cudasnap: error: {damaged(e) if isinstance(e, SnapshotError) else e}\n")
         return 2
     res = run.result
+    if run.replayer.empty_selection:
+        sys.stderr.write(f"cudasnap: error: {run.replayer.empty_selection}\n")
+        return 2
     if as_json:
         d = res.to_dict()
         d["snapshot"] = os.fspath(snapshot)
