@@ -51,10 +51,12 @@ time), then repeat runs under CUPTI for per-kernel-node rows (graphunits.py).  T
 `path` says which was used: "captured sequence" or "recorded graph launches"."""
 from __future__ import annotations
 
+import gc
 import importlib.util
 import re
 import statistics
 import time
+from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -79,6 +81,19 @@ _MEMSET_VAL = {"8": "uc", "16": "us", "32": "ui"}
 
 class GraphHang(Exception):
     pass
+
+
+@contextmanager
+def _no_gc():
+    """Cyclic collection paused: hundreds of thousands of CUPTI records are made at once, and
+    each collection pass would walk all of them again (it doubled the time to read them)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _base(f: str) -> str:
@@ -583,7 +598,7 @@ class GraphProfiler:
                 finally:
                     cupti.pop()
                 ph.advance()
-        with self._phase("collecting CUPTI records"):
+        with self._phase("collecting CUPTI records"), _no_gc():
             runs = clock.collect_records(windows)
             reset = getattr(cupti, "reset", None)
             if reset is not None:        # the calibration's records are read alone, not with these again
@@ -598,7 +613,7 @@ class GraphProfiler:
         cupti.close()
         created = getattr(cupti, "node_created", None) or {}
         clones = getattr(cupti, "node_clones", None) or {}
-        with self._phase("matching records to nodes"):
+        with self._phase("matching records to nodes"), _no_gc():
             self._per_node(runs, created if exe is not gexec else {}, clones)
 
     @staticmethod
@@ -608,7 +623,7 @@ class GraphProfiler:
     def _per_node(self, runs: List[List[Any]], created: Optional[Dict[int, Any]] = None,
                   clones: Optional[Dict[int, int]] = None) -> None:
         """Per-node times from the records of each CUPTI run (graphunits.Rec)."""
-        if not any(r.node for run in runs for r in run):
+        if not any(r[5] for run in runs for r in run):
             self._per_node_by_order(runs)
             return
         id2op, how = self._map_node_ids(runs, created or {}, clones or {})
@@ -618,7 +633,7 @@ class GraphProfiler:
 
     def _map_node_ids(self, runs, created: Dict[int, Any], clones: Dict[int, int]) -> Tuple[Dict[int, int], str]:
         """Graph node id of the records -> index of the captured operation."""
-        seen = {r.node for run in runs for r in run if r.node}
+        seen = {r[5] for run in runs for r in run if r[5]}
         ops_of = {nid: tag for nid, tag in created.items() if isinstance(tag, int) and 0 <= tag < len(self.ops)}
         exact = {}
         for nid in seen:
@@ -688,19 +703,26 @@ class GraphProfiler:
             per: Dict[int, List[int]] = {}
             names: Dict[int, str] = {}
             spans: List[Tuple[int, int]] = []
-            for r in run:
-                k = id2op.get(r.node) if r.node else None
-                spans.append((r.t0, r.t1))
+            for r in run:            # Rec fields by position: (t0, t1, name, kind, graph, node)
+                t0, t1, name, kind, _g, node = r
+                k = id2op.get(node) if node else None
+                spans.append((t0, t1))
                 if k is None:
-                    key = r.name if r.kind == "kernel" else f"({r.kind})"
-                    e = extra.setdefault(key, {"name": key, "kind": r.kind, "records": 0, "us": 0.0})
+                    key = name if kind == "kernel" else f"({kind})"
+                    e = extra.setdefault(key, {"name": key, "kind": kind, "records": 0, "us": 0.0})
                     e["records"] += 1
-                    e["us"] += (r.t1 - r.t0) / 1e3
+                    e["us"] += (t1 - t0) / 1e3
                     continue
-                sp = per.setdefault(k, [r.t0, r.t1])
-                sp[0], sp[1] = min(sp[0], r.t0), max(sp[1], r.t1)
-                if r.kind == "kernel":
-                    names.setdefault(k, r.name)
+                sp = per.get(k)
+                if sp is None:
+                    per[k] = [t0, t1]
+                else:
+                    if t0 < sp[0]:
+                        sp[0] = t0
+                    if t1 > sp[1]:
+                        sp[1] = t1
+                if kind == "kernel" and k not in names:
+                    names[k] = name
             for k, (t0, t1) in per.items():
                 self.op_times[k].append((t1 - t0) / 1e3)
                 if k in launch_of and k in names:

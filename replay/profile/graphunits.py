@@ -97,9 +97,14 @@ def collector_records(cupti) -> Tuple[List[Rec], List[Rec]]:
     the collector keeps them)."""
     kn = getattr(cupti, "kernel_nodes", None) or []
     cn = getattr(cupti, "copy_nodes", None) or []
-    ks = [Rec(k[1], k[2], k[3], "kernel", *(kn[i] if i < len(kn) else (0, 0))) for i, k in enumerate(cupti.kernels)]
-    cs = [Rec(c[1], c[2], c[4], c[4], *(cn[i] if i < len(cn) else (0, 0)))
-          for i, c in enumerate(getattr(cupti, "copies", None) or [])]
+    ks_raw = cupti.kernels
+    cs_raw = getattr(cupti, "copies", None) or []
+    new = tuple.__new__              # Rec without its Python-level __new__: hundreds of thousands of records
+    zero = (0, 0)
+    kn = list(kn[:len(ks_raw)]) + [zero] * (len(ks_raw) - len(kn))
+    cn = list(cn[:len(cs_raw)]) + [zero] * (len(cs_raw) - len(cn))
+    ks = [new(Rec, (k[1], k[2], k[3], "kernel", g[0], g[1])) for k, g in zip(ks_raw, kn)]
+    cs = [new(Rec, (c[1], c[2], c[4], c[4], g[0], g[1])) for c, g in zip(cs_raw, cn)]
     return ks, cs
 
 
