@@ -199,11 +199,8 @@ class Engine:
                     self._handle(st, purpose, t_sub, res)
                 self.on_event("tick", {"inflight": len(self.inflight)})
         except KeyboardInterrupt:
-            for ref in list(self.inflight):
-                try:
-                    ray.cancel(ref, force=True)
-                except Exception:
-                    pass
+            # nothing is cancelled here: when this driver leaves, Ray ends its job's workers and
+            # each replay dies with its worker (PDEATHSIG); cancelling first races Ray's replies
             raise
         return self.counts
 

@@ -131,6 +131,10 @@ def run_replay(spec: Dict[str, Any], gpu_ids: List[Any], snap: str) -> Dict[str,
             os.killpg(p.pid, signal.SIGKILL)
             p.communicate()
             rc, err = 124, f"the replay ran past {spec['timeout']:g} s"
+        except BaseException:           # cancelled: the replay goes with the task
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            raise
         res["proc_s"] = time.monotonic() - t0
         res["exit_code"] = rc
         lines = [ln for ln in (err or "").splitlines() if ln.strip()]

@@ -151,14 +151,18 @@ def run_campaign(camp, store, address, fresh: bool, ship: bool, json_out: bool, 
     signal.signal(signal.SIGTERM, _interrupt)
     t0 = time.monotonic()
     try:
-        try:
-            eng = Engine(camp, store, run_id, address=address, init_kwargs=init_kwargs, ship=ship, on_event=prog)
-        except EngineError as e:
-            prog.stop()
-            store.close_run(run_id, "failed", [], 2)
-            _fail(str(e))
-        eng.set_baseline_run(base_run)
-        counts = eng.run(skip)
+        if len(skip) == len(camp.cells):      # nothing left: no need for Ray
+            counts = {"cells": len(camp.cells), "skipped": len(skip), "ran": 0, "failed": 0, "regressed": 0}
+            eng = _NoEngine()
+        else:
+            try:
+                eng = Engine(camp, store, run_id, address=address, init_kwargs=init_kwargs, ship=ship, on_event=prog)
+            except EngineError as e:
+                prog.stop()
+                store.close_run(run_id, "failed", [], 2)
+                _fail(str(e))
+            eng.set_baseline_run(base_run)
+            counts = eng.run(skip)
         prog.stop()
         status = "done"
     except KeyboardInterrupt:
@@ -189,6 +193,16 @@ def run_campaign(camp, store, address, fresh: bool, ship: bool, json_out: bool, 
                          f"{wall:.1f} s on {eng.slots()} GPU(s); store {store.path}\n")
         render_text(rep, sys.stdout)
     return code
+
+
+class _NoEngine:
+    hosts: set = set()
+
+    def slots(self) -> int:
+        return 0
+
+    def shutdown(self) -> None:
+        pass
 
 
 def _interrupt(signum, frame):

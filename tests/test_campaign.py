@@ -1,0 +1,269 @@
+"""cudasnap campaign on the CUDA test double and a local Ray runtime (2 CPUs, 2 fake GPUs that
+are all "H100"s), shared by the module's tests: the CLI connects to it by address.
+
+The double's kernels are host functions; CUDA_DOUBLE_SLOW gives every kernel a steady floor
+and slows `fill` in one environment (the planted regression)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from cudasnap.campaign import rules as R  # noqa: E402
+from cudasnap.campaign.store import TABLES, Store  # noqa: E402
+from test_compare import three_kernels  # noqa: E402
+
+STEADY = 'CUDA_DOUBLE_SLOW = "*:1", CUDA_DOUBLE_SLOW_FLOOR_US = "2000"'
+ENVS = f"""
+[[env]]
+name = "plain"
+vars = {{ {STEADY} }}
+[[env]]
+name = "eager"
+vars = {{ {STEADY}, CUDA_MODULE_LOADING = "EAGER" }}
+[[env]]
+name = "slowfill"
+gpu = "H100"
+vars = {{ CUDA_DOUBLE_SLOW = "*:1,fill:4", CUDA_DOUBLE_SLOW_FLOOR_US = "2000" }}
+"""
+RULES = """
+[rules]
+repeats = 5
+warmup = 1
+threshold = 20
+max_reruns = 1
+timeout = 120
+retries = 2
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(double, tmp_path_factory):
+    """One Ray runtime for the module; its workers inherit the double on LD_LIBRARY_PATH and
+    the kill hook's path."""
+    d = tmp_path_factory.mktemp("campaign")
+    saved = {k: os.environ.get(k) for k in ("LD_LIBRARY_PATH", "CUDASNAP_CAMPAIGN_TEST_KILL", "CUDASNAP_CACHE",
+                                            "RAY_AUTH_MODE")}
+    os.environ["RAY_AUTH_MODE"] = "disabled"        # a private test runtime: the CLI connects without a token
+    os.environ["LD_LIBRARY_PATH"] = double["env"]["LD_LIBRARY_PATH"]
+    os.environ["CUDASNAP_CAMPAIGN_TEST_KILL"] = str(d / "kill-one-worker")
+    os.environ["CUDASNAP_CACHE"] = str(d / "cache")
+    ray.init(num_cpus=2, num_gpus=2, resources={"gpu_model:H100": 2}, include_dashboard=False, log_to_driver=False)
+    snaps = d / "snaps"
+    snaps.mkdir()
+    for i, n in enumerate((64, 96, 128, 160)):
+        three_kernels(snaps / f"s{i}.cusnap", n=n)
+    try:
+        yield {"address": ray.get_runtime_context().gcs_address, "dir": d, "snaps": snaps,
+               "kill": d / "kill-one-worker", "env": dict(double["env"], RAY_AUTH_MODE="disabled")}
+    finally:
+        ray.shutdown()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _campaign(path: Path, snaps: str, envs: str = ENVS, baseline: str = "plain") -> Path:
+    path.write_text(f'name = "ci"\nbaseline = "{baseline}"\n{RULES}\n[[snapshot]]\npath = "{snaps}"\n{envs}')
+    return path
+
+
+def _cli(cluster, *args, timeout=300):
+    e = dict(cluster["env"])
+    e.pop("CUDASNAP_CAMPAIGN_TEST_KILL", None)
+    return subprocess.run([sys.executable, "-m", "cudasnap", *map(str, args)], env=e, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_planted_regression_found_and_attributed(cluster, tmp_path):
+    camp = _campaign(tmp_path / "camp.toml", f"{cluster['snaps']}/s*.cusnap")
+    store = tmp_path / "st.sqlite"
+    cp = _cli(cluster, "campaign", "run", camp, "-o", store, "--address", cluster["address"], "--json")
+    assert cp.returncode == 1, cp.stdout[-2000:] + cp.stderr[-2000:]
+    res = json.loads(cp.stdout)
+    assert res["cells"] == 12 and res["ran"] == 12 and res["skipped"] == 0 and res["failed"] == 0
+    rep = res["report"]
+    assert {(g["env"], g["kernel"]) for g in rep["regressions"]} == {("slowfill", "fill")}
+    assert len(rep["regressions"]) == 4                          # every snapshot, that kernel only
+    for g in rep["regressions"]:
+        assert g["first_run"] == 1 and g["confirmed"] == 1
+        assert g["last_good"]["env"] == "plain"
+        assert [(x["dimension"], x["what"]) for x in g["differences"]] == [("variable", "CUDA_DOUBLE_SLOW")]
+    for m in rep["matrix"]:
+        assert m["cells"]["plain"]["verdict"] == "BASELINE"
+        assert m["cells"]["slowfill"]["verdict"] == "SLOWER" and m["cells"]["slowfill"]["slower"] == ["fill"]
+        assert m["cells"]["eager"]["verdict"] in ("SAME", "FASTER", "UNCONFIRMED")
+    db = sqlite3.connect(store)
+    assert db.execute("SELECT COUNT(*) FROM cells WHERE gpu_req='H100' AND status='ok'").fetchone()[0] == 4
+    assert db.execute("SELECT COUNT(*) FROM attempts WHERE purpose='confirm'").fetchone()[0] >= 4
+    assert db.execute("SELECT status, exit_code FROM runs").fetchall() == [("done", 1)]
+    # the report reads the store alone: text, JSON and HTML with the trend plotted
+    html = tmp_path / "r.html"
+    cp = _cli(cluster, "campaign", "report", store, "--html", html)
+    assert cp.returncode == 1, cp.stderr
+    lines = [ln for ln in cp.stdout.splitlines() if ln.startswith("- ")]
+    assert len(lines) == 4 and all("env 'slowfill': kernel fill" in ln for ln in lines)
+    assert "variable CUDA_DOUBLE_SLOW: *:1 -> *:1,fill:4" in cp.stdout
+    page = html.read_text()
+    assert "plotly" in page and "kernel medians per run" in page and "slowfill" in page
+    cp = _cli(cluster, "campaign", "report", store, "--html", html)
+    assert cp.returncode == 2 and "exists" in cp.stderr and len(cp.stderr.strip().splitlines()) == 1
+
+
+def test_worker_killed_mid_cell_is_retried(cluster, tmp_path):
+    camp = _campaign(tmp_path / "camp.toml", f"{cluster['snaps']}/s0.cusnap", baseline="plain",
+                     envs=ENVS.split("[[env]]\nname = \"slowfill\"")[0])
+    store = tmp_path / "st.sqlite"
+    cluster["kill"].write_text("")
+    cp = _cli(cluster, "campaign", "run", camp, "-o", store, "--address", cluster["address"], "--ship")
+    assert not cluster["kill"].exists(), "no replay claimed the kill hook"
+    assert cp.returncode == 0, cp.stdout[-2000:] + cp.stderr[-2000:]
+    db = sqlite3.connect(store)
+    lost = db.execute("SELECT cell_key, error FROM attempts WHERE outcome='lost'").fetchall()
+    assert len(lost) == 1, lost
+    st = db.execute("SELECT status, attempts FROM cells WHERE cell_key=?", (lost[0][0],)).fetchone()
+    assert st[0] == "ok" and st[1] >= 2
+    assert db.execute("SELECT purpose FROM attempts WHERE cell_key=? ORDER BY n", (lost[0][0],)).fetchall()[1][0] == "retry"
+    assert db.execute("SELECT COUNT(*) FROM cells WHERE status='ok'").fetchone()[0] == 2
+    # --ship: the snapshot reached the node through the object store, into the cache by digest
+    assert any(p.suffix == ".cusnap" for p in (cluster["dir"] / "cache" / "snapshots").iterdir())
+
+
+def test_stopped_campaign_resumes_only_unfinished_cells(cluster, tmp_path):
+    camp = _campaign(tmp_path / "camp.toml", f"{cluster['snaps']}/s[012].cusnap",
+                     envs=ENVS.split("[[env]]\nname = \"slowfill\"")[0])
+    store = tmp_path / "st.sqlite"
+    e = dict(cluster["env"])
+    p = subprocess.Popen([sys.executable, "-m", "cudasnap", "campaign", "run", str(camp), "-o", str(store),
+                          "--address", cluster["address"]], env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    deadline = time.monotonic() + 180
+    n = 0
+    while time.monotonic() < deadline and p.poll() is None:
+        if store.exists():
+            try:
+                n = sqlite3.connect(store).execute("SELECT COUNT(*) FROM cells").fetchone()[0]
+            except sqlite3.Error:
+                n = 0
+            if n >= 2:
+                break
+        time.sleep(0.1)
+    assert p.poll() is None, "the campaign ended before it could be stopped"
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130, out + err
+    db = sqlite3.connect(store)
+    done = db.execute("SELECT COUNT(*) FROM cells").fetchone()[0]
+    assert 2 <= done < 6 and "run the same command again" in err
+    # whole cells only: every ok cell has its kernels and its profile
+    assert db.execute("SELECT COUNT(*) FROM cells c WHERE status='ok' AND NOT EXISTS "
+                      "(SELECT 1 FROM profiles p WHERE p.cell_id=c.id)").fetchone()[0] == 0
+    assert db.execute("SELECT COUNT(DISTINCT cell_id) FROM kernel_results").fetchone()[0] == done
+    assert db.execute("SELECT status FROM runs").fetchone()[0] == "interrupted"
+    db.close()
+    cp = _cli(cluster, "campaign", "run", camp, "-o", store, "--address", cluster["address"], "--json")
+    assert cp.returncode == 0, cp.stdout[-2000:] + cp.stderr[-2000:]
+    res = json.loads(cp.stdout)
+    assert res["resumed"] and res["skipped"] == done and res["ran"] == 6 - done
+    db = sqlite3.connect(store)
+    assert db.execute("SELECT COUNT(*) FROM cells").fetchone()[0] == 6
+    assert db.execute("SELECT COUNT(DISTINCT cell_key) FROM cells").fetchone()[0] == 6
+    assert db.execute("SELECT status, sessions FROM runs").fetchall() == [("done", 2)]
+    # the same campaign again: nothing left to run, and Ray is not even started
+    cp = _cli(cluster, "campaign", "run", camp, "-o", store, "--address", cluster["address"])
+    assert cp.returncode == 0 and "ran 0 cells, skipped 6" in cp.stdout, cp.stdout + cp.stderr
+
+
+def _schema_doc() -> dict:
+    text = (Path(__file__).resolve().parents[1] / "campaign" / "SCHEMA.md").read_text()
+    tables, cur = {}, None
+    for ln in text.splitlines():
+        m = re.match(r"## (\w+)", ln)
+        if m:
+            cur = tables.setdefault(m.group(1), [])
+            continue
+        m = re.match(r"\| ([a-z_, ]+) \|", ln)
+        if cur is not None and m and m.group(1) != "column":
+            cur += [c.strip() for c in m.group(1).split(",")]
+    return tables
+
+
+def test_store_schema_is_documented(tmp_path):
+    s = Store(tmp_path / "s.sqlite")
+    live = {t: [r[1] for r in s.db.execute(f"PRAGMA table_info({t})")]
+            for (t,) in s.db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert live == TABLES
+    assert _schema_doc() == TABLES
+    s.close()
+    assert Store(tmp_path / "s.sqlite", create=False).db.execute("SELECT value FROM meta").fetchone()[0] == "1"
+
+
+@pytest.mark.parametrize("content, msg", [
+    ("[[env]\n", "not valid TOML"),
+    ('[[snapshot]]\npath = "nothing*.cusnap"\n[[env]]\nname = "a"\n', "matches no file"),
+    ('baseline = "nosuch"\n[[snapshot]]\npath = "x.cusnap"\n[[env]]\nname = "a"\n', "is not an [[env]] name"),
+    ('[[snapshot]]\npath = "x.cusnap"\nprofile = "graph"\n[[env]]\nname = "a"\n', "profile must be"),
+    ('[rules]\nrepeats = 0\n[[snapshot]]\npath = "x.cusnap"\n[[env]]\nname = "a"\n', "repeats must be >= 1"),
+])
+def test_bad_campaign_is_one_line(double, tmp_path, content, msg):
+    (tmp_path / "x.cusnap").write_bytes(b"x")
+    (tmp_path / "c.toml").write_text(content)
+    cp = subprocess.run([sys.executable, "-m", "cudasnap", "campaign", "run", str(tmp_path / "c.toml"), "-o",
+                         str(tmp_path / "s.sqlite")], capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 2 and msg in cp.stderr and len(cp.stderr.strip().splitlines()) == 1, cp.stderr
+    assert not (tmp_path / "s.sqlite").exists()
+
+
+def test_without_ray_is_one_line(tmp_path):
+    fake = tmp_path / "noray"
+    fake.mkdir()
+    (fake / "ray.py").write_text("raise ImportError('No module named ray')\n")
+    (tmp_path / "x.cusnap").write_bytes(b"x")
+    (tmp_path / "c.toml").write_text('[[snapshot]]\npath = "x.cusnap"\n[[env]]\nname = "a"\n')
+    e = dict(os.environ, PYTHONPATH=str(fake))
+    cp = subprocess.run([sys.executable, "-m", "cudasnap", "campaign", "run", str(tmp_path / "c.toml")], env=e,
+                        capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert cp.returncode == 2 and "Ray, which is not installed" in cp.stderr, cp.stderr
+    assert len(cp.stderr.strip().splitlines()) == 1
+
+
+def test_report_bad_input(tmp_path):
+    (tmp_path / "junk.sqlite").write_text("not sqlite at all, just text " * 20)
+    for args, msg in (([str(tmp_path / "none.sqlite")], "no such store"),
+                      ([str(tmp_path / "junk.sqlite")], "not"),
+                      ([str(tmp_path / "junk.sqlite"), "--since", "yesterday"], None)):
+        cp = subprocess.run([sys.executable, "-m", "cudasnap", "campaign", "report", *args], capture_output=True,
+                            text=True, timeout=60)
+        assert cp.returncode == 2 and len(cp.stderr.strip().splitlines()) == 1, cp.stderr
+        if msg:
+            assert msg in cp.stderr
+
+
+# --------------------------------------------------------------------------- rules, unit
+def _prof(times):
+    return {"summary": {"mode": "isolated"}, "kernels": [],
+            "launches": [{"seq": i, "name": "k", "times_us": t, "median_us": sorted(t)[len(t) // 2]}
+                         for i, t in enumerate(times)]}
+
+
+def test_merge_pools_repeats_and_borderline_band():
+    m = R.merge_profiles([_prof([[10, 11, 12]]), _prof([[13, 14, 15]])])
+    assert m["launches"][0]["times_us"] == [10, 11, 12, 13, 14, 15] and m["launches"][0]["median_us"] == 12.5
+    assert m["kernels"][0]["launches"] == 1 and m["summary"]["runs_pooled"] == 2
+    res = {"kernels": [{"name": "a", "diff_pct": 6.0, "noise_pct": 1.0}, {"name": "b", "diff_pct": 30.0, "noise_pct": 1.0},
+                       {"name": "c", "diff_pct": -4.5, "noise_pct": 0.5}], "total": {"diff_pct": 1.0, "noise_pct": 0.1}}
+    assert R.borderline(res, 5.0, 2.0) == ["a", "c"]
+    assert R.outcome_of(0, True) == "ok" and R.outcome_of(1, True) == "mismatch" and R.outcome_of(-9, False) == "crash"
+    assert R.outcome_of(124, False) == "timeout" and R.outcome_of(2, False) == "error" and R.outcome_of(0, False) == "error"
