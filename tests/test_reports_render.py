@@ -171,7 +171,7 @@ def compare_report(double, snap, d: Path) -> Path:
 def bisect_report(double, snap, d: Path) -> Path:
     envs = _envs_toml(d / "envs.toml", double, ["r1", "r2", "r3"], slow_from=2)
     html = d / "bisect.html"
-    cp = _cli(_no_double_on_path(double), "bisect", snap, "--envs", envs, "--profile", "timeline",
+    cp = _cli(_no_double_on_path(double), "bisect", snap, "--envs", envs, "--repeat", "5", "--warmup", "1",
               "--threshold", "15", "--html", html)
     assert cp.returncode in (0, 1) and html.exists(), cp.stdout + cp.stderr
     assert "first bad environment: 'r2'" in cp.stdout, cp.stdout
