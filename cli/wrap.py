@@ -150,7 +150,8 @@ def exec_wrapped(ctx, wrap: Optional[str], preload: Optional[str], workload_rang
     except WrapError as e:
         sys.stderr.write(f"cudasnap: error: {e}\n")
         return 2
-    sys.stderr.write(f"cudasnap: replay under: {shlex.join(argv)}\n")
+    if not ctx.params.get("quiet"):
+        sys.stderr.write(f"cudasnap: replay under: {shlex.join(argv)}\n")
     sys.stdout.flush()
     sys.stderr.flush()
     try:

@@ -118,6 +118,7 @@ def test_wrapped_replay_keeps_its_options_and_environment(double, kit, tmp_path)
 def test_exit_status_passes_through(double, kit, tmp_path):
     cp, calls, _ = _run(double, kit, tmp_path, kit["bad"], "--wrap", "fake-tool", "-q")
     assert cp.returncode == 1 and len(calls) == 1, cp.stdout + cp.stderr       # the replay's mismatch
+    assert "replay under" not in cp.stderr                                      # -q: the problem only
     assert "bytes differ" in cp.stderr, cp.stderr
     cp, calls, _ = _run(double, kit, tmp_path, kit["good"], "--wrap", "fake-tool", "-q", env={"FAKE_TOOL_EXIT": "7"})
     assert cp.returncode == 7, cp.stdout + cp.stderr                           # the tool's own status
