@@ -10,6 +10,7 @@ holding the same bytes, checked by digest) or once through Ray's object store in
 node-local cache keyed by digest."""
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import time
@@ -29,17 +30,27 @@ def gpu_model(name: str) -> Optional[str]:
     """'NVIDIA H100 80GB HBM3' -> 'H100'; 'NVIDIA GeForce RTX 4090' -> 'RTX4090'."""
     n = re.sub(r"^(NVIDIA|Tesla|Quadro)\s+", "", name.strip(), flags=re.I)
     n = re.sub(r"^GeForce\s+", "", n, flags=re.I)
-    m = re.match(r"(RTX\s*)?([A-Z]+\d+\w*)", n)
-    return (m.group(1) or "").replace(" ", "") + m.group(2) if m else None
+    m = re.match(r"RTX\s*(\w*\d+\w*)|([A-Z]+\d+\w*)", n)
+    if not m:
+        return None
+    return "RTX" + m.group(1) if m.group(1) else m.group(2)
 
 
 def local_gpus() -> List[str]:
+    """The names of this machine's GPUs that CUDA_VISIBLE_DEVICES leaves visible (as Ray counts them)."""
     try:
-        cp = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                            text=True, timeout=30)
+        cp = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid,name", "--format=csv,noheader"],
+                            capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return []
-    return [ln.strip() for ln in cp.stdout.splitlines() if ln.strip()] if cp.returncode == 0 else []
+    if cp.returncode != 0:
+        return []
+    rows = [[x.strip() for x in ln.split(",", 2)] for ln in cp.stdout.splitlines() if ln.count(",") >= 2]
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if vis is None:
+        return [r[2] for r in rows]
+    want = [v.strip() for v in vis.split(",") if v.strip()]
+    return [r[2] for r in rows if r[0] in want or any(r[1].startswith(w) for w in want if w.startswith("GPU-"))]
 
 
 def start_ray(address: Optional[str], init_kwargs: Optional[Dict[str, Any]] = None):
@@ -138,7 +149,7 @@ class Engine:
     def _spec(self, cell: Cell) -> Dict[str, Any]:
         s, e, r = cell.snapshot, cell.env, self.c.rules
         return {"path": s.path, "digest": s.digest, "size": s.size, "ship": self.ship, "mode": s.mode,
-                "kernels": s.kernels, "vars": e.vars, "driver": e.driver, "repeat": r.repeats, "warmup": r.warmup,
+                "kernels": s.kernels, "vars": cell.vars, "driver": e.driver, "repeat": r.repeats, "warmup": r.warmup,
                 "timeout": r.timeout}
 
     def _submit(self, st: CellState, purpose: str, with_bytes: bool = False):
@@ -319,7 +330,7 @@ class Engine:
             base_id = bs.cell_id if bs is not None else self._skip_ids.get(cell.baseline_key)
         row = {"cell_key": cell.key, "snapshot": cell.snapshot.path, "snapshot_digest": cell.snapshot.digest,
                "snapshot_id": run.get("snapshot_id"), "kernels": cell.snapshot.kernels, "mode": cell.snapshot.mode,
-               "env": cell.env.name, "env_json": _json(dict(cell.env.identity(), driver_version=run.get("driver_version"),
+               "env": cell.env.name, "env_json": _json(dict(cell.identity(), driver_version=run.get("driver_version"),
                                       gpu_model=_model(gpu.get("name")))),
                "is_baseline": int(cell.baseline_key is None and self.c.baseline_env is not None),
                "baseline_cell_id": base_id, "gpu_req": cell.env.gpu,

@@ -83,6 +83,16 @@ class Cell:
     env: Env
     key: str                        # stable identity within the campaign file
     baseline_key: Optional[str]     # the cell it is judged against (None: it is the baseline)
+    vars: Dict[str, str] = field(default_factory=dict)     # the env's vars as they apply to this snapshot
+    not_applied: List[str] = field(default_factory=list)   # CUDASNAP_REPLACE targets it does not record
+
+    def identity(self) -> Dict[str, Any]:
+        d = self.env.identity()
+        if self.not_applied:
+            d["vars"] = dict(sorted(self.vars.items()))
+            d["replace"] = {k: v for k, v in d["replace"].items() if k not in self.not_applied}
+            d["replace_not_applied"] = list(self.not_applied)
+        return d
 
     @property
     def label(self) -> str:
@@ -264,6 +274,48 @@ def cell_key(s: Snapshot, e: Env) -> str:
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]
 
 
+def recorded_kernels(path: str) -> Optional[set]:
+    """The kernel names a snapshot's index records (None: no index to read them from)."""
+    try:
+        from cudasnap.formats.reader import SnapshotReader
+        r = SnapshotReader(path)
+        try:
+            summ = r.summary()
+        finally:
+            close = getattr(r, "close", None)
+            if close:
+                close()
+    except Exception:
+        return None
+    if not summ or not isinstance(summ.get("fns"), list):
+        return None
+    return {f[1] for f in summ["fns"] if isinstance(f, (list, tuple)) and len(f) > 1 and isinstance(f[1], str)}
+
+
+def applied_vars(e: Env, names: Optional[set]) -> (Dict[str, str], List[str]):
+    """A rebuilt kernel replaces that kernel where a snapshot records it: CUDASNAP_REPLACE
+    targets the snapshot does not record are left out of its cell (replay would refuse them)."""
+    spec = e.vars.get("CUDASNAP_REPLACE")
+    if not spec or names is None:
+        return dict(e.vars), []
+    keep, dropped = [], []
+    for part in spec.split(";"):
+        if "=" not in part:
+            continue
+        target = part.rpartition("=")[0].strip()
+        k = target[len("module:"):] if target.startswith("module:") else target
+        if target.startswith("0x") or k in names:
+            keep.append(part)
+        else:
+            dropped.append(target)
+    v = dict(e.vars)
+    if keep:
+        v["CUDASNAP_REPLACE"] = ";".join(keep)
+    else:
+        v.pop("CUDASNAP_REPLACE", None)
+    return v, dropped
+
+
 def load_campaign(path) -> Campaign:
     path = os.fspath(path)
     doc = toml_load(path)
@@ -292,12 +344,15 @@ def load_campaign(path) -> Campaign:
     h.update(json.dumps([[s.digest, s.kernels, s.mode] for s in snaps]).encode())
     h.update(json.dumps([e.identity() for e in envs], sort_keys=True).encode())
     cells: List[Cell] = []
+    replacing = any("CUDASNAP_REPLACE" in e.vars for e in envs)
     for s in snaps:
+        names = recorded_kernels(s.path) if replacing else None
         keys = {e.name: cell_key(s, e) for e in envs}
         for e in envs:
             bkey = None
             if not bl.startswith("run:") and e.name != bl:
                 bkey = keys[bl]
-            cells.append(Cell(s, e, keys[e.name], bkey))
+            vs, dropped = applied_vars(e, names)
+            cells.append(Cell(s, e, keys[e.name], bkey, vs, dropped))
     return Campaign(path=os.path.abspath(path), name=name, file_hash=h.hexdigest()[:32], baseline=bl, rules=rules,
                     snapshots=snaps, envs=envs, cells=cells)
