@@ -313,7 +313,9 @@ def test_executor_options_match_the_per_call_path(double, tmp_path, extra):
     mixed_session(snap, steps=20)
     _cp0, base = _replay(double, snap, "0", *extra)
     _cp, got = _replay(double, snap, "1", *extra)
-    assert base["exit_code"] == (1 if extra[0] == "--calls" else 0), base["errors"]   # --calls: results differ
+    assert base["exit_code"] == 0, base["errors"]     # --calls: results the selection does not decide are not compared
+    if extra[0] == "--calls":
+        assert base["d2h_left_out"] > 0 and not base["mismatches"]
     assert {k: got.get(k) for k in MIXED_KEYS + ("profiler",)} == {k: base.get(k) for k in MIXED_KEYS + ("profiler",)}
     if extra[0] == "--profiler-range":
         assert got["profiler"]["starts"] == got["profiler"]["stops"] == 1 and got["native_calls"] > 100

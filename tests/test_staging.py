@@ -178,8 +178,15 @@ def test_a_corrupt_chunk_fails_the_staged_copy_clearly(double, tmp_path):
     env.pop("CUDASNAP_REPLAY_TEST_BLOCK", None)
     cp = subprocess.run([sys.executable, "-m", "cudasnap", "replay", str(snap), "--json"], env=env,
                         capture_output=True, text=True, timeout=120)
-    r = json.loads(cp.stdout)
-    assert cp.returncode == 2 and r["exit_code"] == 2, cp.stderr[-2000:]
+    # the command checks every frame first: refused before any work, naming the frame
+    assert cp.returncode == 2 and f"offset {off}" in cp.stderr and not cp.stdout.strip(), cp.stderr[-2000:]
+    # the replayer itself (damage it meets while staging) still names the copy
+    code = ("import json, sys\nfrom cudasnap.replay.engine import Replayer\nfrom cudasnap.replay.options import "
+            "ReplayOptions\nprint(json.dumps(Replayer(sys.argv[1], ReplayOptions(quiet=True)).run().to_dict(), "
+            "default=str))")
+    cp = subprocess.run([sys.executable, "-c", code, str(snap)], env=env, capture_output=True, text=True, timeout=120)
+    r = json.loads(cp.stdout.strip().splitlines()[-1])
+    assert r["exit_code"] == 2, cp.stderr[-2000:]
     assert any("cuMemcpyHtoD" in e and "unreadable" in e and "checksum" in e for e in r["errors"]), r["errors"]
 
 
