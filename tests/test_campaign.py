@@ -267,3 +267,42 @@ def test_merge_pools_repeats_and_borderline_band():
     assert R.borderline(res, 5.0, 2.0) == ["a", "c"]
     assert R.outcome_of(0, True) == "ok" and R.outcome_of(1, True) == "mismatch" and R.outcome_of(-9, False) == "crash"
     assert R.outcome_of(124, False) == "timeout" and R.outcome_of(2, False) == "error" and R.outcome_of(0, False) == "error"
+
+
+def test_history_attribution_across_runs(tmp_path):
+    """Three nights of one campaign: night 2's driver update slows a kernel; night 3 still has
+    it. The report names the driver as what differs from the last good cell (night 1) and
+    night 2 as the first run where the regression appeared."""
+    from types import SimpleNamespace
+    from cudasnap.campaign.plan import Rules
+    from cudasnap.campaign.report import build_report
+    s = Store(tmp_path / "h.sqlite")
+    camp = SimpleNamespace(name="nightly", path="/n.toml", file_hash="h", baseline="run:latest", rules=Rules())
+    for night, (drv, ms, verdict) in enumerate([(12080, 1.00, "SAME"), (13000, 1.30, "SLOWER"),
+                                               (13000, 1.31, "SLOWER")], start=1):
+        rid, _ = s.open_run(camp, "0.1.0", None, fresh=True)
+        env = {"name": "plain", "vars": {}, "driver": None, "driver_digest": None, "gpu": None, "replace": {},
+               "driver_version": drv, "gpu_model": "H100"}
+        for snap, slow in (("a", True), ("b", False)):
+            v = verdict if slow else "SAME"
+            s.add_cell(rid, {"cell_key": snap, "snapshot": f"/s/{snap}.cusnap", "snapshot_digest": snap,
+                             "mode": "isolated", "env": "plain", "env_json": json.dumps(env), "is_baseline": 0,
+                             "status": "ok", "verdict": v, "regressed": int(v == "SLOWER"), "attempts": 1,
+                             "reruns": 0, "finished": "2026-01-0%dT00:00:00Z" % night},
+                       [{"kernel": "gemm", "median_us": 1000 * (ms if slow else 1.0), "ratio": ms if slow else 1.0,
+                         "diff_pct": ((ms if slow else 1.0) - 1) * 100, "verdict": v},
+                        {"kernel": "relu", "median_us": 50.0, "ratio": 1.0, "diff_pct": 0.0, "verdict": "SAME"}],
+                       {"summary": {}, "launches": [], "kernels": []})
+        s.close_run(rid, "done", ["n1"], 1 if verdict == "SLOWER" else 0)
+    rep = build_report(s)
+    assert rep["run"]["id"] == 3 and rep["exit_code"] == 1
+    assert [(g["snapshot"], g["kernel"], g["first_run"]) for g in rep["regressions"]] == [("a.cusnap", "gemm", 2)]
+    g = rep["regressions"][0]
+    assert g["last_good"]["run"] == 1 and g["differences"] == [
+        {"dimension": "driver", "what": "driver version", "good": 12080, "bad": 13000}]
+    trend = next(h for h in rep["history"] if h["snapshot"] == "a.cusnap" and h["kernel"] == "gemm")
+    assert [p["median_us"] for p in trend["points"]] == [1000.0, 1300.0, 1310.0]
+    from cudasnap.campaign.report import ReportError
+    with pytest.raises(ReportError):
+        build_report(s, since="2099-01-01T00:00:00Z")
+    assert build_report(s, run=1)["exit_code"] == 0
