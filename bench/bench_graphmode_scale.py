@@ -103,7 +103,11 @@ def measure(snap: Path, env: Dict[str, str], extra: List[str], timeout: float, r
             "phases_s": phases, "graph_own_s": round(own, 3),
             "outside_phases_s": round(gr_best - sum(phases.values()), 3),   # start, load, report, output
             "own_us_per_launch": round(own / launches * 1e6, 2) if launches else None,
-            "launch_gated": s.get("launch_gated"), "timeline_check": bool(s.get("timeline_check")),
+            "launch_gated": s.get("launch_gated"), "launch_gate": s.get("launch_gate"),
+            "node_check_within_5pct": (s.get("check") or {}).get("within_5pct"),
+            "timeline_check": {k: v for k, v in (s.get("timeline_check") or {}).items() if k != "outside"} or None,
+            "timeline_outside": [(c.get("name", "")[:80], round(c.get("diff_pct", 0.0), 2))
+                                 for c in (s.get("timeline_check") or {}).get("outside", [])],
             "error": s.get("error") or (gr_runs[-1]["stderr"] if gr_runs[-1]["rc"] else None)}
 
 

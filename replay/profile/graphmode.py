@@ -67,6 +67,8 @@ from ..handlers.graph import stream_capturing
 from ..selection import is_launch_call
 from .common import LaunchGate, MemorySaver, Selection, destroy_all, live_ranges, ranges_for, stats
 from .gapmodel import GapChain
+from .graphnodes import NodeAttribution
+from .graphrecorded import RecordedGraphUnits
 from .progress import PhaseProgress
 from .timeline import open_cupti
 
@@ -100,12 +102,7 @@ def _base(f: str) -> str:
     return base_name(f or "")
 
 
-def _union(spans: List[Tuple[int, int]]) -> int:
-    from .graphunits import covered_ns
-    return covered_ns(spans)
-
-
-class GraphProfiler:
+class GraphProfiler(NodeAttribution, RecordedGraphUnits):
     mode = "graph"
     label = "graph profiler"
     wants_calls = False              # on when timing the recorded graph launches (unit mode)
@@ -368,6 +365,9 @@ class GraphProfiler:
         self.ops = [op for op in self.ops if op[0] != "skip"]
         return bufs
 
+    def _open_cupti(self):
+        return open_cupti(self.cfg.backend, self.warn)
+
     def _prog(self) -> PhaseProgress:
         if self._progress is None:
             self._progress = PhaseProgress("graph", getattr(self.rp.opt, "progress", None),
@@ -505,7 +505,7 @@ class GraphProfiler:
                     except Exception as e:
                         self.warn(f"graph: gap calibration: {type(e).__name__}: {e}")
                         self._close_chain()
-                cupti = open_cupti(cfg.backend, self.warn)
+                cupti = self._open_cupti()
                 if cupti is not None:
                     self._cupti_node_times(cupti, stream, gexec)
                     if self.node_times:
@@ -616,165 +616,6 @@ class GraphProfiler:
         with self._phase("matching records to nodes"), _no_gc():
             self._per_node(runs, created if exe is not gexec else {}, clones)
 
-    @staticmethod
-    def _op_kind(op) -> str:
-        return {"launch": "kernel", "memset": "memset"}.get(op[0], "memcpy")
-
-    def _per_node(self, runs: List[List[Any]], created: Optional[Dict[int, Any]] = None,
-                  clones: Optional[Dict[int, int]] = None) -> None:
-        """Per-node times from the records of each CUPTI run (graphunits.Rec)."""
-        if not any(r[5] for run in runs for r in run):
-            self._per_node_by_order(runs)
-            return
-        id2op, how = self._map_node_ids(runs, created or {}, clones or {})
-        self.info["per_node_method"] = "CUPTI graph node ids"
-        self.info["node_mapping"] = how
-        self._attribute(runs, id2op)
-
-    def _map_node_ids(self, runs, created: Dict[int, Any], clones: Dict[int, int]) -> Tuple[Dict[int, int], str]:
-        """Graph node id of the records -> index of the captured operation."""
-        seen = {r[5] for run in runs for r in run if r[5]}
-        ops_of = {nid: tag for nid, tag in created.items() if isinstance(tag, int) and 0 <= tag < len(self.ops)}
-        exact = {}
-        for nid in seen:
-            t = ops_of.get(clones.get(nid, nid))
-            if t is not None:
-                exact[nid] = t
-        if exact and len(exact) * 2 >= len(seen):
-            return exact, ("node creation and clone records" if any(n in clones for n in exact)
-                           else "node creation records")
-        return self._align_node_ids(runs), "node ids in graph order"
-
-    def _align_node_ids(self, runs, lookahead: int = 16) -> Dict[int, int]:
-        """Node ids matched to the captured operations by graph order.  The graph is a chain
-        (one stream): a run's nodes start in the order of the operations.  The run that saw
-        the most nodes gives the order; a node is the next operation of its kind (kernel name
-        too, where the recorded names are CUPTI's), a few operations ahead at most; what has
-        no such operation (a kernel the driver added) is left unmatched."""
-        best = max(runs, key=lambda run: len({r.node for r in run if r.node}), default=[])
-        groups: Dict[int, Dict[str, Any]] = {}
-        for r in best:
-            if not r.node:
-                continue
-            g = groups.setdefault(r.node, {"t0": r.t0, "kinds": set(), "name": None})
-            g["t0"] = min(g["t0"], r.t0)
-            g["kinds"].add(r.kind)
-            if r.kind == "kernel" and g["name"] is None:
-                g["name"] = r.name
-        names = {op[1].name for op in self.ops if op[0] == "launch"}
-        kgroups = [g for g in groups.values() if g["kinds"] == {"kernel"}]
-        comparable = bool(kgroups) and sum(g["name"] in names for g in kgroups) * 2 >= len(kgroups)
-        kinds = [self._op_kind(op) for op in self.ops]
-        out: Dict[int, int] = {}
-        j = 0
-        for nid in sorted(groups, key=lambda n: groups[n]["t0"]):
-            g = groups[nid]
-            gk = "memset" if "memset" in g["kinds"] else "memcpy" if "memcpy" in g["kinds"] else "kernel"
-            want = {gk}
-            if gk == "kernel" and comparable and g["name"] not in names:
-                want = {"memset", "memcpy"}            # the driver's kernel for a memset/copy node
-            for k in range(j, min(len(self.ops), j + lookahead)):
-                if kinds[k] not in want:
-                    continue
-                if "kernel" in want and comparable and self.ops[k][1].name != g["name"]:
-                    continue
-                out[nid] = k
-                j = k + 1
-                break
-        return out
-
-    def _attribute(self, runs, id2op: Dict[int, int]) -> None:
-        """Records -> operations, run by run: an operation's time in a run spans its records."""
-        n = len(self.ops)
-        launch_of = {}
-        li = 0
-        for k, op in enumerate(self.ops):
-            if op[0] == "launch":
-                launch_of[k] = li
-                li += 1
-        self.node_times = [[] for _ in self.launches]
-        self.node_names = [None] * len(self.launches)
-        self.op_times = [[] for _ in range(n)]
-        extra: Dict[str, Dict[str, Any]] = {}
-        between: List[float] = []
-        for run in runs:
-            if not run:
-                continue
-            per: Dict[int, List[int]] = {}
-            names: Dict[int, str] = {}
-            spans: List[Tuple[int, int]] = []
-            for r in run:            # Rec fields by position: (t0, t1, name, kind, graph, node)
-                t0, t1, name, kind, _g, node = r
-                k = id2op.get(node) if node else None
-                spans.append((t0, t1))
-                if k is None:
-                    key = name if kind == "kernel" else f"({kind})"
-                    e = extra.setdefault(key, {"name": key, "kind": kind, "records": 0, "us": 0.0})
-                    e["records"] += 1
-                    e["us"] += (t1 - t0) / 1e3
-                    continue
-                sp = per.get(k)
-                if sp is None:
-                    per[k] = [t0, t1]
-                else:
-                    if t0 < sp[0]:
-                        sp[0] = t0
-                    if t1 > sp[1]:
-                        sp[1] = t1
-                if kind == "kernel" and k not in names:
-                    names[k] = name
-            for k, (t0, t1) in per.items():
-                self.op_times[k].append((t1 - t0) / 1e3)
-                if k in launch_of and k in names:
-                    self.node_names[launch_of[k]] = names[k]
-            self.records_per_run.append(len(spans))
-            t_first, t_last = min(a for a, _ in spans), max(b for _, b in spans)
-            self.cupti_spans_us.append((t_last - t_first) / 1e3)
-            between.append(((t_last - t_first) - _union(spans)) / 1e3)
-        for k, li in launch_of.items():
-            self.node_times[li] = self.op_times[k]
-        runs_used = sum(1 for run in runs if run)
-        for e in extra.values():
-            e["per_run"] = e["records"] / runs_used if runs_used else 0
-            e["us_per_run"] = e.pop("us") / runs_used if runs_used else 0.0
-        self.extra_records = sorted(extra.values(), key=lambda e: -e["us_per_run"])
-        if between:
-            self.between_us = statistics.median(between)
-        if self.extra_records:
-            self.warn("graph: CUPTI records of no captured operation (not a recorded launch), per run: "
-                      + ", ".join(f"{e['name'][:60]} x{e['per_run']:g}" for e in self.extra_records[:5])
-                      + (" ..." if len(self.extra_records) > 5 else ""))
-        untimed = sum(1 for t in self.node_times if not t)
-        if untimed:
-            self.warn(f"graph: {untimed} of {len(self.launches)} launches got no CUPTI record of their graph node")
-        if not any(self.node_times):
-            self.node_times = []
-
-    def _per_node_by_order(self, runs) -> None:
-        """Records without graph node ids (a CUPTI without the fields): the i-th kernel record
-        of a run is launch i, in runs with as many kernel records as launches."""
-        n = len(self.launches)
-        self.node_times = [[] for _ in range(n)]
-        self.node_names = [None] * n
-        skipped = 0
-        for run in runs:
-            ks = sorted(r for r in run if r.kind == "kernel")
-            if not ks:
-                continue
-            if len(ks) != n:
-                skipped += 1
-                continue
-            self.cupti_spans_us.append((ks[-1][1] - ks[0][0]) / 1e3)
-            for i, r in enumerate(ks):
-                self.node_times[i].append((r.t1 - r.t0) / 1e3)
-                self.node_names[i] = r.name
-        self.info["per_node_method"] = "CUPTI kernel order"
-        if skipped:
-            self.warn(f"graph: CUPTI records carry no graph node ids and {skipped} run(s) had a kernel count other "
-                      f"than the graph's {n} launches; not used for per-node times")
-        if not any(self.node_times):
-            self.node_times = []
-
     # ------------------------------------------------------------------ per-node times: event nodes
     def _event_node_times(self, stream) -> None:
         """Without CUPTI: the sequence captured again with an event record node
@@ -881,130 +722,6 @@ class GraphProfiler:
             if self._progress is not None:
                 self._progress.close()
                 self.info["phases_s"] = {k: round(v, 3) for k, v in self._progress.times.items()}
-
-    # ------------------------------------------------------------------ the program's graph launches
-    def _start_units(self) -> bool:
-        """No selected launch outside recorded captures: time the recorded graph launches that
-        hold selected kernels.  True when there is one."""
-        from .graphunits import RecordedGraphs
-        try:
-            g = RecordedGraphs(self.rp)
-        except Exception as e:
-            self.warn(f"graph: could not scan the recording's graphs ({type(e).__name__}: {e})")
-            return False
-        seqs = {r.get("s") for r in g.launches if g.records_of(r) and g.selected(self.sel, r)}
-        if not seqs:
-            return False
-        self.graphs, self.unit_seqs, self.unit_mode, self.wants_calls = g, seqs, True, True
-        self.info["path"] = "recorded graph launches"
-        self.warn(f"graph: the selected kernels run only inside the program's own CUDA graphs: timing its "
-                  f"{len(seqs)} recorded cuGraphLaunch call(s) as they are")
-        return True
-
-    def _unit_event(self, kind: str, ev) -> None:
-        from .graphunits import GraphUnit, is_graph_launch
-        if kind == "before_call" and ev.seq in self.unit_seqs and is_graph_launch(ev.call):
-            rp = self.rp
-            if rp.capturing:
-                return
-            rec = ev.rec
-            saver = self.graphs.saver(rec, self.cfg.save_limit)
-            if not saver.ranges:
-                self.units.append({"seq": ev.seq, "error": "memory the graph writes is not known"})
-                return
-            try:
-                saver.save()
-                self._pending_unit = GraphUnit(rp, rec, saver, self.graphs.kernel_names(rec))
-            except Exception as e:
-                saver.free()
-                self.units.append({"seq": ev.seq, "error": f"not prepared: {type(e).__name__}: {e}"})
-        elif kind == "after_call" and self._pending_unit is not None and ev.seq == self._pending_unit.seq:
-            unit, self._pending_unit = self._pending_unit, None
-            self._run_unit(unit)
-        elif kind == "end" and self._pending_unit is not None:
-            self._pending_unit.saver.free()
-            self._pending_unit = None
-
-    def _run_unit(self, unit) -> None:
-        from .graphunits import unit_rows
-        cfg = self.cfg
-        info: Dict[str, Any] = {"seq": unit.seq, "kernels_recorded": len(unit.names)}
-        cupti = None
-        try:
-            times = unit.run_events(cfg.warmup, cfg.repeat)
-            info["graph_times_us"] = times
-            info["launch_gated"] = getattr(unit, "gated", False)
-            if times:
-                info["graph_us"] = stats(times)["median_us"]
-            cupti = open_cupti(cfg.backend, self.warn)
-            if cupti is not None:
-                runs = unit.run_cupti(cupti, 0, cfg.repeat)
-                cupti.close()
-                cupti = None
-                rows, cinfo = unit_rows(unit, runs, cfg.repeat, "graph")
-                info.update({k: v for k, v in cinfo.items() if k != "seq"})
-                if self.sel.name_filter:
-                    rows = [r for r in rows if self.sel.matches_name(r["name"])] or rows
-                if rows:
-                    self.backend = "cupti"
-                    self.unit_rows.extend(rows)
-                else:
-                    info["cupti"] = "no kernel record"
-                    self.warn(f"graph: call #{unit.seq} cuGraphLaunch: CUPTI gave no kernel record for its runs; "
-                              f"only the graph's time (CUDA events) is reported")
-            if "graph_us" in info and not any(r.get("graph_seq") == unit.seq for r in self.unit_rows):
-                self.unit_rows.append({"seq": unit.seq, "name": f"cuGraphLaunch #{unit.seq}", "unit": "graph",
-                                       "times_us": times, **stats(times)})
-        except Exception as e:
-            self.warn(f"graph: call #{unit.seq} cuGraphLaunch: {type(e).__name__}: {e}")
-            info["error"] = str(e)
-            try:
-                self.rp.raw("cuCtxSynchronize")
-            except Exception:
-                pass
-        finally:
-            if cupti is not None:
-                try:
-                    cupti.close()
-                except Exception:
-                    pass
-            unit.saver.free()
-        self.units.append(info)
-
-    def _unit_summary(self) -> Dict[str, Any]:
-        ok = [u for u in self.units if "graph_us" in u]
-        d: Dict[str, Any] = {"mode": "graph", "backend": self.backend, "path": "recorded graph launches",
-                             "repeat": self.cfg.repeat, "warmup": self.cfg.warmup,
-                             "graph_launches": len(self.unit_seqs), "graph_launches_timed": len(ok),
-                             "launches": sum(u.get("kernels_recorded", 0) for u in ok),
-                             "nodes": sum(u.get("kernels_recorded", 0) for u in ok),
-                             "units": [{k: v for k, v in u.items() if k != "graph_times_us"} for u in self.units[:50]]}
-        if ok:
-            d["launch_gated"] = all(u.get("launch_gated") for u in ok)
-            d["total_us"] = sum(u["graph_us"] for u in ok)
-            d["graph_times_us"] = [u["graph_us"] for u in ok]
-            if d["launches"]:
-                d["per_launch_us"] = d["total_us"] / d["launches"]
-            spans = [u["span_us"] for u in ok if "span_us" in u]
-            if spans:
-                d["cupti_span_us"] = sum(spans)
-            with_rows = [u for u in ok if "span_us" in u and "covered_us" in u]
-            if with_rows:          # kernel nodes of the program's graphs can run concurrently
-                graph_us = sum(u["graph_us"] for u in with_rows)
-                kernels = sum(u["kernel_us"] for u in with_rows)
-                overlap = sum(max(0.0, u["kernel_us"] - u["covered_us"]) for u in with_rows)
-                between = sum(max(0.0, u["span_us"] - u["covered_us"]) for u in with_rows)
-                total = kernels - overlap + between
-                c = {"graph_us": graph_us, "kernels_us": kernels, "overlap_us": overlap, "between_nodes_us": between,
-                     "other_nodes_us": 0.0, "unrecorded_us": 0.0, "sum_us": total,
-                     "kernel_share_pct": kernels / graph_us * 100 if graph_us > 0 else None,
-                     "diff_pct": (total - graph_us) / graph_us * 100 if graph_us > 0 else None}
-                c["within_5pct"] = c["diff_pct"] is not None and abs(c["diff_pct"]) <= 5.0
-                d["check"] = c
-        else:
-            errs = [u["error"] for u in self.units if u.get("error")]
-            d["error"] = "no recorded graph launch was timed" + (f" ({errs[0]})" if errs else "")
-        return d
 
     # ------------------------------------------------------------------ results
     def launch_rows(self) -> List[Dict[str, Any]]:
