@@ -11,7 +11,6 @@ from typing import Any, Dict, List, Optional
 
 from .rules import INFRA, INCOMPARABLE, MISMATCH, REGRESSIONS
 
-GOOD_KERNEL = ("SAME", "FASTER", None)
 
 
 class ReportError(Exception):
