@@ -36,11 +36,14 @@ def gpu_model(name: str) -> Optional[str]:
     return "RTX" + m.group(1) if m.group(1) else m.group(2)
 
 
-def local_gpus() -> List[str]:
-    """The names of this machine's GPUs that CUDA_VISIBLE_DEVICES leaves visible (as Ray counts them)."""
+def local_gpus() -> Optional[List[str]]:
+    """The names of this machine's GPUs that CUDA_VISIBLE_DEVICES leaves visible (as Ray counts
+    them); None when nvidia-smi cannot tell (Ray then finds the GPUs itself)."""
     try:
         cp = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid,name", "--format=csv,noheader"],
                             capture_output=True, text=True, timeout=30)
+    except FileNotFoundError:
+        return None
     except (OSError, subprocess.TimeoutExpired):
         return []
     if cp.returncode != 0:
@@ -60,6 +63,8 @@ def start_ray(address: Optional[str], init_kwargs: Optional[Dict[str, Any]] = No
         raise EngineError("campaigns run on Ray, which is not installed: pip install 'cudasnap[campaign]'")
     if ray.is_initialized():
         return ray
+    import logging
+    logging.getLogger("ray").setLevel(logging.ERROR)            # Ray's notices are not ours to print
     kw: Dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
     if address:
         kw["address"] = address
@@ -67,7 +72,10 @@ def start_ray(address: Optional[str], init_kwargs: Optional[Dict[str, Any]] = No
         kw.update(init_kwargs)
     else:
         names = local_gpus()
+        if names == []:
+            raise EngineError("this machine has no GPU (nvidia-smi lists none): give --address of a Ray cluster")
         models: Dict[str, int] = {}
+        names = names or []
         for n in names:
             m = gpu_model(n)
             if m:

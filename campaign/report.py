@@ -162,6 +162,10 @@ def build_report(store, run: Optional[int] = None, since: Optional[str] = None) 
               "attempts": c["attempts"], "error": c["error"]}
              for c in cells if c["verdict"] in (INFRA, INCOMPARABLE) or c["status"] in ("infra", "error")]
     history = _kernel_history(db, [r["id"] for r in runs])
+    if cur["status"] in ("failed", "interrupted"):
+        infra.append({"snapshot": "-", "env": "-", "cell": None, "status": cur["status"], "attempts": 0,
+                      "error": f"the run {'stopped' if cur['status'] == 'interrupted' else 'failed'} before every "
+                               f"cell was done: run the same campaign again to finish it"})
     code = 2 if infra else (1 if regressions else 0)
     return {"store": store.path, "run": dict(cur), "runs": [dict(r) for r in runs], "envs": envs, "matrix": matrix,
             "regressions": regressions, "infra_failures": infra, "history": history, "exit_code": code,
@@ -235,6 +239,9 @@ def render_text(rep: Dict[str, Any], out) -> None:
     else:
         w("no regression\n")
     for f in rep["infra_failures"]:
+        if f["cell"] is None:
+            w(f"run {r['id']} {f['status']}: {f['error']}\n")
+            continue
         w(f"infrastructure failure: {f['snapshot']} in env {f['env']!r} ({f['status']}, {f['attempts']} tries): "
           f"{f['error']}\n")
 
