@@ -455,6 +455,12 @@ def run_group(paths: Sequence, devices: Optional[str], args: List[str], as_json:
         sys.stderr.write(f"cudasnap: error: {e}\n")
         return 2
     ranks = m["ranks"]
+    from . import snapshot_problem
+    for r in ranks:                    # every rank's frames verified before any rank starts
+        problem = snapshot_problem(r["snapshot"])
+        if problem:
+            sys.stderr.write(f"cudasnap: error: rank {r['rank']}: {problem}\n")
+            return 2
     timeout = float(os.environ.get(ENV_TIMEOUT, DEFAULT_TIMEOUT))
     tmp = tempfile.mkdtemp(prefix="cudasnap-group-")
     if trace:

@@ -135,7 +135,10 @@ def profile_replay(snapshot, cfg: ProfileConfig, options: Optional[ReplayOptions
         rp.subscribers.append(prof)
     res = rp.run()
     sel = getattr(prof, "sel", None)
-    why = sel.nothing(rp) if sel is not None and rp.reader is not None and not res.errors else None
+    # a rank of a job may hold none of the launches the job's selection names
+    from ..group import ENV_RANK
+    in_job = bool(os.environ.get(ENV_RANK))
+    why = sel.nothing(rp) if sel is not None and rp.reader is not None and not res.errors and not in_job else None
     if why:                               # a profile of nothing is no profile: nothing is written
         rp.empty_selection = why
         res.errors.append(why)
