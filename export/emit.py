@@ -453,14 +453,18 @@ class Emitter:
                 self.regions.append((rec["base"], rec["size"]))
 
     # -------------------------------------------------------------------------- main pass
+    @staticmethod
+    def _filterable(rec) -> bool:
+        """Calls --calls can leave out: launches, graph launches, D2H/D2D copies, memsets."""
+        f = rec.get("f", "")
+        b = base_name(f)
+        return (f.startswith("cuLaunch") and not f.startswith("cuLaunchHostFunc")) or b.startswith("cuGraphLaunch") \
+            or (b.startswith("cuMemcpy") and "HtoD" not in b and "HtoA" not in b) or b.startswith("cuMemset")
+
     def selected(self, rec) -> bool:
         if self.sel is None:
             return True
-        f = rec.get("f", "")
-        b = base_name(f)
-        filterable = (f.startswith("cuLaunch") and not f.startswith("cuLaunchHostFunc")) or b.startswith("cuGraphLaunch") \
-            or (b.startswith("cuMemcpy") and "HtoD" not in b and "HtoA" not in b) or b.startswith("cuMemset")
-        return (not filterable) or bool(self.sel(rec, self.func_names))
+        return (not self._filterable(rec)) or bool(self.sel(rec, self.func_names))
 
     def run(self, outdir) -> ExportResult:
         t0 = time.monotonic()
@@ -481,6 +485,10 @@ class Emitter:
         self.res = ExportResult(str(out), str(out / "replay.c"), str(out / "replay"))
         with self.reader:
             self.prescan()
+            if self.sel is not None and not any(self._filterable(r) and self.sel(r, self.func_names)
+                                                for r in self.reader.records("c")):
+                raise ExportError(f"--calls {self.calls_spec}: no launch, copy or memset of the snapshot is "
+                                  f"among those calls")
             self.plan_placement()
             from cudasnap.replay import dispatch
             for rec in self.reader.records():

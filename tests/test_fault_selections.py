@@ -1,9 +1,10 @@
 """Fault matrix over selections: -c, -s, -k, --kernels, --calls (and extract's --launch, --kernel,
---calls) with valid, empty, out-of-range and invalid values, on replay, a timeline profile and
-extract, on a snapshot of the test double. For every case: no traceback; exit 0 for a selection
-that selects work (and no MISMATCH: a partial replay compares only what it determines), exit 2
-with exactly one line on stderr for one that selects nothing or cannot be read. The counts are
-printed, and must all be 0. One interpreter runs every case, each in a forked child."""
+--calls; export's --calls) with valid, empty, out-of-range and invalid values, on replay, a
+timeline profile, extract and export, on a snapshot of the test double. For every case: no
+traceback; exit 0 for a selection that selects work (and no MISMATCH: a partial replay compares
+only what it determines), exit 2 with exactly one line on stderr for one that selects nothing or
+cannot be read, and no output left by a refusal. The counts are printed, and must all be 0. One
+interpreter runs every case, each in a forked child."""
 from __future__ import annotations
 
 import json
@@ -17,6 +18,7 @@ import json, os, sys, traceback
 from cudasnap.cli import main
 # what every case imports, imported once before the forks
 import cudasnap.replay.engine, cudasnap.replay.profile, cudasnap.replay.profile.timeline, cudasnap.export.extract
+import cudasnap.export.emit
 try:
     from cuda.bindings import driver  # noqa: F401
 except ImportError:
@@ -93,6 +95,8 @@ def test_selection_fault_matrix(double, capture, tmp_path):
             cases.append(("profile", kind, ["replay", str(snap), "--profile", "timeline", *args]))
     for i, (kind, args) in enumerate(_extract_selections(launches[6])):
         cases.append(("extract", kind, ["extract", str(snap), "-o", str(tmp_path / f"x{i}.cusnap"), *args]))
+    for i, (kind, rng) in enumerate([(VALID, "10-30"), (EMPTY, "18-19"), (RANGE, "9999"), (INVALID, "5-3")]):
+        cases.append(("export", kind, ["export", str(snap), "-o", str(tmp_path / f"e{i}"), "--calls", rng]))
     logs = tmp_path / "logs"
     logs.mkdir()
     env = dict(double["env"], SEL_LOGS=str(logs))
@@ -101,7 +105,7 @@ def test_selection_fault_matrix(double, capture, tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     results = json.loads(run.stdout.strip().splitlines()[-1])
     counts = {"cases": len(cases), "tracebacks": 0, "wrong exit codes": 0, "exit 2 without one stderr line": 0,
-              "false MISMATCH": 0, "extract output left by a refusal": 0}
+              "false MISMATCH": 0, "output left by a refusal": 0}
     problems = []
     for (cmd, kind, argv), (code, out, err) in zip(cases, results):
         want = 0 if kind == VALID else 2
@@ -119,8 +123,8 @@ def test_selection_fault_matrix(double, capture, tmp_path):
         if kind == VALID and "MISMATCH" in text:
             counts["false MISMATCH"] += 1
             bad.append("MISMATCH")
-        if cmd == "extract" and code != 0 and (tmp_path / argv[3].rsplit("/", 1)[-1]).exists():
-            counts["extract output left by a refusal"] += 1
+        if cmd in ("extract", "export") and code != 0 and (tmp_path / argv[3].rsplit("/", 1)[-1]).exists():
+            counts["output left by a refusal"] += 1
             bad.append("output left")
         if bad:
             problems.append(f"{cmd} {kind} {' '.join(argv[2:])}: {', '.join(bad)}: {(err or out).strip()[-300:]}")
