@@ -164,3 +164,15 @@ def test_python_replay_returns_the_cli_exit_codes(double, snaps, tmp_path):
     cli = [_cli(double, "replay", zero).returncode, _cli(double, "replay", tmp_path / "missing.cusnap").returncode,
            _cli(double, "replay", snaps["direct"], "-k", "nomatch").returncode]
     assert got == cli + [2, 0, 0]
+
+
+def test_partial_selection_still_catches_a_real_mismatch(tmp_path):
+    """Leaving work out suppresses only the comparisons it decides: a selection that keeps the
+    kernel whose recorded result was tampered with still reports the mismatch."""
+    from test_replay_unit import _program, _run
+    p = tmp_path / "bad.cusnap"
+    _program(p, tamper=True)
+    res, _ = _run(p, calls="launches,memcpy", continue_on_error=True)      # every launch and copy kept
+    assert res.exit_code == 1 and len(res.mismatches) == 1 and res.d2h_left_out == 0
+    res, _ = _run(p, calls="memcpy", continue_on_error=True)                # the kernel left out
+    assert res.exit_code == 0 and not res.mismatches and res.d2h_left_out == 1 and res.d2h_verified == 1
