@@ -32,6 +32,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 from cudasnap.formats import SnapshotError, SnapshotReader, SnapshotWriter
 
 from . import ranges as R
+from .callrange import kept_text, range_work
 from .emit import Emitter, ExportError, base_name
 
 READ_CHUNK = 64 << 20
@@ -76,13 +77,6 @@ class ExtractResult:
     range_state: int = 0              # --calls: state-building calls kept from inside the range
     range_left_out: int = 0           # --calls: calls after the range's last work, left out
 
-    def kept(self) -> str:
-        """What a --calls extract kept, in one phrase."""
-        deps = self.prefix_calls + self.range_state
-        return (f"{self.launches} launch(es) and {len(self.selected) - self.range_state - self.launches} other "
-                f"work call(s), with {deps} call(s) they depend on ({self.prefix_calls} made before its first work)"
-                + (f"; {self.range_left_out} call(s) after the range's last work left out" if self.range_left_out else ""))
-
 
 def _is_work(f: str) -> bool:
     """Calls whose effect the restored memory stands for (or that only order work)."""
@@ -91,12 +85,6 @@ def _is_work(f: str) -> bool:
             or b in ("cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize", "cuEventRecord",
                      "cuEventRecordWithFlags", "cuStreamWaitEvent", "cuStreamAddCallback", "cuEventElapsedTime",
                      "cuCtxRecordEvent", "cuCtxWaitEvent"))
-
-
-def _is_data_work(f: str) -> bool:
-    """Work whose result the extract reads back: launches, graph launches, copies, memsets."""
-    b = base_name(f)
-    return (_is_launch(f) or b.startswith(("cuGraphLaunch", "cuMemcpy", "cuMemset")))
 
 
 def _is_query(f: str) -> bool:
@@ -183,7 +171,7 @@ class Extractor:
                     sel.append(rec)
                     break
         if lo is not None:
-            sel = self._range_work(sel, lo, hi, last_seq)
+            sel = range_work(self.res, sel, lo, hi, last_seq, _is_work, ExtractError)
         if not sel:
             what = (f"launch #{self.launch}" if self.launch is not None else
                     f"launch {want_k} of kernels matching {self.kernel!r} ({seen} found)" if self.kernel is not None
@@ -196,25 +184,6 @@ class Extractor:
             if _is_launch(r.get("f") or ""):
                 h = (r.get("a") or {}).get("f")
                 self.res.kernels.append((em.fn_record(h, r["s"]) or {}).get("name") or em.func_names.get(h) or f"{h:#x}")
-
-    def _range_work(self, sel: List[Dict[str, Any]], lo: int, hi: int, last_seq: Optional[int]) -> List[Dict[str, Any]]:
-        """--calls A-B: the work in the range (launches, graph launches, copies, memsets and what
-        orders them) and the state-building calls among it; calls after the last piece of work
-        (frees, unloads, context teardown) are left out, since the expected results are read
-        back after it. What the work uses that was made before A comes with the prefix."""
-        if last_seq is None or lo > last_seq:
-            raise ExtractError(f"--calls {lo}-{hi}: the snapshot's calls are #0-#{last_seq if last_seq is not None else 0}"
-                               if last_seq is not None else f"--calls {lo}-{hi}: the snapshot holds no complete call")
-        work = [i for i, r in enumerate(sel) if _is_data_work(r.get("f") or "")]
-        if not work:
-            raise ExtractError(f"--calls {lo}-{min(hi, last_seq)}: no launch, copy or memset in that range")
-        self.res.range_left_out = len(sel) - work[-1] - 1
-        # state-building calls before the first work join the prefix: the memory is read there
-        sel = sel[work[0]:work[-1] + 1]
-        self.res.launches = sum(_is_launch(r.get("f") or "") or base_name(r.get("f") or "").startswith("cuGraphLaunch")
-                                for r in sel)
-        self.res.range_state = sum(not _is_work(r.get("f") or "") for r in sel)
-        return sel
 
     # ------------------------------------------------------------------ the prefix (no GPU)
     def prefix(self) -> None:
@@ -581,7 +550,7 @@ class Extractor:
                     raise ExtractError(f"call #{r['s']} {r['f']}: kernel parameters were not captured")
             self.prefix()
             if self.calls is not None:
-                self.res.notes.insert(0, f"kept {self.res.kept()}")
+                self.res.notes.insert(0, f"kept {kept_text(self.res)}")
             hdr = dict(self.reader.raw_header)
             hdr["extracted_from"] = {"snapshot": os.path.basename(self.path), "calls": self.res.selected[:64],
                                      "memory": self.memory, "ranges": self.res.ranges}

@@ -10,7 +10,10 @@ Filters, as Nsight Compute names them, all of which a launch must pass:
 - `-s/--launch-skip N`, `-c/--launch-count N`: of the launches that pass the filters above,
   counted in recorded call order, skip the first N and then take at most N. Recorded launch
   calls count (those that returned CUDA_SUCCESS), whichever mode replays them, so a
-  selection names the same launches in plain replay and in every profile mode."""
+  selection names the same launches in plain replay and in every profile mode.
+
+A selection of nothing is an error (nothing()). A plain replay of part of a snapshot compares
+only the D2H results that part determines (StaleResults) and counts the others."""
 from __future__ import annotations
 
 import re
