@@ -99,6 +99,8 @@ class CellState:
     reruns: int = 0
     confirming: bool = False
     confirm_profile: Optional[Dict[str, Any]] = None
+    base_extra: List[Dict[str, Any]] = field(default_factory=list)     # baseline replays pooled for this cell
+    pending: int = 0                  # rerun replays still out
     bad_nodes: List[str] = field(default_factory=list)
     first_submit: Optional[float] = None
     proc_s: float = 0.0
@@ -161,7 +163,8 @@ class Engine:
                 "timeout": r.timeout}
 
     def _submit(self, st: CellState, purpose: str, with_bytes: bool = False):
-        cell = st.cell
+        # a baseline rerun replays the baseline's snapshot and env, for this cell's judgement
+        cell = self.by_key[st.cell.baseline_key] if purpose == "rerun-baseline" else st.cell
         opts: Dict[str, Any] = {"num_gpus": 1, "num_cpus": 0}
         if cell.env.gpu:
             opts["resources"] = {self.model_key[cell.env.gpu]: 0.001}
@@ -193,6 +196,7 @@ class Engine:
         self._skip_ids = dict(skip)
         self.inflight: Dict[Any, Any] = {}
         self.states: Dict[str, CellState] = {}
+        self.by_key = {c.key: c for c in self.c.cells}
         self.base_profiles: Dict[str, Optional[Dict[str, Any]]] = {}    # baseline cell key -> profile
         self.counts = {"cells": len(self.c.cells), "skipped": 0, "ran": 0, "failed": 0, "regressed": 0}
         for cell in self.c.cells:
@@ -258,8 +262,14 @@ class Engine:
             return
         if purpose == "confirm":
             st.confirm_profile = prof
+        elif purpose == "rerun-baseline":
+            st.base_extra.append(prof)
         else:
             st.profiles.append(prof)
+        if purpose in ("rerun", "rerun-baseline"):
+            st.pending -= 1
+            if st.pending > 0:
+                return
         self._advance(st)
 
     def _baseline_of(self, st: CellState):
@@ -296,6 +306,8 @@ class Engine:
                    f"no cell of this snapshot and env in the baseline run ({self.c.baseline})")
             self._finish(st, "no-baseline", R.NO_BASELINE, profile=merged, error=why)
             return
+        if st.base_extra:
+            base = R.merge_profiles([base] + st.base_extra)
         thr, rules = self.c.rules.threshold, self.c.rules
         try:
             res = R.judge(base, merged, thr)
@@ -304,8 +316,13 @@ class Engine:
             return
         if st.confirm_profile is None and not st.confirming:
             if R.borderline(res, thr, rules.noise_factor) and st.reruns < rules.max_reruns:
+                # both sides again: a noisy baseline blurs a difference as much as a noisy candidate
                 st.reruns += 1
+                st.pending = 1
                 self._submit(st, "rerun")
+                if cell.baseline_key is not None:
+                    st.pending += 1
+                    self._submit(st, "rerun-baseline")
                 return
             if res["regressed"] and rules.confirm:
                 st.confirming = True

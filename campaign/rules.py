@@ -1,8 +1,9 @@
 """The campaign's rules: what a cell's measurements mean and what runs next.
 
 - A kernel whose difference from the baseline lies within noise_factor x its noise of the
-  threshold (||diff| - threshold| <= noise_factor x noise) is borderline: the cell is replayed
-  again, up to max_reruns, and the measurements are pooled (each launch's repeats together).
+  threshold (||diff| - threshold| <= noise_factor x noise) is borderline: the cell and its
+  baseline are replayed again, up to max_reruns, and each side's measurements are pooled
+  (each launch's repeats together; the baseline's extra replays serve this cell alone).
 - A regression (a kernel or the total SLOWER) stands only when a confirmation replay, judged
   alone against the baseline, finds the same kernel SLOWER.
 - A replay that crashes, times out, loses its worker or node, or cannot run (exit 2) is tried

@@ -23,7 +23,7 @@ from cudasnap.campaign import rules as R  # noqa: E402
 from cudasnap.campaign.store import TABLES, Store  # noqa: E402
 from test_compare import three_kernels  # noqa: E402
 
-STEADY = 'CUDA_DOUBLE_SLOW = "*:1", CUDA_DOUBLE_SLOW_FLOOR_US = "2000"'
+STEADY = 'CUDA_DOUBLE_SLOW = "*:1", CUDA_DOUBLE_SLOW_FLOOR_US = "4000"'
 ENVS = f"""
 [[env]]
 name = "plain"
@@ -34,11 +34,11 @@ vars = {{ {STEADY}, CUDA_MODULE_LOADING = "EAGER" }}
 [[env]]
 name = "slowfill"
 gpu = "H100"
-vars = {{ CUDA_DOUBLE_SLOW = "*:1,fill:4", CUDA_DOUBLE_SLOW_FLOOR_US = "2000" }}
+vars = {{ CUDA_DOUBLE_SLOW = "*:1,fill:4", CUDA_DOUBLE_SLOW_FLOOR_US = "4000" }}
 """
 RULES = """
 [rules]
-repeats = 5
+repeats = 7
 warmup = 1
 threshold = 20
 max_reruns = 1
@@ -306,3 +306,19 @@ def test_history_attribution_across_runs(tmp_path):
     with pytest.raises(ReportError):
         build_report(s, since="2099-01-01T00:00:00Z")
     assert build_report(s, run=1)["exit_code"] == 0
+
+
+def test_bisect_k_ary_on_two_gpus(cluster, tmp_path):
+    """bisect --gpus 2: each round replays two environments at once through Ray; the first
+    slow environment of seven is found."""
+    steady = '{ CUDA_DOUBLE_SLOW = "*:1", CUDA_DOUBLE_SLOW_FLOOR_US = "2000" }'
+    slow = '{ CUDA_DOUBLE_SLOW = "*:1,fill:4", CUDA_DOUBLE_SLOW_FLOOR_US = "2000" }'
+    envs = tmp_path / "envs.toml"
+    envs.write_text("".join(f'[[env]]\nname = "e{i}"\nvars = {steady if i < 3 else slow}\n' for i in range(7)))
+    cp = _cli(cluster, "bisect", cluster["snaps"] / "s0.cusnap", "--envs", envs, "--repeat", "5", "--warmup", "1",
+              "--threshold", "20", "--gpus", "2", "--address", cluster["address"], "--json")
+    assert cp.returncode == 1, cp.stdout[-2000:] + cp.stderr[-2000:]
+    res = json.loads(cp.stdout)
+    assert res["first_bad"]["name"] == "e3" and res["last_good"]["name"] == "e2"
+    rounds = [ln for ln in cp.stderr.splitlines() if ln.startswith("[round] 2 environments at once")]
+    assert len(rounds) >= 2, cp.stderr            # the two ends, then two points of (0, 6)
