@@ -150,6 +150,7 @@ def run_campaign(camp, store, address, fresh: bool, ship: bool, json_out: bool, 
     old = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, _interrupt)
     t0 = time.monotonic()
+    ray_s = 0.0
     try:
         if len(skip) == len(camp.cells):      # nothing left: no need for Ray
             counts = {"cells": len(camp.cells), "skipped": len(skip), "ran": 0, "failed": 0, "regressed": 0}
@@ -162,6 +163,7 @@ def run_campaign(camp, store, address, fresh: bool, ship: bool, json_out: bool, 
                 store.close_run(run_id, "failed", [], 2)
                 _fail(str(e))
             eng.set_baseline_run(base_run)
+            ray_s = time.monotonic() - t0
             counts = eng.run(skip)
         prog.stop()
         status = "done"
@@ -184,13 +186,14 @@ def run_campaign(camp, store, address, fresh: bool, ship: bool, json_out: bool, 
     wall = time.monotonic() - t0
     summary = {"run": run_id, "resumed": resumed, "cells": counts["cells"], "ran": counts["ran"],
                "skipped": counts["skipped"], "failed": counts["failed"], "gpus": eng.slots(),
-               "wall_s": round(wall, 3), "store": store.path}
+               "wall_s": round(wall, 3), "ray_start_s": round(ray_s, 3), "cells_wall_s": round(wall - ray_s, 3),
+               "store": store.path}
     if json_out:
         sys.stdout.write(json.dumps(dict(summary, report=rep), indent=1, default=str) + "\n")
     else:
         sys.stdout.write(f"campaign run {run_id}{' (resumed)' if resumed else ''}: ran {counts['ran']} cells, "
                          f"skipped {counts['skipped']} finished earlier, {counts['failed']} failed, "
-                         f"{wall:.1f} s on {eng.slots()} GPU(s); store {store.path}\n")
+                         f"{wall:.1f} s on {eng.slots()} GPU(s) (Ray start {ray_s:.1f} s); store {store.path}\n")
         render_text(rep, sys.stdout)
     return code
 
