@@ -58,18 +58,25 @@ def check_integrity(reader, quiet: bool = False) -> Optional[str]:
     return None
 
 
-def damaged_frames(reader, limit: int = 8) -> list:
+def damaged_frames(reader, limit: int = 8, quiet: bool = False) -> list:
     """[(offset, kind, problem)] of frames whose checksum fails (at most limit), reading on
     past each: what `info` reports. A file read by scanning has only the frames that verified."""
     from .container import KIND_NAMES
     bad = []
-    for fr in list(reader._frames):
-        try:
-            reader._read_frame(fr.offset, decode=False)
-        except SnapshotError as e:
-            msg = str(e)
-            prefix = f"{reader.path}: offset {fr.offset}: "
-            bad.append((fr.offset, KIND_NAMES.get(fr.kind, "?"), msg[len(prefix):] if msg.startswith(prefix) else msg))
-            if len(bad) >= limit:
-                break
+    frames = list(reader._frames)
+    total = frames[-1].end if frames else 0
+    bar = _Bar("checking frames", quiet)
+    try:
+        for fr in frames:
+            try:
+                reader._read_frame(fr.offset, decode=False)
+            except SnapshotError as e:
+                msg = str(e)
+                prefix = f"{reader.path}: offset {fr.offset}: "
+                bad.append((fr.offset, KIND_NAMES.get(fr.kind, "?"), msg[len(prefix):] if msg.startswith(prefix) else msg))
+                if len(bad) >= limit:
+                    break
+            bar(fr.end, total)
+    finally:
+        bar.close()
     return bad
