@@ -264,7 +264,7 @@ NODES_WRAPPED = textwrap.dedent('''
                         if fake.tracking:
                             fake.node_clones[next_id[0]] = nid
                     execs[int(r[1])] = (len(execs) + 1, nodes)
-                if name == "cuGraphLaunch":
+                if name == "cuGraphLaunch" and behaviour != "silent":
                     gid, nodes = execs[int(a[0])]
                     for nid, kind, k in nodes:         # each op its own duration: op k takes 10 us * (k + 1)
                         if kind == "kernel":
@@ -277,7 +277,7 @@ NODES_WRAPPED = textwrap.dedent('''
                 return r
             return call
 
-    cfg = ProfileConfig(mode="graph", repeat=3, warmup=1)
+    cfg = ProfileConfig(mode="graph", repeat=3, warmup=1, backend="cupti" if behaviour == "silent" else "auto")
     run = profile_replay(snap, cfg, ReplayOptions(quiet=True, watchdog=5.0), driver=W())
     print(json.dumps({"exit": run.result.exit_code, "errors": run.result.errors, "report": run.report}, default=str))
 ''')
@@ -463,3 +463,14 @@ def test_launch_gate_is_none_where_stream_memory_operations_fail():
     d = _GateDriver(wait_ok=False)
     assert LaunchGate.open(d, "S") is None
     assert d.calls[-1][0] == "cuMemFreeHost"
+
+
+def test_graph_mode_that_times_no_node_is_an_error(double, tmp_path):
+    """CUPTI asked for and its records match no node: the replay verified, but no per-node time
+    was taken, so the run does not claim a profile (exit 2, the reason named)."""
+    snap = tmp_path / "incr_ms.cusnap"
+    incr_memset_program(snap)
+    r = _nodes_wrapped(double, tmp_path, snap, "silent")
+    assert r["exit"] == 2, r
+    assert any("none of the 5 launches in the graph got a per-node time" in e for e in r["errors"]), r["errors"]
+    assert r["report"]["run"]["exit_code"] == 2

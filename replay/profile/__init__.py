@@ -155,6 +155,13 @@ def profile_replay(snapshot, cfg: ProfileConfig, options: Optional[ReplayOptions
             report["run"]["exit_code"] = res.exit_code
         except Exception as e:  # facts for comparisons; never a reason to lose the profile
             report["warnings"].append(f"run facts unavailable: {type(e).__name__}: {e}")
+        failure = profile_failure(report, cfg)
+        if failure and res.exit_code == 0:     # replayed, but the profile asked for was not taken
+            warn(failure)
+            report["warnings"] = list(dict.fromkeys(warnings))
+            res.errors.append(failure)
+            res.exit_code = 2
+            report.setdefault("run", {})["exit_code"] = 2
         if cfg.mode == "graph" and report.get("launches") and res.exit_code == 0:
             from .graphcheck import add_timeline_check
             add_timeline_check(report, snapshot, cfg, opts)
@@ -164,6 +171,22 @@ def profile_replay(snapshot, cfg: ProfileConfig, options: Optional[ReplayOptions
             from .trace import write_trace
             write_trace(prof, cfg.trace, os.fspath(snapshot))
     return ProfileRun(res, report, rp, warnings, hook_objs)
+
+
+def profile_failure(report: Dict[str, Any], cfg: ProfileConfig) -> Optional[str]:
+    """Why the profile this run asked for was not taken, or None: a profiler's own error, or
+    graph mode that timed none of its launches per node (exit 2: a profile of nothing is no
+    profile, even when the replay verified)."""
+    s = report.get("summary") or {}
+    if s.get("error"):
+        return f"{cfg.mode}: {s['error']}"
+    if cfg.mode == "graph" and s.get("path") != "recorded graph launches":
+        n = s.get("launches") or 0
+        if n and not s.get("launches_timed"):
+            why = next((w for w in report.get("warnings") or [] if w.startswith("graph")), None)
+            return (f"graph: none of the {n} launches in the graph got a per-node time"
+                    + (f" ({why})" if why else ""))
+    return None
 
 
 def run_profile_cli(snapshot, opts: ReplayOptions, cfg: ProfileConfig, as_json: bool = False, out=None) -> int:
