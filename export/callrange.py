@@ -10,16 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional
 
+from cudasnap.formats.vocab import is_launch, is_workload
+
 from .emit import ExportError, base_name
-
-
-def is_launch(f: str) -> bool:
-    return f.startswith("cuLaunch") and not f.startswith("cuLaunchHostFunc")
-
-
-def is_data_work(f: str) -> bool:
-    """Work whose result the extract reads back: launches, graph launches, copies, memsets."""
-    return is_launch(f) or base_name(f).startswith(("cuGraphLaunch", "cuMemcpy", "cuMemset"))
 
 
 def range_work(res, sel: List[Dict[str, Any]], lo: int, hi: int, last_seq: Optional[int],
@@ -30,7 +23,7 @@ def range_work(res, sel: List[Dict[str, Any]], lo: int, hi: int, last_seq: Optio
         raise error(f"--calls {lo}-{hi}: the snapshot holds no complete call")
     if lo > last_seq:
         raise error(f"--calls {lo}-{hi}: the snapshot's calls are #0-#{last_seq}")
-    work = [i for i, r in enumerate(sel) if is_data_work(r.get("f") or "")]
+    work = [i for i, r in enumerate(sel) if is_workload(r.get("f") or "")]
     if not work:
         raise error(f"--calls {lo}-{min(hi, last_seq)}: no launch, copy or memset in that range")
     res.range_left_out = len(sel) - work[-1] - 1

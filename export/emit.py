@@ -26,6 +26,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from cudasnap.formats import SnapshotError, SnapshotReader, parse_callset
 from cudasnap.formats.abi import base_name
 from cudasnap.formats.outputs import atomic_file, write_atomic
+from cudasnap.formats.vocab import alloc_range, is_launch, is_query
 
 PLACE_GRAN = 2 << 20              # granule the placement plan is aligned to (checked when run)
 CALLS_PER_FUNCTION = 400          # the call sequence is split into functions this long
@@ -421,7 +422,6 @@ class Emitter:
         self.regions: List[Tuple[int, int]] = []
         self.ranges: List[Tuple[int, int]] = []
         self.header = self.reader.header
-        from cudasnap.replay.engine import alloc_range
         max_seq = -1
         for rec in self.reader.records():
             k = rec.get("k")
@@ -458,7 +458,7 @@ class Emitter:
         """Calls --calls can leave out: launches, graph launches, D2H/D2D copies, memsets."""
         f = rec.get("f", "")
         b = base_name(f)
-        return (f.startswith("cuLaunch") and not f.startswith("cuLaunchHostFunc")) or b.startswith("cuGraphLaunch") \
+        return is_launch(f) or b.startswith("cuGraphLaunch") \
             or (b.startswith("cuMemcpy") and "HtoD" not in b and "HtoA" not in b) or b.startswith("cuMemset")
 
     def selected(self, rec) -> bool:
@@ -557,8 +557,7 @@ class Emitter:
         pointer lookup): the program does not need it."""
         fn = self.desc().by_name(f) or self.desc().by_name(base_name(f))
         if fn is None:
-            from cudasnap.replay import dispatch
-            return dispatch.is_query(f)
+            return is_query(f)
         return bool(fn.get("host_only"))
 
     def drop(self, rec) -> None:
@@ -688,7 +687,6 @@ class Emitter:
 
     # memory
     def e_alloc(self, rec) -> None:
-        from cudasnap.replay.engine import alloc_range
         rng = alloc_range(rec)
         if rng is None:
             self.fail(rec, "the recorded allocation has no address or size")

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from cudasnap.formats import SnapshotError, SnapshotReader, SnapshotWriter
+from cudasnap.formats.vocab import is_launch, is_query
 
 from . import ranges as R
 from .callrange import kept_text, range_work
@@ -87,13 +88,10 @@ def _is_work(f: str) -> bool:
                      "cuCtxRecordEvent", "cuCtxWaitEvent"))
 
 
-def _is_query(f: str) -> bool:
+def _skipped_query(f: str) -> bool:
+    """A query replay skips: the description's class, and no handler of its own."""
     from cudasnap.replay import dispatch
-    return dispatch.lookup(f) is None and dispatch.is_query(f)
-
-
-def _is_launch(f: str) -> bool:
-    return f.startswith("cuLaunch") and not f.startswith("cuLaunchHostFunc")
+    return dispatch.lookup(f) is None and is_query(f)
 
 
 class Extractor:
@@ -151,11 +149,11 @@ class Extractor:
             if rec.get("incomplete") or "r" not in rec:
                 break
             if lo is not None:
-                if lo <= s <= hi and rec.get("r", 0) == 0 and not _is_query(f):
+                if lo <= s <= hi and rec.get("r", 0) == 0 and not _skipped_query(f):
                     sel.append(rec)
                 last_seq = s
                 continue
-            if not _is_launch(f) or rec.get("r", 0) != 0:
+            if not is_launch(f) or rec.get("r", 0) != 0:
                 continue
             if self.launch is not None:
                 if s == self.launch:
@@ -181,7 +179,7 @@ class Extractor:
         self.first, self.last = sel[0]["s"], sel[-1]["s"]
         self.res.selected = [r["s"] for r in sel]
         for r in sel:
-            if _is_launch(r.get("f") or ""):
+            if is_launch(r.get("f") or ""):
                 h = (r.get("a") or {}).get("f")
                 self.res.kernels.append((em.fn_record(h, r["s"]) or {}).get("name") or em.func_names.get(h) or f"{h:#x}")
 
@@ -230,7 +228,7 @@ class Extractor:
                 if _is_work(f):
                     self.captured_work.append(rec)
                 continue
-            if _is_work(f) or _is_query(f):
+            if _is_work(f) or _skipped_query(f):
                 continue
             recs.append(rec)
         if self.calls is None:
@@ -266,7 +264,7 @@ class Extractor:
                 made_by[a.get("pMod")] = ("library", a.get("library"))
         needed_fns = []
         for rec in list(self.sel) + list(recs):
-            if _is_launch(rec.get("f") or ""):
+            if is_launch(rec.get("f") or ""):
                 needed_fns.append(((rec.get("a") or {}).get("f"), rec.get("s")))
         keep: Set[Any] = set()
         unresolved = False
@@ -546,7 +544,7 @@ class Extractor:
             self.em = self._names()
             self.select()
             for r in self.sel:
-                if _is_launch(r.get("f") or "") and (r.get("x") or {}).get("params") is None:
+                if is_launch(r.get("f") or "") and (r.get("x") or {}).get("params") is None:
                     raise ExtractError(f"call #{r['s']} {r['f']}: kernel parameters were not captured")
             self.prefix()
             if self.calls is not None:

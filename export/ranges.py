@@ -20,6 +20,8 @@ from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 import numpy as np
 
+from cudasnap.formats.vocab import is_launch
+
 from .emit import base_name
 
 MIN_ADDR = 1 << 16                # smaller words are never device addresses
@@ -104,7 +106,7 @@ class Boundaries:
             if rec.get("incomplete") or rec.get("r", 0) != 0:
                 continue
             f, s = rec.get("f") or "", rec.get("s", 0)
-            if f.startswith("cuLaunch") and not f.startswith("cuLaunchHostFunc"):
+            if is_launch(f):
                 p = (rec.get("x") or {}).get("params")
                 if isinstance(p, (bytes, bytearray)) and p:
                     add(np.unique(words(p)), s)

@@ -15,6 +15,7 @@ import re
 from typing import Any, Callable, Dict, Mapping, Optional
 
 from .abi import base_name
+from .vocab import is_launch
 
 Predicate = Callable[[Dict[str, Any], Optional[Mapping[Any, str]]], bool]
 
@@ -26,10 +27,6 @@ _SYNC_NAMES = ("cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize",
 
 
 _base = base_name
-
-
-def is_launch(f: str) -> bool:
-    return f.startswith("cuLaunch") and not f.startswith("cuLaunchHostFunc")
 
 
 def is_memcpy(f: str) -> bool:

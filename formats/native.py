@@ -222,7 +222,7 @@ class DumpWalk(Walk):
     (callset.parse_terms; None: every record) and the reader's blob sizes."""
 
     def __init__(self, mod, r, text: bool, blobs: bool, terms: Optional[list]):
-        from .callset import is_launch
+        from .vocab import is_launch
         ts = terms or ()
         super().__init__(mod, M_TEXT if text else M_JSON, blobs,
                          [(t[1], U64 if t[2] is None else t[2]) for t in ts if t[0] == "seq"],

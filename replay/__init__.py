@@ -10,6 +10,7 @@ import os
 from typing import Optional
 
 from .options import ReplayOptions, ReplayResult
+from .preflight import damaged, snapshot_problem
 
 __all__ = ["replay", "ReplayOptions", "ReplayResult", "Replayer", "run_replay_cli", "snapshot_problem"]
 
@@ -41,38 +42,6 @@ def _option_problem(opts: ReplayOptions) -> Optional[str]:
     if opts.dtype and opts.dtype not in ("f32", "f16", "bf16", "f64"):
         return "--dtype must be one of f32, f16, bf16, f64"
     return None
-
-
-def snapshot_problem(snapshot) -> Optional[str]:
-    """Why `snapshot` cannot be replayed, found before any GPU work (so without a GPU or
-    cuda-python too): missing, unreadable, a frame whose checksum fails (every frame is checked),
-    or holding no call to replay. None when replay may start."""
-    from cudasnap.formats import SnapshotError, SnapshotReader
-    from .dispatch import is_query
-    if not os.path.exists(snapshot):
-        return f"{snapshot}: no such file"
-    try:
-        r = SnapshotReader(snapshot)
-    except SnapshotError as e:            # not a snapshot, or its start is gone: nothing to repair
-        return str(e)
-    with r:
-        from cudasnap.formats.integrity import check_integrity
-        bad = check_integrity(r)
-        if bad:
-            return bad
-        try:
-            for rec in r.records("c"):
-                f = rec.get("f")
-                if isinstance(f, str) and "r" in rec and not rec.get("incomplete") and not is_query(f):
-                    return None
-        except SnapshotError as e:
-            return damaged(e)
-        lost = f" (truncated: {r.lost_bytes} bytes lost)" if r.truncated and r.lost_bytes else ""
-    return f"no replayable call in {os.fspath(snapshot)}{lost}"
-
-
-def damaged(e: Exception) -> str:
-    return f"{e} (a damaged snapshot: `cudasnap repair` keeps every frame that still reads)"
 
 
 def run_replay_cli(snapshot, opts: ReplayOptions, as_json: bool = False, out=None) -> int:

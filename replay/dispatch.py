@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Dict, Optional, Set
 
 from cudasnap.formats.abi import base_name
+from cudasnap.formats.vocab import is_query, replay_class  # noqa: F401  (the dispatcher's classes)
 from cudasnap.shim.description import load as _desc
 
 from .handlers import REGISTRY, Handler
@@ -23,28 +24,6 @@ def load_all() -> Dict[str, Handler]:
     """Every handler module, imported once: each registers its names in REGISTRY."""
     from .handlers import context, generic, graph, ipc, launch, memory, module, profiler, stream  # noqa: F401
     return REGISTRY
-
-
-_class_of: Optional[Dict[str, str]] = None
-
-
-def replay_class(name: str) -> Optional[str]:
-    """query | execute | refuse | record for an ABI name (the description's replay_class; a
-    name the description lacks takes the class of its base name), None when unknown."""
-    global _class_of
-    if _class_of is None:
-        m: Dict[str, str] = {}
-        for f in _desc().functions:
-            m[f["name"]] = f["replay_class"]
-            m.setdefault(f["base"], f["replay_class"])
-        _class_of = m
-    c = _class_of.get(name)
-    return c if c is not None else _class_of.get(base_name(name))
-
-
-def is_query(name: str) -> bool:
-    """A pure query: no effect on device state, skipped on replay."""
-    return replay_class(name) == "query"
 
 
 _table: Optional[Dict[str, Handler]] = None

@@ -12,6 +12,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 from cudasnap.formats import SnapshotError, SnapshotReader, cu_result_name
 from cudasnap.formats.abi import base_name
 from cudasnap.formats.container import record_list
+from cudasnap.formats.vocab import alloc_range, is_launch, is_query, is_workload
 
 from . import dispatch, plan
 from .batchrun import D2H_AHEAD_EACH, D2H_AHEAD_TOTAL, SYNC_TIMES_MAX, BatchRunner, ExpectedBlobs
@@ -26,39 +27,7 @@ from .staging import H2D_PREFETCHED, PREFETCH_MIN, BlobPipeline
 from .verify import Mismatch, Tolerance
 
 CU_STREAM_LEGACY, CU_STREAM_PER_THREAD = 1, 2
-ALLOC_PARAMS = {  # base name -> (address out param, size param or callable)
-    "cuMemAlloc": ("dptr", "bytesize"),
-    "cuMemAllocAsync": ("dptr", "bytesize"),
-    "cuMemAllocFromPoolAsync": ("dptr", "bytesize"),
-    "cuMemAllocManaged": ("dptr", "bytesize"),
-    "cuMemAddressReserve": ("ptr", "size"),
-}
-
-
 PACE_SPIN_S = 100e-6            # --pace recorded: spin (not sleep) this long before a call is due
-
-
-def alloc_range(rec: Dict[str, Any]) -> Optional[Tuple[int, int]]:
-    """(recorded base, size) of a device allocation call, or None."""
-    f = rec.get("f") or ""
-    a = rec.get("a") or {}
-    b = base_name(f)
-    if rec.get("r", 0) != 0 or rec.get("incomplete"):
-        return None
-    if b == "cuMemAllocPitch":
-        p, pitch, h = a.get("dptr"), a.get("pPitch"), a.get("Height")
-        if isinstance(p, int) and isinstance(pitch, int) and isinstance(h, int):
-            return p, pitch * h
-        return None
-    ent = ALLOC_PARAMS.get(b)
-    if ent is None:
-        return None
-    p, n = a.get(ent[0]), a.get(ent[1])
-    if isinstance(p, int) and isinstance(n, int) and p:
-        return p, n
-    return None
-
-
 
 
 def _shared(name: str, attr: Optional[str] = None) -> property:
@@ -525,7 +494,7 @@ class Replayer(BatchRunner):
         if sel is None or sel.everything:
             return True
         f = rec.get("f", "")
-        if f.startswith("cuLaunch") and not f.startswith("cuLaunchHostFunc"):
+        if is_launch(f):
             return sel.rec(rec, self.kernel_name_of((rec.get("a") or {}).get("f"), rec.get("s")))
         b = base_name(f)
         if b.startswith("cuGraphLaunch") or (b.startswith("cuMemcpy") and "HtoD" not in b and "HtoA" not in b) \
@@ -735,7 +704,7 @@ class Replayer(BatchRunner):
         self.res.last_seq = seq
         h = dispatch.lookup(f)
         if h is None:
-            if dispatch.is_query(f):
+            if is_query(f):
                 self.res.skipped += 1
                 return
             self._error(rec, f"unsupported: call #{seq} {f} has no replay handler")
@@ -806,14 +775,6 @@ PROFILER_RANGES = ("recorded", "workload")
 PACES = ("fast", "recorded")
 
 
-def is_workload(f: str) -> bool:
-    """The calls --profiler-range workload brackets: launches (kernels and graphs), copies and
-    memsets -- not context, memory or module set-up."""
-    if type(f) is not str:             # a damaged record: its handler reports it
-        return False
-    if f.startswith("cuLaunch"):
-        return not f.startswith("cuLaunchHostFunc")
-    return f.startswith(("cuGraphLaunch", "cuMemcpy", "cuMemset"))
 _SYNC_CALLS: Dict[str, bool] = {}    # ABI name -> is a synchronization (sync times)
 
 

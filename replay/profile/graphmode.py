@@ -64,7 +64,7 @@ from cudasnap.formats.abi import base_name
 
 from ..errors import ReplayError
 from ..handlers.graph import stream_capturing
-from ..selection import is_launch_call
+from cudasnap.formats.vocab import is_launch
 from .common import LaunchGate, MemorySaver, Selection, destroy_all, live_ranges, ranges_for, stats
 from .gapmodel import GapChain
 from .graphnodes import NodeAttribution
@@ -203,7 +203,7 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
             if b == "cuGraphLaunch":
                 graph_launches.append(rec.get("s"))
                 continue
-            if not is_launch_call(f):
+            if not is_launch(f):
                 continue
             hs = a.get("hStream")
             cfg = a.get("config")

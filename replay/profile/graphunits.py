@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from cudasnap.formats.abi import base_name
 
-from ..selection import is_launch_call
+from cudasnap.formats.vocab import is_launch
 from .common import LaunchGate, MemorySaver, ranges_for, stats
 
 
@@ -233,7 +233,7 @@ class RecordedGraphs:
                 self.execs.setdefault(a.get("hGraphExec"), []).extend(self.graphs.get(a.get("hGraph"), []))
             elif b == "cuGraphLaunch":
                 self.launches.append(rec)
-            elif is_launch_call(f) and open_caps:
+            elif is_launch(f) and open_caps:
                 hs = a.get("hStream")
                 cfg = a.get("config")
                 if b == "cuLaunchKernelEx" and isinstance(cfg, (bytes, bytearray)) and len(cfg) >= LAUNCH_CONFIG.size:

@@ -1,0 +1,98 @@
+"""The record vocabulary: what kind of call a call record is, in one place for formats/,
+replay/, export/ and the command line.
+
+Classes come from the API description (shim/api_description.json: each ABI name's family and
+replay class); the name tests below are the ones the snapshot's own names need (a name the
+description lacks is still a launch when it is spelled like one)."""
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+from .abi import base_name
+
+# base name -> (address out param, size param) of a device allocation
+ALLOC_PARAMS = {
+    "cuMemAlloc": ("dptr", "bytesize"),
+    "cuMemAllocAsync": ("dptr", "bytesize"),
+    "cuMemAllocFromPoolAsync": ("dptr", "bytesize"),
+    "cuMemAllocManaged": ("dptr", "bytesize"),
+    "cuMemAddressReserve": ("ptr", "size"),
+}
+
+_class_of: Optional[Dict[str, str]] = None
+_family_of: Optional[Dict[str, str]] = None
+
+
+def _tables() -> Tuple[Dict[str, str], Dict[str, str]]:
+    """ABI name (and base name) -> replay class, -> family; built once."""
+    global _class_of, _family_of
+    if _class_of is None:
+        # the description loader is standard library only: the one import formats/ makes outside itself
+        from cudasnap.shim.description import load
+        cls: Dict[str, str] = {}
+        fam: Dict[str, str] = {}
+        for f in load().functions:
+            cls[f["name"]] = f["replay_class"]
+            cls.setdefault(f["base"], f["replay_class"])
+            fam[f["name"]] = f["family"]
+            fam.setdefault(f["base"], f["family"])
+        _class_of, _family_of = cls, fam
+    return _class_of, _family_of  # type: ignore[return-value]
+
+
+def replay_class(name: str) -> Optional[str]:
+    """query | execute | refuse | record for an ABI name (the description's replay_class; a
+    name the description lacks takes the class of its base name), None when unknown."""
+    m = _tables()[0]
+    c = m.get(name)
+    return c if c is not None else m.get(base_name(name))
+
+
+def family(name: str) -> Optional[str]:
+    """The description's family of an ABI name (memory, launch, graph, ...), None when unknown."""
+    m = _tables()[1]
+    c = m.get(name)
+    return c if c is not None else m.get(base_name(name))
+
+
+def is_query(name: str) -> bool:
+    """A pure query: no effect on device state, skipped on replay."""
+    return replay_class(name) == "query"
+
+
+def is_launch(f: str) -> bool:
+    """A kernel launch (cuLaunchKernel, cuLaunchKernelEx, cooperative...; not cuLaunchHostFunc)."""
+    return f.startswith("cuLaunch") and not f.startswith("cuLaunchHostFunc")
+
+
+def is_graph_launch(f: str) -> bool:
+    return base_name(f) == "cuGraphLaunch"
+
+
+def is_workload(f: str) -> bool:
+    """Work whose results a run reads back: launches (kernels and graphs), copies and memsets
+    -- not context, memory or module set-up."""
+    if type(f) is not str:             # a damaged record: its handler reports it
+        return False
+    return is_launch(f) or f.startswith(("cuGraphLaunch", "cuMemcpy", "cuMemset"))
+
+
+def alloc_range(rec: Mapping[str, Any]) -> Optional[Tuple[int, int]]:
+    """(recorded base, size) of a successful device allocation call, or None."""
+    f = rec.get("f") or ""
+    a = rec.get("a") or {}
+    b = base_name(f)
+    if rec.get("r", 0) != 0 or rec.get("incomplete"):
+        return None
+    if b == "cuMemAllocPitch":
+        p, pitch, h = a.get("dptr"), a.get("pPitch"), a.get("Height")
+        if isinstance(p, int) and isinstance(pitch, int) and isinstance(h, int):
+            return p, pitch * h
+        return None
+    ent = ALLOC_PARAMS.get(b)
+    if ent is None:
+        return None
+    p, n = a.get(ent[0]), a.get(ent[1])
+    if isinstance(p, int) and isinstance(n, int) and p:
+        return p, n
+    return None

@@ -1,0 +1,39 @@
+"""Checks before any GPU work (so without a GPU or cuda-python too): can this snapshot be
+replayed at all. Below the engine and the group coordinator, which both ask it."""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from cudasnap.formats import SnapshotError, SnapshotReader
+from cudasnap.formats.vocab import is_query
+
+
+def snapshot_problem(snapshot) -> Optional[str]:
+    """Why `snapshot` cannot be replayed, found before any GPU work (so without a GPU or
+    cuda-python too): missing, unreadable, a frame whose checksum fails (every frame is checked),
+    or holding no call to replay. None when replay may start."""
+    if not os.path.exists(snapshot):
+        return f"{snapshot}: no such file"
+    try:
+        r = SnapshotReader(snapshot)
+    except SnapshotError as e:            # not a snapshot, or its start is gone: nothing to repair
+        return str(e)
+    with r:
+        from cudasnap.formats.integrity import check_integrity
+        bad = check_integrity(r)
+        if bad:
+            return bad
+        try:
+            for rec in r.records("c"):
+                f = rec.get("f")
+                if isinstance(f, str) and "r" in rec and not rec.get("incomplete") and not is_query(f):
+                    return None
+        except SnapshotError as e:
+            return damaged(e)
+        lost = f" (truncated: {r.lost_bytes} bytes lost)" if r.truncated and r.lost_bytes else ""
+    return f"no replayable call in {os.fspath(snapshot)}{lost}"
+
+
+def damaged(e: Exception) -> str:
+    return f"{e} (a damaged snapshot: `cudasnap repair` keeps every frame that still reads)"
