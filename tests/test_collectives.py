@@ -72,3 +72,69 @@ def test_runs_with_other_arrival_orders_compare_per_last_rank():
     assert all(v["by"] == "ring distance" and v["worst_pct"] == 0 and len(v["cells"]) == 1 for v in c.values())
     # too few instances of any arrival order: nothing to compare
     assert compare_ranks(_ring_run([1] * 3), b)[0] == {"by": None, "cells": [], "worst_pct": None}
+
+
+# --------------------------------------------------------------------------- profiling a rank of a job
+def _rank_snapshot(path, reps=3, n=64):
+    """fill launched as an NCCL-named kernel (a collective) between incr launches, one process."""
+    import struct
+    from cudasnap.replay.synth import Synth
+    s = Synth(path)
+    ctx, mod = 0x55550000, 0x55560000
+    f_incr, f_coll = 0x55570005, 0x55570002
+    s.w.write({"k": "proc", "driver_version": 13000,
+               "gpus": [{"index": 0, "name": "cudasnap test double", "uuid": "GPU-0", "cc": [9, 0], "mem": 1 << 36}]})
+    s.double_prologue("incr", f_incr, [[0, 8], [8, 4]], ctx, mod)
+    # the double's add_one under an NCCL kernel's name, in a module of its own
+    nccl_mod, name = 0x55561000, "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
+    s.call("cuModuleLoadData", {"module": nccl_mod, "image": 0x7F0000002000},
+           x={"image": s.blob(f"CUDADOUBLE\nkernel {name}\n".encode() + b"\0")})
+    s.call("cuModuleGetFunction", {"hfunc": f_coll, "hmod": nccl_mod, "name": name})
+    s.fn(f_coll, name, nccl_mod, [[0, 8], [8, 4]])
+    I, F = 0x200000000000, 0x200000001000
+    for p in (I, F):
+        s.call("cuMemAlloc_v2", {"dptr": p, "bytesize": n * 4})
+    s.call("cuMemcpyHtoD_v2", {"dstDevice": I, "srcHost": 0x7F0000100000, "ByteCount": n * 4},
+           x={"srcHost": s.blob(bytes(n * 4))})
+    for r in range(reps):
+        s.launch(f_incr, struct.pack("<Qi", I, n), block=n)
+        s.launch(f_coll, struct.pack("<Qi", F, n), block=n)
+    s.call("cuCtxSynchronize", {})
+    s.call("cuMemcpyDtoH_v2", {"dstHost": 0x7F0000200000, "srcDevice": I, "ByteCount": n * 4},
+           x={"dstHost": s.blob(struct.pack(f"<{n}i", *([reps] * n)))})
+    s.call("cuDevicePrimaryCtxRelease_v2", {"dev": 0})
+    s.w.write({"k": "end", "exit": 0, "signal": None, "partial": False})
+    s.close()
+    return path
+
+
+def _replay_json(double, snap, *args, env=None):
+    import json
+    import subprocess
+    import sys
+    e = dict(double["env"])
+    e.pop("CUDASNAP_REPLAY_TEST_BLOCK", None)
+    e.update(env or {})
+    cp = subprocess.run([sys.executable, "-m", "cudasnap", "replay", str(snap), "--json", *args], env=e,
+                        capture_output=True, text=True, timeout=180)
+    return cp, (json.loads(cp.stdout) if cp.stdout.strip().startswith("{") else {})
+
+
+def test_a_rank_profiles_around_its_collectives(double, tmp_path):
+    """In a job, isolated mode runs a collective once (repeated alone it would wait for its peers
+    forever) and times the rest; graph mode refuses a sequence holding one at once, naming it,
+    while the rank replays on (exit 2: no profile). Outside a job both profile as usual."""
+    snap = _rank_snapshot(tmp_path / "rank.cusnap")
+    job = {"CUDASNAP_GROUP_RANK": "0"}
+    cp, d = _replay_json(double, snap, "--profile", "isolated", "--repeat", "2", "--warmup", "0", env=job)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    s = d["profile"]["summary"]
+    assert s["collective_launches"] == 3 and s["launches_profiled"] == 3, s
+    assert {r["name"] for r in d["profile"]["launches"]} == {"incr"}
+    assert "--profile timeline times them" in " ".join(d["profile"]["warnings"])
+    cp, d = _replay_json(double, snap, "--profile", "graph", "--repeat", "2", "--warmup", "0", env=job)
+    assert cp.returncode == 2, cp.stdout + cp.stderr
+    assert "collective launch(es)" in d["profile"]["summary"]["error"] and d["d2h_verified"] == 1, d
+    cp, d = _replay_json(double, snap, "--profile", "graph", "--repeat", "2", "--warmup", "0", "--no-timeline-check")
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert d["profile"]["summary"]["launches"] == 6

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import gc
 import importlib.util
+import os
 import re
 import statistics
 import time
@@ -62,7 +63,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from cudasnap.formats.abi import base_name
 
+from ..collectives import is_collective
 from ..errors import ReplayError
+from ..group import ENV_RANK
 from ..handlers.graph import stream_capturing
 from cudasnap.formats.vocab import is_launch
 from .common import LaunchGate, MemorySaver, Selection, destroy_all, live_ranges, ranges_for, stats
@@ -188,6 +191,8 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
             self.timeout = max(1.0, 0.8 * float(wd))
         in_capture: set = set()
         graph_launches: List[int] = []
+        in_job = bool(os.environ.get(ENV_RANK))
+        collectives: List[int] = []
         for rec in rp.reader.records(("c",)):
             f = rec.get("f") or ""
             if rec.get("r", 0) != 0 or rec.get("incomplete"):
@@ -211,7 +216,10 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
                 hs = LAUNCH_CONFIG.unpack_from(bytes(cfg))[7]
             if hs and hs in in_capture:
                 continue
-            if self.sel.rec(rec, rp.kernel_name_of(a.get("f"))):
+            kname = rp.kernel_name_of(a.get("f"))
+            if in_job and is_collective(kname):
+                collectives.append(rec.get("s"))
+            if self.sel.rec(rec, kname):
                 s = rec.get("s")
                 if isinstance(s, int):
                     if self.first_seq is None or s < self.first_seq:
@@ -225,6 +233,17 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
             if not self._start_units():
                 self.warn("graph: no launch selected")
                 self.info["error"] = "no launch selected"
+            return
+        inside = [s for s in collectives if isinstance(s, int) and self.first_seq <= s <= self.last_seq]
+        if inside:
+            # one rank's graph cannot run a collective apart from its peers' graphs (its kernels wait
+            # for them): refused before anything is built; the ranks replay on as recorded
+            msg = (f"{len(inside)} collective launch(es) (call #{inside[0]} first) lie in the sequence: a graph of "
+                   f"one rank cannot run them apart from its peers; profile the job with --profile timeline, or "
+                   f"select launches between collectives (-k, --calls)")
+            self.warn(f"graph: {msg}")
+            self.info["error"] = msg
+            self.first_seq = self.last_seq = None
             return
         n = sum(1 for s in graph_launches if isinstance(s, int) and self.first_seq < s < self.last_seq)
         if n:      # the program's own graphs run between the selected launches: not in ours

@@ -27,6 +27,8 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ..collectives import is_collective
+from ..group import ENV_RANK
 from .common import SAVE_KINDS, MemorySaver, Selection, ranges_for, stats  # noqa: F401  (re-exported)
 from .graphunits import GraphUnit, RecordedGraphs, WindowClock, is_graph_launch, unit_rows
 from .timeline import open_cupti
@@ -154,6 +156,8 @@ class IsolatedProfiler:
         self.cupti = None
         self.graphs = None
         self.skipped_captured = 0
+        self.skipped_collectives = 0
+        self.in_job = bool(os.environ.get(ENV_RANK))
         self._pending_units: Dict[Any, Any] = {}
         self._cupti_misses = 0          # consecutive launches without any CUPTI record
         self._cupti_dead = False
@@ -178,6 +182,14 @@ class IsolatedProfiler:
         elif kind == "before_launch" and self.sel(ev):
             if ev.ctx.capturing:       # recorded into a graph, not run now: timed with its cuGraphLaunch
                 self.skipped_captured += 1
+                return
+            if self.in_job and is_collective(ev.name):
+                # a collective waits for its peers: run again alone it would wait forever. It runs
+                # once, in its place, as in a plain replay
+                self.skipped_collectives += 1
+                if self.skipped_collectives == 1:
+                    self.warn(f"isolated: collective launches ({ev.name[:60]}...) run once, not timed: they wait "
+                              f"for their peers (--profile timeline times them)")
                 return
             self._save(ev)
         elif kind == "after_launch" and "isolated" in ev.data:
@@ -434,6 +446,9 @@ class IsolatedProfiler:
         d["paths"] = paths
         if self.skipped_captured:
             d["captured_launches"] = self.skipped_captured
+        if self.skipped_collectives:
+            d["collective_launches"] = self.skipped_collectives
+            paths.append(f"{self.skipped_collectives} collective launches run once, not timed (they wait for peers)")
         if ok:
             d["total_us"] = sum(r["median_us"] for r in ok)
             d["max_spread_pct"] = max(r["spread_pct"] for r in ok)
