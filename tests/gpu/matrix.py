@@ -262,7 +262,8 @@ class Matrix:
         self.cell("stats", stats)
 
         def compare():
-            cp = self.run(_cudasnap("compare", str(self.work / "t1.json"), str(self.work / "t2.json")))
+            t1, t2 = (("t1.rank0.json", "t2.rank0.json") if self.name in JOBS else ("t1.json", "t2.json"))
+            cp = self.run(_cudasnap("compare", str(self.work / t1), str(self.work / t2)))
             return cp.returncode == 0, self._tail(cp) if cp.returncode else " | ".join(cp.stdout.strip().splitlines()[-2:])
         self.cell("compare", compare)
         return self.cells
