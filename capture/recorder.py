@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cudasnap import __version__
+from cudasnap.formats.console import __version__
 from cudasnap.formats import SnapshotWriter
 from cudasnap.shim import description
 

@@ -552,7 +552,7 @@ def _not_saved(pc, path: Optional[Path] = None) -> str | None:
 def _summary(procs, out: Path, unsaved: dict) -> None:
     from rich.markup import escape
 
-    from cudasnap.console import console
+    from cudasnap.formats.console import console
 
     con = console(stderr=True)
     if not procs:

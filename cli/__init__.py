@@ -18,8 +18,6 @@ needs no cuda-python):
 called itself); `cudasnap.capture.run` and `cudasnap.replay.replay` mirror the two commands.
 """
 
-__version__ = "0.1.0"
-
 __all__ = ["SnapshotReader", "SnapshotWriter", "SnapshotError", "CaptureResult", "ReplayOptions", "ReplayResult",
            "capture", "formats", "replay", "__version__"]
 
@@ -32,6 +30,8 @@ _NAMES = {"SnapshotReader": "cudasnap.formats", "SnapshotWriter": "cudasnap.form
 def __getattr__(name: str):
     import importlib
 
+    if name == "__version__":           # one definition, below every layer
+        return importlib.import_module("cudasnap.formats.console").__version__
     if name in _SUBPACKAGES:
         return importlib.import_module(f"cudasnap.{name}")
     if name in _NAMES:

@@ -69,7 +69,7 @@ COLUMNS = [("kernel", "left"), ("launches", "right"), ("base median", "right"), 
 
 
 def render_text(res: Dict[str, Any], out, top: int = 20, title: Optional[str] = None) -> None:
-    from cudasnap.console import console, is_tty, print_table
+    from cudasnap.formats.console import console, is_tty, print_table
     tty = is_tty(out)
     con = console(file=out)
     b, c = res["base"], res["candidate"]

@@ -23,6 +23,7 @@ from .container import (
     TRAILER_MAGIC, SnapshotError, encode_payload, new_packer, pack_frame_header, pack_preamble,
     parse_frame_header, xxh64,
 )
+from .console import tool_version
 from .reader import SnapshotReader
 from .segments import segment_paths
 
@@ -86,7 +87,7 @@ def repair(path, out=None) -> Dict[str, Any]:
             "gaps": list(r.gaps), "lost_blobs": len(r.lost_blobs),
             "bytes_before": r.file_size + sum(sg.file_size for sg in segs), "orig": orig,
         }
-        note = {"k": "repair", "t": time.time(), "tool_version": _tool_version(),
+        note = {"k": "repair", "t": time.time(), "tool_version": tool_version(),
                 "bytes_before": summary["bytes_before"], "lost_bytes": r.lost_bytes,
                 "lost_records": summary["lost_records"], "unknown_gaps": summary["unknown_gaps"],
                 "lost_blobs": summary["lost_blobs"], "segments": len(segs), "gap_count": len(data_gaps),
@@ -145,11 +146,6 @@ def _keep_original(src: str, orig: str) -> None:
         os.link(src, orig)
     except OSError:
         shutil.copy2(src, orig)
-
-
-def _tool_version() -> str:
-    from .writer import _tool_version as v
-    return v()
 
 
 def _copy_frame(src: SnapshotReader, fr, f) -> tuple:

@@ -39,6 +39,7 @@ from .container import (
     blob_id, chunk_digest, compressor, encode_payload, looks_incompressible, new_packer,
     pack_frame_header, pack_frame_header_sum, pack_preamble, xxh64,
 )
+from .console import tool_version
 from .segments import Segment, copy_range, segment_paths
 from .summary import Summary
 
@@ -196,7 +197,7 @@ class SnapshotWriter:
         hdr.setdefault("schema", SCHEMA_VERSION)
         hdr.setdefault("created", time.time())
         hdr.setdefault("host", socket.gethostname())
-        hdr.setdefault("tool_version", _tool_version())
+        hdr.setdefault("tool_version", tool_version())
         self.header = hdr
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o666)
         for stale in segment_paths(self.path):      # an earlier writer's: not this file's
@@ -585,11 +586,3 @@ class SnapshotWriter:
             self._pos += n
             self._mst["stored_bytes"] += n
             return off
-
-
-def _tool_version() -> str:
-    try:
-        from importlib.metadata import version
-        return version("cudasnap")
-    except Exception:
-        return "0.1.0"

@@ -24,7 +24,7 @@ def render(res: ReplayResult, mismatch_text: List[str], path: str, out=None, as_
         d["mismatch_text"] = mismatch_text
         out.write(json.dumps(d, indent=2, default=str) + "\n")
         return
-    from cudasnap.console import console, print_table
+    from cudasnap.formats.console import console, print_table
     con = console(file=out)
     rows = [(f"calls: {fam}", n) for fam, n in sorted(res.by_family.items())]
     rows += [("calls replayed", f"{res.calls} of {res.total_calls}"),

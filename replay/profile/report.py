@@ -248,7 +248,7 @@ def render_table(report: Dict[str, Any], out, top: int = 20) -> None:
         if s.get("error"):
             head += f" -- {s['error']}"
     notes = graph_notes(s) if s.get("mode") == "graph" else []
-    from cudasnap.console import console, is_tty, print_table
+    from cudasnap.formats.console import console, is_tty, print_table
     cols = [("kernel", "left"), ("launches", "right"), ("total", "right"), ("median", "right"),
             ("min", "right"), ("max", "right")]
     if isolated:

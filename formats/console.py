@@ -1,0 +1,67 @@
+"""The tool's version and its console: what every layer (capture, replay, export, compare, the
+command line) may import; standard library here, rich on first use.
+
+Output that reads well at a terminal and stays whole in logs and pipes: at a terminal, rich
+styles and tables; anywhere else (a pipe, a file, a test runner) plain lines that never wrap
+or truncate, so `cudasnap api | grep NAME` and log scrapers see every value on one line.
+"""
+from __future__ import annotations
+
+import sys
+from typing import IO, Iterable, Optional, Sequence, Tuple, Union
+
+__version__ = "0.1.0"
+
+Column = Union[str, Tuple[str, str]]        # a header, or (header, "left" | "right")
+
+
+def tool_version() -> str:
+    """The installed package's version (what snapshots record as tool_version)."""
+    try:
+        from importlib.metadata import version
+        return version("cudasnap")
+    except Exception:
+        return __version__
+
+
+def is_tty(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):     # closed or not a real stream
+        return False
+
+
+def console(stderr: bool = False, file: Optional[IO[str]] = None):
+    """A rich Console on stdout, stderr or file whose lines never wrap (soft_wrap)."""
+    from rich.console import Console
+
+    return Console(file=file if file is not None else (sys.stderr if stderr else sys.stdout),
+                   highlight=False, soft_wrap=True)
+
+
+def print_table(con, columns: Sequence[Column], rows: Iterable[Sequence[object]],
+                title: Optional[str] = None, markup: bool = False) -> None:
+    """A rich table at a terminal; elsewhere plain aligned rows: no box drawing, no wrapping,
+    no truncation. Cells are plain text (kernel names hold brackets) unless markup is True."""
+    from rich.text import Text
+
+    cols = [(c, "left") if isinstance(c, str) else c for c in columns]
+    text = Text.from_markup if markup else Text
+    cells = [[text(str(v)) for v in r] for r in rows]
+    if is_tty(con.file):
+        from rich.table import Table
+
+        t = Table(title=title, show_edge=False)
+        for name, justify in cols:
+            t.add_column(name, justify=justify, overflow="fold")
+        for r in cells:
+            t.add_row(*r)
+        con.print(t)
+        return
+    plain = [[h for h, _ in cols]] + [[c.plain for c in r] for r in cells]
+    widths = [max(len(r[i]) for r in plain) for i in range(len(cols))]
+    out = [title] if title else []
+    for r in plain:
+        cells = [v.rjust(w) if j == "right" else v.ljust(w) for v, w, (_, j) in zip(r, widths, cols)]
+        out.append("  ".join(cells).rstrip())
+    con.file.write("\n".join(out) + "\n")
