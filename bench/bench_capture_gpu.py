@@ -117,7 +117,7 @@ def main() -> None:
     ram = Path("/dev/shm")
     ram_ok = ram.is_dir() and os.statvfs(ram).f_bavail * os.statvfs(ram).f_frsize > (6 << 30)
     # "unique_oneseg": --segments 0, every chunk into the one snapshot file (the kernel
-    # serializes buffered writes to one file: bench/diag_storage.py); "unique_seg4": 4 segments (default 8)
+    # serializes buffered writes to one file: bench/diag/diag_storage.py); "unique_seg4": 4 segments (default 8)
     # "unique_long": 32 copies (8 GiB), sustained rather than a burst
     modes = [("unique", tmp, ()), ("same", tmp, ()), ("unique_oneseg", tmp, ("--segments", "0")),
              ("unique_seg4", tmp, ("--segments", "4")), ("unique_long", tmp, ()),
@@ -136,7 +136,8 @@ def main() -> None:
         res[f"h2d_{mode}_snapshot_bytes"] = snap.stat().st_size
         snap.unlink()
     if "h2d" in parts:
-        import diag_storage              # beside this script
+        sys.path.insert(0, str(HERE / "diag"))
+        import diag_storage
         res["disk_pwrite_gbps"] = diag_storage.run(tmp, diag_storage.source(128), files=1, threads=4, direct=False)
 
     print(f"capture overhead on {res['card']}")
@@ -158,7 +159,7 @@ def main() -> None:
               f"snapshot {res[f'h2d_{mode}_snapshot_bytes'] / 2**20:.0f} MiB")
     if "disk_pwrite_gbps" in res:
         print(f"  disk: 2 GiB of 4 MiB buffered pwrites from 4 threads into one file in the snapshot directory: "
-              f"{res['disk_pwrite_gbps']:.1f} GB/s (bench/diag_storage.py compares ways of writing)")
+              f"{res['disk_pwrite_gbps']:.1f} GB/s (bench/diag/diag_storage.py compares ways of writing)")
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
 

@@ -154,10 +154,10 @@ def test_timeline_matches_native(name, runner, tmp_path):
 def _native_spread_limit(tmp: Path) -> tuple:
     """The card's own run-to-run spread: prof_torch's 32M-float tanh run alone 80 times natively
     (L2 scrubbed, synchronized, as isolated replay runs a launch), (max - min) / median of each
-    10 consecutive runs (bench/diag_native_series.py).  HBM-bound kernels of ~60 us spread
+    10 consecutive runs (bench/diag/diag_native_series.py).  HBM-bound kernels of ~60 us spread
     3-4% there; the limit is 3%, or the worst native 10-run spread + 0.5 points if higher."""
     out = tmp / "native_series.json"
-    cp = subprocess.run([PY, str(ROOT / "bench" / "diag_native_series.py"), "80", "--json", str(out)],
+    cp = subprocess.run([PY, str(ROOT / "bench" / "diag" / "diag_native_series.py"), "80", "--json", str(out)],
                         capture_output=True, text=True, timeout=600)
     assert cp.returncode == 0, cp.stderr[-2000:]
     tens = json.loads(out.read_text())["synced_10run_spread_pct"]
@@ -290,7 +290,7 @@ def test_graph_mode_matches_the_programs_own_graph(runner, tmp_path):
     CUPTI: every kernel of at least 5 us within 5% of the native graph's medians.  A replay is
     another process, with its tensors elsewhere in memory, and some kernels' times depend on
     that (AdamW's foreach kernel: 16.5-20.1 us natively as the tensors move,
-    bench/diag_placement_gpu.py), so the program runs natively with PLACEMENT_PADS MiB
+    bench/RESULTS.md), so the program runs natively with PLACEMENT_PADS MiB
     allocated before its model, and graph mode must fall within 5% of the range of the native
     graph's medians.  Timeline replay and native eager are recorded beside them (where the
     native graph differs from native eager, graph mode should differ from timeline alike)."""

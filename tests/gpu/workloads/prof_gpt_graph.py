@@ -5,7 +5,7 @@ so that its eager loop and a CUDA graph of its step run the same kernels.
     python prof_gpt_graph.py native OUT.json [STEPS [PAD_MB]]
                                     eager steps and replays of one captured graph of the step,
                                     alternating, timed by CUPTI; PAD_MB: MiB allocated before the
-                                    model, which moves every tensor (bench/diag_placement_gpu.py)
+                                    model, which moves every tensor (bench/RESULTS.md)
 
 OUT.json: {"eager": {name: [us, ...]}, "graph": {name: [us, ...]}, "graph_records": n}; names are
 CUPTI's.  Graph-mode replay of the eager loop's snapshot is right when it agrees with "graph"."""

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Quick diagnosis on the GPU machine: install (as gpu_suite.sh does), capture two small
-# programs and print what the snapshot says. Usage: bash bench/diag_gpu.sh
+# programs and print what the snapshot says. Usage: bash bench/diag/diag_gpu.sh
 set -uo pipefail
 SKIP_SUITE=1 SKIP_BENCH=1 bash bench/gpu_suite.sh > /dev/null
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH

@@ -1,7 +1,7 @@
 """Isolated-mode run series for chosen launches, per way of running each repeat (diagnosis of
 run-to-run spread; needs a GPU and cupti-python).
 
-  python bench/diag_isolated_series.py SNAPSHOT SEQ [SEQ...] [--repeat 40]
+  python bench/diag/diag_isolated_series.py SNAPSHOT SEQ [SEQ...] [--repeat 40]
 
 Variants (the product runs "default"):
   default    restore, L2 scrub, host sync, mark, launch, sync, mark

@@ -1,7 +1,7 @@
 """Native run-to-run series of prof_torch's HBM-bound tanh (32M floats), timed by CUPTI through
 torch.profiler: is the two-level spread seen in isolated replay a property of the GPU?
 
-  python bench/diag_native_series.py [N] [PADS] [--json OUT]
+  python bench/diag/diag_native_series.py [N] [PADS] [--json OUT]
 
 "synced": each run alone (L2 scrubbed by a read-only reduction, synchronize, tanh,
 synchronize), as isolated replay runs them; "queued": N tanh launches back to back.

@@ -4,7 +4,7 @@ than the L3, like ring memory the recorder reads) in several ways and prints GB/
 buffered into one file from 1 and 4 threads, buffered into 4 and 8 files in parallel, and
 O_DIRECT (page cache bypassed, no CPU copy) into one file and into 4 files.
 
-Usage: python bench/diag_storage.py [DIR ...]   (default: the temp dir and /dev/shm)"""
+Usage: python bench/diag/diag_storage.py [DIR ...]   (default: the temp dir and /dev/shm)"""
 from __future__ import annotations
 
 import mmap
