@@ -253,10 +253,6 @@ DESTROYS = {"cuStreamDestroy": "stream", "cuEventDestroy": "event", "cuGraphExec
             "cuGraphDestroy": "graph"}
 
 
-def supported_names() -> List[str]:
-    return sorted(TABLE)
-
-
 class Emitter:
     def __init__(self, snapshot, calls: Optional[str] = None):
         self.path = os.fspath(snapshot)

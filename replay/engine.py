@@ -711,7 +711,6 @@ class Replayer(BatchRunner):
             return
         if rec.get("r", 0) != 0 and not h.errors:
             self.res.skipped += 1
-            self.res.errors_recurred += 0
             return
         if not self._selected(rec):
             self.res.filtered += 1

@@ -89,10 +89,6 @@ class Alloc:
     last_writer: Optional[Tuple[int, str]] = None  # (seq, kernel or API name)
 
 
-class PlacementError(Exception):
-    pass
-
-
 class AddressSpace:
     """Owns recorded->live address placement.  `drv` is a small adapter (see engine.DriverOps)
     with reserve/free_va/create/map/unmap/release/set_access/mem_alloc/mem_free methods;
@@ -421,25 +417,6 @@ class AddressSpace:
     @property
     def moved(self) -> bool:
         return any(a.live_base != a.rec_base for a in self.allocs.values())
-
-    def release_all(self) -> None:
-        self.release_held()
-        for base in list(self._sorted):
-            try:
-                self.free(base)
-            except Exception:
-                pass
-        for sp in self.spans:
-            if sp.reserved:
-                try:
-                    self.drv.free_va(sp.start, sp.size)
-                except Exception:
-                    pass
-        for b in self._blocks:
-            try:
-                self.drv.free_va(b, self.test_block[1])
-            except Exception:
-                pass
 
 
 # ----------------------------------------------------------------- relocation scanning

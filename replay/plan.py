@@ -130,13 +130,6 @@ class BatchEvent:
             else:
                 yield k, -1, b.recs[i]
 
-    def launch_stream(self, rec) -> int:
-        """Recorded stream handle of a launch record."""
-        a = rec["a"]
-        if rec["f"].startswith("cuLaunchKernelEx"):
-            return LAUNCH_CONFIG.unpack_from(a["config"])[7]
-        return a.get("hStream") or 0
-
 
 # CUlaunchAttributeID values whose value holds no handle or address: passed to the driver as
 # recorded (cooperative, synchronization policy, cluster dimension and scheduling, programmatic

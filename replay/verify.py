@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
 DTYPES = {"f32": ("<f4", 4), "f16": ("<f2", 2), "bf16": (None, 2), "f64": ("<f8", 8),
@@ -134,10 +134,3 @@ def _exact_mismatch(expected: bytes, got: bytes, dtype, seq, call, src, writer) 
             m.expected_val = decode_value(m.expected, dtype)
             m.got_val = decode_value(m.got, dtype)
     return m
-
-
-@dataclass
-class VerifyStats:
-    verified: int = 0
-    bytes: int = 0
-    mismatches: list = field(default_factory=list)
