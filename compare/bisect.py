@@ -16,7 +16,8 @@ ceil(log2(n - 1)) more replays. An environment is bad when, compared with the fi
 or the total is SLOWER (`cudasnap compare`'s verdict: beyond the threshold and the noise), or
 when its replay no longer reproduces the recorded results (replay exit 1: a correctness
 break, reported as such, never as a timing verdict). A replay that cannot run (exit 2) stops
-the bisection with its reason. CUDASNAP_REPLACE in an environment's vars swaps kernels there
+the bisection with its reason. With --gpus K (on Ray: a local runtime, or --address) each
+round replays K environments at once, one per GPU: a K-ary search in fewer rounds. CUDASNAP_REPLACE in an environment's vars swaps kernels there
 (as `replay --replace`), which bisects compiler builds on one driver."""
 from __future__ import annotations
 
@@ -137,8 +138,10 @@ class Outcome:
 class Bisector:
     def __init__(self, snapshot, envs: List[Env], mode: str = "isolated", kernels: Optional[str] = None,
                  repeat: int = 10, warmup: int = 3, threshold: float = 5.0, workdir: Optional[str] = None,
-                 timeout: Optional[float] = None, log=None):
+                 timeout: Optional[float] = None, log=None, pool=None):
         self.snapshot = os.path.abspath(os.fspath(snapshot))
+        self.pool = pool                    # replays k environments at once (RayReplays), or None
+        self._pre: Dict[int, Any] = {}
         self.envs = envs
         self.mode = mode
         self.kernels = kernels
@@ -205,15 +208,19 @@ class Bisector:
             return self.done[i]
         env = self.envs[i]
         out = os.path.join(self.workdir, f"env{i + 1:02d}-{_safe(env.name)}.json")
-        if os.path.exists(out):
+        if os.path.exists(out) and i not in self._pre:
             os.unlink(out)
         cmd = [sys.executable, "-m", "cudasnap"] + self.argv(env, out)
         t0 = time.monotonic()
-        try:
-            cp = subprocess.run(cmd, env=self.environ(env), capture_output=True, text=True, timeout=self.timeout)
-            rc, err = cp.returncode, (cp.stderr or "")
-        except subprocess.TimeoutExpired:
-            rc, err = 124, f"the replay ran past {self.timeout:g} s"
+        if i in self._pre:
+            rc, err, secs = self._pre.pop(i)
+            t0 -= secs
+        else:
+            try:
+                cp = subprocess.run(cmd, env=self.environ(env), capture_output=True, text=True, timeout=self.timeout)
+                rc, err = cp.returncode, (cp.stderr or "")
+            except subprocess.TimeoutExpired:
+                rc, err = 124, f"the replay ran past {self.timeout:g} s"
         o = Outcome(env, len(self.done) + 1, rc, time.monotonic() - t0, out, self.command_text(env, out))
         lines = [ln for ln in err.splitlines() if ln.strip()]
         o.stderr_tail = "\n".join(lines[-5:])
@@ -275,8 +282,25 @@ class Bisector:
                  f" ({o.seconds:.1f} s): {o.reason}")
 
     # ------------------------------------------------------------------ the search
+    def _prefetch(self, idx: List[int]) -> None:
+        """Replays these environments at once through the pool (one per GPU)."""
+        idx = [i for i in idx if i not in self.done and i not in self._pre]
+        if self.pool is None or len(idx) < 2:
+            return
+        self.log(f"[round] {len(idx)} environments at once: {', '.join(self.envs[i].name for i in idx)}")
+        jobs = []
+        for i in idx:
+            env = self.envs[i]
+            out = os.path.join(self.workdir, f"env{i + 1:02d}-{_safe(env.name)}.json")
+            if os.path.exists(out):
+                os.unlink(out)
+            jobs.append(([sys.executable, "-m", "cudasnap"] + self.argv(env, out), self.environ(env), out))
+        for i, r in zip(idx, self.pool.run(jobs)):
+            self._pre[i] = r
+
     def run(self) -> Dict[str, Any]:
         n = len(self.envs)
+        self._prefetch([0, n - 1])
         first = self.judge(0)
         if first.status != "good":
             raise _Stop(2, f"the first environment {first.env.name!r} must be good: {first.reason}")
@@ -286,15 +310,24 @@ class Bisector:
         if last.status == "good":
             return self._result(None, 0, f"no regression between {first.env.name!r} and {last.env.name!r}")
         lo, hi = 0, n - 1
+        k = self.pool.slots if self.pool is not None else 1
         while hi - lo > 1:
-            mid = (lo + hi) // 2
-            o = self.judge(mid)
-            if o.status == "error":
-                raise _Stop(2, f"environment {o.env.name!r}: {o.reason}")
-            if o.status == "good":
-                lo = mid
-            else:
-                hi = mid
+            # k points split (lo, hi) into k + 1 parts (k = 1: the midpoint, a binary search);
+            # the first bad point is the new hi, the good point before it the new lo
+            m = min(k, hi - lo - 1)
+            pts = [(lo + hi) // 2] if m == 1 else sorted(
+                {lo + max(1, min(hi - lo - 1, round(j * (hi - lo) / (m + 1)))) for j in range(1, m + 1)})
+            self._prefetch(pts)
+            outs = [self.judge(mid) for mid in pts]
+            for o in outs:
+                if o.status == "error":
+                    raise _Stop(2, f"environment {o.env.name!r}: {o.reason}")
+            for mid, o in zip(pts, outs):
+                if o.status == "good":
+                    lo = mid
+                else:
+                    hi = mid
+                    break
         return self._result(hi, 1, None, last_good=lo)
 
     def _result(self, bad: Optional[int], code: int, message: Optional[str], last_good: Optional[int] = None):
@@ -367,7 +400,7 @@ def _command() -> Optional[str]:
 def run_bisect_cli(snapshot, envs_path, mode: str = "isolated", kernels: Optional[str] = None, repeat: int = 10,
                    warmup: int = 3, threshold: float = 5.0, html: Optional[str] = None, as_json: bool = False,
                    keep: Optional[str] = None, timeout: Optional[float] = None, top: int = 20, out=None,
-                   force: bool = False) -> int:
+                   force: bool = False, gpus: int = 1, address: Optional[str] = None) -> int:
     """Exit 0: no regression between the ends; 1: the first bad environment found (slower or a
     correctness break), as `compare` exits 1 on a regression; 2: error. Outputs are checked
     before the first replay."""
@@ -410,9 +443,23 @@ def run_bisect_cli(snapshot, envs_path, mode: str = "isolated", kernels: Optiona
     except BisectError as e:
         return fail(str(e))
     log = (lambda s: err.write(s + "\n")) if as_json else (lambda s: (out.write(s + "\n"), out.flush()))
+    pool = None
+    if gpus > 1:
+        if any(e.device is not None for e in envs):
+            return fail("--gpus: an environment names a device; with --gpus each replay gets its own GPU from Ray")
+        from cudasnap.campaign.engine import EngineError
+        from cudasnap.campaign.replays import RayReplays
+        try:
+            pool = RayReplays(address, timeout=timeout)
+        except EngineError as e:
+            return fail(str(e))
+        pool.slots = min(gpus, pool.slots)
     try:
-        b = Bisector(snapshot, envs, mode, kernels, repeat, warmup, threshold, workdir=keep, timeout=timeout, log=log)
+        b = Bisector(snapshot, envs, mode, kernels, repeat, warmup, threshold, workdir=keep, timeout=timeout, log=log,
+                     pool=pool)
     except OSError as e:
+        if pool is not None:
+            pool.close()
         return fail(f"--keep {keep}: {e.strerror or e}")
     try:
         try:
@@ -438,6 +485,8 @@ def run_bisect_cli(snapshot, envs_path, mode: str = "isolated", kernels: Optiona
         return res["exit_code"]
     finally:
         b.close()
+        if pool is not None:
+            pool.close()
 
 
 def render_bisect(res: Dict[str, Any], out, top: int = 20) -> None:
