@@ -33,6 +33,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from cudasnap.formats import SnapshotError, SnapshotReader
 from cudasnap.formats import callset as cs
+from cudasnap.formats.abi import base_name
 from cudasnap.formats.outputs import OutputError, atomic_file, atomic_path, check_output
 
 REPORTS = ("api", "kernels", "memory")
@@ -128,7 +129,7 @@ class Calls:
 
 
 def _copy_kind(f: str, a: Mapping[str, Any]) -> int:
-    b = cs._base(f)
+    b = base_name(f)
     for tag, kind in _TAG_KIND:
         if tag in b:
             return kind

@@ -11,6 +11,7 @@ from collections import defaultdict
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from . import callset as cs
+from .abi import base_name
 
 SUMMARY_VERSION = 1
 _SIZE_KEYS = ("ByteCount", "byteCount", "bytes", "bytesize", "byteSize", "size", "Size", "N", "count", "Count")
@@ -51,7 +52,7 @@ def memset_bytes(f: str, a: Mapping[str, Any]) -> int:
 
 
 def copy_direction(f: str, a: Mapping[str, Any]) -> str:
-    b = cs._base(f)
+    b = base_name(f)
     for tag, kind in (("HtoD", "H2D"), ("DtoH", "D2H"), ("DtoD", "D2D"), ("HtoA", "H2D"),
                       ("AtoH", "D2H"), ("DtoA", "D2D"), ("AtoD", "D2D"), ("AtoA", "D2D"), ("Peer", "P2P")):
         if tag in b:

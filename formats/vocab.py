@@ -65,8 +65,8 @@ def is_launch(f: str) -> bool:
     return f.startswith("cuLaunch") and not f.startswith("cuLaunchHostFunc")
 
 
-def is_graph_launch(f: str) -> bool:
-    return base_name(f) == "cuGraphLaunch"
+def is_graph_launch(f: Optional[str]) -> bool:
+    return base_name(f or "") == "cuGraphLaunch"
 
 
 def is_workload(f: str) -> bool:

@@ -17,6 +17,8 @@ from collections import Counter
 from itertools import compress
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
+from cudasnap.shim.description import load as load_description
+
 from . import dispatch
 from .layout import packer, sizeof
 from .slots import Ranges, SlotMap, Slots  # noqa: F401  (the engine takes them from here)
@@ -203,7 +205,7 @@ class Planner:
             kinds = _BY_HANDLER.get(getattr(h.fn, "__name__", ""))
             if kinds:
                 try:                          # the base name, from the API description
-                    base = (dispatch._desc().by_name(f) or {}).get("base")
+                    base = (load_description().by_name(f) or {}).get("base")
                 except Exception:
                     base = None
                 kk = kinds.get(base or "")

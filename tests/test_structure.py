@@ -181,3 +181,167 @@ def test_handlers_never_import_the_engine():
 def test_cycle_finder_finds_a_circle():
     g = {"p.a": {"p.b"}, "p.b": {"p.c"}, "p.c": {"p.a"}, "p.d": {"p.a"}, "q": {"p.a"}}
     assert cycles_within(g, "p") == [["p.a", "p.b", "p.c"]]
+
+
+# ------------------------------------------------------------------ layers
+# lowest first; a module may import its own layer or a lower one (capture and replay, siblings,
+# never each other: test above). The root package (cli/) is the command line, the top.
+LAYERS = (("cudasnap.formats", "cudasnap.shim"), ("cudasnap.capture", "cudasnap.replay"),
+          ("cudasnap.export", "cudasnap.compare", "cudasnap.campaign"), ("cudasnap",))
+
+
+def layer_of(mod: str) -> int:
+    for i, prefixes in reversed(list(enumerate(LAYERS))):
+        if any(mod == p or mod.startswith(p + ".") for p in prefixes if p != "cudasnap"):
+            return i
+    return len(LAYERS) - 1          # cudasnap itself and the modules of cli/
+
+
+def upward_imports(g: Dict[str, Set[str]]) -> List[str]:
+    return sorted(f"{m} -> {d}" for m in g for d in g[m] if layer_of(d) > layer_of(m))
+
+
+# Existing upward imports, each to be removed, never added to: this list only shrinks.
+UPWARD_ALLOWED = {
+    "cudasnap.campaign.report -> cudasnap.console",     # to cudasnap.formats.console
+}
+
+
+def test_no_import_from_a_lower_layer_to_a_higher_one():
+    assert layer_of("cudasnap.replay.handlers.ipc") == 1 and layer_of("cudasnap.cli") == 3
+    assert layer_of("cudasnap") == 3 and layer_of("cudasnap.shim.description") == 0
+    up = upward_imports(import_graph())
+    assert sorted(set(up) - UPWARD_ALLOWED) == [], "an import from a lower layer to a higher one"
+    assert sorted(UPWARD_ALLOWED - set(up)) == [], "gone: take it off UPWARD_ALLOWED"
+
+
+def test_version_and_console_come_from_below():
+    """capture, replay, export and compare reach the version and the console through
+    formats/console.py, never through the package root (the command line)."""
+    g = import_graph()
+    for layer in ("cudasnap.capture", "cudasnap.replay", "cudasnap.export", "cudasnap.compare"):
+        assert [e for e in _edges(g, layer, "cudasnap") if layer_of(e.split(" -> ")[1]) == 3] == []
+
+
+# ------------------------------------------------------------------ handlers are a leaf
+# Existing imports of replay/handlers/ from outside it and the dispatcher: this list only shrinks.
+HANDLER_IMPORTS_ALLOWED = {
+    "cudasnap.replay.batchrun -> cudasnap.replay.handlers.module",
+    "cudasnap.replay.context -> cudasnap.replay.handlers.state",
+    "cudasnap.replay.events -> cudasnap.replay.handlers.launch",
+    "cudasnap.replay.override -> cudasnap.replay.handlers.module",
+    "cudasnap.replay.profile.graphmode -> cudasnap.replay.handlers.graph",
+    "cudasnap.replay.profile.isolated -> cudasnap.replay.handlers.launch",
+    "cudasnap.replay.profile.timeline -> cudasnap.replay.handlers.graph",
+}
+
+
+def handler_imports(g: Dict[str, Set[str]]) -> List[str]:
+    inside = ("cudasnap.replay.handlers", "cudasnap.replay.dispatch")
+    return sorted(e for e in _edges(g, "cudasnap", "cudasnap.replay.handlers")
+                  if not e.split(" -> ")[0].startswith(inside))
+
+
+def test_handlers_are_imported_only_by_the_dispatcher():
+    found = handler_imports(import_graph())
+    assert sorted(set(found) - HANDLER_IMPORTS_ALLOWED) == [], "a new import of replay/handlers/"
+    assert sorted(HANDLER_IMPORTS_ALLOWED - set(found)) == [], "gone: take it off HANDLER_IMPORTS_ALLOWED"
+
+
+# ------------------------------------------------------------------ private names stay home
+def private_imports() -> List[str]:
+    """'module -> other._name' for every private name (one leading underscore) a module takes
+    from another cudasnap module: `from other import _name`, or `other._name` on a module it
+    imported."""
+    mods = _modules()
+    out: Set[str] = set()
+    for mod, path in mods.items():
+        if path is None:
+            continue
+        pkg = mod if _is_pkg(mods, mod) else mod.rpartition(".")[0]
+        tree = ast.parse(path.read_text(), str(path))
+        bound: Dict[str, str] = {}           # local name -> cudasnap module it is
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = pkg.split(".")
+                    base = base[:len(base) - (node.level - 1)]
+                    frm = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    frm = node.module or ""
+                if not frm.startswith("cudasnap"):
+                    continue
+                for a in node.names:
+                    full = f"{frm}.{a.name}"
+                    if full in mods:
+                        bound[a.asname or a.name] = full
+                    elif a.name.startswith("_") and not a.name.startswith("__") and _resolve(mods, frm) != mod:
+                        out.add(f"{mod} -> {_resolve(mods, frm)}.{a.name}")
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.startswith("cudasnap") and a.asname and a.name in mods:
+                        bound[a.asname] = a.name
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id in bound and node.attr.startswith("_") and not node.attr.startswith("__")
+                    and bound[node.value.id] != mod and f"{bound[node.value.id]}.{node.attr}" not in mods):
+                out.add(f"{mod} -> {bound[node.value.id]}.{node.attr}")
+    return sorted(out)
+
+
+# Existing ones, each to be made public or moved home: this list only shrinks.
+PRIVATE_ALLOWED = {
+    "cudasnap.campaign.replays -> cudasnap.campaign.worker._die_with_parent",
+    "cudasnap.campaign.rules -> cudasnap.compare.core._key",
+    "cudasnap.campaign.rules -> cudasnap.compare.core._launch_noise",
+    "cudasnap.campaign.rules -> cudasnap.compare.core._launch_time",
+    "cudasnap.campaign.rules -> cudasnap.compare.core._rel_std",
+    "cudasnap.campaign.rules -> cudasnap.compare.core._weighted",
+    "cudasnap.capture.flight -> cudasnap.capture.window._copied",
+    "cudasnap.formats.chunkio -> cudasnap.formats.container._decompressor",
+    "cudasnap.formats.reader -> cudasnap.formats.container._decompressor",
+    "cudasnap.replay.context -> cudasnap.replay.driverops._code",
+    "cudasnap.replay.engine -> cudasnap.replay.driverops._code",
+    "cudasnap.replay.engine -> cudasnap.replay.driverops._ival",
+    "cudasnap.replay.events -> cudasnap.replay.handlers.launch._Params",
+    "cudasnap.replay.handlers.graph -> cudasnap.replay.driverops._ival",
+    "cudasnap.replay.plannative -> cudasnap.replay.plan._OP",
+    "cudasnap.replay.profile.graphmode -> cudasnap.replay.driverops._code",
+    "cudasnap.replay.profile.isolated -> cudasnap.replay.handlers.launch._Params",
+    "cudasnap.stats -> cudasnap.inspect_cmds._copy_bytes",
+    "cudasnap.stats -> cudasnap.inspect_cmds._memset_bytes",
+}
+
+
+def test_no_private_name_imported_across_modules():
+    found = private_imports()
+    print(f"{len(found)} private names imported across modules (allowed: {len(PRIVATE_ALLOWED)})")
+    assert sorted(set(found) - PRIVATE_ALLOWED) == [], "a private name imported across modules"
+    assert sorted(PRIVATE_ALLOWED - set(found)) == [], "gone: take it off PRIVATE_ALLOWED"
+
+
+# ------------------------------------------------------------------ one vocabulary
+def test_one_definition_of_each_vocabulary_predicate():
+    """What a call record is (formats/vocab.py) is defined there only: no module defines a
+    function of the same name, private or not, nor the old aliases."""
+    vocab = ast.parse((ROOT / "formats" / "vocab.py").read_text())
+    names = {n.name for n in vocab.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")}
+    assert {"is_launch", "is_query", "is_graph_launch", "is_workload", "alloc_range", "replay_class",
+            "family"} <= names
+    banned = names | {f"_{n}" for n in names} | {"is_launch_call", "is_data_work"}
+    found = []
+    for mod, path in _modules().items():
+        # gen_api computes each name's class when it writes the description vocab.py reads
+        if path is None or mod in ("cudasnap.formats.vocab", "cudasnap.shim.gen_api"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in banned:
+                found.append(f"{mod}.{node.name}")
+    assert found == []
+
+
+def test_bench_index_names_every_file():
+    index = (ROOT / "bench" / "README.md").read_text()
+    files = [p.relative_to(ROOT / "bench").as_posix() for p in (ROOT / "bench").rglob("*")
+             if p.is_file() and "__pycache__" not in p.parts and p.name not in ("README.md", "RESULTS.md")]
+    assert files and [f for f in sorted(files) if f"`{f}`" not in index] == []

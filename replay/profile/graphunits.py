@@ -22,16 +22,12 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from cudasnap.formats.abi import base_name
 
-from cudasnap.formats.vocab import is_launch
+from cudasnap.formats.vocab import is_graph_launch, is_launch  # noqa: F401  (isolated.py takes it from here)
 from .common import LaunchGate, MemorySaver, ranges_for, stats
 
 
 def _base(f: str) -> str:
     return base_name(f or "")
-
-
-def is_graph_launch(f: str) -> bool:
-    return _base(f) == "cuGraphLaunch"
 
 
 # ----------------------------------------------------------------------------- CUPTI windows
