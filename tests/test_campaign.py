@@ -311,12 +311,12 @@ def test_history_attribution_across_runs(tmp_path):
 def test_bisect_k_ary_on_two_gpus(cluster, tmp_path):
     """bisect --gpus 2: each round replays two environments at once through Ray; the first
     slow environment of seven is found."""
-    steady = '{ CUDA_DOUBLE_SLOW = "*:1", CUDA_DOUBLE_SLOW_FLOOR_US = "2000" }'
-    slow = '{ CUDA_DOUBLE_SLOW = "*:1,fill:4", CUDA_DOUBLE_SLOW_FLOOR_US = "2000" }'
+    steady = '{ CUDA_DOUBLE_SLOW = "*:1", CUDA_DOUBLE_SLOW_FLOOR_US = "4000" }'
+    slow = '{ CUDA_DOUBLE_SLOW = "*:1,fill:4", CUDA_DOUBLE_SLOW_FLOOR_US = "4000" }'
     envs = tmp_path / "envs.toml"
     envs.write_text("".join(f'[[env]]\nname = "e{i}"\nvars = {steady if i < 3 else slow}\n' for i in range(7)))
-    cp = _cli(cluster, "bisect", cluster["snaps"] / "s0.cusnap", "--envs", envs, "--repeat", "5", "--warmup", "1",
-              "--threshold", "20", "--gpus", "2", "--address", cluster["address"], "--json")
+    cp = _cli(cluster, "bisect", cluster["snaps"] / "s0.cusnap", "--envs", envs, "--repeat", "7", "--warmup", "1",
+              "--threshold", "30", "--gpus", "2", "--address", cluster["address"], "--json")
     assert cp.returncode == 1, cp.stdout[-2000:] + cp.stderr[-2000:]
     res = json.loads(cp.stdout)
     assert res["first_bad"]["name"] == "e3" and res["last_good"]["name"] == "e2"
