@@ -25,7 +25,7 @@ def _before_work(snapshot, output, force: bool, kind: str) -> Optional[str]:
         check_output(output, force, kind, [snapshot])
     except OutputError as e:
         return str(e)
-    from cudasnap.replay import snapshot_problem
+    from cudasnap.replay.preflight import snapshot_problem
     return snapshot_problem(snapshot)
 
 

@@ -486,7 +486,6 @@ class Emitter:
                 raise ExportError(f"--calls {self.calls_spec}: no launch, copy or memset of the snapshot is "
                                   f"among those calls")
             self.plan_placement()
-            from cudasnap.replay import dispatch
             for rec in self.reader.records():
                 k = rec.get("k")
                 if k == "fn":
@@ -499,7 +498,7 @@ class Emitter:
                     self.res.notes.append(f"call #{rec.get('s')} {rec.get('f')} never returned in the recording "
                                           f"(the program died in it); the export ends there")
                     break
-                self.one(rec, dispatch)
+                self.one(rec)
             if self.dropped_note():
                 self.res.notes.append(self.dropped_note())
             if self.reader.truncated:
@@ -525,7 +524,7 @@ class Emitter:
         if i is not None and self.slot_name.get(("function", i)) not in (None, rec.get("name")):
             self.slots.drop("function", h)
 
-    def one(self, rec, dispatch) -> None:
+    def one(self, rec) -> None:
         f = rec.get("f") or ""
         b = base_name(f)
         method = TABLE.get(b) or TABLE.get(f)

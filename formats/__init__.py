@@ -1,6 +1,8 @@
 """cudasnap.formats: the .cusnap snapshot container (see SCHEMA.md).
 
-The neutral core of cudasnap: imports no other cudasnap part.
+The neutral core of cudasnap: imports no other cudasnap part but the API description's loader
+(vocab.py: what kind of call a record is). console.py holds the version and the console every
+layer uses.
 """
 from .container import CHUNK_SIZE, FORMAT_VERSION, MAX_FRAME, SCHEMA_VERSION, SnapshotError
 from .reader import SnapshotReader

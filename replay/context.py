@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 from cudasnap.formats import SnapshotError, cu_result_name
 from cudasnap.formats.abi import per_thread
 
-from .driverops import _code
+from .driverops import result_code
 from .errors import DriverCallError, ReplayError
 from .placement import scan_payload
 from .verify import compare
@@ -192,7 +192,7 @@ class ReplayContext:
         if fn is None:
             self.fail(rec, f"the driver bindings lack {name}")
         res = fn(*args)
-        code = _code(res[0])
+        code = result_code(res[0])
         want = rec.get("r", 0) if rec is not None else 0
         if code == 0 and want in (0, None):
             return res[1] if len(res) == 2 else tuple(res[1:])
@@ -220,7 +220,7 @@ class ReplayContext:
     def raw(self, name: str, *args):
         """Driver call outside any record; raises DriverCallError."""
         res = getattr(self.cu, name)(*args)
-        code = _code(res[0])
+        code = result_code(res[0])
         if code != 0:
             raise DriverCallError(name, code)
         return res[1] if len(res) == 2 else tuple(res[1:])

@@ -11,14 +11,16 @@ from typing import Optional
 from .errors import DriverCallError  # noqa: F401  (re-exported: callers import it from here)
 
 
-def _code(err) -> int:
+def result_code(err) -> int:
+    """A CUresult from cuda-python (an enum member or an int) as an int."""
     try:
         return int(err)
     except Exception:
         return int(getattr(err, "value", 1))
 
 
-def _ival(x) -> int:
+def handle_int(x) -> int:
+    """A cuda-python handle or pointer (CUdeviceptr, CUcontext, ..., an int or None) as an int."""
     if x is None:
         return 0
     try:
@@ -45,7 +47,7 @@ class DriverOps:
             return self.device
         try:
             res = self.cu.cuCtxGetDevice()
-            if _code(res[0]) == 0:
+            if result_code(res[0]) == 0:
                 return int(res[1])
         except Exception:
             pass
@@ -60,7 +62,7 @@ class DriverOps:
                     continue
                 try:
                     res = self.cu.cuDeviceCanAccessPeer(self.cu.CUdevice(d), self.cu.CUdevice(dev))
-                    if _code(res[0]) == 0 and int(res[1]):
+                    if result_code(res[0]) == 0 and int(res[1]):
                         out.append(d)
                 except Exception:
                     pass
@@ -69,7 +71,7 @@ class DriverOps:
 
     def _c(self, name, *args):
         res = getattr(self.cu, name)(*args)
-        code = _code(res[0])
+        code = result_code(res[0])
         if code != 0:
             raise DriverCallError(name, code)
         return res[1] if len(res) == 2 else res[1:]
@@ -91,7 +93,7 @@ class DriverOps:
                            cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM))
 
     def reserve(self, size: int, addr: int, align: int = 0) -> int:
-        return _ival(self._c("cuMemAddressReserve", size, align, addr, 0))
+        return handle_int(self._c("cuMemAddressReserve", size, align, addr, 0))
 
     def free_va(self, addr: int, size: int) -> None:
         self._c("cuMemAddressFree", addr, size)
@@ -121,7 +123,7 @@ class DriverOps:
         self._c("cuMemSetAccess", addr, size, descs, len(descs))
 
     def mem_alloc(self, size: int) -> int:
-        return _ival(self._c("cuMemAlloc", max(size, 1)))
+        return handle_int(self._c("cuMemAlloc", max(size, 1)))
 
     def mem_free(self, addr: int) -> None:
         self._c("cuMemFree", addr)

@@ -17,7 +17,7 @@ from cudasnap.formats.vocab import alloc_range, is_launch, is_query, is_workload
 from . import dispatch, plan
 from .batchrun import D2H_AHEAD_EACH, D2H_AHEAD_TOTAL, SYNC_TIMES_MAX, BatchRunner, ExpectedBlobs
 from .context import ReplayContext
-from .driverops import DriverOps, Watchdog, _code, _ival
+from .driverops import DriverOps, Watchdog, result_code, handle_int
 from .errors import DriverCallError, ReplayError
 from .options import ReplayOptions, ReplayResult
 from . import hostplace
@@ -340,8 +340,8 @@ class Replayer(BatchRunner):
         except Exception as e:  # the bindings could not load libcuda.so.1
             raise ReplayError(f"no CUDA driver: cannot load libcuda.so.1 ({type(e).__name__}: "
                               f"{str(e).splitlines()[0] if str(e) else ''})")
-        if _code(r[0]) != 0:
-            raise ReplayError(f"cuInit failed: {cu_result_name(_code(r[0]))} (no usable GPU or driver?)")
+        if result_code(r[0]) != 0:
+            raise ReplayError(f"cuInit failed: {cu_result_name(result_code(r[0]))} (no usable GPU or driver?)")
         try:
             cnt = self.raw("cuDeviceGetCount")
         except DriverCallError as e:
@@ -472,7 +472,7 @@ class Replayer(BatchRunner):
         if self.initialized:
             try:
                 cur = self.cu.cuCtxGetCurrent()
-                if _code(cur[0]) == 0 and _ival(cur[1]):
+                if result_code(cur[0]) == 0 and handle_int(cur[1]):
                     self._guard("final cuCtxSynchronize", lambda: self.cu.cuCtxSynchronize())
             except Exception:
                 pass
@@ -519,7 +519,7 @@ class Replayer(BatchRunner):
     def _profiler_call(self, name: str, seq) -> bool:
         p = self.res.profiler
         try:
-            code = _code(getattr(self.cu, name)()[0])
+            code = result_code(getattr(self.cu, name)()[0])
         except Exception as e:                          # bindings without it: say so, go on
             self.note(f"{name}: {type(e).__name__}: {e}")
             return False

@@ -22,7 +22,7 @@ import ctypes
 import struct
 from typing import Any, List, Optional
 
-from ..driverops import _ival
+from ..driverops import handle_int
 from ..layout import offsetof, sizeof
 from . import handles
 
@@ -122,7 +122,7 @@ def context(rp, rec, h):
         from .context import ctx_or_primary
         return ctx_or_primary(rp, rec, h)
     r = rp.cu.cuCtxGetCurrent()
-    return r[1] if len(r) > 1 and _ival(r[0]) == 0 else rp.cu.CUcontext(0)
+    return r[1] if len(r) > 1 and handle_int(r[0]) == 0 else rp.cu.CUcontext(0)
 
 
 def stream_capturing(rp, rec_s, live_s=None) -> bool:
@@ -134,7 +134,7 @@ def stream_capturing(rp, rec_s, live_s=None) -> bool:
         return False
     try:
         r = rp.cu.cuStreamIsCapturing(live_s)
-        return len(r) > 1 and _ival(r[0]) == 0 and _ival(r[1]) != 0
+        return len(r) > 1 and handle_int(r[0]) == 0 and handle_int(r[1]) != 0
     except Exception:
         return False
 
@@ -337,8 +337,8 @@ def kernel_params(rp, rec, raw: bytearray, off: int = 0) -> bytearray:
     ctx = _u64(raw, off + 64)
     # kernelParams @40 -> NULL, extra @48 -> packed buffer, kern @56 -> NULL (func is set), ctx @64
     struct.pack_into("<QQQQ", raw, off + 40, 0, ctypes.addressof(args.extra), 0,
-                     _ival(context(rp, rec, ctx)) if ctx else 0)
-    struct.pack_into("<Q", raw, off, _ival(fn))
+                     handle_int(context(rp, rec, ctx)) if ctx else 0)
+    struct.pack_into("<Q", raw, off, handle_int(fn))
     return raw
 
 
@@ -376,20 +376,20 @@ def node_params(rp, rec, key: str = "nodeParams"):
         # CUDA_MEMCPY_NODE_PARAMS: flags, reserved, copyCtx @8, copyParams @16
         memcpy3d_params(rp, rec, raw, u + 16)
         c = _u64(raw, u + 8)
-        struct.pack_into("<Q", raw, u + 8, _ival(context(rp, rec, c)) if c else 0)
+        struct.pack_into("<Q", raw, u + 8, handle_int(context(rp, rec, c)) if c else 0)
     elif t == NT_MEMSET:
         memset_params(rp, rec, raw, u)
         c = _u64(raw, u + 40)
-        struct.pack_into("<Q", raw, u + 40, _ival(context(rp, rec, c)) if c else 0)
+        struct.pack_into("<Q", raw, u + 40, handle_int(context(rp, rec, c)) if c else 0)
     elif t == NT_HOST:
         raw[:] = bytes(NODE_PARAMS_SIZE)
         struct.pack_into("<I", raw, 0, NT_EMPTY)
         _note_once(rp, "host", f"call #{rec.get('s')} {rec['f']}: graph host nodes (callbacks of the recorded "
                                f"process) are replayed as empty nodes")
     elif t == NT_GRAPH:
-        struct.pack_into("<Q", raw, u, _ival(graph(rp, rec, _u64(raw, u), "child graph")))
+        struct.pack_into("<Q", raw, u, handle_int(graph(rp, rec, _u64(raw, u), "child graph")))
     elif t in (NT_WAIT_EVENT, NT_EVENT_RECORD):
-        struct.pack_into("<Q", raw, u, _ival(rp.live(rec, _u64(raw, u), "event")))
+        struct.pack_into("<Q", raw, u, handle_int(rp.live(rec, _u64(raw, u), "event")))
     elif t == NT_EMPTY:
         pass
     elif t == NT_CONDITIONAL:
@@ -402,9 +402,9 @@ def node_params(rp, rec, key: str = "nodeParams"):
         bodies = (ctypes.c_uint64 * max(size, 1))()
         keep_forever(rp, bodies)
         c = _u64(raw, u + 24)
-        struct.pack_into("<Q", raw, u, _ival(live_h))
+        struct.pack_into("<Q", raw, u, handle_int(live_h))
         struct.pack_into("<Q", raw, u + 16, ctypes.addressof(bodies))
-        struct.pack_into("<Q", raw, u + 24, _ival(context(rp, rec, c)) if c else 0)
+        struct.pack_into("<Q", raw, u + 24, handle_int(context(rp, rec, c)) if c else 0)
         bodies = (bodies, size)
     else:
         rp.fail(rec, f"{NODE_TYPE_NAMES.get(t, f'type {t}')} nodes are not supported by the replayer")
@@ -526,8 +526,8 @@ def conditional_handle_create(rp, rec):
         return
     rec_h = a.get("pHandle_out")
     rp.set_handle(rec_h, h, "conditional handle")
-    if isinstance(rec_h, int) and rec_h and _ival(h) != rec_h:
-        rp.cond_handles[rec_h] = _ival(h)
+    if isinstance(rec_h, int) and rec_h and handle_int(h) != rec_h:
+        rp.cond_handles[rec_h] = handle_int(h)
 
 
 def patch_conditional_handles(rp, rec, params: bytes, layout) -> bytes:

@@ -316,12 +316,12 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
 
     def _wait(self, stream, what: str) -> None:
         """cuStreamSynchronize with a time limit (polls cuStreamQuery)."""
-        from ..driverops import DriverCallError, _code
+        from ..driverops import DriverCallError, result_code
         cu = self.rp.cu
         t_end = time.monotonic() + self.timeout
         delay = 0.0
         while True:
-            code = _code(cu.cuStreamQuery(stream)[0])
+            code = result_code(cu.cuStreamQuery(stream)[0])
             if code == 0:
                 return
             if code != CUDA_ERROR_NOT_READY:
