@@ -47,10 +47,17 @@ cap() {  # cap NAME GPU CMD...
   echo "$name: capture exit $? ($(du -h "snaps/$name.cusnap" 2>/dev/null | cut -f1))"
 }
 PY=python3
-cap demo_ab 0 ./demo_ab 4194304 8 & cap ptrs 1 ./ptrs & cap mt_launch 2 ./mt_launch 4 8 &
-cap torch_mlp_infer 3 $PY "$ROOT/bench/demo_torch_mlp.py" 16 2048 & wait
-cap torch_eager 0 $PY "$WL/torch_eager.py" & cap torch_train 1 $PY "$ROOT/bench/demo_torch_train.py" 4 1024 4 &
-cap jax_jit 2 $PY "$WL/jax_jit.py" & cap cupy_libs 3 $PY "$WL/cupy_libs.py" & wait
+# wait for the captures by pid: a bare `wait` also waits for the tee of the log (a process
+# substitution, bash >= 5.1), which ends only with the script
+pids=()
+cap demo_ab 0 ./demo_ab 4194304 8 & pids+=($!); cap ptrs 1 ./ptrs & pids+=($!)
+cap mt_launch 2 ./mt_launch 4 8 & pids+=($!)
+cap torch_mlp_infer 3 $PY "$ROOT/bench/demo_torch_mlp.py" 16 2048 & pids+=($!)
+wait "${pids[@]}"; pids=()
+cap torch_eager 0 $PY "$WL/torch_eager.py" & pids+=($!)
+cap torch_train 1 $PY "$ROOT/bench/demo_torch_train.py" 4 1024 4 & pids+=($!)
+cap jax_jit 2 $PY "$WL/jax_jit.py" & pids+=($!); cap cupy_libs 3 $PY "$WL/cupy_libs.py" & pids+=($!)
+wait "${pids[@]}"
 cap jax_train 0 $PY "$WL/jax_train.py"
 ls snaps/*.cusnap | wc -l | xargs echo "snapshots:"
 echo "build + captures: $(( $(date +%s) - T0 )) s"
