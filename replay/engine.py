@@ -272,6 +272,7 @@ class Replayer(BatchRunner):
                           f"({rec.get('lost_records', 0)} records known lost); calls may be missing from it")
             elif k == "ctx" and isinstance(rec.get("h"), int):
                 self.ctx_ids.setdefault(rec["h"], dict(rec))
+
             elif k == "region" and isinstance(rec.get("base"), int) and isinstance(rec.get("size"), int):
                 # capture's placement zone: reserved whole, first, so allocations land inside
                 self.regions.append((rec["base"], rec["size"]))
@@ -407,7 +408,6 @@ class Replayer(BatchRunner):
                     gc.enable()
             self.res.total_calls = self.total
             self.selection.prepare(self)
-            self._start_prefetch()
             why = self.selection.nothing(self)
             if why:                        # before any driver work
                 self.empty_selection = why
@@ -416,6 +416,7 @@ class Replayer(BatchRunner):
                 from .selection import StaleResults
                 self._stale = StaleResults(lambda: self.space)
                 self.ctx.hooks.stale = self._stale.stale
+            self._start_prefetch()
             if self._host_ranges:          # before the driver maps anything there
                 hostplace.reserve(self._host_ranges)
             self.cu = self._load_driver()
@@ -563,6 +564,7 @@ class Replayer(BatchRunner):
                 prog = Progress(transient=True, console=Console(stderr=True))
                 prog.start()
                 task = prog.add_task("replaying", total=self.total)
+                self.progress_bar = prog        # a profiler's phases go on it (one live display)
             except Exception:
                 prog = None
         self._executor = None
@@ -600,6 +602,7 @@ class Replayer(BatchRunner):
             self.res.loop_end_mono = time.monotonic()
             gc.unfreeze()
             if prog is not None:
+                self.progress_bar = None
                 prog.stop()
 
     # ------------------------------------------------------------------ pace
@@ -714,11 +717,11 @@ class Replayer(BatchRunner):
             return
         if not self._selected(rec):
             self.res.filtered += 1
+            if self._stale is not None:
+                self._stale.skipped(rec)
             return
         if f != "cuInit":
             self.ensure_init(rec)
-            if self._stale is not None:
-                self._stale.skipped(rec)
         tid = rec.get("tid")
         if not threaded and tid != self._last_tid and self._last_tid is not None and tid in self.cur_ctx:
             try:
@@ -754,11 +757,11 @@ class Replayer(BatchRunner):
             if self._pr_state == 1 and isinstance(seq, int) and seq >= (self._workload_last or 0):
                 self._profiler_stop(seq)
         self.res.calls += 1
+        if self._stale is not None:
+            self._stale.ran(rec)
         fam = h.family
         self.res.by_family[fam] = self.res.by_family.get(fam, 0) + 1
         sync = _SYNC_CALLS.get(f)
-        if self._stale is not None:
-            self._stale.ran(rec)
         if sync is None:
             sync = _SYNC_CALLS[f] = base_name(f) in ("cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize")
         if sync:
