@@ -34,7 +34,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+
 import xxhash
+
+from cudasnap.formats.tomlfile import TomlFileError, load_toml
 
 
 class PlanError(Exception):
@@ -117,23 +120,9 @@ class Campaign:
 
 def toml_load(path: str) -> Dict[str, Any]:
     try:
-        import tomllib  # Python 3.11+
-    except ModuleNotFoundError:
-        try:
-            import tomli as tomllib  # type: ignore
-        except ModuleNotFoundError:
-            raise PlanError("reading a campaign file needs Python 3.11+ (tomllib) or the tomli package: pip install tomli")
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise PlanError(f"{path}: no such file")
-    except IsADirectoryError:
-        raise PlanError(f"{path}: a directory, not a campaign file")
-    except OSError as e:
-        raise PlanError(f"{path}: {e.strerror or e}")
-    except tomllib.TOMLDecodeError as e:
-        raise PlanError(f"{path}: not valid TOML: {e}")
+        return load_toml(path, "campaign file")
+    except TomlFileError as e:
+        raise PlanError(str(e))
 
 
 def _file_digest(path: str) -> Optional[str]:

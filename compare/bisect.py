@@ -32,6 +32,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from cudasnap.formats.tomlfile import TomlFileError, load_toml
+
 from .core import SLOWER, CompareError, compare, facts, load_profile
 
 
@@ -50,25 +52,9 @@ class Env:
 
 def _toml_load(path: str) -> Dict[str, Any]:
     try:
-        import tomllib  # Python 3.11+
-    except ModuleNotFoundError:
-        try:
-            import tomli as tomllib  # type: ignore
-        except ModuleNotFoundError:
-            raise BisectError("reading ENVS.toml needs Python 3.11+ (tomllib) or the tomli package: pip install tomli")
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise BisectError(f"{path}: no such file")
-    except OSError as e:
-        raise BisectError(f"{path}: {e.strerror or e}")
-    except tomllib.TOMLDecodeError as e:
-        raise BisectError(f"{path}: not valid TOML: {e}")
-    except UnicodeDecodeError:
-        raise BisectError(f"{path}: not valid TOML: not UTF-8 text")
-    except IsADirectoryError:
-        raise BisectError(f"{path} is a directory: give the ENVS.toml file")
+        return load_toml(path, "ENVS.toml file")
+    except TomlFileError as e:
+        raise BisectError(str(e))
 
 
 def load_envs(path) -> List[Env]:
