@@ -579,6 +579,8 @@ def extract(
 
 from cudasnap.campaign_cmd import campaign_app  # noqa: E402
 app.add_typer(campaign_app, name="campaign")
+from cudasnap.advise_cmd import register as _register_advise  # noqa: E402
+_register_advise(app, _Command)
 
 
 def _flight_default(argv: List[str]) -> List[str]:

@@ -1,0 +1,154 @@
+"""`cudasnap advise SNAPSHOT|PROFILE.json`: ranked findings from a timeline profile, each with
+its evidence and the time at stake, and what-ifs measured by replays.
+
+Given a snapshot, advise replays it under `--profile timeline` (a child process, with a trace
+for copies, memsets and NVTX ranges); given a profile JSON it reads it and replays the snapshot
+the profile names for the what-ifs, or says why it cannot. Findings come from the timeline
+alone (advise/findings.py); what-ifs (advise/whatif.py) are replays of their own: a launch-bound
+stretch as a CUDA graph, a rebuilt kernel (--replace), other launch sizes (--launch-override).
+
+Python API:
+
+    from cudasnap.advise import AdviseConfig, advise
+    result = advise("x.cusnap", AdviseConfig(top=5))
+    result["findings"][0]["at_stake_us"], result["findings"][0].get("what_if")
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from cudasnap.formats.console import tool_version
+
+from .findings import (Limits, Timeline, heavy_kernels, host_gaps, launch_bound, library_candidates,
+                       recorded_transfers, small_transfers)
+from .source import AdviseError, Source, is_profile_json, read_profile, snapshot_calls, take_profile, \
+    trace_device_ops, trace_nvtx
+from .whatif import graph_whatif, override_selection, replace_selection, variant_whatif
+
+__all__ = ["AdviseConfig", "AdviseError", "advise"]
+
+
+@dataclass
+class AdviseConfig:
+    top: int = 10
+    what_if: bool = True
+    graph_stretches: int = 3            # launch-bound stretches measured as graphs, largest first
+    replace: List[str] = field(default_factory=list)
+    launch_override: Optional[str] = None
+    pace: str = "recorded"              # the timeline replay keeps the program's host gaps
+    device: int = 0
+    repeat: int = 10
+    warmup: int = 3
+    timeout: Optional[float] = None     # per replay
+    limits: Limits = field(default_factory=Limits)
+
+
+def _load(path: str, cfg: AdviseConfig) -> Source:
+    try:
+        profile = is_profile_json(path)
+    except OSError as e:
+        raise AdviseError(f"{path}: {e.strerror or e}") from None
+    if profile:
+        return read_profile(path)
+    from cudasnap.replay.preflight import snapshot_problem
+    problem = snapshot_problem(path)
+    if problem:
+        raise AdviseError(problem)
+    return take_profile(path, cfg.pace, cfg.timeout, cfg.device)
+
+
+def advise(path: str, cfg: Optional[AdviseConfig] = None, progress=None) -> Dict[str, Any]:
+    """Findings for a snapshot or a timeline profile JSON; raises AdviseError for bad input.
+    progress(msg): told before each replay."""
+    cfg = cfg or AdviseConfig()
+    say = progress or (lambda msg: None)
+    t_start = time.monotonic()
+    if not is_profile_json_safe(path):
+        say("replaying under --profile timeline")
+    src = _load(path, cfg)
+    p = src.profile
+    ops = trace_device_ops(src.trace)
+    nvtx = trace_nvtx(src.trace)
+    tl = Timeline(p, ops)
+    lim = cfg.limits
+    snap_for_records = src.snapshot
+    stretches = launch_bound(tl, lim)
+    for f in stretches:
+        held = snapshot_calls(snap_for_records, f["evidence"]["first_seq"] or 0, f["evidence"]["last_seq"] or -1)
+        if held:
+            f["evidence"]["holds"] = held
+    findings = (stretches + host_gaps(tl, lim, nvtx) + heavy_kernels(p, lim) + library_candidates(p)
+                + small_transfers(tl, lim, None if ops else recorded_transfers(snap_for_records)))
+    whatifs: List[Dict[str, Any]] = []
+    why_not = None
+    if not cfg.what_if:
+        why_not = "--no-what-if"
+    elif src.snapshot is None:
+        why_not = f"no snapshot to replay: {src.no_snapshot_why}"
+    if why_not is None:
+        ranked = sorted(stretches, key=lambda f: -f["at_stake_us"])
+        for f in ranked[cfg.graph_stretches:]:
+            f["what_if"] = {"kind": "graph", "measured": False,
+                            "why": f"not among the {cfg.graph_stretches} largest stretches (--graphs)"}
+        for f in ranked[:cfg.graph_stretches]:
+            say(f"what-if: stretch {f['evidence']['first_seq']}-{f['evidence']['last_seq']} as a CUDA graph")
+            w = graph_whatif(src.snapshot, f, cfg.device, cfg.repeat, cfg.warmup, cfg.timeout)
+            f["what_if"] = w
+            if w.get("measured"):
+                f["estimate_us"] = f["at_stake_us"]
+                f["at_stake_us"] = max(w["gain_us"], 0.0)
+                f["basis"] = "measured: the stretch's span minus its graph's time"
+        for spec in cfg.replace:
+            say(f"what-if: --replace {spec}")
+            whatifs.append(variant_whatif(src.snapshot, "replace", f"--replace {spec}", ["--replace", spec],
+                                          replace_selection(spec), cfg.device, cfg.repeat, cfg.warmup, cfg.timeout))
+        if cfg.launch_override:
+            say(f"what-if: --launch-override {cfg.launch_override}")
+            whatifs.append(variant_whatif(src.snapshot, "launch-override", f"--launch-override {cfg.launch_override}",
+                                          ["--launch-override", cfg.launch_override],
+                                          override_selection(cfg.launch_override), cfg.device, cfg.repeat,
+                                          cfg.warmup, cfg.timeout))
+    else:
+        for f in stretches:
+            f["what_if"] = {"kind": "graph", "measured": False, "why": why_not}
+    for w in whatifs:                  # a measured change is a finding of its own
+        if w.get("measured"):
+            findings.append({"kind": w["kind"], "title": f"what-if {w['what']}: "
+                             + ("faster" if w["gain_us"] > 0 else "no faster") + " by measurement",
+                             "at_stake_us": round(max(w["gain_us"], 0.0), 3), "basis": "measured: isolated replays",
+                             "evidence": {"kernels": w["kernels"][:10], "verified": w["verified"]},
+                             "advice": "Keep the change" if w["gain_us"] > 0 and w["verified"] else
+                             "The change does not pay" if w["verified"] else "The change breaks the results",
+                             "what_if": w})
+    for f in findings:
+        f["share_of_span_pct"] = round(f["at_stake_us"] / tl.span_us * 100, 1) if tl.span_us else None
+    findings.sort(key=lambda f: -f["at_stake_us"])
+    for i, f in enumerate(findings, 1):
+        f["rank"] = i
+    run = p.get("run") or {}
+    return {
+        "tool": {"cudasnap": tool_version()},
+        "input": path,
+        "snapshot": src.snapshot or run.get("snapshot") or p.get("snapshot"),
+        "profile": {"taken": src.taken, "backend": p["summary"].get("backend"),
+                    "gpu": (run.get("gpu") or {}).get("name") if isinstance(run.get("gpu"), dict) else None,
+                    "trace": src.trace is not None, "nvtx_ranges": len(nvtx), "copies_memsets": len(ops)},
+        "timeline": {"kernels": len(tl.kernels), "span_us": round(tl.span_us, 3), "kernel_us": round(tl.kernel_us, 3),
+                     "idle_us": round(sum(tl.gap_before), 3), "median_gap_us": round(tl.median_gap_us, 3),
+                     "busy_pct": round(tl.kernel_us / tl.span_us * 100, 1) if tl.span_us else None},
+        "what_ifs": {"run": why_not is None, "why_not": why_not, "other": whatifs},
+        "findings": findings[:cfg.top] if cfg.top else findings,
+        "findings_total": len(findings),
+        "limits": vars(lim),
+        "notes": src.notes,
+        "elapsed_s": round(time.monotonic() - t_start, 2),
+    }
+
+
+def is_profile_json_safe(path: str) -> bool:
+    try:
+        return is_profile_json(path)
+    except OSError:
+        return False

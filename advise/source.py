@@ -1,0 +1,171 @@
+"""Where advise's numbers come from: a timeline profile (taken here by a replay in a child
+process, or read from a profile JSON), the replay's Kineto trace when there is one (copies,
+memsets, NVTX ranges on the replay's time axis) and the snapshot's records (the calls a stretch
+holds)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from cudasnap.formats.vocab import is_launch
+
+
+class AdviseError(Exception):
+    """Input advise cannot use (one line, exit 2)."""
+
+
+@dataclass
+class Source:
+    profile: Dict[str, Any]
+    snapshot: Optional[str]              # the snapshot what-ifs replay, when there is one
+    no_snapshot_why: Optional[str]       # why what-ifs cannot be measured
+    trace: Optional[Dict[str, Any]] = None
+    taken: Optional[Dict[str, Any]] = None   # the replay advise ran for the profile
+    notes: List[str] = field(default_factory=list)
+
+
+def cudasnap_cmd(*args: str) -> List[str]:
+    return [sys.executable, "-m", "cudasnap", *args]
+
+
+def run_cudasnap(args: List[str], timeout: Optional[float]) -> subprocess.CompletedProcess:
+    """A replay in a child process: its GPU state, crashes and exit code stay its own."""
+    try:
+        return subprocess.run(cudasnap_cmd(*args), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(args, 124, "", f"timed out after {timeout:g} s")
+
+
+def last_error(cp: subprocess.CompletedProcess) -> str:
+    lines = [l.strip() for l in (cp.stderr or "").splitlines() if l.strip()]
+    errs = [l for l in lines if "error" in l.lower() or l.startswith("cudasnap")]
+    return (errs or lines or [f"exit {cp.returncode}"])[-1]
+
+
+def is_profile_json(path: str) -> bool:
+    with open(path, "rb") as f:
+        head = f.read(64).lstrip()
+    return head.startswith(b"{")
+
+
+def check_profile(p: Any, where: str) -> Dict[str, Any]:
+    if not isinstance(p, dict) or not isinstance(p.get("summary"), dict) or not isinstance(p.get("launches"), list):
+        raise AdviseError(f"{where}: not a cudasnap profile (expected the JSON of `replay --profile timeline --out`)")
+    mode = p["summary"].get("mode")
+    if mode != "timeline":
+        raise AdviseError(f"{where}: a {mode or 'unknown'}-mode profile; advise reads timeline profiles "
+                          "(`cudasnap replay SNAPSHOT --profile timeline --out P.json`)")
+    timed = [r for r in p["launches"] if isinstance(r, dict) and isinstance(r.get("start_ns"), int)
+             and isinstance(r.get("end_ns"), int)]
+    if not timed:
+        raise AdviseError(f"{where}: the profile holds no timed kernel")
+    return p
+
+
+def read_profile(path: str) -> Source:
+    try:
+        with open(path, encoding="utf-8") as f:
+            p = json.load(f)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise AdviseError(f"{path}: not a cudasnap profile ({type(e).__name__}: {e})") from None
+    check_profile(p, path)
+    snap = (p.get("run") or {}).get("snapshot") or p.get("snapshot")
+    why = None
+    if not snap:
+        why = "the profile names no snapshot"
+    elif not os.path.isfile(snap):
+        why = f"the profile's snapshot {snap} is not there"
+    return Source(p, snap if why is None else None, why)
+
+
+def take_profile(snapshot: str, pace: str, timeout: Optional[float], device: int) -> Source:
+    """`cudasnap replay SNAPSHOT --profile timeline --pace PACE --out P.json --trace T.json`."""
+    with tempfile.TemporaryDirectory(prefix="cudasnap-advise-") as d:
+        out, tr = os.path.join(d, "timeline.json"), os.path.join(d, "trace.json")
+        args = ["replay", snapshot, "--profile", "timeline", "--pace", pace, "--device", str(device),
+                "--out", out, "--trace", tr, "-q"]
+        cp = run_cudasnap(args, timeout)
+        if not os.path.isfile(out):
+            raise AdviseError(f"the timeline replay of {snapshot} gave no profile (exit {cp.returncode}: "
+                              f"{last_error(cp)})")
+        with open(out, encoding="utf-8") as f:
+            p = json.load(f)
+        trace = None
+        if os.path.isfile(tr):
+            with open(tr, encoding="utf-8") as f:
+                trace = json.load(f)
+    check_profile(p, f"the timeline replay of {snapshot}")
+    src = Source(p, snapshot, None, trace=trace,
+                 taken={"command": ["cudasnap", *args[:-4]], "exit_code": cp.returncode, "pace": pace})
+    if cp.returncode != 0:
+        src.notes.append(f"the timeline replay exited {cp.returncode} ({last_error(cp)}): its times stand, "
+                         "its results did not all verify")
+    return src
+
+
+def trace_device_ops(trace: Optional[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Copies and memsets of the trace, times in ns on the profile's clock."""
+    if not trace:
+        return []
+    t0 = (trace.get("otherData") or {}).get("clock_origin_ns") or 0
+    out = []
+    for ev in trace.get("traceEvents") or []:
+        if ev.get("ph") != "X" or ev.get("cat") not in ("gpu_memcpy", "gpu_memset"):
+            continue
+        a = ev.get("args") or {}
+        start = t0 + int(round(ev["ts"] * 1e3))
+        out.append({"kind": "memset" if ev["cat"] == "gpu_memset" else "copy", "name": ev.get("name"),
+                    "seq": a.get("seq"), "bytes": a.get("bytes"), "start_ns": start,
+                    "end_ns": start + int(round(ev.get("dur", 0) * 1e3))})
+    return out
+
+
+def trace_nvtx(trace: Optional[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The recording's NVTX ranges as the trace placed them on the replay's time axis."""
+    if not trace:
+        return []
+    t0 = (trace.get("otherData") or {}).get("clock_origin_ns") or 0
+    out, opened = [], {}
+    for ev in trace.get("traceEvents") or []:
+        if ev.get("cat") != "nvtx":
+            continue
+        ts = t0 + int(round(ev.get("ts", 0) * 1e3))
+        if ev.get("ph") == "X":
+            out.append({"name": ev.get("name"), "start_ns": ts, "end_ns": ts + int(round(ev.get("dur", 0) * 1e3))})
+        elif ev.get("ph") == "b":
+            opened[ev.get("id")] = (ev.get("name"), ts)
+        elif ev.get("ph") == "e" and ev.get("id") in opened:
+            name, s = opened.pop(ev.get("id"))
+            out.append({"name": name, "start_ns": s, "end_ns": ts})
+    return out
+
+
+def snapshot_calls(snapshot: Optional[str], first: int, last: int) -> Optional[Dict[str, Any]]:
+    """What the recorded calls first..last hold besides launches: synchronizations and
+    device-to-host copies (a graph of the stretch holds neither)."""
+    if not snapshot:
+        return None
+    try:
+        from cudasnap.formats import SnapshotReader
+        syncs = d2h = launches = 0
+        for r in SnapshotReader(snapshot).records(("c",)):
+            s = r.get("s")
+            if not isinstance(s, int) or s < first:
+                continue
+            if s > last:
+                continue
+            f = r.get("f") or ""
+            if is_launch(f):
+                launches += 1
+            elif "Synchronize" in f or f.startswith(("cuStreamQuery", "cuEventQuery")):
+                syncs += 1
+            elif "DtoH" in f:
+                d2h += 1
+        return {"launches": launches, "syncs": syncs, "d2h": d2h}
+    except Exception:          # a fact for the evidence; the finding stands without it
+        return None

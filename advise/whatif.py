@@ -1,0 +1,110 @@
+"""What-ifs measured by replays, never guessed: each runs `cudasnap replay` in a child process
+and keeps its command, exit code and the numbers it measured.
+
+- graph: a launch-bound stretch replayed as one CUDA graph (`--profile graph --calls A-B`);
+  the gain is the stretch's span on the timeline minus the graph's median time.
+- replace: `--replace K=FILE`, the rebuilt kernel against the recorded one, both timed in
+  isolated mode over the same launches, one replay each.
+- launch-override: `--launch-override SPEC` the same way; the replay's verification says
+  whether the kernel allows the new sizes."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from typing import Any, Dict, List, Optional
+
+from .source import last_error, run_cudasnap
+
+
+def _profile_run(snapshot: str, args: List[str], timeout: Optional[float]) -> Dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="cudasnap-whatif-") as d:
+        out = os.path.join(d, "p.json")
+        cmd = ["replay", snapshot, *args, "--out", out, "-q"]
+        cp = run_cudasnap(cmd, timeout)
+        rep = None
+        if os.path.isfile(out):
+            with open(out, encoding="utf-8") as f:
+                rep = json.load(f)
+    run = {"command": ["cudasnap", *cmd[:-3]], "exit_code": cp.returncode}
+    if cp.returncode != 0:
+        run["error"] = last_error(cp)
+    return {"run": run, "report": rep}
+
+
+def graph_whatif(snapshot: str, finding: Dict[str, Any], device: int, repeat: int, warmup: int,
+                 timeout: Optional[float]) -> Dict[str, Any]:
+    ev = finding["evidence"]
+    a, b = ev.get("first_seq"), ev.get("last_seq")
+    sel = ["--calls", f"{a}-{b}"] if isinstance(a, int) and isinstance(b, int) else []
+    r = _profile_run(snapshot, ["--profile", "graph", *sel, "--repeat", str(repeat), "--warmup", str(warmup),
+                                "--device", str(device), "--no-timeline-check"], timeout)
+    w: Dict[str, Any] = {"kind": "graph", "what": "the stretch as one CUDA graph", "replay": r["run"]}
+    rep = r["report"]
+    s = (rep or {}).get("summary") or {}
+    g = s.get("total_us")
+    if r["run"]["exit_code"] != 0 or not isinstance(g, (int, float)):
+        w["measured"] = False
+        w["why"] = r["run"].get("error") or "the graph replay gave no graph time"
+        return w
+    span = ev["span_us"]
+    st = s.get("graph") or {}
+    w.update(measured=True, launches=s.get("launches"), graph_us=round(g, 3), timeline_span_us=span,
+             gain_us=round(span - g, 3), gain_pct=round((span - g) / span * 100, 1) if span else None,
+             speedup=round(span / g, 2) if g > 0 else None, noise_pct=st.get("noise_pct"),
+             graph_times_us=[round(x, 3) for x in (s.get("graph_times_us") or [])][:50],
+             memsets=s.get("memsets"), copies=s.get("copies"))
+    return w
+
+
+def _medians(rep: Optional[Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
+    return {k["name"]: k for k in (rep or {}).get("kernels") or [] if k.get("median_us") is not None}
+
+
+def variant_whatif(snapshot: str, kind: str, what: str, variant_args: List[str], sel: List[str], device: int,
+                   repeat: int, warmup: int, timeout: Optional[float]) -> Dict[str, Any]:
+    """The kernels of `sel` timed in isolated mode as recorded and with variant_args."""
+    common = ["--profile", "isolated", *sel, "--repeat", str(repeat), "--warmup", str(warmup), "--device", str(device)]
+    base = _profile_run(snapshot, common, timeout)
+    var = _profile_run(snapshot, [*common, *variant_args], timeout)
+    w: Dict[str, Any] = {"kind": kind, "what": what, "replay": var["run"], "baseline_replay": base["run"]}
+    if base["run"]["exit_code"] != 0 or base["report"] is None:
+        w.update(measured=False, why=f"the baseline replay failed: {base['run'].get('error')}")
+        return w
+    if var["report"] is None:
+        w.update(measured=False, why=f"the replay with the change failed: {var['run'].get('error')}")
+        return w
+    bm, vm = _medians(base["report"]), _medians(var["report"])
+    rows = []
+    for name, k in bm.items():
+        v = vm.get(name)
+        if v is None:
+            continue
+        b_us, v_us = k["median_us"], v["median_us"]
+        rows.append({"kernel": name, "launches": k.get("launches"), "before_us": round(b_us, 3),
+                     "after_us": round(v_us, 3), "change_pct": round((v_us - b_us) / b_us * 100, 1) if b_us else None,
+                     "before_total_us": round(k.get("total_us") or 0, 3), "after_total_us": round(v.get("total_us") or 0, 3),
+                     "noise_pct": max(k.get("noise_pct") or 0, v.get("noise_pct") or 0)})
+    rows.sort(key=lambda r: -abs(r["before_total_us"] - r["after_total_us"]))
+    gain = sum(r["before_total_us"] - r["after_total_us"] for r in rows)
+    w.update(measured=bool(rows), kernels=rows, gain_us=round(gain, 3),
+             verified=var["run"]["exit_code"] == 0)
+    if not rows:
+        w["why"] = "no kernel was timed in both replays"
+    if var["run"]["exit_code"] == 1:
+        w["note"] = "the replay with the change does not reproduce the recorded results"
+    return w
+
+
+def replace_selection(spec: str) -> List[str]:
+    """The launches a --replace TARGET=FILE concerns: a kernel's, a module's (all), a handle's (all)."""
+    target = spec.rpartition("=")[0].strip()
+    if target.startswith("module:") or re.match(r"^0x[0-9a-fA-F]+$", target):
+        return []
+    return ["--kernels", f"^{re.escape(target)}$"]
+
+
+def override_selection(spec: str) -> List[str]:
+    m = re.search(r"(?:^|,)kernel=(.+)$", spec)
+    return ["--kernels", m.group(1)] if m else []

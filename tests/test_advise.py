@@ -1,0 +1,193 @@
+"""cudasnap advise on the CUDA test double: findings from a timeline profile alone, what-ifs
+measured by replays (a launch-bound stretch as a CUDA graph, a rebuilt kernel), bad input."""
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+
+import pytest
+
+from cudasnap.replay.synth import Synth
+
+CTX, MOD = 0x55550000, 0x55560000
+F_INCR, F_SPIN, F_SAXPY = 0x55570005, 0x55570006, 0x55570007
+D, M, X, Y = 0x200000000000, 0x200000001000, 0x200000002000, 0x200000003000
+HOST_GAP_NS = 100_000_000
+
+
+def _nvtx(s: Synth, op: str, name: str) -> None:
+    s.t += 1000                                 # after the last call returned
+    s.w.write({"k": "nvtx", "op": op, "tid": 100, "t": s.t, "name": name, "domain": None, "id": 0})
+
+
+def launch_bound_program(path, n=16, tiny=24):
+    """Two NVTX steps of `tiny` incr launches, each followed by a small memset of M, with a
+    100 ms host gap between the steps; a 2 ms spin first (the heavy kernel) and a hand-written
+    saxpy at the end of step 1 (the library candidate). D2H: D = 2 * tiny, Y = 2 * 1 + 1."""
+    s = Synth(path)
+    s.double_prologue("incr", F_INCR, [[0, 8], [8, 4]], CTX, MOD)
+    for h, name, layout in ((F_SPIN, "spin", [[0, 4]]), (F_SAXPY, "saxpy", [[0, 4], [8, 8], [16, 8], [24, 4]])):
+        s.call("cuModuleGetFunction", {"hfunc": h, "hmod": MOD, "name": name})
+        s.fn(h, name, MOD, layout)
+    for p, data in ((D, bytes(n * 4)), (M, bytes(n * 4)), (X, struct.pack(f"<{n}f", *[1.0] * n)),
+                    (Y, struct.pack(f"<{n}f", *[1.0] * n))):
+        s.call("cuMemAlloc_v2", {"dptr": p, "bytesize": n * 4})
+        s.call("cuMemcpyHtoD_v2", {"dstDevice": p, "srcHost": 0x7F0000100000, "ByteCount": n * 4},
+               x={"srcHost": s.blob(data)})
+    seqs = {}
+    for step in (1, 2):
+        if step == 2:
+            s.t += HOST_GAP_NS                   # the host away between the steps
+        _nvtx(s, "push", f"step {step}")
+        if step == 1:
+            s.launch(F_SPIN, struct.pack("<i", 2))
+        first = None
+        for _ in range(tiny):
+            r = s.launch(F_INCR, struct.pack("<Qi", D, n), block=n)
+            first = first or r["s"]
+            s.call("cuMemsetD32Async", {"dstDevice": M, "ui": 7, "N": n, "hStream": 0})
+        if step == 1:
+            s.launch(F_SAXPY, struct.pack("<f4xQQi", 2.0, X, Y, n), block=n)
+        seqs[step] = (first, s.seq)
+        _nvtx(s, "pop", f"step {step}")
+    s.expect_d2h(D, [2 * tiny] * n)
+    s.call("cuMemcpyDtoH_v2", {"dstHost": 0x7F0000200000, "srcDevice": Y, "ByteCount": 4 * n},
+           x={"dstHost": s.blob(struct.pack(f"<{n}f", *[3.0] * n))})
+    s.double_epilogue(frees=[D, M, X, Y])
+    return seqs
+
+
+def _cli(double, *args, timeout=120):
+    env = dict(double["env"])
+    env.pop("CUDASNAP_REPLAY_TEST_BLOCK", None)
+    return subprocess.run([sys.executable, "-m", "cudasnap", *map(str, args)], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def snap(tmp_path_factory):
+    p = tmp_path_factory.mktemp("advise") / "lb.cusnap"
+    return p, launch_bound_program(p)
+
+
+def test_a_launch_bound_program_gets_a_graph_what_if_measured_by_a_replay(double, snap, tmp_path):
+    path, seqs = snap
+    out, html = tmp_path / "a.json", tmp_path / "a.html"
+    cp = _cli(double, "advise", path, "--out", out, "--html", html, "--repeat", "3", "--warmup", "1")
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    res = json.loads(out.read_text())
+    assert res["profile"]["taken"]["pace"] == "recorded" and res["profile"]["taken"]["exit_code"] == 0
+    fs = res["findings"]
+    assert [f["at_stake_us"] for f in fs] == sorted((f["at_stake_us"] for f in fs), reverse=True)
+    kinds = {f["kind"] for f in fs}
+    assert {"launch-bound", "host-gap", "heavy-kernel", "library", "small-transfers"} <= kinds, kinds
+    lb = [f for f in fs if f["kind"] == "launch-bound"]
+    # the incr loops of both steps; never across the host gap (a loaded host may split a step
+    # where it preempted a kernel)
+    assert sum(f["evidence"]["kernels"] for f in lb) >= 40, [f["evidence"] for f in lb]
+    assert not [f for f in lb if f["evidence"]["first_seq"] < seqs[2][0] <= f["evidence"]["last_seq"]]
+    for f in lb:
+        e = f["evidence"]
+        assert e["idle_pct"] >= 25 and e["holds"]["syncs"] == 0 and e["holds"]["launches"] == e["kernels"]
+        w = f["what_if"]
+        if not w["measured"]:
+            assert "--graphs" in w["why"] and len(lb) > 3
+            continue
+        # measured by `replay --profile graph --calls A-B`: its exit code and graph times are there
+        assert w["replay"]["exit_code"] == 0, w
+        assert w["replay"]["command"][:4] == ["cudasnap", "replay", str(path), "--profile"]
+        assert f"{e['first_seq']}-{e['last_seq']}" in w["replay"]["command"]
+        assert len(w["graph_times_us"]) == 3 and w["graph_us"] > 0 and w["launches"] == e["kernels"]
+        assert w["memsets"] >= e["kernels"] - 2 and w["timeline_span_us"] == e["span_us"]
+        assert w["gain_us"] == pytest.approx(e["span_us"] - w["graph_us"], abs=1e-2)
+        assert f["at_stake_us"] == pytest.approx(max(w["gain_us"], 0), abs=1e-2) and f["basis"].startswith("measured")
+    gap = next(f for f in fs if f["kind"] == "host-gap")
+    big = gap["evidence"]["largest"][0]
+    # --pace recorded: the replay waits until the step is due (less what it ran late before)
+    assert big["gap_us"] >= HOST_GAP_NS / 1e3 / 4 and big["before_seq"] == seqs[2][0]
+    assert big["nvtx"] == ["step 1", "step 2"]     # between the steps, named by the recording's ranges
+    heavy = next(f for f in fs if f["kind"] == "heavy-kernel")
+    assert heavy["kernel"] == "spin" and heavy["evidence"]["total_us"] >= 1900
+    lib = next(f for f in fs if f["kind"] == "library")
+    assert lib["kernel"] == "saxpy" and "cuBLAS" in lib["evidence"]["library"]
+    small = next(f for f in fs if f["kind"] == "small-transfers")
+    assert small["evidence"]["count"] == 48 and small["evidence"]["bytes"] == [64]
+    assert "launch-bound stretch" in cp.stdout and "what-if: graph" in cp.stdout and "replay exit 0" in cp.stdout
+    page = html.read_text()
+    assert page.startswith("<!DOCTYPE html>") and "Plotly.newPlot" in page and "launch-bound stretch" in page
+    assert "<script src=" not in page           # plotly.js embedded: the page stands alone
+
+
+def test_a_profile_alone_gives_findings_and_says_why_no_what_if(double, snap, tmp_path):
+    path, _ = snap
+    prof = tmp_path / "p.json"
+    cp = _cli(double, "replay", path, "--profile", "timeline", "--pace", "recorded", "--out", prof, "-q")
+    assert cp.returncode == 0, cp.stderr
+    p = json.loads(prof.read_text())
+    p["run"]["snapshot"] = p["snapshot"] = str(tmp_path / "moved.cusnap")
+    prof.write_text(json.dumps(p))
+    cp = _cli(double, "advise", prof, "--json")
+    assert cp.returncode == 0, cp.stderr
+    res = json.loads(cp.stdout)
+    w = res["what_ifs"]
+    assert w["run"] is False and "moved.cusnap is not there" in w["why_not"]
+    lb = [f for f in res["findings"] if f["kind"] == "launch-bound"]
+    assert len(lb) >= 1 and all(f["what_if"]["measured"] is False for f in lb)
+    assert all(f["basis"].startswith("estimate") for f in lb)
+    # no trace: the memsets come from nowhere, the rest from the timeline alone
+    assert {"host-gap", "heavy-kernel", "library"} <= {f["kind"] for f in res["findings"]}
+    cp = _cli(double, "advise", prof, "--top", "2")
+    assert cp.returncode == 0 and "what-ifs not measured: no snapshot to replay" in cp.stdout
+    assert "more findings: --top" in cp.stdout
+
+
+def test_a_rebuilt_kernel_is_measured_against_the_recorded_one(double, snap, tmp_path):
+    path, _ = snap
+    img = tmp_path / "incr.cudadouble"
+    img.write_text("CUDADOUBLE\nkernel incr\n")
+    cp = _cli(double, "advise", path, "--json", "--graphs", "0", "--replace", f"incr={img}", "--repeat", "2",
+              "--warmup", "0")
+    assert cp.returncode == 0, cp.stderr
+    [w] = json.loads(cp.stdout)["what_ifs"]["other"]
+    assert w["kind"] == "replace" and w["measured"] and w["verified"], w
+    assert w["replay"]["exit_code"] == 0 and w["baseline_replay"]["exit_code"] == 0
+    assert "--replace" in w["replay"]["command"] and "--replace" not in w["baseline_replay"]["command"]
+    [k] = w["kernels"]
+    assert k["kernel"] == "incr" and k["launches"] == 48 and k["before_us"] > 0 and k["after_us"] > 0
+
+
+@pytest.mark.parametrize("case", ["missing", "not_json", "not_profile", "graph_profile", "no_kernels", "garbage"])
+def test_bad_input_is_one_line_and_exit_2(double, tmp_path, case):
+    f = tmp_path / "in.json"
+    if case == "not_json":
+        f.write_text("{ not json")
+    elif case == "not_profile":
+        f.write_text(json.dumps({"a": 1}))
+    elif case == "graph_profile":
+        f.write_text(json.dumps({"summary": {"mode": "graph"}, "launches": [], "kernels": []}))
+    elif case == "no_kernels":
+        f.write_text(json.dumps({"summary": {"mode": "timeline"}, "launches": [{"seq": 1, "name": "k"}], "kernels": []}))
+    elif case == "garbage":
+        f = tmp_path / "in.cusnap"
+        f.write_bytes(b"\x00garbage" * 64)
+    cp = _cli(double, "advise", f if case != "missing" else tmp_path / "nope.cusnap", timeout=60)
+    assert cp.returncode == 2, (case, cp.stdout, cp.stderr)
+    lines = cp.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cudasnap: error:"), (case, cp.stderr)
+    assert "Traceback" not in cp.stderr and cp.stdout == ""
+
+
+def test_outputs_are_checked_before_any_replay(double, snap, tmp_path):
+    path, _ = snap
+    existing = tmp_path / "a.json"
+    existing.write_text("{}")
+    for args, msg in (((f"--out={tmp_path / 'no' / 'a.json'}",), "no"),
+                      ((f"--out={existing}",), "-f"),
+                      ((f"--out={tmp_path / 'a.txt'}",), "--out must name a .json file"),
+                      ((f"--html={tmp_path / 'a.json'}",), "--html must name a .html file"),
+                      (("--replace", "incr"), "expected KERNEL=FILE")):
+        cp = _cli(double, "advise", path, *args, timeout=60)
+        assert cp.returncode == 2 and msg in cp.stderr and len(cp.stderr.strip().splitlines()) == 1, (args, cp.stderr)
+    assert existing.read_text() == "{}"
