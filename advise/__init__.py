@@ -5,7 +5,7 @@ Given a snapshot, advise replays it under `--profile timeline` (a child process,
 for copies, memsets and NVTX ranges); given a profile JSON it reads it and replays the snapshot
 the profile names for the what-ifs, or says why it cannot. Findings come from the timeline
 alone (advise/findings.py); what-ifs (advise/whatif.py) are replays of their own: a launch-bound
-stretch as a CUDA graph, a rebuilt kernel (--replace), other launch sizes (--launch-override).
+stretch as a CUDA graph, a rebuilt kernel (--replace).
 
 Python API:
 
@@ -25,7 +25,7 @@ from .findings import (Limits, Timeline, heavy_kernels, host_gaps, launch_bound,
                        recorded_transfers, small_transfers)
 from .source import AdviseError, Source, is_profile_json, read_profile, snapshot_calls, take_profile, \
     trace_device_ops, trace_nvtx
-from .whatif import graph_whatif, override_selection, replace_selection, variant_whatif
+from .whatif import graph_whatif, replace_selection, variant_whatif
 
 __all__ = ["AdviseConfig", "AdviseError", "advise"]
 
@@ -36,7 +36,6 @@ class AdviseConfig:
     what_if: bool = True
     graph_stretches: int = 3            # launch-bound stretches measured as graphs, largest first
     replace: List[str] = field(default_factory=list)
-    launch_override: Optional[str] = None
     pace: str = "recorded"              # the timeline replay keeps the program's host gaps
     device: int = 0
     repeat: int = 10
@@ -104,12 +103,6 @@ def advise(path: str, cfg: Optional[AdviseConfig] = None, progress=None) -> Dict
             say(f"what-if: --replace {spec}")
             whatifs.append(variant_whatif(src.snapshot, "replace", f"--replace {spec}", ["--replace", spec],
                                           replace_selection(spec), cfg.device, cfg.repeat, cfg.warmup, cfg.timeout))
-        if cfg.launch_override:
-            say(f"what-if: --launch-override {cfg.launch_override}")
-            whatifs.append(variant_whatif(src.snapshot, "launch-override", f"--launch-override {cfg.launch_override}",
-                                          ["--launch-override", cfg.launch_override],
-                                          override_selection(cfg.launch_override), cfg.device, cfg.repeat,
-                                          cfg.warmup, cfg.timeout))
     else:
         for f in stretches:
             f["what_if"] = {"kind": "graph", "measured": False, "why": why_not}

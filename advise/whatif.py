@@ -4,9 +4,8 @@ and keeps its command, exit code and the numbers it measured.
 - graph: a launch-bound stretch replayed as one CUDA graph (`--profile graph --calls A-B`);
   the gain is the stretch's span on the timeline minus the graph's median time.
 - replace: `--replace K=FILE`, the rebuilt kernel against the recorded one, both timed in
-  isolated mode over the same launches, one replay each.
-- launch-override: `--launch-override SPEC` the same way; the replay's verification says
-  whether the kernel allows the new sizes."""
+  isolated mode over the same launches, one replay each; the replay's verification says
+  whether the rebuilt kernel still computes the recorded results."""
 from __future__ import annotations
 
 import json
@@ -88,8 +87,9 @@ def variant_whatif(snapshot: str, kind: str, what: str, variant_args: List[str],
                      "noise_pct": max(k.get("noise_pct") or 0, v.get("noise_pct") or 0)})
     rows.sort(key=lambda r: -abs(r["before_total_us"] - r["after_total_us"]))
     gain = sum(r["before_total_us"] - r["after_total_us"] for r in rows)
+    applied = [r for r in ((var["report"].get("run") or {}).get("replace") or [])]
     w.update(measured=bool(rows), kernels=rows, gain_us=round(gain, 3),
-             verified=var["run"]["exit_code"] == 0)
+             verified=var["run"]["exit_code"] == 0, applied=applied)
     if not rows:
         w["why"] = "no kernel was timed in both replays"
     if var["run"]["exit_code"] == 1:
@@ -103,8 +103,3 @@ def replace_selection(spec: str) -> List[str]:
     if target.startswith("module:") or re.match(r"^0x[0-9a-fA-F]+$", target):
         return []
     return ["--kernels", f"^{re.escape(target)}$"]
-
-
-def override_selection(spec: str) -> List[str]:
-    m = re.search(r"(?:^|,)kernel=(.+)$", spec)
-    return ["--kernels", m.group(1)] if m else []

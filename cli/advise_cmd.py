@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import json
 import sys
+from enum import Enum
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
 from cudasnap.console import is_tty
+
+
+class Pace(str, Enum):
+    recorded = "recorded"
+    fast = "fast"
 
 
 def _fail(msg: str, code: int = 2):
@@ -25,8 +31,7 @@ def advise(
     top: int = typer.Option(10, "--top", metavar="N", min=1, help="Findings shown, highest time at stake first."),
     no_what_if: bool = typer.Option(False, "--no-what-if", help="Findings only: run no what-if replay."),
     replace: List[str] = typer.Option([], "--replace", metavar="K=FILE", help="What-if: the kernel K (a recorded name, module:K or 0xMODULE as replay takes it) from a rebuilt FILE, timed in isolated mode against the recorded one (repeatable)."),
-    launch_override: Optional[str] = typer.Option(None, "--launch-override", metavar="SPEC", help="What-if: launches with other sizes (replay's grid=X,Y,Z / block=X,Y,Z[,kernel=REGEX]), timed in isolated mode against the recorded ones; the replay's verification says whether the kernel allows them."),
-    pace: str = typer.Option("recorded", "--pace", metavar="recorded|fast", help="The timeline replay's pace: recorded keeps the program's host gaps (launch-bound stretches and host gaps are the program's), fast shows the replayer's."),
+    pace: Pace = typer.Option(Pace.recorded, "--pace", metavar="recorded|fast", help="The timeline replay's pace: recorded keeps the program's host gaps (launch-bound stretches and host gaps are the program's), fast shows the replayer's."),
     graphs: int = typer.Option(3, "--graphs", metavar="N", min=0, help="Launch-bound stretches measured as CUDA graphs, largest first."),
     repeat: int = typer.Option(10, "--repeat", metavar="N", min=1, help="What-ifs: timed runs per graph or launch."),
     warmup: int = typer.Option(3, "--warmup", metavar="N", min=0, help="What-ifs: untimed runs first."),
@@ -40,8 +45,7 @@ def advise(
     kernels a library call could serve, repeated small memsets and copies.
 
     What-ifs are measured by replays, not estimated: a launch-bound stretch replayed as one CUDA
-    graph (`replay --profile graph --calls A-B`) against its span on the timeline; with --replace
-    or --launch-override, the kernel as rebuilt or resized against the recorded one.
+    graph (`replay --profile graph --calls A-B`) against its span on the timeline; with --replace, the kernel as rebuilt against the recorded one.
 
     Exit 0: findings made (a what-if that could not be measured says why); 2: bad input (not a
     snapshot or a timeline profile, a profile with no kernels, an unwritable output)."""
@@ -49,8 +53,6 @@ def advise(
     from cudasnap.advise.findings import Limits
     from cudasnap.formats.outputs import OutputError, check_output
 
-    if pace not in ("recorded", "fast"):
-        _fail(f"--pace must be recorded or fast, not {pace!r}")
     if not source.exists():
         _fail(f"{source}: no such file")
     if source.is_dir():
@@ -84,7 +86,7 @@ def advise(
             if not Path(f).is_file():
                 _fail(f"--replace {r}: no such file")
     cfg = AdviseConfig(top=top, what_if=not no_what_if, graph_stretches=graphs, replace=list(replace),
-                       launch_override=launch_override, pace=pace, device=device, repeat=repeat, warmup=warmup,
+                       pace=pace.value, device=device, repeat=repeat, warmup=warmup,
                        timeout=timeout, limits=Limits(tiny_us=tiny_us))
     tty = is_tty(sys.stderr) and not json_out
 

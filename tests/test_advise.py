@@ -154,6 +154,7 @@ def test_a_rebuilt_kernel_is_measured_against_the_recorded_one(double, snap, tmp
     assert w["kind"] == "replace" and w["measured"] and w["verified"], w
     assert w["replay"]["exit_code"] == 0 and w["baseline_replay"]["exit_code"] == 0
     assert "--replace" in w["replay"]["command"] and "--replace" not in w["baseline_replay"]["command"]
+    assert w["applied"] == [f"incr={img}"]            # the variant's profile says what it replaced
     [k] = w["kernels"]
     assert k["kernel"] == "incr" and k["launches"] == 48 and k["before_us"] > 0 and k["after_us"] > 0
 
