@@ -50,6 +50,9 @@ def _load(path: str, cfg: AdviseConfig) -> Source:
     except OSError as e:
         raise AdviseError(f"{path}: {e.strerror or e}") from None
     if profile:
+        from cudasnap.formats.group import is_manifest
+        if is_manifest(path):
+            raise AdviseError(f"{path}: a job's group manifest; advise takes one rank's snapshot or its profile")
         return read_profile(path)
     from cudasnap.replay.preflight import snapshot_problem
     problem = snapshot_problem(path)
@@ -129,7 +132,7 @@ def advise(path: str, cfg: Optional[AdviseConfig] = None, progress=None) -> Dict
                     "gpu": (run.get("gpu") or {}).get("name") if isinstance(run.get("gpu"), dict) else None,
                     "trace": src.trace is not None, "nvtx_ranges": len(nvtx), "copies_memsets": len(ops)},
         "timeline": {"kernels": len(tl.kernels), "span_us": round(tl.span_us, 3), "kernel_us": round(tl.kernel_us, 3),
-                     "idle_us": round(sum(tl.gap_before), 3), "median_gap_us": round(tl.median_gap_us, 3),
+                     "idle_us": round(tl.span_us - tl.busy_us(tl.start, tl.end), 3), "median_gap_us": round(tl.median_gap_us, 3),
                      "busy_pct": round(tl.kernel_us / tl.span_us * 100, 1) if tl.span_us else None},
         "what_ifs": {"run": why_not is None, "why_not": why_not, "other": whatifs},
         "findings": findings[:cfg.top] if cfg.top else findings,

@@ -125,6 +125,11 @@ def test_a_profile_alone_gives_findings_and_says_why_no_what_if(double, snap, tm
     prof = tmp_path / "p.json"
     cp = _cli(double, "replay", path, "--profile", "timeline", "--pace", "recorded", "--out", prof, "-q")
     assert cp.returncode == 0, cp.stderr
+    cp = _cli(double, "advise", prof, "--json", "--graphs", "1", "--repeat", "2", "--warmup", "0")
+    assert cp.returncode == 0, cp.stderr
+    res = json.loads(cp.stdout)                 # the snapshot the profile names is there: measured
+    assert res["what_ifs"]["run"] is True and res["snapshot"] == str(path.resolve())
+    assert any((f.get("what_if") or {}).get("measured") for f in res["findings"] if f["kind"] == "launch-bound")
     p = json.loads(prof.read_text())
     p["run"]["snapshot"] = p["snapshot"] = str(tmp_path / "moved.cusnap")
     prof.write_text(json.dumps(p))
@@ -159,7 +164,7 @@ def test_a_rebuilt_kernel_is_measured_against_the_recorded_one(double, snap, tmp
     assert k["kernel"] == "incr" and k["launches"] == 48 and k["before_us"] > 0 and k["after_us"] > 0
 
 
-@pytest.mark.parametrize("case", ["missing", "not_json", "not_profile", "graph_profile", "no_kernels", "garbage"])
+@pytest.mark.parametrize("case", ["missing", "not_json", "not_profile", "graph_profile", "no_kernels", "manifest", "garbage"])
 def test_bad_input_is_one_line_and_exit_2(double, tmp_path, case):
     f = tmp_path / "in.json"
     if case == "not_json":
@@ -170,6 +175,8 @@ def test_bad_input_is_one_line_and_exit_2(double, tmp_path, case):
         f.write_text(json.dumps({"summary": {"mode": "graph"}, "launches": [], "kernels": []}))
     elif case == "no_kernels":
         f.write_text(json.dumps({"summary": {"mode": "timeline"}, "launches": [{"seq": 1, "name": "k"}], "kernels": []}))
+    elif case == "manifest":
+        f.write_text(json.dumps({"cudasnap_group": 1, "ranks": []}))
     elif case == "garbage":
         f = tmp_path / "in.cusnap"
         f.write_bytes(b"\x00garbage" * 64)
