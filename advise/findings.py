@@ -176,7 +176,7 @@ def host_gaps(tl: Timeline, lim: Limits, nvtx: List[Dict[str, Any]]) -> List[Dic
         largest.append(d)
     ev = {"gaps": len(gaps), "idle_us": round(total, 3), "share_of_span_pct": round(total / tl.span_us * 100, 1),
           "threshold_us": round(thr, 3), "median_gap_us": round(tl.median_gap_us, 3), "largest": largest}
-    return [_finding("host-gap", f"host-side gaps: {len(gaps)} idle stretches of >= {thr / 1e3:.2f} ms, "
+    return [_finding("host-gap", f"host-side gaps: {len(gaps)} idle stretch{'es' if len(gaps) > 1 else ''} of >= {thr / 1e3:.2f} ms, "
                      f"{ev['share_of_span_pct']:.0f}% of the span", total, ev,
                      "The GPU waits for the host between steps: overlap data loading and host work with the GPU "
                      "(pinned memory, non_blocking copies, a prefetching loader), drop synchronizations.",

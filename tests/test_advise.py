@@ -114,7 +114,7 @@ def test_a_launch_bound_program_gets_a_graph_what_if_measured_by_a_replay(double
     assert lib["kernel"] == "saxpy" and "cuBLAS" in lib["evidence"]["library"]
     small = next(f for f in fs if f["kind"] == "small-transfers")
     assert small["evidence"]["count"] == 48 and small["evidence"]["bytes"] == [64]
-    assert "launch-bound stretch" in cp.stdout and "what-if: graph" in cp.stdout and "replay exit 0" in cp.stdout
+    assert "launch-bound stretch" in cp.stdout and "what-if: as a CUDA graph" in cp.stdout and "graph replay exit 0" in cp.stdout
     page = html.read_text()
     assert page.startswith("<!DOCTYPE html>") and "Plotly.newPlot" in page and "launch-bound stretch" in page
     assert "<script src=" not in page           # plotly.js embedded: the page stands alone
