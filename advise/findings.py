@@ -89,7 +89,7 @@ class Timeline:
         return max(lim.host_gap_us, lim.host_gap_factor * self.median_gap_us)
 
 
-def _nvtx_at(nvtx: List[Dict[str, Any]], t0: int, t1: int) -> List[str]:
+def nvtx_around(nvtx: List[Dict[str, Any]], t0: int, t1: int) -> List[str]:
     """Names of the innermost NVTX ranges around [t0, t1]: the range the gap lies in, or the
     ranges it falls between."""
     inside = [r for r in nvtx if r["start_ns"] <= t0 and r["end_ns"] >= t1]
@@ -172,7 +172,7 @@ def host_gaps(tl: Timeline, lim: Limits, nvtx: List[Dict[str, Any]]) -> List[Dic
         d = {"gap_us": round(g, 3), "after_seq": prev.get("seq"), "after": short_name(prev.get("name") or "?"),
              "before_seq": cur.get("seq"), "before": short_name(cur.get("name") or "?")}
         if nvtx:
-            d["nvtx"] = _nvtx_at(nvtx, prev["end_ns"], cur["start_ns"])
+            d["nvtx"] = nvtx_around(nvtx, prev["end_ns"], cur["start_ns"])
         largest.append(d)
     ev = {"gaps": len(gaps), "idle_us": round(total, 3), "share_of_span_pct": round(total / tl.span_us * 100, 1),
           "threshold_us": round(thr, 3), "median_gap_us": round(tl.median_gap_us, 3), "largest": largest}

@@ -199,3 +199,66 @@ def test_outputs_are_checked_before_any_replay(double, snap, tmp_path):
         cp = _cli(double, "advise", path, *args, timeout=60)
         assert cp.returncode == 2 and msg in cp.stderr and len(cp.stderr.strip().splitlines()) == 1, (args, cp.stderr)
     assert existing.read_text() == "{}"
+
+
+# --------------------------------------------------------------------------- the findings' rules, no replay
+def _profile(kernels):
+    """A timeline profile of (name, start_us, dur_us) kernels."""
+    rows = [{"seq": i + 10, "name": n, "start_ns": int(t * 1e3), "end_ns": int((t + d) * 1e3)}
+            for i, (n, t, d) in enumerate(kernels)]
+    tot: dict = {}
+    for n, _t, d in kernels:
+        tot[n] = tot.get(n, 0.0) + d
+    ks = [{"name": n, "launches": sum(1 for k in kernels if k[0] == n), "total_us": v, "median_us": v,
+           "share_pct": v / sum(tot.values()) * 100} for n, v in sorted(tot.items(), key=lambda kv: -kv[1])]
+    return {"summary": {"mode": "timeline"}, "launches": rows, "kernels": ks}
+
+
+def test_launch_bound_stretches_end_at_long_kernels_and_host_gaps_not_at_one_slow_launch():
+    from cudasnap.advise.findings import Limits, Timeline, host_gaps, launch_bound
+    ks, t = [], 0.0
+    for i in range(30):                          # 2 us kernels 8 us apart; one stretched to 60 us
+        d = 60.0 if i == 12 else 2.0
+        ks.append(("tiny", t, d))
+        t += d + 8
+    ks.append(("gemm", t, 500.0))                # a long kernel ends the stretch
+    t += 500 + 8
+    for i in range(20):
+        ks.append(("tiny", t, 2.0))
+        t += 10
+    t += 5000                                    # the host away: a gap splits too
+    for i in range(10):
+        ks.append(("tiny", t, 2.0))
+        t += 10
+    tl = Timeline(_profile(ks), [])
+    got = [(f["evidence"]["first_seq"], f["evidence"]["last_seq"]) for f in launch_bound(tl, Limits())]
+    assert got == [(10, 39), (41, 60), (61, 70)], got
+    f = launch_bound(tl, Limits())[0]["evidence"]
+    assert f["kernels"] == 30 and f["under_tiny_us"] == 29 and f["idle_us"] == pytest.approx(29 * 8, abs=0.1)
+    [g] = host_gaps(tl, Limits(), [])
+    assert g["evidence"]["gaps"] == 1 and g["evidence"]["largest"][0]["gap_us"] == pytest.approx(5008, abs=0.1)
+    assert g["evidence"]["largest"][0]["before_seq"] == 61
+
+
+def test_library_candidates_are_hand_written_kernels_only():
+    from cudasnap.advise.findings import library_candidates
+    names = ["_Z13my_sgemm_tiledPKfS0_Pfiii", "conv2d_forward_kernel", "block_reduce_sum", "_Z6kernelv",
+             "ampere_sgemm_128x64_nn", "nvjet_hsh_256x128_64x4_2x1_v_bz_coopA_NTN",
+             "_ZN7cutlass7Kernel2I22cutlass_80_tensorop_gemmEEvNT_6ParamsE",
+             "_ZN2at6native13reduce_kernelILi512ELi1ENS0_8ReduceOpIfNS0_6SumOpsIffEEjfLi4EEEEEvT1_",
+             "sm90_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize128x128x64", "triton_poi_fused_mm_0"]
+    p = _profile([(n, i * 10.0, 5.0) for i, n in enumerate(names)])
+    for k in p["kernels"]:
+        from cudasnap.replay.names import demangle
+        k["demangled"] = demangle(k["name"])
+    got = {f["kernel"]: f["evidence"]["operation"] for f in library_candidates(p)}
+    assert got == {"_Z13my_sgemm_tiledPKfS0_Pfiii": "matrix multiply", "conv2d_forward_kernel": "convolution",
+                   "block_reduce_sum": "reduction"}, got
+
+
+def test_a_gap_is_named_by_the_nvtx_ranges_around_it():
+    from cudasnap.advise.findings import nvtx_around
+    r = [{"name": "step 1", "start_ns": 0, "end_ns": 1000}, {"name": "step 2", "start_ns": 5000, "end_ns": 9000},
+         {"name": "epoch", "start_ns": 0, "end_ns": 20000}, {"name": "fwd", "start_ns": 5500, "end_ns": 7000}]
+    assert nvtx_around(r[:2], 1200, 5600) == ["step 1", "step 2"]
+    assert nvtx_around(r, 6000, 6500) == ["fwd"]          # the innermost range that holds it
