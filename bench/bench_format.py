@@ -147,11 +147,11 @@ def bench_records(snap: str, tmpdir: str) -> list:
 
     def prescan():
         rp = Replayer(snap)
-        rp.reader = SnapshotReader(snap)
+        rp.ctx.reader = SnapshotReader(snap)
         try:
             rp._prescan()
         finally:
-            rp.reader.close()
+            rp.ctx.reader.close()
 
     def records():
         with SnapshotReader(snap) as r:

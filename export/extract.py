@@ -314,7 +314,7 @@ class Extractor:
     # ------------------------------------------------------------------ memory (GPU, in the replay)
     def _ranges(self, rp) -> List[Tuple[int, int, str]]:
         """Live device ranges at this point: (recorded base, size, kind)."""
-        sp = rp.space
+        sp = rp.ctx.space
         out: List[Tuple[int, int, str]] = []
         vmm_pieces = sorted(self.mapped.items())
         for base in list(sp._sorted):
@@ -344,10 +344,10 @@ class Extractor:
         if not n:
             return b""
         addr = ctypes.addressof((ctypes.c_char * n).from_buffer(buf))
-        live = rp.tr(base)
+        live = rp.ctx.tr(base)
         for off in range(0, n, READ_CHUNK):
             m = min(READ_CHUNK, n - off)
-            rp.raw("cuMemcpyDtoH", addr + off, live + off, m)
+            rp.ctx.raw("cuMemcpyDtoH", addr + off, live + off, m)
         return bytes(buf)
 
     def _words(self, data: bytes) -> List[int]:
@@ -375,9 +375,9 @@ class Extractor:
         return None
 
     def at_start(self, rp) -> None:
-        if rp.res.errors:
-            raise ExtractError(f"replay failed before the selection: {rp.res.errors[0]}")
-        rp.raw("cuCtxSynchronize")
+        if rp.ctx.res.errors:
+            raise ExtractError(f"replay failed before the selection: {rp.ctx.res.errors[0]}")
+        rp.ctx.raw("cuCtxSynchronize")
         self._live = self._ranges(rp)
         self._starts = [r[0] for r in self._live]
         if not self._live:
@@ -444,13 +444,13 @@ class Extractor:
                     yield self.reader.blob(v["blob"])
 
     def at_end(self, rp) -> None:
-        rp.raw("cuCtxSynchronize")
+        rp.ctx.raw("cuCtxSynchronize")
         if self.exact:
             return R.end_exact(self, rp)
         self.expected = []
         for i in self.chosen:
             base, n, _k = self._live[i]
-            if rp.space.find(base) is None:
+            if rp.ctx.space.find(base) is None:
                 continue                      # freed by the selection itself
             self.expected.append((base, n, self.w.add_blob(self._read(rp, base, n))))
         self.res.expected = len(self.expected)
@@ -620,7 +620,7 @@ class Extractor:
                 raise tap.err
             raise ExtractError(f"reading device memory failed: {type(tap.err).__name__}: {tap.err}")
         if not done:
-            why = rp.res.errors[0] if rp.res.errors else "the selected calls did not run"
+            why = rp.ctx.res.errors[0] if rp.ctx.res.errors else "the selected calls did not run"
             raise ExtractError(f"replay did not reach the end of the selection: {why}")
 
 

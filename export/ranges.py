@@ -334,7 +334,7 @@ def end_exact(ex, rp) -> None:
         base, n, _k = ex._live[i]
         lo, before = ex.before[i]
         iv = ex.per[i]
-        a = rp.space.find(base)
+        a = rp.ctx.space.find(base)
         live = a is not None and base + n <= a.rec_base + max(a.size, 1)    # not freed (or remade smaller)
         if lo is None:
             segs.add(i)

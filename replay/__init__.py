@@ -81,8 +81,8 @@ def run_replay_cli(snapshot, opts: ReplayOptions, as_json: bool = False, out=Non
         sys.stderr.write(f"cudasnap: error: {rp.empty_selection}\n")
         return 2
     if not opts.quiet or as_json:
-        render(res, rp.mismatch_text, os.fspath(snapshot), out, as_json)
+        render(res, rp.ctx.mismatch_text, os.fspath(snapshot), out, as_json)
     elif res.exit_code:
-        for e in (res.errors or rp.mismatch_text)[:1]:
+        for e in (res.errors or rp.ctx.mismatch_text)[:1]:
             sys.stderr.write(f"cudasnap: {e}\n")
     return res.exit_code

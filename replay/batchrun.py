@@ -58,12 +58,12 @@ class BatchRunner:
         """May this batch run in the executor?  Not while a stream captures, with conditional
         graph handles to patch, with a function handle reused for another kernel, nor when an
         address it names lies in an allocation replay had to move (the handlers translate)."""
-        if self._executor is None or b.ops is None or self.capturing or getattr(self, "cond_handles", None):
+        if self._executor is None or b.ops is None or self.ctx.capturing or self.ctx.cond_handles:
             return False
-        fv = self.fn_versions
+        fv = self.ctx.fn_versions
         if fv and any(h in fv for h in b.funcs):
             return False
-        sp = self.space
+        sp = self.ctx.space
         if sp is not None and sp.relocations:
             key = (len(sp.relocations), len(sp.allocs))
             if self._moved_key != key:
@@ -106,9 +106,9 @@ class BatchRunner:
             self._batch_slow(b, 0, b.n)
             return
         tid = b.tid
-        if tid != self._last_tid and self._last_tid is not None and tid in self.cur_ctx:
+        if tid != self._last_tid and self._last_tid is not None and tid in self.ctx.cur_ctx:
             try:
-                self.raw("cuCtxSetCurrent", self.cur_ctx[tid])
+                self.ctx.raw("cuCtxSetCurrent", self.ctx.cur_ctx[tid])
             except DriverCallError:
                 pass
         self._last_tid = tid
@@ -122,7 +122,7 @@ class BatchRunner:
                 except Exception:
                     pass                    # its launch takes the handler: the error lands there
         ex = self._executor
-        res = self.res
+        res = self.ctx.res
         n = b.n
         pos = 0
         while pos < n:
@@ -154,7 +154,7 @@ class BatchRunner:
                         res.last_seq = rec["s"]
                         if b.kinds[i] in plan.LAUNCHES:
                             self._marks_exact(b, i, i + 1)
-                        self._error(rec, f"call #{rec['s']} {rec['f']}: {self._new_error_text(code)}")
+                        self._error(rec, f"call #{rec['s']} {rec['f']}: {self.ctx.new_error_text(code)}")
                     pos = i + 1
                     continue
                 pos = end
@@ -170,7 +170,7 @@ class BatchRunner:
         """The counters and bookkeeping of ops [s, e) the executor ran, as their handlers keep them."""
         if e <= s:
             return
-        res = self.res
+        res = self.ctx.res
         if s == 0 and e == b.n:
             c = b.counts
             res.calls += c["calls"]
@@ -182,10 +182,10 @@ class BatchRunner:
             fam = res.by_family
             for k, v in c["fam"].items():
                 fam[k] = fam.get(k, 0) + v
-            if b.marks and self.space is not None:
+            if b.marks and self.ctx.space is not None:
                 self._marks_apply(b.marks)
             if b.has_ctx_sync:
-                self.keepalive.clear()
+                self.ctx.keepalive.clear()
         else:
             fam = res.by_family
             for i in range(s, e):
@@ -199,11 +199,11 @@ class BatchRunner:
                 if k in plan.LAUNCHES:
                     res.launches += 1
                 elif k == plan.SYNC_CTX:
-                    self.keepalive.clear()
+                    self.ctx.keepalive.clear()
                 elif k == plan.D2H:
                     res.d2h_verified += 1
                     res.d2h_bytes += b.recs[i]["a"]["ByteCount"]
-            if self.space is not None:
+            if self.ctx.space is not None:
                 self._marks_exact(b, s, e)
         res.native_calls += e - s
         res.last_seq = b.seq(e - 1)
@@ -225,19 +225,19 @@ class BatchRunner:
         for i in reversed(b.ctx_ops):
             if s <= i < e:
                 if b.kinds[i] == plan.CTX_POP:          # as ctx_pop: whatever is current now
-                    cur = self.cu.cuCtxGetCurrent()
-                    self.cur_ctx[b.tid] = cur[1] if int(cur[0]) == 0 else self.cu.CUcontext(0)
+                    cur = self.ctx.cu.cuCtxGetCurrent()
+                    self.ctx.cur_ctx[b.tid] = cur[1] if int(cur[0]) == 0 else self.ctx.cu.CUcontext(0)
                     return
                 h = b.recs[i]["a"].get("ctx")
-                ctx = self.handles.get(h) if h else self.cu.CUcontext(0)
+                ctx = self.ctx.handles.get(h) if h else self.ctx.cu.CUcontext(0)
                 if ctx is not None:
-                    self.cur_ctx[b.tid] = ctx
+                    self.ctx.cur_ctx[b.tid] = ctx
                 return
 
     def _marks_apply(self, marks) -> None:
         """A whole batch's writes (plan.Planner._summarise), oldest first; copies read their
         source's writer as it was before the batch."""
-        find = self.space.find
+        find = self.ctx.space.find
         pre = {}
         for m in marks:
             if m[2] == "c":
@@ -249,7 +249,7 @@ class BatchRunner:
                 continue
             kind = m[2]
             if kind == "k":
-                a.last_writer = (m[1], self.kernel_name_of(m[3], m[1]))
+                a.last_writer = (m[1], self.ctx.kernel_name_of(m[3], m[1]))
             elif kind == "n":
                 a.last_writer = (m[1], m[3])
             else:
@@ -257,7 +257,7 @@ class BatchRunner:
 
     def _marks_exact(self, b: OpBatch, s: int, e: int) -> None:
         """Ops [s, e)'s writes, one by one, as their handlers mark them."""
-        if self.space is None:
+        if self.ctx.space is None:
             return
         for i in range(s, e):
             k = b.kinds[i]
@@ -265,14 +265,14 @@ class BatchRunner:
             a = rec["a"]
             seq = rec["s"]
             if k in plan.LAUNCHES:
-                name = self.kernel_name_of(a["f"], seq)
+                name = self.ctx.kernel_name_of(a["f"], seq)
                 for v in self._op_addrs(b, i):
                     if v >= 0x10000:
-                        self.mark_written(v, seq, name)
+                        self.ctx.mark_written(v, seq, name)
             elif plan.MEMSET8 <= k <= plan.MEMSET32_ASYNC:
-                self.mark_written(a["dstDevice"], seq, rec["f"])
+                self.ctx.mark_written(a["dstDevice"], seq, rec["f"])
             elif plan.COPY_DTOD <= k <= plan.COPY_ASYNC:
                 dst, src = self._op_addrs(b, i)
-                al = self.space.find(src or 0)
-                self.mark_written(dst, seq, al.last_writer[1] if al and al.last_writer else rec["f"])
+                al = self.ctx.space.find(src or 0)
+                self.ctx.mark_written(dst, seq, al.last_writer[1] if al and al.last_writer else rec["f"])
 

@@ -68,8 +68,8 @@ class _Hasher:
         self.module = None
         self.where = "host"
         try:
-            self.module = rp.raw("cuModuleLoadData", hash_ptx())
-            self.fn = rp.raw("cuModuleGetFunction", self.module, b"cs_hash_chunks")
+            self.module = rp.ctx.raw("cuModuleLoadData", hash_ptx())
+            self.fn = rp.ctx.raw("cuModuleGetFunction", self.module, b"cs_hash_chunks")
             self.where = "GPU"
         except Exception:
             self.fn = None
@@ -87,29 +87,29 @@ class _Hasher:
         buf = ctypes.create_string_buffer(min(n16, _STAGE))
         for off in range(0, n16, _STAGE):
             ln = min(_STAGE, n16 - off)
-            self.rp.raw("cuMemcpyDtoH", ctypes.addressof(buf), addr + off, ln)
+            self.rp.ctx.raw("cuMemcpyDtoH", ctypes.addressof(buf), addr + off, ln)
             host_hashes(memoryview(buf)[:ln], off // 16, out)
         return out
 
     def _gpu(self, addr: int, n16: int, nch: int) -> List[int]:
         rp = self.rp
-        dev = int(rp.raw("cuMemAlloc", nch * 8))
+        dev = int(rp.ctx.raw("cuMemAlloc", nch * 8))
         try:
-            rp.raw("cuMemsetD8", dev, 0, nch * 8)
+            rp.ctx.raw("cuMemsetD8", dev, 0, nch * 8)
             pb = ctypes.create_string_buffer(_PARAMS.pack(addr, n16 // 16, _WORDS, _BPC, dev), _PARAMS.size)
             size = ctypes.c_size_t(_PARAMS.size)
             extra = (ctypes.c_void_p * 5)(1, ctypes.addressof(pb), 2, ctypes.addressof(size), 0)
-            rp.raw("cuLaunchKernel", self.fn, nch * _BPC, 1, 1, _THREADS, 1, 1, 0, 0, None, ctypes.addressof(extra))
+            rp.ctx.raw("cuLaunchKernel", self.fn, nch * _BPC, 1, 1, _THREADS, 1, 1, 0, 0, None, ctypes.addressof(extra))
             host = ctypes.create_string_buffer(nch * 8)
-            rp.raw("cuMemcpyDtoH", ctypes.addressof(host), dev, nch * 8)
+            rp.ctx.raw("cuMemcpyDtoH", ctypes.addressof(host), dev, nch * 8)
             return list(struct.unpack(f"<{nch}Q", host.raw))
         finally:
-            rp.raw("cuMemFree", dev)
+            rp.ctx.raw("cuMemFree", dev)
 
     def close(self) -> None:
         if self.module is not None:
             try:
-                self.rp.raw("cuModuleUnload", self.module)
+                self.rp.ctx.raw("cuModuleUnload", self.module)
             except Exception:
                 pass
 
@@ -132,12 +132,12 @@ def check_window(rp) -> Optional[Dict[str, Any]]:
         raise ReplayError(f"end state: {e}")
     none = next((r["none"] for r in records if isinstance(r.get("none"), str)), None)
     if none:
-        rp.res.endstate = {"ranges": 0, "verified": 0, "bytes": 0, "mismatches": 0, "skipped": none}
-        return rp.res.endstate
+        rp.ctx.res.endstate = {"ranges": 0, "verified": 0, "bytes": 0, "mismatches": 0, "skipped": none}
+        return rp.ctx.res.endstate
     if not records:
-        rp.res.endstate = {"ranges": 0, "verified": 0, "bytes": 0, "mismatches": 0,
+        rp.ctx.res.endstate = {"ranges": 0, "verified": 0, "bytes": 0, "mismatches": 0,
                            "skipped": "the window recorded none (it ended with the program, or capture predates it)"}
-        return rp.res.endstate
+        return rp.ctx.res.endstate
     try:
         return check(rp, records)
     except DriverCallError as e:
@@ -146,8 +146,8 @@ def check_window(rp) -> Optional[Dict[str, Any]]:
 
 def check(rp, records: List[Dict[str, Any]]) -> Dict[str, Any]:
     """Compare the recorded end state with the replay device's memory. Returns the account
-    (also in rp.res.endstate): ranges, verified ranges and bytes, where hashed, why not."""
-    res = rp.res
+    (also in rp.ctx.res.endstate): ranges, verified ranges and bytes, where hashed, why not."""
+    res = rp.ctx.res
     acct: Dict[str, Any] = {"ranges": len(records), "verified": 0, "bytes": 0, "mismatches": 0, "skipped": None}
     res.endstate = acct
     why_not = None
@@ -164,7 +164,7 @@ def check(rp, records: List[Dict[str, Any]]) -> Dict[str, Any]:
     hasher = _Hasher(rp)
     acct["where"] = hasher.where
     try:
-        rp.raw("cuCtxSynchronize")
+        rp.ctx.raw("cuCtxSynchronize")
         for rec in records:
             _one(rp, hasher, rec, acct)
     finally:
@@ -179,7 +179,7 @@ def _one(rp, hasher: _Hasher, rec: Dict[str, Any], acct: Dict[str, Any]) -> None
             or rec.get("chunk", CHUNK) != CHUNK:
         acct["unrecorded"] = acct.get("unrecorded", 0) + 1      # capture could not read it
         return
-    space = rp.space
+    space = rp.ctx.space
     live = space.translate(addr) if space is not None else addr
     n16 = size & ~15
     want = list(struct.unpack(f"<{len(h) // 8}Q", h))
@@ -187,7 +187,7 @@ def _one(rp, hasher: _Hasher, rec: Dict[str, Any], acct: Dict[str, Any]) -> None
     tail_got = b""
     if tail:
         buf = ctypes.create_string_buffer(len(tail))
-        rp.raw("cuMemcpyDtoH", ctypes.addressof(buf), live + n16, len(tail))
+        rp.ctx.raw("cuMemcpyDtoH", ctypes.addressof(buf), live + n16, len(tail))
         tail_got = buf.raw
     bad = [c for c in range(len(want)) if c >= len(got) or got[c] != want[c]]
     if tail and tail_got != tail:
@@ -205,11 +205,11 @@ def _one(rp, hasher: _Hasher, rec: Dict[str, Any], acct: Dict[str, Any]) -> None
     exp = struct.pack("<Q", want[c]) if c < len(want) else tail
     gotb = (struct.pack("<Q", got[c]) if c < len(got) else b"") if c < len(want) else tail_got
     from .verify import Mismatch
-    m = Mismatch(rp.res.last_seq or 0, "end state", lo, exp, gotb, len(bad), size, addr, writer,
+    m = Mismatch(rp.ctx.res.last_seq or 0, "end state", lo, exp, gotb, len(bad), size, addr, writer,
                  note=f"end-state chunk {c} of {len(want) + (1 if tail else 0)}")
-    rp.res.mismatches.append(m.to_dict())
+    rp.ctx.res.mismatches.append(m.to_dict())
     w = f"; last written by #{writer[0]} {writer[1]}" if writer else "; no replayed call wrote it"
-    rp._mismatch_text.append(
+    rp.ctx.mismatch_text.append(
         f"end state: allocation {addr:#x} ({size} bytes){'' if live == addr else f' (at {live:#x})'}: "
         f"chunk {c} (bytes {lo}-{hi}) differs from the window's close: hash expected {exp.hex()} got {gotb.hex()}; "
         f"{len(bad)} chunk(s) differ{w}")

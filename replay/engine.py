@@ -30,27 +30,10 @@ CU_STREAM_LEGACY, CU_STREAM_PER_THREAD = 1, 2
 PACE_SPIN_S = 100e-6            # --pace recorded: spin (not sleep) this long before a call is due
 
 
-def _shared(name: str, attr: Optional[str] = None) -> property:
-    """A Replayer attribute that is the handlers' context's field (one object, two names)."""
-    attr = attr or name
-    return property(lambda self: getattr(self.ctx, attr), lambda self, v: setattr(self.ctx, attr, v),
-                    doc=f"ReplayContext.{attr}")
-
-
-def _delegate(name: str, attr: Optional[str] = None):
-    attr = attr or name
-
-    def method(self, *args, **kw):
-        return getattr(self.ctx, attr)(*args, **kw)
-    method.__name__ = name
-    method.__doc__ = f"ReplayContext.{attr}"
-    return method
-
-
 class Replayer(BatchRunner):
-    """Reads a snapshot and replays it. Handlers see only its ReplayContext (self.ctx,
-    replay/context.py); the state they share with the engine is the context's, under the
-    same names here. Runs of plain calls go to the C executor (batchrun.py)."""
+    """Reads a snapshot and replays it. The state handlers, the batch runner and profile/
+    share lives in one ReplayContext (self.ctx, replay/context.py) and is named only there;
+    the Replayer drives the run. Runs of plain calls go to the C executor (batchrun.py)."""
 
     def __init__(self, snapshot_path, options: Optional[ReplayOptions] = None, driver=None, out=None):
         self.path = os.fspath(snapshot_path)
@@ -76,29 +59,8 @@ class Replayer(BatchRunner):
         self._pr_state = 0                            # 0 before the range, 1 inside, 2 after
         self._workload_last: Optional[int] = None     # seq of the last workload call (profiler range)
         self._workers: Dict[int, "queue.Queue"] = {}
-        self.mismatch_text: List[str] = []
         self.subscribers: List[Any] = []             # objects with on_event(kind, event): see events.py
         self._sub_errors: Dict[Tuple[int, str], int] = {}
-
-    # the context's state, under the engine's names
-    cu, dev, device_cc, ops, space, reader = (_shared(n) for n in ("cu", "dev", "device_cc", "ops", "space", "reader"))
-    opt, res, tol, handles = (_shared(n) for n in ("opt", "res", "tol", "handles"))
-    funcs, func_names, fns, fn_versions, func_from, module_of, ctx_ids = (
-        _shared(n) for n in ("funcs", "func_names", "fns", "fn_versions", "func_from", "module_of", "ctx_ids"))
-    keepalive, keepalive_images, vmm_virtual, capturing, cur_ctx = (
-        _shared(n) for n in ("keepalive", "keepalive_images", "vmm_virtual", "capturing", "cur_ctx"))
-    cond_handles, cond_bodies = _shared("cond_handles"), _shared("cond_bodies")
-    _mismatch_text, _prefetch = _shared("_mismatch_text", "mismatch_text"), _shared("_prefetch", "prefetch")
-
-    modules, libraries = _shared("modules"), _shared("libraries")
-
-    # ------------------------------------------------------------------ helpers (the context's)
-    note, fail, drv, raw = _delegate("note"), _delegate("fail"), _delegate("drv"), _delegate("raw")
-    _new_error_text = _delegate("_new_error_text", "new_error_text")
-    set_handle, live, stream, tr = _delegate("set_handle"), _delegate("live"), _delegate("stream"), _delegate("tr")
-    blob, blob_chunks, h2d_payload = _delegate("blob"), _delegate("blob_chunks"), _delegate("h2d_payload")
-    mark_written, verify = _delegate("mark_written"), _delegate("verify")
-    _add_fn, fn_record, kernel_name_of = _delegate("_add_fn", "add_fn"), _delegate("fn_record"), _delegate("kernel_name_of")
 
     def _stop_verify(self, m: Mismatch) -> None:
         raise _StopVerify(m)
@@ -107,9 +69,9 @@ class Replayer(BatchRunner):
         """Read, verify and decompress the blobs of synchronous H2D copies ahead, on a thread,
         while the driver loads and the calls before them replay."""
         if self._h2d_order and os.environ.get("CUDASNAP_PREFETCH", "1") != "0":
-            big = [b for b in self._h2d_order if self.reader.has_blob(b) and self.reader.blob_size(b) >= PREFETCH_MIN]
+            big = [b for b in self._h2d_order if self.ctx.reader.has_blob(b) and self.ctx.reader.blob_size(b) >= PREFETCH_MIN]
             if big:
-                self._prefetch = BlobPipeline(self.path, big)
+                self.ctx.prefetch = BlobPipeline(self.path, big)
 
     # ------------------------------------------------------------------ events (replay/events.py)
     def emit(self, kind: str, ev) -> None:
@@ -127,7 +89,7 @@ class Replayer(BatchRunner):
                 if n <= 3:
                     who = getattr(sub, "label", None) or type(sub).__name__
                     seq = getattr(ev, "seq", None)
-                    self.note(f"{who}: {kind}{f' (call #{seq})' if seq is not None else ''} raised "
+                    self.ctx.note(f"{who}: {kind}{f' (call #{seq})' if seq is not None else ''} raised "
                               f"{type(e).__name__}: {e}; replay continues")
 
     def before_launch(self, rec, fn, params: bytes, name: str, cfg=None):
@@ -191,7 +153,7 @@ class Replayer(BatchRunner):
         """Compile a plan of batches?  Not when every call needs its handler: --sync-after-launch,
         --threads, --calls/--kernels, or a driver object other than cuda-bindings (tests).
         Subscribers are asked at run time (batches then replay call by call)."""
-        o = self.opt
+        o = self.ctx.opt
         if self._driver is not None or o.sync_after_launch or o.threads \
                 or (self.selection is not None and not self.selection.everything):
             return False
@@ -201,7 +163,7 @@ class Replayer(BatchRunner):
         self.total = 0
         self.incomplete: List[Dict[str, Any]] = []
         self._plan_fast = self._fast_eligible()
-        self._pace_on = getattr(self.opt, "pace", "fast") == "recorded"
+        self._pace_on = getattr(self.ctx.opt, "pace", "fast") == "recorded"
         self._pace_base = 0.0
         self._pace_start: Optional[float] = None
         self._host_ranges: List[Tuple[int, int]] = []     # recorded pinned host memory (hostplace)
@@ -256,7 +218,7 @@ class Replayer(BatchRunner):
                     # a context made current before its retain is the primary one
                     h = (rec.get("a") or {}).get("pctx")
                     if isinstance(h, int) and h:
-                        self.ctx_ids.setdefault(h, {"h": h, "device": (rec.get("a") or {}).get("dev")})["primary"] = True
+                        self.ctx.ctx_ids.setdefault(h, {"h": h, "device": (rec.get("a") or {}).get("dev")})["primary"] = True
                 if fk & 8 and rec.get("r") == 0:
                     self._host_ranges.append(hostplace.recorded_range(rec))    # reserved before the driver loads
                 if fk & 16 and isinstance((rec.get("a") or {}).get("dptr"), int):
@@ -266,20 +228,20 @@ class Replayer(BatchRunner):
                     if isinstance(ref, dict) and isinstance(ref.get("blob"), str) and rec.get("r", 0) == 0:
                         self._h2d_order.append(ref["blob"])
             elif k == "fn" and isinstance(rec.get("h"), int):
-                self._add_fn(rec, max_seq)
+                self.ctx.add_fn(rec, max_seq)
             elif k == "repair" and (rec.get("lost_bytes") or rec.get("lost_records") or rec.get("unknown_gaps")):
-                self.note(f"snapshot was repaired: {rec.get('lost_bytes', 0)} damaged bytes dropped "
+                self.ctx.note(f"snapshot was repaired: {rec.get('lost_bytes', 0)} damaged bytes dropped "
                           f"({rec.get('lost_records', 0)} records known lost); calls may be missing from it")
             elif k == "ctx" and isinstance(rec.get("h"), int):
-                self.ctx_ids.setdefault(rec["h"], dict(rec))
+                self.ctx.ctx_ids.setdefault(rec["h"], dict(rec))
 
             elif k == "region" and isinstance(rec.get("base"), int) and isinstance(rec.get("size"), int):
                 # capture's placement zone: reserved whole, first, so allocations land inside
                 self.regions.append((rec["base"], rec["size"]))
 
         walk = getattr(planner, "walk", None)
-        path = self.reader.path
-        for off, count, payload, recs, checked in self.reader.record_payloads():
+        path = self.ctx.reader.path
+        for off, count, payload, recs, checked in self.ctx.reader.record_payloads():
             if recs is None and walk is not None and planner.keeping and walk(payload, count, off, checked, one):
                 continue
             for rec in (record_list(payload, count, path, off) if recs is None else recs):
@@ -294,7 +256,7 @@ class Replayer(BatchRunner):
         self._plan = planner.finish() if planner.keeping else None
         self._t_origin = planner.t_origin
         if self._expected:
-            self.reader = ExpectedBlobs(self.reader, self._expected)
+            self.ctx.reader = ExpectedBlobs(self.ctx.reader, self._expected)
 
     def _fkind(self, f) -> int:
         """Per name: 1 allocation, 2 primary context retain, 4 H2D prefetched, 8 pinned host
@@ -319,7 +281,7 @@ class Replayer(BatchRunner):
         got = self._expected.get(bid)
         if got is not None:
             return got
-        r = self.reader
+        r = self.ctx.reader
         try:
             n = r.blob_size(bid)
             if n > D2H_AHEAD_EACH or self._expected_bytes + n > D2H_AHEAD_TOTAL:
@@ -337,68 +299,68 @@ class Replayer(BatchRunner):
             return
         self.initialized = True
         try:
-            r = self.cu.cuInit(0)
+            r = self.ctx.cu.cuInit(0)
         except Exception as e:  # the bindings could not load libcuda.so.1
             raise ReplayError(f"no CUDA driver: cannot load libcuda.so.1 ({type(e).__name__}: "
                               f"{str(e).splitlines()[0] if str(e) else ''})")
         if result_code(r[0]) != 0:
             raise ReplayError(f"cuInit failed: {cu_result_name(result_code(r[0]))} (no usable GPU or driver?)")
         try:
-            cnt = self.raw("cuDeviceGetCount")
+            cnt = self.ctx.raw("cuDeviceGetCount")
         except DriverCallError as e:
             raise ReplayError(f"cannot count devices: {e}")
-        if not (0 <= self.opt.device < int(cnt)):
-            raise ReplayError(f"--device {self.opt.device}: only {int(cnt)} device(s) present")
-        self.dev = self.raw("cuDeviceGet", self.opt.device)
+        if not (0 <= self.ctx.opt.device < int(cnt)):
+            raise ReplayError(f"--device {self.ctx.opt.device}: only {int(cnt)} device(s) present")
+        self.ctx.dev = self.ctx.raw("cuDeviceGet", self.ctx.opt.device)
         try:
-            mj = self.raw("cuDeviceGetAttribute", self.cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self.dev)
-            mn = self.raw("cuDeviceGetAttribute", self.cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self.dev)
-            self.device_cc = (int(mj), int(mn))
+            mj = self.ctx.raw("cuDeviceGetAttribute", self.ctx.cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self.ctx.dev)
+            mn = self.ctx.raw("cuDeviceGetAttribute", self.ctx.cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self.ctx.dev)
+            self.ctx.device_cc = (int(mj), int(mn))
         except Exception:
-            self.device_cc = None
-        self.ops = DriverOps(self.cu, self.opt.device)
+            self.ctx.device_cc = None
+        self.ctx.ops = DriverOps(self.ctx.cu, self.ctx.opt.device)
         try:
-            gran = self.ops.granularity()
+            gran = self.ctx.ops.granularity()
         except Exception:
             gran = 2 << 20
-        self.space = AddressSpace(self.ops, gran)
-        self.space.shared = {b for b, n in self.ranges if any(b <= d < b + max(n, 1) for d in self._ipc_shared)}
-        self.space.plan(self.ranges, self.regions)
-        self.space.reserve_all()
-        if self.space.spans and all(s.refused for s in self.space.spans):
+        self.ctx.space = AddressSpace(self.ctx.ops, gran)
+        self.ctx.space.shared = {b for b, n in self.ranges if any(b <= d < b + max(n, 1) for d in self._ipc_shared)}
+        self.ctx.space.plan(self.ranges, self.regions)
+        self.ctx.space.reserve_all()
+        if self.ctx.space.spans and all(s.refused for s in self.ctx.space.spans):
             # some drivers want a context for reservations: retain the primary one and retry
             try:
-                ctx = self.raw("cuDevicePrimaryCtxRetain", self.dev)
-                self.raw("cuCtxSetCurrent", ctx)
-                self.space.reserve_all()
-                self.raw("cuCtxSetCurrent", self.cu.CUcontext(0))
+                ctx = self.ctx.raw("cuDevicePrimaryCtxRetain", self.ctx.dev)
+                self.ctx.raw("cuCtxSetCurrent", ctx)
+                self.ctx.space.reserve_all()
+                self.ctx.raw("cuCtxSetCurrent", self.ctx.cu.CUcontext(0))
             except DriverCallError as e:
-                self.note(f"placement: could not reserve with a context either: {e}")
+                self.ctx.note(f"placement: could not reserve with a context either: {e}")
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> ReplayResult:
         t0 = time.monotonic()
-        self._mismatch_text: List[str] = []
+        self.ctx.mismatch_text = []
         try:
             try:
-                self.reader = SnapshotReader(self.path)
+                self.ctx.reader = SnapshotReader(self.path)
             except SnapshotError as e:
                 raise ReplayError(str(e))
-            self.res.truncated = bool(self.reader.truncated)
+            self.ctx.res.truncated = bool(self.ctx.reader.truncated)
             from .selection import LaunchSelection
             try:
-                self.selection = LaunchSelection.of(self.opt, self.func_names)
+                self.selection = LaunchSelection.of(self.ctx.opt, self.ctx.func_names)
             except ValueError as e:
                 raise ReplayError(str(e))
-            pr = getattr(self.opt, "profiler_range", None) or "recorded"
+            pr = getattr(self.ctx.opt, "profiler_range", None) or "recorded"
             if pr not in PROFILER_RANGES:
                 raise ReplayError(f"--profiler-range must be one of {', '.join(PROFILER_RANGES)}")
             self._pr = pr == "workload"
-            pace = getattr(self.opt, "pace", None) or "fast"
+            pace = getattr(self.ctx.opt, "pace", None) or "fast"
             if pace not in PACES:
                 raise ReplayError(f"--pace must be one of {', '.join(PACES)}")
-            self.res.pace = pace
-            self.res.profiler = {"range": pr, "starts": 0, "stops": 0}
+            self.ctx.res.pace = pace
+            self.ctx.res.profiler = {"range": pr, "starts": 0, "stops": 0}
             gc_on = gc.isenabled()
             gc.disable()            # the prescan builds 100k+ records that live on: no cycles to find
             try:
@@ -406,22 +368,22 @@ class Replayer(BatchRunner):
             finally:
                 if gc_on:
                     gc.enable()
-            self.res.total_calls = self.total
-            self.selection.prepare(self)
-            why = self.selection.nothing(self)
+            self.ctx.res.total_calls = self.total
+            self.selection.prepare(self.ctx)
+            why = self.selection.nothing(self.ctx)
             if why:                        # before any driver work
                 self.empty_selection = why
                 raise ReplayError(why)
             if not self.selection.everything:
                 from .selection import StaleResults
-                self._stale = StaleResults(lambda: self.space)
+                self._stale = StaleResults(lambda: self.ctx.space)
                 self.ctx.hooks.stale = self._stale.stale
             self._start_prefetch()
             if self._host_ranges:          # before the driver maps anything there
                 hostplace.reserve(self._host_ranges)
-            self.cu = self._load_driver()
-            if self.opt.watchdog:
-                self.watchdog = Watchdog(self.opt.watchdog)
+            self.ctx.cu = self._load_driver()
+            if self.ctx.opt.watchdog:
+                self.watchdog = Watchdog(self.ctx.opt.watchdog)
             if self.subscribers:
                 from .events import RunEvent
                 self.emit("start", RunEvent(self, self.path))
@@ -430,51 +392,50 @@ class Replayer(BatchRunner):
                 self._profiler_stop(None)
             if self.incomplete:
                 inc = self.incomplete[0]
-                self.res.stopped_at = inc.get("s")
-                self.note(f"call #{inc.get('s')} {inc.get('f')} never returned in the recording "
+                self.ctx.res.stopped_at = inc.get("s")
+                self.ctx.note(f"call #{inc.get('s')} {inc.get('f')} never returned in the recording "
                           f"(the program died in it); replay stopped there")
-            if self.res.truncated:
-                self.note(f"snapshot is truncated ({self.reader.lost_bytes} bytes lost): replayed up to the last "
-                          f"complete call #{self.res.last_seq}")
+            if self.ctx.res.truncated:
+                self.ctx.note(f"snapshot is truncated ({self.ctx.reader.lost_bytes} bytes lost): replayed up to the last "
+                          f"complete call #{self.ctx.res.last_seq}")
             self._finish_sync()
             from .endstate import check_window
             check_window(self)           # a window's recorded end state against this device's memory
         except (_StopVerify, _Abort):
             pass
         except ReplayError as e:
-            self.res.errors.append(str(e))
+            self.ctx.res.errors.append(str(e))
         finally:
             if self.subscribers:
                 from .events import EndEvent
                 try:
-                    self.emit("end", EndEvent(self.res, self))
+                    self.emit("end", EndEvent(self.ctx.res, self))
                 except Exception as e:  # a stop raised by a subscriber at the very end
-                    self.res.errors.append(str(e))
-            if self.space is not None:
-                self.res.placed, self.res.fell_back = self.space.placed, self.space.fell_back
-                self.res.host_relocated = self.space.host_relocated
-                self.res.fallbacks = [r.to_dict() for r in self.space.relocations if not r.host]
-            self.res.elapsed_s = time.monotonic() - t0
+                    self.ctx.res.errors.append(str(e))
+            if self.ctx.space is not None:
+                self.ctx.res.placed, self.ctx.res.fell_back = self.ctx.space.placed, self.ctx.space.fell_back
+                self.ctx.res.host_relocated = self.ctx.space.host_relocated
+                self.ctx.res.fallbacks = [r.to_dict() for r in self.ctx.space.relocations if not r.host]
+            self.ctx.res.elapsed_s = time.monotonic() - t0
             if self._workers:
                 for q in self._workers.values():
                     q.put(None)
-            if self._prefetch is not None:
-                self._prefetch.stop()
-        r = self.res
+            if self.ctx.prefetch is not None:
+                self.ctx.prefetch.stop()
+        r = self.ctx.res
         if r.unreadable_payloads and not r.errors and not r.mismatches:
             # a result that could not be read was not verified: never report success
             r.errors.append(f"damaged snapshot: {len(r.unreadable_payloads)} payload(s) unreadable, "
                             f"first {r.unreadable_payloads[0]}")
         r.exit_code = 2 if r.errors else (1 if r.mismatches else 0)
-        self.mismatch_text = self._mismatch_text
         return r
 
     def _finish_sync(self) -> None:
         if self.initialized:
             try:
-                cur = self.cu.cuCtxGetCurrent()
+                cur = self.ctx.cu.cuCtxGetCurrent()
                 if result_code(cur[0]) == 0 and handle_int(cur[1]):
-                    self._guard("final cuCtxSynchronize", lambda: self.cu.cuCtxSynchronize())
+                    self._guard("final cuCtxSynchronize", lambda: self.ctx.cu.cuCtxSynchronize())
             except Exception:
                 pass
 
@@ -496,7 +457,7 @@ class Replayer(BatchRunner):
             return True
         f = rec.get("f", "")
         if is_launch(f):
-            return sel.rec(rec, self.kernel_name_of((rec.get("a") or {}).get("f"), rec.get("s")))
+            return sel.rec(rec, self.ctx.kernel_name_of((rec.get("a") or {}).get("f"), rec.get("s")))
         b = base_name(f)
         if b.startswith("cuGraphLaunch") or (b.startswith("cuMemcpy") and "HtoD" not in b and "HtoA" not in b) \
                 or b.startswith("cuMemset"):
@@ -509,7 +470,7 @@ class Replayer(BatchRunner):
         them (nsys --capture-range=cudaProfilerApi, ncu --profile-from-start off) sees the
         range the program asked for; ignored under --profiler-range workload."""
         f = base_name(rec.get("f") or "")
-        p = self.res.profiler
+        p = self.ctx.res.profiler
         if f not in ("cuProfilerStart", "cuProfilerStop"):
             return                                     # cuProfilerInitialize: deprecated, no effect
         if self._pr:
@@ -518,14 +479,14 @@ class Replayer(BatchRunner):
         self._profiler_call(f, rec.get("s"))
 
     def _profiler_call(self, name: str, seq) -> bool:
-        p = self.res.profiler
+        p = self.ctx.res.profiler
         try:
-            code = result_code(getattr(self.cu, name)()[0])
+            code = result_code(getattr(self.ctx.cu, name)()[0])
         except Exception as e:                          # bindings without it: say so, go on
-            self.note(f"{name}: {type(e).__name__}: {e}")
+            self.ctx.note(f"{name}: {type(e).__name__}: {e}")
             return False
         if code != 0:
-            self.note(f"{name}{f' (call #{seq})' if seq is not None else ''}: replay returned {cu_result_name(code)}")
+            self.ctx.note(f"{name}{f' (call #{seq})' if seq is not None else ''}: replay returned {cu_result_name(code)}")
             return False
         key = "starts" if name == "cuProfilerStart" else "stops"
         p[key] += 1
@@ -543,7 +504,7 @@ class Replayer(BatchRunner):
         """--profiler-range workload: after the last workload call, once its work is done."""
         self._pr_state = 2
         try:
-            self._guard("cuCtxSynchronize before cuProfilerStop", lambda: self.cu.cuCtxSynchronize())
+            self._guard("cuCtxSynchronize before cuProfilerStop", lambda: self.ctx.cu.cuCtxSynchronize())
         except Exception:
             pass
         self._profiler_call("cuProfilerStop", seq)
@@ -552,12 +513,12 @@ class Replayer(BatchRunner):
         if self._plan is not None:
             return self._plan
         return self._new_planner(keep=False).stream(
-            r for r in self.reader.records(("c",)) if not (r.get("incomplete") or "r" not in r))
+            r for r in self.ctx.reader.records(("c",)) if not (r.get("incomplete") or "r" not in r))
 
     def _loop(self) -> None:
         prog = None
-        auto = self.opt.progress is None and self.total > 20000 and sys.stderr.isatty()
-        if (self.opt.progress or auto) and not self.opt.quiet:
+        auto = self.ctx.opt.progress is None and self.total > 20000 and sys.stderr.isatty()
+        if (self.ctx.opt.progress or auto) and not self.ctx.opt.quiet:
             try:
                 from rich.console import Console
                 from rich.progress import Progress
@@ -574,13 +535,13 @@ class Replayer(BatchRunner):
             try:
                 self._executor = make_executor()
             except Exception as e:  # pragma: no cover - defensive
-                self.note(f"C executor unavailable ({type(e).__name__}: {e})")
+                self.ctx.note(f"C executor unavailable ({type(e).__name__}: {e})")
         # the plan's records stay alive to the end: keep the collector from walking them again and
         # again while the loop allocates (a full collection over 100k+ records costs milliseconds)
         gc.freeze()
-        self.res.loop_start_mono = time.monotonic()
+        self.ctx.res.loop_start_mono = time.monotonic()
         if self._pace_on:
-            self._pace_base = self._pace_start if self._pace_start is not None else self.res.loop_start_mono
+            self._pace_base = self._pace_start if self._pace_start is not None else self.ctx.res.loop_start_mono
         try:
             for item in self._items():
                 if type(item) is OpBatch:
@@ -590,7 +551,7 @@ class Replayer(BatchRunner):
                     continue
                 if self._pace_on:
                     self._pace_wait(item)
-                if self.opt.threads:
+                if self.ctx.opt.threads:
                     self._on_thread(item)
                 else:
                     self._one(item)
@@ -599,7 +560,7 @@ class Replayer(BatchRunner):
                 if prog is not None:
                     prog.advance(task)
         finally:
-            self.res.loop_end_mono = time.monotonic()
+            self.ctx.res.loop_end_mono = time.monotonic()
             gc.unfreeze()
             if prog is not None:
                 self.progress_bar = None
@@ -629,7 +590,7 @@ class Replayer(BatchRunner):
 
     def _sync_mark(self, seq) -> None:
         """A synchronization returned: [seq, its time] (step boundaries for benchmarks)."""
-        s = self.res.sync_mono
+        s = self.ctx.res.sync_mono
         if len(s) < SYNC_TIMES_MAX:
             s.append([seq, time.monotonic()])
 
@@ -668,7 +629,7 @@ class Replayer(BatchRunner):
             rmod = rnative.module()
             if rmod is not None and hasattr(rmod.lib, "pl_new"):
                 from .plannative import NativePlanner
-                return NativePlanner(rmod, self.reader.path, self._fkind, is_workload if self._pr else None,
+                return NativePlanner(rmod, self.ctx.reader.path, self._fkind, is_workload if self._pr else None,
                                      *args, **kw)
         return Planner(*args, **kw)
 
@@ -704,28 +665,28 @@ class Replayer(BatchRunner):
     def _one(self, rec, threaded: bool = False) -> None:
         f = rec.get("f") or ""
         seq = rec.get("s")
-        self.res.last_seq = seq
+        self.ctx.res.last_seq = seq
         h = dispatch.lookup(f)
         if h is None:
             if is_query(f):
-                self.res.skipped += 1
+                self.ctx.res.skipped += 1
                 return
             self._error(rec, f"unsupported: call #{seq} {f} has no replay handler")
             return
         if rec.get("r", 0) != 0 and not h.errors:
-            self.res.skipped += 1
+            self.ctx.res.skipped += 1
             return
         if not self._selected(rec):
-            self.res.filtered += 1
+            self.ctx.res.filtered += 1
             if self._stale is not None:
                 self._stale.skipped(rec)
             return
         if f != "cuInit":
             self.ensure_init(rec)
         tid = rec.get("tid")
-        if not threaded and tid != self._last_tid and self._last_tid is not None and tid in self.cur_ctx:
+        if not threaded and tid != self._last_tid and self._last_tid is not None and tid in self.ctx.cur_ctx:
             try:
-                self.raw("cuCtxSetCurrent", self.cur_ctx[tid])
+                self.ctx.raw("cuCtxSetCurrent", self.ctx.cur_ctx[tid])
             except DriverCallError:
                 pass
         self._last_tid = tid
@@ -756,11 +717,11 @@ class Replayer(BatchRunner):
                 self.watchdog.disarm()
             if self._pr_state == 1 and isinstance(seq, int) and seq >= (self._workload_last or 0):
                 self._profiler_stop(seq)
-        self.res.calls += 1
+        self.ctx.res.calls += 1
         if self._stale is not None:
             self._stale.ran(rec)
         fam = h.family
-        self.res.by_family[fam] = self.res.by_family.get(fam, 0) + 1
+        self.ctx.res.by_family[fam] = self.ctx.res.by_family.get(fam, 0) + 1
         sync = _SYNC_CALLS.get(f)
         if sync is None:
             sync = _SYNC_CALLS[f] = base_name(f) in ("cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize")
@@ -768,8 +729,8 @@ class Replayer(BatchRunner):
             self._sync_mark(seq)
 
     def _error(self, rec, msg: str) -> None:
-        self.res.errors.append(msg)
-        if not self.opt.continue_on_error:
+        self.ctx.res.errors.append(msg)
+        if not self.ctx.opt.continue_on_error:
             raise _Abort(msg)
 
 

@@ -106,7 +106,7 @@ def copy_event(rp, rec) -> CopyEvent:
         src = a.get("srcDevice", a.get("src"))
     rs = a.get("hStream") or 0
     try:
-        live = rp.stream(rec, rs) if "Async" in f else rp.cu.CUstream(0)
+        live = rp.ctx.stream(rec, rs) if "Async" in f else rp.ctx.cu.CUstream(0)
     except Exception:
         live = None
     return CopyEvent(rec.get("s"), f, d, n, dst if isinstance(dst, int) else None,
@@ -126,11 +126,11 @@ class LaunchContext:
     @property
     def capturing(self) -> bool:
         """A recorded stream capture is in progress: synchronizing now would break it."""
-        return bool(getattr(self.replayer, "capturing", None))
+        return bool(getattr(getattr(self.replayer, "ctx", None), "capturing", None))
 
     # -- memory
     def translate(self, addr: int) -> int:
-        return self.replayer.tr(addr)
+        return self.replayer.ctx.tr(addr)
 
     def read_device(self, addr: int, n: int, sync: bool = True) -> bytes:
         """Bytes at device address `addr` (recorded or live; recorded ones are translated).
@@ -139,15 +139,15 @@ class LaunchContext:
         if self.capturing:
             raise RuntimeError("read_device during a recorded stream capture (the launch has not run yet)")
         if sync:
-            rp.raw("cuCtxSynchronize")
+            rp.ctx.raw("cuCtxSynchronize")
         buf = bytearray(n)
         if n:
-            rp.raw("cuMemcpyDtoH", buf, rp.tr(addr), n)
+            rp.ctx.raw("cuMemcpyDtoH", buf, rp.ctx.tr(addr), n)
         return bytes(buf)
 
     def allocation_of(self, addr: int) -> Optional[Tuple[int, int]]:
         """(live base, size) of the replayed allocation holding recorded address `addr`."""
-        sp = self.replayer.space
+        sp = self.replayer.ctx.space
         a = sp.find(addr) if sp is not None else None
         return (a.live_base, a.size) if a is not None else None
 
@@ -159,8 +159,8 @@ class LaunchContext:
 
     def _record(self, which: int) -> None:
         rp = self.replayer
-        e = rp.raw("cuEventCreate", 0)
-        rp.raw("cuEventRecord", e, self._ev.stream)
+        e = rp.ctx.raw("cuEventCreate", 0)
+        rp.ctx.raw("cuEventRecord", e, self._ev.stream)
         if which == 0:
             self._ev0 = e
         else:
@@ -170,11 +170,11 @@ class LaunchContext:
         if self._ev0 is None or self._ev1 is None:
             return None
         rp = self.replayer
-        rp.raw("cuEventSynchronize", self._ev1)
-        ms = float(rp.raw("cuEventElapsedTime", self._ev0, self._ev1))
+        rp.ctx.raw("cuEventSynchronize", self._ev1)
+        ms = float(rp.ctx.raw("cuEventElapsedTime", self._ev0, self._ev1))
         for e in (self._ev0, self._ev1):
             try:
-                rp.cu.cuEventDestroy(e)
+                rp.ctx.cu.cuEventDestroy(e)
             except Exception:
                 pass
         self._ev0 = self._ev1 = None
@@ -194,16 +194,16 @@ class LaunchContext:
             cfg.hStream = s
             try:
                 p = _Params(ev.params)
-                rp.raw("cuLaunchKernelEx", cfg, ev.function, None, p.extra_ptr)
+                rp.ctx.raw("cuLaunchKernelEx", cfg, ev.function, None, p.extra_ptr)
             finally:
                 cfg.hStream = old
             return
         if base == "cuLaunchCooperativeKernel":
             p = _Params(ev.params, ev.layout or [])
-            rp.raw("cuLaunchCooperativeKernel", ev.function, *ev.grid, *ev.block, ev.shmem, s, p.kp_ptr)
+            rp.ctx.raw("cuLaunchCooperativeKernel", ev.function, *ev.grid, *ev.block, ev.shmem, s, p.kp_ptr)
             return
         p = _Params(ev.params)
-        rp.raw("cuLaunchKernel", ev.function, *ev.grid, *ev.block, ev.shmem, s, None, p.extra_ptr)
+        rp.ctx.raw("cuLaunchKernel", ev.function, *ev.grid, *ev.block, ev.shmem, s, None, p.extra_ptr)
 
 
 @dataclass
@@ -236,7 +236,7 @@ class LaunchEvent:
     def pointer_params(self) -> List[Tuple[int, int]]:
         """(index, value) of 8-byte parameters that hold a replayed device address."""
         out = []
-        sp = self.ctx.replayer.space if self.ctx else None
+        sp = self.ctx.replayer.ctx.space if self.ctx else None
         items = self.layout or [(o, 8) for o in range(0, len(self.params) - 7, 8)]
         for i, (o, s) in enumerate(items):
             if s != 8 or o + 8 > len(self.rec_params):
@@ -254,7 +254,7 @@ def make_launch_event(rp, rec, fn, params: bytes, name: str, cfg=None) -> Launch
     a = rec.get("a") or {}
     f = rec.get("f") or ""
     h = a.get("f")
-    fr = rp.fn_record(h, rec.get("s")) or {}
+    fr = rp.ctx.fn_record(h, rec.get("s")) or {}
     if cfg is not None:
         grid = (int(cfg.gridDimX), int(cfg.gridDimY), int(cfg.gridDimZ))
         block = (int(cfg.blockDimX), int(cfg.blockDimY), int(cfg.blockDimZ))
@@ -267,11 +267,11 @@ def make_launch_event(rp, rec, fn, params: bytes, name: str, cfg=None) -> Launch
         block = (int(a.get("blockDimX", 1)), int(a.get("blockDimY", 1)), int(a.get("blockDimZ", 1)))
         shmem = int(a.get("sharedMemBytes", 0))
         rs = a.get("hStream") or 0
-        live_s = rp.stream(rec, rs)
+        live_s = rp.ctx.stream(rec, rs)
     layout = fr.get("params")
     layout = [tuple(p) for p in layout] if layout else None
     rec_params = bytes((rec.get("x") or {}).get("params") or b"")
-    ev = LaunchEvent(rec.get("s"), rp.res.launches, f, name, grid, block, shmem, live_s, rs if isinstance(rs, int) else 0,
-                     bytes(params), rec_params, layout, fr.get("module", rp.module_of.get(h)), fn, h, cfg)
+    ev = LaunchEvent(rec.get("s"), rp.ctx.res.launches, f, name, grid, block, shmem, live_s, rs if isinstance(rs, int) else 0,
+                     bytes(params), rec_params, layout, fr.get("module", rp.ctx.module_of.get(h)), fn, h, cfg)
     ev.ctx = LaunchContext(rp, ev)
     return ev

@@ -69,13 +69,13 @@ class LaunchOverride:
         self.refused: Dict[str, str] = {}
         self._limits: Dict[int, int] = {}
 
-    def _max_threads(self, rp, rec, h) -> Optional[int]:
+    def _max_threads(self, ctx, rec, h) -> Optional[int]:
         if h in self._limits:
             return self._limits[h]
         from .handlers.module import resolve_function
         try:
-            fn = resolve_function(rp.ctx, rec, h)
-            r = rp.cu.cuFuncGetAttribute(rp.cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, fn)
+            fn = resolve_function(ctx, rec, h)
+            r = ctx.cu.cuFuncGetAttribute(ctx.cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, fn)
             v = int(r[1]) if int(r[0]) == 0 else None
         except Exception:
             v = None
@@ -84,7 +84,7 @@ class LaunchOverride:
 
     def on_event(self, kind, ev) -> None:
         if kind == "end":
-            self._report(ev.replayer)
+            self._report(ev.replayer.ctx)
             return
         if kind != "before_call":
             return
@@ -92,10 +92,10 @@ class LaunchOverride:
         f = rec.get("f") or ""
         if not is_launch(f) or rec.get("r", 0) != 0:
             return
-        rp = ev.replayer
+        ctx = ev.replayer.ctx
         a = dict(rec.get("a") or {})
         h = a.get("f")
-        name = rp.kernel_name_of(h, rec.get("s"))
+        name = ctx.kernel_name_of(h, rec.get("s"))
         if self.rx is not None and not self.rx.search(name):
             return
         ex = f.startswith("cuLaunchKernelEx")
@@ -111,7 +111,7 @@ class LaunchOverride:
         new_grid = list(self.grid) if self.grid else grid
         new_block = list(self.block) if self.block else block
         if self.block:
-            mx = self._max_threads(rp, rec, h)
+            mx = self._max_threads(ctx, rec, h)
             n = new_block[0] * new_block[1] * new_block[2]
             if mx is not None and n > mx:
                 self.refused[name] = f"block of {n} threads, the kernel allows {mx}"
@@ -128,10 +128,10 @@ class LaunchOverride:
         self.applied += 1
         self.kernels.add(name)
 
-    def _report(self, rp) -> None:
+    def _report(self, ctx) -> None:
         g = "x".join(map(str, self.grid)) if self.grid else "as recorded"
         b = "x".join(map(str, self.block)) if self.block else "as recorded"
-        rp.note(f"--launch-override: {self.applied} launch(es) of {len(self.kernels)} kernel(s) replayed with grid {g}, "
-                f"block {b}")
+        ctx.note(f"--launch-override: {self.applied} launch(es) of {len(self.kernels)} kernel(s) replayed with grid {g}, "
+                 f"block {b}")
         for k, why in sorted(self.refused.items()):
-            rp.note(f"--launch-override: launches of {k} left as recorded ({why})")
+            ctx.note(f"--launch-override: launches of {k} left as recorded ({why})")

@@ -148,23 +148,23 @@ class LaunchSelection:
             return False
         return self.matches_name(name)
 
-    def prepare(self, rp) -> "LaunchSelection":
+    def prepare(self, ctx) -> "LaunchSelection":
         """Counting: walk the replayer's recorded launches in call order and keep the seqs of
-        those selected. Names are those the replay resolves (rp.kernel_name_of)."""
-        self.func_names = rp.func_names
+        those selected. Names are those the replay resolves (ctx.kernel_name_of)."""
+        self.func_names = ctx.func_names
         if not self.counting or self.chosen is not None:
             return self
         chosen: Set[int] = set()
         n = 0
         hi = None if self.count is None else self.skip + self.count
-        for rec in rp.reader.records(("c",)):
+        for rec in ctx.reader.records(("c",)):
             f = rec.get("f") or ""
             if not is_launch(f) or rec.get("r", 0) != 0 or rec.get("incomplete") or "r" not in rec:
                 continue
             s = rec.get("s")
             if not isinstance(s, int):
                 continue
-            if not self._match(rec, rp.kernel_name_of((rec.get("a") or {}).get("f"), s)):
+            if not self._match(rec, ctx.kernel_name_of((rec.get("a") or {}).get("f"), s)):
                 continue
             n += 1
             if n > self.skip and (hi is None or n <= hi):
@@ -175,13 +175,13 @@ class LaunchSelection:
         self.matched = n
         return self
 
-    def nothing(self, rp) -> Optional[str]:
+    def nothing(self, ctx) -> Optional[str]:
         """Why this selection selects no recorded work (a launch, or with --calls also a copy,
-        memset or graph launch), or None when it selects some. After prepare(rp)."""
+        memset or graph launch), or None when it selects some. After prepare(ctx)."""
         if self.everything:
             return None
         launches = last = 0
-        for rec in rp.reader.records(("c",)):
+        for rec in ctx.reader.records(("c",)):
             f = rec.get("f") or ""
             if isinstance(rec.get("s"), int):
                 last = rec["s"]
@@ -189,7 +189,7 @@ class LaunchSelection:
                 continue
             if is_launch(f):
                 launches += 1
-                if self.rec(rec, rp.kernel_name_of((rec.get("a") or {}).get("f"), rec.get("s"))):
+                if self.rec(rec, ctx.kernel_name_of((rec.get("a") or {}).get("f"), rec.get("s"))):
                     return None
             elif self.sel is not None and self.launch is None and not self.name_filter and not self.counting \
                     and ("GraphLaunch" in f or f.startswith("cuMemset")

@@ -7,7 +7,7 @@ import struct
 import pytest
 
 from cudasnap.replay import dispatch
-from cudasnap.replay.context import Handles, ReplayContext
+from cudasnap.replay.context import EngineHooks, Handles, ReplayContext
 from cudasnap.replay.engine import Replayer
 from cudasnap.replay.synth import Synth
 from test_replay_graph import A, FILL, _prologue, _run
@@ -42,7 +42,19 @@ def test_handlers_receive_the_context_not_the_replayer(tmp_path, monkeypatch):
     res, rp = _run(p)
     assert res.exit_code == 0, res.errors
     assert seen and set(seen) == {ReplayContext}
-    assert isinstance(rp.ctx, ReplayContext) and rp.handles is rp.ctx.handles
+    assert isinstance(rp.ctx, ReplayContext)
+
+
+def test_each_piece_of_replay_state_has_one_name(tmp_path):
+    """The context's fields and methods are reached through it: the Replayer re-exposes none."""
+    p = tmp_path / "g.cusnap"
+    _graph_snapshot(p)
+    res, rp = _run(p)
+    assert res.exit_code == 0, res.errors
+    names = set(ReplayContext.__slots__) | {n for n in vars(ReplayContext) if not n.startswith("__")}
+    names -= set(EngineHooks.__slots__)            # the engine implements these; the context calls them
+    both = sorted(n for n in names if hasattr(rp, n) and n != "ctx")
+    assert both == [], f"Replayer re-exposes context state: {both}"
 
 
 def test_one_map_per_handle_kind(tmp_path):
@@ -55,7 +67,7 @@ def test_one_map_per_handle_kind(tmp_path):
     assert set(h.streams) == {0x5000} and set(h.graphs) == {0x6000, 0x6001} and set(h.graph_execs) == {0x7000}
     assert set(h.conditionals) == {0xABC00000}
     assert h.kind_of(0x7000) == "graph_execs" and h[0x7000] is h.graph_execs[0x7000]
-    assert rp.modules is h.modules                 # the engine's name for the same map
+    assert rp.ctx.modules is h.modules
 
 
 def test_handles_one_kind_at_a_time_and_lookup_by_value():

@@ -415,7 +415,7 @@ def test_cupti_collector_follows_node_creation_and_cloning():
 
 
 class _GateDriver:
-    """rp.raw stand-in: host memory is a ctypes buffer; the stream's wait is checked when the
+    """ReplayContext.raw stand-in: host memory is a ctypes buffer; the stream's wait is checked when the
     host releases it (the word must reach the value waited for)."""
 
     def __init__(self, wait_ok=True):

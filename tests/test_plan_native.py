@@ -61,7 +61,7 @@ def _view(rp):
     items = None
     if rp._plan is not None:
         items = [_batch_view(it, ffi) if isinstance(it, P.OpBatch) else ("rec", it) for it in rp._plan]
-    state = (rp.total, rp.incomplete, rp._workload_last, rp.ranges, rp._h2d_order, rp.ctx_ids, rp.regions,
+    state = (rp.total, rp.incomplete, rp._workload_last, rp.ranges, rp._h2d_order, rp.ctx.ctx_ids, rp.regions,
              list(rp._expected.items()), list(rp._slots.index.items()), rp._t_origin, rp._host_ranges,
              rp._ipc_shared)
     return items, state
@@ -71,15 +71,15 @@ def _prescan(snap, use_native: bool, monkeypatch, **opt):
     monkeypatch.setenv("CUDASNAP_NATIVE_RECORDS", "1" if use_native else "0")
     rp = Replayer(str(snap))
     for k, v in opt.items():
-        setattr(rp.opt, k, v)
+        setattr(rp.ctx.opt, k, v)
     rp._pr = opt.get("profiler_range") == "workload"
-    rp.reader = SnapshotReader(str(snap))
+    rp.ctx.reader = SnapshotReader(str(snap))
     try:
         rp._prescan()
         kind = type(rp._planner).__name__
         return _view(rp), kind
     finally:
-        rp.reader.close()
+        rp.ctx.reader.close()
 
 
 def _check_same(snap, monkeypatch, want_batches: bool = True):
@@ -326,9 +326,9 @@ def test_records_decoded_on_demand(tmp_path, monkeypatch):
             w.write({"k": "c", "s": i, "tid": 1, "f": "cuCtxSynchronize", "a": {}, "r": 0})
     monkeypatch.setenv("CUDASNAP_NATIVE_RECORDS", "1")
     rp = Replayer(str(p))
-    rp.reader = SnapshotReader(str(p))
+    rp.ctx.reader = SnapshotReader(str(p))
     rp._prescan()
-    rp.reader.close()
+    rp.ctx.reader.close()
     (b,) = rp._plan
     from cudasnap.replay.plannative import LazyRecs
     assert isinstance(b.recs, LazyRecs) and not b.recs.got

@@ -359,7 +359,7 @@ def test_hook_adapter_and_engine_emit_fail_open():
     rp = Replayer("/nonexistent.cusnap")
     rp.subscribers.append(BadSub())
     rp.emit("sync", type("E", (), {"seq": 9})())
-    assert any("raised RuntimeError: sub" in w for w in rp.res.warnings)
+    assert any("raised RuntimeError: sub" in w for w in rp.ctx.res.warnings)
 
 
 def test_nvtx_emitter_balances_ranges():

@@ -287,11 +287,11 @@ def test_stream_capture_is_not_executed_eagerly_and_captured_d2h_not_verified(tm
     s.call("cuGraphDestroy", {"hGraph": 0x6000})
     s.close()
     res, rp = _run(p, sync_after_launch=True)
-    assert res.exit_code == 0, (res.errors, rp.mismatch_text)
+    assert res.exit_code == 0, (res.errors, rp.ctx.mismatch_text)
     assert res.d2h_verified == 2 and not res.mismatches
     assert any("captured into graphs are not verified" in w for w in res.warnings)
-    assert rp.cu.modes_set == [2, 0]              # inputs recovered from the next exchange's output
-    assert not rp.capturing
+    assert rp.ctx.cu.modes_set == [2, 0]              # inputs recovered from the next exchange's output
+    assert not rp.ctx.capturing
     assert res.by_family.get("graph", 0) >= 5 and res.launches == 2
 
 
@@ -324,14 +324,14 @@ def test_capture_to_graph_with_explicit_nodes(tmp_path):
     s.call("cuProfilerStop", {})
     s.close()
     res, rp = _run(p)
-    assert res.exit_code == 0, (res.errors, rp.mismatch_text)
+    assert res.exit_code == 0, (res.errors, rp.ctx.mismatch_text)
     assert res.d2h_verified == 1
-    cu = rp.cu
+    cu = rp.ctx.cu
     begin = [e for e in cu.log if e[0] == "begin_to_graph"][0]
-    host_node = rp.handles[0x6102]
-    assert begin[1] == int(rp.handles[0x6000]) and begin[2] == [int(host_node)] and begin[3] is None
+    host_node = rp.ctx.handles[0x6102]
+    assert begin[1] == int(rp.ctx.handles[0x6000]) and begin[2] == [int(host_node)] and begin[3] is None
     memset_node = [e for e in cu.log if e[0] == "node" and e[3] == "memset32"][0]
-    assert memset_node[2] == [int(rp.handles[0x6100])]
+    assert memset_node[2] == [int(rp.ctx.handles[0x6100])]
     assert any("host nodes" in w for w in res.warnings)      # replayed as an empty node, same edges
     assert ("inst_params", 2, True) in cu.log
     assert res.by_family.get("profiler") == 3
@@ -395,12 +395,12 @@ def test_conditional_node_bodies_and_handles(tmp_path):
     s.close()
     res, rp = _run(p)
     assert res.exit_code == 0, res.errors
-    cond = [e for e in rp.cu.log if e[0] == "cond"][0]
+    cond = [e for e in rp.ctx.cu.log if e[0] == "cond"][0]
     assert cond[1] == 0xC0DE0000 and cond[2] == 1              # the live handle went into the node
-    body = rp.handles[0x6abc]
-    assert rp.cu.graphs[int(body)] and rp.cu.graphs[int(body)][0][0] == "fill"
+    body = rp.ctx.handles[0x6abc]
+    assert rp.ctx.cu.graphs[int(body)] and rp.ctx.cu.graphs[int(body)][0][0] == "fill"
     assert any("body graph of a conditional node" in w for w in res.warnings)
-    assert rp.cond_handles == {0xABC00000: 0xC0DE0000}
+    assert rp.ctx.cond_handles == {0xABC00000: 0xC0DE0000}
 
 
 def test_host_func_keeps_order_and_is_skipped(tmp_path):
@@ -418,9 +418,9 @@ def test_host_func_keeps_order_and_is_skipped(tmp_path):
     _d2h(s, _fill(2))
     s.close()
     res, rp = _run(p)
-    assert res.exit_code == 0, (res.errors, rp.mismatch_text)
+    assert res.exit_code == 0, (res.errors, rp.ctx.mismatch_text)
     assert res.d2h_verified == 1 and res.skipped >= 1
-    g = rp.cu.graphs[int(rp.handles[0x6000])]
+    g = rp.ctx.cu.graphs[int(rp.ctx.handles[0x6000])]
     assert [op[0] for op in g] == ["fill", "fill"]
 
 

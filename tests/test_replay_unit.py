@@ -357,8 +357,8 @@ def test_replay_verifies_and_places(tmp_path):
     assert res.d2h_verified == 2 and res.d2h_bytes == 128 and res.launches == 1
     assert res.errors_recurred >= 1          # the recorded NOT_FOUND recurred
     assert res.skipped >= 1                  # cuDriverGetVersion query
-    assert rp.cu.creates == 1                # both allocations share one granule
-    assert not rp.space.allocs               # freed
+    assert rp.ctx.cu.creates == 1                # both allocations share one granule
+    assert not rp.ctx.space.allocs               # freed
 
 
 def test_tampered_d2h_exits_1_naming_call_and_kernel(tmp_path):
@@ -368,7 +368,7 @@ def test_tampered_d2h_exits_1_naming_call_and_kernel(tmp_path):
     assert res.exit_code == 1
     m = res.mismatches[0]
     assert m["call"] == "cuMemcpyDtoH_v2" and m["offset"] == 20 and m["writer"][1] == "fill"
-    assert "call #" in rp.mismatch_text[0] and "fill" in rp.mismatch_text[0]
+    assert "call #" in rp.ctx.mismatch_text[0] and "fill" in rp.ctx.mismatch_text[0]
 
 
 def test_fallback_reported_and_params_relocated(tmp_path):
@@ -376,7 +376,7 @@ def test_fallback_reported_and_params_relocated(tmp_path):
     A = _program(p)
     drv = FakeCU(occupied=[(A, G)])
     res, rp = _run(p, drv)
-    assert res.exit_code == 0, (res.errors, rp.mismatch_text)
+    assert res.exit_code == 0, (res.errors, rp.ctx.mismatch_text)
     assert res.fell_back == 2 and res.placed == 0
     assert res.fallbacks[0]["rec_base"] == hex(A) and "did not honour" in res.fallbacks[0]["reason"]
     assert res.params_relocated == 1

@@ -27,13 +27,13 @@ def _nogap(self, ev, saver, digests):
     clock.start()
     windows = []
     for i in range(cfg.warmup + cfg.repeat):
-        rp.raw("cuStreamSynchronize", s)
+        rp.ctx.raw("cuStreamSynchronize", s)
         m0 = clock.mark() if i >= cfg.warmup else None
         saver.restore(s)
         if self.flusher is not None:
             self.flusher.flush(s)
         ev.ctx.relaunch()
-        rp.raw("cuStreamSynchronize", s)
+        rp.ctx.raw("cuStreamSynchronize", s)
         if m0 is not None:
             windows.append((m0, clock.mark()))
     runs = clock.collect(windows)

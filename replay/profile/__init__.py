@@ -119,7 +119,7 @@ def profile_replay(snapshot, cfg: ProfileConfig, options: Optional[ReplayOptions
 
     def warn(msg: str) -> None:
         warnings.append(msg)
-        rp.note(msg)
+        rp.ctx.note(msg)
 
     nv = cfg.nvtx
     if nv is None:
@@ -138,7 +138,7 @@ def profile_replay(snapshot, cfg: ProfileConfig, options: Optional[ReplayOptions
     # a rank of a job may hold none of the launches the job's selection names
     from ..group import ENV_RANK
     in_job = bool(os.environ.get(ENV_RANK))
-    why = sel.nothing(rp) if sel is not None and rp.reader is not None and not res.errors and not in_job else None
+    why = sel.nothing(rp.ctx) if sel is not None and rp.ctx.reader is not None and not res.errors and not in_job else None
     if why:                               # a profile of nothing is no profile: nothing is written
         rp.empty_selection = why
         res.errors.append(why)
@@ -219,15 +219,15 @@ def run_profile_cli(snapshot, opts: ReplayOptions, cfg: ProfileConfig, as_json: 
     if as_json:
         d = res.to_dict()
         d["snapshot"] = os.fspath(snapshot)
-        d["mismatch_text"] = run.replayer.mismatch_text
+        d["mismatch_text"] = run.replayer.ctx.mismatch_text
         d["profile"] = run.report
         out.write(json.dumps(d, indent=2, default=str) + "\n")
         _exit_if_gpu_hung(run, res.exit_code, out)
         return res.exit_code
     if not opts.quiet:
-        render(res, run.replayer.mismatch_text, os.fspath(snapshot), out, False)
+        render(res, run.replayer.ctx.mismatch_text, os.fspath(snapshot), out, False)
     elif res.exit_code:
-        for e in (res.errors or run.replayer.mismatch_text)[:1]:
+        for e in (res.errors or run.replayer.ctx.mismatch_text)[:1]:
             sys.stderr.write(f"cudasnap: {e}\n")
     if run.report is not None:
         from .report import render_table

@@ -12,13 +12,13 @@ from typing import Any, Dict, List, Optional, Tuple
 from ..selection import LaunchSelection
 
 
-def Selection(cfg, rp) -> LaunchSelection:
-    """Which launches are profiled: the selection of cfg (a ProfileConfig), prepared on
-    replayer rp (after its first pass; -s/-c count the recorded launches). rp may be a
-    mapping of function names (no counting then)."""
-    if isinstance(rp, dict):
-        return LaunchSelection.of(cfg, rp)
-    return LaunchSelection.of(cfg, rp.func_names).prepare(rp)
+def Selection(cfg, ctx) -> LaunchSelection:
+    """Which launches are profiled: the selection of cfg (a ProfileConfig), prepared on the
+    replay's context ctx (after its first pass; -s/-c count the recorded launches). ctx may be
+    a mapping of function names (no counting then)."""
+    if isinstance(ctx, dict):
+        return LaunchSelection.of(cfg, ctx)
+    return LaunchSelection.of(cfg, ctx.func_names).prepare(ctx)
 
 
 SAVE_KINDS = ("placed", "fallback", "global")
@@ -47,7 +47,7 @@ def live_ranges(sp) -> List[Tuple[int, int]]:
 def ranges_for(rp, launches, limit: int) -> List[Tuple[int, int]]:
     """Live (base, size) ranges the given launch events could write: all of live_ranges when they
     fit in `limit` bytes, else the ranges their pointer-sized parameters point into."""
-    sp = rp.space
+    sp = rp.ctx.space
     allocs = live_ranges(sp)
     if allocs and sum(n for _b, n in allocs) <= limit:
         return _merge(allocs)
@@ -64,13 +64,13 @@ def ranges_for(rp, launches, limit: int) -> List[Tuple[int, int]]:
         if a is not None and a.kind in SAVE_KINDS:
             out.append((a.live_base, a.size))
             continue
-        live = rp.tr(v)
+        live = rp.ctx.tr(v)
         m = sp.find_mapping(live) if sp else None
         if m is not None:
             out.append(m)
             continue
         try:  # memory the placement does not know
-            base, size = rp.raw("cuMemGetAddressRange", live)
+            base, size = rp.ctx.raw("cuMemGetAddressRange", live)
             out.append((int(base), int(size)))
         except Exception:
             pass
@@ -89,26 +89,26 @@ class MemorySaver:
 
     def save(self) -> None:
         rp = self.rp
-        rp.raw("cuCtxSynchronize")
+        rp.ctx.raw("cuCtxSynchronize")
         self.skipped = []
         try:
             for base, n in self.ranges:
-                bk = int(rp.raw("cuMemAlloc", n))
+                bk = int(rp.ctx.raw("cuMemAlloc", n))
                 try:
-                    rp.raw("cuMemcpyDtoD", bk, base, n)
+                    rp.ctx.raw("cuMemcpyDtoD", bk, base, n)
                 except Exception:        # not (or no longer) device memory: nothing a kernel writes
-                    rp.raw("cuMemFree", bk)
+                    rp.ctx.raw("cuMemFree", bk)
                     self.skipped.append((base, n))
                     continue
                 self.copies.append((base, bk, n))
-            rp.raw("cuCtxSynchronize")
+            rp.ctx.raw("cuCtxSynchronize")
         except Exception:
             self.free()
             raise
 
     def restore(self, stream) -> None:
         for base, bk, n in self.copies:
-            self.rp.raw("cuMemcpyDtoDAsync", base, bk, n, stream)
+            self.rp.ctx.raw("cuMemcpyDtoDAsync", base, bk, n, stream)
 
     def keep_only(self, live: List[Tuple[int, int]]) -> int:
         """Drop saved ranges that are no longer inside live memory (freed since the save);
@@ -119,7 +119,7 @@ class MemorySaver:
         self.copies = keep
         for _b, bk, _n in drop:
             try:
-                self.rp.raw("cuMemFree", bk)
+                self.rp.ctx.raw("cuMemFree", bk)
             except Exception:
                 pass
         return len(drop)
@@ -128,18 +128,18 @@ class MemorySaver:
         """sha256 of the saved ranges as they are now (or of the saved copies)."""
         import hashlib
         rp = self.rp
-        rp.raw("cuCtxSynchronize")
+        rp.ctx.raw("cuCtxSynchronize")
         h = hashlib.sha256()
         for base, bk, n in self.copies:
             buf = bytearray(n)
-            rp.raw("cuMemcpyDtoH", buf, bk if backup else base, n)
+            rp.ctx.raw("cuMemcpyDtoH", buf, bk if backup else base, n)
             h.update(buf)
         return h.hexdigest()
 
     def free(self) -> None:
         for _b, bk, _n in self.copies:
             try:
-                self.rp.raw("cuMemFree", bk)
+                self.rp.ctx.raw("cuMemFree", bk)
             except Exception:
                 pass
         self.copies = []
@@ -190,32 +190,32 @@ class LaunchGate:
 
     RELEASE_AFTER_S = 0.05
 
-    def __init__(self, rp, stream):
+    def __init__(self, ctx, stream):
         import ctypes
         import threading
-        self.rp, self.stream, self.value = rp, stream, 0
+        self.ctx, self.stream, self.value = ctx, stream, 0
         self.released_late = 0
         self._lock = threading.Lock()
         self._timer = None
-        self.host = int(rp.raw("cuMemHostAlloc", 4, 0x02))          # CU_MEMHOSTALLOC_DEVICEMAP
+        self.host = int(ctx.raw("cuMemHostAlloc", 4, 0x02))          # CU_MEMHOSTALLOC_DEVICEMAP
         self.word = ctypes.c_uint32.from_address(self.host)
         self.word.value = 0
         try:
-            self.dptr = rp.raw("cuMemHostGetDevicePointer", self.host, 0)
+            self.dptr = ctx.raw("cuMemHostGetDevicePointer", self.host, 0)
         except Exception:
             self.close()
             raise
 
     @classmethod
-    def open(cls, rp, stream) -> Optional["LaunchGate"]:
+    def open(cls, ctx, stream) -> Optional["LaunchGate"]:
         try:
-            gate = cls(rp, stream)
+            gate = cls(ctx, stream)
         except Exception:
             return None
         try:                      # a trial hold and release: stream memory operations work here
             with gate:
                 pass
-            rp.raw("cuStreamSynchronize", stream)
+            ctx.raw("cuStreamSynchronize", stream)
         except Exception:
             gate.close()
             return None
@@ -229,7 +229,7 @@ class LaunchGate:
     def __enter__(self) -> "LaunchGate":
         import threading
         self.value += 1
-        self.rp.raw("cuStreamWaitValue32", self.stream, self.dptr, self.value, 0)   # CU_STREAM_WAIT_VALUE_GEQ
+        self.ctx.raw("cuStreamWaitValue32", self.stream, self.dptr, self.value, 0)   # CU_STREAM_WAIT_VALUE_GEQ
         t = threading.Timer(self.RELEASE_AFTER_S, self._release_late, (self.value,))
         t.daemon = True
         self._timer = t
@@ -250,13 +250,13 @@ class LaunchGate:
             self.word.value = self.value      # released even when issuing failed: never a stuck stream
 
     @staticmethod
-    def launch_timed(rp, gate: Optional["LaunchGate"], exe, stream, e0, e1) -> None:
+    def launch_timed(ctx, gate: Optional["LaunchGate"], exe, stream, e0, e1) -> None:
         """e0, cuGraphLaunch(exe), e1 on stream, issued while `gate` (if any, and ok) holds the
         stream."""
         with gate if gate is not None and gate.ok else nullcontext():
-            rp.raw("cuEventRecord", e0, stream)
-            rp.raw("cuGraphLaunch", exe, stream)
-            rp.raw("cuEventRecord", e1, stream)
+            ctx.raw("cuEventRecord", e0, stream)
+            ctx.raw("cuGraphLaunch", exe, stream)
+            ctx.raw("cuEventRecord", e1, stream)
 
     def close(self) -> None:
         t, self._timer = self._timer, None
@@ -268,10 +268,10 @@ class LaunchGate:
                 self.word.value = 0xFFFFFFFF  # nothing may still wait on it
         if host:
             try:
-                self.rp.raw("cuStreamSynchronize", self.stream)
+                self.ctx.raw("cuStreamSynchronize", self.stream)
             except Exception:
                 pass
             try:
-                self.rp.raw("cuMemFreeHost", host)
+                self.ctx.raw("cuMemFreeHost", host)
             except Exception:
                 pass

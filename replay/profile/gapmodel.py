@@ -55,42 +55,42 @@ class GapChain:
         self.made: List = []
         self.untraced_us: List[float] = []
         self.traced: List[List[Any]] = []
-        cu = rp.cu
-        mod = rp.raw("cuModuleLoadData", _EMPTY_PTX + b"\0")
+        cu = rp.ctx.cu
+        mod = rp.ctx.raw("cuModuleLoadData", _EMPTY_PTX + b"\0")
         self.made.append(("cuModuleUnload", mod))
-        fn = rp.raw("cuModuleGetFunction", mod, b"cudasnap_empty")
+        fn = rp.ctx.raw("cuModuleGetFunction", mod, b"cudasnap_empty")
         # as wide as a real kernel (2 blocks per SM): CUPTI's cost per node grows with the grid
         try:
             attr = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
-            self.grid = 2 * max(1, int(rp.raw("cuDeviceGetAttribute", attr, rp.dev)))
+            self.grid = 2 * max(1, int(rp.ctx.raw("cuDeviceGetAttribute", attr, rp.ctx.dev)))
         except Exception:
             self.grid = 256
         mode = getattr(getattr(cu, "CUstreamCaptureMode", None), "CU_STREAM_CAPTURE_MODE_RELAXED", 2)
-        rp.raw("cuStreamBeginCapture", stream, mode)
+        rp.ctx.raw("cuStreamBeginCapture", stream, mode)
         try:
             for _ in range(k):
-                rp.raw("cuLaunchKernel", fn, self.grid, 1, 1, 128, 1, 1, 0, stream, None, 0)
+                rp.ctx.raw("cuLaunchKernel", fn, self.grid, 1, 1, 128, 1, 1, 0, stream, None, 0)
         finally:
-            graph = rp.raw("cuStreamEndCapture", stream)
+            graph = rp.ctx.raw("cuStreamEndCapture", stream)
             self.made.append(("cuGraphDestroy", graph))
-        self.exe = rp.raw("cuGraphInstantiate", graph, 0)
+        self.exe = rp.ctx.raw("cuGraphInstantiate", graph, 0)
         self.made.append(("cuGraphExecDestroy", self.exe))
         self._launch()                                  # upload
 
     def _launch(self) -> None:
-        self.rp.raw("cuGraphLaunch", self.exe, self.stream)
-        self.rp.raw("cuStreamSynchronize", self.stream)
+        self.rp.ctx.raw("cuGraphLaunch", self.exe, self.stream)
+        self.rp.ctx.raw("cuStreamSynchronize", self.stream)
 
     def time_untraced(self) -> None:
         rp = self.rp
-        e0, e1 = rp.raw("cuEventCreate", 0), rp.raw("cuEventCreate", 0)
+        e0, e1 = rp.ctx.raw("cuEventCreate", 0), rp.ctx.raw("cuEventCreate", 0)
         self.made += [("cuEventDestroy", e0), ("cuEventDestroy", e1)]
-        gate = LaunchGate.open(rp, self.stream)       # as the graph itself is timed (graphmode)
+        gate = LaunchGate.open(rp.ctx, self.stream)       # as the graph itself is timed (graphmode)
         try:
             for _ in range(self.runs):
-                LaunchGate.launch_timed(rp, gate, self.exe, self.stream, e0, e1)
-                rp.raw("cuStreamSynchronize", self.stream)
-                self.untraced_us.append(float(rp.raw("cuEventElapsedTime", e0, e1)) * 1e3)
+                LaunchGate.launch_timed(rp.ctx, gate, self.exe, self.stream, e0, e1)
+                rp.ctx.raw("cuStreamSynchronize", self.stream)
+                self.untraced_us.append(float(rp.ctx.raw("cuEventElapsedTime", e0, e1)) * 1e3)
         finally:
             if gate is not None:
                 gate.close()
@@ -112,5 +112,5 @@ class GapChain:
         return m
 
     def close(self) -> None:
-        destroy_all(self.rp.cu, self.made)
+        destroy_all(self.rp.ctx.cu, self.made)
         self.made = []

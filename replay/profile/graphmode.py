@@ -161,13 +161,13 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
             return
         if kind == "before_launch":
             if self.sel(ev):
-                if stream_capturing(self.rp, ev.rec_stream, ev.stream):
+                if stream_capturing(self.rp.ctx, ev.rec_stream, ev.stream):
                     self.skipped_captured += 1       # a node of the program's own graph, not run now
                 else:
                     if not self.ops:
                         self._save_pre(ev)
-                        if self.rp.space is not None:     # the graph runs after the sequence freed its memory
-                            self.rp.space.hold_frees()
+                        if self.rp.ctx.space is not None:     # the graph runs after the sequence freed its memory
+                            self.rp.ctx.space.hold_frees()
                     self.ops.append(("launch", ev))
                     self.launches.append(ev)
         elif kind == "copy" and self.ops:
@@ -176,7 +176,7 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
             self.due = True
         if kind in ("teardown", "end"):
             self.due = True
-        if self.due and self.launches and not self.rp.capturing \
+        if self.due and self.launches and not self.rp.ctx.capturing \
                 and kind in ("after_launch", "copy", "sync", "teardown", "end"):
             self.done = True
             self._run()
@@ -185,15 +185,15 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
         from ..events import LAUNCH_CONFIG
         self.rp = rp = ev.replayer
         self._t_start = time.monotonic()
-        self.sel = Selection(self.cfg, rp)
-        wd = getattr(rp.opt, "watchdog", None)
+        self.sel = Selection(self.cfg, rp.ctx)
+        wd = getattr(rp.ctx.opt, "watchdog", None)
         if wd:
             self.timeout = max(1.0, 0.8 * float(wd))
         in_capture: set = set()
         graph_launches: List[int] = []
         in_job = bool(os.environ.get(ENV_RANK))
         collectives: List[int] = []
-        for rec in rp.reader.records(("c",)):
+        for rec in rp.ctx.reader.records(("c",)):
             f = rec.get("f") or ""
             if rec.get("r", 0) != 0 or rec.get("incomplete"):
                 continue
@@ -216,7 +216,7 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
                 hs = LAUNCH_CONFIG.unpack_from(bytes(cfg))[7]
             if hs and hs in in_capture:
                 continue
-            kname = rp.kernel_name_of(a.get("f"))
+            kname = rp.ctx.kernel_name_of(a.get("f"))
             if in_job and is_collective(kname):
                 collectives.append(rec.get("s"))
             if self.sel.rec(rec, kname):
@@ -253,13 +253,13 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
     def _save_pre(self, ev) -> None:
         """Memory before the first selected launch: every graph run starts from it."""
         rp = self.rp
-        if rp.capturing:
+        if rp.ctx.capturing:
             self.warn("graph: the first selected launch comes during a recorded stream capture: graph runs start "
                       "from the memory the sequence left (not restored to the pre-sequence state)")
             return
         try:
             with self._phase(PRE_PHASE):
-                rp.raw("cuCtxSynchronize")
+                rp.ctx.raw("cuCtxSynchronize")
                 evs = [SimpleNamespace(rec_params=p) for p in self._sel_params]
                 pre = MemorySaver(rp, ranges_for(rp, evs, self.cfg.save_limit))
                 pre.save()
@@ -279,14 +279,14 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
             return
         f = rec.get("f") or ""
         a = rec.get("a") or {}
-        if "Async" in f and stream_capturing(self.rp, ev.rec_stream, ev.stream):
+        if "Async" in f and stream_capturing(self.rp.ctx, ev.rec_stream, ev.stream):
             return
         b = _base(f)
         m = _MEMSET_RX.match(b)
         if m:
             two_d, width = m.group(1) == "D2D", m.group(2)
             name = ("cuMemsetD2D" if two_d else "cuMemsetD") + width + "Async"
-            dst = rp.tr(a.get("dstDevice"))
+            dst = rp.ctx.tr(a.get("dstDevice"))
             val = a.get(_MEMSET_VAL[width], 0)
             args = [dst, a.get("dstPitch", 0), val, a.get("Width", 0), a.get("Height", 0)] if two_d \
                 else [dst, val, a.get("N", 0)]
@@ -294,15 +294,15 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
             return
         n = int(a.get("ByteCount") or 0)
         if b == "cuMemcpyDtoD" or b == "cuMemcpyDtoDAsync":
-            self.ops.append(("dtod", rp.tr(a.get("dstDevice")), rp.tr(a.get("srcDevice")), n, rec.get("s")))
+            self.ops.append(("dtod", rp.ctx.tr(a.get("dstDevice")), rp.ctx.tr(a.get("srcDevice")), n, rec.get("s")))
         elif b in ("cuMemcpy", "cuMemcpyAsync"):
-            sp = rp.space
+            sp = rp.ctx.space
             if sp is not None and sp.find(a.get("dst") or 0) is not None and sp.find(a.get("src") or 0) is not None:
-                self.ops.append(("dtod", rp.tr(a.get("dst")), rp.tr(a.get("src")), n, rec.get("s")))
+                self.ops.append(("dtod", rp.ctx.tr(a.get("dst")), rp.ctx.tr(a.get("src")), n, rec.get("s")))
             else:
                 self._skip(b)
         elif b in ("cuMemcpyHtoD", "cuMemcpyHtoDAsync"):
-            self.ops.append(("htod", rec, rp.tr(a.get("dstDevice")), n, rec.get("s")))
+            self.ops.append(("htod", rec, rp.ctx.tr(a.get("dstDevice")), n, rec.get("s")))
         elif "DtoH" in b or "AtoH" in b:
             pass                                   # results for the host: nothing a later kernel reads
         else:
@@ -317,7 +317,7 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
     def _wait(self, stream, what: str) -> None:
         """cuStreamSynchronize with a time limit (polls cuStreamQuery)."""
         from ..driverops import DriverCallError, result_code
-        cu = self.rp.cu
+        cu = self.rp.ctx.cu
         t_end = time.monotonic() + self.timeout
         delay = 0.0
         while True:
@@ -337,11 +337,11 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
         if k == "launch":
             op[1].ctx.relaunch(stream)
         elif k == "memset":
-            rp.raw(op[1], *op[2], stream)
+            rp.ctx.raw(op[1], *op[2], stream)
         elif k == "dtod":
-            rp.raw("cuMemcpyDtoDAsync", op[1], op[2], op[3], stream)
+            rp.ctx.raw("cuMemcpyDtoDAsync", op[1], op[2], op[3], stream)
         elif k == "htod":
-            rp.raw("cuMemcpyDtoDAsync", op[2], op[5], op[3], stream)   # from the staging copy
+            rp.ctx.raw("cuMemcpyDtoDAsync", op[2], op[5], op[3], stream)   # from the staging copy
 
     @staticmethod
     def _desc(op) -> str:
@@ -360,12 +360,12 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
             if op[0] != "htod":
                 continue
             rec, n = op[1], op[3]
-            data = rp.blob(rec, "srcHost")
+            data = rp.ctx.blob(rec, "srcHost")
             if data is None or n == 0 or total + n > self.cfg.save_limit:
                 self.ops[i] = ("skip",)
                 self._skip("cuMemcpyHtoD")
                 continue
-            parts.append((i, rp.h2d_payload(rec, bytes(data))[:n]))
+            parts.append((i, rp.ctx.h2d_payload(rec, bytes(data))[:n]))
             total += -(-n // 256) * 256             # each payload 256-byte aligned, as cuMemAlloc's are
         bufs: List[int] = []
         if parts:
@@ -376,9 +376,9 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
                 host[off:off + len(data)] = data
                 offs.append(off)
                 off += -(-len(data) // 256) * 256
-            buf = int(rp.raw("cuMemAlloc", total))
+            buf = int(rp.ctx.raw("cuMemAlloc", total))
             bufs.append(buf)
-            rp.raw("cuMemcpyHtoD", buf, host, total)
+            rp.ctx.raw("cuMemcpyHtoD", buf, host, total)
             for (i, _data), o in zip(parts, offs):
                 self.ops[i] = self.ops[i][:5] + (buf + o,)
         self.ops = [op for op in self.ops if op[0] != "skip"]
@@ -389,8 +389,8 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
 
     def _prog(self) -> PhaseProgress:
         if self._progress is None:
-            self._progress = PhaseProgress("graph", getattr(self.rp.opt, "progress", None),
-                                           bool(getattr(self.rp.opt, "quiet", False)),
+            self._progress = PhaseProgress("graph", getattr(self.rp.ctx.opt, "progress", None),
+                                           bool(getattr(self.rp.ctx.opt, "quiet", False)),
                                            getattr(self.rp, "progress_bar", None))
         return self._progress
 
@@ -406,23 +406,23 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
 
     def _instantiate(self, graph, what: str = "instantiating"):
         with self._phase(what):
-            return self.rp.raw("cuGraphInstantiate", graph, 0)
+            return self.rp.ctx.raw("cuGraphInstantiate", graph, 0)
 
     def _capture_ops(self, stream, tag, events, ph):
-        rp, cu = self.rp, self.rp.cu
+        rp, cu = self.rp, self.rp.ctx.cu
         mode = getattr(getattr(cu, "CUstreamCaptureMode", None), "CU_STREAM_CAPTURE_MODE_RELAXED", 2)
-        rp.raw("cuStreamBeginCapture", stream, mode)
+        rp.ctx.raw("cuStreamBeginCapture", stream, mode)
         err = None
         try:                          # nothing else in between: no sync, no query
             if events:
-                rp.raw("cuEventRecordWithFlags", events[0], stream, CU_EVENT_RECORD_EXTERNAL)
+                rp.ctx.raw("cuEventRecordWithFlags", events[0], stream, CU_EVENT_RECORD_EXTERNAL)
             for i, op in enumerate(self.ops):
                 if tag is not None:
                     tag.node_tag = i
                 try:
                     self._issue(op, stream)
                     if events:
-                        rp.raw("cuEventRecordWithFlags", events[i + 1], stream, CU_EVENT_RECORD_EXTERNAL)
+                        rp.ctx.raw("cuEventRecordWithFlags", events[i + 1], stream, CU_EVENT_RECORD_EXTERNAL)
                 except Exception as e:
                     err = f"{self._desc(op)}: {e}"
                     break
@@ -434,7 +434,7 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
             if tag is not None:
                 tag.node_tag = None
         try:
-            graph = rp.raw("cuStreamEndCapture", stream)
+            graph = rp.ctx.raw("cuStreamEndCapture", stream)
         except Exception as e:
             graph = None
             err = err or f"cuStreamEndCapture: {e}"
@@ -449,10 +449,10 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
 
     def _live_ranges(self) -> List[Tuple[int, int]]:
         rp = self.rp
-        live = live_ranges(rp.space)
+        live = live_ranges(rp.ctx.space)
         for base, _bk, _n in (self.pre.copies if self.pre else []):
             try:
-                b, n = rp.raw("cuMemGetAddressRange", base)
+                b, n = rp.ctx.raw("cuMemGetAddressRange", base)
                 live.append((int(b), int(n)))
             except Exception:
                 pass
@@ -471,7 +471,7 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
         try:
             self._arm("saving memory")
             with self._phase("saving memory"):
-                rp.raw("cuCtxSynchronize")
+                rp.ctx.raw("cuCtxSynchronize")
                 post = MemorySaver(rp, ranges_for(rp, self.launches, cfg.save_limit))
                 post.save()
                 if self.pre is not None:
@@ -479,9 +479,9 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
                     if dropped:
                         self.warn(f"graph: {dropped} range(s) saved before the sequence were freed during it; "
                                   f"not restored")
-                stream = rp.raw("cuStreamCreate", CU_STREAM_NON_BLOCKING)
+                stream = rp.ctx.raw("cuStreamCreate", CU_STREAM_NON_BLOCKING)
                 staging = self._stage()
-                rp.raw("cuCtxSynchronize")
+                rp.ctx.raw("cuCtxSynchronize")
             self._arm("capturing")
             graph = self._capture(stream)
             gexec = self._instantiate(graph)
@@ -496,9 +496,9 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
                     self._graph_run(gexec, stream, f"warmup run {i + 1}")
                     check(False)
                     ph.advance()
-                self._gate = LaunchGate.open(rp, stream)
+                self._gate = LaunchGate.open(rp.ctx, stream)
                 for i in range(cfg.repeat):
-                    e0, e1 = rp.raw("cuEventCreate", 0), rp.raw("cuEventCreate", 0)
+                    e0, e1 = rp.ctx.raw("cuEventCreate", 0), rp.ctx.raw("cuEventCreate", 0)
                     evs.append((e0, e1))
                     self._graph_run(gexec, stream, f"timed run {i + 1}", events=(e0, e1))
                     check(True)
@@ -507,7 +507,7 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
             if self._gate is not None and not self._gate.ok:
                 self.info["launch_gate"] = (f"released by its timer: the launch of {len(self.ops)} nodes waits for "
                                             f"queue space on a held stream; timed ungated")
-            self.total_times_us = [float(rp.raw("cuEventElapsedTime", a, b)) * 1e3 for a, b in evs]
+            self.total_times_us = [float(rp.ctx.raw("cuEventElapsedTime", a, b)) * 1e3 for a, b in evs]
             if cfg.check_repeats and digests:
                 self.info["repeats_identical"] = len(set(digests)) <= 1
                 self.info["graph_matches_replay"] = digests[0] == post.digest(backup=True)
@@ -565,9 +565,9 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
             self._wait(stream, f"restoring memory before {what}")
         m0 = clock.mark() if clock is not None else None
         if events is not None:                       # the events time the GPU, not the host's submission
-            LaunchGate.launch_timed(rp, self._gate, gexec, stream, *events)
+            LaunchGate.launch_timed(rp.ctx, self._gate, gexec, stream, *events)
         else:
-            rp.raw("cuGraphLaunch", gexec, stream)
+            rp.ctx.raw("cuGraphLaunch", gexec, stream)
         self._wait(stream, what)
         if m0 is not None and windows is not None:
             windows.append((m0, clock.mark()))
@@ -646,7 +646,7 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
         try:
             evs = []
             for _ in range(n + 1):
-                e = rp.raw("cuEventCreate", 0)
+                e = rp.ctx.raw("cuEventCreate", 0)
                 self._own("cuEventDestroy", e)
                 evs.append(e)
             self._arm("capturing (event nodes)")
@@ -666,7 +666,7 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
                 self._graph_run(exe, stream, f"event-node run {i + 1}")
                 span = 0.0
                 for k in range(n):
-                    t = float(rp.raw("cuEventElapsedTime", evs[k], evs[k + 1])) * 1e3
+                    t = float(rp.ctx.raw("cuEventElapsedTime", evs[k], evs[k + 1])) * 1e3
                     self.op_times[k].append(t)
                     span += t
                 spans.append(span)
@@ -683,7 +683,7 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
             self._chain = None
 
     def _cleanup(self, post, stream, graph, gexec, staging, evs, cupti) -> None:
-        rp, cu = self.rp, self.rp.cu
+        rp, cu = self.rp, self.rp.ctx.cu
         if cupti is not None:
             try:
                 cupti.close()
@@ -708,7 +708,7 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
                     if stream is not None:
                         self._wait(stream, "the last graph run")
                     post.restore(stream if stream is not None else cu.CUstream(0))
-                    rp.raw("cuCtxSynchronize")
+                    rp.ctx.raw("cuCtxSynchronize")
         except Exception as e:
             self.warn(f"graph: could not restore memory after the graph runs ({type(e).__name__}: {e})")
             self.info.setdefault("error", str(e))
@@ -717,13 +717,13 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
                 if s is not None:
                     s.free()
             self.pre = None
-            if rp.space is not None:
-                held = rp.space.release_held()
+            if rp.ctx.space is not None:
+                held = rp.ctx.space.release_held()
                 if held:
                     self.info["frees_held"] = held
             for b in staging:
                 try:
-                    rp.raw("cuMemFree", b)
+                    rp.ctx.raw("cuMemFree", b)
                 except Exception:
                     pass
             for name, h in (("cuGraphExecDestroy", gexec), ("cuGraphDestroy", graph), ("cuStreamDestroy", stream)):

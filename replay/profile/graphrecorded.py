@@ -32,7 +32,7 @@ class RecordedGraphUnits:
         from .graphunits import GraphUnit, is_graph_launch
         if kind == "before_call" and ev.seq in self.unit_seqs and is_graph_launch(ev.call):
             rp = self.rp
-            if rp.capturing:
+            if rp.ctx.capturing:
                 return
             rec = ev.rec
             saver = self.graphs.saver(rec, self.cfg.save_limit)
@@ -86,7 +86,7 @@ class RecordedGraphUnits:
             self.warn(f"graph: call #{unit.seq} cuGraphLaunch: {type(e).__name__}: {e}")
             info["error"] = str(e)
             try:
-                self.rp.raw("cuCtxSynchronize")
+                self.rp.ctx.raw("cuCtxSynchronize")
             except Exception:
                 pass
         finally:

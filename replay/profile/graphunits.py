@@ -197,7 +197,7 @@ class RecordedGraphs:
         self.launches: List[Dict[str, Any]] = []              # cuGraphLaunch records
         self.captured_launches = 0
         open_caps: Dict[Any, List[Dict[str, Any]]] = {}
-        for rec in rp.reader.records(("c",)):
+        for rec in rp.ctx.reader.records(("c",)):
             if rec.get("r", 0) != 0 or rec.get("incomplete"):
                 continue
             f = rec.get("f") or ""
@@ -253,7 +253,7 @@ class RecordedGraphs:
         for r in self.records_of(rec):
             fh = (r.get("a") or {}).get("f")
             if fh is not None:
-                out.append(self.rp.kernel_name_of(fh))
+                out.append(self.rp.ctx.kernel_name_of(fh))
         return out
 
     def selected(self, sel, rec) -> bool:
@@ -267,7 +267,7 @@ class RecordedGraphs:
             return True
         for r in self.records_of(rec):
             fh = (r.get("a") or {}).get("f")
-            name = self.rp.kernel_name_of(fh) if fh is not None else ""
+            name = self.rp.ctx.kernel_name_of(fh) if fh is not None else ""
             if sel.rec(r, name):
                 return True
         return False
@@ -289,14 +289,14 @@ class GraphUnit:
         self.saver = saver
         self.names = names
         a = rec.get("a") or {}
-        self.exec = rp.live(rec, a.get("hGraph") or a.get("hGraphExec"), "graph exec")
-        self.stream = rp.stream(rec, a.get("hStream"))
+        self.exec = rp.ctx.live(rec, a.get("hGraph") or a.get("hGraphExec"), "graph exec")
+        self.stream = rp.ctx.stream(rec, a.get("hStream"))
 
     def _prep(self, flusher) -> None:
         self.saver.restore(self.stream)
         if flusher is not None:
             flusher.flush(self.stream)
-        self.rp.raw("cuStreamSynchronize", self.stream)
+        self.rp.ctx.raw("cuStreamSynchronize", self.stream)
 
     def run_cupti(self, cupti, n_warm: int, n_timed: int, flusher=None) -> List[List[Rec]]:
         clock = WindowClock(cupti)
@@ -305,8 +305,8 @@ class GraphUnit:
         for i in range(n_warm + n_timed):
             self._prep(flusher)
             m0 = clock.mark() if i >= n_warm else None
-            self.rp.raw("cuGraphLaunch", self.exec, self.stream)
-            self.rp.raw("cuStreamSynchronize", self.stream)
+            self.rp.ctx.raw("cuGraphLaunch", self.exec, self.stream)
+            self.rp.ctx.raw("cuStreamSynchronize", self.stream)
             if m0 is not None:
                 windows.append((m0, clock.mark()))
         return [[r for r in run if r.kind == "kernel"] for run in clock.collect_records(windows)]
@@ -314,21 +314,21 @@ class GraphUnit:
     def run_events(self, n_warm: int, n_timed: int, flusher=None) -> List[float]:
         rp = self.rp
         times = []
-        gate = LaunchGate.open(rp, self.stream)      # the events time the GPU, not the host's submission
+        gate = LaunchGate.open(rp.ctx, self.stream)      # the events time the GPU, not the host's submission
         self.gated = gate is not None
         try:
             for i in range(n_warm + n_timed):
                 self._prep(flusher)
-                e0, e1 = rp.raw("cuEventCreate", 0), rp.raw("cuEventCreate", 0)
+                e0, e1 = rp.ctx.raw("cuEventCreate", 0), rp.ctx.raw("cuEventCreate", 0)
                 try:
-                    LaunchGate.launch_timed(rp, gate, self.exec, self.stream, e0, e1)
-                    rp.raw("cuEventSynchronize", e1)
+                    LaunchGate.launch_timed(rp.ctx, gate, self.exec, self.stream, e0, e1)
+                    rp.ctx.raw("cuEventSynchronize", e1)
                     if i >= n_warm:
-                        times.append(float(rp.raw("cuEventElapsedTime", e0, e1)) * 1e3)
+                        times.append(float(rp.ctx.raw("cuEventElapsedTime", e0, e1)) * 1e3)
                 finally:
                     for e in (e0, e1):
                         try:
-                            rp.cu.cuEventDestroy(e)
+                            rp.ctx.cu.cuEventDestroy(e)
                         except Exception:
                             pass
         finally:

@@ -91,23 +91,23 @@ class L2Flusher:
 
     def __init__(self, rp):
         self.rp = rp
-        cu = rp.cu
+        cu = rp.ctx.cu
         try:
-            l2 = int(rp.raw("cuDeviceGetAttribute", cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, rp.dev))
+            l2 = int(rp.ctx.raw("cuDeviceGetAttribute", cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, rp.ctx.dev))
         except Exception:
             l2 = 0
         self.size = max(2 * l2, 8 << 20)
-        self.buf = int(rp.raw("cuMemAlloc", self.size))
+        self.buf = int(rp.ctx.raw("cuMemAlloc", self.size))
         self.n = 0
         self.mode = "memset"
         self.module = None
         if os.environ.get("CUDASNAP_L2_FLUSH", "read") == "memset":
             return
         try:
-            rp.raw("cuMemsetD8", self.buf, 0, self.size)
-            self.module = rp.raw("cuModuleLoadData", _SCRUB_PTX + b"\0")
-            self.fn = rp.raw("cuModuleGetFunction", self.module, b"cudasnap_l2_scrub")
-            sms = int(rp.raw("cuDeviceGetAttribute", cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, rp.dev))
+            rp.ctx.raw("cuMemsetD8", self.buf, 0, self.size)
+            self.module = rp.ctx.raw("cuModuleLoadData", _SCRUB_PTX + b"\0")
+            self.fn = rp.ctx.raw("cuModuleGetFunction", self.module, b"cudasnap_l2_scrub")
+            sms = int(rp.ctx.raw("cuDeviceGetAttribute", cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, rp.ctx.dev))
             from cudasnap.replay.handlers.launch import _Params
             self.params = _Params((self.buf).to_bytes(8, "little") + (self.size // 16).to_bytes(8, "little")
                                   + (self.buf).to_bytes(8, "little"))
@@ -118,17 +118,17 @@ class L2Flusher:
 
     def flush(self, stream) -> None:
         if self.mode == "read":
-            self.rp.raw("cuLaunchKernel", self.fn, self.grid, 1, 1, 256, 1, 1, 0, stream, None, self.params.extra_ptr)
+            self.rp.ctx.raw("cuLaunchKernel", self.fn, self.grid, 1, 1, 256, 1, 1, 0, stream, None, self.params.extra_ptr)
             return
         self.n += 1
-        self.rp.raw("cuMemsetD8Async", self.buf, self.n & 0xFF, self.size, stream)
+        self.rp.ctx.raw("cuMemsetD8Async", self.buf, self.n & 0xFF, self.size, stream)
 
     def close(self) -> None:
         for name, h in (("cuMemFree", self.buf), ("cuModuleUnload", self.module)):
             if h is None:
                 continue
             try:
-                self.rp.raw(name, h)
+                self.rp.ctx.raw(name, h)
             except Exception:
                 pass
 
@@ -168,7 +168,7 @@ class IsolatedProfiler:
     def on_event(self, kind: str, ev) -> None:
         if kind == "start":
             self.rp = ev.replayer
-            self.sel = Selection(self.cfg, self.rp)
+            self.sel = Selection(self.cfg, self.rp.ctx)
             self.cupti = open_cupti(self.cfg.backend, self.warn)
             if self.cupti is not None:
                 self.backend = "cupti"
@@ -277,7 +277,7 @@ class IsolatedProfiler:
             self.warn(f"isolated: call #{ev.seq} {ev.name}: {type(e).__name__}: {e}")
             row["error"] = str(e)
             try:  # leave memory as one run of the kernel left it, if we can
-                rp.raw("cuCtxSynchronize")
+                rp.ctx.raw("cuCtxSynchronize")
             except Exception:
                 pass
         finally:
@@ -296,15 +296,15 @@ class IsolatedProfiler:
             saver.restore(s)
             if self.flusher is not None:
                 self.flusher.flush(s)
-            rp.raw("cuStreamSynchronize", s)
+            rp.ctx.raw("cuStreamSynchronize", s)
             m0 = clock.mark() if i >= cfg.warmup else None
             ev.ctx.relaunch()
             if m0 is not None:
-                rp.raw("cuStreamSynchronize", s)
+                rp.ctx.raw("cuStreamSynchronize", s)
                 windows.append((m0, clock.mark()))
             if cfg.check_repeats and i >= cfg.warmup:
                 digests.append(saver.digest())
-        rp.raw("cuStreamSynchronize", s)
+        rp.ctx.raw("cuStreamSynchronize", s)
         return clock.collect(windows)
 
     def _events_runs(self, ev, saver, digests: List[str]) -> List[float]:
@@ -317,21 +317,21 @@ class IsolatedProfiler:
                 saver.restore(s)
                 if self.flusher is not None:
                     self.flusher.flush(s)
-                e0 = rp.raw("cuEventCreate", 0)
-                e1 = rp.raw("cuEventCreate", 0)
+                e0 = rp.ctx.raw("cuEventCreate", 0)
+                e1 = rp.ctx.raw("cuEventCreate", 0)
                 evs.append((e0, e1) if i >= cfg.warmup else (e0, e1, "warmup"))
-                rp.raw("cuEventRecord", e0, s)
+                rp.ctx.raw("cuEventRecord", e0, s)
                 ev.ctx.relaunch()
-                rp.raw("cuEventRecord", e1, s)
+                rp.ctx.raw("cuEventRecord", e1, s)
                 if cfg.check_repeats and i >= cfg.warmup:
                     digests.append(saver.digest())
-            rp.raw("cuCtxSynchronize")
-            return [float(rp.raw("cuEventElapsedTime", p[0], p[1])) * 1e3 for p in evs if len(p) == 2]
+            rp.ctx.raw("cuCtxSynchronize")
+            return [float(rp.ctx.raw("cuEventElapsedTime", p[0], p[1])) * 1e3 for p in evs if len(p) == 2]
         finally:
             for p in evs:
                 for e in p[:2]:
                     try:
-                        rp.cu.cuEventDestroy(e)
+                        rp.ctx.cu.cuEventDestroy(e)
                     except Exception:
                         pass
 
@@ -345,7 +345,7 @@ class IsolatedProfiler:
         rp = self.rp
         names = self.graphs.kernel_names(rec)
         base = {"seq": ev.seq, "name": f"cuGraphLaunch #{ev.seq}", "unit": "graph", "kernels_recorded": len(names)}
-        if rp.capturing:              # launched into a capture being rebuilt: not run now
+        if rp.ctx.capturing:              # launched into a capture being rebuilt: not run now
             return
         saver = self.graphs.saver(rec, self.cfg.save_limit)
         if not saver.ranges:
@@ -397,7 +397,7 @@ class IsolatedProfiler:
             self.rows.append(base | {"error": str(e)})
             info["error"] = str(e)
             try:
-                rp.raw("cuCtxSynchronize")
+                rp.ctx.raw("cuCtxSynchronize")
             except Exception:
                 pass
         finally:

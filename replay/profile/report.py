@@ -104,7 +104,8 @@ def run_info(rp, cfg, opts, snapshot) -> Dict[str, Any]:
                          "captured": None, "gpu": None, "driver_version": None, "cuda_version": None,
                          "nvidia_driver": None, "libcuda": _libcuda_path(), "host": platform.node(),
                          "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    rd = getattr(rp, "reader", None)
+    c = getattr(rp, "ctx", None)          # the replay's ReplayContext (None before a replay)
+    rd = getattr(c, "reader", None)
     try:
         if rd is not None:
             h = rd.header
@@ -115,16 +116,16 @@ def run_info(rp, cfg, opts, snapshot) -> Dict[str, Any]:
                              "driver_version": proc.get("driver_version")}
     except Exception:
         pass
-    cu = getattr(rp, "cu", None)
-    if cu is not None and getattr(rp, "initialized", False) and hasattr(rp, "dev"):
+    cu = getattr(c, "cu", None)
+    if cu is not None and getattr(rp, "initialized", False) and hasattr(c, "dev"):
         try:
-            r = cu.cuDeviceGetName(256, rp.dev)
+            r = cu.cuDeviceGetName(256, rp.ctx.dev)
             gpu: Dict[str, Any] = {"index": opts.device if opts is not None else None,
                                    "name": bytes(r[1]).split(b"\0", 1)[0].decode(errors="replace")}
-            if getattr(rp, "device_cc", None):
-                gpu["cc"] = list(rp.device_cc)
+            if getattr(c, "device_cc", None):
+                gpu["cc"] = list(rp.ctx.device_cc)
             try:
-                u = cu.cuDeviceGetUuid(rp.dev)
+                u = cu.cuDeviceGetUuid(rp.ctx.dev)
                 if int(u[0]) == 0:
                     b = bytes(u[1].bytes)
                     x = b.hex()

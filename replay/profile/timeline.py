@@ -209,22 +209,22 @@ class EventClock:
         self.pending: List[Tuple[Any, Any, Dict[str, Any]]] = []
 
     def _ev(self):
-        return self.rp.raw("cuEventCreate", 0)
+        return self.rp.ctx.raw("cuEventCreate", 0)
 
     def begin(self, stream) -> Any:
         rp = self.rp
         if self.ref is None:
             self.ref = self._ev()
-            rp.raw("cuEventRecord", self.ref, rp.cu.CUstream(0))
-            rp.raw("cuEventSynchronize", self.ref)
+            rp.ctx.raw("cuEventRecord", self.ref, rp.ctx.cu.CUstream(0))
+            rp.ctx.raw("cuEventSynchronize", self.ref)
             self.ref_ns = time.monotonic_ns()   # contexts come and go: each reference has its anchor
         e = self._ev()
-        rp.raw("cuEventRecord", e, stream)
+        rp.ctx.raw("cuEventRecord", e, stream)
         return e
 
     def end(self, e0, stream, slice_: Dict[str, Any]) -> None:
         e1 = self._ev()
-        self.rp.raw("cuEventRecord", e1, stream)
+        self.rp.ctx.raw("cuEventRecord", e1, stream)
         self.pending.append((e0, e1, slice_))
 
     def resolve(self, wait: bool = False) -> None:
@@ -233,22 +233,22 @@ class EventClock:
         for e0, e1, sl in self.pending:
             if wait:
                 try:
-                    rp.raw("cuEventSynchronize", e1)
+                    rp.ctx.raw("cuEventSynchronize", e1)
                 except Exception:
                     pass
-            elif int(rp.cu.cuEventQuery(e1)[0]) != 0:
+            elif int(rp.ctx.cu.cuEventQuery(e1)[0]) != 0:
                 keep.append((e0, e1, sl))
                 continue
             try:
-                t0 = float(rp.raw("cuEventElapsedTime", self.ref, e0))
-                t1 = float(rp.raw("cuEventElapsedTime", self.ref, e1))
+                t0 = float(rp.ctx.raw("cuEventElapsedTime", self.ref, e0))
+                t1 = float(rp.ctx.raw("cuEventElapsedTime", self.ref, e1))
                 sl["start_ns"] = self.ref_ns + int(t0 * 1e6)
                 sl["end_ns"] = self.ref_ns + int(t1 * 1e6)
             except Exception:
                 sl["lost"] = True
             for e in (e0, e1):
                 try:
-                    rp.cu.cuEventDestroy(e)
+                    rp.ctx.cu.cuEventDestroy(e)
                 except Exception:
                     pass
         self.pending = keep
@@ -257,7 +257,7 @@ class EventClock:
         self.resolve(wait=True)
         if self.ref is not None:
             try:
-                self.rp.cu.cuEventDestroy(self.ref)
+                self.rp.ctx.cu.cuEventDestroy(self.ref)
             except Exception:
                 pass
         self.ref = None
@@ -305,8 +305,8 @@ class TimelineProfiler:
 
     def _start(self, ev) -> None:
         self.rp = ev.replayer
-        self.device = getattr(getattr(self.rp, "opt", None), "device", None)
-        self.sel = Selection(self.cfg, self.rp)
+        self.device = getattr(getattr(getattr(self.rp, "ctx", None), "opt", None), "device", None)
+        self.sel = Selection(self.cfg, self.rp.ctx)
         self.cupti = open_cupti(self.cfg.backend, self.warn)
         if self.cupti is not None:
             self.backend = "cupti"
@@ -338,12 +338,12 @@ class TimelineProfiler:
                 self.clock.end(e0, stream, sl)
 
     def _capturing(self) -> bool:
-        return self.clock is not None and bool(getattr(self.rp, "capturing", None))
+        return self.clock is not None and bool(getattr(getattr(self.rp, "ctx", None), "capturing", None))
 
     def _before_launch(self, ev) -> None:
         if not self.sel(ev):
             return
-        if stream_capturing(self.rp, ev.rec_stream, ev.stream):
+        if stream_capturing(self.rp.ctx, ev.rec_stream, ev.stream):
             self.captured_launches += 1             # a node of the program's graph: runs with its cuGraphLaunch
             return
         if self._capturing():                       # events would become graph nodes
@@ -387,7 +387,7 @@ class TimelineProfiler:
                     grid = [g("gridDimX", 1), g("gridDimY", 1), g("gridDimZ", 1)]
                     block = [g("blockDimX", 1), g("blockDimY", 1), g("blockDimZ", 1)]
                     shm, rs = g("sharedMemBytes", 0), g("hStream") or 0
-                add({"kind": "kernel", "seq": rec["s"], "index": index, "name": rp.kernel_name_of(a["f"], rec["s"]),
+                add({"kind": "kernel", "seq": rec["s"], "index": index, "name": rp.ctx.kernel_name_of(a["f"], rec["s"]),
                      "stream": rs, "grid": grid, "block": block, "shmem": shm})
             elif MEMSET8 <= k <= COPY_ASYNC or k == D2H:
                 a = rec["a"]
@@ -419,8 +419,8 @@ class TimelineProfiler:
         the launch's correlation id and are matched to these slices in issue order
         (_match_graph_records); with CUDA events a selected launch is timed whole."""
         a = ev.rec.get("a") or {}
-        live = self.rp.stream(ev.rec, a.get("hStream"))
-        if self._capturing() or stream_capturing(self.rp, a.get("hStream"), live):
+        live = self.rp.ctx.stream(ev.rec, a.get("hStream"))
+        if self._capturing() or stream_capturing(self.rp.ctx, a.get("hStream"), live):
             return                          # a child graph of a recorded capture: runs with its graph
         sl = {"kind": "graph", "seq": ev.seq, "name": "cuGraphLaunch", "stream": a.get("hStream") or 0,
               "selected": self._graph_selected(ev.rec)}
@@ -438,7 +438,7 @@ class TimelineProfiler:
     def _graph_launch(self, ev) -> None:
         sl, self._graph_open = self._graph_open, None
         if sl is not None and sl["seq"] == ev.seq:
-            self._close(sl, self.rp.stream(ev.rec, (ev.rec.get("a") or {}).get("hStream")))
+            self._close(sl, self.rp.ctx.stream(ev.rec, (ev.rec.get("a") or {}).get("hStream")))
 
     def _after_launch(self, ev) -> None:
         sl = ev.data.get("timeline")
@@ -490,7 +490,7 @@ class TimelineProfiler:
     def _teardown(self, ev) -> None:
         if self.clock is not None:
             try:
-                self.rp.raw("cuCtxSynchronize")
+                self.rp.ctx.raw("cuCtxSynchronize")
             except Exception:
                 pass
             self.clock.drop_ref()

@@ -285,10 +285,10 @@ def write_trace(prof, path: str, snapshot: str = "") -> None:
     nvtx = None
     host_pid = None
     gpu = None
-    if rp is not None and getattr(rp, "reader", None) is not None:
+    if rp is not None and getattr(getattr(rp, "ctx", None), "reader", None) is not None:
         try:
-            host_pid = rp.reader.header.get("pid")
-            nvtx = list(rp.reader.records(("nvtx",)))
+            host_pid = rp.ctx.reader.header.get("pid")
+            nvtx = list(rp.ctx.reader.records(("nvtx",)))
         except Exception:
             nvtx = None
         try:
