@@ -22,7 +22,7 @@ def evidence_line(f: Dict[str, Any]) -> str:
         return s
     if k == "host-gap":
         big = e["largest"][0]
-        s = (f"{e['gaps']} gaps, {fmt_us(e['idle_us'])} idle; largest {fmt_us(big['gap_us'])} after call "
+        s = (f"{e['gaps']} gap{'s' if e['gaps'] > 1 else ''}, {fmt_us(e['idle_us'])} idle; largest {fmt_us(big['gap_us'])} after call "
              f"{big['after_seq']} ({big['after']})")
         if big.get("nvtx"):
             s += f", NVTX: {' -> '.join(big['nvtx'])}"
@@ -107,9 +107,10 @@ def write_html(res: Dict[str, Any], path: str) -> None:
     rows = [[f["rank"], e(f["title"]), fmt_us(f["at_stake_us"]), e(f["basis"]), e(evidence_line(f)),
              e(whatif_line(f.get("what_if"))), e(f["advice"])] for f in fs]
     page.add("<h2>Findings</h2>" + table(["#", "finding", "at stake", "basis", "evidence", "what-if", "advice"],
-                                         rows, left=2, raw_cols=(1, 3, 4, 5, 6)))
+                                         rows, left=7, raw_cols=(1, 3, 4, 5, 6)))
     w = res["what_ifs"]
     if not w["run"]:
         page.add(f"<div class='banner warn'>What-ifs not measured: {e(w['why_not'])}</div>")
-    page.add("<h2>Result (JSON)</h2><pre>" + e(json.dumps(res, indent=1, default=str)) + "</pre>")
+    page.add("<h2>Result</h2><details><summary>the JSON advise --out writes</summary><pre>"
+             + e(json.dumps(res, indent=1, default=str)) + "</pre></details>")
     page.write(path)

@@ -35,7 +35,7 @@ def advise(
     graphs: int = typer.Option(3, "--graphs", metavar="N", min=0, help="Launch-bound stretches measured as CUDA graphs, largest first."),
     repeat: int = typer.Option(10, "--repeat", metavar="N", min=1, help="What-ifs: timed runs per graph or launch."),
     warmup: int = typer.Option(3, "--warmup", metavar="N", min=0, help="What-ifs: untimed runs first."),
-    tiny_us: float = typer.Option(5.0, "--tiny-us", metavar="US", min=0.0, help="A kernel shorter than this is launch-bound by itself (a longer one when the GPU idled longer than it ran before it)."),
+    tiny_us: float = typer.Option(5.0, "--tiny-us", metavar="US", min=0.0, help="Kernels shorter than this count as launch-bound (so do longer ones that ran for less time than the GPU idled around them)."),
     device: int = typer.Option(0, "--device", metavar="N", min=0, help="GPU ordinal to replay on."),
     timeout: Optional[float] = typer.Option(None, "--timeout", metavar="SECONDS", min=1.0, help="Give up on a replay that runs longer."),
     force: bool = typer.Option(False, "-f", "--force-overwrite", help="Replace an existing --out or --html file (by default refused, before any work)."),

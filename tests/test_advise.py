@@ -118,6 +118,9 @@ def test_a_launch_bound_program_gets_a_graph_what_if_measured_by_a_replay(double
     page = html.read_text()
     assert page.startswith("<!DOCTYPE html>") and "Plotly.newPlot" in page and "launch-bound stretch" in page
     assert "<script src=" not in page           # plotly.js embedded: the page stands alone
+    from test_reports_render import check_rendered
+    seen = check_rendered(html, tmp_path)         # drawn by a browser: the bars are on screen
+    assert len(seen["charts"]) == 1 and len(seen["charts"][0]["marks"]) == len(fs)
 
 
 def test_a_profile_alone_gives_findings_and_says_why_no_what_if(double, snap, tmp_path):
