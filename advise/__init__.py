@@ -54,6 +54,11 @@ def _load(path: str, cfg: AdviseConfig) -> Source:
         if is_manifest(path):
             raise AdviseError(f"{path}: a job's group manifest; advise takes one rank's snapshot or its profile")
         return read_profile(path)
+    low = path.lower()
+    if low.endswith(".csv"):
+        raise AdviseError(f"{path}: advise reads a profile's JSON (`replay --profile timeline --out P.json`), not its CSV")
+    if low.endswith(".json"):
+        raise AdviseError(f"{path}: not a cudasnap profile (expected the JSON of `replay --profile timeline --out`)")
     from cudasnap.replay.preflight import snapshot_problem
     problem = snapshot_problem(path)
     if problem:
