@@ -46,9 +46,10 @@ def whatif_line(w: Dict[str, Any]) -> str:
     if not w.get("measured"):
         return f"not measured: {w.get('why')}"
     if w["kind"] == "graph":
-        return (f"as a CUDA graph {fmt_us(w['graph_us'])} vs {fmt_us(w['timeline_span_us'])} on the timeline: "
-                f"saves {fmt_us(w['gain_us'])} ({w['gain_pct']:.1f}%, {w['speedup']:g}x faster), "
-                f"graph replay exit {w['replay']['exit_code']}")
+        faster = f", {w['speedup']:g}x faster" if w.get("speedup") else ""
+        line = (f"as a CUDA graph {fmt_us(w['graph_us'])} vs {fmt_us(w['timeline_span_us'])} on the timeline: "
+                f"saves {fmt_us(w['gain_us'])} ({w['gain_pct']:.1f}%{faster}), graph replay exit {w['replay']['exit_code']}")
+        return line + (f" ({w['note']})" if w.get("note") else "")
     return f"measured, {fmt_us(w['gain_us'])} saved, replay exit {w['replay']['exit_code']}"
 
 

@@ -54,6 +54,9 @@ def graph_whatif(snapshot: str, finding: Dict[str, Any], device: int, repeat: in
              speedup=round(span / g, 2) if g > 0 else None, noise_pct=st.get("noise_pct"),
              graph_times_us=[round(x, 3) for x in (s.get("graph_times_us") or [])][:50],
              memsets=s.get("memsets"), copies=s.get("copies"))
+    if s.get("launches") != ev.get("kernels"):
+        w["note"] = (f"the graph holds {s.get('launches')} launches, the stretch {ev.get('kernels')}: calls {a}-{b} "
+                     "hold other work too (another thread or stream)")
     return w
 
 
