@@ -155,3 +155,9 @@ def test_launch_override_reruns_with_other_sizes_and_verifies(double, capture):
     assert big.returncode == 0 and "left as recorded (block of 4096 threads, the kernel allows 1024)" in big.stdout
     bad = _cli(double, "replay", str(snap), "--launch-override", "grid=x")
     assert bad.returncode == 2 and "grid takes integers" in bad.stderr
+    # a profile replays with the override too (it used to be left out there, silently)
+    prof = _cli(double, "replay", str(snap), "--profile", "isolated", "--repeat", "2", "--warmup", "0",
+                "--launch-override", "grid=1,block=32,kernel=add_")
+    assert prof.returncode == 1 and "MISMATCH" in prof.stdout, prof.stdout + prof.stderr
+    prof = _cli(double, "replay", str(snap), "--profile", "timeline", "--launch-override", "grid=x")
+    assert prof.returncode == 2 and "grid takes integers" in prof.stderr, prof.stderr

@@ -115,6 +115,9 @@ def profile_replay(snapshot, cfg: ProfileConfig, options: Optional[ReplayOptions
         raise ValueError(err)
     opts = options or ReplayOptions()
     rp = Replayer(snapshot, opts, driver=driver, out=out)
+    if opts.launch_override:      # before the profiler: it times the launches as overridden
+        from ..override import LaunchOverride
+        rp.subscribers.append(LaunchOverride(opts.launch_override))
     warnings: List[str] = []
 
     def warn(msg: str) -> None:
