@@ -17,8 +17,8 @@ class DeviceMapError(ValueError):
     pass
 
 
-def recorded_devices(rp) -> List[int]:
-    devs = sorted({d.get("device") for d in rp.ctx_ids.values() if isinstance(d.get("device"), int)})
+def recorded_devices(ctx) -> List[int]:
+    devs = sorted({d.get("device") for d in ctx.ctx_ids.values() if isinstance(d.get("device"), int)})
     return devs or [0]
 
 
@@ -48,39 +48,39 @@ def build(recorded: List[int], spec: Optional[str], device: int, count: int) -> 
     return {r: device for r in recorded}
 
 
-def live_device(rp, rec_dev) -> object:
+def live_device(ctx, rec_dev) -> object:
     """The live CUdevice for a recorded device ordinal (the replay's device when unknown)."""
-    m = rp.devmap
+    m = ctx.devmap
     if m is None:
-        m = _init(rp)
+        m = _init(ctx)
     live = m.get(rec_dev) if isinstance(rec_dev, int) else None
     if live is None:
-        return rp.dev
-    cache = rp.devlive
+        return ctx.dev
+    cache = ctx.devlive
     if live not in cache:
-        cache[live] = rp.raw("cuDeviceGet", live)
+        cache[live] = ctx.raw("cuDeviceGet", live)
     return cache[live]
 
 
-def _init(rp) -> Dict[int, int]:
-    rec = recorded_devices(rp)
+def _init(ctx) -> Dict[int, int]:
+    rec = recorded_devices(ctx)
     try:
-        count = int(rp.raw("cuDeviceGetCount"))
+        count = int(ctx.raw("cuDeviceGetCount"))
     except Exception:
         count = 1
     try:
-        m = build(rec, getattr(rp.opt, "devices", None), rp.opt.device, count)
+        m = build(rec, getattr(ctx.opt, "devices", None), ctx.opt.device, count)
     except DeviceMapError as e:
         from .errors import ReplayError
         raise ReplayError(str(e))
-    rp.devmap, rp.devlive = m, {rp.opt.device: rp.dev}
+    ctx.devmap, ctx.devlive = m, {ctx.opt.device: ctx.dev}
     live = sorted(set(m.values()))
     if len(rec) > 1:
         if len(live) == 1:
-            rp.note(f"the snapshot used {len(rec)} GPUs; they replay on GPU {live[0]} alone "
+            ctx.note(f"the snapshot used {len(rec)} GPUs; they replay on GPU {live[0]} alone "
                     f"(give --devices, or a machine with {max(rec) + 1} GPUs)")
         else:
-            rp.note("devices: " + ", ".join(f"recorded {r} on GPU {m[r]}" for r in rec))
-    if len(live) > 1 and rp.ops is not None:
-        rp.ops.follow_context(live)
+            ctx.note("devices: " + ", ".join(f"recorded {r} on GPU {m[r]}" for r in rec))
+    if len(live) > 1 and ctx.ops is not None:
+        ctx.ops.follow_context(live)
     return m

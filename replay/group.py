@@ -82,14 +82,14 @@ class Client:
         if not reply.get("ok"):
             raise OSError(reply.get("error") or "put refused")
 
-    def get(self, key, rp=None, rec=None) -> Tuple[Dict[str, Any], List[int]]:
+    def get(self, key, ctx=None, rec=None) -> Tuple[Dict[str, Any], List[int]]:
         reply, fds = self._ask({"op": "get", "key": key, "timeout": self.timeout})
         if not reply.get("ok"):
             for fd in fds:
                 os.close(fd)
             msg = reply.get("error") or "no answer"
-            if rp is not None:
-                rp.fail(rec, msg)
+            if ctx is not None:
+                ctx.fail(rec, msg)
             raise OSError(msg)
         return reply.get("meta") or {}, fds
 

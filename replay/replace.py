@@ -76,8 +76,8 @@ def _fmt(layout) -> str:
 class Replacements:
     """The replay's swaps, resolved against the snapshot's fn records on first use."""
 
-    def __init__(self, rp, pairs: List[Tuple[str, str]]):
-        self.rp = rp
+    def __init__(self, ctx, pairs: List[Tuple[str, str]]):
+        self.ctx = ctx
         self.kernels: Dict[str, str] = {}          # kernel name -> file
         self.modules: Dict[int, str] = {}          # recorded module/library handle -> file
         self.targets: Dict[int, str] = {}          # recorded module/library handle -> its --replace target
@@ -96,7 +96,7 @@ class Replacements:
             try:
                 self.images[path] = _read_image(path)
             except OSError as e:
-                raise_error(rp, f"--replace {target}={path}: cannot read: {e.strerror or e}")
+                raise_error(ctx, f"--replace {target}={path}: cannot read: {e.strerror or e}")
             if _HEX.match(target):
                 self.modules[int(target, 16)] = path
                 self.targets[int(target, 16)] = target
@@ -104,14 +104,14 @@ class Replacements:
                 k = target[len("module:"):]
                 mods = self._holders(k)
                 if not mods:
-                    raise_error(rp, f"--replace {target}: no recorded cuModuleGetFunction or cuLibraryGetKernel "
+                    raise_error(ctx, f"--replace {target}: no recorded cuModuleGetFunction or cuLibraryGetKernel "
                                     f"of a kernel {k!r}" + _known(names))
                 for m in mods:
                     self.modules[m] = path
                     self.targets[m] = target
             else:
                 if target not in names:
-                    raise_error(rp, f"--replace {target}: no recorded kernel of that name" + _known(names))
+                    raise_error(ctx, f"--replace {target}: no recorded kernel of that name" + _known(names))
                 self.kernels[target] = path
 
     def _holders(self, kernel: str) -> List[int]:
@@ -131,7 +131,7 @@ class Replacements:
         (CUkernels carry no module in their fn records: the lookups say where they came from)."""
         if self._lookups is None:
             self._lookups = {}
-            for rec in self.rp.reader.records("c"):
+            for rec in self.ctx.reader.records("c"):
                 f = rec.get("f") or ""
                 if f in ("cuModuleGetFunction", "cuLibraryGetKernel"):
                     a = rec.get("a") or {}
@@ -143,10 +143,10 @@ class Replacements:
         return self._lookups
 
     def _fn_records(self):
-        rp = self.rp
-        for fr in rp.fns.values():
+        ctx = self.ctx
+        for fr in ctx.fns.values():
             yield fr
-        for vers in rp.fn_versions.values():
+        for vers in ctx.fn_versions.values():
             for _seq, fr in vers[1:]:
                 yield fr
 
@@ -168,18 +168,18 @@ class Replacements:
         return out
 
     def _check(self, rec, what: str, name: str, recorded, query, handle) -> None:
-        rp = self.rp
+        ctx = self.ctx
         try:
             new = self._layout(query, handle)
         except Exception as e:  # bindings without cuFuncGetParamInfo (CUDA < 12.4)
-            rp.note(f"--replace {what}: parameter layout of {name} not checked ({type(e).__name__}: {e})")
+            ctx.note(f"--replace {what}: parameter layout of {name} not checked ({type(e).__name__}: {e})")
             return
         if recorded is None:
-            rp.note(f"--replace {what}: the snapshot holds no parameter layout for {name}; "
+            ctx.note(f"--replace {what}: the snapshot holds no parameter layout for {name}; "
                     f"not checked (new image: {_fmt(new)})")
             return
         if new != list(recorded):
-            rp.fail(rec, f"--replace {what}: parameter layout of kernel {name} differs: recorded "
+            ctx.fail(rec, f"--replace {what}: parameter layout of kernel {name} differs: recorded "
                          f"{len(recorded)} parameter(s) {_fmt(recorded)}, the new image has {len(new)} {_fmt(new)} "
                          f"(offset:size); the recorded parameter bytes would not fit it")
 
@@ -200,8 +200,8 @@ class Replacements:
 
     def check_module(self, rec, rec_mod, live, library: bool) -> None:
         """Every kernel the recorded module provided is in the new one, with its layout."""
-        rp = self.rp
-        cu = rp.cu
+        ctx = self.ctx
+        cu = ctx.cu
         path = self.modules[rec_mod]
         what = f"{self.targets.get(rec_mod, hex(rec_mod))}={path}"
         kernels = self._module_kernels(rec_mod)
@@ -213,14 +213,14 @@ class Replacements:
                 r = cu.cuModuleGetFunction(live, name.encode())
                 query = cu.cuFuncGetParamInfo
             if int(r[0]) != 0:
-                rp.fail(rec, f"--replace {what}: the new image has no kernel {name} (recorded module {rec_mod:#x} had it)")
+                ctx.fail(rec, f"--replace {what}: the new image has no kernel {name} (recorded module {rec_mod:#x} had it)")
             self._check(rec, what, name, [tuple(p) for p in params] if isinstance(params, list) else None,
                         query, r[1])
         if not kernels:
-            rp.note(f"--replace {what}: the recording names no kernel of module {rec_mod:#x} (no lookup, "
+            ctx.note(f"--replace {what}: the recording names no kernel of module {rec_mod:#x} (no lookup, "
                     f"no fn record): parameter layouts not checked")
         self.applied.append(f"module {rec_mod:#x} loaded from {path} ({len(kernels)} kernel(s) checked)")
-        rp.note(f"--replace: module {rec_mod:#x} loaded from {path}; parameter layouts of "
+        ctx.note(f"--replace: module {rec_mod:#x} loaded from {path}; parameter layouts of "
                 f"{len(kernels)} kernel(s) match the recording")
 
     # ------------------------------------------------------------------ single kernels
@@ -232,18 +232,18 @@ class Replacements:
         fn = self._fn.get(name)
         if fn is not None:
             return fn
-        rp = self.rp
-        cu = rp.cu
+        ctx = self.ctx
+        cu = ctx.cu
         path = self.kernels[name]
         mod = self._mod.get(path)
         if mod is None:
             r = cu.cuModuleLoadData(self.images[path])
             if int(r[0]) != 0:
-                rp.fail(rec, f"--replace {name}={path}: cuModuleLoadData failed: {_err(cu, r[0])}")
+                ctx.fail(rec, f"--replace {name}={path}: cuModuleLoadData failed: {_err(cu, r[0])}")
             mod = self._mod[path] = r[1]
         r = cu.cuModuleGetFunction(mod, name.encode())
         if int(r[0]) != 0:
-            rp.fail(rec, f"--replace {name}={path}: the new image has no kernel {name} ({_err(cu, r[0])})")
+            ctx.fail(rec, f"--replace {name}={path}: the new image has no kernel {name} ({_err(cu, r[0])})")
         self._check(rec, f"{name}={path}", name, self.recorded_layout(name), cu.cuFuncGetParamInfo, r[1])
         self._fn[name] = r[1]
         self._applied_kernel(name, path)
@@ -254,18 +254,18 @@ class Replacements:
         k = self._kern.get(name)
         if k is not None:
             return k
-        rp = self.rp
-        cu = rp.cu
+        ctx = self.ctx
+        cu = ctx.cu
         path = self.kernels[name]
         lib = self._lib.get(path)
         if lib is None:
             r = cu.cuLibraryLoadData(self.images[path], None, None, 0, None, None, 0)
             if int(r[0]) != 0:
-                rp.fail(rec, f"--replace {name}={path}: cuLibraryLoadData failed: {_err(cu, r[0])}")
+                ctx.fail(rec, f"--replace {name}={path}: cuLibraryLoadData failed: {_err(cu, r[0])}")
             lib = self._lib[path] = r[1]
         r = cu.cuLibraryGetKernel(lib, name.encode())
         if int(r[0]) != 0:
-            rp.fail(rec, f"--replace {name}={path}: the new image has no kernel {name} ({_err(cu, r[0])})")
+            ctx.fail(rec, f"--replace {name}={path}: the new image has no kernel {name} ({_err(cu, r[0])})")
         self._check(rec, f"{name}={path}", name, self.recorded_layout(name), cu.cuKernelGetParamInfo, r[1])
         self._kern[name] = r[1]
         self._applied_kernel(name, path)
@@ -275,7 +275,7 @@ class Replacements:
         msg = f"kernel {name} from {path}"
         if msg not in self.applied:
             self.applied.append(msg)
-            self.rp.note(f"--replace: {msg}; its parameter layout matches the recording")
+            self.ctx.note(f"--replace: {msg}; its parameter layout matches the recording")
 
 
 def _known(names: Dict[str, Any]) -> str:
@@ -291,19 +291,19 @@ def _err(cu, code) -> str:
         return str(int(code))
 
 
-def raise_error(rp, msg: str) -> None:
+def raise_error(ctx, msg: str) -> None:
     raise ReplayError(msg)
 
 
-def replacements(rp) -> Optional[Replacements]:
+def replacements(ctx) -> Optional[Replacements]:
     """The replayer's Replacements (None when nothing is replaced); built on first use, after
     the first pass over the records has collected the fn records."""
-    r = rp.replacements
+    r = ctx.replacements
     if r is False:
         try:
-            pairs = parse_specs(effective_specs(rp.opt))
+            pairs = parse_specs(effective_specs(ctx.opt))
         except ValueError as e:
-            raise_error(rp, str(e))
-        r = Replacements(rp, pairs) if pairs else None
-        rp.replacements = r
+            raise_error(ctx, str(e))
+        r = Replacements(ctx, pairs) if pairs else None
+        ctx.replacements = r
     return r

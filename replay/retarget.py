@@ -310,25 +310,25 @@ def preflight(snapshot, device: int = 0, jit: Optional[str] = None, out=None, qu
 
 
 # ------------------------------------------------------------------------------ replay hooks
-def jit_image(rp, rec, img: bytes) -> bytes:
+def jit_image(ctx, rec, img: bytes) -> bytes:
     """With --jit ptx: the image's PTX (for the load to JIT-compile), else the image."""
-    if getattr(rp.opt, "jit", None) != "ptx":
+    if getattr(ctx.opt, "jit", None) != "ptx":
         return img
     try:
-        got = ptx_of(img, rp.device_cc)
+        got = ptx_of(img, ctx.device_cc)
     except ValueError as e:
-        rp.fail(rec, f"--jit ptx: {e}")
+        ctx.fail(rec, f"--jit ptx: {e}")
     if got is None:
-        rp.fail(rec, f"--jit ptx: the module image holds no PTX ({analyze(img).describe()})")
-    rp.jit_t0 = time.perf_counter()
-    rp.jit_what = f"compute_{got[0]} PTX, {len(got[1]) - 1} bytes"
+        ctx.fail(rec, f"--jit ptx: the module image holds no PTX ({analyze(img).describe()})")
+    ctx.jit_t0 = time.perf_counter()
+    ctx.jit_what = f"compute_{got[0]} PTX, {len(got[1]) - 1} bytes"
     return got[1]
 
 
-def jit_done(rp, rec) -> None:
-    t0 = rp.jit_t0
+def jit_done(ctx, rec) -> None:
+    t0 = ctx.jit_t0
     if t0 is None:
         return
-    rp.jit_t0 = None
-    rp.note(f"--jit ptx: call #{rec.get('s')} {rec.get('f')}: loaded from {rp.jit_what}; load with JIT took "
+    ctx.jit_t0 = None
+    ctx.note(f"--jit ptx: call #{rec.get('s')} {rec.get('f')}: loaded from {ctx.jit_what}; load with JIT took "
             f"{(time.perf_counter() - t0) * 1000:.1f} ms")

@@ -24,7 +24,7 @@ ORDER = ("cuStreamSynchronize", "cuStreamWaitEvent", "cuEventRecord", "cuEventRe
 _plans: Dict[str, Tuple[str, List[Tuple[str, str, str]]]] = {}
 
 
-def _plan(rp, rec) -> Tuple[str, List[Tuple[str, str, str]]]:
+def _plan(ctx, rec) -> Tuple[str, List[Tuple[str, str, str]]]:
     """(binding name, [(param name, role, handle kind)]) for the recorded ABI name; role is
     "in" (a value or, with a kind, a handle), "out" (a handle to remember) or "skip"."""
     abi = rec["f"]
@@ -43,47 +43,47 @@ def _plan(rp, rec) -> Tuple[str, List[Tuple[str, str, str]]]:
             else:
                 raise ValueError(f"{abi}: parameter {p['name']} ({p['kind']}) needs a hand-written handler")
         stripped = strip_per_thread(abi)
-        names = [n for n in (fn["base"], stripped, fn["base"] + "_v2") if hasattr(rp.cu, n)]
+        names = [n for n in (fn["base"], stripped, fn["base"] + "_v2") if hasattr(ctx.cu, n)]
         plan = _plans[abi] = (names[0] if names else fn["base"], steps)
     return plan
 
 
-def _live(rp, rec, kind: str, h):
+def _live(ctx, rec, kind: str, h):
     if kind == "stream":
-        return rp.stream(rec, h)
+        return ctx.stream(rec, h)
     if kind == "graph":
         from .graph import graph
-        return graph(rp, rec, h)
-    return rp.live(rec, h, kind.replace("_", " "))
+        return graph(ctx, rec, h)
+    return ctx.live(rec, h, kind.replace("_", " "))
 
 
-def _replay(rp, rec):
-    name, steps = _plan(rp, rec)
+def _replay(ctx, rec):
+    name, steps = _plan(ctx, rec)
     a = rec["a"]
-    args = [(_live(rp, rec, kind, a.get(p)) if kind else a.get(p, 0)) for p, role, kind in steps if role == "in"]
-    out = rp.drv(rec, name, *args)
+    args = [(_live(ctx, rec, kind, a.get(p)) if kind else a.get(p, 0)) for p, role, kind in steps if role == "in"]
+    out = ctx.drv(rec, name, *args)
     outs = [p for p, role, _k in steps if role != "in"]
     if out is None or not outs:
         return
     vals = out if len(outs) > 1 else (out,)
     for (p, role, _k), v in zip([s for s in steps if s[1] != "in"], vals):
         if role == "out":
-            rp.set_handle(a.get(p), v, _k)
+            ctx.set_handle(a.get(p), v, _k)
 
 
-def create(rp, rec):
-    _replay(rp, rec)
+def create(ctx, rec):
+    _replay(ctx, rec)
 
 
-def destroy(rp, rec):
-    _replay(rp, rec)
-    for p, role, kind in _plan(rp, rec)[1]:
+def destroy(ctx, rec):
+    _replay(ctx, rec)
+    for p, role, kind in _plan(ctx, rec)[1]:
         if kind and role == "in":
-            rp.handles.pop(rec["a"].get(p), None)
+            ctx.handles.pop(rec["a"].get(p), None)
 
 
-def order(rp, rec):
-    _replay(rp, rec)
+def order(ctx, rec):
+    _replay(ctx, rec)
 
 
 def _register() -> None:

@@ -52,10 +52,10 @@ def _u32(b, o: int) -> int:
     return struct.unpack_from("<I", b, o)[0]
 
 
-def _struct_bytes(rp, rec, key: str, size: int, what: str) -> bytearray:
+def _struct_bytes(ctx, rec, key: str, size: int, what: str) -> bytearray:
     raw = rec["a"].get(key)
     if not isinstance(raw, (bytes, bytearray)) or len(raw) < size:
-        rp.fail(rec, f"the {what} struct ({key}) was not captured")
+        ctx.fail(rec, f"the {what} struct ({key}) was not captured")
     return bytearray(raw[:size])
 
 
@@ -65,22 +65,22 @@ def _fill(obj, data: bytes):
 
 
 # ------------------------------------------------------------------ handle helpers
-def graph(rp, rec, h, what: str = "graph"):
+def graph(ctx, rec, h, what: str = "graph"):
     """Live graph for a recorded CUgraph.  A graph handle no recorded call returned may be a
     body graph of a conditional node (the driver writes those into a host array capture does
     not record): the oldest unclaimed body is taken for it, with a note."""
-    if h and h not in rp.handles:
-        bodies = rp.cond_bodies
+    if h and h not in ctx.handles:
+        bodies = ctx.cond_bodies
         if bodies:
             live = bodies.pop(0)
-            rp.set_handle(h, live, "graph")
-            rp.note(f"call #{rec.get('s')} {rec['f']}: graph {h:#x} taken to be the next body graph of a "
+            ctx.set_handle(h, live, "graph")
+            ctx.note(f"call #{rec.get('s')} {rec['f']}: graph {h:#x} taken to be the next body graph of a "
                     f"conditional node (body handles are not recorded)")
             return live
-    return rp.live(rec, h, what)
+    return ctx.live(rec, h, what)
 
 
-def nodes(rp, rec, key: str = "dependencies", count_key: str = "numDependencies") -> List[Any]:
+def nodes(ctx, rec, key: str = "dependencies", count_key: str = "numDependencies") -> List[Any]:
     """Live CUgraphNodes for a recorded array of node handles (array_in: bytes)."""
     a = rec["a"]
     n = int(a.get(count_key) or 0)
@@ -88,18 +88,18 @@ def nodes(rp, rec, key: str = "dependencies", count_key: str = "numDependencies"
         return []
     raw = a.get(key)
     if not isinstance(raw, (bytes, bytearray)) or len(raw) < 8 * n:
-        rp.fail(rec, f"the {key} array ({n} nodes) was not captured")
+        ctx.fail(rec, f"the {key} array ({n} nodes) was not captured")
     out = []
     for i in range(n):
         h = _u64(raw, 8 * i)
-        if h not in rp.handles:
-            rp.fail(rec, f"{key}[{i}]: graph node {h:#x} is unknown (not created by a replayed call; nodes made "
+        if h not in ctx.handles:
+            ctx.fail(rec, f"{key}[{i}]: graph node {h:#x} is unknown (not created by a replayed call; nodes made "
                          f"implicitly by stream capture have no recorded handle)")
-        out.append(rp.handles[h])
+        out.append(ctx.handles[h])
     return out
 
 
-def edges(rp, rec, key: str = "dependencyData", count_key: str = "numDependencies") -> Optional[List[Any]]:
+def edges(ctx, rec, key: str = "dependencyData", count_key: str = "numDependencies") -> Optional[List[Any]]:
     """CUgraphEdgeData list for a recorded edge array, or None (NULL: default edges)."""
     a = rec["a"]
     n = int(a.get(count_key) or 0)
@@ -108,164 +108,164 @@ def edges(rp, rec, key: str = "dependencyData", count_key: str = "numDependencie
         return None
     out = []
     for i in range(n):
-        e = rp.cu.CUgraphEdgeData()
+        e = ctx.cu.CUgraphEdgeData()
         e.from_port, e.to_port, e.type = raw[8 * i], raw[8 * i + 1], raw[8 * i + 2]
         out.append(e)
     return out
 
 
-def context(rp, rec, h):
+def context(ctx, rec, h):
     """Live context for a recorded CUcontext member/argument (0: the current context)."""
-    if h and h in rp.handles:
-        return rp.handles[h]
+    if h and h in ctx.handles:
+        return ctx.handles[h]
     if h:
         from .context import ctx_or_primary
-        return ctx_or_primary(rp, rec, h)
-    r = rp.cu.cuCtxGetCurrent()
-    return r[1] if len(r) > 1 and handle_int(r[0]) == 0 else rp.cu.CUcontext(0)
+        return ctx_or_primary(ctx, rec, h)
+    r = ctx.cu.cuCtxGetCurrent()
+    return r[1] if len(r) > 1 and handle_int(r[0]) == 0 else ctx.cu.CUcontext(0)
 
 
-def stream_capturing(rp, rec_s, live_s=None) -> bool:
+def stream_capturing(ctx, rec_s, live_s=None) -> bool:
     """Is the recorded stream capturing now?  Streams whose capture was begun by a replayed
     call, and streams that joined a capture (through an event wait), asked of the driver."""
-    if rec_s in rp.capturing:
+    if rec_s in ctx.capturing:
         return True
-    if not rp.capturing or live_s is None:
+    if not ctx.capturing or live_s is None:
         return False
     try:
-        r = rp.cu.cuStreamIsCapturing(live_s)
+        r = ctx.cu.cuStreamIsCapturing(live_s)
         return len(r) > 1 and handle_int(r[0]) == 0 and handle_int(r[1]) != 0
     except Exception:
         return False
 
 
-def keep_forever(rp, obj) -> None:
+def keep_forever(ctx, obj) -> None:
     """Host memory a graph node reads or writes whenever the graph runs: never released."""
-    rp.keepalive_images.append(obj)
+    ctx.keepalive_images.append(obj)
 
 
-def _note_once(rp, key: str, msg: str) -> None:
-    seen = rp.graph_notes
+def _note_once(ctx, key: str, msg: str) -> None:
+    seen = ctx.graph_notes
     if key not in seen:
         seen.add(key)
-        rp.note(msg)
+        ctx.note(msg)
 
 
 # ------------------------------------------------------------------ stream capture
 @handles("cuStreamBeginCapture", errors=True)
-def begin_capture(rp, rec):
+def begin_capture(ctx, rec):
     a = rec["a"]
-    s = rp.stream(rec, a.get("hStream"))
-    mode = rp.cu.CUstreamCaptureMode(a.get("mode", 0))
-    if rp.drv(rec, "cuStreamBeginCapture", s, mode) is not None:
-        rp.capturing.add(a.get("hStream"))
+    s = ctx.stream(rec, a.get("hStream"))
+    mode = ctx.cu.CUstreamCaptureMode(a.get("mode", 0))
+    if ctx.drv(rec, "cuStreamBeginCapture", s, mode) is not None:
+        ctx.capturing.add(a.get("hStream"))
 
 
 @handles("cuStreamBeginCaptureToGraph", errors=True)
-def begin_capture_to_graph(rp, rec):
+def begin_capture_to_graph(ctx, rec):
     a = rec["a"]
-    s = rp.stream(rec, a.get("hStream"))
-    g = graph(rp, rec, a.get("hGraph"))
-    deps = nodes(rp, rec)
-    mode = rp.cu.CUstreamCaptureMode(a.get("mode", 0))
-    if rp.drv(rec, "cuStreamBeginCaptureToGraph", s, g, deps, edges(rp, rec), len(deps), mode) is not None:
-        rp.capturing.add(a.get("hStream"))
+    s = ctx.stream(rec, a.get("hStream"))
+    g = graph(ctx, rec, a.get("hGraph"))
+    deps = nodes(ctx, rec)
+    mode = ctx.cu.CUstreamCaptureMode(a.get("mode", 0))
+    if ctx.drv(rec, "cuStreamBeginCaptureToGraph", s, g, deps, edges(ctx, rec), len(deps), mode) is not None:
+        ctx.capturing.add(a.get("hStream"))
 
 
 @handles("cuStreamEndCapture", errors=True)
-def end_capture(rp, rec):
+def end_capture(ctx, rec):
     a = rec["a"]
-    g = rp.drv(rec, "cuStreamEndCapture", rp.stream(rec, a.get("hStream")))
-    rp.capturing.discard(a.get("hStream"))
+    g = ctx.drv(rec, "cuStreamEndCapture", ctx.stream(rec, a.get("hStream")))
+    ctx.capturing.discard(a.get("hStream"))
     if g is not None:
-        rp.set_handle(a.get("phGraph"), g, "graph")
+        ctx.set_handle(a.get("phGraph"), g, "graph")
 
 
 @handles("cuStreamUpdateCaptureDependencies", errors=True)
-def update_capture_deps(rp, rec):
+def update_capture_deps(ctx, rec):
     a = rec["a"]
-    deps = nodes(rp, rec)
-    rp.drv(rec, "cuStreamUpdateCaptureDependencies", rp.stream(rec, a.get("hStream")), deps, edges(rp, rec),
+    deps = nodes(ctx, rec)
+    ctx.drv(rec, "cuStreamUpdateCaptureDependencies", ctx.stream(rec, a.get("hStream")), deps, edges(ctx, rec),
            len(deps), a.get("flags", 0))
 
 
-def _exchange_inputs(rp) -> dict:
+def _exchange_inputs(ctx) -> dict:
     """cuThreadExchangeStreamCaptureMode records only the mode it returned (the previous one):
     the mode a call set is what the next exchange on the same thread returned; the last one
     on a thread is taken to restore the thread's first mode."""
-    m = rp.xmode_inputs
+    m = ctx.xmode_inputs
     if m is None:
         m, by_tid = {}, {}
-        for r in rp.reader.records(("c",)):
+        for r in ctx.reader.records(("c",)):
             if r.get("f") == "cuThreadExchangeStreamCaptureMode" and r.get("r") == 0 \
                     and isinstance((r.get("a") or {}).get("mode"), int):
                 by_tid.setdefault(r.get("tid"), []).append(r)
         for lst in by_tid.values():
             for i, r in enumerate(lst):
                 m[r.get("s")] = (lst[i + 1] if i + 1 < len(lst) else lst[0])["a"]["mode"]
-        rp.xmode_inputs = m
+        ctx.xmode_inputs = m
     return m
 
 
 @handles("cuThreadExchangeStreamCaptureMode", family="stream")
-def exchange_capture_mode(rp, rec):
-    mode = _exchange_inputs(rp).get(rec.get("s"))
+def exchange_capture_mode(ctx, rec):
+    mode = _exchange_inputs(ctx).get(rec.get("s"))
     if mode is None:
         mode = rec["a"].get("mode", 0) if isinstance(rec["a"].get("mode"), int) else 0
-    rp.drv(rec, "cuThreadExchangeStreamCaptureMode", rp.cu.CUstreamCaptureMode(mode))
+    ctx.drv(rec, "cuThreadExchangeStreamCaptureMode", ctx.cu.CUstreamCaptureMode(mode))
 
 
 # ------------------------------------------------------------------ graphs
-def _node_out(rp, rec, n) -> None:
+def _node_out(ctx, rec, n) -> None:
     if n is not None:
-        rp.set_handle(rec["a"].get("phGraphNode"), n, "graph node")
+        ctx.set_handle(rec["a"].get("phGraphNode"), n, "graph node")
 
 
 @handles("cuGraphAddEmptyNode")
-def add_empty_node(rp, rec):
+def add_empty_node(ctx, rec):
     a = rec["a"]
-    deps = nodes(rp, rec)
-    _node_out(rp, rec, rp.drv(rec, "cuGraphAddEmptyNode", graph(rp, rec, a.get("hGraph")), deps, len(deps)))
+    deps = nodes(ctx, rec)
+    _node_out(ctx, rec, ctx.drv(rec, "cuGraphAddEmptyNode", graph(ctx, rec, a.get("hGraph")), deps, len(deps)))
 
 
 @handles("cuGraphAddHostNode")
-def add_host_node(rp, rec):
+def add_host_node(ctx, rec):
     # a host callback of the recorded process: an empty node with the same dependencies keeps
     # the order it imposed (later nodes depending on it still wait for its predecessors)
     a = rec["a"]
-    deps = nodes(rp, rec)
-    n = rp.raw("cuGraphAddEmptyNode", graph(rp, rec, a.get("hGraph")), deps, len(deps))
-    _node_out(rp, rec, n)
-    _note_once(rp, "host", f"call #{rec.get('s')} {rec['f']}: graph host nodes (callbacks of the recorded "
+    deps = nodes(ctx, rec)
+    n = ctx.raw("cuGraphAddEmptyNode", graph(ctx, rec, a.get("hGraph")), deps, len(deps))
+    _node_out(ctx, rec, n)
+    _note_once(ctx, "host", f"call #{rec.get('s')} {rec['f']}: graph host nodes (callbacks of the recorded "
                            f"process) are replayed as empty nodes")
 
 
 @handles("cuGraphAddChildGraphNode")
-def add_child_graph_node(rp, rec):
+def add_child_graph_node(ctx, rec):
     a = rec["a"]
-    deps = nodes(rp, rec)
-    _node_out(rp, rec, rp.drv(rec, "cuGraphAddChildGraphNode", graph(rp, rec, a.get("hGraph")), deps, len(deps),
-                              graph(rp, rec, a.get("childGraph"), "child graph")))
+    deps = nodes(ctx, rec)
+    _node_out(ctx, rec, ctx.drv(rec, "cuGraphAddChildGraphNode", graph(ctx, rec, a.get("hGraph")), deps, len(deps),
+                              graph(ctx, rec, a.get("childGraph"), "child graph")))
 
 
 @handles("cuGraphAddEventRecordNode", "cuGraphAddEventWaitNode")
-def add_event_node(rp, rec):
+def add_event_node(ctx, rec):
     a = rec["a"]
-    deps = nodes(rp, rec)
+    deps = nodes(ctx, rec)
     name = "cuGraphAddEventRecordNode" if "Record" in rec["f"] else "cuGraphAddEventWaitNode"
-    _node_out(rp, rec, rp.drv(rec, name, graph(rp, rec, a.get("hGraph")), deps, len(deps),
-                              rp.live(rec, a.get("event"), "event")))
+    _node_out(ctx, rec, ctx.drv(rec, name, graph(ctx, rec, a.get("hGraph")), deps, len(deps),
+                              ctx.live(rec, a.get("event"), "event")))
 
 
-def memset_params(rp, rec, raw: bytearray, off: int = 0) -> bytearray:
+def memset_params(ctx, rec, raw: bytearray, off: int = 0) -> bytearray:
     """Map the destination of a recorded CUDA_MEMSET_NODE_PARAMS at raw[off:] in place."""
     dst = _u64(raw, off)
-    struct.pack_into("<Q", raw, off, rp.tr(dst))
-    rp.mark_written(dst, rec.get("s"), rec["f"])
+    struct.pack_into("<Q", raw, off, ctx.tr(dst))
+    ctx.mark_written(dst, rec.get("s"), rec["f"])
     return raw
 
 
-def memcpy3d_params(rp, rec, raw: bytearray, off: int = 0) -> bytearray:
+def memcpy3d_params(ctx, rec, raw: bytearray, off: int = 0) -> bytearray:
     """Map both ends of a recorded CUDA_MEMCPY3D at raw[off:] in place: device memory to its
     live address, host memory only when it is a replayed pinned allocation."""
     for side, base in (("source", off), ("destination", off + 88)):
@@ -273,20 +273,20 @@ def memcpy3d_params(rp, rec, raw: bytearray, off: int = 0) -> bytearray:
         if mt in (MT_DEVICE, MT_UNIFIED):
             addr = _u64(raw, base + 48)
             if side == "destination":
-                rp.mark_written(addr, rec.get("s"), rec["f"])
-            struct.pack_into("<Q", raw, base + 48, rp.tr(addr))
+                ctx.mark_written(addr, rec.get("s"), rec["f"])
+            struct.pack_into("<Q", raw, base + 48, ctx.tr(addr))
         elif mt == MT_HOST:
             hp = _u64(raw, base + 40)
-            al = rp.space.find(hp) if rp.space is not None else None
+            al = ctx.space.find(hp) if ctx.space is not None else None
             if side == "source":
-                rp.fail(rec, f"the copy reads host memory of the recorded process ({hp:#x}) when the graph runs: "
+                ctx.fail(rec, f"the copy reads host memory of the recorded process ({hp:#x}) when the graph runs: "
                              f"those contents were not captured")
             if al is None or al.kind != "host":
-                rp.fail(rec, f"the copy writes host memory of the recorded process ({hp:#x}) that is not a "
+                ctx.fail(rec, f"the copy writes host memory of the recorded process ({hp:#x}) that is not a "
                              f"replayed pinned allocation")
-            struct.pack_into("<Q", raw, base + 40, rp.tr(hp))
+            struct.pack_into("<Q", raw, base + 40, ctx.tr(hp))
         elif mt == MT_ARRAY:
-            rp.fail(rec, "copies with CUDA arrays are not supported")
+            ctx.fail(rec, "copies with CUDA arrays are not supported")
     return raw
 
 
@@ -294,12 +294,12 @@ def _copy_node_handler(name: str, key: str, size: int, ctype: str, fix) -> None:
     """cuGraphAddMemsetNode / cuGraphAddMemcpyNode: the node's struct with its addresses
     translated (fix), on the recorded graph, dependencies and context."""
     @handles(name)
-    def add_node(rp, rec):
+    def add_node(ctx, rec):
         a = rec["a"]
-        p = _fill(getattr(rp.cu, ctype)(), fix(rp, rec, _struct_bytes(rp, rec, key, size, ctype)))
-        deps = nodes(rp, rec)
-        _node_out(rp, rec, rp.drv(rec, name, graph(rp, rec, a.get("hGraph")), deps, len(deps), p,
-                                  context(rp, rec, a.get("ctx"))))
+        p = _fill(getattr(ctx.cu, ctype)(), fix(ctx, rec, _struct_bytes(ctx, rec, key, size, ctype)))
+        deps = nodes(ctx, rec)
+        _node_out(ctx, rec, ctx.drv(rec, name, graph(ctx, rec, a.get("hGraph")), deps, len(deps), p,
+                                  context(ctx, rec, a.get("ctx"))))
 
 
 _copy_node_handler("cuGraphAddMemsetNode", "memsetParams", MEMSET_PARAMS_SIZE, "CUDA_MEMSET_NODE_PARAMS", memset_params)
@@ -317,193 +317,193 @@ class _KernelArgs:
                                            CU_LAUNCH_PARAM_END)
 
 
-def kernel_params(rp, rec, raw: bytearray, off: int = 0) -> bytearray:
+def kernel_params(ctx, rec, raw: bytearray, off: int = 0) -> bytearray:
     """Rebuild a recorded CUDA_KERNEL_NODE_PARAMS at raw[off:] in place, or refuse."""
     x = rec.get("x") or {}
     params = x.get("params")
     if params is None:
-        rp.fail(rec, f"cannot rebuild the kernel node: {KERNEL_NODE_REASON}")
+        ctx.fail(rec, f"cannot rebuild the kernel node: {KERNEL_NODE_REASON}")
     from ..placement import relocate_params
     from .module import resolve_function
     h = _u64(raw, off) or _u64(raw, off + 56)          # func, else kern
-    fn = resolve_function(rp, rec, h)
+    fn = resolve_function(ctx, rec, h)
     params = bytes(params)
-    if rp.space is not None and rp.space.moved:
-        params, changes = relocate_params(params, (rp.fn_record(h, rec.get("s")) or {}).get("params"), rp.space)
-        rp.res.params_relocated += len(changes)
-    params = patch_conditional_handles(rp, rec, params, (rp.fn_record(h, rec.get("s")) or {}).get("params"))
+    if ctx.space is not None and ctx.space.moved:
+        params, changes = relocate_params(params, (ctx.fn_record(h, rec.get("s")) or {}).get("params"), ctx.space)
+        ctx.res.params_relocated += len(changes)
+    params = patch_conditional_handles(ctx, rec, params, (ctx.fn_record(h, rec.get("s")) or {}).get("params"))
     args = _KernelArgs(params)
-    keep_forever(rp, args)
-    ctx = _u64(raw, off + 64)
+    keep_forever(ctx, args)
+    rec_ctx = _u64(raw, off + 64)
     # kernelParams @40 -> NULL, extra @48 -> packed buffer, kern @56 -> NULL (func is set), ctx @64
     struct.pack_into("<QQQQ", raw, off + 40, 0, ctypes.addressof(args.extra), 0,
-                     handle_int(context(rp, rec, ctx)) if ctx else 0)
+                     handle_int(context(ctx, rec, rec_ctx)) if rec_ctx else 0)
     struct.pack_into("<Q", raw, off, handle_int(fn))
     return raw
 
 
 @handles("cuGraphAddKernelNode")   # needs x.params: capture packs kernel-node arguments
-def add_kernel_node(rp, rec):
+def add_kernel_node(ctx, rec):
     a = rec["a"]
-    raw = kernel_params(rp, rec, _struct_bytes(rp, rec, "nodeParams", KERNEL_PARAMS_SIZE, "CUDA_KERNEL_NODE_PARAMS"))
-    p = _fill(rp.cu.CUDA_KERNEL_NODE_PARAMS(), raw)
-    deps = nodes(rp, rec)
-    _node_out(rp, rec, rp.drv(rec, "cuGraphAddKernelNode", graph(rp, rec, a.get("hGraph")), deps, len(deps), p))
+    raw = kernel_params(ctx, rec, _struct_bytes(ctx, rec, "nodeParams", KERNEL_PARAMS_SIZE, "CUDA_KERNEL_NODE_PARAMS"))
+    p = _fill(ctx.cu.CUDA_KERNEL_NODE_PARAMS(), raw)
+    deps = nodes(ctx, rec)
+    _node_out(ctx, rec, ctx.drv(rec, "cuGraphAddKernelNode", graph(ctx, rec, a.get("hGraph")), deps, len(deps), p))
 
 
 @handles("cuGraphKernelNodeSetParams", "cuGraphExecKernelNodeSetParams")
-def kernel_node_set_params(rp, rec):
+def kernel_node_set_params(ctx, rec):
     a = rec["a"]
-    raw = kernel_params(rp, rec, _struct_bytes(rp, rec, "nodeParams", KERNEL_PARAMS_SIZE, "CUDA_KERNEL_NODE_PARAMS"))
-    p = _fill(rp.cu.CUDA_KERNEL_NODE_PARAMS(), raw)
-    node = rp.live(rec, a.get("hNode"), "graph node")
+    raw = kernel_params(ctx, rec, _struct_bytes(ctx, rec, "nodeParams", KERNEL_PARAMS_SIZE, "CUDA_KERNEL_NODE_PARAMS"))
+    p = _fill(ctx.cu.CUDA_KERNEL_NODE_PARAMS(), raw)
+    node = ctx.live(rec, a.get("hNode"), "graph node")
     if "Exec" in rec["f"]:
-        rp.drv(rec, "cuGraphExecKernelNodeSetParams", rp.live(rec, a.get("hGraphExec"), "graph exec"), node, p)
+        ctx.drv(rec, "cuGraphExecKernelNodeSetParams", ctx.live(rec, a.get("hGraphExec"), "graph exec"), node, p)
     else:
-        rp.drv(rec, "cuGraphKernelNodeSetParams", node, p)
+        ctx.drv(rec, "cuGraphKernelNodeSetParams", node, p)
 
 
-def node_params(rp, rec, key: str = "nodeParams"):
+def node_params(ctx, rec, key: str = "nodeParams"):
     """Rebuild a recorded CUgraphNodeParams (cuGraphAddNode, cuGraph(Exec)NodeSetParams).
     Returns (params object, node type, conditional body buffer or None)."""
-    raw = _struct_bytes(rp, rec, key, NODE_PARAMS_SIZE, "CUgraphNodeParams")
+    raw = _struct_bytes(ctx, rec, key, NODE_PARAMS_SIZE, "CUgraphNodeParams")
     t = _u32(raw, 0)
     u = NP_UNION
     bodies = None
     if t == NT_KERNEL:
-        kernel_params(rp, rec, raw, u)
+        kernel_params(ctx, rec, raw, u)
     elif t == NT_MEMCPY:
         # CUDA_MEMCPY_NODE_PARAMS: flags, reserved, copyCtx @8, copyParams @16
-        memcpy3d_params(rp, rec, raw, u + 16)
+        memcpy3d_params(ctx, rec, raw, u + 16)
         c = _u64(raw, u + 8)
-        struct.pack_into("<Q", raw, u + 8, handle_int(context(rp, rec, c)) if c else 0)
+        struct.pack_into("<Q", raw, u + 8, handle_int(context(ctx, rec, c)) if c else 0)
     elif t == NT_MEMSET:
-        memset_params(rp, rec, raw, u)
+        memset_params(ctx, rec, raw, u)
         c = _u64(raw, u + 40)
-        struct.pack_into("<Q", raw, u + 40, handle_int(context(rp, rec, c)) if c else 0)
+        struct.pack_into("<Q", raw, u + 40, handle_int(context(ctx, rec, c)) if c else 0)
     elif t == NT_HOST:
         raw[:] = bytes(NODE_PARAMS_SIZE)
         struct.pack_into("<I", raw, 0, NT_EMPTY)
-        _note_once(rp, "host", f"call #{rec.get('s')} {rec['f']}: graph host nodes (callbacks of the recorded "
+        _note_once(ctx, "host", f"call #{rec.get('s')} {rec['f']}: graph host nodes (callbacks of the recorded "
                                f"process) are replayed as empty nodes")
     elif t == NT_GRAPH:
-        struct.pack_into("<Q", raw, u, handle_int(graph(rp, rec, _u64(raw, u), "child graph")))
+        struct.pack_into("<Q", raw, u, handle_int(graph(ctx, rec, _u64(raw, u), "child graph")))
     elif t in (NT_WAIT_EVENT, NT_EVENT_RECORD):
-        struct.pack_into("<Q", raw, u, handle_int(rp.live(rec, _u64(raw, u), "event")))
+        struct.pack_into("<Q", raw, u, handle_int(ctx.live(rec, _u64(raw, u), "event")))
     elif t == NT_EMPTY:
         pass
     elif t == NT_CONDITIONAL:
         # CUDA_CONDITIONAL_NODE_PARAMS: handle, type, size, phGraph_out (driver-written array), ctx
         rec_handle, size = _u64(raw, u), _u32(raw, u + 12)
-        live_h = rp.handles.get(rec_handle)
+        live_h = ctx.handles.get(rec_handle)
         if live_h is None:
-            rp.fail(rec, f"conditional handle {rec_handle:#x} is unknown (its cuGraphConditionalHandleCreate "
+            ctx.fail(rec, f"conditional handle {rec_handle:#x} is unknown (its cuGraphConditionalHandleCreate "
                          f"was not replayed)")
         bodies = (ctypes.c_uint64 * max(size, 1))()
-        keep_forever(rp, bodies)
+        keep_forever(ctx, bodies)
         c = _u64(raw, u + 24)
         struct.pack_into("<Q", raw, u, handle_int(live_h))
         struct.pack_into("<Q", raw, u + 16, ctypes.addressof(bodies))
-        struct.pack_into("<Q", raw, u + 24, handle_int(context(rp, rec, c)) if c else 0)
+        struct.pack_into("<Q", raw, u + 24, handle_int(context(ctx, rec, c)) if c else 0)
         bodies = (bodies, size)
     else:
-        rp.fail(rec, f"{NODE_TYPE_NAMES.get(t, f'type {t}')} nodes are not supported by the replayer")
-    return _fill(rp.cu.CUgraphNodeParams(), raw), t, bodies
+        ctx.fail(rec, f"{NODE_TYPE_NAMES.get(t, f'type {t}')} nodes are not supported by the replayer")
+    return _fill(ctx.cu.CUgraphNodeParams(), raw), t, bodies
 
 
 @handles("cuGraphAddNode")
-def add_node(rp, rec):
+def add_node(ctx, rec):
     a = rec["a"]
-    p, _t, bodies = node_params(rp, rec)
-    deps = nodes(rp, rec)
-    n = rp.drv(rec, "cuGraphAddNode", graph(rp, rec, a.get("hGraph")), deps, edges(rp, rec), len(deps), p)
-    _node_out(rp, rec, n)
+    p, _t, bodies = node_params(ctx, rec)
+    deps = nodes(ctx, rec)
+    n = ctx.drv(rec, "cuGraphAddNode", graph(ctx, rec, a.get("hGraph")), deps, edges(ctx, rec), len(deps), p)
+    _node_out(ctx, rec, n)
     if n is not None and bodies is not None:
         arr, size = bodies
-        rp.cond_bodies.extend(rp.cu.CUgraph(arr[i]) for i in range(size))
+        ctx.cond_bodies.extend(ctx.cu.CUgraph(arr[i]) for i in range(size))
 
 
 @handles("cuGraphNodeSetParams", "cuGraphExecNodeSetParams")
-def node_set_params(rp, rec):
+def node_set_params(ctx, rec):
     a = rec["a"]
-    p, t, _bodies = node_params(rp, rec)
+    p, t, _bodies = node_params(ctx, rec)
     if t == NT_CONDITIONAL:
-        rp.fail(rec, "changing a conditional node's parameters is not supported")
-    node = rp.live(rec, a.get("hNode"), "graph node")
+        ctx.fail(rec, "changing a conditional node's parameters is not supported")
+    node = ctx.live(rec, a.get("hNode"), "graph node")
     if "Exec" in rec["f"]:
-        rp.drv(rec, "cuGraphExecNodeSetParams", rp.live(rec, a.get("hGraphExec"), "graph exec"), node, p)
+        ctx.drv(rec, "cuGraphExecNodeSetParams", ctx.live(rec, a.get("hGraphExec"), "graph exec"), node, p)
     else:
-        rp.drv(rec, "cuGraphNodeSetParams", node, p)
+        ctx.drv(rec, "cuGraphNodeSetParams", node, p)
 
 
 @handles("cuGraphMemsetNodeSetParams", "cuGraphExecMemsetNodeSetParams")
-def memset_node_set_params(rp, rec):
+def memset_node_set_params(ctx, rec):
     a = rec["a"]
     key = "memsetParams" if "Exec" in rec["f"] else "nodeParams"
-    p = _fill(rp.cu.CUDA_MEMSET_NODE_PARAMS(),
-              memset_params(rp, rec, _struct_bytes(rp, rec, key, MEMSET_PARAMS_SIZE, "CUDA_MEMSET_NODE_PARAMS")))
-    node = rp.live(rec, a.get("hNode"), "graph node")
+    p = _fill(ctx.cu.CUDA_MEMSET_NODE_PARAMS(),
+              memset_params(ctx, rec, _struct_bytes(ctx, rec, key, MEMSET_PARAMS_SIZE, "CUDA_MEMSET_NODE_PARAMS")))
+    node = ctx.live(rec, a.get("hNode"), "graph node")
     if "Exec" in rec["f"]:
-        rp.drv(rec, "cuGraphExecMemsetNodeSetParams", rp.live(rec, a.get("hGraphExec"), "graph exec"), node, p,
-               context(rp, rec, a.get("ctx")))
+        ctx.drv(rec, "cuGraphExecMemsetNodeSetParams", ctx.live(rec, a.get("hGraphExec"), "graph exec"), node, p,
+               context(ctx, rec, a.get("ctx")))
     else:
-        rp.drv(rec, "cuGraphMemsetNodeSetParams", node, p)
+        ctx.drv(rec, "cuGraphMemsetNodeSetParams", node, p)
 
 
 @handles("cuGraphMemcpyNodeSetParams", "cuGraphExecMemcpyNodeSetParams")
-def memcpy_node_set_params(rp, rec):
+def memcpy_node_set_params(ctx, rec):
     a = rec["a"]
     key = "copyParams" if "Exec" in rec["f"] else "nodeParams"
-    p = _fill(rp.cu.CUDA_MEMCPY3D(), memcpy3d_params(rp, rec, _struct_bytes(rp, rec, key, MEMCPY3D_SIZE,
+    p = _fill(ctx.cu.CUDA_MEMCPY3D(), memcpy3d_params(ctx, rec, _struct_bytes(ctx, rec, key, MEMCPY3D_SIZE,
                                                                                 "CUDA_MEMCPY3D")))
-    node = rp.live(rec, a.get("hNode"), "graph node")
+    node = ctx.live(rec, a.get("hNode"), "graph node")
     if "Exec" in rec["f"]:
-        rp.drv(rec, "cuGraphExecMemcpyNodeSetParams", rp.live(rec, a.get("hGraphExec"), "graph exec"), node, p,
-               context(rp, rec, a.get("ctx")))
+        ctx.drv(rec, "cuGraphExecMemcpyNodeSetParams", ctx.live(rec, a.get("hGraphExec"), "graph exec"), node, p,
+               context(ctx, rec, a.get("ctx")))
     else:
-        rp.drv(rec, "cuGraphMemcpyNodeSetParams", node, p)
+        ctx.drv(rec, "cuGraphMemcpyNodeSetParams", node, p)
 
 
 @handles("cuGraphEventRecordNodeSetEvent", "cuGraphEventWaitNodeSetEvent",
          "cuGraphExecEventRecordNodeSetEvent", "cuGraphExecEventWaitNodeSetEvent")
-def event_node_set_event(rp, rec):
+def event_node_set_event(ctx, rec):
     a = rec["a"]
     f = rec["f"]
     name = "cuGraph" + ("Exec" if "Exec" in f else "") + ("EventRecord" if "Record" in f else "EventWait") \
         + "NodeSetEvent"
-    node = rp.live(rec, a.get("hNode"), "graph node")
-    ev = rp.live(rec, a.get("event"), "event")
+    node = ctx.live(rec, a.get("hNode"), "graph node")
+    ev = ctx.live(rec, a.get("event"), "event")
     if "Exec" in f:
-        rp.drv(rec, name, rp.live(rec, a.get("hGraphExec"), "graph exec"), node, ev)
+        ctx.drv(rec, name, ctx.live(rec, a.get("hGraphExec"), "graph exec"), node, ev)
     else:
-        rp.drv(rec, name, node, ev)
+        ctx.drv(rec, name, node, ev)
 
 
 @handles("cuGraphExecChildGraphNodeSetParams")
-def exec_child_set_params(rp, rec):
+def exec_child_set_params(ctx, rec):
     a = rec["a"]
-    rp.drv(rec, "cuGraphExecChildGraphNodeSetParams", rp.live(rec, a.get("hGraphExec"), "graph exec"),
-           rp.live(rec, a.get("hNode"), "graph node"), graph(rp, rec, a.get("childGraph"), "child graph"))
+    ctx.drv(rec, "cuGraphExecChildGraphNodeSetParams", ctx.live(rec, a.get("hGraphExec"), "graph exec"),
+           ctx.live(rec, a.get("hNode"), "graph node"), graph(ctx, rec, a.get("childGraph"), "child graph"))
 
 
 @handles("cuGraphNodeSetEnabled")
-def node_set_enabled(rp, rec):
+def node_set_enabled(ctx, rec):
     a = rec["a"]
-    rp.drv(rec, "cuGraphNodeSetEnabled", rp.live(rec, a.get("hGraphExec"), "graph exec"),
-           rp.live(rec, a.get("hNode"), "graph node"), a.get("isEnabled", 1))
+    ctx.drv(rec, "cuGraphNodeSetEnabled", ctx.live(rec, a.get("hGraphExec"), "graph exec"),
+           ctx.live(rec, a.get("hNode"), "graph node"), a.get("isEnabled", 1))
 
 
 @handles("cuGraphAddDependencies", "cuGraphRemoveDependencies")
-def graph_dependencies(rp, rec):
+def graph_dependencies(ctx, rec):
     a = rec["a"]
-    frm = nodes(rp, rec, "from")
-    to = nodes(rp, rec, "to")
+    frm = nodes(ctx, rec, "from")
+    to = nodes(ctx, rec, "to")
     name = "cuGraphAddDependencies" if "Add" in rec["f"] else "cuGraphRemoveDependencies"
-    rp.drv(rec, name, graph(rp, rec, a.get("hGraph")), frm, to, edges(rp, rec, "edgeData"), len(frm))
+    ctx.drv(rec, name, graph(ctx, rec, a.get("hGraph")), frm, to, edges(ctx, rec, "edgeData"), len(frm))
 
 
 @handles("cuGraphKernelNodeSetAttribute", "cuGraphKernelNodeCopyAttributes")
-def kernel_node_attributes(rp, rec):
+def kernel_node_attributes(ctx, rec):
     # scheduling attributes of kernel nodes (access policy windows, priorities, clusters of
     # nodes this replayer builds only from captured streams): no effect on results
     pass
@@ -511,29 +511,29 @@ def kernel_node_attributes(rp, rec):
 
 @handles("cuGraphRetainUserObject", "cuGraphReleaseUserObject", "cuUserObjectCreate", "cuUserObjectRetain",
          "cuUserObjectRelease")
-def user_objects(rp, rec):
+def user_objects(ctx, rec):
     # host-side lifetime of objects of the recorded process (destructor callbacks): nothing to replay
     pass
 
 
 # ------------------------------------------------------------------ conditional handles
 @handles("cuGraphConditionalHandleCreate")
-def conditional_handle_create(rp, rec):
+def conditional_handle_create(ctx, rec):
     a = rec["a"]
-    h = rp.drv(rec, "cuGraphConditionalHandleCreate", graph(rp, rec, a.get("hGraph")),
-               context(rp, rec, a.get("ctx")), a.get("defaultLaunchValue", 0), a.get("flags", 0))
+    h = ctx.drv(rec, "cuGraphConditionalHandleCreate", graph(ctx, rec, a.get("hGraph")),
+               context(ctx, rec, a.get("ctx")), a.get("defaultLaunchValue", 0), a.get("flags", 0))
     if h is None:
         return
     rec_h = a.get("pHandle_out")
-    rp.set_handle(rec_h, h, "conditional handle")
+    ctx.set_handle(rec_h, h, "conditional handle")
     if isinstance(rec_h, int) and rec_h and handle_int(h) != rec_h:
-        rp.cond_handles[rec_h] = handle_int(h)
+        ctx.cond_handles[rec_h] = handle_int(h)
 
 
-def patch_conditional_handles(rp, rec, params: bytes, layout) -> bytes:
+def patch_conditional_handles(ctx, rec, params: bytes, layout) -> bytes:
     """Kernels set conditional handles they receive as 8-byte arguments: a recorded handle value
     the live driver gave differently is replaced (8-byte parameters of the layout only)."""
-    m = rp.cond_handles
+    m = ctx.cond_handles
     if not m or not layout:
         return params
     out = None
@@ -549,51 +549,51 @@ def patch_conditional_handles(rp, rec, params: bytes, layout) -> bytes:
 
 # ------------------------------------------------------------------ executable graphs
 @handles("cuGraphInstantiate", "cuGraphInstantiateWithFlags", errors=True)
-def graph_instantiate(rp, rec):
+def graph_instantiate(ctx, rec):
     a = rec["a"]
     flags = a.get("flags", 0) if isinstance(a.get("flags"), int) else 0
-    g = graph(rp, rec, a.get("hGraph"))
-    fn = "cuGraphInstantiateWithFlags" if hasattr(rp.cu, "cuGraphInstantiateWithFlags") else "cuGraphInstantiate"
-    ex = rp.drv(rec, fn, g, flags)
+    g = graph(ctx, rec, a.get("hGraph"))
+    fn = "cuGraphInstantiateWithFlags" if hasattr(ctx.cu, "cuGraphInstantiateWithFlags") else "cuGraphInstantiate"
+    ex = ctx.drv(rec, fn, g, flags)
     if ex is not None:
-        rp.set_handle(a.get("phGraphExec"), ex, "graph exec")
+        ctx.set_handle(a.get("phGraphExec"), ex, "graph exec")
 
 
 @handles("cuGraphInstantiateWithParams", errors=True)
-def graph_instantiate_params(rp, rec):
+def graph_instantiate_params(ctx, rec):
     a = rec["a"]
     raw = a.get("instantiateParams")
-    g = graph(rp, rec, a.get("hGraph"))
+    g = graph(ctx, rec, a.get("hGraph"))
     if not isinstance(raw, (bytes, bytearray)) or len(raw) < 32:
-        rp.fail(rec, "the CUDA_GRAPH_INSTANTIATE_PARAMS struct was not captured")
+        ctx.fail(rec, "the CUDA_GRAPH_INSTANTIATE_PARAMS struct was not captured")
     flags, up = _u64(raw, 0), _u64(raw, 8)
-    p = rp.cu.CUDA_GRAPH_INSTANTIATE_PARAMS()
+    p = ctx.cu.CUDA_GRAPH_INSTANTIATE_PARAMS()
     p.flags = flags
     if up:
-        p.hUploadStream = rp.stream(rec, up)
-    ex = rp.drv(rec, "cuGraphInstantiateWithParams", g, p)
+        p.hUploadStream = ctx.stream(rec, up)
+    ex = ctx.drv(rec, "cuGraphInstantiateWithParams", g, p)
     if ex is not None:
-        rp.set_handle(a.get("phGraphExec"), ex, "graph exec")
+        ctx.set_handle(a.get("phGraphExec"), ex, "graph exec")
 
 
 @handles("cuGraphLaunch", "cuGraphUpload", errors=True)
-def graph_launch(rp, rec):
+def graph_launch(ctx, rec):
     a = rec["a"]
     name = "cuGraphUpload" if rec["f"].startswith("cuGraphUpload") else "cuGraphLaunch"
-    rp.drv(rec, name, rp.live(rec, a.get("hGraph") or a.get("hGraphExec"), "graph exec"),
-           rp.stream(rec, a.get("hStream")))
+    ctx.drv(rec, name, ctx.live(rec, a.get("hGraph") or a.get("hGraphExec"), "graph exec"),
+           ctx.stream(rec, a.get("hStream")))
     if name == "cuGraphLaunch":
-        rp.res.launches += 1
+        ctx.res.launches += 1
 
 
 @handles("cuGraphExecUpdate", errors=True)
-def graph_exec_update(rp, rec):
+def graph_exec_update(ctx, rec):
     a = rec["a"]
-    rp.drv(rec, "cuGraphExecUpdate", rp.live(rec, a.get("hGraphExec"), "graph exec"),
-           graph(rp, rec, a.get("hGraph")))
+    ctx.drv(rec, "cuGraphExecUpdate", ctx.live(rec, a.get("hGraphExec"), "graph exec"),
+           graph(ctx, rec, a.get("hGraph")))
 
 
 @handles("cuDeviceGraphMemTrim", "cuDeviceSetGraphMemAttribute")
-def graph_mem_hints(rp, rec):
+def graph_mem_hints(ctx, rec):
     # graph memory pool trimming / high-watermark resets: no effect on results
     pass

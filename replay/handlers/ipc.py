@@ -29,9 +29,9 @@ def _handle_bytes(h) -> bytes:
     return bytes(getattr(h, "reserved", b"")) or bytes(h)
 
 
-def _ordinal(rp):
+def _ordinal(ctx):
     try:
-        return int(rp.dev)
+        return int(ctx.dev)
     except (TypeError, ValueError):
         return None
 
@@ -47,44 +47,44 @@ def _make_handle(cu, raw: bytes):
 _ERR_PEER_ALREADY = (704, 705)  # CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED / _NOT_ENABLED
 
 
-def _client(rp, rec):
+def _client(ctx, rec):
     from ..group import client
     c = client()
     if c is None:
-        rp.fail(rec, "links another process: replay the whole job (its group manifest, or all its snapshots) "
+        ctx.fail(rec, "links another process: replay the whole job (its group manifest, or all its snapshots) "
                      "with `cudasnap replay JOB.cusnap`")
     return c
 
 
-def recorded_prop(rp, prop_bytes):
+def recorded_prop(ctx, prop_bytes):
     """The allocation properties to create with: this replay's device, and the shareable
     handle types the program asked for (an export needs them)."""
-    p = rp.ops.prop()
+    p = ctx.ops.prop()
     if isinstance(prop_bytes, (bytes, bytearray)) and len(prop_bytes) >= _REQ_TYPES + 4:
         types = struct.unpack_from("<I", prop_bytes, _REQ_TYPES)[0]
         if types:
             try:
-                p.requestedHandleTypes = rp.cu.CUmemAllocationHandleType(types)
+                p.requestedHandleTypes = ctx.cu.CUmemAllocationHandleType(types)
             except Exception:
                 p.requestedHandleTypes = types
     return p
 
 
 # ------------------------------------------------------------------ shareable handles
-def _posix_fd(rp, rec, htype) -> int:
+def _posix_fd(ctx, rec, htype) -> int:
     htype = int(htype or 0)
     if htype != POSIX_FD:
-        rp.fail(rec, f"shareable handle type {htype} is not replayed (POSIX file descriptors are)")
+        ctx.fail(rec, f"shareable handle type {htype} is not replayed (POSIX file descriptors are)")
     return htype
 
 
 @handles("cuMemExportToShareableHandle")
-def mem_export(rp, rec):
+def mem_export(ctx, rec):
     a = rec["a"]
-    htype = _posix_fd(rp, rec, a.get("handleType"))
-    c = _client(rp, rec)
-    live = rp.live(rec, a.get("handle"), "allocation handle")
-    fd = rp.drv(rec, "cuMemExportToShareableHandle", live, rp.cu.CUmemAllocationHandleType(htype), 0)
+    htype = _posix_fd(ctx, rec, a.get("handleType"))
+    c = _client(ctx, rec)
+    live = ctx.live(rec, a.get("handle"), "allocation handle")
+    fd = ctx.drv(rec, "cuMemExportToShareableHandle", live, ctx.cu.CUmemAllocationHandleType(htype), 0)
     if fd is None:
         return
     fd = int(fd)
@@ -95,39 +95,39 @@ def mem_export(rp, rec):
 
 
 @handles("cuMemImportFromShareableHandle")
-def mem_import(rp, rec):
+def mem_import(ctx, rec):
     a = rec["a"]
-    htype = _posix_fd(rp, rec, a.get("shHandleType"))
-    c = _client(rp, rec)
-    _meta, fds = c.get(["import", c.pid, rec.get("s")], rp, rec)
+    htype = _posix_fd(ctx, rec, a.get("shHandleType"))
+    c = _client(ctx, rec)
+    _meta, fds = c.get(["import", c.pid, rec.get("s")], ctx, rec)
     if not fds:
-        rp.fail(rec, "the coordinator sent no file descriptor for this import")
+        ctx.fail(rec, "the coordinator sent no file descriptor for this import")
     try:
-        h = rp.drv(rec, "cuMemImportFromShareableHandle", fds[0], rp.cu.CUmemAllocationHandleType(htype))
+        h = ctx.drv(rec, "cuMemImportFromShareableHandle", fds[0], ctx.cu.CUmemAllocationHandleType(htype))
     finally:
         for fd in fds:
             os.close(fd)
     if h is not None:
-        rp.set_handle(a.get("handle"), h, "mem handle")
+        ctx.set_handle(a.get("handle"), h, "mem handle")
 
 
 # ------------------------------------------------------------------ legacy IPC handles
 @handles("cuIpcGetMemHandle")
-def ipc_get(rp, rec):
+def ipc_get(ctx, rec):
     """The exporter's allocation is VMM memory here (placed, or fallen back to another address:
     placement makes IPC-shared allocations VMM either way), handed over as shareable fds of its
     chunks; cuMemAlloc memory (a replay without placement) as a real IPC handle."""
     a = rec["a"]
-    c = _client(rp, rec)
+    c = _client(ctx, rec)
     dptr = a.get("dptr")
-    al = rp.space.find(dptr or 0)
+    al = ctx.space.find(dptr or 0)
     if al is None:
-        rp.fail(rec, f"{dptr:#x} is not a replayed allocation" if isinstance(dptr, int) else "no dptr recorded")
+        ctx.fail(rec, f"{dptr:#x} is not a replayed allocation" if isinstance(dptr, int) else "no dptr recorded")
     if al.chunks:
         fds, parts = [], []
         try:
             for ch in al.chunks:
-                fd = rp.raw("cuMemExportToShareableHandle", ch.handle, rp.cu.CUmemAllocationHandleType(POSIX_FD), 0)
+                fd = ctx.raw("cuMemExportToShareableHandle", ch.handle, ctx.cu.CUmemAllocationHandleType(POSIX_FD), 0)
                 fds.append(int(fd))
                 parts.append([ch.start, ch.size])
             c.put(["export", c.pid, rec.get("s")],
@@ -136,118 +136,118 @@ def ipc_get(rp, rec):
             for fd in fds:
                 os.close(fd)
         return
-    h = rp.drv(rec, "cuIpcGetMemHandle", rp.tr(dptr))
+    h = ctx.drv(rec, "cuIpcGetMemHandle", ctx.tr(dptr))
     if h is not None:
         raw = _handle_bytes(h)
         c.put(["export", c.pid, rec.get("s")], {"kind": "ipc", "bytes": raw.hex(), "base": al.rec_base,
                                                 "size": al.size, "live": al.live_base,
-                                                "device": _ordinal(rp)}, [])
+                                                "device": _ordinal(ctx)}, [])
 
 
 @handles("cuIpcOpenMemHandle")
-def ipc_open(rp, rec):
+def ipc_open(ctx, rec):
     a = rec["a"]
-    c = _client(rp, rec)
-    meta, fds = c.get(["import", c.pid, rec.get("s")], rp, rec)
+    c = _client(ctx, rec)
+    meta, fds = c.get(["import", c.pid, rec.get("s")], ctx, rec)
     want = a.get("pdptr")
     try:
         if meta.get("kind") == "chunks":
-            _map_chunks(rp, rec, meta, fds, want)
+            _map_chunks(ctx, rec, meta, fds, want)
             return
         raw = bytes.fromhex(meta.get("bytes", ""))
-        h = _make_handle(rp.cu, raw)
-        live = rp.drv(rec, "cuIpcOpenMemHandle", h, int(a.get("Flags") or 1),
+        h = _make_handle(ctx.cu, raw)
+        live = ctx.drv(rec, "cuIpcOpenMemHandle", h, int(a.get("Flags") or 1),
                       detail=f" opening the exporter's handle ({len(raw)} bytes {raw[:16].hex()}..., its allocation "
                              f"at {int(meta.get('live') or 0):#x} on GPU {meta.get('device')}, recorded at "
-                             f"{int(meta.get('base') or 0):#x}; this rank on GPU {_ordinal(rp)})")
+                             f"{int(meta.get('base') or 0):#x}; this rank on GPU {_ordinal(ctx)})")
         if live is not None:
-            rp.space.add_vmm(want, int(meta.get("size") or 0), int(live), rec.get("s"),
+            ctx.space.add_vmm(want, int(meta.get("size") or 0), int(live), rec.get("s"),
                              "" if int(live) == want else f"cuIpcOpenMemHandle returned {int(live):#x}")
-            rp.ipc_opened[want] = ("ipc", int(live))
+            ctx.ipc_opened[want] = ("ipc", int(live))
     finally:
         for fd in fds:
             os.close(fd)
 
 
-def _map_chunks(rp, rec, meta, fds, want):
+def _map_chunks(ctx, rec, meta, fds, want):
     """Map the exporter's chunks so that its allocation base lands at the recorded address."""
     chunks = meta.get("chunks") or []
     if len(chunks) != len(fds) or not chunks:
-        rp.fail(rec, "the exporter sent an incomplete set of chunks")
+        ctx.fail(rec, "the exporter sent an incomplete set of chunks")
     lo = chunks[0][0]
     span = chunks[-1][0] + chunks[-1][1] - lo
     hint = want - (meta["base"] - lo)
-    got = int(rp.raw("cuMemAddressReserve", span, 0, hint, 0))
+    got = int(ctx.raw("cuMemAddressReserve", span, 0, hint, 0))
     handles_ = []
     for (start, size), fd in zip(chunks, fds):
-        h = rp.raw("cuMemImportFromShareableHandle", fd, rp.cu.CUmemAllocationHandleType(POSIX_FD))
+        h = ctx.raw("cuMemImportFromShareableHandle", fd, ctx.cu.CUmemAllocationHandleType(POSIX_FD))
         handles_.append(h)
-        rp.ops.map(got + (start - lo), size, h)
-    rp.ops.set_access(got, span)
+        ctx.ops.map(got + (start - lo), size, h)
+    ctx.ops.set_access(got, span)
     live = got + (meta["base"] - lo)
-    rp.space.add_vmm(want, int(meta["size"]), live, rec.get("s"),
+    ctx.space.add_vmm(want, int(meta["size"]), live, rec.get("s"),
                      "" if live == want else f"cuMemAddressReserve hint {hint:#x} returned {got:#x}")
-    rp.ipc_opened[want] = ("chunks", got, span, handles_)
+    ctx.ipc_opened[want] = ("chunks", got, span, handles_)
 
 
 @handles("cuIpcCloseMemHandle")
-def ipc_close(rp, rec):
+def ipc_close(ctx, rec):
     want = rec["a"].get("dptr")
-    ent = rp.ipc_opened.pop(want, None)
+    ent = ctx.ipc_opened.pop(want, None)
     if ent is None:
-        rp.note(f"call #{rec.get('s')} {rec['f']}: {want:#x} was not opened by this replay; ignored")
+        ctx.note(f"call #{rec.get('s')} {rec['f']}: {want:#x} was not opened by this replay; ignored")
         return
-    rp.space.free(want)
+    ctx.space.free(want)
     if ent[0] == "ipc":
-        rp.drv(rec, "cuIpcCloseMemHandle", ent[1])
+        ctx.drv(rec, "cuIpcCloseMemHandle", ent[1])
         return
     _, got, span, hs = ent
-    rp.ops.unmap(got, span)
+    ctx.ops.unmap(got, span)
     for h in hs:
-        rp.ops.release(h)
-    rp.ops.free_va(got, span)
+        ctx.ops.release(h)
+    ctx.ops.free_va(got, span)
 
 
 # ------------------------------------------------------------------ peer access
-def _peer(rp, rec, f):
+def _peer(ctx, rec, f):
     a = rec["a"]
     from .context import ctx_or_primary
-    peer = ctx_or_primary(rp, rec, a.get("peerContext"))
-    cur = rp.cu.cuCtxGetCurrent()
+    peer = ctx_or_primary(ctx, rec, a.get("peerContext"))
+    cur = ctx.cu.cuCtxGetCurrent()
     if int(cur[0]) == 0 and int(cur[1]) == int(peer):
         # both devices of the recording replay on one GPU: access is already there
-        rp.note_once("peer-folded", f"call #{rec.get('s')} {rec['f']}: the recorded devices replay on one GPU; "
+        ctx.note_once("peer-folded", f"call #{rec.get('s')} {rec['f']}: the recorded devices replay on one GPU; "
                      "peer access is implicit")
         return
     args = (peer, int(a.get("Flags") or 0)) if f == "cuCtxEnablePeerAccess" else (peer,)
-    res = getattr(rp.cu, f)(*args)
+    res = getattr(ctx.cu, f)(*args)
     code = int(res[0])
     if code not in (0,) + _ERR_PEER_ALREADY:
         from cudasnap.formats import cu_result_name
-        rp.fail(rec, f"replay returned {cu_result_name(code)}")
+        ctx.fail(rec, f"replay returned {cu_result_name(code)}")
 
 
 @handles("cuCtxEnablePeerAccess")
-def enable_peer(rp, rec):
-    _peer(rp, rec, "cuCtxEnablePeerAccess")
+def enable_peer(ctx, rec):
+    _peer(ctx, rec, "cuCtxEnablePeerAccess")
 
 
 @handles("cuCtxDisablePeerAccess")
-def disable_peer(rp, rec):
-    _peer(rp, rec, "cuCtxDisablePeerAccess")
+def disable_peer(ctx, rec):
+    _peer(ctx, rec, "cuCtxDisablePeerAccess")
 
 
 @handles("cuMemcpyPeer", "cuMemcpyPeerAsync", errors=True)
-def memcpy_peer(rp, rec):
+def memcpy_peer(ctx, rec):
     """Between two contexts: a device-to-device copy when both replay on one GPU."""
     a = rec["a"]
     from .context import ctx_or_primary
-    dc, sc = ctx_or_primary(rp, rec, a.get("dstContext")), ctx_or_primary(rp, rec, a.get("srcContext"))
-    dst, src, n = rp.tr(a.get("dstDevice")), rp.tr(a.get("srcDevice")), int(a.get("ByteCount") or 0)
+    dc, sc = ctx_or_primary(ctx, rec, a.get("dstContext")), ctx_or_primary(ctx, rec, a.get("srcContext"))
+    dst, src, n = ctx.tr(a.get("dstDevice")), ctx.tr(a.get("srcDevice")), int(a.get("ByteCount") or 0)
     is_async = "Async" in rec["f"]
-    s = [rp.stream(rec, a.get("hStream"))] if is_async else []
+    s = [ctx.stream(rec, a.get("hStream"))] if is_async else []
     if int(dc) == int(sc):
-        rp.drv(rec, "cuMemcpyDtoDAsync" if is_async else "cuMemcpyDtoD", dst, src, n, *s)
+        ctx.drv(rec, "cuMemcpyDtoDAsync" if is_async else "cuMemcpyDtoD", dst, src, n, *s)
     else:
-        rp.drv(rec, "cuMemcpyPeerAsync" if is_async else "cuMemcpyPeer", dst, dc, src, sc, n, *s)
-    rp.mark_written(a.get("dstDevice"), rec.get("s"), rec["f"])
+        ctx.drv(rec, "cuMemcpyPeerAsync" if is_async else "cuMemcpyPeer", dst, dc, src, sc, n, *s)
+    ctx.mark_written(a.get("dstDevice"), rec.get("s"), rec["f"])

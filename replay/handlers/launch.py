@@ -40,90 +40,90 @@ class _Params:
         return ctypes.addressof(self.kp) if self.kp is not None else None
 
 
-def _prepare(rp, rec):
+def _prepare(ctx, rec):
     a = rec["a"]
     x = rec.get("x") or {}
     params = x.get("params")
     h = a.get("f")
-    name = rp.kernel_name_of(h, rec.get("s"))
+    name = ctx.kernel_name_of(h, rec.get("s"))
     if params is None:
-        rp.fail(rec, f"kernel parameters of {name} were not captured (x.params missing); cannot launch")
+        ctx.fail(rec, f"kernel parameters of {name} were not captured (x.params missing); cannot launch")
     params = bytes(params)
-    fn = resolve_function(rp, rec, h)
-    layout = (rp.fn_record(h, rec.get("s")) or {}).get("params")
+    fn = resolve_function(ctx, rec, h)
+    layout = (ctx.fn_record(h, rec.get("s")) or {}).get("params")
     # the kernel writes (as far as we can tell) every allocation its pointer parameters reach
     seq = rec.get("s")
     for off in range(0, len(params) - 7, 8):
         v = int.from_bytes(params[off:off + 8], "little")
         if v >= 0x10000:
-            rp.mark_written(v, seq, name)
-    if rp.space is not None and rp.space.moved:
-        params, changes = relocate_params(params, layout, rp.space)
-        rp.res.params_relocated += len(changes)
-    params = patch_conditional_handles(rp, rec, params, layout)
+            ctx.mark_written(v, seq, name)
+    if ctx.space is not None and ctx.space.moved:
+        params, changes = relocate_params(params, layout, ctx.space)
+        ctx.res.params_relocated += len(changes)
+    params = patch_conditional_handles(ctx, rec, params, layout)
     return fn, params, layout, name
 
 
-def _capturing(rp, rec) -> bool:
+def _capturing(ctx, rec) -> bool:
     a = rec["a"]
     hs = a.get("hStream")
     if rec["f"].startswith("cuLaunchKernelEx") and isinstance(a.get("config"), (bytes, bytearray)) \
             and len(a["config"]) >= LAUNCH_CONFIG.size:
         hs = LAUNCH_CONFIG.unpack_from(a["config"])[7]
-    return stream_capturing(rp, hs, rp.stream(rec, hs))
+    return stream_capturing(ctx, hs, ctx.stream(rec, hs))
 
 
-def _after(rp, rec, name, ev=None):
-    rp.res.launches += 1
+def _after(ctx, rec, name, ev=None):
+    ctx.res.launches += 1
     now = time.monotonic()
-    if rp.res.first_launch_mono is None:
-        rp.res.first_launch_mono, rp.res.first_launch_unix = now, time.time()
-    rp.res.last_launch_mono = now
-    rp.after_launch(ev)
+    if ctx.res.first_launch_mono is None:
+        ctx.res.first_launch_mono, ctx.res.first_launch_unix = now, time.time()
+    ctx.res.last_launch_mono = now
+    ctx.after_launch(ev)
     # a launch on a capturing stream became a graph node: a sync now would break the capture
-    if rp.opt.sync_after_launch and rec.get("r", 0) == 0 and not _capturing(rp, rec):
-        r = rp.cu.cuCtxSynchronize()
+    if ctx.opt.sync_after_launch and rec.get("r", 0) == 0 and not _capturing(ctx, rec):
+        r = ctx.cu.cuCtxSynchronize()
         if int(r[0]) != 0:
             from cudasnap.formats import cu_result_name
-            rp.fail(rec, f"kernel {name} failed: {cu_result_name(int(r[0]))} (--sync-after-launch)")
+            ctx.fail(rec, f"kernel {name} failed: {cu_result_name(int(r[0]))} (--sync-after-launch)")
 
 
 @handles("cuLaunchKernel", errors=True)
-def launch_kernel(rp, rec):
+def launch_kernel(ctx, rec):
     a = rec["a"]
-    fn, params, _layout, name = _prepare(rp, rec)
+    fn, params, _layout, name = _prepare(ctx, rec)
     p = _Params(params)
-    ev = rp.before_launch(rec, fn, params, name)
-    rp.drv(rec, "cuLaunchKernel", fn, a.get("gridDimX", 1), a.get("gridDimY", 1), a.get("gridDimZ", 1),
+    ev = ctx.before_launch(rec, fn, params, name)
+    ctx.drv(rec, "cuLaunchKernel", fn, a.get("gridDimX", 1), a.get("gridDimY", 1), a.get("gridDimZ", 1),
            a.get("blockDimX", 1), a.get("blockDimY", 1), a.get("blockDimZ", 1), a.get("sharedMemBytes", 0),
-           rp.stream(rec, a.get("hStream")), None, p.extra_ptr)
-    _after(rp, rec, name, ev)
+           ctx.stream(rec, a.get("hStream")), None, p.extra_ptr)
+    _after(ctx, rec, name, ev)
 
 
 @handles("cuLaunchCooperativeKernel", errors=True)
-def launch_cooperative(rp, rec):
+def launch_cooperative(ctx, rec):
     a = rec["a"]
-    fn, params, layout, name = _prepare(rp, rec)
+    fn, params, layout, name = _prepare(ctx, rec)
     if layout is None and params:
-        rp.fail(rec, f"cooperative launch of {name} needs the parameter layout (no fn record)")
+        ctx.fail(rec, f"cooperative launch of {name} needs the parameter layout (no fn record)")
     p = _Params(params, layout or [])
-    ev = rp.before_launch(rec, fn, params, name)
-    rp.drv(rec, "cuLaunchCooperativeKernel", fn, a.get("gridDimX", 1), a.get("gridDimY", 1), a.get("gridDimZ", 1),
+    ev = ctx.before_launch(rec, fn, params, name)
+    ctx.drv(rec, "cuLaunchCooperativeKernel", fn, a.get("gridDimX", 1), a.get("gridDimY", 1), a.get("gridDimZ", 1),
            a.get("blockDimX", 1), a.get("blockDimY", 1), a.get("blockDimZ", 1), a.get("sharedMemBytes", 0),
-           rp.stream(rec, a.get("hStream")), p.kp_ptr)
-    _after(rp, rec, name, ev)
+           ctx.stream(rec, a.get("hStream")), p.kp_ptr)
+    _after(ctx, rec, name, ev)
 
 
-def build_config(rp, rec, cfg_bytes: bytes, attrs: bytes):
-    cu = rp.cu
+def build_config(ctx, rec, cfg_bytes: bytes, attrs: bytes):
+    cu = ctx.cu
     if not isinstance(cfg_bytes, (bytes, bytearray)) or len(cfg_bytes) < LAUNCH_CONFIG.size:
-        rp.fail(rec, "the CUlaunchConfig struct was not captured")
+        ctx.fail(rec, "the CUlaunchConfig struct was not captured")
     gx, gy, gz, bx, by, bz, shm, hs, _attrp, nattr = LAUNCH_CONFIG.unpack_from(cfg_bytes)
     c = cu.CUlaunchConfig()
     c.gridDimX, c.gridDimY, c.gridDimZ = gx, gy, gz
     c.blockDimX, c.blockDimY, c.blockDimZ = bx, by, bz
     c.sharedMemBytes = shm
-    c.hStream = rp.stream(rec, hs)
+    c.hStream = ctx.stream(rec, hs)
     lst = []
     attrs = bytes(attrs or b"")
     for i in range(min(nattr, len(attrs) // LAUNCH_ATTR_SIZE)):
@@ -131,7 +131,7 @@ def build_config(rp, rec, cfg_bytes: bytes, attrs: bytes):
         ctypes.memmove(int(at.getPtr()), attrs[i * LAUNCH_ATTR_SIZE:(i + 1) * LAUNCH_ATTR_SIZE], LAUNCH_ATTR_SIZE)
         lst.append(at)
     if nattr and len(lst) != nattr:
-        rp.fail(rec, f"launch attributes were not captured ({nattr} expected)")
+        ctx.fail(rec, f"launch attributes were not captured ({nattr} expected)")
     if lst:
         c.attrs = lst
     c.numAttrs = len(lst)
@@ -139,20 +139,20 @@ def build_config(rp, rec, cfg_bytes: bytes, attrs: bytes):
 
 
 @handles("cuLaunchKernelEx", errors=True)
-def launch_kernel_ex(rp, rec):
+def launch_kernel_ex(ctx, rec):
     a = rec["a"]
-    fn, params, _layout, name = _prepare(rp, rec)
-    cfg = build_config(rp, rec, a.get("config"), (rec.get("x") or {}).get("attrs"))
+    fn, params, _layout, name = _prepare(ctx, rec)
+    cfg = build_config(ctx, rec, a.get("config"), (rec.get("x") or {}).get("attrs"))
     p = _Params(params)
-    ev = rp.before_launch(rec, fn, params, name, cfg)
-    rp.drv(rec, "cuLaunchKernelEx", cfg, fn, None, p.extra_ptr)
-    _after(rp, rec, name, ev)
+    ev = ctx.before_launch(rec, fn, params, name, cfg)
+    ctx.drv(rec, "cuLaunchKernelEx", cfg, fn, None, p.extra_ptr)
+    _after(ctx, rec, name, ev)
 
 
 @handles("cuLaunchHostFunc", "cuStreamAddCallback")
-def host_func(rp, rec):
+def host_func(ctx, rec):
     # A host function of the recorded process: cannot run.  Leaving it out keeps the order it
     # imposed: work after it on the stream still follows work before it, and on a capturing
     # stream the next captured node depends on the previous one (the edges the host node had).
-    rp.res.skipped += 1
-    rp.note_once("hostfn", f"call #{rec.get('s')} {rec['f']}: host callbacks of the recorded process are not run")
+    ctx.res.skipped += 1
+    ctx.note_once("hostfn", f"call #{rec.get('s')} {rec['f']}: host callbacks of the recorded process are not run")

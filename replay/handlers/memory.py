@@ -11,222 +11,222 @@ from .graph import keep_forever, stream_capturing
 from ..staging import h2d_async_from_blob, h2d_from_blob
 
 
-def _captured(rp, rec) -> bool:
+def _captured(ctx, rec) -> bool:
     """An async call on a stream in capture: it became a graph node, it did not execute."""
     a = rec["a"]
-    return "Async" in rec["f"] and stream_capturing(rp, a.get("hStream"), rp.stream(rec, a.get("hStream")))
+    return "Async" in rec["f"] and stream_capturing(ctx, a.get("hStream"), ctx.stream(rec, a.get("hStream")))
 
 
-def _note_capture_d2h(rp, rec) -> None:
-    rp.note_once("capture_d2h", f"call #{rec.get('s')} {rec['f']}: device-to-host copies captured into graphs "
+def _note_capture_d2h(ctx, rec) -> None:
+    ctx.note_once("capture_d2h", f"call #{rec.get('s')} {rec['f']}: device-to-host copies captured into graphs "
                                 f"are not verified (the recorded bytes predate the graph's execution)")
 
 # ------------------------------------------------------------------ allocations
 
 
-def _alloc(rp, rec, ptr_key="dptr", size=None):
+def _alloc(ctx, rec, ptr_key="dptr", size=None):
     a = rec["a"]
     rec_ptr = a.get(ptr_key)
     n = size if size is not None else a.get("bytesize", 0)
     if not isinstance(rec_ptr, int) or not rec_ptr:
-        rp.fail(rec, f"recorded allocation has no {ptr_key} output")
-    rp.space.alloc(rec_ptr, int(n), rec.get("s"))
+        ctx.fail(rec, f"recorded allocation has no {ptr_key} output")
+    ctx.space.alloc(rec_ptr, int(n), rec.get("s"))
 
 
 @handles("cuMemAlloc", "cuMemAllocManaged")
-def mem_alloc(rp, rec):
+def mem_alloc(ctx, rec):
     if rec["f"].startswith("cuMemAllocManaged"):
-        rp.note_once("managed", "managed memory is replayed as device memory placed at its recorded address")
-    _alloc(rp, rec)
+        ctx.note_once("managed", "managed memory is replayed as device memory placed at its recorded address")
+    _alloc(ctx, rec)
 
 
 @handles("cuMemAllocPitch")
-def mem_alloc_pitch(rp, rec):
+def mem_alloc_pitch(ctx, rec):
     a = rec["a"]
     pitch = a.get("pPitch")
     if not isinstance(pitch, int):
-        rp.fail(rec, "recorded pitch missing")
-    _alloc(rp, rec, size=pitch * int(a.get("Height", 0)))
+        ctx.fail(rec, "recorded pitch missing")
+    _alloc(ctx, rec, size=pitch * int(a.get("Height", 0)))
 
 
 @handles("cuMemAllocAsync", "cuMemAllocFromPoolAsync")
-def mem_alloc_async(rp, rec):
+def mem_alloc_async(ctx, rec):
     # stream-ordered allocation becomes a VMM mapping at the recorded address, now
-    _alloc(rp, rec)
+    _alloc(ctx, rec)
 
 
 @handles("cuMemFree")
-def mem_free(rp, rec):
+def mem_free(ctx, rec):
     p = rec["a"].get("dptr")
-    if rp.space.free(p) is None and p:
-        rp.note(f"call #{rec.get('s')} {rec['f']}: {p:#x} is not a replayed allocation; ignored")
+    if ctx.space.free(p) is None and p:
+        ctx.note(f"call #{rec.get('s')} {rec['f']}: {p:#x} is not a replayed allocation; ignored")
 
 
 @handles("cuMemFreeAsync")
-def mem_free_async(rp, rec):
+def mem_free_async(ctx, rec):
     a = rec["a"]
-    s = rp.stream(rec, a.get("hStream"))
-    if stream_capturing(rp, a.get("hStream"), s):
+    s = ctx.stream(rec, a.get("hStream"))
+    if stream_capturing(ctx, a.get("hStream"), s):
         # a free node of the captured graph: the graph's kernels use the memory whenever it runs
-        rp.note_once("capture_free", f"call #{rec.get('s')} {rec['f']}: frees captured into graphs are not "
+        ctx.note_once("capture_free", f"call #{rec.get('s')} {rec['f']}: frees captured into graphs are not "
                                      f"performed (the memory stays mapped at its recorded address)")
-        rp.res.skipped += 1
+        ctx.res.skipped += 1
         return
-    rp.raw("cuStreamSynchronize", s)      # frees happen after the stream's work
-    mem_free(rp, rec)
+    ctx.raw("cuStreamSynchronize", s)      # frees happen after the stream's work
+    mem_free(ctx, rec)
 
 
 @handles("cuMemHostAlloc", "cuMemAllocHost")
-def host_alloc(rp, rec):
+def host_alloc(ctx, rec):
     a = rec["a"]
     want, n = hostplace.recorded_range(rec)
-    if rec.get("r", 0) == 0 and want and hostplace.place(rp, want, n, int(a.get("Flags", 0) or 0)):
-        rp.space.add_host(want, n, want, rec.get("s"))      # at its recorded address
-        rp.host_placed.add(want)
+    if rec.get("r", 0) == 0 and want and hostplace.place(ctx, want, n, int(a.get("Flags", 0) or 0)):
+        ctx.space.add_host(want, n, want, rec.get("s"))      # at its recorded address
+        ctx.host_placed.add(want)
         return
     if rec["f"].startswith("cuMemHostAlloc"):
-        live = rp.drv(rec, "cuMemHostAlloc", n, a.get("Flags", 0))
+        live = ctx.drv(rec, "cuMemHostAlloc", n, a.get("Flags", 0))
     else:
-        live = rp.drv(rec, "cuMemAllocHost", n)
+        live = ctx.drv(rec, "cuMemAllocHost", n)
     if live is not None:
-        rp.space.add_host(want, n, int(live), rec.get("s"))
+        ctx.space.add_host(want, n, int(live), rec.get("s"))
 
 
 @handles("cuMemHostGetDevicePointer")
-def host_dev_ptr(rp, rec):
+def host_dev_ptr(ctx, rec):
     a = rec["a"]
-    h = rp.space.find(a.get("p") or 0)
+    h = ctx.space.find(a.get("p") or 0)
     if h is None:
-        rp.fail(rec, "host pointer is not a replayed host allocation")
-    live = rp.drv(rec, "cuMemHostGetDevicePointer", h.live_base + (a["p"] - h.rec_base), a.get("Flags", 0))
+        ctx.fail(rec, "host pointer is not a replayed host allocation")
+    live = ctx.drv(rec, "cuMemHostGetDevicePointer", h.live_base + (a["p"] - h.rec_base), a.get("Flags", 0))
     if live is not None and a.get("pdptr") and a["pdptr"] != a["p"]:
-        rp.space.add_host(a["pdptr"], h.size, int(live), rec.get("s"))
+        ctx.space.add_host(a["pdptr"], h.size, int(live), rec.get("s"))
 
 
 @handles("cuMemFreeHost")
-def host_free(rp, rec):
+def host_free(ctx, rec):
     p = rec["a"].get("p")
-    h = rp.space.find(p or 0)
+    h = ctx.space.find(p or 0)
     if h is None:
-        rp.fail(rec, "host pointer is not a replayed host allocation")
-    if h.rec_base in rp.host_placed:
-        rp.host_placed.discard(h.rec_base)
-        hostplace.release(rp, h.rec_base, h.size)
+        ctx.fail(rec, "host pointer is not a replayed host allocation")
+    if h.rec_base in ctx.host_placed:
+        ctx.host_placed.discard(h.rec_base)
+        hostplace.release(ctx, h.rec_base, h.size)
     else:
-        rp.drv(rec, "cuMemFreeHost", h.live_base)
-    rp.space.free(h.rec_base)
+        ctx.drv(rec, "cuMemFreeHost", h.live_base)
+    ctx.space.free(h.rec_base)
 
 
 @handles("cuMemHostRegister")
-def host_register(rp, rec):
+def host_register(ctx, rec):
     """A program's own host range registered for the device: mapped and registered at its
     recorded address when that is free here (kernels may read it through that address)."""
     a = rec["a"]
     p, n = hostplace.recorded_range(rec)
-    if rec.get("r", 0) == 0 and p and rp.space is not None and rp.space.find(p) is None \
-            and hostplace.place(rp, p, n, int(a.get("Flags", 0) or 0)):
-        rp.space.add_host(p, n, p, rec.get("s"))
-        rp.host_placed.add(p)
+    if rec.get("r", 0) == 0 and p and ctx.space is not None and ctx.space.find(p) is None \
+            and hostplace.place(ctx, p, n, int(a.get("Flags", 0) or 0)):
+        ctx.space.add_host(p, n, p, rec.get("s"))
+        ctx.host_placed.add(p)
         return
-    rp.res.skipped += 1
+    ctx.res.skipped += 1
 
 
 @handles("cuMemHostUnregister")
-def host_unregister(rp, rec):
+def host_unregister(ctx, rec):
     p = rec["a"].get("p") or 0
-    h = rp.space.find(p) if rp.space is not None else None
-    if h is not None and h.rec_base == p and p in rp.host_placed:
-        rp.host_placed.discard(p)
-        hostplace.release(rp, p, h.size)
-        rp.space.free(p)
+    h = ctx.space.find(p) if ctx.space is not None else None
+    if h is not None and h.rec_base == p and p in ctx.host_placed:
+        ctx.host_placed.discard(p)
+        hostplace.release(ctx, p, h.size)
+        ctx.space.free(p)
         return
-    rp.res.skipped += 1
+    ctx.res.skipped += 1
 
 
 @handles("cuMemAdvise", "cuMemPrefetchAsync", "cuMemRangeGetAttribute", "cuStreamAttachMemAsync")
-def host_ignored(rp, rec):
+def host_ignored(ctx, rec):
     # host memory of the recorded process / placement hints: nothing to replay
-    rp.res.skipped += 1
+    ctx.res.skipped += 1
 
 
 # ------------------------------------------------------------------ program VMM
 @handles("cuMemAddressReserve")
-def vmm_reserve(rp, rec):
+def vmm_reserve(ctx, rec):
     a = rec["a"]
     ptr, size = a.get("ptr"), int(a.get("size", 0))
-    sp = rp.space.span_of(ptr, size) if ptr else None
+    sp = ctx.space.span_of(ptr, size) if ptr else None
     if sp is not None and sp.reserved:
-        rp.space.add_vmm(ptr, size, ptr, rec.get("s"))       # inside our reservation: virtual
-        rp.vmm_virtual.add(ptr)
+        ctx.space.add_vmm(ptr, size, ptr, rec.get("s"))       # inside our reservation: virtual
+        ctx.vmm_virtual.add(ptr)
         return
-    live = rp.drv(rec, "cuMemAddressReserve", size, a.get("alignment", 0), ptr, 0)
+    live = ctx.drv(rec, "cuMemAddressReserve", size, a.get("alignment", 0), ptr, 0)
     if live is None:
         return
     live = int(live)
-    rp.space.add_vmm(ptr, size, live, rec.get("s"),
+    ctx.space.add_vmm(ptr, size, live, rec.get("s"),
                      (sp.reason if sp is not None else "") or f"cuMemAddressReserve hint {ptr:#x} returned {live:#x}")
 
 
 @handles("cuMemAddressFree")
-def vmm_free(rp, rec):
+def vmm_free(ctx, rec):
     a = rec["a"]
     ptr = a.get("ptr")
-    al = rp.space.free(ptr)
-    if ptr in rp.vmm_virtual:
-        rp.vmm_virtual.discard(ptr)
+    al = ctx.space.free(ptr)
+    if ptr in ctx.vmm_virtual:
+        ctx.vmm_virtual.discard(ptr)
         return
-    rp.drv(rec, "cuMemAddressFree", al.live_base if al else ptr, a.get("size", 0))
+    ctx.drv(rec, "cuMemAddressFree", al.live_base if al else ptr, a.get("size", 0))
 
 
 @handles("cuMemCreate")
-def vmm_create(rp, rec):
+def vmm_create(ctx, rec):
     a = rec["a"]
     from .ipc import recorded_prop      # the shareable handle types asked for (exports need them)
-    h = rp.drv(rec, "cuMemCreate", int(a.get("size", 0)), recorded_prop(rp, a.get("prop")), 0)
+    h = ctx.drv(rec, "cuMemCreate", int(a.get("size", 0)), recorded_prop(ctx, a.get("prop")), 0)
     if h is not None:
-        rp.set_handle(a.get("handle"), h, "allocation handle")
+        ctx.set_handle(a.get("handle"), h, "allocation handle")
 
 
 @handles("cuMemRelease")
-def vmm_release(rp, rec):
+def vmm_release(ctx, rec):
     h = rec["a"].get("handle")
-    rp.drv(rec, "cuMemRelease", rp.live(rec, h, "allocation handle"))
+    ctx.drv(rec, "cuMemRelease", ctx.live(rec, h, "allocation handle"))
 
 
 @handles("cuMemRetainAllocationHandle")
-def vmm_retain(rp, rec):
+def vmm_retain(ctx, rec):
     # not a query: it takes a reference the program gives back with a cuMemRelease of its own
     a = rec["a"]
-    h = rp.drv(rec, "cuMemRetainAllocationHandle", rp.tr(a.get("addr")))
+    h = ctx.drv(rec, "cuMemRetainAllocationHandle", ctx.tr(a.get("addr")))
     if h is not None:
-        rp.set_handle(a.get("handle"), h, "allocation handle")
+        ctx.set_handle(a.get("handle"), h, "allocation handle")
 
 
 @handles("cuMemMap")
-def vmm_map(rp, rec):
+def vmm_map(ctx, rec):
     a = rec["a"]
-    h = rp.live(rec, a.get("handle"), "allocation handle")
-    ptr, n = rp.tr(a.get("ptr")), int(a.get("size", 0))
-    if rp.drv(rec, "cuMemMap", ptr, n, int(a.get("offset", 0)), h, 0) is not None:
-        rp.space.note_map(ptr, n)
+    h = ctx.live(rec, a.get("handle"), "allocation handle")
+    ptr, n = ctx.tr(a.get("ptr")), int(a.get("size", 0))
+    if ctx.drv(rec, "cuMemMap", ptr, n, int(a.get("offset", 0)), h, 0) is not None:
+        ctx.space.note_map(ptr, n)
 
 
 @handles("cuMemUnmap")
-def vmm_unmap(rp, rec):
+def vmm_unmap(ctx, rec):
     a = rec["a"]
-    ptr, n = rp.tr(a.get("ptr")), int(a.get("size", 0))
-    if rp.drv(rec, "cuMemUnmap", ptr, n) is not None:
-        rp.space.note_unmap(ptr, n)
+    ptr, n = ctx.tr(a.get("ptr")), int(a.get("size", 0))
+    if ctx.drv(rec, "cuMemUnmap", ptr, n) is not None:
+        ctx.space.note_unmap(ptr, n)
 
 
 @handles("cuMemSetAccess")
-def vmm_set_access(rp, rec):
+def vmm_set_access(ctx, rec):
     a = rec["a"]
     desc = a.get("desc")
     flags = 3
     if isinstance(desc, (bytes, bytearray)) and len(desc) >= 12:
         flags = struct.unpack_from("<I", desc, 8)[0]
-    rp.ops.set_access(rp.tr(a.get("ptr")), int(a.get("size", 0)), flags)
+    ctx.ops.set_access(ctx.tr(a.get("ptr")), int(a.get("size", 0)), flags)
 
 
 # ------------------------------------------------------------------ pools
@@ -238,23 +238,23 @@ class PoolToken:
 
 
 @handles("cuMemPoolCreate", "cuDeviceGetDefaultMemPool", "cuDeviceGetMemPool")
-def pool_create(rp, rec):
+def pool_create(ctx, rec):
     a = rec["a"]
     key = a.get("pool") if "pool" in a and rec["f"].startswith("cuMemPool") else a.get("pool_out")
-    rp.set_handle(key, PoolToken(key), "pool")
+    ctx.set_handle(key, PoolToken(key), "pool")
 
 
 @handles("cuMemGetDefaultMemPool", "cuMemGetMemPool")
-def pool_get(rp, rec):
+def pool_get(ctx, rec):
     a = rec["a"]
     key = a.get("pool_out") if "Default" in rec["f"] else a.get("pool")
-    if key not in rp.handles:
-        rp.set_handle(key, PoolToken(key), "pool")
+    if key not in ctx.handles:
+        ctx.set_handle(key, PoolToken(key), "pool")
 
 
 @handles("cuMemPoolDestroy", "cuMemPoolTrimTo", "cuMemPoolSetAttribute", "cuMemPoolSetAccess", "cuDeviceSetMemPool",
          "cuMemSetMemPool")
-def pool_misc(rp, rec):
+def pool_misc(ctx, rec):
     pass
 
 
@@ -263,69 +263,69 @@ def _async(rec):
     return "Async" in rec["f"]
 
 
-def _stream(rp, rec):
-    return rp.stream(rec, rec["a"].get("hStream"))
+def _stream(ctx, rec):
+    return ctx.stream(rec, rec["a"].get("hStream"))
 
 
-def _staged(rp, rec, n: int) -> bool:
+def _staged(ctx, rec, n: int) -> bool:
     """Copies of big captured blobs stream through replay/staging.py (read ahead, page-locked)."""
     if not _async(rec):
-        return h2d_from_blob(rp, rec, n)
-    return not _captured(rp, rec) and h2d_async_from_blob(rp, rec, n, _stream(rp, rec))
+        return h2d_from_blob(ctx, rec, n)
+    return not _captured(ctx, rec) and h2d_async_from_blob(ctx, rec, n, _stream(ctx, rec))
 
 
 @handles("cuMemcpyHtoD", "cuMemcpyHtoDAsync", errors=True)
-def memcpy_htod(rp, rec):
+def memcpy_htod(ctx, rec):
     a = rec["a"]
     n = int(a.get("ByteCount", 0))
-    if n and _staged(rp, rec, n):
-        rp.mark_written(a.get("dstDevice"), rec.get("s"), rec["f"])
+    if n and _staged(ctx, rec, n):
+        ctx.mark_written(a.get("dstDevice"), rec.get("s"), rec["f"])
         return
-    data = rp.blob(rec, "srcHost")
+    data = ctx.blob(rec, "srcHost")
     if data is None:
         if n == 0:
             data = b""
         else:
-            rp.fail(rec, "the H2D source payload was not captured")
-    data = rp.h2d_payload(rec, data)
-    dst = rp.tr(a.get("dstDevice"))
+            ctx.fail(rec, "the H2D source payload was not captured")
+    data = ctx.h2d_payload(rec, data)
+    dst = ctx.tr(a.get("dstDevice"))
     if _async(rec):
         buf = bytes(data)
-        if _captured(rp, rec):
-            keep_forever(rp, buf)         # a graph node reads it whenever the graph runs
+        if _captured(ctx, rec):
+            keep_forever(ctx, buf)         # a graph node reads it whenever the graph runs
         else:
-            rp.keepalive.append(buf)
-        rp.drv(rec, "cuMemcpyHtoDAsync", dst, buf, n, _stream(rp, rec))
+            ctx.keepalive.append(buf)
+        ctx.drv(rec, "cuMemcpyHtoDAsync", dst, buf, n, _stream(ctx, rec))
     else:
-        rp.drv(rec, "cuMemcpyHtoD", dst, data, n)
-    rp.mark_written(a.get("dstDevice"), rec.get("s"), rec["f"])
+        ctx.drv(rec, "cuMemcpyHtoD", dst, data, n)
+    ctx.mark_written(a.get("dstDevice"), rec.get("s"), rec["f"])
 
 
 @handles("cuMemcpyDtoH", "cuMemcpyDtoHAsync", errors=True)
-def memcpy_dtoh(rp, rec):
+def memcpy_dtoh(ctx, rec):
     a = rec["a"]
     n = int(a.get("ByteCount", 0))
     buf = bytearray(n)
     src = a.get("srcDevice")
     if _async(rec):
-        s = _stream(rp, rec)
-        captured = _captured(rp, rec)
+        s = _stream(ctx, rec)
+        captured = _captured(ctx, rec)
         if captured:
-            keep_forever(rp, buf)         # the graph writes it whenever it runs
-        if rp.drv(rec, "cuMemcpyDtoHAsync", buf, rp.tr(src), n, s) is None:
+            keep_forever(ctx, buf)         # the graph writes it whenever it runs
+        if ctx.drv(rec, "cuMemcpyDtoHAsync", buf, ctx.tr(src), n, s) is None:
             return
         if captured:
-            _note_capture_d2h(rp, rec)    # captured into a graph: no data until the graph runs
+            _note_capture_d2h(ctx, rec)    # captured into a graph: no data until the graph runs
             return
-        rp.raw("cuStreamSynchronize", s)
-    elif rp.drv(rec, "cuMemcpyDtoH", buf, rp.tr(src), n) is None:
+        ctx.raw("cuStreamSynchronize", s)
+    elif ctx.drv(rec, "cuMemcpyDtoH", buf, ctx.tr(src), n) is None:
         return
     if rec.get("r", 0) == 0:
-        rp.verify(rec, rp.blob(rec, "dstHost"), bytes(buf), src)
+        ctx.verify(rec, ctx.blob(rec, "dstHost"), bytes(buf), src)
 
 
 @handles("cuMemcpyDtoD", "cuMemcpyDtoDAsync", "cuMemcpy", "cuMemcpyAsync", errors=True)
-def memcpy_dtod(rp, rec):
+def memcpy_dtod(ctx, rec):
     a = rec["a"]
     b = rec["f"]
     n = int(a.get("ByteCount", 0))
@@ -339,60 +339,60 @@ def memcpy_dtod(rp, rec):
         # the program got it): those are replayed, whether or not the host memory was replayed
         x = rec.get("x") or {}
         if "hostsrc" in x:
-            _unified_h2d(rp, rec, dst, src, n)
+            _unified_h2d(ctx, rec, dst, src, n)
             return
         if "hostdst" in x:
-            _unified_d2h(rp, rec, dst, src, n)
+            _unified_d2h(ctx, rec, dst, src, n)
             return
-        if rp.space.find(src or 0) is None or rp.space.find(dst or 0) is None:
-            rp.note(f"call #{rec.get('s')} {b}: an end of the copy is host memory whose contents were not "
+        if ctx.space.find(src or 0) is None or ctx.space.find(dst or 0) is None:
+            ctx.note(f"call #{rec.get('s')} {b}: an end of the copy is host memory whose contents were not "
                     f"captured; skipped")
-            rp.res.skipped += 1
+            ctx.res.skipped += 1
             return
-    args = [rp.tr(dst), rp.tr(src), n] + ([_stream(rp, rec)] if _async(rec) else [])
-    rp.drv(rec, name, *args)
-    al = rp.space.find(src or 0)
-    rp.mark_written(dst, rec.get("s"), al.last_writer[1] if al and al.last_writer else b)
+    args = [ctx.tr(dst), ctx.tr(src), n] + ([_stream(ctx, rec)] if _async(rec) else [])
+    ctx.drv(rec, name, *args)
+    al = ctx.space.find(src or 0)
+    ctx.mark_written(dst, rec.get("s"), al.last_writer[1] if al and al.last_writer else b)
 
 
-def _host_mirror(rp, rec_ptr, data: bytes) -> None:
+def _host_mirror(ctx, rec_ptr, data: bytes) -> None:
     """Keep a replayed pinned host allocation's bytes as the program had them."""
-    al = rp.space.find(rec_ptr or 0)
+    al = ctx.space.find(rec_ptr or 0)
     if al is not None and al.kind == "host":
-        ctypes.memmove(rp.tr(rec_ptr), data, len(data))
+        ctypes.memmove(ctx.tr(rec_ptr), data, len(data))
 
 
-def _unified_h2d(rp, rec, dst, src, n: int) -> None:
+def _unified_h2d(ctx, rec, dst, src, n: int) -> None:
     """cuMemcpy(Async) from host memory: the captured source bytes, copied as an H2D."""
-    data = rp.blob(rec, "hostsrc")
+    data = ctx.blob(rec, "hostsrc")
     if data is None or len(data) < n:
-        rp.fail(rec, "the host source of the copy was not captured whole")
-    data = rp.h2d_payload(rec, bytes(data[:n]))
-    _host_mirror(rp, src, data)
+        ctx.fail(rec, "the host source of the copy was not captured whole")
+    data = ctx.h2d_payload(rec, bytes(data[:n]))
+    _host_mirror(ctx, src, data)
     if _async(rec):
-        if _captured(rp, rec):
-            keep_forever(rp, data)
+        if _captured(ctx, rec):
+            keep_forever(ctx, data)
         else:
-            rp.keepalive.append(data)
-        rp.drv(rec, "cuMemcpyHtoDAsync", rp.tr(dst), data, n, _stream(rp, rec))
+            ctx.keepalive.append(data)
+        ctx.drv(rec, "cuMemcpyHtoDAsync", ctx.tr(dst), data, n, _stream(ctx, rec))
     else:
-        rp.drv(rec, "cuMemcpyHtoD", rp.tr(dst), data, n)
-    rp.mark_written(dst, rec.get("s"), rec["f"])
+        ctx.drv(rec, "cuMemcpyHtoD", ctx.tr(dst), data, n)
+    ctx.mark_written(dst, rec.get("s"), rec["f"])
 
 
-def _unified_d2h(rp, rec, dst, src, n: int) -> None:
+def _unified_d2h(ctx, rec, dst, src, n: int) -> None:
     """cuMemcpy(Async) into host memory: read back and verified like a D2H."""
     buf = bytearray(n)
     if _async(rec):
-        s = _stream(rp, rec)
-        if rp.drv(rec, "cuMemcpyDtoHAsync", buf, rp.tr(src), n, s) is None:
+        s = _stream(ctx, rec)
+        if ctx.drv(rec, "cuMemcpyDtoHAsync", buf, ctx.tr(src), n, s) is None:
             return
-        rp.raw("cuStreamSynchronize", s)
-    elif rp.drv(rec, "cuMemcpyDtoH", buf, rp.tr(src), n) is None:
+        ctx.raw("cuStreamSynchronize", s)
+    elif ctx.drv(rec, "cuMemcpyDtoH", buf, ctx.tr(src), n) is None:
         return
-    _host_mirror(rp, dst, bytes(buf))
+    _host_mirror(ctx, dst, bytes(buf))
     if rec.get("r", 0) == 0:
-        rp.verify(rec, rp.blob(rec, "hostdst"), bytes(buf), src)
+        ctx.verify(rec, ctx.blob(rec, "hostdst"), bytes(buf), src)
 
 
 # CUDA_MEMCPY2D layout (see shim_hooks.c cs_memcpy2d_host): the src* and dst* field groups
@@ -410,11 +410,11 @@ def _u64(b, o):
 
 
 @handles("cuMemcpy2D", "cuMemcpy2DAsync", "cuMemcpy2DUnaligned", errors=True)
-def memcpy_2d(rp, rec):
+def memcpy_2d(ctx, rec):
     a = rec["a"]
     cp = a.get("pCopy")
     if not isinstance(cp, (bytes, bytearray)) or len(cp) < MEMCPY2D_SIZE:
-        rp.fail(rec, "the CUDA_MEMCPY2D struct was not captured")
+        ctx.fail(rec, "the CUDA_MEMCPY2D struct was not captured")
     cp = bytearray(cp[:MEMCPY2D_SIZE])
     w, h = _u64(cp, _WIDTH), _u64(cp, _HEIGHT)
     host_bufs = {}
@@ -424,9 +424,9 @@ def memcpy_2d(rp, rec):
         if mt == MT_HOST:
             n = pitch * (h - 1) + w if h and w else 0
             if base == _SRC:
-                data = rp.blob(rec, key)
+                data = ctx.blob(rec, key)
                 if data is None and n:
-                    rp.fail(rec, "the 2D copy's host source was not captured")
+                    ctx.fail(rec, "the 2D copy's host source was not captured")
                 buf = ctypes.create_string_buffer(bytes(data or b""), max(n, 1))
             else:
                 buf = ctypes.create_string_buffer(max(n, 1))
@@ -435,37 +435,37 @@ def memcpy_2d(rp, rec):
             struct.pack_into("<Q", cp, base + _HOST, ctypes.addressof(buf))
             struct.pack_into("<Q", cp, base + _PITCH, pitch)
         elif mt in (MT_DEVICE, MT_UNIFIED):
-            struct.pack_into("<Q", cp, base + _DEVICE, rp.tr(_u64(cp, base + _DEVICE)))
+            struct.pack_into("<Q", cp, base + _DEVICE, ctx.tr(_u64(cp, base + _DEVICE)))
         elif mt == MT_ARRAY:
-            rp.fail(rec, "2D copies with CUDA arrays are not supported")
-    st = rp.cu.CUDA_MEMCPY2D()
+            ctx.fail(rec, "2D copies with CUDA arrays are not supported")
+    st = ctx.cu.CUDA_MEMCPY2D()
     ctypes.memmove(int(st.getPtr()), bytes(cp), MEMCPY2D_SIZE)
     name = "cuMemcpy2DAsync" if _async(rec) else ("cuMemcpy2DUnaligned" if "Unaligned" in rec["f"] else "cuMemcpy2D")
-    args = [st] + ([_stream(rp, rec)] if _async(rec) else [])
-    captured = _captured(rp, rec)
+    args = [st] + ([_stream(ctx, rec)] if _async(rec) else [])
+    captured = _captured(ctx, rec)
     if captured:
-        keep_forever(rp, host_bufs)       # graph nodes read/write them whenever the graph runs
-    if rp.drv(rec, name, *args) is None:
+        keep_forever(ctx, host_bufs)       # graph nodes read/write them whenever the graph runs
+    if ctx.drv(rec, name, *args) is None:
         return
     if captured:
         if _DST in host_bufs:
-            _note_capture_d2h(rp, rec)
+            _note_capture_d2h(ctx, rec)
         elif struct.unpack_from("<I", cp, _DST + _MTYPE)[0] in (MT_DEVICE, MT_UNIFIED):
-            rp.mark_written(_u64(rec["a"]["pCopy"], _DST + _DEVICE), rec.get("s"), rec["f"])
+            ctx.mark_written(_u64(rec["a"]["pCopy"], _DST + _DEVICE), rec.get("s"), rec["f"])
         return
     if _async(rec):
-        rp.raw("cuStreamSynchronize", _stream(rp, rec))
+        ctx.raw("cuStreamSynchronize", _stream(ctx, rec))
     if _DST in host_bufs and rec.get("r", 0) == 0:
         buf, pitch = host_bufs[_DST]
-        exp = rp.blob(rec, "hostdst")
+        exp = ctx.blob(rec, "hostdst")
         got = buf.raw[: pitch * (h - 1) + w]
         if exp is not None:        # compare the copied rows only (gaps are untouched host memory)
             exp = b"".join(exp[i * pitch:i * pitch + w] for i in range(h))
             got = b"".join(got[i * pitch:i * pitch + w] for i in range(h))
         src = _u64(rec["a"]["pCopy"], _SRC + _DEVICE)
-        rp.verify(rec, exp, got, src if struct.unpack_from("<I", cp, _SRC + _MTYPE)[0] in (MT_DEVICE, MT_UNIFIED) else None)
+        ctx.verify(rec, exp, got, src if struct.unpack_from("<I", cp, _SRC + _MTYPE)[0] in (MT_DEVICE, MT_UNIFIED) else None)
     elif struct.unpack_from("<I", cp, _DST + _MTYPE)[0] in (MT_DEVICE, MT_UNIFIED):
-        rp.mark_written(_u64(rec["a"]["pCopy"], _DST + _DEVICE), rec.get("s"), rec["f"])
+        ctx.mark_written(_u64(rec["a"]["pCopy"], _DST + _DEVICE), rec.get("s"), rec["f"])
 
 
 # ------------------------------------------------------------------ memsets
@@ -475,7 +475,7 @@ _MEMSET_VAL = {"D8": "uc", "D16": "us", "D32": "ui"}
 @handles("cuMemsetD8", "cuMemsetD16", "cuMemsetD32", "cuMemsetD8Async", "cuMemsetD16Async", "cuMemsetD32Async",
          "cuMemsetD2D8", "cuMemsetD2D16", "cuMemsetD2D32", "cuMemsetD2D8Async", "cuMemsetD2D16Async",
          "cuMemsetD2D32Async", errors=True)
-def memset(rp, rec):
+def memset(ctx, rec):
     a = rec["a"]
     f = rec["f"]
     import re
@@ -486,12 +486,12 @@ def memset(rp, rec):
     if _async(rec):
         name += "Async"
     val = a.get(_MEMSET_VAL[width], 0)
-    dst = rp.tr(a.get("dstDevice"))
+    dst = ctx.tr(a.get("dstDevice"))
     if two_d:
         args = [dst, a.get("dstPitch", 0), val, a.get("Width", 0), a.get("Height", 0)]
     else:
         args = [dst, val, a.get("N", 0)]
     if _async(rec):
-        args.append(_stream(rp, rec))
-    rp.drv(rec, name, *args)
-    rp.mark_written(a.get("dstDevice"), rec.get("s"), f)
+        args.append(_stream(ctx, rec))
+    ctx.drv(rec, name, *args)
+    ctx.mark_written(a.get("dstDevice"), rec.get("s"), f)

@@ -8,100 +8,100 @@ from ..replace import replacements
 from ..retarget import jit_done, jit_image
 
 
-def _image(rp, rec):
-    img = rp.blob(rec, "image")
+def _image(ctx, rec):
+    img = ctx.blob(rec, "image")
     if img is None:
         fname = rec["a"].get("fname") or rec["a"].get("fileName")
         if isinstance(fname, str):
             try:
                 with open(fname, "rb") as fh:
                     img = fh.read()
-                rp.note(f"call #{rec.get('s')} {rec['f']}: image not in the snapshot; read {fname} from disk")
+                ctx.note(f"call #{rec.get('s')} {rec['f']}: image not in the snapshot; read {fname} from disk")
             except OSError:
                 img = None
     if img is None:
-        rp.fail(rec, "the module image was not captured (no x.image blob)")
+        ctx.fail(rec, "the module image was not captured (no x.image blob)")
     return img
 
 
-def _arch(rp, rec, img, rec_mod):
-    if rp.device_cc is None:
+def _arch(ctx, rec, img, rec_mod):
+    if ctx.device_cc is None:
         return
-    why = runnable(img, rp.device_cc)
+    why = runnable(img, ctx.device_cc)
     if why:
-        kern = sorted({fr.get("name") for fr in rp.fns.values() if fr.get("module") == rec_mod and fr.get("name")})
-        rp.res.arch.append(f"call #{rec.get('s')} {rec['f']} (module {rec_mod:#x}): {why}"
+        kern = sorted({fr.get("name") for fr in ctx.fns.values() if fr.get("module") == rec_mod and fr.get("name")})
+        ctx.res.arch.append(f"call #{rec.get('s')} {rec['f']} (module {rec_mod:#x}): {why}"
                            + (f"; kernels: {', '.join(kern)}" if kern else ""))
 
 
-def _load_module(rp, rec, img, out_key):
+def _load_module(ctx, rec, img, out_key):
     rec_mod = rec["a"].get(out_key) or 0
-    rep = replacements(rp)
+    rep = replacements(ctx)
     swap = rep.module_image(rec, rec_mod) if rep else None
     if swap:
         img = swap[1]              # --replace: a rebuilt image in place of the recorded one
     else:
-        img = jit_image(rp, rec, img)             # --jit ptx: the image's PTX instead
-    _arch(rp, rec, img, rec_mod)
-    if not img.endswith(b"\0") and rp.blob(rec, "image") is not None and img[:4] != b"\x7fELF":
+        img = jit_image(ctx, rec, img)             # --jit ptx: the image's PTX instead
+    _arch(ctx, rec, img, rec_mod)
+    if not img.endswith(b"\0") and ctx.blob(rec, "image") is not None and img[:4] != b"\x7fELF":
         img = img + b"\0"
-    mod = rp.drv(rec, "cuModuleLoadData", img)
-    jit_done(rp, rec)
+    mod = ctx.drv(rec, "cuModuleLoadData", img)
+    jit_done(ctx, rec)
     if mod is not None:
-        rp.keepalive_images.append(img)
-        rp.set_handle(rec_mod, mod, "module")
-        rp.modules[rec_mod] = mod
+        ctx.keepalive_images.append(img)
+        ctx.set_handle(rec_mod, mod, "module")
+        ctx.modules[rec_mod] = mod
         if swap:
             rep.check_module(rec, rec_mod, mod, library=False)
-    elif rp.res.arch and rec["r"] == 0:
+    elif ctx.res.arch and rec["r"] == 0:
         pass
 
 
 @handles("cuModuleLoadData", "cuModuleLoadDataEx", "cuModuleLoadFatBinary", "cuModuleLoad", errors=True)
-def module_load(rp, rec):
-    _load_module(rp, rec, _image(rp, rec), "module")
+def module_load(ctx, rec):
+    _load_module(ctx, rec, _image(ctx, rec), "module")
 
 
 @handles("cuLibraryLoadData", "cuLibraryLoadFromFile", errors=True)
-def library_load(rp, rec):
-    img = jit_image(rp, rec, _image(rp, rec))     # --jit ptx: the image's PTX instead
+def library_load(ctx, rec):
+    img = jit_image(ctx, rec, _image(ctx, rec))     # --jit ptx: the image's PTX instead
     rec_lib = rec["a"].get("library") or 0
-    rep = replacements(rp)
+    rep = replacements(ctx)
     swap = rep.module_image(rec, rec_lib) if rep else None
     if swap:
         img = swap[1]
-    _arch(rp, rec, img, rec_lib)
-    lib = rp.drv(rec, "cuLibraryLoadData", img, None, None, 0, None, None, 0)
-    jit_done(rp, rec)
+    _arch(ctx, rec, img, rec_lib)
+    lib = ctx.drv(rec, "cuLibraryLoadData", img, None, None, 0, None, None, 0)
+    jit_done(ctx, rec)
     if lib is not None:
-        rp.keepalive_images.append(img)
-        rp.set_handle(rec_lib, lib, "library")
-        rp.libraries[rec_lib] = lib
+        ctx.keepalive_images.append(img)
+        ctx.set_handle(rec_lib, lib, "library")
+        ctx.libraries[rec_lib] = lib
         if swap:
             rep.check_module(rec, rec_lib, lib, library=True)
 
 
-def _forget_functions(rp, h) -> None:
+def _forget_functions(ctx, h) -> None:
     """Functions looked up in an unloaded module or library are gone with it."""
-    for f, m in list(rp.module_of.items()):
+    for f, m in list(ctx.module_of.items()):
         if m == h:
-            rp.funcs.pop(f, None)
+            ctx.funcs.pop(f, None)
 
 
 @handles("cuModuleUnload")
-def module_unload(rp, rec):
+def module_unload(ctx, rec):
     h = rec["a"].get("hmod")
-    rp.drv(rec, "cuModuleUnload", rp.live(rec, h, "module"))
-    rp.modules.pop(h, None)
-    _forget_functions(rp, h)
+    ctx.drv(rec, "cuModuleUnload", ctx.live(rec, h, "module"))
+    ctx.modules.pop(h, None)
+    _forget_functions(ctx, h)
 
 
 @handles("cuLibraryUnload")
-def library_unload(rp, rec):
+def library_unload(ctx, rec):
     h = rec["a"].get("library")
-    rp.drv(rec, "cuLibraryUnload", rp.live(rec, h, "library"))
-    rp.libraries.pop(h, None)
-    _forget_functions(rp, h)
+    ctx.drv(rec, "cuLibraryUnload", ctx.live(rec, h, "library"))
+    ctx.libraries.pop(h, None)
+    _forget_functions(ctx, h)
 
 
 def _name(rec, key="name"):
@@ -113,100 +113,100 @@ def _name(rec, key="name"):
 
 
 @handles("cuModuleGetFunction", errors=True)
-def module_get_function(rp, rec):
+def module_get_function(ctx, rec):
     a = rec["a"]
     name = _name(rec)
-    fn = rp.drv(rec, "cuModuleGetFunction", rp.live(rec, a.get("hmod"), "module"), name.encode())
-    rep = replacements(rp)
+    fn = ctx.drv(rec, "cuModuleGetFunction", ctx.live(rec, a.get("hmod"), "module"), name.encode())
+    rep = replacements(ctx)
     if fn is not None and rep and rep.wants(name):
         fn = rep.function(rec, name)
     if fn is not None:
-        rp.funcs[a.get("hfunc")] = fn
-        rp.func_from.pop(a.get("hfunc"), None)
-        rp.set_handle(a.get("hfunc"), fn, "function")
-        rp.func_names[a.get("hfunc")] = name
-        rp.module_of[a.get("hfunc")] = a.get("hmod")
+        ctx.funcs[a.get("hfunc")] = fn
+        ctx.func_from.pop(a.get("hfunc"), None)
+        ctx.set_handle(a.get("hfunc"), fn, "function")
+        ctx.func_names[a.get("hfunc")] = name
+        ctx.module_of[a.get("hfunc")] = a.get("hmod")
 
 
 @handles("cuLibraryGetKernel", errors=True)
-def library_get_kernel(rp, rec):
+def library_get_kernel(ctx, rec):
     a = rec["a"]
     name = _name(rec)
-    k = rp.drv(rec, "cuLibraryGetKernel", rp.live(rec, a.get("library"), "library"), name.encode())
-    rep = replacements(rp)
+    k = ctx.drv(rec, "cuLibraryGetKernel", ctx.live(rec, a.get("library"), "library"), name.encode())
+    rep = replacements(ctx)
     if k is not None and rep and rep.wants(name):
         k = rep.kernel(rec, name)
     if k is not None:
-        rp.set_handle(a.get("pKernel"), k, "kernel")
-        rp.funcs[a.get("pKernel")] = rp.cu.CUfunction(int(k))   # the runtime launches CUkernel cast to CUfunction
-        rp.func_names[a.get("pKernel")] = name
-        rp.module_of[a.get("pKernel")] = a.get("library")
+        ctx.set_handle(a.get("pKernel"), k, "kernel")
+        ctx.funcs[a.get("pKernel")] = ctx.cu.CUfunction(int(k))   # the runtime launches CUkernel cast to CUfunction
+        ctx.func_names[a.get("pKernel")] = name
+        ctx.module_of[a.get("pKernel")] = a.get("library")
 
 
 @handles("cuKernelGetFunction")
-def kernel_get_function(rp, rec):
+def kernel_get_function(ctx, rec):
     a = rec["a"]
-    fn = rp.drv(rec, "cuKernelGetFunction", rp.live(rec, a.get("kernel"), "kernel"))
+    fn = ctx.drv(rec, "cuKernelGetFunction", ctx.live(rec, a.get("kernel"), "kernel"))
     if fn is not None:
-        rp.funcs[a.get("pFunc")] = fn
-        rp.set_handle(a.get("pFunc"), fn, "function")
-        if a.get("kernel") in rp.func_names:
-            rp.func_names[a.get("pFunc")] = rp.func_names[a.get("kernel")]
+        ctx.funcs[a.get("pFunc")] = fn
+        ctx.set_handle(a.get("pFunc"), fn, "function")
+        if a.get("kernel") in ctx.func_names:
+            ctx.func_names[a.get("pFunc")] = ctx.func_names[a.get("kernel")]
 
 
 @handles("cuLibraryGetModule")
-def library_get_module(rp, rec):
+def library_get_module(ctx, rec):
     a = rec["a"]
-    m = rp.drv(rec, "cuLibraryGetModule", rp.live(rec, a.get("library"), "library"))
+    m = ctx.drv(rec, "cuLibraryGetModule", ctx.live(rec, a.get("library"), "library"))
     if m is not None:
-        rp.set_handle(a.get("pMod"), m, "module")
-        rp.modules[a.get("pMod")] = m
+        ctx.set_handle(a.get("pMod"), m, "module")
+        ctx.modules[a.get("pMod")] = m
 
 
 @handles("cuModuleGetGlobal", "cuLibraryGetGlobal", "cuLibraryGetManaged")
-def get_global(rp, rec):
+def get_global(ctx, rec):
     a = rec["a"]
     name = _name(rec)
     if rec["f"].startswith("cuModule"):
-        out = rp.drv(rec, "cuModuleGetGlobal", rp.live(rec, a.get("hmod"), "module"), name.encode())
+        out = ctx.drv(rec, "cuModuleGetGlobal", ctx.live(rec, a.get("hmod"), "module"), name.encode())
     else:
         fn = "cuLibraryGetGlobal" if "Global" in rec["f"] else "cuLibraryGetManaged"
-        out = rp.drv(rec, fn, rp.live(rec, a.get("library"), "library"), name.encode())
+        out = ctx.drv(rec, fn, ctx.live(rec, a.get("library"), "library"), name.encode())
     if out is None:
         return
     live, size = int(out[0]), int(out[1])
     rec_ptr = a.get("dptr")
     if isinstance(rec_ptr, int) and rec_ptr:
-        rp.space.add_global(rec_ptr, size, live, rec.get("s"), name)
+        ctx.space.add_global(rec_ptr, size, live, rec.get("s"), name)
 
 
-def resolve_function(rp, rec, h):
+def resolve_function(ctx, rec, h):
     """Live CUfunction for a recorded function/kernel handle: from the map, else by the fn
     record's name in the loaded modules and libraries."""
-    fn = rp.funcs.get(h)
-    fr = rp.fn_record(h, rec.get("s"))
-    if fn is not None and (h not in rp.fn_versions or rp.func_from.get(h, fr) is fr):
+    fn = ctx.funcs.get(h)
+    fr = ctx.fn_record(h, rec.get("s"))
+    if fn is not None and (h not in ctx.fn_versions or ctx.func_from.get(h, fr) is fr):
         return fn
-    name = (fr or {}).get("name") or rp.func_names.get(h)
+    name = (fr or {}).get("name") or ctx.func_names.get(h)
     if not name:
-        rp.fail(rec, f"function handle {h:#x} is unknown (no cuModuleGetFunction/cuLibraryGetKernel and no fn record)"
+        ctx.fail(rec, f"function handle {h:#x} is unknown (no cuModuleGetFunction/cuLibraryGetKernel and no fn record)"
                 if isinstance(h, int) else "launch without a function handle")
-    cu = rp.cu
+    cu = ctx.cu
     order = []
     mod = (fr or {}).get("module")
-    rep = replacements(rp)
+    rep = replacements(ctx)
     if rep and rep.wants(name):          # --replace: the kernel from its rebuilt image
         if (fr or {}).get("kind") == "kernel":
             fn = cu.CUfunction(int(rep.kernel(rec, name)))
         else:
             fn = rep.function(rec, name)
     else:
-        if mod in rp.modules:
-            order.append(("m", rp.modules[mod]))
-        if mod in rp.libraries:
-            order.append(("l", rp.libraries[mod]))
-        order += [("l", v) for k, v in rp.libraries.items() if k != mod]
-        order += [("m", v) for k, v in rp.modules.items() if k != mod]
+        if mod in ctx.modules:
+            order.append(("m", ctx.modules[mod]))
+        if mod in ctx.libraries:
+            order.append(("l", ctx.libraries[mod]))
+        order += [("l", v) for k, v in ctx.libraries.items() if k != mod]
+        order += [("m", v) for k, v in ctx.modules.items() if k != mod]
     for kind, obj in order:
         if kind == "m":
             r = cu.cuModuleGetFunction(obj, name.encode())
@@ -219,44 +219,44 @@ def resolve_function(rp, rec, h):
                 fn = cu.CUfunction(int(r[1]))
                 break
     if fn is None:
-        rp.fail(rec, f"kernel {name!r} not found in any loaded module or library")
-    rp.funcs[h] = fn
-    rp.func_from[h] = fr
-    if h in rp.fn_versions:
-        rp.func_names[h] = name
+        ctx.fail(rec, f"kernel {name!r} not found in any loaded module or library")
+    ctx.funcs[h] = fn
+    ctx.func_from[h] = fr
+    if h in ctx.fn_versions:
+        ctx.func_names[h] = name
     else:
-        rp.func_names.setdefault(h, name)
+        ctx.func_names.setdefault(h, name)
     return fn
 
 
 @handles("cuFuncSetAttribute")
-def func_set_attribute(rp, rec):
+def func_set_attribute(ctx, rec):
     a = rec["a"]
-    f = resolve_function(rp, rec, a.get("hfunc"))
-    rp.drv(rec, "cuFuncSetAttribute", f, rp.cu.CUfunction_attribute(a.get("attrib", 0)), a.get("value", 0))
+    f = resolve_function(ctx, rec, a.get("hfunc"))
+    ctx.drv(rec, "cuFuncSetAttribute", f, ctx.cu.CUfunction_attribute(a.get("attrib", 0)), a.get("value", 0))
 
 
 @handles("cuKernelSetAttribute")
-def kernel_set_attribute(rp, rec):
+def kernel_set_attribute(ctx, rec):
     a = rec["a"]
-    k = rp.live(rec, a.get("kernel"), "kernel")
-    rp.drv(rec, "cuKernelSetAttribute", rp.cu.CUfunction_attribute(a.get("attrib", 0)), a.get("val", 0), k, rp.dev)
+    k = ctx.live(rec, a.get("kernel"), "kernel")
+    ctx.drv(rec, "cuKernelSetAttribute", ctx.cu.CUfunction_attribute(a.get("attrib", 0)), a.get("val", 0), k, ctx.dev)
 
 
 @handles("cuFuncSetCacheConfig")
-def func_set_cache_config(rp, rec):
+def func_set_cache_config(ctx, rec):
     a = rec["a"]
-    f = resolve_function(rp, rec, a.get("hfunc"))
-    rp.drv(rec, "cuFuncSetCacheConfig", f, rp.cu.CUfunc_cache(a.get("config", 0)))
+    f = resolve_function(ctx, rec, a.get("hfunc"))
+    ctx.drv(rec, "cuFuncSetCacheConfig", f, ctx.cu.CUfunc_cache(a.get("config", 0)))
 
 
 @handles("cuFuncSetSharedMemConfig", "cuKernelSetCacheConfig", "cuFuncSetBlockShape", "cuFuncSetSharedSize")
-def func_hints(rp, rec):
+def func_hints(ctx, rec):
     pass
 
 
 @handles("cuLinkCreate", "cuLinkAddData", "cuLinkAddFile", "cuLinkComplete", "cuLinkDestroy", "cuFuncLoad")
-def link_noop(rp, rec):
+def link_noop(ctx, rec):
     # JIT linking builds an image in host memory; the module load that follows records that
     # image, so the link steps need no replay.  cuFuncLoad only loads a function early.
     pass

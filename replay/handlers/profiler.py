@@ -8,5 +8,5 @@ from . import handles
 
 
 @handles("cuProfilerInitialize", "cuProfilerStart", "cuProfilerStop")
-def profiler_control(rp, rec):
-    rp.profiler_control(rec)
+def profiler_control(ctx, rec):
+    ctx.profiler_control(rec)

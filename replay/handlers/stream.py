@@ -5,7 +5,7 @@ from . import handles
 
 
 @handles("cuStreamSetAttribute", "cuStreamCopyAttributes")
-def stream_attr(rp, rec):
+def stream_attr(ctx, rec):
     pass  # scheduling hints (access policy windows, priorities): no effect on results
 
 
