@@ -117,7 +117,7 @@ class BatchRunner:
         for sl, h, i in b.fslots:          # functions not looked up yet: resolve them now
             if vals[sl] == 0:
                 try:
-                    from .handlers.module import resolve_function
+                    from .functions import resolve_function
                     resolve_function(self.ctx, b.recs[i], h)
                 except Exception:
                     pass                    # its launch takes the handler: the error lands there

@@ -16,7 +16,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 from cudasnap.formats import SnapshotError, cu_result_name
 from cudasnap.formats.abi import per_thread
 
-from .driverops import result_code
+from .driverops import handle_int, result_code
+from .notes import recurred_note
 from .errors import DriverCallError, ReplayError
 from .placement import scan_payload
 from .verify import compare
@@ -99,9 +100,10 @@ class Handles:
 
 class EngineHooks:
     """What the engine does for handlers: initialize, run profiler control, tell subscribers
-    about a launch, stop on a mismatch. Set by the engine that owns the context."""
+    about a launch, stop on a mismatch, reach the group coordinator. Set by the engine that
+    owns the context."""
     __slots__ = ("ensure_init", "profiler_control", "before_launch", "after_launch", "wants_launch_events",
-                 "stop_verify", "stale")
+                 "stop_verify", "stale", "group_client")
 
     def __init__(self):
         self.ensure_init: Callable[[Any], None] = lambda rec=None: None
@@ -111,6 +113,7 @@ class EngineHooks:
         self.wants_launch_events: Callable[[], bool] = lambda: False
         self.stop_verify: Callable[[Any], None] = lambda m: None
         self.stale: Callable[[Any], bool] = lambda src: False    # a result the selection does not determine
+        self.group_client: Callable[[], Any] = lambda: None      # the group coordinator (None outside a group)
 
 
 class ReplayContext:
@@ -172,6 +175,19 @@ class ReplayContext:
         return self.handles.libraries
 
     # ------------------------------------------------------------------ report
+    def stream_capturing(self, rec_s, live_s=None) -> bool:
+        """Is the recorded stream capturing now?  Streams whose capture was begun by a replayed
+        call, and streams that joined a capture (through an event wait), asked of the driver."""
+        if rec_s in self.capturing:
+            return True
+        if not self.capturing or live_s is None:
+            return False
+        try:
+            r = self.cu.cuStreamIsCapturing(live_s)
+            return len(r) > 1 and handle_int(r[0]) == 0 and handle_int(r[1]) != 0
+        except Exception:
+            return False
+
     def note(self, msg: str) -> None:
         self.res.warnings.append(msg)
 
@@ -198,8 +214,7 @@ class ReplayContext:
             return res[1] if len(res) == 2 else tuple(res[1:])
         if code == want:
             self.res.errors_recurred += 1
-            if self.res.errors_recurred <= 3:       # name it, with its kernel (handlers/state.py)
-                from .handlers.state import recurred_note
+            if self.res.errors_recurred <= 3:       # name it, with its kernel (notes.py)
                 self.note(recurred_note(self, rec, code))
             return None
         if want == 0 or want is None:
@@ -353,6 +368,10 @@ class ReplayContext:
 
     def profiler_control(self, rec) -> None:
         self.hooks.profiler_control(rec)
+
+    def group_client(self):
+        """This process's group coordinator connection (None outside a group replay)."""
+        return self.hooks.group_client()
 
     def before_launch(self, rec, fn, params: bytes, name: str, cfg=None):
         """Launch handlers call this just before the driver launch; returns the event (or None)."""

@@ -30,6 +30,11 @@ CU_STREAM_LEGACY, CU_STREAM_PER_THREAD = 1, 2
 PACE_SPIN_S = 100e-6            # --pace recorded: spin (not sleep) this long before a call is due
 
 
+def _group_client():
+    from .group import client     # imported when a call links another process (group replay)
+    return client()
+
+
 class Replayer(BatchRunner):
     """Reads a snapshot and replays it. The state handlers, the batch runner and profile/
     share lives in one ReplayContext (self.ctx, replay/context.py) and is named only there;
@@ -45,6 +50,7 @@ class Replayer(BatchRunner):
         hooks.before_launch = self.before_launch
         hooks.after_launch = self.after_launch
         hooks.stop_verify = self._stop_verify
+        hooks.group_client = _group_client
         self._driver = driver
         self.out = out if out is not None else sys.stdout
         self._last_tid = None

@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from cudasnap.formats.abi import base_name
 
-from .handlers.launch import LAUNCH_CONFIG, _Params
+from .params import LAUNCH_CONFIG, LaunchParams
 
 _CLASS_CACHE: Dict[str, Optional[str]] = {}
 SYNC_CALLS = {"cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize"}
@@ -193,16 +193,16 @@ class LaunchContext:
             old = cfg.hStream
             cfg.hStream = s
             try:
-                p = _Params(ev.params)
+                p = LaunchParams(ev.params)
                 rp.ctx.raw("cuLaunchKernelEx", cfg, ev.function, None, p.extra_ptr)
             finally:
                 cfg.hStream = old
             return
         if base == "cuLaunchCooperativeKernel":
-            p = _Params(ev.params, ev.layout or [])
+            p = LaunchParams(ev.params, ev.layout or [])
             rp.ctx.raw("cuLaunchCooperativeKernel", ev.function, *ev.grid, *ev.block, ev.shmem, s, p.kp_ptr)
             return
-        p = _Params(ev.params)
+        p = LaunchParams(ev.params)
         rp.ctx.raw("cuLaunchKernel", ev.function, *ev.grid, *ev.block, ev.shmem, s, None, p.extra_ptr)
 
 

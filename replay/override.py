@@ -72,7 +72,7 @@ class LaunchOverride:
     def _max_threads(self, ctx, rec, h) -> Optional[int]:
         if h in self._limits:
             return self._limits[h]
-        from .handlers.module import resolve_function
+        from .functions import resolve_function
         try:
             fn = resolve_function(ctx, rec, h)
             r = ctx.cu.cuFuncGetAttribute(ctx.cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, fn)

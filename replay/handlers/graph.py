@@ -125,20 +125,6 @@ def context(ctx, rec, h):
     return r[1] if len(r) > 1 and handle_int(r[0]) == 0 else ctx.cu.CUcontext(0)
 
 
-def stream_capturing(ctx, rec_s, live_s=None) -> bool:
-    """Is the recorded stream capturing now?  Streams whose capture was begun by a replayed
-    call, and streams that joined a capture (through an event wait), asked of the driver."""
-    if rec_s in ctx.capturing:
-        return True
-    if not ctx.capturing or live_s is None:
-        return False
-    try:
-        r = ctx.cu.cuStreamIsCapturing(live_s)
-        return len(r) > 1 and handle_int(r[0]) == 0 and handle_int(r[1]) != 0
-    except Exception:
-        return False
-
-
 def keep_forever(ctx, obj) -> None:
     """Host memory a graph node reads or writes whenever the graph runs: never released."""
     ctx.keepalive_images.append(obj)
@@ -324,7 +310,7 @@ def kernel_params(ctx, rec, raw: bytearray, off: int = 0) -> bytearray:
     if params is None:
         ctx.fail(rec, f"cannot rebuild the kernel node: {KERNEL_NODE_REASON}")
     from ..placement import relocate_params
-    from .module import resolve_function
+    from ..functions import resolve_function
     h = _u64(raw, off) or _u64(raw, off + 56)          # func, else kern
     fn = resolve_function(ctx, rec, h)
     params = bytes(params)

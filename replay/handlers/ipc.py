@@ -48,8 +48,7 @@ _ERR_PEER_ALREADY = (704, 705)  # CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED / _NOT_
 
 
 def _client(ctx, rec):
-    from ..group import client
-    c = client()
+    c = ctx.group_client()
     if c is None:
         ctx.fail(rec, "links another process: replay the whole job (its group manifest, or all its snapshots) "
                      "with `cudasnap replay JOB.cusnap`")

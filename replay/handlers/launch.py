@@ -7,37 +7,13 @@ import time
 import ctypes
 
 from . import handles
-from ..layout import packer, sizeof
+from ..layout import sizeof
 from ..placement import relocate_params
-from .graph import patch_conditional_handles, stream_capturing
-from .module import resolve_function
+from .graph import patch_conditional_handles
+from ..functions import resolve_function
+from ..params import LAUNCH_CONFIG, LaunchParams
 
-CU_LAUNCH_PARAM_END, CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE = 0, 1, 2
-LAUNCH_CONFIG = packer("CUlaunchConfig")       # grid xyz, block xyz, shmem, hStream, attrs, numAttrs
 LAUNCH_ATTR_SIZE = sizeof("CUlaunchAttribute")  # id, pad, 64-byte value union
-
-
-class _Params:
-    """Packed parameter bytes kept alive for the duration of one launch."""
-
-    def __init__(self, data: bytes, layout=None):
-        self.data = data
-        self.buf = ctypes.create_string_buffer(data, max(len(data), 1))
-        self.size = ctypes.c_size_t(len(data))
-        self.extra = (ctypes.c_void_p * 5)(CU_LAUNCH_PARAM_BUFFER_POINTER, ctypes.addressof(self.buf),
-                                           CU_LAUNCH_PARAM_BUFFER_SIZE, ctypes.addressof(self.size), CU_LAUNCH_PARAM_END)
-        self.kp = None
-        if layout is not None:
-            base = ctypes.addressof(self.buf)
-            self.kp = (ctypes.c_void_p * max(len(layout), 1))(*[base + o for o, _s in layout])
-
-    @property
-    def extra_ptr(self):
-        return ctypes.addressof(self.extra) if self.data else 0   # no parameters: NULL extra
-
-    @property
-    def kp_ptr(self):
-        return ctypes.addressof(self.kp) if self.kp is not None else None
 
 
 def _prepare(ctx, rec):
@@ -70,7 +46,7 @@ def _capturing(ctx, rec) -> bool:
     if rec["f"].startswith("cuLaunchKernelEx") and isinstance(a.get("config"), (bytes, bytearray)) \
             and len(a["config"]) >= LAUNCH_CONFIG.size:
         hs = LAUNCH_CONFIG.unpack_from(a["config"])[7]
-    return stream_capturing(ctx, hs, ctx.stream(rec, hs))
+    return ctx.stream_capturing(hs, ctx.stream(rec, hs))
 
 
 def _after(ctx, rec, name, ev=None):
@@ -92,7 +68,7 @@ def _after(ctx, rec, name, ev=None):
 def launch_kernel(ctx, rec):
     a = rec["a"]
     fn, params, _layout, name = _prepare(ctx, rec)
-    p = _Params(params)
+    p = LaunchParams(params)
     ev = ctx.before_launch(rec, fn, params, name)
     ctx.drv(rec, "cuLaunchKernel", fn, a.get("gridDimX", 1), a.get("gridDimY", 1), a.get("gridDimZ", 1),
            a.get("blockDimX", 1), a.get("blockDimY", 1), a.get("blockDimZ", 1), a.get("sharedMemBytes", 0),
@@ -106,7 +82,7 @@ def launch_cooperative(ctx, rec):
     fn, params, layout, name = _prepare(ctx, rec)
     if layout is None and params:
         ctx.fail(rec, f"cooperative launch of {name} needs the parameter layout (no fn record)")
-    p = _Params(params, layout or [])
+    p = LaunchParams(params, layout or [])
     ev = ctx.before_launch(rec, fn, params, name)
     ctx.drv(rec, "cuLaunchCooperativeKernel", fn, a.get("gridDimX", 1), a.get("gridDimY", 1), a.get("gridDimZ", 1),
            a.get("blockDimX", 1), a.get("blockDimY", 1), a.get("blockDimZ", 1), a.get("sharedMemBytes", 0),
@@ -143,7 +119,7 @@ def launch_kernel_ex(ctx, rec):
     a = rec["a"]
     fn, params, _layout, name = _prepare(ctx, rec)
     cfg = build_config(ctx, rec, a.get("config"), (rec.get("x") or {}).get("attrs"))
-    p = _Params(params)
+    p = LaunchParams(params)
     ev = ctx.before_launch(rec, fn, params, name, cfg)
     ctx.drv(rec, "cuLaunchKernelEx", cfg, fn, None, p.extra_ptr)
     _after(ctx, rec, name, ev)

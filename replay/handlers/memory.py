@@ -7,14 +7,14 @@ import struct
 from .. import hostplace
 from ..layout import offsetof, sizeof
 from . import handles
-from .graph import keep_forever, stream_capturing
+from .graph import keep_forever
 from ..staging import h2d_async_from_blob, h2d_from_blob
 
 
 def _captured(ctx, rec) -> bool:
     """An async call on a stream in capture: it became a graph node, it did not execute."""
     a = rec["a"]
-    return "Async" in rec["f"] and stream_capturing(ctx, a.get("hStream"), ctx.stream(rec, a.get("hStream")))
+    return "Async" in rec["f"] and ctx.stream_capturing(a.get("hStream"), ctx.stream(rec, a.get("hStream")))
 
 
 def _note_capture_d2h(ctx, rec) -> None:
@@ -66,7 +66,7 @@ def mem_free(ctx, rec):
 def mem_free_async(ctx, rec):
     a = rec["a"]
     s = ctx.stream(rec, a.get("hStream"))
-    if stream_capturing(ctx, a.get("hStream"), s):
+    if ctx.stream_capturing(a.get("hStream"), s):
         # a free node of the captured graph: the graph's kernels use the memory whenever it runs
         ctx.note_once("capture_free", f"call #{rec.get('s')} {rec['f']}: frees captured into graphs are not "
                                      f"performed (the memory stays mapped at its recorded address)")

@@ -66,7 +66,6 @@ from cudasnap.formats.abi import base_name
 from ..collectives import is_collective
 from ..errors import ReplayError
 from ..group import ENV_RANK
-from ..handlers.graph import stream_capturing
 from cudasnap.formats.vocab import is_launch
 from .common import LaunchGate, MemorySaver, Selection, destroy_all, live_ranges, ranges_for, stats
 from .gapmodel import GapChain
@@ -161,7 +160,7 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
             return
         if kind == "before_launch":
             if self.sel(ev):
-                if stream_capturing(self.rp.ctx, ev.rec_stream, ev.stream):
+                if self.rp.ctx.stream_capturing(ev.rec_stream, ev.stream):
                     self.skipped_captured += 1       # a node of the program's own graph, not run now
                 else:
                     if not self.ops:
@@ -279,7 +278,7 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
             return
         f = rec.get("f") or ""
         a = rec.get("a") or {}
-        if "Async" in f and stream_capturing(self.rp.ctx, ev.rec_stream, ev.stream):
+        if "Async" in f and self.rp.ctx.stream_capturing(ev.rec_stream, ev.stream):
             return
         b = _base(f)
         m = _MEMSET_RX.match(b)

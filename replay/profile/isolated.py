@@ -108,9 +108,9 @@ class L2Flusher:
             self.module = rp.ctx.raw("cuModuleLoadData", _SCRUB_PTX + b"\0")
             self.fn = rp.ctx.raw("cuModuleGetFunction", self.module, b"cudasnap_l2_scrub")
             sms = int(rp.ctx.raw("cuDeviceGetAttribute", cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, rp.ctx.dev))
-            from cudasnap.replay.handlers.launch import _Params
-            self.params = _Params((self.buf).to_bytes(8, "little") + (self.size // 16).to_bytes(8, "little")
-                                  + (self.buf).to_bytes(8, "little"))
+            from ..params import LaunchParams
+            self.params = LaunchParams((self.buf).to_bytes(8, "little") + (self.size // 16).to_bytes(8, "little")
+                                       + (self.buf).to_bytes(8, "little"))
             self.grid = max(1, sms) * 4
             self.mode = "read"
         except Exception:

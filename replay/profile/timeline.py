@@ -14,7 +14,6 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ..handlers.graph import stream_capturing
 from .common import Selection
 
 EVENT_WARNING = ("CUPTI (cupti-python) is not available: timing with CUDA events around each launch, "
@@ -343,7 +342,7 @@ class TimelineProfiler:
     def _before_launch(self, ev) -> None:
         if not self.sel(ev):
             return
-        if stream_capturing(self.rp.ctx, ev.rec_stream, ev.stream):
+        if self.rp.ctx.stream_capturing(ev.rec_stream, ev.stream):
             self.captured_launches += 1             # a node of the program's graph: runs with its cuGraphLaunch
             return
         if self._capturing():                       # events would become graph nodes
@@ -420,7 +419,7 @@ class TimelineProfiler:
         (_match_graph_records); with CUDA events a selected launch is timed whole."""
         a = ev.rec.get("a") or {}
         live = self.rp.ctx.stream(ev.rec, a.get("hStream"))
-        if self._capturing() or stream_capturing(self.rp.ctx, a.get("hStream"), live):
+        if self._capturing() or self.rp.ctx.stream_capturing(a.get("hStream"), live):
             return                          # a child graph of a recorded capture: runs with its graph
         sl = {"kind": "graph", "seq": ev.seq, "name": "cuGraphLaunch", "stream": a.get("hStream") or 0,
               "selected": self._graph_selected(ev.rec)}

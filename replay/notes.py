@@ -1,8 +1,9 @@
 """Windowed snapshots (capture --window / --flight-recorder) need no handlers of their own:
 the state at a window start is ordinary records (the kept state-creating calls, then
 cuMemcpyHtoD_v2 records flagged `state` holding every live range's contents), replayed by
-the memory, module, stream and context handlers. What lives here: naming a recorded error
-that recurs on replay (the flight recorder's trigger) with the kernel it belongs to."""
+the memory, module, stream and context handlers. What lives here, below the handlers: naming
+a recorded error that recurs on replay (the flight recorder's trigger) with the kernel it
+belongs to."""
 from __future__ import annotations
 
 from typing import Any, Dict, Optional

@@ -1,0 +1,54 @@
+"""Function resolution: the live CUfunction of a recorded function or kernel handle. Below the
+handlers (launch, graph and module handlers, the batch runner and --launch-override use it)."""
+from __future__ import annotations
+
+from .replace import replacements
+
+
+def resolve_function(ctx, rec, h):
+    """Live CUfunction for a recorded function/kernel handle: from the map, else by the fn
+    record's name in the loaded modules and libraries."""
+    fn = ctx.funcs.get(h)
+    fr = ctx.fn_record(h, rec.get("s"))
+    if fn is not None and (h not in ctx.fn_versions or ctx.func_from.get(h, fr) is fr):
+        return fn
+    name = (fr or {}).get("name") or ctx.func_names.get(h)
+    if not name:
+        ctx.fail(rec, f"function handle {h:#x} is unknown (no cuModuleGetFunction/cuLibraryGetKernel and no fn record)"
+                if isinstance(h, int) else "launch without a function handle")
+    cu = ctx.cu
+    order = []
+    mod = (fr or {}).get("module")
+    rep = replacements(ctx)
+    if rep and rep.wants(name):          # --replace: the kernel from its rebuilt image
+        if (fr or {}).get("kind") == "kernel":
+            fn = cu.CUfunction(int(rep.kernel(rec, name)))
+        else:
+            fn = rep.function(rec, name)
+    else:
+        if mod in ctx.modules:
+            order.append(("m", ctx.modules[mod]))
+        if mod in ctx.libraries:
+            order.append(("l", ctx.libraries[mod]))
+        order += [("l", v) for k, v in ctx.libraries.items() if k != mod]
+        order += [("m", v) for k, v in ctx.modules.items() if k != mod]
+    for kind, obj in order:
+        if kind == "m":
+            r = cu.cuModuleGetFunction(obj, name.encode())
+            if int(r[0]) == 0:
+                fn = r[1]
+                break
+        else:
+            r = cu.cuLibraryGetKernel(obj, name.encode())
+            if int(r[0]) == 0:
+                fn = cu.CUfunction(int(r[1]))
+                break
+    if fn is None:
+        ctx.fail(rec, f"kernel {name!r} not found in any loaded module or library")
+    ctx.funcs[h] = fn
+    ctx.func_from[h] = fr
+    if h in ctx.fn_versions:
+        ctx.func_names[h] = name
+    else:
+        ctx.func_names.setdefault(h, name)
+    return fn
