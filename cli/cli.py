@@ -400,25 +400,28 @@ def replay(
                   "with --profile these choose the launches profiled")
         if device:
             _fail("--device: a job puts each rank on its own GPU; use --devices N,N,... (in rank order)")
-        # every per-rank option goes on to each rank's replayer ({rank} in --out becomes the rank)
-        vals = {"--rtol": rtol or None, "--atol": atol or None, "--dtype": dtype, "--profile": profile,
-                "--out": _per_rank(out_file) if out_file else None, "--pace": _value(pace),
-                "--kernel-name-base": _value(kernel_name_base) if kernel_name else None,
-                "--repeat": repeat, "--warmup": warmup,
-                "--profiler-range": _value(profiler_range), "--jit": jit, "--launch-override": launch_override,
-                **{k: v for k, v in sel.items() if v is not None}}
-        fwd = []
-        for k, v in vals.items():
-            if v is not None:
-                fwd += [f"{k}={v}"] if k.startswith("--") else [k, str(v)]
-        fwd += [f"--hook={h}" for h in hook] + [f"--replace={r}" for r in replace]
-        fwd += [f for f, on in (("-f", force), ("--continue-on-error", continue_on_error), ("--sync-after-launch", sync_after_launch),
-                                ("--relocate-payloads", relocate_payloads), ("-q", quiet), ("--threads", threads),
-                                ("--no-flush-l2", not flush_l2), ("--check-repeats", check_repeats),
-                                ("--nvtx", nvtx is True), ("--no-nvtx", nvtx is False),
-                                ("--timeline-check", timeline_check is True),
-                                ("--no-timeline-check", timeline_check is False)) if on]
-        raise typer.Exit(run_group(snapshot, devices, fwd, json_out, watchdog, trace=str(trace) if trace else None))
+        # every per-rank option goes to each rank's replayer as one typed document ({rank} in --out
+        # becomes the rank); a rank always profiles: the group's rank hook runs in it
+        name_base = _value(kernel_name_base) if kernel_name else "function"
+        if jit not in (None, "ptx"):
+            _fail("--jit takes ptx")
+        from cudasnap.replay.selection import check as check_selection
+        bad = check_selection(kernels, calls, kernel_name, name_base, launch_skip or 0, launch_count)
+        from cudasnap.replay.replace import check_specs
+        opts = ReplayOptions(profiler_range=_value(profiler_range), rtol=rtol, atol=atol, dtype=dtype,
+                             continue_on_error=continue_on_error, sync_after_launch=sync_after_launch,
+                             threads=threads, relocate_payloads=relocate_payloads, quiet=quiet,
+                             replace=list(replace), jit=jit, launch_override=launch_override, pace=_value(pace))
+        bad = bad or check_specs(opts)
+        if bad:
+            _fail(bad)
+        from cudasnap.replay.profile import ProfileConfig
+        cfg = ProfileConfig(mode=profile or ("timeline" if out_file else None),
+                            repeat=repeat, warmup=warmup, flush_l2=flush_l2, kernels=kernels, calls=calls,
+                            kernel_name=kernel_name, kernel_name_base=name_base, launch_skip=launch_skip or 0,
+                            launch_count=launch_count, launch=launch, out=_per_rank(out_file) if out_file else None,
+                            hooks=list(hook), nvtx=nvtx, check_repeats=check_repeats, timeline_check=timeline_check)
+        raise typer.Exit(run_group(snapshot, devices, (opts, cfg), json_out, watchdog, trace=str(trace) if trace else None))
     snapshot = snapshot[0]
     _check_outputs(force, [snapshot], (out_file, "file", "--out"), (trace, "file", "--trace"))
     name_base, prange = _value(kernel_name_base), _value(profiler_range)

@@ -437,13 +437,16 @@ def _gpu_count() -> Optional[int]:
         return None      # the ranks say it themselves
 
 
-def run_group(paths: Sequence, devices: Optional[str], args: List[str], as_json: bool = False,
+def run_group(paths: Sequence, devices: Optional[str], options, as_json: bool = False,
               watchdog: Optional[float] = None, out=None, trace: Optional[str] = None) -> int:
     """`cudasnap replay JOB.cusnap [...]`: replay every rank at once; returns the exit code.
-    args: the replay options passed on to each rank's `cudasnap replay` ("{rank}" in them
-    becomes the rank); trace: one trace file for all ranks (--profile timeline)."""
+    options: (ReplayOptions, ProfileConfig) of every rank, handed to each rank's replayer as
+    one document (replay/rankopts.py; "{rank}" in the output paths becomes the rank);
+    trace: one trace file for all ranks (--profile timeline)."""
+    import copy
+    from . import rankopts
     out = out or sys.stdout
-    args = list(args)
+    opts, cfg = copy.deepcopy(options)
     try:
         m = load_group(paths)
         ds = device_map(m, devices, _gpu_count())
@@ -459,12 +462,15 @@ def run_group(paths: Sequence, devices: Optional[str], args: List[str], as_json:
             return 2
     timeout = float(os.environ.get(ENV_TIMEOUT, DEFAULT_TIMEOUT))
     tmp = tempfile.mkdtemp(prefix="cudasnap-group-")
-    if trace:
-        args.append(f"--trace={os.path.join(tmp, 'trace{rank}.json')}")
-    outs = [a.split("=", 1)[1] for a in args if a.startswith("--out=")]
-    if "--profile=timeline" in args and not outs:
+    outs = [cfg.out] if cfg.out else []
+    if cfg.mode == "timeline" and not outs:
         outs = [os.path.join(tmp, "prof{rank}.json")]      # for the collectives' waits across ranks
-        args.append(f"--out={outs[0]}")
+        cfg.out = outs[0]
+    if trace:
+        cfg.trace = os.path.join(tmp, "trace{rank}.json")
+        cfg.mode = cfg.mode or "timeline"                  # a trace is a timeline's
+    doc = os.path.join(tmp, "options.json")
+    rankopts.dump(doc, opts, cfg)
     sock_path = os.path.join(tmp, "sock")
     store = _Store(m, timeout)
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -482,9 +488,7 @@ def run_group(paths: Sequence, devices: Optional[str], args: List[str], as_json:
             env.update({ENV_SOCKET: sock_path, ENV_PID: str(r["pid"]), ENV_RANK: str(r["rank"]),
                         ENV_PROGRESS: os.path.join(tmp, "progress"), ENV_NRANKS: str(len(ranks)),
                         ENV_TIMEOUT: str(timeout)})
-            cmd = [sys.executable, "-m", "cudasnap", "replay", r["snapshot"], "--device", str(d), "--json",
-                   "--hook", "cudasnap.replay.group:RankHook",
-                   "--watchdog", str(watchdog or DEFAULT_WATCHDOG), *[x.replace("{rank}", str(r["rank"])) for x in args]]
+            cmd = rankopts.rank_command(sys.executable, doc, r["snapshot"], d, watchdog or DEFAULT_WATCHDOG)
             procs.append(subprocess.Popen(cmd, env=env, stdout=open(os.path.join(tmp, f"out{r['rank']}"), "wb"),
                                           stderr=open(os.path.join(tmp, f"err{r['rank']}"), "wb")))
         codes, why = _watch(procs, ranks, store, prog)

@@ -1,0 +1,54 @@
+"""One rank of a group replay: its options from the group's document (replay/rankopts.py),
+then the replay with the group's rank hook. Run as `python -m cudasnap.replay.rank DOC
+SNAPSHOT DEVICE WATCHDOG` by the group coordinator (replay/group.py)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from typing import Any, Dict, List, Optional
+
+from .group import ENV_RANK
+from .options import ReplayOptions
+from .profile import ProfileConfig, run_profile_cli
+from .rankopts import RANK_HOOK
+
+
+def _typed(cls, d: Dict[str, Any]):
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - names)
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} field(s): {', '.join(unknown)}")
+    return cls(**d)
+
+
+def load(path: str, rank: int, device: int, watchdog: float):
+    """(ReplayOptions, ProfileConfig) of one rank: its device, the group's watchdog, the rank
+    hook first, "{rank}" in the output paths made the rank."""
+    with open(path) as f:
+        doc = json.load(f)
+    opts = _typed(ReplayOptions, doc["replay"])
+    cfg = _typed(ProfileConfig, doc["profile"])
+    opts.device, opts.watchdog = device, watchdog
+    cfg.hooks = [RANK_HOOK] + list(cfg.hooks)
+    for k in ("out", "trace"):
+        v = getattr(cfg, k)
+        if v:
+            setattr(cfg, k, v.replace("{rank}", str(rank)))
+    return opts, cfg
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        doc, snapshot, device, watchdog = argv
+        opts, cfg = load(doc, int(os.environ.get(ENV_RANK, "0")), int(device), float(watchdog))
+    except (ValueError, OSError, KeyError, TypeError) as e:
+        sys.stderr.write(f"cudasnap: error: rank options: {e}\n")
+        return 2
+    return run_profile_cli(snapshot, opts, cfg, True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
