@@ -174,12 +174,12 @@ class BlobPipeline:
         self._pinned = [False] * len(self.slots)
         self._pin_failed = False
 
-    def pin(self, slot: Slot, rp) -> None:
+    def pin(self, slot: Slot, ctx) -> None:
         """Page-lock a slot before its first copy (once; after a failure copies run from
         pageable memory, which is slower but correct)."""
         if self._pinned[slot.k] or self._pin_failed:
             return
-        cu = rp.cu
+        cu = ctx.cu
         try:
             code = int(cu.cuMemHostRegister(slot.addr, _SLOT, CU_MEMHOSTREGISTER_PORTABLE)[0])
             ok = code in (0, CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED)
@@ -189,7 +189,7 @@ class BlobPipeline:
             self._pinned[slot.k], self._pin_cu = True, cu
         else:
             self._pin_failed = True
-            rp.note("staging: could not page-lock the read-ahead buffers; big H2D copies run from pageable memory")
+            ctx.note("staging: could not page-lock the read-ahead buffers; big H2D copies run from pageable memory")
 
     # ------------------------------------------------------------------ consumer
     def take(self, bid: str) -> Optional["Taken"]:
@@ -280,11 +280,11 @@ class Stager:
     stays pending until its event completed (asynchronous copies leave theirs pending after
     they return); the oldest pending slot is waited for whenever the readers need one."""
 
-    def __init__(self, rp, pipe: BlobPipeline):
-        self.rp, self.pipe, self.cu = rp, pipe, rp.cu
-        self.stream = rp.raw("cuStreamCreate", CU_STREAM_NON_BLOCKING)
-        self.start = rp.raw("cuEventCreate", CU_EVENT_DISABLE_TIMING)
-        self.events = [rp.raw("cuEventCreate", CU_EVENT_DISABLE_TIMING) for _ in pipe.slots]
+    def __init__(self, ctx, pipe: BlobPipeline):
+        self.ctx, self.pipe, self.cu = ctx, pipe, ctx.cu
+        self.stream = ctx.raw("cuStreamCreate", CU_STREAM_NON_BLOCKING)
+        self.start = ctx.raw("cuEventCreate", CU_EVENT_DISABLE_TIMING)
+        self.events = [ctx.raw("cuEventCreate", CU_EVENT_DISABLE_TIMING) for _ in pipe.slots]
         self.pending: Deque[Slot] = collections.deque()
 
     def close(self) -> None:
@@ -309,22 +309,22 @@ class Stager:
         if not self.pending:
             return False
         s = self.pending.popleft()
-        self.rp.raw("cuEventSynchronize", self.events[s.k])
+        self.ctx.raw("cuEventSynchronize", self.events[s.k])
         self.pipe.release(s)
         return True
 
     def _queue(self, rec, dst: int, taken: Taken, n: int, stream, mine: Optional[List[Slot]]) -> int:
-        rp = self.rp
+        ctx = self.ctx
         self.pipe.stats["copies"] += 1
         off = 0
         for slot, m in taken.slots(self.free_one):
             if off + m > n:
                 self.pipe.release(slot)
-                rp.fail(rec, f"the H2D payload holds more than the copy's {n} bytes")
+                ctx.fail(rec, f"the H2D payload holds more than the copy's {n} bytes")
             try:
-                self.pipe.pin(slot, rp)
-                rp.drv(rec, "cuMemcpyHtoDAsync", dst + off, slot.addr, m, stream)
-                rp.raw("cuEventRecord", self.events[slot.k], stream)
+                self.pipe.pin(slot, ctx)
+                ctx.drv(rec, "cuMemcpyHtoDAsync", dst + off, slot.addr, m, stream)
+                ctx.raw("cuEventRecord", self.events[slot.k], stream)
             except BaseException:
                 self.pipe.release(slot)   # never queued: nothing reads it
                 raise
@@ -338,17 +338,17 @@ class Stager:
     def copy_sync(self, rec, dst: int, taken: Taken, n: int) -> int:
         """A synchronous H2D copy of the blob `taken` to dst: after the work its stream holds,
         and complete when this returns. Returns the bytes copied."""
-        rp, cu = self.rp, self.cu
+        ctx, cu = self.ctx, self.cu
         caller = cu.CUstream(2 if "_ptds" in rec["f"] else 1)    # CU_STREAM_PER_THREAD / LEGACY
-        rp.raw("cuEventRecord", self.start, caller)
-        rp.raw("cuStreamWaitEvent", self.stream, self.start, 0)
+        ctx.raw("cuEventRecord", self.start, caller)
+        ctx.raw("cuStreamWaitEvent", self.stream, self.start, 0)
         mine: List[Slot] = []
         t0 = time.perf_counter()
         try:
             return self._queue(rec, dst, taken, n, self.stream, mine)
         finally:
             try:
-                rp.raw("cuStreamSynchronize", self.stream)
+                ctx.raw("cuStreamSynchronize", self.stream)
             finally:
                 for s in mine:
                     if s in self.pending:
@@ -366,95 +366,95 @@ class Stager:
             self.pipe.stats["copy_s"] += time.perf_counter() - t0
 
 
-def _stager(rp, pipe: BlobPipeline) -> Optional[Stager]:
+def _stager(ctx, pipe: BlobPipeline) -> Optional[Stager]:
     """The pipeline's Stager for the current context."""
     try:
-        ctx = int(rp.raw("cuCtxGetCurrent"))
+        cu_ctx = int(ctx.raw("cuCtxGetCurrent"))
     except Exception:
         return None
-    if not ctx:
+    if not cu_ctx:
         return None
-    st = pipe.stagers.get(ctx)
+    st = pipe.stagers.get(cu_ctx)
     if st is not None:
         try:
-            code = int(rp.cu.cuStreamQuery(st.stream)[0])
+            code = int(ctx.cu.cuStreamQuery(st.stream)[0])
         except Exception:
             code = -1
         if code in (0, CUDA_ERROR_NOT_READY):
             return st
         # the context behind this handle was destroyed (a new one may reuse its value): its
         # stream, events and page-locking went with it, and no copy of it can be in flight
-        del pipe.stagers[ctx]
+        del pipe.stagers[cu_ctx]
         while st.pending:
             pipe.release(st.pending.popleft())
         pipe.repin()
     try:
-        st = pipe.stagers[ctx] = Stager(rp, pipe)
+        st = pipe.stagers[cu_ctx] = Stager(ctx, pipe)
     except Exception:
         return None
     return st
 
 
-def h2d_from_blob(rp, rec, n: int) -> bool:
+def h2d_from_blob(ctx, rec, n: int) -> bool:
     """A synchronous H2D copy of a captured blob, chunk by chunk as the blob is read (never the
     whole payload in host memory): through the read-ahead slots when the pipeline holds the
     blob, else through STAGE_SLOTS pinned buffers on the copy's own stream. False when this
     path does not apply (the caller copies the whole payload)."""
-    if rec.get("r", 0) != 0 or (rp.space is not None and rp.space.moved) or not hasattr(rp, "blob_chunks"):
+    if rec.get("r", 0) != 0 or (ctx.space is not None and ctx.space.moved) or not hasattr(ctx, "blob_chunks"):
         return False
     try:
-        got = rp.blob_chunks(rec, "srcHost")
+        got = ctx.blob_chunks(rec, "srcHost")
     except Exception:
         return False
     if got is None or got[0] != n:
         return False
     _size, chunks = got
-    dst = rp.tr(rec["a"].get("dstDevice"))
+    dst = ctx.tr(rec["a"].get("dstDevice"))
     try:
         if isinstance(chunks, Taken):
-            st = _stager(rp, chunks.pipe)
+            st = _stager(ctx, chunks.pipe)
             if st is not None:
                 off = st.copy_sync(rec, dst, chunks, n)
                 if off != n:
-                    rp.fail(rec, f"the H2D payload holds {off} bytes, the copy {n}")
+                    ctx.fail(rec, f"the H2D payload holds {off} bytes, the copy {n}")
                 return True
-        off = _copy_chunks(rp, rec, dst, chunks, n)
+        off = _copy_chunks(ctx, rec, dst, chunks, n)
     except SnapshotError as e:
-        rp.fail(rec, f"blob for srcHost unreadable: {e}")
+        ctx.fail(rec, f"blob for srcHost unreadable: {e}")
     if off != n:
-        rp.fail(rec, f"the H2D payload holds {off} bytes, the copy {n}")
+        ctx.fail(rec, f"the H2D payload holds {off} bytes, the copy {n}")
     return True
 
 
-def h2d_async_from_blob(rp, rec, n: int, stream) -> bool:
+def h2d_async_from_blob(ctx, rec, n: int, stream) -> bool:
     """An asynchronous H2D copy of a captured blob that the read-ahead holds, through its slots
     on the program's stream (never the whole payload in host memory). False when this path does
     not apply: the caller copies the whole payload."""
-    if rec.get("r", 0) != 0 or n < PREFETCH_MIN or (rp.space is not None and rp.space.moved) \
-            or not hasattr(rp, "blob_chunks"):
+    if rec.get("r", 0) != 0 or n < PREFETCH_MIN or (ctx.space is not None and ctx.space.moved) \
+            or not hasattr(ctx, "blob_chunks"):
         return False
     try:
-        got = rp.blob_chunks(rec, "srcHost")         # a Taken when the read-ahead holds it
+        got = ctx.blob_chunks(rec, "srcHost")         # a Taken when the read-ahead holds it
     except Exception:
         return False
     if got is None or got[0] != n or not isinstance(got[1], Taken):
         return False
-    dst = rp.tr(rec["a"].get("dstDevice"))
-    st = _stager(rp, got[1].pipe)
+    dst = ctx.tr(rec["a"].get("dstDevice"))
+    st = _stager(ctx, got[1].pipe)
     try:
         if st is None:
-            off = _copy_chunks(rp, rec, dst, got[1], n)     # synchronous, but correct
+            off = _copy_chunks(ctx, rec, dst, got[1], n)     # synchronous, but correct
         else:
             off = st.copy_async(rec, dst, got[1], n, stream)
     except SnapshotError as e:
-        rp.fail(rec, f"blob for srcHost unreadable: {e}")
+        ctx.fail(rec, f"blob for srcHost unreadable: {e}")
     if off != n:
-        rp.fail(rec, f"the H2D payload holds {off} bytes, the copy {n}")
+        ctx.fail(rec, f"the H2D payload holds {off} bytes, the copy {n}")
     return True
 
 
-def _copy_chunks(rp, rec, dst: int, chunks, n: int) -> int:
-    stage = _Staging.open(rp, rec) if n >= PINNED_MIN else None
+def _copy_chunks(ctx, rec, dst: int, chunks, n: int) -> int:
+    stage = _Staging.open(ctx, rec) if n >= PINNED_MIN else None
     off = 0
     try:
         for chunk in chunks:
@@ -464,7 +464,7 @@ def _copy_chunks(rp, rec, dst: int, chunks, n: int) -> int:
             else:
                 if stage is not None:
                     stage.drain()
-                rp.drv(rec, "cuMemcpyHtoD", dst + off, chunk, m)
+                ctx.drv(rec, "cuMemcpyHtoD", dst + off, chunk, m)
             off += m
         if stage is not None:
             stage.drain()
@@ -479,20 +479,20 @@ class _Staging:
     synchronous copy's stream (legacy default, or per-thread for _ptds), one event per slot:
     the path of blobs nobody read ahead."""
 
-    def __init__(self, rp, rec, stream, slot: int):
-        self.rp, self.rec, self.stream, self.slot = rp, rec, stream, slot
+    def __init__(self, ctx, rec, stream, slot: int):
+        self.ctx, self.rec, self.stream, self.slot = ctx, rec, stream, slot
         self.bufs, self.events, self.busy = [], [], []
         self.k = 0
 
     @classmethod
-    def open(cls, rp, rec):
-        cu = rp.cu
+    def open(cls, ctx, rec):
+        cu = ctx.cu
         stream = cu.CUstream(2 if "_ptds" in rec["f"] else 1)    # CU_STREAM_PER_THREAD / CU_STREAM_LEGACY
-        st = cls(rp, rec, stream, CHUNK_SIZE)
+        st = cls(ctx, rec, stream, CHUNK_SIZE)
         try:
             for _ in range(STAGE_SLOTS):
-                st.bufs.append(int(rp.raw("cuMemHostAlloc", CHUNK_SIZE, 0)))
-                st.events.append(rp.raw("cuEventCreate", CU_EVENT_DISABLE_TIMING))
+                st.bufs.append(int(ctx.raw("cuMemHostAlloc", CHUNK_SIZE, 0)))
+                st.events.append(ctx.raw("cuEventCreate", CU_EVENT_DISABLE_TIMING))
                 st.busy.append(False)
         except Exception:
             st.close()
@@ -506,19 +506,19 @@ class _Staging:
         k = self.k
         self.k = (k + 1) % len(self.bufs)
         if self.busy[k]:
-            self.rp.raw("cuEventSynchronize", self.events[k])
+            self.ctx.raw("cuEventSynchronize", self.events[k])
         ctypes.memmove(self.bufs[k], chunk, m)
-        self.rp.drv(self.rec, "cuMemcpyHtoDAsync", dst, self.bufs[k], m, self.stream)
-        self.rp.raw("cuEventRecord", self.events[k], self.stream)
+        self.ctx.drv(self.rec, "cuMemcpyHtoDAsync", dst, self.bufs[k], m, self.stream)
+        self.ctx.raw("cuEventRecord", self.events[k], self.stream)
         self.busy[k] = True
 
     def drain(self) -> None:
         if any(self.busy):
-            self.rp.drv(self.rec, "cuStreamSynchronize", self.stream)
+            self.ctx.drv(self.rec, "cuStreamSynchronize", self.stream)
             self.busy = [False] * len(self.busy)
 
     def close(self) -> None:
-        cu = self.rp.cu
+        cu = self.ctx.cu
         if any(self.busy):
             try:
                 cu.cuStreamSynchronize(self.stream)
