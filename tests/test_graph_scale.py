@@ -147,7 +147,7 @@ def test_ranges_for_looks_up_each_distinct_parameter_word_once():
         looked.append(v)
         raise RuntimeError("CUDA_ERROR_NOT_FOUND")
 
-    rp = SimpleNamespace(space=Space(), tr=lambda v: v, raw=raw)
+    rp = SimpleNamespace(ctx=SimpleNamespace(space=Space(), tr=lambda v: v, raw=raw))
     # 20,000 launches of a loop: 64 tensors, sizes and strides repeat from step to step
     evs = [SimpleNamespace(rec_params=struct.pack("<QQQi", 0x200000000000 + (i % 64) * 4096, 1 << 20, 0x7777 + i % 5, 3))
            for i in range(20000)]
