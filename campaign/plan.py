@@ -37,6 +37,7 @@ from typing import Any, Dict, List, Optional
 
 import xxhash
 
+from cudasnap.compare.envs import env_table
 from cudasnap.formats.tomlfile import TomlFileError, load_toml
 
 
@@ -184,30 +185,12 @@ def _envs(tables: Any, path: str, base: str) -> List[Env]:
     envs: List[Env] = []
     for i, t in enumerate(tables):
         where = f"{path}: [[env]] #{i + 1}"
-        if not isinstance(t, dict):
-            raise PlanError(f"{where}: not a table")
-        unknown = set(t) - {"name", "vars", "driver", "gpu"}
-        if unknown:
-            raise PlanError(f"{where}: unknown key(s) {', '.join(sorted(unknown))} (name, vars, driver, gpu)")
-        name = t.get("name")
-        if not isinstance(name, str) or not name or not re.fullmatch(r"[\w.+-]+", name):
-            raise PlanError(f"{where}: needs a name (letters, digits, _ . + -)")
-        if any(e.name == name for e in envs):
-            raise PlanError(f"{where}: name {name!r} used twice")
-        vars_ = t.get("vars", {})
-        if not isinstance(vars_, dict) or not all(isinstance(v, (str, int, float, bool)) for v in vars_.values()):
-            raise PlanError(f"{where} ({name}): vars must be a table of strings or numbers")
-        drv = t.get("driver")
-        if drv is not None:
-            if not isinstance(drv, str) or not drv:
-                raise PlanError(f"{where} ({name}): driver must be a path")
-            drv = os.path.join(base, os.path.expanduser(drv))
-            if not os.path.exists(drv):
-                raise PlanError(f"{where} ({name}): driver {drv}: no such file")
+        name, vs, drv = env_table(t, where, base, ("gpu",), (e.name for e in envs), PlanError)
+        if not re.fullmatch(r"[\w.+-]+", name):     # it names store rows and report columns
+            raise PlanError(f"{where}: needs a name of letters, digits, _ . + -")
         gpu = t.get("gpu")
         if gpu is not None and (not isinstance(gpu, str) or not re.fullmatch(r"[\w.+-]+", gpu)):
             raise PlanError(f"{where} ({name}): gpu must be a model name such as \"H100\"")
-        vs = {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in vars_.items()}
         for kern, dig in replace_digests(vs.get("CUDASNAP_REPLACE", "")).items():
             if dig is None:
                 raise PlanError(f"{where} ({name}): CUDASNAP_REPLACE {kern}: its file cannot be read")

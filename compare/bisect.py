@@ -35,6 +35,7 @@ from typing import Any, Dict, List, Optional
 from cudasnap.formats.tomlfile import TomlFileError, load_toml
 
 from .core import SLOWER, CompareError, compare, facts, load_profile
+from .envs import env_table
 
 
 class BisectError(Exception):
@@ -67,32 +68,12 @@ def load_envs(path) -> List[Env]:
     base = os.path.dirname(os.path.abspath(os.fspath(path)))
     for i, t in enumerate(tables):
         where = f"{path}: [[env]] #{i + 1}"
-        if not isinstance(t, dict):
-            raise BisectError(f"{where}: not a table")
-        unknown = set(t) - {"name", "vars", "driver", "device"}
-        if unknown:
-            raise BisectError(f"{where}: unknown key(s) {', '.join(sorted(unknown))} (name, vars, driver, device)")
-        name = t.get("name")
-        if not isinstance(name, str) or not name:
-            raise BisectError(f"{where}: needs a name")
-        if name in names:
-            raise BisectError(f"{where}: name {name!r} used twice")
+        name, vs, drv = env_table(t, where, base, ("device",), names, BisectError)
         names.add(name)
-        vars_ = t.get("vars", {})
-        if not isinstance(vars_, dict) or not all(isinstance(v, (str, int, float, bool)) for v in vars_.values()):
-            raise BisectError(f"{where} ({name}): vars must be a table of strings or numbers")
-        drv = t.get("driver")
-        if drv is not None:
-            if not isinstance(drv, str) or not drv:
-                raise BisectError(f"{where} ({name}): driver must be a path")
-            drv = os.path.join(base, os.path.expanduser(drv))
-            if not os.path.exists(drv):
-                raise BisectError(f"{where} ({name}): driver {drv}: no such file")
         dev = t.get("device")
         if dev is not None and (not isinstance(dev, int) or isinstance(dev, bool) or dev < 0):
             raise BisectError(f"{where} ({name}): device must be an ordinal >= 0")
-        envs.append(Env(i, name, {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in vars_.items()},
-                        drv, dev))
+        envs.append(Env(i, name, vs, drv, dev))
     if len(envs) < 2:
         raise BisectError(f"{path}: bisect needs at least two environments (the first good, the last bad)")
     return envs

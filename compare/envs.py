@@ -1,0 +1,36 @@
+"""The `[[env]]` table that bisect's ENVS.toml and a campaign file share: a name, variables
+(CUDASNAP_REPLACE included) and a driver path; each caller adds its own keys (bisect: device,
+campaign: gpu)."""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Dict, Iterable, Optional, Tuple
+
+
+def env_table(t: Any, where: str, base: str, extra: Iterable[str], taken: Iterable[str],
+              error: Callable[[str], Exception]) -> Tuple[str, Dict[str, str], Optional[str]]:
+    """(name, vars as strings, driver path made absolute) of one [[env]] table; raises
+    error(message) on a table that is not one. `extra`: the caller's own keys; `taken`: names
+    already used."""
+    if not isinstance(t, dict):
+        raise error(f"{where}: not a table")
+    keys = ["name", "vars", "driver", *extra]
+    unknown = set(t) - set(keys)
+    if unknown:
+        raise error(f"{where}: unknown key(s) {', '.join(sorted(unknown))} ({', '.join(keys)})")
+    name = t.get("name")
+    if not isinstance(name, str) or not name:
+        raise error(f"{where}: needs a name")
+    if name in set(taken):
+        raise error(f"{where}: name {name!r} used twice")
+    vars_ = t.get("vars", {})
+    if not isinstance(vars_, dict) or not all(isinstance(v, (str, int, float, bool)) for v in vars_.values()):
+        raise error(f"{where} ({name}): vars must be a table of strings or numbers")
+    drv = t.get("driver")
+    if drv is not None:
+        if not isinstance(drv, str) or not drv:
+            raise error(f"{where} ({name}): driver must be a path")
+        drv = os.path.join(base, os.path.expanduser(drv))
+        if not os.path.exists(drv):
+            raise error(f"{where} ({name}): driver {drv}: no such file")
+    return name, {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in vars_.items()}, drv
