@@ -33,42 +33,7 @@ NGPU=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 cd "$W"
 
-cat > ddp.py <<'EOF'
-import json, os, sys
-import torch
-import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
-
-steps = int(sys.argv[1])
-dist.init_process_group("nccl")
-rank, local = dist.get_rank(), int(os.environ["LOCAL_RANK"])
-torch.cuda.set_device(local)
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(1024, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 10)).cuda()
-ddp = DDP(model, device_ids=[local])
-opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-g = torch.Generator(device="cuda").manual_seed(rank)
-x = torch.randn(256, 1024, device="cuda", generator=g)
-y = torch.randint(0, 10, (256,), device="cuda", generator=g)
-prof_out = os.environ.get("DDP_PROFILE")
-prof = None
-if prof_out:
-    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
-    prof.__enter__()
-for step in range(steps):
-    loss = torch.nn.functional.cross_entropy(ddp(x), y)
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-torch.cuda.synchronize()
-if prof is not None:
-    prof.__exit__(None, None, None)
-    prof.export_chrome_trace(f"{prof_out}.rank{rank}.json")
-s = sum(float(p.double().sum()) for p in model.parameters())
-sys.stdout.write(f"rank {rank} loss {float(loss):.6f} params {s:.6f}\n")   # one write: ranks share stdout
-sys.stdout.flush()
-dist.destroy_process_group()
-EOF
+cp "$ROOT/tests/gpu/workloads/ddp_train.py" ddp.py     # DDP_PROFILE=PREFIX: torch.profiler traces
 
 cat > ipc.cu <<'EOF'
 // Legacy CUDA IPC: the owner fills 64 MiB, hands its cudaIpcMemHandle to a child process
