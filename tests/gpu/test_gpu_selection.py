@@ -10,29 +10,18 @@ import sys
 
 import pytest
 
-from gpuutil import WORK
-from test_gpu_capture import DETERMINISTIC, WORKLOADS
+from test_gpu_profile import snapshot as _snap     # captured once per suite run, shared
 
 from cudasnap.formats import SnapshotReader
 
 pytestmark = pytest.mark.gpu
 
-NAMES = [n for n in ("torch_eager", "cupy_work", "triton_kernel", "ptrs") if n in WORKLOADS]
+NAMES = ["torch_eager", "cupy", "triton_kernel", "nvcc_ptrs"]      # capture-suite workloads (WORKLOADS)
 
 
 def _cli(*args, timeout=900):
     return subprocess.run([sys.executable, "-m", "cudasnap", *map(str, args)], capture_output=True, text=True,
                           timeout=timeout)
-
-
-def _snap(name, runner, ptrs_binary):
-    snap = WORK / "snaps" / f"{name}.cusnap"
-    if not snap.exists():
-        cmd, env = WORKLOADS[name]
-        snap.parent.mkdir(parents=True, exist_ok=True)
-        cap, _ = runner.capture(cmd or [str(ptrs_binary)], snap, {**DETERMINISTIC, **env})
-        assert cap.returncode == 0, cap.stderr[-2000:]
-    return snap
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -9,8 +9,12 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from prof_gpt_graph import capture as graph_of  # noqa: E402  (a CUDA graph of one step, warmed up)
 
 OPS = 40
 
@@ -24,20 +28,6 @@ def make_step():
             y = y * 1.0001 + 0.0001
         x.copy_(y)
     return step
-
-
-def graph_of(step):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        step()
-    torch.cuda.synchronize()
-    return g
 
 
 def timed(run, steps):
