@@ -11,16 +11,12 @@ from typing import List, Optional
 import typer
 
 from cudasnap.console import is_tty
+from cudasnap.typer_base import fail as _fail
 
 
 class Pace(str, Enum):
     recorded = "recorded"
     fast = "fast"
-
-
-def _fail(msg: str, code: int = 2):
-    typer.echo(f"cudasnap: error: {' '.join(str(msg).split())}", err=True)
-    raise typer.Exit(code)
 
 
 def advise(

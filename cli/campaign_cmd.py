@@ -9,29 +9,14 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 import typer
-from typer.core import TyperCommand
-
 from cudasnap.console import is_tty
+from cudasnap.typer_base import Command as _Command, fail as _fail
 
-
-class _Command(TyperCommand):
-    def parse_args(self, ctx, args):
-        """A bad option value is one line, as every other cudasnap error."""
-        try:
-            return super().parse_args(ctx, args)
-        except typer.BadParameter as e:
-            typer.echo(f"cudasnap: error: {' '.join(e.format_message().split())}", err=True)
-            ctx.exit(2)
 
 campaign_app = typer.Typer(
     add_completion=False, no_args_is_help=True, rich_markup_mode=None,
     help="Regression campaigns: every snapshot x every environment, one replay per GPU, on Ray; results kept in an SQLite store.",
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-
-
-def _fail(msg: str, code: int = 2):
-    typer.echo(f"cudasnap: error: {msg}", err=True)
-    raise typer.Exit(code)
 
 
 class _Progress:

@@ -9,43 +9,10 @@ import os
 import sys
 
 import typer
-from typer.core import TyperArgument, TyperCommand
-
-from cudasnap.console import is_tty
+from cudasnap.typer_base import Command, fail, help_width
 
 
-def _help_width() -> Optional[int]:
-    """Help is laid out for the terminal it is shown on; in a pipe or a log, for 100 columns
-    (not 80, which squeezes replay's option descriptions into a narrow column)."""
-    return None if is_tty(sys.stdout) else 100
-
-
-class _Argument(TyperArgument):
-    """An argument shown by its name alone: no type placeholder (<path>), no braces."""
-
-    def display_type_rich(self, ctx) -> None:
-        return None
-
-    def _usage_display_name(self) -> str:
-        return self.display_name_raw + ("..." if self.nargs != 1 else "")
-
-
-class _Command(TyperCommand):
-    def __init__(self, *args, **kw):
-        super().__init__(*args, **kw)
-        for p in self.params:
-            if type(p) is TyperArgument:
-                p.__class__ = _Argument
-
-    def parse_args(self, ctx, args):
-        """A value outside an option's declared choices or range is one line, as every other
-        cudasnap error: 'cudasnap: error: Invalid value for '--level': ...'."""
-        ctx.meta["cudasnap.args"] = list(args)          # replay --wrap re-executes these
-        try:
-            return super().parse_args(ctx, args)
-        except typer.BadParameter as e:
-            typer.echo(f"cudasnap: error: {' '.join(e.format_message().split())}", err=True)
-            ctx.exit(2)
+_Command, _fail = Command, fail
 
 
 app = typer.Typer(
@@ -54,7 +21,7 @@ app = typer.Typer(
     rich_markup_mode=None,          # plain help: no boxes, no <bool> type column, fine in a pipe
     help="CUDA snapshot-and-replay: capture a workload's driver calls, inspect, replay, verify.",
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100,
-                      "terminal_width": _help_width()},
+                      "terminal_width": help_width()},
 )
 
 
@@ -142,11 +109,6 @@ def _one_of(choices: Type[Enum]) -> str:
 
 def _value(v):
     return v.value if isinstance(v, Enum) else v
-
-
-def _fail(msg: str, code: int = 2) -> None:
-    typer.echo(f"cudasnap: error: {msg}", err=True)
-    raise typer.Exit(code)
 
 
 _FORCE_HELP = "Replace an existing output (by default refused, before any work)."
