@@ -1,10 +1,9 @@
-/* A window's end state (formats/SCHEMA.md, "endstate"): every live range's chunk hashes
- * when the window closes. Included by shim_window.c. */
-/* --- end state: every live range's chunk hashes when a window closes ------------------ *
- * cs_hash_chunks (hash_kernel.cu) on the GPU where its module loaded, else the same sum on
- * the host from a D2H copy (a driver without the module, the test double). Replay hashes the
- * same ranges the same way and compares (replay/endstate.py): a window whose calls hold no
- * device-to-host copy still proves it reproduced the device memory. One record per range. */
+/* A window's end state (formats/SCHEMA.md, "endstate"), included by shim_window.c: every live
+ * range's chunk hashes when a window closes, by cs_hash_chunks (hash_kernel.cu) on the GPU where
+ * its module loaded, else the same sum on the host from a D2H copy (a driver without the module,
+ * the test double). Replay hashes the same ranges the same way and compares (replay/endstate.py):
+ * a window whose calls hold no device-to-host copy still proves it reproduced the device memory.
+ * One record per range. Runs at a window's close only, never on a call's path. */
 static U cs_mix_host(U a, U b, U i) {
     U h = (a ^ (i * 0x9E3779B97F4A7C15ull)) * 0xBF58476D1CE4E5B9ull;
     h ^= (b + i) * 0x94D049BB133111EBull;
