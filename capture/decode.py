@@ -7,6 +7,8 @@ from __future__ import annotations
 import bisect
 import struct
 
+from cudasnap.formats.vocab import is_launch
+
 from . import ring as R
 from .ring_constants import (F_ATTRS, F_CODE, F_DIGEST, F_HANDLE, F_HOSTDST, F_HOSTSRC, F_IMAGE,  # noqa: F401
                              F_INFO, F_KIND, F_LAYOUT, F_LINK, F_MODULE, F_MSG, F_NAME, F_PARAMS, F_REPEATS,
@@ -57,7 +59,7 @@ class Decoder:
         return v
 
     def _count(self, name: str, result: int) -> None:
-        if name.startswith("cuLaunch") and "Host" not in name:
+        if is_launch(name):
             self.counts["launches"] += 1
         elif result == 0 and name.startswith(HOST_VISIBLE):
             self.counts["host_visible_allocs"] += 1
