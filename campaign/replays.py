@@ -11,7 +11,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from .engine import EngineError, start_ray
-from .worker import _die_with_parent
+from .worker import die_with_parent
 
 
 def _run(cmd: List[str], env: Dict[str, str], out: str, timeout: Optional[float]) -> Tuple[int, str, Optional[bytes], float]:
@@ -23,7 +23,7 @@ def _run(cmd: List[str], env: Dict[str, str], out: str, timeout: Optional[float]
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
     t0 = time.monotonic()
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                         preexec_fn=_die_with_parent)
+                         preexec_fn=die_with_parent)
     try:
         _, err = p.communicate(timeout=timeout)
         rc = p.returncode

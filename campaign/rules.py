@@ -16,7 +16,7 @@ import copy
 import statistics
 from typing import Any, Dict, List, Optional, Tuple
 
-from cudasnap.compare.core import SLOWER, _key, _launch_noise, _launch_time, _rel_std, _weighted, compare
+from cudasnap.compare.core import SLOWER, compare, launch_key, launch_noise, launch_time, rel_std, weighted_noise
 
 # verdicts of a cell
 BASELINE, SAME_, FASTER_, SLOWER_ = "BASELINE", "SAME", "FASTER", "SLOWER"
@@ -42,7 +42,7 @@ def _times(r: Dict[str, Any]) -> List[float]:
     ts = r.get("times_us")
     if isinstance(ts, list) and ts:
         return [float(t) for t in ts if isinstance(t, (int, float))]
-    t = _launch_time(r)
+    t = launch_time(r)
     return [t] if t is not None else []
 
 
@@ -59,7 +59,7 @@ def merge_profiles(profiles: List[Dict[str, Any]]) -> Dict[str, Any]:
         for r in p.get("launches") or []:
             if not isinstance(r, dict):
                 continue
-            k = _key(r)
+            k = launch_key(r)
             n = seen[k] = seen.get(k, 0) + 1
             kk = k + (n,)
             if kk not in pooled:
@@ -74,21 +74,21 @@ def merge_profiles(profiles: List[Dict[str, Any]]) -> Dict[str, Any]:
         if ts:
             m = statistics.median(ts)
             r.update(median_us=m, min_us=min(ts), max_us=max(ts), mean_us=sum(ts) / len(ts),
-                     spread_pct=(max(ts) - min(ts)) / m * 100 if m > 0 else 0.0, noise_pct=_rel_std(ts))
+                     spread_pct=(max(ts) - min(ts)) / m * 100 if m > 0 else 0.0, noise_pct=rel_std(ts))
             r.pop("time_us", None)
         launches.append(r)
     out["launches"] = launches
     kernels = []
     for name in dict.fromkeys(r.get("name") for r in launches):
-        rows = [r for r in launches if r.get("name") == name and _launch_time(r) is not None]
-        ts = [_launch_time(r) for r in rows]
+        rows = [r for r in launches if r.get("name") == name and launch_time(r) is not None]
+        ts = [launch_time(r) for r in rows]
         if not ts:
             continue
         m = statistics.median(ts)
         kernels.append({"name": name, "launches": len(rows), "timed": len(rows), "total_us": sum(ts), "median_us": m,
                         "min_us": min(ts), "max_us": max(ts),
                         "spread_pct": max((r.get("spread_pct") or 0.0) for r in rows),
-                        "noise_pct": _weighted([(_launch_time(r), _launch_noise(r)) for r in rows])})
+                        "noise_pct": weighted_noise([(launch_time(r), launch_noise(r)) for r in rows])})
     out["kernels"] = kernels
     s = out.setdefault("summary", {})
     s["runs_pooled"] = len(profiles)

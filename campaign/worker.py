@@ -73,7 +73,7 @@ def local_snapshot(spec: Dict[str, Any], same_node: bool, blob: Optional[bytes])
     return cached
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
     except OSError:
@@ -122,7 +122,7 @@ def run_replay(spec: Dict[str, Any], gpu_ids: List[Any], snap: str) -> Dict[str,
                                                             spec["repeat"], spec["warmup"])
         t0 = time.monotonic()
         p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                             preexec_fn=_die_with_parent)
+                             preexec_fn=die_with_parent)
         _maybe_kill_self()
         try:
             _, err = p.communicate(timeout=spec["timeout"])

@@ -10,9 +10,10 @@ command-line faces; core.py holds the statistics, html.py the report."""
 from __future__ import annotations
 
 import json
-import shlex
 import sys
 from typing import Optional
+
+from cudasnap.formats.console import invoked_command
 
 from .core import FASTER, SAME, SLOWER, CompareError, compare, facts, load_profile  # noqa: F401
 
@@ -40,7 +41,7 @@ def run_compare_cli(base, candidate, threshold: float = 5.0, html: Optional[str]
     if html:
         from .html import write_compare_html
         try:
-            write_compare_html(res, html, compare_cmd=_command())
+            write_compare_html(res, html, compare_cmd=invoked_command())
         except OSError as e:
             sys.stderr.write(f"cudasnap: error: cannot write {html}: {e}\n")
             return 2
@@ -55,8 +56,3 @@ def run_compare_cli(base, candidate, threshold: float = 5.0, html: Optional[str]
     return res["exit_code"]
 
 
-def _command() -> Optional[str]:
-    argv = list(sys.argv)
-    if argv and (argv[0].endswith(("cudasnap", "cudasnap/__main__.py"))):
-        return "cudasnap " + " ".join(shlex.quote(a) for a in argv[1:])
-    return None

@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from cudasnap.formats.console import invoked_command
 from cudasnap.formats.tomlfile import TomlFileError, load_toml
 
 from .core import SLOWER, CompareError, compare, facts, load_profile
@@ -339,7 +340,7 @@ class Bisector:
             if last_good is not None:
                 msg += f"; last good: {self.envs[last_good].name!r} ({last_good + 1} of {n})"
             res["message"] = msg
-        res["commands"] = {"bisect": _command(), "replays": {o.env.name: o.command for o in self.done.values()}}
+        res["commands"] = {"bisect": invoked_command(), "replays": {o.env.name: o.command for o in self.done.values()}}
         return res
 
     def close(self) -> None:
@@ -357,11 +358,6 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:40] or "env"
 
 
-def _command() -> Optional[str]:
-    argv = list(sys.argv)
-    if argv and argv[0].endswith(("cudasnap", "cudasnap/__main__.py")):
-        return "cudasnap " + " ".join(shlex.quote(a) for a in argv[1:])
-    return None
 
 
 def run_bisect_cli(snapshot, envs_path, mode: str = "isolated", kernels: Optional[str] = None, repeat: int = 10,

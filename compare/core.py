@@ -93,7 +93,7 @@ def differences(a: Dict[str, Any], b: Dict[str, Any]) -> List[str]:
 
 
 # --------------------------------------------------------------------------- statistics
-def _rel_std(xs: List[float]) -> Optional[float]:
+def rel_std(xs: List[float]) -> Optional[float]:
     """Relative standard deviation in percent, estimated robustly: 1.4826 x the median absolute
     deviation over the median (equal to stdev/mean for normal samples), so one stray sample
     widens it only as much as it moves the median."""
@@ -105,21 +105,21 @@ def _rel_std(xs: List[float]) -> Optional[float]:
     return 1.4826 * statistics.median([abs(x - m) for x in xs]) / m * 100
 
 
-def _launch_time(r: Dict[str, Any]) -> Optional[float]:
+def launch_time(r: Dict[str, Any]) -> Optional[float]:
     t = r.get("median_us", r.get("time_us"))
     return float(t) if isinstance(t, (int, float)) and t >= 0 else None
 
 
-def _launch_noise(r: Dict[str, Any]) -> Optional[float]:
+def launch_noise(r: Dict[str, Any]) -> Optional[float]:
     ts = r.get("times_us")
     if isinstance(ts, list) and len(ts) >= 2:
-        return _rel_std([float(t) for t in ts if isinstance(t, (int, float))])
+        return rel_std([float(t) for t in ts if isinstance(t, (int, float))])
     if isinstance(r.get("noise_pct"), (int, float)):
         return float(r["noise_pct"])
     return None
 
 
-def _key(r: Dict[str, Any]) -> Tuple:
+def launch_key(r: Dict[str, Any]) -> Tuple:
     return (r.get("seq"), r.get("node"), r.get("unit"), r.get("name"))
 
 
@@ -127,9 +127,9 @@ def _timed(rows: List[Dict[str, Any]]) -> Dict[Tuple, Dict[str, Any]]:
     out: Dict[Tuple, Dict[str, Any]] = {}
     seen: Dict[Tuple, int] = {}
     for r in rows:
-        if not isinstance(r, dict) or _launch_time(r) is None:
+        if not isinstance(r, dict) or launch_time(r) is None:
             continue
-        k = _key(r)
+        k = launch_key(r)
         n = seen[k] = seen.get(k, 0) + 1
         out[k + (n,)] = r
     return out
@@ -146,7 +146,7 @@ def class_noise(all_pairs: List[Tuple[float, float, Any]], t: float, name: Any) 
     for f in (2.0, 4.0, 16.0, math.inf):
         rs = [r for d, r, n in all_pairs if t / f <= d <= t * f and n != name]
         if len(rs) >= MIN_CLASS_RATIOS:
-            return _rel_std(rs)
+            return rel_std(rs)
     return None
 
 
@@ -190,7 +190,7 @@ def weighted_median(vw: List[Tuple[float, float]]) -> Optional[float]:
     return vw[-1][0]
 
 
-def _weighted(pairs: List[Tuple[float, Optional[float]]]) -> Optional[float]:
+def weighted_noise(pairs: List[Tuple[float, Optional[float]]]) -> Optional[float]:
     """Time-weighted mean of noises (None entries skipped)."""
     num = sum(t * n for t, n in pairs if n is not None)
     den = sum(t for t, n in pairs if n is not None)
@@ -228,13 +228,13 @@ def compare(base: Dict[str, Any], cand: Dict[str, Any], threshold: float = 5.0, 
                 names.append(r.get("name"))
     launches: List[Dict[str, Any]] = []
     kernels: List[Dict[str, Any]] = []
-    all_pairs = [(min(_launch_time(lb[k]), _launch_time(lc[k])), _launch_time(lc[k]) / _launch_time(lb[k]),
-                  lb[k].get("name")) for k in lb if k in lc and _launch_time(lb[k]) > 0 and _launch_time(lc[k]) > 0]
+    all_pairs = [(min(launch_time(lb[k]), launch_time(lc[k])), launch_time(lc[k]) / launch_time(lb[k]),
+                  lb[k].get("name")) for k in lb if k in lc and launch_time(lb[k]) > 0 and launch_time(lc[k]) > 0]
     for name in names:
         kb = {k: r for k, r in lb.items() if r.get("name") == name}
         kc = {k: r for k, r in lc.items() if r.get("name") == name}
-        tb = [_launch_time(r) for r in kb.values()]
-        tc = [_launch_time(r) for r in kc.values()]
+        tb = [launch_time(r) for r in kb.values()]
+        tc = [launch_time(r) for r in kc.values()]
         row: Dict[str, Any] = {"name": name, "launches_base": len(kb), "launches_candidate": len(kc)}
         sb, sc = _stats(tb), _stats(tc)
         for pre, st, prof in (("base_", sb, base), ("candidate_", sc, cand)):
@@ -250,8 +250,8 @@ def compare(base: Dict[str, Any], cand: Dict[str, Any], threshold: float = 5.0, 
             pairs = []
             for k in kb:
                 b, c = kb[k], kc[k]
-                t0, t1 = _launch_time(b), _launch_time(c)
-                n0, n1 = _launch_noise(b), _launch_noise(c)
+                t0, t1 = launch_time(b), launch_time(c)
+                n0, n1 = launch_noise(b), launch_noise(c)
                 ratio = t1 / t0 if t0 > 0 else None
                 pairs.append((t0, t1, n0, n1, ratio))
                 lrow = {"seq": b.get("seq"), "index": b.get("index"), "node": b.get("node"), "unit": b.get("unit"),
@@ -268,14 +268,14 @@ def compare(base: Dict[str, Any], cand: Dict[str, Any], threshold: float = 5.0, 
                 row["ratio"] = weighted_median([(p[4], min(p[0], p[1])) for p in pairs if p[4] is not None])
                 row["ratio_of_sums"] = vc / vb if vb > 0 else None
             if has_repeats:
-                row["base_noise_pct"] = _weighted([(p[0], p[2]) for p in pairs])
-                row["candidate_noise_pct"] = _weighted([(p[1], p[3]) for p in pairs])
+                row["base_noise_pct"] = weighted_noise([(p[0], p[2]) for p in pairs])
+                row["candidate_noise_pct"] = weighted_noise([(p[1], p[3]) for p in pairs])
                 row["noise_pct"] = combine(row["base_noise_pct"], row["candidate_noise_pct"])
                 row["noise_from"] = "repeats"
             else:
-                row["base_noise_pct"] = _rel_std(tb)
-                row["candidate_noise_pct"] = _rel_std(tc)
-                row["noise_pct"] = _rel_std(rs)
+                row["base_noise_pct"] = rel_std(tb)
+                row["candidate_noise_pct"] = rel_std(tc)
+                row["noise_pct"] = rel_std(rs)
                 row["noise_from"] = "per-launch ratios" if len(rs) >= 2 else "one sample"
                 if len(rs) < MIN_OWN_RATIOS:
                     cn = class_noise(all_pairs, min(vb, vc) / max(1, len(pairs)), name)
@@ -287,10 +287,10 @@ def compare(base: Dict[str, Any], cand: Dict[str, Any], threshold: float = 5.0, 
             row["base_us"], row["candidate_us"] = sb["median_us"], sc["median_us"]
             row["ratio"] = sc["median_us"] / sb["median_us"] if sb["median_us"] > 0 else None
             if has_repeats:
-                row["base_noise_pct"] = _weighted([(_launch_time(r), _launch_noise(r)) for r in kb.values()])
-                row["candidate_noise_pct"] = _weighted([(_launch_time(r), _launch_noise(r)) for r in kc.values()])
+                row["base_noise_pct"] = weighted_noise([(launch_time(r), launch_noise(r)) for r in kb.values()])
+                row["candidate_noise_pct"] = weighted_noise([(launch_time(r), launch_noise(r)) for r in kc.values()])
             else:
-                row["base_noise_pct"], row["candidate_noise_pct"] = _rel_std(tb), _rel_std(tc)
+                row["base_noise_pct"], row["candidate_noise_pct"] = rel_std(tb), rel_std(tc)
             row["noise_pct"] = combine(row["base_noise_pct"], row["candidate_noise_pct"])
             row["noise_from"] = "medians of unpaired launches"
         else:
@@ -347,17 +347,17 @@ def _total(base, cand, kernels, threshold) -> Dict[str, Any]:
         # graph mode: the whole graph's replays are the measurement
         sb, sc = base["summary"].get("graph_times_us"), cand["summary"].get("graph_times_us")
         t = {"what": "graph replay (median)", "base_us": gb["median_us"], "candidate_us": gc["median_us"],
-             "base_noise_pct": _rel_std(sb) if isinstance(sb, list) and len(sb) > 1 else gb.get("noise_pct"),
-             "candidate_noise_pct": _rel_std(sc) if isinstance(sc, list) and len(sc) > 1 else gc.get("noise_pct")}
+             "base_noise_pct": rel_std(sb) if isinstance(sb, list) and len(sb) > 1 else gb.get("noise_pct"),
+             "candidate_noise_pct": rel_std(sc) if isinstance(sc, list) and len(sc) > 1 else gc.get("noise_pct")}
         t["noise_pct"] = combine(t["base_noise_pct"], t["candidate_noise_pct"])
     else:
         both = [k for k in kernels if k.get("ratio") is not None and k.get("base_us") is not None]
         vb = sum(k["base_us"] for k in both)
         vc = sum(k["candidate_us"] for k in both)
         t = {"what": f"kernel time, {len(both)} kernel(s) timed in both", "base_us": vb, "candidate_us": vc,
-             "base_noise_pct": _weighted([(k["base_us"], k.get("base_noise_pct")) for k in both]),
-             "candidate_noise_pct": _weighted([(k["candidate_us"], k.get("candidate_noise_pct")) for k in both]),
-             "noise_pct": _weighted([(k["base_us"], k.get("noise_pct")) for k in both])}
+             "base_noise_pct": weighted_noise([(k["base_us"], k.get("base_noise_pct")) for k in both]),
+             "candidate_noise_pct": weighted_noise([(k["candidate_us"], k.get("candidate_noise_pct")) for k in both]),
+             "noise_pct": weighted_noise([(k["base_us"], k.get("noise_pct")) for k in both])}
     t["ratio"] = t["candidate_us"] / t["base_us"] if t.get("base_us") else None
     if "graph" not in t["what"] and any(k.get("ratio_of_sums") is not None for k in both):
         # the kernels' own (robust) ratios, weighted by their time: a stray launch inside a

@@ -7,6 +7,8 @@ or truncate, so `cudasnap api | grep NAME` and log scrapers see every value on o
 """
 from __future__ import annotations
 
+import os
+import shlex
 import sys
 from typing import IO, Iterable, Optional, Sequence, Tuple, Union
 
@@ -22,6 +24,24 @@ def tool_version() -> str:
         return version("cudasnap")
     except Exception:
         return __version__
+
+
+def invoked_command(argv: Optional[Sequence[str]] = None) -> Optional[str]:
+    """The cudasnap command line this process runs, as typed ("cudasnap replay ..."), for
+    reports that say how to run again; None when cudasnap was not started as a command (the
+    Python API). The `cudasnap` script and `python -m cudasnap` count, from an installed package
+    or an editable checkout (whose package directory is not named cudasnap)."""
+    argv = list(sys.argv if argv is None else argv)
+    if not argv:
+        return None
+    a0 = argv[0]
+    pkg = sys.modules.get("cudasnap")
+    pkg_main = (os.path.join(os.path.dirname(os.path.abspath(pkg.__file__)), "__main__.py")
+                if pkg is not None and getattr(pkg, "__file__", None) else None)
+    if not (os.path.basename(a0) == "cudasnap" or a0.endswith("cudasnap/__main__.py")
+            or (pkg_main is not None and os.path.abspath(a0) == pkg_main)):
+        return None
+    return "cudasnap " + " ".join(shlex.quote(a) for a in argv[1:])
 
 
 def is_tty(stream) -> bool:

@@ -97,9 +97,8 @@ def run_info(rp, cfg, opts, snapshot) -> Dict[str, Any]:
     are None."""
     import os
     import platform
-    import shlex
-    import sys
     import time
+    from cudasnap.formats.console import invoked_command
     d: Dict[str, Any] = {"snapshot": os.path.abspath(os.fspath(snapshot)), "snapshot_id": None,
                          "captured": None, "gpu": None, "driver_version": None, "cuda_version": None,
                          "nvidia_driver": None, "libcuda": _libcuda_path(), "host": platform.node(),
@@ -165,11 +164,7 @@ def run_info(rp, cfg, opts, snapshot) -> Dict[str, Any]:
     if opts is not None:
         from ..replace import effective_specs
         d["replace"] = effective_specs(opts)
-    argv = list(sys.argv)
-    if argv and (os.path.basename(argv[0]) == "cudasnap" or argv[0].endswith(("cudasnap/__main__.py", "-m"))):
-        d["command"] = "cudasnap " + " ".join(shlex.quote(a) for a in argv[1:])
-    else:
-        d["command"] = None
+    d["command"] = invoked_command()
     d["env"] = {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
     return d
 
