@@ -1,7 +1,9 @@
 """Build cudasnap.formats._records: the C reader of records frames (formats/records.c).
 
 Optional: when it does not build, the package installs without it and every reader takes
-the Python path (formats/native.py), with the same results."""
+the Python path (formats/native.py), with the same results.  The replay plan's op kinds come
+from formats/opkinds.py: this script writes them as opkinds.h into a directory of its own and
+compiles records.c against it."""
 from __future__ import annotations
 
 import os
@@ -9,8 +11,18 @@ import re
 
 from cffi import FFI
 
-with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "records.c")) as f:
+HERE = os.path.dirname(os.path.abspath(__file__))
+with open(os.path.join(HERE, "records.c")) as f:
     SOURCE = f.read()
+
+
+def _load_opkinds():
+    """opkinds.py beside this script, loaded by path (the package is not importable while it builds)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("cudasnap_opkinds_build", os.path.join(HERE, "opkinds.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def _public(opening: str, name: str) -> str:
@@ -57,7 +69,8 @@ int pl_push(rd *c, const uint8_t *opb, int kind, int fam, int32_t name, int seq_
 
 ffibuilder = FFI()
 ffibuilder.cdef(CDEF)
-ffibuilder.set_source("cudasnap.formats._records", SOURCE, extra_compile_args=["-O2"], optional=True)
+ffibuilder.set_source("cudasnap.formats._records", SOURCE, extra_compile_args=["-O2"], optional=True,
+                      include_dirs=[_load_opkinds().header_dir()])
 
 if __name__ == "__main__":
     ffibuilder.compile(verbose=True)

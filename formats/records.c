@@ -17,6 +17,8 @@ Nothing here trusts the input: every read is bounds-checked. */
 #include <stdlib.h>
 #include <string.h>
 
+#include "opkinds.h"     /* the plan's op kinds (OP_*), generated from formats/opkinds.py */
+
 enum { RD_DONE = 0, RD_FALLBACK = 1, RD_NEED = 2, RD_NOTE = 3, RD_SLOT = 4, RD_BLOB = 5, RD_CLOSE = 6, RD_LIMIT = 7,
        RD_NOMEM = -1 };
 enum { M_TEXT, M_JSON, M_SCAN, M_SUMM, M_KINDS, M_PLAN };
@@ -862,18 +864,13 @@ static int summ_call(rd *c, const fields *fl, const mv *f, const uint8_t *e) {
    RD_BLOB), asked in the order the Python planner asks for them. */
 
 typedef __int128 i128;
-enum { K_SKIP, K_LAUNCH, K_LAUNCH_EX, K_EVENT_RECORD, K_EVENT_RECORD_FLAGS, K_STREAM_WAIT,
-       K_MEMSET8, K_MEMSET16, K_MEMSET32, K_MEMSET8_ASYNC, K_MEMSET16_ASYNC, K_MEMSET32_ASYNC,
-       K_COPY_DTOD, K_COPY_DTOD_ASYNC, K_COPY, K_COPY_ASYNC,
-       K_SYNC_STREAM, K_SYNC_EVENT, K_SYNC_CTX, K_CTX_SET, K_CTX_PUSH, K_D2H, K_CTX_POP, K_N };
+/* op kinds: OP_* of opkinds.h (formats/opkinds.py), included above */
 /* a name's class (set by Python): kind | PL_PLAIN | PL_PTDS | PL_WORK | family << 16 */
 #define PL_PLAIN 0x100
 #define PL_PTDS 0x200
 #define PL_WORK 0x400                  /* a --profiler-range workload call */
-#define PL_BATCH_MAX 16384
-#define PL_D2H_MAX (1 << 20)
 
-typedef struct {                       /* replay/build_executor.py ex_op */
+typedef struct {                       /* replay/executor.c ex_op */
     uint16_t kind, flags; uint32_t val;
     int64_t r0, r1, rf;
     uint64_t dst, src, n;
@@ -967,7 +964,7 @@ static void pl_free_out(plout *o) {
 static int pl_room(plout *o) {
     void *p;
     if ((size_t)o->n >= o->opcap) {          /* ops: handed to Python batch by batch (pl_take_ops) */
-        size_t c = o->opcap ? o->opcap * 2 : PL_BATCH_MAX;   /* pages are touched as ops come */
+        size_t c = o->opcap ? o->opcap * 2 : OP_BATCH_MAX;   /* pages are touched as ops come */
         if (!(p = realloc(o->ops, c * sizeof(xop)))) return RD_NOMEM;
         o->ops = p, o->opcap = c;
     }
@@ -1095,7 +1092,7 @@ static int plan_rec(rd *c, const uint8_t *p, const uint8_t *e) {
     if (!nm) { c->key = f.s, c->keylen = f.n; return RD_NEED; }
     if (!(nm->v & PL_PLAIN)) return RD_FALLBACK;
     int kind = (int)(nm->v & 0xff), ptds = (nm->v & PL_PTDS) != 0;
-    if (kind >= K_N) return RD_FALLBACK;
+    if (kind >= OP_NKINDS) return RD_FALLBACK;
     if ((nm->v & PL_WORK) && r.t != T_INT) return RD_FALLBACK;    /* r == 0 the Python way: 0.0, False */
     if (!(tid.t == T_NIL || tid.t == T_INT) || o->tid_kind == 2) return RD_FALLBACK;
     int has_t0 = 0;
@@ -1108,22 +1105,22 @@ static int plan_rec(rd *c, const uint8_t *p, const uint8_t *e) {
     op.kind = (uint16_t)kind;
     uint64_t hu = 0;
     int hneg = 0;
-    if (kind != K_SKIP) {
+    if (kind != OP_SKIP) {
         if (r.t != T_INT || r.u) return RD_FALLBACK;          /* a recorded error: its handler */
         if (!aok) return RD_FALLBACK;
     }
     int64_t x0 = 0, x1 = 0;
     switch (kind) {
-    case K_SKIP: case K_SYNC_CTX: case K_CTX_POP:
+    case OP_SKIP: case OP_SYNC_CTX: case OP_CTX_POP:
         break;
-    case K_LAUNCH: case K_LAUNCH_EX: {
+    case OP_LAUNCH: case OP_LAUNCH_EX: {
         const uint8_t *xk[2];
         if (pl_map(tk[8], e, &o->kt_params, xk, NULL, NULL, NULL)) return RD_FALLBACK;
         mv pv = val(xk[0], e), h = val(ak[A_F], e);
         if (pv.t != T_BIN || h.t != T_INT || !h.u) return RD_FALLBACK;
         iv d[7];
         uint64_t hs = 0;
-        if (kind == K_LAUNCH) {
+        if (kind == OP_LAUNCH) {
             for (int i = 0; i < 7; i++) {
                 d[i] = pl_int(ak[A_GX + i], e, i < 6 ? 1 : 0);
                 if (!U32(d[i])) return RD_FALLBACK;
@@ -1150,7 +1147,7 @@ static int plan_rec(rd *c, const uint8_t *p, const uint8_t *e) {
                 op.src = (uint64_t)(uintptr_t)at.s, op.n = nattr;
             }
         }
-        if (kind == K_LAUNCH) TRY(pl_stream(c, o, ptds, ak[A_HSTREAM], e, &x0));
+        if (kind == OP_LAUNCH) TRY(pl_stream(c, o, ptds, ak[A_HSTREAM], e, &x0));
         else if (!hs) x0 = -((ptds ? 2 : 0) + 1);
         else if (hs == 1 || hs == 2) x0 = -(int64_t)(hs + 1);
         else TRY(pl_slot(c, o, 0, 0, hs, &x0));
@@ -1162,30 +1159,30 @@ static int plan_rec(rd *c, const uint8_t *p, const uint8_t *e) {
         hneg = h.neg, hu = h.u;
         break;
     }
-    case K_EVENT_RECORD: case K_EVENT_RECORD_FLAGS: case K_STREAM_WAIT: {
-        iv fl = kind == K_EVENT_RECORD ? (iv){1, 0, 0} : pl_int(ak[kind == K_STREAM_WAIT ? A_FLAGS_U : A_FLAGS_L], e, 0);
+    case OP_EVENT_RECORD: case OP_EVENT_RECORD_FLAGS: case OP_STREAM_WAIT: {
+        iv fl = kind == OP_EVENT_RECORD ? (iv){1, 0, 0} : pl_int(ak[kind == OP_STREAM_WAIT ? A_FLAGS_U : A_FLAGS_L], e, 0);
         mv ev = val(ak[A_HEVENT], e), hs = val(ak[A_HSTREAM], e);
         if (ev.t != T_INT || !ev.u || !U32(fl)) return RD_FALLBACK;
         if (!(hs.t == T_NIL || hs.t == T_INT)) return RD_FALLBACK;
         TRY(pl_handle(c, o, ak[A_HEVENT], e, &x0));
         TRY(pl_stream(c, o, ptds, ak[A_HSTREAM], e, &x1));
         op.val = (uint32_t)fl.u;
-        if (kind == K_STREAM_WAIT) op.r0 = x1, op.r1 = x0;
+        if (kind == OP_STREAM_WAIT) op.r0 = x1, op.r1 = x0;
         else op.r0 = x0, op.r1 = x1;
         break;
     }
-    case K_MEMSET8: case K_MEMSET16: case K_MEMSET32:
-    case K_MEMSET8_ASYNC: case K_MEMSET16_ASYNC: case K_MEMSET32_ASYNC: {
-        int w = (kind - K_MEMSET8) % 3;
+    case OP_MEMSET8: case OP_MEMSET16: case OP_MEMSET32:
+    case OP_MEMSET8_ASYNC: case OP_MEMSET16_ASYNC: case OP_MEMSET32_ASYNC: {
+        int w = (kind - OP_MEMSET8) % 3;
         iv dst = pl_int(ak[A_DSTDEV], e, 0), v = pl_int(ak[A_UC + w], e, 0), n = pl_int(ak[A_N], e, 0);
         if (!ak[A_DSTDEV] || !U64(dst) || !U32(v) || !U64(n)) return RD_FALLBACK;
-        if (kind >= K_MEMSET8_ASYNC) TRY(pl_stream(c, o, ptds, ak[A_HSTREAM], e, &op.r0));
+        if (kind >= OP_MEMSET8_ASYNC) TRY(pl_stream(c, o, ptds, ak[A_HSTREAM], e, &op.r0));
         op.val = (uint32_t)v.u, op.dst = dst.u, op.n = n.u;
         break;
     }
-    case K_COPY_DTOD: case K_COPY_DTOD_ASYNC: case K_COPY: case K_COPY_ASYNC: {
+    case OP_COPY_DTOD: case OP_COPY_DTOD_ASYNC: case OP_COPY: case OP_COPY_ASYNC: {
         int ad = A_DSTDEV, as = A_SRCDEV;
-        if (kind >= K_COPY) {
+        if (kind >= OP_COPY) {
             const uint8_t *xk[2];
             mv xv = val(tk[8], e);
             if (xv.t == T_MAP) {
@@ -1195,31 +1192,31 @@ static int plan_rec(rd *c, const uint8_t *p, const uint8_t *e) {
         }
         iv dst = pl_int(ak[ad], e, 0), src = pl_int(ak[as], e, 0), n = pl_int(ak[A_BYTES], e, 0);
         if (!ak[ad] || !ak[as] || !U64(dst) || !U64(src) || !U64(n)) return RD_FALLBACK;
-        if (kind == K_COPY_DTOD_ASYNC || kind == K_COPY_ASYNC) TRY(pl_stream(c, o, ptds, ak[A_HSTREAM], e, &op.r0));
+        if (kind == OP_COPY_DTOD_ASYNC || kind == OP_COPY_ASYNC) TRY(pl_stream(c, o, ptds, ak[A_HSTREAM], e, &op.r0));
         op.dst = dst.u, op.src = src.u, op.n = n.u;
         break;
     }
-    case K_SYNC_STREAM:
+    case OP_SYNC_STREAM:
         TRY(pl_stream(c, o, ptds, ak[A_HSTREAM], e, &op.r0));
         break;
-    case K_SYNC_EVENT:
+    case OP_SYNC_EVENT:
         TRY(pl_handle(c, o, ak[A_HEVENT], e, &op.r0));
         break;
-    case K_CTX_SET: case K_CTX_PUSH: {
+    case OP_CTX_SET: case OP_CTX_PUSH: {
         mv h = val(ak[A_CTX], e);
         if (h.t != T_INT) return RD_FALLBACK;
         if (h.u) TRY(pl_slot(c, o, 0, h.neg, h.u, &op.r0));
         else op.r0 = -1;
         break;
     }
-    case K_D2H: {
+    case OP_D2H: {
         const uint8_t *xk[1], *bk[1];
         if (!o->scratch || pl_map(tk[8], e, &o->kt_dst, xk, NULL, NULL, NULL) || !xk[0] ||
             pl_map(xk[0], e, &o->kt_blob, bk, NULL, NULL, NULL))
             return RD_FALLBACK;
         mv b = val(bk[0], e);
         iv src = pl_int(ak[A_SRCDEV], e, 0), n = pl_int(ak[A_BYTES], e, 0);
-        if (b.t != T_STR || !ak[A_SRCDEV] || !U64(src) || !U64(n) || !n.u || n.u > PL_D2H_MAX) return RD_FALLBACK;
+        if (b.t != T_STR || !ak[A_SRCDEV] || !U64(src) || !U64(n) || !n.u || n.u > OP_D2H_MAX) return RD_FALLBACK;
         ent *x = tab_find(&o->blobs, b.s, b.n);
         if (!x) { c->key = b.s, c->keylen = b.n; return RD_BLOB; }
         if (x->v < 0 || (uint64_t)x->v != n.u) return RD_FALLBACK;
@@ -1230,7 +1227,7 @@ static int plan_rec(rd *c, const uint8_t *p, const uint8_t *e) {
         return RD_FALLBACK;
     }
     /* the op stands: the batch it joins */
-    if (o->n && (o->n >= PL_BATCH_MAX || (tid.t == T_NIL ? o->tid_kind != 0
+    if (o->n && (o->n >= OP_BATCH_MAX || (tid.t == T_NIL ? o->tid_kind != 0
                  : o->tid_kind != 1 || o->tid_neg != tid.neg || o->tid_u != tid.u)))
         return RD_CLOSE;
     if (pl_room(o)) return RD_NOMEM;
@@ -1322,12 +1319,12 @@ static int pl_summarise(plout *o) {
         int k = o->kinds[i];
         xop *op = &o->ops[i];
         pside *sd = &o->side[i];
-        if (k < K_LAUNCH || k == K_EVENT_RECORD || k == K_EVENT_RECORD_FLAGS || k == K_STREAM_WAIT ||
-            (k >= K_SYNC_STREAM && k <= K_CTX_PUSH) || k == K_CTX_POP)
+        if (k < OP_LAUNCH || k == OP_EVENT_RECORD || k == OP_EVENT_RECORD_FLAGS || k == OP_STREAM_WAIT ||
+            (k >= OP_SYNC_STREAM && k <= OP_CTX_PUSH) || k == OP_CTX_POP)
             continue;
         wmark w = {0};
         w.seq = sd->seq;
-        if (k == K_LAUNCH || k == K_LAUNCH_EX) {
+        if (k == OP_LAUNCH || k == OP_LAUNCH_EX) {
             const uint8_t *pp = (const uint8_t *)(uintptr_t)op->params;
             for (uint64_t off = 0; op->size >= 8 && off + 8 <= op->size; off += 8) {
                 uint64_t v;
@@ -1344,9 +1341,9 @@ static int pl_summarise(plout *o) {
             }
             continue;
         }
-        if (k == K_D2H) { ADDR(op->src); continue; }
+        if (k == OP_D2H) { ADDR(op->src); continue; }
         uint64_t dst = op->dst;
-        if (k >= K_MEMSET8 && k <= K_MEMSET32_ASYNC) {
+        if (k >= OP_MEMSET8 && k <= OP_MEMSET32_ASYNC) {
             ADDR(dst);
             w.addr = dst, w.type = 'n', w.name = sd->name;
         } else {                                     /* copies */
@@ -1420,11 +1417,11 @@ static int pl_align(plout *o) {
     for (int64_t i = 0; i < n; i++) {
         where[2 * i] = where[2 * i + 1] = 0;
         int k = o->kinds[i];
-        if ((k != K_LAUNCH && k != K_LAUNCH_EX) || o->fr[i] == 0xFFFFFFFFu) continue;   /* Python's: aligned */
+        if ((k != OP_LAUNCH && k != OP_LAUNCH_EX) || o->fr[i] == 0xFFFFFFFFu) continue;   /* Python's: aligned */
         for (int w = 0; w < 2; w++) {
             xop *op = &o->ops[i];
             const uint8_t *src = (const uint8_t *)(uintptr_t)(w ? op->src : op->params);
-            size_t sz = w ? (k == K_LAUNCH_EX && op->n ? (size_t)op->n * 72 : 0) : (size_t)op->size;
+            size_t sz = w ? (k == OP_LAUNCH_EX && op->n ? (size_t)op->n * 72 : 0) : (size_t)op->size;
             if (!sz || !src) continue;
             int fresh;
             int64_t *at = hm_get(&seen, fnv64(src, sz) ^ sz, 1, &fresh);
@@ -1491,13 +1488,13 @@ int pl_close(rd *c) {
         }
         if (sd->seq > INT64_MAX) o->seqs_ok = 0;
         else o->seqs[i] = (int64_t)sd->seq;
-        if (k == K_SKIP) { o->skipped++; continue; }
+        if (k == OP_SKIP) { o->skipped++; continue; }
         o->calls++;
         int64_t *f = hm_get(&fams, sd->fam, 1, &fr);
         if (!f) goto out;
         if (fr) { *f = o->nfam; o->fam_id[o->nfam] = sd->fam; o->fam_n[o->nfam++] = 0; }
         o->fam_n[*f]++;
-        if (k == K_LAUNCH || k == K_LAUNCH_EX) {
+        if (k == OP_LAUNCH || k == OP_LAUNCH_EX) {
             o->launches++;
             /* handles as keys: sign folded into the hash key, the pair compared below */
             uint64_t hk = sd->hu ^ (sd->hneg ? 0xA5A5A5A5A5A5A5A5ull : 0);
@@ -1511,14 +1508,14 @@ int pl_close(rd *c) {
                 if (j < o->nfuncs) continue;
             } else *h = o->nfuncs;
             o->fn_neg[o->nfuncs] = sd->hneg, o->fn_u[o->nfuncs] = sd->hu, o->fn_i[o->nfuncs++] = i;
-        } else if (k == K_D2H) {
+        } else if (k == OP_D2H) {
             o->d2h++, o->d2h_bytes += (int64_t)op->n;
-        } else if (k >= K_SYNC_STREAM && k <= K_SYNC_CTX) {
+        } else if (k >= OP_SYNC_STREAM && k <= OP_SYNC_CTX) {
             o->sync_idx[o->nsync++] = i;
-            if (k == K_SYNC_CTX) o->has_ctx_sync = 1;
-        } else if (k == K_CTX_SET || k == K_CTX_PUSH || k == K_CTX_POP) {
+            if (k == OP_SYNC_CTX) o->has_ctx_sync = 1;
+        } else if (k == OP_CTX_SET || k == OP_CTX_PUSH || k == OP_CTX_POP) {
             o->ctx_idx[o->nctx++] = i;
-        } else if (k == K_COPY || k == K_COPY_ASYNC) {
+        } else if (k == OP_COPY || k == OP_COPY_ASYNC) {
             o->copy_idx[o->ncopy++] = i;
         }
     }

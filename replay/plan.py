@@ -17,46 +17,29 @@ from collections import Counter
 from itertools import compress
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
+# op kinds: formats/opkinds.py, the one list the C executor and the C plan compiler are built from
+from cudasnap.formats.opkinds import (BATCH_MAX, COPY, COPY_ASYNC, COPY_DTOD, COPY_DTOD_ASYNC,  # noqa: F401
+                                      CTX_POP, CTX_PUSH, CTX_SET, D2H, D2H_MAX, EVENT_RECORD, EVENT_RECORD_FLAGS,
+                                      LAUNCH, LAUNCH_EX, MEMSET8, MEMSET8_ASYNC, MEMSET16, MEMSET16_ASYNC,
+                                      MEMSET32, MEMSET32_ASYNC, SKIP, STREAM_WAIT, SYNC_CTX, SYNC_EVENT,
+                                      SYNC_STREAM, by_handler)
 from cudasnap.shim.description import load as load_description
 
 from . import dispatch
 from .layout import packer, sizeof
 from .slots import Ranges, SlotMap, Slots  # noqa: F401  (the engine takes them from here)
 
-# op kinds: the C executor's EX_* (replay/build_executor.py)
-(SKIP, LAUNCH, LAUNCH_EX, EVENT_RECORD, EVENT_RECORD_FLAGS, STREAM_WAIT,
- MEMSET8, MEMSET16, MEMSET32, MEMSET8_ASYNC, MEMSET16_ASYNC, MEMSET32_ASYNC,
- COPY_DTOD, COPY_DTOD_ASYNC, COPY, COPY_ASYNC,
- SYNC_STREAM, SYNC_EVENT, SYNC_CTX, CTX_SET, CTX_PUSH, D2H, CTX_POP) = range(23)
 LAUNCHES = (LAUNCH, LAUNCH_EX)
 SYNCS = (SYNC_STREAM, SYNC_EVENT, SYNC_CTX)
 CTX_OPS = (CTX_SET, CTX_PUSH, CTX_POP)
 CU_STREAM_LEGACY, CU_STREAM_PER_THREAD = 1, 2
 LAUNCH_CONFIG = packer("CUlaunchConfig")     # grid, block, shmem, hStream, attrs, numAttrs
 
-BATCH_MAX = 16384                 # ops per batch (watchdog and progress granularity)
 PLAN_MAX_RECORDS = 200_000        # records dispatched one by one, kept from the prescan
 PLAN_MAX_OPS = 2_000_000          # ops kept (else the engine compiles while it reads again)
 
 # handler function name -> how its calls compile (base name -> kind)
-_BY_HANDLER = {
-    "launch_kernel": {"cuLaunchKernel": LAUNCH},
-    "launch_kernel_ex": {"cuLaunchKernelEx": LAUNCH_EX},
-    "order": {"cuEventRecord": EVENT_RECORD, "cuEventRecordWithFlags": EVENT_RECORD_FLAGS,
-              "cuStreamWaitEvent": STREAM_WAIT, "cuStreamSynchronize": SYNC_STREAM,
-              "cuEventSynchronize": SYNC_EVENT},
-    "memset": {"cuMemsetD8": MEMSET8, "cuMemsetD16": MEMSET16, "cuMemsetD32": MEMSET32,
-               "cuMemsetD8Async": MEMSET8_ASYNC, "cuMemsetD16Async": MEMSET16_ASYNC,
-               "cuMemsetD32Async": MEMSET32_ASYNC},
-    "memcpy_dtod": {"cuMemcpyDtoD": COPY_DTOD, "cuMemcpyDtoDAsync": COPY_DTOD_ASYNC,
-                    "cuMemcpy": COPY, "cuMemcpyAsync": COPY_ASYNC},
-    "ctx_sync": {"cuCtxSynchronize": SYNC_CTX},
-    "ctx_set_current": {"cuCtxSetCurrent": CTX_SET},
-    "ctx_push": {"cuCtxPushCurrent": CTX_PUSH},
-    "ctx_pop": {"cuCtxPopCurrent": CTX_POP},
-    "memcpy_dtoh": {"cuMemcpyDtoH": D2H},
-}
-D2H_MAX = 1 << 20                 # D2H verification in the executor: results up to this size
+_BY_HANDLER = by_handler()
 _MEMSET_KEY = {MEMSET8: "uc", MEMSET16: "us", MEMSET32: "ui", MEMSET8_ASYNC: "uc", MEMSET16_ASYNC: "us",
                MEMSET32_ASYNC: "ui"}
 _ASYNC = (MEMSET8_ASYNC, MEMSET16_ASYNC, MEMSET32_ASYNC, COPY_DTOD_ASYNC, COPY_ASYNC)
