@@ -328,3 +328,28 @@ def test_bench_index_names_every_file():
     files = [p.relative_to(ROOT / "bench").as_posix() for p in (ROOT / "bench").rglob("*")
              if p.is_file() and "__pycache__" not in p.parts and p.name not in ("README.md", "RESULTS.md")]
     assert files and [f for f in sorted(files) if f"`{f}`" not in index] == []
+
+
+# ------------------------------------------------------------------ export's emitter, in parts
+EMITTER_PARTS = ("emit", "emit_context", "emit_memory", "emit_module", "emit_launch", "emit_stream", "program",
+                 "ctext", "table", "result")
+
+
+def test_emitter_is_put_together_from_parts():
+    """Emitter (export/emit.py) inherits one part per job; no method is defined by two of them
+    (one would hide the other), every TABLE entry names a method exactly one defines, and no
+    part passes ~600 lines."""
+    from cudasnap.export.emit import Emitter
+    from cudasnap.export.table import TABLE
+    owners: Dict[str, List[str]] = {}
+    for cls in Emitter.__mro__[:-1]:
+        assert cls.__module__.rpartition(".")[2] in EMITTER_PARTS, cls
+        for name, v in vars(cls).items():
+            if callable(v) or isinstance(v, staticmethod):
+                owners.setdefault(name, []).append(cls.__name__)
+    assert {n: o for n, o in owners.items() if len(o) > 1 and not n.startswith("__")} == {}
+    assert sorted(m for m in set(TABLE.values()) if len(owners.get(m, [])) != 1) == []
+    assert len(Emitter.__mro__) >= 7
+    for part in EMITTER_PARTS:
+        n = len((ROOT / "export" / f"{part}.py").read_text().splitlines())
+        assert n <= 600, (part, n)
