@@ -62,6 +62,7 @@ class ProfileMode(str, Enum):
     timeline = "timeline"
     isolated = "isolated"
     graph = "graph"
+    metrics = "metrics"
 
 
 class NameBase(str, Enum):
@@ -266,6 +267,7 @@ def stats(
     report: List[StatsReport] = typer.Option([], "--report", metavar=_one_of(StatsReport), help="Only these reports (repeatable; default all): api (per entry point), kernels (per kernel), memory (copies and memsets by kind)."),
     out: Optional[str] = typer.Option(None, "--out", metavar="FILE.sqlite|DIR/", help="Also export the calls as tables named as nsys names them (CUPTI_ACTIVITY_KIND_KERNEL, _MEMCPY, _MEMSET, _RUNTIME, StringIds): into an SQLite file, or one CSV per table into a directory."),
     force: bool = typer.Option(False, "-f", "--force-overwrite", help="Replace an existing FILE.sqlite, or write into a non-empty DIR/ (by default refused, before any work)."),
+    kernel_metrics: Optional[Path] = typer.Option(None, "--kernel-metrics", metavar="PROFILE.json", help="With --out: add the table CUDASNAP_KERNEL_METRICS from a `replay --profile metrics --out PROFILE.json` of this snapshot (one row per launch and metric; correlationId joins the kernel rows)."),
 ):
     """Summarize a snapshot's calls, as `nsys stats` does: API time per entry point, launches per
     kernel, memory traffic by kind.
@@ -275,7 +277,8 @@ def stats(
     snapshot or export."""
     from cudasnap.stats import run_stats
 
-    raise typer.Exit(run_stats(snapshot, _value(fmt), out, [_value(r) for r in report] or None, force))
+    raise typer.Exit(run_stats(snapshot, _value(fmt), out, [_value(r) for r in report] or None, force,
+                               str(kernel_metrics) if kernel_metrics else None))
 
 
 @app.command(cls=_Command)
@@ -312,7 +315,7 @@ def replay(
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bar on stderr (default: on for long replays on a terminal)."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No summary; the first problem only."),
-    profile: Optional[ProfileMode] = typer.Option(None, "--profile", metavar=_one_of(ProfileMode), help="Per-kernel profiling: timeline, isolated or graph. With it, -k/-s/-c/--kernels/--calls/--launch choose the launches profiled and every call still runs."),
+    profile: Optional[ProfileMode] = typer.Option(None, "--profile", metavar=_one_of(ProfileMode), help="Per-kernel profiling: timeline, isolated, graph or metrics (hardware counters, CUPTI's range profiler). With it, -k/-s/-c/--kernels/--calls/--launch choose the launches profiled and every call still runs."),
     repeat: int = typer.Option(10, "--repeat", metavar="N", min=1, help="isolated/graph: timed runs per launch (per graph)."),
     warmup: int = typer.Option(3, "--warmup", metavar="N", min=0, help="isolated/graph: untimed runs before the timed ones."),
     flush_l2: bool = typer.Option(True, "--flush-l2/--no-flush-l2", help="isolated: flush the L2 cache before every run (as Nsight Compute does by default), so each run starts from the same cache state."),
@@ -322,6 +325,9 @@ def replay(
     hook: List[str] = typer.Option([], "--hook", metavar="MODULE:OBJECT", help="A hook MODULE:OBJECT[?key=value&...] (repeatable); see replay/hooks.py."),
     nvtx: Optional[bool] = typer.Option(None, "--nvtx/--no-nvtx", help="Emit NVTX ranges named after recorded calls and kernels (default: when nsys/ncu is attached)."),
     check_repeats: bool = typer.Option(False, "--check-repeats", help="isolated: check that every repeat writes the same memory."),
+    section: List[str] = typer.Option([], "--section", metavar="NAME", help="metrics: an Nsight Compute section (repeatable): SpeedOfLight, Occupancy, MemoryWorkloadAnalysis, SpeedOfLight_RooflineChart (default: all four)."),
+    metrics: Optional[str] = typer.Option(None, "--metrics", metavar="a,b,...", help="metrics: raw metric names, as ncu --metrics takes them (with --section: added to the sections')."),
+    html: Optional[Path] = typer.Option(None, "--html", metavar="FILE.html", help="metrics: write a roofline plot (FLOP per DRAM byte against the card's peaks) and its table."),
     timeline_check: Optional[bool] = typer.Option(None, "--timeline-check/--no-timeline-check", help="graph: replay the selection once more under --profile timeline (a second process) and list kernels of >= 5 us whose medians differ by more than 5% (default: on when CUPTI timed the nodes)."),
     profiler_range: ProfilerRange = typer.Option(ProfilerRange.recorded, "--profiler-range", metavar=_one_of(ProfilerRange), help="recorded: call the recorded cuProfilerStart/Stop; workload: call cuProfilerStart right before the first replayed launch, copy or memset and cuProfilerStop after the last (once its work is done), ignoring recorded ones, so `nsys --capture-range=cudaProfilerApi` and `ncu --profile-from-start off` skip replay set-up."),
     replace: List[str] = typer.Option([], "--replace", metavar="KERNEL=FILE", help="Run KERNEL (a recorded name), module:KERNEL (its whole module) or 0xMODULE (a recorded module handle) from FILE, a rebuilt cubin/fatbin/PTX with the same parameter layout (checked; a mismatch stops with exit 2). Repeatable; CUDASNAP_REPLACE='T=F;T=F' adds more."),
@@ -382,13 +388,16 @@ def replay(
                             repeat=repeat, warmup=warmup, flush_l2=flush_l2, kernels=kernels, calls=calls,
                             kernel_name=kernel_name, kernel_name_base=name_base, launch_skip=launch_skip or 0,
                             launch_count=launch_count, launch=launch, out=_per_rank(out_file) if out_file else None,
-                            hooks=list(hook), nvtx=nvtx, check_repeats=check_repeats, timeline_check=timeline_check)
+                            hooks=list(hook), nvtx=nvtx, check_repeats=check_repeats, timeline_check=timeline_check,
+                            sections=list(section), metrics=metrics, html=str(html) if html else None)
         raise typer.Exit(run_group(snapshot, devices, (opts, cfg), json_out, watchdog, trace=str(trace) if trace else None))
     snapshot = snapshot[0]
-    _check_outputs(force, [snapshot], (out_file, "file", "--out"), (trace, "file", "--trace"))
+    _check_outputs(force, [snapshot], (out_file, "file", "--out"), (trace, "file", "--trace"), (html, "file", "--html"))
     name_base, prange = _value(kernel_name_base), _value(profiler_range)
     if jit not in (None, "ptx"):
         _fail("--jit takes ptx")
+    if (section or metrics or html) and profile != "metrics":
+        _fail("--section, --metrics and --html need --profile metrics")
     profiling = bool(profile or hook or out_file or trace or nvtx or launch is not None)
     if profiling and not profile and (out_file or trace or launch is not None):
         profile = "timeline"
@@ -413,7 +422,8 @@ def replay(
         cfg = ProfileConfig(mode=profile, repeat=repeat, warmup=warmup, flush_l2=flush_l2,
                             **(pick if profile else {}), launch=launch,
                             out=str(out_file) if out_file else None, trace=str(trace) if trace else None,
-                            hooks=list(hook), nvtx=nvtx, check_repeats=check_repeats, timeline_check=timeline_check)
+                            hooks=list(hook), nvtx=nvtx, check_repeats=check_repeats, timeline_check=timeline_check,
+                            sections=list(section), metrics=metrics, html=str(html) if html else None)
         raise typer.Exit(run_profile_cli(snapshot, opts, cfg, json_out))
     raise typer.Exit(run_replay_cli(snapshot, opts, json_out))
 

@@ -14,6 +14,9 @@ start/end are the host timestamps of the call that launched the kernel or issued
 device times come from a replay (`cudasnap replay --profile timeline --out`). correlationId
 is the call's sequence number, so a kernel or copy row joins its RUNTIME row as in nsys.
 Columns a snapshot cannot know (registers, static shared memory, device-side ids) are NULL.
+With --kernel-metrics PROFILE.json (a `replay --profile metrics --out` of the snapshot), the
+export adds CUDASNAP_KERNEL_METRICS: one row per launch and metric, correlationId the launch's
+(columns documented in replay/profile/metrics_report.py).
 """
 from __future__ import annotations
 
@@ -390,7 +393,8 @@ def tables(c: Calls) -> Dict[str, Tuple[List[str], List[Tuple[Any, ...]]]]:
     }
 
 
-def write_sqlite(c: Calls, path: Path) -> None:
+def write_sqlite(c: Calls, path: Path, extra: Optional[Mapping[str, Tuple[List[Tuple[str, str]], List[Any]]]] = None) -> None:
+    """The export's tables, and `extra` ones: {name: ([(column, SQL type)], rows)}."""
     with atomic_path(path) as tmp:          # an empty file: SQLite takes it as an empty database
         db = sqlite3.connect(tmp)
         try:
@@ -400,6 +404,9 @@ def write_sqlite(c: Calls, path: Path) -> None:
                 else:
                     db.execute(f"CREATE TABLE {name} ({', '.join(f'{col} {_sql_type(name, col)}' for col in cols)})")
                 db.executemany(f"INSERT INTO {name} VALUES ({', '.join('?' * len(cols))})", rows)
+            for name, (defs, rows) in (extra or {}).items():
+                db.execute(f"CREATE TABLE {name} ({', '.join(f'{col} {t}' for col, t in defs)})")
+                db.executemany(f"INSERT INTO {name} VALUES ({', '.join('?' * len(defs))})", rows)
             db.commit()
         finally:
             db.close()
@@ -410,10 +417,11 @@ def _sql_type(table: str, col: str) -> str:
     return "TEXT" if text else "INTEGER"
 
 
-def write_csv_dir(c: Calls, d: Path) -> List[Path]:
+def write_csv_dir(c: Calls, d: Path, extra: Optional[Mapping[str, Tuple[List[Tuple[str, str]], List[Any]]]] = None) -> List[Path]:
     d.mkdir(exist_ok=True)                  # its parent must exist (checked before the work)
     written = []
-    for name, (cols, rows) in tables(c).items():
+    more = {name: ([col for col, _t in defs], rows) for name, (defs, rows) in (extra or {}).items()}
+    for name, (cols, rows) in {**tables(c), **more}.items():
         p = d / f"{name}.csv"
         with atomic_file(p, "w", newline="", encoding="utf-8") as f:
             w = csv.writer(f)
@@ -439,7 +447,7 @@ def _err(msg: str) -> int:
 
 
 def run_stats(path: Path, fmt: str = "text", out: Optional[str] = None, which: Optional[Sequence[str]] = None,
-              force: bool = False) -> int:
+              force: bool = False, kernel_metrics: Optional[str] = None) -> int:
     which = list(which or REPORTS)
     bad = [w for w in which if w not in REPORTS]
     if bad:
@@ -452,6 +460,15 @@ def run_stats(path: Path, fmt: str = "text", out: Optional[str] = None, which: O
             check_output(out, force, "file" if kind == "sqlite" else "dir", [path], "--out")
         except OutputError as e:
             return _err(str(e))
+    extra = None
+    if kernel_metrics:
+        if kind is None:
+            return _err("--kernel-metrics needs --out FILE.sqlite or DIR/")
+        from cudasnap.replay.profile.metrics_report import load_profile, sqlite_table
+        try:
+            extra = sqlite_table(load_profile(kernel_metrics))
+        except (OSError, ValueError) as e:
+            return _err(f"--kernel-metrics {kernel_metrics}: {e}")
     try:
         with SnapshotReader(path) as r:
             c = collect(r)
@@ -468,10 +485,10 @@ def run_stats(path: Path, fmt: str = "text", out: Optional[str] = None, which: O
     if kind is not None:
         try:
             if kind == "sqlite":
-                write_sqlite(c, Path(out))
-                print(f"cudasnap: wrote {out} (SQLite: {', '.join(TABLES)})", file=sys.stderr)
+                write_sqlite(c, Path(out), extra)
+                print(f"cudasnap: wrote {out} (SQLite: {', '.join(TABLES + tuple(extra or ()))})", file=sys.stderr)
             else:
-                written = write_csv_dir(c, Path(out))
+                written = write_csv_dir(c, Path(out), extra)
                 print(f"cudasnap: wrote {len(written)} CSV tables into {out}", file=sys.stderr)
         except (OSError, sqlite3.Error) as e:
             return _err(f"cannot write {out} ({e})")

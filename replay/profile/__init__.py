@@ -9,6 +9,9 @@ Profilers are replay subscribers (replay/events.py); they never patch the engine
             durations from CUPTI, CUDA events without it.
 - graph     the selected launches (with the memsets and device copies between them) are
             stream-captured into one CUDA graph and replayed from the pre-sequence memory.
+- metrics   hardware counters per launch (CUPTI's range profiler), Nsight Compute's sections
+            (--section) or raw metric names (--metrics), each launch replayed from restored
+            memory once per pass; occupancy and a roofline (metrics.py).
 
 Selection (which launches are profiled; every call still runs), replay/selection.py:
 -k/--kernel-name NAME|regex:RX on --kernel-name-base, -s/--launch-skip N, -c/--launch-count N
@@ -35,12 +38,12 @@ from ..selection import LaunchSelection  # noqa: F401  (re-exported)
 from ..selection import check as check_selection
 from .common import Selection  # noqa: F401  (re-exported)
 
-MODES = ("timeline", "isolated", "graph")
+MODES = ("timeline", "isolated", "graph", "metrics")
 
 
 @dataclass
 class ProfileConfig:
-    mode: Optional[str] = None          # timeline | isolated | graph | None (hooks/NVTX only)
+    mode: Optional[str] = None          # timeline | isolated | graph | metrics | None (hooks/NVTX only)
     repeat: int = 10
     warmup: int = 3
     flush_l2: bool = True           # isolated: start every run from a flushed L2 (as ncu does)
@@ -60,6 +63,9 @@ class ProfileConfig:
     top: int = 20
     save_limit: int = 256 << 20         # isolated/graph: save every live allocation when all fit
     timeline_check: Optional[bool] = None   # graph: also time the selection under timeline (None: with CUPTI)
+    sections: List[str] = field(default_factory=list)   # metrics: Nsight Compute section names
+    metrics: Optional[str] = None       # metrics: raw metric names, comma-separated
+    html: Optional[str] = None          # metrics: roofline plot (HTML)
 
 
 def check_config(cfg: ProfileConfig) -> Optional[str]:
@@ -78,6 +84,15 @@ def check_config(cfg: ProfileConfig) -> Optional[str]:
         return "--trace needs --profile timeline"
     if cfg.trace and not cfg.trace.lower().endswith((".json", ".json.gz")):
         return "--trace must name a .json or .json.gz file"
+    if (cfg.sections or cfg.metrics or cfg.html) and cfg.mode != "metrics":
+        return "--section, --metrics and --html need --profile metrics"
+    if cfg.mode == "metrics":
+        from .metrics_sections import check as check_metrics
+        bad = check_metrics(cfg.sections, cfg.metrics)
+        if bad:
+            return bad
+        if cfg.html and not cfg.html.lower().endswith((".html", ".htm")):
+            return "--html must name a .html file"
     return check_selection(cfg.kernels, cfg.calls, cfg.kernel_name, cfg.kernel_name_base or "function",
                            cfg.launch_skip or 0, cfg.launch_count)
 
@@ -92,6 +107,9 @@ def make_profiler(cfg: ProfileConfig, warn: Callable[[str], None]):
     if cfg.mode == "graph":
         from .graphmode import GraphProfiler
         return GraphProfiler(cfg, warn)
+    if cfg.mode == "metrics":
+        from .metrics import MetricsProfiler
+        return MetricsProfiler(cfg, warn)
     return None
 
 
@@ -150,6 +168,8 @@ def profile_replay(snapshot, cfg: ProfileConfig, options: Optional[ReplayOptions
     if prof is not None:
         from .report import build_report, write_out
         report = build_report(prof, cfg)
+        if hasattr(prof, "finish_report"):
+            prof.finish_report(report)
         report["snapshot"] = os.fspath(snapshot)
         report["warnings"] = list(dict.fromkeys(warnings))
         try:
@@ -168,8 +188,13 @@ def profile_replay(snapshot, cfg: ProfileConfig, options: Optional[ReplayOptions
         if cfg.mode == "graph" and report.get("launches") and res.exit_code == 0:
             from .graphcheck import add_timeline_check
             add_timeline_check(report, snapshot, cfg, opts)
+        if cfg.mode == "metrics":
+            from .metrics_report import write_out
         if cfg.out and not why:
             write_out(report, cfg.out)
+        if cfg.html and not why:
+            from .roofline import write_html
+            write_html(report, cfg.html)
         if cfg.trace and not why:
             from .trace import write_trace
             write_trace(prof, cfg.trace, os.fspath(snapshot))
@@ -233,9 +258,12 @@ def run_profile_cli(snapshot, opts: ReplayOptions, cfg: ProfileConfig, as_json: 
         for e in (res.errors or run.replayer.ctx.mismatch_text)[:1]:
             sys.stderr.write(f"cudasnap: {e}\n")
     if run.report is not None:
-        from .report import render_table
+        if cfg.mode == "metrics":
+            from .metrics_report import render_table
+        else:
+            from .report import render_table
         render_table(run.report, out, cfg.top)
-        for p, what in ((cfg.out, "profile"), (cfg.trace, "trace")):
+        for p, what in ((cfg.out, "profile"), (cfg.trace, "trace"), (cfg.html, "roofline")):
             if p:
                 out.write(f"{what} written to {p}\n")
     _exit_if_gpu_hung(run, res.exit_code, out)
