@@ -38,6 +38,8 @@ class StateKeeper:
         self.pending: "collections.OrderedDict[int, int]" = collections.OrderedDict()   # destroy seq -> handle
         self.other: "collections.OrderedDict[Any, dict]" = collections.OrderedDict()    # fn/ctx/proc/region
         self.capturing = 0
+        self.capture_calls: Optional[List[int]] = None       # seqs kept inside the one open capture
+        self.capture_groups: Dict[int, List[int]] = {}       # EndCapture seq -> its capture's seqs
         self.last_current: Dict[Any, int] = {}               # tid -> seq of its kept cuCtxSetCurrent
         self._kinds: Dict[str, list] = {}
         self._classes: Dict[str, str] = {}                   # ABI name -> window_class (shim/overlay.py)
@@ -87,12 +89,20 @@ class StateKeeper:
         cls = self._class(f)
         if cls == "capture_begin":
             self.capturing += 1
+            # one capture at a time: its calls leave with the graph it makes (several at once
+            # interleave on forked streams, so those stay)
+            self.capture_calls = [] if self.capturing == 1 else None
         elif cls == "capture_end":
             self.capturing = max(0, self.capturing - 1)
             self._keep(rec)
+            if self.capturing == 0 and self.capture_calls is not None:
+                self.capture_groups[rec["s"]] = self.capture_calls
+            self.capture_calls = None
             return
         if self.capturing:          # a stream capture builds a graph: all of it is state
             self._keep(rec)
+            if self.capture_calls is not None:
+                self.capture_calls.append(rec["s"])
             return
         if cls == "work":
             return
@@ -130,6 +140,9 @@ class StateKeeper:
             self.users[h].add(s)
 
     def _drop(self, seqs: set) -> None:
+        seqs = set(seqs)
+        for s in list(seqs):            # a captured graph's maker takes its capture along
+            seqs.update(self.capture_groups.pop(s, ()))
         for s in seqs:
             rec = self.calls.pop(s, None)
             if rec is None:

@@ -32,6 +32,14 @@ static regex_t cs_win_rx;
 static uint64_t cs_win_launches;         /* launches seen (atomic) */
 static uint64_t cs_win_matches;          /* nvtx ranges / kernels matched */
 static uint64_t cs_win_close_at = ~0ull; /* kernel mode: close after this launch */
+/* A stream capture in progress forbids the synchronous work of a state dump (it would
+ * invalidate the program's capture): an open or close that falls inside one waits for the
+ * first call after it. */
+static int cs_win_defer_open;            /* kernel mode: a match inside a capture */
+static int cs_win_launches_done;         /* launches mode: the window has closed */
+static int cs_win_deferred_noted;
+static int cs_win_late_open;             /* launches mode: the deferred open was taken */
+static int cs_win_close_wait;            /* a close reached inside a capture */
 static uint32_t cs_win_serial;           /* windows / checkpoints opened */
 static uint32_t cs_win_req_seen;         /* recorder requests handled */
 static int cs_win_pending;               /* 1 open, 2 close: asked by an NVTX callback */
@@ -493,6 +501,8 @@ static uint64_t cs_win_before(const cs_fn *fn, int id, const U *a) {
     int role = cs_win_role[id];
     if (role == CS_WR_CAPBEGIN || role == CS_WR_CAPEND) return 0;
     int capturing = __atomic_load_n(&cs_win_capturing, __ATOMIC_RELAXED) > 0;
+    int is_launch = fn->hook == CS_H_LAUNCH;
+    uint64_t n = __atomic_load_n(&cs_win_launches, __ATOMIC_RELAXED);   /* this launch's number */
     if (!capturing) {
         uint32_t req = __atomic_load_n(&cs_ring->win_req, __ATOMIC_ACQUIRE);
         uint32_t seen = __atomic_load_n(&cs_win_req_seen, __ATOMIC_ACQUIRE);
@@ -503,18 +513,37 @@ static uint64_t cs_win_before(const cs_fn *fn, int id, const U *a) {
         int pend = __atomic_exchange_n(&cs_win_pending, 0, __ATOMIC_ACQ_REL);
         if (pend == 1) cs_win_start(CS_WOP_OPEN, "nvtx");
         else if (pend == 2) cs_win_close("nvtx");
+        /* launch A passed inside a capture: open now, and hold it to the next launch at least */
+        if (cs_win_mode == CS_W_LAUNCHES && !cs_win_open && !cs_win_launches_done && n > cs_win_a
+            && !__atomic_exchange_n(&cs_win_late_open, 1, __ATOMIC_ACQ_REL)) {
+            if (cs_win_b < n) cs_win_b = n;
+            cs_win_start(CS_WOP_OPEN, "launches (opened after a stream capture)");
+        }
+        if (cs_win_mode == CS_W_KERNEL && !cs_win_open && __atomic_exchange_n(&cs_win_defer_open, 0, __ATOMIC_ACQ_REL)) {
+            if (cs_win_close_at < n) cs_win_close_at = n;
+            cs_win_start(CS_WOP_OPEN, "kernel (opened after a stream capture)");
+        }
     }
     if (role == CS_WR_PROFSTART && cs_win_mode == CS_W_PROFILER && !cs_win_open) cs_win_start(CS_WOP_OPEN, "profiler");
-    if (fn->hook != CS_H_LAUNCH) return 0;
-    uint64_t n = __atomic_load_n(&cs_win_launches, __ATOMIC_RELAXED);   /* this launch's number */
-    if (cs_win_mode == CS_W_LAUNCHES && n == cs_win_a && !cs_win_open) cs_win_start(CS_WOP_OPEN, "launches");
+    if (!is_launch) return 0;
+    if (cs_win_mode == CS_W_LAUNCHES && n == cs_win_a && !cs_win_open && !cs_win_launches_done) {
+        if (!capturing) cs_win_start(CS_WOP_OPEN, "launches");
+        else if (!cs_win_deferred_noted++)
+            cs_note("window: its first launch fell inside a stream capture; it opens at the first call after the capture");
+    }
     if (cs_win_mode == CS_W_KERNEL && (cs_win_open ? n < cs_win_close_at : 1)) {
         U f = 0, kp = 0, ex = 0;
         if (cs_launch_args(fn, a, &f, &kp, &ex) && f && cs_win_kernel_match(f)) {
             uint64_t k = ++cs_win_matches;
             if (!cs_win_k || k == cs_win_k) {
-                if (!cs_win_open) cs_win_start(CS_WOP_OPEN, "kernel");
                 cs_win_close_at = n + cs_win_ctxn;
+                if (cs_win_open) { /* already open: the close moves */ }
+                else if (!capturing) cs_win_start(CS_WOP_OPEN, "kernel");
+                else {
+                    cs_win_defer_open = 1;
+                    if (!cs_win_deferred_noted++)
+                        cs_note("window: the matched launch fell inside a stream capture; it opens at the first call after the capture");
+                }
             }
         }
     }
@@ -531,10 +560,16 @@ static void cs_win_after(const cs_fn *fn, int id, const U *a, CUresult res, uint
             __atomic_fetch_sub(&cs_win_capturing, 1, __ATOMIC_RELAXED);
         if (role == CS_WR_PROFSTOP && cs_win_mode == CS_W_PROFILER) cs_win_close("profiler");
     }
-    if (launch) {
+    /* a close reached inside a stream capture waits for its end (see cs_win_defer_open) */
+    int capturing = __atomic_load_n(&cs_win_capturing, __ATOMIC_RELAXED) > 0;
+    if (launch && cs_win_open) {
         uint64_t n = launch - 1;
-        if (cs_win_mode == CS_W_LAUNCHES && n == cs_win_b) cs_win_close("launches");
-        if (cs_win_mode == CS_W_KERNEL && cs_win_open && n >= cs_win_close_at) { cs_win_close("kernel"); cs_win_close_at = ~0ull; }
+        if ((cs_win_mode == CS_W_LAUNCHES && n >= cs_win_b) || (cs_win_mode == CS_W_KERNEL && n >= cs_win_close_at))
+            __atomic_store_n(&cs_win_close_wait, 1, __ATOMIC_RELEASE);
+    }
+    if (!capturing && cs_win_open && __atomic_exchange_n(&cs_win_close_wait, 0, __ATOMIC_ACQ_REL)) {
+        if (cs_win_mode == CS_W_LAUNCHES) { cs_win_close("launches"); cs_win_launches_done = 1; }
+        else if (cs_win_mode == CS_W_KERNEL) { cs_win_close("kernel"); cs_win_close_at = ~0ull; }
     }
     __atomic_fetch_sub(&cs_win_inflight, 1, __ATOMIC_SEQ_CST);
 }

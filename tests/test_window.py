@@ -222,3 +222,23 @@ def test_end_state_hash_is_the_kernel_function():
     assert E.host_hashes(data, first) == want
     ptx = E.hash_ptx()
     assert ptx.endswith(b"\0") and b".entry cs_hash_chunks" in ptx and b".version" in ptx
+
+
+@pytest.mark.parametrize("spec", ["launches:5-6", "launches:5-9", "kernel:incr"])
+def test_window_inside_a_stream_capture_waits_for_its_end(double, tmp_path, spec):
+    """A window whose start or end falls inside a stream capture (PyTorch's CUDA graphs,
+    XLA's command buffers) must not sync or copy there: that invalidates the program's
+    capture. It opens or closes at the first call after the capture, and replays."""
+    prog = [double["progs"]["capwin"], "4"]
+    native = subprocess.run(prog, env=double["env"], capture_output=True, text=True, timeout=60)
+    assert native.returncode == 0, native.stderr
+    cp = _cap(double, tmp_path / "c.cusnap", spec, *prog)
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout == native.stdout
+    w1 = tmp_path / "c.w1.cusnap"
+    recs = _recs(w1)
+    wins = [r["op"] for r in recs if r["k"] == "win"]
+    assert wins[0] == "open" and wins[-1] == "close", wins
+    rp = _replay(double, w1)
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    assert "end state" in rp.stdout or re.search(r"D2H verified\s+[1-9]", rp.stdout), rp.stdout

@@ -29,6 +29,7 @@ HEADERS = ["cuda_double.h", "double_internal.h"]
 # program name -> how it reaches the driver: "link" (-lcuda against the double) or "dlopen"
 PROGRAMS = {
     "direct": "link",
+    "capwin": "link",
     "viadlsym": "dlopen",
     "viaproc": "dlopen",
     "threads": "link",

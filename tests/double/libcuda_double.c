@@ -438,7 +438,16 @@ API CUresult cuCtxPopCurrent_v2(CUcontext *pctx) {
     return CUDA_SUCCESS;
 }
 
-API CUresult cuCtxSynchronize(void) { return need_ctx(); }
+/* A global-mode stream capture in progress forbids synchronous work in every thread, as the
+ * driver does: the call fails and the capture is invalidated (its end reports it). */
+static int capture_global_n, capture_broken;
+static CUresult capture_forbids(void) {
+    if (!__atomic_load_n(&capture_global_n, __ATOMIC_ACQUIRE)) return CUDA_SUCCESS;
+    __atomic_store_n(&capture_broken, 1, __ATOMIC_RELEASE);
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+
+API CUresult cuCtxSynchronize(void) { CHECK(need_ctx()); return capture_forbids(); }
 
 /* Profiler control: nothing to start or stop; with CUDA_DOUBLE_PROFILER_LOG=FILE each call
  * appends "cuProfilerStart OPS" / "cuProfilerStop OPS" (OPS: launches, copies and memsets
@@ -757,6 +766,7 @@ static CUresult do_copy(unsigned long long dst, unsigned long long src, size_t n
     if ((dcheck & 2) && !dev_range_ok(src, n)) return CUDA_ERROR_INVALID_VALUE;
     op_t op = {.kind = 2, .dst = dst, .src = src, .n = n};
     if (async && stream_capture_append(s, &op)) return CUDA_SUCCESS;
+    if (!async) CHECK(capture_forbids());
     return op_run(&op);
 }
 
@@ -1121,7 +1131,7 @@ API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc 
 }
 
 /* --------------------------------------------------------- streams, events */
-struct graph_obj { int type; op_t *ops; int nops, cap; };
+struct graph_obj { int type; op_t *ops; int nops, cap; int global; };
 struct stream_obj { int type; unsigned int flags; int priority; struct graph_obj *capture; };
 struct event_obj { int type; unsigned int flags; int recorded; struct timespec t; };
 
@@ -1200,11 +1210,17 @@ API CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) {
     else so->capture = g;
     UNLOCK();
     if (r != CUDA_SUCCESS) obj_free(g);
+    else if (mode == CU_STREAM_CAPTURE_MODE_GLOBAL) {
+        ((struct graph_obj *)g)->global = 1;
+        __atomic_add_fetch(&capture_global_n, 1, __ATOMIC_ACQ_REL);
+    }
     return r;
 }
 API CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode m) { return cuStreamBeginCapture_v2(s, m); }
 API CUresult cuStreamBeginCapture(CUstream s) { return cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL); }
 API CUresult cuStreamBeginCapture_ptsz(CUstream s) { return cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL); }
+
+static void graph_free(struct graph_obj *g);
 
 API CUresult cuStreamEndCapture(CUstream s, CUgraph *ph) {
     CHECK(need_ctx());
@@ -1212,10 +1228,20 @@ API CUresult cuStreamEndCapture(CUstream s, CUgraph *ph) {
     LOCK();
     struct stream_obj *so = (struct stream_obj *)s;
     CUresult r = CUDA_SUCCESS;
+    struct graph_obj *drop = NULL;
     if (!obj_check_locked(so, OBJ_STREAM)) r = CUDA_ERROR_INVALID_HANDLE;
     else if (!so->capture) r = CUDA_ERROR_ILLEGAL_STATE;
-    else { *ph = (CUgraph)so->capture; so->capture = NULL; }
+    else {
+        struct graph_obj *g = so->capture;
+        so->capture = NULL;
+        if (g->global && __atomic_sub_fetch(&capture_global_n, 1, __ATOMIC_ACQ_REL) == 0
+            && __atomic_exchange_n(&capture_broken, 0, __ATOMIC_ACQ_REL)) {
+            drop = g;                       /* invalidated: no graph comes out */
+            r = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+        } else *ph = (CUgraph)g;
+    }
     UNLOCK();
+    if (drop) graph_free(drop);
     return r;
 }
 API CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *ph) { return cuStreamEndCapture(s, ph); }
