@@ -6,8 +6,8 @@
     python bench/bench_graphmode_scale.py SNAP.cusnap -- --repeat 5   # more `cudasnap replay` options
 
 Each snapshot is replayed under `--profile timeline` and `--profile graph` (defaults otherwise:
-graph mode's timeline check runs where CUPTI timed the nodes), in alternating order, each in
-its own process, wall time measured around the process.  Printed per snapshot: launches, both
+graph mode's timeline check runs where CUPTI is there, its reference the graph's own replay), in
+alternating order, each in its own process, wall time measured around the process.  Printed per snapshot: launches, both
 wall times, graph/timeline, graph mode's phases (seconds) and its own work per launch (phases
 other than the timeline check).  --json FILE writes the rows.
 
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
-CHECK_PHASE = "checking against a timeline replay"
+CHECK_PHASE = "checking against a timeline replay"        # recorded graph launches: a second replay
 NOT_OWN = (CHECK_PHASE, "replaying (up to the last selected launch)")   # graph mode's own work: the rest
 
 
@@ -104,6 +104,7 @@ def measure(snap: Path, env: Dict[str, str], extra: List[str], timeout: float, r
             "outside_phases_s": round(gr_best - sum(phases.values()), 3),   # start, load, report, output
             "own_us_per_launch": round(own / launches * 1e6, 2) if launches else None,
             "launch_gated": s.get("launch_gated"), "launch_gate": s.get("launch_gate"),
+            "timed_runs": s.get("timed_runs"), "runs_note": s.get("runs_note"),
             "node_check_within_5pct": (s.get("check") or {}).get("within_5pct"),
             "timeline_check": {k: v for k, v in (s.get("timeline_check") or {}).items() if k != "outside"} or None,
             "timeline_outside": [(c.get("name", "")[:80], round(c.get("diff_pct", 0.0), 2))

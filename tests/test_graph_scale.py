@@ -10,7 +10,10 @@ wait forever for the GPU.
   and by graph order, on 2,000 and 16,000 nodes: the same ratio.
 - The parameter scan for what launches could write looks each distinct word up once.
 - The launch gate: a launch that blocks while its stream is held (a big graph filling the
-  stream's queue) is released by the gate's timer, and the gate is off afterwards."""
+  stream's queue) is released by the gate's timer, and the gate is off afterwards.
+- The timeline check takes its reference from graph mode's own replay: one Replayer.run, no
+  child process; with CUPTI the replay up to the sequence runs in the C executor, as timeline
+  mode's does, and the sequence is recorded from its batches."""
 from __future__ import annotations
 
 import importlib.util
@@ -201,3 +204,132 @@ def test_launch_gate_releases_a_launch_that_waits_for_its_held_stream():
     assert d.calls == ["cuEventRecord", "cuGraphLaunch", "cuEventRecord"]
     gate.close()
     assert d.calls[-1] == "cuMemFreeHost"
+
+
+# --------------------------------------------------------------------------- the timeline check: one replay
+ONE_REPLAY = '''
+import json, subprocess, sys
+from cudasnap.replay import engine
+from cudasnap.replay.options import ReplayOptions
+from cudasnap.replay.profile import ProfileConfig, profile_replay
+import cudasnap.replay.profile.timeline as tl
+
+snap, fake_cupti, check = sys.argv[1], sys.argv[2] == "cupti", json.loads(sys.argv[3])
+replays, children = [], []
+real_run, real_sub = engine.Replayer.run, subprocess.run
+
+
+def counted(self):
+    replays.append(str(self.path))
+    return real_run(self)
+
+
+def child(argv, *a, **k):
+    children.append([str(x) for x in argv])
+    return real_sub(argv, *a, **k)
+
+
+engine.Replayer.run = counted
+subprocess.run = child
+
+
+class FakeCupti:
+    """CUPTI as timeline mode sees it on the executor's launches: one kernel record per launch,
+    in issue order, no external correlation records; each 20 us."""
+    def __init__(self):
+        self.kernels, self.copies, self.ext, self.kernel_nodes, self.copy_nodes = [], [], {}, [], []
+        self.now = 0
+        self.closed = False
+    def push(self, e): pass
+    def pop(self): pass
+    def flush(self):
+        if not self.kernels:
+            n = int(sys.argv[4])
+            self.kernels = [(i + 1, 100000 * i, 100000 * i + 20000, "incr", 7) for i in range(n)]
+            self.kernel_nodes = [(0, 0)] * n
+    def close(self):
+        self.flush()
+        self.closed = True
+    def timestamp(self):
+        self.now += 1
+        return self.now
+
+
+fakes = []
+if fake_cupti:              # its records time no graph node: graph mode's own node times take event nodes
+    tl.open_cupti = lambda backend, warn: fakes.append(FakeCupti()) or fakes[-1]
+run = profile_replay(snap, ProfileConfig(mode="graph", repeat=3, warmup=1, timeline_check=check), ReplayOptions(quiet=True))
+print(json.dumps({"exit": run.result.exit_code, "errors": run.result.errors, "native_calls": run.result.native_calls,
+                  "replays": replays, "children": children, "summary": run.report["summary"],
+                  "launches": run.report["launches"], "fakes_closed": [f.closed for f in fakes]}, default=str))
+'''
+
+
+def _one_replay(double, tmp_path, snap, cupti: bool, check, launches: int = 0):
+    p = tmp_path / "one_replay.py"
+    p.write_text(ONE_REPLAY)
+    env = dict(double["env"])
+    env.pop("CUDASNAP_REPLAY_TEST_BLOCK", None)
+    import subprocess
+    import sys
+    cp = subprocess.run([sys.executable, str(p), str(snap), "cupti" if cupti else "none", json.dumps(check),
+                         str(launches)], env=env, capture_output=True, text=True, timeout=300)
+    assert cp.stdout.strip(), cp.stderr[-3000:]
+    return json.loads(cp.stdout.strip().splitlines()[-1])
+
+
+def test_timeline_check_takes_its_reference_from_the_same_replay(double, tmp_path):
+    """--timeline-check on the double (CUDA events): one Replayer.run, no child process, no phase of a
+    second replay; the check compares the 2 ms spin (graph: event nodes; reference: CUDA events
+    around each launch of the same replay) and is reported."""
+    from test_graph_profile import two_kernel_program
+    from cudasnap.replay.profile.graphcheck import REFERENCE
+    from cudasnap.replay.profile.graphmode import REFERENCE_PHASE
+    snap = tmp_path / "two.cusnap"
+    two_kernel_program(snap, spin_ms=2, rounds=2)
+    r = _one_replay(double, tmp_path, snap, cupti=False, check=True)
+    assert r["exit"] == 0, r["errors"]
+    assert r["replays"] == [str(snap)], r["replays"]                 # the graph's replay, no other
+    assert not [c for c in r["children"] if "replay" in c], r["children"]
+    s = r["summary"]
+    t = s["timeline_check"]
+    assert t["reference"] == REFERENCE and t["timeline_backend"] == "events"
+    assert t["reference_launches"] == 4 and t["compared"] == 1, t   # every launch of the sequence; the spin
+    assert REFERENCE_PHASE in s["phases_s"] and "checking against a timeline replay" not in s["phases_s"]
+    # off: no reference, no check
+    r = _one_replay(double, tmp_path, snap, cupti=False, check=False)
+    assert r["exit"] == 0 and "timeline_check" not in r["summary"] and REFERENCE_PHASE not in r["summary"]["phases_s"]
+    assert r["replays"] == [str(snap)] and not r["children"]
+
+
+def test_graph_mode_runs_the_sequence_in_the_executor_with_a_cupti_reference(double, tmp_path):
+    """Every launch selected and CUPTI for the reference: the replay up to the sequence runs in
+    the C executor (as timeline mode's does), the sequence is recorded from its batches (memsets,
+    copies and launches of a training loop), the memory the first launch saw is restored before
+    every run (the replay verifies after the runs), and the reference's kernel records, matched
+    in issue order, time every launch of the sequence.  One replay, the collector closed."""
+    bench = _bench()
+    snap = tmp_path / "loop.cusnap"
+    facts = bench.loop_program(snap, 2000)
+    r = _one_replay(double, tmp_path, snap, cupti=True, check=True, launches=2000)
+    assert r["exit"] == 0, r["errors"]
+    assert r["native_calls"] > 2000, r["native_calls"]                     # the executor ran the launches
+    assert r["replays"] == [str(snap)] and not r["children"]
+    assert r["fakes_closed"] and all(r["fakes_closed"])               # the reference's (and node timing's)
+    s = r["summary"]
+    assert "error" not in s, s
+    steps = facts["steps"]
+    assert s["launches"] == s["launches_timed"] == 2000, s
+    assert s["memsets"] == steps - 1 and s["copies"] == 2 * (steps - 1), s
+    assert s["pre_state_restored"] is True and s.get("prelude_ops") == 1, s    # the first step's memset
+    assert [x["index"] for x in r["launches"]] == list(range(2000))
+    t = s["timeline_check"]
+    assert t["timeline_backend"] == "cupti" and t["reference_launches"] == 2000, t
+    assert t["compared"] == 0 and t["within"] is None, t           # incr on the double: under 5 us in the graph
+
+
+def test_steady_graph_times():
+    from cudasnap.replay.profile.graphmode import steady
+    assert steady([1000.0, 1004.0, 1002.0, 1009.0, 1001.0])
+    assert not steady([1000.0, 1004.0, 1002.0, 1011.0, 1001.0])
+    assert not steady([1000.0]) and not steady([0.0, 0.0])

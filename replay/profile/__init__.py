@@ -186,8 +186,8 @@ def profile_replay(snapshot, cfg: ProfileConfig, options: Optional[ReplayOptions
             res.exit_code = 2
             report.setdefault("run", {})["exit_code"] = 2
         if cfg.mode == "graph" and report.get("launches") and res.exit_code == 0:
-            from .graphcheck import add_timeline_check
-            add_timeline_check(report, snapshot, cfg, opts)
+            from .graphcheck import add_timeline_check      # recorded graph launches only: a captured
+            add_timeline_check(report, snapshot, cfg, opts)  # sequence checked against its own replay
         if cfg.mode == "metrics":
             from .metrics_report import write_out
         if cfg.out and not why:

@@ -16,6 +16,9 @@ the NULL stream included, are relaunched onto it (serialized in recorded order).
 that the recording made into a stream capture of its own are graph nodes of the program's
 graph, not executed launches: they are skipped.  A failed capture is ended and reported.
 
+The sequence is recorded while the replay runs up to its last launch (graphseq.py): call by
+call, or in the replay's C executor as timeline mode replays, when every launch is selected.
+
 Memory: everything the launches could write is saved before the first selected launch
 (pre-state) and after the last one (post-state).  Every graph run starts from the pre-state,
 so each run does the recorded work on the recorded data; afterwards the post-state is put
@@ -23,6 +26,9 @@ back and the replay continues (and verifies) as recorded.  Memory the sequence f
 stream-ordered pool, cudaMallocAsync, scratch buffers) stays mapped until the graph has run
 (placement.hold_frees): its kernels use it whenever it runs.  Runs are waited for with a time
 limit (below --watchdog): a run that does not finish is reported as such and replay stops.
+
+Timed runs: --repeat at most; from the 5th on, they stop once all are within 1% of their median
+(`timed_runs`, `runs_note`), and the per-node runs below are as many.
 
 Per-node times, in runs of their own after the timed ones (tracing slows a graph):
 - CUPTI (cupti-python): repeat runs under CUPTI activity tracing.  Records of work run by a graph
@@ -39,7 +45,9 @@ Per-node times, in runs of their own after the timed ones (tracing slows a graph
   CU_EVENT_RECORD_EXTERNAL) before the first operation and after each one; a node's time is the
   time between its two events (it holds the gap to the next node; the event nodes lengthen the
   graph).
-The summary's `per_node_method` says which ran ("CUPTI graph node ids", "event nodes between
+The timeline check (`timeline_check`: each kernel's median in the graph against its median as
+the same replay ran it eagerly, timed as timeline mode times it; graphcheck.py) needs no second
+replay.  The summary's `per_node_method` says which ran ("CUPTI graph node ids", "event nodes between
 launches"), `node_mapping` how node ids were matched, and `check` compares per-node times (with
 the time between nodes that no record covers, under CUPTI) with the graph's time (within 5%?).
 
@@ -53,34 +61,28 @@ from __future__ import annotations
 
 import gc
 import importlib.util
-import os
-import re
 import statistics
 import time
 from contextlib import contextmanager
-from types import SimpleNamespace
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from cudasnap.formats.abi import base_name
-
-from ..collectives import is_collective
 from ..errors import ReplayError
-from ..group import ENV_RANK
-from cudasnap.formats.vocab import is_launch
 from .common import LaunchGate, MemorySaver, Selection, destroy_all, live_ranges, ranges_for, stats
 from .gapmodel import GapChain
+from .graphcheck import TimelineReference, reference_check
 from .graphnodes import NodeAttribution
 from .graphrecorded import RecordedGraphUnits
+from .graphseq import PRE_PHASE, SequenceRecording, relaunch
 from .progress import PhaseProgress
 from .timeline import open_cupti
 
 CU_STREAM_NON_BLOCKING = 1
-PRE_PHASE = "saving memory before the sequence"
 REPLAY_PHASE = "replaying (up to the last selected launch)"
+REFERENCE_PHASE = "timeline check: the replay's kernel times"
 CU_EVENT_RECORD_EXTERNAL = 1
 CUDA_ERROR_NOT_READY = 600
-_MEMSET_RX = re.compile(r"cuMemset(D2D|D)(8|16|32)")
-_MEMSET_VAL = {"8": "uc", "16": "us", "32": "ui"}
+STEADY_RUNS = 5          # timed runs before the graph's time may be called steady
+STEADY_PCT = 1.0         # steady: all timed runs within this much of each other (of the median)
 
 
 class GraphHang(Exception):
@@ -100,11 +102,15 @@ def _no_gc():
             gc.enable()
 
 
-def _base(f: str) -> str:
-    return base_name(f or "")
+def steady(times_us: List[float], pct: float = STEADY_PCT) -> bool:
+    """Timed runs whose spread (max - min) is within pct of their median."""
+    if len(times_us) < 2:
+        return False
+    m = statistics.median(times_us)
+    return m > 0 and (max(times_us) - min(times_us)) <= m * pct / 100
 
 
-class GraphProfiler(NodeAttribution, RecordedGraphUnits):
+class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
     mode = "graph"
     label = "graph profiler"
     wants_calls = False              # on when timing the recorded graph launches (unit mode)
@@ -122,7 +128,13 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
         self.skipped_ops: Dict[str, int] = {}
         self.skipped_captured = 0
         self.pre: Optional[MemorySaver] = None
+        self._pre_pending = False                # the pre-state is still to be saved (graphseq.py)
+        self._pre_after: Optional[int] = None    # saved no earlier than after this call
+        self._pre_seq: Optional[int] = None      # saved after this call
+        self._early: List[Tuple[int, Dict[str, Any]]] = []
+        self._prelude_ops: List[Tuple] = []
         self._sel_params: List[bytes] = []
+        self._ref: Optional[TimelineReference] = None    # the timeline check's reference (graphcheck.py)
         self.done = False
         self.due = False
         self.total_times_us: List[float] = []
@@ -148,6 +160,15 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
         self._made: List[Tuple[str, Any]] = []
         self._progress: Optional[PhaseProgress] = None
 
+    @property
+    def batch_ok(self) -> bool:
+        """The replay may run plain calls in its C executor: every launch is selected (the
+        sequence is recorded from the executor's batch events), and the timeline check, if
+        on, times them through CUPTI as timeline mode does."""
+        if self.unit_mode or self.sel is None or not self.sel.everything:
+            return False
+        return self._ref is None or self._ref.batch_ok
+
     # ------------------------------------------------------------------ events
     def on_event(self, kind: str, ev) -> None:
         if kind == "start":
@@ -158,82 +179,52 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
             return
         if self.done:
             return
+        if self.first_seq is None:
+            if kind == "end" and self._ref is not None:
+                self._ref.close()
+            return
+        ref = self._ref
         if kind == "before_launch":
-            if self.sel(ev):
-                if self.rp.ctx.stream_capturing(ev.rec_stream, ev.stream):
-                    self.skipped_captured += 1       # a node of the program's own graph, not run now
-                else:
-                    if not self.ops:
-                        self._save_pre(ev)
-                        if self.rp.ctx.space is not None:     # the graph runs after the sequence freed its memory
-                            self.rp.ctx.space.hold_frees()
-                    self.ops.append(("launch", ev))
-                    self.launches.append(ev)
-        elif kind == "copy" and self.ops:
-            self._add_copy(ev)
-        elif kind == "after_launch" and ev.seq == self.last_seq:
-            self.due = True
+            self._record(kind, ev)            # the pre-state first: the reference times the launch itself
+            if ref is not None:
+                ref.on_event(kind, ev)
+        else:
+            if ref is not None:
+                ref.on_event(kind, ev)
+            self._record(kind, ev)
         if kind in ("teardown", "end"):
             self.due = True
         if self.due and self.launches and not self.rp.ctx.capturing \
-                and kind in ("after_launch", "copy", "sync", "teardown", "end"):
+                and kind in ("after_launch", "copy", "sync", "batch", "teardown", "end"):
             self.done = True
             self._run()
+        elif kind == "end":
+            self._abandon()
+
+    def _abandon(self) -> None:
+        """The replay ended before the sequence could be profiled: what was set up is released."""
+        if self._ref is not None:
+            self._ref.close()
+        if self.pre is not None:
+            self.pre.free()
+            self.pre = None
+            if self.rp.ctx.space is not None:
+                self.rp.ctx.space.release_held()
 
     def _start(self, ev) -> None:
-        from ..events import LAUNCH_CONFIG
         self.rp = rp = ev.replayer
         self._t_start = time.monotonic()
         self.sel = Selection(self.cfg, rp.ctx)
         wd = getattr(rp.ctx.opt, "watchdog", None)
         if wd:
             self.timeout = max(1.0, 0.8 * float(wd))
-        in_capture: set = set()
-        graph_launches: List[int] = []
-        in_job = bool(os.environ.get(ENV_RANK))
-        collectives: List[int] = []
-        for rec in rp.ctx.reader.records(("c",)):
-            f = rec.get("f") or ""
-            if rec.get("r", 0) != 0 or rec.get("incomplete"):
-                continue
-            a = rec.get("a") or {}
-            b = _base(f)
-            if b in ("cuStreamBeginCapture", "cuStreamBeginCaptureToGraph"):
-                in_capture.add(a.get("hStream"))
-                continue
-            if b == "cuStreamEndCapture":
-                in_capture.discard(a.get("hStream"))
-                continue
-            if b == "cuGraphLaunch":
-                graph_launches.append(rec.get("s"))
-                continue
-            if not is_launch(f):
-                continue
-            hs = a.get("hStream")
-            cfg = a.get("config")
-            if b == "cuLaunchKernelEx" and isinstance(cfg, (bytes, bytearray)) and len(cfg) >= LAUNCH_CONFIG.size:
-                hs = LAUNCH_CONFIG.unpack_from(bytes(cfg))[7]
-            if hs and hs in in_capture:
-                continue
-            kname = rp.ctx.kernel_name_of(a.get("f"))
-            if in_job and is_collective(kname):
-                collectives.append(rec.get("s"))
-            if self.sel.rec(rec, kname):
-                s = rec.get("s")
-                if isinstance(s, int):
-                    if self.first_seq is None or s < self.first_seq:
-                        self.first_seq = s
-                    if self.last_seq is None or s > self.last_seq:
-                        self.last_seq = s
-                    p = (rec.get("x") or {}).get("params")
-                    if p:
-                        self._sel_params.append(bytes(p))
+        self._scan(rp)
         if self.last_seq is None:
             if not self._start_units():
                 self.warn("graph: no launch selected")
                 self.info["error"] = "no launch selected"
             return
-        inside = [s for s in collectives if isinstance(s, int) and self.first_seq <= s <= self.last_seq]
+        inside = [s for s in self._collectives if isinstance(s, int) and self.first_seq <= s <= self.last_seq]
         if inside:
             # one rank's graph cannot run a collective apart from its peers' graphs (its kernels wait
             # for them): refused before anything is built; the ranks replay on as recorded
@@ -244,68 +235,11 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
             self.info["error"] = msg
             self.first_seq = self.last_seq = None
             return
-        n = sum(1 for s in graph_launches if isinstance(s, int) and self.first_seq < s < self.last_seq)
+        n = sum(1 for s in self._graph_launch_seqs if isinstance(s, int) and self.first_seq < s < self.last_seq)
         if n:      # the program's own graphs run between the selected launches: not in ours
             self.skipped_ops["cuGraphLaunch"] = n
-
-    # ------------------------------------------------------------------ recording the sequence
-    def _save_pre(self, ev) -> None:
-        """Memory before the first selected launch: every graph run starts from it."""
-        rp = self.rp
-        if rp.ctx.capturing:
-            self.warn("graph: the first selected launch comes during a recorded stream capture: graph runs start "
-                      "from the memory the sequence left (not restored to the pre-sequence state)")
-            return
-        try:
-            with self._phase(PRE_PHASE):
-                rp.ctx.raw("cuCtxSynchronize")
-                evs = [SimpleNamespace(rec_params=p) for p in self._sel_params]
-                pre = MemorySaver(rp, ranges_for(rp, evs, self.cfg.save_limit))
-                pre.save()
-            self.pre = pre
-        except Exception as e:
-            self.warn(f"graph: could not save memory before call #{ev.seq} ({type(e).__name__}: {e}); graph runs "
-                      f"start from the memory the sequence left")
-
-    def _skip(self, what: str) -> None:
-        self.skipped_ops[what] = self.skipped_ops.get(what, 0) + 1
-
-    def _add_copy(self, ev) -> None:
-        """A memset/copy between the first and the last selected launch (after it ran)."""
-        rp = self.rp
-        rec = ev.rec
-        if rec.get("r", 0) != 0:
-            return
-        f = rec.get("f") or ""
-        a = rec.get("a") or {}
-        if "Async" in f and self.rp.ctx.stream_capturing(ev.rec_stream, ev.stream):
-            return
-        b = _base(f)
-        m = _MEMSET_RX.match(b)
-        if m:
-            two_d, width = m.group(1) == "D2D", m.group(2)
-            name = ("cuMemsetD2D" if two_d else "cuMemsetD") + width + "Async"
-            dst = rp.ctx.tr(a.get("dstDevice"))
-            val = a.get(_MEMSET_VAL[width], 0)
-            args = [dst, a.get("dstPitch", 0), val, a.get("Width", 0), a.get("Height", 0)] if two_d \
-                else [dst, val, a.get("N", 0)]
-            self.ops.append(("memset", name, args, rec.get("s")))
-            return
-        n = int(a.get("ByteCount") or 0)
-        if b == "cuMemcpyDtoD" or b == "cuMemcpyDtoDAsync":
-            self.ops.append(("dtod", rp.ctx.tr(a.get("dstDevice")), rp.ctx.tr(a.get("srcDevice")), n, rec.get("s")))
-        elif b in ("cuMemcpy", "cuMemcpyAsync"):
-            sp = rp.ctx.space
-            if sp is not None and sp.find(a.get("dst") or 0) is not None and sp.find(a.get("src") or 0) is not None:
-                self.ops.append(("dtod", rp.ctx.tr(a.get("dst")), rp.ctx.tr(a.get("src")), n, rec.get("s")))
-            else:
-                self._skip(b)
-        elif b in ("cuMemcpyHtoD", "cuMemcpyHtoDAsync"):
-            self.ops.append(("htod", rec, rp.ctx.tr(a.get("dstDevice")), n, rec.get("s")))
-        elif "DtoH" in b or "AtoH" in b:
-            pass                                   # results for the host: nothing a later kernel reads
-        else:
-            self._skip(b)
+        self._pre_pending = self.wants_calls = True      # after_call: where the pre-state can be saved
+        self._ref = TimelineReference.start(self.cfg, self.warn, ev)
 
     # ------------------------------------------------------------------ running the graph
     def _arm(self, what: str) -> None:
@@ -334,7 +268,7 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
         rp = self.rp
         k = op[0]
         if k == "launch":
-            op[1].ctx.relaunch(stream)
+            relaunch(op[1], stream)
         elif k == "memset":
             rp.ctx.raw(op[1], *op[2], stream)
         elif k == "dtod":
@@ -347,41 +281,6 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
         if op[0] == "launch":
             return f"call #{op[1].seq} {op[1].name}"
         return f"call #{op[-1] if op[0] != 'htod' else op[4]} ({op[0]})"
-
-    def _stage(self) -> List[int]:
-        """Host-to-device payloads into device memory, before the capture (a capture may not
-        read pageable host memory): one buffer and one copy for all of them, since an
-        allocation per payload costs more than the graph for thousands of copies."""
-        rp = self.rp
-        parts: List[Tuple[int, bytes]] = []         # (index of the op, payload)
-        total = 0
-        for i, op in enumerate(self.ops):
-            if op[0] != "htod":
-                continue
-            rec, n = op[1], op[3]
-            data = rp.ctx.blob(rec, "srcHost")
-            if data is None or n == 0 or total + n > self.cfg.save_limit:
-                self.ops[i] = ("skip",)
-                self._skip("cuMemcpyHtoD")
-                continue
-            parts.append((i, rp.ctx.h2d_payload(rec, bytes(data))[:n]))
-            total += -(-n // 256) * 256             # each payload 256-byte aligned, as cuMemAlloc's are
-        bufs: List[int] = []
-        if parts:
-            host = bytearray(total)
-            offs = []
-            off = 0
-            for _i, data in parts:
-                host[off:off + len(data)] = data
-                offs.append(off)
-                off += -(-len(data) // 256) * 256
-            buf = int(rp.ctx.raw("cuMemAlloc", total))
-            bufs.append(buf)
-            rp.ctx.raw("cuMemcpyHtoD", buf, host, total)
-            for (i, _data), o in zip(parts, offs):
-                self.ops[i] = self.ops[i][:5] + (buf + o,)
-        self.ops = [op for op in self.ops if op[0] != "skip"]
-        return bufs
 
     def _open_cupti(self):
         return open_cupti(self.cfg.backend, self.warn)
@@ -468,6 +367,10 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
         cupti = None
         hung = False
         try:
+            if self._ref is not None:        # the reference for the timeline check: the replay so far
+                self._arm("reading the replay's kernel times")
+                with self._phase(REFERENCE_PHASE):
+                    self._ref.finish(self.first_seq, self.last_seq)
             self._arm("saving memory")
             with self._phase("saving memory"):
                 rp.ctx.raw("cuCtxSynchronize")
@@ -480,6 +383,9 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
                                   f"not restored")
                 stream = rp.ctx.raw("cuStreamCreate", CU_STREAM_NON_BLOCKING)
                 staging = self._stage()
+                self._prelude_ops = self._prelude()
+                if self._prelude_ops:
+                    self.info["prelude_ops"] = len(self._prelude_ops)
                 rp.ctx.raw("cuCtxSynchronize")
             self._arm("capturing")
             graph = self._capture(stream)
@@ -502,11 +408,17 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
                     self._graph_run(gexec, stream, f"timed run {i + 1}", events=(e0, e1))
                     check(True)
                     ph.advance()
+                    # each run was waited for: its time is there now
+                    self.total_times_us.append(float(rp.ctx.raw("cuEventElapsedTime", e0, e1)) * 1e3)
+                    if STEADY_RUNS <= i + 1 < cfg.repeat and steady(self.total_times_us):
+                        self.info["runs_note"] = (f"{i + 1} of {cfg.repeat} timed runs: all within {STEADY_PCT:g}% "
+                                                  f"of their median")
+                        break
+            self.info["timed_runs"] = len(self.total_times_us)
             self.info["launch_gated"] = self._gate is not None and self._gate.ok
             if self._gate is not None and not self._gate.ok:
                 self.info["launch_gate"] = (f"released by its timer: the launch of {len(self.ops)} nodes waits for "
                                             f"queue space on a held stream; timed ungated")
-            self.total_times_us = [float(rp.ctx.raw("cuEventElapsedTime", a, b)) * 1e3 for a, b in evs]
             if cfg.check_repeats and digests:
                 self.info["repeats_identical"] = len(set(digests)) <= 1
                 self.info["graph_matches_replay"] = digests[0] == post.digest(backup=True)
@@ -561,6 +473,8 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
         self._arm(what)
         if self.pre is not None:
             self.pre.restore(stream)
+            for op in self._prelude_ops:           # what ran between the save and the first launch
+                self._issue(op, stream)
             self._wait(stream, f"restoring memory before {what}")
         m0 = clock.mark() if clock is not None else None
         if events is not None:                       # the events time the GPU, not the host's submission
@@ -570,6 +484,11 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
         self._wait(stream, what)
         if m0 is not None and windows is not None:
             windows.append((m0, clock.mark()))
+
+    def _node_runs(self) -> int:
+        """Runs for per-node times: as many as the graph's timed runs (fewer than --repeat when
+        its time was steady early)."""
+        return len(self.total_times_us) or self.cfg.repeat
 
     def _own(self, destroy: str, h) -> None:
         """A handle made for per-node runs, destroyed in _cleanup."""
@@ -604,12 +523,13 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
                 cupti.untrack_graph_nodes()
         clock = WindowClock(cupti)
         windows: List[Tuple] = []
-        with self._phase("timing every node (CUPTI)", cfg.repeat + (exe is not gexec)) as ph:
+        n_runs = self._node_runs()
+        with self._phase("timing every node (CUPTI)", n_runs + (exe is not gexec)) as ph:
             if exe is not gexec:
                 self._graph_run(exe, stream, "CUPTI warmup run")      # a new executable graph: its first upload
                 ph.advance()
             clock.start()
-            for i in range(cfg.repeat):
+            for i in range(n_runs):
                 cupti.push(i + 1)
                 try:
                     self._graph_run(exe, stream, f"CUPTI run {i + 1}", clock=clock, windows=windows)
@@ -658,10 +578,11 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
             return
         self.op_times = [[] for _ in range(n)]
         spans = []
-        with self._phase("timing every node (event nodes)", cfg.repeat + 1) as ph:
+        n_runs = self._node_runs()
+        with self._phase("timing every node (event nodes)", n_runs + 1) as ph:
             self._graph_run(exe, stream, "event-node warmup run")
             ph.advance()
-            for i in range(cfg.repeat):
+            for i in range(n_runs):
                 self._graph_run(exe, stream, f"event-node run {i + 1}")
                 span = 0.0
                 for k in range(n):
@@ -683,6 +604,8 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
 
     def _cleanup(self, post, stream, graph, gexec, staging, evs, cupti) -> None:
         rp, cu = self.rp, self.rp.ctx.cu
+        if self._ref is not None:
+            self._ref.close()
         if cupti is not None:
             try:
                 cupti.close()
@@ -830,6 +753,10 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits):
                 d["unrecorded"] = self.extra_records[:20]
             if self.total_times_us:
                 d["check"] = self._consistency(d["total_us"])
+            ref = self._ref
+            if ref is not None and ref.rows is not None and d["launches_timed"] \
+                    and (self.cfg.timeline_check or self.backend == "cupti"):
+                d["timeline_check"] = reference_check(self.launch_rows(), ref)
         else:
             d["launches_timed"] = 0
             d.pop("per_node_method", None)

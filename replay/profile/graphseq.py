@@ -1,0 +1,385 @@
+"""Graph mode's sequence, recorded from the replay as it runs: the selected launches and the
+memsets and copies between them (the operations the graph will hold), and the memory before
+the first selected launch (every graph run starts from it).  A mixin of GraphProfiler
+(graphmode.py): it fills the profiler's first_seq, last_seq, ops, launches, pre and
+skipped_ops.
+
+Two ways the replay runs the calls, and the sequence is recorded from both:
+- call by call through the handlers: a "before_launch" event per launch (a LaunchEvent, which
+  can relaunch itself) and a "copy" event per memset or copy;
+- in the C executor (replay/batchrun.py), as timeline mode replays: a "batch" event after each
+  run of plain calls, whose records give the launches (SeqLaunch: the live function, the
+  recorded dimensions and parameters, which the executor used as they are) and the memsets and
+  device-to-device copies.  Graph mode asks for the executor (`batch_ok`) when every launch is
+  selected, and its timeline check can use CUPTI (or is off).
+
+The memory before the first selected launch is saved at the last point the profiler gets
+control before it: just before the launch when it runs call by call, else after the last call
+that ran on its own before the executor's run that holds it (`after_call`: the allocations, the
+module loads and the host-to-device copies of the program are such calls, never the
+executor's).  A memset or device-to-device copy between that point and the first selected
+launch (the prelude) is issued again after every restore, before the graph runs, so each run
+starts from the memory the first launch saw."""
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+from types import SimpleNamespace
+from typing import Any, Dict, List, Optional, Tuple
+
+from cudasnap.formats.abi import base_name
+from cudasnap.formats.vocab import is_launch
+
+from .. import dispatch
+from ..collectives import is_collective
+from ..functions import resolve_function
+from ..group import ENV_RANK
+from ..layout import sizeof
+from ..params import LAUNCH_CONFIG, LaunchParams
+from ..plan import COPY_ASYNC, LAUNCH_EX, LAUNCHES, MEMSET8
+from .common import MemorySaver, ranges_for
+
+PRE_PHASE = "saving memory before the sequence"
+_MEMSET_RX = re.compile(r"cuMemset(D2D|D)(8|16|32)")
+_MEMSET_VAL = {"8": "uc", "16": "us", "32": "ui"}
+LAUNCH_ATTR_SIZE = sizeof("CUlaunchAttribute")
+# Calls the replay may run in its C executor (the plan's op kinds, replay/plan.py): any other
+# call with a handler runs on its own, with before_call/after_call events.
+MAY_BATCH = frozenset({
+    "cuLaunchKernel", "cuLaunchKernelEx", "cuEventRecord", "cuEventRecordWithFlags", "cuStreamWaitEvent",
+    "cuStreamSynchronize", "cuEventSynchronize", "cuCtxSynchronize", "cuCtxSetCurrent", "cuCtxPushCurrent",
+    "cuCtxPopCurrent", "cuMemsetD8", "cuMemsetD16", "cuMemsetD32", "cuMemsetD8Async", "cuMemsetD16Async",
+    "cuMemsetD32Async", "cuMemcpyDtoD", "cuMemcpyDtoDAsync", "cuMemcpy", "cuMemcpyAsync", "cuMemcpyDtoH"})
+_COPY_KINDS = frozenset(range(MEMSET8, COPY_ASYNC + 1))
+
+
+class SeqLaunch:
+    """A selected launch the C executor ran: what graph mode's rows and relaunches need.  The
+    executor runs a launch only with its recorded parameters (no moved memory, no conditional
+    handles to patch), so those are the live ones."""
+    __slots__ = ("seq", "index", "call", "name", "grid", "block", "shmem", "rec_stream", "rec_params", "function",
+                 "_rp", "_attrs", "_nattr", "_ex", "_p")
+
+    def __init__(self, rp, kind: int, rec, index: int):
+        a = rec["a"]
+        x = rec.get("x") or {}
+        h = a.get("f")
+        self._rp = rp
+        self.seq, self.index, self.call = rec.get("s"), index, rec.get("f") or ""
+        self.name = rp.ctx.kernel_name_of(h, self.seq)
+        self.function = resolve_function(rp.ctx, rec, h)
+        self.rec_params = bytes(x.get("params") or b"")
+        self._ex = kind == LAUNCH_EX
+        self._attrs, self._nattr = b"", 0
+        if self._ex:
+            v = LAUNCH_CONFIG.unpack_from(bytes(a["config"]))
+            self.grid, self.block, self.shmem, hs, self._nattr = tuple(v[0:3]), tuple(v[3:6]), v[6], v[7], v[9]
+            self._attrs = bytes(x.get("attrs") or b"")[:self._nattr * LAUNCH_ATTR_SIZE]
+        else:
+            g = a.get
+            self.grid = (g("gridDimX", 1), g("gridDimY", 1), g("gridDimZ", 1))
+            self.block = (g("blockDimX", 1), g("blockDimY", 1), g("blockDimZ", 1))
+            self.shmem, hs = g("sharedMemBytes", 0), g("hStream")
+        self.rec_stream = hs if isinstance(hs, int) else 0
+        self._p: Optional[LaunchParams] = None
+
+    @property
+    def params(self) -> bytes:
+        return self.rec_params
+
+    def relaunch(self, stream) -> None:
+        """The launch again, on `stream` (a capture copies the parameters: one buffer serves)."""
+        rp = self._rp
+        if self._p is None:
+            self._p = LaunchParams(self.rec_params)
+        p = self._p
+        if not self._ex:
+            rp.ctx.raw("cuLaunchKernel", self.function, *self.grid, *self.block, self.shmem, stream, None, p.extra_ptr)
+            return
+        cu = rp.ctx.cu
+        c = cu.CUlaunchConfig()
+        c.gridDimX, c.gridDimY, c.gridDimZ = self.grid
+        c.blockDimX, c.blockDimY, c.blockDimZ = self.block
+        c.sharedMemBytes = self.shmem
+        c.hStream = stream
+        attrs = []
+        for i in range(self._nattr):          # value-only attributes (the executor ran no other)
+            at = cu.CUlaunchAttribute()
+            ctypes.memmove(int(at.getPtr()), self._attrs[i * LAUNCH_ATTR_SIZE:(i + 1) * LAUNCH_ATTR_SIZE],
+                           LAUNCH_ATTR_SIZE)
+            attrs.append(at)
+        if attrs:
+            c.attrs = attrs
+        c.numAttrs = len(attrs)
+        rp.ctx.raw("cuLaunchKernelEx", c, self.function, None, p.extra_ptr)
+
+
+def relaunch(ev, stream) -> None:
+    """A recorded launch of the sequence again on `stream`: a SeqLaunch or a LaunchEvent."""
+    if type(ev) is SeqLaunch:
+        ev.relaunch(stream)
+    else:
+        ev.ctx.relaunch(stream)
+
+
+def _runs_alone(rec) -> bool:
+    """Does the replay run this call on its own (a handler, with after_call), never in the
+    executor?  Calls it skips without a handler (queries, failed calls) are not counted."""
+    f = rec.get("f") or ""
+    h = dispatch.lookup(f)
+    if h is None or (rec.get("r", 0) != 0 and not h.errors):
+        return False
+    return base_name(f) not in MAY_BATCH
+
+
+class SequenceRecording:
+    # ------------------------------------------------------------------ before the replay
+    def _scan(self, rp) -> None:
+        """One pass over the recorded calls: the first and last selected launch, their recorded
+        parameters (what the pre-state must hold), collectives and the program's own graph
+        launches in between, and where the pre-state can be saved (_pre_after: the last call
+        before the first selected launch that runs on its own; _early: memsets and copies
+        after such calls, the prelude candidates)."""
+        in_capture: set = set()
+        graph_launches: List[int] = []
+        in_job = bool(os.environ.get(ENV_RANK))
+        collectives: List[int] = []
+        alone: List[int] = []                      # seqs of calls that run on their own
+        early: List[Tuple[int, Dict[str, Any]]] = []
+        for rec in rp.ctx.reader.records(("c",)):
+            f = rec.get("f") or ""
+            if rec.get("incomplete"):
+                continue
+            s = rec.get("s")
+            if self.first_seq is None and isinstance(s, int):     # before the first selected launch
+                if _runs_alone(rec):
+                    alone.append(s)
+                elif rec.get("r", 0) == 0 and (f.startswith("cuMemset") or f.startswith("cuMemcpy")) \
+                        and (rec.get("a") or {}).get("hStream") not in in_capture:
+                    early.append((s, rec))
+            if rec.get("r", 0) != 0:
+                continue
+            a = rec.get("a") or {}
+            b = base_name(f)
+            if b in ("cuStreamBeginCapture", "cuStreamBeginCaptureToGraph"):
+                in_capture.add(a.get("hStream"))
+                continue
+            if b == "cuStreamEndCapture":
+                in_capture.discard(a.get("hStream"))
+                continue
+            if b == "cuGraphLaunch":
+                graph_launches.append(s)
+                continue
+            if not is_launch(f):
+                continue
+            hs = a.get("hStream")
+            cfg = a.get("config")
+            if b == "cuLaunchKernelEx" and isinstance(cfg, (bytes, bytearray)) and len(cfg) >= LAUNCH_CONFIG.size:
+                hs = LAUNCH_CONFIG.unpack_from(bytes(cfg))[7]
+            if hs and hs in in_capture:
+                continue
+            kname = rp.ctx.kernel_name_of(a.get("f"))
+            if in_job and is_collective(kname):
+                collectives.append(s)
+            if self.sel.rec(rec, kname) and isinstance(s, int):
+                if self.first_seq is None or s < self.first_seq:
+                    self.first_seq = s
+                if self.last_seq is None or s > self.last_seq:
+                    self.last_seq = s
+                p = (rec.get("x") or {}).get("params")
+                if p:
+                    self._sel_params.append(bytes(p))
+        self._collectives = collectives
+        self._graph_launch_seqs = graph_launches
+        if self.first_seq is not None:
+            before = [s for s in alone if s < self.first_seq]
+            self._pre_after = max(before) if before else None
+            lo = self._pre_after if self._pre_after is not None else -1
+            self._early = [(s, r) for s, r in early if lo < s < self.first_seq]
+
+    # ------------------------------------------------------------------ while the replay runs
+    def _record(self, kind: str, ev) -> None:
+        """One replay event, before the graph is built."""
+        if kind == "before_launch":
+            if self.sel(ev):
+                if self.rp.ctx.stream_capturing(ev.rec_stream, ev.stream):
+                    self.skipped_captured += 1       # a node of the program's own graph, not run now
+                else:
+                    if self._pre_pending:
+                        self._save_pre(ev.seq, exact=True)
+                    self.ops.append(("launch", ev))
+                    self.launches.append(ev)
+                    if ev.seq == self.last_seq:
+                        self.due = True
+        elif kind == "batch":
+            self._add_batch(ev)
+        elif kind == "after_call":
+            s = ev.seq
+            if self._pre_pending and isinstance(s, int) and s < self.first_seq \
+                    and (self._pre_after is None or s >= self._pre_after):
+                self._save_pre(s)
+        elif kind == "copy" and self.ops:
+            self._add_copy(ev.rec, ev)
+        elif kind == "after_launch" and ev.seq == self.last_seq:
+            self.due = True
+
+    def _add_batch(self, ev) -> None:
+        """A run of calls the executor ran: the selected launches, memsets and copies in it."""
+        b = ev.batch
+        first, last = self.first_seq, self.last_seq
+        lo, hi = b.seq(ev.start), b.seq(ev.end - 1)
+        if not isinstance(lo, int) or not isinstance(hi, int):
+            return
+        if hi < first:
+            if self._pre_pending and (self._pre_after is None or hi >= self._pre_after):
+                self._save_pre(hi)
+            return
+        if lo > last:
+            self.due = True
+            return
+        if self._pre_pending:
+            self._pre_pending = self.wants_calls = False
+            self.warn(f"graph: the first selected launch (call #{first}) ran in a batch before the memory it "
+                      f"starts from could be saved; graph runs start from the memory the sequence left")
+        rp = self.rp
+        for k, index, rec in ev.ops():
+            s = rec.get("s")
+            if not isinstance(s, int) or s < first or s > last:
+                continue
+            if k in LAUNCHES:
+                try:
+                    sl = SeqLaunch(rp, k, rec, index)
+                except Exception as e:
+                    self._skip(f"launch not relaunchable ({type(e).__name__})")
+                    self.warn(f"graph: call #{s}: {type(e).__name__}: {e}; left out of the graph")
+                    continue
+                self.ops.append(("launch", sl))
+                self.launches.append(sl)
+            elif k in _COPY_KINDS and self.ops:
+                self._add_copy(rec)
+        if hi >= last:
+            self.due = True
+
+    def _save_pre(self, seq: int, exact: bool = False) -> None:
+        """Memory before the first selected launch, saved after call #seq (exact: just before
+        the launch): every graph run starts from it."""
+        rp = self.rp
+        if rp.ctx.capturing:
+            if exact:
+                self._pre_pending = self.wants_calls = False
+                self.warn("graph: the first selected launch comes during a recorded stream capture: graph runs start "
+                          "from the memory the sequence left (not restored to the pre-sequence state)")
+            return
+        self._pre_pending = self.wants_calls = False
+        try:
+            with self._phase(PRE_PHASE):
+                rp.ctx.raw("cuCtxSynchronize")
+                evs = [SimpleNamespace(rec_params=p) for p in self._sel_params]
+                pre = MemorySaver(rp, ranges_for(rp, evs, self.cfg.save_limit))
+                pre.save()
+            self.pre = pre
+            self._pre_seq = seq
+            if rp.ctx.space is not None:          # the graph runs after the sequence freed its memory
+                rp.ctx.space.hold_frees()
+        except Exception as e:
+            self.warn(f"graph: could not save memory before call #{self.first_seq} ({type(e).__name__}: {e}); graph "
+                      f"runs start from the memory the sequence left")
+
+    def _skip(self, what: str) -> None:
+        self.skipped_ops[what] = self.skipped_ops.get(what, 0) + 1
+
+    def _copy_op(self, rec, ev=None) -> Optional[Tuple]:
+        """The graph operation of a memset/copy record; None for one that writes no device memory
+        a later kernel reads (device-to-host) or that the graph cannot hold (counted)."""
+        rp = self.rp
+        if rec.get("r", 0) != 0:
+            return None
+        f = rec.get("f") or ""
+        a = rec.get("a") or {}
+        if ev is not None and "Async" in f and rp.ctx.stream_capturing(ev.rec_stream, ev.stream):
+            return None
+        b = base_name(f)
+        m = _MEMSET_RX.match(b)
+        if m:
+            two_d, width = m.group(1) == "D2D", m.group(2)
+            name = ("cuMemsetD2D" if two_d else "cuMemsetD") + width + "Async"
+            dst = rp.ctx.tr(a.get("dstDevice"))
+            val = a.get(_MEMSET_VAL[width], 0)
+            args = [dst, a.get("dstPitch", 0), val, a.get("Width", 0), a.get("Height", 0)] if two_d \
+                else [dst, val, a.get("N", 0)]
+            return ("memset", name, args, rec.get("s"))
+        n = int(a.get("ByteCount") or 0)
+        if b == "cuMemcpyDtoD" or b == "cuMemcpyDtoDAsync":
+            return ("dtod", rp.ctx.tr(a.get("dstDevice")), rp.ctx.tr(a.get("srcDevice")), n, rec.get("s"))
+        if b in ("cuMemcpy", "cuMemcpyAsync"):
+            sp = rp.ctx.space
+            if sp is not None and sp.find(a.get("dst") or 0) is not None and sp.find(a.get("src") or 0) is not None:
+                return ("dtod", rp.ctx.tr(a.get("dst")), rp.ctx.tr(a.get("src")), n, rec.get("s"))
+            self._skip(b)
+            return None
+        if b in ("cuMemcpyHtoD", "cuMemcpyHtoDAsync"):
+            return ("htod", rec, rp.ctx.tr(a.get("dstDevice")), n, rec.get("s"))
+        if "DtoH" in b or "AtoH" in b:
+            return None                           # results for the host: nothing a later kernel reads
+        self._skip(b)
+        return None
+
+    def _add_copy(self, rec, ev=None) -> None:
+        """A memset/copy between the first and the last selected launch (after it ran)."""
+        op = self._copy_op(rec, ev)
+        if op is not None:
+            self.ops.append(op)
+
+    def _prelude(self) -> List[Tuple]:
+        """Memsets and device-to-device copies that ran between the save of the pre-state and
+        the first selected launch: issued after every restore, before the graph."""
+        if self.pre is None or self._pre_seq is None:
+            return []
+        out = []
+        for s, rec in self._early:
+            if s > self._pre_seq:
+                b = base_name(rec.get("f") or "")
+                if "DtoH" in b or "HtoD" in b:       # host copies run on their own: before the save
+                    continue
+                skipped = dict(self.skipped_ops)
+                op = self._copy_op(rec)
+                self.skipped_ops = skipped
+                if op is not None and op[0] in ("memset", "dtod"):
+                    out.append(op)
+        return out
+
+    def _stage(self) -> List[int]:
+        """Host-to-device payloads into device memory, before the capture (a capture may not
+        read pageable host memory): one buffer and one copy for all of them, since an
+        allocation per payload costs more than the graph for thousands of copies."""
+        rp = self.rp
+        parts: List[Tuple[int, bytes]] = []         # (index of the op, payload)
+        total = 0
+        for i, op in enumerate(self.ops):
+            if op[0] != "htod":
+                continue
+            rec, n = op[1], op[3]
+            data = rp.ctx.blob(rec, "srcHost")
+            if data is None or n == 0 or total + n > self.cfg.save_limit:
+                self.ops[i] = ("skip",)
+                self._skip("cuMemcpyHtoD")
+                continue
+            parts.append((i, rp.ctx.h2d_payload(rec, bytes(data))[:n]))
+            total += -(-n // 256) * 256             # each payload 256-byte aligned, as cuMemAlloc's are
+        bufs: List[int] = []
+        if parts:
+            host = bytearray(total)
+            offs = []
+            off = 0
+            for _i, data in parts:
+                host[off:off + len(data)] = data
+                offs.append(off)
+                off += -(-len(data) // 256) * 256
+            buf = int(rp.ctx.raw("cuMemAlloc", total))
+            bufs.append(buf)
+            rp.ctx.raw("cuMemcpyHtoD", buf, host, total)
+            for (i, _data), o in zip(parts, offs):
+                self.ops[i] = self.ops[i][:5] + (buf + o,)
+        self.ops = [op for op in self.ops if op[0] != "skip"]
+        return bufs
