@@ -526,7 +526,7 @@ def export(
 def extract(
     snapshot: Path = typer.Argument(..., metavar="SNAPSHOT", help="A .cusnap file."),
     output: Path = typer.Option(..., "-o", "--output", metavar="SMALL.cusnap", help="The snapshot to write (never onto SNAPSHOT; an existing file only with -f)."),
-    launch: Optional[int] = typer.Option(None, "--launch", metavar="N", help="The launch with call number N (as dump shows)."),
+    launch: Optional[int] = typer.Option(None, "--launch", metavar="N", help="The launch with call number N (as dump shows): a kernel launch, or a graph launch with its kernels."),
     kernel: Optional[str] = typer.Option(None, "--kernel", metavar="REGEX[#K]", help="The K-th launch (from 1; default the first) of a kernel whose name matches REGEX."),
     calls: Optional[str] = typer.Option(None, "--calls", metavar="A-B", help="Every call numbered A to B."),
     memory: ExtractMemory = typer.Option(ExtractMemory.reachable, "--memory", metavar=_one_of(ExtractMemory), help="reachable: restore what the selection's parameters point into, plus what pointer scanning finds there, plus module globals; all: every live allocation, whole."),

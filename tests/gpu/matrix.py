@@ -154,6 +154,12 @@ class Matrix:
         return [c["s"] for c in SnapshotReader(snap).records(kinds=["c"])
                 if c["f"].startswith("cuLaunch") and "Host" not in c["f"] and c.get("r") == 0]
 
+    def recorded_graph_launches(self, snap: Path) -> List[int]:
+        """Call numbers of the graph launches (extract --launch takes one with its kernels)."""
+        from cudasnap.formats import SnapshotReader
+        return [c["s"] for c in SnapshotReader(snap).records(kinds=["c"])
+                if c["f"].startswith("cuGraphLaunch") and c.get("r") == 0]
+
     # the matrix -----------------------------------------------------------------------------
     def go(self) -> Dict[str, dict]:
         snap = self.work / f"{self.name}.cusnap"
@@ -203,9 +209,9 @@ class Matrix:
 
         xsnap = self.ranks[0] if self.name in JOBS and self.ranks else snap
         recorded = self.recorded_launches(xsnap)
-        # launch rows of the timeline that are recorded launches (kernels of graphs have the
-        # graph launch's call number): those extract can select
-        rec_set = set(recorded)
+        # launch rows of the timeline that extract can select: recorded launches, and kernels of
+        # graphs (their rows carry the graph launch's call number)
+        rec_set = set(recorded) | set(self.recorded_graph_launches(xsnap))
         launches = sorted((r for r in (prof.get("t1.json") or {}).get("launches") or [] if r.get("seq") in rec_set),
                           key=lambda r: r["seq"])
         picks: Dict[str, Optional[dict]] = {"first": launches[0] if launches else None,
