@@ -328,7 +328,7 @@ def replay(
     section: List[str] = typer.Option([], "--section", metavar="NAME", help="metrics: an Nsight Compute section (repeatable): SpeedOfLight, Occupancy, MemoryWorkloadAnalysis, SpeedOfLight_RooflineChart (default: all four)."),
     metrics: Optional[str] = typer.Option(None, "--metrics", metavar="a,b,...", help="metrics: raw metric names, as ncu --metrics takes them (with --section: added to the sections')."),
     html: Optional[Path] = typer.Option(None, "--html", metavar="FILE.html", help="metrics: write a roofline plot (FLOP per DRAM byte against the card's peaks) and its table."),
-    timeline_check: Optional[bool] = typer.Option(None, "--timeline-check/--no-timeline-check", help="graph: replay the selection once more under --profile timeline (a second process) and list kernels of >= 5 us whose medians differ by more than 5% (default: on when CUPTI timed the nodes)."),
+    timeline_check: Optional[bool] = typer.Option(None, "--timeline-check/--no-timeline-check", help="graph: time the replayed launches as --profile timeline does (in the same replay) and list kernels of >= 5 us whose medians differ by more than 5% (default: on when CUPTI timed the nodes)."),
     profiler_range: ProfilerRange = typer.Option(ProfilerRange.recorded, "--profiler-range", metavar=_one_of(ProfilerRange), help="recorded: call the recorded cuProfilerStart/Stop; workload: call cuProfilerStart right before the first replayed launch, copy or memset and cuProfilerStop after the last (once its work is done), ignoring recorded ones, so `nsys --capture-range=cudaProfilerApi` and `ncu --profile-from-start off` skip replay set-up."),
     replace: List[str] = typer.Option([], "--replace", metavar="KERNEL=FILE", help="Run KERNEL (a recorded name), module:KERNEL (its whole module) or 0xMODULE (a recorded module handle) from FILE, a rebuilt cubin/fatbin/PTX with the same parameter layout (checked; a mismatch stops with exit 2). Repeatable; CUDASNAP_REPLACE='T=F;T=F' adds more."),
     jit: Optional[str] = typer.Option(None, "--jit", metavar="ptx", help="ptx: load every module from the PTX its image carries (JIT-compiled for this GPU; the JIT time is reported)."),
@@ -458,6 +458,8 @@ def compare(
     force: bool = typer.Option(False, "--force", help="Compare runs of another GPU model, snapshot or profile mode (the report says so)."),
     top: int = typer.Option(20, "--top", metavar="N", help="Kernels shown in the table."),
     force_overwrite: bool = typer.Option(False, "-f", "--force-overwrite", help="Replace an existing --html file (by default refused, before any work)."),
+    min_diff_us: float = typer.Option(0.3, "--min-diff-us", metavar="US", help="A kernel whose time per launch moved by less than this is SAME whatever the ratio (clock state and timestamp resolution move 1-3 us kernels by 0.1-0.3 us); 0 judges by ratio alone."),
+    judge_collectives: bool = typer.Option(False, "--judge-collectives", help="Judge collective (NCCL) kernels too; by default they are reported, not judged, since their time includes waiting for the other ranks."),
 ):
     """Compare two profiles kernel by kernel: SAME, FASTER or SLOWER, against the threshold and
     the measured noise of both runs.
@@ -468,7 +470,7 @@ def compare(
 
     _check_outputs(force_overwrite, [base, candidate], (html, "file", "--html"))
     raise typer.Exit(run_compare_cli(str(base), str(candidate), threshold, str(html) if html else None, json_out,
-                                     force, top))
+                                     force, top, min_diff_us=min_diff_us, judge_collectives=judge_collectives))
 
 
 @app.command(cls=_Command)

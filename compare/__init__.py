@@ -15,13 +15,14 @@ from typing import Optional
 
 from cudasnap.formats.console import invoked_command
 
-from .core import FASTER, SAME, SLOWER, CompareError, compare, facts, load_profile  # noqa: F401
+from .core import FASTER, MIN_DIFF_US, SAME, SLOWER, CompareError, compare, facts, load_profile  # noqa: F401
 
 __all__ = ["compare", "load_profile", "facts", "CompareError", "run_compare_cli", "SAME", "SLOWER", "FASTER"]
 
 
 def run_compare_cli(base, candidate, threshold: float = 5.0, html: Optional[str] = None, as_json: bool = False,
-                    force: bool = False, top: int = 20, out=None) -> int:
+                    force: bool = False, top: int = 20, out=None, min_diff_us: Optional[float] = None,
+                    judge_collectives: bool = False) -> int:
     """Exit 0: no significant regression; 1: a kernel or the total regressed; 2: error."""
     out = out or sys.stdout
     if threshold < 0:
@@ -33,8 +34,13 @@ def run_compare_cli(base, candidate, threshold: float = 5.0, html: Optional[str]
         if why:
             sys.stderr.write(f"cudasnap: error: {why}\n")
             return 2
+    if min_diff_us is not None and min_diff_us < 0:
+        sys.stderr.write("cudasnap: error: --min-diff-us must be >= 0\n")
+        return 2
     try:
-        res = compare(load_profile(base), load_profile(candidate), threshold=threshold, force=force)
+        res = compare(load_profile(base), load_profile(candidate), threshold=threshold, force=force,
+                      min_diff_us=MIN_DIFF_US if min_diff_us is None else min_diff_us,
+                      judge_collectives=judge_collectives)
     except CompareError as e:
         sys.stderr.write(f"cudasnap: error: {e}\n")
         return 2

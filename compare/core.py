@@ -138,6 +138,13 @@ def _timed(rows: List[Dict[str, Any]]) -> Dict[Tuple, Dict[str, Any]]:
 MIN_OWN_RATIOS = 3        # fewer paired launches than this: the kernel borrows its class's noise
 MIN_CLASS_RATIOS = 8
 ONE_SAMPLE_SIGMAS = 3.0
+# A kernel whose time per launch moved by less than this is SAME whatever the ratio: two replays
+# of one snapshot shift 1-3 us kernels by 0.1-0.3 us (the GPU clock's state, the timestamps'
+# resolution), which is 5-20% of them. --min-diff-us sets it; 0 judges by ratio alone.
+MIN_DIFF_US = 0.3
+# Collective kernels (NCCL) wait for the other ranks inside the kernel: one rank's time says how
+# long its peers took to arrive, not how fast the kernel is. They are reported, not judged.
+_COLLECTIVE = ("ncclDevKernel", "ncclKernel", "nccl_")
 
 
 def class_noise(all_pairs: List[Tuple[float, float, Any]], t: float, name: Any) -> Optional[float]:
@@ -206,7 +213,33 @@ def _stats(times: List[float]) -> Dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- the comparison
-def compare(base: Dict[str, Any], cand: Dict[str, Any], threshold: float = 5.0, force: bool = False) -> Dict[str, Any]:
+def is_collective(name: Any) -> bool:
+    return isinstance(name, str) and any(c in name for c in _COLLECTIVE)
+
+
+def _floor(row: Dict[str, Any], min_diff_us: float, judge_collectives: bool) -> None:
+    """SAME for a difference under the per-launch floor, and for collectives (see MIN_DIFF_US)."""
+    if row["verdict"] not in (SLOWER, FASTER):
+        return
+    if is_collective(row.get("name")) and not judge_collectives:
+        row["verdict"], row["collective"] = SAME, True
+        row["why"] += "; not judged: a collective's time includes waiting for the other ranks"
+        return
+    n = row.get("launches_base") or 1
+    b, c = row.get("base_us"), row.get("candidate_us")
+    if row.get("paired") and isinstance(b, (int, float)) and isinstance(c, (int, float)):
+        per = abs(c - b) / max(1, n)
+    elif isinstance(row.get("base_median_us"), (int, float)) and isinstance(row.get("candidate_median_us"), (int, float)):
+        per = abs(row["candidate_median_us"] - row["base_median_us"])
+    else:
+        return
+    if per < min_diff_us:
+        row["verdict"] = SAME
+        row["why"] += f"; but {per:.2f} us per launch is under the {min_diff_us:g} us floor"
+
+
+def compare(base: Dict[str, Any], cand: Dict[str, Any], threshold: float = 5.0, force: bool = False,
+            min_diff_us: float = MIN_DIFF_US, judge_collectives: bool = False) -> Dict[str, Any]:
     """The comparison of two loaded profiles (see the module doc); raises CompareError when the
     runs differ in GPU, snapshot or mode and force is False."""
     fa, fb = facts(base), facts(cand)
@@ -302,6 +335,7 @@ def compare(base: Dict[str, Any], cand: Dict[str, Any], threshold: float = 5.0, 
         row["verdict"], row["why"] = verdict(row.get("ratio"), row.get("noise_pct"), threshold)
         if row.get("only_in"):
             row["why"] = f"launched only in the {row['only_in']} run"
+        _floor(row, min_diff_us, judge_collectives)
         kernels.append(row)
 
     total = _total(base, cand, kernels, threshold)
@@ -321,11 +355,15 @@ def compare(base: Dict[str, Any], cand: Dict[str, Any], threshold: float = 5.0, 
     if not kernels:
         notes.append("no per-kernel times in these profiles (graph mode without CUPTI times the graph whole): "
                      "the total alone is compared")
+    coll = [k["name"] for k in kernels if k.get("collective")]
+    if coll:
+        notes.append(f"{len(coll)} collective kernel(s) moved but are not judged (their time includes waiting for "
+                     f"the other ranks; --judge-collectives judges them)")
     unpaired = [k["name"] for k in kernels if not k.get("paired") and not k.get("only_in")]
     if unpaired:
         notes.append(f"launches do not pair up for {len(unpaired)} kernel(s) ({', '.join(unpaired[:5])}): "
                      f"their medians are compared")
-    return {"threshold_pct": threshold, "base": fa, "candidate": fb, "differences": diffs, "forced": bool(diffs),
+    return {"threshold_pct": threshold, "min_diff_us": min_diff_us, "base": fa, "candidate": fb, "differences": diffs, "forced": bool(diffs),
             "mode": mode, "kernels": kernels, "launches": launches, "total": total,
             "slower": [k["name"] for k in slower], "faster": [k["name"] for k in faster],
             "regressed": regressed, "exit_code": 1 if regressed else 0, "notes": notes}

@@ -333,7 +333,8 @@ def graph_notes(s: Dict[str, Any]) -> List[str]:
         else:
             verdict = (f"all within {t['limit_pct']:g}%" if t["within"] else
                        f"{len(t['outside'])} outside {t['limit_pct']:g}%")
-            lines.append(f"check against timeline mode (a second replay, {t.get('timeline_backend')}): "
+            src = "the same replay" if t.get("reference") else "a second replay"
+            lines.append(f"check against timeline mode ({src}, {t.get('timeline_backend')}): "
                          f"{t['compared']} kernels of >= {t['min_us']:g} us, {verdict}")
             for c2 in t["outside"][:10]:
                 lines.append(f"  {short_name(c2['name'], 60)}: graph {fmt_us(c2['graph_us'])}, timeline "
