@@ -338,7 +338,7 @@ def compare(base: Dict[str, Any], cand: Dict[str, Any], threshold: float = 5.0, 
         _floor(row, min_diff_us, judge_collectives)
         kernels.append(row)
 
-    total = _total(base, cand, kernels, threshold)
+    total = _total(base, cand, kernels, threshold, min_diff_us, judge_collectives)
     order = {SLOWER: 0, FASTER: 1, SAME: 2, "-": 3}
     kernels.sort(key=lambda k: (order.get(k["verdict"], 3),
                                 -(k.get("diff_pct") or 0) if k["verdict"] == SLOWER else
@@ -378,7 +378,7 @@ def _no_times(prof: Dict[str, Any]) -> Optional[str]:
             f"nothing to compare")
 
 
-def _total(base, cand, kernels, threshold) -> Dict[str, Any]:
+def _total(base, cand, kernels, threshold, min_diff_us: float = 0.0, judge_collectives: bool = True) -> Dict[str, Any]:
     both: List[Dict[str, Any]] = []
     gb, gc = (base.get("summary") or {}).get("graph"), (cand.get("summary") or {}).get("graph")
     if isinstance(gb, dict) and isinstance(gc, dict) and gb.get("median_us") and gc.get("median_us"):
@@ -389,7 +389,8 @@ def _total(base, cand, kernels, threshold) -> Dict[str, Any]:
              "candidate_noise_pct": rel_std(sc) if isinstance(sc, list) and len(sc) > 1 else gc.get("noise_pct")}
         t["noise_pct"] = combine(t["base_noise_pct"], t["candidate_noise_pct"])
     else:
-        both = [k for k in kernels if k.get("ratio") is not None and k.get("base_us") is not None]
+        both = [k for k in kernels if k.get("ratio") is not None and k.get("base_us") is not None
+                and (judge_collectives or not is_collective(k.get("name")))]
         vb = sum(k["base_us"] for k in both)
         vc = sum(k["candidate_us"] for k in both)
         t = {"what": f"kernel time, {len(both)} kernel(s) timed in both", "base_us": vb, "candidate_us": vc,
@@ -408,4 +409,10 @@ def _total(base, cand, kernels, threshold) -> Dict[str, Any]:
     if t["ratio"] is not None:
         t["diff_pct"] = (t["ratio"] - 1) * 100
     t["verdict"], t["why"] = verdict(t["ratio"], t.get("noise_pct"), threshold)
+    n = sum(k.get("launches_base") or 1 for k in both)
+    if t["verdict"] in (SLOWER, FASTER) and both and t.get("base_us"):
+        per = abs(t["ratio"] - 1) * t["base_us"] / max(1, n)
+        if per < min_diff_us:
+            t["verdict"] = SAME
+            t["why"] += f"; but {per:.2f} us per launch is under the {min_diff_us:g} us floor"
     return t

@@ -209,6 +209,27 @@ def test_compare_statistics():
     assert res["kernels"][0]["paired"] is False and any("do not pair up" in n for n in res["notes"])
 
 
+def test_short_kernel_floor_and_collectives():
+    """Two replays of one snapshot moved 1 us kernels by 0.1 us (11%) on an H200, and a NCCL
+    kernel's time by 21% (it waits for the other rank): neither is a regression."""
+    base = _prof([0.9] * 5, mode="timeline", name="loop_multiply_fusion")
+    res = compare(base, _prof([1.0] * 5, mode="timeline", name="loop_multiply_fusion"), threshold=5)
+    k = res["kernels"][0]
+    assert k["verdict"] == SAME and "floor" in k["why"] and res["exit_code"] == 0
+    res = compare(base, _prof([1.0] * 5, mode="timeline", name="loop_multiply_fusion"), threshold=5, min_diff_us=0)
+    assert res["kernels"][0]["verdict"] == SLOWER
+    # a real slowdown of a short kernel passes the floor
+    res = compare(base, _prof([1.8] * 5, mode="timeline", name="loop_multiply_fusion"), threshold=5)
+    assert res["kernels"][0]["verdict"] == SLOWER and res["exit_code"] == 1
+    nccl = "_Z31ncclDevKernel_Broadcast_RING_LL24ncclDevKernelArgsStorageILm4096EE"
+    res = compare(_prof([20.0] * 4, mode="timeline", name=nccl), _prof([24.2] * 4, mode="timeline", name=nccl))
+    assert res["kernels"][0]["verdict"] == SAME and res["exit_code"] == 0
+    assert any("collective" in n for n in res["notes"])
+    res = compare(_prof([20.0] * 4, mode="timeline", name=nccl), _prof([24.2] * 4, mode="timeline", name=nccl),
+                  judge_collectives=True)
+    assert res["kernels"][0]["verdict"] == SLOWER
+
+
 def test_weighted_median():
     assert weighted_median([(1, 1), (2, 1), (3, 1)]) == 2
     assert weighted_median([(1, 1), (2, 1)]) == 1.5
