@@ -463,14 +463,17 @@ def capture(command: Union[Sequence[str], str], out: Union[str, os.PathLike, Non
     ordered = sorted(procs, key=lambda pc: (pc.ring.pid != pid, pc.ring.pid))
     snaps = [p for pc in ordered for p in _outputs(pc) if os.path.exists(p) and p not in unsaved]
     group = None
-    # a job: one whole snapshot per process (a capture in windows writes several per process)
-    whole = [pc.path for pc in ordered if _outputs(pc) == [pc.path] and pc.path in snaps]
-    if len(whole) > 1 and len(whole) == len(ordered):
-        from .group import write_manifest
-        group = write_manifest(path, whole, list(command))
-        if group is not None and not quiet:
-            print(f"cudasnap: group manifest {group}: {len(whole)} processes (replay it with "
-                  f"`cudasnap replay {group}`)", file=sys.stderr)
+    from .group import job_sets, write_manifest
+    # a job: one manifest for the processes' whole snapshots, or one per window index (and
+    # one for the flight recorder's snapshots) across the processes
+    for where, members, note in job_sets(path, ordered, snaps, window):
+        if note and not quiet:
+            print(f"cudasnap: note: {note}", file=sys.stderr)
+        m = write_manifest(where, members, list(command), exact=where != path)
+        if m is not None and not quiet:
+            print(f"cudasnap: group manifest {m}: {len(members)} processes (replay it with "
+                  f"`cudasnap replay {m}`)", file=sys.stderr)
+        group = group or m
     exit_code = code if code >= 0 else 128 - code
     if unsaved and code == 0:
         exit_code = 2          # the program succeeded, its recording did not: never report success

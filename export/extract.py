@@ -12,6 +12,16 @@ could write is read back.  The new snapshot holds:
   - one D2H copy per allocation the selection could write, whose expected result is what the
     replay read back, so `cudasnap replay SMALL.cusnap` verifies the selection reproduces it.
 
+One rank of a job: where the calls before the selection link another process (a shareable
+handle's export or import, a legacy IPC handle), the replay up to the selection is the job's:
+the group manifest beside the snapshot names the other ranks, which replay in the background
+(replay/group.py, RankSession) so that imported memory holds what the other processes wrote
+and collectives find their peers. The extract itself stands alone: memory imported from
+another process becomes a plain allocation at the same address (a shareable import a
+cuMemCreate of the size mapped, an IPC handle's opening a cuMemAlloc_v2 of the exporter's
+size, its closing a cuMemFree_v2), restored like any other with its content at the
+selection's start; exports are left out.
+
 Memory: `reachable` (default) restores what the selected launches' parameters point into,
 plus what pointer scanning finds there (transitively), plus module globals; `all` restores
 every live allocation.  Kernels that reach memory by other means (addresses computed from
@@ -30,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from cudasnap.formats import SnapshotError, SnapshotReader, SnapshotWriter
-from cudasnap.formats.vocab import is_launch, is_query
+from cudasnap.formats.vocab import is_graph_launch, is_launch, is_query
 
 from . import ranges as R
 from .callrange import kept_text, range_work
@@ -41,6 +51,35 @@ LAUNCH_CONFIG_HSTREAM = 40     # CUlaunchConfig.hStream offset
 
 
 _HANDLE_KEYS = ("module", "library", "hmod", "hfunc", "kernel", "pKernel", "pFunc", "pMod", "f")
+# calls that link another process; the extract keeps none of them as they are (_unlink)
+LINK_CALLS = frozenset(("cuMemExportToShareableHandle", "cuMemImportFromShareableHandle", "cuIpcGetMemHandle",
+                        "cuIpcOpenMemHandle", "cuIpcCloseMemHandle", "cuIpcGetEventHandle", "cuIpcOpenEventHandle"))
+_PROP_DEVICE = struct.Struct("<IIIi16x")      # CUmemAllocationProp: pinned, no handle types, on a device
+
+
+_KERNEL_NODE_CALLS = ("cuGraphAddKernelNode", "cuGraphKernelNodeSetParams", "cuGraphExecKernelNodeSetParams")
+_NODE_CALLS = ("cuGraphAddNode", "cuGraphNodeSetParams", "cuGraphExecNodeSetParams")
+
+
+def _kernel_node_function(rec: Dict[str, Any]) -> int:
+    """The function (or library kernel) handle a kernel-node call's recorded struct names; 0
+    for other calls. CUDA_KERNEL_NODE_PARAMS: func @0, kern @56; CUgraphNodeParams: type @0
+    (0: kernel), the kernel params at its union."""
+    b = base_name(rec.get("f") or "")
+    if b not in _KERNEL_NODE_CALLS and b not in _NODE_CALLS:
+        return 0
+    raw = (rec.get("a") or {}).get("nodeParams")
+    if not isinstance(raw, (bytes, bytearray)):
+        return 0
+    off = 0
+    if b in _NODE_CALLS:
+        from cudasnap.shim.description import load
+        if len(raw) < 4 or struct.unpack_from("<I", raw, 0)[0] != 0:
+            return 0
+        off = next((int(f[2]) for f in load().types["CUgraphNodeParams"]["fields"] if f[0] == "kernel"), 16)
+    if len(raw) < off + 64:
+        return 0
+    return struct.unpack_from("<Q", raw, off)[0] or struct.unpack_from("<Q", raw, off + 56)[0]
 
 
 class ExtractError(ExportError):
@@ -112,6 +151,11 @@ class Extractor:
         self.device = device
         self.driver = driver
         self.res = ExtractResult(self.out, memory=memory, ranges=ranges if memory == "reachable" else "segment")
+        self.links: List[Dict[str, Any]] = []        # calls before or in the selection that link a process
+        self.import_size: Dict[int, int] = {}        # imported allocation handle -> bytes mapped of it
+        self.ipc_opened: Set[int] = set()            # recorded addresses of IPC handles opened
+        self.ipc_size: Dict[int, int] = {}           # ... -> the exporter's allocation size (from the replay)
+        self.group = None                            # (manifest, rank) when the replay is the job's
 
     # ------------------------------------------------------------------ selection (no GPU)
     def _names(self) -> Emitter:
@@ -153,6 +197,9 @@ class Extractor:
                     sel.append(rec)
                 last_seq = s
                 continue
+            if self.launch is not None and s == self.launch and is_graph_launch(f) and rec.get("r", 0) == 0:
+                sel.append(rec)          # a graph launch: the graph's kernels (XLA, CUDA graphs)
+                break
             if not is_launch(f) or rec.get("r", 0) != 0:
                 continue
             if self.launch is not None:
@@ -208,6 +255,7 @@ class Extractor:
                 self.mapped[a.get("ptr")] = int(a.get("size", 0))
             elif b == "cuMemUnmap":
                 self.mapped.pop(a.get("ptr"), None)
+            self._note_link(rec, b, a)
             if b in ("cuStreamBeginCapture", "cuStreamBeginCaptureToGraph"):
                 capturing[key] = key
                 recs.append(rec)
@@ -231,6 +279,8 @@ class Extractor:
             if _is_work(f) or _skipped_query(f):
                 continue
             recs.append(rec)
+        for rec in self.sel:
+            self._note_link(rec, base_name(rec.get("f") or ""), rec.get("a") or {})
         if self.calls is None:
             rec = self.sel[0]
             f, a = rec.get("f") or "", rec.get("a") or {}
@@ -242,6 +292,47 @@ class Extractor:
                 raise ExtractError(f"launch #{rec['s']} is captured into a graph (it runs when the graph is launched); "
                                    f"select the graph launches with --calls instead")
         self._drop_unneeded_modules(recs)
+
+    def _note_link(self, rec, b: str, a) -> None:
+        """What the extract needs to stand alone where the program linked another process."""
+        if b in LINK_CALLS:
+            self.links.append(rec)
+            if b == "cuIpcOpenMemHandle" and isinstance(a.get("pdptr"), int):
+                self.ipc_opened.add(a["pdptr"])
+        elif b == "cuMemMap" and isinstance(a.get("handle"), int) and any(
+                base_name(r.get("f") or "") == "cuMemImportFromShareableHandle"
+                and (r.get("a") or {}).get("handle") == a["handle"] for r in self.links):
+            end = int(a.get("offset") or 0) + int(a.get("size") or 0)
+            self.import_size[a["handle"]] = max(self.import_size.get(a["handle"], 0), end)
+
+    def _unlink(self, rec) -> Optional[Dict[str, Any]]:
+        """A call that linked another process, as the extract keeps it (None: left out)."""
+        b = base_name(rec.get("f") or "")
+        a = rec.get("a") or {}
+        base = {k: v for k, v in rec.items() if k not in ("f", "a", "x")}
+        if b == "cuMemImportFromShareableHandle":
+            n = self.import_size.get(a.get("handle"))
+            if not n:
+                return None                       # never mapped: nothing reads it
+            return {**base, "f": "cuMemCreate", "a": {"handle": a.get("handle"), "size": n,
+                                                      "prop": _PROP_DEVICE.pack(1, 0, 1, self._rank_device()),
+                                                      "flags": 0}}
+        if b == "cuIpcOpenMemHandle":
+            n = self.ipc_size.get(a.get("pdptr"))
+            if not n:
+                raise ExtractError(f"call #{rec.get('s')} {rec['f']}: the size of the memory it opened is not "
+                                   f"known (it was not live when the selection started)")
+            return {**base, "f": "cuMemAlloc_v2", "a": {"dptr": a.get("pdptr"), "bytesize": n}}
+        if b == "cuIpcCloseMemHandle":
+            return {**base, "f": "cuMemFree_v2", "a": {"dptr": a.get("dptr")}}
+        return None                               # exports, event handles
+
+    def _rank_device(self) -> int:
+        if self.group is not None:
+            m, rank = self.group
+            d = (m["ranks"][rank].get("devices") or [0])[0]
+            return d if isinstance(d, int) else 0
+        return 0
 
     def _drop_unneeded_modules(self, recs: List[Dict[str, Any]]) -> None:
         """Keep the module/library loads that the selected and captured launches' kernels come
@@ -266,6 +357,10 @@ class Extractor:
         for rec in list(self.sel) + list(recs):
             if is_launch(rec.get("f") or ""):
                 needed_fns.append(((rec.get("a") or {}).get("f"), rec.get("s")))
+            else:       # kernel nodes of graphs built node by node (XLA) name their functions too
+                h = _kernel_node_function(rec)
+                if h:
+                    needed_fns.append((h, rec.get("s")))
         keep: Set[Any] = set()
         unresolved = False
         for h, s in needed_fns:
@@ -321,6 +416,8 @@ class Extractor:
             a = sp.allocs[base]
             if a.kind in ("placed", "fallback", "global"):
                 out.append((a.rec_base, max(int(a.size), 0), a.kind))
+            elif a.kind == "vmm" and a.rec_base in self.ipc_opened:
+                out.append((a.rec_base, max(int(a.size), 0), "vmm"))     # another process's, opened whole
             elif a.kind == "vmm":
                 run = None
                 for p, n in vmm_pieces:
@@ -378,6 +475,10 @@ class Extractor:
         if rp.ctx.res.errors:
             raise ExtractError(f"replay failed before the selection: {rp.ctx.res.errors[0]}")
         rp.ctx.raw("cuCtxSynchronize")
+        for p in self.ipc_opened:
+            al = rp.ctx.space.find(p)
+            if al is not None:
+                self.ipc_size[p] = int(al.size)
         self._live = self._ranges(rp)
         self._starts = [r[0] for r in self._live]
         if not self._live:
@@ -480,6 +581,10 @@ class Extractor:
 
         def put(rec):
             nonlocal seq
+            if base_name(rec.get("f") or "") in LINK_CALLS:
+                rec = self._unlink(rec)
+                if rec is None:
+                    return
             rec = self._copy_blobs(rec)
             rec["os"] = rec.get("s")              # the call's number in the original snapshot
             rec["s"] = seq
@@ -517,6 +622,8 @@ class Extractor:
         synth("cuCtxSynchronize", {})
         for base, n, bid in self.expected:
             synth("cuMemcpyDtoH_v2", {"dstHost": 0, "srcDevice": base, "ByteCount": n}, {"dstHost": {"blob": bid}})
+        if self.links:
+            w.write({"k": "note", "level": "info", "msg": self._links_note()})
         w.write({"k": "note", "level": "info",
                  "msg": f"extracted from {os.path.basename(self.path)}: calls {self.res.selected[:8]}"
                         f"{'...' if len(self.res.selected) > 8 else ''}; memory restored: "
@@ -527,6 +634,29 @@ class Extractor:
                            "allocations the selection's parameters point into, what pointer scanning found in "
                            "them, and module globals")})
         w.write({"k": "end", "exit": 0, "signal": None, "partial": False})
+
+    def _links_note(self) -> str:
+        kinds = sorted({base_name(r.get("f") or "") for r in self.links})
+        how = (f"replayed up to the selection with the job's other ranks ({os.path.basename(self.group[0]['path'])})"
+               if self.group is not None else "")
+        return (f"rank of a job: {len(self.links)} calls linking another process ({', '.join(kinds)}) are not kept; "
+                f"memory imported from another process is a plain allocation at its address, restored with its "
+                f"content at the selection's start" + (f"; {how}" if how else ""))
+
+    def _find_group(self) -> None:
+        """Links before the selection: the replay up to it is the job's (its manifest)."""
+        if not self.links:
+            return
+        from cudasnap.formats.group import find_manifest
+        found = find_manifest(self.path)
+        if found is None:
+            r = self.links[0]
+            raise ExtractError(f"call #{r.get('s')} {r.get('f')} links another process: extracting from one rank of "
+                               f"a job replays the job up to the selection, and no group manifest beside "
+                               f"{os.path.basename(self.path)} names it (keep the manifest capture wrote, "
+                               f"STEM.group.json, in the same directory as the ranks' snapshots)")
+        self.group = found
+        self.res.notes.append(self._links_note())
 
     # ------------------------------------------------------------------ run
     def run(self) -> ExtractResult:
@@ -547,6 +677,7 @@ class Extractor:
                 if is_launch(r.get("f") or "") and (r.get("x") or {}).get("params") is None:
                     raise ExtractError(f"call #{r['s']} {r['f']}: kernel parameters were not captured")
             self.prefix()
+            self._find_group()
             if self.calls is not None:
                 self.res.notes.insert(0, f"kept {kept_text(self.res)}")
             hdr = dict(self.reader.raw_header)
@@ -606,15 +737,34 @@ class Extractor:
                     raise _Done()
 
         tap = Tap()
-        with open(os.devnull, "w") as devnull:
-            rp = Replayer(self.path, ReplayOptions(device=self.device, continue_on_error=True, quiet=True),
-                          driver=self.driver, out=devnull)
-            rp.subscribers.append(tap)
-            done = False
+        session = None
+        if self.group is not None:
+            from cudasnap.replay.group import GroupProblem
+            from cudasnap.replay.ranksession import RankSession
+            session = RankSession(self.group[0], self.group[1])
             try:
-                rp.run()
-            except _Done:
-                done = True
+                session.__enter__()
+            except GroupProblem as e:
+                raise ExtractError(f"the job's other ranks: {e}")
+        try:
+            with open(os.devnull, "w") as devnull:
+                device = session.device if session is not None else self.device
+                rp = Replayer(self.path, ReplayOptions(device=device, continue_on_error=True, quiet=True),
+                              driver=self.driver, out=devnull)
+                if session is not None:
+                    rp.subscribers.append(_Starter(session.hook()))
+                rp.subscribers.append(tap)
+                done = False
+                try:
+                    rp.run()
+                except _Done:
+                    done = True
+        finally:
+            if session is not None:
+                failed = session.failed
+                session.__exit__(None, None, None)
+                if failed and not done:
+                    raise ExtractError(f"replay of the job up to the selection failed: {failed}")
         if tap.err is not None:
             if isinstance(tap.err, ExportError):
                 raise tap.err
@@ -622,6 +772,17 @@ class Extractor:
         if not done:
             why = rp.ctx.res.errors[0] if rp.ctx.res.errors else "the selected calls did not run"
             raise ExtractError(f"replay did not reach the end of the selection: {why}")
+
+
+class _Starter:
+    """Runs a group rank hook's start (it then subscribes itself, first)."""
+
+    def __init__(self, hook):
+        self.hook = hook
+
+    def on_event(self, kind, ev):
+        if kind == "start":
+            self.hook.start(ev)
 
 
 def extract(snapshot, out, **kw) -> ExtractResult:

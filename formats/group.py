@@ -18,7 +18,7 @@ import json
 import os
 import struct
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .abi import base_name
 from .reader import SnapshotReader
@@ -198,6 +198,31 @@ def load(path) -> Dict[str, Any]:
     for r in m["ranks"]:
         r["snapshot"] = os.fspath((path.parent / r["snapshot"]).resolve())
     return m
+
+
+def find_manifest(snapshot) -> Optional[Tuple[Dict[str, Any], int]]:
+    """The group manifest beside `snapshot` that names it as a rank: (manifest, its rank);
+    None when there is none (JSON files and extension-less files of the directory are read,
+    as capture writes a job's manifest at OUT itself when the launcher made no CUDA call)."""
+    target = os.path.realpath(os.fspath(snapshot))
+    d = os.path.dirname(target)
+    try:
+        names = sorted(os.listdir(d))
+    except OSError:
+        return None
+    for name in names:
+        p = os.path.join(d, name)
+        if p == target or not os.path.isfile(p) or not is_manifest(p):
+            continue
+        try:
+            m = load(p)
+        except GroupError:
+            continue
+        for r in m["ranks"]:
+            if os.path.realpath(r["snapshot"]) == target:
+                m["path"] = p
+                return m, r["rank"]
+    return None
 
 
 def run_info_group(path, as_json: bool = False) -> int:

@@ -106,14 +106,27 @@ def client() -> Optional[Client]:
     return _client
 
 
-class _Progress:
+def reset_client() -> None:
+    """Forget this process's coordinator connection (a RankSession's end)."""
+    global _client
+    if _client is not None:
+        try:
+            _client.sock.close()
+        except OSError:
+            pass
+        _client = None
+
+
+class Progress:
     """The shared table: one int64 per rank (recorded return time of the call it is in, or
     DONE), an abort word, then per rank its recorded first-call time and the CLOCK_MONOTONIC ns
-    at which it was ready to start (--pace recorded: one time origin for the whole group)."""
+    at which it was ready to start (--pace recorded: one time origin for the whole group), then
+    per rank the recorded time its window's state was taken (0: its snapshot starts with the
+    process), all set before the start rendezvous."""
 
     def __init__(self, path: str, n: int, create: bool = False):
         self.n = n
-        size = 8 * (3 * n + 1)
+        size = 8 * (4 * n + 1)
         if create:
             with open(path, "wb") as f:
                 f.write(b"\0" * size)
@@ -124,6 +137,12 @@ class _Progress:
     def set_start(self, i: int, origin: int, ready_ns: int) -> None:
         self.words[self.n + 1 + i] = origin
         self.words[2 * self.n + 1 + i] = ready_ns
+
+    def set_state_t(self, i: int, t: int) -> None:
+        self.words[3 * self.n + 1 + i] = t
+
+    def state_t(self, i: int) -> int:
+        return self.words[3 * self.n + 1 + i]
 
     def group_start(self) -> Tuple[int, int]:
         """(the earliest recorded first call of any rank, the latest ready time): read once
@@ -154,7 +173,7 @@ class RankHook:
         self.rank = int(os.environ.get(ENV_RANK, "0"))
         n = int(os.environ.get(ENV_NRANKS, "1"))
         path = os.environ.get(ENV_PROGRESS)
-        self.prog = _Progress(path, n) if path else None
+        self.prog = Progress(path, n) if path else None
         self.timeout = float(os.environ.get(ENV_TIMEOUT, DEFAULT_TIMEOUT))
         # tests: CUDASNAP_GROUP_TEST_KILL=RANK:SEQ kills this rank's replayer before call SEQ
         kill = os.environ.get(TEST_KILL_ENV, "").split(":")
@@ -162,11 +181,52 @@ class RankHook:
         self.kill_at = int(kill[1]) if ok else None
         self.stall = len(kill) > 2 and kill[2] == "stall"        # hang there instead of dying
         self.linked = False          # has imported another process's memory
+        self.state_t = None          # a window's (or checkpoint's) state: when it was taken
+        self.close_t = None          # a window's end state: when it was hashed
+        self.last_seq = None         # the window's last call
+        self.pause_end = None        # when the program went on after its state was taken
+        self.imported_h: Dict[int, Optional[int]] = {}     # recorded handle imported -> the owner's rank
+        self.imported: List[Tuple[int, int, Optional[int]]] = []   # recorded [lo, hi) another rank owns, owner
+        self.owners = _owners()      # (this pid, import call) -> the exporter's rank
+        self.skipped_state = 0       # state copies into that memory left to its owner
+
+    def _window_times(self, path: str) -> None:
+        """A window snapshot starts from a state the shim copied while the program paused at
+        the window's open (the state records themselves carry the later time they were
+        drained at), and ends with hashes taken at its close: those two times order the
+        state's copies and the end-state check against the other ranks."""
+        from cudasnap.formats import SnapshotError, SnapshotReader
+        try:
+            with SnapshotReader(path) as r:
+                if not (r.header or {}).get("window"):
+                    return
+                hashed = False
+                for rec in r.records(("win", "c", "endstate")):
+                    k = rec.get("k")
+                    if k == "win" and rec.get("op") in ("open", "checkpoint") and rec.get("t"):
+                        self.state_t = int(rec["t"])
+                    elif k == "win" and rec.get("op") == "state" and self.state_t:
+                        self.pause_end = self.state_t + int(rec.get("pause_ns") or rec.get("dump_ns") or 0)
+                    elif k == "win" and rec.get("op") == "close" and rec.get("t"):
+                        self.close_t = int(rec["t"])
+                    elif k == "endstate" and not rec.get("none"):
+                        hashed = True
+                    elif k == "c" and not rec.get("state") and isinstance(rec.get("s"), int):
+                        self.last_seq = rec["s"] if self.last_seq is None else max(self.last_seq, rec["s"])
+                if not hashed:
+                    self.close_t = None
+        except (SnapshotError, OSError):
+            pass
 
     def start(self, ev) -> None:
         rp = ev.replayer
         if self.prog is not None and self not in rp.subscribers:
-            rp.subscribers.append(self)
+            if getattr(self, "front", False):
+                rp.subscribers.insert(0, self)    # before a caller's own subscribers (extract reads memory)
+            else:
+                rp.subscribers.append(self)
+            self._window_times(rp.path)
+            self.prog.set_state_t(self.rank, self.state_t or 0)
             # rendezvous: every rank has read its snapshot before any replays a call, so the
             # ranks start together (collectives wait on each other, as when recorded)
             origin = rp.pace_origin() or 0
@@ -183,8 +243,21 @@ class RankHook:
     def on_event(self, kind: str, ev) -> None:
         if kind == "before_call":
             self._before(ev.rec)
+        elif kind == "after_call":
+            if base_name(ev.rec.get("f") or "") == "cuIpcOpenMemHandle":
+                self._opened(ev)
+            if self.close_t and ev.rec.get("s") == self.last_seq and not ev.rec.get("state"):
+                # the end state is checked next: first every other rank passes the close
+                # (its calls recorded before it have run), and none runs a copy or launch
+                # recorded after it until this rank has ended
+                self.prog.set(self.rank, self.close_t)
+                self._wait_for(self.close_t, "the window's end: rank {r} did not reach the calls recorded before "
+                                             "this rank's window closed")
         elif kind == "end" and self.prog is not None:
             self.prog.set(self.rank, DONE)
+            if self.skipped_state:
+                ev.replayer.ctx.note(f"group replay: {self.skipped_state} state copies into memory imported from "
+                                     f"another rank were left to that rank (it restores its own memory)")
 
     def _before(self, rec) -> None:
         from .events import classify
@@ -197,6 +270,21 @@ class RankHook:
             os.kill(os.getpid(), signal.SIGKILL)
         t0 = rec.get("t0") or 0
         f = rec.get("f") or ""
+        b = base_name(f)
+        if b == "cuMemImportFromShareableHandle" and isinstance((rec.get("a") or {}).get("handle"), int):
+            self.imported_h[rec["a"]["handle"]] = self.owners.get(rec.get("s"))
+        elif b == "cuMemMap" and (rec.get("a") or {}).get("handle") in self.imported_h:
+            a = rec["a"]
+            if isinstance(a.get("ptr"), int) and isinstance(a.get("size"), int):
+                self.imported.append((a["ptr"], a["ptr"] + a["size"], self.imported_h[a["handle"]]))
+        if rec.get("state") and self.imported:
+            self._skip_imported(rec)
+        if rec.get("state") and self.state_t:
+            t0 = self.state_t              # the content is the memory as it was at the window's open
+            self.prog.set(self.rank, t0)
+            self._wait_for(t0, f"call #{rec.get('s')} (the window's state): rank {{r}} did not reach the calls "
+                               "recorded before this rank's window opened")
+            return
         if not self.linked and base_name(f) in IMPORTS:
             self.linked = True
         # a copy, and once this rank maps another's memory every launch, waits for the others to
@@ -207,6 +295,40 @@ class RankHook:
             self._wait_for(t0, f"call #{rec.get('s')} {rec.get('f')}: rank {{r}} did not reach the calls recorded "
                                 "before it")
         self.prog.set(self.rank, rec.get("t1") or t0)
+
+    def _opened(self, ev) -> None:
+        """cuIpcOpenMemHandle returned: the exporter's allocation, as this replay placed it."""
+        want = (ev.rec.get("a") or {}).get("pdptr")
+        space = getattr(getattr(ev.replayer, "ctx", None), "space", None)
+        al = space.find(want) if space is not None and isinstance(want, int) else None
+        if al is not None:
+            self.imported.append((int(al.rec_base), int(al.rec_base) + max(int(al.size), 1),
+                                  self.owners.get(ev.rec.get("s"))))
+
+    def _skip_imported(self, rec) -> None:
+        """A window's state copy into memory another rank owns, when the owner's own state
+        (or its snapshot's start) comes no later than this rank went on after taking it: the
+        owner restores that memory itself, from a state taken while it was paused, and replays
+        what it did to it from then on; this rank's copy was read while the owner kept running
+        (a race with the owner's work that the recording cannot order). The copy is made empty
+        (no bytes, its payload not read).
+        Where the owner's state is later, this rank's copy is the only one and stays."""
+        a = rec.get("a") or {}
+        dst = a.get("dstDevice")
+        if not isinstance(dst, int):
+            return
+        for lo, hi, owner in self.imported:
+            if lo <= dst < hi:
+                break
+        else:
+            return
+        if owner is None or owner == self.rank or self.prog is None:
+            return
+        if self.prog.state_t(owner) > (self.pause_end or self.state_t or 0):
+            return
+        rec["a"] = {**a, "ByteCount": 0}
+        rec["x"] = {k: v for k, v in (rec.get("x") or {}).items() if k != "srcHost"}     # not read at all
+        self.skipped_state += 1
 
     def _wait_for(self, t: int, what: str) -> None:
         w, n, me = self.prog.words, self.prog.n, self.rank
@@ -231,6 +353,33 @@ class RankHook:
 
 
 IMPORTS = frozenset(("cuMemImportFromShareableHandle", "cuIpcOpenMemHandle"))
+ENV_OWNERS = "CUDASNAP_GROUP_OWNERS"
+
+
+def _owners() -> Dict[int, int]:
+    """This rank's imports (recorded call number) -> the rank that exported the memory, from
+    the file the coordinator wrote (ENV_OWNERS); empty outside a group replay."""
+    path = os.environ.get(ENV_OWNERS)
+    pid = os.environ.get(ENV_PID)
+    if not path or not pid:
+        return {}
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return {int(seq): int(rank) for seq, rank in (doc.get(pid) or {}).items()}
+
+
+def owners_doc(m: Dict[str, Any]) -> Dict[str, Dict[str, int]]:
+    """{importing pid: {import call number: exporting rank}} from a manifest's links."""
+    rank_of = {r["pid"]: r["rank"] for r in m.get("ranks", [])}
+    out: Dict[str, Dict[str, int]] = {}
+    for ln in m.get("links", []):
+        fr, to = ln.get("from") or {}, ln.get("to") or {}
+        if fr.get("pid") in rank_of and isinstance(to.get("seq"), int):
+            out.setdefault(str(to.get("pid")), {})[str(to["seq"])] = rank_of[fr["pid"]]
+    return out
 
 
 def _stop(msg: str) -> None:
@@ -240,7 +389,7 @@ def _stop(msg: str) -> None:
 
 
 # ================================================================== coordinator
-class _Store:
+class LinkStore:
     """Exported fds by key, paired to imports through the manifest."""
 
     def __init__(self, manifest: Dict[str, Any], timeout: float):
@@ -299,7 +448,7 @@ def _k(key) -> str:
     return json.dumps(list(key))
 
 
-def _serve(srv: socket.socket, store: _Store, stop: threading.Event) -> None:
+def serve_links(srv: socket.socket, store: LinkStore, stop: threading.Event) -> None:
     srv.settimeout(0.2)
     while not stop.is_set():
         try:
@@ -311,7 +460,7 @@ def _serve(srv: socket.socket, store: _Store, stop: threading.Event) -> None:
         threading.Thread(target=_conn, args=(conn, store), daemon=True).start()
 
 
-def _conn(conn: socket.socket, store: _Store) -> None:
+def _conn(conn: socket.socket, store: LinkStore) -> None:
     with conn:
         while True:
             try:
@@ -424,7 +573,7 @@ def device_map(m: Dict[str, Any], devices: Optional[str], count: Optional[int]) 
     return ds
 
 
-def _gpu_count() -> Optional[int]:
+def gpu_count() -> Optional[int]:
     if os.environ.get("CUDASNAP_GROUP_NO_COUNT"):
         return None
     try:
@@ -449,7 +598,7 @@ def run_group(paths: Sequence, devices: Optional[str], options, as_json: bool = 
     opts, cfg = copy.deepcopy(options)
     try:
         m = load_group(paths)
-        ds = device_map(m, devices, _gpu_count())
+        ds = device_map(m, devices, gpu_count())
     except GroupProblem as e:
         sys.stderr.write(f"cudasnap: error: {e}\n")
         return 2
@@ -460,6 +609,7 @@ def run_group(paths: Sequence, devices: Optional[str], options, as_json: bool = 
         if problem:
             sys.stderr.write(f"cudasnap: error: rank {r['rank']}: {problem}\n")
             return 2
+    _flight_starts(ranks)
     timeout = float(os.environ.get(ENV_TIMEOUT, DEFAULT_TIMEOUT))
     tmp = tempfile.mkdtemp(prefix="cudasnap-group-")
     outs = [cfg.out] if cfg.out else []
@@ -472,13 +622,16 @@ def run_group(paths: Sequence, devices: Optional[str], options, as_json: bool = 
     doc = os.path.join(tmp, "options.json")
     rankopts.dump(doc, opts, cfg)
     sock_path = os.path.join(tmp, "sock")
-    store = _Store(m, timeout)
+    store = LinkStore(m, timeout)
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     srv.bind(sock_path)
     srv.listen(len(ranks) * 2)
     stop = threading.Event()
-    threading.Thread(target=_serve, args=(srv, store, stop), daemon=True).start()
-    prog = _Progress(os.path.join(tmp, "progress"), len(ranks), create=True)
+    threading.Thread(target=serve_links, args=(srv, store, stop), daemon=True).start()
+    prog = Progress(os.path.join(tmp, "progress"), len(ranks), create=True)
+    owners = os.path.join(tmp, "owners.json")
+    with open(owners, "w") as f:
+        json.dump(owners_doc(m), f)
     procs: List[subprocess.Popen] = []
     codes = None
     t0 = time.monotonic()
@@ -487,7 +640,7 @@ def run_group(paths: Sequence, devices: Optional[str], options, as_json: bool = 
             env = dict(os.environ)
             env.update({ENV_SOCKET: sock_path, ENV_PID: str(r["pid"]), ENV_RANK: str(r["rank"]),
                         ENV_PROGRESS: os.path.join(tmp, "progress"), ENV_NRANKS: str(len(ranks)),
-                        ENV_TIMEOUT: str(timeout)})
+                        ENV_TIMEOUT: str(timeout), ENV_OWNERS: owners})
             cmd = rankopts.rank_command(sys.executable, doc, r["snapshot"], d, watchdog or DEFAULT_WATCHDOG)
             procs.append(subprocess.Popen(cmd, env=env, stdout=open(os.path.join(tmp, f"out{r['rank']}"), "wb"),
                                           stderr=open(os.path.join(tmp, f"err{r['rank']}"), "wb")))
@@ -520,6 +673,31 @@ def run_group(paths: Sequence, devices: Optional[str], options, as_json: bool = 
     return code
 
 
+def _flight_starts(ranks) -> None:
+    """Flight-recorder snapshots of a job start where each process's kept checkpoint was: a
+    rank whose snapshot starts from the process's start next to one that starts at a later
+    checkpoint reads memory the other did not record before it (said, not refused)."""
+    from cudasnap.formats import SnapshotError, SnapshotReader
+    starts = []
+    for r in ranks:
+        try:
+            with SnapshotReader(r["snapshot"]) as rd:
+                w = (rd.header or {}).get("window") or {}
+        except (SnapshotError, OSError):
+            return
+        if w.get("mode") != "flight":
+            return
+        starts.append((r["rank"], w.get("why") or "", w.get("n")))
+    if len({why == "start" for _r, why, _n in starts}) > 1:
+        early = [r for r, why, _n in starts if why == "start"]
+        late = [r for r, why, _n in starts if why != "start"]
+        sys.stderr.write(f"cudasnap: note: flight snapshots of this job start at different points: rank(s) "
+                         f"{','.join(map(str, early))} from the process start, rank(s) {','.join(map(str, late))} "
+                         f"at a later checkpoint; what the former read of the latter's memory before that checkpoint "
+                         f"was not recorded, so a mismatch there is expected (a longer --flight-recorder period "
+                         f"keeps every rank from its start)\n")
+
+
 def _collectives(out_pattern: Optional[str], ranks) -> Optional[Dict[str, Any]]:
     """--profile timeline: collective kernels matched across the ranks' profiles (their waits)."""
     if not out_pattern:
@@ -535,7 +713,7 @@ def _collectives(out_pattern: Optional[str], ranks) -> Optional[Dict[str, Any]]:
     return c if c and c["matched"] else None
 
 
-def _watch(procs, ranks, store: _Store, prog: _Progress) -> Tuple[List[Optional[int]], Dict[int, str]]:
+def _watch(procs, ranks, store: LinkStore, prog: Progress) -> Tuple[List[Optional[int]], Dict[int, str]]:
     """Wait for every rank; after one fails (or dies), give the rest GRACE seconds, then stop
     them. Returns the exit codes (negative: signal) and why ranks were stopped."""
     codes: List[Optional[int]] = [None] * len(procs)

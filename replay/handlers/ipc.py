@@ -51,8 +51,19 @@ def _client(ctx, rec):
     c = ctx.group_client()
     if c is None:
         ctx.fail(rec, "links another process: replay the whole job (its group manifest, or all its snapshots) "
-                     "with `cudasnap replay JOB.cusnap`")
+                     f"with `cudasnap replay {_manifest_of(ctx) or 'JOB.cusnap'}`; to replay one kernel of this "
+                     f"rank alone, `cudasnap extract` it (the extract stands alone)")
     return c
+
+
+def _manifest_of(ctx):
+    """The group manifest beside this snapshot that names it (a window's: STEM.wN.group.json)."""
+    try:
+        from cudasnap.formats.group import find_manifest
+        found = find_manifest(ctx.reader.path)
+    except Exception:
+        return None
+    return found[0]["path"] if found else None
 
 
 def recorded_prop(ctx, prop_bytes):
