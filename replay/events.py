@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from cudasnap.formats.abi import base_name
 
+from .functions import bound_function
 from .params import LAUNCH_CONFIG, LaunchParams
 
 _CLASS_CACHE: Dict[str, Optional[str]] = {}
@@ -194,16 +195,16 @@ class LaunchContext:
             cfg.hStream = s
             try:
                 p = LaunchParams(ev.params)
-                rp.ctx.raw("cuLaunchKernelEx", cfg, ev.function, None, p.extra_ptr)
+                rp.ctx.raw("cuLaunchKernelEx", cfg, bound_function(rp.ctx, ev.function), None, p.extra_ptr)
             finally:
                 cfg.hStream = old
             return
         if base == "cuLaunchCooperativeKernel":
             p = LaunchParams(ev.params, ev.layout or [])
-            rp.ctx.raw("cuLaunchCooperativeKernel", ev.function, *ev.grid, *ev.block, ev.shmem, s, p.kp_ptr)
+            rp.ctx.raw("cuLaunchCooperativeKernel", bound_function(rp.ctx, ev.function), *ev.grid, *ev.block, ev.shmem, s, p.kp_ptr)
             return
         p = LaunchParams(ev.params)
-        rp.ctx.raw("cuLaunchKernel", ev.function, *ev.grid, *ev.block, ev.shmem, s, None, p.extra_ptr)
+        rp.ctx.raw("cuLaunchKernel", bound_function(rp.ctx, ev.function), *ev.grid, *ev.block, ev.shmem, s, None, p.extra_ptr)
 
 
 @dataclass

@@ -41,7 +41,7 @@ def resolve_function(ctx, rec, h):
         else:
             r = cu.cuLibraryGetKernel(obj, name.encode())
             if int(r[0]) == 0:
-                fn = cu.CUfunction(int(r[1]))
+                fn = kernel_as_function(ctx, r[1])
                 break
     if fn is None:
         ctx.fail(rec, f"kernel {name!r} not found in any loaded module or library")
@@ -52,3 +52,33 @@ def resolve_function(ctx, rec, h):
     else:
         ctx.func_names.setdefault(h, name)
     return fn
+
+
+
+_BOUND: dict = {}           # library kernel handle -> the CUfunction it got (one replay per process)
+_LIBRARY_KERNELS: set = set()
+
+
+def kernel_as_function(ctx, k):
+    """A library kernel (CUkernel) cast to CUfunction, as the runtime launches it; remembered,
+    so that bound_function knows it."""
+    _LIBRARY_KERNELS.add(int(k))
+    return ctx.cu.CUfunction(int(k))
+
+
+def bound_function(ctx, fn):
+    """The current context's CUfunction of a library kernel (a CUkernel handed around as a
+    CUfunction launches in whatever context is current, which a stream capture on the
+    replayer's thread may not match); any other function as it is."""
+    key = int(fn)
+    if key not in _LIBRARY_KERNELS:
+        return fn
+    got = _BOUND.get(key)
+    if got is None:
+        cu = ctx.cu
+        try:
+            r = cu.cuKernelGetFunction(cu.CUkernel(key))
+        except RuntimeError:            # a driver without library kernels
+            r = (1, None)
+        got = _BOUND[key] = r[1] if int(r[0]) == 0 else fn
+    return got

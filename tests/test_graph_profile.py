@@ -88,7 +88,7 @@ def test_graph_mode_checks_itself_against_a_timeline_replay(double, tmp_path):
         assert abs(c["diff_pct"]) > 5.0, c
     assert t["within"] is (not t["outside"]), t
     verdict = "all within 5%" if t["within"] else "1 outside 5%"
-    assert "check against timeline mode (a second replay" in rp.stdout and f"1 kernels of >= 5 us, {verdict}" in rp.stdout
+    assert "check against timeline mode (the same replay" in rp.stdout and f"1 kernels of >= 5 us, {verdict}" in rp.stdout
     out2 = tmp_path / "prof2.json"
     rp = _replay(double, snap, "--profile", "graph", "--repeat", "2", "--warmup", "0", "--out", str(out2))
     assert rp.returncode == 0 and "timeline_check" not in json.loads(out2.read_text())["summary"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 from . import handles
 from ..archcheck import runnable
 from ..errors import ReplayError
-from ..functions import resolve_function
+from ..functions import kernel_as_function, resolve_function
 from ..replace import replacements
 from ..retarget import jit_done, jit_image
 
@@ -139,7 +139,7 @@ def library_get_kernel(ctx, rec):
         k = rep.kernel(rec, name)
     if k is not None:
         ctx.set_handle(a.get("pKernel"), k, "kernel")
-        ctx.funcs[a.get("pKernel")] = ctx.cu.CUfunction(int(k))   # the runtime launches CUkernel cast to CUfunction
+        ctx.funcs[a.get("pKernel")] = kernel_as_function(ctx, k)   # the runtime launches CUkernel cast to CUfunction
         ctx.func_names[a.get("pKernel")] = name
         ctx.module_of[a.get("pKernel")] = a.get("library")
 

@@ -33,7 +33,7 @@ from cudasnap.formats.vocab import is_launch
 
 from .. import dispatch
 from ..collectives import is_collective
-from ..functions import resolve_function
+from ..functions import bound_function, resolve_function
 from ..group import ENV_RANK
 from ..layout import sizeof
 from ..params import LAUNCH_CONFIG, LaunchParams
@@ -68,7 +68,7 @@ class SeqLaunch:
         self._rp = rp
         self.seq, self.index, self.call = rec.get("s"), index, rec.get("f") or ""
         self.name = rp.ctx.kernel_name_of(h, self.seq)
-        self.function = resolve_function(rp.ctx, rec, h)
+        self.function = bound_function(rp.ctx, resolve_function(rp.ctx, rec, h))
         self.rec_params = bytes(x.get("params") or b"")
         self._ex = kind == LAUNCH_EX
         self._attrs, self._nattr = b"", 0
