@@ -122,8 +122,9 @@ def _replay_json(double, snap, *args, env=None):
 
 def test_a_rank_profiles_around_its_collectives(double, tmp_path):
     """In a job, isolated mode runs a collective once (repeated alone it would wait for its peers
-    forever) and times the rest; graph mode refuses a sequence holding one at once, naming it,
-    while the rank replays on (exit 2: no profile). Outside a job both profile as usual."""
+    forever) and times the rest; graph mode profiles the longest stretch between collectives, and
+    refuses a selection holding one at once, naming it, while the rank replays on (exit 2: no
+    profile). Outside a job both profile as usual."""
     snap = _rank_snapshot(tmp_path / "rank.cusnap")
     job = {"CUDASNAP_GROUP_RANK": "0"}
     cp, d = _replay_json(double, snap, "--profile", "isolated", "--repeat", "2", "--warmup", "0", env=job)
@@ -132,7 +133,14 @@ def test_a_rank_profiles_around_its_collectives(double, tmp_path):
     assert s["collective_launches"] == 3 and s["launches_profiled"] == 3, s
     assert {r["name"] for r in d["profile"]["launches"]} == {"incr"}
     assert "--profile timeline times them" in " ".join(d["profile"]["warnings"])
+    # graph mode, every launch selected: the longest stretch between collectives
     cp, d = _replay_json(double, snap, "--profile", "graph", "--repeat", "2", "--warmup", "0", env=job)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    s = d["profile"]["summary"]
+    assert s["stretch"]["launches"] == 1 and s["stretch"]["collectives"] == 3 and s["launches"] == 1, s
+    assert {r["name"] for r in d["profile"]["launches"]} == {"incr"} and d["d2h_verified"] == 1
+    # a selection holding a collective is refused at once, the rank replaying on
+    cp, d = _replay_json(double, snap, "--profile", "graph", "-c", "4", "--repeat", "2", "--warmup", "0", env=job)
     assert cp.returncode == 2, cp.stdout + cp.stderr
     assert "collective launch(es)" in d["profile"]["summary"]["error"] and d["d2h_verified"] == 1, d
     cp, d = _replay_json(double, snap, "--profile", "graph", "--repeat", "2", "--warmup", "0", "--no-timeline-check")

@@ -135,6 +135,31 @@ def _runs_alone(rec) -> bool:
 
 class SequenceRecording:
     # ------------------------------------------------------------------ before the replay
+    def _between_collectives(self, selected, collectives):
+        """A rank of a job, every launch selected: the longest stretch of launches between two
+        collectives (a graph of one rank cannot run a collective apart from its peers'), said in
+        a note; the ranks replay the rest as recorded."""
+        runs, cur = [], []
+        cs = sorted(collectives)
+        j = 0
+        for s, p in selected:
+            while j < len(cs) and cs[j] < s:
+                j += 1
+                if cur:
+                    runs.append(cur)
+                    cur = []
+            if j < len(cs) and cs[j] == s:
+                continue
+            cur.append((s, p))
+        if cur:
+            runs.append(cur)
+        best = max(runs, key=len) if runs else selected
+        self.warn(f"graph: a rank of a job: the {len(best)} launches of calls #{best[0][0]}..#{best[-1][0]} "
+                  f"(the longest stretch between collectives) are profiled; select others with -s/-c or --calls")
+        self.info["stretch"] = {"first": best[0][0], "last": best[-1][0], "launches": len(best),
+                                "collectives": len(collectives)}
+        return best
+
     def _scan(self, rp) -> None:
         """One pass over the recorded calls: the first and last selected launch, their recorded
         parameters (what the pre-state must hold), collectives and the program's own graph
@@ -145,6 +170,7 @@ class SequenceRecording:
         graph_launches: List[int] = []
         in_job = bool(os.environ.get(ENV_RANK))
         collectives: List[int] = []
+        selected: List[Tuple[int, Optional[bytes]]] = []     # (seq, recorded parameters)
         alone: List[int] = []                      # seqs of calls that run on their own
         early: List[Tuple[int, Dict[str, Any]]] = []
         for rec in rp.ctx.reader.records(("c",)):
@@ -188,9 +214,12 @@ class SequenceRecording:
                 if self.last_seq is None or s > self.last_seq:
                     self.last_seq = s
                 p = (rec.get("x") or {}).get("params")
-                if p:
-                    self._sel_params.append(bytes(p))
+                selected.append((s, bytes(p) if p else None))
         self._collectives = collectives
+        if collectives and selected and self.sel.everything:
+            selected = self._between_collectives(selected, collectives)
+            self.first_seq, self.last_seq = selected[0][0], selected[-1][0]
+        self._sel_params.extend(p for _s, p in selected if p)
         self._graph_launch_seqs = graph_launches
         if self.first_seq is not None:
             before = [s for s in alone if s < self.first_seq]
