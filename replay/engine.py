@@ -382,7 +382,7 @@ class Replayer(BatchRunner):
                 raise ReplayError(why)
             if not self.selection.everything:
                 from .selection import StaleResults
-                self._stale = StaleResults(lambda: self.ctx.space)
+                self._stale = StaleResults(lambda: self.ctx.space, lambda rec: self.ctx.blob(rec, "srcHost"))
                 self.ctx.hooks.stale = self._stale.stale
             self._start_prefetch()
             if self._host_ranges:          # before the driver maps anything there

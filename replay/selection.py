@@ -229,11 +229,17 @@ class StaleResults:
     told apart); a copy from stale memory makes its destination stale. A D2H whose source is
     stale is not compared: the work that decides it did not run. Tracked per allocation, the
     grain at which the replay knows what a launch writes; a left-out graph launch (whose
-    writes are not known here) makes everything stale."""
+    writes are not known here) makes everything stale. A launch touches what its parameters
+    point to and, through pointer tables the host uploaded (arrays of device pointers, as
+    batched GEMMs and gathers take), what those point to."""
 
-    def __init__(self, space_of: Callable[[], Any]):
+    LINK_SCAN_MAX = 64 << 10          # uploads scanned for device pointers (pointer tables are small)
+
+    def __init__(self, space_of: Callable[[], Any], read_upload: Optional[Callable[[Any], Optional[bytes]]] = None):
         self._space_of = space_of
+        self._read = read_upload
         self._stale: Dict[int, Any] = {}      # id(Alloc) -> Alloc (held, so ids stay unique)
+        self._links: Dict[int, list] = {}     # id(Alloc) -> the allocations its uploaded pointers name
         self.everything = False
         self.left_out = 0
 
@@ -257,6 +263,37 @@ class StaleResults:
         p = bytes(p)
         return [int.from_bytes(p[o:o + 8], "little") for o in range(0, len(p) - 7, 8)]
 
+    def _reach(self, allocs) -> list:
+        """allocs and what their uploaded pointer tables name, transitively."""
+        if not self._links:
+            return allocs
+        out, seen, todo = [], set(), list(allocs)
+        while todo:
+            a = todo.pop()
+            if id(a) in seen:
+                continue
+            seen.add(id(a))
+            out.append(a)
+            todo.extend(self._links.get(id(a), ()))
+        return out
+
+    def _upload(self, rec) -> None:
+        """An H2D copy: the device pointers its data holds, as links of its destination."""
+        a = rec.get("a") or {}
+        n = a.get("ByteCount")
+        dst = self._allocs([a.get("dstDevice")])
+        if not dst or not isinstance(n, int) or n > self.LINK_SCAN_MAX or n < 8:
+            return
+        data = self._read(rec)
+        if not data:
+            return
+        words = [int.from_bytes(data[o:o + 8], "little") for o in range(0, len(data) - 7, 8)]
+        linked = [x for x in self._allocs(words) if x is not dst[0]]
+        if linked:
+            self._links[id(dst[0])] = list({id(x): x for x in linked}.values())
+        else:
+            self._links.pop(id(dst[0]), None)
+
     def _mark(self, allocs) -> None:
         for a in allocs:
             self._stale[id(a)] = a
@@ -269,7 +306,7 @@ class StaleResults:
         f = rec.get("f") or ""
         a = rec.get("a") or {}
         if is_launch(f):
-            self._mark(self._allocs(self._param_words(rec)))
+            self._mark(self._reach(self._allocs(self._param_words(rec))))
         elif "GraphLaunch" in f or "pCopy" in a or not any(k in a for k in _SKIP_DST_KEYS):
             self.everything = True
         else:
@@ -277,12 +314,14 @@ class StaleResults:
 
     def ran(self, rec: Mapping[str, Any]) -> None:
         """A call the selection kept: carry staleness through launches and device copies."""
+        f = rec.get("f") or ""
+        if self._read is not None and f.startswith("cuMemcpyHtoD"):
+            self._upload(rec)
         if not self._stale and not self.everything:
             return
-        f = rec.get("f") or ""
         a = rec.get("a") or {}
         if is_launch(f):
-            touched = self._allocs(self._param_words(rec))
+            touched = self._reach(self._allocs(self._param_words(rec)))
             if self._any(touched):
                 self._mark(touched)
         elif f.startswith("cuMemcpy") and "HtoD" not in f and "DtoH" not in f:

@@ -176,3 +176,35 @@ def test_partial_selection_still_catches_a_real_mismatch(tmp_path):
     assert res.exit_code == 1 and len(res.mismatches) == 1 and res.d2h_left_out == 0
     res, _ = _run(p, calls="memcpy", continue_on_error=True)                # the kernel left out
     assert res.exit_code == 0 and not res.mismatches and res.d2h_left_out == 1 and res.d2h_verified == 1
+
+
+def test_staleness_follows_uploaded_pointer_tables():
+    """A gather reads buffers through a table of device pointers the host uploaded: when the
+    launch that filled a buffer is left out, the gather's output is stale too (nvcc_ptrs -s 1
+    reported a false MISMATCH on an H200 before)."""
+    import struct
+    from cudasnap.replay.selection import StaleResults
+
+    class Alloc:
+        def __init__(self, base, size):
+            self.base, self.size = base, size
+
+    allocs = [Alloc(0x7000000000 + i * 0x100000, 0x1000) for i in range(4)]      # B0, B1, table, out
+    B0, B1, T, O = allocs
+
+    class Space:
+        def find(self, v):
+            return next((a for a in allocs if a.base <= v < a.base + a.size), None)
+
+    table = struct.pack("<QQ", B0.base, B1.base)
+    st = StaleResults(lambda: Space(), lambda rec: table)
+    st.ran({"f": "cuMemcpyHtoD_v2", "a": {"dstDevice": T.base, "ByteCount": len(table)}})
+    st.skipped({"f": "cuLaunchKernel", "a": {}, "x": {"params": struct.pack("<Qif", B0.base, 16, 1.0)}})
+    assert not st.stale(O.base)
+    st.ran({"f": "cuLaunchKernel", "a": {}, "x": {"params": struct.pack("<QQi", T.base, O.base, 2)}})
+    assert st.stale(O.base) and st.left_out == 1
+    # without the table's contents the gather would look determined
+    st2 = StaleResults(lambda: Space())
+    st2.skipped({"f": "cuLaunchKernel", "a": {}, "x": {"params": struct.pack("<Qif", B0.base, 16, 1.0)}})
+    st2.ran({"f": "cuLaunchKernel", "a": {}, "x": {"params": struct.pack("<QQi", T.base, O.base, 2)}})
+    assert not st2.stale(O.base)

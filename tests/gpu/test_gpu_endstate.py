@@ -34,8 +34,9 @@ class _Driver:
 def test_hash_kernel_equals_the_host_sum():
     import ctypes
     from cudasnap.replay import endstate as E
+    import types
     d = _Driver()
-    h = E._Hasher(d)
+    h = E._Hasher(types.SimpleNamespace(ctx=d))      # the hasher reaches the driver through rp.ctx.raw
     assert h.where == "GPU"
     for size in (16, 4096 + 48, (9 << 20) + 160, 3 * (4 << 20)):
         data = os.urandom(size)
