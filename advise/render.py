@@ -47,7 +47,9 @@ def whatif_line(w: Dict[str, Any]) -> str:
         return f"not measured: {w.get('why')}"
     if w["kind"] == "graph":
         faster = f", {w['speedup']:g}x faster" if w.get("speedup") else ""
-        line = (f"as a CUDA graph {fmt_us(w['graph_us'])} vs {fmt_us(w['timeline_span_us'])} on the timeline: "
+        base = w.get("baseline_us", w["timeline_span_us"])
+        where = "as the program ran" if "recorded" in (w.get("baseline") or "") else "on the timeline"
+        line = (f"as a CUDA graph {fmt_us(w['graph_us'])} vs {fmt_us(base)} {where}: "
                 f"saves {fmt_us(w['gain_us'])} ({w['gain_pct']:.1f}%{faster}), graph replay exit {w['replay']['exit_code']}")
         return line + (f" ({w['note']})" if w.get("note") else "")
     return f"measured, {fmt_us(w['gain_us'])} saved, replay exit {w['replay']['exit_code']}"

@@ -47,9 +47,14 @@ def graph_whatif(snapshot: str, finding: Dict[str, Any], device: int, repeat: in
         w["measured"] = False
         w["why"] = r["run"].get("error") or "the graph replay gave no graph time"
         return w
-    span = ev["span_us"]
+    # the baseline: the stretch as the program ran it (its recorded calls' span), since a
+    # replay's own launch pace is not the program's; the replay's timeline span without it
+    rec_span = (ev.get("holds") or {}).get("recorded_span_us")
+    span = rec_span if isinstance(rec_span, (int, float)) and rec_span > 0 else ev["span_us"]
     st = s.get("graph") or {}
-    w.update(measured=True, launches=s.get("launches"), graph_us=round(g, 3), timeline_span_us=span,
+    w.update(measured=True, launches=s.get("launches"), graph_us=round(g, 3), timeline_span_us=ev["span_us"],
+             baseline_us=span, baseline=("the program's recorded span (under capture)" if span is rec_span
+                                         else "the replay's timeline span"),
              gain_us=round(span - g, 3), gain_pct=round((span - g) / span * 100, 1) if span else None,
              speedup=round(span / g, 2) if g > 0 else None, noise_pct=st.get("noise_pct"),
              graph_times_us=[round(x, 3) for x in (s.get("graph_times_us") or [])][:50],
