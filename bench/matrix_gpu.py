@@ -3,7 +3,7 @@ runs all commands pinned to one GPU (CUDA_VISIBLE_DEVICES), workloads spread ove
 whole matrix --runs times. Prints a markdown table (the one bench/RESULTS.md keeps) and writes
 every cell to --json.
 
-    python3 bench/matrix_gpu.py [--runs 2] [--only torch_eager,jax_jit] [--json OUT.json]
+    python3 bench/matrix_gpu.py [--runs 2] [--only torch_eager,jax_jit] [--gpus 0,1,2] [--json OUT.json]
 Exit 0 when every applicable cell passed, 1 otherwise."""
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ def main() -> int:
     ap.add_argument("--only", default="")
     ap.add_argument("--json", default="")
     ap.add_argument("--work", default="/tmp/cudasnap-matrix")
+    ap.add_argument("--gpus", default="", help="GPU indices to use, e.g. 0,1,2 (default: all)")
     a = ap.parse_args()
     names = [n for n in (a.only.split(",") if a.only else WORKLOADS) if n]
     unknown = [n for n in names if n not in WORKLOADS]
@@ -41,6 +42,9 @@ def main() -> int:
         print(f"unknown workload(s): {', '.join(unknown)}; known: {', '.join(WORKLOADS)}", file=sys.stderr)
         return 2
     cards = gpus()
+    if a.gpus:
+        keep = set(a.gpus.split(","))
+        cards = [c for c in cards if c[0].strip() in keep]
     print(f"{len(cards)} GPU(s): " + "; ".join(f"{i}:{n.strip()}" for i, n in cards), flush=True)
     jobs: "queue.Queue" = queue.Queue()
     multi = [(run, n) for run in range(1, a.runs + 1) for n in names if n in JOBS]
