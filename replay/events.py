@@ -189,6 +189,12 @@ class LaunchContext:
         ev, rp = self._ev, self.replayer
         s = ev.stream if stream is None else stream
         base = base_name(ev.call)
+        if base == "cuLaunchKernelEx" and ev.config is not None and not int(ev.config.numAttrs):
+            c = ev.config      # no attributes: the same launch as cuLaunchKernel
+            p = LaunchParams(ev.params)
+            rp.ctx.raw("cuLaunchKernel", bound_function(rp.ctx, ev.function), c.gridDimX, c.gridDimY, c.gridDimZ,
+                       c.blockDimX, c.blockDimY, c.blockDimZ, c.sharedMemBytes, s, None, p.extra_ptr)
+            return
         if base == "cuLaunchKernelEx" and ev.config is not None:
             cfg = ev.config
             old = cfg.hStream

@@ -94,7 +94,7 @@ class SeqLaunch:
         if self._p is None:
             self._p = LaunchParams(self.rec_params)
         p = self._p
-        if not self._ex:
+        if not self._ex or not self._nattr:      # no attributes: the same launch as cuLaunchKernel
             rp.ctx.raw("cuLaunchKernel", self.function, *self.grid, *self.block, self.shmem, stream, None, p.extra_ptr)
             return
         cu = rp.ctx.cu
