@@ -174,6 +174,8 @@ class StateKeeper:
                 if s in out:
                     continue
                 _m, used = self._handles(self.calls[s])
+                if used and used[0] == (0, x) and _m and _base(self.calls[s].get("f") or "").startswith("cuGraphInstantiate"):
+                    return None            # an executable graph outlives the graph it came from
                 if used and used[0] == (0, x):
                     out.add(s)
                     for h2 in _m:

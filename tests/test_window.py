@@ -224,12 +224,14 @@ def test_end_state_hash_is_the_kernel_function():
     assert ptx.endswith(b"\0") and b".entry cs_hash_chunks" in ptx and b".version" in ptx
 
 
-@pytest.mark.parametrize("spec", ["launches:5-6", "launches:5-9", "kernel:incr"])
-def test_window_inside_a_stream_capture_waits_for_its_end(double, tmp_path, spec):
+@pytest.mark.parametrize("spec,mode", [("launches:5-6", ""), ("launches:5-9", ""), ("kernel:incr", ""),
+                                       ("launches:4-5", "once"), ("launches:2-3", "once")])
+def test_window_inside_a_stream_capture_waits_for_its_end(double, tmp_path, spec, mode):
     """A window whose start or end falls inside a stream capture (PyTorch's CUDA graphs,
     XLA's command buffers) must not sync or copy there: that invalidates the program's
-    capture. It opens or closes at the first call after the capture, and replays."""
-    prog = [double["progs"]["capwin"], "4"]
+    capture. It opens or closes at the first call after the capture, and replays; an executable
+    graph whose graph was destroyed before the window (once) is kept in its state."""
+    prog = [double["progs"]["capwin"], "4", *([mode] if mode else [])]
     native = subprocess.run(prog, env=double["env"], capture_output=True, text=True, timeout=60)
     assert native.returncode == 0, native.stderr
     cp = _cap(double, tmp_path / "c.cusnap", spec, *prog)
