@@ -532,7 +532,7 @@ def extract(
     kernel: Optional[str] = typer.Option(None, "--kernel", metavar="REGEX[#K]", help="The K-th launch (from 1; default the first) of a kernel whose name matches REGEX."),
     calls: Optional[str] = typer.Option(None, "--calls", metavar="A-B", help="Every call numbered A to B."),
     memory: ExtractMemory = typer.Option(ExtractMemory.reachable, "--memory", metavar=_one_of(ExtractMemory), help="reachable: restore what the selection's parameters point into, plus what pointer scanning finds there, plus module globals; all: every live allocation, whole."),
-    ranges: ExtractRanges = typer.Option(ExtractRanges.exact, "--ranges", metavar=_one_of(ExtractRanges), help="exact: within an allocation, restore from each pointer to the next tensor start the snapshot names (plus what the selection writes beyond); segment: whole allocations (for kernels that read beyond their tensors)."),
+    ranges: Optional[ExtractRanges] = typer.Option(None, "--ranges", metavar=_one_of(ExtractRanges), help="exact: within an allocation, restore from each pointer to the next tensor start the snapshot names (plus what the selection writes beyond); segment: whole allocations (for kernels that read beyond their tensors). Default: exact, segment for a graph launch."),
     check: bool = typer.Option(False, "--check", help="Replay the extract right away and exit 1 if it does not verify."),
     device: int = typer.Option(0, "--device", metavar="N", help="GPU ordinal to replay on."),
     force: bool = typer.Option(False, "-f", "--force-overwrite", help=_FORCE_HELP),

@@ -74,7 +74,7 @@ def _oserror(e: Exception) -> str:
 
 
 def run_extract_cli(snapshot, output, launch=None, kernel=None, calls=None, memory="reachable", device=0,
-                    out=None, ranges="exact", check=False, force: bool = False) -> int:
+                    out=None, ranges=None, check=False, force: bool = False) -> int:
     from .extract import extract
     out = out or sys.stdout
     why = _before_work(snapshot, output, force, "file")

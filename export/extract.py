@@ -135,13 +135,15 @@ def _skipped_query(f: str) -> bool:
 
 class Extractor:
     def __init__(self, snapshot, out, launch: Optional[int] = None, kernel: Optional[str] = None,
-                 calls: Optional[str] = None, memory: str = "reachable", ranges: str = "exact", device: int = 0,
+                 calls: Optional[str] = None, memory: str = "reachable", ranges: Optional[str] = None, device: int = 0,
                  driver=None):
         self.path = os.fspath(snapshot)
         self.out = os.fspath(out)
         self.launch, self.kernel, self.calls = launch, kernel, calls
         if memory not in ("reachable", "all"):
             raise ExtractError("--memory must be reachable or all")
+        self.ranges_auto = ranges is None          # exact, or segment for a graph launch (set at selection)
+        ranges = ranges or "exact"
         if ranges not in ("exact", "segment"):
             raise ExtractError("--ranges must be exact or segment")
         if sum(x is not None for x in (launch, kernel, calls)) != 1:
@@ -225,6 +227,13 @@ class Extractor:
         self.sel = sel
         self.first, self.last = sel[0]["s"], sel[-1]["s"]
         self.res.selected = [r["s"] for r in sel]
+        if self.ranges_auto and self.exact and any(is_graph_launch(r.get("f") or "") for r in sel):
+            # a graph's kernels (libraries' GEMMs among them) read beyond the tensor starts the
+            # snapshot names more often than not: whole allocations are restored for them
+            self.exact = False
+            self.res.ranges = "segment"
+            self.res.notes.append("a graph launch is selected: whole allocations restored (--ranges segment; "
+                                  "--ranges exact restores from each pointer to the next tensor start)")
         for r in sel:
             if is_launch(r.get("f") or ""):
                 h = (r.get("a") or {}).get("f")
