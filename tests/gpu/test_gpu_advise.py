@@ -1,7 +1,10 @@
 """`cudasnap advise` on a launch-bound PyTorch loop (workloads/advise_loop.py): it names the
-launch-bound stretch, measures it as a CUDA graph by a replay, and the measured gain per step
-agrees within 10% with the program's own: its eager step against a CUDA graph of the step
-(per-step wall times, natively). The speed-ups are recorded too. Rows go to $CUDASNAP_GPU_RESULTS through record_result."""
+launch-bound stretch, measures it as a CUDA graph by a replay, and the measured gain agrees
+within 10% with the program's own: its eager step against a CUDA graph of the step (per-step
+wall times, natively). The gain is compared as the share of the eager time a graph saves (and
+as the speed-up): the eager step's own wall time moves by half between two runs of the program
+on a busy host (323 and 510 us on one H200), so microseconds per step from two runs do not
+compare; both are recorded. Rows go to $CUDASNAP_GPU_RESULTS through record_result."""
 from __future__ import annotations
 
 import json
@@ -47,8 +50,10 @@ def test_advise_measures_the_launch_bound_loop_as_a_graph(runner, tmp_path):
         row.update(advise_speedup=w["speedup"], steps_in_stretch=steps,
                    speedup_diff_pct=round((w["speedup"] - native_speedup) / native_speedup * 100, 2),
                    advise_gain_per_step_us=round(w["gain_us"] / steps, 2), native_gain_per_step_us=round(native_gain, 2),
-                   gain_diff_pct=round((w["gain_us"] / steps - native_gain) / native_gain * 100, 2))
+                   gain_diff_pct=round((w["gain_us"] / steps - native_gain) / native_gain * 100, 2),
+                   native_gain_pct=round(native_gain / nat["eager_median_us"] * 100, 2), advise_gain_pct=w["gain_pct"])
+        row["gain_share_diff_pct"] = round((row["advise_gain_pct"] - row["native_gain_pct"]) / row["native_gain_pct"] * 100, 2)
     record_result(row)
     assert top is not None, row["findings"]
     assert w.get("measured") and w["replay"]["exit_code"] == 0, w
-    assert abs(row["gain_diff_pct"]) <= 10.0, row
+    assert abs(row["gain_share_diff_pct"]) <= 10.0 and abs(row["speedup_diff_pct"]) <= 10.0, row
