@@ -75,17 +75,27 @@ def _oserror(e: Exception) -> str:
 
 def run_extract_cli(snapshot, output, launch=None, kernel=None, calls=None, memory="reachable", device=0,
                     out=None, ranges=None, check=False, force: bool = False) -> int:
-    from .extract import extract
     out = out or sys.stdout
     why = _before_work(snapshot, output, force, "file")
     if why:
         return _err(why)
+    code, r = _extract_once(snapshot, output, launch, kernel, calls, memory, device, out, ranges, check)
+    if code == 1 and ranges is None and r is not None and r.ranges == "exact" and r.memory == "reachable":
+        # the default ranges did not verify: whole allocations, once, said so
+        out.write("  check: exact ranges did not verify; extracting again with --ranges segment (whole allocations)\n")
+        code, r = _extract_once(snapshot, output, launch, kernel, calls, memory, device, out, "segment", check)
+    return code
+
+
+def _extract_once(snapshot, output, launch, kernel, calls, memory, device, out, ranges, check):
+    """(exit code, result): one extract written to output, checked when asked."""
+    from .extract import extract
     try:
         with atomic_path(output) as tmp:        # the extract appears whole or not at all
             r = extract(snapshot, tmp, launch=launch, kernel=kernel, calls=calls, memory=memory, ranges=ranges,
                         device=device)
     except (ExportError, SnapshotError, OSError) as e:
-        return _err(_oserror(e))
+        return _err(_oserror(e)), None
     r.output = os.fspath(output)
     sel = r.selected
     what = (f"call #{sel[0]}" if len(sel) == 1 else f"calls #{sel[0]}-#{sel[-1]} ({len(sel)} calls)")
@@ -112,11 +122,11 @@ def run_extract_cli(snapshot, output, launch=None, kernel=None, calls=None, memo
     if not check:
         out.write(f"  verify: cudasnap replay {r.output}"
                   + ("   (if it does not verify, extract again with --ranges segment)\n" if r.ranges == "exact" else "\n"))
-        return 0
-    return _check(r, device, out)
+        return 0, r
+    return _check(r, device, out, retry=ranges is None and r.ranges == "exact"), r
 
 
-def _check(r, device: int, out) -> int:
+def _check(r, device: int, out, retry: bool = False) -> int:
     """Replay the extract in a fresh process: 0 when it verifies, 1 when it does not."""
     import subprocess
     cmd = [sys.executable, "-m", "cudasnap", "replay", r.output, "--device", str(device)]
@@ -130,6 +140,9 @@ def _check(r, device: int, out) -> int:
         out.write(f"  check: replay of {r.output} verified ({last[-1] if last else 'exit 0'})\n")
         return 0
     why = next((ln for ln in last if ln.startswith(("MISMATCH:", "ERROR:"))), last[-1] if last else "")
+    if retry and cp.returncode == 1:
+        out.write(f"  check: replay of {r.output} does not verify ({why})\n")
+        return 1
     hint = ("the selection reads bytes beyond the ranges restored with --ranges exact; extract again with "
             "--ranges segment (whole allocations)" if r.ranges == "exact" else
             "the selection reaches memory its parameters do not name; extract again with --memory all"

@@ -146,7 +146,7 @@ def test_exact_ranges_cover_writes_beyond_them_and_check_refuses_reads_beyond(do
     # allocation before and after, so restored and verified), but reads T[2] unseen: the
     # extract does not verify, and --check says so and names --ranges segment
     out = tmp_path / "b.cusnap"
-    ex = _cli(double, "extract", str(snap), "-o", str(out), "--kernel", "saxpy#2", "--check")
+    ex = _cli(double, "extract", str(snap), "-o", str(out), "--kernel", "saxpy#2", "--ranges", "exact", "--check")
     assert ex.returncode == 1, ex.stdout + ex.stderr
     assert f"written beyond the ranges: {TB} B" in ex.stdout
     h2d, d2h = _h2d_d2h(out)
@@ -156,6 +156,11 @@ def test_exact_ranges_cover_writes_beyond_them_and_check_refuses_reads_beyond(do
     rp = _cli(double, "replay", str(out))
     assert rp.returncode == 1
     _extract_and_replay(double, snap, tmp_path / "s.cusnap", "--kernel", "saxpy#2", "--ranges", "segment", "--check")
+    # without --ranges, --check extracts again with whole allocations when exact ranges do not verify
+    d = tmp_path / "d.cusnap"
+    ex = _cli(double, "extract", str(snap), "-o", str(d), "--kernel", "saxpy#2", "--check")
+    assert ex.returncode == 0 and "extracting again with --ranges segment" in ex.stdout, ex.stdout + ex.stderr
+    assert ex.stdout.rstrip().splitlines()[-1].strip().startswith("check: replay of") and "verified" in ex.stdout
     # with no host memory to compare allocations, the ranges are kept as they are, and the summary says so
     env = {**double["env"], "CUDASNAP_EXTRACT_DIFF_BYTES": "0"}
     ex = subprocess.run([sys.executable, "-m", "cudasnap", "extract", str(snap), "-o", str(tmp_path / "n.cusnap"),
