@@ -199,7 +199,10 @@ class Engine:
         self.by_key = {c.key: c for c in self.c.cells}
         self.base_profiles: Dict[str, Optional[Dict[str, Any]]] = {}    # baseline cell key -> profile
         self.counts = {"cells": len(self.c.cells), "skipped": 0, "ran": 0, "failed": 0, "regressed": 0}
-        for cell in self.c.cells:
+        # the largest snapshots first (their replays take longest): the last GPU to finish
+        # waits less for a long cell submitted late
+        order = sorted(self.c.cells, key=lambda c: -(getattr(c.snapshot, "size", 0) or 0))
+        for cell in order:
             if cell.key in skip:
                 self.counts["skipped"] += 1
                 if cell.baseline_key is None:
