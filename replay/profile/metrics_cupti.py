@@ -1,19 +1,26 @@
 """Hardware counters for one kernel launch at a time, through CUPTI's range profiler.
 
-Two halves, one libcupti:
-- host side (config images, number of passes, metric evaluation): cupti-python's
-  `cupti.profiler_host.ProfilerHost` (profiler type RANGE_PROFILER);
+Both halves bound here with cffi in ABI mode (no compiler, nothing built at install time) on one
+libcupti:
+- host side (cuptiProfilerHost*: Initialize, GetMetricProperties, ConfigAddMetrics,
+  GetConfigImageSize, GetConfigImage, GetNumOfPasses, EvaluateToGpuValues, Deinitialize),
+  profiler type RANGE_PROFILER (CuptiHost);
 - device side (cuptiRangeProfiler*: Enable, GetCounterDataSize, CounterDataImageInitialize,
-  SetConfig, Start, Stop, DecodeData, GetCounterDataInfo, CounterDataGetRangeInfo, Disable),
-  which cupti-python does not wrap: bound here with cffi in ABI mode (no compiler, nothing
-  built at install time), from the declarations of cupti_range_profiler.h,
-  cupti_profiler_target.h and cupti_target.h (CUDA 13.5 headers; the structs are laid out by
-  cffi as C lays them out, and each call passes the header's *_STRUCT_SIZE: offsetof(last
-  field) + sizeof(last field)).
+  SetConfig, Start, Stop, DecodeData, GetCounterDataInfo, CounterDataGetRangeInfo, Disable).
+The declarations are those of cupti_profiler_host.h, cupti_range_profiler.h,
+cupti_profiler_target.h and cupti_target.h (CUDA 13.5 headers; the structs are laid out by cffi
+as C lays them out, and each call passes the header's *_STRUCT_SIZE: offsetof(last field) +
+sizeof(last field)).  Where a struct grew a field since CUDA 12.6 (OLDER_SIZES), a libcupti
+older than the headers refuses the newer size with CUPTI_ERROR_INVALID_PARAMETER and the call is
+made again with the older size: cupti-python 13.4's own ProfilerHost passes the 13.2+ size of
+CUpti_Profiler_Host_Initialize_Params, which CUDA 13.0's libcupti refused that way.  The host
+object is made without a counter availability image (CUPTI accepts none for the chips it knows),
+else with one taken on the current context (cuptiProfilerGetCounterAvailability).
 
-The library bound is the one cupti-python loaded (found in /proc/self/maps after a first host
-call), so both halves share one CUPTI; where it is not mapped yet, cuda.pathfinder's
-libcupti, then libcupti.so.13 / .12 from the loader path.
+The library bound is the one cupti-python loaded through cuda.pathfinder (found in
+/proc/self/maps after a first call), so timeline tracing and counters share one CUPTI; where it
+is not mapped, cuda.pathfinder's libcupti, then libcupti.so.13 / .12 from the loader path.
+CUDASNAP_LIBCUPTI=path loads that libcupti first (see load_libcupti).
 
 Collection, per launch (the caller restores memory between passes, as isolated mode does):
 auto ranges (one range per kernel between Start and Stop; where SetConfig refuses them, one
@@ -35,6 +42,7 @@ import os
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 ENV_COLLECTOR = "CUDASNAP_METRICS_COLLECTOR"
+ENV_LIBCUPTI = "CUDASNAP_LIBCUPTI"
 
 CDEF = """
 typedef int CUptiResult;
@@ -87,6 +95,38 @@ CUptiResult cuptiRangeProfilerGetCounterDataSize(CUpti_RangeProfiler_GetCounterD
 CUptiResult cuptiRangeProfilerCounterDataImageInitialize(CUpti_RangeProfiler_CounterDataImage_Initialize_Params *p);
 CUptiResult cuptiRangeProfilerGetCounterDataInfo(CUpti_RangeProfiler_GetCounterDataInfo_Params *p);
 CUptiResult cuptiRangeProfilerCounterDataGetRangeInfo(CUpti_RangeProfiler_CounterData_GetRangeInfo_Params *p);
+
+typedef struct {
+    size_t structSize; void *pPriv; void *ctx; size_t counterAvailabilityImageSize; uint8_t *pCounterAvailabilityImage;
+    uint8_t bAllowDeviceLevelCounters;
+} CUpti_Profiler_GetCounterAvailability_Params;
+CUptiResult cuptiProfilerGetCounterAvailability(CUpti_Profiler_GetCounterAvailability_Params *p);
+
+typedef struct {
+    size_t structSize; void *pPriv; int profilerType; const char *pChipName; const uint8_t *pCounterAvailabilityImage;
+    void *pHostObject; const char *pSinglePassMetricSetName;
+} CUpti_Profiler_Host_Initialize_Params;
+typedef struct { size_t structSize; void *pPriv; void *pHostObject; } CUpti_Profiler_Host_Deinitialize_Params;
+typedef struct {
+    size_t structSize; void *pPriv; void *pHostObject; const char *pMetricName; const char *pDescription;
+    const char *pHwUnit; const char *pDimUnit; int metricType; int metricCollectionScope;
+} CUpti_Profiler_Host_GetMetricProperties_Params;
+typedef struct { size_t structSize; void *pPriv; void *pHostObject; const char **ppMetricNames; size_t numMetrics; } CUpti_Profiler_Host_ConfigAddMetrics_Params;
+typedef struct { size_t structSize; void *pPriv; void *pHostObject; size_t configImageSize; } CUpti_Profiler_Host_GetConfigImageSize_Params;
+typedef struct { size_t structSize; void *pPriv; void *pHostObject; size_t configImageSize; uint8_t *pConfigImage; } CUpti_Profiler_Host_GetConfigImage_Params;
+typedef struct { size_t structSize; void *pPriv; size_t configImageSize; uint8_t *pConfigImage; size_t numOfPasses; } CUpti_Profiler_Host_GetNumOfPasses_Params;
+typedef struct {
+    size_t structSize; void *pPriv; void *pHostObject; const uint8_t *pCounterDataImage; size_t counterDataImageSize;
+    size_t rangeIndex; const char **ppMetricNames; size_t numMetrics; double *pMetricValues;
+} CUpti_Profiler_Host_EvaluateToGpuValues_Params;
+CUptiResult cuptiProfilerHostInitialize(CUpti_Profiler_Host_Initialize_Params *p);
+CUptiResult cuptiProfilerHostDeinitialize(CUpti_Profiler_Host_Deinitialize_Params *p);
+CUptiResult cuptiProfilerHostGetMetricProperties(CUpti_Profiler_Host_GetMetricProperties_Params *p);
+CUptiResult cuptiProfilerHostConfigAddMetrics(CUpti_Profiler_Host_ConfigAddMetrics_Params *p);
+CUptiResult cuptiProfilerHostGetConfigImageSize(CUpti_Profiler_Host_GetConfigImageSize_Params *p);
+CUptiResult cuptiProfilerHostGetConfigImage(CUpti_Profiler_Host_GetConfigImage_Params *p);
+CUptiResult cuptiProfilerHostGetNumOfPasses(CUpti_Profiler_Host_GetNumOfPasses_Params *p);
+CUptiResult cuptiProfilerHostEvaluateToGpuValues(CUpti_Profiler_Host_EvaluateToGpuValues_Params *p);
 """
 
 # (struct, its last field as the header's *_STRUCT_SIZE macro names it).  Enable's last field,
@@ -108,7 +148,27 @@ SIZES = {
     "CUpti_RangeProfiler_CounterDataImage_Initialize_Params": "pCounterData",
     "CUpti_RangeProfiler_GetCounterDataInfo_Params": "numTotalRanges",
     "CUpti_RangeProfiler_CounterData_GetRangeInfo_Params": "rangeName",
+    "CUpti_Profiler_GetCounterAvailability_Params": "bAllowDeviceLevelCounters",
+    "CUpti_Profiler_Host_Initialize_Params": "pSinglePassMetricSetName",
+    "CUpti_Profiler_Host_Deinitialize_Params": "pHostObject",
+    "CUpti_Profiler_Host_GetMetricProperties_Params": "metricCollectionScope",
+    "CUpti_Profiler_Host_ConfigAddMetrics_Params": "numMetrics",
+    "CUpti_Profiler_Host_GetConfigImageSize_Params": "configImageSize",
+    "CUpti_Profiler_Host_GetConfigImage_Params": "pConfigImage",
+    "CUpti_Profiler_Host_GetNumOfPasses_Params": "numOfPasses",
+    "CUpti_Profiler_Host_EvaluateToGpuValues_Params": "pMetricValues",
 }
+# The sizes the same structs had before a field was appended (CUPTI of CUDA 12.6 .. 13.1: Initialize
+# without pSinglePassMetricSetName, GetMetricProperties without metricCollectionScope).  A CUPTI
+# older than these headers answers CUPTI_ERROR_INVALID_PARAMETER to the newer size; the call is
+# then made again with the older one.
+OLDER_SIZES = {
+    "CUpti_Profiler_Host_Initialize_Params": "pHostObject",
+    "CUpti_Profiler_Host_GetMetricProperties_Params": "metricType",
+    "CUpti_Profiler_GetCounterAvailability_Params": "pCounterAvailabilityImage",
+}
+CUPTI_ERROR_INVALID_PARAMETER = 1
+CUPTI_PROFILER_TYPE_RANGE_PROFILER = 0
 CUPTI_AUTO_RANGE = 1            # CUpti_ProfilerRange
 CUPTI_USER_RANGE = 2
 CUPTI_USER_REPLAY = 3           # CUpti_ProfilerReplayMode: INVALID, ApplicationReplay, KernelReplay, UserReplay
@@ -121,9 +181,10 @@ class MetricsUnavailable(RuntimeError):
     profiler, an unsupported GPU, no permission to read counters)."""
 
 
-def struct_size(ffi, name: str) -> int:
-    """The header's *_STRUCT_SIZE: offsetof(last field) + sizeof(last field)."""
-    last = SIZES[name]
+def struct_size(ffi, name: str, last: Optional[str] = None) -> int:
+    """The header's *_STRUCT_SIZE: offsetof(last field) + sizeof(last field) (last: another
+    field taken as the last one, for the size an older CUPTI knows)."""
+    last = last or SIZES[name]
     ftype = dict(ffi.typeof(name).fields)[last].type
     return ffi.offsetof(name, last) + ffi.sizeof(ftype)
 
@@ -160,6 +221,41 @@ def libcupti_candidates() -> List[str]:
     return out + ["libcupti.so.13", "libcupti.so.12", "libcupti.so"]
 
 
+def load_libcupti() -> str:
+    """Have one libcupti mapped in the process before anything binds it; returns how it came.
+
+    CUDASNAP_LIBCUPTI=path (a libcupti.so.13) is loaded first where none is mapped yet, with the
+    libnvperf_host/target.so beside it (CUPTI opens them by name for the profiler): cupti-python
+    (through cuda.pathfinder) then takes the library already loaded.  Otherwise cupti-python picks
+    it: pathfinder looks in site-packages (a wheel installed with pip --target onto PYTHONPATH is
+    not there), then the loader path (LD_LIBRARY_PATH), then the CUDA toolkit (CUDA_HOME or the
+    one libcudart comes from), whose CUPTI may be older than the cupti-python wheel's headers."""
+    want = os.environ.get(ENV_LIBCUPTI)
+    how = ""
+    if want and _mapped_libcupti() is None:
+        import ctypes
+        d = os.path.dirname(os.path.abspath(want))
+        try:
+            for dep in ("libnvperf_host.so", "libnvperf_target.so"):
+                if os.path.exists(os.path.join(d, dep)):
+                    ctypes.CDLL(os.path.join(d, dep), mode=ctypes.RTLD_GLOBAL)
+            ctypes.CDLL(want, mode=ctypes.RTLD_GLOBAL)
+            how = f"{ENV_LIBCUPTI}"
+        except OSError as e:
+            raise MetricsUnavailable(f"{ENV_LIBCUPTI}={want}: {e}") from None
+    try:
+        from cupti import profiler_host as ph
+    except Exception as e:
+        raise MetricsUnavailable(f"cupti-python is not available ({type(e).__name__}: {e}); "
+                                 f"pip install cupti-python") from None
+    try:
+        ph.get_supported_chips()                # loads libcupti through cupti-python
+        how = how or "found by cupti-python"
+    except Exception as e:
+        how = how or f"cupti-python could not load it: {type(e).__name__}: {e}"
+    return how
+
+
 class Cupti:
     """The C entry points bound through cffi, with errors as exceptions naming the call."""
 
@@ -185,9 +281,9 @@ class Cupti:
         v = self.ffi.new("uint32_t *")
         self.version = int(v[0]) if self.lib.cuptiGetVersion(v) == 0 else None
 
-    def params(self, name: str, **fields):
+    def params(self, name: str, _last: Optional[str] = None, **fields):
         p = self.ffi.new(name + " *")
-        p.structSize = struct_size(self.ffi, name)
+        p.structSize = struct_size(self.ffi, name, _last)
         for k, val in fields.items():
             setattr(p, k, val)
         return p
@@ -208,11 +304,136 @@ class Cupti:
             raise err
         return p
 
+    def call_sized(self, fn: str, name: str, **fields) -> Any:
+        """call() with the headers' struct size, and where this CUPTI refuses it as an invalid
+        parameter, with the size the struct had before its last field was added (OLDER_SIZES)."""
+        try:
+            return self.call(fn, self.params(name, **fields))
+        except CuptiCallError as e:
+            if e.code != CUPTI_ERROR_INVALID_PARAMETER or name not in OLDER_SIZES:
+                raise
+            first = e
+        try:
+            return self.call(fn, self.params(name, OLDER_SIZES[name], **fields))
+        except CuptiCallError as e:
+            e.args = (f"{e} (struct size {struct_size(self.ffi, name, OLDER_SIZES[name])}; with "
+                      f"{struct_size(self.ffi, name)}: {first.text})",)
+            raise
+
 
 class CuptiCallError(RuntimeError):
     def __init__(self, fn: str, code: int, text: str):
         super().__init__(f"{fn}: {text}")
-        self.fn, self.code = fn, code
+        self.fn, self.code, self.text = fn, code, text
+
+
+class CuptiHost:
+    """CUPTI's profiler host API (config images, passes, metric evaluation) for one chip, bound
+    through cffi on the same libcupti as the device side.  cupti-python's ProfilerHost fills its
+    structs with its own headers' sizes, which a libcupti of another CUDA version may refuse
+    (CUPTI_ERROR_INVALID_PARAMETER from cuptiProfilerHostInitialize: CUPTI 13.0 with cupti-python
+    13.4); here each call falls back to the older size (Cupti.call_sized).
+
+    Initialization tries no counter availability image first (accepted for the chips a CUPTI knows
+    at its release), then an image taken on the current context when one is given."""
+
+    def __init__(self, c: Cupti, chip: str):
+        self.c, self.chip = c, chip
+        self.obj = None
+        self.image = None           # the counter availability image the host object was made with
+        self._chip = c.ffi.new("char[]", chip.encode())
+
+    def _init(self, image) -> None:
+        ffi = self.c.ffi
+        ptr = ffi.NULL if image is None else ffi.cast("const uint8_t *", image.ctypes.data)
+        p = self.c.call_sized("cuptiProfilerHostInitialize", "CUpti_Profiler_Host_Initialize_Params",
+                              profilerType=CUPTI_PROFILER_TYPE_RANGE_PROFILER, pChipName=self._chip,
+                              pCounterAvailabilityImage=ptr)
+        self.obj, self.image = p.pHostObject, image
+
+    def initialize(self, availability: Optional[Callable[[], Any]] = None) -> "CuptiHost":
+        """Raises CuptiCallError (every attempt named) when no attempt is accepted."""
+        tried = []
+        try:
+            self._init(None)
+            return self
+        except CuptiCallError as e:
+            if availability is None or e.code != CUPTI_ERROR_INVALID_PARAMETER:
+                raise
+            tried.append(f"without a counter availability image: {e}")
+        try:
+            image = availability()
+        except Exception as e:
+            raise CuptiCallError("cuptiProfilerHostInitialize", CUPTI_ERROR_INVALID_PARAMETER,
+                                 "; ".join(tried + [f"no counter availability image ({e})"])) from None
+        try:
+            self._init(image)
+        except CuptiCallError as e:
+            raise CuptiCallError(e.fn, e.code, "; ".join(tried + [f"with a counter availability image: {e}"])) from None
+        return self
+
+    def spawn(self) -> "CuptiHost":
+        """Another host object made as this one was."""
+        h = CuptiHost(self.c, self.chip)
+        h._init(self.image)
+        return h
+
+    def _names(self, metrics: List[str]):
+        ffi = self.c.ffi
+        keep = [ffi.new("char[]", m.encode()) for m in metrics]
+        return keep, ffi.new("const char *[]", keep)
+
+    def metric_properties(self, metric: str) -> Dict[str, Any]:
+        ffi = self.c.ffi
+        name = ffi.new("char[]", metric.encode())
+        p = self.c.call_sized("cuptiProfilerHostGetMetricProperties", "CUpti_Profiler_Host_GetMetricProperties_Params",
+                              pHostObject=self.obj, pMetricName=name)
+        s = lambda v: ffi.string(v).decode(errors="replace") if v != ffi.NULL else ""
+        return {"description": s(p.pDescription), "hw_unit": s(p.pHwUnit), "dim_unit": s(p.pDimUnit),
+                "metric_type": int(p.metricType)}
+
+    def create_config_image(self, metrics: List[str]):
+        import numpy as np
+        c, ffi = self.c, self.c.ffi
+        keep, arr = self._names(metrics)
+        c.call("cuptiProfilerHostConfigAddMetrics", c.params("CUpti_Profiler_Host_ConfigAddMetrics_Params",
+                                                             pHostObject=self.obj, ppMetricNames=arr,
+                                                             numMetrics=len(metrics)))
+        p = c.call("cuptiProfilerHostGetConfigImageSize", c.params("CUpti_Profiler_Host_GetConfigImageSize_Params",
+                                                                   pHostObject=self.obj))
+        image = np.zeros(int(p.configImageSize), dtype=np.uint8)
+        c.call("cuptiProfilerHostGetConfigImage", c.params(
+            "CUpti_Profiler_Host_GetConfigImage_Params", pHostObject=self.obj, configImageSize=image.size,
+            pConfigImage=ffi.cast("uint8_t *", image.ctypes.data)))
+        return image
+
+    def num_passes(self, config) -> int:
+        c = self.c
+        p = c.call("cuptiProfilerHostGetNumOfPasses", c.params(
+            "CUpti_Profiler_Host_GetNumOfPasses_Params", configImageSize=config.size,
+            pConfigImage=c.ffi.cast("uint8_t *", config.ctypes.data)))
+        return int(p.numOfPasses)
+
+    def evaluate(self, counter_data, metrics: List[str], index: int) -> List[float]:
+        import numpy as np
+        c, ffi = self.c, self.c.ffi
+        keep, arr = self._names(metrics)
+        vals = np.zeros(len(metrics), dtype=np.float64)
+        c.call("cuptiProfilerHostEvaluateToGpuValues", c.params(
+            "CUpti_Profiler_Host_EvaluateToGpuValues_Params", pHostObject=self.obj,
+            pCounterDataImage=ffi.cast("const uint8_t *", counter_data.ctypes.data),
+            counterDataImageSize=counter_data.size, rangeIndex=int(index), ppMetricNames=arr,
+            numMetrics=len(metrics), pMetricValues=ffi.cast("double *", vals.ctypes.data)))
+        return [float(v) for v in vals]
+
+    def close(self) -> None:
+        if self.obj is not None:
+            obj, self.obj = self.obj, None
+            try:
+                self.c.call("cuptiProfilerHostDeinitialize", self.c.params("CUpti_Profiler_Host_Deinitialize_Params",
+                                                                           pHostObject=obj))
+            except Exception:
+                pass
 
 
 class RangeProfilerCollector:
@@ -221,21 +442,15 @@ class RangeProfilerCollector:
     name = "cupti range profiler"
 
     def __init__(self, device_index: int):
+        self.loaded_by = load_libcupti()
         try:
             import numpy  # noqa: F401
-            from cupti import profiler_host as ph
         except Exception as e:
-            raise MetricsUnavailable(f"cupti-python is not available ({type(e).__name__}: {e}); "
-                                     f"pip install cupti-python") from None
+            raise MetricsUnavailable(f"numpy is not available ({type(e).__name__}: {e})") from None
         self.np = __import__("numpy")
-        self.ph = ph
-        try:
-            ph.get_supported_chips()            # loads libcupti through cupti-python first
-        except Exception as e:
-            raise MetricsUnavailable(f"CUPTI's profiler host API failed ({type(e).__name__}: {e})") from None
         self.c = Cupti()
         self.objects: Dict[int, Any] = {}       # live context -> range profiler object
-        self.host = None
+        self.host: Optional[CuptiHost] = None
         self.config = None
         self.metrics: List[str] = []
         self.range_mode = CUPTI_AUTO_RANGE      # user ranges around the launch where auto ranges are refused
@@ -248,37 +463,51 @@ class RangeProfilerCollector:
             self.chip = self.c.ffi.string(p.pChipName).decode()
         except CuptiCallError as e:
             self.close()
-            raise MetricsUnavailable(f"CUPTI profiler: {e}") from None
+            raise MetricsUnavailable(f"CUPTI profiler ({self.describe()}): {e}") from None
         try:
-            self.host = ph.ProfilerHost(self.chip, ph.ProfilerType.RANGE_PROFILER)
-            self.host.initialize()
-        except Exception as e:
+            self.host = CuptiHost(self.c, self.chip).initialize(self.counter_availability)
+        except CuptiCallError as e:
+            self.host = None
             self.close()
-            raise MetricsUnavailable(f"CUPTI profiler host for {self.chip}: {type(e).__name__}: {e}") from None
+            raise MetricsUnavailable(f"CUPTI profiler host for {self.chip} ({self.describe()}): {e}") from None
+
+    def describe(self) -> str:
+        """The libcupti in use: its path, version, and how it was found."""
+        v = self.c.version
+        ver = f"{v // 10000}.{v // 100 % 100}.{v % 100}" if v and v >= 130000 else str(v)
+        return f"{self.c.path}, CUPTI {ver}" + (f", {self.loaded_by}" if self.loaded_by else "")
+
+    def counter_availability(self):
+        """The counter availability image of the current context (the replay's, current when the
+        collector is opened before a launch)."""
+        c, ffi, np = self.c, self.c.ffi, self.np
+        p = c.call_sized("cuptiProfilerGetCounterAvailability", "CUpti_Profiler_GetCounterAvailability_Params",
+                         ctx=ffi.NULL, bAllowDeviceLevelCounters=1)
+        image = np.zeros(int(p.counterAvailabilityImageSize), dtype=np.uint8)
+        c.call_sized("cuptiProfilerGetCounterAvailability", "CUpti_Profiler_GetCounterAvailability_Params",
+                     ctx=ffi.NULL, bAllowDeviceLevelCounters=1, counterAvailabilityImageSize=image.size,
+                     pCounterAvailabilityImage=ffi.cast("uint8_t *", image.ctypes.data))
+        return image
 
     # ---------------------------------------------------------------- host side
     def known(self, metric: str) -> bool:
         """The chip's CUPTI knows the metric: its properties, or else (a name with a submetric the
         properties call may not take) a config image of it alone on a throwaway host object."""
         try:
-            self.host.get_metric_properties(metric)
+            self.host.metric_properties(metric)
             return True
         except Exception:
             pass
         probe = None
         try:
-            probe = self.ph.ProfilerHost(self.chip, self.ph.ProfilerType.RANGE_PROFILER)
-            probe.initialize()
+            probe = self.host.spawn()
             probe.create_config_image([metric])
             return True
         except Exception:
             return False
         finally:
             if probe is not None:
-                try:
-                    probe.deinitialize()
-                except Exception:
-                    pass
+                probe.close()
 
     def prepare(self, metrics: List[str], warn: Callable[[str], None],
                 alternative: Callable[[str], Optional[str]] = lambda m: None) -> Dict[str, str]:
@@ -306,7 +535,7 @@ class RangeProfilerCollector:
         return chosen
 
     def passes(self) -> int:
-        return int(self.ph.get_num_of_passes(self.config))
+        return self.host.num_passes(self.config)
 
     # ---------------------------------------------------------------- device side
     def _object(self, ctx: int):
@@ -387,8 +616,8 @@ class RangeProfilerCollector:
             counterDataImageSize=image.size))
         if int(info.numTotalRanges) < 1:
             raise RuntimeError(f"CUPTI recorded no range for the launch ({int(d.numOfRangeDropped)} dropped)")
-        vals = self.host.evaluate_metric_values(image, self.metrics, 0)
-        return {m: float(v) for m, v in zip(self.metrics, vals)}, passes
+        vals = self.host.evaluate(image, self.metrics, 0)
+        return dict(zip(self.metrics, vals)), passes
 
     def close(self) -> None:
         for obj in list(self.objects.values()):
@@ -399,10 +628,7 @@ class RangeProfilerCollector:
                 pass
         self.objects = {}
         if self.host is not None:
-            try:
-                self.host.deinitialize()
-            except Exception:
-                pass
+            self.host.close()
             self.host = None
         if self._initialized:
             self._initialized = False
