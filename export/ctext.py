@@ -10,6 +10,7 @@ ARRAYS = {
     "context": ("CUcontext", "ctx"), "module": ("CUmodule", "mod"), "library": ("CUlibrary", "lib"),
     "function": ("CUfunction", "fn"), "kernel": ("CUkernel", "krn"), "stream": ("CUstream", "stream"),
     "event": ("CUevent", "event"), "graph": ("CUgraph", "graph"), "graph_exec": ("CUgraphExec", "gexec"),
+    "graph_node": ("CUgraphNode", "gnode"),
     "memh": ("CUmemGenericAllocationHandle", "memh"), "phys": ("CUmemGenericAllocationHandle", "phys"),
 }
 

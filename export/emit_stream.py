@@ -1,16 +1,324 @@
 """Streams, events and graphs in the exported program: the recorded stream a call names, stream
 capture (which streams are capturing, and into which capture an event record pulls a waiting
-stream), graph instantiation, and the generic translation of calls made only of values and
-handles (from the API description).  StreamCalls is a part of Emitter (export/emit.py)."""
+stream), graph instantiation, graphs built node by node (GraphNodeCalls), and the generic
+translation of calls made only of values and handles (from the API description).  StreamCalls
+is a part of Emitter (export/emit.py).
+
+Graphs built node by node (cuGraphAdd*Node, cuGraphAddNode, cuGraph*SetParams, as XLA's command
+buffers build theirs) are rebuilt from the recorded structs, as the replayer rebuilds them: node
+handles live in the program's gnode[] array; a kernel node names the exported module's function
+and carries its recorded packed arguments through CU_LAUNCH_PARAM_BUFFER_POINTER; device
+pointers inside the structs are recorded addresses (allocations are placed there).  Each node is
+added through its typed call (cuGraphAddKernelNode, cuGraphAddMemsetNode, ...), whose form is
+the same from CUDA 12.0 on; edge data (ports, programmatic edges) becomes plain dependencies,
+which order the work at least as strictly."""
 from __future__ import annotations
 
 import struct
+from typing import List, Tuple
 
 from .ctext import lit, ref
 from .table import DESTROYS
 
+# CUgraphNodeType
+NT_KERNEL, NT_MEMCPY, NT_MEMSET, NT_HOST, NT_GRAPH, NT_EMPTY, NT_WAIT_EVENT, NT_EVENT_RECORD = range(8)
+NODE_TYPE_NAMES = {8: "external semaphore signal", 9: "external semaphore wait", 10: "graph memory allocation",
+                   11: "graph memory free", 12: "batch memory operation", 13: "conditional"}
+NODE_PARAMS_SIZE = 256          # CUgraphNodeParams: type, reserved0[3], the union at 16, reserved2
+NP_UNION = 16
+KNODE_V1, KNODE_V2 = 56, 72     # CUDA_KERNEL_NODE_PARAMS v1 (no kern, ctx) and v2
+KNODE = struct.Struct("<Q7I")   # func, gridDim x y z, blockDim x y z, sharedMemBytes
+MEMSET_NODE = struct.Struct("<QQIIQQ")   # dst, pitch, value, elementSize, width, height (40 bytes)
+MEMCPY3D_SIZE = 200
+MT_HOST, MT_DEVICE, MT_ARRAY, MT_UNIFIED = 1, 2, 3, 4
+KNODE_ATTR_WITH_EVENT = {7: "programmatic event", 12: "launch completion event"}
 
-class StreamCalls:
+
+def _u64(b, o: int) -> int:
+    return struct.unpack_from("<Q", b, o)[0]
+
+
+def _u32(b, o: int) -> int:
+    return struct.unpack_from("<I", b, o)[0]
+
+
+class GraphNodeCalls:
+    """Emitter's translation of graphs built node by node."""
+
+    def _struct(self, rec, key: str, size: int, what: str, min_size: int = 0) -> bytes:
+        raw = (rec.get("a") or {}).get(key)
+        if not isinstance(raw, (bytes, bytearray)) or len(raw) < (min_size or size):
+            self.fail(rec, f"the {what} struct ({key}) was not captured")
+        return bytes(raw[:size]).ljust(size, b"\0")
+
+    def _nodes(self, rec, key: str, count_key: str = "numDependencies") -> List[str]:
+        """The program's nodes for a recorded array of node handles."""
+        a = rec["a"]
+        n = int(a.get(count_key) or 0)
+        if n <= 0:
+            return []
+        raw = a.get(key)
+        if not isinstance(raw, (bytes, bytearray)) or len(raw) < 8 * n:
+            self.fail(rec, f"the {key} array ({n} graph nodes) was not captured")
+        return [self.handle(rec, "graph_node", _u64(raw, 8 * i), "graph node") for i in range(n)]
+
+    def _edges_note(self, rec, key: str, count_key: str = "numDependencies") -> None:
+        raw = rec["a"].get(key)
+        n = int(rec["a"].get(count_key) or 0)
+        if isinstance(raw, (bytes, bytearray)) and any(raw[:8 * n]):
+            self.note_once("edgedata", f"call #{rec.get('s')} {rec['f']}: graph edge data (ports, programmatic "
+                                       f"edges) is exported as plain dependencies")
+
+    def _deps(self, rec) -> Tuple[List[str], str, int]:
+        """(declaration, C expression, count) of a node call's dependencies."""
+        refs = self._nodes(rec, "dependencies")
+        self._edges_note(rec, "dependencyData")
+        if not refs:
+            return [], "NULL", 0
+        return [f"CUgraphNode d_[] = {{{', '.join(refs)}}};"], "d_", len(refs)
+
+    def _node_ctx(self, rec, h) -> List[str]:
+        """c_: the context a node runs in, the recorded one or (0) the current one."""
+        if h:
+            return [f"CUcontext c_ = {self.context(rec, h)};"]
+        return ["CUcontext c_ = NULL;", 'CKN("cuCtxGetCurrent", cuCtxGetCurrent(&c_));']
+
+    def _kernel_setup(self, rec, raw: bytes, off: int = 0, v2: bool = True) -> List[str]:
+        """k_: a CUDA_KERNEL_NODE_PARAMS of the exported program for the recorded one at raw[off:]."""
+        if (rec.get("x") or {}).get("params") is None:
+            self.fail(rec, "the kernel node's packed arguments were not captured (x.params): the recorded "
+                           "CUDA_KERNEL_NODE_PARAMS holds only host pointers of the recorded process")
+        func, gx, gy, gz, bx, by, bz, shm = KNODE.unpack_from(raw, off)
+        kern = _u64(raw, off + 56) if v2 else 0
+        rctx = _u64(raw, off + 64) if v2 else 0
+        fexpr, name = self.function(rec, func or kern)
+        self.kid(name)
+        p, k = self._params(rec)
+        out = ["CUDA_KERNEL_NODE_PARAMS k_;", "memset(&k_, 0, sizeof k_);",
+               f"k_.func = {fexpr};" if func else f"k_.kern = (CUkernel){fexpr};",
+               f"k_.gridDimX = {gx}; k_.gridDimY = {gy}; k_.gridDimZ = {gz};",
+               f"k_.blockDimX = {bx}; k_.blockDimY = {by}; k_.blockDimZ = {bz}; k_.sharedMemBytes = {shm};"]
+        if p:
+            out += [f"size_t kn_ = {len(p)};",
+                    f"void *kx_[] = {{CU_LAUNCH_PARAM_BUFFER_POINTER, params_live(P{k}, {len(p)}), "
+                    f"CU_LAUNCH_PARAM_BUFFER_SIZE, &kn_, CU_LAUNCH_PARAM_END}};", "k_.extra = kx_;"]
+        if rctx:
+            out.append(f"k_.ctx = {self.context(rec, rctx)};")
+        return out
+
+    def _memset_setup(self, rec, raw: bytes, off: int = 0) -> List[str]:
+        """m_: a CUDA_MEMSET_NODE_PARAMS for the recorded one at raw[off:]."""
+        dst, pitch, value, esize, width, height = MEMSET_NODE.unpack_from(raw, off)
+        return ["CUDA_MEMSET_NODE_PARAMS m_;", "memset(&m_, 0, sizeof m_);",
+                f"m_.dst = TR({lit(dst)}); m_.pitch = {lit(pitch)}; m_.value = {lit(value)}; "
+                f"m_.elementSize = {esize}; m_.width = {lit(width)}; m_.height = {lit(height)};"]
+
+    def _memcpy_setup(self, rec, raw: bytes, off: int = 0) -> List[str]:
+        """y_: a CUDA_MEMCPY3D for the recorded one at raw[off:]; device (and unified) ends only."""
+        desc = bytes(raw[off:off + MEMCPY3D_SIZE])
+        for side, base in (("source", 0), ("destination", 88)):
+            mt = _u32(desc, base + 32)
+            if mt == MT_HOST:
+                self.fail(rec, f"the copy node's {side} is host memory of the recorded process (not exported: "
+                               f"the program does not rebuild host buffers a graph reads or writes)")
+            if mt == MT_ARRAY:
+                self.fail(rec, "copy nodes with CUDA arrays are not exported")
+        k = self.descs.setdefault(desc, len(self.descs))
+        return ["CUDA_MEMCPY3D y_;", "_Static_assert(sizeof(CUDA_MEMCPY3D) == 200, \"CUDA_MEMCPY3D is 200 bytes\");",
+                f"memcpy(&y_, D{k}, sizeof y_);", "y_.srcDevice = TR(y_.srcDevice); y_.dstDevice = TR(y_.dstDevice);"]
+
+    def _add(self, rec, setup: List[str], call: str) -> None:
+        """Add a node: call is the driver call with {node}, {graph}, {deps} and {n} to fill."""
+        a = rec["a"]
+        g = self.handle(rec, "graph", a.get("hGraph"))
+        decl, deps, n = self._deps(rec)
+        i = self.slots.new("graph_node", a.get("phGraphNode"))
+        c = call.format(node=f"&{ref('graph_node', i)}", graph=g, deps=deps, n=n)
+        self.emit(rec, "{", *setup, *decl, f"CK({c});", "}")
+
+    def e_graph_add_kernel(self, rec) -> None:
+        v2 = "_v2" in rec["f"]          # cuGraphAddKernelNode (v1 ABI): 56 bytes, no kern, ctx
+        raw = self._struct(rec, "nodeParams", KNODE_V2, "CUDA_KERNEL_NODE_PARAMS", KNODE_V2 if v2 else KNODE_V1)
+        self._add(rec, self._kernel_setup(rec, raw, 0, v2), "cuGraphAddKernelNode({node}, {graph}, {deps}, {n}, &k_)")
+
+    def e_graph_add_memset(self, rec) -> None:
+        raw = self._struct(rec, "memsetParams", MEMSET_NODE.size, "CUDA_MEMSET_NODE_PARAMS")
+        setup = self._memset_setup(rec, raw) + self._node_ctx(rec, rec["a"].get("ctx"))
+        self._add(rec, setup, "cuGraphAddMemsetNode({node}, {graph}, {deps}, {n}, &m_, c_)")
+
+    def e_graph_add_memcpy(self, rec) -> None:
+        raw = self._struct(rec, "copyParams", MEMCPY3D_SIZE, "CUDA_MEMCPY3D")
+        setup = self._memcpy_setup(rec, raw) + self._node_ctx(rec, rec["a"].get("ctx"))
+        self._add(rec, setup, "cuGraphAddMemcpyNode({node}, {graph}, {deps}, {n}, &y_, c_)")
+
+    def e_graph_add_empty(self, rec) -> None:
+        if rec["f"].startswith("cuGraphAddHostNode"):
+            self._host_node_note(rec)
+        self._add(rec, [], "cuGraphAddEmptyNode({node}, {graph}, {deps}, {n})")
+
+    def _host_node_note(self, rec) -> None:
+        self.note_once("hostnode", f"graph host nodes (callbacks of the recorded process) are exported as empty "
+                                   f"nodes (first: call #{rec.get('s')} {rec['f']})")
+
+    def e_graph_add_event(self, rec) -> None:
+        name = "cuGraphAddEventRecordNode" if "Record" in rec["f"] else "cuGraphAddEventWaitNode"
+        ev = self.handle(rec, "event", rec["a"].get("event"))
+        self._add(rec, [], f"{name}({{node}}, {{graph}}, {{deps}}, {{n}}, {ev})")
+
+    def e_graph_add_child(self, rec) -> None:
+        child = self.handle(rec, "graph", rec["a"].get("childGraph"), "child graph")
+        self._add(rec, [], f"cuGraphAddChildGraphNode({{node}}, {{graph}}, {{deps}}, {{n}}, {child})")
+
+    def _node_type(self, rec, raw: bytes) -> int:
+        t = _u32(raw, 0)
+        if t in NODE_TYPE_NAMES:
+            self.fail(rec, f"{NODE_TYPE_NAMES[t]} graph nodes (CUgraphNodeType {t}) are not exported; replay the "
+                           f"snapshot with `cudasnap replay`")
+        if t > NT_EVENT_RECORD:
+            self.fail(rec, f"graph node type {t} is unknown to export")
+        return t
+
+    def e_graph_add_node(self, rec) -> None:
+        """cuGraphAddNode: through the typed call of the node's type."""
+        raw = self._struct(rec, "nodeParams", NODE_PARAMS_SIZE, "CUgraphNodeParams")
+        t, u = self._node_type(rec, raw), NP_UNION
+        if t == NT_KERNEL:
+            self._add(rec, self._kernel_setup(rec, raw, u), "cuGraphAddKernelNode({node}, {graph}, {deps}, {n}, &k_)")
+        elif t == NT_MEMSET:       # CUDA_MEMSET_NODE_PARAMS_v2: the v1 fields, ctx at 40
+            setup = self._memset_setup(rec, raw, u) + self._node_ctx(rec, _u64(raw, u + 40))
+            self._add(rec, setup, "cuGraphAddMemsetNode({node}, {graph}, {deps}, {n}, &m_, c_)")
+        elif t == NT_MEMCPY:       # CUDA_MEMCPY_NODE_PARAMS: flags, reserved, copyCtx at 8, copyParams at 16
+            setup = self._memcpy_setup(rec, raw, u + 16) + self._node_ctx(rec, _u64(raw, u + 8))
+            self._add(rec, setup, "cuGraphAddMemcpyNode({node}, {graph}, {deps}, {n}, &y_, c_)")
+        elif t in (NT_EMPTY, NT_HOST):
+            if t == NT_HOST:
+                self._host_node_note(rec)
+            self._add(rec, [], "cuGraphAddEmptyNode({node}, {graph}, {deps}, {n})")
+        elif t in (NT_EVENT_RECORD, NT_WAIT_EVENT):
+            name = "cuGraphAddEventRecordNode" if t == NT_EVENT_RECORD else "cuGraphAddEventWaitNode"
+            ev = self.handle(rec, "event", _u64(raw, u))
+            self._add(rec, [], f"{name}({{node}}, {{graph}}, {{deps}}, {{n}}, {ev})")
+        else:                      # NT_GRAPH: CUDA_CHILD_GRAPH_NODE_PARAMS, the graph first
+            child = self.handle(rec, "graph", _u64(raw, u), "child graph")
+            self._add(rec, [], f"cuGraphAddChildGraphNode({{node}}, {{graph}}, {{deps}}, {{n}}, {child})")
+
+    def e_graph_deps(self, rec) -> None:
+        """cuGraphAddDependencies / cuGraphRemoveDependencies: CUDA 12.3 added edge data to both."""
+        a = rec["a"]
+        g = self.handle(rec, "graph", a.get("hGraph"))
+        frm, to = self._nodes(rec, "from"), self._nodes(rec, "to")
+        self._edges_note(rec, "edgeData")
+        name = "cuGraphAddDependencies" if "Add" in rec["f"] else "cuGraphRemoveDependencies"
+        n = len(frm)
+        if not n:
+            self.res.no_effect += 1
+            return
+        self.emit(rec, "{", f"CUgraphNode f_[] = {{{', '.join(frm)}}}, t_[] = {{{', '.join(to)}}};",
+                  f"\n#if CUDA_VERSION >= 12030\n    CK({name}({g}, f_, t_, NULL, {n}));"
+                  f"\n#else\n    CK({name}({g}, f_, t_, {n}));\n#endif\n   ", "}")
+
+    def _exec(self, rec) -> str:
+        return self.handle(rec, "graph_exec", rec["a"].get("hGraphExec"), "executable graph")
+
+    def e_kernel_node_set(self, rec) -> None:
+        a = rec["a"]
+        v2 = "_v2" in rec["f"]
+        raw = self._struct(rec, "nodeParams", KNODE_V2, "CUDA_KERNEL_NODE_PARAMS", KNODE_V2 if v2 else KNODE_V1)
+        node = self.handle(rec, "graph_node", a.get("hNode"), "graph node")
+        setup = self._kernel_setup(rec, raw, 0, v2)
+        if "Exec" in rec["f"]:
+            self.emit(rec, "{", *setup, f"CK(cuGraphExecKernelNodeSetParams({self._exec(rec)}, {node}, &k_));", "}")
+        else:
+            self.emit(rec, "{", *setup, f"CK(cuGraphKernelNodeSetParams({node}, &k_));", "}")
+
+    def e_memset_node_set(self, rec) -> None:
+        a = rec["a"]
+        node = self.handle(rec, "graph_node", a.get("hNode"), "graph node")
+        if "Exec" in rec["f"]:
+            raw = self._struct(rec, "memsetParams", MEMSET_NODE.size, "CUDA_MEMSET_NODE_PARAMS")
+            setup = self._memset_setup(rec, raw) + self._node_ctx(rec, a.get("ctx"))
+            self.emit(rec, "{", *setup, f"CK(cuGraphExecMemsetNodeSetParams({self._exec(rec)}, {node}, &m_, c_));", "}")
+        else:
+            setup = self._memset_setup(rec, self._struct(rec, "nodeParams", MEMSET_NODE.size,
+                                                         "CUDA_MEMSET_NODE_PARAMS"))
+            self.emit(rec, "{", *setup, f"CK(cuGraphMemsetNodeSetParams({node}, &m_));", "}")
+
+    def e_memcpy_node_set(self, rec) -> None:
+        a = rec["a"]
+        node = self.handle(rec, "graph_node", a.get("hNode"), "graph node")
+        if "Exec" in rec["f"]:
+            setup = self._memcpy_setup(rec, self._struct(rec, "copyParams", MEMCPY3D_SIZE, "CUDA_MEMCPY3D"))
+            setup += self._node_ctx(rec, a.get("ctx"))
+            self.emit(rec, "{", *setup, f"CK(cuGraphExecMemcpyNodeSetParams({self._exec(rec)}, {node}, &y_, c_));", "}")
+        else:
+            setup = self._memcpy_setup(rec, self._struct(rec, "nodeParams", MEMCPY3D_SIZE, "CUDA_MEMCPY3D"))
+            self.emit(rec, "{", *setup, f"CK(cuGraphMemcpyNodeSetParams({node}, &y_));", "}")
+
+    def e_node_set(self, rec) -> None:
+        """cuGraphNodeSetParams / cuGraphExecNodeSetParams: through the typed call of the node's type."""
+        a = rec["a"]
+        raw = self._struct(rec, "nodeParams", NODE_PARAMS_SIZE, "CUgraphNodeParams")
+        t, u = self._node_type(rec, raw), NP_UNION
+        node = self.handle(rec, "graph_node", a.get("hNode"), "graph node")
+        ex = self._exec(rec) if "Exec" in rec["f"] else None
+        if t == NT_KERNEL:
+            setup = self._kernel_setup(rec, raw, u)
+            call = (f"cuGraphExecKernelNodeSetParams({ex}, {node}, &k_)" if ex
+                    else f"cuGraphKernelNodeSetParams({node}, &k_)")
+        elif t == NT_MEMSET:
+            setup = self._memset_setup(rec, raw, u)
+            if ex:
+                setup += self._node_ctx(rec, _u64(raw, u + 40))
+            call = (f"cuGraphExecMemsetNodeSetParams({ex}, {node}, &m_, c_)" if ex
+                    else f"cuGraphMemsetNodeSetParams({node}, &m_)")
+        elif t == NT_MEMCPY:
+            setup = self._memcpy_setup(rec, raw, u + 16)
+            if ex:
+                setup += self._node_ctx(rec, _u64(raw, u + 8))
+            call = (f"cuGraphExecMemcpyNodeSetParams({ex}, {node}, &y_, c_)" if ex
+                    else f"cuGraphMemcpyNodeSetParams({node}, &y_)")
+        elif t in (NT_EVENT_RECORD, NT_WAIT_EVENT):
+            setup = []
+            ev = self.handle(rec, "event", _u64(raw, u))
+            name = "EventRecord" if t == NT_EVENT_RECORD else "EventWait"
+            call = (f"cuGraphExec{name}NodeSetEvent({ex}, {node}, {ev})" if ex
+                    else f"cuGraph{name}NodeSetEvent({node}, {ev})")
+        elif t == NT_GRAPH and ex:
+            setup = []
+            child = self.handle(rec, "graph", _u64(raw, u), "child graph")
+            call = f"cuGraphExecChildGraphNodeSetParams({ex}, {node}, {child})"
+        elif t in (NT_EMPTY, NT_HOST):
+            self.res.no_effect += 1      # nothing to set (host nodes are exported as empty nodes)
+            return
+        else:
+            self.fail(rec, "setting a child graph node's graph in place is not exported")
+        self.emit(rec, "{", *setup, f"CK({call});", "}")
+
+    def e_exec_update(self, rec) -> None:
+        a = rec["a"]
+        g = self.handle(rec, "graph", a.get("hGraph"))
+        self.emit(rec, "{", "CUgraphExecUpdateResultInfo u_;",
+                  f"CK(cuGraphExecUpdate({self._exec(rec)}, {g}, &u_));", "}")
+
+    def e_knode_attr(self, rec) -> None:
+        a = rec["a"]
+        aid = int(a.get("attr", 0) or 0)
+        val = a.get("value")
+        if aid in KNODE_ATTR_WITH_EVENT:
+            self.note_once(f"knattr{aid}", f"call #{rec.get('s')} {rec['f']}: kernel node attribute {aid} "
+                                           f"({KNODE_ATTR_WITH_EVENT[aid]}) is left out (it names an event of the "
+                                           f"recording; the node keeps its dependencies)")
+            self.res.no_effect += 1
+            return
+        if not isinstance(val, (bytes, bytearray)) or len(val) < 64:
+            self.fail(rec, "the CUkernelNodeAttrValue struct (value) was not captured")
+        node = self.handle(rec, "graph_node", a.get("hNode"), "graph node")
+        k = self.descs.setdefault(bytes(val[:64]), len(self.descs))
+        self.emit(rec, "{", "CUkernelNodeAttrValue v_;", f"memcpy(&v_, D{k}, sizeof v_);",
+                  f"CK(cuGraphKernelNodeSetAttribute({node}, (CUkernelNodeAttrID){aid}, &v_));", "}")
+
+
+class StreamCalls(GraphNodeCalls):
     """Emitter's translation of the stream, event and graph calls."""
 
     def stream(self, rec, h) -> str:

@@ -34,7 +34,10 @@ _t("e_none", "cuCtxSetCacheConfig", "cuCtxSetSharedMemConfig", "cuCtxResetPersis
    "cuMemAdvise", "cuMemPrefetchAsync", "cuMemRangeGetAttribute", "cuStreamAttachMemAsync",
    "cuMemPoolCreate", "cuDeviceGetDefaultMemPool", "cuDeviceGetMemPool", "cuMemGetDefaultMemPool",
    "cuMemGetMemPool", "cuMemPoolDestroy", "cuMemPoolTrimTo", "cuMemPoolSetAttribute", "cuMemPoolSetAccess",
-   "cuDeviceSetMemPool", "cuMemSetMemPool", "cuEventElapsedTime", "cuCtxAttach", "cuCtxDetach")
+   "cuDeviceSetMemPool", "cuMemSetMemPool", "cuEventElapsedTime", "cuCtxAttach", "cuCtxDetach",
+   # host-side lifetimes of the recorded process's objects, graph memory pool trimming: no effect on results
+   "cuGraphRetainUserObject", "cuGraphReleaseUserObject", "cuUserObjectCreate", "cuUserObjectRetain",
+   "cuUserObjectRelease", "cuDeviceGraphMemTrim", "cuDeviceSetGraphMemAttribute")
 _t("e_host_func", "cuLaunchHostFunc", "cuStreamAddCallback")
 _t("e_alloc", "cuMemAlloc", "cuMemAllocManaged", "cuMemAllocAsync", "cuMemAllocFromPoolAsync", "cuMemAllocPitch")
 _t("e_free", "cuMemFree")
@@ -70,13 +73,29 @@ _t("e_launch_coop", "cuLaunchCooperativeKernel")
 _t("e_begin_capture", "cuStreamBeginCapture")
 _t("e_end_capture", "cuStreamEndCapture")
 _t("e_instantiate", "cuGraphInstantiate", "cuGraphInstantiateWithFlags", "cuGraphInstantiateWithParams")
+_t("e_graph_add_kernel", "cuGraphAddKernelNode")
+_t("e_graph_add_node", "cuGraphAddNode")
+_t("e_graph_add_memset", "cuGraphAddMemsetNode")
+_t("e_graph_add_memcpy", "cuGraphAddMemcpyNode")
+_t("e_graph_add_empty", "cuGraphAddEmptyNode", "cuGraphAddHostNode")
+_t("e_graph_add_event", "cuGraphAddEventRecordNode", "cuGraphAddEventWaitNode")
+_t("e_graph_add_child", "cuGraphAddChildGraphNode")
+_t("e_graph_deps", "cuGraphAddDependencies", "cuGraphRemoveDependencies")
+_t("e_kernel_node_set", "cuGraphKernelNodeSetParams", "cuGraphExecKernelNodeSetParams")
+_t("e_memset_node_set", "cuGraphMemsetNodeSetParams", "cuGraphExecMemsetNodeSetParams")
+_t("e_memcpy_node_set", "cuGraphMemcpyNodeSetParams", "cuGraphExecMemcpyNodeSetParams")
+_t("e_node_set", "cuGraphNodeSetParams", "cuGraphExecNodeSetParams")
+_t("e_exec_update", "cuGraphExecUpdate")
+_t("e_knode_attr", "cuGraphKernelNodeSetAttribute")
 _t("e_stream_sync", "cuStreamSynchronize")
 _t("e_event_record", "cuEventRecord", "cuEventRecordWithFlags")
 _t("e_stream_wait", "cuStreamWaitEvent")
 # calls made only of values and handles: parameters from the API description
 _t("e_generic", "cuStreamCreate", "cuStreamCreateWithPriority", "cuStreamDestroy", "cuEventCreate",
    "cuEventDestroy", "cuEventSynchronize", "cuGraphLaunch", "cuGraphUpload", "cuGraphExecDestroy",
-   "cuGraphDestroy", "cuCtxSetLimit")
+   "cuGraphDestroy", "cuCtxSetLimit", "cuGraphCreate", "cuGraphNodeSetEnabled", "cuGraphKernelNodeCopyAttributes",
+   "cuGraphEventRecordNodeSetEvent", "cuGraphEventWaitNodeSetEvent", "cuGraphExecEventRecordNodeSetEvent",
+   "cuGraphExecEventWaitNodeSetEvent", "cuGraphExecChildGraphNodeSetParams")
 
 DESTROYS = {"cuStreamDestroy": "stream", "cuEventDestroy": "event", "cuGraphExecDestroy": "graph_exec",
             "cuGraphDestroy": "graph"}

@@ -50,6 +50,7 @@ PROGRAMS = {
     "ipc": "link",
     "peer": "link",
     "windowed": "link",
+    "graphnodes": "link",
 }
 
 MODULE_TEXT = "CUDADOUBLE\nkernel add_one\nkernel fill\nkernel saxpy\nkernel chase\nkernel incr\nkernel spin\n"

@@ -212,6 +212,52 @@ typedef struct CUlaunchConfig_st {
     unsigned int numAttrs;                 /* offset 48 */
 } CUlaunchConfig;                          /* 56 bytes */
 
+/* Graphs built node by node (CUDA 12.3+ ABI: _v2 kernel node params, edge data) */
+typedef struct CUgraphNode_st *CUgraphNode;
+typedef enum CUgraphNodeType_enum {
+    CU_GRAPH_NODE_TYPE_KERNEL = 0, CU_GRAPH_NODE_TYPE_MEMCPY = 1, CU_GRAPH_NODE_TYPE_MEMSET = 2,
+    CU_GRAPH_NODE_TYPE_HOST = 3, CU_GRAPH_NODE_TYPE_GRAPH = 4, CU_GRAPH_NODE_TYPE_EMPTY = 5,
+    CU_GRAPH_NODE_TYPE_WAIT_EVENT = 6, CU_GRAPH_NODE_TYPE_EVENT_RECORD = 7, CU_GRAPH_NODE_TYPE_CONDITIONAL = 13
+} CUgraphNodeType;
+typedef struct CUDA_KERNEL_NODE_PARAMS_st {
+    CUfunction func;
+    unsigned int gridDimX, gridDimY, gridDimZ;
+    unsigned int blockDimX, blockDimY, blockDimZ;
+    unsigned int sharedMemBytes;
+    void **kernelParams;                   /* offset 40 */
+    void **extra;                          /* offset 48 */
+    CUkernel kern;                         /* offset 56: used when func is NULL */
+    CUcontext ctx;                         /* offset 64 */
+} CUDA_KERNEL_NODE_PARAMS;                 /* 72 bytes */
+typedef struct CUDA_MEMSET_NODE_PARAMS_st {
+    CUdeviceptr dst;
+    size_t pitch;
+    unsigned int value;
+    unsigned int elementSize;
+    size_t width, height;
+} CUDA_MEMSET_NODE_PARAMS;                 /* 40 bytes */
+typedef struct CUDA_MEMSET_NODE_PARAMS_v2_st {
+    CUdeviceptr dst;
+    size_t pitch;
+    unsigned int value;
+    unsigned int elementSize;
+    size_t width, height;
+    CUcontext ctx;
+} CUDA_MEMSET_NODE_PARAMS_v2;              /* 48 bytes */
+typedef struct CUgraphEdgeData_st {
+    unsigned char from_port, to_port, type, reserved[5];
+} CUgraphEdgeData;                         /* 8 bytes */
+typedef struct CUgraphNodeParams_st {
+    CUgraphNodeType type;
+    int reserved0[3];
+    union {
+        long long reserved1[29];
+        CUDA_KERNEL_NODE_PARAMS kernel;
+        CUDA_MEMSET_NODE_PARAMS_v2 memset;
+    };
+    long long reserved2;
+} CUgraphNodeParams;                       /* 256 bytes */
+
 /* Contexts */
 typedef struct CUexecAffinityParam_st { int type; union { struct { unsigned int val; } smCount; } param; } CUexecAffinityParam;
 typedef struct CUctxCigParam_st { int sharedDataType; void *sharedData; } CUctxCigParam;
@@ -427,6 +473,19 @@ CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream);
 CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream);
 CUresult cuGraphDestroy(CUgraph hGraph);
 CUresult cuGraphExecDestroy(CUgraphExec hGraphExec);
+CUresult cuGraphAddKernelNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                                 size_t numDependencies, const CUDA_KERNEL_NODE_PARAMS *nodeParams);
+CUresult cuGraphAddNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                           const CUgraphEdgeData *dependencyData, size_t numDependencies, CUgraphNodeParams *nodeParams);
+CUresult cuGraphAddMemsetNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                              size_t numDependencies, const CUDA_MEMSET_NODE_PARAMS *memsetParams, CUcontext ctx);
+CUresult cuGraphAddEmptyNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                             size_t numDependencies);
+CUresult cuGraphAddDependencies_v2(CUgraph hGraph, const CUgraphNode *from, const CUgraphNode *to,
+                                   const CUgraphEdgeData *edgeData, size_t numDependencies);
+CUresult cuGraphKernelNodeSetParams_v2(CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS *nodeParams);
+CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec hGraphExec, CUgraphNode hNode,
+                                           const CUDA_KERNEL_NODE_PARAMS *nodeParams);
 
 CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
@@ -455,6 +514,11 @@ CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTable
 #define cuEventElapsedTime cuEventElapsedTime_v2
 #define cuGetProcAddress cuGetProcAddress_v2
 #define cuGraphInstantiate cuGraphInstantiateWithFlags
+#define cuGraphAddKernelNode cuGraphAddKernelNode_v2
+#define cuGraphAddNode cuGraphAddNode_v2
+#define cuGraphAddDependencies cuGraphAddDependencies_v2
+#define cuGraphKernelNodeSetParams cuGraphKernelNodeSetParams_v2
+#define cuGraphExecKernelNodeSetParams cuGraphExecKernelNodeSetParams_v2
 #ifdef CUDA_API_PER_THREAD_DEFAULT_STREAM
 #define cuMemcpy cuMemcpy_ptds
 #define cuMemcpyAsync cuMemcpyAsync_ptsz

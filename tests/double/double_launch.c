@@ -546,6 +546,25 @@ static CUresult launch_common(CUfunction f, unsigned gx, unsigned gy, unsigned g
     return launch_run(op.func, op.grid, op.block, pb, len);
 }
 
+/* A kernel graph node's launch (libcuda_double.c's cuGraphAdd*Node, cuGraph*KernelNodeSetParams):
+ * checked and packed as cuLaunchKernel checks and packs, into pb (MAXPARAMS bytes); func, else kern. */
+CUresult kernel_node_op(const CUDA_KERNEL_NODE_PARAMS *p, op_t *op, unsigned char *pb);
+CUresult kernel_node_op(const CUDA_KERNEL_NODE_PARAMS *p, op_t *op, unsigned char *pb) {
+    if (!p) return CUDA_ERROR_INVALID_VALUE;
+    struct func_obj *fo = as_func(p->func ? (const void *)p->func : (const void *)p->kern);
+    if (!fo) return CUDA_ERROR_INVALID_HANDLE;
+    unsigned gx = p->gridDimX, gy = p->gridDimY, gz = p->gridDimZ, bx = p->blockDimX, by = p->blockDimY, bz = p->blockDimZ;
+    if (!gx || !gy || !gz || !bx || !by || !bz || gy > 65535 || gz > 65535) return CUDA_ERROR_INVALID_VALUE;
+    if ((u64)bx * by * bz > 1024 || bz > 64) return CUDA_ERROR_INVALID_VALUE;
+    if (p->sharedMemBytes > (unsigned)fo->attrs[CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES]) return CUDA_ERROR_INVALID_VALUE;
+    size_t len = 0;
+    memset(pb, 0, MAXPARAMS);
+    CHECK(pack_params(fo->k, p->kernelParams, p->extra, pb, &len));
+    *op = (op_t){.kind = 1, .func = (void *)fo->k, .grid = {gx, gy, gz}, .block = {bx, by, bz}, .params = pb,
+                 .params_len = len};
+    return CUDA_SUCCESS;
+}
+
 API CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                             unsigned shmem, CUstream s, void **kernelParams, void **extra) {
     return launch_common(f, gx, gy, gz, bx, by, bz, shmem, s, kernelParams, extra);

@@ -151,6 +151,13 @@ static const pa_t table[] = {
     S("cuGraphLaunch", 10000, cuGraphLaunch, cuGraphLaunch_ptsz),
     E("cuGraphDestroy", 10000, cuGraphDestroy),
     E("cuGraphExecDestroy", 10000, cuGraphExecDestroy),
+    E("cuGraphAddKernelNode", 12000, cuGraphAddKernelNode_v2),
+    E("cuGraphAddNode", 12030, cuGraphAddNode_v2),
+    E("cuGraphAddMemsetNode", 10000, cuGraphAddMemsetNode),
+    E("cuGraphAddEmptyNode", 10000, cuGraphAddEmptyNode),
+    E("cuGraphAddDependencies", 12030, cuGraphAddDependencies_v2),
+    E("cuGraphKernelNodeSetParams", 12000, cuGraphKernelNodeSetParams_v2),
+    E("cuGraphExecKernelNodeSetParams", 12000, cuGraphExecKernelNodeSetParams_v2),
 
     E("cuGetProcAddress", 11030, cuGetProcAddress),
     E("cuGetProcAddress", 12000, cuGetProcAddress_v2),

@@ -1131,7 +1131,12 @@ API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc 
 }
 
 /* --------------------------------------------------------- streams, events */
-struct graph_obj { int type; op_t *ops; int nops, cap; int global; };
+/* ops run in order; nodes[i] (graphs built node by node) is the node of ops[node->index]; an
+ * executable graph's src is the graph it was instantiated from */
+enum { OP_EMPTY = 6 };                     /* an empty graph node: nothing to run */
+struct gnode_obj;
+struct graph_obj { int type; op_t *ops; int nops, cap; int global; struct gnode_obj **nodes; int nnodes, capnodes;
+                   struct graph_obj *src; };
 struct stream_obj { int type; unsigned int flags; int priority; struct graph_obj *capture; };
 struct event_obj { int type; unsigned int flags; int recorded; struct timespec t; };
 
@@ -1321,7 +1326,9 @@ API CUresult cuEventDestroy_v2(CUevent e) {
 /* ------------------------------------------------------------------- graphs */
 static void graph_free(struct graph_obj *g) {
     for (int i = 0; i < g->nops; i++) op_release(&g->ops[i]);
+    for (int i = 0; i < g->nnodes; i++) obj_free(g->nodes[i]);
     free(g->ops);
+    free(g->nodes);
     obj_free(g);
 }
 
@@ -1341,6 +1348,7 @@ API CUresult cuGraphInstantiateWithFlags(CUgraphExec *ph, CUgraph hg, unsigned l
     struct graph_obj *x = obj_new(OBJ_GRAPHEXEC, sizeof *x);
     LOCK();
     for (int i = 0; i < g->nops; i++) graph_append(x, &g->ops[i]);
+    x->src = g;
     UNLOCK();
     *ph = (CUgraphExec)x;
     return CUDA_SUCCESS;
@@ -1353,6 +1361,7 @@ API CUresult cuGraphLaunch(CUgraphExec hx, CUstream s) {
     struct graph_obj *x = (struct graph_obj *)hx;
     for (int i = 0; i < x->nops; i++) {
         const op_t *op = &x->ops[i];
+        if (op->kind == OP_EMPTY) continue;
         if (op->kind == OP_EVENT_RECORD) {          /* event record node: the event's time is now */
             struct event_obj *e = (struct event_obj *)op->func;
             if (e->type != OBJ_EVENT) return CUDA_ERROR_INVALID_HANDLE;    /* (no registry scan per node) */
@@ -1378,4 +1387,151 @@ API CUresult cuGraphExecDestroy(CUgraphExec x) {
     if (!obj_check(x, OBJ_GRAPHEXEC)) return CUDA_ERROR_INVALID_HANDLE;
     graph_free((struct graph_obj *)x);
     return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------- graphs built node by node */
+/* Each node adds one op to its graph; ops run in the order their nodes were added, so a
+ * dependency must point forward (an edge to an earlier node is CUDA_ERROR_NOT_SUPPORTED).
+ * An executable graph holds a copy of the ops: node i of the graph is op i of the exec. */
+enum { OBJ_GRAPHNODE = 64 };
+#define NODE_PARAMS_MAX 256                /* double_launch.c's MAXPARAMS */
+struct gnode_obj { int type; struct graph_obj *g; int index; };
+CUresult kernel_node_op(const CUDA_KERNEL_NODE_PARAMS *p, op_t *op, unsigned char *pb);   /* double_launch.c */
+
+static CUresult memset_node_op(const CUDA_MEMSET_NODE_PARAMS *p, op_t *op) {
+    if (!p || !p->width || !p->height) return CUDA_ERROR_INVALID_VALUE;
+    if (p->elementSize != 1 && p->elementSize != 2 && p->elementSize != 4) return CUDA_ERROR_INVALID_VALUE;
+    if (p->elementSize == 2) return CUDA_ERROR_NOT_SUPPORTED;                  /* no 16-bit memset op */
+    size_t row = p->width * p->elementSize;
+    if (p->height > 1 && p->pitch != row) return CUDA_ERROR_NOT_SUPPORTED;   /* pitched 2D: not modelled */
+    if (!dev_range_ok(p->dst, row * p->height)) return CUDA_ERROR_INVALID_VALUE;
+    *op = (op_t){.kind = p->elementSize == 1 ? 3 : 4, .dst = p->dst, .n = p->width * p->height, .value = p->value};
+    return CUDA_SUCCESS;
+}
+
+static CUresult node_add(CUgraphNode *ph, CUgraph hg, const CUgraphNode *deps, size_t n, const op_t *op) {
+    if (!ph || (n && !deps)) return CUDA_ERROR_INVALID_VALUE;
+    struct graph_obj *g = (struct graph_obj *)hg;
+    CUresult r = CUDA_SUCCESS;
+    LOCK();
+    if (!obj_check_locked(g, OBJ_GRAPH)) r = CUDA_ERROR_INVALID_HANDLE;
+    for (size_t i = 0; r == CUDA_SUCCESS && i < n; i++) {
+        const struct gnode_obj *d = (const struct gnode_obj *)deps[i];
+        if (!obj_check_locked(d, OBJ_GRAPHNODE) || d->g != g) r = CUDA_ERROR_INVALID_VALUE;
+    }
+    UNLOCK();
+    if (r != CUDA_SUCCESS) return r;
+    struct gnode_obj *node = obj_new(OBJ_GRAPHNODE, sizeof *node);
+    LOCK();
+    if (g->nnodes == g->capnodes) {
+        g->capnodes = g->capnodes ? 2 * g->capnodes : 16;
+        g->nodes = realloc(g->nodes, (size_t)g->capnodes * sizeof *g->nodes);
+    }
+    g->nodes[g->nnodes++] = node;
+    node->g = g;
+    node->index = g->nops;
+    graph_append(g, op);
+    UNLOCK();
+    *ph = (CUgraphNode)node;
+    return CUDA_SUCCESS;
+}
+
+/* Replace a node's op in its graph (x NULL) or in an executable graph made from that graph. */
+static CUresult node_set(CUgraphExec hx, CUgraphNode hn, const op_t *op) {
+    struct gnode_obj *node = (struct gnode_obj *)hn;
+    struct graph_obj *x = (struct graph_obj *)hx;
+    CUresult r = CUDA_SUCCESS;
+    LOCK();
+    if (!obj_check_locked(node, OBJ_GRAPHNODE) || (x && !obj_check_locked(x, OBJ_GRAPHEXEC))) r = CUDA_ERROR_INVALID_HANDLE;
+    else {
+        struct graph_obj *g = x ? x : node->g;
+        if ((x && x->src != node->g) || node->index >= g->nops || g->ops[node->index].kind != op->kind)
+            r = CUDA_ERROR_INVALID_VALUE;
+        else {
+            op_t *o = &g->ops[node->index];
+            op_release(o);
+            *o = *op;
+            o->params = NULL;
+            if (op->params_len) {
+                o->params = malloc(op->params_len);
+                memcpy(o->params, op->params, op->params_len);
+            }
+        }
+    }
+    UNLOCK();
+    return r;
+}
+
+API CUresult cuGraphAddKernelNode_v2(CUgraphNode *ph, CUgraph hg, const CUgraphNode *deps, size_t n,
+                                     const CUDA_KERNEL_NODE_PARAMS *p) {
+    CHECK(need_ctx());
+    unsigned char pb[NODE_PARAMS_MAX];
+    op_t op;
+    CHECK(kernel_node_op(p, &op, pb));
+    return node_add(ph, hg, deps, n, &op);
+}
+
+API CUresult cuGraphAddMemsetNode(CUgraphNode *ph, CUgraph hg, const CUgraphNode *deps, size_t n,
+                                  const CUDA_MEMSET_NODE_PARAMS *p, CUcontext ctx) {
+    CHECK(need_ctx());
+    op_t op;
+    CHECK(memset_node_op(p, &op));
+    return node_add(ph, hg, deps, n, &op);
+}
+
+API CUresult cuGraphAddEmptyNode(CUgraphNode *ph, CUgraph hg, const CUgraphNode *deps, size_t n) {
+    CHECK(need_ctx());
+    op_t op = {.kind = OP_EMPTY};
+    return node_add(ph, hg, deps, n, &op);
+}
+
+/* Kernel, memset and empty nodes; other node types are CUDA_ERROR_NOT_SUPPORTED.  Edge data is
+ * ignored (ops run in the order added). */
+API CUresult cuGraphAddNode_v2(CUgraphNode *ph, CUgraph hg, const CUgraphNode *deps, const CUgraphEdgeData *edges,
+                               size_t n, CUgraphNodeParams *p) {
+    CHECK(need_ctx());
+    if (!p) return CUDA_ERROR_INVALID_VALUE;
+    unsigned char pb[NODE_PARAMS_MAX];
+    op_t op = {0};
+    switch (p->type) {
+    case CU_GRAPH_NODE_TYPE_KERNEL: CHECK(kernel_node_op(&p->kernel, &op, pb)); break;
+    case CU_GRAPH_NODE_TYPE_MEMSET: CHECK(memset_node_op((const CUDA_MEMSET_NODE_PARAMS *)&p->memset, &op)); break;
+    case CU_GRAPH_NODE_TYPE_EMPTY: op.kind = OP_EMPTY; break;
+    default: return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    return node_add(ph, hg, deps, n, &op);
+}
+
+API CUresult cuGraphAddDependencies_v2(CUgraph hg, const CUgraphNode *from, const CUgraphNode *to,
+                                       const CUgraphEdgeData *edgeData, size_t n) {
+    CHECK(need_ctx());
+    if (n && (!from || !to)) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = CUDA_SUCCESS;
+    LOCK();
+    if (!obj_check_locked(hg, OBJ_GRAPH)) r = CUDA_ERROR_INVALID_HANDLE;
+    for (size_t i = 0; r == CUDA_SUCCESS && i < n; i++) {
+        const struct gnode_obj *a = (const void *)from[i], *b = (const void *)to[i];
+        if (!obj_check_locked(a, OBJ_GRAPHNODE) || !obj_check_locked(b, OBJ_GRAPHNODE)
+            || a->g != (struct graph_obj *)hg || b->g != (struct graph_obj *)hg || a == b)
+            r = CUDA_ERROR_INVALID_VALUE;
+        else if (a->index > b->index) r = CUDA_ERROR_NOT_SUPPORTED;   /* ops run in the order added */
+    }
+    UNLOCK();
+    return r;
+}
+
+API CUresult cuGraphKernelNodeSetParams_v2(CUgraphNode hn, const CUDA_KERNEL_NODE_PARAMS *p) {
+    CHECK(need_ctx());
+    unsigned char pb[NODE_PARAMS_MAX];
+    op_t op;
+    CHECK(kernel_node_op(p, &op, pb));
+    return node_set(NULL, hn, &op);
+}
+
+API CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec hx, CUgraphNode hn, const CUDA_KERNEL_NODE_PARAMS *p) {
+    CHECK(need_ctx());
+    unsigned char pb[NODE_PARAMS_MAX];
+    op_t op;
+    CHECK(kernel_node_op(p, &op, pb));
+    return node_set(hx, hn, &op);
 }
