@@ -287,6 +287,11 @@ class Extractor:
                 continue
             if _is_work(f) or _skipped_query(f):
                 continue
+            if b.startswith(("cuGraphAdd", "cuGraphKernelNodeSet", "cuGraphExecKernelNodeSet", "cuGraphNodeSet",
+                             "cuGraphExecNodeSet", "cuGraphMemsetNodeSet", "cuGraphExecMemsetNodeSet",
+                             "cuGraphMemcpyNodeSet", "cuGraphExecMemcpyNodeSet")):
+                # a graph built node by node (XLA): its nodes' arguments name what its launches reach
+                self.captured_work.append(rec)
             recs.append(rec)
         for rec in self.sel:
             self._note_link(rec, base_name(rec.get("f") or ""), rec.get("a") or {})

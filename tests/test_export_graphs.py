@@ -125,15 +125,14 @@ def test_extract_of_one_graph_launch_exports_and_verifies(double, graphnodes, tm
     assert bad.returncode == 1, bad.stdout + bad.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="extract's reachable memory scans launches and stream-captured work only: the "
-                                       "kernel and memset nodes of a graph built node by node are not among its roots "
-                                       "(export/extract.py prefix/_root_recs), so nothing is restored or verified")
 def test_extract_of_one_graph_launch_finds_the_memory_its_nodes_use(double, graphnodes, tmp_path):
     n = _graph_launches(graphnodes)[3]
     small = tmp_path / "launch.cusnap"
     ex = _cli(double, "extract", graphnodes, "--launch", n, "-o", small)
     assert ex.returncode == 0, ex.stdout + ex.stderr
     assert "expected results: 0 range(s)" not in ex.stdout, ex.stdout
+    rp = _cli(double, "replay", small)
+    assert rp.returncode == 0 and "D2H" in rp.stdout, rp.stdout + rp.stderr
 
 
 # ------------------------------------------------------------------ node kinds the double does not run
