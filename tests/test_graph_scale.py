@@ -331,5 +331,6 @@ def test_graph_mode_runs_the_sequence_in_the_executor_with_a_cupti_reference(dou
 def test_steady_graph_times():
     from cudasnap.replay.profile.graphmode import steady
     assert steady([1000.0, 1004.0, 1002.0, 1009.0, 1001.0])
-    assert not steady([1000.0, 1004.0, 1002.0, 1011.0, 1001.0])
+    assert steady([1000.0, 1004.0, 1002.0, 1040.0, 1001.0])        # one slow run among steady ones
+    assert not steady([1000.0, 1020.0, 985.0, 1011.0, 990.0])       # noise of about 1.5%
     assert not steady([1000.0]) and not steady([0.0, 0.0])
