@@ -7,18 +7,29 @@ Prints each thing tried and its result; exits 0 always.  Runs each variant in a 
   wheel-ld  - LD_LIBRARY_PATH starts with the nvidia-cuda-cupti wheel's lib folder found on
               sys.path (nvidia/cu13/lib), so pathfinder's loader-path step finds that libcupti;
   wheel-pre - that libcupti (and its libnvperf_*) loaded by absolute path before cupti-python
-              (what CUDASNAP_LIBCUPTI=<that folder>/libcupti.so.13 does in cudasnap).
+              (what CUDASNAP_LIBCUPTI=<that folder>/libcupti.so.13 does in cudasnap);
+  libcupti-env - CUDASNAP_LIBCUPTI set to $CUDASNAP_LIBCUPTI, else to
+              /tmp/site/nvidia/cu13/lib/libcupti.so.13 (a newer nvidia-cuda-cupti wheel installed
+              with pip --target /tmp/site), where that file exists: that libcupti preloaded.
 In each: the libraries mapped, cuptiGetVersion, cuptiDeviceGetChipName, cuptiProfilerHostInitialize
-with the 13.5 headers' struct size (56) and the pre-13.2 one (48), with no counter availability
-image and with one from cuptiProfilerGetCounterAvailability on a live context, before and after
-cuptiProfilerInitialize; cupti-python's ProfilerHost.initialize(); then config images and passes
-for SpeedOfLight metrics, cuptiRangeProfilerEnable on the context, and cudasnap's own collector.
+with the 13.5 headers' struct size (56; only where the libcupti has the 13.2+ host structs) and the
+pre-13.2 one (48), with no counter availability image and with one from
+cuptiProfilerGetCounterAvailability on a live context, before and after cuptiProfilerInitialize;
+cupti-python's ProfilerHost.initialize(); then config images and passes for SpeedOfLight metrics,
+cuptiRangeProfilerEnable on the context, cudasnap's trial child (preflight) and its collector.
 
-    python3 bench/diag/cupti_probe.py            # all variants
-    python3 bench/diag/cupti_probe.py default    # one
+Each step's name is printed (flushed) before it runs.  A step that kills the variant's process
+(CUDA 13.0's cuptiDeviceGetChipName dereferences NULL when called before a successful
+cuptiProfilerInitialize) is named with its signal, and the variant is run again without it
+(and without each earlier one that crashed), so one crash hides none of the later steps.
+
+    python3 bench/diag/cupti_probe.py                # all variants
+    python3 bench/diag/cupti_probe.py default        # one
 """
 import glob
+import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -64,19 +75,56 @@ CUptiResult cuptiRangeProfilerDisable(CUpti_RangeProfiler_Disable_Params *p);
 """
 
 
+SITE_LIBCUPTI = "/tmp/site/nvidia/cu13/lib/libcupti.so.13"
+ENV_SKIP = "CUPTI_PROBE_SKIP"            # JSON list of steps that crashed an earlier run of the variant
+ENV_STEPFILE = "CUPTI_PROBE_STEPFILE"    # the child writes each step's name there before running it
+SKIP = set(json.loads(os.environ.get(ENV_SKIP) or "[]"))
+CRASHED = "SKIPPED (it crashed this variant's process in an earlier run)"
+AT_EXIT = "(interpreter exit, after every step)"
+
+
 def say(step, result):
     print(f"  {step:<58} {result}", flush=True)
 
 
+def begin(step):
+    """Name the step before it runs (stdout, flushed, and the step file), so a crash names it."""
+    print(f"  {step:<58} ", end="", flush=True)
+    f = os.environ.get(ENV_STEPFILE)
+    if f:
+        with open(f, "a") as fh:
+            fh.write(step + "\n")
+            fh.flush()
+
+
 def attempt(step, fn):
-    """Run fn(); print its value or its exception.  Returns the value or None."""
+    """Run fn(); print its value or its exception.  Returns the value or None.  A step that
+    crashed the process in an earlier run of this variant is skipped."""
+    if step in SKIP:
+        say(step, CRASHED)
+        return None
+    begin(step)
     try:
         v = fn()
-        say(step, f"OK {v if v is not None else ''}".rstrip())
+        print(f"OK {v if v is not None else ''}".rstrip(), flush=True)
         return v
     except BaseException as e:          # noqa: BLE001 - a probe reports everything
-        say(step, f"FAILED {type(e).__name__}: {e}")
+        print(f"FAILED {type(e).__name__}: {e}", flush=True)
         return None
+
+
+def metrics_cupti():
+    try:
+        from cudasnap.replay.profile import metrics_cupti as mc
+    except ImportError:
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+        from replay.profile import metrics_cupti as mc
+    return mc
+
+
+def env_libcupti():
+    p = os.environ.get("CUDASNAP_LIBCUPTI") or SITE_LIBCUPTI
+    return p if os.path.exists(p) else None
 
 
 def mapped(*needles):
@@ -109,6 +157,7 @@ class Probe:
         self.ctx = None
         self.image = None
         self.host = None                 # a raw host object that initialized
+        self.host_1302 = False           # the libcupti has the 13.2+ host structs
 
     def err(self, code):
         s = self.ffi.new("const char **")
@@ -146,11 +195,18 @@ class Probe:
                       pHostObject=obj)
         return f"host object {int(ffi.cast('uintptr_t', obj)):#x}"
 
+    def host_sizes(self, label, names):
+        new, old = names
+        if self.host_1302:
+            return (("pSinglePassMetricSetName", new), ("pHostObject", old))
+        say(f"[{label}] raw HostInitialize size {new}", "not tried: this libcupti has no 13.2+ host structs")
+        return (("pHostObject", old),)
+
     def host_round(self, label):
-        for last, n in (("pSinglePassMetricSetName", "56 (13.2+ headers)"), ("pHostObject", "48 (older)")):
+        for last, n in self.host_sizes(label, ("56 (13.2+ headers)", "48 (older)")):
             attempt(f"[{label}] raw HostInitialize size {n}, no image", lambda: self.host_init(last, None))
         if self.image is not None:
-            for last, n in (("pSinglePassMetricSetName", "56"), ("pHostObject", "48")):
+            for last, n in self.host_sizes(label, ("56", "48")):
                 attempt(f"[{label}] raw HostInitialize size {n}, availability image",
                         lambda: self.host_init(last, self.image))
 
@@ -164,13 +220,20 @@ class Probe:
             n = ph.get_num_of_passes(cfg)
             h.deinitialize()
             return f"config {cfg.size} B, {n} pass(es)"
-        attempt(f"[{label}] cupti-python ProfilerHost init+config", go)
+        import cupti.cupti as cc
+        big = cc.PROFILER_HOST_INITIALIZE_PARAMS_STRUCT_SIZE
+        if self.host_1302 or big <= 48:
+            attempt(f"[{label}] cupti-python ProfilerHost init+config", go)
+        else:
+            say(f"[{label}] cupti-python ProfilerHost init+config",
+                f"not tried: it passes {big} bytes; this libcupti has no 13.2+ host structs (48)")
 
         if self.image is not None:
             def low():
                 import cupti.cupti as cc
                 out = []
-                for ss, nm in ((cc.PROFILER_HOST_INITIALIZE_PARAMS_STRUCT_SIZE, "its size"), (48, "48")):
+                sizes = ((big, "its size"), (48, "48")) if self.host_1302 else ((48, "48"),)
+                for ss, nm in sizes:
                     p = cc.ProfilerHostInitializeParams()
                     p.struct_size = ss
                     p.profiler_type = int(ph.ProfilerType.RANGE_PROFILER)
@@ -191,15 +254,18 @@ class Probe:
     def run(self, mode):
         t0 = time.time()
         print(f"== variant {mode}: LD_LIBRARY_PATH={os.environ.get('LD_LIBRARY_PATH', '')!r}", flush=True)
-        if mode == "wheel-pre":
-            d = wheel_lib_dir()
+        if mode in ("wheel-pre", "libcupti-env"):
+            d = wheel_lib_dir() if mode == "wheel-pre" else os.path.dirname(env_libcupti())
+            lib = "libcupti.so.13" if mode == "wheel-pre" else os.path.basename(env_libcupti())
 
             def pre():
                 import ctypes
-                for n in ("libnvperf_host.so", "libnvperf_target.so", "libcupti.so.13"):
-                    ctypes.CDLL(os.path.join(d, n), mode=ctypes.RTLD_GLOBAL)
-                return d
-            attempt("preload wheel libcupti by absolute path", pre)
+                for n in ("libnvperf_host.so", "libnvperf_target.so"):
+                    if os.path.exists(os.path.join(d, n)):
+                        ctypes.CDLL(os.path.join(d, n), mode=ctypes.RTLD_GLOBAL)
+                ctypes.CDLL(os.path.join(d, lib), mode=ctypes.RTLD_GLOBAL)
+                return os.path.join(d, lib)
+            attempt("preload libcupti by absolute path", pre)
         drv = None
         try:
             from cuda.bindings import driver as drv
@@ -227,9 +293,13 @@ class Probe:
         self.lib = self.ffi.dlopen(libs[0])
         v = self.ffi.new("uint32_t *")
         attempt("cuptiGetVersion (rc, version)", lambda: (self.lib.cuptiGetVersion(v), int(v[0])))
-        attempt("libcupti has cuptiProfilerHostGetSinglePassSets (13.2+ host structs)",
-                lambda: hasattr(self.lib, "cuptiProfilerHostGetSinglePassSets")
-                and bool(getattr(self.lib, "cuptiProfilerHostGetSinglePassSets", None)))
+        def has_1302():
+            try:
+                self.host_1302 = bool(self.lib.cuptiProfilerHostGetSinglePassSets)
+            except (AttributeError, NotImplementedError):
+                self.host_1302 = False
+            return self.host_1302
+        attempt("libcupti has cuptiProfilerHostGetSinglePassSets (13.2+ host structs)", has_1302)
         pyver = None
         try:
             import cupti.cupti as cc
@@ -243,7 +313,7 @@ class Probe:
             self.chip = self.ffi.string(p.pChipName).decode()
             self._chip = self.ffi.new("char[]", self.chip.encode())
             return self.chip
-        attempt("cuptiDeviceGetChipName(0) before ProfilerInitialize", chipname)
+        attempt("cuptiDeviceGetChipName(0) before ProfilerInitialize (13.0: NULL deref)", chipname)
         if self.chip is None:
             self.chip = "GH100"
             self._chip = self.ffi.new("char[]", b"GH100")
@@ -308,15 +378,16 @@ class Probe:
                 return "enabled and disabled"
             attempt("cuptiRangeProfilerEnable on the context", enable)
 
+        def trial():
+            mc = metrics_cupti()
+            return mc.preflight(mc.Cupti(libs[0]), 0, "probe")
+        attempt("cudasnap preflight (first initialization in a child)", trial)
+
         def collector():
-            try:
-                from cudasnap.replay.profile import metrics_cupti as mc
-            except ImportError:
-                sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-                from replay.profile import metrics_cupti as mc
+            mc = metrics_cupti()
             col = mc.RangeProfilerCollector(0)
             try:
-                got = col.prepare(METRICS, lambda m: print("    warn:", m))
+                got = col.prepare(METRICS, lambda m: print("    warn:", m, flush=True))
                 return f"{col.describe()}; chip {col.chip}; {len(got)} metrics; {col.passes()} pass(es)"
             finally:
                 col.close()
@@ -331,6 +402,10 @@ def main():
             Probe().run(sys.argv[2])
         except BaseException as e:      # noqa: BLE001
             print(f"  probe stopped: {type(e).__name__}: {e}", flush=True)
+        f = os.environ.get(ENV_STEPFILE)
+        if f:
+            with open(f, "a") as fh:
+                fh.write(AT_EXIT + "\n")
         return
     print("== environment", flush=True)
     for k in ("PYTHONPATH", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "CUDASNAP_LIBCUPTI"):
@@ -351,26 +426,75 @@ def main():
         say("ldconfig -p | libcupti", [l.strip() for l in out.splitlines() if "libcupti" in l])
     except Exception as e:
         say("ldconfig -p", e)
-    variants = sys.argv[1:] or ["default", "wheel-ld", "wheel-pre"]
+    say("CUDASNAP_LIBCUPTI or " + SITE_LIBCUPTI, env_libcupti())
+    variants = sys.argv[1:] or ["default", "wheel-ld", "wheel-pre", "libcupti-env"]
     for v in variants:
         env = dict(os.environ)
         if v in ("wheel-ld", "wheel-pre") and not wd:
-            print(f"== variant {v}: skipped (no wheel lib folder on sys.path)")
+            print(f"== variant {v}: skipped (no wheel lib folder on sys.path)", flush=True)
             continue
+        if v == "libcupti-env":
+            if not env_libcupti():
+                print(f"== variant {v}: skipped (no CUDASNAP_LIBCUPTI, no {SITE_LIBCUPTI})", flush=True)
+                continue
+            env["CUDASNAP_LIBCUPTI"] = env_libcupti()
         if v == "wheel-ld":
             env["LD_LIBRARY_PATH"] = wd + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
+        run_variant(v, env)
+        sys.stdout.flush()
+
+
+def run_variant(v, env, runs=8, timeout=120):
+    """Run the variant's child; where a step kills it, name the step and run it again without
+    that step (its output from that step on), up to `runs` times."""
+    import tempfile
+    skip = []
+    for n in range(runs):
+        fd, stepfile = tempfile.mkstemp(prefix="cupti_probe_steps_")
+        os.close(fd)
+        env = dict(env, **{ENV_SKIP: json.dumps(skip), ENV_STEPFILE: stepfile})
         try:
             r = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", v], env=env,
-                               capture_output=True, text=True, timeout=90)
-            sys.stdout.write(r.stdout)
-            if r.returncode != 0 or r.stderr.strip():
-                print(f"  (child exit {r.returncode}) stderr tail:\n" + "\n".join(r.stderr.splitlines()[-15:]))
+                               capture_output=True, text=True, timeout=timeout)
+            out, err, rc = r.stdout, r.stderr, r.returncode
         except subprocess.TimeoutExpired as e:
-            sys.stdout.write((e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or ""))
-            print(f"== variant {v}: timed out after 90 s")
+            out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+            err, rc = "", None
         except Exception as e:
-            print(f"== variant {v}: could not run: {e}")
-        sys.stdout.flush()
+            print(f"== variant {v}: could not run: {e}", flush=True)
+            return
+        try:
+            with open(stepfile) as f:
+                steps = [l.rstrip("\n") for l in f if l.strip()]
+            os.unlink(stepfile)
+        except OSError:
+            steps = []
+        if skip:                        # the lines before the last skipped step were printed already
+            marker = f"  {skip[-1]:<58} {CRASHED}"
+            i = out.find(marker)
+            print(f"  -- variant {v} run {n + 1}, without: {', '.join(skip)}", flush=True)
+            out = out[i:] if i >= 0 else out
+        sys.stdout.write(out)
+        last = steps[-1] if steps else None
+        if rc is None:
+            print(f"TIMED OUT\n== variant {v}: timed out after {timeout} s (in step: {last})", flush=True)
+            return
+        if rc < 0:
+            try:
+                sig = signal.Signals(-rc).name
+            except ValueError:
+                sig = f"signal {-rc}"
+            print(f"CRASHED ({sig})" if not out.endswith("\n") else "", flush=True)
+            print(f"  !! step '{last}' killed the process ({sig}); stderr tail: "
+                  + " | ".join(err.strip().splitlines()[-5:]), flush=True)
+            if last and last != AT_EXIT and last not in skip:
+                skip.append(last)
+                continue
+            return
+        if rc != 0 or err.strip():
+            print(f"  (child exit {rc}) stderr tail:\n" + "\n".join(err.splitlines()[-15:]), flush=True)
+        return
+    print(f"== variant {v}: stopped after {runs} runs", flush=True)
 
 
 if __name__ == "__main__":

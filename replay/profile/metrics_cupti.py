@@ -22,6 +22,26 @@ The library bound is the one cupti-python loaded through cuda.pathfinder (found 
 is not mapped, cuda.pathfinder's libcupti, then libcupti.so.13 / .12 from the loader path.
 CUDASNAP_LIBCUPTI=path loads that libcupti first (see load_libcupti).
 
+Layouts by library: every struct a CUPTI since 12.6 knows has the same fields at the same offsets;
+newer CUPTIs only appended fields (checked with gcc against the CUDA 13.0.1 and 13.5 headers:
+Host_Initialize +pSinglePassMetricSetName, Host_GetMetricProperties +metricCollectionScope,
+GetCounterAvailability +bAllowDeviceLevelCounters, RangeProfiler_Enable +cacheControlMode).  A
+libcupti without cuptiProfilerHostGetSinglePassSets (before 13.2) is given the older sizes
+(OLDER_SIZES) from the start, never the 13.2+ size of Host_Initialize (56 bytes).
+
+A crash, not an error: CUDA 13.0's cuptiDeviceGetChipName checks structSize == 32 and pPriv ==
+NULL, then reads CUPTI's per-device table (a global, + deviceIndex * 0x248) with no check that the
+table exists or that deviceIndex is below the device count: called before a successful
+cuptiProfilerInitialize (or where the driver did not attach), it dereferences NULL (SIGSEGV; 13.5
+checks its initialization first and returns an error).  So the chip name is asked only after
+cuptiProfilerInitialize succeeded, for a device index below cuDeviceGetCount, and the first
+initialization (cuInit, a context, cuptiProfilerInitialize, cuptiDeviceGetChipName,
+cuptiProfilerHostInitialize) is tried first in a short child process on the same libcupti
+(preflight; CUDASNAP_CUPTI_PREFLIGHT=0 skips it): where it dies, the profile is refused with
+MetricsUnavailable naming the call that crashed, instead of the replay dying.  Where it died in
+cuptiDeviceGetChipName on a GPU whose chip the compute capability names (CHIPS_BY_CC), the
+rest is tried again in a child with that name and, if it lives, used without the chip-name call.
+
 Collection, per launch (the caller restores memory between passes, as isolated mode does):
 auto ranges (one range per kernel between Start and Stop; where SetConfig refuses them, one
 user range pushed around the launch) and user replay: the counter data
@@ -43,6 +63,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 ENV_COLLECTOR = "CUDASNAP_METRICS_COLLECTOR"
 ENV_LIBCUPTI = "CUDASNAP_LIBCUPTI"
+ENV_PREFLIGHT = "CUDASNAP_CUPTI_PREFLIGHT"
+PREFLIGHT_TIMEOUT_S = 180
 
 CDEF = """
 typedef int CUptiResult;
@@ -127,6 +149,7 @@ CUptiResult cuptiProfilerHostGetConfigImageSize(CUpti_Profiler_Host_GetConfigIma
 CUptiResult cuptiProfilerHostGetConfigImage(CUpti_Profiler_Host_GetConfigImage_Params *p);
 CUptiResult cuptiProfilerHostGetNumOfPasses(CUpti_Profiler_Host_GetNumOfPasses_Params *p);
 CUptiResult cuptiProfilerHostEvaluateToGpuValues(CUpti_Profiler_Host_EvaluateToGpuValues_Params *p);
+CUptiResult cuptiProfilerHostGetSinglePassSets(void *p);      /* 13.2+: only looked up, never called */
 """
 
 # (struct, its last field as the header's *_STRUCT_SIZE macro names it).  Enable's last field,
@@ -159,9 +182,10 @@ SIZES = {
     "CUpti_Profiler_Host_EvaluateToGpuValues_Params": "pMetricValues",
 }
 # The sizes the same structs had before a field was appended (CUPTI of CUDA 12.6 .. 13.1: Initialize
-# without pSinglePassMetricSetName, GetMetricProperties without metricCollectionScope).  A CUPTI
-# older than these headers answers CUPTI_ERROR_INVALID_PARAMETER to the newer size; the call is
-# then made again with the older one.
+# without pSinglePassMetricSetName, GetMetricProperties without metricCollectionScope; 13.0.1's
+# GetCounterAvailability without bAllowDeviceLevelCounters).  A libcupti without
+# cuptiProfilerHostGetSinglePassSets gets these sizes from the start; a newer one that still
+# answers CUPTI_ERROR_INVALID_PARAMETER to the newer size is asked again with the older one.
 OLDER_SIZES = {
     "CUpti_Profiler_Host_Initialize_Params": "pHostObject",
     "CUpti_Profiler_Host_GetMetricProperties_Params": "metricType",
@@ -174,6 +198,8 @@ CUPTI_USER_RANGE = 2
 CUPTI_USER_REPLAY = 3           # CUpti_ProfilerReplayMode: INVALID, ApplicationReplay, KernelReplay, UserReplay
 CUPTI_ERROR_INSUFFICIENT_PRIVILEGES = 35
 MAX_PASSES = 256                # a config that never says "all passes submitted" stops here
+# Chips a compute capability names on its own (used only where cuptiDeviceGetChipName crashed).
+CHIPS_BY_CC = {(7, 0): "GV100", (8, 0): "GA100", (9, 0): "GH100"}
 
 
 class MetricsUnavailable(RuntimeError):
@@ -259,12 +285,12 @@ def load_libcupti() -> str:
 class Cupti:
     """The C entry points bound through cffi, with errors as exceptions naming the call."""
 
-    def __init__(self):
+    def __init__(self, path: Optional[str] = None):
         self.ffi = make_ffi()
         self.lib = None
         self.path = None
         errors = []
-        for cand in libcupti_candidates():
+        for cand in ([path] if path else libcupti_candidates()):
             try:
                 self.lib = self.ffi.dlopen(cand)
                 self.path = cand
@@ -280,10 +306,26 @@ class Cupti:
                                      f"CUDA 12.6 or later is needed)") from None
         v = self.ffi.new("uint32_t *")
         self.version = int(v[0]) if self.lib.cuptiGetVersion(v) == 0 else None
+        # 13.2+ host structs (Host_Initialize with pSinglePassMetricSetName)
+        self.host_1302 = self.has("cuptiProfilerHostGetSinglePassSets")
+
+    def has(self, fn: str) -> bool:
+        try:
+            return bool(getattr(self.lib, fn))
+        except (AttributeError, NotImplementedError):
+            return False
+
+    def version_text(self) -> str:
+        v = self.version
+        return f"{v // 10000}.{v // 100 % 100}.{v % 100}" if v and v >= 130000 else str(v)
+
+    def last_field(self, name: str) -> Optional[str]:
+        """The last field of the struct as this libcupti knows it (None: the headers' own)."""
+        return OLDER_SIZES.get(name) if not self.host_1302 else None
 
     def params(self, name: str, _last: Optional[str] = None, **fields):
         p = self.ffi.new(name + " *")
-        p.structSize = struct_size(self.ffi, name, _last)
+        p.structSize = struct_size(self.ffi, name, _last or self.last_field(name))
         for k, val in fields.items():
             setattr(p, k, val)
         return p
@@ -305,12 +347,13 @@ class Cupti:
         return p
 
     def call_sized(self, fn: str, name: str, **fields) -> Any:
-        """call() with the headers' struct size, and where this CUPTI refuses it as an invalid
-        parameter, with the size the struct had before its last field was added (OLDER_SIZES)."""
+        """call() with the struct size this libcupti knows (last_field), and where a newer one
+        refuses the headers' size as an invalid parameter, with the size the struct had before
+        its last field was added (OLDER_SIZES)."""
         try:
             return self.call(fn, self.params(name, **fields))
         except CuptiCallError as e:
-            if e.code != CUPTI_ERROR_INVALID_PARAMETER or name not in OLDER_SIZES:
+            if e.code != CUPTI_ERROR_INVALID_PARAMETER or name not in OLDER_SIZES or self.last_field(name):
                 raise
             first = e
         try:
@@ -319,6 +362,30 @@ class Cupti:
             e.args = (f"{e} (struct size {struct_size(self.ffi, name, OLDER_SIZES[name])}; with "
                       f"{struct_size(self.ffi, name)}: {first.text})",)
             raise
+
+    def chip_name(self, device_index: int, device_count: Optional[int] = None) -> str:
+        """cuptiDeviceGetChipName, to be called only after cuptiProfilerInitialize succeeded
+        (CUDA 13.0's dereferences its device table unchecked: see the module doc)."""
+        if device_index < 0 or (device_count is not None and device_index >= device_count):
+            raise MetricsUnavailable(f"device {device_index} is not one of the {device_count} CUDA devices")
+        p = self.call("cuptiDeviceGetChipName", self.params("CUpti_Device_GetChipName_Params",
+                                                            deviceIndex=int(device_index)))
+        if p.pChipName == self.ffi.NULL:
+            raise CuptiCallError("cuptiDeviceGetChipName", 0, "no chip name (NULL)")
+        return self.ffi.string(p.pChipName).decode()
+
+    def counter_availability(self, ctx=None):
+        """The counter availability image of ctx (None: the current context)."""
+        import numpy as np
+        ffi = self.ffi
+        c = ffi.NULL if not ctx else ffi.cast("void *", ctx)
+        p = self.call_sized("cuptiProfilerGetCounterAvailability", "CUpti_Profiler_GetCounterAvailability_Params",
+                            ctx=c, bAllowDeviceLevelCounters=1)
+        image = np.zeros(int(p.counterAvailabilityImageSize), dtype=np.uint8)
+        self.call_sized("cuptiProfilerGetCounterAvailability", "CUpti_Profiler_GetCounterAvailability_Params",
+                        ctx=c, bAllowDeviceLevelCounters=1, counterAvailabilityImageSize=image.size,
+                        pCounterAvailabilityImage=ffi.cast("uint8_t *", image.ctypes.data))
+        return image
 
 
 class CuptiCallError(RuntimeError):
@@ -449,6 +516,10 @@ class RangeProfilerCollector:
             raise MetricsUnavailable(f"numpy is not available ({type(e).__name__}: {e})") from None
         self.np = __import__("numpy")
         self.c = Cupti()
+        self.chip = None
+        self.trial: Dict[str, Any] = {}
+        if os.environ.get(ENV_PREFLIGHT, "1") != "0":
+            self.trial = preflight(self.c, device_index, self.loaded_by)   # MetricsUnavailable where it dies
         self.objects: Dict[int, Any] = {}       # live context -> range profiler object
         self.host: Optional[CuptiHost] = None
         self.config = None
@@ -458,10 +529,11 @@ class RangeProfilerCollector:
         try:
             self.c.call("cuptiProfilerInitialize", self.c.params("CUpti_Profiler_Initialize_Params"))
             self._initialized = True
-            p = self.c.call("cuptiDeviceGetChipName", self.c.params("CUpti_Device_GetChipName_Params",
-                                                                      deviceIndex=int(device_index)))
-            self.chip = self.c.ffi.string(p.pChipName).decode()
-        except CuptiCallError as e:
+            if self.trial.get("chip_from") == "compute capability":
+                self.chip = self.trial["chip"]              # cuptiDeviceGetChipName crashed in the trial
+            else:
+                self.chip = self.c.chip_name(int(device_index), self.trial.get("device_count") or _device_count())
+        except (CuptiCallError, MetricsUnavailable) as e:
             self.close()
             raise MetricsUnavailable(f"CUPTI profiler ({self.describe()}): {e}") from None
         try:
@@ -473,21 +545,16 @@ class RangeProfilerCollector:
 
     def describe(self) -> str:
         """The libcupti in use: its path, version, and how it was found."""
-        v = self.c.version
-        ver = f"{v // 10000}.{v // 100 % 100}.{v % 100}" if v and v >= 130000 else str(v)
-        return f"{self.c.path}, CUPTI {ver}" + (f", {self.loaded_by}" if self.loaded_by else "")
+        how = f", {self.loaded_by}" if self.loaded_by else ""
+        if self.trial.get("chip_from"):
+            how += (f", chip name from the {self.trial['chip_from']} (cuptiDeviceGetChipName: "
+                    f"{self.trial.get('chip_name_crash')} in a trial process)")
+        return f"{self.c.path}, CUPTI {self.c.version_text()}{how}"
 
     def counter_availability(self):
         """The counter availability image of the current context (the replay's, current when the
         collector is opened before a launch)."""
-        c, ffi, np = self.c, self.c.ffi, self.np
-        p = c.call_sized("cuptiProfilerGetCounterAvailability", "CUpti_Profiler_GetCounterAvailability_Params",
-                         ctx=ffi.NULL, bAllowDeviceLevelCounters=1)
-        image = np.zeros(int(p.counterAvailabilityImageSize), dtype=np.uint8)
-        c.call_sized("cuptiProfilerGetCounterAvailability", "CUpti_Profiler_GetCounterAvailability_Params",
-                     ctx=ffi.NULL, bAllowDeviceLevelCounters=1, counterAvailabilityImageSize=image.size,
-                     pCounterAvailabilityImage=ffi.cast("uint8_t *", image.ctypes.data))
-        return image
+        return self.c.counter_availability(None)
 
     # ---------------------------------------------------------------- host side
     def known(self, metric: str) -> bool:
@@ -638,6 +705,187 @@ class RangeProfilerCollector:
                 pass
 
 
+def _mapped_paths(*needles: str) -> List[str]:
+    out: List[str] = []
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                p = line.split(None, 5)[-1].strip()
+                if p.startswith("/") and any(n in p for n in needles) and p not in out:
+                    out.append(p)
+    except OSError:
+        pass
+    return out
+
+
+def _device_count() -> Optional[int]:
+    """cuDeviceGetCount where the driver is initialized in this process, else None."""
+    try:
+        import ctypes
+        n = ctypes.c_int(0)
+        return n.value if ctypes.CDLL("libcuda.so.1").cuDeviceGetCount(ctypes.byref(n)) == 0 else None
+    except Exception:
+        return None
+
+
+def _trial(path: str, device_index: int, preload: List[str], chip: Optional[str]) -> Dict[str, Any]:
+    """Run the first initialization in a child process (see _trial_main): {"rc", "step" (the last
+    one begun), "cc", "result" (None where it died), "stderr"}."""
+    import json
+    import subprocess
+    import sys
+    arg = json.dumps({"path": path, "device": int(device_index), "preload": preload, "chip": chip})
+    code = ("import sys, runpy; sys.path.pop(0); f = sys.argv[1]; sys.argv = [f, '--cupti-trial', sys.argv[2]]; "
+            "runpy.run_path(f, run_name='__main__')")
+    try:
+        r = subprocess.run([sys.executable, "-c", code, os.path.abspath(__file__), arg], capture_output=True,
+                           text=True, timeout=PREFLIGHT_TIMEOUT_S)
+        out, err, rc = r.stdout, r.stderr, r.returncode
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        err, rc = f"did not finish in {PREFLIGHT_TIMEOUT_S} s", None
+    got: Dict[str, Any] = {"rc": rc, "step": None, "cc": None, "result": None,
+                           "stderr": " | ".join(err.strip().splitlines()[-3:])}
+    for line in out.splitlines():
+        if line.startswith("step "):
+            got["step"] = line[5:].strip()
+        elif line.startswith("cc "):
+            try:
+                got["cc"] = tuple(int(x) for x in line.split()[1:3])
+            except ValueError:
+                pass
+        elif line.startswith("result "):
+            try:
+                got["result"] = json.loads(line[7:])
+            except ValueError:
+                pass
+    return got
+
+
+def _death(t: Dict[str, Any]) -> str:
+    rc = t["rc"]
+    if rc is None:
+        how = t["stderr"]
+    elif rc < 0:
+        import signal
+        try:
+            how = f"killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            how = f"killed by signal {-rc}"
+    else:
+        how = f"exit {rc}" + (f": {t['stderr']}" if t["stderr"] else "")
+    return f"{how} in {t['step'] or 'its start'}"
+
+
+def preflight(c: "Cupti", device_index: int, loaded_by: str = "") -> Dict[str, Any]:
+    """The first initialization of CUPTI's profiler tried in a child process on the same libcupti
+    (and libnvperf_* where mapped here), so that a CUPTI that crashes on it (CUDA 13.0's
+    cuptiDeviceGetChipName: see the module doc) refuses the profile instead of ending the replay.
+    Returns the child's findings (chip, device_count, errors it answered with; chip_from where the
+    chip name came from the compute capability); raises MetricsUnavailable where the child died."""
+    preload = _mapped_paths("/libnvperf_host.so", "/libnvperf_target.so")
+    first = _trial(c.path, device_index, preload, None)
+    if first["result"] is not None:
+        return first["result"]
+    what = f"{c.path} (CUPTI {c.version_text()}" + (f", {loaded_by}" if loaded_by else "") + ")"
+    why = f"the first initialization of CUPTI's profiler, tried in a child process, died ({_death(first)})"
+    cc = first["cc"]
+    if first["step"] == "cuptiDeviceGetChipName" and cc in CHIPS_BY_CC:
+        chip = CHIPS_BY_CC[cc]
+        second = _trial(c.path, device_index, preload, chip)
+        if second["result"] is not None:
+            r = dict(second["result"])
+            r.update(chip=chip, chip_from="compute capability", chip_name_crash=_death(first))
+            return r
+        why += f"; again with the chip name {chip} of compute capability {cc[0]}.{cc[1]} ({_death(second)})"
+    hint = ""
+    if first["step"] not in (None, "preload", "cuInit", "cuDevicePrimaryCtxRetain"):
+        hint = (f"; a libcupti of a newer CUDA may drive it: {ENV_LIBCUPTI}=<dir>/libcupti.so.13 "
+                f"(pip install nvidia-cuda-cupti: nvidia/cu13/lib)")
+    raise MetricsUnavailable(f"{what}: {why}{hint}")
+
+
+def _trial_main(arg: str) -> int:
+    """The child of preflight(): each step named on stdout before it begins, then one "result"
+    line (JSON).  Mirrors RangeProfilerCollector.__init__: cuInit and the device's primary
+    context current, cuptiProfilerInitialize, cuptiDeviceGetChipName (only after a successful
+    initialize), cuptiProfilerHostInitialize (the layouts this libcupti knows), deinitialization."""
+    import ctypes
+    import json
+    a = json.loads(arg)
+    idx = int(a["device"])
+    out: Dict[str, Any] = {}
+
+    def step(name: str) -> None:
+        print("step " + name, flush=True)
+
+    def done() -> int:
+        print("result " + json.dumps(out), flush=True)
+        return 0
+    step("preload")
+    for p in a.get("preload") or []:
+        try:
+            ctypes.CDLL(p, mode=ctypes.RTLD_GLOBAL)
+        except OSError as e:
+            out.setdefault("notes", []).append(f"{p}: {e}")
+    step("cuInit")
+    try:
+        cu = ctypes.CDLL("libcuda.so.1")
+        rc = cu.cuInit(0)
+        n, dev, v = ctypes.c_int(0), ctypes.c_int(0), ctypes.c_int(0)
+        if rc == 0 and cu.cuDeviceGetCount(ctypes.byref(n)) == 0:
+            out["device_count"] = n.value
+        if rc == 0 and cu.cuDeviceGet(ctypes.byref(dev), idx) == 0:
+            cc = []
+            for attr in (75, 76):           # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR
+                cc.append(v.value if cu.cuDeviceGetAttribute(ctypes.byref(v), attr, dev) == 0 else -1)
+            print(f"cc {cc[0]} {cc[1]}", flush=True)
+            out["cc"] = cc
+            step("cuDevicePrimaryCtxRetain")
+            ctx = ctypes.c_void_p()
+            e = cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
+            if e == 0:
+                cu.cuCtxSetCurrent(ctx)
+            else:
+                out.setdefault("notes", []).append(f"cuDevicePrimaryCtxRetain: CUresult {e}")
+        else:
+            out.setdefault("notes", []).append(f"cuInit: CUresult {rc}")
+    except OSError as e:
+        out.setdefault("notes", []).append(f"libcuda.so.1: {e}")
+    step("load libcupti")
+    c = Cupti(a["path"])
+    out["version"] = c.version
+    step("cuptiProfilerInitialize")
+    try:
+        c.call("cuptiProfilerInitialize", c.params("CUpti_Profiler_Initialize_Params"))
+    except CuptiCallError as e:
+        out["error"] = str(e)
+        return done()
+    chip = a.get("chip")
+    if not chip:
+        step("cuptiDeviceGetChipName")
+        try:
+            chip = c.chip_name(idx, out.get("device_count"))
+        except (CuptiCallError, MetricsUnavailable) as e:
+            out["error"] = str(e)
+            return done()
+    out["chip"] = chip
+    step("cuptiProfilerHostInitialize")
+    host = CuptiHost(c, chip)
+    try:
+        host.initialize(lambda: c.counter_availability(None))
+        step("cuptiProfilerHostDeinitialize")
+        host.close()
+    except CuptiCallError as e:
+        out["host_error"] = str(e)
+    step("cuptiProfilerDeInitialize")
+    try:
+        c.call("cuptiProfilerDeInitialize", c.params("CUpti_Profiler_DeInitialize_Params"))
+    except CuptiCallError as e:
+        out.setdefault("notes", []).append(str(e))
+    return done()
+
+
 def open_collector(device_index: int):
     """The collector for this GPU: CUDASNAP_METRICS_COLLECTOR's factory when set, else CUPTI's
     range profiler.  Raises MetricsUnavailable."""
@@ -651,3 +899,9 @@ def open_collector(device_index: int):
             raise MetricsUnavailable(f"{ENV_COLLECTOR}={spec}: {type(e).__name__}: {e}") from None
         return factory(device_index)
     return RangeProfilerCollector(device_index)
+
+
+if __name__ == "__main__":
+    import sys
+    if len(sys.argv) == 3 and sys.argv[1] == "--cupti-trial":
+        sys.exit(_trial_main(sys.argv[2]))
