@@ -26,7 +26,7 @@ from types import SimpleNamespace
 from test_profile import _replay
 
 ROOT = Path(__file__).resolve().parents[1]
-RATIO = 2.0
+RATIO = 3.0          # per-node time at 8x the nodes: linear stays near 1x, quadratic would be 8x (slack for a loaded CI host)
 
 
 def _bench():
@@ -120,7 +120,7 @@ def _attribution_time(n_ops, tracked):
 def test_cupti_attribution_time_per_node_does_not_grow_with_the_graph():
     for tracked in (True, False):
         small = min(_attribution_time(2000, tracked) for _ in range(3))
-        big = min(_attribution_time(16000, tracked) for _ in range(2))
+        big = min(_attribution_time(16000, tracked) for _ in range(3))
         assert big <= RATIO * small, (tracked, big, small)
 
 

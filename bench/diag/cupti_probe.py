@@ -78,7 +78,7 @@ CUptiResult cuptiRangeProfilerDisable(CUpti_RangeProfiler_Disable_Params *p);
 SITE_LIBCUPTI = "/tmp/site/nvidia/cu13/lib/libcupti.so.13"
 ENV_SKIP = "CUPTI_PROBE_SKIP"            # JSON list of steps that crashed an earlier run of the variant
 ENV_STEPFILE = "CUPTI_PROBE_STEPFILE"    # the child writes each step's name there before running it
-SKIP = set(json.loads(os.environ.get(ENV_SKIP) or "[]"))
+SKIPPED_STEPS = set(json.loads(os.environ.get(ENV_SKIP) or "[]"))
 CRASHED = "SKIPPED (it crashed this variant's process in an earlier run)"
 AT_EXIT = "(interpreter exit, after every step)"
 
@@ -100,7 +100,7 @@ def begin(step):
 def attempt(step, fn):
     """Run fn(); print its value or its exception.  Returns the value or None.  A step that
     crashed the process in an earlier run of this variant is skipped."""
-    if step in SKIP:
+    if step in SKIPPED_STEPS:
         say(step, CRASHED)
         return None
     begin(step)
