@@ -36,6 +36,8 @@ import os
 import statistics
 from typing import Any, Dict, List, Optional, Tuple
 
+from cudasnap.formats.vocab import is_collective_kernel
+
 SAME, SLOWER, FASTER = "SAME", "SLOWER", "FASTER"
 
 
@@ -144,7 +146,6 @@ ONE_SAMPLE_SIGMAS = 3.0
 MIN_DIFF_US = 0.3
 # Collective kernels (NCCL) wait for the other ranks inside the kernel: one rank's time says how
 # long its peers took to arrive, not how fast the kernel is. They are reported, not judged.
-_COLLECTIVE = ("ncclDevKernel", "ncclKernel", "nccl_")
 
 
 def class_noise(all_pairs: List[Tuple[float, float, Any]], t: float, name: Any) -> Optional[float]:
@@ -213,15 +214,11 @@ def _stats(times: List[float]) -> Dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- the comparison
-def is_collective(name: Any) -> bool:
-    return isinstance(name, str) and any(c in name for c in _COLLECTIVE)
-
-
 def _floor(row: Dict[str, Any], min_diff_us: float, judge_collectives: bool) -> None:
     """SAME for a difference under the per-launch floor, and for collectives (see MIN_DIFF_US)."""
     if row["verdict"] not in (SLOWER, FASTER):
         return
-    if is_collective(row.get("name")) and not judge_collectives:
+    if is_collective_kernel(row.get("name")) and not judge_collectives:
         row["verdict"], row["collective"] = SAME, True
         row["why"] += "; not judged: a collective's time includes waiting for the other ranks"
         return
@@ -390,7 +387,7 @@ def _total(base, cand, kernels, threshold, min_diff_us: float = 0.0, judge_colle
         t["noise_pct"] = combine(t["base_noise_pct"], t["candidate_noise_pct"])
     else:
         both = [k for k in kernels if k.get("ratio") is not None and k.get("base_us") is not None
-                and (judge_collectives or not is_collective(k.get("name")))]
+                and (judge_collectives or not is_collective_kernel(k.get("name")))]
         vb = sum(k["base_us"] for k in both)
         vc = sum(k["candidate_us"] for k in both)
         t = {"what": f"kernel time, {len(both)} kernel(s) timed in both", "base_us": vb, "candidate_us": vc,

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from cudasnap.formats import SnapshotError, SnapshotReader, SnapshotWriter
-from cudasnap.formats.vocab import is_graph_launch, is_launch, is_query
+from cudasnap.formats.vocab import is_collective_kernel, is_graph_launch, is_launch, is_query
 
 from . import ranges as R
 from .callrange import kept_text, range_work
@@ -238,6 +238,12 @@ class Extractor:
             if is_launch(r.get("f") or ""):
                 h = (r.get("a") or {}).get("f")
                 self.res.kernels.append((em.fn_record(h, r["s"]) or {}).get("name") or em.func_names.get(h) or f"{h:#x}")
+        coll = [k for k in self.res.kernels if is_collective_kernel(k)]
+        if coll:
+            # its kernel waits inside for the other ranks' launches: alone it never ends
+            raise ExtractError(f"the selection holds the collective kernel {coll[0][:80]}: it waits for the other "
+                               f"ranks inside the kernel and cannot run alone; select work between collectives, "
+                               f"or replay the job (its group manifest)")
 
     # ------------------------------------------------------------------ the prefix (no GPU)
     def prefix(self) -> None:

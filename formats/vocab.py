@@ -6,6 +6,8 @@ replay class); the name tests below are the ones the snapshot's own names need (
 description lacks is still a launch when it is spelled like one)."""
 from __future__ import annotations
 
+import re
+
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from .abi import base_name
@@ -96,3 +98,13 @@ def alloc_range(rec: Mapping[str, Any]) -> Optional[Tuple[int, int]]:
     if isinstance(p, int) and isinstance(n, int) and p:
         return p, n
     return None
+
+
+# Collective kernels (NCCL, RCCL), demangled or mangled: a rank's launch of one waits inside the
+# kernel for its peers, so it cannot run alone (extract, isolated, graph mode) and its time is
+# not the kernel's alone (compare).
+COLLECTIVE_KERNEL = re.compile(r"(nccl|rccl)\w*Kernel|nccl_", re.I)
+
+
+def is_collective_kernel(name: Any) -> bool:
+    return isinstance(name, str) and bool(COLLECTIVE_KERNEL.search(name))

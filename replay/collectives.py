@@ -17,16 +17,12 @@ rings on one node follow it, measured on 4 GPUs) is compared with the other run'
 distance, whichever rank held it there (`by_hop`)."""
 from __future__ import annotations
 
-import re
 import statistics
 from collections import defaultdict
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-COLLECTIVE = re.compile(r"(nccl|rccl)\w*Kernel", re.I)      # demangled or mangled names
-
-
-def is_collective(name: Optional[str]) -> bool:
-    return bool(name) and bool(COLLECTIVE.search(name))
+from cudasnap.formats.vocab import COLLECTIVE_KERNEL as COLLECTIVE  # noqa: E402,F401
+from cudasnap.formats.vocab import is_collective_kernel as is_collective  # noqa: E402,F401
 
 
 def _base(name: str) -> str:

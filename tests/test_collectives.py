@@ -146,3 +146,28 @@ def test_a_rank_profiles_around_its_collectives(double, tmp_path):
     cp, d = _replay_json(double, snap, "--profile", "graph", "--repeat", "2", "--warmup", "0", "--no-timeline-check")
     assert cp.returncode == 0, cp.stdout + cp.stderr
     assert d["profile"]["summary"]["launches"] == 6
+
+
+def test_extract_refuses_a_collective_kernel_at_once(double, tmp_path):
+    """A collective kernel waits inside for its peers: an extract of one would hang when run
+    alone (an NCCL AllGather's --check ran 300 s on an H200). It is refused before any work."""
+    import subprocess
+    import sys
+    import time
+    from cudasnap.formats import SnapshotReader
+    snap = _rank_snapshot(tmp_path / "rank.cusnap")
+    launches = [(c["s"], (c.get("a") or {}).get("f")) for c in SnapshotReader(snap).records(("c",))
+                if c["f"].startswith("cuLaunch")]
+    coll = next(s for s, f in launches if f == 0x55570002)
+    t0 = time.monotonic()
+    cp = subprocess.run([sys.executable, "-m", "cudasnap", "extract", str(snap), "--launch", str(coll), "-o",
+                         str(tmp_path / "x.cusnap"), "--check"], env=double["env"], capture_output=True, text=True,
+                        timeout=120)
+    assert cp.returncode == 2 and "collective kernel" in cp.stderr and "cannot run alone" in cp.stderr, cp.stderr
+    assert len(cp.stderr.strip().splitlines()) == 1 and time.monotonic() - t0 < 30
+    assert not (tmp_path / "x.cusnap").exists()
+    incr = next(s for s, f in launches if f == 0x55570005)
+    cp = subprocess.run([sys.executable, "-m", "cudasnap", "extract", str(snap), "--launch", str(incr), "-o",
+                         str(tmp_path / "y.cusnap"), "--check"], env=double["env"], capture_output=True, text=True,
+                        timeout=120)
+    assert cp.returncode == 0, cp.stdout + cp.stderr

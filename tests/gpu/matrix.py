@@ -214,8 +214,9 @@ class Matrix:
         # launch rows of the timeline that extract can select: recorded launches, and kernels of
         # graphs (their rows carry the graph launch's call number)
         rec_set = set(recorded) | set(self.recorded_graph_launches(xsnap))
-        launches = sorted((r for r in (prof.get("t1.json") or {}).get("launches") or [] if r.get("seq") in rec_set),
-                          key=lambda r: r["seq"])
+        from cudasnap.formats.vocab import is_collective_kernel     # a collective cannot run alone: not a pick
+        launches = sorted((r for r in (prof.get("t1.json") or {}).get("launches") or [] if r.get("seq") in rec_set
+                           and not is_collective_kernel(r.get("name"))), key=lambda r: r["seq"])
         picks: Dict[str, Optional[dict]] = {"first": launches[0] if launches else None,
                                             "longest": max(launches, key=lambda r: r.get("time_us") or 0) if launches else None,
                                             "gemm": next((r for r in launches if GEMM_RX.search(r.get("name") or "")), None)}
