@@ -352,11 +352,27 @@ class StreamCalls(GraphNodeCalls):
         k = self.skey(rec, hs)
         self.capturing[k] = k
 
+    def e_begin_capture_to_graph(self, rec) -> None:
+        """A capture into an existing graph, after the given nodes (XLA's command buffers)."""
+        a = rec["a"]
+        hs = a.get("hStream")
+        g = self.handle(rec, "graph", a.get("hGraph"))
+        decl, deps, n = self._deps(rec)
+        mode = int(a.get("mode", 0) or 0)
+        self.emit(rec, "{", *decl, f"CK(cuStreamBeginCaptureToGraph({self.stream(rec, hs)}, {g}, {deps}, NULL, {n}, "
+                                   f"(CUstreamCaptureMode){mode}));", "}")
+        k = self.skey(rec, hs)
+        self.capturing[k] = k
+
     def e_end_capture(self, rec) -> None:
         a = rec["a"]
         hs = a.get("hStream")
-        i = self.slots.new("graph", a.get("phGraph"))
-        self.emit(rec, f"CK(cuStreamEndCapture({self.stream(rec, hs)}, &{ref('graph', i)}));")
+        known = self.slots.get("graph", a.get("phGraph"))
+        if known is not None:       # a capture into an existing graph ends with that graph
+            self.emit(rec, "{", "CUgraph g_;", f"CK(cuStreamEndCapture({self.stream(rec, hs)}, &g_));", "}")
+        else:
+            i = self.slots.new("graph", a.get("phGraph"))
+            self.emit(rec, f"CK(cuStreamEndCapture({self.stream(rec, hs)}, &{ref('graph', i)}));")
         origin = self.capturing.get(self.skey(rec, hs))
         for s in [s for s, o in self.capturing.items() if o == origin]:
             del self.capturing[s]

@@ -216,6 +216,12 @@ def test_other_node_kinds_translate(double, graphnodes, tmp_path):
                                           "nodeParams": _node_params(2, memset_u)}, None),
             ("cuGraphExecUpdate_v2", {"hGraphExec": h["exec"], "hGraph": h["graph"], "resultInfo": bytes(24)}, None),
             ("cuGraphRetainUserObject", {"graph": h["graph"], "object": 1, "count": 1, "flags": 1}, None),
+            # a capture into the existing graph after a node (XLA's command buffers)
+            ("cuStreamCreate", {"phStream": 0x7e0301, "Flags": 1}, None),
+            ("cuStreamBeginCaptureToGraph", {"hStream": 0x7e0301, "hGraph": h["graph"],
+                                             "dependencies": struct.pack("<Q", n0), "dependencyData": 0,
+                                             "numDependencies": 1, "mode": 0}, None),
+            ("cuStreamEndCapture", {"hStream": 0x7e0301, "phGraph": h["graph"]}, None),
         ]
 
     snap = _spliced(graphnodes, tmp_path / "kinds.cusnap", extra)
@@ -231,6 +237,8 @@ def test_other_node_kinds_translate(double, graphnodes, tmp_path):
     assert "cuGraphAddChildGraphNode(&gnode[10], graph[0], NULL, 0, graph[0])" in src
     assert "cuGraphExecMemsetNodeSetParams(gexec[0], gnode[0], &m_, c_)" in src and "m_.value = 3;" in src
     assert "CUgraphExecUpdateResultInfo u_; CK(cuGraphExecUpdate(gexec[0], graph[0], &u_));" in src
+    assert "CUgraphNode d_[] = {gnode[7]}; CK(cuStreamBeginCaptureToGraph(" in src and "graph[0], d_, NULL, 1," in src
+    assert "{ CUgraph g_; CK(cuStreamEndCapture(" in src
     real = _real_cuda_include()
     if real is None:
         pytest.skip("no CUDA toolkit cuda.h to check the C against")
