@@ -145,6 +145,29 @@ class MemorySaver:
         self.copies = []
 
 
+def base_row(ev, saver) -> Dict[str, Any]:
+    """The columns every per-launch row of a mode that replays launches from saved memory
+    (isolated, metrics) starts with."""
+    return {"seq": ev.seq, "index": ev.index, "name": ev.name, "stream": ev.rec_stream,
+            "grid": list(ev.grid), "block": list(ev.block), "shmem": ev.shmem, "saved_bytes": saver.nbytes}
+
+
+def save_before(prof, ev, mode: str) -> None:
+    """Save the memory launch ev may write (prof.cfg.save_limit), so that it can be replayed from
+    there: the saver goes to ev.data[mode]; a launch whose memory could not be saved gets a row
+    with the error (prof: rp, cfg, rows, saved_bytes, warn)."""
+    rp = prof.rp
+    saver = MemorySaver(rp, ranges_for(rp, [ev], prof.cfg.save_limit))
+    try:
+        saver.save()
+    except Exception as e:
+        prof.warn(f"{mode}: call #{ev.seq} {ev.name}: could not save its memory ({e}); launch not profiled")
+        prof.rows.append(base_row(ev, saver) | {"error": f"memory not saved: {e}"})
+        return
+    prof.saved_bytes = max(prof.saved_bytes, saver.nbytes)
+    ev.data[mode] = saver
+
+
 def stats(times_us: List[float]) -> Dict[str, Any]:
     """Spread of the timed repeats, as nvbench computes it: noise_pct is the sample standard
     deviation (n - 1) over the mean; iqr_pct the interquartile range over the median, from

@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..collectives import is_collective
 from ..group import ENV_RANK
-from .common import SAVE_KINDS, MemorySaver, Selection, ranges_for, stats  # noqa: F401  (re-exported)
+from .common import MemorySaver, SAVE_KINDS, Selection, base_row, ranges_for, save_before, stats  # noqa: F401  (re-exported)
 from .graphunits import GraphUnit, RecordedGraphs, WindowClock, is_graph_launch, unit_rows
 from .timeline import open_cupti
 
@@ -210,21 +210,9 @@ class IsolatedProfiler:
 
     # ------------------------------------------------------------------ plain launches
     def _save(self, ev) -> None:
-        rp = self.rp
-        saver = MemorySaver(rp, ranges_for(rp, [ev], self.cfg.save_limit))
-        try:
-            saver.save()
-        except Exception as e:
-            self.warn(f"isolated: call #{ev.seq} {ev.name}: could not save its memory ({e}); launch not profiled")
-            self.rows.append(self._base_row(ev, saver) | {"error": f"memory not saved: {e}"})
-            return
-        self.saved_bytes = max(self.saved_bytes, saver.nbytes)
-        ev.data["isolated"] = saver
+        save_before(self, ev, "isolated")
 
-    @staticmethod
-    def _base_row(ev, saver) -> Dict[str, Any]:
-        return {"seq": ev.seq, "index": ev.index, "name": ev.name, "stream": ev.rec_stream,
-                "grid": list(ev.grid), "block": list(ev.block), "shmem": ev.shmem, "saved_bytes": saver.nbytes}
+    _base_row = staticmethod(base_row)
 
     def _use_cupti(self) -> bool:
         return self.cupti is not None and not self._cupti_dead

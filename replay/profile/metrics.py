@@ -34,7 +34,7 @@ from ..collectives import is_collective
 from ..driverops import handle_int
 from ..group import ENV_RANK
 from . import metrics_sections as ms
-from .common import MemorySaver, Selection, ranges_for
+from .common import MemorySaver, Selection, base_row, save_before
 from .isolated import L2Flusher
 from .metrics_cupti import MetricsUnavailable, open_collector
 
@@ -120,21 +120,9 @@ class MetricsProfiler:
             self.collector = None
 
     def _save(self, ev) -> None:
-        rp = self.rp
-        saver = MemorySaver(rp, ranges_for(rp, [ev], self.cfg.save_limit))
-        try:
-            saver.save()
-        except Exception as e:
-            self.warn(f"metrics: call #{ev.seq} {ev.name}: could not save its memory ({e}); launch not profiled")
-            self.rows.append(self._base_row(ev, saver) | {"error": f"memory not saved: {e}"})
-            return
-        self.saved_bytes = max(self.saved_bytes, saver.nbytes)
-        ev.data["metrics"] = saver
+        save_before(self, ev, "metrics")
 
-    @staticmethod
-    def _base_row(ev, saver) -> Dict[str, Any]:
-        return {"seq": ev.seq, "index": ev.index, "name": ev.name, "stream": ev.rec_stream,
-                "grid": list(ev.grid), "block": list(ev.block), "shmem": ev.shmem, "saved_bytes": saver.nbytes}
+    _base_row = staticmethod(base_row)
 
     def _profile(self, ev) -> None:
         rp, cfg = self.rp, self.cfg
