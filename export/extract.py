@@ -134,6 +134,11 @@ def _skipped_query(f: str) -> bool:
 
 
 class Extractor:
+    """One extract: select, keep the state-building prefix, replay to the selection, choose and
+    read the ranges, write the small snapshot. About 650 lines because these passes share the
+    selection's facts (handles, links, modules, ranges); range arithmetic is in ranges.py, the
+    rank's job replay in replay/ranksession.py, and the C translation in the emit modules."""
+
     def __init__(self, snapshot, out, launch: Optional[int] = None, kernel: Optional[str] = None,
                  calls: Optional[str] = None, memory: str = "reachable", ranges: Optional[str] = None, device: int = 0,
                  driver=None):

@@ -50,7 +50,9 @@ class Frame:
 
 class SnapshotReader:
     """A .cusnap snapshot opened for reading (untrusted input: every problem is a SnapshotError
-    with a one-line 'file: offset N: problem' message).
+    with a one-line 'file: offset N: problem' message). Every read path of the file (index,
+    frames, blobs, recovery of a file cut short) is in this one class, about 530 lines, so that
+    none of them can fail another way.
 
         with SnapshotReader("x.cusnap") as r:
             r.header                   # the header frame, with the "proc" record merged in

@@ -144,6 +144,10 @@ class BlobStream:
 
 
 class SnapshotWriter:
+    """Writes a .cusnap: record frames, blob chunks stored once, the index and its trailer, so
+    that a file cut short anywhere still reads up to its last complete frame. One class (about
+    440 lines) because frames, blobs and the index share the offsets the trailer records."""
+
     def __init__(self, path, header: Optional[Dict[str, Any]] = None, *, level: int = 3,
                  frame_bytes: int = 2 << 20, threads: int = 0, blob_level: Optional[int] = None,
                  segments: int = 0):

@@ -38,7 +38,10 @@ def _group_client():
 class Replayer(BatchRunner):
     """Reads a snapshot and replays it. The state handlers, the batch runner and profile/
     share lives in one ReplayContext (self.ctx, replay/context.py) and is named only there;
-    the Replayer drives the run. Runs of plain calls go to the C executor (batchrun.py)."""
+    the Replayer drives the run. Runs of plain calls go to the C executor (batchrun.py).
+    About 700 lines because the per-call loop's concerns meet here and nowhere else: recorded
+    threads, the watchdog, the profiler range, call events for profilers, partial selections
+    and the summary; handlers, placement, staging and the plan live in their own modules."""
 
     def __init__(self, snapshot_path, options: Optional[ReplayOptions] = None, driver=None, out=None):
         self.path = os.fspath(snapshot_path)

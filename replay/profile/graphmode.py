@@ -116,6 +116,11 @@ def steady(times_us: List[float], pct: float = STEADY_PCT) -> bool:
 
 
 class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
+    """Graph mode for one sequence: pre-state, build, instantiate, timed runs, per-node times,
+    the timeline check, restore. About 650 lines because each phase handles the driver's
+    failures (a held stream, a hang, an invalidated capture) where it happens; recording the
+    sequence is graphseq.py, per-node attribution graphnodes.py, the program's own graphs
+    graphrecorded.py, the check graphcheck.py."""
     mode = "graph"
     label = "graph profiler"
     wants_calls = False              # on when timing the recorded graph launches (unit mode)
