@@ -882,3 +882,27 @@ def test_isolated_nothing_timed_is_an_error_not_silence(double, tmp_path):
     s = r["report"]["summary"]
     assert s["launches_profiled"] == 0 and "no launch was timed" in s["error"], s
     assert any("no launch was timed" in w for w in r["report"]["warnings"])
+
+
+@pytest.mark.parametrize("mode", ["graph", "isolated"])
+def test_profile_modes_relaunch_every_launch_form(double, tmp_path, mode):
+    """Relaunches (a graph's capture, isolated repeats) of every launch form the capture sees:
+    the extra-buffer form, cuLaunchKernelEx with a cluster attribute, a library kernel cast to
+    CUfunction (relaunched through the current context's function), a cooperative launch, a
+    cuKernelGetFunction function. On an H200, a library kernel launched by cudaLaunchKernelExC
+    failed graph mode's capture with CUDA_ERROR_INVALID_HANDLE."""
+    snap = tmp_path / "forms.cusnap"
+    cp = subprocess.run([sys.executable, "-m", "cudasnap", "capture", "-o", str(snap), "--",
+                         double["progs"]["launch_forms"]], env=double["env"], capture_output=True, text=True,
+                        timeout=120)
+    assert cp.returncode == 0, cp.stderr
+    out = tmp_path / "p.json"
+    extra = ["--no-timeline-check"] if mode == "graph" else []
+    rp = _replay(double, snap, "--profile", mode, "--repeat", "2", "--warmup", "1", "--out", str(out), *extra)
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    rep = json.loads(out.read_text())
+    rows = rep["launches"]
+    names = {r["name"] for r in rows}
+    assert {"add_one", "saxpy"} <= names, names
+    timed = [r for r in rows if r.get("median_us") is not None or r.get("time_us") is not None or r.get("times_us")]
+    assert timed and len(timed) == len(rows), rows
