@@ -3,7 +3,8 @@
 # GPU benchmarks, write results under $OUT. Run from the project root on the GPU machine:
 #   bash bench/gpu_suite.sh [pytest -k expression]        (carry .whl)
 # Env: SKIP_BENCH=1 skips benchmarks; SKIP_SUITE=1 skips the pytest suite; SUITE_FILES: test
-# paths under tests/ to run instead of the default (tests/gpu without the stress test), e.g.
+# paths under tests/ to run instead of the default (tests/gpu without the stress test and the
+# matrix, which bench/matrix_gpu.py spreads over every GPU), e.g.
 #   SUITE_FILES=gpu/test_gpu_stress.py SKIP_BENCH=1 SKIP_EXAMPLE=1 bash bench/gpu_suite.sh [-k expression]
 # (CUDASNAP_STRESS_N: captures per workload, default 5; raise SUITE_TIMEOUT, 420 s by default, to
 # fit the selection: the stress test prints its estimate first).
@@ -25,7 +26,8 @@ if [ -z "${SKIP_SUITE:-}" ]; then
   if [ -n "${SUITE_FILES:-}" ]; then
     SUITE_PATHS=(); for f in $SUITE_FILES; do SUITE_PATHS+=("/tmp/cs-tests/$f"); done
   else
-    SUITE_PATHS=(/tmp/cs-tests/gpu --ignore=/tmp/cs-tests/gpu/test_gpu_stress.py)
+    # the stress test and the matrix have runners of their own (SUITE_FILES, bench/matrix_gpu.py)
+    SUITE_PATHS=(/tmp/cs-tests/gpu --ignore=/tmp/cs-tests/gpu/test_gpu_stress.py --ignore=/tmp/cs-tests/gpu/test_gpu_matrix.py)
   fi
   timeout ${SUITE_TIMEOUT:-420} python3 -m pytest -m gpu -p no:cacheprovider -q -rA ${1:+-k "$1"} "${SUITE_PATHS[@]}" 2>&1 | tee "$OUT/gpu_suite.log" | tail -40
   cp /tmp/cudasnap-gpu/snaps/nvcc_ptrs.cusnap "$OUT/example_ptrs.cusnap" 2>/dev/null
