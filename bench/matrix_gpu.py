@@ -4,7 +4,8 @@ whole matrix --runs times. Prints a markdown table (the one bench/RESULTS.md kee
 every cell to --json.
 
     python3 bench/matrix_gpu.py [--runs 2] [--only torch_eager,jax_jit] [--gpus 0,1,2] [--json OUT.json]
-Exit 0 when every applicable cell passed, 1 otherwise."""
+Exit 0 when every applicable cell of every workload passed, 1 otherwise (a workload left out by
+--deadline included)."""
 from __future__ import annotations
 
 import argparse
@@ -35,6 +36,8 @@ def main() -> int:
     ap.add_argument("--json", default="")
     ap.add_argument("--work", default="/tmp/cudasnap-matrix")
     ap.add_argument("--gpus", default="", help="GPU indices to use, e.g. 0,1,2 (default: all)")
+    ap.add_argument("--deadline", type=float, default=0, help="seconds: start no workload that would end after "
+                    "this (by its usual time), so the table is printed before an outer time limit")
     a = ap.parse_args()
     names = [n for n in (a.only.split(",") if a.only else WORKLOADS) if n]
     unknown = [n for n in names if n not in WORKLOADS]
@@ -56,8 +59,20 @@ def main() -> int:
     for run, n in sorted(singles, key=lambda x: (-cost.get(x[1], 60), x[0])):
         jobs.put((run, n))
     rows, lock = [], threading.Lock()
+    start = time.monotonic()
+
+    def late(n: str) -> bool:
+        """--deadline: would workload n end after it? Then it is recorded as not run."""
+        if not a.deadline or time.monotonic() - start + cost.get(n, 60 if n not in JOBS else 180) <= a.deadline:
+            return False
+        return True
 
     def one(run: int, n: str, gpu: str):
+        if late(n):
+            with lock:
+                rows.append({"run": run, "workload": n, "gpu": gpu, "s": 0, "cells": {}, "not_run": "deadline"})
+            print(f"[gpu{gpu} r{run}] {n}: not started (--deadline {a.deadline:g} s)", flush=True)
+            return
         t0 = time.monotonic()
         cells = run_workload(n, Path(a.work) / f"r{run}" / n, {"CUDA_VISIBLE_DEVICES": gpu},
                              log=lambda s, g=gpu, r=run: print(f"[gpu{g} r{r}] {s}", flush=True))
@@ -121,7 +136,10 @@ def main() -> int:
             with tarfile.open(Path(a.json).with_suffix(".logs.tar.xz"), "w:xz") as t:
                 for p in logs:
                     t.add(p, arcname=f"{p.parent.parent.name}_{p.parent.name}.log")
-    return 1 if bad else 0
+    skipped = [(r["run"], r["workload"]) for r in rows if r.get("not_run")]
+    if skipped:
+        print(f"not run (--deadline): {len(skipped)} workload run(s): " + ", ".join(f"{w} (run {k})" for k, w in skipped))
+    return 1 if bad or skipped else 0
 
 
 if __name__ == "__main__":

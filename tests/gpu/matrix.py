@@ -309,6 +309,9 @@ def table(rows: List[dict]) -> str:
     lines = []
     for r in rows:
         cells = r["cells"]
+        if r.get("not_run"):
+            lines.append(f"| {r.get('run', 1)} | {r['workload']} | " + " | ".join(["not run"] * len(COLUMNS)) + " |")
+            continue
         marks = []
         for c in COLUMNS:
             v = cells.get(c)
