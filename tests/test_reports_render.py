@@ -53,7 +53,7 @@ def _chromium(page: Path, *mode: str, timeout: float = 90) -> subprocess.Complet
 
 class _Charts(HTMLParser):
     """Per plotly chart div of the rendered DOM: its main-svg count, traces, and each mark's
-    fill colour and area in px (plotly draws a bar as one path "M x0,y0 V y1 H x1 V y0 Z", a
+    fill colour and inner area in px (plotly draws a bar as one path "M x0,y0 V y1 H x1 V y0 Z", a
     circle marker as a path "M r,0 A r,r ..." of class "point")."""
 
     def __init__(self):
@@ -89,7 +89,9 @@ class _Charts(HTMLParser):
                         w, h = abs(x1 - x0), abs(y2 - y1)
                     else:
                         w = h = 2 * float(marker[1])
-                    area = w * h * (0.785 if marker else 1.0)
+                    # the inside, 1 px in from each edge: anti-aliased edges take other colours
+                    # (on a bar 3.5 px wide that is most of it)
+                    area = max(0.0, w - 2) * max(0.0, h - 2) * (0.785 if marker else 1.0)
                     c["marks"].append(((int(f[1]), int(f[2]), int(f[3])), area, min(w, h)))
         if tag not in VOID:
             self.stack.append((tag, chart))
