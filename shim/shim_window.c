@@ -519,7 +519,8 @@ static uint64_t cs_win_before(const cs_fn *fn, int id, const U *a) {
             if (cs_win_b < n) cs_win_b = n;
             cs_win_start(CS_WOP_OPEN, "launches (opened after a stream capture)");
         }
-        if (cs_win_mode == CS_W_KERNEL && !cs_win_open && __atomic_exchange_n(&cs_win_defer_open, 0, __ATOMIC_ACQ_REL)) {
+        if (cs_win_mode == CS_W_KERNEL && !cs_win_open && __atomic_load_n(&cs_win_defer_open, __ATOMIC_ACQUIRE)
+            && __atomic_exchange_n(&cs_win_defer_open, 0, __ATOMIC_ACQ_REL)) {
             if (cs_win_close_at < n) cs_win_close_at = n;
             cs_win_start(CS_WOP_OPEN, "kernel (opened after a stream capture)");
         }
@@ -567,7 +568,9 @@ static void cs_win_after(const cs_fn *fn, int id, const U *a, CUresult res, uint
         if ((cs_win_mode == CS_W_LAUNCHES && n >= cs_win_b) || (cs_win_mode == CS_W_KERNEL && n >= cs_win_close_at))
             __atomic_store_n(&cs_win_close_wait, 1, __ATOMIC_RELEASE);
     }
-    if (!capturing && cs_win_open && __atomic_exchange_n(&cs_win_close_wait, 0, __ATOMIC_ACQ_REL)) {
+    /* read first: an exchange on every call of an open window would bounce the line between threads */
+    if (!capturing && cs_win_open && __atomic_load_n(&cs_win_close_wait, __ATOMIC_ACQUIRE)
+        && __atomic_exchange_n(&cs_win_close_wait, 0, __ATOMIC_ACQ_REL)) {
         if (cs_win_mode == CS_W_LAUNCHES) { cs_win_close("launches"); cs_win_launches_done = 1; }
         else if (cs_win_mode == CS_W_KERNEL) { cs_win_close("kernel"); cs_win_close_at = ~0ull; }
     }
