@@ -9,6 +9,7 @@ import struct
 from contextlib import nullcontext
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..collectives import is_collective
 from ..selection import LaunchSelection
 
 
@@ -143,6 +144,22 @@ class MemorySaver:
             except Exception:
                 pass
         self.copies = []
+
+
+def replays_alone(prof, ev, mode: str, how: str) -> bool:
+    """Can launch ev be replayed alone from saved memory (isolated, metrics)? Not one captured
+    into a graph (it does not run now), nor, in a job, a collective (alone it would wait for its
+    peers forever: it runs once, in its place). Counts what it leaves out on prof (skipped_captured,
+    skipped_collectives) and says the latter once; `how` ends that line."""
+    if ev.ctx.capturing:
+        prof.skipped_captured += 1
+        return False
+    if prof.in_job and is_collective(ev.name):
+        prof.skipped_collectives += 1
+        if prof.skipped_collectives == 1:
+            prof.warn(f"{mode}: collective launches ({ev.name[:60]}...) run once, {how}: they wait for their peers")
+        return False
+    return True
 
 
 def base_row(ev, saver) -> Dict[str, Any]:

@@ -27,9 +27,8 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ..collectives import is_collective
 from ..group import ENV_RANK
-from .common import MemorySaver, SAVE_KINDS, Selection, base_row, ranges_for, save_before, stats  # noqa: F401  (re-exported)
+from .common import MemorySaver, SAVE_KINDS, Selection, base_row, ranges_for, replays_alone, save_before, stats  # noqa: F401  (re-exported)
 from .graphunits import GraphUnit, RecordedGraphs, WindowClock, is_graph_launch, unit_rows
 from .timeline import open_cupti
 
@@ -180,16 +179,8 @@ class IsolatedProfiler:
             except Exception as e:
                 self.warn(f"isolated: could not scan the recording's graphs ({type(e).__name__}: {e})")
         elif kind == "before_launch" and self.sel(ev):
-            if ev.ctx.capturing:       # recorded into a graph, not run now: timed with its cuGraphLaunch
-                self.skipped_captured += 1
-                return
-            if self.in_job and is_collective(ev.name):
-                # a collective waits for its peers: run again alone it would wait forever. It runs
-                # once, in its place, as in a plain replay
-                self.skipped_collectives += 1
-                if self.skipped_collectives == 1:
-                    self.warn(f"isolated: collective launches ({ev.name[:60]}...) run once, not timed: they wait "
-                              f"for their peers (--profile timeline times them)")
+            # captured launches are timed with their cuGraphLaunch; collectives run once, in place
+            if not replays_alone(self, ev, "isolated", "not timed (--profile timeline times them)"):
                 return
             self._save(ev)
         elif kind == "after_launch" and "isolated" in ev.data:

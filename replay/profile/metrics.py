@@ -30,11 +30,10 @@ import os
 import statistics
 from typing import Any, Callable, Dict, List, Optional
 
-from ..collectives import is_collective
 from ..driverops import handle_int
 from ..group import ENV_RANK
 from . import metrics_sections as ms
-from .common import MemorySaver, Selection, base_row, save_before
+from .common import MemorySaver, Selection, base_row, replays_alone, save_before
 from .isolated import L2Flusher
 from .metrics_cupti import MetricsUnavailable, open_collector
 
@@ -71,14 +70,7 @@ class MetricsProfiler:
             self.rp = ev.replayer
             self.sel = Selection(self.cfg, self.rp.ctx)
         elif kind == "before_launch" and self.sel(ev):
-            if ev.ctx.capturing:
-                self.skipped_captured += 1
-                return
-            if self.in_job and is_collective(ev.name):
-                self.skipped_collectives += 1
-                if self.skipped_collectives == 1:
-                    self.warn(f"metrics: collective launches ({ev.name[:60]}...) run once, not profiled: they "
-                              f"wait for their peers")
+            if not replays_alone(self, ev, "metrics", "not profiled"):
                 return
             if self.error is not None or not self._open():
                 return
