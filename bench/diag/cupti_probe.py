@@ -39,40 +39,9 @@ METRICS = ["sm__throughput.avg.pct_of_peak_sustained_elapsed",
            "dram__throughput.avg.pct_of_peak_sustained_elapsed",
            "gpu__time_duration.sum"]
 
-CDEF = """
-typedef int CUptiResult;
-CUptiResult cuptiGetResultString(CUptiResult result, const char **str);
-CUptiResult cuptiGetVersion(uint32_t *version);
-typedef struct { size_t structSize; void *pPriv; } CUpti_Profiler_Initialize_Params;
-CUptiResult cuptiProfilerInitialize(CUpti_Profiler_Initialize_Params *p);
-typedef struct { size_t structSize; void *pPriv; size_t deviceIndex; const char *pChipName; } CUpti_Device_GetChipName_Params;
-CUptiResult cuptiDeviceGetChipName(CUpti_Device_GetChipName_Params *p);
-typedef struct {
-    size_t structSize; void *pPriv; void *ctx; size_t counterAvailabilityImageSize; uint8_t *pCounterAvailabilityImage;
-    uint8_t bAllowDeviceLevelCounters;
-} CUpti_Profiler_GetCounterAvailability_Params;
-CUptiResult cuptiProfilerGetCounterAvailability(CUpti_Profiler_GetCounterAvailability_Params *p);
-typedef struct {
-    size_t structSize; void *pPriv; int profilerType; const char *pChipName; const uint8_t *pCounterAvailabilityImage;
-    void *pHostObject; const char *pSinglePassMetricSetName;
-} CUpti_Profiler_Host_Initialize_Params;
-typedef struct { size_t structSize; void *pPriv; void *pHostObject; } CUpti_Profiler_Host_Deinitialize_Params;
-typedef struct { size_t structSize; void *pPriv; void *pHostObject; const char **ppMetricNames; size_t numMetrics; } CUpti_Profiler_Host_ConfigAddMetrics_Params;
-typedef struct { size_t structSize; void *pPriv; void *pHostObject; size_t configImageSize; } CUpti_Profiler_Host_GetConfigImageSize_Params;
-typedef struct { size_t structSize; void *pPriv; void *pHostObject; size_t configImageSize; uint8_t *pConfigImage; } CUpti_Profiler_Host_GetConfigImage_Params;
-typedef struct { size_t structSize; void *pPriv; size_t configImageSize; uint8_t *pConfigImage; size_t numOfPasses; } CUpti_Profiler_Host_GetNumOfPasses_Params;
-CUptiResult cuptiProfilerHostInitialize(CUpti_Profiler_Host_Initialize_Params *p);
-CUptiResult cuptiProfilerHostDeinitialize(CUpti_Profiler_Host_Deinitialize_Params *p);
-CUptiResult cuptiProfilerHostConfigAddMetrics(CUpti_Profiler_Host_ConfigAddMetrics_Params *p);
-CUptiResult cuptiProfilerHostGetConfigImageSize(CUpti_Profiler_Host_GetConfigImageSize_Params *p);
-CUptiResult cuptiProfilerHostGetConfigImage(CUpti_Profiler_Host_GetConfigImage_Params *p);
-CUptiResult cuptiProfilerHostGetNumOfPasses(CUpti_Profiler_Host_GetNumOfPasses_Params *p);
-typedef struct { size_t structSize; void *pPriv; void *ctx; void *pRangeProfilerObject; int cacheControlMode; } CUpti_RangeProfiler_Enable_Params;
-CUptiResult cuptiProfilerHostGetSinglePassSets(void *p);
-typedef struct { size_t structSize; void *pPriv; void *pRangeProfilerObject; } CUpti_RangeProfiler_Disable_Params;
-CUptiResult cuptiRangeProfilerEnable(CUpti_RangeProfiler_Enable_Params *p);
-CUptiResult cuptiRangeProfilerDisable(CUpti_RangeProfiler_Disable_Params *p);
-"""
+# the product's own declarations (struct layouts of the CUDA 13.5 headers): the probe calls
+# what --profile metrics calls, the way it calls it
+from cudasnap.replay.profile.metrics_cupti import CDEF  # noqa: E402
 
 
 SITE_LIBCUPTI = "/tmp/site/nvidia/cu13/lib/libcupti.so.13"
