@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from cudasnap.formats import SnapshotError, SnapshotReader, SnapshotWriter
-from cudasnap.formats.vocab import is_collective_kernel, is_graph_launch, is_launch, is_query
+from cudasnap.formats.vocab import family, is_collective_kernel, is_graph_launch, is_launch, is_query
 
 from . import ranges as R
 from .callrange import kept_text, range_work
@@ -298,10 +298,9 @@ class Extractor:
                 continue
             if _is_work(f) or _skipped_query(f):
                 continue
-            if b.startswith(("cuGraphAdd", "cuGraphKernelNodeSet", "cuGraphExecKernelNodeSet", "cuGraphNodeSet",
-                             "cuGraphExecNodeSet", "cuGraphMemsetNodeSet", "cuGraphExecMemsetNodeSet",
-                             "cuGraphMemcpyNodeSet", "cuGraphExecMemcpyNodeSet")):
-                # a graph built node by node (XLA): its nodes' arguments name what its launches reach
+            if family(f) == "graph":
+                # a graph built node by node (XLA): its nodes' arguments name what its launches
+                # reach (the other graph calls carry no device pointer)
                 self.captured_work.append(rec)
             recs.append(rec)
         for rec in self.sel:
