@@ -398,6 +398,11 @@ def replay(
         _fail("--jit takes ptx")
     if (section or metrics or html) and profile != "metrics":
         _fail("--section, --metrics and --html need --profile metrics")
+    if html:
+        from cudasnap.compare.html import need_plotly
+        why = need_plotly()
+        if why:
+            _fail(f"--html: {why}")
     profiling = bool(profile or hook or out_file or trace or nvtx or launch is not None)
     if profiling and not profile and (out_file or trace or launch is not None):
         profile = "timeline"
@@ -531,7 +536,7 @@ def extract(
     launch: Optional[int] = typer.Option(None, "--launch", metavar="N", help="The launch with call number N (as dump shows): a kernel launch, or a graph launch with its kernels."),
     kernel: Optional[str] = typer.Option(None, "--kernel", metavar="REGEX[#K]", help="The K-th launch (from 1; default the first) of a kernel whose name matches REGEX."),
     calls: Optional[str] = typer.Option(None, "--calls", metavar="A-B", help="Every call numbered A to B."),
-    memory: ExtractMemory = typer.Option(ExtractMemory.reachable, "--memory", metavar=_one_of(ExtractMemory), help="reachable: restore what the selection's parameters point into, plus what pointer scanning finds there, plus module globals; all: every live allocation, whole."),
+    memory: Optional[ExtractMemory] = typer.Option(None, "--memory", metavar=_one_of(ExtractMemory), help="reachable: restore what the selection's parameters point into, plus what pointer scanning finds there, plus module globals; all: every live allocation, whole. Default: reachable (with --check, all when reachable memory does not verify)."),
     ranges: Optional[ExtractRanges] = typer.Option(None, "--ranges", metavar=_one_of(ExtractRanges), help="exact: within an allocation, restore from each pointer to the next tensor start the snapshot names (plus what the selection writes beyond); segment: whole allocations (for kernels that read beyond their tensors). Default: exact, segment for a graph launch."),
     check: bool = typer.Option(False, "--check", help="Replay the extract right away and exit 1 if it does not verify."),
     device: int = typer.Option(0, "--device", metavar="N", help="GPU ordinal to replay on."),
@@ -550,7 +555,7 @@ def extract(
     replay could not reach the selection; exit 1: --check found that the extract does not verify."""
     from cudasnap.export.commands import run_extract_cli
 
-    raise typer.Exit(run_extract_cli(snapshot, output, launch, kernel, calls, _value(memory), device,
+    raise typer.Exit(run_extract_cli(snapshot, output, launch, kernel, calls, _value(memory) if memory else None, device,
                                      ranges=_value(ranges), check=check, force=force))
 
 

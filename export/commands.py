@@ -73,22 +73,32 @@ def _oserror(e: Exception) -> str:
     return str(e)
 
 
-def run_extract_cli(snapshot, output, launch=None, kernel=None, calls=None, memory="reachable", device=0,
+def run_extract_cli(snapshot, output, launch=None, kernel=None, calls=None, memory=None, device=0,
                     out=None, ranges=None, check=False, force: bool = False) -> int:
+    """memory/ranges None: the defaults (reachable memory, exact ranges or segment for a graph
+    launch); with --check, an extract that does not verify is made again with what the user left
+    to the defaults widened, one step at a time: whole allocations, then every live allocation
+    (explicit --ranges exact is kept: the check then answers for exact ranges)."""
     out = out or sys.stdout
     why = _before_work(snapshot, output, force, "file")
     if why:
         return _err(why)
-    code, r = _extract_once(snapshot, output, launch, kernel, calls, memory, device, out, ranges, check)
+    code, r = _extract_once(snapshot, output, launch, kernel, calls, memory or "reachable", device, out, ranges,
+                            check, widen=(ranges is None, memory is None and ranges != "exact"))
     if code == 1 and ranges is None and r is not None and r.ranges == "exact" and r.memory == "reachable":
-        # the default ranges did not verify: whole allocations, once, said so
         out.write("  check: exact ranges did not verify; extracting again with --ranges segment (whole allocations)\n")
-        code, r = _extract_once(snapshot, output, launch, kernel, calls, memory, device, out, "segment", check)
+        code, r = _extract_once(snapshot, output, launch, kernel, calls, memory or "reachable", device, out,
+                                "segment", check, widen=(False, memory is None))
+    if code == 1 and memory is None and ranges != "exact" and r is not None and r.memory == "reachable":
+        out.write("  check: the allocations the selection reaches did not verify; extracting again with "
+                  "--memory all (every live allocation)\n")
+        code, r = _extract_once(snapshot, output, launch, kernel, calls, "all", device, out, "segment", check)
     return code
 
 
-def _extract_once(snapshot, output, launch, kernel, calls, memory, device, out, ranges, check):
-    """(exit code, result): one extract written to output, checked when asked."""
+def _extract_once(snapshot, output, launch, kernel, calls, memory, device, out, ranges, check, widen=(False, False)):
+    """(exit code, result): one extract written to output, checked when asked. widen: (ranges,
+    memory) left to the defaults, so a failed check is followed by a wider extract."""
     from .extract import extract
     try:
         with atomic_path(output) as tmp:        # the extract appears whole or not at all
@@ -123,7 +133,8 @@ def _extract_once(snapshot, output, launch, kernel, calls, memory, device, out, 
         out.write(f"  verify: cudasnap replay {r.output}"
                   + ("   (if it does not verify, extract again with --ranges segment)\n" if r.ranges == "exact" else "\n"))
         return 0, r
-    return _check(r, device, out, retry=ranges is None and r.ranges == "exact"), r
+    more = (widen[0] and r.ranges == "exact") or (widen[1] and r.memory == "reachable")
+    return _check(r, device, out, retry=more), r
 
 
 def _check(r, device: int, out, retry: bool = False) -> int:

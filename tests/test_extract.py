@@ -204,3 +204,23 @@ def test_boundaries_and_extents_without_a_gpu():
     b.tensor_maps = [tm]
     roots = b.roots_of({"f": "cuLaunchKernel", "x": {"params": b"\0" * 8 + b"\x07" * 128}})
     assert (0x20000, 64 * 4 + 31 * 512) in roots
+
+
+def test_check_widens_what_the_user_left_to_the_defaults(double, capture, tmp_path):
+    """tagged_read reads through a pointer its parameters encode: exact ranges, whole allocations
+    and pointer scanning all miss it. --check widens one step at a time to every live allocation,
+    and says so; with --memory given, it keeps the user's choice and names the next step."""
+    cp, snap = capture(double["progs"]["tagged"])
+    assert cp.returncode == 0, cp.stderr
+    ex = _cli(double, "extract", str(snap), "-o", str(tmp_path / "x.cusnap"), "--kernel", "tagged_read", "--check")
+    assert ex.returncode == 0, ex.stdout + ex.stderr
+    assert "extracting again with --ranges segment" in ex.stdout
+    assert "extracting again with --memory all" in ex.stdout
+    assert "memory restored" in ex.stdout and "every live allocation" in ex.stdout
+    assert ex.stdout.rstrip().splitlines()[-1].startswith("  check: replay of") and "verified" in ex.stdout.splitlines()[-1]
+    rp = _cli(double, "replay", str(tmp_path / "x.cusnap"))
+    assert rp.returncode == 0 and "OK: every recorded D2H result reproduced" in rp.stdout
+    ex = _cli(double, "extract", str(snap), "-o", str(tmp_path / "y.cusnap"), "--kernel", "tagged_read",
+              "--memory", "reachable", "--ranges", "segment", "--check")
+    assert ex.returncode == 1 and "--memory all" in ex.stderr, ex.stdout + ex.stderr
+    assert "extracting again" not in ex.stdout

@@ -51,6 +51,7 @@ PROGRAMS = {
     "peer": "link",
     "windowed": "link",
     "graphnodes": "link",
+    "tagged": "link",
 }
 
 MODULE_TEXT = "CUDADOUBLE\nkernel add_one\nkernel fill\nkernel saxpy\nkernel chase\nkernel incr\nkernel spin\n"

@@ -76,6 +76,19 @@ static CUresult k_chase(const unsigned char *pb, u64 nt) {
     return CUDA_SUCCESS;
 }
 
+/* tagged_read(u64 tagged, u64* out, int n): out[i] = p[i] with p = tagged ^ TAG_KEY -- a pointer the
+ * parameters hide (an encoded handle): neither parameter scanning nor pointer scanning finds it */
+#define TAG_KEY 0x5a5a000000000000ULL
+static CUresult k_tagged_read(const unsigned char *pb, u64 nt) {
+    const u64 *p = (const u64 *)(uintptr_t)(P(u64, 0) ^ TAG_KEY);
+    u64 *out = P(u64 *, 8);
+    u64 c = count_of(P(int, 16), nt);
+    if (c && (!dev_range_ok((u64)(uintptr_t)p, c * 8) || !dev_range_ok((u64)(uintptr_t)out, c * 8)))
+        return CUDA_ERROR_ILLEGAL_ADDRESS;
+    for (u64 i = 0; i < c; i++) out[i] = p[i];
+    return CUDA_SUCCESS;
+}
+
 /* incr(int* p, int n): p[i]++ */
 static CUresult k_incr(const unsigned char *pb, u64 nt) {
     int *p = P(int *, 0);
@@ -101,6 +114,7 @@ static const kdesc_t kernels[] = {
     {"fill", 3, {0, 8, 12}, {8, 4, 4}, 16, k_fill},
     {"saxpy", 4, {0, 8, 16, 24}, {4, 8, 8, 4}, 28, k_saxpy},
     {"chase", 3, {0, 8, 16}, {8, 8, 4}, 20, k_chase},
+    {"tagged_read", 3, {0, 8, 16}, {8, 8, 4}, 20, k_tagged_read},
     {"incr", 2, {0, 8}, {8, 4}, 12, k_incr},
     {"spin", 1, {0}, {4}, 4, k_spin},
     /* incr under C++ names, for kernel-name matching: incr(int*, int), void demo::incr<int>(int*, int) */
