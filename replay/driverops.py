@@ -151,6 +151,20 @@ class Watchdog:
         with self._lock:
             self._deadline = None
 
+    @staticmethod
+    def _dump_stacks() -> None:
+        """CUDASNAP_WATCHDOG_STACKS=DIR: every thread's Python stack, to DIR/watchdog.PID.txt
+        (where the replay waited, for a hang report)."""
+        d = os.environ.get("CUDASNAP_WATCHDOG_STACKS")
+        if not d:
+            return
+        import faulthandler
+        try:
+            with open(os.path.join(d, f"watchdog.{os.getpid()}.txt"), "w") as f:
+                faulthandler.dump_traceback(f, all_threads=True)
+        except OSError:
+            pass
+
     def _run(self) -> None:
         while True:
             time.sleep(min(0.1, self.seconds / 4))
@@ -161,5 +175,6 @@ class Watchdog:
                     self.out.write(f"cudasnap replay: watchdog: {desc} did not return within {self.seconds:g} s "
                                    f"(hung synchronization?); giving up\n")
                     self.out.flush()
+                    self._dump_stacks()
                 finally:
                     os._exit(2)

@@ -147,6 +147,7 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
         self._ref: Optional[TimelineReference] = None    # the timeline check's reference (graphcheck.py)
         self.done = False
         self.due = False
+        self._in_job = False                     # a rank of a job: profiled at the replay's end (graphseq.py)
         self.total_times_us: List[float] = []
         self.node_times: List[List[float]] = []
         self.cupti_spans_us: List[float] = []
@@ -189,6 +190,11 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
             return
         if self.done:
             return
+        if self.due and self._in_job and kind not in ("teardown", "end"):
+            # a rank of a job: the graph phase waits for the replay's end, when every collective
+            # has run; a pause in the middle would leave a peer's collective waiting on this
+            # rank while CUPTI and graph work here wait for that peer's GPU (a deadlock)
+            return
         if self.first_seq is None:
             if kind == "end" and self._ref is not None:
                 self._ref.close()
@@ -205,7 +211,8 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
         if kind in ("teardown", "end"):
             self.due = True
         if self.due and self.launches and not self.rp.ctx.capturing \
-                and kind in ("after_launch", "copy", "sync", "batch", "teardown", "end"):
+                and kind in (("teardown", "end") if self._in_job else
+                             ("after_launch", "copy", "sync", "batch", "teardown", "end")):
             self.done = True
             self._run()
         elif kind == "end":
@@ -429,7 +436,9 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
             if self._gate is not None and not self._gate.ok:
                 self.info["launch_gate"] = (f"released by its timer: the launch of {len(self.ops)} nodes waits for "
                                             f"queue space on a held stream; timed ungated")
-            if cfg.check_repeats and digests:
+            if self._in_job:
+                self.info["profiled_at_end"] = True      # memory then is the replay's end, not the sequence's
+            elif cfg.check_repeats and digests:
                 self.info["repeats_identical"] = len(set(digests)) <= 1
                 self.info["graph_matches_replay"] = digests[0] == post.digest(backup=True)
                 if not self.info["graph_matches_replay"]:

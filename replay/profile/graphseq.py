@@ -155,7 +155,8 @@ class SequenceRecording:
             runs.append(cur)
         best = max(runs, key=len) if runs else selected
         self.warn(f"graph: a rank of a job: the {len(best)} launches of calls #{best[0][0]}..#{best[-1][0]} "
-                  f"(the longest stretch between collectives) are profiled; select others with -s/-c or --calls")
+                  f"(the longest stretch between collectives) are profiled after the replay's end, from the memory "
+                  f"saved before them; select others with -s/-c or --calls")
         self.info["stretch"] = {"first": best[0][0], "last": best[-1][0], "launches": len(best),
                                 "collectives": len(collectives)}
         return best
@@ -168,7 +169,7 @@ class SequenceRecording:
         after such calls, the prelude candidates)."""
         in_capture: set = set()
         graph_launches: List[int] = []
-        in_job = bool(os.environ.get(ENV_RANK))
+        in_job = self._in_job = bool(os.environ.get(ENV_RANK))
         collectives: List[int] = []
         selected: List[Tuple[int, Optional[bytes]]] = []     # (seq, recorded parameters)
         alone: List[int] = []                      # seqs of calls that run on their own
