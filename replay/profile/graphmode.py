@@ -82,6 +82,7 @@ REFERENCE_PHASE = "timeline check: the replay's kernel times"
 CU_EVENT_RECORD_EXTERNAL = 1
 CUDA_ERROR_NOT_READY = 600
 STEADY_RUNS = 5          # timed runs before the graph's time may be called steady
+NODE_RUNS = 5            # per-node runs (CUPTI or event nodes): at most this many
 STEADY_PCT = 1.0         # steady: the timed runs' noise (robust relative std) within this, in percent
 
 
@@ -506,8 +507,9 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
 
     def _node_runs(self) -> int:
         """Runs for per-node times: as many as the graph's timed runs (fewer than --repeat when
-        its time was steady early)."""
-        return len(self.total_times_us) or self.cfg.repeat
+        its time was steady early), at most NODE_RUNS: a node's median needs no more, and each
+        traced run of a 20,000-node graph costs as much as a timed one plus its records."""
+        return min(len(self.total_times_us) or self.cfg.repeat, NODE_RUNS)
 
     def _own(self, destroy: str, h) -> None:
         """A handle made for per-node runs, destroyed in _cleanup."""
