@@ -57,6 +57,17 @@ def family(name: str) -> Optional[str]:
     return c if c is not None else m.get(base_name(name))
 
 
+# base names of calls that release memory, a mapping or code a launch may reach
+RELEASES = frozenset({"cuMemFree", "cuMemFreeAsync", "cuMemFreeHost", "cuMemHostUnregister", "cuMemUnmap",
+                      "cuMemRelease", "cuMemAddressFree", "cuIpcCloseMemHandle", "cuMemPoolDestroy",
+                      "cuMemPoolTrimTo", "cuArrayDestroy", "cuMipmappedArrayDestroy", "cuModuleUnload",
+                      "cuLibraryUnload"})
+
+
+def is_release(f: str) -> bool:
+    return base_name(f) in RELEASES
+
+
 def is_query(name: str) -> bool:
     """A pure query: no effect on device state, skipped on replay."""
     return replay_class(name) == "query"
