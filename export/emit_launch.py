@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import struct
 from typing import Tuple
+from cudasnap.formats.layout import packer
 
 PARAM_MAX = 32768
-LAUNCH_CONFIG = struct.Struct("<7I4xQQI4x")   # CUlaunchConfig: grid, block, shmem, hStream, attrs, numAttrs
+LAUNCH_CONFIG = packer("CUlaunchConfig")       # grid, block, shmem, hStream, attrs, numAttrs
 LAUNCH_ATTR_SIZE = 72
 ATTR_WITH_EVENT = {7: "programmatic event", 12: "launch completion event"}
 

@@ -41,13 +41,14 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 from cudasnap.formats import SnapshotError, SnapshotReader, SnapshotWriter
 from cudasnap.formats.vocab import family, is_collective_kernel, is_graph_launch, is_launch, is_query
+from cudasnap.formats.layout import offsetof
 
 from . import ranges as R
 from .callrange import kept_text, range_work
 from .emit import Emitter, ExportError, base_name
 
 READ_CHUNK = 64 << 20
-LAUNCH_CONFIG_HSTREAM = 40     # CUlaunchConfig.hStream offset
+LAUNCH_CONFIG_HSTREAM = offsetof("CUlaunchConfig", "hStream")
 
 
 _HANDLE_KEYS = ("module", "library", "hmod", "hfunc", "kernel", "pKernel", "pFunc", "pMod", "f")
@@ -116,6 +117,17 @@ class ExtractResult:
     launches: int = 0                 # --calls: launches (and graph launches) kept
     range_state: int = 0              # --calls: state-building calls kept from inside the range
     range_left_out: int = 0           # --calls: calls after the range's last work, left out
+
+
+def _stream_key(f: str, a) -> int:
+    """The stream a call was issued on, as the capture bookkeeping keys it: the handle, or 0 for
+    the legacy default stream and 2 for the per-thread one; cuLaunchKernelEx carries its stream
+    in the launch configuration."""
+    hs = a.get("hStream")
+    cfg = a.get("config")
+    if base_name(f) == "cuLaunchKernelEx" and isinstance(cfg, (bytes, bytearray)) and len(cfg) >= LAUNCH_CONFIG_HSTREAM + 8:
+        hs = struct.unpack_from("<Q", cfg, LAUNCH_CONFIG_HSTREAM)[0]
+    return hs or (2 if ("_ptsz" in f or "_ptds" in f) else 0)
 
 
 def _is_work(f: str) -> bool:
@@ -268,8 +280,7 @@ class Extractor:
                 continue
             a = rec.get("a") or {}
             b = base_name(f)
-            hs = a.get("hStream")
-            key = hs or (2 if ("_ptsz" in f or "_ptds" in f) else 0)
+            key = _stream_key(f, a)
             in_cap = key in capturing
             if b == "cuMemMap":
                 self.mapped[a.get("ptr")] = int(a.get("size", 0))
@@ -307,12 +318,7 @@ class Extractor:
             self._note_link(rec, base_name(rec.get("f") or ""), rec.get("a") or {})
         if self.calls is None:
             rec = self.sel[0]
-            f, a = rec.get("f") or "", rec.get("a") or {}
-            hs = a.get("hStream")
-            cfg = a.get("config")
-            if f.startswith("cuLaunchKernelEx") and isinstance(cfg, (bytes, bytearray)) and len(cfg) >= 48:
-                hs = struct.unpack_from("<Q", cfg, LAUNCH_CONFIG_HSTREAM)[0]
-            if (hs or (2 if ("_ptsz" in f or "_ptds" in f) else 0)) in capturing:
+            if _stream_key(rec.get("f") or "", rec.get("a") or {}) in capturing:
                 raise ExtractError(f"launch #{rec['s']} is captured into a graph (it runs when the graph is launched); "
                                    f"select the graph launches with --calls instead")
         self._drop_unneeded_modules(recs)

@@ -80,5 +80,7 @@ def bound_function(ctx, fn):
             r = cu.cuKernelGetFunction(cu.CUkernel(key))
         except RuntimeError:            # a driver without library kernels
             r = (1, None)
-        got = _BOUND[key] = r[1] if int(r[0]) == 0 else fn
+        if int(r[0]) != 0:
+            return fn                   # not remembered: a later call (another context current) may get it
+        got = _BOUND[key] = r[1]
     return got

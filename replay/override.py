@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Tuple
 
 from cudasnap.formats.vocab import is_launch
 
-from .layout import packer
+from cudasnap.formats.layout import packer
 
 LAUNCH_CONFIG = packer("CUlaunchConfig")   # grid, block, shmem, hStream, attrs, numAttrs
 _GRID = ("gridDimX", "gridDimY", "gridDimZ")
@@ -72,9 +72,9 @@ class LaunchOverride:
     def _max_threads(self, ctx, rec, h) -> Optional[int]:
         if h in self._limits:
             return self._limits[h]
-        from .functions import resolve_function
+        from .functions import bound_function, resolve_function
         try:
-            fn = resolve_function(ctx, rec, h)
+            fn = bound_function(ctx, resolve_function(ctx, rec, h))     # a library kernel: its CUfunction
             r = ctx.cu.cuFuncGetAttribute(ctx.cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, fn)
             v = int(r[1]) if int(r[0]) == 0 else None
         except Exception:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ctypes
 
-from .layout import packer
+from cudasnap.formats.layout import packer
 
 CU_LAUNCH_PARAM_END, CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE = 0, 1, 2
 LAUNCH_CONFIG = packer("CUlaunchConfig")       # grid xyz, block xyz, shmem, hStream, attrs, numAttrs

@@ -26,7 +26,7 @@ from cudasnap.formats.opkinds import (BATCH_MAX, COPY, COPY_ASYNC, COPY_DTOD, CO
 from cudasnap.shim.description import load as load_description
 
 from . import dispatch
-from .layout import packer, sizeof
+from cudasnap.formats.layout import packer, sizeof
 from .slots import Ranges, SlotMap, Slots  # noqa: F401  (the engine takes them from here)
 
 LAUNCHES = (LAUNCH, LAUNCH_EX)

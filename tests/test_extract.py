@@ -224,3 +224,18 @@ def test_check_widens_what_the_user_left_to_the_defaults(double, capture, tmp_pa
               "--memory", "reachable", "--ranges", "segment", "--check")
     assert ex.returncode == 1 and "--memory all" in ex.stderr, ex.stdout + ex.stderr
     assert "extracting again" not in ex.stdout
+
+
+def test_graph_launch_keeps_kernels_captured_through_launch_kernel_ex(double, capture, tmp_path):
+    """cuLaunchKernelEx names its stream inside the launch configuration: a capture's kernels
+    launched that way are graph nodes too, kept with the graph's building (else the extracted
+    graph would miss them and its result would not verify)."""
+    cp, snap = capture(double["progs"]["capex"])
+    assert cp.returncode == 0, cp.stderr
+    glaunch = [c["s"] for c in _calls(snap) if c["f"] == "cuGraphLaunch"]
+    assert len(glaunch) == 3
+    ex = _cli(double, "extract", str(snap), "-o", str(tmp_path / "g.cusnap"), "--launch", str(glaunch[1]),
+              "--ranges", "segment", "--memory", "reachable", "--check")
+    assert ex.returncode == 0, ex.stdout + ex.stderr
+    xc = [c["f"] for c in _calls(tmp_path / "g.cusnap")]
+    assert "cuLaunchKernelEx" in xc and "cuLaunchKernel" in xc

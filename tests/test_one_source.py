@@ -68,7 +68,7 @@ def test_abi_suffix_rule_is_written_once():
 
 def test_handler_struct_sizes_come_from_the_description():
     from cudasnap.replay.handlers import graph, launch
-    from cudasnap.replay.layout import offsetof, packer, sizeof
+    from cudasnap.formats.layout import offsetof, packer, sizeof
     types = load().types
     assert graph.KERNEL_PARAMS_SIZE == types["CUDA_KERNEL_NODE_PARAMS"]["size"] == 72
     assert graph.NODE_PARAMS_SIZE == sizeof("CUgraphNodeParams") == 256
@@ -82,7 +82,7 @@ def test_handler_struct_sizes_come_from_the_description():
 def test_memcpy2d_field_groups_have_one_shape():
     """The 2D copy handler addresses src* and dst* fields relative to their group's start."""
     from cudasnap.replay.handlers import memory as M
-    from cudasnap.replay.layout import offsetof
+    from cudasnap.formats.layout import offsetof
     for f, rel in (("MemoryType", M._MTYPE), ("Host", M._HOST), ("Device", M._DEVICE), ("Pitch", M._PITCH)):
         assert offsetof("CUDA_MEMCPY2D", "dst" + f) - M._DST == rel == offsetof("CUDA_MEMCPY2D", "src" + f) - M._SRC
     assert (M._WIDTH, M._HEIGHT, M.MEMCPY2D_SIZE) == (112, 120, 128)

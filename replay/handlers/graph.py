@@ -23,7 +23,7 @@ import struct
 from typing import Any, List, Optional
 
 from ..driverops import handle_int
-from ..layout import offsetof, sizeof
+from cudasnap.formats.layout import offsetof, sizeof
 from . import handles
 
 # CUgraphNodeType

@@ -12,7 +12,7 @@ import ctypes
 import os
 import struct
 
-from ..layout import offsetof
+from cudasnap.formats.layout import offsetof
 from . import handles
 
 POSIX_FD = 1

@@ -7,7 +7,7 @@ import time
 import ctypes
 
 from . import handles
-from ..layout import sizeof
+from cudasnap.formats.layout import sizeof
 from ..placement import relocate_params
 from .graph import patch_conditional_handles
 from ..functions import resolve_function

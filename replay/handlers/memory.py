@@ -5,7 +5,7 @@ import ctypes
 import struct
 
 from .. import hostplace
-from ..layout import offsetof, sizeof
+from cudasnap.formats.layout import offsetof, sizeof
 from . import handles
 from .graph import keep_forever
 from ..staging import h2d_async_from_blob, h2d_from_blob

@@ -67,6 +67,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from cudasnap.formats.vocab import is_release
+from ..functions import bound_function
 from ..errors import ReplayError
 from .common import LaunchGate, MemorySaver, Selection, destroy_all, live_ranges, ranges_for, stats
 from .gapmodel import GapChain
@@ -337,6 +338,9 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
     def _capture_ops(self, stream, tag, events, ph):
         rp, cu = self.rp, self.rp.ctx.cu
         mode = getattr(getattr(cu, "CUstreamCaptureMode", None), "CU_STREAM_CAPTURE_MODE_RELAXED", 2)
+        for op in self.ops:       # a library kernel's CUfunction is got before the capture, not inside it
+            if op[0] == "launch" and getattr(op[1], "function", None) is not None:
+                bound_function(rp.ctx, op[1].function)
         rp.ctx.raw("cuStreamBeginCapture", stream, mode)
         err = None
         try:                          # nothing else in between: no sync, no query

@@ -35,7 +35,7 @@ from .. import dispatch
 from ..collectives import is_collective
 from ..functions import bound_function, resolve_function
 from ..group import ENV_RANK
-from ..layout import sizeof
+from cudasnap.formats.layout import sizeof
 from ..params import LAUNCH_CONFIG, LaunchParams
 from ..plan import COPY_ASYNC, LAUNCH_EX, LAUNCHES, MEMSET8
 from .common import MemorySaver, ranges_for

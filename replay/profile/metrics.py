@@ -31,6 +31,7 @@ import statistics
 from typing import Any, Callable, Dict, List, Optional
 
 from ..driverops import handle_int
+from ..functions import bound_function
 from ..group import ENV_RANK
 from . import metrics_sections as ms
 from .common import MemorySaver, Selection, base_row, replays_alone, save_before
@@ -188,9 +189,10 @@ class MetricsProfiler:
         rp = self.rp
         F = rp.ctx.cu.CUfunction_attribute
         d: Dict[str, Any] = {"block_threads": threads, "dynamic_smem": ev.shmem}
+        fn = bound_function(rp.ctx, ev.function)        # a library kernel (CUkernel): its CUfunction
         try:
-            d["registers_per_thread"] = int(rp.ctx.raw("cuFuncGetAttribute", F.CU_FUNC_ATTRIBUTE_NUM_REGS, ev.function))
-            d["static_smem"] = int(rp.ctx.raw("cuFuncGetAttribute", F.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, ev.function))
+            d["registers_per_thread"] = int(rp.ctx.raw("cuFuncGetAttribute", F.CU_FUNC_ATTRIBUTE_NUM_REGS, fn))
+            d["static_smem"] = int(rp.ctx.raw("cuFuncGetAttribute", F.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, fn))
         except Exception as e:
             d["error"] = f"function attributes: {e}"
             self._occ_cache[key] = d
@@ -200,7 +202,7 @@ class MetricsProfiler:
         d["smem_per_block"] = smem
         limits = ms.occupancy_limits(threads, d["registers_per_thread"], smem, dev)
         try:
-            active: Optional[int] = int(rp.ctx.raw("cuOccupancyMaxActiveBlocksPerMultiprocessor", ev.function,
+            active: Optional[int] = int(rp.ctx.raw("cuOccupancyMaxActiveBlocksPerMultiprocessor", fn,
                                                    threads, ev.shmem))
         except Exception:
             active = None

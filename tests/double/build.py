@@ -52,6 +52,7 @@ PROGRAMS = {
     "windowed": "link",
     "graphnodes": "link",
     "tagged": "link",
+    "capex": "link",
 }
 
 MODULE_TEXT = "CUDADOUBLE\nkernel add_one\nkernel fill\nkernel saxpy\nkernel chase\nkernel incr\nkernel spin\n"
