@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 from cudasnap.formats import SnapshotError, SnapshotReader, cu_result_name
 from cudasnap.formats.abi import base_name
 from cudasnap.formats.container import record_list
-from cudasnap.formats.vocab import alloc_range, is_launch, is_query, is_workload
+from cudasnap.formats.vocab import alloc_range, is_launch, is_query, is_release, is_workload
 
 from . import dispatch, plan
 from .batchrun import D2H_AHEAD_EACH, D2H_AHEAD_TOTAL, SYNC_TIMES_MAX, BatchRunner, ExpectedBlobs
@@ -63,6 +63,7 @@ class Replayer(BatchRunner):
         self.watchdog: Optional[Watchdog] = None
         self.selection = None                         # LaunchSelection (replay/selection.py)
         self._stale = None                            # StaleResults of a partial selection
+        self._held: List[Dict[str, Any]] = []          # calls that free memory, held for a subscriber (release_held)
         self.empty_selection: Optional[str] = None    # why the selection selects nothing
         self._pr = False                              # --profiler-range workload
         self._pr_state = 0                            # 0 before the range, 1 inside, 2 after
@@ -118,6 +119,18 @@ class Replayer(BatchRunner):
         if ev.ctx.timing_requested:
             ev.ctx._record(1)
         self.emit("after_launch", ev)
+
+    def release_held(self) -> None:
+        """Run the calls that free memory a subscriber held (graph mode in a job profiles its
+        sequence after the replay's last call, from memory the program had freed by then)."""
+        held, self._held = self._held, []
+        for rec in held:
+            h = dispatch.lookup(rec.get("f") or "")
+            try:
+                if h is not None:
+                    h.fn(self.ctx, rec)
+            except Exception as e:
+                self.ctx.note(f"call #{rec.get('s')} {rec.get('f')} (held for graph mode): {e}")
 
     def _before_call_event(self, rec):
         """before_call, before_copy (returns the copy event) and teardown events."""
@@ -707,6 +720,10 @@ class Replayer(BatchRunner):
                 self.watchdog.arm(f"call #{seq} {f}")
             if self.subscribers:
                 cev = self._before_call_event(rec)
+                if is_release(f) and any(getattr(sub, "holds_releases", False) for sub in self.subscribers):
+                    self._held.append(rec)      # run by release_held, after the subscriber's later work
+                    self.ctx.res.calls += 1
+                    return
             h.fn(self.ctx, rec)
             if self.subscribers:
                 self._after_call_event(rec, cev)

@@ -140,8 +140,8 @@ def test_a_rank_profiles_around_its_collectives(double, tmp_path):
     assert s["stretch"]["launches"] == 1 and s["stretch"]["collectives"] == 3 and s["launches"] == 1, s
     assert {r["name"] for r in d["profile"]["launches"]} == {"incr"} and d["d2h_verified"] == 1
     # profiled after the replay's last call: a pause between collectives could deadlock with a peer
-    assert s.get("profiled_before"), s
-    assert "after its last collective" in " ".join(d["profile"]["warnings"])
+    assert s.get("profiled_at_end") is True, s
+    assert "at the replay's end" in " ".join(d["profile"]["warnings"])
     # a selection holding a collective is refused at once, the rank replaying on
     cp, d = _replay_json(double, snap, "--profile", "graph", "-c", "4", "--repeat", "2", "--warmup", "0", env=job)
     assert cp.returncode == 2, cp.stdout + cp.stderr

@@ -66,7 +66,6 @@ import time
 from contextlib import contextmanager
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from cudasnap.formats.vocab import is_release
 from ..functions import bound_function
 from ..errors import ReplayError
 from .common import LaunchGate, MemorySaver, Selection, destroy_all, live_ranges, ranges_for, stats
@@ -193,20 +192,12 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
             return
         if self.done:
             return
-        if self.due and self._in_job:
-            # a rank of a job: the graph phase waits until every collective has run, a pause in the
-            # middle would leave a peer's collective waiting on this rank while CUPTI and graph
-            # work here wait for that peer's GPU (a deadlock): it runs before the first call that
-            # releases memory (a program frees after its last collective) or at the replay's end
-            self.wants_calls = True
-            release = kind == "before_call" and is_release(ev.rec.get("f") or "")
-            if not release and kind not in ("teardown", "end"):
-                return
-            if release and self.launches and not self.rp.ctx.capturing:
-                self.info["profiled_before"] = f"call #{ev.rec.get('s')} {ev.rec.get('f')}"
-                self.done = True
-                self._run()
-                return
+        if self.due and self._in_job and kind not in ("teardown", "end"):
+            # a rank of a job: the graph phase waits for the replay's end, when every collective
+            # has run (a pause in the middle would leave a peer's collective waiting on this rank
+            # while CUPTI and graph work here wait for that peer's GPU: a deadlock); the calls
+            # that free memory wait with it (holds_releases), so the sequence's memory is there
+            return
         if self.first_seq is None:
             if kind == "end" and self._ref is not None:
                 self._ref.close()
@@ -226,9 +217,19 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
                 and kind in (("teardown", "end") if self._in_job else
                              ("after_launch", "copy", "sync", "batch", "teardown", "end")):
             self.done = True
-            self._run()
+            try:
+                self._run()
+            finally:
+                if self._in_job:
+                    self.rp.release_held()
         elif kind == "end":
             self._abandon()
+
+    @property
+    def holds_releases(self) -> bool:
+        """A job rank's sequence is recorded and waits for the replay's end: calls that free
+        memory wait with it (the engine runs them after, release_held)."""
+        return self._in_job and self.due and not self.done
 
     def _abandon(self) -> None:
         """The replay ended before the sequence could be profiled: what was set up is released."""
@@ -452,7 +453,7 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
                 self.info["launch_gate"] = (f"released by its timer: the launch of {len(self.ops)} nodes waits for "
                                             f"queue space on a held stream; timed ungated")
             if self._in_job:      # memory then is the replay's later state, not the sequence's end
-                self.info.setdefault("profiled_before", "the replay's end")
+                self.info["profiled_at_end"] = True
             elif cfg.check_repeats and digests:
                 self.info["repeats_identical"] = len(set(digests)) <= 1
                 self.info["graph_matches_replay"] = digests[0] == post.digest(backup=True)

@@ -155,8 +155,8 @@ class SequenceRecording:
             runs.append(cur)
         best = max(runs, key=len) if runs else selected
         self.warn(f"graph: a rank of a job: the {len(best)} launches of calls #{best[0][0]}..#{best[-1][0]} "
-                  f"(the longest stretch between collectives) are profiled after its last collective (before the "
-                  f"first call that frees memory, or at the end), from the memory saved before them; select others with -s/-c or --calls")
+                  f"(the longest stretch between collectives) are profiled at the replay's end (calls that free "
+                  f"memory wait until then), from the memory saved before them; select others with -s/-c or --calls")
         self.info["stretch"] = {"first": best[0][0], "last": best[-1][0], "launches": len(best),
                                 "collectives": len(collectives)}
         return best
