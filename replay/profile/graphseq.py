@@ -174,7 +174,12 @@ class SequenceRecording:
         selected: List[Tuple[int, Optional[bytes]]] = []     # (seq, recorded parameters)
         alone: List[int] = []                      # seqs of calls that run on their own
         early: List[Tuple[int, Dict[str, Any]]] = []
-        for rec in rp.ctx.reader.records(("c",)):
+        names: Dict[Any, str] = {}                 # function handle -> kernel name, as the recording went
+        for rec in rp.ctx.reader.records(("c", "fn")):
+            if rec.get("k") == "fn":       # the replay has not read these yet: collectives are named here
+                if isinstance(rec.get("name"), str):
+                    names[rec.get("h")] = rec["name"]
+                continue
             f = rec.get("f") or ""
             if rec.get("incomplete"):
                 continue
@@ -206,7 +211,7 @@ class SequenceRecording:
                 hs = LAUNCH_CONFIG.unpack_from(bytes(cfg))[7]
             if hs and hs in in_capture:
                 continue
-            kname = rp.ctx.kernel_name_of(a.get("f"))
+            kname = names.get(a.get("f")) or rp.ctx.kernel_name_of(a.get("f"))
             if in_job and is_collective(kname):
                 collectives.append(s)
             if self.sel.rec(rec, kname) and isinstance(s, int):
