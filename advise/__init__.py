@@ -4,7 +4,7 @@ its evidence and the time at stake, and what-ifs measured by replays.
 Given a snapshot, advise replays it under `--profile timeline` (a child process, with a trace
 for copies, memsets and NVTX ranges); given a profile JSON it reads it and replays the snapshot
 the profile names for the what-ifs, or says why it cannot. Findings come from the timeline
-alone (advise/findings.py); what-ifs (advise/whatif.py) are replays of their own: a launch-bound
+(advise/findings.py) and, given a metrics profile (--metrics), from counters (advise/counters.py); what-ifs (advise/whatif.py) are replays of their own: a launch-bound
 stretch as a CUDA graph, a rebuilt kernel (--replace).
 
 Python API:
@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Optional
 
 from cudasnap.formats.console import tool_version
 
+from .counters import counter_findings, read_metrics
 from .findings import (Limits, Timeline, heavy_kernels, host_gaps, launch_bound, library_candidates,
                        recorded_transfers, small_transfers)
 from .source import AdviseError, Source, is_profile_json, read_profile, snapshot_calls, take_profile, \
@@ -42,6 +43,7 @@ class AdviseConfig:
     warmup: int = 3
     timeout: Optional[float] = None     # per replay
     limits: Limits = field(default_factory=Limits)
+    metrics: Optional[str] = None       # a metrics profile's JSON: bound and occupancy findings (counters.py)
 
 
 def _load(path: str, cfg: AdviseConfig) -> Source:
@@ -72,6 +74,7 @@ def advise(path: str, cfg: Optional[AdviseConfig] = None, progress=None) -> Dict
     cfg = cfg or AdviseConfig()
     say = progress or (lambda msg: None)
     t_start = time.monotonic()
+    counters = read_metrics(cfg.metrics) if cfg.metrics else None     # bad input before any replay
     if not is_profile_json_safe(path):
         say("replaying under --profile timeline")
     src = _load(path, cfg)
@@ -88,6 +91,8 @@ def advise(path: str, cfg: Optional[AdviseConfig] = None, progress=None) -> Dict
             f["evidence"]["holds"] = held
     findings = (stretches + host_gaps(tl, lim, nvtx) + heavy_kernels(p, lim) + library_candidates(p)
                 + small_transfers(tl, lim, None if ops else recorded_transfers(snap_for_records)))
+    if counters is not None:
+        findings += counter_findings(counters)
     whatifs: List[Dict[str, Any]] = []
     why_not = None
     if not cfg.what_if:
@@ -135,7 +140,8 @@ def advise(path: str, cfg: Optional[AdviseConfig] = None, progress=None) -> Dict
         "snapshot": src.snapshot or run.get("snapshot") or p.get("snapshot"),
         "profile": {"taken": src.taken, "backend": p["summary"].get("backend"),
                     "gpu": (run.get("gpu") or {}).get("name") if isinstance(run.get("gpu"), dict) else None,
-                    "trace": src.trace is not None, "nvtx_ranges": len(nvtx), "copies_memsets": len(ops)},
+                    "trace": src.trace is not None, "nvtx_ranges": len(nvtx), "copies_memsets": len(ops),
+                    "counters": cfg.metrics},
         "timeline": {"kernels": len(tl.kernels), "span_us": round(tl.span_us, 3), "kernel_us": round(tl.kernel_us, 3),
                      "idle_us": round(tl.span_us - tl.busy_us(tl.start, tl.end), 3), "median_gap_us": round(tl.median_gap_us, 3),
                      "busy_pct": round(tl.kernel_us / tl.span_us * 100, 1) if tl.span_us else None},

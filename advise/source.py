@@ -59,7 +59,8 @@ def check_profile(p: Any, where: str) -> Dict[str, Any]:
     mode = p["summary"].get("mode")
     if mode != "timeline":
         raise AdviseError(f"{where}: a {mode or 'unknown'}-mode profile; advise reads timeline profiles "
-                          "(`cudasnap replay SNAPSHOT --profile timeline --out P.json`)")
+                          "(`cudasnap replay SNAPSHOT --profile timeline --out P.json`)"
+                          + ("; give a metrics profile with --metrics" if mode == "metrics" else ""))
     timed = [r for r in p["launches"] if isinstance(r, dict) and isinstance(r.get("start_ns"), int)
              and isinstance(r.get("end_ns"), int)]
     if not timed:

@@ -34,11 +34,13 @@ def advise(
     tiny_us: float = typer.Option(5.0, "--tiny-us", metavar="US", min=0.0, help="Kernels shorter than this count as launch-bound (so do longer ones that ran for less time than the GPU idled around them)."),
     device: int = typer.Option(0, "--device", metavar="N", min=0, help="GPU ordinal to replay on."),
     timeout: Optional[float] = typer.Option(None, "--timeout", metavar="SECONDS", min=1.0, help="Give up on a replay that runs longer."),
+    metrics: Optional[Path] = typer.Option(None, "--metrics", metavar="M.json", help="A metrics profile of the same snapshot (`replay --profile metrics --out M.json`): what bounds each heavy kernel (memory, compute, latency) and low occupancy, with ncu's SpeedOfLight and Occupancy figures."),
     force: bool = typer.Option(False, "-f", "--force-overwrite", help="Replace an existing --out or --html file (by default refused, before any work)."),
 ):
     """Rank what the time of a replayed run is spent on, with the evidence for each finding and
     the time at stake: launch-bound stretches, host-side gaps, the heaviest kernels, hand-written
-    kernels a library call could serve, repeated small memsets and copies.
+    kernels a library call could serve, repeated small memsets and copies; with --metrics, what
+    bounds each heavy kernel (memory, compute, latency) and low occupancy, from its counters.
 
     What-ifs are measured by replays, not estimated: a launch-bound stretch replayed as one CUDA
     graph (`replay --profile graph --calls A-B`) against its span on the timeline; with --replace, the kernel as rebuilt against the recorded one.
@@ -83,7 +85,7 @@ def advise(
                 _fail(f"--replace {r}: no such file")
     cfg = AdviseConfig(top=top, what_if=not no_what_if, graph_stretches=graphs, replace=list(replace),
                        pace=pace.value, device=device, repeat=repeat, warmup=warmup,
-                       timeout=timeout, limits=Limits(tiny_us=tiny_us))
+                       timeout=timeout, limits=Limits(tiny_us=tiny_us), metrics=str(metrics) if metrics else None)
     tty = is_tty(sys.stderr) and not json_out
 
     def progress(msg: str) -> None:

@@ -267,3 +267,47 @@ def test_a_gap_is_named_by_the_nvtx_ranges_around_it():
          {"name": "epoch", "start_ns": 0, "end_ns": 20000}, {"name": "fwd", "start_ns": 5500, "end_ns": 7000}]
     assert nvtx_around(r[:2], 1200, 5600) == ["step 1", "step 2"]
     assert nvtx_around(r, 6000, 6500) == ["fwd"]          # the innermost range that holds it
+
+
+METRICS_H200 = __import__("pathlib").Path(__file__).parent / "data" / "metrics_h200.json"
+
+
+def test_counters_name_what_bounds_each_kernel():
+    """From a metrics profile measured on an H200 (metrics_kernels.cu): the FMA chain is
+    compute-bound at ~99% SM throughput, the triad memory-bound with DRAM throughput as % of
+    peak; a kernel near neither roof is latency-bound, and low theoretical occupancy is named
+    by its limiter."""
+    from cudasnap.advise.counters import counter_findings
+    p = json.loads(METRICS_H200.read_text())
+    by = {f["kernel"]: f for f in counter_findings(p)}
+    fma, triad = by["fma_chain"], by["stream_triad"]
+    assert fma["kind"] == "compute-bound" and "SM throughput 99% of peak" in fma["title"]
+    assert triad["kind"] == "memory-bound" and "DRAM throughput 74% of peak" in triad["title"]
+    assert 0 < triad["at_stake_us"] < triad["evidence"]["total_us"]
+    k = p["kernels"][1]
+    k["metrics"].update({"sm__throughput.avg.pct_of_peak_sustained_elapsed": 12.0,
+                         "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed": 20.0,
+                         "dram__throughput.avg.pct_of_peak_sustained_elapsed": 20.0})
+    k["occupancy"].update(theoretical_pct=25.0, limiter=["registers"])
+    kinds = {f["kind"]: f for f in counter_findings(p) if f["kernel"] == k["name"]}
+    assert set(kinds) == {"latency-bound", "occupancy"}
+    assert "limited by registers per thread" in kinds["occupancy"]["title"]
+
+
+def test_advise_takes_counters_with_metrics(double, snap, tmp_path):
+    path, _ = snap
+    prof = tmp_path / "p.json"
+    cp = _cli(double, "replay", path, "--profile", "timeline", "--out", prof, "-q")
+    assert cp.returncode == 0, cp.stderr
+    cp = _cli(double, "advise", prof, "--metrics", METRICS_H200, "--no-what-if", "--json")
+    assert cp.returncode == 0, cp.stderr
+    res = json.loads(cp.stdout)
+    kinds = {f["kind"] for f in res["findings"]}
+    assert {"memory-bound", "compute-bound", "launch-bound"} <= kinds, kinds
+    cp = _cli(double, "advise", prof, "--metrics", METRICS_H200, "--no-what-if")
+    assert cp.returncode == 0 and "memory-bound: stream_triad" in cp.stdout and "DRAM 74" in cp.stdout, cp.stdout
+    # a timeline profile is no metrics profile; a metrics profile is no timeline: one line, exit 2
+    for args in (("--metrics", prof), ()):
+        cp = _cli(double, "advise", METRICS_H200 if not args else prof, *args, "--no-what-if")
+        assert cp.returncode == 2 and len(cp.stderr.strip().splitlines()) == 1, cp.stderr
+        assert "metrics" in cp.stderr

@@ -1,0 +1,119 @@
+"""Findings from hardware counters: a metrics profile (`replay --profile metrics --out M.json`)
+says, per heavy kernel, what bounds it, with the figures Nsight Compute's SpeedOfLight and
+Occupancy sections show:
+
+- memory-bound: DRAM (or the memory system) near its peak while the SMs are not;
+- compute-bound: the SMs near their peak;
+- latency-bound: neither near its peak (a kernel that cannot keep the GPU busy), explained by
+  its achieved and theoretical occupancy;
+- low theoretical occupancy, named by its limiter (registers, shared memory, block size).
+
+The time at stake of a bound finding is the kernel's time beyond its roof: what it would save
+running its binding unit at 100% of peak (an upper bound no change reaches)."""
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, List, Optional
+
+from cudasnap.replay.names import short_name
+
+from .findings import _finding
+from .source import AdviseError
+
+SM = "sm__throughput.avg.pct_of_peak_sustained_elapsed"
+MEM = "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed"
+DRAM = "dram__throughput.avg.pct_of_peak_sustained_elapsed"
+WARPS = "sm__warps_active.avg.pct_of_peak_sustained_active"
+NEAR_PEAK = 60.0            # a unit at or above this % of its peak binds the kernel
+LOW_OCCUPANCY = 50.0        # theoretical occupancy below this % is a finding of its own
+LIMITERS = {"registers": "registers per thread", "shared_memory": "shared memory per block",
+            "smem": "shared memory per block", "block_size": "threads per block", "warps": "warps per SM",
+            "blocks": "blocks per SM"}
+
+
+def read_metrics(path: str) -> Dict[str, Any]:
+    """A metrics profile's JSON; AdviseError (one line) for anything else."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            p = json.load(f)
+    except OSError as e:
+        raise AdviseError(f"--metrics {path}: {e.strerror or e}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise AdviseError(f"--metrics {path}: not a cudasnap profile ({type(e).__name__}: {e})") from None
+    if not isinstance(p, dict) or not isinstance(p.get("summary"), dict):
+        raise AdviseError(f"--metrics {path}: not a cudasnap profile")
+    mode = p["summary"].get("mode")
+    if mode != "metrics":
+        raise AdviseError(f"--metrics {path}: a {mode or 'unknown'}-mode profile; --metrics takes the JSON of "
+                          "`replay --profile metrics --out M.json`")
+    if not [k for k in p.get("kernels") or [] if isinstance(k, dict) and k.get("metrics")]:
+        raise AdviseError(f"--metrics {path}: the profile holds no kernel with counters"
+                          + (f" ({p['summary']['error']})" if p["summary"].get("error") else ""))
+    return p
+
+
+def _pct(m: Dict[str, Any], name: str) -> Optional[float]:
+    v = m.get(name)
+    return float(v) if isinstance(v, (int, float)) else None
+
+
+def counter_findings(p: Dict[str, Any], top: int = 5, min_share_pct: float = 5.0) -> List[Dict[str, Any]]:
+    """Bound and occupancy findings for the heaviest kernels of a metrics profile."""
+    ks = [k for k in p.get("kernels") or [] if isinstance(k, dict) and k.get("metrics")]
+    total = sum(k.get("total_us") or 0.0 for k in ks) or 1.0
+    ks.sort(key=lambda k: -(k.get("total_us") or 0.0))
+    out: List[Dict[str, Any]] = []
+    for k in ks[:top]:
+        t = k.get("total_us") or 0.0
+        share = t / total * 100
+        if share < min_share_pct and out:
+            continue
+        m, name = k["metrics"], k.get("name") or "?"
+        sm, mem, dram, warps = _pct(m, SM), _pct(m, MEM), _pct(m, DRAM), _pct(m, WARPS)
+        if sm is None and mem is None:
+            continue
+        occ = k.get("occupancy") or {}
+        roof = k.get("roofline") or {}
+        ev: Dict[str, Any] = {"launches": k.get("launches"), "total_us": round(t, 3), "share_pct": round(share, 1),
+                              "sm_pct": sm, "memory_pct": mem, "dram_pct": dram, "achieved_occupancy_pct": warps,
+                              "theoretical_occupancy_pct": occ.get("theoretical_pct"),
+                              "limiter": occ.get("limiter")}
+        if roof.get("intensity") is not None:
+            ev.update(intensity=roof.get("intensity"), ridge=roof.get("ridge"),
+                      flop_pct_of_peak=roof.get("pct_of_flop_peak"))
+        top_pct = max(x for x in (sm, mem) if x is not None)
+        beyond = t * (1 - min(top_pct, 100.0) / 100)
+        short = short_name(name)
+        if mem is not None and mem >= NEAR_PEAK and mem >= (sm or 0):
+            dr = f"DRAM throughput {dram:.0f}% of peak" if dram is not None else f"memory throughput {mem:.0f}% of peak"
+            out.append(_finding("memory-bound", f"memory-bound: {short}, {dr}", beyond, ev,
+                                "The kernel moves bytes as fast as the memory allows: cut the bytes (fuse it with "
+                                "its neighbours, a narrower data type, reuse through shared memory or L2).",
+                                "the kernel's time beyond its memory roof", kernel=name))
+        elif sm is not None and sm >= NEAR_PEAK:
+            fl = (f", {roof['pct_of_flop_peak']:.0f}% of the {roof.get('dominant') or ''} FLOP peak"
+                  if isinstance(roof.get("pct_of_flop_peak"), (int, float)) else "")
+            out.append(_finding("compute-bound", f"compute-bound: {short}, SM throughput {sm:.0f}% of peak{fl}",
+                                beyond, ev, "The SMs are busy: fewer or cheaper instructions (tensor cores, lower "
+                                "precision, less index arithmetic) are what remain.",
+                                "the kernel's time beyond its compute roof", kernel=name))
+        else:
+            why = (f"achieved occupancy {warps:.0f}%" if warps is not None else "occupancy unknown")
+            if isinstance(occ.get("theoretical_pct"), (int, float)):
+                why += f" of a theoretical {occ['theoretical_pct']:.0f}%"
+            out.append(_finding("latency-bound", f"latency-bound: {short}, SM {sm or 0:.0f}% and memory "
+                                f"{mem or 0:.0f}% of peak ({why})", beyond, ev,
+                                "Neither the SMs nor memory are near their peak: the kernel waits (too few warps to "
+                                "hide latency, dependent loads, a small grid). More parallel work per launch or a "
+                                "higher occupancy are what help.", "the kernel's time beyond its nearest roof",
+                                kernel=name))
+        th = occ.get("theoretical_pct")
+        if isinstance(th, (int, float)) and th < LOW_OCCUPANCY:
+            lim = ", ".join(LIMITERS.get(x, x) for x in occ.get("limiter") or []) or "unknown"
+            out.append(_finding("occupancy", f"low occupancy: {short}, theoretical {th:.0f}%, limited by {lim}",
+                                t * (1 - th / 100) * (1 - top_pct / 100), ev,
+                                f"Raise the limit ({lim}): fewer registers (__launch_bounds__, -maxrregcount), "
+                                "less shared memory per block, or another block size; --launch-override measures "
+                                "other sizes.", "the kernel's unoccupied time below its roof (upper bound)",
+                                kernel=name))
+    return out
