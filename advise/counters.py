@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional
 
 from cudasnap.replay.names import short_name
 
-from .findings import _finding
+from .findings import finding
 from .source import AdviseError
 
 SM = "sm__throughput.avg.pct_of_peak_sustained_elapsed"
@@ -86,14 +86,14 @@ def counter_findings(p: Dict[str, Any], top: int = 5, min_share_pct: float = 5.0
         short = short_name(name)
         if mem is not None and mem >= NEAR_PEAK and mem >= (sm or 0):
             dr = f"DRAM throughput {dram:.0f}% of peak" if dram is not None else f"memory throughput {mem:.0f}% of peak"
-            out.append(_finding("memory-bound", f"memory-bound: {short}, {dr}", beyond, ev,
+            out.append(finding("memory-bound", f"memory-bound: {short}, {dr}", beyond, ev,
                                 "The kernel moves bytes as fast as the memory allows: cut the bytes (fuse it with "
                                 "its neighbours, a narrower data type, reuse through shared memory or L2).",
                                 "the kernel's time beyond its memory roof", kernel=name))
         elif sm is not None and sm >= NEAR_PEAK:
             fl = (f", {roof['pct_of_flop_peak']:.0f}% of the {roof.get('dominant') or ''} FLOP peak"
                   if isinstance(roof.get("pct_of_flop_peak"), (int, float)) else "")
-            out.append(_finding("compute-bound", f"compute-bound: {short}, SM throughput {sm:.0f}% of peak{fl}",
+            out.append(finding("compute-bound", f"compute-bound: {short}, SM throughput {sm:.0f}% of peak{fl}",
                                 beyond, ev, "The SMs are busy: fewer or cheaper instructions (tensor cores, lower "
                                 "precision, less index arithmetic) are what remain.",
                                 "the kernel's time beyond its compute roof", kernel=name))
@@ -101,7 +101,7 @@ def counter_findings(p: Dict[str, Any], top: int = 5, min_share_pct: float = 5.0
             why = (f"achieved occupancy {warps:.0f}%" if warps is not None else "occupancy unknown")
             if isinstance(occ.get("theoretical_pct"), (int, float)):
                 why += f" of a theoretical {occ['theoretical_pct']:.0f}%"
-            out.append(_finding("latency-bound", f"latency-bound: {short}, SM {sm or 0:.0f}% and memory "
+            out.append(finding("latency-bound", f"latency-bound: {short}, SM {sm or 0:.0f}% and memory "
                                 f"{mem or 0:.0f}% of peak ({why})", beyond, ev,
                                 "Neither the SMs nor memory are near their peak: the kernel waits (too few warps to "
                                 "hide latency, dependent loads, a small grid). More parallel work per launch or a "
@@ -110,7 +110,7 @@ def counter_findings(p: Dict[str, Any], top: int = 5, min_share_pct: float = 5.0
         th = occ.get("theoretical_pct")
         if isinstance(th, (int, float)) and th < LOW_OCCUPANCY:
             lim = ", ".join(LIMITERS.get(x, x) for x in occ.get("limiter") or []) or "unknown"
-            out.append(_finding("occupancy", f"low occupancy: {short}, theoretical {th:.0f}%, limited by {lim}",
+            out.append(finding("occupancy", f"low occupancy: {short}, theoretical {th:.0f}%, limited by {lim}",
                                 t * (1 - th / 100) * (1 - top_pct / 100), ev,
                                 f"Raise the limit ({lim}): fewer registers (__launch_bounds__, -maxrregcount), "
                                 "less shared memory per block, or another block size; --launch-override measures "

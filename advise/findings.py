@@ -34,7 +34,7 @@ class Limits:
     min_repeats: int = 8            # a repeated small memset or copy, at least this many
 
 
-def _finding(kind: str, title: str, at_stake_us: float, evidence: Dict[str, Any], advice: str,
+def finding(kind: str, title: str, at_stake_us: float, evidence: Dict[str, Any], advice: str,
              basis: str, **more) -> Dict[str, Any]:
     d = {"kind": kind, "title": title, "at_stake_us": round(max(at_stake_us, 0.0), 3), "basis": basis,
          "evidence": evidence, "advice": advice}
@@ -151,7 +151,7 @@ def launch_bound(tl: Timeline, lim: Limits) -> List[Dict[str, Any]]:
               "first_seq": min(seqs) if seqs else None, "last_seq": max(seqs) if seqs else None,
               "top_kernels": sorted(names.items(), key=lambda kv: -kv[1])[:5],
               "share_of_span_pct": round(span / tl.span_us * 100, 1) if tl.span_us else None}
-        out.append(_finding(
+        out.append(finding(
             "launch-bound", f"launch-bound stretch: {k} kernels, GPU idle {ev['idle_pct']:.0f}% of {span / 1e3:.2f} ms",
             idle, ev, "Launch the stretch as a CUDA graph (torch.cuda.graphs, cudaStreamBeginCapture), or fuse its "
             "small kernels.", "estimate: the idle time between its kernels",
@@ -176,7 +176,7 @@ def host_gaps(tl: Timeline, lim: Limits, nvtx: List[Dict[str, Any]]) -> List[Dic
         largest.append(d)
     ev = {"gaps": len(gaps), "idle_us": round(total, 3), "share_of_span_pct": round(total / tl.span_us * 100, 1),
           "threshold_us": round(thr, 3), "median_gap_us": round(tl.median_gap_us, 3), "largest": largest}
-    return [_finding("host-gap", f"host-side gaps: {len(gaps)} idle stretch{'es' if len(gaps) > 1 else ''} of >= {thr / 1e3:.2f} ms, "
+    return [finding("host-gap", f"host-side gaps: {len(gaps)} idle stretch{'es' if len(gaps) > 1 else ''} of >= {thr / 1e3:.2f} ms, "
                      f"{ev['share_of_span_pct']:.0f}% of the span", total, ev,
                      "The GPU waits for the host between steps: overlap data loading and host work with the GPU "
                      "(pinned memory, non_blocking copies, a prefetching loader), drop synchronizations.",
@@ -191,7 +191,7 @@ def heavy_kernels(profile: Dict[str, Any], lim: Limits, top: int = 3) -> List[Di
             continue
         ev = {k2: (round(k[k2], 3) if isinstance(k.get(k2), float) else k.get(k2))
               for k2 in ("launches", "total_us", "median_us", "min_us", "max_us", "share_pct")}
-        out.append(_finding("heavy-kernel", f"heavy kernel: {short_name(k['name'])}, {share:.0f}% of kernel time",
+        out.append(finding("heavy-kernel", f"heavy kernel: {short_name(k['name'])}, {share:.0f}% of kernel time",
                             k["total_us"], ev, "Where the time goes: profile it (--profile isolated; Nsight Compute "
                             "under `replay --wrap ncu`), then measure a rebuild with advise --replace.",
                             "the kernel's whole time", kernel=k["name"]))
@@ -229,7 +229,7 @@ def library_candidates(profile: Dict[str, Any]) -> List[Dict[str, Any]]:
             if re.search(rx, fn):
                 ev = {"operation": op, "library": call, "launches": k.get("launches"),
                       "total_us": round(k.get("total_us") or 0.0, 3), "share_pct": round(k.get("share_pct") or 0.0, 1)}
-                out.append(_finding("library", f"hand-written {op}: {short_name(name)} (a library call could serve it)",
+                out.append(finding("library", f"hand-written {op}: {short_name(name)} (a library call could serve it)",
                                     k.get("total_us") or 0.0, ev,
                                     f"Try {call}; measure the rebuilt program's kernel with advise --replace.",
                                     "upper bound: the kernel's whole time", kernel=name))
@@ -255,7 +255,7 @@ def small_transfers(tl: Timeline, lim: Limits, recorded: Optional[List[Dict[str,
         sizes = sorted({o["bytes"] for o in os_})
         ev = {"what": name, "count": len(os_), "bytes": sizes[:8], "total_us": round(t, 3),
               "median_us": round(statistics.median([(o["end_ns"] - o["start_ns"]) / 1e3 for o in os_]), 3)}
-        out.append(_finding("small-transfers", f"{len(os_)} small {kind}s ({name}, <= {max(sizes)} B each)", t, ev,
+        out.append(finding("small-transfers", f"{len(os_)} small {kind}s ({name}, <= {max(sizes)} B each)", t, ev,
                             "Batch them: one memset over a contiguous range, one copy of a packed buffer "
                             "(cuMemcpyBatchAsync), or fold them into a kernel or a graph.", basis))
     return out
