@@ -57,6 +57,7 @@ def resolve_function(ctx, rec, h):
 
 _BOUND: dict = {}           # library kernel handle -> the CUfunction it got (one replay per process)
 _LIBRARY_KERNELS: set = set()
+UNBOUND: dict = {}          # library kernel handle -> the error cuKernelGetFunction last returned
 
 
 def kernel_as_function(ctx, k):
@@ -64,6 +65,15 @@ def kernel_as_function(ctx, k):
     so that bound_function knows it."""
     _LIBRARY_KERNELS.add(int(k))
     return ctx.cu.CUfunction(int(k))
+
+
+def why_unbound(fn) -> str:
+    """' (cuKernelGetFunction returned CODE)' for a library kernel that got no CUfunction, else ''."""
+    code = UNBOUND.get(int(fn)) if fn is not None else None
+    if code is None:
+        return ""
+    from cudasnap.formats import cu_result_name
+    return f" (a library kernel: cuKernelGetFunction returned {cu_result_name(code)})"
 
 
 def bound_function(ctx, fn):
@@ -81,6 +91,7 @@ def bound_function(ctx, fn):
         except RuntimeError:            # a driver without library kernels
             r = (1, None)
         if int(r[0]) != 0:
+            UNBOUND[key] = int(r[0])
             return fn                   # not remembered: a later call (another context current) may get it
         got = _BOUND[key] = r[1]
     return got

@@ -66,7 +66,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ..functions import bound_function
+from ..functions import bound_function, why_unbound
 from ..errors import ReplayError
 from .common import LaunchGate, MemorySaver, Selection, destroy_all, live_ranges, ranges_for, stats
 from .gapmodel import GapChain
@@ -355,7 +355,8 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
                     if events:
                         rp.ctx.raw("cuEventRecordWithFlags", events[i + 1], stream, CU_EVENT_RECORD_EXTERNAL)
                 except Exception as e:
-                    err = f"{self._desc(op)}: {e}"
+                    fn = getattr(op[1], "function", None) if op[0] == "launch" else None
+                    err = f"{self._desc(op)}: {e}{why_unbound(fn) if fn is not None else ''}"
                     break
                 if i & 255 == 255:
                     ph.advance(256)

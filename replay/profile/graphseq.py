@@ -94,8 +94,9 @@ class SeqLaunch:
         if self._p is None:
             self._p = LaunchParams(self.rec_params)
         p = self._p
+        fn = bound_function(rp.ctx, self.function)
         if not self._ex or not self._nattr:      # no attributes: the same launch as cuLaunchKernel
-            rp.ctx.raw("cuLaunchKernel", self.function, *self.grid, *self.block, self.shmem, stream, None, p.extra_ptr)
+            rp.ctx.raw("cuLaunchKernel", fn, *self.grid, *self.block, self.shmem, stream, None, p.extra_ptr)
             return
         cu = rp.ctx.cu
         c = cu.CUlaunchConfig()
@@ -112,7 +113,7 @@ class SeqLaunch:
         if attrs:
             c.attrs = attrs
         c.numAttrs = len(attrs)
-        rp.ctx.raw("cuLaunchKernelEx", c, self.function, None, p.extra_ptr)
+        rp.ctx.raw("cuLaunchKernelEx", c, fn, None, p.extra_ptr)
 
 
 def relaunch(ev, stream) -> None:
