@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import bisect
 import time
-from typing import Dict, Iterable
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple
 
 from . import plan
 from .driverops import DriverCallError
 from .executor import MISMATCH, NEED_SLOW
 from .plan import OpBatch
+
+if TYPE_CHECKING:
+    from .context import ReplayContext
+    from .driverops import Watchdog
 
 D2H_AHEAD_EACH = 1 << 20         # D2H expectations read ahead: at most this big each
 D2H_AHEAD_TOTAL = 64 << 20       # and this much in all
@@ -51,8 +55,23 @@ class _OpDesc:
 
 
 class BatchRunner:
-    """Replayer methods for OpBatch items; the Replayer provides the state and the per-call path
-    (_one, _error, _profiler_start/stop, _pr_split)."""
+    """Replayer methods for OpBatch items; the Replayer provides the state declared below and
+    the per-call path (_one, _batch_slow, _error, _pr_split, _profiler_start/stop, emit,
+    ensure_init)."""
+
+    # what the Replayer owns and this mixin reads (tests/test_structure.py keeps the list whole)
+    ctx: "ReplayContext"                    # the replay state handlers share
+    subscribers: List[Any]                  # event subscribers (profilers, hooks)
+    watchdog: Optional["Watchdog"]
+    _executor: Any                          # the C executor (None: every call through its handler)
+    _slots: Any                             # the plan's handle slots (plan.Slots)
+    _pace_on: bool                          # --pace recorded
+    _pace_base: float                       # the monotonic time the recorded pace counts from
+    _pr: bool                               # --profiler-range workload
+    _pr_state: int                          # 0 before the range, 1 inside, 2 after
+    _moved_key: Any                         # the relocations _moved was computed for
+    _moved: List[Tuple[int, int]]           # recorded ranges replay had to move
+    _last_tid: Any                          # the recorded thread of the last call replayed
 
     def _native_ok(self, b: OpBatch) -> bool:
         """May this batch run in the executor?  Not while a stream captures, with conditional

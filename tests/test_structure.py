@@ -355,3 +355,24 @@ def test_emitter_is_put_together_from_parts():
     for part in EMITTER_PARTS:
         n = len((ROOT / "export" / f"{part}.py").read_text().splitlines())
         assert n <= 600, (part, n)
+
+
+def test_batch_runner_declares_the_replayer_state_it_reads():
+    """BatchRunner is a Replayer mixin: every attribute it reads and does not set itself is
+    declared at its top (what the Replayer owns), or is a Replayer method."""
+    import ast
+    src = (ROOT / "replay" / "batchrun.py").read_text()
+    cls = next(n for n in ast.parse(src).body if isinstance(n, ast.ClassDef) and n.name == "BatchRunner")
+    declared = {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)}
+    own = {f.name for f in cls.body if isinstance(f, ast.FunctionDef)}
+    read, stored = set(), set()
+    for f in cls.body:
+        for n in ast.walk(f):
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self":
+                (stored if isinstance(n.ctx, ast.Store) else read).add(n.attr)
+    eng = next(n for n in ast.parse((ROOT / "replay" / "engine.py").read_text()).body
+               if isinstance(n, ast.ClassDef) and n.name == "Replayer")
+    replayer_methods = {f.name for f in eng.body if isinstance(f, ast.FunctionDef)}
+    undeclared = sorted(read - declared - own - stored - replayer_methods)
+    assert undeclared == [], undeclared
+    assert (stored - own) <= declared, sorted(stored - own - declared)
