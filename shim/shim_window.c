@@ -59,6 +59,8 @@ static pthread_mutex_t cs_wr_lock = PTHREAD_MUTEX_INITIALIZER;
 #define CS_WSTAGE (64ull << 20)
 static void *cs_wstage; static int cs_wstage_pinned;
 
+static void cs_job_init(void);             /* shim_window_jobcut.c */
+
 static uint64_t cs_env_u64(const char *k, uint64_t dflt) {
     const char *e = getenv(k);
     return e && *e ? strtoull(e, NULL, 10) : dflt;
@@ -100,6 +102,7 @@ static void cs_win_init(void) {
     cs_win_id_push = cs_lookup("cuCtxPushCurrent_v2");
     cs_win_id_pop = cs_lookup("cuCtxPopCurrent_v2");
     cs_win_mode = mode;
+    cs_job_init();                           /* a rank of a job: windows open at one cut (jobcut.c) */
     cs_win_open = mode == CS_W_FLIGHT;       /* the flight recorder records from the start */
     cs_win_skip = !cs_win_open;
 }
@@ -457,8 +460,10 @@ static void cs_win_close(const char *why) {
     cs_win_open = 0; cs_win_skip = 1;
 }
 
+#include "shim_window_jobcut.c"
+
 static void cs_win_toggle(const char *why) {
-    if (cs_win_open) cs_win_close(why); else cs_win_start(CS_WOP_OPEN, why);
+    if (cs_win_open) cs_win_close_cut(why); else cs_win_open_cut(why);
 }
 
 /* --- triggers ------------------------------------------------------------------------ */
@@ -504,6 +509,7 @@ static uint64_t cs_win_before(const cs_fn *fn, int id, const U *a) {
     int is_launch = fn->hook == CS_H_LAUNCH;
     uint64_t n = __atomic_load_n(&cs_win_launches, __ATOMIC_RELAXED);   /* this launch's number */
     if (!capturing) {
+        if (cs_job_n > 0) cs_job_due();      /* a rank behind its peers reached their collective */
         uint32_t req = __atomic_load_n(&cs_ring->win_req, __ATOMIC_ACQUIRE);
         uint32_t seen = __atomic_load_n(&cs_win_req_seen, __ATOMIC_ACQUIRE);
         if (req != seen && __atomic_compare_exchange_n(&cs_win_req_seen, &seen, req, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
@@ -511,24 +517,24 @@ static uint64_t cs_win_before(const cs_fn *fn, int id, const U *a) {
             else for (uint32_t i = seen; i != req; i++) cs_win_toggle(cs_win_mode == CS_W_SIGNAL ? "signal" : "time");
         }
         int pend = __atomic_exchange_n(&cs_win_pending, 0, __ATOMIC_ACQ_REL);
-        if (pend == 1) cs_win_start(CS_WOP_OPEN, "nvtx");
-        else if (pend == 2) cs_win_close("nvtx");
+        if (pend == 1) cs_win_open_cut("nvtx");
+        else if (pend == 2) cs_win_close_cut("nvtx");
         /* launch A passed inside a capture: open now, and hold it to the next launch at least */
         if (cs_win_mode == CS_W_LAUNCHES && !cs_win_open && !cs_win_launches_done && n > cs_win_a
             && !__atomic_exchange_n(&cs_win_late_open, 1, __ATOMIC_ACQ_REL)) {
             if (cs_win_b < n) cs_win_b = n;
-            cs_win_start(CS_WOP_OPEN, "launches (opened after a stream capture)");
+            cs_win_open_cut("launches (opened after a stream capture)");
         }
         if (cs_win_mode == CS_W_KERNEL && !cs_win_open && __atomic_load_n(&cs_win_defer_open, __ATOMIC_ACQUIRE)
             && __atomic_exchange_n(&cs_win_defer_open, 0, __ATOMIC_ACQ_REL)) {
             if (cs_win_close_at < n) cs_win_close_at = n;
-            cs_win_start(CS_WOP_OPEN, "kernel (opened after a stream capture)");
+            cs_win_open_cut("kernel (opened after a stream capture)");
         }
     }
-    if (role == CS_WR_PROFSTART && cs_win_mode == CS_W_PROFILER && !cs_win_open) cs_win_start(CS_WOP_OPEN, "profiler");
+    if (role == CS_WR_PROFSTART && cs_win_mode == CS_W_PROFILER && !cs_win_open) cs_win_open_cut("profiler");
     if (!is_launch) return 0;
     if (cs_win_mode == CS_W_LAUNCHES && n == cs_win_a && !cs_win_open && !cs_win_launches_done) {
-        if (!capturing) cs_win_start(CS_WOP_OPEN, "launches");
+        if (!capturing) cs_win_open_cut("launches");
         else if (!cs_win_deferred_noted++)
             cs_note("window: its first launch fell inside a stream capture; it opens at the first call after the capture");
     }
@@ -539,7 +545,7 @@ static uint64_t cs_win_before(const cs_fn *fn, int id, const U *a) {
             if (!cs_win_k || k == cs_win_k) {
                 cs_win_close_at = n + cs_win_ctxn;
                 if (cs_win_open) { /* already open: the close moves */ }
-                else if (!capturing) cs_win_start(CS_WOP_OPEN, "kernel");
+                else if (!capturing) cs_win_open_cut("kernel");
                 else {
                     cs_win_defer_open = 1;
                     if (!cs_win_deferred_noted++)
@@ -548,6 +554,8 @@ static uint64_t cs_win_before(const cs_fn *fn, int id, const U *a) {
             }
         }
     }
+    /* counted after the opens above: a state taken at this launch holds no part of it */
+    if (!capturing && cs_job_n > 0) cs_job_count(fn, a);
     __atomic_fetch_add(&cs_win_launches, 1, __ATOMIC_RELAXED);
     return n + 1;
 }
@@ -559,7 +567,7 @@ static void cs_win_after(const cs_fn *fn, int id, const U *a, CUresult res, uint
         if (res == 0 && role == CS_WR_CAPBEGIN) __atomic_fetch_add(&cs_win_capturing, 1, __ATOMIC_RELAXED);
         if (role == CS_WR_CAPEND && __atomic_load_n(&cs_win_capturing, __ATOMIC_RELAXED) > 0)
             __atomic_fetch_sub(&cs_win_capturing, 1, __ATOMIC_RELAXED);
-        if (role == CS_WR_PROFSTOP && cs_win_mode == CS_W_PROFILER) cs_win_close("profiler");
+        if (role == CS_WR_PROFSTOP && cs_win_mode == CS_W_PROFILER) cs_win_close_cut("profiler");
     }
     /* a close reached inside a stream capture waits for its end (see cs_win_defer_open) */
     int capturing = __atomic_load_n(&cs_win_capturing, __ATOMIC_RELAXED) > 0;
@@ -571,8 +579,8 @@ static void cs_win_after(const cs_fn *fn, int id, const U *a, CUresult res, uint
     /* read first: an exchange on every call of an open window would bounce the line between threads */
     if (!capturing && cs_win_open && __atomic_load_n(&cs_win_close_wait, __ATOMIC_ACQUIRE)
         && __atomic_exchange_n(&cs_win_close_wait, 0, __ATOMIC_ACQ_REL)) {
-        if (cs_win_mode == CS_W_LAUNCHES) { cs_win_close("launches"); cs_win_launches_done = 1; }
-        else if (cs_win_mode == CS_W_KERNEL) { cs_win_close("kernel"); cs_win_close_at = ~0ull; }
+        if (cs_win_mode == CS_W_LAUNCHES) { cs_win_close_cut("launches"); cs_win_launches_done = 1; }
+        else if (cs_win_mode == CS_W_KERNEL) { cs_win_close_cut("kernel"); cs_win_close_at = ~0ull; }
     }
     __atomic_fetch_sub(&cs_win_inflight, 1, __ATOMIC_SEQ_CST);
 }

@@ -93,6 +93,55 @@ def test_window_of_a_job_has_a_manifest_and_replays_as_a_group(double, jobwin, t
         in alone.stdout + alone.stderr
 
 
+def test_a_jobs_window_opens_and_closes_at_one_cut_of_its_ranks(double, jobwin, tmp_path, native):
+    """With the launcher's numbering (LOCAL_WORLD_SIZE, LOCAL_RANK) the ranks meet before each
+    state is taken (shim_window_jobcut.c): the window replays as a group, the program's output
+    is unchanged, and nobody waited for a missing rank. A rank that never comes (a world of 3)
+    is waited for CUDASNAP_JOB_CUT_MS once, then said."""
+    ref = native(jobwin, "6")
+    job = {"LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "0"}
+    out = tmp_path / "cut.cusnap"
+    cp = _run(double, "capture", "-o", str(out), "--ring-mb", "16", "--window", "launches:3-8", "--", jobwin, "6",
+              env=job)
+    assert cp.returncode == 0, cp.stderr
+    assert _checksums(cp.stdout) == _checksums(ref.stdout)
+    notes = [n for f in tmp_path.glob("cut*.w1.cusnap") for n in _notes(f)]
+    assert len(list(tmp_path.glob("cut*.w1.cusnap"))) == 2 and not [n for n in notes if "rank of the job" in n], notes
+    _passes(double, tmp_path / "cut.w1.group.json")
+    out = tmp_path / "missing.cusnap"
+    cp = _run(double, "capture", "-o", str(out), "--ring-mb", "16", "--window", "launches:3-8", "--", jobwin, "6",
+              env={**job, "LOCAL_WORLD_SIZE": "3", "CUDASNAP_JOB_CUT_MS": "300"})
+    assert cp.returncode == 0, cp.stderr
+    assert _checksums(cp.stdout) == _checksums(ref.stdout)
+    for f in tmp_path.glob("missing*.w1.cusnap"):
+        assert any("not every rank of the job reached the window's open within 300 ms" in n for n in _notes(f))
+
+
+def test_a_rank_behind_in_collectives_runs_on_to_the_cut(double, jobwin, tmp_path, native):
+    """At launch 4, rank 0 has launched two collectives and rank 1 one: rank 1 runs on to its
+    second before its state is taken, so both windows start after the same collective."""
+    env = {"JOBWIN_COLL": "1"}
+    ref = subprocess.run([jobwin, "6"], env={**double["env"], **env}, capture_output=True, text=True, timeout=60)
+    out = tmp_path / "coll.cusnap"
+    cp = _run(double, "capture", "-o", str(out), "--ring-mb", "16", "--window", "launches:4-8", "--", jobwin, "6",
+              env={**env, "LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "0"})
+    assert cp.returncode == 0, cp.stderr
+    assert _checksums(cp.stdout) == _checksums(ref.stdout) and len(_checksums(ref.stdout)) == 2
+    opened = {}
+    for f in tmp_path.glob("coll*.w1.cusnap"):
+        with SnapshotReader(f) as r:
+            recs = list(r.records())
+        opened[f.name] = next(x["launches"] for x in recs if x.get("k") == "win" and x.get("op") == "open")
+        assert not [n for n in _notes(f) if "rank of the job" in n]
+    assert sorted(opened.values()) == [4, 5], opened
+    _passes(double, tmp_path / "coll.w1.group.json")
+
+
+def _notes(path):
+    with SnapshotReader(path) as r:
+        return [x.get("msg") or "" for x in r.records() if x.get("k") == "note"]
+
+
 def test_window_group_replay_holds_on_repeated_captures(double, jobwin, tmp_path):
     """Where the windows open at different moments of the ranks, state copies and the end state
     are ordered by when they were taken (a window opening mid-step on one rank)."""

@@ -8,6 +8,9 @@
  * step per rank. At the end each rank prints "RANK r CHECKSUM s".
  *   jobwin [STEPS]               rank 0 (STEPS default 6)
  *   jobwin peer FD STEPS         rank 1 (the socket is FD)
+ * With LOCAL_RANK set (a launcher's numbering), rank 1 gets LOCAL_RANK=1. JOBWIN_COLL=1: each
+ * step also launches a kernel named as an NCCL collective (add_one on acc): rank 0 first in
+ * the step, rank 1 after its add_one, so at a launch number the ranks differ in collectives.
  * JOBWIN_EXIT=1: each rank ends with _exit(0) right after printing (no teardown, as
  * torchrun's workers often end). JOBWIN_STEP_MS=M: each step ends with an M ms sleep (time
  * for flight-recorder checkpoints between steps). */
@@ -96,9 +99,18 @@ static int run(int rank, int sock, long steps) {
     int n = N;
     float half = 0.5f;
     const char *nap = getenv("JOBWIN_STEP_MS");
+    CUfunction coll = NULL;
+    if (getenv("JOBWIN_COLL")) {
+        CUmodule cm;
+        CK(cuModuleLoadData(&cm, "CUDADOUBLE\nkernel ncclDevKernel_AllReduce_Sum_f32_RING_LL\n"));
+        CK(cuModuleGetFunction(&coll, cm, "ncclDevKernel_AllReduce_Sum_f32_RING_LL"));
+    }
     for (long s = 0; s < steps; s++) {
         void *a1[] = {&own, &n};
+        void *ac[] = {&acc, &n};
+        if (coll && rank == 0) LAUNCH(cuLaunchKernel(coll, 1, 1, 1, N, 1, 1, 0, NULL, ac, NULL));
         LAUNCH(cuLaunchKernel(add_one, 1, 1, 1, N, 1, 1, 0, NULL, a1, NULL));
+        if (coll && rank == 1) LAUNCH(cuLaunchKernel(coll, 1, 1, 1, N, 1, 1, 0, NULL, ac, NULL));
         CK(cuCtxSynchronize());
         barrier(sock);
         void *a2[] = {&half, &peer, &acc, &n};
@@ -134,6 +146,7 @@ int main(int argc, char **argv) {
         char a[16], b[24];
         snprintf(a, sizeof a, "%d", sv[1]);
         snprintf(b, sizeof b, "%ld", steps);
+        if (getenv("LOCAL_RANK")) setenv("LOCAL_RANK", "1", 1);   /* as a launcher numbers its workers */
         execl(argv[0], argv[0], "peer", a, b, (char *)NULL);
         _exit(127);
     }
