@@ -124,6 +124,9 @@ class Replayer(BatchRunner):
         """Run the calls that free memory a subscriber held (graph mode in a job profiles its
         sequence after the replay's last call, from memory the program had freed by then)."""
         held, self._held = self._held, []
+        if held:
+            self.ctx.note(f"{len(held)} call(s) that free memory (call #{held[0].get('s')} first) waited for the "
+                          f"profile taken at the replay's end")
         for rec in held:
             h = dispatch.lookup(rec.get("f") or "")
             try:

@@ -75,8 +75,9 @@ def test_runs_with_other_arrival_orders_compare_per_last_rank():
 
 
 # --------------------------------------------------------------------------- profiling a rank of a job
-def _rank_snapshot(path, reps=3, n=64):
-    """fill launched as an NCCL-named kernel (a collective) between incr launches, one process."""
+def _rank_snapshot(path, reps=3, n=64, free=False):
+    """fill launched as an NCCL-named kernel (a collective) between incr launches, one process.
+    free: the program frees its buffers after its last D2H (as a job's teardown does)."""
     import struct
     from cudasnap.replay.synth import Synth
     s = Synth(path)
@@ -102,6 +103,9 @@ def _rank_snapshot(path, reps=3, n=64):
     s.call("cuCtxSynchronize", {})
     s.call("cuMemcpyDtoH_v2", {"dstHost": 0x7F0000200000, "srcDevice": I, "ByteCount": n * 4},
            x={"dstHost": s.blob(struct.pack(f"<{n}i", *([reps] * n)))})
+    if free:
+        for p in (I, F):
+            s.call("cuMemFree_v2", {"dptr": p})
     s.call("cuDevicePrimaryCtxRelease_v2", {"dev": 0})
     s.w.write({"k": "end", "exit": 0, "signal": None, "partial": False})
     s.close()
@@ -174,3 +178,17 @@ def test_extract_refuses_a_collective_kernel_at_once(double, tmp_path):
                          str(tmp_path / "y.cusnap"), "--check"], env=double["env"], capture_output=True, text=True,
                         timeout=120)
     assert cp.returncode == 0, cp.stdout + cp.stderr
+
+
+def test_a_ranks_graph_phase_keeps_memory_the_program_freed_later(double, tmp_path):
+    """A job rank's stretch is profiled at the replay's end: the program's frees after it wait
+    until then (held by the engine), so the stretch's kernels still find their memory."""
+    snap = _rank_snapshot(tmp_path / "rank.cusnap", free=True)
+    cp, d = _replay_json(double, snap, "--profile", "graph", "--repeat", "2", "--warmup", "0",
+                         env={"CUDASNAP_GROUP_RANK": "0"})
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    s = d["profile"]["summary"]
+    assert s.get("profiled_at_end") is True and s["stretch"]["launches"] == 1, s
+    assert d["d2h_verified"] == 1 and not d["errors"], d
+    notes = d.get("warnings") or []
+    assert [n for n in notes if "2 call(s) that free memory" in n and "waited for the profile" in n], notes
