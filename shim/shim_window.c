@@ -60,6 +60,7 @@ static pthread_mutex_t cs_wr_lock = PTHREAD_MUTEX_INITIALIZER;
 static void *cs_wstage; static int cs_wstage_pinned;
 
 static void cs_job_init(void);             /* shim_window_jobcut.c */
+static int cs_job_holding;                 /* a job's rendezvous holds the other threads (jobcut.c) */
 
 static uint64_t cs_env_u64(const char *k, uint64_t dflt) {
     const char *e = getenv(k);
@@ -447,7 +448,7 @@ static void cs_win_start(int op, const char *why) {
     if (!cs_drain_launch(why, bytes, nr, cs_dq.t0)) cs_win_record(CS_WOP_STATE, why, bytes, nr);
     cs_patient = 0;
     cs_depth--;
-    __atomic_store_n(&cs_win_dumper, 0, __ATOMIC_SEQ_CST);
+    if (!cs_job_holding) __atomic_store_n(&cs_win_dumper, 0, __ATOMIC_SEQ_CST);   /* jobcut.c releases */
 }
 
 #include "shim_window_endstate.c"

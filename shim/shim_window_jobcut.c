@@ -139,13 +139,30 @@ static void cs_job_say(void) {
     }
 }
 
+/* Through a rendezvous this rank's other threads wait, as they do through a state dump
+ * (cs_win_dumper): none launches a collective after the count this rank gave its peers. */
+static void cs_job_hold(void) {
+    if (cs_job_holding) return;
+    __atomic_store_n(&cs_win_dumper, cs_thread(), __ATOMIC_SEQ_CST);
+    cs_win_quiesce();
+    cs_job_holding = 1;
+}
+
+static void cs_job_release(void) {
+    cs_job_holding = 0;
+    __atomic_store_n(&cs_win_dumper, 0, __ATOMIC_SEQ_CST);
+}
+
 /* The open or close, then the second rendezvous: no rank goes on before every state is taken. */
 static void cs_job_take(int close_it, const char *why) {
     U serial = close_it ? cs_win_serial : cs_win_serial + 1;
+    cs_job_hold();
     if (close_it) cs_win_close(why); else cs_win_start(CS_WOP_OPEN, why);
-    if (cs_job_gave_up) return;
-    cs_job_mark(serial, close_it ? 'e' : 'd', __atomic_load_n(&cs_job_coll, __ATOMIC_ACQUIRE));
-    if (!cs_job_wait(serial, close_it ? 'e' : 'd', NULL)) cs_job_timeout(close_it ? "window's close" : "window's open");
+    if (!cs_job_gave_up) {
+        cs_job_mark(serial, close_it ? 'e' : 'd', __atomic_load_n(&cs_job_coll, __ATOMIC_ACQUIRE));
+        if (!cs_job_wait(serial, close_it ? 'e' : 'd', NULL)) cs_job_timeout(close_it ? "window's close" : "window's open");
+    }
+    cs_job_release();
     cs_job_say();
 }
 
@@ -156,18 +173,21 @@ static void cs_job_cut(int close_it, const char *why) {
     }
     if (close_it ? cs_job_close_at >= 0 : cs_job_open_at >= 0) return;      /* already waiting to */
     U serial = close_it ? cs_win_serial : cs_win_serial + 1;
+    cs_job_hold();
     uint64_t mine = __atomic_load_n(&cs_job_coll, __ATOMIC_ACQUIRE), most = 0;
     cs_job_mark(serial, close_it ? 'c' : 'o', mine);
     if (!cs_job_wait(serial, close_it ? 'c' : 'o', &most)) {
         if (!close_it) cs_job_timeout("window's open");     /* said inside the window, where notes are kept */
         else { cs_job_timeout("window's close"); cs_job_say(); }
         if (close_it) cs_win_close(why); else cs_win_start(CS_WOP_OPEN, why);
+        cs_job_release();
         cs_job_say();
         return;
     }
     if (mine < most) {                     /* behind: run on to the same collective first */
         if (close_it) { cs_job_close_at = (int64_t)most; cs_job_close_why = why; }
         else { cs_job_open_at = (int64_t)most; cs_job_open_why = why; }
+        cs_job_release();
         return;
     }
     cs_job_take(close_it, why);
