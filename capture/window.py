@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 from cudasnap.formats.abi import base_name
+from cudasnap.formats.vocab import COLLECTIVE_KERNEL
 
 _HANDLE_MIN = 0x10000                           # smaller values are counts, flags, enums
 
@@ -611,7 +612,8 @@ def parse_window_spec(spec: str) -> Dict[str, Any]:
 def window_env(win: Dict[str, Any], context: int = 0) -> Dict[str, str]:
     """The shim's environment for a window (shim_window.c)."""
     mode = win["mode"]
-    env = {"CUDASNAP_WINDOW": "time" if mode == "time" else mode}
+    # in a job, windows open at one cut of the ranks' collective launches (shim_window_jobcut.c)
+    env = {"CUDASNAP_WINDOW": "time" if mode == "time" else mode, "CUDASNAP_COLLECTIVE_RX": COLLECTIVE_KERNEL.pattern}
     if mode == "launches":
         env.update(CUDASNAP_WIN_A=str(win["a"]), CUDASNAP_WIN_B=str(win["b"]))
     if mode in ("nvtx", "kernel"):

@@ -23,11 +23,12 @@ ALLOC_PARAMS = {
 
 _class_of: Optional[Dict[str, str]] = None
 _family_of: Optional[Dict[str, str]] = None
+_releases: frozenset = frozenset()
 
 
-def _tables() -> Tuple[Dict[str, str], Dict[str, str]]:
-    """ABI name (and base name) -> replay class, -> family; built once."""
-    global _class_of, _family_of
+def _tables() -> Tuple[Dict[str, str], Dict[str, str], frozenset]:
+    """ABI name (and base name) -> replay class, -> family; the names that release; built once."""
+    global _class_of, _family_of, _releases
     if _class_of is None:
         # the description loader is standard library only: the one import formats/ makes outside itself
         from cudasnap.shim.description import load
@@ -38,8 +39,9 @@ def _tables() -> Tuple[Dict[str, str], Dict[str, str]]:
             cls.setdefault(f["base"], f["replay_class"])
             fam[f["name"]] = f["family"]
             fam.setdefault(f["base"], f["family"])
+        _releases = frozenset(n for f in load().functions if f.get("releases") for n in (f["name"], f["base"]))
         _class_of, _family_of = cls, fam
-    return _class_of, _family_of  # type: ignore[return-value]
+    return _class_of, _family_of, _releases  # type: ignore[return-value]
 
 
 def replay_class(name: str) -> Optional[str]:
@@ -57,15 +59,10 @@ def family(name: str) -> Optional[str]:
     return c if c is not None else m.get(base_name(name))
 
 
-# base names of calls that release memory, a mapping or code a launch may reach
-RELEASES = frozenset({"cuMemFree", "cuMemFreeAsync", "cuMemFreeHost", "cuMemHostUnregister", "cuMemUnmap",
-                      "cuMemRelease", "cuMemAddressFree", "cuIpcCloseMemHandle", "cuMemPoolDestroy",
-                      "cuMemPoolTrimTo", "cuArrayDestroy", "cuMipmappedArrayDestroy", "cuModuleUnload",
-                      "cuLibraryUnload"})
-
-
 def is_release(f: str) -> bool:
-    return base_name(f) in RELEASES
+    """Does the call give back memory, a mapping or code a launch may reach (the description's
+    `releases`, overlay.RELEASES_RX)?"""
+    return f in _tables()[2]
 
 
 def is_query(name: str) -> bool:
@@ -114,7 +111,9 @@ def alloc_range(rec: Mapping[str, Any]) -> Optional[Tuple[int, int]]:
 # Collective kernels (NCCL, RCCL), demangled or mangled: a rank's launch of one waits inside the
 # kernel for its peers, so it cannot run alone (extract, isolated, graph mode) and its time is
 # not the kernel's alone (compare).
-COLLECTIVE_KERNEL = re.compile(r"(nccl|rccl)\w*Kernel|nccl_", re.I)
+# written for Python's re and POSIX extended regexes alike: the shim matches names with it too
+# (handed over as CUDASNAP_COLLECTIVE_RX, case ignored)
+COLLECTIVE_KERNEL = re.compile(r"(nccl|rccl)[A-Za-z0-9_]*Kernel|nccl_", re.I)
 
 
 def is_collective_kernel(name: Any) -> bool:

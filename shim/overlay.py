@@ -188,6 +188,12 @@ REPLAY_CLASS_RULES = [
 # device, so a standalone export may leave them out. Pattern on base or ABI name.
 HOST_ONLY_RX = r"cuMemHostGetDevicePointer"
 
+# Calls that give back memory, a mapping or code that a launch may reach ("releases"): a replay
+# phase that runs earlier work again later (graph mode in a job) holds them until it is done.
+RELEASES_RX = (r"cuMemFree|cuMemFreeAsync|cuMemFreeHost|cuMemHostUnregister|cuMemUnmap|cuMemRelease"
+               r"|cuMemAddressFree|cuIpcCloseMemHandle|cuMemPoolDestroy|cuMemPoolTrimTo|cuArrayDestroy"
+               r"|cuMipmappedArrayDestroy|cuModuleUnload|cuLibraryUnload")
+
 # Window classes ("window_class" of each ABI name): what a capture window's state keeper does
 # with a successful call made outside the window (capture/window.py).
 #   work           does work or only asks: never part of the state

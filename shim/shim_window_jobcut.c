@@ -13,10 +13,10 @@
  *      takes its state and writes cut.SERIAL.d.RANK; no rank goes on before all have (so no
  *      peer writes into a rank's buffers while it reads them).
  * A rank missing after CUDASNAP_JOB_CUT_MS (30 s) is not waited for again: the window opens
- * where this rank is, with a note. Collective kernels are named as formats/vocab.py names
- * them (nccl...Kernel, nccl_...). CUDASNAP_JOB_CUT=0 turns the rendezvous off. */
+ * where this rank is, with a note. A collective is a kernel whose name matches
+ * CUDASNAP_COLLECTIVE_RX (formats/vocab.py's pattern, handed over by capture: one definition).
+ * CUDASNAP_JOB_CUT=0 turns the rendezvous off. */
 #include <fcntl.h>
-#include <strings.h>
 
 static int cs_job_n = -1;                 /* ranks on this node; 0: not a job (or turned off) */
 static int cs_job_rank;
@@ -27,6 +27,7 @@ static int64_t cs_job_close_at = -1;
 static const char *cs_job_open_why, *cs_job_close_why;
 static unsigned cs_job_cut_ms = 30000;
 static int cs_job_gave_up;                 /* a rendezvous timed out: later ones are not tried */
+static regex_t cs_job_rx;                  /* collective kernel names (CUDASNAP_COLLECTIVE_RX) */
 
 enum { CS_JOB_TAB = 4096 };
 static U cs_job_fn[CS_JOB_TAB];            /* function handle -> is a collective (+1), not (+2) */
@@ -45,8 +46,10 @@ static void cs_job_init(void) {
     const char *off = getenv("CUDASNAP_JOB_CUT");
     const char *n = cs_job_env("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS");
     const char *r = cs_job_env("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID");
-    const char *s = getenv("CUDASNAP_SESSION");
-    if ((off && strcmp(off, "0") == 0) || !n || !r || !s || atoi(n) < 2 || atoi(r) < 0 || atoi(r) >= atoi(n)) return;
+    const char *s = getenv("CUDASNAP_SESSION"), *rx = getenv("CUDASNAP_COLLECTIVE_RX");
+    if ((off && strcmp(off, "0") == 0) || !n || !r || !s || !rx || atoi(n) < 2 || atoi(r) < 0 || atoi(r) >= atoi(n))
+        return;
+    if (regcomp(&cs_job_rx, rx, REG_EXTENDED | REG_ICASE | REG_NOSUB) != 0) return;
     snprintf(cs_job_dir, sizeof cs_job_dir, "%s", s);
     cs_job_rank = atoi(r);
     cs_job_cut_ms = (unsigned)cs_env_u64("CUDASNAP_JOB_CUT_MS", 30000);
@@ -56,28 +59,26 @@ static void cs_job_init(void) {
 /* Is function handle f a collective kernel?  Its name, asked once and kept. */
 static int cs_job_is_collective(U f) {
     unsigned h = (unsigned)((f >> 4) ^ (f >> 17)) % CS_JOB_TAB;
-    pthread_mutex_lock(&cs_job_lock);
-    for (unsigned i = 0; i < 16; i++) {
+    for (unsigned i = 0; i < 16; i++) {      /* lock-free: an entry's kind is stored after its handle */
         unsigned k = (h + i) % CS_JOB_TAB;
-        if (cs_job_fn[k] == f && cs_job_kind[k]) { int c = cs_job_kind[k] == 1; pthread_mutex_unlock(&cs_job_lock); return c; }
-        if (!cs_job_kind[k]) break;
+        unsigned char kind = __atomic_load_n(&cs_job_kind[k], __ATOMIC_ACQUIRE);
+        if (!kind) break;
+        if (__atomic_load_n(&cs_job_fn[k], __ATOMIC_RELAXED) == f) return kind == 1;
     }
-    pthread_mutex_unlock(&cs_job_lock);
     const char *nm = NULL;
     cs_fn2 gn = CALLREAL(CS_ID_cuFuncGetName, cs_fn2), kn = CALLREAL(CS_ID_cuKernelGetName, cs_fn2);
     cs_depth++;
     if (!(gn && gn((U)&nm, f) == 0 && nm) && !(kn && kn((U)&nm, f) == 0 && nm)) nm = NULL;
     cs_depth--;
-    int c = 0;
-    if (nm) {
-        const char *p = strcasestr(nm, "nccl");
-        if (!p) p = strcasestr(nm, "rccl");
-        c = p && (strstr(p, "Kernel") || strncasecmp(p + 4, "_", 1) == 0);
-    }
+    int c = nm && regexec(&cs_job_rx, nm, 0, NULL, 0) == 0;
     pthread_mutex_lock(&cs_job_lock);
     for (unsigned i = 0; i < 16; i++) {
         unsigned k = (h + i) % CS_JOB_TAB;
-        if (!cs_job_kind[k] || cs_job_fn[k] == f) { cs_job_fn[k] = f; cs_job_kind[k] = c ? 1 : 2; break; }
+        if (!cs_job_kind[k] || cs_job_fn[k] == f) {
+            if (!cs_job_kind[k]) __atomic_store_n(&cs_job_fn[k], f, __ATOMIC_RELAXED);
+            __atomic_store_n(&cs_job_kind[k], (unsigned char)(c ? 1 : 2), __ATOMIC_RELEASE);
+            break;
+        }
     }
     pthread_mutex_unlock(&cs_job_lock);
     return c;
