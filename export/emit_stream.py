@@ -17,6 +17,7 @@ from __future__ import annotations
 import struct
 from typing import List, Tuple
 
+from cudasnap.formats.vocab import handle_array
 from .ctext import lit, ref
 from .table import DESTROYS
 
@@ -53,14 +54,10 @@ class GraphNodeCalls:
 
     def _nodes(self, rec, key: str, count_key: str = "numDependencies") -> List[str]:
         """The program's nodes for a recorded array of node handles."""
-        a = rec["a"]
-        n = int(a.get(count_key) or 0)
-        if n <= 0:
-            return []
-        raw = a.get(key)
-        if not isinstance(raw, (bytes, bytearray)) or len(raw) < 8 * n:
-            self.fail(rec, f"the {key} array ({n} graph nodes) was not captured")
-        return [self.handle(rec, "graph_node", _u64(raw, 8 * i), "graph node") for i in range(n)]
+        hs = handle_array(rec, key, count_key)
+        if hs is None:
+            self.fail(rec, f"the {key} array ({rec['a'].get(count_key)} graph nodes) was not captured")
+        return [self.handle(rec, "graph_node", h, "graph node") for h in hs]
 
     def _edges_note(self, rec, key: str, count_key: str = "numDependencies") -> None:
         raw = rec["a"].get(key)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from .abi import base_name
 
@@ -118,3 +118,16 @@ COLLECTIVE_KERNEL = re.compile(r"(nccl|rccl)[A-Za-z0-9_]*Kernel|nccl_", re.I)
 
 def is_collective_kernel(name: Any) -> bool:
     return isinstance(name, str) and bool(COLLECTIVE_KERNEL.search(name))
+
+
+def handle_array(rec: Mapping[str, Any], key: str, count_key: str) -> Optional[List[int]]:
+    """The recorded handles of an array argument (graph node dependencies, ...): a[count_key]
+    64-bit values in a[key]; [] for none, None when the array was not captured."""
+    a = rec.get("a") or {}
+    n = int(a.get(count_key) or 0)
+    if n <= 0:
+        return []
+    raw = a.get(key)
+    if not isinstance(raw, (bytes, bytearray)) or len(raw) < 8 * n:
+        return None
+    return [int.from_bytes(raw[8 * i:8 * i + 8], "little") for i in range(n)]

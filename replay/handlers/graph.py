@@ -24,6 +24,7 @@ from typing import Any, List, Optional
 
 from ..driverops import handle_int
 from cudasnap.formats.layout import offsetof, sizeof
+from cudasnap.formats.vocab import handle_array
 from . import handles
 
 # CUgraphNodeType
@@ -82,16 +83,11 @@ def graph(ctx, rec, h, what: str = "graph"):
 
 def nodes(ctx, rec, key: str = "dependencies", count_key: str = "numDependencies") -> List[Any]:
     """Live CUgraphNodes for a recorded array of node handles (array_in: bytes)."""
-    a = rec["a"]
-    n = int(a.get(count_key) or 0)
-    if n <= 0:
-        return []
-    raw = a.get(key)
-    if not isinstance(raw, (bytes, bytearray)) or len(raw) < 8 * n:
-        ctx.fail(rec, f"the {key} array ({n} nodes) was not captured")
+    hs = handle_array(rec, key, count_key)
+    if hs is None:
+        ctx.fail(rec, f"the {key} array ({rec['a'].get(count_key)} nodes) was not captured")
     out = []
-    for i in range(n):
-        h = _u64(raw, 8 * i)
+    for i, h in enumerate(hs):
         if h not in ctx.handles:
             ctx.fail(rec, f"{key}[{i}]: graph node {h:#x} is unknown (not created by a replayed call; nodes made "
                          f"implicitly by stream capture have no recorded handle)")
