@@ -104,7 +104,7 @@ def build(outdir) -> dict:
         src = HERE / "progs" / f"{name}.c"
         exe = bindir / name
         progs[name] = str(exe)
-        deps = [src, HERE / "cuda_double.h", HERE / "progs" / "common.h"]
+        deps = [src, HERE / "cuda_double.h", HERE / "progs" / "common.h", HERE / "progs" / "fdpass.h"]
         if mode == "link":
             deps.append(lib)
         if not _stale(exe, deps):
