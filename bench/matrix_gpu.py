@@ -54,7 +54,7 @@ def main() -> int:
     # longest workloads first (seconds per workload on an H200), so no GPU starts a long one last
     cost = {"torch_train_compile": 120, "torch_compile": 110, "torch_libs": 80, "torch_eager": 71, "cupy_libs": 62,
             "jax_train": 50, "torch_graph": 47, "triton_kernel": 42, "jax_jit": 36, "nvcc_mt_launch": 30,
-            "nvcc_ptrs": 25}
+            "nvcc_ptrs": 25, "ddp_nccl": 320}
     singles = [(run, n) for run in range(1, a.runs + 1) for n in names if n not in JOBS]
     for run, n in sorted(singles, key=lambda x: (-cost.get(x[1], 60), x[0])):
         jobs.put((run, n))
@@ -67,6 +67,17 @@ def main() -> int:
             return False
         return True
 
+    def write_logs():
+        """The command logs of workloads with a failed cell, beside the JSON."""
+        failed = sorted({(r["run"], r["workload"]) for r in rows for v in r["cells"].values() if v["ok"] is False})
+        logs = [Path(a.work) / f"r{run}" / n / "commands.log" for run, n in failed]
+        logs = [p for p in logs if p.exists()]
+        if logs:
+            import tarfile
+            with tarfile.open(Path(a.json).with_suffix(".logs.tar.xz"), "w:xz") as t:
+                for p in logs:
+                    t.add(p, arcname=f"{p.parent.parent.name}_{p.parent.name}.log")
+
     def one(run: int, n: str, gpu: str):
         if late(n):
             with lock:
@@ -78,8 +89,10 @@ def main() -> int:
                              log=lambda s, g=gpu, r=run: print(f"[gpu{g} r{r}] {s}", flush=True))
         with lock:
             rows.append({"run": run, "workload": n, "gpu": gpu, "s": round(time.monotonic() - t0, 1), "cells": cells})
-            if a.json:      # after every workload: a run cut short still leaves its rows
+            if a.json:      # after every workload: a run cut short still leaves its rows and logs
                 Path(a.json).write_text(json.dumps({"cards": cards, "rows": rows}, indent=1))
+                if any(v["ok"] is False for v in cells.values()):
+                    write_logs()
 
     def worker(gpu: str):
         while True:
@@ -127,15 +140,7 @@ def main() -> int:
         print(f"graph {w}: {d}")
     if a.json:
         Path(a.json).write_text(json.dumps({"cards": cards, "rows": rows}, indent=1))
-        # the command logs of workloads with a failed cell, beside the JSON
-        failed = sorted({(r["run"], r["workload"]) for r in rows for v in r["cells"].values() if v["ok"] is False})
-        logs = [Path(a.work) / f"r{run}" / n / "commands.log" for run, n in failed]
-        logs = [p for p in logs if p.exists()]
-        if logs:
-            import tarfile
-            with tarfile.open(Path(a.json).with_suffix(".logs.tar.xz"), "w:xz") as t:
-                for p in logs:
-                    t.add(p, arcname=f"{p.parent.parent.name}_{p.parent.name}.log")
+        write_logs()
     skipped = [(r["run"], r["workload"]) for r in rows if r.get("not_run")]
     if skipped:
         print(f"not run (--deadline): {len(skipped)} workload run(s): " + ", ".join(f"{w} (run {k})" for k, w in skipped))

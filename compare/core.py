@@ -16,10 +16,11 @@ Noise (nvbench's measure, the relative standard deviation of a time, estimated r
 - timeline, launches paired: that of the per-launch ratios candidate/base, which holds both
   runs' noise (it is reported as the combined noise);
 - timeline, unpaired: that of the kernel's launch times;
-- timeline, a kernel with one or two paired launches: its own ratios cannot show the
-  run's jitter, so three times the noise of the ratios of every paired launch of similar
-  duration (half to twice its own, widened until 8 are found) is taken where it is larger: one
-  sample lies anywhere in that spread, and a run compares hundreds of such kernels. Short
+- timeline, a kernel with fewer than eight paired launches: so few ratios cannot show the
+  run's jitter (a segment of the run moves its launches together), so three times the noise of
+  the ratios of every paired launch of similar duration (half to twice its own, widened until 8
+  are found) is taken where it is larger: a few samples lie anywhere in that spread, and a run
+  compares hundreds of such kernels. Short
   kernels run once differ by 10-40% between two replays of one snapshot; judged by the
   threshold alone they read as regressions that are not there.
 The combined noise of a comparison is sqrt(noise_base^2 + noise_candidate^2).
@@ -137,7 +138,8 @@ def _timed(rows: List[Dict[str, Any]]) -> Dict[Tuple, Dict[str, Any]]:
     return out
 
 
-MIN_OWN_RATIOS = 3        # fewer paired launches than this: the kernel borrows its class's noise
+MIN_OWN_RATIOS = 8        # fewer paired launches than this: the noise of so few ratios is itself noise; the
+                          # kernel also borrows its class's (a whole run's segment moves its launches together)
 MIN_CLASS_RATIOS = 8
 ONE_SAMPLE_SIGMAS = 3.0
 # A kernel whose time per launch moved by less than this is SAME whatever the ratio: two replays
