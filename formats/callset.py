@@ -96,6 +96,25 @@ def launch_function_handle(rec: Mapping[str, Any]) -> Any:
     return None
 
 
+def learn_kernel_name(names: Dict[Any, str], rec: Mapping[str, Any]) -> None:
+    """names (handle -> kernel name), as the recording goes: from an fn record's name, and from
+    the calls that hand out a named handle (a function whose fn record has no name: the driver
+    names a lazily loaded function only once it is loaded)."""
+    if rec.get("k") == "fn":
+        if rec.get("name"):
+            names[rec.get("h")] = rec["name"]
+        return
+    if rec.get("r") != 0:
+        return
+    f, a = rec.get("f") or "", rec.get("a") or {}
+    if f == "cuModuleGetFunction" and isinstance(a.get("name"), str):
+        names[a.get("hfunc")] = a["name"]
+    elif f == "cuLibraryGetKernel" and isinstance(a.get("name"), str):
+        names[a.get("pKernel")] = a["name"]
+    elif f == "cuKernelGetFunction" and a.get("kernel") in names:
+        names[a.get("pFunc")] = names[a["kernel"]]
+
+
 def kernel_name(rec: Mapping[str, Any], fn_names: Optional[Mapping[Any, str]]) -> Optional[str]:
     """Kernel name of a launch record via the fn records (map handle -> name), if known."""
     if not fn_names:

@@ -123,7 +123,7 @@ class ReplayContext:
         # handles
         "handles", "funcs", "func_names", "fns", "fn_versions", "func_from", "module_of", "ctx_ids",
         # lifetimes and replay state
-        "keepalive", "keepalive_images", "vmm_virtual", "capturing", "cur_ctx", "mismatch_text", "prefetch",
+        "keepalive", "keepalive_images", "unload_later", "vmm_virtual", "capturing", "cur_ctx", "mismatch_text", "prefetch",
         # state the handlers keep
         "cond_bodies", "cond_handles", "graph_notes", "xmode_inputs", "noted", "replacements", "jit_t0",
         "jit_what", "ipc_opened", "devmap", "devlive", "host_placed",
@@ -148,6 +148,7 @@ class ReplayContext:
         self.ctx_ids: Dict[int, Dict[str, Any]] = {}     # "ctx" records: contexts identified at first sight
         self.keepalive: List[Any] = []                   # host buffers of async copies, until a sync
         self.keepalive_images: List[Any] = []            # module images and structs the driver keeps pointers to
+        self.unload_later: Optional[List[Any]] = None   # (call, live handle) of unloads a profiler defers
         self.vmm_virtual: Set[int] = set()               # program reservations inside our spans
         self.capturing: Set[Any] = set()                 # recorded streams in capture
         self.cur_ctx: Dict[Any, Any] = {}                # recorded tid -> live ctx current on it

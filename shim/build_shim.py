@@ -30,7 +30,7 @@ HOOKS = {
 }
 # Real driver entries the hooks call themselves (never through a wrapper).
 HELPERS = [
-    "cuFuncGetParamInfo", "cuKernelGetParamInfo", "cuFuncGetName", "cuKernelGetName",
+    "cuFuncGetParamInfo", "cuKernelGetParamInfo", "cuFuncGetName", "cuKernelGetName", "cuFuncIsLoaded", "cuFuncLoad",
     "cuFuncGetModule", "cuStreamSynchronize", "cuStreamSynchronize_ptsz", "cuStreamIsCapturing",
     "cuStreamIsCapturing_ptsz", "cuDriverGetVersion", "cuDeviceGetCount", "cuDeviceGet",
     "cuDeviceGetName", "cuDeviceGetUuid", "cuDeviceGetUuid_v2", "cuDeviceGetAttribute",

@@ -13,6 +13,7 @@ typedef CUresult (*cs_fn6)(U, U, U, U, U, U);
            (d)[5], (d)[6], (d)[7], (a)[6], (a)[7], (a)[8], (a)[9], (a)[10], (a)[11], (a)[12],    \
            (a)[13], (a)[14], (a)[15], (a)[16], (a)[17], (a)[18], (a)[19])
 
+typedef CUresult (*cs_fn1)(U);
 typedef CUresult (*cs_fn2)(U, U);
 typedef CUresult (*cs_fn3)(U, U, U);
 typedef CUresult (*cs_fn4)(U, U, U, U);
@@ -68,6 +69,25 @@ static void cs_emit_fn(U h, int kind, const char *name, const cs_layout *L, U mo
     cs_publish(&r);
 }
 
+/* The name of a function or kernel handle (NULL when the driver gives none); *kind 1 when it
+ * answered as a CUkernel. A lazily loaded function (CUDA_MODULE_LOADING=LAZY: the handle that
+ * cudaGetFuncBySymbol returns, as NCCL launches it) has no name before it is loaded; it is
+ * loaded here, as its launch would load it, and asked again. */
+static const char *cs_kernel_name(U h, int *kind) {
+    const char *nm = NULL;
+    cs_fn2 gn = CALLREAL(CS_ID_cuFuncGetName, cs_fn2), kn = CALLREAL(CS_ID_cuKernelGetName, cs_fn2);
+    if (kind) *kind = 0;
+    if (gn && gn((U)&nm, h) == 0 && nm) return nm;
+    if (kn && kn((U)&nm, h) == 0 && nm) { if (kind) *kind = 1; return nm; }
+    cs_fn2 isl = CALLREAL(CS_ID_cuFuncIsLoaded, cs_fn2);
+    cs_fn1 load = CALLREAL(CS_ID_cuFuncLoad, cs_fn1);
+    int state = -1;
+    if (isl && load && isl((U)&state, h) == 0 && state == 0 /* CU_FUNCTION_LOADING_STATE_UNLOADED */
+        && load(h) == 0 && gn && gn((U)&nm, h) == 0 && nm)
+        return nm;
+    return NULL;
+}
+
 /* Parameter offsets and sizes of h: cuFuncGetParamInfo, else cuKernelGetParamInfo (the
  * runtime passes CUkernel handles cast to CUfunction). kind: 0 function, 1 kernel. */
 static int cs_query_layout(U h, cs_layout *L) {
@@ -119,14 +139,10 @@ static const cs_layout *cs_layout_of(U h) {
     cs_layout *L = free_at >= 0 ? calloc(1, sizeof *L) : NULL;
     if (!L) { pthread_mutex_unlock(&cs_layout_lock); return NULL; }
     int kind = cs_query_layout(h, L);
-    char empty[1] = {0};
-    const char *nm = empty;
-    cs_fn2 gn = kind == 0 ? CALLREAL(CS_ID_cuFuncGetName, cs_fn2) : CALLREAL(CS_ID_cuKernelGetName, cs_fn2);
-    if (gn && gn((U)&nm, h) != 0) nm = empty;
-    if (kind == 0 && nm == empty) {  /* maybe a CUkernel after all */
-        cs_fn2 kn = CALLREAL(CS_ID_cuKernelGetName, cs_fn2);
-        if (kn && kn((U)&nm, h) == 0) kind = 1;
-    }
+    int named_as = 0;
+    const char *nm = cs_kernel_name(h, &named_as);
+    if (!nm) nm = "";
+    else if (named_as) kind = 1;     /* a CUkernel after all */
     U module = 0;
     cs_fn2 gm = CALLREAL(CS_ID_cuFuncGetModule, cs_fn2);
     if (kind == 0 && gm) gm((U)&module, h);

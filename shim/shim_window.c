@@ -15,7 +15,7 @@
  * (the recorder bumps the ring header's win_req: each bump opens or closes), flight (each
  * bump is a checkpoint; everything is recorded). */
 #include <regex.h>
-typedef CUresult (*cs_fn1)(U);
+
 typedef CUresult (*cs_fn0)(void);
 
 enum { CS_W_OFF, CS_W_LAUNCHES, CS_W_PROFILER, CS_W_NVTX, CS_W_KERNEL, CS_W_SIGNAL, CS_W_TIME, CS_W_FLIGHT };
@@ -485,10 +485,8 @@ static void cs_win_nvtx(int op, uint64_t id, const char *name) {
 }
 
 static int cs_win_kernel_match(U f) {
-    const char *nm = NULL;
-    cs_fn2 gn = CALLREAL(CS_ID_cuFuncGetName, cs_fn2), kn = CALLREAL(CS_ID_cuKernelGetName, cs_fn2);
     cs_depth++;
-    if (!(gn && gn((U)&nm, f) == 0 && nm) && !(kn && kn((U)&nm, f) == 0 && nm)) nm = NULL;
+    const char *nm = cs_kernel_name(f, NULL);
     cs_depth--;
     return nm && regexec(&cs_win_rx, nm, 0, NULL, 0) == 0;
 }

@@ -65,10 +65,8 @@ static int cs_job_is_collective(U f) {
         if (!kind) break;
         if (__atomic_load_n(&cs_job_fn[k], __ATOMIC_RELAXED) == f) return kind == 1;
     }
-    const char *nm = NULL;
-    cs_fn2 gn = CALLREAL(CS_ID_cuFuncGetName, cs_fn2), kn = CALLREAL(CS_ID_cuKernelGetName, cs_fn2);
     cs_depth++;
-    if (!(gn && gn((U)&nm, f) == 0 && nm) && !(kn && kn((U)&nm, f) == 0 && nm)) nm = NULL;
+    const char *nm = cs_kernel_name(f, NULL);
     cs_depth--;
     int c = nm && regexec(&cs_job_rx, nm, 0, NULL, 0) == 0;
     pthread_mutex_lock(&cs_job_lock);

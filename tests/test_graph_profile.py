@@ -156,6 +156,21 @@ def test_graph_mode_keeps_memory_the_sequence_freed_until_the_graph_ran(double, 
     assert s.get("frees_held", 0) >= 2 and s.get("repeats_identical") is True, (s, rp.stdout[-3000:])
 
 
+def test_graph_mode_relaunches_kernels_of_modules_the_program_unloaded(double, capture, tmp_path):
+    """reload.c loads a module, launches its kernel and unloads it, eight times, and the double
+    hands each kernel the handle value of the last: the unloads wait until the graph ran, so
+    it relaunches each recorded kernel, not whichever the value names by then (threads that
+    each load a library, JIT autotuners)."""
+    cp, snap = capture(double["progs"]["reload"])
+    assert cp.returncode == 0, cp.stderr
+    out = tmp_path / "prof.json"
+    rp = _replay(double, snap, "--profile", "graph", "--repeat", "2", "--check-repeats", "--out", str(out))
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    s = json.loads(out.read_text())["summary"]
+    assert s["launches_timed"] == 9 and s.get("graph_matches_replay") is True, (s, rp.stdout[-2000:])
+    assert "8 module/library unload(s) waited for the graph profile" in rp.stdout, rp.stdout[-2000:]
+
+
 def test_double_event_record_nodes_are_stamped_when_the_graph_runs(double, tmp_path):
     """The double: cuEventRecordWithFlags(EXTERNAL) on a capturing stream is a graph node."""
     prog = textwrap.dedent('''

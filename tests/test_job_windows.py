@@ -117,10 +117,13 @@ def test_a_jobs_window_opens_and_closes_at_one_cut_of_its_ranks(double, jobwin, 
         assert any("not every rank of the job reached the window's open within 300 ms" in n for n in _notes(f))
 
 
-def test_a_rank_behind_in_collectives_runs_on_to_the_cut(double, jobwin, tmp_path, native):
+@pytest.mark.parametrize("lazy", [False, True], ids=["loaded", "lazy"])
+def test_a_rank_behind_in_collectives_runs_on_to_the_cut(double, jobwin, tmp_path, native, lazy):
     """At launch 4, rank 0 has launched two collectives and rank 1 one: rank 1 runs on to its
-    second before its state is taken, so both windows start after the same collective."""
-    env = {"JOBWIN_COLL": "1"}
+    second before its state is taken, so both windows start after the same collective. lazy:
+    functions have no name until loaded (CUDA_MODULE_LOADING=LAZY, NCCL's kernels): the
+    collectives are still recognised, and fn records still carry names."""
+    env = {"JOBWIN_COLL": "1", **({"DOUBLE_LAZY_FUNCTIONS": "1"} if lazy else {})}
     ref = subprocess.run([jobwin, "6"], env={**double["env"], **env}, capture_output=True, text=True, timeout=60)
     out = tmp_path / "coll.cusnap"
     cp = _run(double, "capture", "-o", str(out), "--ring-mb", "16", "--window", "launches:4-8", "--", jobwin, "6",
@@ -132,6 +135,7 @@ def test_a_rank_behind_in_collectives_runs_on_to_the_cut(double, jobwin, tmp_pat
         with SnapshotReader(f) as r:
             recs = list(r.records())
         opened[f.name] = next(x["launches"] for x in recs if x.get("k") == "win" and x.get("op") == "open")
+        assert all(x.get("name") for x in recs if x.get("k") == "fn"), [x for x in recs if x.get("k") == "fn"]
         assert not [n for n in _notes(f) if "rank of the job" in n]
     assert sorted(opened.values()) == [4, 5], opened
     _passes(double, tmp_path / "coll.w1.group.json")

@@ -67,6 +67,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..functions import bound_function, why_unbound
+from ..handlers.module import defer_unloads, unload_deferred
 from ..errors import ReplayError
 from .common import LaunchGate, MemorySaver, Selection, destroy_all, live_ranges, ranges_for, stats
 from .gapmodel import GapChain
@@ -222,6 +223,7 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
             finally:
                 if self._in_job:
                     self.rp.release_held()
+                unload_deferred(self.rp.ctx)
         elif kind == "end":
             self._abandon()
 
@@ -240,6 +242,8 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
             self.pre = None
             if self.rp.ctx.space is not None:
                 self.rp.ctx.space.release_held()
+        if self.rp is not None:
+            unload_deferred(self.rp.ctx)
 
     def _start(self, ev) -> None:
         self.rp = rp = ev.replayer
@@ -269,6 +273,7 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
         if n:      # the program's own graphs run between the selected launches: not in ours
             self.skipped_ops["cuGraphLaunch"] = n
         self._pre_pending = self.wants_calls = True      # after_call: where the pre-state can be saved
+        defer_unloads(rp.ctx)      # the graph relaunches kernels whose module the program may unload before it
         self._ref = TimelineReference.start(self.cfg, self.warn, ev)
 
     # ------------------------------------------------------------------ running the graph

@@ -29,6 +29,7 @@ from types import SimpleNamespace
 from typing import Any, Dict, List, Optional, Tuple
 
 from cudasnap.formats.abi import base_name
+from cudasnap.formats.callset import learn_kernel_name
 from cudasnap.formats.vocab import is_launch
 
 from .. import dispatch
@@ -177,9 +178,8 @@ class SequenceRecording:
         early: List[Tuple[int, Dict[str, Any]]] = []
         names: Dict[Any, str] = {}                 # function handle -> kernel name, as the recording went
         for rec in rp.ctx.reader.records(("c", "fn")):
-            if rec.get("k") == "fn":       # the replay has not read these yet: collectives are named here
-                if isinstance(rec.get("name"), str):
-                    names[rec.get("h")] = rec["name"]
+            learn_kernel_name(names, rec)   # the replay has not read these yet: collectives are named here
+            if rec.get("k") == "fn":
                 continue
             f = rec.get("f") or ""
             if rec.get("incomplete"):

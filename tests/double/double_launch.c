@@ -127,7 +127,9 @@ static const kdesc_t kernels[] = {
 
 /* ------------------------------------------------------------------ objects */
 struct mod_obj;
-struct func_obj { int type; const kdesc_t *k; struct mod_obj *mod; int attrs[CU_FUNC_ATTRIBUTE_MAX]; };
+/* lazy: DOUBLE_LAZY_FUNCTIONS=1 creates functions unloaded, as CUDA_MODULE_LOADING=LAZY does:
+ * no name until a launch or cuFuncLoad loads them */
+struct func_obj { int type; const kdesc_t *k; struct mod_obj *mod; int attrs[CU_FUNC_ATTRIBUTE_MAX]; int lazy; };
 struct kern_obj { int type; struct func_obj *func; };
 struct mod_obj { int type; int nk; struct func_obj *funcs[MAXK]; int owned_by_library; };
 struct lib_obj { int type; struct mod_obj *mod; struct kern_obj *kerns[MAXK]; };
@@ -177,6 +179,7 @@ static CUresult module_from_image(struct mod_obj **out, const void *image, size_
         struct func_obj *f = obj_new(OBJ_FUNC, sizeof *f);
         f->k = found[i];
         f->mod = m;
+        f->lazy = getenv("DOUBLE_LAZY_FUNCTIONS") && atoi(getenv("DOUBLE_LAZY_FUNCTIONS"));
         f->attrs[CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK] = 1024;
         f->attrs[CU_FUNC_ATTRIBUTE_NUM_REGS] = 16;
         f->attrs[CU_FUNC_ATTRIBUTE_PTX_VERSION] = 90;
@@ -354,7 +357,25 @@ API CUresult cuFuncGetName(const char **name, CUfunction hfunc) {
     struct func_obj *f = as_func(hfunc);
     if (!name) return CUDA_ERROR_INVALID_VALUE;
     if (!f) return CUDA_ERROR_INVALID_HANDLE;
+    if (f->lazy) return CUDA_ERROR_NOT_FOUND;
     *name = f->k->name;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuFuncIsLoaded(int *state, CUfunction hfunc) {
+    CHECK(need_init());
+    struct func_obj *f = as_func(hfunc);
+    if (!state) return CUDA_ERROR_INVALID_VALUE;
+    if (!f) return CUDA_ERROR_INVALID_HANDLE;
+    *state = f->lazy ? 0 : 1;        /* CU_FUNCTION_LOADING_STATE_UNLOADED / _LOADED */
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuFuncLoad(CUfunction hfunc) {
+    CHECK(need_init());
+    struct func_obj *f = as_func(hfunc);
+    if (!f) return CUDA_ERROR_INVALID_HANDLE;
+    f->lazy = 0;
     return CUDA_SUCCESS;
 }
 
@@ -549,6 +570,7 @@ static CUresult launch_common(CUfunction f, unsigned gx, unsigned gy, unsigned g
     CHECK(stream_validate(s));
     struct func_obj *fo = as_func(f);
     if (!fo) return CUDA_ERROR_INVALID_HANDLE;
+    fo->lazy = 0;                    /* a launch loads a lazy function */
     if (!gx || !gy || !gz || !bx || !by || !bz || gy > 65535 || gz > 65535) return CUDA_ERROR_INVALID_VALUE;
     if ((u64)bx * by * bz > 1024 || bz > 64) return CUDA_ERROR_INVALID_VALUE;
     if (shmem > (unsigned)fo->attrs[CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES]) return CUDA_ERROR_INVALID_VALUE;

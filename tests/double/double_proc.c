@@ -118,6 +118,8 @@ static const pa_t table[] = {
     E("cuKernelGetParamInfo", 12040, cuKernelGetParamInfo),
     E("cuFuncGetParamInfo", 12040, cuFuncGetParamInfo),
     E("cuFuncGetName", 12030, cuFuncGetName),
+    E("cuFuncIsLoaded", 12040, cuFuncIsLoaded),
+    E("cuFuncLoad", 12040, cuFuncLoad),
     E("cuFuncGetAttribute", 2020, cuFuncGetAttribute),
     E("cuFuncSetAttribute", 9000, cuFuncSetAttribute),
     E("cuFuncSetCacheConfig", 3000, cuFuncSetCacheConfig),
