@@ -170,6 +170,8 @@ class RankHook:
     wants_calls = True
 
     def __init__(self):
+        global _rank_hook
+        _rank_hook = self
         self.rank = int(os.environ.get(ENV_RANK, "0"))
         n = int(os.environ.get(ENV_NRANKS, "1"))
         path = os.environ.get(ENV_PROGRESS)
@@ -350,6 +352,19 @@ class RankHook:
             if now > spin_until:
                 time.sleep(nap)
                 nap = min(nap * 2, 0.0002)
+
+
+_rank_hook: Optional[RankHook] = None
+
+
+def rank_done() -> None:
+    """This rank will replay no more work its peers wait on: its progress reads as ended.
+    Graph mode in a job says so before it profiles at the replay's end, whichever subscriber
+    hears the end first: a peer whose remaining calls were recorded after this rank's last one
+    waits for that, and this rank's last collective, still running, waits for the peer."""
+    h = _rank_hook
+    if h is not None and h.prog is not None:
+        h.prog.set(h.rank, DONE)
 
 
 IMPORTS = frozenset(("cuMemImportFromShareableHandle", "cuIpcOpenMemHandle"))

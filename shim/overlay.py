@@ -167,6 +167,9 @@ REPLAY_CLASS_RULES = [
      r"|cuDriverGetVersion|cuCtxGet\w*|cuFuncGet\w*|cuKernelGet(?!Function)\w*|cuPointerGetAttributes?|cuGetErrorName"
      r"|cuGetErrorString|cuGetProcAddress\w*|cuGetExportTable|cuModuleGetLoadingMode|cuMemGetInfo\w*"
      r"|cuMemGetAddressRange\w*|cuStreamGet\w*|cuStreamIsCapturing\w*|cuStreamQuery\w*|cuEventQuery"
+     # elapsed time between two events: a host-side reading that differs every run (a window
+     # replay may not have recorded the first event: its record came before the window)
+     r"|cuEventElapsedTime\w*"
      r"|cuDevicePrimaryCtxGetState|cuMemGetAllocation\w*|cuOccupancy\w*|cuMemPoolGetAttribute"
      r"|cuModuleGetFunctionCount|cuModuleEnumerateFunctions|cuLibraryGetKernelCount|cuLibraryEnumerateKernels"
      r"|cuFuncIsLoaded|cuMemGetAccess|cuGraphGetNodes|cuGraphGetRootNodes|cuGraphGetEdges\w*|cuGraphNodeGet\w*"

@@ -192,3 +192,24 @@ def test_a_ranks_graph_phase_keeps_memory_the_program_freed_later(double, tmp_pa
     assert d["d2h_verified"] == 1 and not d["errors"], d
     notes = d.get("warnings") or []
     assert [n for n in notes if "2 call(s) that free memory" in n and "waited for the profile" in n], notes
+
+
+def test_graph_mode_in_a_job_says_the_rank_is_done_before_it_profiles(tmp_path, monkeypatch):
+    """Graph mode profiles a rank's stretch at the replay's end, and may hear the end before the
+    group hook does: it marks the rank ended first, or a peer whose last calls were recorded
+    after this rank's would wait for this rank while this rank's last collective, still on the
+    GPU, waits for the peer (a hang seen on 2 H200s)."""
+    from cudasnap.replay import group
+    path = tmp_path / "progress"
+    group.Progress(str(path), 2, create=True)
+    monkeypatch.setenv(group.ENV_PROGRESS, str(path))
+    monkeypatch.setenv(group.ENV_NRANKS, "2")
+    monkeypatch.setenv(group.ENV_RANK, "1")
+    hook = group.RankHook()
+    hook.prog.set(1, 1234)
+    peer = group.Progress(str(path), 2)
+    assert peer.words[1] == 1234
+    group.rank_done()
+    assert peer.words[1] == group.DONE and peer.words[0] == 0
+    from cudasnap.replay.profile import graphmode
+    assert graphmode.rank_done is group.rank_done

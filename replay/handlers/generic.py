@@ -19,7 +19,7 @@ CREATE = ("cuStreamCreate", "cuStreamCreateWithPriority", "cuEventCreate", "cuGr
 DESTROY = ("cuStreamDestroy", "cuEventDestroy", "cuGraphDestroy", "cuGraphDestroyNode", "cuGraphExecDestroy")
 # ordering and synchronization: re-executed even when they failed when recorded
 ORDER = ("cuStreamSynchronize", "cuStreamWaitEvent", "cuEventRecord", "cuEventRecordWithFlags",
-         "cuEventSynchronize", "cuEventElapsedTime")
+         "cuEventSynchronize")
 
 _plans: Dict[str, Tuple[str, List[Tuple[str, str, str]]]] = {}
 

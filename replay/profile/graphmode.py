@@ -67,6 +67,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..functions import bound_function, why_unbound
+from ..group import rank_done
 from ..handlers.module import defer_unloads, unload_deferred
 from ..errors import ReplayError
 from .common import LaunchGate, MemorySaver, Selection, destroy_all, live_ranges, ranges_for, stats
@@ -218,6 +219,8 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
                 and kind in (("teardown", "end") if self._in_job else
                              ("after_launch", "copy", "sync", "batch", "teardown", "end")):
             self.done = True
+            if self._in_job:
+                rank_done()
             try:
                 self._run()
             finally:
