@@ -173,7 +173,7 @@ class BatchRunner:
                         res.last_seq = rec["s"]
                         if b.kinds[i] in plan.LAUNCHES:
                             self._marks_exact(b, i, i + 1)
-                        self._error(rec, f"call #{rec['s']} {rec['f']}: {self.ctx.new_error_text(code)}")
+                        self._error(rec, f"call #{rec['s']} {rec['f']}: {self.ctx.new_error_text(code, rec['f'])}")
                     pos = i + 1
                     continue
                 pos = end

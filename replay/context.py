@@ -219,7 +219,7 @@ class ReplayContext:
                 self.note(recurred_note(self, rec, code))
             return None
         if want == 0 or want is None:
-            self.fail(rec, self.new_error_text(code) + detail)
+            self.fail(rec, self.new_error_text(code, (rec or {}).get("f") or "") + detail)
         if code == 0:
             self.note(f"call #{rec.get('s')} {rec.get('f')}: recorded {cu_result_name(want)} did not recur")
             return res[1] if len(res) == 2 else tuple(res[1:])
@@ -227,10 +227,14 @@ class ReplayContext:
                   f"recorded {cu_result_name(want)}")
         return None
 
-    def new_error_text(self, code: int) -> str:
+    def new_error_text(self, code: int, f: str = "") -> str:
         hint = ""
-        if self.res.payload_stale and not self.opt.relocate_payloads:
-            hint = "; device memory holds stale recorded addresses after a fallback (try --relocate-payloads)"
+        # only where device work could have read one: a launch, a copy, or a wait for them
+        if self.res.payload_stale and not self.opt.relocate_payloads and (
+                not f or f.startswith(("cuLaunch", "cuGraphLaunch", "cuMemcpy", "cuStreamSynchronize",
+                                       "cuCtxSynchronize", "cuEventSynchronize"))):
+            hint = ("; device memory holds stale recorded addresses after a relocation (an allocation that fell "
+                    "back, or a moved host buffer; try --relocate-payloads)")
         return f"replay returned {cu_result_name(code)} (recorded CUDA_SUCCESS){hint}"
 
     def raw(self, name: str, *args):

@@ -230,6 +230,22 @@ def test_short_kernel_floor_and_collectives():
     assert res["kernels"][0]["verdict"] == SLOWER
 
 
+def test_a_kernel_launched_once_is_judged_at_twice_the_bar():
+    """Two timeline replays of one snapshot on an H200: a cuRAND kernel launched once moved 5.7%
+    (16.4 -> 17.3 us) where kernels of its duration moved under 1%. One sample against one is
+    judged at twice the bar; a real slowdown of a once-launched kernel is still SLOWER."""
+    def run(once_us):
+        p = _prof([16.0 + (i % 8) * 0.01 for i in range(80)], mode="timeline", name="steady")
+        p["launches"].append({"seq": 500, "index": 80, "name": "execute_dist", "time_us": once_us})
+        return p
+    res = compare(run(16.4), run(17.3), threshold=5)
+    k = next(k for k in res["kernels"] if k["name"] == "execute_dist")
+    assert k["verdict"] == SAME and "one launch in each run" in k["why"] and res["exit_code"] == 0, k
+    res = compare(run(16.4), run(20.0), threshold=5)
+    k = next(k for k in res["kernels"] if k["name"] == "execute_dist")
+    assert k["verdict"] == SLOWER and res["exit_code"] == 1, k
+
+
 def test_weighted_median():
     assert weighted_median([(1, 1), (2, 1), (3, 1)]) == 2
     assert weighted_median([(1, 1), (2, 1)]) == 1.5
