@@ -227,6 +227,33 @@ class ReplayContext:
                   f"recorded {cu_result_name(want)}")
         return None
 
+    # ------------------------------------------------------------------ code unloads
+    def defer_unloads(self) -> None:
+        """From now on, module and library unloads forget the recorded handle at once (the
+        program may hand its value out again) but keep the code loaded until unload_deferred:
+        a profiler relaunches it later (graph mode: threads that each load and unload a
+        library, JIT autotuners)."""
+        if self.unload_later is None:
+            self.unload_later = []
+
+    def unload(self, rec, f: str, live) -> None:
+        """A recorded unload of live module or library `live`: now, or deferred."""
+        if self.unload_later is not None:
+            self.unload_later.append((f, live))
+        else:
+            self.drv(rec, f, live)
+
+    def unload_deferred(self) -> None:
+        """The unloads defer_unloads kept back, in their recorded order; unloads run at once again."""
+        held, self.unload_later = self.unload_later or [], None
+        for f, live in held:
+            try:
+                self.raw(f, live)
+            except Exception as e:         # the replay's result stands; the leak is said
+                self.note(f"{f} deferred for the profile: {e}")
+        if held:
+            self.note(f"{len(held)} module/library unload(s) waited for the graph profile")
+
     def new_error_text(self, code: int, f: str = "") -> str:
         hint = ""
         # only where device work could have read one: a launch, a copy, or a wait for them

@@ -89,38 +89,10 @@ def _forget_functions(ctx, h) -> None:
             ctx.funcs.pop(f, None)
 
 
-def defer_unloads(ctx) -> None:
-    """From now on, unloads forget the recorded handle at once (the program may hand its value
-    out again) but keep the code loaded until unload_deferred: a profiler relaunches it later
-    (graph mode: threads that each load and unload a library, JIT autotuners)."""
-    if ctx.unload_later is None:
-        ctx.unload_later = []
-
-
-def unload_deferred(ctx) -> None:
-    """The unloads defer_unloads kept back, in their recorded order; unloads run at once again."""
-    held, ctx.unload_later = ctx.unload_later or [], None
-    for f, live in held:
-        try:
-            ctx.raw(f, live)
-        except Exception as e:         # the replay's result stands; the leak is said
-            ctx.note(f"{f} deferred for the profile: {e}")
-    if held:
-        ctx.note(f"{len(held)} module/library unload(s) waited for the graph profile")
-
-
-def _unload(ctx, rec, f: str, h, kind: str) -> None:
-    live = ctx.live(rec, h, kind)
-    if ctx.unload_later is not None:
-        ctx.unload_later.append((f, live))
-    else:
-        ctx.drv(rec, f, live)
-
-
 @handles("cuModuleUnload")
 def module_unload(ctx, rec):
     h = rec["a"].get("hmod")
-    _unload(ctx, rec, "cuModuleUnload", h, "module")
+    ctx.unload(rec, "cuModuleUnload", ctx.live(rec, h, "module"))
     ctx.modules.pop(h, None)
     _forget_functions(ctx, h)
 
@@ -128,7 +100,7 @@ def module_unload(ctx, rec):
 @handles("cuLibraryUnload")
 def library_unload(ctx, rec):
     h = rec["a"].get("library")
-    _unload(ctx, rec, "cuLibraryUnload", h, "library")
+    ctx.unload(rec, "cuLibraryUnload", ctx.live(rec, h, "library"))
     ctx.libraries.pop(h, None)
     _forget_functions(ctx, h)
 

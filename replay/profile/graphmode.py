@@ -68,7 +68,6 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..functions import bound_function, why_unbound
 from ..group import rank_done
-from ..handlers.module import defer_unloads, unload_deferred
 from ..errors import ReplayError
 from .common import LaunchGate, MemorySaver, Selection, destroy_all, live_ranges, ranges_for, stats
 from .gapmodel import GapChain
@@ -226,7 +225,7 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
             finally:
                 if self._in_job:
                     self.rp.release_held()
-                unload_deferred(self.rp.ctx)
+                self.rp.ctx.unload_deferred()
         elif kind == "end":
             self._abandon()
 
@@ -246,7 +245,7 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
             if self.rp.ctx.space is not None:
                 self.rp.ctx.space.release_held()
         if self.rp is not None:
-            unload_deferred(self.rp.ctx)
+            self.rp.ctx.unload_deferred()
 
     def _start(self, ev) -> None:
         self.rp = rp = ev.replayer
@@ -276,7 +275,7 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
         if n:      # the program's own graphs run between the selected launches: not in ours
             self.skipped_ops["cuGraphLaunch"] = n
         self._pre_pending = self.wants_calls = True      # after_call: where the pre-state can be saved
-        defer_unloads(rp.ctx)      # the graph relaunches kernels whose module the program may unload before it
+        rp.ctx.defer_unloads()     # the graph relaunches kernels whose module the program may unload before it
         self._ref = TimelineReference.start(self.cfg, self.warn, ev)
 
     # ------------------------------------------------------------------ running the graph
