@@ -212,6 +212,10 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
             if ref is not None:
                 ref.on_event(kind, ev)
             self._record(kind, ev)
+        if self.launches and self.rp.ctx.unload_later is None:
+            # from the sequence's first launch: the graph relaunches kernels whose module the
+            # program may unload before the graph is built
+            self.rp.ctx.defer_unloads()
         if kind in ("teardown", "end"):
             self.due = True
         if self.due and self.launches and not self.rp.ctx.capturing \
@@ -275,7 +279,6 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
         if n:      # the program's own graphs run between the selected launches: not in ours
             self.skipped_ops["cuGraphLaunch"] = n
         self._pre_pending = self.wants_calls = True      # after_call: where the pre-state can be saved
-        rp.ctx.defer_unloads()     # the graph relaunches kernels whose module the program may unload before it
         self._ref = TimelineReference.start(self.cfg, self.warn, ev)
 
     # ------------------------------------------------------------------ running the graph
