@@ -54,6 +54,8 @@ WORKLOADS: Dict[str, tuple] = {
 }
 JOBS = {"ddp_nccl": 2}        # workloads that need several GPUs: how many
 TIMEOUT = int(os.environ.get("CUDASNAP_MATRIX_TIMEOUT", "300"))
+# a hung replay fails its cell after this (healthy calls of every workload take a few seconds)
+WATCHDOG = os.environ.get("CUDASNAP_MATRIX_WATCHDOG", "60")
 
 # An nvcc program's flight-recorder variant: the program's main, then _exit (exit handlers skipped)
 _EXIT_WRAPPER = r"""
@@ -130,7 +132,7 @@ class Matrix:
         return f"exit {cp.returncode}: " + " | ".join((cp.stderr or cp.stdout).strip().splitlines()[-3:])
 
     def replay_ok(self, snap: Path, *extra: str) -> tuple:
-        cp = self.run(_cudasnap("replay", str(snap), "--json", "--watchdog", "120", *extra))
+        cp = self.run(_cudasnap("replay", str(snap), "--json", "--watchdog", WATCHDOG, *extra))
         try:
             res = json.loads(cp.stdout)
         except json.JSONDecodeError:
@@ -189,7 +191,7 @@ class Matrix:
             def fn():
                 t0 = time.monotonic()
                 cp = self.run(_cudasnap("replay", str(target), "--profile", mode, "--out", str(self.work / out),
-                                        "--watchdog", "120", *extra))
+                                        "--watchdog", WATCHDOG, *extra))
                 walls[out] = time.monotonic() - t0
                 path = self.work / out
                 if self.name in JOBS:       # each rank writes FILE.rank{N}.json: rank 0's is read
