@@ -357,6 +357,16 @@ class RankHook:
 _rank_hook: Optional[RankHook] = None
 
 
+def peers_text() -> str:
+    """Where this rank's peers are (for a hang's message): each ended, or still replaying."""
+    h = _rank_hook
+    if h is None or h.prog is None:
+        return ""
+    w = h.prog.words
+    parts = [f"rank {i} {'ended' if w[i] == DONE else 'still replaying'}" for i in range(h.prog.n) if i != h.rank]
+    return "; ".join(parts)
+
+
 def rank_done() -> None:
     """This rank will replay no more work its peers wait on: its progress reads as ended.
     Graph mode in a job says so before it profiles at the replay's end, whichever subscriber

@@ -209,7 +209,10 @@ def test_graph_mode_in_a_job_says_the_rank_is_done_before_it_profiles(tmp_path, 
     hook.prog.set(1, 1234)
     peer = group.Progress(str(path), 2)
     assert peer.words[1] == 1234
+    assert group.peers_text() == "rank 0 still replaying"
     group.rank_done()
     assert peer.words[1] == group.DONE and peer.words[0] == 0
+    peer.set(0, group.DONE)
+    assert group.peers_text() == "rank 0 ended"
     from cudasnap.replay.profile import graphmode
     assert graphmode.rank_done is group.rank_done

@@ -67,7 +67,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..functions import bound_function, why_unbound
-from ..group import rank_done
+from ..group import peers_text, rank_done
 from ..errors import ReplayError
 from .common import LaunchGate, MemorySaver, Selection, destroy_all, live_ranges, ranges_for, stats
 from .gapmodel import GapChain
@@ -501,6 +501,8 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
             msg = (f"graph: {e}: a kernel of the graph is likely waiting for state that the captured sequence "
                    f"does not reproduce (a semaphore or flag set by work outside calls "
                    f"#{self.first_seq}..#{self.last_seq}, or by another process); the GPU is still busy, replay stops")
+            if self._in_job and peers_text():
+                msg += f" (this rank's peers: {peers_text()})"
             self.warn(msg)
             self.info.update(error=str(e), hung=True)
             raise ReplayError(msg)
