@@ -169,12 +169,10 @@ def collect(r: SnapshotReader) -> Calls:
     for rec in r.records():
         k = rec.get("k")
         if k == "fn":
-            name, h = rec.get("name"), rec.get("h")
-            if isinstance(name, str):
-                try:
-                    fn_names[h] = name
-                except TypeError:
-                    pass
+            try:
+                cs.learn_kernel_name(fn_names, rec)
+            except TypeError:
+                pass
         elif k == "rep":
             for e in rec.get("calls") if isinstance(rec.get("calls"), list) else []:
                 if isinstance(e, dict) and isinstance(e.get("f"), str) and _uint(e.get("n")):
@@ -187,7 +185,12 @@ def collect(r: SnapshotReader) -> Calls:
             if rec.get("r") is None or rec.get("incomplete"):
                 t1 = None                          # never returned: no duration
             out.calls.append((seq, t0, t1, tid, f, _int(rec.get("r"))))
-            if cs.is_launch(f):
+            if f in cs.NAMING_CALLS:                       # a lazily loaded function's fn record has no name
+                try:
+                    cs.learn_kernel_name(fn_names, rec)
+                except TypeError:
+                    pass
+            elif cs.is_launch(f):
                 h = cs.launch_function_handle(rec)
                 try:
                     name = fn_names.get(h)

@@ -96,6 +96,10 @@ def launch_function_handle(rec: Mapping[str, Any]) -> Any:
     return None
 
 
+# calls that hand out a function or kernel handle by name (or another handle's)
+NAMING_CALLS = frozenset(("cuModuleGetFunction", "cuLibraryGetKernel", "cuKernelGetFunction"))
+
+
 def learn_kernel_name(names: Dict[Any, str], rec: Mapping[str, Any]) -> None:
     """names (handle -> kernel name), as the recording goes: from an fn record's name, and from
     the calls that hand out a named handle (a function whose fn record has no name: the driver

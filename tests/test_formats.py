@@ -580,3 +580,21 @@ def test_formats_is_neutral_core():
         assert not re.search(r"^\s*(from|import)\s+cudasnap(?!\.shim\.description import)", src, re.M), py
         assert "pickle" not in src, py
         assert len(src.splitlines()) < 600, py
+
+
+def test_kernel_names_from_fn_records_and_naming_calls():
+    """An fn record names a handle; a lazily loaded function's has no name (the driver names it
+    only once loaded), so the calls that hand out handles by name name it too."""
+    from cudasnap.formats.callset import learn_kernel_name
+    names = {}
+    recs = [
+        {"k": "c", "f": "cuLibraryGetKernel", "r": 0, "a": {"pKernel": 0x10, "library": 1, "name": "ncclDevKernel_AllReduce"}},
+        {"k": "c", "f": "cuKernelGetFunction", "r": 0, "a": {"pFunc": 0x20, "kernel": 0x10}},
+        {"k": "fn", "h": 0x20, "name": ""},                     # lazy: no name from the driver
+        {"k": "c", "f": "cuModuleGetFunction", "r": 0, "a": {"hfunc": 0x30, "hmod": 2, "name": "saxpy"}},
+        {"k": "c", "f": "cuModuleGetFunction", "r": 500, "a": {"hfunc": 0x40, "hmod": 2, "name": "missing"}},
+        {"k": "fn", "h": 0x30, "name": "add_one"},              # the handle value handed out again
+    ]
+    for rec in recs:
+        learn_kernel_name(names, rec)
+    assert names == {0x10: "ncclDevKernel_AllReduce", 0x20: "ncclDevKernel_AllReduce", 0x30: "add_one"}
