@@ -388,7 +388,7 @@ class ReplayContext:
 
     def kernel_name_of(self, rec_f, seq=None) -> str:
         if rec_f in self.fn_versions:
-            return (self.fn_record(rec_f, seq) or {}).get("name") or f"{rec_f:#x}"
+            return (self.fn_record(rec_f, seq) or {}).get("name") or self.func_names.get(rec_f) or f"{rec_f:#x}"
         if rec_f in self.func_names:
             return self.func_names[rec_f]
         fr = self.fns.get(rec_f)
