@@ -31,6 +31,7 @@ HOOKS = {
 # Real driver entries the hooks call themselves (never through a wrapper).
 HELPERS = [
     "cuFuncGetParamInfo", "cuKernelGetParamInfo", "cuFuncGetName", "cuKernelGetName", "cuFuncIsLoaded", "cuFuncLoad",
+    "cuThreadExchangeStreamCaptureMode",
     "cuFuncGetModule", "cuStreamSynchronize", "cuStreamSynchronize_ptsz", "cuStreamIsCapturing",
     "cuStreamIsCapturing_ptsz", "cuDriverGetVersion", "cuDeviceGetCount", "cuDeviceGet",
     "cuDeviceGetName", "cuDeviceGetUuid", "cuDeviceGetUuid_v2", "cuDeviceGetAttribute",

@@ -82,9 +82,16 @@ static const char *cs_kernel_name(U h, int *kind) {
     cs_fn2 isl = CALLREAL(CS_ID_cuFuncIsLoaded, cs_fn2);
     cs_fn1 load = CALLREAL(CS_ID_cuFuncLoad, cs_fn1);
     int state = -1;
-    if (isl && load && isl((U)&state, h) == 0 && state == 0 /* CU_FUNCTION_LOADING_STATE_UNLOADED */
-        && load(h) == 0 && gn && gn((U)&nm, h) == 0 && nm)
-        return nm;
+    if (!isl || !load || isl((U)&state, h) != 0 || state != 0 /* CU_FUNCTION_LOADING_STATE_UNLOADED */)
+        return NULL;
+    /* relaxed on this thread while it loads: a stream capture in global mode elsewhere must not
+     * see a load it would refuse (the launch that follows loads it inside the driver) */
+    cs_fn1 xm = CALLREAL(CS_ID_cuThreadExchangeStreamCaptureMode, cs_fn1);
+    int mode = 2; /* CU_STREAM_CAPTURE_MODE_RELAXED */
+    int swapped = xm && xm((U)&mode) == 0;
+    CUresult lr = load(h);
+    if (swapped) xm((U)&mode);
+    if (lr == 0 && gn && gn((U)&nm, h) == 0 && nm) return nm;
     return NULL;
 }
 
