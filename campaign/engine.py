@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import statistics
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -199,9 +200,7 @@ class Engine:
         self.by_key = {c.key: c for c in self.c.cells}
         self.base_profiles: Dict[str, Optional[Dict[str, Any]]] = {}    # baseline cell key -> profile
         self.counts = {"cells": len(self.c.cells), "skipped": 0, "ran": 0, "failed": 0, "regressed": 0}
-        # the largest snapshots first (their replays take longest): the last GPU to finish
-        # waits less for a long cell submitted late
-        order = sorted(self.c.cells, key=lambda c: -(getattr(c.snapshot, "size", 0) or 0))
+        order = self._longest_first(self.c.cells)
         for cell in order:
             if cell.key in skip:
                 self.counts["skipped"] += 1
@@ -229,6 +228,32 @@ class Engine:
             # each replay dies with its worker (PDEATHSIG); cancelling first races Ray's replies
             raise
         return self.counts
+
+    def _longest_first(self, cells: List[Cell]) -> List[Cell]:
+        """The cells by expected time, longest first, so that the last GPU to finish waits less
+        for a long cell submitted late: a cell's wall time in earlier runs of the store where it
+        has one, else its snapshot's size at the seconds per byte of the cells that have one
+        (else the size alone)."""
+        try:
+            past = self.store.past_seconds()
+        except Exception:              # an older store: order by size
+            past = {}
+
+        def size(c) -> int:
+            return int(getattr(c.snapshot, "size", 0) or 0)
+
+        def seen(c) -> Optional[float]:
+            return past.get((c.snapshot.digest, c.env.name, c.snapshot.mode, c.snapshot.kernels))
+
+        rates = [seen(c) / size(c) for c in cells if seen(c) and size(c)]
+        rate = statistics.median(rates) if rates else None
+
+        def cost(c) -> float:
+            t = seen(c)
+            if t:
+                return t
+            return size(c) * rate if rate else float(size(c))
+        return sorted(cells, key=lambda c: -cost(c))
 
     def _handle(self, st: CellState, purpose: str, t_sub: float, res: Dict[str, Any]) -> None:
         if res.get("need_bytes"):

@@ -322,3 +322,29 @@ def test_bisect_k_ary_on_two_gpus(cluster, tmp_path):
     assert res["first_bad"]["name"] == "e3" and res["last_good"]["name"] == "e2"
     rounds = [ln for ln in cp.stderr.splitlines() if ln.startswith("[round] 2 environments at once")]
     assert len(rounds) >= 2, cp.stderr            # the two ends, then two points of (0, 6)
+
+
+def test_cells_longest_first_by_their_past_times(tmp_path):
+    """A run orders its cells by how long they took in earlier runs (LPT: the last GPU to
+    finish waits less for a long cell submitted late); a cell never run is estimated from its
+    snapshot's size at the others' seconds per byte."""
+    from types import SimpleNamespace
+    from cudasnap.campaign.engine import Engine
+    from cudasnap.campaign.plan import Cell, Env, Rules, Snapshot
+    s = Store(tmp_path / "t.sqlite")
+    camp = SimpleNamespace(name="n", path="/n.toml", file_hash="h", baseline="plain", rules=Rules())
+    rid, _ = s.open_run(camp, "0.1.0", None, fresh=True)
+    # past: small.cusnap (1 MB) took 90 s, big.cusnap (100 MB) 10 s
+    for key, digest, wall in (("small", "d-small", 90.0), ("big", "d-big", 10.0)):
+        s.add_cell(rid, {"cell_key": key, "snapshot": f"/s/{key}.cusnap", "snapshot_digest": digest,
+                         "mode": "isolated", "env": "plain", "env_json": "{}", "is_baseline": 1, "status": "ok",
+                         "verdict": "SAME", "regressed": 0, "attempts": 1, "reruns": 0, "wall_s": wall,
+                         "finished": "2026-01-01T00:00:00Z"}, [], None)
+    s.close_run(rid, "done", ["n1"], 0)
+    env = Env(index=0, name="plain")
+    cells = [Cell(snapshot=Snapshot(f"/s/{k}.cusnap", d, size), env=env, key=k, baseline_key=None)
+             for k, d, size in (("big", "d-big", 100_000_000), ("small", "d-small", 1_000_000),
+                                ("new", "d-new", 50_000_000))]
+    order = Engine._longest_first(SimpleNamespace(store=s), cells)
+    # new: 50 MB at the median of 90 s/MB and 0.1 s/MB (45.05 s/MB) = about 2,250 s
+    assert [c.key for c in order] == ["new", "small", "big"]
