@@ -113,8 +113,11 @@ RC1=$?; T1=$(python3 -c "import time; print(round(time.time() - $T, 1))")
 echo "1 GPU: exit $RC1, ${T1} s"; tail -3 logs/run1.err
 
 step "4b. on $((NG < 4 ? NG : 4)) GPUs"
+# the next night: the same store, a new run (--fresh); its cells go longest first by their times
+# in the 1-GPU run, as a nightly campaign's do
+cp one.sqlite four.sqlite
 T=$(date +%s.%N)
-CUDA_VISIBLE_DEVICES=0,1,2,3 cudasnap campaign run campaign.toml -o four.sqlite --json > "$OUT/run4.json" 2> logs/run4.err
+CUDA_VISIBLE_DEVICES=0,1,2,3 cudasnap campaign run campaign.toml -o four.sqlite --fresh --json > "$OUT/run4.json" 2> logs/run4.err
 RC4=$?; T4=$(python3 -c "import time; print(round(time.time() - $T, 1))")
 echo "4 GPUs: exit $RC4, ${T4} s"; tail -3 logs/run4.err
 
@@ -145,14 +148,17 @@ summ = {"t1_s": t1, "t4_s": t4, "speedup_command": round(t1 / t4, 2), "cells_1gp
 t1, t4 = c1, c4
 for name, path, t, k in (("1gpu", sys.argv[4], t1, 1), ("4gpu", sys.argv[5], t4, 4)):
     db = sqlite3.connect(path)
-    cells = db.execute("SELECT COUNT(*) FROM cells").fetchone()[0]
-    att = db.execute("SELECT COUNT(*), SUM(proc_s), SUM(wall_s - queue_s - proc_s) FROM attempts").fetchone()
+    run = db.execute("SELECT MAX(id) FROM runs").fetchone()[0]          # four.sqlite holds both runs
+    cells = db.execute("SELECT COUNT(*) FROM cells WHERE run_id=?", (run,)).fetchone()[0]
+    all_cells = db.execute("SELECT COUNT(*) FROM cells").fetchone()[0]
+    att = db.execute("SELECT COUNT(*), SUM(proc_s), SUM(wall_s - queue_s - proc_s) FROM attempts WHERE run_id=?",
+                     (run,)).fetchone()
     db.execute("PRAGMA wal_checkpoint(TRUNCATE)"); db.close()
     size = os.path.getsize(path)
     summ[name] = {"cells": cells, "replays": att[0], "cells_per_hour": round(cells / t * 3600),
                   "gpu_slot_s_outside_replays_per_replay": round((t * k - (att[1] or 0)) / max(1, att[0]), 2),
                   "result_latency_s_per_replay": round((att[2] or 0) / max(1, att[0]), 3),
-                  "store_bytes_per_1000_cells": round(size / max(1, cells) * 1000)}
+                  "store_bytes_per_1000_cells": round(size / max(1, all_cells) * 1000)}
     print(name, summ[name])
 json.dump(summ, open(sys.argv[6], "w"), indent=1)
 if not (ok_found and attributed and not others and not rep["infra_failures"] and t1 >= 3 * t4):
