@@ -268,8 +268,11 @@ class Matrix:
                 return False, self._tail(cp)
             with sqlite3.connect(db) as con:
                 k = con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+                # every launch is named (an unnamed one: the snapshot lost its kernel's name)
+                unnamed = con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s"
+                                      " ON s.id = k.mangledName WHERE s.value = '' OR s.value LIKE '<%'").fetchone()[0]
             want = len(recorded)
-            return k == want, f"{k} kernel rows, {want} launches recorded"
+            return k == want and not unnamed, f"{k} kernel rows, {want} launches recorded, {unnamed} unnamed"
         self.cell("stats", stats)
 
         def compare():
