@@ -47,7 +47,10 @@ static uint32_t cs_array_bytes(const cs_fn *fn, const cs_param *p, const U *a) {
  * kernel (JIT autotuners load and unload modules by the thousand), so every handle seen after
  * that is asked again and re-identified by a new FN record. Replaced entries are not freed
  * (a reader may still hold one); they are small and few. */
-typedef struct { U handle; uint64_t gen; uint32_t n, total; uint32_t *off_size; } cs_layout;
+typedef struct { U handle; uint64_t gen; uint32_t n, total; uint32_t *off_size; unsigned flags; } cs_layout;
+/* flags: what the kernel's name says, asked once with the layout (shim_window.c, cs_name_flags) */
+enum { CS_NF_WINDOW = 1, CS_NF_COLLECTIVE = 2 };
+static unsigned cs_name_flags(const char *name);
 #define CS_LAYOUTS 16384
 static cs_layout *cs_layouts[CS_LAYOUTS];
 static uint64_t cs_layout_gen = 1;
@@ -69,16 +72,18 @@ static void cs_emit_fn(U h, int kind, const char *name, const cs_layout *L, U mo
     cs_publish(&r);
 }
 
-/* The name of a function or kernel handle (NULL when the driver gives none); *kind 1 when it
- * answered as a CUkernel. A lazily loaded function (CUDA_MODULE_LOADING=LAZY: the handle that
- * cudaGetFuncBySymbol returns, as NCCL launches it) has no name before it is loaded; it is
- * loaded here, as its launch would load it, and asked again. */
+/* The name of a function or kernel handle (NULL when the driver gives none); *kind in: 1 when
+ * its layout answered as a CUkernel (asked first as one), out: 1 when its name did. A lazily
+ * loaded function (CUDA_MODULE_LOADING=LAZY: the handle that cudaGetFuncBySymbol returns, as
+ * NCCL launches it) has no name before it is loaded; it is loaded here, as its launch would
+ * load it, and asked again. */
 static const char *cs_kernel_name(U h, int *kind) {
     const char *nm = NULL;
     cs_fn2 gn = CALLREAL(CS_ID_cuFuncGetName, cs_fn2), kn = CALLREAL(CS_ID_cuKernelGetName, cs_fn2);
-    if (kind) *kind = 0;
+    if (*kind == 1 && kn && kn((U)&nm, h) == 0 && nm) return nm;
+    *kind = 0;
     if (gn && gn((U)&nm, h) == 0 && nm) return nm;
-    if (kn && kn((U)&nm, h) == 0 && nm) { if (kind) *kind = 1; return nm; }
+    if (kn && kn((U)&nm, h) == 0 && nm) { *kind = 1; return nm; }
     cs_fn2 isl = CALLREAL(CS_ID_cuFuncIsLoaded, cs_fn2);
     cs_fn1 load = CALLREAL(CS_ID_cuFuncLoad, cs_fn1);
     int state = -1;
@@ -146,10 +151,11 @@ static const cs_layout *cs_layout_of(U h) {
     cs_layout *L = free_at >= 0 ? calloc(1, sizeof *L) : NULL;
     if (!L) { pthread_mutex_unlock(&cs_layout_lock); return NULL; }
     int kind = cs_query_layout(h, L);
-    int named_as = 0;
+    int named_as = kind;
     const char *nm = cs_kernel_name(h, &named_as);
     if (!nm) nm = "";
     else if (named_as) kind = 1;     /* a CUkernel after all */
+    L->flags = cs_name_flags(nm);
     U module = 0;
     cs_fn2 gm = CALLREAL(CS_ID_cuFuncGetModule, cs_fn2);
     if (kind == 0 && gm) gm((U)&module, h);

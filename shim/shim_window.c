@@ -60,6 +60,7 @@ static pthread_mutex_t cs_wr_lock = PTHREAD_MUTEX_INITIALIZER;
 static void *cs_wstage; static int cs_wstage_pinned;
 
 static void cs_job_init(void);             /* shim_window_jobcut.c */
+static unsigned cs_fn_flags(U f);          /* a launched function's name flags (below) */
 static int cs_job_holding;                 /* a job's rendezvous holds the other threads (jobcut.c) */
 
 static uint64_t cs_env_u64(const char *k, uint64_t dflt) {
@@ -484,11 +485,26 @@ static void cs_win_nvtx(int op, uint64_t id, const char *name) {
     }
 }
 
-static int cs_win_kernel_match(U f) {
+/* What a kernel's name says, for its layout entry (shim_hooks.c): it matches a `kernel:`
+ * window, it is a collective of a job. Asked once per handle, not per launch. */
+static unsigned cs_name_flags(const char *nm) {
+    unsigned fl = 0;
+    if (!nm || !*nm) return 0;
+    if (cs_win_mode == CS_W_KERNEL && regexec(&cs_win_rx, nm, 0, NULL, 0) == 0) fl |= CS_NF_WINDOW;
+    if (cs_job_n > 0 && regexec(&cs_job_rx, nm, 0, NULL, 0) == 0) fl |= CS_NF_COLLECTIVE;
+    return fl;
+}
+
+/* The flags of launched function f (its layout is known from the launch's first sight). */
+static unsigned cs_fn_flags(U f) {
     cs_depth++;
-    const char *nm = cs_kernel_name(f, NULL);
+    const cs_layout *L = cs_layout_of(f);
     cs_depth--;
-    return nm && regexec(&cs_win_rx, nm, 0, NULL, 0) == 0;
+    return L ? L->flags : 0;
+}
+
+static int cs_win_kernel_match(U f) {
+    return (cs_fn_flags(f) & CS_NF_WINDOW) != 0;
 }
 
 /* Before a recorded call: wait out another thread's state dump, act on requests. Returns the

@@ -29,11 +29,6 @@ static unsigned cs_job_cut_ms = 30000;
 static int cs_job_gave_up;                 /* a rendezvous timed out: later ones are not tried */
 static regex_t cs_job_rx;                  /* collective kernel names (CUDASNAP_COLLECTIVE_RX) */
 
-enum { CS_JOB_TAB = 4096 };
-static U cs_job_fn[CS_JOB_TAB];            /* function handle -> is a collective (+1), not (+2) */
-static unsigned char cs_job_kind[CS_JOB_TAB];
-static pthread_mutex_t cs_job_lock = PTHREAD_MUTEX_INITIALIZER;
-
 static const char *cs_job_env(const char *a, const char *b, const char *c) {
     const char *v = getenv(a);
     if (!v || !*v) v = getenv(b);
@@ -54,32 +49,6 @@ static void cs_job_init(void) {
     cs_job_rank = atoi(r);
     cs_job_cut_ms = (unsigned)cs_env_u64("CUDASNAP_JOB_CUT_MS", 30000);
     cs_job_n = atoi(n);
-}
-
-/* Is function handle f a collective kernel?  Its name, asked once and kept. */
-static int cs_job_is_collective(U f) {
-    unsigned h = (unsigned)((f >> 4) ^ (f >> 17)) % CS_JOB_TAB;
-    for (unsigned i = 0; i < 16; i++) {      /* lock-free: an entry's kind is stored after its handle */
-        unsigned k = (h + i) % CS_JOB_TAB;
-        unsigned char kind = __atomic_load_n(&cs_job_kind[k], __ATOMIC_ACQUIRE);
-        if (!kind) break;
-        if (__atomic_load_n(&cs_job_fn[k], __ATOMIC_RELAXED) == f) return kind == 1;
-    }
-    cs_depth++;
-    const char *nm = cs_kernel_name(f, NULL);
-    cs_depth--;
-    int c = nm && regexec(&cs_job_rx, nm, 0, NULL, 0) == 0;
-    pthread_mutex_lock(&cs_job_lock);
-    for (unsigned i = 0; i < 16; i++) {
-        unsigned k = (h + i) % CS_JOB_TAB;
-        if (!cs_job_kind[k] || cs_job_fn[k] == f) {
-            if (!cs_job_kind[k]) __atomic_store_n(&cs_job_fn[k], f, __ATOMIC_RELAXED);
-            __atomic_store_n(&cs_job_kind[k], (unsigned char)(c ? 1 : 2), __ATOMIC_RELEASE);
-            break;
-        }
-    }
-    pthread_mutex_unlock(&cs_job_lock);
-    return c;
 }
 
 static void cs_job_mark(U serial, char step, uint64_t coll) {
@@ -213,6 +182,6 @@ static void cs_job_due(void) {
 static void cs_job_count(const cs_fn *fn, const U *a) {
     if (cs_job_n <= 0 || cs_win_mode == CS_W_FLIGHT) return;
     U f = 0, kp = 0, ex = 0;
-    if (cs_launch_args(fn, a, &f, &kp, &ex) && f && cs_job_is_collective(f))
+    if (cs_launch_args(fn, a, &f, &kp, &ex) && f && (cs_fn_flags(f) & CS_NF_COLLECTIVE))
         __atomic_fetch_add(&cs_job_coll, 1, __ATOMIC_ACQ_REL);
 }
