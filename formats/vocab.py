@@ -60,7 +60,7 @@ def family(name: str) -> Optional[str]:
 
 
 def is_release(f: str) -> bool:
-    """Does the call give back memory, a mapping or code a launch may reach (the description's
+    """Does the call give back memory or a mapping a launch may reach (the description's
     `releases`, overlay.RELEASES_RX)?"""
     return f in _tables()[2]
 

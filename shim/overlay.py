@@ -191,11 +191,13 @@ REPLAY_CLASS_RULES = [
 # device, so a standalone export may leave them out. Pattern on base or ABI name.
 HOST_ONLY_RX = r"cuMemHostGetDevicePointer"
 
-# Calls that give back memory, a mapping or code that a launch may reach ("releases"): a replay
+# Calls that give back memory or a mapping that a launch may reach ("releases"): a replay
 # phase that runs earlier work again later (graph mode in a job) holds them until it is done.
+# Code unloads are not among them: the replay context keeps the unloaded module itself
+# (ReplayContext.defer_unloads), since a held call would find its handle value reused by then.
 RELEASES_RX = (r"cuMemFree|cuMemFreeAsync|cuMemFreeHost|cuMemHostUnregister|cuMemUnmap|cuMemRelease"
                r"|cuMemAddressFree|cuIpcCloseMemHandle|cuMemPoolDestroy|cuMemPoolTrimTo|cuArrayDestroy"
-               r"|cuMipmappedArrayDestroy|cuModuleUnload|cuLibraryUnload")
+               r"|cuMipmappedArrayDestroy")
 
 # Window classes ("window_class" of each ABI name): what a capture window's state keeper does
 # with a successful call made outside the window (capture/window.py).
