@@ -1,6 +1,8 @@
 """Module family: modules and libraries from captured images, functions, kernels, globals."""
 from __future__ import annotations
 
+from cudasnap.formats.callset import learn_kernel_name
+
 from . import handles
 from ..archcheck import runnable
 from ..errors import ReplayError
@@ -125,7 +127,7 @@ def module_get_function(ctx, rec):
         ctx.funcs[a.get("hfunc")] = fn
         ctx.func_from.pop(a.get("hfunc"), None)
         ctx.set_handle(a.get("hfunc"), fn, "function")
-        ctx.func_names[a.get("hfunc")] = name
+        learn_kernel_name(ctx.func_names, rec)
         ctx.module_of[a.get("hfunc")] = a.get("hmod")
 
 
@@ -140,7 +142,7 @@ def library_get_kernel(ctx, rec):
     if k is not None:
         ctx.set_handle(a.get("pKernel"), k, "kernel")
         ctx.funcs[a.get("pKernel")] = kernel_as_function(ctx, k)   # the runtime launches CUkernel cast to CUfunction
-        ctx.func_names[a.get("pKernel")] = name
+        learn_kernel_name(ctx.func_names, rec)
         ctx.module_of[a.get("pKernel")] = a.get("library")
 
 
@@ -151,8 +153,7 @@ def kernel_get_function(ctx, rec):
     if fn is not None:
         ctx.funcs[a.get("pFunc")] = fn
         ctx.set_handle(a.get("pFunc"), fn, "function")
-        if a.get("kernel") in ctx.func_names:
-            ctx.func_names[a.get("pFunc")] = ctx.func_names[a.get("kernel")]
+        learn_kernel_name(ctx.func_names, rec)
 
 
 @handles("cuLibraryGetModule")
