@@ -41,14 +41,13 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 from cudasnap.formats import SnapshotError, SnapshotReader, SnapshotWriter
 from cudasnap.formats.vocab import family, is_collective_kernel, is_graph_launch, is_launch, is_query
-from cudasnap.formats.layout import offsetof
+from cudasnap.formats.layout import recorded_stream
 
 from . import ranges as R
 from .callrange import kept_text, range_work
 from .emit import Emitter, ExportError, base_name
 
 READ_CHUNK = 64 << 20
-LAUNCH_CONFIG_HSTREAM = offsetof("CUlaunchConfig", "hStream")
 
 
 _HANDLE_KEYS = ("module", "library", "hmod", "hfunc", "kernel", "pKernel", "pFunc", "pMod", "f")
@@ -123,11 +122,7 @@ def _stream_key(f: str, a) -> int:
     """The stream a call was issued on, as the capture bookkeeping keys it: the handle, or 0 for
     the legacy default stream and 2 for the per-thread one; cuLaunchKernelEx carries its stream
     in the launch configuration."""
-    hs = a.get("hStream")
-    cfg = a.get("config")
-    if base_name(f) == "cuLaunchKernelEx" and isinstance(cfg, (bytes, bytearray)) and len(cfg) >= LAUNCH_CONFIG_HSTREAM + 8:
-        hs = struct.unpack_from("<Q", cfg, LAUNCH_CONFIG_HSTREAM)[0]
-    return hs or (2 if ("_ptsz" in f or "_ptds" in f) else 0)
+    return recorded_stream(f, a) or (2 if ("_ptsz" in f or "_ptds" in f) else 0)
 
 
 def _is_work(f: str) -> bool:

@@ -47,3 +47,14 @@ def packer(name: str, fields: Optional[Sequence[str]] = None) -> struct.Struct:
         pos = off + size
     total = sizeof(name)
     return struct.Struct(fmt + (f"{total - pos}x" if total > pos else ""))
+
+
+def recorded_stream(f: str, a: Dict[str, Any]) -> Any:
+    """The recorded stream handle a call was issued on: its hStream argument, or for
+    cuLaunchKernelEx the one in its captured launch configuration (None when neither is there)."""
+    cfg = a.get("config")
+    if f.startswith("cuLaunchKernelEx") and isinstance(cfg, (bytes, bytearray)):
+        off = offsetof("CUlaunchConfig", "hStream")
+        if len(cfg) >= off + 8:
+            return struct.unpack_from("<Q", cfg, off)[0]
+    return a.get("hStream")

@@ -7,7 +7,7 @@ import time
 import ctypes
 
 from . import handles
-from cudasnap.formats.layout import sizeof
+from cudasnap.formats.layout import recorded_stream, sizeof
 from ..placement import relocate_params
 from .graph import patch_conditional_handles
 from ..functions import resolve_function
@@ -41,11 +41,7 @@ def _prepare(ctx, rec):
 
 
 def _capturing(ctx, rec) -> bool:
-    a = rec["a"]
-    hs = a.get("hStream")
-    if rec["f"].startswith("cuLaunchKernelEx") and isinstance(a.get("config"), (bytes, bytearray)) \
-            and len(a["config"]) >= LAUNCH_CONFIG.size:
-        hs = LAUNCH_CONFIG.unpack_from(a["config"])[7]
+    hs = recorded_stream(rec["f"], rec["a"])
     return ctx.stream_capturing(hs, ctx.stream(rec, hs))
 
 

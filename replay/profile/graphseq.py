@@ -30,6 +30,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from cudasnap.formats.abi import base_name
 from cudasnap.formats.callset import learn_kernel_name
+from cudasnap.formats.layout import recorded_stream
 from cudasnap.formats.vocab import is_launch
 
 from .. import dispatch
@@ -206,10 +207,7 @@ class SequenceRecording:
                 continue
             if not is_launch(f):
                 continue
-            hs = a.get("hStream")
-            cfg = a.get("config")
-            if b == "cuLaunchKernelEx" and isinstance(cfg, (bytes, bytearray)) and len(cfg) >= LAUNCH_CONFIG.size:
-                hs = LAUNCH_CONFIG.unpack_from(bytes(cfg))[7]
+            hs = recorded_stream(f, a)
             if hs and hs in in_capture:
                 continue
             kname = names.get(a.get("f")) or rp.ctx.kernel_name_of(a.get("f"))
