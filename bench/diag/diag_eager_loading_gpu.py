@@ -11,7 +11,8 @@ campaign reported rightly; one that is not points at the replay.
 
 Per kernel: the median of its launches in each run, then the median over rounds per mode; the
 ratio eager/lazy, and the lazy rounds' own spread (max/min of their medians). Kernels whose ratio
-is beyond --threshold (10%) and beyond twice that spread are listed. Exit 0 always (a diagnostic)."""
+is beyond --threshold (10%) and beyond twice that spread are listed. Exit 0 when every program
+ran in both modes, 2 when one could not (its line says why)."""
 from __future__ import annotations
 
 import argparse
@@ -51,12 +52,22 @@ def main() -> int:
     a = ap.parse_args()
     names = [n for n in (a.only.split(",") if a.only else PROGRAMS) if n]
     report = {}
+    failed = []
+    unknown = [n for n in names if n not in PROGRAMS]
+    if unknown:
+        print(f"unknown program(s): {', '.join(unknown)}; known: {', '.join(PROGRAMS)}", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             runs = {"LAZY": [], "EAGER": []}
-            for r in range(a.rounds):
-                for mode in (("LAZY", "EAGER") if r % 2 == 0 else ("EAGER", "LAZY")):   # alternate the order
-                    runs[mode].append(run_once(PROGRAMS[name], mode, Path(tmp) / f"{name}.{mode}.{r}.json"))
+            try:
+                for r in range(a.rounds):
+                    for mode in (("LAZY", "EAGER") if r % 2 == 0 else ("EAGER", "LAZY")):   # alternate the order
+                        runs[mode].append(run_once(PROGRAMS[name], mode, Path(tmp) / f"{name}.{mode}.{r}.json"))
+            except (RuntimeError, subprocess.TimeoutExpired, OSError, ValueError) as e:
+                print(f"== {name}: not compared: {e}")
+                failed.append(name)
+                continue
             rows = []
             common = set.intersection(*(set(m) for m in runs["LAZY"] + runs["EAGER"]))
             for k in sorted(common):
@@ -78,7 +89,7 @@ def main() -> int:
                       f"(lazy spread {r['lazy_spread_pct']:.1f}%)  {r['kernel'][:100]}")
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=1))
-    return 0
+    return 2 if failed else 0
 
 
 if __name__ == "__main__":
