@@ -78,6 +78,9 @@ class Chunk:
     refs: int = 0
 
 
+FREED_KINDS = ("placed", "fallback", "host", "vmm")     # allocations the program frees
+
+
 @dataclass
 class Alloc:
     rec_base: int
@@ -102,6 +105,7 @@ class AddressSpace:
         self.granule_chunk: Dict[int, Chunk] = {}
         self.allocs: Dict[int, Alloc] = {}          # recorded base -> Alloc (live ones)
         self._sorted: List[int] = []                 # sorted recorded bases of live allocs
+        self._waiting: Dict[int, List[Alloc]] = {}   # recorded base -> allocations due after the live one
         self.relocations: List[Relocation] = []      # every relocation ever made (report)
         self.placed = 0
         self.fell_back = 0
@@ -199,7 +203,14 @@ class AddressSpace:
 
     # ------------------------------------------------------------------- allocations
     def _register(self, a: Alloc) -> None:
-        if a.rec_base in self.allocs:
+        old = self.allocs.get(a.rec_base)
+        if old is not None and old.kind in FREED_KINDS and a.kind in FREED_KINDS:
+            # The same recorded address live twice in replay order: calls are numbered as they
+            # enter, so an allocation that entered before another thread's free returned can
+            # hold the address that free gave back.  The older stays current until its free.
+            self._waiting.setdefault(a.rec_base, []).append(a)
+            return
+        if old is not None:
             self._forget(a.rec_base)
         self.allocs[a.rec_base] = a
         bisect.insort(self._sorted, a.rec_base)
@@ -326,6 +337,12 @@ class AddressSpace:
         a = self._forget(rec_base)
         if a is None:
             return None
+        later = self._waiting.get(rec_base)
+        if later:                        # the allocation that took this address after the free
+            self.allocs[rec_base] = later.pop(0)
+            bisect.insort(self._sorted, rec_base)
+            if not later:
+                del self._waiting[rec_base]
         if self.held is not None and a.kind in ("placed", "fallback"):
             self.held.append(a)          # released by release_held
         else:

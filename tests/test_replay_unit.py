@@ -284,6 +284,24 @@ def test_held_frees_keep_memory_mapped_until_released():
     assert len(ops.unmaps) == 2
 
 
+def test_an_address_allocated_again_before_its_free_in_call_order_waits_for_that_free():
+    """Two threads: an allocation entered (and so was numbered) before another thread's free
+    returned the address it got.  The older allocation stays current until its free."""
+    sp = AddressSpace(FakeOps(), G)
+    p = 0x7f00_0000_0000
+    sp.add_host(p, 4096, p, seq=1)                 # thread 1, placed at its recorded address
+    sp.add_host(p, 4096, 0x5000_0000, seq=2)       # thread 2: entered first, got p after the free
+    assert sp.find(p + 8).live_base == p           # thread 1 still uses its memory
+    assert sp.free(p).seq == 1                     # thread 1's free
+    assert sp.find(p + 8).live_base == 0x5000_0000
+    assert sp.free(p).seq == 2 and sp.find(p) is None
+    assert sp.free(p) is None
+    # a module global looked up twice is one thing, not two waiting in line
+    sp.add_global(p, 64, p, seq=3)
+    sp.add_global(p, 64, p, seq=4)
+    assert sp.free(p).seq == 4 and sp.find(p) is None
+
+
 def test_program_mappings_are_tracked_through_partial_unmaps():
     sp = AddressSpace(FakeOps(), G)
     v = 0x7000_0000_0000
