@@ -55,6 +55,33 @@ def resolve_function(ctx, rec, h):
 
 
 
+def preload_functions(ctx, rec_mod, live, library: bool) -> int:
+    """Loads now the functions the snapshot names in a module or library just loaded; returns
+    how many.  Under lazy loading (CUDA's default) a function loads at its first launch, and
+    loading may wait for the device: in a job, a collective already running waits for a peer
+    that waits for this rank, and the load never returns (the program escaped that by its own
+    timing).  Loaded with its module, before any launch, a function waits on nothing."""
+    load = getattr(ctx.cu, "cuFuncLoad", None)
+    if load is None or not isinstance(rec_mod, int) or not rec_mod:
+        return 0
+    names = {fr.get("name") for fr in ctx.fns.values() if fr.get("module") == rec_mod}
+    names.update(fr.get("name") for vers in ctx.fn_versions.values() for _, fr in vers if fr.get("module") == rec_mod)
+    cu, n = ctx.cu, 0
+    for name in sorted(x for x in names if isinstance(x, str) and x):
+        try:
+            if library:
+                r = cu.cuLibraryGetKernel(live, name.encode())
+                if int(r[0]) == 0:
+                    r = cu.cuKernelGetFunction(r[1])
+            else:
+                r = cu.cuModuleGetFunction(live, name.encode())
+            if int(r[0]) == 0 and int(load(r[1])[0]) == 0:
+                n += 1
+        except (RuntimeError, TypeError):     # a driver or binding without the call: loaded at launch
+            return n
+    return n
+
+
 _BOUND: dict = {}           # library kernel handle -> the CUfunction it got (one replay per process)
 _LIBRARY_KERNELS: set = set()
 UNBOUND: dict = {}          # library kernel handle -> the error cuKernelGetFunction last returned

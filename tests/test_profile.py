@@ -551,6 +551,7 @@ WRAPPED = textwrap.dedent('''
             self.capturing = False
             self.ours = None
             self.nodes = 0
+            self.graph_runs, self.hung = 0, False
         def __getattr__(self, name):
             fn = getattr(cu, name)
             def call(*a):
@@ -566,9 +567,15 @@ WRAPPED = textwrap.dedent('''
                 if name in ("cuCtxSynchronize", "cuStreamSynchronize", "cuStreamQuery", "cuEventSynchronize") \\
                         and self.capturing:
                     raise AssertionError(name + " while capturing")
-                if name == "cuStreamQuery" and behaviour == "hang" and self.ours is not None \\
+                if name == "cuStreamQuery" and (behaviour == "hang" or self.hung) and self.ours is not None \\
                         and int(a[0]) == int(self.ours):
                     return (cu.CUresult.CUDA_ERROR_NOT_READY,)
+                if name == "cuGraphLaunch" and behaviour == "cupti_hang":
+                    self.graph_runs += 1
+                    if self.graph_runs == 8:     # 2 warmups, 4 timed, CUPTI run 1: run 2 stops at its 2nd kernel
+                        fake.record(1, "incr_graph", graph=int(a[0]) & 0xffff or 1)
+                        self.hung = True
+                        return (cu.CUresult.CUDA_SUCCESS,)
                 if name == "cuLaunchKernel" and self.capturing:
                     self.nodes += 1
                 r = fn(*a)
@@ -623,6 +630,18 @@ def test_graph_run_that_never_finishes_is_reported_not_hung(double, tmp_path):
     s = r["report"]["summary"]
     assert s["hung"] is True and "did not finish within 1.6 s" in s["error"]
     assert any("did not finish" in e and "replay stops" in e for e in r["errors"])
+
+
+def test_a_traced_graph_run_that_never_finishes_names_where_it_waits(double, tmp_path):
+    """CUPTI has delivered the records of the kernels that finished: the first operation of the
+    sequence without one is where the graph waits."""
+    snap = tmp_path / "incr.cusnap"
+    facts = incr_program(snap, launches=3)
+    r = _wrapped(double, tmp_path, snap, "graph", "cupti_hang")
+    assert r["exit"] == 2
+    err = r["report"]["summary"]["error"]
+    assert "CUPTI run 2 did not finish within 1.6 s" in err, err
+    assert f"; 1 of 3 operations had finished, the first not finished is call #{facts['seqs'][1]} " in err, err
 
 
 def test_graph_mode_uses_a_non_blocking_stream_and_no_sync_while_capturing(double, tmp_path):

@@ -6,7 +6,7 @@ from cudasnap.formats.callset import learn_kernel_name
 from . import handles
 from ..archcheck import runnable
 from ..errors import ReplayError
-from ..functions import kernel_as_function, resolve_function
+from ..functions import kernel_as_function, preload_functions, resolve_function
 from ..replace import replacements
 from ..retarget import jit_done, jit_image
 
@@ -54,6 +54,7 @@ def _load_module(ctx, rec, img, out_key):
         ctx.keepalive_images.append(img)
         ctx.set_handle(rec_mod, mod, "module")
         ctx.modules[rec_mod] = mod
+        preload_functions(ctx, rec_mod, mod, library=False)
         if swap:
             rep.check_module(rec, rec_mod, mod, library=False)
     elif ctx.res.arch and rec["r"] == 0:
@@ -80,6 +81,7 @@ def library_load(ctx, rec):
         ctx.keepalive_images.append(img)
         ctx.set_handle(rec_lib, lib, "library")
         ctx.libraries[rec_lib] = lib
+        preload_functions(ctx, rec_lib, lib, library=True)
         if swap:
             rep.check_module(rec, rec_lib, lib, library=True)
 

@@ -529,9 +529,27 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
             LaunchGate.launch_timed(rp.ctx, self._gate, gexec, stream, *events)
         else:
             rp.ctx.raw("cuGraphLaunch", gexec, stream)
-        self._wait(stream, what)
+        try:
+            self._wait(stream, what)
+        except GraphHang as e:
+            if m0 is None:
+                raise
+            raise GraphHang(f"{e}{self._stuck_at(clock, m0)}") from None
         if m0 is not None and windows is not None:
             windows.append((m0, clock.mark()))
+
+    def _stuck_at(self, clock, m0) -> str:
+        """A traced run that did not finish: the operations whose records CUPTI has delivered
+        (finished ones) and the first without one, where the graph waits (its nodes run in
+        the sequence's order, except where the recorded streams let them overlap)."""
+        try:
+            done = len(clock.collect_records([(m0, clock.mark())])[0])
+        except Exception:                                   # CUPTI itself is stuck: nothing to add
+            return ""
+        if done >= len(self.ops):
+            return ""
+        return (f"; {done} of {len(self.ops)} operations had finished, the first not finished is "
+                f"{self._desc(self.ops[done])}")
 
     def _node_runs(self) -> int:
         """Runs for per-node times: as many as the graph's timed runs (fewer than --repeat when

@@ -570,6 +570,10 @@ static CUresult launch_common(CUfunction f, unsigned gx, unsigned gy, unsigned g
     CHECK(stream_validate(s));
     struct func_obj *fo = as_func(f);
     if (!fo) return CUDA_ERROR_INVALID_HANDLE;
+    /* DOUBLE_LOAD_AT_LAUNCH_FAILS=1: a launch that would have to load its function fails, as
+     * one waits forever on a GPU where a collective of the job waits for its peer */
+    if (fo->lazy && getenv("DOUBLE_LOAD_AT_LAUNCH_FAILS") && atoi(getenv("DOUBLE_LOAD_AT_LAUNCH_FAILS")))
+        return CUDA_ERROR_LAUNCH_FAILED;
     fo->lazy = 0;                    /* a launch loads a lazy function */
     if (!gx || !gy || !gz || !bx || !by || !bz || gy > 65535 || gz > 65535) return CUDA_ERROR_INVALID_VALUE;
     if ((u64)bx * by * bz > 1024 || bz > 64) return CUDA_ERROR_INVALID_VALUE;
