@@ -75,9 +75,10 @@ def test_runs_with_other_arrival_orders_compare_per_last_rank():
 
 
 # --------------------------------------------------------------------------- profiling a rank of a job
-def _rank_snapshot(path, reps=3, n=64, free=False):
+def _rank_snapshot(path, reps=3, n=64, free=False, lead=False):
     """fill launched as an NCCL-named kernel (a collective) between incr launches, one process.
-    free: the program frees its buffers after its last D2H (as a job's teardown does)."""
+    free: the program frees its buffers after its last D2H (as a job's teardown does); lead: a
+    collective first (the stretch then starts after one)."""
     import struct
     from cudasnap.replay.synth import Synth
     s = Synth(path)
@@ -97,6 +98,8 @@ def _rank_snapshot(path, reps=3, n=64, free=False):
         s.call("cuMemAlloc_v2", {"dptr": p, "bytesize": n * 4})
     s.call("cuMemcpyHtoD_v2", {"dstDevice": I, "srcHost": 0x7F0000100000, "ByteCount": n * 4},
            x={"srcHost": s.blob(bytes(n * 4))})
+    if lead:
+        s.launch(f_coll, struct.pack("<Qi", F, n), block=n)
     for r in range(reps):
         s.launch(f_incr, struct.pack("<Qi", I, n), block=n)
         s.launch(f_coll, struct.pack("<Qi", F, n), block=n)
@@ -146,6 +149,15 @@ def test_a_rank_profiles_around_its_collectives(double, tmp_path):
     # profiled after the replay's last call: a pause between collectives could deadlock with a peer
     assert s.get("profiled_at_end") is True, s
     assert "at the replay's end" in " ".join(d["profile"]["warnings"])
+    # launches replayed one by one by their handlers (NCCL's are) hold the stretch too: a
+    # collective before it in the graph waited for a peer running a different number of runs
+    lead = _rank_snapshot(tmp_path / "lead.cusnap", lead=True)
+    cp, d = _replay_json(double, lead, "--profile", "graph", "--repeat", "2", "--warmup", "0",
+                         env={**job, "CUDASNAP_FASTPATH": "0"})
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    s = d["profile"]["summary"]
+    assert s["stretch"]["launches"] == 1 and s["launches"] == 1 and s["nodes"] == 1, s
+    assert {r["name"] for r in d["profile"]["launches"]} == {"incr"}
     # a selection holding a collective is refused at once, the rank replaying on
     cp, d = _replay_json(double, snap, "--profile", "graph", "-c", "4", "--repeat", "2", "--warmup", "0", env=job)
     assert cp.returncode == 2, cp.stdout + cp.stderr

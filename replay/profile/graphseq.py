@@ -236,7 +236,8 @@ class SequenceRecording:
     def _record(self, kind: str, ev) -> None:
         """One replay event, before the graph is built."""
         if kind == "before_launch":
-            if self.sel(ev):
+            # in the stretch only: a rank's stretch starts after a collective the selection holds
+            if self.sel(ev) and isinstance(ev.seq, int) and self.first_seq <= ev.seq <= self.last_seq:
                 if self.rp.ctx.stream_capturing(ev.rec_stream, ev.stream):
                     self.skipped_captured += 1       # a node of the program's own graph, not run now
                 else:
@@ -253,7 +254,7 @@ class SequenceRecording:
             if self._pre_pending and isinstance(s, int) and s < self.first_seq \
                     and (self._pre_after is None or s >= self._pre_after):
                 self._save_pre(s)
-        elif kind == "copy" and self.ops:
+        elif kind == "copy" and self.ops and isinstance(ev.seq, int) and ev.seq <= self.last_seq:
             self._add_copy(ev.rec, ev)
         elif kind == "after_launch" and ev.seq == self.last_seq:
             self.due = True
