@@ -323,6 +323,13 @@ class Replayer(BatchRunner):
         if self.initialized:
             return
         self.initialized = True
+        t0 = time.monotonic()
+        try:
+            self._init_driver()
+        finally:
+            self.ctx.res.init_s = round(time.monotonic() - t0, 4)
+
+    def _init_driver(self) -> None:
         try:
             r = self.ctx.cu.cuInit(0)
         except Exception as e:  # the bindings could not load libcuda.so.1

@@ -662,6 +662,23 @@ def test_graph_mode_uses_a_non_blocking_stream_and_no_sync_while_capturing(doubl
     assert s["per_node_method"] == "event nodes between launches" and s["launches_timed"] == 3
 
 
+def test_a_profile_says_where_the_replays_time_went(double, tmp_path):
+    """run.timings_s: process start to the profile, reading and planning, cuInit and the
+    placement reservation, the loop to the first launch, the launches, the rest; they add up to
+    no more than the process's life."""
+    import time
+    snap = tmp_path / "incr.cusnap"
+    incr_program(snap, launches=3)
+    t0 = time.monotonic()
+    r = _wrapped(double, tmp_path, snap, "timeline", "cupti")
+    life = time.monotonic() - t0
+    t = r["report"]["run"]["timings_s"]
+    assert set(t) == {"to_start", "read_and_plan", "driver_init", "to_first_launch", "launches", "after_loop"}, t
+    assert all(isinstance(v, float) and v >= 0 for v in t.values()), t
+    assert t["to_start"] > 0.05 and t["driver_init"] < t["to_first_launch"] + t["launches"]
+    assert sum(v for k, v in t.items() if k != "driver_init") < life, (t, life)
+
+
 def test_graph_mode_per_node_times_from_cupti(double, tmp_path):
     snap = tmp_path / "incr.cusnap"
     incr_program(snap, launches=3)

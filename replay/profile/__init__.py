@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
@@ -113,6 +114,33 @@ def make_profiler(cfg: ProfileConfig, warn: Callable[[str], None]):
     return None
 
 
+def _since_process_start() -> Optional[float]:
+    """Seconds since this process started (Linux), None elsewhere."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            up = float(f.read().split()[0])
+        return max(0.0, up - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def phase_timings(res, t_entry: float) -> Dict[str, Optional[float]]:
+    """Where a profiled replay's wall time went, in seconds: process start to the profile's
+    start (interpreter, imports), reading and planning, the driver's start-up (cuInit and the
+    placement reservation), the loop up to the first launch (contexts, modules, memory), the
+    launches to the loop's end (profiling included), and what followed until the report."""
+    def span(a, b):
+        return round(b - a, 4) if isinstance(a, (int, float)) and isinstance(b, (int, float)) else None
+    now = time.monotonic()
+    since = _since_process_start()
+    ls, le, fl = res.loop_start_mono, res.loop_end_mono, res.first_launch_mono
+    return {"to_start": round(since - (now - t_entry), 4) if since is not None else None,
+            "read_and_plan": span(t_entry, ls), "driver_init": res.init_s,
+            "to_first_launch": span(ls, fl), "launches": span(fl, le), "after_loop": span(le, now)}
+
+
 @dataclass
 class ProfileRun:
     result: ReplayResult
@@ -128,6 +156,7 @@ def profile_replay(snapshot, cfg: ProfileConfig, options: Optional[ReplayOptions
     specs) and NVTX ranges.  Writes cfg.out and cfg.trace when set."""
     from ..engine import Replayer
     from ..hooks import HookAdapter, load_hook
+    t_entry = time.monotonic()
     err = check_config(cfg)
     if err:
         raise ValueError(err)
@@ -176,6 +205,7 @@ def profile_replay(snapshot, cfg: ProfileConfig, options: Optional[ReplayOptions
             from .report import run_info
             report["run"] = run_info(rp, cfg, opts, snapshot)
             report["run"]["exit_code"] = res.exit_code
+            report["run"]["timings_s"] = phase_timings(res, t_entry)
         except Exception as e:  # facts for comparisons; never a reason to lose the profile
             report["warnings"].append(f"run facts unavailable: {type(e).__name__}: {e}")
         failure = profile_failure(report, cfg)

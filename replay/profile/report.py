@@ -4,7 +4,8 @@ JSON: {"summary": {...}, "kernels": [...], "launches": [...], "warnings": [...],
 `run` says what was measured where (`cudasnap compare` refuses runs that differ): the
 snapshot (path, id, what it was captured on), the GPU replayed on, the driver (CUDA version
 it supports, NVIDIA version, libcuda path), tool versions, the profile settings, the replay
-command and the CUDA-related environment.
+command and the CUDA-related environment; `timings_s`, where the replay's wall time went
+(profile/__init__.py phase_timings).
 CSV: one row per launch (row_type=launch) then one per kernel name (row_type=kernel).
 `name` is the kernel's recorded (mangled) name, `demangled` its C++ name (replay/names.py)."""
 from __future__ import annotations
