@@ -11,8 +11,9 @@
 #      compute_k, so there the environment is plain);
 #   4. runs it on 1 GPU (CUDA_VISIBLE_DEVICES=0) and on 4, each into its own store, timed;
 #   5. reports the 4-GPU store (text, --json, --html) and checks: exit 1, the one regression is
-#      compute_k in demo_ab under the -G swap, attributed to the rebuilt kernel, no other cell
-#      regressed, 4 GPUs >= 3x faster than 1; prints cells per hour, the engine's overhead per
+#      compute_k in demo_ab under the -G swap, attributed to the rebuilt kernel; no cell
+#      regressed where the environment is the baseline's (eager loading is a real change: its
+#      findings are listed), 4 GPUs >= 3x faster than 1; prints cells per hour, the engine's overhead per
 #      cell and the store's size per 1,000 cells from the stores.
 # Writes under $OUT: campaign.log, campaign.toml, campaign.html, report.json, run1.json,
 # run4.json, summary.json, stores.tar.gz. Run from the project root:  bash bench/campaign_gpu.sh
@@ -134,10 +135,18 @@ print("regressions:", [(g["snapshot"], g["env"], g["kernel"], round(g["diff_pct"
                         [(d["dimension"], d["what"]) for d in g["differences"]]) for g in regs])
 ok_found = [g for g in regs if g["snapshot"] == "demo_ab.cusnap" and g["env"] == "G-swap" and g["kernel"] == "compute_k"]
 attributed = ok_found and any(d["dimension"] == "rebuilt kernel" and d["what"] == "compute_k" for d in ok_found[0]["differences"])
-others = [g for g in regs if g not in ok_found]
+# eager module loading is a real change of environment: natively too, some short kernels run
+# 8-26% slower under it (bench/diag/diag_eager_loading_gpu.py), so regressions there, attributed
+# to CUDA_MODULE_LOADING, are findings. Every other cell replays the baseline's environment (the
+# -G swap of a snapshot without compute_k): a regression there would be a false one.
+eager = [g for g in regs if g not in ok_found and g["env"] == "eager-loading"
+         and any(d["what"] == "CUDA_MODULE_LOADING" for d in g["differences"])]
+others = [g for g in regs if g not in ok_found and g not in eager]
 print("PASS" if ok_found else "FAIL", ": compute_k under the -G swap found")
 print("PASS" if attributed else "FAIL", ": attributed to the rebuilt kernel compute_k")
-print("PASS" if not others else "FAIL", f": no other regression ({len(others)})")
+print("PASS" if not others else "FAIL", f": no regression where the environment is the baseline's ({len(others)})")
+print(f"eager-loading findings (compare with diag_eager_loading_gpu.py): {len(eager)}",
+      [(g["snapshot"], g["kernel"][:60], round(g["diff_pct"] or 0, 1)) for g in eager])
 print("PASS" if not rep["infra_failures"] else "FAIL", f": no infrastructure failure ({len(rep['infra_failures'])})")
 r1, r4 = json.load(open(os.path.join(os.path.dirname(sys.argv[1]), "run1.json"))), json.load(open(os.path.join(os.path.dirname(sys.argv[1]), "run4.json")))
 c1, c4 = r1["cells_wall_s"], r4["cells_wall_s"]
@@ -160,6 +169,19 @@ for name, path, t, k in (("1gpu", sys.argv[4], t1, 1), ("4gpu", sys.argv[5], t4,
                   "result_latency_s_per_replay": round((att[2] or 0) / max(1, att[0]), 3),
                   "store_bytes_per_1000_cells": round(size / max(1, all_cells) * 1000)}
     print(name, summ[name])
+    # where each replay's time went (profile run.timings_s), mean over the run's cells
+    import zstandard
+    phases = {}
+    db = sqlite3.connect(path)
+    for enc, data in db.execute("SELECT p.encoding, p.data FROM profiles p JOIN cells c ON c.id = p.cell_id "
+                                "WHERE c.run_id=?", (run,)):
+        raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=1 << 30) if "zst" in (enc or "") else data
+        for k, v in ((json.loads(raw).get("run") or {}).get("timings_s") or {}).items():
+            if isinstance(v, (int, float)):
+                phases.setdefault(k, []).append(v)
+    db.close()
+    summ[name]["replay_phases_mean_s"] = {k: round(sum(v) / len(v), 3) for k, v in phases.items()}
+    print(name, "replay phases, mean s:", summ[name]["replay_phases_mean_s"])
 json.dump(summ, open(sys.argv[6], "w"), indent=1)
 if not (ok_found and attributed and not others and not rep["infra_failures"] and t1 >= 3 * t4):
     sys.exit(1)
