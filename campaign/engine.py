@@ -161,7 +161,7 @@ class Engine:
         s, e, r = cell.snapshot, cell.env, self.c.rules
         return {"path": s.path, "digest": s.digest, "size": s.size, "ship": self.ship, "mode": s.mode,
                 "kernels": s.kernels, "vars": cell.vars, "driver": e.driver, "repeat": r.repeats, "warmup": r.warmup,
-                "timeout": r.timeout}
+                "timeout": r.timeout, "hold_gpu": r.hold_gpus}
 
     def _submit(self, st: CellState, purpose: str, with_bytes: bool = False):
         # a baseline rerun replays the baseline's snapshot and env, for this cell's judgement
@@ -414,6 +414,9 @@ class Engine:
         self._base_run = run_id
 
     def shutdown(self) -> None:
+        if self.c.rules.hold_gpus:
+            from .keeper import release_all
+            release_all()          # this node's keepers end now; other nodes' after their idle time
         try:
             self.ray.shutdown()
         except Exception:

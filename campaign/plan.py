@@ -12,6 +12,7 @@
     confirm = true                   # a regression needs a confirmation run that agrees
     timeout = 1800                   # seconds per replay
     retries = 2                      # crash, timeout, lost node: more tries on another worker
+    hold_gpus = true                 # keep each GPU's driver state warm between replays (keeper.py)
 
     [[snapshot]]
     path = "snaps/*.cusnap"          # a path or a glob, relative to this file
@@ -55,6 +56,7 @@ class Rules:
     confirm: bool = True
     timeout: float = 1800.0
     retries: int = 2
+    hold_gpus: bool = True
 
 
 @dataclass
@@ -176,7 +178,8 @@ def _rules(t: Any, where: str) -> Rules:
                  max_reruns=_num(t, "max_reruns", d.max_reruns, int, 0, where),
                  confirm=_num(t, "confirm", d.confirm, bool, 0, where),
                  timeout=_num(t, "timeout", d.timeout, float, 1, where),
-                 retries=_num(t, "retries", d.retries, int, 0, where))
+                 retries=_num(t, "retries", d.retries, int, 0, where),
+                 hold_gpus=_num(t, "hold_gpus", d.hold_gpus, bool, 0, where))
 
 
 def _envs(tables: Any, path: str, base: str) -> List[Env]:

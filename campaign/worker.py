@@ -18,6 +18,8 @@ from typing import Any, Dict, List, Optional
 
 import xxhash
 
+from . import keeper
+
 # a test hook: when this file exists, the first replay to claim it (by removing it) has its
 # worker SIGKILLed while the replay runs, as a lost worker would
 KILL_HOOK = "CUDASNAP_CAMPAIGN_TEST_KILL"
@@ -118,6 +120,8 @@ def run_replay(spec: Dict[str, Any], gpu_ids: List[Any], snap: str) -> Dict[str,
             d = _driver_dir(spec["driver"], work)
             old = env.get("LD_LIBRARY_PATH", "")
             env["LD_LIBRARY_PATH"] = d + (os.pathsep + old if old else "")
+        if gpu_ids and spec.get("hold_gpu"):
+            keeper.ensure(res["visible_devices"])   # the next replays on this GPU start warm
         cmd = [sys.executable, "-m", "cudasnap"] + argv_for(snap, out, spec["mode"], spec.get("kernels"),
                                                             spec["repeat"], spec["warmup"])
         t0 = time.monotonic()

@@ -53,7 +53,8 @@ def cluster(double, tmp_path_factory):
     the kill hook's path."""
     d = tmp_path_factory.mktemp("campaign")
     saved = {k: os.environ.get(k) for k in ("LD_LIBRARY_PATH", "CUDASNAP_CAMPAIGN_TEST_KILL", "CUDASNAP_CACHE",
-                                            "RAY_AUTH_MODE")}
+                                            "RAY_AUTH_MODE", "CUDASNAP_KEEPER_DIR")}
+    os.environ["CUDASNAP_KEEPER_DIR"] = str(d / "keepers")
     os.environ["RAY_AUTH_MODE"] = "disabled"        # a private test runtime: the CLI connects without a token
     os.environ["LD_LIBRARY_PATH"] = double["env"]["LD_LIBRARY_PATH"]
     os.environ["CUDASNAP_CAMPAIGN_TEST_KILL"] = str(d / "kill-one-worker")
@@ -65,7 +66,7 @@ def cluster(double, tmp_path_factory):
         three_kernels(snaps / f"s{i}.cusnap", n=n)
     try:
         yield {"address": ray.get_runtime_context().gcs_address, "dir": d, "snaps": snaps,
-               "kill": d / "kill-one-worker", "env": dict(double["env"], RAY_AUTH_MODE="disabled")}
+               "kill": d / "kill-one-worker", "env": dict(double["env"], RAY_AUTH_MODE="disabled", CUDASNAP_KEEPER_DIR=str(d / "keepers"))}
     finally:
         ray.shutdown()
         for k, v in saved.items():
@@ -109,6 +110,7 @@ def test_planted_regression_found_and_attributed(cluster, tmp_path):
     assert db.execute("SELECT COUNT(*) FROM cells WHERE gpu_req='H100' AND status='ok'").fetchone()[0] == 4
     assert db.execute("SELECT COUNT(*) FROM attempts WHERE purpose='confirm'").fetchone()[0] >= 4
     assert db.execute("SELECT status, exit_code FROM runs").fetchall() == [("done", 1)]
+    _keepers_held_and_released(cluster)
     # the report reads the store alone: text, JSON and HTML with the trend plotted
     html = tmp_path / "r.html"
     cp = _cli(cluster, "campaign", "report", store, "--html", html)
@@ -120,6 +122,31 @@ def test_planted_regression_found_and_attributed(cluster, tmp_path):
     assert "plotly" in page and "kernel medians per run" in page and "slowfill" in page
     cp = _cli(cluster, "campaign", "report", store, "--html", html)
     assert cp.returncode == 2 and "exists" in cp.stderr and len(cp.stderr.strip().splitlines()) == 1
+
+
+def _keepers_held_and_released(cluster):
+    """A keeper per GPU held its driver state while the replays ran; the run's end told them
+    to go (their heartbeat files removed), and they went."""
+    kd = cluster["dir"] / "keepers"
+    pids = [int(p.read_text()) for p in kd.glob("*.pid")]
+    assert len(pids) == 2, sorted(x.name for x in kd.iterdir())
+    assert not list(kd.glob("*.beat"))
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(_running(p) for p in pids):
+        time.sleep(0.2)
+    assert not any(_running(p) for p in pids)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def test_worker_killed_mid_cell_is_retried(cluster, tmp_path):

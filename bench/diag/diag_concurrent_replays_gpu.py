@@ -67,15 +67,15 @@ def main() -> int:
     failures: list = []
     report = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for snap in a.snapshots:
+        for si, snap in enumerate(a.snapshots):
             alone, together = [], []
             for r in range(a.rounds):
                 for phase in (("alone", "together") if r % 2 == 0 else ("together", "alone")):
                     if phase == "alone":
-                        out = Path(tmp) / f"a{r}.json"
+                        out = Path(tmp) / f"s{si}a{r}.json"
                         alone.append(finish(*start(snap, 0, out, a.mode), out, failures))
                     else:
-                        outs = [Path(tmp) / f"t{r}_{g}.json" for g in range(n)]
+                        outs = [Path(tmp) / f"s{si}t{r}_{g}.json" for g in range(n)]
                         procs = [start(snap, g, outs[g], a.mode) for g in range(n)]
                         together += [finish(p, t0, o, failures) for (p, t0), o in zip(procs, outs)]
             ma, mt = mean_rows([x for x in alone if x]), mean_rows([x for x in together if x])
