@@ -7,7 +7,8 @@ with a process holding a context on each GPU, 0.20 s and 0.58 s
 (bench/diag/diag_concurrent_replays_gpu.py). The worker starts one keeper per GPU of its node
 (`ensure`), detached, holding that GPU's primary context and doing no work on it; each replay
 renews its heartbeat file, and the keeper ends when the file is gone or has not been renewed
-for its idle time (CUDASNAP_KEEPER_IDLE_S, default 30 s). It costs the memory of one context.
+for its idle time (CUDASNAP_KEEPER_IDLE_S, default 30 s). It costs the memory of one context;
+on a GPU in an exclusive compute mode it holds nothing (its context would lock replays out).
 
     python -m cudasnap.campaign.keeper BEAT_FILE IDLE_S      (CUDA_VISIBLE_DEVICES: its GPU)
 """
@@ -96,6 +97,9 @@ def hold(beat: str, idle_s: float) -> int:
     r, dev = cu.cuDeviceGet(0)
     if int(r) != 0:
         return 2
+    r, mode = cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_MODE, dev)
+    if int(r) != 0 or int(mode) != 0:
+        return 0           # not the default compute mode: a context held here would lock replays out
     r, ctx = cu.cuDevicePrimaryCtxRetain(dev)
     if int(r) != 0:
         return 2

@@ -137,6 +137,21 @@ def _keepers_held_and_released(cluster):
     assert not any(_running(p) for p in pids)
 
 
+def test_keeper_holds_until_released_and_never_on_an_exclusive_gpu(double, tmp_path):
+    beat = tmp_path / "0.beat"
+    beat.write_text("")
+    env = dict(double["env"])
+    cmd = [sys.executable, "-m", "cudasnap.campaign.keeper", str(beat), "30"]
+    p = subprocess.Popen(cmd, env=env)
+    time.sleep(2.5)
+    assert p.poll() is None                        # holding while its heartbeat is fresh
+    beat.unlink()
+    assert p.wait(timeout=20) == 0                 # released
+    beat.write_text("")
+    p = subprocess.Popen(cmd, env=dict(env, DOUBLE_COMPUTE_MODE="3"))
+    assert p.wait(timeout=20) == 0                 # exclusive process mode: holds nothing, at once
+
+
 def _running(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -281,6 +281,8 @@ API CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice d
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: v = 9; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: v = 0; break;
     case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: v = 0x1b; break;
+    case 20:     /* CU_DEVICE_ATTRIBUTE_COMPUTE_MODE; DOUBLE_COMPUTE_MODE=3: exclusive process */
+        v = getenv("DOUBLE_COMPUTE_MODE") ? atoi(getenv("DOUBLE_COMPUTE_MODE")) : 0; break;
     default: v = 0;
     }
     *pi = v;
