@@ -145,6 +145,34 @@ def test_a_rank_behind_in_collectives_runs_on_to_the_cut(double, jobwin, tmp_pat
         _passes(double, tmp_path / "coll.w1.group.json", env={**env, "DOUBLE_LOAD_AT_LAUNCH_FAILS": "1"})
 
 
+def test_library_kernels_load_when_their_context_becomes_current(double, tmp_path):
+    """The runtime loads libraries before any context exists, so their kernels cannot load with
+    them: they load in each context as it becomes current, before any launch (a launch that
+    must load its function fails on the double with DOUBLE_LOAD_AT_LAUNCH_FAILS)."""
+    import struct
+    from cudasnap.replay.synth import DOUBLE_MODULE, Synth
+    path = tmp_path / "lib.cusnap"
+    s = Synth(path)
+    lib, kern, ctx, buf = 0x55561000, 0x55570009, 0x55550000, 0x200000000000
+    s.call("cuInit", {"Flags": 0})
+    s.call("cuLibraryLoadData", {"library": lib, "code": 0x7F0000001000}, x={"image": s.blob(DOUBLE_MODULE + b"\0")})
+    s.call("cuDeviceGet", {"device": 0, "ordinal": 0})
+    s.call("cuDevicePrimaryCtxRetain", {"pctx": ctx, "dev": 0})
+    s.call("cuCtxSetCurrent", {"ctx": ctx})
+    s.call("cuMemAlloc_v2", {"dptr": buf, "bytesize": 64})
+    s.call("cuLibraryGetKernel", {"pKernel": kern, "library": lib, "name": "fill"})
+    s.fn(kern, "fill", lib, [[0, 8], [8, 4], [12, 4]], kind="kernel")
+    s.launch(kern, struct.pack("<QIi", buf, 7, 16), block=16)
+    s.expect_d2h(buf, [7] * 16)
+    s.double_epilogue(frees=[buf])
+    env = {"DOUBLE_LAZY_FUNCTIONS": "1"}
+    rp = _run(double, "replay", str(path), "--json", env=env)
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    rp = _run(double, "replay", str(path), "--json", env={**env, "DOUBLE_LOAD_AT_LAUNCH_FAILS": "1"})
+    assert rp.returncode == 0, rp.stdout[-1500:] + rp.stderr
+    assert json.loads(rp.stdout)["d2h_verified"] == 1
+
+
 def _notes(path):
     with SnapshotReader(path) as r:
         return [x.get("msg") or "" for x in r.records() if x.get("k") == "note"]
