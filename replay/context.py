@@ -128,7 +128,7 @@ class ReplayContext:
         "keepalive", "keepalive_images", "unload_later", "vmm_virtual", "capturing", "cur_ctx", "mismatch_text", "prefetch",
         # state the handlers keep
         "cond_bodies", "cond_handles", "graph_notes", "xmode_inputs", "noted", "replacements", "jit_t0",
-        "jit_what", "ipc_opened", "devmap", "devlive", "host_placed", "preload_ctx",
+        "jit_what", "ipc_opened", "devmap", "devlive", "host_placed", "preloaded_in",
     )
 
     def __init__(self, opt, res, tol):
@@ -168,7 +168,7 @@ class ReplayContext:
         self.devmap = None                               # recorded device -> GPU (devices.py), built on first use
         self.devlive: Dict[int, Any] = {}                # GPU ordinal -> live CUdevice
         self.host_placed: Set[int] = set()               # pinned host ranges mapped at their recorded address
-        self.preload_ctx = None                          # primary context retained to load library kernels in
+        self.preloaded_in: Dict[int, Set[int]] = {}      # live context -> libraries whose kernels it loaded
 
     @property
     def modules(self) -> Dict[int, Any]:

@@ -66,47 +66,47 @@ def preload_functions(ctx, rec_mod, live, library: bool) -> int:
         return 0
     names = {fr.get("name") for fr in ctx.fns.values() if fr.get("module") == rec_mod}
     names.update(fr.get("name") for vers in ctx.fn_versions.values() for _, fr in vers if fr.get("module") == rec_mod)
-    cu, n, switched = ctx.cu, 0, False
+    cu, n = ctx.cu, 0
     try:
         for name in sorted(x for x in names if isinstance(x, str) and x):
             if library:
                 r = cu.cuLibraryGetKernel(live, name.encode())
-                if int(r[0]) != 0:
-                    continue
-                k = r[1]
-                r = cu.cuKernelGetFunction(k)
-                if int(r[0]) == CUDA_ERROR_INVALID_CONTEXT and not switched:
-                    switched = _primary_current(ctx)
-                    if switched:
-                        r = cu.cuKernelGetFunction(k)
+                if int(r[0]) == 0:
+                    r = cu.cuKernelGetFunction(r[1])
+                    if int(r[0]) == CUDA_ERROR_INVALID_CONTEXT:
+                        break                             # none current yet: see preload_in
             else:
                 r = cu.cuModuleGetFunction(live, name.encode())
             if int(r[0]) == 0 and int(load(r[1])[0]) == 0:
                 n += 1
     except (RuntimeError, TypeError):     # a driver or binding without the call: loaded at launch
         pass
-    finally:
-        if switched:
-            cu.cuCtxSetCurrent(cu.CUcontext(0))
     return n
 
 
 CUDA_ERROR_INVALID_CONTEXT = 201
 
 
-def _primary_current(ctx) -> bool:
-    """The runtime loads libraries before any context exists: their kernels are loaded in the
-    replay device's primary context (the one it will use), retained once for the rest of the
-    replay so that what is loaded in it lives on; made current for the load only."""
-    cu = ctx.cu
-    if ctx.preload_ctx is None:
-        if ctx.dev is None:
-            return False
-        r = cu.cuDevicePrimaryCtxRetain(ctx.dev)
-        if int(r[0]) != 0:
-            return False
-        ctx.preload_ctx = r[1]
-    return int(cu.cuCtxSetCurrent(ctx.preload_ctx)[0]) == 0
+def preload_in(ctx, live_ctx) -> None:
+    """The runtime loads libraries before any context exists, so their kernels could not load
+    with them: they load in a context when the program retains or creates it (after any flags
+    it set), made current for the loads only."""
+    if not ctx.libraries or live_ctx is None:
+        return
+    try:
+        key = int(live_ctx)
+    except (TypeError, ValueError):      # a stand-in driver's context object
+        return
+    done = ctx.preloaded_in.setdefault(key, set())
+    todo = [(h, lib) for h, lib in ctx.libraries.items() if h not in done]
+    if not todo or int(ctx.cu.cuCtxPushCurrent(live_ctx)[0]) != 0:
+        return
+    try:
+        for h, lib in todo:
+            preload_functions(ctx, h, lib, library=True)
+            done.add(h)
+    finally:
+        ctx.cu.cuCtxPopCurrent()
 
 
 _BOUND: dict = {}           # library kernel handle -> the CUfunction it got (one replay per process)

@@ -147,8 +147,8 @@ def test_a_rank_behind_in_collectives_runs_on_to_the_cut(double, jobwin, tmp_pat
 
 def test_library_kernels_load_when_their_context_becomes_current(double, tmp_path):
     """The runtime loads libraries before any context exists, so their kernels cannot load with
-    them: they load in each context as it becomes current, before any launch (a launch that
-    must load its function fails on the double with DOUBLE_LOAD_AT_LAUNCH_FAILS)."""
+    them: they load in the context when the program retains it, before any launch (a launch
+    that must load its function fails on the double with DOUBLE_LOAD_AT_LAUNCH_FAILS)."""
     import struct
     from cudasnap.replay.synth import DOUBLE_MODULE, Synth
     path = tmp_path / "lib.cusnap"

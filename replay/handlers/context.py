@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from . import handles
+from ..functions import preload_in
 
 
 def _current(rp, rec, ctx) -> None:
@@ -24,6 +25,7 @@ def primary_retain(rp, rec):
     ctx = rp.drv(rec, "cuDevicePrimaryCtxRetain", _dev(rp, rec["a"].get("dev")))
     if ctx is not None:
         rp.set_handle(rec["a"].get("pctx"), ctx, "context")
+        preload_in(rp, ctx)
 
 
 @handles("cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxReset")
@@ -47,6 +49,7 @@ def ctx_create(rp, rec):
     if ctx is not None:
         rp.set_handle(a.get("pctx"), ctx, "context")
         _current(rp, rec, ctx)
+        preload_in(rp, ctx)
 
 
 @handles("cuCtxDestroy")
@@ -68,6 +71,7 @@ def ctx_or_primary(rp, rec, h):
     ident = rp.ctx_ids.get(h)
     ctx = rp.raw("cuDevicePrimaryCtxRetain", _dev(rp, (ident or {}).get("device")))
     rp.set_handle(h, ctx, "context")
+    preload_in(rp, ctx)
     if not (ident and ident.get("primary")):
         what = "a context the capture could not identify" if not ident or ident.get("primary") is None else \
             f"a non-primary context of device {ident.get('device')} not created by a recorded call"
