@@ -395,11 +395,14 @@ class Replayer(BatchRunner):
             self.ctx.res.profiler = {"range": pr, "starts": 0, "stops": 0}
             gc_on = gc.isenabled()
             gc.disable()            # the prescan builds 100k+ records that live on: no cycles to find
+            t_scan = time.monotonic()
             try:
                 self._prescan()
             finally:
                 if gc_on:
                     gc.enable()
+            startup = self.ctx.res.startup_s
+            startup["prescan"] = round(time.monotonic() - t_scan, 4)
             self.ctx.res.total_calls = self.total
             self.selection.prepare(self.ctx)
             why = self.selection.nothing(self.ctx)
@@ -413,12 +416,16 @@ class Replayer(BatchRunner):
             self._start_prefetch()
             if self._host_ranges:          # before the driver maps anything there
                 hostplace.reserve(self._host_ranges)
+            t_drv = time.monotonic()
             self.ctx.cu = self._load_driver()
+            startup["driver_load"] = round(time.monotonic() - t_drv, 4)
             if self.ctx.opt.watchdog:
                 self.watchdog = Watchdog(self.ctx.opt.watchdog)
             if self.subscribers:
                 from .events import RunEvent
+                t_sub = time.monotonic()
                 self.emit("start", RunEvent(self, self.path))
+                startup["profiler_start"] = round(time.monotonic() - t_sub, 4)
             self._loop()
             if self._pr_state == 1:
                 self._profiler_stop(None)

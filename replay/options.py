@@ -70,6 +70,7 @@ class ReplayResult:
     loop_start_mono: Optional[float] = None   # the replay loop (after start-up: read, plan, driver load)
     loop_end_mono: Optional[float] = None
     init_s: Optional[float] = None        # cuInit, the device's facts and the placement reservation
+    startup_s: Dict[str, float] = field(default_factory=dict)   # before the loop: prescan, driver load, profiler start
     native_calls: int = 0                 # calls (and skipped queries) the C executor ran
     sync_mono: List[List[float]] = field(default_factory=list)   # [seq, time] as each synchronization returned (step boundaries)
     message: str = ""

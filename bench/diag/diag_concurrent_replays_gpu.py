@@ -21,7 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-PHASES = ("to_start", "read_and_plan", "driver_init", "to_first_launch", "launches", "after_loop")
+PHASES = ("to_start", "read_and_plan", "read_and_plan.prescan", "read_and_plan.driver_load",
+          "read_and_plan.profiler_start", "driver_init", "to_first_launch", "launches", "after_loop")
 
 
 def gpu_count() -> int:
@@ -83,7 +84,7 @@ def main() -> int:
             print(f"== {Path(snap).name}: mean seconds per replay, alone on GPU 0 vs {n} at once ({a.rounds} rounds)")
             for k in PHASES + ("wall",):
                 if k in ma and k in mt:
-                    print(f"  {k:16s} {ma[k]:8.3f} {mt[k]:8.3f}  {mt[k] - ma[k]:+7.3f}")
+                    print(f"  {k:30s} {ma[k]:8.3f} {mt[k]:8.3f}  {mt[k] - ma[k]:+7.3f}")
     for f in failures:
         print(f"failed: {f}")
     if a.json:

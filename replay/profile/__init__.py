@@ -128,9 +128,10 @@ def _since_process_start() -> Optional[float]:
 
 def phase_timings(res, t_entry: float) -> Dict[str, Optional[float]]:
     """Where a profiled replay's wall time went, in seconds: process start to the profile's
-    start (interpreter, imports), reading and planning, the driver's start-up (cuInit and the
-    placement reservation), the loop up to the first launch (contexts, modules, memory), the
-    launches to the loop's end (profiling included), and what followed until the report."""
+    start (interpreter, imports), reading and planning (with its prescan, the driver's load and
+    the profiler's start), the driver's start-up (cuInit and the placement reservation), the
+    loop up to the first launch (contexts, modules, memory), the launches to the loop's end
+    (profiling included), and what followed until the report."""
     def span(a, b):
         return round(b - a, 4) if isinstance(a, (int, float)) and isinstance(b, (int, float)) else None
     now = time.monotonic()
@@ -138,7 +139,8 @@ def phase_timings(res, t_entry: float) -> Dict[str, Optional[float]]:
     ls, le, fl = res.loop_start_mono, res.loop_end_mono, res.first_launch_mono
     return {"to_start": round(since - (now - t_entry), 4) if since is not None else None,
             "read_and_plan": span(t_entry, ls), "driver_init": res.init_s,
-            "to_first_launch": span(ls, fl), "launches": span(fl, le), "after_loop": span(le, now)}
+            "to_first_launch": span(ls, fl), "launches": span(fl, le), "after_loop": span(le, now),
+            **{f"read_and_plan.{k}": v for k, v in (res.startup_s or {}).items()}}
 
 
 @dataclass
