@@ -100,6 +100,7 @@ class CellState:
     reruns: int = 0
     confirming: bool = False
     confirm_profile: Optional[Dict[str, Any]] = None
+    confirm_ref: Any = None           # a confirmation run sent ahead of its reruns (an idle GPU)
     base_extra: List[Dict[str, Any]] = field(default_factory=list)     # baseline replays pooled for this cell
     pending: int = 0                  # rerun replays still out
     bad_nodes: List[str] = field(default_factory=list)
@@ -183,6 +184,7 @@ class Engine:
         ref = self._task.options(**opts).remote(self._spec(cell), refs, self.driver_node, time.time())
         self.inflight[ref] = (st, purpose, time.monotonic())
         self.on_event("submit", {"cell": cell, "purpose": purpose})
+        return ref
 
     def _blob(self, snap):
         if snap.digest not in self._blobs:
@@ -264,6 +266,8 @@ class Engine:
             self.hosts.add(res["host"])
         prof = res.get("profile")
         out = "lost" if res.get("lost") else R.outcome_of(res.get("exit_code"), prof is not None)
+        if st.done and out == "lost":
+            out = "cancelled"             # a confirmation run sent ahead and not needed
         err = res.get("error") or (res.get("stderr_tail") or None if out != "ok" else None)
         gpu = ((prof or {}).get("run") or {}).get("gpu") or {}
         st.proc_s += res.get("proc_s") or 0.0
@@ -278,18 +282,25 @@ class Engine:
             st.failures += 1
             if res.get("node_id"):
                 st.bad_nodes.append(res["node_id"])
+            if st.done:
+                return                    # a confirmation run sent ahead and not needed
             if st.failures <= self.c.rules.retries:
                 self._submit(st, "retry" if purpose == "measure" else purpose)
                 return
             st.last = res
             self._finish(st, "infra", R.INFRA, error=f"{out} after {st.failures} tries: {err or ''}".strip())
             return
+        if st.done:
+            return                        # a confirmation run sent ahead and not needed
         st.last = res
         if out == "mismatch":
             self._finish(st, "mismatch", R.MISMATCH, error=err)
             return
         if purpose == "confirm":
             st.confirm_profile = prof
+            st.confirm_ref = None
+            if st.pending > 0:
+                return                    # sent ahead: judged when the reruns are in
         elif purpose == "rerun-baseline":
             st.base_extra.append(prof)
         else:
@@ -342,23 +353,29 @@ class Engine:
         except Exception as e:
             self._finish(st, "error", R.INCOMPARABLE, profile=merged, error=_one_line(e))
             return
-        if st.confirm_profile is None and not st.confirming:
-            if R.borderline(res, thr, rules.noise_factor) and st.reruns < rules.max_reruns:
-                # both sides again: a noisy baseline blurs a difference as much as a noisy candidate
-                st.reruns += 1
-                st.pending = 1
-                self._submit(st, "rerun")
-                if cell.baseline_key is not None:
-                    st.pending += 1
-                    self._submit(st, "rerun-baseline")
-                return
-            if res["regressed"] and rules.confirm:
+        if R.borderline(res, thr, rules.noise_factor) and st.reruns < rules.max_reruns:
+            # both sides again: a noisy baseline blurs a difference as much as a noisy candidate
+            st.reruns += 1
+            st.pending = 1
+            self._submit(st, "rerun")
+            if cell.baseline_key is not None:
+                st.pending += 1
+                self._submit(st, "rerun-baseline")
+            if res["regressed"] and rules.confirm and not st.confirming and self._idle_gpus() > 0:
+                # a GPU would wait idle: the confirmation runs beside the reruns, used only if
+                # they still find the regression (it is judged alone, as one sent after them)
                 st.confirming = True
-                self._submit(st, "confirm")
-                return
+                st.confirm_ref = self._submit(st, "confirm")
+            return
+        if not res["regressed"] or not rules.confirm:
             v = R.SLOWER_ if res["regressed"] else (R.FASTER_ if res["faster"] else R.SAME_)
             self._finish(st, "ok", v, profile=merged, res=res, confirmed=None)
             return
+        if st.confirm_profile is None:
+            if not st.confirming:
+                st.confirming = True
+                self._submit(st, "confirm")
+            return                        # judged when it is in
         # the confirmation run, judged alone, must find the same kernels slower
         try:
             conf = R.judge(base, st.confirm_profile, thr)
@@ -371,9 +388,20 @@ class Engine:
         v = R.SLOWER_ if agreed else R.UNCONFIRMED
         self._finish(st, "ok", v, profile=merged, res=res, confirmed=1 if agreed else 0, unconfirmed=unconfirmed)
 
+    def _idle_gpus(self) -> int:
+        """GPU slots no submitted replay waits for (every cell is submitted at the start, so
+        only the run's tail has any)."""
+        return self.slots() - len(self.inflight)
+
     def _finish(self, st: CellState, status: str, verdict: str, profile=None, res=None, error=None,
                 confirmed=None, unconfirmed=()) -> None:
         cell = st.cell
+        if st.confirm_ref is not None:    # sent ahead, not needed: its GPU goes back to the run
+            try:
+                self.ray.cancel(st.confirm_ref)
+            except Exception:
+                pass
+            st.confirm_ref = None
         prof = profile or (st.last or {}).get("profile")
         run = (prof or {}).get("run") or {}
         gpu = run.get("gpu") or {}

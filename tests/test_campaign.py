@@ -390,3 +390,92 @@ def test_cells_longest_first_by_their_past_times(tmp_path):
     order = Engine._longest_first(SimpleNamespace(store=s), cells)
     # new: 50 MB at the median of 90 s/MB and 0.1 s/MB (45.05 s/MB) = about 2,250 s
     assert [c.key for c in order] == ["new", "small", "big"]
+
+
+def _engine_stub(monkeypatch, verdicts):
+    """An Engine without Ray: submissions recorded, judgements scripted (one per _advance:
+    (regressed, borderline)), the store a list."""
+    from types import SimpleNamespace
+    from cudasnap.campaign import engine as E
+    eng = object.__new__(E.Engine)
+    eng.c = SimpleNamespace(rules=SimpleNamespace(threshold=10.0, noise_factor=2.0, max_reruns=1, confirm=True),
+                            baseline_env="plain")
+    eng.gpus, eng.inflight, eng.states, eng.hosts = 4, {}, {}, set()
+    eng.run_id, eng._skip_ids, eng.base_profiles = 1, {}, {"base": {"tag": "base"}}
+    eng.counts = {"ran": 0, "failed": 0, "regressed": 0}
+    eng.on_event = lambda kind, info: None
+    eng.cancelled, eng.sent, eng.finished = [], [], []
+    eng.ray = SimpleNamespace(cancel=lambda ref: eng.cancelled.append(ref))
+    eng.store = SimpleNamespace(add_attempt=lambda run, key, a: eng.sent.append(("attempt", a["purpose"], a["outcome"])),
+                                add_cell=lambda run, row, kernels, prof: eng.finished.append(row["verdict"]) or 7)
+
+    def submit(st, purpose, with_bytes=False):
+        ref = f"{purpose}#{len(eng.sent)}"
+        eng.inflight[ref] = (st, purpose, 0.0)
+        eng.sent.append(("submit", purpose))
+        return ref
+    eng._submit = submit
+    script = iter(verdicts)
+
+    def judge(base, cand, thr):
+        if cand.get("tag") == "confirm":
+            return {"regressed": True, "faster": False, "slower": ["k"]}
+        reg, bl = next(script)
+        return {"regressed": reg, "faster": False, "slower": ["k"] if reg else [], "bl": bl}
+    monkeypatch.setattr(E.R, "judge", judge)
+    monkeypatch.setattr(E.R, "borderline", lambda res, thr, f: res["bl"] if "bl" in res else False)
+    monkeypatch.setattr(E.R, "slower", lambda res: res["slower"])
+    monkeypatch.setattr(E.R, "merge_profiles", lambda ps: ps[-1] if ps else None)
+    monkeypatch.setattr(E.R, "kernel_rows", lambda res, prof, unconfirmed: [])
+    cell = SimpleNamespace(key="c1", baseline_key="base", snapshot=SimpleNamespace(path="s", digest="d", kernels=None,
+                           mode="timeline"), env=SimpleNamespace(name="e", gpu=None), identity=lambda: {})
+    st = E.CellState(cell)
+    eng.states["c1"] = st
+    return eng, st
+
+
+def _arrive(eng, st, purpose, profile=None, lost=False):
+    ref = next(r for r, v in eng.inflight.items() if v[1] == purpose)
+    del eng.inflight[ref]
+    res = {"lost": True} if lost else {"exit_code": 0, "profile": profile or {"tag": purpose}, "proc_s": 1.0}
+    eng._handle(st, purpose, 0.0, res)
+
+
+def test_a_borderline_regression_at_the_tail_confirms_beside_its_reruns(monkeypatch):
+    """An idle GPU runs the confirmation with the reruns; it counts only when the reruns still
+    find the regression, and is judged alone, as one sent after them."""
+    eng, st = _engine_stub(monkeypatch, [(True, True), (True, False)])
+    eng._submit(st, "measure")
+    _arrive(eng, st, "measure")
+    assert [x for x in eng.sent if x[0] == "submit"][1:] == [("submit", "rerun"), ("submit", "rerun-baseline"),
+                                                            ("submit", "confirm")]
+    _arrive(eng, st, "confirm", profile={"tag": "confirm"})     # first in: waits for the reruns
+    assert not eng.finished
+    _arrive(eng, st, "rerun")
+    _arrive(eng, st, "rerun-baseline")
+    assert eng.finished == ["SLOWER"] and not eng.cancelled
+
+
+def test_a_confirmation_sent_ahead_is_cancelled_when_the_reruns_clear_the_cell(monkeypatch):
+    eng, st = _engine_stub(monkeypatch, [(True, True), (False, False)])
+    eng._submit(st, "measure")
+    _arrive(eng, st, "measure")
+    _arrive(eng, st, "rerun")
+    _arrive(eng, st, "rerun-baseline")
+    assert eng.finished == ["SAME"] and len(eng.cancelled) == 1
+    _arrive(eng, st, "confirm", lost=True)                   # the cancelled task's end
+    assert eng.finished == ["SAME"] and eng.sent[-1] == ("attempt", "confirm", "cancelled")
+
+
+def test_no_confirmation_ahead_while_every_gpu_has_work(monkeypatch):
+    eng, st = _engine_stub(monkeypatch, [(True, True), (True, False), (True, False)])
+    eng.gpus = 3                                             # measure done; rerun, rerun-baseline and 1 more queued
+    eng.inflight["other"] = (None, "measure", 0.0)
+    eng._submit(st, "measure")
+    _arrive(eng, st, "measure")
+    assert ("submit", "confirm") not in eng.sent
+    _arrive(eng, st, "rerun")
+    _arrive(eng, st, "rerun-baseline")
+    assert eng.sent[-1] == ("submit", "confirm") and not eng.finished
+    _arrive(eng, st, "confirm", profile={"tag": "confirm"})
+    assert eng.finished == ["SLOWER"]
