@@ -193,6 +193,7 @@ class Replayer(BatchRunner):
         self._pace_start: Optional[float] = None
         self._host_ranges: List[Tuple[int, int]] = []     # recorded pinned host memory (hostplace)
         self._ipc_shared: List[int] = []                   # addresses shared through legacy IPC
+        self._unhandled: Dict[str, List[int]] = {}          # ABI name -> [calls, first seq]: no replay handler
         from .executor import module
         mod = module()
         self._slots = Slots(mod.ffi if mod is not None else None)
@@ -239,6 +240,12 @@ class Replayer(BatchRunner):
                     planner.add(rec)
                 if not fk:
                     return
+                if fk & 32 and rec.get("r") == 0:
+                    u = self._unhandled.get(rec["f"])
+                    if u is None:
+                        self._unhandled[rec["f"]] = [1, sq]
+                    else:
+                        u[0] += 1
                 if fk & 2 and rec.get("r") == 0:
                     # a context made current before its retain is the primary one
                     h = (rec.get("a") or {}).get("pctx")
@@ -283,10 +290,19 @@ class Replayer(BatchRunner):
         if self._expected:
             self.ctx.reader = ExpectedBlobs(self.ctx.reader, self._expected)
 
+    def _unhandled_text(self) -> str:
+        """The calls no handler replays, all named before any driver work (a replay would stop
+        at the first; --continue-on-error replays the rest and reports each)."""
+        parts = [f"{f} ({n} call{'s' if n > 1 else ''}, first #{first})"
+                 for f, (n, first) in sorted(self._unhandled.items(), key=lambda kv: kv[1][1] if isinstance(kv[1][1], int) else 0)]
+        return ("unsupported: the snapshot holds calls replay does not handle: " + ", ".join(parts[:6])
+                + (f" and {len(parts) - 6} more" if len(parts) > 6 else "")
+                + "; nothing was replayed (--continue-on-error replays the rest and reports each)")
+
     def _fkind(self, f) -> int:
         """Per name: 1 allocation, 2 primary context retain, 4 H2D prefetched, 8 pinned host
-        memory, 16 shared through legacy IPC (non-zero: the pre-scan reads the call itself, so
-        the C plan walk hands it over)."""
+        memory, 16 shared through legacy IPC, 32 no replay handler (non-zero: the pre-scan reads
+        the call itself, so the C plan walk hands it over)."""
         if type(f) is not str:
             return 0                   # a damaged record: its handler reports it
         fk = self._fk.get(f)
@@ -295,7 +311,8 @@ class Replayer(BatchRunner):
                   | (2 if f.startswith("cuDevicePrimaryCtxRetain") else 0)
                   | (4 if f in H2D_PREFETCHED else 0)
                   | (8 if f.startswith(hostplace.HOST_MEMORY) else 0)
-                  | (16 if f.startswith("cuIpcGetMemHandle") else 0))
+                  | (16 if f.startswith("cuIpcGetMemHandle") else 0)
+                  | (32 if dispatch.lookup(f) is None and not is_query(f) else 0))
             self._fk[f] = fk
         return fk
 
@@ -409,6 +426,8 @@ class Replayer(BatchRunner):
             if why:                        # before any driver work
                 self.empty_selection = why
                 raise ReplayError(why)
+            if self._unhandled and not self.ctx.opt.continue_on_error:
+                raise ReplayError(self._unhandled_text())
             if not self.selection.everything:
                 from .selection import StaleResults
                 self._stale = StaleResults(lambda: self.ctx.space, lambda rec: self.ctx.blob(rec, "srcHost"))
@@ -707,7 +726,7 @@ class Replayer(BatchRunner):
         self.ctx.res.last_seq = seq
         h = dispatch.lookup(f)
         if h is None:
-            if is_query(f):
+            if is_query(f) or rec.get("r", 0) != 0:     # a query, or a call that failed: no effect
                 self.ctx.res.skipped += 1
                 return
             self._error(rec, f"unsupported: call #{seq} {f} has no replay handler")

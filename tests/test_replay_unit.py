@@ -408,7 +408,8 @@ def test_missing_params_and_unsupported_exit_2(tmp_path):
     p2 = tmp_path / "un.cusnap"
     _program(p2, unsupported=True)
     res, _ = _run(p2)
-    assert res.exit_code == 2 and "cuTexObjectCreate" in res.errors[0] and "unsupported" in res.errors[0]
+    assert res.exit_code == 2 and "cuTexObjectCreate (1 call, first #" in res.errors[0] and "unsupported" in res.errors[0]
+    assert res.d2h_verified == 0 and res.launches == 0     # refused before any driver work, all named at once
     res, _ = _run(p2, continue_on_error=True)
     assert res.exit_code == 2 and res.d2h_verified == 2   # surveyed past it
 
