@@ -72,7 +72,8 @@ def _render(r: SnapshotReader, hdr: Mapping[str, Any], proc: Mapping[str, Any], 
         "record_kinds": dict(sm["kinds"]),
         "calls": {"total": sum(calls.values()), "errors": sm["errors"], "unreturned": sm["unreturned"],
                   "collapsed": sm["collapsed"],
-                  "by_name": dict(calls.most_common())},
+                  "by_name": dict(calls.most_common()),
+                  "replay_unhandled": _unhandled(calls)},
         "kernels": {"launches": sum(kernels.values()), "distinct": len(kernels),
                     "by_name": dict(kernels.most_common())},
         "memory": {k: {"count": v[0], "bytes": v[1]} for k, v in sorted(sm["memory"].items())},
@@ -94,6 +95,17 @@ def _render(r: SnapshotReader, hdr: Mapping[str, Any], proc: Mapping[str, Any], 
         "loss": sm.get("loss"),
         "window": _window_info(hdr, sm.get("window_state"), sm.get("state_calls") or 0, sm.get("trigger")),
     }
+
+
+def _unhandled(calls: Mapping[str, int]) -> Optional[Dict[str, int]]:
+    """Recorded calls no replay handler replays (replay refuses the snapshot, naming them);
+    None where the replayer cannot be loaded here."""
+    try:
+        from cudasnap.replay import dispatch
+        from cudasnap.formats.vocab import is_query
+        return {f: n for f, n in calls.items() if isinstance(f, str) and dispatch.lookup(f) is None and not is_query(f)}
+    except ImportError:
+        return None
 
 
 def _window_info(hdr: Mapping[str, Any], state, state_calls: int, trigger) -> Optional[Dict[str, Any]]:
@@ -265,6 +277,9 @@ def run_info(path: Path, json_out: bool) -> int:
     c = s["calls"]
     rep = f", {c['collapsed']} identical queries counted, not stored" if c.get("collapsed") else ""
     con.print(f"calls    : {c['total']}  (errors {c['errors']}, never returned {c['unreturned']}{rep})")
+    if c.get("replay_unhandled"):
+        con.print("replay   : [red]refused[/red] (where one of these calls succeeded): calls it does not replay: "
+                  + escape(", ".join(f"{f} ({n})" for f, n in list(c["replay_unhandled"].items())[:6])))
     state = "no" if not s["truncated"] else f"[red]YES[/red], {s['lost_bytes']} bytes lost, {s['recovered_frames']} frames recovered"
     con.print(f"truncated: {state}")
     w = s.get("window")
