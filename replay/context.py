@@ -128,7 +128,7 @@ class ReplayContext:
         "keepalive", "keepalive_images", "unload_later", "vmm_virtual", "capturing", "cur_ctx", "mismatch_text", "prefetch",
         # state the handlers keep
         "cond_bodies", "cond_handles", "graph_notes", "xmode_inputs", "noted", "replacements", "jit_t0",
-        "jit_what", "ipc_opened", "devmap", "devlive", "host_placed", "preloaded_in",
+        "jit_what", "ipc_opened", "devmap", "devlive", "host_placed", "preloaded_in", "names_in",
     )
 
     def __init__(self, opt, res, tol):
@@ -169,6 +169,7 @@ class ReplayContext:
         self.devlive: Dict[int, Any] = {}                # GPU ordinal -> live CUdevice
         self.host_placed: Set[int] = set()               # pinned host ranges mapped at their recorded address
         self.preloaded_in: Dict[int, Set[int]] = {}      # live context -> libraries whose kernels it loaded
+        self.names_in: Dict[int, Set[str]] = {}          # recorded module/library -> names the program asked of it
 
     @property
     def modules(self) -> Dict[int, Any]:

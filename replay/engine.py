@@ -240,6 +240,11 @@ class Replayer(BatchRunner):
                     planner.add(rec)
                 if not fk:
                     return
+                if fk & 64 and rec.get("r") == 0:
+                    a = rec.get("a") or {}
+                    owner, name = a.get("library", a.get("hmod")), a.get("name")
+                    if isinstance(owner, int) and isinstance(name, str):
+                        self.ctx.names_in.setdefault(owner, set()).add(name)
                 if fk & 32 and rec.get("r") == 0:
                     u = self._unhandled.get(rec["f"])
                     if u is None:
@@ -301,8 +306,9 @@ class Replayer(BatchRunner):
 
     def _fkind(self, f) -> int:
         """Per name: 1 allocation, 2 primary context retain, 4 H2D prefetched, 8 pinned host
-        memory, 16 shared through legacy IPC, 32 no replay handler (non-zero: the pre-scan reads
-        the call itself, so the C plan walk hands it over)."""
+        memory, 16 shared through legacy IPC, 32 no replay handler, 64 names a kernel of a module
+        or library (functions.preload_functions) (non-zero: the pre-scan reads the call itself,
+        so the C plan walk hands it over)."""
         if type(f) is not str:
             return 0                   # a damaged record: its handler reports it
         fk = self._fk.get(f)
@@ -312,7 +318,8 @@ class Replayer(BatchRunner):
                   | (4 if f in H2D_PREFETCHED else 0)
                   | (8 if f.startswith(hostplace.HOST_MEMORY) else 0)
                   | (16 if f.startswith("cuIpcGetMemHandle") else 0)
-                  | (32 if dispatch.lookup(f) is None and not is_query(f) else 0))
+                  | (32 if dispatch.lookup(f) is None and not is_query(f) else 0)
+                  | (64 if f.startswith(("cuLibraryGetKernel", "cuModuleGetFunction")) else 0))
             self._fk[f] = fk
         return fk
 

@@ -64,7 +64,10 @@ def preload_functions(ctx, rec_mod, live, library: bool) -> int:
     load = getattr(ctx.cu, "cuFuncLoad", None)
     if load is None or not isinstance(rec_mod, int) or not rec_mod:
         return 0
-    names = {fr.get("name") for fr in ctx.fns.values() if fr.get("module") == rec_mod}
+    # the names the program asked of it (the runtime asks a library for each kernel just before
+    # its first launch), and those of functions whose fn record names this module
+    names = set(ctx.names_in.get(rec_mod, ()))
+    names.update(fr.get("name") for fr in ctx.fns.values() if fr.get("module") == rec_mod)
     names.update(fr.get("name") for vers in ctx.fn_versions.values() for _, fr in vers if fr.get("module") == rec_mod)
     cu, n = ctx.cu, 0
     try:

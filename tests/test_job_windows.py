@@ -161,7 +161,7 @@ def test_library_kernels_load_when_their_context_becomes_current(double, tmp_pat
     s.call("cuCtxSetCurrent", {"ctx": ctx})
     s.call("cuMemAlloc_v2", {"dptr": buf, "bytesize": 64})
     s.call("cuLibraryGetKernel", {"pKernel": kern, "library": lib, "name": "fill"})
-    s.fn(kern, "fill", lib, [[0, 8], [8, 4], [12, 4]], kind="kernel")
+    s.fn(kern, "fill", 0, [[0, 8], [8, 4], [12, 4]], kind="kernel")    # the shim names no module for a CUkernel
     s.launch(kern, struct.pack("<QIi", buf, 7, 16), block=16)
     s.expect_d2h(buf, [7] * 16)
     s.double_epilogue(frees=[buf])
