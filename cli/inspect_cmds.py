@@ -102,8 +102,7 @@ def _unhandled(calls: Mapping[str, int]) -> Optional[Dict[str, int]]:
     None where the replayer cannot be loaded here."""
     try:
         from cudasnap.replay import dispatch
-        from cudasnap.formats.vocab import is_query
-        return {f: n for f, n in calls.items() if isinstance(f, str) and dispatch.lookup(f) is None and not is_query(f)}
+        return {f: n for f, n in calls.items() if isinstance(f, str) and dispatch.unhandled(f)}
     except ImportError:
         return None
 

@@ -12,7 +12,7 @@ Only call records (k == "c") match.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 from .abi import base_name
 from .vocab import is_launch
@@ -98,6 +98,19 @@ def launch_function_handle(rec: Mapping[str, Any]) -> Any:
 
 # calls that hand out a function or kernel handle by name (or another handle's)
 NAMING_CALLS = frozenset(("cuModuleGetFunction", "cuLibraryGetKernel", "cuKernelGetFunction"))
+
+
+def asked_by_name(rec: Mapping[str, Any]) -> Optional[Tuple[Any, str]]:
+    """(module or library, kernel name) of a successful call that asked one for a kernel by
+    name; None for any other record."""
+    if rec.get("r") != 0:
+        return None
+    f, a = rec.get("f") or "", rec.get("a") or {}
+    if f == "cuModuleGetFunction" and isinstance(a.get("name"), str):
+        return a.get("hmod"), a["name"]
+    if f == "cuLibraryGetKernel" and isinstance(a.get("name"), str):
+        return a.get("library"), a["name"]
+    return None
 
 
 def learn_kernel_name(names: Dict[Any, str], rec: Mapping[str, Any]) -> None:

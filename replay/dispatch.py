@@ -51,6 +51,12 @@ def lookup(name: str) -> Optional[Handler]:
     return h if h is not None else t.get(base_name(name))
 
 
+def unhandled(name: str) -> bool:
+    """No handler replays the call and it is no query: replay refuses a snapshot holding a
+    successful one (engine.py), and `info` names it."""
+    return lookup(name) is None and not is_query(name)
+
+
 def _classes():
     """(executed, skipped, refused) over the description's ABI names."""
     executed: Set[str] = set()

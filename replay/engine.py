@@ -12,6 +12,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 from cudasnap.formats import SnapshotError, SnapshotReader, cu_result_name
 from cudasnap.formats.abi import base_name
 from cudasnap.formats.container import record_list
+from cudasnap.formats.callset import NAMING_CALLS, asked_by_name
 from cudasnap.formats.vocab import alloc_range, is_launch, is_query, is_release, is_workload
 
 from . import dispatch, plan
@@ -240,11 +241,10 @@ class Replayer(BatchRunner):
                     planner.add(rec)
                 if not fk:
                     return
-                if fk & 64 and rec.get("r") == 0:
-                    a = rec.get("a") or {}
-                    owner, name = a.get("library", a.get("hmod")), a.get("name")
-                    if isinstance(owner, int) and isinstance(name, str):
-                        self.ctx.names_in.setdefault(owner, set()).add(name)
+                if fk & 64:
+                    asked = asked_by_name(rec)
+                    if asked is not None and isinstance(asked[0], int):
+                        self.ctx.names_in.setdefault(asked[0], set()).add(asked[1])
                 if fk & 32 and rec.get("r") == 0:
                     u = self._unhandled.get(rec["f"])
                     if u is None:
@@ -318,8 +318,8 @@ class Replayer(BatchRunner):
                   | (4 if f in H2D_PREFETCHED else 0)
                   | (8 if f.startswith(hostplace.HOST_MEMORY) else 0)
                   | (16 if f.startswith("cuIpcGetMemHandle") else 0)
-                  | (32 if dispatch.lookup(f) is None and not is_query(f) else 0)
-                  | (64 if f.startswith(("cuLibraryGetKernel", "cuModuleGetFunction")) else 0))
+                  | (32 if dispatch.unhandled(f) else 0)
+                  | (64 if f in NAMING_CALLS else 0))
             self._fk[f] = fk
         return fk
 

@@ -2,6 +2,8 @@
 handlers (launch, graph and module handlers, the batch runner and --launch-override use it)."""
 from __future__ import annotations
 
+from cudasnap.formats.cuerrors import CURESULT_CODES
+
 from .replace import replacements
 
 
@@ -76,7 +78,7 @@ def preload_functions(ctx, rec_mod, live, library: bool) -> int:
                 r = cu.cuLibraryGetKernel(live, name.encode())
                 if int(r[0]) == 0:
                     r = cu.cuKernelGetFunction(r[1])
-                    if int(r[0]) == CUDA_ERROR_INVALID_CONTEXT:
+                    if int(r[0]) == CURESULT_CODES["CUDA_ERROR_INVALID_CONTEXT"]:
                         break                             # none current yet: see preload_in
             else:
                 r = cu.cuModuleGetFunction(live, name.encode())
@@ -85,9 +87,6 @@ def preload_functions(ctx, rec_mod, live, library: bool) -> int:
     except (RuntimeError, TypeError):     # a driver or binding without the call: loaded at launch
         pass
     return n
-
-
-CUDA_ERROR_INVALID_CONTEXT = 201
 
 
 def preload_in(ctx, live_ctx) -> None:
