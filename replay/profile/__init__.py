@@ -28,7 +28,6 @@ Python API:
 from __future__ import annotations
 
 import os
-import re
 import sys
 import time
 from dataclasses import dataclass, field

@@ -570,7 +570,6 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
         leads to its original node and so to the captured operation (graph node ids).  Without
         those callbacks the node ids are matched to operations by their order in the graph."""
         from .graphunits import WindowClock
-        rp, cfg = self.rp, self.cfg
         tracked = False
         exe = gexec
         try:
@@ -627,7 +626,7 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
         (CU_EVENT_RECORD_EXTERNAL) before the first operation and after each one; a node's time
         is the time between the events around it (so it holds the gap before the next node,
         and the event nodes add to the graph's time)."""
-        rp, cfg = self.rp, self.cfg
+        rp = self.rp
         n = len(self.ops)
         try:
             evs = []
