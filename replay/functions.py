@@ -89,24 +89,55 @@ def preload_functions(ctx, rec_mod, live, library: bool) -> int:
     return n
 
 
+LIBRARY_LOADS = frozenset(("cuLibraryLoadData", "cuLibraryLoadFromFile"))
+
+
+def hoist_libraries(ctx) -> None:
+    """In a job's replay, every library the program loads later loads now, when a context first
+    becomes the program's, so that its kernels load before any launch: a library the runtime
+    loads mid-run (the first use of one of its kernels) would load them while a collective of
+    this rank runs, waiting for a peer that waits for this rank to pass that load. The
+    recorded load then takes the library loaded here (handlers/module.library_load). Not with
+    --replace or --jit, whose images are made at the load."""
+    if not ctx.library_loads or replacements(ctx) or getattr(ctx.opt, "jit", None):
+        return
+    try:
+        if ctx.group_client() is None:
+            return
+    except OSError:                      # no coordinator to reach: its own error comes at the link
+        return
+    todo, ctx.library_loads = ctx.library_loads, []
+    for rec in todo:
+        img = ctx.blob(rec, "image")
+        if img is None:
+            continue                     # read from its file at the load, as recorded
+        r = ctx.cu.cuLibraryLoadData(img, None, None, 0, None, None, 0)
+        if int(r[0]) == 0:               # else the load fails at its turn, as the handler reports
+            ctx.keepalive_images.append(img)
+            ctx.hoisted[rec["s"]] = ((rec.get("a") or {}).get("library") or 0, r[1])
+
+
 def preload_in(ctx, live_ctx) -> None:
     """The runtime loads libraries before any context exists, so their kernels could not load
     with them: they load in a context when the program retains or creates it (after any flags
-    it set), made current for the loads only."""
-    if not ctx.libraries or live_ctx is None:
+    it set), made current for the loads only. In a job, so do those of the libraries loaded
+    later (hoist_libraries)."""
+    if live_ctx is None:
         return
     try:
         key = int(live_ctx)
     except (TypeError, ValueError):      # a stand-in driver's context object
         return
+    hoist_libraries(ctx)
     done = ctx.preloaded_in.setdefault(key, set())
-    todo = [(h, lib) for h, lib in ctx.libraries.items() if h not in done]
+    todo = [(h, h, lib) for h, lib in ctx.libraries.items() if h not in done]
+    todo += [(("s", s), h, lib) for s, (h, lib) in ctx.hoisted.items() if ("s", s) not in done]
     if not todo or int(ctx.cu.cuCtxPushCurrent(live_ctx)[0]) != 0:
         return
     try:
-        for h, lib in todo:
+        for key, h, lib in todo:
             preload_functions(ctx, h, lib, library=True)
-            done.add(h)
+            done.add(key)
     finally:
         ctx.cu.cuCtxPopCurrent()
 

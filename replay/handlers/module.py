@@ -68,8 +68,13 @@ def module_load(ctx, rec):
 
 @handles("cuLibraryLoadData", "cuLibraryLoadFromFile", errors=True)
 def library_load(ctx, rec):
-    img = jit_image(ctx, rec, _image(ctx, rec))     # --jit ptx: the image's PTX instead
     rec_lib = rec["a"].get("library") or 0
+    ahead = ctx.hoisted.pop(rec.get("s"), None)
+    if ahead is not None:                # loaded when the job's context came (functions.hoist_libraries)
+        ctx.set_handle(rec_lib, ahead[1], "library")
+        ctx.libraries[rec_lib] = ahead[1]
+        return
+    img = jit_image(ctx, rec, _image(ctx, rec))     # --jit ptx: the image's PTX instead
     rep = replacements(ctx)
     swap = rep.module_image(rec, rec_lib) if rep else None
     if swap:

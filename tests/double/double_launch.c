@@ -371,10 +371,19 @@ API CUresult cuFuncIsLoaded(int *state, CUfunction hfunc) {
     return CUDA_SUCCESS;
 }
 
+/* DOUBLE_LOAD_AFTER_LAUNCH_FAILS=1: loading a function once this process has launched fails, as
+ * a load waits forever on a GPU where a collective of the job waits for its peer */
+static int launched_any;
+static int load_blocked(void) {
+    const char *e = getenv("DOUBLE_LOAD_AFTER_LAUNCH_FAILS");
+    return launched_any && e && atoi(e);
+}
+
 API CUresult cuFuncLoad(CUfunction hfunc) {
     CHECK(need_init());
     struct func_obj *f = as_func(hfunc);
     if (!f) return CUDA_ERROR_INVALID_HANDLE;
+    if (f->lazy && load_blocked()) return CUDA_ERROR_LAUNCH_FAILED;
     f->lazy = 0;
     return CUDA_SUCCESS;
 }
@@ -572,9 +581,11 @@ static CUresult launch_common(CUfunction f, unsigned gx, unsigned gy, unsigned g
     if (!fo) return CUDA_ERROR_INVALID_HANDLE;
     /* DOUBLE_LOAD_AT_LAUNCH_FAILS=1: a launch that would have to load its function fails, as
      * one waits forever on a GPU where a collective of the job waits for its peer */
-    if (fo->lazy && getenv("DOUBLE_LOAD_AT_LAUNCH_FAILS") && atoi(getenv("DOUBLE_LOAD_AT_LAUNCH_FAILS")))
+    if (fo->lazy && ((getenv("DOUBLE_LOAD_AT_LAUNCH_FAILS") && atoi(getenv("DOUBLE_LOAD_AT_LAUNCH_FAILS")))
+                     || load_blocked()))
         return CUDA_ERROR_LAUNCH_FAILED;
     fo->lazy = 0;                    /* a launch loads a lazy function */
+    launched_any = 1;
     if (!gx || !gy || !gz || !bx || !by || !bz || gy > 65535 || gz > 65535) return CUDA_ERROR_INVALID_VALUE;
     if ((u64)bx * by * bz > 1024 || bz > 64) return CUDA_ERROR_INVALID_VALUE;
     if (shmem > (unsigned)fo->attrs[CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES]) return CUDA_ERROR_INVALID_VALUE;

@@ -1,10 +1,11 @@
 """`cudasnap advise` on a launch-bound PyTorch loop (workloads/advise_loop.py): it names the
 launch-bound stretch, measures it as a CUDA graph by a replay, and the measured gain agrees
 within 10% with the program's own: its eager step against a CUDA graph of the step (per-step
-wall times, natively). The gain is compared as the share of the eager time a graph saves (and
-as the speed-up): the eager step's own wall time moves by half between two runs of the program
-on a busy host (323 and 510 us on one H200), so microseconds per step from two runs do not
-compare; both are recorded. Rows go to $CUDASNAP_GPU_RESULTS through record_result."""
+wall times, natively). The gain is compared as the share of the eager time a graph saves: the
+eager step's own wall time moves by half between two runs of the program on a busy host (323
+and 510 us on one H200), so microseconds per step from two runs do not compare. The speed-up
+is recorded and only bounded: it is 1/(1 - share), which near a 90% share turns a 5% share
+difference into 70% (93.3% vs 88.8% of the eager time saved gave 15.0x vs 8.9x on one H200). Rows go to $CUDASNAP_GPU_RESULTS through record_result."""
 from __future__ import annotations
 
 import json
@@ -56,4 +57,5 @@ def test_advise_measures_the_launch_bound_loop_as_a_graph(runner, tmp_path):
     record_result(row)
     assert top is not None, row["findings"]
     assert w.get("measured") and w["replay"]["exit_code"] == 0, w
-    assert abs(row["gain_share_diff_pct"]) <= 10.0 and abs(row["speedup_diff_pct"]) <= 10.0, row
+    assert abs(row["gain_share_diff_pct"]) <= 10.0, row
+    assert w["speedup"] >= 2.0 and native_speedup >= 2.0, row       # both see a launch-bound loop
