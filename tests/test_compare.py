@@ -460,6 +460,22 @@ def test_bisect_search_and_correctness_breaks(tmp_path):
     assert res["exit_code"] == 0 and "first_bad" not in res and res["replays"] == 2
 
 
+def test_a_short_kernel_launched_once_meets_twice_the_floor():
+    """Two timeline replays of one snapshot on an H200: a 1.4 us cuRAND kernel launched once took
+    1.8 us, while the many launches around it kept their ratios at 1.000 (their noise reads
+    +-0.2%). One sample meets twice the per-launch floor; a slowdown past it is still SLOWER."""
+    def run(once_us):
+        p = _prof([1.4] * 60 + [2.7] * 60, mode="timeline", name="steady")
+        p["launches"].append({"seq": 500, "index": 120, "name": "gen_sequenced", "time_us": once_us})
+        return p
+    res = compare(run(1.4), run(1.8), threshold=5)
+    k = next(k for k in res["kernels"] if k["name"] == "gen_sequenced")
+    assert k["verdict"] == SAME and "0.6 us floor" in k["why"] and res["exit_code"] == 0, k
+    res = compare(run(1.4), run(2.4), threshold=5)
+    k = next(k for k in res["kernels"] if k["name"] == "gen_sequenced")
+    assert k["verdict"] == SLOWER and res["exit_code"] == 1, k
+
+
 def test_timeline_kernels_run_once_borrow_the_noise_of_similar_launches():
     """Two timeline replays of one snapshot: short kernels run once jitter well past the
     threshold; judged alone they would read as regressions. A kernel with few launches takes the
