@@ -129,7 +129,7 @@ class ReplayContext:
         # state the handlers keep
         "cond_bodies", "cond_handles", "graph_notes", "xmode_inputs", "noted", "replacements", "jit_t0",
         "jit_what", "ipc_opened", "devmap", "devlive", "host_placed", "preloaded_in", "names_in",
-        "library_loads", "hoisted",
+        "code_loads", "hoisted",
     )
 
     def __init__(self, opt, res, tol):
@@ -171,8 +171,8 @@ class ReplayContext:
         self.host_placed: Set[int] = set()               # pinned host ranges mapped at their recorded address
         self.preloaded_in: Dict[int, Set[int]] = {}      # live context -> libraries whose kernels it loaded
         self.names_in: Dict[int, Set[str]] = {}          # recorded module/library -> names the program asked of it
-        self.library_loads: List[Dict[str, Any]] = []    # successful library loads (the pre-scan's)
-        self.hoisted: Dict[int, Tuple[int, Any]] = {}    # load call seq -> (recorded, live) library loaded ahead
+        self.code_loads: List[Dict[str, Any]] = []       # successful module/library loads (the pre-scan's)
+        self.hoisted: Dict[int, Tuple[int, Any, bool]] = {}  # load seq -> (recorded, live, library?) loaded ahead
 
     @property
     def modules(self) -> Dict[int, Any]:

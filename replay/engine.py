@@ -20,7 +20,7 @@ from .batchrun import D2H_AHEAD_EACH, D2H_AHEAD_TOTAL, SYNC_TIMES_MAX, BatchRunn
 from .context import ReplayContext
 from .driverops import DriverOps, Watchdog, result_code, handle_int
 from .errors import DriverCallError, ReplayError
-from .functions import LIBRARY_LOADS
+from .functions import CODE_LOADS
 from .options import ReplayOptions, ReplayResult
 from . import hostplace
 from .placement import AddressSpace
@@ -247,7 +247,7 @@ class Replayer(BatchRunner):
                     if asked is not None and isinstance(asked[0], int):
                         self.ctx.names_in.setdefault(asked[0], set()).add(asked[1])
                 if fk & 128 and rec.get("r") == 0 and type(sq) is int:
-                    self.ctx.library_loads.append(rec)           # functions.hoist_libraries
+                    self.ctx.code_loads.append(rec)              # functions.hoist_loads
                 if fk & 32 and rec.get("r") == 0:
                     u = self._unhandled.get(rec["f"])
                     if u is None:
@@ -310,7 +310,7 @@ class Replayer(BatchRunner):
     def _fkind(self, f) -> int:
         """Per name: 1 allocation, 2 primary context retain, 4 H2D prefetched, 8 pinned host
         memory, 16 shared through legacy IPC, 32 no replay handler, 64 names a kernel of a module
-        or library (functions.preload_functions), 128 loads a library (functions.hoist_libraries)
+        or library (functions.preload_functions), 128 loads a module or library (functions.hoist_loads)
         (non-zero: the pre-scan reads the call itself,
         so the C plan walk hands it over)."""
         if type(f) is not str:
@@ -324,7 +324,7 @@ class Replayer(BatchRunner):
                   | (16 if f.startswith("cuIpcGetMemHandle") else 0)
                   | (32 if dispatch.unhandled(f) else 0)
                   | (64 if f in NAMING_CALLS else 0)
-                  | (128 if f in LIBRARY_LOADS else 0))
+                  | (128 if f in CODE_LOADS else 0))
             self._fk[f] = fk
         return fk
 

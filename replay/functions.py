@@ -90,53 +90,81 @@ def preload_functions(ctx, rec_mod, live, library: bool) -> int:
 
 
 LIBRARY_LOADS = frozenset(("cuLibraryLoadData", "cuLibraryLoadFromFile"))
+MODULE_LOADS = frozenset(("cuModuleLoadData", "cuModuleLoadDataEx", "cuModuleLoadFatBinary", "cuModuleLoad"))
+CODE_LOADS = LIBRARY_LOADS | MODULE_LOADS
 
 
-def hoist_libraries(ctx) -> None:
-    """In a job's replay, every library the program loads later loads now, when a context first
-    becomes the program's, so that its kernels load before any launch: a library the runtime
-    loads mid-run (the first use of one of its kernels) would load them while a collective of
-    this rank runs, waiting for a peer that waits for this rank to pass that load. The
-    recorded load then takes the library loaded here (handlers/module.library_load). Not with
-    --replace or --jit, whose images are made at the load."""
-    if not ctx.library_loads or replacements(ctx) or getattr(ctx.opt, "jit", None):
-        return
+def loadable_image(img: bytes) -> bytes:
+    """A captured module image as cuModuleLoadData takes it: PTX text ends with a NUL."""
+    return img if img.endswith(b"\0") or img[:4] == b"\x7fELF" else img + b"\0"
+
+
+def _hoisting(ctx) -> bool:
+    """Loads go ahead only in a job's replay, and not with --replace or --jit (whose images
+    are made at the load)."""
+    if replacements(ctx) or getattr(ctx.opt, "jit", None):
+        return False
     try:
-        if ctx.group_client() is None:
-            return
+        return ctx.group_client() is not None
     except OSError:                      # no coordinator to reach: its own error comes at the link
+        return False
+
+
+def hoist_loads(ctx, in_context: bool) -> None:
+    """In a job's replay, every library and module the program loads later loads now, when a
+    context first becomes the program's, so that their kernels load before any launch: code
+    the program loads mid-run (the runtime at a kernel's first use, XLA with each new
+    executable) would load its kernels while a collective of this rank runs, waiting for a peer
+    that waits for this rank to pass that load. The recorded load then takes what was loaded
+    here (handlers/module). Libraries belong to no context; modules load into the current one
+    (in_context), and only where the snapshot has one context, so it is the one they were
+    loaded in."""
+    if not ctx.code_loads or not _hoisting(ctx):
         return
-    todo, ctx.library_loads = ctx.library_loads, []
-    for rec in todo:
+    one_context = len(ctx.ctx_ids) <= 1
+    keep = []
+    for rec in ctx.code_loads:
+        library = rec.get("f") in LIBRARY_LOADS
+        if not library and not (in_context and one_context):
+            keep.append(rec)
+            continue
         img = ctx.blob(rec, "image")
         if img is None:
             continue                     # read from its file at the load, as recorded
-        r = ctx.cu.cuLibraryLoadData(img, None, None, 0, None, None, 0)
+        if library:
+            r = ctx.cu.cuLibraryLoadData(img, None, None, 0, None, None, 0)
+        else:
+            img = loadable_image(img)
+            r = ctx.cu.cuModuleLoadData(img)
         if int(r[0]) == 0:               # else the load fails at its turn, as the handler reports
             ctx.keepalive_images.append(img)
-            ctx.hoisted[rec["s"]] = ((rec.get("a") or {}).get("library") or 0, r[1])
+            a = rec.get("a") or {}
+            ctx.hoisted[rec["s"]] = (a.get("library" if library else "module") or 0, r[1], library)
+    ctx.code_loads = keep
 
 
 def preload_in(ctx, live_ctx) -> None:
     """The runtime loads libraries before any context exists, so their kernels could not load
     with them: they load in a context when the program retains or creates it (after any flags
-    it set), made current for the loads only. In a job, so do those of the libraries loaded
-    later (hoist_libraries)."""
+    it set), made current for the loads only. In a job, so do the libraries and modules loaded
+    later (hoist_loads)."""
     if live_ctx is None:
         return
     try:
         key = int(live_ctx)
     except (TypeError, ValueError):      # a stand-in driver's context object
         return
-    hoist_libraries(ctx)
-    done = ctx.preloaded_in.setdefault(key, set())
-    todo = [(h, h, lib) for h, lib in ctx.libraries.items() if h not in done]
-    todo += [(("s", s), h, lib) for s, (h, lib) in ctx.hoisted.items() if ("s", s) not in done]
-    if not todo or int(ctx.cu.cuCtxPushCurrent(live_ctx)[0]) != 0:
+    hoist_loads(ctx, in_context=False)
+    if int(ctx.cu.cuCtxPushCurrent(live_ctx)[0]) != 0:
         return
     try:
-        for key, h, lib in todo:
-            preload_functions(ctx, h, lib, library=True)
+        hoist_loads(ctx, in_context=True)
+        done = ctx.preloaded_in.setdefault(key, set())
+        todo = [(h, h, lib, True) for h, lib in ctx.libraries.items() if h not in done]
+        todo += [(("s", s), h, live, library) for s, (h, live, library) in ctx.hoisted.items()
+                 if ("s", s) not in done]
+        for key, h, live, library in todo:
+            preload_functions(ctx, h, live, library=library)
             done.add(key)
     finally:
         ctx.cu.cuCtxPopCurrent()

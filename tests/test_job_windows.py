@@ -145,13 +145,15 @@ def test_a_rank_behind_in_collectives_runs_on_to_the_cut(double, jobwin, tmp_pat
         _passes(double, tmp_path / "coll.w1.group.json", env={**env, "DOUBLE_LOAD_AT_LAUNCH_FAILS": "1"})
 
 
-def test_a_library_loaded_mid_run_loads_before_the_jobs_first_launch(double, jobwin, tmp_path, native):
-    """Each rank loads a library after its first step and launches a kernel of it from then on
-    (JOBWIN_LIB, as the runtime loads one at a kernel's first use). On a GPU a function loaded
-    then waits for the device, where a collective waits for the peer: the job's replay loads
-    the library and its kernels when the context comes, before any launch (a load after a
-    launch fails on the double with DOUBLE_LOAD_AFTER_LAUNCH_FAILS)."""
-    env = {"JOBWIN_LIB": "1", "DOUBLE_LAZY_FUNCTIONS": "1"}
+@pytest.mark.parametrize("kind", ["library", "module"])
+def test_code_loaded_mid_run_loads_before_the_jobs_first_launch(double, jobwin, tmp_path, native, kind):
+    """Each rank loads a library (or a module) after its first step and launches a kernel of it
+    from then on (JOBWIN_LIB, as the runtime loads a library at a kernel's first use, XLA a
+    module per executable). On a GPU a function loaded then waits for the device, where a
+    collective waits for the peer: the job's replay loads the code and its kernels when the
+    context comes, before any launch (a load after a launch fails on the double with
+    DOUBLE_LOAD_AFTER_LAUNCH_FAILS)."""
+    env = {"JOBWIN_LIB": kind, "DOUBLE_LAZY_FUNCTIONS": "1"}
     ref = subprocess.run([jobwin, "4"], env={**double["env"], **env}, capture_output=True, text=True, timeout=60)
     assert ref.returncode == 0, ref.stderr
     out = tmp_path / "lib.cusnap"

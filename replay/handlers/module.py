@@ -6,7 +6,7 @@ from cudasnap.formats.callset import learn_kernel_name
 from . import handles
 from ..archcheck import runnable
 from ..errors import ReplayError
-from ..functions import kernel_as_function, preload_functions, resolve_function
+from ..functions import kernel_as_function, loadable_image, preload_functions, resolve_function
 from ..replace import replacements
 from ..retarget import jit_done, jit_image
 
@@ -39,6 +39,11 @@ def _arch(ctx, rec, img, rec_mod):
 
 def _load_module(ctx, rec, img, out_key):
     rec_mod = rec["a"].get(out_key) or 0
+    ahead = ctx.hoisted.pop(rec.get("s"), None)
+    if ahead is not None:                # loaded when the job's context came (functions.hoist_loads)
+        ctx.set_handle(rec_mod, ahead[1], "module")
+        ctx.modules[rec_mod] = ahead[1]
+        return
     rep = replacements(ctx)
     swap = rep.module_image(rec, rec_mod) if rep else None
     if swap:
@@ -46,8 +51,9 @@ def _load_module(ctx, rec, img, out_key):
     else:
         img = jit_image(ctx, rec, img)             # --jit ptx: the image's PTX instead
     _arch(ctx, rec, img, rec_mod)
-    if not img.endswith(b"\0") and ctx.blob(rec, "image") is not None and img[:4] != b"\x7fELF":
-        img = img + b"\0"
+    fixed = loadable_image(img)
+    if fixed is not img and ctx.blob(rec, "image") is not None:    # captured PTX (not one read from a file)
+        img = fixed
     mod = ctx.drv(rec, "cuModuleLoadData", img)
     jit_done(ctx, rec)
     if mod is not None:
@@ -63,14 +69,14 @@ def _load_module(ctx, rec, img, out_key):
 
 @handles("cuModuleLoadData", "cuModuleLoadDataEx", "cuModuleLoadFatBinary", "cuModuleLoad", errors=True)
 def module_load(ctx, rec):
-    _load_module(ctx, rec, _image(ctx, rec), "module")
+    _load_module(ctx, rec, None if rec.get("s") in ctx.hoisted else _image(ctx, rec), "module")
 
 
 @handles("cuLibraryLoadData", "cuLibraryLoadFromFile", errors=True)
 def library_load(ctx, rec):
     rec_lib = rec["a"].get("library") or 0
     ahead = ctx.hoisted.pop(rec.get("s"), None)
-    if ahead is not None:                # loaded when the job's context came (functions.hoist_libraries)
+    if ahead is not None:                # loaded when the job's context came (functions.hoist_loads)
         ctx.set_handle(rec_lib, ahead[1], "library")
         ctx.libraries[rec_lib] = ahead[1]
         return

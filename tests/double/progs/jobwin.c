@@ -13,9 +13,10 @@
  * the step, rank 1 after its add_one, so at a launch number the ranks differ in collectives.
  * JOBWIN_EXIT=1: each rank ends with _exit(0) right after printing (no teardown, as
  * torchrun's workers often end). JOBWIN_STEP_MS=M: each step ends with an M ms sleep (time
- * for flight-recorder checkpoints between steps). JOBWIN_LIB=1: after step 0 each rank loads a
- * library and from then on launches its add_one kernel (a CUkernel, as the runtime launches
- * it) on acc each step, as a runtime loads a library when a kernel of it is first needed. */
+ * for flight-recorder checkpoints between steps). JOBWIN_LIB=library: after step 0 each rank
+ * loads a library and from then on launches its add_one kernel (a CUkernel, as the runtime
+ * launches it) on acc each step, as a runtime loads a library when a kernel of it is first
+ * needed; JOBWIN_LIB=module: a module (as XLA loads each new executable's). */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -78,16 +79,23 @@ static int run(int rank, int sock, long steps) {
         CK(cuModuleLoadData(&cm, "CUDADOUBLE\nkernel ncclDevKernel_AllReduce_Sum_f32_RING_LL\n"));
         CK(cuModuleGetFunction(&coll, cm, "ncclDevKernel_AllReduce_Sum_f32_RING_LL"));
     }
-    CUkernel lk = NULL;
+    CUfunction late = NULL;
+    const char *late_kind = getenv("JOBWIN_LIB");
     for (long s = 0; s < steps; s++) {
         void *a1[] = {&own, &n};
         void *ac[] = {&acc, &n};
-        if (s == 1 && getenv("JOBWIN_LIB")) {
+        if (s == 1 && late_kind && strcmp(late_kind, "module") == 0) {
+            CUmodule lm;
+            CK(cuModuleLoadData(&lm, "CUDADOUBLE\nkernel add_one\n"));
+            CK(cuModuleGetFunction(&late, lm, "add_one"));
+        } else if (s == 1 && late_kind) {
             CUlibrary lib;
+            CUkernel lk;
             CK(cuLibraryLoadData(&lib, "CUDADOUBLE\nkernel add_one\n", NULL, NULL, 0, NULL, NULL, 0));
             CK(cuLibraryGetKernel(&lk, lib, "add_one"));
+            late = (CUfunction)lk;
         }
-        if (lk) LAUNCH(cuLaunchKernel((CUfunction)lk, 1, 1, 1, N, 1, 1, 0, NULL, ac, NULL));
+        if (late) LAUNCH(cuLaunchKernel(late, 1, 1, 1, N, 1, 1, 0, NULL, ac, NULL));
         if (coll && rank == 0) LAUNCH(cuLaunchKernel(coll, 1, 1, 1, N, 1, 1, 0, NULL, ac, NULL));
         LAUNCH(cuLaunchKernel(add_one, 1, 1, 1, N, 1, 1, 0, NULL, a1, NULL));
         if (coll && rank == 1) LAUNCH(cuLaunchKernel(coll, 1, 1, 1, N, 1, 1, 0, NULL, ac, NULL));
