@@ -230,19 +230,26 @@ def test_short_kernel_floor_and_collectives():
     assert res["kernels"][0]["verdict"] == SLOWER
 
 
-def test_a_kernel_launched_once_is_judged_at_twice_the_bar():
-    """Two timeline replays of one snapshot on an H200: a cuRAND kernel launched once moved 5.7%
-    (16.4 -> 17.3 us) where kernels of its duration moved under 1%. One sample against one is
-    judged at twice the bar; a real slowdown of a once-launched kernel is still SLOWER."""
+@pytest.mark.parametrize("steady, once, same, slow, why", [
+    # a cuRAND kernel launched once moved 5.7% (16.4 -> 17.3 us) where kernels of its duration
+    # moved under 1%: one sample against one is judged at twice the bar
+    ([16.0 + (i % 8) * 0.01 for i in range(80)], 16.4, 17.3, 20.0, "one launch in each run"),
+    # a 1.4 us cuRAND kernel launched once took 1.8 us while the launches around it kept their
+    # ratios at 1.000 (their noise reads +-0.2%): one sample meets twice the per-launch floor
+    ([1.4] * 60 + [2.7] * 60, 1.4, 1.8, 2.4, "0.6 us floor"),
+], ids=["bar", "floor"])
+def test_a_kernel_launched_once_is_judged_at_twice_the_bar_and_floor(steady, once, same, slow, why):
+    """Two timeline replays of one snapshot on an H200 (cases above); a real slowdown of a
+    once-launched kernel is still SLOWER."""
     def run(once_us):
-        p = _prof([16.0 + (i % 8) * 0.01 for i in range(80)], mode="timeline", name="steady")
-        p["launches"].append({"seq": 500, "index": 80, "name": "execute_dist", "time_us": once_us})
+        p = _prof(steady, mode="timeline", name="steady")
+        p["launches"].append({"seq": 500, "index": len(steady), "name": "once", "time_us": once_us})
         return p
-    res = compare(run(16.4), run(17.3), threshold=5)
-    k = next(k for k in res["kernels"] if k["name"] == "execute_dist")
-    assert k["verdict"] == SAME and "one launch in each run" in k["why"] and res["exit_code"] == 0, k
-    res = compare(run(16.4), run(20.0), threshold=5)
-    k = next(k for k in res["kernels"] if k["name"] == "execute_dist")
+    res = compare(run(once), run(same), threshold=5)
+    k = next(k for k in res["kernels"] if k["name"] == "once")
+    assert k["verdict"] == SAME and why in k["why"] and res["exit_code"] == 0, k
+    res = compare(run(once), run(slow), threshold=5)
+    k = next(k for k in res["kernels"] if k["name"] == "once")
     assert k["verdict"] == SLOWER and res["exit_code"] == 1, k
 
 
@@ -458,22 +465,6 @@ def test_bisect_search_and_correctness_breaks(tmp_path):
     assert res["exit_code"] == 1                # a regression, as compare exits
     res = Fake(5, 99).run()
     assert res["exit_code"] == 0 and "first_bad" not in res and res["replays"] == 2
-
-
-def test_a_short_kernel_launched_once_meets_twice_the_floor():
-    """Two timeline replays of one snapshot on an H200: a 1.4 us cuRAND kernel launched once took
-    1.8 us, while the many launches around it kept their ratios at 1.000 (their noise reads
-    +-0.2%). One sample meets twice the per-launch floor; a slowdown past it is still SLOWER."""
-    def run(once_us):
-        p = _prof([1.4] * 60 + [2.7] * 60, mode="timeline", name="steady")
-        p["launches"].append({"seq": 500, "index": 120, "name": "gen_sequenced", "time_us": once_us})
-        return p
-    res = compare(run(1.4), run(1.8), threshold=5)
-    k = next(k for k in res["kernels"] if k["name"] == "gen_sequenced")
-    assert k["verdict"] == SAME and "0.6 us floor" in k["why"] and res["exit_code"] == 0, k
-    res = compare(run(1.4), run(2.4), threshold=5)
-    k = next(k for k in res["kernels"] if k["name"] == "gen_sequenced")
-    assert k["verdict"] == SLOWER and res["exit_code"] == 1, k
 
 
 def test_timeline_kernels_run_once_borrow_the_noise_of_similar_launches():
