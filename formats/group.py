@@ -8,7 +8,8 @@ pids and GPUs, and the cross-process links the snapshots show:
   exporter of an imported fd (kcmp against the exporters' duplicates, shim_share.c); where
   that was not possible the import is paired with the newest earlier export of the same file
   (st_dev, st_ino) from another process ("time");
-- legacy IPC handles: cuIpcGetMemHandle and cuIpcOpenMemHandle of the same 64 bytes;
+- legacy IPC handles: cuIpcGetMemHandle and cuIpcOpenMemHandle of the same 64 bytes, and
+  likewise event handles (cuIpcGetEventHandle, cuIpcOpenEventHandle: "ipc_event");
 - peer access: cuCtxEnablePeerAccess calls.
 Both capture (writing) and replay (reading, or building one from several snapshots) use it.
 """
@@ -93,13 +94,13 @@ def scan(path) -> Dict[str, Any]:
                                        "peer_pid": link.get("peer_pid"), "peer_export": link.get("peer_export"),
                                        "dev": link.get("dev"), "ino": link.get("ino"),
                                        "match_errno": link.get("match_errno")})
-            elif b == "cuIpcGetMemHandle":
+            elif b in ("cuIpcGetMemHandle", "cuIpcGetEventHandle"):
                 h = a.get("pHandle")
-                out["ipc_get"].append({"seq": rec.get("s"), "dptr": a.get("dptr"),
+                out["ipc_get"].append({"seq": rec.get("s"), "dptr": a.get("dptr"), "event": b == "cuIpcGetEventHandle",
                                        "handle": h.hex() if isinstance(h, (bytes, bytearray)) else None})
-            elif b == "cuIpcOpenMemHandle":
+            elif b in ("cuIpcOpenMemHandle", "cuIpcOpenEventHandle"):
                 h = a.get("handle")
-                out["ipc_open"].append({"seq": rec.get("s"), "dptr": a.get("pdptr"),
+                out["ipc_open"].append({"seq": rec.get("s"), "dptr": a.get("pdptr"), "event": b == "cuIpcOpenEventHandle",
                                         "handle": h.hex() if isinstance(h, (bytes, bytearray)) else None})
             elif b == "cuCtxEnablePeerAccess":
                 out["peer"].append({"seq": rec.get("s"), "peer_ctx": a.get("peerContext")})
@@ -150,14 +151,16 @@ def build(snapshots: Sequence, command: Optional[List[str]] = None) -> Dict[str,
             links.append({"kind": "shareable", "matched_by": how,
                           "from": {"pid": src[0], "export": src[1], "seq": e["seq"]},
                           "to": {"pid": s["pid"], "seq": im["seq"], "fd": im.get("fd")}})
-    gets = {g["handle"]: (s["pid"], g) for s in scans for g in s["ipc_get"] if g.get("handle")}
+    gets = {(bool(g.get("event")), g["handle"]): (s["pid"], g) for s in scans for g in s["ipc_get"] if g.get("handle")}
     for s in scans:
         for op in s["ipc_open"]:
-            src = gets.get(op.get("handle"))
+            ev = bool(op.get("event"))
+            src = gets.get((ev, op.get("handle")))
             if src is None:
-                unmatched.append({"pid": s["pid"], "seq": op["seq"], "why": "IPC handle not exported by a recorded process"})
+                unmatched.append({"pid": s["pid"], "seq": op["seq"],
+                                  "why": f"IPC {'event ' if ev else ''}handle not exported by a recorded process"})
                 continue
-            links.append({"kind": "ipc", "handle": op["handle"],
+            links.append({"kind": "ipc_event" if ev else "ipc", "handle": op["handle"],
                           "from": {"pid": src[0], "seq": src[1]["seq"], "dptr": src[1]["dptr"]},
                           "to": {"pid": s["pid"], "seq": op["seq"], "dptr": op["dptr"]}})
     # a process that used no GPU (a launcher that only initialized the driver) is not a rank

@@ -292,7 +292,7 @@ class RankHook:
         # a copy, and once this rank maps another's memory every launch, waits for the others to
         # pass its recorded start: what the program's own host rendezvous ensured (e.g. a peer
         # had set up the buffers a collective kernel reads) holds in the replay too
-        if t0 and (classify(f) == "copy" or (self.linked and (is_launch(f) or is_graph_launch(f)))):
+        if t0 and (classify(f) == "copy" or (self.linked and (is_launch(f) or is_graph_launch(f) or b in EVENT_WAITS))):
             self.prog.set(self.rank, t0)
             self._wait_for(t0, f"call #{rec.get('s')} {rec.get('f')}: rank {{r}} did not reach the calls recorded "
                                 "before it")
@@ -377,7 +377,10 @@ def rank_done() -> None:
         h.prog.set(h.rank, DONE)
 
 
-IMPORTS = frozenset(("cuMemImportFromShareableHandle", "cuIpcOpenMemHandle"))
+IMPORTS = frozenset(("cuMemImportFromShareableHandle", "cuIpcOpenMemHandle", "cuIpcOpenEventHandle"))
+# waits that may be on another rank's event (an IPC event): they wait for the other ranks to
+# pass their recorded start, so the exporter's record is replayed before them, as recorded
+EVENT_WAITS = frozenset(("cuStreamWaitEvent", "cuEventSynchronize"))
 ENV_OWNERS = "CUDASNAP_GROUP_OWNERS"
 
 

@@ -127,9 +127,8 @@ FAMILY_RECORD_REASON = {
 STATUS_RULES = [
     (r"cuGetExportTable", "refused", "private runtime tables: passed through untouched, not recordable"),
     # replayed with the other processes of the job (replay/group.py): handles pass between ranks
-    (r"cuIpcGetMemHandle|cuIpcOpenMemHandle|cuIpcCloseMemHandle|cuMemExportToShareableHandle"
+    (r"cuIpc\w+|cuMemExportToShareableHandle"
      r"|cuMemImportFromShareableHandle|cuCtxEnablePeerAccess|cuCtxDisablePeerAccess", "replay", None),
-    (r"cuIpc\w+", "refused", "cross-process event handles cannot be replayed"),
     (r"cuMemPoolExportToShareableHandle|cuMemPoolExportPointer"
      r"|cuMemGetHandleForAddressRange", "record",
      "exports an OS handle for another process; recorded only"),

@@ -210,9 +210,9 @@ def test_special_captures(desc):
         assert fn(desc, name)["capture"] == cap, name
     f = fn(desc, "cuGetExportTable")
     assert f["status"] == "refused" and "not recordable" in f["reason"]
-    # cross-process handles replay within a group replay (replay/group.py); IPC events do not
+    # cross-process handles, IPC events included, replay within a group replay (replay/group.py)
     assert fn(desc, "cuIpcOpenMemHandle_v2")["status"] == "replay"
-    assert fn(desc, "cuIpcOpenEventHandle")["status"] == "refused"
+    assert fn(desc, "cuIpcOpenEventHandle")["status"] == "replay"
 
 
 def test_arrays_and_strings(desc):

@@ -229,6 +229,33 @@ def test_legacy_ipc_needs_placement_off_and_replays_as_a_group(double, tmp_path)
     assert [r["replay"]["d2h_verified"] for r in d["ranks"]] == [1, 1]
 
 
+def test_an_ipc_event_passes_between_the_ranks_of_a_group_replay(double, tmp_path):
+    """PyTorch sends a CUDA tensor with an IPC event the receiver waits on: the owner records an
+    interprocess event after its upload and hands its handle over with the memory's
+    (IPC_EVENT=1); both handles are paired in the manifest and the group replay hands the
+    owner's live event to the child, whose wait then comes after the owner's record."""
+    prog = double["progs"]["ipc"]
+    out = tmp_path / "ev.cusnap"
+    cp = _run(double, "capture", "-o", str(out), "--placement", "off", "--", prog, env={"IPC_EVENT": "1"})
+    assert cp.returncode == 0, cp.stderr
+    assert "OWNER CHECKSUM 1048576.0" in cp.stdout and "CHILD CHECKSUM 1048576.0" in cp.stdout
+    m = load(tmp_path / "ev.group.json")
+    assert sorted(ln["kind"] for ln in m["links"]) == ["ipc", "ipc_event"] and m["unmatched"] == []
+    ev = next(ln for ln in m["links"] if ln["kind"] == "ipc_event")
+    assert ev["handle"].startswith(b"CDIPCEV".hex())
+    child = m["ranks"][1]["snapshot"]
+    cp = _run(double, "info", child)
+    assert cp.returncode == 0 and "does not replay" not in cp.stdout, cp.stdout
+    rp = _run(double, "replay", str(tmp_path / "ev.group.json"), "--json")
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    d = json.loads(rp.stdout)
+    assert [r["replay"]["d2h_verified"] for r in d["ranks"]] == [1, 1]
+    assert all(not r["errors"] for r in d["ranks"]), d
+    # one rank alone cannot open the other's event: the error names the job to replay
+    alone = _run(double, "replay", child)
+    assert alone.returncode == 2 and "replay the whole job" in alone.stdout + alone.stderr
+
+
 def test_info_on_a_manifest(job, double):
     _cp, man, _snaps = job
     cp = _run(double, "info", str(man))

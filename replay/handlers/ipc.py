@@ -1,4 +1,5 @@
-"""Cross-process and cross-device links: shareable handles, legacy IPC handles, peer access.
+"""Cross-process and cross-device links: shareable handles, legacy IPC memory and event
+handles, peer access.
 
 In a group replay (replay/group.py) each rank runs in its own replayer process; an export
 hands the live fd (or IPC bytes) to the coordinator under the recorded (pid, call), and the
@@ -36,8 +37,8 @@ def _ordinal(ctx):
         return None
 
 
-def _make_handle(cu, raw: bytes):
-    h = cu.CUipcMemHandle()
+def _make_handle(cu, raw: bytes, kind: str = "CUipcMemHandle"):
+    h = getattr(cu, kind)()
     get = getattr(h, "getPtr", None)
     if get is not None and len(raw) == IPC_HANDLE_SIZE:
         ctypes.memmove(int(get()), raw, IPC_HANDLE_SIZE)
@@ -216,6 +217,32 @@ def ipc_close(ctx, rec):
     for h in hs:
         ctx.ops.release(h)
     ctx.ops.free_va(got, span)
+
+
+# ------------------------------------------------------------------ IPC events
+@handles("cuIpcGetEventHandle")
+def ipc_event_get(ctx, rec):
+    """An event another process waits on (PyTorch shares one with each CUDA tensor it sends):
+    its live handle goes to the coordinator for the rank that opens it."""
+    a = rec["a"]
+    c = _client(ctx, rec)
+    h = ctx.drv(rec, "cuIpcGetEventHandle", ctx.live(rec, a.get("event"), "event"))
+    if h is not None:
+        c.put(["export", c.pid, rec.get("s")], {"kind": "ipc_event", "bytes": _handle_bytes(h).hex()}, [])
+
+
+@handles("cuIpcOpenEventHandle")
+def ipc_event_open(ctx, rec):
+    a = rec["a"]
+    c = _client(ctx, rec)
+    meta, fds = c.get(["import", c.pid, rec.get("s")], ctx, rec)
+    for fd in fds:
+        os.close(fd)
+    raw = bytes.fromhex(meta.get("bytes", ""))
+    ev = ctx.drv(rec, "cuIpcOpenEventHandle", _make_handle(ctx.cu, raw, "CUipcEventHandle"),
+                 detail=f" opening the exporter's event handle ({raw[:16].hex()}...)")
+    if ev is not None:
+        ctx.set_handle(a.get("phEvent"), ev, "event")
 
 
 # ------------------------------------------------------------------ peer access

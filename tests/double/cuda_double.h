@@ -377,6 +377,9 @@ CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CU
 CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size);
 CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop, unsigned long long flags);
 typedef struct CUipcMemHandle_st { char reserved[64]; } CUipcMemHandle;
+typedef struct CUipcEventHandle_st { char reserved[64]; } CUipcEventHandle;
+CUresult cuIpcGetEventHandle(CUipcEventHandle *pHandle, CUevent event);
+CUresult cuIpcOpenEventHandle(CUevent *phEvent, CUipcEventHandle handle);
 CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev);
 CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags);
 CUresult cuCtxDisablePeerAccess(CUcontext peerContext);

@@ -99,6 +99,8 @@ static const pa_t table[] = {
     E("cuIpcOpenMemHandle", 4010, cuIpcOpenMemHandle),
     E("cuIpcOpenMemHandle", 11000, cuIpcOpenMemHandle_v2),
     E("cuIpcCloseMemHandle", 4010, cuIpcCloseMemHandle),
+    E("cuIpcGetEventHandle", 4010, cuIpcGetEventHandle),
+    E("cuIpcOpenEventHandle", 4010, cuIpcOpenEventHandle),
 
     E("cuModuleLoad", 2000, cuModuleLoad),
     E("cuModuleLoadData", 2000, cuModuleLoadData),

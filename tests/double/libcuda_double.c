@@ -1301,6 +1301,40 @@ API CUresult cuEventRecordWithFlags(CUevent ev, CUstream s, unsigned int flags) 
 }
 API CUresult cuEventRecordWithFlags_ptsz(CUevent e, CUstream s, unsigned int f) { return cuEventRecordWithFlags(e, s, f); }
 
+/* IPC events: the handle names the exporter (pid) and its event ("CDIPCEV"). Work here is done
+ * when its call returns, so an opened event is one whose work has completed. As the driver
+ * asks, only an interprocess event without timing is exported, and a process cannot open its own. */
+typedef struct { char magic[8]; int pid; unsigned long long event; } ipc_event_handle_t;
+
+API CUresult cuIpcGetEventHandle(CUipcEventHandle *pHandle, CUevent ev) {
+    CHECK(need_ctx());
+    if (!pHandle || !obj_check(ev, OBJ_EVENT)) return CUDA_ERROR_INVALID_HANDLE;
+    struct event_obj *e = (struct event_obj *)ev;
+    if ((e->flags & (CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING)) != (CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING))
+        return CUDA_ERROR_INVALID_VALUE;
+    ipc_event_handle_t ih;
+    memset(pHandle, 0, sizeof *pHandle);
+    memset(&ih, 0, sizeof ih);
+    memcpy(ih.magic, "CDIPCEV", 8);
+    ih.pid = (int)getpid();
+    ih.event = (unsigned long long)(uintptr_t)ev;
+    memcpy(pHandle, &ih, sizeof ih);
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuIpcOpenEventHandle(CUevent *phEvent, CUipcEventHandle handle) {
+    CHECK(need_ctx());
+    ipc_event_handle_t ih;
+    memcpy(&ih, &handle, sizeof ih);
+    if (!phEvent || memcmp(ih.magic, "CDIPCEV", 8) != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (ih.pid == (int)getpid()) return CUDA_ERROR_INVALID_CONTEXT;
+    struct event_obj *e = obj_new(OBJ_EVENT, sizeof *e);
+    e->flags = CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING;
+    e->recorded = 1;
+    *phEvent = (CUevent)e;
+    return CUDA_SUCCESS;
+}
+
 API CUresult cuEventQuery(CUevent e) {
     CHECK(need_init());
     return obj_check(e, OBJ_EVENT) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;

@@ -2,7 +2,11 @@
  * it, gets a cuIpcMemHandle and passes it (hex) to a child it execs; the child opens it, runs
  * add_one over it, reads it back and closes it; then the owner reads the child's result.
  *   ipc              owner: prints OWNER CHECKSUM (exit 5 when cuIpcGetMemHandle fails)
- *   ipc HEX          child: prints CHILD CHECKSUM */
+ *   ipc HEX [EVHEX]  child: prints CHILD CHECKSUM
+ * IPC_EVENT=1: the owner also records an interprocess event after its upload and hands its
+ * handle over; the child opens it and makes its stream wait on it before its kernel, as
+ * PyTorch does with a CUDA tensor sent to another process. */
+#include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -36,6 +40,13 @@ int main(int argc, char **argv) {
         CUmodule mod;
         CUfunction f;
         CK(cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+        CUevent ev = NULL;
+        if (argc > 2) {
+            CUipcEventHandle eh;
+            for (int i = 0; i < (int)sizeof eh; i++) sscanf(argv[2] + 2 * i, "%2hhx", (unsigned char *)&eh + i);
+            CK(cuIpcOpenEventHandle(&ev, eh));
+            CK(cuStreamWaitEvent(NULL, ev, 0));
+        }
         CK(cuModuleLoadData(&mod, MODULE_TEXT));
         CK(cuModuleGetFunction(&f, mod, "add_one"));
         int n = N;
@@ -43,6 +54,7 @@ int main(int argc, char **argv) {
         LAUNCH(cuLaunchKernel(f, 1, 1, 1, N, 1, 1, 0, NULL, args, NULL));
         printf("CHILD CHECKSUM %.1f\n", sum(p));
         CK(cuIpcCloseMemHandle(p));
+        if (ev) CK(cuEventDestroy(ev));
         return 0;
     }
     static float in[N];
@@ -56,12 +68,20 @@ int main(int argc, char **argv) {
         fprintf(stderr, "cuIpcGetMemHandle failed: CUresult %d\n", (int)r);
         return 5;
     }
-    char hex[2 * sizeof h + 1];
+    char hex[2 * sizeof h + 1], evhex[2 * sizeof(CUipcEventHandle) + 1] = "";
     for (int i = 0; i < (int)sizeof h; i++) sprintf(hex + 2 * i, "%02x", ((unsigned char *)&h)[i]);
+    CUevent ev = NULL;
+    if (getenv("IPC_EVENT")) {
+        CUipcEventHandle eh;
+        CK(cuEventCreate(&ev, CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING));
+        CK(cuEventRecord(ev, NULL));
+        CK(cuIpcGetEventHandle(&eh, ev));
+        for (int i = 0; i < (int)sizeof eh; i++) sprintf(evhex + 2 * i, "%02x", ((unsigned char *)&eh)[i]);
+    }
     fflush(stdout);
     pid_t pid = fork();
     if (pid == 0) {
-        execl(argv[0], argv[0], hex, (char *)NULL);
+        execl(argv[0], argv[0], hex, ev ? evhex : NULL, (char *)NULL);
         _exit(127);
     }
     int st = 0;
@@ -69,5 +89,6 @@ int main(int argc, char **argv) {
     if (!WIFEXITED(st) || WEXITSTATUS(st)) { fprintf(stderr, "child failed\n"); return 4; }
     printf("OWNER CHECKSUM %.1f\n", sum(p));
     CK(cuMemFree(p));
+    if (ev) CK(cuEventDestroy(ev));
     return 0;
 }
