@@ -38,11 +38,12 @@ HELPERS = [
     "cuDeviceTotalMem_v2", "cuCtxGetDevice", "cuCtxGetDevice_v2", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2",
     "cuDevicePrimaryCtxGetState", "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease_v2", "cuPointerGetAttribute", "cuMemAddressReserve", "cuMemCreate", "cuMemMap",
     "cuMemSetAccess", "cuMemAddressFree", "cuMemRelease", "cuMemUnmap", "cuMemGetAllocationGranularity",
-    "cuDeviceCanAccessPeer",
+    "cuDeviceCanAccessPeer", "cuMemExportToShareableHandle", "cuMemImportFromShareableHandle",
 ]
 # Calls the placement hook answers itself (shim_placement.c).
 PLACEMENT = {"cuMemAlloc_v2", "cuMemFree_v2", "cuMemGetAddressRange_v2", "cuMemAddressReserve", "cuMemAddressFree",
-             "cuPointerGetAttribute", "cuPointerGetAttributes"}
+             "cuPointerGetAttribute", "cuPointerGetAttributes",
+             "cuIpcGetMemHandle", "cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2", "cuIpcCloseMemHandle"}
 # Of those, the ones the hook only corrects after the real call (cs_place_after): they stay
 # pure queries, counted when repeated.
 PLACEMENT_AFTER = {"cuPointerGetAttribute", "cuPointerGetAttributes"}
@@ -99,10 +100,6 @@ def _hook_of(fn) -> tuple[int, int, int, int]:
         h0 = _param_index(params, ("hStream",))
         h1, h2 = _param_index(params, ("dst",)), _param_index(params, ("src",))
         if h1 < 0 or h2 < 0 or _param_index(params, ("ByteCount",)) != 2:
-            hook = 0
-    elif cap == "share" and fn["base"] == "cuIpcGetMemHandle":
-        h1, h2 = _param_index(params, ("dptr",)), 2       # shim_share.c: h1 the pointer
-        if h1 < 0:
             hook = 0
     elif cap == "share":
         # shim_share.c: h0 the handle type, h1 the fd (export: an output, import: a value), h2 export

@@ -249,9 +249,9 @@ CAPTURE_RULES = [
     (r"cuMemcpy|cuMemcpyAsync", "memcpy_unified"),
     # function and kernel handle values may be handed out again for other kernels afterwards
     (r"cuModuleUnload|cuLibraryUnload|cuCtxDestroy|cuDevicePrimaryCtxRelease|cuDevicePrimaryCtxReset", "unload"),
-    # an exported / imported POSIX fd: which file it is, and whose export (shim_share.c)
-    # (cuIpcGetMemHandle: a note when it fails on memory capture placed: legacy IPC needs cuMemAlloc's)
-    (r"cuMemExportToShareableHandle|cuMemImportFromShareableHandle|cuIpcGetMemHandle", "share"),
+    # an exported / imported POSIX fd: which file it is, and whose export (shim_share.c); legacy
+    # IPC handles of placed memory are the placement hook's (shim_placement_ipc.c)
+    (r"cuMemExportToShareableHandle|cuMemImportFromShareableHandle", "share"),
 ]
 
 # ---------------------------------------------------------------------------------------

@@ -333,6 +333,7 @@ static void cs_exit_hook(void) {
 #include "shim_hooks.c"
 #include "shim_placement.c"
 #include "shim_share.c"
+#include "shim_placement_ipc.c"
 #include "shim_window.c"
 #include "shim_nvtx.c"
 

@@ -41,6 +41,12 @@ static cs_range *cs_resv; static int cs_nresv, cs_capresv;      /* program reser
 
 typedef CUresult (*cs_f5)(U, U, U, U, U);
 static CUresult cs_zone_take(U size, U align, U *at);
+/* legacy IPC over placed memory (shim_placement_ipc.c) */
+static void cs_ipc_forget(U handle);
+static int cs_ipc_get(U *a, CUresult *res);
+static int cs_ipc_open(const cs_fn *fn, U *a, CUresult *res);
+static int cs_ipc_close(U *a, CUresult *res);
+static int cs_pl_noshare;                   /* the driver refused shareable physical memory */
 
 static int cs_placement_on(void) {
     if (cs_pl_on < 0) {
@@ -50,11 +56,13 @@ static int cs_placement_on(void) {
     return cs_pl_on;
 }
 
-/* CUmemAllocationProp: type PINNED, location DEVICE dev (32 bytes) */
+/* CUmemAllocationProp: type PINNED, location DEVICE dev (32 bytes), exportable as a POSIX fd
+ * (legacy IPC of placed memory, shim_placement_ipc.c) unless the driver refused that once */
 static void cs_prop(unsigned char prop[32], int dev) {
     memset(prop, 0, 32);
     uint32_t v;
     v = 1; memcpy(prop + 0, &v, 4);     /* CU_MEM_ALLOCATION_TYPE_PINNED */
+    v = cs_pl_noshare ? 0 : 1; memcpy(prop + 4, &v, 4);   /* CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR */
     v = 1; memcpy(prop + 8, &v, 4);     /* CU_MEM_LOCATION_TYPE_DEVICE */
     memcpy(prop + 12, &dev, 4);
 }
@@ -109,7 +117,12 @@ static CUresult cs_map_at(U at, U size, int dev, U *handle_out) {
     U h = 0;
     CUresult r;
     cs_pl_step = "cuMemCreate";
-    if ((r = create((U)&h, size, (U)prop, 0))) return r;
+    if ((r = create((U)&h, size, (U)prop, 0)) && !cs_pl_noshare) {
+        cs_pl_noshare = 1;                  /* not shareable here: plain memory from now on */
+        cs_prop(prop, dev);
+        r = create((U)&h, size, (U)prop, 0);
+    }
+    if (r) return r;
     cs_pl_step = "cuMemMap";
     if ((r = map(at, size, 0, h, 0))) { ((CUresult(*)(U))release)(h); return r; }
     int devs[CS_PL_MAXDEV + 1];
@@ -165,6 +178,7 @@ static void cs_push_hole(U base, U size) {
 }
 
 static void cs_unmap_at(U base, U size, U h) {
+    cs_ipc_forget(h);
     cs_fn2 unmap = CALLREAL(CS_ID_cuMemUnmap, cs_fn2);
     cs_fn2 release = CALLREAL(CS_ID_cuMemRelease, cs_fn2);
     if (unmap) unmap(base, size);
@@ -355,6 +369,19 @@ static int cs_hook_replace(const cs_fn *fn, U *a, CUresult *res) {
                 }
             }
         }
+        pthread_mutex_unlock(&cs_pl_lock);
+        return handled;
+    }
+    if (strcmp(n, "cuIpcGetMemHandle") == 0) {
+        pthread_mutex_lock(&cs_pl_lock);
+        handled = cs_ipc_get(a, res);
+        pthread_mutex_unlock(&cs_pl_lock);
+        return handled;
+    }
+    if (strncmp(n, "cuIpcOpenMemHandle", 18) == 0) return cs_ipc_open(fn, a, res);
+    if (strcmp(n, "cuIpcCloseMemHandle") == 0) {
+        pthread_mutex_lock(&cs_pl_lock);
+        handled = cs_ipc_close(a, res);
         pthread_mutex_unlock(&cs_pl_lock);
         return handled;
     }

@@ -72,13 +72,6 @@ static void cs_share_import(int fd) {
 
 static void cs_share_after(const cs_fn *fn, const U *a, CUresult res) {
     cs_link_ok = 0;
-    if (fn->h2 == 2) {          /* cuIpcGetMemHandle: the driver refuses memory capture placed */
-        U p = a[fn->params[fn->h1].ai];
-        if (res != 0 && cs_zone && p >= cs_zone && p < cs_zone_end)
-            cs_note("cuIpcGetMemHandle failed on memory that capture placed (VMM): legacy CUDA IPC needs "
-                    "cuMemAlloc memory; capture this program with --placement off");
-        return;
-    }
     if (res != 0 || fn->h0 < 0 || fn->h1 < 0) return;
     if ((a[fn->params[fn->h0].ai] & 0xffffffffu) != CS_HANDLE_POSIX_FD) return;
     U v = a[fn->params[fn->h1].ai];

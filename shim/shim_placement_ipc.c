@@ -1,0 +1,138 @@
+/* Legacy CUDA IPC over placed memory. Placement makes cuMemAlloc memory VMM, and the driver's
+ * cuIpcGetMemHandle refuses VMM memory, so for a placed allocation the shim answers it: it
+ * exports the allocation's physical memory as a POSIX fd (placement creates it shareable),
+ * keeps that fd, and hands out a handle naming (pid, fd, offset, size). cuIpcOpenMemHandle of
+ * such a handle in another captured process opens /proc/PID/fd/FD, imports it and maps it
+ * inside that process's zone; cuIpcCloseMemHandle unmaps it. The program sees legacy IPC
+ * work as without capture (PyTorch sends CUDA tensors between processes this way). Any other
+ * handle goes to the driver. Included by shim_core.c after shim_placement.c and shim_share.c. */
+#include <fcntl.h>
+
+#define CS_IPC_MAGIC "CSIPC01"
+typedef struct { char magic[8]; int32_t pid, fd; U chunk, offset, size; int32_t dev, pad; } cs_ipc_handle;
+typedef struct { U handle; int fd; } cs_ipc_export;          /* a chunk exported, its kept fd */
+typedef struct { U ptr, base, size, handle; } cs_ipc_import;  /* a chunk mapped from another process */
+static cs_ipc_export *cs_ipc_exp; static int cs_ipc_nexp, cs_ipc_capexp;
+static cs_ipc_import *cs_ipc_imp; static int cs_ipc_nimp, cs_ipc_capimp;
+
+static int cs_grow(void **arr, int *cap, int n, size_t elem) {
+    if (n < *cap) return 0;
+    int c = *cap ? *cap * 2 : 16;
+    void *g = realloc(*arr, (size_t)c * elem);
+    if (!g) return -1;
+    *arr = g; *cap = c;
+    return 0;
+}
+
+/* The chunk was unmapped (cs_unmap_at): its kept export fd goes, so its memory can be freed. */
+static void cs_ipc_forget(U handle) {
+    for (int i = 0; i < cs_ipc_nexp; i++)
+        if (cs_ipc_exp[i].handle == handle) {
+            close(cs_ipc_exp[i].fd);
+            cs_ipc_exp[i] = cs_ipc_exp[--cs_ipc_nexp];
+            return;
+        }
+}
+
+/* cuIpcGetMemHandle(pHandle, dptr) of a placed allocation (cs_pl_lock held): 1 when answered. */
+static int cs_ipc_get(U *a, CUresult *res) {
+    int i = cs_find_alloc(a[1], 0);
+    if (i < 0 || !a[0]) return 0;
+    cs_alloc al = cs_allocs[i];
+    U handle = al.slab < 0 ? al.handle : cs_slabs[al.slab].handle;
+    U base = al.slab < 0 ? al.ptr : cs_slabs[al.slab].base;
+    U chunk = al.slab < 0 ? al.rsize : cs_slabs[al.slab].size;
+    int dev = al.slab < 0 ? cs_cur_device() : cs_slabs[al.slab].dev;
+    int fd = -1;
+    for (int k = 0; k < cs_ipc_nexp; k++)
+        if (cs_ipc_exp[k].handle == handle) fd = cs_ipc_exp[k].fd;
+    if (fd < 0) {
+        cs_fn4 exp = CALLREAL(CS_ID_cuMemExportToShareableHandle, cs_fn4);
+        int raw = -1;
+        CUresult r = exp ? exp((U)&raw, handle, CS_HANDLE_POSIX_FD, 0) : 801;
+        if (r || raw < 0 || cs_grow((void **)&cs_ipc_exp, &cs_ipc_capexp, cs_ipc_nexp, sizeof *cs_ipc_exp)) {
+            if (raw >= 0) close(raw);
+            cs_note("cuIpcGetMemHandle of memory capture placed: its export as a file descriptor failed; "
+                    "the driver's answer stands (capture this program with --placement off)");
+            return 0;
+        }
+        fd = fcntl(raw, F_DUPFD_CLOEXEC, CS_SHARE_FD_MIN);   /* out of the program's fd numbers */
+        close(raw);
+        if (fd < 0) return 0;
+        cs_ipc_exp[cs_ipc_nexp++] = (cs_ipc_export){handle, fd};
+    }
+    cs_ipc_handle h;
+    memset(&h, 0, sizeof h);
+    memcpy(h.magic, CS_IPC_MAGIC, sizeof CS_IPC_MAGIC);
+    h.pid = (int32_t)getpid(); h.fd = fd; h.chunk = chunk; h.offset = al.ptr - base; h.size = al.size; h.dev = dev;
+    memset((void *)a[0], 0, 64);
+    memcpy((void *)a[0], &h, sizeof h);
+    *res = 0;
+    return 1;
+}
+
+/* cuIpcOpenMemHandle(pdptr, handle, flags) of a shim handle: 1 when answered. */
+static int cs_ipc_open(const cs_fn *fn, U *a, CUresult *res) {
+    cs_ipc_handle h;
+    memcpy(&h, (const void *)&a[fn->params[1].ai], sizeof h);
+    if (memcmp(h.magic, CS_IPC_MAGIC, sizeof CS_IPC_MAGIC) != 0 || !a[0]) return 0;
+    *res = 1;                                                 /* CUDA_ERROR_INVALID_VALUE */
+    if (h.pid == (int32_t)getpid()) { *res = 201; return 1; }  /* CUDA_ERROR_INVALID_CONTEXT: its own, as the driver */
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)h.pid, (int)h.fd);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) { *res = 400; return 1; }                    /* CUDA_ERROR_INVALID_HANDLE: exporter gone */
+    cs_fn3 imp = CALLREAL(CS_ID_cuMemImportFromShareableHandle, cs_fn3);
+    U mh = 0;
+    CUresult r = imp ? imp((U)&mh, (U)(intptr_t)fd, CS_HANDLE_POSIX_FD) : 801;
+    close(fd);
+    if (r) { *res = r; return 1; }
+    int dev = cs_cur_device();
+    pthread_mutex_lock(&cs_pl_lock);
+    U at = 0;
+    r = cs_ensure_zone(dev);
+    if (!r) r = cs_zone_take(h.chunk, cs_pl_gran, &at);
+    if (!r) r = cs_grow((void **)&cs_ipc_imp, &cs_ipc_capimp, cs_ipc_nimp, sizeof *cs_ipc_imp) ? 2 : 0;
+    if (!r) {
+        cs_f5 map = CALLREAL(CS_ID_cuMemMap, cs_f5);
+        cs_fn4 access = CALLREAL(CS_ID_cuMemSetAccess, cs_fn4);
+        r = map(at, h.chunk, 0, mh, 0);
+        if (!r) {
+            int devs[CS_PL_MAXDEV + 1];
+            int nd = cs_access_list(dev, devs);
+            unsigned char desc[12 * (CS_PL_MAXDEV + 1)];
+            uint32_t t = 1, fl = 3;   /* location DEVICE, READWRITE */
+            for (int i = 0; i < nd; i++) {
+                memcpy(desc + 12 * i, &t, 4); memcpy(desc + 12 * i + 4, &devs[i], 4); memcpy(desc + 12 * i + 8, &fl, 4);
+            }
+            r = access(at, h.chunk, (U)desc, (U)nd);
+            if (r) CALLREAL(CS_ID_cuMemUnmap, cs_fn2)(at, h.chunk);
+        }
+        if (r) cs_push_hole(at, h.chunk);
+    }
+    if (r) {
+        ((CUresult(*)(U))CALLREAL(CS_ID_cuMemRelease, cs_fn2))(mh);
+        pthread_mutex_unlock(&cs_pl_lock);
+        *res = r;
+        return 1;
+    }
+    cs_ipc_imp[cs_ipc_nimp++] = (cs_ipc_import){at + h.offset, at, h.chunk, mh};
+    pthread_mutex_unlock(&cs_pl_lock);
+    *(U *)a[0] = at + h.offset;
+    *res = 0;
+    return 1;
+}
+
+/* cuIpcCloseMemHandle(dptr) of memory cs_ipc_open mapped (cs_pl_lock held): 1 when answered. */
+static int cs_ipc_close(U *a, CUresult *res) {
+    for (int i = 0; i < cs_ipc_nimp; i++)
+        if (cs_ipc_imp[i].ptr == a[0]) {
+            cs_ipc_import m = cs_ipc_imp[i];
+            cs_ipc_imp[i] = cs_ipc_imp[--cs_ipc_nimp];
+            cs_unmap_at(m.base, m.size, m.handle);
+            *res = 0;
+            return 1;
+        }
+    return 0;
+}
