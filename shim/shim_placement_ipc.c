@@ -2,11 +2,15 @@
  * cuIpcGetMemHandle refuses VMM memory, so for a placed allocation the shim answers it: it
  * exports the allocation's physical memory as a POSIX fd (placement creates it shareable),
  * keeps that fd, and hands out a handle naming (pid, fd, offset, size). cuIpcOpenMemHandle of
- * such a handle in another captured process opens /proc/PID/fd/FD, imports it and maps it
- * inside that process's zone; cuIpcCloseMemHandle unmaps it. The program sees legacy IPC
- * work as without capture (PyTorch sends CUDA tensors between processes this way). Any other
- * handle goes to the driver. Included by shim_core.c after shim_placement.c and shim_share.c. */
+ * such a handle in another captured process gets the fd from the exporter (SCM_RIGHTS over
+ * an abstract UNIX socket one thread of the exporter serves; /proc/PID/fd/FD where that is
+ * not reachable), imports it and maps it inside that process's zone; cuIpcCloseMemHandle
+ * unmaps it. The program sees legacy IPC work as without capture (PyTorch sends CUDA tensors
+ * between processes this way). Any other handle goes to the driver. Included by shim_core.c
+ * after shim_placement.c and shim_share.c. */
 #include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 
 #define CS_IPC_MAGIC "CSIPC01"
 typedef struct { char magic[8]; int32_t pid, fd; U chunk, offset, size; int32_t dev, pad; } cs_ipc_handle;
@@ -22,6 +26,101 @@ static int cs_grow(void **arr, int *cap, int n, size_t elem) {
     if (!g) return -1;
     *arr = g; *cap = c;
     return 0;
+}
+
+/* ---- the exporter's fd server: one thread per exporting process, started at its first export */
+static int cs_ipc_srv = -1;
+static pid_t cs_ipc_srv_pid;
+
+static socklen_t cs_ipc_addr(struct sockaddr_un *sa, int pid) {
+    memset(sa, 0, sizeof *sa);
+    sa->sun_family = AF_UNIX;
+    int n = snprintf(sa->sun_path + 1, sizeof sa->sun_path - 1, "cudasnap-ipc-%d", pid);
+    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+}
+
+static int cs_ipc_exported(int fd) {
+    pthread_mutex_lock(&cs_pl_lock);
+    int ok = 0;
+    for (int i = 0; i < cs_ipc_nexp; i++) ok |= cs_ipc_exp[i].fd == fd;
+    pthread_mutex_unlock(&cs_pl_lock);
+    return ok;
+}
+
+/* Each connection asks for one fd by number; only fds this process exported are sent. */
+static void *cs_ipc_serve(void *arg) {
+    int srv = (int)(intptr_t)arg;
+    for (;;) {
+        int c = accept4(srv, NULL, NULL, SOCK_CLOEXEC);
+        if (c < 0) { if (errno == EINTR || errno == ECONNABORTED) continue; return NULL; }
+        int32_t want = -1;
+        if (read(c, &want, sizeof want) == (ssize_t)sizeof want && cs_ipc_exported(want)) {
+            char byte = 1, ctl[CMSG_SPACE(sizeof(int))];
+            struct iovec io = {&byte, 1};
+            struct msghdr m = {0};
+            memset(ctl, 0, sizeof ctl);
+            m.msg_iov = &io; m.msg_iovlen = 1; m.msg_control = ctl; m.msg_controllen = sizeof ctl;
+            struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+            cm->cmsg_level = SOL_SOCKET; cm->cmsg_type = SCM_RIGHTS; cm->cmsg_len = CMSG_LEN(sizeof(int));
+            memcpy(CMSG_DATA(cm), &want, sizeof want);
+            if (sendmsg(c, &m, MSG_NOSIGNAL) < 0) { /* the importer falls back to /proc */ }
+        }
+        close(c);
+    }
+}
+
+static void cs_ipc_serve_start(void) {      /* cs_pl_lock held */
+    if (cs_ipc_srv >= 0 && cs_ipc_srv_pid == getpid()) return;
+    if (cs_ipc_srv >= 0) close(cs_ipc_srv);   /* a forked child: the parent's socket is not its own */
+    cs_ipc_srv = -1;
+    struct sockaddr_un sa;
+    socklen_t len = cs_ipc_addr(&sa, (int)getpid());
+    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (s < 0) return;
+    if (bind(s, (struct sockaddr *)&sa, len) != 0 || listen(s, 16) != 0) { close(s); return; }
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);       /* helpers inherit: signals stay the program's */
+    pthread_t t;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&at, 64u << 10);
+    int ok = pthread_create(&t, &at, cs_ipc_serve, (void *)(intptr_t)s) == 0;
+    pthread_attr_destroy(&at);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (!ok) { close(s); return; }
+    pthread_setname_np(t, "cudasnap-ipc");
+    cs_ipc_srv = s;
+    cs_ipc_srv_pid = getpid();
+}
+
+/* The exporter's fd: over its socket, else through /proc. -1 when neither reaches it. */
+static int cs_ipc_fetch(int pid, int fd) {
+    struct sockaddr_un sa;
+    socklen_t len = cs_ipc_addr(&sa, pid);
+    int c = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (c >= 0 && connect(c, (struct sockaddr *)&sa, len) == 0) {
+        int32_t want = fd;
+        char byte = 0, ctl[CMSG_SPACE(sizeof(int))];
+        struct iovec io = {&byte, 1};
+        struct msghdr m = {0};
+        m.msg_iov = &io; m.msg_iovlen = 1; m.msg_control = ctl; m.msg_controllen = sizeof ctl;
+        if (write(c, &want, sizeof want) == (ssize_t)sizeof want && recvmsg(c, &m, MSG_CMSG_CLOEXEC) > 0) {
+            struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+            if (cm && cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
+                int got;
+                memcpy(&got, CMSG_DATA(cm), sizeof got);
+                close(c);
+                return got;
+            }
+        }
+    }
+    if (c >= 0) close(c);
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", pid, fd);
+    int got = open(path, O_RDWR | O_CLOEXEC);
+    return got >= 0 ? got : open(path, O_RDONLY | O_CLOEXEC);
 }
 
 /* The chunk was unmapped (cs_unmap_at): its kept export fd goes, so its memory can be freed. */
@@ -61,6 +160,7 @@ static int cs_ipc_get(U *a, CUresult *res) {
         if (fd < 0) return 0;
         cs_ipc_exp[cs_ipc_nexp++] = (cs_ipc_export){handle, fd};
     }
+    cs_ipc_serve_start();
     cs_ipc_handle h;
     memset(&h, 0, sizeof h);
     memcpy(h.magic, CS_IPC_MAGIC, sizeof CS_IPC_MAGIC);
@@ -78,10 +178,7 @@ static int cs_ipc_open(const cs_fn *fn, U *a, CUresult *res) {
     if (memcmp(h.magic, CS_IPC_MAGIC, sizeof CS_IPC_MAGIC) != 0 || !a[0]) return 0;
     *res = 1;                                                 /* CUDA_ERROR_INVALID_VALUE */
     if (h.pid == (int32_t)getpid()) { *res = 201; return 1; }  /* CUDA_ERROR_INVALID_CONTEXT: its own, as the driver */
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)h.pid, (int)h.fd);
-    int fd = open(path, O_RDWR | O_CLOEXEC);
-    if (fd < 0) fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = cs_ipc_fetch((int)h.pid, (int)h.fd);
     if (fd < 0) { *res = 400; return 1; }                    /* CUDA_ERROR_INVALID_HANDLE: exporter gone */
     cs_fn3 imp = CALLREAL(CS_ID_cuMemImportFromShareableHandle, cs_fn3);
     U mh = 0;
