@@ -123,9 +123,17 @@ def test_devices_and_fifos_are_not_refused(tmp_path):
 
 # ------------------------------------------------------------------ signals
 
+def _default_signals():
+    # cudasnap leaves alone what its parent ignores (nohup's SIGHUP): the tests start it with
+    # every forwarded signal at its default, whatever the test run itself inherited
+    from cudasnap.capture.runner import FORWARDED_SIGNALS
+    for s in FORWARDED_SIGNALS:
+        signal.signal(s, signal.SIG_DFL)
+
+
 def _start(double, out: Path, *extra_env):
     p = subprocess.Popen(_cmd("-o", str(out), "--", double["progs"]["sigwait"]), env=double["env"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_default_signals)
     assert p.stdout.readline().strip() == "READY"
     return p
 
@@ -160,7 +168,7 @@ def test_program_killed_by_forwarded_signal_kills_cudasnap_alike(double, tmp_pat
     closing the snapshot."""
     out = tmp_path / "k.cusnap"
     p = subprocess.Popen(_cmd("-o", str(out), "--", double["progs"]["killme"]), env=double["env"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_default_signals)
     assert p.stdout.readline().startswith("READY")
     time.sleep(0.2)
     os.kill(p.pid, signal.SIGINT)
