@@ -103,15 +103,34 @@ static int cs_access_list(int dev, int *out) {
     return k;
 }
 
+/* Map physical memory `h` at [at, at+size), readable and writable from `dev` and every GPU
+ * that can reach it as a peer. 0 on success; on failure nothing stays mapped. */
+static CUresult cs_map_handle(U at, U size, int dev, U h) {
+    cs_f5 map = CALLREAL(CS_ID_cuMemMap, cs_f5);
+    cs_fn4 access = CALLREAL(CS_ID_cuMemSetAccess, cs_fn4);
+    cs_fn2 unmap = CALLREAL(CS_ID_cuMemUnmap, cs_fn2);
+    if (!map || !access || !unmap) return 801;
+    CUresult r;
+    cs_pl_step = "cuMemMap";
+    if ((r = map(at, size, 0, h, 0))) return r;
+    int devs[CS_PL_MAXDEV + 1];
+    int nd = cs_access_list(dev, devs);
+    unsigned char desc[12 * (CS_PL_MAXDEV + 1)];
+    uint32_t t = 1, fl = 3;   /* location DEVICE, READWRITE */
+    for (int i = 0; i < nd; i++) {
+        memcpy(desc + 12 * i, &t, 4); memcpy(desc + 12 * i + 4, &devs[i], 4); memcpy(desc + 12 * i + 8, &fl, 4);
+    }
+    cs_pl_step = "cuMemSetAccess";
+    if ((r = access(at, size, (U)desc, (U)nd))) unmap(at, size);
+    return r;
+}
+
 /* Map fresh physical memory at [at, at+size) inside the zone. 0 on success. */
 static CUresult cs_map_at(U at, U size, int dev, U *handle_out) {
     cs_fn4 create = CALLREAL(CS_ID_cuMemCreate, cs_fn4);
-    cs_f5 map = CALLREAL(CS_ID_cuMemMap, cs_f5);
-    cs_fn4 access = CALLREAL(CS_ID_cuMemSetAccess, cs_fn4);
     cs_fn2 release = CALLREAL(CS_ID_cuMemRelease, cs_fn2);
-    cs_fn2 unmap = CALLREAL(CS_ID_cuMemUnmap, cs_fn2);
     cs_pl_step = "resolving the VMM entry points";
-    if (!create || !map || !access || !release || !unmap) return 801;
+    if (!create || !release) return 801;
     unsigned char prop[32];
     cs_prop(prop, dev);
     U h = 0;
@@ -123,17 +142,7 @@ static CUresult cs_map_at(U at, U size, int dev, U *handle_out) {
         r = create((U)&h, size, (U)prop, 0);
     }
     if (r) return r;
-    cs_pl_step = "cuMemMap";
-    if ((r = map(at, size, 0, h, 0))) { ((CUresult(*)(U))release)(h); return r; }
-    int devs[CS_PL_MAXDEV + 1];
-    int nd = cs_access_list(dev, devs);
-    unsigned char desc[12 * (CS_PL_MAXDEV + 1)];
-    uint32_t t = 1, fl = 3;   /* location DEVICE, READWRITE */
-    for (int i = 0; i < nd; i++) {
-        memcpy(desc + 12 * i, &t, 4); memcpy(desc + 12 * i + 4, &devs[i], 4); memcpy(desc + 12 * i + 8, &fl, 4);
-    }
-    cs_pl_step = "cuMemSetAccess";
-    if ((r = access(at, size, (U)desc, (U)nd))) { unmap(at, size); ((CUresult(*)(U))release)(h); return r; }
+    if ((r = cs_map_handle(at, size, dev, h))) { ((CUresult(*)(U))release)(h); return r; }
     *handle_out = h;
     return 0;
 }

@@ -191,23 +191,8 @@ static int cs_ipc_open(const cs_fn *fn, U *a, CUresult *res) {
     r = cs_ensure_zone(dev);
     if (!r) r = cs_zone_take(h.chunk, cs_pl_gran, &at);
     if (!r) r = cs_grow((void **)&cs_ipc_imp, &cs_ipc_capimp, cs_ipc_nimp, sizeof *cs_ipc_imp) ? 2 : 0;
-    if (!r) {
-        cs_f5 map = CALLREAL(CS_ID_cuMemMap, cs_f5);
-        cs_fn4 access = CALLREAL(CS_ID_cuMemSetAccess, cs_fn4);
-        r = map(at, h.chunk, 0, mh, 0);
-        if (!r) {
-            int devs[CS_PL_MAXDEV + 1];
-            int nd = cs_access_list(dev, devs);
-            unsigned char desc[12 * (CS_PL_MAXDEV + 1)];
-            uint32_t t = 1, fl = 3;   /* location DEVICE, READWRITE */
-            for (int i = 0; i < nd; i++) {
-                memcpy(desc + 12 * i, &t, 4); memcpy(desc + 12 * i + 4, &devs[i], 4); memcpy(desc + 12 * i + 8, &fl, 4);
-            }
-            r = access(at, h.chunk, (U)desc, (U)nd);
-            if (r) CALLREAL(CS_ID_cuMemUnmap, cs_fn2)(at, h.chunk);
-        }
-        if (r) cs_push_hole(at, h.chunk);
-    }
+    if (!r && (r = cs_map_handle(at, h.chunk, dev, mh)))
+        cs_push_hole(at, h.chunk);
     if (r) {
         ((CUresult(*)(U))CALLREAL(CS_ID_cuMemRelease, cs_fn2))(mh);
         pthread_mutex_unlock(&cs_pl_lock);
