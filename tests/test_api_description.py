@@ -204,7 +204,6 @@ def test_special_captures(desc):
         "cuMemHostAlloc": "host_alloc", "cuMemAllocHost_v2": "host_alloc",
         "cuMemHostRegister_v2": "host_alloc", "cuMemAllocManaged": "host_alloc",
         "cuMemExportToShareableHandle": "share", "cuMemImportFromShareableHandle": "share",
-        "cuIpcGetMemHandle": "share",
     }
     for name, cap in caps.items():
         assert fn(desc, name)["capture"] == cap, name
