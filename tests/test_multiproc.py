@@ -210,6 +210,7 @@ def test_legacy_ipc_of_placed_memory_works_under_capture(double, tmp_path):
     assert rp.returncode == 0, rp.stdout + rp.stderr
     d = json.loads(rp.stdout)
     assert [r["replay"]["d2h_verified"] for r in d["ranks"]] == [1, 1] and all(not r["errors"] for r in d["ranks"])
+    assert [r["replay"]["fell_back"] for r in d["ranks"]] == [0, 0], d
 
 
 def test_legacy_ipc_with_placement_off_replays_as_a_group(double, tmp_path):

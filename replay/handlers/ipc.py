@@ -188,7 +188,11 @@ def _map_chunks(ctx, rec, meta, fds, want):
     lo = chunks[0][0]
     span = chunks[-1][0] + chunks[-1][1] - lo
     hint = want - (meta["base"] - lo)
-    got = int(ctx.raw("cuMemAddressReserve", span, 0, hint, 0))
+    sp = ctx.space.span_of(hint, span)
+    own_va = sp is None or not sp.reserved
+    # inside a range this replay reserved (the importer's placement zone, where capture mapped
+    # it): mapped there as it is; elsewhere a reservation of its own at the recorded address
+    got = int(ctx.raw("cuMemAddressReserve", span, 0, hint, 0)) if own_va else hint
     handles_ = []
     for (start, size), fd in zip(chunks, fds):
         h = ctx.raw("cuMemImportFromShareableHandle", fd, ctx.cu.CUmemAllocationHandleType(POSIX_FD))
@@ -198,7 +202,7 @@ def _map_chunks(ctx, rec, meta, fds, want):
     live = got + (meta["base"] - lo)
     ctx.space.add_vmm(want, int(meta["size"]), live, rec.get("s"),
                      "" if live == want else f"cuMemAddressReserve hint {hint:#x} returned {got:#x}")
-    ctx.ipc_opened[want] = ("chunks", got, span, handles_)
+    ctx.ipc_opened[want] = ("chunks", got, span, handles_, own_va)
 
 
 @handles("cuIpcCloseMemHandle")
@@ -212,11 +216,12 @@ def ipc_close(ctx, rec):
     if ent[0] == "ipc":
         ctx.drv(rec, "cuIpcCloseMemHandle", ent[1])
         return
-    _, got, span, hs = ent
+    _, got, span, hs, own_va = ent
     ctx.ops.unmap(got, span)
     for h in hs:
         ctx.ops.release(h)
-    ctx.ops.free_va(got, span)
+    if own_va:
+        ctx.ops.free_va(got, span)
 
 
 # ------------------------------------------------------------------ IPC events
