@@ -136,7 +136,7 @@ static CUresult cs_map_at(U at, U size, int dev, U *handle_out) {
     U h = 0;
     CUresult r;
     cs_pl_step = "cuMemCreate";
-    if ((r = create((U)&h, size, (U)prop, 0)) && !cs_pl_noshare) {
+    if ((r = create((U)&h, size, (U)prop, 0)) && !cs_pl_noshare && r != 2 /* out of memory */) {
         cs_pl_noshare = 1;                  /* not shareable here: plain memory from now on */
         cs_prop(prop, dev);
         r = create((U)&h, size, (U)prop, 0);

@@ -136,6 +136,9 @@ static void cs_ipc_forget(U handle) {
 /* cuIpcGetMemHandle(pHandle, dptr) of a placed allocation (cs_pl_lock held): 1 when answered. */
 static int cs_ipc_get(U *a, CUresult *res) {
     int i = cs_find_alloc(a[1], 0);
+    if (i < 0 && cs_zone && a[1] >= cs_zone && a[1] < cs_zone_end)
+        cs_note("cuIpcGetMemHandle of a pointer inside placed memory that starts no allocation: left to "
+                "the driver, which refuses VMM memory (capture this program with --placement off)");
     if (i < 0 || !a[0]) return 0;
     cs_alloc al = cs_allocs[i];
     U handle = al.slab < 0 ? al.handle : cs_slabs[al.slab].handle;
