@@ -143,8 +143,10 @@ STATUS_RULES = [
      "record", "external semaphore graph nodes need interop objects; recorded only"),
     (r"cuGraphAddBatchMemOpNode|cuGraphBatchMemOpNode\w+|cuGraphExecBatchMemOpNodeSetParams", "record",
      "stream memory operation nodes are recorded only"),
-    (r"cuStreamBatchMemOp|cuStreamWaitValue\w+|cuStreamWriteValue\w+", "record",
-     "stream memory operations (often polling host-mapped flags) are recorded only"),
+    (r"cuStreamBatchMemOp", "record", "batches of stream memory operations are recorded only"),
+    # single waits and writes on device memory replay (handlers/stream.py); on host-mapped
+    # memory, which a host thread may write, they stop the replay with that reason
+    (r"cuStreamWaitValue\w+|cuStreamWriteValue\w+", "replay", None),
     (r"cuMemBatchDecompressAsync", "record", "hardware decompression batches are recorded only"),
     (r"cuParamSet\w+|cuFuncSetBlockShape|cuFuncSetSharedSize|cuLaunch|cuLaunchGrid|cuLaunchGridAsync", "record",
      "pre-CUDA-4 launch API (deprecated); recorded only"),

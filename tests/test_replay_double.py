@@ -39,7 +39,7 @@ def rewrite(src, dst, mutate):
             w.write(rec)
 
 
-@pytest.mark.parametrize("prog", ["direct", "viadlsym", "viaproc", "chase", "launch_forms", "threads"])
+@pytest.mark.parametrize("prog", ["direct", "viadlsym", "viaproc", "chase", "launch_forms", "threads", "memops"])
 def test_capture_then_replay_verifies(prog, double, capture):
     cp, snap = capture(double["progs"][prog])
     assert cp.returncode == 0, cp.stderr
@@ -47,6 +47,20 @@ def test_capture_then_replay_verifies(prog, double, capture):
     assert rp.returncode == 0, rp.stdout + rp.stderr
     assert re.search(r"\d+ placed at recorded address, 0 fell back", rp.stdout), rp.stdout
     assert "OK: every recorded D2H result reproduced" in rp.stdout
+
+
+def test_stream_memory_operations_replay(double, capture):
+    """A flag one stream writes (cuStreamWriteValue32) and another waits for before a kernel
+    increments it, and a 64-bit write and wait: replayed on device memory, both D2H results
+    verified, nothing refused."""
+    cp, snap = capture(double["progs"]["memops"])
+    assert cp.returncode == 0 and "FLAG 42 WIDE 123456789" in cp.stdout, cp.stdout + cp.stderr
+    assert {c["f"] for c in _calls(snap)} >= {"cuStreamWriteValue32_v2", "cuStreamWaitValue64_v2"}
+    rp = _replay(double, snap, "--json")
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    import json
+    d = json.loads(rp.stdout)
+    assert d["d2h_verified"] == 2 and d["fell_back"] == 0, d
 
 
 def test_threads_option(double, capture):

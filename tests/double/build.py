@@ -40,6 +40,7 @@ PROGRAMS = {
     "carve": "link",
     "launch_forms": "link",
     "bigcopy": "link",
+    "memops": "link",
     "queries": "link",
     "reload": "link",
     "unified": "link",

@@ -1196,6 +1196,43 @@ API CUresult cuStreamSynchronize_ptsz(CUstream s) { return cuStreamSynchronize(s
 API CUresult cuStreamQuery(CUstream s) { CHECK(need_ctx()); return stream_validate(s); }
 API CUresult cuStreamQuery_ptsz(CUstream s) { return cuStreamQuery(s); }
 
+/* Stream memory operations on device memory. Work here is done when its call returns, so a
+ * wait whose condition does not hold yet would wait forever: it fails (CUDA_ERROR_NOT_READY). */
+static CUresult memop_write(CUstream s, CUdeviceptr addr, unsigned long long v, size_t n) {
+    CHECK(need_ctx());
+    CHECK(stream_validate(s));
+    if (!dev_range_ok(addr, n)) return CUDA_ERROR_INVALID_VALUE;
+    if (n == 4) { uint32_t w = (uint32_t)v; memcpy((void *)(uintptr_t)addr, &w, 4); }
+    else memcpy((void *)(uintptr_t)addr, &v, 8);
+    return CUDA_SUCCESS;
+}
+
+static CUresult memop_wait(CUstream s, CUdeviceptr addr, unsigned long long v, unsigned flags, size_t n) {
+    CHECK(need_ctx());
+    CHECK(stream_validate(s));
+    if (!dev_range_ok(addr, n)) return CUDA_ERROR_INVALID_VALUE;
+    unsigned long long cur = 0;
+    if (n == 4) { uint32_t w; memcpy(&w, (void *)(uintptr_t)addr, 4); cur = w; }
+    else memcpy(&cur, (void *)(uintptr_t)addr, 8);
+    int ok;
+    switch (flags & 3) {        /* GEQ (wrapping), EQ, AND, NOR */
+    case 0: ok = n == 4 ? (int32_t)((uint32_t)cur - (uint32_t)v) >= 0 : (int64_t)(cur - v) >= 0; break;
+    case 1: ok = cur == v; break;
+    case 2: ok = (cur & v) != 0; break;
+    default: ok = ~(cur | v) != 0; break;
+    }
+    return ok ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+API CUresult cuStreamWriteValue32_v2(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) { (void)f; return memop_write(s, a, v, 4); }
+API CUresult cuStreamWriteValue64_v2(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) { (void)f; return memop_write(s, a, v, 8); }
+API CUresult cuStreamWaitValue32_v2(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) { return memop_wait(s, a, v, f, 4); }
+API CUresult cuStreamWaitValue64_v2(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) { return memop_wait(s, a, v, f, 8); }
+API CUresult cuStreamWriteValue32_v2_ptsz(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) { return cuStreamWriteValue32_v2(s, a, v, f); }
+API CUresult cuStreamWriteValue64_v2_ptsz(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) { return cuStreamWriteValue64_v2(s, a, v, f); }
+API CUresult cuStreamWaitValue32_v2_ptsz(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) { return cuStreamWaitValue32_v2(s, a, v, f); }
+API CUresult cuStreamWaitValue64_v2_ptsz(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) { return cuStreamWaitValue64_v2(s, a, v, f); }
+
 API CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) {
     CHECK(need_ctx());
     CHECK(stream_validate(s));
