@@ -119,7 +119,10 @@ def hoist_loads(ctx, in_context: bool) -> None:
     here (handlers/module). Libraries belong to no context; modules load into the current one
     (in_context), and only where the snapshot has one context, so it is the one they were
     loaded in."""
-    if not ctx.code_loads or not _hoisting(ctx):
+    if not ctx.code_loads:
+        return
+    if not _hoisting(ctx):
+        ctx.code_loads = []              # loads run at their turn: the pre-scan's list is not needed
         return
     one_context = len(ctx.ctx_ids) <= 1
     keep = []
