@@ -350,11 +350,14 @@ class ReplayContext:
             a.last_writer = (seq, who)
 
     # ------------------------------------------------------------------ verification
-    def verify(self, rec, expected: Optional[bytes], got: bytes, src: Optional[int] = None) -> None:
+    def verify(self, rec, expected: Optional[bytes], got: bytes, src: Optional[int] = None,
+               from_array: bool = False) -> None:
+        """Compare a D2H result (src: the recorded device address it was read from; from_array:
+        read from a CUDA array, which a left-out kernel may have written through a surface)."""
         if expected is None:
             self.res.d2h_unverified += 1
             return
-        if self.hooks.stale(src):
+        if self.hooks.stale("array" if from_array else src):
             self.res.d2h_left_out += 1
             return
         alloc = self.space.find(src) if (self.space and src) else None

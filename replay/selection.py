@@ -241,6 +241,7 @@ class StaleResults:
         self._stale: Dict[int, Any] = {}      # id(Alloc) -> Alloc (held, so ids stay unique)
         self._links: Dict[int, list] = {}     # id(Alloc) -> the allocations its uploaded pointers name
         self.everything = False
+        self.launch_left_out = False          # a left-out kernel may have written an array (a surface)
         self.left_out = 0
 
     def _allocs(self, addrs) -> list:
@@ -306,6 +307,7 @@ class StaleResults:
         f = rec.get("f") or ""
         a = rec.get("a") or {}
         if is_launch(f):
+            self.launch_left_out = True
             self._mark(self._reach(self._allocs(self._param_words(rec))))
         elif "GraphLaunch" in f or "pCopy" in a or not any(k in a for k in _SKIP_DST_KEYS):
             self.everything = True
@@ -328,10 +330,14 @@ class StaleResults:
             if self._any(self._allocs(a.get(k) for k in ("srcDevice", "src"))):
                 self._mark(self._allocs(a.get(k) for k in _SKIP_DST_KEYS))
 
-    def stale(self, src: Optional[int]) -> bool:
-        """Is a D2H result read from recorded address src undetermined by the selection?
-        Counts it when so."""
-        if self.everything or (self._stale and src is not None and self._any(self._allocs([src]))):
+    def stale(self, src) -> bool:
+        """Is a D2H result read from recorded address src ("array": from a CUDA array, which
+        surfaces let kernels write unseen) undetermined by the selection? Counts it when so."""
+        if src == "array":
+            hit = self.everything or self.launch_left_out
+        else:
+            hit = self.everything or (self._stale and src is not None and self._any(self._allocs([src])))
+        if hit:
             self.left_out += 1
             return True
         return False

@@ -127,6 +127,8 @@ FAMILY_RECORD_REASON = {
 STATUS_RULES = [
     (r"cuGetExportTable", "refused", "private runtime tables: passed through untouched, not recordable"),
     # replayed with the other processes of the job (replay/group.py): handles pass between ranks
+    # texture and surface objects over arrays and device memory (replay/handlers/texture.py)
+    (r"cuTexObjectCreate|cuTexObjectDestroy|cuSurfObjectCreate|cuSurfObjectDestroy", "replay", None),
     (r"cuIpc\w+|cuMemExportToShareableHandle"
      r"|cuMemImportFromShareableHandle|cuCtxEnablePeerAccess|cuCtxDisablePeerAccess", "replay", None),
     (r"cuMemPoolExportToShareableHandle|cuMemPoolExportPointer"

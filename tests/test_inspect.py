@@ -118,12 +118,12 @@ def test_info_names_calls_replay_would_refuse(snap, tmp_path):
     w = SnapshotWriter(p, {"pid": 1})
     w.write({"k": "c", "s": 1, "tid": 7, "t0": 1, "t1": 2, "f": "cuInit", "a": {"Flags": 0}, "r": 0})
     for i in range(2):
-        w.write({"k": "c", "s": 2 + i, "tid": 7, "t0": 3, "t1": 4, "f": "cuTexObjectCreate", "a": {"pTexObject": i + 1},
-                 "r": 0})
+        w.write({"k": "c", "s": 2 + i, "tid": 7, "t0": 3, "t1": 4, "f": "cuMipmappedArrayCreate",
+                 "a": {"pHandle": i + 1}, "r": 0})
     w.close()
     d = json.loads(runner.invoke(app, ["info", str(p), "--json"]).stdout)
-    assert d["calls"]["replay_unhandled"] == {"cuTexObjectCreate": 2}
-    assert "calls it does not replay: cuTexObjectCreate (2)" in runner.invoke(app, ["info", str(p)]).stdout
+    assert d["calls"]["replay_unhandled"] == {"cuMipmappedArrayCreate": 2}
+    assert "calls it does not replay: cuMipmappedArrayCreate (2)" in runner.invoke(app, ["info", str(p)]).stdout
 
 
 def test_info_truncated(tmp_path):

@@ -173,7 +173,7 @@ def _program(path, tamper=False, extra=None, incomplete=False, with_params=True,
     data = bytes(range(64))
     s.call("cuMemcpyHtoD_v2", {"dstDevice": A + 256, "srcHost": 5, "ByteCount": 64}, x={"srcHost": s.blob(data)})
     if unsupported:
-        s.call("cuTexObjectCreate", {"pTexObject": 1})
+        s.call("cuMipmappedArrayCreate", {"pHandle": 1})
     p = struct.pack("<QIi", A, 0xABCD0123, 16)
     if with_params:
         s.launch(0x333, p, block=16)
@@ -408,7 +408,7 @@ def test_missing_params_and_unsupported_exit_2(tmp_path):
     p2 = tmp_path / "un.cusnap"
     _program(p2, unsupported=True)
     res, _ = _run(p2)
-    assert res.exit_code == 2 and "cuTexObjectCreate (1 call, first #" in res.errors[0] and "unsupported" in res.errors[0]
+    assert res.exit_code == 2 and "cuMipmappedArrayCreate (1 call, first #" in res.errors[0] and "unsupported" in res.errors[0]
     assert res.d2h_verified == 0 and res.launches == 0     # refused before any driver work, all named at once
     res, _ = _run(p2, continue_on_error=True)
     assert res.exit_code == 2 and res.d2h_verified == 2   # surveyed past it

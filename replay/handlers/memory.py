@@ -399,8 +399,8 @@ def _unified_d2h(ctx, rec, dst, src, n: int) -> None:
 # have the same shape; offsets inside a group are relative to its XInBytes field
 _SRC, _DST = offsetof("CUDA_MEMCPY2D", "srcXInBytes"), offsetof("CUDA_MEMCPY2D", "dstXInBytes")
 MEMCPY2D_SIZE = sizeof("CUDA_MEMCPY2D")
-_MTYPE, _HOST, _DEVICE, _PITCH = (offsetof("CUDA_MEMCPY2D", "src" + f) - _SRC
-                                  for f in ("MemoryType", "Host", "Device", "Pitch"))
+_MTYPE, _HOST, _DEVICE, _ARRAY, _PITCH = (offsetof("CUDA_MEMCPY2D", "src" + f) - _SRC
+                                          for f in ("MemoryType", "Host", "Device", "Array", "Pitch"))
 _WIDTH, _HEIGHT = offsetof("CUDA_MEMCPY2D", "WidthInBytes"), offsetof("CUDA_MEMCPY2D", "Height")
 MT_HOST, MT_DEVICE, MT_ARRAY, MT_UNIFIED = 1, 2, 3, 4
 
@@ -437,7 +437,7 @@ def memcpy_2d(ctx, rec):
         elif mt in (MT_DEVICE, MT_UNIFIED):
             struct.pack_into("<Q", cp, base + _DEVICE, ctx.tr(_u64(cp, base + _DEVICE)))
         elif mt == MT_ARRAY:
-            ctx.fail(rec, "2D copies with CUDA arrays are not supported")
+            struct.pack_into("<Q", cp, base + _ARRAY, int(ctx.live(rec, _u64(cp, base + _ARRAY), "array")))
     st = ctx.cu.CUDA_MEMCPY2D()
     ctypes.memmove(int(st.getPtr()), bytes(cp), MEMCPY2D_SIZE)
     name = "cuMemcpy2DAsync" if _async(rec) else ("cuMemcpy2DUnaligned" if "Unaligned" in rec["f"] else "cuMemcpy2D")
@@ -463,7 +463,8 @@ def memcpy_2d(ctx, rec):
             exp = b"".join(exp[i * pitch:i * pitch + w] for i in range(h))
             got = b"".join(got[i * pitch:i * pitch + w] for i in range(h))
         src = _u64(rec["a"]["pCopy"], _SRC + _DEVICE)
-        ctx.verify(rec, exp, got, src if struct.unpack_from("<I", cp, _SRC + _MTYPE)[0] in (MT_DEVICE, MT_UNIFIED) else None)
+        smt = struct.unpack_from("<I", cp, _SRC + _MTYPE)[0]
+        ctx.verify(rec, exp, got, src if smt in (MT_DEVICE, MT_UNIFIED) else None, from_array=smt == MT_ARRAY)
     elif struct.unpack_from("<I", cp, _DST + _MTYPE)[0] in (MT_DEVICE, MT_UNIFIED):
         ctx.mark_written(_u64(rec["a"]["pCopy"], _DST + _DEVICE), rec.get("s"), rec["f"])
 

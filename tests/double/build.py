@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-LIB_SOURCES = ["libcuda_double.c", "double_launch.c", "double_proc.c"]
+LIB_SOURCES = ["libcuda_double.c", "double_launch.c", "double_proc.c", "double_texture.c"]
 HEADERS = ["cuda_double.h", "double_internal.h"]
 
 # program name -> how it reaches the driver: "link" (-lcuda against the double) or "dlopen"
@@ -41,6 +41,7 @@ PROGRAMS = {
     "launch_forms": "link",
     "bigcopy": "link",
     "memops": "link",
+    "texture": "link",
     "queries": "link",
     "reload": "link",
     "unified": "link",

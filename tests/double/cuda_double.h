@@ -133,7 +133,7 @@ typedef enum CUjit_option_enum { CU_JIT_MAX_REGISTERS = 0 } CUjit_option;
 typedef enum CUpointer_attribute_enum {
     CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11, CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12
 } CUpointer_attribute;
-typedef enum CUmemorytype_enum { CU_MEMORYTYPE_HOST = 1, CU_MEMORYTYPE_DEVICE = 2 } CUmemorytype;
+typedef enum CUmemorytype_enum { CU_MEMORYTYPE_HOST = 1, CU_MEMORYTYPE_DEVICE = 2, CU_MEMORYTYPE_ARRAY = 3, CU_MEMORYTYPE_UNIFIED = 4 } CUmemorytype;
 typedef enum CUlibraryOption_enum { CU_LIBRARY_HOST_UNIVERSAL_FUNCTION_AND_DATA_TABLE = 0 } CUlibraryOption;
 typedef enum CUfunc_cache_enum { CU_FUNC_CACHE_PREFER_NONE = 0 } CUfunc_cache;
 
@@ -452,6 +452,50 @@ CUresult cuStreamSynchronize(CUstream hStream);
 CUresult cuStreamSynchronize_ptsz(CUstream hStream);
 CUresult cuStreamQuery(CUstream hStream);
 CUresult cuStreamQuery_ptsz(CUstream hStream);
+/* CUDA arrays, 2D copies, texture and surface objects (double_texture.c); layouts as cuda.h's */
+typedef struct CUarray_st *CUarray;
+typedef unsigned long long CUtexObject;
+typedef unsigned long long CUsurfObject;
+enum { CU_AD_FORMAT_UNSIGNED_INT8 = 1, CU_AD_FORMAT_UNSIGNED_INT16 = 2, CU_AD_FORMAT_UNSIGNED_INT32 = 3,
+       CU_AD_FORMAT_SIGNED_INT8 = 8, CU_AD_FORMAT_SIGNED_INT16 = 9, CU_AD_FORMAT_SIGNED_INT32 = 10,
+       CU_AD_FORMAT_HALF = 16, CU_AD_FORMAT_FLOAT = 32 };
+enum { CU_RESOURCE_TYPE_ARRAY = 0, CU_RESOURCE_TYPE_MIPMAPPED_ARRAY = 1, CU_RESOURCE_TYPE_LINEAR = 2,
+       CU_RESOURCE_TYPE_PITCH2D = 3 };
+typedef struct { size_t Width, Height; unsigned int Format, NumChannels; } CUDA_ARRAY_DESCRIPTOR;
+typedef struct { size_t Width, Height, Depth; unsigned int Format, NumChannels, Flags; } CUDA_ARRAY3D_DESCRIPTOR;
+typedef struct {
+    size_t srcXInBytes, srcY; unsigned int srcMemoryType; const void *srcHost; CUdeviceptr srcDevice;
+    CUarray srcArray; size_t srcPitch;
+    size_t dstXInBytes, dstY; unsigned int dstMemoryType; void *dstHost; CUdeviceptr dstDevice;
+    CUarray dstArray; size_t dstPitch;
+    size_t WidthInBytes, Height;
+} CUDA_MEMCPY2D;
+typedef struct {
+    unsigned int resType;
+    union {
+        struct { CUarray hArray; } array;
+        struct { CUdeviceptr devPtr; unsigned int format, numChannels; size_t sizeInBytes; } linear;
+        struct { CUdeviceptr devPtr; unsigned int format, numChannels; size_t width, height, pitchInBytes; } pitch2D;
+        struct { int reserved[32]; } reserved;
+    } res;
+    unsigned int flags;
+} CUDA_RESOURCE_DESC;
+typedef struct {
+    int addressMode[3]; int filterMode; unsigned int flags, maxAnisotropy; int mipmapFilterMode;
+    float mipmapLevelBias, minMipmapLevelClamp, maxMipmapLevelClamp; float borderColor[4]; int reserved[12];
+} CUDA_TEXTURE_DESC;
+typedef struct CUDA_RESOURCE_VIEW_DESC_st CUDA_RESOURCE_VIEW_DESC;
+CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *d);
+CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *d);
+CUresult cuArrayDestroy(CUarray a);
+CUresult cuMemcpy2D_v2(const CUDA_MEMCPY2D *c);
+CUresult cuMemcpy2DUnaligned_v2(const CUDA_MEMCPY2D *c);
+CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D *c, CUstream s);
+CUresult cuTexObjectCreate(CUtexObject *t, const CUDA_RESOURCE_DESC *r, const CUDA_TEXTURE_DESC *td,
+                           const CUDA_RESOURCE_VIEW_DESC *v);
+CUresult cuTexObjectDestroy(CUtexObject t);
+CUresult cuSurfObjectCreate(CUsurfObject *s, const CUDA_RESOURCE_DESC *r);
+CUresult cuSurfObjectDestroy(CUsurfObject s);
 CUresult cuStreamWriteValue32_v2(CUstream s, CUdeviceptr addr, cuuint32_t value, unsigned int flags);
 CUresult cuStreamWriteValue64_v2(CUstream s, CUdeviceptr addr, cuuint64_t value, unsigned int flags);
 CUresult cuStreamWaitValue32_v2(CUstream s, CUdeviceptr addr, cuuint32_t value, unsigned int flags);
@@ -460,10 +504,6 @@ CUresult cuStreamWriteValue32_v2_ptsz(CUstream s, CUdeviceptr addr, cuuint32_t v
 CUresult cuStreamWriteValue64_v2_ptsz(CUstream s, CUdeviceptr addr, cuuint64_t value, unsigned int flags);
 CUresult cuStreamWaitValue32_v2_ptsz(CUstream s, CUdeviceptr addr, cuuint32_t value, unsigned int flags);
 CUresult cuStreamWaitValue64_v2_ptsz(CUstream s, CUdeviceptr addr, cuuint64_t value, unsigned int flags);
-#define cuStreamWriteValue32 cuStreamWriteValue32_v2
-#define cuStreamWriteValue64 cuStreamWriteValue64_v2
-#define cuStreamWaitValue32 cuStreamWaitValue32_v2
-#define cuStreamWaitValue64 cuStreamWaitValue64_v2
 enum { CU_STREAM_WAIT_VALUE_GEQ = 0, CU_STREAM_WAIT_VALUE_EQ = 1, CU_STREAM_WAIT_VALUE_AND = 2, CU_STREAM_WAIT_VALUE_NOR = 3 };
 CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int flags);
 CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int flags);
@@ -512,6 +552,14 @@ CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTable
 
 /* API-name macros come after the prototypes so the raw ABI names stay declarable. */
 #ifndef CUDA_DOUBLE_NO_API_MACROS
+#define cuStreamWriteValue32 cuStreamWriteValue32_v2
+#define cuStreamWriteValue64 cuStreamWriteValue64_v2
+#define cuStreamWaitValue32 cuStreamWaitValue32_v2
+#define cuStreamWaitValue64 cuStreamWaitValue64_v2
+#define cuArrayCreate cuArrayCreate_v2
+#define cuArray3DCreate cuArray3DCreate_v2
+#define cuMemcpy2D cuMemcpy2D_v2
+#define cuMemcpy2DAsync cuMemcpy2DAsync_v2
 #define cuDeviceTotalMem cuDeviceTotalMem_v2
 #define cuDeviceGetUuid cuDeviceGetUuid_v2
 #define cuDevicePrimaryCtxRelease cuDevicePrimaryCtxRelease_v2

@@ -13,7 +13,7 @@ extern pthread_mutex_t dbl_lock;
 
 /* Handle registry: every handle given out is a malloc'ed object whose first
  * field is its type tag; handles are validated by looking them up. */
-enum { OBJ_CTX = 1, OBJ_STREAM, OBJ_EVENT, OBJ_MODULE, OBJ_FUNC, OBJ_LIBRARY, OBJ_KERNEL, OBJ_GRAPH, OBJ_GRAPHEXEC, OBJ_MEMHANDLE };
+enum { OBJ_CTX = 1, OBJ_STREAM, OBJ_EVENT, OBJ_MODULE, OBJ_FUNC, OBJ_LIBRARY, OBJ_KERNEL, OBJ_GRAPH, OBJ_GRAPHEXEC, OBJ_MEMHANDLE, OBJ_ARRAY };
 void *obj_new(int type, size_t size);
 int obj_check(const void *p, int type); /* 1 if p is a live object of that type */
 void obj_free(void *p);
@@ -50,6 +50,9 @@ void op_release(op_t *op);
 
 /* Device work run so far (launches, copies, memsets): cuProfilerStart/Stop log it. */
 extern unsigned long long dbl_ops;
+
+/* The bytes a texture or surface object reads or writes, and how many (double_texture.c). */
+unsigned char *texture_bytes(unsigned long long obj, int surface, size_t *n);
 
 void *procaddr_lookup(const char *symbol, int cudaVersion, unsigned long long flags, int *status);
 

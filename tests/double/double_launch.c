@@ -109,6 +109,29 @@ static CUresult k_spin(const unsigned char *pb, u64 nt) {
     return CUDA_SUCCESS;
 }
 
+/* tex_fetch(u64 tex, float* out, int n): out[i] = the texture's float element i */
+static CUresult k_tex_fetch(const unsigned char *pb, u64 nt) {
+    size_t bytes = 0;
+    const float *t = (const float *)texture_bytes(P(u64, 0), 0, &bytes);
+    float *out = P(float *, 8);
+    u64 c = count_of(P(int, 16), nt);
+    if (!t || c * sizeof(float) > bytes) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    if (c && !dev_range_ok((u64)(uintptr_t)out, c * sizeof(float))) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    for (u64 i = 0; i < c; i++) out[i] = t[i];
+    return CUDA_SUCCESS;
+}
+
+/* surf_fill(u64 surf, float v, int n): the surface's float elements 0..n-1 = v */
+static CUresult k_surf_fill(const unsigned char *pb, u64 nt) {
+    size_t bytes = 0;
+    float *s = (float *)texture_bytes(P(u64, 0), 1, &bytes);
+    float v = P(float, 8);
+    u64 c = count_of(P(int, 12), nt);
+    if (!s || c * sizeof(float) > bytes) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    for (u64 i = 0; i < c; i++) s[i] = v;
+    return CUDA_SUCCESS;
+}
+
 static const kdesc_t kernels[] = {
     {"add_one", 2, {0, 8}, {8, 4}, 12, k_add_one},
     {"fill", 3, {0, 8, 12}, {8, 4, 4}, 16, k_fill},
@@ -117,6 +140,8 @@ static const kdesc_t kernels[] = {
     {"tagged_read", 3, {0, 8, 16}, {8, 8, 4}, 20, k_tagged_read},
     {"incr", 2, {0, 8}, {8, 4}, 12, k_incr},
     {"spin", 1, {0}, {4}, 4, k_spin},
+    {"tex_fetch", 3, {0, 8, 16}, {8, 8, 4}, 20, k_tex_fetch},
+    {"surf_fill", 3, {0, 8, 12}, {8, 4, 4}, 16, k_surf_fill},
     /* incr under C++ names, for kernel-name matching: incr(int*, int), void demo::incr<int>(int*, int) */
     {"_Z4incrPii", 2, {0, 8}, {8, 4}, 12, k_incr},
     {"_ZN4demo4incrIiEEvPT_i", 2, {0, 8}, {8, 4}, 12, k_incr},
