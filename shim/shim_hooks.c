@@ -370,6 +370,32 @@ static int cs_memcpy2d_host(const char *c, int dst, const char **ptr, uint64_t *
     return 1;
 }
 
+/* memcpy3D host side, as cs_memcpy2d_host: the bytes a CUDA_MEMCPY3D reads from (or writes to)
+ * host memory, slices of srcHeight rows included. */
+static int cs_memcpy3d_host(const char *c, int dst, const char **ptr, uint64_t *size) {
+    /* CUDA_MEMCPY3D: srcXInBytes 0, srcY 8, srcZ 16, srcMemoryType 32, srcHost 40, srcPitch 72,
+     * srcHeight 80; dst* the same + 88; WidthInBytes 176, Height 184, Depth 192 */
+    int base = dst ? 88 : 0;
+    if (*(const uint32_t *)(c + base + 32) != 1 /* CU_MEMORYTYPE_HOST */) return 0;
+    uint64_t x = *(const uint64_t *)(c + base), y = *(const uint64_t *)(c + base + 8), z = *(const uint64_t *)(c + base + 16);
+    uint64_t pitch = *(const uint64_t *)(c + base + 72), rows = *(const uint64_t *)(c + base + 80);
+    uint64_t w = *(const uint64_t *)(c + 176), h = *(const uint64_t *)(c + 184), d = *(const uint64_t *)(c + 192);
+    const char *host = *(const char *const *)(c + base + 40);
+    if (!host || !w || !h || !d) return 0;
+    if (pitch < w) pitch = w;
+    if (rows < h) rows = h;
+    *ptr = host + x + y * pitch + z * pitch * rows;
+    *size = pitch * rows * (d - 1) + pitch * (h - 1) + w;
+    return 1;
+}
+
+/* The host bytes of a 2D or 3D copy struct (cuMemcpy2D*, cuMemcpy3D*). */
+static int cs_memcpy_struct_host(const char *name, const char *c, int dst, const char **ptr, uint64_t *size) {
+    if (strstr(name, "2D")) return cs_memcpy2d_host(c, dst, ptr, size);
+    if (strstr(name, "3D") && !strstr(name, "Peer") && !strstr(name, "Batch")) return cs_memcpy3d_host(c, dst, ptr, size);
+    return 0;
+}
+
 /* Host memory, to the driver: pinned (memory type HOST) or unknown to it (pageable). */
 static int cs_is_host_ptr(U p) {
     enum { MEMORY_TYPE = 2, MEMORYTYPE_HOST = 1 };
@@ -428,7 +454,7 @@ static void cs_hook_pre(const cs_fn *fn, const U *a, cs_pre *pre) {
     case CS_H_MEMCPY_STRUCT: {
         const char *c = (const char *)a[fn->params[0].ai], *hp;
         pre->blob_field = CS_F_HOSTSRC;
-        if (c && strstr(fn->name, "2D") && cs_memcpy2d_host(c, 0, &hp, &pre->size))
+        if (c && cs_memcpy_struct_host(fn->name, c, 0, &hp, &pre->size))
             pre->serial = cs_blob(hp, pre->size);
         else
             pre->size = 0;
@@ -593,7 +619,7 @@ static void cs_hook_after(const cs_fn *fn, int id, U *a, CUresult res) {
     case CS_H_MEMCPY_STRUCT: {
         const char *c = (const char *)a[fn->params[0].ai], *hp; uint64_t n;
         cs_post_serial = cs_post_size = 0;
-        if (res == 0 && c && strstr(fn->name, "2D") && cs_memcpy2d_host(c, 1, &hp, &n)) {
+        if (res == 0 && c && cs_memcpy_struct_host(fn->name, c, 1, &hp, &n)) {
             cs_post_serial = cs_blob(hp, n); cs_post_size = n;
         }
         return;

@@ -79,13 +79,18 @@ def test_handler_struct_sizes_come_from_the_description():
         int.from_bytes(bytes(range(32, 40)), "little")
 
 
-def test_memcpy2d_field_groups_have_one_shape():
-    """The 2D copy handler addresses src* and dst* fields relative to their group's start."""
+def test_memcpy_struct_field_groups_have_one_shape():
+    """The 2D and 3D copy handler addresses src* and dst* fields relative to their group's start."""
     from cudasnap.replay.handlers import memory as M
     from cudasnap.formats.layout import offsetof
-    for f, rel in (("MemoryType", M._MTYPE), ("Host", M._HOST), ("Device", M._DEVICE), ("Pitch", M._PITCH)):
-        assert offsetof("CUDA_MEMCPY2D", "dst" + f) - M._DST == rel == offsetof("CUDA_MEMCPY2D", "src" + f) - M._SRC
-    assert (M._WIDTH, M._HEIGHT, M.MEMCPY2D_SIZE) == (112, 120, 128)
+    for L in (M._L2D, M._L3D):
+        fields = [("MemoryType", L.mtype), ("Host", L.host), ("Device", L.device), ("Array", L.array), ("Pitch", L.pitch)]
+        if L.z is not None:
+            fields += [("Z", L.z), ("Height", L.rows)]
+        for f, rel in fields:
+            assert offsetof(L.kind, "dst" + f) - L.dst == rel == offsetof(L.kind, "src" + f) - L.src, (L.kind, f)
+    assert (M._L2D.width, M._L2D.height, M._L2D.size) == (112, 120, 128)
+    assert (M._L3D.width, M._L3D.height, M._L3D.depth, M._L3D.size) == (176, 184, 192, 200)
 
 
 def test_ring_constants_match_ring_h():

@@ -395,13 +395,33 @@ def _unified_d2h(ctx, rec, dst, src, n: int) -> None:
         ctx.verify(rec, ctx.blob(rec, "hostdst"), bytes(buf), src)
 
 
-# CUDA_MEMCPY2D layout (see shim_hooks.c cs_memcpy2d_host): the src* and dst* field groups
-# have the same shape; offsets inside a group are relative to its XInBytes field
-_SRC, _DST = offsetof("CUDA_MEMCPY2D", "srcXInBytes"), offsetof("CUDA_MEMCPY2D", "dstXInBytes")
-MEMCPY2D_SIZE = sizeof("CUDA_MEMCPY2D")
-_MTYPE, _HOST, _DEVICE, _ARRAY, _PITCH = (offsetof("CUDA_MEMCPY2D", "src" + f) - _SRC
-                                          for f in ("MemoryType", "Host", "Device", "Array", "Pitch"))
-_WIDTH, _HEIGHT = offsetof("CUDA_MEMCPY2D", "WidthInBytes"), offsetof("CUDA_MEMCPY2D", "Height")
+class _CopyLayout:
+    """Where a CUDA_MEMCPY2D or CUDA_MEMCPY3D keeps its fields (see shim_hooks.c
+    cs_memcpy2d_host / cs_memcpy3d_host). The src* and dst* groups have the same shape; `side`
+    offsets are relative to a group's XInBytes field; z and rows (slice height) are 3D's."""
+
+    def __init__(self, kind: str, three: bool):
+        self.kind, self.size = kind, sizeof(kind)
+        self.src, self.dst = offsetof(kind, "srcXInBytes"), offsetof(kind, "dstXInBytes")
+        side = {f: offsetof(kind, "src" + f) - self.src for f in ("MemoryType", "Host", "Device", "Array", "Pitch")}
+        self.mtype, self.host, self.device, self.array, self.pitch = (side[f] for f in
+                                                                     ("MemoryType", "Host", "Device", "Array", "Pitch"))
+        self.z = offsetof(kind, "srcZ") - self.src if three else None
+        self.rows = offsetof(kind, "srcHeight") - self.src if three else None
+        self.width, self.height = offsetof(kind, "WidthInBytes"), offsetof(kind, "Height")
+        self.depth = offsetof(kind, "Depth") if three else None
+
+    def extent(self, cp, base):
+        """(width, height, depth, pitch, slice rows) of one side."""
+        w, h = _u64(cp, self.width), _u64(cp, self.height)
+        d = _u64(cp, self.depth) if self.depth is not None else 1
+        pitch = max(_u64(cp, base + self.pitch), w)
+        rows = max(_u64(cp, base + self.rows), h) if self.rows is not None else h
+        return w, h, d, pitch, rows
+
+
+_L2D = _CopyLayout("CUDA_MEMCPY2D", three=False)
+_L3D = _CopyLayout("CUDA_MEMCPY3D", three=True)
 MT_HOST, MT_DEVICE, MT_ARRAY, MT_UNIFIED = 1, 2, 3, 4
 
 
@@ -409,64 +429,83 @@ def _u64(b, o):
     return struct.unpack_from("<Q", b, o)[0]
 
 
+def _rows(buf: bytes, w, h, d, pitch, rows) -> bytes:
+    """The copied bytes of a host side (the gaps between rows and slices are untouched memory)."""
+    return b"".join(buf[k * pitch * rows + i * pitch:k * pitch * rows + i * pitch + w] for k in range(d) for i in range(h))
+
+
 @handles("cuMemcpy2D", "cuMemcpy2DAsync", "cuMemcpy2DUnaligned", errors=True)
 def memcpy_2d(ctx, rec):
+    _memcpy_struct(ctx, rec, _L2D, "cuMemcpy2DAsync" if _async(rec) else
+                   ("cuMemcpy2DUnaligned" if "Unaligned" in rec["f"] else "cuMemcpy2D"))
+
+
+@handles("cuMemcpy3D", "cuMemcpy3DAsync", errors=True)
+def memcpy_3d(ctx, rec):
+    _memcpy_struct(ctx, rec, _L3D, "cuMemcpy3DAsync" if _async(rec) else "cuMemcpy3D")
+
+
+def _memcpy_struct(ctx, rec, L: _CopyLayout, name: str):
     a = rec["a"]
     cp = a.get("pCopy")
-    if not isinstance(cp, (bytes, bytearray)) or len(cp) < MEMCPY2D_SIZE:
-        ctx.fail(rec, "the CUDA_MEMCPY2D struct was not captured")
-    cp = bytearray(cp[:MEMCPY2D_SIZE])
-    w, h = _u64(cp, _WIDTH), _u64(cp, _HEIGHT)
+    if not isinstance(cp, (bytes, bytearray)) or len(cp) < L.size:
+        ctx.fail(rec, f"the {L.kind} struct was not captured")
+    cp = bytearray(cp[:L.size])
     host_bufs = {}
-    for base, key in ((_SRC, "hostsrc"), (_DST, "hostdst")):
-        mt = struct.unpack_from("<I", cp, base + _MTYPE)[0]
-        pitch = max(_u64(cp, base + _PITCH), w)
+    for base, key in ((L.src, "hostsrc"), (L.dst, "hostdst")):
+        mt = struct.unpack_from("<I", cp, base + L.mtype)[0]
+        w, h, d, pitch, rows = L.extent(cp, base)
         if mt == MT_HOST:
-            n = pitch * (h - 1) + w if h and w else 0
-            if base == _SRC:
+            n = pitch * rows * (d - 1) + pitch * (h - 1) + w if h and w and d else 0
+            if base == L.src:
                 data = ctx.blob(rec, key)
                 if data is None and n:
-                    ctx.fail(rec, "the 2D copy's host source was not captured")
+                    ctx.fail(rec, "the copy's host source was not captured")
                 buf = ctypes.create_string_buffer(bytes(data or b""), max(n, 1))
             else:
                 buf = ctypes.create_string_buffer(max(n, 1))
-            host_bufs[base] = (buf, pitch)
+            host_bufs[base] = buf
             struct.pack_into("<QQ", cp, base, 0, 0)                       # x, y -> 0 in our buffer
-            struct.pack_into("<Q", cp, base + _HOST, ctypes.addressof(buf))
-            struct.pack_into("<Q", cp, base + _PITCH, pitch)
+            if L.z is not None:
+                struct.pack_into("<Q", cp, base + L.z, 0)
+            struct.pack_into("<Q", cp, base + L.host, ctypes.addressof(buf))
+            struct.pack_into("<Q", cp, base + L.pitch, pitch)
+            if L.rows is not None:
+                struct.pack_into("<Q", cp, base + L.rows, rows)
         elif mt in (MT_DEVICE, MT_UNIFIED):
-            struct.pack_into("<Q", cp, base + _DEVICE, ctx.tr(_u64(cp, base + _DEVICE)))
+            struct.pack_into("<Q", cp, base + L.device, ctx.tr(_u64(cp, base + L.device)))
         elif mt == MT_ARRAY:
-            struct.pack_into("<Q", cp, base + _ARRAY, int(ctx.live(rec, _u64(cp, base + _ARRAY), "array")))
-    st = ctx.cu.CUDA_MEMCPY2D()
-    ctypes.memmove(int(st.getPtr()), bytes(cp), MEMCPY2D_SIZE)
-    name = "cuMemcpy2DAsync" if _async(rec) else ("cuMemcpy2DUnaligned" if "Unaligned" in rec["f"] else "cuMemcpy2D")
+            struct.pack_into("<Q", cp, base + L.array, int(ctx.live(rec, _u64(cp, base + L.array), "array")))
+    st = getattr(ctx.cu, L.kind)()
+    ctypes.memmove(int(st.getPtr()), bytes(cp), L.size)
     args = [st] + ([_stream(ctx, rec)] if _async(rec) else [])
     captured = _captured(ctx, rec)
     if captured:
         keep_forever(ctx, host_bufs)       # graph nodes read/write them whenever the graph runs
     if ctx.drv(rec, name, *args) is None:
         return
+    dst_mt = struct.unpack_from("<I", cp, L.dst + L.mtype)[0]
     if captured:
-        if _DST in host_bufs:
+        if L.dst in host_bufs:
             _note_capture_d2h(ctx, rec)
-        elif struct.unpack_from("<I", cp, _DST + _MTYPE)[0] in (MT_DEVICE, MT_UNIFIED):
-            ctx.mark_written(_u64(rec["a"]["pCopy"], _DST + _DEVICE), rec.get("s"), rec["f"])
+        elif dst_mt in (MT_DEVICE, MT_UNIFIED):
+            ctx.mark_written(_u64(rec["a"]["pCopy"], L.dst + L.device), rec.get("s"), rec["f"])
         return
     if _async(rec):
         ctx.raw("cuStreamSynchronize", _stream(ctx, rec))
-    if _DST in host_bufs and rec.get("r", 0) == 0:
-        buf, pitch = host_bufs[_DST]
+    if L.dst in host_bufs and rec.get("r", 0) == 0:
+        ext = L.extent(cp, L.dst)
         exp = ctx.blob(rec, "hostdst")
-        got = buf.raw[: pitch * (h - 1) + w]
-        if exp is not None:        # compare the copied rows only (gaps are untouched host memory)
-            exp = b"".join(exp[i * pitch:i * pitch + w] for i in range(h))
-            got = b"".join(got[i * pitch:i * pitch + w] for i in range(h))
-        src = _u64(rec["a"]["pCopy"], _SRC + _DEVICE)
-        smt = struct.unpack_from("<I", cp, _SRC + _MTYPE)[0]
+        got = host_bufs[L.dst].raw
+        if exp is not None:        # compare the copied rows only
+            exp, got = _rows(exp, *ext), _rows(got, *ext)
+        else:
+            got = got[:ext[3] * ext[4] * (ext[2] - 1) + ext[3] * (ext[1] - 1) + ext[0]]
+        src = _u64(rec["a"]["pCopy"], L.src + L.device)
+        smt = struct.unpack_from("<I", cp, L.src + L.mtype)[0]
         ctx.verify(rec, exp, got, src if smt in (MT_DEVICE, MT_UNIFIED) else None, from_array=smt == MT_ARRAY)
-    elif struct.unpack_from("<I", cp, _DST + _MTYPE)[0] in (MT_DEVICE, MT_UNIFIED):
-        ctx.mark_written(_u64(rec["a"]["pCopy"], _DST + _DEVICE), rec.get("s"), rec["f"])
+    elif dst_mt in (MT_DEVICE, MT_UNIFIED):
+        ctx.mark_written(_u64(rec["a"]["pCopy"], L.dst + L.device), rec.get("s"), rec["f"])
 
 
 # ------------------------------------------------------------------ memsets

@@ -471,6 +471,15 @@ typedef struct {
     size_t WidthInBytes, Height;
 } CUDA_MEMCPY2D;
 typedef struct {
+    size_t srcXInBytes, srcY, srcZ, srcLOD; unsigned int srcMemoryType; const void *srcHost;
+    CUdeviceptr srcDevice; CUarray srcArray; void *reserved0; size_t srcPitch, srcHeight;
+    size_t dstXInBytes, dstY, dstZ, dstLOD; unsigned int dstMemoryType; void *dstHost;
+    CUdeviceptr dstDevice; CUarray dstArray; void *reserved1; size_t dstPitch, dstHeight;
+    size_t WidthInBytes, Height, Depth;
+} CUDA_MEMCPY3D;
+CUresult cuMemcpy3D_v2(const CUDA_MEMCPY3D *c);
+CUresult cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D *c, CUstream s);
+typedef struct {
     unsigned int resType;
     union {
         struct { CUarray hArray; } array;
@@ -560,6 +569,8 @@ CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTable
 #define cuArray3DCreate cuArray3DCreate_v2
 #define cuMemcpy2D cuMemcpy2D_v2
 #define cuMemcpy2DAsync cuMemcpy2DAsync_v2
+#define cuMemcpy3D cuMemcpy3D_v2
+#define cuMemcpy3DAsync cuMemcpy3DAsync_v2
 #define cuDeviceTotalMem cuDeviceTotalMem_v2
 #define cuDeviceGetUuid cuDeviceGetUuid_v2
 #define cuDevicePrimaryCtxRelease cuDevicePrimaryCtxRelease_v2

@@ -105,6 +105,8 @@ static const pa_t table[] = {
     S("cuMemcpy2D", 3020, cuMemcpy2D_v2, cuMemcpy2D_v2),
     S("cuMemcpy2DUnaligned", 3020, cuMemcpy2DUnaligned_v2, cuMemcpy2DUnaligned_v2),
     S("cuMemcpy2DAsync", 3020, cuMemcpy2DAsync_v2, cuMemcpy2DAsync_v2),
+    S("cuMemcpy3D", 3020, cuMemcpy3D_v2, cuMemcpy3D_v2),
+    S("cuMemcpy3DAsync", 3020, cuMemcpy3DAsync_v2, cuMemcpy3DAsync_v2),
     E("cuTexObjectCreate", 5000, cuTexObjectCreate),
     E("cuTexObjectDestroy", 5000, cuTexObjectDestroy),
     E("cuSurfObjectCreate", 5000, cuSurfObjectCreate),

@@ -91,6 +91,37 @@ API CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D *c, CUstream s) {
     return r ? r : copy2d(c);
 }
 
+/* 3D copies: slices of rows; a side's row r of slice k is row k * (its slice height) + r, an
+ * array's slices being its Height rows each */
+static CUresult copy3d(const CUDA_MEMCPY3D *c) {
+    CUresult r = need_ctx();
+    if (r) return r;
+    if (!c) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t z = 0; z < c->Depth; z++)
+        for (size_t y = 0; y < c->Height; y++) {
+            size_t sh = c->srcMemoryType == CU_MEMORYTYPE_ARRAY ? ((struct array_obj *)c->srcArray)->h
+                                                                : (c->srcHeight ? c->srcHeight : c->Height);
+            size_t dh = c->dstMemoryType == CU_MEMORYTYPE_ARRAY ? ((struct array_obj *)c->dstArray)->h
+                                                                : (c->dstHeight ? c->dstHeight : c->Height);
+            if ((c->srcMemoryType == CU_MEMORYTYPE_ARRAY && !obj_check(c->srcArray, OBJ_ARRAY)) ||
+                (c->dstMemoryType == CU_MEMORYTYPE_ARRAY && !obj_check(c->dstArray, OBJ_ARRAY)))
+                return CUDA_ERROR_INVALID_HANDLE;
+            unsigned char *s = row_of(c->srcMemoryType, c->srcHost, c->srcDevice, c->srcArray, c->srcPitch,
+                                      c->srcXInBytes, (c->srcZ + z) * sh + c->srcY + y, c->WidthInBytes);
+            unsigned char *d = row_of(c->dstMemoryType, c->dstHost, c->dstDevice, c->dstArray, c->dstPitch,
+                                      c->dstXInBytes, (c->dstZ + z) * dh + c->dstY + y, c->WidthInBytes);
+            if (!s || !d) return CUDA_ERROR_INVALID_VALUE;
+            memmove(d, s, c->WidthInBytes);
+        }
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuMemcpy3D_v2(const CUDA_MEMCPY3D *c) { return copy3d(c); }
+API CUresult cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D *c, CUstream s) {
+    CUresult r = stream_validate(s);
+    return r ? r : copy3d(c);
+}
+
 /* texture and surface objects: entries 1..MAXOBJ (0 is no object); an object's value is its
  * entry plus DOUBLE_TEX_BASE (default 0: a driver that hands values out in another order) */
 enum { MAXOBJ = 256 };

@@ -81,7 +81,30 @@ int main(void) {
     c.dstMemoryType = CU_MEMORYTYPE_HOST; c.dstHost = got; c.dstPitch = sizeof got;
     c.WidthInBytes = sizeof got; c.Height = 1;
     CK(cuMemcpy2D(&c));
-    printf("TEX %.1f LIN %.1f SURF %.1f\n", tex, linsum, sum_of(got));
+    double surf = sum_of(got);
+    /* a 3D copy: 2 slices of 4 rows of 8 floats from a pitched host buffer to device memory,
+     * and back into another host layout */
+    static float src3[2][6][10], dst3[2][4][8];
+    for (int k = 0; k < 2; k++)
+        for (int y = 0; y < 6; y++)
+            for (int x = 0; x < 10; x++) src3[k][y][x] = (float)(100 * k + 10 * y + x);
+    CUDA_MEMCPY3D c3;
+    memset(&c3, 0, sizeof c3);
+    c3.srcMemoryType = CU_MEMORYTYPE_HOST; c3.srcHost = src3; c3.srcPitch = 10 * sizeof(float); c3.srcHeight = 6;
+    c3.srcXInBytes = sizeof(float); c3.srcY = 1;
+    c3.dstMemoryType = CU_MEMORYTYPE_DEVICE; c3.dstDevice = lin; c3.dstPitch = 8 * sizeof(float); c3.dstHeight = 4;
+    c3.WidthInBytes = 8 * sizeof(float); c3.Height = 4; c3.Depth = 2;
+    CK(cuMemcpy3D(&c3));
+    memset(&c3, 0, sizeof c3);
+    c3.srcMemoryType = CU_MEMORYTYPE_DEVICE; c3.srcDevice = lin; c3.srcPitch = 8 * sizeof(float); c3.srcHeight = 4;
+    c3.dstMemoryType = CU_MEMORYTYPE_HOST; c3.dstHost = dst3; c3.dstPitch = 8 * sizeof(float); c3.dstHeight = 4;
+    c3.WidthInBytes = 8 * sizeof(float); c3.Height = 4; c3.Depth = 2;
+    CK(cuMemcpy3D(&c3));
+    double s3 = 0;
+    for (int k = 0; k < 2; k++)
+        for (int y = 0; y < 4; y++)
+            for (int x = 0; x < 8; x++) s3 += dst3[k][y][x] * (x + 1);
+    printf("TEX %.1f LIN %.1f SURF %.1f C3D %.1f\n", tex, linsum, surf, s3);
     CK(cuSurfObjectDestroy(s));
     CK(cuTexObjectDestroy(tl));
     CK(cuTexObjectDestroy(t));
