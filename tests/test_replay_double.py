@@ -65,16 +65,17 @@ def test_stream_memory_operations_replay(double, capture):
 
 def test_arrays_textures_and_surfaces_replay(double, capture):
     """A float array filled by a 2D copy and read through a texture object, a texture over
-    linear device memory, a surface a kernel fills, read back by a 2D copy, and 3D copies
-    between pitched host slices and device memory: replayed with every D2H result verified. A driver that hands out other object values than recorded
+    linear device memory, a surface a kernel fills, read back by a 2D copy, 3D copies between
+    pitched host slices and device memory, and 1D copies through arrays: replayed with every
+    D2H result verified. A driver that hands out other object values than recorded
     (DOUBLE_TEX_BASE) stops the replay naming both values: kernels read the recorded one."""
     cp, snap = capture(double["progs"]["texture"])
-    assert cp.returncode == 0 and "TEX 43680.0 LIN 262080.0 SURF 4160.0 C3D 23232.0" in cp.stdout, cp.stdout + cp.stderr
+    assert cp.returncode == 0 and "TEX 43680.0 LIN 262080.0 SURF 4160.0 C3D 23232.0 A1D 9656.0" in cp.stdout, cp.stdout + cp.stderr
     rp = _replay(double, snap, "--json")
     assert rp.returncode == 0, rp.stdout + rp.stderr
     import json
     d = json.loads(rp.stdout)
-    assert d["d2h_verified"] == 4 and d["launches"] == 3 and d["fell_back"] == 0, d
+    assert d["d2h_verified"] == 5 and d["launches"] == 3 and d["fell_back"] == 0, d
     # the first tex_fetch alone: the surface's kernel is left out, so the array it wrote is
     # read back but not compared
     rp = _replay(double, snap, "-k", "tex_fetch", "-c", "1", "--json")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import struct
 
+from cudasnap.formats.abi import base_name
 from cudasnap.formats.layout import sizeof
 
 from . import handles
@@ -92,3 +93,41 @@ def tex_destroy(ctx, rec):
 @handles("cuSurfObjectDestroy")
 def surf_destroy(ctx, rec):
     ctx.drv(rec, "cuSurfObjectDestroy", ctx.live(rec, rec["a"].get("surfObject"), "surface object"))
+
+
+# ------------------------------------------------------------------ 1D copies with arrays
+@handles("cuMemcpyHtoA", "cuMemcpyHtoAAsync", "cuMemcpyAtoH", "cuMemcpyAtoHAsync", "cuMemcpyDtoA", "cuMemcpyAtoD",
+         "cuMemcpyAtoA", errors=True)
+def memcpy_array_1d(ctx, rec):
+    """Copies that address an array as bytes from an offset (cudaMemcpyToArray & co.)."""
+    a = rec["a"]
+    f = base_name(rec["f"])
+    n = int(a.get("ByteCount") or 0)
+    stream = [ctx.stream(rec, a.get("hStream"))] if f.endswith("Async") else []
+
+    def arr(key):
+        return ctx.live(rec, a.get(key), "array")
+
+    if f.startswith("cuMemcpyHtoA"):
+        data = ctx.blob(rec, "srcHost")
+        if data is None and n:
+            ctx.fail(rec, "the H2D source payload was not captured")
+        buf = bytes(data or b"")
+        if stream:
+            ctx.keepalive.append(buf)
+        ctx.drv(rec, f, arr("dstArray"), int(a.get("dstOffset") or 0), buf, n, *stream)
+    elif f.startswith("cuMemcpyAtoH"):
+        buf = bytearray(max(n, 1))
+        if ctx.drv(rec, f, buf, arr("srcArray"), int(a.get("srcOffset") or 0), n, *stream) is None:
+            return
+        if stream:
+            ctx.raw("cuStreamSynchronize", stream[0])
+        if rec.get("r", 0) == 0:
+            ctx.verify(rec, ctx.blob(rec, "dstHost"), bytes(buf[:n]), None, from_array=True)
+    elif f == "cuMemcpyDtoA":
+        ctx.drv(rec, f, arr("dstArray"), int(a.get("dstOffset") or 0), ctx.tr(a.get("srcDevice")), n)
+    elif f == "cuMemcpyAtoD":
+        ctx.drv(rec, f, ctx.tr(a.get("dstDevice")), arr("srcArray"), int(a.get("srcOffset") or 0), n)
+        ctx.mark_written(a.get("dstDevice"), rec.get("s"), rec["f"])
+    else:
+        ctx.drv(rec, f, arr("dstArray"), int(a.get("dstOffset") or 0), arr("srcArray"), int(a.get("srcOffset") or 0), n)

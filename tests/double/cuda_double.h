@@ -477,6 +477,13 @@ typedef struct {
     CUdeviceptr dstDevice; CUarray dstArray; void *reserved1; size_t dstPitch, dstHeight;
     size_t WidthInBytes, Height, Depth;
 } CUDA_MEMCPY3D;
+CUresult cuMemcpyHtoA_v2(CUarray dst, size_t off, const void *src, size_t n);
+CUresult cuMemcpyHtoAAsync_v2(CUarray dst, size_t off, const void *src, size_t n, CUstream s);
+CUresult cuMemcpyAtoH_v2(void *dst, CUarray src, size_t off, size_t n);
+CUresult cuMemcpyAtoHAsync_v2(void *dst, CUarray src, size_t off, size_t n, CUstream s);
+CUresult cuMemcpyDtoA_v2(CUarray dst, size_t off, CUdeviceptr src, size_t n);
+CUresult cuMemcpyAtoD_v2(CUdeviceptr dst, CUarray src, size_t off, size_t n);
+CUresult cuMemcpyAtoA_v2(CUarray dst, size_t doff, CUarray src, size_t soff, size_t n);
 CUresult cuMemcpy3D_v2(const CUDA_MEMCPY3D *c);
 CUresult cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D *c, CUstream s);
 typedef struct {
@@ -570,6 +577,11 @@ CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTable
 #define cuMemcpy2D cuMemcpy2D_v2
 #define cuMemcpy2DAsync cuMemcpy2DAsync_v2
 #define cuMemcpy3D cuMemcpy3D_v2
+#define cuMemcpyHtoA cuMemcpyHtoA_v2
+#define cuMemcpyAtoH cuMemcpyAtoH_v2
+#define cuMemcpyDtoA cuMemcpyDtoA_v2
+#define cuMemcpyAtoD cuMemcpyAtoD_v2
+#define cuMemcpyAtoA cuMemcpyAtoA_v2
 #define cuMemcpy3DAsync cuMemcpy3DAsync_v2
 #define cuDeviceTotalMem cuDeviceTotalMem_v2
 #define cuDeviceGetUuid cuDeviceGetUuid_v2

@@ -122,6 +122,45 @@ API CUresult cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D *c, CUstream s) {
     return r ? r : copy3d(c);
 }
 
+/* 1D copies: an array as bytes from an offset */
+static unsigned char *array_at(CUarray arr, size_t off, size_t n) {
+    struct array_obj *a = (struct array_obj *)arr;
+    if (!obj_check(a, OBJ_ARRAY) || off + n > a->w * a->h * a->d * a->elem) return NULL;
+    return a->data + off;
+}
+
+static CUresult copy1d(unsigned char *d, const unsigned char *s, size_t n) {
+    CUresult r = need_ctx();
+    if (r) return r;
+    if (!d || !s) return CUDA_ERROR_INVALID_VALUE;
+    memmove(d, s, n);
+    return CUDA_SUCCESS;
+}
+
+static unsigned char *dev_at(CUdeviceptr p, size_t n) { return dev_range_ok(p, n) ? (unsigned char *)(uintptr_t)p : NULL; }
+
+API CUresult cuMemcpyHtoA_v2(CUarray dst, size_t off, const void *src, size_t n) {
+    return copy1d(array_at(dst, off, n), src, n);
+}
+API CUresult cuMemcpyHtoAAsync_v2(CUarray dst, size_t off, const void *src, size_t n, CUstream s) {
+    CUresult r = stream_validate(s);
+    return r ? r : cuMemcpyHtoA_v2(dst, off, src, n);
+}
+API CUresult cuMemcpyAtoH_v2(void *dst, CUarray src, size_t off, size_t n) { return copy1d(dst, array_at(src, off, n), n); }
+API CUresult cuMemcpyAtoHAsync_v2(void *dst, CUarray src, size_t off, size_t n, CUstream s) {
+    CUresult r = stream_validate(s);
+    return r ? r : cuMemcpyAtoH_v2(dst, src, off, n);
+}
+API CUresult cuMemcpyDtoA_v2(CUarray dst, size_t off, CUdeviceptr src, size_t n) {
+    return copy1d(array_at(dst, off, n), dev_at(src, n), n);
+}
+API CUresult cuMemcpyAtoD_v2(CUdeviceptr dst, CUarray src, size_t off, size_t n) {
+    return copy1d(dev_at(dst, n), array_at(src, off, n), n);
+}
+API CUresult cuMemcpyAtoA_v2(CUarray dst, size_t doff, CUarray src, size_t soff, size_t n) {
+    return copy1d(array_at(dst, doff, n), array_at(src, soff, n), n);
+}
+
 /* texture and surface objects: entries 1..MAXOBJ (0 is no object); an object's value is its
  * entry plus DOUBLE_TEX_BASE (default 0: a driver that hands values out in another order) */
 enum { MAXOBJ = 256 };

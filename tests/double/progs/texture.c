@@ -104,7 +104,17 @@ int main(void) {
     for (int k = 0; k < 2; k++)
         for (int y = 0; y < 4; y++)
             for (int x = 0; x < 8; x++) s3 += dst3[k][y][x] * (x + 1);
-    printf("TEX %.1f LIN %.1f SURF %.1f C3D %.1f\n", tex, linsum, surf, s3);
+    /* 1D copies: host -> array, array -> array, array -> device -> array, array -> host */
+    float one[16], back[16];
+    for (int i = 0; i < 16; i++) one[i] = (float)(7 * i + 1);
+    CK(cuMemcpyHtoA(arr, 8 * sizeof(float), one, sizeof one));
+    CK(cuMemcpyAtoA(sarr, 0, arr, 8 * sizeof(float), sizeof one));
+    CK(cuMemcpyAtoD(out, sarr, 0, sizeof one));
+    CK(cuMemcpyDtoA(arr, 32 * sizeof(float), out, sizeof one));
+    CK(cuMemcpyAtoH(back, arr, 32 * sizeof(float), sizeof back));
+    double s1 = 0;
+    for (int i = 0; i < 16; i++) s1 += back[i] * (i + 1);
+    printf("TEX %.1f LIN %.1f SURF %.1f C3D %.1f A1D %.1f\n", tex, linsum, surf, s3, s1);
     CK(cuSurfObjectDestroy(s));
     CK(cuTexObjectDestroy(tl));
     CK(cuTexObjectDestroy(t));
