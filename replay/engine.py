@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 from cudasnap.formats import SnapshotError, SnapshotReader, cu_result_name
 from cudasnap.formats.abi import base_name
 from cudasnap.formats.container import record_list
-from cudasnap.formats.callset import NAMING_CALLS, asked_by_name
+from cudasnap.formats.callset import NAMING_CALLS, asked_by_name, is_module_load
 from cudasnap.formats.vocab import alloc_range, is_launch, is_query, is_release, is_workload
 
 from . import dispatch, plan
@@ -20,7 +20,6 @@ from .batchrun import D2H_AHEAD_EACH, D2H_AHEAD_TOTAL, SYNC_TIMES_MAX, BatchRunn
 from .context import ReplayContext
 from .driverops import DriverOps, Watchdog, result_code, handle_int
 from .errors import DriverCallError, ReplayError
-from .functions import CODE_LOADS
 from .options import ReplayOptions, ReplayResult
 from . import hostplace
 from .placement import AddressSpace
@@ -310,9 +309,9 @@ class Replayer(BatchRunner):
     def _fkind(self, f) -> int:
         """Per name: 1 allocation, 2 primary context retain, 4 H2D prefetched, 8 pinned host
         memory, 16 shared through legacy IPC, 32 no replay handler, 64 names a kernel of a module
-        or library (functions.preload_functions), 128 loads a module or library (functions.hoist_loads)
-        (non-zero: the pre-scan reads the call itself,
-        so the C plan walk hands it over)."""
+        or library (functions.preload_functions), 128 loads a module or library
+        (functions.hoist_loads). Non-zero: the pre-scan reads the call itself, so the C plan walk
+        hands it over."""
         if type(f) is not str:
             return 0                   # a damaged record: its handler reports it
         fk = self._fk.get(f)
@@ -324,7 +323,7 @@ class Replayer(BatchRunner):
                   | (16 if f.startswith("cuIpcGetMemHandle") else 0)
                   | (32 if dispatch.unhandled(f) else 0)
                   | (64 if f in NAMING_CALLS else 0)
-                  | (128 if f in CODE_LOADS else 0))
+                  | (128 if is_module_load(f) else 0))
             self._fk[f] = fk
         return fk
 

@@ -89,11 +89,6 @@ def preload_functions(ctx, rec_mod, live, library: bool) -> int:
     return n
 
 
-LIBRARY_LOADS = frozenset(("cuLibraryLoadData", "cuLibraryLoadFromFile"))
-MODULE_LOADS = frozenset(("cuModuleLoadData", "cuModuleLoadDataEx", "cuModuleLoadFatBinary", "cuModuleLoad"))
-CODE_LOADS = LIBRARY_LOADS | MODULE_LOADS
-
-
 def loadable_image(img: bytes) -> bytes:
     """A captured module image as cuModuleLoadData takes it: PTX text ends with a NUL."""
     return img if img.endswith(b"\0") or img[:4] == b"\x7fELF" else img + b"\0"
@@ -127,7 +122,7 @@ def hoist_loads(ctx, in_context: bool) -> None:
     one_context = len(ctx.ctx_ids) <= 1
     keep = []
     for rec in ctx.code_loads:
-        library = rec.get("f") in LIBRARY_LOADS
+        library = (rec.get("f") or "").startswith("cuLibraryLoad")
         if not library and not (in_context and one_context):
             keep.append(rec)
             continue
@@ -166,9 +161,9 @@ def preload_in(ctx, live_ctx) -> None:
         todo = [(h, h, lib, True) for h, lib in ctx.libraries.items() if h not in done]
         todo += [(("s", s), h, live, library) for s, (h, live, library) in ctx.hoisted.items()
                  if ("s", s) not in done]
-        for key, h, live, library in todo:
+        for token, h, live, library in todo:
             preload_functions(ctx, h, live, library=library)
-            done.add(key)
+            done.add(token)
     finally:
         ctx.cu.cuCtxPopCurrent()
 

@@ -16,7 +16,8 @@ from . import handles
 CREATE = ("cuStreamCreate", "cuStreamCreateWithPriority", "cuEventCreate", "cuGraphCreate", "cuGraphClone",
           "cuGraphNodeFindInClone", "cuGraphChildGraphNodeGetGraph")
 # destroyers: the handle is forgotten after the call
-DESTROY = ("cuStreamDestroy", "cuEventDestroy", "cuGraphDestroy", "cuGraphDestroyNode", "cuGraphExecDestroy")
+DESTROY = ("cuStreamDestroy", "cuEventDestroy", "cuGraphDestroy", "cuGraphDestroyNode", "cuGraphExecDestroy",
+           "cuArrayDestroy", "cuTexObjectDestroy", "cuSurfObjectDestroy")
 # ordering and synchronization: re-executed even when they failed when recorded
 ORDER = ("cuStreamSynchronize", "cuStreamWaitEvent", "cuEventRecord", "cuEventRecordWithFlags",
          "cuEventSynchronize")

@@ -53,14 +53,16 @@ def _u32(b, o: int) -> int:
     return struct.unpack_from("<I", b, o)[0]
 
 
-def _struct_bytes(ctx, rec, key: str, size: int, what: str) -> bytearray:
+def struct_bytes(ctx, rec, key: str, size: int, what: str) -> bytearray:
+    """The recorded bytes of struct argument `key` (what: its type, for the error)."""
     raw = rec["a"].get(key)
     if not isinstance(raw, (bytes, bytearray)) or len(raw) < size:
         ctx.fail(rec, f"the {what} struct ({key}) was not captured")
     return bytearray(raw[:size])
 
 
-def _fill(obj, data: bytes):
+def fill_struct(obj, data: bytes):
+    """A bindings struct object holding `data`."""
     ctypes.memmove(int(obj.getPtr()), bytes(data), len(data))
     return obj
 
@@ -268,7 +270,7 @@ def memcpy3d_params(ctx, rec, raw: bytearray, off: int = 0) -> bytearray:
                              f"replayed pinned allocation")
             struct.pack_into("<Q", raw, base + 40, ctx.tr(hp))
         elif mt == MT_ARRAY:
-            ctx.fail(rec, "copies with CUDA arrays are not supported")
+            struct.pack_into("<Q", raw, base + 56, int(ctx.live(rec, _u64(raw, base + 56), "array")))
     return raw
 
 
@@ -278,7 +280,7 @@ def _copy_node_handler(name: str, key: str, size: int, ctype: str, fix) -> None:
     @handles(name)
     def add_node(ctx, rec):
         a = rec["a"]
-        p = _fill(getattr(ctx.cu, ctype)(), fix(ctx, rec, _struct_bytes(ctx, rec, key, size, ctype)))
+        p = fill_struct(getattr(ctx.cu, ctype)(), fix(ctx, rec, struct_bytes(ctx, rec, key, size, ctype)))
         deps = nodes(ctx, rec)
         _node_out(ctx, rec, ctx.drv(rec, name, graph(ctx, rec, a.get("hGraph")), deps, len(deps), p,
                                   context(ctx, rec, a.get("ctx"))))
@@ -327,8 +329,8 @@ def kernel_params(ctx, rec, raw: bytearray, off: int = 0) -> bytearray:
 @handles("cuGraphAddKernelNode")   # needs x.params: capture packs kernel-node arguments
 def add_kernel_node(ctx, rec):
     a = rec["a"]
-    raw = kernel_params(ctx, rec, _struct_bytes(ctx, rec, "nodeParams", KERNEL_PARAMS_SIZE, "CUDA_KERNEL_NODE_PARAMS"))
-    p = _fill(ctx.cu.CUDA_KERNEL_NODE_PARAMS(), raw)
+    raw = kernel_params(ctx, rec, struct_bytes(ctx, rec, "nodeParams", KERNEL_PARAMS_SIZE, "CUDA_KERNEL_NODE_PARAMS"))
+    p = fill_struct(ctx.cu.CUDA_KERNEL_NODE_PARAMS(), raw)
     deps = nodes(ctx, rec)
     _node_out(ctx, rec, ctx.drv(rec, "cuGraphAddKernelNode", graph(ctx, rec, a.get("hGraph")), deps, len(deps), p))
 
@@ -336,8 +338,8 @@ def add_kernel_node(ctx, rec):
 @handles("cuGraphKernelNodeSetParams", "cuGraphExecKernelNodeSetParams")
 def kernel_node_set_params(ctx, rec):
     a = rec["a"]
-    raw = kernel_params(ctx, rec, _struct_bytes(ctx, rec, "nodeParams", KERNEL_PARAMS_SIZE, "CUDA_KERNEL_NODE_PARAMS"))
-    p = _fill(ctx.cu.CUDA_KERNEL_NODE_PARAMS(), raw)
+    raw = kernel_params(ctx, rec, struct_bytes(ctx, rec, "nodeParams", KERNEL_PARAMS_SIZE, "CUDA_KERNEL_NODE_PARAMS"))
+    p = fill_struct(ctx.cu.CUDA_KERNEL_NODE_PARAMS(), raw)
     node = ctx.live(rec, a.get("hNode"), "graph node")
     if "Exec" in rec["f"]:
         ctx.drv(rec, "cuGraphExecKernelNodeSetParams", ctx.live(rec, a.get("hGraphExec"), "graph exec"), node, p)
@@ -348,7 +350,7 @@ def kernel_node_set_params(ctx, rec):
 def node_params(ctx, rec, key: str = "nodeParams"):
     """Rebuild a recorded CUgraphNodeParams (cuGraphAddNode, cuGraph(Exec)NodeSetParams).
     Returns (params object, node type, conditional body buffer or None)."""
-    raw = _struct_bytes(ctx, rec, key, NODE_PARAMS_SIZE, "CUgraphNodeParams")
+    raw = struct_bytes(ctx, rec, key, NODE_PARAMS_SIZE, "CUgraphNodeParams")
     t = _u32(raw, 0)
     u = NP_UNION
     bodies = None
@@ -390,7 +392,7 @@ def node_params(ctx, rec, key: str = "nodeParams"):
         bodies = (bodies, size)
     else:
         ctx.fail(rec, f"{NODE_TYPE_NAMES.get(t, f'type {t}')} nodes are not supported by the replayer")
-    return _fill(ctx.cu.CUgraphNodeParams(), raw), t, bodies
+    return fill_struct(ctx.cu.CUgraphNodeParams(), raw), t, bodies
 
 
 @handles("cuGraphAddNode")
@@ -422,8 +424,8 @@ def node_set_params(ctx, rec):
 def memset_node_set_params(ctx, rec):
     a = rec["a"]
     key = "memsetParams" if "Exec" in rec["f"] else "nodeParams"
-    p = _fill(ctx.cu.CUDA_MEMSET_NODE_PARAMS(),
-              memset_params(ctx, rec, _struct_bytes(ctx, rec, key, MEMSET_PARAMS_SIZE, "CUDA_MEMSET_NODE_PARAMS")))
+    p = fill_struct(ctx.cu.CUDA_MEMSET_NODE_PARAMS(),
+              memset_params(ctx, rec, struct_bytes(ctx, rec, key, MEMSET_PARAMS_SIZE, "CUDA_MEMSET_NODE_PARAMS")))
     node = ctx.live(rec, a.get("hNode"), "graph node")
     if "Exec" in rec["f"]:
         ctx.drv(rec, "cuGraphExecMemsetNodeSetParams", ctx.live(rec, a.get("hGraphExec"), "graph exec"), node, p,
@@ -436,7 +438,7 @@ def memset_node_set_params(ctx, rec):
 def memcpy_node_set_params(ctx, rec):
     a = rec["a"]
     key = "copyParams" if "Exec" in rec["f"] else "nodeParams"
-    p = _fill(ctx.cu.CUDA_MEMCPY3D(), memcpy3d_params(ctx, rec, _struct_bytes(ctx, rec, key, MEMCPY3D_SIZE,
+    p = fill_struct(ctx.cu.CUDA_MEMCPY3D(), memcpy3d_params(ctx, rec, struct_bytes(ctx, rec, key, MEMCPY3D_SIZE,
                                                                                 "CUDA_MEMCPY3D")))
     node = ctx.live(rec, a.get("hNode"), "graph node")
     if "Exec" in rec["f"]:

@@ -7,7 +7,7 @@ import struct
 from .. import hostplace
 from cudasnap.formats.layout import offsetof, sizeof
 from . import handles
-from .graph import keep_forever
+from .graph import fill_struct, keep_forever, struct_bytes
 from ..staging import h2d_async_from_blob, h2d_from_blob
 
 
@@ -446,11 +446,7 @@ def memcpy_3d(ctx, rec):
 
 
 def _memcpy_struct(ctx, rec, L: _CopyLayout, name: str):
-    a = rec["a"]
-    cp = a.get("pCopy")
-    if not isinstance(cp, (bytes, bytearray)) or len(cp) < L.size:
-        ctx.fail(rec, f"the {L.kind} struct was not captured")
-    cp = bytearray(cp[:L.size])
+    cp = struct_bytes(ctx, rec, "pCopy", L.size, L.kind)
     host_bufs = {}
     for base, key in ((L.src, "hostsrc"), (L.dst, "hostdst")):
         mt = struct.unpack_from("<I", cp, base + L.mtype)[0]
@@ -476,9 +472,7 @@ def _memcpy_struct(ctx, rec, L: _CopyLayout, name: str):
             struct.pack_into("<Q", cp, base + L.device, ctx.tr(_u64(cp, base + L.device)))
         elif mt == MT_ARRAY:
             struct.pack_into("<Q", cp, base + L.array, int(ctx.live(rec, _u64(cp, base + L.array), "array")))
-    st = getattr(ctx.cu, L.kind)()
-    ctypes.memmove(int(st.getPtr()), bytes(cp), L.size)
-    args = [st] + ([_stream(ctx, rec)] if _async(rec) else [])
+    args = [fill_struct(getattr(ctx.cu, L.kind)(), cp)] + ([_stream(ctx, rec)] if _async(rec) else [])
     captured = _captured(ctx, rec)
     if captured:
         keep_forever(ctx, host_bufs)       # graph nodes read/write them whenever the graph runs

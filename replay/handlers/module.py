@@ -37,12 +37,19 @@ def _arch(ctx, rec, img, rec_mod):
                            + (f"; kernels: {', '.join(kern)}" if kern else ""))
 
 
+def _loaded_ahead(ctx, rec, rec_h, kind: str, table) -> bool:
+    """A load the job's replay made when its context came (functions.hoist_loads): taken."""
+    ahead = ctx.hoisted.pop(rec.get("s"), None)
+    if ahead is None:
+        return False
+    ctx.set_handle(rec_h, ahead[1], kind)
+    table[rec_h] = ahead[1]
+    return True
+
+
 def _load_module(ctx, rec, img, out_key):
     rec_mod = rec["a"].get(out_key) or 0
-    ahead = ctx.hoisted.pop(rec.get("s"), None)
-    if ahead is not None:                # loaded when the job's context came (functions.hoist_loads)
-        ctx.set_handle(rec_mod, ahead[1], "module")
-        ctx.modules[rec_mod] = ahead[1]
+    if _loaded_ahead(ctx, rec, rec_mod, "module", ctx.modules):
         return
     rep = replacements(ctx)
     swap = rep.module_image(rec, rec_mod) if rep else None
@@ -75,10 +82,7 @@ def module_load(ctx, rec):
 @handles("cuLibraryLoadData", "cuLibraryLoadFromFile", errors=True)
 def library_load(ctx, rec):
     rec_lib = rec["a"].get("library") or 0
-    ahead = ctx.hoisted.pop(rec.get("s"), None)
-    if ahead is not None:                # loaded when the job's context came (functions.hoist_loads)
-        ctx.set_handle(rec_lib, ahead[1], "library")
-        ctx.libraries[rec_lib] = ahead[1]
+    if _loaded_ahead(ctx, rec, rec_lib, "library", ctx.libraries):
         return
     img = jit_image(ctx, rec, _image(ctx, rec))     # --jit ptx: the image's PTX instead
     rep = replacements(ctx)

@@ -11,8 +11,6 @@ def stream_attr(ctx, rec):
     pass  # scheduling hints (access policy windows, priorities): no effect on results
 
 
-
-
 @handles("cuStreamWriteValue32", "cuStreamWriteValue64", "cuStreamWaitValue32", "cuStreamWaitValue64", errors=True)
 def stream_memop(ctx, rec):
     """A write of a value to device memory, or a wait for one, in stream order. On pinned host

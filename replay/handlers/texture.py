@@ -5,25 +5,22 @@ and needs the driver to give back the recorded value, which kernels read from th
 parameters (a fresh context hands the values out in creation order, as when recorded)."""
 from __future__ import annotations
 
-import ctypes
 import struct
 
 from cudasnap.formats.abi import base_name
 from cudasnap.formats.layout import sizeof
 
 from . import handles
+from .graph import fill_struct, struct_bytes
 
 RES_ARRAY, RES_MIPMAPPED, RES_LINEAR, RES_PITCH2D = 0, 1, 2, 3
 
 
-def _struct(ctx, rec, kind: str, raw):
-    """A cuda-python struct `kind` holding the recorded bytes."""
-    n = sizeof(kind)
-    if not isinstance(raw, (bytes, bytearray)) or len(raw) < n:
-        ctx.fail(rec, f"the {kind} struct was not captured")
-    st = getattr(ctx.cu, kind)()
-    ctypes.memmove(int(st.getPtr()), bytes(raw[:n]), n)
-    return st
+def _struct(ctx, rec, key: str, kind: str, data=None):
+    """A bindings struct `kind` holding recorded argument `key` (or `data`, the bytes made of it)."""
+    if data is None:
+        data = struct_bytes(ctx, rec, key, sizeof(kind), kind)
+    return fill_struct(getattr(ctx.cu, kind)(), data)
 
 
 @handles("cuArrayCreate", "cuArray3DCreate", errors=True)
@@ -31,21 +28,14 @@ def array_create(ctx, rec):
     a = rec["a"]
     three = "3D" in rec["f"]
     kind = "CUDA_ARRAY3D_DESCRIPTOR" if three else "CUDA_ARRAY_DESCRIPTOR"
-    live = ctx.drv(rec, "cuArray3DCreate" if three else "cuArrayCreate", _struct(ctx, rec, kind, a.get("pAllocateArray")))
+    live = ctx.drv(rec, "cuArray3DCreate" if three else "cuArrayCreate", _struct(ctx, rec, "pAllocateArray", kind))
     if live is not None:
         ctx.set_handle(a.get("pHandle"), live, "array")
 
 
-@handles("cuArrayDestroy")
-def array_destroy(ctx, rec):
-    ctx.drv(rec, "cuArrayDestroy", ctx.live(rec, rec["a"].get("hArray"), "array"))
-
-
-def _resource(ctx, rec, raw, surface: bool):
+def _resource(ctx, rec, surface: bool):
     """The recorded CUDA_RESOURCE_DESC with its array or device pointer replayed."""
-    if not isinstance(raw, (bytes, bytearray)) or len(raw) < 16:
-        ctx.fail(rec, "the CUDA_RESOURCE_DESC struct was not captured")
-    res = bytearray(raw)
+    res = struct_bytes(ctx, rec, "pResDesc", sizeof("CUDA_RESOURCE_DESC"), "CUDA_RESOURCE_DESC")
     rtype = struct.unpack_from("<I", res, 0)[0]
     handle = struct.unpack_from("<Q", res, 8)[0]          # res.array.hArray / res.linear.devPtr / res.pitch2D.devPtr
     if rtype == RES_ARRAY:
@@ -55,24 +45,23 @@ def _resource(ctx, rec, raw, surface: bool):
     else:
         ctx.fail(rec, f"resource type {rtype} ({'mipmapped array' if rtype == RES_MIPMAPPED else 'unknown'}) "
                       "is not replayed")
-    return _struct(ctx, rec, "CUDA_RESOURCE_DESC", res)
+    return _struct(ctx, rec, "pResDesc", "CUDA_RESOURCE_DESC", res)
 
 
 def _same_value(ctx, rec, recorded, live, what: str) -> None:
+    """Kernels take the object from their recorded parameters, and its destroyer the recorded
+    value (handlers/generic.py): the live one must be it."""
     if isinstance(recorded, int) and int(live) != recorded:
         ctx.fail(rec, f"the driver gave {what} {int(live):#x} where the program had {recorded:#x}: kernels take "
                       "the recorded value from their parameters")
-    ctx.set_handle(recorded, live, what)
 
 
 @handles("cuTexObjectCreate", errors=True)
 def tex_create(ctx, rec):
     a = rec["a"]
-    res = _resource(ctx, rec, a.get("pResDesc"), surface=False)
-    tex = _struct(ctx, rec, "CUDA_TEXTURE_DESC", a.get("pTexDesc"))
-    view = a.get("pResViewDesc")
-    view = _struct(ctx, rec, "CUDA_RESOURCE_VIEW_DESC", view) if isinstance(view, (bytes, bytearray)) else None
-    live = ctx.drv(rec, "cuTexObjectCreate", res, tex, view)
+    view = _struct(ctx, rec, "pResViewDesc", "CUDA_RESOURCE_VIEW_DESC") if a.get("pResViewDesc") else None
+    live = ctx.drv(rec, "cuTexObjectCreate", _resource(ctx, rec, surface=False),
+                   _struct(ctx, rec, "pTexDesc", "CUDA_TEXTURE_DESC"), view)
     if live is not None:
         _same_value(ctx, rec, a.get("pTexObject"), live, "texture object")
 
@@ -80,19 +69,11 @@ def tex_create(ctx, rec):
 @handles("cuSurfObjectCreate", errors=True)
 def surf_create(ctx, rec):
     a = rec["a"]
-    live = ctx.drv(rec, "cuSurfObjectCreate", _resource(ctx, rec, a.get("pResDesc"), surface=True))
+    live = ctx.drv(rec, "cuSurfObjectCreate", _resource(ctx, rec, surface=True))
     if live is not None:
         _same_value(ctx, rec, a.get("pSurfObject"), live, "surface object")
 
 
-@handles("cuTexObjectDestroy")
-def tex_destroy(ctx, rec):
-    ctx.drv(rec, "cuTexObjectDestroy", ctx.live(rec, rec["a"].get("texObject"), "texture object"))
-
-
-@handles("cuSurfObjectDestroy")
-def surf_destroy(ctx, rec):
-    ctx.drv(rec, "cuSurfObjectDestroy", ctx.live(rec, rec["a"].get("surfObject"), "surface object"))
 
 
 # ------------------------------------------------------------------ 1D copies with arrays
