@@ -94,6 +94,10 @@ def _hook_of(fn) -> tuple[int, int, int, int]:
         h0 = _param_index(params, ("fname", "fileName", "path"))
         if h0 < 0:
             hook = 0
+    elif cap == "memcpy_struct":
+        # the layout its host side is read with (shim_hooks.c cs_memcpy_struct_host): 2 for
+        # CUDA_MEMCPY2D, 3 for CUDA_MEMCPY3D; 0 for the 32-bit v1 structs and the peer copies
+        h0 = {"CUDA_MEMCPY2D": 2, "CUDA_MEMCPY3D": 3}.get(params[0].get("pointee") if params else None, 0)
     elif cap == "async_d2h":
         h0 = _param_index(params, ("hStream",))
     elif cap == "memcpy_unified":

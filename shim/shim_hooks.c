@@ -389,10 +389,11 @@ static int cs_memcpy3d_host(const char *c, int dst, const char **ptr, uint64_t *
     return 1;
 }
 
-/* The host bytes of a 2D or 3D copy struct (cuMemcpy2D*, cuMemcpy3D*). */
-static int cs_memcpy_struct_host(const char *name, const char *c, int dst, const char **ptr, uint64_t *size) {
-    if (strstr(name, "2D")) return cs_memcpy2d_host(c, dst, ptr, size);
-    if (strstr(name, "3D") && !strstr(name, "Peer") && !strstr(name, "Batch")) return cs_memcpy3d_host(c, dst, ptr, size);
+/* The host bytes of a copy struct; fn->h0 names its layout (build_shim.py: 2 CUDA_MEMCPY2D,
+ * 3 CUDA_MEMCPY3D, 0 one whose host side is not read). */
+static int cs_memcpy_struct_host(const cs_fn *fn, const char *c, int dst, const char **ptr, uint64_t *size) {
+    if (fn->h0 == 2) return cs_memcpy2d_host(c, dst, ptr, size);
+    if (fn->h0 == 3) return cs_memcpy3d_host(c, dst, ptr, size);
     return 0;
 }
 
@@ -454,7 +455,7 @@ static void cs_hook_pre(const cs_fn *fn, const U *a, cs_pre *pre) {
     case CS_H_MEMCPY_STRUCT: {
         const char *c = (const char *)a[fn->params[0].ai], *hp;
         pre->blob_field = CS_F_HOSTSRC;
-        if (c && cs_memcpy_struct_host(fn->name, c, 0, &hp, &pre->size))
+        if (c && cs_memcpy_struct_host(fn, c, 0, &hp, &pre->size))
             pre->serial = cs_blob(hp, pre->size);
         else
             pre->size = 0;
@@ -619,7 +620,7 @@ static void cs_hook_after(const cs_fn *fn, int id, U *a, CUresult res) {
     case CS_H_MEMCPY_STRUCT: {
         const char *c = (const char *)a[fn->params[0].ai], *hp; uint64_t n;
         cs_post_serial = cs_post_size = 0;
-        if (res == 0 && c && cs_memcpy_struct_host(fn->name, c, 1, &hp, &n)) {
+        if (res == 0 && c && cs_memcpy_struct_host(fn, c, 1, &hp, &n)) {
             cs_post_serial = cs_blob(hp, n); cs_post_size = n;
         }
         return;
