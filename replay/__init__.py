@@ -50,7 +50,7 @@ def run_replay_cli(snapshot, opts: ReplayOptions, as_json: bool = False, out=Non
     import sys
     from cudasnap.formats import SnapshotError
     from .engine import Replayer
-    from .summary import render
+    from .summary import json_document, render
     out = out or sys.stdout
     problem = _option_problem(opts) or snapshot_problem(snapshot)
     if problem:
@@ -61,6 +61,8 @@ def run_replay_cli(snapshot, opts: ReplayOptions, as_json: bool = False, out=Non
     from .retarget import preflight
     if preflight(snapshot, opts.device, opts.jit, sys.stderr if as_json else out, quiet=opts.quiet):
         return 2
+    if as_json and out is sys.stdout:
+        out = json_document()
     rp = Replayer(snapshot, opts)
     if opts.launch_override:
         from .override import LaunchOverride
@@ -82,6 +84,7 @@ def run_replay_cli(snapshot, opts: ReplayOptions, as_json: bool = False, out=Non
         return 2
     if not opts.quiet or as_json:
         render(res, rp.ctx.mismatch_text, os.fspath(snapshot), out, as_json)
+        out.flush()
     elif res.exit_code:
         for e in (res.errors or rp.ctx.mismatch_text)[:1]:
             sys.stderr.write(f"cudasnap: {e}\n")

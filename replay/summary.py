@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import List
 
@@ -14,6 +15,16 @@ def _hum(n: int) -> str:
             return f"{n:.0f} {u}" if u == "B" else f"{n:.1f} {u}"
         n /= 1024
     return str(n)
+
+
+def json_document():
+    """--json owns stdout: what else reaches file descriptor 1 during the replay (a kernel's
+    printf, which the driver writes there; a library's messages) goes to stderr instead, and the
+    JSON document is written to the original stdout."""
+    sys.stdout.flush()
+    doc = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    return doc
 
 
 def render(res: ReplayResult, mismatch_text: List[str], path: str, out=None, as_json: bool = False) -> None:

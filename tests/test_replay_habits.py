@@ -181,6 +181,19 @@ def test_timeline_profiles_the_same_launches_and_runs_every_call(double, prog, t
         assert r["name"] in (A_NAME, B_NAME, C_NAME) and r["demangled"] == demangle(r["name"])
 
 
+@pytest.mark.parametrize("args", [[], ["--profile", "timeline"]], ids=["plain", "timeline"])
+def test_json_owns_stdout_when_kernels_print(double, prog, args):
+    """A kernel's printf reaches file descriptor 1 through the driver: with --json it goes to
+    stderr, so `replay --json | jq` still reads one document."""
+    snap, _facts, _hook = prog
+    rp = _replay(double, snap, *args, "--json", env={"CUDA_DOUBLE_PRINTF": "1"})
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    assert json.loads(rp.stdout)["launches"] == 7
+    assert rp.stderr.count("double kernel printf") == 7
+    plain = _replay(double, snap, *args, env={"CUDA_DOUBLE_PRINTF": "1"})        # without --json: stdout
+    assert plain.returncode == 0 and plain.stdout.count("double kernel printf") == 7, plain.stdout + plain.stderr
+
+
 @pytest.mark.parametrize("mode", ["isolated", "graph"])
 def test_other_profile_modes_select_the_same_launches(double, prog, tmp_path, mode):
     snap, facts, _hook = prog

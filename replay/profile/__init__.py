@@ -253,7 +253,7 @@ def run_profile_cli(snapshot, opts: ReplayOptions, cfg: ProfileConfig, as_json: 
     import json
     from cudasnap.formats import SnapshotError
     from ..preflight import damaged, snapshot_problem
-    from ..summary import render
+    from ..summary import json_document, render
     out = out or sys.stdout
     err = check_config(cfg)
     if err:
@@ -263,6 +263,7 @@ def run_profile_cli(snapshot, opts: ReplayOptions, cfg: ProfileConfig, as_json: 
     if problem:
         sys.stderr.write(f"cudasnap: error: {problem}\n")
         return 2
+    doc = json_document() if as_json and out is sys.stdout else out
     try:
         run = profile_replay(snapshot, cfg, opts, out=out)
     except KeyboardInterrupt:
@@ -280,7 +281,8 @@ def run_profile_cli(snapshot, opts: ReplayOptions, cfg: ProfileConfig, as_json: 
         d["snapshot"] = os.fspath(snapshot)
         d["mismatch_text"] = run.replayer.ctx.mismatch_text
         d["profile"] = run.report
-        out.write(json.dumps(d, indent=2, default=str) + "\n")
+        doc.write(json.dumps(d, indent=2, default=str) + "\n")
+        doc.flush()
         _exit_if_gpu_hung(run, res.exit_code, out)
         return res.exit_code
     if not opts.quiet:

@@ -48,6 +48,7 @@ WORKLOADS: Dict[str, tuple] = {
     "cupy_libs": ([PY, str(W / "cupy_libs.py")], {}),
     "nvcc_ptrs": ("ptrs.cu", {}),
     "nvcc_mt_launch": ("mt_launch.cu", {}),
+    "nvcc_samples": ("samples.cu", {}),
     # a job: two ranks on two GPUs, NCCL (the matrix replays it as a group)
     "ddp_nccl": ([PY, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(W / "ddp_train.py"), "5"],
                  {"NCCL_NVLS_ENABLE": "0"}),
@@ -89,6 +90,9 @@ class Matrix:
     def _build(self, src: str, exit_wrapper: bool = False) -> List[str]:
         out = self.work / (Path(src).stem + ("_exit" if exit_wrapper else ""))
         cmd = ["nvcc", "-O2", "-cudart", "static", "-arch=sm_90", "-o", str(out)]
+        # a source's own flags, from a first line "// nvcc-flags: ..." (rdc, libraries), go last
+        first = (W / src).read_text().split("\n", 1)[0]
+        flags = first.split("nvcc-flags:", 1)[1].split() if "nvcc-flags:" in first else []
         if exit_wrapper:
             # -Dmain renames the workload's main; the wrapper is compiled on its own, without it
             text = (W / src).read_text()
@@ -97,9 +101,9 @@ class Matrix:
             wrap.write_text(_EXIT_WRAPPER % (("int, char **", "argc, argv") if has_args else ("", "")))
             obj = self.work / "exit_wrapper.o"
             subprocess.run(["nvcc", "-c", "-arch=sm_90", "-o", str(obj), str(wrap)], check=True, capture_output=True)
-            cmd = [*cmd[:-2], "-o", str(out), "-Dmain=workload_main", str(W / src), str(obj)]
+            cmd = [*cmd[:-2], "-o", str(out), "-Dmain=workload_main", str(W / src), str(obj), *flags]
         else:
-            cmd.append(str(W / src))
+            cmd += [str(W / src), *flags]
         subprocess.run(cmd, check=True, capture_output=True)
         return [str(out)]
 

@@ -1,0 +1,38 @@
+"""GPU suite, runtime features of CUDA's own samples (workloads/samples.cu): managed and mapped
+memory, host callbacks, cooperative and cluster launches, large dynamic shared memory, symbols,
+stream-ordered pools, graphs with host and conditional nodes, dynamic parallelism, batched copies,
+priorities and events, device printf. Each part alone: capture keeps the program's exit code and
+output, and the replay exits 0 with every allocation placed and its D2H results verified."""
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from gpuutil import HERE, WORK, _build, record_result, replay_snapshot
+
+pytestmark = pytest.mark.gpu
+
+PARTS = ["managed", "mapped", "hostfunc", "coop", "cluster", "bigsmem", "symbols", "mempool", "graphs",
+         "conditional", "cdp", "batch", "events", "printf"]
+
+
+@pytest.fixture(scope="module")
+def samples_binary():
+    src = HERE / "workloads" / "samples.cu"
+    out = WORK / "samples"
+    return _build(src, out, ["nvcc", "-O2", "-cudart", "static", "-arch=sm_90", "-rdc=true", "-o", str(out), str(src),
+                             "-lcudadevrt"])
+
+
+@pytest.mark.parametrize("part", PARTS)
+def test_sample_part_captures_and_replays(part, samples_binary, runner, tmp_path):
+    native = subprocess.run([str(samples_binary), part], capture_output=True, text=True, timeout=120)
+    assert native.returncode == 0, native.stdout + native.stderr
+    snap = tmp_path / f"{part}.cusnap"
+    cap, _ = runner.capture([str(samples_binary), part], snap)
+    assert cap.returncode == 0 and cap.stdout == native.stdout, (native.stdout, cap.stdout, cap.stderr[-2000:])
+    row, res, rc = replay_snapshot(snap, "samples", part)
+    record_result(row)
+    assert rc == 0, row
+    assert res["fell_back"] == 0 and res["d2h_verified"] >= 1, row
