@@ -17,7 +17,7 @@ from __future__ import annotations
 import struct
 from typing import List, Tuple
 
-from cudasnap.formats.vocab import handle_array
+from cudasnap.formats.vocab import NODE_LISTS, handle_array
 from .ctext import lit, ref
 from .table import DESTROYS
 
@@ -152,6 +152,23 @@ class GraphNodeCalls:
         if rec["f"].startswith("cuGraphAddHostNode"):
             self._host_node_note(rec)
         self._add(rec, [], "cuGraphAddEmptyNode({node}, {graph}, {deps}, {n})")
+
+    def e_node_list(self, rec) -> None:
+        """cuGraphGetNodes and its kin: ask the exported graph, name the recorded nodes by position."""
+        from cudasnap.formats.abi import strip_per_thread
+        base = strip_per_thread(rec["f"])
+        base = base[:-3] if base.endswith("_v2") else base
+        key, count_key, obj_key, kind = NODE_LISTS[base]
+        hs = handle_array(rec, key, count_key)
+        if not hs:                          # a count query: nothing the program keeps
+            return
+        a = rec["a"]
+        obj = self.handle(rec, kind.replace(" ", "_"), a.get(obj_key))
+        extra = ", NULL" if rec["f"].endswith("_v2") else ""        # _v2: the edge data array
+        lines = [f"CUgraphNode l_[{len(hs)}];", f"size_t n_ = {len(hs)};", f"CK({rec['f']}({obj}, l_{extra}, &n_));"]
+        for i, h in enumerate(hs):
+            lines.append(f"{ref('graph_node', self.slots.new('graph_node', h))} = l_[{i}];")
+        self.emit(rec, "{", *lines, "}")
 
     def _host_node_note(self, rec) -> None:
         self.note_once("hostnode", f"graph host nodes (callbacks of the recorded process) are exported as empty "

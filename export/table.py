@@ -82,6 +82,8 @@ _t("e_graph_add_empty", "cuGraphAddEmptyNode", "cuGraphAddHostNode")
 _t("e_graph_add_event", "cuGraphAddEventRecordNode", "cuGraphAddEventWaitNode")
 _t("e_graph_add_child", "cuGraphAddChildGraphNode")
 _t("e_graph_deps", "cuGraphAddDependencies", "cuGraphRemoveDependencies")
+_t("e_node_list", "cuGraphGetNodes", "cuGraphGetRootNodes", "cuGraphNodeGetDependencies",
+   "cuGraphNodeGetDependentNodes")
 _t("e_kernel_node_set", "cuGraphKernelNodeSetParams", "cuGraphExecKernelNodeSetParams")
 _t("e_memset_node_set", "cuGraphMemsetNodeSetParams", "cuGraphExecMemsetNodeSetParams")
 _t("e_memcpy_node_set", "cuGraphMemcpyNodeSetParams", "cuGraphExecMemcpyNodeSetParams")

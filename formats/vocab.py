@@ -131,3 +131,12 @@ def handle_array(rec: Mapping[str, Any], key: str, count_key: str) -> Optional[L
     if not isinstance(raw, (bytes, bytearray)) or len(raw) < 8 * n:
         return None
     return [int.from_bytes(raw[8 * i:8 * i + 8], "little") for i in range(n)]
+
+
+# Graph node-list queries a program may keep handles from: base name -> (array of nodes, its
+# count, the object asked, that object's handle kind). Replay and export ask the same question
+# of the graph they built and name the recorded nodes by position.
+NODE_LISTS = {"cuGraphGetNodes": ("nodes", "numNodes", "hGraph", "graph"),
+              "cuGraphGetRootNodes": ("rootNodes", "numRootNodes", "hGraph", "graph"),
+              "cuGraphNodeGetDependencies": ("dependencies", "numDependencies", "hNode", "graph node"),
+              "cuGraphNodeGetDependentNodes": ("dependentNodes", "numDependentNodes", "hNode", "graph node")}

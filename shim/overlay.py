@@ -166,6 +166,9 @@ STATUS_RULES = [
 REPLAY_CLASS_RULES = [
     # getters whose result later calls use as a handle: replay maps it
     (r"cuGraphChildGraphNodeGetGraph", "execute"),
+    # node lists a program asks for to change or inspect nodes (of captured graphs too): replay
+    # asks the live graph and maps the recorded handles by position
+    (r"cuGraphGetNodes|cuGraphGetRootNodes|cuGraphNodeGetDependencies\w*|cuGraphNodeGetDependentNodes\w*", "execute"),
     (r"cuDeviceGet(?!DefaultMemPool|MemPool)\w*|cuDeviceTotalMem\w*|cuDeviceComputeCapability|cuDeviceCanAccessPeer"
      r"|cuDriverGetVersion|cuCtxGet\w*|cuFuncGet\w*|cuKernelGet(?!Function)\w*|cuPointerGetAttributes?|cuGetErrorName"
      r"|cuGetErrorString|cuGetProcAddress\w*|cuGetExportTable|cuModuleGetLoadingMode|cuMemGetInfo\w*"

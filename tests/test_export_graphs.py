@@ -7,6 +7,7 @@ real cuda.h where one is installed."""
 from __future__ import annotations
 
 import glob
+import json
 import os
 import shutil
 import struct
@@ -268,3 +269,24 @@ def test_export_refuses_what_it_cannot_rebuild(double, graphnodes, tmp_path, wha
     assert ex.returncode == 2, ex.stdout + ex.stderr
     assert msg in ex.stderr, ex.stderr
     assert not (tmp_path / "out" / "replay.c").exists()
+
+
+def test_nodes_a_program_asks_for_are_mapped_by_position(double, capture, tmp_path):
+    """progs/capnodes.c changes a kernel node of a graph made by stream capture, found through
+    cuGraphGetNodes: replay asks the live graph for its nodes and maps the recorded handles, so
+    the change lands on the same node and the results verify."""
+    cp, snap = capture(double["progs"]["capnodes"])
+    assert cp.returncode == 0 and "CAPNODES OK" in cp.stdout, cp.stdout + cp.stderr
+    calls = [r["f"] for r in _calls(snap)]
+    assert "cuGraphGetNodes" in calls and "cuGraphGetRootNodes" in calls
+    rp = subprocess.run([sys.executable, "-m", "cudasnap", "replay", str(snap), "--json"], env=double["env"],
+                        capture_output=True, text=True, timeout=120)
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    res = json.loads(rp.stdout)
+    assert res["d2h_verified"] == 2 and not res["mismatches"] and not res["errors"], rp.stdout
+    out = tmp_path / "exp"                      # export asks its own graph the same way
+    ex = _cli(double, "export", snap, "-o", out)
+    assert ex.returncode == 0, ex.stdout + ex.stderr
+    assert "CK(cuGraphGetNodes(graph[0], l_, &n_));" in (out / "replay.c").read_text()
+    run = _build_and_run(double, out)
+    assert run.returncode == 0 and "OK: 2 device-to-host results verified" in run.stdout, run.stdout + run.stderr

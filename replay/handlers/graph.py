@@ -23,8 +23,9 @@ import struct
 from typing import Any, List, Optional
 
 from ..driverops import handle_int
+from cudasnap.formats.abi import strip_per_thread
 from cudasnap.formats.layout import offsetof, sizeof
-from cudasnap.formats.vocab import handle_array
+from cudasnap.formats.vocab import NODE_LISTS, handle_array
 from . import handles
 
 # CUgraphNodeType
@@ -203,6 +204,34 @@ def exchange_capture_mode(ctx, rec):
 def _node_out(ctx, rec, n) -> None:
     if n is not None:
         ctx.set_handle(rec["a"].get("phGraphNode"), n, "graph node")
+
+
+
+
+@handles(*NODE_LISTS)
+def node_list(ctx, rec):
+    """A program that asks for a graph's nodes (to change a node of a captured graph, say) holds
+    handles no creating call returned: the live graph is asked the same question and its
+    answer maps the recorded handles in order (graphs built by the same calls list their nodes
+    in the same order)."""
+    base = strip_per_thread(rec["f"])
+    base = base[:-3] if base.endswith("_v2") else base
+    key, count_key, obj_key, kind = NODE_LISTS[base]
+    rec_nodes = handle_array(rec, key, count_key)
+    if not rec_nodes:                 # a count query (NULL array): nothing to map
+        return
+    a = rec["a"]
+    obj = graph(ctx, rec, a.get(obj_key)) if kind == "graph" else ctx.live(rec, a.get(obj_key), kind)
+    fn = base if hasattr(ctx.cu, base) else base + "_v2"
+    out = ctx.drv(rec, fn, obj, len(rec_nodes))
+    if out is None:
+        return
+    live = list(out[0])
+    if len(live) < len(rec_nodes) or any(handle_int(n) == 0 for n in live[:len(rec_nodes)]):
+        ctx.fail(rec, f"the replayed graph has {sum(1 for n in live if handle_int(n))} of the {len(rec_nodes)} "
+                      f"nodes recorded")
+    for h, n in zip(rec_nodes, live):      # a recorded value now names this node (values are reused)
+        ctx.set_handle(h, n, "graph node")
 
 
 @handles("cuGraphAddEmptyNode")

@@ -53,6 +53,7 @@ PROGRAMS = {
     "peer": "link",
     "windowed": "link",
     "graphnodes": "link",
+    "capnodes": "link",
     "tagged": "link",
     "capex": "link",
 }

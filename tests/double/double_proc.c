@@ -183,6 +183,9 @@ static const pa_t table[] = {
     E("cuGraphAddMemsetNode", 10000, cuGraphAddMemsetNode),
     E("cuGraphAddEmptyNode", 10000, cuGraphAddEmptyNode),
     E("cuGraphAddDependencies", 12030, cuGraphAddDependencies_v2),
+    E("cuGraphGetNodes", 10000, cuGraphGetNodes),
+    E("cuGraphGetRootNodes", 10000, cuGraphGetRootNodes),
+    E("cuGraphNodeGetType", 10000, cuGraphNodeGetType),
     E("cuGraphKernelNodeSetParams", 12000, cuGraphKernelNodeSetParams_v2),
     E("cuGraphExecKernelNodeSetParams", 12000, cuGraphExecKernelNodeSetParams_v2),
 

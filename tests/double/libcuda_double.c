@@ -1575,6 +1575,56 @@ API CUresult cuGraphAddNode_v2(CUgraphNode *ph, CUgraph hg, const CUgraphNode *d
     return node_add(ph, hg, deps, n, &op);
 }
 
+/* The nodes of a graph in the order they were made; a graph made by stream capture gets a node
+ * object per captured op the first time it is asked.  Roots: the double keeps no edges, so the
+ * first node stands for them (what a replay must map is the order, not the topology). */
+static CUresult graph_nodes(CUgraph hg, CUgraphNode *out, size_t *count, int roots) {
+    CHECK(need_ctx());
+    if (!count) return CUDA_ERROR_INVALID_VALUE;
+    struct graph_obj *g = (struct graph_obj *)hg;
+    LOCK();
+    if (!obj_check_locked(g, OBJ_GRAPH)) { UNLOCK(); return CUDA_ERROR_INVALID_HANDLE; }
+    UNLOCK();
+    if (g->nnodes == 0 && g->nops > 0) {
+        for (int i = 0; i < g->nops; i++) {
+            struct gnode_obj *node = obj_new(OBJ_GRAPHNODE, sizeof *node);
+            LOCK();
+            if (g->nnodes == g->capnodes) {
+                g->capnodes = g->capnodes ? 2 * g->capnodes : 16;
+                g->nodes = realloc(g->nodes, (size_t)g->capnodes * sizeof *g->nodes);
+            }
+            node->g = g;
+            node->index = i;
+            g->nodes[g->nnodes++] = node;
+            UNLOCK();
+        }
+    }
+    size_t have = roots ? (g->nnodes > 0) : (size_t)g->nnodes;
+    if (out) {
+        size_t n = *count < have ? *count : have;
+        for (size_t i = 0; i < n; i++) out[i] = (CUgraphNode)g->nodes[i];
+        *count = n;
+    } else {
+        *count = have;
+    }
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuGraphGetNodes(CUgraph hg, CUgraphNode *nodes, size_t *numNodes) { return graph_nodes(hg, nodes, numNodes, 0); }
+API CUresult cuGraphGetRootNodes(CUgraph hg, CUgraphNode *nodes, size_t *n) { return graph_nodes(hg, nodes, n, 1); }
+
+API CUresult cuGraphNodeGetType(CUgraphNode hn, CUgraphNodeType *type) {
+    CHECK(need_ctx());
+    const struct gnode_obj *node = (const struct gnode_obj *)hn;
+    if (!type) return CUDA_ERROR_INVALID_VALUE;
+    if (!obj_check(node, OBJ_GRAPHNODE)) return CUDA_ERROR_INVALID_HANDLE;
+    int kind = node->g->ops[node->index].kind;
+    *type = kind == 1 ? CU_GRAPH_NODE_TYPE_KERNEL : kind == 2 ? CU_GRAPH_NODE_TYPE_MEMCPY
+          : kind == 3 || kind == 4 ? CU_GRAPH_NODE_TYPE_MEMSET : kind == OP_EVENT_RECORD ? CU_GRAPH_NODE_TYPE_EVENT_RECORD
+          : CU_GRAPH_NODE_TYPE_EMPTY;
+    return CUDA_SUCCESS;
+}
+
 API CUresult cuGraphAddDependencies_v2(CUgraph hg, const CUgraphNode *from, const CUgraphNode *to,
                                        const CUgraphEdgeData *edgeData, size_t n) {
     CHECK(need_ctx());
