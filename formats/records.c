@@ -1082,7 +1082,8 @@ static int plan_rec(rd *c, const uint8_t *p, const uint8_t *e) {
     mv k = val(tk[0], e);
     if (!streq(&k, "c")) {            /* the pre-scan reads these kinds; it passes over the others */
         if (k.t != T_STR) return 0;
-        if (streq(&k, "fn") || streq(&k, "repair") || streq(&k, "ctx") || streq(&k, "region")) return RD_FALLBACK;
+        if (streq(&k, "fn") || streq(&k, "repair") || streq(&k, "ctx") || streq(&k, "region") || streq(&k, "note"))
+            return RD_FALLBACK;
         return 0;
     }
     if (known != nkeys) return RD_FALLBACK;        /* another key ("incomplete", "state"...): Python */

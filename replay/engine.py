@@ -273,6 +273,10 @@ class Replayer(BatchRunner):
                           f"({rec.get('lost_records', 0)} records known lost); calls may be missing from it")
             elif k == "ctx" and isinstance(rec.get("h"), int):
                 self.ctx.ctx_ids.setdefault(rec["h"], dict(rec))
+            elif k == "note" and str(rec.get("msg") or "").startswith("limitation:"):
+                # what capture could not see (kernels reading host-visible memory directly):
+                # the replay's verdict holds only for what was recorded
+                self.ctx.note(f"capture: {rec['msg']}")
 
             elif k == "region" and isinstance(rec.get("base"), int) and isinstance(rec.get("size"), int):
                 # capture's placement zone: reserved whole, first, so allocations land inside

@@ -48,7 +48,10 @@ WORKLOADS: Dict[str, tuple] = {
     "cupy_libs": ([PY, str(W / "cupy_libs.py")], {}),
     "nvcc_ptrs": ("ptrs.cu", {}),
     "nvcc_mt_launch": ("mt_launch.cu", {}),
-    "nvcc_samples": ("samples.cu", {}),
+    # CUDA samples' runtime features; batched copies (refused) and conditional nodes are left to
+    # test_gpu_samples.py, which checks each part alone
+    "nvcc_samples": ("samples.cu managed mapped hostfunc coop cluster bigsmem symbols mempool graphs cdp events printf",
+                     {}),
     # a job: two ranks on two GPUs, NCCL (the matrix replays it as a group)
     "ddp_nccl": ([PY, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(W / "ddp_train.py"), "5"],
                  {"NCCL_NVLS_ENABLE": "0"}),
@@ -79,9 +82,11 @@ class Matrix:
         self.env = {**os.environ, **DETERMINISTIC, **extra, **env}
         self.cells: Dict[str, dict] = {}
         self.ranks: List[Path] = []
-        self.cmd = self._build(prog) if isinstance(prog, str) else list(prog)
+        # an nvcc workload: "SOURCE.cu [ARG...]"
+        src, args = (prog.split()[0], prog.split()[1:]) if isinstance(prog, str) else (None, [])
+        self.cmd = self._build(src) + args if src else list(prog)
         self.flight_env = {"WORKLOAD_EXIT_ABRUPTLY": "1"}      # ddp_train.py: each rank ends with _exit
-        self.flight_cmd = self._build(prog, exit_wrapper=True) if isinstance(prog, str) else list(prog) if name in JOBS else [
+        self.flight_cmd = self._build(src, exit_wrapper=True) + args if src else list(prog) if name in JOBS else [
             PY, "-c", "import os, runpy, sys; sys.argv = sys.argv[1:]; "
                       "runpy.run_path(sys.argv[0], run_name='__main__'); "
                       "sys.stdout.flush(); sys.stderr.flush(); os._exit(0)", *prog[1:]]
