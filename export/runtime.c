@@ -103,6 +103,10 @@ typedef struct { void *p; CUstream s; size_t n; } kept_t;
 static kept_t *g_kept;
 static size_t g_nkept, g_capkept, g_kept_bytes;
 static void ctx_sync(void);
+/* stand-ins for the recorded process's host functions (they cannot run here): the stream still
+ * waits at that point and a stream capture still gets its host node */
+RT void host_noop(void *user) { (void)user; }
+RT void callback_noop(CUstream s, CUresult r, void *user) { (void)s; (void)r; (void)user; }
 RT void release_kept(CUstream s, int all) {
     size_t j = 0;
     for (size_t i = 0; i < g_nkept; i++) {

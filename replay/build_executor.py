@@ -35,6 +35,7 @@ int64_t ex_run(const ex_op *ops, int64_t start, int64_t end, const uint64_t *slo
                double *t_first, double *t_last, double *sync_t, int64_t sync_cap, int64_t *nsync,
                double pace_base);
 int64_t ex_current(void);
+int ex_host_func(uint64_t stream, int callback, int per_thread);
 double ex_now(void);
 """
 

@@ -78,6 +78,28 @@ int ex_init(int per_thread, char *err, int errlen) {
     return 0;
 }
 
+/* A recorded host function belongs to the recorded process and cannot run: these no-ops stand
+   in for it, so the stream still waits at that point and a stream capture still gets its host
+   node (the graph's nodes stay where they were recorded). */
+static void ex_host_noop(void *user) { (void)user; }
+static void ex_callback_noop(P stream, CUres status, void *user) { (void)stream; (void)status; (void)user; }
+
+/* Enqueue the stand-in on a live stream: cuStreamAddCallback's form when callback, else
+   cuLaunchHostFunc's. Returns the CUresult, or -1 when the driver has no such entry point. */
+int ex_host_func(uint64_t stream, int callback, int per_thread) {
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    gpa_fn gpa = h ? (gpa_fn)dlsym(h, "cuGetProcAddress_v2") : NULL;
+    void *p = NULL;
+    int status = 0;
+    if (!gpa || gpa(callback ? "cuStreamAddCallback" : "cuLaunchHostFunc", &p, 12000, per_thread ? 2 : 0,
+                    &status) != 0 || !p)
+        return -1;
+    if (callback)
+        return ((CUres (*)(P, void (*)(P, CUres, void *), P, unsigned))p)((P)(uintptr_t)stream, ex_callback_noop,
+                                                                          NULL, 0);
+    return ((CUres (*)(P, void (*)(void *), P))p)((P)(uintptr_t)stream, ex_host_noop, NULL);
+}
+
 /* A ref: slot (>= 0; 0 in the table = not created yet) or literal. */
 #define REF(r, out) do { if ((r) >= 0) { (out) = (P)(uintptr_t)slots[(r)]; if (!(out)) goto slow; } \
                          else (out) = (P)(uintptr_t)(uint64_t)(-((r) + 1)); } while (0)

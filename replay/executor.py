@@ -31,6 +31,17 @@ def module():
         return None
 
 
+def host_stand_in(cu, stream: int, callback: bool, per_thread: bool) -> Optional[int]:
+    """Enqueue a no-op C function where the recording had a host function (cuLaunchHostFunc,
+    or cuStreamAddCallback when callback) on the live stream: the CUresult, or None where it
+    cannot be had (bindings that are not the driver's, no C executor, no entry point)."""
+    mod = module()
+    if mod is None or getattr(cu, "__name__", "") != "cuda.bindings.driver":
+        return None
+    r = mod.lib.ex_host_func(stream, 1 if callback else 0, 1 if per_thread else 0)
+    return None if r < 0 else r
+
+
 class NativeExecutor:
     name = "native"
 

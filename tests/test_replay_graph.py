@@ -435,10 +435,10 @@ def test_dispatch_classes_are_truthful():
               "cuGraphInstantiateWithFlags", "cuGraphInstantiateWithParams", "cuGraphExecUpdate",
               "cuGraphExecUpdate_v2", "cuGraphLaunch", "cuGraphLaunch_ptsz", "cuGraphUpload", "cuGraphDestroy",
               "cuGraphExecDestroy", "cuGraphConditionalHandleCreate", "cuStreamUpdateCaptureDependencies_v2",
-              "cuProfilerInitialize", "cuProfilerStart", "cuProfilerStop"):
+              "cuProfilerInitialize", "cuProfilerStart", "cuProfilerStop", "cuGraphGetNodes", "cuGraphGetRootNodes"):
         assert n in D.REPLAY_EXECUTED, n
     for n in ("cuStreamGetCaptureInfo", "cuStreamGetCaptureInfo_v2", "cuStreamGetCaptureInfo_v3",
-              "cuStreamIsCapturing", "cuGraphGetNodes", "cuGraphKernelNodeGetParams_v2"):
+              "cuStreamIsCapturing", "cuGraphKernelNodeGetParams_v2"):
         assert n in D.REPLAY_SKIPPED, n
     for n in ("cuGraphAddKernelNode", "cuGraphAddKernelNode_v2", "cuGraphExecKernelNodeSetParams_v2"):
         assert n in D.REPLAY_EXECUTED and n not in D.REPLAY_REFUSED, n

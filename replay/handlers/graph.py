@@ -432,8 +432,22 @@ def add_node(ctx, rec):
     n = ctx.drv(rec, "cuGraphAddNode", graph(ctx, rec, a.get("hGraph")), deps, edges(ctx, rec), len(deps), p)
     _node_out(ctx, rec, n)
     if n is not None and bodies is not None:
-        arr, size = bodies
-        ctx.cond_bodies.extend(ctx.cu.CUgraph(arr[i]) for i in range(size))
+        ctx.cond_bodies.extend(_body_graphs(ctx, rec, p, *bodies))
+
+
+def _body_graphs(ctx, rec, p, arr, size: int) -> List[Any]:
+    """The body graphs the driver made for a conditional node. cuda-bindings hands the driver an
+    array of its own for phGraph_out (read back through the struct), not the one the recorded
+    struct was given; either one holds them."""
+    try:
+        got = [g for g in p.conditional.phGraph_out][:size]
+    except (AttributeError, TypeError, ValueError):
+        got = []
+    if len(got) < size or not all(handle_int(g) for g in got):
+        got = [ctx.cu.CUgraph(arr[i]) for i in range(size)]
+    if not all(handle_int(g) for g in got):
+        ctx.fail(rec, "the driver gave no body graph for the conditional node")
+    return got
 
 
 @handles("cuGraphNodeSetParams", "cuGraphExecNodeSetParams")

@@ -123,8 +123,18 @@ def launch_kernel_ex(ctx, rec):
 
 @handles("cuLaunchHostFunc", "cuStreamAddCallback")
 def host_func(ctx, rec):
-    # A host function of the recorded process: cannot run.  Leaving it out keeps the order it
-    # imposed: work after it on the stream still follows work before it, and on a capturing
-    # stream the next captured node depends on the previous one (the edges the host node had).
-    ctx.res.skipped += 1
-    ctx.note_once("hostfn", f"call #{rec.get('s')} {rec['f']}: host callbacks of the recorded process are not run")
+    """A host function of the recorded process cannot run: a no-op C function takes its place,
+    so the stream waits there as it did and a stream capture gets its host node (a program that
+    lists the captured graph's nodes finds them where they were). Where no stand-in can be
+    enqueued the call is left out: the stream's order holds without it."""
+    from ..executor import host_stand_in
+    from ..driverops import handle_int
+    f = rec["f"]
+    stream = handle_int(ctx.stream(rec, rec["a"].get("hStream")))
+    code = host_stand_in(ctx.cu, stream, f.startswith("cuStreamAddCallback"), f.endswith("_ptsz"))
+    if code is None:
+        ctx.res.skipped += 1
+    elif code != 0 and rec.get("r", 0) == 0:
+        ctx.fail(rec, ctx.new_error_text(code, f))
+    ctx.note_once("hostfn", f"call #{rec.get('s')} {f}: host callbacks of the recorded process are not run"
+                            + (" (a no-op stands in for each)" if code is not None else ""))

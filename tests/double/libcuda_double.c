@@ -1192,6 +1192,27 @@ API CUresult cuStreamDestroy_v2(CUstream s) {
 }
 
 API CUresult cuStreamSynchronize(CUstream s) { CHECK(need_ctx()); return stream_validate(s); }
+
+/* Host functions: streams run at once here, so the function runs now; on a capturing stream it
+ * becomes a node of its own (an empty op: the double keeps no host nodes' functions). */
+API CUresult cuLaunchHostFunc(CUstream s, CUhostFn fn, void *user) {
+    CHECK(need_ctx());
+    CHECK(stream_validate(s));
+    if (!fn) return CUDA_ERROR_INVALID_VALUE;
+    op_t op = {.kind = OP_EMPTY};
+    if (stream_capture_append(s, &op)) return CUDA_SUCCESS;
+    fn(user);
+    return CUDA_SUCCESS;
+}
+API CUresult cuLaunchHostFunc_ptsz(CUstream s, CUhostFn fn, void *user) { return cuLaunchHostFunc(s, fn, user); }
+
+API CUresult cuStreamAddCallback(CUstream s, CUstreamCallback cb, void *user, unsigned int flags) {
+    CHECK(need_ctx());
+    CHECK(stream_validate(s));
+    if (!cb || flags) return CUDA_ERROR_INVALID_VALUE;
+    cb(s, CUDA_SUCCESS, user);
+    return CUDA_SUCCESS;
+}
 API CUresult cuStreamSynchronize_ptsz(CUstream s) { return cuStreamSynchronize(s); }
 API CUresult cuStreamQuery(CUstream s) { CHECK(need_ctx()); return stream_validate(s); }
 API CUresult cuStreamQuery_ptsz(CUstream s) { return cuStreamQuery(s); }

@@ -1,12 +1,17 @@
 /* capnodes.c -- a graph made by stream capture whose nodes the program asks for afterwards
  * (cuGraphGetNodes, cuGraphGetRootNodes, cuGraphNodeGetType, as CUDA's samples and graph
- * updaters do) to change one kernel node of the executable graph: capture memset a = 0,
- * add_one(a), fill(b, 5); launch; the fill node becomes fill(b, 9); launch again.
- * Prints "CAPNODES OK" when a = 2 and b = 9 after both launches. */
+ * updaters do) to change one kernel node of the executable graph: capture memset a = 0, a host
+ * function, add_one(a), fill(b, 5); launch; the fill node becomes fill(b, 9); launch again; a
+ * stream callback after it. Prints "CAPNODES OK" when a = 1 and b = 9 after both launches and the
+ * graph has its 4 nodes, and how many times host functions ran. */
 #include <string.h>
 #include "common.h"
 
 enum { N = 256 };
+
+static int host_calls;
+static void host_fn(void *user) { host_calls += *(int *)user; }
+static void stream_cb(CUstream s, CUresult st, void *user) { (void)s; if (st == CUDA_SUCCESS) host_calls += *(int *)user; }
 
 int main(void) {
     CUdevice dev;
@@ -30,6 +35,8 @@ int main(void) {
     CK(cuStreamCreate(&s, 0));
     CK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
     CK(cuMemsetD32Async(a, 0, N, s));
+    static int one = 1;
+    CK(cuLaunchHostFunc(s, host_fn, &one));
     void *args_add[] = {&a, &n};
     CK(cuLaunchKernel(f_add, 2, 1, 1, 128, 1, 1, 0, s, args_add, NULL));
     void *args_fill[] = {&b, &five, &n};
@@ -61,15 +68,17 @@ int main(void) {
         changed = 1;
     }
     CK(cuGraphLaunch(ge, s));
+    CK(cuStreamAddCallback(s, stream_cb, &one, 0));
     CK(cuStreamSynchronize(s));
     float ha[N];
     unsigned hb[N];
     CK(cuMemcpyDtoH(ha, a, sizeof ha));
     CK(cuMemcpyDtoH(hb, b, sizeof hb));
-    int ok = changed;
+    int ok = changed && count == 4;
     for (int i = 0; i < N; i++) ok &= ha[i] == 1.0f && hb[i] == 9;
     CK(cuGraphExecDestroy(ge));
     CK(cuGraphDestroy(g));
+    printf("HOST_CALLS %d\n", host_calls);
     printf("CAPNODES %s\n", ok ? "OK" : "BAD");
     return ok ? 0 : 2;
 }
