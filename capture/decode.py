@@ -10,18 +10,20 @@ import struct
 from cudasnap.formats.vocab import is_launch
 
 from . import ring as R
-from .ring_constants import (F_ATTRS, F_CODE, F_DIGEST, F_HANDLE, F_HOSTDST, F_HOSTSRC, F_IMAGE,  # noqa: F401
+from .ring_constants import (F_ATTRS, F_CODE, F_DIGEST, F_HANDLE, F_HOSTCHECK, F_HOSTDST, F_HOSTMEM, F_HOSTSRC, F_IMAGE,  # noqa: F401
                              F_INFO, F_KIND, F_LAYOUT, F_LINK, F_MODULE, F_MSG, F_NAME, F_PARAMS, F_REPEATS,
                              F_WRAPPED)
 
 LINK_KINDS = {1: "export", 2: "import"}
-EXTRA_NAMES = {F_PARAMS: "params", F_ATTRS: "attrs", F_IMAGE: "image", F_HOSTSRC: "hostsrc", F_HOSTDST: "hostdst"}
+EXTRA_NAMES = {F_PARAMS: "params", F_ATTRS: "attrs", F_IMAGE: "image", F_HOSTSRC: "hostsrc", F_HOSTDST: "hostdst",
+               F_HOSTCHECK: "hostcheck"}
 INFO_ROW = 256 + 16 + 24
 WINDOW_OPS = {1: "open", 2: "close", 3: "state", 4: "checkpoint", 5: "endstate"}
 ENDSTATE_CHUNK = 4 << 20             # shim_blob.c CS_CHUNK: the end-state hash chunk
 NVTX_OPS = {1: "push", 2: "pop", 3: "start", 4: "end", 5: "mark", 6: "domain"}
-# allocations whose memory kernels can read without an API call (UVA pinned host, managed)
-HOST_VISIBLE = ("cuMemHostAlloc", "cuMemAllocHost", "cuMemHostRegister", "cuMemAllocManaged")
+# pinned host allocations, whose memory kernels can read without an API call (UVA); managed
+# memory reached by a launch is recorded with it (shim_hostmem.c)
+HOST_VISIBLE = ("cuMemHostAlloc", "cuMemAllocHost", "cuMemHostRegister")
 SIGNED_C = {"int", "long", "short", "long long", "signed char", "int32_t", "int64_t", "ssize_t"}
 
 
@@ -98,6 +100,12 @@ class Decoder:
                 elif idx == F_WRAPPED:
                     wid = struct.unpack("<q", data)[0]
                     extra["wrapped"] = self.fns[wid]["name"] if 0 <= wid < len(self.fns) else None
+                elif idx == F_HOSTMEM:
+                    # managed memory the launch's arguments reach: (base, blob) each, uploaded before it
+                    extra["hostmem"] = [{"addr": base, **self._blobref(data[o + 8:o + 24])}
+                                        for o in range(0, len(data) - 23, 24)
+                                        for base in struct.unpack_from("<Q", data, o)]
+                    self.counts["h2d_bytes"] += sum(m["size"] for m in extra["hostmem"])
                 elif idx == F_LINK and len(data) >= 64:
                     extra["link"] = _link(data)
                 continue
@@ -323,7 +331,7 @@ class Decoder:
             # named limitation: kernels can read these without an API call, and capture does
             # not snapshot them at launches
             out.append({"k": "note", "level": "warning", "msg":
-                        f"limitation: {n} host-visible allocation(s) (pinned/mapped host or managed memory); "
+                        f"limitation: {n} host-visible allocation(s) (pinned/mapped host memory); "
                         f"what kernels read from them directly, without a copy call, is not captured"})
             self.counts["notes"] += 1
         return out

@@ -49,6 +49,8 @@ F_DIGEST = 0x118
 F_REPEATS = 0x119
 F_T1 = 0x11a
 F_LINK = 0x11b
+F_HOSTMEM = 0x11c
+F_HOSTCHECK = 0x11d
 
 # cs_ring_hdr: byte offset of each field (LEN_: element count of an array field)
 RING_HDR_STRUCT_SIZE = 216

@@ -1116,7 +1116,9 @@ static int plan_rec(rd *c, const uint8_t *p, const uint8_t *e) {
         break;
     case OP_LAUNCH: case OP_LAUNCH_EX: {
         const uint8_t *xk[2];
-        if (pl_map(tk[8], e, &o->kt_params, xk, NULL, NULL, NULL)) return RD_FALLBACK;
+        uint32_t xn = 0, xknown = 0;
+        if (pl_map(tk[8], e, &o->kt_params, xk, &xn, &xknown, NULL)) return RD_FALLBACK;
+        if (xn != xknown) return RD_FALLBACK;      /* another extra (managed memory to upload): its handler */
         mv pv = val(xk[0], e), h = val(ak[A_F], e);
         if (pv.t != T_BIN || h.t != T_INT || !h.u) return RD_FALLBACK;
         iv d[7];

@@ -307,13 +307,17 @@ class ReplayContext:
         ref = x.get(key)
         if ref is None:  # early snapshots named payloads "src"/"dst"
             ref = x.get({"srcHost": "src", "dstHost": "dst"}.get(key, ""))
+        return self.blob_of(rec, ref, key)
+
+    def blob_of(self, rec, ref, what: str) -> Optional[bytes]:
+        """The bytes of a blob reference ({"blob": id, ...}) of rec; None when not captured."""
         if not isinstance(ref, dict) or not ref.get("blob"):
             return None
         try:
             return self.reader.blob(ref["blob"])
         except SnapshotError as e:
-            self.note(f"call #{rec.get('s')}: blob for {key} unreadable: {e}")
-            self.res.unreadable_payloads.append(f"call #{rec.get('s')} {key}: {e}")
+            self.note(f"call #{rec.get('s')}: blob for {what} unreadable: {e}")
+            self.res.unreadable_payloads.append(f"call #{rec.get('s')} {what}: {e}")
             return None
 
     def blob_chunks(self, rec, key: str) -> Optional[Tuple[int, Iterator[Any]]]:

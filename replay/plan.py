@@ -209,7 +209,7 @@ class Planner:
             x = rec.get("x")
             params = x.get("params") if type(x) is dict else None
             h = a.get("f")
-            if type(params) is not bytes or type(h) is not int or not h:
+            if type(params) is not bytes or type(h) is not int or not h or "hostmem" in x:
                 return None
             if kind == LAUNCH:
                 g = a.get

@@ -124,6 +124,9 @@ enum {
     CS_F_REPEATS = 0x119,     /* REPEAT: {u32 api id, u32 count, u64 seq of the recorded call} each */
     CS_F_T1 = 0x11A,          /* CALL of a launch: timestamp when the call returned */
     CS_F_LINK = 0x11B,        /* an exported/imported POSIX fd: 8 int64 (shim_share.c) */
+    CS_F_HOSTMEM = 0x11C,     /* launch: managed memory its arguments reach, {u64 base, serial, size} each
+                                 (shim_hostmem.c) */
+    CS_F_HOSTCHECK = 0x11D,   /* cuMemFree of managed memory: its final bytes (blob) */
 };
 
 #endif

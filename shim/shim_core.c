@@ -330,6 +330,7 @@ static void cs_exit_hook(void) {
 }
 
 /* --- hooks: what a generic parameter table can't say ---------------------------------- */
+#include "shim_hostmem.c"
 #include "shim_hooks.c"
 #include "shim_placement.c"
 #include "shim_share.c"

@@ -416,8 +416,10 @@ typedef struct {
     const void *src;            /* `extra` buffer, or NULL: pack kernelParams through lay */
     const cs_layout *lay;
     U kp;
-    uint16_t blob_field;        /* CS_F_IMAGE / CS_F_HOSTSRC, or 0 */
+    uint16_t blob_field;        /* CS_F_IMAGE / CS_F_HOSTSRC / CS_F_HOSTCHECK, or 0 */
     uint64_t serial, size;      /* the blob streamed for it */
+    int nhm;                    /* launch: managed allocations recorded with it (shim_hostmem.c) */
+    U hm[3 * CS_HM_PER_LAUNCH];
 } cs_pre;
 
 static void cs_hook_pre(const cs_fn *fn, const U *a, cs_pre *pre) {
@@ -429,8 +431,17 @@ static void cs_hook_pre(const cs_fn *fn, const U *a, cs_pre *pre) {
         pre->packed = 1;
         pre->pbytes = cs_pack_size(f, pre->kp, ex, &pre->src, &pre->lay);
         pre->abytes = cs_attrs_bytes(fn, a);
+        if (cs_hm_n && fn->hook == CS_H_LAUNCH)
+            pre->nhm = cs_hm_launch(pre->src, pre->pbytes, (void *const *)pre->kp, pre->lay ? pre->lay->off_size : NULL,
+                                    pre->lay ? pre->lay->n : 0, pre->hm);
         return;
     }
+    case CS_H_PLACE:
+        if (cs_hm_n && strcmp(fn->name, "cuMemFree_v2") == 0) {
+            pre->serial = cs_hm_free(a[fn->params[0].ai], &pre->size);
+            if (pre->serial) pre->blob_field = CS_F_HOSTCHECK;
+        }
+        return;
     case CS_H_MODULE_IMAGE: {
         const void *start;
         pre->blob_field = CS_F_IMAGE;
@@ -469,6 +480,7 @@ static uint32_t cs_hook_pre_size(const cs_pre *pre) {
     uint32_t n = 0;
     if (pre->packed) n += cs_flen(pre->pbytes) + (pre->abytes ? cs_flen(pre->abytes) : 0);
     if (pre->blob_field) n += cs_flen(16);
+    if (pre->nhm) n += cs_flen(24u * (uint32_t)pre->nhm);
     return n;
 }
 
@@ -481,6 +493,7 @@ static void cs_hook_pre_fields(const cs_fn *fn, cs_rec *r, const U *a, const cs_
         }
     }
     if (pre->blob_field) cs_put_blobref(r, pre->blob_field, pre->serial, pre->size);
+    if (pre->nhm) cs_put(r, CS_F_HOSTMEM, CS_T_BYTES, pre->hm, 24u * (uint32_t)pre->nhm);
 }
 
 static void cs_emit_proc(void) {
@@ -582,7 +595,11 @@ CS_TLS int64_t cs_link[8];
 static void cs_hook_after(const cs_fn *fn, int id, U *a, CUresult res) {
     (void)id;
     cs_skip_out = 0;
+    if (cs_hm_n) cs_hm_tick(fn, res);
     switch (fn->hook) {
+    case CS_H_HOST_ALLOC:
+        if (res == 0 && a[fn->params[fn->h0].ai]) cs_hm_add(*(const U *)a[fn->params[fn->h0].ai], a[fn->params[fn->h1].ai]);
+        return;
     case CS_H_GETPROC: {
         cs_last_wrapped = -2;
         void **pfn = (void **)a[fn->params[1].ai];

@@ -85,3 +85,30 @@ def test_unified_copies_with_a_host_end_are_captured_and_verified(double, captur
     # capture's named limitation (a kernel could read the pinned buffer directly) reaches the
     # replay's warnings: its verdict holds only for what was recorded
     assert any("host-visible allocation" in w for w in json.loads(rp.stdout)["warnings"]), rp.stdout
+
+
+def test_managed_memory_the_host_writes_in_place_is_captured_and_verified(double, capture, native):
+    """progs/managed.c writes and reads managed memory in place. Capture records the allocation
+    with the launches that reach it (the first, and the first after a synchronization: not the
+    one straight after another launch) and its final bytes before the free; the replay writes
+    the recorded bytes back before those launches and verifies the final ones, so a kernel that
+    computes wrong is caught."""
+    nat = native(double["progs"]["managed"])
+    assert nat.returncode == 0 and "SUMS 6644 55548" in nat.stdout, nat.stdout + nat.stderr
+    cp, snap = capture(double["progs"]["managed"])
+    assert cp.returncode == 0 and cp.stdout == nat.stdout, cp.stdout + cp.stderr
+    calls = list(SnapshotReader(snap).records("c"))
+    launches = [c for c in calls if c["f"] == "cuLaunchKernel"]
+    assert [len((c.get("x") or {}).get("hostmem") or []) for c in launches] == [1, 0, 1]
+    assert launches[0]["x"]["hostmem"][0]["size"] == 4096 and launches[0]["x"]["hostmem"][0]["blob"]
+    free = [c for c in calls if c["f"].startswith("cuMemFree")][0]
+    assert free["x"]["hostcheck"]["size"] == 4096
+    rp = subprocess.run([sys.executable, "-m", "cudasnap", "replay", str(snap), "--json"], env=double["env"],
+                        capture_output=True, text=True, timeout=120)
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    res = json.loads(rp.stdout)
+    assert res["d2h_verified"] == 1 and not res["mismatches"], rp.stdout
+    env = dict(double["env"], CUDA_DOUBLE_CORRUPT="add_one:3")      # the last launch computes wrong
+    bad = subprocess.run([sys.executable, "-m", "cudasnap", "replay", str(snap)], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and "cuMemFree" in bad.stdout + bad.stderr, bad.stdout + bad.stderr

@@ -16,9 +16,22 @@ from ..params import LAUNCH_CONFIG, LaunchParams
 LAUNCH_ATTR_SIZE = sizeof("CUlaunchAttribute")  # id, pad, 64-byte value union
 
 
+def _managed_uploads(ctx, rec, x) -> None:
+    """Managed memory the host wrote without a copy call, recorded with this launch (its
+    arguments reach it): written back at its address before the kernel runs."""
+    for m in x.get("hostmem") or ():
+        data = ctx.blob_of(rec, m, "managed memory") if isinstance(m, dict) else None
+        if data is None or not isinstance(m.get("addr"), int):
+            ctx.note_once("hostmem_lost", f"call #{rec.get('s')}: managed memory recorded with this launch is missing "
+                                          f"from the snapshot; the kernel reads what the replay holds there")
+            continue
+        ctx.drv(rec, "cuMemcpyHtoD", ctx.tr(m["addr"]), data, len(data))
+
+
 def _prepare(ctx, rec):
     a = rec["a"]
     x = rec.get("x") or {}
+    _managed_uploads(ctx, rec, x)
     params = x.get("params")
     h = a.get("f")
     name = ctx.kernel_name_of(h, rec.get("s"))

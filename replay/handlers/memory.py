@@ -58,6 +58,14 @@ def mem_alloc_async(ctx, rec):
 @handles("cuMemFree")
 def mem_free(ctx, rec):
     p = rec["a"].get("dptr")
+    check = (rec.get("x") or {}).get("hostcheck")
+    if check is not None and isinstance(p, int) and rec.get("r", 0) == 0:
+        # managed memory's final bytes, which the program read in place: verified before the free
+        n = int(check.get("size") or 0)
+        buf = bytearray(n)
+        ctx.raw("cuCtxSynchronize")
+        ctx.raw("cuMemcpyDtoH", buf, ctx.tr(p), n)
+        ctx.verify(rec, ctx.blob(rec, "hostcheck"), bytes(buf), p)
     if ctx.space.free(p) is None and p:
         ctx.note(f"call #{rec.get('s')} {rec['f']}: {p:#x} is not a replayed allocation; ignored")
 

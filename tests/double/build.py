@@ -54,6 +54,7 @@ PROGRAMS = {
     "windowed": "link",
     "graphnodes": "link",
     "capnodes": "link",
+    "managed": "link",
     "tagged": "link",
     "capex": "link",
 }
