@@ -103,7 +103,10 @@ class Emitter(ContextCalls, MemoryCalls, ModuleCalls, LaunchCalls, StreamCalls, 
 
     def data_file(self, role: str, rec, key: str, required: bool = True) -> Optional[Tuple[str, int]]:
         """(file name, size) of the blob the record holds under x[key]; the file is written later."""
-        ref_ = (rec.get("x") or {}).get(key)
+        return self.data_file_of(role, rec, (rec.get("x") or {}).get(key), key, required)
+
+    def data_file_of(self, role: str, rec, ref_, key: str, required: bool = True) -> Optional[Tuple[str, int]]:
+        """data_file for a blob reference ({"blob": id, ...}) of rec."""
         if not isinstance(ref_, dict) or not isinstance(ref_.get("blob"), str):
             if required:
                 self.fail(rec, f"the {key} payload was not captured")

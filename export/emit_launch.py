@@ -7,6 +7,7 @@ from __future__ import annotations
 import struct
 from typing import Tuple
 from cudasnap.formats.layout import packer
+from .ctext import lit
 
 PARAM_MAX = 32768
 LAUNCH_CONFIG = packer("CUlaunchConfig")       # grid, block, shmem, hStream, attrs, numAttrs
@@ -32,6 +33,11 @@ class LaunchCalls:
         return p, self.params.setdefault(p, len(self.params))
 
     def _launch_common(self, rec, hs):
+        # managed memory the host wrote in place, recorded with this launch: written back first
+        for m in (rec.get("x") or {}).get("hostmem") or ():
+            fname, n = self.data_file_of("h2d", rec, m, "managed memory")
+            self.res.h2d_bytes += n
+            self.emit(rec, f"h2d({lit(m.get('addr'))}, \"{fname}\", {lit(n)}, (CUstream)0, 0);")
         fexpr, name = self.function(rec, rec["a"].get("f"))
         p, k = self._params(rec)
         cap = self.in_capture(rec, hs)

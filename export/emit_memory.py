@@ -89,6 +89,11 @@ class MemoryCalls:
 
     def e_free(self, rec) -> None:
         p = rec["a"].get("dptr")
+        check = self.data_file("d2h", rec, "hostcheck", required=False)
+        if check is not None and self.space.find(p or 0) is not None:
+            # managed memory's final bytes, read in place by the program: verified before the free
+            self.res.d2h_bytes += check[1]
+            self.emit(rec, f"ctx_sync(); d2h({lit(p)}, \"{check[0]}\", {lit(check[1])}, (CUstream)0, 0);")
         if self.space.free(p) is None:
             self.res.no_effect += 1
             return

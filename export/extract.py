@@ -594,6 +594,10 @@ class Extractor:
                     x[k] = {**v, "blob": self.w.add_blob(data)}
                     if base_name(rec.get("f") or "").startswith(("cuModuleLoad", "cuLibraryLoad")):
                         self.res.module_bytes += len(data)
+                elif isinstance(v, list):       # several references (a launch's managed memory)
+                    x[k] = [{**e, "blob": self.w.add_blob(self.reader.blob(e["blob"]))}
+                            if isinstance(e, dict) and isinstance(e.get("blob"), str) and self.reader.has_blob(e["blob"])
+                            else e for e in v]
             rec["x"] = x
         return rec
 

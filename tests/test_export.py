@@ -226,3 +226,23 @@ def test_extract_with_host_only_calls_exports_builds_and_verifies(double, captur
     assert "OK: 10 device-to-host results verified" in run.stdout
     run = _run(double, _build(double, full))
     assert run.returncode == 0 and "OK: " in run.stdout, run.stdout + run.stderr
+
+
+def test_managed_memory_exports_and_extracts_with_its_host_written_bytes(double, capture, tmp_path):
+    """progs/managed.c: the exported program writes the managed bytes recorded with a launch back
+    before it and verifies the final ones at the free; an extract of the last launch carries the
+    bytes the host wrote before it and exports the same way; a wrong kernel is caught."""
+    snap, out, exe = _exported(double, capture, tmp_path, "managed")
+    run = _run(double, exe)
+    assert run.returncode == 0 and "OK: 1 device-to-host results verified" in run.stdout, run.stdout + run.stderr
+    bad = subprocess.run([str(exe)], env=dict(double["env"], CUDA_DOUBLE_CORRUPT="add_one:3"),
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    small = tmp_path / "last.cusnap"
+    ex = subprocess.run([sys.executable, "-m", "cudasnap", "extract", str(snap), "--kernel", "add_one#3", "-o", str(small),
+                         "--check"], env=double["env"], capture_output=True, text=True, timeout=120)
+    assert ex.returncode == 0, ex.stdout + ex.stderr
+    e = _export(small, tmp_path / "x")
+    assert e.returncode == 0, e.stdout + e.stderr
+    run = _run(double, _build(double, tmp_path / "x"))
+    assert run.returncode == 0 and "OK: " in run.stdout, run.stdout + run.stderr
