@@ -643,6 +643,10 @@ class Extractor:
                 if phase == 1 and s > self.last:
                     break
                 if phase == 0 and s in prefix_seqs:
+                    # a managed allocation's final bytes, freed before the selection: not its result
+                    x = rec.get("x") or {}
+                    if "hostcheck" in x:
+                        rec = {**rec, "x": {key: v for key, v in x.items() if key != "hostcheck"}}
                     put(rec)
                 elif phase == 1 and s in sel_seqs:
                     put(rec)
