@@ -48,10 +48,10 @@ WORKLOADS: Dict[str, tuple] = {
     "cupy_libs": ([PY, str(W / "cupy_libs.py")], {}),
     "nvcc_ptrs": ("ptrs.cu", {}),
     "nvcc_mt_launch": ("mt_launch.cu", {}),
-    # CUDA samples' runtime features; batched copies (refused) and device-side launches (graph
-    # mode cannot hold them) are left to test_gpu_samples.py, which checks each part alone
-    "nvcc_samples": ("samples.cu managed mapped hostfunc coop cluster bigsmem symbols mempool graphs conditional events "
-                     "printf", {}),
+    # CUDA samples' runtime features; batched copies (refused), conditional nodes and device-side
+    # launches (graph mode cannot hold them) are left to test_gpu_samples.py, which checks each
+    # part alone
+    "nvcc_samples": ("samples.cu managed mapped hostfunc coop cluster bigsmem symbols mempool graphs events printf", {}),
     # a job: two ranks on two GPUs, NCCL (the matrix replays it as a group)
     "ddp_nccl": ([PY, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(W / "ddp_train.py"), "5"],
                  {"NCCL_NVLS_ENABLE": "0"}),
