@@ -17,7 +17,7 @@ from __future__ import annotations
 import bisect
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 TEST_BLOCK_ENV = "CUDASNAP_REPLAY_TEST_BLOCK"
 
@@ -116,6 +116,7 @@ class AddressSpace:
         self._blocks: List[int] = []
         self._ranges: List[Tuple[int, int]] = []
         self.held: Optional[List[Alloc]] = None      # freed allocations kept mapped (hold_frees)
+        self.held_host: List[Callable[[], None]] = []   # host memory frees waiting for release_held
         self.mappings: Dict[int, int] = {}           # the program's own cuMemMap ranges: live base -> size
         self._map_starts: List[int] = []             # their sorted bases
 
@@ -371,14 +372,23 @@ class AddressSpace:
     def held_ranges(self) -> List[Tuple[int, int]]:
         return [(a.live_base, a.size) for a in self.held or []]
 
+    def hold_host_free(self, free: Callable[[], None]) -> bool:
+        """While frees are held, a free of host memory (kernels may read it through its device
+        address) waits too: True when it was kept for release_held."""
+        if self.held is None:
+            return False
+        self.held_host.append(free)
+        return True
+
     def release_held(self) -> int:
         held, self.held = self.held or [], None
-        for a in held:
+        host, self.held_host = self.held_host, []
+        for release in [*(lambda a=a: self._release(a) for a in held), *host]:
             try:
-                self._release(a)
+                release()
             except Exception:
                 pass
-        return len(held)
+        return len(held) + len(host)
 
     # The program's own VMM mappings (cuMemMap on its reservations): memory kernels write that
     # is no replayed allocation (a "vmm" alloc is the whole reservation, mostly unmapped).

@@ -489,3 +489,17 @@ def test_graph_mode_that_times_no_node_is_an_error(double, tmp_path):
     assert r["exit"] == 2, r
     assert any("none of the 5 launches in the graph got a per-node time" in e for e in r["errors"]), r["errors"]
     assert r["report"]["run"]["exit_code"] == 2
+
+
+def test_graph_mode_keeps_mapped_host_memory_the_program_freed(double, capture, tmp_path):
+    """hostfree.c: a kernel reads pinned host memory through its device address, the program
+    frees it, and a later kernel runs: the graph holds both launches and runs after the free, so
+    the host memory's free waits for it (the double answers a kernel on unmapped memory with
+    CUDA_ERROR_ILLEGAL_ADDRESS, as the GPU did)."""
+    cp, snap = capture(double["progs"]["hostfree"])
+    assert cp.returncode == 0 and "HOSTFREE 3072" in cp.stdout, cp.stdout + cp.stderr
+    out = tmp_path / "prof.json"
+    rp = _replay(double, snap, "--profile", "graph", "--repeat", "2", "--out", str(out))
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    s = json.loads(out.read_text())["summary"]
+    assert "error" not in s and s["launches_timed"] == 2 and s.get("frees_held", 0) >= 1, s

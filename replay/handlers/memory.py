@@ -119,8 +119,10 @@ def host_free(ctx, rec):
         ctx.fail(rec, "host pointer is not a replayed host allocation")
     if h.rec_base in ctx.host_placed:
         ctx.host_placed.discard(h.rec_base)
-        hostplace.release(ctx, h.rec_base, h.size)
-    else:
+        base, size = h.rec_base, h.size
+        if not ctx.space.hold_host_free(lambda: hostplace.release(ctx, base, size)):
+            hostplace.release(ctx, base, size)
+    elif not ctx.space.hold_host_free(lambda live=h.live_base: ctx.raw("cuMemFreeHost", live)):
         ctx.drv(rec, "cuMemFreeHost", h.live_base)
     ctx.space.free(h.rec_base)
 
@@ -145,7 +147,9 @@ def host_unregister(ctx, rec):
     h = ctx.space.find(p) if ctx.space is not None else None
     if h is not None and h.rec_base == p and p in ctx.host_placed:
         ctx.host_placed.discard(p)
-        hostplace.release(ctx, p, h.size)
+        size = h.size
+        if not ctx.space.hold_host_free(lambda: hostplace.release(ctx, p, size)):
+            hostplace.release(ctx, p, size)
         ctx.space.free(p)
         return
     ctx.res.skipped += 1

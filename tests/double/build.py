@@ -55,6 +55,7 @@ PROGRAMS = {
     "graphnodes": "link",
     "capnodes": "link",
     "managed": "link",
+    "hostfree": "link",
     "tagged": "link",
     "capex": "link",
 }
