@@ -10,11 +10,15 @@ import struct
 from cudasnap.formats.vocab import is_launch
 
 from . import ring as R
-from .ring_constants import (F_ATTRS, F_CODE, F_DIGEST, F_HANDLE, F_HOSTCHECK, F_HOSTDST, F_HOSTMEM, F_HOSTSRC, F_IMAGE,  # noqa: F401
+from .ring_constants import (F_ATTRS, F_BATCHDST, F_BATCHSRC, F_CODE, F_DIGEST, F_HANDLE, F_HOSTCHECK,  # noqa: F401
+                             F_HOSTDST, F_HOSTMEM, F_HOSTSRC, F_IMAGE,
                              F_INFO, F_KIND, F_LAYOUT, F_LINK, F_MODULE, F_MSG, F_NAME, F_PARAMS, F_REPEATS,
                              F_WRAPPED)
 
 LINK_KINDS = {1: "export", 2: "import"}
+# fields holding a list of blob references: field -> (x key, each entry's key, counter of bytes)
+REF_LISTS = {F_HOSTMEM: ("hostmem", "addr", "h2d_bytes"), F_BATCHSRC: ("batchsrc", "i", "h2d_bytes"),
+             F_BATCHDST: ("batchdst", "i", "d2h_bytes")}
 EXTRA_NAMES = {F_PARAMS: "params", F_ATTRS: "attrs", F_IMAGE: "image", F_HOSTSRC: "hostsrc", F_HOSTDST: "hostdst",
                F_HOSTCHECK: "hostcheck"}
 INFO_ROW = 256 + 16 + 24
@@ -100,12 +104,14 @@ class Decoder:
                 elif idx == F_WRAPPED:
                     wid = struct.unpack("<q", data)[0]
                     extra["wrapped"] = self.fns[wid]["name"] if 0 <= wid < len(self.fns) else None
-                elif idx == F_HOSTMEM:
-                    # managed memory the launch's arguments reach: (base, blob) each, uploaded before it
-                    extra["hostmem"] = [{"addr": base, **self._blobref(data[o + 8:o + 24])}
-                                        for o in range(0, len(data) - 23, 24)
-                                        for base in struct.unpack_from("<Q", data, o)]
-                    self.counts["h2d_bytes"] += sum(m["size"] for m in extra["hostmem"])
+                elif idx in REF_LISTS:
+                    # {u64 key, blob serial, size} each: managed memory a launch reaches (its base),
+                    # a batch of copies' host sources and destinations (the copy's index)
+                    name, key, count = REF_LISTS[idx]
+                    refs = [{key: struct.unpack_from("<Q", data, o)[0], **self._blobref(data[o + 8:o + 24])}
+                            for o in range(0, len(data) - 23, 24)]
+                    extra[name] = refs
+                    self.counts[count] += sum(m["size"] for m in refs)
                 elif idx == F_LINK and len(data) >= 64:
                     extra["link"] = _link(data)
                 continue

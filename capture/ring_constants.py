@@ -51,6 +51,8 @@ F_T1 = 0x11a
 F_LINK = 0x11b
 F_HOSTMEM = 0x11c
 F_HOSTCHECK = 0x11d
+F_BATCHSRC = 0x11e
+F_BATCHDST = 0x11f
 
 # cs_ring_hdr: byte offset of each field (LEN_: element count of an array field)
 RING_HDR_STRUCT_SIZE = 216

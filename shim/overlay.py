@@ -254,6 +254,8 @@ CAPTURE_RULES = [
     (r"cuMemcpyDtoHAsync|cuMemcpyAtoHAsync", "async_d2h"),
     # unified-addressing copies: an end in host memory is recorded like an H2D source / D2H result
     (r"cuMemcpy|cuMemcpyAsync", "memcpy_unified"),
+    # a batch of unified-addressing copies: the same for each host end
+    (r"cuMemcpyBatchAsync", "memcpy_batch"),
     # function and kernel handle values may be handed out again for other kernels afterwards
     (r"cuModuleUnload|cuLibraryUnload|cuCtxDestroy|cuDevicePrimaryCtxRelease|cuDevicePrimaryCtxReset", "unload"),
     # an exported / imported POSIX fd: which file it is, and whose export (shim_share.c); legacy

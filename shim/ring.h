@@ -127,6 +127,8 @@ enum {
     CS_F_HOSTMEM = 0x11C,     /* launch: managed memory its arguments reach, {u64 base, serial, size} each
                                  (shim_hostmem.c) */
     CS_F_HOSTCHECK = 0x11D,   /* cuMemFree of managed memory: its final bytes (blob) */
+    CS_F_BATCHSRC = 0x11E,    /* cuMemcpyBatchAsync: host sources, {u64 index, serial, size} each */
+    CS_F_BATCHDST = 0x11F,    /* cuMemcpyBatchAsync: host destinations after the copy, the same */
 };
 
 #endif

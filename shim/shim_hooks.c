@@ -22,6 +22,12 @@ typedef CUresult (*cs_fn4)(U, U, U, U);
 CS_TLS int cs_skip_out;   /* async D2H inside stream capture: no result to keep */
 CS_TLS uint64_t cs_post_serial, cs_post_size;  /* memcpy2D host destination blob */
 CS_TLS int cs_unified_dst_host;   /* cuMemcpy(Async): the destination is host memory (asked once, before) */
+/* cuMemcpyBatchAsync: the copies with a host end, {index, blob serial, size} each: sources before
+ * the call, destinations after it (their stream waited for) */
+#define CS_BATCH_MAX 256
+CS_TLS U *cs_batch_src, *cs_batch_dst;   /* 3 * CS_BATCH_MAX each, made at a thread's first batch */
+CS_TLS int cs_batch_nsrc, cs_batch_ndst;
+CS_TLS uint64_t cs_batch_dst_mask[CS_BATCH_MAX / 64];
 
 static CUresult cs_hook_passthrough(const cs_fn *fn, cs_gen_fn real, U *a, double *d) {
     return CS_CALL_REAL(fn, real, a, d);
@@ -419,6 +425,7 @@ typedef struct {
     uint16_t blob_field;        /* CS_F_IMAGE / CS_F_HOSTSRC / CS_F_HOSTCHECK, or 0 */
     uint64_t serial, size;      /* the blob streamed for it */
     int nhm;                    /* launch: managed allocations recorded with it (shim_hostmem.c) */
+    int batch;                  /* cuMemcpyBatchAsync: cs_batch_src holds its host sources */
     U hm[3 * CS_HM_PER_LAUNCH];
 } cs_pre;
 
@@ -463,6 +470,27 @@ static void cs_hook_pre(const cs_fn *fn, const U *a, cs_pre *pre) {
         }
         return;
     }
+    case CS_H_MEMCPY_BATCH: {
+        const U *dst = (const U *)a[fn->params[0].ai], *src = (const U *)a[fn->params[1].ai];
+        const U *size = (const U *)a[fn->params[2].ai];
+        U n = a[fn->params[3].ai];
+        cs_batch_nsrc = 0;
+        memset(cs_batch_dst_mask, 0, sizeof cs_batch_dst_mask);
+        if (!cs_batch_src) cs_batch_src = malloc(3 * CS_BATCH_MAX * sizeof(U));
+        if (!cs_batch_dst) cs_batch_dst = malloc(3 * CS_BATCH_MAX * sizeof(U));
+        if (!dst || !src || !size || !cs_batch_src || !cs_batch_dst) return;
+        pre->batch = 1;
+        if (n > CS_BATCH_MAX) cs_note("cuMemcpyBatchAsync of more than 256 copies: host ends past the 256th not recorded");
+        for (U i = 0; i < n && i < CS_BATCH_MAX; i++) {
+            if (!size[i]) continue;
+            if (cs_is_host_ptr(src[i])) {
+                U *e = &cs_batch_src[3 * cs_batch_nsrc++];
+                e[0] = i; e[1] = cs_blob((const void *)src[i], size[i]); e[2] = size[i];
+            }
+            if (cs_is_host_ptr(dst[i])) cs_batch_dst_mask[i / 64] |= 1ull << (i % 64);
+        }
+        return;
+    }
     case CS_H_MEMCPY_STRUCT: {
         const char *c = (const char *)a[fn->params[0].ai], *hp;
         pre->blob_field = CS_F_HOSTSRC;
@@ -481,6 +509,7 @@ static uint32_t cs_hook_pre_size(const cs_pre *pre) {
     if (pre->packed) n += cs_flen(pre->pbytes) + (pre->abytes ? cs_flen(pre->abytes) : 0);
     if (pre->blob_field) n += cs_flen(16);
     if (pre->nhm) n += cs_flen(24u * (uint32_t)pre->nhm);
+    if (pre->batch && cs_batch_nsrc) n += cs_flen(24u * (uint32_t)cs_batch_nsrc);
     return n;
 }
 
@@ -494,6 +523,7 @@ static void cs_hook_pre_fields(const cs_fn *fn, cs_rec *r, const U *a, const cs_
     }
     if (pre->blob_field) cs_put_blobref(r, pre->blob_field, pre->serial, pre->size);
     if (pre->nhm) cs_put(r, CS_F_HOSTMEM, CS_T_BYTES, pre->hm, 24u * (uint32_t)pre->nhm);
+    if (pre->batch && cs_batch_nsrc) cs_put(r, CS_F_BATCHSRC, CS_T_BYTES, cs_batch_src, 24u * (uint32_t)cs_batch_nsrc);
 }
 
 static void cs_emit_proc(void) {
@@ -650,6 +680,19 @@ static void cs_hook_after(const cs_fn *fn, int id, U *a, CUresult res) {
         cs_post_serial = cs_blob((const void *)dst, n); cs_post_size = n;
         return;
     }
+    case CS_H_MEMCPY_BATCH: {
+        cs_batch_ndst = 0;
+        int any = 0;
+        for (int k = 0; k < CS_BATCH_MAX / 64; k++) any |= cs_batch_dst_mask[k] != 0;
+        if (res != 0 || !any || !cs_batch_dst || !cs_await_stream(fn, a[fn->params[fn->h0].ai])) return;
+        const U *dst = (const U *)a[fn->params[0].ai], *size = (const U *)a[fn->params[2].ai];
+        for (U i = 0; i < CS_BATCH_MAX && cs_batch_ndst < CS_BATCH_MAX; i++)
+            if (cs_batch_dst_mask[i / 64] >> (i % 64) & 1) {
+                U *e = &cs_batch_dst[3 * cs_batch_ndst++];
+                e[0] = i; e[1] = cs_blob((const void *)dst[i], size[i]); e[2] = size[i];
+            }
+        return;
+    }
     case CS_H_ASYNC_D2H: {
         if (res != 0) return;
         /* The result exists only once the copy finishes: wait for it, unless the stream
@@ -666,6 +709,7 @@ static uint32_t cs_hook_post_size(const cs_fn *fn, const U *a, CUresult res) {
     if (fn->hook == CS_H_GETPROC) return cs_flen(8);
     if (fn->hook == CS_H_SHARE) return cs_link_ok ? cs_flen(sizeof cs_link) : 0;
     if ((fn->hook == CS_H_MEMCPY_STRUCT || fn->hook == CS_H_MEMCPY_UNIFIED) && res == 0 && cs_post_serial) return cs_flen(16);
+    if (fn->hook == CS_H_MEMCPY_BATCH && res == 0 && cs_batch_ndst) return cs_flen(24u * (uint32_t)cs_batch_ndst);
     (void)a;
     return 0;
 }
@@ -675,5 +719,7 @@ static void cs_hook_post_fields(const cs_fn *fn, cs_rec *r, const U *a, CUresult
     if (fn->hook == CS_H_SHARE) { if (cs_link_ok) cs_put(r, CS_F_LINK, CS_T_BYTES, cs_link, sizeof cs_link); return; }
     if ((fn->hook == CS_H_MEMCPY_STRUCT || fn->hook == CS_H_MEMCPY_UNIFIED) && res == 0 && cs_post_serial)
         cs_put_blobref(r, CS_F_HOSTDST, cs_post_serial, cs_post_size);
+    if (fn->hook == CS_H_MEMCPY_BATCH && res == 0 && cs_batch_ndst)
+        cs_put(r, CS_F_BATCHDST, CS_T_BYTES, cs_batch_dst, 24u * (uint32_t)cs_batch_ndst);
     (void)a;
 }

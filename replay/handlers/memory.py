@@ -5,6 +5,7 @@ import ctypes
 import struct
 
 from .. import hostplace
+from cudasnap.formats.vocab import handle_array
 from cudasnap.formats.layout import offsetof, sizeof
 from . import handles
 from .graph import fill_struct, keep_forever, struct_bytes
@@ -334,6 +335,47 @@ def memcpy_dtoh(ctx, rec):
         return
     if rec.get("r", 0) == 0:
         ctx.verify(rec, ctx.blob(rec, "dstHost"), bytes(buf), src)
+
+
+@handles("cuMemcpyBatchAsync", errors=True)
+def memcpy_batch(ctx, rec):
+    """A batch of unified-addressing copies, replayed one by one on its stream: a host source
+    from its recorded bytes, a host destination read back and verified once the stream is done,
+    device to device as it was."""
+    a, x = rec["a"], rec.get("x") or {}
+    dsts, srcs, sizes = (handle_array(rec, k, "count") for k in ("dsts", "srcs", "sizes"))
+    if dsts is None or srcs is None or sizes is None:
+        ctx.fail(rec, "the batch's address and size arrays were not captured")
+    s = ctx.stream(rec, a.get("hStream"))
+    if ctx.stream_capturing(a.get("hStream"), s):
+        ctx.fail(rec, "batched copies inside a stream capture are not replayed")
+    host_src = {e.get("i"): e for e in x.get("batchsrc") or ()}
+    host_dst = {e.get("i"): e for e in x.get("batchdst") or ()}
+    keep, reads = [], []
+    for i, (dst, src, n) in enumerate(zip(dsts, srcs, sizes)):
+        if not n:
+            continue
+        if i in host_src:
+            data = ctx.blob_of(rec, host_src[i], f"copy {i}'s host source")
+            if data is None:
+                ctx.fail(rec, f"copy {i}'s host source ({n} bytes) was not captured")
+            keep.append(data)
+            ctx.drv(rec, "cuMemcpyHtoDAsync", ctx.tr(dst), data, n, s)
+            ctx.mark_written(dst, rec.get("s"), rec["f"])
+        elif i in host_dst:
+            buf = bytearray(n)
+            keep.append(buf)
+            ctx.drv(rec, "cuMemcpyDtoHAsync", buf, ctx.tr(src), n, s)
+            reads.append((i, buf, src))
+        elif ctx.space.find(src) is None or ctx.space.find(dst) is None:
+            ctx.fail(rec, f"copy {i} has an end in host memory that was not captured")
+        else:
+            ctx.drv(rec, "cuMemcpyAsync", ctx.tr(dst), ctx.tr(src), n, s)
+            ctx.mark_written(dst, rec.get("s"), rec["f"])
+    if keep:
+        ctx.raw("cuStreamSynchronize", s)       # host ends: done before their bytes go
+    for i, buf, src in reads:
+        ctx.verify(rec, ctx.blob_of(rec, host_dst[i], f"copy {i}'s result"), bytes(buf), src)
 
 
 @handles("cuMemcpyDtoD", "cuMemcpyDtoDAsync", "cuMemcpy", "cuMemcpyAsync", errors=True)

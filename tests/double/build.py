@@ -56,6 +56,7 @@ PROGRAMS = {
     "capnodes": "link",
     "managed": "link",
     "hostfree": "link",
+    "batch": "link",
     "tagged": "link",
     "capex": "link",
 }

@@ -558,6 +558,14 @@ CUresult cuGraphAddEmptyNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUg
 CUresult cuGraphAddDependencies_v2(CUgraph hGraph, const CUgraphNode *from, const CUgraphNode *to,
                                    const CUgraphEdgeData *edgeData, size_t numDependencies);
 CUresult cuGraphGetNodes(CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes);
+typedef struct CUmemcpyAttributes_st {        /* 24 bytes, as CUDA 12.8's; the double reads none of it */
+    int srcAccessOrder;
+    struct { int type, id; } srcLocHint, dstLocHint;
+    unsigned int flags;
+} CUmemcpyAttributes;
+CUresult cuMemcpyBatchAsync_v2(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
+                               CUmemcpyAttributes *attrs, size_t *attrsIdxs, size_t numAttrs, CUstream hStream);
+#define cuMemcpyBatchAsync cuMemcpyBatchAsync_v2
 typedef void (*CUhostFn)(void *userData);
 typedef void (*CUstreamCallback)(CUstream hStream, CUresult status, void *userData);
 CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData);

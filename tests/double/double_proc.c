@@ -184,6 +184,7 @@ static const pa_t table[] = {
     E("cuGraphAddEmptyNode", 10000, cuGraphAddEmptyNode),
     E("cuGraphAddDependencies", 12030, cuGraphAddDependencies_v2),
     E("cuGraphGetNodes", 10000, cuGraphGetNodes),
+    E("cuMemcpyBatchAsync", 12080, cuMemcpyBatchAsync_v2),
     S("cuLaunchHostFunc", 10000, cuLaunchHostFunc, cuLaunchHostFunc_ptsz),
     E("cuStreamAddCallback", 5000, cuStreamAddCallback),
     E("cuGraphGetRootNodes", 10000, cuGraphGetRootNodes),

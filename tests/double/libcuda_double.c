@@ -1193,6 +1193,18 @@ API CUresult cuStreamDestroy_v2(CUstream s) {
 
 API CUresult cuStreamSynchronize(CUstream s) { CHECK(need_ctx()); return stream_validate(s); }
 
+/* A batch of copies: streams run at once here, so each copy is done in order; every end must be
+ * device memory or host memory the process can reach (the double's device memory is host memory). */
+API CUresult cuMemcpyBatchAsync_v2(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
+                                   CUmemcpyAttributes *attrs, size_t *attrsIdxs, size_t numAttrs, CUstream s) {
+    CHECK(need_ctx());
+    CHECK(stream_validate(s));
+    if (!count || !dsts || !srcs || !sizes || (numAttrs && (!attrs || !attrsIdxs)) || !numAttrs) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < count; i++)
+        if (sizes[i]) memmove((void *)(uintptr_t)dsts[i], (const void *)(uintptr_t)srcs[i], sizes[i]);
+    return CUDA_SUCCESS;
+}
+
 /* Host functions: streams run at once here, so the function runs now; on a capturing stream it
  * becomes a node of its own (an empty op: the double keeps no host nodes' functions). */
 API CUresult cuLaunchHostFunc(CUstream s, CUhostFn fn, void *user) {
