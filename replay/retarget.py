@@ -166,22 +166,58 @@ def ptx_of(img: bytes, cc: Optional[Tuple[int, int]] = None) -> Optional[Tuple[i
     dev = cc[0] * 10 + cc[1] if cc else 1 << 30
     ok = [e for e in cands if e.arch <= dev] or cands
     e = max(ok, key=lambda x: x.arch)
-    data = img[e.offset:e.offset + e.size]
-    if e.compressed == "zstd":
-        import zstandard
-        try:
-            data = zstandard.ZstdDecompressor().decompress(data, max_output_size=max(e.raw_size, 1) + 64)
-        except zstandard.ZstdError as err:
-            raise ValueError(f"the compute_{e.arch} PTX entry did not decompress: {err}")
-    elif e.compressed:
-        data = lz4_block(data, e.raw_size)
+    import zstandard
+    try:
+        data = _entry_bytes(img, e)
+    except zstandard.ZstdError as err:
+        raise ValueError(f"the compute_{e.arch} PTX entry did not decompress: {err}")
     data = data.split(b"\0", 1)[0]
     if b".version" not in data[:4096] and b".target" not in data[:65536]:
         raise ValueError(f"the compute_{e.arch} PTX entry did not decode to PTX text")
     return e.arch, data + b"\0"
 
 
+def _entry_bytes(img: bytes, e: Entry) -> bytes:
+    data = img[e.offset:e.offset + e.size]
+    if e.compressed == "zstd":
+        import zstandard
+        return zstandard.ZstdDecompressor().decompress(data, max_output_size=max(e.raw_size, 1) + 64)
+    return lz4_block(data, e.raw_size) if e.compressed else data
+
+
+# the device runtime's launch entry in SASS: cudaLaunchDevice(V2) up to CUDA 11, then
+# __cudaCDP2LaunchDeviceV2 and its __cuda_syscall_cnpv2LaunchDeviceV2
+_DEVICE_LAUNCH_RX = re.compile(rb"cudaLaunchDevice|CDP2LaunchDevice|cnpv2LaunchDevice")
+
+
+def launches_from_device(img: bytes) -> bool:
+    """Does the image's SASS launch kernels from the device (dynamic parallelism: it links the
+    device runtime's launch entry)?"""
+    if img[:4] == ELF_MAGIC:
+        return _DEVICE_LAUNCH_RX.search(img) is not None
+    for e in analyze(img).entries:
+        if e.kind == "sass":
+            try:
+                if _DEVICE_LAUNCH_RX.search(_entry_bytes(img, e)):
+                    return True
+            except Exception:
+                continue
+    return False
+
+
 # ------------------------------------------------------------------------------ snapshots
+def device_launching_loads(reader) -> List[int]:
+    """Call numbers of the module/library loads whose code launches kernels from the device."""
+    out = []
+    for rec in reader.records(("c",)):
+        ref = (rec.get("x") or {}).get("image")
+        if (rec.get("f") or "").startswith(("cuModuleLoad", "cuLibraryLoad")) and isinstance(ref, dict) \
+                and isinstance(ref.get("blob"), str) and reader.has_blob(ref["blob"]):
+            if launches_from_device(reader.blob(ref["blob"])):
+                out.append(rec.get("s"))
+    return out
+
+
 def module_loads(reader, with_images: bool = True) -> List[Dict[str, Any]]:
     """Every module/library load of a snapshot: seq, call, result, handle, image info, and the
     kernels looked up in it or launched from it."""

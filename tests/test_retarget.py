@@ -12,7 +12,7 @@ import pytest
 import zstandard
 
 from cudasnap.formats import SnapshotReader, SnapshotWriter
-from cudasnap.replay.retarget import analyze, lz4_block, ptx_of, verdict
+from cudasnap.replay.retarget import analyze, launches_from_device, lz4_block, ptx_of, verdict
 
 DOUBLE_PTX = b"CUDADOUBLE\n.version 9.0\n.target sm_80\nkernel add_one\nkernel fill\n"
 
@@ -161,3 +161,15 @@ def test_launch_override_reruns_with_other_sizes_and_verifies(double, capture):
     assert prof.returncode == 1 and "MISMATCH" in prof.stdout, prof.stdout + prof.stderr
     prof = _cli(double, "replay", str(snap), "--profile", "timeline", "--launch-override", "grid=x")
     assert prof.returncode == 2 and "grid takes integers" in prof.stderr, prof.stderr
+
+
+@pytest.mark.parametrize("comp", ["", "zstd", "lz4"])
+def test_code_that_launches_kernels_from_the_device_is_recognised(comp):
+    """Graph mode names a module whose SASS links the device runtime's cudaLaunchDevice (dynamic
+    parallelism) when its graph faults: found whatever the entry's compression."""
+    cdp = cubin(90) + b"\0__cudaCDP2LaunchDeviceV2\0__cudaCDP2GetParameterBufferV2\0"     # as CUDA 13 links it
+    assert launches_from_device(fatbin([(2, 90, cdp, comp)]))
+    assert launches_from_device(cdp) and launches_from_device(cubin(90) + b"\0cudaLaunchDeviceV2\0")
+    assert not launches_from_device(fatbin([(2, 90, cubin(90) + b"\0cudaCGGetIntrinsicHandle\0", comp)]))
+    # PTX naming the function is not code that launches
+    assert not launches_from_device(fatbin([(1, 90, b".version 8.0\n.target sm_90\ncudaLaunchDeviceV2", comp)]))

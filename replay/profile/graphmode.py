@@ -507,11 +507,25 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
             self.info.update(error=str(e), hung=True)
             raise ReplayError(msg)
         except Exception as e:
-            self.warn(f"graph: {type(e).__name__}: {e}")
+            self.warn(f"graph: {type(e).__name__}: {e}{self._device_launch_hint(e)}")
             self.info["error"] = str(e)
         finally:
             if not hung:
                 self._cleanup(post, stream, graph, gexec, staging, evs, cupti)
+
+    def _device_launch_hint(self, e: Exception) -> str:
+        """A graph that faulted where its kernels launch kernels from the device: say so."""
+        if "ILLEGAL" not in str(e) and "LAUNCH_FAILED" not in str(e):
+            return ""
+        from ..retarget import device_launching_loads
+        try:
+            loads = device_launching_loads(self.rp.ctx.reader)
+        except Exception:
+            return ""
+        if not loads:
+            return ""
+        return (f" (the code loaded by call #{loads[0]} launches kernels from the device, dynamic parallelism, "
+                f"which a graph of the sequence may not hold: --profile timeline or isolated times those kernels)")
 
     def _graph_run(self, gexec, stream, what: str, events: Optional[Tuple] = None, clock=None,
                    windows: Optional[List] = None) -> None:
