@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import bisect
 import struct
+from typing import Optional
 
 from cudasnap.formats.vocab import is_launch
 
@@ -26,8 +27,10 @@ WINDOW_OPS = {1: "open", 2: "close", 3: "state", 4: "checkpoint", 5: "endstate"}
 ENDSTATE_CHUNK = 4 << 20             # shim_blob.c CS_CHUNK: the end-state hash chunk
 NVTX_OPS = {1: "push", 2: "pop", 3: "start", 4: "end", 5: "mark", 6: "domain"}
 # pinned host allocations, whose memory kernels can read without an API call (UVA); managed
-# memory reached by a launch is recorded with it (shim_hostmem.c)
+# memory and pinned memory mapped for the device (DEVICEMAP) reached by a launch are recorded
+# with it (shim_hostmem.c)
 HOST_VISIBLE = ("cuMemHostAlloc", "cuMemAllocHost", "cuMemHostRegister")
+DEVICEMAP = 2
 SIGNED_C = {"int", "long", "short", "long long", "signed char", "int32_t", "int64_t", "ssize_t"}
 
 
@@ -64,10 +67,10 @@ class Decoder:
             v -= 1 << (8 * size)               # sign-extend negative ints (priorities...)
         return v
 
-    def _count(self, name: str, result: int) -> None:
+    def _count(self, name: str, result: int, args: Optional[dict] = None) -> None:
         if is_launch(name):
             self.counts["launches"] += 1
-        elif result == 0 and name.startswith(HOST_VISIBLE):
+        elif result == 0 and name.startswith(HOST_VISIBLE) and not int((args or {}).get("Flags") or 0) & DEVICEMAP:
             self.counts["host_visible_allocs"] += 1
 
     def _signed(self, p: dict) -> bool:
@@ -206,7 +209,7 @@ class Decoder:
             if extra:
                 call["x"] = extra
             self._emit(call)
-            self._count(fn["name"], rec.result)
+            self._count(fn["name"], rec.result, args)
             return [call]
         if t == R.POST:
             call = self.open.pop(rec.seq, None)
@@ -224,7 +227,7 @@ class Decoder:
             call["t1"] = rec.t_ns
             call["r"] = rec.result
             self._emit(call)
-            self._count(fn["name"], rec.result)
+            self._count(fn["name"], rec.result, call["a"])
             return [call]
         if t == R.FN:
             d = {idx: data for idx, _tag, data in rec.fields}

@@ -26,7 +26,7 @@ KINDS = {
 HOOKS = {
     None: 0, "launch": 1, "module_image": 2, "module_file": 3, "getproc": 4, "export_table": 5,
     "memcpy_struct": 6, "host_alloc": 14, "async_d2h": 7, "init": 8, "launch_config": 0,
-    "unload": 11, "memcpy_unified": 12, "share": 13, "memcpy_batch": 15,
+    "unload": 11, "memcpy_unified": 12, "share": 13, "memcpy_batch": 15, "host_free": 16,
 }
 # Real driver entries the hooks call themselves (never through a wrapper).
 HELPERS = [
@@ -113,10 +113,18 @@ def _hook_of(fn) -> tuple[int, int, int, int]:
         if h0 < 0 or h1 < 0:
             hook = 0
     elif cap == "host_alloc":
-        # shim_hostmem.c tracks managed allocations (the pinned host ones are the program's own
-        # memory: kernels reading them directly are named as a limitation)
-        h0, h1 = _param_index(params, ("dptr",)), _param_index(params, ("bytesize",))
-        if fn["base"] != "cuMemAllocManaged" or h0 < 0 or h1 < 0:
+        # shim_hostmem.c tracks managed allocations and pinned host memory mapped for the device
+        # (h2: the flags, whose DEVICEMAP bit says so; -1 for managed memory)
+        h0, h1 = _param_index(params, ("dptr", "pp", "p")), _param_index(params, ("bytesize",))
+        h2 = _param_index(params, ("Flags",))
+        if fn["base"] not in ("cuMemAllocManaged", "cuMemHostAlloc", "cuMemHostRegister") or h0 < 0 or h1 < 0 \
+                or (fn["base"] != "cuMemAllocManaged" and h2 < 0):
+            hook = 0
+        elif fn["base"] == "cuMemAllocManaged":
+            h2 = -1
+    elif cap == "host_free":
+        h0 = _param_index(params, ("p",))
+        if h0 < 0:
             hook = 0
     elif cap == "memcpy_batch":
         # shim_hooks.c reads (dsts, srcs, sizes, count) as the first four parameters
@@ -194,7 +202,7 @@ def generate_c(desc: dict) -> str:
     w("enum { CS_P_FLOAT = 1, CS_P_COUNT_PTR = 2, CS_P_BYVAL = 4 };   /* BYVAL: a struct passed by value (its bytes at &a[ai]) */")
     w("enum { CS_H_NONE, CS_H_LAUNCH, CS_H_MODULE_IMAGE, CS_H_MODULE_FILE, CS_H_GETPROC,"
       " CS_H_EXPORT_TABLE, CS_H_MEMCPY_STRUCT, CS_H_ASYNC_D2H, CS_H_INIT, CS_H_PLACE, CS_H_KNODE, CS_H_UNLOAD, CS_H_MEMCPY_UNIFIED, CS_H_SHARE,"
-      " CS_H_HOST_ALLOC, CS_H_MEMCPY_BATCH };")
+      " CS_H_HOST_ALLOC, CS_H_MEMCPY_BATCH, CS_H_HOST_FREE };")
     w("typedef struct { unsigned char kind, size, flags, ai; unsigned short len_idx; unsigned aux; } cs_param;")
     w("typedef struct { const char *name, *base; unsigned char nparams, hook; signed char h0, h1, h2; unsigned char query;"
       " unsigned short kinds; unsigned char simple, floats; signed char fh, ch; const cs_param *params; } cs_fn;"

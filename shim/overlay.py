@@ -251,6 +251,7 @@ CAPTURE_RULES = [
     (r"cuMemcpy2D|cuMemcpy2DUnaligned|cuMemcpy2DAsync|cuMemcpy3D|cuMemcpy3DAsync|cuMemcpy3DPeer"
      r"|cuMemcpy3DPeerAsync", "memcpy_struct"),
     (r"cuMemHostAlloc|cuMemAllocHost|cuMemHostRegister|cuMemAllocManaged", "host_alloc"),
+    (r"cuMemFreeHost|cuMemHostUnregister", "host_free"),
     (r"cuMemcpyDtoHAsync|cuMemcpyAtoHAsync", "async_d2h"),
     # unified-addressing copies: an end in host memory is recorded like an H2D source / D2H result
     (r"cuMemcpy|cuMemcpyAsync", "memcpy_unified"),

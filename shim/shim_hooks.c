@@ -443,6 +443,12 @@ static void cs_hook_pre(const cs_fn *fn, const U *a, cs_pre *pre) {
                                     pre->lay ? pre->lay->n : 0, pre->hm);
         return;
     }
+    case CS_H_HOST_FREE:
+        if (cs_hm_n) {
+            pre->serial = cs_hm_free(a[fn->params[fn->h0].ai], &pre->size);
+            if (pre->serial) pre->blob_field = CS_F_HOSTCHECK;
+        }
+        return;
     case CS_H_PLACE:
         if (cs_hm_n && strcmp(fn->name, "cuMemFree_v2") == 0) {
             pre->serial = cs_hm_free(a[fn->params[0].ai], &pre->size);
@@ -627,9 +633,14 @@ static void cs_hook_after(const cs_fn *fn, int id, U *a, CUresult res) {
     cs_skip_out = 0;
     if (cs_hm_n) cs_hm_tick(fn, res);
     switch (fn->hook) {
-    case CS_H_HOST_ALLOC:
-        if (res == 0 && a[fn->params[fn->h0].ai]) cs_hm_add(*(const U *)a[fn->params[fn->h0].ai], a[fn->params[fn->h1].ai]);
+    case CS_H_HOST_ALLOC: {
+        /* managed memory (h2 < 0), or pinned host memory mapped for the device (DEVICEMAP, 2) */
+        enum { DEVICEMAP = 2 };
+        U p = a[fn->params[fn->h0].ai];
+        if (res != 0 || !p || (fn->h2 >= 0 && !(a[fn->params[fn->h2].ai] & DEVICEMAP))) return;
+        cs_hm_add(strncmp(fn->base, "cuMemHostRegister", 17) == 0 ? p : *(const U *)p, a[fn->params[fn->h1].ai]);
         return;
+    }
     case CS_H_GETPROC: {
         cs_last_wrapped = -2;
         void **pfn = (void **)a[fn->params[1].ai];

@@ -1,13 +1,14 @@
-/* shim_hostmem.c -- managed memory, which kernels read and the host writes without a copy call
- * (included by shim_core.c).
+/* shim_hostmem.c -- managed memory and pinned host memory mapped for the device, which kernels
+ * read and the host writes without a copy call (included by shim_core.c).
  *
  * A kernel reaches managed memory through a pointer among its arguments, and what the host
  * wrote there never passes through an API call. So at a launch whose arguments point into a
  * managed allocation, the allocation's bytes go into the snapshot beside the launch: the first
  * time, and again after each synchronizing call since the last time (the host writes managed
- * memory when the device is done with it). Before a managed allocation is freed, the device is
- * synchronized (as the free itself does) and its final bytes go in as a result the replay
- * verifies. Programs without managed memory pay one load of cs_hm_n per call. */
+ * memory when the device is done with it). Before such an allocation is freed (or unregistered),
+ * the device is synchronized (as the free itself does) and its final bytes go in as a result
+ * the replay verifies. Programs without either pay one load of cs_hm_n per call. Pinned memory
+ * counts only when mapped for the device (DEVICEMAP), as zero-copy programs ask for it. */
 
 #define CS_HM_MAX 4096              /* live managed allocations tracked */
 #define CS_HM_PER_LAUNCH 8          /* allocations recorded at one launch */

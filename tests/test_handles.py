@@ -134,3 +134,26 @@ def test_batched_copies_are_captured_and_replayed(double, capture, native):
                          env=dict(double["env"], CUDA_DOUBLE_CORRUPT="add_one:1"), capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode == 1 and "cuMemcpyBatchAsync" in bad.stdout + bad.stderr, bad.stdout + bad.stderr
+
+
+def test_mapped_pinned_memory_the_host_writes_in_place_is_captured_and_verified(double, capture):
+    """progs/hostfree.c hands a kernel pinned host memory mapped for the device (DEVICEMAP) that
+    the host filled in place: capture records it with that launch and its final bytes before
+    cuMemFreeHost; replay writes it back and verifies them, so a wrong kernel is caught there."""
+    cp, snap = capture(double["progs"]["hostfree"])
+    assert cp.returncode == 0 and "HOSTFREE 3072" in cp.stdout, cp.stdout + cp.stderr
+    calls = list(SnapshotReader(snap).records("c"))
+    first = [c for c in calls if c["f"] == "cuLaunchKernel"][0]
+    assert [m["size"] for m in first["x"]["hostmem"]] == [4096]
+    free = [c for c in calls if c["f"] == "cuMemFreeHost"][0]
+    assert free["x"]["hostcheck"]["size"] == 4096
+    rp = subprocess.run([sys.executable, "-m", "cudasnap", "replay", str(snap), "--json"], env=double["env"],
+                        capture_output=True, text=True, timeout=120)
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    res = json.loads(rp.stdout)
+    assert res["d2h_verified"] == 2 and not res["mismatches"], rp.stdout
+    assert not any("host-visible allocation" in w for w in res["warnings"]), res["warnings"]
+    bad = subprocess.run([sys.executable, "-m", "cudasnap", "replay", str(snap)],
+                         env=dict(double["env"], CUDA_DOUBLE_CORRUPT="add_one:1"), capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 1 and "cuMemFreeHost" in bad.stdout + bad.stderr, bad.stdout + bad.stderr

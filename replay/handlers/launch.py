@@ -17,15 +17,22 @@ LAUNCH_ATTR_SIZE = sizeof("CUlaunchAttribute")  # id, pad, 64-byte value union
 
 
 def _managed_uploads(ctx, rec, x) -> None:
-    """Managed memory the host wrote without a copy call, recorded with this launch (its
-    arguments reach it): written back at its address before the kernel runs."""
+    """Managed or mapped pinned memory the host wrote without a copy call, recorded with this
+    launch (its arguments reach it): written back at its address before the kernel runs."""
     for m in x.get("hostmem") or ():
-        data = ctx.blob_of(rec, m, "managed memory") if isinstance(m, dict) else None
+        data = ctx.blob_of(rec, m, "host-written memory") if isinstance(m, dict) else None
         if data is None or not isinstance(m.get("addr"), int):
-            ctx.note_once("hostmem_lost", f"call #{rec.get('s')}: managed memory recorded with this launch is missing "
-                                          f"from the snapshot; the kernel reads what the replay holds there")
+            ctx.note_once("hostmem_lost", f"call #{rec.get('s')}: memory the host wrote, recorded with this launch, is "
+                                          f"missing from the snapshot; the kernel reads what the replay holds there")
             continue
-        ctx.drv(rec, "cuMemcpyHtoD", ctx.tr(m["addr"]), data, len(data))
+        h = ctx.space.find(m["addr"]) if ctx.space is not None else None
+        if h is None:
+            ctx.note_once("hostmem_gone", f"call #{rec.get('s')}: memory the host wrote at {m['addr']:#x} is not a "
+                                          f"replayed allocation; not written back")
+        elif h.kind == "host":                      # pinned host memory: written in place
+            ctypes.memmove(h.live_base + (m["addr"] - h.rec_base), data, len(data))
+        else:
+            ctx.drv(rec, "cuMemcpyHtoD", ctx.tr(m["addr"]), data, len(data))
 
 
 def _prepare(ctx, rec):

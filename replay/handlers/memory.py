@@ -112,12 +112,23 @@ def host_dev_ptr(ctx, rec):
         ctx.space.add_host(a["pdptr"], h.size, int(live), rec.get("s"))
 
 
+def _check_host_end(ctx, rec, h, p) -> None:
+    """Mapped pinned memory's final bytes, which the program read in place: verified before it
+    is freed or unregistered."""
+    check = (rec.get("x") or {}).get("hostcheck")
+    if check is not None and h is not None and rec.get("r", 0) == 0:
+        ctx.raw("cuCtxSynchronize")
+        got = ctypes.string_at(h.live_base + (p - h.rec_base), int(check.get("size") or 0))
+        ctx.verify(rec, ctx.blob(rec, "hostcheck"), got, p)
+
+
 @handles("cuMemFreeHost")
 def host_free(ctx, rec):
     p = rec["a"].get("p")
     h = ctx.space.find(p or 0)
     if h is None:
         ctx.fail(rec, "host pointer is not a replayed host allocation")
+    _check_host_end(ctx, rec, h, p)
     if h.rec_base in ctx.host_placed:
         ctx.host_placed.discard(h.rec_base)
         base, size = h.rec_base, h.size
@@ -146,6 +157,7 @@ def host_register(ctx, rec):
 def host_unregister(ctx, rec):
     p = rec["a"].get("p") or 0
     h = ctx.space.find(p) if ctx.space is not None else None
+    _check_host_end(ctx, rec, h, p)
     if h is not None and h.rec_base == p and p in ctx.host_placed:
         ctx.host_placed.discard(p)
         size = h.size
