@@ -34,6 +34,14 @@ static int cs_hm_find_locked(U p) {
     return -1;
 }
 
+/* A window opens or a checkpoint is taken: what the snapshot holds starts here, so each
+ * allocation is recorded again at the next launch that reaches it. */
+static void cs_hm_forget(void) {
+    pthread_mutex_lock(&cs_hm_lock);
+    for (int i = 0; i < cs_hm_n; i++) cs_hm[i].epoch = 0;
+    pthread_mutex_unlock(&cs_hm_lock);
+}
+
 /* A call returned: after a synchronizing one the host may have written managed memory. */
 static void cs_hm_tick(const cs_fn *fn, CUresult res) {
     if (res != 0 || fn->hook == CS_H_LAUNCH) return;

@@ -441,6 +441,7 @@ static void cs_win_start(int op, const char *why) {
     cs_patient = 1;
     cs_win_serial++;
     cs_blob_forget();
+    cs_hm_forget();                          /* host-written memory: recorded again at its next launch */
     cs_win_open = 1; cs_win_skip = 0;
     cs_win_record(op, why, 0, 0);
     U nr = 0, bytes = cs_win_dump(&nr);
