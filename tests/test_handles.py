@@ -103,15 +103,7 @@ def test_managed_memory_the_host_writes_in_place_is_captured_and_verified(double
     assert launches[0]["x"]["hostmem"][0]["size"] == 4096 and launches[0]["x"]["hostmem"][0]["blob"]
     free = [c for c in calls if c["f"].startswith("cuMemFree")][0]
     assert free["x"]["hostcheck"]["size"] == 4096
-    rp = subprocess.run([sys.executable, "-m", "cudasnap", "replay", str(snap), "--json"], env=double["env"],
-                        capture_output=True, text=True, timeout=120)
-    assert rp.returncode == 0, rp.stdout + rp.stderr
-    res = json.loads(rp.stdout)
-    assert res["d2h_verified"] == 1 and not res["mismatches"], rp.stdout
-    env = dict(double["env"], CUDA_DOUBLE_CORRUPT="add_one:3")      # the last launch computes wrong
-    bad = subprocess.run([sys.executable, "-m", "cudasnap", "replay", str(snap)], env=env,
-                         capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 1 and "cuMemFree" in bad.stdout + bad.stderr, bad.stdout + bad.stderr
+    _replay_verifies(double, snap, 1, "add_one:3", "cuMemFree")       # the last launch computes wrong
 
 
 def test_batched_copies_are_captured_and_replayed(double, capture, native):
@@ -125,15 +117,7 @@ def test_batched_copies_are_captured_and_replayed(double, capture, native):
     batches = [c for c in SnapshotReader(snap).records("c") if c["f"].startswith("cuMemcpyBatchAsync")]
     assert [(len((c.get("x") or {}).get("batchsrc") or []), len((c.get("x") or {}).get("batchdst") or []))
             for c in batches] == [(3, 0), (0, 0), (0, 3)]
-    rp = subprocess.run([sys.executable, "-m", "cudasnap", "replay", str(snap), "--json"], env=double["env"],
-                        capture_output=True, text=True, timeout=120)
-    assert rp.returncode == 0, rp.stdout + rp.stderr
-    res = json.loads(rp.stdout)
-    assert res["d2h_verified"] == 3 and not res["mismatches"] and not res["errors"], rp.stdout
-    bad = subprocess.run([sys.executable, "-m", "cudasnap", "replay", str(snap)],
-                         env=dict(double["env"], CUDA_DOUBLE_CORRUPT="add_one:1"), capture_output=True, text=True,
-                         timeout=120)
-    assert bad.returncode == 1 and "cuMemcpyBatchAsync" in bad.stdout + bad.stderr, bad.stdout + bad.stderr
+    _replay_verifies(double, snap, 3, "add_one:1", "cuMemcpyBatchAsync")
 
 
 def test_mapped_pinned_memory_the_host_writes_in_place_is_captured_and_verified(double, capture):
@@ -147,13 +131,20 @@ def test_mapped_pinned_memory_the_host_writes_in_place_is_captured_and_verified(
     assert [m["size"] for m in first["x"]["hostmem"]] == [4096]
     free = [c for c in calls if c["f"] == "cuMemFreeHost"][0]
     assert free["x"]["hostcheck"]["size"] == 4096
+    res = _replay_verifies(double, snap, 2, "add_one:1", "cuMemFreeHost")
+    assert not any("host-visible allocation" in w for w in res["warnings"]), res["warnings"]
+
+
+def _replay_verifies(double, snap, verified: int, corrupt: str, where: str) -> dict:
+    """`replay --json` exits 0 with `verified` D2H results and no mismatch; with the double's
+    kernel `corrupt` (NAME:N) computing wrong, exit 1 naming `where`. Returns the JSON result."""
     rp = subprocess.run([sys.executable, "-m", "cudasnap", "replay", str(snap), "--json"], env=double["env"],
                         capture_output=True, text=True, timeout=120)
     assert rp.returncode == 0, rp.stdout + rp.stderr
     res = json.loads(rp.stdout)
-    assert res["d2h_verified"] == 2 and not res["mismatches"], rp.stdout
-    assert not any("host-visible allocation" in w for w in res["warnings"]), res["warnings"]
+    assert res["d2h_verified"] == verified and not res["mismatches"] and not res["errors"], rp.stdout
     bad = subprocess.run([sys.executable, "-m", "cudasnap", "replay", str(snap)],
-                         env=dict(double["env"], CUDA_DOUBLE_CORRUPT="add_one:1"), capture_output=True, text=True,
+                         env=dict(double["env"], CUDA_DOUBLE_CORRUPT=corrupt), capture_output=True, text=True,
                          timeout=120)
-    assert bad.returncode == 1 and "cuMemFreeHost" in bad.stdout + bad.stderr, bad.stdout + bad.stderr
+    assert bad.returncode == 1 and where in bad.stdout + bad.stderr, bad.stdout + bad.stderr
+    return res
