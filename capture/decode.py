@@ -5,6 +5,7 @@ still open when the process died is written without a result (`r` absent)."""
 from __future__ import annotations
 
 import bisect
+import os
 import struct
 from typing import Optional
 
@@ -27,8 +28,8 @@ WINDOW_OPS = {1: "open", 2: "close", 3: "state", 4: "checkpoint", 5: "endstate"}
 ENDSTATE_CHUNK = 4 << 20             # shim_blob.c CS_CHUNK: the end-state hash chunk
 NVTX_OPS = {1: "push", 2: "pop", 3: "start", 4: "end", 5: "mark", 6: "domain"}
 # pinned host allocations, whose memory kernels can read without an API call (UVA); managed
-# memory and pinned memory mapped for the device (DEVICEMAP) reached by a launch are recorded
-# with it (shim_hostmem.c)
+# memory, and with CUDASNAP_MAPPED_MEMORY=1 pinned memory mapped for the device (DEVICEMAP),
+# reached by a launch are recorded with it (shim_hostmem.c)
 HOST_VISIBLE = ("cuMemHostAlloc", "cuMemAllocHost", "cuMemHostRegister")
 DEVICEMAP = 2
 SIGNED_C = {"int", "long", "short", "long long", "signed char", "int32_t", "int64_t", "ssize_t"}
@@ -67,10 +68,14 @@ class Decoder:
             v -= 1 << (8 * size)               # sign-extend negative ints (priorities...)
         return v
 
+    # the capture's environment is the program's: the shim's setting, as the shim reads it
+    mapped = os.environ.get("CUDASNAP_MAPPED_MEMORY", "") == "1"
+
     def _count(self, name: str, result: int, args: Optional[dict] = None) -> None:
         if is_launch(name):
             self.counts["launches"] += 1
-        elif result == 0 and name.startswith(HOST_VISIBLE) and not int((args or {}).get("Flags") or 0) & DEVICEMAP:
+        elif result == 0 and name.startswith(HOST_VISIBLE) and not (self.mapped and int((args or {}).get("Flags") or 0)
+                                                                     & DEVICEMAP):
             self.counts["host_visible_allocs"] += 1
 
     def _signed(self, p: dict) -> bool:

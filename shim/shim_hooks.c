@@ -634,10 +634,14 @@ static void cs_hook_after(const cs_fn *fn, int id, U *a, CUresult res) {
     if (cs_hm_n) cs_hm_tick(fn, res);
     switch (fn->hook) {
     case CS_H_HOST_ALLOC: {
-        /* managed memory (h2 < 0), or pinned host memory mapped for the device (DEVICEMAP, 2) */
+        /* managed memory (h2 < 0), or with CUDASNAP_MAPPED_MEMORY=1 pinned host memory mapped for
+         * the device (DEVICEMAP, 2): off by default, since libraries keep their own host-written
+         * state there (NCCL's work FIFO reaches its kernels), which a replay does not rewrite */
         enum { DEVICEMAP = 2 };
+        static int mapped = -1;
+        if (mapped < 0) { const char *e = getenv("CUDASNAP_MAPPED_MEMORY"); mapped = e && *e == '1'; }
         U p = a[fn->params[fn->h0].ai];
-        if (res != 0 || !p || (fn->h2 >= 0 && !(a[fn->params[fn->h2].ai] & DEVICEMAP))) return;
+        if (res != 0 || !p || (fn->h2 >= 0 && (!mapped || !(a[fn->params[fn->h2].ai] & DEVICEMAP)))) return;
         cs_hm_add(strncmp(fn->base, "cuMemHostRegister", 17) == 0 ? p : *(const U *)p, a[fn->params[fn->h1].ai]);
         return;
     }

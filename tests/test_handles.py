@@ -122,9 +122,13 @@ def test_batched_copies_are_captured_and_replayed(double, capture, native):
 
 def test_mapped_pinned_memory_the_host_writes_in_place_is_captured_and_verified(double, capture):
     """progs/hostfree.c hands a kernel pinned host memory mapped for the device (DEVICEMAP) that
-    the host filled in place: capture records it with that launch and its final bytes before
-    cuMemFreeHost; replay writes it back and verifies them, so a wrong kernel is caught there."""
-    cp, snap = capture(double["progs"]["hostfree"])
+    the host filled in place: with CUDASNAP_MAPPED_MEMORY=1 capture records it with that launch
+    and its final bytes before cuMemFreeHost; replay writes it back and verifies them, so a
+    wrong kernel is caught there. Without the setting, capture and replay name the limitation."""
+    cp, plain = capture(double["progs"]["hostfree"])
+    assert cp.returncode == 0 and "hostmem" not in str(list(SnapshotReader(plain).records("c")))
+    cp, snap = capture(double["progs"]["hostfree"], out=plain.with_name("mapped.cusnap"),
+                       extra_env={"CUDASNAP_MAPPED_MEMORY": "1"})
     assert cp.returncode == 0 and "HOSTFREE 3072" in cp.stdout, cp.stdout + cp.stderr
     calls = list(SnapshotReader(snap).records("c"))
     first = [c for c in calls if c["f"] == "cuLaunchKernel"][0]
