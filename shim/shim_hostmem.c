@@ -51,6 +51,18 @@ static void cs_hm_tick(const cs_fn *fn, CUresult res) {
         __atomic_add_fetch(&cs_hm_epoch, 1, __ATOMIC_RELAXED);
 }
 
+/* Allocations above CUDASNAP_HOSTMEM_MAX_MB (64 by default) are left out: a caching pool in
+ * managed memory would be copied whole at every launch after a synchronization. */
+static U cs_hm_cap(void) {
+    static U cap;
+    if (!cap) {
+        const char *e = getenv("CUDASNAP_HOSTMEM_MAX_MB");
+        U mb = e && *e ? (U)strtoull(e, NULL, 10) : 64;
+        cap = mb ? mb << 20 : 1;
+    }
+    return cap;
+}
+
 /* The managed allocations a launch's arguments point into whose bytes may have changed since
  * they were last recorded, streamed as blobs: out[3 * i] = base, serial, size. Arguments come
  * packed (src, n bytes) or as kernelParams with their (offset, size) layout. Returns the count. */
@@ -65,18 +77,24 @@ static int cs_hm_launch(const void *src, uint32_t n, void *const *kp, const uint
             for (uint32_t o = 0; kp[i] && o + 8 <= off_size[2 * i + 1] && nw < CS_HM_WORDS; o += 8)
                 memcpy(&words[nw++], (const char *)kp[i] + o, 8);
     }
-    int hits = 0;
+    U cap = cs_hm_cap();
+    int hits = 0, big = 0;
     pthread_mutex_lock(&cs_hm_lock);
     uint64_t now = __atomic_load_n(&cs_hm_epoch, __ATOMIC_RELAXED);
     for (int w = 0; w < nw && hits < CS_HM_PER_LAUNCH; w++) {
         int i = cs_hm_find_locked(words[w]);
         if (i < 0 || cs_hm[i].epoch == now) continue;
         cs_hm[i].epoch = now;
+        if (cs_hm[i].size > cap) { big = 1; continue; }
         out[3 * hits] = cs_hm[i].base;
         out[3 * hits + 2] = cs_hm[i].size;
         hits++;
     }
     pthread_mutex_unlock(&cs_hm_lock);
+    static int told;
+    if (big && !__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED))
+        cs_note("limitation: a managed allocation above CUDASNAP_HOSTMEM_MAX_MB (64 MiB by default) reached by a "
+                "launch is not recorded with it: what the host writes there in place is not captured");
     for (int h = 0; h < hits; h++) out[3 * h + 1] = cs_blob((const void *)out[3 * h], out[3 * h + 2]);
     return hits;
 }
@@ -89,7 +107,7 @@ static uint64_t cs_hm_free(U p, uint64_t *size) {
     cs_hm_t m = i >= 0 ? cs_hm[i] : (cs_hm_t){0, 0, 0};
     if (i >= 0) cs_hm[i] = cs_hm[--cs_hm_n];
     pthread_mutex_unlock(&cs_hm_lock);
-    if (i < 0 || m.base != p) return 0;
+    if (i < 0 || m.base != p || m.size > cs_hm_cap()) return 0;      /* a large one: no copy at its free either */
     void *sync = CS_ID_cuCtxSynchronize >= 0 ? cs_resolve(CS_ID_cuCtxSynchronize) : NULL;
     if (!sync || ((CUresult (*)(void))sync)() != 0) return 0;
     *size = m.size;

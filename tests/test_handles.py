@@ -104,6 +104,13 @@ def test_managed_memory_the_host_writes_in_place_is_captured_and_verified(double
     free = [c for c in calls if c["f"].startswith("cuMemFree")][0]
     assert free["x"]["hostcheck"]["size"] == 4096
     _replay_verifies(double, snap, 1, "add_one:3", "cuMemFree")       # the last launch computes wrong
+    # above CUDASNAP_HOSTMEM_MAX_MB (here 0: everything) nothing is copied, and the snapshot says so
+    cp, small = capture(double["progs"]["managed"], out=snap.with_name("capped.cusnap"),
+                        extra_env={"CUDASNAP_HOSTMEM_MAX_MB": "0"})
+    assert cp.returncode == 0 and cp.stdout == nat.stdout, cp.stderr
+    recs = list(SnapshotReader(small).records())
+    assert not any("hostmem" in (r.get("x") or {}) or "hostcheck" in (r.get("x") or {}) for r in recs)
+    assert any("above CUDASNAP_HOSTMEM_MAX_MB" in str(r.get("msg")) for r in recs if r.get("k") == "note")
 
 
 def test_batched_copies_are_captured_and_replayed(double, capture, native):
