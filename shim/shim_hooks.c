@@ -426,11 +426,11 @@ typedef struct {
     uint64_t serial, size;      /* the blob streamed for it */
     int nhm;                    /* launch: managed allocations recorded with it (shim_hostmem.c) */
     int batch;                  /* cuMemcpyBatchAsync: cs_batch_src holds its host sources */
-    U hm[3 * CS_HM_PER_LAUNCH];
+    U hm[3 * CS_HM_PER_LAUNCH]; /* last: not cleared per call (only its first nhm entries are read) */
 } cs_pre;
 
 static void cs_hook_pre(const cs_fn *fn, const U *a, cs_pre *pre) {
-    memset(pre, 0, sizeof *pre);
+    memset(pre, 0, offsetof(cs_pre, hm));     /* hm is written only where nhm says */
     switch (fn->hook) {
     case CS_H_LAUNCH: case CS_H_KNODE: {
         U f = 0, ex = 0;
@@ -631,7 +631,7 @@ CS_TLS int64_t cs_link[8];
 static void cs_hook_after(const cs_fn *fn, int id, U *a, CUresult res) {
     (void)id;
     cs_skip_out = 0;
-    if (cs_hm_n) cs_hm_tick(fn, res);
+    if (cs_hm_n) cs_hm_tick(fn, id, res);
     switch (fn->hook) {
     case CS_H_HOST_ALLOC: {
         /* managed memory (h2 < 0), or with CUDASNAP_MAPPED_MEMORY=1 pinned host memory mapped for
