@@ -474,7 +474,7 @@ static void cs_win_toggle(const char *why) {
 static void cs_win_nvtx(int op, uint64_t id, const char *name) {
     if (cs_win_mode != CS_W_NVTX) return;
     if ((op == 1 || op == 3) && !cs_win_nvtx_id && name && strcmp(name, cs_win_name) == 0) {
-        uint64_t k = ++cs_win_matches;
+        uint64_t k = __atomic_add_fetch(&cs_win_matches, 1, __ATOMIC_ACQ_REL);
         if (cs_win_k && k != cs_win_k) return;
         cs_win_nvtx_id = op == 1 ? id + 1 : id;
         cs_win_nvtx_push = op == 1;
@@ -539,29 +539,29 @@ static uint64_t cs_win_before(const cs_fn *fn, int id, const U *a) {
         if (cs_win_mode == CS_W_LAUNCHES && !cs_win_open && !cs_win_launches_done && n > cs_win_a
             && !__atomic_exchange_n(&cs_win_late_open, 1, __ATOMIC_ACQ_REL)) {
             if (cs_win_b < n) cs_win_b = n;
-            cs_win_open_cut("launches (opened after a stream capture)");
+            cs_win_open_cut_if("launches (opened after a stream capture)", 1);
         }
         if (cs_win_mode == CS_W_KERNEL && !cs_win_open && __atomic_load_n(&cs_win_defer_open, __ATOMIC_ACQUIRE)
             && __atomic_exchange_n(&cs_win_defer_open, 0, __ATOMIC_ACQ_REL)) {
             if (cs_win_close_at < n) cs_win_close_at = n;
-            cs_win_open_cut("kernel (opened after a stream capture)");
+            cs_win_open_cut_if("kernel (opened after a stream capture)", 1);
         }
     }
-    if (role == CS_WR_PROFSTART && cs_win_mode == CS_W_PROFILER && !cs_win_open) cs_win_open_cut("profiler");
+    if (role == CS_WR_PROFSTART && cs_win_mode == CS_W_PROFILER && !cs_win_open) cs_win_open_cut_if("profiler", 1);
     if (!is_launch) return 0;
     if (cs_win_mode == CS_W_LAUNCHES && n == cs_win_a && !cs_win_open && !cs_win_launches_done) {
-        if (!capturing) cs_win_open_cut("launches");
+        if (!capturing) cs_win_open_cut_if("launches", 1);
         else if (!cs_win_deferred_noted++)
             cs_note("window: its first launch fell inside a stream capture; it opens at the first call after the capture");
     }
     if (cs_win_mode == CS_W_KERNEL && (cs_win_open ? n < cs_win_close_at : 1)) {
         U f = 0, kp = 0, ex = 0;
         if (cs_launch_args(fn, a, &f, &kp, &ex) && f && cs_win_kernel_match(f)) {
-            uint64_t k = ++cs_win_matches;
+            uint64_t k = __atomic_add_fetch(&cs_win_matches, 1, __ATOMIC_ACQ_REL);
             if (!cs_win_k || k == cs_win_k) {
                 cs_win_close_at = n + cs_win_ctxn;
                 if (cs_win_open) { /* already open: the close moves */ }
-                else if (!capturing) cs_win_open_cut("kernel");
+                else if (!capturing) cs_win_open_cut_if("kernel", 1);
                 else {
                     cs_win_defer_open = 1;
                     if (!cs_win_deferred_noted++)

@@ -161,8 +161,23 @@ static void cs_job_cut(int close_it, const char *why) {
     cs_job_take(close_it, why);
 }
 
-static void cs_win_open_cut(const char *why) { cs_job_cut(0, why); }
-static void cs_win_close_cut(const char *why) { if (cs_win_open) cs_job_cut(1, why); }
+/* One cut at a time: two threads can reach the same open (the same launch number read by
+ * both, two matches of a kernel window), and a second state dump beside the first would
+ * release the program's threads while the first still copies. An open that finds another cut
+ * under way is that cut; a close waits for it. An open asked while a window is open starts a
+ * new window (nvtx ranges back to back), except where the trigger names one window only. */
+static pthread_mutex_t cs_win_cut_lock = PTHREAD_MUTEX_INITIALIZER;
+static void cs_win_open_cut_if(const char *why, int only_if_closed) {
+    if (pthread_mutex_trylock(&cs_win_cut_lock)) return;
+    if (!only_if_closed || !cs_win_open) cs_job_cut(0, why);
+    pthread_mutex_unlock(&cs_win_cut_lock);
+}
+static void cs_win_open_cut(const char *why) { cs_win_open_cut_if(why, 0); }
+static void cs_win_close_cut(const char *why) {
+    pthread_mutex_lock(&cs_win_cut_lock);
+    if (cs_win_open) cs_job_cut(1, why);
+    pthread_mutex_unlock(&cs_win_cut_lock);
+}
 
 /* Before each call (outside a stream capture): a deferred open or close whose collective has
  * been launched is taken now. */
