@@ -1,6 +1,7 @@
 """Shared fixtures: the test-double driver (tests/double) and a capture runner."""
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -12,6 +13,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from double.fixtures import built_double  # noqa: E402
 
 double = pytest.fixture(scope="session")(built_double)
+
+# Tests that compare times measured on the double (its kernels run on host CPU time): under
+# pytest-xdist (`-n 2`, what CI runs) each takes the CPU alone, the others sharing it.
+TIMED_MODULES = {"test_advise.py", "test_campaign.py", "test_compare.py", "test_gapmodel.py", "test_graph_profile.py",
+                 "test_graph_scale.py", "test_isolated_stats.py", "test_profile.py", "test_profile_names.py",
+                 "test_replay_fast.py"}
+
+
+@pytest.fixture(autouse=True)
+def _timed_tests_run_alone(request, tmp_path_factory):
+    """A readers-writer lock over the xdist workers: timed tests exclusive, the rest shared."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    alone = request.node.path.name in TIMED_MODULES
+    with open(tmp_path_factory.getbasetemp().parent / "timed-tests.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        yield
 
 
 def cudasnap_cmd(*args: str) -> list[str]:
