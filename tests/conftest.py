@@ -15,21 +15,21 @@ from double.fixtures import built_double  # noqa: E402
 double = pytest.fixture(scope="session")(built_double)
 
 # Tests that compare times measured on the double (its kernels run on host CPU time): under
-# pytest-xdist (`-n 2`, what CI runs) each takes the CPU alone, the others sharing it.
+# pytest-xdist (`-n 2`, what CI runs) each takes the CPU alone, fixtures included, the others
+# sharing it: a readers-writer lock over the workers, held through each test's whole protocol.
 TIMED_MODULES = {"test_advise.py", "test_campaign.py", "test_compare.py", "test_gapmodel.py", "test_graph_profile.py",
                  "test_graph_scale.py", "test_isolated_stats.py", "test_profile.py", "test_profile_names.py",
                  "test_replay_fast.py"}
 
 
-@pytest.fixture(autouse=True)
-def _timed_tests_run_alone(request, tmp_path_factory):
-    """A readers-writer lock over the xdist workers: timed tests exclusive, the rest shared."""
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not run:
         yield
         return
-    alone = request.node.path.name in TIMED_MODULES
-    with open(tmp_path_factory.getbasetemp().parent / "timed-tests.lock", "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+    with open(f"/tmp/cudasnap-timed-tests-{run}.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX if item.path.name in TIMED_MODULES else fcntl.LOCK_SH)
         yield
 
 
