@@ -244,3 +244,22 @@ def test_window_inside_a_stream_capture_waits_for_its_end(double, tmp_path, spec
     rp = _replay(double, w1)
     assert rp.returncode == 0, rp.stdout + rp.stderr
     assert "end state" in rp.stdout or re.search(r"D2H verified\s+[1-9]", rp.stdout), rp.stdout
+
+
+def test_threads_reaching_the_first_launch_together_open_one_window(double, tmp_path):
+    """Four threads launch in tight loops: two of them could take the same launch number as the
+    window's first and both open it (two windows, each dump waiting on the other for seconds,
+    and the first's end releasing the program while the second still copied)."""
+    prog = [double["progs"]["threads"], "300"]
+    native = subprocess.run(prog, env=double["env"], capture_output=True, text=True, timeout=60)
+    for i in range(8):                   # the race took 31 of 40 runs before the fix
+        a = 200 + 37 * i
+        out = tmp_path / f"r{i}" / "w.cusnap"
+        out.parent.mkdir()
+        cp = _cap(double, out, f"launches:{a}-{a + 50}", *prog)
+        assert cp.returncode == 0 and sorted(cp.stdout.splitlines()) == sorted(native.stdout.splitlines()), cp.stderr
+        assert [p.name for p in out.parent.glob("w.w*.cusnap")] == ["w.w1.cusnap"], cp.stderr
+        pauses = [float(x) for x in re.findall(r"program paused ([\d.]+) ms", cp.stderr)]
+        assert len(pauses) == 1 and pauses[0] < 1000, cp.stderr
+    rp = _replay(double, out.parent / "w.w1.cusnap")
+    assert rp.returncode == 0, rp.stdout + rp.stderr
