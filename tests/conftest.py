@@ -33,6 +33,21 @@ def pytest_runtest_protocol(item, nextitem):
         yield
 
 
+# Counts a test reports for CI's log (record_property("ci_summary", LINE)), printed at the end of
+# the run: under xdist a worker's own prints are not shown.
+_CI_SUMMARIES: list = []
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call":
+        _CI_SUMMARIES.extend(v for k, v in report.user_properties if k == "ci_summary")
+
+
+def pytest_terminal_summary(terminalreporter):
+    for line in _CI_SUMMARIES:
+        terminalreporter.write_line(line)
+
+
 def cudasnap_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "cudasnap", *args]
 

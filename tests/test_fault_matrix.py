@@ -402,7 +402,7 @@ def run_driver_replays(t: Tally, double, batch: list) -> None:
             t.problem(case, f"replay exited {code}, want {want}: {log.strip()[-300:]}")
 
 
-def test_fault_matrix(double, tmp_path_factory, monkeypatch, capsys):
+def test_fault_matrix(double, tmp_path_factory, monkeypatch, record_property):
     work = tmp_path_factory.mktemp("faults")
     rnd = random.Random(SEED)
     t = Tally()
@@ -448,9 +448,8 @@ def test_fault_matrix(double, tmp_path_factory, monkeypatch, capsys):
     rnd.shuffle(damaged_ones)
     run_driver_replays(t, double, damaged_ones[:DRIVER_REPLAYS] + killed)
 
-    with capsys.disabled():
-        print(f"\nfault matrix: cases {t.cases}, records lost {t.lost}, tracebacks {t.tracebacks}, "
-              f"wrong exit codes {t.wrong}")
+    record_property("ci_summary", f"fault matrix: cases {t.cases}, records lost {t.lost}, "
+                                  f"tracebacks {t.tracebacks}, wrong exit codes {t.wrong}")
     assert t.cases >= 300
     assert t.tracebacks == 0 and t.wrong == 0 and t.lost == 0 and not t.problems, "\n".join(t.problems)
 
@@ -602,7 +601,7 @@ def check_bad_inputs(t: Tally, o: Outputs, p: dict, monkeypatch) -> None:
         monkeypatch.undo()
 
 
-def test_output_matrix(double, tmp_path, monkeypatch, capsys):
+def test_output_matrix(double, tmp_path, monkeypatch, record_property):
     t = Tally()
     snap = tmp_path / "captured.cusnap"
     cp = subprocess.run(_cudasnap("capture", "-q", "-o", str(snap), "--ring-mb", "16", "--",
@@ -624,9 +623,8 @@ def test_output_matrix(double, tmp_path, monkeypatch, capsys):
     o = Outputs(t, box, double)
     check_command_outputs(t, o, p)
     check_bad_inputs(t, o, p, monkeypatch)
-    with capsys.disabled():
-        print(f"\noutput matrix: cases {t.cases}, files lost {t.lost}, tracebacks {t.tracebacks}, "
-              f"wrong exit codes {t.wrong}, temporary files left {o.tmp_left}")
+    record_property("ci_summary", f"output matrix: cases {t.cases}, files lost {t.lost}, tracebacks {t.tracebacks}, "
+                                  f"wrong exit codes {t.wrong}, temporary files left {o.tmp_left}")
     assert t.cases >= 60
     assert t.tracebacks == 0 and t.wrong == 0 and t.lost == 0 and o.tmp_left == 0 and not t.problems, \
         "\n".join(t.problems)
