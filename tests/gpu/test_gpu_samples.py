@@ -44,3 +44,22 @@ def test_sample_part_captures_and_replays(part, samples_binary, runner, tmp_path
         assert "device says 40" in row["stderr"] and "device says 41" in row["stderr"], row
     else:
         assert res["d2h_verified"] >= 1, row
+
+
+def test_graph_mode_of_device_side_launches_times_them_or_says_why(samples_binary, runner, tmp_path):
+    """Graph mode and dynamic parallelism: either every launch is timed, or the profile is not
+    taken (exit 2) and the message names the module that launches from the device."""
+    import json
+    import sys
+    snap = tmp_path / "cdp.cusnap"
+    cap, _ = runner.capture([str(samples_binary), "cdp"], snap)
+    assert cap.returncode == 0, cap.stderr[-2000:]
+    out = tmp_path / "graph.json"
+    cp = subprocess.run([sys.executable, "-m", "cudasnap", "replay", str(snap), "--profile", "graph", "--out", str(out)],
+                        capture_output=True, text=True, timeout=300)
+    record_result({"workload": "samples", "part": "cdp graph", "rc": cp.returncode, "stderr": cp.stderr[-1500:]})
+    if cp.returncode == 0:
+        s = json.loads(out.read_text())["summary"]
+        assert "error" not in s and s["launches"] > 0 and s["launches_timed"] == s["launches"], s
+    else:
+        assert cp.returncode == 2 and "launches kernels from the device" in cp.stderr, cp.stderr[-2000:]
