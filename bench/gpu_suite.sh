@@ -37,7 +37,7 @@ if [ -z "${SKIP_SUITE:-}" ]; then
     mapfile -t GROUPS_ < <(python3 - "${SUITE_PATHS[@]}" <<'PY'
 import glob, os, sys
 cost = {"profile": 300, "capture": 150, "replay": 110, "executor": 60, "selection": 50, "metrics": 35,
-        "samples": 120, "ipc": 30, "wrap": 20, "advise": 20, "endstate": 15, "memops": 10, "texture": 10, "staging": 5}
+        "samples": 120, "ipc": 30, "wrap": 20, "advise": 60, "endstate": 15, "memops": 10, "texture": 10, "staging": 5}
 args, skip, files = sys.argv[1:], set(), []
 for i, a in enumerate(args):
     if a.startswith("--ignore="):

@@ -59,3 +59,39 @@ def test_advise_measures_the_launch_bound_loop_as_a_graph(runner, tmp_path):
     assert w.get("measured") and w["replay"]["exit_code"] == 0, w
     assert abs(row["gain_share_diff_pct"]) <= 10.0, row
     assert w["speedup"] >= 2.0 and native_speedup >= 2.0, row       # both see a launch-bound loop
+
+
+BOUNDS = HERE / "workloads" / "advise_bounds.py"
+GEMM_RX = r"gemm|nvjet|xmma|cutlass|sm90"
+
+
+def test_advise_tells_a_memory_bound_kernel_from_a_gemm_by_their_counters(runner, tmp_path):
+    """advise --metrics: the elementwise kernel over 256 MiB is memory-bound with its DRAM
+    throughput as % of peak; the GEMM is compute-bound, or its finding says what bounds it
+    instead, with the SM and memory figures as evidence."""
+    import re
+    snap = tmp_path / "bounds.cusnap"
+    cap, _ = runner.capture([PY, str(BOUNDS)], snap, DETERMINISTIC)
+    assert cap.returncode == 0, cap.stderr[-2000:]
+    metrics = tmp_path / "metrics.json"
+    cp = subprocess.run([PY, "-m", "cudasnap", "replay", str(snap), "--profile", "metrics", "--out", str(metrics)],
+                        capture_output=True, text=True, timeout=900)
+    assert cp.returncode == 0, (cp.stdout + cp.stderr)[-3000:]
+    out = tmp_path / "advise.json"
+    cp = subprocess.run([PY, "-m", "cudasnap", "advise", str(snap), "--metrics", str(metrics), "--out", str(out),
+                         "--no-what-if", "--top", "30"], capture_output=True, text=True, timeout=900)
+    assert cp.returncode == 0, (cp.stdout + cp.stderr)[-3000:]
+    bound = [f for f in json.loads(out.read_text())["findings"]
+             if f["kind"] in ("memory-bound", "compute-bound", "latency-bound")]
+    record_result({"test": "advise_bounds", "stdout": cp.stdout[-3000:],
+                   "bound": [(f["kind"], f["title"], f["evidence"]) for f in bound]})
+    gemm = [f for f in bound if re.search(GEMM_RX, f.get("kernel") or "", re.I)]
+    elementwise = [f for f in bound if re.search(r"elementwise|vectorized", f.get("kernel") or "", re.I)]
+    assert elementwise and gemm, [(f["kind"], f.get("kernel")) for f in bound]
+    ew = elementwise[0]
+    assert ew["kind"] == "memory-bound" and "DRAM throughput" in ew["title"], ew
+    assert ew["evidence"]["dram_pct"] >= 60, ew["evidence"]
+    g = gemm[0]
+    assert g["evidence"]["sm_pct"] is not None and g["evidence"]["memory_pct"] is not None, g
+    if g["kind"] != "compute-bound":       # what bounds it instead is named, with its figures
+        assert "% of peak" in g["title"] and g["advice"], g
