@@ -204,7 +204,7 @@ def generate_c(desc: dict) -> str:
       " CS_H_EXPORT_TABLE, CS_H_MEMCPY_STRUCT, CS_H_ASYNC_D2H, CS_H_INIT, CS_H_PLACE, CS_H_KNODE, CS_H_UNLOAD, CS_H_MEMCPY_UNIFIED, CS_H_SHARE,"
       " CS_H_HOST_ALLOC, CS_H_MEMCPY_BATCH, CS_H_HOST_FREE };")
     w("typedef struct { unsigned char kind, size, flags, ai; unsigned short len_idx; unsigned aux; } cs_param;")
-    w("typedef struct { const char *name, *base; unsigned char nparams, hook; signed char h0, h1, h2; unsigned char query;"
+    w("typedef struct { const char *name, *base; unsigned char nparams, hook; signed char h0, h1, h2; unsigned char query, host_sync;"
       " unsigned short kinds; unsigned char simple, floats; signed char fh, ch; const cs_param *params; } cs_fn;"
       "   /* kinds: bit 1<<CS_K_* per kind present; simple: at most 6 integer arguments, no float;"
       " floats: float arguments; fh, ch: a CUfunction/CUkernel, a CUcontext argument to identify at first sight */")
@@ -285,7 +285,7 @@ def generate_c(desc: dict) -> str:
         w(f"static const cs_param cs_p{i}[] = {{{cells or '{0,0,0,0,0,0}'}}};")
         query = 1 if (ok and (hook == 0 or f["name"] in PLACEMENT_AFTER) and f["capture_query"]
                       and all(p["kind"] in ("val", "opaque", "out", "out_struct") for p in params)) else 0
-        rows.append(f'  {{"{f["name"]}", "{f["base"]}", {len(params) if ok else 0}, {hook if ok else 0}, {h0}, {h1}, {h2}, {query}, {kinds}, {simple}, {floats}, {fh}, {ch}, cs_p{i}}},')
+        rows.append(f'  {{"{f["name"]}", "{f["base"]}", {len(params) if ok else 0}, {hook if ok else 0}, {h0}, {h1}, {h2}, {query}, {int(bool(f.get("host_sync")))}, {kinds}, {simple}, {floats}, {fh}, {ch}, cs_p{i}}},')
         qkeys.append(_query_key_fn(i, prow) if query and simple else None)
     w("static const cs_fn cs_fns[CS_NFN] = {")
     out.extend(rows)

@@ -840,7 +840,8 @@ def describe_function(model, lay, types, ov, name, fdecl, unused_rules, defaults
             "replay_class": rclass, "window_class": window_class(ov, name, base),
             "capture_query": rclass == "query" and re.fullmatch(ov.CAPTURE_QUERY_RX, name) is not None,
             "host_only": rclass == "query" or any(re.fullmatch(ov.HOST_ONLY_RX, n) for n in (base, name)),
-            "releases": any(re.fullmatch(ov.RELEASES_RX, n) for n in (base, name))}
+            "releases": any(re.fullmatch(ov.RELEASES_RX, n) for n in (base, name)),
+            "host_sync": re.fullmatch(ov.HOST_SYNC_RX, name) is not None}
 
 
 def apply_param_rule(pr, r, types, lay):

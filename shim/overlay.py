@@ -205,6 +205,10 @@ RELEASES_RX = (r"cuMemFree|cuMemFreeAsync|cuMemFreeHost|cuMemHostUnregister|cuMe
                r"|cuMemAddressFree|cuIpcCloseMemHandle|cuMemPoolDestroy|cuMemPoolTrimTo|cuArrayDestroy"
                r"|cuMipmappedArrayDestroy")
 
+# Calls after which the host has seen the device's work ("host_sync", on the ABI name): the host
+# may then write managed memory in place, so shim_hostmem.c records it again at its next launch.
+HOST_SYNC_RX = r"cu\w*Synchronize\w*|cuMemcpy(?!\w*Async)\w*|cuMemset(?!\w*Async)\w*"
+
 # Window classes ("window_class" of each ABI name): what a capture window's state keeper does
 # with a successful call made outside the window (capture/window.py).
 #   work           does work or only asks: never part of the state

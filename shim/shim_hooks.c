@@ -631,7 +631,7 @@ CS_TLS int64_t cs_link[8];
 static void cs_hook_after(const cs_fn *fn, int id, U *a, CUresult res) {
     (void)id;
     cs_skip_out = 0;
-    if (cs_hm_n) cs_hm_tick(fn, id, res);
+    if (cs_hm_n) cs_hm_tick(fn, res);
     switch (fn->hook) {
     case CS_H_HOST_ALLOC: {
         /* managed memory (h2 < 0), or with CUDASNAP_MAPPED_MEMORY=1 pinned host memory mapped for
@@ -642,7 +642,7 @@ static void cs_hook_after(const cs_fn *fn, int id, U *a, CUresult res) {
         if (mapped < 0) { const char *e = getenv("CUDASNAP_MAPPED_MEMORY"); mapped = e && *e == '1'; }
         U p = a[fn->params[fn->h0].ai];
         if (res != 0 || !p || (fn->h2 >= 0 && (!mapped || !(a[fn->params[fn->h2].ai] & DEVICEMAP)))) return;
-        cs_hm_add(strncmp(fn->base, "cuMemHostRegister", 17) == 0 ? p : *(const U *)p, a[fn->params[fn->h1].ai]);
+        cs_hm_add(fn->params[fn->h0].kind == CS_K_OUT ? *(const U *)p : p, a[fn->params[fn->h1].ai]);   /* pp, or p itself */
         return;
     }
     case CS_H_GETPROC: {

@@ -43,18 +43,9 @@ static void cs_hm_forget(void) {
 }
 
 /* A call returned: after a synchronizing one the host may have written managed memory. */
-static unsigned char cs_hm_sync[CS_NFN];     /* per API id: 0 not asked yet, 1 no, 2 synchronizes */
-
-static void cs_hm_tick(const cs_fn *fn, int id, CUresult res) {
-    if (res != 0 || fn->hook == CS_H_LAUNCH || id < 0 || id >= CS_NFN) return;
-    unsigned char k = __atomic_load_n(&cs_hm_sync[id], __ATOMIC_RELAXED);
-    if (!k) {                                   /* the name says it, once per function */
-        const char *n = fn->name;
-        k = strstr(n, "Synchronize") || (strncmp(n, "cuMemcpy", 8) == 0 && !strstr(n, "Async"))
-            || (strncmp(n, "cuMemset", 8) == 0 && !strstr(n, "Async")) ? 2 : 1;
-        __atomic_store_n(&cs_hm_sync[id], k, __ATOMIC_RELAXED);
-    }
-    if (k == 2) __atomic_add_fetch(&cs_hm_epoch, 1, __ATOMIC_RELAXED);
+static void cs_hm_tick(const cs_fn *fn, CUresult res) {
+    if (res == 0 && fn->host_sync)              /* the API description's "host_sync" */
+        __atomic_add_fetch(&cs_hm_epoch, 1, __ATOMIC_RELAXED);
 }
 
 /* Allocations above CUDASNAP_HOSTMEM_MAX_MB (64 by default) are left out: a caching pool in
