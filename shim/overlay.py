@@ -333,7 +333,6 @@ PARAMS = {
     r"cuMemGetHandleForAddressRange": {"handle": {"kind": "opaque"}},
     # a POSIX fd (an int) is written there; fabric handles (64 bytes) keep only their first 4
     r"cuMemExportToShareableHandle": {"shareableHandle": {"kind": "out", "pointee": "int", "pointee_size": 4}},
-    r"cuMemPoolExportToShareableHandle": {"shareableHandle": {"kind": "opaque"}},
     r"cuMemImportFromShareableHandle|cuMemPoolImportFromShareableHandle": {"osHandle": {"kind": "val"}},
     r"cuStreamAddCallback|cuLaunchHostFunc|cuUserObjectCreate|cuDeviceRegisterAsyncNotification"
     r"|cuLogsRegisterCallback": {"userData": {"kind": "val"}, "ptr": {"kind": "val"}},
