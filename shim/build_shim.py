@@ -207,7 +207,8 @@ def generate_c(desc: dict) -> str:
     w("typedef struct { const char *name, *base; unsigned char nparams, hook; signed char h0, h1, h2; unsigned char query, host_sync;"
       " unsigned short kinds; unsigned char simple, floats; signed char fh, ch; const cs_param *params; } cs_fn;"
       "   /* kinds: bit 1<<CS_K_* per kind present; simple: at most 6 integer arguments, no float;"
-      " floats: float arguments; fh, ch: a CUfunction/CUkernel, a CUcontext argument to identify at first sight */")
+      " floats: float arguments; fh, ch: a CUfunction/CUkernel, a CUcontext argument to identify at first sight;"
+      " host_sync: the host has seen the device's work when it returns */")
     ids = {f["name"]: i for i, f in enumerate(fns)}
     for h in HELPERS:
         w(f"#define CS_ID_{h} {ids.get(h, -1)}")
