@@ -30,6 +30,8 @@ python3 -c 'import ray' || { echo "Ray is not importable: unpack it into /tmp/si
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader
 NG=$(nvidia-smi -L | wc -l)
 [ "$NG" -ge 4 ] || echo "note: $NG GPU(s); the 4-GPU run uses what there is"
+NK=$(( NG < 4 ? NG : 4 )); VIS=$(seq -s, 0 $(( NK - 1 )))
+g() { echo $(( $1 % NK )); }   # capture slot -> a GPU that exists
 export CUBLAS_WORKSPACE_CONFIG=:4096:8 XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_FLAGS=--xla_gpu_deterministic_ops=true
 WL=$ROOT/tests/gpu/workloads
 cd "$W"
@@ -51,13 +53,13 @@ PY=python3
 # wait for the captures by pid: a bare `wait` also waits for the tee of the log (a process
 # substitution, bash >= 5.1), which ends only with the script
 pids=()
-cap demo_ab 0 ./demo_ab 4194304 8 & pids+=($!); cap ptrs 1 ./ptrs & pids+=($!)
-cap mt_launch 2 ./mt_launch 4 8 & pids+=($!)
-cap torch_mlp_infer 3 $PY "$ROOT/bench/demo_torch_mlp.py" 16 2048 & pids+=($!)
+cap demo_ab 0 ./demo_ab 4194304 8 & pids+=($!); cap ptrs $(g 1) ./ptrs & pids+=($!)
+cap mt_launch $(g 2) ./mt_launch 4 8 & pids+=($!)
+cap torch_mlp_infer $(g 3) $PY "$ROOT/bench/demo_torch_mlp.py" 16 2048 & pids+=($!)
 wait "${pids[@]}"; pids=()
 cap torch_eager 0 $PY "$WL/torch_eager.py" & pids+=($!)
-cap torch_train 1 $PY "$ROOT/bench/demo_torch_train.py" 4 1024 4 & pids+=($!)
-cap jax_jit 2 $PY "$WL/jax_jit.py" & pids+=($!); cap cupy_libs 3 $PY "$WL/cupy_libs.py" & pids+=($!)
+cap torch_train $(g 1) $PY "$ROOT/bench/demo_torch_train.py" 4 1024 4 & pids+=($!)
+cap jax_jit $(g 2) $PY "$WL/jax_jit.py" & pids+=($!); cap cupy_libs $(g 3) $PY "$WL/cupy_libs.py" & pids+=($!)
 wait "${pids[@]}"
 cap jax_train 0 $PY "$WL/jax_train.py"
 ls snaps/*.cusnap | wc -l | xargs echo "snapshots:"
@@ -113,21 +115,21 @@ CUDA_VISIBLE_DEVICES=0 cudasnap campaign run campaign.toml -o one.sqlite --json 
 RC1=$?; T1=$(python3 -c "import time; print(round(time.time() - $T, 1))")
 echo "1 GPU: exit $RC1, ${T1} s"; tail -3 logs/run1.err
 
-step "4b. on $((NG < 4 ? NG : 4)) GPUs"
+step "4b. on $NK GPUs"
 # the next night: the same store, a new run (--fresh); its cells go longest first by their times
 # in the 1-GPU run, as a nightly campaign's do
 cp one.sqlite four.sqlite
 T=$(date +%s.%N)
-CUDA_VISIBLE_DEVICES=0,1,2,3 cudasnap campaign run campaign.toml -o four.sqlite --fresh --json > "$OUT/run4.json" 2> logs/run4.err
+CUDA_VISIBLE_DEVICES=$VIS cudasnap campaign run campaign.toml -o four.sqlite --fresh --json > "$OUT/run4.json" 2> logs/run4.err
 RC4=$?; T4=$(python3 -c "import time; print(round(time.time() - $T, 1))")
-echo "4 GPUs: exit $RC4, ${T4} s"; tail -3 logs/run4.err
+echo "$NK GPUs: exit $RC4, ${T4} s"; tail -3 logs/run4.err
 
 step "5. report"
 HTML=; python3 -c 'import plotly' 2>/dev/null && HTML="--html $OUT/campaign.html -f"
 cudasnap campaign report four.sqlite $HTML; echo "report exit $?"
 cudasnap campaign report four.sqlite --json > "$OUT/report.json"
 check $([ "$RC4" = 1 ] && echo 0 || echo 1) "4-GPU campaign exit 1 (a regression)"
-python3 - "$OUT/report.json" "$T1" "$T4" one.sqlite four.sqlite "$OUT/summary.json" <<'EOF'
+python3 - "$OUT/report.json" "$T1" "$T4" one.sqlite four.sqlite "$OUT/summary.json" "$NK" <<'EOF'
 import json, os, sqlite3, sys
 rep = json.load(open(sys.argv[1])); t1, t4 = float(sys.argv[2]), float(sys.argv[3])
 regs = rep["regressions"]
@@ -150,12 +152,13 @@ print(f"eager-loading findings (compare with diag_eager_loading_gpu.py): {len(ea
 print("PASS" if not rep["infra_failures"] else "FAIL", f": no infrastructure failure ({len(rep['infra_failures'])})")
 r1, r4 = json.load(open(os.path.join(os.path.dirname(sys.argv[1]), "run1.json"))), json.load(open(os.path.join(os.path.dirname(sys.argv[1]), "run4.json")))
 c1, c4 = r1["cells_wall_s"], r4["cells_wall_s"]
-print(f"whole command: 1 GPU {t1} s, 4 GPUs {t4} s ({t1 / t4:.2f}x); Ray start {r1['ray_start_s']} s / {r4['ray_start_s']} s")
-print("PASS" if c1 >= 3 * c4 else "FAIL", f": cells on 4 GPUs {c1 / c4:.2f}x faster than on 1 ({c1} s vs {c4} s, Ray start excluded)")
+print(f"whole command: 1 GPU {t1} s, {sys.argv[7]} GPUs {t4} s ({t1 / t4:.2f}x); Ray start {r1['ray_start_s']} s / {r4['ray_start_s']} s")
+nk = int(sys.argv[7]); need = 0.75 * nk        # 3x on 4 GPUs
+print("PASS" if c1 >= need * c4 else "FAIL", f": cells on {nk} GPUs {c1 / c4:.2f}x faster than on 1, {need:g}x asked ({c1} s vs {c4} s, Ray start excluded)")
 summ = {"t1_s": t1, "t4_s": t4, "speedup_command": round(t1 / t4, 2), "cells_1gpu_s": c1, "cells_4gpu_s": c4,
         "speedup_cells": round(c1 / c4, 2)}
 t1, t4 = c1, c4
-for name, path, t, k in (("1gpu", sys.argv[4], t1, 1), ("4gpu", sys.argv[5], t4, 4)):
+for name, path, t, k in (("1gpu", sys.argv[4], t1, 1), (f"{nk}gpu", sys.argv[5], t4, nk)):
     db = sqlite3.connect(path)
     run = db.execute("SELECT MAX(id) FROM runs").fetchone()[0]          # four.sqlite holds both runs
     cells = db.execute("SELECT COUNT(*) FROM cells WHERE run_id=?", (run,)).fetchone()[0]
@@ -183,7 +186,7 @@ for name, path, t, k in (("1gpu", sys.argv[4], t1, 1), ("4gpu", sys.argv[5], t4,
     summ[name]["replay_phases_mean_s"] = {k: round(sum(v) / len(v), 3) for k, v in phases.items()}
     print(name, "replay phases, mean s:", summ[name]["replay_phases_mean_s"])
 json.dump(summ, open(sys.argv[6], "w"), indent=1)
-if not (ok_found and attributed and not others and not rep["infra_failures"] and t1 >= 3 * t4):
+if not (ok_found and attributed and not others and not rep["infra_failures"] and t1 >= need * t4):
     sys.exit(1)
 EOF
 check $? "campaign checks"
