@@ -2,11 +2,18 @@
 says, per heavy kernel, what bounds it, with the figures Nsight Compute's SpeedOfLight and
 Occupancy sections show:
 
-- memory-bound: DRAM (or the memory system) near its peak while the SMs are not;
-- compute-bound: the SMs near their peak;
+- memory-bound: the memory system near its peak (>= 60%) and at least 10 points above the
+  SMs, named by its unit (DRAM, L2 or L1/TEX: the one whose throughput is nearest the memory
+  throughput, as ncu's breakdown names the sub-unit);
+- compute-bound: the SMs near their peak and at least 10 points above memory, with the
+  dominant precision's share of its FLOP peak (tensor cores included);
+- compute- and memory-bound: both near their peaks within 10 points of each other (a tuned
+  GEMM), each figure named;
 - latency-bound: neither near its peak (a kernel that cannot keep the GPU busy), explained by
   its achieved and theoretical occupancy;
 - low theoretical occupancy, named by its limiter (registers, shared memory, block size).
+The thresholds are those of Nsight Compute's SpeedOfLight bottleneck rule (60% near a peak,
+10 points balanced).
 
 The time at stake of a bound finding is the kernel's time beyond its roof: what it would save
 running its binding unit at 100% of peak (an upper bound no change reaches)."""
@@ -16,6 +23,7 @@ import json
 from typing import Any, Dict, List, Optional
 
 from cudasnap.replay.names import short_name
+from cudasnap.replay.profile.metrics_sections import precision_label
 
 from .findings import finding
 from .source import AdviseError
@@ -23,8 +31,11 @@ from .source import AdviseError
 SM = "sm__throughput.avg.pct_of_peak_sustained_elapsed"
 MEM = "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed"
 DRAM = "dram__throughput.avg.pct_of_peak_sustained_elapsed"
+L2 = "lts__throughput.avg.pct_of_peak_sustained_elapsed"
+L1 = "l1tex__throughput.avg.pct_of_peak_sustained_active"
 WARPS = "sm__warps_active.avg.pct_of_peak_sustained_active"
 NEAR_PEAK = 60.0            # a unit at or above this % of its peak binds the kernel
+BALANCED = 10.0             # SM and memory closer than this (points): both bind
 LOW_OCCUPANCY = 50.0        # theoretical occupancy below this % is a finding of its own
 LIMITERS = {"registers": "registers per thread", "shared_memory": "shared memory per block",
             "smem": "shared memory per block", "block_size": "threads per block", "warps": "warps per SM",
@@ -74,30 +85,26 @@ def counter_findings(p: Dict[str, Any], top: int = 5, min_share_pct: float = 5.0
             continue
         occ = k.get("occupancy") or {}
         roof = k.get("roofline") or {}
+        units = {u: v for u, v in (("DRAM", dram), ("L2", _pct(m, L2)), ("L1/TEX", _pct(m, L1))) if v is not None}
+        unit = min(units, key=lambda u: abs(units[u] - mem)) if units and mem is not None else None
         ev: Dict[str, Any] = {"launches": k.get("launches"), "total_us": round(t, 3), "share_pct": round(share, 1),
-                              "sm_pct": sm, "memory_pct": mem, "dram_pct": dram, "achieved_occupancy_pct": warps,
+                              "sm_pct": sm, "memory_pct": mem, "dram_pct": dram, "l2_pct": units.get("L2"),
+                              "l1tex_pct": units.get("L1/TEX"), "memory_unit": unit,
+                              "achieved_occupancy_pct": warps,
                               "theoretical_occupancy_pct": occ.get("theoretical_pct"),
                               "limiter": occ.get("limiter")}
-        if roof.get("intensity") is not None:
+        if roof.get("intensity") is not None or roof.get("dominant"):
             ev.update(intensity=roof.get("intensity"), ridge=roof.get("ridge"),
-                      flop_pct_of_peak=roof.get("pct_of_flop_peak"))
+                      flop_pct_of_peak=roof.get("pct_of_flop_peak"), precision=roof.get("dominant"))
         top_pct = max(x for x in (sm, mem) if x is not None)
         beyond = t * (1 - min(top_pct, 100.0) / 100)
         short = short_name(name)
-        if mem is not None and mem >= NEAR_PEAK and mem >= (sm or 0):
-            dr = f"DRAM throughput {dram:.0f}% of peak" if dram is not None else f"memory throughput {mem:.0f}% of peak"
-            out.append(finding("memory-bound", f"memory-bound: {short}, {dr}", beyond, ev,
-                                "The kernel moves bytes as fast as the memory allows: cut the bytes (fuse it with "
-                                "its neighbours, a narrower data type, reuse through shared memory or L2).",
-                                "the kernel's time beyond its memory roof", kernel=name))
-        elif sm is not None and sm >= NEAR_PEAK:
-            fl = (f", {roof['pct_of_flop_peak']:.0f}% of the {roof.get('dominant') or ''} FLOP peak"
-                  if isinstance(roof.get("pct_of_flop_peak"), (int, float)) else "")
-            out.append(finding("compute-bound", f"compute-bound: {short}, SM throughput {sm:.0f}% of peak{fl}",
-                                beyond, ev, "The SMs are busy: fewer or cheaper instructions (tensor cores, lower "
-                                "precision, less index arithmetic) are what remain.",
-                                "the kernel's time beyond its compute roof", kernel=name))
-        else:
+        fl = (f", {roof['pct_of_flop_peak']:.0f}% of the {precision_label(roof.get('dominant'))} FLOP peak"
+              if isinstance(roof.get("pct_of_flop_peak"), (int, float)) else "")
+        mem_unit = f"{unit} throughput {units[unit]:.0f}% of peak" if unit else f"memory throughput {mem or 0:.0f}% of peak"
+        if unit and unit != "DRAM" and dram is not None:
+            mem_unit += f", DRAM {dram:.0f}%"
+        if top_pct < NEAR_PEAK:
             why = (f"achieved occupancy {warps:.0f}%" if warps is not None else "occupancy unknown")
             if isinstance(occ.get("theoretical_pct"), (int, float)):
                 why += f" of a theoretical {occ['theoretical_pct']:.0f}%"
@@ -107,6 +114,23 @@ def counter_findings(p: Dict[str, Any], top: int = 5, min_share_pct: float = 5.0
                                 "hide latency, dependent loads, a small grid). More parallel work per launch or a "
                                 "higher occupancy are what help.", "the kernel's time beyond its nearest roof",
                                 kernel=name))
+        elif sm is not None and mem is not None and abs(sm - mem) < BALANCED:
+            out.append(finding("compute-and-memory-bound", f"compute- and memory-bound: {short}, SM throughput "
+                                f"{sm:.0f}% and {mem_unit}{fl}", beyond, ev,
+                                f"The SMs and the memory system ({unit or 'memory'}) both run near their peaks: only "
+                                "less work helps, fewer instructions (tensor cores, lower precision) and fewer bytes "
+                                f"through {unit or 'memory'} (larger tiles, more reuse in registers and shared memory).",
+                                "the kernel's time beyond its nearer roof", kernel=name))
+        elif mem is not None and mem >= (sm or 0):
+            out.append(finding("memory-bound", f"memory-bound: {short}, {mem_unit}", beyond, ev,
+                                "The kernel moves bytes as fast as the memory allows: cut the bytes (fuse it with "
+                                "its neighbours, a narrower data type, reuse through shared memory or L2).",
+                                "the kernel's time beyond its memory roof", kernel=name))
+        else:
+            out.append(finding("compute-bound", f"compute-bound: {short}, SM throughput {sm:.0f}% of peak{fl}",
+                                beyond, ev, "The SMs are busy: fewer or cheaper instructions (tensor cores, lower "
+                                "precision, less index arithmetic) are what remain.",
+                                "the kernel's time beyond its compute roof", kernel=name))
         th = occ.get("theoretical_pct")
         if isinstance(th, (int, float)) and th < LOW_OCCUPANCY:
             lim = ", ".join(LIMITERS.get(x, x) for x in occ.get("limiter") or []) or "unknown"

@@ -6,6 +6,7 @@ import json
 from typing import Any, Dict, List
 
 from cudasnap.formats.console import console, print_table
+from cudasnap.replay.profile.metrics_sections import precision_label
 from cudasnap.replay.profile.report import fmt_us
 
 
@@ -31,14 +32,16 @@ def evidence_line(f: Dict[str, Any]) -> str:
         return f"{e['launches']} launches, {fmt_us(e['total_us'])}, median {fmt_us(e['median_us'])}"
     if k == "library":
         return f"{e['launches']} launches, {fmt_us(e['total_us'])} ({e['share_pct']:.1f}% of kernel time); try {e['library']}"
-    if k in ("memory-bound", "compute-bound", "latency-bound", "occupancy"):
+    if k in ("memory-bound", "compute-bound", "compute-and-memory-bound", "latency-bound", "occupancy"):
         parts = [f"{e['launches']} launches, {fmt_us(e['total_us'])} ({e['share_pct']:.1f}% of kernel time)"]
-        for key, lab in (("sm_pct", "SM"), ("memory_pct", "memory"), ("dram_pct", "DRAM"),
-                         ("achieved_occupancy_pct", "occupancy achieved"), ("theoretical_occupancy_pct", "theoretical")):
+        for key, lab in (("sm_pct", "SM"), ("memory_pct", "memory"), ("dram_pct", "DRAM"), ("l2_pct", "L2"),
+                         ("l1tex_pct", "L1/TEX"), ("achieved_occupancy_pct", "occupancy achieved"),
+                         ("theoretical_occupancy_pct", "theoretical")):
             if isinstance(e.get(key), (int, float)):
                 parts.append(f"{lab} {e[key]:.1f}%")
         if isinstance(e.get("intensity"), (int, float)):
-            parts.append(f"{e['intensity']:.3g} FLOP/B (ridge {e.get('ridge') or 0:.3g})")
+            ridge = f", ridge {e['ridge']:.3g}" if isinstance(e.get("ridge"), (int, float)) else ""
+            parts.append(f"{e['intensity']:.3g} FLOP/B ({precision_label(e.get('precision')) or 'FLOP'}{ridge})")
         return ", ".join(parts)
     if k == "small-transfers":
         return f"{e['count']} x {e['what']}, sizes {e['bytes']} B, {fmt_us(e['total_us'])} in all"

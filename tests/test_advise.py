@@ -294,6 +294,47 @@ def test_counters_name_what_bounds_each_kernel():
     assert "limited by registers per thread" in kinds["occupancy"]["title"]
 
 
+def test_a_tuned_gemm_is_named_at_both_roofs_with_its_tensor_flop_and_memory_unit():
+    """The figures an H200 measured for an fp16 8192^3 GEMM (nvjet, tensor cores): SM 93% and
+    memory 94.5% of peak are within 10 points, so the finding names both, the memory unit that
+    carries the traffic (L1/TEX 98%, not DRAM at 20%) and the fp16 tensor FLOP as % of peak.
+    The same kernel's counters with the memory figure 30 points lower make it compute-bound;
+    an elementwise kernel at DRAM 85% is memory-bound by DRAM, not by its busier L2."""
+    from cudasnap.advise.counters import counter_findings
+    from cudasnap.replay.profile import roofline as rl
+    m = {"sm__throughput.avg.pct_of_peak_sustained_elapsed": 93.3,
+         "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed": 94.5,
+         "dram__throughput.avg.pct_of_peak_sustained_elapsed": 19.7,
+         "l1tex__throughput.avg.pct_of_peak_sustained_active": 98.2,
+         "lts__throughput.avg.pct_of_peak_sustained_elapsed": 46.4,
+         "gpu__time_duration.sum": 1463584.0, "sm__ops_path_tensor_src_fp16.sum": 1.1167e12,
+         "sm__ops_path_tensor_op_hgmma_src_fp16_sparsity_off.sum.peak_sustained": 4096.0 * 132,
+         "sm__cycles_elapsed.avg.per_second": 1.755e9, "dram__bytes_read.sum": 1.2e9, "dram__bytes_write.sum": 1.4e8,
+         "dram__bytes.sum.peak_sustained": 2560.0, "dram__cycles_elapsed.avg.per_second": 1.9e9}
+    roof = rl.kernel_roofline([{"metrics": m}])
+    assert roof["dominant"] == "tensor_fp16" and roof["bound"] == "compute"
+    assert 75 < roof["pct_of_flop_peak"] < 90, roof
+    ew = {"sm__throughput.avg.pct_of_peak_sustained_elapsed": 6.6,
+          "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed": 85.2,
+          "dram__throughput.avg.pct_of_peak_sustained_elapsed": 85.2,
+          "l1tex__throughput.avg.pct_of_peak_sustained_active": 30.3,
+          "lts__throughput.avg.pct_of_peak_sustained_elapsed": 91.0}
+    p = {"kernels": [{"name": "nvjet_hsh_gemm", "total_us": 2927.0, "launches": 2, "metrics": m, "roofline": roof,
+                      "occupancy": {"theoretical_pct": 18.8, "limiter": ["registers", "shared_memory"]}},
+                     {"name": "vectorized_elementwise_kernel", "total_us": 250.0, "launches": 2, "metrics": ew}]}
+    by = {f["kernel"]: f for f in counter_findings(p) if f["kind"] != "occupancy"}
+    g = by["nvjet_hsh_gemm"]
+    assert g["kind"] == "compute-and-memory-bound", g
+    assert "SM throughput 93%" in g["title"] and "L1/TEX throughput 98% of peak, DRAM 20%" in g["title"], g["title"]
+    assert "of the fp16 tensor FLOP peak" in g["title"] and g["evidence"]["memory_unit"] == "L1/TEX"
+    e = by["vectorized_elementwise_kernel"]
+    assert e["kind"] == "memory-bound" and "DRAM throughput 85% of peak" in e["title"], e["title"]
+    m["gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed"] = 63.0
+    m["l1tex__throughput.avg.pct_of_peak_sustained_active"] = 66.0
+    g = [f for f in counter_findings(p) if f["kernel"] == "nvjet_hsh_gemm" and f["kind"] != "occupancy"][0]
+    assert g["kind"] == "compute-bound" and "SM throughput 93% of peak" in g["title"], g["title"]
+
+
 def test_advise_takes_counters_with_metrics(double, snap, tmp_path):
     path, _ = snap
     prof = tmp_path / "p.json"

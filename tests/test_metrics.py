@@ -59,7 +59,7 @@ FAKE = textwrap.dedent('''
         def _w(self, d):
             with open(self.log, "a") as f:
                 f.write(json.dumps(d) + "\\n")
-        def prepare(self, metrics, warn, alternative):
+        def prepare(self, metrics, warn, alternative, quiet=frozenset()):
             unknown = set(filter(None, os.environ.get("FAKE_UNKNOWN", "").split(",")))
             chosen, dropped = {}, []
             for m in metrics:

@@ -244,7 +244,7 @@ def profile_failure(report: Dict[str, Any], cfg: ProfileConfig) -> Optional[str]
         if n and not s.get("launches_timed"):
             why = next((w for w in report.get("warnings") or [] if w.startswith("graph")), None)
             return (f"graph: none of the {n} launches in the graph got a per-node time"
-                    + (f" ({why})" if why else ""))
+                    + (f" ({why})" if why else "") + (f"; {s['hint']}" if s.get("hint") else ""))
     return None
 
 

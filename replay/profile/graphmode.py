@@ -135,6 +135,7 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
         self.sel = None
         self.first_seq: Optional[int] = None
         self.last_seq: Optional[int] = None
+        self._dp_hint: Optional[str] = None      # why a graph may not hold this code (computed once)
         self.ops: List[Tuple] = []               # ("launch", ev) | ("memset", name, args) | ("dtod", dst, src, n)
         self.launches: List[Any] = []            #   | ("htod", rec, dst, n)
         self._gate: Optional[LaunchGate] = None  # holds the stream while a timed run is issued
@@ -513,19 +514,19 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
             if not hung:
                 self._cleanup(post, stream, graph, gexec, staging, evs, cupti)
 
-    def _device_launch_hint(self, e: Exception) -> str:
-        """A graph that faulted where its kernels launch kernels from the device: say so."""
-        if "ILLEGAL" not in str(e) and "LAUNCH_FAILED" not in str(e):
-            return ""
-        from ..retarget import device_launching_loads
-        try:
-            loads = device_launching_loads(self.rp.ctx.reader)
-        except Exception:
-            return ""
-        if not loads:
-            return ""
-        return (f" (the code loaded by call #{loads[0]} launches kernels from the device, dynamic parallelism, "
-                f"which a graph of the sequence may not hold: --profile timeline or isolated times those kernels)")
+    def _device_launch_hint(self, e: Optional[Exception] = None) -> str:
+        """Where graph mode failed or timed no launch and the snapshot's code launches kernels
+        from the device (dynamic parallelism, whatever the error said): say so."""
+        if self._dp_hint is None:
+            from ..retarget import device_launching_loads
+            try:
+                loads = device_launching_loads(self.rp.ctx.reader)
+            except Exception:
+                loads = []
+            self._dp_hint = (f" (the code loaded by call #{loads[0]} launches kernels from the device, dynamic "
+                             f"parallelism, which a graph of the sequence may not hold: --profile timeline or "
+                             f"isolated times those kernels)") if loads else ""
+        return self._dp_hint
 
     def _graph_run(self, gexec, stream, what: str, events: Optional[Tuple] = None, clock=None,
                    windows: Optional[List] = None) -> None:
@@ -841,4 +842,6 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
             d["launches_timed"] = 0
             d.pop("per_node_method", None)
             d.pop("node_mapping", None)
+        if self.launches and not d["launches_timed"] and self._device_launch_hint():   # no profile: say why
+            d["hint"] = self._device_launch_hint().strip(" ()")
         return d

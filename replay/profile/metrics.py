@@ -91,7 +91,7 @@ class MetricsProfiler:
         try:
             dev = handle_int(self.rp.ctx.dev) if self.rp.ctx.dev is not None else int(self.rp.ctx.opt.device or 0)
             self.collector = open_collector(dev)
-            self.collected_as = self.collector.prepare(self.wanted, self.warn, ms.alternative)
+            self.collected_as = self.collector.prepare(self.wanted, self.warn, ms.alternative, quiet=ms.OPTIONAL)
             self.config_passes = int(self.collector.passes())
         except MetricsUnavailable as e:
             self._fail(str(e))
@@ -251,7 +251,8 @@ class MetricsProfiler:
         other = {k: v for k, v in self.collected_as.items() if k != v}
         if other:
             d["collected_as"] = other
-        missing = [m for m in self.wanted if m not in self.collected_as] if self.collector is not None else []
+        missing = [m for m in self.wanted if m not in self.collected_as and m not in ms.OPTIONAL] \
+            if self.collector is not None else []
         if missing:
             d["not_collected"] = missing
         if self.skipped_captured:

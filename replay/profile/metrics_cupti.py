@@ -577,10 +577,11 @@ class RangeProfilerCollector:
                 probe.close()
 
     def prepare(self, metrics: List[str], warn: Callable[[str], None],
-                alternative: Callable[[str], Optional[str]] = lambda m: None) -> Dict[str, str]:
+                alternative: Callable[[str], Optional[str]] = lambda m: None,
+                quiet: frozenset = frozenset()) -> Dict[str, str]:
         """Check each metric on this chip (another spelling where the chip knows only that one;
-        unknown ones are dropped with a warning) and build the config image.  Returns
-        {requested name: name collected}."""
+        unknown ones are dropped, with a warning unless in `quiet`) and build the config image.
+        Returns {requested name: name collected}."""
         chosen: Dict[str, str] = {}
         dropped = []
         for m in metrics:
@@ -591,7 +592,8 @@ class RangeProfilerCollector:
             if alt and self.known(alt):
                 chosen[m] = alt
                 continue
-            dropped.append(m)
+            if m not in quiet:
+                dropped.append(m)
         if dropped:
             warn(f"metrics: {len(dropped)} metric(s) unknown to CUPTI on {self.chip}, not collected: "
                  + ", ".join(dropped[:8]) + (" ..." if len(dropped) > 8 else ""))

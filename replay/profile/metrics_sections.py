@@ -17,12 +17,39 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence, Tuple
 
+TENSOR: List[Tuple[str, List[Tuple[str, ...]], List[str]]] = [
+    # tensor-core math, FLOP counted as ncu's tensor roofline counts them (a multiply-add is 2:
+    # an fp16 GEMM of 8192^3 read 1.117e12 on an H200, 2 x 8192 x 8192 x 8320 with its
+    # 320-row tiles); the counter and peak names differ by chip, so each is a list of
+    # candidates, the first the chip knows is used and the others are dropped quietly
+    ("tensor_fp16", [("sm__ops_path_tensor_src_fp16.sum",),
+                     ("sm__ops_path_tensor_src_fp16_dst_fp16.sum", "sm__ops_path_tensor_src_fp16_dst_fp32.sum")],
+     ["sm__ops_path_tensor_op_hgmma_src_fp16_sparsity_off.sum.peak_sustained",
+      "sm__ops_path_tensor_src_fp16_dst_fp32_sparsity_off.sum.peak_sustained",
+      "sm__ops_path_tensor_src_fp16_dst_fp32.sum.peak_sustained"]),
+    ("tensor_bf16", [("sm__ops_path_tensor_src_bf16_dst_fp32.sum",)],
+     ["sm__ops_path_tensor_op_hgmma_src_bf16_dst_fp32_sparsity_off.sum.peak_sustained",
+      "sm__ops_path_tensor_src_bf16_dst_fp32_sparsity_off.sum.peak_sustained",
+      "sm__ops_path_tensor_src_bf16_dst_fp32.sum.peak_sustained"]),
+    ("tensor_tf32", [("sm__ops_path_tensor_src_tf32_dst_fp32.sum",)],
+     ["sm__ops_path_tensor_op_hgmma_src_tf32_dst_fp32_sparsity_off.sum.peak_sustained",
+      "sm__ops_path_tensor_src_tf32_dst_fp32_sparsity_off.sum.peak_sustained",
+      "sm__ops_path_tensor_src_tf32_dst_fp32.sum.peak_sustained"]),
+    ("tensor_fp8", [("sm__ops_path_tensor_src_fp8.sum",)],
+     ["sm__ops_path_tensor_src_fp8_sparsity_off.sum.peak_sustained",
+      "sm__ops_path_tensor_src_fp8.sum.peak_sustained"]),
+    ("tensor_fp64", [("sm__ops_path_tensor_src_fp64.sum",)],
+     ["sm__ops_path_tensor_src_fp64.sum.peak_sustained"]),
+]
+
 # (metric, label, unit)
 SECTIONS: Dict[str, List[Tuple[str, str, str]]] = {
     "SpeedOfLight": [
         ("sm__throughput.avg.pct_of_peak_sustained_elapsed", "Compute (SM) Throughput", "%"),
         ("gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed", "Memory Throughput", "%"),
         ("dram__throughput.avg.pct_of_peak_sustained_elapsed", "DRAM Throughput", "%"),
+        ("l1tex__throughput.avg.pct_of_peak_sustained_active", "L1/TEX Cache Throughput", "%"),
+        ("lts__throughput.avg.pct_of_peak_sustained_elapsed", "L2 Cache Throughput", "%"),
         ("gpu__time_duration.sum", "Duration", "ns"),
     ],
     "Occupancy": [
@@ -48,8 +75,12 @@ SECTIONS: Dict[str, List[Tuple[str, str, str]]] = {
         ("sm__cycles_elapsed.avg.per_second", "SM Frequency", "cycle/s"),
         ("dram__bytes.sum.peak_sustained", "DRAM peak per cycle", "byte/cycle"),
         ("dram__cycles_elapsed.avg.per_second", "DRAM Frequency", "cycle/s"),
-    ],
+    ] + [(m, f"{name[7:].upper()} tensor ({'peak per cycle' if '.peak_' in m else 'operations'})",
+          "op/cycle" if ".peak_" in m else "op")
+         for name, counters, peaks in TENSOR for m in [c for group in counters for c in group] + peaks],
 }
+# names of the tensor candidates: a chip that lacks one is no reason to warn
+OPTIONAL = frozenset(m for _n, counters, peaks in TENSOR for m in [c for g in counters for c in g] + peaks)
 DEFAULT_SECTIONS = ("SpeedOfLight", "Occupancy", "MemoryWorkloadAnalysis", "SpeedOfLight_RooflineChart")
 ALIASES = {"sol": "SpeedOfLight", "speedoflight": "SpeedOfLight", "occupancy": "Occupancy",
            "memoryworkload": "MemoryWorkloadAnalysis", "memoryworkloadanalysis": "MemoryWorkloadAnalysis",
@@ -117,9 +148,19 @@ def alternative(metric: str) -> Optional[str]:
 
 
 # ------------------------------------------------------------------ derived figures
+def _first(values: Dict[str, float], candidates) -> Optional[float]:
+    """The sum of the first candidate group whose every metric was collected."""
+    for group in candidates:
+        got = [values.get(m) for m in group]
+        if all(isinstance(v, (int, float)) for v in got):
+            return float(sum(got))
+    return None
+
+
 def flops(values: Dict[str, float]) -> Dict[str, Optional[float]]:
-    """FLOP per precision as ncu's roofline counts them: add + mul + 2 x fma (per thread);
-    None where a counter is missing."""
+    """FLOP per precision as ncu's rooflines count them: SASS add + mul + 2 x fma (per thread),
+    None where a counter is missing; and tensor-core FLOP per input precision (tensor_fp16 ...),
+    present only where the chip counted them."""
     out: Dict[str, Optional[float]] = {}
     for name, p in PRECISIONS:
         parts = [values.get(f"sm__sass_thread_inst_executed_op_{p}{op}_pred_on.sum") for op in ("add", "mul", "fma")]
@@ -127,7 +168,18 @@ def flops(values: Dict[str, float]) -> Dict[str, Optional[float]]:
             out[name] = None
             continue
         out[name] = float(parts[0]) + float(parts[1]) + 2.0 * float(parts[2])
+    for name, counters, _peaks in TENSOR:
+        v = _first(values, counters)
+        if v is not None:
+            out[name] = v
     return out
+
+
+def precision_label(name: Optional[str]) -> str:
+    """fp32 -> fp32; tensor_fp16 -> fp16 tensor."""
+    if not name:
+        return ""
+    return f"{name[7:]} tensor" if name.startswith("tensor_") else name
 
 
 def metric_peaks(values: Dict[str, float]) -> Dict[str, Optional[float]]:
@@ -138,6 +190,10 @@ def metric_peaks(values: Dict[str, float]) -> Dict[str, Optional[float]]:
     for name, p in PRECISIONS:
         per_cycle = values.get(f"sm__sass_thread_inst_executed_op_{p}fma_pred_on.sum.peak_sustained")
         out[f"{name}_flops"] = 2.0 * per_cycle * sm_hz if per_cycle and sm_hz else None
+    for name, _counters, peaks in TENSOR:       # tensor peaks count operations (FLOP) already
+        per_cycle = _first(values, [(m,) for m in peaks])
+        if per_cycle and sm_hz:
+            out[f"{name}_flops"] = per_cycle * sm_hz
     bpc = values.get("dram__bytes.sum.peak_sustained")
     dram_hz = values.get("dram__cycles_elapsed.avg.per_second")
     out["dram_bytes_per_s"] = bpc * dram_hz if bpc and dram_hz else None

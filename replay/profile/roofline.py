@@ -1,14 +1,15 @@
 """Roofline per kernel: arithmetic intensity (FLOP per DRAM byte) against the card's peaks.
 
 FLOP: SASS thread instructions add + mul + 2 x fma per precision (fp32, fp64, fp16), as ncu's
-roofline counts them (metrics_sections.flops).  Bytes: DRAM bytes read + written.  A kernel's
+roofline counts them, and tensor-core operations per input precision (tensor_fp16, _bf16, _tf32,
+_fp8, _fp64) as ncu's tensor roofline counts them (metrics_sections.flops).  Bytes: DRAM bytes read + written.  A kernel's
 point: intensity = FLOP / bytes, achieved = FLOP / duration (gpu__time_duration).  Its roof:
 min(peak FLOP/s of its dominant precision, intensity x peak DRAM bytes/s); it is memory-bound
 left of the ridge point (peak FLOP/s / peak bytes/s) and compute-bound right of it.
 
 Peaks, in order of preference:
 1. from the counters, as ncu's SpeedOfLight_RooflineChart draws them: the per-cycle peak of
-   each precision's fma (x 2 FLOP) and of dram__bytes, times the cycles per second measured
+   each precision's fma (x 2 FLOP), of its dense tensor operations, and of dram__bytes, times the cycles per second measured
    during the kernel (sm__cycles_elapsed.avg.per_second, dram__cycles_elapsed.avg.per_second):
    the hardware's peaks at the clocks the kernel ran at;
 2. measured on the card (measured_peaks) where the chip's CUPTI lacks those metrics: a device
@@ -102,7 +103,7 @@ def kernel_roofline(rows: List[Dict[str, Any]], fallback: Optional[Dict[str, Any
         dur += v.get("gpu__time_duration.sum") or 0.0
         peaks.append(peaks_of(v, fallback))
     med: Dict[str, Any] = {}
-    for k in ("fp32_flops", "fp64_flops", "fp16_flops", "dram_bytes_per_s"):
+    for k in dict.fromkeys(k for p in peaks for k in p if k != "source"):
         vals = [p[k] for p in peaks if p.get(k)]
         med[k] = statistics.median(vals) if vals else None
     med["source"] = peaks[0].get("source") if peaks else None
@@ -289,16 +290,18 @@ def roofline_figure(kernels: List[Dict[str, Any]], title: str):
     xs = [k["roofline"]["intensity"] for k in pts] or [1.0]
     lo, hi = min(xs + [0.01]) / 4, max(xs + [1000.0]) * 4
     bw = pk.get("dram_bytes_per_s")
-    colors = {"fp32_flops": "#1f77b4", "fp64_flops": "#d62728", "fp16_flops": "#2ca02c"}
-    for name in ("fp32_flops", "fp64_flops", "fp16_flops"):
+    colors = {"fp32_flops": "#1f77b4", "fp64_flops": "#d62728", "fp16_flops": "#2ca02c", "tensor_fp16_flops": "#9467bd",
+              "tensor_bf16_flops": "#8c564b", "tensor_tf32_flops": "#e377c2", "tensor_fp8_flops": "#7f7f7f",
+              "tensor_fp64_flops": "#bcbd22"}
+    for name in [n for n in pk if n.endswith("_flops")]:
         pf = pk.get(name)
         if not pf or not bw:
             continue
         ridge = pf / bw
         x = [lo, ridge, hi] if lo < ridge < hi else [lo, hi]
         y = [min(pf, v * bw) for v in x]
-        fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=f"{name[:4]} roof ({_fmt(pf, 'FLOP/s')}, DRAM {_fmt(bw, 'B/s')})",
-                                 line={"color": colors[name]}))
+        fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=f"{ms.precision_label(name[:-6])} roof ({_fmt(pf, 'FLOP/s')}, DRAM {_fmt(bw, 'B/s')})",
+                                 line={"color": colors.get(name, "#17becf")}))
     total = sum(k.get("total_us") or 0 for k in pts) or 1.0
     from ..names import short_name
     fig.add_trace(go.Scatter(

@@ -37,6 +37,8 @@ COMPARED = [
     ("sm__throughput.avg.pct_of_peak_sustained_elapsed", "SM %"),
     ("gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed", "mem %"),
     ("dram__throughput.avg.pct_of_peak_sustained_elapsed", "DRAM %"),
+    ("l1tex__throughput.avg.pct_of_peak_sustained_active", "L1/TEX %"),
+    ("lts__throughput.avg.pct_of_peak_sustained_elapsed", "L2 %"),
     ("sm__warps_active.avg.pct_of_peak_sustained_active", "occ achieved"),
 ]
 THEORETICAL = "sm__maximum_warps_per_active_cycle_pct"

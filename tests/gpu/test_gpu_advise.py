@@ -82,11 +82,12 @@ def test_advise_tells_a_memory_bound_kernel_from_a_gemm_by_their_counters(runner
                          "--no-what-if", "--top", "30"], capture_output=True, text=True, timeout=900)
     assert cp.returncode == 0, (cp.stdout + cp.stderr)[-3000:]
     bound = [f for f in json.loads(out.read_text())["findings"]
-             if f["kind"] in ("memory-bound", "compute-bound", "latency-bound")]
+             if f["kind"] in ("memory-bound", "compute-bound", "compute-and-memory-bound", "latency-bound")]
     record_result({"test": "advise_bounds", "stdout": cp.stdout[-3000:],
                    "bound": [(f["kind"], f["title"], f["evidence"]) for f in bound]})
     gemm = [f for f in bound if re.search(GEMM_RX, f.get("kernel") or "", re.I)]
-    elementwise = [f for f in bound if re.search(r"elementwise|vectorized", f.get("kernel") or "", re.I)]
+    # y = x * 2 + 1 (torch.randn's kernel, distribution_elementwise_grid_stride_kernel, is not it)
+    elementwise = [f for f in bound if re.search(r"vectorized_elementwise|unrolled_elementwise", f.get("kernel") or "")]
     assert elementwise and gemm, [(f["kind"], f.get("kernel")) for f in bound]
     ew = elementwise[0]
     assert ew["kind"] == "memory-bound" and "DRAM throughput" in ew["title"], ew
@@ -95,3 +96,6 @@ def test_advise_tells_a_memory_bound_kernel_from_a_gemm_by_their_counters(runner
     assert g["evidence"]["sm_pct"] is not None and g["evidence"]["memory_pct"] is not None, g
     if g["kind"] != "compute-bound":       # what bounds it instead is named, with its figures
         assert "% of peak" in g["title"] and g["advice"], g
+    # the tensor cores' work is counted: the GEMM's FLOP against the fp16 tensor peak
+    assert (g["evidence"].get("precision") or "").startswith("tensor_"), g["evidence"]
+    assert 30 <= (g["evidence"].get("flop_pct_of_peak") or 0) <= 100, g["evidence"]
