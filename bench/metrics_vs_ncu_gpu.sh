@@ -8,7 +8,8 @@
 # ncu run 2, the difference and the limit (5% of ncu's mean, or ncu's own spread when larger;
 # tests/gpu/metrics_vs_ncu.py). Rows also go to $OUT/metrics_vs_ncu.jsonl.
 # Run from the project root on the GPU machine: bash bench/metrics_vs_ncu_gpu.sh
-# (TORCH_LAUNCHES, INFER_LAUNCHES: how many launches of the two PyTorch programs, 400 and 200)
+# (TORCH_LAUNCHES, INFER_LAUNCHES: how many launches of the two PyTorch programs, 400 and 200;
+# NCU_EXTRA: more ncu options, e.g. "--replay-mode application"; ONLY: one program's name)
 # Exit 0: every compared figure agrees; 1: some do not; 2: a program could not be compared.
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 source "$ROOT/bench/gpu_env.sh"
@@ -26,9 +27,10 @@ run() {
   [ $r -gt $rc ] && rc=$r
   echo "($name: exit $r)"
 }
-run nvcc_triad_fma -- "$OUT/metrics_kernels"
-run torch_train_step -c ${TORCH_LAUNCHES:-400} -- python3 "$ROOT/bench/demo_torch_train.py" 2 1024 8
-run cublas_inference -c ${INFER_LAUNCHES:-200} -- python3 "$ROOT/tests/gpu/workloads/metrics_infer.py"
+want() { [ -z "${ONLY:-}" ] || [ "$ONLY" = "$1" ]; }
+want nvcc_triad_fma && run nvcc_triad_fma -- "$OUT/metrics_kernels"
+want torch_train_step && run torch_train_step -c ${TORCH_LAUNCHES:-400} -- python3 "$ROOT/bench/demo_torch_train.py" 2 1024 8
+want cublas_inference && run cublas_inference -c ${INFER_LAUNCHES:-200} -- python3 "$ROOT/tests/gpu/workloads/metrics_infer.py"
 echo
 echo "metrics_vs_ncu: exit $rc (rows in $OUT/metrics_vs_ncu.jsonl)"
 exit $rc

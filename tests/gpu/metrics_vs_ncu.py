@@ -80,7 +80,8 @@ def run_ncu(cmd: List[str], metrics: List[str], env: dict, count: Optional[int],
     ncu = shutil.which("ncu")
     full = [ncu, "--csv", "--page", "raw", "--print-units", "base", "--print-kernel-base", "mangled",
             "--clock-control", "none", "--cache-control", "all", "--target-processes", "all",
-            "--metrics", ",".join(metrics)] + (["-c", str(count)] if count else []) + ["--", *cmd]
+            "--metrics", ",".join(metrics)] + (["-c", str(count)] if count else []) \
+        + os.environ.get("NCU_EXTRA", "").split() + ["--", *cmd]
     cp = subprocess.run(full, env=env, capture_output=True, text=True, timeout=timeout)
     got = parse_ncu_csv(cp.stdout, metrics)
     if cp.returncode != 0 or not got:

@@ -114,6 +114,7 @@ def test_metrics_match_ncu(metrics_binary, tmp_path):
     print_table("nvcc_metrics", res["rows"])
     kernels = {r["kernel"] for r in res["rows"]}
     assert kernels == {"stream_triad", "fma_chain"}, res
-    assert len(res["rows"]) == 12, res                    # 6 figures per kernel
+    from metrics_vs_ncu import COMPARED
+    assert len(res["rows"]) == 2 * (len(COMPARED) + 1), res   # each figure, theoretical occupancy too
     bad = [r for r in res["rows"] if not r["ok"]]
     assert not bad, bad
