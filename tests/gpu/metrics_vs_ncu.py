@@ -3,7 +3,8 @@
     python3 metrics_vs_ncu.py --name NAME [--json OUT.json] [--min-us 20] [-c N] -- CMD ...
 
 Captures CMD, replays the snapshot with `--profile metrics --section SpeedOfLight --section
-Occupancy`, runs `ncu --csv --page raw` with the same metrics on CMD twice (the second run gives
+Occupancy` (and METRICS_EXTRA, comma-separated raw metrics), runs `ncu --csv --page raw` with
+the same metrics on CMD twice (the second run gives
 ncu's own run-to-run spread), and compares per-kernel medians for kernels of at least --min-us
 (by ncu's duration): gpu__time_duration, SM, memory and DRAM throughput, achieved occupancy,
 and theoretical occupancy (ncu's sm__maximum_warps_per_active_cycle_pct against cudasnap's
@@ -41,6 +42,8 @@ COMPARED = [
     ("lts__throughput.avg.pct_of_peak_sustained_elapsed", "L2 %"),
     ("sm__warps_active.avg.pct_of_peak_sustained_active", "occ achieved"),
 ]
+# METRICS_EXTRA=a,b: more raw metrics compared side by side (cudasnap collects them with --metrics)
+COMPARED += [(m, m.split(".")[0].replace("lts__t_sectors_", "L2 ").replace("srcunit_", "")[:24]) for m in os.environ.get("METRICS_EXTRA", "").split(",") if m.strip()]
 THEORETICAL = "sm__maximum_warps_per_active_cycle_pct"
 
 
@@ -92,6 +95,7 @@ def run_ncu(cmd: List[str], metrics: List[str], env: dict, count: Optional[int],
 def run_cudasnap(snap: Path, out: Path, count: Optional[int], timeout: int) -> dict:
     cp = subprocess.run([PY, "-m", "cudasnap", "replay", str(snap), "--profile", "metrics", "--section", "SpeedOfLight",
                          "--section", "Occupancy", "--out", str(out), "-f", "--watchdog", "300",
+                         *(["--metrics", os.environ["METRICS_EXTRA"]] if os.environ.get("METRICS_EXTRA") else []),
                          *(["-c", str(count)] if count else [])], capture_output=True, text=True, timeout=timeout)
     if cp.returncode != 0 or not out.exists():
         raise RuntimeError(f"cudasnap replay --profile metrics exit {cp.returncode}: {(cp.stderr + cp.stdout)[-2000:]}")
