@@ -52,7 +52,8 @@ def scan(path) -> Dict[str, Any]:
     with SnapshotReader(path) as r:
         hdr = r.header or {}
         env = hdr.get("env") or {}
-        out: Dict[str, Any] = {"pid": hdr.get("pid"), "ppid": hdr.get("ppid"), "snapshot": os.fspath(path),
+        out: Dict[str, Any] = {"pid": hdr.get("pid"), "ppid": hdr.get("ppid"), "created": hdr.get("created"),
+                               "snapshot": os.fspath(path),
                                "devices": [], "gpus": [], "exports": [], "imports": [], "ipc_get": [],
                                "ipc_open": [], "peer": []}
         for k in _RANK_ENV:
@@ -114,9 +115,12 @@ def scan(path) -> Dict[str, Any]:
 
 def build(snapshots: Sequence, command: Optional[List[str]] = None) -> Dict[str, Any]:
     """A manifest for these snapshots (one per process). Ranks are ordered by the rank their
-    environment named (RANK, OMPI_COMM_WORLD_RANK, LOCAL_RANK), else by pid."""
+    environment named (RANK, OMPI_COMM_WORLD_RANK, LOCAL_RANK), else in the order their recording
+    began (then by pid)."""
     scans = [scan(p) for p in snapshots]
-    scans.sort(key=lambda s: (s.get("rank_env") if s.get("rank_env") is not None else 1 << 30, s.get("pid") or 0))
+    # pids wrap, so processes without a rank go in the order the recorder first saw them
+    scans.sort(key=lambda s: (s.get("rank_env") if s.get("rank_env") is not None else 1 << 30,
+                              s.get("created") or 0.0, s.get("pid") or 0))
     links: List[Dict[str, Any]] = []
     unmatched: List[Dict[str, Any]] = []
     by_key = {(s["pid"], e["export"]): e for s in scans for e in s["exports"] if e.get("export") is not None}

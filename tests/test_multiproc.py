@@ -224,6 +224,7 @@ def test_legacy_ipc_with_placement_off_replays_as_a_group(double, tmp_path):
     m = load(tmp_path / "ipc.group.json")
     (link,) = m["links"]
     assert link["kind"] == "ipc" and link["handle"].startswith(b"CDIPC".hex())
+    assert [r["pid"] for r in m["ranks"]] == [link["from"]["pid"], link["to"]["pid"]]   # owner first
     with SnapshotReader(m["ranks"][1]["snapshot"]) as r:
         op = next(c for c in r.records("c") if c["f"].startswith("cuIpcOpenMemHandle"))
     assert op["a"]["handle"].hex() == link["handle"] and op["a"]["pdptr"] == link["to"]["dptr"]
