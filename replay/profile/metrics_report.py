@@ -159,6 +159,12 @@ def _num(v: Optional[float], unit: str = "") -> str:
     return f"{v:.3g} {unit}".rstrip()
 
 
+def _bound(roof: Dict[str, Any]) -> str:
+    """memory, or compute with the precision that dominates (compute, fp16 tensor)."""
+    b = roof.get("bound") or "-"
+    return f"{b}, {ms.precision_label(roof['dominant'])}" if b == "compute" and roof.get("dominant") else b
+
+
 def render_table(report: Dict[str, Any], out, top: int = 20) -> None:
     from cudasnap.formats.console import console, is_tty, print_table
     s = report.get("summary") or {}
@@ -175,7 +181,9 @@ def render_table(report: Dict[str, Any], out, top: int = 20) -> None:
     if "SpeedOfLight" in sections:
         for label, m in (("SM %", "sm__throughput.avg.pct_of_peak_sustained_elapsed"),
                          ("mem %", "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed"),
-                         ("DRAM %", "dram__throughput.avg.pct_of_peak_sustained_elapsed")):
+                         ("DRAM %", "dram__throughput.avg.pct_of_peak_sustained_elapsed"),
+                         ("L1 %", "l1tex__throughput.avg.pct_of_peak_sustained_active"),
+                         ("L2 %", "lts__throughput.avg.pct_of_peak_sustained_elapsed")):
             cols.append((label, "right"))
             get.append(lambda k, m=m: _pct(k["metrics"].get(m)))
     if "Occupancy" in sections:
@@ -193,7 +201,7 @@ def render_table(report: Dict[str, Any], out, top: int = 20) -> None:
         cols += [("FLOP", "right"), ("FLOP/B", "right"), ("bound", "left"), ("of roof", "right")]
         get.append(lambda k: _num((k.get("roofline") or {}).get("flop_total")))
         get.append(lambda k: _num((k.get("roofline") or {}).get("intensity")))
-        get.append(lambda k: (k.get("roofline") or {}).get("bound") or "-")
+        get.append(lambda k: _bound(k.get("roofline") or {}))
         get.append(lambda k: _pct((k.get("roofline") or {}).get("pct_of_roof")))
     known = {m for rows in ms.SECTIONS.values() for m, _l, _u in rows}
     raw = [m for m in s.get("metrics") or [] if m not in known]
