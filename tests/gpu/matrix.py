@@ -13,6 +13,10 @@ run_workload(name, work, env) runs, in order, on one GPU (CUDA_VISIBLE_DEVICES i
                handlers: the recorder's trigger for a process that ended abruptly), replayed
   stats        stats --out X.sqlite: one kernel row per recorded launch
   compare      compare of the two timelines: exit 0 (no regression between identical replays)
+  metrics      --profile metrics -c 5 (every default section): exit 0, SM and memory % per kernel
+  advise       advise --metrics of those counters (a job: from rank 0's timeline and counters;
+               otherwise from the snapshot, its graph what-if measured): exit 0 and findings
+CUDASNAP_MATRIX_CELLS=a,b runs only those cells (capture always)
 Each cell is {"ok": bool, "s": seconds, "detail": str}; a cell that cannot apply (a workload
 with no library GEMM) is {"ok": None, "detail": why}. Used by tests/gpu/test_gpu_matrix.py and
 bench/matrix_gpu.py (all workloads, spread over every GPU)."""
@@ -125,6 +129,9 @@ class Matrix:
         return cp
 
     def cell(self, key: str, fn: Callable[[], tuple]) -> dict:
+        only = [c for c in os.environ.get("CUDASNAP_MATRIX_CELLS", "").split(",") if c]
+        if only and key != "capture" and not any(key == c or key.startswith(c + ":") for c in only):
+            return {"ok": None, "s": 0, "detail": "not selected"}      # not recorded
         t0 = time.monotonic()
         try:
             ok, detail = fn()
@@ -289,6 +296,41 @@ class Matrix:
             cp = self.run(_cudasnap("compare", str(self.work / t1), str(self.work / t2)))
             return cp.returncode == 0, self._tail(cp) if cp.returncode else " | ".join(cp.stdout.strip().splitlines()[-2:])
         self.cell("compare", compare)
+
+        def metrics():
+            out = "m.json"
+            cp = self.run(_cudasnap("replay", str(target), "--profile", "metrics", "-c", "5", "--out",
+                                    str(self.work / out), "--watchdog", WATCHDOG))
+            path = self.work / (out.replace(".json", ".rank0.json") if self.name in JOBS else out)
+            if cp.returncode != 0 or not path.exists():
+                return False, self._tail(cp)
+            rep = json.loads(path.read_text())
+            ks = [k for k in rep.get("kernels") or [] if k.get("metrics")]
+            sol = [k for k in ks if isinstance(k["metrics"].get("sm__throughput.avg.pct_of_peak_sustained_elapsed"),
+                                                (int, float))]
+            top = max(sol, key=lambda k: k.get("total_us") or 0, default=None)
+            s = rep.get("summary") or {}
+            d = f"{len(sol)} of {len(ks)} kernels with SOL figures, {s.get('passes')} passes"
+            if top:
+                m = top["metrics"]
+                d += (f"; {(top.get('name') or '?')[:40]}: SM {m['sm__throughput.avg.pct_of_peak_sustained_elapsed']:.0f}%,"
+                      f" memory {m.get('gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed') or 0:.0f}%,"
+                      f" bound {(top.get('roofline') or {}).get('bound')}")
+            return bool(sol) and len(sol) == len(ks), d
+        self.cell("metrics", metrics)
+
+        def advise():
+            m = self.work / ("m.rank0.json" if self.name in JOBS else "m.json")
+            src = self.work / "t1.rank0.json" if self.name in JOBS else target
+            out = self.work / "advise.json"
+            cp = self.run(_cudasnap("advise", str(src), *(["--metrics", str(m)] if m.exists() else []),
+                                    "--out", str(out), "-f"))
+            if cp.returncode != 0 or not out.exists():
+                return False, self._tail(cp)
+            f = json.loads(out.read_text()).get("findings") or []
+            kinds = sorted({x.get("kind") for x in f})
+            return bool(f), f"{len(f)} findings ({', '.join(kinds[:6])})" + ("" if m.exists() else "; no counters")
+        self.cell("advise", advise)
         return self.cells
 
     def _extract_export(self, snap: Path, row: dict, what: str) -> tuple:
@@ -314,7 +356,7 @@ def run_workload(name: str, work: Path, env: Optional[Dict[str, str]] = None, lo
 
 
 COLUMNS = ["capture", "replay", "timeline", "isolated", "graph", "extract:first", "extract:longest", "extract:gemm",
-           "window", "flight", "stats", "compare"]
+           "window", "flight", "stats", "compare", "metrics", "advise"]
 
 
 def table(rows: List[dict]) -> str:
