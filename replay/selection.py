@@ -19,6 +19,8 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Dict, Mapping, Optional, Set
 
+from cudasnap.formats.abi import base_name
+from cudasnap.formats.layout import recorded_stream
 from cudasnap.formats.vocab import is_launch
 
 from .names import BASES, name_for
@@ -85,6 +87,7 @@ class LaunchSelection:
         self.func_names: Mapping[Any, str] = func_names if func_names is not None else {}
         self.chosen: Optional[Set[int]] = None       # counting: the selected launches' seqs
         self.matched = 0                             # counting: launches that passed the filters
+        self.not_alone = 0                           # counting, alone_only: launches left out
 
     @classmethod
     def of(cls, o, func_names=None) -> "LaunchSelection":
@@ -148,23 +151,40 @@ class LaunchSelection:
             return False
         return self.matches_name(name)
 
-    def prepare(self, ctx) -> "LaunchSelection":
+    def prepare(self, ctx, alone_only: bool = False, skip_name: Optional[Callable[[str], bool]] = None) -> "LaunchSelection":
         """Counting: walk the replayer's recorded launches in call order and keep the seqs of
-        those selected. Names are those the replay resolves (ctx.kernel_name_of)."""
+        those selected. Names are those the replay resolves (ctx.kernel_name_of).
+        alone_only (modes that replay each launch alone: metrics): -s/-c count only launches
+        that run on their own, not those recorded into a stream capture (graph nodes) nor those
+        skip_name refuses (a job's collectives)."""
         self.func_names = ctx.func_names
         if not self.counting or self.chosen is not None:
             return self
         chosen: Set[int] = set()
         n = 0
         hi = None if self.count is None else self.skip + self.count
+        capturing: Set[Any] = set()
         for rec in ctx.reader.records(("c",)):
             f = rec.get("f") or ""
+            if alone_only and rec.get("r", 0) == 0 and not rec.get("incomplete"):
+                b = base_name(f)
+                if b in ("cuStreamBeginCapture", "cuStreamBeginCaptureToGraph"):
+                    capturing.add((rec.get("a") or {}).get("hStream"))
+                    continue
+                if b == "cuStreamEndCapture":
+                    capturing.discard((rec.get("a") or {}).get("hStream"))
+                    continue
             if not is_launch(f) or rec.get("r", 0) != 0 or rec.get("incomplete") or "r" not in rec:
                 continue
             s = rec.get("s")
             if not isinstance(s, int):
                 continue
-            if not self._match(rec, ctx.kernel_name_of((rec.get("a") or {}).get("f"), s)):
+            name = ctx.kernel_name_of((rec.get("a") or {}).get("f"), s)
+            if not self._match(rec, name):
+                continue
+            if alone_only and ((capturing and recorded_stream(f, rec.get("a") or {}) in capturing)
+                               or (skip_name is not None and skip_name(name or ""))):
+                self.not_alone += 1
                 continue
             n += 1
             if n > self.skip and (hi is None or n <= hi):
@@ -198,6 +218,10 @@ class LaunchSelection:
         if self.counting and self.matched:
             return (f"-s {self.skip} skips every one of the {self.matched} launch(es) the other filters select"
                     if self.skip >= self.matched else f"{self.describe()}: selects no launch")
+        if self.counting and self.not_alone:
+            return (f"{self.describe()}: every one of the {self.not_alone} launch(es) the other filters select was "
+                    f"recorded into a stream capture (a graph's node) or is a collective, and this mode replays "
+                    f"launches alone (--profile isolated and timeline time the program's graph launches)")
         if self.sel is not None and not self.name_filter and self.launch is None:
             return (f"--calls {self.calls_text}: no launch, copy or memset of the snapshot is among those calls "
                     f"(its calls are #0-#{last})")

@@ -195,6 +195,25 @@ def test_metrics_selection_sections_and_raw_metrics(double, fake, tmp_path):
     assert "smsp__custom_metric.sum" in rp.stdout and "L2 hit" in rp.stdout and "occ" not in rp.stdout
 
 
+def test_launch_counts_skip_graph_nodes_metrics_cannot_replay_alone(double, fake, tmp_path):
+    """A program whose first launch was captured into a graph (as JAX's command buffers are):
+    -c 2 profiles the first two launches that run on their own; with none left, exit 2 and
+    the message says every selected launch was a graph's node."""
+    from test_profile import incr_graph_program
+    snap = tmp_path / "g.cusnap"
+    facts = incr_graph_program(snap, graph_launches=2, plain_after=3)
+    out = tmp_path / "m.json"
+    rp = _run(double, fake, snap, "--profile", "metrics", "-c", "2", "--out", out)
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    rep = json.loads(out.read_text())
+    assert [r["seq"] for r in rep["launches"]] == facts["plain"][:2]
+    snap2 = tmp_path / "g2.cusnap"
+    incr_graph_program(snap2, graph_launches=2)
+    rp = _run(double, fake, snap2, "--profile", "metrics", "-c", "2", "--out", tmp_path / "m2.json")
+    assert rp.returncode == 2, rp.stdout + rp.stderr
+    assert "a graph's node" in rp.stdout + rp.stderr and "--profile isolated" in rp.stdout + rp.stderr
+
+
 def test_metrics_alternative_spelling_and_unknown_metrics(double, fake, tmp_path):
     snap = tmp_path / "incr.cusnap"
     incr_program(snap, launches=1)

@@ -13,13 +13,17 @@ from ..collectives import is_collective
 from ..selection import LaunchSelection
 
 
-def Selection(cfg, ctx) -> LaunchSelection:
+def Selection(cfg, ctx, alone_only: bool = False) -> LaunchSelection:
     """Which launches are profiled: the selection of cfg (a ProfileConfig), prepared on the
-    replay's context ctx (after its first pass; -s/-c count the recorded launches). ctx may be
-    a mapping of function names (no counting then)."""
+    replay's context ctx (after its first pass; -s/-c count the recorded launches, with
+    alone_only those that can replay alone: not graph nodes, nor a job's collectives). ctx may
+    be a mapping of function names (no counting then)."""
     if isinstance(ctx, dict):
         return LaunchSelection.of(cfg, ctx)
-    return LaunchSelection.of(cfg, ctx.func_names).prepare(ctx)
+    import os
+    from ..group import ENV_RANK
+    skip = is_collective if alone_only and os.environ.get(ENV_RANK) else None
+    return LaunchSelection.of(cfg, ctx.func_names).prepare(ctx, alone_only, skip)
 
 
 SAVE_KINDS = ("placed", "fallback", "global")

@@ -69,7 +69,7 @@ class MetricsProfiler:
     def on_event(self, kind: str, ev) -> None:
         if kind == "start":
             self.rp = ev.replayer
-            self.sel = Selection(self.cfg, self.rp.ctx)
+            self.sel = Selection(self.cfg, self.rp.ctx, alone_only=True)      # -c counts launches it can profile
         elif kind == "before_launch" and self.sel(ev):
             if not replays_alone(self, ev, "metrics", "not profiled"):
                 return
@@ -267,8 +267,12 @@ class MetricsProfiler:
             d["error"] = self.error
         else:
             why = [r["error"] for r in self.rows if r.get("error")]
+            left = (self.skipped_captured or 0) + (self.skipped_collectives or 0) \
+                + (getattr(self.sel, "not_alone", 0) or 0)
             d["error"] = ("no launch was profiled" + (f" ({why[0]})" if why else
-                          " (no selected launch ran outside a stream capture)"))
+                          f" (every selected launch, {left}, was recorded into a stream capture, a graph's node, or "
+                          f"is a collective: metrics replays launches alone; --profile isolated or timeline time "
+                          f"the program's graph launches)" if left else " (no selected launch ran)"))
         return d
 
     def finish_report(self, report: Dict[str, Any]) -> None:

@@ -302,6 +302,10 @@ class Matrix:
             cp = self.run(_cudasnap("replay", str(target), "--profile", "metrics", "-c", "5", "--out",
                                     str(self.work / out), "--watchdog", WATCHDOG))
             path = self.work / (out.replace(".json", ".rank0.json") if self.name in JOBS else out)
+            if cp.returncode == 2 and "a graph's node" in (cp.stdout + cp.stderr):
+                (self.work / out).unlink(missing_ok=True)
+                return None, "its kernels run only inside the program's CUDA graphs (a limitation: metrics " \
+                             "replays launches alone)"
             if cp.returncode != 0 or not path.exists():
                 return False, self._tail(cp)
             rep = json.loads(path.read_text())
