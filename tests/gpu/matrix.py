@@ -128,9 +128,13 @@ class Matrix:
             f.write(f"\n$ {' '.join(map(str, argv))}\n# exit {cp.returncode}\n{cp.stdout[-20000:]}\n{cp.stderr[-20000:]}\n")
         return cp
 
-    def cell(self, key: str, fn: Callable[[], tuple]) -> dict:
+    @staticmethod
+    def selected(key: str) -> bool:
         only = [c for c in os.environ.get("CUDASNAP_MATRIX_CELLS", "").split(",") if c]
-        if only and key != "capture" and not any(key == c or key.startswith(c + ":") for c in only):
+        return not only or key == "capture" or any(key == c or key.startswith(c + ":") for c in only)
+
+    def cell(self, key: str, fn: Callable[[], tuple]) -> dict:
+        if not self.selected(key):
             return {"ok": None, "s": 0, "detail": "not selected"}      # not recorded
         t0 = time.monotonic()
         try:
@@ -239,6 +243,8 @@ class Matrix:
                                             "longest": max(launches, key=lambda r: r.get("time_us") or 0) if launches else None,
                                             "gemm": next((r for r in launches if GEMM_RX.search(r.get("name") or "")), None)}
         for what, row in picks.items():
+            if row is None and not self.selected(f"extract:{what}"):
+                continue
             if row is None:
                 reason = "no library GEMM in this workload" if launches and what == "gemm" else "no timeline"
                 self.cells[f"extract:{what}"] = {"ok": None if launches else False, "s": 0, "detail": reason}
