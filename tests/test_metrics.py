@@ -207,6 +207,8 @@ def test_launch_counts_skip_graph_nodes_metrics_cannot_replay_alone(double, fake
     assert rp.returncode == 0, rp.stdout + rp.stderr
     rep = json.loads(out.read_text())
     assert [r["seq"] for r in rep["launches"]] == facts["plain"][:2]
+    rp = _run(double, fake, snap, "--profile", "metrics")          # every launch: the graph's node is named
+    assert rp.returncode == 0 and "not profiled: 1 launch(es) recorded into a stream capture" in rp.stdout, rp.stdout
     snap2 = tmp_path / "g2.cusnap"
     incr_graph_program(snap2, graph_launches=2)
     rp = _run(double, fake, snap2, "--profile", "metrics", "-c", "2", "--out", tmp_path / "m2.json")

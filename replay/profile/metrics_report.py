@@ -218,3 +218,9 @@ def render_table(report: Dict[str, Any], out, top: int = 20) -> None:
         con.print("collected as: " + ", ".join(f"{a} -> {b}" for a, b in s["collected_as"].items()), markup=False)
     if s.get("not_collected"):
         con.print("not collected (unknown to this chip's CUPTI): " + ", ".join(s["not_collected"]), markup=False)
+    if s.get("captured_launches"):
+        con.print(f"not profiled: {s['captured_launches']} launch(es) recorded into a stream capture (graph nodes, "
+                  f"run by the program's graph launches; --profile isolated or timeline times them)", markup=False)
+    if s.get("collective_launches"):
+        con.print(f"not profiled: {s['collective_launches']} collective launch(es) (they wait for their peers)",
+                  markup=False)
