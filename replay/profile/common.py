@@ -4,12 +4,14 @@ restoring the memory a launch could write (MemorySaver), and the spread of timed
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import struct
 from contextlib import nullcontext
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..collectives import is_collective
+from ..group import ENV_RANK
 from ..selection import LaunchSelection
 
 
@@ -20,8 +22,6 @@ def Selection(cfg, ctx, alone_only: bool = False) -> LaunchSelection:
     be a mapping of function names (no counting then)."""
     if isinstance(ctx, dict):
         return LaunchSelection.of(cfg, ctx)
-    import os
-    from ..group import ENV_RANK
     skip = is_collective if alone_only and os.environ.get(ENV_RANK) else None
     return LaunchSelection.of(cfg, ctx.func_names).prepare(ctx, alone_only, skip)
 
