@@ -23,17 +23,13 @@ import json
 from typing import Any, Dict, List, Optional
 
 from cudasnap.replay.names import short_name
+from cudasnap.replay.profile import metrics_sections as ms
 from cudasnap.replay.profile.metrics_sections import precision_label
 
 from .findings import finding
 from .source import AdviseError
 
-SM = "sm__throughput.avg.pct_of_peak_sustained_elapsed"
-MEM = "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed"
-DRAM = "dram__throughput.avg.pct_of_peak_sustained_elapsed"
-L2 = "lts__throughput.avg.pct_of_peak_sustained_elapsed"
-L1 = "l1tex__throughput.avg.pct_of_peak_sustained_active"
-WARPS = "sm__warps_active.avg.pct_of_peak_sustained_active"
+SM, MEM, DRAM, L2, L1, WARPS = ms.SM_PCT, ms.MEM_PCT, ms.DRAM_PCT, ms.L2_PCT, ms.L1_PCT, ms.WARPS_PCT
 NEAR_PEAK = 60.0            # a unit at or above this % of its peak binds the kernel
 BALANCED = 10.0             # SM and memory closer than this (points): both bind
 LOW_OCCUPANCY = 50.0        # theoretical occupancy below this % is a finding of its own

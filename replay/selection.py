@@ -57,6 +57,21 @@ def check(kernels: Optional[str] = None, calls: Optional[str] = None, kernel_nam
     return None
 
 
+def track_capture(rec: Mapping[str, Any], capturing: Set[Any]) -> bool:
+    """A successful stream capture begin or end, followed in `capturing` (the recorded streams
+    in capture, for launches recorded there: graph nodes, not run then). True when rec was one."""
+    if rec.get("r", 0) != 0 or rec.get("incomplete"):
+        return False
+    b = base_name(rec.get("f") or "")
+    if b in ("cuStreamBeginCapture", "cuStreamBeginCaptureToGraph"):
+        capturing.add((rec.get("a") or {}).get("hStream"))
+        return True
+    if b == "cuStreamEndCapture":
+        capturing.discard((rec.get("a") or {}).get("hStream"))
+        return True
+    return False
+
+
 class LaunchSelection:
     """Which launches are selected (see the module doc). Counting (-s/-c) needs the recorded
     launches in order: prepare(replayer) reads them once, after the replayer's first pass."""
@@ -166,14 +181,8 @@ class LaunchSelection:
         capturing: Set[Any] = set()
         for rec in ctx.reader.records(("c",)):
             f = rec.get("f") or ""
-            if alone_only and rec.get("r", 0) == 0 and not rec.get("incomplete"):
-                b = base_name(f)
-                if b in ("cuStreamBeginCapture", "cuStreamBeginCaptureToGraph"):
-                    capturing.add((rec.get("a") or {}).get("hStream"))
-                    continue
-                if b == "cuStreamEndCapture":
-                    capturing.discard((rec.get("a") or {}).get("hStream"))
-                    continue
+            if alone_only and track_capture(rec, capturing):
+                continue
             if not is_launch(f) or rec.get("r", 0) != 0 or rec.get("incomplete") or "r" not in rec:
                 continue
             s = rec.get("s")

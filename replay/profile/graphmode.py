@@ -508,24 +508,25 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
             self.info.update(error=str(e), hung=True)
             raise ReplayError(msg)
         except Exception as e:
-            self.warn(f"graph: {type(e).__name__}: {e}{self._device_launch_hint(e)}")
+            hint = self._device_launch_hint()
+            self.warn(f"graph: {type(e).__name__}: {e}" + (f" ({hint})" if hint else ""))
             self.info["error"] = str(e)
         finally:
             if not hung:
                 self._cleanup(post, stream, graph, gexec, staging, evs, cupti)
 
-    def _device_launch_hint(self, e: Optional[Exception] = None) -> str:
-        """Where graph mode failed or timed no launch and the snapshot's code launches kernels
-        from the device (dynamic parallelism, whatever the error said): say so."""
+    def _device_launch_hint(self) -> str:
+        """Why graph mode may fail or time nothing here: the snapshot's code launches kernels from
+        the device (dynamic parallelism), whatever the error said; "" when it does not."""
         if self._dp_hint is None:
             from ..retarget import device_launching_loads
             try:
                 loads = device_launching_loads(self.rp.ctx.reader)
             except Exception:
                 loads = []
-            self._dp_hint = (f" (the code loaded by call #{loads[0]} launches kernels from the device, dynamic "
+            self._dp_hint = (f"the code loaded by call #{loads[0]} launches kernels from the device, dynamic "
                              f"parallelism, which a graph of the sequence may not hold: --profile timeline or "
-                             f"isolated times those kernels)") if loads else ""
+                             f"isolated times those kernels") if loads else ""
         return self._dp_hint
 
     def _graph_run(self, gexec, stream, what: str, events: Optional[Tuple] = None, clock=None,
@@ -843,5 +844,5 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
             d.pop("per_node_method", None)
             d.pop("node_mapping", None)
         if self.launches and not d["launches_timed"] and self._device_launch_hint():   # no profile: say why
-            d["hint"] = self._device_launch_hint().strip(" ()")
+            d["hint"] = self._device_launch_hint()
         return d

@@ -37,6 +37,7 @@ from .. import dispatch
 from ..collectives import is_collective
 from ..functions import bound_function, resolve_function
 from ..group import ENV_RANK
+from ..selection import track_capture
 from cudasnap.formats.layout import sizeof
 from ..params import LAUNCH_CONFIG, LaunchParams
 from ..plan import COPY_ASYNC, LAUNCH_EX, LAUNCHES, MEMSET8
@@ -196,11 +197,7 @@ class SequenceRecording:
                 continue
             a = rec.get("a") or {}
             b = base_name(f)
-            if b in ("cuStreamBeginCapture", "cuStreamBeginCaptureToGraph"):
-                in_capture.add(a.get("hStream"))
-                continue
-            if b == "cuStreamEndCapture":
-                in_capture.discard(a.get("hStream"))
+            if track_capture(rec, in_capture):
                 continue
             if b == "cuGraphLaunch":
                 graph_launches.append(s)

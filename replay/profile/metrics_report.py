@@ -179,16 +179,12 @@ def render_table(report: Dict[str, Any], out, top: int = 20) -> None:
     get: List[Any] = [lambda k: fmt_us((k["metrics"].get("gpu__time_duration.sum") or 0) / 1e3
                                        if "gpu__time_duration.sum" in k["metrics"] else None)]
     if "SpeedOfLight" in sections:
-        for label, m in (("SM %", "sm__throughput.avg.pct_of_peak_sustained_elapsed"),
-                         ("mem %", "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed"),
-                         ("DRAM %", "dram__throughput.avg.pct_of_peak_sustained_elapsed"),
-                         ("L1 %", "l1tex__throughput.avg.pct_of_peak_sustained_active"),
-                         ("L2 %", "lts__throughput.avg.pct_of_peak_sustained_elapsed")):
+        for label, m in ms.SOL_COLUMNS:
             cols.append((label, "right"))
             get.append(lambda k, m=m: _pct(k["metrics"].get(m)))
     if "Occupancy" in sections:
         cols += [("occ achieved", "right"), ("occ theor.", "right"), ("limiter", "left")]
-        get.append(lambda k: _pct(k["metrics"].get("sm__warps_active.avg.pct_of_peak_sustained_active")))
+        get.append(lambda k: _pct(k["metrics"].get(ms.WARPS_PCT)))
         get.append(lambda k: _pct((k.get("occupancy") or {}).get("theoretical_pct")))
         get.append(lambda k: ",".join((k.get("occupancy") or {}).get("limiter") or []) or "-")
     if "MemoryWorkloadAnalysis" in sections:

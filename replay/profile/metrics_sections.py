@@ -17,6 +17,16 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence, Tuple
 
+# the SpeedOfLight and Occupancy figures other modules read by name (advise, the table)
+SM_PCT = "sm__throughput.avg.pct_of_peak_sustained_elapsed"
+MEM_PCT = "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed"
+DRAM_PCT = "dram__throughput.avg.pct_of_peak_sustained_elapsed"
+L1_PCT = "l1tex__throughput.avg.pct_of_peak_sustained_active"
+L2_PCT = "lts__throughput.avg.pct_of_peak_sustained_elapsed"
+WARPS_PCT = "sm__warps_active.avg.pct_of_peak_sustained_active"
+# short labels of the table (metrics_report) for the SpeedOfLight figures
+SOL_COLUMNS = (("SM %", SM_PCT), ("mem %", MEM_PCT), ("DRAM %", DRAM_PCT), ("L1 %", L1_PCT), ("L2 %", L2_PCT))
+
 TENSOR: List[Tuple[str, List[Tuple[str, ...]], List[str]]] = [
     # tensor-core math, FLOP counted as ncu's tensor roofline counts them (a multiply-add is 2:
     # an fp16 GEMM of 8192^3 read 1.117e12 on an H200, 2 x 8192 x 8192 x 8320 with its
@@ -45,15 +55,15 @@ TENSOR: List[Tuple[str, List[Tuple[str, ...]], List[str]]] = [
 # (metric, label, unit)
 SECTIONS: Dict[str, List[Tuple[str, str, str]]] = {
     "SpeedOfLight": [
-        ("sm__throughput.avg.pct_of_peak_sustained_elapsed", "Compute (SM) Throughput", "%"),
-        ("gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed", "Memory Throughput", "%"),
-        ("dram__throughput.avg.pct_of_peak_sustained_elapsed", "DRAM Throughput", "%"),
-        ("l1tex__throughput.avg.pct_of_peak_sustained_active", "L1/TEX Cache Throughput", "%"),
-        ("lts__throughput.avg.pct_of_peak_sustained_elapsed", "L2 Cache Throughput", "%"),
+        (SM_PCT, "Compute (SM) Throughput", "%"),
+        (MEM_PCT, "Memory Throughput", "%"),
+        (DRAM_PCT, "DRAM Throughput", "%"),
+        (L1_PCT, "L1/TEX Cache Throughput", "%"),
+        (L2_PCT, "L2 Cache Throughput", "%"),
         ("gpu__time_duration.sum", "Duration", "ns"),
     ],
     "Occupancy": [
-        ("sm__warps_active.avg.pct_of_peak_sustained_active", "Achieved Occupancy", "%"),
+        (WARPS_PCT, "Achieved Occupancy", "%"),
     ],
     "MemoryWorkloadAnalysis": [
         ("l1tex__t_sector_hit_rate.pct", "L1/TEX Hit Rate", "%"),
