@@ -9,11 +9,11 @@
 #      environments: plain (the baseline), eager module loading (CUDA_MODULE_LOADING=EAGER), and
 #      the -G build of compute_k swapped in (CUDASNAP_REPLACE; the other snapshots do not record
 #      compute_k, so there the environment is plain);
-#   4. runs it on 1 GPU (CUDA_VISIBLE_DEVICES=0) and on 4, each into its own store, timed;
+#   4. runs it on 1 GPU (CUDA_VISIBLE_DEVICES=0) and on 4 (fewer where the machine has fewer), each into its own store, timed;
 #   5. reports the 4-GPU store (text, --json, --html) and checks: exit 1, the one regression is
 #      compute_k in demo_ab under the -G swap, attributed to the rebuilt kernel; no cell
 #      regressed where the environment is the baseline's (eager loading is a real change: its
-#      findings are listed), 4 GPUs >= 3x faster than 1; prints cells per hour, the engine's overhead per
+#      findings are listed), 4 GPUs >= 3x faster than 1 (0.75x per GPU on fewer); prints cells per hour, the engine's overhead per
 #      cell and the store's size per 1,000 cells from the stores.
 # Writes under $OUT: campaign.log, campaign.toml, campaign.html, report.json, run1.json,
 # run4.json, summary.json, stores.tar.gz. Run from the project root:  bash bench/campaign_gpu.sh
