@@ -167,6 +167,7 @@ class Recorder:
         header = {
             "format": "cudasnap",
             "created": time.time(),
+            "started": ring.started,
             "host": socket.gethostname(),
             "pid": pid,
             "ppid": ring.ppid,

@@ -73,6 +73,9 @@ class Ring:
         self.mask = self.capacity - 1
         self.pid = struct.unpack_from("<Q", self.mm, OFF_PID)[0]
         self.ppid = struct.unpack_from("<Q", self.mm, OFF_PPID)[0]
+        # CLOCK_MONOTONIC (host-wide) when the shim opened the ring, as epoch seconds
+        start_ns = struct.unpack_from("<Q", self.mm, C.OFF_START_NS)[0]
+        self.started = time.time() - (time.monotonic_ns() - start_ns) / 1e9 if start_ns else None
         self.fn_count = struct.unpack_from("<I", self.mm, OFF_FNCOUNT)[0]
         self.api_digest = bytes(self.mm[OFF_DIGEST:OFF_DIGEST + C.LEN_API_DIGEST]).split(b"\0")[0].decode()
         # record timestamps in TSC ticks: mapped to CLOCK_MONOTONIC ns by the line through the

@@ -53,6 +53,7 @@ def scan(path) -> Dict[str, Any]:
         hdr = r.header or {}
         env = hdr.get("env") or {}
         out: Dict[str, Any] = {"pid": hdr.get("pid"), "ppid": hdr.get("ppid"), "created": hdr.get("created"),
+                               "started": hdr.get("started"),
                                "snapshot": os.fspath(path),
                                "devices": [], "gpus": [], "exports": [], "imports": [], "ipc_get": [],
                                "ipc_open": [], "peer": []}
@@ -115,12 +116,13 @@ def scan(path) -> Dict[str, Any]:
 
 def build(snapshots: Sequence, command: Optional[List[str]] = None) -> Dict[str, Any]:
     """A manifest for these snapshots (one per process). Ranks are ordered by the rank their
-    environment named (RANK, OMPI_COMM_WORLD_RANK, LOCAL_RANK), else in the order their recording
-    began (then by pid)."""
+    environment named (RANK, OMPI_COMM_WORLD_RANK, LOCAL_RANK), else in the order the processes
+    first called the driver (then by pid)."""
     scans = [scan(p) for p in snapshots]
-    # pids wrap, so processes without a rank go in the order the recorder first saw them
+    # pids wrap and the recorder notices processes late, so processes without a rank go in
+    # the order their shim started recording (a parent before the child it forks)
     scans.sort(key=lambda s: (s.get("rank_env") if s.get("rank_env") is not None else 1 << 30,
-                              s.get("created") or 0.0, s.get("pid") or 0))
+                              s.get("started") or s.get("created") or 0.0, s.get("pid") or 0))
     links: List[Dict[str, Any]] = []
     unmatched: List[Dict[str, Any]] = []
     by_key = {(s["pid"], e["export"]): e for s in scans for e in s["exports"] if e.get("export") is not None}

@@ -312,13 +312,14 @@ def test_hung_peer_replayer_times_out(job, double):
     the timeout, the coordinator stops the hung one: exit 2, bounded time."""
     _cp, man, _snaps = job
     m = load(man)
-    seq = m["links"][0]["to"]["seq"] + 1            # the importer hangs after importing
-    t = time.monotonic()
-    rp = _run(double, "replay", str(man), env={"CUDASNAP_GROUP_TEST_KILL": f"1:{seq}:stall",
+    to = m["links"][0]["to"]
+    rank = next(r["rank"] for r in m["ranks"] if r["pid"] == to["pid"])
+    t = time.monotonic()                            # the importer hangs after importing
+    rp = _run(double, "replay", str(man), env={"CUDASNAP_GROUP_TEST_KILL": f"{rank}:{to['seq'] + 1}:stall",
                                                "CUDASNAP_GROUP_TIMEOUT": "3"}, timeout=90)
     assert rp.returncode == 2, rp.stdout + rp.stderr
     assert time.monotonic() - t < 40
-    assert "rank 1 did not reach the calls recorded before it within 3 s" in rp.stdout, rp.stdout
+    assert f"rank {rank} did not reach the calls recorded before it within 3 s" in rp.stdout, rp.stdout
     assert "stopped by the coordinator" in rp.stdout
 
 
@@ -397,3 +398,19 @@ def test_group_timeline_splits_collectives_into_wait_and_collective(double, tmp_
     assert rp.returncode == 0, rp.stdout + rp.stderr
     assert "collectives: 3 matched across ranks by kernel name and order" in rp.stdout
     assert "rank 0: 3 kernels" in rp.stdout and "rank 1: 3 kernels" in rp.stdout
+
+
+def test_ranks_without_a_rank_variable_follow_process_start(monkeypatch):
+    """Without RANK-like variables ranks go in the order the processes started (pids wrap),
+    ties to the clock tick broken by pid; a rank variable wins over both."""
+    from cudasnap.formats import group
+
+    def fake(pid, started, rank_env=None):
+        return {"pid": pid, "started": started, "created": 1000.0 - pid, "snapshot": f"p{pid}",
+                "devices": [0], "gpus": [], "exports": [], "imports": [], "ipc_get": [], "ipc_open": [],
+                "peer": [], **({"rank_env": rank_env} if rank_env is not None else {})}
+    scans = {"a": fake(32000, 10.0), "b": fake(300, 10.5), "c": fake(299, 10.5)}
+    monkeypatch.setattr(group, "scan", lambda p: scans[p])
+    assert [r["pid"] for r in build(["b", "a", "c"])["ranks"]] == [32000, 299, 300]
+    scans["b"]["rank_env"] = 0
+    assert [r["pid"] for r in build(["b", "a", "c"])["ranks"]] == [300, 32000, 299]
