@@ -4,8 +4,9 @@ its evidence and the time at stake, and what-ifs measured by replays.
 Given a snapshot, advise replays it under `--profile timeline` (a child process, with a trace
 for copies, memsets and NVTX ranges); given a profile JSON it reads it and replays the snapshot
 the profile names for the what-ifs, or says why it cannot. Findings come from the timeline
-(advise/findings.py) and, given a metrics profile (--metrics), from counters (advise/counters.py); what-ifs (advise/whatif.py) are replays of their own: a launch-bound
-stretch as a CUDA graph, a rebuilt kernel (--replace).
+(advise/findings.py) and, given a metrics profile (--metrics), from counters
+(advise/counters.py); what-ifs (advise/whatif.py) are replays of their own: a launch-bound
+stretch as a CUDA graph, a rebuilt kernel (--replace), another launch size (--launch-override).
 
 Python API:
 
@@ -26,7 +27,7 @@ from .findings import (Limits, Timeline, heavy_kernels, host_gaps, launch_bound,
                        recorded_transfers, small_transfers)
 from .source import AdviseError, Source, is_profile_json, read_profile, snapshot_calls, take_profile, \
     trace_device_ops, trace_nvtx
-from .whatif import graph_whatif, replace_selection, variant_whatif
+from .whatif import graph_whatif, launch_selection, replace_selection, variant_whatif
 
 __all__ = ["AdviseConfig", "AdviseError", "advise"]
 
@@ -37,6 +38,7 @@ class AdviseConfig:
     what_if: bool = True
     graph_stretches: int = 3            # launch-bound stretches measured as graphs, largest first
     replace: List[str] = field(default_factory=list)
+    launch_override: List[str] = field(default_factory=list)   # specs as `replay --launch-override`
     pace: str = "recorded"              # the timeline replay keeps the program's host gaps
     device: int = 0
     repeat: int = 10
@@ -112,10 +114,13 @@ def advise(path: str, cfg: Optional[AdviseConfig] = None, progress=None) -> Dict
                 f["estimate_us"] = f["at_stake_us"]
                 f["at_stake_us"] = max(w["gain_us"], 0.0)
                 f["basis"] = "measured: the stretch's span minus its graph's time"
-        for spec in cfg.replace:
-            say(f"what-if: --replace {spec}")
-            whatifs.append(variant_whatif(src.snapshot, "replace", f"--replace {spec}", ["--replace", spec],
-                                          replace_selection(spec), cfg.device, cfg.repeat, cfg.warmup, cfg.timeout))
+        baselines: Dict[tuple, Dict[str, Any]] = {}
+        variants = ([("replace", "--replace", spec, replace_selection(spec)) for spec in cfg.replace]
+                    + [("launch", "--launch-override", spec, launch_selection(spec)) for spec in cfg.launch_override])
+        for kind, flag, spec, sel in variants:
+            say(f"what-if: {flag} {spec}")
+            whatifs.append(variant_whatif(src.snapshot, kind, f"{flag} {spec}", [flag, spec], sel, cfg.device,
+                                          cfg.repeat, cfg.warmup, cfg.timeout, baselines))
     else:
         for f in stretches:
             f["what_if"] = {"kind": "graph", "measured": False, "why": why_not}

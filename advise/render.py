@@ -45,7 +45,7 @@ def evidence_line(f: Dict[str, Any]) -> str:
         return ", ".join(parts)
     if k == "small-transfers":
         return f"{e['count']} x {e['what']}, sizes {e['bytes']} B, {fmt_us(e['total_us'])} in all"
-    if k == "replace":
+    if k in ("replace", "launch"):
         ks = e["kernels"][:2]
         return "; ".join(f"{r['kernel']}: {fmt_us(r['before_us'])} -> {fmt_us(r['after_us'])} ({r['change_pct']:+.1f}%)"
                          for r in ks) + ("" if e["verified"] else " (results differ)")

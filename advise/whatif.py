@@ -5,7 +5,9 @@ and keeps its command, exit code and the numbers it measured.
   the gain is the stretch's span on the timeline minus the graph's median time.
 - replace: `--replace K=FILE`, the rebuilt kernel against the recorded one, both timed in
   isolated mode over the same launches, one replay each; the replay's verification says
-  whether the rebuilt kernel still computes the recorded results."""
+  whether the rebuilt kernel still computes the recorded results.
+- launch: `--launch-override grid=..,block=..[,kernel=RX]`, another launch size measured the
+  same way; verification says whether the kernel allows it (a grid-stride loop does)."""
 from __future__ import annotations
 
 import json
@@ -70,10 +72,15 @@ def _medians(rep: Optional[Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
 
 
 def variant_whatif(snapshot: str, kind: str, what: str, variant_args: List[str], sel: List[str], device: int,
-                   repeat: int, warmup: int, timeout: Optional[float]) -> Dict[str, Any]:
-    """The kernels of `sel` timed in isolated mode as recorded and with variant_args."""
+                   repeat: int, warmup: int, timeout: Optional[float],
+                   baselines: Optional[Dict[tuple, Dict[str, Any]]] = None) -> Dict[str, Any]:
+    """The kernels of `sel` timed in isolated mode as recorded and with variant_args.
+    baselines: as-recorded replays by their arguments, shared by what-ifs of one selection."""
     common = ["--profile", "isolated", *sel, "--repeat", str(repeat), "--warmup", str(warmup), "--device", str(device)]
-    base = _profile_run(snapshot, common, timeout)
+    baselines = {} if baselines is None else baselines
+    if tuple(common) not in baselines:
+        baselines[tuple(common)] = _profile_run(snapshot, common, timeout)
+    base = baselines[tuple(common)]
     var = _profile_run(snapshot, [*common, *variant_args], timeout)
     w: Dict[str, Any] = {"kind": kind, "what": what, "replay": var["run"], "baseline_replay": base["run"]}
     if base["run"]["exit_code"] != 0 or base["report"] is None:
@@ -95,14 +102,25 @@ def variant_whatif(snapshot: str, kind: str, what: str, variant_args: List[str],
                      "noise_pct": max(k.get("noise_pct") or 0, v.get("noise_pct") or 0)})
     rows.sort(key=lambda r: -abs(r["before_total_us"] - r["after_total_us"]))
     gain = sum(r["before_total_us"] - r["after_total_us"] for r in rows)
-    applied = [r for r in ((var["report"].get("run") or {}).get("replace") or [])]
+    vrun = var["report"].get("run") or {}
+    applied = vrun.get("launch_override") if kind == "launch" else list(vrun.get("replace") or [])
     w.update(measured=bool(rows), kernels=rows, gain_us=round(gain, 3),
              verified=var["run"]["exit_code"] == 0, applied=applied)
-    if not rows:
+    if kind == "launch" and isinstance(applied, dict) and not applied.get("applied"):
+        refused = "; ".join(f"{k}: {why}" for k, why in (applied.get("refused") or {}).items())
+        w.update(measured=False, why="the new size applied to no launch" + (f" ({refused})" if refused else ""))
+    elif not rows:
         w["why"] = "no kernel was timed in both replays"
     if var["run"]["exit_code"] == 1:
         w["note"] = "the replay with the change does not reproduce the recorded results"
     return w
+
+
+def launch_selection(spec: str) -> List[str]:
+    """The launches a --launch-override SPEC concerns: its kernel=REGEX, or every launch."""
+    from cudasnap.replay.override import parse
+    kern = parse(spec)[2]
+    return ["--kernels", kern] if kern else []
 
 
 def replace_selection(spec: str) -> List[str]:

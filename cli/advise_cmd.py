@@ -3,6 +3,7 @@ in cudasnap.advise)."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from enum import Enum
 from pathlib import Path
@@ -27,6 +28,7 @@ def advise(
     top: int = typer.Option(10, "--top", metavar="N", min=1, help="Findings shown, highest time at stake first."),
     no_what_if: bool = typer.Option(False, "--no-what-if", help="Findings only: run no what-if replay."),
     replace: List[str] = typer.Option([], "--replace", metavar="K=FILE", help="What-if: the kernel K (a recorded name, module:K or 0xMODULE as replay takes it) from a rebuilt FILE, timed in isolated mode against the recorded one (repeatable)."),
+    launch_override: List[str] = typer.Option([], "--launch-override", metavar="SPEC", help="What-if: grid=X,Y,Z and/or block=X,Y,Z[,kernel=REGEX] as `replay --launch-override` takes it, timed in isolated mode against the recorded sizes; the replay's verification says whether the kernel allows it (repeatable)."),
     pace: Pace = typer.Option(Pace.recorded, "--pace", metavar="recorded|fast", help="The timeline replay's pace: recorded keeps the program's host gaps (launch-bound stretches and host gaps are the program's), fast shows the replayer's."),
     graphs: int = typer.Option(3, "--graphs", metavar="N", min=0, help="Launch-bound stretches measured as CUDA graphs, largest first."),
     repeat: int = typer.Option(10, "--repeat", metavar="N", min=1, help="What-ifs: timed runs per graph or launch."),
@@ -43,7 +45,8 @@ def advise(
     bounds each heavy kernel (memory, compute, latency) and low occupancy, from its counters.
 
     What-ifs are measured by replays, not estimated: a launch-bound stretch replayed as one CUDA
-    graph (`replay --profile graph --calls A-B`) against its span on the timeline; with --replace, the kernel as rebuilt against the recorded one.
+    graph (`replay --profile graph --calls A-B`) against its span on the timeline; with --replace,
+    the kernel as rebuilt against the recorded one; with --launch-override, another launch size.
 
     Exit 0: findings made (a what-if that could not be measured says why); 2: bad input (not a
     snapshot or a timeline profile, a profile with no kernels, an unwritable output)."""
@@ -83,7 +86,15 @@ def advise(
             f = r.rpartition("=")[2].strip()
             if not Path(f).is_file():
                 _fail(f"--replace {r}: no such file")
+    if launch_override and not no_what_if:
+        from cudasnap.replay.override import parse as parse_override
+        for spec in launch_override:
+            try:
+                parse_override(spec)
+            except (ValueError, re.error) as e:
+                _fail(f"--launch-override {spec}: {e}" if isinstance(e, re.error) else str(e))
     cfg = AdviseConfig(top=top, what_if=not no_what_if, graph_stretches=graphs, replace=list(replace),
+                       launch_override=list(launch_override),
                        pace=pace.value, device=device, repeat=repeat, warmup=warmup,
                        timeout=timeout, limits=Limits(tiny_us=tiny_us), metrics=str(metrics) if metrics else None)
     tty = is_tty(sys.stderr) and not json_out

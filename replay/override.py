@@ -128,6 +128,12 @@ class LaunchOverride:
         self.applied += 1
         self.kernels.add(name)
 
+    def summary(self) -> Dict[str, object]:
+        """What was changed: a profile keeps it, so a comparison knows what it measured."""
+        return {"grid": list(self.grid) if self.grid else None, "block": list(self.block) if self.block else None,
+                "kernel": self.rx.pattern if self.rx else None, "applied": self.applied,
+                "kernels": sorted(self.kernels), "refused": dict(sorted(self.refused.items()))}
+
     def _report(self, ctx) -> None:
         g = "x".join(map(str, self.grid)) if self.grid else "as recorded"
         b = "x".join(map(str, self.block)) if self.block else "as recorded"

@@ -169,6 +169,32 @@ def test_a_rebuilt_kernel_is_measured_against_the_recorded_one(double, snap, tmp
     assert k["kernel"] == "incr" and k["launches"] == 48 and k["before_us"] > 0 and k["after_us"] > 0
 
 
+def test_other_launch_sizes_are_measured_and_verified(double, snap):
+    """--launch-override what-ifs: a size the kernel allows (same threads) verifies; too few threads
+    breaks the results and says so; a block the kernel cannot take applies to nothing, said why.
+    The as-recorded replay is shared by what-ifs of one selection."""
+    path, _ = snap
+    cp = _cli(double, "advise", path, "--json", "--graphs", "0", "--repeat", "2", "--warmup", "0",
+              "--launch-override", "grid=2,block=8,kernel=^incr$", "--launch-override", "grid=1,block=4,kernel=^incr$",
+              "--launch-override", "block=4096,kernel=^incr$")
+    assert cp.returncode == 0, cp.stderr
+    res = json.loads(cp.stdout)
+    same, few, big = res["what_ifs"]["other"]
+    assert same["kind"] == "launch" and same["measured"] and same["verified"], same
+    assert same["applied"]["applied"] == 48 and same["applied"]["block"] == [8, 1, 1]
+    assert [k["kernel"] for k in same["kernels"]] == ["incr"]
+    assert same["baseline_replay"] == few["baseline_replay"] == big["baseline_replay"]
+    assert few["measured"] and not few["verified"] and few["replay"]["exit_code"] == 1
+    f = next(f for f in res["findings"] if f["kind"] == "launch" and "grid=1,block=4," in f["title"])
+    assert f["advice"] == "The change breaks the results"
+    assert big["measured"] is False and "applied to no launch" in big["why"] and "the kernel allows 1024" in big["why"]
+    txt = _cli(double, "advise", path, "--graphs", "0", "--repeat", "2", "--warmup", "0",
+               "--launch-override", "block=4096,kernel=^incr$")
+    assert txt.returncode == 0 and "what-if --launch-override block=4096,kernel=^incr$: not measured" in txt.stdout
+    bad = _cli(double, "advise", path, "--launch-override", "grid=x", timeout=60)
+    assert bad.returncode == 2 and "grid takes integers" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("case", ["missing", "not_json", "not_profile", "graph_profile", "no_kernels", "manifest", "garbage"])
 def test_bad_input_is_one_line_and_exit_2(double, tmp_path, case):
     f = tmp_path / "in.json"

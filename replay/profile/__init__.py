@@ -163,9 +163,11 @@ def profile_replay(snapshot, cfg: ProfileConfig, options: Optional[ReplayOptions
         raise ValueError(err)
     opts = options or ReplayOptions()
     rp = Replayer(snapshot, opts, driver=driver, out=out)
+    override = None
     if opts.launch_override:      # before the profiler: it times the launches as overridden
         from ..override import LaunchOverride
-        rp.subscribers.append(LaunchOverride(opts.launch_override))
+        override = LaunchOverride(opts.launch_override)
+        rp.subscribers.append(override)
     warnings: List[str] = []
 
     def warn(msg: str) -> None:
@@ -207,6 +209,8 @@ def profile_replay(snapshot, cfg: ProfileConfig, options: Optional[ReplayOptions
             report["run"] = run_info(rp, cfg, opts, snapshot)
             report["run"]["exit_code"] = res.exit_code
             report["run"]["timings_s"] = phase_timings(res, t_entry)
+            if override is not None:
+                report["run"]["launch_override"] = override.summary()
         except Exception as e:  # facts for comparisons; never a reason to lose the profile
             report["warnings"].append(f"run facts unavailable: {type(e).__name__}: {e}")
         failure = profile_failure(report, cfg)
