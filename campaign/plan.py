@@ -38,7 +38,7 @@ from typing import Any, Dict, List, Optional
 
 import xxhash
 
-from cudasnap.compare.envs import env_table
+from cudasnap.compare.envs import Env, env_table
 from cudasnap.formats.tomlfile import TomlFileError, load_toml
 
 
@@ -68,19 +68,11 @@ class Snapshot:
     mode: str = "isolated"
 
 
-@dataclass
-class Env:
-    index: int
-    name: str
-    vars: Dict[str, str] = field(default_factory=dict)
-    driver: Optional[str] = None
-    gpu: Optional[str] = None
-
-    def identity(self) -> Dict[str, Any]:
-        """What defines the environment; a rebuilt replacement kernel changes it (its file digest)."""
-        return {"name": self.name, "vars": dict(sorted(self.vars.items())), "driver": self.driver,
-                "driver_digest": _file_digest(self.driver) if self.driver else None, "gpu": self.gpu,
-                "replace": replace_digests(self.vars.get("CUDASNAP_REPLACE", ""))}
+def env_identity(e: Env) -> Dict[str, Any]:
+    """What defines an environment; a rebuilt replacement kernel changes it (its file digest)."""
+    return {"name": e.name, "vars": dict(sorted(e.vars.items())), "driver": e.driver,
+            "driver_digest": _file_digest(e.driver) if e.driver else None, "gpu": e.gpu,
+            "replace": replace_digests(e.vars.get("CUDASNAP_REPLACE", ""))}
 
 
 @dataclass
@@ -93,7 +85,7 @@ class Cell:
     not_applied: List[str] = field(default_factory=list)   # CUDASNAP_REPLACE targets it does not record
 
     def identity(self) -> Dict[str, Any]:
-        d = self.env.identity()
+        d = env_identity(self.env)
         if self.not_applied:
             d["vars"] = dict(sorted(self.vars.items()))
             d["replace"] = {k: v for k, v in d["replace"].items() if k not in self.not_applied}
@@ -197,7 +189,7 @@ def _envs(tables: Any, path: str, base: str) -> List[Env]:
         for kern, dig in replace_digests(vs.get("CUDASNAP_REPLACE", "")).items():
             if dig is None:
                 raise PlanError(f"{where} ({name}): CUDASNAP_REPLACE {kern}: its file cannot be read")
-        envs.append(Env(i, name, vs, drv, gpu))
+        envs.append(Env(i, name, vs, drv, gpu=gpu))
     return envs
 
 
@@ -245,7 +237,7 @@ def _snapshots(tables: Any, path: str, base: str) -> List[Snapshot]:
 
 
 def cell_key(s: Snapshot, e: Env) -> str:
-    ident = {"snapshot": s.digest, "kernels": s.kernels, "mode": s.mode, "env": e.identity()}
+    ident = {"snapshot": s.digest, "kernels": s.kernels, "mode": s.mode, "env": env_identity(e)}
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]
 
 
@@ -317,7 +309,7 @@ def load_campaign(path) -> Campaign:
     # the file's own bytes plus what it points at: a changed snapshot or replacement is another campaign
     h = hashlib.sha256(raw)
     h.update(json.dumps([[s.digest, s.kernels, s.mode] for s in snaps]).encode())
-    h.update(json.dumps([e.identity() for e in envs], sort_keys=True).encode())
+    h.update(json.dumps([env_identity(e) for e in envs], sort_keys=True).encode())
     cells: List[Cell] = []
     replacing = any("CUDASNAP_REPLACE" in e.vars for e in envs)
     for s in snaps:

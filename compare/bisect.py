@@ -29,27 +29,18 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 from cudasnap.formats.console import invoked_command
 from cudasnap.formats.tomlfile import TomlFileError, load_toml
 
 from .core import SLOWER, CompareError, compare, facts, load_profile
-from .envs import env_table
+from .envs import Env, env_table
 
 
 class BisectError(Exception):
     """A bisection that cannot proceed (one line)."""
-
-
-@dataclass
-class Env:
-    index: int
-    name: str
-    vars: Dict[str, str] = field(default_factory=dict)
-    driver: Optional[str] = None
-    device: Optional[int] = None
 
 
 def _toml_load(path: str) -> Dict[str, Any]:
@@ -74,7 +65,7 @@ def load_envs(path) -> List[Env]:
         dev = t.get("device")
         if dev is not None and (not isinstance(dev, int) or isinstance(dev, bool) or dev < 0):
             raise BisectError(f"{where} ({name}): device must be an ordinal >= 0")
-        envs.append(Env(i, name, vs, drv, dev))
+        envs.append(Env(i, name, vs, drv, device=dev))
     if len(envs) < 2:
         raise BisectError(f"{path}: bisect needs at least two environments (the first good, the last bad)")
     return envs

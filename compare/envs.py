@@ -4,7 +4,19 @@ campaign: gpu)."""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, Optional, Tuple
+
+
+@dataclass
+class Env:
+    """One environment to replay in, as bisect and a campaign read it."""
+    index: int
+    name: str
+    vars: Dict[str, str] = field(default_factory=dict)
+    driver: Optional[str] = None
+    device: Optional[int] = None        # bisect: the GPU ordinal it asks for
+    gpu: Optional[str] = None           # campaign: the GPU model it asks for ("H100")
 
 
 def env_table(t: Any, where: str, base: str, extra: Iterable[str], taken: Iterable[str],
