@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from cudasnap.formats.console import tool_version
+from cudasnap.replay.names import short_name as short_kernel
 
-from .counters import counter_findings, read_metrics
+from .counters import block_size_candidate, counter_findings, read_metrics
 from .findings import (Limits, Timeline, heavy_kernels, host_gaps, launch_bound, library_candidates,
                        recorded_transfers, small_transfers)
 from .source import AdviseError, Source, is_profile_json, read_profile, snapshot_calls, take_profile, \
@@ -39,6 +40,7 @@ class AdviseConfig:
     graph_stretches: int = 3            # launch-bound stretches measured as graphs, largest first
     replace: List[str] = field(default_factory=list)
     launch_override: List[str] = field(default_factory=list)   # specs as `replay --launch-override`
+    block_sizes: int = 2                # low-occupancy kernels whose better block size is measured
     pace: str = "recorded"              # the timeline replay keeps the program's host gaps
     device: int = 0
     repeat: int = 10
@@ -115,6 +117,25 @@ def advise(path: str, cfg: Optional[AdviseConfig] = None, progress=None) -> Dict
                 f["at_stake_us"] = max(w["gain_us"], 0.0)
                 f["basis"] = "measured: the stretch's span minus its graph's time"
         baselines: Dict[tuple, Dict[str, Any]] = {}
+        low_occ = [f for f in findings if f["kind"] == "occupancy"] if counters is not None else []
+        for f in low_occ[cfg.block_sizes:]:
+            f["what_if"] = {"kind": "launch", "measured": False,
+                            "why": f"not among the {cfg.block_sizes} heaviest low-occupancy kernels (--block-sizes)"}
+        for f in low_occ[:cfg.block_sizes]:
+            cand, why = block_size_candidate(counters, f["kernel"])
+            if cand is None:
+                f["what_if"] = {"kind": "launch", "measured": False, "why": why}
+                continue
+            say(f"what-if: {short_kernel(f['kernel'])} at block {cand['block']}")
+            w = variant_whatif(src.snapshot, "launch", f"--launch-override {cand['spec']}",
+                               ["--launch-override", cand["spec"]], launch_selection(cand["spec"]), cfg.device,
+                               cfg.repeat, cfg.warmup, cfg.timeout, baselines)
+            w["occupancy"] = cand
+            f["what_if"] = w
+            if w.get("measured") and w.get("verified"):
+                f["estimate_us"] = f["at_stake_us"]
+                f["at_stake_us"] = max(w["gain_us"], 0.0)
+                f["basis"] = f"measured: isolated replays at block {cand['block']}"
         variants = ([("replace", "--replace", spec, replace_selection(spec)) for spec in cfg.replace]
                     + [("launch", "--launch-override", spec, launch_selection(spec)) for spec in cfg.launch_override])
         for kind, flag, spec, sel in variants:

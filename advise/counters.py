@@ -20,7 +20,9 @@ running its binding unit at 100% of peak (an upper bound no change reaches)."""
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, List, Optional
+import math
+import re
+from typing import Any, Dict, List, Optional, Tuple
 
 from cudasnap.replay.names import short_name
 from cudasnap.replay.profile import metrics_sections as ms
@@ -137,3 +139,42 @@ def counter_findings(p: Dict[str, Any], top: int = 5, min_share_pct: float = 5.0
                                 "other sizes.", "the kernel's unoccupied time below its roof (upper bound)",
                                 kernel=name))
     return out
+
+
+def block_size_candidate(p: Dict[str, Any], kernel: str, min_gain_pct: float = 10.0) -> Tuple[Optional[Dict[str, Any]], str]:
+    """Another block size for a kernel of a metrics profile that raises its theoretical occupancy
+    by min_gain_pct points or more, with its registers and static shared memory as measured:
+    ({"spec": a --launch-override keeping the threads launched, "occupancy_pct", ...}, "") or
+    (None, why not)."""
+    row = next((k for k in p.get("kernels") or [] if isinstance(k, dict) and k.get("name") == kernel), None)
+    occ = (row or {}).get("occupancy") or {}
+    dev, regs, th = occ.get("device"), occ.get("registers_per_thread"), occ.get("theoretical_pct")
+    if not isinstance(dev, dict) or not isinstance(regs, int) or not isinstance(th, (int, float)):
+        return None, "the profile lacks the kernel's registers or the SM's limits (profiled by an older cudasnap)"
+    if occ.get("dynamic_smem"):
+        return None, "it takes dynamic shared memory, which is often sized by the block"
+    shapes = {(tuple(r.get("grid") or ()), tuple(r.get("block") or ())) for r in p.get("launches") or []
+              if isinstance(r, dict) and r.get("name") == kernel}
+    if len(shapes) != 1:
+        return None, f"its launches have {len(shapes)} different sizes; give one with --launch-override"
+    (grid, block), = shapes
+    if len(grid) != 3 or len(block) != 3 or grid[1:] != (1, 1) or block[1:] != (1, 1):
+        return None, "its grid or block is not 1-D; give a size with --launch-override"
+    smem = int(occ.get("smem_per_block") or 0)
+    ws = int(dev.get("warp_size") or 32)
+    occ_at = {}
+    for b in {32, 64, 128, 256, 512, 1024, block[0] // 2, block[0] * 2}:
+        if ws <= b <= 1024 and b % ws == 0 and b != block[0]:
+            o = ms.theoretical_occupancy(None, b, ms.occupancy_limits(b, regs, smem, dev), dev).get("theoretical_pct")
+            if isinstance(o, (int, float)):
+                occ_at[b] = o
+    if not occ_at or max(occ_at.values()) < th + min_gain_pct:
+        return None, (f"no block size raises its theoretical occupancy ({th:.0f}%) by {min_gain_pct:g} points "
+                      f"(best {max(occ_at.values()):.0f}%)" if occ_at else "no block size to try")
+    # near the best occupancy (5 points), the size nearest the recorded one: the least change
+    top = max(occ_at.values())
+    b = min((b for b, o in occ_at.items() if o >= top - 5.0), key=lambda b: (abs(math.log2(b / block[0])), -b))
+    g = -(-grid[0] * block[0] // b)
+    return ({"spec": f"grid={g},block={b},kernel=^{re.escape(kernel)}$", "occupancy_pct": round(occ_at[b], 1),
+             "from_pct": round(float(th), 1), "block": b, "grid": g, "recorded": {"grid": grid[0], "block": block[0]}},
+            "")

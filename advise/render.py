@@ -64,6 +64,13 @@ def whatif_line(w: Dict[str, Any]) -> str:
         line = (f"as a CUDA graph {fmt_us(w['graph_us'])} vs {fmt_us(base)} {where}: "
                 f"saves {fmt_us(w['gain_us'])} ({w['gain_pct']:.1f}%{faster}), graph replay exit {w['replay']['exit_code']}")
         return line + (f" ({w['note']})" if w.get("note") else "")
+    if w["kind"] == "launch" and w.get("occupancy"):
+        c = w["occupancy"]
+        ks = w.get("kernels") or []
+        t = f": {fmt_us(ks[0]['before_us'])} -> {fmt_us(ks[0]['after_us'])} ({ks[0]['change_pct']:+.1f}%)" if ks else ""
+        return (f"block {c['recorded']['block']} -> {c['block']} (grid {c['recorded']['grid']} -> {c['grid']}), "
+                f"theoretical occupancy {c['from_pct']:g}% -> {c['occupancy_pct']:g}%{t}, "
+                + ("results verified" if w.get("verified") else "results differ: the kernel depends on its block size"))
     return f"measured, {fmt_us(w['gain_us'])} saved, replay exit {w['replay']['exit_code']}"
 
 

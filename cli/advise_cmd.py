@@ -29,6 +29,7 @@ def advise(
     no_what_if: bool = typer.Option(False, "--no-what-if", help="Findings only: run no what-if replay."),
     replace: List[str] = typer.Option([], "--replace", metavar="K=FILE", help="What-if: the kernel K (a recorded name, module:K or 0xMODULE as replay takes it) from a rebuilt FILE, timed in isolated mode against the recorded one (repeatable)."),
     launch_override: List[str] = typer.Option([], "--launch-override", metavar="SPEC", help="What-if: grid=X,Y,Z and/or block=X,Y,Z[,kernel=REGEX] as `replay --launch-override` takes it, timed in isolated mode against the recorded sizes; the replay's verification says whether the kernel allows it (repeatable)."),
+    block_sizes: int = typer.Option(2, "--block-sizes", metavar="N", min=0, help="With --metrics: for the N heaviest low-occupancy kernels, the block size that raises theoretical occupancy most (keeping the threads launched) is replayed and measured; 0: none."),
     pace: Pace = typer.Option(Pace.recorded, "--pace", metavar="recorded|fast", help="The timeline replay's pace: recorded keeps the program's host gaps (launch-bound stretches and host gaps are the program's), fast shows the replayer's."),
     graphs: int = typer.Option(3, "--graphs", metavar="N", min=0, help="Launch-bound stretches measured as CUDA graphs, largest first."),
     repeat: int = typer.Option(10, "--repeat", metavar="N", min=1, help="What-ifs: timed runs per graph or launch."),
@@ -46,7 +47,8 @@ def advise(
 
     What-ifs are measured by replays, not estimated: a launch-bound stretch replayed as one CUDA
     graph (`replay --profile graph --calls A-B`) against its span on the timeline; with --replace,
-    the kernel as rebuilt against the recorded one; with --launch-override, another launch size.
+    the kernel as rebuilt against the recorded one; with --launch-override, another launch size;
+    with --metrics, a low-occupancy kernel at the block size that raises its occupancy.
 
     Exit 0: findings made (a what-if that could not be measured says why); 2: bad input (not a
     snapshot or a timeline profile, a profile with no kernels, an unwritable output)."""
@@ -94,7 +96,7 @@ def advise(
             except (ValueError, re.error) as e:
                 _fail(f"--launch-override {spec}: {e}" if isinstance(e, re.error) else str(e))
     cfg = AdviseConfig(top=top, what_if=not no_what_if, graph_stretches=graphs, replace=list(replace),
-                       launch_override=list(launch_override),
+                       launch_override=list(launch_override), block_sizes=block_sizes,
                        pace=pace.value, device=device, repeat=repeat, warmup=warmup,
                        timeout=timeout, limits=Limits(tiny_us=tiny_us), metrics=str(metrics) if metrics else None)
     tty = is_tty(sys.stderr) and not json_out

@@ -361,6 +361,66 @@ def test_a_tuned_gemm_is_named_at_both_roofs_with_its_tensor_flop_and_memory_uni
     assert g["kind"] == "compute-bound" and "SM throughput 93% of peak" in g["title"], g["title"]
 
 
+H200_SM = {"max_threads_per_sm": 2048, "max_blocks_per_sm": 32, "regs_per_sm": 65536, "smem_per_sm": 233472,
+           "reserved_smem_per_block": 1024, "warp_size": 32}         # as cuDeviceGetAttribute gives them on an H200
+
+
+def _occ_profile(name, block, grid, regs, dev=H200_SM, dynamic=0, shapes=1):
+    from cudasnap.replay.profile import metrics_sections as ms
+    smem = 1024 + dynamic
+    occ = ms.theoretical_occupancy(None, block, ms.occupancy_limits(block, regs, smem, dev), dev)
+    occ.update(registers_per_thread=regs, dynamic_smem=dynamic, smem_per_block=smem, device=dev)
+    m = {"sm__throughput.avg.pct_of_peak_sustained_elapsed": 20.0,
+         "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed": 25.0}
+    launches = [{"name": name, "grid": [grid + i, 1, 1], "block": [block, 1, 1]} for i in range(shapes)]
+    return {"summary": {"mode": "metrics"}, "launches": launches,
+            "kernels": [{"name": name, "launches": len(launches), "total_us": 500.0, "metrics": m, "occupancy": occ}]}
+
+
+def test_a_block_size_that_raises_occupancy_is_chosen_from_the_kernels_resources():
+    """Registers bound a 1024-thread block of 40 registers to one block per SM (50%); 512 threads
+    fit three (75%): the nearest size within 5 points of the best, grid scaled to keep the
+    threads. A kernel bound by registers at any size, one with dynamic shared memory, one
+    launched at several sizes: none, each with its reason."""
+    from cudasnap.advise.counters import block_size_candidate
+    p = _occ_profile("k", 1024, 100, 40)
+    assert p["kernels"][0]["occupancy"]["theoretical_pct"] == 50.0
+    cand, why = block_size_candidate(p, "k")
+    assert why == "" and cand["block"] == 512 and cand["grid"] == 200 and cand["occupancy_pct"] == 75.0, cand
+    assert cand["spec"] == "grid=200,block=512,kernel=^k$"
+    cand, why = block_size_candidate(_occ_profile("k", 256, 10, 128), "k")
+    assert cand is None and "no block size raises its theoretical occupancy (25%)" in why
+    assert "dynamic shared memory" in block_size_candidate(_occ_profile("k", 1024, 1, 40, dynamic=4096), "k")[1]
+    assert "2 different sizes" in block_size_candidate(_occ_profile("k", 1024, 1, 40, shapes=2), "k")[1]
+    old = _occ_profile("k", 1024, 1, 40)
+    del old["kernels"][0]["occupancy"]["device"]
+    assert "older cudasnap" in block_size_candidate(old, "k")[1]
+
+
+def test_a_low_occupancy_kernel_is_replayed_at_a_better_block_size(double, snap, tmp_path):
+    """advise --metrics: the low-occupancy finding's what-if replays the kernel at the block size
+    its resources favour (here an SM of 8 block slots: 16-thread blocks fill 12.5%) and measures
+    it; the replay verifies, so the kernel allows it."""
+    path, _ = snap
+    dev = dict(H200_SM, max_blocks_per_sm=8)
+    mp = tmp_path / "m.json"
+    mp.write_text(json.dumps(_occ_profile("incr", 16, 1, 32, dev=dev)))
+    cp = _cli(double, "advise", path, "--metrics", mp, "--json", "--graphs", "0", "--repeat", "2", "--warmup", "0")
+    assert cp.returncode == 0, cp.stderr
+    res = json.loads(cp.stdout)
+    f = next(f for f in res["findings"] if f["kind"] == "occupancy")
+    w = f["what_if"]
+    assert w["kind"] == "launch" and w["measured"] and w["verified"], w
+    assert w["occupancy"]["block"] == 256 and w["occupancy"]["from_pct"] == 12.5 and w["occupancy"]["occupancy_pct"] == 100.0
+    assert w["applied"]["applied"] == 48 and f["basis"] == "measured: isolated replays at block 256"
+    txt = _cli(double, "advise", path, "--metrics", mp, "--graphs", "0", "--repeat", "2", "--warmup", "0")
+    assert "block 16 -> 256 (grid 1 -> 1), theoretical occupancy 12.5% -> 100%" in txt.stdout, txt.stdout
+    assert "results verified" in txt.stdout
+    off = _cli(double, "advise", path, "--metrics", mp, "--json", "--graphs", "0", "--block-sizes", "0")
+    f = next(f for f in json.loads(off.stdout)["findings"] if f["kind"] == "occupancy")
+    assert f["what_if"]["measured"] is False and "--block-sizes" in f["what_if"]["why"]
+
+
 def test_advise_takes_counters_with_metrics(double, snap, tmp_path):
     path, _ = snap
     prof = tmp_path / "p.json"

@@ -207,6 +207,7 @@ class MetricsProfiler:
         except Exception:
             active = None
         d.update(ms.theoretical_occupancy(active, threads, limits, dev))
+        d["device"] = dict(dev)           # the SM's limits: advise weighs other block sizes with them
         if ev.config is not None:
             d["note"] = "cuLaunchKernelEx: launch attributes (clusters) may lower it further"
         self._occ_cache[key] = d
