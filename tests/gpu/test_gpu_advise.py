@@ -99,3 +99,35 @@ def test_advise_tells_a_memory_bound_kernel_from_a_gemm_by_their_counters(runner
     # the tensor cores' work is counted: the GEMM's FLOP against the fp16 tensor peak
     assert (g["evidence"].get("precision") or "").startswith("tensor_"), g["evidence"]
     assert 30 <= (g["evidence"].get("flop_pct_of_peak") or 0) <= 100, g["evidence"]
+
+
+OCCUPANCY = HERE / "workloads" / "advise_occupancy.cu"
+
+
+def test_advise_replays_a_low_occupancy_kernel_at_a_better_block_size(runner, tmp_path):
+    """advise --metrics on an nvcc kernel that shared memory holds to 4 blocks per SM: at 128
+    threads that is 25% theoretical occupancy; the what-if replays it at 512 threads per block
+    (grid scaled, 100%), verifies the results and measures the time. The gain is recorded."""
+    from gpuutil import WORK, _build
+    binary = _build(OCCUPANCY, WORK / "advise_occupancy",
+                    ["nvcc", "-O3", "-arch=sm_90", "-o", str(WORK / "advise_occupancy"), str(OCCUPANCY)])
+    snap = tmp_path / "occ.cusnap"
+    cap, _ = runner.capture([str(binary)], snap, DETERMINISTIC)
+    assert cap.returncode == 0, cap.stderr[-2000:]
+    metrics = tmp_path / "metrics.json"
+    cp = subprocess.run([PY, "-m", "cudasnap", "replay", str(snap), "--profile", "metrics", "--out", str(metrics)],
+                        capture_output=True, text=True, timeout=900)
+    assert cp.returncode == 0, (cp.stdout + cp.stderr)[-3000:]
+    out = tmp_path / "advise.json"
+    cp = subprocess.run([PY, "-m", "cudasnap", "advise", str(snap), "--metrics", str(metrics), "--out", str(out),
+                         "--graphs", "0", "--top", "30"], capture_output=True, text=True, timeout=900)
+    assert cp.returncode == 0, (cp.stdout + cp.stderr)[-3000:]
+    occ = [f for f in json.loads(out.read_text())["findings"] if f["kind"] == "occupancy"]
+    record_result({"test": "advise_block_size", "stdout": cp.stdout[-3000:],
+                   "occupancy": [(f["title"], f.get("what_if")) for f in occ]})
+    f = next(f for f in occ if f.get("kernel") == "chase_smem")
+    assert f["evidence"]["theoretical_occupancy_pct"] == pytest.approx(25.0), f["evidence"]
+    w = f["what_if"]
+    assert w["kind"] == "launch" and w["measured"] and w["verified"], w
+    assert w["occupancy"]["block"] == 512 and w["occupancy"]["occupancy_pct"] == pytest.approx(100.0), w["occupancy"]
+    assert w["applied"]["applied"] == 3 and w["kernels"][0]["launches"] == 3, w
