@@ -65,18 +65,24 @@ BOUNDS = HERE / "workloads" / "advise_bounds.py"
 GEMM_RX = r"gemm|nvjet|xmma|cutlass|sm90"
 
 
-def test_advise_tells_a_memory_bound_kernel_from_a_gemm_by_their_counters(runner, tmp_path):
-    """advise --metrics: the elementwise kernel over 256 MiB is memory-bound with its DRAM
-    throughput as % of peak; the GEMM is compute-bound, or its finding says what bounds it
-    instead, with the SM and memory figures as evidence."""
-    import re
-    snap = tmp_path / "bounds.cusnap"
-    cap, _ = runner.capture([PY, str(BOUNDS)], snap, DETERMINISTIC)
+def _captured_with_metrics(runner, cmd, tmp_path):
+    """(snapshot, metrics profile JSON) of a program captured, then replayed under --profile metrics."""
+    snap = tmp_path / "prog.cusnap"
+    cap, _ = runner.capture(cmd, snap, DETERMINISTIC)
     assert cap.returncode == 0, cap.stderr[-2000:]
     metrics = tmp_path / "metrics.json"
     cp = subprocess.run([PY, "-m", "cudasnap", "replay", str(snap), "--profile", "metrics", "--out", str(metrics)],
                         capture_output=True, text=True, timeout=900)
     assert cp.returncode == 0, (cp.stdout + cp.stderr)[-3000:]
+    return snap, metrics
+
+
+def test_advise_tells_a_memory_bound_kernel_from_a_gemm_by_their_counters(runner, tmp_path):
+    """advise --metrics: the elementwise kernel over 256 MiB is memory-bound with its DRAM
+    throughput as % of peak; the GEMM is compute-bound, or its finding says what bounds it
+    instead, with the SM and memory figures as evidence."""
+    import re
+    snap, metrics = _captured_with_metrics(runner, [PY, str(BOUNDS)], tmp_path)
     out = tmp_path / "advise.json"
     cp = subprocess.run([PY, "-m", "cudasnap", "advise", str(snap), "--metrics", str(metrics), "--out", str(out),
                          "--no-what-if", "--top", "30"], capture_output=True, text=True, timeout=900)
@@ -111,13 +117,7 @@ def test_advise_replays_a_low_occupancy_kernel_at_a_better_block_size(runner, tm
     from gpuutil import WORK, _build
     binary = _build(OCCUPANCY, WORK / "advise_occupancy",
                     ["nvcc", "-O3", "-arch=sm_90", "-o", str(WORK / "advise_occupancy"), str(OCCUPANCY)])
-    snap = tmp_path / "occ.cusnap"
-    cap, _ = runner.capture([str(binary)], snap, DETERMINISTIC)
-    assert cap.returncode == 0, cap.stderr[-2000:]
-    metrics = tmp_path / "metrics.json"
-    cp = subprocess.run([PY, "-m", "cudasnap", "replay", str(snap), "--profile", "metrics", "--out", str(metrics)],
-                        capture_output=True, text=True, timeout=900)
-    assert cp.returncode == 0, (cp.stdout + cp.stderr)[-3000:]
+    snap, metrics = _captured_with_metrics(runner, [str(binary)], tmp_path)
     out = tmp_path / "advise.json"
     cp = subprocess.run([PY, "-m", "cudasnap", "advise", str(snap), "--metrics", str(metrics), "--out", str(out),
                          "--graphs", "0", "--top", "30"], capture_output=True, text=True, timeout=900)
