@@ -1087,6 +1087,8 @@ static int plan_rec(rd *c, const uint8_t *p, const uint8_t *e) {
         return 0;
     }
     if (known != nkeys) return RD_FALLBACK;        /* another key ("incomplete", "state"...): Python */
+    if ((tk[3] && val(tk[3], e).t != T_MAP) || (tk[8] && val(tk[8], e).t != T_MAP))
+        return RD_FALLBACK;                        /* arguments or extras not a map: Python skips it */
     mv s = val(tk[1], e), f = val(tk[2], e), r = val(tk[4], e), tid = val(tk[5], e), t0 = val(tk[6], e);
     if (f.t != T_STR || !tk[4] || s.t != T_INT) return RD_FALLBACK;
     ent *nm = tab_find(&c->t[TAB_NAMES], f.s, f.n);

@@ -87,12 +87,18 @@ def is_workload(f: str) -> bool:
     return is_launch(f) or f.startswith(("cuGraphLaunch", "cuMemcpy", "cuMemset"))
 
 
+def malformed_call(rec: Mapping[str, Any]) -> bool:
+    """A call record whose arguments or extras are not maps (a damaged or foreign file): no
+    layer can read its parameters, so replay skips it and says so."""
+    return not isinstance(rec.get("a", {}), dict) or not isinstance(rec.get("x", {}), dict)
+
+
 def alloc_range(rec: Mapping[str, Any]) -> Optional[Tuple[int, int]]:
     """(recorded base, size) of a successful device allocation call, or None."""
     f = rec.get("f") or ""
-    a = rec.get("a") or {}
+    a = rec.get("a")
     b = base_name(f)
-    if rec.get("r", 0) != 0 or rec.get("incomplete"):
+    if rec.get("r", 0) != 0 or rec.get("incomplete") or not isinstance(a, Mapping):
         return None
     if b == "cuMemAllocPitch":
         p, pitch, h = a.get("dptr"), a.get("pPitch"), a.get("Height")

@@ -13,7 +13,7 @@ from cudasnap.formats import SnapshotError, SnapshotReader, cu_result_name
 from cudasnap.formats.abi import base_name
 from cudasnap.formats.container import record_list
 from cudasnap.formats.callset import NAMING_CALLS, asked_by_name, is_module_load
-from cudasnap.formats.vocab import alloc_range, is_launch, is_query, is_release, is_workload
+from cudasnap.formats.vocab import alloc_range, is_launch, is_query, is_release, is_workload, malformed_call
 
 from . import dispatch, plan
 from .batchrun import D2H_AHEAD_EACH, D2H_AHEAD_TOTAL, SYNC_TIMES_MAX, BatchRunner, ExpectedBlobs
@@ -188,6 +188,7 @@ class Replayer(BatchRunner):
     def _prescan(self) -> None:
         self.total = 0
         self.incomplete: List[Dict[str, Any]] = []
+        self.malformed: List[Dict[str, Any]] = []          # call records skipped (vocab.malformed_call)
         self._plan_fast = self._fast_eligible()
         self._pace_on = getattr(self.ctx.opt, "pace", "fast") == "recorded"
         self._pace_base = 0.0
@@ -225,6 +226,9 @@ class Replayer(BatchRunner):
             if k == "c":
                 if rec.get("incomplete") or "r" not in rec:
                     self.incomplete.append(rec)
+                    return
+                if malformed_call(rec):
+                    self.malformed.append(rec)
                     return
                 self.total += 1
                 sq = rec.get("s")
@@ -468,6 +472,10 @@ class Replayer(BatchRunner):
                 self.ctx.res.stopped_at = inc.get("s")
                 self.ctx.note(f"call #{inc.get('s')} {inc.get('f')} never returned in the recording "
                           f"(the program died in it); replay stopped there")
+            if self.malformed:
+                bad = self.malformed[0]
+                self.ctx.note(f"{len(self.malformed)} call record(s) malformed (arguments or extras not a map), "
+                              f"first call #{bad.get('s')} {bad.get('f')}: skipped; what follows may diverge")
             if self.ctx.res.truncated:
                 self.ctx.note(f"snapshot is truncated ({self.ctx.reader.lost_bytes} bytes lost): replayed up to the last "
                           f"complete call #{self.ctx.res.last_seq}")
@@ -586,7 +594,7 @@ class Replayer(BatchRunner):
         if self._plan is not None:
             return self._plan
         return self._new_planner(keep=False).stream(
-            r for r in self.ctx.reader.records(("c",)) if not (r.get("incomplete") or "r" not in r))
+            r for r in self.ctx.reader.records(("c",)) if not (r.get("incomplete") or "r" not in r or malformed_call(r)))
 
     def _loop(self) -> None:
         prog = None

@@ -129,6 +129,30 @@ def test_tampered_d2h_blob_exits_1_naming_the_call(double, capture, tmp_path):
     assert "last written by" in rp.stdout and "chase" in rp.stdout
 
 
+@pytest.mark.parametrize("odd", [1.5, None, "text", [1, 2]])
+def test_a_call_record_whose_arguments_are_not_a_map_is_skipped_and_named(double, capture, tmp_path, odd):
+    """A damaged or foreign record (its arguments or extras not a map): replay, info and dump
+    give no traceback; replay skips the call, names it, and still judges every D2H result."""
+    cp, snap = capture(double["progs"]["chase"])
+    assert cp.returncode == 0
+    q = next(c for c in _calls(snap) if c["f"] == "cuCtxGetDevice" or c["f"].startswith("cuDeviceGet"))
+    bad = tmp_path / "odd.cusnap"
+
+    def mutate(rec, r, w):
+        if rec.get("k") == "c" and rec.get("s") == q["s"]:
+            rec["a"] = odd
+
+    rewrite(snap, bad, mutate)
+    rp = _replay(double, bad)
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    assert f"1 call record(s) malformed (arguments or extras not a map), first call #{q['s']} {q['f']}" in rp.stdout
+    assert "OK: every recorded D2H result reproduced" in rp.stdout
+    for cmd in (("info",), ("dump",), ("stats",)):
+        out = subprocess.run([sys.executable, "-m", "cudasnap", *cmd, str(bad)], env=double["env"],
+                             capture_output=True, text=True, timeout=60)
+        assert "Traceback" not in out.stderr and out.returncode in (0, 1, 2), (cmd, out.stderr)
+
+
 def test_truncated_snapshot_replays_to_last_complete_call(double, tmp_path):
     full = tmp_path / "full.cusnap"
     write_double_program(full, frame_bytes=512)
