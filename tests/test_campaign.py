@@ -479,3 +479,23 @@ def test_no_confirmation_ahead_while_every_gpu_has_work(monkeypatch):
     assert eng.sent[-1] == ("submit", "confirm") and not eng.finished
     _arrive(eng, st, "confirm", profile={"tag": "confirm"})
     assert eng.finished == ["SLOWER"]
+
+
+def test_the_example_campaign_files_plan(tmp_path):
+    """examples/nightly.toml and the README's campaign file are campaigns the planner takes."""
+    import re
+    import shutil
+    from pathlib import Path
+    from cudasnap.campaign.plan import load_campaign
+    root = Path(__file__).resolve().parent.parent
+    c = load_campaign(root / "examples" / "nightly.toml")
+    assert c.baseline == "plain" and len(c.cells) == 2 * len(list((root / "examples").glob("*_h200.cusnap")))
+    toml = re.search(r"```toml\n(.*?)```", (root / "README.md").read_text(), re.S).group(1)
+    (tmp_path / "snaps").mkdir()
+    shutil.copy(root / "examples" / "synthetic.cusnap", tmp_path / "snaps" / "a.cusnap")
+    fake_driver = tmp_path / "opt" / "r580" / "libcuda.so.1"
+    fake_driver.parent.mkdir(parents=True)
+    fake_driver.write_bytes(b"\x7fELF")
+    (tmp_path / "c.toml").write_text(toml.replace("/opt/r580/", f"{fake_driver.parent}/"))
+    c = load_campaign(tmp_path / "c.toml")
+    assert [e.name for e in c.envs] == ["plain", "r580"] and c.envs[1].gpu == "H100" and len(c.cells) == 2
