@@ -607,12 +607,29 @@ def main() -> None:
         raise
     except Exception as e:
         from cudasnap.formats import SnapshotError
-        if not isinstance(e, (OSError, SnapshotError)):
+        if isinstance(e, (OSError, SnapshotError)):
+            # a file that could not be read or written where no command caught it: one line, exit 2
+            msg = f"{e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename and e.strerror else str(e)
+        elif os.environ.get("CUDASNAP_DEBUG"):
             raise
-        # a file that could not be read or written where no command caught it: one line, exit 2
-        msg = f"{e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename and e.strerror else str(e)
+        else:
+            msg = internal_error(e)
         typer.echo(f"cudasnap: error: {' '.join(msg.split())}", err=True)
         sys.exit(2)
+
+
+def internal_error(e: BaseException) -> str:
+    """One line for an error no command expected (a defect, or input no check foresaw): what,
+    and where in cudasnap, for a report; CUDASNAP_DEBUG=1 shows the traceback instead."""
+    import traceback
+    where = ""
+    for fr in reversed(traceback.extract_tb(e.__traceback__)):
+        if "cudasnap" in fr.filename.replace(os.sep, "/").split("/site-packages/")[-1]:
+            where = f" at {fr.filename.replace(os.sep, '/').rsplit('cudasnap/', 1)[-1]}:{fr.lineno}"
+            break
+    text = str(e)[:300]
+    return (f"internal error ({type(e).__name__}{': ' + text if text else ''}{where}); the input may be damaged "
+            f"or not foreseen. CUDASNAP_DEBUG=1 shows the traceback")
 
 
 if __name__ == "__main__":

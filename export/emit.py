@@ -34,7 +34,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from cudasnap.formats import SnapshotError, SnapshotReader, parse_callset
 from cudasnap.formats.abi import base_name
 from cudasnap.formats.outputs import write_atomic
-from cudasnap.formats.vocab import alloc_range, is_launch, is_query
+from cudasnap.formats.vocab import alloc_range, is_launch, is_query, malformed_call
 
 from .ctext import Slots, c_string, ref
 from .emit_context import ContextCalls
@@ -138,6 +138,7 @@ class Emitter(ContextCalls, MemoryCalls, ModuleCalls, LaunchCalls, StreamCalls, 
         self.ranges: List[Tuple[int, int]] = []
         self.header = self.reader.header
         max_seq = -1
+        self.malformed: Optional[Dict[str, Any]] = None      # the first call record no layer can read
         for rec in self.reader.records():
             k = rec.get("k")
             if k == "c":
@@ -145,13 +146,16 @@ class Emitter(ContextCalls, MemoryCalls, ModuleCalls, LaunchCalls, StreamCalls, 
                     max_seq = max(max_seq, rec["s"])
                 if rec.get("incomplete") or "r" not in rec:
                     continue
+                if malformed_call(rec):
+                    self.malformed = self.malformed or rec
+                    continue
                 rng = alloc_range(rec)
                 if rng:
                     self.ranges.append(rng)
                 a = rec.get("a") or {}
                 if rec.get("r") == 0 and isinstance(a.get("name"), str):
                     out = a.get("hfunc") or a.get("pKernel")
-                    if out:
+                    if isinstance(out, int) and out:
                         self.func_names.setdefault(out, a["name"])
                 if rec.get("f", "").startswith("cuDevicePrimaryCtxRetain") and rec.get("r") == 0:
                     h = a.get("pctx")
@@ -171,7 +175,9 @@ class Emitter(ContextCalls, MemoryCalls, ModuleCalls, LaunchCalls, StreamCalls, 
     @staticmethod
     def _filterable(rec) -> bool:
         """Calls --calls can leave out: launches, graph launches, D2H/D2D copies, memsets."""
-        f = rec.get("f", "")
+        f = rec.get("f")
+        if not isinstance(f, str):
+            return False
         b = base_name(f)
         return is_launch(f) or b.startswith("cuGraphLaunch") \
             or (b.startswith("cuMemcpy") and "HtoD" not in b and "HtoA" not in b) or b.startswith("cuMemset")
@@ -200,6 +206,7 @@ class Emitter(ContextCalls, MemoryCalls, ModuleCalls, LaunchCalls, StreamCalls, 
         self.res = ExportResult(str(out), str(out / "replay.c"), str(out / "replay"))
         with self.reader:
             self.prescan()
+            self.refuse_malformed()
             if self.sel is not None and not any(self._filterable(r) and self.sel(r, self.func_names)
                                                 for r in self.reader.records("c")):
                 raise ExportError(f"--calls {self.calls_spec}: no launch, copy or memset of the snapshot is "
@@ -236,6 +243,12 @@ class Emitter(ContextCalls, MemoryCalls, ModuleCalls, LaunchCalls, StreamCalls, 
         self.res.elapsed_s = time.monotonic() - t0
         return self.res
 
+    def refuse_malformed(self) -> None:
+        """After prescan: a snapshot holding a call record no layer can read is refused, naming it."""
+        if self.malformed is not None:
+            self.fail(self.malformed, "the call record is malformed (a function name, arguments, extras or thread of "
+                                      "the wrong type): the snapshot is damaged or was not written by cudasnap")
+
     def one(self, rec) -> None:
         f = rec.get("f") or ""
         b = base_name(f)
@@ -255,7 +268,11 @@ class Emitter(ContextCalls, MemoryCalls, ModuleCalls, LaunchCalls, StreamCalls, 
             return
         self.switch_thread(rec)
         before = len(self.lines)
-        getattr(self, method)(rec)
+        try:
+            getattr(self, method)(rec)
+        except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as e:
+            self.fail(rec, f"an argument is not as cudasnap records it ({type(e).__name__}: {e}); the snapshot "
+                           "is damaged or was not written by cudasnap")
         if len(self.lines) > before:
             self.res.calls += 1
 

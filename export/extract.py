@@ -176,6 +176,10 @@ class Extractor:
         em = Emitter(self.path)
         em.reader = self.reader
         em.prescan()
+        try:
+            em.refuse_malformed()
+        except ExportError as e:
+            raise ExtractError(str(e))
         return em
 
     def select(self) -> None:

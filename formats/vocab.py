@@ -88,18 +88,20 @@ def is_workload(f: str) -> bool:
 
 
 def malformed_call(rec: Mapping[str, Any]) -> bool:
-    """A call record whose arguments or extras are not maps (a damaged or foreign file): no
-    layer can read its parameters, so replay skips it and says so."""
-    return not isinstance(rec.get("a", {}), dict) or not isinstance(rec.get("x", {}), dict)
+    """A call record without a function name, whose arguments or extras are not maps, or whose
+    thread is not a number (a damaged or foreign file): no layer can read it, so replay skips it
+    and says so, export and extract refuse the snapshot naming it."""
+    return (not isinstance(rec.get("f"), str) or not isinstance(rec.get("a", {}), dict)
+            or not isinstance(rec.get("x", {}), dict) or not isinstance(rec.get("tid"), (int, type(None))))
 
 
 def alloc_range(rec: Mapping[str, Any]) -> Optional[Tuple[int, int]]:
     """(recorded base, size) of a successful device allocation call, or None."""
-    f = rec.get("f") or ""
+    f = rec.get("f")
     a = rec.get("a")
-    b = base_name(f)
-    if rec.get("r", 0) != 0 or rec.get("incomplete") or not isinstance(a, Mapping):
+    if not isinstance(f, str) or rec.get("r", 0) != 0 or rec.get("incomplete") or not isinstance(a, Mapping):
         return None
+    b = base_name(f)
     if b == "cuMemAllocPitch":
         p, pitch, h = a.get("dptr"), a.get("pPitch"), a.get("Height")
         if isinstance(p, int) and isinstance(pitch, int) and isinstance(h, int):

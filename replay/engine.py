@@ -474,7 +474,8 @@ class Replayer(BatchRunner):
                           f"(the program died in it); replay stopped there")
             if self.malformed:
                 bad = self.malformed[0]
-                self.ctx.note(f"{len(self.malformed)} call record(s) malformed (arguments or extras not a map), "
+                self.ctx.note(f"{len(self.malformed)} call record(s) malformed (a function name, arguments, extras "
+                              f"or thread of the wrong type), "
                               f"first call #{bad.get('s')} {bad.get('f')}: skipped; what follows may diverge")
             if self.ctx.res.truncated:
                 self.ctx.note(f"snapshot is truncated ({self.ctx.reader.lost_bytes} bytes lost): replayed up to the last "

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 TEST_BLOCK_ENV = "CUDASNAP_REPLAY_TEST_BLOCK"
+MAX_RANGE = 1 << 42                 # 4 TiB, beyond any GPU's memory: a larger mapping is a damaged size
 
 
 def align_down(x: int, a: int) -> int:
@@ -228,6 +229,8 @@ class AddressSpace:
         """Map physical memory over [base, base+size) granule-aligned, sharing mapped granules."""
         g = self.gran
         lo, hi = align_down(base, g), align_up(base + max(size, 1), g)
+        if hi - lo > MAX_RANGE:       # a damaged size: never walk its granules one by one
+            raise ValueError(f"{size} bytes is more memory than a GPU has")
         chunks: List[Chunk] = []
         run_start = None
         addr = lo

@@ -70,3 +70,24 @@ def test_choices_reach_the_commands(double, capture, tmp_path):
     assert res.exit_code == 0 and res.output.lstrip().startswith("{")
     res = CliRunner().invoke(app, ["api", "--status", "refused", "--json"])
     assert res.exit_code == 0
+
+
+def test_an_unforeseen_error_is_one_line_naming_where_and_debug_shows_the_traceback():
+    """An exception no command expected is a defect or input no check foresaw: one line with its
+    type, message and place in cudasnap, exit 2; CUDASNAP_DEBUG=1 gives the traceback."""
+    import os
+    import subprocess
+    import sys
+    prog = ("import cudasnap.cli as c\n"
+            "def boom(*a, **k):\n"
+            "    {}['k']\n"
+            "c.app = boom\n"
+            "c.main()\n")
+    env = {k: v for k, v in os.environ.items() if k != "CUDASNAP_DEBUG"}
+    cp = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, env=env, timeout=60)
+    assert cp.returncode == 2 and "Traceback" not in cp.stderr, cp.stderr
+    (line,) = cp.stderr.strip().splitlines()
+    assert line.startswith("cudasnap: error: internal error (KeyError: 'k'") and "CUDASNAP_DEBUG=1" in line, line
+    cp = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True,
+                        env=dict(env, CUDASNAP_DEBUG="1"), timeout=60)
+    assert cp.returncode == 1 and "Traceback" in cp.stderr and "KeyError" in cp.stderr

@@ -145,12 +145,20 @@ def test_a_call_record_whose_arguments_are_not_a_map_is_skipped_and_named(double
     rewrite(snap, bad, mutate)
     rp = _replay(double, bad)
     assert rp.returncode == 0, rp.stdout + rp.stderr
-    assert f"1 call record(s) malformed (arguments or extras not a map), first call #{q['s']} {q['f']}" in rp.stdout
+    assert ("1 call record(s) malformed (a function name, arguments, extras or thread of the wrong type), "
+            f"first call #{q['s']} {q['f']}") in rp.stdout
     assert "OK: every recorded D2H result reproduced" in rp.stdout
     for cmd in (("info",), ("dump",), ("stats",)):
         out = subprocess.run([sys.executable, "-m", "cudasnap", *cmd, str(bad)], env=double["env"],
                              capture_output=True, text=True, timeout=60)
         assert "Traceback" not in out.stderr and out.returncode in (0, 1, 2), (cmd, out.stderr)
+    # export and extract write programs and snapshots from it: they refuse, naming the call
+    for cmd in (("export", str(bad), "-o", str(tmp_path / "x")),
+                ("extract", str(bad), "--launch", "1", "-o", str(tmp_path / "e.cusnap"))):
+        out = subprocess.run([sys.executable, "-m", "cudasnap", *cmd], env=double["env"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, (cmd, out.stderr)
+        assert f"call #{q['s']} {q['f']}: the call record is malformed" in out.stderr, out.stderr
 
 
 def test_truncated_snapshot_replays_to_last_complete_call(double, tmp_path):
