@@ -1,0 +1,83 @@
+"""Records of the wrong type, not just damaged bytes: a snapshot whose call records carry odd
+values (floats, strings, None, lists, maps, 2**63 where the recorder writes ints; a function
+name that is not a string) must never make a command print a traceback, report an internal
+error, hang or exit outside 0/1/2. Checksums catch damaged bytes (the fault matrix); these
+records are well-formed msgpack, as a foreign or hand-edited file would be.
+
+Seeded, small by default; CUDASNAP_RECORD_FUZZ_N (mutations per program) and
+CUDASNAP_RECORD_FUZZ_SEED widen it for a longer local run."""
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+
+from cudasnap.formats import SnapshotReader, SnapshotWriter
+
+ODD = [1.5, -1, 0, 2**64 - 1, 2**63, "x", "", None, [1], {"a": 1}, b"\x00\x01", True]
+TOP = ["r", "f", "s", "tid", "t0", "t1", "x", "a"]
+PROGS = ["chase", "launch_forms", "memops", "graphnodes"]
+
+
+def _rewrite(src, dst, mutate) -> None:
+    r = SnapshotReader(src)
+    with SnapshotWriter(dst, dict(r.raw_header)) as w:
+        for rec in r.records():
+            if rec.get("k") == "b":
+                continue
+            for key, ref in list((rec.get("x") or {}).items()):
+                if isinstance(ref, dict) and ref.get("blob"):
+                    ref["blob"] = w.add_blob(r.blob(ref["blob"]))
+            mutate(rec)
+            w.write(rec)
+
+
+@pytest.mark.parametrize("prog", PROGS)
+def test_odd_values_in_call_records(prog, double, capture, tmp_path):
+    cp, snap = capture(double["progs"][prog])
+    assert cp.returncode == 0, cp.stderr
+    calls = [c for c in SnapshotReader(snap).records() if c.get("k") == "c"]
+    seed = int(os.environ.get("CUDASNAP_RECORD_FUZZ_SEED", "1"))
+    rnd = random.Random(f"{seed}:{prog}")
+    env = dict(double["env"])
+    env.pop("CUDASNAP_REPLAY_TEST_BLOCK", None)
+    env.pop("CUDASNAP_DEBUG", None)
+    found = []
+    for it in range(int(os.environ.get("CUDASNAP_RECORD_FUZZ_N", "3"))):
+        edits: dict = {}
+        for _ in range(rnd.randint(1, 3)):
+            c = rnd.choice(calls)
+            a = c.get("a") or {}
+            if a and rnd.random() < 0.8:
+                edits.setdefault(c["s"], []).append(("a", rnd.choice(sorted(a)), rnd.choice(ODD)))
+            else:
+                edits.setdefault(c["s"], []).append(("top", rnd.choice(TOP), rnd.choice(ODD)))
+
+        def mutate(rec):
+            for where, key, val in edits.get(rec.get("s"), []) if rec.get("k") == "c" else []:
+                if where == "top":
+                    rec[key] = val
+                elif isinstance(rec.get("a"), dict):
+                    rec["a"][key] = val
+        bad = tmp_path / f"odd{it}.cusnap"
+        try:
+            _rewrite(snap, bad, mutate)
+        except OverflowError:               # the index's byte totals past 64 bits: no file to read
+            continue
+        for cmd in (["replay", str(bad)], ["replay", str(bad), "--profile", "isolated", "--repeat", "1"],
+                    ["info", str(bad)], ["dump", str(bad)],
+                    ["extract", str(bad), "--launch", "1", "-o", str(tmp_path / f"e{it}.cusnap"), "-f"],
+                    ["export", str(bad), "-o", str(tmp_path / f"x{it}"), "-f"]):
+            try:
+                p = subprocess.run([sys.executable, "-m", "cudasnap", *cmd], env=env, capture_output=True,
+                                   text=True, timeout=90)
+            except subprocess.TimeoutExpired:
+                found.append((cmd[0], edits, "timed out"))
+                continue
+            out = p.stdout + p.stderr
+            if "Traceback" in out or "internal error" in out or p.returncode not in (0, 1, 2):
+                found.append((cmd[0], edits, p.returncode, out[-600:]))
+    assert not found, found
