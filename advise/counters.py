@@ -27,6 +27,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from cudasnap.replay.names import short_name
 from cudasnap.replay.profile import metrics_sections as ms
 from cudasnap.replay.profile.metrics_sections import precision_label
+from cudasnap.replay.profile.report import shape_problem
 
 from .findings import finding
 from .source import AdviseError
@@ -51,6 +52,9 @@ def read_metrics(path: str) -> Dict[str, Any]:
         raise AdviseError(f"--metrics {path}: not a cudasnap profile ({type(e).__name__}: {e})") from None
     if not isinstance(p, dict) or not isinstance(p.get("summary"), dict):
         raise AdviseError(f"--metrics {path}: not a cudasnap profile")
+    why = shape_problem(p)
+    if why:
+        raise AdviseError(f"--metrics {path}: not a profile as cudasnap writes it: {why}")
     mode = p["summary"].get("mode")
     if mode != "metrics":
         raise AdviseError(f"--metrics {path}: a {mode or 'unknown'}-mode profile; --metrics takes the JSON of "

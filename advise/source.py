@@ -56,6 +56,10 @@ def is_profile_json(path: str) -> bool:
 def check_profile(p: Any, where: str) -> Dict[str, Any]:
     if not isinstance(p, dict) or not isinstance(p.get("summary"), dict) or not isinstance(p.get("launches"), list):
         raise AdviseError(f"{where}: not a cudasnap profile (expected the JSON of `replay --profile timeline --out`)")
+    from cudasnap.replay.profile.report import shape_problem
+    why = shape_problem(p)
+    if why:
+        raise AdviseError(f"{where}: not a profile as cudasnap writes it: {why}")
     mode = p["summary"].get("mode")
     if mode != "timeline":
         raise AdviseError(f"{where}: a {mode or 'unknown'}-mode profile; advise reads timeline profiles "

@@ -60,6 +60,10 @@ def load_profile(path) -> Dict[str, Any]:
         raise CompareError(f"{p}: not a profile JSON ({type(e).__name__}: {e})")
     if not isinstance(d, dict) or not isinstance(d.get("summary"), dict) or not isinstance(d.get("launches"), list):
         raise CompareError(f"{p}: not a profile written by `cudasnap replay --profile ... --out FILE.json`")
+    from cudasnap.replay.profile.report import shape_problem
+    why = shape_problem(d)
+    if why:
+        raise CompareError(f"{p}: not a profile as cudasnap writes it: {why}")
     d["_path"] = p
     return d
 

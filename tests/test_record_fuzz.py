@@ -81,3 +81,75 @@ def test_odd_values_in_call_records(prog, double, capture, tmp_path):
             if "Traceback" in out or "internal error" in out or p.returncode not in (0, 1, 2):
                 found.append((cmd[0], edits, p.returncode, out[-600:]))
     assert not found, found
+
+
+def _leaves(d, path=()):
+    if isinstance(d, dict):
+        for k, v in d.items():
+            yield from _leaves(v, path + (k,))
+    elif isinstance(d, list):
+        for i, v in enumerate(d[:5]):
+            yield from _leaves(v, path + (i,))
+    yield path
+
+
+def test_odd_values_in_profile_json(double, capture, tmp_path):
+    """The same for the profile JSON compare and advise read: a value of the wrong type anywhere
+    is a one-line error naming it (or a result), never a traceback or an internal error."""
+    import copy
+    import json
+    cp, snap = capture(double["progs"]["launch_forms"])
+    assert cp.returncode == 0, cp.stderr
+    env = dict(double["env"])
+    env.pop("CUDASNAP_REPLAY_TEST_BLOCK", None)
+    env.pop("CUDASNAP_DEBUG", None)
+    prof = tmp_path / "p.json"
+    r = subprocess.run([sys.executable, "-m", "cudasnap", "replay", str(snap), "--profile", "timeline", "--out",
+                        str(prof), "-q"], env=env, capture_output=True, text=True, timeout=90)
+    assert r.returncode == 0, r.stderr
+    base = json.loads(prof.read_text())
+    paths = [p for p in _leaves(base) if p]
+    rnd = random.Random(int(os.environ.get("CUDASNAP_RECORD_FUZZ_SEED", "1")))
+    found = []
+    for it in range(4 * int(os.environ.get("CUDASNAP_RECORD_FUZZ_N", "3"))):
+        d = copy.deepcopy(base)
+        for _ in range(rnd.randint(1, 3)):
+            *parent, last = rnd.choice(paths)
+            cur = d
+            try:
+                for p in parent:
+                    cur = cur[p]
+                cur[last] = rnd.choice([v for v in ODD if not isinstance(v, bytes)])    # JSON has no bytes
+            except (KeyError, IndexError, TypeError):
+                pass                                # an earlier edit replaced the way there
+        m = tmp_path / f"m{it}.json"
+        m.write_text(json.dumps(d))
+        for cmd in (["compare", str(prof), str(m)], ["compare", str(m), str(prof)], ["advise", str(m), "--no-what-if"]):
+            p = subprocess.run([sys.executable, "-m", "cudasnap", *cmd], env=env, capture_output=True, text=True,
+                               timeout=90)
+            out = p.stdout + p.stderr
+            if "Traceback" in out or "internal error" in out or p.returncode not in (0, 1, 2):
+                found.append((cmd[0], p.returncode, out[-400:]))
+    assert not found, found
+
+
+def test_a_profile_of_the_wrong_shape_is_named_by_its_part():
+    from cudasnap.replay.profile.report import shape_problem
+    ok = {"summary": {"mode": "timeline"}, "launches": [{"seq": 3, "name": "k", "grid": [1, 1, 1], "time_us": 2.5}],
+          "kernels": [{"name": "k", "median_us": 2.5, "occupancy": {"limiter": ["registers"]}}], "run": {"gpu": {}}}
+    assert shape_problem(ok) is None
+    for edit, why in (((("launches", 0, "time_us"), [1]), "launches[0].time_us is a list, not a number"),
+                      ((("launches", 0, "grid"), [1, "x"]), "launches[0].grid is not a list of sizes"),
+                      ((("kernels", 0, "name"), 7), "kernels[0].name is int, not a string"),
+                      ((("kernels", 0, "occupancy"), {"limiter": [[1]]}), "kernels[0].occupancy.limiter is not a list"),
+                      ((("run", "gpu"), "H100"), "run.gpu is a string, not a map"),
+                      ((("launches", 0, "seq"), True), "launches[0].seq is a boolean, not a number")):
+        import copy
+        d = copy.deepcopy(ok)
+        (path, val) = edit
+        cur = d
+        for p in path[:-1]:
+            cur = cur[p]
+        cur[path[-1]] = val
+        assert why in (shape_problem(d) or ""), (edit, shape_problem(d))
+    assert shape_problem([]) == "the document is a list, not a map"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import statistics
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from ..names import demangle, short_name
 
@@ -22,6 +22,53 @@ KERNEL_COLS = ["name", "demangled", "launches", "total_us", "median_us", "min_us
 LAUNCH_COLS = ["seq", "index", "name", "demangled", "stream", "grid", "block", "shmem", "time_us", "start_ns", "end_ns",
                "median_us", "min_us", "max_us", "mean_us", "spread_pct", "iqr_pct", "noise_pct", "saved_bytes",
                "repeats_identical", "node", "unit", "timing", "error"]
+
+
+_NUMBER_COLS = {"launches", "total_us", "median_us", "min_us", "max_us", "mean_us", "share_pct", "spread_pct",
+                "max_spread_pct", "iqr_pct", "noise_pct", "seq", "index", "stream", "shmem", "time_us", "start_ns",
+                "end_ns", "saved_bytes", "node"}
+_MAP_KEYS = {"run": ("gpu", "env", "tools", "profile", "timings_s"), "summary": ()}
+
+
+def shape_problem(report: Any) -> Optional[str]:
+    """Why a JSON document is not a profile as `--out` writes it (the first wrong-typed part:
+    "launches[3].median_us is a list, not a number"), or None. Readers (compare, advise) check
+    it before use, so a damaged or hand-edited file is one line, never a traceback."""
+    def kind(v) -> str:
+        return {dict: "a map", list: "a list", str: "a string", bool: "a boolean"}.get(type(v), type(v).__name__)
+
+    if not isinstance(report, dict):
+        return f"the document is {kind(report)}, not a map"
+    for key in ("summary", "run"):
+        v = report.get(key)
+        if key in report and not isinstance(v, dict):
+            return f"{key} is {kind(v)}, not a map"
+        for sub in _MAP_KEYS[key]:
+            if isinstance(v, dict) and v.get(sub) is not None and not isinstance(v[sub], dict):
+                return f"{key}.{sub} is {kind(v[sub])}, not a map"
+    for key in ("launches", "kernels", "warnings"):
+        if key in report and not isinstance(report[key], list):
+            return f"{key} is {kind(report[key])}, not a list"
+    for key in ("launches", "kernels"):
+        for i, r in enumerate(report.get(key) or []):
+            if not isinstance(r, dict):
+                return f"{key}[{i}] is {kind(r)}, not a map"
+            for col, v in r.items():
+                if v is None:
+                    continue
+                if col in _NUMBER_COLS and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                    return f"{key}[{i}].{col} is {kind(v)}, not a number"
+                if col in ("name", "demangled") and not isinstance(v, str):
+                    return f"{key}[{i}].{col} is {kind(v)}, not a string"
+                if col in ("grid", "block") and not (isinstance(v, list) and all(
+                        isinstance(x, int) and not isinstance(x, bool) for x in v)):
+                    return f"{key}[{i}].{col} is not a list of sizes"
+                if col in ("metrics", "occupancy", "roofline") and not isinstance(v, dict):
+                    return f"{key}[{i}].{col} is {kind(v)}, not a map"
+            lim = (r.get("occupancy") or {}).get("limiter")
+            if lim is not None and not (isinstance(lim, list) and all(isinstance(x, str) for x in lim)):
+                return f"{key}[{i}].occupancy.limiter is not a list of names"
+    return None
 
 
 def _launch_time(r: Dict[str, Any]):
