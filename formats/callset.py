@@ -15,7 +15,7 @@ import re
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 from .abi import base_name
-from .vocab import is_launch
+from .vocab import call_args, is_launch
 
 Predicate = Callable[[Dict[str, Any], Optional[Mapping[Any, str]]], bool]
 
@@ -105,7 +105,7 @@ def asked_by_name(rec: Mapping[str, Any]) -> Optional[Tuple[Any, str]]:
     name; None for any other record."""
     if rec.get("r") != 0:
         return None
-    f, a = rec.get("f") or "", rec.get("a") or {}
+    f, a = rec.get("f") or "", call_args(rec)
     if f == "cuModuleGetFunction" and isinstance(a.get("name"), str):
         return a.get("hmod"), a["name"]
     if f == "cuLibraryGetKernel" and isinstance(a.get("name"), str):
@@ -123,13 +123,14 @@ def learn_kernel_name(names: Dict[Any, str], rec: Mapping[str, Any]) -> None:
         return
     if rec.get("r") != 0:
         return
-    f, a = rec.get("f") or "", rec.get("a") or {}
-    if f == "cuModuleGetFunction" and isinstance(a.get("name"), str):
-        names[a.get("hfunc")] = a["name"]
-    elif f == "cuLibraryGetKernel" and isinstance(a.get("name"), str):
-        names[a.get("pKernel")] = a["name"]
-    elif f == "cuKernelGetFunction" and a.get("kernel") in names:
-        names[a.get("pFunc")] = names[a["kernel"]]
+    f, a = rec.get("f") or "", call_args(rec)
+    if f == "cuModuleGetFunction" and isinstance(a.get("name"), str) and isinstance(a.get("hfunc"), int):
+        names[a["hfunc"]] = a["name"]
+    elif f == "cuLibraryGetKernel" and isinstance(a.get("name"), str) and isinstance(a.get("pKernel"), int):
+        names[a["pKernel"]] = a["name"]
+    elif f == "cuKernelGetFunction" and isinstance(a.get("kernel"), int) and a["kernel"] in names \
+            and isinstance(a.get("pFunc"), int):
+        names[a["pFunc"]] = names[a["kernel"]]
 
 
 def kernel_name(rec: Mapping[str, Any], fn_names: Optional[Mapping[Any, str]]) -> Optional[str]:

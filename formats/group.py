@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .abi import base_name
+from .vocab import call_args
 from .reader import SnapshotReader
 
 MANIFEST_KEY = "cudasnap_group"
@@ -76,8 +77,8 @@ def scan(path) -> Dict[str, Any]:
             if rec.get("r") != 0:
                 continue
             b = _base(rec.get("f") or "")
-            a = rec.get("a") or {}
-            x = rec.get("x") or {}
+            a = call_args(rec)
+            x = rec.get("x") if isinstance(rec.get("x"), dict) else {}
             if b in ("cuDevicePrimaryCtxRetain", "cuCtxCreate") and isinstance(a.get("dev"), int) and a["dev"] not in devs:
                 devs.append(a["dev"])
             elif b == "cuMemCreate" and isinstance(a.get("prop"), (bytes, bytearray)) and len(a["prop"]) >= 16:

@@ -87,6 +87,12 @@ def is_workload(f: str) -> bool:
     return is_launch(f) or f.startswith(("cuGraphLaunch", "cuMemcpy", "cuMemset"))
 
 
+def call_args(rec: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A call record's arguments; {} where they are missing or not a map (malformed_call)."""
+    a = rec.get("a")
+    return a if isinstance(a, dict) else {}
+
+
 def malformed_call(rec: Mapping[str, Any]) -> bool:
     """A call record without a function name, whose arguments or extras are not maps, or whose
     thread is not a number (a damaged or foreign file): no layer can read it, so replay skips it
@@ -131,8 +137,10 @@ def is_collective_kernel(name: Any) -> bool:
 def handle_array(rec: Mapping[str, Any], key: str, count_key: str) -> Optional[List[int]]:
     """The recorded handles of an array argument (graph node dependencies, ...): a[count_key]
     64-bit values in a[key]; [] for none, None when the array was not captured."""
-    a = rec.get("a") or {}
-    n = int(a.get(count_key) or 0)
+    a = call_args(rec)
+    n = a.get(count_key) or 0
+    if not isinstance(n, int):
+        return None
     if n <= 0:
         return []
     raw = a.get(key)

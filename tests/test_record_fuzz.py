@@ -68,7 +68,7 @@ def test_odd_values_in_call_records(prog, double, capture, tmp_path):
         except OverflowError:               # the index's byte totals past 64 bits: no file to read
             continue
         for cmd in (["replay", str(bad)], ["replay", str(bad), "--profile", "isolated", "--repeat", "1"],
-                    ["info", str(bad)], ["dump", str(bad)],
+                    ["info", str(bad)], ["dump", str(bad)], ["stats", str(bad)],
                     ["extract", str(bad), "--launch", "1", "-o", str(tmp_path / f"e{it}.cusnap"), "-f"],
                     ["export", str(bad), "-o", str(tmp_path / f"x{it}"), "-f"]):
             try:
