@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
-from cudasnap.formats import SnapshotReader, SnapshotWriter
+from cudasnap.formats import SnapshotReader
 from cudasnap.replay.synth import Synth, write_double_program
+from snapedit import rewrite
 
 
 def _replay(double, snap, *args, extra_env=None, timeout=120):
@@ -22,20 +23,6 @@ def _replay(double, snap, *args, extra_env=None, timeout=120):
 
 def _calls(path):
     return [c for c in SnapshotReader(path).records() if c["k"] == "c"]
-
-
-def rewrite(src, dst, mutate):
-    """Copy a snapshot record by record (blobs re-added); mutate(rec, reader, writer) may edit."""
-    r = SnapshotReader(src)
-    with SnapshotWriter(dst, dict(r.raw_header)) as w:
-        for rec in r.records():
-            if rec.get("k") == "b":
-                continue
-            for key, ref in list((rec.get("x") or {}).items()):
-                if isinstance(ref, dict) and ref.get("blob"):
-                    ref["blob"] = w.add_blob(r.blob(ref["blob"]))
-            mutate(rec, r, w)
-            w.write(rec)
 
 
 @pytest.mark.parametrize("prog", ["direct", "viadlsym", "viaproc", "chase", "launch_forms", "threads", "memops",

@@ -11,7 +11,7 @@ import sys
 import pytest
 import zstandard
 
-from cudasnap.formats import SnapshotReader, SnapshotWriter
+from snapedit import rewrite
 from cudasnap.replay.retarget import analyze, launches_from_device, lz4_block, ptx_of, verdict
 
 DOUBLE_PTX = b"CUDADOUBLE\n.version 9.0\n.target sm_80\nkernel add_one\nkernel fill\n"
@@ -97,15 +97,7 @@ def _cli(double, *args):
 
 def _with_image(src, dst, image: bytes):
     """The snapshot with every module image replaced."""
-    r = SnapshotReader(src)
-    with SnapshotWriter(dst, dict(r.raw_header)) as w:
-        for rec in r.records():
-            if rec.get("k") == "b":
-                continue
-            for key, ref in list((rec.get("x") or {}).items()):
-                if isinstance(ref, dict) and ref.get("blob"):
-                    ref["blob"] = w.add_blob(image if key == "image" else r.blob(ref["blob"]))
-            w.write(rec)
+    rewrite(src, dst, payload=lambda key, data: image if key == "image" else data)
 
 
 def test_preflight_refuses_a_module_without_code_for_the_gpu(double, capture, tmp_path):
