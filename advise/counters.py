@@ -152,7 +152,8 @@ def block_size_candidate(p: Dict[str, Any], kernel: str, min_gain_pct: float = 1
     (None, why not)."""
     row = next((k for k in p.get("kernels") or [] if isinstance(k, dict) and k.get("name") == kernel), None)
     occ = (row or {}).get("occupancy") or {}
-    dev, regs, th = occ.get("device"), occ.get("registers_per_thread"), occ.get("theoretical_pct")
+    dev = (p.get("summary") or {}).get("sm_limits")
+    regs, th = occ.get("registers_per_thread"), occ.get("theoretical_pct")
     if not isinstance(dev, dict) or not isinstance(regs, int) or not isinstance(th, (int, float)):
         return None, "the profile lacks the kernel's registers or the SM's limits (profiled by an older cudasnap)"
     if occ.get("dynamic_smem"):

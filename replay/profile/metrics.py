@@ -207,7 +207,6 @@ class MetricsProfiler:
         except Exception:
             active = None
         d.update(ms.theoretical_occupancy(active, threads, limits, dev))
-        d["device"] = dict(dev)           # the SM's limits: advise weighs other block sizes with them
         if ev.config is not None:
             d["note"] = "cuLaunchKernelEx: launch attributes (clusters) may lower it further"
         self._occ_cache[key] = d
@@ -299,5 +298,7 @@ class MetricsProfiler:
                 k["occupancy"] = occ
             if "SpeedOfLight_RooflineChart" in self.sections:
                 k["roofline"] = kernel_roofline(rows, peaks_fallback)
+        if self._dev_attrs:               # the SM's limits, once: advise weighs other block sizes with them
+            report["summary"]["sm_limits"] = dict(self._dev_attrs)
         report["sections"] = {n: [{"metric": m, "label": lab, "unit": u} for m, lab, u in ms.SECTIONS[n]]
                               for n in self.sections}

@@ -3,7 +3,8 @@ the rows of the CUDASNAP_KERNEL_METRICS table (`cudasnap stats SNAP --out X.sqli
 --kernel-metrics PROFILE.json`).
 
 JSON: the report of every mode ({"summary", "kernels", "launches", "warnings", "run"}) plus
-"sections" (each section's metrics, labels and units).  A launch row adds "metrics" ({ncu
+"sections" (each section's metrics, labels and units) and "summary.sm_limits" (the SM's
+threads, blocks, registers and shared memory, for occupancy at other block sizes).  A launch row adds "metrics" ({ncu
 metric name: value}), "passes", "occupancy" (theoretical_pct, active_blocks_per_sm,
 block_limits, limiter, registers_per_thread, smem_per_block) and "roofline"; a kernel row the
 medians of its launches' metrics, its occupancy and its roofline (FLOP, bytes and time summed).
