@@ -271,8 +271,10 @@ class Emitter(ContextCalls, MemoryCalls, ModuleCalls, LaunchCalls, StreamCalls, 
         try:
             getattr(self, method)(rec)
         except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as e:
-            self.fail(rec, f"an argument is not as cudasnap records it ({type(e).__name__}: {e}); the snapshot "
-                           "is damaged or was not written by cudasnap")
+            # an argument of another type than the recorder writes (an edited or foreign file);
+            # the message keeps the error, so a defect of export's own is still told apart
+            self.fail(rec, f"export could not translate it ({type(e).__name__}: {e}); an argument of a type "
+                           "cudasnap does not record (an edited or damaged snapshot) does this")
         if len(self.lines) > before:
             self.res.calls += 1
 
