@@ -15,6 +15,8 @@
 #      regressed where the environment is the baseline's (eager loading is a real change: its
 #      findings are listed), 4 GPUs >= 3x faster than 1 (0.75x per GPU on fewer); prints cells per hour, the engine's overhead per
 #      cell and the store's size per 1,000 cells from the stores.
+#   6. bisects 8 environments of demo_ab (the -G swap from the 6th) with --gpus 1 and --gpus 4
+#      (fewer where there are fewer): the first bad found, rounds and seconds of each.
 # Writes under $OUT: campaign.log, campaign.toml, campaign.html, report.json, run1.json,
 # run4.json, summary.json, stores.tar.gz. Run from the project root:  bash bench/campaign_gpu.sh
 # Env: REPEAT (isolated repeats, default 5), ARCH (default sm_90), THRESHOLD (percent, default 10).
@@ -190,8 +192,29 @@ if not (ok_found and attributed and not others and not rep["infra_failures"] and
     sys.exit(1)
 EOF
 check $? "campaign checks"
+step "6. bisect on 1 GPU and on $NK: 8 nightly environments of demo_ab, the -G swap from the 6th"
+for i in 1 2 3 4 5 6 7 8; do
+  printf '[[env]]\nname = "night%d"\nvars = { CUDASNAP_NIGHT = "%d"%s }\n' $i $i \
+    "$([ $i -ge 6 ] && echo ", CUDASNAP_REPLACE = \"compute_k=$W/slow_G.cubin\"")"
+done > bisect.toml
+for k in 1 $NK; do
+  T=$(date +%s.%N)
+  CUDA_VISIBLE_DEVICES=$([ $k = 1 ] && echo 0 || echo $VIS) cudasnap bisect snaps/demo_ab.cusnap --envs bisect.toml \
+    --repeat 5 --warmup 2 --threshold 10 --gpus $k --json > "bisect$k.json" 2> "logs/bisect$k.err"
+  rc=$?; t=$(python3 -c "import time; print(round(time.time() - $T, 1))")
+  python3 - "bisect$k.json" $rc $t $k <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1])); fb = (r.get("first_bad") or {}).get("name")
+print(f"bisect on {sys.argv[4]} GPU(s): exit {sys.argv[2]}, first bad {fb}, {r['replays']} replays in "
+      f"{r.get('rounds')} rounds, {sys.argv[3]} s (Ray's start included)")
+print("PASS" if sys.argv[2] == "1" and fb == "night6" else "FAIL", ": bisect finds night6")
+PY
+  [ $? = 0 ] || FAIL=1
+done
+cp bisect.toml logs/
+
 T=$(date +%s.%N); python3 -c "import subprocess,sys; subprocess.run([sys.executable,'-m','cudasnap','--version'])"
 echo "process start (python -m cudasnap --version): $(python3 -c "import time; print(round(time.time() - $T, 2))") s"
-tar czf "$OUT/stores.tar.gz" one.sqlite four.sqlite campaign.toml logs 2>/dev/null
+tar czf "$OUT/stores.tar.gz" one.sqlite four.sqlite campaign.toml bisect*.json logs 2>/dev/null
 ls -l "$OUT"
 exit $FAIL

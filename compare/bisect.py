@@ -100,6 +100,7 @@ class Bisector:
                  timeout: Optional[float] = None, log=None, pool=None):
         self.snapshot = os.path.abspath(os.fspath(snapshot))
         self.pool = pool                    # replays k environments at once (RayReplays), or None
+        self.rounds = 0                     # replays awaited together: one per round
         self._pre: Dict[int, Any] = {}
         self.envs = envs
         self.mode = mode
@@ -259,6 +260,8 @@ class Bisector:
 
     def run(self) -> Dict[str, Any]:
         n = len(self.envs)
+        k = self.pool.slots if self.pool is not None else 1
+        self.rounds = 1 if k > 1 else 2       # the two ends: together where there are GPUs for both
         self._prefetch([0, n - 1])
         first = self.judge(0)
         if first.status != "good":
@@ -269,8 +272,8 @@ class Bisector:
         if last.status == "good":
             return self._result(None, 0, f"no regression between {first.env.name!r} and {last.env.name!r}")
         lo, hi = 0, n - 1
-        k = self.pool.slots if self.pool is not None else 1
         while hi - lo > 1:
+            self.rounds += 1
             # k points split (lo, hi) into k + 1 parts (k = 1: the midpoint, a binary search);
             # the first bad point is the new hi, the good point before it the new lo
             m = min(k, hi - lo - 1)
@@ -294,6 +297,7 @@ class Bisector:
         res: Dict[str, Any] = {"snapshot": self.snapshot, "mode": self.mode, "threshold_pct": self.threshold,
                                "repeat": self.repeat if self.mode in ("isolated", "graph") else None,
                                "kernels": self.kernels, "envs": [], "replays": len(self.done),
+                               "rounds": self.rounds, "gpus": self.pool.slots if self.pool is not None else 1,
                                "max_replays": 2 + (math.ceil(math.log2(n - 1)) if n > 2 else 0),
                                "exit_code": code, "message": message, "workdir": self.workdir}
         for env in self.envs:
@@ -446,7 +450,8 @@ def run_bisect_cli(snapshot, envs_path, mode: str = "isolated", kernels: Optiona
 def render_bisect(res: Dict[str, Any], out, top: int = 20) -> None:
     from .render import render_text
     w = out.write
-    w(f"replays: {res['replays']} of {len(res['envs'])} environments (at most {res['max_replays']})\n")
+    rounds = f", in {res['rounds']} round(s) on {res['gpus']} GPU(s)" if res.get("rounds") else ""
+    w(f"replays: {res['replays']} of {len(res['envs'])} environments (at most {res['max_replays']}){rounds}\n")
     if res.get("first_bad"):
         w(res["message"] + "\n")
         if res.get("vs_first"):

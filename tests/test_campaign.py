@@ -364,6 +364,8 @@ def test_bisect_k_ary_on_two_gpus(cluster, tmp_path):
     assert res["first_bad"]["name"] == "e3" and res["last_good"]["name"] == "e2"
     rounds = [ln for ln in cp.stderr.splitlines() if ln.startswith("[round] 2 environments at once")]
     assert len(rounds) >= 2, cp.stderr            # the two ends, then two points of (0, 6)
+    # 7 environments: a binary search needs 2 rounds for the ends and 3 more; two at a time, 1 + 2
+    assert res["gpus"] == 2 and res["rounds"] == 3, res
 
 
 def test_cells_longest_first_by_their_past_times(tmp_path):

@@ -459,6 +459,7 @@ def test_bisect_search_and_correctness_breaks(tmp_path):
             res = Fake(n, k).run()
             assert res["first_bad"]["index"] == k and res["last_good"]["index"] == k - 1, (n, k)
             assert res["replays"] <= math.ceil(math.log2(n)) + 2 and res["replays"] <= res["max_replays"], (n, k)
+            assert res["rounds"] == res["replays"] and res["gpus"] == 1, (n, k)    # one replay a round
             assert res["kind"] == "timing regression" and res["regressed_kernels"][0]["name"] == "k"
     res = Fake(6, 3, kind="correctness").run()
     assert res["first_bad"]["name"] == "e4" and res["kind"] == "correctness break" and "regressed_kernels" not in res
