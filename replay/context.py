@@ -372,7 +372,9 @@ class ReplayContext:
         if m is not None:
             self.res.mismatches.append(m.to_dict())
             self.mismatch_text.append(m.describe())
-            if not self.opt.continue_on_error:
+            if m.hint:                       # rounding-like: the replay goes on (a profile completes); exit 1 stays
+                self.res.rounding_mismatches += 1
+            elif not self.opt.continue_on_error:
                 self.hooks.stop_verify(m)
 
     # ------------------------------------------------------------------ functions

@@ -212,7 +212,17 @@ def _one(rp, hasher: _Hasher, rec: Dict[str, Any], acct: Dict[str, Any]) -> None
     rp.ctx.mismatch_text.append(
         f"end state: allocation {addr:#x} ({size} bytes){'' if live == addr else f' (at {live:#x})'}: "
         f"chunk {c} (bytes {lo}-{hi}) differs from the window's close: hash expected {exp.hex()} got {gotb.hex()}; "
-        f"{len(bad)} chunk(s) differ{w}")
+        f"{len(bad)} chunk(s) differ{w}" + (f"; {ROUNDING_NOTE}" if _rounding_seen(rp) else ""))
+
+
+# End-state hashes are exact, so reductions that round differently from run to run change them too.
+ROUNDING_NOTE = ("hashes are exact: after D2H results that differed as float rounding does (or under --rtol/--atol), "
+                 "a program whose reductions round differently from run to run changes them as well")
+
+
+def _rounding_seen(rp) -> bool:
+    tol = rp.ctx.tol
+    return bool(rp.ctx.res.rounding_mismatches) or bool(tol.rtol or tol.atol)
 
 
 def summary_line(acct: Optional[Dict[str, Any]]) -> Optional[str]:

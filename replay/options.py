@@ -47,6 +47,7 @@ class ReplayResult:
     d2h_left_out: int = 0                 # D2H results not compared: the selection left out work they depend on
     endstate: Optional[Dict[str, Any]] = None   # a window's end state compared (replay/endstate.py)
     mismatches: List[Dict[str, Any]] = field(default_factory=list)
+    rounding_mismatches: int = 0          # of them, D2H results that differ as float rounding does (verify.rounding_hint)
     launches: int = 0
     calls: int = 0                        # call records replayed (executed)
     skipped: int = 0                      # queries and ignored calls (counted, not executed)

@@ -80,6 +80,9 @@ def render(res: ReplayResult, mismatch_text: List[str], path: str, out=None, as_
         emit(f"architecture: {a}")
     for w in res.warnings:
         emit(f"note: {w}")
+    if res.rounding_mismatches:
+        emit(f"note: {res.rounding_mismatches} D2H result(s) differ as float rounding does (the hint below): "
+             f"the replay went on past them and still exits 1")
     for m in mismatch_text:
         emit(f"MISMATCH: {m}")
     for e in res.errors:

@@ -35,6 +35,7 @@ class Mismatch:
     expected_val: Any = None
     got_val: Any = None
     note: str = ""
+    hint: str = ""            # what the difference looks like, where it suggests a cause
 
     def describe(self) -> str:
         w = f"; last written by #{self.writer[0]} {self.writer[1]}" if self.writer else ""
@@ -44,14 +45,16 @@ class Mismatch:
             vals = f" [{self.dtype}: expected {self.expected_val!r}, got {self.got_val!r}]"
         return (f"call #{self.seq} {self.call}: first divergence at byte offset {self.offset}{where}: "
                 f"expected {self.expected.hex()} got {self.got.hex()}{vals}; "
-                f"{self.count} {'elements' if self.dtype and self.note == 'tol' else 'bytes'} differ of {self.size}{w}")
+                f"{self.count} {'elements' if self.dtype and self.note == 'tol' else 'bytes'} differ of {self.size}{w}"
+                + (f"; {self.hint}" if self.hint else ""))
 
     def to_dict(self) -> Dict[str, Any]:
         return {"seq": self.seq, "call": self.call, "offset": self.offset, "expected": self.expected.hex(),
                 "got": self.got.hex(), "count": self.count, "size": self.size,
                 "src": hex(self.src) if self.src else None,
                 "writer": list(self.writer) if self.writer else None, "dtype": self.dtype,
-                "expected_val": _jsonable(self.expected_val), "got_val": _jsonable(self.got_val)}
+                "expected_val": _jsonable(self.expected_val), "got_val": _jsonable(self.got_val),
+                **({"hint": self.hint} if self.hint else {})}
 
 
 def _jsonable(v):
@@ -93,7 +96,10 @@ def compare(expected: bytes, got: bytes, tol: Tolerance, *, seq: int = 0, call: 
         return Mismatch(seq, call, min(size, len(got)), b"", b"", abs(size - len(got)), size, src, writer,
                         note=f"length differs: expected {size}, got {len(got)}")
     if tol.exact or tol.dtype not in DTYPES:
-        return _exact_mismatch(expected, got, tol.dtype, seq, call, src, writer)
+        m = _exact_mismatch(expected, got, tol.dtype, seq, call, src, writer)
+        if tol.dtype is None:
+            m.hint = rounding_hint(expected, got)
+        return m
     import numpy as np
     esz = DTYPES[tol.dtype][1]
     ea, ga = _as_array(expected, tol.dtype), _as_array(got, tol.dtype)
@@ -134,3 +140,38 @@ def _exact_mismatch(expected: bytes, got: bytes, dtype, seq, call, src, writer) 
             m.expected_val = decode_value(m.expected, dtype)
             m.got_val = decode_value(m.got, dtype)
     return m
+
+
+# Differences this small, read as float32, are what a reduction whose order changes between runs
+# gives (floating-point atomics, split-K GEMMs, unordered scatter): not a replay defect.
+ROUNDING_RTOL = 1e-3
+
+
+def rounding_hint(expected: bytes, got: bytes) -> str:
+    """A hint where every differing float32 element of two equal-sized buffers is finite and
+    within ROUNDING_RTOL of the recorded one, else ''."""
+    if len(expected) != len(got) or len(expected) % 4 or not expected:
+        return ""
+    try:
+        import numpy as np
+    except ImportError:
+        return ""
+    e = np.frombuffer(expected, dtype="<u4")
+    g = np.frombuffer(got, dtype="<u4")
+    idx = np.nonzero(e != g)[0]
+    if len(idx) == 0:
+        return ""
+    ev = e[idx].view(np.float32).astype(np.float64)
+    gv = g[idx].view(np.float32).astype(np.float64)
+    if not (np.isfinite(ev).all() and np.isfinite(gv).all()):
+        return ""
+    scale = np.maximum(np.abs(ev), np.abs(gv))
+    if (scale == 0).any() or (scale < 1e-30).any():
+        return ""
+    rel = float(np.max(np.abs(gv - ev) / scale))
+    if rel > ROUNDING_RTOL:
+        return ""
+    return (f"read as float32, the {len(idx)} differing element(s) are within {rel:.1e} relative of the "
+            f"recorded values, as a reduction whose order changes from run to run (floating-point "
+            f"atomics, unordered scatter) gives; if two native runs of the program differ too, `--dtype f32 "
+            f"--rtol {max(1e-6, rel * 4):.0e}` accepts differences this small")

@@ -116,6 +116,39 @@ def test_tampered_d2h_blob_exits_1_naming_the_call(double, capture, tmp_path):
     assert "last written by" in rp.stdout and "chase" in rp.stdout
 
 
+def test_a_result_that_differs_as_float_rounding_does_is_named_and_the_replay_goes_on(double, capture, tmp_path):
+    """A recorded D2H result 1 ULP off (as a reduction with atomics gives from run to run):
+    the mismatch carries the hint and the tolerance that accepts it, the replay runs to the end
+    (exit 1 still), and --dtype f32 --rtol accepts it (exit 0). A result that is plainly wrong
+    stops the replay there, as before."""
+    import json
+    import struct
+    cp, snap = capture(double["progs"]["direct"])
+    assert cp.returncode == 0
+    whole = json.loads(_replay(double, snap, "--json").stdout)
+
+    def edited(name, change):
+        def payload(key, data):
+            if len(data) >= 8 and struct.unpack_from("<f", data, 4)[0] == 11.0:     # the D2H result: i + 10
+                data = data[:4] + struct.pack("<I", change(struct.unpack_from("<I", data, 4)[0])) + data[8:]
+            return data
+        out = tmp_path / name
+        rewrite(snap, out, payload=payload)
+        return out
+
+    near = edited("near.cusnap", lambda w: w + 1)
+    rp = _replay(double, near)
+    assert rp.returncode == 1, rp.stdout + rp.stderr
+    assert "floating-point atomics" in rp.stdout and "--dtype f32 --rtol 1e-06" in rp.stdout
+    assert "1 D2H result(s) differ as float rounding does" in rp.stdout and "Traceback" not in rp.stderr
+    res = json.loads(_replay(double, near, "--json").stdout)
+    assert res["exit_code"] == 1 and res["rounding_mismatches"] == 1 and res["calls"] == whole["calls"]
+    assert _replay(double, near, "--dtype", "f32", "--rtol", "1e-6").returncode == 0
+    wrong = json.loads(_replay(double, edited("wrong.cusnap", lambda w: w ^ 0x40000000), "--json").stdout)
+    assert wrong["exit_code"] == 1 and wrong["rounding_mismatches"] == 0 and wrong["calls"] < whole["calls"]
+    assert "hint" not in wrong["mismatches"][0]
+
+
 @pytest.mark.parametrize("odd", [1.5, None, "text", [1, 2]])
 def test_a_call_record_whose_arguments_are_not_a_map_is_skipped_and_named(double, capture, tmp_path, odd):
     """A damaged or foreign record (its arguments or extras not a map): replay, info and dump

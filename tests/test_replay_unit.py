@@ -365,6 +365,21 @@ def test_compare_exact_and_tolerance():
     assert compare(h1, h2, Tolerance(atol=0.01, dtype="f16")) is None
 
 
+def test_a_mismatch_like_float_rounding_says_so_and_how_to_accept_it():
+    """Without --dtype, a divergence whose differing words read as float32 are within 1e-3 of the
+    recorded values (an atomics reduction's order) gets a hint naming the tolerance that accepts
+    it; other differences (integers, large changes) get none."""
+    e = struct.pack("<4f", 1.0, 2.0, 3.0, 4.0)
+    m = compare(e, struct.pack("<4f", 1.0, 2.0000002, 3.0, 4.0000005), Tolerance())
+    assert "floating-point atomics" in m.hint and "--dtype f32 --rtol 1e-06" in m.hint
+    assert m.hint in m.describe() and m.to_dict()["hint"] == m.hint
+    assert compare(e, struct.pack("<4f", 1.0, 2.5, 3.0, 4.0), Tolerance()).hint == ""
+    assert compare(struct.pack("<4i", 1, 2, 3, 4), struct.pack("<4i", 1, 2, 3, 5), Tolerance()).hint == ""
+    assert compare(e, e[:12] + struct.pack("<f", float("nan")), Tolerance()).hint == ""
+    assert compare(e, struct.pack("<4f", 1.0, 2.0000002, 3.0, 4.0), Tolerance(rtol=0, dtype="f32")).hint == ""
+    assert "hint" not in compare(e, struct.pack("<4f", 9.0, 2.0, 3.0, 4.0), Tolerance()).to_dict()
+
+
 # ---------------------------------------------------------------------------- engine with fake driver
 def test_replay_verifies_and_places(tmp_path):
     p = tmp_path / "ok.cusnap"
