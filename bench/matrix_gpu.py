@@ -53,7 +53,7 @@ def main() -> int:
     # longest workloads first (seconds per workload on an H200), so no GPU starts a long one last
     cost = {"torch_train_compile": 120, "torch_compile": 110, "torch_libs": 80, "torch_eager": 71, "cupy_libs": 62,
             "jax_train": 50, "torch_graph": 47, "triton_kernel": 42, "jax_jit": 36, "nvcc_mt_launch": 30, "nvcc_samples": 30,
-            "nvcc_ptrs": 25, "ddp_nccl": 190}
+            "nvcc_ptrs": 25, "ddp_nccl": 190, "hf_generate": 108, "vision_amp_train": 100, "pyg_gnn": 84}
     singles = [(run, n) for run in range(1, a.runs + 1) for n in names if n not in JOBS]
     for run, n in sorted(singles, key=lambda x: (-cost.get(x[1], 60), x[0])):
         jobs.put((run, n))
