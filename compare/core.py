@@ -7,7 +7,9 @@ launches' ratios weighted by their times (the smaller of a launch's two, which a
 run does not inflate; with one or two launches: the ratio of their sums), so a stray launch
 does not decide it while the launches that take the time do (per-launch rows show launches
 that moved alone). The total's ratio is the kernels' ratios weighted by their times (the sums
-are reported beside it). Unpaired kernels compare the medians of their launch times.
+are reported beside it). Where one replay of the same snapshot ran fewer of a kernel's
+launches (it stopped early, or selected fewer), the launches both ran pair up. Unpaired
+kernels compare the medians of their launch times.
 
 Noise (nvbench's measure, the relative standard deviation of a time, estimated robustly as
 1.4826 x median absolute deviation / median, since medians are compared):
@@ -237,7 +239,7 @@ def _floor(row: Dict[str, Any], min_diff_us: float, judge_collectives: bool) -> 
         row["verdict"], row["collective"] = SAME, True
         row["why"] += "; not judged: a collective's time includes waiting for the other ranks"
         return
-    n = row.get("launches_base") or 1
+    n = row.get("paired_launches") or row.get("launches_base") or 1
     b, c = row.get("base_us"), row.get("candidate_us")
     if row.get("paired") and isinstance(b, (int, float)) and isinstance(c, (int, float)):
         per = abs(c - b) / max(1, n)
@@ -266,6 +268,7 @@ def compare(base: Dict[str, Any], cand: Dict[str, Any], threshold: float = 5.0, 
     has_repeats = any(isinstance(r.get("times_us"), list) and len(r["times_us"]) > 1 for r in base["launches"]
                       if isinstance(r, dict))
     lb, lc = _timed(base["launches"]), _timed(cand["launches"])
+    same_snapshot = bool(fa.get("snapshot_id")) and fa.get("snapshot_id") == fb.get("snapshot_id")
     names = []
     for d in (lb, lc):
         for r in d.values():
@@ -290,6 +293,14 @@ def compare(base: Dict[str, Any], cand: Dict[str, Any], threshold: float = 5.0, 
                 if isinstance(kr.get("spread_pct"), (int, float)):
                     row[pre + "spread_pct"] = kr["spread_pct"]
         paired = bool(kb) and set(kb) == set(kc)
+        if not paired and same_snapshot and kb and kc and (set(kb) <= set(kc) or set(kc) <= set(kb)):
+            # one replay ran fewer of these launches (it stopped early, or selected fewer): the
+            # launches both ran pair up, where medians of different launches would not compare
+            common = set(kb) & set(kc)
+            kb = {k: r for k, r in kb.items() if k in common}
+            kc = {k: r for k, r in kc.items() if k in common}
+            row["paired_launches"] = len(common)
+            paired = True
         row["paired"] = paired
         if paired:
             pairs = []
@@ -379,6 +390,10 @@ def compare(base: Dict[str, Any], cand: Dict[str, Any], threshold: float = 5.0, 
     if coll:
         notes.append(f"{len(coll)} collective kernel(s) moved but are not judged (their time includes waiting for "
                      f"the other ranks; --judge-collectives judges them)")
+    partly = [k["name"] for k in kernels if k.get("paired_launches") is not None]
+    if partly:
+        notes.append(f"{len(partly)} kernel(s) compared on the launches both replays ran (one ran fewer: it stopped "
+                     f"early or selected fewer)")
     unpaired = [k["name"] for k in kernels if not k.get("paired") and not k.get("only_in")]
     if unpaired:
         notes.append(f"launches do not pair up for {len(unpaired)} kernel(s) ({', '.join(unpaired[:5])}): "

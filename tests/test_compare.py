@@ -204,8 +204,11 @@ def test_compare_statistics():
     base = _prof([100.0, 200.0, 300.0, 400.0], mode="timeline")
     res = compare(base, _prof([150.0, 300.0, 450.0, 600.0], mode="timeline"), threshold=5)
     assert res["kernels"][0]["verdict"] == SLOWER and abs(res["kernels"][0]["ratio"] - 1.5) < 1e-9
-    # launches that do not pair up: medians compared
-    res = compare(base, _prof([250.0, 250.0], mode="timeline"), threshold=5)
+    # launches that do not pair up (other calls of the snapshot): medians compared
+    other = _prof([250.0, 250.0], mode="timeline")
+    for r in other["launches"]:
+        r["seq"] += 100
+    res = compare(base, other, threshold=5)
     assert res["kernels"][0]["paired"] is False and any("do not pair up" in n for n in res["notes"])
 
 
@@ -466,6 +469,21 @@ def test_bisect_search_and_correctness_breaks(tmp_path):
     assert res["exit_code"] == 1                # a regression, as compare exits
     res = Fake(5, 99).run()
     assert res["exit_code"] == 0 and "first_bad" not in res and res["replays"] == 2
+
+
+def test_a_replay_that_ran_fewer_launches_pairs_the_ones_both_ran():
+    """The candidate stopped early: its kernel ran its first 12 launches, all slow ones of the
+    base's warm-up shape. Medians of different launches would call it 1.5x SLOWER; the 12 launches
+    both ran pair up and are the same."""
+    base = _prof([30.0] * 4 + [20.0] * 36, mode="timeline")
+    cand = _prof([30.0] * 4 + [20.0] * 8, mode="timeline")
+    res = compare(base, cand, threshold=5.0)
+    k = res["kernels"][0]
+    assert k["paired"] and k["paired_launches"] == 12 and k["verdict"] == SAME, k
+    assert any("compared on the launches both replays ran" in n for n in res["notes"])
+    other = dict(cand, run={"snapshot_id": "t", "gpu": {"name": "G"}})     # another snapshot: no pairing
+    k = compare(base, other, threshold=5.0, force=True)["kernels"][0]
+    assert not k["paired"] and "paired_launches" not in k
 
 
 def test_timeline_kernels_run_once_borrow_the_noise_of_similar_launches():
