@@ -205,9 +205,77 @@ def load(path) -> Dict[str, Any]:
         raise GroupError(f"{path}: not a readable group manifest ({e})")
     if not isinstance(m, dict) or m.get(MANIFEST_KEY) != VERSION or not isinstance(m.get("ranks"), list):
         raise GroupError(f"{path}: not a cudasnap group manifest (version {VERSION})")
+    why = manifest_problem(m)
+    if why:
+        raise GroupError(f"{path}: a damaged group manifest: {why}")
     for r in m["ranks"]:
         r["snapshot"] = os.fspath((path.parent / r["snapshot"]).resolve())
     return m
+
+
+def _kind(v) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
+            dict: "a map"}.get(type(v), "null" if v is None else type(v).__name__)
+
+
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+# (key, test, what it must be, required) for a rank, and for each end of a link
+_RANK_FIELDS = (("rank", lambda v: _int(v) and v >= 0, "a rank number", True),
+                ("pid", lambda v: v is None or _int(v), "a process id", True),
+                ("snapshot", lambda v: isinstance(v, str) and v != "", "a snapshot path", True),
+                ("devices", lambda v: isinstance(v, list) and all(_int(d) and d >= 0 for d in v), "a list of device numbers", False),
+                ("gpus", lambda v: isinstance(v, list) and all(isinstance(g, str) for g in v), "a list of GPU ids", False),
+                ("rank_env", _int, "an integer", False),
+                ("peer_access", _int, "a count", False))
+_END_FIELDS = (("pid", _int, "a process id", True), ("seq", _int, "a call number", True),
+               ("export", _int, "an export number", False), ("fd", lambda v: v is None or _int(v), "an fd", False),
+               ("dptr", lambda v: v is None or _int(v), "an address", False))
+
+
+def manifest_problem(m: Dict[str, Any]) -> Optional[str]:
+    """The first part of a manifest of the wrong shape (what build writes), named; None when
+    its shape is right."""
+    if m.get("command") is not None and not (isinstance(m["command"], list)
+                                             and all(isinstance(a, str) for a in m["command"])):
+        return f"command is {_kind(m['command'])}, not a list of arguments"
+    seen: Dict[Any, int] = {}
+    for i, r in enumerate(m["ranks"]):
+        if not isinstance(r, dict):
+            return f"ranks[{i}] is {_kind(r)}, not a map"
+        for key, ok, what, required in _RANK_FIELDS:
+            if key not in r:
+                if required:
+                    return f"ranks[{i}] has no {key}"
+            elif not ok(r[key]):
+                return f"ranks[{i}].{key} is {_kind(r[key])} ({r[key]!r:.40}), not {what}"
+        if r["rank"] in seen:
+            return f"ranks[{i}] and ranks[{seen[r['rank']]}] are both rank {r['rank']}"
+        seen[r["rank"]] = i
+    for name in ("links", "unmatched", "other_processes"):
+        if name in m and not isinstance(m[name], list):
+            return f"{name} is {_kind(m[name])}, not a list"
+    for i, ln in enumerate(m.get("links") or []):
+        if not isinstance(ln, dict):
+            return f"links[{i}] is {_kind(ln)}, not a map"
+        if not isinstance(ln.get("kind"), str):
+            return f"links[{i}].kind is {_kind(ln.get('kind'))}, not a link kind"
+        for end in ("from", "to"):
+            e = ln.get(end)
+            if not isinstance(e, dict):
+                return f"links[{i}].{end} is {_kind(e)}, not a map"
+            for key, ok, what, required in _END_FIELDS:
+                if key not in e:
+                    if required:
+                        return f"links[{i}].{end} has no {key}"
+                elif not ok(e[key]):
+                    return f"links[{i}].{end}.{key} is {_kind(e[key])} ({e[key]!r:.40}), not {what}"
+    for i, u in enumerate(m.get("unmatched") or []):
+        if not isinstance(u, dict):
+            return f"unmatched[{i}] is {_kind(u)}, not a map"
+    return None
 
 
 def find_manifest(snapshot) -> Optional[Tuple[Dict[str, Any], int]]:

@@ -5,6 +5,7 @@ On the test double: two processes share a VMM allocation through a POSIX-fd shar
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -414,3 +415,65 @@ def test_ranks_without_a_rank_variable_follow_process_start(monkeypatch):
     assert [r["pid"] for r in build(["b", "a", "c"])["ranks"]] == [32000, 299, 300]
     scans["b"]["rank_env"] = 0
     assert [r["pid"] for r in build(["b", "a", "c"])["ranks"]] == [300, 32000, 299]
+
+
+def _paths(node, at=()):
+    """Every (path, value) of a JSON document, containers included."""
+    yield at, node
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _paths(v, at + (k,))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _paths(v, at + (i,))
+
+
+def test_a_manifest_of_the_wrong_shape_is_refused_in_one_line(job, double, tmp_path):
+    """Every value of a job's manifest replaced by one of the wrong type (seeded): replay, info,
+    stats and extract of it answer in one line with exit 1 or 2, never a traceback or a hang."""
+    import random
+    _, man, _ = job
+    doc = json.loads(man.read_text())
+    rng = random.Random(int(os.environ.get("CUDASNAP_MANIFEST_FUZZ_SEED", "7")))
+    paths = [p for p, _ in _paths(doc) if p and p[0] != "cudasnap_group"]
+    odd = [None, 1.5, "x", [1], {"a": 1}, -1, 2 ** 63]
+    n = int(os.environ.get("CUDASNAP_MANIFEST_FUZZ_N", "12"))
+    for i, path in enumerate(rng.sample(paths, min(n, len(paths)))):
+        bad = json.loads(json.dumps(doc))
+        node = bad
+        for k in path[:-1]:
+            node = node[k]
+        node[path[-1]] = rng.choice([v for v in odd if type(v) is not type(node[path[-1]])])
+        f = man.parent / f"fuzz{i}.group.json"
+        f.write_text(json.dumps(bad))
+        for cmd in (("replay", str(f)), ("info", str(f)), ("stats", str(f)),
+                    ("extract", str(f), "--launch", "1", "-o", str(tmp_path / f"x{i}.cusnap"))):
+            cp = _run(double, *cmd, timeout=90)
+            where = f"{'/'.join(map(str, path))} = {node[path[-1]]!r}: {' '.join(cmd[:1])}"
+            assert "Traceback" not in cp.stderr, (where, cp.stderr[-1500:])
+            assert cp.returncode in (0, 1, 2), (where, cp.returncode, cp.stderr[-800:])
+            if cp.returncode == 2:
+                assert len(cp.stderr.strip().splitlines()) <= 3, (where, cp.stderr[-800:])
+                assert "internal error" not in cp.stderr, (where, cp.stderr[-800:])
+
+
+def test_manifest_problems_are_named():
+    from cudasnap.formats.group import manifest_problem
+    good = {"cudasnap_group": 1, "command": ["a"], "unmatched": [],
+            "ranks": [{"rank": 0, "pid": 5, "snapshot": "a.cusnap", "devices": [0], "gpus": ["GPU-x"]},
+                      {"rank": 1, "pid": 6, "snapshot": "b.cusnap"}],
+            "links": [{"kind": "shareable", "from": {"pid": 5, "seq": 9, "export": 1}, "to": {"pid": 6, "seq": 4, "fd": None}}]}
+    assert manifest_problem(good) is None
+
+    def bad(mutate):
+        m = json.loads(json.dumps(good))
+        mutate(m)
+        return manifest_problem(m)
+    assert bad(lambda m: m["ranks"].__setitem__(0, [1])) == "ranks[0] is a list, not a map"
+    assert bad(lambda m: m["ranks"][0].__setitem__("snapshot", 5)) == "ranks[0].snapshot is an integer (5), not a snapshot path"
+    assert bad(lambda m: m["ranks"][1].__setitem__("rank", 0)) == "ranks[1] and ranks[0] are both rank 0"
+    assert bad(lambda m: m["ranks"][0].pop("rank")) == "ranks[0] has no rank"
+    assert bad(lambda m: m.__setitem__("links", {})) == "links is a map, not a list"
+    assert bad(lambda m: m["links"][0].__setitem__("to", None)) == "links[0].to is null, not a map"
+    assert bad(lambda m: m["links"][0]["from"].__setitem__("seq", "9")) == "links[0].from.seq is a string ('9'), not a call number"
+    assert bad(lambda m: m.__setitem__("command", "a b")) == "command is a string, not a list of arguments"

@@ -125,7 +125,9 @@ def check_rendered(page: Path, out_dir: Path, min_charts: int = 1) -> dict:
     pixels = Counter({rgb: n for n, rgb in img.getcolors(maxcolors=total)})
     background, bg_n = pixels.most_common(1)[0]
     assert background == (255, 255, 255), f"{png.name}: background {background}"
-    assert total - bg_n > 40_000, f"{png.name}: {total - bg_n} non-background pixels: blank"
+    # not blank (the chart checks below say what is drawn; a one-chart page's ink varies with its
+    # data: the campaign page once drew 39 thousand px)
+    assert total - bg_n > 20_000, f"{png.name}: {total - bg_n} non-background pixels: blank"
     assert len(pixels) > 50, f"{png.name}: {len(pixels)} colours"
     # every chart is on screen: each colour of the marks at least 3 px thick covers at least the
     # inside of its largest such mark (anti-aliased edges aside)
