@@ -114,6 +114,9 @@ def attribute(db, cell, kernel: Optional[str]) -> Dict[str, Any]:
 
 def build_report(store, run: Optional[int] = None, since: Optional[str] = None) -> Dict[str, Any]:
     db = store.db
+    why = store.value_problem()
+    if why:
+        raise ReportError(f"{store.path}: a damaged campaign store: {why}")
     runs = store.runs(since)
     if not runs:
         raise ReportError(f"{store.path}: no campaign run" + (f" since {since}" if since else ""))

@@ -348,6 +348,13 @@ def test_history_attribution_across_runs(tmp_path):
     with pytest.raises(ReportError):
         build_report(s, since="2099-01-01T00:00:00Z")
     assert build_report(s, run=1)["exit_code"] == 0
+    # a value of a type its column does not hold (a store edited by hand): named, one line
+    s.db.execute("UPDATE kernel_results SET median_us='2026-13-99' WHERE kernel='relu' AND cell_id=1")
+    s.close()
+    cp = subprocess.run([sys.executable, "-m", "cudasnap", "campaign", "report", str(tmp_path / "h.sqlite"), "--json"],
+                        capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 2 and len(cp.stderr.strip().splitlines()) == 1, cp.stderr
+    assert "a damaged campaign store: kernel_results row 2: median_us is text ('2026-13-99'), not a number" in cp.stderr
 
 
 def test_bisect_k_ary_on_two_gpus(cluster, tmp_path):
