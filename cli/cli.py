@@ -304,8 +304,8 @@ def replay(
     kernel_name_base: NameBase = typer.Option(NameBase.function, "--kernel-name-base", metavar=_one_of(NameBase), help="What -k matches: function (the bare function name, as ncu's default), demangled (the full C++ name) or mangled (as recorded)."),
     launch_skip: int = typer.Option(0, "-s", "--launch-skip", metavar="N", min=0, help="Skip the first N launches that pass the filters (counted in recorded order, as ncu's -s)."),
     launch_count: Optional[int] = typer.Option(None, "-c", "--launch-count", metavar="N", min=1, help="Select at most N launches that pass the filters (after --launch-skip, as ncu's -c)."),
-    rtol: float = typer.Option(0.0, "--rtol", metavar="F", help="Relative tolerance for D2H verification (with --dtype)."),
-    atol: float = typer.Option(0.0, "--atol", metavar="F", help="Absolute tolerance for D2H verification (with --dtype)."),
+    rtol: float = typer.Option(0.0, "--rtol", metavar="F", min=0.0, help="Relative tolerance for D2H verification (with --dtype)."),
+    atol: float = typer.Option(0.0, "--atol", metavar="F", min=0.0, help="Absolute tolerance for D2H verification (with --dtype)."),
     dtype: Optional[Dtype] = typer.Option(None, "--dtype", metavar=_one_of(Dtype), help="Element type for tolerances: f32, f16, bf16, f64."),
     continue_on_error: bool = typer.Option(False, "--continue-on-error", help="Keep going past failures; report them all."),
     watchdog: Optional[float] = typer.Option(None, "--watchdog", metavar="SECONDS", help="Seconds a driver call may take before replay gives up (exit 2)."),
@@ -355,6 +355,8 @@ def replay(
     dtype, profile = _value(dtype), _value(profile)
     if watchdog is not None and watchdog <= 0:
         _fail("--watchdog must be > 0 seconds")
+    if (rtol or atol) and dtype is None:        # bytes have no tolerance: it would be ignored
+        _fail("--rtol/--atol compare elements of a type: give --dtype too (f32, f16, bf16 or f64)")
     from cudasnap.formats.group import is_manifest
     if len(snapshot) > 1 or is_manifest(snapshot[0]):
         from cudasnap.replay.group import run_group

@@ -109,8 +109,8 @@ def command(args: Sequence[str], takes_value: Dict[str, bool], wrap: Optional[st
             head = shlex.split(wrap)
         except ValueError as e:
             raise WrapError(f"--wrap {wrap!r}: {e}")
-        if not head:
-            raise WrapError("--wrap: empty command")
+        if not head or not head[0]:
+            raise WrapError("--wrap: empty command (give the tool and its options, e.g. 'compute-sanitizer --tool memcheck')")
         exe = head[0]
         found = shutil.which(exe, path=env.get("PATH"))
         if found is None:

@@ -27,7 +27,7 @@ def replay(snapshot, driver=None, **kw) -> ReplayResult:
     rtol, atol, dtype, continue_on_error, watchdog, sync_after_launch, threads, ...)."""
     from .engine import Replayer
     opts = ReplayOptions(**kw)
-    problem = snapshot_problem(snapshot) or _option_problem(opts)
+    problem = _option_problem(opts) or snapshot_problem(snapshot)
     if problem:                           # as the CLI: exit 2 before any GPU work
         return ReplayResult(exit_code=2, errors=[problem], message=problem)
     from cudasnap.formats import SnapshotError
@@ -41,6 +41,10 @@ def replay(snapshot, driver=None, **kw) -> ReplayResult:
 def _option_problem(opts: ReplayOptions) -> Optional[str]:
     if opts.dtype and opts.dtype not in ("f32", "f16", "bf16", "f64"):
         return "--dtype must be one of f32, f16, bf16, f64"
+    if opts.rtol < 0 or opts.atol < 0:
+        return "--rtol and --atol must be >= 0"
+    if (opts.rtol or opts.atol) and not opts.dtype:
+        return "--rtol/--atol compare elements of a type: give --dtype too (f32, f16, bf16 or f64)"
     return None
 
 

@@ -141,3 +141,7 @@ class LaunchOverride:
                  f"block {b}")
         for k, why in sorted(self.refused.items()):
             ctx.note(f"--launch-override: launches of {k} left as recorded ({why})")
+        if not self.applied:           # nothing ran at the size asked: exit 0 would claim it did
+            why = "; ".join(f"{k}: {w}" for k, w in sorted(self.refused.items())) or \
+                (f"no launch of a kernel matching {self.rx.pattern!r}" if self.rx else "no kernel launch replayed")
+            ctx.res.errors.append(f"--launch-override changed no launch ({why})")

@@ -48,6 +48,7 @@ def test_level_help_and_check_agree():
     ["replay", "x.cusnap", "--dtype", "f8"],
     ["replay", "x.cusnap", "--profile", "everything"],
     ["replay", "x.cusnap", "--repeat", "0"],
+    ["replay", "x.cusnap", "--rtol", "-1", "--dtype", "f32"],
     ["dump", "x.cusnap", "--format", "xml"],
     ["extract", "x.cusnap", "-o", "y.cusnap", "--ranges", "tight"],
     ["extract", "x.cusnap", "-o", "y.cusnap", "--memory", "some"],
@@ -61,6 +62,17 @@ def test_out_of_range_and_unknown_choices_are_refused(args, tmp_path):
     opt = next(a for a in args if a.startswith("--"))
     lines = res.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"cudasnap: error: Invalid value for '{opt}'"), res.output
+
+
+def test_a_tolerance_without_an_element_type_is_refused(tmp_path):
+    """Bytes have no tolerance: --rtol/--atol without --dtype would be ignored, silently."""
+    snap = tmp_path / "x.cusnap"
+    snap.write_bytes(b"x")
+    res = CliRunner().invoke(app, ["replay", str(snap), "--rtol", "1e-5"])
+    assert res.exit_code == 2 and "give --dtype too" in res.output and len(res.output.strip().splitlines()) == 1, res.output
+    from cudasnap.replay import replay
+    r = replay(snap, atol=0.5)
+    assert r.exit_code == 2 and "give --dtype too" in r.message, r.message
 
 
 def test_choices_reach_the_commands(double, capture, tmp_path):

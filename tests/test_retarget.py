@@ -144,7 +144,11 @@ def test_launch_override_reruns_with_other_sizes_and_verifies(double, capture):
     short = _cli(double, "replay", str(snap), "--launch-override", "grid=1,block=32,kernel=add_")
     assert short.returncode == 1 and "MISMATCH" in short.stdout      # fewer threads than elements: it shows
     big = _cli(double, "replay", str(snap), "--launch-override", "block=4096")
-    assert big.returncode == 0 and "left as recorded (block of 4096 threads, the kernel allows 1024)" in big.stdout
+    assert "left as recorded (block of 4096 threads, the kernel allows 1024)" in big.stdout
+    # nothing ran at the size asked: exit 2, not a verified 0
+    assert big.returncode == 2 and "--launch-override changed no launch (add_one: block of 4096 threads" in big.stdout
+    none = _cli(double, "replay", str(snap), "--launch-override", "block=64,kernel=^nosuch$")
+    assert none.returncode == 2 and "changed no launch (no launch of a kernel matching '^nosuch$')" in none.stdout
     bad = _cli(double, "replay", str(snap), "--launch-override", "grid=x")
     assert bad.returncode == 2 and "grid takes integers" in bad.stderr
     # a profile replays with the override too (it used to be left out there, silently)
