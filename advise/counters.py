@@ -57,7 +57,7 @@ def read_metrics(path: str) -> Dict[str, Any]:
         raise AdviseError(f"--metrics {path}: not a profile as cudasnap writes it: {why}")
     mode = p["summary"].get("mode")
     if mode != "metrics":
-        raise AdviseError(f"--metrics {path}: a {mode or 'unknown'}-mode profile; --metrics takes the JSON of "
+        raise AdviseError(f"--metrics {path}: the profile is in {mode or 'an unknown'} mode; --metrics takes the JSON of "
                           "`replay --profile metrics --out M.json`")
     if not [k for k in p.get("kernels") or [] if isinstance(k, dict) and k.get("metrics")]:
         raise AdviseError(f"--metrics {path}: the profile holds no kernel with counters"

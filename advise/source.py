@@ -62,7 +62,7 @@ def check_profile(p: Any, where: str) -> Dict[str, Any]:
         raise AdviseError(f"{where}: not a profile as cudasnap writes it: {why}")
     mode = p["summary"].get("mode")
     if mode != "timeline":
-        raise AdviseError(f"{where}: a {mode or 'unknown'}-mode profile; advise reads timeline profiles "
+        raise AdviseError(f"{where}: the profile is in {mode or 'an unknown'} mode; advise reads timeline profiles "
                           "(`cudasnap replay SNAPSHOT --profile timeline --out P.json`)"
                           + ("; give a metrics profile with --metrics" if mode == "metrics" else ""))
     timed = [r for r in p["launches"] if isinstance(r, dict) and isinstance(r.get("start_ns"), int)

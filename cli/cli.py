@@ -595,6 +595,8 @@ def _stdout_null() -> bool:
 
 
 def main() -> None:
+    from .typer_base import one_line_usage_errors
+    one_line_usage_errors()
     sys.argv[1:] = _flight_default(sys.argv[1:])
     was_null = _stdout_null()
     try:

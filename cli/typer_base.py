@@ -45,6 +45,20 @@ class Command(TyperCommand):
             ctx.exit(2)
 
 
+def one_line_usage_errors() -> None:
+    """Usage errors (an unknown option or command, a missing argument) as one line, as every other
+    cudasnap error, not click's usage block; set by the `cudasnap` entry point only."""
+    try:
+        from typer import _click as click            # the click typer carries (typer >= 0.16)
+    except ImportError:
+        import click
+
+    def show(self, file=None) -> None:
+        where = f" ({self.ctx.command_path} -h lists them)" if self.ctx is not None else ""
+        typer.echo(f"cudasnap: error: {' '.join(self.format_message().split())}{where}", err=True)
+    click.exceptions.UsageError.show = show
+
+
 def fail(msg: str, code: int = 2) -> None:
     """One line on stderr, then exit `code`."""
     typer.echo(f"cudasnap: error: {msg}", err=True)

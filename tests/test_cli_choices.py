@@ -64,6 +64,20 @@ def test_out_of_range_and_unknown_choices_are_refused(args, tmp_path):
     assert len(lines) == 1 and lines[0].startswith(f"cudasnap: error: Invalid value for '{opt}'"), res.output
 
 
+@pytest.mark.parametrize("args, says", [
+    (["info", "x.cusnap", "--extra"], "No such option: --extra ({prog} info -h lists them)"),
+    (["nosuchcmd"], "No such command 'nosuchcmd'. ({prog} -h lists them)"),
+    (["campaign", "nosuch"], "No such command 'nosuch'. ({prog} campaign -h lists them)"),
+])
+def test_usage_errors_are_one_line(args, says):
+    """The program (not click's usage block): an unknown option or command, one line."""
+    import subprocess
+    import sys
+    cp = subprocess.run([sys.executable, "-m", "cudasnap", *args], capture_output=True, text=True, timeout=60)
+    want = "cudasnap: error: " + says.format(prog="python -m cudasnap")
+    assert cp.returncode == 2 and cp.stderr.strip().splitlines() == [want], cp.stderr
+
+
 def test_a_tolerance_without_an_element_type_is_refused(tmp_path):
     """Bytes have no tolerance: --rtol/--atol without --dtype would be ignored, silently."""
     snap = tmp_path / "x.cusnap"
