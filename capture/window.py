@@ -573,6 +573,9 @@ def _copied(w: dict) -> str:
     return f" ({w.get('copied', 0):,} copied, {w['referenced']:,} unchanged since the previous state)"
 
 
+LAUNCH_MAX = 2 ** 63 - 1          # the shim counts launches in a signed 64-bit integer
+
+
 def parse_window_spec(spec: str) -> Dict[str, Any]:
     """`--window SPEC` -> {"mode", "spec", and the mode's values}; ValueError with one line."""
     s = spec.strip()
@@ -582,7 +585,10 @@ def parse_window_spec(spec: str) -> Dict[str, Any]:
         m = re.fullmatch(r"(\d+)-(\d+)", rest)
         if not m or int(m.group(1)) > int(m.group(2)):
             raise ValueError(f"--window {spec}: launches:A-B needs launch numbers A <= B (from 0)")
-        return {"mode": "launches", "spec": s, "a": int(m.group(1)), "b": int(m.group(2))}
+        if int(m.group(1)) > LAUNCH_MAX:
+            raise ValueError(f"--window {spec}: launch numbers go up to {LAUNCH_MAX}")
+        # a B past what the shim counts to means "to the end": it is read as that count
+        return {"mode": "launches", "spec": s, "a": int(m.group(1)), "b": min(int(m.group(2)), LAUNCH_MAX)}
     if kind in ("nvtx", "kernel"):
         name, k = rest, 0
         m = re.fullmatch(r"(.*)#(\d+)", rest)

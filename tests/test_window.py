@@ -117,7 +117,17 @@ def test_info_shows_window(double, tmp_path):
     assert re.search(r"window\s*:.*launches:2-3.*state 9\.0 MiB in 3 ranges", info.stdout), info.stdout
 
 
-@pytest.mark.parametrize("spec", ["launches:5-2", "launches:x", "nvtx:", "kernel:(", "time:3-1", "bogus", "signal:1"])
+def test_a_window_to_a_launch_past_any_count_runs_to_the_end(double, tmp_path):
+    """launches:A-B with B beyond 2**64 (what the shim can count) is read as "to the end"; it
+    used to overflow the shim's parse, so the window never opened."""
+    assert parse_window_spec("launches:1-" + "9" * 30)["b"] == 2 ** 63 - 1
+    cp = _cap(double, tmp_path / "w.cusnap", "launches:1-" + "9" * 30, double["progs"]["windowed"], "4")
+    assert cp.returncode == 0 and (tmp_path / "w.w1.cusnap").exists(), cp.stderr
+    assert _replay(double, tmp_path / "w.w1.cusnap").returncode == 0
+
+
+@pytest.mark.parametrize("spec", ["launches:5-2", "launches:x", "nvtx:", "kernel:(", "time:3-1", "bogus", "signal:1",
+                                  "launches:99999999999999999999-99999999999999999999"])
 def test_bad_window_spec_is_one_line(double, tmp_path, spec):
     cp = _cap(double, tmp_path / "x.cusnap", spec, double["progs"]["windowed"], "1")
     assert cp.returncode == 2
