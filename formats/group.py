@@ -235,6 +235,19 @@ _END_FIELDS = (("pid", _int, "a process id", True), ("seq", _int, "a call number
                ("dptr", lambda v: v is None or _int(v), "an address", False))
 
 
+def _fields_problem(d, fields, where: str) -> Optional[str]:
+    """The first field of map `d` (at `where`) missing or of the wrong kind, named."""
+    if not isinstance(d, dict):
+        return f"{where} is {_kind(d)}, not a map"
+    for key, ok, what, required in fields:
+        if key not in d:
+            if required:
+                return f"{where} has no {key}"
+        elif not ok(d[key]):
+            return f"{where}.{key} is {_kind(d[key])} ({d[key]!r:.40}), not {what}"
+    return None
+
+
 def manifest_problem(m: Dict[str, Any]) -> Optional[str]:
     """The first part of a manifest of the wrong shape (what build writes), named; None when
     its shape is right."""
@@ -243,14 +256,9 @@ def manifest_problem(m: Dict[str, Any]) -> Optional[str]:
         return f"command is {_kind(m['command'])}, not a list of arguments"
     seen: Dict[Any, int] = {}
     for i, r in enumerate(m["ranks"]):
-        if not isinstance(r, dict):
-            return f"ranks[{i}] is {_kind(r)}, not a map"
-        for key, ok, what, required in _RANK_FIELDS:
-            if key not in r:
-                if required:
-                    return f"ranks[{i}] has no {key}"
-            elif not ok(r[key]):
-                return f"ranks[{i}].{key} is {_kind(r[key])} ({r[key]!r:.40}), not {what}"
+        why = _fields_problem(r, _RANK_FIELDS, f"ranks[{i}]")
+        if why:
+            return why
         if r["rank"] in seen:
             return f"ranks[{i}] and ranks[{seen[r['rank']]}] are both rank {r['rank']}"
         seen[r["rank"]] = i
@@ -263,15 +271,9 @@ def manifest_problem(m: Dict[str, Any]) -> Optional[str]:
         if not isinstance(ln.get("kind"), str):
             return f"links[{i}].kind is {_kind(ln.get('kind'))}, not a link kind"
         for end in ("from", "to"):
-            e = ln.get(end)
-            if not isinstance(e, dict):
-                return f"links[{i}].{end} is {_kind(e)}, not a map"
-            for key, ok, what, required in _END_FIELDS:
-                if key not in e:
-                    if required:
-                        return f"links[{i}].{end} has no {key}"
-                elif not ok(e[key]):
-                    return f"links[{i}].{end}.{key} is {_kind(e[key])} ({e[key]!r:.40}), not {what}"
+            why = _fields_problem(ln.get(end), _END_FIELDS, f"links[{i}].{end}")
+            if why:
+                return why
     for i, u in enumerate(m.get("unmatched") or []):
         if not isinstance(u, dict):
             return f"unmatched[{i}] is {_kind(u)}, not a map"
