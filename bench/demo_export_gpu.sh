@@ -77,19 +77,12 @@ if cudasnap replay --help | grep -q -- "--jit"; then
   # as if captured on an A100: the sm_90 snapshot with its module image swapped for the same
   # source built for sm_80 only (SASS, no PTX)
   nvcc -fatbin -gencode arch=compute_80,code=sm_80 -o ptrs_sm80.fatbin "$ROOT/tests/gpu/workloads/ptrs.cu"
-  python3 - ptrs.cusnap ptrs_sm80.fatbin sm80.cusnap <<'EOF'
+  python3 - ptrs.cusnap ptrs_sm80.fatbin sm80.cusnap "$ROOT/tests" <<'EOF'
 import sys
-from cudasnap.formats import SnapshotReader, SnapshotWriter
-src, image, dst = sys.argv[1], open(sys.argv[2], "rb").read(), sys.argv[3]
-r = SnapshotReader(src)
-with SnapshotWriter(dst, dict(r.raw_header)) as w:
-    for rec in r.records():
-        if rec.get("k") == "b":
-            continue
-        for key, ref in list((rec.get("x") or {}).items()):
-            if isinstance(ref, dict) and ref.get("blob"):
-                ref["blob"] = w.add_blob(image if key == "image" else r.blob(ref["blob"]))
-        w.write(rec)
+sys.path.insert(0, sys.argv[4])
+from snapedit import rewrite
+image = open(sys.argv[2], "rb").read()
+rewrite(sys.argv[1], sys.argv[3], payload=lambda key, data: image if key == "image" else data)
 EOF
   cudasnap info sm80.cusnap | grep -A3 "Modules"
   cudasnap replay sm80.cusnap; check "sm_80-only module refused before replay" 2 $?

@@ -77,22 +77,6 @@ _AS = {"INTEGER": "an integer", "REAL": "a number", "TEXT": "text"}
 
 
 class Store:
-    def value_problem(self) -> Optional[str]:
-        """The first value of a type its column does not hold (a store edited or damaged by
-        hand), named by table, row and column; None when every value fits."""
-        for (table,) in self.db.execute("SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%'"):
-            for col in self.db.execute(f"PRAGMA table_info({table})").fetchall():
-                name, decl = col[1], (col[2] or "").upper()
-                if decl not in _HOLDS:
-                    continue
-                kinds = ", ".join(f"'{k}'" for k in _HOLDS[decl])
-                bad = self.db.execute(f"SELECT rowid, {name}, typeof({name}) FROM {table} "
-                                      f"WHERE typeof({name}) NOT IN ({kinds}) LIMIT 1").fetchone()
-                if bad is not None:
-                    return (f"{table} row {bad[0]}: {name} is {bad[2]} ({bad[1]!r:.40}), "
-                            f"not {_AS[decl]}")
-        return None
-
     def __init__(self, path, create: bool = True):
         self.path = os.fspath(path)
         if not create and not os.path.isfile(self.path):
@@ -123,6 +107,22 @@ class Store:
         v = self.db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
         if v is None or int(v[0]) != SCHEMA_VERSION:
             raise StoreError(f"{self.path}: store schema version {v[0] if v else '?'}, this cudasnap reads {SCHEMA_VERSION}")
+
+    def value_problem(self) -> Optional[str]:
+        """The first value of a type its column does not hold (a store edited or damaged by
+        hand), named by table, row and column; None when every value fits."""
+        for (table,) in self.db.execute("SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%'"):
+            for col in self.db.execute(f"PRAGMA table_info({table})").fetchall():
+                name, decl = col[1], (col[2] or "").upper()
+                if decl not in _HOLDS:
+                    continue
+                kinds = ", ".join(f"'{k}'" for k in _HOLDS[decl])
+                bad = self.db.execute(f"SELECT rowid, {name}, typeof({name}) FROM {table} "
+                                      f"WHERE typeof({name}) NOT IN ({kinds}) LIMIT 1").fetchone()
+                if bad is not None:
+                    return (f"{table} row {bad[0]}: {name} is {bad[2]} ({bad[1]!r:.40}), "
+                            f"not {_AS[decl]}")
+        return None
 
     # ------------------------------------------------------------------ transactions
     class _Tx:

@@ -350,13 +350,14 @@ def replay(
         from cudasnap.wrap import exec_wrapped
         raise typer.Exit(exec_wrapped(ctx, wrap, str(preload) if preload else None,
                                       _value(profiler_range) == "workload"))
-    from cudasnap.replay import ReplayOptions, run_replay_cli
+    from cudasnap.replay import ReplayOptions, option_problem, run_replay_cli
 
     dtype, profile = _value(dtype), _value(profile)
     if watchdog is not None and watchdog <= 0:
         _fail("--watchdog must be > 0 seconds")
-    if (rtol or atol) and dtype is None:        # bytes have no tolerance: it would be ignored
-        _fail("--rtol/--atol compare elements of a type: give --dtype too (f32, f16, bf16 or f64)")
+    why = option_problem(ReplayOptions(rtol=rtol, atol=atol, dtype=dtype))   # before a job's ranks start too
+    if why:
+        _fail(why)
     from cudasnap.formats.group import is_manifest
     if len(snapshot) > 1 or is_manifest(snapshot[0]):
         from cudasnap.replay.group import run_group

@@ -27,7 +27,7 @@ def replay(snapshot, driver=None, **kw) -> ReplayResult:
     rtol, atol, dtype, continue_on_error, watchdog, sync_after_launch, threads, ...)."""
     from .engine import Replayer
     opts = ReplayOptions(**kw)
-    problem = _option_problem(opts) or snapshot_problem(snapshot)
+    problem = option_problem(opts) or snapshot_problem(snapshot)
     if problem:                           # as the CLI: exit 2 before any GPU work
         return ReplayResult(exit_code=2, errors=[problem], message=problem)
     from cudasnap.formats import SnapshotError
@@ -38,7 +38,8 @@ def replay(snapshot, driver=None, **kw) -> ReplayResult:
         return ReplayResult(exit_code=2, errors=[msg], message=msg)
 
 
-def _option_problem(opts: ReplayOptions) -> Optional[str]:
+def option_problem(opts: ReplayOptions) -> Optional[str]:
+    """What is wrong with these options before any work (the CLI and the Python API say the same)."""
     if opts.dtype and opts.dtype not in ("f32", "f16", "bf16", "f64"):
         return "--dtype must be one of f32, f16, bf16, f64"
     if opts.rtol < 0 or opts.atol < 0:
@@ -56,7 +57,7 @@ def run_replay_cli(snapshot, opts: ReplayOptions, as_json: bool = False, out=Non
     from .engine import Replayer
     from .summary import json_document, render
     out = out or sys.stdout
-    problem = _option_problem(opts) or snapshot_problem(snapshot)
+    problem = option_problem(opts) or snapshot_problem(snapshot)
     if problem:
         sys.stderr.write(f"cudasnap: error: {problem}\n")
         return 2

@@ -464,6 +464,8 @@ def test_manifest_problems_are_named():
                       {"rank": 1, "pid": 6, "snapshot": "b.cusnap"}],
             "links": [{"kind": "shareable", "from": {"pid": 5, "seq": 9, "export": 1}, "to": {"pid": 6, "seq": 4, "fd": None}}]}
     assert manifest_problem(good) is None
+    good["ranks"][1]["gpus"] = [None]            # a GPU whose UUID the recording lacked, as build writes it
+    assert manifest_problem(good) is None
 
     def bad(mutate):
         m = json.loads(json.dumps(good))
