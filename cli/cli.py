@@ -97,6 +97,11 @@ class ExtractRanges(str, Enum):
     segment = "segment"
 
 
+class ExtractSass(str, Enum):
+    device = "device"
+    all = "all"
+
+
 class StatsFormat(str, Enum):
     text = "text"
     csv = "csv"
@@ -541,6 +546,7 @@ def extract(
     calls: Optional[str] = typer.Option(None, "--calls", metavar="A-B", help="Every call numbered A to B."),
     memory: Optional[ExtractMemory] = typer.Option(None, "--memory", metavar=_one_of(ExtractMemory), help="reachable: restore what the selection's parameters point into, plus what pointer scanning finds there, plus module globals; all: every live allocation, whole. Default: reachable (with --check, all when reachable memory does not verify)."),
     ranges: Optional[ExtractRanges] = typer.Option(None, "--ranges", metavar=_one_of(ExtractRanges), help="exact: within an allocation, restore from each pointer to the next tensor start the snapshot names (plus what the selection writes beyond); segment: whole allocations (for kernels that read beyond their tensors). Default: exact, segment for a graph launch."),
+    sass: ExtractSass = typer.Option(ExtractSass.device, "--sass", metavar=_one_of(ExtractSass), help="device: a fatbin module keeps SASS only for the recorded GPUs' architecture (and every PTX entry); all: every architecture's SASS (to replay the extract on GPUs of another architecture)."),
     check: bool = typer.Option(False, "--check", help="Replay the extract right away and exit 1 if it does not verify."),
     device: int = typer.Option(0, "--device", metavar="N", help="GPU ordinal to replay on."),
     force: bool = typer.Option(False, "-f", "--force-overwrite", help=_FORCE_HELP),
@@ -559,7 +565,7 @@ def extract(
     from cudasnap.export.commands import run_extract_cli
 
     raise typer.Exit(run_extract_cli(snapshot, output, launch, kernel, calls, _value(memory) if memory else None, device,
-                                     ranges=_value(ranges), check=check, force=force))
+                                     ranges=_value(ranges), check=check, force=force, sass=_value(sass)))
 
 
 from cudasnap.campaign_cmd import campaign_app  # noqa: E402

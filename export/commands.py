@@ -1,6 +1,7 @@
 """The `export` and `extract` commands: run, print the summary, return the exit code."""
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import sys
@@ -74,7 +75,7 @@ def _oserror(e: Exception) -> str:
 
 
 def run_extract_cli(snapshot, output, launch=None, kernel=None, calls=None, memory=None, device=0,
-                    out=None, ranges=None, check=False, force: bool = False) -> int:
+                    out=None, ranges=None, check=False, force: bool = False, sass: str = "device") -> int:
     """memory/ranges None: the defaults (reachable memory, exact ranges or segment for a graph
     launch); with --check, an extract that does not verify is made again with what the user left
     to the defaults widened, one step at a time: whole allocations, then every live allocation
@@ -83,27 +84,29 @@ def run_extract_cli(snapshot, output, launch=None, kernel=None, calls=None, memo
     why = _before_work(snapshot, output, force, "file")
     if why:
         return _err(why)
-    code, r = _extract_once(snapshot, output, launch, kernel, calls, memory or "reachable", device, out, ranges,
-                            check, widen=(ranges is None, memory is None and ranges != "exact"))
+    once = functools.partial(_extract_once, sass=sass)
+    code, r = once(snapshot, output, launch, kernel, calls, memory or "reachable", device, out, ranges,
+                   check, widen=(ranges is None, memory is None and ranges != "exact"))
     if code == 1 and ranges is None and r is not None and r.ranges == "exact" and r.memory == "reachable":
         out.write("  check: exact ranges did not verify; extracting again with --ranges segment (whole allocations)\n")
-        code, r = _extract_once(snapshot, output, launch, kernel, calls, memory or "reachable", device, out,
-                                "segment", check, widen=(False, memory is None))
+        code, r = once(snapshot, output, launch, kernel, calls, memory or "reachable", device, out,
+                       "segment", check, widen=(False, memory is None))
     if code == 1 and memory is None and ranges != "exact" and r is not None and r.memory == "reachable":
         out.write("  check: the allocations the selection reaches did not verify; extracting again with "
                   "--memory all (every live allocation)\n")
-        code, r = _extract_once(snapshot, output, launch, kernel, calls, "all", device, out, "segment", check)
+        code, r = once(snapshot, output, launch, kernel, calls, "all", device, out, "segment", check)
     return code
 
 
-def _extract_once(snapshot, output, launch, kernel, calls, memory, device, out, ranges, check, widen=(False, False)):
+def _extract_once(snapshot, output, launch, kernel, calls, memory, device, out, ranges, check, widen=(False, False),
+                  sass="device"):
     """(exit code, result): one extract written to output, checked when asked. widen: (ranges,
     memory) left to the defaults, so a failed check is followed by a wider extract."""
     from .extract import extract
     try:
         with atomic_path(output) as tmp:        # the extract appears whole or not at all
             r = extract(snapshot, tmp, launch=launch, kernel=kernel, calls=calls, memory=memory, ranges=ranges,
-                        device=device)
+                        device=device, sass=sass)
     except (ExportError, SnapshotError, OSError) as e:
         return _err(_oserror(e)), None
     r.output = os.fspath(output)
@@ -127,6 +130,12 @@ def _extract_once(snapshot, output, launch, kernel, calls, memory, device, out, 
     out.write(f"  expected results: {r.expected} range(s), {_mib(r.expected_bytes)} (read back after replaying the "
               f"selection); state-building calls kept: {r.prefix_calls}; module loads kept {r.modules_kept} "
               f"({_mib(r.module_bytes)}), left out {r.modules_dropped}\n")
+    if r.sass_dropped:
+        out.write(f"  module images: SASS for {', '.join(f'sm_{a}' for a in r.sass_dropped)} left out "
+                  f"({_mib(r.sass_dropped_bytes)}; the recorded GPU's and every PTX entry kept; --sass all keeps it)\n")
+    if r.allocs_dropped or r.lookups_dropped:
+        out.write(f"  calls left out: {r.allocs_dropped} allocation(s) the selection cannot reach, with their frees; "
+                  f"{r.lookups_dropped} function lookup(s) no kept launch uses\n")
     for n in r.notes:
         out.write(f"  note: {n}\n")
     if not check:

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from cudasnap.formats import SnapshotError, SnapshotReader, SnapshotWriter
-from cudasnap.formats.vocab import family, is_collective_kernel, is_graph_launch, is_launch, is_query
+from cudasnap.formats.vocab import alloc_range, family, is_collective_kernel, is_graph_launch, is_launch, is_query
 from cudasnap.formats.layout import recorded_stream
 
 from . import ranges as R
@@ -57,6 +57,12 @@ LINK_CALLS = frozenset(("cuMemExportToShareableHandle", "cuMemImportFromShareabl
 _PROP_DEVICE = struct.Struct("<IIIi16x")      # CUmemAllocationProp: pinned, no handle types, on a device
 
 
+# plain device allocations, and their frees, that an extract may leave out (never host-visible
+# memory, VMM mappings or imported memory)
+_DEVICE_ALLOCS = ("cuMemAlloc", "cuMemAllocPitch", "cuMemAllocAsync", "cuMemAllocFromPoolAsync")
+_DEVICE_FREES = ("cuMemFree", "cuMemFreeAsync")
+# function lookups: the key of the handle each makes
+_LOOKUP_OUT = {"cuModuleGetFunction": "hfunc", "cuLibraryGetKernel": "pKernel", "cuKernelGetFunction": "pFunc"}
 _KERNEL_NODE_CALLS = ("cuGraphAddKernelNode", "cuGraphKernelNodeSetParams", "cuGraphExecKernelNodeSetParams")
 _NODE_CALLS = ("cuGraphAddNode", "cuGraphNodeSetParams", "cuGraphExecNodeSetParams")
 
@@ -101,7 +107,11 @@ class ExtractResult:
     segments: int = 0                 # allocations the restored ranges lie in
     segments_bytes: int = 0
     written_beyond: int = 0           # bytes written outside the ranges (added to them)
-    module_bytes: int = 0             # images of the module loads kept
+    module_bytes: int = 0             # images of the module loads kept (as written)
+    sass_dropped: List[int] = field(default_factory=list)    # architectures whose SASS was left out
+    sass_dropped_bytes: int = 0
+    allocs_dropped: int = 0           # allocations (and their frees) the selection cannot reach
+    lookups_dropped: int = 0          # function lookups (and calls naming them) no kept launch uses
     restored: List[Tuple[int, int]] = field(default_factory=list)     # (base, size)
     restored_bytes: int = 0
     expected: int = 0
@@ -148,7 +158,7 @@ class Extractor:
 
     def __init__(self, snapshot, out, launch: Optional[int] = None, kernel: Optional[str] = None,
                  calls: Optional[str] = None, memory: str = "reachable", ranges: Optional[str] = None, device: int = 0,
-                 driver=None):
+                 driver=None, sass: str = "device"):
         self.path = os.fspath(snapshot)
         self.out = os.fspath(out)
         self.launch, self.kernel, self.calls = launch, kernel, calls
@@ -160,6 +170,9 @@ class Extractor:
             raise ExtractError("--ranges must be exact or segment")
         if sum(x is not None for x in (launch, kernel, calls)) != 1:
             raise ExtractError("give exactly one of --launch, --kernel, --calls")
+        if sass not in ("device", "all"):
+            raise ExtractError("--sass must be device or all")
+        self.sass = sass
         self.memory = memory
         self.exact = ranges == "exact" and memory == "reachable"
         self.device = device
@@ -421,6 +434,28 @@ class Extractor:
                 if parent in gone and child not in gone:
                     gone.add(child)
                     changed = True
+        # the handles the kept launches use, up to their module; function lookups of the kept
+        # modules that none of them uses go (with the calls naming them), when every launched
+        # handle is traced to its lookup
+        used: Set[Any] = set()
+        for h, _s in needed_fns:
+            cur, guard = h, 0
+            while cur is not None and guard < 8:
+                used.add(cur)
+                cur = made_by[cur][1] if cur in made_by else None
+                guard += 1
+        self.used_handles = used
+        lookups = 0
+        if not unresolved and all(h in made_by for h, _s in needed_fns):
+            for rec in recs:
+                a = rec.get("a") or {}
+                out_key = _LOOKUP_OUT.get(base_name(rec.get("f") or ""))
+                h = a.get(out_key) if out_key else None
+                if isinstance(h, int) and h not in used and h not in gone:
+                    gone.add(h)
+                    lookups += 1
+        self.res.lookups_dropped = lookups
+        self.gone_handles = gone
         out = []
         for rec in recs:
             a = rec.get("a") or {}
@@ -595,8 +630,13 @@ class Extractor:
             for k, v in list(x.items()):
                 if isinstance(v, dict) and isinstance(v.get("blob"), str) and self.reader.has_blob(v["blob"]):
                     data = self.reader.blob(v["blob"])
+                    is_image = base_name(rec.get("f") or "").startswith(("cuModuleLoad", "cuLibraryLoad"))
+                    if is_image:
+                        data = self._thin(data)
                     x[k] = {**v, "blob": self.w.add_blob(data)}
-                    if base_name(rec.get("f") or "").startswith(("cuModuleLoad", "cuLibraryLoad")):
+                    if is_image:
+                        if isinstance(v.get("size"), int):
+                            x[k]["size"] = len(data)
                         self.res.module_bytes += len(data)
                 elif isinstance(v, list):       # several references (a launch's managed memory)
                     x[k] = [{**e, "blob": self.w.add_blob(self.reader.blob(e["blob"]))}
@@ -604,6 +644,29 @@ class Extractor:
                             else e for e in v]
             rec["x"] = x
         return rec
+
+    def _gpu_ccs(self) -> List[Tuple[int, int]]:
+        """Compute capabilities of the GPUs the program ran on (its proc record)."""
+        out = []
+        for rec in self.reader.records(("proc",)):
+            for g in rec.get("gpus") or []:
+                cc = g.get("cc") if isinstance(g, dict) else None
+                if isinstance(cc, (list, tuple)) and len(cc) == 2 and all(isinstance(c, int) for c in cc):
+                    out.append((cc[0], cc[1]))
+        return out
+
+    def _thin(self, img: bytes) -> bytes:
+        if self.sass != "device":
+            return img
+        if not hasattr(self, "_ccs"):
+            self._ccs = self._gpu_ccs()
+        from .thinimage import thin
+        got = thin(img, self._ccs)
+        if got is None:
+            return img
+        self.res.sass_dropped = sorted(set(self.res.sass_dropped) | set(got[1]))
+        self.res.sass_dropped_bytes += len(img) - len(got[0])
+        return got[0]
 
     def write(self) -> None:
         w = self.w
@@ -632,7 +695,9 @@ class Extractor:
             seq += 1
             w.write(rec)
 
-        prefix_seqs = {r["s"] for r in self.prefix_recs}
+        prefix_seqs = {r["s"] for r in self.prefix_recs} - self._unreached_allocations()
+        self.res.prefix_calls = len(prefix_seqs)
+        gone, used = getattr(self, "gone_handles", set()), getattr(self, "used_handles", set())
         phase = 0                                  # 0 prefix, 1 selection, 2 after
         for rec in self.reader.records():
             k = rec.get("k")
@@ -654,7 +719,11 @@ class Extractor:
                     put(rec)
                 elif phase == 1 and s in sel_seqs:
                     put(rec)
-            elif k in ("fn", "ctx", "region", "proc"):
+            elif k == "fn":
+                # the names of functions whose lookups and modules were left out go with them
+                if rec.get("h") in used or (rec.get("h") not in gone and rec.get("module") not in gone):
+                    w.write(rec)
+            elif k in ("ctx", "region", "proc"):
                 w.write(rec)
         synth("cuCtxSynchronize", {})
         for base, n, bid in self.expected:
@@ -671,6 +740,56 @@ class Extractor:
                            "allocations the selection's parameters point into, what pointer scanning found in "
                            "them, and module globals")})
         w.write({"k": "end", "exit": 0, "signal": None, "partial": False})
+
+    def _unreached_allocations(self) -> Set[int]:
+        """Call numbers of the prefix's device allocations (cuMemAlloc and its kin) the selection
+        cannot reach, and of their frees: no range restored or expected lies in one, and no
+        pointer in the selection's arguments or a kept state-building call's points into it
+        (a texture's or a tensor map's memory, say). With --memory all every one is kept."""
+        if self.memory == "all":
+            return set()
+        spans = [(b, b + n) for b, n, _bid in list(self.restore) + list(self.expected)]
+        points: List[int] = []
+        allocs, frees = [], []
+        roots = {id(r) for r in self._root_recs()}
+        for rec in list(self._root_recs()) + list(self.prefix_recs):
+            b = base_name(rec.get("f") or "")
+            if b in _DEVICE_ALLOCS and id(rec) not in roots:
+                allocs.append(rec)
+                continue
+            if b in _DEVICE_FREES and id(rec) not in roots:
+                frees.append(rec)
+                continue
+            vals = list((rec.get("a") or {}).values()) + [(rec.get("x") or {}).get("params")]
+            for v in vals:
+                if isinstance(v, int) and v >= R.MIN_ADDR:
+                    points.append(v)
+                elif isinstance(v, (bytes, bytearray)) and len(v) >= 8:
+                    points += [int(w) for w in R.words(v)]
+        points.sort()
+        spans.sort()
+        drop: Set[int] = set()
+        dropped_at: Dict[int, int] = {}
+        for rec in sorted(allocs + frees, key=lambda r: r.get("s", 0)):
+            a = rec.get("a") or {}
+            if base_name(rec.get("f") or "") in _DEVICE_FREES:
+                if dropped_at.pop(a.get("dptr"), None) is not None:
+                    drop.add(rec["s"])
+                continue
+            rng = alloc_range(rec)
+            if rng is None:
+                continue
+            lo, hi = rng[0], rng[0] + max(rng[1], 1)
+            i = bisect.bisect_left(points, lo)
+            if i < len(points) and points[i] < hi:
+                continue
+            j = bisect.bisect_left(spans, (hi, 0))
+            if any(s_lo < hi and s_hi > lo for s_lo, s_hi in spans[:j]):
+                continue
+            drop.add(rec["s"])
+            dropped_at[lo] = rec["s"]
+        self.res.allocs_dropped = sum(1 for r in allocs if r["s"] in drop)
+        return drop
 
     def _links_note(self) -> str:
         kinds = sorted({base_name(r.get("f") or "") for r in self.links})

@@ -38,6 +38,7 @@ PROGRAMS = {
     "nocuda": "none",
     "chase": "link",
     "carve": "link",
+    "manymods": "link",
     "launch_forms": "link",
     "bigcopy": "link",
     "memops": "link",
