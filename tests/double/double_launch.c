@@ -7,6 +7,7 @@
  *     "CUDADOUBLE\nkernel add_one\nkernel fill\n..."
  * naming built-in host "kernels".  Lines starting with '#' and blank lines are
  * ignored; an unknown kernel name or a missing magic line is CUDA_ERROR_INVALID_IMAGE.
+ * A fatbin of such images loads its sm_90 SASS entry's image, else a PTX entry's.
  *
  * Kernels run synchronously at launch over gridDim*blockDim "threads"
  * (thread i handles element i); device pointers are host addresses and are
@@ -195,9 +196,35 @@ static CUresult parse_image(const char *img, size_t maxlen, const kdesc_t **foun
     return CUDA_SUCCESS;
 }
 
+/* A fatbin whose entries hold double images (for tools that read or rewrite fatbins): the
+ * image of its sm_90 SASS entry (the double's architecture), else of a PTX entry; NULL when it
+ * has neither. Any other image is itself. */
+static const char *fatbin_entry(const void *image, size_t *maxlen) {
+    const unsigned char *p = image;
+    u64 hsize, fsize;
+    if (*maxlen < 16 || *(const unsigned *)p != 0xBA55ED50u) return image;
+    hsize = *(const unsigned short *)(p + 6);
+    fsize = *(const u64 *)(p + 8);
+    for (int want = 2; want >= 1; want--) {
+        const unsigned char *e = p + hsize, *end = p + hsize + fsize;
+        while (e + 64 <= end) {
+            unsigned kind = *(const unsigned short *)e, ehsize = *(const unsigned *)(e + 4);
+            u64 psize = *(const u64 *)(e + 8);
+            if (ehsize < 64) break;
+            if (kind == (unsigned)want && (want == 1 || *(const unsigned *)(e + 28) == 90)) {
+                *maxlen = psize;
+                return (const char *)e + ehsize;
+            }
+            e += ehsize + psize;
+        }
+    }
+    return NULL;
+}
+
 static CUresult module_from_image(struct mod_obj **out, const void *image, size_t maxlen) {
     const kdesc_t *found[MAXK];
     int n = 0;
+    if (image && !(image = fatbin_entry(image, &maxlen))) return CUDA_ERROR_INVALID_IMAGE;
     CHECK(parse_image(image, maxlen, found, &n));
     struct mod_obj *m = obj_new(OBJ_MODULE, sizeof *m);
     m->nk = n;

@@ -1,6 +1,7 @@
 /* manymods.c -- a program of many modules and large buffers, for the size of an extract:
  * 6 modules (cuModuleLoadData) and 2 libraries (cuLibraryLoadData), each image padded with
- * 48 KiB of comment lines of its own; 4 buffers of 1 MiB of pseudo-random floats that kernels
+ * 48 KiB of comment lines of its own, module 3 a fatbin of such images for sm_75, sm_80, sm_90
+ * and sm_100 (the double loads its sm_90 entry), as libraries ship their kernels; 4 buffers of 1 MiB of pseudo-random floats that kernels
  * of every module work on; a device table of pointers into two 4 KiB buffers that `chase`
  * reads through; then one small launch, add_one on a 4 KiB buffer (module 3), whose result
  * is read back with the rest. Prints MANYMODS OK when every value is as computed. */
@@ -27,6 +28,32 @@ static char *image(int m) {
     return img;
 }
 
+/* a fatbin: header (magic, version, header size, entries' size), entries of a 64-byte header
+ * (kind 2 = SASS, header size, payload size, arch @28) and a payload padded to 8 bytes */
+static char *fatbin(int m, size_t *size) {
+    static const unsigned archs[] = {75, 80, 90, 100};
+    enum { NA = sizeof archs / sizeof archs[0] };
+    unsigned char *fb = calloc(1, 16 + NA * (64 + PAD + 264)), *e = fb + 16;
+    for (int i = 0; i < NA; i++) {
+        char *img = image(m);
+        unsigned long long n = (strlen(img) + 1 + 7) / 8 * 8;
+        memset(e, 0, 64);
+        *(unsigned short *)e = 2;
+        *(unsigned *)(e + 4) = 64;
+        *(unsigned long long *)(e + 8) = n;
+        *(unsigned *)(e + 28) = archs[i];
+        memcpy(e + 64, img, strlen(img) + 1);
+        free(img);
+        e += 64 + n;
+    }
+    *(unsigned *)fb = 0xBA55ED50u;
+    *(unsigned short *)(fb + 4) = 1;
+    *(unsigned short *)(fb + 6) = 16;
+    *(unsigned long long *)(fb + 8) = (unsigned long long)(e - fb - 16);
+    *size = (size_t)(e - fb);
+    return (char *)fb;
+}
+
 int main(void) {
     CUdevice dev;
     CUcontext ctx;
@@ -40,7 +67,8 @@ int main(void) {
     CK(cuDevicePrimaryCtxRetain(&ctx, dev));
     CK(cuCtxSetCurrent(ctx));
     for (int m = 0; m < NM; m++) {
-        char *img = image(m);
+        size_t fsize;
+        char *img = m == 3 ? fatbin(m, &fsize) : image(m);
         if (m < 6) {
             CUmodule mod;
             CK(cuModuleLoadData(&mod, img));
