@@ -239,3 +239,62 @@ def test_graph_launch_keeps_kernels_captured_through_launch_kernel_ex(double, ca
     assert ex.returncode == 0, ex.stdout + ex.stderr
     xc = [c["f"] for c in _calls(tmp_path / "g.cusnap")]
     assert "cuLaunchKernelEx" in xc and "cuLaunchKernel" in xc
+
+
+def test_extract_of_a_small_launch_keeps_only_what_it_reads(double, capture, tmp_path):
+    """manymods: 8 modules (one a fatbin for four architectures), 4 MiB of unrelated buffers, a
+    pointer table; one small add_one. Its extract keeps the kernel's module (SASS for the recorded
+    GPU only), its 4 KiB buffer, and no unrelated allocation or function lookup; it verifies."""
+    from cudasnap.replay.retarget import analyze
+    cp, snap = capture(double["progs"]["manymods"])
+    assert cp.returncode == 0 and "MANYMODS OK" in cp.stdout, cp.stdout + cp.stderr
+    out, whole = tmp_path / "x.cusnap", tmp_path / "all.cusnap"
+    ex = _cli(double, "extract", str(snap), "-o", str(out), "--kernel", "add_one#9", "--check")
+    assert ex.returncode == 0 and "verified" in ex.stdout.splitlines()[-1], ex.stdout + ex.stderr
+    assert "SASS for sm_75, sm_80, sm_100 left out" in ex.stdout
+    assert "8 allocation(s) the selection cannot reach" in ex.stdout and "3 function lookup(s)" in ex.stdout
+    share = out.stat().st_size / snap.stat().st_size
+    assert share < 0.01, f"{out.stat().st_size} B = {100 * share:.2f}% of the snapshot"
+    r = SnapshotReader(out)
+    xc = [c for c in r.records() if c["k"] == "c"]
+    loads = [c for c in xc if c["f"].startswith("cuModuleLoad")]
+    assert len(loads) == 1
+    img = r.blob(loads[0]["x"]["image"]["blob"])
+    assert analyze(img).sass == [90] and loads[0]["x"]["image"]["size"] == len(img)
+    assert [c["a"]["bytesize"] for c in xc if c["f"] == "cuMemAlloc_v2"] == [4096]
+    assert [c["a"]["name"] for c in xc if c["f"] == "cuModuleGetFunction"] == ["add_one"]
+    assert [f["name"] for f in r.records(("fn",))] == ["add_one"]
+    # every architecture's SASS on request; it verifies too
+    ex = _cli(double, "extract", str(snap), "-o", str(whole), "--kernel", "add_one#9", "--sass", "all", "--check")
+    assert ex.returncode == 0 and "left out (" not in ex.stdout, ex.stdout + ex.stderr
+    img = SnapshotReader(whole).blob([c for c in _calls(whole) if c["f"] == "cuModuleLoadData"][0]["x"]["image"]["blob"])
+    assert analyze(img).sass == [75, 80, 90, 100]
+    assert out.stat().st_size * 2 < whole.stat().st_size
+    # a launch through a pointer table keeps the table's targets
+    ex, _ = _extract_and_replay(double, snap, tmp_path / "c.cusnap", "--kernel", "chase")
+    assert "memory restored: 4 range(s), 8224 B" in ex.stdout
+
+
+def test_thin_keeps_the_recorded_architecture_and_ptx():
+    import struct as st
+    from cudasnap.export.thinimage import thin
+
+    def entry(kind, arch, payload):
+        payload += b"\0" * (-len(payload) % 8)
+        h = bytearray(64)
+        st.pack_into("<HHIQ", h, 0, kind, 0, 64, len(payload))
+        st.pack_into("<I", h, 28, arch)
+        return bytes(h) + payload
+
+    def fatbin(*entries):
+        body = b"".join(entries)
+        return st.pack("<IHHQ", 0xBA55ED50, 1, 16, len(body)) + body
+
+    ptx, s80, s90, s90b = entry(1, 80, b".version 8.0"), entry(2, 80, b"A" * 40), entry(2, 90, b"B" * 24), entry(2, 90, b"C")
+    img = fatbin(s80, ptx, s90) + fatbin(s80, s90b)
+    got, dropped = thin(img, [(9, 0)])
+    assert got == fatbin(ptx, s90) + fatbin(s90b) and dropped == [80]
+    assert thin(img, [(8, 6), (9, 0)]) is None                 # every architecture recorded: as it was
+    assert thin(fatbin(s80), [(9, 0)]) is None                 # nothing for the recorded GPU: kept whole
+    assert thin(fatbin(s80, entry(7, 90, b"?")), [(9, 0)]) is None     # an entry not understood
+    assert thin(b"\x7fELF" + bytes(60), [(9, 0)]) is None and thin(img, []) is None
