@@ -570,6 +570,7 @@ class Extractor:
                         words.append(a[k])
             for data in self._copied_in():
                 words += self._words(data)
+            words += [w for w, _n in R.object_roots(self.prefix_recs, self._root_recs())]
             todo = sorted({i for i in (self._find(w) for w in words) if i is not None})
             todo += [i for i, r in enumerate(self._live) if r[2] == "global" and i not in todo]
         chosen: Dict[int, str] = {}

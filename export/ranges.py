@@ -178,6 +178,27 @@ class Boundaries:
         return out
 
 
+_OBJECT_CREATE = {"cuTexObjectCreate": "pTexObject", "cuSurfObjectCreate": "pSurfObject"}
+
+
+def object_roots(prefix, selected) -> List[Tuple[int, int]]:
+    """The device pointers in the resource descriptions of the texture and surface objects whose
+    handles a selected launch passes: kernels read that memory through the object."""
+    params = [bytes(p) for p in ((r.get("x") or {}).get("params") for r in selected)
+              if isinstance(p, (bytes, bytearray))]
+    out: List[Tuple[int, int]] = []
+    for rec in prefix:
+        key = _OBJECT_CREATE.get(base_name(rec.get("f") or ""))
+        a = rec.get("a") or {}
+        h, desc = a.get(key) if key else None, a.get("pResDesc")
+        if not isinstance(h, int) or not isinstance(desc, (bytes, bytearray)):
+            continue
+        word = h.to_bytes(8, "little")
+        if any(p[i:i + 8] == word for p in params for i in range(0, len(p) - 7, 8)):
+            out += [(int(w), 0) for w in np.unique(words(desc))]
+    return out
+
+
 def merge(iv: Iterable[Interval], gap: int = 0) -> List[Interval]:
     out: List[List[int]] = []
     for lo, hi in sorted(iv):
@@ -269,6 +290,7 @@ def start_exact(ex, rp) -> None:
     roots: List[Tuple[int, int]] = []
     for rec in ex._root_recs():
         roots += ex.bounds.roots_of(rec)
+    roots += object_roots(ex.prefix_recs, ex._root_recs())
     seen = {a for a, _n in roots}
     for data in ex._copied_in():          # pointer tables the selection itself uploads
         roots += new_roots(data, seen)

@@ -298,3 +298,14 @@ def test_thin_keeps_the_recorded_architecture_and_ptx():
     assert thin(fatbin(s80), [(9, 0)]) is None                 # nothing for the recorded GPU: kept whole
     assert thin(fatbin(s80, entry(7, 90, b"?")), [(9, 0)]) is None     # an entry not understood
     assert thin(b"\x7fELF" + bytes(60), [(9, 0)]) is None and thin(img, []) is None
+
+
+def test_a_texture_over_linear_memory_keeps_that_memory(double, capture, tmp_path):
+    """tex_fetch's parameters hold a texture object, not a pointer: the memory its resource
+    description names is restored (exact ranges and whole allocations alike)."""
+    cp, snap = capture(double["progs"]["texture"])
+    assert cp.returncode == 0, cp.stderr
+    for ranges in ("exact", "segment"):
+        ex = _cli(double, "extract", str(snap), "-o", str(tmp_path / f"{ranges}.cusnap"), "--kernel", "tex_fetch#2",
+                  "--ranges", ranges, "--check")
+        assert ex.returncode == 0 and "memory restored: 2 range(s), 512 B" in ex.stdout, ex.stdout + ex.stderr
