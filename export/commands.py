@@ -133,9 +133,10 @@ def _extract_once(snapshot, output, launch, kernel, calls, memory, device, out, 
     if r.sass_dropped:
         out.write(f"  module images: SASS for {', '.join(f'sm_{a}' for a in r.sass_dropped)} left out "
                   f"({_mib(r.sass_dropped_bytes)}; the recorded GPU's and every PTX entry kept; --sass all keeps it)\n")
-    if r.allocs_dropped or r.lookups_dropped:
+    if r.allocs_dropped or r.lookups_dropped or r.objects_dropped:
         out.write(f"  calls left out: {r.allocs_dropped} allocation(s) the selection cannot reach, with their frees; "
-                  f"{r.lookups_dropped} function lookup(s) no kept launch uses\n")
+                  f"{r.lookups_dropped} function lookup(s) no kept launch uses; {r.objects_dropped} stream(s) and "
+                  f"event(s) no kept call names\n")
     for n in r.notes:
         out.write(f"  note: {n}\n")
     if not check:

@@ -63,6 +63,9 @@ _PROP_DEVICE = struct.Struct("<IIIi16x")      # CUmemAllocationProp: pinned, no 
 # memory, VMM mappings or imported memory)
 _DEVICE_ALLOCS = ("cuMemAlloc", "cuMemAllocPitch", "cuMemAllocAsync", "cuMemAllocFromPoolAsync")
 _DEVICE_FREES = ("cuMemFree", "cuMemFreeAsync")
+# streams and events: the key of the handle a creation makes, and a destruction takes
+_OBJECT_MAKERS = {"cuStreamCreate": "phStream", "cuStreamCreateWithPriority": "phStream", "cuEventCreate": "phEvent"}
+_OBJECT_ENDS = {"cuStreamDestroy": "hStream", "cuEventDestroy": "hEvent"}
 # function lookups: the key of the handle each makes
 _LOOKUP_OUT = {"cuModuleGetFunction": "hfunc", "cuLibraryGetKernel": "pKernel", "cuKernelGetFunction": "pFunc"}
 _KERNEL_NODE_CALLS = ("cuGraphAddKernelNode", "cuGraphKernelNodeSetParams", "cuGraphExecKernelNodeSetParams")
@@ -114,6 +117,7 @@ class ExtractResult:
     sass_dropped_bytes: int = 0
     allocs_dropped: int = 0           # allocations (and their frees) the selection cannot reach
     lookups_dropped: int = 0          # function lookups (and calls naming them) no kept launch uses
+    objects_dropped: int = 0          # streams and events (with their destructions) no kept call names
     restored: List[Tuple[int, int]] = field(default_factory=list)     # (base, size)
     restored_bytes: int = 0
     expected: int = 0
@@ -699,6 +703,7 @@ class Extractor:
             w.write(rec)
 
         prefix_seqs = {r["s"] for r in self.prefix_recs} - self._unreached_allocations()
+        prefix_seqs -= self._unused_objects(prefix_seqs)
         self.res.prefix_calls = len(prefix_seqs)
         gone, used = getattr(self, "gone_handles", set()), getattr(self, "used_handles", set())
         phase = 0                                  # 0 prefix, 1 selection, 2 after
@@ -792,6 +797,33 @@ class Extractor:
             drop.add(rec["s"])
             dropped_at[lo] = rec["s"]
         self.res.allocs_dropped = sum(1 for r in allocs if r["s"] in drop)
+        return drop
+
+    def _unused_objects(self, kept: Set[int]) -> Set[int]:
+        """Call numbers of the prefix's stream and event creations whose handle no other kept
+        call names (in an argument, a struct argument or a launch's parameters), with their
+        destructions."""
+        made: Dict[int, List[int]] = {}
+        named: Set[int] = set()
+        recs = [r for r in self.prefix_recs if r["s"] in kept] + list(self._root_recs())
+        for rec in recs:
+            b = base_name(rec.get("f") or "")
+            a = rec.get("a") or {}
+            if b in _OBJECT_MAKERS and isinstance(a.get(_OBJECT_MAKERS[b]), int):
+                made.setdefault(a[_OBJECT_MAKERS[b]], []).append(rec["s"])
+                continue
+            if b in _OBJECT_ENDS and isinstance(a.get(_OBJECT_ENDS[b]), int):
+                made.setdefault(a[_OBJECT_ENDS[b]], []).append(rec["s"])
+                continue
+            for v in list(a.values()) + [(rec.get("x") or {}).get("params")]:
+                if isinstance(v, int):
+                    named.add(v)
+                elif isinstance(v, (bytes, bytearray)) and len(v) >= 8:
+                    named.update(int(w) for w in R.words(v))
+        root_seqs = {r.get("s") for r in self._root_recs()}
+        drop = {s for h, seqs in made.items() if h not in named for s in seqs if s not in root_seqs}
+        self.res.objects_dropped = sum(1 for r in recs if r["s"] in drop
+                                       and base_name(r.get("f") or "") in _OBJECT_MAKERS)
         return drop
 
     def _links_note(self) -> str:

@@ -243,8 +243,9 @@ def test_graph_launch_keeps_kernels_captured_through_launch_kernel_ex(double, ca
 
 def test_extract_of_a_small_launch_keeps_only_what_it_reads(double, capture, tmp_path):
     """manymods: 8 modules (one a fatbin for four architectures), 4 MiB of unrelated buffers, a
-    pointer table; one small add_one. Its extract keeps the kernel's module (SASS for the recorded
-    GPU only), its 4 KiB buffer, and no unrelated allocation or function lookup; it verifies."""
+    pointer table, two streams and an event; one small add_one. Its extract keeps the kernel's
+    module (SASS for the recorded GPU only), its 4 KiB buffer, its stream, and no unrelated
+    allocation, function lookup, stream or event; it verifies."""
     from cudasnap.replay.retarget import analyze
     cp, snap = capture(double["progs"]["manymods"])
     assert cp.returncode == 0 and "MANYMODS OK" in cp.stdout, cp.stdout + cp.stderr
@@ -253,6 +254,7 @@ def test_extract_of_a_small_launch_keeps_only_what_it_reads(double, capture, tmp
     assert ex.returncode == 0 and "verified" in ex.stdout.splitlines()[-1], ex.stdout + ex.stderr
     assert "SASS for sm_75, sm_80, sm_100 left out" in ex.stdout
     assert "8 allocation(s) the selection cannot reach" in ex.stdout and "3 function lookup(s)" in ex.stdout
+    assert "2 stream(s) and event(s) no kept call names" in ex.stdout
     share = out.stat().st_size / snap.stat().st_size
     assert share < 0.01, f"{out.stat().st_size} B = {100 * share:.2f}% of the snapshot"
     r = SnapshotReader(out)
@@ -264,6 +266,7 @@ def test_extract_of_a_small_launch_keeps_only_what_it_reads(double, capture, tmp
     assert [c["a"]["bytesize"] for c in xc if c["f"] == "cuMemAlloc_v2"] == [4096]
     assert [c["a"]["name"] for c in xc if c["f"] == "cuModuleGetFunction"] == ["add_one"]
     assert [f["name"] for f in r.records(("fn",))] == ["add_one"]
+    assert [c["f"] for c in xc if c["f"].startswith(("cuStream", "cuEvent"))] == ["cuStreamCreate"]   # the launch's
     # every architecture's SASS on request; it verifies too
     ex = _cli(double, "extract", str(snap), "-o", str(whole), "--kernel", "add_one#9", "--sass", "all", "--check")
     assert ex.returncode == 0 and "left out (" not in ex.stdout, ex.stdout + ex.stderr

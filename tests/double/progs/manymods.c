@@ -3,7 +3,8 @@
  * 48 KiB of comment lines of its own, module 3 a fatbin of such images for sm_75, sm_80, sm_90
  * and sm_100 (the double loads its sm_90 entry), as libraries ship their kernels; 4 buffers of 1 MiB of pseudo-random floats that kernels
  * of every module work on; a device table of pointers into two 4 KiB buffers that `chase`
- * reads through; then one small launch, add_one on a 4 KiB buffer (module 3), whose result
+ * reads through; then one small launch, add_one on a 4 KiB buffer (module 3) on a stream of its
+ * own (the uploads ran on another, with an event), whose result
  * is read back with the rest. Prints MANYMODS OK when every value is as computed. */
 #include <string.h>
 #include "common.h"
@@ -91,11 +92,18 @@ int main(void) {
         }
         free(img);
     }
+    CUstream up, work;                   /* uploads on one stream (with an event), the small launch on another */
+    CUevent uploaded;
+    CK(cuStreamCreate(&up, CU_STREAM_NON_BLOCKING));
+    CK(cuStreamCreate(&work, CU_STREAM_NON_BLOCKING));
+    CK(cuEventCreate(&uploaded, 0));
     for (int b = 0; b < NB; b++) {
         CK(cuMemAlloc(&big[b], sizeof host[b]));
         for (int i = 0; i < BN; i++) host[b][i] = (float)(next_u32() % 100000) / 64.0f;
-        CK(cuMemcpyHtoD(big[b], host[b], sizeof host[b]));
+        CK(cuMemcpyHtoDAsync(big[b], host[b], sizeof host[b], up));
     }
+    CK(cuEventRecord(uploaded, up));
+    CK(cuEventSynchronize(uploaded));
     memcpy(want, host, sizeof want);
     int n = BN;
     for (int m = 0; m < NM; m++) {      /* every module's kernels on the large buffers */
@@ -127,7 +135,7 @@ int main(void) {
     CK(cuMemcpyHtoD(small, hs, sizeof hs));
     int sn = SN;
     void *sm[] = {&small, &sn};
-    LAUNCH(cuLaunchKernel(add_one[3], SN / 256, 1, 1, 256, 1, 1, 0, NULL, sm, NULL));
+    LAUNCH(cuLaunchKernel(add_one[3], SN / 256, 1, 1, 256, 1, 1, 0, work, sm, NULL));
     CK(cuCtxSynchronize());
     CK(cuMemcpyDtoH(gs, small, sizeof gs));
     CK(cuMemcpyDtoH(vals, out, sizeof vals));
