@@ -869,8 +869,6 @@ class Extractor:
                     raise ExtractError(f"call #{r['s']} {r['f']}: kernel parameters were not captured")
             self.prefix()
             self._find_group()
-            if self.calls is not None:
-                self.res.notes.insert(0, f"kept {kept_text(self.res)}")
             hdr = dict(self.reader.raw_header)
             hdr["extracted_from"] = {"snapshot": os.path.basename(self.path), "calls": self.res.selected[:64],
                                      "memory": self.memory, "ranges": self.res.ranges}
@@ -882,6 +880,8 @@ class Extractor:
             try:
                 self._replay()
                 self.write()
+                if self.calls is not None:          # counted once the unused calls are left out
+                    self.res.notes.insert(0, f"kept {kept_text(self.res)}")
                 self.w.close()
                 os.replace(tmp, self.out)
                 ok = True
