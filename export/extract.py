@@ -738,6 +738,11 @@ class Extractor:
             synth("cuMemcpyDtoH_v2", {"dstHost": 0, "srcDevice": base, "ByteCount": n}, {"dstHost": {"blob": bid}})
         if self.links:
             w.write({"k": "note", "level": "info", "msg": self._links_note()})
+        if self.res.sass_dropped:
+            w.write({"k": "note", "level": "info",
+                     "msg": f"module images hold SASS for the recorded GPU's architecture and their PTX only (SASS for "
+                            f"{', '.join(f'sm_{a}' for a in self.res.sass_dropped)} left out): to replay on a GPU of "
+                            f"another architecture, extract again with --sass all"})
         w.write({"k": "note", "level": "info",
                  "msg": f"extracted from {os.path.basename(self.path)}: calls {self.res.selected[:8]}"
                         f"{'...' if len(self.res.selected) > 8 else ''}; memory restored: "
