@@ -270,7 +270,8 @@ def test_extract_of_a_small_launch_keeps_only_what_it_reads(double, capture, tmp
     # every architecture's SASS on request; it verifies too
     ex = _cli(double, "extract", str(snap), "-o", str(whole), "--kernel", "add_one#9", "--sass", "all", "--check")
     assert ex.returncode == 0 and "left out (" not in ex.stdout, ex.stdout + ex.stderr
-    img = SnapshotReader(whole).blob([c for c in _calls(whole) if c["f"] == "cuModuleLoadData"][0]["x"]["image"]["blob"])
+    load = [c for c in _calls(whole) if c["f"] == "cuModuleLoadData"][0]
+    img = SnapshotReader(whole).blob(load["x"]["image"]["blob"])
     assert analyze(img).sass == [75, 80, 90, 100]
     assert out.stat().st_size * 2 < whole.stat().st_size
     # a launch through a pointer table keeps the table's targets
@@ -293,7 +294,8 @@ def test_thin_keeps_the_recorded_architecture_and_ptx():
         body = b"".join(entries)
         return st.pack("<IHHQ", 0xBA55ED50, 1, 16, len(body)) + body
 
-    ptx, s80, s90, s90b = entry(1, 80, b".version 8.0"), entry(2, 80, b"A" * 40), entry(2, 90, b"B" * 24), entry(2, 90, b"C")
+    ptx, s80 = entry(1, 80, b".version 8.0"), entry(2, 80, b"A" * 40)
+    s90, s90b = entry(2, 90, b"B" * 24), entry(2, 90, b"C")
     img = fatbin(s80, ptx, s90) + fatbin(s80, s90b)
     got, dropped = thin(img, [(9, 0)])
     assert got == fatbin(ptx, s90) + fatbin(s90b) and dropped == [80]
