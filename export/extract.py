@@ -59,10 +59,12 @@ LINK_CALLS = frozenset(("cuMemExportToShareableHandle", "cuMemImportFromShareabl
 _PROP_DEVICE = struct.Struct("<IIIi16x")      # CUmemAllocationProp: pinned, no handle types, on a device
 
 
-# plain device allocations, and their frees, that an extract may leave out (never host-visible
-# memory, VMM mappings or imported memory)
+# allocations, and their frees, that an extract may leave out when nothing reaches them (never
+# managed memory, VMM mappings or imported memory)
 _DEVICE_ALLOCS = ("cuMemAlloc", "cuMemAllocPitch", "cuMemAllocAsync", "cuMemAllocFromPoolAsync")
-_DEVICE_FREES = ("cuMemFree", "cuMemFreeAsync")
+# page-locked host memory: kept when a pointer the selection or its memory holds points into it
+_HOST_ALLOCS = ("cuMemHostAlloc", "cuMemAllocHost")
+_DEVICE_FREES = {"cuMemFree": "dptr", "cuMemFreeAsync": "dptr", "cuMemFreeHost": "p"}
 # streams and events: the key of the handle a creation makes, and a destruction takes
 _OBJECT_MAKERS = {"cuStreamCreate": "phStream", "cuStreamCreateWithPriority": "phStream", "cuEventCreate": "phEvent"}
 _OBJECT_ENDS = {"cuStreamDestroy": "hStream", "cuEventDestroy": "hEvent"}
@@ -587,6 +589,7 @@ class Extractor:
             data = self._read(rp, base, n)
             chosen[i] = self.w.add_blob(data)
             if self.memory == "reachable" and scanned < R.SCAN_LIMIT:
+                self.note_host_refs(data)
                 scanned += n
                 for v in self._words(data):
                     j = self._find(v)
@@ -754,11 +757,33 @@ class Extractor:
                            "them, and module globals")})
         w.write({"k": "end", "exit": 0, "signal": None, "partial": False})
 
+    def _host_allocs(self) -> List[Tuple[int, int]]:
+        """(base, end) of the page-locked host allocations made before the selection."""
+        if not hasattr(self, "_host_ranges"):
+            self._host_ranges = sorted(
+                (a["pp"], a["pp"] + max(a["bytesize"], 1)) for a in ((r.get("a") or {}) for r in self.prefix_recs
+                                                                     if base_name(r.get("f") or "") in _HOST_ALLOCS)
+                if isinstance(a.get("pp"), int) and isinstance(a.get("bytesize"), int))
+            self._host_reached: Set[int] = set()
+        return self._host_ranges
+
+    def note_host_refs(self, data: bytes) -> None:
+        """Notes the host allocations a word of scanned device memory points into (a kernel may
+        follow it): those stay in the extract."""
+        hosts = self._host_allocs()
+        if not hosts or len(self._host_reached) == len(hosts):
+            return
+        w = R.words(data)
+        for lo, hi in hosts:
+            if lo not in self._host_reached and bool(((w >= lo) & (w < hi)).any()):
+                self._host_reached.add(lo)
+
     def _unreached_allocations(self) -> Set[int]:
-        """Call numbers of the prefix's device allocations (cuMemAlloc and its kin) the selection
-        cannot reach, and of their frees: no range restored or expected lies in one, and no
-        pointer in the selection's arguments or a kept state-building call's points into it
-        (a texture's or a tensor map's memory, say). With --memory all every one is kept."""
+        """Call numbers of the prefix's device allocations (cuMemAlloc and its kin) and page-locked
+        host allocations the selection cannot reach, and of their frees: no range restored or
+        expected lies in one, and no pointer in the selection's arguments, a kept state-building
+        call's (a texture's or a tensor map's memory, say) or scanned memory points into it.
+        With --memory all every one is kept."""
         if self.memory == "all":
             return set()
         spans = [(b, b + n) for b, n, _bid in list(self.restore) + list(self.expected)]
@@ -767,7 +792,7 @@ class Extractor:
         roots = {id(r) for r in self._root_recs()}
         for rec in list(self._root_recs()) + list(self.prefix_recs):
             b = base_name(rec.get("f") or "")
-            if b in _DEVICE_ALLOCS and id(rec) not in roots:
+            if (b in _DEVICE_ALLOCS or b in _HOST_ALLOCS) and id(rec) not in roots:
                 allocs.append(rec)
                 continue
             if b in _DEVICE_FREES and id(rec) not in roots:
@@ -783,14 +808,16 @@ class Extractor:
         spans.sort()
         drop: Set[int] = set()
         dropped_at: Dict[int, int] = {}
+        self._host_allocs()
         for rec in sorted(allocs + frees, key=lambda r: r.get("s", 0)):
             a = rec.get("a") or {}
-            if base_name(rec.get("f") or "") in _DEVICE_FREES:
-                if dropped_at.pop(a.get("dptr"), None) is not None:
+            b = base_name(rec.get("f") or "")
+            if b in _DEVICE_FREES:
+                if dropped_at.pop(a.get(_DEVICE_FREES[b]), None) is not None:
                     drop.add(rec["s"])
                 continue
-            rng = alloc_range(rec)
-            if rng is None:
+            rng = (a.get("pp"), a.get("bytesize")) if b in _HOST_ALLOCS else alloc_range(rec)
+            if rng is None or not all(isinstance(v, int) for v in rng) or rng[0] in self._host_reached:
                 continue
             lo, hi = rng[0], rng[0] + max(rng[1], 1)
             i = bisect.bisect_left(points, lo)

@@ -311,7 +311,9 @@ def start_exact(ex, rp) -> None:
                 if scanned >= SCAN_LIMIT:
                     break
                 scanned += hi - lo
-                roots += new_roots(ex._read(rp, lo, hi - lo), seen)
+                data = ex._read(rp, lo, hi - lo)
+                ex.note_host_refs(data)
+                roots += new_roots(data, seen)
     ex.per = per
     ex.before = {}
     limit = int(os.environ.get(DIFF_BUDGET_ENV, DIFF_BUDGET))

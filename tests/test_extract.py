@@ -314,3 +314,16 @@ def test_a_texture_over_linear_memory_keeps_that_memory(double, capture, tmp_pat
         ex = _cli(double, "extract", str(snap), "-o", str(tmp_path / f"{ranges}.cusnap"), "--kernel", "tex_fetch#2",
                   "--ranges", ranges, "--check")
         assert ex.returncode == 0 and "memory restored: 2 range(s), 512 B" in ex.stdout, ex.stdout + ex.stderr
+
+
+def test_page_locked_host_memory_stays_only_where_the_launch_reaches_it(double, capture, tmp_path):
+    """hostfree's first add_one reads mapped host memory through its parameter: that allocation
+    stays; unified's first add_one never touches its pinned buffer: it is left out."""
+    for prog, kept in (("hostfree", ["cuMemHostAlloc"]), ("unified", [])):
+        cp, snap = capture(double["progs"][prog])
+        assert cp.returncode == 0, cp.stderr
+        first = [c["s"] for c in _calls(snap) if c["f"] == "cuLaunchKernel"][0]
+        out = tmp_path / f"{prog}.x.cusnap"
+        ex = _cli(double, "extract", str(snap), "-o", str(out), "--launch", str(first), "--check")
+        assert ex.returncode == 0 and "verified" in ex.stdout.splitlines()[-1], ex.stdout + ex.stderr
+        assert [c["f"] for c in _calls(out) if c["f"].startswith(("cuMemHostAlloc", "cuMemAllocHost"))] == kept
