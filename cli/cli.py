@@ -554,9 +554,10 @@ def extract(
     """Write a small self-contained snapshot of selected launches, with the memory they read.
 
     Replays SNAPSHOT up to the selection, reads back the memory it can read, replays it and
-    reads back what it could write. SMALL.cusnap holds the state-building calls (context,
-    placement zone, allocations, the module loads the kernels need), H2D copies restoring
-    that memory, the selection, and D2H copies whose expected results are what was read back:
+    reads back what it could write. SMALL.cusnap holds the state-building calls the selection
+    uses (context, placement zone, allocations, streams, the module loads its kernels need, with
+    SASS for the recorded GPU and PTX), H2D copies restoring that memory, the selection, and
+    D2H copies whose expected results are what was read back:
     `cudasnap replay SMALL.cusnap` verifies against them. Within an allocation (a caching
     allocator's segment holds many tensors) only the bytes from each pointer to the next tensor
     start are restored, plus what the selection writes beyond; a kernel that reads beyond them

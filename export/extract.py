@@ -7,8 +7,9 @@ could write is read back.  The new snapshot holds:
   - the state-building calls before the selection (contexts, the placement zone, allocations,
     the module loads and lookups the selected kernels need, streams, events, graph captures),
     with every module load nobody selected left out, and the function lookups (with their `fn`
-    records) and device allocations (with their frees) the selection does not use; a kept
-    fatbin holds SASS for the recorded GPUs' architecture and its PTX only (thinimage.py);
+    records), device and page-locked host allocations (with their frees), streams and events
+    the selection does not use; a kept fatbin holds SASS for the recorded GPUs' architecture
+    and its PTX only (thinimage.py; `--sass all` keeps every architecture's);
   - one H2D copy per allocation restoring its contents as they were when the selection started;
   - the selected calls;
   - one D2H copy per allocation the selection could write, whose expected result is what the
