@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SELECTIONS = {"manymods": ["add_one#9", "chase", "saxpy#4"], "carve": ["saxpy"], "launch_forms": ["add_one#3"]}
+SELECTIONS = {"manymods": ["add_one#10", "chase", "saxpy#4"], "carve": ["saxpy"], "launch_forms": ["add_one#3"]}
 
 
 def main() -> int:

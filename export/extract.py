@@ -66,6 +66,9 @@ _DEVICE_ALLOCS = ("cuMemAlloc", "cuMemAllocPitch", "cuMemAllocAsync", "cuMemAllo
 # page-locked host memory: kept when a pointer the selection or its memory holds points into it
 _HOST_ALLOCS = ("cuMemHostAlloc", "cuMemAllocHost")
 _DEVICE_FREES = {"cuMemFree": "dptr", "cuMemFreeAsync": "dptr", "cuMemFreeHost": "p"}
+# VMM calls (mappings nothing reaches are left out with their physical memory)
+_VMM_CALLS = ("cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemUnmap", "cuMemRelease", "cuMemAddressReserve",
+              "cuMemAddressFree")
 # streams and events: the key of the handle a creation makes, and a destruction takes
 _OBJECT_MAKERS = {"cuStreamCreate": "phStream", "cuStreamCreateWithPriority": "phStream", "cuEventCreate": "phEvent"}
 _OBJECT_ENDS = {"cuStreamDestroy": "hStream", "cuEventDestroy": "hEvent"}
@@ -94,6 +97,15 @@ def _kernel_node_function(rec: Dict[str, Any]) -> int:
     if len(raw) < off + 64:
         return 0
     return struct.unpack_from("<Q", raw, off)[0] or struct.unpack_from("<Q", raw, off + 56)[0]
+
+
+def reached(points: List[int], spans: List[Tuple[int, int]], lo: int, hi: int) -> bool:
+    """Does a point (sorted) lie in [lo, hi), or a span (sorted) overlap it?"""
+    i = bisect.bisect_left(points, lo)
+    if i < len(points) and points[i] < hi:
+        return True
+    j = bisect.bisect_left(spans, (hi, 0))
+    return any(s_lo < hi and s_hi > lo for s_lo, s_hi in spans[:j])
 
 
 class ExtractError(ExportError):
@@ -789,7 +801,8 @@ class Extractor:
             return set()
         spans = [(b, b + n) for b, n, _bid in list(self.restore) + list(self.expected)]
         points: List[int] = []
-        allocs, frees = [], []
+        allocs, frees, vmm = [], [], []
+        ints: Set[int] = set()
         roots = {id(r) for r in self._root_recs()}
         for rec in list(self._root_recs()) + list(self.prefix_recs):
             b = base_name(rec.get("f") or "")
@@ -799,10 +812,15 @@ class Extractor:
             if b in _DEVICE_FREES and id(rec) not in roots:
                 frees.append(rec)
                 continue
+            if b in _VMM_CALLS and id(rec) not in roots:
+                vmm.append(rec)
+                continue
             vals = list((rec.get("a") or {}).values()) + [(rec.get("x") or {}).get("params")]
             for v in vals:
-                if isinstance(v, int) and v >= R.MIN_ADDR:
-                    points.append(v)
+                if isinstance(v, int):
+                    ints.add(v)
+                    if v >= R.MIN_ADDR:
+                        points.append(v)
                 elif isinstance(v, (bytes, bytearray)) and len(v) >= 8:
                     points += [int(w) for w in R.words(v)]
         points.sort()
@@ -821,15 +839,54 @@ class Extractor:
             if rng is None or not all(isinstance(v, int) for v in rng) or rng[0] in self._host_reached:
                 continue
             lo, hi = rng[0], rng[0] + max(rng[1], 1)
-            i = bisect.bisect_left(points, lo)
-            if i < len(points) and points[i] < hi:
-                continue
-            j = bisect.bisect_left(spans, (hi, 0))
-            if any(s_lo < hi and s_hi > lo for s_lo, s_hi in spans[:j]):
+            if reached(points, spans, lo, hi):
                 continue
             drop.add(rec["s"])
             dropped_at[lo] = rec["s"]
         self.res.allocs_dropped = sum(1 for r in allocs if r["s"] in drop)
+        drop |= self._unreached_mappings(vmm, lambda lo, hi: reached(points, spans, lo, hi), ints)
+        return drop
+
+    def _unreached_mappings(self, vmm, is_reached, ints: Set[int]) -> Set[int]:
+        """Call numbers of the prefix's VMM mappings nothing reaches (cuMemMap, its
+        cuMemSetAccess and cuMemUnmap), with the cuMemCreate and cuMemRelease of a physical
+        allocation all of whose mappings go and that no other kept call names (an export, a
+        property query). Address reservations stay (they hold no memory). An access setting that
+        spans a kept mapping keeps every mapping it covers."""
+        maps = [r for r in vmm if base_name(r["f"]) == "cuMemMap"]
+        span = {r["s"]: (r["a"].get("ptr"), r["a"].get("size")) for r in maps}
+        if not all(isinstance(p, int) and isinstance(n, int) for p, n in span.values()):
+            return set()
+        cand = {r["s"] for r in maps if not is_reached(span[r["s"]][0], span[r["s"]][0] + max(span[r["s"]][1], 1))
+                and r["a"].get("handle") not in ints}
+        access = [(r["a"].get("ptr"), r["a"].get("size")) for r in vmm if base_name(r["f"]) == "cuMemSetAccess"]
+        changed = True
+        while changed:
+            changed = False
+            for p, n in access:
+                if not isinstance(p, int) or not isinstance(n, int):
+                    return set()
+                over = [s for s, (mp, mn) in span.items() if mp < p + n and p < mp + mn]
+                if any(s not in cand for s in over) and any(s in cand for s in over):
+                    cand -= set(over)
+                    changed = True
+        handles: Dict[Any, bool] = {}
+        for r in maps:
+            h = r["a"].get("handle")
+            handles[h] = handles.get(h, True) and r["s"] in cand
+        drop: Set[int] = set(cand)
+        dropped_at = {span[s][0] for s in cand}
+        for r in sorted(vmm, key=lambda r: r["s"]):
+            a, b = r["a"], base_name(r["f"])
+            if b == "cuMemSetAccess":
+                over = [s for s, (mp, mn) in span.items() if mp < a["ptr"] + a["size"] and a["ptr"] < mp + mn]
+                if over and all(s in cand for s in over):
+                    drop.add(r["s"])
+            elif b == "cuMemUnmap" and a.get("ptr") in dropped_at:
+                drop.add(r["s"])
+            elif b in ("cuMemCreate", "cuMemRelease") and handles.get(a.get("handle")):
+                drop.add(r["s"])
+        self.res.allocs_dropped += len(cand)
         return drop
 
     def _unused_objects(self, kept: Set[int]) -> Set[int]:

@@ -243,17 +243,17 @@ def test_graph_launch_keeps_kernels_captured_through_launch_kernel_ex(double, ca
 
 def test_extract_of_a_small_launch_keeps_only_what_it_reads(double, capture, tmp_path):
     """manymods: 8 modules (one a fatbin for four architectures), 4 MiB of unrelated buffers, a
-    pointer table, two streams and an event; one small add_one. Its extract keeps the kernel's
+    VMM mapping, a pointer table, two streams and an event; one small add_one. Its extract keeps the kernel's
     module (SASS for the recorded GPU only), its 4 KiB buffer, its stream, and no unrelated
     allocation, function lookup, stream or event; it verifies."""
     from cudasnap.replay.retarget import analyze
     cp, snap = capture(double["progs"]["manymods"])
     assert cp.returncode == 0 and "MANYMODS OK" in cp.stdout, cp.stdout + cp.stderr
     out, whole = tmp_path / "x.cusnap", tmp_path / "all.cusnap"
-    ex = _cli(double, "extract", str(snap), "-o", str(out), "--kernel", "add_one#9", "--check")
+    ex = _cli(double, "extract", str(snap), "-o", str(out), "--kernel", "add_one#10", "--check")
     assert ex.returncode == 0 and "verified" in ex.stdout.splitlines()[-1], ex.stdout + ex.stderr
     assert "SASS for sm_75, sm_80, sm_100 left out" in ex.stdout
-    assert "8 allocation(s) the selection cannot reach" in ex.stdout and "3 function lookup(s)" in ex.stdout
+    assert "9 allocation(s) the selection cannot reach" in ex.stdout and "3 function lookup(s)" in ex.stdout
     assert "2 stream(s) and event(s) no kept call names" in ex.stdout
     share = out.stat().st_size / snap.stat().st_size
     assert share < 0.01, f"{out.stat().st_size} B = {100 * share:.2f}% of the snapshot"
@@ -267,13 +267,18 @@ def test_extract_of_a_small_launch_keeps_only_what_it_reads(double, capture, tmp
     assert [c["a"]["name"] for c in xc if c["f"] == "cuModuleGetFunction"] == ["add_one"]
     assert [f["name"] for f in r.records(("fn",))] == ["add_one"]
     assert [c["f"] for c in xc if c["f"].startswith(("cuStream", "cuEvent"))] == ["cuStreamCreate"]   # the launch's
+    assert [c["f"] for c in xc if c["f"].startswith("cuMem") and "cpy" not in c["f"]] == [
+        "cuMemAddressReserve", "cuMemAlloc_v2"]        # the VMM mapping's memory is left out, its reservation stays
     # every architecture's SASS on request; it verifies too
-    ex = _cli(double, "extract", str(snap), "-o", str(whole), "--kernel", "add_one#9", "--sass", "all", "--check")
+    ex = _cli(double, "extract", str(snap), "-o", str(whole), "--kernel", "add_one#10", "--sass", "all", "--check")
     assert ex.returncode == 0 and "left out (" not in ex.stdout, ex.stdout + ex.stderr
     load = [c for c in _calls(whole) if c["f"] == "cuModuleLoadData"][0]
     img = SnapshotReader(whole).blob(load["x"]["image"]["blob"])
     assert analyze(img).sass == [75, 80, 90, 100]
     assert out.stat().st_size * 2 < whole.stat().st_size
+    # the launch on the VMM mapping keeps it
+    ex, _ = _extract_and_replay(double, snap, tmp_path / "v.cusnap", "--kernel", "add_one#9")
+    assert {"cuMemCreate", "cuMemMap", "cuMemSetAccess"} <= {c["f"] for c in _calls(tmp_path / "v.cusnap")}
     # a launch through a pointer table keeps the table's targets
     ex, _ = _extract_and_replay(double, snap, tmp_path / "c.cusnap", "--kernel", "chase")
     assert "memory restored: 4 range(s), 8224 B" in ex.stdout

@@ -2,7 +2,7 @@
  * 6 modules (cuModuleLoadData) and 2 libraries (cuLibraryLoadData), each image padded with
  * 48 KiB of comment lines of its own, module 3 a fatbin of such images for sm_75, sm_80, sm_90
  * and sm_100 (the double loads its sm_90 entry), as libraries ship their kernels; 4 buffers of 1 MiB of pseudo-random floats that kernels
- * of every module work on; a device table of pointers into two 4 KiB buffers that `chase`
+ * of every module work on; a VMM mapping add_one works on; a device table of pointers into two 4 KiB buffers that `chase`
  * reads through; then one small launch, add_one on a 4 KiB buffer (module 3) on a stream of its
  * own (the uploads ran on another, with an event), whose result
  * is read back with the rest. Prints MANYMODS OK when every value is as computed. */
@@ -116,6 +116,27 @@ int main(void) {
         LAUNCH(cuLaunchKernel(add_one[m], BN / 256, 1, 1, 256, 1, 1, 0, NULL, ad, NULL));
         for (int i = 0; i < BN; i++) want[x][i] += 1.0f;
     }
+    /* a VMM mapping (reserve, create, map, set access) that add_one of module 1 works on */
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = dev;
+    size_t vsize = 0;
+    CUdeviceptr va;
+    CUmemGenericAllocationHandle vh;
+    CK(cuMemGetAllocationGranularity(&vsize, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+    CK(cuMemAddressReserve(&va, vsize, 0, 0, 0));
+    CK(cuMemCreate(&vh, vsize, &prop, 0));
+    CK(cuMemMap(va, vsize, 0, vh, 0));
+    CUmemAccessDesc acc = {{CU_MEM_LOCATION_TYPE_DEVICE, dev}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    CK(cuMemSetAccess(va, vsize, &acc, 1));
+    CK(cuMemcpyHtoD(va, host[0], 65536));
+    int vn = 65536 / 4;
+    void *vp[] = {&va, &vn};
+    LAUNCH(cuLaunchKernel(add_one[1], vn / 256, 1, 1, 256, 1, 1, 0, NULL, vp, NULL));
+    float vback[4];
+    CK(cuMemcpyDtoH(vback, va, sizeof vback));
     /* a pointer table: chase reads out[i] = *table[i], through pointers stored in device memory */
     unsigned long long marks[2] = {0xC0DE0001ULL, 0xC0DE0002ULL}, ptrs[2], vals[2];
     for (int i = 0; i < 2; i++) {
@@ -139,7 +160,7 @@ int main(void) {
     CK(cuCtxSynchronize());
     CK(cuMemcpyDtoH(gs, small, sizeof gs));
     CK(cuMemcpyDtoH(vals, out, sizeof vals));
-    int ok = vals[0] == marks[0] && vals[1] == marks[1];
+    int ok = vals[0] == marks[0] && vals[1] == marks[1] && vback[0] == host[0][0] + 1.0f;
     for (int i = 0; i < SN; i++) ok &= gs[i] == (float)i + 1.0f;
     for (int b = 0; b < NB; b++) {
         CK(cuMemcpyDtoH(got[b], big[b], sizeof got[b]));
