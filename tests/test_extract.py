@@ -332,3 +332,27 @@ def test_page_locked_host_memory_stays_only_where_the_launch_reaches_it(double, 
         ex = _cli(double, "extract", str(snap), "-o", str(out), "--launch", str(first), "--check")
         assert ex.returncode == 0 and "verified" in ex.stdout.splitlines()[-1], ex.stdout + ex.stderr
         assert [c["f"] for c in _calls(out) if c["f"].startswith(("cuMemHostAlloc", "cuMemAllocHost"))] == kept
+
+
+def test_vmm_mappings_nothing_reaches_go_with_their_memory():
+    """A mapping nothing reaches goes with its access setting, unmap, create and release; one
+    access setting over a kept and an unreached mapping keeps both; a handle another kept call
+    names keeps its mappings."""
+    from cudasnap.export.extract import ExtractResult, Extractor, reached
+
+    def call(s, f, **a):
+        return {"k": "c", "s": s, "f": f, "a": a, "r": 0}
+
+    def run(vmm, ints=()):
+        ex = Extractor.__new__(Extractor)
+        ex.res = ExtractResult("x")
+        return sorted(ex._unreached_mappings(vmm, lambda lo, hi: reached([0x2000], [], lo, hi), set(ints)))
+
+    A, B, M = 0x1000, 0x2000, 0x1000          # A: nothing points there; B: a pointer does
+    base = [call(1, "cuMemCreate", handle=7, size=M), call(2, "cuMemMap", ptr=A, size=M, offset=0, handle=7),
+            call(3, "cuMemCreate", handle=8, size=M), call(4, "cuMemMap", ptr=B, size=M, offset=0, handle=8)]
+    apart = [call(5, "cuMemSetAccess", ptr=A, size=M), call(6, "cuMemSetAccess", ptr=B, size=M),
+             call(7, "cuMemUnmap", ptr=A, size=M), call(8, "cuMemRelease", handle=7)]
+    assert run(base + apart) == [1, 2, 5, 7, 8]
+    assert run(base + [call(5, "cuMemSetAccess", ptr=A, size=2 * M)]) == []
+    assert run(base + apart, ints=[7]) == []
