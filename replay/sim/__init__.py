@@ -97,7 +97,7 @@ class Plan:
     texts: List[str] = field(default_factory=list)                     # the PTX modules merged, in order
     refusals: List[str] = field(default_factory=list)
     warnings: List[str] = field(default_factory=list)
-    launches: int = 0                                                  # launches the replay will simulate
+    seqs: List[int] = field(default_factory=list)                      # launches the replay will simulate
 
 
 def _names(reader) -> Dict[Any, str]:
@@ -123,6 +123,7 @@ def _selected(reader, opts, names) -> Tuple[Dict[str, int], int]:
                           func_names=names)
     out: Dict[str, int] = {}
     n = 0
+    seqs: List[int] = []
     for rec in reader.records(("c",)):
         f = rec.get("f") or ""
         if not is_launch(f) or rec.get("r", 0) != 0 or "r" not in rec:
@@ -130,10 +131,12 @@ def _selected(reader, opts, names) -> Tuple[Dict[str, int], int]:
         name = names.get((rec.get("a") or {}).get("f")) or ""
         if sel._match(rec, name):
             out.setdefault(name, rec.get("s"))
+            seqs.append(rec.get("s"))
             n += 1
+    seqs = seqs[opts.launch_skip or 0:]
     if opts.launch_count is not None:
-        n = min(n, opts.launch_count)
-    return out, n
+        seqs = seqs[:opts.launch_count]
+    return out, seqs
 
 
 def plan(reader, opts, replace_specs: List[Tuple[str, str]]) -> Plan:
@@ -141,7 +144,7 @@ def plan(reader, opts, replace_specs: List[Tuple[str, str]]) -> Plan:
     from . import ptx as P
     p = Plan()
     names = _names(reader)
-    wanted, p.launches = _selected(reader, opts, names)
+    wanted, p.seqs = _selected(reader, opts, names)
     taken: Dict[str, str] = {}          # name in merged PTX -> digest of its module
     have: Dict[str, Tuple[str, int]] = {}    # kernel -> (its PTX body, load call)
     sass: Dict[str, str] = {}           # kernel -> what its module carries instead
@@ -410,7 +413,7 @@ def run_sim_cli(snapshot, opts, sim_spec: str, sim_path: Optional[str], mode: st
         job = {"snapshot": os.path.abspath(os.fspath(snapshot)), "options": options, "json": as_json,
                "adapter": adapter, "dir": work, "ptx": "replay.ptx", "modules": p.modules, "layouts": p.layouts,
                "replace": p.replace, "device_name": sim.device_name, "cc": list(sim.cc()),
-               "total": p.launches, "mode": mode, "quiet": opts.quiet, "progress": opts.progress,
+               "total": len(p.seqs), "mode": mode, "quiet": opts.quiet, "progress": opts.progress,
                "log": os.path.join(work, "sim.log"), "result": os.path.join(work, "result.json")}
         with open(os.path.join(work, "job.json"), "w") as f:
             json.dump(job, f)
@@ -464,6 +467,8 @@ def _profile_rows(launched: List[str], cycles: List[Tuple[str, int]], mhz: Optio
     for i, (name, cyc) in enumerate(cycles):
         us = cyc / mhz if mhz else None
         r = {"index": i, "name": back.get(name, name), "cycles": cyc}
+        if len(cycles) == len(p.seqs):
+            r["seq"] = p.seqs[i]
         if us is not None:
             r.update(start_ns=int(t * 1e3), end_ns=int((t + us) * 1e3), time_us=us)
             t += us
