@@ -90,7 +90,7 @@ def test_wrong_kernel_is_a_mismatch(snaps):
     """--replace with a PTX that computes something else: a mismatch naming call, kernel, offset."""
     cp = _sim(snaps["plain"], "--replace", f"add_one={DATA / 'wrong_add_one.ptx'}")
     assert cp.returncode == 1, cp.stdout + cp.stderr
-    assert re.search(r"call #\d+ cuMemcpyDtoH_v2: first divergence at byte offset \\d+ .*last written by #\d+ ", cp.stdout)
+    assert re.search(r"call #\d+ cuMemcpyDtoH_v2: first divergence at byte offset \d+ .*last written by #\d+ ", cp.stdout)
     assert "FAILED: verification mismatch (exit 1)" in cp.stdout and "OK:" not in cp.stdout
 
 
