@@ -2,8 +2,9 @@
 
 An object with the shape of cuda.bindings.driver: the replay engine drives it as it drives a
 GPU, so the snapshot reader, the selection, the relocation of addresses and the verification are
-the engine's own. Allocations get the simulator's addresses (address reservation is refused, so
-placement relocates every allocation); modules come from one merged PTX file loaded at start;
+the engine's own. Allocations are placed at their recorded
+addresses by padding the simulator's allocator (cuMemAddressReserve); what cannot be placed so
+is relocated by placement; modules come from one merged PTX file loaded at start;
 kernels are registered by name; launches pass kernelParams built from the packed parameters.
 Calls the simulator cannot do answer CUDA_ERROR_NOT_SUPPORTED, which the replay reports by call."""
 from __future__ import annotations
@@ -60,7 +61,7 @@ class SimDriver:
 
     def __init__(self, adapter_path: str, ptx_dir: str, ptx_file: str, modules: Dict[str, Dict[str, str]],
                  layouts: Dict[str, List[Tuple[int, int]]], replace: Dict[str, str], device_name: str,
-                 cc: Tuple[int, int], on_launch: Optional[Callable[[str], None]] = None):
+                 cc: Tuple[int, int], on_launch: Optional[Callable[[str], None]] = None, exact: bool = True):
         from cuda.bindings import driver as cu     # types and enums only: nothing here calls a GPU
         import cffi
         self._cu = cu
@@ -70,6 +71,7 @@ class SimDriver:
         self.modules, self.layouts, self.replace = modules, layouts, replace
         self.device_name, self.cc = device_name, cc
         self.on_launch = on_launch
+        self.exact = exact           # recorded addresses through the allocator (cuMemAddressReserve)
         self.ids = _Handles()
         self.mods: Dict[int, Dict[str, str]] = {}
         self.funcs: Dict[int, str] = {}          # function handle -> name in the merged PTX ("" = no PTX)
@@ -186,7 +188,42 @@ class SimDriver:
         return (0, GRAN)
 
     def cuMemAddressReserve(self, size, align, addr, flags):
-        return (NOT_SUPPORTED,)      # placement then relocates every allocation to the simulator's addresses
+        """The simulator's allocator only moves a pointer up (256-byte aligned, never reused, and
+        memory costs nothing until written): padding up to a recorded address puts the range there.
+        An address below what it handed out is refused, and placement relocates that range."""
+        addr, size = int(addr), int(size)
+        if not self.exact or not addr or addr % 256:
+            return (NOT_SUPPORTED,)
+        self._load()
+        p = self.ffi.new("unsigned long long *")
+        if self.lib.sim_malloc(p, 256):
+            return (NOT_SUPPORTED,)
+        nxt = p[0] + 256
+        if addr < nxt:
+            return (NOT_SUPPORTED,)
+        if addr > nxt and self.lib.sim_malloc(p, addr - nxt):
+            return (NOT_SUPPORTED,)
+        if self.lib.sim_malloc(p, size) or p[0] != addr:
+            return (NOT_SUPPORTED,)
+        return (0, self._cu.CUdeviceptr(addr))
+
+    def cuMemAddressFree(self, addr, size):
+        return (0,)                  # the simulator never reuses addresses
+
+    def cuMemCreate(self, size, prop, flags):
+        return (0, self.ids.new())   # memory is the reserved range itself
+
+    def cuMemMap(self, addr, size, off, h, flags):
+        return (0,)
+
+    def cuMemSetAccess(self, addr, size, desc, n):
+        return (0,)
+
+    def cuMemUnmap(self, addr, size):
+        return (0,)
+
+    def cuMemRelease(self, h):
+        return (0,)
 
     def cuMemAlloc(self, size):
         self._load()
