@@ -162,3 +162,23 @@ def test_no_simulator_build_is_one_line(tmp_path, snaps):
                                  "or set CUDASNAP_GPGPUSIM=DIR (a directory holding lib/libcudart.so and configs/)")
     bad = _cli("replay", snaps["plain"], "--sim", "gpgpu-sim:SM99_NONE", "--sim-path", SIM)
     assert bad.returncode == 2 and "no config SM99_NONE" in bad.stderr and "SM86_RTX3070" in bad.stderr
+
+
+def test_ptx_the_simulator_cannot_run_is_refused_by_name(snaps):
+    """A kernel whose PTX holds cp.async (a parse error in the simulator) is refused before the run."""
+    cp = _sim(snaps["plain"], "--replace", f"add_one={DATA / 'cp_async_add_one.ptx'}")
+    assert cp.returncode == 2 and cp.stdout == ""
+    assert cp.stderr.strip().splitlines() == [
+        "cudasnap: error: kernel add_one uses cp.async (the simulator cannot parse it); the simulator cannot run it"]
+
+
+def test_ptx_helpers():
+    from cudasnap.replay.sim import ptx
+    text = (DATA / "kernels.ptx").read_text()
+    ents = ptx.entries(text)
+    assert ents["saxpy"] == [(0, 4), (8, 8), (16, 8), (24, 4)] and ents["histo"] == [(0, 8), (8, 8), (16, 4), (20, 4)]
+    assert ptx.constructs(ptx.bodies(text)["tile_sum"]) == []
+    merged = ptx.merge([text, (DATA / "cp_async_add_one.ptx").read_text()])
+    assert merged.startswith(".version 9.0\n.target sm_80\n.address_size 64\n") and merged.count(".target") == 1
+    assert ptx.constructs("shfl.sync.bfly.b32 %r1, %r2, 1, 31, -1;") == [
+        ("shfl.sync (the simulator gives wrong results for some uses)", False)]

@@ -68,11 +68,15 @@ def rename_entry(ptx: str, old: str, new: str) -> str:
 
 
 def merge(modules: List[str]) -> str:
-    """One PTX file of several modules: the first module's header, every module's body."""
+    """One PTX file of several modules: the highest .version and .target of them (PTX is
+    backward compatible), 64-bit addresses, every module's body."""
     if not modules:
         return ""
-    head = "\n".join(m.group(0).strip() for m in _HEADER.finditer(modules[0]))
-    return head + "\n" + "\n".join(_HEADER.sub("", m) for m in modules) + "\n"
+    vers = [tuple(map(int, v)) for m in modules for v in re.findall(r"^\s*\.version\s+(\d+)\.(\d+)", m, re.M)]
+    sms = [t for t in (target_sm(m) for m in modules) if t]
+    head = [f".version {max(vers)[0]}.{max(vers)[1]}" if vers else "",
+            f".target sm_{max(sms)}" if sms else "", ".address_size 64"]
+    return "\n".join(h for h in head if h) + "\n" + "\n".join(_HEADER.sub("", m) for m in modules) + "\n"
 
 
 def target_sm(ptx: str) -> Optional[int]:
