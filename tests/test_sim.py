@@ -71,8 +71,9 @@ def test_functional_replay_verifies_every_kernel(snaps):
 
 
 def test_selection_runs_one_kernel(snaps):
-    cp = _sim(snaps["plain"], "-k", "tile_sum")
+    cp = _sim(snaps["plain"], "-k", "tile_sum", "--progress")
     assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert re.match(r"cudasnap: simulated 1/1 kernels \(tile_sum: [0-9.]+ s\), [0-9.]+ s elapsed\n$", cp.stderr), cp.stderr
     assert re.search(r"\nlaunches\s+1\n", cp.stdout) and re.search(r"D2H verified\s+1 \(", cp.stdout)
 
 

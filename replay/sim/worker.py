@@ -30,8 +30,12 @@ def main(job_path: str) -> int:
                     job["device_name"], tuple(job["cc"]), on_launch=prog.step, exact=job["exact"])
     opts = ReplayOptions(**job["options"])
     t0 = time.perf_counter()
+    code = 2
     try:
         code = run_replay_cli(job["snapshot"], opts, job["json"], out=report, driver=drv)
+    except Exception as e:          # exit 1 would claim a mismatch: anything unforeseen cannot proceed
+        sys.stderr.write(f"cudasnap: error: the simulated replay failed: {type(e).__name__}: {e}\n")
+        code = 2
     finally:
         prog.close()
         report.flush()
@@ -42,6 +46,10 @@ def main(job_path: str) -> int:
 
 
 if __name__ == "__main__":
-    code = main(sys.argv[1])
+    try:
+        code = main(sys.argv[1])
+    except Exception as e:
+        sys.stderr.write(f"cudasnap: error: the simulated replay could not start: {type(e).__name__}: {e}\n")
+        code = 2
     sys.stderr.flush()
     os._exit(code)        # the simulator's threads and exit handlers have nothing left to do
