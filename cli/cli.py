@@ -551,6 +551,7 @@ def export(
     output: Path = typer.Option(..., "-o", "--output", metavar="DIR", help="Directory for replay.c, its Makefile and data/ (created if missing; its parent must exist)."),
     calls: Optional[str] = typer.Option(None, "--calls", metavar="SET", help="Only these launches/copies (call-set syntax as in dump); state-building calls always run."),
     force: bool = typer.Option(False, "-f", "--force-overwrite", help="Write into a non-empty DIR, replacing the files export writes and keeping every other file (by default refused, before any work)."),
+    sim: bool = typer.Option(False, "--sim", help="A program for GPGPU-Sim instead (replay.c, the simulator adapter, the merged PTX, data/, a Makefile: make SIM=DIR; make run SIM=DIR)."),
 ):
     """Write a standalone C program that replays SNAPSHOT through the CUDA Driver API.
 
@@ -561,7 +562,7 @@ def export(
     translate or a snapshot without a call to export."""
     from cudasnap.export.commands import run_export_cli
 
-    raise typer.Exit(run_export_cli(snapshot, output, calls, force=force))
+    raise typer.Exit(run_export_cli(snapshot, output, calls, force=force, sim=sim))
 
 
 @app.command(cls=_Command)

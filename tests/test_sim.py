@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import struct
 import subprocess
 import sys
@@ -183,3 +184,34 @@ def test_ptx_helpers():
     assert merged.startswith(".version 9.0\n.target sm_80\n.address_size 64\n") and merged.count(".target") == 1
     assert ptx.constructs("shfl.sync.bfly.b32 %r1, %r2, 1, 31, -1;") == [
         ("shfl.sync (the simulator gives wrong results for some uses)", False)]
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+@pytest.mark.parametrize("key,verdict", [("plain", "OK: 6 device-to-host results verified"), ("corrupt", "MISMATCH: call #")])
+def test_export_for_the_simulator_builds_runs_and_verifies(snaps, key, verdict):
+    """export --sim: a standalone program (replay.c, the adapter, the merged PTX, data/) that a
+    simulator team builds against its GPGPU-Sim and runs; a tampered recording is a mismatch."""
+    out = snaps["tmp"] / f"export_{key}"
+    ex = _cli("export", snaps[key], "-o", out, "--sim")
+    assert ex.returncode == 0, ex.stdout + ex.stderr
+    assert "6 launches, 6 D2H results to verify" in ex.stdout
+    build = subprocess.run(["make", "-s", "-C", str(out), f"SIM={SIM}"], capture_output=True, text=True, timeout=120)
+    assert build.returncode == 0, build.stdout + build.stderr
+    run = subprocess.run(["make", "-s", "-C", str(out), "run", f"SIM={SIM}"], capture_output=True, text=True, timeout=300)
+    assert verdict in run.stderr, run.stdout + run.stderr
+    assert (run.returncode == 0) == (key == "plain")
+
+
+def test_export_for_the_simulator_refuses_sass_only(tmp_path):
+    snap = tmp_path / "sass.cusnap"
+    from cudasnap.replay.synth import Synth
+    s = Synth(snap)
+    s.call("cuInit", {"Flags": 0})
+    s.call("cuModuleLoadData", {"module": 0x222, "image": 1}, x={"image": s.blob(_fatbin_sass_only())})
+    s.call("cuModuleGetFunction", {"hfunc": 0x333, "hmod": 0x222, "name": "gemm_sass"})
+    s.fn(0x333, "gemm_sass", 0x222, [[0, 8]])
+    s.launch(0x333, struct.pack("<Q", 0))
+    s.close()
+    cp = _cli("export", snap, "-o", tmp_path / "out", "--sim")
+    assert cp.returncode == 2 and "kernel gemm_sass" in cp.stderr and "has no PTX" in cp.stderr
+    assert not (tmp_path / "out").exists()
