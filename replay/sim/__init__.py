@@ -117,7 +117,7 @@ class Plan:
     seqs: List[int] = field(default_factory=list)                      # launches the replay will simulate
 
 
-def _names(reader) -> Dict[Any, str]:
+def kernel_names(reader) -> Dict[Any, str]:
     names: Dict[Any, str] = {}
     for rec in reader.records(("c", "fn")):
         if rec.get("k") == "fn":
@@ -160,7 +160,7 @@ def plan(reader, opts, replace_specs: List[Tuple[str, str]]) -> Plan:
     from cudasnap.replay.retarget import module_loads, ptx_of
     from . import ptx as P
     p = Plan()
-    names = _names(reader)
+    names = kernel_names(reader)
     wanted, p.seqs = _selected(reader, opts, names)
     taken: Dict[str, str] = {}          # name in merged PTX -> digest of its module
     have: Dict[str, Tuple[str, int]] = {}    # kernel -> (its PTX body, load call)

@@ -16,7 +16,7 @@ from typing import Dict, List, Tuple
 from cudasnap.formats.abi import base_name
 from cudasnap.formats.vocab import alloc_range, is_launch, is_query
 
-from . import DEFAULT_CONFIG, SimProblem, _names, plan, pointer_problems
+from . import DEFAULT_CONFIG, SimProblem, kernel_names, plan, pointer_problems
 from .ptx import merge
 
 _ALLOCS = ("cuMemAlloc", "cuMemAllocAsync", "cuMemAllocFromPoolAsync", "cuMemAllocManaged")
@@ -49,7 +49,7 @@ def export_sim(snapshot, outdir: str) -> Tuple[int, int, int]:
     problems = p.refusals + pointer_problems(reader)
     if problems:
         raise SimProblem(problems[0])
-    names = _names(reader)
+    names = kernel_names(reader)
     data = os.path.join(outdir, "data")
     os.makedirs(data, exist_ok=True)
     live: Dict[int, int] = {}
