@@ -121,8 +121,10 @@ def export_sim(snapshot, outdir: str) -> Tuple[int, int, int]:
                 raise SimProblem(f"call #{s} {f}: kernel {name or '?'} has no PTX or its parameters were not captured")
             params = bytes(params)
             lay = p.layouts[sim]
-            ptrs = [o for o, sz in lay if sz == 8 and o + 8 <= len(params)
-                    and inside(int.from_bytes(params[o:o + 8], "little"))]
+            # 8-byte parameters and the aligned words of larger ones (structs by value) that
+            # point into live allocations, as replay --sim relocates them
+            ptrs = [w for o, sz in lay if sz >= 8 and o % 8 == 0 for w in range(o, min(o + sz, len(params)) - 7, 8)
+                    if inside(int.from_bytes(params[w:w + 8], "little"))]
             k = kid.setdefault(sim, len(kid))
             decl += [_bytes(f"P{s}", params), _arr(f"Q{s}", ptrs)]
             body.append(f'{at}launch(&K[{k}], "{sim}", {a.get("gridDimX", 1)}, {a.get("gridDimY", 1)}, '
