@@ -385,3 +385,11 @@ class SimDriver:
         if self.on_launch is not None:
             self.on_launch(name, time.perf_counter() - t0)
         return (LAUNCH_FAILED if r else 0,)
+
+    def cuLaunchKernelEx(self, cfg, f, kp, extra):
+        if int(cfg.numAttrs):        # clusters, cooperative and the like: not in the simulator's model
+            self.unsupported["cuLaunchKernelEx with launch attributes"] = \
+                self.unsupported.get("cuLaunchKernelEx with launch attributes", 0) + 1
+            return (NOT_SUPPORTED,)
+        return self.cuLaunchKernel(f, cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX, cfg.blockDimY,
+                                   cfg.blockDimZ, cfg.sharedMemBytes, cfg.hStream, kp, extra)

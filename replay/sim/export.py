@@ -113,7 +113,17 @@ def export_sim(snapshot, outdir: str) -> Tuple[int, int, int]:
             width = {"8": 1, "16": 2, "32": 4}[b[len("cuMemsetD"):].replace("Async", "")]
             val = a.get({1: "uc", 2: "us", 4: "ui"}[width], 0)
             body.append(f"{at}memset_n({a.get('dstDevice'):#x}ULL, {val}u, {width}, {a.get('N', 0)});")
-        elif b == "cuLaunchKernel":
+        elif b in ("cuLaunchKernel", "cuLaunchKernelEx"):
+            if b == "cuLaunchKernelEx":
+                from cudasnap.replay.params import LAUNCH_CONFIG
+                cfg = a.get("config")
+                if not isinstance(cfg, (bytes, bytearray)) or len(cfg) < LAUNCH_CONFIG.size:
+                    raise SimProblem(f"call #{s} {f}: its launch configuration was not captured")
+                gx, gy, gz, bx, by, bz, shm, _hs, _ap, nattr = LAUNCH_CONFIG.unpack_from(bytes(cfg))
+                if nattr:
+                    raise SimProblem(f"call #{s} {f}: launch attributes (clusters, cooperative) are not simulated")
+                a = dict(a, gridDimX=gx, gridDimY=gy, gridDimZ=gz, blockDimX=bx, blockDimY=by, blockDimZ=bz,
+                         sharedMemBytes=shm)
             name = names.get(a.get("f")) or ""
             sim = p.replace.get(name) or next((m[name] for m in p.modules.values() if name in m), None)
             params = x.get("params")

@@ -1,5 +1,6 @@
 /* simprog.c -- loads a PTX module (argv[1]; its entries run the double's host kernels of the same
- * names) and runs several kernels on small buffers: fill, add_one, saxpy, tile_sum (shared memory
+ * names) and runs several kernels on small buffers: fill, add_one (twice: cuLaunchKernel, then
+ * cuLaunchKernelEx), saxpy, tile_sum (shared memory
  * and barriers), histo (atomics), chase (a pointer table in device memory); reads every result
  * back. argv[2] = "ends" also stores a one-past-the-end pointer in the table (not read by chase):
  * a value no replay can prove to be a pointer into one allocation. */
@@ -60,6 +61,11 @@ int main(int argc, char **argv) {
     LAUNCH(cuLaunchKernel(f_add, NB, 1, 1, T, 1, 1, 0, NULL, pa, NULL));
     void *ps[] = {&a, &dx, &dy, &n};
     LAUNCH(cuLaunchKernel(f_saxpy, NB, 1, 1, T, 1, 1, 0, NULL, ps, NULL));
+    CUlaunchConfig cfg;                 /* add_one again, through cuLaunchKernelEx (no attributes) */
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDimX = NB; cfg.gridDimY = 1; cfg.gridDimZ = 1;
+    cfg.blockDimX = T; cfg.blockDimY = 1; cfg.blockDimZ = 1;
+    LAUNCH(cuLaunchKernelEx(&cfg, f_add, pa, NULL));
     void *pt[] = {&di, &dsum, &n};
     LAUNCH(cuLaunchKernel(f_tile, NB, 1, 1, T, 1, 1, 0, NULL, pt, NULL));
     void *ph[] = {&dh, &dbins, &n, &nbins};
@@ -88,7 +94,7 @@ int main(int argc, char **argv) {
     CK(cuMemcpyDtoH(rsum, dsum, sizeof rsum));
     CK(cuMemcpyDtoH(rbins, dbins, sizeof rbins));
     CK(cuMemcpyDtoH(got, out, sizeof got));
-    int ok = ru[5] == v && x[5] == 6.0f && y[5] == 3.0f * 6.0f + 5.0f && got[2] == marks[2];
+    int ok = ru[5] == v && x[5] == 7.0f && y[5] == 3.0f * 6.0f + 5.0f && got[2] == marks[2];
     long total = 0;
     for (int i = 0; i < 64; i++) total += rbins[i];
     ok &= total == N;
