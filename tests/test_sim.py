@@ -215,3 +215,14 @@ def test_export_for_the_simulator_refuses_sass_only(tmp_path):
     cp = _cli("export", snap, "-o", tmp_path / "out", "--sim")
     assert cp.returncode == 2 and "kernel gemm_sass" in cp.stderr and "has no PTX" in cp.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_extract_then_simulate(snaps):
+    """The way in for big programs: extract one launch, replay it on the simulator (--json)."""
+    x = snaps["tmp"] / "histo.x.cusnap"
+    ex = _cli("extract", snaps["plain"], "--kernel", "histo", "-o", x, "-f", env=snaps["double"]["env"])
+    assert ex.returncode == 0, ex.stdout + ex.stderr
+    cp = _sim(x, "--json")
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    res = json.loads(cp.stdout)
+    assert res["exit_code"] == 0 and res["d2h_verified"] >= 1 and res["launches"] == 1 and not res["mismatches"]
