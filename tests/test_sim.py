@@ -1,7 +1,7 @@
 """replay --sim: snapshots taken on the test double, of a program whose module is PTX (committed
 in tests/data/sim with the .cu it came from), replayed on GPGPU-Sim and verified against the
-recorded results. Skipped where no simulator build is found ($CUDASNAP_GPGPUSIM, else the
-shared build beside the repository)."""
+recorded results. Skipped where no simulator build is found ($CUDASNAP_GPGPUSIM, else the CI
+machine's build)."""
 from __future__ import annotations
 
 import json
@@ -22,7 +22,7 @@ DATA = REPO / "tests" / "data" / "sim"
 
 
 def _sim_path():
-    for p in (os.environ.get("CUDASNAP_GPGPUSIM"), "/work/shared/sim/gpgpu-sim", str(REPO.parent / "shared/sim/gpgpu-sim")):
+    for p in (os.environ.get("CUDASNAP_GPGPUSIM"), "/work/shared/sim/gpgpu-sim"):
         if p and os.path.isfile(os.path.join(p, "lib", "libcudart.so")):
             return p
     return None

@@ -29,6 +29,8 @@ class Progress:
             return
         if self.bar is not None:
             self.bar.update(self.task, completed=min(self.done, self.total))
+            if self.done >= self.total:          # gone before the replay's report is printed
+                self.close()
             return
         el = time.perf_counter() - self.t0
         if self.force or el >= PLAIN_AFTER_S:
@@ -39,3 +41,5 @@ class Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.stop()
+            self.bar = None
+            self.enabled = False
