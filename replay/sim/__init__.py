@@ -118,6 +118,7 @@ class Plan:
 
 
 def kernel_names(reader) -> Dict[Any, str]:
+    """Recorded function (or kernel) handle -> kernel name, from fn records and lookups."""
     names: Dict[Any, str] = {}
     for rec in reader.records(("c", "fn")):
         if rec.get("k") == "fn":
