@@ -342,6 +342,9 @@ def replay(
     force: bool = typer.Option(False, "-f", "--force-overwrite", help="Replace an existing --out or --trace file (by default refused, before any work)."),
     wrap: Optional[str] = typer.Option(None, "--wrap", metavar="'TOOL ARGS'", help="Run the replay under a tool, with these same options: 'compute-sanitizer --tool memcheck' (gets --error-exitcode 1 unless given), 'ncu --section SpeedOfLight', 'nsys profile' (with --profiler-range workload, ncu and nsys are told to see only the replayed work). The tool's exit status is returned; a tool not found is exit 2."),
     preload: Optional[Path] = typer.Option(None, "--preload", metavar="TOOL.so", help="Load this library first in the replay process (LD_PRELOAD; under --wrap, in the replay process, not the tool's): an NVBit tool, an interposer."),
+    sim: Optional[str] = typer.Option(None, "--sim", metavar="gpgpu-sim[:CONFIG]", help="Replay on a simulator instead of a GPU: GPGPU-Sim, in one of its configs (default SM86_RTX3070); kernels run from their PTX, every D2H result is verified."),
+    sim_path: Optional[Path] = typer.Option(None, "--sim-path", metavar="DIR", help="The GPGPU-Sim build (lib/libcudart.so, configs/); default $CUDASNAP_GPGPUSIM."),
+    sim_mode: str = typer.Option("functional", "--sim-mode", metavar="functional|performance", help="functional: results only (fast); performance: cycle-level, per-kernel cycles (--out writes them as a timeline profile)."),
 ):
     """Replay a snapshot on a GPU and verify every D2H result.
 
@@ -351,6 +354,16 @@ def replay(
     Exit 0: calls replayed and every D2H result verified; 1: a verification mismatch; 2: replay
     could not proceed (the snapshot is unreadable, damaged or holds no call to replay; no GPU;
     an unsupported call)."""
+    if sim is not None:
+        _replay_sim(sim, sim_path, sim_mode, snapshot, dict(
+            device=device, devices=devices, threads=threads, wrap=wrap, preload=preload, jit=jit, trace=trace,
+            hook=hook, launch_override=launch_override, pace=_value(pace) != "fast" or None, launch=launch,
+            profile=_value(profile) if _value(profile) != "timeline" else None),
+            dict(calls=calls, kernels=kernels, kernel_name=kernel_name,
+                            kernel_name_base=_value(kernel_name_base), launch_skip=launch_skip,
+                            launch_count=launch_count, rtol=rtol, atol=atol, dtype=_value(dtype),
+                            continue_on_error=continue_on_error, watchdog=watchdog, progress=progress,
+                            quiet=quiet, replace=list(replace)), json_out, out_file, force)
     if wrap is not None or preload is not None:
         from cudasnap.wrap import exec_wrapped
         raise typer.Exit(exec_wrapped(ctx, wrap, str(preload) if preload else None,
@@ -441,6 +454,25 @@ def replay(
     raise typer.Exit(run_replay_cli(snapshot, opts, json_out))
 
 
+def _replay_sim(sim, sim_path, sim_mode, snapshot, not_with, kw, json_out, out_file, force) -> None:
+    """replay --sim: the simulator backend (replay/sim/) with the replay's selection and checks."""
+    used = [k for k, v in not_with.items() if v not in (None, False, 0, [], "")]
+    if used:
+        _fail(f"--sim: --{used[0].replace('_', '-')} is for a GPU replay, not a simulated one")
+    if len(snapshot) > 1:
+        _fail("--sim replays one snapshot (a job's ranks need GPUs)")
+    from cudasnap.replay import ReplayOptions
+    from cudasnap.replay.selection import check as check_selection
+    bad = check_selection(kw["kernels"], kw["calls"], kw["kernel_name"], kw["kernel_name_base"],
+                          kw["launch_skip"], kw["launch_count"])
+    if bad:
+        _fail(bad)
+    _check_outputs(force, [snapshot[0]], (out_file, "file", "--out"))
+    from cudasnap.replay.sim import run_sim_cli
+    raise typer.Exit(run_sim_cli(snapshot[0], ReplayOptions(**kw), sim, str(sim_path) if sim_path else None,
+                                 sim_mode, json_out, str(out_file) if out_file else None))
+
+
 def _rank_outputs(snapshots: List[Path], out_file: Optional[Path]) -> List[str]:
     """Each rank's --out file, to check before the job starts (a job that cannot be read is
     reported by the replay itself)."""
@@ -524,6 +556,7 @@ def export(
     output: Path = typer.Option(..., "-o", "--output", metavar="DIR", help="Directory for replay.c, its Makefile and data/ (created if missing; its parent must exist)."),
     calls: Optional[str] = typer.Option(None, "--calls", metavar="SET", help="Only these launches/copies (call-set syntax as in dump); state-building calls always run."),
     force: bool = typer.Option(False, "-f", "--force-overwrite", help="Write into a non-empty DIR, replacing the files export writes and keeping every other file (by default refused, before any work)."),
+    sim: bool = typer.Option(False, "--sim", help="A program for GPGPU-Sim instead (replay.c, the simulator adapter, the merged PTX, data/, a Makefile: make SIM=DIR; make run SIM=DIR)."),
 ):
     """Write a standalone C program that replays SNAPSHOT through the CUDA Driver API.
 
@@ -534,7 +567,7 @@ def export(
     translate or a snapshot without a call to export."""
     from cudasnap.export.commands import run_export_cli
 
-    raise typer.Exit(run_export_cli(snapshot, output, calls, force=force))
+    raise typer.Exit(run_export_cli(snapshot, output, calls, force=force, sim=sim))
 
 
 @app.command(cls=_Command)

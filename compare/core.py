@@ -83,7 +83,7 @@ def facts(prof: Dict[str, Any]) -> Dict[str, Any]:
             "nvidia_driver": run.get("nvidia_driver"), "libcuda": run.get("libcuda"), "host": run.get("host"),
             "time": run.get("time"), "command": run.get("command"), "env": run.get("env") or {},
             "replace": run.get("replace") or [], "tools": run.get("tools") or {}, "exit_code": run.get("exit_code"),
-            "profile": run.get("profile") or {}}
+            "profile": run.get("profile") or {}, "simulated": run.get("simulated")}
 
 
 def differences(a: Dict[str, Any], b: Dict[str, Any]) -> List[str]:
@@ -97,9 +97,22 @@ def differences(a: Dict[str, Any], b: Dict[str, Any]) -> List[str]:
                        f"{b.get('snapshot')} id {b['snapshot_id'][:12]})")
     elif a.get("snapshot") and b.get("snapshot") and os.path.basename(a["snapshot"]) != os.path.basename(b["snapshot"]):
         out.append(f"snapshots differ ({a['snapshot']} vs {b['snapshot']}; no snapshot id recorded)")
-    if a.get("gpu") and b.get("gpu") and a["gpu"] != b["gpu"]:
-        out.append(f"GPUs differ ({a['gpu']} vs {b['gpu']})")
+    if a.get("gpu") and b.get("gpu") and a["gpu"] != b["gpu"] and not (a.get("simulated") or b.get("simulated")):
+        out.append(f"GPUs differ ({a['gpu']} vs {b['gpu']})")     # silicon vs a simulator is the point, not a refusal
     return out
+
+
+def simulator_note(a: Dict[str, Any], b: Dict[str, Any]) -> Optional[str]:
+    """What a comparison with a simulated run compares (replay --sim ... --sim-mode performance)."""
+    sims = [x for x in (a, b) if x.get("simulated")]
+    if not sims:
+        return None
+    def what(x):
+        s = x.get("simulated") or {}
+        return (f"{x.get('gpu')}: simulated cycles at its {s.get('core_clock_mhz')} MHz core clock" if s
+                else f"{x.get('gpu')}: measured")
+    kind = "simulator vs simulator" if len(sims) == 2 else "silicon vs simulator"
+    return f"{kind}: base {what(a)}; candidate {what(b)}"
 
 
 # --------------------------------------------------------------------------- statistics
@@ -398,6 +411,9 @@ def compare(base: Dict[str, Any], cand: Dict[str, Any], threshold: float = 5.0, 
     if unpaired:
         notes.append(f"launches do not pair up for {len(unpaired)} kernel(s) ({', '.join(unpaired[:5])}): "
                      f"their medians are compared")
+    sim = simulator_note(fa, fb)
+    if sim:
+        notes.insert(0, sim)
     return {"threshold_pct": threshold, "min_diff_us": min_diff_us, "base": fa, "candidate": fb, "differences": diffs, "forced": bool(diffs),
             "mode": mode, "kernels": kernels, "launches": launches, "total": total,
             "slower": [k["name"] for k in slower], "faster": [k["name"] for k in faster],

@@ -30,17 +30,39 @@ def _before_work(snapshot, output, force: bool, kind: str) -> Optional[str]:
     return snapshot_problem(snapshot)
 
 
+def _export_sim(snapshot, outdir, calls, created: bool, out) -> int:
+    """export --sim: the program for GPGPU-Sim (replay/sim/export.py)."""
+    from cudasnap.replay.sim import SimProblem
+    from cudasnap.replay.sim.export import export_sim
+    if calls:
+        return _err("--calls with --sim: extract the launches first (cudasnap extract), then export the extract")
+    try:
+        os.makedirs(outdir, exist_ok=True)
+        n, launches, checks = export_sim(snapshot, os.fspath(outdir))
+    except (SimProblem, SnapshotError, OSError) as e:
+        if created and os.path.isdir(outdir):
+            shutil.rmtree(outdir, ignore_errors=True)
+        return _err(str(e))
+    out.write(f"exported {os.fspath(snapshot)} for GPGPU-Sim to {outdir}: {n} calls, {launches} launches, {checks} "
+              f"D2H results to verify\n  build: make -C {outdir} SIM=DIR; run: make -C {outdir} run SIM=DIR "
+              f"[CONFIG=...] [MODE=performance]\n")
+    return 0
+
+
 def _mib(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB" if n >= (1 << 20) else f"{n} B"
 
 
-def run_export_cli(snapshot, outdir, calls: Optional[str] = None, out=None, force: bool = False) -> int:
+def run_export_cli(snapshot, outdir, calls: Optional[str] = None, out=None, force: bool = False,
+                   sim: bool = False) -> int:
     from .emit import export_snapshot
     out = out or sys.stdout
     why = _before_work(snapshot, outdir, force, "dir")
     if why:
         return _err(why)
     created = not os.path.lexists(outdir)
+    if sim:
+        return _export_sim(snapshot, outdir, calls, created, out)
     try:
         r = export_snapshot(snapshot, outdir, calls)
     except (ExportError, SnapshotError, OSError) as e:

@@ -49,8 +49,10 @@ def option_problem(opts: ReplayOptions) -> Optional[str]:
     return None
 
 
-def run_replay_cli(snapshot, opts: ReplayOptions, as_json: bool = False, out=None) -> int:
-    """The `cudasnap replay` command: replay, print the summary, return the exit code."""
+def run_replay_cli(snapshot, opts: ReplayOptions, as_json: bool = False, out=None, driver=None) -> int:
+    """The `cudasnap replay` command: replay, print the summary, return the exit code.
+    driver: a Driver API other than the GPU's (the simulator backend, replay/sim/); its own
+    preflight has run."""
     import re
     import sys
     from cudasnap.formats import SnapshotError
@@ -64,11 +66,11 @@ def run_replay_cli(snapshot, opts: ReplayOptions, as_json: bool = False, out=Non
     if opts.jit == "ptx":
         os.environ["CUDA_MODULE_LOADING"] = "EAGER"      # JIT at load, so the load's time is the JIT's
     from .retarget import preflight
-    if preflight(snapshot, opts.device, opts.jit, sys.stderr if as_json else out, quiet=opts.quiet):
+    if driver is None and preflight(snapshot, opts.device, opts.jit, sys.stderr if as_json else out, quiet=opts.quiet):
         return 2
     if as_json and out is sys.stdout:
         out = json_document()
-    rp = Replayer(snapshot, opts)
+    rp = Replayer(snapshot, opts, driver=driver)
     if opts.launch_override:
         from .override import LaunchOverride
         try:

@@ -450,15 +450,19 @@ class AddressSpace:
 
 
 # ----------------------------------------------------------------- relocation scanning
-def relocate_params(params: bytes, layout: Optional[List[List[int]]], space: AddressSpace) -> Tuple[bytes, List[Tuple[int, int, int]]]:
+def relocate_params(params: bytes, layout: Optional[List[List[int]]], space: AddressSpace,
+                    aggregates: bool = False) -> Tuple[bytes, List[Tuple[int, int, int]]]:
     """Rewrite 8-byte kernel parameters that point into moved allocations.
 
     layout: the fn record's [[offset, size], ...]; when None, every 8-byte aligned word is
-    scanned.  Returns (new bytes, [(offset, old, new), ...])."""
+    scanned.  aggregates: also the aligned words inside larger parameters (structs passed by
+    value, such as PyTorch's arrays of pointers), where every allocation moved (a simulator).
+    Returns (new bytes, [(offset, old, new), ...])."""
     if not params:
         return params, []
     if layout:
-        offs = [o for o, s in layout if s == 8 and o % 8 == 0 and o + 8 <= len(params)]
+        offs = [w for o, s in layout if (s == 8 or (aggregates and s > 8)) and o % 8 == 0
+                for w in range(o, min(o + s, len(params)) - 7, 8)]
     else:
         offs = list(range(0, len(params) - 7, 8))
     buf = bytearray(params)

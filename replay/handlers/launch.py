@@ -54,7 +54,7 @@ def _prepare(ctx, rec):
         if v >= 0x10000:
             ctx.mark_written(v, seq, name)
     if ctx.space is not None and ctx.space.moved:
-        params, changes = relocate_params(params, layout, ctx.space)
+        params, changes = relocate_params(params, layout, ctx.space, getattr(ctx.cu, "moves_all_memory", False))
         ctx.res.params_relocated += len(changes)
     params = patch_conditional_handles(ctx, rec, params, layout)
     return fn, params, layout, name

@@ -28,6 +28,7 @@ HEADERS = ["cuda_double.h", "double_internal.h"]
 
 # program name -> how it reaches the driver: "link" (-lcuda against the double) or "dlopen"
 PROGRAMS = {
+    "simprog": "link",
     "direct": "link",
     "capwin": "link",
     "viadlsym": "dlopen",

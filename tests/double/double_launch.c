@@ -134,7 +134,38 @@ static CUresult k_surf_fill(const unsigned char *pb, u64 nt) {
     return CUDA_SUCCESS;
 }
 
+/* tile_sum(const int* in, int* out, int n): out[b] = sum of in[256 b .. 256 b + 255] (blocks of 256
+ * threads; shared memory and barriers in its PTX) */
+static CUresult k_tile_sum(const unsigned char *pb, u64 nt) {
+    const int *in = P(const int *, 0);
+    int *out = P(int *, 8);
+    u64 c = count_of(P(int, 16), nt), blocks = (c + 255) / 256;
+    if (c && (!dev_range_ok((u64)(uintptr_t)in, c * 4) || !dev_range_ok((u64)(uintptr_t)out, blocks * 4)))
+        return CUDA_ERROR_ILLEGAL_ADDRESS;
+    for (u64 b = 0; b < blocks; b++) {
+        int sum = 0;
+        for (u64 i = b * 256; i < c && i < b * 256 + 256; i++) sum += in[i];
+        out[b] = sum;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* histo(const unsigned* in, unsigned* bins, int n, int nbins): bins[in[i] % nbins] += 1 (atomics in its PTX) */
+static CUresult k_histo(const unsigned char *pb, u64 nt) {
+    const unsigned *in = P(const unsigned *, 0);
+    unsigned *bins = P(unsigned *, 8);
+    u64 c = count_of(P(int, 16), nt);
+    int nb = P(int, 20);
+    if (nb <= 0) return CUDA_SUCCESS;
+    if (c && (!dev_range_ok((u64)(uintptr_t)in, c * 4) || !dev_range_ok((u64)(uintptr_t)bins, (u64)nb * 4)))
+        return CUDA_ERROR_ILLEGAL_ADDRESS;
+    for (u64 i = 0; i < c; i++) bins[in[i] % (unsigned)nb]++;
+    return CUDA_SUCCESS;
+}
+
 static const kdesc_t kernels[] = {
+    {"tile_sum", 3, {0, 8, 16}, {8, 8, 4}, 20, k_tile_sum},
+    {"histo", 4, {0, 8, 16, 20}, {8, 8, 4, 4}, 24, k_histo},
     {"add_one", 2, {0, 8}, {8, 4}, 12, k_add_one},
     {"fill", 3, {0, 8, 12}, {8, 4, 4}, 16, k_fill},
     {"saxpy", 4, {0, 8, 16, 24}, {4, 8, 8, 4}, 28, k_saxpy},
@@ -161,10 +192,28 @@ struct kern_obj { int type; struct func_obj *func; };
 struct mod_obj { int type; int nk; struct func_obj *funcs[MAXK]; int owned_by_library; };
 struct lib_obj { int type; struct mod_obj *mod; struct kern_obj *kerns[MAXK]; };
 
+/* A PTX module (text with `.entry NAME(`): each entry runs the host kernel of the same name. */
+static CUresult parse_ptx(const char *img, size_t len, const kdesc_t **found, int *nfound) {
+    *nfound = 0;
+    for (const char *p = img; (p = strstr(p, ".entry")) != NULL && p < img + len; ) {
+        p += 6;
+        while (*p == ' ' || *p == '\t') p++;
+        size_t n = strcspn(p, "( \t\r\n");
+        const kdesc_t *k = NULL;
+        for (size_t i = 0; i < NKERNELS; i++)
+            if (strlen(kernels[i].name) == n && strncmp(kernels[i].name, p, n) == 0) k = &kernels[i];
+        if (!k || *nfound >= MAXK) return CUDA_ERROR_INVALID_IMAGE;
+        found[(*nfound)++] = k;
+    }
+    return *nfound ? CUDA_SUCCESS : CUDA_ERROR_INVALID_IMAGE;
+}
+
 static CUresult parse_image(const char *img, size_t maxlen, const kdesc_t **found, int *nfound) {
     static const char magic[] = "CUDADOUBLE";
     if (!img) return CUDA_ERROR_INVALID_VALUE;
     size_t len = strnlen(img, maxlen);
+    if (memcmp(img, magic, len < sizeof magic - 1 ? len : sizeof magic - 1) != 0 && strstr(img, ".entry"))
+        return parse_ptx(img, len, found, nfound);
     if (len < sizeof magic - 1 || memcmp(img, magic, sizeof magic - 1) != 0) return CUDA_ERROR_INVALID_IMAGE;
     *nfound = 0;
     const char *p = img + sizeof magic - 1, *end = img + len;

@@ -8,6 +8,8 @@ run_workload(name, work, env) runs, in order, on one GPU (CUDA_VISIBLE_DEVICES i
   graph        --profile graph (wall time kept beside timeline's)
   extract:*    extract + export + make + run of three launches: the first launch, the longest
                kernel of the timeline, a library GEMM (cuBLAS/cuBLASLt/CUTLASS names)
+  sim          the first launch's extract replayed on GPGPU-Sim (replay --sim, functional, on the CPU;
+               $CUDASNAP_GPGPUSIM): verified, or n/a with the reason (a kernel without PTX, no build)
   window       capture --window launches:A-B around the middle launches, replayed
   flight       capture --flight-recorder of the program ending through _exit (no exit
                handlers: the recorder's trigger for a process that ended abruptly), replayed
@@ -262,6 +264,7 @@ class Matrix:
                 self.cells[f"extract:{what}"] = {"ok": None if launches else False, "s": 0, "detail": reason}
                 continue
             self.cell(f"extract:{what}", lambda row=row, what=what: self._extract_export(xsnap, row, what))
+        self.cell("sim", self._sim)
 
         def window():
             n = len(recorded)
@@ -355,6 +358,19 @@ class Matrix:
         self.cell("advise", advise)
         return self.cells
 
+    def _sim(self) -> tuple:
+        ex = self.work / "x_first.cusnap"
+        path = os.environ.get("CUDASNAP_GPGPUSIM")
+        if not path:
+            return None, "no GPGPU-Sim build (CUDASNAP_GPGPUSIM unset)"
+        if not ex.exists():
+            return None, "no extract of the first launch"
+        cp = self.run(_cudasnap("replay", str(ex), "--sim", "gpgpu-sim", "--sim-path", path, "-q"))
+        err = (cp.stderr or "").strip().splitlines()
+        if cp.returncode == 2 and err and ("has no PTX" in err[0] or "the simulator cannot run it" in err[0]):
+            return None, err[0][:300]
+        return cp.returncode == 0, self._tail(cp)
+
     def _extract_export(self, snap: Path, row: dict, what: str) -> tuple:
         ex = self.work / f"x_{what}.cusnap"
         cp = self.run(_cudasnap("extract", str(snap), "--launch", str(row["seq"]), "-o", str(ex), "--check"))
@@ -378,7 +394,7 @@ def run_workload(name: str, work: Path, env: Optional[Dict[str, str]] = None, lo
 
 
 COLUMNS = ["capture", "replay", "timeline", "isolated", "graph", "extract:first", "extract:longest", "extract:gemm",
-           "window", "flight", "stats", "compare", "metrics", "advise"]
+           "sim", "window", "flight", "stats", "compare", "metrics", "advise"]
 
 
 def table(rows: List[dict]) -> str:

@@ -1,0 +1,536 @@
+"""Replay on a simulator (`cudasnap replay SNAP --sim gpgpu-sim[:CONFIG]`): GPGPU-Sim runs the
+snapshot's kernels on the CPU and every D2H result is verified against the recorded one.
+
+This side plans the run before anything is simulated: the PTX of every module (a fatbin's PTX
+entry, or a PTX module; `--replace K=FILE.ptx` for a kernel without one), the constructs the
+simulator mishandles, the pointers stored in uploaded buffers that can be relocated (or the
+refusal naming the buffer). Then a worker process (worker.py) replays with the engine driving
+the simulator through the adapter (adapter.c, driver.py), in a directory holding the model's
+config; performance mode turns the simulator's per-kernel cycles into a timeline profile."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+SIMULATORS = ("gpgpu-sim",)
+DEFAULT_CONFIG = "SM86_RTX3070"
+ENV_PATH = "CUDASNAP_GPGPUSIM"
+MODES = ("functional", "performance")
+HEAP_START = 0xC0000000        # the simulator's first heap address: placement succeeds above it
+# The simulator's allocator can be padded up to recorded addresses (driver.cuMemAddressReserve),
+# but this build's kernels read and write wrongly above 4 GiB (a fill of 16 KiB at 0x6000_0000_8000
+# left 12 KiB unwritten), where every GPU address lies: so allocations move by default, and
+# CUDASNAP_SIM_PLACEMENT=recorded keeps recorded addresses (for a simulator without that limit).
+PLACEMENT_ENV = "CUDASNAP_SIM_PLACEMENT"
+
+
+def exact_placement() -> bool:
+    return os.environ.get(PLACEMENT_ENV, "") == "recorded"
+
+
+def moves(base: int) -> bool:
+    """Will placement relocate the allocation recorded at base? (Spans are reserved in address
+    order from the simulator's bump allocator: only one below its heap, or every one when
+    recorded addresses are not asked for.)"""
+    return not exact_placement() or base < HEAP_START + (4 << 20)
+
+
+class SimProblem(Exception):
+    """A one-line reason the simulated replay cannot proceed (exit 2)."""
+
+
+@dataclass
+class Sim:
+    path: str
+    config: str
+    mode: str
+
+    @property
+    def lib(self) -> str:
+        return os.path.join(self.path, "lib")
+
+    @property
+    def config_dir(self) -> str:
+        return os.path.join(self.path, "configs", self.config)
+
+    @property
+    def device_name(self) -> str:
+        return f"GPGPU-Sim {self.config} (simulated)"
+
+    def core_mhz(self) -> Optional[float]:
+        try:
+            with open(os.path.join(self.config_dir, "gpgpusim.config")) as f:
+                m = re.search(r"^\s*-gpgpu_clock_domains\s+([0-9.]+):", f.read(), re.M)
+            return float(m.group(1)) if m else None
+        except OSError:
+            return None
+
+    def cc(self) -> Tuple[int, int]:
+        m = re.match(r"SM(\d)(\d?)_", self.config)
+        return (int(m.group(1)), int(m.group(2) or 0)) if m else (7, 0)
+
+
+def configs(path: str) -> List[str]:
+    d = os.path.join(path, "configs")
+    return sorted(c for c in os.listdir(d) if os.path.isfile(os.path.join(d, c, "gpgpusim.config"))) \
+        if os.path.isdir(d) else []
+
+
+def resolve(spec: str, sim_path: Optional[str], mode: str) -> Sim:
+    """`gpgpu-sim[:CONFIG]`, the build's directory (--sim-path, else $CUDASNAP_GPGPUSIM) and the mode."""
+    name, _, config = spec.partition(":")
+    if name not in SIMULATORS:
+        raise SimProblem(f"--sim {spec}: unknown simulator (known: {', '.join(SIMULATORS)}[:CONFIG])")
+    if mode not in MODES:
+        raise SimProblem(f"--sim-mode {mode}: expected functional or performance")
+    path = sim_path or os.environ.get(ENV_PATH)
+    if not path:
+        raise SimProblem(f"--sim {name}: where is the GPGPU-Sim build? give --sim-path DIR or set {ENV_PATH}=DIR "
+                         f"(a directory holding lib/libcudart.so and configs/)")
+    if not os.path.isfile(os.path.join(path, "lib", "libcudart.so")):
+        raise SimProblem(f"{path}: not a GPGPU-Sim build (no lib/libcudart.so); point --sim-path or {ENV_PATH} at one")
+    have = configs(path)
+    config = config or (DEFAULT_CONFIG if DEFAULT_CONFIG in have else (have[0] if have else DEFAULT_CONFIG))
+    if config not in have:
+        raise SimProblem(f"--sim {spec}: no config {config} in {os.path.join(path, 'configs')} "
+                         f"(it has: {', '.join(have) or 'none'})")
+    return Sim(os.path.abspath(path), config, mode)
+
+
+# ----------------------------------------------------------------------------------- the plan
+@dataclass
+class Plan:
+    modules: Dict[str, Dict[str, str]] = field(default_factory=dict)   # PTX digest -> {kernel: name in merged PTX}
+    layouts: Dict[str, List[Tuple[int, int]]] = field(default_factory=dict)
+    replace: Dict[str, str] = field(default_factory=dict)              # kernel -> name in merged PTX
+    texts: List[str] = field(default_factory=list)                     # the PTX modules merged, in order
+    refusals: List[str] = field(default_factory=list)
+    warnings: List[str] = field(default_factory=list)
+    seqs: List[int] = field(default_factory=list)                      # launches the replay will simulate
+
+
+def kernel_names(reader) -> Dict[Any, str]:
+    """Recorded function (or kernel) handle -> kernel name, from fn records and lookups."""
+    names: Dict[Any, str] = {}
+    for rec in reader.records(("c", "fn")):
+        if rec.get("k") == "fn":
+            if isinstance(rec.get("name"), str):
+                names.setdefault(rec.get("h"), rec["name"])
+            continue
+        a = rec.get("a") or {}
+        f = rec.get("f") or ""
+        if rec.get("r") == 0 and f.startswith(("cuModuleGetFunction", "cuLibraryGetKernel")) and isinstance(a.get("name"), str):
+            names[a.get("hfunc") or a.get("pKernel")] = a["name"]
+    return names
+
+
+def _selected(reader, opts, names) -> Tuple[Dict[str, int], int]:
+    """{kernel: first call} of the launches the replay will run, and their count (-s/-c are
+    counted by the replay; here every launch the other filters pass is checked)."""
+    from cudasnap.formats.vocab import is_launch
+    from cudasnap.replay.selection import LaunchSelection
+    sel = LaunchSelection(opts.kernels, opts.calls, opts.kernel_name, opts.kernel_name_base or "function",
+                          func_names=names)
+    out: Dict[str, int] = {}
+    n = 0
+    seqs: List[int] = []
+    for rec in reader.records(("c",)):
+        f = rec.get("f") or ""
+        if not is_launch(f) or rec.get("r", 0) != 0 or "r" not in rec:
+            continue
+        name = names.get((rec.get("a") or {}).get("f")) or ""
+        if sel._match(rec, name):
+            out.setdefault(name, rec.get("s"))
+            seqs.append(rec.get("s"))
+            n += 1
+    seqs = seqs[opts.launch_skip or 0:]
+    if opts.launch_count is not None:
+        seqs = seqs[:opts.launch_count]
+    return out, seqs
+
+
+def plan(reader, opts, replace_specs: List[Tuple[str, str]]) -> Plan:
+    from cudasnap.replay.retarget import module_loads, ptx_of
+    from . import ptx as P
+    p = Plan()
+    names = kernel_names(reader)
+    wanted, p.seqs = _selected(reader, opts, names)
+    taken: Dict[str, str] = {}          # name in merged PTX -> digest of its module
+    have: Dict[str, Tuple[str, int]] = {}    # kernel -> (its PTX body, load call)
+    sass: Dict[str, str] = {}           # kernel -> what its module carries instead
+    images = _images(reader)
+    for ld in module_loads(reader):
+        if ld.get("r") not in (0, None):
+            continue
+        blob = images.get(ld["seq"])
+        got = None
+        if blob is not None:
+            try:
+                got = ptx_of(blob)
+            except ValueError as e:
+                p.warnings.append(f"call #{ld['seq']} {ld['call']}: {e}")
+        if got is None:
+            what = ld["info"].describe() if ld["info"].format != "unknown" else "no PTX in the image"
+            for k in ld["kernels"] | ld.get("launched", set()):
+                sass.setdefault(k, f"module of call #{ld['seq']}: {what}")
+            continue
+        text = P.text(got[1])
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        if digest in p.modules:
+            continue
+        ents = P.entries(text)
+        mapping: Dict[str, str] = {}
+        for k in ents:
+            sim = k
+            if sim in taken:
+                sim = f"{k}__cs{len(p.texts)}"
+                text = P.rename_entry(text, k, sim)
+            taken[sim] = digest
+            mapping[k] = sim
+        ents = P.entries(text)
+        bodies = P.bodies(text)
+        for k, sim in mapping.items():
+            p.layouts[sim] = ents[sim]
+            have.setdefault(k, (bodies.get(sim, ""), ld["seq"]))
+        p.modules[digest] = mapping
+        p.texts.append(text)
+    for kernel, path in replace_specs:
+        if not path.endswith(".ptx"):
+            p.refusals.append(f"--replace {kernel}={path}: the simulator runs PTX; give a .ptx file")
+            continue
+        try:
+            with open(path, "rb") as f:
+                text = P.text(f.read())
+        except OSError as e:
+            p.refusals.append(f"--replace {kernel}={path}: {e.strerror}")
+            continue
+        ents = P.entries(text)
+        if kernel not in ents:
+            p.refusals.append(f"--replace {kernel}={path}: the PTX has no entry {kernel} "
+                              f"(it has: {', '.join(ents) or 'none'})")
+            continue
+        sim = f"{kernel}__csrep{len(p.texts)}"
+        text = P.rename_entry(text, kernel, sim)
+        for other in ents:
+            if other != kernel and other in taken:
+                text = P.rename_entry(text, other, f"{other}__csrep{len(p.texts)}")
+        ents, bodies = P.entries(text), P.bodies(text)
+        orig = have.get(kernel)
+        if orig is not None:
+            old = [s for _o, s in P.entries(orig[0]).get(kernel, [])]
+            new = [s for _o, s in ents[sim]]
+            if old and old != new:
+                p.refusals.append(f"--replace {kernel}={path}: parameter sizes {new} differ from the recorded kernel's {old}")
+                continue
+        p.layouts[sim] = ents[sim]
+        p.replace[kernel] = sim
+        have[kernel] = (bodies.get(sim, ""), have.get(kernel, ("", 0))[1])
+        p.texts.append(text)
+    for kernel, first in sorted(wanted.items(), key=lambda kv: kv[1] or 0):
+        if kernel not in have:
+            why = sass.get(kernel, "its module's image was not captured")
+            p.refusals.append(f"kernel {kernel} (first launched at call #{first}) has no PTX ({why}); the simulator "
+                              f"runs PTX only: supply one with --replace {kernel}=FILE.ptx")
+            continue
+        for what, refuse in P.constructs(have[kernel][0]):
+            (p.refusals if refuse else p.warnings).append(
+                f"kernel {kernel} uses {what}" + ("; the simulator cannot run it" if refuse
+                                                  else "; a mismatch below may be the simulator's, not the kernel's"))
+    return p
+
+
+def _images(reader) -> Dict[int, bytes]:
+    out = {}
+    for rec in reader.records(("c",)):
+        ref = (rec.get("x") or {}).get("image")
+        if isinstance(ref, dict) and isinstance(ref.get("blob"), str) and reader.has_blob(ref["blob"]):
+            out[rec.get("s")] = reader.blob(ref["blob"])
+    return out
+
+
+# ------------------------------------------------------------------------ pointers in buffers
+def pointer_problems(reader, moved=moves) -> List[str]:
+    """Uploaded buffers holding values the simulator's addresses would make wrong and that cannot
+    be proved to be pointers. An aligned 8-byte word of an H2D payload inside an allocation live
+    at the copy is a pointer the replay relocates; a word equal to the end of a live allocation
+    (a one-past-the-end pointer: it may belong to the next one), one inside an allocation not
+    live then (freed, or not yet made), or is not
+    provable: the replay refuses, naming the buffer and the call. Only words that reach an
+    allocation placement moves (moved(base)) matter: the others keep their recorded value."""
+    import numpy as np
+    from cudasnap.formats.abi import base_name
+    from cudasnap.formats.vocab import alloc_range, is_release
+    recs = list(reader.records(("c",)))
+    every: List[Tuple[int, int, Any]] = []
+    for rec in recs:
+        r = alloc_range(rec)
+        if r and r[0] and moved(r[0]):
+            every.append((r[0], r[1], rec.get("s")))
+    if not every:
+        return []
+    lo = min(b for b, _n, _s in every)
+    hi = max(b + n for b, n, _s in every)
+    live: Dict[int, Tuple[int, Any]] = {}
+    out: List[str] = []
+
+    def where(v: int, table) -> Optional[Tuple[int, int, Any]]:
+        for b, (n, s) in table.items():
+            if b <= v < b + n:
+                return b, n, s
+        return None
+
+    for rec in recs:
+        f = rec.get("f") or ""
+        a = rec.get("a") or {}
+        r = alloc_range(rec)
+        if r and r[0]:
+            live[r[0]] = (r[1], rec.get("s"))
+            continue
+        if is_release(f) and rec.get("r", 0) == 0:
+            for key in ("dptr", "ptr", "dp"):
+                if isinstance(a.get(key), int):
+                    live.pop(a[key], None)
+            continue
+        if not base_name(f).startswith("cuMemcpyHtoD"):
+            continue
+        ref = (rec.get("x") or {}).get("srcHost")
+        if not isinstance(ref, dict) or not reader.has_blob(ref.get("blob") or ""):
+            continue
+        data = reader.blob(ref["blob"])
+        dst = a.get("dstDevice") or 0
+        n = len(data) // 8
+        if n <= 0:
+            continue
+        w = np.frombuffer(data, dtype="<u8", count=n)
+        for i in np.nonzero((w >= lo) & (w <= hi))[0][:4096]:
+            v, off = int(w[i]), 8 * int(i)
+            if where(v, live) is not None:
+                continue                   # inside a live allocation: relocated by the replay
+            end = next(((b, sz, s) for b, (sz, s) in live.items() if b + sz == v and moved(b)), None)
+            if end is not None:
+                why = (f"the word at offset {off} ({v:#x}) is the end of allocation {end[0]:#x} (call #{end[2]}), "
+                       f"not inside it")
+            else:
+                hit = next(((b, sz, s) for b, sz, s in every if b <= v < b + sz), None)
+                if hit is None:
+                    continue
+                why = (f"the word at offset {off} ({v:#x}) points into allocation {hit[0]:#x} (call #{hit[2]}), "
+                       f"which is not allocated at this copy")
+            buf = where(dst, live)
+            name = f"buffer {buf[0]:#x} ({buf[1]} B, call #{buf[2]})" if buf else f"device address {dst:#x}"
+            out.append(f"call #{rec.get('s')} {f} writes {name}: {why}; the simulator places memory at its own "
+                       f"addresses and this value cannot be relocated with proof")
+            break
+    return out
+
+
+# ------------------------------------------------------------------------------------- the run
+ADAPTER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "adapter.c")
+
+
+def prepare_dir(sim: Sim, work: str, texts: List[str]) -> str:
+    """The model's config files (in the requested mode), the merged PTX, the built adapter."""
+    from .ptx import merge
+    for name in os.listdir(sim.config_dir):
+        shutil.copy(os.path.join(sim.config_dir, name), work)
+    with open(os.path.join(work, "gpgpusim.config"), "a") as f:
+        f.write(f"\n-gpgpu_ptx_sim_mode {1 if sim.mode == 'functional' else 0}\n")
+    with open(os.path.join(work, "replay.ptx"), "w") as f:
+        f.write(merge(texts))
+    cc = os.environ.get("CC", "cc")
+    if shutil.which(cc) is None:
+        raise SimProblem(f"no C compiler ({cc}) to build the simulator adapter; install one or set CC")
+    so = os.path.join(work, "libcudasnap_sim.so")
+    cp = subprocess.run([cc, "-O1", "-shared", "-fPIC", ADAPTER, "-o", so, f"-L{sim.lib}", "-lcudart",
+                         f"-Wl,-rpath,{sim.lib}"], capture_output=True, text=True)
+    if cp.returncode:
+        raise SimProblem(f"building the simulator adapter failed: {(cp.stderr or cp.stdout).strip().splitlines()[-1:]}")
+    return so
+
+
+def kernel_cycles(log_path: str) -> List[Tuple[str, int]]:
+    """(kernel, gpu_sim_cycle) per simulated kernel, in the order they finished."""
+    out, name = [], None
+    try:
+        with open(log_path, errors="replace") as f:
+            for line in f:
+                if line.startswith("kernel_name = "):
+                    name = line.split("=", 1)[1].strip()
+                elif line.startswith("gpu_sim_cycle = ") and name is not None:
+                    out.append((name, int(line.split("=", 1)[1])))
+                    name = None
+    except OSError:
+        pass
+    return out
+
+
+def log_tail(log_path: str, n: int = 3) -> str:
+    try:
+        with open(log_path, errors="replace") as f:
+            lines = [l.strip() for l in f if l.strip()]
+    except OSError:
+        return ""
+    bad = [l for l in lines if re.search(r"ERROR|error|Assertion|abort|not implemented", l)]
+    return " | ".join((bad or lines)[-n:])
+
+
+def run_sim_cli(snapshot, opts, sim_spec: str, sim_path: Optional[str], mode: str, as_json: bool = False,
+                out_file: Optional[str] = None, keep: Optional[bool] = None) -> int:
+    """`cudasnap replay SNAP --sim ...`: plan, refuse what cannot run, replay on the simulator,
+    write the profile of performance mode. Returns replay's exit code."""
+    from cudasnap.formats import SnapshotError, SnapshotReader
+    from cudasnap.replay import option_problem, snapshot_problem
+    from cudasnap.replay.replace import effective_specs, parse_specs
+
+    def fail(msg: str) -> int:
+        sys.stderr.write(f"cudasnap: error: {msg}\n")
+        return 2
+    try:
+        sim = resolve(sim_spec, sim_path, mode)
+        specs = parse_specs(effective_specs(opts))
+    except (SimProblem, ValueError) as e:
+        return fail(str(e))
+    problem = option_problem(opts) or snapshot_problem(snapshot)
+    if problem:
+        return fail(problem)
+    if out_file and mode != "performance":
+        return fail("--out with --sim: simulated time needs --sim-mode performance")
+    bad = [t for t, _p in specs if t.startswith("module:") or t.startswith("0x")]
+    if bad:
+        return fail(f"--replace {bad[0]}: with --sim, replace kernels by name (KERNEL=FILE.ptx)")
+    try:
+        reader = SnapshotReader(os.fspath(snapshot))
+        p = plan(reader, opts, specs)
+        ptrs = pointer_problems(reader)
+        sid = _snapshot_id(reader)
+    except SnapshotError as e:
+        return fail(str(e))
+    for w in p.warnings:
+        sys.stderr.write(f"cudasnap: warning: {w}\n")
+    if p.refusals or ptrs:
+        for r in p.refusals + ptrs:
+            sys.stderr.write(f"cudasnap: error: {r}\n")
+        return 2
+    import dataclasses
+    options = dataclasses.asdict(opts)
+    options.update(replace=[], relocate_payloads=True, jit=None)
+    keep = bool(os.environ.get("CUDASNAP_SIM_KEEP")) if keep is None else keep   # the log, config and PTX, to debug
+    work = tempfile.mkdtemp(prefix="cudasnap-sim-")
+    try:
+        try:
+            adapter = prepare_dir(sim, work, p.texts)
+        except SimProblem as e:
+            return fail(str(e))
+        job = {"snapshot": os.path.abspath(os.fspath(snapshot)), "options": options, "json": as_json,
+               "adapter": adapter, "dir": work, "ptx": "replay.ptx", "modules": p.modules, "layouts": p.layouts,
+               "replace": p.replace, "device_name": sim.device_name, "cc": list(sim.cc()),
+               "total": len(p.seqs), "mode": mode, "quiet": opts.quiet, "progress": opts.progress,
+               "log": os.path.join(work, "sim.log"), "exact": exact_placement(), "result": os.path.join(work, "result.json")}
+        with open(os.path.join(work, "job.json"), "w") as f:
+            json.dump(job, f)
+        env = dict(os.environ)
+        # the simulator keeps -gpgpu_ptx_use_cuobjdump (a bool option) in an int: its upper bytes are
+        # whatever the heap held, and non-zero garbage sends kernel registration down the cuobjdump
+        # path (a crash). Allocations filled with zeros (glibc: the complement of 255) keep it 0.
+        env["MALLOC_PERTURB_"] = "255"
+        env["LD_LIBRARY_PATH"] = sim.lib + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
+        sys.stdout.flush()
+        cp = subprocess.run([sys.executable, "-m", "cudasnap.replay.sim.worker", os.path.join(work, "job.json")],
+                            cwd=work, env=env)
+        try:
+            with open(job["result"]) as f:
+                result = json.load(f)
+        except (OSError, ValueError):
+            result = None
+        if cp.returncode not in (0, 1, 2) or result is None:
+            how = f"signal {-cp.returncode}" if cp.returncode < 0 else f"exit {cp.returncode}"
+            return fail(f"the simulator stopped ({how}) before the replay ended: {log_tail(job['log'])}")
+        for name, n in sorted(result["unsupported"].items()):
+            sys.stderr.write(f"cudasnap: note: {name} ({n}x): the simulator adapter does not implement it\n")
+        code = cp.returncode
+        if mode == "performance":
+            rows = _profile_rows(result["launches"], kernel_cycles(job["log"]), sim.core_mhz(), p)
+            if out_file:
+                _write_profile(out_file, rows, sim, snapshot, sid, result, code)
+            if not opts.quiet and not as_json:
+                _print_cycles(rows, sim)
+        return code
+    finally:
+        if keep:
+            sys.stderr.write(f"cudasnap: simulator directory kept: {work}\n")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _snapshot_id(reader) -> Optional[str]:
+    try:
+        from cudasnap.replay.profile.report import snapshot_id
+        return snapshot_id(reader.raw_header)
+    except Exception:
+        return None
+
+
+def _profile_rows(launched: List[str], cycles: List[Tuple[str, int]], mhz: Optional[float], p: Plan) -> List[Dict[str, Any]]:
+    back = {sim: k for m in p.modules.values() for k, sim in m.items()}
+    back.update({sim: k for k, sim in p.replace.items()})
+    rows = []
+    t = 0.0
+    for i, (name, cyc) in enumerate(cycles):
+        us = cyc / mhz if mhz else None
+        r = {"index": i, "name": back.get(name, name), "cycles": cyc}
+        if len(cycles) == len(p.seqs):
+            r["seq"] = p.seqs[i]
+        if us is not None:
+            r.update(start_ns=int(t * 1e3), end_ns=int((t + us) * 1e3), time_us=us)
+            t += us
+        rows.append(r)
+    return rows
+
+
+def _print_cycles(rows, sim: Sim) -> None:
+    if not rows:
+        return
+    mhz = sim.core_mhz()
+    print(f"simulated ({sim.config}, core clock {mhz:g} MHz):" if mhz else f"simulated ({sim.config}):")
+    for r in rows:
+        t = f"  {r['time_us']:.2f} us" if "time_us" in r else ""
+        print(f"  {r['name']}: {r['cycles']} cycles{t}")
+
+
+def _write_profile(path: str, rows, sim: Sim, snapshot, sid, result, code: int) -> None:
+    """The timeline profile's shape (replay/profile/report.py), its GPU being the model."""
+    import platform
+    import time
+    from cudasnap.formats.console import invoked_command
+    from cudasnap.replay.profile.report import aggregate, write_out
+    from cudasnap.replay.names import demangle
+    for r in rows:
+        r["demangled"] = demangle(r["name"])
+    kernels = aggregate(rows)
+    for k in kernels:
+        k["demangled"] = demangle(k["name"])
+        k["cycles"] = sum(r["cycles"] for r in rows if r["name"] == k["name"])
+    total = sum(r.get("time_us", 0.0) for r in rows)
+    summary = {"mode": "timeline", "backend": "gpgpu-sim", "simulated": True, "launches_timed": len(rows),
+               "launches_selected": len(result["launches"]), "span_us": total, "kernel_time_us": total,
+               "total_us": total, "cycles": sum(r["cycles"] for r in rows)}
+    run = {"snapshot": os.path.abspath(os.fspath(snapshot)), "snapshot_id": sid,
+           "gpu": {"index": 0, "name": sim.device_name, "simulated": True},
+           "simulated": {"simulator": "gpgpu-sim", "config": sim.config, "mode": sim.mode,
+                         "core_clock_mhz": sim.core_mhz(), "path": sim.path, "wall_s": result.get("wall_s")},
+           "host": platform.node(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "exit_code": code}
+    try:
+        run["command"] = invoked_command()
+    except Exception:
+        pass
+    write_out({"summary": summary, "kernels": kernels, "launches": rows, "snapshot": os.fspath(snapshot),
+               "warnings": [], "run": run}, path)
+    print(f"profile written to {path}")

@@ -1,0 +1,395 @@
+"""The Driver API a replay makes, answered by GPGPU-Sim through cudasnap's C adapter (adapter.c).
+
+An object with the shape of cuda.bindings.driver: the replay engine drives it as it drives a
+GPU, so the snapshot reader, the selection, the relocation of addresses and the verification are
+the engine's own. Allocations are placed at their recorded
+addresses by padding the simulator's allocator (cuMemAddressReserve); what cannot be placed so
+is relocated by placement; modules come from one merged PTX file loaded at start;
+kernels are registered by name; launches pass kernelParams built from the packed parameters.
+Calls the simulator cannot do answer CUDA_ERROR_NOT_SUPPORTED, which the replay reports by call."""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+NOT_FOUND, NOT_SUPPORTED, INVALID_VALUE, LAUNCH_FAILED = 500, 801, 1, 719
+GRAN = 2 << 20
+
+_CDEF = """
+int sim_load_ptx(const char *dir, const char *file);
+void *sim_register(const char *name);
+int sim_malloc(unsigned long long *p, size_t n);
+int sim_free(unsigned long long p);
+int sim_h2d(unsigned long long dst, const void *src, size_t n);
+int sim_d2h(void *dst, unsigned long long src, size_t n);
+int sim_d2d(unsigned long long dst, unsigned long long src, size_t n);
+int sim_memset8(unsigned long long p, int v, size_t n);
+int sim_sync(void);
+int sim_launch(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+               unsigned shm, unsigned char *params, int nparams, const unsigned *offsets);
+"""
+
+# calls that change nothing the simulator models: answered with success
+_NOOPS = ("cuCtxSetCurrent", "cuCtxPushCurrent", "cuCtxSetLimit", "cuCtxSetCacheConfig", "cuCtxSetSharedMemConfig",
+          "cuCtxSetFlags", "cuCtxResetPersistingL2Cache", "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxSetFlags",
+          "cuDevicePrimaryCtxReset", "cuFuncSetAttribute", "cuFuncSetCacheConfig", "cuFuncSetSharedMemConfig",
+          "cuKernelSetAttribute", "cuKernelSetCacheConfig", "cuProfilerStart", "cuProfilerStop",
+          "cuProfilerInitialize", "cuModuleUnload", "cuLibraryUnload", "cuStreamDestroy", "cuStreamWaitEvent",
+          "cuEventDestroy", "cuMemHostRegister", "cuMemHostUnregister", "cuStreamSetAttribute",
+          "cuCtxEnablePeerAccess", "cuMemAdvise", "cuMemPrefetchAsync", "cuCtxDestroy", "cuEventRecord",
+          "cuEventRecordWithFlags", "cuEventSynchronize", "cuStreamAttachMemAsync", "cuStreamCopyAttributes",
+          "cuCtxWaitEvent", "cuCtxRecordEvent", "cuFuncLoad")
+
+
+class _Handles:
+    def __init__(self):
+        self.n = 0x51D0000
+
+    def new(self) -> int:
+        self.n += 0x10
+        return self.n
+
+
+class SimDriver:
+    """modules: PTX text digest -> {recorded kernel name: name in the merged PTX};
+    layouts: name in the merged PTX -> [(offset, size)] of its parameters;
+    on_launch(name, seconds) after each simulated launch (progress)."""
+
+    moves_all_memory = True      # verification: recorded pointers read back are relocated (context.verify)
+
+    def __init__(self, adapter_path: str, ptx_dir: str, ptx_file: str, modules: Dict[str, Dict[str, str]],
+                 layouts: Dict[str, List[Tuple[int, int]]], replace: Dict[str, str], device_name: str,
+                 cc: Tuple[int, int], on_launch: Optional[Callable[[str], None]] = None, exact: bool = True):
+        from cuda.bindings import driver as cu     # types and enums only: nothing here calls a GPU
+        import cffi
+        self._cu = cu
+        self.ffi = cffi.FFI()
+        self.ffi.cdef(_CDEF)
+        self.lib = self.ffi.dlopen(adapter_path)
+        self.modules, self.layouts, self.replace = modules, layouts, replace
+        self.device_name, self.cc = device_name, cc
+        self.on_launch = on_launch
+        self.exact = exact           # recorded addresses through the allocator (cuMemAddressReserve)
+        self.ids = _Handles()
+        self.mods: Dict[int, Dict[str, str]] = {}
+        self.funcs: Dict[int, str] = {}          # function handle -> name in the merged PTX ("" = no PTX)
+        self.registered: Dict[str, Any] = {}
+        self.host: Dict[int, Any] = {}
+        self.unsupported: Dict[str, int] = {}
+        self.launches: List[str] = []
+        self._ptx = (ptx_dir, ptx_file) if layouts else None
+        self._loaded = False
+
+    # ---------------------------------------------------------------- shape of cuda.bindings.driver
+    def __getattr__(self, name: str):
+        if name.startswith("CU"):
+            return getattr(self._cu, name)
+        if name.startswith("cu"):
+            base = name.split("_v")[0]
+            if base.endswith(("_ptsz", "_ptds")):
+                base = base[:-5]
+            if base in _NOOPS:
+                return lambda *a: (0,)
+            return lambda *a, _n=name: self._unsupported(_n)
+        raise AttributeError(name)
+
+    def _unsupported(self, name: str):
+        self.unsupported[name] = self.unsupported.get(name, 0) + 1
+        return (NOT_SUPPORTED,)
+
+    def _load(self) -> None:
+        if not self._loaded and self._ptx:
+            self._loaded = True
+            r = self.lib.sim_load_ptx(self._ptx[0].encode(), self._ptx[1].encode())
+            if r:
+                raise RuntimeError(f"the simulator did not load the PTX file {self._ptx[1]} ({r})")
+
+    # ---------------------------------------------------------------- device and context
+    def cuInit(self, flags):
+        return (0,)
+
+    def cuDriverGetVersion(self):
+        return (0, 13000)
+
+    def cuDeviceGetCount(self):
+        return (0, 1)
+
+    def cuDeviceGet(self, i):
+        return (0, self._cu.CUdevice(0)) if int(i) == 0 else (101,)
+
+    def cuDeviceGetName(self, n, dev):
+        return (0, self.device_name.encode()[: n - 1])
+
+    def cuDeviceGetAttribute(self, attr, dev):
+        a = self._cu.CUdevice_attribute
+        v = {int(a.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR): self.cc[0],
+             int(a.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR): self.cc[1],
+             int(a.CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING): 1,
+             int(a.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK): 1024,
+             int(a.CU_DEVICE_ATTRIBUTE_WARP_SIZE): 32,
+             int(a.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT): 1}
+        return (0, v.get(int(attr), 0))
+
+    def cuDeviceGetUuid(self, dev):
+        u = self._cu.CUuuid()
+        return (0, u)
+
+    def cuDeviceCanAccessPeer(self, a, b):
+        return (0, 0)
+
+    def cuDevicePrimaryCtxRetain(self, dev):
+        self._load()
+        return (0, self._cu.CUcontext(0xC7C))
+
+    def cuCtxCreate(self, *a):
+        self._load()
+        return (0, self._cu.CUcontext(0xC7C))
+
+    def cuCtxGetCurrent(self):
+        return (0, self._cu.CUcontext(0xC7C))
+
+    def cuCtxPopCurrent(self):
+        return (0, self._cu.CUcontext(0xC7C))
+
+    def cuCtxGetDevice(self):
+        return (0, self._cu.CUdevice(0))
+
+    def cuCtxSynchronize(self):
+        return (self.lib.sim_sync(),)
+
+    def cuStreamSynchronize(self, s):
+        return (self.lib.sim_sync(),)
+
+    def cuStreamQuery(self, s):
+        return (0,)
+
+    def cuEventQuery(self, e):
+        return (0,)
+
+    def cuStreamCreate(self, flags):
+        return (0, self._cu.CUstream(self.ids.new()))
+
+    def cuStreamCreateWithPriority(self, flags, prio):
+        return (0, self._cu.CUstream(self.ids.new()))
+
+    def cuStreamIsCapturing(self, s):
+        return (0, self._cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE)
+
+    def cuEventCreate(self, flags):
+        return (0, self._cu.CUevent(self.ids.new()))
+
+    def cuEventElapsedTime(self, a, b):
+        return (0, 0.0)
+
+    # ---------------------------------------------------------------- memory
+    def cuMemGetAllocationGranularity(self, prop, flag):
+        return (0, GRAN)
+
+    def cuMemAddressReserve(self, size, align, addr, flags):
+        """The simulator's allocator only moves a pointer up (256-byte aligned, never reused, and
+        memory costs nothing until written): padding up to a recorded address puts the range there.
+        An address below what it handed out is refused, and placement relocates that range."""
+        addr, size = int(addr), int(size)
+        if not self.exact or not addr or addr % 256:
+            return (NOT_SUPPORTED,)
+        self._load()
+        p = self.ffi.new("unsigned long long *")
+        if self.lib.sim_malloc(p, 256):
+            return (NOT_SUPPORTED,)
+        nxt = p[0] + 256
+        if addr < nxt:
+            return (NOT_SUPPORTED,)
+        if addr > nxt and self.lib.sim_malloc(p, addr - nxt):
+            return (NOT_SUPPORTED,)
+        if self.lib.sim_malloc(p, size) or p[0] != addr:
+            return (NOT_SUPPORTED,)
+        return (0, self._cu.CUdeviceptr(addr))
+
+    def cuMemAddressFree(self, addr, size):
+        return (0,)                  # the simulator never reuses addresses
+
+    def cuMemCreate(self, size, prop, flags):
+        return (0, self.ids.new())   # memory is the reserved range itself
+
+    def cuMemMap(self, addr, size, off, h, flags):
+        return (0,)
+
+    def cuMemSetAccess(self, addr, size, desc, n):
+        return (0,)
+
+    def cuMemUnmap(self, addr, size):
+        return (0,)
+
+    def cuMemRelease(self, h):
+        return (0,)
+
+    def cuMemAlloc(self, size):
+        self._load()
+        p = self.ffi.new("unsigned long long *")
+        r = self.lib.sim_malloc(p, int(size))
+        return (r,) if r else (0, self._cu.CUdeviceptr(p[0]))
+
+    def cuMemFree(self, p):
+        return (self.lib.sim_free(int(p)),)
+
+    def cuMemGetInfo(self):
+        return (0, 8 << 30, 8 << 30)
+
+    def cuMemAllocHost(self, n):
+        buf = ctypes.create_string_buffer(max(int(n), 1))
+        a = ctypes.addressof(buf)
+        self.host[a] = buf
+        return (0, a)
+
+    def cuMemHostAlloc(self, n, flags):
+        return self.cuMemAllocHost(n)
+
+    def cuMemFreeHost(self, p):
+        self.host.pop(int(p), None)
+        return (0,)
+
+    def _src(self, data, n):
+        if isinstance(data, int):
+            return self.ffi.cast("void *", data)
+        return self.ffi.from_buffer(data)
+
+    def _dst(self, out):
+        if isinstance(out, int):
+            return self.ffi.cast("void *", out)
+        return self.ffi.from_buffer(out, require_writable=True)
+
+    def cuMemcpyHtoD(self, dst, src, n, *stream):
+        return (self.lib.sim_h2d(int(dst), self._src(src, n), int(n)),)
+
+    cuMemcpyHtoDAsync = cuMemcpyHtoD
+
+    def cuMemcpyDtoH(self, out, src, n, *stream):
+        return (self.lib.sim_d2h(self._dst(out), int(src), int(n)),)
+
+    cuMemcpyDtoHAsync = cuMemcpyDtoH
+
+    def cuMemcpyDtoD(self, dst, src, n, *stream):
+        return (self.lib.sim_d2d(int(dst), int(src), int(n)),)
+
+    cuMemcpyDtoDAsync = cuMemcpyDtoD
+
+    def cuMemsetD8(self, dst, v, n, *stream):
+        return (self.lib.sim_memset8(int(dst), int(v) & 0xFF, int(n)),)
+
+    cuMemsetD8Async = cuMemsetD8
+
+    def _pattern(self, dst, v, n, width):
+        data = (int(v) & ((1 << (8 * width)) - 1)).to_bytes(width, "little") * int(n)
+        return (self.lib.sim_h2d(int(dst), self.ffi.from_buffer(data), len(data)),) if data else (0,)
+
+    def cuMemsetD16(self, dst, v, n, *stream):
+        return self._pattern(dst, v, n, 2)
+
+    def cuMemsetD32(self, dst, v, n, *stream):
+        return self._pattern(dst, v, n, 4)
+
+    cuMemsetD16Async, cuMemsetD32Async = cuMemsetD16, cuMemsetD32
+
+    # ---------------------------------------------------------------- modules and kernels
+    def cuModuleLoadData(self, img):
+        from cudasnap.replay.retarget import ptx_of
+        from .ptx import text
+        try:
+            got = ptx_of(bytes(img))
+        except ValueError:
+            got = None
+        names: Dict[str, str] = {}
+        if got is not None:
+            names = self.modules.get(hashlib.sha256(text(got[1]).encode()).hexdigest(), {})
+        h = self.ids.new()
+        self.mods[h] = names
+        return (0, self._cu.CUmodule(h))
+
+    def cuLibraryLoadData(self, img, *opts):
+        r = self.cuModuleLoadData(img)
+        return (0, self._cu.CUlibrary(int(r[1])))
+
+    def cuLibraryGetModule(self, lib):
+        return (0, self._cu.CUmodule(int(lib)))
+
+    def cuLibraryGetKernel(self, lib, name):
+        r = self.cuModuleGetFunction(lib, name)
+        return r if r[0] else (0, self._cu.CUkernel(int(r[1])))
+
+    def cuKernelGetFunction(self, k):
+        return (0, self._cu.CUfunction(int(k)))
+
+    def cuKernelGetParamInfo(self, k, i):
+        return self.cuFuncGetParamInfo(k, i)
+
+    def cuKernelGetAttribute(self, attr, k, dev):
+        return self.cuFuncGetAttribute(attr, k)
+
+    def cuModuleGetFunction(self, mod, name):
+        n = name.decode() if isinstance(name, bytes) else str(name)
+        names = self.mods.get(int(mod))
+        if names is None:
+            return (INVALID_VALUE,)
+        sim = self.replace.get(n) or names.get(n, "")
+        if names and not sim:
+            return (NOT_FOUND,)
+        h = self.ids.new()
+        self.funcs[h] = sim
+        return (0, self._cu.CUfunction(h))
+
+    def cuFuncGetParamInfo(self, fn, i):
+        lay = self.layouts.get(self.funcs.get(int(fn), ""))
+        if lay is None:
+            return (NOT_SUPPORTED,)
+        if int(i) >= len(lay):
+            return (INVALID_VALUE,)
+        return (0, lay[int(i)][0], lay[int(i)][1])
+
+    def cuFuncGetAttribute(self, attr, fn):
+        return (0, 1024 if int(attr) == 0 else 0)
+
+    def cuFuncGetName(self, fn):
+        return (0, self.funcs.get(int(fn), "").encode())
+
+    def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, shm, stream, kp, extra):
+        name = self.funcs.get(int(f), "")
+        lay = self.layouts.get(name)
+        if not name or lay is None:
+            return (NOT_SUPPORTED,)
+        if not extra:
+            return (INVALID_VALUE,)
+        arr = (ctypes.c_void_p * 8).from_address(int(extra))
+        buf, size, i = None, None, 0
+        while i < 8 and arr[i]:
+            if arr[i] == 1:
+                buf = arr[i + 1]
+            elif arr[i] == 2:
+                size = ctypes.c_size_t.from_address(arr[i + 1]).value
+            i += 2
+        if buf is None or size is None:
+            return (INVALID_VALUE,)
+        need = max((o + s for o, s in lay), default=0)
+        if size < need:
+            return (INVALID_VALUE,)
+        params = self.ffi.new("unsigned char[]", ctypes.string_at(buf, size) or b"\0")
+        offs = self.ffi.new("unsigned[]", [o for o, _s in lay] or [0])
+        fn = self.registered.get(name)
+        if fn is None:
+            fn = self.registered[name] = self.lib.sim_register(name.encode())
+        t0 = time.perf_counter()
+        r = self.lib.sim_launch(fn, int(gx), int(gy), int(gz), int(bx), int(by), int(bz), int(shm),
+                                params, len(lay), offs)
+        self.launches.append(name)
+        if self.on_launch is not None:
+            self.on_launch(name, time.perf_counter() - t0)
+        return (LAUNCH_FAILED if r else 0,)
+
+    def cuLaunchKernelEx(self, cfg, f, kp, extra):
+        if int(cfg.numAttrs):        # clusters, cooperative and the like: not in the simulator's model
+            self.unsupported["cuLaunchKernelEx with launch attributes"] = \
+                self.unsupported.get("cuLaunchKernelEx with launch attributes", 0) + 1
+            return (NOT_SUPPORTED,)
+        return self.cuLaunchKernel(f, cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX, cfg.blockDimY,
+                                   cfg.blockDimZ, cfg.sharedMemBytes, cfg.hStream, kp, extra)

@@ -1,0 +1,84 @@
+"""PTX text as the simulator takes it: entries and their parameter layouts, constructs the
+simulator is known to mishandle, and one merged file for the whole replay (the simulator loads
+one PTX file per process)."""
+from __future__ import annotations
+
+import re
+from typing import Dict, List, Optional, Tuple
+
+_ENTRY = re.compile(r"\.entry\s+([A-Za-z_$%][\w$%]*)\s*\(([^)]*)\)", re.S)
+_PARAM = re.compile(r"\.param\s+(?:\.align\s+(\d+)\s+)?\.(\w+)\s+[\w$%]+(?:\[(\d+)\])?")
+_SIZES = {"b8": 1, "u8": 1, "s8": 1, "b16": 2, "u16": 2, "s16": 2, "f16": 2, "b32": 4, "u32": 4, "s32": 4,
+          "f32": 4, "b64": 8, "u64": 8, "s64": 8, "f64": 8}
+_HEADER = re.compile(r"^\s*\.(version|target|address_size)\b.*$", re.M)
+
+# (regex, what, refuse): refuse = the simulator aborts on it or cannot run it at all
+CONSTRUCTS: List[Tuple[re.Pattern, str, bool]] = [
+    (re.compile(r"\bcp\.async\.bulk\b|\bcp\.reduce\.async\.bulk\b"), "cp.async.bulk (TMA, Hopper)", True),
+    (re.compile(r"\bcp\.async\b"), "cp.async (the simulator cannot parse it)", True),
+    (re.compile(r"\bdp4a\b|\bdp2a\b"), "dp4a/dp2a (the simulator aborts: not implemented)", True),
+    (re.compile(r"\bwgmma\b"), "wgmma (Hopper)", True),
+    (re.compile(r"\bmbarrier\b"), "mbarrier (Hopper-style barriers)", True),
+    (re.compile(r"\bsetmaxnreg\b"), "setmaxnreg (Hopper)", True),
+    (re.compile(r"%cluster_|\.cluster\b|\bbarrier\.cluster\b|\.reqnctapercluster|\.explicitcluster"),
+     "thread-block clusters (Hopper)", True),
+    (re.compile(r"\bshfl\.sync\b"), "shfl.sync (the simulator gives wrong results for some uses)", False),
+    (re.compile(r"\bcvt\.\w+\.f16x2\b|\bcvt\.\w+\.bf16x2\b"), "cvt to f16x2/bf16x2 (the simulator gets it wrong)", False),
+]
+
+
+def text(ptx: bytes) -> str:
+    return ptx.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
+def entries(ptx: str) -> Dict[str, List[Tuple[int, int]]]:
+    """Entry name -> [(offset, size)] of its parameters, packed as the driver packs them."""
+    out: Dict[str, List[Tuple[int, int]]] = {}
+    for m in _ENTRY.finditer(ptx):
+        off, layout = 0, []
+        for p in _PARAM.finditer(m.group(2)):
+            align, ty, count = p.group(1), p.group(2), p.group(3)
+            esz = _SIZES.get(ty, 4)
+            size = esz * int(count) if count else esz
+            a = int(align) if align else esz
+            off = -(-off // a) * a
+            layout.append((off, size))
+            off += size
+        out[m.group(1)] = layout
+    return out
+
+
+def bodies(ptx: str) -> Dict[str, str]:
+    """Entry name -> its text up to the closing brace of its body (for the construct scan)."""
+    out: Dict[str, str] = {}
+    ms = list(_ENTRY.finditer(ptx))
+    for i, m in enumerate(ms):
+        end = ms[i + 1].start() if i + 1 < len(ms) else len(ptx)
+        out[m.group(1)] = ptx[m.start():end]
+    return out
+
+
+def constructs(body: str) -> List[Tuple[str, bool]]:
+    """[(construct, refuse)] the simulator mishandles, found in one entry's text."""
+    return [(what, refuse) for rx, what, refuse in CONSTRUCTS if rx.search(body)]
+
+
+def rename_entry(ptx: str, old: str, new: str) -> str:
+    return re.sub(rf"(?<![\w$%]){re.escape(old)}(?![\w$%])", new, ptx)
+
+
+def merge(modules: List[str]) -> str:
+    """One PTX file of several modules: the highest .version and .target of them (PTX is
+    backward compatible), 64-bit addresses, every module's body."""
+    if not modules:
+        return ""
+    vers = [tuple(map(int, v)) for m in modules for v in re.findall(r"^\s*\.version\s+(\d+)\.(\d+)", m, re.M)]
+    sms = [t for t in (target_sm(m) for m in modules) if t]
+    head = [f".version {max(vers)[0]}.{max(vers)[1]}" if vers else "",
+            f".target sm_{max(sms)}" if sms else "", ".address_size 64"]
+    return "\n".join(h for h in head if h) + "\n" + "\n".join(_HEADER.sub("", m) for m in modules) + "\n"
+
+
+def target_sm(ptx: str) -> Optional[int]:
+    m = re.search(r"\.target\s+sm_(\d+)", ptx)
+    return int(m.group(1)) if m else None
