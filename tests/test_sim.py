@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.double import fixtures
+from double import fixtures
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data" / "sim"
