@@ -51,6 +51,20 @@ def html_report(rep: Dict[str, Any]) -> str:
     envs = rep["envs"]
     rows = [[m["snapshot"]] + [_cell(m["cells"].get(x)) for x in envs] for m in rep["matrix"]]
     page.add("<h2>Matrix</h2>" + table(["snapshot"] + envs, rows, raw_cols=set(range(1, len(envs) + 1))))
+    from .report import NOISE_EXCEEDS, _confirm, _p, _pct, controls_line
+    ctl = rep["controls"]
+    page.add(f"<p><b>{e(controls_line(ctl))}</b></p>")
+    for b in ctl["noise_exceeds"]:
+        page.add(f"<p style='color:#d62728'><b>{e(NOISE_EXCEEDS)}</b>: control env {e(b['env'])} judged "
+                 f"{e(b['verdict'])} on {e(b['snapshot'])}</p>")
+    if rep.get("verdicts"):
+        page.add("<h2>Verdicts and their noise</h2>" + table(
+            ["snapshot", "env", "kernel", "verdict", "diff", "bar", "campaign noise", "cell noise", "GPU offset",
+             "p", "GPU", "confirmation", "why"],
+            [[v["snapshot"], v["env"] + (" (control)" if v["control"] else ""), v["kernel"], v["verdict"],
+              _pct(v["diff_pct"], True), _pct(v["bar_pct"]), _pct(v["campaign_noise_pct"]), _pct(v["cell_noise_pct"]),
+              _pct(v["gpu_offset_pct"]), _p(v["p_value"]), v["gpu"] or "-", _confirm(v), v["why"] or ""]
+             for v in rep["verdicts"]]))
     page.add("<h2>Regressions</h2>")
     if rep["regressions"]:
         rr = []
