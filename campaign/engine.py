@@ -28,7 +28,7 @@ from .worker import gpu_label
 
 # a confirmation that lands on the GPU it must avoid is sent again after a pause; after this
 # many tries it runs where it lands (no other GPU came free)
-MAX_BOUNCES = 60
+MAX_BOUNCES = 20
 
 
 class EngineError(Exception):
@@ -230,6 +230,10 @@ class Engine:
             if others:
                 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
                 opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(others[st.bounces % len(others)], soft=True)
+            elif st.bounces and self._node_gpus(st.pairs[0]["node"]) >= 2:
+                # Ray gave the GPU to avoid again (it hands out a node's free GPUs lowest first):
+                # two GPUs of the node hold one that is not it
+                opts["num_gpus"] = 2
         if st.bad_nodes and "scheduling_strategy" not in opts:
             alive = [n for n in gpu_nodes if n not in st.bad_nodes]
             if alive:
@@ -243,6 +247,12 @@ class Engine:
         self.inflight[ref] = (st, purpose, time.monotonic())
         self.on_event("submit", {"cell": cell, "purpose": purpose})
         return ref
+
+    def _node_gpus(self, node_id: Optional[str]) -> int:
+        for n in self.ray.nodes():
+            if n.get("NodeID") == node_id and n.get("Alive"):
+                return int(n.get("Resources", {}).get("GPU", 0))
+        return 0
 
     def _resubmit_due(self) -> None:
         now = time.monotonic()

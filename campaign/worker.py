@@ -202,13 +202,18 @@ def pair_task(base_spec: Dict[str, Any], cand_spec: Dict[str, Any], rounds: int,
               driver_node: str, submitted: float, avoid: Optional[List[str]] = None) -> Dict[str, Any]:
     """A candidate and its baseline replayed on one GPU, interleaved A B A B (rounds pairs), so
     that the GPU and the time of day cancel in their ratio. avoid: GPUs (gpu_label) or nodes it
-    must not run on (a confirmation): it returns at once with wrong_gpu, to be sent again."""
+    must not run on (a confirmation): it returns at once with wrong_gpu, to be sent again (Ray
+    cannot be told which GPU of a node: sent again, it asks for two and uses one it may)."""
     import ray
 
     ctx = ray.get_runtime_context()
     node = ctx.get_node_id()
     host = socket.gethostname()
     gpus = list(ray.get_gpu_ids())
+    if len(gpus) > 1:
+        # given two GPUs to be sure of one it may use: the first it need not avoid, the other idle
+        ok = [g for g in gpus if gpu_label(host, node, str(g)) not in (avoid or [])]
+        gpus = ok[:1] or gpus[:1]
     label = gpu_label(host, node, ",".join(str(g) for g in gpus))
     if avoid and (label in avoid or node in avoid):
         return {"wrong_gpu": True, "node_id": node, "host": host, "gpu": label}

@@ -88,27 +88,57 @@ def _cli(cluster, *args, timeout=300):
                           text=True, timeout=timeout)
 
 
+NOOP = f"""
+[[env]]
+name = "noop"
+control = true
+vars = {{ {STEADY}, CUDASNAP_CAMPAIGN_NOTHING = "1" }}
+"""
+
+
 def test_planted_regression_found_and_attributed(cluster, tmp_path):
-    camp = _campaign(tmp_path / "camp.toml", f"{cluster['snaps']}/s*.cusnap")
+    """The planted slowdown: each candidate replayed A B A B with its baseline on one GPU, found
+    by Mann-Whitney beyond the bar, confirmed on the other GPU; the control env, which changes
+    nothing, gives no verdict and the report states the rate."""
+    envs = ENVS.replace('name = "eager"\nvars = {{ {STEADY}, CUDA_MODULE_LOADING = "EAGER" }}'.format(STEADY=STEADY),
+                        NOOP.split("[[env]]\n", 1)[1])
+    assert 'name = "noop"' in envs and "eager" not in envs
+    camp = _campaign(tmp_path / "camp.toml", f"{cluster['snaps']}/s[01].cusnap", envs=envs)
     store = tmp_path / "st.sqlite"
     cp = _cli(cluster, "campaign", "run", camp, "-o", store, "--address", cluster["address"], "--json")
     assert cp.returncode == 1, cp.stdout[-2000:] + cp.stderr[-2000:]
     res = json.loads(cp.stdout)
-    assert res["cells"] == 12 and res["ran"] == 12 and res["skipped"] == 0 and res["failed"] == 0
+    assert res["cells"] == 6 and res["ran"] == 6 and res["skipped"] == 0 and res["failed"] == 0
     rep = res["report"]
     assert {(g["env"], g["kernel"]) for g in rep["regressions"]} == {("slowfill", "fill")}
-    assert len(rep["regressions"]) == 4                          # every snapshot, that kernel only
+    assert len(rep["regressions"]) == 2                          # every snapshot, that kernel only
     for g in rep["regressions"]:
-        assert g["first_run"] == 1 and g["confirmed"] == 1
+        assert g["first_run"] == 1 and g["confirmed"] == 1 and g["confirm_note"] == "confirmed on another GPU"
+        assert g["confirm_gpu"] != g["gpu"] and g["bar_pct"] >= 20 and g["p_value"] <= 0.01
         assert g["last_good"]["env"] == "plain"
         assert [(x["dimension"], x["what"]) for x in g["differences"]] == [("variable", "CUDA_DOUBLE_SLOW")]
     for m in rep["matrix"]:
         assert m["cells"]["plain"]["verdict"] == "BASELINE"
         assert m["cells"]["slowfill"]["verdict"] == "SLOWER" and m["cells"]["slowfill"]["slower"] == ["fill"]
-        assert m["cells"]["eager"]["verdict"] in ("SAME", "FASTER", "UNCONFIRMED")
+        assert m["cells"]["noop"]["verdict"] == "SAME" and m["cells"]["noop"]["control"]
+    ctl = rep["controls"]
+    assert (ctl["envs"], ctl["cells"], ctl["verdicts"], ctl["comparisons"]) == (["noop"], 2, 0, 6), ctl
+    assert rep["exit_reason"] == "a regression"
+    assert [(v["env"], v["kernel"], v["verdict"]) for v in rep["verdicts"]] == [("slowfill", "fill", "SLOWER")] * 2
     db = sqlite3.connect(store)
-    assert db.execute("SELECT COUNT(*) FROM cells WHERE gpu_req='H100' AND status='ok'").fetchone()[0] == 4
-    assert db.execute("SELECT COUNT(*) FROM attempts WHERE purpose='confirm'").fetchone()[0] >= 4
+    assert db.execute("SELECT COUNT(*) FROM cells WHERE gpu_req='H100' AND status='ok'").fetchone()[0] == 2
+    # each paired task: baseline and candidate alternating on one GPU
+    for key, in db.execute("SELECT cell_key FROM cells WHERE env<>'plain'"):
+        rows = db.execute("SELECT side, round, visible_devices, node_id FROM attempts WHERE cell_key=? AND "
+                          "purpose='measure' ORDER BY n", (key,)).fetchall()
+        assert [(r[0], r[1]) for r in rows] == [("baseline", 1), ("candidate", 1), ("baseline", 2), ("candidate", 2)]
+        assert len({(r[2], r[3]) for r in rows}) == 1
+    conf = db.execute("SELECT c.gpu, a.visible_devices FROM cells c JOIN attempts a ON a.cell_key=c.cell_key"
+                      " WHERE a.purpose='confirm' AND c.env='slowfill'").fetchall()
+    assert len(conf) == 8 and all(not g.split("@")[0].endswith(":" + v) for g, v in conf)
+    k = db.execute("SELECT campaign_noise_pct, bar_pct, confirm_diff_pct FROM kernel_results WHERE kernel='fill' "
+                   "AND verdict='SLOWER'").fetchall()
+    assert len(k) == 2 and all(n is not None and b >= 20 and c > 100 for n, b, c in k), k
     assert db.execute("SELECT status, exit_code FROM runs").fetchall() == [("done", 1)]
     _keepers_held_and_released(cluster)
     # the report reads the store alone: text, JSON and HTML with the trend plotted
@@ -116,10 +146,13 @@ def test_planted_regression_found_and_attributed(cluster, tmp_path):
     cp = _cli(cluster, "campaign", "report", store, "--html", html)
     assert cp.returncode == 1, cp.stderr
     lines = [ln for ln in cp.stdout.splitlines() if ln.startswith("- ")]
-    assert len(lines) == 4 and all("env 'slowfill': kernel fill" in ln for ln in lines)
+    assert len(lines) == 2 and all("env 'slowfill': kernel fill" in ln and "(bar +-" in ln for ln in lines)
     assert "variable CUDA_DOUBLE_SLOW: *:1 -> *:1,fill:4" in cp.stdout
+    assert "controls: 0 verdict(s) in 6 kernel comparisons" in cp.stdout
+    assert sum("vs bar +-" in ln and "confirmed on another GPU" in ln for ln in cp.stdout.splitlines()) == 2
     page = html.read_text()
     assert "plotly" in page and "kernel medians per run" in page and "slowfill" in page
+    assert "Verdicts and their noise" in page and "controls: 0 verdict(s)" in page
     cp = _cli(cluster, "campaign", "report", store, "--html", html)
     assert cp.returncode == 2 and "exists" in cp.stderr and len(cp.stderr.strip().splitlines()) == 1
 
@@ -412,6 +445,7 @@ def _engine_stub(monkeypatch, verdicts):
     eng.gpus, eng.inflight, eng.states, eng.hosts = 4, {}, {}, set()
     eng.run_id, eng._skip_ids, eng.base_profiles = 1, {}, {"base": {"tag": "base"}}
     eng.counts = {"ran": 0, "failed": 0, "regressed": 0}
+    eng.noise, eng.deferred = E.NoiseModel(), []
     eng.on_event = lambda kind, info: None
     eng.cancelled, eng.sent, eng.finished = [], [], []
     eng.ray = SimpleNamespace(cancel=lambda ref: eng.cancelled.append(ref))
@@ -435,7 +469,8 @@ def _engine_stub(monkeypatch, verdicts):
     monkeypatch.setattr(E.R, "borderline", lambda res, thr, f: res["bl"] if "bl" in res else False)
     monkeypatch.setattr(E.R, "slower", lambda res: res["slower"])
     monkeypatch.setattr(E.R, "merge_profiles", lambda ps: ps[-1] if ps else None)
-    monkeypatch.setattr(E.R, "kernel_rows", lambda res, prof, unconfirmed: [])
+    monkeypatch.setattr(E.R, "kernel_rows", lambda res, prof, unconfirmed, *a: [])
+    eng.paired = lambda cell: False         # the unpaired flow: a baseline of an earlier run
     cell = SimpleNamespace(key="c1", baseline_key="base", snapshot=SimpleNamespace(path="s", digest="d", kernels=None,
                            mode="timeline"), env=SimpleNamespace(name="e", gpu=None), identity=lambda: {})
     st = E.CellState(cell)
