@@ -9,8 +9,8 @@ campaign for the same snapshot and kernel:
 - controls: a control env's replays against its baseline's, paired on one GPU; a control cell
   is judged without its own env's ratios.
 
-The spread is 1.4826 x the median |log ratio| (a robust standard deviation around 1), in
-percent. The baseline's offset between GPUs (its medians on different GPUs, unpaired) is
+The spread of each kind is 1.4826 x the median |log ratio| (a robust standard deviation
+around 1), in percent; the wider of the two is the noise. The baseline's offset between GPUs (its medians on different GPUs, unpaired) is
 measured too and shown: the pairing cancels it, so it is not part of the bar."""
 from __future__ import annotations
 
@@ -58,11 +58,14 @@ class NoiseModel:
     def noise(self, snap: str, kernel: str, exclude_env: Optional[str] = None) -> Optional[float]:
         """The spread of the null ratios of this snapshot's kernel, in percent (None: none yet);
         exclude_env: a control judged without its own ratios against the baseline."""
-        xs = [abs(x) for kind, env, _, x in self.null.get((snap, kernel), [])
-              if not (kind == CONTROL and env == exclude_env)]
-        if not xs:
-            return None
-        return 1.4826 * statistics.median(xs) * 100
+        out = None
+        for want in (RUN, CONTROL):       # each kind its own spread: the wider counts
+            xs = [abs(x) for kind, env, _, x in self.null.get((snap, kernel), [])
+                  if kind == want and not (kind == CONTROL and env == exclude_env)]
+            if xs:
+                v = 1.4826 * statistics.median(xs) * 100
+                out = v if out is None else max(out, v)
+        return out
 
     def sources(self, snap: str, kernel: str, exclude_env: Optional[str] = None) -> Dict[str, int]:
         """How many null ratios of each kind, and on how many GPUs, the noise stands on."""

@@ -157,6 +157,31 @@ def test_planted_regression_found_and_attributed(cluster, tmp_path):
     assert cp.returncode == 2 and "exists" in cp.stderr and len(cp.stderr.strip().splitlines()) == 1
 
 
+def test_a_control_with_a_verdict_means_noise_exceeds_the_rules(cluster, tmp_path):
+    """A control env that does change something (a planted slowdown): its verdict makes the run
+    and the report exit 2, "noise exceeds the rules"."""
+    envs = f"""
+[[env]]
+name = "plain"
+vars = {{ {STEADY} }}
+[[env]]
+name = "noop"
+control = true
+vars = {{ CUDA_DOUBLE_SLOW = "*:1,fill:4", CUDA_DOUBLE_SLOW_FLOOR_US = "4000" }}
+"""
+    camp = _campaign(tmp_path / "camp.toml", f"{cluster['snaps']}/s0.cusnap", envs=envs)
+    store = tmp_path / "st.sqlite"
+    cp = _cli(cluster, "campaign", "run", camp, "-o", store, "--address", cluster["address"])
+    assert cp.returncode == 2, cp.stdout[-2000:] + cp.stderr[-2000:]
+    assert "noise exceeds the rules: control env 'noop' judged SLOWER on s0.cusnap" in cp.stdout
+    assert "controls: 1 verdict(s) in 3 kernel comparisons" in cp.stdout
+    cp = _cli(cluster, "campaign", "report", store, "--json")
+    rep = json.loads(cp.stdout)
+    assert cp.returncode == 2 and rep["exit_reason"] == "noise exceeds the rules"
+    assert rep["controls"]["noise_exceeds"][0]["env"] == "noop" and rep["controls"]["rate"] == 1 / 3
+    assert sqlite3.connect(store).execute("SELECT exit_code FROM runs").fetchall() == [(2,)]
+
+
 def _keepers_held_and_released(cluster):
     """A keeper per GPU held its driver state while the replays ran; the run's end told them
     to go (their heartbeat files removed), and they went."""
@@ -282,7 +307,7 @@ def test_store_schema_is_documented(tmp_path):
     assert live == TABLES
     assert _schema_doc() == TABLES
     s.close()
-    assert Store(tmp_path / "s.sqlite", create=False).db.execute("SELECT value FROM meta").fetchone()[0] == "1"
+    assert Store(tmp_path / "s.sqlite", create=False).db.execute("SELECT value FROM meta").fetchone()[0] == "2"
 
 
 @pytest.mark.parametrize("content, msg", [
@@ -291,6 +316,9 @@ def test_store_schema_is_documented(tmp_path):
     ('baseline = "nosuch"\n[[snapshot]]\npath = "x.cusnap"\n[[env]]\nname = "a"\n', "is not an [[env]] name"),
     ('[[snapshot]]\npath = "x.cusnap"\nprofile = "graph"\n[[env]]\nname = "a"\n', "profile must be"),
     ('[rules]\nrepeats = 0\n[[snapshot]]\npath = "x.cusnap"\n[[env]]\nname = "a"\n', "repeats must be >= 1"),
+    ('[rules]\nrepeats = 2\n[[snapshot]]\npath = "x.cusnap"\n[[env]]\nname = "a"\n', "cannot reach alpha 0.01"),
+    ('[[snapshot]]\npath = "x.cusnap"\n[[env]]\nname = "a"\n[[env]]\nname = "b"\ncontrol = 1\n',
+     "control must be true or false"),
 ])
 def test_bad_campaign_is_one_line(double, tmp_path, content, msg):
     (tmp_path / "x.cusnap").write_bytes(b"x")
@@ -327,6 +355,117 @@ def test_report_bad_input(tmp_path):
 
 
 # --------------------------------------------------------------------------- rules, unit
+def test_decision_on_small_samples():
+    """Mann-Whitney U and the bar decide on a few timed runs a side: the same distribution is
+    SAME; a shift beyond the bar is SLOWER; the same shift within the campaign's noise is SAME.
+    The issue's case: kernels of 8-20 us on GPUs whose speeds differ by 11-13% gave FASTER when
+    the baseline ran on one GPU and the candidate on another; paired on one GPU, nothing."""
+    import random
+    rng = random.Random(44)
+
+    def runs(us, n=14, sd=0.01, speed=1.0):
+        return [us * speed * (1 + rng.gauss(0, sd)) for _ in range(n)]
+
+    assert R.decide(runs(10), runs(10), 5.0, 1.0)["verdict"] == "SAME"
+    d = R.decide(runs(10), runs(13), 5.0, 1.0)
+    assert d["verdict"] == "SLOWER" and d["p_value"] < 0.001 and d["bar_pct"] == 5.0
+    assert R.decide(runs(10), runs(7), 5.0, 1.0)["verdict"] == "FASTER"
+    d = R.decide(runs(10), runs(13), 5.0, 12.0)                  # 3 x 12% campaign noise: a 36% bar
+    assert d["verdict"] == "SAME" and d["bar_pct"] == 36.0 and "within" in d["why"]
+    d = R.decide([10.0, 20.0] * 5, [11.0, 21.0] * 5, 5.0, 0.5)  # medians +6.7%, beyond the bar; not significant
+    assert d["verdict"] == "SAME" and "not significant" in d["why"], d
+    assert R.decide(runs(10, n=3), runs(13, n=3), 5.0, 1.0)["verdict"] is None   # the test cannot reach alpha
+    gpus = {"gpu0": 1.0, "gpu1": 0.88}                        # gpu1 12% faster
+    for us in (8.0, 12.0, 20.0):
+        unpaired = R.decide(runs(us, speed=gpus["gpu0"]), runs(us, speed=gpus["gpu1"]), 5.0, 1.0)
+        assert unpaired["verdict"] == "FASTER"                # the false verdict the issue saw
+        for g, speed in gpus.items():
+            assert R.decide(runs(us, speed=speed), runs(us, speed=speed), 5.0, 1.0)["verdict"] == "SAME"
+
+
+def test_campaign_noise_from_null_ratios():
+    """The noise model: run-to-run ratios of each paired task (A2/A1, B2/B1) on every GPU, and a
+    control's ratios against its baseline, which its own judgement leaves out."""
+    from cudasnap.campaign.noise import NoiseModel
+
+    def prof(us, n=7):
+        return _prof([[us] * n])
+    nm = NoiseModel()
+    assert nm.noise("s", "k") is None
+    nm.add_task("s", "e1", False, "h:0", [prof(10.0), prof(10.2)], [prof(20.0), prof(20.0)])
+    nm.add_task("s", "e2", False, "h:1", [prof(11.0), prof(11.0)], [prof(11.0), prof(10.9)])
+    # |log ratios| of k: 2%, 0, 0, 0.9% -> median 0.45%, x 1.4826
+    assert nm.noise("s", "k") == pytest.approx(1.4826 * 100 * 0.0091 / 2, rel=0.05)
+    assert nm.sources("s", "k") == {"run": 4, "control": 0, "gpus": 2}
+    nm.add_task("s", "ctl", True, "h:0", [prof(10.0), prof(10.0)], [prof(15.0), prof(15.0)])
+    assert nm.noise("s", "k", exclude_env="ctl") < 1.0 < nm.noise("s", "k", exclude_env="e1")
+    assert nm.gpu_offset("s", "k") == pytest.approx((11.0 - 10.0) / 10.5 * 100)   # per-GPU medians 10, 11
+
+
+def test_one_gpu_verdict_stands_unconfirmed(tmp_path):
+    """With one GPU there is no other to confirm on: the verdict stands, and the store and the
+    report say "unconfirmed: one GPU"."""
+    from types import SimpleNamespace
+    from cudasnap.campaign import engine as E
+    from cudasnap.campaign.plan import Rules
+    from cudasnap.campaign.report import build_report, render_text
+    import io
+    s = Store(tmp_path / "one.sqlite")
+    camp = SimpleNamespace(name="n", path="/n.toml", file_hash="h", baseline="plain", rules=Rules(threshold=10.0),
+                           baseline_env="plain")
+    rid, _ = s.open_run(camp, "0.1.0", None, fresh=True)
+    eng = object.__new__(E.Engine)
+    eng.c, eng.store, eng.run_id, eng.gpus = camp, s, rid, 1
+    eng.inflight, eng.states, eng.hosts, eng._skip_ids, eng.base_profiles, eng.deferred = {}, {}, set(), {}, {}, []
+    eng.counts = {"ran": 0, "failed": 0, "regressed": 0}
+    eng.noise, eng.on_event, eng.sent = E.NoiseModel(), (lambda kind, info: None), []
+    eng.paired = lambda cell: True
+    eng._submit = lambda st, purpose, with_bytes=False: eng.sent.append(purpose)
+    cell = SimpleNamespace(key="c1", baseline_key="base", control=False, identity=lambda: {},
+                           snapshot=SimpleNamespace(path="/s/a.cusnap", digest="d", kernels=None, mode="isolated"),
+                           env=SimpleNamespace(name="slow", gpu=None))
+    st = eng.states["c1"] = E.CellState(cell)
+    rng = __import__("random").Random(3)
+
+    def replay(side, rnd, us):
+        p = _prof([[us * (1 + rng.gauss(0, 0.01)) for _ in range(7)] for _ in range(3)])
+        return {"side": side, "round": rnd, "exit_code": 0, "profile": p, "visible_devices": "0", "proc_s": 0.1}
+    runs = [replay("baseline", 1, 100.0), replay("candidate", 1, 150.0), replay("baseline", 2, 100.0),
+            replay("candidate", 2, 150.0)]
+    eng._handle(st, "measure", 0.0, {"runs": runs, "gpu": "h:0@n1", "host": "h", "node_id": "n1", "queue_s": 0.0})
+    assert eng.sent == [] and st.done and st.verdict == "SLOWER"
+    row = s.db.execute("SELECT verdict, confirmed, confirm_note, gpu, confirm_gpu FROM cells").fetchone()
+    assert tuple(row) == ("SLOWER", None, "unconfirmed: one GPU", "h:0@n1", None)
+    assert [tuple(r) for r in s.db.execute("SELECT side, round FROM attempts ORDER BY n")] == \
+        [("baseline", 1), ("candidate", 1), ("baseline", 2), ("candidate", 2)]
+    rep = build_report(s)
+    out = io.StringIO()
+    render_text(rep, out)
+    assert rep["exit_code"] == 1 and "unconfirmed: one GPU" in out.getvalue()
+    assert "controls: none" in out.getvalue()
+
+
+def test_a_version_1_store_gains_the_new_columns(tmp_path):
+    import sqlite3 as sq
+    from cudasnap.campaign import store as S
+    path = tmp_path / "v1.sqlite"
+    db = sq.connect(path)
+    v1 = S._DDL
+    for table, cols in S._ADDED_IN_2.items():
+        for name, decl in cols:
+            v1 = re.sub(rf",\s*{name} {re.escape(decl)}", "", v1)
+    v1 = v1.replace(", UNIQUE", ", UNIQUE")
+    db.executescript(v1)
+    db.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+    db.commit()
+    db.close()
+    assert "confirm_note" not in [r[1] for r in sq.connect(path).execute("PRAGMA table_info(cells)")]
+    s = Store(path, create=False)
+    assert [r[1] for r in s.db.execute("PRAGMA table_info(cells)")] == TABLES["cells"]
+    assert s.db.execute("SELECT value FROM meta").fetchone()[0] == "2"
+
+
+
 def _prof(times):
     return {"summary": {"mode": "isolated"}, "kernels": [],
             "launches": [{"seq": i, "name": "k", "times_us": t, "median_us": sorted(t)[len(t) // 2]}
