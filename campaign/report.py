@@ -138,7 +138,7 @@ def build_report(store, run: Optional[int] = None, since: Optional[str] = None) 
     cells = db.execute("SELECT * FROM cells WHERE run_id=? ORDER BY id", (cur["id"],)).fetchall()
     envs: List[str] = []
     snaps: Dict[str, str] = {}
-    for c in cells:
+    for c in sorted(cells, key=lambda c: not c["is_baseline"]):    # the baseline's column first
         if c["env"] not in envs:
             envs.append(c["env"])
         snaps.setdefault(c["snapshot_digest"] + "/" + c["mode"] + "/" + (c["kernels"] or ""),

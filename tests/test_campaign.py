@@ -76,8 +76,8 @@ def cluster(double, tmp_path_factory):
                 os.environ[k] = v
 
 
-def _campaign(path: Path, snaps: str, envs: str = ENVS, baseline: str = "plain") -> Path:
-    path.write_text(f'name = "ci"\nbaseline = "{baseline}"\n{RULES}\n[[snapshot]]\npath = "{snaps}"\n{envs}')
+def _campaign(path: Path, snaps: str, envs: str = ENVS, baseline: str = "plain", rules: str = "") -> Path:
+    path.write_text(f'name = "ci"\nbaseline = "{baseline}"\n{RULES}{rules}\n[[snapshot]]\npath = "{snaps}"\n{envs}')
     return path
 
 
@@ -223,7 +223,7 @@ def _running(pid: int) -> bool:
 
 
 def test_worker_killed_mid_cell_is_retried(cluster, tmp_path):
-    camp = _campaign(tmp_path / "camp.toml", f"{cluster['snaps']}/s0.cusnap", baseline="plain",
+    camp = _campaign(tmp_path / "camp.toml", f"{cluster['snaps']}/s0.cusnap", baseline="plain", rules="pairs = 1\n",
                      envs=ENVS.split("[[env]]\nname = \"slowfill\"")[0])
     store = tmp_path / "st.sqlite"
     cluster["kill"].write_text("")
@@ -242,7 +242,7 @@ def test_worker_killed_mid_cell_is_retried(cluster, tmp_path):
 
 
 def test_stopped_campaign_resumes_only_unfinished_cells(cluster, tmp_path):
-    camp = _campaign(tmp_path / "camp.toml", f"{cluster['snaps']}/s[012].cusnap",
+    camp = _campaign(tmp_path / "camp.toml", f"{cluster['snaps']}/s[012].cusnap", rules="pairs = 1\n",
                      envs=ENVS.split("[[env]]\nname = \"slowfill\"")[0])
     store = tmp_path / "st.sqlite"
     e = dict(cluster["env"])
