@@ -402,37 +402,51 @@ def test_campaign_noise_from_null_ratios():
     assert nm.gpu_offset("s", "k") == pytest.approx((11.0 - 10.0) / 10.5 * 100)   # per-GPU medians 10, 11
 
 
-def test_one_gpu_verdict_stands_unconfirmed(tmp_path):
-    """With one GPU there is no other to confirm on: the verdict stands, and the store and the
-    report say "unconfirmed: one GPU"."""
+def _paired_engine(tmp_path, gpus):
+    """An Engine without Ray around a real store and the real judgement: paired results are
+    handed to it, submissions recorded."""
     from types import SimpleNamespace
     from cudasnap.campaign import engine as E
     from cudasnap.campaign.plan import Rules
-    from cudasnap.campaign.report import build_report, render_text
-    import io
-    s = Store(tmp_path / "one.sqlite")
+    s = Store(tmp_path / "p.sqlite")
     camp = SimpleNamespace(name="n", path="/n.toml", file_hash="h", baseline="plain", rules=Rules(threshold=10.0),
                            baseline_env="plain")
     rid, _ = s.open_run(camp, "0.1.0", None, fresh=True)
     eng = object.__new__(E.Engine)
-    eng.c, eng.store, eng.run_id, eng.gpus = camp, s, rid, 1
+    eng.c, eng.store, eng.run_id, eng.gpus = camp, s, rid, gpus
     eng.inflight, eng.states, eng.hosts, eng._skip_ids, eng.base_profiles, eng.deferred = {}, {}, set(), {}, {}, []
     eng.counts = {"ran": 0, "failed": 0, "regressed": 0}
     eng.noise, eng.on_event, eng.sent = E.NoiseModel(), (lambda kind, info: None), []
+    eng.ray = SimpleNamespace(cancel=lambda ref: None)
     eng.paired = lambda cell: True
-    eng._submit = lambda st, purpose, with_bytes=False: eng.sent.append(purpose)
+
+    def submit(st, purpose, with_bytes=False):
+        eng.sent.append(purpose)
+        return f"ref-{len(eng.sent)}"
+    eng._submit = submit
     cell = SimpleNamespace(key="c1", baseline_key="base", control=False, identity=lambda: {},
                            snapshot=SimpleNamespace(path="/s/a.cusnap", digest="d", kernels=None, mode="isolated"),
                            env=SimpleNamespace(name="slow", gpu=None))
     st = eng.states["c1"] = E.CellState(cell)
     rng = __import__("random").Random(3)
 
-    def replay(side, rnd, us):
-        p = _prof([[us * (1 + rng.gauss(0, 0.01)) for _ in range(7)] for _ in range(3)])
-        return {"side": side, "round": rnd, "exit_code": 0, "profile": p, "visible_devices": "0", "proc_s": 0.1}
-    runs = [replay("baseline", 1, 100.0), replay("candidate", 1, 150.0), replay("baseline", 2, 100.0),
-            replay("candidate", 2, 150.0)]
-    eng._handle(st, "measure", 0.0, {"runs": runs, "gpu": "h:0@n1", "host": "h", "node_id": "n1", "queue_s": 0.0})
+    def pair_result(cand_us, gpu="h:0", node="n1"):
+        def replay(side, rnd, us):
+            p = _prof([[us * (1 + rng.gauss(0, 0.01)) for _ in range(7)] for _ in range(3)])
+            return {"side": side, "round": rnd, "exit_code": 0, "profile": p, "visible_devices": gpu[-1], "proc_s": 0.1}
+        runs = [replay("baseline", 1, 100.0), replay("candidate", 1, cand_us), replay("baseline", 2, 100.0),
+                replay("candidate", 2, cand_us)]
+        return {"runs": runs, "gpu": f"{gpu}@{node}", "host": "h", "node_id": node, "queue_s": 0.0}
+    return eng, st, s, pair_result
+
+
+def test_one_gpu_verdict_stands_unconfirmed(tmp_path):
+    """With one GPU there is no other to confirm on: the verdict stands, and the store and the
+    report say "unconfirmed: one GPU"."""
+    import io
+    from cudasnap.campaign.report import build_report, render_text
+    eng, st, s, pair_result = _paired_engine(tmp_path, gpus=1)
+    eng._handle(st, "measure", 0.0, pair_result(150.0))
     assert eng.sent == [] and st.done and st.verdict == "SLOWER"
     row = s.db.execute("SELECT verdict, confirmed, confirm_note, gpu, confirm_gpu FROM cells").fetchone()
     assert tuple(row) == ("SLOWER", None, "unconfirmed: one GPU", "h:0@n1", None)
@@ -443,6 +457,26 @@ def test_one_gpu_verdict_stands_unconfirmed(tmp_path):
     render_text(rep, out)
     assert rep["exit_code"] == 1 and "unconfirmed: one GPU" in out.getvalue()
     assert "controls: none" in out.getvalue()
+
+
+def test_a_verdict_holds_only_when_the_other_gpu_agrees(tmp_path):
+    """Two GPUs: the verdict waits for a confirmation on the other one; one that lands on the
+    same GPU is sent again; a confirmation that finds nothing leaves the cell UNCONFIRMED."""
+    from cudasnap.campaign.report import build_report
+    eng, st, s, pair_result = _paired_engine(tmp_path, gpus=2)
+    eng._handle(st, "measure", 0.0, pair_result(150.0))
+    assert eng.sent == ["confirm"] and not st.done
+    eng._handle(st, "confirm", 0.0, {"wrong_gpu": True, "gpu": "h:0@n1"})     # Ray put it on the same GPU
+    assert len(eng.deferred) == 1 and st.bounces == 1
+    eng.deferred = [(0.0,) + eng.deferred[0][1:]]
+    eng._resubmit_due()
+    assert eng.sent == ["confirm", "confirm"] and not eng.deferred
+    eng._handle(st, "confirm", 0.0, pair_result(100.0, gpu="h:1"))
+    row = s.db.execute("SELECT verdict, confirmed, confirm_note, confirm_gpu, regressed FROM cells").fetchone()
+    assert tuple(row) == ("UNCONFIRMED", 0, "not confirmed on another GPU", "h:1@n1", 0)
+    k = s.db.execute("SELECT verdict, diff_pct, confirm_diff_pct FROM kernel_results WHERE kernel='k'").fetchone()
+    assert k[0] == "UNCONFIRMED" and k[1] > 40 and abs(k[2]) < 5
+    assert build_report(s)["exit_code"] == 0
 
 
 def test_a_version_1_store_gains_the_new_columns(tmp_path):
