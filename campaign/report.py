@@ -12,8 +12,7 @@ import re
 from typing import Any, Dict, List, Optional
 
 from .rules import FASTER_, INFRA, INCOMPARABLE, MISMATCH, REGRESSIONS, SLOWER_, UNCONFIRMED
-
-NOISE_EXCEEDS = "noise exceeds the rules"
+from .wording import NOISE_EXCEEDS, confirm_text, controls_line, p_text, pct
 
 
 
@@ -237,14 +236,6 @@ def _controls(db, cells) -> Dict[str, Any]:
             "withdrawn": withdrawn, "rate": verdicts / comps if comps else None, "noise_exceeds": bad}
 
 
-def controls_line(ctl: Dict[str, Any]) -> str:
-    if not ctl["cells"]:
-        return "controls: none (an env with control = true measures the false-verdict rate)"
-    s = (f"controls: {ctl['verdicts']} verdict(s) in {ctl['comparisons']} kernel comparisons "
-         f"({ctl['cells']} cells of env {', '.join(ctl['envs'])})")
-    if ctl["withdrawn"]:
-        s += f"; {ctl['withdrawn']} more withdrawn by their confirmation"
-    return s
 
 
 def _counts(cells) -> Dict[str, int]:
@@ -300,10 +291,10 @@ def render_text(rep: Dict[str, Any], out) -> None:
         w("verdicts, beside the noise they exceeded (bar: max(threshold, sigmas x the campaign's noise)):\n")
         for v in rep["verdicts"]:
             w(f"* {v['snapshot']} {'control ' if v['control'] else ''}env {v['env']!r} kernel {v['kernel']}: "
-              f"{v['verdict']} {_pct(v['diff_pct'], True)} vs bar +-{_pct(v['bar_pct'])} "
-              f"(campaign noise {_pct(v['campaign_noise_pct'])}, cell noise {_pct(v['cell_noise_pct'])}, "
-              f"GPU offset {_pct(v['gpu_offset_pct'])}, p={_p(v['p_value'])}) on {v['gpu'] or '?'}; "
-              f"{_confirm(v)}\n")
+              f"{v['verdict']} {pct(v['diff_pct'], True)} vs bar +-{pct(v['bar_pct'])} "
+              f"(campaign noise {pct(v['campaign_noise_pct'])}, cell noise {pct(v['cell_noise_pct'])}, "
+              f"GPU offset {pct(v['gpu_offset_pct'])}, p={p_text(v['p_value'])}) on {v['gpu'] or '?'}; "
+              f"{confirm_text(v)}\n")
     w(controls_line(rep["controls"]) + "\n")
     if rep["regressions"]:
         w(f"{len(rep['regressions'])} regression(s):\n")
@@ -311,7 +302,7 @@ def render_text(rep: Dict[str, Any], out) -> None:
             what = f"kernel {g['kernel']}" if g["kernel"] else g["kind"]
             d = f" {g['diff_pct']:+.1f}%" if g.get("diff_pct") is not None else ""
             if g.get("bar_pct") is not None:
-                d += f" (bar +-{g['bar_pct']:.1f}%, p={_p(g.get('p_value'))}; {g.get('confirm_note') or 'no confirmation'})"
+                d += f" (bar +-{g['bar_pct']:.1f}%, p={p_text(g.get('p_value'))}; {g.get('confirm_note') or 'no confirmation'})"
             w(f"- {g['snapshot']} in env {g['env']!r}: {what}{d}; first seen in run {g['first_run']}\n")
             lg = g.get("last_good")
             if lg:
@@ -333,23 +324,6 @@ def render_text(rep: Dict[str, Any], out) -> None:
             continue
         w(f"infrastructure failure: {f['snapshot']} in env {f['env']!r} ({f['status']}, {f['attempts']} tries): "
           f"{f['error']}\n")
-
-
-def _pct(v, sign: bool = False) -> str:
-    if v is None:
-        return "-"
-    return f"{v:+.1f}%" if sign else f"{v:.1f}%"
-
-
-def _p(v) -> str:
-    return "-" if v is None else f"{v:.2g}"
-
-
-def _confirm(v: Dict[str, Any]) -> str:
-    note = v.get("confirm_note") or "no confirmation"
-    if v.get("confirm_gpu"):
-        note += f" ({v['confirm_gpu']}: {_pct(v.get('confirm_diff_pct'), True)}, p={_p(v.get('confirm_p_value'))})"
-    return note
 
 
 def write_html(rep: Dict[str, Any], path) -> None:

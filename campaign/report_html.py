@@ -51,7 +51,7 @@ def html_report(rep: Dict[str, Any]) -> str:
     envs = rep["envs"]
     rows = [[m["snapshot"]] + [_cell(m["cells"].get(x)) for x in envs] for m in rep["matrix"]]
     page.add("<h2>Matrix</h2>" + table(["snapshot"] + envs, rows, raw_cols=set(range(1, len(envs) + 1))))
-    from .report import NOISE_EXCEEDS, _confirm, _p, _pct, controls_line
+    from .wording import NOISE_EXCEEDS, confirm_text, controls_line, p_text, pct
     ctl = rep["controls"]
     page.add(f"<p><b>{e(controls_line(ctl))}</b></p>")
     for b in ctl["noise_exceeds"]:
@@ -62,8 +62,8 @@ def html_report(rep: Dict[str, Any]) -> str:
             ["snapshot", "env", "kernel", "verdict", "diff", "bar", "campaign noise", "cell noise", "GPU offset",
              "p", "GPU", "confirmation", "why"],
             [[v["snapshot"], v["env"] + (" (control)" if v["control"] else ""), v["kernel"], v["verdict"],
-              _pct(v["diff_pct"], True), _pct(v["bar_pct"]), _pct(v["campaign_noise_pct"]), _pct(v["cell_noise_pct"]),
-              _pct(v["gpu_offset_pct"]), _p(v["p_value"]), v["gpu"] or "-", _confirm(v), v["why"] or ""]
+              pct(v["diff_pct"], True), pct(v["bar_pct"]), pct(v["campaign_noise_pct"]), pct(v["cell_noise_pct"]),
+              pct(v["gpu_offset_pct"]), p_text(v["p_value"]), v["gpu"] or "-", confirm_text(v), v["why"] or ""]
              for v in rep["verdicts"]]))
     page.add("<h2>Regressions</h2>")
     if rep["regressions"]:
