@@ -185,12 +185,35 @@ def build_report(store, run: Optional[int] = None, since: Optional[str] = None) 
                                f"cell was done: run the same campaign again to finish it"})
     verdicts = _verdicts(db, cells)
     controls = _controls(db, cells)
+    offsets = _gpu_offsets(db, cells)
     code = 2 if infra or controls["noise_exceeds"] else (1 if regressions else 0)
     reason = ("infrastructure failures" if infra else NOISE_EXCEEDS if controls["noise_exceeds"] else
               "a regression" if regressions else None)
     return {"store": store.path, "run": dict(cur), "runs": [dict(r) for r in runs], "envs": envs, "matrix": matrix,
             "regressions": regressions, "infra_failures": infra, "history": history, "exit_code": code,
-            "exit_reason": reason, "verdicts": verdicts, "controls": controls, "verdict_counts": _counts(cells)}
+            "exit_reason": reason, "verdicts": verdicts, "controls": controls, "gpu_offsets": offsets,
+            "verdict_counts": _counts(cells)}
+
+
+def _gpu_offsets(db, cells) -> List[Dict[str, Any]]:
+    """The baseline's offset between the run's GPUs, per snapshot and kernel: its medians on each
+    GPU (baseline cells, and the baseline replays beside each paired cell), max - min over their
+    median, percent. Pairing cancels it; it says how far unpaired cells would have been off."""
+    per: Dict[tuple, Dict[str, List[float]]] = {}
+    for c in cells:
+        if c["status"] != "ok" or not c["gpu"]:
+            continue
+        for k in _kernels(db, c["id"]):
+            m = k["median_us"] if c["is_baseline"] else k["base_median_us"]
+            if m:
+                per.setdefault((os.path.basename(c["snapshot"]), k["kernel"]), {}).setdefault(c["gpu"], []).append(m)
+    out = []
+    for (snap, kernel), gpus in per.items():
+        meds = sorted(sorted(v)[len(v) // 2] for v in gpus.values())
+        if len(meds) > 1 and meds[len(meds) // 2] > 0:
+            out.append({"snapshot": snap, "kernel": kernel, "gpus": len(meds),
+                        "offset_pct": (meds[-1] - meds[0]) / meds[len(meds) // 2] * 100})
+    return sorted(out, key=lambda o: -o["offset_pct"])
 
 
 def _verdicts(db, cells) -> List[Dict[str, Any]]:
@@ -296,6 +319,10 @@ def render_text(rep: Dict[str, Any], out) -> None:
               f"GPU offset {pct(v['gpu_offset_pct'])}, p={p_text(v['p_value'])}) on {v['gpu'] or '?'}; "
               f"{confirm_text(v)}\n")
     w(controls_line(rep["controls"]) + "\n")
+    if rep.get("gpu_offsets"):
+        o = rep["gpu_offsets"][0]
+        w(f"GPU offset of the baseline between GPUs (pairing cancels it): up to {o['offset_pct']:.1f}% "
+          f"({o['snapshot']} {o['kernel']}, {o['gpus']} GPUs)\n")
     if rep["regressions"]:
         w(f"{len(rep['regressions'])} regression(s):\n")
         for g in rep["regressions"]:

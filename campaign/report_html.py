@@ -54,6 +54,10 @@ def html_report(rep: Dict[str, Any]) -> str:
     from .wording import NOISE_EXCEEDS, confirm_text, controls_line, p_text, pct
     ctl = rep["controls"]
     page.add(f"<p><b>{e(controls_line(ctl))}</b></p>")
+    if rep.get("gpu_offsets"):
+        o = rep["gpu_offsets"][0]
+        page.add(f"<p>GPU offset of the baseline between GPUs (pairing cancels it): up to {o['offset_pct']:.1f}% "
+                 f"({e(o['snapshot'])} {e(o['kernel'])}, {o['gpus']} GPUs)</p>")
     for b in ctl["noise_exceeds"]:
         page.add(f"<p style='color:#d62728'><b>{e(NOISE_EXCEEDS)}</b>: control env {e(b['env'])} judged "
                  f"{e(b['verdict'])} on {e(b['snapshot'])}</p>")

@@ -12,6 +12,10 @@
 - A verdict (SLOWER or FASTER) stands only when a confirmation task on another GPU (another
   node where the cluster has one), judged alone, finds the same kernel the same way. With one
   GPU it stands unconfirmed ("unconfirmed: one GPU").
+- A cell judged against an earlier run (`baseline = "run:N"`), or against a baseline env that
+  asks for another GPU model, cannot be paired: it is compared with the baseline's profile as
+  `cudasnap compare` does, reruns replaying the baseline again, a regression confirmed by one
+  more replay.
 - A replay that crashes, times out, loses its worker or node, or cannot run (exit 2) is tried
   again on another worker, up to retries more times; after the last it is an infrastructure
   failure of the cell. A replay that no longer reproduces its results (exit 1) is a

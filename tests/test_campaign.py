@@ -157,6 +157,29 @@ def test_planted_regression_found_and_attributed(cluster, tmp_path):
     assert cp.returncode == 2 and "exists" in cp.stderr and len(cp.stderr.strip().splitlines()) == 1
 
 
+def test_null_campaign_on_a_biased_gpu_has_no_verdict(cluster, tmp_path):
+    """Every env a no-op, and one of the two GPUs 50% slower for every kernel (the issue's
+    GPU-to-GPU offset, magnified past the 20% threshold): paired on one GPU, no verdict; the
+    offset is measured and shown, and the controls state their rate."""
+    biased = f'{STEADY}, CUDA_DOUBLE_SLOW_VISIBLE = "1:1.5"'
+    envs = "".join(f'[[env]]\nname = "{n}"\n{extra}vars = {{ {biased}{more} }}\n' for n, extra, more in (
+        ("plain", "", ""), ("noop", "control = true\n", ', CUDASNAP_CAMPAIGN_NOTHING = "1"'),
+        ("eager", "", ', CUDA_MODULE_LOADING = "EAGER"')))
+    camp = _campaign(tmp_path / "camp.toml", f"{cluster['snaps']}/s[01].cusnap", envs=envs)
+    store = tmp_path / "st.sqlite"
+    cp = _cli(cluster, "campaign", "run", camp, "-o", store, "--address", cluster["address"], "--json")
+    assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-2000:]
+    rep = json.loads(cp.stdout)["report"]
+    assert rep["verdicts"] == [] and rep["verdict_counts"] == {"BASELINE": 2, "SAME": 4}, rep["verdict_counts"]
+    assert (rep["controls"]["verdicts"], rep["controls"]["comparisons"]) == (0, 6)
+    db = sqlite3.connect(store)
+    assert {r[0] for r in db.execute("SELECT visible_devices FROM attempts")} == {"0", "1"}
+    # the offset was there: the baseline measured 50% apart on the two GPUs
+    assert rep["gpu_offsets"] and rep["gpu_offsets"][0]["offset_pct"] > 30, rep["gpu_offsets"]
+    assert "GPU offset of the baseline between GPUs (pairing cancels it): up to" in _cli(
+        cluster, "campaign", "report", store).stdout
+
+
 def test_a_control_with_a_verdict_means_noise_exceeds_the_rules(cluster, tmp_path):
     """A control env that does change something (a planted slowdown): its verdict makes the run
     and the report exit 2, "noise exceeds the rules"."""
