@@ -729,7 +729,8 @@ def test_the_example_campaign_files_plan(tmp_path):
     from cudasnap.campaign.plan import load_campaign
     root = Path(__file__).resolve().parent.parent
     c = load_campaign(root / "examples" / "nightly.toml")
-    assert c.baseline == "plain" and len(c.cells) == 2 * len(list((root / "examples").glob("*_h200.cusnap")))
+    assert c.baseline == "plain" and len(c.cells) == 3 * len(list((root / "examples").glob("*_h200.cusnap")))
+    assert c.controls == ["noop"] and [x.control for x in c.cells[:3]] == [False, False, True]
     toml = re.search(r"```toml\n(.*?)```", (root / "README.md").read_text(), re.S).group(1)
     (tmp_path / "snaps").mkdir()
     shutil.copy(root / "examples" / "synthetic.cusnap", tmp_path / "snaps" / "a.cusnap")
