@@ -1,7 +1,7 @@
 """The campaign's rules: what a cell's measurements mean and what runs next.
 
 - A kernel whose difference from the baseline lies within noise_factor x its noise of the
-  threshold (||diff| - threshold| <= noise_factor x noise) is borderline: the cell and its
+  threshold, or of a paired cell's bar (||diff| - bar| <= noise_factor x noise), is borderline: the cell and its
   baseline are replayed again, up to max_reruns, and each side's measurements are pooled
   (each launch's repeats together; the baseline's extra replays serve this cell alone).
 - A candidate is judged against its baseline replayed on the same GPU, close in time: one task
@@ -116,7 +116,8 @@ def borderline(res: Dict[str, Any], threshold: float, factor: float) -> List[str
         d, n = k.get("diff_pct"), k.get("noise_pct")
         if d is None:
             continue
-        if abs(abs(d) - threshold) <= factor * (n or 0.0):
+        bar = k.get("bar_pct") or threshold          # a paired cell's bar (judge_paired)
+        if abs(abs(d) - bar) <= factor * (n or 0.0):
             out.append(name)
     return out
 
