@@ -5,7 +5,9 @@ GPU model, a sliver of the custom resource `gpu_model:MODEL` that every node reg
 its GPUs (`ray start --resources '{"gpu_model:H100": 8}'`; a local runtime registers it
 itself; Ray's own `accelerator_type:MODEL` is used when a cluster has no gpu_model). Ray
 places the tasks; this module decides what to run next (rules.py) and writes each finished
-cell to the store at once. Snapshots reach a node by path (the same node, or shared storage
+cell to the store at once. A candidate cell whose baseline is an env of the run is one task
+that replays both on one GPU, A B A B (worker.pair_task); its confirmation is such a task on
+another GPU, or another node where the cluster has one. Snapshots reach a node by path (the same node, or shared storage
 holding the same bytes, checked by digest) or once through Ray's object store into a
 node-local cache keyed by digest."""
 from __future__ import annotations
@@ -19,8 +21,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
 from . import rules as R
+from .noise import NoiseModel
 from .plan import Campaign, Cell
 from .store import Store, now_iso
+from .worker import gpu_label
+
+# a confirmation that lands on the GPU it must avoid is sent again after a pause; after this
+# many tries it runs where it lands (no other GPU came free)
+MAX_BOUNCES = 20
 
 
 class EngineError(Exception):
@@ -112,6 +120,9 @@ class CellState:
     verdict: Optional[str] = None
     cell_id: Optional[int] = None
     status: Optional[str] = None
+    pairs: List[Dict[str, Any]] = field(default_factory=list)     # paired tasks: base, cand, gpu, host, node
+    confirm_pair: Optional[Dict[str, Any]] = None
+    bounces: int = 0                  # a confirmation landed on a GPU it must avoid
 
 
 class Engine:
@@ -131,8 +142,11 @@ class Engine:
         self._resources()
         ray = self.ray
 
-        from .worker import cell_task
+        from .worker import cell_task, pair_task
         self._task = ray.remote(max_retries=0)(cell_task)
+        self._pair = ray.remote(max_retries=0)(pair_task)
+        self.noise = NoiseModel()
+        self.deferred: List[Any] = []     # (when, state, purpose): confirmations sent again
         self.driver_node = ray.get_runtime_context().get_node_id()
 
     # ------------------------------------------------------------------ resources
@@ -164,7 +178,17 @@ class Engine:
                 "kernels": s.kernels, "vars": cell.vars, "driver": e.driver, "repeat": r.repeats, "warmup": r.warmup,
                 "timeout": r.timeout, "hold_gpu": r.hold_gpus}
 
+    def paired(self, cell: Cell) -> bool:
+        """A cell replayed beside its baseline on one GPU: its baseline is an env of this run
+        and one GPU model suits both."""
+        if cell.baseline_key is None:
+            return False
+        base = self.by_key[cell.baseline_key].env.gpu
+        return base is None or cell.env.gpu is None or base == cell.env.gpu
+
     def _submit(self, st: CellState, purpose: str, with_bytes: bool = False):
+        if purpose != "rerun-baseline" and self.paired(st.cell):
+            return self._submit_pair(st, purpose, with_bytes)
         # a baseline rerun replays the baseline's snapshot and env, for this cell's judgement
         cell = self.by_key[st.cell.baseline_key] if purpose == "rerun-baseline" else st.cell
         opts: Dict[str, Any] = {"num_gpus": 1, "num_cpus": 0}
@@ -185,6 +209,61 @@ class Engine:
         self.inflight[ref] = (st, purpose, time.monotonic())
         self.on_event("submit", {"cell": cell, "purpose": purpose})
         return ref
+
+    def _submit_pair(self, st: CellState, purpose: str, with_bytes: bool = False):
+        cell = st.cell
+        base = self.by_key[cell.baseline_key]
+        opts: Dict[str, Any] = {"num_gpus": 1, "num_cpus": 0}
+        model = cell.env.gpu or base.env.gpu
+        if model:
+            opts["resources"] = {self.model_key[model]: 0.001}
+        gpu_nodes = []
+        if st.bad_nodes or purpose == "confirm":
+            gpu_nodes = [n["NodeID"] for n in self.ray.nodes() if n.get("Alive")
+                         and n.get("Resources", {}).get("GPU", 0) > 0]
+        avoid = None
+        if purpose == "confirm" and st.bounces < MAX_BOUNCES:
+            # another GPU; another node where the cluster has one with a GPU
+            used = {p["node"] for p in st.pairs}
+            others = [n for n in gpu_nodes if n not in used and n not in st.bad_nodes]
+            avoid = [p["gpu"] for p in st.pairs] + (sorted(used) if others else [])
+            if others:
+                from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+                opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(others[st.bounces % len(others)], soft=True)
+            elif st.bounces and self._node_gpus(st.pairs[0]["node"]) >= 2:
+                # Ray gave the GPU to avoid again (it hands out a node's free GPUs lowest first):
+                # two GPUs of the node hold one that is not it
+                opts["num_gpus"] = 2
+        if st.bad_nodes and "scheduling_strategy" not in opts:
+            alive = [n for n in gpu_nodes if n not in st.bad_nodes]
+            if alive:
+                from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+                opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(alive[st.failures % len(alive)], soft=True)
+        refs = [self._blob(cell.snapshot)] if (with_bytes or self.ship) else []
+        if st.first_submit is None:
+            st.first_submit = time.monotonic()
+        ref = self._pair.options(**opts).remote(self._spec(base), self._spec(cell), self.c.rules.pairs, refs,
+                                                self.driver_node, time.time(), avoid)
+        self.inflight[ref] = (st, purpose, time.monotonic())
+        self.on_event("submit", {"cell": cell, "purpose": purpose})
+        return ref
+
+    def _node_gpus(self, node_id: Optional[str]) -> int:
+        for n in self.ray.nodes():
+            if n.get("NodeID") == node_id and n.get("Alive"):
+                return int(n.get("Resources", {}).get("GPU", 0))
+        return 0
+
+    def _resubmit_due(self) -> None:
+        now = time.monotonic()
+        due = [d for d in self.deferred if d[0] <= now]
+        self.deferred = [d for d in self.deferred if d[0] > now]
+        for _, st, purpose in due:
+            if st.done:
+                continue
+            ref = self._submit(st, purpose)
+            if purpose == "confirm":
+                st.confirm_ref = ref
 
     def _blob(self, snap):
         if snap.digest not in self._blobs:
@@ -211,12 +290,20 @@ class Engine:
                     self.base_profiles[cell.key] = (self.store.profile(skip[cell.key])
                                                     if row is not None and row["status"] == "ok" else None)
                 continue
-            st = self.states[cell.key] = CellState(cell)
-            self._submit(st, "measure")
+            self.states[cell.key] = CellState(cell)
+        # controls first: their ratios are part of the noise the other cells are judged against
+        for cell in sorted((c for c in order if c.key in self.states), key=lambda c: not c.control):
+            self._submit(self.states[cell.key], "measure")
         self.on_event("start", dict(self.counts, slots=self.slots()))
         try:
-            while self.inflight:
-                ready, _ = ray.wait(list(self.inflight), num_returns=1, timeout=1.0)
+            while self.inflight or self.deferred:
+                self._resubmit_due()
+                nxt = min((d[0] for d in self.deferred), default=None)
+                if not self.inflight:
+                    time.sleep(max(0.0, nxt - time.monotonic()))
+                    continue
+                wait = 1.0 if nxt is None else max(0.01, min(1.0, nxt - time.monotonic()))
+                ready, _ = ray.wait(list(self.inflight), num_returns=1, timeout=wait)
                 for ref in ready:
                     st, purpose, t_sub = self.inflight.pop(ref)
                     try:
@@ -258,8 +345,15 @@ class Engine:
         return sorted(cells, key=lambda c: -cost(c))
 
     def _handle(self, st: CellState, purpose: str, t_sub: float, res: Dict[str, Any]) -> None:
+        if res.get("wrong_gpu"):
+            st.bounces += 1
+            self.deferred.append((time.monotonic() + min(2.0, 0.05 * 1.5 ** st.bounces), st, purpose))
+            return
         if res.get("need_bytes"):
             self._submit(st, purpose, with_bytes=True)
+            return
+        if res.get("runs") is not None:
+            self._handle_pair(st, purpose, t_sub, res)
             return
         st.attempts += 1
         if res.get("host"):
@@ -279,16 +373,7 @@ class Engine:
             "ended": now_iso(res["ended"]) if res.get("ended") else None})
         self.on_event("attempt", {"cell": st.cell, "purpose": purpose, "outcome": out, "error": err})
         if out in R.RETRYABLE:
-            st.failures += 1
-            if res.get("node_id"):
-                st.bad_nodes.append(res["node_id"])
-            if st.done:
-                return                    # a confirmation run sent ahead and not needed
-            if st.failures <= self.c.rules.retries:
-                self._submit(st, "retry" if purpose == "measure" else purpose)
-                return
-            st.last = res
-            self._finish(st, "infra", R.INFRA, error=f"{out} after {st.failures} tries: {err or ''}".strip())
+            self._retry_or_fail(st, purpose, out, err, res)
             return
         if st.done:
             return                        # a confirmation run sent ahead and not needed
@@ -296,6 +381,9 @@ class Engine:
         if out == "mismatch":
             self._finish(st, "mismatch", R.MISMATCH, error=err)
             return
+        if st.cell.baseline_key is None and self.c.baseline_env is not None and prof is not None:
+            self.noise.add_baseline(_snap_key(st.cell), gpu_label(res.get("host"), res.get("node_id"),
+                                                                  res.get("visible_devices")), prof)
         if purpose == "confirm":
             st.confirm_profile = prof
             st.confirm_ref = None
@@ -310,6 +398,129 @@ class Engine:
             if st.pending > 0:
                 return
         self._advance(st)
+
+    def _retry_or_fail(self, st: CellState, purpose: str, out: str, err: Optional[str], res: Dict[str, Any]) -> None:
+        st.failures += 1
+        if res.get("node_id"):
+            st.bad_nodes.append(res["node_id"])
+        if st.done:
+            return                        # a confirmation run sent ahead and not needed
+        if st.failures <= self.c.rules.retries:
+            self._submit(st, "retry" if purpose == "measure" else purpose)
+            return
+        st.last = res
+        self._finish(st, "infra", R.INFRA, error=f"{out} after {st.failures} tries: {err or ''}".strip())
+
+    def _handle_pair(self, st: CellState, purpose: str, t_sub: float, res: Dict[str, Any]) -> None:
+        """A paired task's replays, each an attempt row; then the cell judged on all its pairs."""
+        if res.get("host"):
+            self.hosts.add(res["host"])
+        bad = None
+        wall = time.monotonic() - t_sub
+        for r in res["runs"]:
+            prof = r.get("profile")
+            out = R.outcome_of(r.get("exit_code"), prof is not None)
+            err = r.get("stderr_tail") or None if out != "ok" else None
+            gpu = ((prof or {}).get("run") or {}).get("gpu") or {}
+            st.attempts += 1
+            st.proc_s += r.get("proc_s") or 0.0
+            self.store.add_attempt(self.run_id, st.cell.key, {
+                "purpose": purpose, "outcome": out, "exit_code": r.get("exit_code"), "host": res.get("host"),
+                "node_id": res.get("node_id"), "gpu_uuid": gpu.get("uuid"), "visible_devices": r.get("visible_devices"),
+                "queue_s": res.get("queue_s"), "proc_s": r.get("proc_s"), "wall_s": wall, "error": err,
+                "started": now_iso(r["started"]) if r.get("started") else None,
+                "ended": now_iso(r["ended"]) if r.get("ended") else None, "side": r.get("side"), "round": r.get("round")})
+            if out != "ok" and bad is None:
+                bad = (r, out, err)
+        last = dict(res["runs"][-1], host=res.get("host"), node_id=res.get("node_id")) if res["runs"] else dict(res)
+        self.on_event("attempt", {"cell": st.cell, "purpose": purpose, "outcome": bad[1] if bad else "ok",
+                                  "error": bad[2] if bad else None})
+        if bad is not None and bad[1] in R.RETRYABLE:
+            self._retry_or_fail(st, purpose, bad[1], bad[2], last)
+            return
+        if st.done:
+            return                        # a confirmation sent ahead and not needed
+        st.last = last
+        if bad is not None:               # a replay that no longer reproduces its results
+            if bad[0].get("side") == "candidate":
+                self._finish(st, "mismatch", R.MISMATCH, error=bad[2])
+            else:
+                self._finish(st, "no-baseline", R.NO_BASELINE,
+                             error=f"the baseline replayed beside it did not reproduce its results: {bad[2] or ''}".strip())
+            return
+        pair = {"base": [r["profile"] for r in res["runs"] if r["side"] == "baseline"],
+                "cand": [r["profile"] for r in res["runs"] if r["side"] == "candidate"],
+                "gpu": res.get("gpu"), "host": res.get("host"), "node": res.get("node_id"),
+                "uuid": (((res["runs"][-1].get("profile") or {}).get("run") or {}).get("gpu") or {}).get("uuid")}
+        self.noise.add_task(_snap_key(st.cell), st.cell.env.name, st.cell.control, pair["gpu"], pair["base"],
+                            pair["cand"])
+        if purpose == "confirm":
+            st.confirm_pair = pair
+            st.confirm_ref = None
+            if st.pending > 0:
+                return                    # sent ahead: judged when the reruns are in
+        else:
+            st.pairs.append(pair)
+        if purpose == "rerun":
+            st.pending -= 1
+            if st.pending > 0:
+                return
+        self._advance_paired(st)
+
+    def _judge_pairs(self, st: CellState, pairs: List[Dict[str, Any]]) -> Dict[str, Any]:
+        cell, rules = st.cell, self.c.rules
+        snap = _snap_key(cell)
+        excl = cell.env.name if cell.control else None
+        return R.judge_paired([x for p in pairs for x in p["base"]], [x for p in pairs for x in p["cand"]],
+                              rules.threshold, lambda k: self.noise.noise(snap, k, excl), rules.noise_sigmas,
+                              rules.alpha)
+
+    def _advance_paired(self, st: CellState) -> None:
+        rules = self.c.rules
+        merged = R.merge_profiles([x for p in st.pairs for x in p["cand"]])
+        try:
+            res = self._judge_pairs(st, st.pairs)     # with the noise known now
+        except Exception as e:
+            self._finish(st, "error", R.INCOMPARABLE, profile=merged, error=_one_line(e))
+            return
+        verdict = bool(R.slower(res) or R.faster(res))
+        if st.confirm_pair is None and R.borderline(res, rules.threshold, rules.noise_factor) \
+                and st.reruns < rules.max_reruns:
+            st.reruns += 1
+            st.pending = 1
+            self._submit(st, "rerun")
+            if verdict and rules.confirm and self.gpus > 1 and not st.confirming and self._idle_gpus() > 0:
+                # a GPU would wait idle: the confirmation runs beside the rerun, used only if it
+                # still finds the verdict
+                st.confirming = True
+                st.confirm_ref = self._submit(st, "confirm")
+            return
+        first = R.SLOWER_ if res["regressed"] else (R.FASTER_ if R.faster(res) else R.SAME_)
+        if first == R.SAME_ or not rules.confirm:
+            self._finish(st, "ok", first, profile=merged, res=res)
+            return
+        if self.gpus < 2:
+            self._finish(st, "ok", first, profile=merged, res=res, note="unconfirmed: one GPU")
+            return
+        if st.confirm_pair is None:
+            if not st.confirming:
+                st.confirming = True
+                st.confirm_ref = self._submit(st, "confirm")
+            return                        # judged when it is in
+        cp = st.confirm_pair
+        try:
+            conf = self._judge_pairs(st, [cp])
+        except Exception as e:
+            self._finish(st, "error", R.INCOMPARABLE, profile=merged, error=_one_line(e))
+            return
+        s1, f1, s2, f2 = set(R.slower(res)), set(R.faster(res)), set(R.slower(conf)), set(R.faster(conf))
+        agreed_s, agreed_f = s1 & s2, f1 & f2
+        v = R.SLOWER_ if agreed_s else (R.FASTER_ if agreed_f else R.UNCONFIRMED)
+        where = ("the same GPU (no other came free)" if cp["gpu"] in {p["gpu"] for p in st.pairs} else
+                 "another node" if cp["node"] not in {p["node"] for p in st.pairs} else "another GPU")
+        note = f"confirmed on {where}" if v != R.UNCONFIRMED else f"not confirmed on {where}"
+        self._finish(st, "ok", v, profile=merged, res=res, confirmed=int(v != R.UNCONFIRMED),
+                     unconfirmed=tuple((s1 - s2) | (f1 - f2)), conf=conf, note=note)
 
     def _baseline_of(self, st: CellState):
         """(ready, profile) of the cell's baseline: profile None when the baseline did not measure."""
@@ -394,7 +605,7 @@ class Engine:
         return self.slots() - len(self.inflight)
 
     def _finish(self, st: CellState, status: str, verdict: str, profile=None, res=None, error=None,
-                confirmed=None, unconfirmed=()) -> None:
+                confirmed=None, unconfirmed=(), conf=None, note=None) -> None:
         cell = st.cell
         if st.confirm_ref is not None:    # sent ahead, not needed: its GPU goes back to the run
             try:
@@ -421,8 +632,18 @@ class Engine:
                "verdict": verdict, "regressed": int(verdict in R.REGRESSIONS), "exit_code": (st.last or {}).get("exit_code"),
                "attempts": st.attempts, "reruns": st.reruns, "confirmed": confirmed,
                "wall_s": time.monotonic() - (st.first_submit or time.monotonic()), "replay_s": st.proc_s,
-               "error": error, "finished": now_iso()}
-        kernels = R.kernel_rows(res, prof, unconfirmed) if prof is not None else []
+               "error": error, "finished": now_iso(), "control": int(getattr(cell, "control", False)),
+               "confirm_note": note}
+        last = st.last or {}
+        row["gpu"] = (st.pairs[0]["gpu"] if st.pairs else
+                      gpu_label(last.get("host"), last.get("node_id"), last.get("visible_devices")) if last else None)
+        if st.pairs:
+            row["device_uuid"] = row["device_uuid"] or st.pairs[0]["uuid"]
+        if conf is not None and st.confirm_pair is not None:
+            row["confirm_gpu"], row["confirm_device_uuid"] = st.confirm_pair["gpu"], st.confirm_pair["uuid"]
+        snap = _snap_key(cell)
+        kernels = (R.kernel_rows(res, prof, unconfirmed, conf, lambda k: self.noise.gpu_offset(snap, k))
+                   if prof is not None else [])
         st.cell_id = self.store.add_cell(self.run_id, row, kernels, prof if status in ("ok", "no-baseline") else None)
         st.done, st.verdict, st.status = True, verdict, status
         self.counts["ran"] += 1
@@ -449,6 +670,11 @@ class Engine:
             self.ray.shutdown()
         except Exception:
             pass
+
+
+def _snap_key(cell: Cell) -> str:
+    s = cell.snapshot
+    return f"{s.digest}/{s.mode}/{s.kernels or ''}"
 
 
 def _model(name: Optional[str]) -> Optional[str]:

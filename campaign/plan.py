@@ -9,7 +9,10 @@
     threshold = 5.0                  # percent; a difference within the noise never counts
     noise_factor = 2.0               # rerun when ||diff| - threshold| <= noise_factor x noise
     max_reruns = 2
-    confirm = true                   # a regression needs a confirmation run that agrees
+    confirm = true                   # a verdict needs a confirmation on another GPU that agrees
+    pairs = 2                        # baseline and candidate replayed A B A B on one GPU
+    alpha = 0.01                     # Mann-Whitney U significance a verdict needs
+    noise_sigmas = 3.0               # ... and a difference beyond this many x the campaign's noise
     timeout = 1800                   # seconds per replay
     retries = 2                      # crash, timeout, lost node: more tries on another worker
     hold_gpus = true                 # keep each GPU's driver state warm between replays (keeper.py)
@@ -24,6 +27,7 @@
     vars = { CUDA_MODULE_LOADING = "EAGER" }
     driver = "/opt/drivers/570/libcuda.so.1"
     gpu = "H100"
+    control = true                   # it changes nothing: any verdict in it means noise beat the rules
 """
 from __future__ import annotations
 
@@ -57,6 +61,9 @@ class Rules:
     timeout: float = 1800.0
     retries: int = 2
     hold_gpus: bool = True
+    pairs: int = 2
+    alpha: float = 0.01
+    noise_sigmas: float = 3.0
 
 
 @dataclass
@@ -83,6 +90,7 @@ class Cell:
     baseline_key: Optional[str]     # the cell it is judged against (None: it is the baseline)
     vars: Dict[str, str] = field(default_factory=dict)     # the env's vars as they apply to this snapshot
     not_applied: List[str] = field(default_factory=list)   # CUDASNAP_REPLACE targets it does not record
+    control: bool = False           # its env is a control: it should change nothing
 
     def identity(self) -> Dict[str, Any]:
         d = env_identity(self.env)
@@ -107,6 +115,7 @@ class Campaign:
     snapshots: List[Snapshot]
     envs: List[Env]
     cells: List[Cell]
+    controls: List[str] = field(default_factory=list)     # the names of the control envs
 
     @property
     def baseline_env(self) -> Optional[str]:
@@ -171,16 +180,39 @@ def _rules(t: Any, where: str) -> Rules:
                  confirm=_num(t, "confirm", d.confirm, bool, 0, where),
                  timeout=_num(t, "timeout", d.timeout, float, 1, where),
                  retries=_num(t, "retries", d.retries, int, 0, where),
-                 hold_gpus=_num(t, "hold_gpus", d.hold_gpus, bool, 0, where))
+                 hold_gpus=_num(t, "hold_gpus", d.hold_gpus, bool, 0, where),
+                 pairs=_num(t, "pairs", d.pairs, int, 1, where), alpha=_num(t, "alpha", d.alpha, float, 0, where),
+                 noise_sigmas=_num(t, "noise_sigmas", d.noise_sigmas, float, 0, where))
 
 
-def _envs(tables: Any, path: str, base: str) -> List[Env]:
+def min_p(n: int) -> float:
+    """The smallest two-sided p-value Mann-Whitney U can give for n samples a side."""
+    import math
+    return min(1.0, 2.0 / math.comb(2 * n, n))
+
+
+def _check_power(rules: Rules, snaps: List["Snapshot"], where: str) -> None:
+    n = rules.repeats * rules.pairs
+    if rules.alpha >= 1 or rules.alpha <= 0:
+        raise PlanError(f"{where}: [rules] alpha must be between 0 and 1")
+    if any(s.mode == "isolated" for s in snaps) and min_p(n) > rules.alpha:
+        need = next(k for k in range(1, 64) if min_p(k) <= rules.alpha)
+        raise PlanError(f"{where}: [rules] repeats x pairs = {n} timed runs a side cannot reach alpha "
+                        f"{rules.alpha:g} (Mann-Whitney needs {need}): raise repeats or pairs")
+
+
+def _envs(tables: Any, path: str, base: str, controls: List[str]) -> List[Env]:
     if not isinstance(tables, list) or not tables:
         raise PlanError(f"{path}: no [[env]] tables")
     envs: List[Env] = []
     for i, t in enumerate(tables):
         where = f"{path}: [[env]] #{i + 1}"
-        name, vs, drv = env_table(t, where, base, ("gpu",), (e.name for e in envs), PlanError)
+        name, vs, drv = env_table(t, where, base, ("gpu", "control"), (e.name for e in envs), PlanError)
+        ctl = t.get("control", False)
+        if not isinstance(ctl, bool):
+            raise PlanError(f"{where} ({name}): control must be true or false")
+        if ctl:
+            controls.append(name)
         if not re.fullmatch(r"[\w.+-]+", name):     # it names store rows and report columns
             raise PlanError(f"{where}: needs a name of letters, digits, _ . + -")
         gpu = t.get("gpu")
@@ -294,8 +326,10 @@ def load_campaign(path) -> Campaign:
     if not isinstance(name, str) or not name:
         raise PlanError(f"{path}: name must be a string")
     rules = _rules(doc.get("rules"), path)
-    envs = _envs(doc.get("env"), path, base)
+    controls: List[str] = []
+    envs = _envs(doc.get("env"), path, base, controls)
     snaps = _snapshots(doc.get("snapshot"), path, base)
+    _check_power(rules, snaps, path)
     bl = doc.get("baseline", envs[0].name)
     if not isinstance(bl, str) or not bl:
         raise PlanError(f"{path}: baseline must be an env name or run:latest / run:N")
@@ -304,12 +338,15 @@ def load_campaign(path) -> Campaign:
             raise PlanError(f"{path}: baseline {bl!r}: an earlier run is run:latest or run:N")
     elif bl not in {e.name for e in envs}:
         raise PlanError(f"{path}: baseline {bl!r} is not an [[env]] name ({', '.join(e.name for e in envs)})")
+    if bl in controls:
+        raise PlanError(f"{path}: baseline {bl!r} is a control: a control is judged against the baseline")
     with open(path, "rb") as f:
         raw = f.read()
     # the file's own bytes plus what it points at: a changed snapshot or replacement is another campaign
     h = hashlib.sha256(raw)
     h.update(json.dumps([[s.digest, s.kernels, s.mode] for s in snaps]).encode())
     h.update(json.dumps([env_identity(e) for e in envs], sort_keys=True).encode())
+    h.update(json.dumps(controls).encode())
     cells: List[Cell] = []
     replacing = any("CUDASNAP_REPLACE" in e.vars for e in envs)
     for s in snaps:
@@ -320,6 +357,6 @@ def load_campaign(path) -> Campaign:
             if not bl.startswith("run:") and e.name != bl:
                 bkey = keys[bl]
             vs, dropped = applied_vars(e, names)
-            cells.append(Cell(s, e, keys[e.name], bkey, vs, dropped))
+            cells.append(Cell(s, e, keys[e.name], bkey, vs, dropped, control=e.name in controls))
     return Campaign(path=os.path.abspath(path), name=name, file_hash=h.hexdigest()[:32], baseline=bl, rules=rules,
-                    snapshots=snaps, envs=envs, cells=cells)
+                    snapshots=snaps, envs=envs, cells=cells, controls=controls)

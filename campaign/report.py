@@ -1,7 +1,9 @@
 """What a campaign store says: the matrix of a run (snapshot x env), each kernel's history
 across runs, and every regression attributed to its kernel, to what differs from the last good
 cell (driver, a variable, a rebuilt kernel, the GPU model) and to the first run where it
-appeared. Exit: 2 when the run has infrastructure failures, else 1 on a regression, else 0."""
+appeared. Each verdict is shown beside the noise it had to exceed; the controls' false-verdict
+rate is stated. Exit: 2 when the run has infrastructure failures or a verdict in a control env
+("noise exceeds the rules"), else 1 on a regression, else 0."""
 from __future__ import annotations
 
 import json
@@ -9,7 +11,8 @@ import os
 import re
 from typing import Any, Dict, List, Optional
 
-from .rules import INFRA, INCOMPARABLE, MISMATCH, REGRESSIONS
+from .rules import FASTER_, INFRA, INCOMPARABLE, MISMATCH, REGRESSIONS, SLOWER_, UNCONFIRMED
+from .wording import NOISE_EXCEEDS, confirm_text, controls_line, p_text, pct
 
 
 
@@ -102,8 +105,13 @@ def attribute(db, cell, kernel: Optional[str]) -> Dict[str, Any]:
             good = h["cell"]
             break
     source = "an earlier run of this environment"
-    if good is None and cell["baseline_cell_id"] is not None:
-        good = db.execute("SELECT * FROM cells WHERE id=?", (cell["baseline_cell_id"],)).fetchone()
+    if good is None and not cell["is_baseline"]:
+        good = (db.execute("SELECT * FROM cells WHERE id=?", (cell["baseline_cell_id"],)).fetchone()
+                if cell["baseline_cell_id"] is not None else
+                # a paired cell may finish before its run's baseline cell: the same snapshot's
+                db.execute("SELECT * FROM cells WHERE run_id=? AND is_baseline=1 AND snapshot_digest=? AND mode=?"
+                           " AND kernels IS ?", (cell["run_id"], cell["snapshot_digest"], cell["mode"],
+                                                 cell["kernels"])).fetchone())
         source = "the baseline environment in this run"
     a: Dict[str, Any] = {"first_run": first, "last_good": None, "differences": []}
     if good is not None:
@@ -129,7 +137,7 @@ def build_report(store, run: Optional[int] = None, since: Optional[str] = None) 
     cells = db.execute("SELECT * FROM cells WHERE run_id=? ORDER BY id", (cur["id"],)).fetchall()
     envs: List[str] = []
     snaps: Dict[str, str] = {}
-    for c in cells:
+    for c in sorted(cells, key=lambda c: not c["is_baseline"]):    # the baseline's column first
         if c["env"] not in envs:
             envs.append(c["env"])
         snaps.setdefault(c["snapshot_digest"] + "/" + c["mode"] + "/" + (c["kernels"] or ""),
@@ -142,7 +150,10 @@ def build_report(store, run: Optional[int] = None, since: Optional[str] = None) 
                 ks = _kernels(db, c["id"])
                 row["cells"][c["env"]] = {"verdict": c["verdict"], "status": c["status"], "cell": c["id"],
                                           "slower": [k["kernel"] for k in ks if k["verdict"] == "SLOWER"],
-                                          "attempts": c["attempts"], "reruns": c["reruns"], "error": c["error"]}
+                                          "faster": [k["kernel"] for k in ks if k["verdict"] == "FASTER"],
+                                          "attempts": c["attempts"], "reruns": c["reruns"], "error": c["error"],
+                                          "control": bool(c["control"]), "gpu": c["gpu"],
+                                          "confirm_gpu": c["confirm_gpu"], "confirm_note": c["confirm_note"]}
         matrix.append(row)
     regressions = []
     for c in cells:
@@ -158,7 +169,10 @@ def build_report(store, run: Optional[int] = None, since: Optional[str] = None) 
                    "env": c["env"], "kernel": k, "cell": c["id"],
                    "kind": "correctness break" if c["verdict"] == MISMATCH else "timing regression",
                    "ratio": kr["ratio"] if kr else None, "diff_pct": kr["diff_pct"] if kr else None,
-                   "noise_pct": None, "why": kr["why"] if kr else c["error"], "confirmed": c["confirmed"]}
+                   "noise_pct": kr["campaign_noise_pct"] if kr else None, "bar_pct": kr["bar_pct"] if kr else None,
+                   "p_value": kr["p_value"] if kr else None, "why": kr["why"] if kr else c["error"],
+                   "confirmed": c["confirmed"], "confirm_note": c["confirm_note"], "gpu": c["gpu"],
+                   "confirm_gpu": c["confirm_gpu"], "control": bool(c["control"])}
             reg.update(attribute(db, c, k))
             regressions.append(reg)
     infra = [{"snapshot": os.path.basename(c["snapshot"]), "env": c["env"], "cell": c["id"], "status": c["status"],
@@ -169,10 +183,82 @@ def build_report(store, run: Optional[int] = None, since: Optional[str] = None) 
         infra.append({"snapshot": "-", "env": "-", "cell": None, "status": cur["status"], "attempts": 0,
                       "error": f"the run {'stopped' if cur['status'] == 'interrupted' else 'failed'} before every "
                                f"cell was done: run the same campaign again to finish it"})
-    code = 2 if infra else (1 if regressions else 0)
+    verdicts = _verdicts(db, cells)
+    controls = _controls(db, cells)
+    offsets = _gpu_offsets(db, cells)
+    code = 2 if infra or controls["noise_exceeds"] else (1 if regressions else 0)
+    reason = ("infrastructure failures" if infra else NOISE_EXCEEDS if controls["noise_exceeds"] else
+              "a regression" if regressions else None)
     return {"store": store.path, "run": dict(cur), "runs": [dict(r) for r in runs], "envs": envs, "matrix": matrix,
             "regressions": regressions, "infra_failures": infra, "history": history, "exit_code": code,
+            "exit_reason": reason, "verdicts": verdicts, "controls": controls, "gpu_offsets": offsets,
             "verdict_counts": _counts(cells)}
+
+
+def _gpu_offsets(db, cells) -> List[Dict[str, Any]]:
+    """The baseline's offset between the run's GPUs, per snapshot and kernel: its medians on each
+    GPU (baseline cells, and the baseline replays beside each paired cell), max - min over their
+    median, percent. Pairing cancels it; it says how far unpaired cells would have been off."""
+    per: Dict[tuple, Dict[str, List[float]]] = {}
+    for c in cells:
+        if c["status"] != "ok" or not c["gpu"]:
+            continue
+        for k in _kernels(db, c["id"]):
+            m = k["median_us"] if c["is_baseline"] else k["base_median_us"]
+            if m:
+                per.setdefault((os.path.basename(c["snapshot"]), k["kernel"]), {}).setdefault(c["gpu"], []).append(m)
+    out = []
+    for (snap, kernel), gpus in per.items():
+        meds = sorted(sorted(v)[len(v) // 2] for v in gpus.values())
+        if len(meds) > 1 and meds[len(meds) // 2] > 0:
+            out.append({"snapshot": snap, "kernel": kernel, "gpus": len(meds),
+                        "offset_pct": (meds[-1] - meds[0]) / meds[len(meds) // 2] * 100})
+    return sorted(out, key=lambda o: -o["offset_pct"])
+
+
+def _verdicts(db, cells) -> List[Dict[str, Any]]:
+    """Every kernel judged SLOWER, FASTER or UNCONFIRMED in the run, beside the noise it had to
+    exceed and its confirmation: the evidence of each verdict."""
+    out = []
+    for c in cells:
+        for k in _kernels(db, c["id"]):
+            if k["verdict"] not in (SLOWER_, FASTER_, UNCONFIRMED):
+                continue
+            out.append({"snapshot": os.path.basename(c["snapshot"]), "env": c["env"], "cell": c["id"],
+                        "control": bool(c["control"]), "kernel": k["kernel"], "verdict": k["verdict"],
+                        "diff_pct": k["diff_pct"], "bar_pct": k["bar_pct"], "campaign_noise_pct": k["campaign_noise_pct"],
+                        "cell_noise_pct": _rss(k["noise_pct"], k["base_noise_pct"]), "p_value": k["p_value"],
+                        "gpu_offset_pct": k["gpu_offset_pct"], "gpu": c["gpu"], "confirm_gpu": c["confirm_gpu"],
+                        "confirm_diff_pct": k["confirm_diff_pct"], "confirm_p_value": k["confirm_p_value"],
+                        "confirm_note": c["confirm_note"], "attempts": c["attempts"], "why": k["why"]})
+    return out
+
+
+def _rss(a, b):
+    if a is None and b is None:
+        return None
+    return ((a or 0.0) ** 2 + (b or 0.0) ** 2) ** 0.5
+
+
+def _controls(db, cells) -> Dict[str, Any]:
+    """The false-verdict rate the controls measure: their kernel comparisons, and how many of
+    them ended in a verdict (a verdict in a control: noise exceeds the rules)."""
+    ctl = [c for c in cells if c["control"]]
+    comps = verdicts = withdrawn = 0
+    bad = []
+    for c in ctl:
+        ks = [k for k in _kernels(db, c["id"]) if k["verdict"] not in (None, "-")]
+        comps += len(ks)
+        nv = sum(k["verdict"] in (SLOWER_, FASTER_) for k in ks)
+        verdicts += nv
+        withdrawn += sum(k["verdict"] == UNCONFIRMED for k in ks)
+        if c["verdict"] in (SLOWER_, FASTER_):
+            bad.append({"snapshot": os.path.basename(c["snapshot"]), "env": c["env"], "cell": c["id"],
+                        "verdict": c["verdict"], "kernels": nv})
+    return {"envs": sorted({c["env"] for c in ctl}), "cells": len(ctl), "comparisons": comps, "verdicts": verdicts,
+            "withdrawn": withdrawn, "rate": verdicts / comps if comps else None, "noise_exceeds": bad}
+
+
 
 
 def _counts(cells) -> Dict[str, int]:
@@ -224,11 +310,26 @@ def render_text(rep: Dict[str, Any], out) -> None:
                 cells.append(c["verdict"] + (f" ({', '.join(c['slower'][:3])})" if c["slower"] else ""))
         rows.append([m["snapshot"]] + cells)
     print_table(con, ["snapshot"] + envs, rows, title="matrix (verdict against the baseline):")
+    if rep.get("verdicts"):
+        w("verdicts, beside the noise they exceeded (bar: max(threshold, sigmas x the campaign's noise)):\n")
+        for v in rep["verdicts"]:
+            w(f"* {v['snapshot']} {'control ' if v['control'] else ''}env {v['env']!r} kernel {v['kernel']}: "
+              f"{v['verdict']} {pct(v['diff_pct'], True)} vs bar +-{pct(v['bar_pct'])} "
+              f"(campaign noise {pct(v['campaign_noise_pct'])}, cell noise {pct(v['cell_noise_pct'])}, "
+              f"GPU offset {pct(v['gpu_offset_pct'])}, p={p_text(v['p_value'])}) on {v['gpu'] or '?'}; "
+              f"{confirm_text(v)}\n")
+    w(controls_line(rep["controls"]) + "\n")
+    if rep.get("gpu_offsets"):
+        o = rep["gpu_offsets"][0]
+        w(f"GPU offset of the baseline between GPUs (pairing cancels it): up to {o['offset_pct']:.1f}% "
+          f"({o['snapshot']} {o['kernel']}, {o['gpus']} GPUs)\n")
     if rep["regressions"]:
         w(f"{len(rep['regressions'])} regression(s):\n")
         for g in rep["regressions"]:
             what = f"kernel {g['kernel']}" if g["kernel"] else g["kind"]
             d = f" {g['diff_pct']:+.1f}%" if g.get("diff_pct") is not None else ""
+            if g.get("bar_pct") is not None:
+                d += f" (bar +-{g['bar_pct']:.1f}%, p={p_text(g.get('p_value'))}; {g.get('confirm_note') or 'no confirmation'})"
             w(f"- {g['snapshot']} in env {g['env']!r}: {what}{d}; first seen in run {g['first_run']}\n")
             lg = g.get("last_good")
             if lg:
@@ -241,6 +342,9 @@ def render_text(rep: Dict[str, Any], out) -> None:
                 w("    history: " + ", ".join(f"run {p['run']} {_us(p['median_us'])}" for p in trend["points"][-8:]) + "\n")
     else:
         w("no regression\n")
+    for b in rep["controls"]["noise_exceeds"]:
+        w(f"{NOISE_EXCEEDS}: control env {b['env']!r} judged {b['verdict']} on {b['snapshot']} "
+          f"({b['kernels']} kernel verdict(s)); it changes nothing, so the verdicts of this run are not to be trusted\n")
     for f in rep["infra_failures"]:
         if f["cell"] is None:
             w(f"run {r['id']} {f['status']}: {f['error']}\n")

@@ -51,6 +51,24 @@ def html_report(rep: Dict[str, Any]) -> str:
     envs = rep["envs"]
     rows = [[m["snapshot"]] + [_cell(m["cells"].get(x)) for x in envs] for m in rep["matrix"]]
     page.add("<h2>Matrix</h2>" + table(["snapshot"] + envs, rows, raw_cols=set(range(1, len(envs) + 1))))
+    from .wording import NOISE_EXCEEDS, confirm_text, controls_line, p_text, pct
+    ctl = rep["controls"]
+    page.add(f"<p><b>{e(controls_line(ctl))}</b></p>")
+    if rep.get("gpu_offsets"):
+        o = rep["gpu_offsets"][0]
+        page.add(f"<p>GPU offset of the baseline between GPUs (pairing cancels it): up to {o['offset_pct']:.1f}% "
+                 f"({e(o['snapshot'])} {e(o['kernel'])}, {o['gpus']} GPUs)</p>")
+    for b in ctl["noise_exceeds"]:
+        page.add(f"<p style='color:#d62728'><b>{e(NOISE_EXCEEDS)}</b>: control env {e(b['env'])} judged "
+                 f"{e(b['verdict'])} on {e(b['snapshot'])}</p>")
+    if rep.get("verdicts"):
+        page.add("<h2>Verdicts and their noise</h2>" + table(
+            ["snapshot", "env", "kernel", "verdict", "diff", "bar", "campaign noise", "cell noise", "GPU offset",
+             "p", "GPU", "confirmation", "why"],
+            [[v["snapshot"], v["env"] + (" (control)" if v["control"] else ""), v["kernel"], v["verdict"],
+              pct(v["diff_pct"], True), pct(v["bar_pct"]), pct(v["campaign_noise_pct"]), pct(v["cell_noise_pct"]),
+              pct(v["gpu_offset_pct"]), p_text(v["p_value"]), v["gpu"] or "-", confirm_text(v), v["why"] or ""]
+             for v in rep["verdicts"]]))
     page.add("<h2>Regressions</h2>")
     if rep["regressions"]:
         rr = []

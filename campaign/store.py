@@ -15,7 +15,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import zstandard
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 TABLES: Dict[str, List[str]] = {
     "meta": ["key", "value"],
@@ -24,11 +24,13 @@ TABLES: Dict[str, List[str]] = {
     "cells": ["id", "run_id", "cell_key", "snapshot", "snapshot_digest", "snapshot_id", "kernels", "mode", "env",
               "env_json", "is_baseline", "baseline_cell_id", "gpu_req", "gpu_model", "device_uuid", "driver_version",
               "libcuda", "host", "status", "verdict", "regressed", "exit_code", "attempts", "reruns", "confirmed",
-              "wall_s", "replay_s", "error", "finished"],
+              "wall_s", "replay_s", "error", "finished", "control", "gpu", "confirm_gpu", "confirm_device_uuid",
+              "confirm_note"],
     "kernel_results": ["id", "cell_id", "kernel", "launches", "median_us", "noise_pct", "base_median_us",
-                       "base_noise_pct", "ratio", "diff_pct", "verdict", "why"],
+                       "base_noise_pct", "ratio", "diff_pct", "verdict", "why", "p_value", "campaign_noise_pct", "bar_pct",
+                       "gpu_offset_pct", "confirm_diff_pct", "confirm_p_value"],
     "attempts": ["id", "run_id", "cell_key", "n", "purpose", "outcome", "exit_code", "host", "node_id", "gpu_uuid",
-                 "visible_devices", "queue_s", "proc_s", "wall_s", "error", "started", "ended"],
+                 "visible_devices", "queue_s", "proc_s", "wall_s", "error", "started", "ended", "side", "round"],
     "profiles": ["cell_id", "encoding", "data"],
 }
 
@@ -45,21 +47,52 @@ CREATE TABLE IF NOT EXISTS cells (
   gpu_req TEXT, gpu_model TEXT, device_uuid TEXT, driver_version INTEGER, libcuda TEXT, host TEXT,
   status TEXT NOT NULL, verdict TEXT NOT NULL, regressed INTEGER NOT NULL, exit_code INTEGER,
   attempts INTEGER NOT NULL, reruns INTEGER NOT NULL, confirmed INTEGER, wall_s REAL, replay_s REAL,
-  error TEXT, finished TEXT NOT NULL, UNIQUE (run_id, cell_key));
+  error TEXT, finished TEXT NOT NULL, control INTEGER NOT NULL DEFAULT 0, gpu TEXT, confirm_gpu TEXT,
+  confirm_device_uuid TEXT, confirm_note TEXT, UNIQUE (run_id, cell_key));
 CREATE TABLE IF NOT EXISTS kernel_results (
   id INTEGER PRIMARY KEY, cell_id INTEGER NOT NULL REFERENCES cells(id), kernel TEXT NOT NULL,
   launches INTEGER, median_us REAL, noise_pct REAL, base_median_us REAL, base_noise_pct REAL, ratio REAL,
-  diff_pct REAL, verdict TEXT, why TEXT);
+  diff_pct REAL, verdict TEXT, why TEXT, p_value REAL, campaign_noise_pct REAL, bar_pct REAL, gpu_offset_pct REAL,
+  confirm_diff_pct REAL, confirm_p_value REAL);
 CREATE TABLE IF NOT EXISTS attempts (
   id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL REFERENCES runs(id), cell_key TEXT NOT NULL, n INTEGER NOT NULL,
   purpose TEXT NOT NULL, outcome TEXT NOT NULL, exit_code INTEGER, host TEXT, node_id TEXT, gpu_uuid TEXT,
-  visible_devices TEXT, queue_s REAL, proc_s REAL, wall_s REAL, error TEXT, started TEXT, ended TEXT);
+  visible_devices TEXT, queue_s REAL, proc_s REAL, wall_s REAL, error TEXT, started TEXT, ended TEXT, side TEXT,
+  round INTEGER);
 CREATE TABLE IF NOT EXISTS profiles (
   cell_id INTEGER PRIMARY KEY REFERENCES cells(id), encoding TEXT NOT NULL, data BLOB NOT NULL);
 CREATE INDEX IF NOT EXISTS cells_by_snapshot ON cells (snapshot_digest, env);
 CREATE INDEX IF NOT EXISTS kernels_by_cell ON kernel_results (cell_id);
 CREATE INDEX IF NOT EXISTS attempts_by_cell ON attempts (run_id, cell_key);
 """
+
+
+# columns schema version 2 added (paired verdicts, controls): a version 1 store gains them, empty
+_ADDED_IN_2 = {
+    "cells": [("control", "INTEGER NOT NULL DEFAULT 0"), ("gpu", "TEXT"), ("confirm_gpu", "TEXT"),
+              ("confirm_device_uuid", "TEXT"), ("confirm_note", "TEXT")],
+    "kernel_results": [("p_value", "REAL"), ("campaign_noise_pct", "REAL"), ("bar_pct", "REAL"),
+                       ("gpu_offset_pct", "REAL"), ("confirm_diff_pct", "REAL"), ("confirm_p_value", "REAL")],
+    "attempts": [("side", "TEXT"), ("round", "INTEGER")],
+}
+
+
+_DEFAULTS = {"control": 0}
+
+
+def _upgrade_1_to_2(db) -> None:
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        for table, cols in _ADDED_IN_2.items():
+            have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
+            for name, decl in cols:
+                if name not in have:
+                    db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
+        db.execute("UPDATE meta SET value='2' WHERE key='schema_version'")
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
 
 
 class StoreError(Exception):
@@ -105,6 +138,12 @@ class Store:
             except sqlite3.DatabaseError as e:
                 raise StoreError(f"{self.path}: cannot write the store ({e})")
         v = self.db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        if v is not None and v[0] == "1":
+            try:
+                _upgrade_1_to_2(self.db)
+            except sqlite3.DatabaseError as e:
+                raise StoreError(f"{self.path}: a version 1 store that cannot be upgraded to version 2 ({e})")
+            v = ("2",)
         if v is None or int(v[0]) != SCHEMA_VERSION:
             raise StoreError(f"{self.path}: store schema version {v[0] if v else '?'}, this cudasnap reads {SCHEMA_VERSION}")
 
@@ -192,11 +231,12 @@ class Store:
         with self.tx() as db:
             n = db.execute("SELECT COUNT(*) FROM attempts WHERE run_id=? AND cell_key=?", (run_id, cell_key)).fetchone()[0]
             db.execute("INSERT INTO attempts (run_id, cell_key, n, purpose, outcome, exit_code, host, node_id, gpu_uuid,"
-                       " visible_devices, queue_s, proc_s, wall_s, error, started, ended)"
-                       " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                       " visible_devices, queue_s, proc_s, wall_s, error, started, ended, side, round)"
+                       " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                        (run_id, cell_key, n + 1, a.get("purpose"), a.get("outcome"), a.get("exit_code"), a.get("host"),
                         a.get("node_id"), a.get("gpu_uuid"), a.get("visible_devices"), a.get("queue_s"),
-                        a.get("proc_s"), a.get("wall_s"), a.get("error"), a.get("started"), a.get("ended")))
+                        a.get("proc_s"), a.get("wall_s"), a.get("error"), a.get("started"), a.get("ended"),
+                        a.get("side"), a.get("round")))
 
     def add_cell(self, run_id: int, c: Dict[str, Any], kernels: List[Dict[str, Any]],
                  profile: Optional[Dict[str, Any]]) -> int:
@@ -204,7 +244,8 @@ class Store:
         cols = TABLES["cells"][2:]
         with self.tx() as db:
             cur = db.execute(f"INSERT INTO cells (run_id, {', '.join(cols)}) VALUES (?{', ?' * len(cols)})",
-                             [run_id] + [c.get(k) for k in cols])
+                             [run_id] + [c.get(k, _DEFAULTS.get(k)) if c.get(k) is not None else _DEFAULTS.get(k)
+                                         for k in cols])
             cid = cur.lastrowid
             kc = TABLES["kernel_results"][2:]
             db.executemany(f"INSERT INTO kernel_results (cell_id, {', '.join(kc)}) VALUES (?{', ?' * len(kc)})",

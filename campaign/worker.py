@@ -191,3 +191,44 @@ def cell_task(spec: Dict[str, Any], blob_refs: List[Any], driver_node: str, subm
     res["node_id"] = node
     res["queue_s"] = queue_s
     return res
+
+
+def gpu_label(host: Optional[str], node_id: Optional[str], visible: Optional[str]) -> str:
+    """A GPU of the cluster: host, Ray's GPU id there and the node (hosts may share a name)."""
+    return f"{host or '?'}:{visible or '-'}" + (f"@{node_id[:8]}" if node_id else "")
+
+
+def pair_task(base_spec: Dict[str, Any], cand_spec: Dict[str, Any], rounds: int, blob_refs: List[Any],
+              driver_node: str, submitted: float, avoid: Optional[List[str]] = None) -> Dict[str, Any]:
+    """A candidate and its baseline replayed on one GPU, interleaved A B A B (rounds pairs), so
+    that the GPU and the time of day cancel in their ratio. avoid: GPUs (gpu_label) or nodes it
+    must not run on (a confirmation): it returns at once with wrong_gpu, to be sent again (Ray
+    cannot be told which GPU of a node: sent again, it asks for two and uses one it may)."""
+    import ray
+
+    ctx = ray.get_runtime_context()
+    node = ctx.get_node_id()
+    host = socket.gethostname()
+    gpus = list(ray.get_gpu_ids())
+    if len(gpus) > 1:
+        # given two GPUs to be sure of one it may use: the first it need not avoid, the other idle
+        ok = [g for g in gpus if gpu_label(host, node, str(g)) not in (avoid or [])]
+        gpus = ok[:1] or gpus[:1]
+    label = gpu_label(host, node, ",".join(str(g) for g in gpus))
+    if avoid and (label in avoid or node in avoid):
+        return {"wrong_gpu": True, "node_id": node, "host": host, "gpu": label}
+    queue_s = max(0.0, time.time() - submitted)
+    snap = local_snapshot(cand_spec, node == driver_node, None)
+    if snap is None and blob_refs:
+        snap = local_snapshot(cand_spec, node == driver_node, ray.get(blob_refs[0]))
+    if snap is None:
+        return {"need_bytes": True, "node_id": node, "host": host}
+    runs: List[Dict[str, Any]] = []
+    for i in range(rounds):
+        for side, spec in (("baseline", base_spec), ("candidate", cand_spec)):
+            r = run_replay(spec, gpus, snap)
+            r.update(side=side, round=i + 1)
+            runs.append(r)
+            if r["exit_code"] != 0 or r.get("profile") is None:
+                return {"runs": runs, "node_id": node, "host": host, "gpu": label, "queue_s": queue_s}
+    return {"runs": runs, "node_id": node, "host": host, "gpu": label, "queue_s": queue_s}

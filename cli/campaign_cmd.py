@@ -92,11 +92,13 @@ def run(
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress, only the report."),
 ):
     """Replay every snapshot in every environment, one replay per GPU, and judge each against
-    the baseline (reruns near the threshold, a confirmation run before a regression).
+    the baseline replayed beside it on the same GPU (A B A B; reruns near the bar, a
+    confirmation on another GPU before a verdict).
 
     Each cell is written to the store as it finishes; running the same campaign file on the
     same store again runs only the cells not finished (Ctrl-C leaves the store consistent).
-    Exit 0: no regression; 1: a regression; 2: infrastructure failures or bad input."""
+    Exit 0: no regression; 1: a regression; 2: infrastructure failures, a verdict in a control
+    env (noise exceeds the rules), or bad input."""
     from cudasnap.campaign.plan import PlanError, load_campaign
     from cudasnap.campaign.store import Store, StoreError
 
@@ -108,6 +110,10 @@ def run(
         import ray  # noqa: F401
     except ImportError:
         _fail("campaigns run on Ray, which is not installed: pip install 'cudasnap[campaign]'")
+    try:
+        import scipy.stats  # noqa: F401
+    except ImportError:
+        _fail("campaigns judge with scipy, which is not installed: pip install 'cudasnap[campaign]'")
     try:
         store = Store(output)
     except StoreError as e:
@@ -210,7 +216,8 @@ def report(
     runs, and every regression attributed: its kernel, what differs from the last good cell
     (driver, a variable, a rebuilt kernel), the first run where it appeared.
 
-    Exit 0: no regression; 1: a regression; 2: infrastructure failures, or bad input."""
+    Exit 0: no regression; 1: a regression; 2: infrastructure failures, a verdict in a control
+    env (noise exceeds the rules), or bad input."""
     from cudasnap.campaign.report import ReportError, build_report, parse_since, render_text, write_html
     from cudasnap.campaign.store import Store, StoreError
 

@@ -555,9 +555,20 @@ static int nslow;
 static double slow_floor_ns = 500e3;
 static pthread_once_t slow_once = PTHREAD_ONCE_INIT;
 
+/* CUDA_DOUBLE_SLOW_VISIBLE="IDS:FACTOR": where CUDA_VISIBLE_DEVICES is IDS, the slowed kernels'
+ * factors are multiplied by FACTOR: one GPU of a machine slower than the others. */
+static double device_factor = 1.0;
+
 static void slow_parse(void) {
     const char *e = getenv("CUDA_DOUBLE_SLOW"), *fl = getenv("CUDA_DOUBLE_SLOW_FLOOR_US");
+    const char *dv = getenv("CUDA_DOUBLE_SLOW_VISIBLE"), *vis = getenv("CUDA_VISIBLE_DEVICES");
     if (fl && *fl) slow_floor_ns = strtod(fl, NULL) * 1e3;
+    if (dv && vis) {
+        const char *colon = strrchr(dv, ':');
+        if (colon && strlen(vis) == (size_t)(colon - dv) && strncmp(dv, vis, (size_t)(colon - dv)) == 0 &&
+            strtod(colon + 1, NULL) > 0)
+            device_factor = strtod(colon + 1, NULL);
+    }
     while (e && *e && nslow < MAXSLOW) {
         const char *end = strchr(e, ','), *colon = strchr(e, ':');
         if (!end) end = e + strlen(e);
@@ -628,6 +639,7 @@ static CUresult launch_run_kernel(void *func, const unsigned int grid[3], const 
     }
     if (!factor) factor = any;
     if (!factor) return k->fn(pb, nthreads);
+    factor *= device_factor;
     double t0 = now_ns();
     CUresult r = k->fn(pb, nthreads);
     double took = now_ns() - t0, until = t0 + factor * (took > slow_floor_ns ? took : slow_floor_ns);
