@@ -34,6 +34,15 @@ class Command(TyperCommand):
             if type(p) is TyperArgument:
                 p.__class__ = Argument
 
+    def invoke(self, ctx):
+        """Ctrl-C is 130 in every command, with one line saying what it left (typer's own
+        handler exits 130 silently)."""
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt as e:
+            from cudasnap.exits import report_interrupt
+            raise typer.Exit(report_interrupt(e)) from None
+
     def parse_args(self, ctx, args):
         """A value outside an option's declared choices or range is one line, as every other
         cudasnap error: 'cudasnap: error: Invalid value for '--level': ...'."""
