@@ -9,13 +9,14 @@ import os
 import sys
 
 import typer
-from cudasnap.typer_base import Command, fail, help_width
+from cudasnap.typer_base import Command, Group, fail, help_width
 
 
 _Command, _fail = Command, fail
 
 
 app = typer.Typer(
+    cls=Group,
     add_completion=False,
     no_args_is_help=True,
     rich_markup_mode=None,          # plain help: no boxes, no <bool> type column, fine in a pipe

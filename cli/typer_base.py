@@ -6,7 +6,7 @@ import sys
 from typing import Optional
 
 import typer
-from typer.core import TyperArgument, TyperCommand
+from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from cudasnap.console import is_tty
 
@@ -52,6 +52,18 @@ class Command(TyperCommand):
         except typer.BadParameter as e:
             typer.echo(f"cudasnap: error: {' '.join(e.format_message().split())}", err=True)
             ctx.exit(2)
+
+
+class Group(TyperGroup):
+    """The `cudasnap` group: Ctrl-C while a command is being found or parsed is 130 with its
+    line too, as in a command's body."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt as e:
+            from cudasnap.exits import report_interrupt
+            raise typer.Exit(report_interrupt(e)) from None
 
 
 def one_line_usage_errors() -> None:
