@@ -8,44 +8,13 @@
 """
 from __future__ import annotations
 
-import io
 import os
 import sys
 from typing import List, Optional
 
+from cudasnap.formats.console import pipe_safe_text
+
 _closed: List[str] = []           # the streams whose reader went away
-
-
-class _PipeSafe(io.RawIOBase):
-    """fd 1 or 2 as a raw stream that, on EPIPE, points the fd at /dev/null for good (children
-    and C code writing the fd included) and reports the bytes as written."""
-
-    def __init__(self, fd: int, name: str):
-        super().__init__()
-        self._fd, self._name = fd, name
-
-    def writable(self) -> bool:
-        return True
-
-    def fileno(self) -> int:
-        return self._fd
-
-    def isatty(self) -> bool:
-        return os.isatty(self._fd)
-
-    def write(self, b) -> int:
-        try:
-            return os.write(self._fd, b)
-        except BrokenPipeError:
-            if self._name not in _closed:
-                _closed.append(self._name)
-            nul = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(nul, self._fd)
-            os.close(nul)
-            return len(b)
-
-    def close(self) -> None:        # the fd is the process's, not this object's
-        super().close()
 
 
 def _wrap(stream, fd: int, name: str, write_through: bool):
@@ -55,10 +24,9 @@ def _wrap(stream, fd: int, name: str, write_through: bool):
         stream.flush()
     except (AttributeError, OSError, ValueError):
         return stream                   # closed at start (>&-), or not a file: left as it is
-    raw = _PipeSafe(fd, name)
-    buf = io.BufferedWriter(raw)
-    return io.TextIOWrapper(buf, encoding=stream.encoding, errors=stream.errors, newline=None,
-                            line_buffering=stream.line_buffering, write_through=write_through)
+    return pipe_safe_text(fd, lambda: _closed.append(name) if name not in _closed else None,
+                          encoding=stream.encoding, errors=stream.errors,
+                          line_buffering=stream.line_buffering, write_through=write_through)
 
 
 def install() -> None:

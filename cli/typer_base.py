@@ -42,6 +42,11 @@ class Command(TyperCommand):
         except KeyboardInterrupt as e:
             from cudasnap.exits import report_interrupt
             raise typer.Exit(report_interrupt(e)) from None
+        except BrokenPipeError:     # a write that bypassed the pipe-safe streams: the verdict is lost
+            import os
+            nul = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(nul, 1)
+            raise typer.Exit(141) from None     # as a shell reports death by SIGPIPE; never 0 (typer says 1)
 
     def parse_args(self, ctx, args):
         """A value outside an option's declared choices or range is one line, as every other

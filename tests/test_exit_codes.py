@@ -114,6 +114,7 @@ def test_a_closed_stdout_keeps_the_verdict(double, work, record_property):
         ("replay mismatch", ["replay", work.snap], _env(double, {"CUDA_DOUBLE_CORRUPT": "fill:3"}), 1),
         ("replay mismatch --json", ["replay", work.snap, "--json"], _env(double, {"CUDA_DOUBLE_CORRUPT": "fill:3"}), 1),
         ("replay ok", ["replay", work.snap], e, 0),
+        ("replay ok --json", ["replay", work.snap, "--json"], e, 0),
         ("bisect regression", ["bisect", work.snap, "--envs", work.envs, "--repeat", "5", "--warmup", "1",
                                "--threshold", "15"], e, 1),
         ("info damaged", ["info", work.damaged], e, 2),
