@@ -250,12 +250,25 @@ def test_a_snapshot_with_no_launch_is_set_aside(cluster, tmp_path):
     s.w.write({"k": "end", "exit": 0, "signal": None, "partial": False})
     s.close()
     camp = _campaign(tmp_path / "camp.toml", f"{snaps}/torch_*.cusnap", envs=ENVS.split("[[env]]\nname = \"slowfill\"")[0])
-    cp = _cli(cluster, "campaign", "run", camp, "-o", tmp_path / "st.sqlite", "--address", cluster["address"], "--json")
-    assert cp.returncode == 0, cp.stdout[-2000:] + cp.stderr[-2000:]
-    res = json.loads(cp.stdout)
-    assert res["ran"] == 2 and res["set_aside"] == 2 and res["report"]["infra_failures"] == []
-    assert res["report"]["set_aside"] == [{"snapshot": "torch_compile.4242.cusnap",
-                                           "why": "set aside: it records no kernel launch (3 records): nothing to time"}]
+    # run as `campaign run ... | head` would: its stdout's reader gone before the first line
+    e = dict(cluster["env"])
+    e.pop("CUDASNAP_CAMPAIGN_TEST_KILL", None)
+    r, w = os.pipe()
+    os.close(r)
+    p = subprocess.Popen([sys.executable, "-m", "cudasnap", "campaign", "run", str(camp), "-o", str(tmp_path / "st.sqlite"),
+                          "--address", cluster["address"]], env=e, stdout=w, stderr=subprocess.PIPE, text=True)
+    os.close(w)
+    err = p.communicate(timeout=300)[1]
+    assert p.returncode == 0, err[-2000:]
+    db = sqlite3.connect(tmp_path / "st.sqlite")
+    assert db.execute("SELECT status, exit_code FROM runs").fetchall() == [("done", 0)]
+    assert sorted(db.execute("SELECT status, COUNT(*) FROM cells GROUP BY status").fetchall()) == [("n/a", 2), ("ok", 2)]
+    db.close()
+    cp = _cli(cluster, "campaign", "report", tmp_path / "st.sqlite", "--json")
+    rep = json.loads(cp.stdout)
+    assert cp.returncode == 0 and rep["infra_failures"] == [] and rep["exit_code"] == 0
+    assert rep["set_aside"] == [{"snapshot": "torch_compile.4242.cusnap",
+                                 "why": "set aside: it records no kernel launch (3 records): nothing to time"}]
     cp = _cli(cluster, "campaign", "report", tmp_path / "st.sqlite")
     assert cp.returncode == 0 and "torch_compile.4242.cusnap: set aside" in cp.stdout, cp.stdout + cp.stderr
 
