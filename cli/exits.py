@@ -10,34 +10,27 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import List, Optional
+from typing import Optional
 
 from cudasnap.formats.console import pipe_safe_text
 
-_closed: List[str] = []           # the streams whose reader went away
 
-
-def _wrap(stream, fd: int, name: str, write_through: bool):
+def _wrap(stream, fd: int, write_through: bool):
     try:
         if stream is None or stream.fileno() != fd:
             return stream
         stream.flush()
     except (AttributeError, OSError, ValueError):
         return stream                   # closed at start (>&-), or not a file: left as it is
-    return pipe_safe_text(fd, lambda: _closed.append(name) if name not in _closed else None,
-                          encoding=stream.encoding, errors=stream.errors,
-                          line_buffering=stream.line_buffering, write_through=write_through)
+    return pipe_safe_text(fd, encoding=stream.encoding, errors=stream.errors,
+                          line_buffering=stream.line_buffering,
+                          write_through=write_through or getattr(stream, "write_through", False))
 
 
 def install() -> None:
     """Make stdout and stderr pipe-safe; called once by the `cudasnap` entry point."""
-    sys.stdout = _wrap(sys.stdout, 1, "stdout", False)
-    sys.stderr = _wrap(sys.stderr, 2, "stderr", True)
-
-
-def stdout_closed() -> bool:
-    """Has stdout's reader gone away? (A command may then skip formatting what no one reads.)"""
-    return "stdout" in _closed
+    sys.stdout = _wrap(sys.stdout, 1, False)
+    sys.stderr = _wrap(sys.stderr, 2, True)
 
 
 def interrupted_line(e: Optional[BaseException]) -> str:

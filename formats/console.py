@@ -50,9 +50,9 @@ class _PipeSafe(io.RawIOBase):
     /dev/null for good and reports the bytes as written: a closed pipe never ends a command
     early nor changes its exit code (the command line's rule, cli/exits.py)."""
 
-    def __init__(self, fd: int, on_closed=None):
+    def __init__(self, fd: int):
         super().__init__()
-        self._fd, self._on_closed = fd, on_closed
+        self._fd = fd
 
     def writable(self) -> bool:
         return True
@@ -67,18 +67,16 @@ class _PipeSafe(io.RawIOBase):
         try:
             return os.write(self._fd, b)
         except BrokenPipeError:
-            if self._on_closed is not None:
-                self._on_closed()
             nul = os.open(os.devnull, os.O_WRONLY)
             os.dup2(nul, self._fd)
             os.close(nul)
             return len(b)
 
 
-def pipe_safe_text(fd: int, on_closed=None, encoding: Optional[str] = None, errors: Optional[str] = None,
+def pipe_safe_text(fd: int, encoding: Optional[str] = None, errors: Optional[str] = None,
                    line_buffering: bool = False, write_through: bool = False) -> IO[str]:
     """A text stream on fd that a closed pipe cannot break (the fd is not closed with it)."""
-    return io.TextIOWrapper(io.BufferedWriter(_PipeSafe(fd, on_closed)), encoding=encoding, errors=errors,
+    return io.TextIOWrapper(io.BufferedWriter(_PipeSafe(fd)), encoding=encoding, errors=errors,
                             line_buffering=line_buffering, write_through=write_through)
 
 
