@@ -148,6 +148,10 @@ class Engine:
         self.noise = NoiseModel()
         self.deferred: List[Any] = []     # (when, state, purpose): confirmations sent again
         self.driver_node = ray.get_runtime_context().get_node_id()
+        # the cells' work directories on this node live here, so that the run removes them all
+        # when it ends, even those of replays killed with their workers by an interrupt
+        import tempfile
+        self.work_root = tempfile.mkdtemp(prefix="cudasnap-campaign-")
 
     # ------------------------------------------------------------------ resources
     def _resources(self) -> None:
@@ -176,7 +180,7 @@ class Engine:
         s, e, r = cell.snapshot, cell.env, self.c.rules
         return {"path": s.path, "digest": s.digest, "size": s.size, "ship": self.ship, "mode": s.mode,
                 "kernels": s.kernels, "vars": cell.vars, "driver": e.driver, "repeat": r.repeats, "warmup": r.warmup,
-                "timeout": r.timeout, "hold_gpu": r.hold_gpus}
+                "timeout": r.timeout, "hold_gpu": r.hold_gpus, "work_root": self.work_root}
 
     def paired(self, cell: Cell) -> bool:
         """A cell replayed beside its baseline on one GPU: its baseline is an env of this run
@@ -280,7 +284,7 @@ class Engine:
         self.states: Dict[str, CellState] = {}
         self.by_key = {c.key: c for c in self.c.cells}
         self.base_profiles: Dict[str, Optional[Dict[str, Any]]] = {}    # baseline cell key -> profile
-        self.counts = {"cells": len(self.c.cells), "skipped": 0, "ran": 0, "failed": 0, "regressed": 0}
+        self.counts = {"cells": len(self.c.cells), "skipped": 0, "ran": 0, "failed": 0, "regressed": 0, "set_aside": 0}
         order = self._longest_first(self.c.cells)
         for cell in order:
             if cell.key in skip:
@@ -290,9 +294,11 @@ class Engine:
                     self.base_profiles[cell.key] = (self.store.profile(skip[cell.key])
                                                     if row is not None and row["status"] == "ok" else None)
                 continue
-            self.states[cell.key] = CellState(cell)
+            st = self.states[cell.key] = CellState(cell)
+            if cell.set_aside:          # nothing to time: written N/A, never replayed
+                self._finish(st, "n/a", R.NOT_TIMED, error=f"set aside: {cell.set_aside}")
         # controls first: their ratios are part of the noise the other cells are judged against
-        for cell in sorted((c for c in order if c.key in self.states), key=lambda c: not c.control):
+        for cell in sorted((c for c in order if c.key in self.states and not c.set_aside), key=lambda c: not c.control):
             self._submit(self.states[cell.key], "measure")
         self.on_event("start", dict(self.counts, slots=self.slots()))
         try:
@@ -646,7 +652,7 @@ class Engine:
                    if prof is not None else [])
         st.cell_id = self.store.add_cell(self.run_id, row, kernels, prof if status in ("ok", "no-baseline") else None)
         st.done, st.verdict, st.status = True, verdict, status
-        self.counts["ran"] += 1
+        self.counts["set_aside" if status == "n/a" else "ran"] += 1
         if status in ("infra", "error"):
             self.counts["failed"] += 1
         if row["regressed"]:
@@ -670,6 +676,8 @@ class Engine:
             self.ray.shutdown()
         except Exception:
             pass
+        import shutil
+        shutil.rmtree(self.work_root, ignore_errors=True)
 
 
 def _snap_key(cell: Cell) -> str:

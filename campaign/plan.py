@@ -91,6 +91,7 @@ class Cell:
     vars: Dict[str, str] = field(default_factory=dict)     # the env's vars as they apply to this snapshot
     not_applied: List[str] = field(default_factory=list)   # CUDASNAP_REPLACE targets it does not record
     control: bool = False           # its env is a control: it should change nothing
+    set_aside: Optional[str] = None     # why its snapshot is not replayed (it has nothing to time)
 
     def identity(self) -> Dict[str, Any]:
         d = env_identity(self.env)
@@ -116,6 +117,11 @@ class Campaign:
     envs: List[Env]
     cells: List[Cell]
     controls: List[str] = field(default_factory=list)     # the names of the control envs
+
+    @property
+    def set_aside(self) -> Dict[str, str]:
+        """snapshot path -> why it is set aside (no cell of it is replayed)."""
+        return {c.snapshot.path: c.set_aside for c in self.cells if c.set_aside}
 
     @property
     def baseline_env(self) -> Optional[str]:
@@ -291,6 +297,25 @@ def recorded_kernels(path: str) -> Optional[set]:
     return {f[1] for f in summ["fns"] if isinstance(f, (list, tuple)) and len(f) > 1 and isinstance(f[1], str)}
 
 
+def nothing_to_time(path: str) -> Optional[str]:
+    """Why a snapshot has nothing a campaign could time (no kernel launch, no graph launch: a
+    torch.compile worker's snapshot, say), from its index; None when it has launches or has no
+    index to tell (it is then replayed, and judged as any other)."""
+    try:
+        from cudasnap.formats.reader import SnapshotReader
+        with SnapshotReader(path) as r:
+            summ = r.summary()
+    except Exception:
+        return None
+    if not isinstance(summ, dict) or not isinstance(summ.get("kernels"), dict) or not isinstance(summ.get("calls"), dict):
+        return None
+    if sum(v for v in summ["kernels"].values() if isinstance(v, int)) > 0:
+        return None
+    if any("GraphLaunch" in str(k) for k in summ["calls"]):
+        return None
+    return f"it records no kernel launch ({summ.get('records', 0)} records): nothing to time"
+
+
 def applied_vars(e: Env, names: Optional[set]) -> (Dict[str, str], List[str]):
     """A rebuilt kernel replaces that kernel where a snapshot records it: CUDASNAP_REPLACE
     targets the snapshot does not record are left out of its cell (replay would refuse them)."""
@@ -349,6 +374,9 @@ def load_campaign(path) -> Campaign:
     h.update(json.dumps(controls).encode())
     cells: List[Cell] = []
     replacing = any("CUDASNAP_REPLACE" in e.vars for e in envs)
+    aside = {s.path: nothing_to_time(s.path) for s in snaps}
+    if all(aside.values()):
+        raise PlanError(f"{path}: no snapshot has a kernel launch to time ({', '.join(sorted(os.path.basename(p) for p in aside))})")
     for s in snaps:
         names = recorded_kernels(s.path) if replacing else None
         keys = {e.name: cell_key(s, e) for e in envs}
@@ -357,6 +385,7 @@ def load_campaign(path) -> Campaign:
             if not bl.startswith("run:") and e.name != bl:
                 bkey = keys[bl]
             vs, dropped = applied_vars(e, names)
-            cells.append(Cell(s, e, keys[e.name], bkey, vs, dropped, control=e.name in controls))
+            cells.append(Cell(s, e, keys[e.name], bkey, vs, dropped, control=e.name in controls,
+                              set_aside=aside[s.path]))
     return Campaign(path=os.path.abspath(path), name=name, file_hash=h.hexdigest()[:32], baseline=bl, rules=rules,
                     snapshots=snaps, envs=envs, cells=cells, controls=controls)

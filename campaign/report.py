@@ -120,7 +120,8 @@ def attribute(db, cell, kernel: Optional[str]) -> Dict[str, Any]:
     return a
 
 
-def build_report(store, run: Optional[int] = None, since: Optional[str] = None) -> Dict[str, Any]:
+def build_report(store, run: Optional[int] = None, since: Optional[str] = None, ending: bool = False) -> Dict[str, Any]:
+    """ending: the run's own session reports as it ends (its row still says running)."""
     db = store.db
     why = store.value_problem()
     if why:
@@ -178,11 +179,17 @@ def build_report(store, run: Optional[int] = None, since: Optional[str] = None) 
     infra = [{"snapshot": os.path.basename(c["snapshot"]), "env": c["env"], "cell": c["id"], "status": c["status"],
               "attempts": c["attempts"], "error": c["error"]}
              for c in cells if c["verdict"] in (INFRA, INCOMPARABLE) or c["status"] in ("infra", "error")]
+    aside: Dict[str, str] = {}
+    for c in cells:
+        if c["status"] == "n/a":
+            aside.setdefault(os.path.basename(c["snapshot"]), c["error"] or "set aside")
     history = _kernel_history(db, [r["id"] for r in runs])
-    if cur["status"] in ("failed", "interrupted"):
+    if cur["status"] in ("failed", "interrupted") or (cur["status"] == "running" and not ending):
+        why = {"interrupted": "was interrupted", "failed": "failed",
+               "running": "has not ended (it is still running, or its process was killed)"}[cur["status"]]
         infra.append({"snapshot": "-", "env": "-", "cell": None, "status": cur["status"], "attempts": 0,
-                      "error": f"the run {'stopped' if cur['status'] == 'interrupted' else 'failed'} before every "
-                               f"cell was done: run the same campaign again to finish it"})
+                      "error": f"the run {why} before every cell was done: an infrastructure failure, not a "
+                               f"verdict; run the same campaign again to finish it"})
     verdicts = _verdicts(db, cells)
     controls = _controls(db, cells)
     offsets = _gpu_offsets(db, cells)
@@ -192,6 +199,7 @@ def build_report(store, run: Optional[int] = None, since: Optional[str] = None) 
     return {"store": store.path, "run": dict(cur), "runs": [dict(r) for r in runs], "envs": envs, "matrix": matrix,
             "regressions": regressions, "infra_failures": infra, "history": history, "exit_code": code,
             "exit_reason": reason, "verdicts": verdicts, "controls": controls, "gpu_offsets": offsets,
+            "set_aside": [{"snapshot": k, "why": v} for k, v in aside.items()],
             "verdict_counts": _counts(cells)}
 
 
@@ -340,11 +348,15 @@ def render_text(rep: Dict[str, Any], out) -> None:
                           and h["snapshot"] == g["snapshot"]), None)
             if trend and len(trend["points"]) > 1:
                 w("    history: " + ", ".join(f"run {p['run']} {_us(p['median_us'])}" for p in trend["points"][-8:]) + "\n")
+    elif any(f["cell"] is None for f in rep["infra_failures"]):
+        w("no regression in the cells done (not every cell was run)\n")
     else:
         w("no regression\n")
     for b in rep["controls"]["noise_exceeds"]:
         w(f"{NOISE_EXCEEDS}: control env {b['env']!r} judged {b['verdict']} on {b['snapshot']} "
           f"({b['kernels']} kernel verdict(s)); it changes nothing, so the verdicts of this run are not to be trusted\n")
+    for a in rep.get("set_aside", []):
+        w(f"{a['snapshot']}: {a['why']} (its cells are N/A, not counted in the verdict)\n")
     for f in rep["infra_failures"]:
         if f["cell"] is None:
             w(f"run {r['id']} {f['status']}: {f['error']}\n")

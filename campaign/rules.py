@@ -33,6 +33,7 @@ from cudasnap.compare.core import (FASTER, MIN_DIFF_US, SAME, SLOWER, compare, l
 # verdicts of a cell
 BASELINE, SAME_, FASTER_, SLOWER_ = "BASELINE", "SAME", "FASTER", "SLOWER"
 MISMATCH, INFRA, NO_BASELINE, INCOMPARABLE, UNCONFIRMED = "MISMATCH", "INFRA", "NO-BASELINE", "INCOMPARABLE", "UNCONFIRMED"
+NOT_TIMED = "N/A"           # a snapshot with no kernel launch (a compiler worker's): set aside when planned
 REGRESSIONS = (SLOWER_, MISMATCH)
 
 RETRYABLE = ("crash", "timeout", "lost", "error")

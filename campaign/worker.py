@@ -108,7 +108,8 @@ def run_replay(spec: Dict[str, Any], gpu_ids: List[Any], snap: str) -> Dict[str,
     """One replay in its own process; the result without any Ray type in it."""
     res: Dict[str, Any] = {"host": socket.gethostname(), "visible_devices": ",".join(str(g) for g in gpu_ids),
                            "started": time.time()}
-    with tempfile.TemporaryDirectory(prefix="cudasnap-cell-") as work:
+    root = spec.get("work_root")        # the driver's, on its node: removed when the run ends
+    with tempfile.TemporaryDirectory(prefix="cudasnap-cell-", dir=root if root and os.path.isdir(root) else None) as work:
         out = os.path.join(work, "cell.json")
         env = dict(os.environ)
         env.update(spec["vars"])

@@ -109,8 +109,6 @@ def advise(
         res = run_advise(str(source), cfg, progress)
     except AdviseError as e:
         _fail(str(e))
-    except KeyboardInterrupt:
-        _fail("interrupted")
     from cudasnap.formats.outputs import write_atomic
     if out is not None:
         write_atomic(out, json.dumps(res, indent=1, default=str) + "\n")

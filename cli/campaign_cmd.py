@@ -144,7 +144,8 @@ def run_campaign(camp, store, address, fresh: bool, ship: bool, json_out: bool, 
     ray_s = 0.0
     try:
         if len(skip) == len(camp.cells):      # nothing left: no need for Ray
-            counts = {"cells": len(camp.cells), "skipped": len(skip), "ran": 0, "failed": 0, "regressed": 0}
+            counts = {"cells": len(camp.cells), "skipped": len(skip), "ran": 0, "failed": 0, "regressed": 0,
+                      "set_aside": 0}
             eng = _NoEngine()
         else:
             try:
@@ -162,20 +163,25 @@ def run_campaign(camp, store, address, fresh: bool, ship: bool, json_out: bool, 
         prog.stop()
         n = len(store.finished_keys(run_id))
         store.close_run(run_id, "interrupted", eng.hosts if eng else [], 130)
-        sys.stderr.write(f"cudasnap: interrupted: {n} of {len(camp.cells)} cells are in {store.path}; "
-                         f"run the same command again to finish the others\n")
+        sys.stderr.write(f"cudasnap: interrupted: {n} of {len(camp.cells)} cells are in {store.path}, the run "
+                         f"marked interrupted; run the same command again to finish the others\n")
         if eng:
             eng.shutdown()
         return 130
+    except BaseException:       # no run is left "running" by a process that has gone
+        store.close_run(run_id, "failed", eng.hosts if eng else [], 2)
+        if eng:
+            eng.shutdown()
+        raise
     finally:
         signal.signal(signal.SIGTERM, old)
-    rep = build_report(store, run=run_id)
+    rep = build_report(store, run=run_id, ending=True)
     code = rep["exit_code"]
     store.close_run(run_id, status, eng.hosts, code)
     rep["run"] = dict(store.db.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone())
     eng.shutdown()
     wall = time.monotonic() - t0
-    summary = {"run": run_id, "resumed": resumed, "cells": counts["cells"], "ran": counts["ran"],
+    summary = {"run": run_id, "resumed": resumed, "cells": counts["cells"], "ran": counts["ran"], "set_aside": counts.get("set_aside", 0),
                "skipped": counts["skipped"], "failed": counts["failed"], "gpus": eng.slots(),
                "wall_s": round(wall, 3), "ray_start_s": round(ray_s, 3), "cells_wall_s": round(wall - ray_s, 3),
                "store": store.path}
@@ -184,6 +190,7 @@ def run_campaign(camp, store, address, fresh: bool, ship: bool, json_out: bool, 
     else:
         sys.stdout.write(f"campaign run {run_id}{' (resumed)' if resumed else ''}: ran {counts['ran']} cells, "
                          f"skipped {counts['skipped']} finished earlier, {counts['failed']} failed, "
+                         f"{str(counts.get('set_aside')) + ' set aside (nothing to time), ' if counts.get('set_aside') else ''}"
                          f"{wall:.1f} s on {eng.slots()} GPU(s) (Ray start {ray_s:.1f} s); store {store.path}\n")
         render_text(rep, sys.stdout)
     return code

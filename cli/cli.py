@@ -9,13 +9,14 @@ import os
 import sys
 
 import typer
-from cudasnap.typer_base import Command, fail, help_width
+from cudasnap.typer_base import Command, Group, fail, help_width
 
 
 _Command, _fail = Command, fail
 
 
 app = typer.Typer(
+    cls=Group,
     add_completion=False,
     no_args_is_help=True,
     rich_markup_mode=None,          # plain help: no boxes, no <bool> type column, fine in a pipe
@@ -626,30 +627,19 @@ def _flight_default(argv: List[str]) -> List[str]:
     return out
 
 
-def _stdout_null() -> bool:
-    """Is stdout /dev/null (where rich points it when its reader went away)?"""
-    try:
-        st, nul = os.fstat(1), os.stat(os.devnull)
-        return (st.st_rdev, st.st_ino) == (nul.st_rdev, nul.st_ino)
-    except OSError:
-        return False
-
-
 def main() -> None:
+    from .exits import install, report_interrupt
     from .typer_base import one_line_usage_errors
+    install()                       # a closed pipe never changes the verdict (exits.py)
     one_line_usage_errors()
     sys.argv[1:] = _flight_default(sys.argv[1:])
-    was_null = _stdout_null()
     try:
         app()
-    except BrokenPipeError:         # `cudasnap api | head`: the reader has all it wanted
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(0)
-    except SystemExit as e:         # click and rich turn a broken pipe into exit 1: the same case
-        if e.code == 1 and (type(sys.stdout).__name__ == "PacifyFlushWrapper" or (_stdout_null() and not was_null)):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            sys.exit(0)
-        raise
+    except KeyboardInterrupt as e:  # outside a command's body (while starting): still 130
+        sys.exit(report_interrupt(e))
+    except BrokenPipeError:         # a write that bypassed the pipe-safe streams: the verdict is lost
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+        sys.exit(141)               # as a shell reports a command ended by SIGPIPE, never 0
     except Exception as e:
         from cudasnap.formats import SnapshotError
         if isinstance(e, (OSError, SnapshotError)):

@@ -6,7 +6,7 @@ import sys
 from typing import Optional
 
 import typer
-from typer.core import TyperArgument, TyperCommand
+from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from cudasnap.console import is_tty
 
@@ -34,6 +34,20 @@ class Command(TyperCommand):
             if type(p) is TyperArgument:
                 p.__class__ = Argument
 
+    def invoke(self, ctx):
+        """Ctrl-C is 130 in every command, with one line saying what it left (typer's own
+        handler exits 130 silently)."""
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt as e:
+            from cudasnap.exits import report_interrupt
+            raise typer.Exit(report_interrupt(e)) from None
+        except BrokenPipeError:     # a write that bypassed the pipe-safe streams: the verdict is lost
+            import os
+            nul = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(nul, 1)
+            raise typer.Exit(141) from None     # as a shell reports death by SIGPIPE; never 0 (typer says 1)
+
     def parse_args(self, ctx, args):
         """A value outside an option's declared choices or range is one line, as every other
         cudasnap error: 'cudasnap: error: Invalid value for '--level': ...'."""
@@ -43,6 +57,18 @@ class Command(TyperCommand):
         except typer.BadParameter as e:
             typer.echo(f"cudasnap: error: {' '.join(e.format_message().split())}", err=True)
             ctx.exit(2)
+
+
+class Group(TyperGroup):
+    """The `cudasnap` group: Ctrl-C while a command is being found or parsed is 130 with its
+    line too, as in a command's body."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt as e:
+            from cudasnap.exits import report_interrupt
+            raise typer.Exit(report_interrupt(e)) from None
 
 
 def one_line_usage_errors() -> None:

@@ -424,6 +424,11 @@ def run_bisect_cli(snapshot, envs_path, mode: str = "isolated", kernels: Optiona
             res = b.run()
         except _Stop as s:
             res = b._result(None, s.code, str(s))
+        except KeyboardInterrupt:
+            from cudasnap.formats.outputs import Interrupted
+            n = len(b.done)
+            raise Interrupted(f"{n} environment(s) replayed, their profiles kept in {keep}" if keep else
+                              f"{n} environment(s) replayed; no output was written") from None
         except OSError as e:        # the work directory (--keep) could not be written
             return fail(f"{e.filename or b.workdir}: {e.strerror or e}")
         if html:

@@ -65,9 +65,14 @@ def run_export_cli(snapshot, outdir, calls: Optional[str] = None, out=None, forc
         return _export_sim(snapshot, outdir, calls, created, out)
     try:
         r = export_snapshot(snapshot, outdir, calls)
-    except (ExportError, SnapshotError, OSError) as e:
+    except (ExportError, SnapshotError, OSError, KeyboardInterrupt) as e:
         if created and os.path.isdir(outdir):     # everything in it is this export's: leave nothing
             shutil.rmtree(outdir, ignore_errors=True)
+        if isinstance(e, KeyboardInterrupt):
+            from cudasnap.formats.outputs import Interrupted
+            raise Interrupted(f"no output was written (the partial {os.fspath(outdir)} was removed)" if created else
+                              f"{os.fspath(outdir)} holds part of an export (each file whole): export again "
+                              f"with -f") from None
         return _err(_oserror(e))
     skipped = []
     if r.queries_skipped:
@@ -106,6 +111,16 @@ def run_extract_cli(snapshot, output, launch=None, kernel=None, calls=None, memo
     why = _before_work(snapshot, output, force, "file")
     if why:
         return _err(why)
+    try:
+        return _extract_checked(snapshot, output, launch, kernel, calls, memory, device, out, ranges, check, sass)
+    except KeyboardInterrupt:
+        from cudasnap.formats.outputs import Interrupted, written
+        if os.path.abspath(output) in map(os.path.abspath, written()):
+            raise Interrupted(f"{os.fspath(output)} was written whole, but its --check did not finish") from None
+        raise Interrupted("no output was written") from None
+
+
+def _extract_checked(snapshot, output, launch, kernel, calls, memory, device, out, ranges, check, sass) -> int:
     once = functools.partial(_extract_once, sass=sass)
     code, r = once(snapshot, output, launch, kernel, calls, memory or "reachable", device, out, ranges,
                    check, widen=(ranges is None, memory is None and ranges != "exact"))

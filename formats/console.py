@@ -7,6 +7,7 @@ or truncate, so `cudasnap api | grep NAME` and log scrapers see every value on o
 """
 from __future__ import annotations
 
+import io
 import os
 import shlex
 import sys
@@ -42,6 +43,41 @@ def invoked_command(argv: Optional[Sequence[str]] = None) -> Optional[str]:
             or (pkg_main is not None and os.path.abspath(a0) == pkg_main)):
         return None
     return "cudasnap " + " ".join(shlex.quote(a) for a in argv[1:])
+
+
+class _PipeSafe(io.RawIOBase):
+    """A file descriptor as a raw stream that, on EPIPE (its reader went away), points the fd at
+    /dev/null for good and reports the bytes as written: a closed pipe never ends a command
+    early nor changes its exit code (the command line's rule, cli/exits.py)."""
+
+    def __init__(self, fd: int):
+        super().__init__()
+        self._fd = fd
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def isatty(self) -> bool:
+        return os.isatty(self._fd)
+
+    def write(self, b) -> int:
+        try:
+            return os.write(self._fd, b)
+        except BrokenPipeError:
+            nul = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(nul, self._fd)
+            os.close(nul)
+            return len(b)
+
+
+def pipe_safe_text(fd: int, encoding: Optional[str] = None, errors: Optional[str] = None,
+                   line_buffering: bool = False, write_through: bool = False) -> IO[str]:
+    """A text stream on fd that a closed pipe cannot break (the fd is not closed with it)."""
+    return io.TextIOWrapper(io.BufferedWriter(_PipeSafe(fd)), encoding=encoding, errors=errors,
+                            line_buffering=line_buffering, write_through=write_through)
 
 
 def is_tty(stream) -> bool:

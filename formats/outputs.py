@@ -23,6 +23,23 @@ class OutputError(Exception):
     """An output that must not or cannot be written (one line, exit 2)."""
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM where a command maps it), with what the command left behind in words
+    ("3 of 12 cells are in st.sqlite"); the command line prints it in one line and exits 130."""
+
+    def __init__(self, left: str):
+        super().__init__(left)
+        self.left = left
+
+
+_WRITTEN: list = []         # outputs this process completed, oldest first: what an interrupt left
+
+
+def written() -> list:
+    """The outputs completed so far (atomic_path's renames), for the line an interrupt prints."""
+    return list(_WRITTEN)
+
+
 def _same(a: str, b: PathLike) -> bool:
     try:
         return os.path.samefile(a, b)
@@ -130,6 +147,7 @@ def atomic_path(path: PathLike) -> Iterator[str]:
     try:
         yield tmp
         os.replace(tmp, p)
+        _WRITTEN.append(p)
     except BaseException:
         _unlink_quiet(tmp)
         raise

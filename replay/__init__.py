@@ -80,9 +80,6 @@ def run_replay_cli(snapshot, opts: ReplayOptions, as_json: bool = False, out=Non
             return 2
     try:
         res = rp.run()
-    except KeyboardInterrupt:
-        sys.stderr.write("cudasnap: replay interrupted\n")
-        return 2
     except SnapshotError as e:             # a damaged frame after the first call
         sys.stderr.write(f"cudasnap: error: {damaged(e)}\n")
         return 2

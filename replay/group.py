@@ -674,8 +674,8 @@ def run_group(paths: Sequence, devices: Optional[str], options, as_json: bool = 
                                           stderr=open(os.path.join(tmp, f"err{r['rank']}"), "wb")))
         codes, why = _watch(procs, ranks, store, prog)
     except KeyboardInterrupt:
-        sys.stderr.write("cudasnap: group replay interrupted; every rank was stopped\n")
-        return 2
+        from cudasnap.formats.outputs import Interrupted
+        raise Interrupted("every rank was stopped; no output was written") from None
     finally:
         for p in procs:
             if p.poll() is None:

@@ -21,8 +21,9 @@ def json_document():
     """--json owns stdout: what else reaches file descriptor 1 during the replay (a kernel's
     printf, which the driver writes there; a library's messages) goes to stderr instead, and the
     JSON document is written to the original stdout."""
+    from cudasnap.formats.console import pipe_safe_text
     sys.stdout.flush()
-    doc = os.fdopen(os.dup(1), "w")
+    doc = pipe_safe_text(os.dup(1), encoding=getattr(sys.stdout, "encoding", None))
     os.dup2(2, 1)
     return doc
 

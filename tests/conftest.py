@@ -28,7 +28,9 @@ def pytest_runtest_protocol(item, nextitem):
     if not run:
         yield
         return
-    with open(f"/tmp/cudasnap-timed-tests-{run}.lock", "a") as f:
+    # in the run's own temporary directory (the workers' basetemps share it): nothing left in /tmp
+    lock = item.config._tmp_path_factory.getbasetemp().parent / f"cudasnap-timed-tests-{run}.lock"
+    with open(lock, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX if item.path.name in TIMED_MODULES else fcntl.LOCK_SH)
         yield
 

@@ -275,6 +275,9 @@ def test_stopped_campaign_resumes_only_unfinished_cells(cluster, tmp_path):
                      envs=ENVS.split("[[env]]\nname = \"slowfill\"")[0])
     store = tmp_path / "st.sqlite"
     e = dict(cluster["env"])
+    tmp = tmp_path / "tmp"                 # the run's own temporary directory: what it leaves is seen
+    tmp.mkdir()
+    e["TMPDIR"] = str(tmp)
     p = subprocess.Popen([sys.executable, "-m", "cudasnap", "campaign", "run", str(camp), "-o", str(store),
                           "--address", cluster["address"]], env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
@@ -302,6 +305,12 @@ def test_stopped_campaign_resumes_only_unfinished_cells(cluster, tmp_path):
     assert db.execute("SELECT COUNT(DISTINCT cell_id) FROM kernel_results").fetchone()[0] == done
     assert db.execute("SELECT status FROM runs").fetchone()[0] == "interrupted"
     db.close()
+    assert err.strip().splitlines()[-1].startswith("cudasnap: interrupted: ") and "marked interrupted" in err, err
+    time.sleep(1)
+    assert not list(tmp.iterdir())         # the cells' work directories went with the run
+    # an interrupted run is an infrastructure failure, never "no regression"
+    cp = _cli(cluster, "campaign", "report", store)
+    assert cp.returncode == 2 and "interrupted before every cell was done" in cp.stdout, cp.stdout + cp.stderr
     cp = _cli(cluster, "campaign", "run", camp, "-o", store, "--address", cluster["address"], "--json")
     assert cp.returncode == 0, cp.stdout[-2000:] + cp.stderr[-2000:]
     res = json.loads(cp.stdout)
@@ -313,6 +322,42 @@ def test_stopped_campaign_resumes_only_unfinished_cells(cluster, tmp_path):
     # the same campaign again: nothing left to run, and Ray is not even started
     cp = _cli(cluster, "campaign", "run", camp, "-o", store, "--address", cluster["address"])
     assert cp.returncode == 0 and "ran 0 cells, skipped 6" in cp.stdout, cp.stdout + cp.stderr
+
+
+def test_a_snapshot_with_no_launch_is_set_aside(cluster, tmp_path):
+    """A compiler worker's snapshot (no kernel launch) among the glob: named and set aside when
+    planned, its cells N/A; the exit code is that of the real verdicts."""
+    from cudasnap.replay.synth import Synth
+    snaps = tmp_path / "snaps"
+    snaps.mkdir()
+    (snaps / "torch_main.cusnap").write_bytes((cluster["snaps"] / "s0.cusnap").read_bytes())
+    s = Synth(snaps / "torch_compile.4242.cusnap")
+    s.w.write({"k": "proc", "driver_version": 13000, "gpus": []})
+    s.call("cuInit", {"Flags": 0})
+    s.w.write({"k": "end", "exit": 0, "signal": None, "partial": False})
+    s.close()
+    camp = _campaign(tmp_path / "camp.toml", f"{snaps}/torch_*.cusnap", envs=ENVS.split("[[env]]\nname = \"slowfill\"")[0])
+    # run as `campaign run ... | head` would: its stdout's reader gone before the first line
+    e = dict(cluster["env"])
+    e.pop("CUDASNAP_CAMPAIGN_TEST_KILL", None)
+    r, w = os.pipe()
+    os.close(r)
+    p = subprocess.Popen([sys.executable, "-m", "cudasnap", "campaign", "run", str(camp), "-o", str(tmp_path / "st.sqlite"),
+                          "--address", cluster["address"]], env=e, stdout=w, stderr=subprocess.PIPE, text=True)
+    os.close(w)
+    err = p.communicate(timeout=300)[1]
+    assert p.returncode == 0, err[-2000:]
+    db = sqlite3.connect(tmp_path / "st.sqlite")
+    assert db.execute("SELECT status, exit_code FROM runs").fetchall() == [("done", 0)]
+    assert sorted(db.execute("SELECT status, COUNT(*) FROM cells GROUP BY status").fetchall()) == [("n/a", 2), ("ok", 2)]
+    db.close()
+    cp = _cli(cluster, "campaign", "report", tmp_path / "st.sqlite", "--json")
+    rep = json.loads(cp.stdout)
+    assert cp.returncode == 0 and rep["infra_failures"] == [] and rep["exit_code"] == 0
+    assert rep["set_aside"] == [{"snapshot": "torch_compile.4242.cusnap",
+                                 "why": "set aside: it records no kernel launch (3 records): nothing to time"}]
+    cp = _cli(cluster, "campaign", "report", tmp_path / "st.sqlite")
+    assert cp.returncode == 0 and "torch_compile.4242.cusnap: set aside" in cp.stdout, cp.stdout + cp.stderr
 
 
 def _schema_doc() -> dict:

@@ -270,9 +270,6 @@ def run_profile_cli(snapshot, opts: ReplayOptions, cfg: ProfileConfig, as_json: 
     doc = json_document() if as_json and out is sys.stdout else out
     try:
         run = profile_replay(snapshot, cfg, opts, out=out)
-    except KeyboardInterrupt:
-        sys.stderr.write("cudasnap: replay interrupted\n")
-        return 2
     except Exception as e:  # a hook that cannot be loaded, a damaged frame after the first call
         sys.stderr.write(f"cudasnap: error: {damaged(e) if isinstance(e, SnapshotError) else e}\n")
         return 2
