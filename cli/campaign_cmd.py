@@ -10,7 +10,7 @@ from typing import Any, Dict, Optional
 
 import typer
 from cudasnap.console import is_tty
-from cudasnap.typer_base import Command as _Command, fail as _fail
+from cudasnap.typer_base import Command as _Command, Inert, fail as _fail, needs
 
 
 campaign_app = typer.Typer(
@@ -198,11 +198,12 @@ def _interrupt(signum, frame):
 
 
 @campaign_app.command("report", cls=_Command)
+@needs(Inert("force", "without --html", lambda p: p.get("html") is not None, warn=True))
 def report(
     store_path: Path = typer.Argument(..., metavar="STORE", help="A campaign store (campaign run -o)."),
     html: Optional[Path] = typer.Option(None, "--html", metavar="R.html", help="Write a self-contained HTML report with each kernel's trend plotted (needs plotly)."),
     since: Optional[str] = typer.Option(None, "--since", metavar="DATE", help="Only runs started on or after DATE (YYYY-MM-DD or YYYY-MM-DDTHH:MM)."),
-    run_id: Optional[int] = typer.Option(None, "--run", metavar="N", help="The run whose matrix is shown (default: the latest)."),
+    run_id: Optional[int] = typer.Option(None, "--run", metavar="N", min=1, help="The run whose matrix is shown (default: the latest)."),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     force: bool = typer.Option(False, "-f", "--force-overwrite", help="Replace an existing HTML report."),
 ):

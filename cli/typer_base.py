@@ -1,9 +1,12 @@
 """What every cudasnap command shares on the command line: bad option values as one line
-(exit 2), arguments shown by name, help laid out for where it is shown, and `fail`."""
+(exit 2), numbers finite and in range, options that act only with another one (`Inert`),
+arguments shown by name, help laid out for where it is shown, and `fail`."""
 from __future__ import annotations
 
+import math
 import sys
-from typing import Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional
 
 import typer
 from typer.core import TyperArgument, TyperCommand
@@ -27,6 +30,66 @@ class Argument(TyperArgument):
         return self.display_name_raw + ("..." if self.nargs != 1 else "")
 
 
+try:
+    from typer._click.core import ParameterSource     # the click typer carries (typer >= 0.16)
+except ImportError:
+    from click.core import ParameterSource
+
+INT64_MAX = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class Inert:
+    """An option that does nothing unless `active(params)` holds: given anyway, it is refused
+    naming both options (`warn`: a warning only, where ncu or nsys would only warn)."""
+    option: str                               # the parameter's name
+    when: str                                 # where it does nothing: "without --window kernel:REGEX"
+    active: Callable[[Dict[str, Any]], bool]
+    fix: Optional[str] = None                 # what to do (default: leave the option out)
+    warn: bool = False
+
+
+def needs(*rules: Inert):
+    """Declare a command's Inert options (checked by Command before the command runs)."""
+    def deco(fn):
+        fn.__dict__.setdefault("cudasnap_inert", []).extend(rules)
+        return fn
+    return deco
+
+
+def option_name(p) -> str:
+    longs = [o for o in getattr(p, "opts", []) if o.startswith("--")]
+    return (longs or list(getattr(p, "opts", [])) or [p.name])[0]
+
+
+def number_problem(p, value) -> Optional[str]:
+    """A number no option means: NaN or infinity (`1e309`), or an integer past 64 bits (no
+    count, size or ordinal reaches it; the shim and the file format hold 64 bits)."""
+    for v in value if isinstance(value, (list, tuple)) else (value,):
+        if isinstance(v, bool):
+            continue
+        if isinstance(v, float) and not math.isfinite(v):
+            return f"{option_name(p)}: {v} is not a finite number"
+        if isinstance(v, int) and not -INT64_MAX - 1 <= v <= INT64_MAX:
+            return f"{option_name(p)}: {v} is out of range (at most {INT64_MAX})"
+    return None
+
+
+def given(ctx, name: str) -> bool:
+    return ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+
+
+def inert_problems(ctx, rules) -> list:
+    """(message, warn) for each Inert option given where it does nothing."""
+    by_name = {p.name: p for p in ctx.command.params}
+    out = []
+    for r in rules:
+        if given(ctx, r.option) and not r.active(ctx.params):
+            opt = option_name(by_name[r.option])
+            out.append((f"{opt} has no effect {r.when}: {r.fix or f'leave {opt} out'}", r.warn))
+    return out
+
+
 class Command(TyperCommand):
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
@@ -39,10 +102,20 @@ class Command(TyperCommand):
         cudasnap error: 'cudasnap: error: Invalid value for '--level': ...'."""
         ctx.meta["cudasnap.args"] = list(args)          # replay --wrap re-executes these
         try:
-            return super().parse_args(ctx, args)
+            rest = super().parse_args(ctx, args)
         except typer.BadParameter as e:
             typer.echo(f"cudasnap: error: {' '.join(e.format_message().split())}", err=True)
             ctx.exit(2)
+        for p in self.params:
+            why = number_problem(p, ctx.params.get(p.name))
+            if why:
+                typer.echo(f"cudasnap: error: {why}", err=True)
+                ctx.exit(2)
+        for msg, warn in inert_problems(ctx, getattr(self.callback, "cudasnap_inert", ())):
+            typer.echo(f"cudasnap: {'warning' if warn else 'error'}: {msg}", err=True)
+            if not warn:
+                ctx.exit(2)
+        return rest
 
 
 def one_line_usage_errors() -> None:
