@@ -101,6 +101,10 @@ class Command(TyperCommand):
         """A value outside an option's declared choices or range is one line, as every other
         cudasnap error: 'cudasnap: error: Invalid value for '--level': ...'."""
         ctx.meta["cudasnap.args"] = list(args)          # replay --wrap re-executes these
+        why = self.empty_value(ctx, args)
+        if why:
+            typer.echo(f"cudasnap: error: {why}", err=True)
+            ctx.exit(2)
         try:
             rest = super().parse_args(ctx, args)
         except typer.BadParameter as e:
@@ -130,6 +134,36 @@ def one_line_usage_errors() -> None:
         where = f" ({self.ctx.command_path} -h lists them)" if self.ctx is not None else ""
         typer.echo(f"cudasnap: error: {' '.join(self.format_message().split())}{where}", err=True)
     click.exceptions.UsageError.show = show
+
+
+def _empty_value(self, ctx, args) -> Optional[str]:
+    """An option given an empty value (`-o ''`, `--calls=`): no option of cudasnap means
+    anything by it (a path would become the working directory, a pattern would match all)."""
+    takes = {}
+    for p in self.params:
+        if getattr(p, "param_type_name", "") == "option" and not getattr(p, "is_flag", False) and not p.count:
+            for o in p.opts:
+                takes[o] = p
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--":
+            break
+        name, eq, val = a.partition("=")
+        if a in takes:
+            if i + 1 < len(args) and not args[i + 1].strip():
+                return f"{a} is empty: give {takes[a].metavar or 'a value'}"
+            i += 2
+            continue
+        if eq and name in takes and not val.strip():
+            return f"{name} is empty: give {takes[name].metavar or 'a value'}"
+        if not a.startswith("-") and not ctx.allow_interspersed_args:
+            break                                   # capture: the program's own arguments follow
+        i += 1
+    return None
+
+
+Command.empty_value = _empty_value
 
 
 def fail(msg: str, code: int = 2) -> None:
