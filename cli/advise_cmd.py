@@ -88,15 +88,11 @@ def advise(
         if why:
             _fail(why)
     if replace and not no_what_if:
-        from cudasnap.replay.replace import parse_specs
-        try:
-            parse_specs(list(replace))
-        except ValueError as e:
-            _fail(str(e))
-        for r in replace:
-            f = r.rpartition("=")[2].strip()
-            if not Path(f).is_file():
-                _fail(f"--replace {r}: no such file")
+        from types import SimpleNamespace
+        from cudasnap.replay.replace import check_specs
+        why = check_specs(SimpleNamespace(replace=list(replace)))
+        if why:
+            _fail(why)
     if launch_override and not no_what_if:
         from cudasnap.replay.override import parse as parse_override
         for spec in launch_override:

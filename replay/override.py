@@ -19,6 +19,9 @@ _GRID = ("gridDimX", "gridDimY", "gridDimZ")
 _BLOCK = ("blockDimX", "blockDimY", "blockDimZ")
 
 
+_MAX = {"grid": (2**31 - 1, 65535, 65535), "block": (1024, 1024, 64)}     # CUDA's maximum dimensions
+
+
 def parse(spec: str) -> Tuple[Optional[Tuple[int, int, int]], Optional[Tuple[int, int, int]], Optional[str]]:
     vals: Dict[str, List[str]] = {}
     key = None
@@ -45,6 +48,10 @@ def parse(spec: str) -> Tuple[Optional[Tuple[int, int, int]], Optional[Tuple[int
             raise ValueError(f"--launch-override: {k} takes integers")
         if not 1 <= len(d) <= 3 or min(d) < 1:
             raise ValueError(f"--launch-override: {k} takes 1 to 3 positive sizes")
+        top = _MAX[k][:len(d)]
+        if any(x > m for x, m in zip(d, top)):
+            raise ValueError(f"--launch-override: {k}={','.join(map(str, d))} is past CUDA's limits "
+                             f"({k} sizes up to {','.join(map(str, top))})")
         return tuple(d + [1] * (3 - len(d)))
 
     grid, block = dims("grid"), dims("block")
