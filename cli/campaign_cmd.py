@@ -105,13 +105,13 @@ def run(
     except PlanError as e:
         _fail(str(e))
     try:
-        import ray  # noqa: F401
-    except ImportError:
-        _fail("campaigns run on Ray, which is not installed: pip install 'cudasnap[campaign]'")
-    try:
         store = Store(output, defer=True)     # made on the first write: after Ray has started
     except StoreError as e:
         _fail(str(e))
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        _fail("campaigns run on Ray, which is not installed: pip install 'cudasnap[campaign]'")
     raise typer.Exit(run_campaign(camp, store, address, fresh, ship, json_out, quiet))
 
 

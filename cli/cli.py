@@ -384,7 +384,8 @@ def replay(
     dtype, profile = _value(dtype), _value(profile)
     if watchdog is not None and watchdog <= 0:
         _fail("--watchdog must be > 0 seconds")
-    why = option_problem(ReplayOptions(rtol=rtol, atol=atol, dtype=dtype))   # before a job's ranks start too
+    why = option_problem(ReplayOptions(rtol=rtol, atol=atol, dtype=dtype, launch_override=launch_override,
+                                       devices=devices))   # before a job's ranks start too
     if why:
         _fail(why)
     from cudasnap.formats.group import is_manifest

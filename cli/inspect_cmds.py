@@ -634,7 +634,7 @@ def run_dump(path: Path, calls: Optional[str], fmt: str, blobs: bool) -> int:
         try:
             cs.parse_terms(calls)           # a malformed spec is refused before the file is opened
         except ValueError as e:
-            return _err(str(e))
+            return _err(f"--calls: {e}")
     d = None
     try:
         with SnapshotReader(path) as r:

@@ -152,11 +152,11 @@ def _empty_value(self, ctx, args) -> Optional[str]:
         name, eq, val = a.partition("=")
         if a in takes:
             if i + 1 < len(args) and not args[i + 1].strip():
-                return f"{a} is empty: give {takes[a].metavar or 'a value'}"
+                return f"{'/'.join(takes[a].opts)} is empty: give {takes[a].metavar or 'a value'}"
             i += 2
             continue
         if eq and name in takes and not val.strip():
-            return f"{name} is empty: give {takes[name].metavar or 'a value'}"
+            return f"{'/'.join(takes[name].opts)} is empty: give {takes[name].metavar or 'a value'}"
         if not a.startswith("-") and not ctx.allow_interspersed_args:
             break                                   # capture: the program's own arguments follow
         i += 1
