@@ -142,7 +142,9 @@ def advise(path: str, cfg: Optional[AdviseConfig] = None, progress=None) -> Dict
             say(f"what-if: {flag} {spec}")
             w = variant_whatif(src.snapshot, kind, f"{flag} {spec}", [flag, spec], sel, cfg.device,
                                cfg.repeat, cfg.warmup, cfg.timeout, baselines)
-            if (w.get("replay") or {}).get("exit_code") == 2:     # the change asked for cannot run: bad input
+            # a rebuilt kernel that does not load is bad input, as replay says (exit 2); a launch
+            # size the kernel does not allow is a what-if's answer ("applied to no launch")
+            if kind == "replace" and (w.get("replay") or {}).get("exit_code") == 2:
                 raise AdviseError(f"{flag} {spec}: the replay with the change failed: "
                                   f"{' '.join(str(w['replay'].get('error') or 'exit 2').split())}")
             whatifs.append(w)

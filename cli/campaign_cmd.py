@@ -83,6 +83,7 @@ class _Progress:
 
 @campaign_app.command("run", cls=_Command)
 def run(
+    ctx: typer.Context,
     campaign: Path = typer.Argument(..., metavar="CAMPAIGN.toml", help="[[snapshot]] and [[env]] tables, a baseline and [rules]."),
     output: Path = typer.Option(Path("campaign.sqlite"), "-o", "--output", metavar="STORE.sqlite", help="The store (created, or appended to: history accumulates)."),
     address: Optional[str] = typer.Option(None, "--address", metavar="auto|ray://HOST:PORT", help="A Ray cluster to run on (default: a local Ray runtime using every GPU of this machine)."),
@@ -108,6 +109,7 @@ def run(
         store = Store(output, defer=True)     # made on the first write: after Ray has started
     except StoreError as e:
         _fail(str(e))
+    ctx.call_on_close(store.close)            # the last connection to a WAL store removes -wal/-shm
     try:
         import ray  # noqa: F401
     except ImportError:

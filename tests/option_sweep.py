@@ -322,8 +322,8 @@ def file_content_cases() -> Iterator[Case]:
 
 
 def spec_cases() -> Iterator[Case]:
-    for v in ("grid=99999999999999999999999,1,1", "grid=0", "grid=-1", "grid=", "block=2000", "block=1,1,65",
-              "grid=4,70000", "kernel=(", "grid=1,1,1,1", "bogus=1", "grid=x", "block=1e3"):
+    for v in ("grid=99999999999999999999999,1,1", "grid=0", "grid=-1", "grid=", "block=4294967296",
+              "grid=1,4294967296", "kernel=(", "grid=1,1,1,1", "bogus=1", "grid=x", "block=1e3"):
         yield Case("spec", ["replay", "snap.cusnap", "--launch-override", v], "--launch-override")
         yield Case("spec", ["advise", "snap.cusnap", "--launch-override", v], "--launch-override")
     for v in ("add_one=adir", "add_one=missing.cubin", "add_one", "=x", "add_one="):

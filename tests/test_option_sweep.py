@@ -63,3 +63,39 @@ def test_an_inert_option_given_where_it_acts_is_not_refused(work):
                         "--html", ""], "--address")):
         o = sweep.run_case(work, sweep.Case("control", args, ""))
         assert o.code == 2 and "is empty" in o.stderr and f"{opt} has no effect" not in o.stderr, (args, o.stderr)
+
+
+def test_a_campaign_that_cannot_reach_ray_leaves_no_store(work, monkeypatch):
+    """Ray's start fails: the store is not made (nor a run row a next run would resume), and an
+    existing store keeps its bytes."""
+    import cudasnap.campaign.engine as engine
+
+    def refuse(*a, **k):
+        raise engine.EngineError("cannot start or reach the Ray cluster at ray://nowhere:1: refused")
+    monkeypatch.setattr(engine, "Engine", refuse)
+    before = sweep.state(work)
+    for out in ("fresh.sqlite", "store.sqlite"):
+        o = sweep.run_case(work, sweep.Case("ray", ["campaign", "run", "camp.toml", "-o", out], "ray://nowhere"))
+        assert o.code == 2 and not o.problems, (o.problems, o.stderr)
+    assert sweep.state(work) == before
+
+
+def test_issue_cases_that_need_the_driver(double, work, tmp_path):
+    """The cases of issue 46 that reach a replay, on the test double, in one batch."""
+    import os
+    env = double["env"]
+    (tmp_path / "bad.cubin").write_text("not a cubin\n")
+    snap = str(work / "snap.cusnap")
+    cases = [(["advise", snap, "--graphs", "0", "--replace", f"add_one={tmp_path / 'bad.cubin'}"], 2,
+              "CUDA_ERROR_INVALID_IMAGE"),
+             (["advise", snap, "--device", "7"], 2, "--device 7"),
+             (["replay", snap, "--profile", "metrics", "--out", str(tmp_path / "m.json")], 2, "metrics"),
+             (["capture", "--window", "kernel:add_one#-1", "-o", str(tmp_path / "w.cusnap"), "--",
+               double["progs"]["direct"]], 2, "#K counts from 1")]
+    before = sweep.state(work)
+    for args, code, says in cases:
+        cp = subprocess.run([sys.executable, "-m", "cudasnap", *args], env=env, capture_output=True, text=True,
+                            timeout=120)
+        assert cp.returncode == code and says in cp.stdout + cp.stderr and "Traceback" not in cp.stderr, (args, cp.stderr)
+    assert not os.path.exists(tmp_path / "m.json") and not list(tmp_path.glob("w*.cusnap"))
+    assert sweep.state(work) == before
