@@ -630,11 +630,11 @@ def run_dump(path: Path, calls: Optional[str], fmt: str, blobs: bool) -> int:
     fmt = (fmt or "text").lower()
     if fmt not in ("text", "jsonl", "json"):
         return _err(f"unknown --format {fmt!r} (use text or jsonl)")
-    if calls and str(calls).strip():
-        try:
-            cs.parse_terms(calls)           # a malformed spec is refused before the file is opened
-        except ValueError as e:
-            return _err(f"--calls: {e}")
+    if calls is not None:
+        from cudasnap.replay.selection import check as check_selection
+        bad = check_selection(calls=calls) if str(calls).strip() else "--calls is empty: give SET"
+        if bad:                             # replay's parser and words, before the file is opened
+            return _err(bad)
     d = None
     try:
         with SnapshotReader(path) as r:
