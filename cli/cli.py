@@ -313,8 +313,8 @@ _TIMED_RUNS = _is("profile", "isolated", "graph")
 @app.command(cls=_Command)
 @needs(Inert("repeat", "without --profile isolated or graph", _TIMED_RUNS),
        Inert("warmup", "without --profile isolated or graph", _TIMED_RUNS),
-       Inert("flush_l2", "without --profile isolated", _is("profile", "isolated")),
-       Inert("check_repeats", "without --profile isolated", _is("profile", "isolated")),
+       Inert("flush_l2", "without --profile isolated or metrics", _is("profile", "isolated", "metrics")),
+       Inert("check_repeats", "without --profile isolated or graph", _TIMED_RUNS),
        Inert("timeline_check", "without --profile graph", _is("profile", "graph")),
        Inert("section", "without --profile metrics", _is("profile", "metrics")),
        Inert("metrics", "without --profile metrics", _is("profile", "metrics")),
@@ -513,8 +513,8 @@ def compare(
 @app.command(cls=_Command)
 @needs(Inert("address", "without --gpus K (K > 1)", lambda p: (p.get("gpus") or 1) > 1,
              "give --gpus K too, or leave --address out"),
-       Inert("repeat", "without --profile isolated", _is("profile", "isolated")),
-       Inert("warmup", "without --profile isolated", _is("profile", "isolated")),
+       Inert("repeat", "without --profile isolated", _is("profile", "isolated", "graph")),
+       Inert("warmup", "without --profile isolated", _is("profile", "isolated", "graph")),
        Inert("force", "without --html or --keep", lambda p: p.get("html") is not None or p.get("keep") is not None,
              warn=True))
 def bisect(
