@@ -98,8 +98,10 @@ class Command(TyperCommand):
                 p.__class__ = Argument
 
     def parse_args(self, ctx, args):
-        """A value outside an option's declared choices or range is one line, as every other
-        cudasnap error: 'cudasnap: error: Invalid value for '--level': ...'."""
+        """Every value checked before the command runs, each refusal one line as every other
+        cudasnap error: an empty value, one outside the option's declared choices or range
+        ('cudasnap: error: Invalid value for '--level': ...'), a number no option means, an
+        Inert option given where it does nothing."""
         ctx.meta["cudasnap.args"] = list(args)          # replay --wrap re-executes these
         why = self.empty_value(ctx, args)
         if why:
@@ -121,6 +123,32 @@ class Command(TyperCommand):
                 ctx.exit(2)
         return rest
 
+    def empty_value(self, ctx, args) -> Optional[str]:
+        """An option given an empty value (`-o ''`, `--calls=`): no option of cudasnap means
+        anything by it (a path would become the working directory, a pattern would match all)."""
+        takes = {}
+        for p in self.params:
+            if getattr(p, "param_type_name", "") == "option" and not getattr(p, "is_flag", False) and not p.count:
+                for o in p.opts:
+                    takes[o] = p
+        i = 0
+        while i < len(args):
+            a = args[i]
+            if a == "--":
+                break
+            name, eq, val = a.partition("=")
+            if a in takes:
+                if i + 1 < len(args) and not args[i + 1].strip():
+                    return f"{'/'.join(takes[a].opts)} is empty: give {takes[a].metavar or 'a value'}"
+                i += 2
+                continue
+            if eq and name in takes and not val.strip():
+                return f"{'/'.join(takes[name].opts)} is empty: give {takes[name].metavar or 'a value'}"
+            if not a.startswith("-") and not ctx.allow_interspersed_args:
+                break                                   # capture: the program's own arguments follow
+            i += 1
+        return None
+
 
 def one_line_usage_errors() -> None:
     """Usage errors (an unknown option or command, a missing argument) as one line, as every other
@@ -134,36 +162,6 @@ def one_line_usage_errors() -> None:
         where = f" ({self.ctx.command_path} -h lists them)" if self.ctx is not None else ""
         typer.echo(f"cudasnap: error: {' '.join(self.format_message().split())}{where}", err=True)
     click.exceptions.UsageError.show = show
-
-
-def _empty_value(self, ctx, args) -> Optional[str]:
-    """An option given an empty value (`-o ''`, `--calls=`): no option of cudasnap means
-    anything by it (a path would become the working directory, a pattern would match all)."""
-    takes = {}
-    for p in self.params:
-        if getattr(p, "param_type_name", "") == "option" and not getattr(p, "is_flag", False) and not p.count:
-            for o in p.opts:
-                takes[o] = p
-    i = 0
-    while i < len(args):
-        a = args[i]
-        if a == "--":
-            break
-        name, eq, val = a.partition("=")
-        if a in takes:
-            if i + 1 < len(args) and not args[i + 1].strip():
-                return f"{'/'.join(takes[a].opts)} is empty: give {takes[a].metavar or 'a value'}"
-            i += 2
-            continue
-        if eq and name in takes and not val.strip():
-            return f"{'/'.join(takes[name].opts)} is empty: give {takes[name].metavar or 'a value'}"
-        if not a.startswith("-") and not ctx.allow_interspersed_args:
-            break                                   # capture: the program's own arguments follow
-        i += 1
-    return None
-
-
-Command.empty_value = _empty_value
 
 
 def fail(msg: str, code: int = 2) -> None:
