@@ -271,6 +271,17 @@ def path_cases() -> Iterator[Case]:
             (("campaign", "report"), ["missing.sqlite"], "missing.sqlite")]
     for path, rest, names in outs:
         yield Case("path", [*path, *rest], names)
+    # a good output path with a bad input: the refusal makes no output
+    for bad in ("missing.cusnap", "text.txt"):
+        for args in (["bisect", bad, "--envs", "envs.toml", "--keep", "keepdir", "--html", "b.html"],
+                     ["extract", bad, "-o", "e.cusnap", "--launch", "8"], ["export", bad, "-o", "expdir"],
+                     ["stats", bad, "--out", "s.sqlite"], ["stats", bad, "--out", "csvdir/"],
+                     ["replay", bad, "--out", "o.json", "--trace", "t.json"], ["repair", bad, "-o", "r.cusnap"],
+                     ["advise", bad, "--out", "a.json", "--html", "a.html"], ["compare", bad, "prof.json", "--html", "c.html"],
+                     ["capture", "-o", "c.cusnap", "--", f"./{bad}"]):
+            yield Case("path", args, bad, code=(126, 127) if args[0] == "capture" else (2,))
+    for bad in ("missing.sqlite", "other.sqlite", "empty.sqlite", "text.txt"):
+        yield Case("path", ["campaign", "report", bad, "--html", "r.html"], bad)
 
 
 def filetype_cases() -> Iterator[Case]:
