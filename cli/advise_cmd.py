@@ -60,7 +60,8 @@ def advise(
     with --metrics, a low-occupancy kernel at the block size that raises its occupancy.
 
     Exit 0: findings made (a what-if that could not be measured says why); 2: bad input (not a
-    snapshot or a timeline profile, a profile with no kernels, an unwritable output)."""
+    snapshot or a timeline profile, a profile with no kernels, a replay that fails, a --replace file
+    that does not load, an unwritable output)."""
     from cudasnap.advise import AdviseConfig, AdviseError, advise as run_advise
     from cudasnap.advise.findings import Limits
     from cudasnap.formats.outputs import OutputError, check_output

@@ -204,7 +204,8 @@ def capture(
 
     Exit: the program's own status (killed by a signal, cudasnap dies of the same signal); 2
     when the snapshot cannot be written or exists (checked before the program starts) or, the
-    program having succeeded, was not saved completely."""
+    program having succeeded, was not saved completely; 126 when COMMAND is found but cannot
+    run (a directory, not executable, not a program) and 127 when it is not found, as a shell."""
     from cudasnap.capture.runner import run_capture
     from cudasnap.capture.window import parse_window_spec
 
