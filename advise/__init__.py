@@ -140,8 +140,14 @@ def advise(path: str, cfg: Optional[AdviseConfig] = None, progress=None) -> Dict
                     + [("launch", "--launch-override", spec, launch_selection(spec)) for spec in cfg.launch_override])
         for kind, flag, spec, sel in variants:
             say(f"what-if: {flag} {spec}")
-            whatifs.append(variant_whatif(src.snapshot, kind, f"{flag} {spec}", [flag, spec], sel, cfg.device,
-                                          cfg.repeat, cfg.warmup, cfg.timeout, baselines))
+            w = variant_whatif(src.snapshot, kind, f"{flag} {spec}", [flag, spec], sel, cfg.device,
+                               cfg.repeat, cfg.warmup, cfg.timeout, baselines)
+            # a rebuilt kernel that does not load is bad input, as replay says (exit 2); a launch
+            # size the kernel does not allow is a what-if's answer ("applied to no launch")
+            if kind == "replace" and (w.get("replay") or {}).get("exit_code") == 2:
+                raise AdviseError(f"{flag} {spec}: the replay with the change failed: "
+                                  f"{' '.join(str(w['replay'].get('error') or 'exit 2').split())}")
+            whatifs.append(w)
     else:
         for f in stretches:
             f["what_if"] = {"kind": "graph", "measured": False, "why": why_not}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -44,7 +45,8 @@ def run_cudasnap(args: List[str], timeout: Optional[float]) -> subprocess.Comple
 def last_error(cp: subprocess.CompletedProcess) -> str:
     lines = [l.strip() for l in (cp.stderr or "").splitlines() if l.strip()]
     errs = [l for l in lines if "error" in l.lower() or l.startswith("cudasnap")]
-    return (errs or lines or [f"exit {cp.returncode}"])[-1]
+    line = (errs or lines or [f"exit {cp.returncode}"])[-1]
+    return re.sub(r"^cudasnap: (error: )?", "", line)     # quoted inside advise's own line
 
 
 def is_profile_json(path: str) -> bool:
@@ -95,6 +97,8 @@ def take_profile(snapshot: str, pace: str, timeout: Optional[float], device: int
         args = ["replay", snapshot, "--profile", "timeline", "--pace", pace, "--device", str(device),
                 "--out", out, "--trace", tr, "-q"]
         cp = run_cudasnap(args, timeout)
+        if cp.returncode == 2:        # the replay's own error (no such GPU...), not what its profile lacks
+            raise AdviseError(f"the timeline replay of {snapshot} failed: {last_error(cp)}")
         if not os.path.isfile(out):
             raise AdviseError(f"the timeline replay of {snapshot} gave no profile (exit {cp.returncode}: "
                               f"{last_error(cp)})")

@@ -34,6 +34,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ from typing import Any, Dict, List, Optional
 import xxhash
 
 from cudasnap.compare.envs import Env, env_table
+from cudasnap.formats.limits import MAX_RUNS
 from cudasnap.formats.tomlfile import TomlFileError, load_toml
 
 
@@ -156,7 +158,7 @@ def replace_digests(spec: str) -> Dict[str, Optional[str]]:
     return out
 
 
-def _num(t: Dict[str, Any], key: str, default, kind, lo, where: str):
+def _num(t: Dict[str, Any], key: str, default, kind, lo, where: str, hi=None):
     v = t.get(key, default)
     if kind is bool:
         if not isinstance(v, bool):
@@ -164,8 +166,12 @@ def _num(t: Dict[str, Any], key: str, default, kind, lo, where: str):
         return v
     if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not isinstance(v, int)):
         raise PlanError(f"{where}: {key} must be {'an integer' if kind is int else 'a number'}")
+    if isinstance(v, float) and not math.isfinite(v):
+        raise PlanError(f"{where}: {key} = {v} is not a finite number")
     if v < lo:
         raise PlanError(f"{where}: {key} must be >= {lo}")
+    if hi is not None and v > hi:
+        raise PlanError(f"{where}: {key} must be <= {hi}")
     return kind(v)
 
 
@@ -179,16 +185,17 @@ def _rules(t: Any, where: str) -> Rules:
     if unknown:
         raise PlanError(f"{where}: [rules]: unknown key(s) {', '.join(sorted(unknown))} ({', '.join(sorted(known))})")
     d = Rules()
-    return Rules(repeats=_num(t, "repeats", d.repeats, int, 1, where), warmup=_num(t, "warmup", d.warmup, int, 0, where),
+    return Rules(repeats=_num(t, "repeats", d.repeats, int, 1, where, MAX_RUNS),
+                 warmup=_num(t, "warmup", d.warmup, int, 0, where, MAX_RUNS),
                  threshold=_num(t, "threshold", d.threshold, float, 0, where),
                  noise_factor=_num(t, "noise_factor", d.noise_factor, float, 0, where),
-                 max_reruns=_num(t, "max_reruns", d.max_reruns, int, 0, where),
+                 max_reruns=_num(t, "max_reruns", d.max_reruns, int, 0, where, 100),
                  confirm=_num(t, "confirm", d.confirm, bool, 0, where),
                  timeout=_num(t, "timeout", d.timeout, float, 1, where),
-                 retries=_num(t, "retries", d.retries, int, 0, where),
+                 retries=_num(t, "retries", d.retries, int, 0, where, 100),
                  hold_gpus=_num(t, "hold_gpus", d.hold_gpus, bool, 0, where),
-                 pairs=_num(t, "pairs", d.pairs, int, 1, where), alpha=_num(t, "alpha", d.alpha, float, 0, where),
-                 noise_sigmas=_num(t, "noise_sigmas", d.noise_sigmas, float, 0, where))
+                 pairs=_num(t, "pairs", d.pairs, int, 1, where, 1000), alpha=_num(t, "alpha", d.alpha, float, 0, where, 1),
+                 noise_sigmas=_num(t, "noise_sigmas", d.noise_sigmas, float, 0, where, 1000))
 
 
 def min_p(n: int) -> float:

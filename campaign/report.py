@@ -27,6 +27,11 @@ def parse_since(s: str) -> str:
     t = m.group(2) or "00:00:00"
     if len(t) == 5:
         t += ":00"
+    import datetime
+    try:
+        datetime.datetime.strptime(f"{m.group(1)}T{t}", "%Y-%m-%dT%H:%M:%S")
+    except ValueError as e:
+        raise ReportError(f"--since {s!r}: not a date ({e})")
     return f"{m.group(1)}T{t}Z"
 
 

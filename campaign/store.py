@@ -109,8 +109,17 @@ _HOLDS = {"INTEGER": ("integer", "null"), "REAL": ("integer", "real", "null"), "
 _AS = {"INTEGER": "an integer", "REAL": "a number", "TEXT": "text"}
 
 
+def _header(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(100)
+
+
 class Store:
-    def __init__(self, path, create: bool = True):
+    def __init__(self, path, create: bool = True, defer: bool = False):
+        """Open (create: or make) the store at path. A file that is there is looked at read-only
+        first: one that is not a campaign store is refused untouched (mode, size, journal).
+        defer: a store not there yet is made on the first write (a campaign that fails to
+        start leaves none); until then reads see an empty store."""
         self.path = os.fspath(path)
         if not create and not os.path.isfile(self.path):
             raise StoreError(f"{self.path}: no such store")
@@ -119,33 +128,97 @@ class Store:
         parent = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(parent):
             raise StoreError(f"{self.path}: no such directory {parent} (create it first)")
-        try:
-            self.db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        self._pending = False
+        empty = not os.path.exists(self.path) or os.path.getsize(self.path) == 0
+        if empty and not create:
+            raise StoreError(f"{self.path}: an empty file, not a campaign store")
+        if not empty:
+            try:
+                head = _header(self.path)
+            except OSError as e:
+                raise StoreError(f"{self.path}: cannot read ({e.strerror or e})")
+            if not head.startswith(b"SQLite format 3\0"):
+                raise StoreError(f"{self.path}: not an SQLite store (file is not a database)")
+            self.wal = len(head) > 19 and head[18] == 2
+            # a rollback-journal file opens read-only without a trace; a WAL file's reader makes
+            # -wal/-shm beside it, which the last connection to close removes (read-only cannot)
+            look = self._connect(readonly=not self.wal)
+            try:
+                self._check(look, create)
+            finally:
+                look.close()
+            if not create:
+                self.db = self._connect(readonly=not self.wal)
+                if self._version() == "1":      # read in memory, upgraded there: the file stays as it was
+                    mem = sqlite3.connect(":memory:", isolation_level=None)
+                    self.db.backup(mem)
+                    self.db.close()
+                    mem.row_factory = sqlite3.Row
+                    self.db = mem
+                    self._upgrade()
+                return
+        elif defer and not os.path.exists(self.path):
+            self._pending = True
+            self.db = sqlite3.connect(":memory:", isolation_level=None)
             self.db.row_factory = sqlite3.Row
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("PRAGMA foreign_keys=ON")
-            tables = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            self.db.executescript(_DDL)
+            self.db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            return
+        self._open_for_writing()
+
+    def _connect(self, readonly: bool):
+        try:
+            if readonly:
+                from urllib.parse import quote
+                db = sqlite3.connect(f"file:{quote(os.path.abspath(self.path))}?mode=ro", uri=True, timeout=30,
+                                     isolation_level=None)
+            else:
+                db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            db.row_factory = sqlite3.Row
+            db.execute("SELECT name FROM sqlite_master LIMIT 1").fetchall()
+            return db
         except sqlite3.DatabaseError as e:
             raise StoreError(f"{self.path}: not an SQLite store ({e})")
-        if tables and "runs" not in tables:
-            raise StoreError(f"{self.path}: an SQLite file, but not a campaign store")
-        if not tables and not create:
-            raise StoreError(f"{self.path}: an empty file, not a campaign store")
-        if create:
-            try:
-                self.db.executescript(_DDL)         # idempotent: IF NOT EXISTS
-                self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            except sqlite3.DatabaseError as e:
-                raise StoreError(f"{self.path}: cannot write the store ({e})")
-        v = self.db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        if v is not None and v[0] == "1":
-            try:
-                _upgrade_1_to_2(self.db)
-            except sqlite3.DatabaseError as e:
-                raise StoreError(f"{self.path}: a version 1 store that cannot be upgraded to version 2 ({e})")
-            v = ("2",)
-        if v is None or int(v[0]) != SCHEMA_VERSION:
+
+    def _check(self, db, create: bool) -> None:
+        """Refuse a database that is not a campaign store of this schema (it is left as it was);
+        create: a database without a table may become one."""
+        try:
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            if not tables and create:
+                return
+            if not tables:
+                raise StoreError(f"{self.path}: an empty SQLite file, not a campaign store")
+            if "runs" not in tables or "meta" not in tables:
+                raise StoreError(f"{self.path}: an SQLite file, but not a campaign store")
+            v = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        except sqlite3.DatabaseError as e:
+            raise StoreError(f"{self.path}: not an SQLite store ({e})")
+        if v is None or str(v[0]) not in ("1", str(SCHEMA_VERSION)):    # 1: upgraded on opening
             raise StoreError(f"{self.path}: store schema version {v[0] if v else '?'}, this cudasnap reads {SCHEMA_VERSION}")
+
+    def _open_for_writing(self) -> None:
+        self.db = self._connect(readonly=False)
+        try:
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA foreign_keys=ON")
+            self.db.executescript(_DDL)         # idempotent: IF NOT EXISTS
+            self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        except sqlite3.DatabaseError as e:
+            raise StoreError(f"{self.path}: cannot write the store ({e})")
+        if self._version() == "1":
+            self._upgrade()
+        self._pending = False
+
+    def _version(self) -> Optional[str]:
+        v = self.db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        return None if v is None else str(v[0])
+
+    def _upgrade(self) -> None:
+        try:
+            _upgrade_1_to_2(self.db)
+        except sqlite3.DatabaseError as e:
+            raise StoreError(f"{self.path}: a version 1 store that cannot be upgraded to version 2 ({e})")
 
     def value_problem(self) -> Optional[str]:
         """The first value of a type its column does not hold (a store edited or damaged by
@@ -177,6 +250,9 @@ class Store:
             return False
 
     def tx(self):
+        if self._pending:                   # the first write makes the file (defer)
+            self.db.close()
+            self._open_for_writing()
         return Store._Tx(self.db)
 
     def close(self) -> None:
@@ -186,13 +262,11 @@ class Store:
     def open_run(self, campaign, version: str, address: Optional[str], fresh: bool) -> (int, bool):
         """The run to continue (the latest run of this campaign file: its finished cells are
         skipped) or, when fresh or there is none, a new one. Returns (run id, resumed)."""
-        if not fresh:
-            r = self.db.execute("SELECT id FROM runs WHERE campaign_hash=? ORDER BY id DESC LIMIT 1",
-                                (campaign.file_hash,)).fetchone()
-            if r is not None:
-                with self.tx() as db:
-                    db.execute("UPDATE runs SET sessions=sessions+1, status='running', ended=NULL WHERE id=?", (r[0],))
-                return r[0], True
+        r = None if fresh else self.latest_run(campaign)
+        if r is not None:
+            with self.tx() as db:
+                db.execute("UPDATE runs SET sessions=sessions+1, status='running', ended=NULL WHERE id=?", (r,))
+            return r, True
         rules = json.dumps(campaign.rules.__dict__)
         with self.tx() as db:
             cur = db.execute("INSERT INTO runs (campaign, campaign_path, campaign_hash, baseline, rules, started, status,"
@@ -200,6 +274,12 @@ class Store:
                              (campaign.name, campaign.path, campaign.file_hash, campaign.baseline, rules, now_iso(),
                               "running", json.dumps([socket.gethostname()]), version, address))
             return cur.lastrowid, False
+
+    def latest_run(self, campaign) -> Optional[int]:
+        """The run open_run would continue (read only): the latest of this campaign file."""
+        r = self.db.execute("SELECT id FROM runs WHERE campaign_hash=? ORDER BY id DESC LIMIT 1",
+                            (campaign.file_hash,)).fetchone()
+        return None if r is None else r[0]
 
     def close_run(self, run_id: int, status: str, hosts: Iterable[str], exit_code: Optional[int]) -> None:
         row = self.db.execute("SELECT hosts FROM runs WHERE id=?", (run_id,)).fetchone()

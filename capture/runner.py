@@ -283,7 +283,18 @@ _GATE_PY = ("import os, signal, sys\n"
             "    os.execvpe(sys.argv[1], sys.argv[1:], env)\n"
             "except OSError as e:\n"
             "    sys.stderr.write(f'cudasnap: error: cannot run {sys.argv[1]}: {e.strerror or e}\\n')\n"
-            "    os._exit(127)\n" % _GATE_ABORTED)
+            "    os._exit(127 if e.errno == 2 else 126)\n" % _GATE_ABORTED)      # as a shell: 126 found, not run
+
+
+def _not_a_program(path: str) -> bool:
+    """An executable file the kernel will not run: no ELF header and no #! line (a shell would
+    try it as a script; exec fails with ENOEXEC)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return False
+    return bool(head) and not head.startswith((b"\x7fELF", b"#!"))
 
 
 def _spawn_gated(command: Sequence[str], env: Dict[str, str], mask) -> "tuple[int, int]":
@@ -368,8 +379,15 @@ def capture(command: Union[Sequence[str], str], out: Union[str, os.PathLike, Non
     exe = shutil.which(command[0]) or (command[0] if os.path.exists(command[0]) else None)
     if exe is None:
         return CaptureResult(127, error=f"command not found: {command[0]}")
-    if os.path.isdir(exe) or not os.access(exe, os.X_OK):
-        return CaptureResult(127, error=f"cannot run {command[0]}: Permission denied")
+    # as a shell does: 126 for a program found but not runnable, naming why
+    if os.path.isdir(exe):
+        return CaptureResult(126, error=f"cannot run {command[0]}: it is a directory; give a program")
+    if not os.access(exe, os.X_OK):
+        return CaptureResult(126, error=f"cannot run {command[0]}: not executable (chmod +x it, or give its "
+                                        f"interpreter first: cudasnap capture -- sh {command[0]})")
+    if _not_a_program(exe):
+        return CaptureResult(126, error=f"cannot run {command[0]}: not a program (neither an executable binary nor "
+                                        f"a script starting with #!); give its interpreter first")
     try:
         lib = shim_path()
     except RuntimeError as e:

@@ -591,7 +591,7 @@ def parse_window_spec(spec: str) -> Dict[str, Any]:
         return {"mode": "launches", "spec": s, "a": int(m.group(1)), "b": min(int(m.group(2)), LAUNCH_MAX)}
     if kind in ("nvtx", "kernel"):
         name, k = rest, 0
-        m = re.fullmatch(r"(.*)#(\d+)", rest)
+        m = re.fullmatch(r"(.*)#\s*([+-]?\d+)", rest)       # #-1 too: refused, not read as a name
         if m:
             name, k = m.group(1), int(m.group(2))
             if k < 1:

@@ -12,7 +12,10 @@ from typing import List, Optional
 import typer
 
 from cudasnap.console import is_tty
-from cudasnap.typer_base import fail as _fail
+from cudasnap.formats.limits import MAX_RUNS
+from cudasnap.typer_base import Inert, fail as _fail, needs
+
+_WHAT_IF = lambda p: not p.get("no_what_if")  # noqa: E731
 
 
 class Pace(str, Enum):
@@ -20,6 +23,12 @@ class Pace(str, Enum):
     fast = "fast"
 
 
+@needs(*(Inert(o, "with --no-what-if", _WHAT_IF, f"leave out --no-what-if or --{o.replace('_', '-')}")
+         for o in ("replace", "launch_override", "repeat", "warmup", "graphs")),
+       Inert("block_sizes", "without --metrics", lambda p: p.get("metrics") is not None and not p.get("no_what_if"),
+             "give --metrics M.json (and no --no-what-if), or leave --block-sizes out"),
+       Inert("force", "without --out or --html", lambda p: p.get("out") is not None or p.get("html") is not None,
+             warn=True))
 def advise(
     source: Path = typer.Argument(..., metavar="SNAPSHOT|PROFILE.json", help="A .cusnap file (replayed under --profile timeline here), or the JSON of `replay --profile timeline --out` (its snapshot is replayed for the what-ifs when it is still there)."),
     out: Optional[Path] = typer.Option(None, "--out", metavar="A.json", help="Write the findings as JSON (an existing file only with -f)."),
@@ -32,8 +41,8 @@ def advise(
     block_sizes: int = typer.Option(2, "--block-sizes", metavar="N", min=0, help="With --metrics: for the N heaviest low-occupancy kernels, the block size that raises theoretical occupancy most (keeping the threads launched) is replayed and measured; 0: none."),
     pace: Pace = typer.Option(Pace.recorded, "--pace", metavar="recorded|fast", help="The timeline replay's pace: recorded keeps the program's host gaps (launch-bound stretches and host gaps are the program's), fast shows the replayer's."),
     graphs: int = typer.Option(3, "--graphs", metavar="N", min=0, help="Launch-bound stretches measured as CUDA graphs, largest first."),
-    repeat: int = typer.Option(10, "--repeat", metavar="N", min=1, help="What-ifs: timed runs per graph or launch."),
-    warmup: int = typer.Option(3, "--warmup", metavar="N", min=0, help="What-ifs: untimed runs first."),
+    repeat: int = typer.Option(10, "--repeat", metavar="N", min=1, max=MAX_RUNS, help="What-ifs: timed runs per graph or launch."),
+    warmup: int = typer.Option(3, "--warmup", metavar="N", min=0, max=MAX_RUNS, help="What-ifs: untimed runs first."),
     tiny_us: float = typer.Option(5.0, "--tiny-us", metavar="US", min=0.0, help="Kernels shorter than this count as launch-bound (so do longer ones that ran for less time than the GPU idled around them)."),
     device: int = typer.Option(0, "--device", metavar="N", min=0, help="GPU ordinal to replay on."),
     timeout: Optional[float] = typer.Option(None, "--timeout", metavar="SECONDS", min=1.0, help="Give up on a replay that runs longer."),
@@ -51,7 +60,8 @@ def advise(
     with --metrics, a low-occupancy kernel at the block size that raises its occupancy.
 
     Exit 0: findings made (a what-if that could not be measured says why); 2: bad input (not a
-    snapshot or a timeline profile, a profile with no kernels, an unwritable output)."""
+    snapshot or a timeline profile, a profile with no kernels, a replay that fails, a --replace file
+    that does not load, an unwritable output)."""
     from cudasnap.advise import AdviseConfig, AdviseError, advise as run_advise
     from cudasnap.advise.findings import Limits
     from cudasnap.formats.outputs import OutputError, check_output
@@ -79,15 +89,11 @@ def advise(
         if why:
             _fail(why)
     if replace and not no_what_if:
-        from cudasnap.replay.replace import parse_specs
-        try:
-            parse_specs(list(replace))
-        except ValueError as e:
-            _fail(str(e))
-        for r in replace:
-            f = r.rpartition("=")[2].strip()
-            if not Path(f).is_file():
-                _fail(f"--replace {r}: no such file")
+        from types import SimpleNamespace
+        from cudasnap.replay.replace import check_specs
+        why = check_specs(SimpleNamespace(replace=list(replace)))
+        if why:
+            _fail(why)
     if launch_override and not no_what_if:
         from cudasnap.replay.override import parse as parse_override
         for spec in launch_override:

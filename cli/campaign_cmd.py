@@ -10,7 +10,7 @@ from typing import Any, Dict, Optional
 
 import typer
 from cudasnap.console import is_tty
-from cudasnap.typer_base import Command as _Command, fail as _fail
+from cudasnap.typer_base import Command as _Command, Inert, fail as _fail, needs
 
 
 campaign_app = typer.Typer(
@@ -83,6 +83,7 @@ class _Progress:
 
 @campaign_app.command("run", cls=_Command)
 def run(
+    ctx: typer.Context,
     campaign: Path = typer.Argument(..., metavar="CAMPAIGN.toml", help="[[snapshot]] and [[env]] tables, a baseline and [rules]."),
     output: Path = typer.Option(Path("campaign.sqlite"), "-o", "--output", metavar="STORE.sqlite", help="The store (created, or appended to: history accumulates)."),
     address: Optional[str] = typer.Option(None, "--address", metavar="auto|ray://HOST:PORT", help="A Ray cluster to run on (default: a local Ray runtime using every GPU of this machine)."),
@@ -107,6 +108,11 @@ def run(
     except PlanError as e:
         _fail(str(e))
     try:
+        store = Store(output, defer=True)     # made on the first write: after Ray has started
+    except StoreError as e:
+        _fail(str(e))
+    ctx.call_on_close(store.close)            # the last connection to a WAL store removes -wal/-shm
+    try:
         import ray  # noqa: F401
     except ImportError:
         _fail("campaigns run on Ray, which is not installed: pip install 'cudasnap[campaign]'")
@@ -114,10 +120,6 @@ def run(
         import scipy.stats  # noqa: F401
     except ImportError:
         _fail("campaigns judge with scipy, which is not installed: pip install 'cudasnap[campaign]'")
-    try:
-        store = Store(output)
-    except StoreError as e:
-        _fail(str(e))
     raise typer.Exit(run_campaign(camp, store, address, fresh, ship, json_out, quiet))
 
 
@@ -128,34 +130,37 @@ def run_campaign(camp, store, address, fresh: bool, ship: bool, json_out: bool, 
 
     from cudasnap import __version__ as version
     base_run = None
-    run_id, resumed = store.open_run(camp, version, address, fresh)
+    # every check and Ray's start before the store is written: a campaign that cannot start
+    # leaves the store as it was (no run row that the next one would resume)
+    earlier = None if fresh else store.latest_run(camp)
     if camp.baseline.startswith("run:"):
-        base_run = store.resolve_run(camp.baseline, camp.name, run_id)
+        base_run = store.resolve_run(camp.baseline, camp.name, -1 if earlier is None else earlier)
         if base_run is None:
-            store.close_run(run_id, "failed", [], 2)
             _fail(f"baseline {camp.baseline}: no such earlier run of campaign {camp.name!r} in {store.path}")
-    skip = store.finished_keys(run_id) if resumed else {}
+    skip = store.finished_keys(earlier) if earlier is not None else {}
     prog = _Progress(quiet or json_out)
     eng = None
+    t0 = time.monotonic()
+    ray_s = 0.0
+    if len(skip) < len(camp.cells):
+        try:
+            eng = Engine(camp, store, None, address=address, init_kwargs=init_kwargs, ship=ship, on_event=prog)
+        except EngineError as e:
+            prog.stop()
+            _fail(str(e))
+        ray_s = time.monotonic() - t0
+    run_id, resumed = store.open_run(camp, version, address, fresh)
     status, code = "failed", 2
     old = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, _interrupt)
-    t0 = time.monotonic()
-    ray_s = 0.0
     try:
-        if len(skip) == len(camp.cells):      # nothing left: no need for Ray
+        if eng is None:      # nothing left: no need for Ray
             counts = {"cells": len(camp.cells), "skipped": len(skip), "ran": 0, "failed": 0, "regressed": 0,
                       "set_aside": 0}
             eng = _NoEngine()
         else:
-            try:
-                eng = Engine(camp, store, run_id, address=address, init_kwargs=init_kwargs, ship=ship, on_event=prog)
-            except EngineError as e:
-                prog.stop()
-                store.close_run(run_id, "failed", [], 2)
-                _fail(str(e))
+            eng.run_id = run_id
             eng.set_baseline_run(base_run)
-            ray_s = time.monotonic() - t0
             counts = eng.run(skip)
         prog.stop()
         status = "done"
@@ -211,11 +216,13 @@ def _interrupt(signum, frame):
 
 
 @campaign_app.command("report", cls=_Command)
+@needs(Inert("force", "without --html", lambda p: p.get("html") is not None, warn=True))
 def report(
+    ctx: typer.Context,
     store_path: Path = typer.Argument(..., metavar="STORE", help="A campaign store (campaign run -o)."),
     html: Optional[Path] = typer.Option(None, "--html", metavar="R.html", help="Write a self-contained HTML report with each kernel's trend plotted (needs plotly)."),
     since: Optional[str] = typer.Option(None, "--since", metavar="DATE", help="Only runs started on or after DATE (YYYY-MM-DD or YYYY-MM-DDTHH:MM)."),
-    run_id: Optional[int] = typer.Option(None, "--run", metavar="N", help="The run whose matrix is shown (default: the latest)."),
+    run_id: Optional[int] = typer.Option(None, "--run", metavar="N", min=1, help="The run whose matrix is shown (default: the latest)."),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     force: bool = typer.Option(False, "-f", "--force-overwrite", help="Replace an existing HTML report."),
 ):
@@ -232,6 +239,7 @@ def report(
         st = Store(store_path, create=False)
     except StoreError as e:
         _fail(str(e))
+    ctx.call_on_close(st.close)   # the last connection to a WAL store removes -wal/-shm
     try:
         since_iso = parse_since(since) if since else None
     except ReportError as e:

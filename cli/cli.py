@@ -9,7 +9,8 @@ import os
 import sys
 
 import typer
-from cudasnap.typer_base import Command, Group, fail, help_width
+from cudasnap.formats.limits import MAX_RUNS
+from cudasnap.typer_base import Command, Group, Inert, fail, help_width, needs
 
 
 _Command, _fail = Command, fail
@@ -170,7 +171,20 @@ def _main(
     pass
 
 
+def _is(name: str, *values):
+    """params -> whether option `name` holds one of values (enum or text)."""
+    return lambda p: _value(p.get(name)) in values
+
+
+_FLIGHT = lambda p: p.get("flight_recorder") is not None  # noqa: E731
+
+
 @app.command(cls=_Command, context_settings={"allow_interspersed_args": False})
+@needs(Inert("context", "without --window kernel:REGEX", lambda p: (p.get("window") or "").startswith("kernel:"),
+             "give --window kernel:REGEX[#K] too, or leave --context out"),
+       Inert("trigger", "without --flight-recorder", _FLIGHT, "give --flight-recorder too, or leave --trigger out"),
+       Inert("hang_timeout", "without --flight-recorder", _FLIGHT,
+             "give --flight-recorder too, or leave --hang-timeout out"))
 def capture(
     command: List[str] = typer.Argument(..., metavar="COMMAND", help="The program and its arguments, after --."),
     output: Optional[str] = typer.Option(None, "-o", "--output", metavar="PATH", help="Snapshot path (default ./PROGRAM.cusnap; other processes get STEM.PID.cusnap beside it). Expands %p (the program's pid), %h (host name), %q{VAR} (environment variable VAR), %% (a %)."),
@@ -196,7 +210,8 @@ def capture(
 
     Exit: the program's own status (killed by a signal, cudasnap dies of the same signal); 2
     when the snapshot cannot be written or exists (checked before the program starts) or, the
-    program having succeeded, was not saved completely."""
+    program having succeeded, was not saved completely; 126 when COMMAND is found but cannot
+    run (a directory, not executable, not a program) and 127 when it is not found, as a shell."""
     from cudasnap.capture.runner import run_capture
     from cudasnap.capture.window import parse_window_spec
 
@@ -212,8 +227,6 @@ def capture(
     elif flight_recorder is not None:
         win = {"mode": "flight", "spec": f"flight-recorder={flight_recorder:g}", "period": flight_recorder,
                "trigger": _value(trigger), "hang_timeout": hang_timeout}
-    elif hang_timeout is not None:
-        _fail("--hang-timeout needs --flight-recorder")
     raise typer.Exit(run_capture(list(command), output, ring_mb, level, threads, quiet, _value(placement),
                                  all_queries=all_queries, copy_threads=copy_threads, drain=_value(drain),
                                  segments=segments, force=force, window=win))
@@ -267,6 +280,9 @@ def repair(
 
 
 @app.command(cls=_Command)
+@needs(Inert("kernel_metrics", "without --out", lambda p: p.get("out") is not None,
+             "give --out FILE.sqlite or DIR/ too, or leave --kernel-metrics out"),
+       Inert("force", "without --out", lambda p: p.get("out") is not None, warn=True))
 def stats(
     snapshot: Path = typer.Argument(..., metavar="SNAPSHOT", help="A .cusnap file."),
     fmt: StatsFormat = typer.Option(StatsFormat.text, "--format", metavar=_one_of(StatsFormat), help="text: tables; csv: one CSV block per report, each after a '# REPORT' line; json."),
@@ -298,7 +314,21 @@ def api(
     raise typer.Exit(run_api(_value(status), json_out))
 
 
+_TIMED_RUNS = _is("profile", "isolated", "graph")
+
+
 @app.command(cls=_Command)
+@needs(Inert("repeat", "without --profile isolated or graph", _TIMED_RUNS),
+       Inert("warmup", "without --profile isolated or graph", _TIMED_RUNS),
+       Inert("flush_l2", "without --profile isolated or metrics", _is("profile", "isolated", "metrics")),
+       Inert("check_repeats", "without --profile isolated or graph", _TIMED_RUNS),
+       Inert("timeline_check", "without --profile graph", _is("profile", "graph")),
+       Inert("section", "without --profile metrics", _is("profile", "metrics")),
+       Inert("metrics", "without --profile metrics", _is("profile", "metrics")),
+       Inert("html", "without --profile metrics", _is("profile", "metrics")),
+       Inert("kernel_name_base", "without -k/--kernel-name", lambda p: p.get("kernel_name") is not None),
+       Inert("force", "without --out, --trace or --html",
+             lambda p: any(p.get(k) is not None for k in ("out_file", "trace", "html")), warn=True))
 def replay(
     ctx: typer.Context,
     snapshot: List[Path] = typer.Argument(..., metavar="SNAPSHOT", help="A .cusnap file; or a job: its group manifest, or all its snapshots (one replayer per rank, together)."),
@@ -314,7 +344,7 @@ def replay(
     atol: float = typer.Option(0.0, "--atol", metavar="F", min=0.0, help="Absolute tolerance for D2H verification (with --dtype)."),
     dtype: Optional[Dtype] = typer.Option(None, "--dtype", metavar=_one_of(Dtype), help="Element type for tolerances: f32, f16, bf16, f64."),
     continue_on_error: bool = typer.Option(False, "--continue-on-error", help="Keep going past failures; report them all."),
-    watchdog: Optional[float] = typer.Option(None, "--watchdog", metavar="SECONDS", help="Seconds a driver call may take before replay gives up (exit 2)."),
+    watchdog: Optional[float] = typer.Option(None, "--watchdog", metavar="SECONDS", min=0.001, help="Seconds a driver call may take before replay gives up (exit 2)."),
     sync_after_launch: bool = typer.Option(False, "--sync-after-launch", help="Synchronize after every launch (pins failures to a kernel)."),
     threads: bool = typer.Option(False, "--threads", help="Replay each recorded thread on its own thread (recorded order kept)."),
     relocate_payloads: bool = typer.Option(False, "--relocate-payloads", help="Rewrite stale recorded addresses found in H2D payloads after a fallback."),
@@ -322,10 +352,10 @@ def replay(
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No summary; the first problem only."),
     profile: Optional[ProfileMode] = typer.Option(None, "--profile", metavar=_one_of(ProfileMode), help="Per-kernel profiling: timeline, isolated, graph or metrics (hardware counters, CUPTI's range profiler). With it, -k/-s/-c/--kernels/--calls/--launch choose the launches profiled and every call still runs."),
-    repeat: int = typer.Option(10, "--repeat", metavar="N", min=1, help="isolated/graph: timed runs per launch (per graph)."),
-    warmup: int = typer.Option(3, "--warmup", metavar="N", min=0, help="isolated/graph: untimed runs before the timed ones."),
+    repeat: int = typer.Option(10, "--repeat", metavar="N", min=1, max=MAX_RUNS, help="isolated/graph: timed runs per launch (per graph)."),
+    warmup: int = typer.Option(3, "--warmup", metavar="N", min=0, max=MAX_RUNS, help="isolated/graph: untimed runs before the timed ones."),
     flush_l2: bool = typer.Option(True, "--flush-l2/--no-flush-l2", help="isolated: flush the L2 cache before every run (as Nsight Compute does by default), so each run starts from the same cache state."),
-    launch: Optional[int] = typer.Option(None, "--launch", metavar="SEQ", help="Profile only the launch with this call sequence number (as dump shows)."),
+    launch: Optional[int] = typer.Option(None, "--launch", metavar="SEQ", min=0, help="Profile only the launch with this call sequence number (as dump shows)."),
     out_file: Optional[Path] = typer.Option(None, "--out", metavar="FILE", help="Write per-launch and per-kernel rows to FILE.json or FILE.csv (an existing file only with -f)."),
     trace: Optional[Path] = typer.Option(None, "--trace", metavar="FILE.json[.gz]", help="Write a trace of the timeline as the PyTorch profiler (Kineto) writes one (with --profile timeline): kernels, copies and memsets per device and stream, the replayed driver calls with flow arrows to their kernels, the recording's NVTX ranges; opens in Perfetto, chrome://tracing, TensorBoard, HTA."),
     hook: List[str] = typer.Option([], "--hook", metavar="MODULE:OBJECT", help="A hook MODULE:OBJECT[?key=value&...] (repeatable); see replay/hooks.py."),
@@ -374,7 +404,8 @@ def replay(
     dtype, profile = _value(dtype), _value(profile)
     if watchdog is not None and watchdog <= 0:
         _fail("--watchdog must be > 0 seconds")
-    why = option_problem(ReplayOptions(rtol=rtol, atol=atol, dtype=dtype))   # before a job's ranks start too
+    why = option_problem(ReplayOptions(rtol=rtol, atol=atol, dtype=dtype, launch_override=launch_override,
+                                       devices=devices))   # before a job's ranks start too
     if why:
         _fail(why)
     from cudasnap.formats.group import is_manifest
@@ -418,8 +449,6 @@ def replay(
     name_base, prange = _value(kernel_name_base), _value(profiler_range)
     if jit not in (None, "ptx"):
         _fail("--jit takes ptx")
-    if (section or metrics or html) and profile != "metrics":
-        _fail("--section, --metrics and --html need --profile metrics")
     if html:
         from cudasnap.compare.html import need_plotly
         why = need_plotly()
@@ -495,16 +524,17 @@ def _per_rank(p: Path) -> str:
 
 
 @app.command(cls=_Command)
+@needs(Inert("force_overwrite", "without --html", lambda p: p.get("html") is not None, warn=True))
 def compare(
     base: Path = typer.Argument(..., metavar="BASE", help="A profile: `replay --profile MODE --out BASE.json`."),
     candidate: Path = typer.Argument(..., metavar="CANDIDATE", help="The profile to judge against BASE."),
-    threshold: float = typer.Option(5.0, "--threshold", metavar="PCT", help="Smallest difference, in percent, that counts (a difference within the runs' combined noise never counts)."),
+    threshold: float = typer.Option(5.0, "--threshold", metavar="PCT", min=0.0, help="Smallest difference, in percent, that counts (a difference within the runs' combined noise never counts)."),
     html: Optional[Path] = typer.Option(None, "--html", metavar="REPORT.html", help="Write a self-contained HTML report (needs plotly: pip install 'cudasnap[report]'; an existing file only with -f)."),
     json_out: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
     force: bool = typer.Option(False, "--force", help="Compare runs of another GPU model, snapshot or profile mode (the report says so)."),
-    top: int = typer.Option(20, "--top", metavar="N", help="Kernels shown in the table."),
+    top: int = typer.Option(20, "--top", metavar="N", min=1, help="Kernels shown in the table."),
     force_overwrite: bool = typer.Option(False, "-f", "--force-overwrite", help="Replace an existing --html file (by default refused, before any work)."),
-    min_diff_us: float = typer.Option(0.3, "--min-diff-us", metavar="US", help="A kernel whose time per launch moved by less than this is SAME whatever the ratio (clock state and timestamp resolution move 1-3 us kernels by 0.1-0.3 us); 0 judges by ratio alone."),
+    min_diff_us: float = typer.Option(0.3, "--min-diff-us", metavar="US", min=0.0, help="A kernel whose time per launch moved by less than this is SAME whatever the ratio (clock state and timestamp resolution move 1-3 us kernels by 0.1-0.3 us); 0 judges by ratio alone."),
     judge_collectives: bool = typer.Option(False, "--judge-collectives", help="Judge collective (NCCL) kernels too; by default they are reported, not judged, since their time includes waiting for the other ranks."),
 ):
     """Compare two profiles kernel by kernel: SAME, FASTER or SLOWER, against the threshold and
@@ -520,19 +550,25 @@ def compare(
 
 
 @app.command(cls=_Command)
+@needs(Inert("address", "without --gpus K (K > 1)", lambda p: (p.get("gpus") or 1) > 1,
+             "give --gpus K too, or leave --address out"),
+       Inert("repeat", "without --profile isolated", _is("profile", "isolated", "graph")),
+       Inert("warmup", "without --profile isolated", _is("profile", "isolated", "graph")),
+       Inert("force", "without --html or --keep", lambda p: p.get("html") is not None or p.get("keep") is not None,
+             warn=True))
 def bisect(
     snapshot: Path = typer.Argument(..., metavar="SNAPSHOT", help="A .cusnap file."),
     envs: Path = typer.Option(..., "--envs", metavar="ENVS.toml", help="[[env]] tables (name, vars, optional driver = path of a libcuda, optional device), the first good, the last bad."),
     profile: str = typer.Option("isolated", "--profile", metavar="isolated|timeline", help="How each environment's replay is timed."),
     kernels: Optional[str] = typer.Option(None, "--kernels", metavar="REGEX", help="Profile only kernels matching this regex (every call still runs)."),
-    repeat: int = typer.Option(10, "--repeat", metavar="N", help="isolated: timed runs per launch."),
-    warmup: int = typer.Option(3, "--warmup", metavar="N", help="isolated: untimed runs before them."),
-    threshold: float = typer.Option(5.0, "--threshold", metavar="PCT", help="Smallest slowdown, in percent, that makes an environment bad (beyond the noise too)."),
+    repeat: int = typer.Option(10, "--repeat", metavar="N", min=1, max=MAX_RUNS, help="isolated: timed runs per launch."),
+    warmup: int = typer.Option(3, "--warmup", metavar="N", min=0, max=MAX_RUNS, help="isolated: untimed runs before them."),
+    threshold: float = typer.Option(5.0, "--threshold", metavar="PCT", min=0.0, help="Smallest slowdown, in percent, that makes an environment bad (beyond the noise too)."),
     html: Optional[Path] = typer.Option(None, "--html", metavar="REPORT.html", help="Write a self-contained HTML report (needs plotly; an existing file only with -f)."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON (progress on stderr)."),
     keep: Optional[Path] = typer.Option(None, "--keep", metavar="DIR", help="Keep each environment's profile JSON in DIR (default: a temporary directory; created if missing, a non-empty one only with -f)."),
-    timeout: Optional[float] = typer.Option(None, "--timeout", metavar="SECONDS", help="Give up on a replay that runs longer."),
-    top: int = typer.Option(20, "--top", metavar="N", help="Kernels shown in the table."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", metavar="SECONDS", min=1.0, help="Give up on a replay that runs longer."),
+    top: int = typer.Option(20, "--top", metavar="N", min=1, help="Kernels shown in the table."),
     force: bool = typer.Option(False, "-f", "--force-overwrite", help="Replace an existing --html file and write into a non-empty --keep DIR (by default refused, before any replay)."),
     gpus: int = typer.Option(1, "--gpus", metavar="K", min=1, help="Replay K environments at once, one per GPU, through Ray (a local runtime, or --address): a K-ary search in fewer rounds."),
     address: Optional[str] = typer.Option(None, "--address", metavar="auto|ray://HOST:PORT", help="--gpus: the Ray cluster to run on."),
@@ -575,14 +611,14 @@ def export(
 def extract(
     snapshot: Path = typer.Argument(..., metavar="SNAPSHOT", help="A .cusnap file."),
     output: Path = typer.Option(..., "-o", "--output", metavar="SMALL.cusnap", help="The snapshot to write (never onto SNAPSHOT; an existing file only with -f)."),
-    launch: Optional[int] = typer.Option(None, "--launch", metavar="N", help="The launch with call number N (as dump shows): a kernel launch, or a graph launch with its kernels."),
+    launch: Optional[int] = typer.Option(None, "--launch", metavar="N", min=0, help="The launch with call number N (as dump shows): a kernel launch, or a graph launch with its kernels."),
     kernel: Optional[str] = typer.Option(None, "--kernel", metavar="REGEX[#K]", help="The K-th launch (from 1; default the first) of a kernel whose name matches REGEX."),
     calls: Optional[str] = typer.Option(None, "--calls", metavar="A-B", help="Every call numbered A to B."),
     memory: Optional[ExtractMemory] = typer.Option(None, "--memory", metavar=_one_of(ExtractMemory), help="reachable: restore what the selection's parameters point into, plus what pointer scanning finds there, plus module globals; all: every live allocation, whole. Default: reachable (with --check, all when reachable memory does not verify)."),
     ranges: Optional[ExtractRanges] = typer.Option(None, "--ranges", metavar=_one_of(ExtractRanges), help="exact: within an allocation, restore from each pointer to the next tensor start the snapshot names (plus what the selection writes beyond); segment: whole allocations (for kernels that read beyond their tensors). Default: exact, segment for a graph launch."),
     sass: ExtractSass = typer.Option(ExtractSass.device, "--sass", metavar=_one_of(ExtractSass), help="device: a fatbin module keeps SASS only for the recorded GPUs' architecture (and every PTX entry); all: every architecture's SASS (to replay the extract on GPUs of another architecture)."),
     check: bool = typer.Option(False, "--check", help="Replay the extract right away and exit 1 if it does not verify."),
-    device: int = typer.Option(0, "--device", metavar="N", help="GPU ordinal to replay on."),
+    device: int = typer.Option(0, "--device", metavar="N", min=0, help="GPU ordinal to replay on."),
     force: bool = typer.Option(False, "-f", "--force-overwrite", help=_FORCE_HELP),
 ):
     """Write a small self-contained snapshot of selected launches, with the memory they read.

@@ -589,6 +589,7 @@ class _Dump:
         self.fn_names: Dict[Any, str] = {}
         self.memo = _Memo()
         self.lines: list = []       # written in blocks; what was read before an error still shows
+        self.shown = 0              # lines written
 
     def one(self, rec: Dict[str, Any]) -> bool:
         """One record the Python way; True when the C walk cannot follow the file from here."""
@@ -620,6 +621,7 @@ class _Dump:
 
     def flush(self) -> None:
         text = "".join(self.lines)
+        self.shown += len(self.lines)
         self.lines.clear()
         self.out.write(text)
 
@@ -628,11 +630,11 @@ def run_dump(path: Path, calls: Optional[str], fmt: str, blobs: bool) -> int:
     fmt = (fmt or "text").lower()
     if fmt not in ("text", "jsonl", "json"):
         return _err(f"unknown --format {fmt!r} (use text or jsonl)")
-    if calls and str(calls).strip():
-        try:
-            cs.parse_terms(calls)           # a malformed spec is refused before the file is opened
-        except ValueError as e:
-            return _err(str(e))
+    if calls is not None:
+        from cudasnap.replay.selection import check as check_selection
+        bad = check_selection(calls=calls) if str(calls).strip() else "--calls is empty: give SET"
+        if bad:                             # replay's parser and words, before the file is opened
+            return _err(bad)
     d = None
     try:
         with SnapshotReader(path) as r:
@@ -640,9 +642,16 @@ def run_dump(path: Path, calls: Optional[str], fmt: str, blobs: bool) -> int:
             for frame in r.record_payloads():
                 d.frame(*frame)
             d.flush()
+            from cudasnap.formats.integrity import damage_warning
+            damaged = damage_warning(r)
+            if damaged:
+                print(f"cudasnap: warning: {damaged}", file=sys.stderr)
             if r.truncated:
                 print(f"cudasnap: warning: {r.path} is truncated: {r.lost_bytes} bytes after the last "
                       f"complete frame were lost (run `cudasnap repair`)", file=sys.stderr)
+            if calls and not d.shown:           # as replay refuses a selection of nothing
+                return _err(f"--calls {calls}: no call of {r.path} is among those (`cudasnap dump {r.path}` "
+                            f"lists them all)")
     except SnapshotError as e:
         if d is not None and d.lines:
             try:

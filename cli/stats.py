@@ -475,8 +475,12 @@ def run_stats(path: Path, fmt: str = "text", out: Optional[str] = None, which: O
     try:
         with SnapshotReader(path) as r:
             c = collect(r)
+            from cudasnap.formats.integrity import damage_warning
+            damaged = damage_warning(r)
     except SnapshotError as e:
         return _err(str(e))
+    if damaged:
+        print(f"cudasnap: warning: {damaged}", file=sys.stderr)
     rep = reports(c, which)
     if fmt == "json":
         print(json.dumps({"snapshot": os.fspath(path), "truncated": c.truncated, "timestamps": "host",

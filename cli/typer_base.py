@@ -1,9 +1,12 @@
 """What every cudasnap command shares on the command line: bad option values as one line
-(exit 2), arguments shown by name, help laid out for where it is shown, and `fail`."""
+(exit 2), numbers finite and in range, options that act only with another one (`Inert`),
+arguments shown by name, help laid out for where it is shown, and `fail`."""
 from __future__ import annotations
 
+import math
 import sys
-from typing import Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional
 
 import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup
@@ -25,6 +28,66 @@ class Argument(TyperArgument):
 
     def _usage_display_name(self) -> str:
         return self.display_name_raw + ("..." if self.nargs != 1 else "")
+
+
+try:
+    from typer._click.core import ParameterSource     # the click typer carries (typer >= 0.16)
+except ImportError:
+    from click.core import ParameterSource
+
+INT64_MAX = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class Inert:
+    """An option that does nothing unless `active(params)` holds: given anyway, it is refused
+    naming both options (`warn`: a warning only, where ncu or nsys would only warn)."""
+    option: str                               # the parameter's name
+    when: str                                 # where it does nothing: "without --window kernel:REGEX"
+    active: Callable[[Dict[str, Any]], bool]
+    fix: Optional[str] = None                 # what to do (default: leave the option out)
+    warn: bool = False
+
+
+def needs(*rules: Inert):
+    """Declare a command's Inert options (checked by Command before the command runs)."""
+    def deco(fn):
+        fn.__dict__.setdefault("cudasnap_inert", []).extend(rules)
+        return fn
+    return deco
+
+
+def option_name(p) -> str:
+    longs = [o for o in getattr(p, "opts", []) if o.startswith("--")]
+    return (longs or list(getattr(p, "opts", [])) or [p.name])[0]
+
+
+def number_problem(p, value) -> Optional[str]:
+    """A number no option means: NaN or infinity (`1e309`), or an integer past 64 bits (no
+    count, size or ordinal reaches it; the shim and the file format hold 64 bits)."""
+    for v in value if isinstance(value, (list, tuple)) else (value,):
+        if isinstance(v, bool):
+            continue
+        if isinstance(v, float) and not math.isfinite(v):
+            return f"{option_name(p)}: {v} is not a finite number"
+        if isinstance(v, int) and not -INT64_MAX - 1 <= v <= INT64_MAX:
+            return f"{option_name(p)}: {v} is out of range (at most {INT64_MAX})"
+    return None
+
+
+def given(ctx, name: str) -> bool:
+    return ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+
+
+def inert_problems(ctx, rules) -> list:
+    """(message, warn) for each Inert option given where it does nothing."""
+    by_name = {p.name: p for p in ctx.command.params}
+    out = []
+    for r in rules:
+        if given(ctx, r.option) and not r.active(ctx.params):
+            opt = option_name(by_name[r.option])
+            out.append((f"{opt} has no effect {r.when}: {r.fix or f'leave {opt} out'}", r.warn))
+    return out
 
 
 class Command(TyperCommand):
@@ -49,14 +112,56 @@ class Command(TyperCommand):
             raise typer.Exit(141) from None     # as a shell reports death by SIGPIPE; never 0 (typer says 1)
 
     def parse_args(self, ctx, args):
-        """A value outside an option's declared choices or range is one line, as every other
-        cudasnap error: 'cudasnap: error: Invalid value for '--level': ...'."""
+        """Every value checked before the command runs, each refusal one line as every other
+        cudasnap error: an empty value, one outside the option's declared choices or range
+        ('cudasnap: error: Invalid value for '--level': ...'), a number no option means, an
+        Inert option given where it does nothing."""
         ctx.meta["cudasnap.args"] = list(args)          # replay --wrap re-executes these
+        why = self.empty_value(ctx, args)
+        if why:
+            typer.echo(f"cudasnap: error: {why}", err=True)
+            ctx.exit(2)
         try:
-            return super().parse_args(ctx, args)
+            rest = super().parse_args(ctx, args)
         except typer.BadParameter as e:
             typer.echo(f"cudasnap: error: {' '.join(e.format_message().split())}", err=True)
             ctx.exit(2)
+        for p in self.params:
+            why = number_problem(p, ctx.params.get(p.name))
+            if why:
+                typer.echo(f"cudasnap: error: {why}", err=True)
+                ctx.exit(2)
+        for msg, warn in inert_problems(ctx, getattr(self.callback, "cudasnap_inert", ())):
+            typer.echo(f"cudasnap: {'warning' if warn else 'error'}: {msg}", err=True)
+            if not warn:
+                ctx.exit(2)
+        return rest
+
+    def empty_value(self, ctx, args) -> Optional[str]:
+        """An option given an empty value (`-o ''`, `--calls=`): no option of cudasnap means
+        anything by it (a path would become the working directory, a pattern would match all)."""
+        takes = {}
+        for p in self.params:
+            if getattr(p, "param_type_name", "") == "option" and not getattr(p, "is_flag", False) and not p.count:
+                for o in p.opts:
+                    takes[o] = p
+        i = 0
+        while i < len(args):
+            a = args[i]
+            if a == "--":
+                break
+            name, eq, val = a.partition("=")
+            if a in takes:
+                if i + 1 < len(args) and not args[i + 1].strip():
+                    return f"{'/'.join(takes[a].opts)} is empty: give {takes[a].metavar or 'a value'}"
+                i += 2
+                continue
+            if eq and name in takes and not val.strip():
+                return f"{'/'.join(takes[name].opts)} is empty: give {takes[name].metavar or 'a value'}"
+            if not a.startswith("-") and not ctx.allow_interspersed_args:
+                break                                   # capture: the program's own arguments follow
+            i += 1
+        return None
 
 
 class Group(TyperGroup):

@@ -383,6 +383,14 @@ def run_bisect_cli(snapshot, envs_path, mode: str = "isolated", kernels: Optiona
             return fail(f"--kernels: bad regex: {e}")
     if not os.path.exists(snapshot):
         return fail(f"{snapshot}: no such file")
+    from cudasnap.formats import SnapshotError, SnapshotReader
+    try:                                  # a file that is no snapshot: refused before --keep/--html exist
+        with SnapshotReader(snapshot):
+            pass
+    except SnapshotError as e:
+        return fail(str(e))
+    except IsADirectoryError:
+        return fail(f"{snapshot} is a directory: give a snapshot file")
     from cudasnap.formats.outputs import OutputError, check_output
     try:
         if html:

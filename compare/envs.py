@@ -38,6 +38,11 @@ def env_table(t: Any, where: str, base: str, extra: Iterable[str], taken: Iterab
     vars_ = t.get("vars", {})
     if not isinstance(vars_, dict) or not all(isinstance(v, (str, int, float, bool)) for v in vars_.values()):
         raise error(f"{where} ({name}): vars must be a table of strings or numbers")
+    for k, v in vars_.items():          # what execve cannot pass
+        if not k or "=" in k or "\0" in k:
+            raise error(f"{where} ({name}): variable {k!r}: an environment variable's name holds no '=' or NUL")
+        if "\0" in str(v):
+            raise error(f"{where} ({name}): variable {k}: its value holds a NUL byte")
     drv = t.get("driver")
     if drv is not None:
         if not isinstance(drv, str) or not drv:

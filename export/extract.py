@@ -229,7 +229,7 @@ class Extractor:
         want_k = 1
         rx = None
         if self.kernel is not None:
-            pat, _, k = self.kernel.rpartition("#") if re.search(r"#\d+$", self.kernel) else (self.kernel, "", "")
+            pat, _, k = self.kernel.rpartition("#") if re.search(r"#\s*[+-]?\d+$", self.kernel) else (self.kernel, "", "")
             want_k = int(k) if k else 1
             if want_k < 1:
                 raise ExtractError("--kernel REGEX#K counts matching launches from 1")

@@ -80,3 +80,14 @@ def damaged_frames(reader, limit: int = 8, quiet: bool = False) -> list:
     finally:
         bar.close()
     return bad
+
+
+def damage_warning(reader) -> Optional[str]:
+    """One line for commands that read only some frames (dump, stats): the frames whose checksum
+    fails, as `info` lists them, or None."""
+    bad = damaged_frames(reader, quiet=True)
+    if not bad:
+        return None
+    off, kind, why = bad[0]
+    return (f"{reader.path}: {len(bad)}{'+' if len(bad) >= 8 else ''} damaged frame(s), the first a {kind} frame at "
+            f"offset {off} ({why}); `cudasnap info` lists them, `cudasnap repair` keeps what still reads")

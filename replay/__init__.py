@@ -46,6 +46,19 @@ def option_problem(opts: ReplayOptions) -> Optional[str]:
         return "--rtol and --atol must be >= 0"
     if (opts.rtol or opts.atol) and not opts.dtype:
         return "--rtol/--atol compare elements of a type: give --dtype too (f32, f16, bf16 or f64)"
+    if opts.devices is not None:
+        from .devices import DeviceMapError, parse as parse_devices
+        try:
+            parse_devices(opts.devices)
+        except DeviceMapError as e:
+            return str(e)
+    if opts.launch_override:
+        import re
+        from .override import parse as parse_override
+        try:
+            parse_override(opts.launch_override)
+        except (ValueError, re.error) as e:
+            return f"--launch-override {opts.launch_override}: {e}" if isinstance(e, re.error) else str(e)
     return None
 
 

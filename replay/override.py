@@ -19,6 +19,9 @@ _GRID = ("gridDimX", "gridDimY", "gridDimZ")
 _BLOCK = ("blockDimX", "blockDimY", "blockDimZ")
 
 
+_MAX = 2**32 - 1          # cuLaunchKernel takes unsigned int sizes (what a kernel allows, the replay checks)
+
+
 def parse(spec: str) -> Tuple[Optional[Tuple[int, int, int]], Optional[Tuple[int, int, int]], Optional[str]]:
     vals: Dict[str, List[str]] = {}
     key = None
@@ -45,6 +48,9 @@ def parse(spec: str) -> Tuple[Optional[Tuple[int, int, int]], Optional[Tuple[int
             raise ValueError(f"--launch-override: {k} takes integers")
         if not 1 <= len(d) <= 3 or min(d) < 1:
             raise ValueError(f"--launch-override: {k} takes 1 to 3 positive sizes")
+        if max(d) > _MAX:
+            raise ValueError(f"--launch-override: {k}={','.join(map(str, d))}: a size is past what a launch "
+                             f"takes ({_MAX}, an unsigned int)")
         return tuple(d + [1] * (3 - len(d)))
 
     grid, block = dims("grid"), dims("block")

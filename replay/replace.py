@@ -28,8 +28,9 @@ ENV = "CUDASNAP_REPLACE"
 _HEX = re.compile(r"^0x[0-9a-fA-F]+$")
 
 
-def parse_specs(specs: List[str]) -> List[Tuple[str, str]]:
-    """[(target, file)]; raises ValueError naming a malformed spec."""
+def parse_specs(specs: List[str], where: str = "--replace") -> List[Tuple[str, str]]:
+    """[(target, file)]; raises ValueError naming a malformed spec (where: the option or the
+    environment variable it came from)."""
     out: Dict[str, str] = {}
     for sp in specs:
         sp = sp.strip()
@@ -37,26 +38,34 @@ def parse_specs(specs: List[str]) -> List[Tuple[str, str]]:
             continue
         target, eq, path = sp.rpartition("=")
         if not eq or not target or not path:
-            raise ValueError(f"--replace {sp!r}: expected KERNEL=FILE, module:KERNEL=FILE or 0xMODULE=FILE")
+            raise ValueError(f"{where} {sp!r}: expected KERNEL=FILE, module:KERNEL=FILE or 0xMODULE=FILE"
+                             + (" (entries separated by ';')" if where == ENV else ""))
         out[target.strip()] = path.strip()
     return list(out.items())
 
 
+def env_specs() -> List[str]:
+    return [s for s in os.environ.get(ENV, "").split(";") if s.strip()]
+
+
 def effective_specs(opts) -> List[str]:
     """The environment's specs, then the options' (a later one of the same target wins)."""
-    env = [s for s in os.environ.get(ENV, "").split(";") if s.strip()]
-    return env + list(getattr(opts, "replace", None) or [])
+    return env_specs() + list(getattr(opts, "replace", None) or [])
 
 
 def check_specs(opts) -> Optional[str]:
-    """A one-line error for malformed specs or unreadable files, before replay starts."""
-    try:
-        pairs = parse_specs(effective_specs(opts))
-    except ValueError as e:
-        return str(e)
-    for target, path in pairs:
-        if not os.path.isfile(path):
-            return f"--replace {target}={path}: no such file"
+    """A one-line error for malformed specs or unreadable files, before replay starts, naming
+    where the spec came from (--replace or CUDASNAP_REPLACE)."""
+    for where, specs in ((ENV, env_specs()), ("--replace", list(getattr(opts, "replace", None) or []))):
+        try:
+            pairs = parse_specs(specs, where)
+        except ValueError as e:
+            return str(e)
+        for target, path in pairs:
+            if os.path.isdir(path):
+                return f"{where} {target}={path}: a directory; give a cubin, fatbin or PTX file"
+            if not os.path.isfile(path):
+                return f"{where} {target}={path}: no such file"
     return None
 
 

@@ -317,7 +317,7 @@ def test_bisect_names_the_first_slow_environment(double, profiles, tmp_path):
 
 def test_bisect_without_regression_exits_0(double, profiles, tmp_path):
     envs = _envs_toml(tmp_path / "envs.toml", double, ["a", "b", "c"], slow_from=99)
-    cp = _cli(double, "bisect", profiles["snap"], "--envs", envs, "--repeat", "5", "--warmup", "1",
+    cp = _cli(double, "bisect", profiles["snap"], "--envs", envs,       # --repeat/--warmup: isolated only
               "--threshold", "15", "--profile", "timeline")
     assert cp.returncode == 0, cp.stdout + cp.stderr
     assert "no regression between 'a' and 'c'" in cp.stdout and "replays: 2 of 3" in cp.stdout

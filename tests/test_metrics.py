@@ -291,8 +291,8 @@ def test_metrics_without_cupti_is_exit_2(double, fake, tmp_path):
 
 @pytest.mark.parametrize("args, msg", [
     (["--profile", "metrics", "--section", "Bogus"], "--section Bogus: not a section"),
-    (["--profile", "isolated", "--section", "Occupancy"], "need --profile metrics"),
-    (["--metrics", "dram__bytes.sum"], "need --profile metrics"),
+    (["--profile", "isolated", "--section", "Occupancy"], "--section has no effect without --profile metrics"),
+    (["--metrics", "dram__bytes.sum"], "--metrics has no effect without --profile metrics"),
     (["--profile", "metrics", "--metrics", "a b"], "is not a metric name"),
     (["--profile", "metrics", "--html", "x.txt"], "--html must name a .html file"),
 ])

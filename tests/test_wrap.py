@@ -129,7 +129,7 @@ def test_exit_status_passes_through(double, kit, tmp_path):
 
 @pytest.mark.parametrize("wrap,msg", [("no-such-tool-4711 --x", "--wrap: no-such-tool-4711: not found on PATH"),
                                       ("./not-here/tool", "--wrap: ./not-here/tool: not an executable file"),
-                                      ("", "--wrap: empty command"),
+                                      ("", "--wrap is empty"),
                                       ("fake-tool 'unclosed", "No closing quotation")])
 def test_a_wrapper_that_cannot_run_is_one_line(double, kit, tmp_path, wrap, msg):
     cp, calls, _ = _run(double, kit, tmp_path, kit["good"], "--wrap", wrap)

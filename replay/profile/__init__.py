@@ -149,6 +149,7 @@ class ProfileRun:
     replayer: Any
     warnings: List[str]
     hooks: List[Any]
+    written: List[Any] = None             # (what, path) of each output written
 
 
 def profile_replay(snapshot, cfg: ProfileConfig, options: Optional[ReplayOptions] = None, driver=None,
@@ -197,6 +198,7 @@ def profile_replay(snapshot, cfg: ProfileConfig, options: Optional[ReplayOptions
         res.errors.append(why)
         res.exit_code = 2
     report = None
+    written = []
     if prof is not None:
         from .report import build_report, write_out
         report = build_report(prof, cfg)
@@ -225,15 +227,19 @@ def profile_replay(snapshot, cfg: ProfileConfig, options: Optional[ReplayOptions
             add_timeline_check(report, snapshot, cfg, opts)  # sequence checked against its own replay
         if cfg.mode == "metrics":
             from .metrics_report import write_out
-        if cfg.out and not why:
+        taken = not why and not failure       # a profile not taken (exit 2) leaves no file claiming one
+        if cfg.out and taken:
             write_out(report, cfg.out)
-        if cfg.html and not why:
+            written.append(("profile", cfg.out))
+        if cfg.html and taken:
             from .roofline import write_html
             write_html(report, cfg.html)
-        if cfg.trace and not why:
+            written.append(("roofline", cfg.html))
+        if cfg.trace and taken:
             from .trace import write_trace
             write_trace(prof, cfg.trace, os.fspath(snapshot))
-    return ProfileRun(res, report, rp, warnings, hook_objs)
+            written.append(("trace", cfg.trace))
+    return ProfileRun(res, report, rp, warnings, hook_objs, written)
 
 
 def profile_failure(report: Dict[str, Any], cfg: ProfileConfig) -> Optional[str]:
@@ -297,9 +303,8 @@ def run_profile_cli(snapshot, opts: ReplayOptions, cfg: ProfileConfig, as_json: 
         else:
             from .report import render_table
         render_table(run.report, out, cfg.top)
-        for p, what in ((cfg.out, "profile"), (cfg.trace, "trace"), (cfg.html, "roofline")):
-            if p:
-                out.write(f"{what} written to {p}\n")
+        for what, p in run.written or ():
+            out.write(f"{what} written to {p}\n")
     _exit_if_gpu_hung(run, res.exit_code, out)
     return res.exit_code
 
