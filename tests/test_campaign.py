@@ -526,7 +526,7 @@ def test_one_gpu_verdict_stands_unconfirmed(tmp_path):
     assert tuple(row) == ("SLOWER", None, "unconfirmed: one GPU", "h:0@n1", None)
     assert [tuple(r) for r in s.db.execute("SELECT side, round FROM attempts ORDER BY n")] == \
         [("baseline", 1), ("candidate", 1), ("baseline", 2), ("candidate", 2)]
-    rep = build_report(s)
+    rep = build_report(s, ending=True)
     out = io.StringIO()
     render_text(rep, out)
     assert rep["exit_code"] == 1 and "unconfirmed: one GPU" in out.getvalue()
@@ -550,7 +550,7 @@ def test_a_verdict_holds_only_when_the_other_gpu_agrees(tmp_path):
     assert tuple(row) == ("UNCONFIRMED", 0, "not confirmed on another GPU", "h:1@n1", 0)
     k = s.db.execute("SELECT verdict, diff_pct, confirm_diff_pct FROM kernel_results WHERE kernel='k'").fetchone()
     assert k[0] == "UNCONFIRMED" and k[1] > 40 and abs(k[2]) < 5
-    assert build_report(s)["exit_code"] == 0
+    assert build_report(s, ending=True)["exit_code"] == 0
 
 
 def test_a_version_1_store_gains_the_new_columns(tmp_path):
