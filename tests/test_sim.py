@@ -174,6 +174,19 @@ def test_ptx_the_simulator_cannot_run_is_refused_by_name(snaps):
         "cudasnap: error: kernel add_one uses cp.async (the simulator cannot parse it); the simulator cannot run it"]
 
 
+def test_ptx_the_simulator_fails_to_parse_is_named(snaps, tmp_path):
+    """PTX that no check foresaw and the simulator's parser rejects (it then crashes): exit 2,
+    one line naming the function, the line and what to do, never a bare crash."""
+    good = (DATA / "wrong_add_one.ptx").read_text()
+    bad = tmp_path / "bad.ptx"
+    bad.write_text(re.sub(r"^(\s*)ret;", r"\1bogus.op.u32 %r1, %r1;\n\1ret;", good, count=1, flags=re.M))
+    cp = _sim(snaps["plain"], "--replace", f"add_one={bad}")
+    assert cp.returncode == 2, cp.stdout + cp.stderr
+    err = cp.stderr.strip().splitlines()
+    assert len(err) == 1 and "its PTX parser rejects line" in err[0] and "of add_one ('bogus.op.u32" in err[0], err
+    assert "the simulator cannot run it" in err[0] and "--replace KERNEL=FILE.ptx" in err[0]
+
+
 def test_ptx_helpers():
     from cudasnap.replay.sim import ptx
     text = (DATA / "kernels.ptx").read_text()

@@ -382,6 +382,30 @@ def log_tail(log_path: str, n: int = 3) -> str:
     return " | ".join((bad or lines)[-n:])
 
 
+def ptx_parse_error(log_path: str, ptx_path: str) -> Optional[str]:
+    """A parse error of the simulator's PTX front end, named by function and line (the simulator
+    then crashes); None when the log holds none."""
+    try:
+        with open(log_path, errors="replace") as f:
+            m = re.search(r"(\S+\.ptx):(\d+) Syntax error", f.read())
+        if not m:
+            return None
+        with open(ptx_path, errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    n = int(m.group(2))
+    text = lines[n - 1].strip() if 0 < n <= len(lines) else "?"
+    where = "?"
+    for l in reversed(lines[:n]):
+        e = re.search(r"\.(?:entry|func)\s+(?:\([^)]*\)\s*)?([\w$]+)", l)
+        if e:
+            where = re.sub(r"__csrep\d+$", "", e.group(1))    # the name it had before the merge
+            break
+    return (f"the simulator cannot run it: its PTX parser rejects line {n} of {where} ({text[:80]!r}); "
+            f"supply a PTX build it accepts with --replace KERNEL=FILE.ptx")
+
+
 def run_sim_cli(snapshot, opts, sim_spec: str, sim_path: Optional[str], mode: str, as_json: bool = False,
                 out_file: Optional[str] = None, keep: Optional[bool] = None) -> int:
     """`cudasnap replay SNAP --sim ...`: plan, refuse what cannot run, replay on the simulator,
@@ -452,6 +476,9 @@ def run_sim_cli(snapshot, opts, sim_spec: str, sim_path: Optional[str], mode: st
             result = None
         if cp.returncode not in (0, 1, 2) or result is None:
             how = f"signal {-cp.returncode}" if cp.returncode < 0 else f"exit {cp.returncode}"
+            parse = ptx_parse_error(job["log"], os.path.join(work, "replay.ptx"))
+            if parse:
+                return fail(parse)
             return fail(f"the simulator stopped ({how}) before the replay ended: {log_tail(job['log'])}")
         for name, n in sorted(result["unsupported"].items()):
             sys.stderr.write(f"cudasnap: note: {name} ({n}x): the simulator adapter does not implement it\n")
