@@ -1,0 +1,188 @@
+"""The README's Ray cluster recipe followed as written, on this machine only: a token, a head
+started by `ray start --head` with two fake GPUs, a campaign through `--address ray://HEAD:PORT`
+with the token, and a bisect through `--address auto`. And a campaign without --address starts
+a runtime of its own whatever address file an earlier `ray start` left behind.
+
+The head runs in its own session (process group) with its own HOME (the token) and temp dir,
+all on 127.0.0.1 (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 keeps Ray off the machine's other
+addresses), and the whole group is killed afterwards: nothing of it outlives the module."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from test_campaign import ENVS, _campaign  # noqa: E402
+from test_compare import three_kernels  # noqa: E402
+
+RAY = [sys.executable, "-m", "ray.scripts.scripts"]          # the `ray` command of this Python
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGTERM the group, then SIGKILL what is left; returns once the group is empty."""
+    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.2)
+
+
+def _base_env(double, root: Path) -> dict:
+    env = dict(double["env"], RAY_TMPDIR=str(root), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
+               RAY_USAGE_STATS_ENABLED="0")
+    for k in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        env.pop(k, None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def head(double):
+    root = Path(tempfile.mkdtemp(prefix="csray", dir="/tmp"))   # short: Ray's socket paths must fit
+    (root / "home").mkdir()
+    env = _base_env(double, root)
+    env["HOME"] = str(root / "home")
+    # README: `ray get-auth-token --generate`, then `RAY_AUTH_MODE=token ray start --head --num-gpus N`
+    tok = subprocess.run(RAY + ["get-auth-token", "--generate"], env=env, capture_output=True, text=True, timeout=120)
+    assert tok.returncode == 0 and tok.stdout.strip(), tok.stderr[-2000:]
+    port, client = _free_port(), _free_port()
+    log = open(root / "head.log", "w")
+    proc = subprocess.Popen(RAY + ["start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port),
+                                   "--ray-client-server-port", str(client), "--temp-dir", str(root / "ray"),
+                                   "--num-cpus", "2", "--num-gpus", "2", "--resources", '{"gpu_model:H100": 2}',
+                                   "--include-dashboard", "false", "--disable-usage-stats"],
+                            env=dict(env, RAY_AUTH_MODE="token"), stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while True:                                      # up when the client server answers
+            assert proc.poll() is None, (root / "head.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, (root / "head.log").read_text()[-3000:]
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", client)) == 0 and (root / "ray" / "ray_current_cluster").exists():
+                    break
+            time.sleep(0.5)
+        snaps = root / "snaps"
+        snaps.mkdir()
+        three_kernels(snaps / "s0.cusnap", n=64)
+        yield {"root": root, "env": env, "token": tok.stdout.strip(), "client": client, "snaps": snaps}
+    finally:
+        _kill_group(proc.pid)
+        log.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _cli(env, *args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "cudasnap", *map(str, args)], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_campaign_through_ray_client_with_the_token(head, tmp_path):
+    """--address ray://127.0.0.1:PORT with RAY_AUTH_MODE=token and RAY_AUTH_TOKEN, from a HOME
+    that holds no token: the planted regression is found on the head's two fake GPUs."""
+    (tmp_path / "home").mkdir()
+    env = dict(head["env"], HOME=str(tmp_path / "home"), RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=head["token"])
+    camp = _campaign(tmp_path / "camp.toml", str(head["snaps"] / "s0.cusnap"))
+    cp = _cli(env, "campaign", "run", camp, "-o", tmp_path / "st.sqlite", "--address",
+              f"ray://127.0.0.1:{head['client']}", "--json")
+    assert cp.returncode == 1, cp.stdout[-2000:] + cp.stderr[-2000:]
+    res = json.loads(cp.stdout)
+    assert res["cells"] == 3 and res["ran"] == 3 and res["failed"] == 0 and res["gpus"] == 2, res
+    assert {(g["env"], g["kernel"]) for g in res["report"]["regressions"]} == {("slowfill", "fill")}
+
+
+def test_bisect_joins_the_head_by_auto(head, tmp_path):
+    """--address auto finds the head by its address file (RAY_TMPDIR) and the token in HOME."""
+    steady = '{ CUDA_DOUBLE_SLOW = "*:1", CUDA_DOUBLE_SLOW_FLOOR_US = "4000" }'
+    slow = '{ CUDA_DOUBLE_SLOW = "*:1,fill:4", CUDA_DOUBLE_SLOW_FLOOR_US = "4000" }'
+    envs = tmp_path / "envs.toml"
+    envs.write_text("".join(f'[[env]]\nname = "e{i}"\nvars = {steady if i < 2 else slow}\n' for i in range(4)))
+    cp = _cli(head["env"], "bisect", head["snaps"] / "s0.cusnap", "--envs", envs, "--repeat", "5", "--warmup", "1",
+              "--threshold", "30", "--gpus", "2", "--address", "auto", "--json")
+    assert cp.returncode == 1, cp.stdout[-2000:] + cp.stderr[-2000:]
+    res = json.loads(cp.stdout)
+    assert res["first_bad"]["name"] == "e2" and res["gpus"] == 2, res
+
+
+def test_local_campaign_ignores_a_stale_cluster_address(double, tmp_path):
+    """An address file left by a head that died (RAY_TMPDIR/ray/ray_current_cluster, naming a
+    port nothing listens on) and RAY_ADDRESS: a campaign without --address starts its own
+    runtime all the same (here with two fake GPUs, as the local runtime of a GPU machine)."""
+    root = Path(tempfile.mkdtemp(prefix="csray", dir="/tmp"))
+    try:
+        (root / "ray").mkdir()
+        stale = f"127.0.0.1:{_free_port()}"
+        (root / "ray" / "ray_current_cluster").write_text(stale)
+        snaps = root / "snaps"
+        snaps.mkdir()
+        three_kernels(snaps / "s0.cusnap", n=64)
+        camp = _campaign(tmp_path / "camp.toml", str(snaps / "s0.cusnap"))
+        env = dict(_base_env(double, root), RAY_AUTH_MODE="disabled")
+        script = ("import sys\nfrom cudasnap.campaign import Store, load_campaign\n"
+                  "from cudasnap.campaign_cmd import run_campaign\n"
+                  f"sys.exit(run_campaign(load_campaign({str(camp)!r}), Store({str(tmp_path / 'st.sqlite')!r}), None, "
+                  "False, False, True, True, init_kwargs=dict(num_cpus=2, num_gpus=2, "
+                  "resources={'gpu_model:H100': 2})))\n")
+        proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=300)
+        finally:
+            _kill_group(proc.pid)
+        assert proc.returncode == 1, out[-2000:] + err[-2000:]
+        res = json.loads(out)
+        assert res["ran"] == 3 and res["failed"] == 0 and res["gpus"] == 2, res
+        assert (root / "ray" / "ray_current_cluster").read_text() == stale      # not ours to touch
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_failed_connection_says_how_authentication_is_set(monkeypatch):
+    from cudasnap.campaign import engine
+
+    def refuse(**kw):
+        assert kw["address"] == "ray://127.0.0.1:10001"
+        raise ConnectionError("ray client connection timeout")
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", refuse)
+    with pytest.raises(engine.EngineError) as e:
+        engine.start_ray("ray://127.0.0.1:10001")
+    msg = str(e.value)
+    assert "\n" not in msg and "ray client connection timeout" in msg
+    assert "RAY_AUTH_MODE=token" in msg and "RAY_AUTH_TOKEN" in msg
+
+
+def test_without_an_address_ray_gets_local(monkeypatch):
+    """No --address: ray.init is told "local", so neither RAY_ADDRESS nor an address file decides."""
+    from cudasnap.campaign import engine
+    seen = {}
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: seen.update(kw))
+    engine.start_ray(None, {"num_gpus": 2})
+    assert seen["address"] == "local" and seen["num_gpus"] == 2
+    seen.clear()
+    engine.start_ray("auto")
+    assert seen["address"] == "auto" and "num_gpus" not in seen
