@@ -35,18 +35,28 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _group_alive(pgid: int) -> bool:
+    """A process of the group still runs (zombies waiting for init to reap them do not count)."""
+    for st in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            f = st.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(f[2]) == pgid and f[0] != "Z":
+            return True
+    return False
+
+
 def _kill_group(pgid: int) -> None:
-    """SIGTERM the group, then SIGKILL what is left; returns once the group is empty."""
-    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+    """SIGTERM the group, then SIGKILL what is left; returns once no process of it runs."""
+    for sig, wait in ((signal.SIGTERM, 8), (signal.SIGKILL, 10)):
         try:
             os.killpg(pgid, sig)
         except ProcessLookupError:
             return
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
-            try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
+            if not _group_alive(pgid):
                 return
             time.sleep(0.2)
 
@@ -59,6 +69,31 @@ def _base_env(double, root: Path) -> dict:
     return env
 
 
+def _start_head(env: dict, root: Path):
+    """`RAY_AUTH_MODE=token ray start --head` with two fake GPUs, blocking in a session of its
+    own; up when its client server answers. Ray gives the raylet 30 s to register, which a
+    loaded 2-core machine can miss: one more try then."""
+    for _ in range(2):
+        port, client = _free_port(), _free_port()
+        with open(root / "head.log", "w") as log:
+            proc = subprocess.Popen(RAY + ["start", "--head", "--block", "--node-ip-address", "127.0.0.1",
+                                           "--port", str(port), "--ray-client-server-port", str(client),
+                                           "--temp-dir", str(root / "ray"), "--num-cpus", "2", "--num-gpus", "2",
+                                           "--resources", '{"gpu_model:H100": 2}', "--include-dashboard", "false",
+                                           "--disable-usage-stats"],
+                                    env=dict(env, RAY_AUTH_MODE="token"), stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", client)) == 0 and (root / "ray" / "ray_current_cluster").exists():
+                    return proc, client
+            time.sleep(0.5)
+        _kill_group(proc.pid)
+        proc.wait(timeout=10)
+    pytest.fail("ray start --head did not come up: " + (root / "head.log").read_text()[-3000:])
+
+
 @pytest.fixture(scope="module")
 def head(double):
     root = Path(tempfile.mkdtemp(prefix="csray", dir="/tmp"))   # short: Ray's socket paths must fit
@@ -66,32 +101,22 @@ def head(double):
     env = _base_env(double, root)
     env["HOME"] = str(root / "home")
     # README: `ray get-auth-token --generate`, then `RAY_AUTH_MODE=token ray start --head --num-gpus N`
-    tok = subprocess.run(RAY + ["get-auth-token", "--generate"], env=env, capture_output=True, text=True, timeout=120)
-    assert tok.returncode == 0 and tok.stdout.strip(), tok.stderr[-2000:]
-    port, client = _free_port(), _free_port()
-    log = open(root / "head.log", "w")
-    proc = subprocess.Popen(RAY + ["start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port),
-                                   "--ray-client-server-port", str(client), "--temp-dir", str(root / "ray"),
-                                   "--num-cpus", "2", "--num-gpus", "2", "--resources", '{"gpu_model:H100": 2}',
-                                   "--include-dashboard", "false", "--disable-usage-stats"],
-                            env=dict(env, RAY_AUTH_MODE="token"), stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
     try:
-        deadline = time.monotonic() + 180
-        while True:                                      # up when the client server answers
-            assert proc.poll() is None, (root / "head.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, (root / "head.log").read_text()[-3000:]
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", client)) == 0 and (root / "ray" / "ray_current_cluster").exists():
-                    break
-            time.sleep(0.5)
+        tok = subprocess.run(RAY + ["get-auth-token", "--generate"], env=env, capture_output=True, text=True,
+                             timeout=120)
+        assert tok.returncode == 0 and tok.stdout.strip(), tok.stderr[-2000:]
+        proc, client = _start_head(env, root)
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    try:
         snaps = root / "snaps"
         snaps.mkdir()
         three_kernels(snaps / "s0.cusnap", n=64)
         yield {"root": root, "env": env, "token": tok.stdout.strip(), "client": client, "snaps": snaps}
     finally:
         _kill_group(proc.pid)
-        log.close()
+        proc.wait(timeout=10)
         shutil.rmtree(root, ignore_errors=True)
 
 
