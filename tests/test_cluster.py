@@ -23,10 +23,20 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from test_campaign import ENVS, _campaign  # noqa: E402
 from test_compare import three_kernels  # noqa: E402
 
 RAY = [sys.executable, "-m", "ray.scripts.scripts"]          # the `ray` command of this Python
+FLOOR = 'CUDA_DOUBLE_SLOW_FLOOR_US = "4000"'
+
+
+def _campaign(path: Path, snap: Path) -> Path:
+    """Two cells: the baseline and `fill` planted 4x slower, few repeats (a slowdown that large
+    needs no more)."""
+    path.write_text(f'name = "cluster"\nbaseline = "plain"\n[rules]\nrepeats = 3\nwarmup = 1\nthreshold = 20\n'
+                    f'max_reruns = 1\ntimeout = 120\n[[snapshot]]\npath = "{snap}"\n'
+                    f'[[env]]\nname = "plain"\nvars = {{ CUDA_DOUBLE_SLOW = "*:1", {FLOOR} }}\n'
+                    f'[[env]]\nname = "slowfill"\nvars = {{ CUDA_DOUBLE_SLOW = "*:1,fill:4", {FLOOR} }}\n')
+    return path
 
 
 def _free_port() -> int:
@@ -49,7 +59,7 @@ def _group_alive(pgid: int) -> bool:
 
 def _kill_group(pgid: int) -> None:
     """SIGTERM the group, then SIGKILL what is left; returns once no process of it runs."""
-    for sig, wait in ((signal.SIGTERM, 8), (signal.SIGKILL, 10)):
+    for sig, wait in ((signal.SIGTERM, 3), (signal.SIGKILL, 10)):
         try:
             os.killpg(pgid, sig)
         except ProcessLookupError:
@@ -130,22 +140,22 @@ def test_campaign_through_ray_client_with_the_token(head, tmp_path):
     that holds no token: the planted regression is found on the head's two fake GPUs."""
     (tmp_path / "home").mkdir()
     env = dict(head["env"], HOME=str(tmp_path / "home"), RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=head["token"])
-    camp = _campaign(tmp_path / "camp.toml", str(head["snaps"] / "s0.cusnap"))
+    camp = _campaign(tmp_path / "camp.toml", head["snaps"] / "s0.cusnap")
     cp = _cli(env, "campaign", "run", camp, "-o", tmp_path / "st.sqlite", "--address",
               f"ray://127.0.0.1:{head['client']}", "--json")
     assert cp.returncode == 1, cp.stdout[-2000:] + cp.stderr[-2000:]
     res = json.loads(cp.stdout)
-    assert res["cells"] == 3 and res["ran"] == 3 and res["failed"] == 0 and res["gpus"] == 2, res
+    assert res["cells"] == 2 and res["ran"] == 2 and res["failed"] == 0 and res["gpus"] == 2, res
     assert {(g["env"], g["kernel"]) for g in res["report"]["regressions"]} == {("slowfill", "fill")}
 
 
 def test_bisect_joins_the_head_by_auto(head, tmp_path):
     """--address auto finds the head by its address file (RAY_TMPDIR) and the token in HOME."""
-    steady = '{ CUDA_DOUBLE_SLOW = "*:1", CUDA_DOUBLE_SLOW_FLOOR_US = "4000" }'
-    slow = '{ CUDA_DOUBLE_SLOW = "*:1,fill:4", CUDA_DOUBLE_SLOW_FLOOR_US = "4000" }'
+    steady = f'{{ CUDA_DOUBLE_SLOW = "*:1", {FLOOR} }}'
+    slow = f'{{ CUDA_DOUBLE_SLOW = "*:1,fill:4", {FLOOR} }}'
     envs = tmp_path / "envs.toml"
     envs.write_text("".join(f'[[env]]\nname = "e{i}"\nvars = {steady if i < 2 else slow}\n' for i in range(4)))
-    cp = _cli(head["env"], "bisect", head["snaps"] / "s0.cusnap", "--envs", envs, "--repeat", "5", "--warmup", "1",
+    cp = _cli(head["env"], "bisect", head["snaps"] / "s0.cusnap", "--envs", envs, "--repeat", "3", "--warmup", "1",
               "--threshold", "30", "--gpus", "2", "--address", "auto", "--json")
     assert cp.returncode == 1, cp.stdout[-2000:] + cp.stderr[-2000:]
     res = json.loads(cp.stdout)
@@ -164,7 +174,7 @@ def test_local_campaign_ignores_a_stale_cluster_address(double, tmp_path):
         snaps = root / "snaps"
         snaps.mkdir()
         three_kernels(snaps / "s0.cusnap", n=64)
-        camp = _campaign(tmp_path / "camp.toml", str(snaps / "s0.cusnap"))
+        camp = _campaign(tmp_path / "camp.toml", snaps / "s0.cusnap")
         env = dict(_base_env(double, root), RAY_AUTH_MODE="disabled")
         script = ("import sys\nfrom cudasnap.campaign import Store, load_campaign\n"
                   "from cudasnap.campaign_cmd import run_campaign\n"
@@ -179,7 +189,8 @@ def test_local_campaign_ignores_a_stale_cluster_address(double, tmp_path):
             _kill_group(proc.pid)
         assert proc.returncode == 1, out[-2000:] + err[-2000:]
         res = json.loads(out)
-        assert res["ran"] == 3 and res["failed"] == 0 and res["gpus"] == 2, res
+        assert res["ran"] == 2 and res["failed"] == 0 and res["gpus"] == 2, res
+        assert {(g["env"], g["kernel"]) for g in res["report"]["regressions"]} == {("slowfill", "fill")}
         assert (root / "ray" / "ray_current_cluster").read_text() == stale      # not ours to touch
     finally:
         shutil.rmtree(root, ignore_errors=True)
