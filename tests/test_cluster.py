@@ -8,6 +8,7 @@ all on 127.0.0.1 (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 keeps Ray off the machine'
 addresses), and the whole group is killed afterwards: nothing of it outlives the module."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -43,6 +44,11 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _group_alive(pgid: int) -> bool:
@@ -81,13 +87,15 @@ def _base_env(double, root: Path) -> dict:
 
 def _start_head(env: dict, root: Path):
     """`RAY_AUTH_MODE=token ray start --head` with two fake GPUs, blocking in a session of its
-    own; up when its client server answers. Ray gives the raylet 30 s to register, which a
+    own; up when its client server answers, and the runtime-env agent that a client's session
+    needs (it starts last). Ray gives the raylet 30 s to register, which a
     loaded 2-core machine can miss: one more try then."""
     for _ in range(2):
-        port, client = _free_port(), _free_port()
+        port, client, agent = _free_port(), _free_port(), _free_port()
         with open(root / "head.log", "w") as log:
             proc = subprocess.Popen(RAY + ["start", "--head", "--block", "--node-ip-address", "127.0.0.1",
                                            "--port", str(port), "--ray-client-server-port", str(client),
+                                           "--runtime-env-agent-port", str(agent),
                                            "--temp-dir", str(root / "ray"), "--num-cpus", "2", "--num-gpus", "2",
                                            "--resources", '{"gpu_model:H100": 2}', "--include-dashboard", "false",
                                            "--disable-usage-stats"],
@@ -95,17 +103,16 @@ def _start_head(env: dict, root: Path):
                                     start_new_session=True)
         deadline = time.monotonic() + 120
         while proc.poll() is None and time.monotonic() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", client)) == 0 and (root / "ray" / "ray_current_cluster").exists():
-                    return proc, client
+            if all(_listening(p) for p in (client, agent)) and (root / "ray" / "ray_current_cluster").exists():
+                return proc, client
             time.sleep(0.5)
         _kill_group(proc.pid)
         proc.wait(timeout=10)
     pytest.fail("ray start --head did not come up: " + (root / "head.log").read_text()[-3000:])
 
 
-@pytest.fixture(scope="module")
-def head(double):
+@contextlib.contextmanager
+def _head(double):
     root = Path(tempfile.mkdtemp(prefix="csray", dir="/tmp"))   # short: Ray's socket paths must fit
     (root / "home").mkdir()
     env = _base_env(double, root)
@@ -135,31 +142,32 @@ def _cli(env, *args, timeout=300):
                           text=True, timeout=timeout)
 
 
-def test_campaign_through_ray_client_with_the_token(head, tmp_path):
-    """--address ray://127.0.0.1:PORT with RAY_AUTH_MODE=token and RAY_AUTH_TOKEN, from a HOME
-    that holds no token: the planted regression is found on the head's two fake GPUs."""
-    (tmp_path / "home").mkdir()
-    env = dict(head["env"], HOME=str(tmp_path / "home"), RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=head["token"])
-    camp = _campaign(tmp_path / "camp.toml", head["snaps"] / "s0.cusnap")
-    cp = _cli(env, "campaign", "run", camp, "-o", tmp_path / "st.sqlite", "--address",
-              f"ray://127.0.0.1:{head['client']}", "--json")
-    assert cp.returncode == 1, cp.stdout[-2000:] + cp.stderr[-2000:]
-    res = json.loads(cp.stdout)
-    assert res["cells"] == 2 and res["ran"] == 2 and res["failed"] == 0 and res["gpus"] == 2, res
-    assert {(g["env"], g["kernel"]) for g in res["report"]["regressions"]} == {("slowfill", "fill")}
+def test_the_readme_cluster_recipe(double, tmp_path):
+    """One head for both (one test, so that xdist's workers never start two):
+    - `--address ray://127.0.0.1:PORT` with RAY_AUTH_MODE=token and RAY_AUTH_TOKEN, from a HOME
+      that holds no token: the planted regression is found on the head's two fake GPUs;
+    - bisect `--address auto` finds the head by its address file (RAY_TMPDIR) and the token in
+      HOME, and replays there, two environments a round."""
+    with _head(double) as head:
+        (tmp_path / "home").mkdir()
+        env = dict(head["env"], HOME=str(tmp_path / "home"), RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=head["token"])
+        camp = _campaign(tmp_path / "camp.toml", head["snaps"] / "s0.cusnap")
+        cp = _cli(env, "campaign", "run", camp, "-o", tmp_path / "st.sqlite", "--address",
+                  f"ray://127.0.0.1:{head['client']}", "--json")
+        assert cp.returncode == 1, cp.stdout[-2000:] + cp.stderr[-2000:]
+        res = json.loads(cp.stdout)
+        assert res["cells"] == 2 and res["ran"] == 2 and res["failed"] == 0 and res["gpus"] == 2, res
+        assert {(g["env"], g["kernel"]) for g in res["report"]["regressions"]} == {("slowfill", "fill")}
 
-
-def test_bisect_joins_the_head_by_auto(head, tmp_path):
-    """--address auto finds the head by its address file (RAY_TMPDIR) and the token in HOME."""
-    steady = f'{{ CUDA_DOUBLE_SLOW = "*:1", {FLOOR} }}'
-    slow = f'{{ CUDA_DOUBLE_SLOW = "*:1,fill:4", {FLOOR} }}'
-    envs = tmp_path / "envs.toml"
-    envs.write_text("".join(f'[[env]]\nname = "e{i}"\nvars = {steady if i < 2 else slow}\n' for i in range(4)))
-    cp = _cli(head["env"], "bisect", head["snaps"] / "s0.cusnap", "--envs", envs, "--repeat", "3", "--warmup", "1",
-              "--threshold", "30", "--gpus", "2", "--address", "auto", "--json")
-    assert cp.returncode == 1, cp.stdout[-2000:] + cp.stderr[-2000:]
-    res = json.loads(cp.stdout)
-    assert res["first_bad"]["name"] == "e2" and res["gpus"] == 2, res
+        steady = f'{{ CUDA_DOUBLE_SLOW = "*:1", {FLOOR} }}'
+        slow = f'{{ CUDA_DOUBLE_SLOW = "*:1,fill:4", {FLOOR} }}'
+        envs = tmp_path / "envs.toml"
+        envs.write_text("".join(f'[[env]]\nname = "e{i}"\nvars = {steady if i < 2 else slow}\n' for i in range(4)))
+        cp = _cli(head["env"], "bisect", head["snaps"] / "s0.cusnap", "--envs", envs, "--repeat", "3", "--warmup",
+                  "1", "--threshold", "30", "--gpus", "2", "--address", "auto", "--json")
+        assert cp.returncode == 1, cp.stdout[-2000:] + cp.stderr[-2000:]
+        res = json.loads(cp.stdout)
+        assert res["first_bad"]["name"] == "e2" and res["gpus"] == 2 and res["strategy"]["name"] == "2-ary", res
 
 
 def test_local_campaign_ignores_a_stale_cluster_address(double, tmp_path):
@@ -175,7 +183,7 @@ def test_local_campaign_ignores_a_stale_cluster_address(double, tmp_path):
         snaps.mkdir()
         three_kernels(snaps / "s0.cusnap", n=64)
         camp = _campaign(tmp_path / "camp.toml", snaps / "s0.cusnap")
-        env = dict(_base_env(double, root), RAY_AUTH_MODE="disabled")
+        env = dict(_base_env(double, root), RAY_AUTH_MODE="disabled", RAY_ADDRESS=stale)
         script = ("import sys\nfrom cudasnap.campaign import Store, load_campaign\n"
                   "from cudasnap.campaign_cmd import run_campaign\n"
                   f"sys.exit(run_campaign(load_campaign({str(camp)!r}), Store({str(tmp_path / 'st.sqlite')!r}), None, "
