@@ -91,7 +91,9 @@ def start_ray(address: Optional[str], init_kwargs: Optional[Dict[str, Any]] = No
     except Exception as e:
         what = f"the Ray cluster at {address}" if address else "a local Ray runtime"
         msg = ' '.join(str(e).split())
-        if address:       # often a head with token authentication, which Ray 2.5x turns on by default
+        # often token authentication: `ray start` turns it on where ~/.ray/auth_token exists (a
+        # local ray.init writes one), and a client that names an address must opt in
+        if address:
             raise EngineError(f"cannot reach {what}: {msg[:200]}; if the cluster uses token authentication, "
                               f"set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN to the head's `ray get-auth-token`")
         raise EngineError(f"cannot start {what}: {msg[:300]}")
