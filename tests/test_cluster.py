@@ -137,6 +137,14 @@ def _head(double):
         shutil.rmtree(root, ignore_errors=True)
 
 
+def _client_logs(root: Path) -> str:
+    """The tails of the head's client-server logs (why a ray:// session did not start)."""
+    out = []
+    for f in sorted((root / "ray").glob("session_latest/logs/ray_client_server*")):
+        out.append(f"--- {f.name}\n" + f.read_text(errors="replace")[-1500:])
+    return "\n".join(out)
+
+
 def _cli(env, *args, timeout=300):
     return subprocess.run([sys.executable, "-m", "cudasnap", *map(str, args)], env=env, capture_output=True,
                           text=True, timeout=timeout)
@@ -154,7 +162,7 @@ def test_the_readme_cluster_recipe(double, tmp_path):
         camp = _campaign(tmp_path / "camp.toml", head["snaps"] / "s0.cusnap")
         cp = _cli(env, "campaign", "run", camp, "-o", tmp_path / "st.sqlite", "--address",
                   f"ray://127.0.0.1:{head['client']}", "--json")
-        assert cp.returncode == 1, cp.stdout[-2000:] + cp.stderr[-2000:]
+        assert cp.returncode == 1, cp.stdout[-2000:] + cp.stderr[-2000:] + _client_logs(head["root"])
         res = json.loads(cp.stdout)
         assert res["cells"] == 2 and res["ran"] == 2 and res["failed"] == 0 and res["gpus"] == 2, res
         assert {(g["env"], g["kernel"]) for g in res["report"]["regressions"]} == {("slowfill", "fill")}
