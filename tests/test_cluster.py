@@ -160,8 +160,13 @@ def test_the_readme_cluster_recipe(double, tmp_path):
         (tmp_path / "home").mkdir()
         env = dict(head["env"], HOME=str(tmp_path / "home"), RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=head["token"])
         camp = _campaign(tmp_path / "camp.toml", head["snaps"] / "s0.cusnap")
-        cp = _cli(env, "campaign", "run", camp, "-o", tmp_path / "st.sqlite", "--address",
-                  f"ray://127.0.0.1:{head['client']}", "--json")
+        for store in ("st.sqlite", "st2.sqlite"):
+            cp = _cli(env, "campaign", "run", camp, "-o", tmp_path / store, "--address",
+                      f"ray://127.0.0.1:{head['client']}", "--json")
+            # Ray's client server, on a loaded 2-core machine, at times fails to start the first
+            # session of a fresh head ("Initialization failure from server"): one more try then
+            if "Initialization failure from server" not in cp.stderr:
+                break
         assert cp.returncode == 1, cp.stdout[-2000:] + cp.stderr[-2000:] + _client_logs(head["root"])
         res = json.loads(cp.stdout)
         assert res["cells"] == 2 and res["ran"] == 2 and res["failed"] == 0 and res["gpus"] == 2, res
