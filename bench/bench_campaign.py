@@ -88,7 +88,7 @@ def main() -> int:
     if a.double:
         init["resources"] = {"gpu_model:TEST": a.gpus}
     t0 = time.monotonic()
-    ray.init(include_dashboard=False, log_to_driver=False, **init)
+    ray.init(address="local", include_dashboard=False, log_to_driver=False, **init)
     ray_start = time.monotonic() - t0
     eng = Engine(camp, store, run_id, on_event=None)
     t0 = time.monotonic()

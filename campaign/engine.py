@@ -75,8 +75,11 @@ def start_ray(address: Optional[str], init_kwargs: Optional[Dict[str, Any]] = No
     import logging
     logging.getLogger("ray").setLevel(logging.ERROR)            # Ray's notices are not ours to print
     kw: Dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
+    # No address: a runtime of our own ("local"), never the cluster that RAY_ADDRESS or an
+    # earlier `ray start` (its address file outlives a head that died) would point ray.init at.
+    kw["address"] = address or "local"
     if address:
-        kw["address"] = address
+        pass                                                    # the cluster has its own resources
     elif init_kwargs:
         kw.update(init_kwargs)
     else:
@@ -95,7 +98,13 @@ def start_ray(address: Optional[str], init_kwargs: Optional[Dict[str, Any]] = No
         ray.init(**kw)
     except Exception as e:
         what = f"the Ray cluster at {address}" if address else "a local Ray runtime"
-        raise EngineError(f"cannot start or reach {what}: {' '.join(str(e).split())[:300]}")
+        msg = ' '.join(str(e).split())
+        # often token authentication: `ray start` turns it on where ~/.ray/auth_token exists (a
+        # local ray.init writes one), and a client that names an address must opt in
+        if address:
+            raise EngineError(f"cannot reach {what}: {msg[:200]}; if the cluster uses token authentication, "
+                              f"set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN to the head's `ray get-auth-token`")
+        raise EngineError(f"cannot start {what}: {msg[:300]}")
     return ray
 
 

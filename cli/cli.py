@@ -570,7 +570,7 @@ def bisect(
     timeout: Optional[float] = typer.Option(None, "--timeout", metavar="SECONDS", min=1.0, help="Give up on a replay that runs longer."),
     top: int = typer.Option(20, "--top", metavar="N", min=1, help="Kernels shown in the table."),
     force: bool = typer.Option(False, "-f", "--force-overwrite", help="Replace an existing --html file and write into a non-empty --keep DIR (by default refused, before any replay)."),
-    gpus: int = typer.Option(1, "--gpus", metavar="K", min=1, help="Replay K environments at once, one per GPU, through Ray (a local runtime, or --address): a K-ary search in fewer rounds."),
+    gpus: int = typer.Option(1, "--gpus", metavar="K", min=1, help="Replay K environments at once, one per GPU, through Ray (a local runtime, or --address): a K-ary search in fewer rounds (without --address, only where they save more than Ray's start)."),
     address: Optional[str] = typer.Option(None, "--address", metavar="auto|ray://HOST:PORT", help="--gpus: the Ray cluster to run on."),
 ):
     """Find the first environment (driver, variables, kernel build) where a snapshot's replay

@@ -17,7 +17,11 @@ or the total is SLOWER (`cudasnap compare`'s verdict: beyond the threshold and t
 when its replay no longer reproduces the recorded results (replay exit 1: a correctness
 break, reported as such, never as a timing verdict). A replay that cannot run (exit 2) stops
 the bisection with its reason. With --gpus K (on Ray: a local runtime, or --address) each
-round replays K environments at once, one per GPU: a K-ary search in fewer rounds. CUDASNAP_REPLACE in an environment's vars swaps kernels there
+round replays K environments at once, one per GPU: a K-ary search in fewer rounds. Without
+--address that search is chosen only where it pays: the first replay, run here, times one
+round; a local Ray runtime costs CUDASNAP_BISECT_RAY_START_S (8 s by default) to start, and
+when the rounds saved do not cover it, the plain binary search runs here. The result says
+which strategy ran and why. CUDASNAP_REPLACE in an environment's vars swaps kernels there
 (as `replay --replace`), which bisects compiler builds on one driver."""
 from __future__ import annotations
 
@@ -37,6 +41,11 @@ from cudasnap.formats.tomlfile import TomlFileError, load_toml
 
 from .core import SLOWER, CompareError, compare, facts, load_profile
 from .envs import Env, env_table
+
+
+# a local Ray runtime's start, about 7 s on an H200 host (bench/RESULTS.md): what a K-ary
+# search must save before it is chosen
+RAY_START_S = 8.0
 
 
 class BisectError(Exception):
@@ -97,9 +106,17 @@ class Outcome:
 class Bisector:
     def __init__(self, snapshot, envs: List[Env], mode: str = "isolated", kernels: Optional[str] = None,
                  repeat: int = 10, warmup: int = 3, threshold: float = 5.0, workdir: Optional[str] = None,
-                 timeout: Optional[float] = None, log=None, pool=None):
+                 timeout: Optional[float] = None, log=None, pool=None, gpus: int = 1, start_pool=None,
+                 pool_start_s: float = RAY_START_S):
         self.snapshot = os.path.abspath(os.fspath(snapshot))
         self.pool = pool                    # replays k environments at once (RayReplays), or None
+        self.gpus = gpus
+        self.start_pool = start_pool        # starts the pool when the K-ary search pays for it
+        self.pool_start_s = pool_start_s
+        self.strategy = None                # with --gpus K: {"name": "K-ary" | "binary", "why": ...}
+        if pool is not None:
+            self.strategy = ({"name": f"{pool.slots}-ary", "why": "the replays run on the given Ray cluster"}
+                             if pool.slots > 1 else {"name": "binary", "why": "the Ray cluster has one GPU"})
         self.rounds = 0                     # replays awaited together: one per round
         self._pre: Dict[int, Any] = {}
         self.envs = envs
@@ -258,12 +275,41 @@ class Bisector:
         for i, r in zip(idx, self.pool.run(jobs)):
             self._pre[i] = r
 
+    def choose(self, replay_s: float) -> None:
+        """K-ary or binary, by the time each would still take: a round costs about one replay
+        (replay_s, the first one's time), and the K-ary search first pays for Ray's start."""
+        n, k = len(self.envs), self.gpus
+        left = n - 1                                    # the search's span once both ends are in
+        binary = 1 + (math.ceil(math.log2(left)) if left > 1 else 0)
+        kary = 1 + (math.ceil(math.log(left) / math.log(k + 1) - 1e-9) if left > 1 else 0)
+        est_b, est_k = binary * replay_s, self.pool_start_s + kary * replay_s
+        why = (f"a replay takes {replay_s:.1f} s: {binary} more rounds binary ~{est_b:.1f} s, {kary} rounds "
+               f"{k}-ary ~{est_k:.1f} s with Ray's start (~{self.pool_start_s:g} s)")
+        if est_k < est_b:
+            from cudasnap.campaign.engine import EngineError
+            try:
+                self.pool = self.start_pool()
+            except EngineError as e:
+                raise _Stop(2, str(e))
+            self.pool.slots = min(k, self.pool.slots)
+            self.strategy = {"name": f"{self.pool.slots}-ary", "why": why}
+        else:
+            self.strategy = {"name": "binary", "why": why + ": the K-ary search would not pay"}
+        self.log(f"[strategy] {self.strategy['name']}: {self.strategy['why']}")
+
     def run(self) -> Dict[str, Any]:
         n = len(self.envs)
+        if self.pool is None and self.start_pool is not None:
+            self.rounds = 2                   # the first here, then the last: a choice in between
+            first = self.judge(0)
+            if first.status == "good":
+                self.choose(first.seconds)
+        else:
+            k = self.pool.slots if self.pool is not None else 1
+            self.rounds = 1 if k > 1 else 2   # the two ends: together where there are GPUs for both
+            self._prefetch([0, n - 1])
+            first = self.judge(0)
         k = self.pool.slots if self.pool is not None else 1
-        self.rounds = 1 if k > 1 else 2       # the two ends: together where there are GPUs for both
-        self._prefetch([0, n - 1])
-        first = self.judge(0)
         if first.status != "good":
             raise _Stop(2, f"the first environment {first.env.name!r} must be good: {first.reason}")
         last = self.judge(n - 1)
@@ -298,6 +344,7 @@ class Bisector:
                                "repeat": self.repeat if self.mode in ("isolated", "graph") else None,
                                "kernels": self.kernels, "envs": [], "replays": len(self.done),
                                "rounds": self.rounds, "gpus": self.pool.slots if self.pool is not None else 1,
+                               "strategy": self.strategy,
                                "max_replays": 2 + (math.ceil(math.log2(n - 1)) if n > 2 else 0),
                                "exit_code": code, "message": message, "workdir": self.workdir}
         for env in self.envs:
@@ -409,20 +456,33 @@ def run_bisect_cli(snapshot, envs_path, mode: str = "isolated", kernels: Optiona
     except BisectError as e:
         return fail(str(e))
     log = (lambda s: err.write(s + "\n")) if as_json else (lambda s: (out.write(s + "\n"), out.flush()))
-    pool = None
+    pool, start_pool, start_s = None, None, RAY_START_S
     if gpus > 1:
         if any(e.device is not None for e in envs):
             return fail("--gpus: an environment names a device; with --gpus each replay gets its own GPU from Ray")
         from cudasnap.campaign.engine import EngineError
         from cudasnap.campaign.replays import RayReplays
-        try:
-            pool = RayReplays(address, timeout=timeout)
-        except EngineError as e:
-            return fail(str(e))
-        pool.slots = min(gpus, pool.slots)
+        if address:                           # the replays belong on that cluster: no choice
+            try:
+                pool = RayReplays(address, timeout=timeout)
+            except EngineError as e:
+                return fail(str(e))
+            pool.slots = min(gpus, pool.slots)
+        else:
+            raw = os.environ.get("CUDASNAP_BISECT_RAY_START_S")
+            if raw is not None:
+                try:
+                    start_s = float(raw)
+                except ValueError:
+                    start_s = -1.0
+                if not (math.isfinite(start_s) and start_s >= 0):
+                    return fail(f"CUDASNAP_BISECT_RAY_START_S={raw!r}: give Ray's start time in seconds (>= 0)")
+
+            def start_pool():
+                return RayReplays(None, timeout=timeout)
     try:
         b = Bisector(snapshot, envs, mode, kernels, repeat, warmup, threshold, workdir=keep, timeout=timeout, log=log,
-                     pool=pool)
+                     pool=pool, gpus=gpus, start_pool=start_pool, pool_start_s=start_s)
     except OSError as e:
         if pool is not None:
             pool.close()
@@ -456,8 +516,8 @@ def run_bisect_cli(snapshot, envs_path, mode: str = "isolated", kernels: Optiona
         return res["exit_code"]
     finally:
         b.close()
-        if pool is not None:
-            pool.close()
+        if b.pool is not None:
+            b.pool.close()
 
 
 def render_bisect(res: Dict[str, Any], out, top: int = 20) -> None:
@@ -465,6 +525,8 @@ def render_bisect(res: Dict[str, Any], out, top: int = 20) -> None:
     w = out.write
     rounds = f", in {res['rounds']} round(s) on {res['gpus']} GPU(s)" if res.get("rounds") else ""
     w(f"replays: {res['replays']} of {len(res['envs'])} environments (at most {res['max_replays']}){rounds}\n")
+    if res.get("strategy"):
+        w(f"search: {res['strategy']['name']} ({res['strategy']['why']})\n")
     if res.get("first_bad"):
         w(res["message"] + "\n")
         if res.get("vs_first"):

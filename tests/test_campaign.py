@@ -59,7 +59,8 @@ def cluster(double, tmp_path_factory):
     os.environ["LD_LIBRARY_PATH"] = double["env"]["LD_LIBRARY_PATH"]
     os.environ["CUDASNAP_CAMPAIGN_TEST_KILL"] = str(d / "kill-one-worker")
     os.environ["CUDASNAP_CACHE"] = str(d / "cache")
-    ray.init(num_cpus=2, num_gpus=2, resources={"gpu_model:H100": 2}, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, num_gpus=2, resources={"gpu_model:H100": 2}, include_dashboard=False,
+             log_to_driver=False)        # "local": never a cluster an earlier `ray start` left its address for
     snaps = d / "snaps"
     snaps.mkdir()
     for i, n in enumerate((64, 96, 128, 160)):

@@ -510,3 +510,65 @@ def test_timeline_kernels_run_once_borrow_the_noise_of_similar_launches():
     assert by["jitter"]["verdict"] == SAME and "similar duration" in by["jitter"]["noise_from"], by["jitter"]
     assert by["slowed"]["verdict"] == SLOWER, by["slowed"]
     assert [k["name"] for k in res["kernels"] if k["verdict"] == SLOWER] == ["slowed"]
+
+
+def test_bisect_k_ary_only_where_it_pays(tmp_path):
+    """--gpus 4 without --address: the first replay's time decides. Fast replays: Ray's start
+    (8 s) would cost more than the rounds saved, so the binary search runs here and Ray never
+    starts; slow replays: the 4-ary search, in fewer rounds. The result says which and why."""
+    from cudasnap.compare.bisect import Bisector, Env, Outcome
+
+    class Pool:
+        slots = 4
+        started = 0
+
+        def run(self, jobs):
+            return [(0, "", 0.0)] * len(jobs)
+
+    class Fake(Bisector):
+        def __init__(self, n, bad_from, replay_s):
+            def start():
+                Pool.started += 1
+                return Pool()
+            super().__init__(tmp_path / "x.cusnap", [Env(i, f"e{i + 1}") for i in range(n)], workdir=str(tmp_path),
+                             gpus=4, start_pool=start)
+            self.bad_from, self.replay_s = bad_from, replay_s
+
+        def run_env(self, i):
+            if i not in self.done:
+                o = Outcome(self.envs[i], len(self.done) + 1, 0, self.replay_s, f"p{i}.json", "cmd")
+                o.profile = _prof([[t * (2 if i >= self.bad_from else 1) for t in (100.0, 101.0, 99.0, 100.5, 99.5)]])
+                self.done[i] = o
+            return self.done[i]
+
+    for bad in range(1, 8):
+        Pool.started = 0
+        res = Fake(8, bad, 0.5).run()
+        assert res["first_bad"]["index"] == bad and Pool.started == 0, bad
+        assert res["strategy"]["name"] == "binary" and "would not pay" in res["strategy"]["why"]
+        assert res["gpus"] == 1 and res["rounds"] == res["replays"] <= 5
+        res = Fake(8, bad, 20.0).run()
+        assert res["first_bad"]["index"] == bad and Pool.started == 1, bad
+        assert res["strategy"]["name"] == "4-ary" and "Ray's start" in res["strategy"]["why"]
+        assert res["gpus"] == 4 and res["rounds"] <= 4, res["rounds"]      # binary: up to 5
+    # the two ends alone: nothing to search, never worth Ray
+    Pool.started = 0
+    assert Fake(2, 1, 60.0).run()["strategy"]["name"] == "binary" and Pool.started == 0
+
+
+def test_bisect_gpus_on_fast_replays_runs_the_plain_search(double, profiles, tmp_path):
+    """8 environments, --gpus 4, no --address, replays of a second or two on the double: the
+    binary search, here, without starting Ray (which has no GPU to give on this machine)."""
+    names = [f"r{i}" for i in range(1, 9)]
+    envs = _envs_toml(tmp_path / "envs.toml", double, names, slow_from=6)
+    env = dict(_no_double_on_path(double), CUDASNAP_BISECT_RAY_START_S="600")
+    cp = subprocess.run([sys.executable, "-m", "cudasnap", "bisect", str(profiles["snap"]), "--envs", str(envs),
+                         "--repeat", "5", "--warmup", "1", "--threshold", "15", "--gpus", "4"], env=env,
+                        capture_output=True, text=True, timeout=300)
+    assert cp.returncode == 1, cp.stdout + cp.stderr
+    assert "first bad environment: 'r6' (6 of 8)" in cp.stdout
+    assert "search: binary (a replay takes" in cp.stdout and "would not pay" in cp.stdout
+    cp = subprocess.run([sys.executable, "-m", "cudasnap", "bisect", str(profiles["snap"]), "--envs", str(envs),
+                         "--gpus", "4"], env=dict(env, CUDASNAP_BISECT_RAY_START_S="nan"),
+                        capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 2 and "CUDASNAP_BISECT_RAY_START_S='nan'" in cp.stderr

@@ -201,7 +201,7 @@ def campaign_report(double, snap, d: Path) -> Path:
     started = not ray.is_initialized()
     try:
         if started:
-            ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False)
+            ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False)
         cp = _cli(dict(_no_double_on_path(double), RAY_AUTH_MODE="disabled"), "campaign", "run", camp, "-o", store,
                   "--address", ray.get_runtime_context().gcs_address, timeout=600)
     finally:
