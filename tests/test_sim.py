@@ -22,7 +22,9 @@ DATA = REPO / "tests" / "data" / "sim"
 
 
 def _sim_path():
-    for p in (os.environ.get("CUDASNAP_GPGPUSIM"), "/work/shared/sim/gpgpu-sim"):
+    # the variable, else the build the CI machine keeps beside the checkout
+    for p in (os.environ.get("CUDASNAP_GPGPUSIM"), str(REPO.parent / "shared" / "sim" / "gpgpu-sim"),
+              "/work/shared/sim/gpgpu-sim"):
         if p and os.path.isfile(os.path.join(p, "lib", "libcudart.so")):
             return p
     return None
