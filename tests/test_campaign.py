@@ -791,4 +791,5 @@ def test_the_example_campaign_files_plan(tmp_path):
     fake_driver.write_bytes(b"\x7fELF")
     (tmp_path / "c.toml").write_text(toml.replace("/opt/r580/", f"{fake_driver.parent}/"))
     c = load_campaign(tmp_path / "c.toml")
-    assert [e.name for e in c.envs] == ["plain", "r580"] and c.envs[1].gpu == "H100" and len(c.cells) == 2
+    assert [e.name for e in c.envs] == ["plain", "noop", "r580"] and c.envs[2].gpu == "H100" and len(c.cells) == 3
+    assert c.controls == ["noop"]
