@@ -107,4 +107,6 @@ def summary_line(res: Dict[str, Any]) -> str:
         parts.append(f"total SLOWER ({res['total']['ratio']:.2f}x)")
     if not parts:
         parts.append("no significant difference")
+    if not res["regressed"] and res["exit_code"] == 0 and any("side by side" in n for n in res.get("notes", [])):
+        return "SIDE BY SIDE: " + "; ".join(parts).replace("SLOWER", "slower").replace("FASTER", "faster") + " (exit 0)"
     return ("REGRESSION: " if res["regressed"] else "OK: ") + "; ".join(parts) + f" (exit {res['exit_code']})"
