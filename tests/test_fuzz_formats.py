@@ -8,6 +8,7 @@ parsers (zstd, msgpack, index validation) see huge declared sizes and nonsense.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import random
 import shutil
@@ -26,6 +27,9 @@ from cudasnap.formats import SnapshotError, SnapshotReader, SnapshotWriter, repa
 from cudasnap.formats import container as C
 
 TMP = tempfile.mkdtemp(prefix="cusnap-fuzz-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
+# every process that imports this module (each pytest-xdist worker collects it) removes its
+# directory at exit, whether or not it ran the module's tests
+atexit.register(shutil.rmtree, TMP, True)
 MAX_SECONDS = 5.0                 # per example (generous for slow CI cores)
 MAX_PEAK = 96 << 20               # tracemalloc peak per example
 COUNTS = {}
