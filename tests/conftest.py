@@ -35,6 +35,26 @@ def pytest_runtest_protocol(item, nextitem):
         yield
 
 
+# What the code under test keeps in the temporary directory by default (Ray's session files, the
+# campaign's GPU-keeper pid files) goes into one directory per test process, removed at its end:
+# the suite leaves nothing behind.
+_SCRATCH = None
+
+
+def pytest_configure(config):
+    global _SCRATCH
+    import tempfile
+    _SCRATCH = tempfile.mkdtemp(prefix="cs-")      # short: Ray's socket paths must fit 107 bytes
+    os.environ.setdefault("RAY_TMPDIR", _SCRATCH)
+    os.environ.setdefault("CUDASNAP_KEEPER_DIR", os.path.join(_SCRATCH, "keepers"))
+
+
+def pytest_unconfigure(config):
+    import shutil
+    if _SCRATCH:
+        shutil.rmtree(_SCRATCH, ignore_errors=True)
+
+
 # Counts a test reports for CI's log (record_property("ci_summary", LINE)), printed at the end of
 # the run: under xdist a worker's own prints are not shown.
 _CI_SUMMARIES: list = []
