@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <stdio.h>
+#include "adapter.h"
 
 typedef struct { unsigned x, y, z; } sim_dim3;
 extern int cudaMalloc(void **p, size_t n);

@@ -10,6 +10,7 @@ Calls the simulator cannot do answer CUDA_ERROR_NOT_SUPPORTED, which the replay 
 from __future__ import annotations
 
 import ctypes
+import os
 import hashlib
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -17,19 +18,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 NOT_FOUND, NOT_SUPPORTED, INVALID_VALUE, LAUNCH_FAILED = 500, 801, 1, 719
 GRAN = 2 << 20
 
-_CDEF = """
-int sim_load_ptx(const char *dir, const char *file);
-void *sim_register(const char *name);
-int sim_malloc(unsigned long long *p, size_t n);
-int sim_free(unsigned long long p);
-int sim_h2d(unsigned long long dst, const void *src, size_t n);
-int sim_d2h(void *dst, unsigned long long src, size_t n);
-int sim_d2d(unsigned long long dst, unsigned long long src, size_t n);
-int sim_memset8(unsigned long long p, int v, size_t n);
-int sim_sync(void);
-int sim_launch(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-               unsigned shm, unsigned char *params, int nparams, const unsigned *offsets);
-"""
+def _cdef() -> str:
+    """adapter.h without its preprocessor lines: what cffi's cdef reads."""
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "adapter.h")) as f:
+        return "".join(l for l in f if not l.startswith("#"))
 
 # calls that change nothing the simulator models: answered with success
 _NOOPS = ("cuCtxSetCurrent", "cuCtxPushCurrent", "cuCtxSetLimit", "cuCtxSetCacheConfig", "cuCtxSetSharedMemConfig",
@@ -66,7 +58,7 @@ class SimDriver:
         import cffi
         self._cu = cu
         self.ffi = cffi.FFI()
-        self.ffi.cdef(_CDEF)
+        self.ffi.cdef(_cdef())
         self.lib = self.ffi.dlopen(adapter_path)
         self.modules, self.layouts, self.replace = modules, layouts, replace
         self.device_name, self.cc = device_name, cc

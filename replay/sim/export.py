@@ -1,7 +1,7 @@
 """`cudasnap export SNAP -o DIR --sim`: a standalone C program that replays the snapshot on
 GPGPU-Sim and verifies it, for a simulator team to build and run where cudasnap is not installed.
 
-DIR gets replay.c (program.c's runtime, then the recorded calls), adapter.c, replay.ptx (every
+DIR gets replay.c (program.c's runtime, then the recorded calls), adapter.c and adapter.h, replay.ptx (every
 module's PTX, merged as the replay merges it), data/ (H2D payloads, expected D2H results) and a
 Makefile (`make SIM=DIR`, `make run CONFIG=... MODE=functional|performance`). The program
 relocates what the snapshot proves to be pointers, exactly as `replay --sim`: pointer
@@ -159,8 +159,9 @@ def export_sim(snapshot, outdir: str) -> Tuple[int, int, int]:
            *("    " + ln for ln in body), "    CK(sim_sync());", "    return finish();", "}"]
     with open(os.path.join(outdir, "replay.c"), "w") as fh:
         fh.write("#include <unistd.h>\n" + "\n".join(src) + "\n")
-    with open(os.path.join(outdir, "adapter.c"), "w") as fh:
-        fh.write(resources.files("cudasnap.replay.sim").joinpath("adapter.c").read_text())
+    for name in ("adapter.c", "adapter.h"):
+        with open(os.path.join(outdir, name), "w") as fh:
+            fh.write(resources.files("cudasnap.replay.sim").joinpath(name).read_text())
     with open(os.path.join(outdir, "replay.ptx"), "w") as fh:
         fh.write(merge(p.texts))
     with open(os.path.join(outdir, "Makefile"), "w") as fh:
@@ -176,7 +177,7 @@ CONFIG ?= @CONFIG@
 MODE ?= functional
 CFLAGS ?= -O1
 
-replay: replay.c adapter.c
+replay: replay.c adapter.c adapter.h
 \t$(CC) $(CFLAGS) -o $@ replay.c adapter.c -L$(SIM)/lib -lcudart -Wl,-rpath,$(SIM)/lib
 
 run: replay
