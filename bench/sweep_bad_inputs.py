@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,14 +35,7 @@ def main() -> int:
     try:
         paths = double_build.build(tmp / "double")
         env = double_build.env_for(paths)
-        snap, prof = tmp / "src.cusnap", tmp / "src.json"
-        cmd = [sys.executable, "-m", "cudasnap"]
-        subprocess.run([*cmd, "capture", "-q", "-o", str(snap), "--ring-mb", "16", "--", paths["progs"]["direct"]],
-                       env=env, check=True, capture_output=True, timeout=120)
-        subprocess.run([*cmd, "replay", str(snap), "--profile", "timeline", "--out", str(prof), "-q"],
-                       env=env, check=True, capture_output=True, timeout=120)
-        work = tmp / "work"
-        sweep.make_inputs(work, snap, prof)
+        work = sweep.prepare(tmp, env, paths["progs"]["direct"])
         cases = sweep.all_cases()
         rows, outcomes, t0 = [], [], time.monotonic()
         for cls, cs in cases.items():

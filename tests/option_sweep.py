@@ -52,6 +52,22 @@ class Case:
 PROFILE = {"summary": {"mode": "timeline"}, "kernels": [], "launches": []}
 
 
+def prepare(root: Path, env: Dict[str, str], program: str) -> Path:
+    """A snapshot of program captured on the test double, its timeline profile, and the inputs
+    every case reads, under root; returns the cases' work directory."""
+    import subprocess
+    import sys
+    snap, prof = root / "src.cusnap", root / "src.json"
+    cmd = [sys.executable, "-m", "cudasnap"]
+    subprocess.run([*cmd, "capture", "-q", "-o", str(snap), "--ring-mb", "16", "--", program],
+                   env=env, check=True, capture_output=True, timeout=120)
+    subprocess.run([*cmd, "replay", str(snap), "--profile", "timeline", "--out", str(prof), "-q"],
+                   env=env, check=True, capture_output=True, timeout=120)
+    work = root / "work"
+    make_inputs(work, snap, prof)
+    return work
+
+
 def make_inputs(work: Path, snapshot: Path, profile: Optional[Path] = None) -> Dict[str, str]:
     """The inputs every case may name, in work (relative names: cases run there)."""
     import shutil

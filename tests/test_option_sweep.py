@@ -20,17 +20,7 @@ STRIDE = {"number": 8, "inert": 1, "selection": 3, "path": 4, "filetype": 4, "fi
 
 @pytest.fixture(scope="module")
 def work(double, tmp_path_factory):
-    d = tmp_path_factory.mktemp("sweep")
-    snap, prof = d / "src.cusnap", d / "src.json"
-    env = double["env"]
-    cmd = [sys.executable, "-m", "cudasnap"]
-    subprocess.run([*cmd, "capture", "-q", "-o", str(snap), "--ring-mb", "16", "--", double["progs"]["direct"]],
-                   env=env, check=True, capture_output=True, timeout=120)
-    subprocess.run([*cmd, "replay", str(snap), "--profile", "timeline", "--out", str(prof), "-q"],
-                   env=env, check=True, capture_output=True, timeout=120)
-    w = d / "work"
-    sweep.make_inputs(w, snap, prof)
-    return w
+    return sweep.prepare(tmp_path_factory.mktemp("sweep"), double["env"], double["progs"]["direct"])
 
 
 def test_every_class_of_bad_input_is_refused_cleanly(work, record_property):
