@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
+from cudasnap.compare.render import pct  # noqa: F401  (the reports' percent, as compare words it)
+
 NOISE_EXCEEDS = "noise exceeds the rules"
 
 
@@ -14,12 +16,6 @@ def controls_line(ctl: Dict[str, Any]) -> str:
     if ctl["withdrawn"]:
         s += f"; {ctl['withdrawn']} more withdrawn by their confirmation"
     return s
-
-
-def pct(v, sign: bool = False) -> str:
-    if v is None:
-        return "-"
-    return f"{v:+.1f}%" if sign else f"{v:.1f}%"
 
 
 def p_text(v) -> str:
