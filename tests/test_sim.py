@@ -189,6 +189,21 @@ def test_ptx_the_simulator_fails_to_parse_is_named(snaps, tmp_path):
     assert "the simulator cannot run it" in err[0] and "--replace KERNEL=FILE.ptx" in err[0]
 
 
+@pytest.mark.parametrize("mode", ["functional", "performance"])
+def test_a_closed_stdout_keeps_the_simulated_verdict(snaps, mode):
+    """`replay --sim ... | head -1`: the reader going away changes no exit code (0 verified, 1 a
+    mismatch); the simulator's worker writes its report through a pipe-safe stream too."""
+    for extra, want in (((), 0), (("--replace", f"add_one={DATA / 'wrong_add_one.ptx'}"), 1)):
+        p = subprocess.Popen([sys.executable, "-m", "cudasnap", "replay", str(snaps["plain"]), "--sim", "gpgpu-sim",
+                              "--sim-path", SIM, "--sim-mode", mode, *extra],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        p.stdout.read(1)
+        p.stdout.close()                     # as head does after its first line
+        err = p.stderr.read().decode()
+        assert p.wait(timeout=300) == want, (mode, extra, err)
+        assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
 def test_ptx_helpers():
     from cudasnap.replay.sim import ptx
     text = (DATA / "kernels.ptx").read_text()

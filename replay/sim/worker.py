@@ -13,7 +13,8 @@ def main(job_path: str) -> int:
     with open(job_path) as f:
         job = json.load(f)
     sys.stdout.flush()
-    report = os.fdopen(os.dup(1), "w")
+    from cudasnap.formats.console import pipe_safe_text
+    report = pipe_safe_text(os.dup(1))    # a reader gone (| head) must not turn the verdict into an error
     log = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(log, 1)
     os.close(log)
