@@ -189,7 +189,7 @@ class Engine:
         s, e, r = cell.snapshot, cell.env, self.c.rules
         return {"path": s.path, "digest": s.digest, "size": s.size, "ship": self.ship, "mode": s.mode,
                 "kernels": s.kernels, "vars": cell.vars, "driver": e.driver, "repeat": r.repeats, "warmup": r.warmup,
-                "timeout": r.timeout, "hold_gpu": r.hold_gpus, "work_root": self.work_root}
+                "timeout": r.timeout, "hold_gpu": r.hold_gpus, "work_root": self.work_root, "workers": r.workers}
 
     def paired(self, cell: Cell) -> bool:
         """A cell replayed beside its baseline on one GPU: its baseline is an env of this run
@@ -294,6 +294,7 @@ class Engine:
         self.by_key = {c.key: c for c in self.c.cells}
         self.base_profiles: Dict[str, Optional[Dict[str, Any]]] = {}    # baseline cell key -> profile
         self.counts = {"cells": len(self.c.cells), "skipped": 0, "ran": 0, "failed": 0, "regressed": 0, "set_aside": 0}
+        self.cost = {"replays": 0, "proc_s": 0.0, "fixed_s": 0.0, "timed": 0, "server_starts": 0, "server_start_s": 0.0}
         order = self._longest_first(self.c.cells)
         for cell in order:
             if cell.key in skip:
@@ -327,11 +328,38 @@ class Engine:
                         res = {"exit_code": None, "lost": True, "error": _one_line(e)}
                     self._handle(st, purpose, t_sub, res)
                 self.on_event("tick", {"inflight": len(self.inflight)})
+            self.counts["cost"] = self.cost_summary()
         except KeyboardInterrupt:
             # nothing is cancelled here: when this driver leaves, Ray ends its job's workers and
             # each replay dies with its worker (PDEATHSIG); cancelling first races Ray's replies
             raise
         return self.counts
+
+    def _count_cost(self, r: Dict[str, Any]) -> None:
+        c = self.cost
+        if r.get("proc_s") is None:
+            return
+        c["replays"] += 1
+        c["proc_s"] += r["proc_s"]
+        if r.get("fixed_s") is not None:
+            c["timed"] += 1
+            c["fixed_s"] += r["fixed_s"]
+        if r.get("server_start_s"):
+            c["server_starts"] += 1
+            c["server_start_s"] += r["server_start_s"]
+
+    def cost_summary(self) -> Dict[str, Any]:
+        """What the run's replays cost beyond their launches (fixed_s: process or fork, imports,
+        reading, cuInit, contexts, modules, memory, the report), per replay and per cell."""
+        c = self.cost
+        cells = max(1, self.counts["ran"] - self.counts.get("set_aside", 0))
+        per_replay = c["fixed_s"] / c["timed"] if c["timed"] else None
+        per_cell = (c["fixed_s"] + c["server_start_s"]) / cells if c["timed"] else None
+        return {"replays": c["replays"], "replays_per_cell": round(c["replays"] / cells, 2),
+                "fixed_s_per_replay": round(per_replay, 4) if per_replay is not None else None,
+                "fixed_s_per_cell": round(per_cell, 4) if per_cell is not None else None,
+                "replay_s": round(c["proc_s"], 3), "server_starts": c["server_starts"],
+                "server_start_s": round(c["server_start_s"], 3), "workers": self.c.rules.workers}
 
     def _longest_first(self, cells: List[Cell]) -> List[Cell]:
         """The cells by expected time, longest first, so that the last GPU to finish waits less
@@ -371,6 +399,7 @@ class Engine:
             self._handle_pair(st, purpose, t_sub, res)
             return
         st.attempts += 1
+        self._count_cost(res)
         if res.get("host"):
             self.hosts.add(res["host"])
         prof = res.get("profile")
@@ -438,6 +467,7 @@ class Engine:
             err = r.get("stderr_tail") or None if out != "ok" else None
             gpu = ((prof or {}).get("run") or {}).get("gpu") or {}
             st.attempts += 1
+            self._count_cost(r)
             st.proc_s += r.get("proc_s") or 0.0
             self.store.add_attempt(self.run_id, st.cell.key, {
                 "purpose": purpose, "outcome": out, "exit_code": r.get("exit_code"), "host": res.get("host"),

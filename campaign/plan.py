@@ -16,6 +16,8 @@
     timeout = 1800                   # seconds per replay
     retries = 2                      # crash, timeout, lost node: more tries on another worker
     hold_gpus = true                 # keep each GPU's driver state warm between replays (keeper.py)
+    workers = "warm"                 # replays forked by a server per GPU and env (cellserver.py);
+                                     # "fresh": a new `cudasnap replay` process each
 
     [[snapshot]]
     path = "snaps/*.cusnap"          # a path or a glob, relative to this file
@@ -66,6 +68,10 @@ class Rules:
     pairs: int = 2
     alpha: float = 0.01
     noise_sigmas: float = 3.0
+    workers: str = "warm"
+
+
+WORKERS = ("warm", "fresh")
 
 
 @dataclass
@@ -195,7 +201,15 @@ def _rules(t: Any, where: str) -> Rules:
                  retries=_num(t, "retries", d.retries, int, 0, where, 100),
                  hold_gpus=_num(t, "hold_gpus", d.hold_gpus, bool, 0, where),
                  pairs=_num(t, "pairs", d.pairs, int, 1, where, 1000), alpha=_num(t, "alpha", d.alpha, float, 0, where, 1),
-                 noise_sigmas=_num(t, "noise_sigmas", d.noise_sigmas, float, 0, where, 1000))
+                 noise_sigmas=_num(t, "noise_sigmas", d.noise_sigmas, float, 0, where, 1000),
+                 workers=_workers(t, where))
+
+
+def _workers(t: Dict[str, Any], where: str) -> str:
+    w = t.get("workers", "warm")
+    if w not in WORKERS:
+        raise PlanError(f"{where}: [rules] workers must be {' or '.join(repr(x) for x in WORKERS)}, not {w!r}")
+    return w
 
 
 def min_p(n: int) -> float:

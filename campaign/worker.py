@@ -1,7 +1,8 @@
-"""What runs on a Ray worker for one replay of a cell: `python -m cudasnap replay SNAP --profile
-MODE --out X.json` in its own process, with the environment's variables and driver, pinned to
-the GPU Ray gave the task (CUDA_VISIBLE_DEVICES). The replay dies with the worker (PDEATHSIG),
-so a lost worker never leaves a replay holding its GPU."""
+"""What runs on a Ray worker for one replay of a cell: the replay, with the environment's
+variables and driver, pinned to the GPU Ray gave the task (CUDA_VISIBLE_DEVICES), forked by a
+replay server that stays up for that GPU and environment (cellserver.py), or with [rules]
+workers = "fresh" a new `python -m cudasnap replay` process. Servers and replays die with the
+worker (PDEATHSIG), so a lost worker never leaves a replay holding its GPU."""
 from __future__ import annotations
 
 import ctypes
@@ -83,15 +84,21 @@ def die_with_parent() -> None:
     os.setsid()
 
 
-def _driver_dir(driver: str, work: str) -> str:
+def _driver_dir(driver: str) -> str:
+    """A directory holding the driver as libcuda.so.1, for LD_LIBRARY_PATH; stable, so that a
+    replay server started with it outlives the cell that started it."""
     p = os.path.abspath(driver)
     if os.path.isdir(p):
         return p
     if os.path.basename(p) == "libcuda.so.1":
         return os.path.dirname(p)
-    d = os.path.join(work, "driver")
+    d = os.path.join(tempfile.gettempdir(), f"cudasnap-drivers-{os.getuid()}", xxhash.xxh3_64_hexdigest(p))
     os.makedirs(d, exist_ok=True)
-    os.symlink(p, os.path.join(d, "libcuda.so.1"))
+    link = os.path.join(d, "libcuda.so.1")
+    if os.path.realpath(link) != p:
+        tmp = f"{link}.{os.getpid()}"
+        os.symlink(p, tmp)
+        os.replace(tmp, link)
     return d
 
 
@@ -104,46 +111,79 @@ def argv_for(snap: str, out: str, mode: str, kernels: Optional[str], repeat: int
     return a
 
 
+def _cell_env(spec: Dict[str, Any], visible: str) -> Dict[str, str]:
+    env = dict(os.environ)
+    env.update(spec["vars"])
+    env.pop("CUDASNAP_REPLAY_TEST_BLOCK", None)
+    env.pop(KILL_HOOK, None)
+    if visible:
+        env["CUDA_VISIBLE_DEVICES"] = visible
+    if spec.get("driver"):
+        d = _driver_dir(spec["driver"])
+        old = env.get("LD_LIBRARY_PATH", "")
+        env["LD_LIBRARY_PATH"] = d + (os.pathsep + old if old else "")
+    return env
+
+
+def _fresh(spec: Dict[str, Any], env: Dict[str, str], snap: str, out: str) -> Dict[str, Any]:
+    """One replay as a new `python -m cudasnap replay` process ([rules] workers = "fresh")."""
+    cmd = [sys.executable, "-m", "cudasnap"] + argv_for(snap, out, spec["mode"], spec.get("kernels"),
+                                                        spec["repeat"], spec["warmup"])
+    t0 = time.monotonic()
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=die_with_parent)
+    _maybe_kill_self()
+    try:
+        _, err = p.communicate(timeout=spec["timeout"])
+        rc = p.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        rc, err = 124, f"the replay ran past {spec['timeout']:g} s"
+    except BaseException:           # cancelled: the replay goes with the task
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+        raise
+    lines = [ln for ln in (err or "").splitlines() if ln.strip()]
+    return {"exit_code": rc, "stderr_tail": "\n".join(lines[-5:]), "proc_s": time.monotonic() - t0}
+
+
+def _warm(spec: Dict[str, Any], env: Dict[str, str], snap: str, out: str) -> Dict[str, Any]:
+    """One replay forked by this worker's replay server for the cell's GPU and environment."""
+    from . import cellserver
+    key = (env.get("CUDA_VISIBLE_DEVICES"), env.get("LD_LIBRARY_PATH"), tuple(sorted(spec["vars"].items())))
+    req = cellserver.invocation(snap, out, spec["mode"], spec.get("kernels"), spec["repeat"], spec["warmup"],
+                                spec["timeout"])
+    t0 = time.monotonic()
+    try:
+        client, new = cellserver.client_for(key, env)
+        t_run = time.monotonic()
+        _maybe_kill_self()
+        rep = client.run(req)
+    except cellserver.ServerGone as e:
+        cellserver.drop(key)
+        return {"exit_code": None, "stderr_tail": str(e), "proc_s": time.monotonic() - t0, "server_lost": True}
+    except BaseException:           # cancelled: the server and its replay go with the task
+        cellserver.drop(key)
+        raise
+    rep["server_start_s"] = round(t_run - t0, 4) if new else 0.0
+    return rep
+
+
 def run_replay(spec: Dict[str, Any], gpu_ids: List[Any], snap: str) -> Dict[str, Any]:
-    """One replay in its own process; the result without any Ray type in it."""
+    """One replay, by the worker's replay server (or a new process: [rules] workers = "fresh");
+    the result without any Ray type in it."""
     res: Dict[str, Any] = {"host": socket.gethostname(), "visible_devices": ",".join(str(g) for g in gpu_ids),
                            "started": time.time()}
     root = spec.get("work_root")        # the driver's, on its node: removed when the run ends
     with tempfile.TemporaryDirectory(prefix="cudasnap-cell-", dir=root if root and os.path.isdir(root) else None) as work:
         out = os.path.join(work, "cell.json")
-        env = dict(os.environ)
-        env.update(spec["vars"])
-        env.pop("CUDASNAP_REPLAY_TEST_BLOCK", None)
-        env.pop(KILL_HOOK, None)
-        if gpu_ids:
-            env["CUDA_VISIBLE_DEVICES"] = res["visible_devices"]
-        if spec.get("driver"):
-            d = _driver_dir(spec["driver"], work)
-            old = env.get("LD_LIBRARY_PATH", "")
-            env["LD_LIBRARY_PATH"] = d + (os.pathsep + old if old else "")
+        env = _cell_env(spec, res["visible_devices"] if gpu_ids else "")
         if gpu_ids and spec.get("hold_gpu"):
             keeper.ensure(res["visible_devices"])   # the next replays on this GPU start warm
-        cmd = [sys.executable, "-m", "cudasnap"] + argv_for(snap, out, spec["mode"], spec.get("kernels"),
-                                                            spec["repeat"], spec["warmup"])
-        t0 = time.monotonic()
-        p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                             preexec_fn=die_with_parent)
-        _maybe_kill_self()
-        try:
-            _, err = p.communicate(timeout=spec["timeout"])
-            rc = p.returncode
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.communicate()
-            rc, err = 124, f"the replay ran past {spec['timeout']:g} s"
-        except BaseException:           # cancelled: the replay goes with the task
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-            raise
-        res["proc_s"] = time.monotonic() - t0
-        res["exit_code"] = rc
-        lines = [ln for ln in (err or "").splitlines() if ln.strip()]
-        res["stderr_tail"] = "\n".join(lines[-5:])
+        r = (_fresh if spec.get("workers") == "fresh" else _warm)(spec, env, snap, out)
+        res.update(r)
+        rc = res["exit_code"]
         res["profile"] = None
         if rc in (0, 1) and os.path.exists(out):
             try:
@@ -151,6 +191,12 @@ def run_replay(spec: Dict[str, Any], gpu_ids: List[Any], snap: str) -> Dict[str,
                     res["profile"] = json.load(f)
             except (OSError, ValueError) as e:
                 res["stderr_tail"] += f"\nprofile unreadable: {e}"
+        if res["profile"] is not None:
+            t = (res["profile"].get("run") or {}).get("timings_s") or {}
+            if isinstance(t.get("launches"), (int, float)):
+                # what the replay cost beyond its launches: process or fork, imports, reading,
+                # cuInit, contexts, modules, memory, the report
+                res["fixed_s"] = max(0.0, res["proc_s"] - t["launches"])
         if res["profile"] is not None and spec.get("driver"):
             got = (res["profile"].get("run") or {}).get("libcuda")
             want = os.path.realpath(spec["driver"] if not os.path.isdir(spec["driver"])

@@ -189,7 +189,7 @@ def run_campaign(camp, store, address, fresh: bool, ship: bool, json_out: bool, 
     summary = {"run": run_id, "resumed": resumed, "cells": counts["cells"], "ran": counts["ran"], "set_aside": counts.get("set_aside", 0),
                "skipped": counts["skipped"], "failed": counts["failed"], "gpus": eng.slots(),
                "wall_s": round(wall, 3), "ray_start_s": round(ray_s, 3), "cells_wall_s": round(wall - ray_s, 3),
-               "store": store.path}
+               "store": store.path, "cost": counts.get("cost")}
     if json_out:
         sys.stdout.write(json.dumps(dict(summary, report=rep), indent=1, default=str) + "\n")
     else:
@@ -197,6 +197,10 @@ def run_campaign(camp, store, address, fresh: bool, ship: bool, json_out: bool, 
                          f"skipped {counts['skipped']} finished earlier, {counts['failed']} failed, "
                          f"{str(counts.get('set_aside')) + ' set aside (nothing to time), ' if counts.get('set_aside') else ''}"
                          f"{wall:.1f} s on {eng.slots()} GPU(s) (Ray start {ray_s:.1f} s); store {store.path}\n")
+        cost = counts.get("cost") or {}
+        if cost.get("fixed_s_per_cell") is not None:
+            sys.stdout.write(f"fixed cost: {cost['fixed_s_per_cell']:.3f} s per cell, {cost['fixed_s_per_replay']:.3f} s "
+                             f"per replay ({cost['replays_per_cell']:g} replays a cell, {cost['workers']} workers)\n")
         render_text(rep, sys.stdout)
     return code
 

@@ -187,6 +187,72 @@ def test_null_campaign_on_a_biased_gpu_has_no_verdict(cluster, tmp_path):
         assert o["offset_pct"] > 30, rep["gpu_offsets"]
 
 
+NULL_ENVS = (("plain", False, ""), ("noop", True, ', CUDASNAP_CAMPAIGN_NOTHING = "1"'),
+             ("eager", False, ', CUDA_MODULE_LOADING = "EAGER"'), ("lazy", False, ', CUDA_MODULE_LOADING = "LAZY"'),
+             ("conns", False, ', CUDA_DEVICE_MAX_CONNECTIONS = "8"'), ("noop2", True, ', CUDASNAP_CAMPAIGN_NOTHING = "2"'))
+
+
+def _null_envs(bias: str, planted: str = "") -> str:
+    """The six no-op environments, every one on the biased GPU; planted: an env that is the
+    baseline's but for `fill` running 2x slower."""
+    out = ""
+    for n, control, more in NULL_ENVS:
+        slow = '"*:1,fill:2"' if n == planted else '"*:1"'
+        more = "" if n == planted else more
+        out += (f'[[env]]\nname = "{n}"\n{"control = true" if control else ""}\n'
+                f'vars = {{ CUDA_DOUBLE_SLOW = {slow}, CUDA_DOUBLE_SLOW_FLOOR_US = "4000", {bias}{more} }}\n')
+    return out
+
+
+def test_null_campaign_8x6_then_one_planted_2x(cluster, tmp_path, record_property):
+    """The issue's CI campaign: 8 snapshots x 6 environments, all no-ops, one fake GPU 25%
+    slower: 0 verdicts but SAME, the controls' rate reported, the fixed cost per cell measured
+    (replays forked by a server per GPU and env). Then one env with `fill` planted 2x slower:
+    found in every snapshot, attributed to the variable, exit 1; nothing else."""
+    snaps = tmp_path / "snaps"
+    snaps.mkdir()
+    for i in range(8):
+        three_kernels(snaps / f"n{i}.cusnap", n=32 + 16 * i)
+    bias = 'CUDA_DOUBLE_SLOW_VISIBLE = "1:1.25"'
+    rules = ""
+    camp = _campaign(tmp_path / "null.toml", f"{snaps}/n*.cusnap", envs=_null_envs(bias), rules=rules)
+    store = tmp_path / "null.sqlite"
+    cp = _cli(cluster, "campaign", "run", camp, "-o", store, "--address", cluster["address"], "--json", timeout=600)
+    assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-2000:]
+    res = json.loads(cp.stdout)
+    rep = res["report"]
+    assert res["cells"] == 48 and res["ran"] == 48 and res["failed"] == 0
+    assert rep["verdicts"] == [] and rep["verdict_counts"] == {"BASELINE": 8, "SAME": 40}, rep["verdict_counts"]
+    ctl = rep["controls"]
+    assert (ctl["envs"], ctl["cells"], ctl["verdicts"], ctl["comparisons"], ctl["rate"]) == (["noop", "noop2"], 16, 0, 48, 0)
+    db = sqlite3.connect(store)
+    assert {r[0] for r in db.execute("SELECT visible_devices FROM attempts")} == {"0", "1"}
+    assert db.execute("SELECT COUNT(*) FROM attempts WHERE outcome<>'ok'").fetchone()[0] == 0
+    cost = res["cost"]
+    assert cost["workers"] == "warm" and cost["fixed_s_per_cell"] is not None and cost["replays"] >= 8 + 40 * 4
+    assert cost["server_starts"] <= 2 * 6 * 4, cost      # a server per GPU and env in each Ray worker, not per replay
+    record_property("ci_summary", f"campaign 8x6 null (one GPU 25% slower): 0 verdicts in 40 cells, controls 0 of "
+                                  f"{ctl['comparisons']}; fixed cost {cost['fixed_s_per_cell']:.3f} s per cell, "
+                                  f"{cost['fixed_s_per_replay']:.3f} s per replay ({cost['replays_per_cell']:g} replays "
+                                  f"a cell, warm workers), {res['cells_wall_s']:.1f} s on 2 fake GPUs")
+    # the same campaign, `fill` 2x slower in one env: found in all 8 snapshots, attributed, exit 1
+    camp = _campaign(tmp_path / "planted.toml", f"{snaps}/n*.cusnap", envs=_null_envs(bias, planted="conns"),
+                     rules=rules)
+    store = tmp_path / "planted.sqlite"
+    cp = _cli(cluster, "campaign", "run", camp, "-o", store, "--address", cluster["address"], "--json", timeout=600)
+    assert cp.returncode == 1, cp.stdout[-3000:] + cp.stderr[-2000:]
+    res = json.loads(cp.stdout)
+    rep = res["report"]
+    assert {(g["env"], g["kernel"]) for g in rep["regressions"]} == {("conns", "fill")} and len(rep["regressions"]) == 8
+    for g in rep["regressions"]:
+        assert g["confirmed"] == 1 and [(x["dimension"], x["what"]) for x in g["differences"]] == \
+            [("variable", "CUDA_DOUBLE_SLOW")], g
+    assert rep["verdict_counts"] == {"BASELINE": 8, "SAME": 32, "SLOWER": 8}, rep["verdict_counts"]
+    assert rep["controls"]["verdicts"] == 0 and rep["exit_reason"] == "a regression"
+    record_property("ci_summary", f"campaign 8x6 with fill 2x slower in one env: found in {len(rep['regressions'])} of 8 "
+                                  f"snapshots, attributed to CUDA_DOUBLE_SLOW, exit 1; {res['cells_wall_s']:.1f} s")
+
+
 def test_a_control_with_a_verdict_means_noise_exceeds_the_rules(cluster, tmp_path):
     """A control env that does change something (a planted slowdown): its verdict makes the run
     and the report exit 2, "noise exceeds the rules"."""

@@ -258,8 +258,10 @@ def profile_failure(report: Dict[str, Any], cfg: ProfileConfig) -> Optional[str]
     return None
 
 
-def run_profile_cli(snapshot, opts: ReplayOptions, cfg: ProfileConfig, as_json: bool = False, out=None) -> int:
-    """`cudasnap replay --profile/--hook/...`: replay, print the replay summary and the profile table."""
+def run_profile_cli(snapshot, opts: ReplayOptions, cfg: ProfileConfig, as_json: bool = False, out=None,
+                    checked: bool = False) -> int:
+    """`cudasnap replay --profile/--hook/...`: replay, print the replay summary and the profile table.
+    checked: the caller has run the preflight check on this snapshot (a campaign's replay server)."""
     import json
     from cudasnap.formats import SnapshotError
     from ..preflight import damaged, snapshot_problem
@@ -269,7 +271,7 @@ def run_profile_cli(snapshot, opts: ReplayOptions, cfg: ProfileConfig, as_json: 
     if err:
         sys.stderr.write(f"cudasnap: error: {err}\n")
         return 2
-    problem = snapshot_problem(snapshot)
+    problem = None if checked else snapshot_problem(snapshot)
     if problem:
         sys.stderr.write(f"cudasnap: error: {problem}\n")
         return 2

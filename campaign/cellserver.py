@@ -1,0 +1,272 @@
+"""A replay server per GPU and environment that stays up between a campaign's replays.
+
+A fresh `python -m cudasnap replay` per replay paid, before its first kernel, for the
+interpreter (0.2 s), cudasnap's and cupti-python's imports (0.55 s) and checking the snapshot
+again (measured on an H200: bench/RESULTS.md). The server pays those once: it is started with
+the environment's variables, driver and GPU (what cuInit reads), imports the replayer, checks
+each snapshot once (by path, size and mtime), and forks one child per replay. The child does
+everything that touches the driver (cuInit, contexts, modules, the replay, the profile), so
+every replay still starts from a clean driver state and nothing of one replay can leak into the
+next; the server itself never initializes CUDA, which is what makes the fork safe.
+
+Requests and replies are JSON lines on the server's stdin and stdout. A request is the typed
+invocation (the options a replay runs with, as group ranks get theirs), never an argv:
+
+    {"snapshot": PATH, "replay": {ReplayOptions fields}, "profile": {ProfileConfig fields},
+     "timeout": SECONDS}
+    -> {"exit_code": N, "stderr_tail": TEXT, "proc_s": SECONDS, "fork_s": SECONDS}
+
+The server ends with its parent (PDEATHSIG), at end of input, or after IDLE_S seconds without
+a request; each child ends with the server. `python -m cudasnap.campaign.cellserver`."""
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+IDLE_S = float(os.environ.get("CUDASNAP_CELLSERVER_IDLE_S") or 600)
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def invocation(snapshot: str, out: str, mode: str, kernels: Optional[str], repeat: int, warmup: int,
+               timeout: float) -> Dict[str, Any]:
+    """The request for one campaign replay: what `replay SNAP --profile MODE --out OUT -q
+    --no-progress [--repeat R --warmup W] [--kernels K]` runs with."""
+    from cudasnap.replay.options import ReplayOptions
+    from cudasnap.replay.profile import ProfileConfig
+    cfg = ProfileConfig(mode=mode, kernels=kernels, out=out)
+    if mode == "isolated":
+        cfg.repeat, cfg.warmup = repeat, warmup
+    return {"snapshot": snapshot, "replay": dataclasses.asdict(ReplayOptions(quiet=True, progress=False)),
+            "profile": dataclasses.asdict(cfg), "timeout": timeout}
+
+
+# ---------------------------------------------------------------------------------- server side
+class _Server:
+    def __init__(self):
+        self.checked: Dict[Tuple[str, int, int], Optional[str]] = {}
+        # what every replay needs, imported once; cupti-python only when a profile times with it
+        import cudasnap.replay.engine  # noqa: F401
+        import cudasnap.replay.profile  # noqa: F401
+        self.cupti_tried = False
+
+    def _check(self, snap: str) -> Optional[str]:
+        """The snapshot's problem (preflight), found once per file version in this server."""
+        from cudasnap.replay.preflight import snapshot_problem
+        try:
+            st = os.stat(snap)
+        except OSError as e:
+            return f"{snap}: {e.strerror}"
+        k = (snap, st.st_size, st.st_mtime_ns)
+        if k not in self.checked:
+            self.checked[k] = snapshot_problem(snap)
+        return self.checked[k]
+
+    def _want_cupti(self, mode: Optional[str]) -> None:
+        if self.cupti_tried or mode not in ("timeline", "isolated", "graph"):
+            return
+        self.cupti_tried = True
+        try:
+            from cupti import cupti  # noqa: F401   (loads libcupti; never touches the driver)
+        except Exception:
+            pass                      # the child reports it as the CLI does
+
+    def handle(self, req: Dict[str, Any]) -> Dict[str, Any]:
+        t0 = time.monotonic()
+        snap = req["snapshot"]
+        problem = self._check(snap)
+        if problem:
+            return {"exit_code": 2, "stderr_tail": f"cudasnap: error: {problem}", "proc_s": 0.0, "fork_s": 0.0}
+        self._want_cupti((req.get("profile") or {}).get("mode"))
+        err = tempfile.TemporaryFile(mode="w+b")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        t_fork = time.monotonic()
+        pid = os.fork()
+        if pid == 0:                                        # the child: one replay, then _exit
+            code = 2
+            try:
+                _die_with_parent()
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                devnull = os.open(os.devnull, os.O_RDWR)
+                os.dup2(devnull, 0)
+                os.dup2(devnull, 1)
+                os.dup2(err.fileno(), 2)
+                code = _replay(req)
+            except BaseException as e:          # never back into the server's loop
+                try:
+                    os.write(2, f"cudasnap: error: {type(e).__name__}: {e}\n".encode())
+                except OSError:
+                    pass
+            finally:
+                try:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                except Exception:
+                    pass
+                os._exit(code)
+        fork_s = time.monotonic() - t_fork
+        rc = _wait(pid, float(req.get("timeout") or 1800))
+        err.seek(0)
+        text = err.read().decode(errors="replace")
+        err.close()
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        tail = "\n".join(lines[-5:])
+        if rc == 124:
+            tail = f"the replay ran past {float(req.get('timeout') or 1800):g} s"
+        return {"exit_code": rc, "stderr_tail": tail, "proc_s": time.monotonic() - t0, "fork_s": fork_s}
+
+
+def _replay(req: Dict[str, Any]) -> int:
+    from cudasnap.replay.options import ReplayOptions
+    from cudasnap.replay.profile import ProfileConfig, run_profile_cli
+    opts = ReplayOptions(**req["replay"])
+    cfg = ProfileConfig(**req["profile"])
+    return run_profile_cli(req["snapshot"], opts, cfg, False, checked=True)
+
+
+def _wait(pid: int, timeout: float) -> int:
+    """The child's exit code (killed by a signal: minus its number, as subprocess says); 124
+    after killing it at the timeout."""
+    deadline = time.monotonic() + timeout
+    delay = 0.0005
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return 124
+        time.sleep(delay)
+        delay = min(0.01, delay * 2)
+
+
+def serve() -> int:
+    _die_with_parent()
+    os.setpgrp()                  # the client kills the server and its child as one group
+    server = _Server()
+    out = sys.stdout
+    out.write(json.dumps({"ready": os.getpid()}) + "\n")
+    out.flush()
+    fd = sys.stdin.fileno()
+    buf = b""
+    while True:
+        r, _, _ = select.select([fd], [], [], IDLE_S)
+        if not r:
+            return 0                                  # idle: the next request starts another
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return 0
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            if not line.strip():
+                continue
+            try:
+                rep = server.handle(json.loads(line))
+            except Exception as e:
+                rep = {"exit_code": 2, "stderr_tail": f"cudasnap: error: the replay server: {type(e).__name__}: {e}",
+                       "proc_s": 0.0, "fork_s": 0.0}
+            out.write(json.dumps(rep) + "\n")
+            out.flush()
+
+
+# ---------------------------------------------------------------------------------- client side
+class ServerGone(Exception):
+    """The server died or answered nonsense (one line)."""
+
+
+class Client:
+    """A server started for one environment on one GPU, owned by the process that started it."""
+
+    def __init__(self, env: Dict[str, str]):
+        self.p = subprocess.Popen([sys.executable, "-m", "cudasnap.campaign.cellserver"], env=env,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                  preexec_fn=_die_with_parent)
+        self.lock = threading.Lock()
+        hello = self._line(120.0)
+        if "ready" not in hello:
+            self.kill()
+            raise ServerGone(f"the replay server did not start: {hello}")
+
+    def _line(self, timeout: float) -> Dict[str, Any]:
+        fd = self.p.stdout.fileno()
+        r, _, _ = select.select([fd], [], [], timeout)
+        if not r:
+            raise ServerGone(f"the replay server did not answer in {timeout:g} s")
+        line = self.p.stdout.readline()
+        if not line:
+            raise ServerGone(f"the replay server ended (exit {self.p.poll()})")
+        try:
+            return json.loads(line)
+        except ValueError:
+            raise ServerGone(f"the replay server answered {line[:80]!r}")
+
+    def alive(self) -> bool:
+        return self.p.poll() is None
+
+    def run(self, req: Dict[str, Any]) -> Dict[str, Any]:
+        with self.lock:
+            try:
+                self.p.stdin.write((json.dumps(req) + "\n").encode())
+                self.p.stdin.flush()
+            except OSError as e:
+                raise ServerGone(f"the replay server is gone ({e.strerror})")
+            # the server kills a child at the timeout; a margin for the kill and the reply
+            return self._line(float(req.get("timeout") or 1800) + 60.0)
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.p.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        try:
+            self.p.kill()
+            self.p.wait(timeout=10)
+        except Exception:
+            pass
+
+
+_clients: Dict[Tuple, Client] = {}
+
+
+def client_for(key: Tuple, env: Dict[str, str]) -> Tuple[Client, bool]:
+    """This process's server for key (GPU, driver, variables), started on first use or again
+    after it ended; and whether it was started now."""
+    c = _clients.get(key)
+    if c is not None and c.alive():
+        return c, False
+    c = _clients[key] = Client(env)
+    return c, True
+
+
+def drop(key: Tuple) -> None:
+    c = _clients.pop(key, None)
+    if c is not None:
+        c.kill()
+
+
+def close_all() -> None:
+    for k in list(_clients):
+        drop(k)
+
+
+if __name__ == "__main__":
+    sys.exit(serve())
