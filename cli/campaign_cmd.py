@@ -125,6 +125,18 @@ def run(
 
 def run_campaign(camp, store, address, fresh: bool, ship: bool, json_out: bool, quiet: bool,
                  init_kwargs: Optional[dict] = None) -> int:
+    # Ray's threads print their notices (a node lost, a worker killed) on stdout: while Ray
+    # runs, stdout is stderr, so that the run's own output (--json above all) stays whole
+    real = sys.stdout
+    sys.stdout = sys.stderr
+    try:
+        return _run_campaign(camp, store, address, fresh, ship, json_out, quiet, init_kwargs, real)
+    finally:
+        sys.stdout = real
+
+
+def _run_campaign(camp, store, address, fresh: bool, ship: bool, json_out: bool, quiet: bool,
+                  init_kwargs: Optional[dict], out) -> int:
     from cudasnap.campaign.engine import Engine, EngineError
     from cudasnap.campaign.report import build_report, render_text
 
@@ -185,6 +197,7 @@ def run_campaign(camp, store, address, fresh: bool, ship: bool, json_out: bool, 
     store.close_run(run_id, status, eng.hosts, code)
     rep["run"] = dict(store.db.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone())
     eng.shutdown()
+    sys.stdout = out
     wall = time.monotonic() - t0
     summary = {"run": run_id, "resumed": resumed, "cells": counts["cells"], "ran": counts["ran"], "set_aside": counts.get("set_aside", 0),
                "skipped": counts["skipped"], "failed": counts["failed"], "gpus": eng.slots(),
