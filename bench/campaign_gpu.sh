@@ -2,29 +2,35 @@
 # GPU demonstration of `cudasnap campaign` on a 4-GPU machine (Ray unpacked into /tmp/site):
 #   1. builds bench/demo_ab.cu and a -G cubin of it (compute_k, slower, same results), and the
 #      nvcc workloads ptrs.cu and mt_launch.cu;
-#   2. captures 9 real programs, 4 at a time, one per GPU: demo_ab, ptrs, mt_launch (nvcc),
+#   2. captures 10 real programs, 4 at a time, one per GPU: demo_ab, ptrs, mt_launch (nvcc),
 #      PyTorch inference (demo_torch_mlp.py, torch_eager.py) and training (demo_torch_train.py),
-#      JAX (jax_jit.py, jax_train.py), CuPy with its libraries (cupy_libs.py);
-#   3. writes a campaign: those snapshots (nvcc ones isolated, framework ones timeline) x three
-#      environments: plain (the baseline), eager module loading (CUDA_MODULE_LOADING=EAGER), and
-#      the -G build of compute_k swapped in (CUDASNAP_REPLACE; the other snapshots do not record
-#      compute_k, so there the environment is plain);
-#   4. runs it on 1 GPU (CUDA_VISIBLE_DEVICES=0) and on 4 (fewer where the machine has fewer), each into its own store, timed;
-#   5. reports the 4-GPU store (text, --json, --html) and checks: exit 1, the one regression is
-#      compute_k in demo_ab under the -G swap, attributed to the rebuilt kernel; no cell
-#      regressed where the environment is the baseline's (eager loading is a real change: its
-#      findings are listed), 4 GPUs >= 3x faster than 1 (0.75x per GPU on fewer); prints cells per hour, the engine's overhead per
-#      cell and the store's size per 1,000 cells from the stores.
-#   6. bisects 8 environments of demo_ab (the -G swap from the 6th) with --gpus 1 and --gpus 4
-#      (fewer where there are fewer): the first bad found, rounds and seconds of each.
+#      JAX (jax_jit.py, jax_train.py), CuPy with its libraries (cupy_libs.py), Triton
+#      (triton_kernel.py);
+#   3. writes a campaign: those snapshots (nvcc ones isolated, framework ones timeline) x four
+#      environments: plain (the baseline), a no-op control (control = true), eager module loading
+#      (CUDA_MODULE_LOADING=EAGER) and the -G build of compute_k swapped in (CUDASNAP_REPLACE; the
+#      other snapshots do not record compute_k, so there the environment is plain);
+#   4. side by side on GPU 0, the nvcc snapshots x 2 envs with [rules] workers = "fresh" (a
+#      process per replay) and "warm" (forked by a server per GPU and env): the fixed cost per cell;
+#   5. runs the campaign on 1 GPU (CUDA_VISIBLE_DEVICES=0), then RUNS4 times (default 3) on 4
+#      (fewer where the machine has fewer), each a new run (--fresh) of one store;
+#   6. checks every 4-GPU run: exit 1, compute_k in demo_ab under the -G swap found and attributed
+#      to the rebuilt kernel, no verdict in the control nor where the swap changes nothing, no
+#      infrastructure failure; eager-loading verdicts count as findings only when every run
+#      (the 1-GPU one too) gives the same kernels the same way, else as false verdicts; 4 GPUs
+#      >= 3.6x faster than 1 on the cells (0.9x per GPU on fewer); prints cells per hour per GPU,
+#      the fixed cost per cell and per replay, and where each replay's time went;
+#   7. (BISECT=1) bisects 8 environments of demo_ab with --gpus 1 and --gpus 4.
 # Writes under $OUT: campaign.log, campaign.toml, campaign.html, report.json, run1.json,
-# run4.json, summary.json, stores.tar.gz. Run from the project root:  bash bench/campaign_gpu.sh
-# Env: REPEAT (isolated repeats, default 5), ARCH (default sm_90), THRESHOLD (percent, default 10).
+# run4_N.json, side_*.json, summary.json, stores.tar.gz. Run from the project root:
+#   bash bench/campaign_gpu.sh
+# Env: REPEAT (isolated repeats, default 5), ARCH (default sm_90), THRESHOLD (percent, default 10),
+# RUNS4 (default 3), BISECT (default 0).
 set -uo pipefail
 ROOT=$(pwd)
 OUT=${OUT:-/tmp/cudasnap-out}; mkdir -p "$OUT"
 W=/tmp/cudasnap-campaign; rm -rf "$W"; mkdir -p "$W/snaps" "$W/logs"
-REPEAT=${REPEAT:-5}; ARCH=${ARCH:-sm_90}; THRESHOLD=${THRESHOLD:-10}
+REPEAT=${REPEAT:-5}; ARCH=${ARCH:-sm_90}; THRESHOLD=${THRESHOLD:-10}; RUNS4=${RUNS4:-3}; BISECT=${BISECT:-0}
 INSTALL_LOG=$W/install.log . "$ROOT/bench/gpu_env.sh"
 . "$ROOT/bench/demo_lib.sh"
 exec > >(tee "$OUT/campaign.log") 2>&1
@@ -45,7 +51,7 @@ nvcc -G -cubin -arch=$ARCH -o slow_G.cubin "$ROOT/bench/demo_ab.cu" || exit 2
 nvcc -O2 -cudart static -arch=$ARCH -o ptrs "$WL/ptrs.cu" || exit 2
 nvcc -O2 -std=c++17 -cudart static -arch=$ARCH -o mt_launch "$WL/mt_launch.cu" -lpthread || exit 2
 
-step "2. capture 9 programs, one per GPU at a time"
+step "2. capture 10 programs, one per GPU at a time"
 cap() {  # cap NAME GPU CMD...
   local name=$1 gpu=$2; shift 2
   CUDA_VISIBLE_DEVICES=$gpu cudasnap capture -q -o "snaps/$name.cusnap" -- "$@" > "logs/$name.log" 2>&1
@@ -63,7 +69,8 @@ cap torch_eager 0 $PY "$WL/torch_eager.py" & pids+=($!)
 cap torch_train $(g 1) $PY "$ROOT/bench/demo_torch_train.py" 4 1024 4 & pids+=($!)
 cap jax_jit $(g 2) $PY "$WL/jax_jit.py" & pids+=($!); cap cupy_libs $(g 3) $PY "$WL/cupy_libs.py" & pids+=($!)
 wait "${pids[@]}"
-cap jax_train 0 $PY "$WL/jax_train.py"
+pids=(); cap jax_train 0 $PY "$WL/jax_train.py" & pids+=($!); cap triton_kernel $(g 1) $PY "$WL/triton_kernel.py" & pids+=($!)
+wait "${pids[@]}"
 ls snaps/*.cusnap | wc -l | xargs echo "snapshots:"
 echo "build + captures: $(( $(date +%s) - T0 )) s"
 
@@ -97,9 +104,17 @@ profile = "timeline"
 [[snapshot]]
 path = "snaps/cupy_*.cusnap"
 profile = "timeline"
+[[snapshot]]
+path = "snaps/triton_*.cusnap"
+profile = "timeline"
 
 [[env]]
 name = "plain"
+
+[[env]]
+name = "control"
+control = true
+vars = { CUDASNAP_CAMPAIGN_NOTHING = "1" }
 
 [[env]]
 name = "eager-loading"
@@ -111,88 +126,115 @@ vars = { CUDASNAP_REPLACE = "compute_k=$W/slow_G.cubin" }
 EOF
 cp campaign.toml "$OUT/"
 
-step "4a. on 1 GPU"
+step "4. fresh processes against warm workers, side by side on GPU 0 (nvcc snapshots x 2 envs)"
+for w in fresh warm; do
+  sed -e "s/^timeout = 240/timeout = 240\nworkers = \"$w\"/" -e '/^\[\[snapshot\]\]/,$d' campaign.toml > side_$w.toml
+  printf '[[snapshot]]\npath = "snaps/demo_ab.cusnap"\n[[snapshot]]\npath = "snaps/ptrs.cusnap"\n[[snapshot]]\npath = "snaps/mt_launch.cusnap"\n[[env]]\nname = "plain"\n[[env]]\nname = "control"\ncontrol = true\nvars = { CUDASNAP_CAMPAIGN_NOTHING = "1" }\n' >> side_$w.toml
+  CUDA_VISIBLE_DEVICES=0 cudasnap campaign run side_$w.toml -o side_$w.sqlite --json > "$OUT/side_$w.json" 2> logs/side_$w.err
+  echo "workers=$w: exit $?"; tail -2 logs/side_$w.err
+done
+python3 - "$OUT/side_fresh.json" "$OUT/side_warm.json" <<'PYEOF'
+import json, sys
+f, w = (json.load(open(p)) for p in sys.argv[1:3])
+cf, cw = f["cost"], w["cost"]
+print(f"fixed cost per cell: fresh {cf['fixed_s_per_cell']:.3f} s, warm {cw['fixed_s_per_cell']:.3f} s "
+      f"({cf['fixed_s_per_cell'] / cw['fixed_s_per_cell']:.2f}x less); per replay {cf['fixed_s_per_replay']:.3f} s / "
+      f"{cw['fixed_s_per_replay']:.3f} s; cells {f['cells_wall_s']} s / {w['cells_wall_s']} s "
+      f"({f['cells_wall_s'] / w['cells_wall_s']:.2f}x), {cf['replays']} / {cw['replays']} replays")
+PYEOF
+
+step "5a. on 1 GPU"
 T=$(date +%s.%N)
 CUDA_VISIBLE_DEVICES=0 cudasnap campaign run campaign.toml -o one.sqlite --json > "$OUT/run1.json" 2> logs/run1.err
 RC1=$?; T1=$(python3 -c "import time; print(round(time.time() - $T, 1))")
 echo "1 GPU: exit $RC1, ${T1} s"; tail -3 logs/run1.err
-
-step "4b. on $NK GPUs"
-# the next night: the same store, a new run (--fresh); its cells go longest first by their times
-# in the 1-GPU run, as a nightly campaign's do
 cp one.sqlite four.sqlite
-T=$(date +%s.%N)
-CUDA_VISIBLE_DEVICES=$VIS cudasnap campaign run campaign.toml -o four.sqlite --fresh --json > "$OUT/run4.json" 2> logs/run4.err
-RC4=$?; T4=$(python3 -c "import time; print(round(time.time() - $T, 1))")
-echo "$NK GPUs: exit $RC4, ${T4} s"; tail -3 logs/run4.err
+for r in $(seq 1 $RUNS4); do
+  step "5b. on $NK GPUs, run $r of $RUNS4"
+  T=$(date +%s.%N)
+  CUDA_VISIBLE_DEVICES=$VIS cudasnap campaign run campaign.toml -o four.sqlite --fresh --json > "$OUT/run4_$r.json" 2> logs/run4_$r.err
+  rc=$?; t=$(python3 -c "import time; print(round(time.time() - $T, 1))")
+  echo "$NK GPUs run $r: exit $rc, ${t} s"; tail -3 logs/run4_$r.err
+done
 
-step "5. report"
+step "6. report and checks"
 HTML=; python3 -c 'import plotly' 2>/dev/null && HTML="--html $OUT/campaign.html -f"
 cudasnap campaign report four.sqlite $HTML; echo "report exit $?"
-cudasnap campaign report four.sqlite --json > "$OUT/report.json"
-check $([ "$RC4" = 1 ] && echo 0 || echo 1) "4-GPU campaign exit 1 (a regression)"
-python3 - "$OUT/report.json" "$T1" "$T4" one.sqlite four.sqlite "$OUT/summary.json" "$NK" <<'EOF'
-import json, os, sqlite3, sys
-rep = json.load(open(sys.argv[1])); t1, t4 = float(sys.argv[2]), float(sys.argv[3])
-regs = rep["regressions"]
-print("regressions:", [(g["snapshot"], g["env"], g["kernel"], round(g["diff_pct"] or 0, 1),
-                        [(d["dimension"], d["what"]) for d in g["differences"]]) for g in regs])
-ok_found = [g for g in regs if g["snapshot"] == "demo_ab.cusnap" and g["env"] == "G-swap" and g["kernel"] == "compute_k"]
-attributed = ok_found and any(d["dimension"] == "rebuilt kernel" and d["what"] == "compute_k" for d in ok_found[0]["differences"])
-# eager module loading is a real change of environment: natively too, some short kernels run
-# 8-26% slower under it (bench/diag/diag_eager_loading_gpu.py), so regressions there, attributed
-# to CUDA_MODULE_LOADING, are findings. Every other cell replays the baseline's environment (the
-# -G swap of a snapshot without compute_k): a regression there would be a false one.
-eager = [g for g in regs if g not in ok_found and g["env"] == "eager-loading"
-         and any(d["what"] == "CUDA_MODULE_LOADING" for d in g["differences"])]
-others = [g for g in regs if g not in ok_found and g not in eager]
-print("PASS" if ok_found else "FAIL", ": compute_k under the -G swap found")
-print("PASS" if attributed else "FAIL", ": attributed to the rebuilt kernel compute_k")
-print("PASS" if not others else "FAIL", f": no regression where the environment is the baseline's ({len(others)})")
-print(f"eager-loading findings (compare with diag_eager_loading_gpu.py): {len(eager)}",
-      [(g["snapshot"], g["kernel"][:60], round(g["diff_pct"] or 0, 1)) for g in eager])
-print("PASS" if not rep["infra_failures"] else "FAIL", f": no infrastructure failure ({len(rep['infra_failures'])})")
-r1, r4 = json.load(open(os.path.join(os.path.dirname(sys.argv[1]), "run1.json"))), json.load(open(os.path.join(os.path.dirname(sys.argv[1]), "run4.json")))
-c1, c4 = r1["cells_wall_s"], r4["cells_wall_s"]
-print(f"whole command: 1 GPU {t1} s, {sys.argv[7]} GPUs {t4} s ({t1 / t4:.2f}x); Ray start {r1['ray_start_s']} s / {r4['ray_start_s']} s")
-nk = int(sys.argv[7]); need = 0.75 * nk        # 3x on 4 GPUs
-print("PASS" if c1 >= need * c4 else "FAIL", f": cells on {nk} GPUs {c1 / c4:.2f}x faster than on 1, {need:g}x asked ({c1} s vs {c4} s, Ray start excluded)")
-summ = {"t1_s": t1, "t4_s": t4, "speedup_command": round(t1 / t4, 2), "cells_1gpu_s": c1, "cells_4gpu_s": c4,
-        "speedup_cells": round(c1 / c4, 2)}
-t1, t4 = c1, c4
-for name, path, t, k in (("1gpu", sys.argv[4], t1, 1), (f"{nk}gpu", sys.argv[5], t4, nk)):
-    db = sqlite3.connect(path)
-    run = db.execute("SELECT MAX(id) FROM runs").fetchone()[0]          # four.sqlite holds both runs
-    cells = db.execute("SELECT COUNT(*) FROM cells WHERE run_id=?", (run,)).fetchone()[0]
-    all_cells = db.execute("SELECT COUNT(*) FROM cells").fetchone()[0]
-    att = db.execute("SELECT COUNT(*), SUM(proc_s), SUM(wall_s - queue_s - proc_s) FROM attempts WHERE run_id=?",
-                     (run,)).fetchone()
-    db.execute("PRAGMA wal_checkpoint(TRUNCATE)"); db.close()
-    size = os.path.getsize(path)
-    summ[name] = {"cells": cells, "replays": att[0], "cells_per_hour": round(cells / t * 3600),
-                  "gpu_slot_s_outside_replays_per_replay": round((t * k - (att[1] or 0)) / max(1, att[0]), 2),
-                  "result_latency_s_per_replay": round((att[2] or 0) / max(1, att[0]), 3),
-                  "store_bytes_per_1000_cells": round(size / max(1, all_cells) * 1000)}
+python3 - "$OUT" "$NK" "$RUNS4" one.sqlite four.sqlite <<'PYEOF'
+import json, sqlite3, sys
+out, nk, runs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+r1 = json.load(open(f"{out}/run1.json"))
+r4 = [json.load(open(f"{out}/run4_{i}.json")) for i in range(1, runs + 1)]
+ok = True
+
+
+def verdicts(r):
+    """(snapshot, env, kernel, verdict) of every kernel verdict of a run."""
+    return {(v["snapshot"], v["env"], v["kernel"], v["verdict"]) for v in r["report"].get("verdicts", [])}
+
+
+def is_g(v):
+    return v[0] == "demo_ab.cusnap" and v[1] == "G-swap" and v[2] == "compute_k" and v[3] == "SLOWER"
+
+
+eager_all = [{v for v in verdicts(r) if v[1] == "eager-loading"} for r in [r1] + r4]
+eager_stable = set.intersection(*eager_all) if eager_all else set()
+false_total = 0
+for i, r in enumerate(r4, 1):
+    rep = r["report"]
+    vs = verdicts(r)
+    g = [v for v in vs if is_g(v)]
+    regs = [x for x in rep["regressions"] if x["snapshot"] == "demo_ab.cusnap" and x["env"] == "G-swap"
+            and x["kernel"] == "compute_k"]
+    attributed = bool(regs) and any(d["dimension"] == "rebuilt kernel" and d["what"] == "compute_k"
+                                    for d in regs[0]["differences"])
+    false = [v for v in vs if not is_g(v) and not (v[1] == "eager-loading" and v in eager_stable)]
+    false_total += len(false)
+    print(f"run {i}: exit {rep['exit_code']}, -G found {bool(g)}, attributed {attributed}, "
+          f"controls {rep['controls']['verdicts']} of {rep['controls']['comparisons']}, "
+          f"eager findings {len([v for v in vs if v in eager_stable])}, false verdicts {len(false)} {sorted(false)[:6]}, "
+          f"infra {len(rep['infra_failures'])}, cells {r['cells_wall_s']} s, cost {r.get('cost')}")
+    ok &= rep["exit_code"] == 1 and bool(g) and attributed and not false and not rep["infra_failures"]
+print("eager-loading findings in every run (1 GPU and each 4-GPU run):",
+      sorted((v[0], v[2][:50], v[3]) for v in eager_stable))
+print("PASS" if false_total == 0 else "FAIL", f": {false_total} false verdict(s) in {runs} runs on {nk} GPUs")
+c1 = r1["cells_wall_s"]
+c4 = sum(r["cells_wall_s"] for r in r4) / len(r4)
+need = 0.9 * nk
+print("PASS" if c1 >= need * c4 else "FAIL", f": cells on {nk} GPUs {c1 / c4:.2f}x faster than on 1 (mean of {runs}), "
+      f"{need:g}x asked ({c1} s vs {c4:.1f} s, Ray start excluded)")
+summ = {"cells_1gpu_s": c1, "cells_4gpu_s": [r["cells_wall_s"] for r in r4], "speedup": round(c1 / c4, 2),
+        "false_verdicts": false_total, "eager_findings": sorted(map(list, eager_stable))}
+for name, r, k in [("1gpu", r1, 1)] + [(f"{nk}gpu_run{i}", x, nk) for i, x in enumerate(r4, 1)]:
+    cells = r["ran"]
+    summ[name] = {"cells": cells, "cells_per_hour": round(cells / r["cells_wall_s"] * 3600),
+                  "cells_per_hour_per_gpu": round(cells / r["cells_wall_s"] * 3600 / k), "cost": r.get("cost")}
     print(name, summ[name])
-    # where each replay's time went (profile run.timings_s), mean over the run's cells
-    import zstandard
-    phases = {}
-    db = sqlite3.connect(path)
-    for enc, data in db.execute("SELECT p.encoding, p.data FROM profiles p JOIN cells c ON c.id = p.cell_id "
-                                "WHERE c.run_id=?", (run,)):
-        raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=1 << 30) if "zst" in (enc or "") else data
-        for k, v in ((json.loads(raw).get("run") or {}).get("timings_s") or {}).items():
-            if isinstance(v, (int, float)):
-                phases.setdefault(k, []).append(v)
-    db.close()
-    summ[name]["replay_phases_mean_s"] = {k: round(sum(v) / len(v), 3) for k, v in phases.items()}
-    print(name, "replay phases, mean s:", summ[name]["replay_phases_mean_s"])
-json.dump(summ, open(sys.argv[6], "w"), indent=1)
-if not (ok_found and attributed and not others and not rep["infra_failures"] and t1 >= need * t4):
-    sys.exit(1)
-EOF
+# where each replay's time went (profile run.timings_s), mean over the last 4-GPU run's cells
+import zstandard
+phases = {}
+db = sqlite3.connect(sys.argv[5])
+run = db.execute("SELECT MAX(id) FROM runs").fetchone()[0]
+for enc, data in db.execute("SELECT p.encoding, p.data FROM profiles p JOIN cells c ON c.id = p.cell_id "
+                            "WHERE c.run_id=?", (run,)):
+    raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=1 << 30) if "zst" in (enc or "") else data
+    for k, v in ((json.loads(raw).get("run") or {}).get("timings_s") or {}).items():
+        if isinstance(v, (int, float)):
+            phases.setdefault(k, []).append(v)
+summ["replay_phases_mean_s"] = {k: round(sum(v) / len(v), 3) for k, v in phases.items()}
+print("replay phases, mean s:", summ["replay_phases_mean_s"])
+json.dump(summ, open(f"{out}/summary.json", "w"), indent=1)
+sys.exit(0 if ok and false_total == 0 and c1 >= need * c4 else 1)
+PYEOF
 check $? "campaign checks"
-step "6. bisect on 1 GPU and on $NK: 8 nightly environments of demo_ab, the -G swap from the 6th"
+cudasnap campaign report four.sqlite --json > "$OUT/report.json"
+if [ "$BISECT" != 1 ]; then
+  tar czf "$OUT/stores.tar.gz" one.sqlite four.sqlite side_*.sqlite campaign.toml logs 2>/dev/null
+  ls -l "$OUT"
+  exit $FAIL
+fi
+
+step "7. bisect on 1 GPU and on $NK: 8 nightly environments of demo_ab, the -G swap from the 6th"
 for i in 1 2 3 4 5 6 7 8; do
   printf '[[env]]\nname = "night%d"\nvars = { CUDASNAP_NIGHT = "%d"%s }\n' $i $i \
     "$([ $i -ge 6 ] && echo ", CUDASNAP_REPLACE = \"compute_k=$W/slow_G.cubin\"")"

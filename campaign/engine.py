@@ -294,7 +294,7 @@ class Engine:
         self.by_key = {c.key: c for c in self.c.cells}
         self.base_profiles: Dict[str, Optional[Dict[str, Any]]] = {}    # baseline cell key -> profile
         self.counts = {"cells": len(self.c.cells), "skipped": 0, "ran": 0, "failed": 0, "regressed": 0, "set_aside": 0}
-        self.cost = {"replays": 0, "proc_s": 0.0, "fixed_s": 0.0, "timed": 0, "server_starts": 0, "server_start_s": 0.0}
+        self.cost = _new_cost()
         order = self._longest_first(self.c.cells)
         for cell in order:
             if cell.key in skip:
@@ -336,7 +336,7 @@ class Engine:
         return self.counts
 
     def _count_cost(self, r: Dict[str, Any]) -> None:
-        c = self.cost
+        c = self.__dict__.setdefault("cost", _new_cost())
         if r.get("proc_s") is None:
             return
         c["replays"] += 1
@@ -717,6 +717,10 @@ class Engine:
             pass
         import shutil
         shutil.rmtree(self.work_root, ignore_errors=True)
+
+
+def _new_cost() -> Dict[str, Any]:
+    return {"replays": 0, "proc_s": 0.0, "fixed_s": 0.0, "timed": 0, "server_starts": 0, "server_start_s": 0.0}
 
 
 def _snap_key(cell: Cell) -> str:

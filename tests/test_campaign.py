@@ -158,35 +158,6 @@ def test_planted_regression_found_and_attributed(cluster, tmp_path):
     assert cp.returncode == 2 and "exists" in cp.stderr and len(cp.stderr.strip().splitlines()) == 1
 
 
-def test_null_campaign_on_a_biased_gpu_has_no_verdict(cluster, tmp_path):
-    """Every env a no-op, and one of the two GPUs 50% slower for every kernel (the issue's
-    GPU-to-GPU offset, magnified past the 20% threshold): paired on one GPU, no verdict; the
-    offset is measured and shown, and the controls state their rate."""
-    biased = f'{STEADY}, CUDA_DOUBLE_SLOW_VISIBLE = "1:1.5"'
-    envs = "".join(f'[[env]]\nname = "{n}"\n{extra}vars = {{ {biased}{more} }}\n' for n, extra, more in (
-        ("plain", "", ""), ("noop", "control = true\n", ', CUDASNAP_CAMPAIGN_NOTHING = "1"'),
-        ("eager", "", ', CUDA_MODULE_LOADING = "EAGER"')))
-    camp = _campaign(tmp_path / "camp.toml", f"{cluster['snaps']}/s[01].cusnap", envs=envs)
-    store = tmp_path / "st.sqlite"
-    cp = _cli(cluster, "campaign", "run", camp, "-o", store, "--address", cluster["address"], "--json")
-    assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-2000:]
-    rep = json.loads(cp.stdout)["report"]
-    assert rep["verdicts"] == [] and rep["verdict_counts"] == {"BASELINE": 2, "SAME": 4}, rep["verdict_counts"]
-    assert (rep["controls"]["verdicts"], rep["controls"]["comparisons"]) == (0, 6)
-    db = sqlite3.connect(store)
-    assert {r[0] for r in db.execute("SELECT visible_devices FROM attempts")} == {"0", "1"}
-    # the offset was there: the baseline (every kernel ~4 ms, the floor) 50% slower on GPU 1
-    per = {}
-    for gpu, us in db.execute("SELECT c.gpu, k.base_median_us FROM kernel_results k JOIN cells c ON c.id=k.cell_id"
-                              " WHERE c.is_baseline=0"):
-        per.setdefault(gpu.split("@")[0][-1], []).append(us)
-    if len(per) == 2:
-        assert min(per["1"]) > 1.3 * max(per["0"]), per
-    # and the report states it where a snapshot's baseline ran on both GPUs
-    for o in rep["gpu_offsets"]:
-        assert o["offset_pct"] > 30, rep["gpu_offsets"]
-
-
 NULL_ENVS = (("plain", False, ""), ("noop", True, ', CUDASNAP_CAMPAIGN_NOTHING = "1"'),
              ("eager", False, ', CUDA_MODULE_LOADING = "EAGER"'), ("lazy", False, ', CUDA_MODULE_LOADING = "LAZY"'),
              ("conns", False, ', CUDA_DEVICE_MAX_CONNECTIONS = "8"'), ("noop2", True, ', CUDASNAP_CAMPAIGN_NOTHING = "2"'))
@@ -228,6 +199,8 @@ def test_null_campaign_8x6_then_one_planted_2x(cluster, tmp_path, record_propert
     db = sqlite3.connect(store)
     assert {r[0] for r in db.execute("SELECT visible_devices FROM attempts")} == {"0", "1"}
     assert db.execute("SELECT COUNT(*) FROM attempts WHERE outcome<>'ok'").fetchone()[0] == 0
+    # the offset was there, measured and reported: GPU 1's baseline replays 25% slower
+    assert rep["gpu_offsets"] and all(o["offset_pct"] > 15 for o in rep["gpu_offsets"]), rep["gpu_offsets"]
     cost = res["cost"]
     assert cost["workers"] == "warm" and cost["fixed_s_per_cell"] is not None and cost["replays"] >= 8 + 40 * 4
     assert cost["server_starts"] <= 2 * 6 * 4, cost      # a server per GPU and env in each Ray worker, not per replay
