@@ -10,8 +10,9 @@
 #      environments: plain (the baseline), a no-op control (control = true), eager module loading
 #      (CUDA_MODULE_LOADING=EAGER) and the -G build of compute_k swapped in (CUDASNAP_REPLACE; the
 #      other snapshots do not record compute_k, so there the environment is plain);
-#   4. side by side on GPU 0, the nvcc snapshots x 2 envs with [rules] workers = "fresh" (a
-#      process per replay) and "warm" (forked by a server per GPU and env): the fixed cost per cell;
+#   4. (after the first captures) side by side on GPU 0, the nvcc snapshots x 2 envs with [rules]
+#      workers = "fresh" (a process per replay) and "warm" (forked by a server per GPU and env):
+#      the fixed cost per cell; stops the script when either fails;
 #   5. runs the campaign on 1 GPU (CUDA_VISIBLE_DEVICES=0), then RUNS4 times (default 3) on 4
 #      (fewer where the machine has fewer), each a new run (--fresh) of one store;
 #   6. checks every 4-GPU run: exit 1, compute_k in demo_ab under the -G swap found and attributed
@@ -65,6 +66,24 @@ cap demo_ab 0 ./demo_ab 4194304 8 & pids+=($!); cap ptrs $(g 1) ./ptrs & pids+=(
 cap mt_launch $(g 2) ./mt_launch 4 8 & pids+=($!)
 cap torch_mlp_infer $(g 3) $PY "$ROOT/bench/demo_torch_mlp.py" 16 2048 & pids+=($!)
 wait "${pids[@]}"; pids=()
+step "2b. fresh processes against warm workers, side by side on GPU 0 (the nvcc snapshots x 2 envs)"
+for w in fresh warm; do
+  printf 'name = "side"\nbaseline = "plain"\n[rules]\nrepeats = %s\nwarmup = 2\nthreshold = %s\nmax_reruns = 1\ntimeout = 240\nretries = 1\nworkers = "%s"\n' $REPEAT $THRESHOLD $w > side_$w.toml
+  printf '[[snapshot]]\npath = "snaps/demo_ab.cusnap"\n[[snapshot]]\npath = "snaps/ptrs.cusnap"\n[[snapshot]]\npath = "snaps/mt_launch.cusnap"\n[[env]]\nname = "plain"\n[[env]]\nname = "control"\ncontrol = true\nvars = { CUDASNAP_CAMPAIGN_NOTHING = "1" }\n' >> side_$w.toml
+  CUDA_VISIBLE_DEVICES=0 cudasnap campaign run side_$w.toml -o side_$w.sqlite --json > "$OUT/side_$w.json" 2> logs/side_$w.err
+  rc=$?; echo "workers=$w: exit $rc"; tail -2 logs/side_$w.err
+  [ $rc -le 1 ] || { echo "FAIL: the side-by-side campaign with workers=$w exited $rc"; exit 2; }
+done
+python3 - "$OUT/side_fresh.json" "$OUT/side_warm.json" <<'PYEOF'
+import json, sys
+f, w = (json.load(open(p)) for p in sys.argv[1:3])
+cf, cw = f["cost"], w["cost"]
+print(f"fixed cost per cell: fresh {cf['fixed_s_per_cell']:.3f} s, warm {cw['fixed_s_per_cell']:.3f} s "
+      f"({cf['fixed_s_per_cell'] / cw['fixed_s_per_cell']:.2f}x less); per replay {cf['fixed_s_per_replay']:.3f} s / "
+      f"{cw['fixed_s_per_replay']:.3f} s; cells {f['cells_wall_s']} s / {w['cells_wall_s']} s "
+      f"({f['cells_wall_s'] / w['cells_wall_s']:.2f}x), {cf['replays']} / {cw['replays']} replays")
+PYEOF
+
 cap torch_eager 0 $PY "$WL/torch_eager.py" & pids+=($!)
 cap torch_train $(g 1) $PY "$ROOT/bench/demo_torch_train.py" 4 1024 4 & pids+=($!)
 cap jax_jit $(g 2) $PY "$WL/jax_jit.py" & pids+=($!); cap cupy_libs $(g 3) $PY "$WL/cupy_libs.py" & pids+=($!)
@@ -125,23 +144,6 @@ name = "G-swap"
 vars = { CUDASNAP_REPLACE = "compute_k=$W/slow_G.cubin" }
 EOF
 cp campaign.toml "$OUT/"
-
-step "4. fresh processes against warm workers, side by side on GPU 0 (nvcc snapshots x 2 envs)"
-for w in fresh warm; do
-  sed -e "s/^timeout = 240/timeout = 240\nworkers = \"$w\"/" -e '/^\[\[snapshot\]\]/,$d' campaign.toml > side_$w.toml
-  printf '[[snapshot]]\npath = "snaps/demo_ab.cusnap"\n[[snapshot]]\npath = "snaps/ptrs.cusnap"\n[[snapshot]]\npath = "snaps/mt_launch.cusnap"\n[[env]]\nname = "plain"\n[[env]]\nname = "control"\ncontrol = true\nvars = { CUDASNAP_CAMPAIGN_NOTHING = "1" }\n' >> side_$w.toml
-  CUDA_VISIBLE_DEVICES=0 cudasnap campaign run side_$w.toml -o side_$w.sqlite --json > "$OUT/side_$w.json" 2> logs/side_$w.err
-  echo "workers=$w: exit $?"; tail -2 logs/side_$w.err
-done
-python3 - "$OUT/side_fresh.json" "$OUT/side_warm.json" <<'PYEOF'
-import json, sys
-f, w = (json.load(open(p)) for p in sys.argv[1:3])
-cf, cw = f["cost"], w["cost"]
-print(f"fixed cost per cell: fresh {cf['fixed_s_per_cell']:.3f} s, warm {cw['fixed_s_per_cell']:.3f} s "
-      f"({cf['fixed_s_per_cell'] / cw['fixed_s_per_cell']:.2f}x less); per replay {cf['fixed_s_per_replay']:.3f} s / "
-      f"{cw['fixed_s_per_replay']:.3f} s; cells {f['cells_wall_s']} s / {w['cells_wall_s']} s "
-      f"({f['cells_wall_s'] / w['cells_wall_s']:.2f}x), {cf['replays']} / {cw['replays']} replays")
-PYEOF
 
 step "5a. on 1 GPU"
 T=$(date +%s.%N)
