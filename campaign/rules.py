@@ -175,6 +175,13 @@ def pooled(profiles: List[Dict[str, Any]], name: Optional[str]) -> List[float]:
     return [x for p in profiles for x in samples(p, name)]
 
 
+def _min_p(n1: int, n2: int) -> float:
+    """The smallest two-sided p-value Mann-Whitney U can give samples of n1 and n2, 2 / C(n1+n2, n1),
+    in logs: a timeline profile's kernel has thousands of samples, whose C() no float holds."""
+    log_c = math.lgamma(n1 + n2 + 1) - math.lgamma(n1 + 1) - math.lgamma(n2 + 1)
+    return 2.0 * math.exp(-log_c) if log_c < 700 else 0.0
+
+
 def decide(base: List[float], cand: List[float], threshold: float, noise_pct: Optional[float],
            sigmas: float = 3.0, alpha: float = 0.01) -> Dict[str, Any]:
     """The verdict on two small samples of one kernel's time, measured paired (same GPU, close in
@@ -192,7 +199,7 @@ def decide(base: List[float], cand: List[float], threshold: float, noise_pct: Op
     out["diff_pct"] = diff = (ratio - 1) * 100 if ratio is not None else None
     if ratio is None:
         return dict(out, verdict=None, why="a baseline time of 0")
-    if 1.0 / math.comb(len(base) + len(cand), len(base)) * 2 > alpha:
+    if _min_p(len(base), len(cand)) > alpha:
         return dict(out, verdict=None, p_value=None,
                     why=f"{len(base)} and {len(cand)} samples: too few for Mann-Whitney at alpha {alpha:g}")
     p = float(mannwhitneyu(cand, base, alternative="two-sided").pvalue)
