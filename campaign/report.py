@@ -243,8 +243,16 @@ def _verdicts(db, cells) -> List[Dict[str, Any]]:
                         "cell_noise_pct": _rss(k["noise_pct"], k["base_noise_pct"]), "p_value": k["p_value"],
                         "gpu_offset_pct": k["gpu_offset_pct"], "gpu": c["gpu"], "confirm_gpu": c["confirm_gpu"],
                         "confirm_diff_pct": k["confirm_diff_pct"], "confirm_p_value": k["confirm_p_value"],
-                        "confirm_note": c["confirm_note"], "attempts": c["attempts"], "why": k["why"]})
+                        "confirm_note": c["confirm_note"], "attempts": c["attempts"], "why": k["why"],
+                        "runs": _runs_of(db, c)})
     return out
+
+
+def _runs_of(db, cell) -> List[Dict[str, Any]]:
+    """The replays a cell's verdict rests on: side, round, purpose, GPU, outcome and times."""
+    q = ("SELECT n, purpose, side, round, outcome, host, visible_devices, gpu_uuid, proc_s, started FROM attempts "
+         "WHERE run_id=? AND cell_key=? ORDER BY n")
+    return [dict(r) for r in db.execute(q, (cell["run_id"], cell["cell_key"]))]
 
 
 def _rss(a, b):

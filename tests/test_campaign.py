@@ -836,3 +836,54 @@ def test_the_example_campaign_files_plan(tmp_path):
     c = load_campaign(tmp_path / "c.toml")
     assert [e.name for e in c.envs] == ["plain", "noop", "r580"] and c.envs[2].gpu == "H100" and len(c.cells) == 3
     assert c.controls == ["noop"]
+
+
+def test_html_report_at_scale(tmp_path):
+    """40 kernels of long C++ names in a snapshot: the chart plots the top 8 (the regressed one
+    first), the other 32 are listed under it; names are demangled and shortened, the full name
+    in a tooltip; every verdict links to its evidence (its replays: side, round, GPU)."""
+    pytest.importorskip("plotly")
+    from types import SimpleNamespace
+    from cudasnap.campaign.plan import Rules
+    from cudasnap.campaign.report import build_report
+    from cudasnap.campaign.report_html import html_report
+    s = Store(tmp_path / "big.sqlite")
+    camp = SimpleNamespace(name="big", path="/b.toml", file_hash="h", baseline="plain", rules=Rules())
+    rid, _ = s.open_run(camp, "0.1.0", None, fresh=True)
+    names = [f"_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_13BinaryFunctorIfffNS0_15binary_internal"
+             f"10MulFunctorIfEEEESt5arrayIPcLm{i}EEEEviT0_T1_" for i in range(40)]
+    env = {"name": "x", "vars": {}, "driver": None, "driver_digest": None, "gpu": None, "replace": {}}
+    for key, e_name, base in (("b", "plain", 1), ("c", "slow", 0)):
+        kern = [{"kernel": n, "median_us": 100.0 - i + (50 if (i == 20 and not base) else 0), "ratio": 1.0,
+                 "diff_pct": 50.0 if (i == 20 and not base) else 0.0, "p_value": 0.002, "bar_pct": 10.0,
+                 "verdict": ("SLOWER" if (i == 20 and not base) else "SAME") if not base else None}
+                for i, n in enumerate(names)]
+        cid = s.add_cell(rid, {"cell_key": key, "snapshot": "/s/big.cusnap", "snapshot_digest": "d", "mode": "timeline",
+                               "env": e_name, "env_json": json.dumps(dict(env, name=e_name)), "is_baseline": base,
+                               "status": "ok", "verdict": "BASELINE" if base else "SLOWER", "regressed": 1 - base,
+                               "attempts": 4, "reruns": 0, "finished": "2026-01-01T00:00:00Z", "gpu": "h:0@n1",
+                               "baseline_cell_id": None if base else 1}, kern, {"summary": {}, "launches": [], "kernels": []})
+        if not base:
+            for n, (side, rnd) in enumerate((("baseline", 1), ("candidate", 1), ("baseline", 2), ("candidate", 2)), 1):
+                s.add_attempt(rid, key, {"purpose": "measure", "outcome": "ok", "exit_code": 0, "host": "h",
+                                         "visible_devices": "0", "proc_s": 1.5, "side": side, "round": rnd})
+    s.close_run(rid, "done", ["h"], 1)
+    rep = build_report(s)
+    page = html_report(rep)
+    assert len(rep["verdicts"]) == 1 and len(rep["verdicts"][0]["runs"]) == 4
+    # the chart: 8 traces per snapshot and env plotted (JSON inside the page), the regressed kernel among them
+    assert "top 8 of 40 kernels" in page
+    assert "32 more kernel(s) of big.cusnap" in page
+    legend = re.findall(r'"name":"(slow|plain): ([^"]*)"', page)
+    legend = [json.loads(f'"{n}"') for _, n in legend]
+    assert 8 <= len(legend) <= 16 and all(len(n) <= 40 for n in legend), legend[:3]
+    assert all(n.startswith("vectorized_elementwise_ker") for n in legend), legend[:3]     # no namespaces
+    # names shortened, full demangled name on hover
+    assert "vectorized_elementwise_kernel&lt;4, at::native::BinaryFunctor&lt;…&gt;" in page
+    assert "title='void at::native::vectorized_elementwise_kernel&lt;4, at::native::BinaryFunctor&lt;float, float" in page
+    # every verdict links to an anchor that exists, with its four replays
+    links = set(re.findall(r"href='#(v[0-9a-f-]+)'", page))
+    ids = set(re.findall(r"id='(v[0-9a-f-]+)'", page))
+    assert links and links <= ids
+    ev = page.split(f"id='{next(iter(ids))}'", 1)[1]
+    assert ev.count("<tr>") >= 5 and "candidate" in ev and "baseline" in ev
