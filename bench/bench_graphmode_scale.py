@@ -36,7 +36,7 @@ def loop_program(path, launches: int, per_step: int = 8, n: int = 16) -> Dict[st
     """A synthetic training loop of `launches` launches on the double (per_step a step: one on
     the step's scratch memory, the rest on D, on two streams).  D2H results: D holds the count
     of launches on it, E the scratch after its one increment."""
-    from cudasnap.replay.synth import Synth
+    from synth import Synth
     s = Synth(path)
     ctx, mod, f_incr = 0x55550000, 0x55560000, 0x55570005
     D, E, H, S = 0x200000000000, 0x200000100000, 0x200000200000, 0x200000400000
@@ -114,6 +114,7 @@ def measure(snap: Path, env: Dict[str, str], extra: List[str], timeout: float, r
 
 def _double_env() -> Dict[str, str]:
     sys.path.insert(0, str(ROOT / "tests" / "double"))
+    sys.path.insert(0, str(ROOT / "tests"))              # the synthetic snapshot writer (tests/synth.py)
     import build  # the test double's builder
     out = Path(os.environ.get("CUDASNAP_DOUBLE_BUILD_DIR") or tempfile.mkdtemp(prefix="cudadouble-"))
     env = dict(build.env_for(build.build(out)))

@@ -313,7 +313,7 @@ def _us(v) -> str:
 
 
 def render_text(rep: Dict[str, Any], out) -> None:
-    from cudasnap.console import console, print_table
+    from cudasnap.formats.console import console, print_table
     con = console(file=out)
     r = rep["run"]
     w = out.write

@@ -4,6 +4,9 @@
     decode.py    raw ring records -> schema records, through the API description
     recorder.py  drains every ring of a session into SnapshotWriters
     runner.py    `cudasnap capture`: output name, the program's start and signals, exit code, summary
+    window.py    capture windows (--window, --job-window): a state, the window's calls, its end state
+    flight.py    the flight recorder (--flight-recorder): rolling checkpoints, the last seconds kept
+    group.py     several processes of one job: the group manifest
 
 From Python:
 

@@ -21,7 +21,7 @@ from typing import List, Optional
 
 from cudasnap.formats.cuerrors import cu_result_name
 
-from .window import Segment, WindowRouter, _copied
+from .window import Segment, WindowRouter, copied_note
 
 # errors after which the context is unusable (the CUDA documentation calls them sticky)
 STICKY = {214, 700, 702, 710, 714, 715, 716, 717, 718, 719, 720}
@@ -264,7 +264,7 @@ class FlightRouter(WindowRouter):
             return [f"flight recorder: no trigger, nothing written ({self.checkpoints} checkpoints{p})"]
         w = self.windows[-1]
         return [f"flight recorder: {self.triggered}: wrote {self.written} ({w['calls']:,} calls since checkpoint "
-                f"{w['n']}, state {w['state_bytes']:,} bytes{_copied(w)}; {self.checkpoints} checkpoints{p})"]
+                f"{w['n']}, state {w['state_bytes']:,} bytes{copied_note(w)}; {self.checkpoints} checkpoints{p})"]
 
 
 def _dump_line(n: int, d: dict) -> str:

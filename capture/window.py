@@ -538,7 +538,7 @@ class WindowRouter:
         if not self.windows:
             return [f"window {self.window.get('spec')}: never opened; no snapshot written"]
         return [f"window {w['n']} ({w['why']}): {w['path']}: {w['calls']:,} calls, state {w['state_bytes']:,} bytes "
-                f"in {w['state_ranges']} ranges{_copied(w)}{_paused(w)}" for w in self.windows]
+                f"in {w['state_ranges']} ranges{copied_note(w)}{_paused(w)}" for w in self.windows]
 
 
 class TimeWindows(WindowRouter):
@@ -567,7 +567,7 @@ def _paused(w: dict) -> str:
             + (f", complete after {w['dump_ns'] / 1e6:.1f} ms" if w.get("spare") else ""))
 
 
-def _copied(w: dict) -> str:
+def copied_note(w: dict) -> str:
     if not w.get("referenced"):
         return ""
     return f" ({w.get('copied', 0):,} copied, {w['referenced']:,} unchanged since the previous state)"

@@ -1,10 +1,16 @@
 """cudasnap: CUDA snapshot-and-replay.
 
-Parts (each its own subpackage):
-  cudasnap.formats  the .cusnap container, schema, blob store, recovery, record vocabulary, version
-  cudasnap.shim     the API description and the preloaded interception library
-  cudasnap.capture  `cudasnap capture`: runs a program under the shim, records snapshots
-  cudasnap.replay   `cudasnap replay`: re-executes a snapshot on a GPU through cuda-python
+This package is the folder cli/: the command line (cli.py and the *_cmd.py modules, typer)
+and the Python entry points. The parts, each its own subpackage, lowest first (each imports
+only those below it; tests/test_structure.py checks):
+  cudasnap.formats   the .cusnap container, schema, blob store, recovery, record vocabulary, console
+  cudasnap.shim      the API description (cuda.h + overlay) and the preloaded interception library
+  cudasnap.capture   `cudasnap capture`: runs a program under the shim, records snapshots
+  cudasnap.replay    `cudasnap replay`: re-executes a snapshot through cuda-python, profiles, simulates
+  cudasnap.compare   `cudasnap compare`: A/B statistics of two profiles and their reports
+  cudasnap.export    `cudasnap export` / `extract`: a snapshot as a standalone program, one launch alone
+  cudasnap.campaign  `cudasnap campaign` and `bisect`: replays across environments and GPUs on Ray
+  cudasnap.advise    `cudasnap advise`: what-if replays and hints from a profile
 
 From Python (every name is imported on first use: `import cudasnap` loads nothing else and
 needs no cuda-python):

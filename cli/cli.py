@@ -580,7 +580,7 @@ def bisect(
     judges), or when its replay no longer reproduces the recorded results (a correctness break).
     Exit 0: no regression between the ends; 1: a regression found (slower or a correctness
     break); 2: error (outputs are checked before the first replay)."""
-    from cudasnap.compare.bisect import run_bisect_cli
+    from cudasnap.campaign.bisect import run_bisect_cli
 
     raise typer.Exit(run_bisect_cli(str(snapshot), str(envs), profile, kernels, repeat, warmup, threshold,
                                     str(html) if html else None, json_out, str(keep) if keep else None, timeout, top,

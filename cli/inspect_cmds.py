@@ -18,7 +18,7 @@ from cudasnap.formats import SnapshotError, SnapshotReader, cu_result_name, pars
 from cudasnap.formats import callset as cs
 from cudasnap.formats import native
 from cudasnap.formats.container import record_list
-from cudasnap.formats.summary import Summary, as_int, copy_bytes, memset_bytes
+from cudasnap.formats.summary import Summary
 
 
 def _err(msg: str) -> int:
@@ -28,10 +28,6 @@ def _err(msg: str) -> int:
 
 
 # ============================================================================ info
-
-# the record arithmetic lives with the summary (formats/summary.py); stats.py uses these two
-_as_int, _copy_bytes, _memset_bytes = as_int, copy_bytes, memset_bytes
-
 
 def summarize(r: SnapshotReader) -> Dict[str, Any]:
     """Everything `info` shows, as a JSON-able dict: from the index's summary when the file

@@ -161,7 +161,7 @@ def _launch_shape(f: str, a: Mapping[str, Any]):
 
 
 def collect(r: SnapshotReader) -> Calls:
-    from cudasnap.inspect_cmds import _copy_bytes, _memset_bytes
+    from cudasnap.formats.summary import copy_bytes as _copy_bytes, memset_bytes as _memset_bytes
 
     hdr = r.header
     out = Calls(path=r.path, pid=_int(hdr.get("pid")))

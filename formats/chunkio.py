@@ -9,7 +9,7 @@ import xxhash
 import zstandard
 
 from .container import (
-    CHUNK_ID_LEN, CHUNK_SIZE, CODEC_ZSTD, FRAME_SIZE, KIND_CHUNK, KIND_NAMES, SnapshotError, _decompressor,
+    CHUNK_ID_LEN, CHUNK_SIZE, CODEC_ZSTD, FRAME_SIZE, KIND_CHUNK, KIND_NAMES, SnapshotError, decompressor,
     chunk_digest, parse_frame_header, snap_error, xxh64,
 )
 
@@ -61,7 +61,7 @@ def chunk_into(r, cid: str, out, scratch: Optional[bytearray] = None) -> Tuple[i
             if size != raw_len:
                 raise snap_error(r.path, off, f"zstd content size {size} != declared raw length {raw_len}")
             try:
-                rd = _decompressor().stream_reader(sv, read_across_frames=False)
+                rd = decompressor().stream_reader(sv, read_across_frames=False)
                 got = rd.readinto(ident)
                 while got < raw_len:
                     step = rd.readinto(mv[got - CHUNK_ID_LEN:n]) if got >= CHUNK_ID_LEN else 0

@@ -158,7 +158,7 @@ def parse_frame_header(buf: bytes, path: Any, offset: int) -> Tuple[int, int, in
 _tls = threading.local()
 
 
-def _decompressor() -> zstandard.ZstdDecompressor:
+def decompressor() -> zstandard.ZstdDecompressor:
     d = getattr(_tls, "dctx", None)
     if d is None:
         d = _tls.dctx = zstandard.ZstdDecompressor()
@@ -216,7 +216,7 @@ def decode_payload(stored: bytes, codec: int, raw_len: int, path: Any, offset: i
     if size != raw_len:
         raise snap_error(path, offset, f"zstd content size {size} != declared raw length {raw_len}")
     try:
-        reader = _decompressor().stream_reader(stored, read_across_frames=False)
+        reader = decompressor().stream_reader(stored, read_across_frames=False)
         if raw_len + 1 <= _DECOMP_PIECE:
             out = reader.read(raw_len + 1)
             extra = b""

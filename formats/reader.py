@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 from .container import (
     CHUNK_ID_LEN, CHUNK_SIZE, CODEC_ZSTD, FRAME_MAGIC, FRAME_SIZE, KIND_CHUNK, KIND_HEADER, KIND_INDEX,
     KIND_NAMES, KIND_RECORDS, MAX_FRAME, PREAMBLE_SIZE, TRAILER, TRAILER_MAGIC, TRAILER_SIZE,
-    SnapshotError, _decompressor, check_preamble, chunk_digest, decode_payload,
+    SnapshotError, decompressor, check_preamble, chunk_digest, decode_payload,
     iter_record_payload, parse_frame_header, record_list, snap_error, unpack_one, xxh64,
 )
 from . import native
@@ -315,7 +315,7 @@ class SnapshotReader:
         # payload is still compressed here: decompress only its first 16 bytes
         if self._last_codec == CODEC_ZSTD:
             try:
-                head = _decompressor().stream_reader(stored, read_across_frames=False).read(CHUNK_ID_LEN)
+                head = decompressor().stream_reader(stored, read_across_frames=False).read(CHUNK_ID_LEN)
             except Exception:
                 raise snap_error(self.path, off, "chunk frame: zstd decompression failed") from None
         else:

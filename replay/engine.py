@@ -1,4 +1,8 @@
-"""The replay engine: reads a snapshot in file order and dispatches each call record."""
+"""The replay engine (Replayer): reads a snapshot, prescans it (handles, placement, selection),
+loads the driver, then replays its call records in file order: runs of plain calls are planned
+into batches the C executor runs (plan.py, executor.c), the rest dispatched one by one to the
+handlers (dispatch.py); D2H results are verified as they come. Profilers and hooks subscribe to
+its events (events.py)."""
 from __future__ import annotations
 
 import gc

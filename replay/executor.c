@@ -18,7 +18,7 @@
 
 #include "opkinds.h"
 
-typedef struct {              /* one op; Python packs it as replay/plan.py _OP */
+typedef struct {              /* one op; Python packs it as replay/plan.py OP */
     uint16_t kind;            /* OP_* */
     uint16_t flags;
     uint32_t val;             /* memset value, event-record / wait flags */

@@ -55,8 +55,8 @@ _Z3 = (0, 0, 0)
 _EMPTY = (0, 0, 0, 0, 0, 0, 0, _Z3, _Z3, 0, None)
 _U64 = 1 << 64
 # ex_op, packed as the C compiler lays it out (x86-64 / aarch64 LP64; checked against ffi.sizeof)
-_OP = struct.Struct("<HHIqqqQQQ3I3II4xQQd")
-OP_SIZE = _OP.size
+OP = struct.Struct("<HHIqqqQQQ3I3II4xQQd")
+OP_SIZE = OP.size
 
 
 def _u32(v) -> bool:
@@ -398,7 +398,7 @@ class Planner:
         keep: List[Any] = [self._scratch] if counts["d2h"] else []
         if ffi is not None:
             buf = bytearray(OP_SIZE * max(n, 1))
-            pack = _OP.pack_into
+            pack = OP.pack_into
             cache = self._params
             t_origin = self.t_origin
             for i in range(n):

@@ -14,7 +14,7 @@ from cudasnap.formats import native
 from cudasnap.formats.container import record_list, record_one
 
 from . import plan
-from .plan import BATCH_MAX, SKIP, OpBatch, Planner, _OP
+from .plan import BATCH_MAX, SKIP, OpBatch, Planner, OP
 
 M_PLAN = 5
 DONE, FALLBACK, NEED, SLOT, BLOB, CLOSE, LIMIT = 0, 1, 2, 4, 5, 6, 7
@@ -264,7 +264,7 @@ class NativePlanner(Planner):
             cb = cffi.from_buffer(src)
             self._pykeep.append(cb)
             src = int(cffi.cast("uintptr_t", cb))
-        opb = _OP.pack(kind, 0, val, r0, r1, rf, dst, src, cnt, grid[0], grid[1], grid[2], block[0], block[1],
+        opb = OP.pack(kind, 0, val, r0, r1, rf, dst, src, cnt, grid[0], grid[1], grid[2], block[0], block[1],
                        block[2], shm, pp, size, 0.0)
         fam = self._fam_id(fam_name)
         name = self._name_id(f) if type(f) is str else -1         # -1: summarised in Python

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from cudasnap.replay.synth import Synth
+from synth import Synth
 
 CTX, MOD = 0x55550000, 0x55560000
 F_INCR, F_SPIN, F_SAXPY = 0x55570005, 0x55570006, 0x55570007

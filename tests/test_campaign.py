@@ -367,7 +367,7 @@ def test_stopped_campaign_resumes_only_unfinished_cells(cluster, tmp_path):
 def test_a_snapshot_with_no_launch_is_set_aside(cluster, tmp_path):
     """A compiler worker's snapshot (no kernel launch) among the glob: named and set aside when
     planned, its cells N/A; the exit code is that of the real verdicts."""
-    from cudasnap.replay.synth import Synth
+    from synth import Synth
     snaps = tmp_path / "snaps"
     snaps.mkdir()
     (snaps / "torch_main.cusnap").write_bytes((cluster["snaps"] / "s0.cusnap").read_bytes())

@@ -80,7 +80,7 @@ def _rank_snapshot(path, reps=3, n=64, free=False, lead=False):
     free: the program frees its buffers after its last D2H (as a job's teardown does); lead: a
     collective first (the stretch then starts after one)."""
     import struct
-    from cudasnap.replay.synth import Synth
+    from synth import Synth
     s = Synth(path)
     ctx, mod = 0x55550000, 0x55560000
     f_incr, f_coll = 0x55570005, 0x55570002

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from cudasnap.compare.core import SAME, SLOWER, FASTER, compare, verdict, weighted_median
-from cudasnap.replay.synth import Synth
+from synth import Synth
 
 STEADY = {"CUDA_DOUBLE_SLOW": "*:1", "CUDA_DOUBLE_SLOW_FLOOR_US": "2000"}
 SLOW_FILL = {"CUDA_DOUBLE_SLOW": "*:1,fill:2", "CUDA_DOUBLE_SLOW_FLOOR_US": "2000"}
@@ -437,7 +437,7 @@ def test_bisect_search_and_correctness_breaks(tmp_path):
     """The search itself, with replays stood in for: every first-bad position of 2..12
     environments is found within ceil(log2 n) + 2 replays; a replay that stops reproducing the
     results (exit 1) is a correctness break, not a timing verdict."""
-    from cudasnap.compare.bisect import Bisector, Env, Outcome
+    from cudasnap.campaign.bisect import Bisector, Env, Outcome
 
     class Fake(Bisector):
         def __init__(self, n, bad_from, kind="slower"):
@@ -516,7 +516,7 @@ def test_bisect_k_ary_only_where_it_pays(tmp_path):
     """--gpus 4 without --address: the first replay's time decides. Fast replays: Ray's start
     (8 s) would cost more than the rounds saved, so the binary search runs here and Ray never
     starts; slow replays: the 4-ary search, in fewer rounds. The result says which and why."""
-    from cudasnap.compare.bisect import Bisector, Env, Outcome
+    from cudasnap.campaign.bisect import Bisector, Env, Outcome
 
     class Pool:
         slots = 4

@@ -9,7 +9,7 @@ import pytest
 from cudasnap.replay import dispatch
 from cudasnap.replay.context import EngineHooks, Handles, ReplayContext
 from cudasnap.replay.engine import Replayer
-from cudasnap.replay.synth import Synth
+from synth import Synth
 from test_replay_graph import A, FILL, _prologue, _run
 
 

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import pytest
 
 from cudasnap.formats import SnapshotReader
-from cudasnap.replay.synth import Synth
+from synth import Synth
 from test_compare import three_kernels
 
 STEADY = {"CUDA_DOUBLE_SLOW": "*:1", "CUDA_DOUBLE_SLOW_FLOOR_US": "2000"}

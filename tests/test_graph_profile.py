@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from cudasnap.replay.synth import Synth
+from synth import Synth
 from test_profile import _replay, incr_memset_program
 
 

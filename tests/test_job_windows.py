@@ -172,7 +172,7 @@ def test_library_kernels_load_when_their_context_becomes_current(double, tmp_pat
     them: they load in the context when the program retains it, before any launch (a launch
     that must load its function fails on the double with DOUBLE_LOAD_AT_LAUNCH_FAILS)."""
     import struct
-    from cudasnap.replay.synth import DOUBLE_MODULE, Synth
+    from synth import DOUBLE_MODULE, Synth
     path = tmp_path / "lib.cusnap"
     s = Synth(path)
     lib, kern, ctx, buf = 0x55561000, 0x55570009, 0x55550000, 0x200000000000

@@ -17,7 +17,7 @@ import pytest
 
 from cudasnap.replay.profile import metrics_sections as ms
 from cudasnap.replay.profile import roofline as rl
-from cudasnap.replay.synth import Synth
+from synth import Synth
 
 FAKE = textwrap.dedent('''
     import json, os

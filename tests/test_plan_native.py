@@ -40,7 +40,7 @@ def _batch_view(b, ffi):
         raw = bytes(ffi.buffer(b.ops, P.OP_SIZE * b.n))
         ops = []
         for i in range(b.n):
-            f = list(P._OP.unpack_from(raw, i * P.OP_SIZE))
+            f = list(P.OP.unpack_from(raw, i * P.OP_SIZE))
             pp, size = f[16], f[17]
             # contents, not addresses; and their alignment (16 bytes, as the bytes objects' are)
             f[16] = (bytes(ffi.buffer(ffi.cast("char *", pp), size)), pp % 16) if pp else None

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cudasnap.formats import SnapshotReader
-from cudasnap.replay.synth import Synth
+from synth import Synth
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "hooks"
@@ -137,7 +137,7 @@ def test_hook_exceptions_fail_open(double, capture, recorder, tmp_path):
 
 
 def test_bad_hook_spec_is_one_line_error(double, tmp_path):
-    from cudasnap.replay.synth import write_double_program
+    from synth import write_double_program
     p = tmp_path / "syn.cusnap"
     write_double_program(p)
     rp = _replay(double, p, "--hook", "no_such_module_xyz:Hook")
@@ -270,7 +270,7 @@ def test_timeline_trace_one_slice_per_launch(double, capture, tmp_path):
 
 
 def test_timeline_kernel_filter_profiles_but_runs_everything(double, tmp_path):
-    from cudasnap.replay.synth import write_double_program
+    from synth import write_double_program
     p = tmp_path / "syn.cusnap"
     write_double_program(p)
     out = tmp_path / "prof.json"

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from cudasnap.formats import SnapshotReader
-from cudasnap.replay.synth import Synth, write_double_program
+from synth import Synth, write_double_program
 from snapedit import rewrite
 
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from cudasnap.replay.synth import Synth
+from synth import Synth
 
 MODES = ["0", "python", "1"]
 

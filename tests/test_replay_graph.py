@@ -12,7 +12,7 @@ import sys
 from cudasnap.formats import SnapshotReader
 from cudasnap.replay import ReplayOptions
 from cudasnap.replay.engine import Replayer
-from cudasnap.replay.synth import Synth
+from synth import Synth
 from test_replay_unit import FakeCU, _Handle
 
 G = 2 << 20

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from cudasnap.replay.names import demangle, function_name, name_for
-from cudasnap.replay.synth import Synth
+from synth import Synth
 
 A_NAME, B_NAME, C_NAME = "_Z4incrPii", "_ZN4demo4incrIiEEvPT_i", "add_one"
 MODULE = f"CUDADOUBLE\nkernel {A_NAME}\nkernel {B_NAME}\nkernel {C_NAME}\n".encode()

@@ -10,7 +10,7 @@ import pytest
 from cudasnap.replay import ReplayOptions
 from cudasnap.replay.engine import Replayer
 from cudasnap.replay.placement import AddressSpace, plan_spans, relocate_params, scan_payload
-from cudasnap.replay.synth import Synth
+from synth import Synth
 from cudasnap.replay.verify import Tolerance, compare
 
 G = 2 << 20

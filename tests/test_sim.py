@@ -113,7 +113,7 @@ def _fatbin_sass_only(arch=90) -> bytes:
 
 
 def test_sass_only_kernel_refused_before_the_run(tmp_path):
-    from cudasnap.replay.synth import Synth
+    from synth import Synth
     snap = tmp_path / "sass.cusnap"
     s = Synth(snap)
     s.call("cuInit", {"Flags": 0})
@@ -234,7 +234,7 @@ def test_export_for_the_simulator_builds_runs_and_verifies(snaps, key, verdict):
 
 def test_export_for_the_simulator_refuses_sass_only(tmp_path):
     snap = tmp_path / "sass.cusnap"
-    from cudasnap.replay.synth import Synth
+    from synth import Synth
     s = Synth(snap)
     s.call("cuInit", {"Flags": 0})
     s.call("cuModuleLoadData", {"module": 0x222, "image": 1}, x={"image": s.blob(_fatbin_sass_only())})

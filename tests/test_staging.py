@@ -116,7 +116,7 @@ def test_staged_replay_uses_the_slots(double, tmp_path):
 def _copies_session(path, sizes, async_on):
     """Several big H2D copies (sync, or async on a stream the program made), each read back
     with a D2H that replay verifies; one incr launch between them."""
-    from cudasnap.replay.synth import Synth
+    from synth import Synth
     s = Synth(path)
     ctx, mod, f_incr, stream = 0x55550000, 0x55560000, 0x55570005, 0x55580000
     s.double_prologue("incr", f_incr, [[0, 8], [8, 4]], ctx, mod)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cudasnap.replay.synth import write_double_program
+from synth import write_double_program
 from cudasnap.wrap import WrapError, command, strip_args, tool_options
 
 FAKE_TOOL = f"""#!{sys.executable}

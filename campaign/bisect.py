@@ -39,8 +39,8 @@ from typing import Any, Dict, List, Optional
 from cudasnap.formats.console import invoked_command
 from cudasnap.formats.tomlfile import TomlFileError, load_toml
 
-from .core import SLOWER, CompareError, compare, facts, load_profile
-from .envs import Env, env_table
+from cudasnap.compare.core import SLOWER, CompareError, compare, facts, load_profile
+from cudasnap.compare.envs import Env, env_table
 
 
 # a local Ray runtime's start, about 7 s on an H200 host (bench/RESULTS.md): what a K-ary
@@ -286,7 +286,7 @@ class Bisector:
         why = (f"a replay takes {replay_s:.1f} s: {binary} more rounds binary ~{est_b:.1f} s, {kary} rounds "
                f"{k}-ary ~{est_k:.1f} s with Ray's start (~{self.pool_start_s:g} s)")
         if est_k < est_b:
-            from cudasnap.campaign.engine import EngineError
+            from .engine import EngineError
             try:
                 self.pool = self.start_pool()
             except EngineError as e:
@@ -447,7 +447,7 @@ def run_bisect_cli(snapshot, envs_path, mode: str = "isolated", kernels: Optiona
     except OutputError as e:
         return fail(str(e))
     if html:
-        from .html import need_plotly
+        from cudasnap.compare.html import need_plotly
         why = need_plotly()
         if why:
             return fail(why)
@@ -460,8 +460,8 @@ def run_bisect_cli(snapshot, envs_path, mode: str = "isolated", kernels: Optiona
     if gpus > 1:
         if any(e.device is not None for e in envs):
             return fail("--gpus: an environment names a device; with --gpus each replay gets its own GPU from Ray")
-        from cudasnap.campaign.engine import EngineError
-        from cudasnap.campaign.replays import RayReplays
+        from .engine import EngineError
+        from .replays import RayReplays
         if address:                           # the replays belong on that cluster: no choice
             try:
                 pool = RayReplays(address, timeout=timeout)
@@ -521,7 +521,7 @@ def run_bisect_cli(snapshot, envs_path, mode: str = "isolated", kernels: Optiona
 
 
 def render_bisect(res: Dict[str, Any], out, top: int = 20) -> None:
-    from .render import render_text
+    from cudasnap.compare.render import render_text
     w = out.write
     rounds = f", in {res['rounds']} round(s) on {res['gpus']} GPU(s)" if res.get("rounds") else ""
     w(f"replays: {res['replays']} of {len(res['envs'])} environments (at most {res['max_replays']}){rounds}\n")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import shlex
 from typing import Any, Dict
 
-from .html import Page, compare_sections, e, env_block, table
-from .render import describe
+from cudasnap.compare.html import Page, compare_sections, e, env_block, table
+from cudasnap.compare.render import describe
 
 
 def _total_figure(res: Dict[str, Any]):
