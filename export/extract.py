@@ -43,7 +43,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from cudasnap.formats import SnapshotError, SnapshotReader, SnapshotWriter
-from cudasnap.formats.vocab import alloc_range, family, is_collective_kernel, is_graph_launch, is_launch, is_query
+from cudasnap.formats.vocab import (alloc_range, family, in_class, is_collective_kernel, is_graph_launch, is_launch,
+                                    is_query, is_sync)
 from cudasnap.formats.layout import recorded_stream
 
 from . import ranges as R
@@ -160,9 +161,7 @@ def _is_work(f: str) -> bool:
     """Calls whose effect the restored memory stands for (or that only order work)."""
     b = base_name(f)
     return (b.startswith(("cuLaunch", "cuGraphLaunch", "cuMemcpy", "cuMemset", "cuMemPrefetch"))
-            or b in ("cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize", "cuEventRecord",
-                     "cuEventRecordWithFlags", "cuStreamWaitEvent", "cuStreamAddCallback", "cuEventElapsedTime",
-                     "cuCtxRecordEvent", "cuCtxWaitEvent"))
+            or is_sync(b) or in_class(b, "order"))
 
 
 def _skipped_query(f: str) -> bool:

@@ -15,16 +15,9 @@ import re
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 from .abi import base_name
-from .vocab import call_args, is_launch
+from .vocab import call_args, in_class, is_launch
 
 Predicate = Callable[[Dict[str, Any], Optional[Mapping[Any, str]]], bool]
-
-_ALLOC_NAMES = ("cuMemAlloc", "cuMemCreate", "cuMemHostAlloc", "cuMemAllocAsync",
-                "cuMemAllocFromPoolAsync", "cuMemAllocManaged", "cuMemAllocHost", "cuMemAllocPitch")
-_FREE_NAMES = ("cuMemFree", "cuMemRelease", "cuMemFreeHost", "cuMemFreeAsync")
-_SYNC_NAMES = ("cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize",
-               "cuStreamWaitEvent", "cuStreamQuery", "cuEventQuery")
-
 
 _base = base_name
 
@@ -38,16 +31,16 @@ def is_memset(f: str) -> bool:
 
 
 def is_alloc(f: str) -> bool:
-    b = _base(f)
-    return b in _ALLOC_NAMES or b.startswith("cuMemAlloc")
+    return in_class(f, "alloc") or _base(f).startswith("cuMemAlloc")
 
 
 def is_free(f: str) -> bool:
-    return _base(f) in _FREE_NAMES
+    return in_class(f, "free")
 
 
-def is_sync(f: str) -> bool:
-    return _base(f) in _SYNC_NAMES
+def in_sync_group(f: str) -> bool:
+    """The --calls group `sync`: host waits and the stream orderings and polls beside them."""
+    return in_class(f, "sync") or in_class(f, "wait")
 
 
 def is_module(f: str) -> bool:
@@ -72,7 +65,7 @@ GROUPS: Dict[str, Callable[[str], bool]] = {
     "launches": is_launch, "launch": is_launch,
     "memcpy": is_memcpy, "memset": is_memset,
     "alloc": is_alloc, "free": is_free,
-    "sync": is_sync, "module": is_module, "modules": is_module,
+    "sync": in_sync_group, "module": is_module, "modules": is_module,
     "graph": is_graph, "graphs": is_graph,
     "event": lambda f: f.startswith("cuEvent"),
     "stream": lambda f: f.startswith("cuStream"),

@@ -24,6 +24,7 @@ ALLOC_PARAMS = {
 _class_of: Optional[Dict[str, str]] = None
 _family_of: Optional[Dict[str, str]] = None
 _releases: frozenset = frozenset()
+_call_classes: Dict[str, frozenset] = {}
 
 
 def _tables() -> Tuple[Dict[str, str], Dict[str, str], frozenset]:
@@ -40,6 +41,10 @@ def _tables() -> Tuple[Dict[str, str], Dict[str, str], frozenset]:
             fam[f["name"]] = f["family"]
             fam.setdefault(f["base"], f["family"])
         _releases = frozenset(n for f in load().functions if f.get("releases") for n in (f["name"], f["base"]))
+        for f in load().functions:
+            c = frozenset(f.get("classes") or ())
+            _call_classes[f["name"]] = c
+            _call_classes.setdefault(f["base"], c)
         _class_of, _family_of = cls, fam
     return _class_of, _family_of, _releases  # type: ignore[return-value]
 
@@ -57,6 +62,32 @@ def family(name: str) -> Optional[str]:
     m = _tables()[1]
     c = m.get(name)
     return c if c is not None else m.get(base_name(name))
+
+
+# the description's call classes (shim/overlay.py CALL_CLASS_RULES); read here only
+CALL_CLASSES = ("sync", "wait", "order", "alloc", "free", "may_batch")
+
+
+def call_classes(name: str) -> frozenset:
+    """The description's classes of an ABI name (its base name's when the name is unknown)."""
+    _tables()
+    c = _call_classes.get(name)
+    return c if c is not None else _call_classes.get(base_name(name), frozenset())
+
+
+def in_class(name: Any, cls: str) -> bool:
+    assert cls in CALL_CLASSES, cls
+    return isinstance(name, str) and cls in call_classes(name)
+
+
+def is_sync(f: Any) -> bool:
+    """The host waits for the device (cuCtx/Stream/EventSynchronize): a step boundary."""
+    return in_class(f, "sync")
+
+
+def may_batch(f: Any) -> bool:
+    """May stand between the launches of a profiled sequence's recorded graph."""
+    return in_class(f, "may_batch")
 
 
 def is_release(f: str) -> bool:

@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 from cudasnap.formats import SnapshotError, cu_result_name
 from cudasnap.formats.abi import per_thread
-from cudasnap.formats.callset import is_memcpy, is_sync
+from cudasnap.formats.callset import in_sync_group, is_memcpy
 from cudasnap.formats.vocab import is_graph_launch, is_launch
 
 from .driverops import handle_int, result_code
@@ -265,7 +265,7 @@ class ReplayContext:
         hint = ""
         # only where device work could have read one: a launch, a copy, or a wait for them
         if self.res.payload_stale and not self.opt.relocate_payloads and (
-                not f or is_launch(f) or is_graph_launch(f) or is_memcpy(f) or is_sync(f)):
+                not f or is_launch(f) or is_graph_launch(f) or is_memcpy(f) or in_sync_group(f)):
             hint = ("; device memory holds stale recorded addresses after a relocation (an allocation that fell "
                     "back, or a moved host buffer; try --relocate-payloads)")
         return f"replay returned {cu_result_name(code)} (recorded CUDA_SUCCESS){hint}"

@@ -17,7 +17,7 @@ from cudasnap.formats import SnapshotError, SnapshotReader, cu_result_name
 from cudasnap.formats.abi import base_name
 from cudasnap.formats.container import record_list
 from cudasnap.formats.callset import NAMING_CALLS, asked_by_name, is_module_load
-from cudasnap.formats.vocab import alloc_range, is_launch, is_query, is_release, is_workload, malformed_call
+from cudasnap.formats.vocab import alloc_range, is_launch, is_query, is_release, is_sync, is_workload, malformed_call
 
 from . import dispatch, plan
 from .batchrun import D2H_AHEAD_EACH, D2H_AHEAD_TOTAL, SYNC_TIMES_MAX, BatchRunner, ExpectedBlobs
@@ -812,10 +812,7 @@ class Replayer(BatchRunner):
             self._stale.ran(rec)
         fam = h.family
         self.ctx.res.by_family[fam] = self.ctx.res.by_family.get(fam, 0) + 1
-        sync = _SYNC_CALLS.get(f)
-        if sync is None:
-            sync = _SYNC_CALLS[f] = base_name(f) in ("cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize")
-        if sync:
+        if is_sync(f):
             self._sync_mark(seq)
 
     def _error(self, rec, msg: str) -> None:
@@ -826,9 +823,6 @@ class Replayer(BatchRunner):
 
 PROFILER_RANGES = ("recorded", "workload")
 PACES = ("fast", "recorded")
-
-
-_SYNC_CALLS: Dict[str, bool] = {}    # ABI name -> is a synchronization (sync times)
 
 
 class _StopVerify(Exception):

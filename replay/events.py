@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from cudasnap.formats.abi import base_name
+from cudasnap.formats.vocab import is_sync
 
 from .functions import bound_function
 from .params import LAUNCH_CONFIG, LaunchParams
 
 _CLASS_CACHE: Dict[str, Optional[str]] = {}
-SYNC_CALLS = {"cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize"}
 TEARDOWN_CALLS = {"cuCtxDestroy", "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxReset"}
 
 
@@ -44,7 +44,7 @@ def classify(f: str) -> Optional[str]:
         c = "copy"
     elif b == "cuGraphLaunch":
         c = "graph_launch"
-    elif b in SYNC_CALLS:
+    elif is_sync(b):
         c = "sync"
     elif b in TEARDOWN_CALLS:
         c = "teardown"

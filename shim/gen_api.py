@@ -841,7 +841,8 @@ def describe_function(model, lay, types, ov, name, fdecl, unused_rules, defaults
             "capture_query": rclass == "query" and re.fullmatch(ov.CAPTURE_QUERY_RX, name) is not None,
             "host_only": rclass == "query" or any(re.fullmatch(ov.HOST_ONLY_RX, n) for n in (base, name)),
             "releases": any(re.fullmatch(ov.RELEASES_RX, n) for n in (base, name)),
-            "host_sync": re.fullmatch(ov.HOST_SYNC_RX, name) is not None}
+            "host_sync": re.fullmatch(ov.HOST_SYNC_RX, name) is not None,
+            "classes": call_classes(ov, name, base)}
 
 
 def apply_param_rule(pr, r, types, lay):
@@ -997,6 +998,11 @@ def replay_class(ov, name, base, status) -> str:
         if re.fullmatch(pat, base) or re.fullmatch(pat, name):
             return cls
     return {"replay": "execute", "refused": "refuse"}.get(status, "record")
+
+
+def call_classes(ov, name, base) -> List[str]:
+    """Every class of overlay.CALL_CLASS_RULES the base or ABI name matches, sorted."""
+    return sorted({cls for cls, pat in ov.CALL_CLASS_RULES if re.fullmatch(pat, base) or re.fullmatch(pat, name)})
 
 
 def window_class(ov, name, base) -> str:

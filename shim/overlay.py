@@ -209,6 +209,28 @@ RELEASES_RX = (r"cuMemFree|cuMemFreeAsync|cuMemFreeHost|cuMemHostUnregister|cuMe
 # may then write managed memory in place, so shim_hostmem.c records it again at its next launch.
 HOST_SYNC_RX = r"cu\w*Synchronize\w*|cuMemcpy(?!\w*Async)\w*|cuMemset(?!\w*Async)\w*"
 
+# Call classes ("classes" of each ABI name, a sorted list): what replay, export, profiling and
+# the --calls selection treat alike, so that a new function of a class needs no code of its
+# own. Rules (class, pattern on base or ABI name); a function takes every class it matches.
+# Read through formats/vocab.py only.
+#   sync        the host waits for the device: the replay's step boundaries and sync times
+#   wait        orders or polls without waiting on the host (the --calls group `sync` with sync)
+#   order       records or orders work between streams without doing any (extract keeps it)
+#   alloc, free device or host memory made and given back (--calls groups)
+#   may_batch   what a recorded graph of a profiled sequence may hold between its launches
+#               (replay/profile/graphseq.py): anything else ends the sequence
+CALL_CLASS_RULES = [
+    ("sync", r"cuCtxSynchronize|cuStreamSynchronize|cuEventSynchronize"),
+    ("wait", r"cuStreamWaitEvent|cuStreamQuery|cuEventQuery"),
+    ("order", r"cuEventRecord|cuEventRecordWithFlags|cuStreamWaitEvent|cuStreamAddCallback|cuEventElapsedTime"
+              r"|cuCtxRecordEvent|cuCtxWaitEvent"),
+    ("alloc", r"cuMemAlloc\w*|cuMemCreate|cuMemHostAlloc"),
+    ("free", r"cuMemFree|cuMemRelease|cuMemFreeHost|cuMemFreeAsync"),
+    ("may_batch", r"cuLaunchKernel|cuLaunchKernelEx|cuEventRecord|cuEventRecordWithFlags|cuStreamWaitEvent"
+                  r"|cuStreamSynchronize|cuEventSynchronize|cuCtxSynchronize|cuCtxSetCurrent|cuCtxPushCurrent"
+                  r"|cuCtxPopCurrent|cuMemsetD(8|16|32)(Async)?|cuMemcpyDtoD(Async)?|cuMemcpy(Async)?|cuMemcpyDtoH"),
+]
+
 # Window classes ("window_class" of each ABI name): what a capture window's state keeper does
 # with a successful call made outside the window (capture/window.py).
 #   work           does work or only asks: never part of the state

@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from cudasnap.formats.abi import base_name
 from cudasnap.formats.callset import learn_kernel_name
 from cudasnap.formats.layout import recorded_stream
-from cudasnap.formats.vocab import is_launch
+from cudasnap.formats.vocab import is_launch, may_batch
 
 from .. import dispatch
 from ..collectives import is_collective
@@ -47,13 +47,9 @@ PRE_PHASE = "saving memory before the sequence"
 _MEMSET_RX = re.compile(r"cuMemset(D2D|D)(8|16|32)")
 _MEMSET_VAL = {"8": "uc", "16": "us", "32": "ui"}
 LAUNCH_ATTR_SIZE = sizeof("CUlaunchAttribute")
-# Calls the replay may run in its C executor (the plan's op kinds, replay/plan.py): any other
-# call with a handler runs on its own, with before_call/after_call events.
-MAY_BATCH = frozenset({
-    "cuLaunchKernel", "cuLaunchKernelEx", "cuEventRecord", "cuEventRecordWithFlags", "cuStreamWaitEvent",
-    "cuStreamSynchronize", "cuEventSynchronize", "cuCtxSynchronize", "cuCtxSetCurrent", "cuCtxPushCurrent",
-    "cuCtxPopCurrent", "cuMemsetD8", "cuMemsetD16", "cuMemsetD32", "cuMemsetD8Async", "cuMemsetD16Async",
-    "cuMemsetD32Async", "cuMemcpyDtoD", "cuMemcpyDtoDAsync", "cuMemcpy", "cuMemcpyAsync", "cuMemcpyDtoH"})
+# Calls of the description's class may_batch (formats/vocab.py) may run in the C executor (the
+# plan's op kinds, replay/plan.py); any other call with a handler runs on its own, with
+# before_call/after_call events.
 _COPY_KINDS = frozenset(range(MEMSET8, COPY_ASYNC + 1))
 
 
@@ -134,7 +130,7 @@ def _runs_alone(rec) -> bool:
     h = dispatch.lookup(f)
     if h is None or (rec.get("r", 0) != 0 and not h.errors):
         return False
-    return base_name(f) not in MAY_BATCH
+    return not may_batch(f)
 
 
 class SequenceRecording:

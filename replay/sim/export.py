@@ -14,14 +14,13 @@ from importlib import resources
 from typing import Dict, List, Tuple
 
 from cudasnap.formats.abi import base_name
-from cudasnap.formats.vocab import alloc_range, is_launch, is_query
+from cudasnap.formats.vocab import alloc_range, is_launch, is_query, is_sync
 
 from . import DEFAULT_CONFIG, SimProblem, kernel_names, plan, pointer_problems
 from .ptx import merge
 
 _ALLOCS = ("cuMemAlloc", "cuMemAllocAsync", "cuMemAllocFromPoolAsync", "cuMemAllocManaged")
 _FREES = ("cuMemFree", "cuMemFreeAsync")
-_SYNCS = ("cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize")
 # calls that set up what the simulator program has already (a context, the merged PTX, its
 # handles) or only touch host memory: nothing to replay
 _SETUP = ("cuInit", "cuDevice", "cuCtx", "cuModule", "cuLibrary", "cuKernel", "cuFunc", "cuStreamCreate",
@@ -71,7 +70,7 @@ def export_sim(snapshot, outdir: str) -> Tuple[int, int, int]:
         x = rec.get("x") or {}
         s = rec.get("s")
         if rec.get("r", 0) != 0 or rec.get("incomplete") or "r" not in rec or is_query(f) \
-                or b.startswith(_SETUP) and b not in _SYNCS:
+                or b.startswith(_SETUP) and not is_sync(b):
             continue
         at = f'AT({s}, "{f}"); '
         r = alloc_range(rec)
@@ -83,7 +82,7 @@ def export_sim(snapshot, outdir: str) -> Tuple[int, int, int]:
         elif b in _FREES:
             live.pop(a.get("dptr"), None)
             body.append(f"{at}release({a.get('dptr') or 0:#x}ULL);")
-        elif b in _SYNCS:
+        elif is_sync(b):
             body.append(f"{at}CK(sim_sync());")
         elif b.startswith("cuMemcpyHtoD"):
             ref = x.get("srcHost")
