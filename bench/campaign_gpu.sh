@@ -22,19 +22,25 @@
 #      >= 3.6x faster than 1 on the cells (0.9x per GPU on fewer); prints cells per hour per GPU,
 #      the fixed cost per cell and per replay, and where each replay's time went;
 #   7. (BISECT=1) bisects 8 environments of demo_ab with --gpus 1 and --gpus 4.
-# Writes under $OUT: campaign.log, campaign.toml, campaign.html, report.json, run1.json,
-# run4_N.json, side_*.json, summary.json, stores.tar.gz. Run from the project root:
+# Writes under $OUT: campaign.log, campaign.toml, campaign.html, summary.json and results.tgz (each
+# run's JSON, the report's, the stores and the logs). Run from the project root:
 #   bash bench/campaign_gpu.sh
 # Env: REPEAT (isolated repeats, default 5), ARCH (default sm_90), THRESHOLD (percent, default 10),
-# RUNS4 (default 3), BISECT (default 0).
+# RUNS4 (default 3), BISECT (default 0), SIDE (default 1: step 4), PHASE (1 | 2 | all: a run split
+# in two calls of one machine, at RUN4_SPLIT, default 1).
 set -uo pipefail
 ROOT=$(pwd)
 OUT=${OUT:-/tmp/cudasnap-out}; mkdir -p "$OUT"
-W=/tmp/cudasnap-campaign; rm -rf "$W"; mkdir -p "$W/snaps" "$W/logs"
+W=/tmp/cudasnap-campaign
+# PHASE=1: steps 1-5, 4-GPU runs 1..RUN4_SPLIT; PHASE=2 (later, same machine): the remaining runs and
+# step 6 on the snapshots and stores phase 1 left; unset: everything
+PHASE=${PHASE:-all}; RUN4_SPLIT=${RUN4_SPLIT:-1}
+[ "$PHASE" = 2 ] || { rm -rf "$W"; mkdir -p "$W/snaps" "$W/logs" "$W/json"; }
+RES=$W/json      # each run's JSON, kept on the machine across the two phases, copied to $OUT
 REPEAT=${REPEAT:-5}; ARCH=${ARCH:-sm_90}; THRESHOLD=${THRESHOLD:-10}; RUNS4=${RUNS4:-3}; BISECT=${BISECT:-0}
 INSTALL_LOG=$W/install.log . "$ROOT/bench/gpu_env.sh"
 . "$ROOT/bench/demo_lib.sh"
-exec > >(tee "$OUT/campaign.log") 2>&1
+exec > >(tee -a "$OUT/campaign.log") 2>&1
 python3 -c 'import ray' || { echo "Ray is not importable: unpack it into /tmp/site"; exit 2; }
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader
 NG=$(nvidia-smi -L | wc -l)
@@ -45,6 +51,7 @@ export CUBLAS_WORKSPACE_CONFIG=:4096:8 XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_F
 WL=$ROOT/tests/gpu/workloads
 cd "$W"
 
+if [ "$PHASE" != 2 ]; then
 step "1. build ($ARCH)"
 T0=$(date +%s)
 nvcc -O3 -arch=$ARCH -o demo_ab "$ROOT/bench/demo_ab.cu" || exit 2
@@ -66,15 +73,16 @@ cap demo_ab 0 ./demo_ab 4194304 8 & pids+=($!); cap ptrs $(g 1) ./ptrs & pids+=(
 cap mt_launch $(g 2) ./mt_launch 4 8 & pids+=($!)
 cap torch_mlp_infer $(g 3) $PY "$ROOT/bench/demo_torch_mlp.py" 16 2048 & pids+=($!)
 wait "${pids[@]}"; pids=()
+if [ "${SIDE:-1}" = 1 ]; then
 step "2b. fresh processes against warm workers, side by side on GPU 0 (the nvcc snapshots x 2 envs)"
 for w in fresh warm; do
   printf 'name = "side"\nbaseline = "plain"\n[rules]\nrepeats = %s\nwarmup = 2\nthreshold = %s\nmax_reruns = 1\ntimeout = 240\nretries = 1\nworkers = "%s"\n' $REPEAT $THRESHOLD $w > side_$w.toml
   printf '[[snapshot]]\npath = "snaps/demo_ab.cusnap"\n[[snapshot]]\npath = "snaps/ptrs.cusnap"\n[[snapshot]]\npath = "snaps/mt_launch.cusnap"\n[[env]]\nname = "plain"\n[[env]]\nname = "control"\ncontrol = true\nvars = { CUDASNAP_CAMPAIGN_NOTHING = "1" }\n' >> side_$w.toml
-  CUDA_VISIBLE_DEVICES=0 cudasnap campaign run side_$w.toml -o side_$w.sqlite --json > "$OUT/side_$w.json" 2> logs/side_$w.err
+  CUDA_VISIBLE_DEVICES=0 cudasnap campaign run side_$w.toml -o side_$w.sqlite --json > "$RES/side_$w.json" 2> logs/side_$w.err
   rc=$?; echo "workers=$w: exit $rc"; tail -2 logs/side_$w.err
   [ $rc -le 1 ] || { echo "FAIL: the side-by-side campaign with workers=$w exited $rc"; exit 2; }
 done
-python3 - "$OUT/side_fresh.json" "$OUT/side_warm.json" <<'PYEOF'
+python3 - "$RES/side_fresh.json" "$RES/side_warm.json" <<'PYEOF'
 import json, sys
 f, w = (json.load(open(p)) for p in sys.argv[1:3])
 cf, cw = f["cost"], w["cost"]
@@ -83,6 +91,7 @@ print(f"fixed cost per cell: fresh {cf['fixed_s_per_cell']:.3f} s, warm {cw['fix
       f"{cw['fixed_s_per_replay']:.3f} s; cells {f['cells_wall_s']} s / {w['cells_wall_s']} s "
       f"({f['cells_wall_s'] / w['cells_wall_s']:.2f}x), {cf['replays']} / {cw['replays']} replays")
 PYEOF
+fi
 
 cap torch_eager 0 $PY "$WL/torch_eager.py" & pids+=($!)
 cap torch_train $(g 1) $PY "$ROOT/bench/demo_torch_train.py" 4 1024 4 & pids+=($!)
@@ -147,22 +156,27 @@ cp campaign.toml "$OUT/"
 
 step "5a. on 1 GPU"
 T=$(date +%s.%N)
-CUDA_VISIBLE_DEVICES=0 cudasnap campaign run campaign.toml -o one.sqlite --json > "$OUT/run1.json" 2> logs/run1.err
+CUDA_VISIBLE_DEVICES=0 cudasnap campaign run campaign.toml -o one.sqlite --json > "$RES/run1.json" 2> logs/run1.err
 RC1=$?; T1=$(python3 -c "import time; print(round(time.time() - $T, 1))")
 echo "1 GPU: exit $RC1, ${T1} s"; tail -3 logs/run1.err
 cp one.sqlite four.sqlite
-for r in $(seq 1 $RUNS4); do
+fi
+FROM=1; TO=$RUNS4
+[ "$PHASE" = 1 ] && TO=$RUN4_SPLIT
+[ "$PHASE" = 2 ] && FROM=$(( RUN4_SPLIT + 1 ))
+for r in $(seq $FROM $TO); do
   step "5b. on $NK GPUs, run $r of $RUNS4"
   T=$(date +%s.%N)
-  CUDA_VISIBLE_DEVICES=$VIS cudasnap campaign run campaign.toml -o four.sqlite --fresh --json > "$OUT/run4_$r.json" 2> logs/run4_$r.err
+  CUDA_VISIBLE_DEVICES=$VIS cudasnap campaign run campaign.toml -o four.sqlite --fresh --json > "$RES/run4_$r.json" 2> logs/run4_$r.err
   rc=$?; t=$(python3 -c "import time; print(round(time.time() - $T, 1))")
   echo "$NK GPUs run $r: exit $rc, ${t} s"; tail -3 logs/run4_$r.err
 done
 
+[ "$PHASE" = 1 ] && { tar czf "$OUT/results.tgz" -C "$W" json logs; ls -l "$OUT"; exit $FAIL; }
 step "6. report and checks"
 HTML=; python3 -c 'import plotly' 2>/dev/null && HTML="--html $OUT/campaign.html -f"
 cudasnap campaign report four.sqlite $HTML; echo "report exit $?"
-python3 - "$OUT" "$NK" "$RUNS4" one.sqlite four.sqlite <<'PYEOF'
+python3 - "$RES" "$NK" "$RUNS4" one.sqlite four.sqlite <<'PYEOF'
 import json, sqlite3, sys
 out, nk, runs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 r1 = json.load(open(f"{out}/run1.json"))
@@ -225,13 +239,15 @@ for enc, data in db.execute("SELECT p.encoding, p.data FROM profiles p JOIN cell
             phases.setdefault(k, []).append(v)
 summ["replay_phases_mean_s"] = {k: round(sum(v) / len(v), 3) for k, v in phases.items()}
 print("replay phases, mean s:", summ["replay_phases_mean_s"])
-json.dump(summ, open(f"{out}/summary.json", "w"), indent=1)
+json.dump(summ, open(f"{out}/summary.json", "w"), indent=1)     # out: the runs' JSON folder
 sys.exit(0 if ok and false_total == 0 and c1 >= need * c4 else 1)
 PYEOF
 check $? "campaign checks"
-cudasnap campaign report four.sqlite --json > "$OUT/report.json"
+cp "$RES/summary.json" "$OUT"/
+cudasnap campaign report four.sqlite --json > "$RES/report.json"
+# few files come back from some machines: one archive with the runs' JSON, the stores and the logs
+tar czf "$OUT/results.tgz" json logs one.sqlite four.sqlite side_*.sqlite campaign.toml 2>/dev/null
 if [ "$BISECT" != 1 ]; then
-  tar czf "$OUT/stores.tar.gz" one.sqlite four.sqlite side_*.sqlite campaign.toml logs 2>/dev/null
   ls -l "$OUT"
   exit $FAIL
 fi
