@@ -561,13 +561,17 @@ def test_bisect_gpus_on_fast_replays_runs_the_plain_search(double, profiles, tmp
     binary search, here, without starting Ray (which has no GPU to give on this machine)."""
     names = [f"r{i}" for i in range(1, 9)]
     envs = _envs_toml(tmp_path / "envs.toml", double, names, slow_from=6)
-    env = dict(_no_double_on_path(double), CUDASNAP_BISECT_RAY_START_S="600")
+    env = dict(_no_double_on_path(double), CUDASNAP_BISECT_RAY_START_S="600", CUDA_VISIBLE_DEVICES="0,1,2,3")
+    keep = tmp_path / "keep"
     cp = subprocess.run([sys.executable, "-m", "cudasnap", "bisect", str(profiles["snap"]), "--envs", str(envs),
-                         "--repeat", "5", "--warmup", "1", "--threshold", "15", "--gpus", "4"], env=env,
-                        capture_output=True, text=True, timeout=300)
+                         "--repeat", "5", "--warmup", "1", "--threshold", "15", "--gpus", "4", "--keep", str(keep)],
+                        env=env, capture_output=True, text=True, timeout=300)
     assert cp.returncode == 1, cp.stdout + cp.stderr
     assert "first bad environment: 'r6' (6 of 8)" in cp.stdout
     assert "search: binary (a replay takes" in cp.stdout and "would not pay" in cp.stdout
+    # each replay saw one GPU, as it would on Ray (all four visible made every start slower)
+    seen = {json.loads(p.read_text())["run"]["env"].get("CUDA_VISIBLE_DEVICES") for p in keep.glob("*.json")}
+    assert seen == {"0"}, seen
     cp = subprocess.run([sys.executable, "-m", "cudasnap", "bisect", str(profiles["snap"]), "--envs", str(envs),
                          "--gpus", "4"], env=dict(env, CUDASNAP_BISECT_RAY_START_S="nan"),
                         capture_output=True, text=True, timeout=60)
