@@ -38,6 +38,7 @@ from typing import Any, Dict, List, Optional
 
 from cudasnap.formats.console import invoked_command
 from cudasnap.formats.tomlfile import TomlFileError, load_toml
+from cudasnap.replay.invocation import command as invocation_command
 
 from cudasnap.compare.core import SLOWER, CompareError, compare, facts, load_profile
 from cudasnap.compare.envs import Env, env_table
@@ -169,7 +170,13 @@ class Bisector:
             e["CUDA_VISIBLE_DEVICES"] = vis[0].strip() if vis else "0"
         return e
 
+    def doc(self, env: Env, out: str) -> Dict[str, Any]:
+        """The replay of env, as a typed document (replay/invocation.py)."""
+        from cudasnap.replay.invocation import profiled
+        return profiled(self.snapshot, out, self.mode, self.kernels, self.repeat, self.warmup, env.device)
+
     def argv(self, env: Env, out: str) -> List[str]:
+        """The same replay as a command line, for people (command_text), never run from here."""
         a = ["replay", self.snapshot, "--profile", self.mode, "--out", out, "-q", "--no-progress"]
         if self.mode in ("isolated", "graph"):
             a += ["--repeat", str(self.repeat), "--warmup", str(self.warmup)]
@@ -193,7 +200,7 @@ class Bisector:
         out = os.path.join(self.workdir, f"env{i + 1:02d}-{_safe(env.name)}.json")
         if os.path.exists(out) and i not in self._pre:
             os.unlink(out)
-        cmd = [sys.executable, "-m", "cudasnap"] + self.argv(env, out)
+        cmd = invocation_command(sys.executable, self.doc(env, out))
         t0 = time.monotonic()
         if i in self._pre:
             rc, err, secs = self._pre.pop(i)
@@ -277,7 +284,7 @@ class Bisector:
             out = os.path.join(self.workdir, f"env{i + 1:02d}-{_safe(env.name)}.json")
             if os.path.exists(out):
                 os.unlink(out)
-            jobs.append(([sys.executable, "-m", "cudasnap"] + self.argv(env, out), self.environ(env), out))
+            jobs.append((invocation_command(sys.executable, self.doc(env, out)), self.environ(env), out))
         for i, r in zip(idx, self.pool.run(jobs)):
             self._pre[i] = r
 

@@ -10,7 +10,7 @@ every replay still starts from a clean driver state and nothing of one replay ca
 next; the server itself never initializes CUDA, which is what makes the fork safe.
 
 Requests and replies are JSON lines on the server's stdin and stdout. A request is the typed
-invocation (the options a replay runs with, as group ranks get theirs), never an argv:
+invocation (replay/invocation.py: the options a replay runs with), never an argv, plus a timeout:
 
     {"snapshot": PATH, "replay": {ReplayOptions fields}, "profile": {ProfileConfig fields},
      "timeout": SECONDS}
@@ -21,7 +21,6 @@ a request; each child ends with the server. `python -m cudasnap.campaign.cellser
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import json
 import os
 import select
@@ -42,19 +41,6 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError:
         pass
-
-
-def invocation(snapshot: str, out: str, mode: str, kernels: Optional[str], repeat: int, warmup: int,
-               timeout: float) -> Dict[str, Any]:
-    """The request for one campaign replay: what `replay SNAP --profile MODE --out OUT -q
-    --no-progress [--repeat R --warmup W] [--kernels K]` runs with."""
-    from cudasnap.replay.options import ReplayOptions
-    from cudasnap.replay.profile import ProfileConfig
-    cfg = ProfileConfig(mode=mode, kernels=kernels, out=out)
-    if mode == "isolated":
-        cfg.repeat, cfg.warmup = repeat, warmup
-    return {"snapshot": snapshot, "replay": dataclasses.asdict(ReplayOptions(quiet=True, progress=False)),
-            "profile": dataclasses.asdict(cfg), "timeout": timeout}
 
 
 # ---------------------------------------------------------------------------------- server side
@@ -134,11 +120,8 @@ class _Server:
 
 
 def _replay(req: Dict[str, Any]) -> int:
-    from cudasnap.replay.options import ReplayOptions
-    from cudasnap.replay.profile import ProfileConfig, run_profile_cli
-    opts = ReplayOptions(**req["replay"])
-    cfg = ProfileConfig(**req["profile"])
-    return run_profile_cli(req["snapshot"], opts, cfg, False, checked=True)
+    from cudasnap.replay.invocation import run
+    return run(req, checked=True)
 
 
 def _wait(pid: int, timeout: float) -> int:

@@ -1,7 +1,8 @@
 """What runs on a Ray worker for one replay of a cell: the replay, with the environment's
 variables and driver, pinned to the GPU Ray gave the task (CUDA_VISIBLE_DEVICES), forked by a
 replay server that stays up for that GPU and environment (cellserver.py), or with [rules]
-workers = "fresh" a new `python -m cudasnap replay` process. Servers and replays die with the
+workers = "fresh" a new process of its own; either way the replay is handed over as a typed
+document (replay/invocation.py). Servers and replays die with the
 worker (PDEATHSIG), so a lost worker never leaves a replay holding its GPU."""
 from __future__ import annotations
 
@@ -102,15 +103,6 @@ def _driver_dir(driver: str) -> str:
     return d
 
 
-def argv_for(snap: str, out: str, mode: str, kernels: Optional[str], repeat: int, warmup: int) -> List[str]:
-    a = ["replay", snap, "--profile", mode, "--out", out, "-q", "--no-progress"]
-    if mode == "isolated":
-        a += ["--repeat", str(repeat), "--warmup", str(warmup)]
-    if kernels:
-        a += ["--kernels", kernels]
-    return a
-
-
 def _cell_env(spec: Dict[str, Any], visible: str) -> Dict[str, str]:
     env = dict(os.environ)
     env.update(spec["vars"])
@@ -125,10 +117,15 @@ def _cell_env(spec: Dict[str, Any], visible: str) -> Dict[str, str]:
     return env
 
 
+def _request(spec: Dict[str, Any], snap: str, out: str) -> Dict[str, Any]:
+    from cudasnap.replay.invocation import profiled
+    return profiled(snap, out, spec["mode"], spec.get("kernels"), spec["repeat"], spec["warmup"])
+
+
 def _fresh(spec: Dict[str, Any], env: Dict[str, str], snap: str, out: str) -> Dict[str, Any]:
-    """One replay as a new `python -m cudasnap replay` process ([rules] workers = "fresh")."""
-    cmd = [sys.executable, "-m", "cudasnap"] + argv_for(snap, out, spec["mode"], spec.get("kernels"),
-                                                        spec["repeat"], spec["warmup"])
+    """One replay in a new process of its own ([rules] workers = "fresh")."""
+    from cudasnap.replay.invocation import command
+    cmd = command(sys.executable, _request(spec, snap, out))
     t0 = time.monotonic()
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                          preexec_fn=die_with_parent)
@@ -152,8 +149,7 @@ def _warm(spec: Dict[str, Any], env: Dict[str, str], snap: str, out: str) -> Dic
     """One replay forked by this worker's replay server for the cell's GPU and environment."""
     from . import cellserver
     key = (env.get("CUDA_VISIBLE_DEVICES"), env.get("LD_LIBRARY_PATH"), tuple(sorted(spec["vars"].items())))
-    req = cellserver.invocation(snap, out, spec["mode"], spec.get("kernels"), spec["repeat"], spec["warmup"],
-                                spec["timeout"])
+    req = dict(_request(spec, snap, out), timeout=spec["timeout"])
     t0 = time.monotonic()
     try:
         client, new = cellserver.client_for(key, env)

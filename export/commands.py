@@ -187,7 +187,8 @@ def _extract_once(snapshot, output, launch, kernel, calls, memory, device, out, 
 def _check(r, device: int, out, retry: bool = False) -> int:
     """Replay the extract in a fresh process: 0 when it verifies, 1 when it does not."""
     import subprocess
-    cmd = [sys.executable, "-m", "cudasnap", "replay", r.output, "--device", str(device)]
+    from cudasnap.replay.invocation import command, plain
+    cmd = command(sys.executable, plain(r.output, device))
     try:
         cp = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     except subprocess.TimeoutExpired:

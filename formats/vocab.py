@@ -75,9 +75,18 @@ def call_classes(name: str) -> frozenset:
     return c if c is not None else _call_classes.get(base_name(name), frozenset())
 
 
+_in_class: Dict[Tuple[str, str], bool] = {}     # (name, class) -> answer: replay asks per call
+
+
 def in_class(name: Any, cls: str) -> bool:
-    assert cls in CALL_CLASSES, cls
-    return isinstance(name, str) and cls in call_classes(name)
+    if not isinstance(name, str):
+        return False
+    k = (name, cls)
+    r = _in_class.get(k)
+    if r is None:
+        assert cls in CALL_CLASSES, cls
+        r = _in_class[k] = cls in call_classes(name)
+    return r
 
 
 def is_sync(f: Any) -> bool:

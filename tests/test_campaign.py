@@ -171,8 +171,15 @@ def _null_envs(bias: str, planted: str = "") -> str:
         slow = '"*:1,fill:2"' if n == planted else '"*:1"'
         more = "" if n == planted else more
         out += (f'[[env]]\nname = "{n}"\n{"control = true" if control else ""}\n'
-                f'vars = {{ CUDA_DOUBLE_SLOW = {slow}, CUDA_DOUBLE_SLOW_FLOOR_US = "4000", {bias}{more} }}\n')
+                f'vars = {{ CUDA_DOUBLE_SLOW = {slow}, CUDA_DOUBLE_SLOW_FLOOR_US = "2000", {bias}{more} }}\n')
     return out
+
+
+def _null_campaign(path: Path, snaps: str, envs: str) -> Path:
+    """5 timed runs a side and pair (10 a side: Mann-Whitney reaches 1e-5), kernels of 2 ms."""
+    path.write_text(f'name = "ci"\nbaseline = "plain"\n[rules]\nrepeats = 5\nwarmup = 1\nthreshold = 20\n'
+                    f'max_reruns = 1\ntimeout = 120\nretries = 2\n[[snapshot]]\npath = "{snaps}"\n{envs}')
+    return path
 
 
 def test_null_campaign_8x6_then_one_planted_2x(cluster, tmp_path, record_property):
@@ -185,8 +192,7 @@ def test_null_campaign_8x6_then_one_planted_2x(cluster, tmp_path, record_propert
     for i in range(8):
         three_kernels(snaps / f"n{i}.cusnap", n=32 + 16 * i)
     bias = 'CUDA_DOUBLE_SLOW_VISIBLE = "1:1.25"'
-    rules = ""
-    camp = _campaign(tmp_path / "null.toml", f"{snaps}/n*.cusnap", envs=_null_envs(bias), rules=rules)
+    camp = _null_campaign(tmp_path / "null.toml", f"{snaps}/n*.cusnap", _null_envs(bias))
     store = tmp_path / "null.sqlite"
     cp = _cli(cluster, "campaign", "run", camp, "-o", store, "--address", cluster["address"], "--json", timeout=600)
     assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-2000:]
@@ -209,8 +215,7 @@ def test_null_campaign_8x6_then_one_planted_2x(cluster, tmp_path, record_propert
                                   f"{cost['fixed_s_per_replay']:.3f} s per replay ({cost['replays_per_cell']:g} replays "
                                   f"a cell, warm workers), {res['cells_wall_s']:.1f} s on 2 fake GPUs")
     # the same campaign, `fill` 2x slower in one env: found in all 8 snapshots, attributed, exit 1
-    camp = _campaign(tmp_path / "planted.toml", f"{snaps}/n*.cusnap", envs=_null_envs(bias, planted="conns"),
-                     rules=rules)
+    camp = _null_campaign(tmp_path / "planted.toml", f"{snaps}/n*.cusnap", _null_envs(bias, planted="conns"))
     store = tmp_path / "planted.sqlite"
     cp = _cli(cluster, "campaign", "run", camp, "-o", store, "--address", cluster["address"], "--json", timeout=600)
     assert cp.returncode == 1, cp.stdout[-3000:] + cp.stderr[-2000:]
@@ -292,7 +297,10 @@ def _running(pid: int) -> bool:
 
 
 def test_worker_killed_mid_cell_is_retried(cluster, tmp_path):
-    camp = _campaign(tmp_path / "camp.toml", f"{cluster['snaps']}/s0.cusnap", baseline="plain", rules="pairs = 1\n",
+    """A worker killed while its replay runs (here a fresh process per replay, [rules] workers =
+    "fresh": the replay handed over as a typed document all the same): the cell is retried."""
+    camp = _campaign(tmp_path / "camp.toml", f"{cluster['snaps']}/s0.cusnap", baseline="plain",
+                     rules='pairs = 1\nworkers = "fresh"\n',
                      envs=ENVS.split("[[env]]\nname = \"slowfill\"")[0])
     store = tmp_path / "st.sqlite"
     cluster["kill"].write_text("")
@@ -308,6 +316,7 @@ def test_worker_killed_mid_cell_is_retried(cluster, tmp_path):
     assert db.execute("SELECT COUNT(*) FROM cells WHERE status='ok'").fetchone()[0] == 2
     # --ship: the snapshot reached the node through the object store, into the cache by digest
     assert any(p.suffix == ".cusnap" for p in (cluster["dir"] / "cache" / "snapshots").iterdir())
+    assert "0 server start" not in cp.stdout and "fresh workers" in cp.stdout
 
 
 def test_stopped_campaign_resumes_only_unfinished_cells(cluster, tmp_path):

@@ -440,3 +440,32 @@ def test_call_classes_live_in_the_description():
         assert not {"cuCtxSynchronize,cuStreamSynchronize",
                     "cuMemFree,cuMemRelease", "cuMemAlloc,cuMemCreate"} & {line.split(" ", 1)[1]}, line
     assert len(found) <= NAME_LISTS_LEFT, "a new hand-written list of API names: make it a class of the description"
+
+
+# ------------------------------------------------------------------ typed invocations
+def cudasnap_argv() -> List[str]:
+    """Modules that build a command line to run cudasnap itself ([python, "-m", "cudasnap", ...]):
+    options turned into argv to be parsed again, where a typed document (replay/invocation.py)
+    would carry them."""
+    out = []
+    for mod, path in _modules().items():
+        if path is None:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.List, ast.Tuple)):
+                vals = [e.value if isinstance(e, ast.Constant) else None for e in node.elts]
+                if any(a == "-m" and b == "cudasnap" for a, b in zip(vals, vals[1:])):
+                    out.append(f"{mod}:{node.lineno}")
+    return sorted(out)
+
+
+# --wrap's final exec runs the tool on a replay command by design; the others are to move to
+# typed documents: this list only shrinks
+ARGV_ALLOWED = {"cudasnap.wrap", "cudasnap.advise.source", "cudasnap.pytest_plugin"}
+
+
+def test_no_argv_built_to_call_cudasnap():
+    found = {x.split(":")[0] for x in cudasnap_argv()}
+    assert found - ARGV_ALLOWED == set(), "build a typed document (replay/invocation.py), not an argv"
+    assert ARGV_ALLOWED - found == set(), "gone: take it off ARGV_ALLOWED"
+    assert {"cudasnap.campaign.worker", "cudasnap.campaign.bisect", "cudasnap.export.commands"}.isdisjoint(found)

@@ -127,22 +127,14 @@ def reference_check(graph_rows: List[Dict[str, Any]], ref: TimelineReference) ->
 
 
 # ----------------------------------------------------------------------------- recorded graph launches
-def timeline_argv(snapshot, cfg, opts) -> List[str]:
-    """`cudasnap replay` arguments that replay what this graph run replayed, under timeline."""
-    argv = [sys.executable, "-m", "cudasnap", "replay", os.fspath(snapshot), "--profile", "timeline", "-q",
-            "--device", str(opts.device)]
-    for flag, v in (("--calls", cfg.calls), ("--kernels", cfg.kernels), ("-k", cfg.kernel_name),
-                    ("-c", cfg.launch_count), ("--launch", cfg.launch), ("--devices", opts.devices),
-                    ("--jit", opts.jit), ("--launch-override", opts.launch_override), ("--watchdog", opts.watchdog)):
-        if v is not None:
-            argv += [flag, str(v)]
-    if cfg.kernel_name is not None:
-        argv += ["--kernel-name-base", cfg.kernel_name_base]
-    if cfg.launch_skip:
-        argv += ["-s", str(cfg.launch_skip)]
-    for r in opts.replace:
-        argv.append(f"--replace={r}")
-    return argv
+def timeline_document(snapshot, cfg, opts, out: str) -> Dict[str, Any]:
+    """The replay that replays what this graph run replayed, under timeline, as a typed document
+    (replay/invocation.py): the same selection, device, replacements and overrides."""
+    import dataclasses
+    o = dataclasses.replace(opts, quiet=True, progress=False)
+    c = dataclasses.replace(cfg, mode="timeline", out=out, trace=None, hooks=[], html=None, timeline_check=None,
+                            check_repeats=False, sections=[], metrics=None)
+    return {"snapshot": os.fspath(snapshot), "replay": dataclasses.asdict(o), "profile": dataclasses.asdict(c)}
 
 
 def add_timeline_check(report: Dict[str, Any], snapshot, cfg, opts) -> None:
@@ -159,7 +151,8 @@ def add_timeline_check(report: Dict[str, Any], snapshot, cfg, opts) -> None:
         return
     with tempfile.TemporaryDirectory(prefix="cudasnap-graphcheck-") as d:
         path = os.path.join(d, "timeline.json")
-        argv = timeline_argv(snapshot, cfg, opts) + ["--out", path]
+        # replay/invocation.py runs the document (named, not imported: it imports the profilers)
+        argv = [sys.executable, "-m", "cudasnap.replay.invocation", json.dumps(timeline_document(snapshot, cfg, opts, path))]
         prog = PhaseProgress("graph", opts.progress, opts.quiet)
         try:
             limit = max(600.0, 20 * opts.watchdog) if opts.watchdog else None   # the child has the watchdog too
