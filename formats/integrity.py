@@ -47,15 +47,22 @@ class _Bar:
 
 def check_integrity(reader, quiet: bool = False) -> Optional[str]:
     """None when every frame of the open SnapshotReader verifies; else one line naming the
-    first damaged frame (its offset) and what to do."""
+    first damaged frame (its offset) and what to do. A process's shared reader
+    (reader.opened) is checked once."""
+    done = getattr(reader, "checked", None)
+    if done is not None:
+        return done or None
     bar = _Bar("checking snapshot integrity", quiet)
+    problem = None
     try:
         reader.check_payloads(bar)
     except SnapshotError as e:
-        return f"{e} (a damaged snapshot: `cudasnap repair` keeps every frame that still reads)"
+        problem = f"{e} (a damaged snapshot: `cudasnap repair` keeps every frame that still reads)"
     finally:
         bar.close()
-    return None
+    if getattr(reader, "shared", False):
+        reader.checked = problem or ""
+    return problem
 
 
 def damaged_frames(reader, limit: int = 8, quiet: bool = False) -> list:

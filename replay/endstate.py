@@ -120,10 +120,11 @@ def _mib(n: int) -> str:
 
 def check_window(rp) -> Optional[Dict[str, Any]]:
     """After a replay's calls: compare the end state a window snapshot recorded, if any."""
-    from cudasnap.formats import SnapshotError, SnapshotReader
+    from cudasnap.formats import SnapshotError
+    from cudasnap.formats.reader import opened
     from .errors import DriverCallError, ReplayError
     try:
-        with SnapshotReader(rp.path) as r:
+        with opened(rp.path) as r:
             hdr = r.header or {}
             if not hdr.get("window") or hdr.get("extracted_from"):   # an extract verifies its own results
                 return None

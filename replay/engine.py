@@ -13,7 +13,8 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
-from cudasnap.formats import SnapshotError, SnapshotReader, cu_result_name
+from cudasnap.formats import SnapshotError, cu_result_name
+from cudasnap.formats.reader import opened
 from cudasnap.formats.abi import base_name
 from cudasnap.formats.container import record_list
 from cudasnap.formats.callset import NAMING_CALLS, asked_by_name, is_module_load
@@ -415,7 +416,7 @@ class Replayer(BatchRunner):
         self.ctx.mismatch_text = []
         try:
             try:
-                self.ctx.reader = SnapshotReader(self.path)
+                self.ctx.reader = opened(self.path)      # checked once by preflight, read once
             except SnapshotError as e:
                 raise ReplayError(str(e))
             self.ctx.res.truncated = bool(self.ctx.reader.truncated)

@@ -197,9 +197,10 @@ class RankHook:
         the window's open (the state records themselves carry the later time they were
         drained at), and ends with hashes taken at its close: those two times order the
         state's copies and the end-state check against the other ranks."""
-        from cudasnap.formats import SnapshotError, SnapshotReader
+        from cudasnap.formats import SnapshotError
+        from cudasnap.formats.reader import opened
         try:
-            with SnapshotReader(path) as r:
+            with opened(path) as r:
                 if not (r.header or {}).get("window"):
                     return
                 hashed = False

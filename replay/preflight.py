@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from cudasnap.formats import SnapshotError, SnapshotReader
+from cudasnap.formats import SnapshotError
+from cudasnap.formats.reader import opened
 from cudasnap.formats.vocab import is_query
 
 
@@ -16,7 +17,7 @@ def snapshot_problem(snapshot) -> Optional[str]:
     if not os.path.exists(snapshot):
         return f"{snapshot}: no such file"
     try:
-        r = SnapshotReader(snapshot)
+        r = opened(snapshot)          # the process's one reader: the replay reads this one
     except SnapshotError as e:            # not a snapshot, or its start is gone: nothing to repair
         return str(e)
     with r:

@@ -308,13 +308,13 @@ def preflight(snapshot, device: int = 0, jit: Optional[str] = None, out=None, qu
     neither.  Returns 2 (and says why) when a launched kernel's module cannot run here, or when
     --jit ptx meets a module without PTX; else 0.  Unknown formats are left to the driver."""
     import sys
-    from cudasnap.formats import SnapshotReader
+    from cudasnap.formats.reader import opened
     out = out or sys.stdout
     cc, name = device_cc(device)
     if cc is None:
         return 0                       # the replay reports a missing GPU or driver itself
     try:
-        with SnapshotReader(snapshot) as r:
+        with opened(snapshot) as r:
             loads = module_loads(r)
     except Exception:                  # a damaged snapshot: the replay says how far it reads
         return 0

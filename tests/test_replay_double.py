@@ -273,3 +273,31 @@ def test_description_driven_handlers(double, tmp_path, use_after_destroy):
         assert rp.returncode == 2 and "unknown event 0x6001" in rp.stdout + rp.stderr, rp.stdout + rp.stderr
     else:
         assert rp.returncode == 0, rp.stdout + rp.stderr
+
+
+OPEN_COUNTER = """
+import runpy, sys
+n = [0]
+def hook(ev, args):
+    if ev == "open" and isinstance(args[0], str) and args[0] == sys.argv[2]:
+        n[0] += 1
+sys.addaudithook(hook)
+try:
+    runpy.run_module("cudasnap", run_name="__main__")
+finally:
+    sys.stderr.write(f"opens={n[0]}\\n")
+"""
+
+
+@pytest.mark.parametrize("profile", [[], ["--profile", "timeline"]])
+def test_a_replay_opens_its_snapshot_once(double, tmp_path, profile):
+    """The preflight check, the architecture check, the engine and the end-state check share
+    the process's one reader: the file is opened once (and once more only to sniff whether it
+    is a job's manifest), its frames checked once."""
+    snap = tmp_path / "s.cusnap"
+    write_double_program(snap)
+    args = ["replay", str(snap), "-q"] + profile + (["--out", str(tmp_path / "p.json")] if profile else [])
+    cp = subprocess.run([sys.executable, "-c", OPEN_COUNTER, *args], env=double["env"], capture_output=True,
+                        text=True, timeout=120)
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stderr.strip().splitlines()[-1] == "opens=2", cp.stderr
