@@ -49,6 +49,30 @@ NAMES: Tuple[str, ...] = tuple(k[0] for k in KINDS)
 # the kinds as module constants (SKIP = 0, LAUNCH = 1, ...): `from ...opkinds import LAUNCH`
 globals().update({name: i for i, name in enumerate(NAMES)})
 
+# One op of a plan, in order: field, C type, array length (0: a scalar), struct format
+# (little-endian, LP64). The only description of the layout: c_header() writes it as ex_op for
+# both C files, and replay/plan.py packs ops with OP_FORMAT.
+OP_FIELDS: Tuple[Tuple[str, str, int, str], ...] = (
+    ("kind", "uint16_t", 0, "H"),        # OP_*
+    ("flags", "uint16_t", 0, "H"),
+    ("val", "uint32_t", 0, "I"),         # memset value, event-record / wait flags
+    ("r0", "int64_t", 0, "q"),           # handle refs: >= 0 slot index, < 0 literal value -(v + 1)
+    ("r1", "int64_t", 0, "q"),
+    ("rf", "int64_t", 0, "q"),
+    ("dst", "uint64_t", 0, "Q"),         # memset / copy (live addresses)
+    ("src", "uint64_t", 0, "Q"),
+    ("n", "uint64_t", 0, "Q"),
+    ("grid", "uint32_t", 3, "3I"),
+    ("block", "uint32_t", 3, "3I"),
+    ("shmem", "uint32_t", 0, "I"),
+    ("pad", "uint32_t", 0, "4x"),        # the alignment of params
+    ("params", "uint64_t", 0, "Q"),      # packed parameter bytes (the `extra` buffer form), a pointer
+    ("size", "uint64_t", 0, "Q"),        # 0: no parameters, NULL extra
+    ("at", "double", 0, "d"),            # --pace recorded: seconds after the recording's first call
+)
+OP_FORMAT = "<" + "".join(f[3] for f in OP_FIELDS)
+OP_BYTES = 112                    # struct.calcsize(OP_FORMAT); the C side asserts it too
+
 BATCH_MAX = 16384                 # ops per batch (watchdog and progress granularity)
 D2H_MAX = 1 << 20                 # D2H verification in the executor: results up to this size
 
@@ -77,8 +101,16 @@ def c_header() -> str:
     for name, entry, ver, _h in KINDS:
         ep = "NULL" if entry is None else f'"{entry}"'
         lines.append(f"    {{{ep}, {ver}}},{' ' * max(1, 32 - len(ep) - len(str(ver)))}/* OP_{name} */ \\")
-    lines += ["}", "", "#endif", ""]
+    lines += ["}", "", "#include <stdint.h>", "/* one op of a plan (OP_FIELDS): replay/plan.py packs it with OP_FORMAT */",
+              ex_op_cdef(), f'_Static_assert(sizeof(ex_op) == {OP_BYTES}, "ex_op layout (formats/opkinds.py)");',
+              "", "#endif", ""]
     return "\n".join(lines)
+
+
+def ex_op_cdef() -> str:
+    """The ex_op typedef, for opkinds.h and for the executor's cffi cdef."""
+    body = "".join(f"    {ctype} {name}{f'[{n}]' if n else ''};\n" for name, ctype, n, _fmt in OP_FIELDS)
+    return "typedef struct {\n" + body + "} ex_op;"
 
 
 def header_dir() -> str:

@@ -870,15 +870,7 @@ typedef __int128 i128;
 #define PL_PTDS 0x200
 #define PL_WORK 0x400                  /* a --profiler-range workload call */
 
-typedef struct {                       /* replay/executor.c ex_op */
-    uint16_t kind, flags; uint32_t val;
-    int64_t r0, r1, rf;
-    uint64_t dst, src, n;
-    uint32_t grid[3], block[3], shmem, pad;
-    uint64_t params, size;
-    double at;
-} xop;
-_Static_assert(sizeof(xop) == 112, "ex_op layout");
+typedef ex_op xop;                     /* one op of a plan: opkinds.h (formats/opkinds.py OP_FIELDS) */
 
 /* key names -> index, by a small open hash (key lookups are most of a record's cost) */
 typedef struct { const char **names; int nn; int8_t slot[128]; uint8_t len[32]; } ktab;

@@ -3,12 +3,11 @@ runs a batch of compiled plain driver calls (replay/plan.py: launches, event rec
 memsets, D2D copies, synchronizations, context switches, skipped queries) in one call.
 
 The op kinds come from formats/opkinds.py: this script writes them as opkinds.h into a
-directory of its own and compiles executor.c against it.  The ex_op struct the cdef declares is
-read from executor.c, so the two cannot drift apart."""
+directory of its own and compiles executor.c against it; the op struct (ex_op) is in that header
+too, and the cdef declares the same text, so nothing can drift apart."""
 from __future__ import annotations
 
 import os
-import re
 
 from cffi import FFI
 
@@ -27,7 +26,7 @@ def _load_opkinds():
     return mod
 
 
-CDEF = re.search(r"typedef struct \{[^{}]*\} ex_op;", SOURCE).group(0) + """
+CDEF = _load_opkinds().ex_op_cdef() + """
 
 int ex_init(int per_thread, char *err, int errlen);
 int ex_has(int kind);

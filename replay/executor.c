@@ -18,19 +18,7 @@
 
 #include "opkinds.h"
 
-typedef struct {              /* one op; Python packs it as replay/plan.py OP */
-    uint16_t kind;            /* OP_* */
-    uint16_t flags;
-    uint32_t val;             /* memset value, event-record / wait flags */
-    int64_t r0, r1, rf;       /* handle refs: >= 0 slot index, < 0 literal value -(v + 1) */
-    uint64_t dst, src, n;     /* memset / copy (live addresses) */
-    uint32_t grid[3];
-    uint32_t block[3];
-    uint32_t shmem;
-    const void *params;       /* packed parameter bytes (the `extra` buffer form) */
-    size_t size;              /* 0: no parameters, NULL extra */
-    double at;                /* --pace recorded: seconds after the recording's first call */
-} ex_op;
+/* ex_op, one op of a plan: opkinds.h (formats/opkinds.py OP_FIELDS) */
 
 #define EX_NEED_SLOW (-1)
 #define EX_MISMATCH (-2)
@@ -141,7 +129,7 @@ int64_t ex_run(const ex_op *ops, int64_t start, int64_t end, const uint64_t *slo
             REF(o->rf, f);
             REF(o->r0, a);
             size_t size = o->size;
-            void *extra[5] = {(void *)1, (void *)o->params, (void *)2, &size, (void *)0};
+            void *extra[5] = {(void *)1, (void *)(uintptr_t)o->params, (void *)2, &size, (void *)0};
             if (k == OP_LAUNCH) {
                 r = ((CUres (*)(P, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, P, void **, void **))fn)(
                     f, o->grid[0], o->grid[1], o->grid[2], o->block[0], o->block[1], o->block[2], o->shmem, a,
@@ -176,7 +164,7 @@ int64_t ex_run(const ex_op *ops, int64_t start, int64_t end, const uint64_t *slo
         case OP_CTX_POP: { P out = NULL; r = ((CUres (*)(P *))fn)(&out); break; }
         case OP_D2H:      /* into the scratch buffer (dst), compared with the expected bytes (params) */
             r = ((CUres (*)(P, uint64_t, size_t))fn)((P)(uintptr_t)o->dst, o->src, o->n);
-            if (r == 0 && o->n && memcmp((const void *)(uintptr_t)o->dst, o->params, o->n) != 0) {
+            if (r == 0 && o->n && memcmp((const void *)(uintptr_t)o->dst, (const void *)(uintptr_t)o->params, o->n) != 0) {
                 *code = EX_MISMATCH;       /* the handler copies again and reports it */
                 return i;
             }

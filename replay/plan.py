@@ -18,7 +18,7 @@ from itertools import compress
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 # op kinds: formats/opkinds.py, the one list the C executor and the C plan compiler are built from
-from cudasnap.formats.opkinds import (BATCH_MAX, COPY, COPY_ASYNC, COPY_DTOD, COPY_DTOD_ASYNC,  # noqa: F401
+from cudasnap.formats.opkinds import (OP_FORMAT, BATCH_MAX, COPY, COPY_ASYNC, COPY_DTOD, COPY_DTOD_ASYNC,  # noqa: F401
                                       CTX_POP, CTX_PUSH, CTX_SET, D2H, D2H_MAX, EVENT_RECORD, EVENT_RECORD_FLAGS,
                                       LAUNCH, LAUNCH_EX, MEMSET8, MEMSET8_ASYNC, MEMSET16, MEMSET16_ASYNC,
                                       MEMSET32, MEMSET32_ASYNC, SKIP, STREAM_WAIT, SYNC_CTX, SYNC_EVENT,
@@ -54,8 +54,8 @@ _MISS = object()
 _Z3 = (0, 0, 0)
 _EMPTY = (0, 0, 0, 0, 0, 0, 0, _Z3, _Z3, 0, None)
 _U64 = 1 << 64
-# ex_op, packed as the C compiler lays it out (x86-64 / aarch64 LP64; checked against ffi.sizeof)
-OP = struct.Struct("<HHIqqqQQQ3I3II4xQQd")
+# ex_op, packed as formats/opkinds.py OP_FIELDS lays it out (checked against ffi.sizeof)
+OP = struct.Struct(OP_FORMAT)
 OP_SIZE = OP.size
 
 

@@ -344,3 +344,23 @@ def test_without_the_module_the_python_planner(tmp_path, monkeypatch):
     assert kind == "Planner"
     (_, kind) = _prescan(p, True, monkeypatch)
     assert kind == "NativePlanner"
+
+
+def test_one_op_layout_for_python_and_both_c_files():
+    """The plan's op is described once (formats/opkinds.py OP_FIELDS): the executor's compiled
+    struct has its size and every field's offset, Python packs it with OP_FORMAT, and neither C
+    file declares its own."""
+    import struct
+    from pathlib import Path
+    from cudasnap.formats import opkinds as K
+    from cudasnap.replay._executor import ffi
+    assert struct.calcsize(K.OP_FORMAT) == K.OP_BYTES == ffi.sizeof("ex_op")
+    off = 0
+    for name, _ctype, _n, fmt in K.OP_FIELDS:       # "<": no padding but the layout's own (4x)
+        assert ffi.offsetof("ex_op", name) == off, name
+        off += struct.calcsize("<" + fmt)
+    root = Path(__file__).resolve().parents[1]
+    for c in (root / "replay" / "executor.c", root / "formats" / "records.c"):
+        text = c.read_text()
+        assert "} ex_op;" not in text and '#include "opkinds.h"' in text, c
+    assert "} ex_op;" in K.c_header() and K.ex_op_cdef() in K.c_header()
