@@ -68,20 +68,17 @@ def env_differences(good: Dict[str, Any], bad: Dict[str, Any]) -> List[Dict[str,
 
 
 def _kernels(db, cell_id: int) -> List[Dict[str, Any]]:
-    return [dict(r) for r in db.execute("SELECT * FROM kernel_results WHERE cell_id=? ORDER BY id", (cell_id,))]
+    return db.kernel_results(cell_id)
 
 
 def _history(db, cell, kernel: Optional[str], upto_run: int) -> List[Dict[str, Any]]:
     """This snapshot x env (x kernel) in every run up to upto_run, oldest first."""
-    rows = db.execute("SELECT c.*, r.started AS run_started FROM cells c JOIN runs r ON r.id=c.run_id"
-                      " WHERE c.snapshot_digest=? AND c.env=? AND c.mode=? AND c.kernels IS ? AND c.run_id<=?"
-                      " ORDER BY c.run_id, c.id", (cell["snapshot_digest"], cell["env"], cell["mode"], cell["kernels"],
-                                                    upto_run)).fetchall()
+    rows = db.cell_history(cell["snapshot_digest"], cell["env"], cell["mode"], cell["kernels"], upto_run)
     out = []
     for r in rows:
         k = None
         if kernel is not None:
-            k = db.execute("SELECT * FROM kernel_results WHERE cell_id=? AND kernel=?", (r["id"], kernel)).fetchone()
+            k = db.kernel_result(r["id"], kernel)
         out.append({"run": r["run_id"], "started": r["run_started"], "cell": r, "kernel": dict(k) if k else None})
     return out
 
@@ -111,12 +108,9 @@ def attribute(db, cell, kernel: Optional[str]) -> Dict[str, Any]:
             break
     source = "an earlier run of this environment"
     if good is None and not cell["is_baseline"]:
-        good = (db.execute("SELECT * FROM cells WHERE id=?", (cell["baseline_cell_id"],)).fetchone()
-                if cell["baseline_cell_id"] is not None else
+        good = (db.cell_row(cell["baseline_cell_id"]) if cell["baseline_cell_id"] is not None else
                 # a paired cell may finish before its run's baseline cell: the same snapshot's
-                db.execute("SELECT * FROM cells WHERE run_id=? AND is_baseline=1 AND snapshot_digest=? AND mode=?"
-                           " AND kernels IS ?", (cell["run_id"], cell["snapshot_digest"], cell["mode"],
-                                                 cell["kernels"])).fetchone())
+                db.baseline_cell_of(cell["run_id"], cell["snapshot_digest"], cell["mode"], cell["kernels"]))
         source = "the baseline environment in this run"
     a: Dict[str, Any] = {"first_run": first, "last_good": None, "differences": []}
     if good is not None:
@@ -127,7 +121,7 @@ def attribute(db, cell, kernel: Optional[str]) -> Dict[str, Any]:
 
 def build_report(store, run: Optional[int] = None, since: Optional[str] = None, ending: bool = False) -> Dict[str, Any]:
     """ending: the run's own session reports as it ends (its row still says running)."""
-    db = store.db
+    db = store                  # its methods: every query the report makes (campaign/store.py)
     why = store.value_problem()
     if why:
         raise ReportError(f"{store.path}: a damaged campaign store: {why}")
@@ -140,7 +134,7 @@ def build_report(store, run: Optional[int] = None, since: Optional[str] = None, 
         cur = next((r for r in runs if r["id"] == run), None)
         if cur is None:
             raise ReportError(f"{store.path}: no run {run}" + (f" since {since}" if since else ""))
-    cells = db.execute("SELECT * FROM cells WHERE run_id=? ORDER BY id", (cur["id"],)).fetchall()
+    cells = db.run_cells(cur["id"])
     envs: List[str] = []
     snaps: Dict[str, str] = {}
     for c in sorted(cells, key=lambda c: not c["is_baseline"]):    # the baseline's column first
@@ -169,8 +163,7 @@ def build_report(store, run: Optional[int] = None, since: Optional[str] = None, 
         if c["verdict"] == MISMATCH:
             names = [None]
         for k in names or [None]:
-            kr = db.execute("SELECT * FROM kernel_results WHERE cell_id=? AND kernel=?", (c["id"], k)).fetchone() \
-                if k else None
+            kr = db.kernel_result(c["id"], k) if k else None
             reg = {"snapshot": os.path.basename(c["snapshot"]), "snapshot_digest": c["snapshot_digest"],
                    "env": c["env"], "kernel": k, "cell": c["id"],
                    "kind": "correctness break" if c["verdict"] == MISMATCH else "timing regression",
@@ -250,9 +243,7 @@ def _verdicts(db, cells) -> List[Dict[str, Any]]:
 
 def _runs_of(db, cell) -> List[Dict[str, Any]]:
     """The replays a cell's verdict rests on: side, round, purpose, GPU, outcome and times."""
-    q = ("SELECT n, purpose, side, round, outcome, host, visible_devices, gpu_uuid, proc_s, started FROM attempts "
-         "WHERE run_id=? AND cell_key=? ORDER BY n")
-    return [dict(r) for r in db.execute(q, (cell["run_id"], cell["cell_key"]))]
+    return db.cell_attempts(cell["run_id"], cell["cell_key"])
 
 
 def _rss(a, b):
@@ -293,11 +284,8 @@ def _kernel_history(db, run_ids: List[int]) -> List[Dict[str, Any]]:
     """Per snapshot x env x kernel: its median in each run (oldest first)."""
     if not run_ids:
         return []
-    q = ("SELECT c.run_id, c.snapshot, c.snapshot_digest, c.env, c.mode, k.kernel, k.median_us, k.noise_pct, k.verdict"
-         " FROM kernel_results k JOIN cells c ON c.id=k.cell_id"
-         f" WHERE c.run_id IN ({','.join('?' * len(run_ids))}) ORDER BY c.run_id, c.id, k.id")
     series: Dict[tuple, Dict[str, Any]] = {}
-    for r in db.execute(q, run_ids):
+    for r in db.kernel_medians(run_ids):
         key = (r["snapshot_digest"], r["mode"], r["env"], r["kernel"])
         s = series.setdefault(key, {"snapshot": os.path.basename(r["snapshot"]), "env": r["env"],
                                     "kernel": r["kernel"], "points": []})

@@ -292,6 +292,48 @@ class Store:
     def finished_keys(self, run_id: int) -> Dict[str, int]:
         return {r[0]: r[1] for r in self.db.execute("SELECT cell_key, id FROM cells WHERE run_id=?", (run_id,))}
 
+    # ---- what the report reads (campaign/report.py runs no SQL of its own)
+    def run_row(self, run_id: int) -> Optional[sqlite3.Row]:
+        return self.db.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
+
+    def run_cells(self, run_id: int) -> List[sqlite3.Row]:
+        return self.db.execute("SELECT * FROM cells WHERE run_id=? ORDER BY id", (run_id,)).fetchall()
+
+    def cell_row(self, cell_id: int) -> Optional[sqlite3.Row]:
+        return self.db.execute("SELECT * FROM cells WHERE id=?", (cell_id,)).fetchone()
+
+    def baseline_cell_of(self, run_id: int, digest: str, mode: str, kernels: Optional[str]) -> Optional[sqlite3.Row]:
+        """The run's baseline cell of a snapshot (mode, kernels)."""
+        return self.db.execute("SELECT * FROM cells WHERE run_id=? AND is_baseline=1 AND snapshot_digest=? AND mode=?"
+                               " AND kernels IS ?", (run_id, digest, mode, kernels)).fetchone()
+
+    def cell_history(self, digest: str, env: str, mode: str, kernels: Optional[str], upto_run: int) -> List[sqlite3.Row]:
+        """The cells of one snapshot x env in every run up to upto_run, oldest first, with the run's start."""
+        return self.db.execute("SELECT c.*, r.started AS run_started FROM cells c JOIN runs r ON r.id=c.run_id"
+                               " WHERE c.snapshot_digest=? AND c.env=? AND c.mode=? AND c.kernels IS ? AND c.run_id<=?"
+                               " ORDER BY c.run_id, c.id", (digest, env, mode, kernels, upto_run)).fetchall()
+
+    def kernel_results(self, cell_id: int) -> List[Dict[str, Any]]:
+        return [dict(r) for r in self.db.execute("SELECT * FROM kernel_results WHERE cell_id=? ORDER BY id", (cell_id,))]
+
+    def kernel_result(self, cell_id: int, kernel: str) -> Optional[sqlite3.Row]:
+        return self.db.execute("SELECT * FROM kernel_results WHERE cell_id=? AND kernel=?", (cell_id, kernel)).fetchone()
+
+    def cell_attempts(self, run_id: int, cell_key: str) -> List[Dict[str, Any]]:
+        """The replays of a cell: side, round, purpose, GPU, outcome and times."""
+        q = ("SELECT n, purpose, side, round, outcome, host, visible_devices, gpu_uuid, proc_s, started FROM attempts "
+             "WHERE run_id=? AND cell_key=? ORDER BY n")
+        return [dict(r) for r in self.db.execute(q, (run_id, cell_key))]
+
+    def kernel_medians(self, run_ids: List[int]) -> List[sqlite3.Row]:
+        """Every kernel's median in the runs, by run, cell and kernel."""
+        if not run_ids:
+            return []
+        q = ("SELECT c.run_id, c.snapshot, c.snapshot_digest, c.env, c.mode, k.kernel, k.median_us, k.noise_pct,"
+             " k.verdict FROM kernel_results k JOIN cells c ON c.id=k.cell_id"
+             f" WHERE c.run_id IN ({','.join('?' * len(run_ids))}) ORDER BY c.run_id, c.id, k.id")
+        return self.db.execute(q, run_ids).fetchall()
+
     def runs(self, since: Optional[str] = None) -> List[sqlite3.Row]:
         if since:
             return list(self.db.execute("SELECT * FROM runs WHERE started >= ? ORDER BY id", (since,)))

@@ -195,7 +195,7 @@ def _run_campaign(camp, store, address, fresh: bool, ship: bool, json_out: bool,
     rep = build_report(store, run=run_id, ending=True)
     code = rep["exit_code"]
     store.close_run(run_id, status, eng.hosts, code)
-    rep["run"] = dict(store.db.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone())
+    rep["run"] = dict(store.run_row(run_id))
     eng.shutdown()
     sys.stdout = out
     wall = time.monotonic() - t0

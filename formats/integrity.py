@@ -48,7 +48,7 @@ class _Bar:
 def check_integrity(reader, quiet: bool = False) -> Optional[str]:
     """None when every frame of the open SnapshotReader verifies; else one line naming the
     first damaged frame (its offset) and what to do. A process's shared reader
-    (reader.opened) is checked once."""
+    (formats/opened.py) is checked once."""
     done = getattr(reader, "checked", None)
     if done is not None:
         return done or None

@@ -595,29 +595,3 @@ def _chunk_count_ok(size: int, chunks: List[Any]) -> bool:
     """A blob of `size` bytes has exactly ceil(size / 4 MiB) chunks (bounds read work by size)."""
     return len(chunks) == (size + CHUNK_SIZE - 1) // CHUNK_SIZE and all(_is_hex_id(c) for c in chunks)
 
-
-# The one reader of each snapshot per process (replay's preflight, architecture check, engine
-# and end-state check, a group's ranks, a campaign's replay server): opened and its frames
-# checked once, by path, size and modification time (a file rewritten in place is opened again).
-_opened: Dict[Tuple[str, int, int], "SnapshotReader"] = {}
-
-
-def opened(path) -> "SnapshotReader":
-    """This process's reader of path: opened on first use, never closed by `with` or close()."""
-    p = os.path.realpath(os.fspath(path))
-    try:
-        st = os.stat(p)
-    except OSError as e:
-        raise SnapshotError(f"{os.fspath(path)}: cannot open ({e.strerror or e})") from None
-    key = (p, st.st_size, st.st_mtime_ns)
-    r = _opened.get(key)
-    if r is None:
-        for k in [k for k in _opened if k[0] == p]:      # an older version of the file
-            old = _opened.pop(k)
-            old.shared = False
-            old.close()
-        r = SnapshotReader(path)
-        r.shared = True
-        r.checked = None          # check_integrity's answer once run: "" (sound) or the problem
-        _opened[key] = r
-    return r

@@ -870,7 +870,7 @@ typedef __int128 i128;
 #define PL_PTDS 0x200
 #define PL_WORK 0x400                  /* a --profiler-range workload call */
 
-typedef ex_op xop;                     /* one op of a plan: opkinds.h (formats/opkinds.py OP_FIELDS) */
+typedef ex_op xop;                     /* one op of a plan: opkinds.h (the op fields of formats/opkinds.py) */
 
 /* key names -> index, by a small open hash (key lookups are most of a record's cost) */
 typedef struct { const char **names; int nn; int8_t slot[128]; uint8_t len[32]; } ktab;

@@ -121,7 +121,7 @@ def _mib(n: int) -> str:
 def check_window(rp) -> Optional[Dict[str, Any]]:
     """After a replay's calls: compare the end state a window snapshot recorded, if any."""
     from cudasnap.formats import SnapshotError
-    from cudasnap.formats.reader import opened
+    from cudasnap.formats.opened import opened
     from .errors import DriverCallError, ReplayError
     try:
         with opened(rp.path) as r:

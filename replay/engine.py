@@ -14,7 +14,7 @@ import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 from cudasnap.formats import SnapshotError, cu_result_name
-from cudasnap.formats.reader import opened
+from cudasnap.formats.opened import opened
 from cudasnap.formats.abi import base_name
 from cudasnap.formats.container import record_list
 from cudasnap.formats.callset import NAMING_CALLS, asked_by_name, is_module_load

@@ -18,7 +18,7 @@
 
 #include "opkinds.h"
 
-/* ex_op, one op of a plan: opkinds.h (formats/opkinds.py OP_FIELDS) */
+/* ex_op, one op of a plan: opkinds.h (the op fields of formats/opkinds.py) */
 
 #define EX_NEED_SLOW (-1)
 #define EX_MISMATCH (-2)

@@ -198,7 +198,7 @@ class RankHook:
         drained at), and ends with hashes taken at its close: those two times order the
         state's copies and the end-state check against the other ranks."""
         from cudasnap.formats import SnapshotError
-        from cudasnap.formats.reader import opened
+        from cudasnap.formats.opened import opened
         try:
             with opened(path) as r:
                 if not (r.header or {}).get("window"):

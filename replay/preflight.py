@@ -6,7 +6,7 @@ import os
 from typing import Optional
 
 from cudasnap.formats import SnapshotError
-from cudasnap.formats.reader import opened
+from cudasnap.formats.opened import opened
 from cudasnap.formats.vocab import is_query
 
 

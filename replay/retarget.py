@@ -308,7 +308,7 @@ def preflight(snapshot, device: int = 0, jit: Optional[str] = None, out=None, qu
     neither.  Returns 2 (and says why) when a launched kernel's module cannot run here, or when
     --jit ptx meets a module without PTX; else 0.  Unknown formats are left to the driver."""
     import sys
-    from cudasnap.formats.reader import opened
+    from cudasnap.formats.opened import opened
     out = out or sys.stdout
     cc, name = device_cc(device)
     if cc is None:

@@ -469,3 +469,17 @@ def test_no_argv_built_to_call_cudasnap():
     assert found - ARGV_ALLOWED == set(), "build a typed document (replay/invocation.py), not an argv"
     assert ARGV_ALLOWED - found == set(), "gone: take it off ARGV_ALLOWED"
     assert {"cudasnap.campaign.worker", "cudasnap.campaign.bisect", "cudasnap.export.commands"}.isdisjoint(found)
+
+
+def test_campaign_sql_lives_in_the_store():
+    """Every query of a campaign store is a method of campaign/store.py: the report, the engine
+    and the command line call it (stats' SQLite export writes its own file)."""
+    found = []
+    for mod, path in _modules().items():
+        if path is None or mod in ("cudasnap.campaign.store", "cudasnap.stats"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in (
+                    "execute", "executemany", "executescript"):
+                found.append(f"{mod}:{node.lineno}")
+    assert found == []
