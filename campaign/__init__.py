@@ -4,8 +4,9 @@
     camp = load_campaign("nightly.toml")      # plan.py: the campaign file -> cells
     store = Store("nightly.sqlite")           # store.py: the append-only SQLite store (SCHEMA.md)
 
-`cudasnap campaign run|report` (cli/campaign_cmd.py) are the command-line faces; engine.py runs
-the cells on Ray, rules.py decides reruns and confirmations, report.py reads the store."""
+`cudasnap campaign run|report` parse their options in cli/campaign_cmd.py; run.py runs a campaign
+start to end, engine.py its cells on Ray (worker.py, cellserver.py on the nodes), rules.py decides
+reruns, confirmations and verdicts, report.py reads the store; bisect.py is `cudasnap bisect`."""
 from __future__ import annotations
 
 from .plan import Campaign, PlanError, load_campaign  # noqa: F401

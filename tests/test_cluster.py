@@ -198,7 +198,7 @@ def test_local_campaign_ignores_a_stale_cluster_address(double, tmp_path):
         camp = _campaign(tmp_path / "camp.toml", snaps / "s0.cusnap")
         env = dict(_base_env(double, root), RAY_AUTH_MODE="disabled", RAY_ADDRESS=stale)
         script = ("import sys\nfrom cudasnap.campaign import Store, load_campaign\n"
-                  "from cudasnap.campaign_cmd import run_campaign\n"
+                  "from cudasnap.campaign.run import run_campaign\n"
                   f"sys.exit(run_campaign(load_campaign({str(camp)!r}), Store({str(tmp_path / 'st.sqlite')!r}), None, "
                   "False, False, True, True, init_kwargs=dict(num_cpus=2, num_gpus=2, "
                   "resources={'gpu_model:H100': 2})))\n")
