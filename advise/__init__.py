@@ -128,7 +128,7 @@ def advise(path: str, cfg: Optional[AdviseConfig] = None, progress=None) -> Dict
                 continue
             say(f"what-if: {short_kernel(f['kernel'])} at block {cand['block']}")
             w = variant_whatif(src.snapshot, "launch", f"--launch-override {cand['spec']}",
-                               ["--launch-override", cand["spec"]], launch_selection(cand["spec"]), cfg.device,
+                               {"launch_override": cand["spec"]}, launch_selection(cand["spec"]), cfg.device,
                                cfg.repeat, cfg.warmup, cfg.timeout, baselines)
             w["occupancy"] = cand
             f["what_if"] = w
@@ -136,11 +136,12 @@ def advise(path: str, cfg: Optional[AdviseConfig] = None, progress=None) -> Dict
                 f["estimate_us"] = f["at_stake_us"]
                 f["at_stake_us"] = max(w["gain_us"], 0.0)
                 f["basis"] = f"measured: isolated replays at block {cand['block']}"
-        variants = ([("replace", "--replace", spec, replace_selection(spec)) for spec in cfg.replace]
-                    + [("launch", "--launch-override", spec, launch_selection(spec)) for spec in cfg.launch_override])
-        for kind, flag, spec, sel in variants:
+        variants = ([("replace", "--replace", spec, {"replace": [spec]}, replace_selection(spec)) for spec in cfg.replace]
+                    + [("launch", "--launch-override", spec, {"launch_override": spec}, launch_selection(spec))
+                       for spec in cfg.launch_override])
+        for kind, flag, spec, variant, sel in variants:
             say(f"what-if: {flag} {spec}")
-            w = variant_whatif(src.snapshot, kind, f"{flag} {spec}", [flag, spec], sel, cfg.device,
+            w = variant_whatif(src.snapshot, kind, f"{flag} {spec}", variant, sel, cfg.device,
                                cfg.repeat, cfg.warmup, cfg.timeout, baselines)
             # a rebuilt kernel that does not load is bad input, as replay says (exit 2); a launch
             # size the kernel does not allow is a what-if's answer ("applied to no launch")

@@ -30,14 +30,12 @@ class Source:
     notes: List[str] = field(default_factory=list)
 
 
-def cudasnap_cmd(*args: str) -> List[str]:
-    return [sys.executable, "-m", "cudasnap", *args]
-
-
-def run_cudasnap(args: List[str], timeout: Optional[float]) -> subprocess.CompletedProcess:
-    """A replay in a child process: its GPU state, crashes and exit code stay its own."""
+def run_replay(doc: Dict[str, Any], timeout: Optional[float]) -> subprocess.CompletedProcess:
+    """A replay (a typed document, replay/invocation.py) in a child process: its GPU state,
+    crashes and exit code stay its own."""
+    from cudasnap.replay.invocation import command
     try:
-        return subprocess.run(cudasnap_cmd(*args), capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(command(sys.executable, doc), capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return subprocess.CompletedProcess(args, 124, "", f"timed out after {timeout:g} s")
 
@@ -94,9 +92,9 @@ def take_profile(snapshot: str, pace: str, timeout: Optional[float], device: int
     """`cudasnap replay SNAPSHOT --profile timeline --pace PACE --out P.json --trace T.json`."""
     with tempfile.TemporaryDirectory(prefix="cudasnap-advise-") as d:
         out, tr = os.path.join(d, "timeline.json"), os.path.join(d, "trace.json")
-        args = ["replay", snapshot, "--profile", "timeline", "--pace", pace, "--device", str(device),
-                "--out", out, "--trace", tr, "-q"]
-        cp = run_cudasnap(args, timeout)
+        from cudasnap.replay.invocation import document
+        doc = document(snapshot, {"pace": pace, "device": device}, {"mode": "timeline", "out": out, "trace": tr})
+        cp = run_replay(doc, timeout)
         if cp.returncode == 2:        # the replay's own error (no such GPU...), not what its profile lacks
             raise AdviseError(f"the timeline replay of {snapshot} failed: {last_error(cp)}")
         if not os.path.isfile(out):
@@ -110,11 +108,18 @@ def take_profile(snapshot: str, pace: str, timeout: Optional[float], device: int
                 trace = json.load(f)
     check_profile(p, f"the timeline replay of {snapshot}")
     src = Source(p, snapshot, None, trace=trace,
-                 taken={"command": ["cudasnap", *args[:-4]], "exit_code": cp.returncode, "pace": pace})
+                 taken={"command": shown_command(doc), "exit_code": cp.returncode, "pace": pace})
     if cp.returncode != 0:
         src.notes.append(f"the timeline replay exited {cp.returncode} ({last_error(cp)}): its times stand, "
                          "its results did not all verify")
     return src
+
+
+def shown_command(doc: Dict[str, Any]) -> List[str]:
+    """The command a replay stands for, without its temporary output files."""
+    from cudasnap.replay.invocation import command_line
+    d = dict(doc, profile=dict(doc["profile"] or {}, out=None, trace=None))
+    return command_line(d)
 
 
 def trace_device_ops(trace: Optional[Dict[str, Any]]) -> List[Dict[str, Any]]:

@@ -14,21 +14,25 @@ import json
 import os
 import re
 import tempfile
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
-from .source import last_error, run_cudasnap
+from .source import last_error, run_replay, shown_command
 
 
-def _profile_run(snapshot: str, args: List[str], timeout: Optional[float]) -> Dict[str, Any]:
+def _profile_run(snapshot: str, replay: Dict[str, Any], profile: Dict[str, Any],
+                 timeout: Optional[float]) -> Dict[str, Any]:
+    """A profiled replay (replay= ReplayOptions fields, profile= ProfileConfig fields) in a child
+    process: its report and how it ran."""
+    from cudasnap.replay.invocation import document
     with tempfile.TemporaryDirectory(prefix="cudasnap-whatif-") as d:
         out = os.path.join(d, "p.json")
-        cmd = ["replay", snapshot, *args, "--out", out, "-q"]
-        cp = run_cudasnap(cmd, timeout)
+        doc = document(snapshot, replay, dict(profile, out=out))
+        cp = run_replay(doc, timeout)
         rep = None
         if os.path.isfile(out):
             with open(out, encoding="utf-8") as f:
                 rep = json.load(f)
-    run = {"command": ["cudasnap", *cmd[:-3]], "exit_code": cp.returncode}
+    run = {"command": shown_command(doc), "exit_code": cp.returncode}
     if cp.returncode != 0:
         run["error"] = last_error(cp)
     return {"run": run, "report": rep}
@@ -38,9 +42,9 @@ def graph_whatif(snapshot: str, finding: Dict[str, Any], device: int, repeat: in
                  timeout: Optional[float]) -> Dict[str, Any]:
     ev = finding["evidence"]
     a, b = ev.get("first_seq"), ev.get("last_seq")
-    sel = ["--calls", f"{a}-{b}"] if isinstance(a, int) and isinstance(b, int) else []
-    r = _profile_run(snapshot, ["--profile", "graph", *sel, "--repeat", str(repeat), "--warmup", str(warmup),
-                                "--device", str(device), "--no-timeline-check"], timeout)
+    sel = {"calls": f"{a}-{b}"} if isinstance(a, int) and isinstance(b, int) else {}
+    r = _profile_run(snapshot, {"device": device}, dict(mode="graph", repeat=repeat, warmup=warmup,
+                                                        timeline_check=False, **sel), timeout)
     w: Dict[str, Any] = {"kind": "graph", "what": "the stretch as one CUDA graph", "replay": r["run"]}
     rep = r["report"]
     s = (rep or {}).get("summary") or {}
@@ -71,17 +75,19 @@ def _medians(rep: Optional[Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
     return {k["name"]: k for k in (rep or {}).get("kernels") or [] if k.get("median_us") is not None}
 
 
-def variant_whatif(snapshot: str, kind: str, what: str, variant_args: List[str], sel: List[str], device: int,
+def variant_whatif(snapshot: str, kind: str, what: str, variant: Dict[str, Any], sel: Dict[str, Any], device: int,
                    repeat: int, warmup: int, timeout: Optional[float],
                    baselines: Optional[Dict[tuple, Dict[str, Any]]] = None) -> Dict[str, Any]:
-    """The kernels of `sel` timed in isolated mode as recorded and with variant_args.
-    baselines: as-recorded replays by their arguments, shared by what-ifs of one selection."""
-    common = ["--profile", "isolated", *sel, "--repeat", str(repeat), "--warmup", str(warmup), "--device", str(device)]
+    """The kernels of `sel` (ProfileConfig fields) timed in isolated mode as recorded and with
+    the variant (ReplayOptions fields: replace, launch_override). baselines: as-recorded replays
+    by their selection, shared by what-ifs of one selection."""
+    common = dict(mode="isolated", repeat=repeat, warmup=warmup, **sel)
+    key = tuple(sorted(common.items())) + (device,)
     baselines = {} if baselines is None else baselines
-    if tuple(common) not in baselines:
-        baselines[tuple(common)] = _profile_run(snapshot, common, timeout)
-    base = baselines[tuple(common)]
-    var = _profile_run(snapshot, [*common, *variant_args], timeout)
+    if key not in baselines:
+        baselines[key] = _profile_run(snapshot, {"device": device}, common, timeout)
+    base = baselines[key]
+    var = _profile_run(snapshot, dict(variant, device=device), common, timeout)
     w: Dict[str, Any] = {"kind": kind, "what": what, "replay": var["run"], "baseline_replay": base["run"]}
     if base["run"]["exit_code"] != 0 or base["report"] is None:
         w.update(measured=False, why=f"the baseline replay failed: {base['run'].get('error')}")
@@ -116,16 +122,16 @@ def variant_whatif(snapshot: str, kind: str, what: str, variant_args: List[str],
     return w
 
 
-def launch_selection(spec: str) -> List[str]:
+def launch_selection(spec: str) -> Dict[str, Any]:
     """The launches a --launch-override SPEC concerns: its kernel=REGEX, or every launch."""
     from cudasnap.replay.override import parse
     kern = parse(spec)[2]
-    return ["--kernels", kern] if kern else []
+    return {"kernels": kern} if kern else {}
 
 
-def replace_selection(spec: str) -> List[str]:
+def replace_selection(spec: str) -> Dict[str, Any]:
     """The launches a --replace TARGET=FILE concerns: a kernel's, a module's (all), a handle's (all)."""
     target = spec.rpartition("=")[0].strip()
     if target.startswith("module:") or re.match(r"^0x[0-9a-fA-F]+$", target):
-        return []
-    return ["--kernels", f"^{re.escape(target)}$"]
+        return {}
+    return {"kernels": f"^{re.escape(target)}$"}

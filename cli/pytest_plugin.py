@@ -95,12 +95,13 @@ class SnapshotItem(pytest.Item):
             import cuda.bindings.driver  # noqa: F401
         except ImportError:
             pytest.skip("cuda-bindings is not installed (pip install 'cudasnap[gpu]')")
+        from cudasnap.replay.invocation import command, document
         opt = self.config.getoption
-        cmd = [sys.executable, "-m", "cudasnap", "replay", str(self.path), "--device", str(opt("cudasnap_device")),
-               "--json"]
+        fields = {"device": opt("cudasnap_device"), "quiet": False}
         if opt("cudasnap_dtype"):
-            cmd += ["--dtype", opt("cudasnap_dtype"), "--rtol", repr(opt("cudasnap_rtol")),
-                    "--atol", repr(opt("cudasnap_atol"))]
+            fields.update(dtype=opt("cudasnap_dtype"), rtol=opt("cudasnap_rtol"), atol=opt("cudasnap_atol"))
+        # the replay as a typed document, in a process of its own (its GPU state and crashes stay there)
+        cmd = command(sys.executable, dict(document(str(self.path), fields), json=True))
         timeout = opt("cudasnap_timeout")
         try:
             cp = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)

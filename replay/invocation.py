@@ -3,7 +3,8 @@
 Campaign cells, bisect steps and their replay servers hand a replay over as the options the
 command line would have built (ReplayOptions, ProfileConfig), never as argv parsed again:
 
-    {"snapshot": PATH, "replay": {ReplayOptions fields}, "profile": {ProfileConfig fields}}
+    {"snapshot": PATH, "replay": {ReplayOptions fields}, "profile": {ProfileConfig fields} or null,
+     "json": false}          (json: print the result as `--json` does)
 
 `run(doc)` replays it in this process, as `cudasnap replay` does; `python -m
 cudasnap.replay.invocation DOC` runs one in a fresh process (DOC: the document itself, a file
@@ -32,12 +33,58 @@ def profiled(snapshot: str, out: str, mode: str, kernels: Optional[str] = None, 
     return {"snapshot": snapshot, "replay": dataclasses.asdict(opts), "profile": dataclasses.asdict(cfg)}
 
 
+def document(snapshot: str, replay: Optional[Dict[str, Any]] = None,
+             profile: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """A document from the fields that differ from the command line's defaults (quiet, no
+    progress bar): replay= ReplayOptions fields, profile= ProfileConfig fields (None: no profile)."""
+    opts = ReplayOptions(**dict({"quiet": True, "progress": False}, **(replay or {})))
+    doc: Dict[str, Any] = {"snapshot": snapshot, "replay": dataclasses.asdict(opts), "profile": None}
+    if profile is not None:
+        from .profile import ProfileConfig
+        doc["profile"] = dataclasses.asdict(ProfileConfig(**profile))
+    return doc
+
+
+# what command_line shows: (section, field, flag), in this order
+_SHOWN = (("profile", "mode", "--profile"), ("profile", "calls", "--calls"), ("profile", "kernels", "--kernels"),
+          ("profile", "repeat", "--repeat"), ("profile", "warmup", "--warmup"), ("replay", "device", "--device"),
+          ("replay", "pace", "--pace"), ("replay", "launch_override", "--launch-override"),
+          ("replay", "replace", "--replace"), ("profile", "timeline_check", "--timeline-check"),
+          ("profile", "out", "--out"), ("profile", "trace", "--trace"))
+
+
+def command_line(doc: Dict[str, Any]) -> List[str]:
+    """The `cudasnap replay` command the document stands for, for people to read and rerun (the
+    document, not this, is what runs): the options that differ from their defaults, the device,
+    and the repeats of a mode that repeats."""
+    from .profile import ProfileConfig
+    dflt = {"replay": dataclasses.asdict(ReplayOptions()), "profile": dataclasses.asdict(ProfileConfig())}
+    out = ["cudasnap", "replay", doc["snapshot"]]
+    prof = doc.get("profile") or {}
+    for sec, field, flag in _SHOWN:
+        part = doc.get(sec) or {}
+        if field not in part:
+            continue
+        v = part[field]
+        repeats = field in ("repeat", "warmup") and prof.get("mode") in ("isolated", "graph")
+        if v == dflt[sec].get(field) and field != "device" and not repeats:
+            continue
+        if isinstance(v, bool):
+            out.append(flag if v else "--no-" + flag[2:])
+        elif isinstance(v, list):
+            out += [x for item in v for x in (flag, str(item))]
+        elif v is not None:
+            out += [flag, str(v)]
+    return out
+
+
 def plain(snapshot: str, device: int = 0) -> Dict[str, Any]:
     """What `replay SNAP --device N` runs with: replay and verify, no profile."""
     return {"snapshot": snapshot, "replay": dataclasses.asdict(ReplayOptions(device=device)), "profile": None}
 
 
-def _typed(cls, d: Dict[str, Any]):
+def typed(cls, d: Dict[str, Any]):
+    """cls(**d), refusing a field cls does not have (a document from another version)."""
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(d) - names)
     if unknown:
@@ -50,10 +97,11 @@ def run(doc: Dict[str, Any], checked: bool = False) -> int:
     the snapshot has passed the preflight check in this process already."""
     from .profile import ProfileConfig, run_profile_cli
     from . import run_replay_cli
-    opts = _typed(ReplayOptions, doc["replay"])
+    opts = typed(ReplayOptions, doc["replay"])
+    as_json = bool(doc.get("json"))      # the result as `--json` prints it, on stdout
     if doc.get("profile") is None:
-        return run_replay_cli(doc["snapshot"], opts, False)
-    return run_profile_cli(doc["snapshot"], opts, _typed(ProfileConfig, doc["profile"]), False, checked=checked)
+        return run_replay_cli(doc["snapshot"], opts, as_json)
+    return run_profile_cli(doc["snapshot"], opts, typed(ProfileConfig, doc["profile"]), as_json, checked=checked)
 
 
 def command(python: str, doc: Dict[str, Any]) -> List[str]:

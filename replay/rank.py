@@ -3,24 +3,16 @@ then the replay with the group's rank hook. Run as `python -m cudasnap.replay.ra
 SNAPSHOT DEVICE WATCHDOG` by the group coordinator (replay/group.py)."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
-from typing import Any, Dict, List, Optional
+from typing import List, Optional
 
 from .group import ENV_RANK
+from .invocation import typed
 from .options import ReplayOptions
 from .profile import ProfileConfig, run_profile_cli
 from .rankopts import RANK_HOOK
-
-
-def _typed(cls, d: Dict[str, Any]):
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - names)
-    if unknown:
-        raise ValueError(f"unknown {cls.__name__} field(s): {', '.join(unknown)}")
-    return cls(**d)
 
 
 def load(path: str, rank: int, device: int, watchdog: float):
@@ -28,8 +20,8 @@ def load(path: str, rank: int, device: int, watchdog: float):
     hook first, "{rank}" in the output paths made the rank."""
     with open(path) as f:
         doc = json.load(f)
-    opts = _typed(ReplayOptions, doc["replay"])
-    cfg = _typed(ProfileConfig, doc["profile"])
+    opts = typed(ReplayOptions, doc["replay"])
+    cfg = typed(ProfileConfig, doc["profile"])
     opts.device, opts.watchdog = device, watchdog
     cfg.hooks = [RANK_HOOK] + list(cfg.hooks)
     for k in ("out", "trace"):

@@ -413,3 +413,24 @@ def test_bindings_alloc_base_env(double):
     b = run_bindings(double, body, env={"CUDA_DOUBLE_ALLOC_BASE": "0x350000000000"})
     assert "PTR 0x200000000000" in a
     assert "PTR 0x350000000000" in b
+
+
+def test_the_procaddress_table_is_generated_from_the_description():
+    """The double's cuGetProcAddress rows come from the API description (build.py writes
+    double_proc_table.h): every function the double defines is found under its base name at the
+    version the description gives, and double_proc.c holds no hand-written row."""
+    import json as _json
+    import re as _re
+    from double import build as B
+    text = B.proc_table()
+    desc = _json.loads(B.DESCRIPTION.read_text())
+    defined = set()
+    for s in B.LIB_SOURCES:
+        defined |= set(_re.findall(r"^API\s+CUresult\s+(cu\w+)\s*\(", (B.HERE / s).read_text(), _re.M))
+    rows = _re.findall(r'[ES]\("(\w+)", (\d+), (\w+)', text)
+    assert {abi for _b, _v, abi in rows} == {abi for v in desc["versions"].values() for _ver, abi in v["abi"]
+                                           if abi in defined}
+    for base, ver, abi in rows:
+        assert [int(ver), abi] in desc["versions"][base]["abi"]
+    proc = (B.HERE / "double_proc.c").read_text()
+    assert '#include "double_proc_table.h"' in proc and not _re.search(r'^\s*[ES]\("cu', proc, _re.M)

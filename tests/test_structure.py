@@ -459,9 +459,8 @@ def cudasnap_argv() -> List[str]:
     return sorted(out)
 
 
-# --wrap's final exec runs the tool on a replay command by design; the others are to move to
-# typed documents: this list only shrinks
-ARGV_ALLOWED = {"cudasnap.wrap", "cudasnap.advise.source", "cudasnap.pytest_plugin"}
+# --wrap's final exec runs the tool on a replay command line by design
+ARGV_ALLOWED = {"cudasnap.wrap"}
 
 
 def test_no_argv_built_to_call_cudasnap():
