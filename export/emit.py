@@ -34,7 +34,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from cudasnap.formats import SnapshotError, SnapshotReader, parse_callset
 from cudasnap.formats.abi import base_name
 from cudasnap.formats.outputs import write_atomic
-from cudasnap.formats.vocab import alloc_range, is_launch, is_query, malformed_call
+from cudasnap.formats.vocab import alloc_range, is_launch, is_plain, is_query, malformed_call, replay_class
 
 from .ctext import Slots, c_string, ref
 from .emit_context import ContextCalls
@@ -78,6 +78,7 @@ class Emitter(ContextCalls, MemoryCalls, ModuleCalls, LaunchCalls, StreamCalls, 
         self._desc = None
         self._noted: set = set()
         self._dropped: Optional[list] = None   # [line index, first seq, {name: count}] of the last drop comment
+        self.prototypes: Dict[str, str] = {}   # entry points cuda.h lacks (the overlay declared them)
 
     # -------------------------------------------------------------------------- helpers
     def fail(self, rec, msg: str):
@@ -252,7 +253,7 @@ class Emitter(ContextCalls, MemoryCalls, ModuleCalls, LaunchCalls, StreamCalls, 
     def one(self, rec) -> None:
         f = rec.get("f") or ""
         b = base_name(f)
-        method = TABLE.get(b) or TABLE.get(f)
+        method = self.method_for(f)
         if rec.get("r", 0) != 0:
             self.res.failed_skipped += 1
             return
@@ -277,6 +278,15 @@ class Emitter(ContextCalls, MemoryCalls, ModuleCalls, LaunchCalls, StreamCalls, 
                            "cudasnap does not record (an edited or damaged snapshot) does this")
         if len(self.lines) > before:
             self.res.calls += 1
+
+    @staticmethod
+    def method_for(f: str) -> Optional[str]:
+        """The method translating ABI name f: its TABLE entry, else by class (a plain execute
+        call: every argument from the description), else None."""
+        m = TABLE.get(base_name(f)) or TABLE.get(f)
+        if m is None and is_plain(f) and replay_class(f) == "execute":
+            m = "e_generic"
+        return m
 
     def host_only(self, f: str) -> bool:
         """The API description says the call has no effect on the device (a query, a host

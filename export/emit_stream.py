@@ -17,9 +17,8 @@ from __future__ import annotations
 import struct
 from typing import List, Tuple
 
-from cudasnap.formats.vocab import NODE_LISTS, handle_array
-from .ctext import lit, ref
-from .table import DESTROYS
+from cudasnap.formats.vocab import NODE_LISTS, handle_array, in_class
+from .ctext import ARRAYS, lit, ref
 
 # CUgraphNodeType
 NT_KERNEL, NT_MEMCPY, NT_MEMSET, NT_HOST, NT_GRAPH, NT_EMPTY, NT_WAIT_EVENT, NT_EVENT_RECORD = range(8)
@@ -444,11 +443,16 @@ class StreamCalls(GraphNodeCalls):
             t = d.types.get(p.get("pointee" if p["kind"] == "out" else "ctype") or "", {})
             kind = t.get("handle", "") if t.get("kind") == "handle" else ""
             v = a.get(p["name"])
+            if kind and kind not in ARRAYS:
+                self.fail(rec, f"parameter {p['name']} is a {kind.replace('_', ' ')} handle, an object the exported "
+                               "program does not keep; replay the snapshot with `cudasnap replay`")
             if p["kind"] == "val":
                 if kind:
                     args.append(self.handle(rec, kind, v))
                 elif t.get("semantic") == "device":
                     args.append("g_dev")
+                elif t.get("semantic") == "deviceptr" and isinstance(v, int):
+                    args.append(f"TR({lit(v)})")
                 elif t.get("kind") == "enum":
                     args.append(f"({p['ctype']}){int(v or 0)}")
                 elif isinstance(v, (int, float)):
@@ -461,10 +465,13 @@ class StreamCalls(GraphNodeCalls):
                 args.append(f"&{ref(kind, i)}")
             else:
                 self.fail(rec, f"parameter {p['name']} ({p['kind']}) needs a translation of its own")
+        if fn.get("origin") == "overlay":    # cuda.h lacks it: the program declares it
+            b = fn["name"]
+            self.prototypes[b] = "CUresult %s(%s);" % (b, ", ".join(f"{p['ctype']} {p['name']}" for p in fn["params"]))
         self.emit(rec, f"CK({b}({', '.join(args)}));")
-        kind = DESTROYS.get(b)
-        if kind:
+        if in_class(rec["f"], "destroys"):   # the first handle argument ends: its slot is free
             for p in fn["params"]:
-                if p["kind"] == "val":
-                    self.slots.drop(kind, a.get(p["name"]))
+                t = d.types.get(p["ctype"], {})
+                if p["kind"] == "val" and t.get("kind") == "handle":
+                    self.slots.drop(t["handle"], a.get(p["name"]))
                     break

@@ -65,8 +65,11 @@ class ProgramWriter:
             "static const char *const KERNEL_NAMES[] = {"
             + ", ".join(c_string(n) for n in self.kernels) + ("" if self.kernels else "\"\"") + "};",
             self.runtime(),
-            "/* ---- the program's objects, by recorded handle ---- */",
         ]
+        if self.prototypes:
+            o.append("/* ---- entry points cuda.h does not declare (from cudasnap's API description) ---- */")
+            o.extend(self.prototypes[n] for n in sorted(self.prototypes))
+        o.append("/* ---- the program's objects, by recorded handle ---- */")
         for kind, (ctype, arr) in ARRAYS.items():
             if self.slots.n.get(kind) or (kind in ("module", "library") and "find_function" in self.sections):
                 o.append(f"static {ctype} {arr}[{max(self.slots.n.get(kind, 0), 1)}];")

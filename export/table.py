@@ -1,7 +1,8 @@
 """The translation table: which Emitter method (export/emit.py and its parts) translates the
-calls of each API, by base name.  A call with no entry here and an effect on the device stops
-the export with its name; pure queries and host-only calls are left out.  DESTROYS: the calls
-the generic emitter translates that end a handle (its slot is freed)."""
+calls of each API, by base name.  A call with no entry here is translated by its class when it
+has one: a plain execute call (class plain_args: values and handles) through the description
+(Emitter.e_generic); pure queries and host-only calls are left out; anything else stops the
+export with its name."""
 from __future__ import annotations
 
 from typing import Dict
@@ -93,12 +94,3 @@ _t("e_knode_attr", "cuGraphKernelNodeSetAttribute")
 _t("e_stream_sync", "cuStreamSynchronize")
 _t("e_event_record", "cuEventRecord", "cuEventRecordWithFlags")
 _t("e_stream_wait", "cuStreamWaitEvent")
-# calls made only of values and handles: parameters from the API description
-_t("e_generic", "cuStreamCreate", "cuStreamCreateWithPriority", "cuStreamDestroy", "cuEventCreate",
-   "cuEventDestroy", "cuEventSynchronize", "cuGraphLaunch", "cuGraphUpload", "cuGraphExecDestroy",
-   "cuGraphDestroy", "cuCtxSetLimit", "cuGraphCreate", "cuGraphNodeSetEnabled", "cuGraphKernelNodeCopyAttributes",
-   "cuGraphEventRecordNodeSetEvent", "cuGraphEventWaitNodeSetEvent", "cuGraphExecEventRecordNodeSetEvent",
-   "cuGraphExecEventWaitNodeSetEvent", "cuGraphExecChildGraphNodeSetParams")
-
-DESTROYS = {"cuStreamDestroy": "stream", "cuEventDestroy": "event", "cuGraphExecDestroy": "graph_exec",
-            "cuGraphDestroy": "graph"}

@@ -64,8 +64,9 @@ def family(name: str) -> Optional[str]:
     return c if c is not None else m.get(base_name(name))
 
 
-# the description's call classes (shim/overlay.py CALL_CLASS_RULES); read here only
-CALL_CLASSES = ("sync", "wait", "order", "alloc", "free", "may_batch")
+# the description's call classes (shim/overlay.py CALL_CLASS_RULES, and gen_api.derived_classes
+# for what the parameter list says); read here only
+CALL_CLASSES = ("sync", "wait", "order", "alloc", "free", "may_batch", "destroys", "creates", "plain_args")
 
 
 def call_classes(name: str) -> frozenset:
@@ -97,6 +98,12 @@ def is_sync(f: Any) -> bool:
 def may_batch(f: Any) -> bool:
     """May stand between the launches of a profiled sequence's recorded graph."""
     return in_class(f, "may_batch")
+
+
+def is_plain(f: Any) -> bool:
+    """Every argument a value or a handle, every output a value or a new handle: replay and
+    export need nothing beyond the description's entry for it."""
+    return in_class(f, "plain_args")
 
 
 def is_release(f: str) -> bool:

@@ -214,6 +214,9 @@ class ReplayContext:
         recurred.  Raises ReplayError on a new error (`detail` is appended to its message)."""
         fn = getattr(self.cu, name, None)
         if fn is None:
+            from .rawcall import binding        # a plain call the bindings do not wrap
+            fn = binding(self.cu, name)
+        if fn is None:
             self.fail(rec, f"the driver bindings lack {name}")
         res = fn(*args)
         code = result_code(res[0])

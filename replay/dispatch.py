@@ -23,6 +23,7 @@ from .handlers import REGISTRY, Handler
 def load_all() -> Dict[str, Handler]:
     """Every handler module, imported once: each registers its names in REGISTRY."""
     from .handlers import context, generic, graph, ipc, launch, memory, module, profiler, stream, texture  # noqa: F401
+    generic.register_plain()          # by class: what no family module took
     return REGISTRY
 
 

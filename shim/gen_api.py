@@ -657,8 +657,20 @@ def generate(include: Path):
         (fd / "stdint.h").write_text(FAKE_STDINT)
         (fd / "stdlib.h").write_text(FAKE_STDLIB)
         stubs = write_stubs(fd / "stubs")
+        texts = {}
         for view, defs in VIEWS.items():
-            model.add_ast(parse(preprocess(include, defs, fd, stubs)), view)
+            texts[view] = preprocess(include, defs, fd, stubs)
+            model.add_ast(parse(texts[view]), view)
+        # entry points the headers lack (overlay.EXTRA_FUNCTIONS), parsed with the headers' types
+        declared = set(model.funcs)
+        if ov.EXTRA_FUNCTIONS:
+            protos = "\n".join(proto for _ver, proto in ov.EXTRA_FUNCTIONS.values())
+            model.add_ast(parse(texts["default"] + "\n" + protos + "\n"), "default")
+        from_overlay = set(model.funcs) - declared
+        missing = set(ov.EXTRA_FUNCTIONS) - from_overlay
+        if missing:
+            raise SystemExit(f"overlay EXTRA_FUNCTIONS: {sorted(missing)} not declared by their prototype "
+                             f"(or already declared by the headers)")
 
     fnames = sorted(model.funcs)
     # ---- layout probe
@@ -703,6 +715,7 @@ def generate(include: Path):
     for name in fnames:
         fdecl, _ = model.funcs[name]
         f = describe_function(model, lay, types, ov, name, fdecl, unused_rules, defaults_used)
+        f["origin"] = "overlay" if name in from_overlay else "header"
         functions.append(f)
     for i, f in enumerate(functions):
         f["id"] = i
@@ -842,7 +855,33 @@ def describe_function(model, lay, types, ov, name, fdecl, unused_rules, defaults
             "host_only": rclass == "query" or any(re.fullmatch(ov.HOST_ONLY_RX, n) for n in (base, name)),
             "releases": any(re.fullmatch(ov.RELEASES_RX, n) for n in (base, name)),
             "host_sync": re.fullmatch(ov.HOST_SYNC_RX, name) is not None,
-            "classes": call_classes(ov, name, base)}
+            "classes": sorted(set(call_classes(ov, name, base)) | derived_classes(params, types))}
+
+
+def derived_classes(params, types) -> set:
+    """The classes cuda.h itself says (from the parameter list), beside the overlay's rules:
+    plain_args  every argument a value (no pointer) or an output of a value or handle: replay
+                and export pass it from the description alone (replay/handlers/generic.py)
+    creates     an output is a handle: the call makes an object later calls name"""
+    out = set()
+
+    def handle(tname):
+        t = types.get(tname or "", {})
+        return t.get("kind") == "handle"
+    plain = True
+    for p in params:
+        if p["kind"] == "val":
+            plain = plain and "*" not in p["ctype"]
+        elif p["kind"] == "out":
+            t = types.get(p.get("pointee") or "", {})
+            plain = plain and t.get("kind") in ("handle", "int", "enum", "float")
+            if handle(p.get("pointee")):
+                out.add("creates")
+        else:
+            plain = False
+    if plain:
+        out.add("plain_args")
+    return out
 
 
 def apply_param_rule(pr, r, types, lay):
@@ -1078,6 +1117,10 @@ def build_versions(model, ov, fnames):
         if pf.get(""):
             abi = pair(base, pf[""], syms, "")
         else:
+            if base in ov.EXTRA_FUNCTIONS:      # the overlay says when the function came
+                abi = [[ov.EXTRA_FUNCTIONS[base][0], s] for s in sorted(syms, key=suffix_num)]
+                versions[base] = {"abi": abi, "ptds": None, "ptsz": None, "per_thread": None}
+                continue
             rep.append(f"no PFN typedef for {base}: version 0 assumed for {sorted(syms, key=suffix_num)}")
             # unknown introduction version: ordinal 0, 1, 2... keeps "highest <= requested" picking
             # the newest symbol for any real CUDA version

@@ -47,6 +47,12 @@ INT_SEMANTICS = {
 # Types described even if no parameter reaches them (decoding needs them).
 EXTRA_TYPES = ["CUresult", "CUdriverProcAddressQueryResult", "CUjit_option", "CUpointer_attribute"]
 
+# Entry points the headers do not declare (a driver newer than the headers, a vendor extension):
+# base name -> (CUDA version that introduced it, C prototype). The generator parses each with
+# the headers' types, and every rule below applies to it as to a declared function; the
+# description marks it "origin": "overlay". A function of a common class then needs nothing else.
+EXTRA_FUNCTIONS = {}
+
 # ABI names whose base the name-stripping rule gets wrong.
 BASE_OVERRIDES = {}
 
@@ -219,6 +225,9 @@ HOST_SYNC_RX = r"cu\w*Synchronize\w*|cuMemcpy(?!\w*Async)\w*|cuMemset(?!\w*Async
 #   alloc, free device or host memory made and given back (--calls groups)
 #   may_batch   what a recorded graph of a profiled sequence may hold between its launches
 #               (replay/profile/graphseq.py): anything else ends the sequence
+#   destroys    ends the object its first handle argument names
+# The generator adds what the parameter list says (gen_api.derived_classes): plain_args,
+# creates.
 CALL_CLASS_RULES = [
     ("sync", r"cuCtxSynchronize|cuStreamSynchronize|cuEventSynchronize"),
     ("wait", r"cuStreamWaitEvent|cuStreamQuery|cuEventQuery"),
@@ -226,6 +235,7 @@ CALL_CLASS_RULES = [
               r"|cuCtxRecordEvent|cuCtxWaitEvent"),
     ("alloc", r"cuMemAlloc\w*|cuMemCreate|cuMemHostAlloc"),
     ("free", r"cuMemFree|cuMemRelease|cuMemFreeHost|cuMemFreeAsync"),
+    ("destroys", r"cu\w*Destroy\w*"),
     ("may_batch", r"cuLaunchKernel|cuLaunchKernelEx|cuEventRecord|cuEventRecordWithFlags|cuStreamWaitEvent"
                   r"|cuStreamSynchronize|cuEventSynchronize|cuCtxSynchronize|cuCtxSetCurrent|cuCtxPushCurrent"
                   r"|cuCtxPopCurrent|cuMemsetD(8|16|32)(Async)?|cuMemcpyDtoD(Async)?|cuMemcpy(Async)?|cuMemcpyDtoH"),

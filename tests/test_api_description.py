@@ -428,18 +428,23 @@ def test_schema_states_the_description_coverage():
     """formats/SCHEMA.md's coverage table is what the description and the handlers say."""
     from collections import Counter
     from cudasnap.replay import dispatch
+    from cudasnap.replay.handlers.generic import replay_plain
     from cudasnap.shim.description import load
     d = load()
     c = Counter()
     for f in d.functions:
+        h = dispatch.lookup(f["name"]) if f["replay_class"] != "refuse" else None
         if f["replay_class"] == "query":
             c["query"] += 1
-        elif f["replay_class"] != "refuse" and dispatch.lookup(f["name"]) is not None:
+        elif h is not None and h.fn is replay_plain:
+            c["class"] += 1
+        elif h is not None:
             c["handler"] += 1
         else:
             c["refused"] += 1
     text = (Path(__file__).resolve().parents[1] / "formats" / "SCHEMA.md").read_text()
     assert f"What replay does with each of the {len(d.functions)} functions" in text
     assert f"| skipped by class | {c['query']} |" in text
+    assert f"| replayed by class | {c['class']} |" in text
     assert f"| replayed by their own handler | {c['handler']} |" in text
     assert f"| refused by name, before any driver work | {c['refused']} |" in text

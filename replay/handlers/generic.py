@@ -1,8 +1,12 @@
-"""Calls the API description says everything about: every argument a plain value or a handle an
-earlier call made (passed as its live counterpart), every output a new handle (remembered for
-the calls after) or a value replay has no use for. One function replays them all, from the
-description's parameter list and handle kinds; the family modules keep only the calls that
-need more (structs, arrays, memory, placement, counting)."""
+"""Calls the API description says everything about (class plain_args): every argument a plain
+value or a handle an earlier call made (passed as its live counterpart), every output a new
+handle (remembered for the calls after) or a value replay has no use for. One function replays
+every such call of class execute that has no handler of its own, from the description's
+parameter list and handle kinds; a call of class destroys forgets its handle, and one that
+orders or waits (sync, wait, order) runs even when it failed when recorded. The family modules
+keep only the calls that need more (structs, arrays, memory, placement, counting). A function
+the driver bindings do not wrap (newer than them, or declared by the overlay) is called through
+its description (replay/rawcall.py)."""
 from __future__ import annotations
 
 from typing import Dict, List, Tuple
@@ -10,17 +14,9 @@ from typing import Dict, List, Tuple
 from cudasnap.formats.abi import strip_per_thread
 from cudasnap.shim.description import load as load_description
 
-from . import handles
+from cudasnap.formats.vocab import in_class, is_plain
 
-# creators: the output handle is remembered
-CREATE = ("cuStreamCreate", "cuStreamCreateWithPriority", "cuEventCreate", "cuGraphCreate", "cuGraphClone",
-          "cuGraphNodeFindInClone", "cuGraphChildGraphNodeGetGraph")
-# destroyers: the handle is forgotten after the call
-DESTROY = ("cuStreamDestroy", "cuEventDestroy", "cuGraphDestroy", "cuGraphDestroyNode", "cuGraphExecDestroy",
-           "cuArrayDestroy", "cuTexObjectDestroy", "cuSurfObjectDestroy")
-# ordering and synchronization: re-executed even when they failed when recorded
-ORDER = ("cuStreamSynchronize", "cuStreamWaitEvent", "cuEventRecord", "cuEventRecordWithFlags",
-         "cuEventSynchronize")
+from . import REGISTRY, Handler
 
 _plans: Dict[str, Tuple[str, List[Tuple[str, str, str]]]] = {}
 
@@ -38,18 +34,22 @@ def _plan(ctx, rec) -> Tuple[str, List[Tuple[str, str, str]]]:
             t = desc.types.get(p.get("pointee" if p["kind"] == "out" else "ctype") or "", {})
             kind = t.get("handle", "") if t.get("kind") == "handle" else ""
             if p["kind"] == "val":
-                steps.append((p["name"], "in", kind))
+                # a device address: where this replay placed it (the same unless relocated)
+                steps.append((p["name"], "in", kind or ("address" if t.get("semantic") == "deviceptr" else "")))
             elif p["kind"] == "out":
                 steps.append((p["name"], "out" if kind else "skip", kind))
             else:
                 raise ValueError(f"{abi}: parameter {p['name']} ({p['kind']}) needs a hand-written handler")
         stripped = strip_per_thread(abi)
         names = [n for n in (fn["base"], stripped, fn["base"] + "_v2") if hasattr(ctx.cu, n)]
-        plan = _plans[abi] = (names[0] if names else fn["base"], steps)
+        # None: the bindings lack it; ctx.drv calls the recorded ABI symbol through the description
+        plan = _plans[abi] = (names[0] if names else None, steps)
     return plan
 
 
 def _live(ctx, rec, kind: str, h):
+    if kind == "address":
+        return ctx.tr(h)
     if kind == "stream":
         return ctx.stream(rec, h)
     if kind == "graph":
@@ -62,7 +62,7 @@ def _replay(ctx, rec):
     name, steps = _plan(ctx, rec)
     a = rec["a"]
     args = [(_live(ctx, rec, kind, a.get(p)) if kind else a.get(p, 0)) for p, role, kind in steps if role == "in"]
-    out = ctx.drv(rec, name, *args)
+    out = ctx.drv(rec, name or rec["f"], *args)
     outs = [p for p, role, _k in steps if role != "in"]
     if out is None or not outs:
         return
@@ -72,28 +72,22 @@ def _replay(ctx, rec):
             ctx.set_handle(a.get(p), v, _k)
 
 
-def create(ctx, rec):
+def replay_plain(ctx, rec):
     _replay(ctx, rec)
+    if in_class(rec["f"], "destroys"):
+        for p, role, kind in _plan(ctx, rec)[1]:
+            if kind and kind != "address" and role == "in":
+                ctx.handles.pop(rec["a"].get(p), None)
+                break
 
 
-def destroy(ctx, rec):
-    _replay(ctx, rec)
-    for p, role, kind in _plan(ctx, rec)[1]:
-        if kind and role == "in":
-            ctx.handles.pop(rec["a"].get(p), None)
-
-
-def order(ctx, rec):
-    _replay(ctx, rec)
-
-
-def _register() -> None:
-    """Each name under its family in the description (replay counts calls per family)."""
+def register_plain() -> None:
+    """Every plain execute-class ABI name no family module handles, under its family (replay
+    counts calls per family); dispatch.py calls it once the family modules registered theirs."""
     desc = load_description()
-    for names, fn, errors in ((CREATE, create, False), (DESTROY, destroy, False), (ORDER, order, True)):
-        for n in names:
-            f = desc.by_name(n) or {}
-            handles(n, errors=errors, family=f.get("family") or "stream")(fn)
-
-
-_register()
+    taken = set(REGISTRY)
+    for f in desc.functions:
+        if f["replay_class"] != "execute" or not is_plain(f["name"]) or f["name"] in taken or f["base"] in taken:
+            continue
+        errors = any(in_class(f["name"], c) for c in ("sync", "wait", "order"))
+        REGISTRY[f["name"]] = Handler(replay_plain, errors, f.get("family") or "stream")

@@ -10,6 +10,7 @@
  * only base names ("cuMemAlloc", not "cuMemAlloc_v2") are found.
  */
 #include "double_internal.h"
+#include "double_by_class.h"   /* generated: functions the double implements by class */
 
 #include <stdio.h>
 #include <stdlib.h>
