@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from cudasnap.formats.vocab import is_launch
+from cudasnap.formats.vocab import in_class, is_launch, is_sync
 
 
 class AdviseError(Exception):
@@ -183,7 +183,7 @@ def snapshot_calls(snapshot: Optional[str], first: int, last: int) -> Optional[D
             f = r.get("f") or ""
             if is_launch(f):
                 launches += 1
-            elif "Synchronize" in f or f.startswith(("cuStreamQuery", "cuEventQuery")):
+            elif is_sync(f) or in_class(f, "polls"):
                 syncs += 1
             elif "DtoH" in f:
                 d2h += 1

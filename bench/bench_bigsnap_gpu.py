@@ -61,12 +61,12 @@ def page_in(path: Path) -> float:
 def h2d_blobs(snap: Path) -> list:
     """The blobs of the snapshot's H2D copies, in replay order (what the read-ahead reads)."""
     from cudasnap.formats import SnapshotReader
-    from cudasnap.replay.staging import H2D_PREFETCHED
+    from cudasnap.formats.vocab import in_class
     order = []
     with SnapshotReader(snap) as r:
         for rec in r.records("c"):
             ref = (rec.get("x") or {}).get("srcHost")
-            if rec.get("f") in H2D_PREFETCHED and isinstance(ref, dict) and r.has_blob(ref.get("blob")):
+            if in_class(rec.get("f"), "h2d_copy") and isinstance(ref, dict) and r.has_blob(ref.get("blob")):
                 order.append(ref["blob"])
     return order
 

@@ -9,7 +9,7 @@ import os
 import struct
 from typing import Optional
 
-from cudasnap.formats.vocab import is_launch
+from cudasnap.formats.vocab import in_class, is_launch
 
 from . import ring as R
 from .ring_constants import (F_ATTRS, F_BATCHDST, F_BATCHSRC, F_CODE, F_DIGEST, F_HANDLE, F_HOSTCHECK,  # noqa: F401
@@ -30,7 +30,6 @@ NVTX_OPS = {1: "push", 2: "pop", 3: "start", 4: "end", 5: "mark", 6: "domain"}
 # pinned host allocations, whose memory kernels can read without an API call (UVA); managed
 # memory, and with CUDASNAP_MAPPED_MEMORY=1 pinned memory mapped for the device (DEVICEMAP),
 # reached by a launch are recorded with it (shim_hostmem.c)
-HOST_VISIBLE = ("cuMemHostAlloc", "cuMemAllocHost", "cuMemHostRegister")
 DEVICEMAP = 2
 SIGNED_C = {"int", "long", "short", "long long", "signed char", "int32_t", "int64_t", "ssize_t"}
 
@@ -74,7 +73,7 @@ class Decoder:
     def _count(self, name: str, result: int, args: Optional[dict] = None) -> None:
         if is_launch(name):
             self.counts["launches"] += 1
-        elif result == 0 and name.startswith(HOST_VISIBLE) and not (self.mapped and int((args or {}).get("Flags") or 0)
+        elif result == 0 and in_class(name, "pins_host") and not (self.mapped and int((args or {}).get("Flags") or 0)
                                                                      & DEVICEMAP):
             self.counts["host_visible_allocs"] += 1
 

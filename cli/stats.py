@@ -185,7 +185,7 @@ def collect(r: SnapshotReader) -> Calls:
             if rec.get("r") is None or rec.get("incomplete"):
                 t1 = None                          # never returned: no duration
             out.calls.append((seq, t0, t1, tid, f, _int(rec.get("r"))))
-            if f in cs.NAMING_CALLS:                       # a lazily loaded function's fn record has no name
+            if cs.names_function(f):                       # a lazily loaded function's fn record has no name
                 try:
                     cs.learn_kernel_name(fn_names, rec)
                 except TypeError:

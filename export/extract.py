@@ -55,28 +55,21 @@ READ_CHUNK = 64 << 20
 
 
 _HANDLE_KEYS = ("module", "library", "hmod", "hfunc", "kernel", "pKernel", "pFunc", "pMod", "f")
-# calls that link another process; the extract keeps none of them as they are (_unlink)
-LINK_CALLS = frozenset(("cuMemExportToShareableHandle", "cuMemImportFromShareableHandle", "cuIpcGetMemHandle",
-                        "cuIpcOpenMemHandle", "cuIpcCloseMemHandle", "cuIpcGetEventHandle", "cuIpcOpenEventHandle"))
 _PROP_DEVICE = struct.Struct("<IIIi16x")      # CUmemAllocationProp: pinned, no handle types, on a device
 
 
 # allocations, and their frees, that an extract may leave out when nothing reaches them (never
 # managed memory, VMM mappings or imported memory)
-_DEVICE_ALLOCS = ("cuMemAlloc", "cuMemAllocPitch", "cuMemAllocAsync", "cuMemAllocFromPoolAsync")
-# page-locked host memory: kept when a pointer the selection or its memory holds points into it
-_HOST_ALLOCS = ("cuMemHostAlloc", "cuMemAllocHost")
+# (class device_alloc)
+# (page-locked host memory, class host_alloc, is kept when a pointer the selection or its memory
+# holds points into it)
 _DEVICE_FREES = {"cuMemFree": "dptr", "cuMemFreeAsync": "dptr", "cuMemFreeHost": "p"}
-# VMM calls (mappings nothing reaches are left out with their physical memory)
-_VMM_CALLS = ("cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemUnmap", "cuMemRelease", "cuMemAddressReserve",
-              "cuMemAddressFree")
+# VMM calls (class vmm_map): mappings nothing reaches are left out with their physical memory
 # streams and events: the key of the handle a creation makes, and a destruction takes
 _OBJECT_MAKERS = {"cuStreamCreate": "phStream", "cuStreamCreateWithPriority": "phStream", "cuEventCreate": "phEvent"}
 _OBJECT_ENDS = {"cuStreamDestroy": "hStream", "cuEventDestroy": "hEvent"}
 # function lookups: the key of the handle each makes
 _LOOKUP_OUT = {"cuModuleGetFunction": "hfunc", "cuLibraryGetKernel": "pKernel", "cuKernelGetFunction": "pFunc"}
-_KERNEL_NODE_CALLS = ("cuGraphAddKernelNode", "cuGraphKernelNodeSetParams", "cuGraphExecKernelNodeSetParams")
-_NODE_CALLS = ("cuGraphAddNode", "cuGraphNodeSetParams", "cuGraphExecNodeSetParams")
 
 
 def _kernel_node_function(rec: Dict[str, Any]) -> int:
@@ -84,13 +77,13 @@ def _kernel_node_function(rec: Dict[str, Any]) -> int:
     for other calls. CUDA_KERNEL_NODE_PARAMS: func @0, kern @56; CUgraphNodeParams: type @0
     (0: kernel), the kernel params at its union."""
     b = base_name(rec.get("f") or "")
-    if b not in _KERNEL_NODE_CALLS and b not in _NODE_CALLS:
+    if not in_class(b, "sets_kernel_node") and not in_class(b, "sets_node"):
         return 0
     raw = (rec.get("a") or {}).get("nodeParams")
     if not isinstance(raw, (bytes, bytearray)):
         return 0
     off = 0
-    if b in _NODE_CALLS:
+    if in_class(b, "sets_node"):
         from cudasnap.shim.description import load
         if len(raw) < 4 or struct.unpack_from("<I", raw, 0)[0] != 0:
             return 0
@@ -160,7 +153,7 @@ def _stream_key(f: str, a) -> int:
 def _is_work(f: str) -> bool:
     """Calls whose effect the restored memory stands for (or that only order work)."""
     b = base_name(f)
-    return (b.startswith(("cuLaunch", "cuGraphLaunch", "cuMemcpy", "cuMemset", "cuMemPrefetch"))
+    return (b.startswith("cuLaunch") or is_graph_launch(b) or in_class(b, "moves_memory")
             or is_sync(b) or in_class(b, "order"))
 
 
@@ -319,7 +312,7 @@ class Extractor:
             elif b == "cuMemUnmap":
                 self.mapped.pop(a.get("ptr"), None)
             self._note_link(rec, b, a)
-            if b in ("cuStreamBeginCapture", "cuStreamBeginCaptureToGraph"):
+            if in_class(b, "begins_capture"):
                 capturing[key] = key
                 recs.append(rec)
                 continue
@@ -329,7 +322,7 @@ class Extractor:
                     del capturing[k]
                 recs.append(rec)
                 continue
-            if b in ("cuEventRecord", "cuEventRecordWithFlags") and in_cap:
+            if in_class(b, "records_event") and in_cap:
                 cap_events[a.get("hEvent")] = capturing[key]
             if b == "cuStreamWaitEvent" and a.get("hEvent") in cap_events and cap_events[a["hEvent"]] in capturing.values():
                 capturing[key] = cap_events[a["hEvent"]]
@@ -357,7 +350,7 @@ class Extractor:
 
     def _note_link(self, rec, b: str, a) -> None:
         """What the extract needs to stand alone where the program linked another process."""
-        if b in LINK_CALLS:
+        if in_class(b, "links_process"):       # the extract keeps none as they are (_unlink)
             self.links.append(rec)
             if b == "cuIpcOpenMemHandle" and isinstance(a.get("pdptr"), int):
                 self.ipc_opened.add(a["pdptr"])
@@ -405,7 +398,7 @@ class Extractor:
         for rec in list(recs) + list(self.sel):
             a = rec.get("a") or {}
             b = base_name(rec.get("f") or "")
-            if b.startswith(("cuModuleLoad", "cuLibraryLoad")):
+            if in_class(b, "loads_code"):
                 loads[a.get("module") or a.get("library")] = rec
             elif b == "cuModuleGetFunction":
                 made_by[a.get("hfunc")] = ("module", a.get("hmod"))
@@ -484,7 +477,7 @@ class Extractor:
             out.append(rec)
         # module globals whose lookup stays: only those exist (at an address of their own) on replay
         self.kept_globals = {(r.get("a") or {}).get("dptr") for r in out
-                             if base_name(r.get("f") or "") in ("cuModuleGetGlobal", "cuLibraryGetGlobal")}
+                             if in_class(r.get("f") or "", "names_global")}
         self.res.modules_kept = len(loads) - len(dropped)
         self.res.modules_dropped = len(dropped)
         self.prefix_recs = out
@@ -652,7 +645,7 @@ class Extractor:
             for k, v in list(x.items()):
                 if isinstance(v, dict) and isinstance(v.get("blob"), str) and self.reader.has_blob(v["blob"]):
                     data = self.reader.blob(v["blob"])
-                    is_image = base_name(rec.get("f") or "").startswith(("cuModuleLoad", "cuLibraryLoad"))
+                    is_image = in_class(rec.get("f") or "", "loads_code")
                     if is_image:
                         data = self._thin(data)
                     x[k] = {**v, "blob": self.w.add_blob(data)}
@@ -699,7 +692,7 @@ class Extractor:
 
         def put(rec):
             nonlocal seq
-            if base_name(rec.get("f") or "") in LINK_CALLS:
+            if in_class(rec.get("f") or "", "links_process"):
                 rec = self._unlink(rec)
                 if rec is None:
                     return
@@ -774,7 +767,7 @@ class Extractor:
         if not hasattr(self, "_host_ranges"):
             self._host_ranges = sorted(
                 (a["pp"], a["pp"] + max(a["bytesize"], 1)) for a in ((r.get("a") or {}) for r in self.prefix_recs
-                                                                     if base_name(r.get("f") or "") in _HOST_ALLOCS)
+                                                                     if in_class(r.get("f") or "", "host_alloc"))
                 if isinstance(a.get("pp"), int) and isinstance(a.get("bytesize"), int))
             self._host_reached: Set[int] = set()
         return self._host_ranges
@@ -805,13 +798,13 @@ class Extractor:
         roots = {id(r) for r in self._root_recs()}
         for rec in list(self._root_recs()) + list(self.prefix_recs):
             b = base_name(rec.get("f") or "")
-            if (b in _DEVICE_ALLOCS or b in _HOST_ALLOCS) and id(rec) not in roots:
+            if (in_class(b, "device_alloc") or in_class(b, "host_alloc")) and id(rec) not in roots:
                 allocs.append(rec)
                 continue
             if b in _DEVICE_FREES and id(rec) not in roots:
                 frees.append(rec)
                 continue
-            if b in _VMM_CALLS and id(rec) not in roots:
+            if in_class(b, "vmm_map") and id(rec) not in roots:
                 vmm.append(rec)
                 continue
             vals = list((rec.get("a") or {}).values()) + [(rec.get("x") or {}).get("params")]
@@ -834,7 +827,7 @@ class Extractor:
                 if dropped_at.pop(a.get(_DEVICE_FREES[b]), None) is not None:
                     drop.add(rec["s"])
                 continue
-            rng = (a.get("pp"), a.get("bytesize")) if b in _HOST_ALLOCS else alloc_range(rec)
+            rng = (a.get("pp"), a.get("bytesize")) if in_class(b, "host_alloc") else alloc_range(rec)
             if rng is None or not all(isinstance(v, int) for v in rng) or rng[0] in self._host_reached:
                 continue
             lo, hi = rng[0], rng[0] + max(rng[1], 1)
@@ -883,7 +876,7 @@ class Extractor:
                     drop.add(r["s"])
             elif b == "cuMemUnmap" and a.get("ptr") in dropped_at:
                 drop.add(r["s"])
-            elif b in ("cuMemCreate", "cuMemRelease") and handles.get(a.get("handle")):
+            elif in_class(b, "physical_memory") and handles.get(a.get("handle")):
                 drop.add(r["s"])
         self.res.allocs_dropped += len(cand)
         return drop

@@ -20,7 +20,7 @@ from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 import numpy as np
 
-from cudasnap.formats.vocab import is_launch
+from cudasnap.formats.vocab import in_class, is_launch
 
 from .emit import base_name
 
@@ -110,7 +110,7 @@ class Boundaries:
                 p = (rec.get("x") or {}).get("params")
                 if isinstance(p, (bytes, bytearray)) and p:
                     add(np.unique(words(p)), s)
-            elif f.startswith(("cuMemcpy", "cuMemset", "cuMemPrefetch")):
+            elif in_class(f, "moves_memory"):
                 add(np.array([p for p, _n in pointer_args(rec)], dtype="<u8"), s)
             elif f.startswith("cuTensorMapEncode"):
                 tm = tensor_map_extent(rec.get("a") or {})

@@ -44,16 +44,15 @@ def in_sync_group(f: str) -> bool:
 
 
 def is_module(f: str) -> bool:
-    return f.startswith(("cuModule", "cuLibrary", "cuLink"))
+    return in_class(f, "module_group")
 
 
 def is_module_load(f: str) -> bool:
-    return f.startswith(("cuModuleLoad", "cuLibraryLoad"))
+    return in_class(f, "loads_code")
 
 
 def is_graph(f: str) -> bool:
-    return f.startswith(("cuGraph", "cuStreamBeginCapture", "cuStreamEndCapture",
-                         "cuStreamIsCapturing", "cuStreamGetCaptureInfo", "cuStreamUpdateCapture"))
+    return in_class(f, "graph_group")
 
 
 def is_error(rec: Mapping[str, Any]) -> bool:
@@ -89,8 +88,9 @@ def launch_function_handle(rec: Mapping[str, Any]) -> Any:
     return None
 
 
-# calls that hand out a function or kernel handle by name (or another handle's)
-NAMING_CALLS = frozenset(("cuModuleGetFunction", "cuLibraryGetKernel", "cuKernelGetFunction"))
+def names_function(f: str) -> bool:
+    """Hands out a function or kernel handle, by name or from another handle."""
+    return in_class(f, "names_function")
 
 
 def asked_by_name(rec: Mapping[str, Any]) -> Optional[Tuple[Any, str]]:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .abi import base_name
-from .vocab import call_args
+from .vocab import call_args, in_class
 from .reader import SnapshotReader
 
 MANIFEST_KEY = "cudasnap_group"
@@ -79,7 +79,7 @@ def scan(path) -> Dict[str, Any]:
             b = _base(rec.get("f") or "")
             a = call_args(rec)
             x = rec.get("x") if isinstance(rec.get("x"), dict) else {}
-            if b in ("cuDevicePrimaryCtxRetain", "cuCtxCreate") and isinstance(a.get("dev"), int) and a["dev"] not in devs:
+            if in_class(b, "makes_context") and isinstance(a.get("dev"), int) and a["dev"] not in devs:
                 devs.append(a["dev"])
             elif b == "cuMemCreate" and isinstance(a.get("prop"), (bytes, bytearray)) and len(a["prop"]) >= 16:
                 ltype, lid = struct.unpack_from("<Ii", a["prop"], 8)
@@ -97,11 +97,11 @@ def scan(path) -> Dict[str, Any]:
                                        "peer_pid": link.get("peer_pid"), "peer_export": link.get("peer_export"),
                                        "dev": link.get("dev"), "ino": link.get("ino"),
                                        "match_errno": link.get("match_errno")})
-            elif b in ("cuIpcGetMemHandle", "cuIpcGetEventHandle"):
+            elif in_class(b, "gets_ipc"):
                 h = a.get("pHandle")
                 out["ipc_get"].append({"seq": rec.get("s"), "dptr": a.get("dptr"), "event": b == "cuIpcGetEventHandle",
                                        "handle": h.hex() if isinstance(h, (bytes, bytearray)) else None})
-            elif b in ("cuIpcOpenMemHandle", "cuIpcOpenEventHandle"):
+            elif in_class(b, "opens_ipc"):
                 h = a.get("handle")
                 out["ipc_open"].append({"seq": rec.get("s"), "dptr": a.get("pdptr"), "event": b == "cuIpcOpenEventHandle",
                                         "handle": h.hex() if isinstance(h, (bytes, bytearray)) else None})

@@ -12,11 +12,11 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from . import callset as cs
 from .abi import base_name
+from .vocab import in_class
 
 SUMMARY_VERSION = 1
 _SIZE_KEYS = ("ByteCount", "byteCount", "bytes", "bytesize", "byteSize", "size", "Size", "N", "count", "Count")
 _MEMTYPE = {1: "H", 2: "D", 3: "A", 4: "U"}
-_MOD_REFS = ("cuModuleGetFunction", "cuLibraryGetKernel", "cuKernelGetFunction", "cuLibraryGetModule")
 _OTHER, _LAUNCH, _MEMCPY, _MEMSET, _ALLOC, _MODLOAD, _MODREF = range(7)
 
 
@@ -95,7 +95,7 @@ def _category(f: str) -> int:
         return _ALLOC
     if cs.is_module_load(f):
         return _MODLOAD
-    if f.startswith(_MOD_REFS):
+    if in_class(f, "refers_code"):
         return _MODREF
     return _OTHER
 

@@ -66,7 +66,13 @@ def family(name: str) -> Optional[str]:
 
 # the description's call classes (shim/overlay.py CALL_CLASS_RULES, and gen_api.derived_classes
 # for what the parameter list says); read here only
-CALL_CLASSES = ("sync", "wait", "order", "alloc", "free", "may_batch", "destroys", "creates", "plain_args")
+CALL_CLASSES = ("sync", "wait", "order", "alloc", "free", "may_batch", "destroys", "creates", "plain_args",
+                "loads_code", "asks_by_name", "names_function", "refers_code", "names_global", "host_alloc",
+                "pins_host", "begins_capture", "links_process", "imports_peer", "waits_event", "polls",
+                "records_event", "moves_memory", "h2d_copy", "unified_copy", "device_alloc", "vmm_map",
+                "physical_memory", "sets_kernel_node", "sets_node", "makes_context", "ends_context", "gets_ipc",
+                "opens_ipc", "module_group", "graph_group", "sim_noop", "sim_setup", "sim_alloc", "sim_free",
+                "memset_1d", "launches_kernel", "shim_placement", "shim_placement_after", "host_visible")
 
 
 def call_classes(name: str) -> frozenset:
@@ -98,6 +104,12 @@ def is_sync(f: Any) -> bool:
 def may_batch(f: Any) -> bool:
     """May stand between the launches of a profiled sequence's recorded graph."""
     return in_class(f, "may_batch")
+
+
+def makes_address_range(f: str) -> bool:
+    """Device allocations and address reservations (cuMemAlloc*, cuMemAddressReserve): what
+    replay places at its recorded address (a prefix test: every ABI version and variant)."""
+    return f.startswith(("cuMemAlloc", "cuMemAddressReserve"))
 
 
 def is_plain(f: Any) -> bool:

@@ -17,8 +17,9 @@ from cudasnap.formats import SnapshotError, cu_result_name
 from cudasnap.formats.opened import opened
 from cudasnap.formats.abi import base_name
 from cudasnap.formats.container import record_list
-from cudasnap.formats.callset import NAMING_CALLS, asked_by_name, is_module_load
-from cudasnap.formats.vocab import alloc_range, is_launch, is_query, is_release, is_sync, is_workload, malformed_call
+from cudasnap.formats.callset import asked_by_name, is_module_load, names_function
+from cudasnap.formats.vocab import (alloc_range, in_class, is_launch, is_query, is_release, is_sync, is_workload,
+                                    makes_address_range, malformed_call, family)
 
 from . import dispatch, plan
 from .batchrun import D2H_AHEAD_EACH, D2H_AHEAD_TOTAL, SYNC_TIMES_MAX, BatchRunner, ExpectedBlobs
@@ -29,7 +30,7 @@ from .options import ReplayOptions, ReplayResult
 from . import hostplace
 from .placement import AddressSpace
 from .plan import OpBatch, Planner, Ranges, SlotMap, Slots
-from .staging import H2D_PREFETCHED, PREFETCH_MIN, BlobPipeline
+from .staging import PREFETCH_MIN, BlobPipeline
 from .verify import Mismatch, Tolerance
 
 CU_STREAM_LEGACY, CU_STREAM_PER_THREAD = 1, 2
@@ -329,13 +330,13 @@ class Replayer(BatchRunner):
             return 0                   # a damaged record: its handler reports it
         fk = self._fk.get(f)
         if fk is None:
-            fk = ((1 if f.startswith(("cuMemAlloc", "cuMemAddressReserve")) else 0)
+            fk = ((1 if makes_address_range(f) else 0)
                   | (2 if f.startswith("cuDevicePrimaryCtxRetain") else 0)
-                  | (4 if f in H2D_PREFETCHED else 0)
-                  | (8 if f.startswith(hostplace.HOST_MEMORY) else 0)
+                  | (4 if in_class(f, "h2d_copy") else 0)    # its blob read ahead (staging.py)
+                  | (8 if in_class(f, "pins_host") else 0)
                   | (16 if f.startswith("cuIpcGetMemHandle") else 0)
                   | (32 if dispatch.unhandled(f) else 0)
-                  | (64 if f in NAMING_CALLS else 0)
+                  | (64 if names_function(f) else 0)
                   | (128 if is_module_load(f) else 0))
             self._fk[f] = fk
         return fk
@@ -558,7 +559,7 @@ class Replayer(BatchRunner):
         range the program asked for; ignored under --profiler-range workload."""
         f = base_name(rec.get("f") or "")
         p = self.ctx.res.profiler
-        if f not in ("cuProfilerStart", "cuProfilerStop"):
+        if family(f) != "profiler" or f == "cuProfilerInitialize":
             return                                     # cuProfilerInitialize: deprecated, no effect
         if self._pr:
             p["ignored"] = p.get("ignored", 0) + 1

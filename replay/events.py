@@ -25,13 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from cudasnap.formats.abi import base_name
-from cudasnap.formats.vocab import is_sync
+from cudasnap.formats.vocab import in_class, is_sync
 
 from .functions import bound_function
 from .params import LAUNCH_CONFIG, LaunchParams
 
 _CLASS_CACHE: Dict[str, Optional[str]] = {}
-TEARDOWN_CALLS = {"cuCtxDestroy", "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxReset"}
 
 
 def classify(f: str) -> Optional[str]:
@@ -46,7 +45,7 @@ def classify(f: str) -> Optional[str]:
         c = "graph_launch"
     elif is_sync(b):
         c = "sync"
-    elif b in TEARDOWN_CALLS:
+    elif in_class(b, "ends_context"):
         c = "teardown"
     else:
         c = None

@@ -40,7 +40,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from cudasnap.formats.abi import base_name
-from cudasnap.formats.vocab import is_graph_launch, is_launch
+from cudasnap.formats.vocab import in_class, is_graph_launch, is_launch
 
 ENV_SOCKET, ENV_PID, ENV_RANK, ENV_PROGRESS, ENV_NRANKS, ENV_TIMEOUT = (
     "CUDASNAP_GROUP_SOCKET", "CUDASNAP_GROUP_PID", "CUDASNAP_GROUP_RANK", "CUDASNAP_GROUP_PROGRESS",
@@ -288,12 +288,12 @@ class RankHook:
             self._wait_for(t0, f"call #{rec.get('s')} (the window's state): rank {{r}} did not reach the calls "
                                "recorded before this rank's window opened")
             return
-        if not self.linked and base_name(f) in IMPORTS:
+        if not self.linked and in_class(f, "imports_peer"):
             self.linked = True
         # a copy, and once this rank maps another's memory every launch, waits for the others to
         # pass its recorded start: what the program's own host rendezvous ensured (e.g. a peer
         # had set up the buffers a collective kernel reads) holds in the replay too
-        if t0 and (classify(f) == "copy" or (self.linked and (is_launch(f) or is_graph_launch(f) or b in EVENT_WAITS))):
+        if t0 and (classify(f) == "copy" or (self.linked and (is_launch(f) or is_graph_launch(f) or in_class(f, "waits_event")))):
             self.prog.set(self.rank, t0)
             self._wait_for(t0, f"call #{rec.get('s')} {rec.get('f')}: rank {{r}} did not reach the calls recorded "
                                 "before it")
@@ -378,10 +378,8 @@ def rank_done() -> None:
         h.prog.set(h.rank, DONE)
 
 
-IMPORTS = frozenset(("cuMemImportFromShareableHandle", "cuIpcOpenMemHandle", "cuIpcOpenEventHandle"))
 # waits that may be on another rank's event (an IPC event): they wait for the other ranks to
 # pass their recorded start, so the exporter's record is replayed before them, as recorded
-EVENT_WAITS = frozenset(("cuStreamWaitEvent", "cuEventSynchronize"))
 ENV_OWNERS = "CUDASNAP_GROUP_OWNERS"
 
 

@@ -14,6 +14,8 @@ import mmap
 import os
 from typing import Any, Dict, Iterable, Optional, Tuple
 
+from cudasnap.formats.vocab import in_class
+
 _PAGE = mmap.PAGESIZE
 _MAP_FIXED_NOREPLACE = 0x100000
 _MAP_NORESERVE = 0x4000
@@ -40,13 +42,11 @@ def span(addr: int, size: int):
     return lo, (hi + _PAGE - 1) // _PAGE * _PAGE - lo
 
 
-HOST_MEMORY = ("cuMemHostAlloc", "cuMemAllocHost", "cuMemHostRegister")   # calls that pin host memory
-
-
 def recorded_range(rec: Dict[str, Any]) -> Tuple[int, int]:
-    """(recorded address, size) of a HOST_MEMORY call (0 where the record lacks them)."""
+    """(recorded address, size) of a call that pins host memory (class pins_host; 0 where the
+    record lacks them)."""
     a = rec.get("a") or {}
-    addr = a.get("pp") if rec.get("f", "").startswith(("cuMemHostAlloc", "cuMemAllocHost")) else a.get("p")
+    addr = a.get("pp") if in_class(rec.get("f", ""), "host_alloc") else a.get("p")
     return (addr if isinstance(addr, int) else 0), int(a.get("bytesize", 0) or 0)
 
 

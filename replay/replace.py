@@ -22,6 +22,8 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
+from cudasnap.formats.vocab import in_class
+
 from .errors import ReplayError
 
 ENV = "CUDASNAP_REPLACE"
@@ -142,7 +144,7 @@ class Replacements:
             self._lookups = {}
             for rec in self.ctx.reader.records("c"):
                 f = rec.get("f") or ""
-                if f in ("cuModuleGetFunction", "cuLibraryGetKernel"):
+                if in_class(f, "asks_by_name"):
                     a = rec.get("a") or {}
                     m = a.get("hmod" if f == "cuModuleGetFunction" else "library")
                     if isinstance(m, int) and m and isinstance(a.get("name"), str):

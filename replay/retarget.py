@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from cudasnap.formats.vocab import is_launch
+from cudasnap.formats.vocab import in_class, is_launch
 
 FATBIN_MAGIC = 0xBA55ED50
 ELF_MAGIC = b"\x7fELF"
@@ -211,7 +211,7 @@ def device_launching_loads(reader) -> List[int]:
     out = []
     for rec in reader.records(("c",)):
         ref = (rec.get("x") or {}).get("image")
-        if (rec.get("f") or "").startswith(("cuModuleLoad", "cuLibraryLoad")) and isinstance(ref, dict) \
+        if in_class(rec.get("f") or "", "loads_code") and isinstance(ref, dict) \
                 and isinstance(ref.get("blob"), str) and reader.has_blob(ref["blob"]):
             if launches_from_device(reader.blob(ref["blob"])):
                 out.append(rec.get("s"))
@@ -236,7 +236,7 @@ def module_loads(reader, with_images: bool = True) -> List[Dict[str, Any]]:
             continue
         f = rec.get("f") or ""
         a = rec.get("a") or {}
-        if f.startswith(("cuModuleLoad", "cuLibraryLoad")):
+        if in_class(f, "loads_code"):
             h = a.get("module") or a.get("library")
             ent = {"seq": rec.get("s"), "call": f, "r": rec.get("r"), "handle": h, "kernels": set(), "size": 0,
                    "info": ImageInfo("unknown")}
@@ -251,7 +251,7 @@ def module_loads(reader, with_images: bool = True) -> List[Dict[str, Any]]:
             loads.append(ent)
             if h:
                 by_handle[h] = ent
-        elif rec.get("r") == 0 and f.startswith(("cuModuleGetFunction", "cuLibraryGetKernel")):
+        elif rec.get("r") == 0 and in_class(f, "asks_by_name"):
             out = a.get("hfunc") or a.get("pKernel")
             parent[out] = a.get("hmod") or a.get("library")
             if isinstance(a.get("name"), str):

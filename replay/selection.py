@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Set
 
 from cudasnap.formats.abi import base_name
 from cudasnap.formats.layout import recorded_stream
-from cudasnap.formats.vocab import is_launch
+from cudasnap.formats.vocab import in_class, is_launch
 
 from .names import BASES, name_for
 
@@ -63,7 +63,7 @@ def track_capture(rec: Mapping[str, Any], capturing: Set[Any]) -> bool:
     if rec.get("r", 0) != 0 or rec.get("incomplete"):
         return False
     b = base_name(rec.get("f") or "")
-    if b in ("cuStreamBeginCapture", "cuStreamBeginCaptureToGraph"):
+    if in_class(b, "begins_capture"):
         capturing.add((rec.get("a") or {}).get("hStream"))
         return True
     if b == "cuStreamEndCapture":

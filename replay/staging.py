@@ -26,9 +26,6 @@ from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
 
 from cudasnap.formats import CHUNK_SIZE, SnapshotError, SnapshotReader
 
-# the copies whose blobs are read ahead (engine prescan), in replay order
-H2D_PREFETCHED = ("cuMemcpyHtoD", "cuMemcpyHtoD_v2", "cuMemcpyHtoD_v2_ptds",
-                  "cuMemcpyHtoDAsync", "cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync_v2_ptsz")
 PREFETCH_MIN = 8 << 20            # blobs read ahead: at least this big
 PREFETCH_BYTES = 256 << 20        # slot pool: read ahead at most this much (CUDASNAP_STAGE_MB)
 PINNED_MIN = 16 << 20             # synchronous H2D copies at least this big go through staging

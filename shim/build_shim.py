@@ -28,25 +28,13 @@ HOOKS = {
     "memcpy_struct": 6, "host_alloc": 14, "async_d2h": 7, "init": 8, "launch_config": 0,
     "unload": 11, "memcpy_unified": 12, "share": 13, "memcpy_batch": 15, "host_free": 16,
 }
-# Real driver entries the hooks call themselves (never through a wrapper).
-HELPERS = [
-    "cuFuncGetParamInfo", "cuKernelGetParamInfo", "cuFuncGetName", "cuKernelGetName", "cuFuncIsLoaded", "cuFuncLoad",
-    "cuThreadExchangeStreamCaptureMode", "cuCtxSynchronize",
-    "cuFuncGetModule", "cuStreamSynchronize", "cuStreamSynchronize_ptsz", "cuStreamIsCapturing",
-    "cuStreamIsCapturing_ptsz", "cuDriverGetVersion", "cuDeviceGetCount", "cuDeviceGet",
-    "cuDeviceGetName", "cuDeviceGetUuid", "cuDeviceGetUuid_v2", "cuDeviceGetAttribute",
-    "cuDeviceTotalMem_v2", "cuCtxGetDevice", "cuCtxGetDevice_v2", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2",
-    "cuDevicePrimaryCtxGetState", "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease_v2", "cuPointerGetAttribute", "cuMemAddressReserve", "cuMemCreate", "cuMemMap",
-    "cuMemSetAccess", "cuMemAddressFree", "cuMemRelease", "cuMemUnmap", "cuMemGetAllocationGranularity",
-    "cuDeviceCanAccessPeer", "cuMemExportToShareableHandle", "cuMemImportFromShareableHandle",
-]
-# Calls the placement hook answers itself (shim_placement.c).
-PLACEMENT = {"cuMemAlloc_v2", "cuMemFree_v2", "cuMemGetAddressRange_v2", "cuMemAddressReserve", "cuMemAddressFree",
-             "cuPointerGetAttribute", "cuPointerGetAttributes",
-             "cuIpcGetMemHandle", "cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2", "cuIpcCloseMemHandle"}
-# Of those, the ones the hook only corrects after the real call (cs_place_after): they stay
-# pure queries, counted when repeated.
-PLACEMENT_AFTER = {"cuPointerGetAttribute", "cuPointerGetAttributes"}
+# Real driver entries the hooks call themselves (never through a wrapper): every CS_ID_<name>
+# the shim's C sources use gets the entry's id.
+def helpers() -> list:
+    names = set()
+    for src in (*HERE.glob("*.c"), *HERE.glob("*.h")):
+        names |= set(re.findall(r"CS_ID_(cu\w+)", src.read_text()))
+    return sorted(names)
 
 
 def load_description(path: Path = HERE / "api_description.json") -> dict:
@@ -68,7 +56,7 @@ def _hook_of(fn) -> tuple[int, int, int, int]:
     name = fn["name"]
     if fn["base"] == "cuInit":
         return HOOKS["init"], -1, -1, -1
-    if name in PLACEMENT:
+    if "shim_placement" in fn["classes"]:      # shim_placement.c answers it
         return 9, -1, -1, -1
     kn = _param_index(params, ("nodeParams", "pNodeParams"))
     generic_node = re.fullmatch(r"cuGraph(AddNode|NodeSetParams|ExecNodeSetParams)(_v\d)?", name)
@@ -117,7 +105,7 @@ def _hook_of(fn) -> tuple[int, int, int, int]:
         # (h2: the flags, whose DEVICEMAP bit says so; -1 for managed memory)
         h0, h1 = _param_index(params, ("dptr", "pp", "p")), _param_index(params, ("bytesize",))
         h2 = _param_index(params, ("Flags",))
-        if fn["base"] not in ("cuMemAllocManaged", "cuMemHostAlloc", "cuMemHostRegister") or h0 < 0 or h1 < 0 \
+        if "host_visible" not in fn["classes"] or h0 < 0 or h1 < 0 \
                 or (fn["base"] != "cuMemAllocManaged" and h2 < 0):
             hook = 0
         elif fn["base"] == "cuMemAllocManaged":
@@ -210,7 +198,7 @@ def generate_c(desc: dict) -> str:
       " floats: float arguments; fh, ch: a CUfunction/CUkernel, a CUcontext argument to identify at first sight;"
       " host_sync: the host has seen the device's work when it returns */")
     ids = {f["name"]: i for i, f in enumerate(fns)}
-    for h in HELPERS:
+    for h in helpers():
         w(f"#define CS_ID_{h} {ids.get(h, -1)}")
     cfg = "CUlaunchConfig_st" if "CUlaunchConfig_st" in types else "CUlaunchConfig"
     w(f"#define CS_LAUNCHCFG_ATTRS_OFF {_struct_field(types, cfg, 'attrs', 40)}")
@@ -284,7 +272,7 @@ def generate_c(desc: dict) -> str:
         simples.append(simple)
         cells = ",".join("{" + ",".join(map(str, r)) + "}" for r in prow)
         w(f"static const cs_param cs_p{i}[] = {{{cells or '{0,0,0,0,0,0}'}}};")
-        query = 1 if (ok and (hook == 0 or f["name"] in PLACEMENT_AFTER) and f["capture_query"]
+        query = 1 if (ok and (hook == 0 or "shim_placement_after" in f["classes"]) and f["capture_query"]
                       and all(p["kind"] in ("val", "opaque", "out", "out_struct") for p in params)) else 0
         rows.append(f'  {{"{f["name"]}", "{f["base"]}", {len(params) if ok else 0}, {hook if ok else 0}, {h0}, {h1}, {h2}, {query}, {int(bool(f.get("host_sync")))}, {kinds}, {simple}, {floats}, {fh}, {ch}, cs_p{i}}},')
         qkeys.append(_query_key_fn(i, prow) if query and simple else None)

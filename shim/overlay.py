@@ -226,6 +226,15 @@ HOST_SYNC_RX = r"cu\w*Synchronize\w*|cuMemcpy(?!\w*Async)\w*|cuMemset(?!\w*Async
 #   may_batch   what a recorded graph of a profiled sequence may hold between its launches
 #               (replay/profile/graphseq.py): anything else ends the sequence
 #   destroys    ends the object its first handle argument names
+#   loads_code  loads a module or library image;  names_global  looks up a module global
+#   asks_by_name / names_function / refers_code  kernel lookups: by name; that hand out a
+#               function or kernel; those and the lookup of a library's module
+#   host_alloc, pins_host   page-locked host memory made (and, pins_host, registered)
+#   begins_capture  starts a stream capture;  waits_event  waits on an event (stream or host)
+#   links_process / imports_peer  IPC and shareable handles: every such call; the imports
+#   polls, records_event, moves_memory (copies, memsets, prefetches), h2d_copy, unified_copy,
+#   device_alloc, vmm_map, physical_memory, sets_kernel_node, sets_node, makes_context,
+#   ends_context, gets_ipc, opens_ipc: as named
 # The generator adds what the parameter list says (gen_api.derived_classes): plain_args,
 # creates.
 CALL_CLASS_RULES = [
@@ -236,6 +245,61 @@ CALL_CLASS_RULES = [
     ("alloc", r"cuMemAlloc\w*|cuMemCreate|cuMemHostAlloc"),
     ("free", r"cuMemFree|cuMemRelease|cuMemFreeHost|cuMemFreeAsync"),
     ("destroys", r"cu\w*Destroy\w*"),
+    ("loads_code", r"cuModuleLoad\w*|cuLibraryLoad\w*"),
+    ("asks_by_name", r"cuModuleGetFunction|cuLibraryGetKernel"),
+    ("names_function", r"cuModuleGetFunction|cuLibraryGetKernel|cuKernelGetFunction"),
+    ("refers_code", r"cuModuleGetFunction|cuLibraryGetKernel|cuKernelGetFunction|cuLibraryGetModule"),
+    ("names_global", r"cuModuleGetGlobal|cuLibraryGetGlobal"),
+    ("host_alloc", r"cuMemHostAlloc|cuMemAllocHost"),
+    ("pins_host", r"cuMemHostAlloc|cuMemAllocHost|cuMemHostRegister"),
+    ("begins_capture", r"cuStreamBeginCapture\w*"),
+    ("links_process", r"cuMemExportToShareableHandle|cuMemImportFromShareableHandle|cuIpc\w+"),
+    ("imports_peer", r"cuMemImportFromShareableHandle|cuIpcOpenMemHandle|cuIpcOpenEventHandle"),
+    ("waits_event", r"cuStreamWaitEvent|cuEventSynchronize"),
+    ("polls", r"cuStreamQuery|cuEventQuery"),
+    ("records_event", r"cuEventRecord|cuEventRecordWithFlags"),
+    ("moves_memory", r"cuMemcpy\w*|cuMemset\w*|cuMemPrefetch\w*"),
+    ("h2d_copy", r"cuMemcpyHtoD|cuMemcpyHtoDAsync"),
+    ("unified_copy", r"cuMemcpy|cuMemcpyAsync"),
+    ("device_alloc", r"cuMemAlloc|cuMemAllocPitch|cuMemAllocAsync|cuMemAllocFromPoolAsync"),
+    ("vmm_map", r"cuMemCreate|cuMemMap|cuMemSetAccess|cuMemUnmap|cuMemRelease|cuMemAddressReserve|cuMemAddressFree"),
+    ("physical_memory", r"cuMemCreate|cuMemRelease"),
+    ("sets_kernel_node", r"cuGraphAddKernelNode|cuGraphKernelNodeSetParams|cuGraphExecKernelNodeSetParams"),
+    ("sets_node", r"cuGraphAddNode|cuGraphNodeSetParams|cuGraphExecNodeSetParams"),
+    ("makes_context", r"cuDevicePrimaryCtxRetain|cuCtxCreate"),
+    ("ends_context", r"cuCtxDestroy|cuDevicePrimaryCtxRelease|cuDevicePrimaryCtxReset"),
+    ("gets_ipc", r"cuIpcGetMemHandle|cuIpcGetEventHandle"),
+    ("opens_ipc", r"cuIpcOpenMemHandle|cuIpcOpenEventHandle"),
+    # the --calls groups beside the classes above (formats/callset.py GROUPS)
+    ("module_group", r"cuModule\w*|cuLibrary\w*|cuLink\w*"),
+    ("graph_group", r"cuGraph\w*|cuStreamBeginCapture\w*|cuStreamEndCapture\w*|cuStreamIsCapturing\w*"
+                    r"|cuStreamGetCaptureInfo\w*|cuStreamUpdateCapture\w*"),
+    # the simulator (replay/sim/): what its stand-in driver answers with success, changing
+    # nothing its functional model computes; what its exported program already has (a context,
+    # the merged PTX, its handles) or only touches host memory; what that program replays
+    ("sim_noop", r"cuCtxSetCurrent|cuCtxPushCurrent|cuCtxSetLimit|cuCtxSetCacheConfig|cuCtxSetSharedMemConfig"
+                 r"|cuCtxSetFlags|cuCtxResetPersistingL2Cache|cuDevicePrimaryCtxRelease|cuDevicePrimaryCtxSetFlags"
+                 r"|cuDevicePrimaryCtxReset|cuFuncSetAttribute|cuFuncSetCacheConfig|cuFuncSetSharedMemConfig"
+                 r"|cuKernelSetAttribute|cuKernelSetCacheConfig|cuProfilerStart|cuProfilerStop|cuProfilerInitialize"
+                 r"|cuModuleUnload|cuLibraryUnload|cuStreamDestroy|cuStreamWaitEvent|cuEventDestroy|cuMemHostRegister"
+                 r"|cuMemHostUnregister|cuStreamSetAttribute|cuCtxEnablePeerAccess|cuMemAdvise|cuMemPrefetchAsync"
+                 r"|cuCtxDestroy|cuEventRecord|cuEventRecordWithFlags|cuEventSynchronize|cuStreamAttachMemAsync"
+                 r"|cuStreamCopyAttributes|cuCtxWaitEvent|cuCtxRecordEvent|cuFuncLoad"),
+    ("sim_setup", r"(cuInit|cuDevice|cuCtx|cuModule|cuLibrary|cuKernel|cuFunc|cuStreamCreate|cuStreamDestroy"
+                  r"|cuStreamWaitEvent|cuStreamQuery|cuEvent|cuProfiler|cuDriverGetVersion|cuGetProcAddress"
+                  r"|cuGetExportTable|cuMemHost|cuMemAllocHost|cuMemFreeHost|cuMemGetInfo|cuGetErrorString"
+                  r"|cuGetErrorName|cuStreamGet|cuPointerGetAttribute|cuMemGetAddressRange)\w*"),
+    ("sim_alloc", r"cuMemAlloc|cuMemAllocAsync|cuMemAllocFromPoolAsync|cuMemAllocManaged"),
+    ("sim_free", r"cuMemFree|cuMemFreeAsync"),
+    ("memset_1d", r"cuMemsetD(8|16|32)(Async)?"),
+    ("launches_kernel", r"cuLaunchKernel|cuLaunchKernelEx"),
+    # the shim (shim/build_shim.py): calls its placement hook answers itself (shim_placement.c),
+    # on the ABI names it serves; of those, the ones it only corrects after the real call (they
+    # stay pure queries); memory a kernel reaches without a copy, which shim_hostmem.c tracks
+    ("shim_placement", r"cuMemAlloc_v2|cuMemFree_v2|cuMemGetAddressRange_v2|cuMemAddressReserve|cuMemAddressFree"
+                       r"|cuPointerGetAttributes?|cuIpcGetMemHandle|cuIpcOpenMemHandle(_v2)?|cuIpcCloseMemHandle"),
+    ("shim_placement_after", r"cuPointerGetAttributes?"),
+    ("host_visible", r"cuMemAllocManaged|cuMemHostAlloc|cuMemHostRegister"),
     ("may_batch", r"cuLaunchKernel|cuLaunchKernelEx|cuEventRecord|cuEventRecordWithFlags|cuStreamWaitEvent"
                   r"|cuStreamSynchronize|cuEventSynchronize|cuCtxSynchronize|cuCtxSetCurrent|cuCtxPushCurrent"
                   r"|cuCtxPopCurrent|cuMemsetD(8|16|32)(Async)?|cuMemcpyDtoD(Async)?|cuMemcpy(Async)?|cuMemcpyDtoH"),

@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from cudasnap.formats.abi import base_name
 from cudasnap.formats.callset import learn_kernel_name
 from cudasnap.formats.layout import recorded_stream
-from cudasnap.formats.vocab import is_launch, may_batch
+from cudasnap.formats.vocab import in_class, is_launch, may_batch
 
 from .. import dispatch
 from ..collectives import is_collective
@@ -340,13 +340,13 @@ class SequenceRecording:
         n = int(a.get("ByteCount") or 0)
         if b == "cuMemcpyDtoD" or b == "cuMemcpyDtoDAsync":
             return ("dtod", rp.ctx.tr(a.get("dstDevice")), rp.ctx.tr(a.get("srcDevice")), n, rec.get("s"))
-        if b in ("cuMemcpy", "cuMemcpyAsync"):
+        if in_class(b, "unified_copy"):
             sp = rp.ctx.space
             if sp is not None and sp.find(a.get("dst") or 0) is not None and sp.find(a.get("src") or 0) is not None:
                 return ("dtod", rp.ctx.tr(a.get("dst")), rp.ctx.tr(a.get("src")), n, rec.get("s"))
             self._skip(b)
             return None
-        if b in ("cuMemcpyHtoD", "cuMemcpyHtoDAsync"):
+        if in_class(b, "h2d_copy"):
             return ("htod", rec, rp.ctx.tr(a.get("dstDevice")), n, rec.get("s"))
         if "DtoH" in b or "AtoH" in b:
             return None                           # results for the host: nothing a later kernel reads

@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from cudasnap.formats.abi import base_name
 
-from cudasnap.formats.vocab import is_graph_launch, is_launch  # noqa: F401  (isolated.py takes it from here)
+from cudasnap.formats.vocab import in_class, is_graph_launch, is_launch  # noqa: F401  (isolated.py takes it from here)
 from .common import LaunchGate, MemorySaver, ranges_for, stats
 
 
@@ -214,8 +214,7 @@ class RecordedGraphs:
                     lst = self.graphs.setdefault(g, [])
                     if lst is not cap:
                         lst.extend(cap)
-            elif b in ("cuGraphAddKernelNode", "cuGraphAddNode", "cuGraphKernelNodeSetParams",
-                       "cuGraphExecKernelNodeSetParams"):
+            elif in_class(b, "sets_kernel_node") or b == "cuGraphAddNode":
                 if (rec.get("x") or {}).get("params") is not None:
                     key = a.get("hGraphExec") if "Exec" in b else a.get("hGraph")
                     (self.execs if "Exec" in b else self.graphs).setdefault(key, []).append(rec)

@@ -119,6 +119,7 @@ class Plan:
 
 def kernel_names(reader) -> Dict[Any, str]:
     """Recorded function (or kernel) handle -> kernel name, from fn records and lookups."""
+    from cudasnap.formats.vocab import in_class
     names: Dict[Any, str] = {}
     for rec in reader.records(("c", "fn")):
         if rec.get("k") == "fn":
@@ -127,7 +128,7 @@ def kernel_names(reader) -> Dict[Any, str]:
             continue
         a = rec.get("a") or {}
         f = rec.get("f") or ""
-        if rec.get("r") == 0 and f.startswith(("cuModuleGetFunction", "cuLibraryGetKernel")) and isinstance(a.get("name"), str):
+        if rec.get("r") == 0 and in_class(f, "asks_by_name") and isinstance(a.get("name"), str):
             names[a.get("hfunc") or a.get("pKernel")] = a["name"]
     return names
 

@@ -14,19 +14,14 @@ from importlib import resources
 from typing import Dict, List, Tuple
 
 from cudasnap.formats.abi import base_name
-from cudasnap.formats.vocab import alloc_range, is_launch, is_query, is_sync
+from cudasnap.formats.vocab import alloc_range, family, in_class, is_launch, is_query, is_sync
 
 from . import DEFAULT_CONFIG, SimProblem, kernel_names, plan, pointer_problems
 from .ptx import merge
 
-_ALLOCS = ("cuMemAlloc", "cuMemAllocAsync", "cuMemAllocFromPoolAsync", "cuMemAllocManaged")
-_FREES = ("cuMemFree", "cuMemFreeAsync")
-# calls that set up what the simulator program has already (a context, the merged PTX, its
-# handles) or only touch host memory: nothing to replay
-_SETUP = ("cuInit", "cuDevice", "cuCtx", "cuModule", "cuLibrary", "cuKernel", "cuFunc", "cuStreamCreate",
-          "cuStreamDestroy", "cuStreamWaitEvent", "cuStreamQuery", "cuEvent", "cuProfiler", "cuDriverGetVersion",
-          "cuGetProcAddress", "cuGetExportTable", "cuMemHost", "cuMemAllocHost", "cuMemFreeHost", "cuMemGetInfo",
-          "cuGetErrorString", "cuGetErrorName", "cuStreamGet", "cuPointerGetAttribute", "cuMemGetAddressRange")
+# the classes sim_setup (calls that set up what the simulator program has already: a context,
+# the merged PTX, its handles; or only touch host memory), sim_alloc and sim_free are the
+# description's (shim/overlay.py)
 
 
 def _arr(name: str, vals: List[int]) -> str:
@@ -70,16 +65,16 @@ def export_sim(snapshot, outdir: str) -> Tuple[int, int, int]:
         x = rec.get("x") or {}
         s = rec.get("s")
         if rec.get("r", 0) != 0 or rec.get("incomplete") or "r" not in rec or is_query(f) \
-                or b.startswith(_SETUP) and not is_sync(b):
+                or in_class(b, "sim_setup") and not is_sync(b):
             continue
         at = f'AT({s}, "{f}"); '
         r = alloc_range(rec)
-        if b in _ALLOCS and r:
+        if in_class(b, "sim_alloc") and r:
             live[r[0]] = r[1]
             body.append(f"{at}alloc({r[0]:#x}ULL, {r[1]});")
         elif r:
             raise SimProblem(f"call #{s} {f}: the simulator program allocates with cudaMalloc only (no VMM mappings)")
-        elif b in _FREES:
+        elif in_class(b, "sim_free"):
             live.pop(a.get("dptr"), None)
             body.append(f"{at}release({a.get('dptr') or 0:#x}ULL);")
         elif is_sync(b):
@@ -108,11 +103,11 @@ def export_sim(snapshot, outdir: str) -> Tuple[int, int, int]:
         elif b.startswith("cuMemcpyDtoD"):
             body.append(f"{at}CK(sim_d2d(tr({a.get('dstDevice'):#x}ULL), tr({a.get('srcDevice'):#x}ULL), "
                         f"{a.get('ByteCount')}));")
-        elif b.startswith(("cuMemsetD8", "cuMemsetD16", "cuMemsetD32")) and not b.startswith("cuMemsetD2D"):
+        elif in_class(b, "memset_1d"):
             width = {"8": 1, "16": 2, "32": 4}[b[len("cuMemsetD"):].replace("Async", "")]
             val = a.get({1: "uc", 2: "us", 4: "ui"}[width], 0)
             body.append(f"{at}memset_n({a.get('dstDevice'):#x}ULL, {val}u, {width}, {a.get('N', 0)});")
-        elif b in ("cuLaunchKernel", "cuLaunchKernelEx"):
+        elif in_class(b, "launches_kernel"):
             if b == "cuLaunchKernelEx":
                 from cudasnap.replay.params import LAUNCH_CONFIG
                 cfg = a.get("config")
@@ -141,7 +136,7 @@ def export_sim(snapshot, outdir: str) -> Tuple[int, int, int]:
                         f'{a.get("blockDimZ", 1)}, {a.get("sharedMemBytes", 0)}, P{s}, {len(params)}, O{k}, {len(lay)}, '
                         f'Q{s}, {len(ptrs)});')
             launches += 1
-        elif is_launch(f) or b.startswith(("cuMem", "cuGraph", "cuStream", "cuLaunch")):
+        elif is_launch(f) or family(b) in ("memory", "vmm", "pool", "graph", "stream", "launch"):
             raise SimProblem(f"call #{s} {f}: not exported for the simulator (allocations, copies, memsets, "
                              f"cuLaunchKernel and synchronization are)")
         else:
