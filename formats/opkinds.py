@@ -2,10 +2,10 @@
 
 A replay plan (replay/plan.py) compiles each plain driver call into an op of one of these
 kinds; the C executor (replay/executor.c) runs ops by kind and the C plan compiler
-(formats/records.c, M_PLAN) writes them.  KINDS below is the only list: replay/plan.py takes
-its constants from this module, and both C files include the header c_header() writes, which
-their cffi build scripts (replay/build_executor.py, formats/build_records.py) generate before
-they compile.  The order is the numbering, and code on both sides relies on runs of it
+(replay/plan_walk.c) writes them.  KINDS below is the only list: replay/plan.py takes its
+constants from this module, and both C files include the header c_header() writes, which their
+cffi build scripts (replay/build_executor.py, replay/build_plan.py) generate before they
+compile.  The order is the numbering, and code on both sides relies on runs of it
 (MEMSET8..MEMSET32_ASYNC: 8/16/32 bits, then the same with a stream; COPY_DTOD..COPY_ASYNC;
 SYNC_STREAM..SYNC_CTX).
 
@@ -91,7 +91,7 @@ def c_header() -> str:
     entry point (OP_ENTRY_POINTS, an initializer of {name, cudaVersion} per kind)."""
     width = max(map(len, NAMES)) + 3
     lines = ["/* opkinds.h: generated from formats/opkinds.py by the cffi build scripts; not to be edited.",
-             "   The replay plan's op kinds, shared by replay/executor.c and formats/records.c. */",
+             "   The replay plan's op kinds, shared by replay/executor.c and replay/plan_walk.c. */",
              "#ifndef CUDASNAP_OPKINDS_H", "#define CUDASNAP_OPKINDS_H", "", "enum {"]
     lines += [f"    {'OP_' + name:<{width}} = {i}," for i, name in enumerate(NAMES)]
     lines += [f"    {'OP_NKINDS':<{width}} = {NKINDS}", "};", "",

@@ -707,16 +707,15 @@ class Replayer(BatchRunner):
                 self._profiler_stop(rec["s"])
 
     def _new_planner(self, keep: bool = True, native: bool = False) -> Planner:
-        """native: compile in C where cudasnap.formats._records is built (replay/plannative.py)."""
+        """native: compile in C where cudasnap.replay._plan is built (replay/plannative.py)."""
         from .executor import module
         mod = module()
         args = (self._plan_fast, self._slots, self._ranges)
         kw = dict(keep=keep, ffi=mod.ffi if mod is not None else None, pace=self._pace_on, expected=self._expected_blob)
         if native and self._plan_fast:
-            from cudasnap.formats import native as rnative
-            rmod = rnative.module()
-            if rmod is not None and hasattr(rmod.lib, "pl_new"):
-                from .plannative import NativePlanner
+            from .plannative import NativePlanner, module as plan_module
+            rmod = plan_module()
+            if rmod is not None:
                 return NativePlanner(rmod, self.ctx.reader.path, self._fkind, is_workload if self._pr else None,
                                      *args, **kw)
         return Planner(*args, **kw)

@@ -1,4 +1,4 @@
-"""The pre-scan's plan compiled in C (formats/records.c, M_PLAN): plain call records become
+"""The pre-scan's plan compiled in C (replay/plan_walk.c, cudasnap.replay._plan): plain call records become
 ex_op entries, batch counters and write summaries without a Python object per record; a
 batch's records are decoded when something asks for them (LazyRecs).
 
@@ -65,6 +65,18 @@ class LazyRecs:
     def __iter__(self):
         for i in range(self.n):
             yield self[i]
+
+
+def module():
+    """cudasnap.replay._plan, or None: not built, or the C walks turned off
+    (CUDASNAP_NATIVE_RECORDS=0, which formats/native.py reads)."""
+    if native.module() is None:          # the same switch; it also sets the walk's result names
+        return None
+    try:
+        from . import _plan  # type: ignore
+    except Exception:
+        return None
+    return _plan
 
 
 class NativePlanner(Planner):

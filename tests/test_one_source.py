@@ -131,7 +131,7 @@ def test_window_class_comes_from_the_description():
 
 
 # ------------------------------------------------------------------ the replay plan's op kinds
-KIND_C_FILES = ("replay/executor.c", "formats/records.c")
+KIND_C_FILES = ("replay/executor.c", "replay/plan_walk.c")
 
 
 def test_op_kinds_have_one_list():
@@ -169,7 +169,7 @@ def test_no_other_module_numbers_the_op_kinds():
 
 
 def test_c_files_take_the_op_kinds_from_the_generated_header():
-    """executor.c and records.c include opkinds.h and write no kind, kind count, entry point
+    """executor.c and plan_walk.c include opkinds.h and write no kind, kind count, entry point
     table or batch limit of their own."""
     from cudasnap.formats import opkinds
     known = set(opkinds.NAMES) | {"NKINDS", "BATCH_MAX", "D2H_MAX", "ENTRY_POINTS"}
@@ -184,7 +184,7 @@ def test_c_files_take_the_op_kinds_from_the_generated_header():
         assert not re.search(r"\benum\s*\{[^}]*\bLAUNCH\b", src), rel
         assert not re.search(r'\{\s*"cu\w+"\s*,\s*\d+\s*\}', src), rel      # an entry point table
         assert not re.search(r"#define \w+ \(?(16384|1 << 20|1048576)\)?\s", src), rel
-    for script in ("replay/build_executor.py", "formats/build_records.py"):
+    for script in ("replay/build_executor.py", "replay/build_plan.py"):
         text = (ROOT / script).read_text()
         assert "opkinds.py" in text and "header_dir()" in text, script
 

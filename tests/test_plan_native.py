@@ -1,4 +1,4 @@
-"""The replay pre-scan's plan compiled in C (formats/records.c M_PLAN, replay/plannative.py)
+"""The replay pre-scan's plan compiled in C (replay/plan_walk.c, replay/plannative.py)
 against the Python planner (replay/plan.py, the reference; CUDASNAP_NATIVE_RECORDS=0): the
 same op streams, counters, write summaries, records and pre-scan state, on programs captured
 on the test double, on bench/records_double.c's pattern, on generated records, and garbage
@@ -6,6 +6,7 @@ frames never crash it."""
 from __future__ import annotations
 
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -21,8 +22,16 @@ from cudasnap.replay import plan as P
 from cudasnap.replay.engine import Replayer
 from cudasnap.replay.slots import Ranges, Slots
 
-pytestmark = pytest.mark.skipif(native.module() is None or not hasattr(native.module().lib, "pl_new"),
-                                reason="cudasnap.formats._records (with the plan walk) is not built")
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
+                                reason="no C compiler: the plan walk is not built")
+
+
+def test_the_plan_walk_is_built():
+    """With a C compiler the install builds it (its build is optional: a failure would
+    otherwise go unseen, every plan then compiled in Python)."""
+    from cudasnap.replay.plannative import module
+    assert native.module() is not None and module() is not None and hasattr(module().lib, "pl_new")
+    assert not hasattr(native.module().lib, "pl_new")      # the records reader has no plan walk
 
 ROOT = Path(__file__).resolve().parent.parent
 OPTS = ({}, {"pace": "recorded"}, {"profiler_range": "workload"})
@@ -270,12 +279,11 @@ def test_generated_records_plan_the_same(tmp_path_factory, recs, frame_bytes):
 def _plan_frames(frames, use_native: bool):
     """The planner fed frames directly (complete call records, as the pre-scan feeds it); the
     plan's items, or the error the Python decoder raised."""
-    from cudasnap.formats import native as rn
     ffi = _exffi()
     kw = dict(keep=True, ffi=ffi, pace=True, expected=lambda bid: None)
     if use_native:
-        from cudasnap.replay.plannative import NativePlanner
-        pl = NativePlanner(rn.module(), "gen", lambda f: f.startswith("cuMemAlloc"), None, True, Slots(ffi),
+        from cudasnap.replay.plannative import NativePlanner, module
+        pl = NativePlanner(module(), "gen", lambda f: f.startswith("cuMemAlloc"), None, True, Slots(ffi),
                            Ranges(), **kw)
     else:
         pl = P.Planner(True, Slots(ffi), Ranges(), **kw)
@@ -360,7 +368,7 @@ def test_one_op_layout_for_python_and_both_c_files():
         assert ffi.offsetof("ex_op", name) == off, name
         off += struct.calcsize("<" + fmt)
     root = Path(__file__).resolve().parents[1]
-    for c in (root / "replay" / "executor.c", root / "formats" / "records.c"):
+    for c in (root / "replay" / "executor.c", root / "replay" / "plan_walk.c"):
         text = c.read_text()
         assert "} ex_op;" not in text and '#include "opkinds.h"' in text, c
     assert "} ex_op;" in K.c_header() and K.ex_op_cdef() in K.c_header()
