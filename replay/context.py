@@ -217,7 +217,8 @@ class ReplayContext:
             from .rawcall import binding        # a plain call the bindings do not wrap
             fn = binding(self.cu, name)
         if fn is None:
-            self.fail(rec, f"the driver bindings lack {name}")
+            self.fail(rec, f"neither the driver bindings nor this libcuda.so.1 have {name} (a driver older than the "
+                           f"captured one, or a call of arguments replay cannot pass without a handler)")
         res = fn(*args)
         code = result_code(res[0])
         want = rec.get("r", 0) if rec is not None else 0

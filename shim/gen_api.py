@@ -665,7 +665,11 @@ def generate(include: Path):
         declared = set(model.funcs)
         if ov.EXTRA_FUNCTIONS:
             protos = "\n".join(proto for _ver, proto in ov.EXTRA_FUNCTIONS.values())
-            model.add_ast(parse(texts["default"] + "\n" + protos + "\n"), "default")
+            try:
+                ast = parse(texts["default"] + "\n" + protos + "\n")
+            except Exception as e:       # pycparser's ParseError names the line of the appended text
+                raise SystemExit(f"overlay EXTRA_FUNCTIONS: a prototype does not parse with the headers' types: {e}")
+            model.add_ast(ast, "default")
         from_overlay = set(model.funcs) - declared
         missing = set(ov.EXTRA_FUNCTIONS) - from_overlay
         if missing:
