@@ -8,11 +8,16 @@ from typing import Dict, List, Optional
 STATUSES = ("replay", "record", "refused")
 
 
-def _replay_handled() -> Optional[set]:
-    """ABI names the replay package really dispatches (None if it cannot say: never fails)."""
+def _replay_handled() -> Optional[Dict[str, str]]:
+    """ABI name -> how replay takes it: "skipped" (a query, by class), "class" (a plain call, by
+    the description), "handler" (code of its own); None if the replay package cannot say."""
     try:
         from cudasnap.replay import dispatch
-        return set(dispatch.REPLAY_HANDLED)
+        from cudasnap.replay.handlers.generic import replay_plain
+        out = {n: "skipped" for n in dispatch.REPLAY_SKIPPED}
+        for n in dispatch.REPLAY_EXECUTED:
+            out[n] = "class" if dispatch.lookup(n).fn is replay_plain else "handler"
+        return out
     except Exception:
         return None
 
@@ -29,7 +34,9 @@ def entries() -> List[Dict]:
         if status == "replay" and handled is not None and f["name"] not in handled:
             status, reason = "record", "not handled by the replayer yet"
         rows.append({"id": f["id"], "name": f["name"], "base": f["base"], "family": f["family"],
-                     "status": status, "reason": reason, "capture": f["capture"]})
+                     "status": status, "reason": reason, "capture": f["capture"],
+                     "replayed_by": (handled or {}).get(f["name"]) if status == "replay" else None,
+                     "classes": f.get("classes", []), "origin": f.get("origin", "header")})
     return rows
 
 
@@ -67,9 +74,10 @@ def run_api(status: Optional[str], json_out: bool) -> int:
 
     style = {"replay": "green", "record": "yellow", "refused": "red"}
     con = console()
-    print_table(con, ["ABI name", "base", "family", "status", "reason"],
+    print_table(con, ["ABI name", "base", "family", "status", "replayed by", "reason"],
                 [(escape(r["name"]), escape(r["base"]), escape(r["family"]),
-                  f"[{style.get(r['status'], '')}]{escape(r['status'])}[/]", escape(r["reason"] or ""))
+                  f"[{style.get(r['status'], '')}]{escape(r['status'])}[/]", escape(r["replayed_by"] or ""),
+                  escape(r["reason"] or ""))
                  for r in rows], title="CUDA Driver API entry points", markup=True)
     con.print(summary, markup=False)
     return 0

@@ -417,6 +417,11 @@ def test_api_command_json():
     data = json.loads(res.output)
     assert data["functions"] and all(r["status"] == "refused" for r in data["functions"])
     assert "cuGetExportTable" in {r["name"] for r in data["functions"]}
+    res = CliRunner().invoke(app, ["api", "--json", "--status", "replay"])
+    by = {r["name"]: r for r in json.loads(res.output)["functions"]}
+    assert by["cuStreamCreate"]["replayed_by"] == "class" and "creates" in by["cuStreamCreate"]["classes"]
+    assert by["cuLaunchKernel"]["replayed_by"] == "handler" and by["cuStreamQuery"]["replayed_by"] == "skipped"
+    assert all(r["replayed_by"] in ("class", "handler", "skipped") for r in by.values())
     res = CliRunner().invoke(app, ["api"])
     assert res.exit_code == 0, res.output
     assert "recorded and replayable" in res.output and "refused" in res.output
