@@ -13,11 +13,7 @@ def _replay_handled() -> Optional[Dict[str, str]]:
     the description), "handler" (code of its own); None if the replay package cannot say."""
     try:
         from cudasnap.replay import dispatch
-        from cudasnap.replay.handlers.generic import replay_plain
-        out = {n: "skipped" for n in dispatch.REPLAY_SKIPPED}
-        for n in dispatch.REPLAY_EXECUTED:
-            out[n] = "class" if dispatch.lookup(n).fn is replay_plain else "handler"
-        return out
+        return {n: dispatch.replayed_by(n) for n in dispatch.REPLAY_HANDLED}
     except Exception:
         return None
 

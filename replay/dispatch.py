@@ -78,6 +78,18 @@ REPLAY_EXECUTED, REPLAY_SKIPPED, REPLAY_REFUSED = _classes()
 REPLAY_HANDLED: Set[str] = set(REPLAY_EXECUTED | REPLAY_SKIPPED)
 
 
+def replayed_by(name: str) -> Optional[str]:
+    """How replay takes ABI name `name`: "skipped" (a query), "class" (a plain call, from the
+    description: handlers/generic.py), "handler" (code of its own); None: not replayed."""
+    if name in REPLAY_SKIPPED:
+        return "skipped"
+    h = lookup(name) if name in REPLAY_EXECUTED else None
+    if h is None:
+        return None
+    from .handlers.generic import replay_plain
+    return "class" if h.fn is replay_plain else "handler"
+
+
 def coverage(statuses=("replay",)) -> Dict[str, Dict[str, int]]:
     """family -> {"handled", "skipped", "refused", "unhandled"} counts over the description's
     functions whose status is in `statuses` (None: all)."""
