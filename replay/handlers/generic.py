@@ -28,7 +28,7 @@ def _plan(ctx, rec) -> Tuple[str, List[Tuple[str, str, str]]]:
     plan = _plans.get(abi)
     if plan is None:
         desc = load_description()
-        fn = next(f for f in desc.functions if f["name"] == abi)
+        fn = desc.by_name(abi)
         steps = []
         for p in fn["params"]:
             t = desc.types.get(p.get("pointee" if p["kind"] == "out" else "ctype") or "", {})
