@@ -484,13 +484,11 @@ class Extractor:
         self.res.prefix_calls = len(out)
 
     # ------------------------------------------------------------------ memory (GPU, in the replay)
-    def _ranges(self, rp) -> List[Tuple[int, int, str]]:
+    def _ranges(self, rv) -> List[Tuple[int, int, str]]:
         """Live device ranges at this point: (recorded base, size, kind)."""
-        sp = rp.ctx.space
         out: List[Tuple[int, int, str]] = []
         vmm_pieces = sorted(self.mapped.items())
-        for base in list(sp._sorted):
-            a = sp.allocs[base]
+        for a in rv.recorded_allocations():
             if a.kind in ("placed", "fallback", "global"):
                 out.append((a.rec_base, max(int(a.size), 0), a.kind))
             elif a.kind == "vmm" and a.rec_base in self.ipc_opened:
@@ -512,16 +510,16 @@ class Extractor:
         out.sort()
         return out
 
-    def _read(self, rp, base: int, n: int) -> bytes:
+    def _read(self, rv, base: int, n: int) -> bytes:
         import ctypes
         buf = bytearray(n)
         if not n:
             return b""
         addr = ctypes.addressof((ctypes.c_char * n).from_buffer(buf))
-        live = rp.ctx.tr(base)
+        live = rv.translate(base)
         for off in range(0, n, READ_CHUNK):
             m = min(READ_CHUNK, n - off)
-            rp.ctx.raw("cuMemcpyDtoH", addr + off, live + off, m)
+            rv.call("cuMemcpyDtoH", addr + off, live + off, m)
         return bytes(buf)
 
     def _words(self, data: bytes) -> List[int]:
@@ -548,15 +546,15 @@ class Extractor:
                 return i
         return None
 
-    def at_start(self, rp) -> None:
-        if rp.ctx.res.errors:
-            raise ExtractError(f"replay failed before the selection: {rp.ctx.res.errors[0]}")
-        rp.ctx.raw("cuCtxSynchronize")
+    def at_start(self, rv) -> None:
+        if rv.errors:
+            raise ExtractError(f"replay failed before the selection: {rv.errors[0]}")
+        rv.call("cuCtxSynchronize")
         for p in self.ipc_opened:
-            al = rp.ctx.space.find(p)
+            al = rv.find(p)
             if al is not None:
                 self.ipc_size[p] = int(al.size)
-        self._live = self._ranges(rp)
+        self._live = self._ranges(rv)
         self._starts = [r[0] for r in self._live]
         if not self._live:
             self.chosen: List[int] = []
@@ -566,7 +564,7 @@ class Extractor:
         self._lo = self._live[0][0]
         self._hi = max(b + n for b, n, _k in self._live)
         if self.exact:
-            return R.start_exact(self, rp)
+            return R.start_exact(self, rv)
         if self.memory == "all":
             todo = list(range(len(self._live)))
         else:
@@ -591,7 +589,7 @@ class Extractor:
             if i in chosen:
                 continue
             base, n, _k = self._live[i]
-            data = self._read(rp, base, n)
+            data = self._read(rv, base, n)
             chosen[i] = self.w.add_blob(data)
             if self.memory == "reachable" and scanned < R.SCAN_LIMIT:
                 self.note_host_refs(data)
@@ -623,16 +621,16 @@ class Extractor:
                 if isinstance(v, dict) and isinstance(v.get("blob"), str) and self.reader.has_blob(v["blob"]):
                     yield self.reader.blob(v["blob"])
 
-    def at_end(self, rp) -> None:
-        rp.ctx.raw("cuCtxSynchronize")
+    def at_end(self, rv) -> None:
+        rv.call("cuCtxSynchronize")
         if self.exact:
-            return R.end_exact(self, rp)
+            return R.end_exact(self, rv)
         self.expected = []
         for i in self.chosen:
             base, n, _k = self._live[i]
-            if rp.ctx.space.find(base) is None:
+            if rv.find(base) is None:
                 continue                      # freed by the selection itself
-            self.expected.append((base, n, self.w.add_blob(self._read(rp, base, n))))
+            self.expected.append((base, n, self.w.add_blob(self._read(rv, base, n))))
         self.res.expected = len(self.expected)
         self.res.expected_bytes = sum(n for _b, n, _ in self.expected)
 
@@ -998,13 +996,13 @@ class Extractor:
                 if kind == "before_call" and ev.seq == ex.first and not self.started:
                     self.started = True
                     try:
-                        ex.at_start(ev.replayer)
+                        ex.at_start(ev.replay)
                     except BaseException as e:
                         self.err = e
                         raise _Done()
                 if kind == "after_call" and ev.seq == ex.last and self.started:
                     try:
-                        ex.at_end(ev.replayer)
+                        ex.at_end(ev.replay)
                     except BaseException as e:
                         self.err = e
                     raise _Done()
@@ -1043,7 +1041,7 @@ class Extractor:
                 raise tap.err
             raise ExtractError(f"reading device memory failed: {type(tap.err).__name__}: {tap.err}")
         if not done:
-            why = rp.ctx.res.errors[0] if rp.ctx.res.errors else "the selected calls did not run"
+            why = rp.view.errors[0] if rp.view.errors else "the selected calls did not run"
             raise ExtractError(f"replay did not reach the end of the selection: {why}")
 
 

@@ -284,7 +284,7 @@ def new_roots(data: bytes, seen: Set[int]) -> List[Tuple[int, int]]:
 
 
 # ---------------------------------------------------------------- in the extracting replay
-def start_exact(ex, rp) -> None:
+def start_exact(ex, rv) -> None:
     """Ranges from each pointer the selection reaches to the next tensor start, scanned for
     pointers transitively; then the allocations they lie in are read, to be compared after."""
     roots: List[Tuple[int, int]] = []
@@ -311,7 +311,7 @@ def start_exact(ex, rp) -> None:
                 if scanned >= SCAN_LIMIT:
                     break
                 scanned += hi - lo
-                data = ex._read(rp, lo, hi - lo)
+                data = ex._read(rv, lo, hi - lo)
                 ex.note_host_refs(data)
                 roots += new_roots(data, seen)
     ex.per = per
@@ -323,10 +323,10 @@ def start_exact(ex, rp) -> None:
         lo, hi = diff_window((b, b + n), iv)
         if hi - lo <= budget:
             budget -= hi - lo
-            ex.before[i] = (lo, ex._read(rp, lo, hi - lo))
+            ex.before[i] = (lo, ex._read(rv, lo, hi - lo))
         else:                         # kept as blobs now; writes beyond its ranges go unseen
             uncompared += 1
-            ex.before[i] = (None, [(l, h - l, ex.w.add_blob(ex._read(rp, l, h - l))) for l, h in iv])
+            ex.before[i] = (None, [(l, h - l, ex.w.add_blob(ex._read(rv, l, h - l))) for l, h in iv])
     # the allocations no pointer reaches are compared too (while the budget lasts): what the
     # selection writes there, through addresses its parameters do not show, is restored and verified
     others = 0
@@ -336,7 +336,7 @@ def start_exact(ex, rp) -> None:
         if n <= budget:
             budget -= n
             per[i] = []
-            ex.before[i] = (b, ex._read(rp, b, n))
+            ex.before[i] = (b, ex._read(rv, b, n))
         else:
             others += 1
     if uncompared:
@@ -348,7 +348,7 @@ def start_exact(ex, rp) -> None:
     ex.chosen = sorted(per)
 
 
-def end_exact(ex, rp) -> None:
+def end_exact(ex, rv) -> None:
     """Add what the selection wrote beyond the ranges; restore every range as it was before
     the selection and expect it as it is after."""
     ex.restore, ex.expected = [], []
@@ -358,16 +358,16 @@ def end_exact(ex, rp) -> None:
         base, n, _k = ex._live[i]
         lo, before = ex.before[i]
         iv = ex.per[i]
-        a = rp.ctx.space.find(base)
+        a = rv.find(base)
         live = a is not None and base + n <= a.rec_base + max(a.size, 1)    # not freed (or remade smaller)
         if lo is None:
             segs.add(i)
             ex.restore += before
-            ex.expected += [(l, m, ex.w.add_blob(ex._read(rp, l, m))) for l, m, _b in before] if live else []
+            ex.expected += [(l, m, ex.w.add_blob(ex._read(rv, l, m))) for l, m, _b in before] if live else []
             continue
         after = None
         if live:
-            after = ex._read(rp, lo, len(before))
+            after = ex._read(rv, lo, len(before))
             extra = subtract(merge(written(before, after, lo)), iv)
             beyond += sum(h - l for l, h in extra)
             iv = merge(iv + extra)

@@ -62,6 +62,7 @@ class BatchRunner:
     # what the Replayer owns and this mixin reads (tests/test_structure.py keeps the list whole)
     ctx: "ReplayContext"                    # the replay state handlers share
     subscribers: List[Any]                  # event subscribers (profilers, hooks)
+    view: Any                               # what subscribers see of the replay (view.py)
     watchdog: Optional["Watchdog"]
     _executor: Any                          # the C executor (None: every call through its handler)
     _slots: Any                             # the plan's handle slots (plan.Slots)
@@ -162,7 +163,7 @@ class BatchRunner:
                         self.watchdog.disarm()
                 self._account(b, pos, i, t_first, t_last, syncs)
                 if self.subscribers and i > pos:
-                    self.emit("batch", plan.BatchEvent(b, pos, i, l0, self))
+                    self.emit("batch", plan.BatchEvent(b, pos, i, l0, self.view))
                 if i < end:
                     rec = b.recs[i]
                     if code in (NEED_SLOW, MISMATCH):

@@ -32,6 +32,7 @@ from .placement import AddressSpace
 from .plan import OpBatch, Planner, Ranges, SlotMap, Slots
 from .staging import PREFETCH_MIN, BlobPipeline
 from .verify import Mismatch, Tolerance
+from .view import ReplayView
 
 CU_STREAM_LEGACY, CU_STREAM_PER_THREAD = 1, 2
 PACE_SPIN_S = 100e-6            # --pace recorded: spin (not sleep) this long before a call is due
@@ -54,6 +55,7 @@ class Replayer(BatchRunner):
         self.path = os.fspath(snapshot_path)
         opt = options or ReplayOptions()
         self.ctx = ReplayContext(opt, ReplayResult(), Tolerance(opt.rtol, opt.atol, opt.dtype))
+        self.view = ReplayView(self)                  # what subscribers see of this replay (view.py)
         hooks = self.ctx.hooks
         hooks.ensure_init = self.ensure_init
         hooks.profiler_control = self.profiler_control
@@ -114,7 +116,7 @@ class Replayer(BatchRunner):
         if not self.subscribers:
             return None
         from .events import make_launch_event
-        ev = make_launch_event(self, rec, fn, params, name, cfg)
+        ev = make_launch_event(self.view, rec, fn, params, name, cfg)
         self.emit("before_launch", ev)
         if ev.ctx.timing_requested:
             ev.ctx._record(0)
@@ -146,17 +148,17 @@ class Replayer(BatchRunner):
         """before_call, before_copy (returns the copy event) and teardown events."""
         from .events import CallEvent, classify, copy_event
         c = classify(rec.get("f") or "")
-        self.emit("before_call", CallEvent(rec.get("s"), rec.get("f"), rec, self))
+        self.emit("before_call", CallEvent(rec.get("s"), rec.get("f"), rec, self.view))
         if c == "copy":
-            ev = copy_event(self, rec)
+            ev = copy_event(self.view, rec)
             self.emit("before_copy", ev)
             return ev
         if c == "graph_launch":
-            ev = CallEvent(rec.get("s"), rec.get("f"), rec, self)
+            ev = CallEvent(rec.get("s"), rec.get("f"), rec, self.view)
             self.emit("before_graph_launch", ev)
             return ev
         if c == "teardown":
-            self.emit("teardown", CallEvent(rec.get("s"), rec.get("f"), rec, self))
+            self.emit("teardown", CallEvent(rec.get("s"), rec.get("f"), rec, self.view))
         return None
 
     def _after_call_event(self, rec, cev) -> None:
@@ -167,8 +169,8 @@ class Replayer(BatchRunner):
         elif c == "graph_launch" and cev is not None:
             self.emit("graph_launch", cev)
         elif c == "sync":
-            self.emit("sync", CallEvent(rec.get("s"), rec.get("f"), rec, self))
-        self.emit("after_call", CallEvent(rec.get("s"), rec.get("f"), rec, self))
+            self.emit("sync", CallEvent(rec.get("s"), rec.get("f"), rec, self.view))
+        self.emit("after_call", CallEvent(rec.get("s"), rec.get("f"), rec, self.view))
 
     # ------------------------------------------------------------------ setup
     def _load_driver(self):
@@ -446,8 +448,8 @@ class Replayer(BatchRunner):
             startup = self.ctx.res.startup_s
             startup["prescan"] = round(time.monotonic() - t_scan, 4)
             self.ctx.res.total_calls = self.total
-            self.selection.prepare(self.ctx)
-            why = self.selection.nothing(self.ctx)
+            self.selection.prepare(self.view)
+            why = self.selection.nothing(self.view)
             if why:                        # before any driver work
                 self.empty_selection = why
                 raise ReplayError(why)
@@ -468,7 +470,7 @@ class Replayer(BatchRunner):
             if self.subscribers:
                 from .events import RunEvent
                 t_sub = time.monotonic()
-                self.emit("start", RunEvent(self, self.path))
+                self.emit("start", RunEvent(self.view, self.path))
                 startup["profiler_start"] = round(time.monotonic() - t_sub, 4)
             self._loop()
             if self._pr_state == 1:
@@ -497,7 +499,7 @@ class Replayer(BatchRunner):
             if self.subscribers:
                 from .events import EndEvent
                 try:
-                    self.emit("end", EndEvent(self.ctx.res, self))
+                    self.emit("end", EndEvent(self.ctx.res, self.view))
                 except Exception as e:  # a stop raised by a subscriber at the very end
                     self.ctx.res.errors.append(str(e))
             if self.ctx.space is not None:

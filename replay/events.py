@@ -17,6 +17,9 @@ A subscriber is any object with `on_event(kind, event)`; append it to
 - "teardown"       CallEvent     before a context is destroyed or released (resolve events now)
 - "end"            EndEvent      after the final synchronize
 
+Every event carries `replay`: a ReplayView (replay/view.py), what a subscriber may see and do
+of the running replay. Subscribers never get the Replayer.
+
 Subscribers fail open: an exception is reported as a replay warning and replay goes on.
 """
 from __future__ import annotations
@@ -27,7 +30,6 @@ from typing import Any, Dict, List, Optional, Tuple
 from cudasnap.formats.abi import base_name
 from cudasnap.formats.vocab import in_class, is_sync
 
-from .functions import bound_function
 from .params import LAUNCH_CONFIG, LaunchParams
 
 _CLASS_CACHE: Dict[str, Optional[str]] = {}
@@ -55,7 +57,7 @@ def classify(f: str) -> Optional[str]:
 
 @dataclass
 class RunEvent:
-    replayer: Any
+    replay: Any                     # ReplayView (replay/view.py)
     path: str
 
 
@@ -64,7 +66,7 @@ class CallEvent:
     seq: Optional[int]
     call: str                       # ABI name as recorded
     rec: Dict[str, Any]
-    replayer: Any
+    replay: Any                     # ReplayView
 
 
 @dataclass
@@ -78,17 +80,17 @@ class CopyEvent:
     stream: Any                     # live stream handle
     rec_stream: int
     rec: Dict[str, Any]
-    replayer: Any
+    replay: Any                     # ReplayView
     data: Dict[str, Any] = field(default_factory=dict)   # per-event scratch for subscribers
 
 
 @dataclass
 class EndEvent:
     result: Any
-    replayer: Any
+    replay: Any                     # ReplayView
 
 
-def copy_event(rp, rec) -> CopyEvent:
+def copy_event(rv, rec) -> CopyEvent:
     f = rec.get("f") or ""
     a = rec.get("a") or {}
     b = base_name(f)
@@ -106,19 +108,19 @@ def copy_event(rp, rec) -> CopyEvent:
         src = a.get("srcDevice", a.get("src"))
     rs = a.get("hStream") or 0
     try:
-        live = rp.ctx.stream(rec, rs) if "Async" in f else rp.ctx.cu.CUstream(0)
+        live = rv.stream(rec, rs) if "Async" in f else rv.driver.CUstream(0)
     except Exception:
         live = None
     return CopyEvent(rec.get("s"), f, d, n, dst if isinstance(dst, int) else None,
-                     src if isinstance(src, int) else None, live, rs if isinstance(rs, int) else 0, rec, rp)
+                     src if isinstance(src, int) else None, live, rs if isinstance(rs, int) else 0, rec, rv)
 
 
 class LaunchContext:
     """What a subscriber may do around one launch: read device memory, ask for this launch to
     be timed with CUDA events, relaunch it (profilers)."""
 
-    def __init__(self, rp, ev: "LaunchEvent"):
-        self.replayer = rp
+    def __init__(self, rv, ev: "LaunchEvent"):
+        self.replay = rv
         self._ev = ev
         self.timing_requested = False
         self._ev0 = self._ev1 = None
@@ -126,29 +128,28 @@ class LaunchContext:
     @property
     def capturing(self) -> bool:
         """A recorded stream capture is in progress: synchronizing now would break it."""
-        return bool(getattr(getattr(self.replayer, "ctx", None), "capturing", None))
+        return self.replay.capturing
 
     # -- memory
     def translate(self, addr: int) -> int:
-        return self.replayer.ctx.tr(addr)
+        return self.replay.translate(addr)
 
     def read_device(self, addr: int, n: int, sync: bool = True) -> bytes:
         """Bytes at device address `addr` (recorded or live; recorded ones are translated).
         Synchronizes the context first, so after_launch sees the kernel's result."""
-        rp = self.replayer
+        rv = self.replay
         if self.capturing:
             raise RuntimeError("read_device during a recorded stream capture (the launch has not run yet)")
         if sync:
-            rp.ctx.raw("cuCtxSynchronize")
+            rv.call("cuCtxSynchronize")
         buf = bytearray(n)
         if n:
-            rp.ctx.raw("cuMemcpyDtoH", buf, rp.ctx.tr(addr), n)
+            rv.call("cuMemcpyDtoH", buf, rv.translate(addr), n)
         return bytes(buf)
 
     def allocation_of(self, addr: int) -> Optional[Tuple[int, int]]:
         """(live base, size) of the replayed allocation holding recorded address `addr`."""
-        sp = self.replayer.ctx.space
-        a = sp.find(addr) if sp is not None else None
+        a = self.replay.find(addr)
         return (a.live_base, a.size) if a is not None else None
 
     # -- timing
@@ -158,9 +159,9 @@ class LaunchContext:
         self.timing_requested = True
 
     def _record(self, which: int) -> None:
-        rp = self.replayer
-        e = rp.ctx.raw("cuEventCreate", 0)
-        rp.ctx.raw("cuEventRecord", e, self._ev.stream)
+        rv = self.replay
+        e = rv.call("cuEventCreate", 0)
+        rv.call("cuEventRecord", e, self._ev.stream)
         if which == 0:
             self._ev0 = e
         else:
@@ -169,12 +170,12 @@ class LaunchContext:
     def elapsed_ms(self) -> Optional[float]:
         if self._ev0 is None or self._ev1 is None:
             return None
-        rp = self.replayer
-        rp.ctx.raw("cuEventSynchronize", self._ev1)
-        ms = float(rp.ctx.raw("cuEventElapsedTime", self._ev0, self._ev1))
+        rv = self.replay
+        rv.call("cuEventSynchronize", self._ev1)
+        ms = float(rv.call("cuEventElapsedTime", self._ev0, self._ev1))
         for e in (self._ev0, self._ev1):
             try:
-                rp.ctx.cu.cuEventDestroy(e)
+                rv.driver.cuEventDestroy(e)
             except Exception:
                 pass
         self._ev0 = self._ev1 = None
@@ -185,13 +186,13 @@ class LaunchContext:
     def relaunch(self, stream=None) -> None:
         """Launch the same kernel with the same (live) parameters again, on `stream` (default:
         the recorded launch's stream).  Raises DriverCallError."""
-        ev, rp = self._ev, self.replayer
+        ev, rv = self._ev, self.replay
         s = ev.stream if stream is None else stream
         base = base_name(ev.call)
         if base == "cuLaunchKernelEx" and ev.config is not None and not int(ev.config.numAttrs):
             c = ev.config      # no attributes: the same launch as cuLaunchKernel
             p = LaunchParams(ev.params)
-            rp.ctx.raw("cuLaunchKernel", bound_function(rp.ctx, ev.function), c.gridDimX, c.gridDimY, c.gridDimZ,
+            rv.call("cuLaunchKernel", rv.bound_function(ev.function), c.gridDimX, c.gridDimY, c.gridDimZ,
                        c.blockDimX, c.blockDimY, c.blockDimZ, c.sharedMemBytes, s, None, p.extra_ptr)
             return
         if base == "cuLaunchKernelEx" and ev.config is not None:
@@ -200,16 +201,16 @@ class LaunchContext:
             cfg.hStream = s
             try:
                 p = LaunchParams(ev.params)
-                rp.ctx.raw("cuLaunchKernelEx", cfg, bound_function(rp.ctx, ev.function), None, p.extra_ptr)
+                rv.call("cuLaunchKernelEx", cfg, rv.bound_function(ev.function), None, p.extra_ptr)
             finally:
                 cfg.hStream = old
             return
         if base == "cuLaunchCooperativeKernel":
             p = LaunchParams(ev.params, ev.layout or [])
-            rp.ctx.raw("cuLaunchCooperativeKernel", bound_function(rp.ctx, ev.function), *ev.grid, *ev.block, ev.shmem, s, p.kp_ptr)
+            rv.call("cuLaunchCooperativeKernel", rv.bound_function(ev.function), *ev.grid, *ev.block, ev.shmem, s, p.kp_ptr)
             return
         p = LaunchParams(ev.params)
-        rp.ctx.raw("cuLaunchKernel", bound_function(rp.ctx, ev.function), *ev.grid, *ev.block, ev.shmem, s, None, p.extra_ptr)
+        rv.call("cuLaunchKernel", rv.bound_function(ev.function), *ev.grid, *ev.block, ev.shmem, s, None, p.extra_ptr)
 
 
 @dataclass
@@ -242,13 +243,13 @@ class LaunchEvent:
     def pointer_params(self) -> List[Tuple[int, int]]:
         """(index, value) of 8-byte parameters that hold a replayed device address."""
         out = []
-        sp = self.ctx.replayer.ctx.space if self.ctx else None
+        rv = self.ctx.replay if self.ctx else None
         items = self.layout or [(o, 8) for o in range(0, len(self.params) - 7, 8)]
         for i, (o, s) in enumerate(items):
             if s != 8 or o + 8 > len(self.rec_params):
                 continue
             v = int.from_bytes(self.rec_params[o:o + 8], "little")
-            if v >= 0x10000 and (sp is None or sp.find(v) is not None):
+            if v >= 0x10000 and (rv is None or rv.find(v) is not None):
                 out.append((i, v))
         return out
 
@@ -256,11 +257,11 @@ class LaunchEvent:
         return self.ctx.elapsed_ms() if self.ctx else None
 
 
-def make_launch_event(rp, rec, fn, params: bytes, name: str, cfg=None) -> LaunchEvent:
+def make_launch_event(rv, rec, fn, params: bytes, name: str, cfg=None) -> LaunchEvent:
     a = rec.get("a") or {}
     f = rec.get("f") or ""
     h = a.get("f")
-    fr = rp.ctx.fn_record(h, rec.get("s")) or {}
+    fr = rv.function_record(h, rec.get("s")) or {}
     if cfg is not None:
         grid = (int(cfg.gridDimX), int(cfg.gridDimY), int(cfg.gridDimZ))
         block = (int(cfg.blockDimX), int(cfg.blockDimY), int(cfg.blockDimZ))
@@ -273,11 +274,11 @@ def make_launch_event(rp, rec, fn, params: bytes, name: str, cfg=None) -> Launch
         block = (int(a.get("blockDimX", 1)), int(a.get("blockDimY", 1)), int(a.get("blockDimZ", 1)))
         shmem = int(a.get("sharedMemBytes", 0))
         rs = a.get("hStream") or 0
-        live_s = rp.ctx.stream(rec, rs)
+        live_s = rv.stream(rec, rs)
     layout = fr.get("params")
     layout = [tuple(p) for p in layout] if layout else None
     rec_params = bytes((rec.get("x") or {}).get("params") or b"")
-    ev = LaunchEvent(rec.get("s"), rp.ctx.res.launches, f, name, grid, block, shmem, live_s, rs if isinstance(rs, int) else 0,
-                     bytes(params), rec_params, layout, fr.get("module", rp.ctx.module_of.get(h)), fn, h, cfg)
-    ev.ctx = LaunchContext(rp, ev)
+    ev = LaunchEvent(rec.get("s"), rv.launches, f, name, grid, block, shmem, live_s, rs if isinstance(rs, int) else 0,
+                     bytes(params), rec_params, layout, fr.get("module", rv.module_of(h)), fn, h, cfg)
+    ev.ctx = LaunchContext(rv, ev)
     return ev

@@ -222,17 +222,15 @@ class RankHook:
             pass
 
     def start(self, ev) -> None:
-        rp = ev.replayer
-        if self.prog is not None and self not in rp.subscribers:
-            if getattr(self, "front", False):
-                rp.subscribers.insert(0, self)    # before a caller's own subscribers (extract reads memory)
-            else:
-                rp.subscribers.append(self)
-            self._window_times(rp.path)
+        rv = ev.replay
+        if self.prog is not None:
+            # front: before a caller's own subscribers (extract reads memory)
+            rv.subscribe(self, first=bool(getattr(self, "front", False)))
+            self._window_times(rv.path)
             self.prog.set_state_t(self.rank, self.state_t or 0)
             # rendezvous: every rank has read its snapshot before any replays a call, so the
             # ranks start together (collectives wait on each other, as when recorded)
-            origin = rp.pace_origin() or 0
+            origin = rv.pace_origin() or 0
             self.prog.set_start(self.rank, origin, time.clock_gettime_ns(time.CLOCK_MONOTONIC))
             self.prog.set(self.rank, 1)
             self._wait_for(1, "the start: rank {r} did not start replaying")
@@ -241,7 +239,7 @@ class RankHook:
                 # rank keeps its offset from the group's first call, from one common start;
                 # a collective then waits on its peers about as long as when recorded
                 first, ready = self.prog.group_start()
-                rp.pace_start_at((ready + PACE_LEAD_NS + (origin - first)) * 1e-9)
+                rv.pace_start_at((ready + PACE_LEAD_NS + (origin - first)) * 1e-9)
 
     def on_event(self, kind: str, ev) -> None:
         if kind == "before_call":
@@ -259,7 +257,7 @@ class RankHook:
         elif kind == "end" and self.prog is not None:
             self.prog.set(self.rank, DONE)
             if self.skipped_state:
-                ev.replayer.ctx.note(f"group replay: {self.skipped_state} state copies into memory imported from "
+                ev.replay.warn(f"group replay: {self.skipped_state} state copies into memory imported from "
                                      f"another rank were left to that rank (it restores its own memory)")
 
     def _before(self, rec) -> None:
@@ -302,8 +300,7 @@ class RankHook:
     def _opened(self, ev) -> None:
         """cuIpcOpenMemHandle returned: the exporter's allocation, as this replay placed it."""
         want = (ev.rec.get("a") or {}).get("pdptr")
-        space = getattr(getattr(ev.replayer, "ctx", None), "space", None)
-        al = space.find(want) if space is not None and isinstance(want, int) else None
+        al = ev.replay.find(want) if isinstance(want, int) else None
         if al is not None:
             self.imported.append((int(al.rec_base), int(al.rec_base) + max(int(al.size), 1),
                                   self.owners.get(ev.rec.get("s"))))

@@ -10,7 +10,7 @@ arguments, values as strings) or a ready object.  From Python, pass objects dire
 
 A hook defines any of these methods (all optional):
 
-    start(event)          RunEvent: event.replayer, event.path
+    start(event)          RunEvent: event.replay, event.path
     before_launch(event)  LaunchEvent (replay/events.py): name, grid, block, shmem, stream,
     after_launch(event)     rec_stream, params (bytes as launched), rec_params, layout
                             ([(offset, size)]), param_values(), pointer_params(), module, seq,
@@ -23,6 +23,9 @@ A hook defines any of these methods (all optional):
     graph_launch(event)           they were recorded as graph nodes, not launches)
     sync(event)           CallEvent: call, seq, rec
     end(event)            EndEvent: result (ReplayResult)
+
+Every event carries `replay`, the replay's view (replay/view.py: driver calls, recorded to live
+addresses, allocations, streams, kernel names, the snapshot's records), never the Replayer.
 
 Hooks fail open: an exception in a hook is reported (stderr and the replay's warnings) and
 replay continues.

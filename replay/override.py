@@ -75,13 +75,13 @@ class LaunchOverride:
         self.refused: Dict[str, str] = {}
         self._limits: Dict[int, int] = {}
 
-    def _max_threads(self, ctx, rec, h) -> Optional[int]:
+    def _max_threads(self, rv, rec, h) -> Optional[int]:
         if h in self._limits:
             return self._limits[h]
-        from .functions import bound_function, resolve_function
         try:
-            fn = bound_function(ctx, resolve_function(ctx, rec, h))     # a library kernel: its CUfunction
-            r = ctx.cu.cuFuncGetAttribute(ctx.cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, fn)
+            fn = rv.bound_function(rv.resolve_function(rec, h))     # a library kernel: its CUfunction
+            cu = rv.driver
+            r = cu.cuFuncGetAttribute(cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, fn)
             v = int(r[1]) if int(r[0]) == 0 else None
         except Exception:
             v = None
@@ -90,7 +90,7 @@ class LaunchOverride:
 
     def on_event(self, kind, ev) -> None:
         if kind == "end":
-            self._report(ev.replayer.ctx)
+            self._report(ev.replay)
             return
         if kind != "before_call":
             return
@@ -98,10 +98,10 @@ class LaunchOverride:
         f = rec.get("f") or ""
         if not is_launch(f) or rec.get("r", 0) != 0:
             return
-        ctx = ev.replayer.ctx
+        rv = ev.replay
         a = dict(rec.get("a") or {})
         h = a.get("f")
-        name = ctx.kernel_name_of(h, rec.get("s"))
+        name = rv.kernel_name(h, rec.get("s"))
         if self.rx is not None and not self.rx.search(name):
             return
         ex = f.startswith("cuLaunchKernelEx")
@@ -117,7 +117,7 @@ class LaunchOverride:
         new_grid = list(self.grid) if self.grid else grid
         new_block = list(self.block) if self.block else block
         if self.block:
-            mx = self._max_threads(ctx, rec, h)
+            mx = self._max_threads(rv, rec, h)
             n = new_block[0] * new_block[1] * new_block[2]
             if mx is not None and n > mx:
                 self.refused[name] = f"block of {n} threads, the kernel allows {mx}"
@@ -140,14 +140,14 @@ class LaunchOverride:
                 "kernel": self.rx.pattern if self.rx else None, "applied": self.applied,
                 "kernels": sorted(self.kernels), "refused": dict(sorted(self.refused.items()))}
 
-    def _report(self, ctx) -> None:
+    def _report(self, rv) -> None:
         g = "x".join(map(str, self.grid)) if self.grid else "as recorded"
         b = "x".join(map(str, self.block)) if self.block else "as recorded"
-        ctx.note(f"--launch-override: {self.applied} launch(es) of {len(self.kernels)} kernel(s) replayed with grid {g}, "
+        rv.warn(f"--launch-override: {self.applied} launch(es) of {len(self.kernels)} kernel(s) replayed with grid {g}, "
                  f"block {b}")
         for k, why in sorted(self.refused.items()):
-            ctx.note(f"--launch-override: launches of {k} left as recorded ({why})")
+            rv.warn(f"--launch-override: launches of {k} left as recorded ({why})")
         if not self.applied:           # nothing ran at the size asked: exit 0 would claim it did
             why = "; ".join(f"{k}: {w}" for k, w in sorted(self.refused.items())) or \
                 (f"no launch of a kernel matching {self.rx.pattern!r}" if self.rx else "no kernel launch replayed")
-            ctx.res.errors.append(f"--launch-override changed no launch ({why})")
+            rv.fail(f"--launch-override changed no launch ({why})")

@@ -427,6 +427,10 @@ class AddressSpace:
         return None
 
     # ------------------------------------------------------------------- translation
+    def in_order(self) -> List[Alloc]:
+        """The live allocations by recorded base."""
+        return [self.allocs[b] for b in list(self._sorted)]
+
     def find(self, rec_addr: int) -> Optional[Alloc]:
         i = bisect.bisect_right(self._sorted, rec_addr) - 1
         if i >= 0:

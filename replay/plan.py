@@ -98,10 +98,10 @@ class BatchEvent:
     """Ops [start, end) of `batch` ran in the C executor ("batch" event; only subscribers whose
     `batch_ok` is true are present then).  index: the launch ordinal of the first launch among
     them (LaunchEvent.index's numbering)."""
-    __slots__ = ("batch", "start", "end", "index", "replayer")
+    __slots__ = ("batch", "start", "end", "index", "replay")
 
-    def __init__(self, batch: "OpBatch", start: int, end: int, index: int, replayer):
-        self.batch, self.start, self.end, self.index, self.replayer = batch, start, end, index, replayer
+    def __init__(self, batch: "OpBatch", start: int, end: int, index: int, replay):
+        self.batch, self.start, self.end, self.index, self.replay = batch, start, end, index, replay
 
     def ops(self) -> Iterator[Tuple[int, int, Dict[str, Any]]]:
         """(op kind, launch ordinal or -1, record) per op that ran, in order."""

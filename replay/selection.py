@@ -166,20 +166,20 @@ class LaunchSelection:
             return False
         return self.matches_name(name)
 
-    def prepare(self, ctx, alone_only: bool = False, skip_name: Optional[Callable[[str], bool]] = None) -> "LaunchSelection":
+    def prepare(self, rv, alone_only: bool = False, skip_name: Optional[Callable[[str], bool]] = None) -> "LaunchSelection":
         """Counting: walk the replayer's recorded launches in call order and keep the seqs of
-        those selected. Names are those the replay resolves (ctx.kernel_name_of).
+        those selected. Names are those the replay resolves (rv, a ReplayView: kernel_name).
         alone_only (modes that replay each launch alone: metrics): -s/-c count only launches
         that run on their own, not those recorded into a stream capture (graph nodes) nor those
         skip_name refuses (a job's collectives)."""
-        self.func_names = ctx.func_names
+        self.func_names = rv.function_names
         if not self.counting or self.chosen is not None:
             return self
         chosen: Set[int] = set()
         n = 0
         hi = None if self.count is None else self.skip + self.count
         capturing: Set[Any] = set()
-        for rec in ctx.reader.records(("c",)):
+        for rec in rv.snapshot.records(("c",)):
             f = rec.get("f") or ""
             if alone_only and track_capture(rec, capturing):
                 continue
@@ -188,7 +188,7 @@ class LaunchSelection:
             s = rec.get("s")
             if not isinstance(s, int):
                 continue
-            name = ctx.kernel_name_of((rec.get("a") or {}).get("f"), s)
+            name = rv.kernel_name((rec.get("a") or {}).get("f"), s)
             if not self._match(rec, name):
                 continue
             if alone_only and ((capturing and recorded_stream(f, rec.get("a") or {}) in capturing)
@@ -204,13 +204,13 @@ class LaunchSelection:
         self.matched = n
         return self
 
-    def nothing(self, ctx) -> Optional[str]:
+    def nothing(self, rv) -> Optional[str]:
         """Why this selection selects no recorded work (a launch, or with --calls also a copy,
-        memset or graph launch), or None when it selects some. After prepare(ctx)."""
+        memset or graph launch), or None when it selects some. After prepare(rv)."""
         if self.everything:
             return None
         launches = last = 0
-        for rec in ctx.reader.records(("c",)):
+        for rec in rv.snapshot.records(("c",)):
             f = rec.get("f") or ""
             if isinstance(rec.get("s"), int):
                 last = rec["s"]
@@ -218,7 +218,7 @@ class LaunchSelection:
                 continue
             if is_launch(f):
                 launches += 1
-                if self.rec(rec, ctx.kernel_name_of((rec.get("a") or {}).get("f"), rec.get("s"))):
+                if self.rec(rec, rv.kernel_name((rec.get("a") or {}).get("f"), rec.get("s"))):
                     return None
             elif self.sel is not None and self.launch is None and not self.name_filter and not self.counting \
                     and ("GraphLaunch" in f or f.startswith("cuMemset")

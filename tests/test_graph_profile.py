@@ -438,7 +438,7 @@ class _GateDriver:
         self.buf = ctypes.create_string_buffer(8)
         self.calls, self.seen, self.wait_ok = [], [], wait_ok
 
-    def raw(self, name, *args):
+    def call(self, name, *args):     # the ReplayView call LaunchGate makes
         self.calls.append((name, args))
         self.seen.append(self.word())          # the host word when the call was issued
         if name == "cuMemHostAlloc":

@@ -150,11 +150,12 @@ def test_ranges_for_looks_up_each_distinct_parameter_word_once():
         looked.append(v)
         raise RuntimeError("CUDA_ERROR_NOT_FOUND")
 
-    rp = SimpleNamespace(ctx=SimpleNamespace(space=Space(), tr=lambda v: v, raw=raw))
+    from cudasnap.replay.view import ReplayView
+    rv = ReplayView(SimpleNamespace(ctx=SimpleNamespace(space=Space(), tr=lambda v: v, raw=raw)))
     # 20,000 launches of a loop: 64 tensors, sizes and strides repeat from step to step
     evs = [SimpleNamespace(rec_params=struct.pack("<QQQi", 0x200000000000 + (i % 64) * 4096, 1 << 20, 0x7777 + i % 5, 3))
            for i in range(20000)]
-    ranges = ranges_for(rp, evs, limit=0)
+    ranges = ranges_for(rv, evs, limit=0)
     assert ranges == [(0x200000000000, 64 * 4096)]
     assert sorted(looked) == [1 << 20]          # the one word >= 0x10000 that no allocation holds, once
 
@@ -173,7 +174,7 @@ class _BlockingDriver:
     def word(self):
         return struct.unpack_from("<I", self.buf.raw)[0]
 
-    def raw(self, name, *args):
+    def call(self, name, *args):     # the ReplayView call LaunchGate makes
         self.calls.append(name)
         if name == "cuMemHostAlloc":
             import ctypes

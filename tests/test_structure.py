@@ -6,6 +6,8 @@
   never the engine;
 - no private name imported across modules;
 - one definition of each record predicate (formats/vocab.py);
+- replay subscribers (profilers, hooks, extract's tap) see the replay's view (replay/view.py),
+  never the Replayer;
 - every file of bench/ named in bench/README.md.
 The graph is built with ast from the source tree, counting every import statement wherever it
 sits (a function-level import hides a circle from Python, not from this test)."""
@@ -472,3 +474,47 @@ def test_campaign_sql_lives_in_the_store():
                     "execute", "executemany", "executescript"):
                 found.append(f"{mod}:{node.lineno}")
     assert found == []
+
+
+# ------------------------------------------------------------------ subscribers see a view
+# Modules whose code runs as a replay subscriber (profilers, hooks, --launch-override, a job
+# rank's hook, extract's tap and its memory reads): they get the event's ReplayView
+# (replay/view.py), never the Replayer nor its context. profile/__init__.py is left out: it
+# builds the Replayer and hands it the subscribers.
+SUBSCRIBER_MODULES = sorted({p for p in (ROOT / "replay" / "profile").glob("*.py") if p.name != "__init__.py"}
+                            | {ROOT / "replay" / n for n in ("hooks.py", "override.py", "events.py", "group.py")}
+                            | {ROOT / "export" / n for n in ("ranges.py",)})
+
+
+def replayer_reaches(path: Path, only=None) -> List[str]:
+    """'file:line attr' for each reach past the view: an attribute `replayer` or `subscribers`,
+    or `.ctx` on anything but a launch event (ev.ctx, event.ctx: its LaunchContext) or, in
+    events.py, the event itself. only: a function or class name whose body alone is read."""
+    tree = ast.parse(path.read_text(), str(path))
+    if only is not None:
+        tree = next(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == only)
+    out = []
+    for n in ast.walk(tree):
+        if not isinstance(n, ast.Attribute):
+            continue
+        base = n.value.id if isinstance(n.value, ast.Name) else None
+        if n.attr in ("replayer", "subscribers") or (
+                n.attr == "ctx" and base not in ("ev", "event") and not (path.name == "events.py" and base == "self")):
+            out.append(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name}:{n.lineno} .{n.attr}")
+    return out
+
+
+def test_subscribers_see_the_replay_view_never_the_replayer():
+    found = [r for p in SUBSCRIBER_MODULES for r in replayer_reaches(p)]
+    found += replayer_reaches(ROOT / "export" / "extract.py", "Tap")
+    for name in ("_ranges", "_read", "at_start", "at_end"):
+        found += replayer_reaches(ROOT / "export" / "extract.py", name)
+    print(f"{len(found)} reaches past the replay view from subscriber code "
+          f"({len(SUBSCRIBER_MODULES)} modules and extract's tap)")
+    assert found == [], found
+
+
+def test_reach_finder_finds_a_reach(tmp_path):
+    p = tmp_path / "probe.py"
+    p.write_text("def f(ev, rp):\n    ev.ctx.relaunch()\n    rp.ctx.raw('x')\n    ev.replayer.path\n")
+    assert sorted(r.rsplit(" ", 1)[1] for r in replayer_reaches(p)) == [".ctx", ".replayer"]

@@ -22,18 +22,18 @@ _orig = iso.IsolatedProfiler._windowed_runs
 
 
 def _nogap(self, ev, saver, digests):
-    rp, cfg, s = self.rp, self.cfg, ev.stream
+    rv, cfg, s = self.rv, self.cfg, ev.stream
     clock = WindowClock(self.cupti)
     clock.start()
     windows = []
     for i in range(cfg.warmup + cfg.repeat):
-        rp.ctx.raw("cuStreamSynchronize", s)
+        rv.call("cuStreamSynchronize", s)
         m0 = clock.mark() if i >= cfg.warmup else None
         saver.restore(s)
         if self.flusher is not None:
             self.flusher.flush(s)
         ev.ctx.relaunch()
-        rp.ctx.raw("cuStreamSynchronize", s)
+        rv.call("cuStreamSynchronize", s)
         if m0 is not None:
             windows.append((m0, clock.mark()))
     runs = clock.collect(windows)

@@ -173,7 +173,7 @@ def profile_replay(snapshot, cfg: ProfileConfig, options: Optional[ReplayOptions
 
     def warn(msg: str) -> None:
         warnings.append(msg)
-        rp.ctx.note(msg)
+        rp.view.warn(msg)
 
     nv = cfg.nvtx
     if nv is None:
@@ -192,7 +192,7 @@ def profile_replay(snapshot, cfg: ProfileConfig, options: Optional[ReplayOptions
     # a rank of a job may hold none of the launches the job's selection names
     from ..group import ENV_RANK
     in_job = bool(os.environ.get(ENV_RANK))
-    why = sel.nothing(rp.ctx) if sel is not None and rp.ctx.reader is not None and not res.errors and not in_job else None
+    why = sel.nothing(rp.view) if sel is not None and rp.view.snapshot is not None and not res.errors and not in_job else None
     if why:                               # a profile of nothing is no profile: nothing is written
         rp.empty_selection = why
         res.errors.append(why)
@@ -208,7 +208,7 @@ def profile_replay(snapshot, cfg: ProfileConfig, options: Optional[ReplayOptions
         report["warnings"] = list(dict.fromkeys(warnings))
         try:
             from .report import run_info
-            report["run"] = run_info(rp, cfg, opts, snapshot)
+            report["run"] = run_info(rp.view, cfg, opts, snapshot)
             report["run"]["exit_code"] = res.exit_code
             report["run"]["timings_s"] = phase_timings(res, t_entry)
             if override is not None:

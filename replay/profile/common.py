@@ -15,18 +15,15 @@ from ..group import ENV_RANK
 from ..selection import LaunchSelection
 
 
-def Selection(cfg, ctx, alone_only: bool = False) -> LaunchSelection:
+def Selection(cfg, rv, alone_only: bool = False) -> LaunchSelection:
     """Which launches are profiled: the selection of cfg (a ProfileConfig), prepared on the
-    replay's context ctx (after its first pass; -s/-c count the recorded launches, with
-    alone_only those that can replay alone: not graph nodes, nor a job's collectives). ctx may
-    be a mapping of function names (no counting then)."""
-    if isinstance(ctx, dict):
-        return LaunchSelection.of(cfg, ctx)
+    replay view rv (after its first pass; -s/-c count the recorded launches, with alone_only
+    those that can replay alone: not graph nodes, nor a job's collectives). rv may be a mapping
+    of function names (no counting then)."""
+    if isinstance(rv, dict):
+        return LaunchSelection.of(cfg, rv)
     skip = is_collective if alone_only and os.environ.get(ENV_RANK) else None
-    return LaunchSelection.of(cfg, ctx.func_names).prepare(ctx, alone_only, skip)
-
-
-SAVE_KINDS = ("placed", "fallback", "global")
+    return LaunchSelection.of(cfg, rv.function_names).prepare(rv, alone_only, skip)
 
 
 def _merge(ranges: List[Tuple[int, int]]) -> List[Tuple[int, int]]:
@@ -40,20 +37,10 @@ def _merge(ranges: List[Tuple[int, int]]) -> List[Tuple[int, int]]:
     return [(lo, hi - lo) for lo, hi in out]
 
 
-def live_ranges(sp) -> List[Tuple[int, int]]:
-    """Every live (base, size) range a kernel can write: replayed allocations and module globals,
-    the program's own VMM mappings, and memory held for a graph (placement.hold_frees)."""
-    if sp is None:
-        return []
-    out = [(a.live_base, a.size) for a in sp.allocs.values() if a.kind in SAVE_KINDS]
-    return out + list(sp.mappings.items()) + sp.held_ranges()
-
-
-def ranges_for(rp, launches, limit: int) -> List[Tuple[int, int]]:
-    """Live (base, size) ranges the given launch events could write: all of live_ranges when they
-    fit in `limit` bytes, else the ranges their pointer-sized parameters point into."""
-    sp = rp.ctx.space
-    allocs = live_ranges(sp)
+def ranges_for(rv, launches, limit: int) -> List[Tuple[int, int]]:
+    """Live (base, size) ranges the given launch events could write: everything writable when it
+    fits in `limit` bytes, else the ranges their pointer-sized parameters point into."""
+    allocs = rv.writable_ranges()
     if allocs and sum(n for _b, n in allocs) <= limit:
         return _merge(allocs)
     words = set()            # each distinct value once: a loop's launches repeat the same pointers
@@ -63,28 +50,16 @@ def ranges_for(rp, launches, limit: int) -> List[Tuple[int, int]]:
             words.update(struct.unpack_from(f"<{len(raw) // 8}Q", raw))
     out = []
     for v in sorted(words):
-        if v < 0x10000:
-            continue
-        a = sp.find(v) if sp else None
-        if a is not None and a.kind in SAVE_KINDS:
-            out.append((a.live_base, a.size))
-            continue
-        live = rp.ctx.tr(v)
-        m = sp.find_mapping(live) if sp else None
-        if m is not None:
-            out.append(m)
-            continue
-        try:  # memory the placement does not know
-            base, size = rp.ctx.raw("cuMemGetAddressRange", live)
-            out.append((int(base), int(size)))
-        except Exception:
-            pass
+        if v >= 0x10000:
+            r = rv.writable_range_of(v)
+            if r is not None:
+                out.append(r)
     return _merge(out)
 
 
 class MemorySaver:
-    def __init__(self, rp, ranges: List[Tuple[int, int]]):
-        self.rp = rp
+    def __init__(self, rv, ranges: List[Tuple[int, int]]):
+        self.rv = rv
         self.ranges = ranges
         self.copies: List[Tuple[int, int, int]] = []      # live, backup, size
 
@@ -93,27 +68,27 @@ class MemorySaver:
         return sum(n for _b, _bk, n in self.copies)
 
     def save(self) -> None:
-        rp = self.rp
-        rp.ctx.raw("cuCtxSynchronize")
+        rv = self.rv
+        rv.call("cuCtxSynchronize")
         self.skipped = []
         try:
             for base, n in self.ranges:
-                bk = int(rp.ctx.raw("cuMemAlloc", n))
+                bk = int(rv.call("cuMemAlloc", n))
                 try:
-                    rp.ctx.raw("cuMemcpyDtoD", bk, base, n)
+                    rv.call("cuMemcpyDtoD", bk, base, n)
                 except Exception:        # not (or no longer) device memory: nothing a kernel writes
-                    rp.ctx.raw("cuMemFree", bk)
+                    rv.call("cuMemFree", bk)
                     self.skipped.append((base, n))
                     continue
                 self.copies.append((base, bk, n))
-            rp.ctx.raw("cuCtxSynchronize")
+            rv.call("cuCtxSynchronize")
         except Exception:
             self.free()
             raise
 
     def restore(self, stream) -> None:
         for base, bk, n in self.copies:
-            self.rp.ctx.raw("cuMemcpyDtoDAsync", base, bk, n, stream)
+            self.rv.call("cuMemcpyDtoDAsync", base, bk, n, stream)
 
     def keep_only(self, live: List[Tuple[int, int]]) -> int:
         """Drop saved ranges that are no longer inside live memory (freed since the save);
@@ -124,7 +99,7 @@ class MemorySaver:
         self.copies = keep
         for _b, bk, _n in drop:
             try:
-                self.rp.ctx.raw("cuMemFree", bk)
+                self.rv.call("cuMemFree", bk)
             except Exception:
                 pass
         return len(drop)
@@ -132,19 +107,19 @@ class MemorySaver:
     def digest(self, backup: bool = False) -> str:
         """sha256 of the saved ranges as they are now (or of the saved copies)."""
         import hashlib
-        rp = self.rp
-        rp.ctx.raw("cuCtxSynchronize")
+        rv = self.rv
+        rv.call("cuCtxSynchronize")
         h = hashlib.sha256()
         for base, bk, n in self.copies:
             buf = bytearray(n)
-            rp.ctx.raw("cuMemcpyDtoH", buf, bk if backup else base, n)
+            rv.call("cuMemcpyDtoH", buf, bk if backup else base, n)
             h.update(buf)
         return h.hexdigest()
 
     def free(self) -> None:
         for _b, bk, _n in self.copies:
             try:
-                self.rp.ctx.raw("cuMemFree", bk)
+                self.rv.call("cuMemFree", bk)
             except Exception:
                 pass
         self.copies = []
@@ -176,9 +151,9 @@ def base_row(ev, saver) -> Dict[str, Any]:
 def save_before(prof, ev, mode: str) -> None:
     """Save the memory launch ev may write (prof.cfg.save_limit), so that it can be replayed from
     there: the saver goes to ev.data[mode]; a launch whose memory could not be saved gets a row
-    with the error (prof: rp, cfg, rows, saved_bytes, warn)."""
-    rp = prof.rp
-    saver = MemorySaver(rp, ranges_for(rp, [ev], prof.cfg.save_limit))
+    with the error (prof: rv, cfg, rows, saved_bytes, warn)."""
+    rv = prof.rv
+    saver = MemorySaver(rv, ranges_for(rv, [ev], prof.cfg.save_limit))
     try:
         saver.save()
     except Exception as e:
@@ -234,32 +209,32 @@ class LaunchGate:
 
     RELEASE_AFTER_S = 0.05
 
-    def __init__(self, ctx, stream):
+    def __init__(self, rv, stream):
         import ctypes
         import threading
-        self.ctx, self.stream, self.value = ctx, stream, 0
+        self.rv, self.stream, self.value = rv, stream, 0
         self.released_late = 0
         self._lock = threading.Lock()
         self._timer = None
-        self.host = int(ctx.raw("cuMemHostAlloc", 4, 0x02))          # CU_MEMHOSTALLOC_DEVICEMAP
+        self.host = int(rv.call("cuMemHostAlloc", 4, 0x02))          # CU_MEMHOSTALLOC_DEVICEMAP
         self.word = ctypes.c_uint32.from_address(self.host)
         self.word.value = 0
         try:
-            self.dptr = ctx.raw("cuMemHostGetDevicePointer", self.host, 0)
+            self.dptr = rv.call("cuMemHostGetDevicePointer", self.host, 0)
         except Exception:
             self.close()
             raise
 
     @classmethod
-    def open(cls, ctx, stream) -> Optional["LaunchGate"]:
+    def open(cls, rv, stream) -> Optional["LaunchGate"]:
         try:
-            gate = cls(ctx, stream)
+            gate = cls(rv, stream)
         except Exception:
             return None
         try:                      # a trial hold and release: stream memory operations work here
             with gate:
                 pass
-            ctx.raw("cuStreamSynchronize", stream)
+            rv.call("cuStreamSynchronize", stream)
         except Exception:
             gate.close()
             return None
@@ -273,7 +248,7 @@ class LaunchGate:
     def __enter__(self) -> "LaunchGate":
         import threading
         self.value += 1
-        self.ctx.raw("cuStreamWaitValue32", self.stream, self.dptr, self.value, 0)   # CU_STREAM_WAIT_VALUE_GEQ
+        self.rv.call("cuStreamWaitValue32", self.stream, self.dptr, self.value, 0)   # CU_STREAM_WAIT_VALUE_GEQ
         t = threading.Timer(self.RELEASE_AFTER_S, self._release_late, (self.value,))
         t.daemon = True
         self._timer = t
@@ -294,13 +269,13 @@ class LaunchGate:
             self.word.value = self.value      # released even when issuing failed: never a stuck stream
 
     @staticmethod
-    def launch_timed(ctx, gate: Optional["LaunchGate"], exe, stream, e0, e1) -> None:
+    def launch_timed(rv, gate: Optional["LaunchGate"], exe, stream, e0, e1) -> None:
         """e0, cuGraphLaunch(exe), e1 on stream, issued while `gate` (if any, and ok) holds the
         stream."""
         with gate if gate is not None and gate.ok else nullcontext():
-            ctx.raw("cuEventRecord", e0, stream)
-            ctx.raw("cuGraphLaunch", exe, stream)
-            ctx.raw("cuEventRecord", e1, stream)
+            rv.call("cuEventRecord", e0, stream)
+            rv.call("cuGraphLaunch", exe, stream)
+            rv.call("cuEventRecord", e1, stream)
 
     def close(self) -> None:
         t, self._timer = self._timer, None
@@ -312,10 +287,10 @@ class LaunchGate:
                 self.word.value = 0xFFFFFFFF  # nothing may still wait on it
         if host:
             try:
-                self.ctx.raw("cuStreamSynchronize", self.stream)
+                self.rv.call("cuStreamSynchronize", self.stream)
             except Exception:
                 pass
             try:
-                self.ctx.raw("cuMemFreeHost", host)
+                self.rv.call("cuMemFreeHost", host)
             except Exception:
                 pass

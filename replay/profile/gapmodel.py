@@ -50,47 +50,47 @@ class GapChain:
     """The calibration chain: built and timed untraced before CUPTI is opened, then timed
     traced on the open collector; model() combines them."""
 
-    def __init__(self, rp, stream, k: int = NODES, runs: int = RUNS):
-        self.rp, self.stream, self.k, self.runs = rp, stream, k, runs
+    def __init__(self, rv, stream, k: int = NODES, runs: int = RUNS):
+        self.rv, self.stream, self.k, self.runs = rv, stream, k, runs
         self.made: List = []
         self.untraced_us: List[float] = []
         self.traced: List[List[Any]] = []
-        cu = rp.ctx.cu
-        mod = rp.ctx.raw("cuModuleLoadData", _EMPTY_PTX + b"\0")
+        cu = rv.driver
+        mod = rv.call("cuModuleLoadData", _EMPTY_PTX + b"\0")
         self.made.append(("cuModuleUnload", mod))
-        fn = rp.ctx.raw("cuModuleGetFunction", mod, b"cudasnap_empty")
+        fn = rv.call("cuModuleGetFunction", mod, b"cudasnap_empty")
         # as wide as a real kernel (2 blocks per SM): CUPTI's cost per node grows with the grid
         try:
             attr = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
-            self.grid = 2 * max(1, int(rp.ctx.raw("cuDeviceGetAttribute", attr, rp.ctx.dev)))
+            self.grid = 2 * max(1, int(rv.call("cuDeviceGetAttribute", attr, rv.device)))
         except Exception:
             self.grid = 256
         mode = getattr(getattr(cu, "CUstreamCaptureMode", None), "CU_STREAM_CAPTURE_MODE_RELAXED", 2)
-        rp.ctx.raw("cuStreamBeginCapture", stream, mode)
+        rv.call("cuStreamBeginCapture", stream, mode)
         try:
             for _ in range(k):
-                rp.ctx.raw("cuLaunchKernel", fn, self.grid, 1, 1, 128, 1, 1, 0, stream, None, 0)
+                rv.call("cuLaunchKernel", fn, self.grid, 1, 1, 128, 1, 1, 0, stream, None, 0)
         finally:
-            graph = rp.ctx.raw("cuStreamEndCapture", stream)
+            graph = rv.call("cuStreamEndCapture", stream)
             self.made.append(("cuGraphDestroy", graph))
-        self.exe = rp.ctx.raw("cuGraphInstantiate", graph, 0)
+        self.exe = rv.call("cuGraphInstantiate", graph, 0)
         self.made.append(("cuGraphExecDestroy", self.exe))
         self._launch()                                  # upload
 
     def _launch(self) -> None:
-        self.rp.ctx.raw("cuGraphLaunch", self.exe, self.stream)
-        self.rp.ctx.raw("cuStreamSynchronize", self.stream)
+        self.rv.call("cuGraphLaunch", self.exe, self.stream)
+        self.rv.call("cuStreamSynchronize", self.stream)
 
     def time_untraced(self) -> None:
-        rp = self.rp
-        e0, e1 = rp.ctx.raw("cuEventCreate", 0), rp.ctx.raw("cuEventCreate", 0)
+        rv = self.rv
+        e0, e1 = rv.call("cuEventCreate", 0), rv.call("cuEventCreate", 0)
         self.made += [("cuEventDestroy", e0), ("cuEventDestroy", e1)]
-        gate = LaunchGate.open(rp.ctx, self.stream)       # as the graph itself is timed (graphmode)
+        gate = LaunchGate.open(rv, self.stream)       # as the graph itself is timed (graphmode)
         try:
             for _ in range(self.runs):
-                LaunchGate.launch_timed(rp.ctx, gate, self.exe, self.stream, e0, e1)
-                rp.ctx.raw("cuStreamSynchronize", self.stream)
-                self.untraced_us.append(float(rp.ctx.raw("cuEventElapsedTime", e0, e1)) * 1e3)
+                LaunchGate.launch_timed(rv, gate, self.exe, self.stream, e0, e1)
+                rv.call("cuStreamSynchronize", self.stream)
+                self.untraced_us.append(float(rv.call("cuEventElapsedTime", e0, e1)) * 1e3)
         finally:
             if gate is not None:
                 gate.close()
@@ -112,5 +112,5 @@ class GapChain:
         return m
 
     def close(self) -> None:
-        destroy_all(self.rp.ctx.cu, self.made)
+        destroy_all(self.rv.driver, self.made)
         self.made = []

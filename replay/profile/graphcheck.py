@@ -81,8 +81,8 @@ class TimelineReference:
         self.rows = []
         tl = self.tl
         try:
-            if tl.rp is not None:
-                tl.rp.ctx.raw("cuCtxSynchronize")
+            if tl.rv is not None:
+                tl.rv.call("cuCtxSynchronize")
             tl.on_event("teardown", None)        # CUDA events: resolved and released
             tl.on_event("end", None)             # CUPTI: flushed, closed, records matched to the launches
             lo = first_seq if first_seq is not None else -1

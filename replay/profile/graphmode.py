@@ -69,7 +69,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from ..functions import bound_function, why_unbound
 from ..group import peers_text, rank_done
 from ..errors import ReplayError
-from .common import LaunchGate, MemorySaver, Selection, destroy_all, live_ranges, ranges_for, stats
+from .common import LaunchGate, MemorySaver, Selection, destroy_all, ranges_for, stats
 from .gapmodel import GapChain
 from .graphcheck import TimelineReference, reference_check
 from .graphnodes import NodeAttribution
@@ -131,7 +131,7 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
     def __init__(self, cfg, warn: Callable[[str], None]):
         self.cfg = cfg
         self.warn = warn
-        self.rp = None
+        self.rv = None
         self.sel = None
         self.first_seq: Optional[int] = None
         self.last_seq: Optional[int] = None
@@ -213,13 +213,13 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
             if ref is not None:
                 ref.on_event(kind, ev)
             self._record(kind, ev)
-        if self.launches and self.rp.ctx.unload_later is None:
+        if self.launches and not self.rv.unloads_deferred:
             # from the sequence's first launch: the graph relaunches kernels whose module the
             # program may unload before the graph is built
-            self.rp.ctx.defer_unloads()
+            self.rv.defer_unloads()
         if kind in ("teardown", "end"):
             self.due = True
-        if self.due and self.launches and not self.rp.ctx.capturing \
+        if self.due and self.launches and not self.rv.capturing \
                 and kind in (("teardown", "end") if self._in_job else
                              ("after_launch", "copy", "sync", "batch", "teardown", "end")):
             self.done = True
@@ -229,8 +229,8 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
                 self._run()
             finally:
                 if self._in_job:
-                    self.rp.release_held()
-                self.rp.ctx.unload_deferred()
+                    self.rv.run_held_frees()
+                self.rv.unload_deferred()
         elif kind == "end":
             self._abandon()
 
@@ -247,19 +247,18 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
         if self.pre is not None:
             self.pre.free()
             self.pre = None
-            if self.rp.ctx.space is not None:
-                self.rp.ctx.space.release_held()
-        if self.rp is not None:
-            self.rp.ctx.unload_deferred()
+            self.rv.release_held_memory()
+        if self.rv is not None:
+            self.rv.unload_deferred()
 
     def _start(self, ev) -> None:
-        self.rp = rp = ev.replayer
+        self.rv = rv = ev.replay
         self._t_start = time.monotonic()
-        self.sel = Selection(self.cfg, rp.ctx)
-        wd = getattr(rp.ctx.opt, "watchdog", None)
+        self.sel = Selection(self.cfg, rv)
+        wd = getattr(rv.options, "watchdog", None)
         if wd:
             self.timeout = max(1.0, 0.8 * float(wd))
-        self._scan(rp)
+        self._scan(rv)
         if self.last_seq is None:
             if not self._start_units():
                 self.warn("graph: no launch selected")
@@ -284,14 +283,14 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
 
     # ------------------------------------------------------------------ running the graph
     def _arm(self, what: str) -> None:
-        wd = getattr(self.rp, "watchdog", None)
+        wd = getattr(self.rv, "watchdog", None)
         if wd is not None:
             wd.arm(f"graph profiler: {what} ({len(self.launches)} launches, calls #{self.first_seq}..#{self.last_seq})")
 
     def _wait(self, stream, what: str) -> None:
         """cuStreamSynchronize with a time limit (polls cuStreamQuery)."""
         from ..driverops import DriverCallError, result_code
-        cu = self.rp.ctx.cu
+        cu = self.rv.driver
         t_end = time.monotonic() + self.timeout
         delay = 0.0
         while True:
@@ -306,16 +305,16 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
             delay = min(0.002, delay + 0.0001)
 
     def _issue(self, op, stream) -> None:
-        rp = self.rp
+        rv = self.rv
         k = op[0]
         if k == "launch":
             relaunch(op[1], stream)
         elif k == "memset":
-            rp.ctx.raw(op[1], *op[2], stream)
+            rv.call(op[1], *op[2], stream)
         elif k == "dtod":
-            rp.ctx.raw("cuMemcpyDtoDAsync", op[1], op[2], op[3], stream)
+            rv.call("cuMemcpyDtoDAsync", op[1], op[2], op[3], stream)
         elif k == "htod":
-            rp.ctx.raw("cuMemcpyDtoDAsync", op[2], op[5], op[3], stream)   # from the staging copy
+            rv.call("cuMemcpyDtoDAsync", op[2], op[5], op[3], stream)   # from the staging copy
 
     @staticmethod
     def _desc(op) -> str:
@@ -328,9 +327,9 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
 
     def _prog(self) -> PhaseProgress:
         if self._progress is None:
-            self._progress = PhaseProgress("graph", getattr(self.rp.ctx.opt, "progress", None),
-                                           bool(getattr(self.rp.ctx.opt, "quiet", False)),
-                                           getattr(self.rp, "progress_bar", None))
+            self._progress = PhaseProgress("graph", getattr(self.rv.options, "progress", None),
+                                           bool(getattr(self.rv.options, "quiet", False)),
+                                           getattr(self.rv, "progress_bar", None))
         return self._progress
 
     def _phase(self, name: str, total: Optional[int] = None):
@@ -345,26 +344,26 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
 
     def _instantiate(self, graph, what: str = "instantiating"):
         with self._phase(what):
-            return self.rp.ctx.raw("cuGraphInstantiate", graph, 0)
+            return self.rv.call("cuGraphInstantiate", graph, 0)
 
     def _capture_ops(self, stream, tag, events, ph):
-        rp, cu = self.rp, self.rp.ctx.cu
+        rv, cu = self.rv, self.rv.driver
         mode = getattr(getattr(cu, "CUstreamCaptureMode", None), "CU_STREAM_CAPTURE_MODE_RELAXED", 2)
         for op in self.ops:       # a library kernel's CUfunction is got before the capture, not inside it
             if op[0] == "launch" and getattr(op[1], "function", None) is not None:
-                bound_function(rp.ctx, op[1].function)
-        rp.ctx.raw("cuStreamBeginCapture", stream, mode)
+                rv.bound_function(op[1].function)
+        rv.call("cuStreamBeginCapture", stream, mode)
         err = None
         try:                          # nothing else in between: no sync, no query
             if events:
-                rp.ctx.raw("cuEventRecordWithFlags", events[0], stream, CU_EVENT_RECORD_EXTERNAL)
+                rv.call("cuEventRecordWithFlags", events[0], stream, CU_EVENT_RECORD_EXTERNAL)
             for i, op in enumerate(self.ops):
                 if tag is not None:
                     tag.node_tag = i
                 try:
                     self._issue(op, stream)
                     if events:
-                        rp.ctx.raw("cuEventRecordWithFlags", events[i + 1], stream, CU_EVENT_RECORD_EXTERNAL)
+                        rv.call("cuEventRecordWithFlags", events[i + 1], stream, CU_EVENT_RECORD_EXTERNAL)
                 except Exception as e:
                     fn = getattr(op[1], "function", None) if op[0] == "launch" else None
                     err = f"{self._desc(op)}: {e}{why_unbound(fn) if fn is not None else ''}"
@@ -377,7 +376,7 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
             if tag is not None:
                 tag.node_tag = None
         try:
-            graph = rp.ctx.raw("cuStreamEndCapture", stream)
+            graph = rv.call("cuStreamEndCapture", stream)
         except Exception as e:
             graph = None
             err = err or f"cuStreamEndCapture: {e}"
@@ -391,18 +390,18 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
         return graph
 
     def _live_ranges(self) -> List[Tuple[int, int]]:
-        rp = self.rp
-        live = live_ranges(rp.ctx.space)
+        rv = self.rv
+        live = rv.writable_ranges()
         for base, _bk, _n in (self.pre.copies if self.pre else []):
             try:
-                b, n = rp.ctx.raw("cuMemGetAddressRange", base)
+                b, n = rv.call("cuMemGetAddressRange", base)
                 live.append((int(b), int(n)))
             except Exception:
                 pass
         return live
 
     def _run(self) -> None:
-        rp, cfg = self.rp, self.cfg
+        rv, cfg = self.rv, self.cfg
         prog = self._prog()                  # the replay up to here, as recorded, without the save before it
         prog.record(REPLAY_PHASE, time.monotonic() - self._t_start - prog.times.get(PRE_PHASE, 0.0))
         post = None
@@ -418,20 +417,20 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
                     self._ref.finish(self.first_seq, self.last_seq)
             self._arm("saving memory")
             with self._phase("saving memory"):
-                rp.ctx.raw("cuCtxSynchronize")
-                post = MemorySaver(rp, ranges_for(rp, self.launches, cfg.save_limit))
+                rv.call("cuCtxSynchronize")
+                post = MemorySaver(rv, ranges_for(rv, self.launches, cfg.save_limit))
                 post.save()
                 if self.pre is not None:
                     dropped = self.pre.keep_only(self._live_ranges())
                     if dropped:
                         self.warn(f"graph: {dropped} range(s) saved before the sequence were freed during it; "
                                   f"not restored")
-                stream = rp.ctx.raw("cuStreamCreate", CU_STREAM_NON_BLOCKING)
+                stream = rv.call("cuStreamCreate", CU_STREAM_NON_BLOCKING)
                 staging = self._stage()
                 self._prelude_ops = self._prelude()
                 if self._prelude_ops:
                     self.info["prelude_ops"] = len(self._prelude_ops)
-                rp.ctx.raw("cuCtxSynchronize")
+                rv.call("cuCtxSynchronize")
             self._arm("capturing")
             graph = self._capture(stream)
             gexec = self._instantiate(graph)
@@ -446,15 +445,15 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
                     self._graph_run(gexec, stream, f"warmup run {i + 1}")
                     check(False)
                     ph.advance()
-                self._gate = LaunchGate.open(rp.ctx, stream)
+                self._gate = LaunchGate.open(rv, stream)
                 for i in range(cfg.repeat):
-                    e0, e1 = rp.ctx.raw("cuEventCreate", 0), rp.ctx.raw("cuEventCreate", 0)
+                    e0, e1 = rv.call("cuEventCreate", 0), rv.call("cuEventCreate", 0)
                     evs.append((e0, e1))
                     self._graph_run(gexec, stream, f"timed run {i + 1}", events=(e0, e1))
                     check(True)
                     ph.advance()
                     # each run was waited for: its time is there now
-                    self.total_times_us.append(float(rp.ctx.raw("cuEventElapsedTime", e0, e1)) * 1e3)
+                    self.total_times_us.append(float(rv.call("cuEventElapsedTime", e0, e1)) * 1e3)
                     if STEADY_RUNS <= i + 1 < cfg.repeat and steady(self.total_times_us):
                         self.info["runs_note"] = (f"{i + 1} of {cfg.repeat} timed runs: their noise within "
                                                   f"{STEADY_PCT:g}%")
@@ -477,7 +476,7 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
                 if cfg.backend != "events" and importlib.util.find_spec("cupti") is not None:
                     try:             # the gap calibration's untraced runs, before CUPTI is on
                         with self._phase("calibrating tracing"):
-                            self._chain = GapChain(rp, stream)
+                            self._chain = GapChain(rv, stream)
                             self._chain.time_untraced()
                     except Exception as e:
                         self.warn(f"graph: gap calibration: {type(e).__name__}: {e}")
@@ -521,7 +520,7 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
         if self._dp_hint is None:
             from ..retarget import device_launching_loads
             try:
-                loads = device_launching_loads(self.rp.ctx.reader)
+                loads = device_launching_loads(self.rv.snapshot)
             except Exception:
                 loads = []
             self._dp_hint = (f"the code loaded by call #{loads[0]} launches kernels from the device, dynamic "
@@ -533,7 +532,7 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
                    windows: Optional[List] = None) -> None:
         """One run of an executable graph from the pre-sequence memory, waited for (time limit).
         events: a pair recorded around the launch; clock: CUPTI window marks around it."""
-        rp = self.rp
+        rv = self.rv
         self._arm(what)
         if self.pre is not None:
             self.pre.restore(stream)
@@ -542,9 +541,9 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
             self._wait(stream, f"restoring memory before {what}")
         m0 = clock.mark() if clock is not None else None
         if events is not None:                       # the events time the GPU, not the host's submission
-            LaunchGate.launch_timed(rp.ctx, self._gate, gexec, stream, *events)
+            LaunchGate.launch_timed(rv, self._gate, gexec, stream, *events)
         else:
-            rp.ctx.raw("cuGraphLaunch", gexec, stream)
+            rv.call("cuGraphLaunch", gexec, stream)
         try:
             self._wait(stream, what)
         except GraphHang as e:
@@ -642,12 +641,12 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
         (CU_EVENT_RECORD_EXTERNAL) before the first operation and after each one; a node's time
         is the time between the events around it (so it holds the gap before the next node,
         and the event nodes add to the graph's time)."""
-        rp = self.rp
+        rv = self.rv
         n = len(self.ops)
         try:
             evs = []
             for _ in range(n + 1):
-                e = rp.ctx.raw("cuEventCreate", 0)
+                e = rv.call("cuEventCreate", 0)
                 self._own("cuEventDestroy", e)
                 evs.append(e)
             self._arm("capturing (event nodes)")
@@ -668,7 +667,7 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
                 self._graph_run(exe, stream, f"event-node run {i + 1}")
                 span = 0.0
                 for k in range(n):
-                    t = float(rp.ctx.raw("cuEventElapsedTime", evs[k], evs[k + 1])) * 1e3
+                    t = float(rv.call("cuEventElapsedTime", evs[k], evs[k + 1])) * 1e3
                     self.op_times[k].append(t)
                     span += t
                 spans.append(span)
@@ -685,7 +684,7 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
             self._chain = None
 
     def _cleanup(self, post, stream, graph, gexec, staging, evs, cupti) -> None:
-        rp, cu = self.rp, self.rp.ctx.cu
+        rv, cu = self.rv, self.rv.driver
         if self._ref is not None:
             self._ref.close()
         if cupti is not None:
@@ -712,7 +711,7 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
                     if stream is not None:
                         self._wait(stream, "the last graph run")
                     post.restore(stream if stream is not None else cu.CUstream(0))
-                    rp.ctx.raw("cuCtxSynchronize")
+                    rv.call("cuCtxSynchronize")
         except Exception as e:
             self.warn(f"graph: could not restore memory after the graph runs ({type(e).__name__}: {e})")
             self.info.setdefault("error", str(e))
@@ -721,13 +720,12 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
                 if s is not None:
                     s.free()
             self.pre = None
-            if rp.ctx.space is not None:
-                held = rp.ctx.space.release_held()
-                if held:
-                    self.info["frees_held"] = held
+            held = rv.release_held_memory()
+            if held:
+                self.info["frees_held"] = held
             for b in staging:
                 try:
-                    rp.ctx.raw("cuMemFree", b)
+                    rv.call("cuMemFree", b)
                 except Exception:
                     pass
             for name, h in (("cuGraphExecDestroy", gexec), ("cuGraphDestroy", graph), ("cuStreamDestroy", stream)):

@@ -15,7 +15,7 @@ class RecordedGraphUnits:
         hold selected kernels.  True when there is one."""
         from .graphunits import RecordedGraphs
         try:
-            g = RecordedGraphs(self.rp)
+            g = RecordedGraphs(self.rv)
         except Exception as e:
             self.warn(f"graph: could not scan the recording's graphs ({type(e).__name__}: {e})")
             return False
@@ -31,8 +31,8 @@ class RecordedGraphUnits:
     def _unit_event(self, kind: str, ev) -> None:
         from .graphunits import GraphUnit, is_graph_launch
         if kind == "before_call" and ev.seq in self.unit_seqs and is_graph_launch(ev.call):
-            rp = self.rp
-            if rp.ctx.capturing:
+            rv = self.rv
+            if rv.capturing:
                 return
             rec = ev.rec
             saver = self.graphs.saver(rec, self.cfg.save_limit)
@@ -41,7 +41,7 @@ class RecordedGraphUnits:
                 return
             try:
                 saver.save()
-                self._pending_unit = GraphUnit(rp, rec, saver, self.graphs.kernel_names(rec))
+                self._pending_unit = GraphUnit(rv, rec, saver, self.graphs.kernel_names(rec))
             except Exception as e:
                 saver.free()
                 self.units.append({"seq": ev.seq, "error": f"not prepared: {type(e).__name__}: {e}"})
@@ -86,7 +86,7 @@ class RecordedGraphUnits:
             self.warn(f"graph: call #{unit.seq} cuGraphLaunch: {type(e).__name__}: {e}")
             info["error"] = str(e)
             try:
-                self.rp.ctx.raw("cuCtxSynchronize")
+                self.rv.call("cuCtxSynchronize")
             except Exception:
                 pass
         finally:

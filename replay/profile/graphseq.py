@@ -60,14 +60,14 @@ class SeqLaunch:
     __slots__ = ("seq", "index", "call", "name", "grid", "block", "shmem", "rec_stream", "rec_params", "function",
                  "_rp", "_attrs", "_nattr", "_ex", "_p")
 
-    def __init__(self, rp, kind: int, rec, index: int):
+    def __init__(self, rv, kind: int, rec, index: int):
         a = rec["a"]
         x = rec.get("x") or {}
         h = a.get("f")
-        self._rp = rp
+        self._rp = rv
         self.seq, self.index, self.call = rec.get("s"), index, rec.get("f") or ""
-        self.name = rp.ctx.kernel_name_of(h, self.seq)
-        self.function = bound_function(rp.ctx, resolve_function(rp.ctx, rec, h))
+        self.name = rv.kernel_name(h, self.seq)
+        self.function = rv.bound_function(rv.resolve_function(rec, h))
         self.rec_params = bytes(x.get("params") or b"")
         self._ex = kind == LAUNCH_EX
         self._attrs, self._nattr = b"", 0
@@ -89,15 +89,15 @@ class SeqLaunch:
 
     def relaunch(self, stream) -> None:
         """The launch again, on `stream` (a capture copies the parameters: one buffer serves)."""
-        rp = self._rp
+        rv = self._rp
         if self._p is None:
             self._p = LaunchParams(self.rec_params)
         p = self._p
-        fn = bound_function(rp.ctx, self.function)
+        fn = rv.bound_function(self.function)
         if not self._ex or not self._nattr:      # no attributes: the same launch as cuLaunchKernel
-            rp.ctx.raw("cuLaunchKernel", fn, *self.grid, *self.block, self.shmem, stream, None, p.extra_ptr)
+            rv.call("cuLaunchKernel", fn, *self.grid, *self.block, self.shmem, stream, None, p.extra_ptr)
             return
-        cu = rp.ctx.cu
+        cu = rv.driver
         c = cu.CUlaunchConfig()
         c.gridDimX, c.gridDimY, c.gridDimZ = self.grid
         c.blockDimX, c.blockDimY, c.blockDimZ = self.block
@@ -112,7 +112,7 @@ class SeqLaunch:
         if attrs:
             c.attrs = attrs
         c.numAttrs = len(attrs)
-        rp.ctx.raw("cuLaunchKernelEx", c, fn, None, p.extra_ptr)
+        rv.call("cuLaunchKernelEx", c, fn, None, p.extra_ptr)
 
 
 def relaunch(ev, stream) -> None:
@@ -161,7 +161,7 @@ class SequenceRecording:
                                 "collectives": len(collectives)}
         return best
 
-    def _scan(self, rp) -> None:
+    def _scan(self, rv) -> None:
         """One pass over the recorded calls: the first and last selected launch, their recorded
         parameters (what the pre-state must hold), collectives and the program's own graph
         launches in between, and where the pre-state can be saved (_pre_after: the last call
@@ -175,7 +175,7 @@ class SequenceRecording:
         alone: List[int] = []                      # seqs of calls that run on their own
         early: List[Tuple[int, Dict[str, Any]]] = []
         names: Dict[Any, str] = {}                 # function handle -> kernel name, as the recording went
-        for rec in rp.ctx.reader.records(("c", "fn")):
+        for rec in rv.snapshot.records(("c", "fn")):
             learn_kernel_name(names, rec)   # the replay has not read these yet: collectives are named here
             if rec.get("k") == "fn":
                 continue
@@ -203,7 +203,7 @@ class SequenceRecording:
             hs = recorded_stream(f, a)
             if hs and hs in in_capture:
                 continue
-            kname = names.get(a.get("f")) or rp.ctx.kernel_name_of(a.get("f"))
+            kname = names.get(a.get("f")) or rv.kernel_name(a.get("f"))
             if in_job and is_collective(kname):
                 collectives.append(s)
             if self.sel.rec(rec, kname) and isinstance(s, int):
@@ -231,7 +231,7 @@ class SequenceRecording:
         if kind == "before_launch":
             # in the stretch only: a rank's stretch starts after a collective the selection holds
             if self.sel(ev) and isinstance(ev.seq, int) and self.first_seq <= ev.seq <= self.last_seq:
-                if self.rp.ctx.stream_capturing(ev.rec_stream, ev.stream):
+                if self.rv.stream_capturing(ev.rec_stream, ev.stream):
                     self.skipped_captured += 1       # a node of the program's own graph, not run now
                 else:
                     if self._pre_pending:
@@ -270,14 +270,14 @@ class SequenceRecording:
             self._pre_pending = self.wants_calls = False
             self.warn(f"graph: the first selected launch (call #{first}) ran in a batch before the memory it "
                       f"starts from could be saved; graph runs start from the memory the sequence left")
-        rp = self.rp
+        rv = self.rv
         for k, index, rec in ev.ops():
             s = rec.get("s")
             if not isinstance(s, int) or s < first or s > last:
                 continue
             if k in LAUNCHES:
                 try:
-                    sl = SeqLaunch(rp, k, rec, index)
+                    sl = SeqLaunch(rv, k, rec, index)
                 except Exception as e:
                     self._skip(f"launch not relaunchable ({type(e).__name__})")
                     self.warn(f"graph: call #{s}: {type(e).__name__}: {e}; left out of the graph")
@@ -292,8 +292,8 @@ class SequenceRecording:
     def _save_pre(self, seq: int, exact: bool = False) -> None:
         """Memory before the first selected launch, saved after call #seq (exact: just before
         the launch): every graph run starts from it."""
-        rp = self.rp
-        if rp.ctx.capturing:
+        rv = self.rv
+        if rv.capturing:
             if exact:
                 self._pre_pending = self.wants_calls = False
                 self.warn("graph: the first selected launch comes during a recorded stream capture: graph runs start "
@@ -302,14 +302,13 @@ class SequenceRecording:
         self._pre_pending = self.wants_calls = False
         try:
             with self._phase(PRE_PHASE):
-                rp.ctx.raw("cuCtxSynchronize")
+                rv.call("cuCtxSynchronize")
                 evs = [SimpleNamespace(rec_params=p) for p in self._sel_params]
-                pre = MemorySaver(rp, ranges_for(rp, evs, self.cfg.save_limit))
+                pre = MemorySaver(rv, ranges_for(rv, evs, self.cfg.save_limit))
                 pre.save()
             self.pre = pre
             self._pre_seq = seq
-            if rp.ctx.space is not None:          # the graph runs after the sequence freed its memory
-                rp.ctx.space.hold_frees()
+            rv.hold_frees()          # the graph runs after the sequence freed its memory
         except Exception as e:
             self.warn(f"graph: could not save memory before call #{self.first_seq} ({type(e).__name__}: {e}); graph "
                       f"runs start from the memory the sequence left")
@@ -320,34 +319,33 @@ class SequenceRecording:
     def _copy_op(self, rec, ev=None) -> Optional[Tuple]:
         """The graph operation of a memset/copy record; None for one that writes no device memory
         a later kernel reads (device-to-host) or that the graph cannot hold (counted)."""
-        rp = self.rp
+        rv = self.rv
         if rec.get("r", 0) != 0:
             return None
         f = rec.get("f") or ""
         a = rec.get("a") or {}
-        if ev is not None and "Async" in f and rp.ctx.stream_capturing(ev.rec_stream, ev.stream):
+        if ev is not None and "Async" in f and rv.stream_capturing(ev.rec_stream, ev.stream):
             return None
         b = base_name(f)
         m = _MEMSET_RX.match(b)
         if m:
             two_d, width = m.group(1) == "D2D", m.group(2)
             name = ("cuMemsetD2D" if two_d else "cuMemsetD") + width + "Async"
-            dst = rp.ctx.tr(a.get("dstDevice"))
+            dst = rv.translate(a.get("dstDevice"))
             val = a.get(_MEMSET_VAL[width], 0)
             args = [dst, a.get("dstPitch", 0), val, a.get("Width", 0), a.get("Height", 0)] if two_d \
                 else [dst, val, a.get("N", 0)]
             return ("memset", name, args, rec.get("s"))
         n = int(a.get("ByteCount") or 0)
         if b == "cuMemcpyDtoD" or b == "cuMemcpyDtoDAsync":
-            return ("dtod", rp.ctx.tr(a.get("dstDevice")), rp.ctx.tr(a.get("srcDevice")), n, rec.get("s"))
+            return ("dtod", rv.translate(a.get("dstDevice")), rv.translate(a.get("srcDevice")), n, rec.get("s"))
         if in_class(b, "unified_copy"):
-            sp = rp.ctx.space
-            if sp is not None and sp.find(a.get("dst") or 0) is not None and sp.find(a.get("src") or 0) is not None:
-                return ("dtod", rp.ctx.tr(a.get("dst")), rp.ctx.tr(a.get("src")), n, rec.get("s"))
+            if rv.find(a.get("dst") or 0) is not None and rv.find(a.get("src") or 0) is not None:
+                return ("dtod", rv.translate(a.get("dst")), rv.translate(a.get("src")), n, rec.get("s"))
             self._skip(b)
             return None
         if in_class(b, "h2d_copy"):
-            return ("htod", rec, rp.ctx.tr(a.get("dstDevice")), n, rec.get("s"))
+            return ("htod", rec, rv.translate(a.get("dstDevice")), n, rec.get("s"))
         if "DtoH" in b or "AtoH" in b:
             return None                           # results for the host: nothing a later kernel reads
         self._skip(b)
@@ -381,19 +379,19 @@ class SequenceRecording:
         """Host-to-device payloads into device memory, before the capture (a capture may not
         read pageable host memory): one buffer and one copy for all of them, since an
         allocation per payload costs more than the graph for thousands of copies."""
-        rp = self.rp
+        rv = self.rv
         parts: List[Tuple[int, bytes]] = []         # (index of the op, payload)
         total = 0
         for i, op in enumerate(self.ops):
             if op[0] != "htod":
                 continue
             rec, n = op[1], op[3]
-            data = rp.ctx.blob(rec, "srcHost")
+            data = rv.host_bytes(rec, "srcHost")
             if data is None or n == 0 or total + n > self.cfg.save_limit:
                 self.ops[i] = ("skip",)
                 self._skip("cuMemcpyHtoD")
                 continue
-            parts.append((i, rp.ctx.h2d_payload(rec, bytes(data))[:n]))
+            parts.append((i, rv.h2d_payload(rec, bytes(data))[:n]))
             total += -(-n // 256) * 256             # each payload 256-byte aligned, as cuMemAlloc's are
         bufs: List[int] = []
         if parts:
@@ -404,9 +402,9 @@ class SequenceRecording:
                 host[off:off + len(data)] = data
                 offs.append(off)
                 off += -(-len(data) // 256) * 256
-            buf = int(rp.ctx.raw("cuMemAlloc", total))
+            buf = int(rv.call("cuMemAlloc", total))
             bufs.append(buf)
-            rp.ctx.raw("cuMemcpyHtoD", buf, host, total)
+            rv.call("cuMemcpyHtoD", buf, host, total)
             for (i, _data), o in zip(parts, offs):
                 self.ops[i] = self.ops[i][:5] + (buf + o,)
         self.ops = [op for op in self.ops if op[0] != "skip"]

@@ -189,15 +189,15 @@ class RecordedGraphs:
     """What the recording put into each graph: launch records captured into it (stream capture)
     and kernel nodes added to it; per executable graph, through cuGraphInstantiate."""
 
-    def __init__(self, rp):
+    def __init__(self, rv):
         from ..events import LAUNCH_CONFIG
-        self.rp = rp
+        self.rv = rv
         self.graphs: Dict[int, List[Dict[str, Any]]] = {}     # recorded CUgraph -> launch/node records
         self.execs: Dict[int, List[Dict[str, Any]]] = {}      # recorded CUgraphExec -> records
         self.launches: List[Dict[str, Any]] = []              # cuGraphLaunch records
         self.captured_launches = 0
         open_caps: Dict[Any, List[Dict[str, Any]]] = {}
-        for rec in rp.ctx.reader.records(("c",)):
+        for rec in rv.snapshot.records(("c",)):
             if rec.get("r", 0) != 0 or rec.get("incomplete"):
                 continue
             f = rec.get("f") or ""
@@ -252,7 +252,7 @@ class RecordedGraphs:
         for r in self.records_of(rec):
             fh = (r.get("a") or {}).get("f")
             if fh is not None:
-                out.append(self.rp.ctx.kernel_name_of(fh))
+                out.append(self.rv.kernel_name(fh))
         return out
 
     def selected(self, sel, rec) -> bool:
@@ -266,14 +266,14 @@ class RecordedGraphs:
             return True
         for r in self.records_of(rec):
             fh = (r.get("a") or {}).get("f")
-            name = self.rp.ctx.kernel_name_of(fh) if fh is not None else ""
+            name = self.rv.kernel_name(fh) if fh is not None else ""
             if sel.rec(r, name):
                 return True
         return False
 
     def saver(self, rec, limit: int) -> MemorySaver:
         evs = [SimpleNamespace(rec_params=bytes((r.get("x") or {}).get("params") or b"")) for r in self.records_of(rec)]
-        return MemorySaver(self.rp, ranges_for(self.rp, evs, limit))
+        return MemorySaver(self.rv, ranges_for(self.rv, evs, limit))
 
 
 # ----------------------------------------------------------------------------- one unit
@@ -281,21 +281,21 @@ class GraphUnit:
     """One recorded cuGraphLaunch timed as a unit: save memory before it (before_call), repeat it
     after it ran (after_call), each run from the saved memory."""
 
-    def __init__(self, rp, rec, saver: MemorySaver, names: List[str]):
-        self.rp = rp
+    def __init__(self, rv, rec, saver: MemorySaver, names: List[str]):
+        self.rv = rv
         self.rec = rec
         self.seq = rec.get("s")
         self.saver = saver
         self.names = names
         a = rec.get("a") or {}
-        self.exec = rp.ctx.live(rec, a.get("hGraph") or a.get("hGraphExec"), "graph exec")
-        self.stream = rp.ctx.stream(rec, a.get("hStream"))
+        self.exec = rv.live_handle(rec, a.get("hGraph") or a.get("hGraphExec"), "graph exec")
+        self.stream = rv.stream(rec, a.get("hStream"))
 
     def _prep(self, flusher) -> None:
         self.saver.restore(self.stream)
         if flusher is not None:
             flusher.flush(self.stream)
-        self.rp.ctx.raw("cuStreamSynchronize", self.stream)
+        self.rv.call("cuStreamSynchronize", self.stream)
 
     def run_cupti(self, cupti, n_warm: int, n_timed: int, flusher=None) -> List[List[Rec]]:
         clock = WindowClock(cupti)
@@ -304,30 +304,30 @@ class GraphUnit:
         for i in range(n_warm + n_timed):
             self._prep(flusher)
             m0 = clock.mark() if i >= n_warm else None
-            self.rp.ctx.raw("cuGraphLaunch", self.exec, self.stream)
-            self.rp.ctx.raw("cuStreamSynchronize", self.stream)
+            self.rv.call("cuGraphLaunch", self.exec, self.stream)
+            self.rv.call("cuStreamSynchronize", self.stream)
             if m0 is not None:
                 windows.append((m0, clock.mark()))
         return [[r for r in run if r.kind == "kernel"] for run in clock.collect_records(windows)]
 
     def run_events(self, n_warm: int, n_timed: int, flusher=None) -> List[float]:
-        rp = self.rp
+        rv = self.rv
         times = []
-        gate = LaunchGate.open(rp.ctx, self.stream)      # the events time the GPU, not the host's submission
+        gate = LaunchGate.open(rv, self.stream)      # the events time the GPU, not the host's submission
         self.gated = gate is not None
         try:
             for i in range(n_warm + n_timed):
                 self._prep(flusher)
-                e0, e1 = rp.ctx.raw("cuEventCreate", 0), rp.ctx.raw("cuEventCreate", 0)
+                e0, e1 = rv.call("cuEventCreate", 0), rv.call("cuEventCreate", 0)
                 try:
-                    LaunchGate.launch_timed(rp.ctx, gate, self.exec, self.stream, e0, e1)
-                    rp.ctx.raw("cuEventSynchronize", e1)
+                    LaunchGate.launch_timed(rv, gate, self.exec, self.stream, e0, e1)
+                    rv.call("cuEventSynchronize", e1)
                     if i >= n_warm:
-                        times.append(float(rp.ctx.raw("cuEventElapsedTime", e0, e1)) * 1e3)
+                        times.append(float(rv.call("cuEventElapsedTime", e0, e1)) * 1e3)
                 finally:
                     for e in (e0, e1):
                         try:
-                            rp.ctx.cu.cuEventDestroy(e)
+                            rv.driver.cuEventDestroy(e)
                         except Exception:
                             pass
         finally:

@@ -28,7 +28,7 @@ import os
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..group import ENV_RANK
-from .common import MemorySaver, SAVE_KINDS, Selection, base_row, ranges_for, replays_alone, save_before, stats  # noqa: F401  (re-exported)
+from .common import MemorySaver, Selection, base_row, ranges_for, replays_alone, save_before, stats  # noqa: F401  (re-exported)
 from .graphunits import GraphUnit, RecordedGraphs, WindowClock, is_graph_launch, unit_rows
 from .timeline import open_cupti
 
@@ -88,25 +88,25 @@ class L2Flusher:
     Where the kernel cannot be loaded, or CUDASNAP_L2_FLUSH=memset asks for it (for
     comparisons), the memset is used."""
 
-    def __init__(self, rp):
-        self.rp = rp
-        cu = rp.ctx.cu
+    def __init__(self, rv):
+        self.rv = rv
+        cu = rv.driver
         try:
-            l2 = int(rp.ctx.raw("cuDeviceGetAttribute", cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, rp.ctx.dev))
+            l2 = int(rv.call("cuDeviceGetAttribute", cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, rv.device))
         except Exception:
             l2 = 0
         self.size = max(2 * l2, 8 << 20)
-        self.buf = int(rp.ctx.raw("cuMemAlloc", self.size))
+        self.buf = int(rv.call("cuMemAlloc", self.size))
         self.n = 0
         self.mode = "memset"
         self.module = None
         if os.environ.get("CUDASNAP_L2_FLUSH", "read") == "memset":
             return
         try:
-            rp.ctx.raw("cuMemsetD8", self.buf, 0, self.size)
-            self.module = rp.ctx.raw("cuModuleLoadData", _SCRUB_PTX + b"\0")
-            self.fn = rp.ctx.raw("cuModuleGetFunction", self.module, b"cudasnap_l2_scrub")
-            sms = int(rp.ctx.raw("cuDeviceGetAttribute", cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, rp.ctx.dev))
+            rv.call("cuMemsetD8", self.buf, 0, self.size)
+            self.module = rv.call("cuModuleLoadData", _SCRUB_PTX + b"\0")
+            self.fn = rv.call("cuModuleGetFunction", self.module, b"cudasnap_l2_scrub")
+            sms = int(rv.call("cuDeviceGetAttribute", cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, rv.device))
             from ..params import LaunchParams
             self.params = LaunchParams((self.buf).to_bytes(8, "little") + (self.size // 16).to_bytes(8, "little")
                                        + (self.buf).to_bytes(8, "little"))
@@ -117,17 +117,17 @@ class L2Flusher:
 
     def flush(self, stream) -> None:
         if self.mode == "read":
-            self.rp.ctx.raw("cuLaunchKernel", self.fn, self.grid, 1, 1, 256, 1, 1, 0, stream, None, self.params.extra_ptr)
+            self.rv.call("cuLaunchKernel", self.fn, self.grid, 1, 1, 256, 1, 1, 0, stream, None, self.params.extra_ptr)
             return
         self.n += 1
-        self.rp.ctx.raw("cuMemsetD8Async", self.buf, self.n & 0xFF, self.size, stream)
+        self.rv.call("cuMemsetD8Async", self.buf, self.n & 0xFF, self.size, stream)
 
     def close(self) -> None:
         for name, h in (("cuMemFree", self.buf), ("cuModuleUnload", self.module)):
             if h is None:
                 continue
             try:
-                self.rp.ctx.raw(name, h)
+                self.rv.call(name, h)
             except Exception:
                 pass
 
@@ -145,7 +145,7 @@ class IsolatedProfiler:
     def __init__(self, cfg, warn: Callable[[str], None]):
         self.cfg = cfg
         self.warn = warn
-        self.rp = None
+        self.rv = None
         self.sel = None
         self.rows: List[Dict[str, Any]] = []
         self.units: List[Dict[str, Any]] = []
@@ -166,15 +166,15 @@ class IsolatedProfiler:
 
     def on_event(self, kind: str, ev) -> None:
         if kind == "start":
-            self.rp = ev.replayer
-            self.sel = Selection(self.cfg, self.rp.ctx)
+            self.rv = ev.replay
+            self.sel = Selection(self.cfg, self.rv)
             self.cupti = open_cupti(self.cfg.backend, self.warn)
             if self.cupti is not None:
                 self.backend = "cupti"
             else:
                 self.warn(EVENT_WARNING)
             try:
-                self.graphs = RecordedGraphs(self.rp)
+                self.graphs = RecordedGraphs(self.rv)
                 self.wants_calls = bool(self.graphs.launches)
             except Exception as e:
                 self.warn(f"isolated: could not scan the recording's graphs ({type(e).__name__}: {e})")
@@ -221,12 +221,12 @@ class IsolatedProfiler:
                       f"launches (latest: {what}): timing the rest with CUDA events")
 
     def _repeat(self, ev) -> None:
-        rp, cfg = self.rp, self.cfg
+        rv, cfg = self.rv, self.cfg
         saver: MemorySaver = ev.data.pop("isolated")
         row = self._base_row(ev, saver)
         try:
             if cfg.flush_l2 and self.flusher is None:
-                self.flusher = L2Flusher(rp)
+                self.flusher = L2Flusher(rv)
             digests: List[str] = []
             done = False
             if self._use_cupti():
@@ -256,7 +256,7 @@ class IsolatedProfiler:
             self.warn(f"isolated: call #{ev.seq} {ev.name}: {type(e).__name__}: {e}")
             row["error"] = str(e)
             try:  # leave memory as one run of the kernel left it, if we can
-                rp.ctx.raw("cuCtxSynchronize")
+                rv.call("cuCtxSynchronize")
             except Exception:
                 pass
         finally:
@@ -267,7 +267,7 @@ class IsolatedProfiler:
 
     def _windowed_runs(self, ev, saver, digests: List[str]):
         """Each run alone in a CUPTI time window: restore (and flush), wait, mark, launch, wait, mark."""
-        rp, cfg, s = self.rp, self.cfg, ev.stream
+        rv, cfg, s = self.rv, self.cfg, ev.stream
         clock = WindowClock(self.cupti)
         clock.start()
         windows = []
@@ -275,20 +275,20 @@ class IsolatedProfiler:
             saver.restore(s)
             if self.flusher is not None:
                 self.flusher.flush(s)
-            rp.ctx.raw("cuStreamSynchronize", s)
+            rv.call("cuStreamSynchronize", s)
             m0 = clock.mark() if i >= cfg.warmup else None
             ev.ctx.relaunch()
             if m0 is not None:
-                rp.ctx.raw("cuStreamSynchronize", s)
+                rv.call("cuStreamSynchronize", s)
                 windows.append((m0, clock.mark()))
             if cfg.check_repeats and i >= cfg.warmup:
                 digests.append(saver.digest())
-        rp.ctx.raw("cuStreamSynchronize", s)
+        rv.call("cuStreamSynchronize", s)
         return clock.collect(windows)
 
     def _events_runs(self, ev, saver, digests: List[str]) -> List[float]:
         """Queued back to back (no host wait): the event pair sits right around the kernel."""
-        rp, cfg = self.rp, self.cfg
+        rv, cfg = self.rv, self.cfg
         s = ev.stream
         evs: List[Tuple] = []
         try:
@@ -296,21 +296,21 @@ class IsolatedProfiler:
                 saver.restore(s)
                 if self.flusher is not None:
                     self.flusher.flush(s)
-                e0 = rp.ctx.raw("cuEventCreate", 0)
-                e1 = rp.ctx.raw("cuEventCreate", 0)
+                e0 = rv.call("cuEventCreate", 0)
+                e1 = rv.call("cuEventCreate", 0)
                 evs.append((e0, e1) if i >= cfg.warmup else (e0, e1, "warmup"))
-                rp.ctx.raw("cuEventRecord", e0, s)
+                rv.call("cuEventRecord", e0, s)
                 ev.ctx.relaunch()
-                rp.ctx.raw("cuEventRecord", e1, s)
+                rv.call("cuEventRecord", e1, s)
                 if cfg.check_repeats and i >= cfg.warmup:
                     digests.append(saver.digest())
-            rp.ctx.raw("cuCtxSynchronize")
-            return [float(rp.ctx.raw("cuEventElapsedTime", p[0], p[1])) * 1e3 for p in evs if len(p) == 2]
+            rv.call("cuCtxSynchronize")
+            return [float(rv.call("cuEventElapsedTime", p[0], p[1])) * 1e3 for p in evs if len(p) == 2]
         finally:
             for p in evs:
                 for e in p[:2]:
                     try:
-                        rp.ctx.cu.cuEventDestroy(e)
+                        rv.driver.cuEventDestroy(e)
                     except Exception:
                         pass
 
@@ -321,10 +321,10 @@ class IsolatedProfiler:
         rec = ev.rec
         if rec.get("r", 0) != 0 or not self.graphs.selected(self.sel, rec):
             return
-        rp = self.rp
+        rv = self.rv
         names = self.graphs.kernel_names(rec)
         base = {"seq": ev.seq, "name": f"cuGraphLaunch #{ev.seq}", "unit": "graph", "kernels_recorded": len(names)}
-        if rp.ctx.capturing:              # launched into a capture being rebuilt: not run now
+        if rv.capturing:              # launched into a capture being rebuilt: not run now
             return
         saver = self.graphs.saver(rec, self.cfg.save_limit)
         if not saver.ranges:
@@ -335,7 +335,7 @@ class IsolatedProfiler:
             return
         try:
             saver.save()
-            unit = GraphUnit(rp, rec, saver, names)
+            unit = GraphUnit(rv, rec, saver, names)
         except Exception as e:
             saver.free()
             self.warn(f"isolated: call #{ev.seq} cuGraphLaunch: could not prepare ({type(e).__name__}: {e}); "
@@ -346,13 +346,13 @@ class IsolatedProfiler:
         self._pending_units[ev.seq] = unit
 
     def _repeat_unit(self, unit) -> None:
-        rp, cfg = self.rp, self.cfg
+        rv, cfg = self.rv, self.cfg
         base = {"seq": unit.seq, "name": f"cuGraphLaunch #{unit.seq}", "unit": "graph",
                 "kernels_recorded": len(unit.names), "saved_bytes": unit.saver.nbytes}
         info: Dict[str, Any] = {"seq": unit.seq, "kernels_recorded": len(unit.names)}
         try:
             if cfg.flush_l2 and self.flusher is None:
-                self.flusher = L2Flusher(rp)
+                self.flusher = L2Flusher(rv)
             rows: List[Dict[str, Any]] = []
             if self._use_cupti():
                 runs = unit.run_cupti(self.cupti, cfg.warmup, cfg.repeat, self.flusher)
@@ -376,7 +376,7 @@ class IsolatedProfiler:
             self.rows.append(base | {"error": str(e)})
             info["error"] = str(e)
             try:
-                rp.ctx.raw("cuCtxSynchronize")
+                rv.call("cuCtxSynchronize")
             except Exception:
                 pass
         finally:

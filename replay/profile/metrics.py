@@ -47,7 +47,7 @@ class MetricsProfiler:
     def __init__(self, cfg, warn: Callable[[str], None]):
         self.cfg = cfg
         self.warn = warn
-        self.rp = None
+        self.rv = None
         self.sel = None
         self.sections, self.wanted = ms.plan(list(cfg.sections or []), cfg.metrics)
         self.collector = None
@@ -68,8 +68,8 @@ class MetricsProfiler:
     # ---------------------------------------------------------------- events
     def on_event(self, kind: str, ev) -> None:
         if kind == "start":
-            self.rp = ev.replayer
-            self.sel = Selection(self.cfg, self.rp.ctx, alone_only=True)      # -c counts launches it can profile
+            self.rv = ev.replay
+            self.sel = Selection(self.cfg, self.rv, alone_only=True)      # -c counts launches it can profile
         elif kind == "before_launch" and self.sel(ev):
             if not replays_alone(self, ev, "metrics", "not profiled"):
                 return
@@ -89,7 +89,7 @@ class MetricsProfiler:
         if self.collector is not None:
             return True
         try:
-            dev = handle_int(self.rp.ctx.dev) if self.rp.ctx.dev is not None else int(self.rp.ctx.opt.device or 0)
+            dev = handle_int(self.rv.device) if self.rv.device is not None else int(self.rv.options.device or 0)
             self.collector = open_collector(dev)
             self.collected_as = self.collector.prepare(self.wanted, self.warn, ms.alternative, quiet=ms.OPTIONAL)
             self.config_passes = int(self.collector.passes())
@@ -118,24 +118,24 @@ class MetricsProfiler:
     _base_row = staticmethod(base_row)
 
     def _profile(self, ev) -> None:
-        rp, cfg = self.rp, self.cfg
+        rv, cfg = self.rv, self.cfg
         saver: MemorySaver = ev.data.pop("metrics")
         row = self._base_row(ev, saver)
         s = ev.stream
         try:
             if cfg.flush_l2 and self.flusher is None:
-                self.flusher = L2Flusher(rp)
-            ctx = handle_int(rp.ctx.raw("cuCtxGetCurrent"))
+                self.flusher = L2Flusher(rv)
+            ctx = handle_int(rv.call("cuCtxGetCurrent"))
 
             def prepare() -> None:
                 saver.restore(s)
                 if self.flusher is not None:
                     self.flusher.flush(s)
-                rp.ctx.raw("cuStreamSynchronize", s)
+                rv.call("cuStreamSynchronize", s)
 
             values, passes = self.collector.collect(ctx, prepare, ev.ctx.relaunch,
-                                                    lambda: rp.ctx.raw("cuStreamSynchronize", s))
-            rp.ctx.raw("cuStreamSynchronize", s)
+                                                    lambda: rv.call("cuStreamSynchronize", s))
+            rv.call("cuStreamSynchronize", s)
             row["metrics"] = {m: values.get(self.collected_as.get(m, m)) for m in self.wanted
                               if values.get(self.collected_as.get(m, m)) is not None}
             row["passes"] = passes
@@ -149,7 +149,7 @@ class MetricsProfiler:
             self.warn(f"metrics: call #{ev.seq} {ev.name}: {type(e).__name__}: {e}")
             row["error"] = f"{type(e).__name__}: {e}"
             try:
-                rp.ctx.raw("cuCtxSynchronize")
+                rv.call("cuCtxSynchronize")
             except Exception:
                 pass
         finally:
@@ -163,8 +163,8 @@ class MetricsProfiler:
     # ---------------------------------------------------------------- occupancy
     def _device_attrs(self) -> Dict[str, int]:
         if self._dev_attrs is None:
-            rp = self.rp
-            A = rp.ctx.cu.CUdevice_attribute
+            rv = self.rv
+            A = rv.driver.CUdevice_attribute
             names = {"max_threads_per_sm": "CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR",
                      "max_blocks_per_sm": "CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR",
                      "regs_per_sm": "CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR",
@@ -174,7 +174,7 @@ class MetricsProfiler:
             d: Dict[str, int] = {}
             for k, a in names.items():
                 try:
-                    d[k] = int(rp.ctx.raw("cuDeviceGetAttribute", getattr(A, a), rp.ctx.dev))
+                    d[k] = int(rv.call("cuDeviceGetAttribute", getattr(A, a), rv.device))
                 except Exception:
                     d[k] = 0
             self._dev_attrs = d
@@ -186,13 +186,13 @@ class MetricsProfiler:
         got = self._occ_cache.get(key)
         if got is not None:
             return got
-        rp = self.rp
-        F = rp.ctx.cu.CUfunction_attribute
+        rv = self.rv
+        F = rv.driver.CUfunction_attribute
         d: Dict[str, Any] = {"block_threads": threads, "dynamic_smem": ev.shmem}
-        fn = bound_function(rp.ctx, ev.function)        # a library kernel (CUkernel): its CUfunction
+        fn = rv.bound_function(ev.function)        # a library kernel (CUkernel): its CUfunction
         try:
-            d["registers_per_thread"] = int(rp.ctx.raw("cuFuncGetAttribute", F.CU_FUNC_ATTRIBUTE_NUM_REGS, fn))
-            d["static_smem"] = int(rp.ctx.raw("cuFuncGetAttribute", F.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, fn))
+            d["registers_per_thread"] = int(rv.call("cuFuncGetAttribute", F.CU_FUNC_ATTRIBUTE_NUM_REGS, fn))
+            d["static_smem"] = int(rv.call("cuFuncGetAttribute", F.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, fn))
         except Exception as e:
             d["error"] = f"function attributes: {e}"
             self._occ_cache[key] = d
@@ -202,7 +202,7 @@ class MetricsProfiler:
         d["smem_per_block"] = smem
         limits = ms.occupancy_limits(threads, d["registers_per_thread"], smem, dev)
         try:
-            active: Optional[int] = int(rp.ctx.raw("cuOccupancyMaxActiveBlocksPerMultiprocessor", fn,
+            active: Optional[int] = int(rv.call("cuOccupancyMaxActiveBlocksPerMultiprocessor", fn,
                                                    threads, ev.shmem))
         except Exception:
             active = None
@@ -221,7 +221,7 @@ class MetricsProfiler:
             return
         from .roofline import measured_peaks
         try:
-            self.measured_peaks = measured_peaks(self.rp)
+            self.measured_peaks = measured_peaks(self.rv)
         except Exception as e:
             self.measured_peaks = {"error": f"{type(e).__name__}: {e}"}
             self.warn(f"metrics: peaks could not be measured ({type(e).__name__}: {e}); no roofline")

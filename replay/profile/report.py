@@ -140,7 +140,7 @@ def _libcuda_path() -> Any:
     return None
 
 
-def run_info(rp, cfg, opts, snapshot) -> Dict[str, Any]:
+def run_info(rv, cfg, opts, snapshot) -> Dict[str, Any]:
     """Facts about one profiled replay (see the module doc); fields that cannot be learned
     are None."""
     import os
@@ -151,8 +151,7 @@ def run_info(rp, cfg, opts, snapshot) -> Dict[str, Any]:
                          "captured": None, "gpu": None, "driver_version": None, "cuda_version": None,
                          "nvidia_driver": None, "libcuda": _libcuda_path(), "host": platform.node(),
                          "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    c = getattr(rp, "ctx", None)          # the replay's ReplayContext (None before a replay)
-    rd = getattr(c, "reader", None)
+    rd = rv.snapshot if rv is not None else None
     try:
         if rd is not None:
             h = rd.header
@@ -163,16 +162,16 @@ def run_info(rp, cfg, opts, snapshot) -> Dict[str, Any]:
                              "driver_version": proc.get("driver_version")}
     except Exception:
         pass
-    cu = getattr(c, "cu", None)
-    if cu is not None and getattr(rp, "initialized", False) and hasattr(c, "dev"):
+    cu = rv.driver if rv is not None else None
+    if cu is not None and rv.initialized and rv.device is not None:
         try:
-            r = cu.cuDeviceGetName(256, rp.ctx.dev)
+            r = cu.cuDeviceGetName(256, rv.device)
             gpu: Dict[str, Any] = {"index": opts.device if opts is not None else None,
                                    "name": bytes(r[1]).split(b"\0", 1)[0].decode(errors="replace")}
-            if getattr(c, "device_cc", None):
-                gpu["cc"] = list(rp.ctx.device_cc)
+            if rv.device_cc:
+                gpu["cc"] = list(rv.device_cc)
             try:
-                u = cu.cuDeviceGetUuid(rp.ctx.dev)
+                u = cu.cuDeviceGetUuid(rv.device)
                 if int(u[0]) == 0:
                     b = bytes(u[1].bytes)
                     x = b.hex()

@@ -161,8 +161,8 @@ def _cache_path() -> str:
     return os.path.join(base, "cudasnap", "peaks.json")
 
 
-def _gpu_key(rp) -> str:
-    cu, dev = rp.ctx.cu, rp.ctx.dev
+def _gpu_key(rv) -> str:
+    cu, dev = rv.driver, rv.device
     parts = []
     try:
         r = cu.cuDeviceGetName(256, dev)
@@ -181,10 +181,10 @@ def _gpu_key(rp) -> str:
     return "|".join(parts)
 
 
-def measured_peaks(rp, refresh: bool = False) -> Dict[str, Any]:
+def measured_peaks(rv, refresh: bool = False) -> Dict[str, Any]:
     """DRAM bytes/s and FLOP/s (fp32, fp64) measured on the replay's GPU (see the module doc),
     from the cache when this GPU and driver were measured before."""
-    key = _gpu_key(rp)
+    key = _gpu_key(rv)
     path = _cache_path()
     cache: Dict[str, Any] = {}
     try:
@@ -194,7 +194,7 @@ def measured_peaks(rp, refresh: bool = False) -> Dict[str, Any]:
         cache = {}
     if not refresh and isinstance(cache.get(key), dict):
         return dict(cache[key], cached=True)
-    got = _measure(rp)
+    got = _measure(rv)
     got["gpu"] = key
     cache[key] = got
     try:
@@ -206,62 +206,60 @@ def measured_peaks(rp, refresh: bool = False) -> Dict[str, Any]:
     return dict(got, cached=False)
 
 
-def _timed(rp, stream, fn, runs: int) -> float:
+def _timed(rv, stream, fn, runs: int) -> float:
     """Best time in seconds of `runs` runs of fn(stream), each between two CUDA events."""
-    c = rp.ctx
     best = None
-    e0, e1 = c.raw("cuEventCreate", 0), c.raw("cuEventCreate", 0)
+    e0, e1 = rv.call("cuEventCreate", 0), rv.call("cuEventCreate", 0)
     try:
         fn(stream)                                    # warm up
         for _ in range(runs):
-            c.raw("cuEventRecord", e0, stream)
+            rv.call("cuEventRecord", e0, stream)
             fn(stream)
-            c.raw("cuEventRecord", e1, stream)
-            c.raw("cuEventSynchronize", e1)
-            t = float(c.raw("cuEventElapsedTime", e0, e1)) / 1e3
+            rv.call("cuEventRecord", e1, stream)
+            rv.call("cuEventSynchronize", e1)
+            t = float(rv.call("cuEventElapsedTime", e0, e1)) / 1e3
             best = t if best is None else min(best, t)
     finally:
         for e in (e0, e1):
             try:
-                c.cu.cuEventDestroy(e)
+                rv.driver.cuEventDestroy(e)
             except Exception:
                 pass
     return best or 0.0
 
 
-def _measure(rp) -> Dict[str, Any]:
-    c = rp.ctx
-    cu = c.cu
+def _measure(rv) -> Dict[str, Any]:
+    cu = rv.driver
     stream = cu.CUstream(0)
-    c.raw("cuCtxSynchronize")
+    rv.call("cuCtxSynchronize")
     out: Dict[str, Any] = {"method": "measured: a 256 MiB device copy and FMA kernels, best of several runs"}
     n = 256 << 20
-    a = int(c.raw("cuMemAlloc", n))
-    b = int(c.raw("cuMemAlloc", n))
+    a = int(rv.call("cuMemAlloc", n))
+    b = int(rv.call("cuMemAlloc", n))
     try:
-        c.raw("cuMemsetD8", a, 1, n)
-        t = _timed(rp, stream, lambda s: c.raw("cuMemcpyDtoDAsync", b, a, n, s), 5)
+        rv.call("cuMemsetD8", a, 1, n)
+        t = _timed(rv, stream, lambda s: rv.call("cuMemcpyDtoDAsync", b, a, n, s), 5)
         out["dram_bytes_per_s"] = 2 * n / t if t > 0 else None
-        sms = int(c.raw("cuDeviceGetAttribute", cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, c.dev))
+        sms = int(rv.call("cuDeviceGetAttribute", cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, rv.device))
         from ..params import LaunchParams
         iters = 4096
         for t_name, key in (("f32", "fp32_flops"), ("f64", "fp64_flops")):
-            mod = c.raw("cuModuleLoadData", fma_ptx(t_name) + b"\0")
+            mod = rv.call("cuModuleLoadData", fma_ptx(t_name) + b"\0")
             try:
-                fn = c.raw("cuModuleGetFunction", mod, f"cudasnap_peak_{t_name}".encode())
+                fn = rv.call("cuModuleGetFunction", mod, f"cudasnap_peak_{t_name}".encode())
                 p = LaunchParams(b.to_bytes(8, "little") + iters.to_bytes(4, "little") + bytes(4))
                 grid, block = sms * 8, 256
-                secs = _timed(rp, stream, lambda s: c.raw("cuLaunchKernel", fn, grid, 1, 1, block, 1, 1, 0, s, None,
+                secs = _timed(rv, stream, lambda s: rv.call("cuLaunchKernel", fn, grid, 1, 1, block, 1, 1, 0, s, None,
                                                           p.extra_ptr), 3)
                 flop = grid * block * iters * FMA_UNROLL * 8 * 2
                 out[key] = flop / secs if secs > 0 else None
             finally:
-                c.raw("cuModuleUnload", mod)
+                rv.call("cuModuleUnload", mod)
         out["fp16_flops"] = None
     finally:
         for p_ in (a, b):
             try:
-                c.raw("cuMemFree", p_)
+                rv.call("cuMemFree", p_)
             except Exception:
                 pass
     return out

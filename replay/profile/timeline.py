@@ -201,53 +201,53 @@ class EventClock:
     """Times operations with CUDA event pairs; positions relative to a reference event per
     context.  Resolve at synchronizations (cheap: only completed pairs) and before teardown."""
 
-    def __init__(self, rp):
-        self.rp = rp
+    def __init__(self, rv):
+        self.rv = rv
         self.ref = None
         self.ref_ns = 0              # CLOCK_MONOTONIC when the current reference completed
         self.pending: List[Tuple[Any, Any, Dict[str, Any]]] = []
 
     def _ev(self):
-        return self.rp.ctx.raw("cuEventCreate", 0)
+        return self.rv.call("cuEventCreate", 0)
 
     def begin(self, stream) -> Any:
-        rp = self.rp
+        rv = self.rv
         if self.ref is None:
             self.ref = self._ev()
-            rp.ctx.raw("cuEventRecord", self.ref, rp.ctx.cu.CUstream(0))
-            rp.ctx.raw("cuEventSynchronize", self.ref)
+            rv.call("cuEventRecord", self.ref, rv.driver.CUstream(0))
+            rv.call("cuEventSynchronize", self.ref)
             self.ref_ns = time.monotonic_ns()   # contexts come and go: each reference has its anchor
         e = self._ev()
-        rp.ctx.raw("cuEventRecord", e, stream)
+        rv.call("cuEventRecord", e, stream)
         return e
 
     def end(self, e0, stream, slice_: Dict[str, Any]) -> None:
         e1 = self._ev()
-        self.rp.ctx.raw("cuEventRecord", e1, stream)
+        self.rv.call("cuEventRecord", e1, stream)
         self.pending.append((e0, e1, slice_))
 
     def resolve(self, wait: bool = False) -> None:
-        rp = self.rp
+        rv = self.rv
         keep = []
         for e0, e1, sl in self.pending:
             if wait:
                 try:
-                    rp.ctx.raw("cuEventSynchronize", e1)
+                    rv.call("cuEventSynchronize", e1)
                 except Exception:
                     pass
-            elif int(rp.ctx.cu.cuEventQuery(e1)[0]) != 0:
+            elif int(rv.driver.cuEventQuery(e1)[0]) != 0:
                 keep.append((e0, e1, sl))
                 continue
             try:
-                t0 = float(rp.ctx.raw("cuEventElapsedTime", self.ref, e0))
-                t1 = float(rp.ctx.raw("cuEventElapsedTime", self.ref, e1))
+                t0 = float(rv.call("cuEventElapsedTime", self.ref, e0))
+                t1 = float(rv.call("cuEventElapsedTime", self.ref, e1))
                 sl["start_ns"] = self.ref_ns + int(t0 * 1e6)
                 sl["end_ns"] = self.ref_ns + int(t1 * 1e6)
             except Exception:
                 sl["lost"] = True
             for e in (e0, e1):
                 try:
-                    rp.ctx.cu.cuEventDestroy(e)
+                    rv.driver.cuEventDestroy(e)
                 except Exception:
                     pass
         self.pending = keep
@@ -256,7 +256,7 @@ class EventClock:
         self.resolve(wait=True)
         if self.ref is not None:
             try:
-                self.rp.ctx.cu.cuEventDestroy(self.ref)
+                self.rv.driver.cuEventDestroy(self.ref)
             except Exception:
                 pass
         self.ref = None
@@ -270,7 +270,7 @@ class TimelineProfiler:
     def __init__(self, cfg, warn: Callable[[str], None]):
         self.cfg = cfg
         self.warn = warn
-        self.rp = None
+        self.rv = None
         self.sel = None
         self.cupti: Optional[CuptiCollector] = None
         self.clock: Optional[EventClock] = None
@@ -303,15 +303,15 @@ class TimelineProfiler:
             m(ev)
 
     def _start(self, ev) -> None:
-        self.rp = ev.replayer
-        self.device = getattr(getattr(getattr(self.rp, "ctx", None), "opt", None), "device", None)
-        self.sel = Selection(self.cfg, self.rp.ctx)
+        self.rv = ev.replay
+        self.device = getattr(self.rv.options, "device", None)
+        self.sel = Selection(self.cfg, self.rv)
         self.cupti = open_cupti(self.cfg.backend, self.warn)
         if self.cupti is not None:
             self.backend = "cupti"
         else:
             self.backend = "events"
-            self.clock = EventClock(self.rp)
+            self.clock = EventClock(self.rv)
             self.warn(EVENT_WARNING)
 
     def _open(self, sl: Dict[str, Any], stream) -> None:
@@ -337,12 +337,12 @@ class TimelineProfiler:
                 self.clock.end(e0, stream, sl)
 
     def _capturing(self) -> bool:
-        return self.clock is not None and bool(getattr(getattr(self.rp, "ctx", None), "capturing", None))
+        return self.clock is not None and self.rv is not None and self.rv.capturing
 
     def _before_launch(self, ev) -> None:
         if not self.sel(ev):
             return
-        if self.rp.ctx.stream_capturing(ev.rec_stream, ev.stream):
+        if self.rv.stream_capturing(ev.rec_stream, ev.stream):
             self.captured_launches += 1             # a node of the program's graph: runs with its cuGraphLaunch
             return
         if self._capturing():                       # events would become graph nodes
@@ -373,7 +373,7 @@ class TimelineProfiler:
     def _batch_slices(self, ev, add) -> None:
         """The slices of the ops a batch event ran, in issue order (timed by _match_cupti)."""
         from ..plan import COPY_ASYNC, D2H, LAUNCH_EX, MEMSET8, MEMSET32_ASYNC
-        rp = self.rp
+        rv = self.rv
         for k, index, rec in ev.ops():
             if index >= 0:
                 a = rec["a"]
@@ -386,7 +386,7 @@ class TimelineProfiler:
                     grid = [g("gridDimX", 1), g("gridDimY", 1), g("gridDimZ", 1)]
                     block = [g("blockDimX", 1), g("blockDimY", 1), g("blockDimZ", 1)]
                     shm, rs = g("sharedMemBytes", 0), g("hStream") or 0
-                add({"kind": "kernel", "seq": rec["s"], "index": index, "name": rp.ctx.kernel_name_of(a["f"], rec["s"]),
+                add({"kind": "kernel", "seq": rec["s"], "index": index, "name": rv.kernel_name(a["f"], rec["s"]),
                      "stream": rs, "grid": grid, "block": block, "shmem": shm})
             elif MEMSET8 <= k <= COPY_ASYNC or k == D2H:
                 a = rec["a"]
@@ -410,7 +410,7 @@ class TimelineProfiler:
             return False
         if self._graphs is None:
             from .graphunits import RecordedGraphs
-            self._graphs = RecordedGraphs(self.rp)
+            self._graphs = RecordedGraphs(self.rv)
         return self._graphs.selected(self.sel, rec)
 
     def _before_graph_launch(self, ev) -> None:
@@ -418,8 +418,8 @@ class TimelineProfiler:
         the launch's correlation id and are matched to these slices in issue order
         (_match_graph_records); with CUDA events a selected launch is timed whole."""
         a = ev.rec.get("a") or {}
-        live = self.rp.ctx.stream(ev.rec, a.get("hStream"))
-        if self._capturing() or self.rp.ctx.stream_capturing(a.get("hStream"), live):
+        live = self.rv.stream(ev.rec, a.get("hStream"))
+        if self._capturing() or self.rv.stream_capturing(a.get("hStream"), live):
             return                          # a child graph of a recorded capture: runs with its graph
         sl = {"kind": "graph", "seq": ev.seq, "name": "cuGraphLaunch", "stream": a.get("hStream") or 0,
               "selected": self._graph_selected(ev.rec)}
@@ -437,7 +437,7 @@ class TimelineProfiler:
     def _graph_launch(self, ev) -> None:
         sl, self._graph_open = self._graph_open, None
         if sl is not None and sl["seq"] == ev.seq:
-            self._close(sl, self.rp.ctx.stream(ev.rec, (ev.rec.get("a") or {}).get("hStream")))
+            self._close(sl, self.rv.stream(ev.rec, (ev.rec.get("a") or {}).get("hStream")))
 
     def _after_launch(self, ev) -> None:
         sl = ev.data.get("timeline")
@@ -489,7 +489,7 @@ class TimelineProfiler:
     def _teardown(self, ev) -> None:
         if self.clock is not None:
             try:
-                self.rp.ctx.raw("cuCtxSynchronize")
+                self.rv.call("cuCtxSynchronize")
             except Exception:
                 pass
             self.clock.drop_ref()

@@ -281,19 +281,19 @@ def _unix_offset(collector, cupti: bool) -> Optional[int]:
 
 
 def write_trace(prof, path: str, snapshot: str = "") -> None:
-    rp = getattr(prof, "rp", None)
+    rv = getattr(prof, "rv", None)
     nvtx = None
     host_pid = None
     gpu = None
-    if rp is not None and getattr(getattr(rp, "ctx", None), "reader", None) is not None:
+    if rv is not None and rv.snapshot is not None:
         try:
-            host_pid = rp.ctx.reader.header.get("pid")
-            nvtx = list(rp.ctx.reader.records(("nvtx",)))
+            host_pid = rv.snapshot.header.get("pid")
+            nvtx = list(rv.snapshot.records(("nvtx",)))
         except Exception:
             nvtx = None
         try:
             from .report import run_info
-            g = (run_info(rp, None, None, snapshot) or {}).get("gpu") or {}
+            g = (run_info(rv, None, None, snapshot) or {}).get("gpu") or {}
             gpu = {k: g[k] for k in ("name", "uuid") if g.get(k)}
             if g.get("cc"):
                 gpu["computeMajor"], gpu["computeMinor"] = g["cc"][0], g["cc"][1]
