@@ -8,9 +8,11 @@
 #   SUITE_FILES=gpu/test_gpu_stress.py SKIP_BENCH=1 SKIP_EXAMPLE=1 bash bench/gpu_suite.sh [-k expression]
 # (CUDASNAP_STRESS_N: captures per workload, default 5; raise SUITE_TIMEOUT, 420 s by default, to
 # fit the selection: the stress test prints its estimate first).
-# GPUS="0 1 2 3": the suite's files spread over those GPUs, one pytest per GPU at once, each with
-# its own work folder and results file (gpu_results.gN.jsonl); the whole suite took 325 s so on
-# 4 H200s.
+# GPUS="0 1 2 3": the suite's files spread over those GPUs, one pytest per entry at once, each
+# with its own work folder and results file (gpu_results.sK.jsonl, K the entry's place); the
+# whole suite took 325 s so on 4 H200s. A GPU may be named more than once ("0 0 0": three
+# pytest processes share GPU 0; keep files with timing checks, such as the profile, advise and
+# metrics tests, out of such a run).
 set -uo pipefail
 ROOT=$(pwd); export CUDASNAP_ROOT=$ROOT
 OUT=${OUT:-/tmp/cudasnap-out}; mkdir -p "$OUT"
@@ -58,14 +60,14 @@ PY
 )
     i=0; rm -f "$OUT/gpu_suite.log"
     for g in $GPUS; do
-      files=${GROUPS_[$i]:-}; i=$((i + 1))
+      files=${GROUPS_[$i]:-}; k=$i; i=$((i + 1))
       [ -z "$files" ] && continue
-      ( CUDA_VISIBLE_DEVICES=$g CUDASNAP_GPU_WORK=/tmp/cudasnap-gpu.g$g CUDASNAP_GPU_RESULTS=$OUT/gpu_results.g$g.jsonl \
+      ( CUDA_VISIBLE_DEVICES=$g CUDASNAP_GPU_WORK=/tmp/cudasnap-gpu.s$k CUDASNAP_GPU_RESULTS=$OUT/gpu_results.s$k.jsonl \
         timeout ${SUITE_TIMEOUT:-420} python3 -m pytest -m gpu -p no:cacheprovider -q -rA ${1:+-k "$1"} $files \
-        > "$OUT/gpu_suite.g$g.log" 2>&1; echo "GPU $g: exit $? ($files)" >> "$OUT/gpu_suite.log" ) &
+        > "$OUT/gpu_suite.s$k.log" 2>&1; echo "slot $k (GPU $g): exit $? ($files)" >> "$OUT/gpu_suite.log" ) &
     done
     wait
-    cat "$OUT/gpu_suite.log"; for g in $GPUS; do tail -3 "$OUT/gpu_suite.g$g.log" 2>/dev/null; done
+    cat "$OUT/gpu_suite.log"; for k in $(seq 0 $((i - 1))); do tail -3 "$OUT/gpu_suite.s$k.log" 2>/dev/null; done
   else
     timeout ${SUITE_TIMEOUT:-420} python3 -m pytest -m gpu -p no:cacheprovider -q -rA ${1:+-k "$1"} "${SUITE_PATHS[@]}" 2>&1 | tee "$OUT/gpu_suite.log" | tail -40
   fi

@@ -3,7 +3,7 @@ runs all commands pinned to one GPU (CUDA_VISIBLE_DEVICES), workloads spread ove
 whole matrix --runs times. Prints a markdown table (the one bench/RESULTS.md keeps) and writes
 every cell to --json.
 
-    python3 bench/matrix_gpu.py [--runs 2] [--only torch_eager,jax_jit] [--gpus 0,1,2] [--json OUT.json]
+    python3 bench/matrix_gpu.py [--runs 2] [--only torch_eager,jax_jit] [--gpus 0,1,2] [--slots 3] [--json OUT.json]
 Exit 0 when every applicable cell of every workload passed, 1 otherwise (a workload left out by
 --deadline included)."""
 from __future__ import annotations
@@ -35,6 +35,8 @@ def main() -> int:
     ap.add_argument("--json", default="")
     ap.add_argument("--work", default="/tmp/cudasnap-matrix")
     ap.add_argument("--gpus", default="", help="GPU indices to use, e.g. 0,1,2 (default: all)")
+    ap.add_argument("--slots", type=int, default=1, help="workloads run at once on each GPU (a machine of "
+                    "one GPU; the compare cells' verdicts then carry the other slots' load)")
     ap.add_argument("--deadline", type=float, default=0, help="seconds: start no workload that would end after "
                     "this (by its usual time), so the table is printed before an outer time limit")
     a = ap.parse_args()
@@ -121,7 +123,7 @@ def main() -> int:
     ids = [i for i, _ in cards]
     k = max([JOBS[n] for _, n in multi], default=0)
     lane = ids[-k:] if multi and len(ids) >= k else (ids if multi else [])
-    ts = [threading.Thread(target=worker, args=(i,)) for i in ids if i not in lane]
+    ts = [threading.Thread(target=worker, args=(i,)) for i in ids if i not in lane for _ in range(max(1, a.slots))]
     ts.append(threading.Thread(target=job_lane, args=(lane,)))
     for t in ts:
         t.start()
