@@ -19,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
-from matrix import JOBS, WORKLOADS, run_workload, table  # noqa: E402
+from matrix import JOBS, WORKLOADS, GpuGate, run_workload, table  # noqa: E402
 
 
 def gpus() -> list:
@@ -36,7 +36,7 @@ def main() -> int:
     ap.add_argument("--work", default="/tmp/cudasnap-matrix")
     ap.add_argument("--gpus", default="", help="GPU indices to use, e.g. 0,1,2 (default: all)")
     ap.add_argument("--slots", type=int, default=1, help="workloads run at once on each GPU (a machine of "
-                    "one GPU; the compare cells' verdicts then carry the other slots' load)")
+                    "one GPU); their timeline profiles, metrics and advise still run alone on it")
     ap.add_argument("--deadline", type=float, default=0, help="seconds: start no workload that would end after "
                     "this (by its usual time), so the table is printed before an outer time limit")
     a = ap.parse_args()
@@ -60,6 +60,8 @@ def main() -> int:
     for run, n in sorted(singles, key=lambda x: (-cost.get(x[1], 60), x[0])):
         jobs.put((run, n))
     rows, lock = [], threading.Lock()
+    # --slots: the workloads sharing a GPU run their measurements (timeline, metrics, advise) alone
+    gates = {i: GpuGate() for i, _ in cards} if a.slots > 1 else {}
     start = time.monotonic()
 
     def late(n: str) -> bool:
@@ -87,7 +89,7 @@ def main() -> int:
             return
         t0 = time.monotonic()
         cells = run_workload(n, Path(a.work) / f"r{run}" / n, {"CUDA_VISIBLE_DEVICES": gpu},
-                             log=lambda s, g=gpu, r=run: print(f"[gpu{g} r{r}] {s}", flush=True))
+                             log=lambda s, g=gpu, r=run: print(f"[gpu{g} r{r}] {s}", flush=True), gate=gates.get(gpu))
         with lock:
             rows.append({"run": run, "workload": n, "gpu": gpu, "s": round(time.monotonic() - t0, 1), "cells": cells})
             if a.json:      # after every workload: a run cut short still leaves its rows and logs

@@ -24,12 +24,14 @@ with no library GEMM) is {"ok": None, "detail": why}. Used by tests/gpu/test_gpu
 bench/matrix_gpu.py (all workloads, spread over every GPU)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
@@ -83,13 +85,48 @@ int main(int argc, char **argv) { int r = workload_main(%s); fflush(stdout); ffl
 """
 
 
+class GpuGate:
+    """Commands sharing one GPU (bench/matrix_gpu.py --slots): a command that measures time or
+    profiles with counters (the timeline profiles compare reads, metrics, advise) runs alone on
+    the GPU; the others run side by side. Waiting lone commands go first."""
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.sharing, self.alone_now, self.waiting = 0, False, 0
+
+    @contextlib.contextmanager
+    def hold(self, alone: bool):
+        with self.cond:
+            if alone:
+                self.waiting += 1
+                while self.alone_now or self.sharing:
+                    self.cond.wait()
+                self.waiting -= 1
+                self.alone_now = True
+            else:
+                while self.alone_now or self.waiting:
+                    self.cond.wait()
+                self.sharing += 1
+        try:
+            yield
+        finally:
+            with self.cond:
+                if alone:
+                    self.alone_now = False
+                else:
+                    self.sharing -= 1
+                self.cond.notify_all()
+
+
 def _cudasnap(*args: str) -> List[str]:
     return [PY, "-m", "cudasnap", *args]
 
 
 class Matrix:
-    def __init__(self, name: str, work: Path, env: Dict[str, str], log: Optional[Callable[[str], None]] = None):
+    def __init__(self, name: str, work: Path, env: Dict[str, str], log: Optional[Callable[[str], None]] = None,
+                 gate: Optional[GpuGate] = None):
         self.name, self.work, self.log = name, work, log or (lambda s: None)
+        self.gate = gate
         work.mkdir(parents=True, exist_ok=True)
         prog, extra = WORKLOADS[name]
         self.env = {**os.environ, **DETERMINISTIC, **extra, **env}
@@ -127,10 +164,13 @@ class Matrix:
         return [str(out)]
 
     def run(self, argv: List[str], timeout: int = TIMEOUT, cwd: Optional[Path] = None,
-            env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
+            env: Optional[Dict[str, str]] = None, alone: bool = False) -> subprocess.CompletedProcess:
+        """alone: a measurement; with a gate (a GPU shared by several workloads) nothing else
+        runs on the GPU meanwhile."""
         try:
-            cp = subprocess.run(argv, env={**self.env, **(env or {})}, capture_output=True, text=True, timeout=timeout,
-                                cwd=str(cwd or self.work))
+            with self.gate.hold(alone) if self.gate is not None else contextlib.nullcontext():
+                cp = subprocess.run(argv, env={**self.env, **(env or {})}, capture_output=True, text=True,
+                                    timeout=timeout, cwd=str(cwd or self.work))
         except subprocess.TimeoutExpired as e:
             out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
             cp = subprocess.CompletedProcess(argv, 124, out, f"timed out after {timeout} s")
@@ -225,7 +265,7 @@ class Matrix:
             def fn():
                 t0 = time.monotonic()
                 cp = self.run(_cudasnap("replay", str(target), "--profile", mode, "--out", str(self.work / out),
-                                        "--watchdog", WATCHDOG, *self.tolerance, *extra))
+                                        "--watchdog", WATCHDOG, *self.tolerance, *extra), alone=mode == "timeline")
                 walls[out] = time.monotonic() - t0
                 path = self.work / out
                 if self.name in JOBS:       # each rank writes FILE.rank{N}.json: rank 0's is read
@@ -321,7 +361,7 @@ class Matrix:
         def metrics():
             out = "m.json"
             cp = self.run(_cudasnap("replay", str(target), "--profile", "metrics", "-c", "5", "--out",
-                                    str(self.work / out), "--watchdog", WATCHDOG, *self.tolerance))
+                                    str(self.work / out), "--watchdog", WATCHDOG, *self.tolerance), alone=True)
             path = self.work / (out.replace(".json", ".rank0.json") if self.name in JOBS else out)
             if cp.returncode == 2 and "a graph's node" in (cp.stdout + cp.stderr):
                 (self.work / out).unlink(missing_ok=True)
@@ -349,7 +389,7 @@ class Matrix:
             src = self.work / "t1.rank0.json" if self.name in JOBS else target
             out = self.work / "advise.json"
             cp = self.run(_cudasnap("advise", str(src), *(["--metrics", str(m)] if m.exists() else []),
-                                    "--out", str(out), "-f"))
+                                    "--out", str(out), "-f"), alone=True)
             if cp.returncode != 0 or not out.exists():
                 return False, self._tail(cp)
             f = json.loads(out.read_text()).get("findings") or []
@@ -389,8 +429,9 @@ class Matrix:
         return cp.returncode == 0, f"#{row['seq']} {name}: extract {size:.1f}% of the file, exported program exit {cp.returncode}"
 
 
-def run_workload(name: str, work: Path, env: Optional[Dict[str, str]] = None, log=None) -> Dict[str, dict]:
-    return Matrix(name, work, env or {}, log).go()
+def run_workload(name: str, work: Path, env: Optional[Dict[str, str]] = None, log=None,
+                 gate: Optional[GpuGate] = None) -> Dict[str, dict]:
+    return Matrix(name, work, env or {}, log, gate).go()
 
 
 COLUMNS = ["capture", "replay", "timeline", "isolated", "graph", "extract:first", "extract:longest", "extract:gemm",
