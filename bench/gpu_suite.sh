@@ -12,12 +12,14 @@
 # with its own work folder and results file (gpu_results.sK.jsonl, K the entry's place); the
 # whole suite took 325 s so on 4 H200s. A GPU may be named more than once ("0 0 0": three
 # pytest processes share GPU 0; keep files with timing checks, such as the profile, advise and
-# metrics tests, out of such a run).
+# metrics tests, out of such a run). SLOTS=3 does that on one GPU: the other files over three
+# pytest processes, then the timed files alone (SUITE_TIMEOUT applies to each part).
 set -uo pipefail
 ROOT=$(pwd); export CUDASNAP_ROOT=$ROOT
 OUT=${OUT:-/tmp/cudasnap-out}; mkdir -p "$OUT"
 INSTALL_LOG=$OUT/install.log . "$ROOT/bench/gpu_env.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/card.txt"
+python3 -c "import plotly" 2>/dev/null || echo "warning: plotly is not installed here: the --html checks (test_gpu_metrics) fail; carry plotly's and narwhals' wheels in .whl/" | tee "$OUT/warnings.txt"
 export CUDASNAP_GPU_RESULTS=$OUT/gpu_results.jsonl CUDASNAP_GPU_WORK=/tmp/cudasnap-gpu
 rm -f "$CUDASNAP_GPU_RESULTS"
 # test from outside the tree, so the installed package is what gets imported
@@ -26,6 +28,18 @@ cd /tmp
 if [ -z "${SKIP_EXAMPLE:-}" ]; then
   bash "$ROOT/examples/run.sh" 2>&1 | tee "$OUT/example.log" | tail -6
   cp /tmp/cudasnap-example.cusnap "$OUT/example_vector_add.cusnap" 2>/dev/null
+fi
+if [ -z "${SKIP_SUITE:-}" ] && [ -n "${SLOTS:-}" ]; then
+  # one GPU (GPU, default 0) shared by SLOTS pytest processes; the files with timing checks
+  # (profile, advise, metrics) run after them, alone on it. Results under $OUT/shared, $OUT/alone.
+  ALL=$(cd /tmp/cs-tests && ls ${SUITE_FILES:-gpu/test_gpu_*.py} | grep -v -E "test_gpu_(stress|matrix)")
+  TIMED=$(echo "$ALL" | grep -E "test_gpu_(profile|advise|metrics)" | tr '\n' ' ')
+  SHARED=$(echo "$ALL" | grep -v -E "test_gpu_(profile|advise|metrics)" | tr '\n' ' ')
+  [ -n "$SHARED" ] && (cd "$ROOT" && OUT=$OUT/shared SUITE_FILES="$SHARED" SLOTS= SKIP_EXAMPLE=1 SKIP_BENCH=1 \
+    GPUS=$(yes "${GPU:-0}" | head -n "$SLOTS" | tr '\n' ' ') bash bench/gpu_suite.sh "$@")
+  [ -n "$TIMED" ] && (cd "$ROOT" && OUT=$OUT/alone SUITE_FILES="$TIMED" SLOTS= SKIP_EXAMPLE=1 SKIP_BENCH=1 \
+    CUDA_VISIBLE_DEVICES=${GPU:-0} bash bench/gpu_suite.sh "$@")
+  SKIP_SUITE=1
 fi
 if [ -z "${SKIP_SUITE:-}" ]; then
   if [ -n "${SUITE_FILES:-}" ]; then
@@ -38,8 +52,8 @@ if [ -z "${SKIP_SUITE:-}" ]; then
     # files to GPUs, heaviest first onto the least loaded (seconds each, from a 4-GPU run)
     mapfile -t GROUPS_ < <(python3 - "${SUITE_PATHS[@]}" <<'PY'
 import glob, os, sys
-cost = {"profile": 300, "capture": 150, "replay": 110, "executor": 60, "selection": 50, "metrics": 35,
-        "samples": 120, "ipc": 30, "wrap": 20, "advise": 60, "endstate": 15, "memops": 10, "texture": 10, "staging": 5}
+cost = {"profile": 300, "capture": 150, "replay": 110, "executor": 60, "selection": 250, "metrics": 35,
+        "samples": 150, "ipc": 30, "wrap": 20, "advise": 60, "endstate": 15, "memops": 10, "texture": 10, "staging": 5}
 args, skip, files = sys.argv[1:], set(), []
 for i, a in enumerate(args):
     if a.startswith("--ignore="):
