@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from .functions import bound_function, resolve_function
 
-# allocation kinds a kernel writes (placement.Allocation.kind): placed or fallen back, module globals
+# allocation kinds a kernel writes (placement.Alloc.kind): placed or fallen back, module globals
 WRITABLE_KINDS = ("placed", "fallback", "global")
 
 
@@ -32,7 +32,7 @@ class ReplayView:
 
     @property
     def options(self):
-        """The ReplayOptions of this replay (read them; changing them changes nothing)."""
+        """The ReplayOptions of this replay, to read (the engine reads the same object)."""
         return self._ctx.opt
 
     @property
