@@ -9,6 +9,13 @@ everything that touches the driver (cuInit, contexts, modules, the replay, the p
 every replay still starts from a clean driver state and nothing of one replay can leak into the
 next; the server itself never initializes CUDA, which is what makes the fork safe.
 
+With `"kept": true` in a request ([rules] workers = "kept") the replay runs in the server's one
+kept child instead, which replays request after request in its own process: the driver stays
+initialized, and each replay gives back its memory, reserved ranges and contexts when it ends
+(Replayer.close), so the next one places its memory at the recorded addresses again. A replay
+that fails (exit 2), dies or runs past its timeout ends the kept child; the next request starts
+a new one.
+
 Requests and replies are JSON lines on the server's stdin and stdout. A request is the typed
 invocation (replay/invocation.py: the options a replay runs with), never an argv, plus a timeout:
 
@@ -46,6 +53,7 @@ def _die_with_parent() -> None:
 # ---------------------------------------------------------------------------------- server side
 class _Server:
     def __init__(self):
+        self.kept: Optional[Tuple[int, int, int]] = None   # the kept child: pid, its request and reply pipes
         self.checked: Dict[Tuple[str, int, int], Optional[str]] = {}
         # what every replay needs, imported once; cupti-python only when a profile times with it
         import cudasnap.replay.engine  # noqa: F401
@@ -80,6 +88,8 @@ class _Server:
         if problem:
             return {"exit_code": 2, "stderr_tail": f"cudasnap: error: {problem}", "proc_s": 0.0, "fork_s": 0.0}
         self._want_cupti((req.get("profile") or {}).get("mode"))
+        if req.get("kept"):
+            return self._kept_run(req, t0)
         err = tempfile.TemporaryFile(mode="w+b")
         sys.stdout.flush()
         sys.stderr.flush()
@@ -117,6 +127,137 @@ class _Server:
         if rc == 124:
             tail = f"the replay ran past {float(req.get('timeout') or 1800):g} s"
         return {"exit_code": rc, "stderr_tail": tail, "proc_s": time.monotonic() - t0, "fork_s": fork_s}
+
+
+    # ---------------------------------------------------------------- the kept child
+    def _kept_child(self) -> Tuple[int, int, int]:
+        """The child that runs replay after replay in its own process ([rules] workers = "kept"),
+        started on first use or after the last one ended."""
+        if self.kept is not None:
+            return self.kept
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 2
+            try:
+                os.close(req_w)
+                os.close(rep_r)
+                _die_with_parent()
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                devnull = os.open(os.devnull, os.O_RDWR)
+                os.dup2(devnull, 0)
+                os.dup2(devnull, 1)
+                code = _kept_loop(req_r, rep_w)
+            finally:
+                os._exit(code)
+        os.close(req_r)
+        os.close(rep_w)
+        self.kept = (pid, req_w, rep_r)
+        return self.kept
+
+    def _kept_end(self, kill: bool) -> Optional[int]:
+        """End the kept child; its exit code."""
+        if self.kept is None:
+            return None
+        pid, req_w, rep_r = self.kept
+        self.kept = None
+        for fd in (req_w, rep_r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        if kill:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        _, status = os.waitpid(pid, 0)
+        return os.waitstatus_to_exitcode(status)
+
+    def _kept_run(self, req: Dict[str, Any], t0: float) -> Dict[str, Any]:
+        """One replay in the kept child: its stderr to a file of this request; a reply line back.
+        A replay that fails (exit 2, a signal) or runs past its timeout ends the child: the next
+        request starts a new one from a clean driver."""
+        fresh = self.kept is None
+        t_fork = time.monotonic()
+        pid, req_w, rep_r = self._kept_child()
+        fork_s = time.monotonic() - t_fork if fresh else 0.0
+        timeout = float(req.get("timeout") or 1800)
+        with tempfile.NamedTemporaryFile(mode="w+b", prefix="cudasnap-kept-", suffix=".err") as err:
+            try:
+                os.write(req_w, (json.dumps({"req": req, "stderr": err.name}) + "\n").encode())
+            except OSError:                      # the child died since the last reply
+                rc = self._kept_end(kill=True)
+                return {"exit_code": rc if rc else 2, "stderr_tail": "cudasnap: error: the kept replay worker ended",
+                        "proc_s": time.monotonic() - t0, "fork_s": fork_s}
+            r, _, _ = select.select([rep_r], [], [], timeout)
+            line = b""
+            if r:
+                while not line.endswith(b"\n"):
+                    chunk = os.read(rep_r, 4096)
+                    if not chunk:
+                        break
+                    line += chunk
+            if not r:
+                self._kept_end(kill=True)
+                rc, tail = 124, f"the replay ran past {timeout:g} s"
+            else:
+                try:
+                    rep = json.loads(line)
+                    rc = int(rep["exit_code"])
+                    closed = rep.get("closed")
+                except (ValueError, KeyError, TypeError):
+                    code = self._kept_end(kill=True)    # died mid-replay: its exit code (a signal: negative)
+                    rc, closed = (code if code else 2), None
+                if (rc == 2 or (closed or {}).get("failed")) and self.kept is not None:
+                    self._kept_end(kill=False)       # the child leaves after a failed replay
+                err.seek(0)
+                lines = [ln for ln in err.read().decode(errors="replace").splitlines() if ln.strip()]
+                tail = "\n".join(lines[-5:])
+        out = {"exit_code": rc, "stderr_tail": tail, "proc_s": time.monotonic() - t0, "fork_s": fork_s,
+               "kept_pid": pid}
+        if r and closed is not None:
+            out["closed"] = closed
+        return out
+
+
+def _kept_loop(req_r: int, rep_w: int) -> int:
+    """The kept child: replay after replay, each given back (Replayer.close) before the next.
+    Leaves after a replay that failed (exit 2): its driver state may be damaged."""
+    from cudasnap.replay.engine import close_replays, track_replays
+    track_replays()
+    buf = b""
+    while True:
+        while b"\n" not in buf:
+            chunk = os.read(req_r, 1 << 16)
+            if not chunk:
+                return 0                                  # the server ended
+            buf += chunk
+        line, buf = buf.split(b"\n", 1)
+        msg = json.loads(line)
+        fd = os.open(msg["stderr"], os.O_WRONLY | os.O_TRUNC)
+        os.dup2(fd, 2)
+        os.close(fd)
+        code = 2
+        try:
+            code = _replay(msg["req"])
+        except BaseException as e:
+            try:
+                os.write(2, f"cudasnap: error: {type(e).__name__}: {e}\n".encode())
+            except OSError:
+                pass
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except Exception:
+            pass
+        closed = close_replays()
+        os.write(rep_w, (json.dumps({"exit_code": code, "closed": closed}) + "\n").encode())
+        if code == 2 or closed.get("failed"):
+            return code
 
 
 def _replay(req: Dict[str, Any]) -> int:

@@ -17,7 +17,9 @@
     retries = 2                      # crash, timeout, lost node: more tries on another worker
     hold_gpus = true                 # keep each GPU's driver state warm between replays (keeper.py)
     workers = "warm"                 # replays forked by a server per GPU and env (cellserver.py);
-                                     # "fresh": a new `cudasnap replay` process each
+                                     # "fresh": a new `cudasnap replay` process each; "kept": one
+                                     # process per GPU and env runs replay after replay, each
+                                     # giving its driver state back (Replayer.close)
 
     [[snapshot]]
     path = "snaps/*.cusnap"          # a path or a glob, relative to this file
@@ -71,7 +73,7 @@ class Rules:
     workers: str = "warm"
 
 
-WORKERS = ("warm", "fresh")
+WORKERS = ("warm", "fresh", "kept")
 
 
 @dataclass
@@ -208,7 +210,7 @@ def _rules(t: Any, where: str) -> Rules:
 def _workers(t: Dict[str, Any], where: str) -> str:
     w = t.get("workers", "warm")
     if w not in WORKERS:
-        raise PlanError(f"{where}: [rules] workers must be {' or '.join(repr(x) for x in WORKERS)}, not {w!r}")
+        raise PlanError(f"{where}: [rules] workers must be {', '.join(repr(x) for x in WORKERS)}, not {w!r}")
     return w
 
 

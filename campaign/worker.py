@@ -1,7 +1,8 @@
 """What runs on a Ray worker for one replay of a cell: the replay, with the environment's
 variables and driver, pinned to the GPU Ray gave the task (CUDA_VISIBLE_DEVICES), forked by a
-replay server that stays up for that GPU and environment (cellserver.py), or with [rules]
-workers = "fresh" a new process of its own; either way the replay is handed over as a typed
+replay server that stays up for that GPU and environment (cellserver.py); with [rules]
+workers = "kept" run by that server's one kept process, replay after replay; with "fresh" in a
+new process of its own. Either way the replay is handed over as a typed
 document (replay/invocation.py). Servers and replays die with the
 worker (PDEATHSIG), so a lost worker never leaves a replay holding its GPU."""
 from __future__ import annotations
@@ -149,7 +150,7 @@ def _warm(spec: Dict[str, Any], env: Dict[str, str], snap: str, out: str) -> Dic
     """One replay forked by this worker's replay server for the cell's GPU and environment."""
     from . import cellserver
     key = (env.get("CUDA_VISIBLE_DEVICES"), env.get("LD_LIBRARY_PATH"), tuple(sorted(spec["vars"].items())))
-    req = dict(_request(spec, snap, out), timeout=spec["timeout"])
+    req = dict(_request(spec, snap, out), timeout=spec["timeout"], kept=spec.get("workers") == "kept")
     t0 = time.monotonic()
     try:
         client, new = cellserver.client_for(key, env)

@@ -38,6 +38,27 @@ CU_STREAM_LEGACY, CU_STREAM_PER_THREAD = 1, 2
 PACE_SPIN_S = 100e-6            # --pace recorded: spin (not sleep) this long before a call is due
 
 
+# Replays this process must give back before it runs another (track_replays; None: not tracked)
+_tracked: Optional[List["Replayer"]] = None
+
+
+def track_replays() -> None:
+    """This process runs replay after replay (a campaign's kept worker): remember every
+    replay that initialized the driver, for close_replays."""
+    global _tracked
+    if _tracked is None:
+        _tracked = []
+
+
+def close_replays() -> Dict[str, int]:
+    """Replayer.close() on every tracked replay since the last call; the counts, summed."""
+    out: Dict[str, int] = {}
+    while _tracked:
+        for k, v in _tracked.pop().close().items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
 def _group_client():
     from .group import client     # imported when a call links another process (group replay)
     return client()
@@ -80,6 +101,7 @@ class Replayer(BatchRunner):
         self._workers: Dict[int, "queue.Queue"] = {}
         self.subscribers: List[Any] = []             # objects with on_event(kind, event): see events.py
         self._sub_errors: Dict[Tuple[int, str], int] = {}
+        self._closed = False                          # close() gave the driver state back
 
     def _stop_verify(self, m: Mismatch) -> None:
         raise _StopVerify(m)
@@ -143,6 +165,66 @@ class Replayer(BatchRunner):
                     h.fn(self.ctx, rec)
             except Exception as e:
                 self.ctx.note(f"call #{rec.get('s')} {rec.get('f')} (held for graph mode): {e}")
+
+    def close(self) -> Dict[str, int]:
+        """Give back what this replay holds in the driver and in the process, so that another
+        replay in the same process places its memory at the recorded addresses again: device
+        memory and its reserved ranges, pinned host memory mapped at recorded addresses, the
+        contexts (created ones destroyed, primary ones reset) and the live functions cached per
+        process. The driver stays initialized. Call after run(); returns what was released."""
+        out: Dict[str, int] = {}
+        ctx = self.ctx
+        if self._closed or not self.initialized or ctx.cu is None or ctx.dev is None:
+            return out
+        self._closed = True
+        cu = ctx.cu
+        try:
+            cu.cuCtxSynchronize()
+        except Exception:
+            pass
+        sp = ctx.space
+        for p in sorted(ctx.host_placed):
+            a = sp.find(p) if sp is not None else None
+            try:
+                hostplace.release(ctx, p, a.size if a is not None else 1)
+            except Exception:
+                pass
+        out["host"] = len(ctx.host_placed)
+        ctx.host_placed.clear()
+        if sp is not None:
+            out.update(sp.release_all())
+        devs = {handle_int(ctx.dev): ctx.dev, **{handle_int(d): d for d in ctx.devlive.values()}}
+        primaries = {}
+        for k, d in devs.items():
+            try:
+                r = cu.cuDevicePrimaryCtxGetState(d)
+                if result_code(r[0]) == 0 and r[2]:
+                    primaries[k] = handle_int(self.ctx.raw("cuDevicePrimaryCtxRetain", d))
+                    cu.cuDevicePrimaryCtxRelease(d)
+            except Exception:
+                pass
+        made = {handle_int(c): c for c in ctx.handles.contexts.values() if handle_int(c)}
+        out["contexts"] = 0
+        for k, c in made.items():
+            if k not in primaries.values():
+                try:
+                    if result_code(cu.cuCtxDestroy(c)[0]) == 0:
+                        out["contexts"] += 1
+                except Exception:
+                    pass
+        for k in primaries:
+            try:
+                if result_code(cu.cuDevicePrimaryCtxReset(devs[k])[0]) == 0:
+                    out["contexts"] += 1
+            except Exception:
+                pass
+        try:
+            cu.cuCtxSetCurrent(cu.CUcontext(0))
+        except Exception:
+            pass
+        from .functions import forget_live
+        forget_live()
+        return out
 
     def _before_call_event(self, rec):
         """before_call, before_copy (returns the copy event) and teardown events."""
@@ -367,6 +449,8 @@ class Replayer(BatchRunner):
         if self.initialized:
             return
         self.initialized = True
+        if _tracked is not None:
+            _tracked.append(self)
         t0 = time.monotonic()
         try:
             self._init_driver()

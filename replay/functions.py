@@ -168,7 +168,7 @@ def preload_in(ctx, live_ctx) -> None:
         ctx.cu.cuCtxPopCurrent()
 
 
-_BOUND: dict = {}           # library kernel handle -> the CUfunction it got (one replay per process)
+_BOUND: dict = {}           # library kernel handle -> the CUfunction it got (until forget_live)
 _LIBRARY_KERNELS: set = set()
 UNBOUND: dict = {}          # library kernel handle -> the error cuKernelGetFunction last returned
 
@@ -187,6 +187,14 @@ def why_unbound(fn) -> str:
         return ""
     from cudasnap.formats import cu_result_name
     return f" (a library kernel: cuKernelGetFunction returned {cu_result_name(code)})"
+
+
+def forget_live() -> None:
+    """Forget the live functions of library kernels: the replay that made them has ended
+    (Replayer.close) and another may run in this process."""
+    _BOUND.clear()
+    _LIBRARY_KERNELS.clear()
+    UNBOUND.clear()
 
 
 def bound_function(ctx, fn):

@@ -395,6 +395,53 @@ class AddressSpace:
 
     # The program's own VMM mappings (cuMemMap on its reservations): memory kernels write that
     # is no replayed allocation (a "vmm" alloc is the whole reservation, mostly unmapped).
+    def release_all(self) -> Dict[str, int]:
+        """Give back everything this space holds in the driver (the replay has ended and another
+        may run in this process): device memory of live and held allocations, the granules they
+        mapped, the reserved spans and test blocks. The program's own VMM reservations, host
+        memory and module globals are not the space's to free. Counts of what was released and
+        of what could not be."""
+        out = {"allocations": 0, "spans": 0, "failed": 0}
+        pending = [*self.allocs.values(), *(self.held or []), *(w for ws in self._waiting.values() for w in ws)]
+        for a in pending:
+            if a.kind not in ("placed", "fallback"):
+                continue
+            try:
+                self._release(a)
+                out["allocations"] += 1
+            except Exception:
+                out["failed"] += 1
+        for release in self.held_host:
+            try:
+                release()
+            except Exception:
+                out["failed"] += 1
+        for c in {id(c): c for c in self.granule_chunk.values()}.values():   # still mapped: unreferenced now
+            try:
+                self.drv.unmap(c.start, c.size)
+                self.drv.release(c.handle)
+            except Exception:
+                out["failed"] += 1
+        for sp in self.spans:
+            if sp.reserved:
+                try:
+                    self.drv.free_va(sp.live, sp.size)
+                    out["spans"] += 1
+                except Exception:
+                    out["failed"] += 1
+                sp.reserved = False
+        for b in self._blocks:
+            try:
+                self.drv.free_va(b, self.test_block[1] if self.test_block else self.gran)
+            except Exception:
+                out["failed"] += 1
+        self.allocs.clear()
+        self._sorted.clear()
+        self._waiting.clear()
+        self.granule_chunk.clear()
+        self.held, self.held_host, self._blocks = None, [], []
+        return out
+
     def note_map(self, live: int, size: int) -> None:
         if live and size:
             if live not in self.mappings:

@@ -97,19 +97,25 @@ vars = {{ {STEADY}, CUDASNAP_CAMPAIGN_NOTHING = "1" }}
 """
 
 
-def test_planted_regression_found_and_attributed(cluster, tmp_path):
+def test_planted_regression_found_and_attributed(cluster, tmp_path, record_property):
     """The planted slowdown: each candidate replayed A B A B with its baseline on one GPU, found
     by Mann-Whitney beyond the bar, confirmed on the other GPU; the control env, which changes
     nothing, gives no verdict and the report states the rate."""
     envs = ENVS.replace('name = "eager"\nvars = {{ {STEADY}, CUDA_MODULE_LOADING = "EAGER" }}'.format(STEADY=STEADY),
                         NOOP.split("[[env]]\n", 1)[1])
     assert 'name = "noop"' in envs and "eager" not in envs
-    camp = _campaign(tmp_path / "camp.toml", f"{cluster['snaps']}/s[01].cusnap", envs=envs)
+    # the replays run in kept workers: one process per GPU and env, replay after replay
+    camp = _campaign(tmp_path / "camp.toml", f"{cluster['snaps']}/s[01].cusnap", envs=envs, rules='workers = "kept"\n')
     store = tmp_path / "st.sqlite"
     cp = _cli(cluster, "campaign", "run", camp, "-o", store, "--address", cluster["address"], "--json")
     assert cp.returncode == 1, cp.stdout[-2000:] + cp.stderr[-2000:]
     res = json.loads(cp.stdout)
     assert res["cells"] == 6 and res["ran"] == 6 and res["skipped"] == 0 and res["failed"] == 0
+    cost = res["cost"]
+    assert cost["workers"] == "kept" and cost["fixed_s_per_replay"] is not None, cost
+    record_property("ci_summary", f"campaign 2x3 in kept workers (replay after replay in one process): fixed cost "
+                                  f"{cost['fixed_s_per_cell']:.3f} s per cell, {cost['fixed_s_per_replay']:.3f} s per "
+                                  f"replay ({cost['replays_per_cell']:g} replays a cell)")
     rep = res["report"]
     assert {(g["env"], g["kernel"]) for g in rep["regressions"]} == {("slowfill", "fill")}
     assert len(rep["regressions"]) == 2                          # every snapshot, that kernel only
@@ -175,10 +181,11 @@ def _null_envs(bias: str, planted: str = "") -> str:
     return out
 
 
-def _null_campaign(path: Path, snaps: str, envs: str) -> Path:
+def _null_campaign(path: Path, snaps: str, envs: str, workers: str = "warm") -> Path:
     """5 timed runs a side and pair (10 a side: Mann-Whitney reaches 1e-5), kernels of 2 ms."""
     path.write_text(f'name = "ci"\nbaseline = "plain"\n[rules]\nrepeats = 5\nwarmup = 1\nthreshold = 20\n'
-                    f'max_reruns = 1\ntimeout = 120\nretries = 2\n[[snapshot]]\npath = "{snaps}"\n{envs}')
+                    f'max_reruns = 1\ntimeout = 120\nretries = 2\nworkers = "{workers}"\n'
+                    f'[[snapshot]]\npath = "{snaps}"\n{envs}')
     return path
 
 
@@ -214,8 +221,9 @@ def test_null_campaign_8x6_then_one_planted_2x(cluster, tmp_path, record_propert
                                   f"{ctl['comparisons']}; fixed cost {cost['fixed_s_per_cell']:.3f} s per cell, "
                                   f"{cost['fixed_s_per_replay']:.3f} s per replay ({cost['replays_per_cell']:g} replays "
                                   f"a cell, warm workers), {res['cells_wall_s']:.1f} s on 2 fake GPUs")
-    # the same campaign, `fill` 2x slower in one env: found in all 8 snapshots, attributed, exit 1
-    camp = _null_campaign(tmp_path / "planted.toml", f"{snaps}/n*.cusnap", _null_envs(bias, planted="conns"))
+    # the same campaign, `fill` 2x slower in one env, in kept workers (replay after replay in one
+    # process): found in all 8 snapshots, attributed, exit 1
+    camp = _null_campaign(tmp_path / "planted.toml", f"{snaps}/n*.cusnap", _null_envs(bias, planted="conns"), "kept")
     store = tmp_path / "planted.sqlite"
     cp = _cli(cluster, "campaign", "run", camp, "-o", store, "--address", cluster["address"], "--json", timeout=600)
     assert cp.returncode == 1, cp.stdout[-3000:] + cp.stderr[-2000:]
@@ -227,8 +235,12 @@ def test_null_campaign_8x6_then_one_planted_2x(cluster, tmp_path, record_propert
             [("variable", "CUDA_DOUBLE_SLOW")], g
     assert rep["verdict_counts"] == {"BASELINE": 8, "SAME": 32, "SLOWER": 8}, rep["verdict_counts"]
     assert rep["controls"]["verdicts"] == 0 and rep["exit_reason"] == "a regression"
+    kept = res["cost"]
+    assert kept["workers"] == "kept" and kept["fixed_s_per_replay"] is not None, kept
     record_property("ci_summary", f"campaign 8x6 with fill 2x slower in one env: found in {len(rep['regressions'])} of 8 "
-                                  f"snapshots, attributed to CUDA_DOUBLE_SLOW, exit 1; {res['cells_wall_s']:.1f} s")
+                                  f"snapshots, attributed to CUDA_DOUBLE_SLOW, exit 1; kept workers: fixed cost "
+                                  f"{kept['fixed_s_per_cell']:.3f} s per cell, {kept['fixed_s_per_replay']:.3f} s per "
+                                  f"replay ({kept['replays_per_cell']:g} replays a cell); {res['cells_wall_s']:.1f} s")
 
 
 def test_a_control_with_a_verdict_means_noise_exceeds_the_rules(cluster, tmp_path):

@@ -1,0 +1,106 @@
+"""Several replays in one process (a campaign worker that keeps its driver): Replayer.close()
+gives back the placed memory, its reserved ranges and the contexts, so that the next replay
+places every allocation at its recorded address again and verifies, where before it fell back
+from every one and failed."""
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+
+from synth import BASE, Synth, write_double_program
+
+RUNNER = """
+import json, sys, io
+from cudasnap.replay.engine import Replayer
+from cudasnap.replay.options import ReplayOptions
+out = []
+for path in sys.argv[1:]:
+    rp = Replayer(path, ReplayOptions(quiet=True), out=io.StringIO())
+    r = rp.run()
+    out.append({"path": path, "exit": r.exit_code, "placed": r.placed, "fell_back": r.fell_back,
+                "verified": r.d2h_verified, "errors": r.errors[:1], "closed": rp.close()})
+print(json.dumps(out))
+"""
+
+
+def _leaky(path) -> None:
+    """A program that ends without freeing its memory nor releasing its context (a crash, or a
+    program that leaves cleanup to the driver): a kernel's result is verified."""
+    s = Synth(path)
+    s.double_prologue("add_one", 0x55570001, [[0, 8], [8, 4]])
+    n = 256
+    s.call("cuMemAlloc_v2", {"dptr": BASE, "bytesize": n * 4})
+    vals = [float(i) for i in range(n)]
+    s.call("cuMemcpyHtoD_v2", {"dstDevice": BASE, "srcHost": 0x7F0000100000, "ByteCount": n * 4},
+           x={"srcHost": s.blob(struct.pack(f"<{n}f", *vals))})
+    s.launch(0x55570001, struct.pack("<Qi", BASE, n), block=n)
+    s.call("cuCtxSynchronize", {})
+    s.call("cuMemcpyDtoH_v2", {"dstHost": 0x7F0000200000, "srcDevice": BASE, "ByteCount": n * 4},
+           x={"dstHost": s.blob(struct.pack(f"<{n}f", *[v + 1 for v in vals]))})
+    s.w.write({"k": "end", "exit": 0, "signal": None, "partial": False})
+    s.close()
+
+
+def _run(double, *paths):
+    cp = subprocess.run([sys.executable, "-c", RUNNER, *map(str, paths)], env=double["env"], capture_output=True,
+                        text=True, timeout=120)
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    return json.loads(cp.stdout.strip().splitlines()[-1])
+
+
+def test_replays_in_one_process_each_place_at_the_recorded_addresses(double, tmp_path):
+    tidy, leaky = tmp_path / "tidy.cusnap", tmp_path / "leaky.cusnap"
+    write_double_program(tidy)
+    _leaky(leaky)
+    rows = _run(double, tidy, leaky, tidy, leaky, leaky)
+    for r in rows:
+        assert r["exit"] == 0 and r["fell_back"] == 0 and r["verified"] >= 1, r
+        assert r["closed"]["failed"] == 0 and r["closed"]["spans"] >= 1 and r["closed"]["contexts"] >= 1, r
+    assert [r["placed"] for r in rows] == [rows[0]["placed"], 1, rows[0]["placed"], 1, 1]
+    # the leaky program's memory was still allocated at its end: close() freed it
+    assert all(r["closed"]["allocations"] == 1 for r in rows if r["path"] == str(leaky))
+
+
+def test_without_close_the_next_replay_falls_back(double, tmp_path):
+    """What close() is for: the first replay's reservations still hold the recorded addresses."""
+    leaky = tmp_path / "leaky.cusnap"
+    _leaky(leaky)
+    runner = RUNNER.replace('"closed": rp.close()', '"closed": None')
+    cp = subprocess.run([sys.executable, "-c", runner, str(leaky), str(leaky)], env=double["env"],
+                        capture_output=True, text=True, timeout=120)
+    rows = json.loads(cp.stdout.strip().splitlines()[-1])
+    assert rows[0]["placed"] == 1 and rows[1]["placed"] == 0 and rows[1]["fell_back"] == 1, rows
+
+
+def test_a_kept_campaign_worker_runs_replay_after_replay_in_one_process(double, tmp_path):
+    """[rules] workers = "kept": the replay server's kept child profiles snapshot after
+    snapshot without a new process, each verified with its memory at the recorded addresses;
+    a replay that fails (exit 2) ends the child and the next request gets a new one."""
+    import os
+    from cudasnap.campaign import cellserver
+    from cudasnap.replay.invocation import profiled
+    tidy, leaky = tmp_path / "tidy.cusnap", tmp_path / "leaky.cusnap"
+    write_double_program(tidy)
+    _leaky(leaky)
+    client = cellserver.Client(dict(os.environ, **double["env"]))
+    try:
+        reps = []
+        for i, snap in enumerate((tidy, leaky, tidy, leaky)):
+            out = tmp_path / f"p{i}.json"
+            reps.append(client.run(dict(profiled(str(snap), str(out), "timeline"), timeout=60, kept=True)))
+            assert reps[-1]["exit_code"] == 0 and out.exists(), reps[-1]
+            run = json.loads(out.read_text())["run"]
+            assert run["exit_code"] == 0
+        assert len({r["kept_pid"] for r in reps}) == 1, reps          # one process for all four
+        assert all(r["closed"]["spans"] >= 1 and r["closed"]["failed"] == 0 for r in reps), reps
+        assert reps[0]["fork_s"] > 0 and all(r["fork_s"] == 0 for r in reps[1:])
+        bad = profiled(str(tidy), str(tmp_path / "bad.json"), "timeline")
+        bad["replay"]["pace"] = "sometimes"                            # refused by the replay: exit 2
+        rep = client.run(dict(bad, timeout=60, kept=True))
+        assert rep["exit_code"] == 2 and "--pace" in rep["stderr_tail"], rep
+        again = client.run(dict(profiled(str(leaky), str(tmp_path / "again.json"), "timeline"), timeout=60, kept=True))
+        assert again["exit_code"] == 0 and again["kept_pid"] != reps[0]["kept_pid"], again
+    finally:
+        client.kill()
