@@ -191,6 +191,7 @@ class Replayer(BatchRunner):
                 pass
         out["host"] = len(ctx.host_placed)
         ctx.host_placed.clear()
+        hostplace.release_reservations()
         if sp is not None:
             out.update(sp.release_all())
         devs = {handle_int(ctx.dev): ctx.dev, **{handle_int(d): d for d in ctx.devlive.values()}}

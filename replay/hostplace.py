@@ -130,6 +130,19 @@ def place(ctx, addr: int, size: int, flags: int = 0) -> Optional[int]:
     return addr
 
 
+def release_reservations() -> int:
+    """Unmap every host range reserve() holds (the replay that needed them has ended and
+    released what it placed there); how many."""
+    c = _c()
+    n = 0
+    for lo, size in list(_reserved.items()):
+        if not any(lo <= b < lo + size for b in _live):
+            c.munmap(lo, size)
+            del _reserved[lo]
+            n += 1
+    return n
+
+
 def release(ctx, addr: int, size: int) -> None:
     lo, n = span(addr, size)
     try:

@@ -20,7 +20,8 @@ for path in sys.argv[1:]:
     rp = Replayer(path, ReplayOptions(quiet=True), out=io.StringIO())
     r = rp.run()
     out.append({"path": path, "exit": r.exit_code, "placed": r.placed, "fell_back": r.fell_back,
-                "verified": r.d2h_verified, "errors": r.errors[:1], "closed": rp.close()})
+                "verified": r.d2h_verified, "host_moved": r.host_relocated, "errors": r.errors[:1],
+                "closed": rp.close()})
 print(json.dumps(out))
 """
 
@@ -61,6 +62,18 @@ def test_replays_in_one_process_each_place_at_the_recorded_addresses(double, tmp
     assert [r["placed"] for r in rows] == [rows[0]["placed"], 1, rows[0]["placed"], 1, 1]
     # the leaky program's memory was still allocated at its end: close() freed it
     assert all(r["closed"]["allocations"] == 1 for r in rows if r["path"] == str(leaky))
+
+
+def test_pinned_host_memory_is_placed_again_by_the_next_replay(double, capture):
+    """A program whose kernel reads mapped pinned host memory: each replay in the process maps
+    it at its recorded address again, and its device memory too (close gave back the reserved
+    ranges of both)."""
+    cp, snap = capture(double["progs"]["hostfree"])
+    assert cp.returncode == 0, cp.stderr
+    rows = _run(double, snap, snap, snap)
+    for r in rows:
+        assert r["exit"] == 0 and r["fell_back"] == 0 and r["host_moved"] == 0, r
+    assert rows[0]["placed"] == rows[1]["placed"] == rows[2]["placed"] >= 1, rows
 
 
 def test_without_close_the_next_replay_falls_back(double, tmp_path):
