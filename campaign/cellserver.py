@@ -13,8 +13,8 @@ With `"kept": true` in a request ([rules] workers = "kept") the replay runs in t
 kept child instead, which replays request after request in its own process: the driver stays
 initialized, and each replay gives back its memory, reserved ranges and contexts when it ends
 (Replayer.close), so the next one places its memory at the recorded addresses again. A replay
-that fails (exit 2), dies or runs past its timeout ends the kept child; the next request starts
-a new one.
+that fails (exit 2), dies or runs past its timeout ends the kept child, as does the last of
+CUDASNAP_KEPT_MAX_REPLAYS (200); the next request starts a new one.
 
 Requests and replies are JSON lines on the server's stdin and stdout. A request is the typed
 invocation (replay/invocation.py: the options a replay runs with), never an argv, plus a timeout:
@@ -40,6 +40,9 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 IDLE_S = float(os.environ.get("CUDASNAP_CELLSERVER_IDLE_S") or 600)
+# a kept child leaves after this many replays (open snapshot readers and driver caches grow
+# with the snapshots it saw); the next request starts a new one
+KEPT_MAX_REPLAYS = int(os.environ.get("CUDASNAP_KEPT_MAX_REPLAYS") or 200)
 _PR_SET_PDEATHSIG = 1
 
 
@@ -205,6 +208,7 @@ class _Server:
                 self._kept_end(kill=True)
                 rc, tail = 124, f"the replay ran past {timeout:g} s"
             else:
+                rep = {}
                 try:
                     rep = json.loads(line)
                     rc = int(rep["exit_code"])
@@ -212,8 +216,8 @@ class _Server:
                 except (ValueError, KeyError, TypeError):
                     code = self._kept_end(kill=True)    # died mid-replay: its exit code (a signal: negative)
                     rc, closed = (code if code else 2), None
-                if (rc == 2 or (closed or {}).get("failed")) and self.kept is not None:
-                    self._kept_end(kill=False)       # the child leaves after a failed replay
+                if (rc == 2 or (closed or {}).get("failed") or rep.get("leaving")) and self.kept is not None:
+                    self._kept_end(kill=False)       # the child leaves after a failed replay, or its last
                 err.seek(0)
                 lines = [ln for ln in err.read().decode(errors="replace").splitlines() if ln.strip()]
                 tail = "\n".join(lines[-5:])
@@ -230,6 +234,7 @@ def _kept_loop(req_r: int, rep_w: int) -> int:
     from cudasnap.replay.engine import close_replays, track_replays
     track_replays()
     buf = b""
+    done = 0
     while True:
         while b"\n" not in buf:
             chunk = os.read(req_r, 1 << 16)
@@ -255,8 +260,10 @@ def _kept_loop(req_r: int, rep_w: int) -> int:
         except Exception:
             pass
         closed = close_replays()
-        os.write(rep_w, (json.dumps({"exit_code": code, "closed": closed}) + "\n").encode())
-        if code == 2 or closed.get("failed"):
+        done += 1
+        leaving = done >= KEPT_MAX_REPLAYS
+        os.write(rep_w, (json.dumps({"exit_code": code, "closed": closed, "leaving": leaving}) + "\n").encode())
+        if code == 2 or closed.get("failed") or leaving:
             return code
 
 

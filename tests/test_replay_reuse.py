@@ -117,3 +117,23 @@ def test_a_kept_campaign_worker_runs_replay_after_replay_in_one_process(double, 
         assert again["exit_code"] == 0 and again["kept_pid"] != reps[0]["kept_pid"], again
     finally:
         client.kill()
+
+
+def test_a_kept_worker_leaves_after_its_last_replay(double, tmp_path):
+    """CUDASNAP_KEPT_MAX_REPLAYS bounds what one kept process accumulates: after that many
+    replays it leaves and the next request gets a new one."""
+    import os
+    from cudasnap.campaign import cellserver
+    from cudasnap.replay.invocation import profiled
+    snap = tmp_path / "tidy.cusnap"
+    write_double_program(snap)
+    client = cellserver.Client(dict(os.environ, **double["env"], CUDASNAP_KEPT_MAX_REPLAYS="2"))
+    try:
+        pids = []
+        for i in range(5):
+            rep = client.run(dict(profiled(str(snap), str(tmp_path / f"p{i}.json"), "timeline"), timeout=60, kept=True))
+            assert rep["exit_code"] == 0, rep
+            pids.append(rep["kept_pid"])
+        assert pids[0] == pids[1] != pids[2] == pids[3] != pids[4], pids
+    finally:
+        client.kill()
