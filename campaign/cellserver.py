@@ -101,24 +101,10 @@ class _Server:
         if pid == 0:                                        # the child: one replay, then _exit
             code = 2
             try:
-                _die_with_parent()
-                signal.signal(signal.SIGINT, signal.SIG_DFL)
-                devnull = os.open(os.devnull, os.O_RDWR)
-                os.dup2(devnull, 0)
-                os.dup2(devnull, 1)
+                _child_start()
                 os.dup2(err.fileno(), 2)
-                code = _replay(req)
-            except BaseException as e:          # never back into the server's loop
-                try:
-                    os.write(2, f"cudasnap: error: {type(e).__name__}: {e}\n".encode())
-                except OSError:
-                    pass
+                code = _replay_logged(req)
             finally:
-                try:
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                except Exception:
-                    pass
                 os._exit(code)
         fork_s = time.monotonic() - t_fork
         rc = _wait(pid, float(req.get("timeout") or 1800))
@@ -130,7 +116,6 @@ class _Server:
         if rc == 124:
             tail = f"the replay ran past {float(req.get('timeout') or 1800):g} s"
         return {"exit_code": rc, "stderr_tail": tail, "proc_s": time.monotonic() - t0, "fork_s": fork_s}
-
 
     # ---------------------------------------------------------------- the kept child
     def _kept_child(self) -> Tuple[int, int, int]:
@@ -148,11 +133,7 @@ class _Server:
             try:
                 os.close(req_w)
                 os.close(rep_r)
-                _die_with_parent()
-                signal.signal(signal.SIGINT, signal.SIG_DFL)
-                devnull = os.open(os.devnull, os.O_RDWR)
-                os.dup2(devnull, 0)
-                os.dup2(devnull, 1)
+                _child_start()
                 code = _kept_loop(req_r, rep_w)
             finally:
                 os._exit(code)
@@ -189,6 +170,7 @@ class _Server:
         pid, req_w, rep_r = self._kept_child()
         fork_s = time.monotonic() - t_fork if fresh else 0.0
         timeout = float(req.get("timeout") or 1800)
+        closed = None
         with tempfile.NamedTemporaryFile(mode="w+b", prefix="cudasnap-kept-", suffix=".err") as err:
             try:
                 os.write(req_w, (json.dumps({"req": req, "stderr": err.name}) + "\n").encode())
@@ -223,7 +205,7 @@ class _Server:
                 tail = "\n".join(lines[-5:])
         out = {"exit_code": rc, "stderr_tail": tail, "proc_s": time.monotonic() - t0, "fork_s": fork_s,
                "kept_pid": pid}
-        if r and closed is not None:
+        if closed is not None:
             out["closed"] = closed
         return out
 
@@ -246,19 +228,7 @@ def _kept_loop(req_r: int, rep_w: int) -> int:
         fd = os.open(msg["stderr"], os.O_WRONLY | os.O_TRUNC)
         os.dup2(fd, 2)
         os.close(fd)
-        code = 2
-        try:
-            code = _replay(msg["req"])
-        except BaseException as e:
-            try:
-                os.write(2, f"cudasnap: error: {type(e).__name__}: {e}\n".encode())
-            except OSError:
-                pass
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        except Exception:
-            pass
+        code = _replay_logged(msg["req"])
         closed = close_replays()
         done += 1
         leaving = done >= KEPT_MAX_REPLAYS
@@ -267,9 +237,34 @@ def _kept_loop(req_r: int, rep_w: int) -> int:
             return code
 
 
-def _replay(req: Dict[str, Any]) -> int:
-    from cudasnap.replay.invocation import run
-    return run(req, checked=True)
+def _child_start() -> None:
+    """A forked child: dies with the server, takes Ctrl-C by default, reads and prints nothing
+    on the server's pipes."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(devnull, 1)
+
+
+def _replay_logged(req: Dict[str, Any]) -> int:
+    """One replay in a child; any exception is written to stderr (exit 2), never raised back
+    into the server's code."""
+    code = 2
+    try:
+        from cudasnap.replay.invocation import run
+        code = run(req, checked=True)
+    except BaseException as e:
+        try:
+            os.write(2, f"cudasnap: error: {type(e).__name__}: {e}\n".encode())
+        except OSError:
+            pass
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except Exception:
+        pass
+    return code
 
 
 def _wait(pid: int, timeout: float) -> int:

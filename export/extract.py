@@ -46,6 +46,7 @@ from cudasnap.formats import SnapshotError, SnapshotReader, SnapshotWriter
 from cudasnap.formats.vocab import (alloc_range, family, in_class, is_collective_kernel, is_graph_launch, is_launch,
                                     is_query, is_sync)
 from cudasnap.formats.layout import recorded_stream
+from cudasnap.replay.view import WRITABLE_KINDS
 
 from . import ranges as R
 from .callrange import kept_text, range_work
@@ -489,7 +490,7 @@ class Extractor:
         out: List[Tuple[int, int, str]] = []
         vmm_pieces = sorted(self.mapped.items())
         for a in rv.recorded_allocations():
-            if a.kind in ("placed", "fallback", "global"):
+            if a.kind in WRITABLE_KINDS:
                 out.append((a.rec_base, max(int(a.size), 0), a.kind))
             elif a.kind == "vmm" and a.rec_base in self.ipc_opened:
                 out.append((a.rec_base, max(int(a.size), 0), "vmm"))     # another process's, opened whole

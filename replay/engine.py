@@ -200,7 +200,7 @@ class Replayer(BatchRunner):
             try:
                 r = cu.cuDevicePrimaryCtxGetState(d)
                 if result_code(r[0]) == 0 and r[2]:
-                    primaries[k] = handle_int(self.ctx.raw("cuDevicePrimaryCtxRetain", d))
+                    primaries[k] = handle_int(ctx.raw("cuDevicePrimaryCtxRetain", d))
                     cu.cuDevicePrimaryCtxRelease(d)
             except Exception:
                 pass

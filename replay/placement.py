@@ -393,8 +393,6 @@ class AddressSpace:
                 pass
         return len(held) + len(host)
 
-    # The program's own VMM mappings (cuMemMap on its reservations): memory kernels write that
-    # is no replayed allocation (a "vmm" alloc is the whole reservation, mostly unmapped).
     def release_all(self) -> Dict[str, int]:
         """Give back everything this space holds in the driver (the replay has ended and another
         may run in this process): device memory of live and held allocations, the granules they
@@ -442,6 +440,8 @@ class AddressSpace:
         self.held, self.held_host, self._blocks = None, [], []
         return out
 
+    # The program's own VMM mappings (cuMemMap on its reservations): memory kernels write that
+    # is no replayed allocation (a "vmm" alloc is the whole reservation, mostly unmapped).
     def note_map(self, live: int, size: int) -> None:
         if live and size:
             if live not in self.mappings:
