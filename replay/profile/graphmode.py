@@ -66,7 +66,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ..functions import bound_function, why_unbound
+from ..functions import why_unbound
 from ..group import peers_text, rank_done
 from ..errors import ReplayError
 from .common import LaunchGate, MemorySaver, Selection, destroy_all, ranges_for, stats

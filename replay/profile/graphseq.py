@@ -35,7 +35,6 @@ from cudasnap.formats.vocab import in_class, is_launch, may_batch
 
 from .. import dispatch
 from ..collectives import is_collective
-from ..functions import bound_function, resolve_function
 from ..group import ENV_RANK
 from ..selection import track_capture
 from cudasnap.formats.layout import sizeof

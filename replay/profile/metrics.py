@@ -31,7 +31,6 @@ import statistics
 from typing import Any, Callable, Dict, List, Optional
 
 from ..driverops import handle_int
-from ..functions import bound_function
 from ..group import ENV_RANK
 from . import metrics_sections as ms
 from .common import MemorySaver, Selection, base_row, replays_alone, save_before
