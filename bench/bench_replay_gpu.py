@@ -14,12 +14,18 @@ Every row names the card and gives ratios against native measured in the same ru
   3. big snapshot (bench/bench_bigsnap_gpu.py): a 6 GiB snapshot replayed end to end: GB/s of
      snapshot (goal >= 3), first kernel (<= 3 s), peak host memory over the largest allocation (<= +2 GiB).
 
-Usage: python bench/bench_replay_gpu.py [--json OUT.json] [--steps 60] [--reps 3] [--skip ROWS]
+  --against SITE: the training loop's plain replay also by the cudasnap installed under SITE (another
+  build of this tool, e.g. `pip install --target SITE` of an older revision), with its own capture,
+  in the same rounds: native, this build, that build. Its rows: the other build's step, its ratio to
+  native, and this build over that one per round (the tool's own speed, machine cancelled).
+
+Usage: python bench/bench_replay_gpu.py [--json OUT.json] [--steps 60] [--reps 3] [--skip ROWS] [--against SITE]
 (needs nvcc, PyTorch and a GPU; ROWS: comma list of train,launch,big)"""
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -33,10 +39,10 @@ sys.path.insert(0, str(HERE))
 from bench_capture_gpu import card, nvcc, replay_result, run  # noqa: E402
 
 
-def replay_json(snap: Path, *extra: str) -> tuple[dict, float]:
+def replay_json(snap: Path, *extra: str, env: dict | None = None) -> tuple[dict, float]:
     t0 = time.time()
     cp = subprocess.run([sys.executable, "-m", "cudasnap", "replay", str(snap), "--json", *extra],
-                        capture_output=True, text=True)
+                        capture_output=True, text=True, env=env)
     res = replay_result(cp)
     return res, t0
 
@@ -77,11 +83,23 @@ def gpt(mode: str, steps: int) -> float:
     return float(re.search(r"step_ms ([\d.]+)", out).group(1))
 
 
-def training_row(tmp: Path, steps: int, reps: int) -> dict:
+def site_env(site: str) -> dict:
+    """The environment that imports cudasnap from SITE first (another build of the tool)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(site).resolve())] + [p for p in [env.get("PYTHONPATH")] if p])
+    return env
+
+
+def training_row(tmp: Path, steps: int, reps: int, against: str = "") -> dict:
     snap = tmp / "gpt.cusnap"
     run([sys.executable, str(HERE / "gpt_step.py"), "eager", str(steps)], snap)
     seqs = step_syncs(snap, steps)
-    nat, plain, tl, graph = [], [], [], []
+    other = site_env(against) if against else None
+    if other is not None:
+        snap_o = tmp / "gpt_other.cusnap"
+        run([sys.executable, str(HERE / "gpt_step.py"), "eager", str(steps)], snap_o, env=other)
+        seqs_o = step_syncs(snap_o, steps)
+    nat, plain, tl, graph, plain_o = [], [], [], [], []
     calls = launches = native_calls = tl_native = 0
     backend = None
     for _ in range(reps):
@@ -89,6 +107,9 @@ def training_row(tmp: Path, steps: int, reps: int) -> dict:
         rj, _ = replay_json(snap)
         plain.append(replay_step_ms(rj, seqs))
         calls, launches, native_calls = rj["total_calls"], rj["launches"], rj.get("native_calls", 0)
+        if other is not None:
+            oj, _ = replay_json(snap_o, env=other)
+            plain_o.append(replay_step_ms(oj, seqs_o))
         tj, _ = replay_json(snap, "--profile", "timeline")
         tl.append(replay_step_ms(tj, seqs))
         backend = ((tj.get("profile") or {}).get("summary") or {}).get("backend")
@@ -102,6 +123,10 @@ def training_row(tmp: Path, steps: int, reps: int) -> dict:
     r["train_plain_vs_native"] = r["train_plain_ms"] / r["train_native_ms"]
     r["train_plain_vs_graph"] = r["train_plain_ms"] / r["train_graph_ms"]
     r["train_timeline_vs_plain"] = r["train_timeline_ms"] / r["train_plain_ms"]
+    if other is not None:
+        r.update(train_other_site=against, train_other_plain_ms=m(plain_o), train_runs_other=plain_o,
+                 train_other_plain_vs_native=m(plain_o) / r["train_native_ms"],
+                 train_this_vs_other_per_round=[a / b for a, b in zip(plain, plain_o)])
     return r
 
 
@@ -134,13 +159,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--skip", default="")
+    ap.add_argument("--against", default="", metavar="SITE", help="also replay the training loop with the cudasnap under SITE")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     tmp = Path(tempfile.mkdtemp(prefix="cudasnap-rbench-"))
     res: dict = {"card": card()}
     print(f"replay performance on {res['card']}", flush=True)
     if "train" not in skip:
-        r = training_row(tmp, args.steps, args.reps)
+        r = training_row(tmp, args.steps, args.reps, args.against)
         res.update(r)
         print(f"  training loop (bf16 GPT, AdamW; {r['train_launches']} launches, {r['train_calls']} calls, "
               f"{r['train_native_calls']} in the C executor), per step, median of {args.reps} runs:")
@@ -149,6 +175,11 @@ def main() -> None:
         print(f"    replay --profile timeline {r['train_timeline_ms']:.3f} ms ({r['train_timeline_vs_plain']:.2f}x plain, "
               f"goal <= 1.1; backend {r['train_timeline_backend']}, {r['train_timeline_native_calls']} calls in the "
               f"C executor) | CUDA graph (GPU-bound) {r['train_graph_ms']:.3f} ms", flush=True)
+        if args.against:
+            per = ", ".join(f"{x:.2f}" for x in r["train_this_vs_other_per_round"])
+            print(f"    the build under {args.against}: plain replay {r['train_other_plain_ms']:.3f} ms "
+                  f"({r['train_other_plain_vs_native']:.2f}x native) {r['train_runs_other']}; this build over it "
+                  f"per round: {per}", flush=True)
     if "launch" not in skip:
         r = launch_row(tmp, args.launches)
         res.update(r)

@@ -13,7 +13,8 @@
 # whole suite took 325 s so on 4 H200s. A GPU may be named more than once ("0 0 0": three
 # pytest processes share GPU 0; keep files with timing checks, such as the profile, advise and
 # metrics tests, out of such a run). SLOTS=3 does that on one GPU: the other files over three
-# pytest processes, then the timed files alone (SUITE_TIMEOUT applies to each part).
+# pytest processes, then the timed files alone (SUITE_TIMEOUT applies to each part); SLOTS_PART=shared
+# or timed runs one of the two parts (a suite split over two calls of one machine).
 set -uo pipefail
 ROOT=$(pwd); export CUDASNAP_ROOT=$ROOT
 OUT=${OUT:-/tmp/cudasnap-out}; mkdir -p "$OUT"
@@ -35,6 +36,8 @@ if [ -z "${SKIP_SUITE:-}" ] && [ -n "${SLOTS:-}" ]; then
   ALL=$(cd /tmp/cs-tests && ls ${SUITE_FILES:-gpu/test_gpu_*.py} | grep -v -E "test_gpu_(stress|matrix)")
   TIMED=$(echo "$ALL" | grep -E "test_gpu_(profile|advise|metrics)" | tr '\n' ' ')
   SHARED=$(echo "$ALL" | grep -v -E "test_gpu_(profile|advise|metrics)" | tr '\n' ' ')
+  [ "${SLOTS_PART:-shared}" = timed ] && SHARED=
+  [ "${SLOTS_PART:-timed}" = shared ] && TIMED=
   [ -n "$SHARED" ] && (cd "$ROOT" && OUT=$OUT/shared SUITE_FILES="$SHARED" SLOTS= SKIP_EXAMPLE=1 SKIP_BENCH=1 \
     GPUS=$(yes "${GPU:-0}" | head -n "$SLOTS" | tr '\n' ' ') bash bench/gpu_suite.sh "$@")
   [ -n "$TIMED" ] && (cd "$ROOT" && OUT=$OUT/alone SUITE_FILES="$TIMED" SLOTS= SKIP_EXAMPLE=1 SKIP_BENCH=1 \
