@@ -12,9 +12,10 @@
 # with its own work folder and results file (gpu_results.sK.jsonl, K the entry's place); the
 # whole suite took 325 s so on 4 H200s. A GPU may be named more than once ("0 0 0": three
 # pytest processes share GPU 0; keep files with timing checks, such as the profile, advise and
-# metrics tests, out of such a run). SLOTS=3 does that on one GPU: the other files over three
-# pytest processes, then the timed files alone (SUITE_TIMEOUT applies to each part); SLOTS_PART=shared
-# or timed runs one of the two parts (a suite split over two calls of one machine).
+# metrics tests, out of such a run); the selection file's two tests go to two entries (SPLIT).
+# SLOTS=5 does that on one GPU: the other files over SLOTS pytest processes, then the timed files
+# alone (SUITE_TIMEOUT applies to each part); SLOTS_PART=shared or timed runs one of the two
+# parts (a suite split over two calls of one machine).
 set -uo pipefail
 ROOT=$(pwd); export CUDASNAP_ROOT=$ROOT
 OUT=${OUT:-/tmp/cudasnap-out}; mkdir -p "$OUT"
@@ -52,11 +53,16 @@ if [ -z "${SKIP_SUITE:-}" ]; then
     SUITE_PATHS=(/tmp/cs-tests/gpu --ignore=/tmp/cs-tests/gpu/test_gpu_stress.py --ignore=/tmp/cs-tests/gpu/test_gpu_matrix.py)
   fi
   if [ -n "${GPUS:-}" ]; then
-    # files to GPUs, heaviest first onto the least loaded (seconds each, from a 4-GPU run)
+    # files to GPUs, heaviest first onto the least loaded (seconds each, one H200 shared by 5
+    # pytest processes); a file of SPLIT (default: selection) goes out test function by test
+    # function (pytest node ids), each with its share of the file's cost
     mapfile -t GROUPS_ < <(python3 - "${SUITE_PATHS[@]}" <<'PY'
-import glob, os, sys
-cost = {"profile": 300, "capture": 150, "replay": 110, "executor": 60, "selection": 250, "metrics": 35,
-        "samples": 150, "ipc": 30, "wrap": 20, "advise": 60, "endstate": 15, "memops": 10, "texture": 10, "staging": 5}
+import glob, os, re, sys
+cost = {"profile": 300, "capture": 150, "replay": 60, "executor": 40, "selection": 500, "metrics": 30,
+        "samples": 35, "ipc": 20, "wrap": 20, "advise": 40, "endstate": 15, "memops": 10, "texture": 10, "staging": 5}
+split = set(os.environ.get("SPLIT", "selection").split())
+def part(f):
+    return os.path.basename(f).split("::")[0][9:-3]
 args, skip, files = sys.argv[1:], set(), []
 for i, a in enumerate(args):
     if a.startswith("--ignore="):
@@ -67,11 +73,21 @@ for a in args:
     files += sorted(glob.glob(os.path.join(a, "test_gpu_*.py"))) if os.path.isdir(a) else [a]
 files = [f for f in files if f not in skip]
 n = len(os.environ["GPUS"].split())
+share = {}
+if n > 1:
+    for f in [f for f in files if part(f) in split and "::" not in f]:
+        tests = re.findall(r"^def (test_\w+)", open(f).read(), re.M)
+        if len(tests) > 1:
+            files.remove(f)
+            for t in tests:
+                files.append(f"{f}::{t}")
+                share[f"{f}::{t}"] = cost.get(part(f), 30) / len(tests)
+weight = lambda f: share.get(f, cost.get(part(f), 30))
 groups, load = [[] for _ in range(n)], [0] * n
-for f in sorted(files, key=lambda f: -cost.get(os.path.basename(f)[9:-3], 30)):
+for f in sorted(files, key=lambda f: -weight(f)):
     k = load.index(min(load))
     groups[k].append(f)
-    load[k] += cost.get(os.path.basename(f)[9:-3], 30)
+    load[k] += weight(f)
 print("\n".join(" ".join(g) for g in groups))
 PY
 )

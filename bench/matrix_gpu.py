@@ -71,15 +71,21 @@ def main() -> int:
         return True
 
     def write_logs():
-        """The command logs of workloads with a failed cell, beside the JSON."""
-        failed = sorted({(r["run"], r["workload"]) for r in rows for v in r["cells"].values() if v["ok"] is False})
-        logs = [Path(a.work) / f"r{run}" / n / "commands.log" for run, n in failed]
-        logs = [p for p in logs if p.exists()]
-        if logs:
+        """The command logs of workloads with a failed cell, beside the JSON; for a failed compare,
+        the two timeline profiles it read too (the evidence of a verdict between identical replays)."""
+        failed = sorted({(r["run"], r["workload"], c) for r in rows for c, v in r["cells"].items() if v["ok"] is False})
+        files = []
+        for run, n, c in failed:
+            d = Path(a.work) / f"r{run}" / n
+            files.append((d / "commands.log", f"r{run}_{n}.log"))
+            if c == "compare":
+                files += [(p, f"r{run}_{n}.{p.name}") for p in sorted(d.glob("t[12]*.json"))]
+        files = sorted({(p, name) for p, name in files if p.exists()})
+        if files:
             import tarfile
             with tarfile.open(Path(a.json).with_suffix(".logs.tar.xz"), "w:xz") as t:
-                for p in logs:
-                    t.add(p, arcname=f"{p.parent.parent.name}_{p.parent.name}.log")
+                for p, name in files:
+                    t.add(p, arcname=name)
 
     def one(run: int, n: str, gpu: str):
         if late(n):
