@@ -11,8 +11,9 @@
 #      (CUDA_MODULE_LOADING=EAGER) and the -G build of compute_k swapped in (CUDASNAP_REPLACE; the
 #      other snapshots do not record compute_k, so there the environment is plain);
 #   4. (after the first captures) side by side on GPU 0, the nvcc snapshots x 2 envs with [rules]
-#      workers = "fresh" (a process per replay) and "warm" (forked by a server per GPU and env):
-#      the fixed cost per cell; stops the script when either fails;
+#      workers = "fresh" (a process per replay), "warm" (forked by a server per GPU and env) and
+#      "kept" (one process replaying one snapshot after another; SIDE_WORKERS picks): the fixed cost
+#      per cell and the verdicts; stops the script when any fails;
 #   5. runs the campaign on 1 GPU (CUDA_VISIBLE_DEVICES=0), then RUNS4 times (default 3) on 4
 #      (fewer where the machine has fewer), each a new run (--fresh) of one store;
 #   6. checks every 4-GPU run: exit 1, compute_k in demo_ab under the -G swap found and attributed
@@ -26,8 +27,9 @@
 # run's JSON, the report's, the stores and the logs). Run from the project root:
 #   bash bench/campaign_gpu.sh
 # Env: REPEAT (isolated repeats, default 5), ARCH (default sm_90), THRESHOLD (percent, default 10),
-# RUNS4 (default 3), BISECT (default 0), SIDE (default 1: step 4), PHASE (1 | 2 | all: a run split
-# in two calls of one machine, at RUN4_SPLIT, default 1).
+# RUNS4 (default 3), BISECT (default 0), SIDE (default 1: step 4), SIDE_WORKERS (default "fresh
+# warm kept"), WORKERS (the campaign's [rules] workers, default the campaign's), PHASE (1 | 2 |
+# all: a run split in two calls of one machine, at RUN4_SPLIT, default 1).
 set -uo pipefail
 ROOT=$(pwd)
 OUT=${OUT:-/tmp/cudasnap-out}; mkdir -p "$OUT"
@@ -75,21 +77,23 @@ cap torch_mlp_infer $(g 3) $PY "$ROOT/bench/demo_torch_mlp.py" 16 2048 & pids+=(
 wait "${pids[@]}"; pids=()
 if [ "${SIDE:-1}" = 1 ]; then
 step "2b. fresh processes against warm workers, side by side on GPU 0 (the nvcc snapshots x 2 envs)"
-for w in fresh warm; do
+for w in ${SIDE_WORKERS:-fresh warm kept}; do
   printf 'name = "side"\nbaseline = "plain"\n[rules]\nrepeats = %s\nwarmup = 2\nthreshold = %s\nmax_reruns = 1\ntimeout = 240\nretries = 1\nworkers = "%s"\n' $REPEAT $THRESHOLD $w > side_$w.toml
   printf '[[snapshot]]\npath = "snaps/demo_ab.cusnap"\n[[snapshot]]\npath = "snaps/ptrs.cusnap"\n[[snapshot]]\npath = "snaps/mt_launch.cusnap"\n[[env]]\nname = "plain"\n[[env]]\nname = "control"\ncontrol = true\nvars = { CUDASNAP_CAMPAIGN_NOTHING = "1" }\n' >> side_$w.toml
   CUDA_VISIBLE_DEVICES=0 cudasnap campaign run side_$w.toml -o side_$w.sqlite --json > "$RES/side_$w.json" 2> logs/side_$w.err
   rc=$?; echo "workers=$w: exit $rc"; tail -2 logs/side_$w.err
   [ $rc -le 1 ] || { echo "FAIL: the side-by-side campaign with workers=$w exited $rc"; exit 2; }
 done
-python3 - "$RES/side_fresh.json" "$RES/side_warm.json" <<'PYEOF'
+python3 - "$RES" ${SIDE_WORKERS:-fresh warm kept} <<'PYEOF'
 import json, sys
-f, w = (json.load(open(p)) for p in sys.argv[1:3])
-cf, cw = f["cost"], w["cost"]
-print(f"fixed cost per cell: fresh {cf['fixed_s_per_cell']:.3f} s, warm {cw['fixed_s_per_cell']:.3f} s "
-      f"({cf['fixed_s_per_cell'] / cw['fixed_s_per_cell']:.2f}x less); per replay {cf['fixed_s_per_replay']:.3f} s / "
-      f"{cw['fixed_s_per_replay']:.3f} s; cells {f['cells_wall_s']} s / {w['cells_wall_s']} s "
-      f"({f['cells_wall_s'] / w['cells_wall_s']:.2f}x), {cf['replays']} / {cw['replays']} replays")
+runs = {w: json.load(open(f"{sys.argv[1]}/side_{w}.json")) for w in sys.argv[2:]}
+first = next(iter(runs.values()))
+for w, r in runs.items():
+    c = r["cost"]
+    verdicts = [v for v in r["report"].get("verdicts", []) if v.get("verdict") in ("SLOWER", "FASTER")]
+    print(f"workers={w}: fixed cost {c['fixed_s_per_cell']:.3f} s per cell ({first['cost']['fixed_s_per_cell'] / c['fixed_s_per_cell']:.2f}x "
+          f"less than {next(iter(runs))}), {c['fixed_s_per_replay']:.3f} s per replay, {c['replays']} replays; cells "
+          f"{r['cells_wall_s']} s; verdicts other than SAME: {len(verdicts)}")
 PYEOF
 fi
 
@@ -116,6 +120,7 @@ max_reruns = 1
 confirm = true
 timeout = 240
 retries = 1
+${WORKERS:+workers = \"$WORKERS\"}
 
 [[snapshot]]
 path = "snaps/demo_ab.cusnap"
