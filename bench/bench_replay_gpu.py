@@ -84,17 +84,24 @@ def gpt(mode: str, steps: int) -> float:
 
 
 def site_env(site: str) -> dict:
-    """The environment that imports cudasnap from SITE first (another build of the tool)."""
+    """The environment that imports cudasnap from SITE first (another build of the tool). A SITE
+    without one would import this build again and compare it with itself: refused."""
+    root = Path(site).resolve()
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(site).resolve())] + [p for p in [env.get("PYTHONPATH")] if p])
+    env["PYTHONPATH"] = os.pathsep.join([str(root)] + [p for p in [env.get("PYTHONPATH")] if p])
+    cp = subprocess.run([sys.executable, "-c", "import cudasnap; print(cudasnap.__file__)"],
+                        capture_output=True, text=True, env=env)
+    where = Path(cp.stdout.strip() or ".").resolve()
+    if cp.returncode != 0 or root not in where.parents:
+        raise SystemExit(f"--against {site}: no cudasnap there (it imports {cp.stdout.strip() or cp.stderr.strip()[-300:]})")
     return env
 
 
 def training_row(tmp: Path, steps: int, reps: int, against: str = "") -> dict:
+    other = site_env(against) if against else None
     snap = tmp / "gpt.cusnap"
     run([sys.executable, str(HERE / "gpt_step.py"), "eager", str(steps)], snap)
     seqs = step_syncs(snap, steps)
-    other = site_env(against) if against else None
     if other is not None:
         snap_o = tmp / "gpt_other.cusnap"
         run([sys.executable, str(HERE / "gpt_step.py"), "eager", str(steps)], snap_o, env=other)

@@ -76,7 +76,7 @@ cap mt_launch $(g 2) ./mt_launch 4 8 & pids+=($!)
 cap torch_mlp_infer $(g 3) $PY "$ROOT/bench/demo_torch_mlp.py" 16 2048 & pids+=($!)
 wait "${pids[@]}"; pids=()
 if [ "${SIDE:-1}" = 1 ]; then
-step "2b. fresh processes against warm workers, side by side on GPU 0 (the nvcc snapshots x 2 envs)"
+step "2b. workers side by side on GPU 0 (${SIDE_WORKERS:-fresh warm kept}; the nvcc snapshots x 2 envs)"
 for w in ${SIDE_WORKERS:-fresh warm kept}; do
   printf 'name = "side"\nbaseline = "plain"\n[rules]\nrepeats = %s\nwarmup = 2\nthreshold = %s\nmax_reruns = 1\ntimeout = 240\nretries = 1\nworkers = "%s"\n' $REPEAT $THRESHOLD $w > side_$w.toml
   printf '[[snapshot]]\npath = "snaps/demo_ab.cusnap"\n[[snapshot]]\npath = "snaps/ptrs.cusnap"\n[[snapshot]]\npath = "snaps/mt_launch.cusnap"\n[[env]]\nname = "plain"\n[[env]]\nname = "control"\ncontrol = true\nvars = { CUDASNAP_CAMPAIGN_NOTHING = "1" }\n' >> side_$w.toml
