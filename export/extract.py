@@ -435,6 +435,17 @@ class Extractor:
                 keep.add(mod)
             else:
                 unresolved = True
+        # handles the selected calls name themselves (a selected cuKernelGetFunction or attribute
+        # query of a kernel launched only after the selection): their lookups and module stay
+        named = {v for rec in self.sel for k in _HANDLE_KEYS
+                 if isinstance(v := (rec.get("a") or {}).get(k), int) and v}
+        for h in named:
+            cur, guard = h, 0
+            while cur in made_by and guard < 8:
+                cur = made_by[cur][1]
+                guard += 1
+            if cur in loads:
+                keep.add(cur)
         if unresolved:
             keep = set(loads)
             self.res.notes.append("the module of a selected kernel was not identified: every module load is kept")
@@ -452,7 +463,7 @@ class Extractor:
         # modules that none of them uses go (with the calls naming them), when every launched
         # handle is traced to its lookup
         used: Set[Any] = set()
-        for h, _s in needed_fns:
+        for h in [h for h, _s in needed_fns] + sorted(named):
             cur, guard = h, 0
             while cur is not None and guard < 8:
                 used.add(cur)
@@ -1031,6 +1042,10 @@ class Extractor:
                     rp.run()
                 except _Done:
                     done = True
+                finally:
+                    # the driver state goes back: a widened extract replays again in this process
+                    # (an H200 then spun in cuKernelGetFunction at the second replay's first load)
+                    rp.close()
         finally:
             if session is not None:
                 failed = session.failed

@@ -82,6 +82,29 @@ def test_extract_calls_direct_keeps_every_launch_of_the_range(double, snaps, tmp
     assert rp.returncode == 0 and "OK: every recorded D2H result reproduced" in rp.stdout, rp.stdout + rp.stderr
 
 
+def test_extract_calls_keeps_the_lookups_its_selected_calls_name(double, tmp_path):
+    """A range holding cuKernelGetFunction of a library kernel launched only after it (the
+    runtime asks for the function, then launches; PyTorch on an H200): the kernel's lookup and its
+    library stay in the extract, or its replay stops at an unknown kernel."""
+    snap = tmp_path / "forms.cusnap"
+    cp = subprocess.run([sys.executable, "-m", "cudasnap", "capture", "-o", str(snap), "--",
+                         double["progs"]["launch_forms"]], env=double["env"], capture_output=True, text=True,
+                        timeout=120)
+    assert cp.returncode == 0, cp.stderr
+    calls = _calls(snap)
+    get = next(c["s"] for c in calls if c["f"] == "cuKernelGetFunction")
+    first = next(c["s"] for c in calls if c["f"] == "cuGraphLaunch")
+    copy = next(c["s"] for c in calls if c["s"] > get and c["f"].startswith("cuMemcpyDtoH"))
+    assert not any(c["f"].startswith("cuLaunch") for c in calls if first <= c["s"] <= copy)
+    out = tmp_path / "k.cusnap"
+    ex = _cli(double, "extract", snap, "--calls", f"{first}-{copy}", "-o", out, "--check")
+    assert ex.returncode == 0 and "verified" in ex.stdout, ex.stdout + ex.stderr
+    assert "extracting again" not in ex.stdout
+    kept = _calls(out)
+    assert [c["f"] for c in kept].count("cuLibraryGetKernel") >= 1
+    assert any(c["f"] == "cuKernelGetFunction" for c in kept)
+
+
 @pytest.mark.parametrize("rng,why", [("24-54", "the snapshot's calls are #0-#22"),
                                      ("20-22", "no launch, copy or memset in that range"),
                                      ("5-3", "empty range"), ("x", "takes a range")])

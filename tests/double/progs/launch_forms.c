@@ -88,6 +88,7 @@ int main(void) {
 
     /* 7. saxpy via cuKernelGetFunction: y = 2*p + y = 27 */
     CK(cuKernelGetFunction(&f_saxpy, k_saxpy));
+    CK(cuMemcpyDtoH(hp, p, sizeof hp));     /* work between the lookup and its first launch */
     float a = 2.0f;
     void *a_saxpy[] = {&a, &p, &y, &n};
     LAUNCH(cuLaunchKernel(f_saxpy, 2, 1, 1, 256, 1, 1, 0, NULL, a_saxpy, NULL));
