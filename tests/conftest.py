@@ -22,6 +22,13 @@ TIMED_MODULES = {"test_advise.py", "test_campaign.py", "test_compare.py", "test_
                  "test_replay_fast.py"}
 
 
+def pytest_collection_modifyitems(session, config, items):
+    # the timed modules first, together: one exclusive stretch at the start of the run instead of
+    # a wait for a long shared test before each timed one (order within a module is kept; every
+    # xdist worker sorts the same collection the same way)
+    items.sort(key=lambda it: it.path.name not in TIMED_MODULES)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")

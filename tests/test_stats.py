@@ -52,7 +52,7 @@ def test_reports_match_the_records(snap):
     assert kern["fill"]["launches"] == 2 and kern["saxpy"]["launches"] == 1
     assert kern["add_one"]["shapes"] == 2                         # cuLaunchKernelEx used 4x128
     mem = {r["kind"]: r for r in d["memory"]}
-    assert mem["D2H"]["count"] == 2 and mem["D2H"]["total_bytes"] == 4096
+    assert mem["D2H"]["count"] == 3 and mem["D2H"]["total_bytes"] == 6144
     assert "replay" in d["device_times"] and "--profile timeline" in d["device_times"]
 
 
@@ -101,7 +101,7 @@ def test_sqlite_export_has_nsys_tables(snap, tmp_path):
     assert con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()[0] == len(calls)
     copies = con.execute("SELECT m.bytes, e.name FROM CUPTI_ACTIVITY_KIND_MEMCPY m "
                          "JOIN ENUM_CUDA_MEMCPY_OPER e ON e.id = m.copyKind").fetchall()
-    assert copies == [(2048, "CUDA_MEMCPY_KIND_DTOH")] * 2
+    assert copies == [(2048, "CUDA_MEMCPY_KIND_DTOH")] * 3
     pid = SnapshotReader(snap).header["pid"]
     gpids = {r[0] for r in con.execute("SELECT globalPid FROM CUPTI_ACTIVITY_KIND_KERNEL")}
     assert gpids == {pid << 24}
