@@ -31,11 +31,17 @@ def replay(snapshot, driver=None, **kw) -> ReplayResult:
     if problem:                           # as the CLI: exit 2 before any GPU work
         return ReplayResult(exit_code=2, errors=[problem], message=problem)
     from cudasnap.formats import SnapshotError
+    rp = Replayer(snapshot, opts, driver=driver)
     try:
-        return Replayer(snapshot, opts, driver=driver).run()
+        return rp.run()
     except SnapshotError as e:
         msg = damaged(e)
         return ReplayResult(exit_code=2, errors=[msg], message=msg)
+    finally:
+        # the driver state goes back, so that the next replay of this process places its memory
+        # at the recorded addresses again (a second replay over the first's spun in the driver
+        # on an H200)
+        rp.close()
 
 
 def option_problem(opts: ReplayOptions) -> Optional[str]:

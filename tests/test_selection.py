@@ -177,13 +177,18 @@ def test_python_replay_returns_the_cli_exit_codes(double, snaps, tmp_path):
     with SnapshotWriter(zero, {"argv": ["none"]}) as w:
         w.write({"k": "end", "exit": 0, "signal": None, "partial": False})
     code = ("import json, sys\nfrom cudasnap.replay import replay\n"
-            "print(json.dumps([replay(p, **json.loads(k)).exit_code for p, k in json.loads(sys.argv[1])]))")
+            "rs = [replay(p, **json.loads(k)) for p, k in json.loads(sys.argv[1])]\n"
+            "print(json.dumps([[r.exit_code, r.placed, r.fell_back] for r in rs]))")
     cases = [(zero, {}), (tmp_path / "missing.cusnap", {}), (snaps["direct"], {"kernel_name": "nomatch"}),
              (snaps["direct"], {"dtype": "f99"}), (snaps["direct"], {}), (snaps["direct"], {"launch_count": 5})]
     cp = subprocess.run([sys.executable, "-c", code, json.dumps([(str(p), json.dumps(k)) for p, k in cases])],
                         env=double["env"], capture_output=True, text=True, timeout=180)
     assert cp.returncode == 0, cp.stderr
-    got = json.loads(cp.stdout.strip().splitlines()[-1])
+    rows = json.loads(cp.stdout.strip().splitlines()[-1])
+    got = [r[0] for r in rows]
+    # each replay gives the driver state back: the next one of the process places its memory at
+    # the recorded addresses again
+    assert rows[4][1] == rows[5][1] > 0 and rows[4][2] == rows[5][2] == 0, rows
     cli = [_cli(double, "replay", zero).returncode, _cli(double, "replay", tmp_path / "missing.cusnap").returncode,
            _cli(double, "replay", snaps["direct"], "-k", "nomatch").returncode]
     assert got == cli + [2, 0, 0]
