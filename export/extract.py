@@ -417,17 +417,22 @@ class Extractor:
                 h = _kernel_node_function(rec)
                 if h:
                     needed_fns.append((h, rec.get("s")))
+        def origin(h, hops):
+            """The handle h was made from, up its chain of lookups (a load's module or library)."""
+            for _ in range(hops):
+                if h not in made_by:
+                    break
+                h = made_by[h][1]
+            return h
+
         keep: Set[Any] = set()
         unresolved = False
         for h, s in needed_fns:
-            cur, guard = h, 0
-            while cur in made_by and guard < 4:
-                cur = made_by[cur][1]
-                guard += 1
+            cur = origin(h, 4)
             if cur in loads:
                 keep.add(cur)
                 continue
-            mod = (em.fn_record(h, s) or {}).get("module")
+            mod, guard = (em.fn_record(h, s) or {}).get("module"), 0
             while mod in made_by and mod not in loads and guard < 8:
                 mod = made_by[mod][1]
                 guard += 1
@@ -439,13 +444,7 @@ class Extractor:
         # query of a kernel launched only after the selection): their lookups and module stay
         named = {v for rec in self.sel for k in _HANDLE_KEYS
                  if isinstance(v := (rec.get("a") or {}).get(k), int) and v}
-        for h in named:
-            cur, guard = h, 0
-            while cur in made_by and guard < 8:
-                cur = made_by[cur][1]
-                guard += 1
-            if cur in loads:
-                keep.add(cur)
+        keep.update(o for o in (origin(h, 8) for h in named) if o in loads)
         if unresolved:
             keep = set(loads)
             self.res.notes.append("the module of a selected kernel was not identified: every module load is kept")
