@@ -1,7 +1,7 @@
 """GPU suite, selections: on real workloads a replay of part of a snapshot (-c, -s, -k, --calls)
 exits 0 with no MISMATCH (the D2H results its left-out work decides are counted, not compared),
-a selection of nothing is one line and exit 2, and `extract --calls A-B --check` over a stretch of
-launches verifies."""
+a selection of nothing is one line and exit 2, `extract --calls A-B --check` over a stretch of
+launches verifies, and the Python API replays snapshot after snapshot in one process."""
 from __future__ import annotations
 
 import json
@@ -50,3 +50,21 @@ def test_extract_calls_over_a_stretch_of_launches_verifies(name, runner, ptrs_bi
     cp = _cli("extract", snap, "--calls", f"{lo}-{hi}", "-o", out, "--check", "--ranges", "segment")
     assert cp.returncode == 0, cp.stdout[-2000:] + cp.stderr[-2000:]
     assert "kept " in cp.stdout and "verified" in cp.stdout
+
+
+def test_python_api_replays_snapshot_after_snapshot_in_one_process(runner, ptrs_binary):
+    """`cudasnap.replay.replay()` in a loop, each snapshot twice: every replay gives the driver
+    state back, so the next one places its memory at the recorded addresses again and none
+    waits on the one before (a second replay over a first's state spun in cuKernelGetFunction)."""
+    snaps = [str(_snap(n, runner, ptrs_binary)) for n in NAMES]
+    code = ("import json, sys\nfrom cudasnap.replay import replay\n"
+            "for p in json.loads(sys.argv[1]):\n"
+            "    r = replay(p, watchdog=120)\n"
+            "    print(json.dumps([p, r.exit_code, r.placed, r.fell_back, r.d2h_verified]), flush=True)\n")
+    order = [s for s in snaps for _ in range(2)]
+    cp = subprocess.run([sys.executable, "-c", code, json.dumps(order)], capture_output=True, text=True, timeout=900)
+    rows = [json.loads(ln) for ln in cp.stdout.splitlines() if ln.startswith("[")]
+    assert cp.returncode == 0 and len(rows) == len(order), (cp.stdout[-2000:], cp.stderr[-2000:])
+    for first, second in zip(rows[::2], rows[1::2]):
+        assert first[1] == second[1] == 0 and first[3] == second[3] == 0, (first, second)
+        assert first[2] == second[2] and first[4] == second[4] > 0, (first, second)
