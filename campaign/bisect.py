@@ -415,14 +415,19 @@ def _safe(name: str) -> str:
 
 
 
-def run_bisect_cli(snapshot, envs_path, mode: str = "isolated", kernels: Optional[str] = None, repeat: int = 10,
-                   warmup: int = 3, threshold: float = 5.0, html: Optional[str] = None, as_json: bool = False,
-                   keep: Optional[str] = None, timeout: Optional[float] = None, top: int = 20, out=None,
-                   force: bool = False, gpus: int = 1, address: Optional[str] = None) -> int:
+def run_bisect_cli(*args, out=None, **kw) -> int:
     """Exit 0: no regression between the ends; 1: the first bad environment found (slower or a
     correctness break), as `compare` exits 1 on a regression; 2: error. Outputs are checked
-    before the first replay."""
-    out = out or sys.stdout
+    before the first replay. Ray's notices (--gpus, --address) go to stderr."""
+    from .engine import stdout_while_ray
+    with stdout_while_ray() as real:
+        return _bisect_cli(*args, out=out or real, **kw)
+
+
+def _bisect_cli(snapshot, envs_path, mode: str = "isolated", kernels: Optional[str] = None, repeat: int = 10,
+                warmup: int = 3, threshold: float = 5.0, html: Optional[str] = None, as_json: bool = False,
+                keep: Optional[str] = None, timeout: Optional[float] = None, top: int = 20, out=None,
+                force: bool = False, gpus: int = 1, address: Optional[str] = None) -> int:
     err = sys.stderr
 
     def fail(msg: str) -> int:

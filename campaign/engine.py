@@ -12,7 +12,9 @@ holding the same bytes, checked by digest) or once through Ray's object store in
 node-local cache keyed by digest."""
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 import re
 import statistics
 import subprocess
@@ -25,6 +27,19 @@ from .noise import NoiseModel
 from .plan import Campaign, Cell
 from .store import Store, now_iso
 from .worker import gpu_label
+
+
+@contextlib.contextmanager
+def stdout_while_ray():
+    """Ray's threads print their notices (a node lost, a worker killed) on stdout: while Ray
+    runs, stdout is stderr, so that the command's own output (--json above all) stays whole.
+    Yields the real stdout, for that output."""
+    real = sys.stdout
+    sys.stdout = sys.stderr
+    try:
+        yield real
+    finally:
+        sys.stdout = real
 
 # a confirmation that lands on the GPU it must avoid is sent again after a pause; after this
 # many tries it runs where it lands (no other GPU came free)

@@ -85,14 +85,9 @@ class _Progress:
 
 def run_campaign(camp, store, address, fresh: bool, ship: bool, json_out: bool, quiet: bool,
                  init_kwargs: Optional[dict] = None) -> int:
-    # Ray's threads print their notices (a node lost, a worker killed) on stdout: while Ray
-    # runs, stdout is stderr, so that the run's own output (--json above all) stays whole
-    real = sys.stdout
-    sys.stdout = sys.stderr
-    try:
+    from cudasnap.campaign.engine import stdout_while_ray
+    with stdout_while_ray() as real:
         return _run_campaign(camp, store, address, fresh, ship, json_out, quiet, init_kwargs, real)
-    finally:
-        sys.stdout = real
 
 
 def _run_campaign(camp, store, address, fresh: bool, ship: bool, json_out: bool, quiet: bool,

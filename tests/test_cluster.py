@@ -243,3 +243,21 @@ def test_without_an_address_ray_gets_local(monkeypatch):
     seen.clear()
     engine.start_ray("auto")
     assert seen["address"] == "auto" and "num_gpus" not in seen
+
+
+def test_ray_notices_never_reach_the_json_on_stdout(monkeypatch, capsys):
+    """Ray's threads print their notices ("(raylet) A worker died or was killed ...") on stdout
+    while replays run; seen in the recipe above, in front of bisect's --json document. While
+    bisect and campaign run, stdout is stderr: their own output goes to the real stdout only."""
+    from cudasnap.campaign import bisect
+
+    def body(*args, out=None, **kw):
+        print("(raylet) A worker died or was killed while executing a task")      # as Ray's thread would
+        out.write(json.dumps({"exit_code": 1}) + "\n")
+        return 1
+
+    monkeypatch.setattr(bisect, "_bisect_cli", body)
+    assert bisect.run_bisect_cli("s.cusnap", "envs.toml", as_json=True, gpus=2) == 1
+    got = capsys.readouterr()
+    assert json.loads(got.out) == {"exit_code": 1} and "(raylet)" in got.err
+    assert sys.stdout is not sys.stderr
