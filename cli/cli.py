@@ -619,6 +619,7 @@ def extract(
     sass: ExtractSass = typer.Option(ExtractSass.device, "--sass", metavar=_one_of(ExtractSass), help="device: a fatbin module keeps SASS only for the recorded GPUs' architecture (and every PTX entry); all: every architecture's SASS (to replay the extract on GPUs of another architecture)."),
     check: bool = typer.Option(False, "--check", help="Replay the extract right away and exit 1 if it does not verify."),
     device: int = typer.Option(0, "--device", metavar="N", min=0, help="GPU ordinal to replay on."),
+    watchdog: Optional[float] = typer.Option(None, "--watchdog", metavar="SECONDS", min=0.001, help="Seconds a driver call may take, in the replay up to the selection and in --check's, before extract gives up (exit 2)."),
     force: bool = typer.Option(False, "-f", "--force-overwrite", help=_FORCE_HELP),
 ):
     """Write a small self-contained snapshot of selected launches, with the memory they read.
@@ -636,7 +637,8 @@ def extract(
     from cudasnap.export.commands import run_extract_cli
 
     raise typer.Exit(run_extract_cli(snapshot, output, launch, kernel, calls, _value(memory) if memory else None, device,
-                                     ranges=_value(ranges), check=check, force=force, sass=_value(sass)))
+                                     ranges=_value(ranges), check=check, force=force, sass=_value(sass),
+                                     watchdog=watchdog))
 
 
 from cudasnap.campaign_cmd import campaign_app  # noqa: E402

@@ -102,7 +102,8 @@ def _oserror(e: Exception) -> str:
 
 
 def run_extract_cli(snapshot, output, launch=None, kernel=None, calls=None, memory=None, device=0,
-                    out=None, ranges=None, check=False, force: bool = False, sass: str = "device") -> int:
+                    out=None, ranges=None, check=False, force: bool = False, sass: str = "device",
+                    watchdog: Optional[float] = None) -> int:
     """memory/ranges None: the defaults (reachable memory, exact ranges or segment for a graph
     launch); with --check, an extract that does not verify is made again with what the user left
     to the defaults widened, one step at a time: whole allocations, then every live allocation
@@ -112,7 +113,8 @@ def run_extract_cli(snapshot, output, launch=None, kernel=None, calls=None, memo
     if why:
         return _err(why)
     try:
-        return _extract_checked(snapshot, output, launch, kernel, calls, memory, device, out, ranges, check, sass)
+        return _extract_checked(snapshot, output, launch, kernel, calls, memory, device, out, ranges, check, sass,
+                                watchdog)
     except KeyboardInterrupt:
         from cudasnap.formats.outputs import Interrupted, written
         if os.path.abspath(output) in map(os.path.abspath, written()):
@@ -120,8 +122,9 @@ def run_extract_cli(snapshot, output, launch=None, kernel=None, calls=None, memo
         raise Interrupted("no output was written") from None
 
 
-def _extract_checked(snapshot, output, launch, kernel, calls, memory, device, out, ranges, check, sass) -> int:
-    once = functools.partial(_extract_once, sass=sass)
+def _extract_checked(snapshot, output, launch, kernel, calls, memory, device, out, ranges, check, sass,
+                     watchdog=None) -> int:
+    once = functools.partial(_extract_once, sass=sass, watchdog=watchdog)
     code, r = once(snapshot, output, launch, kernel, calls, memory or "reachable", device, out, ranges,
                    check, widen=(ranges is None, memory is None and ranges != "exact"))
     if code == 1 and ranges is None and r is not None and r.ranges == "exact" and r.memory == "reachable":
@@ -136,14 +139,14 @@ def _extract_checked(snapshot, output, launch, kernel, calls, memory, device, ou
 
 
 def _extract_once(snapshot, output, launch, kernel, calls, memory, device, out, ranges, check, widen=(False, False),
-                  sass="device"):
+                  sass="device", watchdog=None):
     """(exit code, result): one extract written to output, checked when asked. widen: (ranges,
     memory) left to the defaults, so a failed check is followed by a wider extract."""
     from .extract import extract
     try:
         with atomic_path(output) as tmp:        # the extract appears whole or not at all
             r = extract(snapshot, tmp, launch=launch, kernel=kernel, calls=calls, memory=memory, ranges=ranges,
-                        device=device, sass=sass)
+                        device=device, sass=sass, watchdog=watchdog)
     except (ExportError, SnapshotError, OSError) as e:
         return _err(_oserror(e)), None
     r.output = os.fspath(output)
@@ -181,14 +184,16 @@ def _extract_once(snapshot, output, launch, kernel, calls, memory, device, out, 
                   + ("   (if it does not verify, extract again with --ranges segment)\n" if r.ranges == "exact" else "\n"))
         return 0, r
     more = (widen[0] and r.ranges == "exact") or (widen[1] and r.memory == "reachable")
-    return _check(r, device, out, retry=more), r
+    return _check(r, device, out, retry=more, watchdog=watchdog), r
 
 
-def _check(r, device: int, out, retry: bool = False) -> int:
+def _check(r, device: int, out, retry: bool = False, watchdog: Optional[float] = None) -> int:
     """Replay the extract in a fresh process: 0 when it verifies, 1 when it does not."""
     import subprocess
     from cudasnap.replay.invocation import command, plain
-    cmd = command(sys.executable, plain(r.output, device))
+    doc = plain(r.output, device)
+    doc["replay"]["watchdog"] = watchdog
+    cmd = command(sys.executable, doc)
     try:
         cp = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     except subprocess.TimeoutExpired:

@@ -46,6 +46,7 @@ from cudasnap.formats import SnapshotError, SnapshotReader, SnapshotWriter
 from cudasnap.formats.vocab import (alloc_range, family, in_class, is_collective_kernel, is_graph_launch, is_launch,
                                     is_query, is_sync)
 from cudasnap.formats.layout import recorded_stream
+from cudasnap.formats.outputs import temporary
 from cudasnap.replay.view import WRITABLE_KINDS
 
 from . import ranges as R
@@ -172,7 +173,7 @@ class Extractor:
 
     def __init__(self, snapshot, out, launch: Optional[int] = None, kernel: Optional[str] = None,
                  calls: Optional[str] = None, memory: str = "reachable", ranges: Optional[str] = None, device: int = 0,
-                 driver=None, sass: str = "device"):
+                 driver=None, sass: str = "device", watchdog: Optional[float] = None):
         self.path = os.fspath(snapshot)
         self.out = os.fspath(out)
         self.launch, self.kernel, self.calls = launch, kernel, calls
@@ -191,6 +192,7 @@ class Extractor:
         self.exact = ranges == "exact" and memory == "reachable"
         self.device = device
         self.driver = driver
+        self.watchdog = watchdog                     # seconds a driver call of its replay may take
         self.res = ExtractResult(self.out, memory=memory, ranges=ranges if memory == "reachable" else "segment")
         self.links: List[Dict[str, Any]] = []        # calls before or in the selection that link a process
         self.import_size: Dict[int, int] = {}        # imported allocation handle -> bytes mapped of it
@@ -965,27 +967,27 @@ class Extractor:
                                      "memory": self.memory, "ranges": self.res.ranges}
             if self.exact:
                 self.bounds = R.Boundaries(self.reader)
-            tmp = self.out + ".tmp"
-            self.w = SnapshotWriter(tmp, hdr, level=3, threads=4)
-            ok = False
-            try:
-                self._replay()
-                self.write()
-                if self.calls is not None:          # counted once the unused calls are left out
-                    self.res.notes.insert(0, f"kept {kept_text(self.res)}")
-                self.w.close()
-                os.replace(tmp, self.out)
-                ok = True
-            finally:
-                if not ok:
-                    try:
-                        self.w.abort()
-                    except Exception:
-                        pass
-                    try:
-                        os.unlink(tmp)
-                    except OSError:
-                        pass
+            with temporary(self.out + ".tmp") as tmp:     # removed too when a watchdog ends the process
+                self.w = SnapshotWriter(tmp, hdr, level=3, threads=4)
+                ok = False
+                try:
+                    self._replay()
+                    self.write()
+                    if self.calls is not None:          # counted once the unused calls are left out
+                        self.res.notes.insert(0, f"kept {kept_text(self.res)}")
+                    self.w.close()
+                    os.replace(tmp, self.out)
+                    ok = True
+                finally:
+                    if not ok:
+                        try:
+                            self.w.abort()
+                        except Exception:
+                            pass
+                        try:
+                            os.unlink(tmp)
+                        except OSError:
+                            pass
         self.res.size = os.path.getsize(self.out)
         self.res.elapsed_s = time.monotonic() - t0
         return self.res
@@ -1031,7 +1033,8 @@ class Extractor:
         try:
             with open(os.devnull, "w") as devnull:
                 device = session.device if session is not None else self.device
-                rp = Replayer(self.path, ReplayOptions(device=device, continue_on_error=True, quiet=True),
+                rp = Replayer(self.path, ReplayOptions(device=device, continue_on_error=True, quiet=True,
+                                                       watchdog=self.watchdog),
                               driver=self.driver, out=devnull)
                 if session is not None:
                     rp.subscribers.append(_Starter(session.hook()))

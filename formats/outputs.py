@@ -138,6 +138,28 @@ def _unlink_quiet(p: str) -> None:
         pass
 
 
+# temporary files of writes in progress: removed by remove_temporaries when the process must
+# exit at once (the replay watchdog's os._exit skips every finally)
+_TEMPORARIES: set = set()
+
+
+@contextmanager
+def temporary(path: PathLike) -> Iterator[str]:
+    """A temporary file this process writes at path, removed by remove_temporaries until the
+    block ends (the block itself renames or removes it)."""
+    p = os.fspath(path)
+    _TEMPORARIES.add(p)
+    try:
+        yield p
+    finally:
+        _TEMPORARIES.discard(p)
+
+
+def remove_temporaries() -> None:
+    for p in list(_TEMPORARIES):
+        _unlink_quiet(p)
+
+
 @contextmanager
 def atomic_path(path: PathLike) -> Iterator[str]:
     """Yield a temporary path beside `path` (an empty file) for a writer that takes a name
@@ -145,8 +167,9 @@ def atomic_path(path: PathLike) -> Iterator[str]:
     p = os.fspath(path)
     tmp = _reserve(p)
     try:
-        yield tmp
-        os.replace(tmp, p)
+        with temporary(tmp):
+            yield tmp
+            os.replace(tmp, p)
         _WRITTEN.append(p)
     except BaseException:
         _unlink_quiet(tmp)

@@ -177,4 +177,8 @@ class Watchdog:
                     self.out.flush()
                     self._dump_stacks()
                 finally:
-                    os._exit(2)
+                    try:                            # what this process was writing goes
+                        from cudasnap.formats.outputs import remove_temporaries
+                        remove_temporaries()
+                    finally:
+                        os._exit(2)

@@ -356,3 +356,25 @@ def test_vmm_mappings_nothing_reaches_go_with_their_memory():
     assert run(base + apart) == [1, 2, 5, 7, 8]
     assert run(base + [call(5, "cuMemSetAccess", ptr=A, size=2 * M)]) == []
     assert run(base + apart, ints=[7]) == []
+
+
+def test_a_hang_before_the_selection_ends_at_the_watchdog_leaving_nothing(double, tmp_path):
+    """A kernel that does not return within --watchdog in the replay up to the selection: exit 2,
+    the call named, no extract and no temporary file left (the watchdog ends the process at once)."""
+    from synth import write_double_program
+
+    def spin_then_add(s, facts):
+        s.call("cuModuleGetFunction", {"hfunc": 0x66660001, "hmod": 0x55560000, "name": "spin"})
+        s.fn(0x66660001, "spin", 0x55560000, [[0, 4]])
+        s.launch(0x66660001, struct.pack("<i", 5000))
+        s.launch(0x55570001, struct.pack("<Qi", facts["A"], 64), block=64)
+
+    d = tmp_path / "w"
+    d.mkdir()
+    snap = d / "hang.cusnap"
+    write_double_program(snap, extra_calls=[spin_then_add])
+    out = d / "x.cusnap"
+    cp = _cli(double, "extract", snap, "--kernel", "add_one#2", "-o", out, "--check", "--watchdog", "0.5")
+    assert cp.returncode == 2, cp.stdout + cp.stderr
+    assert "watchdog" in cp.stderr and "cuLaunchKernel" in cp.stderr, cp.stderr
+    assert sorted(p.name for p in d.iterdir()) == ["hang.cusnap"]
