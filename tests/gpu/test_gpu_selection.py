@@ -47,7 +47,7 @@ def test_extract_calls_over_a_stretch_of_launches_verifies(name, runner, ptrs_bi
     assert launches
     lo, hi = launches[len(launches) // 3], launches[min(len(launches) - 1, len(launches) // 3 + 20)]
     out = tmp_path / "x.cusnap"
-    cp = _cli("extract", snap, "--calls", f"{lo}-{hi}", "-o", out, "--check", "--ranges", "segment")
+    cp = _cli("extract", snap, "--calls", f"{lo}-{hi}", "-o", out, "--check", "--ranges", "segment", "--watchdog", "120")
     assert cp.returncode == 0, cp.stdout[-2000:] + cp.stderr[-2000:]
     assert "kept " in cp.stdout and "verified" in cp.stdout
 
