@@ -58,7 +58,7 @@ if [ -z "${SKIP_SUITE:-}" ]; then
     # function (pytest node ids), each with its share of the file's cost
     mapfile -t GROUPS_ < <(python3 - "${SUITE_PATHS[@]}" <<'PY'
 import glob, os, re, sys
-cost = {"profile": 300, "capture": 150, "replay": 60, "executor": 40, "selection": 500, "metrics": 30,
+cost = {"profile": 300, "capture": 150, "replay": 60, "executor": 40, "selection": 130, "metrics": 30,
         "samples": 35, "ipc": 20, "wrap": 20, "advise": 40, "endstate": 15, "memops": 10, "texture": 10, "staging": 5}
 split = set(os.environ.get("SPLIT", "selection").split())
 def part(f):
