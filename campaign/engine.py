@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import re
 import statistics
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional

@@ -191,9 +191,7 @@ def _check(r, device: int, out, retry: bool = False, watchdog: Optional[float] =
     """Replay the extract in a fresh process: 0 when it verifies, 1 when it does not."""
     import subprocess
     from cudasnap.replay.invocation import command, plain
-    doc = plain(r.output, device)
-    doc["replay"]["watchdog"] = watchdog
-    cmd = command(sys.executable, doc)
+    cmd = command(sys.executable, plain(r.output, device, watchdog))
     try:
         cp = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     except subprocess.TimeoutExpired:

@@ -78,9 +78,10 @@ def command_line(doc: Dict[str, Any]) -> List[str]:
     return out
 
 
-def plain(snapshot: str, device: int = 0) -> Dict[str, Any]:
-    """What `replay SNAP --device N` runs with: replay and verify, no profile."""
-    return {"snapshot": snapshot, "replay": dataclasses.asdict(ReplayOptions(device=device)), "profile": None}
+def plain(snapshot: str, device: int = 0, watchdog: Optional[float] = None) -> Dict[str, Any]:
+    """What `replay SNAP --device N [--watchdog S]` runs with: replay and verify, no profile."""
+    return {"snapshot": snapshot, "replay": dataclasses.asdict(ReplayOptions(device=device, watchdog=watchdog)),
+            "profile": None}
 
 
 def typed(cls, d: Dict[str, Any]):
