@@ -50,7 +50,7 @@ from cudasnap.formats.outputs import temporary
 from cudasnap.replay.view import WRITABLE_KINDS
 
 from . import ranges as R
-from .callrange import kept_text, range_work
+from .callrange import CaptureSpans, count_kept, kept_text, range_work
 from .emit import Emitter, ExportError, base_name
 
 READ_CHUNK = 64 << 20
@@ -235,6 +235,7 @@ class Extractor:
         seen = 0
         last_seq = None
         sel: List[Dict[str, Any]] = []
+        captures = CaptureSpans(_stream_key)
         for rec in self.reader.records(("c",)):
             s, f = rec.get("s"), rec.get("f") or ""
             if rec.get("incomplete") or "r" not in rec:
@@ -242,6 +243,7 @@ class Extractor:
             if lo is not None:
                 if lo <= s <= hi and rec.get("r", 0) == 0 and not _skipped_query(f):
                     sel.append(rec)
+                captures.feed(rec)
                 last_seq = s
                 continue
             if self.launch is not None and s == self.launch and is_graph_launch(f) and rec.get("r", 0) == 0:
@@ -264,6 +266,7 @@ class Extractor:
                     break
         if lo is not None:
             sel = range_work(self.res, sel, lo, hi, last_seq, _is_work, ExtractError)
+            sel = self._whole_captures(sel, captures, hi, last_seq)
         if not sel:
             what = (f"launch #{self.launch}" if self.launch is not None else
                     f"launch {want_k} of kernels matching {self.kernel!r} ({seen} found)" if self.kernel is not None
@@ -289,6 +292,24 @@ class Extractor:
             raise ExtractError(f"the selection holds the collective kernel {coll[0][:80]}: it waits for the other "
                                f"ranks inside the kernel and cannot run alone; select work between collectives, "
                                f"or replay the job (its group manifest)")
+
+    def _whole_captures(self, sel: List[Dict[str, Any]], captures: CaptureSpans, hi: int,
+                        last_seq: int) -> List[Dict[str, Any]]:
+        """The selection grown to whole stream captures (device memory cannot be read while a
+        capture is open, and captured work runs only when its graph is launched)."""
+        first, last = sel[0]["s"], sel[-1]["s"]
+        lo2, hi2 = captures.whole(first, last, last_seq)
+        if (lo2, hi2) == (first, last):
+            return sel
+        grown = [rec for rec in self.reader.records(("c",))
+                 if lo2 <= (rec.get("s") or 0) <= hi2 and not rec.get("incomplete") and "r" in rec
+                 and rec.get("r", 0) == 0 and not _skipped_query(rec.get("f") or "")]
+        count_kept(self.res, grown, _is_work)
+        if hi2 > last:
+            self.res.range_left_out = max(0, self.res.range_left_out - sum(1 for r in grown if last < r["s"] <= hi))
+        self.res.notes.append(f"the range cut a stream capture: kept #{lo2}-#{hi2} (memory cannot be read while a "
+                              f"capture is open, and captured work runs only when its graph is launched)")
+        return grown
 
     # ------------------------------------------------------------------ the prefix (no GPU)
     def prefix(self) -> None:

@@ -105,6 +105,32 @@ def test_extract_calls_keeps_the_lookups_its_selected_calls_name(double, tmp_pat
     assert any(c["f"] == "cuKernelGetFunction" for c in kept)
 
 
+@pytest.mark.parametrize("cut", ["start", "end"])
+def test_extract_calls_never_cut_a_stream_capture(double, tmp_path, cut):
+    """A range that starts or ends inside a stream capture (a launch between
+    cuStreamBeginCapture and cuStreamEndCapture): memory cannot be read while the capture is
+    open (cuCtxSynchronize fails), so the extract grows to the whole capture, says so, and
+    verifies."""
+    snap = tmp_path / "forms.cusnap"
+    cp = subprocess.run([sys.executable, "-m", "cudasnap", "capture", "-o", str(snap), "--",
+                         double["progs"]["launch_forms"]], env=double["env"], capture_output=True, text=True,
+                        timeout=120)
+    assert cp.returncode == 0, cp.stderr
+    calls = _calls(snap)
+    begin = next(c["s"] for c in calls if c["f"].startswith("cuStreamBeginCapture"))
+    end = next(c["s"] for c in calls if c["f"] == "cuStreamEndCapture")
+    captured = next(c["s"] for c in calls if begin < c["s"] < end and c["f"].startswith("cuLaunch"))
+    before = max(c["s"] for c in calls if c["s"] < begin and c["f"].startswith("cuLaunch"))
+    copy = next(c["s"] for c in calls if c["s"] > end and c["f"].startswith("cuMemcpyDtoH"))
+    rng, kept = ((f"{captured}-{copy}", (begin, copy)) if cut == "start" else (f"{before}-{captured}", (before, end)))
+    out = tmp_path / "c.cusnap"
+    ex = _cli(double, "extract", snap, "--calls", rng, "-o", out, "--check")
+    assert ex.returncode == 0 and "verified" in ex.stdout, ex.stdout + ex.stderr
+    assert f"the range cut a stream capture: kept #{kept[0]}-#{kept[1]}" in ex.stdout, ex.stdout
+    got = {c.get("os") for c in _calls(out)}
+    assert {begin, captured, end} <= got and max(x for x in got if x is not None) == kept[1], sorted(got - {None})
+
+
 @pytest.mark.parametrize("rng,why", [("24-54", "the snapshot's calls are #0-#22"),
                                      ("20-22", "no launch, copy or memset in that range"),
                                      ("5-3", "empty range"), ("x", "takes a range")])
