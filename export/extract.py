@@ -244,7 +244,7 @@ class Extractor:
                 if lo <= s <= hi and rec.get("r", 0) == 0 and not _skipped_query(f):
                     sel.append(rec)
                 captures.feed(rec)
-                last_seq = s
+                last_seq = s if last_seq is None else max(last_seq, s)
                 continue
             if self.launch is not None and s == self.launch and is_graph_launch(f) and rec.get("r", 0) == 0:
                 sel.append(rec)          # a graph launch: the graph's kernels (XLA, CUDA graphs)
@@ -265,6 +265,8 @@ class Extractor:
                     sel.append(rec)
                     break
         if lo is not None:
+            # call order: threads' records lie in the file in the order their buffers were written
+            sel.sort(key=lambda r: r["s"])
             sel = range_work(self.res, sel, lo, hi, last_seq, _is_work, ExtractError)
             sel = self._whole_captures(sel, captures, hi, last_seq)
         if not sel:
@@ -301,9 +303,9 @@ class Extractor:
         lo2, hi2 = captures.whole(first, last, last_seq)
         if (lo2, hi2) == (first, last):
             return sel
-        grown = [rec for rec in self.reader.records(("c",))
-                 if lo2 <= (rec.get("s") or 0) <= hi2 and not rec.get("incomplete") and "r" in rec
-                 and rec.get("r", 0) == 0 and not _skipped_query(rec.get("f") or "")]
+        grown = sorted((rec for rec in self.reader.records(("c",))
+                        if lo2 <= (rec.get("s") or 0) <= hi2 and not rec.get("incomplete") and "r" in rec
+                        and rec.get("r", 0) == 0 and not _skipped_query(rec.get("f") or "")), key=lambda r: r["s"])
         count_kept(self.res, grown, _is_work)
         if hi2 > last:
             self.res.range_left_out = max(0, self.res.range_left_out - sum(1 for r in grown if last < r["s"] <= hi))
@@ -503,10 +505,18 @@ class Extractor:
                     lookups += 1
         self.res.lookups_dropped = lookups
         self.gone_handles = gone
+        def is_gone(h, s) -> bool:
+            if h in gone:
+                return True
+            # a function the program got outside the driver API (no lookup call): the capture's
+            # fn record names its module
+            mod = (em.fn_record(h, s) or {}).get("module") if h not in made_by else None
+            return mod is not None and mod in gone
+
         out = []
         for rec in recs:
             a = rec.get("a") or {}
-            if any(a.get(k) in gone for k in _HANDLE_KEYS if isinstance(a.get(k), int)):
+            if any(is_gone(a.get(k), rec.get("s")) for k in _HANDLE_KEYS if isinstance(a.get(k), int)):
                 continue
             out.append(rec)
         # module globals whose lookup stays: only those exist (at an address of their own) on replay
@@ -746,33 +756,42 @@ class Extractor:
         prefix_seqs -= self._unused_objects(prefix_seqs)
         self.res.prefix_calls = len(prefix_seqs)
         gone, used = getattr(self, "gone_handles", set()), getattr(self, "used_handles", set())
-        phase = 0                                  # 0 prefix, 1 selection, 2 after
-        for rec in self.reader.records():
+        # The extract is written in call order. A multithreaded program's records lie in the file
+        # in the order its threads' buffers were written: a later call of one thread can come
+        # before an earlier call of another. Other records keep their place after the call they
+        # followed (a function record belongs to the lookups before it).
+        items: List[Tuple[int, int, Dict[str, Any]]] = []
+        after = -1
+        for rec in self.reader.records(("c", "fn", "ctx", "region", "proc")):
             k = rec.get("k")
             if k == "c":
                 s = rec.get("s")
-                if phase == 0 and s >= self.first:
-                    for base, n, bid in self.restore:
-                        synth("cuMemcpyHtoD_v2", {"dstDevice": base, "srcHost": 0, "ByteCount": n},
-                              {"srcHost": {"blob": bid}})
-                    synth("cuCtxSynchronize", {})
-                    phase = 1
-                if phase == 1 and s > self.last:
-                    break
-                if phase == 0 and s in prefix_seqs:
-                    # a managed allocation's final bytes, freed before the selection: not its result
-                    x = rec.get("x") or {}
-                    if "hostcheck" in x:
-                        rec = {**rec, "x": {key: v for key, v in x.items() if key != "hostcheck"}}
-                    put(rec)
-                elif phase == 1 and s in sel_seqs:
-                    put(rec)
-            elif k == "fn":
+                if not isinstance(s, int):
+                    continue
+                after = max(after, s)
+                if (s < self.first and s in prefix_seqs) or s in sel_seqs:
+                    items.append((s, 0, rec))
+            elif k != "fn" or rec.get("h") in used or (rec.get("h") not in gone and rec.get("module") not in gone):
                 # the names of functions whose lookups and modules were left out go with them
-                if rec.get("h") in used or (rec.get("h") not in gone and rec.get("module") not in gone):
-                    w.write(rec)
-            elif k in ("ctx", "region", "proc"):
+                items.append((after, 1, rec))
+        items.sort(key=lambda it: (it[0], it[1]))          # stable: the file's order within a place
+        restored = False
+        for s, kind, rec in items:
+            if kind == 1:
                 w.write(rec)
+                continue
+            if not restored and s >= self.first:
+                for base, n, bid in self.restore:
+                    synth("cuMemcpyHtoD_v2", {"dstDevice": base, "srcHost": 0, "ByteCount": n},
+                          {"srcHost": {"blob": bid}})
+                synth("cuCtxSynchronize", {})
+                restored = True
+            if s < self.first:
+                # a managed allocation's final bytes, freed before the selection: not its result
+                x = rec.get("x") or {}
+                if "hostcheck" in x:
+                    rec = {**rec, "x": {key: v for key, v in x.items() if key != "hostcheck"}}
+            put(rec)
         synth("cuCtxSynchronize", {})
         for base, n, bid in self.expected:
             synth("cuMemcpyDtoH_v2", {"dstHost": 0, "srcDevice": base, "ByteCount": n}, {"dstHost": {"blob": bid}})
@@ -935,7 +954,8 @@ class Extractor:
                 elif isinstance(v, (bytes, bytearray)) and len(v) >= 8:
                     named.update(int(w) for w in R.words(v))
         root_seqs = {r.get("s") for r in self._root_recs()}
-        drop = {s for h, seqs in made.items() if h not in named for s in seqs if s not in root_seqs}
+        # a handle the selection creates or destroys itself is named by it
+        drop = {s for h, seqs in made.items() if h not in named and not root_seqs.intersection(seqs) for s in seqs}
         self.res.objects_dropped = sum(1 for r in recs if r["s"] in drop
                                        and base_name(r.get("f") or "") in _OBJECT_MAKERS)
         return drop
@@ -1055,7 +1075,7 @@ class Extractor:
             with open(os.devnull, "w") as devnull:
                 device = session.device if session is not None else self.device
                 rp = Replayer(self.path, ReplayOptions(device=device, continue_on_error=True, quiet=True,
-                                                       watchdog=self.watchdog),
+                                                       watchdog=self.watchdog, call_order=True),
                               driver=self.driver, out=devnull)
                 if session is not None:
                     rp.subscribers.append(_Starter(session.hook()))

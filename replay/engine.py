@@ -297,7 +297,8 @@ class Replayer(BatchRunner):
         hs._all = SlotMap(self._slots, "h", hs._all)
         self.ctx.funcs = SlotMap(self._slots, "f", self.ctx.funcs)
         self._fk: Dict[str, int] = {}
-        planner = self._new_planner(native=True)
+        # in call order the loop sorts the records itself: nothing is compiled in file order
+        planner = self._new_planner(keep=False) if self.ctx.opt.call_order else self._new_planner(native=True)
         self._h2d_order: List[str] = []
         self._planner = planner
         max_seq = -1          # the highest call sequence number read so far, in file order
@@ -687,8 +688,10 @@ class Replayer(BatchRunner):
     def _items(self) -> Iterable[Union[Dict[str, Any], OpBatch]]:
         if self._plan is not None:
             return self._plan
-        return self._new_planner(keep=False).stream(
-            r for r in self.ctx.reader.records(("c",)) if not (r.get("incomplete") or "r" not in r or malformed_call(r)))
+        recs = (r for r in self.ctx.reader.records(("c",)) if not (r.get("incomplete") or "r" not in r or malformed_call(r)))
+        if self.ctx.opt.call_order:
+            recs = iter(sorted(recs, key=lambda r: r["s"] if type(r.get("s")) is int else -1))
+        return self._new_planner(keep=False).stream(recs)
 
     def _loop(self) -> None:
         prog = None

@@ -30,6 +30,9 @@ class ReplayOptions:
     launch_override: Optional[str] = None   # "grid=X,Y,Z,block=X,Y,Z[,kernel=REGEX]" (replay/override.py)
     devices: Optional[str] = None           # "A,B,...": recorded device i replays on GPU A, B... (replay/devices.py)
     pace: str = "fast"                   # fast: as fast as possible; recorded: keep the recorded host gaps
+    # calls in the order of their numbers, not the file's (threads' records lie in the file in the
+    # order their buffers were written): a cut at call N then has exactly the calls before N behind it
+    call_order: bool = False
 
 
 @dataclass

@@ -6,6 +6,7 @@ CLI's exit codes."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -103,6 +104,76 @@ def test_extract_calls_keeps_the_lookups_its_selected_calls_name(double, tmp_pat
     kept = _calls(out)
     assert [c["f"] for c in kept].count("cuLibraryGetKernel") >= 1
     assert any(c["f"] == "cuKernelGetFunction" for c in kept)
+
+
+def _reload_range(calls):
+    """From the memset after the last launch on: a cuFuncSetAttribute before it names a function
+    the program got outside the driver API (no lookup call), of a module the extract leaves out."""
+    last = max(c["s"] for c in calls if c["f"].startswith("cuLaunch"))
+    return next(c["s"] for c in calls if c["s"] > last and c["f"].startswith("cuMemset")), calls[-1]["s"]
+
+
+def _windowed_range(calls):
+    """From a D2H after a stream's synchronization through that stream's destruction: the stream
+    was made before the range and only its destruction, in the range, names it."""
+    fs = [c["f"] for c in calls]
+    i = next(i for i in range(1, len(calls)) if fs[i].startswith("cuMemcpyDtoH") and fs[i - 1] == "cuStreamSynchronize")
+    j = next(j for j in range(i, len(calls)) if fs[j].startswith("cuStreamDestroy"))
+    k = next(k for k in range(j, len(calls)) if fs[k].startswith(("cuMemcpy", "cuLaunch")))   # work after it
+    return calls[i]["s"], calls[k]["s"]
+
+
+@pytest.mark.parametrize("prog,choose", [("reload", _reload_range), ("windowed", _windowed_range)])
+def test_extract_calls_keeps_every_handle_a_kept_call_names(double, tmp_path, prog, choose):
+    snap = tmp_path / f"{prog}.cusnap"
+    cp = subprocess.run([sys.executable, "-m", "cudasnap", "capture", "-o", str(snap), "--", double["progs"][prog]],
+                        env=double["env"], capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 0, cp.stderr
+    lo, hi = choose(_calls(snap))
+    out = tmp_path / "x.cusnap"
+    ex = _cli(double, "extract", snap, "--calls", f"{lo}-{hi}", "-o", out, "--check")
+    assert ex.returncode == 0 and "verified" in ex.stdout, ex.stdout + ex.stderr
+    assert "extracting again" not in ex.stdout, ex.stdout
+
+
+def test_extract_calls_writes_a_multithreaded_range_in_call_order(double, tmp_path):
+    """Threads' records lie in a snapshot in the order their buffers were written, so a thread's
+    allocation (#s) can come in the file after other threads' later calls. An extract whose range
+    starts after that allocation keeps it, before the range, and verifies. The capture of 4
+    threads is rewritten with one thread's records from its allocation on moved to the end (an
+    order captures show now and then)."""
+    sys.path.insert(0, os.path.dirname(__file__))
+    from snapedit import rewrite
+    src = tmp_path / "threads.cusnap"
+    cp = subprocess.run([sys.executable, "-m", "cudasnap", "capture", "-o", str(src), "--",
+                         double["progs"]["threads"]], env=double["env"], capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 0, cp.stderr
+    src_calls = _calls(src)
+    main_tid = src_calls[0]["tid"]
+    s_alloc, tid = min((c["s"], c["tid"]) for c in src_calls if c["f"].startswith("cuMemAlloc"))
+
+    def late(recs):
+        # the first allocating thread's calls from its allocation on, as one block after the other
+        # threads' calls (before the main thread's teardown, which follows the join)
+        moved = [r for r in recs if r.get("k") == "c" and r.get("tid") == tid and r["s"] >= s_alloc]
+        ids = {id(r) for r in moved}
+        rest = [r for r in recs if id(r) not in ids]
+        at = next(i for i, r in enumerate(rest) if r.get("k") == "c" and r["tid"] == main_tid and r["s"] > s_alloc)
+        return rest[:at] + moved + rest[at:]
+
+    snap = tmp_path / "late.cusnap"
+    rewrite(src, snap, reorder=late)
+    rp = _cli(double, "replay", snap)
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    calls = _calls(snap)
+    order = [c["s"] for c in calls]
+    first = min(c["s"] for c in calls if c["s"] > s_alloc and c["f"] == "cuLaunchKernel" and c["tid"] != tid)
+    assert order.index(first) < order.index(s_alloc)       # a later call comes first in the file
+    out = tmp_path / "x.cusnap"
+    ex = _cli(double, "extract", snap, "--calls", f"{first}-{max(order)}", "-o", out, "--check")
+    assert ex.returncode == 0 and "verified" in ex.stdout, ex.stdout + ex.stderr
+    kept = [c.get("os") for c in _calls(out) if c.get("os") is not None]
+    assert s_alloc in kept and kept == sorted(kept)
 
 
 @pytest.mark.parametrize("cut", ["start", "end"])

@@ -1,5 +1,7 @@
 /* threads.c -- 4 threads share the primary context; each allocates, copies and
- * launches incr K times (argv[1], default 50) on its own stream, then checks. */
+ * launches incr K times (argv[1], default 50) on its own stream, then checks. The threads
+ * wait for each other once they hold their stream and allocation, so the four live at once
+ * (their handles and addresses are distinct) and their launches interleave. */
 #include <pthread.h>
 #include "common.h"
 
@@ -9,6 +11,7 @@ static CUfunction g_incr;
 static int g_iters;
 static long g_counts[NT];
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_barrier_t g_held;
 
 static void *worker(void *arg) {
     long t = (long)arg;
@@ -18,6 +21,7 @@ static void *worker(void *arg) {
     CK(cuCtxSetCurrent(g_ctx));
     CK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
     CK(cuMemAlloc(&d, sizeof h));
+    pthread_barrier_wait(&g_held);
     for (int i = 0; i < N; i++) h[i] = (int)t * 1000;
     CK(cuMemcpyHtoDAsync(d, h, sizeof h, s));
     int n = N;
@@ -49,6 +53,7 @@ int main(int argc, char **argv) {
     CK(cuModuleLoadData(&mod, MODULE_TEXT));
     CK(cuModuleGetFunction(&g_incr, mod, "incr"));
     pthread_t th[NT];
+    pthread_barrier_init(&g_held, NULL, NT);
     for (long t = 0; t < NT; t++) pthread_create(&th[t], NULL, worker, (void *)t);
     for (int t = 0; t < NT; t++) pthread_join(th[t], NULL);
     long total = 0;
