@@ -49,6 +49,7 @@ from cudasnap.formats.layout import recorded_stream
 from cudasnap.formats.outputs import temporary
 from cudasnap.replay.view import WRITABLE_KINDS
 
+from . import arrays as A
 from . import ranges as R
 from .callrange import CaptureSpans, count_kept, kept_text, range_work
 from .emit import Emitter, ExportError, base_name
@@ -234,6 +235,7 @@ class Extractor:
                 raise ExtractError(f"--kernel: bad regex: {e}")
         seen = 0
         last_seq = None
+        at_launch = None                  # --launch N: the call #N is
         sel: List[Dict[str, Any]] = []
         captures = CaptureSpans(_stream_key)
         for rec in self.reader.records(("c",)):
@@ -246,6 +248,8 @@ class Extractor:
                 captures.feed(rec)
                 last_seq = s if last_seq is None else max(last_seq, s)
                 continue
+            if self.launch is not None and s == self.launch:
+                at_launch = f if rec.get("r", 0) == 0 else f"{f} (it failed)"
             if self.launch is not None and s == self.launch and is_graph_launch(f) and rec.get("r", 0) == 0:
                 sel.append(rec)          # a graph launch: the graph's kernels (XLA, CUDA graphs)
                 break
@@ -273,6 +277,9 @@ class Extractor:
             what = (f"launch #{self.launch}" if self.launch is not None else
                     f"launch {want_k} of kernels matching {self.kernel!r} ({seen} found)" if self.kernel is not None
                     else f"calls {self.calls}")
+            if at_launch is not None:
+                raise ExtractError(f"call #{self.launch} is {at_launch}, not a kernel or graph launch "
+                                   f"(`cudasnap dump {os.path.basename(self.path)} --calls launches` lists them)")
             raise ExtractError(f"no {what} in {self.path}")
         self.sel = sel
         self.first, self.last = sel[0]["s"], sel[-1]["s"]
@@ -594,6 +601,13 @@ class Extractor:
         if rv.errors:
             raise ExtractError(f"replay failed before the selection: {rv.errors[0]}")
         rv.call("cuCtxSynchronize")
+        arrays, notes = A.live_arrays(self.prefix_recs)
+        self.array_restore = [(h, row, rows, depth, self.w.add_blob(A.read_array(rv, h, row, rows, depth)))
+                              for h, row, rows, depth in arrays]
+        self.res.notes += notes
+        if arrays:
+            self.res.notes.append(f"{len(arrays)} CUDA array(s) restored whole "
+                                  f"({sum(r * n * d for _h, r, n, d in arrays)} B): textures and surfaces read them")
         for p in self.ipc_opened:
             al = rv.find(p)
             if al is not None:
@@ -784,6 +798,9 @@ class Extractor:
                 for base, n, bid in self.restore:
                     synth("cuMemcpyHtoD_v2", {"dstDevice": base, "srcHost": 0, "ByteCount": n},
                           {"srcHost": {"blob": bid}})
+                for h, row, rows, depth, bid in getattr(self, "array_restore", []):
+                    synth("cuMemcpy3D_v2", {"pCopy": A.copy3d(row, rows, depth, array=h, host=0, to_host=False)},
+                          {"hostsrc": {"blob": bid}})
                 synth("cuCtxSynchronize", {})
                 restored = True
             if s < self.first:

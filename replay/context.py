@@ -129,7 +129,7 @@ class ReplayContext:
         # state the handlers keep
         "cond_bodies", "cond_handles", "graph_notes", "xmode_inputs", "noted", "replacements", "jit_t0",
         "jit_what", "ipc_opened", "devmap", "devlive", "host_placed", "preloaded_in", "names_in",
-        "code_loads", "hoisted",
+        "code_loads", "hoisted", "tex_objects",
     )
 
     def __init__(self, opt, res, tol):
@@ -169,6 +169,7 @@ class ReplayContext:
         self.devmap = None                               # recorded device -> GPU (devices.py), built on first use
         self.devlive: Dict[int, Any] = {}                # GPU ordinal -> live CUdevice
         self.host_placed: Set[int] = set()               # pinned host ranges mapped at their recorded address
+        self.tex_objects: List[Tuple[str, int]] = []     # texture/surface objects made: (destroyer, value)
         self.preloaded_in: Dict[int, Set[int]] = {}      # live context -> libraries whose kernels it loaded
         self.names_in: Dict[int, Set[str]] = {}          # recorded module/library -> names the program asked of it
         self.code_loads: List[Dict[str, Any]] = []       # successful module/library loads (the pre-scan's)

@@ -171,7 +171,8 @@ class Replayer(BatchRunner):
         replay in the same process places its memory at the recorded addresses again: device
         memory and its reserved ranges, pinned host memory mapped at recorded addresses, the
         contexts (created ones destroyed, primary ones reset) and the live functions cached per
-        process. The driver stays initialized. Call after run(); returns what was released."""
+        process, texture and surface objects. The driver stays initialized. Call after run();
+        returns what was released."""
         out: Dict[str, int] = {}
         ctx = self.ctx
         if self._closed or not self.initialized or ctx.cu is None or ctx.dev is None:
@@ -191,6 +192,16 @@ class Replayer(BatchRunner):
                 pass
         out["host"] = len(ctx.host_placed)
         ctx.host_placed.clear()
+        # texture and surface objects still alive: kernels take their recorded values, which the
+        # next replay's objects can have only once these are gone (one destroyed already fails)
+        out["texture_objects"] = 0
+        for destroy, obj in reversed(ctx.tex_objects):
+            try:
+                if result_code(getattr(cu, destroy)(obj)[0]) == 0:
+                    out["texture_objects"] += 1
+            except Exception:
+                pass
+        ctx.tex_objects.clear()
         hostplace.release_reservations()
         if sp is not None:
             out.update(sp.release_all())

@@ -321,6 +321,42 @@ def test_a_texture_over_linear_memory_keeps_that_memory(double, capture, tmp_pat
         assert ex.returncode == 0 and "memory restored: 2 range(s), 512 B" in ex.stdout, ex.stdout + ex.stderr
 
 
+def test_a_texture_over_an_array_gets_the_array_back(double, capture, tmp_path):
+    """tex_fetch#1 reads a texture over a CUDA array, outside device memory: the extract restores
+    the live arrays whole (a cuMemcpy3D before the selection) and verifies at the first pass; a
+    range of array copies and surface writes does too."""
+    cp, snap = capture(double["progs"]["texture"])
+    assert cp.returncode == 0, cp.stderr
+    calls = _calls(snap)
+    surf = next(c["s"] for c in calls if c["f"] == "cuLaunchKernel" and c["s"] > next(
+        d["s"] for d in calls if d["f"] == "cuSurfObjectCreate"))
+    last_copy = max(c["s"] for c in calls if c["f"].startswith("cuMemcpy"))
+    for i, how in enumerate((["--kernel", "tex_fetch#1"], ["--calls", f"{surf + 1}-{last_copy}"])):
+        out = tmp_path / f"a{i}.cusnap"
+        ex = _cli(double, "extract", str(snap), "-o", str(out), *how, "--check")
+        assert ex.returncode == 0 and "verified" in ex.stdout and "extracting again" not in ex.stdout, \
+            ex.stdout + ex.stderr
+        assert "2 CUDA array(s) restored whole (512 B)" in ex.stdout, ex.stdout
+        assert [c["f"] for c in _calls(out)].count("cuMemcpy3D_v2") >= 2
+
+
+def test_texture_objects_are_given_back_between_replays_in_one_process(double, capture, tmp_path):
+    """Kernels take a texture object's recorded value from their parameters: a second replay in
+    the same process gets the same values only once the first replay's objects are destroyed
+    (Replayer.close). An extract keeps its objects alive to its end, as a partial replay does."""
+    cp, src = capture(double["progs"]["texture"])
+    assert cp.returncode == 0, cp.stderr
+    snap = tmp_path / "tex1.cusnap"
+    ex = _cli(double, "extract", str(src), "-o", str(snap), "--kernel", "tex_fetch#1")
+    assert ex.returncode == 0, ex.stdout + ex.stderr
+    assert not any(c["f"] == "cuTexObjectDestroy" for c in _calls(snap))
+    code = (f"from cudasnap.replay import replay\n"
+            f"codes = [replay({str(snap)!r}, quiet=True).exit_code for _ in range(2)]\n"
+            f"print(codes)\n")
+    rp = subprocess.run([sys.executable, "-c", code], env=double["env"], capture_output=True, text=True, timeout=120)
+    assert rp.returncode == 0 and rp.stdout.strip().splitlines()[-1] == "[0, 0]", rp.stdout + rp.stderr
+
+
 def test_page_locked_host_memory_stays_only_where_the_launch_reaches_it(double, capture, tmp_path):
     """hostfree's first add_one reads mapped host memory through its parameter: that allocation
     stays; unified's first add_one never touches its pinned buffer: it is left out."""

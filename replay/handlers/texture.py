@@ -63,6 +63,7 @@ def tex_create(ctx, rec):
     live = ctx.drv(rec, "cuTexObjectCreate", _resource(ctx, rec, surface=False),
                    _struct(ctx, rec, "pTexDesc", "CUDA_TEXTURE_DESC"), view)
     if live is not None:
+        ctx.tex_objects.append(("cuTexObjectDestroy", int(live)))
         _same_value(ctx, rec, a.get("pTexObject"), live, "texture object")
 
 
@@ -71,6 +72,7 @@ def surf_create(ctx, rec):
     a = rec["a"]
     live = ctx.drv(rec, "cuSurfObjectCreate", _resource(ctx, rec, surface=True))
     if live is not None:
+        ctx.tex_objects.append(("cuSurfObjectDestroy", int(live)))
         _same_value(ctx, rec, a.get("pSurfObject"), live, "surface object")
 
 
