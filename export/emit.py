@@ -34,7 +34,8 @@ from typing import Any, Dict, List, Optional, Tuple
 from cudasnap.formats import SnapshotError, SnapshotReader, parse_callset
 from cudasnap.formats.abi import base_name
 from cudasnap.formats.outputs import write_atomic
-from cudasnap.formats.vocab import alloc_range, is_launch, is_plain, is_query, malformed_call, replay_class
+from cudasnap.formats.vocab import alloc_range, in_class, is_launch, is_plain, is_query, malformed_call, replay_class
+from cudasnap.replay.hostplace import recorded_range as host_range
 
 from .ctext import Slots, c_string, ref
 from .emit_context import ContextCalls
@@ -137,6 +138,8 @@ class Emitter(ContextCalls, MemoryCalls, ModuleCalls, LaunchCalls, StreamCalls, 
         self.ctx_ids: Dict[Any, Dict[str, Any]] = {}
         self.regions: List[Tuple[int, int]] = []
         self.ranges: List[Tuple[int, int]] = []
+        self.host_ranges: List[Tuple[int, int]] = []     # pinned host memory, held before the driver loads
+        self.host_pinned: Dict[int, int] = {}
         self.header = self.reader.header
         max_seq = -1
         self.malformed: Optional[Dict[str, Any]] = None      # the first call record no layer can read
@@ -153,6 +156,10 @@ class Emitter(ContextCalls, MemoryCalls, ModuleCalls, LaunchCalls, StreamCalls, 
                 rng = alloc_range(rec)
                 if rng:
                     self.ranges.append(rng)
+                if rec.get("r") == 0 and in_class(rec.get("f") or "", "pins_host"):
+                    h = host_range(rec)
+                    if h[0] and h[1] > 0:
+                        self.host_ranges.append(h)
                 a = rec.get("a") or {}
                 if rec.get("r") == 0 and isinstance(a.get("name"), str):
                     out = a.get("hfunc") or a.get("pKernel")

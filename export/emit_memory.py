@@ -87,6 +87,25 @@ class MemoryCalls:
         self.space.alloc(rng[0], rng[1], rec.get("s"))
         self.flush_plan(rec)
 
+    def e_host_pin(self, rec) -> None:
+        """Pinned host memory at its recorded address (kernels reach mapped memory by it)."""
+        from cudasnap.replay.hostplace import recorded_range
+        addr, size = recorded_range(rec)
+        if not addr or size <= 0:
+            self.res.no_effect += 1
+            return
+        self.host_pinned[addr] = size
+        portable = int((rec.get("a") or {}).get("Flags", 0) or 0) & 0x1
+        self.emit(rec, f"host_place({lit(addr)}, {lit(size)}, {portable});")
+
+    def e_host_unpin(self, rec) -> None:
+        p = (rec.get("a") or {}).get("p")
+        size = self.host_pinned.pop(p, None)
+        if size is None:
+            self.res.no_effect += 1
+            return
+        self.emit(rec, f"host_unplace({lit(p)}, {lit(size)});")
+
     def e_free(self, rec) -> None:
         p = rec["a"].get("dptr")
         check = self.data_file("d2h", rec, "hostcheck", required=False)

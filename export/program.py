@@ -90,6 +90,8 @@ class ProgramWriter:
             o.append("}")
         o.append("\nint main(int argc, char **argv) {")
         o.append("    options(argc, argv);")
+        # pinned host ranges held before the driver loads (its mappings could take them)
+        o.extend(f"    host_reserve({lit(a)}, {lit(n)});" for a, n in self.host_ranges)
         o.append("    start();")
         if self.reserve_lines:
             o.append(f"    check_granularity({lit(PLACE_GRAN)});")

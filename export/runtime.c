@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #define RT static __attribute__((unused))   /* runtime helpers: a program uses some */
@@ -201,6 +202,74 @@ RT void d2h(CUdeviceptr src, const char *name, size_t n, CUstream s, int async) 
     if (name) verify(got, name, n);
     else g_d2h_unverified++;
     free(got);
+}
+
+/* ---- pinned host memory at its recorded address: kernels reach mapped memory by its host
+ * address, and programs store that address in device memory. The ranges are held (PROT_NONE)
+ * before the driver loads, then mapped and registered where the program pinned them. ---- */
+#ifndef MAP_FIXED_NOREPLACE
+#define MAP_FIXED_NOREPLACE 0x100000
+#endif
+enum { MAX_HOST_HELD = 4096 };
+static unsigned long long g_held_lo[MAX_HOST_HELD];
+static size_t g_held_len[MAX_HOST_HELD];
+static int g_nheld;
+
+RT void host_span(unsigned long long at, size_t n, unsigned long long *lo, size_t *len) {
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    *lo = at - at % pg;
+    *len = (size_t)(((at + (n ? n : 1) + pg - 1) / pg) * pg - *lo);
+}
+
+RT void host_reserve(unsigned long long at, size_t n) {
+    unsigned long long lo;
+    size_t len;
+    host_span(at, n, &lo, &len);
+    if (g_nheld == MAX_HOST_HELD) return;
+    void *got = mmap((void *)(uintptr_t)lo, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE,
+                     -1, 0);
+    if (got == (void *)(uintptr_t)lo) {
+        g_held_lo[g_nheld] = lo;
+        g_held_len[g_nheld++] = len;
+    } else if (got != MAP_FAILED) {
+        munmap(got, len);
+    }
+}
+
+RT int host_held(unsigned long long lo, size_t len) {
+    for (int i = 0; i < g_nheld; i++)
+        if (g_held_lo[i] <= lo && lo + len <= g_held_lo[i] + g_held_len[i]) return 1;
+    return 0;
+}
+
+/* map and register [at, at+n) for the device; a taken address is said once and left out (copies
+ * do not need it: their data comes from data/) */
+RT void host_place(unsigned long long at, size_t n, unsigned portable) {
+    unsigned long long lo;
+    size_t len;
+    host_span(at, n, &lo, &len);
+    int fixed = host_held(lo, len) ? MAP_FIXED : MAP_FIXED_NOREPLACE;
+    void *got = mmap((void *)(uintptr_t)lo, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | fixed, -1, 0);
+    if (got != (void *)(uintptr_t)lo) {
+        if (got != MAP_FAILED) munmap(got, len);
+        fprintf(stderr, "replay: call #%ld: pinned host memory at 0x%llx (%zu bytes) is taken in this process: kernels "
+                "reaching it by its recorded address will fault\n", g_seq, at, n);
+        return;
+    }
+    /* CU_MEMHOSTREGISTER_DEVICEMAP (0x02), and _PORTABLE (0x01) as the program asked */
+    CUresult r = cuMemHostRegister((void *)(uintptr_t)lo, len, 0x02u | (portable ? 0x01u : 0u));
+    if (r != CUDA_SUCCESS) fail(g_seq, "cuMemHostRegister", r);
+}
+
+RT void host_unplace(unsigned long long at, size_t n) {
+    unsigned long long lo;
+    size_t len;
+    host_span(at, n, &lo, &len);
+    cuMemHostUnregister((void *)(uintptr_t)lo);
+    if (host_held(lo, len))          /* back to a reservation of ours */
+        mmap((void *)(uintptr_t)lo, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    else
+        munmap((void *)(uintptr_t)lo, len);
 }
 
 /* ---- placement: the recorded address zone, physical memory mapped at recorded addresses ---- */

@@ -31,7 +31,6 @@ _t("e_none", "cuCtxSetCacheConfig", "cuCtxSetSharedMemConfig", "cuCtxResetPersis
    "cuLinkCreate", "cuLinkAddData", "cuLinkAddFile", "cuLinkComplete", "cuLinkDestroy", "cuFuncLoad",
    "cuStreamSetAttribute", "cuStreamCopyAttributes", "cuThreadExchangeStreamCaptureMode",
    "cuProfilerStart", "cuProfilerStop", "cuProfilerInitialize",
-   "cuMemHostAlloc", "cuMemAllocHost", "cuMemFreeHost", "cuMemHostRegister", "cuMemHostUnregister",
    "cuMemAdvise", "cuMemPrefetchAsync", "cuMemRangeGetAttribute", "cuStreamAttachMemAsync",
    "cuMemPoolCreate", "cuDeviceGetDefaultMemPool", "cuDeviceGetMemPool", "cuMemGetDefaultMemPool",
    "cuMemGetMemPool", "cuMemPoolDestroy", "cuMemPoolTrimTo", "cuMemPoolSetAttribute", "cuMemPoolSetAccess",
@@ -40,6 +39,8 @@ _t("e_none", "cuCtxSetCacheConfig", "cuCtxSetSharedMemConfig", "cuCtxResetPersis
    "cuGraphRetainUserObject", "cuGraphReleaseUserObject", "cuUserObjectCreate", "cuUserObjectRetain",
    "cuUserObjectRelease", "cuDeviceGraphMemTrim", "cuDeviceSetGraphMemAttribute")
 _t("e_host_func", "cuLaunchHostFunc", "cuStreamAddCallback")
+_t("e_host_pin", "cuMemHostAlloc", "cuMemAllocHost", "cuMemHostRegister")
+_t("e_host_unpin", "cuMemFreeHost", "cuMemHostUnregister")
 _t("e_alloc", "cuMemAlloc", "cuMemAllocManaged", "cuMemAllocAsync", "cuMemAllocFromPoolAsync", "cuMemAllocPitch")
 _t("e_free", "cuMemFree")
 _t("e_free_async", "cuMemFreeAsync")

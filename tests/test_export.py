@@ -45,11 +45,16 @@ def _exported(double, capture, tmp_path, prog, *export_args):
 
 
 @pytest.mark.parametrize("prog,kernels", [("direct", ["add_one"]), ("chase", ["chase"]),
-                                          ("launch_forms", ["fill", "add_one", "saxpy"])])
+                                          ("launch_forms", ["fill", "add_one", "saxpy"]),
+                                          ("hostfree", ["add_one"])])
 def test_exported_program_builds_runs_and_verifies(prog, kernels, double, capture, tmp_path):
+    """hostfree's first kernel reads mapped pinned host memory through its host address: the
+    program holds that range before the driver loads and pins it where the program had it."""
     _snap, out, exe = _exported(double, capture, tmp_path, prog)
     src = (out / "replay.c").read_text()
     assert "#include <cuda.h>" in src and "reserve_exact(0x" in src
+    if prog == "hostfree":
+        assert "host_reserve(0x" in src and "host_place(0x" in src and "host_unplace(0x" in src
     assert "CU_LAUNCH_PARAM_BUFFER_POINTER" in src
     run = _run(double, exe)
     assert run.returncode == 0, run.stdout + run.stderr

@@ -590,6 +590,7 @@ CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTable
 #define cuStreamWaitValue64 cuStreamWaitValue64_v2
 #define cuArrayCreate cuArrayCreate_v2
 #define cuArray3DCreate cuArray3DCreate_v2
+#define cuMemHostRegister cuMemHostRegister_v2
 #define cuMemcpy2D cuMemcpy2D_v2
 #define cuMemcpy2DAsync cuMemcpy2DAsync_v2
 #define cuMemcpy3D cuMemcpy3D_v2
