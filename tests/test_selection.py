@@ -25,6 +25,15 @@ def _calls(path):
     return [r for r in SnapshotReader(path) if r["k"] == "c"]
 
 
+def _captured(double, tmp_path, prog):
+    """A capture of a test-double program."""
+    snap = tmp_path / f"{prog}.cusnap"
+    cp = subprocess.run([sys.executable, "-m", "cudasnap", "capture", "-o", str(snap), "--", double["progs"][prog]],
+                        env=double["env"], capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 0, cp.stderr
+    return snap
+
+
 def _one_line_error(cp):
     assert cp.returncode == 2, cp.stdout + cp.stderr
     assert "Traceback" not in cp.stdout + cp.stderr
@@ -87,11 +96,7 @@ def test_extract_calls_keeps_the_lookups_its_selected_calls_name(double, tmp_pat
     """A range holding cuKernelGetFunction of a library kernel launched only after it (the
     runtime asks for the function, then launches; PyTorch on an H200): the kernel's lookup and its
     library stay in the extract, or its replay stops at an unknown kernel."""
-    snap = tmp_path / "forms.cusnap"
-    cp = subprocess.run([sys.executable, "-m", "cudasnap", "capture", "-o", str(snap), "--",
-                         double["progs"]["launch_forms"]], env=double["env"], capture_output=True, text=True,
-                        timeout=120)
-    assert cp.returncode == 0, cp.stderr
+    snap = _captured(double, tmp_path, "launch_forms")
     calls = _calls(snap)
     get = next(c["s"] for c in calls if c["f"] == "cuKernelGetFunction")
     first = next(c["s"] for c in calls if c["f"] == "cuGraphLaunch")
@@ -125,10 +130,7 @@ def _windowed_range(calls):
 
 @pytest.mark.parametrize("prog,choose", [("reload", _reload_range), ("windowed", _windowed_range)])
 def test_extract_calls_keeps_every_handle_a_kept_call_names(double, tmp_path, prog, choose):
-    snap = tmp_path / f"{prog}.cusnap"
-    cp = subprocess.run([sys.executable, "-m", "cudasnap", "capture", "-o", str(snap), "--", double["progs"][prog]],
-                        env=double["env"], capture_output=True, text=True, timeout=120)
-    assert cp.returncode == 0, cp.stderr
+    snap = _captured(double, tmp_path, prog)
     lo, hi = choose(_calls(snap))
     out = tmp_path / "x.cusnap"
     ex = _cli(double, "extract", snap, "--calls", f"{lo}-{hi}", "-o", out, "--check")
@@ -144,10 +146,7 @@ def test_extract_calls_writes_a_multithreaded_range_in_call_order(double, tmp_pa
     order captures show now and then)."""
     sys.path.insert(0, os.path.dirname(__file__))
     from snapedit import rewrite
-    src = tmp_path / "threads.cusnap"
-    cp = subprocess.run([sys.executable, "-m", "cudasnap", "capture", "-o", str(src), "--",
-                         double["progs"]["threads"]], env=double["env"], capture_output=True, text=True, timeout=120)
-    assert cp.returncode == 0, cp.stderr
+    src = _captured(double, tmp_path, "threads")
     src_calls = _calls(src)
     main_tid = src_calls[0]["tid"]
     s_alloc, tid = min((c["s"], c["tid"]) for c in src_calls if c["f"].startswith("cuMemAlloc"))
@@ -182,11 +181,7 @@ def test_extract_calls_never_cut_a_stream_capture(double, tmp_path, cut):
     cuStreamBeginCapture and cuStreamEndCapture): memory cannot be read while the capture is
     open (cuCtxSynchronize fails), so the extract grows to the whole capture, says so, and
     verifies."""
-    snap = tmp_path / "forms.cusnap"
-    cp = subprocess.run([sys.executable, "-m", "cudasnap", "capture", "-o", str(snap), "--",
-                         double["progs"]["launch_forms"]], env=double["env"], capture_output=True, text=True,
-                        timeout=120)
-    assert cp.returncode == 0, cp.stderr
+    snap = _captured(double, tmp_path, "launch_forms")
     calls = _calls(snap)
     begin = next(c["s"] for c in calls if c["f"].startswith("cuStreamBeginCapture"))
     end = next(c["s"] for c in calls if c["f"] == "cuStreamEndCapture")
