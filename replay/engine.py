@@ -17,6 +17,7 @@ from cudasnap.formats import SnapshotError, cu_result_name
 from cudasnap.formats.opened import opened
 from cudasnap.formats.abi import base_name
 from cudasnap.formats.container import record_list
+from cudasnap.formats.layout import recorded_stream
 from cudasnap.formats.callset import asked_by_name, is_module_load, names_function
 from cudasnap.formats.vocab import (alloc_range, in_class, is_launch, is_query, is_release, is_sync, is_workload,
                                     makes_address_range, malformed_call, family)
@@ -643,6 +644,8 @@ class Replayer(BatchRunner):
         if sel is None or sel.everything:
             return True
         f = rec.get("f", "")
+        if self.ctx.capturing and self._captured(f, rec):
+            return True             # a node of the graph being captured: it runs with the graph
         if is_launch(f):
             return sel.rec(rec, self.ctx.kernel_name_of((rec.get("a") or {}).get("f"), rec.get("s")))
         b = base_name(f)
@@ -650,6 +653,17 @@ class Replayer(BatchRunner):
                 or b.startswith("cuMemset"):
             return sel.calls_only(rec)
         return True
+
+    def _captured(self, f: str, rec) -> bool:
+        """Is this call issued to a stream in capture (begun by a replayed call, or joined)?"""
+        rec_s = recorded_stream(f, rec.get("a") or {})
+        if rec_s in self.ctx.capturing:
+            return True
+        try:
+            live = self.ctx.stream(rec, rec_s)
+        except Exception:
+            return False
+        return self.ctx.stream_capturing(rec_s, live)
 
     # ------------------------------------------------------------------ profiler range
     def profiler_control(self, rec) -> None:

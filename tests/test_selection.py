@@ -221,6 +221,21 @@ def test_partial_replay_never_reports_a_false_mismatch(double, snaps, sel):
         assert "every recorded D2H result reproduced" not in out
 
 
+@pytest.mark.parametrize("what", ["the first graph launch", "the copies after the graphs"])
+def test_partial_replay_builds_captured_graphs_whole(double, tmp_path, what):
+    """Work issued to a stream in capture adds graph nodes and runs nothing: a partial replay
+    replays it whatever the selection, or the graph lacks nodes the program then queries
+    (capnodes asks cuGraphGetNodes) and the replay stops."""
+    snap = _captured(double, tmp_path, "capnodes")
+    calls = _calls(snap)
+    graphs = [c["s"] for c in calls if c["f"].startswith("cuGraphLaunch")]
+    copies = [c["s"] for c in calls if c["f"].startswith("cuMemcpyDtoH") and c["s"] > graphs[-1]]
+    rng = f"{graphs[0]}-{graphs[0]}" if what == "the first graph launch" else f"{copies[0]}-{copies[-1]}"
+    cp = _cli(double, "replay", snap, "--calls", rng)
+    out = cp.stdout + cp.stderr
+    assert cp.returncode == 0 and "MISMATCH" not in out, out
+
+
 def test_partial_replay_compares_what_the_selection_determines(double, snaps):
     """windowed: each round writes fresh buffers; -c 1 keeps the first launch only, so the D2H
     of the buffer it alone wrote is compared and the others are counted as left out."""
