@@ -236,6 +236,7 @@ class Extractor:
         seen = 0
         last_seq = None
         at_launch = None                  # --launch N: the call #N is
+        graph_of: Optional[Dict[str, Any]] = None    # --kernel: the matched launch was captured
         sel: List[Dict[str, Any]] = []
         captures = CaptureSpans(_stream_key)
         for rec in self.reader.records(("c",)):
@@ -248,6 +249,11 @@ class Extractor:
                 captures.feed(rec)
                 last_seq = s if last_seq is None else max(last_seq, s)
                 continue
+            if lo is None:
+                captures.feed(rec)
+                if graph_of is not None and self._graph_step(rec, graph_of):
+                    sel.append(rec)      # the graph launch that runs the matched kernel
+                    break
             if self.launch is not None and s == self.launch:
                 at_launch = f if rec.get("r", 0) == 0 else f"{f} (it failed)"
             if self.launch is not None and s == self.launch and is_graph_launch(f) and rec.get("r", 0) == 0:
@@ -256,23 +262,35 @@ class Extractor:
             if not is_launch(f) or rec.get("r", 0) != 0:
                 continue
             if self.launch is not None:
-                if s == self.launch:
-                    sel.append(rec)
-                    break
+                if s == self.launch and graph_of is None:
+                    key = _stream_key(f, rec.get("a") or {})
+                    if key not in captures.open:
+                        sel.append(rec)
+                        break
+                    h = (rec.get("a") or {}).get("f")
+                    name = (em.fn_record(h, s) or {}).get("name") or em.func_names.get(h) or str(h)
+                    graph_of = {"stream": key, "launch": s, "name": name}
                 continue
             h = (rec.get("a") or {}).get("f")
             fr = em.fn_record(h, s) or {}
             name = fr.get("name") or em.func_names.get(h) or ""
-            if rx.search(name):
+            if rx.search(name) and graph_of is None:
                 seen += 1
                 if seen == want_k:
-                    sel.append(rec)
-                    break
+                    key = _stream_key(f, rec.get("a") or {})
+                    if key not in captures.open:
+                        sel.append(rec)
+                        break
+                    # captured into a graph: it runs when a launch of that graph runs
+                    graph_of = {"stream": key, "launch": s, "name": name}
         if lo is not None:
             # call order: threads' records lie in the file in the order their buffers were written
             sel.sort(key=lambda r: r["s"])
             sel = range_work(self.res, sel, lo, hi, last_seq, _is_work, ExtractError)
             sel = self._whole_captures(sel, captures, hi, last_seq)
+        if graph_of is not None and not sel:
+            raise ExtractError(f"launch #{graph_of['launch']} of {graph_of['name'][:80]} is captured into a graph that "
+                               f"no recorded launch runs; select calls with --calls instead")
         if not sel:
             what = (f"launch #{self.launch}" if self.launch is not None else
                     f"launch {want_k} of kernels matching {self.kernel!r} ({seen} found)" if self.kernel is not None
@@ -301,6 +319,23 @@ class Extractor:
             raise ExtractError(f"the selection holds the collective kernel {coll[0][:80]}: it waits for the other "
                                f"ranks inside the kernel and cannot run alone; select work between collectives, "
                                f"or replay the job (its group manifest)")
+
+    def _graph_step(self, rec: Dict[str, Any], g: Dict[str, Any]) -> bool:
+        """Follow a captured launch to the graph launch that runs it: the capture's end gives
+        the graph, its instantiation the executable graph, whose first launch runs the kernel.
+        True at that launch (with a note)."""
+        b, a = base_name(rec.get("f") or ""), rec.get("a") or {}
+        if rec.get("r", 0) != 0:
+            return False
+        if b == "cuStreamEndCapture" and "graph" not in g and _stream_key(rec.get("f") or "", a) == g["stream"]:
+            g["graph"] = a.get("phGraph")
+        elif b.startswith("cuGraphInstantiate") and g.get("graph") and a.get("hGraph") == g["graph"]:
+            g.setdefault("execs", set()).add(a.get("phGraphExec"))
+        elif is_graph_launch(b) and (a.get("hGraphExec") or a.get("hGraph")) in g.get("execs", ()):
+            self.res.notes.append(f"launch #{g['launch']} of {g['name'][:80]} was captured into a graph: extracting "
+                                  f"graph launch #{rec['s']}, which runs it with the graph's other nodes")
+            return True
+        return False
 
     def _whole_captures(self, sel: List[Dict[str, Any]], captures: CaptureSpans, hi: int,
                         last_seq: int) -> List[Dict[str, Any]]:

@@ -2,6 +2,7 @@
 whose replay verifies against what the original's replay produced."""
 from __future__ import annotations
 
+import os
 import re
 import struct
 import subprocess
@@ -90,10 +91,16 @@ def test_extract_refuses_what_it_cannot_find(double, capture, tmp_path):
     ex = _cli(double, "extract", str(snap), "-o", str(tmp_path / "x.cusnap"), "--launch", "1", "--kernel", "a")
     assert ex.returncode == 2 and "exactly one of" in ex.stderr
     assert not (tmp_path / "x.cusnap").exists()
-    cp, snap = capture(double["progs"]["launch_forms"])
+    # a launch captured into a graph that no recorded call launches (the graph launches cut out)
+    cp, src = capture(double["progs"]["launch_forms"])
+    sys.path.insert(0, os.path.dirname(__file__))
+    from snapedit import rewrite
+    snap = tmp_path / "unlaunched.cusnap"
+    rewrite(src, snap, reorder=lambda recs: [r for r in recs if not str(r.get("f", "")).startswith("cuGraphLaunch")])
     captured = [c for c in _calls(snap) if c["f"] == "cuLaunchKernel" and c["a"].get("hStream")][0]
     ex = _cli(double, "extract", str(snap), "-o", str(tmp_path / "x.cusnap"), "--launch", str(captured["s"]))
-    assert ex.returncode == 2 and "captured into a graph" in ex.stderr
+    assert ex.returncode == 2 and "is captured into a graph that no recorded launch runs" in ex.stderr, ex.stderr
+    assert not (tmp_path / "x.cusnap").exists()
 
 
 TB = 64 << 10          # carve.c: 8 tensors of 64 KiB carved out of one allocation
@@ -355,6 +362,25 @@ def test_texture_objects_are_given_back_between_replays_in_one_process(double, c
             f"print(codes)\n")
     rp = subprocess.run([sys.executable, "-c", code], env=double["env"], capture_output=True, text=True, timeout=120)
     assert rp.returncode == 0 and rp.stdout.strip().splitlines()[-1] == "[0, 0]", rp.stdout + rp.stderr
+
+
+@pytest.mark.parametrize("how", ["--kernel", "--launch"])
+def test_a_kernel_captured_into_a_graph_extracts_the_graph_launch_that_runs_it(double, capture, tmp_path, how):
+    """capwin's incr launches are captured into a graph (as PyTorch's CUDA graphs and JAX's
+    command buffers hold their kernels): naming one extracts the first launch of that graph,
+    says so, and verifies."""
+    cp, snap = capture(double["progs"]["capwin"])
+    assert cp.returncode == 0, cp.stderr
+    calls = _calls(snap)
+    begin = next(c["s"] for c in calls if c["f"].startswith("cuStreamBeginCapture"))
+    captured = next(c["s"] for c in calls if c["s"] > begin and c["f"] == "cuLaunchKernel")
+    graph_launch = next(c["s"] for c in calls if c["s"] > captured and c["f"].startswith("cuGraphLaunch"))
+    out = tmp_path / "g.cusnap"
+    ex = _cli(double, "extract", str(snap), "-o", str(out), how, "incr#1" if how == "--kernel" else str(captured),
+              "--check")
+    assert ex.returncode == 0 and "verified" in ex.stdout, ex.stdout + ex.stderr
+    assert f"launch #{captured} of incr was captured into a graph: extracting graph launch #{graph_launch}" in ex.stdout
+    assert [c.get("os") for c in _calls(out) if c["f"].startswith("cuGraphLaunch")] == [graph_launch]
 
 
 def test_page_locked_host_memory_stays_only_where_the_launch_reaches_it(double, capture, tmp_path):
