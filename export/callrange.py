@@ -54,7 +54,7 @@ class CaptureSpans:
         if in_class(f, "begins_capture"):
             if rec.get("r", 0) == 0:
                 self.open[self.key(rec.get("f") or "", rec.get("a") or {})] = rec["s"]
-        elif f == "cuStreamEndCapture":          # ends it, failed (an invalidated capture) or not
+        elif in_class(f, "ends_capture"):        # ends it, failed (an invalidated capture) or not
             b = self.open.pop(self.key(rec.get("f") or "", rec.get("a") or {}), None)
             if b is not None:
                 self.spans.append((b, rec["s"]))

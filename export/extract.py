@@ -327,7 +327,7 @@ class Extractor:
         b, a = base_name(rec.get("f") or ""), rec.get("a") or {}
         if rec.get("r", 0) != 0:
             return False
-        if b == "cuStreamEndCapture" and "graph" not in g and _stream_key(rec.get("f") or "", a) == g["stream"]:
+        if in_class(b, "ends_capture") and "graph" not in g and _stream_key(rec.get("f") or "", a) == g["stream"]:
             g["graph"] = a.get("phGraph")
         elif b.startswith("cuGraphInstantiate") and g.get("graph") and a.get("hGraph") == g["graph"]:
             g.setdefault("execs", set()).add(a.get("phGraphExec"))
@@ -384,7 +384,7 @@ class Extractor:
                 capturing[key] = key
                 recs.append(rec)
                 continue
-            if b == "cuStreamEndCapture":
+            if in_class(b, "ends_capture"):
                 origin = capturing.get(key)
                 for k in [k for k, o in capturing.items() if o == origin]:
                     del capturing[k]

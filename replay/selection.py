@@ -66,7 +66,7 @@ def track_capture(rec: Mapping[str, Any], capturing: Set[Any]) -> bool:
     if in_class(b, "begins_capture"):
         capturing.add((rec.get("a") or {}).get("hStream"))
         return True
-    if b == "cuStreamEndCapture":
+    if in_class(b, "ends_capture"):
         capturing.discard((rec.get("a") or {}).get("hStream"))
         return True
     return False

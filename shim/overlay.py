@@ -230,7 +230,7 @@ HOST_SYNC_RX = r"cu\w*Synchronize\w*|cuMemcpy(?!\w*Async)\w*|cuMemset(?!\w*Async
 #   asks_by_name / names_function / refers_code  kernel lookups: by name; that hand out a
 #               function or kernel; those and the lookup of a library's module
 #   host_alloc, pins_host   page-locked host memory made (and, pins_host, registered)
-#   begins_capture  starts a stream capture;  waits_event  waits on an event (stream or host)
+#   begins_capture / ends_capture  start and end a stream capture;  waits_event  waits on an event
 #   links_process / imports_peer  IPC and shareable handles: every such call; the imports
 #   polls, records_event, moves_memory (copies, memsets, prefetches), h2d_copy, unified_copy,
 #   device_alloc, vmm_map, physical_memory, sets_kernel_node, sets_node, makes_context,
@@ -253,6 +253,7 @@ CALL_CLASS_RULES = [
     ("host_alloc", r"cuMemHostAlloc|cuMemAllocHost"),
     ("pins_host", r"cuMemHostAlloc|cuMemAllocHost|cuMemHostRegister"),
     ("begins_capture", r"cuStreamBeginCapture\w*"),
+    ("ends_capture", r"cuStreamEndCapture\w*"),
     ("links_process", r"cuMemExportToShareableHandle|cuMemImportFromShareableHandle|cuIpc\w+"),
     ("imports_peer", r"cuMemImportFromShareableHandle|cuIpcOpenMemHandle|cuIpcOpenEventHandle"),
     ("waits_event", r"cuStreamWaitEvent|cuEventSynchronize"),

@@ -207,7 +207,7 @@ class RecordedGraphs:
                 open_caps[a.get("hStream")] = []
             elif b == "cuStreamBeginCaptureToGraph":
                 open_caps[a.get("hStream")] = self.graphs.setdefault(a.get("hGraph"), [])
-            elif b == "cuStreamEndCapture":
+            elif in_class(b, "ends_capture"):
                 cap = open_caps.pop(a.get("hStream"), None)
                 g = a.get("phGraph")
                 if cap is not None and g:
