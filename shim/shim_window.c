@@ -536,8 +536,8 @@ static uint64_t cs_win_before(const cs_fn *fn, int id, const U *a) {
         if (pend == 1) cs_win_open_cut("nvtx");
         else if (pend == 2) cs_win_close_cut("nvtx");
         /* launch A passed inside a capture: open now, and hold it to the next launch at least */
-        if (cs_win_mode == CS_W_LAUNCHES && !cs_win_open && !cs_win_launches_done && n > cs_win_a
-            && !__atomic_exchange_n(&cs_win_late_open, 1, __ATOMIC_ACQ_REL)) {
+        if (cs_win_mode == CS_W_LAUNCHES && !cs_win_open && !__atomic_load_n(&cs_win_launches_done, __ATOMIC_SEQ_CST)
+            && n > cs_win_a && !__atomic_exchange_n(&cs_win_late_open, 1, __ATOMIC_ACQ_REL)) {
             if (cs_win_b < n) cs_win_b = n;
             cs_win_open_cut_if("launches (opened after a stream capture)", 1);
         }
@@ -595,7 +595,12 @@ static void cs_win_after(const cs_fn *fn, int id, const U *a, CUresult res, uint
     /* read first: an exchange on every call of an open window would bounce the line between threads */
     if (!capturing && cs_win_open && __atomic_load_n(&cs_win_close_wait, __ATOMIC_ACQUIRE)
         && __atomic_exchange_n(&cs_win_close_wait, 0, __ATOMIC_ACQ_REL)) {
-        if (cs_win_mode == CS_W_LAUNCHES) { cs_win_close_cut("launches"); cs_win_launches_done = 1; }
+        if (cs_win_mode == CS_W_LAUNCHES) {
+            /* done before the close: another thread past launch A must never see the window
+             * neither open nor done (it would open a second one, late) */
+            __atomic_store_n(&cs_win_launches_done, 1, __ATOMIC_SEQ_CST);
+            cs_win_close_cut("launches");
+        }
         else if (cs_win_mode == CS_W_KERNEL) { cs_win_close_cut("kernel"); cs_win_close_at = ~0ull; }
     }
     __atomic_fetch_sub(&cs_win_inflight, 1, __ATOMIC_SEQ_CST);
