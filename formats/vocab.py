@@ -146,6 +146,32 @@ def is_workload(f: str) -> bool:
     return is_launch(f) or f.startswith(("cuGraphLaunch", "cuMemcpy", "cuMemset"))
 
 
+_params_of: Dict[str, Tuple[Tuple[str, str, str], ...]] = {}
+
+
+def typed_params(name: str) -> Tuple[Tuple[str, str, str], ...]:
+    """(parameter, what it is, type) of an ABI name's parameters the description types: "handle"
+    with the handle's kind (array, stream...) for a handle passed in, "makes" with its kind for a
+    handle handed out, "struct" with the struct type for a struct passed in; () when unknown."""
+    if not _params_of:
+        from cudasnap.shim.description import load
+        d = load()
+        for f in d.functions:
+            out = []
+            for p in f.get("params") or ():
+                kind = p.get("kind")
+                tname = p.get("pointee") if kind in ("out", "in_struct") else (p.get("ctype") or "").strip()
+                t = d.types.get(tname or "") or {}
+                if t.get("kind") == "handle" and kind in ("val", "out"):
+                    out.append((p["name"], "makes" if kind == "out" else "handle", t.get("handle") or ""))
+                elif kind == "in_struct" and t.get("kind") == "struct":
+                    out.append((p["name"], "struct", tname))
+            _params_of[f["name"]] = tuple(out)
+            _params_of.setdefault(f["base"], tuple(out))
+    got = _params_of.get(name)
+    return got if got is not None else _params_of.get(base_name(name), ())
+
+
 def call_args(rec: Mapping[str, Any]) -> Mapping[str, Any]:
     """A call record's arguments; {} where they are missing or not a map (malformed_call)."""
     a = rec.get("a")
