@@ -9,6 +9,7 @@ import struct
 from typing import List
 
 from cudasnap.formats.vocab import alloc_range
+from cudasnap.replay.hostplace import recorded_range as host_range
 
 from .ctext import lit, ref
 from .result import ExportError
@@ -89,8 +90,7 @@ class MemoryCalls:
 
     def e_host_pin(self, rec) -> None:
         """Pinned host memory at its recorded address (kernels reach mapped memory by it)."""
-        from cudasnap.replay.hostplace import recorded_range
-        addr, size = recorded_range(rec)
+        addr, size = host_range(rec)
         if not addr or size <= 0:
             self.res.no_effect += 1
             return

@@ -644,15 +644,17 @@ class Replayer(BatchRunner):
         if sel is None or sel.everything:
             return True
         f = rec.get("f", "")
-        if self.ctx.capturing and self._captured(f, rec):
-            return True             # a node of the graph being captured: it runs with the graph
         if is_launch(f):
-            return sel.rec(rec, self.ctx.kernel_name_of((rec.get("a") or {}).get("f"), rec.get("s")))
-        b = base_name(f)
-        if b.startswith("cuGraphLaunch") or (b.startswith("cuMemcpy") and "HtoD" not in b and "HtoA" not in b) \
-                or b.startswith("cuMemset"):
-            return sel.calls_only(rec)
-        return True
+            chosen = sel.rec(rec, self.ctx.kernel_name_of((rec.get("a") or {}).get("f"), rec.get("s")))
+        else:
+            b = base_name(f)
+            if b.startswith("cuGraphLaunch") or (b.startswith("cuMemcpy") and "HtoD" not in b and "HtoA" not in b) \
+                    or b.startswith("cuMemset"):
+                chosen = sel.calls_only(rec)
+            else:
+                return True
+        # work left out that a stream in capture records is a node of its graph: it runs with the graph
+        return chosen or bool(self.ctx.capturing and self._captured(f, rec))
 
     def _captured(self, f: str, rec) -> bool:
         """Is this call issued to a stream in capture (begun by a replayed call, or joined)?"""

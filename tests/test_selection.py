@@ -25,11 +25,9 @@ def _calls(path):
     return [r for r in SnapshotReader(path) if r["k"] == "c"]
 
 
-def _captured(double, tmp_path, prog):
-    """A capture of a test-double program."""
-    snap = tmp_path / f"{prog}.cusnap"
-    cp = subprocess.run([sys.executable, "-m", "cudasnap", "capture", "-o", str(snap), "--", double["progs"][prog]],
-                        env=double["env"], capture_output=True, text=True, timeout=120)
+def _captured(double, capture, prog):
+    """A capture of a test-double program (conftest's capture fixture), checked."""
+    cp, snap = capture(double["progs"][prog])
     assert cp.returncode == 0, cp.stderr
     return snap
 
@@ -92,11 +90,11 @@ def test_extract_calls_direct_keeps_every_launch_of_the_range(double, snaps, tmp
     assert rp.returncode == 0 and "OK: every recorded D2H result reproduced" in rp.stdout, rp.stdout + rp.stderr
 
 
-def test_extract_calls_keeps_the_lookups_its_selected_calls_name(double, tmp_path):
+def test_extract_calls_keeps_the_lookups_its_selected_calls_name(double, capture, tmp_path):
     """A range holding cuKernelGetFunction of a library kernel launched only after it (the
     runtime asks for the function, then launches; PyTorch on an H200): the kernel's lookup and its
     library stay in the extract, or its replay stops at an unknown kernel."""
-    snap = _captured(double, tmp_path, "launch_forms")
+    snap = _captured(double, capture, "launch_forms")
     calls = _calls(snap)
     get = next(c["s"] for c in calls if c["f"] == "cuKernelGetFunction")
     first = next(c["s"] for c in calls if c["f"] == "cuGraphLaunch")
@@ -129,8 +127,8 @@ def _windowed_range(calls):
 
 
 @pytest.mark.parametrize("prog,choose", [("reload", _reload_range), ("windowed", _windowed_range)])
-def test_extract_calls_keeps_every_handle_a_kept_call_names(double, tmp_path, prog, choose):
-    snap = _captured(double, tmp_path, prog)
+def test_extract_calls_keeps_every_handle_a_kept_call_names(double, capture, tmp_path, prog, choose):
+    snap = _captured(double, capture, prog)
     lo, hi = choose(_calls(snap))
     out = tmp_path / "x.cusnap"
     ex = _cli(double, "extract", snap, "--calls", f"{lo}-{hi}", "-o", out, "--check")
@@ -138,7 +136,7 @@ def test_extract_calls_keeps_every_handle_a_kept_call_names(double, tmp_path, pr
     assert "extracting again" not in ex.stdout, ex.stdout
 
 
-def test_extract_calls_writes_a_multithreaded_range_in_call_order(double, tmp_path):
+def test_extract_calls_writes_a_multithreaded_range_in_call_order(double, capture, tmp_path):
     """Threads' records lie in a snapshot in the order their buffers were written, so a thread's
     allocation (#s) can come in the file after other threads' later calls. An extract whose range
     starts after that allocation keeps it, before the range, and verifies. The capture of 4
@@ -146,7 +144,7 @@ def test_extract_calls_writes_a_multithreaded_range_in_call_order(double, tmp_pa
     order captures show now and then)."""
     sys.path.insert(0, os.path.dirname(__file__))
     from snapedit import rewrite
-    src = _captured(double, tmp_path, "threads")
+    src = _captured(double, capture, "threads")
     src_calls = _calls(src)
     main_tid = src_calls[0]["tid"]
     s_alloc, tid = min((c["s"], c["tid"]) for c in src_calls if c["f"].startswith("cuMemAlloc"))
@@ -176,12 +174,12 @@ def test_extract_calls_writes_a_multithreaded_range_in_call_order(double, tmp_pa
 
 
 @pytest.mark.parametrize("cut", ["start", "end"])
-def test_extract_calls_never_cut_a_stream_capture(double, tmp_path, cut):
+def test_extract_calls_never_cut_a_stream_capture(double, capture, tmp_path, cut):
     """A range that starts or ends inside a stream capture (a launch between
     cuStreamBeginCapture and cuStreamEndCapture): memory cannot be read while the capture is
     open (cuCtxSynchronize fails), so the extract grows to the whole capture, says so, and
     verifies."""
-    snap = _captured(double, tmp_path, "launch_forms")
+    snap = _captured(double, capture, "launch_forms")
     calls = _calls(snap)
     begin = next(c["s"] for c in calls if c["f"].startswith("cuStreamBeginCapture"))
     end = next(c["s"] for c in calls if c["f"] == "cuStreamEndCapture")
@@ -222,11 +220,11 @@ def test_partial_replay_never_reports_a_false_mismatch(double, snaps, sel):
 
 
 @pytest.mark.parametrize("what", ["the first graph launch", "the copies after the graphs"])
-def test_partial_replay_builds_captured_graphs_whole(double, tmp_path, what):
+def test_partial_replay_builds_captured_graphs_whole(double, capture, tmp_path, what):
     """Work issued to a stream in capture adds graph nodes and runs nothing: a partial replay
     replays it whatever the selection, or the graph lacks nodes the program then queries
     (capnodes asks cuGraphGetNodes) and the replay stops."""
-    snap = _captured(double, tmp_path, "capnodes")
+    snap = _captured(double, capture, "capnodes")
     calls = _calls(snap)
     graphs = [c["s"] for c in calls if c["f"].startswith("cuGraphLaunch")]
     copies = [c["s"] for c in calls if c["f"].startswith("cuMemcpyDtoH") and c["s"] > graphs[-1]]
