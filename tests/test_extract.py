@@ -90,6 +90,9 @@ def test_extract_refuses_what_it_cannot_find(double, capture, tmp_path):
     assert ex.returncode == 2 and "10 found" in ex.stderr
     ex = _cli(double, "extract", str(snap), "-o", str(tmp_path / "x.cusnap"), "--launch", "1", "--kernel", "a")
     assert ex.returncode == 2 and "exactly one of" in ex.stderr
+    ex = _cli(double, "extract", str(snap), "-o", str(tmp_path / "x.cusnap"), "--launch", "0")
+    assert ex.returncode == 2 and ex.stderr.count("\n") == 1 and "call #0 is cuInit, not a kernel or graph launch" \
+        in ex.stderr, ex.stderr
     assert not (tmp_path / "x.cusnap").exists()
     # a launch captured into a graph that no recorded call launches (the graph launches cut out)
     cp, src = capture(double["progs"]["launch_forms"])
