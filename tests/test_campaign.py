@@ -23,7 +23,7 @@ from cudasnap.campaign import rules as R  # noqa: E402
 from cudasnap.campaign.store import TABLES, Store  # noqa: E402
 from test_compare import three_kernels  # noqa: E402
 
-STEADY = 'CUDA_DOUBLE_SLOW = "*:1", CUDA_DOUBLE_SLOW_FLOOR_US = "4000"'
+STEADY = 'CUDA_DOUBLE_SLOW = "*:1", CUDA_DOUBLE_SLOW_FLOOR_US = "4000", CUDA_DOUBLE_CLOCK = "virtual"'
 ENVS = f"""
 [[env]]
 name = "plain"
@@ -34,7 +34,7 @@ vars = {{ {STEADY}, CUDA_MODULE_LOADING = "EAGER" }}
 [[env]]
 name = "slowfill"
 gpu = "H100"
-vars = {{ CUDA_DOUBLE_SLOW = "*:1,fill:4", CUDA_DOUBLE_SLOW_FLOOR_US = "4000" }}
+vars = {{ CUDA_DOUBLE_SLOW = "*:1,fill:4", CUDA_DOUBLE_SLOW_FLOOR_US = "4000", CUDA_DOUBLE_CLOCK = "virtual" }}
 """
 RULES = """
 [rules]
@@ -177,7 +177,7 @@ def _null_envs(bias: str, planted: str = "") -> str:
         slow = '"*:1,fill:2"' if n == planted else '"*:1"'
         more = "" if n == planted else more
         out += (f'[[env]]\nname = "{n}"\n{"control = true" if control else ""}\n'
-                f'vars = {{ CUDA_DOUBLE_SLOW = {slow}, CUDA_DOUBLE_SLOW_FLOOR_US = "2000", {bias}{more} }}\n')
+                f'vars = {{ CUDA_DOUBLE_SLOW = {slow}, CUDA_DOUBLE_SLOW_FLOOR_US = "2000", CUDA_DOUBLE_CLOCK = "virtual", {bias}{more} }}\n')
     return out
 
 
@@ -253,7 +253,7 @@ vars = {{ {STEADY} }}
 [[env]]
 name = "noop"
 control = true
-vars = {{ CUDA_DOUBLE_SLOW = "*:1,fill:4", CUDA_DOUBLE_SLOW_FLOOR_US = "4000" }}
+vars = {{ CUDA_DOUBLE_SLOW = "*:1,fill:4", CUDA_DOUBLE_SLOW_FLOOR_US = "4000", CUDA_DOUBLE_CLOCK = "virtual" }}
 """
     camp = _campaign(tmp_path / "camp.toml", f"{cluster['snaps']}/s0.cusnap", envs=envs)
     store = tmp_path / "st.sqlite"
@@ -705,8 +705,8 @@ def test_history_attribution_across_runs(tmp_path):
 def test_bisect_k_ary_on_two_gpus(cluster, tmp_path):
     """bisect --gpus 2: each round replays two environments at once through Ray; the first
     slow environment of seven is found."""
-    steady = '{ CUDA_DOUBLE_SLOW = "*:1", CUDA_DOUBLE_SLOW_FLOOR_US = "4000" }'
-    slow = '{ CUDA_DOUBLE_SLOW = "*:1,fill:4", CUDA_DOUBLE_SLOW_FLOOR_US = "4000" }'
+    steady = '{ CUDA_DOUBLE_SLOW = "*:1", CUDA_DOUBLE_SLOW_FLOOR_US = "4000", CUDA_DOUBLE_CLOCK = "virtual" }'
+    slow = '{ CUDA_DOUBLE_SLOW = "*:1,fill:4", CUDA_DOUBLE_SLOW_FLOOR_US = "4000", CUDA_DOUBLE_CLOCK = "virtual" }'
     envs = tmp_path / "envs.toml"
     envs.write_text("".join(f'[[env]]\nname = "e{i}"\nvars = {steady if i < 3 else slow}\n' for i in range(7)))
     cp = _cli(cluster, "bisect", cluster["snaps"] / "s0.cusnap", "--envs", envs, "--repeat", "7", "--warmup", "1",
@@ -899,8 +899,9 @@ def test_html_report_at_scale(tmp_path):
     legend = [json.loads(f'"{n}"') for _, n in legend]
     assert 8 <= len(legend) <= 16 and all(len(n) <= 40 for n in legend), legend[:3]
     assert all(n.startswith("vectorized_elementwise_ker") for n in legend), legend[:3]     # no namespaces
-    # names shortened, full demangled name on hover
-    assert "vectorized_elementwise_kernel&lt;4, at::native::BinaryFunctor&lt;…&gt;" in page
+    # names shortened, full demangled name on hover (read as JSON: plotly may write '…' as \u2026)
+    hovers = [json.loads(f'"{h}"') for h in re.findall(r'"hovertemplate":"((?:[^"\\]|\\.)*)"', page)]
+    assert any("vectorized_elementwise_kernel&lt;4, at::native::BinaryFunctor&lt;…&gt;" in h for h in hovers), hovers[:2]
     assert "title='void at::native::vectorized_elementwise_kernel&lt;4, at::native::BinaryFunctor&lt;float, float" in page
     # every verdict links to an anchor that exists, with its four replays
     links = set(re.findall(r"href='#(v[0-9a-f-]+)'", page))

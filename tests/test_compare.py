@@ -17,9 +17,10 @@ import pytest
 
 from cudasnap.compare.core import SAME, SLOWER, FASTER, compare, verdict, weighted_median
 from synth import Synth
+from double.fixtures import VIRTUAL_CLOCK as VIRTUAL
 
-STEADY = {"CUDA_DOUBLE_SLOW": "*:1", "CUDA_DOUBLE_SLOW_FLOOR_US": "2000"}
-SLOW_FILL = {"CUDA_DOUBLE_SLOW": "*:1,fill:2", "CUDA_DOUBLE_SLOW_FLOOR_US": "2000"}
+STEADY = {"CUDA_DOUBLE_SLOW": "*:1", "CUDA_DOUBLE_SLOW_FLOOR_US": "2000", **VIRTUAL}
+SLOW_FILL = {"CUDA_DOUBLE_SLOW": "*:1,fill:2", "CUDA_DOUBLE_SLOW_FLOOR_US": "2000", **VIRTUAL}
 
 
 def three_kernels(path, n=64, reps=3):

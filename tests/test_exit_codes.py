@@ -21,10 +21,11 @@ import pytest
 
 from cudasnap.formats import SnapshotReader
 from synth import Synth
+from double.fixtures import VIRTUAL_CLOCK as VIRTUAL
 from test_compare import three_kernels
 
-STEADY = {"CUDA_DOUBLE_SLOW": "*:1", "CUDA_DOUBLE_SLOW_FLOOR_US": "2000"}
-SLOW_FILL = {"CUDA_DOUBLE_SLOW": "*:1,fill:3", "CUDA_DOUBLE_SLOW_FLOOR_US": "2000"}
+STEADY = {"CUDA_DOUBLE_SLOW": "*:1", "CUDA_DOUBLE_SLOW_FLOOR_US": "2000", **VIRTUAL}
+SLOW_FILL = {"CUDA_DOUBLE_SLOW": "*:1,fill:3", "CUDA_DOUBLE_SLOW_FLOOR_US": "2000", **VIRTUAL}
 CRAWL = {"CUDA_DOUBLE_SLOW": "*:4000"}          # 2 s a kernel: a command still running when interrupted
 
 

@@ -22,12 +22,9 @@ DATA = REPO / "tests" / "data" / "sim"
 
 
 def _sim_path():
-    # the variable, else the build the CI machine keeps beside the checkout
-    for p in (os.environ.get("CUDASNAP_GPGPUSIM"), str(REPO.parent / "shared" / "sim" / "gpgpu-sim"),
-              "/work/shared/sim/gpgpu-sim"):
-        if p and os.path.isfile(os.path.join(p, "lib", "libcudart.so")):
-            return p
-    return None
+    # the build named by the variable (.ci/run sets it where CI has one)
+    p = os.environ.get("CUDASNAP_GPGPUSIM")
+    return p if p and os.path.isfile(os.path.join(p, "lib", "libcudart.so")) else None
 
 
 SIM = _sim_path()

@@ -4,6 +4,7 @@
 #define CUDA_DOUBLE_NO_API_MACROS
 #include "cuda_double.h"
 #include <pthread.h>
+#include <time.h>
 
 #define API __attribute__((visibility("default")))
 
@@ -44,6 +45,8 @@ struct stream_obj;
 int stream_capture_append(CUstream s, const op_t *op); /* 1 if captured */
 CUresult stream_validate(CUstream s);
 CUresult op_run(const op_t *op);
+/* the time an event records (CUDA_DOUBLE_CLOCK, double_launch.c) */
+void dbl_clock_now(struct timespec *t);
 CUresult launch_run(void *func, const unsigned int grid[3], const unsigned int block[3], const unsigned char *params,
                     size_t params_len);
 void op_release(op_t *op);

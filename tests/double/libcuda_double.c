@@ -1349,7 +1349,7 @@ API CUresult cuEventRecord(CUevent ev, CUstream s) {
     CHECK(stream_validate(s));
     if (!obj_check(ev, OBJ_EVENT)) return CUDA_ERROR_INVALID_HANDLE;
     struct event_obj *e = (struct event_obj *)ev;
-    clock_gettime(CLOCK_MONOTONIC, &e->t);
+    dbl_clock_now(&e->t);
     e->recorded = 1;
     return CUDA_SUCCESS;
 }
@@ -1471,7 +1471,7 @@ API CUresult cuGraphLaunch(CUgraphExec hx, CUstream s) {
         if (op->kind == OP_EVENT_RECORD) {          /* event record node: the event's time is now */
             struct event_obj *e = (struct event_obj *)op->func;
             if (e->type != OBJ_EVENT) return CUDA_ERROR_INVALID_HANDLE;    /* (no registry scan per node) */
-            clock_gettime(CLOCK_MONOTONIC, &e->t);
+            dbl_clock_now(&e->t);
             e->recorded = 1;
             continue;
         }
