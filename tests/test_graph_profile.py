@@ -17,6 +17,8 @@ import pytest
 from synth import Synth
 from test_profile import _replay, incr_memset_program
 
+from double.fixtures import VIRTUAL_CLOCK
+
 
 def two_kernel_program(path, n=16, spin_ms=2, rounds=2):
     """spin(spin_ms) then incr(D, n), `rounds` times; the D2H expects `rounds`."""
@@ -43,7 +45,11 @@ def test_graph_mode_times_every_kernel_of_a_two_kernel_snapshot(double, tmp_path
     snap = tmp_path / "two.cusnap"
     facts = two_kernel_program(snap, spin_ms=2, rounds=2)
     out = tmp_path / "prof.json"
-    rp = _replay(double, snap, "--profile", "graph", "--repeat", "3", "--warmup", "1", "--out", str(out))
+    # the check below compares times of separate graph runs: the spins' times are planted (the
+    # double's virtual clock), so the host's load cannot move one run against another
+    planted = {"CUDA_DOUBLE_SLOW": "spin:1", "CUDA_DOUBLE_SLOW_FLOOR_US": "2000", **VIRTUAL_CLOCK}
+    rp = _replay(double, snap, "--profile", "graph", "--repeat", "3", "--warmup", "1", "--out", str(out),
+                 env_extra=planted)
     assert rp.returncode == 0, rp.stdout + rp.stderr        # memory put back: the D2H still sees 2
     rep = json.loads(out.read_text())
     s = rep["summary"]

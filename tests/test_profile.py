@@ -19,9 +19,10 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "hooks"
 
 
-def _replay(double, snap, *args, timeout=120):
+def _replay(double, snap, *args, timeout=120, env_extra=None):
     env = dict(double["env"])
     env.pop("CUDASNAP_REPLAY_TEST_BLOCK", None)
+    env.update(env_extra or {})
     return subprocess.run([sys.executable, "-m", "cudasnap", "replay", str(snap), *args], env=env,
                           capture_output=True, text=True, timeout=timeout)
 
