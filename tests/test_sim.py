@@ -256,3 +256,64 @@ def test_extract_then_simulate(snaps):
     assert cp.returncode == 0, cp.stdout + cp.stderr
     res = json.loads(cp.stdout)
     assert res["exit_code"] == 0 and res["d2h_verified"] >= 1 and res["launches"] == 1 and not res["mismatches"]
+
+
+@pytest.fixture(scope="module")
+def hostmem(snaps):
+    """hostfree on the double (its first add_one reads and writes mapped pinned host memory
+    through the pointer cuMemHostGetDevicePointer gave), captured with the mapped memory's
+    contents, and an extract of that launch."""
+    d, tmp = snaps["double"], snaps["tmp"]
+    snap, x = tmp / "hostfree.cusnap", tmp / "hostfree.x.cusnap"
+    cp = _cli("capture", "-o", snap, "--ring-mb", "16", "--", d["progs"]["hostfree"],
+              env=dict(d["env"], CUDASNAP_MAPPED_MEMORY="1"), timeout=120)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    first = min(r["s"] for r in _records(snap) if r.get("f") == "cuLaunchKernel")
+    ex = _cli("extract", snap, "--launch", first, "-o", x, "-f", env=d["env"])
+    assert ex.returncode == 0, ex.stdout + ex.stderr
+    return snap, x
+
+
+def _records(snap):
+    from cudasnap.formats import SnapshotReader
+    return list(SnapshotReader(str(snap)).records(("c",)))
+
+
+def test_mapped_host_memory_runs_on_the_simulator(hostmem):
+    """The kernel gets the simulator's copy of the mapped range; the host memory's final bytes
+    (checked at its free) and the later D2H verify; a kernel computing something else is a
+    mismatch, so the data does go through the simulated kernel; the extract of that launch runs."""
+    snap, x = hostmem
+    ptx = DATA / "kernels.ptx"
+    cp = _sim(snap, "--replace", f"add_one={ptx}")
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert re.search(r"D2H verified\s+2 \(", cp.stdout) and "not implement" not in cp.stderr
+    bad = _sim(snap, "--replace", f"add_one={DATA / 'wrong_add_one.ptx'}")
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert re.search(r"call #\d+ cuMemFreeHost", bad.stdout), bad.stdout
+    cx = _sim(x, "--replace", f"add_one={ptx}")
+    assert cx.returncode == 0, cx.stdout + cx.stderr
+    assert "cuMemHostGetDevicePointer" not in cx.stdout + cx.stderr
+
+
+def test_every_gap_is_listed_in_one_refusal(snaps):
+    """launch_forms has kernels without PTX, a cooperative launch and a captured graph: one
+    refusal lists each kernel and each call the adapter lacks (name, count, first call), and
+    nothing is simulated."""
+    d = snaps["double"]
+    snap = snaps["tmp"] / "forms.cusnap"
+    cp = _cli("capture", "-o", snap, "--ring-mb", "16", "--", d["progs"]["launch_forms"], env=d["env"], timeout=120)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    r = _sim(snap)
+    assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
+    head, *items = r.stderr.strip().splitlines()
+    m = re.match(r"cudasnap: error: the simulator cannot run this snapshot: (\d+) gaps \(nothing was simulated\):$", head)
+    assert m and int(m.group(1)) == len(items), r.stderr
+    text = "\n".join(items)
+    for k in ("fill", "add_one", "saxpy"):
+        assert re.search(rf"^  - kernel {k} \(first launched at call #\d+\) has no PTX", text, re.M), text
+    for f in ("cuLaunchCooperativeKernel", "cuStreamBeginCapture_v2", "cuGraphLaunch"):
+        assert re.search(rf"^  - {f} \(\d+ calls?, first #\d+\): the simulator adapter does not implement it$",
+                         text, re.M), text
+    with_ptx = _sim(snap, *[a for k in ("fill", "add_one", "saxpy") for a in ("--replace", f"{k}={DATA / 'kernels.ptx'}")])
+    assert with_ptx.returncode == 2 and "kernel fill" not in with_ptx.stderr and "cuGraphLaunch" in with_ptx.stderr

@@ -333,6 +333,33 @@ def pointer_problems(reader, moved=moves) -> List[str]:
     return out
 
 
+# --------------------------------------------------------------------------- calls it cannot take
+def call_gaps(reader) -> List[str]:
+    """The recorded calls the replay would hand the simulator's driver (driver.py) that it does
+    not implement, one line per function: its name, how many calls, the first. Found before
+    anything runs, so one refusal lists them all."""
+    from cudasnap.formats.abi import base_name
+    from cudasnap.formats.vocab import in_class
+    from cudasnap.replay import dispatch
+    from .driver import SimDriver
+    seen: Dict[str, List[int]] = {}
+    verdict: Dict[str, bool] = {}
+    for rec in reader.records(("c",)):
+        f = rec.get("f") or ""
+        if rec.get("r", 0) != 0 or not f:
+            continue
+        ok = verdict.get(f)
+        if ok is None:
+            b = base_name(f)
+            m = getattr(SimDriver, f, None) or getattr(SimDriver, b, None)
+            ok = verdict[f] = (dispatch.replayed_by(f) not in ("class", "handler") or in_class(b, "sim_noop")
+                               or m is not None and not (getattr(m, "only_recorded", False) and not exact_placement()))
+        if not ok:
+            seen.setdefault(f, []).append(rec.get("s"))
+    return [f"{f} ({len(s)} call{'s' if len(s) > 1 else ''}, first #{s[0]}): the simulator adapter does not implement it"
+            for f, s in sorted(seen.items(), key=lambda kv: kv[1][0])]
+
+
 # ------------------------------------------------------------------------------------- the run
 ADAPTER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "adapter.c")
 
@@ -435,14 +462,18 @@ def run_sim_cli(snapshot, opts, sim_spec: str, sim_path: Optional[str], mode: st
         reader = SnapshotReader(os.fspath(snapshot))
         p = plan(reader, opts, specs)
         ptrs = pointer_problems(reader)
+        calls = call_gaps(reader)
         sid = _snapshot_id(reader)
     except SnapshotError as e:
         return fail(str(e))
     for w in p.warnings:
         sys.stderr.write(f"cudasnap: warning: {w}\n")
-    if p.refusals or ptrs:
-        for r in p.refusals + ptrs:
-            sys.stderr.write(f"cudasnap: error: {r}\n")
+    gaps = p.refusals + ptrs + calls
+    if len(gaps) == 1:
+        return fail(gaps[0])
+    if gaps:
+        sys.stderr.write(f"cudasnap: error: the simulator cannot run this snapshot: {len(gaps)} gaps "
+                         f"(nothing was simulated):\n" + "".join(f"  - {g}\n" for g in gaps))
         return 2
     import dataclasses
     options = dataclasses.asdict(opts)

@@ -59,6 +59,7 @@ class SimDriver:
         self.funcs: Dict[int, str] = {}          # function handle -> name in the merged PTX ("" = no PTX)
         self.registered: Dict[str, Any] = {}
         self.host: Dict[int, Any] = {}
+        self.mapped: Dict[int, Tuple[int, int]] = {}    # host range base -> (size, its simulator copy)
         self.unsupported: Dict[str, int] = {}
         self.launches: List[str] = []
         self._ptx = (ptx_dir, ptx_file) if layouts else None
@@ -172,7 +173,9 @@ class SimDriver:
     def cuMemAddressReserve(self, size, align, addr, flags):
         """The simulator's allocator only moves a pointer up (256-byte aligned, never reused, and
         memory costs nothing until written): padding up to a recorded address puts the range there.
-        An address below what it handed out is refused, and placement relocates that range."""
+        An address below what it handed out is refused, and placement relocates that range
+        (a range elsewhere would be reserved whole: placement's spans would push every later
+        allocation above 4 GiB, where this build's kernels go wrong)."""
         addr, size = int(addr), int(size)
         if not self.exact or not addr or addr % 256:
             return (NOT_SUPPORTED,)
@@ -188,6 +191,8 @@ class SimDriver:
         if self.lib.sim_malloc(p, size) or p[0] != addr:
             return (NOT_SUPPORTED,)
         return (0, self._cu.CUdeviceptr(addr))
+
+    cuMemAddressReserve.only_recorded = True     # a program's own reservation: a gap unless recorded placement
 
     def cuMemAddressFree(self, addr, size):
         return (0,)                  # the simulator never reuses addresses
@@ -219,18 +224,72 @@ class SimDriver:
     def cuMemGetInfo(self):
         return (0, 8 << 30, 8 << 30)
 
+    # Mapped and registered host memory: kernels reach it through a device address, which in the
+    # simulator is a copy in its own memory. A launch whose parameters hold a host address of such
+    # a range gets the copy's address, the range copied in before and back after the kernel (each
+    # launch runs to completion); host memory reached only through pointers stored in device
+    # memory is not followed.
+    def _map(self, host: int, n: int) -> int:
+        self._load()
+        p = self.ffi.new("unsigned long long *")
+        r = self.lib.sim_malloc(p, max(n, 1))
+        if not r:
+            self.mapped[host] = (n, p[0])
+        return r
+
+    def _mapped_at(self, addr: int) -> Optional[Tuple[int, int, int]]:
+        for base, (n, dev) in self.mapped.items():
+            if base <= addr < base + n:
+                return base, n, dev
+        return None
+
     def cuMemAllocHost(self, n):
         buf = ctypes.create_string_buffer(max(int(n), 1))
         a = ctypes.addressof(buf)
         self.host[a] = buf
-        return (0, a)
+        r = self._map(a, int(n))
+        return (r,) if r else (0, a)
 
     def cuMemHostAlloc(self, n, flags):
         return self.cuMemAllocHost(n)
 
     def cuMemFreeHost(self, p):
         self.host.pop(int(p), None)
+        self.mapped.pop(int(p), None)
         return (0,)
+
+    def cuMemHostRegister(self, p, n, flags):
+        return (self._map(int(p), int(n)),)
+
+    cuMemHostRegister_v2 = cuMemHostRegister
+
+    def cuMemHostUnregister(self, p):
+        self.mapped.pop(int(p), None)
+        return (0,)
+
+    def cuMemHostGetDevicePointer(self, p, flags):
+        hit = self._mapped_at(int(p))
+        if hit is None:
+            return (INVALID_VALUE,)
+        return (0, self._cu.CUdeviceptr(hit[2] + int(p) - hit[0]))
+
+    cuMemHostGetDevicePointer_v2 = cuMemHostGetDevicePointer
+
+    def _host_args(self, params, lay) -> List[Tuple[int, int, int]]:
+        """Pointer parameters into mapped host ranges, rewritten to the simulator's copies; the
+        ranges they reach."""
+        reach: Dict[int, Tuple[int, int, int]] = {}
+        if not self.mapped:
+            return []
+        for off, size in lay:
+            if size != 8:
+                continue
+            v = int.from_bytes(self.ffi.buffer(params)[off:off + 8], "little")
+            hit = self._mapped_at(v)
+            if hit is not None:
+                self.ffi.memmove(params + off, (hit[2] + v - hit[0]).to_bytes(8, "little"), 8)
+                reach[hit[0]] = hit
+        return list(reach.values())
 
     def _src(self, data, n):
         if isinstance(data, int):
@@ -360,9 +419,15 @@ class SimDriver:
         fn = self.registered.get(name)
         if fn is None:
             fn = self.registered[name] = self.lib.sim_register(name.encode())
+        host = self._host_args(params, lay)
+        for base, n, dev in host:
+            if self.lib.sim_h2d(dev, self.ffi.cast("void *", base), n):
+                return (LAUNCH_FAILED,)
         t0 = time.perf_counter()
         r = self.lib.sim_launch(fn, int(gx), int(gy), int(gz), int(bx), int(by), int(bz), int(shm),
                                 params, len(lay), offs)
+        for base, n, dev in host:
+            r = r or self.lib.sim_d2h(self.ffi.cast("void *", base), dev, n)
         self.launches.append(name)
         if self.on_launch is not None:
             self.on_launch(name, time.perf_counter() - t0)
