@@ -52,6 +52,7 @@ class Sim:
     path: str
     config: str
     mode: str
+    why: str = "asked for"        # how the model was chosen
 
     @property
     def lib(self) -> str:
@@ -84,8 +85,49 @@ def configs(path: str) -> List[str]:
         if os.path.isdir(d) else []
 
 
-def resolve(spec: str, sim_path: Optional[str], mode: str) -> Sim:
-    """`gpgpu-sim[:CONFIG]`, the build's directory (--sim-path, else $CUDASNAP_GPGPUSIM) and the mode."""
+def captured_gpu(reader) -> Optional[Dict[str, Any]]:
+    """The GPU the program ran on ({"name", "cc"}): its first context's device, else the first."""
+    gpus: List[Dict[str, Any]] = []
+    dev = None
+    for rec in reader.records(("proc", "ctx")):
+        if rec.get("k") == "proc" and isinstance(rec.get("gpus"), list) and not gpus:
+            gpus = [g for g in rec["gpus"] if isinstance(g, dict)]
+        elif rec.get("k") == "ctx" and dev is None and isinstance(rec.get("device"), int):
+            dev = rec["device"]
+    return next((g for g in gpus if g.get("index") == dev), gpus[0] if gpus else None)
+
+
+def pick_config(have: List[str], gpu: Optional[Dict[str, Any]]) -> Tuple[str, str]:
+    """The model closest to the captured GPU, and why: a config named after the GPU (SM90_H100
+    for an H100; an H200 is the same sm_90 chip with more memory), else the one of the same
+    compute capability, else the newest one below it; the default where nothing is known."""
+    fallback = DEFAULT_CONFIG if DEFAULT_CONFIG in have else (have[0] if have else DEFAULT_CONFIG)
+    cc = gpu.get("cc") if gpu else None
+    if not gpu or not isinstance(cc, list) or len(cc) != 2:
+        return fallback, "the snapshot does not say which GPU it was captured on"
+    name = str(gpu.get("name") or "?")
+    want = cc[0] * 10 + cc[1]
+    what = f"closest to the captured {name} (sm_{want})"
+
+    def sm(c: str) -> int:
+        m = re.match(r"SM(\d)(\d?)_", c)
+        return int(m.group(1)) * 10 + int(m.group(2) or 0) if m else -1
+    for c in have:
+        chip = c.partition("_")[2]
+        if chip and re.search(rf"\b{re.escape(chip)}\b", name.replace("H200", "H100")):
+            return c, what
+    same = [c for c in have if sm(c) == want]
+    if same:
+        return same[0], what
+    below = sorted((c for c in have if 0 <= sm(c) < want), key=sm)
+    if below:
+        return below[-1], f"{what}: the newest model below it"
+    return fallback, f"no model at or below the captured {name} (sm_{want})"
+
+
+def resolve(spec: str, sim_path: Optional[str], mode: str, gpu: Optional[Dict[str, Any]] = None) -> Sim:
+    """`gpgpu-sim[:CONFIG]`, the build's directory (--sim-path, else $CUDASNAP_GPGPUSIM) and the
+    mode; without a CONFIG, the model closest to gpu (the captured one: Sim.why says so)."""
     name, _, config = spec.partition(":")
     if name not in SIMULATORS:
         raise SimProblem(f"--sim {spec}: unknown simulator (known: {', '.join(SIMULATORS)}[:CONFIG])")
@@ -98,11 +140,13 @@ def resolve(spec: str, sim_path: Optional[str], mode: str) -> Sim:
     if not os.path.isfile(os.path.join(path, "lib", "libcudart.so")):
         raise SimProblem(f"{path}: not a GPGPU-Sim build (no lib/libcudart.so); point --sim-path or {ENV_PATH} at one")
     have = configs(path)
-    config = config or (DEFAULT_CONFIG if DEFAULT_CONFIG in have else (have[0] if have else DEFAULT_CONFIG))
+    why = "asked for"
+    if not config:
+        config, why = pick_config(have, gpu)
     if config not in have:
         raise SimProblem(f"--sim {spec}: no config {config} in {os.path.join(path, 'configs')} "
                          f"(it has: {', '.join(have) or 'none'})")
-    return Sim(os.path.abspath(path), config, mode)
+    return Sim(os.path.abspath(path), config, mode, why)
 
 
 # ----------------------------------------------------------------------------------- the plan
@@ -115,6 +159,7 @@ class Plan:
     refusals: List[str] = field(default_factory=list)
     warnings: List[str] = field(default_factory=list)
     seqs: List[int] = field(default_factory=list)                      # launches the replay will simulate
+    images: Dict[str, str] = field(default_factory=dict)               # image blob id -> PTX digest (kept PTX)
 
 
 def kernel_names(reader) -> Dict[Any, str]:
@@ -159,6 +204,7 @@ def _selected(reader, opts, names) -> Tuple[Dict[str, int], int]:
 
 
 def plan(reader, opts, replace_specs: List[Tuple[str, str]]) -> Plan:
+    from cudasnap.formats.jitptx import kept_ptx
     from cudasnap.replay.retarget import module_loads, ptx_of
     from . import ptx as P
     p = Plan()
@@ -168,23 +214,29 @@ def plan(reader, opts, replace_specs: List[Tuple[str, str]]) -> Plan:
     have: Dict[str, Tuple[str, int]] = {}    # kernel -> (its PTX body, load call)
     sass: Dict[str, str] = {}           # kernel -> what its module carries instead
     images = _images(reader)
+    kept = kept_ptx(reader)
     for ld in module_loads(reader):
         if ld.get("r") not in (0, None):
             continue
-        blob = images.get(ld["seq"])
+        blob, bid = images.get(ld["seq"], (None, None))
         got = None
         if blob is not None:
             try:
                 got = ptx_of(blob)
             except ValueError as e:
                 p.warnings.append(f"call #{ld['seq']} {ld['call']}: {e}")
+        if got is None and bid in kept:          # a JIT compiler's cubin: the PTX kept beside it
+            got = (0, kept[bid]["ptx"])
         if got is None:
             what = ld["info"].describe() if ld["info"].format != "unknown" else "no PTX in the image"
             for k in ld["kernels"] | ld.get("launched", set()):
                 sass.setdefault(k, f"module of call #{ld['seq']}: {what}")
             continue
         text = P.text(got[1])
-        digest = hashlib.sha256(text.encode()).hexdigest()
+        digest = hashlib.sha256(text.encode()).hexdigest()     # as the replay's module load sees it
+        text = P.for_sim(text)
+        if bid in kept:
+            p.images[bid] = digest
         if digest in p.modules:
             continue
         ents = P.entries(text)
@@ -209,7 +261,7 @@ def plan(reader, opts, replace_specs: List[Tuple[str, str]]) -> Plan:
             continue
         try:
             with open(path, "rb") as f:
-                text = P.text(f.read())
+                text = P.for_sim(P.text(f.read()))
         except OSError as e:
             p.refusals.append(f"--replace {kernel}={path}: {e.strerror}")
             continue
@@ -248,12 +300,12 @@ def plan(reader, opts, replace_specs: List[Tuple[str, str]]) -> Plan:
     return p
 
 
-def _images(reader) -> Dict[int, bytes]:
+def _images(reader) -> Dict[int, Tuple[bytes, str]]:
     out = {}
     for rec in reader.records(("c",)):
         ref = (rec.get("x") or {}).get("image")
         if isinstance(ref, dict) and isinstance(ref.get("blob"), str) and reader.has_blob(ref["blob"]):
-            out[rec.get("s")] = reader.blob(ref["blob"])
+            out[rec.get("s")] = (reader.blob(ref["blob"]), ref["blob"])
     return out
 
 
@@ -464,6 +516,8 @@ def run_sim_cli(snapshot, opts, sim_spec: str, sim_path: Optional[str], mode: st
         ptrs = pointer_problems(reader)
         calls = call_gaps(reader)
         sid = _snapshot_id(reader)
+        if not sim_spec.partition(":")[2]:
+            sim = resolve(sim_spec, sim_path, mode, captured_gpu(reader))
     except SnapshotError as e:
         return fail(str(e))
     for w in p.warnings:
@@ -475,6 +529,8 @@ def run_sim_cli(snapshot, opts, sim_spec: str, sim_path: Optional[str], mode: st
         sys.stderr.write(f"cudasnap: error: the simulator cannot run this snapshot: {len(gaps)} gaps "
                          f"(nothing was simulated):\n" + "".join(f"  - {g}\n" for g in gaps))
         return 2
+    if not opts.quiet and not as_json:
+        print(f"simulator: GPGPU-Sim {sim.config} ({sim.why}), {mode} mode")
     import dataclasses
     options = dataclasses.asdict(opts)
     options.update(replace=[], relocate_payloads=True, jit=None)
@@ -486,7 +542,7 @@ def run_sim_cli(snapshot, opts, sim_spec: str, sim_path: Optional[str], mode: st
         except SimProblem as e:
             return fail(str(e))
         job = {"snapshot": os.path.abspath(os.fspath(snapshot)), "options": options, "json": as_json,
-               "adapter": adapter, "dir": work, "ptx": "replay.ptx", "modules": p.modules, "layouts": p.layouts,
+               "adapter": adapter, "dir": work, "ptx": "replay.ptx", "modules": p.modules, "images": p.images, "layouts": p.layouts,
                "replace": p.replace, "device_name": sim.device_name, "cc": list(sim.cc()),
                "total": len(p.seqs), "mode": mode, "quiet": opts.quiet, "progress": opts.progress,
                "log": os.path.join(work, "sim.log"), "exact": exact_placement(), "result": os.path.join(work, "result.json")}
@@ -583,7 +639,7 @@ def _write_profile(path: str, rows, sim: Sim, snapshot, sid, result, code: int) 
                "total_us": total, "cycles": sum(r["cycles"] for r in rows)}
     run = {"snapshot": os.path.abspath(os.fspath(snapshot)), "snapshot_id": sid,
            "gpu": {"index": 0, "name": sim.device_name, "simulated": True},
-           "simulated": {"simulator": "gpgpu-sim", "config": sim.config, "mode": sim.mode,
+           "simulated": {"simulator": "gpgpu-sim", "config": sim.config, "config_why": sim.why, "mode": sim.mode,
                          "core_clock_mhz": sim.core_mhz(), "path": sim.path, "wall_s": result.get("wall_s")},
            "host": platform.node(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "exit_code": code}
     try:

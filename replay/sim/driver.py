@@ -36,6 +36,7 @@ class _Handles:
 
 class SimDriver:
     """modules: PTX text digest -> {recorded kernel name: name in the merged PTX};
+    images: image blob id -> PTX digest, for images whose PTX the capture kept beside them;
     layouts: name in the merged PTX -> [(offset, size)] of its parameters;
     on_launch(name, seconds) after each simulated launch (progress)."""
 
@@ -43,7 +44,8 @@ class SimDriver:
 
     def __init__(self, adapter_path: str, ptx_dir: str, ptx_file: str, modules: Dict[str, Dict[str, str]],
                  layouts: Dict[str, List[Tuple[int, int]]], replace: Dict[str, str], device_name: str,
-                 cc: Tuple[int, int], on_launch: Optional[Callable[[str], None]] = None, exact: bool = True):
+                 cc: Tuple[int, int], on_launch: Optional[Callable[[str], None]] = None, exact: bool = True,
+                 images: Optional[Dict[str, str]] = None):
         from cuda.bindings import driver as cu     # types and enums only: nothing here calls a GPU
         import cffi
         self._cu = cu
@@ -51,6 +53,7 @@ class SimDriver:
         self.ffi.cdef(_cdef())
         self.lib = self.ffi.dlopen(adapter_path)
         self.modules, self.layouts, self.replace = modules, layouts, replace
+        self.images = images or {}   # image blob id -> digest of the PTX a capture kept for it
         self.device_name, self.cc = device_name, cc
         self.on_launch = on_launch
         self.exact = exact           # recorded addresses through the allocator (cuMemAddressReserve)
@@ -344,6 +347,9 @@ class SimDriver:
         names: Dict[str, str] = {}
         if got is not None:
             names = self.modules.get(hashlib.sha256(text(got[1]).encode()).hexdigest(), {})
+        elif self.images:
+            from cudasnap.formats.container import blob_id_of
+            names = self.modules.get(self.images.get(blob_id_of(bytes(img)), ""), {})
         h = self.ids.new()
         self.mods[h] = names
         return (0, self._cu.CUmodule(h))
