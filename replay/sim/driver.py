@@ -9,6 +9,7 @@ kernels are registered by name; launches pass kernelParams built from the packed
 Calls the simulator cannot do answer CUDA_ERROR_NOT_SUPPORTED, which the replay reports by call."""
 from __future__ import annotations
 
+import bisect
 import ctypes
 import os
 import hashlib
@@ -63,6 +64,10 @@ class SimDriver:
         self.registered: Dict[str, Any] = {}
         self.host: Dict[int, Any] = {}
         self.mapped: Dict[int, Tuple[int, int]] = {}    # host range base -> (size, its simulator copy)
+        self.capturing: Dict[int, List[Callable[[], int]]] = {}   # stream -> work captured so far
+        self.graphs: Dict[int, List[Callable[[], int]]] = {}      # graph or graph exec -> its work
+        self.dev_starts: List[int] = []          # the simulator's allocations, sorted (cuMemcpy's ends)
+        self.dev_sizes: List[int] = []
         self.unsupported: Dict[str, int] = {}
         self.launches: List[str] = []
         self._ptx = (ptx_dir, ptx_file) if layouts else None
@@ -160,9 +165,6 @@ class SimDriver:
     def cuStreamCreateWithPriority(self, flags, prio):
         return (0, self._cu.CUstream(self.ids.new()))
 
-    def cuStreamIsCapturing(self, s):
-        return (0, self._cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE)
-
     def cuEventCreate(self, flags):
         return (0, self._cu.CUevent(self.ids.new()))
 
@@ -193,6 +195,7 @@ class SimDriver:
             return (NOT_SUPPORTED,)
         if self.lib.sim_malloc(p, size) or p[0] != addr:
             return (NOT_SUPPORTED,)
+        self._device(addr, size)
         return (0, self._cu.CUdeviceptr(addr))
 
     cuMemAddressReserve.only_recorded = True     # a program's own reservation: a gap unless recorded placement
@@ -219,7 +222,33 @@ class SimDriver:
         self._load()
         p = self.ffi.new("unsigned long long *")
         r = self.lib.sim_malloc(p, int(size))
+        if not r:
+            self._device(p[0], int(size))
         return (r,) if r else (0, self._cu.CUdeviceptr(p[0]))
+
+    def _device(self, base: int, n: int) -> None:
+        i = bisect.bisect(self.dev_starts, base)
+        self.dev_starts.insert(i, base)
+        self.dev_sizes.insert(i, max(n, 1))
+
+    def _on_device(self, addr: int) -> bool:
+        i = bisect.bisect(self.dev_starts, addr) - 1
+        return i >= 0 and addr < self.dev_starts[i] + self.dev_sizes[i]
+
+    def cuMemcpy(self, dst, src, n, *stream):
+        """A copy through unified addressing: its direction from where each end lies."""
+        dst, src, n = int(dst), int(src), int(n)
+        d, s = self._on_device(dst), self._on_device(src)
+        if d and s:
+            return (self.lib.sim_d2d(dst, src, n),)
+        if d:
+            return (self.lib.sim_h2d(dst, self.ffi.cast("void *", src), n),)
+        if s:
+            return (self.lib.sim_d2h(self.ffi.cast("void *", dst), src, n),)
+        ctypes.memmove(dst, src, n)
+        return (0,)
+
+    cuMemcpyAsync = cuMemcpy
 
     def cuMemFree(self, p):
         return (self.lib.sim_free(int(p)),)
@@ -238,6 +267,7 @@ class SimDriver:
         r = self.lib.sim_malloc(p, max(n, 1))
         if not r:
             self.mapped[host] = (n, p[0])
+            self._device(p[0], n)
         return r
 
     def _mapped_at(self, addr: int) -> Optional[Tuple[int, int, int]]:
@@ -305,34 +335,39 @@ class SimDriver:
         return self.ffi.from_buffer(out, require_writable=True)
 
     def cuMemcpyHtoD(self, dst, src, n, *stream):
-        return (self.lib.sim_h2d(int(dst), self._src(src, n), int(n)),)
+        return self._enqueue(stream[0] if stream else 0,
+                             lambda: self.lib.sim_h2d(int(dst), self._src(src, n), int(n)))
 
     cuMemcpyHtoDAsync = cuMemcpyHtoD
 
     def cuMemcpyDtoH(self, out, src, n, *stream):
-        return (self.lib.sim_d2h(self._dst(out), int(src), int(n)),)
+        return self._enqueue(stream[0] if stream else 0, lambda: self.lib.sim_d2h(self._dst(out), int(src), int(n)))
 
     cuMemcpyDtoHAsync = cuMemcpyDtoH
 
     def cuMemcpyDtoD(self, dst, src, n, *stream):
-        return (self.lib.sim_d2d(int(dst), int(src), int(n)),)
+        return self._enqueue(stream[0] if stream else 0, lambda: self.lib.sim_d2d(int(dst), int(src), int(n)))
 
     cuMemcpyDtoDAsync = cuMemcpyDtoD
 
     def cuMemsetD8(self, dst, v, n, *stream):
-        return (self.lib.sim_memset8(int(dst), int(v) & 0xFF, int(n)),)
+        return self._enqueue(stream[0] if stream else 0,
+                             lambda: self.lib.sim_memset8(int(dst), int(v) & 0xFF, int(n)))
 
     cuMemsetD8Async = cuMemsetD8
 
-    def _pattern(self, dst, v, n, width):
+    def _pattern(self, dst, v, n, width, stream=()):
         data = (int(v) & ((1 << (8 * width)) - 1)).to_bytes(width, "little") * int(n)
-        return (self.lib.sim_h2d(int(dst), self.ffi.from_buffer(data), len(data)),) if data else (0,)
+        if not data:
+            return (0,)
+        return self._enqueue(stream[0] if stream else 0,
+                             lambda: self.lib.sim_h2d(int(dst), self.ffi.from_buffer(data), len(data)))
 
     def cuMemsetD16(self, dst, v, n, *stream):
-        return self._pattern(dst, v, n, 2)
+        return self._pattern(dst, v, n, 2, stream)
 
     def cuMemsetD32(self, dst, v, n, *stream):
-        return self._pattern(dst, v, n, 4)
+        return self._pattern(dst, v, n, 4, stream)
 
     cuMemsetD16Async, cuMemsetD32Async = cuMemsetD16, cuMemsetD32
 
@@ -420,7 +455,12 @@ class SimDriver:
         need = max((o + s for o, s in lay), default=0)
         if size < need:
             return (INVALID_VALUE,)
-        params = self.ffi.new("unsigned char[]", ctypes.string_at(buf, size) or b"\0")
+        data = ctypes.string_at(buf, size) or b"\0"
+        dims = tuple(int(v) for v in (gx, gy, gz, bx, by, bz, shm))
+        return self._enqueue(stream, lambda: self._launch(name, lay, dims, data))
+
+    def _launch(self, name: str, lay, dims, data: bytes) -> int:
+        params = self.ffi.new("unsigned char[]", data)
         offs = self.ffi.new("unsigned[]", [o for o, _s in lay] or [0])
         fn = self.registered.get(name)
         if fn is None:
@@ -428,16 +468,69 @@ class SimDriver:
         host = self._host_args(params, lay)
         for base, n, dev in host:
             if self.lib.sim_h2d(dev, self.ffi.cast("void *", base), n):
-                return (LAUNCH_FAILED,)
+                return LAUNCH_FAILED
         t0 = time.perf_counter()
-        r = self.lib.sim_launch(fn, int(gx), int(gy), int(gz), int(bx), int(by), int(bz), int(shm),
-                                params, len(lay), offs)
+        r = self.lib.sim_launch(fn, *dims, params, len(lay), offs)
         for base, n, dev in host:
             r = r or self.lib.sim_d2h(self.ffi.cast("void *", base), dev, n)
         self.launches.append(name)
         if self.on_launch is not None:
             self.on_launch(name, time.perf_counter() - t0)
-        return (LAUNCH_FAILED if r else 0,)
+        return LAUNCH_FAILED if r else 0
+
+    # ---------------------------------------------------------------- graphs from stream capture
+    # Work on a capturing stream is kept, not run; a graph launch runs it in capture order (the
+    # simulator runs one thing at a time, so order is all a graph's dependencies come to).
+    def _enqueue(self, stream, op: Callable[[], int]):
+        ops = self.capturing.get(int(stream or 0))
+        if ops is not None:
+            ops.append(op)
+            return (0,)
+        return (op(),)
+
+    def cuStreamBeginCapture(self, s, mode=0):
+        self.capturing[int(s or 0)] = []
+        return (0,)
+
+    cuStreamBeginCapture_v2 = cuStreamBeginCapture
+
+    def cuStreamIsCapturing(self, s):
+        st = self._cu.CUstreamCaptureStatus
+        return (0, st.CU_STREAM_CAPTURE_STATUS_ACTIVE if int(s or 0) in self.capturing
+                else st.CU_STREAM_CAPTURE_STATUS_NONE)
+
+    def cuStreamEndCapture(self, s):
+        ops = self.capturing.pop(int(s or 0), None)
+        if ops is None:
+            return (INVALID_VALUE,)
+        h = self.ids.new()
+        self.graphs[h] = ops
+        return (0, self._cu.CUgraph(h))
+
+    def cuGraphInstantiate(self, g, flags=0):
+        ops = self.graphs.get(int(g))
+        if ops is None:
+            return (INVALID_VALUE,)
+        h = self.ids.new()
+        self.graphs[h] = ops
+        return (0, self._cu.CUgraphExec(h))
+
+    cuGraphInstantiateWithFlags = cuGraphInstantiate
+
+    def cuGraphLaunch(self, ge, s):
+        ops = self.graphs.get(int(ge))
+        if ops is None:
+            return (INVALID_VALUE,)
+        return self._enqueue(s, lambda: next((r for r in (op() for op in ops) if r), 0))
+
+    def cuGraphUpload(self, ge, s):
+        return (0,)
+
+    def cuGraphDestroy(self, g):
+        self.graphs.pop(int(g), None)
+        return (0,)
+
+    cuGraphExecDestroy = cuGraphDestroy
 
     def cuLaunchKernelEx(self, cfg, f, kp, extra):
         if int(cfg.numAttrs):        # clusters, cooperative and the like: not in the simulator's model
