@@ -373,7 +373,7 @@ def replay(
     force: bool = typer.Option(False, "-f", "--force-overwrite", help="Replace an existing --out or --trace file (by default refused, before any work)."),
     wrap: Optional[str] = typer.Option(None, "--wrap", metavar="'TOOL ARGS'", help="Run the replay under a tool, with these same options: 'compute-sanitizer --tool memcheck' (gets --error-exitcode 1 unless given), 'ncu --section SpeedOfLight', 'nsys profile' (with --profiler-range workload, ncu and nsys are told to see only the replayed work). The tool's exit status is returned; a tool not found is exit 2."),
     preload: Optional[Path] = typer.Option(None, "--preload", metavar="TOOL.so", help="Load this library first in the replay process (LD_PRELOAD; under --wrap, in the replay process, not the tool's): an NVBit tool, an interposer."),
-    sim: Optional[str] = typer.Option(None, "--sim", metavar="gpgpu-sim[:CONFIG]", help="Replay on a simulator instead of a GPU: GPGPU-Sim, in one of its configs (default SM86_RTX3070); kernels run from their PTX, every D2H result is verified."),
+    sim: Optional[str] = typer.Option(None, "--sim", metavar="gpgpu-sim[:CONFIG]", help="Replay on a simulator instead of a GPU: GPGPU-Sim, in one of its configs (default: the one closest to the captured GPU); kernels run from their PTX, every D2H result is verified."),
     sim_path: Optional[Path] = typer.Option(None, "--sim-path", metavar="DIR", help="The GPGPU-Sim build (lib/libcudart.so, configs/); default $CUDASNAP_GPGPUSIM."),
     sim_mode: str = typer.Option("functional", "--sim-mode", metavar="functional|performance", help="functional: results only (fast); performance: cycle-level, per-kernel cycles (--out writes them as a timeline profile)."),
 ):
