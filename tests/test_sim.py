@@ -464,3 +464,40 @@ def test_triton_style_ptx_runs(snaps):
     cp = _sim(snaps["plain"], "--replace", f"add_one={DATA / 'triton_add_one.ptx'}")
     assert cp.returncode == 0, cp.stdout + cp.stderr
     assert "OK: every recorded D2H result reproduced" in cp.stdout
+
+
+def test_bounded_performance_mode(snaps, tmp_path):
+    """--sim-max-ctas 4: tile_sum's 16 CTAs are timed on samples of 2 and 4 and extrapolated with
+    the error stated (here the samples fill less than the GPU: the bracket is wide and holds the
+    whole launch's cycles); the verdict comes from a functional pass over every CTA."""
+    out = tmp_path / "b.json"
+    cp = _sim(snaps["plain"], "-k", "tile_sum", "--sim-mode", "performance", "--sim-max-ctas", "4", "--out", out,
+              "--progress")
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert "launches over 4 CTAs timed on samples" in cp.stdout and re.search(r"D2H verified\s+1 \(", cp.stdout)
+    assert "divergence" not in cp.stdout + cp.stderr                      # the samples' partial results
+    assert re.search(r"^cudasnap: simulated 1/1 kernels \(tile_sum", cp.stderr, re.M), cp.stderr
+    (row,) = json.loads(out.read_text())["launches"]
+    b = row["bounded"]
+    assert b["ctas"] == 16 and b["sampled_ctas"] == [2, 4] and row["cycles"] == b["cycles"]
+    assert b["linear"] <= b["cycles"] <= b["scaled"] and b["error_cycles"] == round((b["scaled"] - b["linear"]) / 2)
+    m = re.search(r"tile_sum: (\d+) cycles +[0-9.]+ us \+- (\d+) \(\+-\d+%\), extrapolated from 2 and 4 of 16 CTAs", cp.stdout)
+    assert m and int(m.group(1)) == row["cycles"], cp.stdout
+    # the whole launch as test_performance_profile_compares_with_silicon simulated it: inside the bracket
+    prof = snaps["tmp"] / "sim.json"
+    if prof.exists():
+        whole = json.loads(prof.read_text())["launches"][0]["cycles"]
+        assert abs(whole - b["cycles"]) <= b["error_cycles"] + 1, (whole, b)
+    bad = _sim(snaps["plain"], "-k", "tile_sum", "--sim-max-ctas", "4")
+    assert bad.returncode == 2 and "bounds performance mode" in bad.stderr
+
+
+def test_bounded_estimate():
+    from cudasnap.replay.sim.bounded import estimate, fold, sample_grid
+    assert sample_grid((100, 1, 1), 8) == ((8, 1, 1), 8)
+    assert sample_grid((10, 10, 1), 25) == ((10, 3, 1), 30)
+    assert sample_grid((4, 4, 8), 40) == ((4, 4, 3), 48)
+    e = estimate(1000, 100, 1000, 200, 2000)          # cycles grow as CTAs: both models agree
+    assert e["cycles"] == 10000 and e["error_cycles"] == 0
+    runs = fold([("a", 5), ("k", 100), ("k", 200), ("b", 7)], [{"at": 1, "total": 1000, "ctas": [100, 200]}])
+    assert [(n, c) for n, c, _e in runs] == [("a", 5), ("k", 1000), ("b", 7)]

@@ -487,9 +487,10 @@ def ptx_parse_error(log_path: str, ptx_path: str) -> Optional[str]:
 
 
 def run_sim_cli(snapshot, opts, sim_spec: str, sim_path: Optional[str], mode: str, as_json: bool = False,
-                out_file: Optional[str] = None, keep: Optional[bool] = None) -> int:
+                out_file: Optional[str] = None, keep: Optional[bool] = None, max_ctas: Optional[int] = None) -> int:
     """`cudasnap replay SNAP --sim ...`: plan, refuse what cannot run, replay on the simulator,
-    write the profile of performance mode. Returns replay's exit code."""
+    write the profile of performance mode (max_ctas: bounded, see bounded.py). Returns replay's
+    exit code."""
     from cudasnap.formats import SnapshotError, SnapshotReader
     from cudasnap.replay import option_problem, snapshot_problem
     from cudasnap.replay.replace import effective_specs, parse_specs
@@ -507,6 +508,9 @@ def run_sim_cli(snapshot, opts, sim_spec: str, sim_path: Optional[str], mode: st
         return fail(problem)
     if out_file and mode != "performance":
         return fail("--out with --sim: simulated time needs --sim-mode performance")
+    if max_ctas is not None and (mode != "performance" or max_ctas < 2):
+        return fail("--sim-max-ctas N bounds performance mode (N >= 2): add --sim-mode performance"
+                    if mode != "performance" else f"--sim-max-ctas {max_ctas}: give 2 or more")
     bad = [t for t, _p in specs if t.startswith("module:") or t.startswith("0x")]
     if bad:
         return fail(f"--replace {bad[0]}: with --sim, replace kernels by name (KERNEL=FILE.ptx)")
@@ -530,22 +534,48 @@ def run_sim_cli(snapshot, opts, sim_spec: str, sim_path: Optional[str], mode: st
                          f"(nothing was simulated):\n" + "".join(f"  - {g}\n" for g in gaps))
         return 2
     if not opts.quiet and not as_json:
-        print(f"simulator: GPGPU-Sim {sim.config} ({sim.why}), {mode} mode")
+        print(f"simulator: GPGPU-Sim {sim.config} ({sim.why}), {mode} mode"
+              + (f", launches over {max_ctas} CTAs timed on samples" if max_ctas else ""))
     import dataclasses
     options = dataclasses.asdict(opts)
     options.update(replace=[], relocate_payloads=True, jit=None)
     keep = bool(os.environ.get("CUDASNAP_SIM_KEEP")) if keep is None else keep   # the log, config and PTX, to debug
+    try:
+        if not max_ctas:
+            code, result, cycles = _run(sim, p, snapshot, options, as_json, keep)
+        else:
+            # bounded: the verdict from a functional pass over every CTA; the cycles from a
+            # performance pass in which each launch over the cap runs samples of its first CTAs
+            # (the results of that pass are partial: not reported)
+            code, _r, _l = _run(dataclasses.replace(sim, mode="functional"), p, snapshot, options, as_json, keep)
+            if code not in (0, 1):
+                return code
+            timing = dict(options, continue_on_error=True, quiet=True)
+            _c, result, cycles = _run(sim, p, snapshot, timing, False, keep, max_ctas=max_ctas, report=False)
+    except SimProblem as e:
+        return fail(str(e))
+    if mode == "performance":
+        rows = _profile_rows(result["launches"], cycles, sim.core_mhz(), p, result.get("sampled") or [])
+        if out_file:
+            _write_profile(out_file, rows, sim, snapshot, sid, result, code)
+        if not opts.quiet and not as_json:
+            _print_cycles(rows, sim)
+    return code
+
+
+def _run(sim: Sim, p: Plan, snapshot, options: Dict[str, Any], as_json: bool, keep: bool,
+         max_ctas: Optional[int] = None, report: bool = True) -> Tuple[int, Dict[str, Any], List[Tuple[str, int]]]:
+    """One replay on the simulator in a worker process: (exit code, the worker's result, the
+    cycles of each kernel the simulator ran). SimProblem when it stopped before the end."""
     work = tempfile.mkdtemp(prefix="cudasnap-sim-")
     try:
-        try:
-            adapter = prepare_dir(sim, work, p.texts)
-        except SimProblem as e:
-            return fail(str(e))
+        adapter = prepare_dir(sim, work, p.texts)
         job = {"snapshot": os.path.abspath(os.fspath(snapshot)), "options": options, "json": as_json,
-               "adapter": adapter, "dir": work, "ptx": "replay.ptx", "modules": p.modules, "images": p.images, "layouts": p.layouts,
-               "replace": p.replace, "device_name": sim.device_name, "cc": list(sim.cc()),
-               "total": len(p.seqs), "mode": mode, "quiet": opts.quiet, "progress": opts.progress,
-               "log": os.path.join(work, "sim.log"), "exact": exact_placement(), "result": os.path.join(work, "result.json")}
+               "adapter": adapter, "dir": work, "ptx": "replay.ptx", "modules": p.modules, "images": p.images,
+               "layouts": p.layouts, "replace": p.replace, "device_name": sim.device_name, "cc": list(sim.cc()),
+               "total": len(p.seqs), "mode": sim.mode, "quiet": options.get("quiet"), "progress": options.get("progress"),
+               "log": os.path.join(work, "sim.log"), "exact": exact_placement(), "result": os.path.join(work, "result.json"),
+               "max_ctas": max_ctas}
         with open(os.path.join(work, "job.json"), "w") as f:
             json.dump(job, f)
         env = dict(os.environ)
@@ -555,8 +585,16 @@ def run_sim_cli(snapshot, opts, sim_spec: str, sim_path: Optional[str], mode: st
         env["MALLOC_PERTURB_"] = "255"
         env["LD_LIBRARY_PATH"] = sim.lib + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
         sys.stdout.flush()
-        cp = subprocess.run([sys.executable, "-m", "cudasnap.replay.sim.worker", os.path.join(work, "job.json")],
-                            cwd=work, env=env)
+        cmd = [sys.executable, "-m", "cudasnap.replay.sim.worker", os.path.join(work, "job.json")]
+        if report:
+            cp = subprocess.run(cmd, cwd=work, env=env)
+        else:      # a pass whose results are partial: its progress shown, its verdict and mismatches not
+            proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                    text=True, errors="replace")
+            for line in proc.stderr:
+                if line.startswith("cudasnap: simulated "):
+                    sys.stderr.write(line)
+            cp = subprocess.CompletedProcess(cmd, proc.wait())
         try:
             with open(job["result"]) as f:
                 result = json.load(f)
@@ -565,19 +603,10 @@ def run_sim_cli(snapshot, opts, sim_spec: str, sim_path: Optional[str], mode: st
         if cp.returncode not in (0, 1, 2) or result is None:
             how = f"signal {-cp.returncode}" if cp.returncode < 0 else f"exit {cp.returncode}"
             parse = ptx_parse_error(job["log"], os.path.join(work, "replay.ptx"))
-            if parse:
-                return fail(parse)
-            return fail(f"the simulator stopped ({how}) before the replay ended: {log_tail(job['log'])}")
+            raise SimProblem(parse or f"the simulator stopped ({how}) before the replay ended: {log_tail(job['log'])}")
         for name, n in sorted(result["unsupported"].items()):
             sys.stderr.write(f"cudasnap: note: {name} ({n}x): the simulator adapter does not implement it\n")
-        code = cp.returncode
-        if mode == "performance":
-            rows = _profile_rows(result["launches"], kernel_cycles(job["log"]), sim.core_mhz(), p)
-            if out_file:
-                _write_profile(out_file, rows, sim, snapshot, sid, result, code)
-            if not opts.quiet and not as_json:
-                _print_cycles(rows, sim)
-        return code
+        return cp.returncode, result, kernel_cycles(job["log"])
     finally:
         if keep:
             sys.stderr.write(f"cudasnap: simulator directory kept: {work}\n")
@@ -593,15 +622,20 @@ def _snapshot_id(reader) -> Optional[str]:
         return None
 
 
-def _profile_rows(launched: List[str], cycles: List[Tuple[str, int]], mhz: Optional[float], p: Plan) -> List[Dict[str, Any]]:
+def _profile_rows(launched: List[str], cycles: List[Tuple[str, int]], mhz: Optional[float], p: Plan,
+                  sampled: Optional[List[Dict[str, Any]]] = None) -> List[Dict[str, Any]]:
+    from .bounded import fold
     back = {sim: k for m in p.modules.values() for k, sim in m.items()}
     back.update({sim: k for k, sim in p.replace.items()})
     rows = []
     t = 0.0
-    for i, (name, cyc) in enumerate(cycles):
+    runs = fold(cycles, sampled or [])
+    for i, (name, cyc, est) in enumerate(runs):
         us = cyc / mhz if mhz else None
         r = {"index": i, "name": back.get(name, name), "cycles": cyc}
-        if len(cycles) == len(p.seqs):
+        if est is not None:
+            r["bounded"] = est
+        if len(runs) == len(p.seqs):
             r["seq"] = p.seqs[i]
         if us is not None:
             r.update(start_ns=int(t * 1e3), end_ns=int((t + us) * 1e3), time_us=us)
@@ -617,7 +651,11 @@ def _print_cycles(rows, sim: Sim) -> None:
     print(f"simulated ({sim.config}, core clock {mhz:g} MHz):" if mhz else f"simulated ({sim.config}):")
     for r in rows:
         t = f"  {r['time_us']:.2f} us" if "time_us" in r else ""
-        print(f"  {r['name']}: {r['cycles']} cycles{t}")
+        b = r.get("bounded")
+        e = (f" +- {b['error_cycles']} (+-{b['error_pct']:.0f}%), extrapolated from {b['sampled_ctas'][0]} and "
+             f"{b['sampled_ctas'][1]} of {b['ctas']} CTAs ({b['sampled_cycles'][0]} and {b['sampled_cycles'][1]} cycles)"
+             if b else "")
+        print(f"  {r['name']}: {r['cycles']} cycles{t}{e}")
 
 
 def _write_profile(path: str, rows, sim: Sim, snapshot, sid, result, code: int) -> None:

@@ -46,7 +46,7 @@ class SimDriver:
     def __init__(self, adapter_path: str, ptx_dir: str, ptx_file: str, modules: Dict[str, Dict[str, str]],
                  layouts: Dict[str, List[Tuple[int, int]]], replace: Dict[str, str], device_name: str,
                  cc: Tuple[int, int], on_launch: Optional[Callable[[str], None]] = None, exact: bool = True,
-                 images: Optional[Dict[str, str]] = None):
+                 images: Optional[Dict[str, str]] = None, max_ctas: Optional[int] = None):
         from cuda.bindings import driver as cu     # types and enums only: nothing here calls a GPU
         import cffi
         self._cu = cu
@@ -55,6 +55,9 @@ class SimDriver:
         self.lib = self.ffi.dlopen(adapter_path)
         self.modules, self.layouts, self.replace = modules, layouts, replace
         self.images = images or {}   # image blob id -> digest of the PTX a capture kept for it
+        self.max_ctas = max_ctas     # bounded: launches over this many CTAs run samples (bounded.py)
+        self.runs = 0                # kernels the simulator ran (its log has one entry each)
+        self.sampled: List[Dict[str, Any]] = []
         self.device_name, self.cc = device_name, cc
         self.on_launch = on_launch
         self.exact = exact           # recorded addresses through the allocator (cuMemAddressReserve)
@@ -470,10 +473,24 @@ class SimDriver:
             if self.lib.sim_h2d(dev, self.ffi.cast("void *", base), n):
                 return LAUNCH_FAILED
         t0 = time.perf_counter()
-        r = self.lib.sim_launch(fn, *dims, params, len(lay), offs)
+        total = dims[0] * dims[1] * dims[2]
+        if self.max_ctas and total > self.max_ctas:     # bounded: two samples of its first CTAs
+            from .bounded import sample_grid
+            s = {"at": self.runs, "total": total, "ctas": []}
+            r = 0
+            for n in (max(1, self.max_ctas // 2), self.max_ctas):
+                g, got = sample_grid(dims[:3], n)
+                r = r or self.lib.sim_launch(fn, *g, *dims[3:], params, len(lay), offs)
+                s["ctas"].append(got)
+                self.runs += 1
+                self.launches.append(name)
+            self.sampled.append(s)
+        else:
+            r = self.lib.sim_launch(fn, *dims, params, len(lay), offs)
+            self.runs += 1
+            self.launches.append(name)
         for base, n, dev in host:
             r = r or self.lib.sim_d2h(self.ffi.cast("void *", base), dev, n)
-        self.launches.append(name)
         if self.on_launch is not None:
             self.on_launch(name, time.perf_counter() - t0)
         return LAUNCH_FAILED if r else 0
