@@ -70,10 +70,10 @@ def column(d):
 
 
 def merge(d, gpu_out, sim_out):
-    g_rows, s_rows, g_run, s_run = [], [], None, None
+    g_rows, s_rows, g_run, s_run, dropped = [], [], None, None, []
     for gpu in sorted(glob.glob(os.path.join(d, "*.gpu.json"))):
         p = os.path.basename(gpu)[:-len(".gpu.json")]
-        if ".x" in p:
+        if "." in p or os.path.abspath(gpu) == os.path.abspath(gpu_out):    # an extract's, or a merged one
             continue
         prof, _t = _gpu_times(gpu)
         g_run = g_run or prof.get("run")
@@ -83,6 +83,7 @@ def merge(d, gpu_out, sim_out):
             with open(sim) as f:
                 sp = json.load(f)
             if sp.get("run", {}).get("exit_code") not in (0, None):
+                dropped.append(f"{p}:{','.join(sorted({r['name'] for r in sp.get('launches') or []}))}")
                 continue            # a simulation that did not verify is not a data point
             s_run = s_run or sp.get("run")
             for r in sp.get("launches") or []:
@@ -99,7 +100,8 @@ def merge(d, gpu_out, sim_out):
             doc["summary"].update(simulated=True, backend="gpgpu-sim")
         with open(out, "w") as f:
             json.dump(doc, f)
-    print(f"merged {len(g_rows)} GPU launches and {len(s_rows)} simulated launches")
+    print(f"merged {len(g_rows)} GPU launches and {len(s_rows)} simulated launches"
+          + (f"; left out, their results did not verify on the simulator: {', '.join(dropped)}" if dropped else ""))
 
 
 if __name__ == "__main__":

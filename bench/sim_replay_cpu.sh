@@ -5,6 +5,7 @@
 # kernels and GPU time with PTX, n/a with why) and the per-kernel table with the correlation
 # (`cudasnap compare` of the merged GPU timeline and simulated profiles, HTML beside).
 #   CUDASNAP_GPGPUSIM=/path/to/gpgpu-sim bash bench/sim_replay_cpu.sh DIR [CONFIG]
+# MAX_CTAS=N times launches over N CTAs on samples (--sim-max-ctas); PER_KERNEL_S caps each run.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd); D=$(cd "${1:?usage: sim_replay_cpu.sh DIR [CONFIG]}" && pwd)
 : "${CUDASNAP_GPGPUSIM:?set CUDASNAP_GPGPUSIM to the GPGPU-Sim build}"
@@ -13,7 +14,8 @@ python3 "$ROOT/bench/sim_kernels.py" column "$D"
 for x in "$D"/*.x.cusnap; do
   [ -f "$x" ] || continue
   n=$(basename "$x" .x.cusnap); t0=$SECONDS
-  timeout $PER cudasnap replay "$x" --sim $SIM --sim-mode performance --out "$D/$n.sim.json" -f > "$D/$n.sim.txt" 2>&1; rc=$?
+  timeout $PER cudasnap replay "$x" --sim $SIM --sim-mode performance ${MAX_CTAS:+--sim-max-ctas $MAX_CTAS} \
+    --out "$D/$n.sim.json" -f > "$D/$n.sim.txt" 2>&1; rc=$?
   k=$(grep ': [0-9]* cycles' "$D/$n.sim.txt" | tr -s ' ' | cut -c1-100 | paste -sd';')
   echo "$n: exit $rc in $((SECONDS - t0)) s:$k; $(grep -m1 -E '^(OK|FAILED|MISMATCH|ERROR|cudasnap: error)' "$D/$n.sim.txt" | cut -c1-160)"
 done

@@ -501,3 +501,27 @@ def test_bounded_estimate():
     assert e["cycles"] == 10000 and e["error_cycles"] == 0
     runs = fold([("a", 5), ("k", 100), ("k", 200), ("b", 7)], [{"at": 1, "total": 1000, "ctas": [100, 200]}])
     assert [(n, c) for n, c, _e in runs] == [("a", 5), ("k", 1000), ("b", 7)]
+
+
+def test_launch_attributes_the_model_takes():
+    """cuLaunchKernelEx: a one-CTA cluster and hints change nothing the simulator computes (Triton
+    sets them); a cooperative launch or a real cluster is refused by name."""
+    from cuda.bindings import driver as cu
+    from cudasnap.replay.sim.driver import SimDriver
+    ids = cu.CUlaunchAttributeID
+    c = cu.CUlaunchConfig()
+    one = cu.CUlaunchAttribute()
+    one.id = ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    one.value.clusterDim.x = one.value.clusterDim.y = one.value.clusterDim.z = 1
+    pri = cu.CUlaunchAttribute()
+    pri.id = ids.CU_LAUNCH_ATTRIBUTE_PRIORITY
+    coop = cu.CUlaunchAttribute()
+    coop.id = ids.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+    d = SimDriver.__new__(SimDriver)
+    c.attrs, c.numAttrs = [one, pri], 2
+    assert d._refused_attr(c) is None
+    c.attrs, c.numAttrs = [one, pri, coop], 3
+    assert d._refused_attr(c) == "COOPERATIVE"
+    one.value.clusterDim.x = 2
+    c.attrs, c.numAttrs = [one], 1
+    assert d._refused_attr(c) == "CLUSTER_DIMENSION"

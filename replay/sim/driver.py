@@ -549,10 +549,31 @@ class SimDriver:
 
     cuGraphExecDestroy = cuGraphDestroy
 
+    # launch attributes that change nothing a kernel computes when work runs one launch at a time
+    # (Triton's launcher sets some on every launch): hints, priorities, stream serialization
+    HARMLESS_ATTRS = ("PRIORITY", "CLUSTER_SCHEDULING_POLICY_PREFERENCE", "PROGRAMMATIC_STREAM_SERIALIZATION",
+                      "PROGRAMMATIC_EVENT", "LAUNCH_COMPLETION_EVENT", "ACCESS_POLICY_WINDOW", "MEM_SYNC_DOMAIN",
+                      "MEM_SYNC_DOMAIN_MAP", "SYNCHRONIZATION_POLICY", "PREFERRED_SHARED_MEMORY_CARVEOUT")
+
+    def _refused_attr(self, cfg) -> Optional[str]:
+        """The first attribute the simulator's model lacks (clusters over one CTA, cooperative
+        launches, ...), None when all are harmless."""
+        for at in list(cfg.attrs or [])[:int(cfg.numAttrs)]:
+            name = getattr(at.id, "name", str(at.id)).replace("CU_LAUNCH_ATTRIBUTE_", "")
+            if name == "CLUSTER_DIMENSION":
+                d = at.value.clusterDim
+                if (int(d.x), int(d.y), int(d.z)) in ((0, 0, 0), (1, 1, 1)):
+                    continue
+            elif name in self.HARMLESS_ATTRS:
+                continue
+            return name
+        return None
+
     def cuLaunchKernelEx(self, cfg, f, kp, extra):
-        if int(cfg.numAttrs):        # clusters, cooperative and the like: not in the simulator's model
-            self.unsupported["cuLaunchKernelEx with launch attributes"] = \
-                self.unsupported.get("cuLaunchKernelEx with launch attributes", 0) + 1
+        bad = self._refused_attr(cfg) if int(cfg.numAttrs) else None
+        if bad:                      # clusters, cooperative and the like: not in the simulator's model
+            what = f"cuLaunchKernelEx with launch attribute {bad}"
+            self.unsupported[what] = self.unsupported.get(what, 0) + 1
             return (NOT_SUPPORTED,)
         return self.cuLaunchKernel(f, cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX, cfg.blockDimY,
                                    cfg.blockDimZ, cfg.sharedMemBytes, cfg.hStream, kp, extra)
