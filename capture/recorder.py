@@ -77,6 +77,7 @@ class ProcessCapture:
     failure: str | None = None   # the drain stopped on an error of the recorder's own
     loss: dict = field(default_factory=dict)   # the end record's account of what is missing
     ptx: PtxFinder | None = None  # JIT caches holding the PTX of loaded cubins
+    ptx_kept: dict = field(default_factory=dict)   # where kept PTX came from -> modules
 
 
 def _proc_info(pid: int) -> dict:
@@ -332,6 +333,7 @@ class Recorder:
                     ptx, what, path = hit
                     out.append({"k": "ptx", "image": ref["blob"], "from": what, "path": path,
                                 "x": {"ptx": {"blob": pc.writer.add_blob(ptx), "size": len(ptx)}}})
+                    pc.ptx_kept[what] = pc.ptx_kept.get(what, 0) + 1
             except Exception as e:     # never let the search cost the capture
                 print(f"cudasnap: warning: looking for the PTX of call #{r.get('s')}: {type(e).__name__}: {e}",
                       file=sys.stderr)

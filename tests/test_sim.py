@@ -418,6 +418,7 @@ def jit(snaps):
     cp = _cli("capture", "-o", snap, "--ring-mb", "16", "--", d["progs"]["simprog"], entry / "fill.cubin",
               env=dict(d["env"], TRITON_CACHE_DIR=str(tmp / "cache")), timeout=120)
     assert cp.returncode == 0 and snap.exists(), cp.stdout + cp.stderr
+    assert "PTX kept for 1 module(s) from the triton cache" in cp.stdout + cp.stderr, cp.stdout + cp.stderr
     return snap, entry
 
 
