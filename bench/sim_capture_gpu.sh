@@ -12,7 +12,7 @@ set -uo pipefail
 ROOT=$(pwd); OUT=${OUT:-/tmp/cudasnap-out}; mkdir -p "$OUT"
 INSTALL_LOG=$OUT/install.log . "$ROOT/bench/gpu_env.sh"
 W=/tmp/simsnaps; rm -rf $W /tmp/simcaches; mkdir -p $W /tmp/simcaches; cd $W
-BUDGET=${BUDGET:-470}        # seconds: extracts stop here, leaving time to pack
+BUDGET=${BUDGET:-420}        # seconds: extracts stop here, leaving time to pack (a call has 540)
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.sm --format=csv,noheader | tee card.txt
 # fresh JIT caches: every kernel is compiled (and its PTX written) during the capture
 export TRITON_CACHE_DIR=/tmp/simcaches/triton TORCHINDUCTOR_CACHE_DIR=/tmp/simcaches/inductor \
