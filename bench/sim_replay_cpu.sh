@@ -1,29 +1,23 @@
 #!/usr/bin/env bash
-# CPU half of the simulator demonstration: replays the extracts that bench/sim_capture_gpu.sh
-# made on a GPU (unpacked into DIR) on GPGPU-Sim, functional and performance mode, in each
-# config the build ships, and compares the simulated profile with the GPU's timeline profile.
-#   CUDASNAP_GPGPUSIM=/path/to/gpgpu-sim bash bench/sim_replay_cpu.sh DIR
+# CPU half of the simulator correlation run: simulates, in performance mode on the model of the
+# captured GPU (SM90_H100 for an H100), every extract bench/sim_capture_gpu.sh made (unpacked
+# into DIR), each verified against the GPU's results; then the simulator column (per program:
+# kernels and GPU time with PTX, n/a with why) and the per-kernel table with the correlation
+# (`cudasnap compare` of the merged GPU timeline and simulated profiles, HTML beside).
+#   CUDASNAP_GPGPUSIM=/path/to/gpgpu-sim bash bench/sim_replay_cpu.sh DIR [CONFIG]
+# MAX_CTAS=N times launches over N CTAs on samples (--sim-max-ctas); PER_KERNEL_S caps each run.
 set -uo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd); D=$(cd "${1:?usage: sim_replay_cpu.sh DIR}" && pwd)
-SIM=${CUDASNAP_GPGPUSIM:?set CUDASNAP_GPGPUSIM to the GPGPU-Sim build}
-W=$(mktemp -d); cd "$W"
-# PyTorch's kernel ships as SASS only: its extract is refused by name, then runs with a PTX build
-K=$(grep -o '_ZN2at6native29vectorized_elementwise_kernel[A-Za-z0-9_]*MulFunctor[A-Za-z0-9_]*' "$D/sim_torch.launches.txt" 2>/dev/null | head -1)
-if [ -n "$K" ]; then
-  cudasnap replay "$D/sim_torch.x.cusnap" --sim gpgpu-sim 2>&1 | tail -1 | cut -c1-160
-  nvcc -ptx -arch=compute_75 --expt-relaxed-constexpr "$ROOT/bench/sim_torch_mul.cu" -o mul.ptx 2>/dev/null || cp "$D/sim_torch_mul.ptx" mul.ptx
-fi
-for x in "$D"/sim_*.x.cusnap; do
-  n=$(basename "$x" .x.cusnap); extra=()
-  [ "$n" = sim_torch ] && extra=(--replace "$K=$W/mul.ptx")
-  t0=$SECONDS; cudasnap replay "$x" --sim gpgpu-sim "${extra[@]}" > "$n.func.txt" 2>&1; rc=$?
-  echo "$n functional: exit $rc in $((SECONDS - t0)) s: $(tail -1 "$n.func.txt")"
-  for c in $(ls "$SIM/configs"); do
-    t0=$SECONDS
-    cudasnap replay "$x" --sim "gpgpu-sim:$c" --sim-mode performance --out "$n.$c.json" -f "${extra[@]}" > "$n.$c.txt" 2>&1; rc=$?
-    cyc=$(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('; '.join(f\"{k['name'][:40]} {k.get('cycles','?')} cycles {k.get('median_us', k.get('total_us','?'))} us\" for k in d.get('kernels',[])))" "$n.$c.json" 2>/dev/null)
-    echo "  $c performance: exit $rc in $((SECONDS - t0)) s: $cyc"
-  done
-  [ -f "$D/$n.x.gpu.json" ] && cudasnap compare "$D/$n.x.gpu.json" "$n.$(ls "$SIM/configs" | head -1).json" 2>&1 | tail -3
+ROOT=$(cd "$(dirname "$0")/.." && pwd); D=$(cd "${1:?usage: sim_replay_cpu.sh DIR [CONFIG]}" && pwd)
+: "${CUDASNAP_GPGPUSIM:?set CUDASNAP_GPGPUSIM to the GPGPU-Sim build}"
+SIM=gpgpu-sim${2:+:$2}; PER=${PER_KERNEL_S:-600}
+python3 "$ROOT/bench/sim_kernels.py" column "$D"
+for x in "$D"/*.x.cusnap; do
+  [ -f "$x" ] || continue
+  n=$(basename "$x" .x.cusnap); t0=$SECONDS
+  timeout $PER cudasnap replay "$x" --sim $SIM --sim-mode performance ${MAX_CTAS:+--sim-max-ctas $MAX_CTAS} \
+    --out "$D/$n.sim.json" -f > "$D/$n.sim.txt" 2>&1; rc=$?
+  k=$(grep ': [0-9]* cycles' "$D/$n.sim.txt" | tr -s ' ' | cut -c1-100 | paste -sd';')
+  echo "$n: exit $rc in $((SECONDS - t0)) s:$k; $(grep -m1 -E '^(OK|FAILED|MISMATCH|ERROR|cudasnap: error)' "$D/$n.sim.txt" | cut -c1-160)"
 done
-rm -rf "$W"
+python3 "$ROOT/bench/sim_kernels.py" merge "$D" "$D/all.gpu.json" "$D/all.sim.json" && \
+  cudasnap compare "$D/all.gpu.json" "$D/all.sim.json" --html "$D/correlation.html" --top 100

@@ -15,9 +15,11 @@ from pathlib import Path
 
 from cudasnap.formats.console import __version__
 from cudasnap.formats import SnapshotWriter
+from cudasnap.formats.vocab import in_class
 from cudasnap.shim import description
 
 from .decode import Decoder
+from .jitptx import PtxFinder, program_env
 from .ring import Ring
 
 LAZY_MAX_AGE_S = 5.0     # lazy draining: records wait in the ring at most this long
@@ -74,6 +76,8 @@ class ProcessCapture:
     left_running: bool = False   # drained until LINGER_S after exit, the process still running
     failure: str | None = None   # the drain stopped on an error of the recorder's own
     loss: dict = field(default_factory=dict)   # the end record's account of what is missing
+    ptx: PtxFinder | None = None  # JIT caches holding the PTX of loaded cubins
+    ptx_kept: dict = field(default_factory=dict)   # where kept PTX came from -> modules
 
 
 def _proc_info(pid: int) -> dict:
@@ -206,6 +210,9 @@ class Recorder:
             writer.ring, writer.decoder = ring, pc.decoder
         if error:
             pc.disk_error, pc.partial = error, True
+        if isinstance(writer, SnapshotWriter):     # windows keep what their state needs only
+            # a process already gone shows no environment: the capture's own is the program's
+            pc.ptx = PtxFinder({**os.environ, **program_env(pid)})
         pc.thread = threading.Thread(target=self._drain, args=(pc,), name=f"cudasnap-drain-{pid}", daemon=True)
         self.procs[pid] = pc
         pc.thread.start()
@@ -308,6 +315,29 @@ class Recorder:
                           f"could not be decoded ({type(e).__name__}: {e}); the snapshot is partial", file=sys.stderr)
             if recs:
                 self._write(pc, recs)
+                if pc.ptx is not None:
+                    self._write(pc, self._kept_ptx(pc, recs))
+
+    def _kept_ptx(self, pc: ProcessCapture, recs: list) -> list:
+        """A ptx record (formats/jitptx.py) for each module loaded from an image whose PTX a JIT
+        cache holds beside it (module loads are rare: the cache is searched in the drain)."""
+        out = []
+        for r in recs:
+            ref = (r.get("x") or {}).get("image")
+            if r.get("k") != "c" or r.get("r") != 0 or not isinstance(ref, dict) or not ref.get("blob") \
+                    or not in_class(r.get("f") or "", "loads_code"):
+                continue
+            try:
+                hit = pc.ptx.find(ref["blob"], int(ref.get("size") or 0))
+                if hit is not None:
+                    ptx, what, path = hit
+                    out.append({"k": "ptx", "image": ref["blob"], "from": what, "path": path,
+                                "x": {"ptx": {"blob": pc.writer.add_blob(ptx), "size": len(ptx)}}})
+                    pc.ptx_kept[what] = pc.ptx_kept.get(what, 0) + 1
+            except Exception as e:     # never let the search cost the capture
+                print(f"cudasnap: warning: looking for the PTX of call #{r.get('s')}: {type(e).__name__}: {e}",
+                      file=sys.stderr)
+        return out
 
     def _drain(self, pc: ProcessCapture) -> None:
         try:

@@ -598,6 +598,8 @@ def _summary(procs, out: Path, unsaved: dict) -> None:
             flags.append(f"[yellow]{c['host_visible_allocs']} host-visible allocations: direct kernel reads of them not captured[/]")
         if c.get("notes"):
             flags.append(f"{c['notes']} notes")
+        if getattr(pc, "ptx_kept", None):
+            flags.append("PTX kept for " + ", ".join(f"{n} module(s) from the {w}" for w, n in sorted(pc.ptx_kept.items())))
         con.print(
             f"[bold]cudasnap:[/] {escape(str(pc.path))}  pid {pc.ring.pid}: {c['calls']:,} calls, "
             f"{c['launches']:,} launches, {_mb(c['h2d_bytes'])} H2D, {_mb(c['d2h_bytes'])} D2H captured, "

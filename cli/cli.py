@@ -373,9 +373,10 @@ def replay(
     force: bool = typer.Option(False, "-f", "--force-overwrite", help="Replace an existing --out or --trace file (by default refused, before any work)."),
     wrap: Optional[str] = typer.Option(None, "--wrap", metavar="'TOOL ARGS'", help="Run the replay under a tool, with these same options: 'compute-sanitizer --tool memcheck' (gets --error-exitcode 1 unless given), 'ncu --section SpeedOfLight', 'nsys profile' (with --profiler-range workload, ncu and nsys are told to see only the replayed work). The tool's exit status is returned; a tool not found is exit 2."),
     preload: Optional[Path] = typer.Option(None, "--preload", metavar="TOOL.so", help="Load this library first in the replay process (LD_PRELOAD; under --wrap, in the replay process, not the tool's): an NVBit tool, an interposer."),
-    sim: Optional[str] = typer.Option(None, "--sim", metavar="gpgpu-sim[:CONFIG]", help="Replay on a simulator instead of a GPU: GPGPU-Sim, in one of its configs (default SM86_RTX3070); kernels run from their PTX, every D2H result is verified."),
+    sim: Optional[str] = typer.Option(None, "--sim", metavar="gpgpu-sim[:CONFIG]", help="Replay on a simulator instead of a GPU: GPGPU-Sim, in one of its configs (default: the one closest to the captured GPU); kernels run from their PTX, every D2H result is verified."),
     sim_path: Optional[Path] = typer.Option(None, "--sim-path", metavar="DIR", help="The GPGPU-Sim build (lib/libcudart.so, configs/); default $CUDASNAP_GPGPUSIM."),
     sim_mode: str = typer.Option("functional", "--sim-mode", metavar="functional|performance", help="functional: results only (fast); performance: cycle-level, per-kernel cycles (--out writes them as a timeline profile)."),
+    sim_max_ctas: Optional[int] = typer.Option(None, "--sim-max-ctas", metavar="N", help="Bounded performance mode: a launch of more than N CTAs is timed on samples of its first N/2 and N CTAs and its cycles extrapolated, with the error stated; results are verified by a functional pass."),
 ):
     """Replay a snapshot on a GPU and verify every D2H result.
 
@@ -385,8 +386,10 @@ def replay(
     Exit 0: calls replayed and every D2H result verified; 1: a verification mismatch; 2: replay
     could not proceed (the snapshot is unreadable, damaged or holds no call to replay; no GPU;
     an unsupported call)."""
+    if sim_max_ctas is not None and sim is None:
+        _fail("--sim-max-ctas bounds a simulated replay: add --sim gpgpu-sim --sim-mode performance")
     if sim is not None:
-        _replay_sim(sim, sim_path, sim_mode, snapshot, dict(
+        _replay_sim(sim, sim_path, sim_mode, sim_max_ctas, snapshot, dict(
             device=device, devices=devices, threads=threads, wrap=wrap, preload=preload, jit=jit, trace=trace,
             hook=hook, launch_override=launch_override, pace=_value(pace) != "fast" or None, launch=launch,
             profile=_value(profile) if _value(profile) != "timeline" else None),
@@ -484,7 +487,7 @@ def replay(
     raise typer.Exit(run_replay_cli(snapshot, opts, json_out))
 
 
-def _replay_sim(sim, sim_path, sim_mode, snapshot, not_with, kw, json_out, out_file, force) -> None:
+def _replay_sim(sim, sim_path, sim_mode, max_ctas, snapshot, not_with, kw, json_out, out_file, force) -> None:
     """replay --sim: the simulator backend (replay/sim/) with the replay's selection and checks."""
     used = [k for k, v in not_with.items() if v not in (None, False, 0, [], "")]
     if used:
@@ -500,7 +503,7 @@ def _replay_sim(sim, sim_path, sim_mode, snapshot, not_with, kw, json_out, out_f
     _check_outputs(force, [snapshot[0]], (out_file, "file", "--out"))
     from cudasnap.replay.sim import run_sim_cli
     raise typer.Exit(run_sim_cli(snapshot[0], ReplayOptions(**kw), sim, str(sim_path) if sim_path else None,
-                                 sim_mode, json_out, str(out_file) if out_file else None))
+                                 sim_mode, json_out, str(out_file) if out_file else None, max_ctas=max_ctas))
 
 
 def _rank_outputs(snapshots: List[Path], out_file: Optional[Path]) -> List[str]:

@@ -134,13 +134,24 @@ class _SummaryRecords:
 def _module_images(r: SnapshotReader, sm: Mapping[str, Any]) -> list:
     """Each module/library load with the code its image carries (SASS architectures, PTX)."""
     try:
+        from cudasnap.formats.jitptx import kept_ptx
         from cudasnap.replay.retarget import module_loads
         loads = module_loads(_SummaryRecords(r, sm))
+        kept = kept_ptx(r) if (sm.get("kinds") or {}).get("ptx") else {}
     except SnapshotError:
         return []
+    image = {rec.get("s"): ((rec.get("x") or {}).get("image") or {}).get("blob") for rec in sm["modrecs"]}
+
+    def source(ld) -> Optional[str]:
+        """Where the simulator's PTX for the module comes from: its image, what a capture kept
+        beside it (a JIT cache), or nowhere (None)."""
+        if ld["info"].ptx:
+            return "image"
+        k = kept.get(image.get(ld["seq"]) or "")
+        return k["from"] if k else None
     return [{"seq": ld["seq"], "call": ld["call"], "result": ld["r"], "bytes": ld["size"],
              "format": ld["info"].format, "sass": ["sm_%d" % a for a in ld["info"].sass],
-             "ptx": ["compute_%d" % a for a in ld["info"].ptx],
+             "ptx": ["compute_%d" % a for a in ld["info"].ptx], "ptx_from": source(ld),
              "compressed": sorted({e.compressed for e in ld["info"].entries if e.compressed}),
              "kernels": len(ld["kernels"]), "launched": sorted(ld.get("launched") or ())} for ld in loads]
 
@@ -309,13 +320,19 @@ def run_info(path: Path, json_out: bool) -> int:
     if len(c["by_name"]) > 40:
         rows.append((f"... {len(c['by_name']) - 40} more", ""))
     print_table(con, ["function", ("count", "right")], rows, title="API calls")
-    if s["kernels"]["by_name"]:
-        print_table(con, ["kernel", ("launches", "right")], list(s["kernels"]["by_name"].items())[:30],
-                    title="Kernels by launches")
     imgs = s.get("module_images") or []
+    if s["kernels"]["by_name"]:
+        ptx: Dict[str, str] = {}           # kernel -> where its PTX comes from (the simulator runs PTX)
+        for m in imgs:
+            for k in m["launched"]:
+                ptx.setdefault(k, {None: "none", "image": "image"}.get(m["ptx_from"], f"kept: {m['ptx_from']}"))
+        print_table(con, ["kernel", ("launches", "right"), "PTX"],
+                    [(k, n, ptx.get(k, "?")) for k, n in list(s["kernels"]["by_name"].items())[:30]],
+                    title="Kernels by launches")
     if imgs:
         rows = [(f"#{m['seq']}", m["call"], _human(m["bytes"]), m["format"], " ".join(m["sass"]) or "-",
-                 " ".join(m["ptx"]) or "-", m["kernels"]) for m in imgs[:40]]
+                 " ".join(m["ptx"]) or (f"kept: {m['ptx_from']}" if m["ptx_from"] else "-"), m["kernels"])
+                for m in imgs[:40]]
         if len(imgs) > 40:
             rows.append((f"... {len(imgs) - 40} more", "", "", "", "", "", ""))
         print_table(con, ["call", "load", ("image", "right"), "format", "SASS", "PTX", ("kernels", "right")], rows,

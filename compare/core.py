@@ -418,7 +418,9 @@ def compare(base: Dict[str, Any], cand: Dict[str, Any], threshold: float = 5.0, 
             # silicon beside a model of another chip (or two models): a side by side, not a verdict
             regressed = False
             notes.insert(1, "side by side: the runs are of different devices, so no regression is judged (exit 0)")
+    from .correlate import correlate
     return {"threshold_pct": threshold, "min_diff_us": min_diff_us, "base": fa, "candidate": fb, "differences": diffs, "forced": bool(diffs),
+            "correlation": correlate(base, cand),
             "mode": mode, "kernels": kernels, "launches": launches, "total": total,
             "slower": [k["name"] for k in slower], "faster": [k["name"] for k in faster],
             "regressed": regressed, "exit_code": 1 if regressed else 0, "notes": notes}

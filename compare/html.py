@@ -145,8 +145,24 @@ def repro_command(f: Dict[str, Any], vars_only: Optional[Dict[str, str]] = None)
     return (pre + " " if pre else "") + cmd
 
 
+def correlation_section(page: Page, c: Dict[str, Any]) -> None:
+    from .correlate import figure
+    page.add(f"<h2>Silicon vs simulator (GPGPU-Sim {e(c.get('config'))})</h2><p>simulated time at {e(c['clock'])}; "
+             f"{c['n']} kernel(s) both measured and simulated"
+             + ("" if c.get("pearson") is None else
+                f": Pearson {c['pearson']:.3f}, Spearman {c['spearman']:.3f}, mean error {c['mean_error_pct']:+.1f}%, "
+                f"mean absolute error {c['mean_abs_error_pct']:.1f}%") + ".</p>")
+    if c["kernels"]:
+        page.figure(figure(c))
+        page.add(table(["kernel", "launches", "measured", "cycles", "simulated", "error"],
+                       [[r["name"], r["launches"], us(r["measured_us"]), f"{r['cycles']:.0f}", us(r["simulated_us"]),
+                         pct(r["error_pct"], True)] for r in c["kernels"]]))
+
+
 def compare_sections(page: Page, res: Dict[str, Any], heading: str = "") -> None:
     t = res["total"]
+    if res.get("correlation"):
+        correlation_section(page, res["correlation"])
     page.figure(ratio_figure(res, f"{heading}per-kernel difference, candidate vs base (bars: noise band)"))
     page.add("<h2>Top regressions</h2>" + kernels_table(res, only=(SLOWER,), limit=30))
     page.add("<h2>All kernels</h2>" + kernels_table(res))

@@ -89,6 +89,9 @@ def render_text(res: Dict[str, Any], out, top: int = 20, title: Optional[str] = 
     w(f"total: {t['what']}: {us(t.get('base_us'))} -> {us(t.get('candidate_us'))} "
       f"({ratio(t.get('ratio'))}, {pct(t.get('diff_pct'), True)}, noise "
       f"{'-' if t.get('noise_pct') is None else '+-%.1f%%' % t['noise_pct']}): {t['verdict']}\n")
+    if res.get("correlation"):
+        from .correlate import render
+        render(res["correlation"], out)
     for n in res.get("notes", []):
         w(f"note: {n}\n")
     w(summary_line(res) + "\n")

@@ -177,6 +177,7 @@ class Extractor:
                  driver=None, sass: str = "device", watchdog: Optional[float] = None):
         self.path = os.fspath(snapshot)
         self.out = os.fspath(out)
+        self.image_ids: Dict[str, str] = {}       # module image blob id -> its id in the extract
         self.launch, self.kernel, self.calls = launch, kernel, calls
         if memory not in ("reachable", "all"):
             raise ExtractError("--memory must be reachable or all")
@@ -741,6 +742,7 @@ class Extractor:
                         data = self._thin(data)
                     x[k] = {**v, "blob": self.w.add_blob(data)}
                     if is_image:
+                        self.image_ids[v["blob"]] = x[k]["blob"]
                         if isinstance(v.get("size"), int):
                             x[k]["size"] = len(data)
                         self.res.module_bytes += len(data)
@@ -811,7 +813,7 @@ class Extractor:
         # followed (a function record belongs to the lookups before it).
         items: List[Tuple[int, int, Dict[str, Any]]] = []
         after = -1
-        for rec in self.reader.records(("c", "fn", "ctx", "region", "proc")):
+        for rec in self.reader.records(("c", "fn", "ctx", "region", "proc", "ptx")):
             k = rec.get("k")
             if k == "c":
                 s = rec.get("s")
@@ -826,6 +828,10 @@ class Extractor:
         items.sort(key=lambda it: (it[0], it[1]))          # stable: the file's order within a place
         restored = False
         for s, kind, rec in items:
+            if kind == 1 and rec.get("k") == "ptx":
+                if rec.get("image") in self.image_ids:    # PTX kept for a module the extract loads
+                    w.write({**self._copy_blobs(rec), "image": self.image_ids[rec["image"]]})
+                continue
             if kind == 1:
                 w.write(rec)
                 continue

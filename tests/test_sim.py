@@ -143,8 +143,9 @@ def test_performance_profile_compares_with_silicon(snaps):
     assert prof["summary"]["mode"] == "timeline" and prof["summary"]["simulated"] is True
     (row,) = prof["launches"]
     assert row["name"] == "tile_sum" and row["cycles"] > 0 and row["time_us"] > 0
-    assert prof["run"]["gpu"]["name"] == "GPGPU-Sim SM86_RTX3070 (simulated)"
+    assert prof["run"]["gpu"]["name"] == "GPGPU-Sim SM90_H100 (simulated)"     # the double is an sm_90 GPU
     assert prof["run"]["simulated"]["core_clock_mhz"] == 1132.0
+    assert prof["run"]["simulated"]["config_why"] == "closest to the captured cudasnap test double (sm_90)"
     assert "tile_sum:" in cp.stdout and "cycles" in cp.stdout
     gpu_json = tmp / "gpu.json"
     g = _cli("replay", snaps["plain"], "-k", "tile_sum", "--profile", "timeline", "--out", gpu_json,
@@ -153,6 +154,65 @@ def test_performance_profile_compares_with_silicon(snaps):
     c = _cli("compare", gpu_json, sim_json)
     assert c.returncode == 0, c.stdout + c.stderr              # different devices: no regression judged
     assert "silicon vs simulator" in c.stdout and "tile_sum" in c.stdout and "SIDE BY SIDE:" in c.stdout
+    # the double reports a 1980 MHz clock: the cycles become time at it
+    assert "simulated time at the silicon's 1980 MHz" in c.stdout
+    cyc = row["cycles"]
+    assert re.search(rf"tile_sum +[0-9.]+ us +{cyc} +{cyc / 1980:.2f} us", c.stdout), c.stdout
+    assert "correlation: none (1 kernel(s) both measured and simulated: a correlation needs 3 or more)" in c.stdout
+
+
+def test_correlation_across_kernels(snaps, tmp_path):
+    """compare of a GPU profile with a simulated one over several kernels: per kernel measured
+    time, cycles, time at the silicon's clock and error; Pearson and Spearman; the HTML report
+    plots it. Cycles here are the measured times at half the clock (every error -50%), and one
+    kernel is left unsimulated."""
+    gpu_json = snaps["tmp"] / "gpu.json"
+    sim_json = snaps["tmp"] / "sim.json"
+    if not gpu_json.exists() or not sim_json.exists():
+        pytest.skip("needs test_performance_profile_compares_with_silicon's profiles")
+    gpu = json.loads(gpu_json.read_text())
+    sim = json.loads(sim_json.read_text())
+    times = [("fill", 10.0), ("add_one", 20.0), ("saxpy", 40.0), ("tile_sum", 35.0), ("histo", 100.0)]
+    gpu["launches"] = [dict(gpu["launches"][0], name=n, time_us=t, index=i) for i, (n, t) in enumerate(times)]
+    sim["launches"] = [dict(sim["launches"][0], name=n, cycles=int(t * 990), index=i)
+                       for i, (n, t) in enumerate(times[:4])]
+    for prof, path in ((gpu, tmp_path / "g.json"), (sim, tmp_path / "s.json")):
+        from cudasnap.replay.profile.report import aggregate
+        prof["kernels"] = aggregate(prof["launches"])
+        path.write_text(json.dumps(prof))
+    html = tmp_path / "r.html"
+    c = _cli("compare", tmp_path / "g.json", tmp_path / "s.json", "--html", html)
+    assert c.returncode == 0, c.stdout + c.stderr
+    assert re.search(r"correlation over 4 kernels: Pearson 1\.000( \(p [^)]*\))?, Spearman 1\.000( \(p [^)]*\))?; "
+                     r"mean error -50\.0%, mean absolute error 50\.0%", c.stdout), c.stdout
+    assert re.search(r"saxpy +40\.00 us +39600 +20\.00 us +-50%", c.stdout), c.stdout
+    assert "measured but not simulated: 1 kernel(s) (histo)" in c.stdout
+    page = html.read_text()
+    assert "Silicon vs simulator (GPGPU-Sim SM90_H100)" in page and "simulated vs measured time per kernel" in page
+    j = _cli("compare", tmp_path / "g.json", tmp_path / "s.json", "--json")
+    corr = json.loads(j.stdout)["correlation"]
+    assert corr["n"] == 4 and corr["clock_mhz"] == 1980 and abs(corr["pearson"] - 1) < 1e-9
+
+
+def test_model_of_the_captured_gpu():
+    from cudasnap.replay.sim import pick_config
+    have = ["SM75_RTX2060", "SM7_QV100", "SM86_RTX3070", "SM90_H100"]
+    assert pick_config(have, {"name": "NVIDIA H100 80GB HBM3", "cc": [9, 0]}) == (
+        "SM90_H100", "closest to the captured NVIDIA H100 80GB HBM3 (sm_90)")
+    assert pick_config(have, {"name": "NVIDIA H200", "cc": [9, 0]})[0] == "SM90_H100"
+    assert pick_config(have, {"name": "NVIDIA GeForce RTX 3070", "cc": [8, 6]})[0] == "SM86_RTX3070"
+    assert pick_config(have, {"name": "NVIDIA A100-SXM4-80GB", "cc": [8, 0]}) == (
+        "SM75_RTX2060", "closest to the captured NVIDIA A100-SXM4-80GB (sm_80): the newest model below it")
+    assert pick_config(have, None) == ("SM86_RTX3070", "the snapshot does not say which GPU it was captured on")
+
+
+def test_the_chosen_model_is_named(snaps):
+    cp = _sim(snaps["plain"], "-k", "fill")
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert cp.stdout.startswith("simulator: GPGPU-Sim SM90_H100 (closest to the captured cudasnap test double "
+                                "(sm_90)), functional mode\n"), cp.stdout
+    asked = _cli("replay", snaps["plain"], "-k", "fill", "--sim", "gpgpu-sim:SM7_QV100", "--sim-path", SIM)
+    assert asked.returncode == 0 and "simulator: GPGPU-Sim SM7_QV100 (asked for)" in asked.stdout, asked.stdout
 
 
 def test_no_simulator_build_is_one_line(tmp_path, snaps):
@@ -253,3 +313,213 @@ def test_extract_then_simulate(snaps):
     assert cp.returncode == 0, cp.stdout + cp.stderr
     res = json.loads(cp.stdout)
     assert res["exit_code"] == 0 and res["d2h_verified"] >= 1 and res["launches"] == 1 and not res["mismatches"]
+
+
+@pytest.fixture(scope="module")
+def hostmem(snaps):
+    """hostfree on the double (its first add_one reads and writes mapped pinned host memory
+    through the pointer cuMemHostGetDevicePointer gave), captured with the mapped memory's
+    contents, and an extract of that launch."""
+    d, tmp = snaps["double"], snaps["tmp"]
+    snap, x = tmp / "hostfree.cusnap", tmp / "hostfree.x.cusnap"
+    cp = _cli("capture", "-o", snap, "--ring-mb", "16", "--", d["progs"]["hostfree"],
+              env=dict(d["env"], CUDASNAP_MAPPED_MEMORY="1"), timeout=120)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    first = min(r["s"] for r in _records(snap) if r.get("f") == "cuLaunchKernel")
+    ex = _cli("extract", snap, "--launch", first, "-o", x, "-f", env=d["env"])
+    assert ex.returncode == 0, ex.stdout + ex.stderr
+    return snap, x
+
+
+def _records(snap):
+    from cudasnap.formats import SnapshotReader
+    return list(SnapshotReader(str(snap)).records(("c",)))
+
+
+def test_mapped_host_memory_runs_on_the_simulator(hostmem):
+    """The kernel gets the simulator's copy of the mapped range; the host memory's final bytes
+    (checked at its free) and the later D2H verify; a kernel computing something else is a
+    mismatch, so the data does go through the simulated kernel; the extract of that launch runs."""
+    snap, x = hostmem
+    ptx = DATA / "kernels.ptx"
+    cp = _sim(snap, "--replace", f"add_one={ptx}")
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert re.search(r"D2H verified\s+2 \(", cp.stdout) and "not implement" not in cp.stderr
+    bad = _sim(snap, "--replace", f"add_one={DATA / 'wrong_add_one.ptx'}")
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert re.search(r"call #\d+ cuMemFreeHost", bad.stdout), bad.stdout
+    cx = _sim(x, "--replace", f"add_one={ptx}")
+    assert cx.returncode == 0, cx.stdout + cx.stderr
+    assert "cuMemHostGetDevicePointer" not in cx.stdout + cx.stderr
+
+
+def test_every_gap_is_listed_in_one_refusal(snaps):
+    """graphnodes builds graphs node by node (the adapter runs captured graphs only): one refusal
+    lists each call the adapter lacks (name, count, first call), and nothing is simulated."""
+    d = snaps["double"]
+    snap = snaps["tmp"] / "graphnodes.cusnap"
+    cp = _cli("capture", "-o", snap, "--ring-mb", "16", "--", d["progs"]["graphnodes"], env=d["env"], timeout=120)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    r = _sim(snap)
+    assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
+    head, *items = r.stderr.strip().splitlines()
+    m = re.match(r"cudasnap: error: the simulator cannot run this snapshot: (\d+) gaps \(nothing was simulated\):$", head)
+    assert m and int(m.group(1)) == len(items) >= 5, r.stderr
+    text = "\n".join(items)
+    for f in ("cuGraphCreate", "cuGraphAddKernelNode_v2", "cuGraphAddNode_v2"):
+        assert re.search(rf"^  - {f} \(\d+ calls?, first #\d+\): the simulator adapter does not implement it$",
+                         text, re.M), text
+    assert re.search(r"^  - cuGraphAddNode_v2 \(4 calls, first #\d+\)", text, re.M), text
+
+
+def test_captured_graph_runs_as_its_work_in_order(snaps):
+    """simgraph captures fill, add_one and a device copy into a graph and launches it twice: the
+    simulator runs the graph's work in capture order at each launch, and the results verify
+    (add_one applied twice)."""
+    d = snaps["double"]
+    snap = snaps["tmp"] / "simgraph.cusnap"
+    cp = _cli("capture", "-o", snap, "--ring-mb", "16", "--", d["progs"]["simgraph"], DATA / "kernels.ptx",
+              env=d["env"], timeout=120)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    r = _sim(snap)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"D2H verified\s+2 \(", r.stdout) and "OK: every recorded D2H result reproduced" in r.stdout
+    bad = _sim(snap, "--replace", f"add_one={DATA / 'wrong_add_one.ptx'}")
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+
+def _triton_like_cubin(text: bytes) -> bytes:
+    """An sm_90 CUDA ELF whose one PROGBITS section holds the double's image (the double runs
+    the kernels it names), as Triton's cubin holds SASS."""
+    body = text + b"\0" * (8 - len(text) % 8)
+    shoff = 64 + len(body)
+    ident = b"\x7fELF\x02\x01\x01\x33\x07" + bytes(7)
+    head = ident + struct.pack("<HHIQQQIHHHHHH", 2, 190, 1, 0, 0, shoff, 0x005A005A, 64, 0, 0, 64, 2, 0)
+    sec = struct.pack("<IIQQQQIIQQ", 0, 1, 0, 0, 64, len(text), 0, 0, 1, 0)
+    return head + body + bytes(64) + sec
+
+
+@pytest.fixture(scope="module")
+def jit(snaps):
+    """simprog loading a cubin that a Triton-like cache holds with its PTX (cache/<hash>/K.cubin
+    and K.ptx), captured with TRITON_CACHE_DIR naming the cache; the cubin holds no PTX."""
+    d, tmp = snaps["double"], snaps["tmp"]
+    names = b"".join(b"kernel %s\n" % k for k in (b"fill", b"add_one", b"saxpy", b"tile_sum", b"histo", b"chase"))
+    cubin = _triton_like_cubin(b"CUDADOUBLE\n" + names)
+    entry = tmp / "cache" / "Q3M2XKJ7VLBTV4ASGBMHN5ZQ"
+    entry.mkdir(parents=True)
+    (entry / "fill.cubin").write_bytes(cubin)
+    (entry / "fill.ptx").write_bytes((DATA / "kernels.ptx").read_bytes())
+    (tmp / "cache" / "other").mkdir()
+    (tmp / "cache" / "other" / "fill.cubin").write_bytes(cubin[:-1] + b"\1")    # same size, other bytes
+    snap = tmp / "jit.cusnap"
+    cp = _cli("capture", "-o", snap, "--ring-mb", "16", "--", d["progs"]["simprog"], entry / "fill.cubin",
+              env=dict(d["env"], TRITON_CACHE_DIR=str(tmp / "cache")), timeout=120)
+    assert cp.returncode == 0 and snap.exists(), cp.stdout + cp.stderr
+    assert "PTX kept for 1 module(s) from the triton cache" in cp.stdout + cp.stderr, cp.stdout + cp.stderr
+    return snap, entry
+
+
+def test_jit_cubin_is_captured_with_its_ptx_and_simulated(jit):
+    """The PTX found beside the loaded cubin in the cache (matched by the cubin's bytes) is
+    recorded with the module; info says where it came from; the simulator runs it and every
+    result verifies."""
+    snap, entry = jit
+    from cudasnap.formats import SnapshotReader
+    from cudasnap.formats.jitptx import kept_ptx
+    kept = kept_ptx(SnapshotReader(str(snap)))
+    (got,) = kept.values()
+    assert got["from"] == "triton cache" and got["path"] == str(entry / "fill.cubin")
+    assert got["ptx"] == (DATA / "kernels.ptx").read_bytes()
+    info = _cli("info", snap)
+    assert info.returncode == 0, info.stderr
+    assert re.search(r"cubin .*sm_90 .*triton cache", info.stdout), info.stdout
+    assert re.search(r"tile_sum .*\b1\b.*triton cache", info.stdout), info.stdout
+    cp = _sim(snap)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert re.search(r"D2H verified\s+6 \(", cp.stdout) and "OK: every recorded D2H result reproduced" in cp.stdout
+
+
+def test_jit_ptx_goes_with_an_extract(jit, snaps):
+    snap, _entry = jit
+    x = snaps["tmp"] / "jit.x.cusnap"
+    ex = _cli("extract", snap, "--kernel", "tile_sum", "-o", x, "-f", env=snaps["double"]["env"])
+    assert ex.returncode == 0, ex.stdout + ex.stderr
+    cp = _sim(x)
+    assert cp.returncode == 0 and re.search(r"D2H verified\s+[1-9]\d* \(", cp.stdout), cp.stdout + cp.stderr
+    assert "OK: every recorded D2H result reproduced" in cp.stdout
+
+
+def test_triton_style_ptx_runs(snaps):
+    """PTX as Triton (LLVM) writes it: `.param .u64 .ptr .global .align 1` parameters, .reqntid,
+    `@%p ld.global.L1::evict_last.b32 { %r2 }, [ %rd1 + 0 ]`: the simulator's parser takes it once
+    the hints are dropped, and the kernel's results verify."""
+    from cudasnap.replay.sim import ptx
+    text = (DATA / "triton_add_one.ptx").read_text()
+    assert ptx.entries(text)["add_one"] == [(0, 8), (8, 4)]
+    fixed = ptx.for_sim(text)
+    assert ".reqntid 256" not in fixed and "L1::evict_last" not in fixed and "{ %r2 }" not in fixed
+    assert "@%p1 ld.global.b32 %r2, [ %rd1 + 0 ];" in fixed
+    cp = _sim(snaps["plain"], "--replace", f"add_one={DATA / 'triton_add_one.ptx'}")
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert "OK: every recorded D2H result reproduced" in cp.stdout
+
+
+def test_bounded_performance_mode(snaps, tmp_path):
+    """--sim-max-ctas 4: tile_sum's 16 CTAs are timed on samples of 2 and 4 and extrapolated with
+    the error stated (here the samples fill less than the GPU: the bracket is wide and holds the
+    whole launch's cycles); the verdict comes from a functional pass over every CTA."""
+    out = tmp_path / "b.json"
+    cp = _sim(snaps["plain"], "-k", "tile_sum", "--sim-mode", "performance", "--sim-max-ctas", "4", "--out", out,
+              "--progress")
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert "launches over 4 CTAs timed on samples" in cp.stdout and re.search(r"D2H verified\s+1 \(", cp.stdout)
+    assert "divergence" not in cp.stdout + cp.stderr                      # the samples' partial results
+    assert re.search(r"^cudasnap: simulated 1/1 kernels \(tile_sum", cp.stderr, re.M), cp.stderr
+    (row,) = json.loads(out.read_text())["launches"]
+    b = row["bounded"]
+    assert b["ctas"] == 16 and b["sampled_ctas"] == [2, 4] and row["cycles"] == b["cycles"]
+    assert b["linear"] <= b["cycles"] <= b["scaled"] and b["error_cycles"] == round((b["scaled"] - b["linear"]) / 2)
+    m = re.search(r"tile_sum: (\d+) cycles +[0-9.]+ us \+- (\d+) \(\+-\d+%\), extrapolated from 2 and 4 of 16 CTAs", cp.stdout)
+    assert m and int(m.group(1)) == row["cycles"], cp.stdout
+    # the whole launch as test_performance_profile_compares_with_silicon simulated it: inside the bracket
+    prof = snaps["tmp"] / "sim.json"
+    if prof.exists():
+        whole = json.loads(prof.read_text())["launches"][0]["cycles"]
+        assert abs(whole - b["cycles"]) <= b["error_cycles"] + 1, (whole, b)
+    bad = _sim(snaps["plain"], "-k", "tile_sum", "--sim-max-ctas", "4")
+    assert bad.returncode == 2 and "bounds performance mode" in bad.stderr
+
+
+def test_bounded_estimate():
+    from cudasnap.replay.sim.bounded import estimate, fold, sample_grid
+    assert sample_grid((100, 1, 1), 8) == ((8, 1, 1), 8)
+    assert sample_grid((10, 10, 1), 25) == ((10, 3, 1), 30)
+    assert sample_grid((4, 4, 8), 40) == ((4, 4, 3), 48)
+    e = estimate(1000, 100, 1000, 200, 2000)          # cycles grow as CTAs: both models agree
+    assert e["cycles"] == 10000 and e["error_cycles"] == 0
+    runs = fold([("a", 5), ("k", 100), ("k", 200), ("b", 7)], [{"at": 1, "total": 1000, "ctas": [100, 200]}])
+    assert [(n, c) for n, c, _e in runs] == [("a", 5), ("k", 1000), ("b", 7)]
+
+
+def test_launch_attributes_the_model_takes():
+    """cuLaunchKernelEx: a one-CTA cluster and hints change nothing the simulator computes (Triton
+    sets them); a cooperative launch or a real cluster is refused by name."""
+    from cuda.bindings import driver as cu
+    from cudasnap.replay.sim.driver import SimDriver
+    ids = cu.CUlaunchAttributeID
+    c = cu.CUlaunchConfig()
+    one = cu.CUlaunchAttribute()
+    one.id = ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    one.value.clusterDim.x = one.value.clusterDim.y = one.value.clusterDim.z = 1
+    pri = cu.CUlaunchAttribute()
+    pri.id = ids.CU_LAUNCH_ATTRIBUTE_PRIORITY
+    coop = cu.CUlaunchAttribute()
+    coop.id = ids.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+    d = SimDriver.__new__(SimDriver)
+    c.attrs, c.numAttrs = [one, pri], 2
+    assert d._refused_attr(c) is None
+    c.attrs, c.numAttrs = [one, pri, coop], 3
+    assert d._refused_attr(c) == "COOPERATIVE"
+    one.value.clusterDim.x = 2
+    c.attrs, c.numAttrs = [one], 1
+    assert d._refused_attr(c) == "CLUSTER_DIMENSION"

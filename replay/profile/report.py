@@ -178,6 +178,13 @@ def run_info(rv, cfg, opts, snapshot) -> Dict[str, Any]:
                     gpu["uuid"] = f"GPU-{x[:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:32]}"
             except Exception:
                 pass
+            try:     # the clock simulated cycles are compared at (compare/correlate.py)
+                a = cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_CLOCK_RATE, rv.device)
+                if int(a[0]) == 0 and int(a[1]) > 0:
+                    gpu["clock_mhz"] = int(a[1]) / 1000
+                    gpu["clock_source"] = "the driver's peak SM clock"
+            except Exception:
+                pass
             d["gpu"] = gpu
         except Exception:
             pass

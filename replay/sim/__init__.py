@@ -52,6 +52,7 @@ class Sim:
     path: str
     config: str
     mode: str
+    why: str = "asked for"        # how the model was chosen
 
     @property
     def lib(self) -> str:
@@ -84,8 +85,49 @@ def configs(path: str) -> List[str]:
         if os.path.isdir(d) else []
 
 
-def resolve(spec: str, sim_path: Optional[str], mode: str) -> Sim:
-    """`gpgpu-sim[:CONFIG]`, the build's directory (--sim-path, else $CUDASNAP_GPGPUSIM) and the mode."""
+def captured_gpu(reader) -> Optional[Dict[str, Any]]:
+    """The GPU the program ran on ({"name", "cc"}): its first context's device, else the first."""
+    gpus: List[Dict[str, Any]] = []
+    dev = None
+    for rec in reader.records(("proc", "ctx")):
+        if rec.get("k") == "proc" and isinstance(rec.get("gpus"), list) and not gpus:
+            gpus = [g for g in rec["gpus"] if isinstance(g, dict)]
+        elif rec.get("k") == "ctx" and dev is None and isinstance(rec.get("device"), int):
+            dev = rec["device"]
+    return next((g for g in gpus if g.get("index") == dev), gpus[0] if gpus else None)
+
+
+def pick_config(have: List[str], gpu: Optional[Dict[str, Any]]) -> Tuple[str, str]:
+    """The model closest to the captured GPU, and why: a config named after the GPU (SM90_H100
+    for an H100; an H200 is the same sm_90 chip with more memory), else the one of the same
+    compute capability, else the newest one below it; the default where nothing is known."""
+    fallback = DEFAULT_CONFIG if DEFAULT_CONFIG in have else (have[0] if have else DEFAULT_CONFIG)
+    cc = gpu.get("cc") if gpu else None
+    if not gpu or not isinstance(cc, list) or len(cc) != 2:
+        return fallback, "the snapshot does not say which GPU it was captured on"
+    name = str(gpu.get("name") or "?")
+    want = cc[0] * 10 + cc[1]
+    what = f"closest to the captured {name} (sm_{want})"
+
+    def sm(c: str) -> int:
+        m = re.match(r"SM(\d)(\d?)_", c)
+        return int(m.group(1)) * 10 + int(m.group(2) or 0) if m else -1
+    for c in have:
+        chip = c.partition("_")[2]
+        if chip and re.search(rf"\b{re.escape(chip)}\b", name.replace("H200", "H100")):
+            return c, what
+    same = [c for c in have if sm(c) == want]
+    if same:
+        return same[0], what
+    below = sorted((c for c in have if 0 <= sm(c) < want), key=sm)
+    if below:
+        return below[-1], f"{what}: the newest model below it"
+    return fallback, f"no model at or below the captured {name} (sm_{want})"
+
+
+def resolve(spec: str, sim_path: Optional[str], mode: str, gpu: Optional[Dict[str, Any]] = None) -> Sim:
+    """`gpgpu-sim[:CONFIG]`, the build's directory (--sim-path, else $CUDASNAP_GPGPUSIM) and the
+    mode; without a CONFIG, the model closest to gpu (the captured one: Sim.why says so)."""
     name, _, config = spec.partition(":")
     if name not in SIMULATORS:
         raise SimProblem(f"--sim {spec}: unknown simulator (known: {', '.join(SIMULATORS)}[:CONFIG])")
@@ -98,11 +140,13 @@ def resolve(spec: str, sim_path: Optional[str], mode: str) -> Sim:
     if not os.path.isfile(os.path.join(path, "lib", "libcudart.so")):
         raise SimProblem(f"{path}: not a GPGPU-Sim build (no lib/libcudart.so); point --sim-path or {ENV_PATH} at one")
     have = configs(path)
-    config = config or (DEFAULT_CONFIG if DEFAULT_CONFIG in have else (have[0] if have else DEFAULT_CONFIG))
+    why = "asked for"
+    if not config:
+        config, why = pick_config(have, gpu)
     if config not in have:
         raise SimProblem(f"--sim {spec}: no config {config} in {os.path.join(path, 'configs')} "
                          f"(it has: {', '.join(have) or 'none'})")
-    return Sim(os.path.abspath(path), config, mode)
+    return Sim(os.path.abspath(path), config, mode, why)
 
 
 # ----------------------------------------------------------------------------------- the plan
@@ -115,6 +159,7 @@ class Plan:
     refusals: List[str] = field(default_factory=list)
     warnings: List[str] = field(default_factory=list)
     seqs: List[int] = field(default_factory=list)                      # launches the replay will simulate
+    images: Dict[str, str] = field(default_factory=dict)               # image blob id -> PTX digest (kept PTX)
 
 
 def kernel_names(reader) -> Dict[Any, str]:
@@ -159,6 +204,7 @@ def _selected(reader, opts, names) -> Tuple[Dict[str, int], int]:
 
 
 def plan(reader, opts, replace_specs: List[Tuple[str, str]]) -> Plan:
+    from cudasnap.formats.jitptx import kept_ptx
     from cudasnap.replay.retarget import module_loads, ptx_of
     from . import ptx as P
     p = Plan()
@@ -168,23 +214,29 @@ def plan(reader, opts, replace_specs: List[Tuple[str, str]]) -> Plan:
     have: Dict[str, Tuple[str, int]] = {}    # kernel -> (its PTX body, load call)
     sass: Dict[str, str] = {}           # kernel -> what its module carries instead
     images = _images(reader)
+    kept = kept_ptx(reader)
     for ld in module_loads(reader):
         if ld.get("r") not in (0, None):
             continue
-        blob = images.get(ld["seq"])
+        blob, bid = images.get(ld["seq"], (None, None))
         got = None
         if blob is not None:
             try:
                 got = ptx_of(blob)
             except ValueError as e:
                 p.warnings.append(f"call #{ld['seq']} {ld['call']}: {e}")
+        if got is None and bid in kept:          # a JIT compiler's cubin: the PTX kept beside it
+            got = (0, kept[bid]["ptx"])
         if got is None:
             what = ld["info"].describe() if ld["info"].format != "unknown" else "no PTX in the image"
             for k in ld["kernels"] | ld.get("launched", set()):
                 sass.setdefault(k, f"module of call #{ld['seq']}: {what}")
             continue
         text = P.text(got[1])
-        digest = hashlib.sha256(text.encode()).hexdigest()
+        digest = hashlib.sha256(text.encode()).hexdigest()     # as the replay's module load sees it
+        text = P.for_sim(text)
+        if bid in kept:
+            p.images[bid] = digest
         if digest in p.modules:
             continue
         ents = P.entries(text)
@@ -209,7 +261,7 @@ def plan(reader, opts, replace_specs: List[Tuple[str, str]]) -> Plan:
             continue
         try:
             with open(path, "rb") as f:
-                text = P.text(f.read())
+                text = P.for_sim(P.text(f.read()))
         except OSError as e:
             p.refusals.append(f"--replace {kernel}={path}: {e.strerror}")
             continue
@@ -248,12 +300,12 @@ def plan(reader, opts, replace_specs: List[Tuple[str, str]]) -> Plan:
     return p
 
 
-def _images(reader) -> Dict[int, bytes]:
+def _images(reader) -> Dict[int, Tuple[bytes, str]]:
     out = {}
     for rec in reader.records(("c",)):
         ref = (rec.get("x") or {}).get("image")
         if isinstance(ref, dict) and isinstance(ref.get("blob"), str) and reader.has_blob(ref["blob"]):
-            out[rec.get("s")] = reader.blob(ref["blob"])
+            out[rec.get("s")] = (reader.blob(ref["blob"]), ref["blob"])
     return out
 
 
@@ -333,6 +385,33 @@ def pointer_problems(reader, moved=moves) -> List[str]:
     return out
 
 
+# --------------------------------------------------------------------------- calls it cannot take
+def call_gaps(reader) -> List[str]:
+    """The recorded calls the replay would hand the simulator's driver (driver.py) that it does
+    not implement, one line per function: its name, how many calls, the first. Found before
+    anything runs, so one refusal lists them all."""
+    from cudasnap.formats.abi import base_name
+    from cudasnap.formats.vocab import in_class
+    from cudasnap.replay import dispatch
+    from .driver import SimDriver
+    seen: Dict[str, List[int]] = {}
+    verdict: Dict[str, bool] = {}
+    for rec in reader.records(("c",)):
+        f = rec.get("f") or ""
+        if rec.get("r", 0) != 0 or not f:
+            continue
+        ok = verdict.get(f)
+        if ok is None:
+            b = base_name(f)
+            m = getattr(SimDriver, f, None) or getattr(SimDriver, b, None)
+            ok = verdict[f] = (dispatch.replayed_by(f) not in ("class", "handler") or in_class(b, "sim_noop")
+                               or m is not None and not (getattr(m, "only_recorded", False) and not exact_placement()))
+        if not ok:
+            seen.setdefault(f, []).append(rec.get("s"))
+    return [f"{f} ({len(s)} call{'s' if len(s) > 1 else ''}, first #{s[0]}): the simulator adapter does not implement it"
+            for f, s in sorted(seen.items(), key=lambda kv: kv[1][0])]
+
+
 # ------------------------------------------------------------------------------------- the run
 ADAPTER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "adapter.c")
 
@@ -408,9 +487,10 @@ def ptx_parse_error(log_path: str, ptx_path: str) -> Optional[str]:
 
 
 def run_sim_cli(snapshot, opts, sim_spec: str, sim_path: Optional[str], mode: str, as_json: bool = False,
-                out_file: Optional[str] = None, keep: Optional[bool] = None) -> int:
+                out_file: Optional[str] = None, keep: Optional[bool] = None, max_ctas: Optional[int] = None) -> int:
     """`cudasnap replay SNAP --sim ...`: plan, refuse what cannot run, replay on the simulator,
-    write the profile of performance mode. Returns replay's exit code."""
+    write the profile of performance mode (max_ctas: bounded, see bounded.py). Returns replay's
+    exit code."""
     from cudasnap.formats import SnapshotError, SnapshotReader
     from cudasnap.replay import option_problem, snapshot_problem
     from cudasnap.replay.replace import effective_specs, parse_specs
@@ -428,6 +508,9 @@ def run_sim_cli(snapshot, opts, sim_spec: str, sim_path: Optional[str], mode: st
         return fail(problem)
     if out_file and mode != "performance":
         return fail("--out with --sim: simulated time needs --sim-mode performance")
+    if max_ctas is not None and (mode != "performance" or max_ctas < 2):
+        return fail("--sim-max-ctas N bounds performance mode (N >= 2): add --sim-mode performance"
+                    if mode != "performance" else f"--sim-max-ctas {max_ctas}: give 2 or more")
     bad = [t for t, _p in specs if t.startswith("module:") or t.startswith("0x")]
     if bad:
         return fail(f"--replace {bad[0]}: with --sim, replace kernels by name (KERNEL=FILE.ptx)")
@@ -435,30 +518,64 @@ def run_sim_cli(snapshot, opts, sim_spec: str, sim_path: Optional[str], mode: st
         reader = SnapshotReader(os.fspath(snapshot))
         p = plan(reader, opts, specs)
         ptrs = pointer_problems(reader)
+        calls = call_gaps(reader)
         sid = _snapshot_id(reader)
+        if not sim_spec.partition(":")[2]:
+            sim = resolve(sim_spec, sim_path, mode, captured_gpu(reader))
     except SnapshotError as e:
         return fail(str(e))
     for w in p.warnings:
         sys.stderr.write(f"cudasnap: warning: {w}\n")
-    if p.refusals or ptrs:
-        for r in p.refusals + ptrs:
-            sys.stderr.write(f"cudasnap: error: {r}\n")
+    gaps = p.refusals + ptrs + calls
+    if len(gaps) == 1:
+        return fail(gaps[0])
+    if gaps:
+        sys.stderr.write(f"cudasnap: error: the simulator cannot run this snapshot: {len(gaps)} gaps "
+                         f"(nothing was simulated):\n" + "".join(f"  - {g}\n" for g in gaps))
         return 2
+    if not opts.quiet and not as_json:
+        print(f"simulator: GPGPU-Sim {sim.config} ({sim.why}), {mode} mode"
+              + (f", launches over {max_ctas} CTAs timed on samples" if max_ctas else ""))
     import dataclasses
     options = dataclasses.asdict(opts)
     options.update(replace=[], relocate_payloads=True, jit=None)
     keep = bool(os.environ.get("CUDASNAP_SIM_KEEP")) if keep is None else keep   # the log, config and PTX, to debug
+    try:
+        if not max_ctas:
+            code, result, cycles = _run(sim, p, snapshot, options, as_json, keep)
+        else:
+            # bounded: the verdict from a functional pass over every CTA; the cycles from a
+            # performance pass in which each launch over the cap runs samples of its first CTAs
+            # (the results of that pass are partial: not reported)
+            code, _r, _l = _run(dataclasses.replace(sim, mode="functional"), p, snapshot, options, as_json, keep)
+            if code not in (0, 1):
+                return code
+            timing = dict(options, continue_on_error=True, quiet=True)
+            _c, result, cycles = _run(sim, p, snapshot, timing, False, keep, max_ctas=max_ctas, report=False)
+    except SimProblem as e:
+        return fail(str(e))
+    if mode == "performance":
+        rows = _profile_rows(result["launches"], cycles, sim.core_mhz(), p, result.get("sampled") or [])
+        if out_file:
+            _write_profile(out_file, rows, sim, snapshot, sid, result, code)
+        if not opts.quiet and not as_json:
+            _print_cycles(rows, sim)
+    return code
+
+
+def _run(sim: Sim, p: Plan, snapshot, options: Dict[str, Any], as_json: bool, keep: bool,
+         max_ctas: Optional[int] = None, report: bool = True) -> Tuple[int, Dict[str, Any], List[Tuple[str, int]]]:
+    """One replay on the simulator in a worker process: (exit code, the worker's result, the
+    cycles of each kernel the simulator ran). SimProblem when it stopped before the end."""
     work = tempfile.mkdtemp(prefix="cudasnap-sim-")
     try:
-        try:
-            adapter = prepare_dir(sim, work, p.texts)
-        except SimProblem as e:
-            return fail(str(e))
+        adapter = prepare_dir(sim, work, p.texts)
         job = {"snapshot": os.path.abspath(os.fspath(snapshot)), "options": options, "json": as_json,
-               "adapter": adapter, "dir": work, "ptx": "replay.ptx", "modules": p.modules, "layouts": p.layouts,
-               "replace": p.replace, "device_name": sim.device_name, "cc": list(sim.cc()),
-               "total": len(p.seqs), "mode": mode, "quiet": opts.quiet, "progress": opts.progress,
-               "log": os.path.join(work, "sim.log"), "exact": exact_placement(), "result": os.path.join(work, "result.json")}
+               "adapter": adapter, "dir": work, "ptx": "replay.ptx", "modules": p.modules, "images": p.images,
+               "layouts": p.layouts, "replace": p.replace, "device_name": sim.device_name, "cc": list(sim.cc()),
+               "total": len(p.seqs), "mode": sim.mode, "quiet": options.get("quiet"), "progress": options.get("progress"),
+               "log": os.path.join(work, "sim.log"), "exact": exact_placement(), "result": os.path.join(work, "result.json"),
+               "max_ctas": max_ctas}
         with open(os.path.join(work, "job.json"), "w") as f:
             json.dump(job, f)
         env = dict(os.environ)
@@ -468,8 +585,16 @@ def run_sim_cli(snapshot, opts, sim_spec: str, sim_path: Optional[str], mode: st
         env["MALLOC_PERTURB_"] = "255"
         env["LD_LIBRARY_PATH"] = sim.lib + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
         sys.stdout.flush()
-        cp = subprocess.run([sys.executable, "-m", "cudasnap.replay.sim.worker", os.path.join(work, "job.json")],
-                            cwd=work, env=env)
+        cmd = [sys.executable, "-m", "cudasnap.replay.sim.worker", os.path.join(work, "job.json")]
+        if report:
+            cp = subprocess.run(cmd, cwd=work, env=env)
+        else:      # a pass whose results are partial: its progress shown, its verdict and mismatches not
+            proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                    text=True, errors="replace")
+            for line in proc.stderr:
+                if line.startswith("cudasnap: simulated "):
+                    sys.stderr.write(line)
+            cp = subprocess.CompletedProcess(cmd, proc.wait())
         try:
             with open(job["result"]) as f:
                 result = json.load(f)
@@ -478,19 +603,10 @@ def run_sim_cli(snapshot, opts, sim_spec: str, sim_path: Optional[str], mode: st
         if cp.returncode not in (0, 1, 2) or result is None:
             how = f"signal {-cp.returncode}" if cp.returncode < 0 else f"exit {cp.returncode}"
             parse = ptx_parse_error(job["log"], os.path.join(work, "replay.ptx"))
-            if parse:
-                return fail(parse)
-            return fail(f"the simulator stopped ({how}) before the replay ended: {log_tail(job['log'])}")
+            raise SimProblem(parse or f"the simulator stopped ({how}) before the replay ended: {log_tail(job['log'])}")
         for name, n in sorted(result["unsupported"].items()):
             sys.stderr.write(f"cudasnap: note: {name} ({n}x): the simulator adapter does not implement it\n")
-        code = cp.returncode
-        if mode == "performance":
-            rows = _profile_rows(result["launches"], kernel_cycles(job["log"]), sim.core_mhz(), p)
-            if out_file:
-                _write_profile(out_file, rows, sim, snapshot, sid, result, code)
-            if not opts.quiet and not as_json:
-                _print_cycles(rows, sim)
-        return code
+        return cp.returncode, result, kernel_cycles(job["log"])
     finally:
         if keep:
             sys.stderr.write(f"cudasnap: simulator directory kept: {work}\n")
@@ -506,15 +622,20 @@ def _snapshot_id(reader) -> Optional[str]:
         return None
 
 
-def _profile_rows(launched: List[str], cycles: List[Tuple[str, int]], mhz: Optional[float], p: Plan) -> List[Dict[str, Any]]:
+def _profile_rows(launched: List[str], cycles: List[Tuple[str, int]], mhz: Optional[float], p: Plan,
+                  sampled: Optional[List[Dict[str, Any]]] = None) -> List[Dict[str, Any]]:
+    from .bounded import fold
     back = {sim: k for m in p.modules.values() for k, sim in m.items()}
     back.update({sim: k for k, sim in p.replace.items()})
     rows = []
     t = 0.0
-    for i, (name, cyc) in enumerate(cycles):
+    runs = fold(cycles, sampled or [])
+    for i, (name, cyc, est) in enumerate(runs):
         us = cyc / mhz if mhz else None
         r = {"index": i, "name": back.get(name, name), "cycles": cyc}
-        if len(cycles) == len(p.seqs):
+        if est is not None:
+            r["bounded"] = est
+        if len(runs) == len(p.seqs):
             r["seq"] = p.seqs[i]
         if us is not None:
             r.update(start_ns=int(t * 1e3), end_ns=int((t + us) * 1e3), time_us=us)
@@ -530,7 +651,11 @@ def _print_cycles(rows, sim: Sim) -> None:
     print(f"simulated ({sim.config}, core clock {mhz:g} MHz):" if mhz else f"simulated ({sim.config}):")
     for r in rows:
         t = f"  {r['time_us']:.2f} us" if "time_us" in r else ""
-        print(f"  {r['name']}: {r['cycles']} cycles{t}")
+        b = r.get("bounded")
+        e = (f" +- {b['error_cycles']} (+-{b['error_pct']:.0f}%), extrapolated from {b['sampled_ctas'][0]} and "
+             f"{b['sampled_ctas'][1]} of {b['ctas']} CTAs ({b['sampled_cycles'][0]} and {b['sampled_cycles'][1]} cycles)"
+             if b else "")
+        print(f"  {r['name']}: {r['cycles']} cycles{t}{e}")
 
 
 def _write_profile(path: str, rows, sim: Sim, snapshot, sid, result, code: int) -> None:
@@ -552,7 +677,7 @@ def _write_profile(path: str, rows, sim: Sim, snapshot, sid, result, code: int) 
                "total_us": total, "cycles": sum(r["cycles"] for r in rows)}
     run = {"snapshot": os.path.abspath(os.fspath(snapshot)), "snapshot_id": sid,
            "gpu": {"index": 0, "name": sim.device_name, "simulated": True},
-           "simulated": {"simulator": "gpgpu-sim", "config": sim.config, "mode": sim.mode,
+           "simulated": {"simulator": "gpgpu-sim", "config": sim.config, "config_why": sim.why, "mode": sim.mode,
                          "core_clock_mhz": sim.core_mhz(), "path": sim.path, "wall_s": result.get("wall_s")},
            "host": platform.node(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "exit_code": code}
     try:

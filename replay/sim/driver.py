@@ -9,6 +9,7 @@ kernels are registered by name; launches pass kernelParams built from the packed
 Calls the simulator cannot do answer CUDA_ERROR_NOT_SUPPORTED, which the replay reports by call."""
 from __future__ import annotations
 
+import bisect
 import ctypes
 import os
 import hashlib
@@ -36,6 +37,7 @@ class _Handles:
 
 class SimDriver:
     """modules: PTX text digest -> {recorded kernel name: name in the merged PTX};
+    images: image blob id -> PTX digest, for images whose PTX the capture kept beside them;
     layouts: name in the merged PTX -> [(offset, size)] of its parameters;
     on_launch(name, seconds) after each simulated launch (progress)."""
 
@@ -43,7 +45,8 @@ class SimDriver:
 
     def __init__(self, adapter_path: str, ptx_dir: str, ptx_file: str, modules: Dict[str, Dict[str, str]],
                  layouts: Dict[str, List[Tuple[int, int]]], replace: Dict[str, str], device_name: str,
-                 cc: Tuple[int, int], on_launch: Optional[Callable[[str], None]] = None, exact: bool = True):
+                 cc: Tuple[int, int], on_launch: Optional[Callable[[str], None]] = None, exact: bool = True,
+                 images: Optional[Dict[str, str]] = None, max_ctas: Optional[int] = None):
         from cuda.bindings import driver as cu     # types and enums only: nothing here calls a GPU
         import cffi
         self._cu = cu
@@ -51,6 +54,10 @@ class SimDriver:
         self.ffi.cdef(_cdef())
         self.lib = self.ffi.dlopen(adapter_path)
         self.modules, self.layouts, self.replace = modules, layouts, replace
+        self.images = images or {}   # image blob id -> digest of the PTX a capture kept for it
+        self.max_ctas = max_ctas     # bounded: launches over this many CTAs run samples (bounded.py)
+        self.runs = 0                # kernels the simulator ran (its log has one entry each)
+        self.sampled: List[Dict[str, Any]] = []
         self.device_name, self.cc = device_name, cc
         self.on_launch = on_launch
         self.exact = exact           # recorded addresses through the allocator (cuMemAddressReserve)
@@ -59,6 +66,11 @@ class SimDriver:
         self.funcs: Dict[int, str] = {}          # function handle -> name in the merged PTX ("" = no PTX)
         self.registered: Dict[str, Any] = {}
         self.host: Dict[int, Any] = {}
+        self.mapped: Dict[int, Tuple[int, int]] = {}    # host range base -> (size, its simulator copy)
+        self.capturing: Dict[int, List[Callable[[], int]]] = {}   # stream -> work captured so far
+        self.graphs: Dict[int, List[Callable[[], int]]] = {}      # graph or graph exec -> its work
+        self.dev_starts: List[int] = []          # the simulator's allocations, sorted (cuMemcpy's ends)
+        self.dev_sizes: List[int] = []
         self.unsupported: Dict[str, int] = {}
         self.launches: List[str] = []
         self._ptx = (ptx_dir, ptx_file) if layouts else None
@@ -156,9 +168,6 @@ class SimDriver:
     def cuStreamCreateWithPriority(self, flags, prio):
         return (0, self._cu.CUstream(self.ids.new()))
 
-    def cuStreamIsCapturing(self, s):
-        return (0, self._cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE)
-
     def cuEventCreate(self, flags):
         return (0, self._cu.CUevent(self.ids.new()))
 
@@ -172,7 +181,9 @@ class SimDriver:
     def cuMemAddressReserve(self, size, align, addr, flags):
         """The simulator's allocator only moves a pointer up (256-byte aligned, never reused, and
         memory costs nothing until written): padding up to a recorded address puts the range there.
-        An address below what it handed out is refused, and placement relocates that range."""
+        An address below what it handed out is refused, and placement relocates that range
+        (a range elsewhere would be reserved whole: placement's spans would push every later
+        allocation above 4 GiB, where this build's kernels go wrong)."""
         addr, size = int(addr), int(size)
         if not self.exact or not addr or addr % 256:
             return (NOT_SUPPORTED,)
@@ -187,7 +198,10 @@ class SimDriver:
             return (NOT_SUPPORTED,)
         if self.lib.sim_malloc(p, size) or p[0] != addr:
             return (NOT_SUPPORTED,)
+        self._device(addr, size)
         return (0, self._cu.CUdeviceptr(addr))
+
+    cuMemAddressReserve.only_recorded = True     # a program's own reservation: a gap unless recorded placement
 
     def cuMemAddressFree(self, addr, size):
         return (0,)                  # the simulator never reuses addresses
@@ -211,7 +225,33 @@ class SimDriver:
         self._load()
         p = self.ffi.new("unsigned long long *")
         r = self.lib.sim_malloc(p, int(size))
+        if not r:
+            self._device(p[0], int(size))
         return (r,) if r else (0, self._cu.CUdeviceptr(p[0]))
+
+    def _device(self, base: int, n: int) -> None:
+        i = bisect.bisect(self.dev_starts, base)
+        self.dev_starts.insert(i, base)
+        self.dev_sizes.insert(i, max(n, 1))
+
+    def _on_device(self, addr: int) -> bool:
+        i = bisect.bisect(self.dev_starts, addr) - 1
+        return i >= 0 and addr < self.dev_starts[i] + self.dev_sizes[i]
+
+    def cuMemcpy(self, dst, src, n, *stream):
+        """A copy through unified addressing: its direction from where each end lies."""
+        dst, src, n = int(dst), int(src), int(n)
+        d, s = self._on_device(dst), self._on_device(src)
+        if d and s:
+            return (self.lib.sim_d2d(dst, src, n),)
+        if d:
+            return (self.lib.sim_h2d(dst, self.ffi.cast("void *", src), n),)
+        if s:
+            return (self.lib.sim_d2h(self.ffi.cast("void *", dst), src, n),)
+        ctypes.memmove(dst, src, n)
+        return (0,)
+
+    cuMemcpyAsync = cuMemcpy
 
     def cuMemFree(self, p):
         return (self.lib.sim_free(int(p)),)
@@ -219,18 +259,73 @@ class SimDriver:
     def cuMemGetInfo(self):
         return (0, 8 << 30, 8 << 30)
 
+    # Mapped and registered host memory: kernels reach it through a device address, which in the
+    # simulator is a copy in its own memory. A launch whose parameters hold a host address of such
+    # a range gets the copy's address, the range copied in before and back after the kernel (each
+    # launch runs to completion); host memory reached only through pointers stored in device
+    # memory is not followed.
+    def _map(self, host: int, n: int) -> int:
+        self._load()
+        p = self.ffi.new("unsigned long long *")
+        r = self.lib.sim_malloc(p, max(n, 1))
+        if not r:
+            self.mapped[host] = (n, p[0])
+            self._device(p[0], n)
+        return r
+
+    def _mapped_at(self, addr: int) -> Optional[Tuple[int, int, int]]:
+        for base, (n, dev) in self.mapped.items():
+            if base <= addr < base + n:
+                return base, n, dev
+        return None
+
     def cuMemAllocHost(self, n):
         buf = ctypes.create_string_buffer(max(int(n), 1))
         a = ctypes.addressof(buf)
         self.host[a] = buf
-        return (0, a)
+        r = self._map(a, int(n))
+        return (r,) if r else (0, a)
 
     def cuMemHostAlloc(self, n, flags):
         return self.cuMemAllocHost(n)
 
     def cuMemFreeHost(self, p):
         self.host.pop(int(p), None)
+        self.mapped.pop(int(p), None)
         return (0,)
+
+    def cuMemHostRegister(self, p, n, flags):
+        return (self._map(int(p), int(n)),)
+
+    cuMemHostRegister_v2 = cuMemHostRegister
+
+    def cuMemHostUnregister(self, p):
+        self.mapped.pop(int(p), None)
+        return (0,)
+
+    def cuMemHostGetDevicePointer(self, p, flags):
+        hit = self._mapped_at(int(p))
+        if hit is None:
+            return (INVALID_VALUE,)
+        return (0, self._cu.CUdeviceptr(hit[2] + int(p) - hit[0]))
+
+    cuMemHostGetDevicePointer_v2 = cuMemHostGetDevicePointer
+
+    def _host_args(self, params, lay) -> List[Tuple[int, int, int]]:
+        """Pointer parameters into mapped host ranges, rewritten to the simulator's copies; the
+        ranges they reach."""
+        reach: Dict[int, Tuple[int, int, int]] = {}
+        if not self.mapped:
+            return []
+        for off, size in lay:
+            if size != 8:
+                continue
+            v = int.from_bytes(self.ffi.buffer(params)[off:off + 8], "little")
+            hit = self._mapped_at(v)
+            if hit is not None:
+                self.ffi.memmove(params + off, (hit[2] + v - hit[0]).to_bytes(8, "little"), 8)
+                reach[hit[0]] = hit
+        return list(reach.values())
 
     def _src(self, data, n):
         if isinstance(data, int):
@@ -243,34 +338,39 @@ class SimDriver:
         return self.ffi.from_buffer(out, require_writable=True)
 
     def cuMemcpyHtoD(self, dst, src, n, *stream):
-        return (self.lib.sim_h2d(int(dst), self._src(src, n), int(n)),)
+        return self._enqueue(stream[0] if stream else 0,
+                             lambda: self.lib.sim_h2d(int(dst), self._src(src, n), int(n)))
 
     cuMemcpyHtoDAsync = cuMemcpyHtoD
 
     def cuMemcpyDtoH(self, out, src, n, *stream):
-        return (self.lib.sim_d2h(self._dst(out), int(src), int(n)),)
+        return self._enqueue(stream[0] if stream else 0, lambda: self.lib.sim_d2h(self._dst(out), int(src), int(n)))
 
     cuMemcpyDtoHAsync = cuMemcpyDtoH
 
     def cuMemcpyDtoD(self, dst, src, n, *stream):
-        return (self.lib.sim_d2d(int(dst), int(src), int(n)),)
+        return self._enqueue(stream[0] if stream else 0, lambda: self.lib.sim_d2d(int(dst), int(src), int(n)))
 
     cuMemcpyDtoDAsync = cuMemcpyDtoD
 
     def cuMemsetD8(self, dst, v, n, *stream):
-        return (self.lib.sim_memset8(int(dst), int(v) & 0xFF, int(n)),)
+        return self._enqueue(stream[0] if stream else 0,
+                             lambda: self.lib.sim_memset8(int(dst), int(v) & 0xFF, int(n)))
 
     cuMemsetD8Async = cuMemsetD8
 
-    def _pattern(self, dst, v, n, width):
+    def _pattern(self, dst, v, n, width, stream=()):
         data = (int(v) & ((1 << (8 * width)) - 1)).to_bytes(width, "little") * int(n)
-        return (self.lib.sim_h2d(int(dst), self.ffi.from_buffer(data), len(data)),) if data else (0,)
+        if not data:
+            return (0,)
+        return self._enqueue(stream[0] if stream else 0,
+                             lambda: self.lib.sim_h2d(int(dst), self.ffi.from_buffer(data), len(data)))
 
     def cuMemsetD16(self, dst, v, n, *stream):
-        return self._pattern(dst, v, n, 2)
+        return self._pattern(dst, v, n, 2, stream)
 
     def cuMemsetD32(self, dst, v, n, *stream):
-        return self._pattern(dst, v, n, 4)
+        return self._pattern(dst, v, n, 4, stream)
 
     cuMemsetD16Async, cuMemsetD32Async = cuMemsetD16, cuMemsetD32
 
@@ -285,6 +385,9 @@ class SimDriver:
         names: Dict[str, str] = {}
         if got is not None:
             names = self.modules.get(hashlib.sha256(text(got[1]).encode()).hexdigest(), {})
+        elif self.images:
+            from cudasnap.formats.container import blob_id_of
+            names = self.modules.get(self.images.get(blob_id_of(bytes(img)), ""), {})
         h = self.ids.new()
         self.mods[h] = names
         return (0, self._cu.CUmodule(h))
@@ -355,23 +458,122 @@ class SimDriver:
         need = max((o + s for o, s in lay), default=0)
         if size < need:
             return (INVALID_VALUE,)
-        params = self.ffi.new("unsigned char[]", ctypes.string_at(buf, size) or b"\0")
+        data = ctypes.string_at(buf, size) or b"\0"
+        dims = tuple(int(v) for v in (gx, gy, gz, bx, by, bz, shm))
+        return self._enqueue(stream, lambda: self._launch(name, lay, dims, data))
+
+    def _launch(self, name: str, lay, dims, data: bytes) -> int:
+        params = self.ffi.new("unsigned char[]", data)
         offs = self.ffi.new("unsigned[]", [o for o, _s in lay] or [0])
         fn = self.registered.get(name)
         if fn is None:
             fn = self.registered[name] = self.lib.sim_register(name.encode())
+        host = self._host_args(params, lay)
+        for base, n, dev in host:
+            if self.lib.sim_h2d(dev, self.ffi.cast("void *", base), n):
+                return LAUNCH_FAILED
         t0 = time.perf_counter()
-        r = self.lib.sim_launch(fn, int(gx), int(gy), int(gz), int(bx), int(by), int(bz), int(shm),
-                                params, len(lay), offs)
-        self.launches.append(name)
+        total = dims[0] * dims[1] * dims[2]
+        if self.max_ctas and total > self.max_ctas:     # bounded: two samples of its first CTAs
+            from .bounded import sample_grid
+            s = {"at": self.runs, "total": total, "ctas": []}
+            r = 0
+            for n in (max(1, self.max_ctas // 2), self.max_ctas):
+                g, got = sample_grid(dims[:3], n)
+                r = r or self.lib.sim_launch(fn, *g, *dims[3:], params, len(lay), offs)
+                s["ctas"].append(got)
+                self.runs += 1
+                self.launches.append(name)
+            self.sampled.append(s)
+        else:
+            r = self.lib.sim_launch(fn, *dims, params, len(lay), offs)
+            self.runs += 1
+            self.launches.append(name)
+        for base, n, dev in host:
+            r = r or self.lib.sim_d2h(self.ffi.cast("void *", base), dev, n)
         if self.on_launch is not None:
             self.on_launch(name, time.perf_counter() - t0)
-        return (LAUNCH_FAILED if r else 0,)
+        return LAUNCH_FAILED if r else 0
+
+    # ---------------------------------------------------------------- graphs from stream capture
+    # Work on a capturing stream is kept, not run; a graph launch runs it in capture order (the
+    # simulator runs one thing at a time, so order is all a graph's dependencies come to).
+    def _enqueue(self, stream, op: Callable[[], int]):
+        ops = self.capturing.get(int(stream or 0))
+        if ops is not None:
+            ops.append(op)
+            return (0,)
+        return (op(),)
+
+    def cuStreamBeginCapture(self, s, mode=0):
+        self.capturing[int(s or 0)] = []
+        return (0,)
+
+    cuStreamBeginCapture_v2 = cuStreamBeginCapture
+
+    def cuStreamIsCapturing(self, s):
+        st = self._cu.CUstreamCaptureStatus
+        return (0, st.CU_STREAM_CAPTURE_STATUS_ACTIVE if int(s or 0) in self.capturing
+                else st.CU_STREAM_CAPTURE_STATUS_NONE)
+
+    def cuStreamEndCapture(self, s):
+        ops = self.capturing.pop(int(s or 0), None)
+        if ops is None:
+            return (INVALID_VALUE,)
+        h = self.ids.new()
+        self.graphs[h] = ops
+        return (0, self._cu.CUgraph(h))
+
+    def cuGraphInstantiate(self, g, flags=0):
+        ops = self.graphs.get(int(g))
+        if ops is None:
+            return (INVALID_VALUE,)
+        h = self.ids.new()
+        self.graphs[h] = ops
+        return (0, self._cu.CUgraphExec(h))
+
+    cuGraphInstantiateWithFlags = cuGraphInstantiate
+
+    def cuGraphLaunch(self, ge, s):
+        ops = self.graphs.get(int(ge))
+        if ops is None:
+            return (INVALID_VALUE,)
+        return self._enqueue(s, lambda: next((r for r in (op() for op in ops) if r), 0))
+
+    def cuGraphUpload(self, ge, s):
+        return (0,)
+
+    def cuGraphDestroy(self, g):
+        self.graphs.pop(int(g), None)
+        return (0,)
+
+    cuGraphExecDestroy = cuGraphDestroy
+
+    # launch attributes that change nothing a kernel computes when work runs one launch at a time
+    # (Triton's launcher sets some on every launch): hints, priorities, stream serialization
+    HARMLESS_ATTRS = ("PRIORITY", "CLUSTER_SCHEDULING_POLICY_PREFERENCE", "PROGRAMMATIC_STREAM_SERIALIZATION",
+                      "PROGRAMMATIC_EVENT", "LAUNCH_COMPLETION_EVENT", "ACCESS_POLICY_WINDOW", "MEM_SYNC_DOMAIN",
+                      "MEM_SYNC_DOMAIN_MAP", "SYNCHRONIZATION_POLICY", "PREFERRED_SHARED_MEMORY_CARVEOUT")
+
+    def _refused_attr(self, cfg) -> Optional[str]:
+        """The first attribute the simulator's model lacks (clusters over one CTA, cooperative
+        launches, ...), None when all are harmless."""
+        for at in list(cfg.attrs or [])[:int(cfg.numAttrs)]:
+            name = getattr(at.id, "name", str(at.id)).replace("CU_LAUNCH_ATTRIBUTE_", "")
+            if name == "CLUSTER_DIMENSION":
+                d = at.value.clusterDim
+                if (int(d.x), int(d.y), int(d.z)) in ((0, 0, 0), (1, 1, 1)):
+                    continue
+            elif name in self.HARMLESS_ATTRS:
+                continue
+            return name
+        return None
 
     def cuLaunchKernelEx(self, cfg, f, kp, extra):
-        if int(cfg.numAttrs):        # clusters, cooperative and the like: not in the simulator's model
-            self.unsupported["cuLaunchKernelEx with launch attributes"] = \
-                self.unsupported.get("cuLaunchKernelEx with launch attributes", 0) + 1
+        bad = self._refused_attr(cfg) if int(cfg.numAttrs) else None
+        if bad:                      # clusters, cooperative and the like: not in the simulator's model
+            what = f"cuLaunchKernelEx with launch attribute {bad}"
+            self.unsupported[what] = self.unsupported.get(what, 0) + 1
             return (NOT_SUPPORTED,)
         return self.cuLaunchKernel(f, cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX, cfg.blockDimY,
                                    cfg.blockDimZ, cfg.sharedMemBytes, cfg.hStream, kp, extra)

@@ -7,7 +7,9 @@ import re
 from typing import Dict, List, Optional, Tuple
 
 _ENTRY = re.compile(r"\.entry\s+([A-Za-z_$%][\w$%]*)\s*\(([^)]*)\)", re.S)
-_PARAM = re.compile(r"\.param\s+(?:\.align\s+(\d+)\s+)?\.(\w+)\s+[\w$%]+(?:\[(\d+)\])?")
+# Triton's (LLVM's) pointer parameters: `.param .u64 .ptr .global .align 1 NAME`
+_PARAM = re.compile(r"\.param\s+(?:\.align\s+(\d+)\s+)?\.(\w+)(?:\s+\.ptr(?:\s+\.(?:global|shared|const|local))?"
+                    r"(?:\s+\.align\s+\d+)?)?\s+[\w$%]+(?:\[(\d+)\])?")
 _SIZES = {"b8": 1, "u8": 1, "s8": 1, "b16": 2, "u16": 2, "s16": 2, "f16": 2, "b32": 4, "u32": 4, "s32": 4,
           "f32": 4, "b64": 8, "u64": 8, "s64": 8, "f64": 8}
 _HEADER = re.compile(r"^\s*\.(version|target|address_size)\b.*$", re.M)
@@ -25,6 +27,22 @@ CONSTRUCTS: List[Tuple[re.Pattern, str, bool]] = [
     (re.compile(r"\bshfl\.sync\b"), "shfl.sync (the simulator gives wrong results for some uses)", False),
     (re.compile(r"\bcvt\.\w+\.f16x2\b|\bcvt\.\w+\.bf16x2\b"), "cvt to f16x2/bf16x2 (the simulator gets it wrong)", False),
 ]
+
+
+# What LLVM's PTX (Triton's) writes and this simulator's parser rejects, where dropping it
+# changes nothing a functional or timing model computes: launch-bound hints, pointer parameter
+# annotations, L1 eviction hints; a one-register vector operand ({ %r1 }) is that register.
+_HINTS = [(re.compile(r"^\s*\.(?:reqntid|maxntid|minnctapersm|maxnreg)\b[^\n{]*", re.M), ""),
+          (re.compile(r"(\.param\s+\.\w+)\s+\.ptr(?:\s+\.(?:global|shared|const|local))?(?:\s+\.align\s+\d+)?"), r"\1"),
+          (re.compile(r"\.L1::(?:evict_last|evict_first|evict_normal|evict_unchanged|no_allocate)"), ""),
+          (re.compile(r"\{\s*(%\w+)\s*\}"), r"\1")]
+
+
+def for_sim(ptx: str) -> str:
+    """The PTX with the constructs above rewritten for the simulator's parser."""
+    for rx, to in _HINTS:
+        ptx = rx.sub(to, ptx)
+    return ptx
 
 
 def text(ptx: bytes) -> str:

@@ -28,7 +28,8 @@ def main(job_path: str) -> int:
                     force=bool(job["progress"]))
     drv = SimDriver(job["adapter"], job["dir"], job["ptx"], job["modules"],
                     {k: [tuple(x) for x in v] for k, v in job["layouts"].items()}, job["replace"],
-                    job["device_name"], tuple(job["cc"]), on_launch=prog.step, exact=job["exact"])
+                    job["device_name"], tuple(job["cc"]), on_launch=prog.step, exact=job["exact"],
+                    images=job.get("images"), max_ctas=job.get("max_ctas"))
     opts = ReplayOptions(**job["options"])
     t0 = time.perf_counter()
     code = 2
@@ -41,7 +42,7 @@ def main(job_path: str) -> int:
         prog.close()
         report.flush()
         with open(job["result"], "w") as f:
-            json.dump({"launches": drv.launches, "unsupported": drv.unsupported,
+            json.dump({"launches": drv.launches, "unsupported": drv.unsupported, "sampled": drv.sampled,
                        "wall_s": time.perf_counter() - t0}, f)
     return code
 

@@ -31,6 +31,7 @@ HEADERS = ["cuda_double.h", "double_internal.h"]
 # program name -> how it reaches the driver: "link" (-lcuda against the double) or "dlopen"
 PROGRAMS = {
     "simprog": "link",
+    "simgraph": "link",
     "direct": "link",
     "capwin": "link",
     "viadlsym": "dlopen",

@@ -270,10 +270,29 @@ static const char *fatbin_entry(const void *image, size_t *maxlen) {
     return NULL;
 }
 
+/* A cubin (ELF64) whose section holds a double image, as a JIT compiler's cubin would hold
+ * SASS: that section's text; NULL when none does. Any other image is itself. */
+static const char *elf_entry(const void *image, size_t *maxlen) {
+    const unsigned char *p = image;
+    if (*maxlen < 64 || memcmp(p, "\x7f" "ELF", 4) != 0 || p[4] != 2) return image;
+    u64 shoff = *(const u64 *)(p + 0x28);
+    unsigned shentsize = *(const unsigned short *)(p + 0x3A), shnum = *(const unsigned short *)(p + 0x3C);
+    for (unsigned i = 0; i < shnum && shoff && shentsize >= 64; i++) {
+        const unsigned char *sh = p + shoff + (u64)i * shentsize;
+        u64 off = *(const u64 *)(sh + 0x18), size = *(const u64 *)(sh + 0x20);
+        if (*(const unsigned *)(sh + 4) == 1 && size >= 10 && memcmp(p + off, "CUDADOUBLE", 10) == 0) {
+            *maxlen = size;
+            return (const char *)p + off;
+        }
+    }
+    return NULL;
+}
+
 static CUresult module_from_image(struct mod_obj **out, const void *image, size_t maxlen) {
     const kdesc_t *found[MAXK];
     int n = 0;
     if (image && !(image = fatbin_entry(image, &maxlen))) return CUDA_ERROR_INVALID_IMAGE;
+    if (image && !(image = elf_entry(image, &maxlen))) return CUDA_ERROR_INVALID_IMAGE;
     CHECK(parse_image(image, maxlen, found, &n));
     struct mod_obj *m = obj_new(OBJ_MODULE, sizeof *m);
     m->nk = n;
