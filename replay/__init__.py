@@ -46,12 +46,16 @@ def replay(snapshot, driver=None, **kw) -> ReplayResult:
 
 def option_problem(opts: ReplayOptions) -> Optional[str]:
     """What is wrong with these options before any work (the CLI and the Python API say the same)."""
-    if opts.dtype and opts.dtype not in ("f32", "f16", "bf16", "f64"):
-        return "--dtype must be one of f32, f16, bf16, f64"
+    from .numerics import parse_dtype_specs, policy_of
     if opts.rtol < 0 or opts.atol < 0:
         return "--rtol and --atol must be >= 0"
-    if (opts.rtol or opts.atol) and not opts.dtype:
-        return "--rtol/--atol compare elements of a type: give --dtype too (f32, f16, bf16 or f64)"
+    if opts.exact and (opts.tolerance or opts.rtol or opts.atol):
+        return "--exact asks for bit-exact results: leave out --tolerance/--rtol/--atol"
+    try:
+        parse_dtype_specs(([opts.dtype] if opts.dtype else []) + list(opts.dtype_for or []))
+        policy_of(opts)
+    except ValueError as e:
+        return str(e)
     if opts.devices is not None:
         from .devices import DeviceMapError, parse as parse_devices
         try:

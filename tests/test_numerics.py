@@ -1,0 +1,186 @@
+"""Three outcomes of a compared D2H result (EXACT, CLOSE, DIFFERENT), element types read from
+the writing kernel's PTX or given, tolerances in the forms users know, defaults by target."""
+from __future__ import annotations
+
+import json
+import re
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cudasnap.replay.numerics import (CLOSE, DIFFERENT, EXACT, Tolerance, TypeOracle, measure, parse_dtype_specs,
+                                      parse_tolerance, ptx_store_types)
+
+DATA = Path(__file__).resolve().parent / "data" / "sim"
+N = 4096
+
+
+# ------------------------------------------------------------------------------ units
+def test_tolerance_forms():
+    assert parse_tolerance("torch").kind == "torch" and parse_tolerance("default").kind == "torch"
+    t = parse_tolerance("rtol=1e-5,atol=1e-8")
+    assert (t.kind, t.rtol, t.atol) == ("rel", 1e-5, 1e-8)
+    assert parse_tolerance("ulp:4").ulp == 4 and parse_tolerance("exact").exact and parse_tolerance("ulp:0").exact
+    for bad in ("tight", "rtol=x", "ulp:-1", "rtol=1,foo=2", "rtol=-1"):
+        with pytest.raises(ValueError, match="expected exact, torch"):
+            parse_tolerance(bad)
+    assert parse_dtype_specs(["f16", "#12=bf16", "gemm.*=float32"]) == [(None, "f16"), ("#12", "bf16"), ("gemm.*", "f32")]
+    with pytest.raises(ValueError, match="--dtype 'x=f8'"):
+        parse_dtype_specs(["x=f8"])
+
+
+def _bits(a, dt):
+    return np.asarray(a, dtype=dt).tobytes()
+
+
+def test_float32_last_bit_is_close_with_counts():
+    e = np.linspace(0.1, 10, 1000, dtype=np.float32)
+    g = e.copy()
+    g.view(np.uint32)[::10] += 1
+    j = measure(e.tobytes(), g.tobytes(), "f32", Tolerance("torch"))
+    assert (j.outcome, j.differing, j.elements, j.max_ulp) == (CLOSE, 100, 1000, 1)
+    assert 0 < j.max_rel < 1.2e-7
+    ex = measure(e.tobytes(), g.tobytes(), "f32", Tolerance())
+    assert ex.outcome == DIFFERENT and ex.first == 0 and ex.would_pass
+    assert measure(e.tobytes(), e.tobytes(), "f32", Tolerance()).outcome == EXACT
+    plus1 = measure(e.tobytes(), (e + 1).tobytes(), "f32", Tolerance("rel", rtol=1e-2))
+    assert plus1.outcome == DIFFERENT and plus1.first == 0 and plus1.got_val == pytest.approx(1.1)
+    assert measure(e.tobytes(), g.tobytes(), "f32", Tolerance("ulp", ulp=1)).outcome == CLOSE
+    nan = g.copy()
+    nan[5] = np.nan
+    assert measure(e.tobytes(), nan.tobytes(), "f32", Tolerance("torch")).outcome == DIFFERENT
+
+
+def test_half_types_are_judged_in_their_own_type():
+    """A float16 difference of 5e-4 relative passes float16's defaults (rtol 1e-3), not float32's;
+    a bfloat16 one of 1% passes bfloat16's (1.6e-2)."""
+    e = np.full(64, 1.0, dtype=np.float16)
+    g = e.copy()
+    g[3] = np.float16(1.0 + 2 ** -10)                    # 1 ULP of float16: 9.8e-4 relative
+    j = measure(e.tobytes(), g.tobytes(), "f16", Tolerance("torch"))
+    assert (j.outcome, j.differing, j.elements, j.max_ulp) == (CLOSE, 1, 64, 1)
+    assert j.max_rel == pytest.approx(2 ** -10)
+    # the same bytes read as float32 are other numbers: the type matters
+    assert measure(e.tobytes(), g.tobytes(), "f32", Tolerance("torch")).elements == 32
+
+    def bf16(vals):
+        return (np.asarray(vals, dtype=np.float32).view(np.uint32) >> 16).astype("<u2").tobytes()
+    eb, gb = bf16([1.0] * 8), bf16([1.0] * 7 + [1.0078125])    # 1 ULP of bfloat16: 0.78%
+    jb = measure(eb, gb, "bf16", Tolerance("torch"))
+    assert (jb.outcome, jb.differing, jb.elements, jb.max_ulp) == (CLOSE, 1, 8, 1)
+    # the same 0.78% in a float16 buffer is beyond float16's defaults
+    h = np.full(8, 1.0, dtype=np.float16)
+    h2 = h.copy()
+    h2[7] = np.float16(1.0078125)
+    assert measure(h.tobytes(), h2.tobytes(), "f16", Tolerance("torch")).outcome == DIFFERENT
+
+
+def test_element_types_from_ptx_stores():
+    ptx = """
+.visible .entry k_f32(.param .u64 p) { st.global.f32 [%rd1], %f1; st.global.v4.f32 [%rd2], {%f1,%f2,%f3,%f4}; }
+.visible .entry k_half(.param .u64 p) { cvt.rn.f16.f32 %rs1, %f1; st.global.b16 [%rd1], %rs1; }
+.visible .entry k_bf16(.param .u64 p) { cvt.rn.bf16.f32 %rs1, %f1; st.global.b16 [%rd1], %rs1; }
+.visible .entry k_mixed(.param .u64 p) { st.global.f32 [%rd1], %f1; st.global.u32 [%rd2], %r1; }
+.visible .entry k_atom(.param .u64 p) { red.global.add.f32 [%rd1], %f1; }
+.visible .entry k_int(.param .u64 p) { st.global.u64 [%rd1], %rd2; }
+"""
+    t = ptx_store_types(ptx)
+    assert {k: v[0] for k, v in t.items()} == {"k_f32": "f32", "k_half": "f16", "k_bf16": "bf16", "k_mixed": None,
+                                               "k_atom": "f32", "k_int": None}
+    assert t["k_mixed"][1] == "global stores of f32, u32" and t["k_half"][1] == "global stores of b16"
+    o = TypeOracle(None, parse_dtype_specs(["7=bf16", "gemm=f16"]))
+    assert o.of(7, (3, "k")) == ("bf16", "--dtype 7=bf16")
+    assert o.of(8, (3, "sgemm_nt")) == ("f16", "--dtype gemm=f16")
+    assert o.of(8, None) == (None, "no writer known")
+
+
+# ------------------------------------------------------------------------------ replays on the double
+def _replay(double, snap, *args, extra_env=None):
+    env = dict(double["env"])
+    env.pop("CUDASNAP_REPLAY_TEST_BLOCK", None)
+    env.update(extra_env or {})
+    return subprocess.run([sys.executable, "-m", "cudasnap", "replay", str(snap), *args], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def frac(tmp_path_factory):
+    """simprog (its module PTX: saxpy stores st.global.f32) with fractional data, captured."""
+    from double import fixtures
+    d = fixtures.built_double(tmp_path_factory)
+    snap = tmp_path_factory.mktemp("numerics") / "frac.cusnap"
+    cp = subprocess.run([sys.executable, "-m", "cudasnap", "capture", "-o", str(snap), "--ring-mb", "16", "--",
+                         d["progs"]["simprog"], str(DATA / "kernels.ptx"), "frac"], env=d["env"],
+                        capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 0 and snap.exists(), cp.stdout + cp.stderr
+    return d, snap
+
+
+SWAP = ["--replace", f"saxpy={DATA / 'kernels.ptx'}"]
+LAST_BIT = {"CUDA_DOUBLE_PERTURB": "saxpy:ulp:3"}
+
+
+def test_swapped_kernel_rounding_otherwise_is_close(frac):
+    d, snap = frac
+    cp = _replay(d, snap, *SWAP, extra_env=LAST_BIT)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    out = cp.stdout
+    assert "numerics: CLOSE within torch.testing's per-type tolerance passes (a swapped-in kernel" in out
+    assert "D2H results: 5 EXACT, 1 CLOSE, 0 DIFFERENT" in out, out
+    m = re.search(r"CLOSE: call #\d+ cuMemcpyDtoH_v2 \(last written by #\d+ saxpy\): float32 \(the PTX of saxpy: "
+                  r"global stores of f32\): (\d+) of 4096 elements differ, max abs \S+, max rel (\S+), max 1 ULP", out)
+    assert m and int(m.group(1)) == (N + 2) // 3, out
+    assert float(m.group(2)) < 2.4e-7
+    assert "OK: every recorded D2H result reproduced (1 CLOSE within torch.testing's per-type defaults) (exit 0)" in out
+    doc = json.loads(_replay(d, snap, *SWAP, "--json", extra_env=LAST_BIT).stdout)
+    num = doc["numerics"]
+    assert (num["exact"], num["close"], num.get("different", 0), num["max_ulp"]) == (5, 1, 0, 1)
+    assert num["close_results"][0]["differing"] == (N + 2) // 3 and num["close_results"][0]["dtype"] == "f32"
+
+    ex = _replay(d, snap, *SWAP, "--exact", extra_env=LAST_BIT)
+    assert ex.returncode == 1, ex.stdout + ex.stderr
+    assert "numerics: bit-exact (--exact)" in ex.stdout
+    assert re.search(r"DIFFERENT: call #\d+ cuMemcpyDtoH_v2: element 0 \(byte offset 0 .*float32 .*max 1 ULP.*"
+                     r"CLOSE under torch.testing's default for the type \(bit-exact was asked for\)", ex.stdout), ex.stdout
+
+
+def test_same_kernels_on_a_gpu_are_bit_exact_by_default(frac):
+    """No swap: a last-bit difference is the target's fault by default (exit 1, named); a
+    tolerance given accepts it."""
+    d, snap = frac
+    cp = _replay(d, snap, extra_env=LAST_BIT)
+    assert cp.returncode == 1 and "numerics: bit-exact (the same kernels on a GPU)" in cp.stdout, cp.stdout
+    assert "D2H results: 5 EXACT, 0 CLOSE, 1 DIFFERENT" in cp.stdout
+    assert _replay(d, snap, "--tolerance", "ulp:1", extra_env=LAST_BIT).returncode == 0
+    env = dict(LAST_BIT, CUDASNAP_TOLERANCE="torch")
+    ok = _replay(d, snap, extra_env=env)
+    assert ok.returncode == 0 and "numerics: torch.testing's per-type defaults (CUDASNAP_TOLERANCE)" in ok.stdout
+    bad = _replay(d, snap, "--tolerance", "loose")
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "expected exact, torch" in bad.stderr
+
+
+@pytest.mark.parametrize("tol", [[], ["--tolerance", "torch"], ["--tolerance", "rtol=1e-2,atol=1e-3"],
+                                 ["--tolerance", "ulp:100000"]])
+def test_kernel_computing_plus_one_is_different_under_every_tolerance(frac, tol):
+    d, snap = frac
+    cp = _replay(d, snap, *SWAP, *tol, extra_env={"CUDA_DOUBLE_PERTURB": "saxpy:add:1"})
+    assert cp.returncode == 1, cp.stdout + cp.stderr
+    m = re.search(r"DIFFERENT: call #\d+ cuMemcpyDtoH_v2: element 0 \(byte offset 0 .*\): expected (\S+) got (\S+); "
+                  r"float32 \(the PTX of saxpy: global stores of f32\): 4096 of 4096 elements differ", cp.stdout)
+    assert m and float(m.group(2)) == pytest.approx(float(m.group(1)) + 1, rel=1e-6), cp.stdout
+    assert "FAILED: verification mismatch (exit 1)" in cp.stdout
+
+
+def test_integer_results_stay_bit_exact(frac):
+    """fill's buffer (st.global.u32 in its PTX) is not a float: under any tolerance a changed
+    word is DIFFERENT, and says why it was compared bit for bit."""
+    d, snap = frac
+    cp = _replay(d, snap, *SWAP, "--replace", f"fill={DATA / 'kernels.ptx'}",
+                 extra_env={"CUDA_DOUBLE_CORRUPT": "fill:1"})
+    assert cp.returncode == 1, cp.stdout
+    assert re.search(r"DIFFERENT: call #\d+ cuMemcpyDtoH_v2: first divergence at byte offset 0 .*"
+                     r"\(type unknown, the PTX of fill: global stores of u32: compared bit for bit\)", cp.stdout), cp.stdout
