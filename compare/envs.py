@@ -26,7 +26,7 @@ def env_table(t: Any, where: str, base: str, extra: Iterable[str], taken: Iterab
     already used."""
     if not isinstance(t, dict):
         raise error(f"{where}: not a table")
-    keys = ["name", "vars", "driver", *extra]
+    keys = ["name", "vars", "driver", "tolerance", *extra]
     unknown = set(t) - set(keys)
     if unknown:
         raise error(f"{where}: unknown key(s) {', '.join(sorted(unknown))} ({', '.join(keys)})")
@@ -50,4 +50,23 @@ def env_table(t: Any, where: str, base: str, extra: Iterable[str], taken: Iterab
         drv = os.path.join(base, os.path.expanduser(drv))
         if not os.path.exists(drv):
             raise error(f"{where} ({name}): driver {drv}: no such file")
-    return name, {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in vars_.items()}, drv
+    out = {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in vars_.items()}
+    tol = t.get("tolerance")
+    if tol is not None:                 # replay reads it from its environment
+        out[TOLERANCE_VAR] = tolerance_value(tol, f"{where} ({name}): tolerance", error)
+    return name, out, drv
+
+
+TOLERANCE_VAR = "CUDASNAP_TOLERANCE"
+
+
+def tolerance_value(v: Any, where: str, error: Callable[[str], Exception]) -> str:
+    """A tolerance as replay's --tolerance takes it, checked; raises error(message)."""
+    from cudasnap.replay.numerics import parse_tolerance
+    if not isinstance(v, str):
+        raise error(f"{where} must be a string such as \"torch\", \"rtol=1e-5,atol=1e-8\" or \"ulp:2\"")
+    try:
+        parse_tolerance(v, where)
+    except ValueError as e:
+        raise error(str(e))
+    return v

@@ -120,5 +120,6 @@ def render(res: ReplayResult, mismatch_text: List[str], path: str, out=None, as_
     if res.d2h_left_out:
         ok += (f"; {res.d2h_left_out} D2H result(s) not compared: they depend on work the selection left "
                f"out{' (the selection replays only part of the snapshot)' if not res.d2h_verified else ''}")
-    verdict = {0: ok, 1: "FAILED: verification mismatch", 2: "FAILED: replay could not proceed"}[res.exit_code]
+    vary = " (results vary from run to run: see recheck)" if (num.get("recheck") or {}).get("nondeterministic") else ""
+    verdict = {0: ok, 1: f"FAILED: verification mismatch{vary}", 2: "FAILED: replay could not proceed"}[res.exit_code]
     emit(f"{verdict} (exit {res.exit_code})")

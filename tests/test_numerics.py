@@ -159,8 +159,11 @@ def test_same_kernels_on_a_gpu_are_bit_exact_by_default(frac):
     env = dict(LAST_BIT, CUDASNAP_TOLERANCE="torch")
     ok = _replay(d, snap, extra_env=env)
     assert ok.returncode == 0 and "numerics: torch.testing's per-type defaults (CUDASNAP_TOLERANCE)" in ok.stdout
-    bad = _replay(d, snap, "--tolerance", "loose")
-    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "expected exact, torch" in bad.stderr
+    for args, says in ((["--tolerance", "loose"], "--tolerance 'loose': expected exact, torch"),
+                       (["--dtype", "f8"], "--dtype 'f8': expected TYPE, CALL=TYPE or KERNEL=TYPE"),
+                       (["--exact", "--tolerance", "torch"], "--exact asks for bit-exact results")):
+        bad = _replay(d, snap, *args)
+        assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and says in bad.stderr, bad.stderr
 
 
 @pytest.mark.parametrize("tol", [[], ["--tolerance", "torch"], ["--tolerance", "rtol=1e-2,atol=1e-3"],
@@ -184,3 +187,18 @@ def test_integer_results_stay_bit_exact(frac):
     assert cp.returncode == 1, cp.stdout
     assert re.search(r"DIFFERENT: call #\d+ cuMemcpyDtoH_v2: first divergence at byte offset 0 .*"
                      r"\(type unknown, the PTX of fill: global stores of u32: compared bit for bit\)", cp.stdout), cp.stdout
+
+
+def test_recheck_tells_nondeterminism_from_the_target(frac):
+    """Where a result is CLOSE, a second replay: one element that moves from run to run is the
+    program's nondeterminism; a swapped kernel that rounds the same way each time is the target's."""
+    d, snap = frac
+    cp = _replay(d, snap, "--tolerance", "torch", extra_env={"CUDA_DOUBLE_PERTURB": "saxpy:jitter"})
+    assert cp.returncode == 0, cp.stdout
+    assert re.search(r"recheck: a second replay read other bits than the first at 1 of 1 result\(s\) \(call #\d+\): "
+                     r"the program's own results vary from run to run", cp.stdout), cp.stdout
+    ex = _replay(d, snap, extra_env={"CUDA_DOUBLE_PERTURB": "saxpy:jitter"})
+    assert ex.returncode == 1 and "FAILED: verification mismatch (results vary from run to run: see recheck)" in ex.stdout
+    same = _replay(d, snap, *SWAP, extra_env=LAST_BIT)
+    assert "recheck: a second replay read the same bits at all 1 result(s) that differ" in same.stdout, same.stdout
+    assert "recheck" not in _replay(d, snap, *SWAP, "--no-recheck", extra_env=LAST_BIT).stdout

@@ -616,9 +616,10 @@ static void corrupt_maybe(const kdesc_t *k, const unsigned char *pb) {
 /* CUDA_DOUBLE_PERTURB="NAME:ulp:K" or "NAME:add:V": after every launch of kernel NAME, its float
  * output (the last pointer parameter; n: the 4-byte parameter after it) gets +1 in the last place
  * on every K-th element (0, K, 2K, ...), or V added to every element: a rebuilt kernel that
- * rounds otherwise, or one that computes something else. */
+ * rounds otherwise, or one that computes something else. "NAME:jitter": +1 ULP on one element
+ * that changes from run to run, as float atomics give. */
 static char perturb_name[64];
-static int perturb_ulp = 0;
+static int perturb_ulp = 0, perturb_jitter = 0;
 static float perturb_add = 0;
 static pthread_once_t perturb_once = PTHREAD_ONCE_INIT;
 
@@ -628,11 +629,12 @@ static void perturb_parse(void) {
     memcpy(perturb_name, e, (size_t)(c1 - e));
     if (strncmp(c1 + 1, "ulp:", 4) == 0) perturb_ulp = atoi(c1 + 5);
     else if (strncmp(c1 + 1, "add:", 4) == 0) perturb_add = strtof(c1 + 5, NULL);
+    else if (strcmp(c1 + 1, "jitter") == 0) perturb_jitter = 1;
 }
 
 static void perturb_maybe(const kdesc_t *k, const unsigned char *pb, u64 nt) {
     pthread_once(&perturb_once, perturb_parse);
-    if ((perturb_ulp <= 0 && perturb_add == 0) || strcmp(perturb_name, k->name) != 0) return;
+    if ((perturb_ulp <= 0 && perturb_add == 0 && !perturb_jitter) || strcmp(perturb_name, k->name) != 0) return;
     int out = -1;
     for (int i = 0; i < k->nparams; i++)
         if (k->size[i] == 8) out = i;
@@ -640,6 +642,12 @@ static void perturb_maybe(const kdesc_t *k, const unsigned char *pb, u64 nt) {
     float *p = P(float *, k->off[out]);
     u64 c = count_of(P(int, k->off[out + 1]), nt);
     if (!c || !dev_range_ok((u64)(uintptr_t)p, c * 4)) return;
+    if (perturb_jitter) {         /* one element, another each run: float atomics' order */
+        u64 i = (u64)now_ns() % c;
+        unsigned w;
+        memcpy(&w, &p[i], 4); w += 1; memcpy(&p[i], &w, 4);
+        return;
+    }
     for (u64 i = 0; i < c; i++) {
         if (perturb_add != 0) { p[i] += perturb_add; continue; }
         if (i % (u64)perturb_ulp == 0) { unsigned w; memcpy(&w, &p[i], 4); w += 1; memcpy(&p[i], &w, 4); }
