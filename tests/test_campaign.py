@@ -268,6 +268,60 @@ vars = {{ CUDA_DOUBLE_SLOW = "*:1,fill:4", CUDA_DOUBLE_SLOW_FLOOR_US = "4000" }}
     assert sqlite3.connect(store).execute("SELECT exit_code FROM runs").fetchall() == [(2,)]
 
 
+# the module as PTX: add_one stores floats, so its results are judged as float32
+THREE_PTX = b"""
+.version 8.0
+.target sm_80
+.address_size 64
+.visible .entry incr(.param .u64 incr_param_0, .param .u32 incr_param_1) { st.global.u32 [%rd1], %r1; ret; }
+.visible .entry fill(.param .u64 fill_param_0, .param .u32 fill_param_1, .param .u32 fill_param_2)
+{ st.global.u32 [%rd1], %r1; ret; }
+.visible .entry add_one(.param .u64 add_one_param_0, .param .u32 add_one_param_1)
+{ ld.global.f32 %f1, [%rd1]; add.f32 %f2, %f1, 0f3F800000; st.global.f32 [%rd1], %f2; ret; }
+"""
+
+
+def test_a_slower_swap_with_last_bit_differences_is_timed_and_its_numerics_shown(cluster, tmp_path):
+    """An env swapping in add_one rebuilt (CUDASNAP_REPLACE) that runs 4x slower and rounds
+    otherwise: its results are CLOSE, so the cell is timed and judged SLOWER, its numerics beside
+    the verdict (store, text, HTML); the control stays SAME."""
+    snap = tmp_path / "ptx.cusnap"
+    from test_compare import three_kernels
+    three_kernels(snap, n=64, image=THREE_PTX)
+    rebuilt = tmp_path / "add_one.ptx"
+    rebuilt.write_bytes(THREE_PTX)
+    envs = f"""
+[[env]]
+name = "plain"
+vars = {{ {STEADY} }}
+[[env]]
+name = "noop"
+control = true
+vars = {{ {STEADY}, CUDASNAP_CAMPAIGN_NOTHING = "1" }}
+[[env]]
+name = "rebuilt"
+vars = {{ CUDA_DOUBLE_SLOW = "*:1,add_one:4", CUDA_DOUBLE_SLOW_FLOOR_US = "4000", CUDASNAP_REPLACE = "add_one={rebuilt}", CUDA_DOUBLE_PERTURB = "add_one:ulp:2" }}
+"""
+    camp = _campaign(tmp_path / "camp.toml", snap, envs=envs, rules='confirm = false\n')
+    store = tmp_path / "st.sqlite"
+    cp = _cli(cluster, "campaign", "run", camp, "-o", store, "--address", cluster["address"])
+    assert cp.returncode == 1, cp.stdout[-2000:] + cp.stderr[-2000:]
+    cp = _cli(cluster, "campaign", "report", store, "--json")
+    rep = json.loads(cp.stdout)
+    assert cp.returncode == 1 and rep["verdict_counts"] == {"BASELINE": 1, "SAME": 1, "SLOWER": 1}, rep["verdict_counts"]
+    m = rep["matrix"][0]["cells"]
+    assert m["rebuilt"]["verdict"] == "SLOWER" and m["rebuilt"]["slower"] == ["add_one"]
+    num = m["rebuilt"]["numerics"]
+    assert num["outcome"] == "CLOSE" and 0 < num["max_rel"] < 1e-6 and num["max_ulp"] >= 1, num
+    assert m["noop"]["verdict"] == "SAME" and m["noop"]["numerics"]["outcome"] == "EXACT"
+    assert [g["kind"] for g in rep["regressions"]] == ["timing regression"]
+    text = _cli(cluster, "campaign", "report", store).stdout
+    assert re.search(r"- ptx\.cusnap in env 'rebuilt': kernel add_one \+\d+\.\d%.*; numerics CLOSE: max rel \S+, "
+                     r"\d+ ULP, within torch\.testing's per-type defaults;", text), text
+    row = sqlite3.connect(store).execute("SELECT numerics FROM cells WHERE env='rebuilt'").fetchone()
+    assert json.loads(row[0])["outcome"] == "CLOSE"
+
+
 def _keepers_held_and_released(cluster):
     """A keeper per GPU held its driver state while the replays ran; the run's end told them
     to go (their heartbeat files removed), and they went."""

@@ -22,14 +22,15 @@ STEADY = {"CUDA_DOUBLE_SLOW": "*:1", "CUDA_DOUBLE_SLOW_FLOOR_US": "2000"}
 SLOW_FILL = {"CUDA_DOUBLE_SLOW": "*:1,fill:2", "CUDA_DOUBLE_SLOW_FLOOR_US": "2000"}
 
 
-def three_kernels(path, n=64, reps=3):
-    """fill, incr and add_one launched `reps` times each; every result checked by a D2H."""
+def three_kernels(path, n=64, reps=3, image=None):
+    """fill, incr and add_one launched `reps` times each; every result checked by a D2H. image:
+    the module as PTX (synth.double_prologue)."""
     s = Synth(path)
     ctx, mod = 0x55550000, 0x55560000
     f_incr, f_fill, f_add = 0x55570005, 0x55570002, 0x55570001
     s.w.write({"k": "proc", "driver_version": 13000,
                "gpus": [{"index": 0, "name": "cudasnap test double", "uuid": "GPU-0", "cc": [9, 0], "mem": 1 << 36}]})
-    s.double_prologue("incr", f_incr, [[0, 8], [8, 4]], ctx, mod)
+    s.double_prologue("incr", f_incr, [[0, 8], [8, 4]], ctx, mod, image=image)
     s.call("cuModuleGetFunction", {"hfunc": f_fill, "hmod": mod, "name": "fill"})
     s.fn(f_fill, "fill", mod, [[0, 8], [8, 4], [12, 4]])
     s.call("cuModuleGetFunction", {"hfunc": f_add, "hmod": mod, "name": "add_one"})
