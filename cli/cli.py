@@ -576,6 +576,7 @@ def bisect(
     force: bool = typer.Option(False, "-f", "--force-overwrite", help="Replace an existing --html file and write into a non-empty --keep DIR (by default refused, before any replay)."),
     gpus: int = typer.Option(1, "--gpus", metavar="K", min=1, help="Replay K environments at once, one per GPU, through Ray (a local runtime, or --address): a K-ary search in fewer rounds (without --address, only where they save more than Ray's start)."),
     address: Optional[str] = typer.Option(None, "--address", metavar="auto|ray://HOST:PORT", help="--gpus: the Ray cluster to run on."),
+    tolerance: Optional[str] = typer.Option(None, "--tolerance", metavar="TOL", help="As replay's, for every environment without its own `tolerance` (CLOSE results pass and are timed; DIFFERENT is a correctness break)."),
 ):
     """Find the first environment (driver, variables, kernel build) where a snapshot's replay
     regressed: both ends, then a binary search, each replay in its own process.
@@ -588,7 +589,7 @@ def bisect(
 
     raise typer.Exit(run_bisect_cli(str(snapshot), str(envs), profile, kernels, repeat, warmup, threshold,
                                     str(html) if html else None, json_out, str(keep) if keep else None, timeout, top,
-                                    force=force, gpus=gpus, address=address))
+                                    force=force, gpus=gpus, address=address, tolerance=tolerance))
 
 
 @app.command(cls=_Command)
@@ -624,6 +625,7 @@ def extract(
     check: bool = typer.Option(False, "--check", help="Replay the extract right away and exit 1 if it does not verify."),
     device: int = typer.Option(0, "--device", metavar="N", min=0, help="GPU ordinal to replay on."),
     watchdog: Optional[float] = typer.Option(None, "--watchdog", metavar="SECONDS", min=0.001, help="Seconds a driver call may take, in the replay up to the selection and in --check's, before extract gives up (exit 2)."),
+    tolerance: Optional[str] = typer.Option(None, "--tolerance", metavar="TOL", help="--check: as replay's --tolerance (exact, torch, rtol=R,atol=A, ulp:N)."),
     force: bool = typer.Option(False, "-f", "--force-overwrite", help=_FORCE_HELP),
 ):
     """Write a small self-contained snapshot of selected launches, with the memory they read.
@@ -642,7 +644,7 @@ def extract(
 
     raise typer.Exit(run_extract_cli(snapshot, output, launch, kernel, calls, _value(memory) if memory else None, device,
                                      ranges=_value(ranges), check=check, force=force, sass=_value(sass),
-                                     watchdog=watchdog))
+                                     watchdog=watchdog, tolerance=tolerance))
 
 
 from cudasnap.campaign_cmd import campaign_app  # noqa: E402

@@ -58,7 +58,7 @@ class Mismatch:
         j = self.numerics
         if j is not None and j.dtype:
             idx = self.offset // DTYPES[j.dtype][1]
-            text = (f"call #{self.seq} {self.call}: element {idx} (byte offset {self.offset}{where}): "
+            text = (f"call #{self.seq} {self.call}: first divergence at byte offset {self.offset} (element {idx}){where}: "
                     f"expected {self.expected_val!r} got {self.got_val!r}; {j.numbers()}{w}")
             if j.would_pass:
                 text += f"; CLOSE under {j.would_pass} (bit-exact was asked for)"

@@ -144,7 +144,7 @@ def test_swapped_kernel_rounding_otherwise_is_close(frac):
     ex = _replay(d, snap, *SWAP, "--exact", extra_env=LAST_BIT)
     assert ex.returncode == 1, ex.stdout + ex.stderr
     assert "numerics: bit-exact (--exact)" in ex.stdout
-    assert re.search(r"DIFFERENT: call #\d+ cuMemcpyDtoH_v2: element 0 \(byte offset 0 .*float32 .*max 1 ULP.*"
+    assert re.search(r"DIFFERENT: call #\d+ cuMemcpyDtoH_v2: first divergence at byte offset 0 \(element 0\) .*float32 .*max 1 ULP.*"
                      r"CLOSE under torch.testing's default for the type \(bit-exact was asked for\)", ex.stdout), ex.stdout
 
 
@@ -172,7 +172,7 @@ def test_kernel_computing_plus_one_is_different_under_every_tolerance(frac, tol)
     d, snap = frac
     cp = _replay(d, snap, *SWAP, *tol, extra_env={"CUDA_DOUBLE_PERTURB": "saxpy:add:1"})
     assert cp.returncode == 1, cp.stdout + cp.stderr
-    m = re.search(r"DIFFERENT: call #\d+ cuMemcpyDtoH_v2: element 0 \(byte offset 0 .*\): expected (\S+) got (\S+); "
+    m = re.search(r"DIFFERENT: call #\d+ cuMemcpyDtoH_v2: first divergence at byte offset 0 \(element 0\) .*: expected (\S+) got (\S+); "
                   r"float32 \(the PTX of saxpy: global stores of f32\): 4096 of 4096 elements differ", cp.stdout)
     assert m and float(m.group(2)) == pytest.approx(float(m.group(1)) + 1, rel=1e-6), cp.stdout
     assert "FAILED: verification mismatch (exit 1)" in cp.stdout
@@ -202,3 +202,26 @@ def test_recheck_tells_nondeterminism_from_the_target(frac):
     same = _replay(d, snap, *SWAP, extra_env=LAST_BIT)
     assert "recheck: a second replay read the same bits at all 1 result(s) that differ" in same.stdout, same.stdout
     assert "recheck" not in _replay(d, snap, *SWAP, "--no-recheck", extra_env=LAST_BIT).stdout
+
+
+def test_tolerance_in_campaign_rules_and_envs_and_bisect_envs(tmp_path):
+    """[rules] tolerance applies to every env without its own; an env's `tolerance` (campaign and
+    bisect alike) reaches its replays as CUDASNAP_TOLERANCE; a bad one is one line naming it."""
+    from test_compare import three_kernels
+    from cudasnap.campaign.bisect import BisectError, load_envs
+    from cudasnap.campaign.plan import PlanError, load_campaign
+    snap = three_kernels(tmp_path / "s.cusnap")
+    camp = tmp_path / "c.toml"
+    camp.write_text(f'rules = {{ tolerance = "torch" }}\nsnapshot = [{{ path = "{snap}" }}]\n'
+                    'env = [{ name = "plain" }, { name = "swap", tolerance = "ulp:4" }]\n')
+    c = load_campaign(camp)
+    assert {e.name: e.vars.get("CUDASNAP_TOLERANCE") for e in c.envs} == {"plain": "torch", "swap": "ulp:4"}
+    camp.write_text(f'rules = {{ tolerance = "near" }}\nsnapshot = [{{ path = "{snap}" }}]\nenv = [{{ name = "a" }}]\n')
+    with pytest.raises(PlanError, match=r"\[rules\] tolerance 'near': expected exact, torch"):
+        load_campaign(camp)
+    envs = tmp_path / "e.toml"
+    envs.write_text('[[env]]\nname = "a"\n[[env]]\nname = "b"\ntolerance = "rtol=1e-5,atol=1e-8"\n')
+    assert [e.vars for e in load_envs(envs)] == [{}, {"CUDASNAP_TOLERANCE": "rtol=1e-5,atol=1e-8"}]
+    envs.write_text('[[env]]\nname = "a"\ntolerance = 3\n[[env]]\nname = "b"\n')
+    with pytest.raises(BisectError, match=r"\(a\): tolerance must be a string"):
+        load_envs(envs)
