@@ -225,3 +225,17 @@ def test_tolerance_in_campaign_rules_and_envs_and_bisect_envs(tmp_path):
     envs.write_text('[[env]]\nname = "a"\ntolerance = 3\n[[env]]\nname = "b"\n')
     with pytest.raises(BisectError, match=r"\(a\): tolerance must be a string"):
         load_envs(envs)
+
+
+def test_python_api_takes_a_tolerance_and_reports_numerics(frac):
+    """cudasnap.replay.replay(path, tolerance=..., exact=...) returns the same outcome counts."""
+    d, snap = frac
+    code = ("import json, sys; from cudasnap.replay import replay\n"
+            f"a = replay({str(snap)!r}, tolerance='ulp:1', recheck=False)\n"
+            f"b = replay({str(snap)!r}, exact=True)\n"
+            "print(json.dumps([a.exit_code, a.numerics.get('close'), b.exit_code, b.numerics.get('different')]))\n")
+    env = dict(d["env"], **LAST_BIT)
+    env.pop("CUDASNAP_REPLAY_TEST_BLOCK", None)
+    cp = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 0, cp.stderr
+    assert json.loads(cp.stdout.strip().splitlines()[-1]) == [0, 1, 1, 1]
