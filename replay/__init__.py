@@ -75,7 +75,7 @@ def recheck(snapshot, opts: ReplayOptions, rp, driver=None) -> None:
         return
     finally:
         again.close()
-    second = again.ctx.digests
+    second = again.ctx.digests            # no digest: equal to the recording this time
     varied = [q for q in seqs if q in first and second.get(q) != first[q]]
     checked = [q for q in seqs if q in first]
     if varied:

@@ -142,7 +142,7 @@ class ReplayContext:
         self.reader = None                               # SnapshotReader
         self.opt, self.res, self.tol = opt, res, tol     # tol: the numerics Policy
         self.types = None                                # numerics.TypeOracle (set with the reader)
-        self.digests: Optional[Dict[int, str]] = None    # seq -> digest of what replay read (recheck)
+        self.digests: Optional[Dict[int, str]] = None    # seq -> digest of a result that differed (recheck)
         self.hooks = EngineHooks()
         self.handles = Handles()
         self.funcs: Dict[int, Any] = {}                  # recorded CUfunction/CUkernel -> live CUfunction
@@ -382,11 +382,11 @@ class ReplayContext:
         self.res.d2h_verified += 1
         self.res.d2h_bytes += len(expected)
         seq = rec.get("s", 0)
-        if self.digests is not None:
-            import xxhash
-            self.digests[seq] = xxhash.xxh3_64_hexdigest(got)
         if expected == got:               # counted at the end with the C executor's (engine.run)
             return
+        if self.digests is not None:      # what a second replay is compared with (replay.recheck)
+            import xxhash
+            self.digests[seq] = xxhash.xxh3_64_hexdigest(got)
         j = None
         if len(expected) == len(got) and self.types is not None:
             dtype, source = self.types.of(seq, writer)

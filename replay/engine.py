@@ -6,6 +6,7 @@ its events (events.py)."""
 from __future__ import annotations
 
 import gc
+import math
 import os
 import queue
 import sys
@@ -647,6 +648,9 @@ class Replayer(BatchRunner):
         # results the C executor verified are EXACT: the counts are completed here
         r.numerics.update(tolerance=pol.tol.describe(), line=pol.line(), reasons=list(pol.reasons),
                           exact=r.d2h_verified - r.numerics.get("close", 0) - r.numerics.get("different", 0))
+        mr = r.numerics.get("max_rel")
+        if isinstance(mr, float) and not math.isfinite(mr):     # a zero recorded: JSON has no infinity
+            r.numerics["max_rel"] = str(mr)
         return r
 
     def _finish_sync(self) -> None:

@@ -105,7 +105,7 @@ def render(res: ReplayResult, mismatch_text: List[str], path: str, out=None, as_
     if num.get("recheck"):
         emit(f"recheck: {num['recheck']['text']}")
     if res.rounding_mismatches:
-        emit(f"note: {res.rounding_mismatches} D2H result(s) differ as float rounding does (the hint below): "
+        emit(f"note: {res.rounding_mismatches} D2H result(s) differ as float rounding does (below): "
              f"the replay went on past them and still exits 1")
     for m in mismatch_text:
         emit(f"{'MISMATCH' if m.startswith('end state') else 'DIFFERENT'}: {m}")
