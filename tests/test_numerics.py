@@ -239,3 +239,19 @@ def test_python_api_takes_a_tolerance_and_reports_numerics(frac):
     cp = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert cp.returncode == 0, cp.stderr
     assert json.loads(cp.stdout.strip().splitlines()[-1]) == [0, 1, 1, 1]
+
+
+def test_ptx_jit_where_the_recording_ran_sass_is_a_reason_to_round_otherwise():
+    """An image with SASS for another GPU and PTX: the driver JITs here what ran as SASS when
+    recorded (a reason for torch's defaults); SASS for this GPU, or PTX only, is the same code."""
+    from test_retarget import cubin, fatbin
+    from cudasnap.replay.archcheck import jit_needed
+    from cudasnap.replay.numerics import Policy
+    ptx = b".version 8.0\n.target sm_80\n.address_size 64\n"
+    assert jit_needed(fatbin([(2, 80, cubin(80), ""), (1, 80, ptx, "")]), (9, 0))
+    assert not jit_needed(fatbin([(2, 90, cubin(90), ""), (1, 80, ptx, "")]), (9, 0))
+    assert not jit_needed(fatbin([(1, 80, ptx, "")]), (9, 0))
+    pol = Policy()
+    assert pol.tol.exact and "bit-exact (the same kernels on a GPU)" in pol.line()
+    pol.add_reason("PTX JIT-compiled for sm_90")
+    assert pol.tol.kind == "torch" and "(PTX JIT-compiled for sm_90)" in pol.line()
