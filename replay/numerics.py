@@ -129,7 +129,9 @@ def parse_dtype_specs(specs: List[str]) -> List[Tuple[Optional[str], str]]:
 
 
 _ENTRY = re.compile(r"\.entry\s+([\w$.]+)\s*\(")
-_STORE = re.compile(r"\b(?:st|red|atom)\.global(?:\.[a-z0-9_:]+)*?\.(f16x2|bf16x2|f32|f64|f16|bf16|[bus](?:8|16|32|64))\b")
+# global or generic (a pointer the compiler could not prove global) stores and atomics
+_STORE = re.compile(r"\b(?:st|red|atom)((?:\.[A-Za-z0-9_:]+)*?)\.(f16x2|bf16x2|f32|f64|f16|bf16|[bus](?:8|16|32|64))\b")
+_NOT_GLOBAL = re.compile(r"\.(?:shared|local|param|const)\b")
 _BF16 = re.compile(r"\.bf16(?:x2)?\b")
 _F16 = re.compile(r"\.f16(?:x2)?\b")
 
@@ -142,7 +144,9 @@ def ptx_store_types(ptx: str) -> Dict[str, Tuple[Optional[str], str]]:
     for i, m in enumerate(ms):
         body = ptx[m.end():ms[i + 1].start() if i + 1 < len(ms) else len(ptx)]
         kinds, raw = set(), set()
-        for t in _STORE.findall(body):
+        for mods, t in _STORE.findall(body):
+            if _NOT_GLOBAL.search(mods):
+                continue
             raw.add(t)
             if t in ("f32", "f64", "f16", "bf16"):
                 kinds.add(t)

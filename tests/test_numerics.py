@@ -87,10 +87,11 @@ def test_element_types_from_ptx_stores():
 .visible .entry k_mixed(.param .u64 p) { st.global.f32 [%rd1], %f1; st.global.u32 [%rd2], %r1; }
 .visible .entry k_atom(.param .u64 p) { red.global.add.f32 [%rd1], %f1; }
 .visible .entry k_int(.param .u64 p) { st.global.u64 [%rd1], %rd2; }
+.visible .entry k_generic(.param .u64 p) { st.shared.u32 [%r1], %r2; st.v4.f32 [%rd1], {%f1,%f2,%f3,%f4}; }
 """
     t = ptx_store_types(ptx)
     assert {k: v[0] for k, v in t.items()} == {"k_f32": "f32", "k_half": "f16", "k_bf16": "bf16", "k_mixed": None,
-                                               "k_atom": "f32", "k_int": None}
+                                               "k_atom": "f32", "k_int": None, "k_generic": "f32"}
     assert t["k_mixed"][1] == "global stores of f32, u32" and t["k_half"][1] == "global stores of b16"
     o = TypeOracle(None, parse_dtype_specs(["7=bf16", "gemm=f16"]))
     assert o.of(7, (3, "k")) == ("bf16", "--dtype 7=bf16")
