@@ -113,7 +113,7 @@ def html_report(rep: Dict[str, Any]) -> str:
               f"<a href='#{anchor(v)}'>{e(v['verdict'])}</a>",
               e(pct(v["diff_pct"], True)), e(pct(v["bar_pct"])), e(pct(v["campaign_noise_pct"])),
               e(pct(v["cell_noise_pct"])), e(pct(v["gpu_offset_pct"])), e(p_text(v["p_value"])), e(v["gpu"] or "-"),
-              e(confirm_text(v)), e(numerics_text(v.get("numerics")) or "EXACT"), e(v["why"] or "")]
+              e(confirm_text(v)), e(numerics_text(v.get("numerics")) or ("EXACT" if v.get("numerics") else "-")), e(v["why"] or "")]
              for v in rep["verdicts"]], raw_cols=set(range(14))))
         page.add("<h2>Evidence</h2>" + "".join(_evidence(v) for v in rep["verdicts"]))
     page.add("<h2>Regressions</h2>")

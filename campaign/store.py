@@ -86,7 +86,7 @@ _DEFAULTS = {"control": 0}
 def _upgrade_1_to_2(db) -> None:
     db.execute("BEGIN IMMEDIATE")
     try:
-        for table, cols in _ADDED_IN_2.items():
+        for table, cols in [*_ADDED_IN_2.items(), *_ADDED_LATER.items()]:
             have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
             for name, decl in cols:
                 if name not in have:
