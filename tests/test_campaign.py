@@ -21,7 +21,7 @@ ray = pytest.importorskip("ray")
 
 from cudasnap.campaign import rules as R  # noqa: E402
 from cudasnap.campaign.store import TABLES, Store  # noqa: E402
-from test_compare import three_kernels  # noqa: E402
+from test_compare import THREE_PTX, three_kernels  # noqa: E402
 
 STEADY = 'CUDA_DOUBLE_SLOW = "*:1", CUDA_DOUBLE_SLOW_FLOOR_US = "4000"'
 ENVS = f"""
@@ -268,25 +268,11 @@ vars = {{ CUDA_DOUBLE_SLOW = "*:1,fill:4", CUDA_DOUBLE_SLOW_FLOOR_US = "4000" }}
     assert sqlite3.connect(store).execute("SELECT exit_code FROM runs").fetchall() == [(2,)]
 
 
-# the module as PTX: add_one stores floats, so its results are judged as float32
-THREE_PTX = b"""
-.version 8.0
-.target sm_80
-.address_size 64
-.visible .entry incr(.param .u64 incr_param_0, .param .u32 incr_param_1) { st.global.u32 [%rd1], %r1; ret; }
-.visible .entry fill(.param .u64 fill_param_0, .param .u32 fill_param_1, .param .u32 fill_param_2)
-{ st.global.u32 [%rd1], %r1; ret; }
-.visible .entry add_one(.param .u64 add_one_param_0, .param .u32 add_one_param_1)
-{ ld.global.f32 %f1, [%rd1]; add.f32 %f2, %f1, 0f3F800000; st.global.f32 [%rd1], %f2; ret; }
-"""
-
-
 def test_a_slower_swap_with_last_bit_differences_is_timed_and_its_numerics_shown(cluster, tmp_path):
     """An env swapping in add_one rebuilt (CUDASNAP_REPLACE) that runs 4x slower and rounds
     otherwise: its results are CLOSE, so the cell is timed and judged SLOWER, its numerics beside
     the verdict (store, text, HTML); the control stays SAME."""
     snap = tmp_path / "ptx.cusnap"
-    from test_compare import three_kernels
     three_kernels(snap, n=64, image=THREE_PTX)
     rebuilt = tmp_path / "add_one.ptx"
     rebuilt.write_bytes(THREE_PTX)

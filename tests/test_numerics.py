@@ -256,3 +256,35 @@ def test_ptx_jit_where_the_recording_ran_sass_is_a_reason_to_round_otherwise():
     assert pol.tol.exact and "bit-exact (the same kernels on a GPU)" in pol.line()
     pol.add_reason("PTX JIT-compiled for sm_90")
     assert pol.tol.kind == "torch" and "(PTX JIT-compiled for sm_90)" in pol.line()
+
+
+def test_bisect_times_a_close_environment_and_names_its_numerics(double, tmp_path):
+    """bisect: an environment whose rebuilt add_one is slower and rounds otherwise is the first
+    bad one as a timing regression, its numerics in its reason; with --tolerance exact the same
+    environment is a correctness break."""
+    from test_compare import THREE_PTX, three_kernels
+    snap = three_kernels(tmp_path / "t.cusnap", image=THREE_PTX)
+    rebuilt = tmp_path / "add_one.ptx"
+    rebuilt.write_bytes(THREE_PTX)
+    steady = 'CUDA_DOUBLE_SLOW = "*:1", CUDA_DOUBLE_SLOW_FLOOR_US = "2000"'
+    swap = (f'CUDA_DOUBLE_SLOW = "*:1,add_one:3", CUDA_DOUBLE_SLOW_FLOOR_US = "2000", '
+            f'CUDASNAP_REPLACE = "add_one={rebuilt}", CUDA_DOUBLE_PERTURB = "add_one:ulp:2"')
+    envs = tmp_path / "envs.toml"
+    envs.write_text("".join(f'[[env]]\nname = "{n}"\nvars = {{ {v} }}\n'
+                            for n, v in (("a", steady), ("b", steady), ("c", swap), ("d", swap))))
+    env = dict(double["env"])
+    env.pop("CUDASNAP_REPLAY_TEST_BLOCK", None)
+
+    def bisect(*more):
+        cp = subprocess.run([sys.executable, "-m", "cudasnap", "bisect", str(snap), "--envs", str(envs), "--repeat",
+                             "5", "--warmup", "1", "--threshold", "15", "--json", *more], env=env,
+                            capture_output=True, text=True, timeout=300)
+        assert cp.returncode == 1, cp.stdout + cp.stderr
+        return json.loads(cp.stdout)
+
+    res = bisect()
+    assert res["first_bad"]["name"] == "c" and res["kind"] == "timing regression", res
+    c = next(e for e in res["envs"] if e["name"] == "c")
+    assert c["numerics"]["outcome"] == "CLOSE" and "numerics CLOSE: max rel" in c["reason"], c
+    strict = bisect("--tolerance", "exact")
+    assert strict["first_bad"]["name"] == "c" and strict["kind"] == "correctness break", strict
