@@ -394,7 +394,8 @@ class ReplayContext:
                 j = measure(expected, got, dtype, self.tol.tol)
                 j.dtype_source = source
             elif not self.tol.tol.exact:
-                j = Judgement(DIFFERENT, None, f"type unknown, {source}: compared bit for bit")
+                j = Judgement(DIFFERENT, None, f"{source}: compared bit for bit" if source.startswith("integers")
+                              else f"type unknown, {source}: compared bit for bit; --dtype gives it")
         if j is not None and j.outcome != DIFFERENT:
             summarize(self.res.numerics, j, seq, rec.get("f", ""), writer)
             return

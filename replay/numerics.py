@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 EXACT, CLOSE, DIFFERENT = "EXACT", "CLOSE", "DIFFERENT"
-FLOATS = ("f32", "f16", "bf16", "f64")
+FLOATS = frozenset(("f32", "f16", "bf16", "f64"))
 TYPE_NAMES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64", "int": "integer"}
 _ALIASES = {"f32": "f32", "float32": "f32", "float": "f32", "f16": "f16", "float16": "f16", "half": "f16",
             "bf16": "bf16", "bfloat16": "bf16", "f64": "f64", "float64": "f64", "double": "f64",
@@ -137,8 +137,8 @@ _F16 = re.compile(r"\.f16(?:x2)?\b")
 
 
 def ptx_store_types(ptx: str) -> Dict[str, Tuple[Optional[str], str]]:
-    """Entry -> (type, how it was read) from its global stores: one float type, or None where
-    it stores none or integers too (a buffer could be either: left bit-exact)."""
+    """Entry -> (type, how it was read) from its global stores: one float type, "int", or None
+    where it stores none or floats and integers both (a buffer could be either: bit-exact)."""
     out: Dict[str, Tuple[Optional[str], str]] = {}
     ms = list(_ENTRY.finditer(ptx))
     for i, m in enumerate(ms):
@@ -159,7 +159,7 @@ def ptx_store_types(ptx: str) -> Dict[str, Tuple[Optional[str], str]]:
             else:
                 kinds.add("int")
         shown = f"global stores of {', '.join(sorted(raw))}" if raw else ""
-        if len(kinds) == 1 and next(iter(kinds)) in FLOATS:
+        if len(kinds) == 1 and next(iter(kinds)) in FLOATS | {"int"}:
             out[m.group(1)] = (next(iter(kinds)), shown)
         else:
             out[m.group(1)] = (None, shown or "no global stores")
@@ -195,6 +195,8 @@ class TypeOracle:
         if got is None:
             return None, f"no PTX of {wname} in the snapshot"
         t, shown = got
+        if t == "int":
+            return None, f"integers: the PTX of {wname}: {shown}"
         return t, f"the PTX of {wname}: {shown}"
 
     @staticmethod

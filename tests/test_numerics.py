@@ -91,7 +91,7 @@ def test_element_types_from_ptx_stores():
 """
     t = ptx_store_types(ptx)
     assert {k: v[0] for k, v in t.items()} == {"k_f32": "f32", "k_half": "f16", "k_bf16": "bf16", "k_mixed": None,
-                                               "k_atom": "f32", "k_int": None, "k_generic": "f32"}
+                                               "k_atom": "f32", "k_int": "int", "k_generic": "f32"}
     assert t["k_mixed"][1] == "global stores of f32, u32" and t["k_half"][1] == "global stores of b16"
     o = TypeOracle(None, parse_dtype_specs(["7=bf16", "gemm=f16"]))
     assert o.of(7, (3, "k")) == ("bf16", "--dtype 7=bf16")
@@ -187,7 +187,7 @@ def test_integer_results_stay_bit_exact(frac):
                  extra_env={"CUDA_DOUBLE_CORRUPT": "fill:1"})
     assert cp.returncode == 1, cp.stdout
     assert re.search(r"DIFFERENT: call #\d+ cuMemcpyDtoH_v2: first divergence at byte offset 0 .*"
-                     r"\(type unknown, the PTX of fill: global stores of u32: compared bit for bit\)", cp.stdout), cp.stdout
+                     r"\(integers: the PTX of fill: global stores of u32: compared bit for bit\)", cp.stdout), cp.stdout
 
 
 def test_recheck_tells_nondeterminism_from_the_target(frac):
