@@ -613,6 +613,7 @@ def export(
 
 
 @app.command(cls=_Command)
+@needs(Inert("tolerance", "without --check", lambda p: bool(p.get("check")), "give --check too, or leave --tolerance out"))
 def extract(
     snapshot: Path = typer.Argument(..., metavar="SNAPSHOT", help="A .cusnap file."),
     output: Path = typer.Option(..., "-o", "--output", metavar="SMALL.cusnap", help="The snapshot to write (never onto SNAPSHOT; an existing file only with -f)."),

@@ -402,6 +402,8 @@ class ReplayContext:
         m = compare(expected, got, Tolerance(), seq=seq, call=rec.get("f", ""), src=src, writer=writer)
         if j is not None:
             m.judge(j)
+            if j.dtype and j.first is not None:
+                m.expected, m.got = expected[m.offset:m.offset + 8], got[m.offset:m.offset + 8]
         summarize(self.res.numerics, j or Judgement(DIFFERENT), seq, rec.get("f", ""), writer)
         self.res.mismatches.append(m.to_dict())
         self.mismatch_text.append(m.describe())

@@ -61,7 +61,7 @@ class Mismatch:
             text = (f"call #{self.seq} {self.call}: first divergence at byte offset {self.offset} (element {idx}){where}: "
                     f"expected {self.expected_val!r} got {self.got_val!r}; {j.numbers()}{w}")
             if j.would_pass:
-                text += f"; CLOSE under {j.would_pass} (bit-exact was asked for)"
+                text += f"; CLOSE under {j.would_pass}, but bit-exact applies here"
             return text
         unknown = f" ({j.dtype_source})" if j is not None and j.dtype_source else ""
         return (f"call #{self.seq} {self.call}: first divergence at byte offset {self.offset}{where}: "
