@@ -288,3 +288,41 @@ def test_bisect_times_a_close_environment_and_names_its_numerics(double, tmp_pat
     assert c["numerics"]["outcome"] == "CLOSE" and "numerics CLOSE: max rel" in c["reason"], c
     strict = bisect("--tolerance", "exact")
     assert strict["first_bad"]["name"] == "c" and strict["kind"] == "correctness break", strict
+
+
+def _half_snapshot(path, conv: str, word: int, recorded_word: int, n: int = 64):
+    """fill(p, v, n) recorded with a module whose PTX converts to `conv` and stores 16-bit
+    halves (so the buffer is read as that type); the double fills `word`, the recording holds
+    `recorded_word` in every 4th word."""
+    from synth import Synth
+    ptx = (".version 8.0\n.target sm_80\n.address_size 64\n"
+           ".visible .entry fill(.param .u64 fill_param_0, .param .u32 fill_param_1, .param .u32 fill_param_2)\n"
+           f"{{ cvt.rn.{conv}.f32 %rs1, %f1; st.global.b16 [%rd1], %rs1; ret; }}\n").encode()
+    s = Synth(path)
+    f_fill, buf = 0x55570002, 0x200000000000
+    s.double_prologue("fill", f_fill, [[0, 8], [8, 4], [12, 4]], image=ptx)
+    s.call("cuMemAlloc_v2", {"dptr": buf, "bytesize": n * 4})
+    s.launch(f_fill, struct.pack("<QIi", buf, word, n), block=n)
+    s.call("cuCtxSynchronize", {})
+    rec = [recorded_word if i % 4 == 0 else word for i in range(n)]
+    s.call("cuMemcpyDtoH_v2", {"dstHost": 0x7F0000200000, "srcDevice": buf, "ByteCount": n * 4},
+           x={"dstHost": s.blob(struct.pack(f"<{n}I", *rec))})
+    s.double_epilogue([buf])
+    return path
+
+
+@pytest.mark.parametrize("conv,word,recorded,name,rel", [
+    ("f16", 0x3C003C00, 0x3C013C00, "float16", 2 ** -10),      # 1.0 vs 1.0 + 1 ULP of float16
+    ("bf16", 0x3F803F80, 0x3F813F80, "bfloat16", 2 ** -7)])    # 1.0 vs 1.0 + 1 ULP of bfloat16
+def test_half_buffers_are_judged_in_their_own_type_end_to_end(double, tmp_path, conv, word, recorded, name, rel):
+    """A buffer whose writer's PTX converts to float16 / bfloat16 is judged element by element
+    in that type: 1 ULP of it is CLOSE under its defaults; read as float32 the same bytes are
+    DIFFERENT (the high half moved)."""
+    snap = _half_snapshot(tmp_path / f"{conv}.cusnap", conv, word, recorded)
+    cp = _replay(double, snap, "--tolerance", "torch")
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    m = re.search(rf"CLOSE: call #\d+ cuMemcpyDtoH_v2 \(last written by #\d+ fill\): {name} \(the PTX of fill: "
+                  rf"global stores of b16\): 16 of 128 elements differ, max abs \S+, max rel (\S+), max 1 ULP", cp.stdout)
+    assert m and float(m.group(1)) == pytest.approx(rel, rel=1e-2), cp.stdout
+    as_f32 = _replay(double, snap, "--tolerance", "torch", "--dtype", "fill=f32")
+    assert as_f32.returncode == 1 and "float32 (--dtype fill=f32): 16 of 64 elements differ" in as_f32.stdout, as_f32.stdout
