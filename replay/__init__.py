@@ -25,7 +25,8 @@ def __getattr__(name):
 
 def replay(snapshot, driver=None, **kw) -> ReplayResult:
     """Replay `snapshot`; keyword arguments are ReplayOptions fields (device, calls, kernels,
-    rtol, atol, dtype, continue_on_error, watchdog, sync_after_launch, threads, ...)."""
+    tolerance, exact, dtype, dtype_for, recheck, continue_on_error, watchdog, threads, ...).
+    result.numerics holds the EXACT / CLOSE / DIFFERENT counts and the tolerance used."""
     from .engine import Replayer
     opts = ReplayOptions(**kw)
     problem = option_problem(opts) or snapshot_problem(snapshot)
