@@ -301,7 +301,7 @@ def _kernel_history(db, run_ids: List[int]) -> List[Dict[str, Any]]:
         s = series.setdefault(key, {"snapshot": os.path.basename(r["snapshot"]), "env": r["env"],
                                     "kernel": r["kernel"], "points": []})
         s["points"].append({"run": r["run_id"], "median_us": r["median_us"], "noise_pct": r["noise_pct"],
-                            "verdict": r["verdict"]})
+                            "verdict": r["verdict"], "numerics": cell_numerics_of(r)})
     return list(series.values())
 
 
@@ -309,6 +309,15 @@ def _us(v) -> str:
     if v is None:
         return "-"
     return f"{v / 1000:.2f} ms" if v >= 1000 else f"{v:.2f} us"
+
+
+def _rel(point) -> str:
+    """' (CLOSE, rel 1.2e-07)' where that night's results were not bit-exact: numerics drifting."""
+    n = point.get("numerics") or {}
+    if n.get("outcome") in (None, "EXACT"):
+        return ""
+    rel = n.get("max_rel")
+    return f" ({n['outcome']}" + (f", rel {rel:.1g})" if isinstance(rel, (int, float)) else ")")
 
 
 def render_text(rep: Dict[str, Any], out) -> None:
@@ -363,7 +372,8 @@ def render_text(rep: Dict[str, Any], out) -> None:
             trend = next((h for h in rep["history"] if h["env"] == g["env"] and h["kernel"] == g["kernel"]
                           and h["snapshot"] == g["snapshot"]), None)
             if trend and len(trend["points"]) > 1:
-                w("    history: " + ", ".join(f"run {p['run']} {_us(p['median_us'])}" for p in trend["points"][-8:]) + "\n")
+                w("    history: " + ", ".join(f"run {p['run']} {_us(p['median_us'])}{_rel(p)}"
+                                        for p in trend["points"][-8:]) + "\n")
     elif any(f["cell"] is None for f in rep["infra_failures"]):
         w("no regression in the cells done (not every cell was run)\n")
     else:

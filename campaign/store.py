@@ -337,8 +337,10 @@ class Store:
         """Every kernel's median in the runs, by run, cell and kernel."""
         if not run_ids:
             return []
+        # a store from before cells.numerics, read only, has none
+        num = "c.numerics" if "numerics" in {r[1] for r in self.db.execute("PRAGMA table_info(cells)")} else "NULL"
         q = ("SELECT c.run_id, c.snapshot, c.snapshot_digest, c.env, c.mode, k.kernel, k.median_us, k.noise_pct,"
-             " k.verdict FROM kernel_results k JOIN cells c ON c.id=k.cell_id"
+             f" k.verdict, {num} AS numerics FROM kernel_results k JOIN cells c ON c.id=k.cell_id"
              f" WHERE c.run_id IN ({','.join('?' * len(run_ids))}) ORDER BY c.run_id, c.id, k.id")
         return self.db.execute(q, run_ids).fetchall()
 
