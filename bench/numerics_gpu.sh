@@ -9,7 +9,7 @@
 #   3. captures and extracts one launch of each float kernel (template stencil, jacobi, tiled
 #      SGEMM, row normalization, the streams' saxpy step) with --check, packed into
 #      $OUT/numerics_sim.tar.xz for GPGPU-Sim on a CPU machine:
-#        tar xJf numerics_sim.tar.xz -C DIR; FUNCTIONAL_ONLY=1 CUDASNAP_GPGPUSIM=... bash bench/sim_replay_cpu.sh DIR
+#        tar xJf numerics_sim.tar.xz -C DIR; CUDASNAP_GPGPUSIM=... bash bench/numerics_sim_cpu.sh DIR
 #   4. a campaign on this GPU: 8 programs (the stencil, demo_ab, ptrs, mt_launch, sim_sgemm,
 #      sim_streams, PyTorch MLP inference and eager) x plain, a no-op control, eager loading and the
 #      -G stencil swapped in (CUDASNAP_REPLACE): the -G cell must be SLOWER with numerics CLOSE, and

@@ -3,6 +3,7 @@ the writing kernel's PTX or given, tolerances in the forms users know, defaults 
 from __future__ import annotations
 
 import json
+import os
 import re
 import struct
 import subprocess
@@ -326,3 +327,29 @@ def test_half_buffers_are_judged_in_their_own_type_end_to_end(double, tmp_path, 
     assert m and float(m.group(1)) == pytest.approx(rel, rel=1e-2), cp.stdout
     as_f32 = _replay(double, snap, "--tolerance", "torch", "--dtype", "fill=f32")
     assert as_f32.returncode == 1 and "float32 (--dtype fill=f32): 16 of 64 elements differ" in as_f32.stdout, as_f32.stdout
+
+
+SIM = os.environ.get("CUDASNAP_GPGPUSIM")
+
+
+@pytest.mark.skipif(not (SIM and os.path.isfile(os.path.join(SIM, "lib", "libcudart.so"))),
+                    reason="no GPGPU-Sim build (set CUDASNAP_GPGPUSIM to one)")
+def test_simulator_fused_saxpy_is_close_to_the_unfused_recording(frac):
+    """The double computes saxpy unfused (two roundings), the simulator's fma.rn.f32 fuses: with
+    fractional data their last bits differ. A simulator is a target that may round otherwise:
+    CLOSE in float32 (read from saxpy's PTX), exit 0, stated in one line; --exact: exit 1."""
+    d, snap = frac
+
+    def sim(*more):
+        return subprocess.run([sys.executable, "-m", "cudasnap", "replay", str(snap), "--sim", "gpgpu-sim",
+                               "--sim-path", SIM, *more], capture_output=True, text=True, timeout=300)
+    rp = sim()
+    assert rp.returncode == 0, rp.stdout + rp.stderr
+    assert "numerics: CLOSE within torch.testing's per-type tolerance passes (a simulator)" in rp.stdout
+    assert "D2H results: 5 EXACT, 1 CLOSE, 0 DIFFERENT" in rp.stdout, rp.stdout
+    m = re.search(r"CLOSE: call #\d+ cuMemcpyDtoH_v2 \(last written by #\d+ saxpy\): float32 \(the PTX of saxpy: "
+                  r"global stores of f32\): (\d+) of 4096 elements differ, max abs \S+, max rel (\S+), max 1 ULP", rp.stdout)
+    assert m and 0 < int(m.group(1)) < N and float(m.group(2)) < 1.3e-6, rp.stdout
+    assert "recheck" not in rp.stdout                   # a simulator is deterministic: not replayed twice
+    ex = sim("--exact")
+    assert ex.returncode == 1 and "DIFFERENT: call #" in ex.stdout and "but bit-exact applies here" in ex.stdout, ex.stdout
