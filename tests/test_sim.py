@@ -256,4 +256,3 @@ def test_extract_then_simulate(snaps):
     assert cp.returncode == 0, cp.stdout + cp.stderr
     res = json.loads(cp.stdout)
     assert res["exit_code"] == 0 and res["d2h_verified"] >= 1 and res["launches"] == 1 and not res["mismatches"]
-
