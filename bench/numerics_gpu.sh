@@ -115,7 +115,7 @@ vars = { CUDASNAP_REPLACE = "$K=$W/stencil_G.cubin" }
 EOF
 cp campaign.toml "$OUT/numerics_campaign.toml"
 T=$SECONDS
-timeout 360 cudasnap campaign run campaign.toml -o numerics.sqlite --json > logs/campaign.json 2> logs/campaign.err
+timeout 300 cudasnap campaign run campaign.toml -o numerics.sqlite --json > logs/campaign.json 2> logs/campaign.err
 rc=$?; echo "campaign exit $rc in $((SECONDS - T)) s"; tail -3 logs/campaign.err
 cudasnap campaign report numerics.sqlite > "$OUT/numerics_report.txt" 2>&1; echo "report exit $?"
 python3 -c 'import plotly' 2>/dev/null && cudasnap campaign report numerics.sqlite --html "$OUT/numerics_report.html" -f > /dev/null 2>&1
