@@ -41,7 +41,10 @@ from cudasnap.formats.tomlfile import TomlFileError, load_toml
 from cudasnap.replay.invocation import command as invocation_command
 
 from cudasnap.compare.core import SLOWER, CompareError, compare, facts, load_profile
-from cudasnap.compare.envs import Env, env_table
+from cudasnap.compare.envs import TOLERANCE_VAR, Env, env_table, tolerance_value
+
+from .rules import cell_numerics
+from .wording import numerics_text
 
 
 # a local Ray runtime's start, about 7 s on an H200 host (bench/RESULTS.md): what a K-ary
@@ -94,6 +97,7 @@ class Outcome:
     profile: Optional[Dict[str, Any]] = None
     vs_first: Optional[Dict[str, Any]] = None
     stderr_tail: str = ""
+    numerics: Optional[Dict[str, Any]] = None   # rules.cell_numerics of its replay
 
     def to_dict(self) -> Dict[str, Any]:
         d = {"env": self.env.name, "index": self.env.index, "order": self.order, "replay_exit": self.rc,
@@ -101,6 +105,8 @@ class Outcome:
              "profile": self.profile_path, "command": self.command}
         if self.vs_first is not None:
             d["vs_first"] = {"slower": self.vs_first["slower"], "total": self.vs_first["total"]}
+        if self.numerics is not None:
+            d["numerics"] = self.numerics
         return d
 
 
@@ -264,6 +270,10 @@ class Bisector:
                 o.status = "good"
                 t = o.vs_first["total"]
                 o.reason = f"same as the first (total {t['ratio']:.3f}x)" if t.get("ratio") else "same as the first"
+        o.numerics = cell_numerics([o.profile])
+        nt = numerics_text(o.numerics)
+        if nt:                            # timed and judged whatever the numerics; they are named
+            o.reason += f"; {nt}"
         self._log(o)
         return o
 
@@ -427,7 +437,8 @@ def run_bisect_cli(*args, out=None, **kw) -> int:
 def _bisect_cli(snapshot, envs_path, mode: str = "isolated", kernels: Optional[str] = None, repeat: int = 10,
                 warmup: int = 3, threshold: float = 5.0, html: Optional[str] = None, as_json: bool = False,
                 keep: Optional[str] = None, timeout: Optional[float] = None, top: int = 20, out=None,
-                force: bool = False, gpus: int = 1, address: Optional[str] = None) -> int:
+                force: bool = False, gpus: int = 1, address: Optional[str] = None,
+                tolerance: Optional[str] = None) -> int:
     err = sys.stderr
 
     def fail(msg: str) -> int:
@@ -471,6 +482,10 @@ def _bisect_cli(snapshot, envs_path, mode: str = "isolated", kernels: Optional[s
             return fail(why)
     try:
         envs = load_envs(envs_path)
+        if tolerance is not None:         # every env that sets none judges its results so
+            tol = tolerance_value(tolerance, "--tolerance", BisectError)
+            for e in envs:
+                e.vars.setdefault(TOLERANCE_VAR, tol)
     except BisectError as e:
         return fail(str(e))
     log = (lambda s: err.write(s + "\n")) if as_json else (lambda s: (out.write(s + "\n"), out.flush()))

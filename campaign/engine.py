@@ -694,6 +694,9 @@ class Engine:
                "wall_s": time.monotonic() - (st.first_submit or time.monotonic()), "replay_s": st.proc_s,
                "error": error, "finished": now_iso(), "control": int(getattr(cell, "control", False)),
                "confirm_note": note}
+        cands = [prof] + list(st.profiles) + [p for pr in st.pairs for p in pr.get("cand") or []]
+        num = R.cell_numerics(cands)
+        row["numerics"] = _json(num) if num else None
         last = st.last or {}
         row["gpu"] = (st.pairs[0]["gpu"] if st.pairs else
                       gpu_label(last.get("host"), last.get("node_id"), last.get("visible_devices")) if last else None)

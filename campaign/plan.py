@@ -47,7 +47,7 @@ from typing import Any, Dict, List, Optional
 
 import xxhash
 
-from cudasnap.compare.envs import Env, env_table
+from cudasnap.compare.envs import TOLERANCE_VAR, Env, env_table, tolerance_value
 from cudasnap.formats.limits import MAX_RUNS
 from cudasnap.formats.tomlfile import TomlFileError, load_toml
 
@@ -71,6 +71,7 @@ class Rules:
     alpha: float = 0.01
     noise_sigmas: float = 3.0
     workers: str = "warm"
+    tolerance: Optional[str] = None  # CUDASNAP_TOLERANCE of every env that sets none (replay/numerics.py)
 
 
 WORKERS = ("warm", "fresh", "kept")
@@ -204,7 +205,9 @@ def _rules(t: Any, where: str) -> Rules:
                  hold_gpus=_num(t, "hold_gpus", d.hold_gpus, bool, 0, where),
                  pairs=_num(t, "pairs", d.pairs, int, 1, where, 1000), alpha=_num(t, "alpha", d.alpha, float, 0, where, 1),
                  noise_sigmas=_num(t, "noise_sigmas", d.noise_sigmas, float, 0, where, 1000),
-                 workers=_workers(t, where))
+                 workers=_workers(t, where),
+                 tolerance=(tolerance_value(t["tolerance"], f"{where}: [rules] tolerance", PlanError)
+                            if t.get("tolerance") is not None else None))
 
 
 def _workers(t: Dict[str, Any], where: str) -> str:
@@ -376,6 +379,9 @@ def load_campaign(path) -> Campaign:
     rules = _rules(doc.get("rules"), path)
     controls: List[str] = []
     envs = _envs(doc.get("env"), path, base, controls)
+    if rules.tolerance:
+        for e in envs:
+            e.vars.setdefault(TOLERANCE_VAR, rules.tolerance)
     snaps = _snapshots(doc.get("snapshot"), path, base)
     _check_power(rules, snaps, path)
     bl = doc.get("baseline", envs[0].name)

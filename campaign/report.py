@@ -12,7 +12,7 @@ import re
 from typing import Any, Dict, List, Optional
 
 from .rules import FASTER_, INFRA, INCOMPARABLE, MISMATCH, REGRESSIONS, SLOWER_, UNCONFIRMED
-from .wording import NOISE_EXCEEDS, confirm_text, controls_line, p_text, pct
+from .wording import NOISE_EXCEEDS, confirm_text, controls_line, numerics_text, p_text, pct
 
 
 
@@ -153,7 +153,8 @@ def build_report(store, run: Optional[int] = None, since: Optional[str] = None, 
                                           "faster": [k["kernel"] for k in ks if k["verdict"] == "FASTER"],
                                           "attempts": c["attempts"], "reruns": c["reruns"], "error": c["error"],
                                           "control": bool(c["control"]), "gpu": c["gpu"],
-                                          "confirm_gpu": c["confirm_gpu"], "confirm_note": c["confirm_note"]}
+                                          "confirm_gpu": c["confirm_gpu"], "confirm_note": c["confirm_note"],
+                                          "numerics": cell_numerics_of(c)}
         matrix.append(row)
     regressions = []
     for c in cells:
@@ -171,7 +172,8 @@ def build_report(store, run: Optional[int] = None, since: Optional[str] = None, 
                    "noise_pct": kr["campaign_noise_pct"] if kr else None, "bar_pct": kr["bar_pct"] if kr else None,
                    "p_value": kr["p_value"] if kr else None, "why": kr["why"] if kr else c["error"],
                    "confirmed": c["confirmed"], "confirm_note": c["confirm_note"], "gpu": c["gpu"],
-                   "confirm_gpu": c["confirm_gpu"], "control": bool(c["control"])}
+                   "confirm_gpu": c["confirm_gpu"], "control": bool(c["control"]),
+                   "numerics": cell_numerics_of(c)}
             reg.update(attribute(db, c, k))
             regressions.append(reg)
     infra = [{"snapshot": os.path.basename(c["snapshot"]), "env": c["env"], "cell": c["id"], "status": c["status"],
@@ -237,8 +239,17 @@ def _verdicts(db, cells) -> List[Dict[str, Any]]:
                         "gpu_offset_pct": k["gpu_offset_pct"], "gpu": c["gpu"], "confirm_gpu": c["confirm_gpu"],
                         "confirm_diff_pct": k["confirm_diff_pct"], "confirm_p_value": k["confirm_p_value"],
                         "confirm_note": c["confirm_note"], "attempts": c["attempts"], "why": k["why"],
-                        "runs": _runs_of(db, c)})
+                        "runs": _runs_of(db, c), "numerics": cell_numerics_of(c)})
     return out
+
+
+def cell_numerics_of(cell) -> Optional[Dict[str, Any]]:
+    """The cell's numerics (rules.cell_numerics), None where the store predates them."""
+    raw = cell["numerics"] if "numerics" in cell.keys() else None
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError:
+        return None
 
 
 def _runs_of(db, cell) -> List[Dict[str, Any]]:
@@ -290,7 +301,7 @@ def _kernel_history(db, run_ids: List[int]) -> List[Dict[str, Any]]:
         s = series.setdefault(key, {"snapshot": os.path.basename(r["snapshot"]), "env": r["env"],
                                     "kernel": r["kernel"], "points": []})
         s["points"].append({"run": r["run_id"], "median_us": r["median_us"], "noise_pct": r["noise_pct"],
-                            "verdict": r["verdict"]})
+                            "verdict": r["verdict"], "numerics": cell_numerics_of(r)})
     return list(series.values())
 
 
@@ -298,6 +309,15 @@ def _us(v) -> str:
     if v is None:
         return "-"
     return f"{v / 1000:.2f} ms" if v >= 1000 else f"{v:.2f} us"
+
+
+def _rel(point) -> str:
+    """' (CLOSE, rel 1.2e-07)' where that night's results were not bit-exact: numerics drifting."""
+    n = point.get("numerics") or {}
+    if n.get("outcome") in (None, "EXACT"):
+        return ""
+    rel = n.get("max_rel")
+    return f" ({n['outcome']}" + (f", rel {rel:.1g})" if isinstance(rel, (int, float)) else ")")
 
 
 def render_text(rep: Dict[str, Any], out) -> None:
@@ -316,7 +336,9 @@ def render_text(rep: Dict[str, Any], out) -> None:
             if c is None:
                 cells.append("(not run)")
             else:
-                cells.append(c["verdict"] + (f" ({', '.join(c['slower'][:3])})" if c["slower"] else ""))
+                nt = numerics_text(c.get("numerics"))
+                cells.append(c["verdict"] + (f" ({', '.join(c['slower'][:3])})" if c["slower"] else "")
+                             + (f"; {nt}" if nt else ""))
         rows.append([m["snapshot"]] + cells)
     print_table(con, ["snapshot"] + envs, rows, title="matrix (verdict against the baseline):")
     if rep.get("verdicts"):
@@ -326,7 +348,8 @@ def render_text(rep: Dict[str, Any], out) -> None:
               f"{v['verdict']} {pct(v['diff_pct'], True)} vs bar +-{pct(v['bar_pct'])} "
               f"(campaign noise {pct(v['campaign_noise_pct'])}, cell noise {pct(v['cell_noise_pct'])}, "
               f"GPU offset {pct(v['gpu_offset_pct'])}, p={p_text(v['p_value'])}) on {v['gpu'] or '?'}; "
-              f"{confirm_text(v)}\n")
+              f"{confirm_text(v)}" + (f"; {numerics_text(v.get('numerics'))}" if numerics_text(v.get("numerics")) else "")
+              + "\n")
     w(controls_line(rep["controls"]) + "\n")
     if rep.get("gpu_offsets"):
         o = rep["gpu_offsets"][0]
@@ -339,7 +362,8 @@ def render_text(rep: Dict[str, Any], out) -> None:
             d = f" {g['diff_pct']:+.1f}%" if g.get("diff_pct") is not None else ""
             if g.get("bar_pct") is not None:
                 d += f" (bar +-{g['bar_pct']:.1f}%, p={p_text(g.get('p_value'))}; {g.get('confirm_note') or 'no confirmation'})"
-            w(f"- {g['snapshot']} in env {g['env']!r}: {what}{d}; first seen in run {g['first_run']}\n")
+            nt = numerics_text(g.get("numerics"))
+            w(f"- {g['snapshot']} in env {g['env']!r}: {what}{d}{'; ' + nt if nt else ''}; first seen in run {g['first_run']}\n")
             lg = g.get("last_good")
             if lg:
                 diffs = "; ".join(f"{x['dimension']} {x['what']}: {x['good']} -> {x['bad']}" for x in g["differences"]) \
@@ -348,7 +372,8 @@ def render_text(rep: Dict[str, Any], out) -> None:
             trend = next((h for h in rep["history"] if h["env"] == g["env"] and h["kernel"] == g["kernel"]
                           and h["snapshot"] == g["snapshot"]), None)
             if trend and len(trend["points"]) > 1:
-                w("    history: " + ", ".join(f"run {p['run']} {_us(p['median_us'])}" for p in trend["points"][-8:]) + "\n")
+                w("    history: " + ", ".join(f"run {p['run']} {_us(p['median_us'])}{_rel(p)}"
+                                        for p in trend["points"][-8:]) + "\n")
     elif any(f["cell"] is None for f in rep["infra_failures"]):
         w("no regression in the cells done (not every cell was run)\n")
     else:

@@ -11,6 +11,7 @@ from typing import Any, Dict, List
 
 from cudasnap.compare.html import Page, e, table
 from cudasnap.replay.names import demangle, short_name
+from .wording import numerics_text
 
 TOP = 8                   # kernels plotted per snapshot; the others are listed under the chart
 NAME_WIDTH = 60
@@ -51,6 +52,9 @@ def _cell(c: Dict[str, Any], links: Dict[int, str]) -> str:
         return "<span style='color:#999'>(not run)</span>"
     col = COLORS.get(c["verdict"], "#444")
     extra = (f"<br><small>{', '.join(kname(k) for k in c['slower'][:4])}</small>" if c.get("slower") else "")
+    nt = numerics_text(c.get("numerics"))
+    if nt:
+        extra += f"<br><small class='numerics'>{e(nt)}</small>"
     tip = e(c.get("error") or f"{c['attempts']} attempt(s), {c['reruns']} rerun(s)")
     word = e(c["verdict"])
     if c.get("cell") in links:
@@ -104,13 +108,13 @@ def html_report(rep: Dict[str, Any]) -> str:
     if rep.get("verdicts"):
         page.add("<h2>Verdicts and their noise</h2>" + table(
             ["snapshot", "env", "kernel", "verdict", "diff", "bar", "campaign noise", "cell noise", "GPU offset",
-             "p", "GPU", "confirmation", "why"],
+             "p", "GPU", "confirmation", "numerics", "why"],
             [[e(v["snapshot"]), e(v["env"] + (" (control)" if v["control"] else "")), kname(v["kernel"]),
               f"<a href='#{anchor(v)}'>{e(v['verdict'])}</a>",
               e(pct(v["diff_pct"], True)), e(pct(v["bar_pct"])), e(pct(v["campaign_noise_pct"])),
               e(pct(v["cell_noise_pct"])), e(pct(v["gpu_offset_pct"])), e(p_text(v["p_value"])), e(v["gpu"] or "-"),
-              e(confirm_text(v)), e(v["why"] or "")]
-             for v in rep["verdicts"]], raw_cols=set(range(13))))
+              e(confirm_text(v)), e(numerics_text(v.get("numerics")) or ("EXACT" if v.get("numerics") else "-")), e(v["why"] or "")]
+             for v in rep["verdicts"]], raw_cols=set(range(14))))
         page.add("<h2>Evidence</h2>" + "".join(_evidence(v) for v in rep["verdicts"]))
     page.add("<h2>Regressions</h2>")
     if rep["regressions"]:
@@ -121,8 +125,9 @@ def html_report(rep: Dict[str, Any]) -> str:
             rr.append([g["snapshot"], g["env"], g["kernel"] or g["kind"],
                        f"{g['diff_pct']:+.1f}%" if g.get("diff_pct") is not None else "-",
                        f"env {lg.get('env')} (run {lg.get('run')})" if lg else "-", diffs or "-",
-                       g["first_run"], g.get("why") or ""])
-        page.add(table(["snapshot", "env", "kernel", "diff", "last good", "what differs", "first run", "why"], rr))
+                       g["first_run"], numerics_text(g.get("numerics")) or "-", g.get("why") or ""])
+        page.add(table(["snapshot", "env", "kernel", "diff", "last good", "what differs", "first run", "numerics",
+                        "why"], rr))
     else:
         page.add("<p>none</p>")
     if rep["infra_failures"]:
@@ -161,7 +166,8 @@ def _evidence(v: Dict[str, Any]) -> str:
             f"{e(pct(v['diff_pct'], True))}</h3>"
             f"<p>bar {e(pct(v['bar_pct']))} = max(threshold, sigmas x campaign noise {e(pct(v['campaign_noise_pct']))}); "
             f"cell noise {e(pct(v['cell_noise_pct']))}; GPU offset {e(pct(v['gpu_offset_pct']))}; "
-            f"Mann-Whitney {e(p_text(v['p_value']))}; on {e(v['gpu'] or '-')}; {e(confirm_text(v))}</p>")
+            f"Mann-Whitney {e(p_text(v['p_value']))}; on {e(v['gpu'] or '-')}; {e(confirm_text(v))}"
+            + (f"; {e(numerics_text(v.get('numerics')))}" if numerics_text(v.get("numerics")) else "") + "</p>")
     runs = v.get("runs") or []
     rows = [[r["n"], r["purpose"], r.get("side") or "-", r.get("round") or "-", r["outcome"],
              f"{r.get('host') or '?'}:{r.get('visible_devices') or '-'}", r.get("gpu_uuid") or "-",

@@ -274,3 +274,29 @@ def kernel_rows(res: Optional[Dict[str, Any]], profile: Optional[Dict[str, Any]]
             rows.append({"kernel": k["name"], "launches": k.get("launches"), "median_us": k.get("median_us"),
                          "noise_pct": k.get("noise_pct"), "verdict": None, "why": None})
     return rows
+
+
+def cell_numerics(profiles: List[Optional[Dict[str, Any]]]) -> Optional[Dict[str, Any]]:
+    """A cell's numerics from its replays' (replay/numerics.py counts in each profile's run):
+    EXACT, CLOSE (with the largest relative error and ULP distance) or DIFFERENT; None when no
+    replay said (a replay of an older cudasnap)."""
+    nums = [((p or {}).get("run") or {}).get("numerics") for p in profiles]
+    nums = [n for n in nums if isinstance(n, dict) and n]
+    if not nums:
+        return None
+    out: Dict[str, Any] = {"outcome": "EXACT", "tolerance": nums[-1].get("tolerance")}
+    if any(n.get("different") for n in nums):
+        out["outcome"] = "DIFFERENT"
+    elif any(n.get("close") for n in nums):
+        out["outcome"] = "CLOSE"
+    rels = [n["max_rel"] for n in nums if isinstance(n.get("max_rel"), (int, float))]
+    ulps = [n["max_ulp"] for n in nums if isinstance(n.get("max_ulp"), int)]
+    if rels:
+        out["max_rel"] = max(rels)
+    if ulps:
+        out["max_ulp"] = max(ulps)
+    out["close"] = max(n.get("close", 0) for n in nums)
+    if any((n.get("recheck") or {}).get("nondeterministic") for n in nums):
+        out["nondeterministic"] = True
+    return out
+

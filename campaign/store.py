@@ -25,7 +25,7 @@ TABLES: Dict[str, List[str]] = {
               "env_json", "is_baseline", "baseline_cell_id", "gpu_req", "gpu_model", "device_uuid", "driver_version",
               "libcuda", "host", "status", "verdict", "regressed", "exit_code", "attempts", "reruns", "confirmed",
               "wall_s", "replay_s", "error", "finished", "control", "gpu", "confirm_gpu", "confirm_device_uuid",
-              "confirm_note"],
+              "confirm_note", "numerics"],
     "kernel_results": ["id", "cell_id", "kernel", "launches", "median_us", "noise_pct", "base_median_us",
                        "base_noise_pct", "ratio", "diff_pct", "verdict", "why", "p_value", "campaign_noise_pct", "bar_pct",
                        "gpu_offset_pct", "confirm_diff_pct", "confirm_p_value"],
@@ -48,7 +48,7 @@ CREATE TABLE IF NOT EXISTS cells (
   status TEXT NOT NULL, verdict TEXT NOT NULL, regressed INTEGER NOT NULL, exit_code INTEGER,
   attempts INTEGER NOT NULL, reruns INTEGER NOT NULL, confirmed INTEGER, wall_s REAL, replay_s REAL,
   error TEXT, finished TEXT NOT NULL, control INTEGER NOT NULL DEFAULT 0, gpu TEXT, confirm_gpu TEXT,
-  confirm_device_uuid TEXT, confirm_note TEXT, UNIQUE (run_id, cell_key));
+  confirm_device_uuid TEXT, confirm_note TEXT, numerics TEXT, UNIQUE (run_id, cell_key));
 CREATE TABLE IF NOT EXISTS kernel_results (
   id INTEGER PRIMARY KEY, cell_id INTEGER NOT NULL REFERENCES cells(id), kernel TEXT NOT NULL,
   launches INTEGER, median_us REAL, noise_pct REAL, base_median_us REAL, base_noise_pct REAL, ratio REAL,
@@ -77,13 +77,16 @@ _ADDED_IN_2 = {
 }
 
 
+# columns added within version 2 (optional: readers of an older store see None)
+_ADDED_LATER = {"cells": [("numerics", "TEXT")]}
+
 _DEFAULTS = {"control": 0}
 
 
 def _upgrade_1_to_2(db) -> None:
     db.execute("BEGIN IMMEDIATE")
     try:
-        for table, cols in _ADDED_IN_2.items():
+        for table, cols in [*_ADDED_IN_2.items(), *_ADDED_LATER.items()]:
             have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
             for name, decl in cols:
                 if name not in have:
@@ -208,6 +211,11 @@ class Store:
             raise StoreError(f"{self.path}: cannot write the store ({e})")
         if self._version() == "1":
             self._upgrade()
+        for table, cols in _ADDED_LATER.items():
+            have = {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}
+            for name, decl in cols:
+                if name not in have:
+                    self.db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
         self._pending = False
 
     def _version(self) -> Optional[str]:
@@ -329,8 +337,10 @@ class Store:
         """Every kernel's median in the runs, by run, cell and kernel."""
         if not run_ids:
             return []
+        # a store from before cells.numerics, read only, has none
+        num = "c.numerics" if "numerics" in {r[1] for r in self.db.execute("PRAGMA table_info(cells)")} else "NULL"
         q = ("SELECT c.run_id, c.snapshot, c.snapshot_digest, c.env, c.mode, k.kernel, k.median_us, k.noise_pct,"
-             " k.verdict FROM kernel_results k JOIN cells c ON c.id=k.cell_id"
+             f" k.verdict, {num} AS numerics FROM kernel_results k JOIN cells c ON c.id=k.cell_id"
              f" WHERE c.run_id IN ({','.join('?' * len(run_ids))}) ORDER BY c.run_id, c.id, k.id")
         return self.db.execute(q, run_ids).fetchall()
 

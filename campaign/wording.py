@@ -27,3 +27,20 @@ def confirm_text(v: Dict[str, Any]) -> str:
     if v.get("confirm_gpu"):
         note += f" ({v['confirm_gpu']}: {pct(v.get('confirm_diff_pct'), True)}, p={p_text(v.get('confirm_p_value'))})"
     return note
+
+
+def numerics_text(n: Optional[Dict[str, Any]]) -> str:
+    """'numerics CLOSE: max rel 1.2e-07, 1 ULP' (empty for EXACT or unknown)."""
+    if not n or n.get("outcome") in (None, "EXACT"):
+        return ""
+    t = f"numerics {n['outcome']}"
+    bits = []
+    if isinstance(n.get("max_rel"), (int, float)):
+        bits.append(f"max rel {n['max_rel']:.2g}")
+    if n.get("max_ulp"):
+        bits.append(f"{n['max_ulp']} ULP")
+    if n.get("tolerance") and n["outcome"] == "CLOSE":
+        bits.append(f"within {n['tolerance']}")
+    if n.get("nondeterministic"):
+        bits.append("varies run to run")
+    return t + (f": {', '.join(bits)}" if bits else "")

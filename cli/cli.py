@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import List, Optional, Type
+from typing import Any, Dict, List, Optional, Type
 
 import os
 import sys
@@ -53,11 +53,12 @@ class ApiStatus(str, Enum):
     refused = "refused"
 
 
-class Dtype(str, Enum):
-    f32 = "f32"
-    f16 = "f16"
-    bf16 = "bf16"
-    f64 = "f64"
+def _numerics(dtype: List[str], rtol: float, atol: float, tolerance: Optional[str], exact: bool,
+              recheck: Optional[bool] = None) -> Dict[str, Any]:
+    """The ReplayOptions fields of --dtype/--tolerance/--exact/--rtol/--atol/--recheck."""
+    every = [d for d in dtype if "=" not in d]
+    return dict(rtol=rtol, atol=atol, dtype=every[-1] if every else None, dtype_for=[d for d in dtype if "=" in d],
+                tolerance=tolerance, exact=exact, recheck=recheck)
 
 
 class ProfileMode(str, Enum):
@@ -340,9 +341,12 @@ def replay(
     kernel_name_base: NameBase = typer.Option(NameBase.function, "--kernel-name-base", metavar=_one_of(NameBase), help="What -k matches: function (the bare function name, as ncu's default), demangled (the full C++ name) or mangled (as recorded)."),
     launch_skip: int = typer.Option(0, "-s", "--launch-skip", metavar="N", min=0, help="Skip the first N launches that pass the filters (counted in recorded order, as ncu's -s)."),
     launch_count: Optional[int] = typer.Option(None, "-c", "--launch-count", metavar="N", min=1, help="Select at most N launches that pass the filters (after --launch-skip, as ncu's -c)."),
-    rtol: float = typer.Option(0.0, "--rtol", metavar="F", min=0.0, help="Relative tolerance for D2H verification (with --dtype)."),
-    atol: float = typer.Option(0.0, "--atol", metavar="F", min=0.0, help="Absolute tolerance for D2H verification (with --dtype)."),
-    dtype: Optional[Dtype] = typer.Option(None, "--dtype", metavar=_one_of(Dtype), help="Element type for tolerances: f32, f16, bf16, f64."),
+    rtol: float = typer.Option(0.0, "--rtol", metavar="F", min=0.0, help="Relative tolerance for D2H verification (as --tolerance rtol=F)."),
+    atol: float = typer.Option(0.0, "--atol", metavar="F", min=0.0, help="Absolute tolerance for D2H verification (as --tolerance atol=F)."),
+    dtype: List[str] = typer.Option([], "--dtype", metavar="[CALL=|KERNEL=]TYPE", help="Element type of D2H results (f32, f16, bf16, f64, int): of all, of call number CALL, or of buffers last written by a kernel whose name KERNEL (a regex) finds. Repeatable. Default: read from the writing kernel's PTX stores; unknown and int are compared bit for bit."),
+    tolerance: Optional[str] = typer.Option(None, "--tolerance", metavar="TOL", help="When a float result is CLOSE enough to pass: exact, torch (torch.testing's per-type rtol/atol), rtol=R,atol=A or ulp:N. Default: bit-exact for the same kernels on a GPU; torch for a simulator, swapped-in kernels (--replace) and PTX JIT. CUDASNAP_TOLERANCE sets it too."),
+    exact: bool = typer.Option(False, "--exact", help="Bit-exact results whatever the target (a CLOSE result fails)."),
+    recheck: Optional[bool] = typer.Option(None, "--recheck/--no-recheck", help="Where a result is CLOSE, replay again: results that vary from run to run are the program's own nondeterminism, not the target's (default: on a GPU, not on a simulator)."),
     continue_on_error: bool = typer.Option(False, "--continue-on-error", help="Keep going past failures; report them all."),
     watchdog: Optional[float] = typer.Option(None, "--watchdog", metavar="SECONDS", min=0.001, help="Seconds a driver call may take before replay gives up (exit 2)."),
     sync_after_launch: bool = typer.Option(False, "--sync-after-launch", help="Synchronize after every launch (pins failures to a kernel)."),
@@ -395,7 +399,7 @@ def replay(
             profile=_value(profile) if _value(profile) != "timeline" else None),
             dict(calls=calls, kernels=kernels, kernel_name=kernel_name,
                             kernel_name_base=_value(kernel_name_base), launch_skip=launch_skip,
-                            launch_count=launch_count, rtol=rtol, atol=atol, dtype=_value(dtype),
+                            launch_count=launch_count, **_numerics(dtype, rtol, atol, tolerance, exact, recheck),
                             continue_on_error=continue_on_error, watchdog=watchdog, progress=progress,
                             quiet=quiet, replace=list(replace)), json_out, out_file, force)
     if wrap is not None or preload is not None:
@@ -404,11 +408,11 @@ def replay(
                                       _value(profiler_range) == "workload"))
     from cudasnap.replay import ReplayOptions, option_problem, run_replay_cli
 
-    dtype, profile = _value(dtype), _value(profile)
+    profile = _value(profile)
+    num = _numerics(dtype, rtol, atol, tolerance, exact, recheck)
     if watchdog is not None and watchdog <= 0:
         _fail("--watchdog must be > 0 seconds")
-    why = option_problem(ReplayOptions(rtol=rtol, atol=atol, dtype=dtype, launch_override=launch_override,
-                                       devices=devices))   # before a job's ranks start too
+    why = option_problem(ReplayOptions(**num, launch_override=launch_override, devices=devices))   # before a job's ranks start too
     if why:
         _fail(why)
     from cudasnap.formats.group import is_manifest
@@ -432,7 +436,7 @@ def replay(
         from cudasnap.replay.selection import check as check_selection
         bad = check_selection(kernels, calls, kernel_name, name_base, launch_skip or 0, launch_count)
         from cudasnap.replay.replace import check_specs
-        opts = ReplayOptions(profiler_range=_value(profiler_range), rtol=rtol, atol=atol, dtype=dtype,
+        opts = ReplayOptions(profiler_range=_value(profiler_range), **num,
                              continue_on_error=continue_on_error, sync_after_launch=sync_after_launch,
                              threads=threads, relocate_payloads=relocate_payloads, quiet=quiet,
                              replace=list(replace), jit=jit, launch_override=launch_override, pace=_value(pace))
@@ -467,7 +471,7 @@ def replay(
     if bad:
         _fail(bad)
     opts = ReplayOptions(device=device, **({} if profile else pick), profiler_range=prange,
-                         rtol=rtol, atol=atol, dtype=dtype,
+                         **num,
                          continue_on_error=continue_on_error, watchdog=watchdog, sync_after_launch=sync_after_launch,
                          threads=threads, progress=progress, relocate_payloads=relocate_payloads, quiet=quiet,
                          replace=list(replace), jit=jit, launch_override=launch_override, devices=devices,
@@ -575,6 +579,7 @@ def bisect(
     force: bool = typer.Option(False, "-f", "--force-overwrite", help="Replace an existing --html file and write into a non-empty --keep DIR (by default refused, before any replay)."),
     gpus: int = typer.Option(1, "--gpus", metavar="K", min=1, help="Replay K environments at once, one per GPU, through Ray (a local runtime, or --address): a K-ary search in fewer rounds (without --address, only where they save more than Ray's start)."),
     address: Optional[str] = typer.Option(None, "--address", metavar="auto|ray://HOST:PORT", help="--gpus: the Ray cluster to run on."),
+    tolerance: Optional[str] = typer.Option(None, "--tolerance", metavar="TOL", help="As replay's, for every environment without its own `tolerance` (CLOSE results pass and are timed; DIFFERENT is a correctness break)."),
 ):
     """Find the first environment (driver, variables, kernel build) where a snapshot's replay
     regressed: both ends, then a binary search, each replay in its own process.
@@ -587,7 +592,7 @@ def bisect(
 
     raise typer.Exit(run_bisect_cli(str(snapshot), str(envs), profile, kernels, repeat, warmup, threshold,
                                     str(html) if html else None, json_out, str(keep) if keep else None, timeout, top,
-                                    force=force, gpus=gpus, address=address))
+                                    force=force, gpus=gpus, address=address, tolerance=tolerance))
 
 
 @app.command(cls=_Command)
@@ -611,6 +616,7 @@ def export(
 
 
 @app.command(cls=_Command)
+@needs(Inert("tolerance", "without --check", lambda p: bool(p.get("check")), "give --check too, or leave --tolerance out"))
 def extract(
     snapshot: Path = typer.Argument(..., metavar="SNAPSHOT", help="A .cusnap file."),
     output: Path = typer.Option(..., "-o", "--output", metavar="SMALL.cusnap", help="The snapshot to write (never onto SNAPSHOT; an existing file only with -f)."),
@@ -623,6 +629,7 @@ def extract(
     check: bool = typer.Option(False, "--check", help="Replay the extract right away and exit 1 if it does not verify."),
     device: int = typer.Option(0, "--device", metavar="N", min=0, help="GPU ordinal to replay on."),
     watchdog: Optional[float] = typer.Option(None, "--watchdog", metavar="SECONDS", min=0.001, help="Seconds a driver call may take, in the replay up to the selection and in --check's, before extract gives up (exit 2)."),
+    tolerance: Optional[str] = typer.Option(None, "--tolerance", metavar="TOL", help="--check: as replay's --tolerance (exact, torch, rtol=R,atol=A, ulp:N)."),
     force: bool = typer.Option(False, "-f", "--force-overwrite", help=_FORCE_HELP),
 ):
     """Write a small self-contained snapshot of selected launches, with the memory they read.
@@ -641,7 +648,7 @@ def extract(
 
     raise typer.Exit(run_extract_cli(snapshot, output, launch, kernel, calls, _value(memory) if memory else None, device,
                                      ranges=_value(ranges), check=check, force=force, sass=_value(sass),
-                                     watchdog=watchdog))
+                                     watchdog=watchdog, tolerance=tolerance))
 
 
 from cudasnap.campaign_cmd import campaign_app  # noqa: E402

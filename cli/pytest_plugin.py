@@ -40,6 +40,8 @@ def pytest_addoption(parser) -> None:
                 help="Absolute tolerance of D2H verification (with --cudasnap-dtype).")
     g.addoption("--cudasnap-dtype", choices=DTYPES, default=None,
                 help="Element type the tolerances apply to: " + ", ".join(DTYPES) + ".")
+    g.addoption("--cudasnap-tolerance", default=None, metavar="TOL",
+                help="As replay's --tolerance: exact, torch, rtol=R,atol=A or ulp:N (default: replay's by target).")
     g.addoption("--cudasnap-timeout", type=float, default=None, metavar="SECONDS",
                 help="Seconds one replay may take before its test fails.")
     parser.addini("cudasnap", type="bool", default=False,
@@ -100,6 +102,8 @@ class SnapshotItem(pytest.Item):
         fields = {"device": opt("cudasnap_device"), "quiet": False}
         if opt("cudasnap_dtype"):
             fields.update(dtype=opt("cudasnap_dtype"), rtol=opt("cudasnap_rtol"), atol=opt("cudasnap_atol"))
+        if opt("cudasnap_tolerance"):
+            fields["tolerance"] = opt("cudasnap_tolerance")
         # the replay as a typed document, in a process of its own (its GPU state and crashes stay there)
         cmd = command(sys.executable, dict(document(str(self.path), fields), json=True))
         timeout = opt("cudasnap_timeout")

@@ -19,6 +19,21 @@ class Env:
     gpu: Optional[str] = None           # campaign: the GPU model it asks for ("H100")
 
 
+TOLERANCE_VAR = "CUDASNAP_TOLERANCE"
+
+
+def tolerance_value(v: Any, where: str, error: Callable[[str], Exception]) -> str:
+    """A tolerance as replay's --tolerance takes it, checked; raises error(message)."""
+    from cudasnap.replay.numerics import parse_tolerance
+    if not isinstance(v, str):
+        raise error(f"{where} must be a string such as \"torch\", \"rtol=1e-5,atol=1e-8\" or \"ulp:2\"")
+    try:
+        parse_tolerance(v, where)
+    except ValueError as e:
+        raise error(str(e))
+    return v
+
+
 def env_table(t: Any, where: str, base: str, extra: Iterable[str], taken: Iterable[str],
               error: Callable[[str], Exception]) -> Tuple[str, Dict[str, str], Optional[str]]:
     """(name, vars as strings, driver path made absolute) of one [[env]] table; raises
@@ -26,7 +41,7 @@ def env_table(t: Any, where: str, base: str, extra: Iterable[str], taken: Iterab
     already used."""
     if not isinstance(t, dict):
         raise error(f"{where}: not a table")
-    keys = ["name", "vars", "driver", *extra]
+    keys = ["name", "vars", "driver", "tolerance", *extra]
     unknown = set(t) - set(keys)
     if unknown:
         raise error(f"{where}: unknown key(s) {', '.join(sorted(unknown))} ({', '.join(keys)})")
@@ -43,6 +58,8 @@ def env_table(t: Any, where: str, base: str, extra: Iterable[str], taken: Iterab
             raise error(f"{where} ({name}): variable {k!r}: an environment variable's name holds no '=' or NUL")
         if "\0" in str(v):
             raise error(f"{where} ({name}): variable {k}: its value holds a NUL byte")
+    if t.get("tolerance") is not None:      # replay reads it from its environment
+        vars_ = dict(vars_, **{TOLERANCE_VAR: tolerance_value(t["tolerance"], f"{where} ({name}): tolerance", error)})
     drv = t.get("driver")
     if drv is not None:
         if not isinstance(drv, str) or not drv:

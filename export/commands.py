@@ -103,18 +103,24 @@ def _oserror(e: Exception) -> str:
 
 def run_extract_cli(snapshot, output, launch=None, kernel=None, calls=None, memory=None, device=0,
                     out=None, ranges=None, check=False, force: bool = False, sass: str = "device",
-                    watchdog: Optional[float] = None) -> int:
+                    watchdog: Optional[float] = None, tolerance: Optional[str] = None) -> int:
     """memory/ranges None: the defaults (reachable memory, exact ranges or segment for a graph
     launch); with --check, an extract that does not verify is made again with what the user left
     to the defaults widened, one step at a time: whole allocations, then every live allocation
     (explicit --ranges exact is kept: the check then answers for exact ranges)."""
     out = out or sys.stdout
+    if tolerance is not None:             # --check's replay judges CLOSE results with it
+        from cudasnap.replay.numerics import parse_tolerance
+        try:
+            parse_tolerance(tolerance)
+        except ValueError as e:
+            return _err(str(e))
     why = _before_work(snapshot, output, force, "file")
     if why:
         return _err(why)
     try:
         return _extract_checked(snapshot, output, launch, kernel, calls, memory, device, out, ranges, check, sass,
-                                watchdog)
+                                watchdog, tolerance)
     except KeyboardInterrupt:
         from cudasnap.formats.outputs import Interrupted, written
         if os.path.abspath(output) in map(os.path.abspath, written()):
@@ -123,8 +129,8 @@ def run_extract_cli(snapshot, output, launch=None, kernel=None, calls=None, memo
 
 
 def _extract_checked(snapshot, output, launch, kernel, calls, memory, device, out, ranges, check, sass,
-                     watchdog=None) -> int:
-    once = functools.partial(_extract_once, sass=sass, watchdog=watchdog)
+                     watchdog=None, tolerance=None) -> int:
+    once = functools.partial(_extract_once, sass=sass, watchdog=watchdog, tolerance=tolerance)
     code, r = once(snapshot, output, launch, kernel, calls, memory or "reachable", device, out, ranges,
                    check, widen=(ranges is None, memory is None and ranges != "exact"))
     if code == 1 and ranges is None and r is not None and r.ranges == "exact" and r.memory == "reachable":
@@ -139,7 +145,7 @@ def _extract_checked(snapshot, output, launch, kernel, calls, memory, device, ou
 
 
 def _extract_once(snapshot, output, launch, kernel, calls, memory, device, out, ranges, check, widen=(False, False),
-                  sass="device", watchdog=None):
+                  sass="device", watchdog=None, tolerance=None):
     """(exit code, result): one extract written to output, checked when asked. widen: (ranges,
     memory) left to the defaults, so a failed check is followed by a wider extract."""
     from .extract import extract
@@ -184,14 +190,15 @@ def _extract_once(snapshot, output, launch, kernel, calls, memory, device, out, 
                   + ("   (if it does not verify, extract again with --ranges segment)\n" if r.ranges == "exact" else "\n"))
         return 0, r
     more = (widen[0] and r.ranges == "exact") or (widen[1] and r.memory == "reachable")
-    return _check(r, device, out, retry=more, watchdog=watchdog), r
+    return _check(r, device, out, retry=more, watchdog=watchdog, tolerance=tolerance), r
 
 
-def _check(r, device: int, out, retry: bool = False, watchdog: Optional[float] = None) -> int:
+def _check(r, device: int, out, retry: bool = False, watchdog: Optional[float] = None,
+           tolerance: Optional[str] = None) -> int:
     """Replay the extract in a fresh process: 0 when it verifies, 1 when it does not."""
     import subprocess
     from cudasnap.replay.invocation import command, plain
-    cmd = command(sys.executable, plain(r.output, device, watchdog))
+    cmd = command(sys.executable, plain(r.output, device, watchdog, tolerance))
     try:
         cp = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     except subprocess.TimeoutExpired:
@@ -201,7 +208,7 @@ def _check(r, device: int, out, retry: bool = False, watchdog: Optional[float] =
     if cp.returncode == 0:
         out.write(f"  check: replay of {r.output} verified ({last[-1] if last else 'exit 0'})\n")
         return 0
-    why = next((ln for ln in last if ln.startswith(("MISMATCH:", "ERROR:"))), last[-1] if last else "")
+    why = next((ln for ln in last if ln.startswith(("DIFFERENT:", "MISMATCH:", "ERROR:"))), last[-1] if last else "")
     if retry:                     # a fault may come from bytes left out too: widened below
         out.write(f"  check: replay of {r.output} does not verify ({why})\n")
         return 1

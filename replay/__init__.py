@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Optional
 
@@ -24,7 +25,8 @@ def __getattr__(name):
 
 def replay(snapshot, driver=None, **kw) -> ReplayResult:
     """Replay `snapshot`; keyword arguments are ReplayOptions fields (device, calls, kernels,
-    rtol, atol, dtype, continue_on_error, watchdog, sync_after_launch, threads, ...)."""
+    tolerance, exact, dtype, dtype_for, recheck, continue_on_error, watchdog, threads, ...).
+    result.numerics holds the EXACT / CLOSE / DIFFERENT counts and the tolerance used."""
     from .engine import Replayer
     opts = ReplayOptions(**kw)
     problem = option_problem(opts) or snapshot_problem(snapshot)
@@ -32,8 +34,9 @@ def replay(snapshot, driver=None, **kw) -> ReplayResult:
         return ReplayResult(exit_code=2, errors=[problem], message=problem)
     from cudasnap.formats import SnapshotError
     rp = Replayer(snapshot, opts, driver=driver)
+    _want_digests(rp, opts, driver)
     try:
-        return rp.run()
+        res = rp.run()
     except SnapshotError as e:
         msg = damaged(e)
         return ReplayResult(exit_code=2, errors=[msg], message=msg)
@@ -42,16 +45,67 @@ def replay(snapshot, driver=None, **kw) -> ReplayResult:
         # at the recorded addresses again (a second replay over the first's spun in the driver
         # on an H200)
         rp.close()
+    recheck(snapshot, opts, rp, driver)
+    return res
+
+
+def _want_digests(rp, opts, driver) -> None:
+    if opts.recheck or (opts.recheck is None and driver is None):
+        rp.ctx.digests = {}
+
+
+def recheck(snapshot, opts: ReplayOptions, rp, driver=None) -> None:
+    """Where results were CLOSE (or differed only as rounding does), replay once more and compare
+    what the two replays read there: results that vary from run to run are the program's own
+    nondeterminism (float atomics, unordered reductions), not the target's doing. Only closed
+    replays (rp.close() done) are followed by another."""
+    from .engine import Replayer
+    res = rp.ctx.res
+    first = rp.ctx.digests
+    seqs = sorted({c["seq"] for c in res.numerics.get("close_results") or []}
+                  | {m["seq"] for m in res.mismatches if m.get("hint") or (m.get("numerics") or {}).get("dtype")})
+    if first is None or not seqs or res.errors:
+        return
+    again = Replayer(snapshot, dataclasses.replace(opts, quiet=True, progress=False, continue_on_error=True),
+                     driver=driver)
+    again.ctx.digests = {}
+    try:
+        again.run()
+    except Exception as e:              # the first replay's verdict stands; say why none came
+        res.numerics["recheck"] = {"text": f"a second replay to check for nondeterminism failed: {e}"}
+        return
+    finally:
+        try:
+            again.close()
+        except Exception:               # the second replay's state: nothing the verdict needs
+            pass
+    second = again.ctx.digests            # no digest: equal to the recording this time
+    varied = [q for q in seqs if q in first and second.get(q) != first[q]]
+    checked = [q for q in seqs if q in first]
+    if varied:
+        text = (f"a second replay read other bits than the first at {len(varied)} of {len(checked)} result(s) "
+                f"(call #{', #'.join(map(str, varied[:5]))}): the program's own results vary from run to run "
+                f"(float atomics, unordered reductions), so their difference from the recording is not the "
+                f"target's doing")
+    else:
+        text = (f"a second replay read the same bits at all {len(checked)} result(s) that differ: this target "
+                f"computes them deterministically, so the difference is the target's (or the recorded run's "
+                f"own nondeterminism, which replays here cannot see)")
+    res.numerics["recheck"] = {"varied": varied, "checked": checked, "nondeterministic": bool(varied), "text": text}
 
 
 def option_problem(opts: ReplayOptions) -> Optional[str]:
     """What is wrong with these options before any work (the CLI and the Python API say the same)."""
-    if opts.dtype and opts.dtype not in ("f32", "f16", "bf16", "f64"):
-        return "--dtype must be one of f32, f16, bf16, f64"
+    from .numerics import parse_dtype_specs, policy_of
     if opts.rtol < 0 or opts.atol < 0:
         return "--rtol and --atol must be >= 0"
-    if (opts.rtol or opts.atol) and not opts.dtype:
-        return "--rtol/--atol compare elements of a type: give --dtype too (f32, f16, bf16 or f64)"
+    if opts.exact and (opts.tolerance or opts.rtol or opts.atol):
+        return "--exact asks for bit-exact results: leave out --tolerance/--rtol/--atol"
+    try:
+        parse_dtype_specs(([opts.dtype] if opts.dtype else []) + list(opts.dtype_for or []))
+        policy_of(opts)
+    except ValueError as e:
+        return str(e)
     if opts.devices is not None:
         from .devices import DeviceMapError, parse as parse_devices
         try:
@@ -90,6 +144,7 @@ def run_replay_cli(snapshot, opts: ReplayOptions, as_json: bool = False, out=Non
     if as_json and out is sys.stdout:
         out = json_document()
     rp = Replayer(snapshot, opts, driver=driver)
+    _want_digests(rp, opts, driver)
     if opts.launch_override:
         from .override import LaunchOverride
         try:
@@ -105,6 +160,9 @@ def run_replay_cli(snapshot, opts: ReplayOptions, as_json: bool = False, out=Non
     if rp.empty_selection:
         sys.stderr.write(f"cudasnap: error: {rp.empty_selection}\n")
         return 2
+    if rp.ctx.digests is not None and not opts.launch_override:
+        rp.close()
+        recheck(snapshot, opts, rp, driver)
     if not opts.quiet or as_json:
         render(res, rp.ctx.mismatch_text, os.fspath(snapshot), out, as_json)
         out.flush()

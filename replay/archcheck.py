@@ -63,3 +63,14 @@ def runnable(img: bytes, cc: Tuple[int, int]) -> Optional[str]:
         return None
     have = ", ".join([f"sm_{s}" for s in sorted(sass)] + [f"compute_{p} (PTX)" for p in sorted(ptx)]) or "nothing"
     return f"no SASS for sm_{dev} and no PTX at or below it (image has {have})"
+
+
+def jit_needed(img: bytes, cc: Tuple[int, int]) -> bool:
+    """Does the driver JIT PTX here where the recording ran SASS: SASS for other GPUs only, PTX
+    it can compile? (A PTX-only image was JIT-compiled when recorded too.)"""
+    got = analyze(img)
+    if got is None:
+        return False
+    sass, ptx = got
+    dev = cc[0] * 10 + cc[1]
+    return bool(sass) and not any(s // 10 == cc[0] and s <= dev for s in sass) and any(p <= dev for p in ptx)

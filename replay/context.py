@@ -22,7 +22,8 @@ from .driverops import handle_int, result_code
 from .notes import recurred_note
 from .errors import DriverCallError, ReplayError
 from .placement import scan_payload
-from .verify import compare
+from .numerics import DIFFERENT, Judgement, measure, summarize
+from .verify import Tolerance, compare
 
 CU_STREAM_LEGACY, CU_STREAM_PER_THREAD = 1, 2
 
@@ -129,7 +130,7 @@ class ReplayContext:
         # state the handlers keep
         "cond_bodies", "cond_handles", "graph_notes", "xmode_inputs", "noted", "replacements", "jit_t0",
         "jit_what", "ipc_opened", "devmap", "devlive", "host_placed", "preloaded_in", "names_in",
-        "code_loads", "hoisted", "tex_objects",
+        "code_loads", "hoisted", "tex_objects", "types", "digests",
     )
 
     def __init__(self, opt, res, tol):
@@ -139,7 +140,9 @@ class ReplayContext:
         self.ops = None                                  # DriverOps
         self.space = None                                # AddressSpace (placement)
         self.reader = None                               # SnapshotReader
-        self.opt, self.res, self.tol = opt, res, tol
+        self.opt, self.res, self.tol = opt, res, tol     # tol: the numerics Policy
+        self.types = None                                # numerics.TypeOracle (set with the reader)
+        self.digests: Optional[Dict[int, str]] = None    # seq -> digest of a result that differed (recheck)
         self.hooks = EngineHooks()
         self.handles = Handles()
         self.funcs: Dict[int, Any] = {}                  # recorded CUfunction/CUkernel -> live CUfunction
@@ -375,16 +378,39 @@ class ReplayContext:
             # a simulator places every allocation itself: recorded pointers read back (a table a
             # kernel built) are expected at the simulator's address of what they point to
             expected, _found = scan_payload(bytes(expected), self.space, True)
-        m = compare(expected, got, self.tol, seq=rec.get("s", 0), call=rec.get("f", ""), src=src, writer=writer)
+        expected, got = bytes(expected), bytes(got)
         self.res.d2h_verified += 1
         self.res.d2h_bytes += len(expected)
-        if m is not None:
-            self.res.mismatches.append(m.to_dict())
-            self.mismatch_text.append(m.describe())
-            if m.hint:                       # rounding-like: the replay goes on (a profile completes); exit 1 stays
-                self.res.rounding_mismatches += 1
-            elif not self.opt.continue_on_error:
-                self.hooks.stop_verify(m)
+        seq = rec.get("s", 0)
+        if expected == got:               # counted at the end with the C executor's (engine.run)
+            return
+        if self.digests is not None:      # what a second replay is compared with (replay.recheck)
+            import xxhash
+            self.digests[seq] = xxhash.xxh3_64_hexdigest(got)
+        j = None
+        if len(expected) == len(got) and self.types is not None:
+            dtype, source = self.types.of(seq, writer)
+            if dtype is not None:
+                j = measure(expected, got, dtype, self.tol.tol)
+                j.dtype_source = source
+            elif not self.tol.tol.exact:
+                j = Judgement(DIFFERENT, None, f"{source}: compared bit for bit" if source.startswith("integers")
+                              else f"type unknown, {source}: compared bit for bit; --dtype gives it")
+        if j is not None and j.outcome != DIFFERENT:
+            summarize(self.res.numerics, j, seq, rec.get("f", ""), writer)
+            return
+        m = compare(expected, got, Tolerance(), seq=seq, call=rec.get("f", ""), src=src, writer=writer)
+        if j is not None:
+            m.judge(j)
+            if j.dtype and j.first is not None:
+                m.expected, m.got = expected[m.offset:m.offset + 8], got[m.offset:m.offset + 8]
+        summarize(self.res.numerics, j or Judgement(DIFFERENT), seq, rec.get("f", ""), writer)
+        self.res.mismatches.append(m.to_dict())
+        self.mismatch_text.append(m.describe())
+        if m.hint or (j is not None and j.would_pass):   # rounding-like: the replay goes on (a profile completes); exit 1 stays
+            self.res.rounding_mismatches += 1
+        elif not self.opt.continue_on_error:
+            self.hooks.stop_verify(m)
 
     # ------------------------------------------------------------------ functions
     def add_fn(self, rec, after_seq: int) -> None:

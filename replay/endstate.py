@@ -217,13 +217,13 @@ def _one(rp, hasher: _Hasher, rec: Dict[str, Any], acct: Dict[str, Any]) -> None
 
 
 # End-state hashes are exact, so reductions that round differently from run to run change them too.
-ROUNDING_NOTE = ("hashes are exact: after D2H results that differed as float rounding does (or under --rtol/--atol), "
+ROUNDING_NOTE = ("hashes are exact: after D2H results that differed as float rounding does (or CLOSE under a tolerance), "
                  "a program whose reductions round differently from run to run changes them as well")
 
 
 def _rounding_seen(rp) -> bool:
-    tol = rp.ctx.tol
-    return bool(rp.ctx.res.rounding_mismatches) or bool(tol.rtol or tol.atol)
+    return bool(rp.ctx.res.rounding_mismatches) or bool((rp.ctx.res.numerics or {}).get("close")) \
+        or not rp.ctx.tol.tol.exact
 
 
 def summary_line(acct: Optional[Dict[str, Any]]) -> Optional[str]:

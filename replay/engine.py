@@ -6,6 +6,7 @@ its events (events.py)."""
 from __future__ import annotations
 
 import gc
+import math
 import os
 import queue
 import sys
@@ -32,7 +33,8 @@ from . import hostplace
 from .placement import AddressSpace
 from .plan import OpBatch, Planner, Ranges, SlotMap, Slots
 from .staging import PREFETCH_MIN, BlobPipeline
-from .verify import Mismatch, Tolerance
+from .numerics import Policy, TypeOracle, parse_dtype_specs, policy_of
+from .verify import Mismatch
 from .view import ReplayView
 
 CU_STREAM_LEGACY, CU_STREAM_PER_THREAD = 1, 2
@@ -60,6 +62,31 @@ def close_replays() -> Dict[str, int]:
     return out
 
 
+def _policy(opt, driver) -> Policy:
+    """The numerics policy: given, else by target (a simulator, swapped-in kernels, PTX JIT:
+    rounding may legitimately differ)."""
+    try:
+        pol = policy_of(opt)
+    except ValueError:                # option_problem refused it before any replay
+        pol = Policy()
+    if getattr(driver, "moves_all_memory", False):
+        pol.add_reason("a simulator")
+    from .replace import effective_specs
+    if effective_specs(opt):
+        pol.add_reason("a swapped-in kernel: --replace or CUDASNAP_REPLACE")
+    if getattr(opt, "jit", None) == "ptx":
+        pol.add_reason("kernels JIT-compiled from PTX: --jit ptx")
+    return pol
+
+
+def _dtype_specs(opt):
+    specs = ([opt.dtype] if opt.dtype else []) + list(getattr(opt, "dtype_for", None) or [])
+    try:
+        return parse_dtype_specs(specs)
+    except ValueError:
+        return []
+
+
 def _group_client():
     from .group import client     # imported when a call links another process (group replay)
     return client()
@@ -76,7 +103,7 @@ class Replayer(BatchRunner):
     def __init__(self, snapshot_path, options: Optional[ReplayOptions] = None, driver=None, out=None):
         self.path = os.fspath(snapshot_path)
         opt = options or ReplayOptions()
-        self.ctx = ReplayContext(opt, ReplayResult(), Tolerance(opt.rtol, opt.atol, opt.dtype))
+        self.ctx = ReplayContext(opt, ReplayResult(), _policy(opt, driver))
         self.view = ReplayView(self)                  # what subscribers see of this replay (view.py)
         hooks = self.ctx.hooks
         hooks.ensure_init = self.ensure_init
@@ -520,6 +547,7 @@ class Replayer(BatchRunner):
                 self.ctx.reader = opened(self.path)      # checked once by preflight, read once
             except SnapshotError as e:
                 raise ReplayError(str(e))
+            self.ctx.types = TypeOracle(self.ctx.reader, _dtype_specs(self.ctx.opt))
             self.ctx.res.truncated = bool(self.ctx.reader.truncated)
             from .selection import LaunchSelection
             try:
@@ -616,6 +644,13 @@ class Replayer(BatchRunner):
             r.errors.append(f"damaged snapshot: {len(r.unreadable_payloads)} payload(s) unreadable, "
                             f"first {r.unreadable_payloads[0]}")
         r.exit_code = 2 if r.errors else (1 if r.mismatches else 0)
+        pol = self.ctx.tol
+        # results the C executor verified are EXACT: the counts are completed here
+        r.numerics.update(tolerance=pol.tol.describe(), line=pol.line(), reasons=list(pol.reasons),
+                          exact=r.d2h_verified - r.numerics.get("close", 0) - r.numerics.get("different", 0))
+        mr = r.numerics.get("max_rel")
+        if isinstance(mr, float) and not math.isfinite(mr):     # a zero recorded: JSON has no infinity
+            r.numerics["max_rel"] = str(mr)
         return r
 
     def _finish_sync(self) -> None:

@@ -795,12 +795,19 @@ def _summary(results, code: int, elapsed: float, as_json: bool, out, coll=None) 
             d["collectives"] = coll
         out.write(json.dumps(d, indent=2, default=str) + "\n")
         return
+    line = next((x["replay"].get("numerics", {}).get("line") for x in results if (x["replay"].get("numerics") or {}).get("line")), None)
+    if line:
+        out.write(line + "\n")
     for x in results:
         b = x["replay"]
         state = {0: "PASS", 1: "MISMATCH"}.get(x["exit_code"], "ERROR")
+        num = b.get("numerics") or {}
+        judged = (f" ({num.get('exact', 0)} EXACT, {num.get('close', 0)} CLOSE"
+                  + (f" max rel {num['max_rel']:.2g}" if num.get("close") and isinstance(num.get("max_rel"), float) else "")
+                  + f", {num.get('different', 0)} DIFFERENT)") if num.get("line") else ""
         out.write(f"rank {x['rank']} (pid {x['pid']}, GPU {x['device']}): {state}  "
                   f"{b.get('calls', 0)} calls, {b.get('launches', 0)} launches, {b.get('placed', 0)} placed, "
-                  f"{b.get('fell_back', 0)} fell back, {b.get('d2h_verified', 0)} D2H verified\n")
+                  f"{b.get('fell_back', 0)} fell back, {b.get('d2h_verified', 0)} D2H verified{judged}\n")
         for e in x["errors"][:3]:
             out.write(f"  error: {e}\n")
     if coll:

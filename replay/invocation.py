@@ -78,9 +78,12 @@ def command_line(doc: Dict[str, Any]) -> List[str]:
     return out
 
 
-def plain(snapshot: str, device: int = 0, watchdog: Optional[float] = None) -> Dict[str, Any]:
-    """What `replay SNAP --device N [--watchdog S]` runs with: replay and verify, no profile."""
-    return {"snapshot": snapshot, "replay": dataclasses.asdict(ReplayOptions(device=device, watchdog=watchdog)),
+def plain(snapshot: str, device: int = 0, watchdog: Optional[float] = None,
+          tolerance: Optional[str] = None) -> Dict[str, Any]:
+    """What `replay SNAP --device N [--watchdog S] [--tolerance T]` runs with: replay and verify,
+    no profile."""
+    return {"snapshot": snapshot, "replay": dataclasses.asdict(ReplayOptions(device=device, watchdog=watchdog,
+                                                                            tolerance=tolerance)),
             "profile": None}
 
 

@@ -17,7 +17,11 @@ class ReplayOptions:
     profiler_range: str = "recorded"     # recorded: pass cuProfilerStart/Stop through; workload: around the workload
     rtol: float = 0.0
     atol: float = 0.0
-    dtype: Optional[str] = None          # f32 f16 bf16 f64 (tolerance comparison)
+    dtype: Optional[str] = None          # element type of every result (f32 f16 bf16 f64 int)
+    dtype_for: List[str] = field(default_factory=list)   # "CALL=TYPE" / "KERNEL=TYPE" (replay/numerics.py)
+    tolerance: Optional[str] = None      # exact | torch | rtol=R,atol=A | ulp:N; None: by target (numerics.policy_of)
+    exact: bool = False                  # bit-exact whatever the target
+    recheck: Optional[bool] = None       # replay again where a result is CLOSE (None: on a GPU only)
     continue_on_error: bool = False
     watchdog: Optional[float] = None     # seconds
     sync_after_launch: bool = False
@@ -50,6 +54,7 @@ class ReplayResult:
     d2h_left_out: int = 0                 # D2H results not compared: the selection left out work they depend on
     endstate: Optional[Dict[str, Any]] = None   # a window's end state compared (replay/endstate.py)
     mismatches: List[Dict[str, Any]] = field(default_factory=list)
+    numerics: Dict[str, Any] = field(default_factory=dict)   # EXACT/CLOSE/DIFFERENT counts, tolerance (replay/numerics.py)
     rounding_mismatches: int = 0          # of them, D2H results that differ as float rounding does (verify.rounding_hint)
     launches: int = 0
     calls: int = 0                        # call records replayed (executed)

@@ -28,6 +28,19 @@ def json_document():
     return doc
 
 
+def close_text(c) -> str:
+    """One CLOSE result (numerics.summarize's row), for a line of text."""
+    from .numerics import TYPE_NAMES
+    w = f" (last written by #{c['writer'][0]} {c['writer'][1]})" if c.get("writer") else ""
+    return (f"call #{c['seq']} {c['call']}{w}: {TYPE_NAMES.get(c.get('dtype') or '', '?')} ({c.get('dtype_source')}): "
+            f"{c['differing']} of {c['elements']} elements differ, max abs {_g(c['max_abs'])}, "
+            f"max rel {_g(c['max_rel'])}, max {c['max_ulp']} ULP")
+
+
+def _g(v) -> str:
+    return f"{v:.3g}" if isinstance(v, (int, float)) else str(v)
+
+
 def render(res: ReplayResult, mismatch_text: List[str], path: str, out=None, as_json: bool = False) -> None:
     out = out or sys.stdout
     if as_json:
@@ -81,19 +94,32 @@ def render(res: ReplayResult, mismatch_text: List[str], path: str, out=None, as_
         emit(f"architecture: {a}")
     for w in res.warnings:
         emit(f"note: {w}")
+    num = res.numerics or {}
+    if res.d2h_verified and num.get("line"):
+        emit(num["line"])
+        emit(f"D2H results: {num.get('exact', 0)} EXACT, {num.get('close', 0)} CLOSE, {num.get('different', 0)} DIFFERENT")
+    for c in num.get("close_results") or []:
+        emit(f"CLOSE: {close_text(c)}")
+    if num.get("close", 0) > len(num.get("close_results") or []):
+        emit(f"CLOSE: ... and {num['close'] - len(num['close_results'])} more")
+    if num.get("recheck"):
+        emit(f"recheck: {num['recheck']['text']}")
     if res.rounding_mismatches:
-        emit(f"note: {res.rounding_mismatches} D2H result(s) differ as float rounding does (the hint below): "
+        emit(f"note: {res.rounding_mismatches} D2H result(s) differ as float rounding does (below): "
              f"the replay went on past them and still exits 1")
     for m in mismatch_text:
-        emit(f"MISMATCH: {m}")
+        emit(f"{'MISMATCH' if m.startswith('end state') else 'DIFFERENT'}: {m}")
     for e in res.errors:
         emit(f"ERROR: {e}")
     ok = ("OK: every recorded D2H result reproduced" if res.d2h_verified and not res.d2h_unverified
           and not res.d2h_left_out and not res.filtered else
           f"OK: {res.calls} calls replayed; {res.d2h_verified} D2H result(s) verified, "
           f"{res.d2h_unverified} without a recorded result")
+    if num.get("close"):
+        ok += f" ({num['close']} CLOSE within {num.get('tolerance', 'the tolerance')})"
     if res.d2h_left_out:
         ok += (f"; {res.d2h_left_out} D2H result(s) not compared: they depend on work the selection left "
                f"out{' (the selection replays only part of the snapshot)' if not res.d2h_verified else ''}")
-    verdict = {0: ok, 1: "FAILED: verification mismatch", 2: "FAILED: replay could not proceed"}[res.exit_code]
+    vary = " (results vary from run to run: see recheck)" if (num.get("recheck") or {}).get("nondeterministic") else ""
+    verdict = {0: ok, 1: f"FAILED: verification mismatch{vary}", 2: "FAILED: replay could not proceed"}[res.exit_code]
     emit(f"{verdict} (exit {res.exit_code})")

@@ -36,6 +36,18 @@ class Mismatch:
     got_val: Any = None
     note: str = ""
     hint: str = ""            # what the difference looks like, where it suggests a cause
+    numerics: Optional[Any] = None   # numerics.Judgement where the element type is known
+
+    def judge(self, j) -> None:
+        """Name the first element beyond the tolerance, in its type (numerics.measure)."""
+        self.numerics = j
+        if j.dtype and j.first is not None:
+            esz = DTYPES[j.dtype][1]
+            self.offset = j.first * esz
+            self.expected = b""
+            self.got = b""
+            self.dtype, self.expected_val, self.got_val, self.note = j.dtype, j.expected_val, j.got_val, "tol"
+            self.count = j.differing
 
     def describe(self) -> str:
         w = f"; last written by #{self.writer[0]} {self.writer[1]}" if self.writer else ""
@@ -43,10 +55,19 @@ class Mismatch:
         vals = ""
         if self.dtype:
             vals = f" [{self.dtype}: expected {self.expected_val!r}, got {self.got_val!r}]"
+        j = self.numerics
+        if j is not None and j.dtype:
+            idx = self.offset // DTYPES[j.dtype][1]
+            text = (f"call #{self.seq} {self.call}: first divergence at byte offset {self.offset} (element {idx}){where}: "
+                    f"expected {self.expected_val!r} got {self.got_val!r}; {j.numbers()}{w}")
+            if j.would_pass:
+                text += f"; CLOSE under {j.would_pass}, but bit-exact applies here"
+            return text
+        unknown = f" ({j.dtype_source})" if j is not None and j.dtype_source else ""
         return (f"call #{self.seq} {self.call}: first divergence at byte offset {self.offset}{where}: "
                 f"expected {self.expected.hex()} got {self.got.hex()}{vals}; "
                 f"{self.count} {'elements' if self.dtype and self.note == 'tol' else 'bytes'} differ of {self.size}{w}"
-                + (f"; {self.hint}" if self.hint else ""))
+                + unknown + (f"; {self.hint}" if self.hint else ""))
 
     def to_dict(self) -> Dict[str, Any]:
         return {"seq": self.seq, "call": self.call, "offset": self.offset, "expected": self.expected.hex(),
@@ -54,7 +75,8 @@ class Mismatch:
                 "src": hex(self.src) if self.src else None,
                 "writer": list(self.writer) if self.writer else None, "dtype": self.dtype,
                 "expected_val": _jsonable(self.expected_val), "got_val": _jsonable(self.got_val),
-                **({"hint": self.hint} if self.hint else {})}
+                **({"hint": self.hint} if self.hint else {}),
+                **({"numerics": self.numerics.to_dict()} if self.numerics is not None else {})}
 
 
 def _jsonable(v):

@@ -227,7 +227,7 @@ def inert_cases() -> Iterator[Case]:
             yield case
     # contradictory pairs decided in the command itself
     yield Case("inert", ["capture", "--window", "nvtx:x", "--flight-recorder", "5", "--", "true"], "--flight-recorder")
-    yield Case("inert", ["replay", "snap.cusnap", "--rtol", "0.1"], "--rtol")
+    yield Case("inert", ["replay", "snap.cusnap", "--exact", "--tolerance", "torch"], "--exact")
 
 
 SELECTIONS = ["x(y", "", " ", ",", "5-2", "99999999-", "nosuchkernel_zz", "launches,5-2", "-", "--"]

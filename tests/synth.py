@@ -43,15 +43,17 @@ class Synth:
         self.w.write({"k": "fn", "h": h, "name": name, "kind": kind, "module": module,
                       "params": [list(p) for p in params]})
 
-    def double_prologue(self, kernel: str, handle: int, layout, ctx: int = 0x55550000, mod: int = 0x55560000) -> None:
+    def double_prologue(self, kernel: str, handle: int, layout, ctx: int = 0x55550000, mod: int = 0x55560000,
+                        image: bytes = None) -> None:
         """The usual start of a session on the test-double driver: init, the primary context,
-        the double's module and one of its kernels (with its parameter layout)."""
+        the double's module (or `image`: a PTX whose entries run the double's kernels) and one
+        of its kernels (with its parameter layout)."""
         self.call("cuInit", {"Flags": 0})
         self.call("cuDeviceGet", {"device": 0, "ordinal": 0})
         self.call("cuDevicePrimaryCtxRetain", {"pctx": ctx, "dev": 0})
         self.call("cuCtxSetCurrent", {"ctx": ctx})
         self.call("cuModuleLoadData", {"module": mod, "image": 0x7F0000001000},
-                  x={"image": self.blob(DOUBLE_MODULE + b"\0")})
+                  x={"image": self.blob((image or DOUBLE_MODULE) + b"\0")})
         self.call("cuModuleGetFunction", {"hfunc": handle, "hmod": mod, "name": kernel})
         self.fn(handle, kernel, mod, layout)
 

@@ -21,7 +21,7 @@ ray = pytest.importorskip("ray")
 
 from cudasnap.campaign import rules as R  # noqa: E402
 from cudasnap.campaign.store import TABLES, Store  # noqa: E402
-from test_compare import three_kernels  # noqa: E402
+from test_compare import THREE_PTX, three_kernels  # noqa: E402
 
 STEADY = 'CUDA_DOUBLE_SLOW = "*:1", CUDA_DOUBLE_SLOW_FLOOR_US = "4000", CUDA_DOUBLE_CLOCK = "virtual"'
 ENVS = f"""
@@ -266,6 +266,46 @@ vars = {{ CUDA_DOUBLE_SLOW = "*:1,fill:4", CUDA_DOUBLE_SLOW_FLOOR_US = "4000", C
     assert cp.returncode == 2 and rep["exit_reason"] == "noise exceeds the rules"
     assert rep["controls"]["noise_exceeds"][0]["env"] == "noop" and rep["controls"]["rate"] == 1 / 3
     assert sqlite3.connect(store).execute("SELECT exit_code FROM runs").fetchall() == [(2,)]
+
+
+def test_a_slower_swap_with_last_bit_differences_is_timed_and_its_numerics_shown(cluster, tmp_path):
+    """An env swapping in add_one rebuilt (CUDASNAP_REPLACE) that runs 4x slower and rounds
+    otherwise: its results are CLOSE, so the cell is timed and judged SLOWER, its numerics beside
+    the verdict (store, text, HTML); the control stays SAME."""
+    snap = tmp_path / "ptx.cusnap"
+    three_kernels(snap, n=64, image=THREE_PTX)
+    rebuilt = tmp_path / "add_one.ptx"
+    rebuilt.write_bytes(THREE_PTX)
+    envs = f"""
+[[env]]
+name = "plain"
+vars = {{ {STEADY} }}
+[[env]]
+name = "noop"
+control = true
+vars = {{ {STEADY}, CUDASNAP_CAMPAIGN_NOTHING = "1" }}
+[[env]]
+name = "rebuilt"
+vars = {{ CUDA_DOUBLE_SLOW = "*:1,add_one:4", CUDA_DOUBLE_SLOW_FLOOR_US = "4000", CUDASNAP_REPLACE = "add_one={rebuilt}", CUDA_DOUBLE_PERTURB = "add_one:ulp:2" }}
+"""
+    camp = _campaign(tmp_path / "camp.toml", snap, envs=envs, rules='confirm = false\n')
+    store = tmp_path / "st.sqlite"
+    cp = _cli(cluster, "campaign", "run", camp, "-o", store, "--address", cluster["address"])
+    assert cp.returncode == 1, cp.stdout[-2000:] + cp.stderr[-2000:]
+    cp = _cli(cluster, "campaign", "report", store, "--json")
+    rep = json.loads(cp.stdout)
+    assert cp.returncode == 1 and rep["verdict_counts"] == {"BASELINE": 1, "SAME": 1, "SLOWER": 1}, rep["verdict_counts"]
+    m = rep["matrix"][0]["cells"]
+    assert m["rebuilt"]["verdict"] == "SLOWER" and m["rebuilt"]["slower"] == ["add_one"]
+    num = m["rebuilt"]["numerics"]
+    assert num["outcome"] == "CLOSE" and 0 < num["max_rel"] < 1e-6 and num["max_ulp"] >= 1, num
+    assert m["noop"]["verdict"] == "SAME" and m["noop"]["numerics"]["outcome"] == "EXACT"
+    assert [g["kind"] for g in rep["regressions"]] == ["timing regression"]
+    text = _cli(cluster, "campaign", "report", store).stdout
+    assert re.search(r"- ptx\.cusnap in env 'rebuilt': kernel add_one \+\d+\.\d%.*; numerics CLOSE: max rel \S+, "
+                     r"\d+ ULP, within torch\.testing's per-type defaults;", text), text
+    row = sqlite3.connect(store).execute("SELECT numerics FROM cells WHERE env='rebuilt'").fetchone()
+    assert json.loads(row[0])["outcome"] == "CLOSE"
 
 
 def _keepers_held_and_released(cluster):
@@ -624,15 +664,16 @@ def test_a_version_1_store_gains_the_new_columns(tmp_path):
     path = tmp_path / "v1.sqlite"
     db = sq.connect(path)
     v1 = S._DDL
-    for table, cols in S._ADDED_IN_2.items():
-        for name, decl in cols:
-            v1 = re.sub(rf",\s*{name} {re.escape(decl)}", "", v1)
+    for added in (S._ADDED_IN_2, S._ADDED_LATER):
+        for table, cols in added.items():
+            for name, decl in cols:
+                v1 = re.sub(rf",\s*{name} {re.escape(decl)}", "", v1)
     v1 = v1.replace(", UNIQUE", ", UNIQUE")
     db.executescript(v1)
     db.execute("INSERT INTO meta VALUES ('schema_version', '1')")
     db.commit()
     db.close()
-    assert "confirm_note" not in [r[1] for r in sq.connect(path).execute("PRAGMA table_info(cells)")]
+    assert not {"confirm_note", "numerics"} & {r[1] for r in sq.connect(path).execute("PRAGMA table_info(cells)")}
     s = Store(path, create=False)
     assert [r[1] for r in s.db.execute("PRAGMA table_info(cells)")] == TABLES["cells"]
     assert s.db.execute("SELECT value FROM meta").fetchone()[0] == "2"

@@ -18,7 +18,7 @@ def _help(cmd: str) -> str:
 @pytest.mark.parametrize("cmd, shown", [
     ("capture", ["--placement region|off", "--drain lazy|eager", "1<=x<=22", "1<=x<=65536", "0<=x<=32",
                  "0<=x<=16", "-f, --force-overwrite", "%p", "%h", "%q{VAR}"]),
-    ("replay", ["--dtype f32|f16|bf16|f64", "--profile timeline|isolated|graph", "x>=1", "x>=0"]),
+    ("replay", ["--dtype [CALL=|KERNEL=]TYPE", "--profile timeline|isolated|graph", "x>=1", "x>=0"]),
     ("dump", ["--format text|jsonl"]),
     ("extract", ["--memory reachable|all", "--ranges exact|segment"]),
     ("api", ["--status replay|record|refused"]),
@@ -45,7 +45,6 @@ def test_level_help_and_check_agree():
     ["capture", "--segments", "17", "--", "true"],
     ["capture", "--copy-threads", "33", "--", "true"],
     ["capture", "--ring-mb", "0", "--", "true"],
-    ["replay", "x.cusnap", "--dtype", "f8"],
     ["replay", "x.cusnap", "--profile", "everything"],
     ["replay", "x.cusnap", "--repeat", "0"],
     ["replay", "x.cusnap", "--rtol", "-1", "--dtype", "f32"],
@@ -78,15 +77,16 @@ def test_usage_errors_are_one_line(args, says):
     assert cp.returncode == 2 and cp.stderr.strip().splitlines() == [want], cp.stderr
 
 
-def test_a_tolerance_without_an_element_type_is_refused(tmp_path):
-    """Bytes have no tolerance: --rtol/--atol without --dtype would be ignored, silently."""
+def test_a_tolerance_and_exact_together_are_refused(tmp_path):
+    """--exact and a tolerance contradict each other: one line, exit 2, from the CLI and the API
+    alike (a tolerance alone is fine: element types come from the kernels' PTX)."""
     snap = tmp_path / "x.cusnap"
     snap.write_bytes(b"x")
-    res = CliRunner().invoke(app, ["replay", str(snap), "--rtol", "1e-5"])
-    assert res.exit_code == 2 and "give --dtype too" in res.output and len(res.output.strip().splitlines()) == 1, res.output
+    res = CliRunner().invoke(app, ["replay", str(snap), "--rtol", "1e-5", "--exact"])
+    assert res.exit_code == 2 and "--exact asks for bit-exact" in res.output and len(res.output.strip().splitlines()) == 1, res.output
     from cudasnap.replay import replay
-    r = replay(snap, atol=0.5)
-    assert r.exit_code == 2 and "give --dtype too" in r.message, r.message
+    r = replay(snap, tolerance="ulp:x")
+    assert r.exit_code == 2 and "--tolerance 'ulp:x': expected" in r.message, r.message
 
 
 def test_choices_reach_the_commands(double, capture, tmp_path):

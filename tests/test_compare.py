@@ -23,14 +23,28 @@ STEADY = {"CUDA_DOUBLE_SLOW": "*:1", "CUDA_DOUBLE_SLOW_FLOOR_US": "2000", **VIRT
 SLOW_FILL = {"CUDA_DOUBLE_SLOW": "*:1,fill:2", "CUDA_DOUBLE_SLOW_FLOOR_US": "2000", **VIRTUAL}
 
 
-def three_kernels(path, n=64, reps=3):
-    """fill, incr and add_one launched `reps` times each; every result checked by a D2H."""
+# the module as PTX: add_one stores floats, so its results are judged as float32
+THREE_PTX = b"""
+.version 8.0
+.target sm_80
+.address_size 64
+.visible .entry incr(.param .u64 incr_param_0, .param .u32 incr_param_1) { st.global.u32 [%rd1], %r1; ret; }
+.visible .entry fill(.param .u64 fill_param_0, .param .u32 fill_param_1, .param .u32 fill_param_2)
+{ st.global.u32 [%rd1], %r1; ret; }
+.visible .entry add_one(.param .u64 add_one_param_0, .param .u32 add_one_param_1)
+{ ld.global.f32 %f1, [%rd1]; add.f32 %f2, %f1, 0f3F800000; st.global.f32 [%rd1], %f2; ret; }
+"""
+
+
+def three_kernels(path, n=64, reps=3, image=None):
+    """fill, incr and add_one launched `reps` times each; every result checked by a D2H. image:
+    the module as PTX (synth.double_prologue)."""
     s = Synth(path)
     ctx, mod = 0x55550000, 0x55560000
     f_incr, f_fill, f_add = 0x55570005, 0x55570002, 0x55570001
     s.w.write({"k": "proc", "driver_version": 13000,
                "gpus": [{"index": 0, "name": "cudasnap test double", "uuid": "GPU-0", "cc": [9, 0], "mem": 1 << 36}]})
-    s.double_prologue("incr", f_incr, [[0, 8], [8, 4]], ctx, mod)
+    s.double_prologue("incr", f_incr, [[0, 8], [8, 4]], ctx, mod, image=image)
     s.call("cuModuleGetFunction", {"hfunc": f_fill, "hmod": mod, "name": "fill"})
     s.fn(f_fill, "fill", mod, [[0, 8], [8, 4], [12, 4]])
     s.call("cuModuleGetFunction", {"hfunc": f_add, "hmod": mod, "name": "add_one"})

@@ -142,7 +142,7 @@ def test_launch_override_reruns_with_other_sizes_and_verifies(double, capture):
     assert same.returncode == 0, same.stdout + same.stderr
     assert "10 launch(es) of 1 kernel(s) replayed with grid 8x1x1, block 128x1x1" in same.stdout
     short = _cli(double, "replay", str(snap), "--launch-override", "grid=1,block=32,kernel=add_")
-    assert short.returncode == 1 and "MISMATCH" in short.stdout      # fewer threads than elements: it shows
+    assert short.returncode == 1 and "DIFFERENT:" in short.stdout      # fewer threads than elements: it shows
     big = _cli(double, "replay", str(snap), "--launch-override", "block=4096")
     assert "left as recorded (block of 4096 threads, the kernel allows 1024)" in big.stdout
     # nothing ran at the size asked: exit 2, not a verified 0
@@ -154,7 +154,7 @@ def test_launch_override_reruns_with_other_sizes_and_verifies(double, capture):
     # a profile replays with the override too (it used to be left out there, silently)
     prof = _cli(double, "replay", str(snap), "--profile", "isolated", "--repeat", "2", "--warmup", "0",
                 "--launch-override", "grid=1,block=32,kernel=add_")
-    assert prof.returncode == 1 and "MISMATCH" in prof.stdout, prof.stdout + prof.stderr
+    assert prof.returncode == 1 and "DIFFERENT:" in prof.stdout, prof.stdout + prof.stderr
     prof = _cli(double, "replay", str(snap), "--profile", "timeline", "--launch-override", "grid=x")
     assert prof.returncode == 2 and "grid takes integers" in prof.stderr, prof.stderr
 

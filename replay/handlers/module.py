@@ -4,7 +4,7 @@ from __future__ import annotations
 from cudasnap.formats.callset import learn_kernel_name
 
 from . import handles
-from ..archcheck import runnable
+from ..archcheck import jit_needed, runnable
 from ..errors import ReplayError
 from ..functions import kernel_as_function, loadable_image, preload_functions, resolve_function
 from ..replace import replacements
@@ -31,6 +31,8 @@ def _arch(ctx, rec, img, rec_mod):
     if ctx.device_cc is None:
         return
     why = runnable(img, ctx.device_cc)
+    if why is None and jit_needed(img, ctx.device_cc):
+        ctx.tol.add_reason(f"PTX JIT-compiled for sm_{ctx.device_cc[0]}{ctx.device_cc[1]} (the image has SASS for other GPUs only)")
     if why:
         kern = sorted({fr.get("name") for fr in ctx.fns.values() if fr.get("module") == rec_mod and fr.get("name")})
         ctx.res.arch.append(f"call #{rec.get('s')} {rec['f']} (module {rec_mod:#x}): {why}"

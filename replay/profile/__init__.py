@@ -210,6 +210,7 @@ def profile_replay(snapshot, cfg: ProfileConfig, options: Optional[ReplayOptions
             from .report import run_info
             report["run"] = run_info(rp.view, cfg, opts, snapshot)
             report["run"]["exit_code"] = res.exit_code
+            report["run"]["numerics"] = res.numerics
             report["run"]["timings_s"] = phase_timings(res, t_entry)
             if override is not None:
                 report["run"]["launch_override"] = override.summary()

@@ -68,7 +68,7 @@ PROGRAMS = {
 
 MODULE_TEXT = "CUDADOUBLE\nkernel add_one\nkernel fill\nkernel saxpy\nkernel chase\nkernel incr\nkernel spin\n"
 
-CFLAGS = ["-O1", "-g", "-Wall", "-Wextra", "-Wno-unused-parameter", "-std=gnu11"]
+CFLAGS = ["-O1", "-g", "-ffp-contract=off", "-Wall", "-Wextra", "-Wno-unused-parameter", "-std=gnu11"]
 DESCRIPTION = HERE.parents[1] / "shim" / "api_description.json"
 
 

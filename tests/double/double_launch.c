@@ -670,6 +670,47 @@ static void corrupt_maybe(const kdesc_t *k, const unsigned char *pb) {
     if (dev_range_ok((u64)(uintptr_t)p, 1)) p[0] ^= 0x40;
 }
 
+/* CUDA_DOUBLE_PERTURB="NAME:ulp:K" or "NAME:add:V": after every launch of kernel NAME, its float
+ * output (the last pointer parameter; n: the 4-byte parameter after it) gets +1 in the last place
+ * on every K-th element (0, K, 2K, ...), or V added to every element: a rebuilt kernel that
+ * rounds otherwise, or one that computes something else. "NAME:jitter": +1 ULP on one element
+ * that changes from run to run, as float atomics give. */
+static char perturb_name[64];
+static int perturb_ulp = 0, perturb_jitter = 0;
+static float perturb_add = 0;
+static pthread_once_t perturb_once = PTHREAD_ONCE_INIT;
+
+static void perturb_parse(void) {
+    const char *e = getenv("CUDA_DOUBLE_PERTURB"), *c1 = e ? strchr(e, ':') : NULL;
+    if (!c1 || (size_t)(c1 - e) >= sizeof perturb_name) return;
+    memcpy(perturb_name, e, (size_t)(c1 - e));
+    if (strncmp(c1 + 1, "ulp:", 4) == 0) perturb_ulp = atoi(c1 + 5);
+    else if (strncmp(c1 + 1, "add:", 4) == 0) perturb_add = strtof(c1 + 5, NULL);
+    else if (strcmp(c1 + 1, "jitter") == 0) perturb_jitter = 1;
+}
+
+static void perturb_maybe(const kdesc_t *k, const unsigned char *pb, u64 nt) {
+    pthread_once(&perturb_once, perturb_parse);
+    if ((perturb_ulp <= 0 && perturb_add == 0 && !perturb_jitter) || strcmp(perturb_name, k->name) != 0) return;
+    int out = -1;
+    for (int i = 0; i < k->nparams; i++)
+        if (k->size[i] == 8) out = i;
+    if (out < 0 || out + 1 >= k->nparams || k->size[out + 1] != 4) return;
+    float *p = P(float *, k->off[out]);
+    u64 c = count_of(P(int, k->off[out + 1]), nt);
+    if (!c || !dev_range_ok((u64)(uintptr_t)p, c * 4)) return;
+    if (perturb_jitter) {         /* one element, another each run: float atomics' order */
+        u64 i = (u64)now_ns() % c;
+        unsigned w;
+        memcpy(&w, &p[i], 4); w += 1; memcpy(&p[i], &w, 4);
+        return;
+    }
+    for (u64 i = 0; i < c; i++) {
+        if (perturb_add != 0) { p[i] += perturb_add; continue; }
+        if (i % (u64)perturb_ulp == 0) { unsigned w; memcpy(&w, &p[i], 4); w += 1; memcpy(&p[i], &w, 4); }
+    }
+}
+
 CUresult launch_run(void *func, const unsigned int grid[3], const unsigned int block[3], const unsigned char *params,
                     size_t params_len) {
     CUresult r = launch_run_kernel(func, grid, block, params, params_len);
@@ -677,6 +718,7 @@ CUresult launch_run(void *func, const unsigned int grid[3], const unsigned int b
         unsigned char pb[MAXPARAMS] = {0};
         memcpy(pb, params, params_len < MAXPARAMS ? params_len : MAXPARAMS);
         corrupt_maybe(func, pb);
+        perturb_maybe(func, pb, (u64)grid[0] * grid[1] * grid[2] * block[0] * block[1] * block[2]);
     }
     return r;
 }

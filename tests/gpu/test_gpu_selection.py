@@ -1,5 +1,5 @@
 """GPU suite, selections: on real workloads a replay of part of a snapshot (-c, -s, -k, --calls)
-exits 0 with no MISMATCH (the D2H results its left-out work decides are counted, not compared),
+exits 0 with no DIFFERENT result (the D2H results its left-out work decides are counted, not compared),
 a selection of nothing is one line and exit 2, `extract --calls A-B --check` over a stretch of
 launches verifies, and the Python API replays snapshot after snapshot in one process."""
 from __future__ import annotations
