@@ -17,7 +17,7 @@ for x in "$D"/*.x.cusnap; do
   timeout $PER cudasnap replay "$x" --sim $SIM --sim-mode performance ${MAX_CTAS:+--sim-max-ctas $MAX_CTAS} \
     --out "$D/$n.sim.json" -f > "$D/$n.sim.txt" 2>&1; rc=$?
   k=$(grep ': [0-9]* cycles' "$D/$n.sim.txt" | tr -s ' ' | cut -c1-100 | paste -sd';')
-  echo "$n: exit $rc in $((SECONDS - t0)) s:$k; $(grep -m1 -E '^(OK|FAILED|MISMATCH|ERROR|cudasnap: error)' "$D/$n.sim.txt" | cut -c1-160)"
+  echo "$n: exit $rc in $((SECONDS - t0)) s:$k; $(grep -m1 -E '^(OK|FAILED|MISMATCH|DIFFERENT|CLOSE|ERROR|cudasnap: error)' "$D/$n.sim.txt" | cut -c1-160)"
 done
 python3 "$ROOT/bench/sim_kernels.py" merge "$D" "$D/all.gpu.json" "$D/all.sim.json" && \
   cudasnap compare "$D/all.gpu.json" "$D/all.sim.json" --html "$D/correlation.html" --top 100
