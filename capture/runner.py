@@ -448,7 +448,7 @@ def capture(command: Union[Sequence[str], str], out: Union[str, os.PathLike, Non
         if problem:
             return CaptureResult(2, error=problem)
         rec = Recorder(session, path, lambda: pid, options, level=level, threads=threads, drain=drain,
-                       segments=segments)
+                       segments=segments, force=force)
         if window and window["mode"] == "signal":
             fwd.intercept = {signal.SIGUSR1: rec.request_window}
         elif window and window["mode"] == "flight":

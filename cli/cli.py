@@ -666,18 +666,31 @@ def _flight_default(argv: List[str]) -> List[str]:
 
 
 def main() -> None:
-    from .exits import install, report_interrupt
-    from .typer_base import one_line_usage_errors
-    install()                       # a closed pipe never changes the verdict (exits.py)
-    one_line_usage_errors()
-    sys.argv[1:] = _flight_default(sys.argv[1:])
+    from .exits import finish, install
+    install()                       # pipes, failed writes and signals never bend the verdict (exits.py)
+    sys.exit(finish(_run()))
+
+
+def _run() -> int:
+    from .exits import report_interrupt
     try:
+        from .typer_base import one_line_usage_errors
+        one_line_usage_errors()
+        sys.argv[1:] = _flight_default(sys.argv[1:])
         app()
+    except SystemExit as e:
+        from cudasnap.formats import signals
+        if e.code == 130 and signals.received() is not None:
+            return report_interrupt(None)   # typer's own silent 130 (a signal while parsing)
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else _message_exit(e.code))
     except KeyboardInterrupt as e:  # outside a command's body (while starting): still 130
-        sys.exit(report_interrupt(e))
+        return report_interrupt(e)
     except BrokenPipeError:         # a write that bypassed the pipe-safe streams: the verdict is lost
         os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
-        sys.exit(141)               # as a shell reports a command ended by SIGPIPE, never 0
+        return 141                  # as a shell reports a command ended by SIGPIPE, never 0
+    except RecursionError as e:     # input nested deeper than any reader follows (a JSON, a TOML)
+        typer.echo(f"cudasnap: error: input nested too deeply to read ({' '.join(str(e).split())[:120]})", err=True)
+        return 2
     except Exception as e:
         from cudasnap.formats import SnapshotError
         if isinstance(e, (OSError, SnapshotError)):
@@ -688,7 +701,13 @@ def main() -> None:
         else:
             msg = internal_error(e)
         typer.echo(f"cudasnap: error: {' '.join(msg.split())}", err=True)
-        sys.exit(2)
+        return 2
+    return 0
+
+
+def _message_exit(msg) -> int:
+    typer.echo(str(msg), err=True)
+    return 1
 
 
 def internal_error(e: BaseException) -> str:

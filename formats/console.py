@@ -64,13 +64,46 @@ class _PipeSafe(io.RawIOBase):
         return os.isatty(self._fd)
 
     def write(self, b) -> int:
+        if self._fd in _CLOSED_AT_START:
+            _WRITE_FAILED.setdefault(self._fd, "it was closed when cudasnap started")
+            return len(b)
         try:
             return os.write(self._fd, b)
         except BrokenPipeError:
-            nul = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(nul, self._fd)
-            os.close(nul)
-            return len(b)
+            pass
+        except OSError as e:    # ENOSPC (>/dev/full), EIO, EBADF: a verdict the caller never saw
+            _WRITE_FAILED.setdefault(self._fd, e.strerror or str(e))
+        nul = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(nul, self._fd)
+        os.close(nul)
+        return len(b)
+
+
+# fds whose writes failed (other than a closed pipe), and why; fds closed at start (>&-), now
+# held by /dev/null so that no file the command opens takes their number
+_WRITE_FAILED: dict = {}
+_CLOSED_AT_START: set = set()
+
+
+def write_failure(fd: int) -> Optional[str]:
+    """Why a write to fd failed (ENOSPC, EIO, closed at start), or None: the command line turns
+    it into one line and an exit code that keeps the verdict (cli/exits.py)."""
+    return _WRITE_FAILED.get(fd)
+
+
+def hold_closed_fd(fd: int, flags: int) -> bool:
+    """fd closed at start (`>&-`, `<&-`): put /dev/null there; True if it was closed."""
+    try:
+        os.fstat(fd)
+        return False
+    except OSError:
+        pass
+    nul = os.open(os.devnull, flags)
+    if nul != fd:
+        os.dup2(nul, fd)
+        os.close(nul)
+    _CLOSED_AT_START.add(fd)
+    return True
 
 
 def pipe_safe_text(fd: int, encoding: Optional[str] = None, errors: Optional[str] = None,

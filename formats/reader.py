@@ -82,6 +82,10 @@ class SnapshotReader:
         self._segment_chunks = set(segment_chunks) if segment_chunks is not None else None
         self.path = os.fspath(path)
         self.name = self.path
+        from .inputs import input_problem
+        why = input_problem(self.path)      # before open(): a FIFO would block it
+        if why:
+            raise SnapshotError(why)
         try:
             self._f = open(self.path, "rb")
             self.file_size = os.fstat(self._f.fileno()).st_size
