@@ -123,6 +123,8 @@ def _run_campaign(camp, store, address, fresh: bool, ship: bool, json_out: bool,
     for s, h in old.items():          # the command line has these already; the Python API gets them here
         if h in (signal.SIG_DFL, None):
             signal.signal(s, _interrupt)
+    hold = _signals.patient()
+    hold.__enter__()
     try:
         if eng is None:      # nothing left: no need for Ray
             counts = {"cells": len(camp.cells), "skipped": len(skip), "ran": 0, "failed": 0, "regressed": 0,
@@ -152,6 +154,7 @@ def _run_campaign(camp, store, address, fresh: bool, ship: bool, json_out: bool,
             eng.shutdown()
         raise
     finally:
+        hold.__exit__(None, None, None)
         for s, h in old.items():
             if h is not None:
                 signal.signal(s, h)

@@ -394,7 +394,8 @@ def replay(
                             kernel_name_base=_value(kernel_name_base), launch_skip=launch_skip,
                             launch_count=launch_count, rtol=rtol, atol=atol, dtype=_value(dtype),
                             continue_on_error=continue_on_error, watchdog=watchdog, progress=progress,
-                            quiet=quiet, replace=list(replace)), json_out, out_file, force)
+                            quiet=quiet, replace=list(replace)), json_out, out_file, force,
+                    timeline=_value(profile) == "timeline")
     if wrap is not None or preload is not None:
         from cudasnap.wrap import exec_wrapped
         raise typer.Exit(exec_wrapped(ctx, wrap, str(preload) if preload else None,
@@ -484,11 +485,14 @@ def replay(
     raise typer.Exit(run_replay_cli(snapshot, opts, json_out))
 
 
-def _replay_sim(sim, sim_path, sim_mode, snapshot, not_with, kw, json_out, out_file, force) -> None:
+def _replay_sim(sim, sim_path, sim_mode, snapshot, not_with, kw, json_out, out_file, force, timeline=False) -> None:
     """replay --sim: the simulator backend (replay/sim/) with the replay's selection and checks."""
     used = [k for k, v in not_with.items() if v not in (None, False, 0, [], "")]
     if used:
         _fail(f"--sim: --{used[0].replace('_', '-')} is for a GPU replay, not a simulated one")
+    if timeline and not (sim_mode == "performance" and out_file is not None):
+        _fail("--profile timeline with --sim: the simulator's timeline is its cycles, written by "
+              "--sim-mode performance --out X.json (a profile not taken exits 2)")
     if len(snapshot) > 1:
         _fail("--sim replays one snapshot (a job's ranks need GPUs)")
     from cudasnap.replay import ReplayOptions
@@ -672,7 +676,7 @@ def main() -> None:
 
 
 def _run() -> int:
-    from .exits import report_interrupt
+    from .exits import report_interrupt, reported
     try:
         from .typer_base import one_line_usage_errors
         one_line_usage_errors()
@@ -680,7 +684,7 @@ def _run() -> int:
         app()
     except SystemExit as e:
         from cudasnap.formats import signals
-        if e.code == 130 and signals.received() is not None:
+        if e.code == 130 and signals.received() is not None and not reported():
             return report_interrupt(None)   # typer's own silent 130 (a signal while parsing)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else _message_exit(e.code))
     except KeyboardInterrupt as e:  # outside a command's body (while starting): still 130

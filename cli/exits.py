@@ -94,9 +94,18 @@ def interrupted_line(e: Optional[BaseException]) -> str:
     return f"cudasnap: interrupted{by}: {left}"
 
 
+_reported: list = []
+
+
+def reported() -> bool:
+    """Whether the interrupt's line was printed already."""
+    return bool(_reported)
+
+
 def report_interrupt(e: Optional[BaseException]) -> int:
     from cudasnap.formats import signals
     signals.end_children()
+    _reported.append(True)
     try:
         sys.stderr.write(interrupted_line(e) + "\n")
         sys.stderr.flush()

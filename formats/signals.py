@@ -44,6 +44,22 @@ def _handler(signum, frame):
     raise KeyboardInterrupt
 
 
+_patient: List[bool] = []
+
+
+class patient:
+    """A stretch whose main thread answers a signal itself (its waits return to Python, and
+    its cleanup must run there: a campaign marks its run interrupted): no abandoning."""
+
+    def __enter__(self):
+        _patient.append(True)
+        return self
+
+    def __exit__(self, *exc):
+        _patient.pop()
+        return False
+
+
 def on_abandon(fn: Callable[[], None]) -> None:
     """fn runs if the watchdog must exit while the main thread is held in a driver call."""
     _cleanups.append(fn)
@@ -139,7 +155,7 @@ def _watchdog(rfd: int) -> None:
             continue
         if not _received:
             _received.append(sigs[0])
-        if _handled.wait(GRACE_S) or _done.is_set():
+        if _handled.wait(GRACE_S) or _done.is_set() or _patient:
             continue
         _abandon()
 
@@ -154,10 +170,14 @@ def _abandon() -> None:
         except Exception:
             pass
     end_children()
-    name = signal.Signals(exit_code() - 128).name
+    from .outputs import written
+    sig = exit_code() - 128
+    by = "" if sig == signal.SIGINT else f" by {signal.Signals(sig).name}"
+    done = written()
+    left = (f"wrote {', '.join(done[-3:])} (whole); nothing else was written" if done else "no output was written")
     try:
-        os.write(2, (f"cudasnap: interrupted ({name}): a driver call still running after {GRACE_S:g} s was "
-                     f"abandoned, not waited for; no output was written\n").encode())
+        os.write(2, (f"cudasnap: interrupted{by}: a driver call still running after {GRACE_S:g} s was "
+                     f"abandoned, not waited for; {left}\n").encode())
     except OSError:
         pass
     os._exit(exit_code())
