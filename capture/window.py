@@ -645,14 +645,20 @@ def env_window(environ: Dict[str, str]) -> Optional[Dict[str, Any]]:
         return None
     m = mode.strip().lower()
     g = environ.get
+    said = "CUDASNAP_WINDOW=" + mode + "".join(f" {k}={environ[k]}" for k in sorted(_WINDOW_VARS - {"CUDASNAP_WINDOW"})
+                                               if k in environ)
+    if m not in ("launches", "nvtx", "kernel", "profiler", "signal"):
+        raise ValueError(f"{said}: not a window the shim opens by itself (launches, nvtx, kernel, profiler, "
+                         f"signal); unset it, or use --window (time:S-E) or --flight-recorder")
+    for k in ("CUDASNAP_WIN_A", "CUDASNAP_WIN_B", "CUDASNAP_WIN_K", "CUDASNAP_WIN_CONTEXT"):
+        if k in environ and not environ[k].strip().isdigit():
+            raise ValueError(f"{said}: {k}={environ[k]} is not a whole number; unset it or use --window")
     if m == "launches":
         spec = f"launches:{g('CUDASNAP_WIN_A', '0')}-{g('CUDASNAP_WIN_B', str(LAUNCH_MAX))}"
     elif m in ("nvtx", "kernel"):
         spec = f"{m}:{g('CUDASNAP_WIN_NAME', '')}#{g('CUDASNAP_WIN_K', '1')}"
     else:
         spec = m
-    said = "CUDASNAP_WINDOW=" + mode + "".join(f" {k}={environ[k]}" for k in sorted(_WINDOW_VARS - {"CUDASNAP_WINDOW"})
-                                               if k in environ)
     try:
         win = parse_window_spec(spec)
     except ValueError as e:

@@ -50,9 +50,10 @@ class _PipeSafe(io.RawIOBase):
     /dev/null for good and reports the bytes as written: a closed pipe never ends a command
     early nor changes its exit code (the command line's rule, cli/exits.py)."""
 
-    def __init__(self, fd: int):
+    def __init__(self, fd: int, report_as: Optional[int] = None):
         super().__init__()
         self._fd = fd
+        self._key = fd if report_as is None else report_as     # a dup of stdout fails as stdout
 
     def writable(self) -> bool:
         return True
@@ -64,15 +65,15 @@ class _PipeSafe(io.RawIOBase):
         return os.isatty(self._fd)
 
     def write(self, b) -> int:
-        if self._fd in _CLOSED_AT_START:
-            _WRITE_FAILED.setdefault(self._fd, "it was closed when cudasnap started")
+        if self._key in _CLOSED_AT_START:
+            _WRITE_FAILED.setdefault(self._key, "it was closed when cudasnap started")
             return len(b)
         try:
             return os.write(self._fd, b)
         except BrokenPipeError:
             pass
         except OSError as e:    # ENOSPC (>/dev/full), EIO, EBADF: a verdict the caller never saw
-            _WRITE_FAILED.setdefault(self._fd, e.strerror or str(e))
+            _WRITE_FAILED.setdefault(self._key, e.strerror or str(e))
         nul = os.open(os.devnull, os.O_WRONLY)
         os.dup2(nul, self._fd)
         os.close(nul)
@@ -107,9 +108,11 @@ def hold_closed_fd(fd: int, flags: int) -> bool:
 
 
 def pipe_safe_text(fd: int, encoding: Optional[str] = None, errors: Optional[str] = None,
-                   line_buffering: bool = False, write_through: bool = False) -> IO[str]:
-    """A text stream on fd that a closed pipe cannot break (the fd is not closed with it)."""
-    return io.TextIOWrapper(io.BufferedWriter(_PipeSafe(fd)), encoding=encoding, errors=errors,
+                   line_buffering: bool = False, write_through: bool = False,
+                   report_as: Optional[int] = None) -> IO[str]:
+    """A text stream on fd that a closed pipe cannot break (the fd is not closed with it);
+    report_as: the fd its failed writes count for (1 for a dup of stdout)."""
+    return io.TextIOWrapper(io.BufferedWriter(_PipeSafe(fd, report_as)), encoding=encoding, errors=errors,
                             line_buffering=line_buffering, write_through=write_through)
 
 
