@@ -180,6 +180,21 @@ def _big(path: Path) -> Path:
     return big(path)
 
 
+def _many(path: Path, n: int = 600_000) -> Path:
+    """A snapshot of many small calls: stats takes seconds over it."""
+    from synth import Synth
+    s = Synth(path)
+    ctx, mod, f_fill = 0x55550000, 0x55560000, 0x55570002
+    s.w.write({"k": "proc", "driver_version": 13000,
+               "gpus": [{"index": 0, "name": "cudasnap test double", "uuid": "GPU-0", "cc": [9, 0], "mem": 1 << 36}]})
+    s.double_prologue("fill", f_fill, [[0, 8], [8, 4], [12, 4]], ctx, mod)
+    for _ in range(n):
+        s.call("cuCtxSynchronize", {})
+    s.w.write({"k": "end", "exit": 0, "signal": None, "partial": False})
+    s.close()
+    return path
+
+
 def signal_commands(w: SimpleNamespace) -> List[tuple]:
     """(name, args, env, when: seconds or a path whose appearance means mid-run)."""
     d = w.dir / "sig"
@@ -187,16 +202,18 @@ def signal_commands(w: SimpleNamespace) -> List[tuple]:
     envs = d / "envs.toml"
     drv = f'driver = "{w.lib}"\n'
     envs.write_text("".join(f'[[env]]\nname = "e{i}"\n{drv}vars = {{ CUDA_DOUBLE_SLOW = "*:4000" }}\n' for i in range(3)))
-    big = d / "big.cusnap"
+    big, many = d / "big.cusnap", d / "many.cusnap"
     if not big.exists():
         _big(big)
+    if not many.exists():
+        _many(many)
     return [
         ("replay", ["replay", w.snap], crawl, 3.0),
         ("replay --profile --out", ["replay", w.snap, "--profile", "isolated", "--out", d / "OUT.json"], crawl, 3.0),
         ("extract --check", ["extract", w.snap, "-o", d / "OUT.cusnap", "--kernel", "fill", "--check"],
          {**w.env, "CUDA_DOUBLE_SLOW": "*:4000"}, "OUT.cusnap"),
         ("export", ["export", big, "-o", d / "OUT"], w.env, "OUT/data"),
-        ("stats --out", ["stats", big, "--out", d / "OUT.sqlite"], w.env, 0.8),
+        ("stats --out", ["stats", many, "--out", d / "OUT.sqlite"], w.env, 1.8),
         ("advise", ["advise", w.snap, "--out", d / "OUT.json"], {**w.env, "CUDA_DOUBLE_SLOW": "*:4000"}, 5.0),
         ("bisect", ["bisect", w.snap, "--envs", envs, "--repeat", "2", "--warmup", "0"], w.env, 4.0),
     ]
