@@ -349,7 +349,8 @@ TOML_BAD = [
 ]
 ENV_BAD = [('vars = {"A=B" = "1"}', "A=B"), ('vars = {"" = "1"}', "variable"), ('vars = {X = [1]}', "vars"),
            ('driver = "/nonexistent/libcuda.so.1"', "driver"), ('driver = 3', "driver"),
-           ('vars = {X = "a\\u0000b"}', "NUL")]
+           ('vars = {X = "a\\u0000b"}', "NUL"), ('driver = "/etc/passwd"', "ELF"),
+           ('driver = "/dev/zero"', "character device"), ('driver = "/etc"', "without libcuda")]
 
 
 def file_content_cases() -> Iterator[Case]:

@@ -632,7 +632,7 @@ def test_output_matrix(double, tmp_path, monkeypatch, record_property):
 
 # ------------------------------------------------------------------ faults beyond pipes (issue 60)
 # in-process classes of tests/option_sweep.py, every k-th case here (all in bench/sweep_bad_inputs.py)
-FAULT_STRIDE = {"special": 3, "identity": 1, "longname": 2, "environment": 2, "small": 1}
+FAULT_STRIDE = {"special": 4, "identity": 1, "longname": 3, "environment": 2, "small": 1}
 
 
 def test_faults_beyond_pipes(double, tmp_path_factory, record_property):
@@ -647,7 +647,7 @@ def test_faults_beyond_pipes(double, tmp_path_factory, record_property):
     env = dict(double["env"])
     env.pop("CUDASNAP_REPLAY_TEST_BLOCK", None)
     w = fc.prepare(root / "fc", env, str(Path(double["libdir"]) / "libcuda.so.1"))
-    results = fc.run_stream_cases(w, every=3)
+    results = fc.run_stream_cases(w, every=4)
     results += fc.run_signal_cases(w, sigs=(signal.SIGTERM,))
     results += fc.run_signal_cases(w, sigs=(signal.SIGHUP,), names=["replay", "export", "stats --out", "bisect"])
     results += fc.run_concurrent_writers(w, double["progs"]["direct"], captures=1, repairs=3)
