@@ -104,6 +104,11 @@ def make_inputs(work: Path, snapshot: Path, profile: Optional[Path] = None) -> D
     # a directory reached by a link
     if not (work / "fifo").exists():
         os.mkfifo(work / "fifo")
+    if not (work / "sock").exists():
+        import socket
+        sk = socket.socket(socket.AF_UNIX)
+        sk.bind(str(work / "sock"))
+        sk.close()
     for name, target in (("lnk.cusnap", "snap.cusnap"), ("lnkprof.json", "prof.json"), ("linkdir", ".")):
         if not os.path.lexists(work / name):
             os.symlink(target, work / name)
@@ -401,7 +406,9 @@ def program_cases() -> Iterator[Case]:
 
 SPECIAL = [("fifo", "FIFO"), ("/dev/zero", "/dev/zero"), ("/dev/null", "/dev/null"), ("/dev/urandom", "/dev/urandom"),
            ("/proc/self/status", "/proc/self/status"), ("/proc/self/maps", "/proc/self/maps"),
-           ("/sys/kernel/mm/transparent_hugepage/enabled", "/sys/")]
+           ("/sys/kernel/mm/transparent_hugepage/enabled", "/sys/"), ("/dev/full", "/dev/full"),
+           ("/proc/self/cmdline", "/proc/self/cmdline"), ("/proc/uptime", "/proc/uptime"),
+           ("/proc/self/environ", "/proc/self/environ"), ("sock", "socket")]
 
 
 def input_slots() -> Iterator[Tuple[str, List[str]]]:
@@ -478,7 +485,7 @@ def longname_cases() -> Iterator[Case]:
     from cudasnap.formats.outputs import TMP_EXTRA
     limit = 255 - TMP_EXTRA
     for tpl, ext in FILE_OUTPUTS:
-        for n in (limit + 1, limit + 5, 236, 241, 250, 255, 256, 400):
+        for n in (limit + 1, limit + 5, 236, 241, 250, 255, 256, 260, 400, 512, 1024, 4096):
             if n <= limit:
                 continue
             name = "n" * (n - len(ext)) + ext
