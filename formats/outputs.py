@@ -105,7 +105,9 @@ def reset() -> None:
 
 
 def _probe(d: str, label: str) -> None:
-    """Create and remove a file in d: the only test that root, read-only mounts and ACLs agree on."""
+    """Create and remove a file in d: the only test that root, read-only mounts and ACLs agree
+    on; then the free space, where the filesystem tells it (a full disk is named now, not after
+    the work)."""
     try:
         fd, name = tempfile.mkstemp(prefix=".cudasnap-probe-", dir=d)
     except OSError as e:
@@ -115,6 +117,16 @@ def _probe(d: str, label: str) -> None:
         os.unlink(name)
     except OSError:
         pass
+    try:
+        st = os.statvfs(d)
+    except OSError:
+        return
+    if st.f_blocks and st.f_bavail * st.f_frsize < MIN_FREE:
+        raise OutputError(f"{label}: no space left on the device that holds {d} "
+                          f"({st.f_bavail * st.f_frsize} bytes free)")
+
+
+MIN_FREE = 64 << 10         # below this no output of any command fits
 
 
 def check_output(path: PathLike, force: bool = False, kind: str = "file",

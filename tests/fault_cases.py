@@ -142,6 +142,7 @@ class Result:
     want: object
     problems: List[str]
     stderr: str = ""
+    took: Optional[float] = None        # signals: from the signal to the exit
 
 
 def run_stream_cases(w: SimpleNamespace, kinds=STREAM_FAULTS, every: int = 1, parallel: int = 4) -> List[Result]:
@@ -275,6 +276,12 @@ def run_signal_cases(w: SimpleNamespace, sigs=(signal.SIGTERM, signal.SIGHUP, si
                 if c["sent"]:
                     c["p"].send_signal(c["sig"])
         time.sleep(0.01)
+    ended: Dict[int, float] = {}
+    while len(ended) < len(procs) and time.monotonic() - t0 < 240:
+        for c in procs:
+            if c["i"] not in ended and c["p"].poll() is not None:
+                ended[c["i"]] = time.monotonic()
+        time.sleep(0.02)
     results = []
     for c in procs:
         p = c["p"]
@@ -283,7 +290,7 @@ def run_signal_cases(w: SimpleNamespace, sigs=(signal.SIGTERM, signal.SIGHUP, si
         except subprocess.TimeoutExpired:
             p.kill()
             err = p.communicate()[1]
-        took = time.monotonic() - c["sent"] if c["sent"] else None
+        took = ended.get(c["i"], time.monotonic()) - c["sent"] if c["sent"] else None
         want = 128 + int(c["sig"])
         problems = []
         if not c["sent"]:
@@ -314,7 +321,7 @@ def run_signal_cases(w: SimpleNamespace, sigs=(signal.SIGTERM, signal.SIGHUP, si
                 except OSError:
                     pass
         results.append(Result(f"signal {signal.Signals(c['sig']).name}", c["name"], p.returncode, want, problems,
-                              err[-300:]))
+                              err[-300:], took))
     return results
 
 
