@@ -697,7 +697,8 @@ def _run() -> int:
         return 2
     except Exception as e:
         from cudasnap.formats import SnapshotError
-        if isinstance(e, (OSError, SnapshotError)):
+        from cudasnap.formats.outputs import OutputError
+        if isinstance(e, (OSError, SnapshotError, OutputError)):
             # a file that could not be read or written where no command caught it: one line, exit 2
             msg = f"{e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename and e.strerror else str(e)
         elif os.environ.get("CUDASNAP_DEBUG"):

@@ -240,8 +240,13 @@ def remove_temporaries() -> None:
         _unlink_quiet(p)
 
 
-class Taken(OutputError):
-    """The output appeared while the command ran (another writer): not replaced."""
+class Taken(OutputError, FileExistsError):
+    """The output appeared while the command ran (another writer): not replaced. An OSError
+    too, so that every writer's handler of failed writes reports it in its one line."""
+
+
+class IsInput(OutputError, PermissionError):
+    """A write would replace an input of the command (reached through a directory output)."""
 
 
 def _put(tmp: str, p: str) -> None:
@@ -250,7 +255,7 @@ def _put(tmp: str, p: str) -> None:
     a = os.path.abspath(p)
     ident = _identity(a)
     if ident is not None and ident in _INPUTS:
-        raise OutputError(f"{p} is an input of this command: not replaced")
+        raise IsInput(f"{p} is an input of this command: not replaced")
     if _CHECKED.get(a) is False:
         try:
             os.link(tmp, a)
@@ -260,6 +265,7 @@ def _put(tmp: str, p: str) -> None:
             pass                    # no hard links here (some filesystems): the rename below
         else:
             os.unlink(tmp)
+            _CHECKED[a] = True      # ours now: this command may write it again (extract --check widens)
             return
     os.replace(tmp, a)
 
