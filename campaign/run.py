@@ -196,6 +196,6 @@ class _NoEngine:
 
 def _interrupt(signum, frame):
     from cudasnap.formats import signals
-    signals._handler(signum, frame)   # SIGTERM/SIGHUP stop a campaign as Ctrl-C does: whole cells kept
+    signals.on_signal(signum, frame)   # SIGTERM/SIGHUP stop a campaign as Ctrl-C does: whole cells kept
 
 

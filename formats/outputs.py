@@ -249,7 +249,7 @@ class IsInput(OutputError, PermissionError):
     """A write would replace an input of the command (reached through a directory output)."""
 
 
-def _put(tmp: str, p: str) -> None:
+def put_output(tmp: str, p: str) -> None:
     """Rename the finished temporary to p. An output checked without -f is created exclusively
     (a hard link fails if another writer made it meanwhile); an input is never replaced."""
     a = os.path.abspath(p)
@@ -279,7 +279,7 @@ def atomic_path(path: PathLike) -> Iterator[str]:
     try:
         with temporary(tmp):
             yield tmp
-            _put(tmp, p)
+            put_output(tmp, p)
         _WRITTEN.append(p)
     except BaseException:
         _unlink_quiet(tmp)

@@ -147,9 +147,9 @@ def _repair(src: str, dst: str, in_place: bool) -> Dict[str, Any]:
                 kept = True
                 os.replace(tmp, dst)
             else:
-                from .outputs import OutputError, _put
+                from .outputs import OutputError, put_output
                 try:
-                    _put(tmp, dst)      # made exclusively unless -f allowed replacing it
+                    put_output(tmp, dst)      # made exclusively unless -f allowed replacing it
                 except OutputError as e:
                     raise SnapshotError(str(e)) from None
         except BaseException:

@@ -37,7 +37,7 @@ def exit_code() -> int:
     return 128 + (received() or int(signal.SIGINT))
 
 
-def _handler(signum, frame):
+def on_signal(signum, frame):
     if not _received:
         _received.append(int(signum))
     _handled.set()
@@ -190,7 +190,7 @@ def install() -> None:
         return
     for s in SIGNALS:
         if signal.getsignal(s) is not signal.SIG_IGN:
-            signal.signal(s, _handler)
+            signal.signal(s, on_signal)
     try:
         r, w = os.pipe()
         os.set_blocking(w, False)
