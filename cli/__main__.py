@@ -1,3 +1,3 @@
-from cudasnap.cli import main
+from cudasnap.exits import entry
 
-main()
+entry()

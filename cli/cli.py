@@ -670,8 +670,11 @@ def _flight_default(argv: List[str]) -> List[str]:
 
 
 def main() -> None:
-    from .exits import finish, install
-    install()                       # pipes, failed writes and signals never bend the verdict (exits.py)
+    from .exits import finish, install, report_interrupt
+    try:
+        install()                   # pipes, failed writes and signals never bend the verdict (exits.py)
+    except KeyboardInterrupt as e:
+        sys.exit(finish(report_interrupt(e)))
     sys.exit(finish(_run()))
 
 

@@ -112,3 +112,15 @@ def report_interrupt(e: Optional[BaseException]) -> int:
     except (OSError, ValueError):
         pass
     return signals.exit_code()
+
+
+def entry() -> None:
+    """The `cudasnap` script: the termination rule holds from the first instant (a signal while
+    the command line is still being imported ends it with its line too), then the command line."""
+    from cudasnap.formats import signals
+    try:
+        signals.install()
+        from cudasnap.cli import main
+        main()
+    except KeyboardInterrupt as e:
+        sys.exit(finish(signals.exit_code() if reported() else report_interrupt(e)))

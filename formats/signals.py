@@ -25,6 +25,7 @@ _received: List[int] = []
 _handled = threading.Event()           # the main thread ran the handler: it is back in Python
 _done = threading.Event()              # the command is ending on its own
 _cleanups: List[Callable[[], None]] = []
+_installed: List[bool] = []
 
 
 def received() -> Optional[int]:
@@ -38,10 +39,12 @@ def exit_code() -> int:
 
 
 def on_signal(signum, frame):
+    first = not _handled.is_set()
     if not _received:
         _received.append(int(signum))
     _handled.set()
-    raise KeyboardInterrupt
+    if first:                   # a second signal does not break the cleanup the first started
+        raise KeyboardInterrupt
 
 
 _patient: List[bool] = []
@@ -186,8 +189,9 @@ def _abandon() -> None:
 def install() -> None:
     """SIGINT, SIGTERM and SIGHUP raise KeyboardInterrupt (one left ignored, as under nohup,
     stays ignored) and wake the watchdog."""
-    if threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread() or _installed:
         return
+    _installed.append(True)
     for s in SIGNALS:
         if signal.getsignal(s) is not signal.SIG_IGN:
             signal.signal(s, on_signal)

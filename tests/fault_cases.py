@@ -266,11 +266,14 @@ def run_signal_cases(w: SimpleNamespace, sigs=(signal.SIGTERM, signal.SIGHUP, si
         mid = (case / when) if isinstance(when, str) else None
         procs.append({"i": i, "sig": sig, "name": name, "p": p, "when": when, "mid": mid, "sent": None,
                       "case": case})
-    while any(c["sent"] is None for c in procs) and time.monotonic() - t0 < 120:
+    while any(c["sent"] is None for c in procs) and time.monotonic() - t0 < 180:
         for c in procs:
             if c["sent"] is not None:
                 continue
-            due = (c["mid"].exists() if c["mid"] is not None else time.monotonic() - t0 >= c["when"])
+            if c.get("ready") is None and _handles_signals(c["p"].pid):
+                c["ready"] = time.monotonic()          # its handlers are in: times count from here
+            due = c.get("ready") is not None and (
+                c["mid"].exists() if c["mid"] is not None else time.monotonic() - c["ready"] >= c["when"])
             if due or c["p"].poll() is not None:
                 c["sent"] = time.monotonic() if c["p"].poll() is None else False
                 if c["sent"]:
@@ -323,6 +326,18 @@ def run_signal_cases(w: SimpleNamespace, sigs=(signal.SIGTERM, signal.SIGHUP, si
         results.append(Result(f"signal {signal.Signals(c['sig']).name}", c["name"], p.returncode, want, problems,
                               err[-300:], took))
     return results
+
+
+def _handles_signals(pid: int) -> bool:
+    """Whether the process catches SIGHUP yet (its SigCgt mask): cudasnap has started."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for ln in f:
+                if ln.startswith("SigCgt:"):
+                    return bool(int(ln.split()[1], 16) & (1 << (int(signal.SIGHUP) - 1)))
+    except (OSError, ValueError):
+        pass
+    return False
 
 
 def _mark_of(pid: int) -> Optional[str]:
