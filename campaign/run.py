@@ -140,6 +140,7 @@ def _run_campaign(camp, store, address, fresh: bool, ship: bool, json_out: bool,
         prog.stop()
         n = len(store.finished_keys(run_id))
         code = _signals.exit_code()
+        _signals.acknowledge()        # this line is the report
         store.close_run(run_id, "interrupted", eng.hosts if eng else [], code)
         by = "" if code == 130 else f" by {signal.Signals(code - 128).name}"
         sys.stderr.write(f"cudasnap: interrupted{by}: {n} of {len(camp.cells)} cells are in {store.path}, the run "

@@ -670,12 +670,12 @@ def _flight_default(argv: List[str]) -> List[str]:
 
 
 def main() -> None:
-    from .exits import finish, install, report_interrupt
+    from .exits import finish, install, leave, report_interrupt
     try:
         install()                   # pipes, failed writes and signals never bend the verdict (exits.py)
     except KeyboardInterrupt as e:
-        sys.exit(finish(report_interrupt(e)))
-    sys.exit(finish(_run()))
+        leave(finish(report_interrupt(e)))
+    leave(finish(_run()))
 
 
 def _run() -> int:

@@ -53,6 +53,10 @@ def finish(code: int) -> int:
     """The exit code once everything is written: a failed write to stdout keeps a verdict of 1
     (or more) and turns 0 into 2, with one line saying so; what a signal left running is ended."""
     from cudasnap.formats import signals
+    if signals.received() is not None and not reported():
+        # the signal's exception was swallowed where it landed (a finalizer): the command ran on
+        # to its end, but it was told to stop: still reported as interrupted
+        code = report_interrupt(None)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -94,24 +98,42 @@ def interrupted_line(e: Optional[BaseException]) -> str:
     return f"cudasnap: interrupted{by}: {left}"
 
 
-_reported: list = []
-
-
 def reported() -> bool:
-    """Whether the interrupt's line was printed already."""
-    return bool(_reported)
+    """Whether the interrupt's line was printed already (here or by the command itself)."""
+    from cudasnap.formats import signals
+    return signals.acknowledged()
 
 
 def report_interrupt(e: Optional[BaseException]) -> int:
     from cudasnap.formats import signals
+    signals.acknowledge()
     signals.end_children()
-    _reported.append(True)
     try:
         sys.stderr.write(interrupted_line(e) + "\n")
         sys.stderr.flush()
     except (OSError, ValueError):
         pass
     return signals.exit_code()
+
+
+def leave(code: int) -> None:
+    """Exit with code. After a termination signal the command's own cleanup has run: exit at
+    once after the exit handlers (temporary directories' finalizers), without the interpreter's
+    teardown, which a late signal or a thread still in a driver call could turn into another exit."""
+    from cudasnap.formats import signals
+    if signals.received() is None:
+        sys.exit(code)
+    import atexit
+    try:
+        atexit._run_exitfuncs()
+    except BaseException:
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+    os._exit(code)
 
 
 def entry() -> None:
@@ -123,4 +145,4 @@ def entry() -> None:
         from cudasnap.cli import main
         main()
     except KeyboardInterrupt as e:
-        sys.exit(finish(signals.exit_code() if reported() else report_interrupt(e)))
+        leave(finish(signals.exit_code() if reported() else report_interrupt(e)))

@@ -39,12 +39,23 @@ def exit_code() -> int:
 
 
 def on_signal(signum, frame):
-    first = not _handled.is_set()
     if not _received:
         _received.append(int(signum))
     _handled.set()
-    if first:                   # a second signal does not break the cleanup the first started
+    if not _acknowledged:       # once the command reports it, a second signal does not break its cleanup
         raise KeyboardInterrupt
+
+
+_acknowledged: List[bool] = []
+
+
+def acknowledge() -> None:
+    """The interrupt reached the command line, which reports it: further signals are noted only."""
+    _acknowledged.append(True)
+
+
+def acknowledged() -> bool:
+    return bool(_acknowledged)
 
 
 _patient: List[bool] = []
