@@ -54,7 +54,8 @@ def main() -> int:
         if not a.no_processes:
             fenv = dict(env)
             fenv.pop("CUDASNAP_REPLAY_TEST_BLOCK", None)
-            w = fc.prepare(tmp / "faults", fenv, str(Path(paths["libdir"]) / "libcuda.so.1"))
+            w = fc.prepare(tmp / "faults", fenv, str(Path(paths["libdir"]) / "libcuda.so.1"),
+                           paths["progs"]["simprog"])
             procs = fc.run_stream_cases(w)
             procs += fc.run_signal_cases(w, sigs=(signal.SIGTERM, signal.SIGHUP, signal.SIGINT))
             procs += fc.run_concurrent_writers(w, paths["progs"]["direct"], captures=3, repairs=10)

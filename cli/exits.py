@@ -41,12 +41,18 @@ def install() -> None:
     """Make stdout and stderr pipe-safe and their failures visible, hold fds closed at start,
     and apply the termination rule; called once by the `cudasnap` entry point."""
     from cudasnap.formats import signals
-    hold_closed_fd(0, os.O_RDONLY)
-    for fd in (1, 2):
-        hold_closed_fd(fd, os.O_WRONLY)
+    hold_std_fds()
     sys.stdout = _wrap(sys.stdout, 1, False)
     sys.stderr = _wrap(sys.stderr, 2, True)
     signals.install()
+
+
+def hold_std_fds() -> None:
+    """stdin, stdout and stderr closed at start get /dev/null before any file (or the signal
+    pipe) is opened, so that none takes their numbers."""
+    hold_closed_fd(0, os.O_RDONLY)
+    for fd in (1, 2):
+        hold_closed_fd(fd, os.O_WRONLY)
 
 
 def finish(code: int) -> int:
@@ -140,6 +146,7 @@ def entry() -> None:
     """The `cudasnap` script: the termination rule holds from the first instant (a signal while
     the command line is still being imported ends it with its line too), then the command line."""
     from cudasnap.formats import signals
+    hold_std_fds()
     try:
         signals.install()
         from cudasnap.cli import main

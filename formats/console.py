@@ -92,6 +92,12 @@ def write_failure(fd: int) -> Optional[str]:
     return _WRITE_FAILED.get(fd)
 
 
+def note_write_failure(fd: int, why: str) -> None:
+    """A failed write to this process's fd made by a child on its behalf (the simulator's
+    worker writes replay's report to the stdout it inherited)."""
+    _WRITE_FAILED.setdefault(fd, why)
+
+
 def hold_closed_fd(fd: int, flags: int) -> bool:
     """fd closed at start (`>&-`, `<&-`): put /dev/null there; True if it was closed."""
     try:
@@ -103,8 +109,13 @@ def hold_closed_fd(fd: int, flags: int) -> bool:
     if nul != fd:
         os.dup2(nul, fd)
         os.close(nul)
+    os.set_inheritable(fd, True)        # a child (the simulator's worker) finds it as we do
     _CLOSED_AT_START.add(fd)
     return True
+
+
+def closed_at_start(fd: int) -> bool:
+    return fd in _CLOSED_AT_START
 
 
 def pipe_safe_text(fd: int, encoding: Optional[str] = None, errors: Optional[str] = None,

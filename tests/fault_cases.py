@@ -27,7 +27,7 @@ def cmd(*args) -> list:
     return [sys.executable, "-m", "cudasnap", *map(str, args)]
 
 
-def prepare(d: Path, env: Dict[str, str], lib: str) -> SimpleNamespace:
+def prepare(d: Path, env: Dict[str, str], lib: str, simprog: Optional[str] = None) -> SimpleNamespace:
     """Profiles with and without a regression, a snapshot, a damaged one, stores with each
     verdict, and the work directory, under d."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -51,8 +51,14 @@ def prepare(d: Path, env: Dict[str, str], lib: str) -> SimpleNamespace:
               "int": ("interrupted", "SAME", "ok"), "same": ("done", "SAME", "ok")}
     for n, (status, verdict, cell) in stores.items():
         _store(d / f"{n}.sqlite", status, verdict, cell)
+    sim = None
+    if simprog and env.get("CUDASNAP_GPGPUSIM"):     # a snapshot with PTX: replay --sim's report
+        sim = d / "sim.cusnap"
+        ptx = Path(__file__).resolve().parent / "data" / "sim" / "kernels.ptx"
+        subprocess.run(cmd("capture", "-q", "-o", sim, "--ring-mb", "16", "--", simprog, ptx), env=env,
+                       capture_output=True, timeout=120, check=True)
     return SimpleNamespace(dir=d, snap=snap, damaged=d / "damaged.cusnap", a=d / "a.json", slow=d / "slow.json",
-                           env=env, lib=lib)
+                           env=env, lib=lib, sim=sim)
 
 
 # ------------------------------------------------------------------ stdout and stdin faults
@@ -100,6 +106,8 @@ def verdict_commands(w: SimpleNamespace) -> List[StreamCase]:
          StreamCase("campaign report regression", ["campaign", "report", w.dir / "reg.sqlite"], 1),
          StreamCase("campaign report infra", ["campaign", "report", w.dir / "infra.sqlite"], 2),
          StreamCase("campaign report interrupted", ["campaign", "report", w.dir / "int.sqlite"], 2)]
+    if getattr(w, "sim", None) is not None:
+        c.append(StreamCase("replay --sim", ["replay", w.sim, "--sim", "gpgpu-sim"], 0))
     return c
 
 

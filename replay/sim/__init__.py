@@ -481,6 +481,11 @@ def run_sim_cli(snapshot, opts, sim_spec: str, sim_path: Optional[str], mode: st
             if parse:
                 return fail(parse)
             return fail(f"the simulator stopped ({how}) before the replay ended: {log_tail(job['log'])}")
+        from cudasnap.formats.console import closed_at_start, note_write_failure
+        if result.get("report_failed"):           # the report went to our stdout from the worker
+            note_write_failure(1, result["report_failed"])
+        elif closed_at_start(1) and (as_json or not opts.quiet):
+            note_write_failure(1, "it was closed when cudasnap started")
         for name, n in sorted(result["unsupported"].items()):
             sys.stderr.write(f"cudasnap: note: {name} ({n}x): the simulator adapter does not implement it\n")
         code = cp.returncode
