@@ -1,3 +1,3 @@
-from cudasnap.exits import entry
+from cudasnap.entry import main
 
-entry()
+main()

@@ -140,16 +140,3 @@ def leave(code: int) -> None:
         except BaseException:
             pass
     os._exit(code)
-
-
-def entry() -> None:
-    """The `cudasnap` script: the termination rule holds from the first instant (a signal while
-    the command line is still being imported ends it with its line too), then the command line."""
-    from cudasnap.formats import signals
-    hold_std_fds()
-    try:
-        signals.install()
-        from cudasnap.cli import main
-        main()
-    except KeyboardInterrupt as e:
-        leave(finish(signals.exit_code() if reported() else report_interrupt(e)))
