@@ -48,7 +48,7 @@ def read_metrics(path: str) -> Dict[str, Any]:
             p = json.load(f)
     except OSError as e:
         raise AdviseError(f"--metrics {path}: {e.strerror or e}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise AdviseError(f"--metrics {path}: not a cudasnap profile ({type(e).__name__}: {e})") from None
     if not isinstance(p, dict) or not isinstance(p.get("summary"), dict):
         raise AdviseError(f"--metrics {path}: not a cudasnap profile")

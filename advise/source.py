@@ -76,7 +76,7 @@ def read_profile(path: str) -> Source:
     try:
         with open(path, encoding="utf-8") as f:
             p = json.load(f)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise AdviseError(f"{path}: not a cudasnap profile ({type(e).__name__}: {e})") from None
     check_profile(p, path)
     snap = (p.get("run") or {}).get("snapshot") or p.get("snapshot")

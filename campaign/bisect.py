@@ -52,6 +52,9 @@ from .wording import numerics_text
 RAY_START_S = 8.0
 
 
+
+MIN_FREE = 1 << 20            # below this a replay's profile may not fit
+
 class BisectError(Exception):
     """A bisection that cannot proceed (one line)."""
 
@@ -217,6 +220,8 @@ class Bisector:
                 rc, err = cp.returncode, (cp.stderr or "")
             except subprocess.TimeoutExpired:
                 rc, err = 124, f"the replay ran past {self.timeout:g} s"
+        if rc != 0:
+            self._disk()
         o = Outcome(env, len(self.done) + 1, rc, time.monotonic() - t0, out, self.command_text(env, out))
         lines = [ln for ln in err.splitlines() if ln.strip()]
         o.stderr_tail = "\n".join(lines[-5:])
@@ -320,8 +325,20 @@ class Bisector:
             self.strategy = {"name": "binary", "why": why + ": the K-ary search would not pay"}
         self.log(f"[strategy] {self.strategy['name']}: {self.strategy['why']}")
 
+    def _disk(self) -> None:
+        """A full disk under the profiles is named as what it is, never taken for a verdict."""
+        try:
+            st = os.statvfs(self.workdir)
+        except OSError:
+            return
+        free = st.f_bavail * st.f_frsize
+        if free < MIN_FREE:
+            raise _Stop(2, f"the disk holding {self.workdir} is full ({free} bytes free): the replays' "
+                           f"profiles cannot be written there")
+
     def run(self) -> Dict[str, Any]:
         n = len(self.envs)
+        self._disk()
         if self.pool is None and self.start_pool is not None:
             self.rounds = 2                   # the first here, then the last: a choice in between
             first = self.judge(0)

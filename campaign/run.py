@@ -118,8 +118,13 @@ def _run_campaign(camp, store, address, fresh: bool, ship: bool, json_out: bool,
         ray_s = time.monotonic() - t0
     run_id, resumed = store.open_run(camp, version, address, fresh)
     status, code = "failed", 2
-    old = signal.getsignal(signal.SIGTERM)
-    signal.signal(signal.SIGTERM, _interrupt)
+    from cudasnap.formats import signals as _signals
+    old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    for s, h in old.items():          # the command line has these already; the Python API gets them here
+        if h in (signal.SIG_DFL, None):
+            signal.signal(s, _interrupt)
+    hold = _signals.patient()
+    hold.__enter__()
     try:
         if eng is None:      # nothing left: no need for Ray
             counts = {"cells": len(camp.cells), "skipped": len(skip), "ran": 0, "failed": 0, "regressed": 0,
@@ -134,19 +139,26 @@ def _run_campaign(camp, store, address, fresh: bool, ship: bool, json_out: bool,
     except KeyboardInterrupt:
         prog.stop()
         n = len(store.finished_keys(run_id))
-        store.close_run(run_id, "interrupted", eng.hosts if eng else [], 130)
-        sys.stderr.write(f"cudasnap: interrupted: {n} of {len(camp.cells)} cells are in {store.path}, the run "
+        code = _signals.exit_code()
+        _signals.acknowledge()        # this line is the report
+        store.close_run(run_id, "interrupted", eng.hosts if eng else [], code)
+        by = "" if code == 130 else f" by {signal.Signals(code - 128).name}"
+        sys.stderr.write(f"cudasnap: interrupted{by}: {n} of {len(camp.cells)} cells are in {store.path}, the run "
                          f"marked interrupted; run the same command again to finish the others\n")
         if eng:
             eng.shutdown()
-        return 130
+        store.close()                 # the last connection: no -wal/-shm left
+        return code
     except BaseException:       # no run is left "running" by a process that has gone
         store.close_run(run_id, "failed", eng.hosts if eng else [], 2)
         if eng:
             eng.shutdown()
         raise
     finally:
-        signal.signal(signal.SIGTERM, old)
+        hold.__exit__(None, None, None)
+        for s, h in old.items():
+            if h is not None:
+                signal.signal(s, h)
     rep = build_report(store, run=run_id, ending=True)
     code = rep["exit_code"]
     store.close_run(run_id, status, eng.hosts, code)
@@ -184,6 +196,7 @@ class _NoEngine:
 
 
 def _interrupt(signum, frame):
-    raise KeyboardInterrupt       # SIGTERM stops a campaign as Ctrl-C does: whole cells kept
+    from cudasnap.formats import signals
+    signals.on_signal(signum, frame)   # SIGTERM/SIGHUP stop a campaign as Ctrl-C does: whole cells kept
 
 

@@ -106,7 +106,7 @@ def _proc_info(pid: int) -> dict:
 class Recorder:
     def __init__(self, session_dir: Path, out: Path, root_pid_getter, options: dict, level: int = 3,
                  threads: int | None = None, blob_level: int | None = None, drain: str = "lazy",
-                 segments: int = 8):
+                 segments: int = 8, force: bool = False):
         """threads: writer worker threads per process (encode + write frames); None means
         default_threads(). level: zstd level of record frames. blob_level: zstd level
         of blob chunks, default 1 (on weight-like data (bf16/f32/int arrays) level 1 gives
@@ -122,6 +122,7 @@ class Recorder:
         self.blob_level = 1 if blob_level is None else blob_level
         self.drain = drain
         self.segments = segments
+        self.force = force
         self.procs: dict[int, ProcessCapture] = {}
         self.unreadable: set[int] = set()
         self.desc = description.load()
@@ -142,6 +143,16 @@ class Recorder:
             return self.out
         stem = self.out.name[: -len(".cusnap")] if self.out.name.endswith(".cusnap") else self.out.name
         return self.out.with_name(f"{stem}.{pid}.cusnap")
+
+    def _stem(self) -> str:
+        return self.out.name[: -len(".cusnap")] if self.out.name.endswith(".cusnap") else self.out.name
+
+    def _claim(self, path: Path):
+        """How a snapshot file is opened: made exclusively where nothing was to be replaced,
+        replaced under a lock where -f allowed it; a FIFO or device as it is."""
+        if os.path.lexists(path) and not path.is_file():
+            return None
+        return "replace" if self.force or path != self.out else "new"
 
     def _scan(self) -> None:
         try:
@@ -198,8 +209,17 @@ class Recorder:
             if self.options.get("window"):      # windows / flight recorder: one file per window
                 writer = self._router(path, header)
             else:
-                writer = SnapshotWriter(path, header, level=self.level, threads=self.threads,
-                                        blob_level=self.blob_level, segments=self.segments)
+                try:
+                    writer = SnapshotWriter(path, header, level=self.level, threads=self.threads,
+                                            blob_level=self.blob_level, segments=self.segments,
+                                            claim=self._claim(path))
+                except FileExistsError:
+                    # another capture took this -o meanwhile: this one gets its own name, never its file
+                    taken, path = path, self.out.with_name(f"{self._stem()}.{pid}.cusnap")
+                    print(f"cudasnap: warning: {taken} was taken by another writer meanwhile; this process's "
+                          f"snapshot is {path}", file=sys.stderr)
+                    writer = SnapshotWriter(path, header, level=self.level, threads=self.threads,
+                                            blob_level=self.blob_level, segments=self.segments, claim="new")
         except OSError as e:
             # full disk, read-only directory...: keep draining so the program never stalls
             error = str(e)

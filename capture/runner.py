@@ -392,6 +392,19 @@ def capture(command: Union[Sequence[str], str], out: Union[str, os.PathLike, Non
         lib = shim_path()
     except RuntimeError as e:
         return CaptureResult(2, error=str(e))
+    # the shim's variables in the environment change what is recorded: said now, kept in the snapshot
+    from .window import env_settings, env_window
+    if window is None:
+        try:
+            window = env_window(os.environ)
+        except ValueError as e:
+            return CaptureResult(2, error=str(e))
+        if window is not None:
+            print(f"cudasnap: window from {window['from']} (as --window {window['spec']})", file=sys.stderr)
+    settings = env_settings(os.environ)
+    if settings:
+        print("cudasnap: recording set by the environment: " + ", ".join(f"{k}={v}" for k, v in settings.items()),
+              file=sys.stderr)
     if out is None:
         raw, per_pid = None, False
         probe = str(Path.cwd() / f"{Path(command[0]).name}.cusnap")
@@ -431,6 +444,8 @@ def capture(command: Union[Sequence[str], str], out: Union[str, os.PathLike, Non
                "nvtx": "recorded" if not nvtx_tool else f"not recorded: NVTX_INJECTION64_PATH={nvtx_tool}"}
     if window:
         options["window"] = dict(window)
+    if settings:
+        options["environment"] = settings
     fwd = _Forwarder(forward_signals)        # before any thread starts: they inherit the mask
     rec = gate = pid = None
     reaped = False
@@ -448,7 +463,7 @@ def capture(command: Union[Sequence[str], str], out: Union[str, os.PathLike, Non
         if problem:
             return CaptureResult(2, error=problem)
         rec = Recorder(session, path, lambda: pid, options, level=level, threads=threads, drain=drain,
-                       segments=segments)
+                       segments=segments, force=force)
         if window and window["mode"] == "signal":
             fwd.intercept = {signal.SIGUSR1: rec.request_window}
         elif window and window["mode"] == "flight":

@@ -627,3 +627,59 @@ def window_env(win: Dict[str, Any], context: int = 0) -> Dict[str, str]:
     if mode == "kernel":
         env["CUDASNAP_WIN_CONTEXT"] = str(context)
     return env
+
+
+# what the runner sets itself for the shim, never the user's setting
+_RUNNER_VARS = {"CUDASNAP_SESSION", "CUDASNAP_RING_MB", "CUDASNAP_PLACEMENT", "CUDASNAP_LD_PRELOAD",
+                "CUDASNAP_DEBUG"}
+_WINDOW_VARS = {"CUDASNAP_WINDOW", "CUDASNAP_WIN_A", "CUDASNAP_WIN_B", "CUDASNAP_WIN_NAME", "CUDASNAP_WIN_K",
+                "CUDASNAP_WIN_CONTEXT"}
+
+
+def env_window(environ: Dict[str, str]) -> Optional[Dict[str, Any]]:
+    """A window the shim would open from the environment (CUDASNAP_WINDOW and its values), as
+    --window gives it, with "from" naming the variables; None when none is set. ValueError
+    (one line) for a value that is not a window."""
+    mode = environ.get("CUDASNAP_WINDOW")
+    if mode is None:
+        return None
+    m = mode.strip().lower()
+    g = environ.get
+    said = "CUDASNAP_WINDOW=" + mode + "".join(f" {k}={environ[k]}" for k in sorted(_WINDOW_VARS - {"CUDASNAP_WINDOW"})
+                                               if k in environ)
+    if m not in ("launches", "nvtx", "kernel", "profiler", "signal"):
+        raise ValueError(f"{said}: not a window the shim opens by itself (launches, nvtx, kernel, profiler, "
+                         f"signal); unset it, or use --window (time:S-E) or --flight-recorder")
+    for k in ("CUDASNAP_WIN_A", "CUDASNAP_WIN_B", "CUDASNAP_WIN_K", "CUDASNAP_WIN_CONTEXT"):
+        if k in environ and not environ[k].strip().isdigit():
+            raise ValueError(f"{said}: {k}={environ[k]} is not a whole number; unset it or use --window")
+    if m == "launches":
+        spec = f"launches:{g('CUDASNAP_WIN_A', '0')}-{g('CUDASNAP_WIN_B', str(LAUNCH_MAX))}"
+    elif m in ("nvtx", "kernel"):
+        spec = f"{m}:{g('CUDASNAP_WIN_NAME', '')}#{g('CUDASNAP_WIN_K', '1')}"
+    else:
+        spec = m
+    try:
+        win = parse_window_spec(spec)
+    except ValueError as e:
+        raise ValueError(f"{said}: not a capture window ({str(e).split(': ', 1)[-1]}); unset it or use --window")
+    if m == "kernel":
+        try:
+            win["context"] = int(g("CUDASNAP_WIN_CONTEXT", "0"))
+        except ValueError:
+            raise ValueError(f"{said}: CUDASNAP_WIN_CONTEXT is not a number")
+    win["from"] = said
+    return win
+
+
+# the shim's other variables: each changes what is recorded or how (tests/test_faults.py keeps
+# this list equal to the names the shim's sources read)
+SHIM_SETTINGS = {"CUDASNAP_ALL_QUERIES", "CUDASNAP_MAPPED_MEMORY", "CUDASNAP_HOSTMEM_MAX_MB", "CUDASNAP_CLOCK",
+                 "CUDASNAP_COPY_THREADS", "CUDASNAP_WIN_HASH", "CUDASNAP_WIN_SPARE", "CUDASNAP_JOB_CUT",
+                 "CUDASNAP_JOB_CUT_MS", "CUDASNAP_COLLECTIVE_RX"}
+
+
+def env_settings(environ: Dict[str, str]) -> Dict[str, str]:
+    """The shim's variables set by the user (they change what is recorded): echoed at the
+    start and kept in the snapshot's options."""
+    return {k: environ[k] for k in sorted(SHIM_SETTINGS) if k in environ}

@@ -1,3 +1,3 @@
-from cudasnap.cli import main
+from cudasnap.entry import main
 
 main()

@@ -42,6 +42,9 @@ def run(
         camp = load_campaign(campaign)
     except PlanError as e:
         _fail(str(e))
+    why = _store_problem(output, campaign)
+    if why:
+        _fail(why)
     try:
         store = Store(output, defer=True)     # made on the first write: after Ray has started
     except StoreError as e:
@@ -61,6 +64,28 @@ def run(
     except CampaignError as e:
         _fail(str(e))
     raise typer.Exit(code)
+
+
+def _store_problem(output: Path, campaign: Path) -> Optional[str]:
+    """Why the store cannot be written, found before Ray starts: the rule of every output (a
+    missing directory, a dangling link, a name too long, a directory that cannot be written),
+    an existing store that cannot be written, a disk without room for its first cells."""
+    import os
+    from cudasnap.formats.outputs import OutputError, check_output
+    exists = os.path.isfile(output)
+    try:
+        check_output(output, force=exists, inputs=[campaign], what="-o")
+    except OutputError as e:
+        return str(e)
+    if exists and not os.access(output, os.R_OK | os.W_OK):
+        return f"-o {output}: the store cannot be written (permission denied)"
+    try:
+        st = os.statvfs(os.path.dirname(os.path.abspath(output)))
+        if st.f_bavail * st.f_frsize < (1 << 20):
+            return f"-o {output}: no space left on the device that holds it (under 1 MiB free)"
+    except OSError:
+        pass
+    return None
 
 
 @campaign_app.command("report", cls=_Command)

@@ -401,7 +401,8 @@ def replay(
                             kernel_name_base=_value(kernel_name_base), launch_skip=launch_skip,
                             launch_count=launch_count, **_numerics(dtype, rtol, atol, tolerance, exact, recheck),
                             continue_on_error=continue_on_error, watchdog=watchdog, progress=progress,
-                            quiet=quiet, replace=list(replace)), json_out, out_file, force)
+                            quiet=quiet, replace=list(replace)), json_out, out_file, force,
+                    timeline=_value(profile) == "timeline")
     if wrap is not None or preload is not None:
         from cudasnap.wrap import exec_wrapped
         raise typer.Exit(exec_wrapped(ctx, wrap, str(preload) if preload else None,
@@ -491,11 +492,15 @@ def replay(
     raise typer.Exit(run_replay_cli(snapshot, opts, json_out))
 
 
-def _replay_sim(sim, sim_path, sim_mode, max_ctas, snapshot, not_with, kw, json_out, out_file, force) -> None:
+def _replay_sim(sim, sim_path, sim_mode, max_ctas, snapshot, not_with, kw, json_out, out_file, force,
+                timeline=False) -> None:
     """replay --sim: the simulator backend (replay/sim/) with the replay's selection and checks."""
     used = [k for k, v in not_with.items() if v not in (None, False, 0, [], "")]
     if used:
         _fail(f"--sim: --{used[0].replace('_', '-')} is for a GPU replay, not a simulated one")
+    if timeline and not (sim_mode == "performance" and out_file is not None):
+        _fail("--profile timeline with --sim: the simulator's timeline is its cycles, written by "
+              "--sim-mode performance --out X.json (a profile not taken exits 2)")
     if len(snapshot) > 1:
         _fail("--sim replays one snapshot (a job's ranks need GPUs)")
     from cudasnap.replay import ReplayOptions
@@ -676,21 +681,38 @@ def _flight_default(argv: List[str]) -> List[str]:
 
 
 def main() -> None:
-    from .exits import install, report_interrupt
-    from .typer_base import one_line_usage_errors
-    install()                       # a closed pipe never changes the verdict (exits.py)
-    one_line_usage_errors()
-    sys.argv[1:] = _flight_default(sys.argv[1:])
+    from .exits import finish, install, leave, report_interrupt
     try:
+        install()                   # pipes, failed writes and signals never bend the verdict (exits.py)
+    except KeyboardInterrupt as e:
+        leave(finish(report_interrupt(e)))
+    leave(finish(_run()))
+
+
+def _run() -> int:
+    from .exits import report_interrupt, reported
+    try:
+        from .typer_base import one_line_usage_errors
+        one_line_usage_errors()
+        sys.argv[1:] = _flight_default(sys.argv[1:])
         app()
+    except SystemExit as e:
+        from cudasnap.formats import signals
+        if e.code == 130 and signals.received() is not None and not reported():
+            return report_interrupt(None)   # typer's own silent 130 (a signal while parsing)
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else _message_exit(e.code))
     except KeyboardInterrupt as e:  # outside a command's body (while starting): still 130
-        sys.exit(report_interrupt(e))
+        return report_interrupt(e)
     except BrokenPipeError:         # a write that bypassed the pipe-safe streams: the verdict is lost
         os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
-        sys.exit(141)               # as a shell reports a command ended by SIGPIPE, never 0
+        return 141                  # as a shell reports a command ended by SIGPIPE, never 0
+    except RecursionError as e:     # input nested deeper than any reader follows (a JSON, a TOML)
+        typer.echo(f"cudasnap: error: input nested too deeply to read ({' '.join(str(e).split())[:120]})", err=True)
+        return 2
     except Exception as e:
         from cudasnap.formats import SnapshotError
-        if isinstance(e, (OSError, SnapshotError)):
+        from cudasnap.formats.outputs import OutputError
+        if isinstance(e, (OSError, SnapshotError, OutputError)):
             # a file that could not be read or written where no command caught it: one line, exit 2
             msg = f"{e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename and e.strerror else str(e)
         elif os.environ.get("CUDASNAP_DEBUG"):
@@ -698,7 +720,13 @@ def main() -> None:
         else:
             msg = internal_error(e)
         typer.echo(f"cudasnap: error: {' '.join(msg.split())}", err=True)
-        sys.exit(2)
+        return 2
+    return 0
+
+
+def _message_exit(msg) -> int:
+    typer.echo(str(msg), err=True)
+    return 1
 
 
 def internal_error(e: BaseException) -> str:

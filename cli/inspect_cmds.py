@@ -90,7 +90,20 @@ def _render(r: SnapshotReader, hdr: Mapping[str, Any], proc: Mapping[str, Any], 
         "end": sm.get("end"),
         "loss": sm.get("loss"),
         "window": _window_info(hdr, sm.get("window_state"), sm.get("state_calls") or 0, sm.get("trigger")),
+        "set_by_environment": _from_env(hdr),
     }
+
+
+def _from_env(hdr: Mapping[str, Any]) -> Optional[Dict[str, str]]:
+    """The shim's variables that were set in the capture's environment (they change what is
+    recorded), the window's among them; None when none was."""
+    opts = hdr.get("options") if isinstance(hdr.get("options"), dict) else {}
+    out = {str(k): str(v) for k, v in (opts.get("environment") or {}).items()} \
+        if isinstance(opts.get("environment"), dict) else {}
+    w = opts.get("window")
+    if isinstance(w, dict) and isinstance(w.get("from"), str):
+        out["window"] = w["from"]
+    return out or None
 
 
 def _unhandled(calls: Mapping[str, int]) -> Optional[Dict[str, int]]:
@@ -295,6 +308,10 @@ def run_info(path: Path, json_out: bool) -> int:
         trig = f", written on {w['trigger']}" if w.get("trigger") else ""
         con.print(f"window   : {w.get('spec')} #{_v(w.get('n'))} (opened by {_v(w.get('opened_by'))}"
                   f"{', launch ' + str(w['launch']) if w.get('launch') is not None else ''}){st}{trig}", markup=False)
+    env = s.get("set_by_environment")
+    if env:
+        con.print("settings : set by the environment: " + "; ".join(
+            v if k == "window" else f"{k}={v}" for k, v in env.items()), markup=False)
     line = _repair_line(s["repaired"])
     if line:
         con.print(line)

@@ -90,6 +90,28 @@ def inert_problems(ctx, rules) -> list:
     return out
 
 
+# the parameters that name what a command writes; every other path parameter is read
+OUTPUT_PARAMS = frozenset({"output", "out", "out_file", "html", "trace", "keep"})
+
+
+def special_input(ctx) -> Optional[str]:
+    """The first input path given that is a FIFO, a device, a socket or a kernel file, refused
+    by type before anything reads it (a FIFO blocks the reader, /dev/zero never ends)."""
+    from pathlib import PurePath
+    from cudasnap.formats.inputs import input_problem
+    for name, v in ctx.params.items():
+        if name in OUTPUT_PARAMS:
+            continue
+        for x in v if isinstance(v, (list, tuple)) else (v,):
+            if isinstance(x, str) and name == "replace" and "=" in x:
+                x = PurePath(x.split("=", 1)[1])      # --replace KERNEL=FILE
+            if isinstance(x, PurePath):
+                why = input_problem(x)
+                if why:
+                    return why
+    return None
+
+
 class Command(TyperCommand):
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
@@ -99,7 +121,12 @@ class Command(TyperCommand):
 
     def invoke(self, ctx):
         """Ctrl-C is 130 in every command, with one line saying what it left (typer's own
-        handler exits 130 silently)."""
+        handler exits 130 silently). Every input is checked by type first (formats/inputs.py)."""
+        from cudasnap.formats.outputs import reset
+        reset()
+        why = special_input(ctx)
+        if why:
+            fail(why)
         try:
             return super().invoke(ctx)
         except KeyboardInterrupt as e:

@@ -53,6 +53,10 @@ def load_profile(path) -> Dict[str, Any]:
     p = str(path)
     if p.lower().endswith(".csv"):
         raise CompareError(f"{p}: a CSV profile carries no run facts; write the profile with --out FILE.json")
+    from cudasnap.formats.inputs import input_problem
+    why = input_problem(p)
+    if why:
+        raise CompareError(why)
     try:
         with open(p) as f:
             d = json.load(f)
@@ -60,6 +64,8 @@ def load_profile(path) -> Dict[str, Any]:
         raise CompareError(f"{p}: no such file")
     except (OSError, ValueError) as e:
         raise CompareError(f"{p}: not a profile JSON ({type(e).__name__}: {e})")
+    except RecursionError:
+        raise CompareError(f"{p}: not a profile JSON (nested too deeply)")
     if not isinstance(d, dict) or not isinstance(d.get("summary"), dict) or not isinstance(d.get("launches"), list):
         raise CompareError(f"{p}: not a profile written by `cudasnap replay --profile ... --out FILE.json`")
     from cudasnap.replay.profile.report import shape_problem

@@ -67,4 +67,24 @@ def env_table(t: Any, where: str, base: str, extra: Iterable[str], taken: Iterab
         drv = os.path.join(base, os.path.expanduser(drv))
         if not os.path.exists(drv):
             raise error(f"{where} ({name}): driver {drv}: no such file")
+        why = _not_a_driver(drv)
+        if why:
+            raise error(f"{where} ({name}): driver {drv}: {why}")
     return name, {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in vars_.items()}, drv
+
+
+def _not_a_driver(path: str) -> Optional[str]:
+    """Why path cannot be a libcuda (a directory holding libcuda.so.1, or a shared library):
+    found here, not as a loader error inside a replay or a Ray worker."""
+    from cudasnap.formats.inputs import input_problem
+    if os.path.isdir(path):
+        return None if os.path.exists(os.path.join(path, "libcuda.so.1")) else "a directory without libcuda.so.1"
+    why = input_problem(path)
+    if why:
+        return why.split(" is ", 1)[-1] if " is " in why else why
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        return e.strerror or str(e)
+    return None if magic == b"\x7fELF" else "not a shared library (no ELF header)"

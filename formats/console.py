@@ -50,9 +50,10 @@ class _PipeSafe(io.RawIOBase):
     /dev/null for good and reports the bytes as written: a closed pipe never ends a command
     early nor changes its exit code (the command line's rule, cli/exits.py)."""
 
-    def __init__(self, fd: int):
+    def __init__(self, fd: int, report_as: Optional[int] = None):
         super().__init__()
         self._fd = fd
+        self._key = fd if report_as is None else report_as     # a dup of stdout fails as stdout
 
     def writable(self) -> bool:
         return True
@@ -64,19 +65,65 @@ class _PipeSafe(io.RawIOBase):
         return os.isatty(self._fd)
 
     def write(self, b) -> int:
+        if self._key in _CLOSED_AT_START:
+            _WRITE_FAILED.setdefault(self._key, "it was closed when cudasnap started")
+            return len(b)
         try:
             return os.write(self._fd, b)
         except BrokenPipeError:
-            nul = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(nul, self._fd)
-            os.close(nul)
-            return len(b)
+            pass
+        except OSError as e:    # ENOSPC (>/dev/full), EIO, EBADF: a verdict the caller never saw
+            _WRITE_FAILED.setdefault(self._key, e.strerror or str(e))
+        nul = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(nul, self._fd)
+        os.close(nul)
+        return len(b)
+
+
+# fds whose writes failed (other than a closed pipe), and why; fds closed at start (>&-), now
+# held by /dev/null so that no file the command opens takes their number
+_WRITE_FAILED: dict = {}
+_CLOSED_AT_START: set = set()
+
+
+def write_failure(fd: int) -> Optional[str]:
+    """Why a write to fd failed (ENOSPC, EIO, closed at start), or None: the command line turns
+    it into one line and an exit code that keeps the verdict (cli/exits.py)."""
+    return _WRITE_FAILED.get(fd)
+
+
+def note_write_failure(fd: int, why: str) -> None:
+    """A failed write to this process's fd made by a child on its behalf (the simulator's
+    worker writes replay's report to the stdout it inherited)."""
+    _WRITE_FAILED.setdefault(fd, why)
+
+
+def hold_closed_fd(fd: int, flags: int) -> bool:
+    """fd closed at start (`>&-`, `<&-`): put /dev/null there; True if it was closed."""
+    try:
+        os.fstat(fd)
+        return False
+    except OSError:
+        pass
+    nul = os.open(os.devnull, flags)
+    if nul != fd:
+        os.dup2(nul, fd)
+        os.close(nul)
+    os.set_inheritable(fd, True)        # a child (the simulator's worker) finds it as we do
+    _CLOSED_AT_START.add(fd)
+    return True
+
+
+def closed_at_start(fd: int) -> bool:
+    return fd in _CLOSED_AT_START
 
 
 def pipe_safe_text(fd: int, encoding: Optional[str] = None, errors: Optional[str] = None,
-                   line_buffering: bool = False, write_through: bool = False) -> IO[str]:
-    """A text stream on fd that a closed pipe cannot break (the fd is not closed with it)."""
-    return io.TextIOWrapper(io.BufferedWriter(_PipeSafe(fd)), encoding=encoding, errors=errors,
+                   line_buffering: bool = False, write_through: bool = False,
+                   report_as: Optional[int] = None) -> IO[str]:
+    """A text stream on fd that a closed pipe cannot break (the fd is not closed with it);
+    report_as: the fd its failed writes count for (1 for a dup of stdout)."""
+    return io.TextIOWrapper(io.BufferedWriter(_PipeSafe(fd, report_as)), encoding=encoding, errors=errors,
                             line_buffering=line_buffering, write_through=write_through)
 
 

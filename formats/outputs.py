@@ -47,8 +47,67 @@ def _same(a: str, b: PathLike) -> bool:
         return os.path.abspath(a) == os.path.abspath(os.fspath(b))
 
 
+def _identity(p: PathLike):
+    """(st_dev, st_ino) of p after links, or None."""
+    try:
+        st = os.stat(p)
+    except (OSError, ValueError):
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _inside(d: str, i: PathLike) -> bool:
+    """Whether the input i lies in directory d, at any depth, by identity: a link to it or a
+    directory reached by a link counts."""
+    want = _identity(d)
+    if want is None:
+        return False
+    cur = os.path.dirname(os.path.realpath(os.fspath(i)))
+    while True:
+        if _identity(cur) == want:
+            return True
+        up = os.path.dirname(cur)
+        if up == cur:
+            return False
+        cur = up
+
+
+# the longest suffix a write adds to an output's name: the temporary (".NAME.XXXXXXXX.tmp"), a
+# writer's own temporary of that (".tmp") and SQLite's journal ("-journal")
+TMP_EXTRA = len(".") + len(".00000000.tmp") + len(".tmp") + len("-journal")
+
+
+def _name_fits(a: str, label: str) -> None:
+    d, base = os.path.split(a)
+    try:
+        name_max = os.pathconf(d if os.path.isdir(d) else "/", "PC_NAME_MAX")
+        path_max = os.pathconf(d if os.path.isdir(d) else "/", "PC_PATH_MAX")
+    except (OSError, ValueError):
+        name_max, path_max = 255, 4096
+    if len(os.fsencode(base)) + TMP_EXTRA > name_max:
+        raise OutputError(f"{label}: the name is too long ({len(os.fsencode(base))} bytes; at most "
+                          f"{name_max - TMP_EXTRA}, as the temporary files beside it add {TMP_EXTRA})")
+    if len(os.fsencode(a)) + TMP_EXTRA >= path_max:
+        raise OutputError(f"{label}: the path is too long ({len(os.fsencode(a))} bytes; at most "
+                          f"{path_max - TMP_EXTRA - 1} with the temporary files' names)")
+
+
+# outputs checked, by absolute path: whether the target may be replaced (-f) and the identities
+# of the inputs no write may replace; atomic_path reads it at the rename
+_CHECKED: dict = {}
+_INPUTS: set = set()
+
+
+def reset() -> None:
+    """A new command starts (several may run in one process: the tests, the Python API)."""
+    _CHECKED.clear()
+    _INPUTS.clear()
+
+
 def _probe(d: str, label: str) -> None:
-    """Create and remove a file in d: the only test that root, read-only mounts and ACLs agree on."""
+    """Create and remove a file in d: the only test that root, read-only mounts and ACLs agree
+    on; then the free space, where the filesystem tells it (a full disk is named now, not after
+    the work)."""
     try:
         fd, name = tempfile.mkstemp(prefix=".cudasnap-probe-", dir=d)
     except OSError as e:
@@ -58,6 +117,16 @@ def _probe(d: str, label: str) -> None:
         os.unlink(name)
     except OSError:
         pass
+    try:
+        st = os.statvfs(d)
+    except OSError:
+        return
+    if st.f_blocks and st.f_bavail * st.f_frsize < MIN_FREE:
+        raise OutputError(f"{label}: no space left on the device that holds {d} "
+                          f"({st.f_bavail * st.f_frsize} bytes free)")
+
+
+MIN_FREE = 64 << 10         # below this no output of any command fits
 
 
 def check_output(path: PathLike, force: bool = False, kind: str = "file",
@@ -73,10 +142,21 @@ def check_output(path: PathLike, force: bool = False, kind: str = "file",
     if not p:
         raise OutputError(f"{what or 'output'}: an empty path")
     a = os.path.abspath(p)
+    inputs = [i for i in inputs if i is not None]
     for i in inputs:
-        if i is not None and _same(a, i):
+        if _same(a, i):
             same = "" if os.fspath(i) == p else f" {os.fspath(i)}"
             raise OutputError(f"{label} is the input{same}: write the output elsewhere")
+        if kind == "dir" and os.path.isdir(a) and _inside(a, i):
+            raise OutputError(f"{label} holds the input {os.fspath(i)}: write the output elsewhere")
+        ident = _identity(i)
+        if ident is not None:
+            _INPUTS.add(ident)
+    if kind == "file":
+        _name_fits(a, label)
+    if os.path.islink(a) and not os.path.exists(a):
+        raise OutputError(f"{label} is a symbolic link to a missing {os.readlink(a)}: remove it or give another name")
+    _CHECKED[a] = force
     if os.path.lexists(a):
         if kind == "file":
             if os.path.isdir(a):
@@ -160,6 +240,36 @@ def remove_temporaries() -> None:
         _unlink_quiet(p)
 
 
+class Taken(OutputError, FileExistsError):
+    """The output appeared while the command ran (another writer): not replaced. An OSError
+    too, so that every writer's handler of failed writes reports it in its one line."""
+
+
+class IsInput(OutputError, PermissionError):
+    """A write would replace an input of the command (reached through a directory output)."""
+
+
+def put_output(tmp: str, p: str) -> None:
+    """Rename the finished temporary to p. An output checked without -f is created exclusively
+    (a hard link fails if another writer made it meanwhile); an input is never replaced."""
+    a = os.path.abspath(p)
+    ident = _identity(a)
+    if ident is not None and ident in _INPUTS:
+        raise IsInput(f"{p} is an input of this command: not replaced")
+    if _CHECKED.get(a) is False:
+        try:
+            os.link(tmp, a)
+        except FileExistsError:
+            raise Taken(f"{p} was created by another writer while this command ran: not replaced") from None
+        except OSError:
+            pass                    # no hard links here (some filesystems): the rename below
+        else:
+            os.unlink(tmp)
+            _CHECKED[a] = True      # ours now: this command may write it again (extract --check widens)
+            return
+    os.replace(tmp, a)
+
+
 @contextmanager
 def atomic_path(path: PathLike) -> Iterator[str]:
     """Yield a temporary path beside `path` (an empty file) for a writer that takes a name
@@ -169,7 +279,7 @@ def atomic_path(path: PathLike) -> Iterator[str]:
     try:
         with temporary(tmp):
             yield tmp
-            os.replace(tmp, p)
+            put_output(tmp, p)
         _WRITTEN.append(p)
     except BaseException:
         _unlink_quiet(tmp)

@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 from .container import (
     CHUNK_ID_LEN, CHUNK_SIZE, CODEC_ZSTD, FRAME_MAGIC, FRAME_SIZE, KIND_CHUNK, KIND_HEADER, KIND_INDEX,
     KIND_NAMES, KIND_RECORDS, MAX_FRAME, PREAMBLE_SIZE, TRAILER, TRAILER_MAGIC, TRAILER_SIZE,
-    SnapshotError, decompressor, check_preamble, chunk_digest, decode_payload,
+    SCHEMA_VERSION, SnapshotError, decompressor, check_preamble, chunk_digest, decode_payload,
     iter_record_payload, parse_frame_header, record_list, snap_error, unpack_one, xxh64,
 )
 from . import native
@@ -82,6 +82,10 @@ class SnapshotReader:
         self._segment_chunks = set(segment_chunks) if segment_chunks is not None else None
         self.path = os.fspath(path)
         self.name = self.path
+        from .inputs import input_problem
+        why = input_problem(self.path)      # before open(): a FIFO would block it
+        if why:
+            raise SnapshotError(why)
         try:
             self._f = open(self.path, "rb")
             self.file_size = os.fstat(self._f.fileno()).st_size
@@ -121,6 +125,10 @@ class SnapshotReader:
         if not isinstance(hdr, dict):
             raise snap_error(self.path, PREAMBLE_SIZE, "header frame is not a map")
         self._raw_header = hdr
+        schema = hdr.get("schema")
+        if isinstance(schema, int) and not isinstance(schema, bool) and schema > SCHEMA_VERSION:
+            raise SnapshotError(f"{self.path}: record schema {schema} is newer than this cudasnap reads "
+                                f"(<= {SCHEMA_VERSION}): upgrade cudasnap to read it")
         if self._force_scan or not self._load_index():
             if self._segment_chunks is None:
                 segs = segment_paths(self.path)

@@ -16,7 +16,7 @@ import shutil
 import stat
 import tempfile
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from .container import (
     FORMAT_VERSION, FRAME_SIZE, KIND_CHUNK, KIND_INDEX, KIND_RECORDS, MAX_FRAME, TRAILER,
@@ -40,6 +40,45 @@ def repair(path, out=None) -> Dict[str, Any]:
     src = os.fspath(path)
     in_place = out is None or _same_file(src, os.fspath(out))
     dst = src if in_place else os.fspath(out)
+    lock = _lock(src) if in_place else None
+    try:
+        return _repair(src, dst, in_place)
+    finally:
+        if lock is not None:
+            os.close(lock)
+
+
+def _lock(src: str) -> Optional[int]:
+    """An in-place repair holds the file: a second one is refused (it would take the first's
+    result for the original), and one that waited finds the file it opened replaced."""
+    import errno
+    import fcntl
+    try:
+        fd = os.open(src, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return None                     # the reader names it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise SnapshotError(f"{src} is being repaired by another process: run again once it is done") from None
+    except OSError as e:
+        if e.errno not in (errno.ENOLCK, errno.EINVAL, errno.EOPNOTSUPP):
+            os.close(fd)
+            raise
+        return fd
+    st, now = os.fstat(fd), None
+    try:
+        now = os.stat(src)
+    except OSError:
+        pass
+    if now is None or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+        os.close(fd)
+        raise SnapshotError(f"{src} was replaced by another process while this repair started: run again")
+    return fd
+
+
+def _repair(src: str, dst: str, in_place: bool) -> Dict[str, Any]:
     segs = []
     for p in segment_paths(src):
         try:
@@ -95,6 +134,7 @@ def repair(path, out=None) -> Dict[str, Any]:
                          for g in data_gaps[:MAX_GAPS_RECORDED]]}
         d = os.path.dirname(os.path.abspath(dst)) or "."
         fd, tmp = tempfile.mkstemp(prefix=".cusnap-repair-", suffix=".tmp", dir=d)
+        kept = False
         try:
             with os.fdopen(fd, "wb") as f:
                 _rewrite(r, segs, f, note)
@@ -104,9 +144,16 @@ def repair(path, out=None) -> Dict[str, Any]:
                     os.fsync(f.fileno())
             if in_place:
                 _keep_original(src, orig)
-            os.replace(tmp, dst)
+                kept = True
+                os.replace(tmp, dst)
+            else:
+                from .outputs import OutputError, put_output
+                try:
+                    put_output(tmp, dst)      # made exclusively unless -f allowed replacing it
+                except OutputError as e:
+                    raise SnapshotError(str(e)) from None
         except BaseException:
-            if in_place and os.path.exists(tmp):     # the original was not replaced: drop its copy
+            if kept and os.path.exists(tmp):     # the original was not replaced: drop its copy
                 _unlink_quiet(orig)
             _unlink_quiet(tmp)
             raise
@@ -144,6 +191,8 @@ def _keep_original(src: str, orig: str) -> None:
     """src stays in place until the repaired file replaces it: a second name, else a copy."""
     try:
         os.link(src, orig)
+    except FileExistsError:             # another writer made it meanwhile: never overwrite it
+        raise SnapshotError(f"{orig} appeared while repairing (another repair?): the file was left as it was") from None
     except OSError:
         shutil.copy2(src, orig)
 

@@ -17,6 +17,10 @@ def load_toml(path: str, what: str = "TOML file") -> Dict[str, Any]:
             import tomli as tomllib  # type: ignore
         except ModuleNotFoundError:
             raise TomlFileError(f"reading a {what} needs Python 3.11+ (tomllib) or the tomli package: pip install tomli")
+    from .inputs import input_problem
+    why = input_problem(path)
+    if why:
+        raise TomlFileError(why)
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)
@@ -30,3 +34,5 @@ def load_toml(path: str, what: str = "TOML file") -> Dict[str, Any]:
         raise TomlFileError(f"{path}: not valid TOML: {e}")
     except UnicodeDecodeError:
         raise TomlFileError(f"{path}: not valid TOML: not UTF-8 text")
+    except RecursionError:
+        raise TomlFileError(f"{path}: not valid TOML: nested too deeply")

@@ -131,11 +131,11 @@ def is_query(name: str) -> bool:
 
 def is_launch(f: str) -> bool:
     """A kernel launch (cuLaunchKernel, cuLaunchKernelEx, cooperative...; not cuLaunchHostFunc)."""
-    return f.startswith("cuLaunch") and not f.startswith("cuLaunchHostFunc")
+    return type(f) is str and f.startswith("cuLaunch") and not f.startswith("cuLaunchHostFunc")   # a damaged record's name may be anything
 
 
 def is_graph_launch(f: Optional[str]) -> bool:
-    return base_name(f or "") == "cuGraphLaunch"
+    return type(f) is str and base_name(f) == "cuGraphLaunch"
 
 
 def is_workload(f: str) -> bool:

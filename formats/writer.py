@@ -25,6 +25,7 @@ file before its chunks. A writer that dies before close() leaves its segments be
 from __future__ import annotations
 
 import collections
+import errno
 import os
 import socket
 import threading
@@ -143,6 +144,24 @@ class BlobStream:
         return self._done
 
 
+def _claim(path: str, claim: Optional[str]) -> int:
+    """The writer's fd on path; with a claim, held under an exclusive lock for the writer's life."""
+    flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+    if claim is None:
+        return os.open(path, flags | os.O_TRUNC, 0o666)
+    fd = os.open(path, flags | (os.O_EXCL if claim == "new" else 0), 0o666)
+    try:
+        import fcntl
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise FileExistsError(errno.EEXIST, "another process is writing it", path) from None
+    except OSError:
+        pass                            # no locks on this filesystem: as before
+    os.ftruncate(fd, 0)
+    return fd
+
+
 class SnapshotWriter:
     """Writes a .cusnap: record frames, blob chunks stored once, the index and its trailer, so
     that a file cut short anywhere still reads up to its last complete frame. One class (about
@@ -150,7 +169,7 @@ class SnapshotWriter:
 
     def __init__(self, path, header: Optional[Dict[str, Any]] = None, *, level: int = 3,
                  frame_bytes: int = 2 << 20, threads: int = 0, blob_level: Optional[int] = None,
-                 segments: int = 0):
+                 segments: int = 0, claim: Optional[str] = None):
         """level: zstd level (0 = store uncompressed; negative = zstd fast levels).
         blob_level: zstd level for blob chunks (default: level). Large chunks whose sample
         does not compress are stored raw whatever the level.
@@ -158,7 +177,9 @@ class SnapshotWriter:
         threads: > 0 encodes and writes frames on that many worker threads; file order is
         kept (offsets are handed out in submission order).
         segments: with threads, how many segment files large chunks may spill into while
-        the snapshot file is busy (module docstring); 0 writes everything into the file."""
+        the snapshot file is busy (module docstring); 0 writes everything into the file.
+        claim: "new" creates the file exclusively, "replace" replaces a file no other writer holds
+        (a second writer gets FileExistsError, the file untouched); None opens as it is (a FIFO)."""
         self.path = os.fspath(path)
         self.level = int(level)
         self.blob_level = self.level if blob_level is None else int(blob_level)
@@ -203,7 +224,7 @@ class SnapshotWriter:
         hdr.setdefault("host", socket.gethostname())
         hdr.setdefault("tool_version", tool_version())
         self.header = hdr
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o666)
+        self._fd = _claim(self.path, claim)
         for stale in segment_paths(self.path):      # an earlier writer's: not this file's
             try:
                 os.unlink(stale)

@@ -25,6 +25,13 @@ def snapshot_problem(snapshot) -> Optional[str]:
         bad = check_integrity(r)
         if bad:
             return bad
+        try:                             # the index's count by name: a name no call has is damage
+            sm = r.summary()
+            odd = [k for k in ((sm or {}).get("calls") or {}) if not isinstance(k, str) or k == "?"]
+        except (SnapshotError, AttributeError, TypeError):
+            odd = []
+        if odd:
+            return damaged(SnapshotError(f"{os.fspath(snapshot)}: a call whose name is not a driver entry point"))
         try:
             for rec in r.records("c"):
                 f = rec.get("f")

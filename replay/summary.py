@@ -23,7 +23,7 @@ def json_document():
     JSON document is written to the original stdout."""
     from cudasnap.formats.console import pipe_safe_text
     sys.stdout.flush()
-    doc = pipe_safe_text(os.dup(1), encoding=getattr(sys.stdout, "encoding", None))
+    doc = pipe_safe_text(os.dup(1), encoding=getattr(sys.stdout, "encoding", None), report_as=1)
     os.dup2(2, 1)
     return doc
 
@@ -48,6 +48,7 @@ def render(res: ReplayResult, mismatch_text: List[str], path: str, out=None, as_
         d["snapshot"] = path
         d["mismatch_text"] = mismatch_text
         out.write(json.dumps(d, indent=2, default=str) + "\n")
+        out.flush()                     # now: a failed write is seen before the exit code is chosen
         return
     from cudasnap.formats.console import console, print_table
     con = console(file=out)

@@ -93,9 +93,33 @@ def make_inputs(work: Path, snapshot: Path, profile: Optional[Path] = None) -> D
     (work / "prog.sh").write_text("echo hi\n")                    # a text file, not executable
     (work / "noshebang").write_text("echo hi\n")
     os.chmod(work / "noshebang", 0o755)                           # executable, but not a program
+    from cudasnap.formats import SnapshotReader, SnapshotWriter
+    with SnapshotReader(snapshot) as r:                           # a snapshot of a newer record schema
+        w = SnapshotWriter(work / "future.cusnap", dict(r.raw_header, schema=99))
+        for rec in r.records():
+            if rec.get("k") != "b":
+                w.write(rec)
+        w.close()
+    # special files and links for the fault classes (issue 60): a FIFO, links to the inputs,
+    # a directory reached by a link
+    if not (work / "fifo").exists():
+        os.mkfifo(work / "fifo")
+    if not (work / "sock").exists():
+        import socket
+        sk = socket.socket(socket.AF_UNIX)
+        sk.bind(str(work / "sock"))
+        sk.close()
+    for name, target in (("lnk.cusnap", "snap.cusnap"), ("lnkprof.json", "prof.json"), ("linkdir", ".")):
+        if not os.path.lexists(work / name):
+            os.symlink(target, work / name)
+    for name, target in (("hard.cusnap", "snap.cusnap"), ("hardprof.json", "prof.json"),
+                         ("hardstore.sqlite", "store.sqlite")):
+        if not os.path.lexists(work / name):
+            os.link(work / target, work / name)
     old = 1_600_000_000
     for p in work.iterdir():
-        os.utime(p, (old, old))                                   # an mtime a touch would move
+        if not p.is_symlink():
+            os.utime(p, (old, old))                               # an mtime a touch would move
     return {}
 
 
@@ -330,7 +354,8 @@ TOML_BAD = [
 ]
 ENV_BAD = [('vars = {"A=B" = "1"}', "A=B"), ('vars = {"" = "1"}', "variable"), ('vars = {X = [1]}', "vars"),
            ('driver = "/nonexistent/libcuda.so.1"', "driver"), ('driver = 3', "driver"),
-           ('vars = {X = "a\\u0000b"}', "NUL")]
+           ('vars = {X = "a\\u0000b"}', "NUL"), ('driver = "/etc/passwd"', "ELF"),
+           ('driver = "/dev/zero"', "character device"), ('driver = "/etc"', "without libcuda")]
 
 
 def file_content_cases() -> Iterator[Case]:
@@ -377,8 +402,143 @@ def program_cases() -> Iterator[Case]:
     yield Case("program", ["capture", "-o", "c.cusnap", "--", ""], "", code=(2, 127))
 
 
+# ------------------------------------------------------------------ faults beyond pipes (issue 60)
+
+SPECIAL = [("fifo", "FIFO"), ("/dev/zero", "/dev/zero"), ("/dev/null", "/dev/null"), ("/dev/urandom", "/dev/urandom"),
+           ("/proc/self/status", "/proc/self/status"), ("/proc/self/maps", "/proc/self/maps"),
+           ("/sys/kernel/mm/transparent_hugepage/enabled", "/sys/"), ("/dev/full", "/dev/full"),
+           ("/proc/self/cmdline", "/proc/self/cmdline"), ("/proc/uptime", "/proc/uptime"),
+           ("/proc/self/environ", "/proc/self/environ"), ("sock", "socket")]
+
+
+def input_slots() -> Iterator[Tuple[str, List[str]]]:
+    """Every place a command reads a file, as (what, args with IN where the file goes)."""
+    for path in (("info",), ("dump",), ("stats",), ("replay",), ("repair",), ("export",), ("extract",), ("advise",)):
+        yield f"{' '.join(path)} SNAPSHOT", [*path, "IN", *REQUIRED[path][1:]]
+    yield "info --json", ["info", "IN", "--json"]
+    yield "dump --format jsonl", ["dump", "IN", "--format", "jsonl"]
+    yield "stats --out", ["stats", "IN", "--out", "s.sqlite"]
+    yield "replay --sim", ["replay", "IN", "--sim", "gpgpu-sim"]
+    yield "bisect SNAPSHOT", ["bisect", "IN", "--envs", "envs.toml"]
+    yield "bisect --envs", ["bisect", "snap.cusnap", "--envs", "IN"]
+    yield "compare BASE", ["compare", "IN", "prof.json"]
+    yield "compare CAND", ["compare", "prof.json", "IN"]
+    yield "advise PROFILE", ["advise", "IN", "--no-what-if"]
+    yield "advise --metrics", ["advise", "prof.json", "--metrics", "IN"]
+    yield "stats --kernel-metrics", ["stats", "snap.cusnap", "--out", "k.sqlite", "--kernel-metrics", "IN"]
+    yield "replay --replace", ["replay", "snap.cusnap", "--replace", "add_one=IN"]
+    yield "advise --replace", ["advise", "snap.cusnap", "--replace", "add_one=IN"]
+    yield "campaign run", ["campaign", "run", "IN", "-o", "new.sqlite"]
+    yield "campaign report", ["campaign", "report", "IN"]
+
+
+def special_cases() -> Iterator[Case]:
+    """Every input of every command given a FIFO, a device, a kernel file: refused by type
+    before reading (a FIFO would block, /dev/zero never ends)."""
+    for _, tpl in input_slots():
+        for f, names in SPECIAL:
+            args = [a.replace("IN", f) for a in tpl]
+            yield Case("special", args, names if names != "FIFO" else "FIFO")
+    for f, names in SPECIAL[:3]:        # a snapshot named in a campaign file
+        yield Case("special", ["campaign", "run", f"sp_camp_{names.strip('/').replace('/', '_')}.toml", "-o", "n.sqlite"],
+                   names, env={"_WRITE": f"sp_camp_{names.strip('/').replace('/', '_')}.toml",
+                               "_TEXT": f'[[snapshot]]\npath = "{f}"\n[[env]]\nname = "a"\n'})
+
+
+def identity_cases() -> Iterator[Case]:
+    """An output that is an input by another name (a symbolic or hard link), or a directory
+    output that holds an input (directly or through a link): refused, -f or not."""
+    for out in ("lnk.cusnap", "hard.cusnap"):
+        yield Case("identity", ["repair", "snap.cusnap", "-o", out, "-f"], out)
+        yield Case("identity", ["extract", "snap.cusnap", "-o", out, "--launch", "8", "-f"], out)
+        yield Case("identity", ["stats", "snap.cusnap", "--out", out, "-f"], out)
+        yield Case("identity", ["replay", "snap.cusnap", "--out", out, "-f"], out)
+        yield Case("identity", ["replay", "snap.cusnap", "--profile", "timeline", "--trace", out, "-f"], out)
+        yield Case("identity", ["repair", out, "-o", "snap.cusnap", "-f"], "snap.cusnap")
+    for out in ("lnkprof.json", "hardprof.json"):
+        yield Case("identity", ["compare", "prof.json", "prof.json", "--html", out, "-f"], out)
+        yield Case("identity", ["advise", "prof.json", "--out", out, "-f"], out)
+    yield Case("identity", ["campaign", "report", "store.sqlite", "--html", "hardstore.sqlite", "-f"], "hardstore.sqlite")
+    yield Case("identity", ["campaign", "run", "camp.toml", "-o", "camp.toml"], "camp.toml")
+    for d in (".", "linkdir", "./", "linkdir/"):
+        yield Case("identity", ["export", "snap.cusnap", "-o", d, "-f"], "snap.cusnap")
+        yield Case("identity", ["export", "lnk.cusnap", "-o", d, "-f"], "lnk.cusnap")
+        yield Case("identity", ["stats", "snap.cusnap", "--out", d if d.endswith("/") else d + "/", "-f"], "snap.cusnap")
+        yield Case("identity", ["bisect", "snap.cusnap", "--envs", "envs.toml", "--keep", d, "-f"], "holds the input")
+
+
+FILE_OUTPUTS = [(["repair", "snap.cusnap", "-o", "OUT.cusnap"], ".cusnap"),
+                (["extract", "snap.cusnap", "-o", "OUT.cusnap", "--launch", "8"], ".cusnap"),
+                (["stats", "snap.cusnap", "--out", "OUT.sqlite"], ".sqlite"),
+                (["replay", "snap.cusnap", "--out", "OUT.json"], ".json"),
+                (["replay", "snap.cusnap", "--profile", "timeline", "--trace", "OUT.json"], ".json"),
+                (["compare", "prof.json", "prof.json", "--html", "OUT.html"], ".html"),
+                (["advise", "prof.json", "--out", "OUT.json"], ".json"),
+                (["bisect", "snap.cusnap", "--envs", "envs.toml", "--html", "OUT.html"], ".html"),
+                (["campaign", "report", "store.sqlite", "--html", "OUT.html"], ".html"),
+                (["campaign", "run", "camp.toml", "-o", "OUT.sqlite"], ".sqlite")]
+
+
+def longname_cases() -> Iterator[Case]:
+    """Output names past what the temporary files beside them allow, refused before any work
+    (never "File name too long" after it); names at the limit pass that check."""
+    from cudasnap.formats.outputs import TMP_EXTRA
+    limit = 255 - TMP_EXTRA
+    for tpl, ext in FILE_OUTPUTS:
+        for n in (limit + 1, limit + 5, 236, 241, 250, 255, 256, 260, 400, 512, 1024, 4096):
+            if n <= limit:
+                continue
+            name = "n" * (n - len(ext)) + ext
+            yield Case("longname", [a.replace("OUT" + ext, name) for a in tpl], "too long")
+        deep = "/".join(["d" * 200] * 21) + "/x" + ext                # past PATH_MAX
+        yield Case("longname", [a.replace("OUT" + ext, deep) for a in tpl], "")
+    for n in (limit, limit - 1):                                     # at the limit: written
+        name = "m" * (n - len(".sqlite")) + ".sqlite"
+        yield Case("longname", ["stats", "snap.cusnap", "--out", name], "", code=(0,))
+
+
+WINDOW_ENV_BAD = [{"CUDASNAP_WINDOW": v} for v in ("bogus", "", "launches:1-2", "time", "kernel", "nvtx", "signal:x")] + [
+    {"CUDASNAP_WINDOW": "launches", "CUDASNAP_WIN_A": a, "CUDASNAP_WIN_B": b}
+    for a, b in (("5", "2"), ("x", "3"), ("-1", "3"), ("1", "y"), ("99999999999999999999999", "1"))] + [
+    {"CUDASNAP_WINDOW": m, "CUDASNAP_WIN_NAME": n, "CUDASNAP_WIN_K": k}
+    for m in ("kernel", "nvtx") for n, k in (("", "1"), ("x", "0"), ("x", "-1"), ("x", "y"))] + [
+    {"CUDASNAP_WINDOW": "kernel", "CUDASNAP_WIN_NAME": "(", "CUDASNAP_WIN_K": "1"},
+    {"CUDASNAP_WINDOW": "kernel", "CUDASNAP_WIN_NAME": "x", "CUDASNAP_WIN_K": "1", "CUDASNAP_WIN_CONTEXT": "z"}]
+
+
+def environment_cases() -> Iterator[Case]:
+    """CUDASNAP_WINDOW and its values that are not a window: refused naming the variable before
+    the program runs (they would change the capture without a word)."""
+    for env in WINDOW_ENV_BAD:
+        for prog in (["true"], ["sh", "-c", "exit 3"]):
+            yield Case("environment", ["capture", "-o", "c.cusnap", "--", *prog], "CUDASNAP_WINDOW", env=dict(env),
+                       code=(2,))
+
+
+def deep(n: int, kind: str = "list") -> str:
+    return ("[" * n + "]" * n) if kind == "list" else ('{"a":' * n + "1" + "}" * n)
+
+
+def small_cases() -> Iterator[Case]:
+    """The smaller items of issue 60: a record schema newer than known, JSON nested past any
+    reader, --profile timeline with --sim where no timeline is made."""
+    for path in (("info",), ("dump",), ("stats",), ("replay",), ("repair",), ("export",), ("extract",), ("advise",)):
+        yield Case("small", [*path, "future.cusnap", *REQUIRED[path][1:]], "schema 99")
+    for n in (1000, 100_000):
+        for kind in ("list", "dict"):
+            f = f"deep_{kind}_{n}.json"
+            yield Case("small", ["compare", f, "prof.json"], f, env={"_WRITE": f, "_TEXT": deep(n, kind)})
+            yield Case("small", ["compare", "prof.json", f], f, env={"_WRITE": f, "_TEXT": deep(n, kind)})
+            yield Case("small", ["advise", f], f, env={"_WRITE": f, "_TEXT": deep(n, kind)})
+    for mode in ("functional", "performance"):
+        yield Case("small", ["replay", "snap.cusnap", "--sim", "gpgpu-sim", "--sim-mode", mode, "--profile",
+                             "timeline"], "--profile timeline")
+
+
 CLASSES = {"number": numeric_cases, "inert": inert_cases, "selection": selection_cases, "path": path_cases,
-           "filetype": filetype_cases, "file": file_content_cases, "spec": spec_cases, "program": program_cases}
+           "filetype": filetype_cases, "file": file_content_cases, "spec": spec_cases, "program": program_cases,
+           "special": special_cases, "identity": identity_cases, "longname": longname_cases,
+           "environment": environment_cases, "small": small_cases}
 
 
 def all_cases() -> Dict[str, List[Case]]:

@@ -15,7 +15,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import option_sweep as sweep  # noqa: E402
 
 # every case of the classes at the heart of issue 46, every k-th of the larger ones
-STRIDE = {"number": 8, "inert": 1, "selection": 3, "path": 4, "filetype": 4, "file": 3, "spec": 4, "program": 1}
+STRIDE = {"number": 8, "inert": 1, "selection": 3, "path": 4, "filetype": 4, "file": 3, "spec": 4, "program": 1,
+          # issue 60's classes: sampled by tests/test_fault_matrix.py
+          "special": 16, "identity": 8, "longname": 8, "environment": 8, "small": 4}
 
 
 @pytest.fixture(scope="module")

@@ -604,6 +604,11 @@ def _run(sim: Sim, p: Plan, snapshot, options: Dict[str, Any], as_json: bool, ke
             how = f"signal {-cp.returncode}" if cp.returncode < 0 else f"exit {cp.returncode}"
             parse = ptx_parse_error(job["log"], os.path.join(work, "replay.ptx"))
             raise SimProblem(parse or f"the simulator stopped ({how}) before the replay ended: {log_tail(job['log'])}")
+        from cudasnap.formats.console import closed_at_start, note_write_failure
+        if report and result.get("report_failed"):     # the report went to our stdout from the worker
+            note_write_failure(1, result["report_failed"])
+        elif report and closed_at_start(1) and (as_json or not options.get("quiet")):
+            note_write_failure(1, "it was closed when cudasnap started")
         for name, n in sorted(result["unsupported"].items()):
             sys.stderr.write(f"cudasnap: note: {name} ({n}x): the simulator adapter does not implement it\n")
         return cp.returncode, result, kernel_cycles(job["log"])

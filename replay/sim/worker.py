@@ -13,8 +13,9 @@ def main(job_path: str) -> int:
     with open(job_path) as f:
         job = json.load(f)
     sys.stdout.flush()
-    from cudasnap.formats.console import pipe_safe_text
-    report = pipe_safe_text(os.dup(1))    # a reader gone (| head) must not turn the verdict into an error
+    from cudasnap.formats.console import pipe_safe_text, write_failure
+    # a reader gone (| head) must not turn the verdict into an error; a full disk is told to the parent
+    report = pipe_safe_text(os.dup(1), report_as=1)
     log = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(log, 1)
     os.close(log)
@@ -43,7 +44,7 @@ def main(job_path: str) -> int:
         report.flush()
         with open(job["result"], "w") as f:
             json.dump({"launches": drv.launches, "unsupported": drv.unsupported, "sampled": drv.sampled,
-                       "wall_s": time.perf_counter() - t0}, f)
+                       "wall_s": time.perf_counter() - t0, "report_failed": write_failure(1)}, f)
     return code
 
 
