@@ -133,6 +133,9 @@ _ENTRY = re.compile(r"\.entry\s+([\w$.]+)\s*\(")
 _STORE = re.compile(r"\b(?:st|red|atom)((?:\.[A-Za-z0-9_:]+)*?)\.(f16x2|bf16x2|f32|f64|f16|bf16|[bus](?:8|16|32|64))\b")
 _NOT_GLOBAL = re.compile(r"\.(?:shared|local|param|const)\b")
 _BF16 = re.compile(r"\.bf16(?:x2)?\b")
+# float arithmetic: untyped .b32/.b64 stores (Triton writes floats so) of a kernel computing in f32/f64
+_FARITH = {w: re.compile(r"\b(?:add|sub|mul|fma|mad|div|ex2|lg2|rcp|rsqrt|sqrt|max|min|neg|abs|tanh)(?:\.[a-z0-9]+)*\." + t + r"\b")
+           for w, t in (("32", "f32"), ("64", "f64"))}
 _F16 = re.compile(r"\.f16(?:x2)?\b")
 
 
@@ -156,6 +159,8 @@ def ptx_store_types(ptx: str) -> Dict[str, Tuple[Optional[str], str]]:
                 # halves live in .b16 registers: the arithmetic names the type
                 kinds.add("bf16" if _BF16.search(body) and not _F16.search(body) else
                           "f16" if not _BF16.search(body) else "mixed16")
+            elif t[0] == "b" and t[1:] in _FARITH and _FARITH[t[1:]].search(body):
+                kinds.add("f" + t[1:])     # bits stored from a float computation
             else:
                 kinds.add("int")
         shown = f"global stores of {', '.join(sorted(raw))}" if raw else ""
@@ -211,7 +216,7 @@ class TypeOracle:
             img = self._loads.pop(0)
             try:
                 from .retarget import ptx_of
-                got = ptx_of(img())
+                got = img() if getattr(img, "is_ptx", False) else ptx_of(img())
             except Exception:             # an image we cannot read: its kernels stay unknown
                 continue
             if got is not None:
@@ -227,6 +232,16 @@ class TypeOracle:
             ref = (rec.get("x") or {}).get("image")
             if isinstance(ref, dict) and isinstance(ref.get("blob"), str) and self.reader.has_blob(ref["blob"]):
                 out.append(lambda b=ref["blob"]: bytes(self.reader.blob(b)))
+        # PTX a JIT compiler kept beside a SASS-only image (Triton's cache), recorded at capture
+        from cudasnap.formats.jitptx import kept_ptx
+        try:
+            kept = kept_ptx(self.reader)
+        except Exception:
+            kept = {}
+        for k in kept.values():
+            load = (lambda t=k["ptx"]: (0, bytes(t)))
+            load.is_ptx = True
+            out.append(load)
         return out
 
 

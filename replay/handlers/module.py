@@ -76,12 +76,13 @@ def _load_module(ctx, rec, img, out_key):
         pass
 
 
-@handles("cuModuleLoadData", "cuModuleLoadDataEx", "cuModuleLoadFatBinary", "cuModuleLoad", errors=True)
+@handles("cuModuleLoadData", "cuModuleLoadDataEx", "cuModuleLoadFatBinary", "cuModuleLoad", errors=True,
+         via="cuModuleLoadData")
 def module_load(ctx, rec):
     _load_module(ctx, rec, None if rec.get("s") in ctx.hoisted else _image(ctx, rec), "module")
 
 
-@handles("cuLibraryLoadData", "cuLibraryLoadFromFile", errors=True)
+@handles("cuLibraryLoadData", "cuLibraryLoadFromFile", errors=True, via="cuLibraryLoadData")
 def library_load(ctx, rec):
     rec_lib = rec["a"].get("library") or 0
     if _loaded_ahead(ctx, rec, rec_lib, "library", ctx.libraries):

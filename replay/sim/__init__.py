@@ -386,6 +386,13 @@ def pointer_problems(reader, moved=moves) -> List[str]:
 
 
 # --------------------------------------------------------------------------- calls it cannot take
+def _via(dispatch, driver, f: str):
+    """The simulator's method for a function whose handler replays it through another entry
+    point (cuModuleLoad of a file: the recorded image goes to cuModuleLoadData)."""
+    h = dispatch.lookup(f)
+    return getattr(driver, h.via, None) if h is not None and h.via else None
+
+
 def call_gaps(reader) -> List[str]:
     """The recorded calls the replay would hand the simulator's driver (driver.py) that it does
     not implement, one line per function: its name, how many calls, the first. Found before
@@ -403,7 +410,7 @@ def call_gaps(reader) -> List[str]:
         ok = verdict.get(f)
         if ok is None:
             b = base_name(f)
-            m = getattr(SimDriver, f, None) or getattr(SimDriver, b, None)
+            m = getattr(SimDriver, f, None) or getattr(SimDriver, b, None) or _via(dispatch, SimDriver, f)
             ok = verdict[f] = (dispatch.replayed_by(f) not in ("class", "handler") or in_class(b, "sim_noop")
                                or m is not None and not (getattr(m, "only_recorded", False) and not exact_placement()))
         if not ok:
