@@ -31,8 +31,11 @@ CONSTRUCTS: List[Tuple[re.Pattern, str, bool]] = [
 
 # What LLVM's PTX (Triton's) writes and this simulator's parser rejects, where dropping it
 # changes nothing a functional or timing model computes: launch-bound hints, pointer parameter
-# annotations, L1 eviction hints; a one-register vector operand ({ %r1 }) is that register.
-_HINTS = [(re.compile(r"^\s*\.(?:reqntid|maxntid|minnctapersm|maxnreg)\b[^\n{]*", re.M), ""),
+# annotations, L1 eviction hints, L2 cache policies (createpolicy and the cache-hint operand
+# that carries one); a one-register vector operand ({ %r1 }) is that register.
+_HINTS = [(re.compile(r"^\s*createpolicy\.[^;\n]*;[ \t]*$", re.M), ""),
+          (re.compile(r"\.L2::cache_hint([^;\n]*),\s*%\w+\s*;"), r"\1;"),
+          (re.compile(r"^\s*\.(?:reqntid|maxntid|minnctapersm|maxnreg)\b[^\n{]*", re.M), ""),
           (re.compile(r"(\.param\s+\.\w+)\s+\.ptr(?:\s+\.(?:global|shared|const|local))?(?:\s+\.align\s+\d+)?"), r"\1"),
           (re.compile(r"\.L1::(?:evict_last|evict_first|evict_normal|evict_unchanged|no_allocate)"), ""),
           (re.compile(r"\{\s*(%\w+)\s*\}"), r"\1")]
