@@ -5,9 +5,12 @@ GPU model, a sliver of the custom resource `gpu_model:MODEL` that every node reg
 its GPUs (`ray start --resources '{"gpu_model:H100": 8}'`; a local runtime registers it
 itself; Ray's own `accelerator_type:MODEL` is used when a cluster has no gpu_model). Ray
 places the tasks; this module decides what to run next (rules.py) and writes each finished
-cell to the store at once. A candidate cell whose baseline is an env of the run is one task
-that replays both on one GPU, A B A B (worker.pair_task); its confirmation is such a task on
-another GPU, or another node where the cluster has one. Snapshots reach a node by path (the same node, or shared storage
+cell to the store at once. A snapshot's baseline cell and the candidate cells judged against
+it are one task on one GPU, in rounds B E1 .. En (worker.group_task): each baseline replay
+serves every env of its round. A verdict is judged again on more rounds (purpose
+"investigate"), then confirmed by a task of baseline and candidate on another GPU, or another
+node where the cluster has one (worker.pair_task); a lost task's cells are tried again each
+on its own. Snapshots reach a node by path (the same node, or shared storage
 holding the same bytes, checked by digest) or once through Ray's object store into a
 node-local cache keyed by digest."""
 from __future__ import annotations
