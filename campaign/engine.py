@@ -320,6 +320,16 @@ class Engine:
                 g.base = self.states[c.key]
             else:
                 out.append(self.states[c.key])
+        # fewer tasks than GPUs: the largest groups split (each half with its own baseline
+        # replays), so that no GPU waits while one runs every env of a snapshot
+        while len(out) < self.gpus:
+            big = max((x for x in out if isinstance(x, Group) and len(x.members) > 1),
+                      key=lambda x: len(x.members), default=None)
+            if big is None:
+                break
+            half = len(big.members) // 2
+            out.append(Group(big.base_cell, None, big.members[half:], big.model))
+            big.members = big.members[:half]
         first = {id(x): min(cells.index(m.cell) for m in ([x.base] if x.base else []) + x.members)
                  if isinstance(x, Group) else cells.index(x.cell) for x in out}
         return sorted(out, key=lambda x: first[id(x)])

@@ -704,6 +704,10 @@ def test_a_shared_baseline_serves_every_env_and_a_false_control_verdict_is_inves
     for c in cells:
         eng.states[c.key] = E.CellState(c)
     eng.paired = lambda c: c.baseline_key is not None
+    eng.gpus = 2                                 # more GPUs than snapshots: the envs split over them
+    assert [([x.base.cell.key] if x.base else []) + [m.cell.key for m in x.members] for x in eng.groups(cells)] == \
+        [["b", "e"], ["n"]]
+    eng.gpus = 1
     [g] = eng.groups(cells)
     assert g.base is eng.states["b"] and [m.cell.key for m in g.members] == ["e", "n"]
     rng = random.Random(5)
