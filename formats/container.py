@@ -381,3 +381,18 @@ def record_list(payload: bytes, count: int, path: Any, offset: int) -> List[dict
     if not _DICT.issuperset(map(type, recs)):
         raise snap_error(path, offset, "records frame: record is not a map")
     return recs
+
+
+def check_schema(schema: Any, path: str) -> None:
+    """Refuse a header whose record schema is newer than this reader knows, by name."""
+    if isinstance(schema, int) and not isinstance(schema, bool) and schema > SCHEMA_VERSION:
+        raise SnapshotError(f"{path}: record schema {schema} is newer than this cudasnap reads "
+                            f"(<= {SCHEMA_VERSION}): upgrade cudasnap to read it")
+
+
+def chunk_count_ok(size: int, chunks: List[Any]) -> bool:
+    """A blob of `size` bytes has exactly ceil(size / 4 MiB) chunks (bounds read work by size),
+    each named by a hex id."""
+    return (len(chunks) == (size + CHUNK_SIZE - 1) // CHUNK_SIZE
+            and all(isinstance(c, str) and len(c) == CHUNK_ID_LEN * 2 and all(ch in "0123456789abcdef" for ch in c)
+                    for c in chunks))

@@ -303,3 +303,22 @@ def write_atomic(path: PathLike, data: Union[bytes, str], encoding: str = "utf-8
     else:
         with atomic_file(path, "wb") as f:
             f.write(data)
+
+
+def claim_fd(path: str, claim: Optional[str]) -> int:
+    """The writer's fd on path; with a claim, held under an exclusive lock for the writer's life."""
+    flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+    if claim is None:
+        return os.open(path, flags | os.O_TRUNC, 0o666)
+    fd = os.open(path, flags | (os.O_EXCL if claim == "new" else 0), 0o666)
+    try:
+        import fcntl
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        import errno
+        raise FileExistsError(errno.EEXIST, "another process is writing it", path) from None
+    except OSError:
+        pass                            # no locks on this filesystem: as before
+    os.ftruncate(fd, 0)
+    return fd

@@ -12,10 +12,11 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 from .container import (
     CHUNK_ID_LEN, CHUNK_SIZE, CODEC_ZSTD, FRAME_MAGIC, FRAME_SIZE, KIND_CHUNK, KIND_HEADER, KIND_INDEX,
     KIND_NAMES, KIND_RECORDS, MAX_FRAME, PREAMBLE_SIZE, TRAILER, TRAILER_MAGIC, TRAILER_SIZE,
-    SCHEMA_VERSION, SnapshotError, decompressor, check_preamble, chunk_digest, decode_payload,
-    iter_record_payload, parse_frame_header, record_list, snap_error, unpack_one, xxh64,
+    SnapshotError, check_schema, decompressor, check_preamble, chunk_digest, decode_payload,
+    chunk_count_ok, iter_record_payload, parse_frame_header, record_list, snap_error, unpack_one, xxh64,
 )
 from . import native
+from .inputs import input_problem
 from .blobrefs import frame_blob_refs
 from .chunkio import chunk_into
 from .segments import segment_paths
@@ -82,7 +83,6 @@ class SnapshotReader:
         self._segment_chunks = set(segment_chunks) if segment_chunks is not None else None
         self.path = os.fspath(path)
         self.name = self.path
-        from .inputs import input_problem
         why = input_problem(self.path)      # before open(): a FIFO would block it
         if why:
             raise SnapshotError(why)
@@ -125,10 +125,7 @@ class SnapshotReader:
         if not isinstance(hdr, dict):
             raise snap_error(self.path, PREAMBLE_SIZE, "header frame is not a map")
         self._raw_header = hdr
-        schema = hdr.get("schema")
-        if isinstance(schema, int) and not isinstance(schema, bool) and schema > SCHEMA_VERSION:
-            raise SnapshotError(f"{self.path}: record schema {schema} is newer than this cudasnap reads "
-                                f"(<= {SCHEMA_VERSION}): upgrade cudasnap to read it")
+        check_schema(hdr.get("schema"), self.path)
         if self._force_scan or not self._load_index():
             if self._segment_chunks is None:
                 segs = segment_paths(self.path)
@@ -196,7 +193,7 @@ class SnapshotReader:
             if not (_is_hex_id(bid) and isinstance(ent, list) and len(ent) >= 2):
                 raise snap_error(self.path, index_off, "bad index blob entry")
             bsize, bchunks = ent[0], ent[1]
-            if not (_is_uint(bsize) and isinstance(bchunks, list) and _chunk_count_ok(bsize, bchunks)
+            if not (_is_uint(bsize) and isinstance(bchunks, list) and chunk_count_ok(bsize, bchunks)
                     and all(c in chunks for c in bchunks)):
                 raise snap_error(self.path, index_off, "bad index blob entry")
             blobs[bid] = (bsize, list(bchunks))
@@ -259,7 +256,7 @@ class SnapshotReader:
             for rec in brecs:
                 bid, bsize, bchunks = rec.get("id"), rec.get("size"), rec.get("chunks")
                 if not (_is_hex_id(bid) and _is_uint(bsize) and isinstance(bchunks, list)
-                        and _chunk_count_ok(bsize, bchunks)
+                        and chunk_count_ok(bsize, bchunks)
                         and all(c in self._chunks or c in known for c in bchunks)):
                     bad.append(str(bid))
                     continue
@@ -597,9 +594,4 @@ class SnapshotReader:
                 f.close()
             except Exception:
                 pass
-
-
-def _chunk_count_ok(size: int, chunks: List[Any]) -> bool:
-    """A blob of `size` bytes has exactly ceil(size / 4 MiB) chunks (bounds read work by size)."""
-    return len(chunks) == (size + CHUNK_SIZE - 1) // CHUNK_SIZE and all(_is_hex_id(c) for c in chunks)
 

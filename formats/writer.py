@@ -25,7 +25,6 @@ file before its chunks. A writer that dies before close() leaves its segments be
 from __future__ import annotations
 
 import collections
-import errno
 import os
 import socket
 import threading
@@ -41,6 +40,7 @@ from .container import (
     pack_frame_header, pack_frame_header_sum, pack_preamble, xxh64,
 )
 from .console import tool_version
+from .outputs import claim_fd
 from .segments import Segment, copy_range, segment_paths
 from .summary import Summary
 
@@ -144,24 +144,6 @@ class BlobStream:
         return self._done
 
 
-def _claim(path: str, claim: Optional[str]) -> int:
-    """The writer's fd on path; with a claim, held under an exclusive lock for the writer's life."""
-    flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
-    if claim is None:
-        return os.open(path, flags | os.O_TRUNC, 0o666)
-    fd = os.open(path, flags | (os.O_EXCL if claim == "new" else 0), 0o666)
-    try:
-        import fcntl
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise FileExistsError(errno.EEXIST, "another process is writing it", path) from None
-    except OSError:
-        pass                            # no locks on this filesystem: as before
-    os.ftruncate(fd, 0)
-    return fd
-
-
 class SnapshotWriter:
     """Writes a .cusnap: record frames, blob chunks stored once, the index and its trailer, so
     that a file cut short anywhere still reads up to its last complete frame. One class (about
@@ -224,7 +206,7 @@ class SnapshotWriter:
         hdr.setdefault("host", socket.gethostname())
         hdr.setdefault("tool_version", tool_version())
         self.header = hdr
-        self._fd = _claim(self.path, claim)
+        self._fd = claim_fd(self.path, claim)
         for stale in segment_paths(self.path):      # an earlier writer's: not this file's
             try:
                 os.unlink(stale)

@@ -20,7 +20,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 from test_compare import three_kernels  # noqa: E402
 
-STEADY = 'CUDA_DOUBLE_SLOW = "*:1", CUDA_DOUBLE_SLOW_FLOOR_US = "2000", CUDA_DOUBLE_CLOCK = "virtual"'
+STEADY = 'CUDA_DOUBLE_SLOW = "*:1", CUDA_DOUBLE_SLOW_FLOOR_US = "2000", CUDA_DOUBLE_CLOCK = "virtual", CUDA_DOUBLE_WALL_US = "2000"'
 
 
 @pytest.fixture

@@ -586,6 +586,7 @@ static pthread_once_t slow_once = PTHREAD_ONCE_INIT;
 static double device_factor = 1.0;
 
 static int virtual_clock;
+static double wall_ns;          /* CUDA_DOUBLE_WALL_US: host time a launch also takes under the virtual clock */
 static double jitter = 0.02;
 static unsigned long long jitter_seed, launch_no, virtual_ns;
 
@@ -637,6 +638,8 @@ static void slow_parse(void) {
     virtual_clock = clk && strcmp(clk, "virtual") == 0;
     if (jit && *jit) jitter = strtod(jit, NULL) / 100.0;
     if (seed && *seed) jitter_seed = strtoull(seed, NULL, 0);
+    const char *wall = getenv("CUDA_DOUBLE_WALL_US");
+    if (wall && *wall) wall_ns = strtod(wall, NULL) * 1e3;
 }
 
 static double now_ns(void) {
@@ -741,6 +744,10 @@ static CUresult launch_run_kernel(void *func, const unsigned int grid[3], const 
         double ns = factor ? factor * device_factor * slow_floor_ns : 1e3;
         unsigned long long n = __atomic_fetch_add(&launch_no, 1, __ATOMIC_RELAXED);
         __atomic_add_fetch(&virtual_ns, (unsigned long long)(ns * (1.0 + jitter_of(n))), __ATOMIC_RELAXED);
+        if (wall_ns > 0) {      /* work that takes host time (a node busy when it is lost), unmeasured */
+            struct timespec ts = {(time_t)(wall_ns / 1e9), (long)(wall_ns - (double)(time_t)(wall_ns / 1e9) * 1e9)};
+            nanosleep(&ts, NULL);
+        }
         return k->fn(pb, nthreads);
     }
     if (!factor) return k->fn(pb, nthreads);
