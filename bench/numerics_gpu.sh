@@ -17,7 +17,8 @@
 # Writes $OUT/numerics.log, numerics_summary.json, numerics_sim.tar.xz, campaign report and store.
 # Run from the project root (carry .whl, with Ray unpacked into /tmp/site as for campaign_gpu.sh):
 #   bash bench/numerics_gpu.sh
-# Env: ARCH (default sm_90), REPEAT (isolated repeats, default 5), THRESHOLD (percent, default 10).
+# Env: ARCH (default sm_90), REPEAT (isolated repeats, default 5), THRESHOLD (percent, default 10),
+# NO_CAMPAIGN=1 (steps 1-3 only, about 2 minutes).
 set -uo pipefail
 ROOT=$(pwd); OUT=${OUT:-/tmp/cudasnap-out}; mkdir -p "$OUT"
 W=/tmp/cudasnap-numerics; rm -rf "$W"; mkdir -p "$W/snaps" "$W/sim" "$W/logs"
@@ -68,6 +69,7 @@ done
 nvidia-smi --query-gpu=name --format=csv,noheader > sim/card.txt
 tar -cJf "$OUT/numerics_sim.tar.xz" -C sim . && ls -la sim
 
+[ -n "${NO_CAMPAIGN:-}" ] && { echo "step 4 (the campaign) not run: NO_CAMPAIGN is set"; exit 0; }
 step "4. campaign: 8 programs x plain, control, eager loading, the -G stencil"
 python3 -c 'import ray' 2>/dev/null || { echo "FAIL: Ray is not importable (unpack it into /tmp/site)"; exit 2; }
 pids=()
