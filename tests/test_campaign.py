@@ -351,9 +351,12 @@ def _running(pid: int) -> bool:
 def test_worker_killed_mid_cell_is_retried(cluster, tmp_path):
     """A worker killed while its replay runs (here a fresh process per replay, [rules] workers =
     "fresh": the replay handed over as a typed document all the same): the cell is retried."""
+    # the replays take host time (4 ms a launch) while their measured times stay planted: the
+    # kill, 0.3 s into the worker, lands while its replay runs
+    envs = ENVS.split("[[env]]\nname = \"slowfill\"")[0].replace(
+        'CUDA_DOUBLE_CLOCK = "virtual"', 'CUDA_DOUBLE_CLOCK = "virtual", CUDA_DOUBLE_WALL_US = "4000"')
     camp = _campaign(tmp_path / "camp.toml", f"{cluster['snaps']}/s0.cusnap", baseline="plain",
-                     rules='pairs = 1\nworkers = "fresh"\n',
-                     envs=ENVS.split("[[env]]\nname = \"slowfill\"")[0])
+                     rules='pairs = 1\nworkers = "fresh"\n', envs=envs)
     store = tmp_path / "st.sqlite"
     cluster["kill"].write_text("")
     cp = _cli(cluster, "campaign", "run", camp, "-o", store, "--address", cluster["address"], "--ship")
