@@ -286,7 +286,7 @@ control = true
 vars = {{ {STEADY}, CUDASNAP_CAMPAIGN_NOTHING = "1" }}
 [[env]]
 name = "rebuilt"
-vars = {{ CUDA_DOUBLE_SLOW = "*:1,add_one:4", CUDA_DOUBLE_SLOW_FLOOR_US = "4000", CUDASNAP_REPLACE = "add_one={rebuilt}", CUDA_DOUBLE_PERTURB = "add_one:ulp:2" }}
+vars = {{ CUDA_DOUBLE_SLOW = "*:1,add_one:4", CUDA_DOUBLE_SLOW_FLOOR_US = "4000", CUDA_DOUBLE_CLOCK = "virtual", CUDASNAP_REPLACE = "add_one={rebuilt}", CUDA_DOUBLE_PERTURB = "add_one:ulp:2" }}
 """
     camp = _campaign(tmp_path / "camp.toml", snap, envs=envs, rules='confirm = false\n')
     store = tmp_path / "st.sqlite"

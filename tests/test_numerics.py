@@ -267,8 +267,9 @@ def test_bisect_times_a_close_environment_and_names_its_numerics(double, tmp_pat
     snap = three_kernels(tmp_path / "t.cusnap", image=THREE_PTX)
     rebuilt = tmp_path / "add_one.ptx"
     rebuilt.write_bytes(THREE_PTX)
-    steady = 'CUDA_DOUBLE_SLOW = "*:1", CUDA_DOUBLE_SLOW_FLOOR_US = "2000"'
-    swap = (f'CUDA_DOUBLE_SLOW = "*:1,add_one:3", CUDA_DOUBLE_SLOW_FLOOR_US = "2000", '
+    # planted times (the double's virtual clock): the verdict cannot move with the machine's load
+    steady = 'CUDA_DOUBLE_SLOW = "*:1", CUDA_DOUBLE_SLOW_FLOOR_US = "2000", CUDA_DOUBLE_CLOCK = "virtual"'
+    swap = (f'CUDA_DOUBLE_SLOW = "*:1,add_one:3", CUDA_DOUBLE_SLOW_FLOOR_US = "2000", CUDA_DOUBLE_CLOCK = "virtual", '
             f'CUDASNAP_REPLACE = "add_one={rebuilt}", CUDA_DOUBLE_PERTURB = "add_one:ulp:2"')
     envs = tmp_path / "envs.toml"
     envs.write_text("".join(f'[[env]]\nname = "{n}"\nvars = {{ {v} }}\n'
