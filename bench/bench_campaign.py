@@ -98,8 +98,10 @@ def main() -> int:
     eng.shutdown()
     db = store.db
     cells = counts["ran"]
-    proc = [r[0] for r in db.execute("SELECT proc_s FROM attempts WHERE proc_s IS NOT NULL")]
-    attempts = db.execute("SELECT COUNT(*) FROM attempts").fetchone()[0]
+    # a shared baseline replay is written under every cell it served: each replay once
+    proc = [r[-1] for r in db.execute("SELECT DISTINCT started, ended, node_id, visible_devices, proc_s "
+                                     "FROM attempts WHERE proc_s IS NOT NULL")]
+    attempts = len(proc)
     bad = db.execute("SELECT COUNT(*) FROM cells WHERE status<>'ok'").fetchone()[0]
     db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     store.close()

@@ -5,9 +5,12 @@ GPU model, a sliver of the custom resource `gpu_model:MODEL` that every node reg
 its GPUs (`ray start --resources '{"gpu_model:H100": 8}'`; a local runtime registers it
 itself; Ray's own `accelerator_type:MODEL` is used when a cluster has no gpu_model). Ray
 places the tasks; this module decides what to run next (rules.py) and writes each finished
-cell to the store at once. A candidate cell whose baseline is an env of the run is one task
-that replays both on one GPU, A B A B (worker.pair_task); its confirmation is such a task on
-another GPU, or another node where the cluster has one. Snapshots reach a node by path (the same node, or shared storage
+cell to the store at once. A snapshot's baseline cell and the candidate cells judged against
+it are one task on one GPU, in rounds B E1 .. En (worker.group_task): each baseline replay
+serves every env of its round. A verdict is judged again on more rounds (purpose
+"investigate"), then confirmed by a task of baseline and candidate on another GPU, or another
+node where the cluster has one (worker.pair_task); a lost task's cells are tried again each
+on its own. Snapshots reach a node by path (the same node, or shared storage
 holding the same bytes, checked by digest) or once through Ray's object store into a
 node-local cache keyed by digest."""
 from __future__ import annotations
@@ -147,6 +150,19 @@ class CellState:
     pairs: List[Dict[str, Any]] = field(default_factory=list)     # paired tasks: base, cand, gpu, host, node
     confirm_pair: Optional[Dict[str, Any]] = None
     bounces: int = 0                  # a confirmation landed on a GPU it must avoid
+    replays: float = 0.0              # its replays, a shared baseline replay counted in shares
+    investigated: int = 0             # more rounds run for a control's verdict
+
+
+@dataclass
+class Group:
+    """A snapshot's baseline and its candidate cells, replayed together on one GPU in rounds
+    B E1 ... En (worker.group_task); base: the baseline cell, finished from the same replays,
+    or None (finished earlier, or its GPU model differs)."""
+    base_cell: Cell
+    base: Optional[CellState]
+    members: List[CellState]
+    model: Optional[str]
 
 
 class Engine:
@@ -166,9 +182,10 @@ class Engine:
         self._resources()
         ray = self.ray
 
-        from .worker import cell_task, pair_task
+        from .worker import cell_task, group_task, pair_task
         self._task = ray.remote(max_retries=0)(cell_task)
         self._pair = ray.remote(max_retries=0)(pair_task)
+        self._group = ray.remote(max_retries=0)(group_task)
         self.noise = NoiseModel()
         self.deferred: List[Any] = []     # (when, state, purpose): confirmations sent again
         self.driver_node = ray.get_runtime_context().get_node_id()
@@ -252,9 +269,11 @@ class Engine:
         avoid = None
         if purpose == "confirm" and st.bounces < MAX_BOUNCES:
             # another GPU; another node where the cluster has one with a GPU
-            used = {p["node"] for p in st.pairs}
+            # the GPUs of the measurement; an investigation's are more rounds of it, anywhere
+            meas = [p for p in st.pairs if not p.get("inv")] or st.pairs
+            used = {p["node"] for p in meas}
             others = [n for n in gpu_nodes if n not in used and n not in st.bad_nodes]
-            avoid = [p["gpu"] for p in st.pairs] + (sorted(used) if others else [])
+            avoid = [p["gpu"] for p in meas] + (sorted(used) if others else [])
             if others:
                 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
                 opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(others[st.bounces % len(others)], soft=True)
@@ -270,10 +289,65 @@ class Engine:
         refs = [self._blob(cell.snapshot)] if (with_bytes or self.ship) else []
         if st.first_submit is None:
             st.first_submit = time.monotonic()
-        ref = self._pair.options(**opts).remote(self._spec(base), self._spec(cell), self.c.rules.pairs, refs,
+        rounds = self.c.rules.investigate if purpose == "investigate" else self.c.rules.pairs
+        ref = self._pair.options(**opts).remote(self._spec(base), self._spec(cell), rounds, refs,
                                                 self.driver_node, time.time(), avoid)
         self.inflight[ref] = (st, purpose, time.monotonic())
         self.on_event("submit", {"cell": cell, "purpose": purpose})
+        return ref
+
+    def groups(self, cells: List[Cell]) -> List[Any]:
+        """What the run submits first, in the cells' order: a Group for each snapshot's baseline
+        and its paired cells (one per GPU model they need), a CellState for any other cell."""
+        out: List[Any] = []
+        for c in cells:
+            if not self.paired(c):
+                continue
+            base = self.by_key[c.baseline_key]
+            g = next((g for g in out if g.base_cell.key == c.baseline_key
+                      and (g.model is None or c.env.gpu in (None, g.model))), None)
+            if g is None:
+                g = Group(base, None, [], base.env.gpu or c.env.gpu)
+                out.append(g)
+            g.model = g.model or c.env.gpu
+            g.members.append(self.states[c.key])
+        for c in cells:
+            if self.paired(c):
+                continue
+            g = next((g for g in out if g.base_cell.key == c.key and g.base is None
+                      and (c.env.gpu is None or g.model in (None, c.env.gpu))), None)
+            if g is not None:
+                g.base = self.states[c.key]
+            else:
+                out.append(self.states[c.key])
+        # fewer tasks than GPUs: the largest groups split (each half with its own baseline
+        # replays), so that no GPU waits while one runs every env of a snapshot
+        while len(out) < self.gpus:
+            big = max((x for x in out if isinstance(x, Group) and len(x.members) > 1),
+                      key=lambda x: len(x.members), default=None)
+            if big is None:
+                break
+            half = len(big.members) // 2
+            out.append(Group(big.base_cell, None, big.members[half:], big.model))
+            big.members = big.members[:half]
+        first = {id(x): min(cells.index(m.cell) for m in ([x.base] if x.base else []) + x.members)
+                 if isinstance(x, Group) else cells.index(x.cell) for x in out}
+        return sorted(out, key=lambda x: first[id(x)])
+
+    def _submit_group(self, g: Group, purpose: str, with_bytes: bool = False):
+        opts: Dict[str, Any] = {"num_gpus": 1, "num_cpus": 0}
+        if g.model:
+            opts["resources"] = {self.model_key[g.model]: 0.001}
+        refs = [self._blob(g.base_cell.snapshot)] if (with_bytes or self.ship) else []
+        sts = ([g.base] if g.base else []) + g.members
+        for st in sts:
+            if st.first_submit is None:
+                st.first_submit = time.monotonic()
+        ref = self._group.options(**opts).remote(self._spec(g.base_cell), [self._spec(m.cell) for m in g.members],
+                                                 self.c.rules.pairs, refs, self.driver_node, time.time(), None)
+        self.inflight[ref] = (g, purpose, time.monotonic())
+        for st in sts:
+            self.on_event("submit", {"cell": st.cell, "purpose": purpose})
         return ref
 
     def _node_gpus(self, node_id: Optional[str]) -> int:
@@ -323,8 +397,12 @@ class Engine:
             if cell.set_aside:          # nothing to time: written N/A, never replayed
                 self._finish(st, "n/a", R.NOT_TIMED, error=f"set aside: {cell.set_aside}")
         # controls first: their ratios are part of the noise the other cells are judged against
-        for cell in sorted((c for c in order if c.key in self.states and not c.set_aside), key=lambda c: not c.control):
-            self._submit(self.states[cell.key], "measure")
+        todo = sorted((c for c in order if c.key in self.states and not c.set_aside), key=lambda c: not c.control)
+        for x in self.groups(todo):
+            if isinstance(x, Group):
+                self._submit_group(x, "measure")
+            else:
+                self._submit(x, "measure")
         self.on_event("start", dict(self.counts, slots=self.slots()))
         try:
             while self.inflight or self.deferred:
@@ -374,7 +452,9 @@ class Engine:
                 "fixed_s_per_replay": round(per_replay, 4) if per_replay is not None else None,
                 "fixed_s_per_cell": round(per_cell, 4) if per_cell is not None else None,
                 "replay_s": round(c["proc_s"], 3), "server_starts": c["server_starts"],
-                "server_start_s": round(c["server_start_s"], 3), "workers": self.c.rules.workers}
+                "server_start_s": round(c["server_start_s"], 3), "workers": self.c.rules.workers,
+                # a shared baseline replay counts in equal shares to the cells it served
+                "replays_per_verdict": {v: round(sum(x) / len(x), 2) for v, x in sorted(c["by_verdict"].items())}}
 
     def _longest_first(self, cells: List[Cell]) -> List[Cell]:
         """The cells by expected time, longest first, so that the last GPU to finish waits less
@@ -402,7 +482,10 @@ class Engine:
             return size(c) * rate if rate else float(size(c))
         return sorted(cells, key=lambda c: -cost(c))
 
-    def _handle(self, st: CellState, purpose: str, t_sub: float, res: Dict[str, Any]) -> None:
+    def _handle(self, st: Any, purpose: str, t_sub: float, res: Dict[str, Any]) -> None:
+        if isinstance(st, Group):
+            self._handle_group(st, purpose, t_sub, res)
+            return
         if res.get("wrong_gpu"):
             st.bounces += 1
             self.deferred.append((time.monotonic() + min(2.0, 0.05 * 1.5 ** st.bounces), st, purpose))
@@ -415,6 +498,8 @@ class Engine:
             return
         st.attempts += 1
         self._count_cost(res)
+        if res.get("proc_s") is not None:
+            st.replays += 1
         if res.get("host"):
             self.hosts.add(res["host"])
         prof = res.get("profile")
@@ -470,7 +555,70 @@ class Engine:
         st.last = res
         self._finish(st, "infra", R.INFRA, error=f"{out} after {st.failures} tries: {err or ''}".strip())
 
-    def _handle_pair(self, st: CellState, purpose: str, t_sub: float, res: Dict[str, Any]) -> None:
+    def _handle_group(self, g: Group, purpose: str, t_sub: float, res: Dict[str, Any]) -> None:
+        """A shared-baseline task's replays: the baseline cell finished from its baseline side,
+        each candidate judged on its own rounds beside the baseline replays of those rounds."""
+        sts = ([g.base] if g.base else []) + g.members
+        if res.get("need_bytes"):
+            self._submit_group(g, purpose, with_bytes=True)
+            return
+        if res.get("runs") is None:       # the task lost: each cell tried again on its own
+            for st in sts:
+                self._handle(st, purpose, t_sub, res)
+            return
+        runs = res["runs"]
+        for r in runs:
+            self._count_cost(r)
+        base = [r for r in runs if r["side"] == "baseline"]
+        base_ok = all(r["exit_code"] == 0 and r.get("profile") is not None for r in base)
+        share = len(sts)
+        if g.base is not None:
+            self._handle_base(g.base, purpose, t_sub, res, base, share)
+        subs = [[r for r in runs if r["side"] == "baseline" or r.get("cand") == i] for i in range(len(g.members))]
+        if base_ok:                       # the noise: each baseline replay counted once
+            ok = [(m, [r["profile"] for r in sub if r["side"] == "candidate"]) for m, sub in zip(g.members, subs)
+                  if all(r["exit_code"] == 0 and r.get("profile") is not None for r in sub)]
+            self.noise.add_group(_snap_key(g.base_cell), res.get("gpu"), [r["profile"] for r in base],
+                                 [(m.cell.env.name, m.cell.control, p) for m, p in ok])
+        for m, sub in zip(g.members, subs):
+            self._handle_pair(m, purpose, t_sub, dict(res, runs=sub), share=share)
+
+    def _handle_base(self, st: CellState, purpose: str, t_sub: float, res: Dict[str, Any],
+                     base: List[Dict[str, Any]], share: int) -> None:
+        """The baseline cell of a shared-baseline task: its replays are the task's baseline side."""
+        wall = time.monotonic() - t_sub
+        bad = None
+        for r in base:
+            prof = r.get("profile")
+            out = R.outcome_of(r.get("exit_code"), prof is not None)
+            err = r.get("stderr_tail") or None if out != "ok" else None
+            st.attempts += 1
+            st.replays += 1.0 / share
+            st.proc_s += (r.get("proc_s") or 0.0) / share
+            self.store.add_attempt(self.run_id, st.cell.key, {
+                "purpose": purpose, "outcome": out, "exit_code": r.get("exit_code"), "host": res.get("host"),
+                "node_id": res.get("node_id"), "gpu_uuid": (((prof or {}).get("run") or {}).get("gpu") or {}).get("uuid"),
+                "visible_devices": r.get("visible_devices"), "queue_s": res.get("queue_s"), "proc_s": r.get("proc_s"),
+                "wall_s": wall, "error": err, "started": now_iso(r["started"]) if r.get("started") else None,
+                "ended": now_iso(r["ended"]) if r.get("ended") else None, "side": "baseline", "round": r.get("round")})
+            if out != "ok" and bad is None:
+                bad = (r, out, err)
+            elif out == "ok":
+                st.profiles.append(prof)
+        last = dict(base[-1], host=res.get("host"), node_id=res.get("node_id")) if base else dict(res)
+        self.on_event("attempt", {"cell": st.cell, "purpose": purpose, "outcome": bad[1] if bad else "ok",
+                                  "error": bad[2] if bad else None})
+        if bad is not None and bad[1] in R.RETRYABLE:
+            st.profiles = []
+            self._retry_or_fail(st, purpose, bad[1], bad[2], last)
+            return
+        st.last = last
+        if bad is not None:
+            self._finish(st, "mismatch", R.MISMATCH, error=bad[2])
+            return
+        self._advance(st)
+
+    def _handle_pair(self, st: CellState, purpose: str, t_sub: float, res: Dict[str, Any], share: int = 0) -> None:
         """A paired task's replays, each an attempt row; then the cell judged on all its pairs."""
         if res.get("host"):
             self.hosts.add(res["host"])
@@ -482,8 +630,12 @@ class Engine:
             err = r.get("stderr_tail") or None if out != "ok" else None
             gpu = ((prof or {}).get("run") or {}).get("gpu") or {}
             st.attempts += 1
-            self._count_cost(r)
-            st.proc_s += r.get("proc_s") or 0.0
+            shared = share and r.get("side") == "baseline"
+            if not share:                 # a shared task's replays were counted once, as a whole
+                self._count_cost(r)
+            if r.get("proc_s") is not None:
+                st.replays += 1.0 / share if shared else 1.0
+            st.proc_s += (r.get("proc_s") or 0.0) / (share if shared else 1)
             self.store.add_attempt(self.run_id, st.cell.key, {
                 "purpose": purpose, "outcome": out, "exit_code": r.get("exit_code"), "host": res.get("host"),
                 "node_id": res.get("node_id"), "gpu_uuid": gpu.get("uuid"), "visible_devices": r.get("visible_devices"),
@@ -512,16 +664,17 @@ class Engine:
                 "cand": [r["profile"] for r in res["runs"] if r["side"] == "candidate"],
                 "gpu": res.get("gpu"), "host": res.get("host"), "node": res.get("node_id"),
                 "uuid": (((res["runs"][-1].get("profile") or {}).get("run") or {}).get("gpu") or {}).get("uuid")}
-        self.noise.add_task(_snap_key(st.cell), st.cell.env.name, st.cell.control, pair["gpu"], pair["base"],
-                            pair["cand"])
+        if not share:                     # a shared task adds its noise once (_handle_group)
+            self.noise.add_task(_snap_key(st.cell), st.cell.env.name, st.cell.control, pair["gpu"], pair["base"],
+                                pair["cand"])
         if purpose == "confirm":
             st.confirm_pair = pair
             st.confirm_ref = None
             if st.pending > 0:
                 return                    # sent ahead: judged when the reruns are in
         else:
-            st.pairs.append(pair)
-        if purpose == "rerun":
+            st.pairs.append(dict(pair, inv=purpose == "investigate"))
+        if purpose in ("rerun", "investigate"):
             st.pending -= 1
             if st.pending > 0:
                 return
@@ -556,6 +709,13 @@ class Engine:
                 st.confirm_ref = self._submit(st, "confirm")
             return
         first = R.SLOWER_ if res["regressed"] else (R.FASTER_ if R.faster(res) else R.SAME_)
+        if first != R.SAME_ and not st.investigated and rules.investigate:
+            # every verdict, a control's or not, is judged again on more rounds before it counts,
+            # so that the controls' rate is the rate of the verdicts reported
+            st.investigated = rules.investigate
+            st.pending = 1
+            self._submit(st, "investigate")
+            return
         if first == R.SAME_ or not rules.confirm:
             self._finish(st, "ok", first, profile=merged, res=res)
             return
@@ -576,8 +736,9 @@ class Engine:
         s1, f1, s2, f2 = set(R.slower(res)), set(R.faster(res)), set(R.slower(conf)), set(R.faster(conf))
         agreed_s, agreed_f = s1 & s2, f1 & f2
         v = R.SLOWER_ if agreed_s else (R.FASTER_ if agreed_f else R.UNCONFIRMED)
-        where = ("the same GPU (no other came free)" if cp["gpu"] in {p["gpu"] for p in st.pairs} else
-                 "another node" if cp["node"] not in {p["node"] for p in st.pairs} else "another GPU")
+        meas = [p for p in st.pairs if not p.get("inv")] or st.pairs
+        where = ("the same GPU (no other came free)" if cp["gpu"] in {p["gpu"] for p in meas} else
+                 "another node" if cp["node"] not in {p["node"] for p in meas} else "another GPU")
         note = f"confirmed on {where}" if v != R.UNCONFIRMED else f"not confirmed on {where}"
         self._finish(st, "ok", v, profile=merged, res=res, confirmed=int(v != R.UNCONFIRMED),
                      unconfirmed=tuple((s1 - s2) | (f1 - f2)), conf=conf, note=note)
@@ -709,6 +870,8 @@ class Engine:
                    if prof is not None else [])
         st.cell_id = self.store.add_cell(self.run_id, row, kernels, prof if status in ("ok", "no-baseline") else None)
         st.done, st.verdict, st.status = True, verdict, status
+        if status != "n/a":
+            self.__dict__.setdefault("cost", _new_cost())["by_verdict"].setdefault(verdict, []).append(st.replays)
         self.counts["set_aside" if status == "n/a" else "ran"] += 1
         if status in ("infra", "error"):
             self.counts["failed"] += 1
@@ -738,7 +901,8 @@ class Engine:
 
 
 def _new_cost() -> Dict[str, Any]:
-    return {"replays": 0, "proc_s": 0.0, "fixed_s": 0.0, "timed": 0, "server_starts": 0, "server_start_s": 0.0}
+    return {"replays": 0, "proc_s": 0.0, "fixed_s": 0.0, "timed": 0, "server_starts": 0, "server_start_s": 0.0,
+            "by_verdict": {}}
 
 
 def _snap_key(cell: Cell) -> str:

@@ -55,6 +55,22 @@ class NoiseModel:
                 for k in a.keys() & b.keys():
                     self._add(snap, k, CONTROL, env, gpu, a[k], b[k])
 
+    def add_group(self, snap: str, gpu: str, base: List[Dict[str, Any]],
+                  cands: List[Tuple[str, bool, List[Dict[str, Any]]]]) -> None:
+        """A shared-baseline task: its baseline replays counted once, each candidate's
+        (env, control, replays) beside the baseline replays of its own rounds."""
+        mb = [replay_medians(p) for p in base]
+        self.add_task(snap, "", False, gpu, base, [])
+        for env, control, profs in cands:
+            mc = [replay_medians(p) for p in profs]
+            for prev, cur in zip(mc, mc[1:]):
+                for k in prev.keys() & cur.keys():
+                    self._add(snap, k, RUN, env, gpu, prev[k], cur[k])
+            if control:
+                for a, b in zip(mb, mc):
+                    for k in a.keys() & b.keys():
+                        self._add(snap, k, CONTROL, env, gpu, a[k], b[k])
+
     def noise(self, snap: str, kernel: str, exclude_env: Optional[str] = None) -> Optional[float]:
         """The spread of the null ratios of this snapshot's kernel, in percent (None: none yet);
         exclude_env: a control judged without its own ratios against the baseline."""

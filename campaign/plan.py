@@ -10,7 +10,8 @@
     noise_factor = 2.0               # rerun when ||diff| - threshold| <= noise_factor x noise
     max_reruns = 2
     confirm = true                   # a verdict needs a confirmation on another GPU that agrees
-    pairs = 2                        # baseline and candidate replayed A B A B on one GPU
+    pairs = 2                        # rounds of the baseline and its envs on one GPU: B E1 .. En, B E1 .. En
+    investigate = 3                  # a verdict is judged again with this many more rounds before it counts
     alpha = 0.01                     # Mann-Whitney U significance a verdict needs
     noise_sigmas = 3.0               # ... and a difference beyond this many x the campaign's noise
     timeout = 1800                   # seconds per replay
@@ -68,6 +69,7 @@ class Rules:
     retries: int = 2
     hold_gpus: bool = True
     pairs: int = 2
+    investigate: int = 3
     alpha: float = 0.01
     noise_sigmas: float = 3.0
     workers: str = "warm"
@@ -203,7 +205,8 @@ def _rules(t: Any, where: str) -> Rules:
                  timeout=_num(t, "timeout", d.timeout, float, 1, where),
                  retries=_num(t, "retries", d.retries, int, 0, where, 100),
                  hold_gpus=_num(t, "hold_gpus", d.hold_gpus, bool, 0, where),
-                 pairs=_num(t, "pairs", d.pairs, int, 1, where, 1000), alpha=_num(t, "alpha", d.alpha, float, 0, where, 1),
+                 pairs=_num(t, "pairs", d.pairs, int, 1, where, 1000),
+                 investigate=_num(t, "investigate", d.investigate, int, 0, where, 1000), alpha=_num(t, "alpha", d.alpha, float, 0, where, 1),
                  noise_sigmas=_num(t, "noise_sigmas", d.noise_sigmas, float, 0, where, 1000),
                  workers=_workers(t, where),
                  tolerance=(tolerance_value(t["tolerance"], f"{where}: [rules] tolerance", PlanError)

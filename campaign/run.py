@@ -181,6 +181,9 @@ def _run_campaign(camp, store, address, fresh: bool, ship: bool, json_out: bool,
         if cost.get("fixed_s_per_cell") is not None:
             sys.stdout.write(f"fixed cost: {cost['fixed_s_per_cell']:.3f} s per cell, {cost['fixed_s_per_replay']:.3f} s "
                              f"per replay ({cost['replays_per_cell']:g} replays a cell, {cost['workers']} workers)\n")
+        if cost.get("replays_per_verdict"):
+            sys.stdout.write("replays per verdict: " + ", ".join(f"{v} {n:g}" for v, n in cost["replays_per_verdict"].items())
+                             + "\n")
         render_text(rep, sys.stdout)
     return code
 

@@ -15,7 +15,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from typing import Any, Dict, List, Optional
 
@@ -214,7 +213,8 @@ def _maybe_kill_self() -> None:
         os.unlink(hook)             # claimed: only one replay is killed
     except OSError:
         return
-    threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+    # at once: a replay (or a task of several) may end within any delay, the worker then dying idle
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def cell_task(spec: Dict[str, Any], blob_refs: List[Any], driver_node: str, submitted: float) -> Dict[str, Any]:
@@ -248,6 +248,15 @@ def pair_task(base_spec: Dict[str, Any], cand_spec: Dict[str, Any], rounds: int,
     that the GPU and the time of day cancel in their ratio. avoid: GPUs (gpu_label) or nodes it
     must not run on (a confirmation): it returns at once with wrong_gpu, to be sent again (Ray
     cannot be told which GPU of a node: sent again, it asks for two and uses one it may)."""
+    return group_task(base_spec, [cand_spec], rounds, blob_refs, driver_node, submitted, avoid)
+
+
+def group_task(base_spec: Dict[str, Any], cand_specs: List[Dict[str, Any]], rounds: int, blob_refs: List[Any],
+               driver_node: str, submitted: float, avoid: Optional[List[str]] = None) -> Dict[str, Any]:
+    """A baseline and every candidate env of its snapshot on one GPU, in rounds B E1 E2 ... En:
+    one baseline replay serves each env of its round, still beside it in time. A candidate that
+    fails leaves the rounds (the others go on); a baseline that fails ends them. Each run says
+    its side, round and candidate (cand: its index in cand_specs)."""
     import ray
 
     ctx = ray.get_runtime_context()
@@ -262,17 +271,22 @@ def pair_task(base_spec: Dict[str, Any], cand_spec: Dict[str, Any], rounds: int,
     if avoid and (label in avoid or node in avoid):
         return {"wrong_gpu": True, "node_id": node, "host": host, "gpu": label}
     queue_s = max(0.0, time.time() - submitted)
-    snap = local_snapshot(cand_spec, node == driver_node, None)
+    snap = local_snapshot(base_spec, node == driver_node, None)
     if snap is None and blob_refs:
-        snap = local_snapshot(cand_spec, node == driver_node, ray.get(blob_refs[0]))
+        snap = local_snapshot(base_spec, node == driver_node, ray.get(blob_refs[0]))
     if snap is None:
         return {"need_bytes": True, "node_id": node, "host": host}
     runs: List[Dict[str, Any]] = []
+    live = list(range(len(cand_specs)))
     for i in range(rounds):
-        for side, spec in (("baseline", base_spec), ("candidate", cand_spec)):
-            r = run_replay(spec, gpus, snap)
-            r.update(side=side, round=i + 1)
+        for side, j in [("baseline", None)] + [("candidate", j) for j in live]:
+            r = run_replay(base_spec if j is None else cand_specs[j], gpus, snap)
+            r.update(side=side, round=i + 1, cand=j)
             runs.append(r)
             if r["exit_code"] != 0 or r.get("profile") is None:
-                return {"runs": runs, "node_id": node, "host": host, "gpu": label, "queue_s": queue_s}
+                if j is None:
+                    return {"runs": runs, "node_id": node, "host": host, "gpu": label, "queue_s": queue_s}
+                live.remove(j)
+        if not live:
+            break
     return {"runs": runs, "node_id": node, "host": host, "gpu": label, "queue_s": queue_s}

@@ -113,9 +113,11 @@ def test_planted_regression_found_and_attributed(cluster, tmp_path, record_prope
     assert res["cells"] == 6 and res["ran"] == 6 and res["skipped"] == 0 and res["failed"] == 0
     cost = res["cost"]
     assert cost["workers"] == "kept" and cost["fixed_s_per_replay"] is not None, cost
+    per_v = cost["replays_per_verdict"]
+    assert set(per_v) == {"BASELINE", "SAME", "SLOWER"} and per_v["SLOWER"] > per_v["SAME"], per_v
     record_property("ci_summary", f"campaign 2x3 in kept workers (replay after replay in one process): fixed cost "
                                   f"{cost['fixed_s_per_cell']:.3f} s per cell, {cost['fixed_s_per_replay']:.3f} s per "
-                                  f"replay ({cost['replays_per_cell']:g} replays a cell)")
+                                  f"replay ({cost['replays_per_cell']:g} replays a cell; per verdict {per_v})")
     rep = res["report"]
     assert {(g["env"], g["kernel"]) for g in rep["regressions"]} == {("slowfill", "fill")}
     assert len(rep["regressions"]) == 2                          # every snapshot, that kernel only
@@ -134,12 +136,22 @@ def test_planted_regression_found_and_attributed(cluster, tmp_path, record_prope
     assert [(v["env"], v["kernel"], v["verdict"]) for v in rep["verdicts"]] == [("slowfill", "fill", "SLOWER")] * 2
     db = sqlite3.connect(store)
     assert db.execute("SELECT COUNT(*) FROM cells WHERE gpu_req='H100' AND status='ok'").fetchone()[0] == 2
-    # each paired task: baseline and candidate alternating on one GPU
-    for key, in db.execute("SELECT cell_key FROM cells WHERE env<>'plain'"):
-        rows = db.execute("SELECT side, round, visible_devices, node_id FROM attempts WHERE cell_key=? AND "
-                          "purpose='measure' ORDER BY n", (key,)).fetchall()
-        assert [(r[0], r[1]) for r in rows] == [("baseline", 1), ("candidate", 1), ("baseline", 2), ("candidate", 2)]
-        assert len({(r[2], r[3]) for r in rows}) == 1
+    # one task per snapshot: the baseline and both envs in rounds on one GPU (B E1 E2 B E1 E2),
+    # each baseline replay serving both envs of its round
+    for snap, in db.execute("SELECT DISTINCT snapshot FROM cells"):
+        rows = db.execute("SELECT c.env, a.side, a.round, a.visible_devices, a.node_id, a.started FROM attempts a "
+                          "JOIN cells c ON c.cell_key=a.cell_key WHERE c.snapshot=? AND a.purpose='measure' "
+                          "ORDER BY a.started, a.id", (snap,)).fetchall()
+        assert len({(r[3], r[4]) for r in rows}) == 1
+        for env in ("slowfill", "noop"):
+            assert [(r[1], r[2]) for r in rows if r[0] == env] == [("baseline", 1), ("candidate", 1), ("baseline", 2),
+                                                                   ("candidate", 2)]
+        base = [r[5] for r in rows if r[0] == "plain"]
+        assert len(base) == 2 and base == [r[5] for r in rows if r[0] == "noop" and r[1] == "baseline"]
+    # a verdict is judged again on more rounds before it counts (3 rounds: 6 replays)
+    inv = db.execute("SELECT c.env, COUNT(*) FROM attempts a JOIN cells c ON c.cell_key=a.cell_key "
+                     "WHERE a.purpose='investigate' GROUP BY c.cell_key").fetchall()
+    assert sorted(inv) == [("slowfill", 6), ("slowfill", 6)], inv
     conf = db.execute("SELECT c.gpu, a.visible_devices FROM cells c JOIN attempts a ON a.cell_key=c.cell_key"
                       " WHERE a.purpose='confirm' AND c.env='slowfill'").fetchall()
     assert len(conf) == 8 and all(not g.split("@")[0].endswith(":" + v) for g, v in conf)
@@ -212,15 +224,22 @@ def test_null_campaign_8x6_then_one_planted_2x(cluster, tmp_path, record_propert
     db = sqlite3.connect(store)
     assert {r[0] for r in db.execute("SELECT visible_devices FROM attempts")} == {"0", "1"}
     assert db.execute("SELECT COUNT(*) FROM attempts WHERE outcome<>'ok'").fetchone()[0] == 0
-    # the offset was there, measured and reported: GPU 1's baseline replays 25% slower
-    assert rep["gpu_offsets"] and all(o["offset_pct"] > 15 for o in rep["gpu_offsets"]), rep["gpu_offsets"]
+    # the offset was there: the baselines on GPU 1 (every kernel a 2 ms floor) 25% slower
+    per_gpu: dict = {}
+    for gpu, us in db.execute("SELECT c.gpu, k.median_us FROM cells c JOIN kernel_results k ON k.cell_id=c.id "
+                              "WHERE c.is_baseline=1"):
+        per_gpu.setdefault(gpu.split("@")[0][-1], []).append(us)
+    assert sorted(per_gpu) == ["0", "1"] and min(per_gpu["1"]) > 1.15 * max(per_gpu["0"]), per_gpu
     cost = res["cost"]
-    assert cost["workers"] == "warm" and cost["fixed_s_per_cell"] is not None and cost["replays"] >= 8 + 40 * 4
+    # one task per snapshot: the baseline replayed once a round for all five envs
+    assert cost["workers"] == "warm" and cost["fixed_s_per_cell"] is not None and cost["replays"] >= 8 * 6 * 2
+    assert cost["replays_per_cell"] <= 2.5 and cost["replays_per_verdict"]["SAME"] < 3, cost
     assert cost["server_starts"] <= 2 * 6 * 4, cost      # a server per GPU and env in each Ray worker, not per replay
     record_property("ci_summary", f"campaign 8x6 null (one GPU 25% slower): 0 verdicts in 40 cells, controls 0 of "
                                   f"{ctl['comparisons']}; fixed cost {cost['fixed_s_per_cell']:.3f} s per cell, "
                                   f"{cost['fixed_s_per_replay']:.3f} s per replay ({cost['replays_per_cell']:g} replays "
-                                  f"a cell, warm workers), {res['cells_wall_s']:.1f} s on 2 fake GPUs")
+                                  f"a cell, shared baselines, warm workers; per verdict {cost['replays_per_verdict']}), "
+                                  f"{res['cells_wall_s']:.1f} s on 2 fake GPUs")
     # the same campaign, `fill` 2x slower in one env, in kept workers (replay after replay in one
     # process): found in all 8 snapshots, attributed, exit 1
     camp = _null_campaign(tmp_path / "planted.toml", f"{snaps}/n*.cusnap", _null_envs(bias, planted="conns"), "kept")
@@ -240,7 +259,8 @@ def test_null_campaign_8x6_then_one_planted_2x(cluster, tmp_path, record_propert
     record_property("ci_summary", f"campaign 8x6 with fill 2x slower in one env: found in {len(rep['regressions'])} of 8 "
                                   f"snapshots, attributed to CUDA_DOUBLE_SLOW, exit 1; kept workers: fixed cost "
                                   f"{kept['fixed_s_per_cell']:.3f} s per cell, {kept['fixed_s_per_replay']:.3f} s per "
-                                  f"replay ({kept['replays_per_cell']:g} replays a cell); {res['cells_wall_s']:.1f} s")
+                                  f"replay ({kept['replays_per_cell']:g} replays a cell; per verdict "
+                                  f"{kept['replays_per_verdict']}); {res['cells_wall_s']:.1f} s")
 
 
 def test_a_control_with_a_verdict_means_noise_exceeds_the_rules(cluster, tmp_path):
@@ -363,11 +383,13 @@ def test_worker_killed_mid_cell_is_retried(cluster, tmp_path):
     assert not cluster["kill"].exists(), "no replay claimed the kill hook"
     assert cp.returncode == 0, cp.stdout[-2000:] + cp.stderr[-2000:]
     db = sqlite3.connect(store)
+    # the task lost served both cells of the snapshot: each is tried again on its own
     lost = db.execute("SELECT cell_key, error FROM attempts WHERE outcome='lost'").fetchall()
-    assert len(lost) == 1, lost
-    st = db.execute("SELECT status, attempts FROM cells WHERE cell_key=?", (lost[0][0],)).fetchone()
-    assert st[0] == "ok" and st[1] >= 2
-    assert db.execute("SELECT purpose FROM attempts WHERE cell_key=? ORDER BY n", (lost[0][0],)).fetchall()[1][0] == "retry"
+    assert len(lost) == 2 and len({k for k, _ in lost}) == 2, lost
+    for key, _ in lost:
+        st = db.execute("SELECT status, attempts FROM cells WHERE cell_key=?", (key,)).fetchone()
+        assert st[0] == "ok" and st[1] >= 2
+        assert db.execute("SELECT purpose FROM attempts WHERE cell_key=? ORDER BY n", (key,)).fetchall()[1][0] == "retry"
     assert db.execute("SELECT COUNT(*) FROM cells WHERE status='ok'").fetchone()[0] == 2
     # --ship: the snapshot reached the node through the object store, into the cache by digest
     assert any(p.suffix == ".cusnap" for p in (cluster["dir"] / "cache" / "snapshots").iterdir())
@@ -629,11 +651,13 @@ def test_one_gpu_verdict_stands_unconfirmed(tmp_path):
     from cudasnap.campaign.report import build_report, render_text
     eng, st, s, pair_result = _paired_engine(tmp_path, gpus=1)
     eng._handle(st, "measure", 0.0, pair_result(150.0))
-    assert eng.sent == [] and st.done and st.verdict == "SLOWER"
+    assert eng.sent == ["investigate"] and not st.done        # more rounds before the verdict counts
+    eng._handle(st, "investigate", 0.0, pair_result(150.0))
+    assert eng.sent == ["investigate"] and st.done and st.verdict == "SLOWER"
     row = s.db.execute("SELECT verdict, confirmed, confirm_note, gpu, confirm_gpu FROM cells").fetchone()
     assert tuple(row) == ("SLOWER", None, "unconfirmed: one GPU", "h:0@n1", None)
     assert [tuple(r) for r in s.db.execute("SELECT side, round FROM attempts ORDER BY n")] == \
-        [("baseline", 1), ("candidate", 1), ("baseline", 2), ("candidate", 2)]
+        [("baseline", 1), ("candidate", 1), ("baseline", 2), ("candidate", 2)] * 2
     rep = build_report(s, ending=True)
     out = io.StringIO()
     render_text(rep, out)
@@ -647,18 +671,72 @@ def test_a_verdict_holds_only_when_the_other_gpu_agrees(tmp_path):
     from cudasnap.campaign.report import build_report
     eng, st, s, pair_result = _paired_engine(tmp_path, gpus=2)
     eng._handle(st, "measure", 0.0, pair_result(150.0))
-    assert eng.sent == ["confirm"] and not st.done
+    eng._handle(st, "investigate", 0.0, pair_result(150.0, gpu="h:1"))   # on the other GPU: still not the measurement's
+    assert eng.sent == ["investigate", "confirm"] and not st.done
     eng._handle(st, "confirm", 0.0, {"wrong_gpu": True, "gpu": "h:0@n1"})     # Ray put it on the same GPU
     assert len(eng.deferred) == 1 and st.bounces == 1
     eng.deferred = [(0.0,) + eng.deferred[0][1:]]
     eng._resubmit_due()
-    assert eng.sent == ["confirm", "confirm"] and not eng.deferred
+    assert eng.sent == ["investigate", "confirm", "confirm"] and not eng.deferred
     eng._handle(st, "confirm", 0.0, pair_result(100.0, gpu="h:1"))
     row = s.db.execute("SELECT verdict, confirmed, confirm_note, confirm_gpu, regressed FROM cells").fetchone()
     assert tuple(row) == ("UNCONFIRMED", 0, "not confirmed on another GPU", "h:1@n1", 0)
     k = s.db.execute("SELECT verdict, diff_pct, confirm_diff_pct FROM kernel_results WHERE kernel='k'").fetchone()
     assert k[0] == "UNCONFIRMED" and k[1] > 40 and abs(k[2]) < 5
     assert build_report(s, ending=True)["exit_code"] == 0
+
+
+def test_a_shared_baseline_serves_every_env_and_a_false_control_verdict_is_investigated(tmp_path):
+    """One task per snapshot, rounds B E1 E2: the baseline cell finished from its baseline side,
+    each env judged beside the baseline replays of its own rounds, each baseline replay counted
+    once (cost, noise) and in shares per cell. A control whose first rounds read 30% slower (a
+    false verdict) is judged again on more rounds before it counts, and they clear it."""
+    import random
+    from types import SimpleNamespace
+    from cudasnap.campaign import engine as E
+    eng, _, s, _ = _paired_engine(tmp_path, gpus=1)
+    eng.states.clear()
+    eng.cost, eng.counts = E._new_cost(), {"ran": 0, "failed": 0, "regressed": 0, "set_aside": 0}
+    snap = SimpleNamespace(path="/s/a.cusnap", digest="d", kernels=None, mode="isolated")
+
+    def cell(key, env, base_key, control=False):
+        return SimpleNamespace(key=key, baseline_key=base_key, control=control, identity=lambda: {}, snapshot=snap,
+                               env=SimpleNamespace(name=env, gpu=None))
+    cells = [cell("b", "plain", None), cell("e", "eager", "b"), cell("n", "noop", "b", control=True)]
+    eng.by_key = {c.key: c for c in cells}
+    for c in cells:
+        eng.states[c.key] = E.CellState(c)
+    eng.paired = lambda c: c.baseline_key is not None
+    eng.gpus = 2                                 # more GPUs than snapshots: the envs split over them
+    assert [([x.base.cell.key] if x.base else []) + [m.cell.key for m in x.members] for x in eng.groups(cells)] == \
+        [["b", "e"], ["n"]]
+    eng.gpus = 1
+    [g] = eng.groups(cells)
+    assert g.base is eng.states["b"] and [m.cell.key for m in g.members] == ["e", "n"]
+    rng = random.Random(5)
+
+    def rep(side, rnd, cand, us):
+        p = _prof([[us * (1 + rng.gauss(0, 0.01)) for _ in range(7)] for _ in range(3)])
+        return {"side": side, "round": rnd, "cand": cand, "exit_code": 0, "profile": p, "visible_devices": "0",
+                "proc_s": 0.3, "started": 1.0e9 + rnd, "ended": 1.0e9 + rnd}
+    where = {"gpu": "h:0@n1", "host": "h", "node_id": "n1", "queue_s": 0.0}
+    runs = [x for r in (1, 2) for x in (rep("baseline", r, None, 100.0), rep("candidate", r, 0, 100.0),
+                                          rep("candidate", r, 1, 130.0))]
+    eng._handle(g, "measure", 0.0, dict(where, runs=runs))
+    b, e, n = (eng.states[k] for k in "ben")
+    assert b.verdict == "BASELINE" and e.verdict == "SAME" and not n.done and eng.sent == ["investigate"]
+    assert eng.cost["replays"] == 6 and eng.noise.sources("d/isolated/", "k") == {"run": 3, "control": 2, "gpus": 1}
+    assert (b.replays, e.replays, n.replays) == pytest.approx((2 / 3, 2 + 2 / 3, 2 + 2 / 3))
+    assert [tuple(r) for r in s.db.execute("SELECT cell_key, side, round FROM attempts ORDER BY id")] == \
+        [("b", "baseline", 1), ("b", "baseline", 2)] + [(k, sd, r) for k in "en" for r in (1, 2)
+                                                        for sd in ("baseline", "candidate")]
+    inv = [x for r in (1, 2, 3) for x in (rep("baseline", r, 0, 100.0), rep("candidate", r, 0, 100.0))]
+    eng._handle(n, "investigate", 0.0, dict(where, runs=inv))
+    assert n.verdict == "SAME" and n.replays == pytest.approx(2 + 2 / 3 + 6)
+    cost = eng.cost_summary()
+    assert cost["replays"] == 12 and cost["replays_per_cell"] == 4.0
+    assert cost["replays_per_verdict"] == {"BASELINE": 0.67, "SAME": 5.67}
+    assert s.db.execute("SELECT COUNT(*) FROM attempts WHERE purpose='investigate'").fetchone()[0] == 6
 
 
 def test_a_version_1_store_gains_the_new_columns(tmp_path):
