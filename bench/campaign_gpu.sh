@@ -5,7 +5,7 @@
 #   2. captures 10 real programs, 4 at a time, one per GPU: demo_ab, ptrs, mt_launch (nvcc),
 #      PyTorch inference (demo_torch_mlp.py, torch_eager.py) and training (demo_torch_train.py),
 #      JAX (jax_jit.py, jax_train.py), CuPy with its libraries (cupy_libs.py), Triton
-#      (triton_kernel.py);
+#      (triton_kernel.py), CUDA graphs (torch_graph.py) and torch.compile (torch_compile.py);
 #   3. writes a campaign: those snapshots (nvcc ones isolated, framework ones timeline) x four
 #      environments: plain (the baseline), a no-op control (control = true), eager module loading
 #      (CUDA_MODULE_LOADING=EAGER) and the -G build of compute_k swapped in (CUDASNAP_REPLACE; the
@@ -61,7 +61,7 @@ nvcc -G -cubin -arch=$ARCH -o slow_G.cubin "$ROOT/bench/demo_ab.cu" || exit 2
 nvcc -O2 -cudart static -arch=$ARCH -o ptrs "$WL/ptrs.cu" || exit 2
 nvcc -O2 -std=c++17 -cudart static -arch=$ARCH -o mt_launch "$WL/mt_launch.cu" -lpthread || exit 2
 
-step "2. capture 10 programs, one per GPU at a time"
+step "2. capture 12 programs, one per GPU at a time"
 cap() {  # cap NAME GPU CMD...
   local name=$1 gpu=$2; shift 2
   CUDA_VISIBLE_DEVICES=$gpu cudasnap capture -q -o "snaps/$name.cusnap" -- "$@" > "logs/$name.log" 2>&1
@@ -102,6 +102,8 @@ cap torch_train $(g 1) $PY "$ROOT/bench/demo_torch_train.py" 4 1024 4 & pids+=($
 cap jax_jit $(g 2) $PY "$WL/jax_jit.py" & pids+=($!); cap cupy_libs $(g 3) $PY "$WL/cupy_libs.py" & pids+=($!)
 wait "${pids[@]}"
 pids=(); cap jax_train 0 $PY "$WL/jax_train.py" & pids+=($!); cap triton_kernel $(g 1) $PY "$WL/triton_kernel.py" & pids+=($!)
+# CUDA graphs (torch.cuda.graph) and torch.compile (Inductor's Triton kernels)
+cap torch_graph $(g 2) $PY "$WL/torch_graph.py" & pids+=($!); cap torch_compile $(g 3) $PY "$WL/torch_compile.py" & pids+=($!)
 wait "${pids[@]}"
 ls snaps/*.cusnap | wc -l | xargs echo "snapshots:"
 echo "build + captures: $(( $(date +%s) - T0 )) s"
