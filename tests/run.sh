@@ -16,8 +16,9 @@ if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/
   rm -f "$log"; echo "tests/run.sh: chromium installed in $((SECONDS - t0)) s"
 fi
 # pytest (the console script) keeps the repository root off sys.path, so the installed package
-# is what gets tested; two workers (pytest-xdist) over 2 cores. Exit 5 (no tests ran) fails.
-[ $# -gt 0 ] || set -- -n 2 -m "not gpu" tests
+# is what gets tested; two workers (pytest-xdist) over 2 cores; the 25 slowest tests listed
+# (CI has a time limit). Exit 5 (no tests ran) fails.
+[ $# -gt 0 ] || set -- -n 2 -m "not gpu" --durations=25 tests
 python3 -m pytest "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then echo "tests/run.sh: no tests ran"; exit 1; fi
