@@ -1,0 +1,240 @@
+"""`info SNAP --sim [--timeline P.json]`: which kernels of a snapshot can run on the simulator,
+why the others cannot, and their share of GPU time. Read from the snapshot alone: no simulator
+build is needed (the last test checks the reasons against `replay --sim`'s refusal where one is)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+
+import pytest
+
+from synth import Synth
+
+PTX = b"""
+.version 7.0
+.target sm_70
+.address_size 64
+.visible .entry good(.param .u64 good_p0)
+{
+  ret;
+}
+.visible .entry shfl(.param .u64 shfl_p0)
+{
+  .reg .b32 %r<3>;
+  shfl.sync.down.b32 %r1, %r2, 1, 31, -1;
+  ret;
+}
+.visible .entry asyncy(.param .u64 asyncy_p0)
+{
+  .reg .b64 %rd<2>;
+  .reg .b32 %r<2>;
+  cp.async.ca.shared.global [%r1], [%rd1], 4;
+  ret;
+}
+.visible .entry coop(.param .u64 coop_p0)
+{
+  ret;
+}
+.visible .entry chaser(.param .u64 chaser_p0)
+{
+  ret;
+}
+"""
+A, B, C = 0x300000000000, 0x300000100000, 0x300000200000
+# (kernel, handle, GPU time of its one launch in us)
+KERNELS = [("good", 0x401, 60.0), ("shfl", 0x402, 10.0), ("asyncy", 0x403, 5.0), ("coop", 0x404, 3.0),
+           ("chaser", 0x405, 2.0), ("gemm_sass", 0x406, 20.0)]
+
+
+def _cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "cudasnap", *map(str, args)], capture_output=True, text=True,
+                          timeout=120, env=env)
+
+
+def _fatbin_sass_only(arch=90) -> bytes:
+    payload = b"\x7fELF" + bytes(60)
+    entry = struct.pack("<HHIQ", 2, 0, 64, len(payload)) + bytes(12) + struct.pack("<I", arch) + bytes(40)
+    body = entry + payload
+    return struct.pack("<IHHQ", 0xBA55ED50, 1, 16, len(body)) + body
+
+
+@pytest.fixture(scope="module")
+def snap(tmp_path_factory):
+    """Six kernels: good (runs), shfl (runs, warned), asyncy (cp.async), coop (launched by
+    cuLaunchCooperativeKernel, which the adapter lacks), chaser (its buffer holds a pointer
+    that cannot be relocated with proof), gemm_sass (SASS only); and cuGraphCreate, a gap no
+    kernel names. Beside it: a timeline of it, with each launch's GPU time."""
+    d = tmp_path_factory.mktemp("simcov")
+    path = d / "cov.cusnap"
+    s = Synth(path)
+    s.call("cuInit", {"Flags": 0})
+    s.call("cuDevicePrimaryCtxRetain", {"pctx": 0x111, "dev": 0})
+    s.call("cuCtxSetCurrent", {"ctx": 0x111})
+    s.call("cuModuleLoadData", {"module": 0x222, "image": 1}, x={"image": s.blob(PTX + b"\0")})
+    s.call("cuModuleLoadData", {"module": 0x223, "image": 2}, x={"image": s.blob(_fatbin_sass_only())})
+    for k, h, _t in KERNELS:
+        s.call("cuModuleGetFunction", {"hfunc": h, "hmod": 0x223 if k == "gemm_sass" else 0x222, "name": k})
+        s.fn(h, k, 0x223 if k == "gemm_sass" else 0x222, [[0, 8]])
+    for base in (A, B, C):
+        s.call("cuMemAlloc_v2", {"dptr": base, "bytesize": 256})
+    # B holds the end of A: a pointer into A, or into whatever follows it? Not provable.
+    s.call("cuMemcpyHtoD_v2", {"dstDevice": B, "srcHost": 0x7F0000100000, "ByteCount": 16},
+           x={"srcHost": s.blob(struct.pack("<QQ", A + 256, 0))})
+    s.call("cuGraphCreate", {"phGraph": 0x777, "flags": 0})
+    seqs = {}
+    for k, h, _t in KERNELS:
+        arg = B if k == "chaser" else C
+        rec = s.launch(h, struct.pack("<Q", arg), f="cuLaunchCooperativeKernel" if k == "coop" else "cuLaunchKernel")
+        seqs[k] = rec["s"]
+    s.call("cuCtxSynchronize", {})
+    s.w.write({"k": "end", "exit": 0, "signal": None, "partial": False})
+    s.close()
+    from cudasnap.formats import SnapshotReader
+    from cudasnap.replay.profile.report import snapshot_id
+    with SnapshotReader(str(path)) as r:
+        sid = snapshot_id(r.raw_header)
+    prof = {"summary": {"mode": "timeline", "launches_timed": len(KERNELS)},
+            "launches": [{"seq": seqs[k], "index": i, "name": k, "time_us": t} for i, (k, _h, t) in enumerate(KERNELS)],
+            "kernels": [], "warnings": [], "snapshot": str(path),
+            "run": {"snapshot": str(path), "snapshot_id": sid, "gpu": {"name": "NVIDIA H100 80GB HBM3"}}}
+    tl = d / "cov.gpu.json"
+    tl.write_text(json.dumps(prof))
+    return {"snap": path, "timeline": tl, "profile": prof, "dir": d}
+
+
+def _no_sim_env():
+    return {k: v for k, v in os.environ.items() if k != "CUDASNAP_GPGPUSIM"}
+
+
+SUMMARY = ("2 of 6 kernels (70.0% of GPU time) can run on the simulator; n/a: 1 no PTX (SASS only), 1 cp.async, "
+           "1 call gap: cuLaunchCooperativeKernel, 1 pointer problem")
+
+
+def test_coverage_per_kernel_with_reasons_and_time(snap):
+    cp = _cli("info", snap["snap"], "--sim", "--timeline", snap["timeline"], env=_no_sim_env())
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert cp.stderr == ""
+    out = cp.stdout
+    assert out.rstrip().splitlines()[-1] == SUMMARY, out
+    rows = {l.split()[0]: l for l in out.splitlines() if l.split() and l.split()[0] in dict(
+        (k, 1) for k, _h, _t in KERNELS)}
+    assert re.search(r"^good\s+1\s+60\.0\s+60\.0%\s+image\s+runnable$", rows["good"]), rows["good"]
+    assert rows["shfl"].endswith("runnable (warned: shfl.sync)"), rows["shfl"]
+    assert re.search(r"\snone\s+n/a: no PTX \(SASS only\)$", rows["gemm_sass"]), rows["gemm_sass"]
+    assert rows["asyncy"].endswith("n/a: cp.async") and rows["chaser"].endswith("n/a: pointer problem")
+    assert rows["coop"].endswith("n/a: call gap: cuLaunchCooperativeKernel"), rows["coop"]
+    # each n/a with its reason in full, then the gap no kernel names
+    assert re.search(r"^  - kernel gemm_sass \(first launched at call #\d+\) has no PTX \(module of call #5: "
+                     r"fatbin: sm_90 SASS\)", out, re.M), out
+    assert "  - kernel asyncy uses cp.async (the simulator cannot parse it); the simulator cannot run it" in out
+    assert re.search(r"^  - cuLaunchCooperativeKernel \(1 call, first #\d+\): the simulator adapter does not "
+                     r"implement it$", out, re.M), out
+    assert re.search(r"^  - call #\d+ cuMemcpyHtoD_v2 writes buffer 0x300000100000 \(256 B, call #\d+\): the word at "
+                     r"offset 0 \(0x300000000100\) is the end of allocation 0x300000000000", out, re.M), out
+    assert re.search(r"1 gap\(s\) no kernel's launch names.*\n  - cuGraphCreate \(1 call, first #\d+\): the simulator "
+                     r"adapter does not implement it$", out, re.M), out
+
+
+def test_coverage_json(snap):
+    cp = _cli("info", snap["snap"], "--sim", "--timeline", snap["timeline"], "--json", env=_no_sim_env())
+    assert cp.returncode == 0, cp.stderr
+    doc = json.loads(cp.stdout)
+    s = doc["summary"]
+    assert s["line"] == SUMMARY
+    assert (s["kernels"], s["runnable"], s["launches"], s["runnable_launches"]) == (6, 2, 6, 2)
+    assert s["gpu_time_us"] == pytest.approx(100.0) and s["runnable_time_pct"] == pytest.approx(70.0)
+    assert s["na"] == {"no PTX (SASS only)": 1, "cp.async": 1, "call gap: cuLaunchCooperativeKernel": 1,
+                       "pointer problem": 1}
+    by = {k["name"]: k for k in doc["kernels"]}
+    assert [k["name"] for k in doc["kernels"]] == ["good", "gemm_sass", "shfl", "asyncy", "coop", "chaser"]  # by time
+    assert by["good"]["runnable"] and by["good"]["ptx"] == "image" and by["good"]["reasons"] == []
+    assert by["good"]["share_pct"] == pytest.approx(60.0) and by["good"]["timed"] == 1
+    assert by["shfl"]["runnable"] and [w["warning"] for w in by["shfl"]["warnings"]] == ["shfl.sync"]
+    assert by["gemm_sass"]["ptx"] is None and not by["gemm_sass"]["runnable"]
+    assert [r["reason"] for r in by["chaser"]["reasons"]] == ["pointer problem"]
+    assert len(doc["snapshot_gaps"]) == 1 and doc["snapshot_gaps"][0].startswith("cuGraphCreate (1 call")
+    assert doc["timeline"] == str(snap["timeline"])
+
+
+def test_coverage_without_a_timeline(snap):
+    cp = _cli("info", snap["snap"], "--sim", "--json", env=_no_sim_env())
+    assert cp.returncode == 0, cp.stderr
+    doc = json.loads(cp.stdout)
+    assert doc["summary"]["line"].startswith("2 of 6 kernels can run on the simulator; n/a: ")
+    assert "runnable_time_pct" not in doc["summary"] and all("time_us" not in k for k in doc["kernels"])
+    text = _cli("info", snap["snap"], "--sim", env=_no_sim_env())
+    assert text.returncode == 0 and "GPU us" not in text.stdout
+    assert text.stdout.rstrip().endswith(doc["summary"]["line"])
+
+
+def test_a_graph_kernel_only_in_the_timeline_is_counted(snap, tmp_path):
+    """A kernel the timeline times but no recorded launch runs (a graph node's): counted, with
+    the reasons its module gives."""
+    prof = json.loads(json.dumps(snap["profile"]))
+    prof["launches"].append({"seq": 99, "index": 6, "name": "node_kernel", "time_us": 100.0})
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(prof))
+    cp = _cli("info", snap["snap"], "--sim", "--timeline", p, "--json")
+    doc = json.loads(cp.stdout)
+    k = next(k for k in doc["kernels"] if k["name"] == "node_kernel")
+    assert k["launches"] == 0 and k["timed"] == 1 and k["share_pct"] == pytest.approx(50.0)
+    assert [r["reason"] for r in k["reasons"]] == ["no PTX (image not captured)"]
+    assert doc["summary"]["line"].startswith("2 of 7 kernels (35.0% of GPU time)")
+
+
+@pytest.mark.parametrize("case", ["missing", "corrupt", "not_profile", "bad_shape", "other_snapshot", "simulated"])
+def test_bad_timeline_is_one_line(snap, tmp_path, case):
+    p = tmp_path / f"{case}.json"
+    prof = json.loads(json.dumps(snap["profile"]))
+    if case == "corrupt":
+        p.write_text(json.dumps(prof)[:-20])
+    elif case == "not_profile":
+        p.write_text("[1, 2, 3]")
+    elif case == "bad_shape":
+        prof["launches"][0]["time_us"] = "fast"
+        p.write_text(json.dumps(prof))
+    elif case == "other_snapshot":
+        prof["run"]["snapshot_id"] = "f" * 32
+        p.write_text(json.dumps(prof))
+    elif case == "simulated":
+        prof["run"]["simulated"] = {"simulator": "gpgpu-sim"}
+        p.write_text(json.dumps(prof))
+    cp = _cli("info", snap["snap"], "--sim", "--timeline", p)
+    assert cp.returncode == 2 and cp.stdout == "", cp.stdout + cp.stderr
+    lines = cp.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cudasnap: error: "), cp.stderr
+    want = {"missing": "no such file", "corrupt": "not a profile JSON", "not_profile": "not a profile written by",
+            "bad_shape": "launches[0].time_us is a string, not a number",
+            "other_snapshot": "a profile of another snapshot", "simulated": "a simulated profile"}[case]
+    assert want in lines[0], lines[0]
+
+
+def test_bad_use_is_one_line(snap, tmp_path):
+    cp = _cli("info", snap["snap"], "--timeline", snap["timeline"])
+    assert cp.returncode == 2 and "--timeline" in cp.stderr and "--sim" in cp.stderr
+    assert len(cp.stderr.strip().splitlines()) == 1, cp.stderr
+    bad = tmp_path / "bad.cusnap"
+    bad.write_bytes(b"not a snapshot" * 10)
+    cp = _cli("info", bad, "--sim")
+    assert cp.returncode == 2 and len(cp.stderr.strip().splitlines()) == 1 and "Traceback" not in cp.stderr
+
+
+def _sim_path():
+    p = os.environ.get("CUDASNAP_GPGPUSIM")
+    return p if p and os.path.isfile(os.path.join(p, "lib", "libcudart.so")) else None
+
+
+@pytest.mark.skipif(_sim_path() is None, reason="no GPGPU-Sim build (set CUDASNAP_GPGPUSIM to one)")
+def test_reasons_are_replay_sims_refusal(snap):
+    """Every reason coverage gives, and each gap no kernel names, is a line of the refusal
+    `replay --sim` prints before simulating anything."""
+    doc = json.loads(_cli("info", snap["snap"], "--sim", "--json").stdout)
+    cp = _cli("replay", snap["snap"], "--sim", "gpgpu-sim", "--sim-path", _sim_path())
+    assert cp.returncode == 2 and cp.stdout == "", cp.stdout + cp.stderr
+    items = {l[4:] for l in cp.stderr.splitlines() if l.startswith("  - ")}
+    mine = {r["detail"] for k in doc["kernels"] for r in k["reasons"]} | set(doc["snapshot_gaps"])
+    assert mine == items, (mine ^ items)
