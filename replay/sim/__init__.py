@@ -163,6 +163,7 @@ class Plan:
     have: Dict[str, Tuple[str, int]] = field(default_factory=dict)     # kernel -> (its PTX body, load call)
     source: Dict[str, str] = field(default_factory=dict)               # kernel -> where its PTX comes from
     no_ptx: Dict[str, Tuple[str, str]] = field(default_factory=dict)   # kernel -> (short reason, why) without PTX
+    image: Dict[str, str] = field(default_factory=dict)                # kernel -> its module image's format
 
 
 def kernel_names(reader) -> Dict[Any, str]:
@@ -221,6 +222,8 @@ def plan(reader, opts, replace_specs: List[Tuple[str, str]]) -> Plan:
         if ld.get("r") not in (0, None):
             continue
         blob, bid = images.get(ld["seq"], (None, None))
+        for k in ld["kernels"] | ld.get("launched", set()):
+            p.image.setdefault(k, ld["info"].format)
         got = None
         if blob is not None:
             try:

@@ -96,6 +96,7 @@ def coverage(reader, timeline: Optional[Dict[str, Any]] = None) -> Dict[str, Any
     for name, k in kernels.items():
         why, warn = kernel_problems(p, name, k["first"] if k["first"] is not None else "?")
         k.update(demangled=demangle(name) if not name.startswith("<") else name, ptx=p.source.get(name),
+                 image=p.image.get(name),
                  reasons=[{"reason": s, "detail": d} for s, d in why],
                  warnings=[{"warning": s, "detail": d} for s, d in warn])
     gaps: List[str] = []                        # what no single kernel owns
@@ -152,14 +153,14 @@ def summary_line(doc: Dict[str, Any]) -> str:
 def run_coverage_cli(snapshot, timeline_path: Optional[str], json_out: bool) -> int:
     """`cudasnap info SNAP --sim [--timeline P.json]`: 0, or 2 with one line."""
     from cudasnap.formats import SnapshotError, SnapshotReader
-    from . import _snapshot_id
+    from cudasnap.replay.profile.report import snapshot_id
 
     def fail(msg: str) -> int:
         sys.stderr.write(f"cudasnap: error: {' '.join(str(msg).split())}\n")
         return 2
     try:
         with SnapshotReader(os.fspath(snapshot)) as reader:
-            prof = load_timeline(timeline_path, _snapshot_id(reader)) if timeline_path else None
+            prof = load_timeline(timeline_path, snapshot_id(reader.raw_header)) if timeline_path else None
             doc = coverage(reader, prof)
     except (SnapshotError, CoverageProblem) as e:
         return fail(str(e))
@@ -178,7 +179,7 @@ def _short(s: str, n: int = 70) -> str:
 
 
 def _print(doc: Dict[str, Any], timed: bool) -> None:
-    from cudasnap.console import console, print_table
+    from cudasnap.formats.console import console, print_table
     con = console()
     rows = []
     for k in doc["kernels"]:
