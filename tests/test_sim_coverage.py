@@ -152,6 +152,7 @@ def test_coverage_json(snap):
     by = {k["name"]: k for k in doc["kernels"]}
     assert [k["name"] for k in doc["kernels"]] == ["good", "gemm_sass", "shfl", "asyncy", "coop", "chaser"]  # by time
     assert by["good"]["runnable"] and by["good"]["ptx"] == "image" and by["good"]["reasons"] == []
+    assert by["good"]["image"] == "ptx" and by["gemm_sass"]["image"] == "fatbin"
     assert by["good"]["share_pct"] == pytest.approx(60.0) and by["good"]["timed"] == 1
     assert by["shfl"]["runnable"] and [w["warning"] for w in by["shfl"]["warnings"]] == ["shfl.sync"]
     assert by["gemm_sass"]["ptx"] is None and not by["gemm_sass"]["runnable"]
@@ -221,6 +222,14 @@ def test_bad_use_is_one_line(snap, tmp_path):
     bad.write_bytes(b"not a snapshot" * 10)
     cp = _cli("info", bad, "--sim")
     assert cp.returncode == 2 and len(cp.stderr.strip().splitlines()) == 1 and "Traceback" not in cp.stderr
+
+
+def test_ldmatrix_is_refused_before_the_run():
+    """Triton's dot kernels load tiles with ldmatrix, which the simulator's parser rejects: named
+    among the constructs it cannot run (coverage and the refusal), not found by a crash."""
+    from cudasnap.replay.sim import ptx
+    body = ".visible .entry k(.param .u64 p)\n{\n ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%r1, %r2, %r3, %r4}, [%r5];\n}"
+    assert ptx.constructs(body) == [("ldmatrix/stmatrix (the simulator cannot parse it)", True)]
 
 
 def _sim_path():

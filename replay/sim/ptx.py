@@ -19,6 +19,7 @@ CONSTRUCTS: List[Tuple[re.Pattern, str, bool]] = [
     (re.compile(r"\bcp\.async\.bulk\b|\bcp\.reduce\.async\.bulk\b"), "cp.async.bulk (TMA, Hopper)", True),
     (re.compile(r"\bcp\.async\b"), "cp.async (the simulator cannot parse it)", True),
     (re.compile(r"\bdp4a\b|\bdp2a\b"), "dp4a/dp2a (the simulator aborts: not implemented)", True),
+    (re.compile(r"\bldmatrix\b|\bstmatrix\b"), "ldmatrix/stmatrix (the simulator cannot parse it)", True),
     (re.compile(r"\bwgmma\b"), "wgmma (Hopper)", True),
     (re.compile(r"\bmbarrier\b"), "mbarrier (Hopper-style barriers)", True),
     (re.compile(r"\bsetmaxnreg\b"), "setmaxnreg (Hopper)", True),
