@@ -9,6 +9,7 @@ import re
 import struct
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -247,3 +248,50 @@ def test_reasons_are_replay_sims_refusal(snap):
     items = {l[4:] for l in cp.stderr.splitlines() if l.startswith("  - ")}
     mine = {r["detail"] for k in doc["kernels"] for r in k["reasons"]} | set(doc["snapshot_gaps"])
     assert mine == items, (mine ^ items)
+
+
+def test_matrix_sim_column(snap):
+    """The GPU suite's matrix (tests/gpu/matrix.py) shows the coverage in its sim column, K/N
+    kernels and the share of GPU time, and lists each n/a kernel with its reason."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
+    try:
+        import matrix
+    finally:
+        sys.path.pop(0)
+    doc = json.loads(_cli("info", snap["snap"], "--sim", "--timeline", snap["timeline"], "--json").stdout)
+    s = doc["summary"]
+    cov = {k: s.get(k) for k in ("kernels", "runnable", "runnable_time_pct", "na", "snapshot_gaps", "line")}
+    cov["na_kernels"] = [{"name": k["name"], "share_pct": k.get("share_pct"), "reasons": [r["reason"] for r in k["reasons"]]}
+                         for k in doc["kernels"] if not k["runnable"]]
+    rows = [{"run": 1, "workload": "w", "cells": {"capture": {"ok": True, "s": 1, "detail": ""},
+                                                   "sim": {"ok": True, "s": 1, "detail": s["line"], "coverage": cov}}}]
+    line = matrix.table(rows).splitlines()[-1]
+    assert "| ok 2/6, 70% |" in line, line
+    text = matrix.sim_coverage(rows)
+    assert text.startswith(f"w (run 1): {SUMMARY}; a whole-snapshot replay also meets 1 gap(s)\n"), text
+    assert "  n/a gemm_sass (20.0% of GPU time): no PTX (SASS only)\n" in text
+    assert "  n/a coop (3.0% of GPU time): call gap: cuLaunchCooperativeKernel\n" in text
+
+
+def test_bench_verdicts(tmp_path):
+    """bench/sim_kernels.py reads a simulated extract's verdict from its output and exit code."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    try:
+        import sim_kernels
+    finally:
+        sys.path.pop(0)
+    cases = {"a": (0, "D2H results: 2 EXACT, 0 CLOSE, 0 DIFFERENT\nOK: every recorded D2H result reproduced (exit 0)\n", "EXACT"),
+             "b": (0, "D2H results: 1 EXACT, 1 CLOSE, 0 DIFFERENT\nCLOSE: x\nOK: every recorded D2H result reproduced "
+                      "(1 CLOSE within torch) (exit 0)\n", "CLOSE"),
+             "c": (1, "DIFFERENT: call #5 cuMemcpyDtoH_v2: first divergence\nFAILED: verification mismatch (exit 1)\n",
+                   "DIFFERENT"),
+             "d": (2, "cudasnap: error: kernel k uses cp.async\n", "refused"),
+             "e": (124, "", "failed"),
+             "f": (0, "OK: 9 calls replayed; 0 D2H result(s) verified, 0 without a recorded result (exit 0)\n", "unverified")}
+    for n, (rc, text, want) in cases.items():
+        (tmp_path / f"{n}.sim.rc").write_text(f"{rc}\n")
+        (tmp_path / f"{n}.sim.txt").write_text(text)
+        assert sim_kernels.verdict(str(tmp_path), n)[0] == want, n
+    assert sim_kernels.verdict(str(tmp_path), "missing")[0] == "not simulated"
+    assert sim_kernels.jit({"image": "ptx", "ptx": "image"}) and sim_kernels.jit({"image": "cubin", "ptx": "triton cache"})
+    assert not sim_kernels.jit({"image": "fatbin", "ptx": "image"}) and not sim_kernels.jit({"image": "fatbin", "ptx": None})
