@@ -53,10 +53,13 @@ def _gpu_times(path):
 
 
 def programs(d):
-    for snap in sorted(glob.glob(os.path.join(d, "*.cusnap"))):
-        p = os.path.basename(snap)[:-len(".cusnap")]
+    """(PROGRAM, its snapshot path): from its coverage JSON too, where the snapshot was too large
+    to bring back."""
+    stems = {os.path.basename(f)[:-len(ext)] for ext in (".cusnap", ".coverage.json")
+             for f in glob.glob(os.path.join(d, "*" + ext))}
+    for p in sorted(stems):
         if "." not in p:                 # not an extract (PROGRAM.N.x) or a child process (PROGRAM.PID)
-            yield p, snap
+            yield p, os.path.join(d, p + ".cusnap")
 
 
 def column(d):
