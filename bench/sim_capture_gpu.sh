@@ -26,8 +26,8 @@ profile() {   # PROGRAM: info, timeline, coverage
   cudasnap info $p.cusnap > $p.info.txt 2>&1; cudasnap info $p.cusnap --json > $p.info.json 2>/dev/null
   cudasnap replay $p.cusnap --profile timeline --out $p.gpu.json -f > $p.timeline.txt 2>&1; local rc=$?
   local tl=(); [ -f $p.gpu.json ] && tl=(--timeline $p.gpu.json)
-  cudasnap info $p.cusnap --sim "${tl[@]}" > $p.coverage.txt 2>&1
-  cudasnap info $p.cusnap --sim "${tl[@]}" --json > $p.coverage.json 2>/dev/null
+  cudasnap info $p.cusnap --sim ${tl[@]+"${tl[@]}"} > $p.coverage.txt 2>&1
+  cudasnap info $p.cusnap --sim ${tl[@]+"${tl[@]}"} --json > $p.coverage.json 2>/dev/null
   echo "  $p: timeline exit $rc; $(tail -1 $p.coverage.txt | cut -c1-200)"
 }
 capture_py() {   # PROGRAM SCRIPT [VAR=VALUE...]: a Python program of tests/gpu/workloads
