@@ -25,7 +25,7 @@ profile() {   # PROGRAM: info, timeline, coverage
   local p=$1
   cudasnap info $p.cusnap > $p.info.txt 2>&1; cudasnap info $p.cusnap --json > $p.info.json 2>/dev/null
   cudasnap replay $p.cusnap --profile timeline --out $p.gpu.json -f > $p.timeline.txt 2>&1; local rc=$?
-  local tl=(); [ -f $p.gpu.json ] && tl=(--timeline $p.gpu.json)
+  local tl=(); [ $rc -eq 0 ] && [ -f $p.gpu.json ] && tl=(--timeline $p.gpu.json)
   cudasnap info $p.cusnap --sim ${tl[@]+"${tl[@]}"} > $p.coverage.txt 2>&1
   cudasnap info $p.cusnap --sim ${tl[@]+"${tl[@]}"} --json > $p.coverage.json 2>/dev/null
   echo "  $p: timeline exit $rc; $(tail -1 $p.coverage.txt | cut -c1-200)"

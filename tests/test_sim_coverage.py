@@ -188,7 +188,8 @@ def test_a_graph_kernel_only_in_the_timeline_is_counted(snap, tmp_path):
     assert doc["summary"]["line"].startswith("2 of 7 kernels (35.0% of GPU time)")
 
 
-@pytest.mark.parametrize("case", ["missing", "corrupt", "not_profile", "bad_shape", "other_snapshot", "simulated"])
+@pytest.mark.parametrize("case", ["missing", "corrupt", "not_profile", "bad_shape", "other_snapshot", "simulated",
+                                  "untimed"])
 def test_bad_timeline_is_one_line(snap, tmp_path, case):
     p = tmp_path / f"{case}.json"
     prof = json.loads(json.dumps(snap["profile"]))
@@ -202,6 +203,9 @@ def test_bad_timeline_is_one_line(snap, tmp_path, case):
     elif case == "other_snapshot":
         prof["run"]["snapshot_id"] = "f" * 32
         p.write_text(json.dumps(prof))
+    elif case == "untimed":
+        prof["launches"] = []
+        p.write_text(json.dumps(prof))
     elif case == "simulated":
         prof["run"]["simulated"] = {"simulator": "gpgpu-sim"}
         p.write_text(json.dumps(prof))
@@ -211,7 +215,8 @@ def test_bad_timeline_is_one_line(snap, tmp_path, case):
     assert len(lines) == 1 and lines[0].startswith("cudasnap: error: "), cp.stderr
     want = {"missing": "no such file", "corrupt": "not a profile JSON", "not_profile": "not a profile written by",
             "bad_shape": "launches[0].time_us is a string, not a number",
-            "other_snapshot": "a profile of another snapshot", "simulated": "a simulated profile"}[case]
+            "other_snapshot": "a profile of another snapshot", "simulated": "a simulated profile",
+            "untimed": "no launch of it has a time"}[case]
     assert want in lines[0], lines[0]
 
 

@@ -39,6 +39,8 @@ def load_timeline(path: str, sid: Optional[str]) -> Dict[str, Any]:
     run = d.get("run") if isinstance(d.get("run"), dict) else {}
     if run.get("simulated") or d["summary"].get("simulated"):
         raise CoverageProblem(f"--timeline {path}: a simulated profile; give the GPU's timeline of this snapshot")
+    if not _times(d):
+        raise CoverageProblem(f"--timeline {path}: no launch of it has a time (a profile that was not taken)")
     other = run.get("snapshot_id")
     if sid and isinstance(other, str) and other != sid:
         raise CoverageProblem(f"--timeline {path}: a profile of another snapshot ({run.get('snapshot') or '?'}, "
