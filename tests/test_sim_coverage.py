@@ -300,3 +300,43 @@ def test_bench_verdicts(tmp_path):
     assert sim_kernels.verdict(str(tmp_path), "missing")[0] == "not simulated"
     assert sim_kernels.jit({"image": "ptx", "ptx": "image"}) and sim_kernels.jit({"image": "cubin", "ptx": "triton cache"})
     assert not sim_kernels.jit({"image": "fatbin", "ptx": "image"}) and not sim_kernels.jit({"image": "fatbin", "ptx": None})
+
+
+def test_debug_sections_are_dropped_for_the_parser():
+    """Triton's PTX carries DWARF sections; two modules of it merged into one file repeat them,
+    which the simulator's parser rejects: they are dropped (they change nothing it computes)."""
+    from cudasnap.replay.sim import ptx
+    mod = PTX.decode() + ("\t.section\t.debug_abbrev\n\t{\n.b8 1\n.b8 17\n\t}\n\t.section\t.debug_info\n\t{\n.b32 10\n\t}\n"
+                          "\t.section\t.debug_macinfo\t{\t}\n")
+    fixed = ptx.for_sim(mod)
+    assert ".section" not in fixed and ".b8 17" not in fixed
+    assert ptx.entries(fixed) == ptx.entries(PTX.decode())
+    merged = ptx.merge([fixed, ptx.rename_entry(fixed, "good", "good2")])
+    assert ".section" not in merged and merged.count(".entry") == 10
+
+
+def test_only_modules_whose_kernels_run_are_merged(tmp_path):
+    """A module none of whose kernels the replay launches stays out of the simulator's PTX file
+    (a construct its parser rejects there would stop the run), yet coverage still judges it."""
+    from cudasnap.formats import SnapshotReader
+    from cudasnap.replay.options import ReplayOptions
+    from cudasnap.replay.sim import kernel_problems, plan
+    other = PTX.replace(b"good", b"solo").replace(b"shfl", b"solo_s").replace(b"asyncy", b"solo_a") \
+        .replace(b"coop", b"solo_c").replace(b"chaser", b"solo_ch")
+    path = tmp_path / "two.cusnap"
+    s = Synth(path)
+    s.call("cuInit", {"Flags": 0})
+    s.call("cuDevicePrimaryCtxRetain", {"pctx": 0x111, "dev": 0})
+    s.call("cuCtxSetCurrent", {"ctx": 0x111})
+    s.call("cuModuleLoadData", {"module": 0x222, "image": 1}, x={"image": s.blob(PTX + b"\0")})
+    s.call("cuModuleLoadData", {"module": 0x223, "image": 2}, x={"image": s.blob(other + b"\0")})
+    s.call("cuModuleGetFunction", {"hfunc": 0x401, "hmod": 0x223, "name": "solo"})
+    s.fn(0x401, "solo", 0x223, [[0, 8]])
+    s.call("cuMemAlloc_v2", {"dptr": C, "bytesize": 256})
+    s.launch(0x401, struct.pack("<Q", C))
+    s.close()
+    with SnapshotReader(str(path)) as r:
+        p = plan(r, ReplayOptions(), [])
+    assert len(p.texts) == 1 and "solo_a" in p.texts[0] and ".entry asyncy" not in p.texts[0]
+    assert p.refusals == []                          # solo_a (cp.async) is in the module, never launched
+    assert [x for x, _ in kernel_problems(p, "asyncy", 1)[0]] == ["cp.async"]   # judged all the same

@@ -216,6 +216,7 @@ def plan(reader, opts, replace_specs: List[Tuple[str, str]]) -> Plan:
     wanted, p.seqs = _selected(reader, opts, names)
     taken: Dict[str, str] = {}          # name in merged PTX -> digest of its module
     have, sass = p.have, p.no_ptx
+    unused = set()                      # digests of modules none of whose kernels is launched here
     images = _images(reader)
     kept = kept_ptx(reader)
     for ld in module_loads(reader):
@@ -244,9 +245,18 @@ def plan(reader, opts, replace_specs: List[Tuple[str, str]]) -> Plan:
         text = P.for_sim(text)
         if bid in kept:
             p.images[bid] = digest
-        if digest in p.modules:
+        if digest in p.modules or digest in unused:
             continue
         ents = P.entries(text)
+        if not set(ents) & set(wanted):
+            # none of its kernels runs in this replay: it stays out of the merged file (the parser
+            # stops on PTX it rejects anywhere in it, ldmatrix in a kernel not selected)
+            unused.add(digest)
+            bodies = P.bodies(text)
+            for k in ents:
+                have.setdefault(k, (bodies.get(k, ""), ld["seq"]))
+                p.source.setdefault(k, src)
+            continue
         mapping: Dict[str, str] = {}
         for k in ents:
             sim = k

@@ -39,7 +39,9 @@ _HINTS = [(re.compile(r"^\s*createpolicy\.[^;\n]*;[ \t]*$", re.M), ""),
           (re.compile(r"^\s*\.(?:reqntid|maxntid|minnctapersm|maxnreg)\b[^\n{]*", re.M), ""),
           (re.compile(r"(\.param\s+\.\w+)\s+\.ptr(?:\s+\.(?:global|shared|const|local))?(?:\s+\.align\s+\d+)?"), r"\1"),
           (re.compile(r"\.L1::(?:evict_last|evict_first|evict_normal|evict_unchanged|no_allocate)"), ""),
-          (re.compile(r"\{\s*(%\w+)\s*\}"), r"\1")]
+          (re.compile(r"\{\s*(%\w+)\s*\}"), r"\1"),
+          # DWARF sections (Triton's): the parser rejects a second module's, merged into one file
+          (re.compile(r"^[ \t]*\.section[ \t]+\.debug_\w+\s*\{(?:[ \t]*\}|.*?^[ \t]*\})[ \t]*$", re.M | re.S), "")]
 
 
 def for_sim(ptx: str) -> str:
