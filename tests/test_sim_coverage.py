@@ -15,6 +15,8 @@ import pytest
 
 from synth import Synth
 
+REPO_DATA = Path(__file__).resolve().parent / "data" / "sim"
+
 PTX = b"""
 .version 7.0
 .target sm_70
@@ -124,7 +126,7 @@ def test_coverage_per_kernel_with_reasons_and_time(snap):
     rows = {l.split()[0]: l for l in out.splitlines() if l.split() and l.split()[0] in dict(
         (k, 1) for k, _h, _t in KERNELS)}
     assert re.search(r"^good\s+1\s+60\.0\s+60\.0%\s+image\s+runnable$", rows["good"]), rows["good"]
-    assert rows["shfl"].endswith("runnable (warned: shfl.sync)"), rows["shfl"]
+    assert rows["shfl"].endswith("runnable (warned: warp shuffles)"), rows["shfl"]
     assert re.search(r"\snone\s+n/a: no PTX \(SASS only\)$", rows["gemm_sass"]), rows["gemm_sass"]
     assert rows["asyncy"].endswith("n/a: cp.async") and rows["chaser"].endswith("n/a: pointer problem")
     assert rows["coop"].endswith("n/a: call gap: cuLaunchCooperativeKernel"), rows["coop"]
@@ -155,7 +157,7 @@ def test_coverage_json(snap):
     assert by["good"]["runnable"] and by["good"]["ptx"] == "image" and by["good"]["reasons"] == []
     assert by["good"]["image"] == "ptx" and by["gemm_sass"]["image"] == "fatbin"
     assert by["good"]["share_pct"] == pytest.approx(60.0) and by["good"]["timed"] == 1
-    assert by["shfl"]["runnable"] and [w["warning"] for w in by["shfl"]["warnings"]] == ["shfl.sync"]
+    assert by["shfl"]["runnable"] and [w["warning"] for w in by["shfl"]["warnings"]] == ["warp shuffles"]
     assert by["gemm_sass"]["ptx"] is None and not by["gemm_sass"]["runnable"]
     assert [r["reason"] for r in by["chaser"]["reasons"]] == ["pointer problem"]
     assert len(doc["snapshot_gaps"]) == 1 and doc["snapshot_gaps"][0].startswith("cuGraphCreate (1 call")
@@ -340,3 +342,23 @@ def test_only_modules_whose_kernels_run_are_merged(tmp_path):
     assert len(p.texts) == 1 and "solo_a" in p.texts[0] and ".entry asyncy" not in p.texts[0]
     assert p.refusals == []                          # solo_a (cp.async) is in the module, never launched
     assert [x for x, _ in kernel_problems(p, "asyncy", 1)[0]] == ["cp.async"]   # judged all the same
+
+
+def test_warp_shuffles_are_rewritten_as_exchanges():
+    """Each shfl form becomes a store of the lane's value and a load of its source lane's, in a
+    per-CTA array declared before its function; the `d|p` form sets p; a guard stays on both;
+    coverage names it as a note, not a reason to refuse."""
+    from cudasnap.replay.sim import ptx
+    text = (REPO_DATA / "shfl_add_one.ptx").read_text()
+    out = ptx.for_sim(text)
+    assert "shfl." not in out.replace(ptx.SHFL_NOTE, "")
+    assert out.count(ptx.SHFL_NOTE) == 5 and out.count("st.shared.b32 [%cs_sh6], %cs_sh11;") == 5
+    assert re.search(r"^\.shared \.align 4 \.b32 __cs_shfl_[0-9a-f]{8}\[1024\];\n\.visible \.entry add_one\(", out, re.M)
+    assert "ld.shared.b32 %r9, [%cs_sh10];\n\tmov.pred %p2, %cs_shp0;" in out          # d|p
+    assert "setp.ge.s32 %cs_shp0, %cs_sh9, %cs_sh8;" in out                              # up: j >= its bound
+    guarded = ptx.for_sim(".visible .entry k(.param .u64 p)\n{\n\t@!%p1 shfl.sync.bfly.b32 %r1, %r2, 4, 31, -1;\n}\n")
+    assert "\t@!%p1 st.shared.b32" in guarded and "\t@!%p1 ld.shared.b32 %r1," in guarded
+    assert ptx.entries(out) == ptx.entries(text)
+    assert [(w, r) for w, r in ptx.constructs(out)] == [
+        ("warp shuffles, run as shared-memory exchanges (performance mode counts that exchange's instructions "
+         "and shared-memory traffic)", None)]

@@ -324,6 +324,8 @@ def kernel_problems(p: Plan, kernel: str, first) -> Tuple[List[Tuple[str, str]],
     for what, refuse in P.constructs(p.have[kernel][0]):
         if refuse:
             out.append((what.split(" (")[0], f"kernel {kernel} uses {what}; the simulator cannot run it"))
+        elif refuse is None:
+            warn.append((what.split(",")[0], f"kernel {kernel} uses {what}"))
         else:
             warn.append((what.split(" (")[0],
                          f"kernel {kernel} uses {what}; a mismatch below may be the simulator's, not the kernel's"))
