@@ -19,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
-from matrix import JOBS, WORKLOADS, GpuGate, run_workload, table  # noqa: E402
+from matrix import JOBS, WORKLOADS, GpuGate, run_workload, sim_coverage, table  # noqa: E402
 
 
 def gpus() -> list:
@@ -141,6 +141,9 @@ def main() -> int:
     print(f"\nmatrix: {len(rows)} workload runs in {time.monotonic() - t0:.0f} s on {len(cards)} GPU(s) "
           f"({cards[0][1].strip()})\n")
     print(table(rows))
+    cov = sim_coverage(rows)
+    if cov:
+        print("simulator coverage (sim column: kernels that can run on GPGPU-Sim / all, their share of GPU time):\n" + cov)
     bad = [(r["run"], r["workload"], k, v["detail"]) for r in rows for k, v in r["cells"].items() if v["ok"] is False]
     for b in bad:
         print("FAIL", *b)

@@ -1,54 +1,72 @@
 #!/usr/bin/env bash
-# GPU half of the simulator correlation run (one call, about 6-8 minutes on one H100): captures
-# the programs whose kernels can reach the simulator -- the sim_* nvcc programs of
-# tests/gpu/workloads (PTX beside SASS), torch.compile and hand-written Triton kernels
-# (sim_triton.py: their PTX is kept from Triton's cache at capture), CuPy's JIT kernels
-# (sim_cupy.py, CUPY_COMPILE_WITH_PTX=1) and a small PyTorch program (SASS only: n/a) --, times
-# each with a timeline profile, writes `info --json` (which kernels carry PTX, and from where),
-# extracts the first launch of every kernel with PTX (--check, on this GPU) and packs it all into
-# $OUT/simsnaps.tar.xz for bench/sim_replay_cpu.sh. Run from the project root (carry .whl):
+# GPU half of the simulator run (one call, at most about 8 minutes on one H100): captures the
+# GPU suite's torch_compile.py and cupy_work.py (cupy_libs.py while time allows) and the programs
+# whose kernels can reach the simulator -- the sim_* nvcc programs of tests/gpu/workloads (PTX
+# beside SASS), torch.compile and hand-written Triton kernels (sim_triton.py: their PTX is kept
+# from Triton's cache at capture), CuPy's JIT kernels (sim_cupy.py) and a small PyTorch program
+# (SASS only: n/a) --, with fresh Triton/Inductor/CuPy caches and CUPY_COMPILE_WITH_PTX=1 (CuPy
+# hands its kernels' PTX to the driver). For each: a timeline profile, `info --json`, and the
+# simulator coverage with that timeline (PROGRAM.coverage.json/.txt: which kernels, and how much
+# GPU time, can run there, each n/a with its reason); then the first launch of every kernel that
+# can run is extracted (--check, on this GPU), the suite's workloads first, until BUDGET seconds.
+# All of it is packed into $OUT/simsnaps.tar.xz for bench/sim_replay_cpu.sh. From the project
+# root (carry .whl):
 #   OUT=/tmp/out bash bench/sim_capture_gpu.sh
 set -uo pipefail
 ROOT=$(pwd); OUT=${OUT:-/tmp/cudasnap-out}; mkdir -p "$OUT"
 INSTALL_LOG=$OUT/install.log . "$ROOT/bench/gpu_env.sh"
 W=/tmp/simsnaps; rm -rf $W /tmp/simcaches; mkdir -p $W /tmp/simcaches; cd $W
-BUDGET=${BUDGET:-420}        # seconds: extracts stop here, leaving time to pack (a call has 540)
+BUDGET=${BUDGET:-400}        # seconds: no capture or extract starts after it, leaving time to pack
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.sm --format=csv,noheader | tee card.txt
 # fresh JIT caches: every kernel is compiled (and its PTX written) during the capture
 export TRITON_CACHE_DIR=/tmp/simcaches/triton TORCHINDUCTOR_CACHE_DIR=/tmp/simcaches/inductor \
        CUPY_CACHE_DIR=/tmp/simcaches/cupy
-profile() {   # PROGRAM: info, timeline
+profile() {   # PROGRAM: info, timeline, coverage
   local p=$1
   cudasnap info $p.cusnap > $p.info.txt 2>&1; cudasnap info $p.cusnap --json > $p.info.json 2>/dev/null
-  cudasnap replay $p.cusnap --profile timeline --out $p.gpu.json -f > $p.timeline.txt 2>&1
-  echo "  $p: timeline exit $?, $(grep -c . <(python3 "$ROOT/bench/sim_kernels.py" specs $p.cusnap)) kernel(s) with PTX"
+  cudasnap replay $p.cusnap --profile timeline --out $p.gpu.json -f > $p.timeline.txt 2>&1; local rc=$?
+  local tl=(); [ $rc -eq 0 ] && [ -f $p.gpu.json ] && tl=(--timeline $p.gpu.json)
+  cudasnap info $p.cusnap --sim ${tl[@]+"${tl[@]}"} > $p.coverage.txt 2>&1
+  cudasnap info $p.cusnap --sim ${tl[@]+"${tl[@]}"} --json > $p.coverage.json 2>/dev/null
+  echo "  $p: timeline exit $rc; $(tail -1 $p.coverage.txt | cut -c1-200)"
 }
+capture_py() {   # PROGRAM SCRIPT [VAR=VALUE...]: a Python program of tests/gpu/workloads
+  local p=$1 script=$2; shift 2
+  if [ $SECONDS -gt $BUDGET ]; then echo "budget spent: $p not captured"; return; fi
+  local t0=$SECONDS
+  env "$@" cudasnap capture -f -o $p.cusnap -- python3 "$ROOT/tests/gpu/workloads/$script" > $p.capture.txt 2>&1
+  echo "capture $p exit $? in $((SECONDS - t0)) s: $(tail -1 $p.capture.txt | cut -c1-120)"
+  [ -f $p.cusnap ] && profile $p
+}
+CUPY=(CUPY_COMPILE_WITH_PTX=1 CUPY_ACCELERATORS=)
+capture_py torch_compile torch_compile.py
+capture_py cupy_work cupy_work.py "${CUPY[@]}"
 for p in sim_stencil sim_reduce sim_chase sim_streams; do
   nvcc -O2 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_75,code=compute_75 \
     -o $p "$ROOT/tests/gpu/workloads/$p.cu" || { echo "BUILD FAIL $p"; continue; }
   t0=$SECONDS; cudasnap capture -f -o $p.cusnap -- ./$p > $p.capture.txt 2>&1
   echo "capture $p exit $? in $((SECONDS - t0)) s"; profile $p
 done
-t0=$SECONDS; cudasnap capture -f -o sim_triton.cusnap -- python3 "$ROOT/tests/gpu/workloads/sim_triton.py" > sim_triton.capture.txt 2>&1
-echo "capture sim_triton exit $? in $((SECONDS - t0)) s: $(tail -1 sim_triton.capture.txt)"; profile sim_triton
-t0=$SECONDS; CUPY_COMPILE_WITH_PTX=1 CUPY_ACCELERATORS= cudasnap capture -f -o sim_cupy.cusnap -- \
-  python3 "$ROOT/tests/gpu/workloads/sim_cupy.py" > sim_cupy.capture.txt 2>&1
-echo "capture sim_cupy exit $? in $((SECONDS - t0)) s: $(tail -1 sim_cupy.capture.txt)"; profile sim_cupy
-t0=$SECONDS; cudasnap capture -f -o sim_torch.cusnap -- python3 "$ROOT/tests/gpu/workloads/sim_torch.py" > sim_torch.capture.txt 2>&1
-echo "capture sim_torch exit $? in $((SECONDS - t0)) s"; profile sim_torch
+capture_py sim_triton sim_triton.py
+capture_py sim_cupy sim_cupy.py "${CUPY[@]}"
+capture_py sim_torch sim_torch.py
+if [ $SECONDS -lt $((BUDGET / 2)) ]; then capture_py cupy_libs cupy_libs.py "${CUPY[@]}"
+else echo "cupy_libs: not captured (over half the budget spent before it)"; fi
 ls /tmp/simcaches/triton 2>/dev/null | head -3 > triton_cache_sample.txt
-for p in sim_stencil sim_reduce sim_chase sim_streams sim_triton sim_cupy; do
+# the suite's workloads first: their kernels are the target
+for p in torch_compile cupy_work sim_triton sim_cupy sim_stencil sim_reduce sim_chase sim_streams cupy_libs; do
   [ -f $p.cusnap ] || continue
   i=0
   for spec in $(python3 "$ROOT/bench/sim_kernels.py" specs $p.cusnap); do
     i=$((i + 1))
     if [ $SECONDS -gt $BUDGET ]; then echo "  budget spent: $p $spec not extracted"; continue; fi
-    t0=$SECONDS
-    cudasnap extract $p.cusnap --kernel "$spec" -o $p.$i.x.cusnap --check -f > $p.$i.extract.txt 2>&1
+    t0=$SECONDS; echo "$spec" > $p.$i.spec.txt
+    timeout 90 cudasnap extract $p.cusnap --kernel "$spec" -o $p.$i.x.cusnap --check -f > $p.$i.extract.txt 2>&1
     echo "extract $p $spec exit $? in $((SECONDS - t0)) s: $(tail -1 $p.$i.extract.txt | cut -c1-120)"
   done
 done
 rm -f sim_stencil sim_reduce sim_chase sim_streams
 find . -name '*.cusnap' -size +40M -printf 'dropped (too large to bring back): %p %s\n' -delete
+echo "== coverage"; python3 "$ROOT/bench/sim_kernels.py" column . | tee coverage.txt
 tar -cJf "$OUT/simsnaps.tar.xz" . && ls -la "$OUT"
 echo "total $SECONDS s"

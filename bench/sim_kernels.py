@@ -1,12 +1,16 @@
 """Helpers of the simulator correlation run (bench/sim_capture_gpu.sh, bench/sim_replay_cpu.sh).
-  python3 sim_kernels.py specs SNAP           the extract spec (^NAME$#1) of each launched kernel
-                                              whose PTX the snapshot holds (image or kept), one a line
-  python3 sim_kernels.py column DIR           per program: kernels and GPU time the simulator can
-                                              take (PTX) and the reasons of the others
+  python3 sim_kernels.py specs SNAP           the extract spec (^NAME$#1) of each kernel that can run on
+                                              the simulator (info --sim), one a line
+  python3 sim_kernels.py column DIR           per program: its coverage (kernels and GPU time the
+                                              simulator can take) and each n/a kernel with its reason
+  python3 sim_kernels.py verdicts DIR         per program: each simulated extract's verdict (EXACT,
+                                              CLOSE, DIFFERENT, refused), and the JIT kernels' (Triton,
+                                              CuPy's NVRTC PTX) tally against the target
   python3 sim_kernels.py merge DIR GPU SIM    one GPU timeline and one simulated profile of every
                                               program's kernels (names as PROGRAM:KERNEL), for
                                               `cudasnap compare GPU SIM`
-DIR holds PROGRAM.cusnap, PROGRAM.info.json, PROGRAM.gpu.json and PROGRAM.*.sim.json."""
+DIR holds PROGRAM.cusnap, PROGRAM.coverage.json (info --sim --timeline --json), PROGRAM.gpu.json,
+PROGRAM.N.x.cusnap with PROGRAM.N.spec.txt (extracts), PROGRAM.N.sim.{txt,rc,json}."""
 import glob
 import json
 import os
@@ -15,30 +19,27 @@ import subprocess
 import sys
 
 
-def info(snap):
-    path = snap[:-len(".cusnap")] + ".info.json"
+def coverage(snap):
+    """`cudasnap info SNAP --sim --json`, from PROGRAM.coverage.json where the GPU half wrote it."""
+    path = snap[:-len(".cusnap")] + ".coverage.json"
     if os.path.exists(path):
         with open(path) as f:
             return json.load(f)
-    out = subprocess.run(["cudasnap", "info", snap, "--json"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(["cudasnap", "info", snap, "--sim", "--json"], capture_output=True, text=True,
+                         check=True).stdout
     return json.loads(out)
 
 
-def ptx_kernels(d):
-    """kernel -> where its PTX comes from (None: the module carries none)."""
-    out = {}
-    for m in d.get("module_images") or []:
-        src = "image" if m.get("ptx") else m.get("ptx_from")
-        for k in m.get("launched") or []:
-            if out.get(k) is None:
-                out[k] = src
-    return out
-
-
 def specs(snap):
-    for k, src in sorted(ptx_kernels(info(snap)).items()):
-        if src is not None:
-            print(f"^{re.escape(k)}$#1")
+    for k in coverage(snap)["kernels"]:
+        if k["runnable"] and k["launches"]:
+            print(f"^{re.escape(k['name'])}$#1")
+
+
+def jit(k):
+    """A kernel compiled at run time: PTX handed to the driver, or a JIT compiler's cubin whose
+    PTX capture kept (Triton's cache)."""
+    return k.get("image") == "ptx" or k.get("ptx") not in (None, "image") and not str(k.get("ptx")).startswith("--")
 
 
 def _gpu_times(path):
@@ -51,22 +52,107 @@ def _gpu_times(path):
     return prof, t
 
 
+def programs(d):
+    """(PROGRAM, its snapshot path): from its coverage JSON too, where the snapshot was too large
+    to bring back."""
+    stems = {os.path.basename(f)[:-len(ext)] for ext in (".cusnap", ".coverage.json")
+             for f in glob.glob(os.path.join(d, "*" + ext))}
+    for p in sorted(stems):
+        if "." not in p:                 # not an extract (PROGRAM.N.x) or a child process (PROGRAM.PID)
+            yield p, os.path.join(d, p + ".cusnap")
+
+
 def column(d):
-    print(f"{'program':<22} {'kernels':>8} {'with PTX':>9} {'GPU time':>10} {'with PTX':>9}  n/a (why)")
-    for snap in sorted(glob.glob(os.path.join(d, "*.cusnap"))):
-        p = os.path.basename(snap)[:-len(".cusnap")]
-        if "." in p:                # an extract (PROGRAM.N.x)
+    for p, snap in programs(d):
+        try:
+            doc = coverage(snap)
+        except (subprocess.CalledProcessError, ValueError) as e:
+            print(f"{p}: no coverage ({e})")
             continue
-        ks = ptx_kernels(info(snap))
-        gpu = os.path.join(d, p + ".gpu.json")
-        t = _gpu_times(gpu)[1] if os.path.exists(gpu) else {}
-        total = sum(t.values())
-        ok = sum(v for k, v in t.items() if ks.get(k))
-        na = [k for k, s in ks.items() if s is None]
-        print(f"{p:<22} {len(ks):>8} {sum(1 for s in ks.values() if s):>9} {total:>8.1f}us "
-              f"{(ok / total * 100 if total else 0):>8.0f}%  "
-              + (f"{len(na)} SASS only (no PTX in the image, none kept): {', '.join(n[:40] for n in na[:3])}"
-                 f"{' ...' if len(na) > 3 else ''}" if na else "-"))
+        gaps = doc.get("snapshot_gaps") or []
+        print(f"{p}: {doc['summary'].get('line')}" + (f"; a whole-snapshot replay meets {len(gaps)} more gap(s)" if gaps else ""))
+        for k in doc["kernels"]:
+            if not k["runnable"]:
+                share = f" ({k['share_pct']:.1f}% of GPU time)" if k.get("share_pct") is not None else ""
+                print(f"  n/a {(k.get('demangled') or k['name'])[:90]}{share}: {'; '.join(r['reason'] for r in k['reasons'])}")
+
+
+def verdict(d, n):
+    """EXACT, CLOSE, DIFFERENT, refused, unverified or failed, and a detail, of extract n's run."""
+    try:
+        with open(os.path.join(d, n + ".sim.rc")) as f:
+            rc = int(f.read().strip())
+        with open(os.path.join(d, n + ".sim.txt"), errors="replace") as f:
+            text = f.read()
+    except (OSError, ValueError):
+        return "not simulated", ""
+    last = next((l for l in reversed(text.splitlines()) if l.startswith(("OK:", "FAILED:", "cudasnap: error:"))), "")
+    if rc == 0:
+        m = re.search(r"D2H results: (\d+) EXACT, (\d+) CLOSE", text)
+        if "0 D2H result(s) verified" in last and not m:
+            return "unverified", last
+        close = (m and int(m.group(2))) or "CLOSE within" in last
+        return ("CLOSE" if close else "EXACT"), last
+    if rc == 1:
+        return "DIFFERENT", next((l for l in text.splitlines() if l.startswith("DIFFERENT:")), last)
+    if rc == 2:
+        return "refused", next((l for l in text.splitlines() if l.startswith("cudasnap: error:")), last)
+    return "failed", f"exit {rc}" + (" (timed out)" if rc == 124 else "")
+
+
+def _kernel_of(d, n):
+    try:
+        with open(os.path.join(d, n + ".spec.txt")) as f:
+            spec = f.read().strip()
+        return re.sub(r"\\(.)", r"\1", spec[1:spec.rindex("$#")])
+    except (OSError, ValueError):
+        out = subprocess.run(["cudasnap", "info", os.path.join(d, n + ".x.cusnap"), "--json"], capture_output=True,
+                             text=True).stdout
+        try:
+            return next(iter(json.loads(out)["kernels"]["by_name"]), "?")
+        except (ValueError, KeyError):
+            return "?"
+
+
+def verdicts(d):
+    order = ("EXACT", "CLOSE", "DIFFERENT", "refused", "unverified", "failed", "not simulated", "not extracted")
+    only = os.environ.get("ONLY", "").split()
+    for p, snap in programs(d):
+        if only and p not in only:
+            continue
+        try:
+            doc = coverage(snap)
+        except (subprocess.CalledProcessError, ValueError):
+            continue
+        got = {}
+        for x in sorted(glob.glob(os.path.join(d, p + ".*.x.cusnap"))):
+            n = os.path.basename(x)[:-len(".x.cusnap")]
+            got[_kernel_of(d, n)] = verdict(d, n)
+        tally = {"all": {}, "jit": {}}
+        lines = []
+        for k in doc["kernels"]:
+            if not k["runnable"] or not k["launches"]:
+                continue
+            v, why = got.get(k["name"], ("not extracted", ""))
+            for group in ("all",) + (("jit",) if jit(k) else ()):
+                tally[group][v] = tally[group].get(v, 0) + 1
+            if v not in ("EXACT", "CLOSE"):
+                lines.append(f"  {v} {(k.get('demangled') or k['name'])[:80]}: {why[:200]}")
+        jits = [k for k in doc["kernels"] if jit(k) and k["launches"]]
+        jit_na = [k for k in jits if not k["runnable"]]
+
+        def fmt(t):
+            return ", ".join(f"{t[v]} {v}" for v in order if t.get(v)) or "none"
+        s = doc["summary"]
+        print(f"{p}: {s.get('runnable')} of {s.get('kernels')} kernels can run on the simulator; simulated: {fmt(tally['all'])}")
+        ok = sum(tally["jit"].get(v, 0) for v in ("EXACT", "CLOSE"))
+        print(f"  JIT kernels (Triton, PTX handed to the driver): {len(jits)}, {len(jit_na)} n/a; simulated: "
+              f"{fmt(tally['jit'])}; target (every JIT kernel EXACT or CLOSE): "
+              f"{'MET' if jits and ok == len(jits) else 'NOT MET' if jits else 'no JIT kernel'}")
+        for k in jit_na:
+            print(f"  n/a JIT kernel {k['name'][:80]}: {'; '.join(r['reason'] for r in k['reasons'])}")
+        for l in lines:
+            print(l)
 
 
 def merge(d, gpu_out, sim_out):
@@ -110,6 +196,8 @@ if __name__ == "__main__":
         specs(sys.argv[2])
     elif cmd == "column" and len(sys.argv) == 3:
         column(sys.argv[2])
+    elif cmd == "verdicts" and len(sys.argv) == 3:
+        verdicts(sys.argv[2])
     elif cmd == "merge" and len(sys.argv) == 5:
         merge(*sys.argv[2:])
     else:

@@ -234,13 +234,21 @@ def capture(
 
 
 @app.command(cls=_Command)
+@needs(Inert("timeline", "without --sim", lambda p: bool(p.get("sim")), "add --sim or leave --timeline out"))
 def info(
     snapshot: Path = typer.Argument(..., metavar="SNAPSHOT", help="A .cusnap file."),
     json_out: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
+    sim: bool = typer.Option(False, "--sim", help="Simulator coverage instead: which kernels can run on GPGPU-Sim (`replay --sim`) and why the others cannot; no simulator build needed."),
+    timeline: Optional[Path] = typer.Option(None, "--timeline", metavar="P.json", help="With --sim: a GPU profile of this snapshot (`replay --profile timeline --out P.json`) for each kernel's share of GPU time."),
 ):
     """Summarize a snapshot: process, GPU, calls, kernels, memory, modules, blobs (a job's
     group manifest: its ranks and links)."""
     from cudasnap.formats.group import is_manifest
+    if sim:
+        if is_manifest(snapshot):
+            _fail(f"{snapshot}: --sim reads one process's snapshot; give a rank's .cusnap")
+        from cudasnap.replay.sim.coverage import run_coverage_cli
+        raise typer.Exit(run_coverage_cli(snapshot, str(timeline) if timeline else None, json_out))
     if is_manifest(snapshot):
         from cudasnap.formats.group import run_info_group
         raise typer.Exit(run_info_group(snapshot, json_out))

@@ -464,6 +464,16 @@ def test_triton_style_ptx_runs(snaps):
     assert "OK: every recorded D2H result reproduced" in cp.stdout
 
 
+def test_warp_shuffles_run_as_the_gpu_runs_them(snaps):
+    """The simulator's own shfl leaves some lanes' destinations unwritten; every shuffle form
+    (bfly, down with its in-range predicate, up, idx of a register lane) runs as a shared-memory
+    exchange instead, and an add_one that sends each value around the warp and back verifies."""
+    cp = _sim(snaps["plain"], "--replace", f"add_one={DATA / 'shfl_add_one.ptx'}")
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert "OK: every recorded D2H result reproduced" in cp.stdout, cp.stdout
+    assert "uses warp shuffles, run as shared-memory exchanges" in cp.stderr
+
+
 def test_bounded_performance_mode(snaps, tmp_path):
     """--sim-max-ctas 4: tile_sum's 16 CTAs are timed on samples of 2 and 4 and extrapolated with
     the error stated (here the samples fill less than the GPU: the bracket is wide and holds the

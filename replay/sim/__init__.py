@@ -160,6 +160,10 @@ class Plan:
     warnings: List[str] = field(default_factory=list)
     seqs: List[int] = field(default_factory=list)                      # launches the replay will simulate
     images: Dict[str, str] = field(default_factory=dict)               # image blob id -> PTX digest (kept PTX)
+    have: Dict[str, Tuple[str, int]] = field(default_factory=dict)     # kernel -> (its PTX body, load call)
+    source: Dict[str, str] = field(default_factory=dict)               # kernel -> where its PTX comes from
+    no_ptx: Dict[str, Tuple[str, str]] = field(default_factory=dict)   # kernel -> (short reason, why) without PTX
+    image: Dict[str, str] = field(default_factory=dict)                # kernel -> its module image's format
 
 
 def kernel_names(reader) -> Dict[Any, str]:
@@ -211,35 +215,48 @@ def plan(reader, opts, replace_specs: List[Tuple[str, str]]) -> Plan:
     names = kernel_names(reader)
     wanted, p.seqs = _selected(reader, opts, names)
     taken: Dict[str, str] = {}          # name in merged PTX -> digest of its module
-    have: Dict[str, Tuple[str, int]] = {}    # kernel -> (its PTX body, load call)
-    sass: Dict[str, str] = {}           # kernel -> what its module carries instead
+    have, sass = p.have, p.no_ptx
+    unused = set()                      # digests of modules none of whose kernels is launched here
     images = _images(reader)
     kept = kept_ptx(reader)
     for ld in module_loads(reader):
         if ld.get("r") not in (0, None):
             continue
         blob, bid = images.get(ld["seq"], (None, None))
+        for k in ld["kernels"] | ld.get("launched", set()):
+            p.image.setdefault(k, ld["info"].format)
         got = None
         if blob is not None:
             try:
                 got = ptx_of(blob)
             except ValueError as e:
                 p.warnings.append(f"call #{ld['seq']} {ld['call']}: {e}")
+        src = "image"
         if got is None and bid in kept:          # a JIT compiler's cubin: the PTX kept beside it
-            got = (0, kept[bid]["ptx"])
+            got, src = (0, kept[bid]["ptx"]), str(kept[bid].get("from") or "kept")
         if got is None:
             what = ld["info"].describe() if ld["info"].format != "unknown" else "no PTX in the image"
+            short = "no PTX (SASS only)" if ld["info"].sass else "no PTX in the image"
             for k in ld["kernels"] | ld.get("launched", set()):
-                sass.setdefault(k, f"module of call #{ld['seq']}: {what}")
+                sass.setdefault(k, (short, f"module of call #{ld['seq']}: {what}"))
             continue
         text = P.text(got[1])
         digest = hashlib.sha256(text.encode()).hexdigest()     # as the replay's module load sees it
         text = P.for_sim(text)
         if bid in kept:
             p.images[bid] = digest
-        if digest in p.modules:
+        if digest in p.modules or digest in unused:
             continue
         ents = P.entries(text)
+        if not set(ents) & set(wanted):
+            # none of its kernels runs in this replay: it stays out of the merged file (the parser
+            # stops on PTX it rejects anywhere in it, ldmatrix in a kernel not selected)
+            unused.add(digest)
+            bodies = P.bodies(text)
+            for k in ents:
+                have.setdefault(k, (bodies.get(k, ""), ld["seq"]))
+                p.source.setdefault(k, src)
+            continue
         mapping: Dict[str, str] = {}
         for k in ents:
             sim = k
@@ -253,6 +270,7 @@ def plan(reader, opts, replace_specs: List[Tuple[str, str]]) -> Plan:
         for k, sim in mapping.items():
             p.layouts[sim] = ents[sim]
             have.setdefault(k, (bodies.get(sim, ""), ld["seq"]))
+            p.source.setdefault(k, src)
         p.modules[digest] = mapping
         p.texts.append(text)
     for kernel, path in replace_specs:
@@ -286,18 +304,32 @@ def plan(reader, opts, replace_specs: List[Tuple[str, str]]) -> Plan:
         p.layouts[sim] = ents[sim]
         p.replace[kernel] = sim
         have[kernel] = (bodies.get(sim, ""), have.get(kernel, ("", 0))[1])
+        p.source[kernel] = f"--replace {path}"
         p.texts.append(text)
     for kernel, first in sorted(wanted.items(), key=lambda kv: kv[1] or 0):
-        if kernel not in have:
-            why = sass.get(kernel, "its module's image was not captured")
-            p.refusals.append(f"kernel {kernel} (first launched at call #{first}) has no PTX ({why}); the simulator "
-                              f"runs PTX only: supply one with --replace {kernel}=FILE.ptx")
-            continue
-        for what, refuse in P.constructs(have[kernel][0]):
-            (p.refusals if refuse else p.warnings).append(
-                f"kernel {kernel} uses {what}" + ("; the simulator cannot run it" if refuse
-                                                  else "; a mismatch below may be the simulator's, not the kernel's"))
+        refusals, warnings = kernel_problems(p, kernel, first)
+        p.refusals += [line for _short, line in refusals]
+        p.warnings += [line for _short, line in warnings]
     return p
+
+
+def kernel_problems(p: Plan, kernel: str, first) -> Tuple[List[Tuple[str, str]], List[Tuple[str, str]]]:
+    """What keeps one kernel off the simulator, and its warnings: each as (short reason, line)."""
+    from . import ptx as P
+    if kernel not in p.have:
+        short, why = p.no_ptx.get(kernel, ("no PTX (image not captured)", "its module's image was not captured"))
+        return [(short, f"kernel {kernel} (first launched at call #{first}) has no PTX ({why}); the simulator "
+                        f"runs PTX only: supply one with --replace {kernel}=FILE.ptx")], []
+    out, warn = [], []
+    for what, refuse in P.constructs(p.have[kernel][0]):
+        if refuse:
+            out.append((what.split(" (")[0], f"kernel {kernel} uses {what}; the simulator cannot run it"))
+        elif refuse is None:
+            warn.append((what.split(",")[0], f"kernel {kernel} uses {what}"))
+        else:
+            warn.append((what.split(" (")[0],
+                         f"kernel {kernel} uses {what}; a mismatch below may be the simulator's, not the kernel's"))
+    return out, warn
 
 
 def _images(reader) -> Dict[int, Tuple[bytes, str]]:
@@ -311,7 +343,13 @@ def _images(reader) -> Dict[int, Tuple[bytes, str]]:
 
 # ------------------------------------------------------------------------ pointers in buffers
 def pointer_problems(reader, moved=moves) -> List[str]:
-    """Uploaded buffers holding values the simulator's addresses would make wrong and that cannot
+    return [line for line, _buf in pointer_findings(reader, moved)]
+
+
+def pointer_findings(reader, moved=moves) -> List[Tuple[str, Optional[Tuple[int, int]]]]:
+    """(line, (base, size) of the buffer written or None) of each pointer problem below.
+
+    Uploaded buffers holding values the simulator's addresses would make wrong and that cannot
     be proved to be pointers. An aligned 8-byte word of an H2D payload inside an allocation live
     at the copy is a pointer the replay relocates; a word equal to the end of a live allocation
     (a one-past-the-end pointer: it may belong to the next one), one inside an allocation not
@@ -332,7 +370,7 @@ def pointer_problems(reader, moved=moves) -> List[str]:
     lo = min(b for b, _n, _s in every)
     hi = max(b + n for b, n, _s in every)
     live: Dict[int, Tuple[int, Any]] = {}
-    out: List[str] = []
+    out: List[Tuple[str, Optional[Tuple[int, int]]]] = []
 
     def where(v: int, table) -> Optional[Tuple[int, int, Any]]:
         for b, (n, s) in table.items():
@@ -379,8 +417,8 @@ def pointer_problems(reader, moved=moves) -> List[str]:
                        f"which is not allocated at this copy")
             buf = where(dst, live)
             name = f"buffer {buf[0]:#x} ({buf[1]} B, call #{buf[2]})" if buf else f"device address {dst:#x}"
-            out.append(f"call #{rec.get('s')} {f} writes {name}: {why}; the simulator places memory at its own "
-                       f"addresses and this value cannot be relocated with proof")
+            out.append((f"call #{rec.get('s')} {f} writes {name}: {why}; the simulator places memory at its own "
+                        f"addresses and this value cannot be relocated with proof", (buf[0], buf[1]) if buf else None))
             break
     return out
 
@@ -397,11 +435,21 @@ def call_gaps(reader) -> List[str]:
     """The recorded calls the replay would hand the simulator's driver (driver.py) that it does
     not implement, one line per function: its name, how many calls, the first. Found before
     anything runs, so one refusal lists them all."""
+    return [gap_line(f, recs) for f, recs in gap_calls(reader).items()]
+
+
+def gap_line(f: str, recs: List[Dict[str, Any]]) -> str:
+    s = [r.get("s") for r in recs]
+    return f"{f} ({len(s)} call{'s' if len(s) > 1 else ''}, first #{s[0]}): the simulator adapter does not implement it"
+
+
+def gap_calls(reader) -> Dict[str, List[Dict[str, Any]]]:
+    """Function -> its recorded calls the simulator's driver does not implement, in call order."""
     from cudasnap.formats.abi import base_name
     from cudasnap.formats.vocab import in_class
     from cudasnap.replay import dispatch
     from .driver import SimDriver
-    seen: Dict[str, List[int]] = {}
+    seen: Dict[str, List[Dict[str, Any]]] = {}
     verdict: Dict[str, bool] = {}
     for rec in reader.records(("c",)):
         f = rec.get("f") or ""
@@ -414,9 +462,8 @@ def call_gaps(reader) -> List[str]:
             ok = verdict[f] = (dispatch.replayed_by(f) not in ("class", "handler") or in_class(b, "sim_noop")
                                or m is not None and not (getattr(m, "only_recorded", False) and not exact_placement()))
         if not ok:
-            seen.setdefault(f, []).append(rec.get("s"))
-    return [f"{f} ({len(s)} call{'s' if len(s) > 1 else ''}, first #{s[0]}): the simulator adapter does not implement it"
-            for f, s in sorted(seen.items(), key=lambda kv: kv[1][0])]
+            seen.setdefault(f, []).append(rec)
+    return dict(sorted(seen.items(), key=lambda kv: kv[1][0].get("s") or 0))
 
 
 # ------------------------------------------------------------------------------------- the run

@@ -4,6 +4,7 @@ one PTX file per process)."""
 from __future__ import annotations
 
 import re
+import zlib
 from typing import Dict, List, Optional, Tuple
 
 _ENTRY = re.compile(r"\.entry\s+([A-Za-z_$%][\w$%]*)\s*\(([^)]*)\)", re.S)
@@ -14,17 +15,21 @@ _SIZES = {"b8": 1, "u8": 1, "s8": 1, "b16": 2, "u16": 2, "s16": 2, "f16": 2, "b3
           "f32": 4, "b64": 8, "u64": 8, "s64": 8, "f64": 8}
 _HEADER = re.compile(r"^\s*\.(version|target|address_size)\b.*$", re.M)
 
-# (regex, what, refuse): refuse = the simulator aborts on it or cannot run it at all
-CONSTRUCTS: List[Tuple[re.Pattern, str, bool]] = [
+SHFL_NOTE = "// cudasnap: warp shuffle as a shared-memory exchange"
+# (regex, what, refuse): refuse = the simulator aborts on it or cannot run it at all; None: a note
+CONSTRUCTS: List[Tuple[re.Pattern, str, Optional[bool]]] = [
     (re.compile(r"\bcp\.async\.bulk\b|\bcp\.reduce\.async\.bulk\b"), "cp.async.bulk (TMA, Hopper)", True),
     (re.compile(r"\bcp\.async\b"), "cp.async (the simulator cannot parse it)", True),
     (re.compile(r"\bdp4a\b|\bdp2a\b"), "dp4a/dp2a (the simulator aborts: not implemented)", True),
+    (re.compile(r"\bldmatrix\b|\bstmatrix\b"), "ldmatrix/stmatrix (the simulator cannot parse it)", True),
     (re.compile(r"\bwgmma\b"), "wgmma (Hopper)", True),
     (re.compile(r"\bmbarrier\b"), "mbarrier (Hopper-style barriers)", True),
     (re.compile(r"\bsetmaxnreg\b"), "setmaxnreg (Hopper)", True),
     (re.compile(r"%cluster_|\.cluster\b|\bbarrier\.cluster\b|\.reqnctapercluster|\.explicitcluster"),
      "thread-block clusters (Hopper)", True),
     (re.compile(r"\bshfl\.sync\b"), "shfl.sync (the simulator gives wrong results for some uses)", False),
+    (re.compile(re.escape(SHFL_NOTE)), "warp shuffles, run as shared-memory exchanges (performance mode "
+     "counts that exchange's instructions and shared-memory traffic)", None),
     (re.compile(r"\bcvt\.\w+\.f16x2\b|\bcvt\.\w+\.bf16x2\b"), "cvt to f16x2/bf16x2 (the simulator gets it wrong)", False),
 ]
 
@@ -38,14 +43,76 @@ _HINTS = [(re.compile(r"^\s*createpolicy\.[^;\n]*;[ \t]*$", re.M), ""),
           (re.compile(r"^\s*\.(?:reqntid|maxntid|minnctapersm|maxnreg)\b[^\n{]*", re.M), ""),
           (re.compile(r"(\.param\s+\.\w+)\s+\.ptr(?:\s+\.(?:global|shared|const|local))?(?:\s+\.align\s+\d+)?"), r"\1"),
           (re.compile(r"\.L1::(?:evict_last|evict_first|evict_normal|evict_unchanged|no_allocate)"), ""),
-          (re.compile(r"\{\s*(%\w+)\s*\}"), r"\1")]
+          (re.compile(r"\{\s*(%\w+)\s*\}"), r"\1"),
+          # DWARF sections (Triton's): the parser rejects a second module's, merged into one file
+          (re.compile(r"^[ \t]*\.section[ \t]+\.debug_\w+\s*\{(?:[ \t]*\}|.*?^[ \t]*\})[ \t]*$", re.M | re.S), "")]
 
 
 def for_sim(ptx: str) -> str:
-    """The PTX with the constructs above rewritten for the simulator's parser."""
+    """The PTX with the constructs above rewritten for the simulator's parser, and its warp
+    shuffles as shared-memory exchanges (shuffles())."""
     for rx, to in _HINTS:
         ptx = rx.sub(to, ptx)
-    return ptx
+    return shuffles(ptx)
+
+
+# GPGPU-Sim's shfl writes some lanes' results into other threads' registers (a Triton softmax's
+# shfl.sync.bfly destination read back undefined), so each `shfl[.sync].MODE.b32 d, a, b, c[, m]`
+# becomes the exchange PTX defines, through a per-CTA array of one word per thread: each lane
+# stores a, computes its source lane j from b and c (and its own lane when j is out of range),
+# and loads j's word (`d|p`: p says whether j was in range). A warp runs in lockstep on the
+# simulator, so every store precedes every load.
+_SHFL = re.compile(r"^([ \t]*)(@!?%\w+[ \t]+)?shfl(?:\.sync)?\.(up|down|bfly|idx)\.b32[ \t]+(%\w+)(?:[ \t]*\|[ \t]*(%\w+))?[ \t]*,"
+                   r"[ \t]*([^,;|]+?)[ \t]*,[ \t]*([^,;]+?)[ \t]*,[ \t]*([^,;]+?)(?:[ \t]*,[ \t]*[^,;]+?)?[ \t]*;", re.M)
+_FUNC = re.compile(r"(?:\.(?:visible|weak|extern)[ \t]+)*\.(?:entry|func)\b[^{;]*\{")
+_J = {"bfly": "xor.b32 %cs_sh9, %cs_sh1, %cs_sh2;\n{i}setp.le.s32 %cs_shp0, %cs_sh9, %cs_sh8;",
+      "down": "add.s32 %cs_sh9, %cs_sh1, %cs_sh2;\n{i}setp.le.s32 %cs_shp0, %cs_sh9, %cs_sh8;",
+      "up": "sub.s32 %cs_sh9, %cs_sh1, %cs_sh2;\n{i}setp.ge.s32 %cs_shp0, %cs_sh9, %cs_sh8;",
+      "idx": "not.b32 %cs_sh10, %cs_sh4;\n{i}and.b32 %cs_sh10, %cs_sh2, %cs_sh10;\n{i}or.b32 %cs_sh9, %cs_sh7, %cs_sh10;\n"
+             "{i}setp.le.s32 %cs_shp0, %cs_sh9, %cs_sh8;"}
+
+
+def _exchange(m: "re.Match", buf: str) -> str:
+    i, guard, mode, d, p, a, b, c = (m.group(1), m.group(2) or "", m.group(3), m.group(4), m.group(5), m.group(6),
+                                     m.group(7), m.group(8))
+    lines = [SHFL_NOTE,
+             "mov.u32 %cs_sh0, %tid.x;", "mov.u32 %cs_sh1, %tid.y;", "mov.u32 %cs_sh2, %tid.z;",
+             "mov.u32 %cs_sh3, %ntid.x;", "mov.u32 %cs_sh4, %ntid.y;",
+             "mad.lo.u32 %cs_sh2, %cs_sh2, %cs_sh4, %cs_sh1;", "mad.lo.u32 %cs_sh0, %cs_sh2, %cs_sh3, %cs_sh0;",
+             "and.b32 %cs_sh1, %cs_sh0, 31;", f"mov.u32 %cs_sh5, {buf};",
+             "shl.b32 %cs_sh6, %cs_sh0, 2;", "add.u32 %cs_sh6, %cs_sh5, %cs_sh6;",
+             f"mov.b32 %cs_sh11, {a};", f"{guard}st.shared.b32 [%cs_sh6], %cs_sh11;",
+             f"mov.b32 %cs_sh2, {b};", "and.b32 %cs_sh2, %cs_sh2, 31;",
+             f"mov.b32 %cs_sh3, {c};", "shr.u32 %cs_sh4, %cs_sh3, 8;", "and.b32 %cs_sh4, %cs_sh4, 31;",
+             "and.b32 %cs_sh3, %cs_sh3, 31;", "and.b32 %cs_sh7, %cs_sh1, %cs_sh4;",
+             "not.b32 %cs_sh8, %cs_sh4;", "and.b32 %cs_sh8, %cs_sh3, %cs_sh8;", "or.b32 %cs_sh8, %cs_sh7, %cs_sh8;",
+             _J[mode].format(i=i), "selp.b32 %cs_sh9, %cs_sh9, %cs_sh1, %cs_shp0;",
+             "sub.s32 %cs_sh10, %cs_sh0, %cs_sh1;", "add.s32 %cs_sh10, %cs_sh10, %cs_sh9;",
+             "shl.b32 %cs_sh10, %cs_sh10, 2;", "add.u32 %cs_sh10, %cs_sh5, %cs_sh10;",
+             f"{guard}ld.shared.b32 {d}, [%cs_sh10];"] + ([f"{guard}mov.pred {p}, %cs_shp0;"] if p else [])
+    return "\n".join(i + l for l in lines)
+
+
+def shuffles(ptx: str) -> str:
+    """Every function's 32-bit warp shuffles rewritten as shared-memory exchanges (above), with
+    the registers and the per-CTA array (1024 words: a CTA's most threads) they use."""
+    if "shfl" not in ptx:
+        return ptx
+    heads = list(_FUNC.finditer(ptx))
+    out, last = [], 0
+    for n, h in enumerate(heads):
+        end = heads[n + 1].start() if n + 1 < len(heads) else len(ptx)
+        body = ptx[h.end():end]
+        buf = f"__cs_shfl_{zlib.crc32((h.group(0) + body).encode()):08x}"
+        new, k = _SHFL.subn(lambda m: _exchange(m, buf), body)
+        if not k:
+            continue
+        # the array at module scope, before the function (some parsers take no .shared inside one)
+        out += [ptx[last:h.start()], f".shared .align 4 .b32 {buf}[1024];\n", h.group(0),
+                "\n\t.reg .b32 %cs_sh<12>;\n\t.reg .pred %cs_shp<1>;\n", new]
+        last = end
+    out.append(ptx[last:])
+    return "".join(out)
 
 
 def text(ptx: bytes) -> str:
@@ -79,7 +146,7 @@ def bodies(ptx: str) -> Dict[str, str]:
     return out
 
 
-def constructs(body: str) -> List[Tuple[str, bool]]:
+def constructs(body: str) -> List[Tuple[str, Optional[bool]]]:
     """[(construct, refuse)] the simulator mishandles, found in one entry's text."""
     return [(what, refuse) for rx, what, refuse in CONSTRUCTS if rx.search(body)]
 

@@ -8,8 +8,9 @@ run_workload(name, work, env) runs, in order, on one GPU (CUDA_VISIBLE_DEVICES i
   graph        --profile graph (wall time kept beside timeline's)
   extract:*    extract + export + make + run of three launches: the first launch, the longest
                kernel of the timeline, a library GEMM (cuBLAS/cuBLASLt/CUTLASS names)
-  sim          the first launch's extract replayed on GPGPU-Sim (replay --sim, functional, on the CPU;
-               $CUDASNAP_GPGPUSIM): verified, or n/a with the reason (a kernel without PTX, no build)
+  sim          simulator coverage (info --sim --timeline t1.json): how many kernels, and how much
+               GPU time, can run on GPGPU-Sim, each n/a kernel's reason; ok where one can (n/a
+               where none can); with $CUDASNAP_GPGPUSIM, the first launch's extract replayed there too
   window       capture --window launches:A-B around the middle launches, replayed
   flight       capture --flight-recorder of the program ending through _exit (no exit
                handlers: the recorder's trigger for a process that ended abruptly), replayed
@@ -304,7 +305,9 @@ class Matrix:
                 self.cells[f"extract:{what}"] = {"ok": None if launches else False, "s": 0, "detail": reason}
                 continue
             self.cell(f"extract:{what}", lambda row=row, what=what: self._extract_export(xsnap, row, what))
-        self.cell("sim", self._sim)
+        sim = self.cell("sim", lambda: self._sim(xsnap))
+        if self.sim_coverage is not None:
+            sim["coverage"] = self.sim_coverage
 
         def window():
             n = len(recorded)
@@ -398,18 +401,33 @@ class Matrix:
         self.cell("advise", advise)
         return self.cells
 
-    def _sim(self) -> tuple:
-        ex = self.work / "x_first.cusnap"
-        path = os.environ.get("CUDASNAP_GPGPUSIM")
-        if not path:
-            return None, "no GPGPU-Sim build (CUDASNAP_GPGPUSIM unset)"
-        if not ex.exists():
-            return None, "no extract of the first launch"
-        cp = self.run(_cudasnap("replay", str(ex), "--sim", "gpgpu-sim", "--sim-path", path, "-q"))
-        err = (cp.stderr or "").strip().splitlines()
-        if cp.returncode == 2 and err and ("has no PTX" in err[0] or "the simulator cannot run it" in err[0]):
-            return None, err[0][:300]
-        return cp.returncode == 0, self._tail(cp)
+    sim_coverage: Optional[dict] = None
+
+    def _sim(self, snap: Path) -> tuple:
+        """Coverage from the snapshot and the first timeline; the first launch simulated where a
+        build is at hand. ok: some kernel can run there; n/a: none can (the reasons named)."""
+        t1 = self.work / ("t1.rank0.json" if self.name in JOBS else "t1.json")
+        cp = self.run(_cudasnap("info", str(snap), "--sim", "--json", *(["--timeline", str(t1)] if t1.exists() else [])))
+        try:
+            doc = json.loads(cp.stdout)
+        except json.JSONDecodeError:
+            return False, "info --sim: " + self._tail(cp)
+        s = doc["summary"]
+        self.sim_coverage = {k: s.get(k) for k in ("kernels", "runnable", "launches", "runnable_launches",
+                                                   "runnable_time_pct", "na", "snapshot_gaps", "line")}
+        self.sim_coverage["na_kernels"] = [
+            {"name": (k["demangled"] or k["name"])[:120], "share_pct": k.get("share_pct"),
+             "reasons": [r["reason"] for r in k["reasons"]]} for k in doc["kernels"] if not k["runnable"]]
+        detail, ok = s["line"], (True if s["runnable"] else None)
+        ex, path = self.work / "x_first.cusnap", os.environ.get("CUDASNAP_GPGPUSIM")
+        if path and ex.exists():
+            cp = self.run(_cudasnap("replay", str(ex), "--sim", "gpgpu-sim", "--sim-path", path, "-q"))
+            err = (cp.stderr or "").strip().splitlines()
+            refused = cp.returncode == 2 and err and ("has no PTX" in err[0] or "the simulator cannot run it" in err[0])
+            detail += f"; first launch on GPGPU-Sim: " + (err[0][:200] if refused else self._tail(cp))
+            if not refused and cp.returncode != 0:
+                ok = False
+        return ok, detail
 
     def _extract_export(self, snap: Path, row: dict, what: str) -> tuple:
         ex = self.work / f"x_{what}.cusnap"
@@ -438,6 +456,21 @@ COLUMNS = ["capture", "replay", "timeline", "isolated", "graph", "extract:first"
            "sim", "window", "flight", "stats", "compare", "metrics", "advise"]
 
 
+def sim_coverage(rows: List[dict]) -> str:
+    """Per workload: the sim column's summary, then each kernel it cannot take, with why."""
+    out = []
+    for r in rows:
+        cov = (r["cells"].get("sim") or {}).get("coverage")
+        if not cov:
+            continue
+        out.append(f"{r['workload']} (run {r.get('run', 1)}): {cov['line']}"
+                   + (f"; a whole-snapshot replay also meets {cov['snapshot_gaps']} gap(s)" if cov.get("snapshot_gaps") else ""))
+        for k in cov.get("na_kernels") or []:
+            share = f" ({k['share_pct']:.1f}% of GPU time)" if k.get("share_pct") is not None else ""
+            out.append(f"  n/a {k['name'][:90]}{share}: {'; '.join(k['reasons'])}")
+    return "\n".join(out) + ("\n" if out else "")
+
+
 def table(rows: List[dict]) -> str:
     """Markdown: one row per (run, workload), one column per command."""
     head = "| run | workload | " + " | ".join(COLUMNS) + " |\n|" + "---|" * (len(COLUMNS) + 2) + "\n"
@@ -451,5 +484,9 @@ def table(rows: List[dict]) -> str:
         for c in COLUMNS:
             v = cells.get(c)
             marks.append("-" if v is None else {True: "ok", False: "**FAIL**", None: "n/a"}[v["ok"]])
+            cov = (v or {}).get("coverage")
+            if cov:         # the sim column: kernels and GPU time the simulator can take
+                pct = cov.get("runnable_time_pct")
+                marks[-1] += f" {cov['runnable']}/{cov['kernels']}" + (f", {pct:.0f}%" if pct is not None else "")
         lines.append(f"| {r.get('run', 1)} | {r['workload']} | " + " | ".join(marks) + " |")
     return head + "\n".join(lines) + "\n"
