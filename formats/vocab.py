@@ -82,6 +82,30 @@ def call_classes(name: str) -> frozenset:
     return c if c is not None else _call_classes.get(base_name(name), frozenset())
 
 
+_overrides: Dict[str, Mapping[str, Any]] = {}
+
+
+def override(name: str) -> Mapping[str, Any]:
+    """The hooks of a function with semantics of its own (the description's "overrides", from
+    shim/overlay.py OVERRIDES): replay handler, export method, capture handler...; {} for one
+    that replays and exports by its class."""
+    if not _overrides:
+        from cudasnap.shim.description import load
+        for f in load().functions:
+            o = f.get("overrides") or {}
+            _overrides[f["name"]] = o
+            _overrides.setdefault(f["base"], o)
+    got = _overrides.get(name)
+    return got if got is not None else _overrides.get(base_name(name), {})
+
+
+def overridden() -> List[Tuple[str, str, Mapping[str, Any]]]:
+    """(ABI name, base name, hooks) of every function the overrides table names."""
+    override("")
+    from cudasnap.shim.description import load
+    return [(f["name"], f["base"], f["overrides"]) for f in load().functions if f.get("overrides")]
+
+
 _in_class: Dict[Tuple[str, str], bool] = {}     # (name, class) -> answer: replay asks per call
 
 
