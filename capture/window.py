@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 from cudasnap.formats.abi import base_name
-from cudasnap.formats.vocab import COLLECTIVE_KERNEL
+from cudasnap.formats.vocab import COLLECTIVE_KERNEL, in_class
 
 _HANDLE_MIN = 0x10000                           # smaller values are counts, flags, enums
 
@@ -175,7 +175,7 @@ class StateKeeper:
                 if s in out:
                     continue
                 _m, used = self._handles(self.calls[s])
-                if used and used[0] == (0, x) and _m and _base(self.calls[s].get("f") or "").startswith("cuGraphInstantiate"):
+                if used and used[0] == (0, x) and _m and in_class(self.calls[s].get("f") or "", "instantiates"):
                     return None            # an executable graph outlives the graph it came from
                 if used and used[0] == (0, x):
                     out.add(s)

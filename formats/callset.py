@@ -23,15 +23,15 @@ _base = base_name
 
 
 def is_memcpy(f: str) -> bool:
-    return f.startswith("cuMemcpy")
+    return in_class(f, "copy_group")
 
 
 def is_memset(f: str) -> bool:
-    return f.startswith("cuMemset")
+    return in_class(f, "memset_group")
 
 
 def is_alloc(f: str) -> bool:
-    return in_class(f, "alloc") or _base(f).startswith("cuMemAlloc")
+    return in_class(f, "alloc")
 
 
 def is_free(f: str) -> bool:
@@ -66,8 +66,8 @@ GROUPS: Dict[str, Callable[[str], bool]] = {
     "alloc": is_alloc, "free": is_free,
     "sync": in_sync_group, "module": is_module, "modules": is_module,
     "graph": is_graph, "graphs": is_graph,
-    "event": lambda f: f.startswith("cuEvent"),
-    "stream": lambda f: f.startswith("cuStream"),
+    "event": lambda f: in_class(f, "event_group"),
+    "stream": lambda f: in_class(f, "stream_group"),
 }
 
 

@@ -72,7 +72,10 @@ CALL_CLASSES = ("sync", "wait", "order", "alloc", "free", "may_batch", "destroys
                 "records_event", "moves_memory", "h2d_copy", "unified_copy", "device_alloc", "vmm_map",
                 "physical_memory", "sets_kernel_node", "sets_node", "makes_context", "ends_context", "gets_ipc",
                 "opens_ipc", "module_group", "graph_group", "sim_noop", "sim_setup", "sim_alloc", "sim_free",
-                "memset_1d", "launches_kernel", "shim_placement", "shim_placement_after", "host_visible")
+                "memset_1d", "launches_kernel", "shim_placement", "shim_placement_after", "host_visible",
+                "copy_group", "launch_group", "memset_group", "d2h_copy", "d2d_copy", "instantiates", "event_group", "stream_group", "selectable", "no_effect",
+                "maps_range", "unmaps_range", "sets_access", "imports_shareable", "exports_shareable", "ipc_event", "enables_peer", "opens_ipc_memory",
+                "closes_ipc_memory")
 
 
 def call_classes(name: str) -> frozenset:
@@ -134,6 +137,17 @@ def makes_address_range(f: str) -> bool:
     """Device allocations and address reservations (cuMemAlloc*, cuMemAddressReserve): what
     replay places at its recorded address (a prefix test: every ABI version and variant)."""
     return f.startswith(("cuMemAlloc", "cuMemAddressReserve"))
+
+
+def selectable(f: Any) -> bool:
+    """Work a selection may leave out beside kernel launches: graph launches, copies that read
+    device memory back, memsets."""
+    return in_class(f, "selectable")
+
+
+def no_effect(f: Any) -> bool:
+    """A hint or a host-side lifetime: no effect on results (replay counts it, export drops it)."""
+    return in_class(f, "no_effect")
 
 
 def is_plain(f: Any) -> bool:

@@ -98,8 +98,8 @@ def replayed_by(name: str) -> Optional[str]:
     h = lookup(name) if name in REPLAY_EXECUTED else None
     if h is None:
         return None
-    from .handlers.generic import replay_plain
-    return "class" if h.fn is replay_plain else "handler"
+    from .handlers.generic import replay_no_effect, replay_plain
+    return "class" if h.fn is replay_plain or h.fn is replay_no_effect else "handler"
 
 
 def coverage(statuses=("replay",)) -> Dict[str, Dict[str, int]]:

@@ -41,7 +41,7 @@ def classify(f: str) -> Optional[str]:
     if c != "?":
         return c
     b = base_name(f)
-    if b.startswith("cuMemcpy") or b.startswith("cuMemset"):
+    if in_class(b, "copy_group") or in_class(b, "memset_group"):
         c = "copy"
     elif b == "cuGraphLaunch":
         c = "graph_launch"
@@ -94,7 +94,7 @@ def copy_event(rv, rec) -> CopyEvent:
     f = rec.get("f") or ""
     a = rec.get("a") or {}
     b = base_name(f)
-    if b.startswith("cuMemset"):
+    if in_class(b, "memset_group"):
         d, w = "memset", {"D8": 1, "D16": 2, "D32": 4}
         unit = next((v for k, v in w.items() if b.startswith("cuMemset" + k) or b.startswith("cuMemset2D" + k)), 1)
         n = int(a.get("N") or 0) * unit * max(int(a.get("Height") or 1), 1)

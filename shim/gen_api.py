@@ -833,8 +833,9 @@ def describe_function(model, lay, types, ov, name, fdecl, unused_rules, defaults
     params = []
     for i, p in enumerate(raw):
         params.append(default_param(model, lay, types, name, p, pnames[i], pnames, raw, i, defaults_used))
-    # overlay corrections
-    for pat, rules in ov.PARAMS.items():
+    ovr = overrides_of(ov, name, base)
+    # overlay corrections, then the overrides entry's own (what capture records of each parameter)
+    for pat, rules in [*ov.PARAMS.items(), *([(re.escape(name), ovr.pop("params"))] if "params" in ovr else [])]:
         if not re.fullmatch(pat, base) and not re.fullmatch(pat, name):
             continue
         hit = False
@@ -856,7 +857,6 @@ def describe_function(model, lay, types, ov, name, fdecl, unused_rules, defaults
         finish_param(pr, types, pnames, name)
     ptds = name.endswith(("_ptds", "_ptsz"))
     rclass = replay_class(ov, name, base, status)
-    ovr = overrides_of(ov, name, base)
     capture = ovr.pop("capture", capture)
     extra_classes = set(ovr.pop("classes", ()))
     return {"name": name, "base": base, "family": fam, "ptds": ptds, "ret": ret, "params": params,
@@ -871,7 +871,7 @@ def describe_function(model, lay, types, ov, name, fdecl, unused_rules, defaults
 
 
 OVERRIDE_KEYS = {"replay": str, "errors": bool, "via": str, "family": str, "export": str, "capture": str,
-                 "classes": list}
+                 "classes": list, "params": dict}
 
 
 def overrides_of(ov, name, base) -> dict:

@@ -261,10 +261,24 @@ CALL_CLASS_RULES = [
     ("records_event", r"cuEventRecord|cuEventRecordWithFlags"),
     ("moves_memory", r"cuMemcpy\w*|cuMemset\w*|cuMemPrefetch\w*"),
     ("h2d_copy", r"cuMemcpyHtoD|cuMemcpyHtoDAsync"),
+    ("d2h_copy", r"cuMemcpyDtoH|cuMemcpyDtoHAsync"),
+    ("d2d_copy", r"cuMemcpyDtoD|cuMemcpyDtoDAsync"),
+    ("instantiates", r"cuGraphInstantiate\w*"),
     ("unified_copy", r"cuMemcpy|cuMemcpyAsync"),
     ("device_alloc", r"cuMemAlloc|cuMemAllocPitch|cuMemAllocAsync|cuMemAllocFromPoolAsync"),
     ("vmm_map", r"cuMemCreate|cuMemMap|cuMemSetAccess|cuMemUnmap|cuMemRelease|cuMemAddressReserve|cuMemAddressFree"),
     ("physical_memory", r"cuMemCreate|cuMemRelease"),
+    # the VMM steps one by one: map physical memory into a reserved range, unmap it, make it accessible
+    ("maps_range", r"cuMemMap"),
+    ("unmaps_range", r"cuMemUnmap"),
+    ("sets_access", r"cuMemSetAccess"),
+    # memory of another process: a shareable handle imported, a legacy IPC memory handle opened / closed
+    ("imports_shareable", r"cuMemImportFromShareableHandle"),
+    ("exports_shareable", r"cuMemExportToShareableHandle"),
+    ("ipc_event", r"cuIpcGetEventHandle|cuIpcOpenEventHandle"),
+    ("enables_peer", r"cuCtxEnablePeerAccess"),
+    ("opens_ipc_memory", r"cuIpcOpenMemHandle"),
+    ("closes_ipc_memory", r"cuIpcCloseMemHandle"),
     ("sets_kernel_node", r"cuGraphAddKernelNode|cuGraphKernelNodeSetParams|cuGraphExecKernelNodeSetParams"),
     ("sets_node", r"cuGraphAddNode|cuGraphNodeSetParams|cuGraphExecNodeSetParams"),
     ("makes_context", r"cuDevicePrimaryCtxRetain|cuCtxCreate"),
@@ -272,6 +286,11 @@ CALL_CLASS_RULES = [
     ("gets_ipc", r"cuIpcGetMemHandle|cuIpcGetEventHandle"),
     ("opens_ipc", r"cuIpcOpenMemHandle|cuIpcOpenEventHandle"),
     # the --calls groups beside the classes above (formats/callset.py GROUPS)
+    ("copy_group", r"cuMemcpy\w*"),
+    ("launch_group", r"cuLaunch\w*"),
+    ("memset_group", r"cuMemset\w*"),
+    ("event_group", r"cuEvent\w*"),
+    ("stream_group", r"cuStream\w*"),
     ("module_group", r"cuModule\w*|cuLibrary\w*|cuLink\w*"),
     ("graph_group", r"cuGraph\w*|cuStreamBeginCapture\w*|cuStreamEndCapture\w*|cuStreamIsCapturing\w*"
                     r"|cuStreamGetCaptureInfo\w*|cuStreamUpdateCapture\w*"),
@@ -301,6 +320,18 @@ CALL_CLASS_RULES = [
                        r"|cuPointerGetAttributes?|cuIpcGetMemHandle|cuIpcOpenMemHandle(_v2)?|cuIpcCloseMemHandle"),
     ("shim_placement_after", r"cuPointerGetAttributes?"),
     ("host_visible", r"cuMemAllocManaged|cuMemHostAlloc|cuMemHostRegister"),
+    # work a selection (--calls, -k...) may leave out beside kernel launches: graph launches,
+    # copies that read device memory back (to the host or the device), memsets
+    ("selectable", r"cuGraphLaunch|cuMemcpy(?!HtoD|HtoA)\w*|cuMemset\w*"),
+    # hints and host-side lifetimes (caches, scheduling attributes, user objects, graph memory
+    # trimming, JIT link steps whose image the module load records): no effect on results;
+    # replay counts each as a no-op, export leaves it out
+    ("no_effect", r"cuCtxSetCacheConfig|cuCtxSetSharedMemConfig|cuCtxResetPersistingL2Cache|cuCtxSetFlags"
+                  r"|cuFuncSetSharedMemConfig|cuKernelSetCacheConfig|cuFuncSetBlockShape|cuFuncSetSharedSize"
+                  r"|cuLinkCreate|cuLinkAddData|cuLinkAddFile|cuLinkComplete|cuLinkDestroy|cuFuncLoad"
+                  r"|cuStreamSetAttribute|cuStreamCopyAttributes|cuGraphRetainUserObject|cuGraphReleaseUserObject"
+                  r"|cuUserObjectCreate|cuUserObjectRetain|cuUserObjectRelease|cuDeviceGraphMemTrim"
+                  r"|cuDeviceSetGraphMemAttribute"),
     ("may_batch", r"cuLaunchKernel|cuLaunchKernelEx|cuEventRecord|cuEventRecordWithFlags|cuStreamWaitEvent"
                   r"|cuStreamSynchronize|cuEventSynchronize|cuCtxSynchronize|cuCtxSetCurrent|cuCtxPushCurrent"
                   r"|cuCtxPopCurrent|cuMemsetD(8|16|32)(Async)?|cuMemcpyDtoD(Async)?|cuMemcpy(Async)?|cuMemcpyDtoH"),
@@ -376,6 +407,7 @@ CAPTURE_RULES = [
 #   family    the family replay counts it under, where not the handler's module
 #   export    the Emitter method (export/emit.py and its parts) that writes it; "e_none": left out
 #   capture   the shim's capture handler (as CAPTURE_RULES names them), where it has one
+#   params    what capture records of its parameters, as PARAMS' entries say it
 #   classes   call classes added to the function's (CALL_CLASS_RULES' names): what dump,
 #             selection, the simulator and profiling do with it
 OVERRIDES = {
@@ -391,10 +423,6 @@ OVERRIDES = {
     "cuCtxPopCurrent": {"replay": "context.ctx_pop", "export": "e_ctx_pop"},
     "cuCtxSynchronize": {"replay": "context.ctx_sync", "errors": True, "export": "e_ctx_sync"},
     "cuCtxSetLimit": {"replay": "context.ctx_set_limit"},
-    "cuCtxSetCacheConfig": {"replay": "context.ctx_tuning", "export": "e_none"},
-    "cuCtxSetSharedMemConfig": {"replay": "context.ctx_tuning", "export": "e_none"},
-    "cuCtxResetPersistingL2Cache": {"replay": "context.ctx_tuning", "export": "e_none"},
-    "cuCtxSetFlags": {"replay": "context.ctx_tuning", "export": "e_none"},
     "cuCtxRecordEvent": {"replay": "context.ctx_event", "errors": True},
     "cuCtxWaitEvent": {"replay": "context.ctx_event", "errors": True},
     "cuCtxAttach": {"replay": "context.ctx_attach", "export": "e_none"},
@@ -429,11 +457,6 @@ OVERRIDES = {
     "cuGraphRemoveDependencies": {"replay": "graph.graph_dependencies", "export": "e_graph_deps"},
     "cuGraphKernelNodeSetAttribute": {"replay": "graph.kernel_node_attributes", "export": "e_knode_attr"},
     "cuGraphKernelNodeCopyAttributes": {"replay": "graph.kernel_node_attributes"},
-    "cuGraphRetainUserObject": {"replay": "graph.user_objects", "export": "e_none"},
-    "cuGraphReleaseUserObject": {"replay": "graph.user_objects", "export": "e_none"},
-    "cuUserObjectCreate": {"replay": "graph.user_objects", "export": "e_none"},
-    "cuUserObjectRetain": {"replay": "graph.user_objects", "export": "e_none"},
-    "cuUserObjectRelease": {"replay": "graph.user_objects", "export": "e_none"},
     "cuGraphConditionalHandleCreate": {"replay": "graph.conditional_handle_create"},
     "cuGraphInstantiate": {"replay": "graph.graph_instantiate", "errors": True, "export": "e_instantiate"},
     "cuGraphInstantiateWithFlags": {"replay": "graph.graph_instantiate", "errors": True, "export": "e_instantiate"},
@@ -441,8 +464,6 @@ OVERRIDES = {
     "cuGraphLaunch": {"replay": "graph.graph_launch", "errors": True},
     "cuGraphUpload": {"replay": "graph.graph_launch", "errors": True},
     "cuGraphExecUpdate": {"replay": "graph.graph_exec_update", "errors": True, "export": "e_exec_update"},
-    "cuDeviceGraphMemTrim": {"replay": "graph.graph_mem_hints", "export": "e_none"},
-    "cuDeviceSetGraphMemAttribute": {"replay": "graph.graph_mem_hints", "export": "e_none"},
     "cuMemExportToShareableHandle": {"replay": "ipc.mem_export"},
     "cuMemImportFromShareableHandle": {"replay": "ipc.mem_import"},
     "cuIpcGetMemHandle": {"replay": "ipc.ipc_get"},
@@ -539,21 +560,9 @@ OVERRIDES = {
     "cuFuncSetAttribute": {"replay": "module.func_set_attribute", "export": "e_func_attr"},
     "cuKernelSetAttribute": {"replay": "module.kernel_set_attribute", "export": "e_kernel_attr"},
     "cuFuncSetCacheConfig": {"replay": "module.func_set_cache_config", "export": "e_func_attr"},
-    "cuFuncSetSharedMemConfig": {"replay": "module.func_hints", "export": "e_none"},
-    "cuKernelSetCacheConfig": {"replay": "module.func_hints", "export": "e_none"},
-    "cuFuncSetBlockShape": {"replay": "module.func_hints", "export": "e_none"},
-    "cuFuncSetSharedSize": {"replay": "module.func_hints", "export": "e_none"},
-    "cuLinkCreate": {"replay": "module.link_noop", "export": "e_none"},
-    "cuLinkAddData": {"replay": "module.link_noop", "export": "e_none"},
-    "cuLinkAddFile": {"replay": "module.link_noop", "export": "e_none"},
-    "cuLinkComplete": {"replay": "module.link_noop", "export": "e_none"},
-    "cuLinkDestroy": {"replay": "module.link_noop", "export": "e_none"},
-    "cuFuncLoad": {"replay": "module.link_noop", "export": "e_none"},
     "cuProfilerInitialize": {"replay": "profiler.profiler_control", "export": "e_none"},
     "cuProfilerStart": {"replay": "profiler.profiler_control", "export": "e_none"},
     "cuProfilerStop": {"replay": "profiler.profiler_control", "export": "e_none"},
-    "cuStreamSetAttribute": {"replay": "stream.stream_attr", "export": "e_none"},
-    "cuStreamCopyAttributes": {"replay": "stream.stream_attr", "export": "e_none"},
     "cuStreamWriteValue32": {"replay": "stream.stream_memop", "errors": True},
     "cuStreamWriteValue64": {"replay": "stream.stream_memop", "errors": True},
     "cuStreamWaitValue32": {"replay": "stream.stream_memop", "errors": True},

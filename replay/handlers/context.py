@@ -102,11 +102,6 @@ def ctx_set_limit(rp, rec):
     rp.drv(rec, "cuCtxSetLimit", rp.cu.CUlimit(a.get("limit", 0)), a.get("value", 0))
 
 
-def ctx_tuning(rp, rec):
-    # performance hints only: counted, no effect on results
-    pass
-
-
 def ctx_event(rp, rec):
     a = rec["a"]
     name = "cuCtxRecordEvent" if "Record" in rec["f"] else "cuCtxWaitEvent"

@@ -200,8 +200,6 @@ def _node_out(ctx, rec, n) -> None:
         ctx.set_handle(rec["a"].get("phGraphNode"), n, "graph node")
 
 
-
-
 def node_list(ctx, rec):
     """A program that asks for a graph's nodes (to change a node of a captured graph, say) holds
     handles no creating call returned: the live graph is asked the same question and its
@@ -515,11 +513,6 @@ def kernel_node_attributes(ctx, rec):
     pass
 
 
-def user_objects(ctx, rec):
-    # host-side lifetime of objects of the recorded process (destructor callbacks): nothing to replay
-    pass
-
-
 # ------------------------------------------------------------------ conditional handles
 def conditional_handle_create(ctx, rec):
     a = rec["a"]
@@ -590,8 +583,3 @@ def graph_exec_update(ctx, rec):
     a = rec["a"]
     ctx.drv(rec, "cuGraphExecUpdate", ctx.live(rec, a.get("hGraphExec"), "graph exec"),
            graph(ctx, rec, a.get("hGraph")))
-
-
-def graph_mem_hints(ctx, rec):
-    # graph memory pool trimming / high-watermark resets: no effect on results
-    pass

@@ -5,7 +5,7 @@ import ctypes
 import struct
 
 from .. import hostplace
-from cudasnap.formats.vocab import handle_array
+from cudasnap.formats.vocab import handle_array, in_class
 from cudasnap.formats.layout import offsetof, sizeof
 from .graph import fill_struct, keep_forever, struct_bytes
 from ..staging import h2d_async_from_blob, h2d_from_blob
@@ -34,7 +34,7 @@ def _alloc(ctx, rec, ptr_key="dptr", size=None):
 
 
 def mem_alloc(ctx, rec):
-    if rec["f"].startswith("cuMemAllocManaged"):
+    if in_class(rec["f"], "host_visible"):      # the managed one of the allocations
         ctx.note_once("managed", "managed memory is replayed as device memory placed at its recorded address")
     _alloc(ctx, rec)
 
@@ -371,7 +371,7 @@ def memcpy_dtod(ctx, rec):
     a = rec["a"]
     b = rec["f"]
     n = int(a.get("ByteCount", 0))
-    if b.startswith("cuMemcpyDtoD"):
+    if in_class(b, "d2d_copy"):
         dst, src = a.get("dstDevice"), a.get("srcDevice")
         name = "cuMemcpyDtoDAsync" if _async(rec) else "cuMemcpyDtoD"
     else:

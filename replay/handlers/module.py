@@ -207,13 +207,3 @@ def func_set_cache_config(ctx, rec):
     a = rec["a"]
     f = resolve_function(ctx, rec, a.get("hfunc"))
     ctx.drv(rec, "cuFuncSetCacheConfig", f, ctx.cu.CUfunc_cache(a.get("config", 0)))
-
-
-def func_hints(ctx, rec):
-    pass
-
-
-def link_noop(ctx, rec):
-    # JIT linking builds an image in host memory; the module load that follows records that
-    # image, so the link steps need no replay.  cuFuncLoad only loads a function early.
-    pass

@@ -5,6 +5,5 @@ range around the replayed workload instead (Replayer.profiler_control); cuProfil
 from __future__ import annotations
 
 
-
 def profiler_control(ctx, rec):
     ctx.profiler_control(rec)

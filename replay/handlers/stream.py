@@ -4,11 +4,6 @@ from __future__ import annotations
 from cudasnap.formats.abi import base_name
 
 
-
-def stream_attr(ctx, rec):
-    pass  # scheduling hints (access policy windows, priorities): no effect on results
-
-
 def stream_memop(ctx, rec):
     """A write of a value to device memory, or a wait for one, in stream order. On pinned host
     memory a host thread may be what writes the flag a wait polls, and a replay runs no host

@@ -72,8 +72,6 @@ def surf_create(ctx, rec):
         _same_value(ctx, rec, a.get("pSurfObject"), live, "surface object")
 
 
-
-
 # ------------------------------------------------------------------ 1D copies with arrays
 def memcpy_array_1d(ctx, rec):
     """Copies that address an array as bytes from an offset (cudaMemcpyToArray & co.)."""

@@ -185,7 +185,7 @@ class SequenceRecording:
             if self.first_seq is None and isinstance(s, int):     # before the first selected launch
                 if _runs_alone(rec):
                     alone.append(s)
-                elif rec.get("r", 0) == 0 and (f.startswith("cuMemset") or f.startswith("cuMemcpy")) \
+                elif rec.get("r", 0) == 0 and (in_class(f, "memset_group") or in_class(f, "copy_group")) \
                         and (rec.get("a") or {}).get("hStream") not in in_capture:
                     early.append((s, rec))
             if rec.get("r", 0) != 0:

@@ -220,7 +220,7 @@ class RecordedGraphs:
                     (self.execs if "Exec" in b else self.graphs).setdefault(key, []).append(rec)
             elif b == "cuGraphAddChildGraphNode":
                 self.graphs.setdefault(a.get("hGraph"), []).extend(self.graphs.get(a.get("childGraph"), []))
-            elif b.startswith("cuGraphInstantiate"):
+            elif in_class(b, "instantiates"):
                 ex = a.get("phGraphExec")
                 if ex:
                     self.execs.setdefault(ex, []).extend(self.graphs.get(a.get("hGraph"), []))

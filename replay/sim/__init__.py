@@ -319,8 +319,7 @@ def pointer_problems(reader, moved=moves) -> List[str]:
     provable: the replay refuses, naming the buffer and the call. Only words that reach an
     allocation placement moves (moved(base)) matter: the others keep their recorded value."""
     import numpy as np
-    from cudasnap.formats.abi import base_name
-    from cudasnap.formats.vocab import alloc_range, is_release
+    from cudasnap.formats.vocab import alloc_range, in_class, is_release
     recs = list(reader.records(("c",)))
     every: List[Tuple[int, int, Any]] = []
     for rec in recs:
@@ -352,7 +351,7 @@ def pointer_problems(reader, moved=moves) -> List[str]:
                 if isinstance(a.get(key), int):
                     live.pop(a[key], None)
             continue
-        if not base_name(f).startswith("cuMemcpyHtoD"):
+        if not in_class(f, "h2d_copy"):
             continue
         ref = (rec.get("x") or {}).get("srcHost")
         if not isinstance(ref, dict) or not reader.has_blob(ref.get("blob") or ""):
