@@ -112,16 +112,16 @@ class StateKeeper:
             return
         b = _base(f)
         tid = rec.get("tid")
-        if b == "cuCtxSetCurrent":
+        if in_class(b, "sets_current"):
             prev = self.last_current.get(tid)
             if prev is not None and next(reversed(self.calls), None) == prev:
                 self._drop({prev})              # nothing kept after it: the new one replaces it
             self._keep(rec)
             self.last_current[tid] = rec["s"]
             return
-        if b == "cuCtxPopCurrent":
+        if in_class(b, "pops_context"):
             last = next(reversed(self.calls), None)
-            if last is not None and _base(self.calls[last]["f"]) == "cuCtxPushCurrent" and self.calls[last].get("tid") == tid:
+            if last is not None and in_class(self.calls[last]["f"], "pushes_context") and self.calls[last].get("tid") == tid:
                 self._drop({last})              # a push/pop pair with nothing between: no state
                 return
         if "Get" in b:                  # an identical lookup again (per launch, in some runtimes)

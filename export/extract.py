@@ -44,7 +44,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 from cudasnap.formats import SnapshotError, SnapshotReader, SnapshotWriter
 from cudasnap.formats.vocab import (alloc_range, family, in_class, is_collective_kernel, is_graph_launch, is_launch,
-                                    is_query, is_sync, typed_params)
+                                    is_query, is_sync, code_lookup)
 from cudasnap.formats.layout import recorded_stream
 from cudasnap.formats.outputs import temporary
 from cudasnap.replay.view import WRITABLE_KINDS
@@ -71,17 +71,6 @@ _DEVICE_FREES = {"cuMemFree": "dptr", "cuMemFreeAsync": "dptr", "cuMemFreeHost":
 # streams and events: the key of the handle a creation makes, and a destruction takes
 _OBJECT_MAKERS = {"cuStreamCreate": "phStream", "cuStreamCreateWithPriority": "phStream", "cuEventCreate": "phEvent"}
 _OBJECT_ENDS = {"cuStreamDestroy": "hStream", "cuEventDestroy": "hEvent"}
-
-
-def _lookup(b: str) -> Optional[Tuple[str, str, str]]:
-    """A code lookup (class refers_code): (the handle it makes, the handle it is made from, that
-    handle's kind), from the description's parameter types; None for other calls."""
-    if not in_class(b, "refers_code"):
-        return None
-    ps = typed_params(b)
-    made = [p for p, what, _k in ps if what == "makes"]
-    src = [(p, k) for p, what, k in ps if what == "handle"]
-    return (made[0], src[0][0], src[0][1]) if made and src else None
 
 
 def _kernel_node_function(rec: Dict[str, Any]) -> int:
@@ -478,8 +467,8 @@ class Extractor:
             b = base_name(rec.get("f") or "")
             if in_class(b, "loads_code"):
                 loads[a.get("module") or a.get("library")] = rec
-            elif _lookup(b):
-                out, src, kind = _lookup(b)
+            elif code_lookup(b):
+                out, src, kind = code_lookup(b)
                 made_by[a.get(out)] = (kind, a.get(src))
         needed_fns = []
         for rec in list(self.sel) + list(recs):
@@ -546,7 +535,7 @@ class Extractor:
             for rec in recs:
                 a = rec.get("a") or {}
                 b = base_name(rec.get("f") or "")
-                out_key = _lookup(b)[0] if in_class(b, "names_function") else None
+                out_key = code_lookup(b)[0] if in_class(b, "names_function") else None
                 h = a.get(out_key) if out_key else None
                 if isinstance(h, int) and h not in used and h not in gone:
                     gone.add(h)

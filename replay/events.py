@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from cudasnap.formats.abi import base_name
-from cudasnap.formats.vocab import in_class, is_sync
+from cudasnap.formats.vocab import in_class, is_graph_launch, is_sync
 
 from .params import LAUNCH_CONFIG, LaunchParams
 
@@ -43,7 +43,7 @@ def classify(f: str) -> Optional[str]:
     b = base_name(f)
     if in_class(b, "copy_group") or in_class(b, "memset_group"):
         c = "copy"
-    elif b == "cuGraphLaunch":
+    elif is_graph_launch(b):
         c = "graph_launch"
     elif is_sync(b):
         c = "sync"

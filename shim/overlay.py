@@ -281,6 +281,17 @@ CALL_CLASS_RULES = [
     ("closes_ipc_memory", r"cuIpcCloseMemHandle"),
     ("sets_kernel_node", r"cuGraphAddKernelNode|cuGraphKernelNodeSetParams|cuGraphExecKernelNodeSetParams"),
     ("sets_node", r"cuGraphAddNode|cuGraphNodeSetParams|cuGraphExecNodeSetParams"),
+    ("adds_node", r"cuGraphAddNode"),
+    ("adds_child_graph", r"cuGraphAddChildGraphNode"),
+    ("updates_exec", r"cuGraphExecUpdate"),
+    # a launch whose geometry and stream are in a CUlaunchConfig
+    ("config_launch", r"cuLaunchKernelEx"),
+    ("loads_library", r"cuLibraryLoad\w*"),
+    ("encodes_tensor_map", r"cuTensorMapEncode\w*"),
+    # the current context of a thread: set, pushed, popped
+    ("sets_current", r"cuCtxSetCurrent"),
+    ("pushes_context", r"cuCtxPushCurrent"),
+    ("pops_context", r"cuCtxPopCurrent"),
     ("makes_context", r"cuDevicePrimaryCtxRetain|cuCtxCreate"),
     ("ends_context", r"cuCtxDestroy|cuDevicePrimaryCtxRelease|cuDevicePrimaryCtxReset"),
     ("gets_ipc", r"cuIpcGetMemHandle|cuIpcGetEventHandle"),

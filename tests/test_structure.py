@@ -535,17 +535,13 @@ def _name_counter():
 #   handlers: a handler telling apart the variants it is registered for (the overrides entry names it)
 #   the rest: a name test waiting for its class (bench/count_names.py --by-module lists them)
 NAME_TESTS_ALLOWED: Dict[str, int] = {
-    # handlers, the variants of their own functions
+    # handlers and emitters, the variants of their own functions
     "replay/handlers/graph.py": 3, "replay/handlers/ipc.py": 1, "replay/handlers/launch.py": 1,
     "replay/handlers/memory.py": 2, "replay/handlers/module.py": 1, "replay/handlers/texture.py": 5,
-    "export/emit.py": 2, "export/emit_module.py": 2, "export/emit_stream.py": 5,
+    "export/emit.py": 2, "export/emit_module.py": 2, "export/emit_stream.py": 5, "replay/events.py": 3,
     # waiting for a class
-    "capture/window.py": 3, "export/extract.py": 3, "export/ranges.py": 4,
-    "formats/callset.py": 6, "formats/layout.py": 1, "replay/engine.py": 5,
-    "replay/events.py": 4, "replay/functions.py": 1, "replay/override.py": 1,
-    "replay/profile/graphseq.py": 3, "replay/profile/graphunits.py": 10, "replay/profile/metrics_cupti.py": 1,
-    "replay/replace.py": 1, "replay/retarget.py": 3, "replay/selection.py": 1, "replay/sim/export.py": 1,
-    "shim/build_shim.py": 4,
+    "export/extract.py": 3, "export/ranges.py": 1, "replay/engine.py": 5, "replay/profile/metrics_cupti.py": 1,
+    "replay/retarget.py": 3, "replay/selection.py": 1, "shim/build_shim.py": 4,
 }
 # "cu" alone: a call record told from the simulator's own records, not a function's meaning
 BARE_CU_ALLOWED = {"replay/sim/driver.py": 1}

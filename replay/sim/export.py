@@ -108,7 +108,7 @@ def export_sim(snapshot, outdir: str) -> Tuple[int, int, int]:
             val = a.get({1: "uc", 2: "us", 4: "ui"}[width], 0)
             body.append(f"{at}memset_n({a.get('dstDevice'):#x}ULL, {val}u, {width}, {a.get('N', 0)});")
         elif in_class(b, "launches_kernel"):
-            if b == "cuLaunchKernelEx":
+            if in_class(b, "config_launch"):
                 from cudasnap.replay.params import LAUNCH_CONFIG
                 cfg = a.get("config")
                 if not isinstance(cfg, (bytes, bytearray)) or len(cfg) < LAUNCH_CONFIG.size:
