@@ -83,7 +83,7 @@ class MemoryCalls:
         rng = alloc_range(rec)
         if rng is None:
             self.fail(rec, "the recorded allocation has no address or size")
-        if in_class(rec["f"], "host_visible"):      # the managed one of the allocations
+        if in_class(rec["f"], "managed_alloc"):
             self.note_once("managed", "managed memory is replayed as device memory at its recorded address")
         self.space.alloc(rng[0], rng[1], rec.get("s"))
         self.flush_plan(rec)

@@ -331,6 +331,7 @@ CALL_CLASS_RULES = [
                        r"|cuPointerGetAttributes?|cuIpcGetMemHandle|cuIpcOpenMemHandle(_v2)?|cuIpcCloseMemHandle"),
     ("shim_placement_after", r"cuPointerGetAttributes?"),
     ("host_visible", r"cuMemAllocManaged|cuMemHostAlloc|cuMemHostRegister"),
+    ("managed_alloc", r"cuMemAllocManaged"),
     # work a selection (--calls, -k...) may leave out beside kernel launches: graph launches,
     # copies that read device memory back (to the host or the device), memsets
     ("selectable", r"cuGraphLaunch|cuMemcpy(?!HtoD|HtoA)\w*|cuMemset\w*"),
@@ -422,7 +423,7 @@ CAPTURE_RULES = [
 #   classes   call classes added to the function's (CALL_CLASS_RULES' names): what dump,
 #             selection, the simulator and profiling do with it
 OVERRIDES = {
-    "cuInit": {"replay": "context.init", "errors": True, "export": "e_init"},
+    "cuInit": {"replay": "context.init", "errors": True, "export": "e_init", "capture": "init"},
     "cuDevicePrimaryCtxRetain": {"replay": "context.primary_retain", "export": "e_retain"},
     "cuDevicePrimaryCtxRelease": {"replay": "context.primary_release", "export": "e_release"},
     "cuDevicePrimaryCtxReset": {"replay": "context.primary_release", "export": "e_release"},

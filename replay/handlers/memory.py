@@ -34,7 +34,7 @@ def _alloc(ctx, rec, ptr_key="dptr", size=None):
 
 
 def mem_alloc(ctx, rec):
-    if in_class(rec["f"], "host_visible"):      # the managed one of the allocations
+    if in_class(rec["f"], "managed_alloc"):
         ctx.note_once("managed", "managed memory is replayed as device memory placed at its recorded address")
     _alloc(ctx, rec)
 
