@@ -166,7 +166,7 @@ def _skipped_query(f: str) -> bool:
 
 class Extractor:
     """One extract: select, keep the state-building prefix, replay to the selection, choose and
-    read the ranges, write the small snapshot. About 650 lines because these passes share the
+    read the ranges, write the small snapshot. About 1000 lines because these passes share the
     selection's facts (handles, links, modules, ranges); range arithmetic is in ranges.py, the
     rank's job replay in replay/ranksession.py, and the C translation in the emit modules."""
 
