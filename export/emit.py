@@ -166,7 +166,7 @@ class Emitter(ContextCalls, MemoryCalls, ModuleCalls, LaunchCalls, StreamCalls, 
                     out = a.get("hfunc") or a.get("pKernel")
                     if isinstance(out, int) and out:
                         self.func_names.setdefault(out, a["name"])
-                if rec.get("f", "").startswith("cuDevicePrimaryCtxRetain") and rec.get("r") == 0:
+                if in_class(rec.get("f"), "retains_primary") and rec.get("r") == 0:
                     h = a.get("pctx")
                     if isinstance(h, int) and h:
                         self.ctx_ids.setdefault(h, {"h": h})["primary"] = True
@@ -333,7 +333,7 @@ class Emitter(ContextCalls, MemoryCalls, ModuleCalls, LaunchCalls, StreamCalls, 
 
     def e_host_func(self, rec) -> None:
         s = self.stream(rec, rec["a"].get("hStream"))
-        if rec["f"].startswith("cuStreamAddCallback"):
+        if in_class(rec["f"], "stream_callback"):
             self.emit(rec, f"CK(cuStreamAddCallback({s}, callback_noop, NULL, 0));")
         else:
             self.emit(rec, f"CK(cuLaunchHostFunc({s}, host_noop, NULL));")

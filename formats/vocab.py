@@ -78,7 +78,7 @@ CALL_CLASSES = ("sync", "wait", "order", "alloc", "free", "may_batch", "destroys
                 "sets_access", "imports_shareable", "exports_shareable", "ipc_event", "enables_peer",
                 "opens_ipc_memory", "closes_ipc_memory", "adds_node", "adds_child_graph", "updates_exec",
                 "config_launch", "loads_library", "encodes_tensor_map", "sets_current", "pushes_context",
-                "pops_context", "managed_alloc")
+                "pops_context", "managed_alloc", "retains_primary", "stream_callback", "gets_ipc_memory")
 
 
 def call_classes(name: str) -> frozenset:

@@ -456,10 +456,10 @@ class Replayer(BatchRunner):
         fk = self._fk.get(f)
         if fk is None:
             fk = ((1 if makes_address_range(f) else 0)
-                  | (2 if f.startswith("cuDevicePrimaryCtxRetain") else 0)
+                  | (2 if in_class(f, "retains_primary") else 0)
                   | (4 if in_class(f, "h2d_copy") else 0)    # its blob read ahead (staging.py)
                   | (8 if in_class(f, "pins_host") else 0)
-                  | (16 if f.startswith("cuIpcGetMemHandle") else 0)
+                  | (16 if in_class(f, "gets_ipc_memory") else 0)
                   | (32 if dispatch.unhandled(f) else 0)
                   | (64 if names_function(f) else 0)
                   | (128 if is_module_load(f) else 0))

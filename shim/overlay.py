@@ -293,8 +293,12 @@ CALL_CLASS_RULES = [
     ("pushes_context", r"cuCtxPushCurrent"),
     ("pops_context", r"cuCtxPopCurrent"),
     ("makes_context", r"cuDevicePrimaryCtxRetain|cuCtxCreate"),
+    ("retains_primary", r"cuDevicePrimaryCtxRetain"),
+    # a host callback of the legacy form (a status argument), beside cuLaunchHostFunc's
+    ("stream_callback", r"cuStreamAddCallback"),
     ("ends_context", r"cuCtxDestroy|cuDevicePrimaryCtxRelease|cuDevicePrimaryCtxReset"),
     ("gets_ipc", r"cuIpcGetMemHandle|cuIpcGetEventHandle"),
+    ("gets_ipc_memory", r"cuIpcGetMemHandle"),
     ("opens_ipc", r"cuIpcOpenMemHandle|cuIpcOpenEventHandle"),
     # the --calls groups beside the classes above (formats/callset.py GROUPS)
     ("copy_group", r"cuMemcpy\w*"),

@@ -7,6 +7,7 @@ import time
 import ctypes
 
 from cudasnap.formats.layout import recorded_stream, sizeof
+from cudasnap.formats.vocab import in_class
 from ..placement import relocate_params
 from .graph import patch_conditional_handles
 from ..functions import resolve_function
@@ -146,7 +147,7 @@ def host_func(ctx, rec):
     from ..driverops import handle_int
     f = rec["f"]
     stream = handle_int(ctx.stream(rec, rec["a"].get("hStream")))
-    code = host_stand_in(ctx.cu, stream, f.startswith("cuStreamAddCallback"), f.endswith("_ptsz"))
+    code = host_stand_in(ctx.cu, stream, in_class(f, "stream_callback"), f.endswith("_ptsz"))
     if code is None:
         ctx.res.skipped += 1
     elif code != 0 and rec.get("r", 0) == 0:
