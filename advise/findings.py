@@ -18,6 +18,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
+from cudasnap.formats.vocab import in_class
 from cudasnap.replay.names import short_name
 
 
@@ -273,12 +274,12 @@ def recorded_transfers(snapshot: Optional[str]) -> List[Dict[str, Any]]:
             a = r.get("a") or {}
             if not isinstance(r.get("t0"), int) or not isinstance(r.get("t1"), int):
                 continue
-            if f.startswith("cuMemset"):
+            if in_class(f, "memset_group"):
                 width = 4 if "D32" in f else 2 if "D16" in f else 1
                 n = a.get("N")
                 b = n * width if isinstance(n, int) else None
                 kind = "memset"
-            elif f.startswith("cuMemcpy"):
+            elif in_class(f, "copy_group"):
                 b, kind = a.get("ByteCount"), "copy"
             else:
                 continue

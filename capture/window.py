@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 from cudasnap.formats.abi import base_name
-from cudasnap.formats.vocab import COLLECTIVE_KERNEL
+from cudasnap.formats.vocab import COLLECTIVE_KERNEL, in_class
 
 _HANDLE_MIN = 0x10000                           # smaller values are counts, flags, enums
 
@@ -112,16 +112,16 @@ class StateKeeper:
             return
         b = _base(f)
         tid = rec.get("tid")
-        if b == "cuCtxSetCurrent":
+        if in_class(b, "sets_current"):
             prev = self.last_current.get(tid)
             if prev is not None and next(reversed(self.calls), None) == prev:
                 self._drop({prev})              # nothing kept after it: the new one replaces it
             self._keep(rec)
             self.last_current[tid] = rec["s"]
             return
-        if b == "cuCtxPopCurrent":
+        if in_class(b, "pops_context"):
             last = next(reversed(self.calls), None)
-            if last is not None and _base(self.calls[last]["f"]) == "cuCtxPushCurrent" and self.calls[last].get("tid") == tid:
+            if last is not None and in_class(self.calls[last]["f"], "pushes_context") and self.calls[last].get("tid") == tid:
                 self._drop({last})              # a push/pop pair with nothing between: no state
                 return
         if "Get" in b:                  # an identical lookup again (per launch, in some runtimes)
@@ -175,7 +175,7 @@ class StateKeeper:
                 if s in out:
                     continue
                 _m, used = self._handles(self.calls[s])
-                if used and used[0] == (0, x) and _m and _base(self.calls[s].get("f") or "").startswith("cuGraphInstantiate"):
+                if used and used[0] == (0, x) and _m and in_class(self.calls[s].get("f") or "", "instantiates"):
                     return None            # an executable graph outlives the graph it came from
                 if used and used[0] == (0, x):
                     out.add(s)

@@ -460,7 +460,7 @@ def _fmt_text(rec: Dict[str, Any], fn_names: Dict[Any, str], blobs: bool, r: Sna
                 dur = memo.keep(dt, f" [{us:.1f} us]" if us < 1000 else f" [{us / 1000:.2f} ms]")
         sq, tid = rec.get("s"), rec.get("tid")
         line = f"#{'?' if sq is None or sq == '' else sq}  {'?' if tid is None or tid == '' else tid}  {body}{dur}"
-        if f.startswith("cuLaunch") and cs.is_launch(f):
+        if cs.is_launch(f):
             h = a.get("f")              # the usual handle argument (launch_function_handle's first)
             if type(h) is int:
                 kn = fn_names.get(h) if fn_names else None

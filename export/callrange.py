@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from cudasnap.formats.vocab import in_class, is_launch, is_workload
+from cudasnap.formats.vocab import in_class, is_graph_launch, is_launch, is_workload
 
 from .emit import ExportError, base_name
 
@@ -34,7 +34,7 @@ def range_work(res, sel: List[Dict[str, Any]], lo: int, hi: int, last_seq: Optio
 
 
 def count_kept(res, sel: List[Dict[str, Any]], is_work: Callable[[str], bool]) -> None:
-    res.launches = sum(is_launch(r.get("f") or "") or base_name(r.get("f") or "").startswith("cuGraphLaunch")
+    res.launches = sum(is_launch(r.get("f") or "") or is_graph_launch(r.get("f") or "")
                        for r in sel)
     res.range_state = sum(not is_work(r.get("f") or "") for r in sel)
 

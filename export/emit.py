@@ -34,7 +34,8 @@ from typing import Any, Dict, List, Optional, Tuple
 from cudasnap.formats import SnapshotError, SnapshotReader, parse_callset
 from cudasnap.formats.abi import base_name
 from cudasnap.formats.outputs import write_atomic
-from cudasnap.formats.vocab import alloc_range, in_class, is_launch, is_plain, is_query, malformed_call, replay_class
+from cudasnap.formats.vocab import (alloc_range, in_class, is_launch, is_plain, is_query, malformed_call, no_effect,
+                                     replay_class, selectable)
 from cudasnap.replay.hostplace import recorded_range as host_range
 
 from .ctext import Slots, c_string, ref
@@ -165,7 +166,7 @@ class Emitter(ContextCalls, MemoryCalls, ModuleCalls, LaunchCalls, StreamCalls, 
                     out = a.get("hfunc") or a.get("pKernel")
                     if isinstance(out, int) and out:
                         self.func_names.setdefault(out, a["name"])
-                if rec.get("f", "").startswith("cuDevicePrimaryCtxRetain") and rec.get("r") == 0:
+                if in_class(rec.get("f"), "retains_primary") and rec.get("r") == 0:
                     h = a.get("pctx")
                     if isinstance(h, int) and h:
                         self.ctx_ids.setdefault(h, {"h": h})["primary"] = True
@@ -186,9 +187,7 @@ class Emitter(ContextCalls, MemoryCalls, ModuleCalls, LaunchCalls, StreamCalls, 
         f = rec.get("f")
         if not isinstance(f, str):
             return False
-        b = base_name(f)
-        return is_launch(f) or b.startswith("cuGraphLaunch") \
-            or (b.startswith("cuMemcpy") and "HtoD" not in b and "HtoA" not in b) or b.startswith("cuMemset")
+        return is_launch(f) or selectable(f)
 
     def selected(self, rec) -> bool:
         if self.sel is None:
@@ -291,7 +290,9 @@ class Emitter(ContextCalls, MemoryCalls, ModuleCalls, LaunchCalls, StreamCalls, 
         """The method translating ABI name f: its TABLE entry, else by class (a plain execute
         call: every argument from the description), else None."""
         m = TABLE.get(base_name(f)) or TABLE.get(f)
-        if m is None and is_plain(f) and replay_class(f) == "execute":
+        if m is None and no_effect(f):
+            m = "e_none"
+        elif m is None and is_plain(f) and replay_class(f) == "execute":
             m = "e_generic"
         return m
 
@@ -332,7 +333,7 @@ class Emitter(ContextCalls, MemoryCalls, ModuleCalls, LaunchCalls, StreamCalls, 
 
     def e_host_func(self, rec) -> None:
         s = self.stream(rec, rec["a"].get("hStream"))
-        if rec["f"].startswith("cuStreamAddCallback"):
+        if in_class(rec["f"], "stream_callback"):
             self.emit(rec, f"CK(cuStreamAddCallback({s}, callback_noop, NULL, 0));")
         else:
             self.emit(rec, f"CK(cuLaunchHostFunc({s}, host_noop, NULL));")

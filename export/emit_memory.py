@@ -8,7 +8,7 @@ import re
 import struct
 from typing import List
 
-from cudasnap.formats.vocab import alloc_range
+from cudasnap.formats.vocab import alloc_range, in_class
 from cudasnap.replay.hostplace import recorded_range as host_range
 
 from .ctext import lit, ref
@@ -83,7 +83,7 @@ class MemoryCalls:
         rng = alloc_range(rec)
         if rng is None:
             self.fail(rec, "the recorded allocation has no address or size")
-        if rec["f"].startswith("cuMemAllocManaged"):
+        if in_class(rec["f"], "managed_alloc"):
             self.note_once("managed", "managed memory is replayed as device memory at its recorded address")
         self.space.alloc(rng[0], rng[1], rec.get("s"))
         self.flush_plan(rec)
@@ -216,7 +216,7 @@ class MemoryCalls:
     def e_d2d(self, rec) -> None:
         a = rec["a"]
         n = int(a.get("ByteCount", 0))
-        if rec["f"].startswith("cuMemcpyDtoD"):
+        if in_class(rec["f"], "d2d_copy"):
             dst, src = a.get("dstDevice"), a.get("srcDevice")
         else:
             dst, src = a.get("dst"), a.get("src")

@@ -44,7 +44,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 from cudasnap.formats import SnapshotError, SnapshotReader, SnapshotWriter
 from cudasnap.formats.vocab import (alloc_range, family, in_class, is_collective_kernel, is_graph_launch, is_launch,
-                                    is_query, is_sync)
+                                    is_query, is_sync, code_lookup)
 from cudasnap.formats.layout import recorded_stream
 from cudasnap.formats.outputs import temporary
 from cudasnap.replay.view import WRITABLE_KINDS
@@ -71,8 +71,6 @@ _DEVICE_FREES = {"cuMemFree": "dptr", "cuMemFreeAsync": "dptr", "cuMemFreeHost":
 # streams and events: the key of the handle a creation makes, and a destruction takes
 _OBJECT_MAKERS = {"cuStreamCreate": "phStream", "cuStreamCreateWithPriority": "phStream", "cuEventCreate": "phEvent"}
 _OBJECT_ENDS = {"cuStreamDestroy": "hStream", "cuEventDestroy": "hEvent"}
-# function lookups: the key of the handle each makes
-_LOOKUP_OUT = {"cuModuleGetFunction": "hfunc", "cuLibraryGetKernel": "pKernel", "cuKernelGetFunction": "pFunc"}
 
 
 def _kernel_node_function(rec: Dict[str, Any]) -> int:
@@ -156,7 +154,7 @@ def _stream_key(f: str, a) -> int:
 def _is_work(f: str) -> bool:
     """Calls whose effect the restored memory stands for (or that only order work)."""
     b = base_name(f)
-    return (b.startswith("cuLaunch") or is_graph_launch(b) or in_class(b, "moves_memory")
+    return (in_class(b, "launch_group") or is_graph_launch(b) or in_class(b, "moves_memory")
             or is_sync(b) or in_class(b, "order"))
 
 
@@ -168,7 +166,7 @@ def _skipped_query(f: str) -> bool:
 
 class Extractor:
     """One extract: select, keep the state-building prefix, replay to the selection, choose and
-    read the ranges, write the small snapshot. About 650 lines because these passes share the
+    read the ranges, write the small snapshot. About 1000 lines because these passes share the
     selection's facts (handles, links, modules, ranges); range arithmetic is in ranges.py, the
     rank's job replay in replay/ranksession.py, and the C translation in the emit modules."""
 
@@ -330,7 +328,7 @@ class Extractor:
             return False
         if in_class(b, "ends_capture") and "graph" not in g and _stream_key(rec.get("f") or "", a) == g["stream"]:
             g["graph"] = a.get("phGraph")
-        elif b.startswith("cuGraphInstantiate") and g.get("graph") and a.get("hGraph") == g["graph"]:
+        elif in_class(b, "instantiates") and g.get("graph") and a.get("hGraph") == g["graph"]:
             g.setdefault("execs", set()).add(a.get("phGraphExec"))
         elif is_graph_launch(b) and (a.get("hGraphExec") or a.get("hGraph")) in g.get("execs", ()):
             self.res.notes.append(f"launch #{g['launch']} of {g['name'][:80]} was captured into a graph: extracting "
@@ -376,9 +374,9 @@ class Extractor:
             b = base_name(f)
             key = _stream_key(f, a)
             in_cap = key in capturing
-            if b == "cuMemMap":
+            if in_class(b, "maps_range"):
                 self.mapped[a.get("ptr")] = int(a.get("size", 0))
-            elif b == "cuMemUnmap":
+            elif in_class(b, "unmaps_range"):
                 self.mapped.pop(a.get("ptr"), None)
             self._note_link(rec, b, a)
             if in_class(b, "begins_capture"):
@@ -393,7 +391,7 @@ class Extractor:
                 continue
             if in_class(b, "records_event") and in_cap:
                 cap_events[a.get("hEvent")] = capturing[key]
-            if b == "cuStreamWaitEvent" and a.get("hEvent") in cap_events and cap_events[a["hEvent"]] in capturing.values():
+            if in_class(b, "waits_event") and not is_sync(b) and a.get("hEvent") in cap_events and cap_events[a["hEvent"]] in capturing.values():
                 capturing[key] = cap_events[a["hEvent"]]
                 in_cap = True
             if in_cap:
@@ -421,10 +419,10 @@ class Extractor:
         """What the extract needs to stand alone where the program linked another process."""
         if in_class(b, "links_process"):       # the extract keeps none as they are (_unlink)
             self.links.append(rec)
-            if b == "cuIpcOpenMemHandle" and isinstance(a.get("pdptr"), int):
+            if in_class(b, "opens_ipc_memory") and isinstance(a.get("pdptr"), int):
                 self.ipc_opened.add(a["pdptr"])
-        elif b == "cuMemMap" and isinstance(a.get("handle"), int) and any(
-                base_name(r.get("f") or "") == "cuMemImportFromShareableHandle"
+        elif in_class(b, "maps_range") and isinstance(a.get("handle"), int) and any(
+                in_class(r.get("f"), "imports_shareable")
                 and (r.get("a") or {}).get("handle") == a["handle"] for r in self.links):
             end = int(a.get("offset") or 0) + int(a.get("size") or 0)
             self.import_size[a["handle"]] = max(self.import_size.get(a["handle"], 0), end)
@@ -434,20 +432,20 @@ class Extractor:
         b = base_name(rec.get("f") or "")
         a = rec.get("a") or {}
         base = {k: v for k, v in rec.items() if k not in ("f", "a", "x")}
-        if b == "cuMemImportFromShareableHandle":
+        if in_class(b, "imports_shareable"):
             n = self.import_size.get(a.get("handle"))
             if not n:
                 return None                       # never mapped: nothing reads it
             return {**base, "f": "cuMemCreate", "a": {"handle": a.get("handle"), "size": n,
                                                       "prop": _PROP_DEVICE.pack(1, 0, 1, self._rank_device()),
                                                       "flags": 0}}
-        if b == "cuIpcOpenMemHandle":
+        if in_class(b, "opens_ipc_memory"):
             n = self.ipc_size.get(a.get("pdptr"))
             if not n:
                 raise ExtractError(f"call #{rec.get('s')} {rec['f']}: the size of the memory it opened is not "
                                    f"known (it was not live when the selection started)")
             return {**base, "f": "cuMemAlloc_v2", "a": {"dptr": a.get("pdptr"), "bytesize": n}}
-        if b == "cuIpcCloseMemHandle":
+        if in_class(b, "closes_ipc_memory"):
             return {**base, "f": "cuMemFree_v2", "a": {"dptr": a.get("dptr")}}
         return None                               # exports, event handles
 
@@ -469,14 +467,9 @@ class Extractor:
             b = base_name(rec.get("f") or "")
             if in_class(b, "loads_code"):
                 loads[a.get("module") or a.get("library")] = rec
-            elif b == "cuModuleGetFunction":
-                made_by[a.get("hfunc")] = ("module", a.get("hmod"))
-            elif b == "cuLibraryGetKernel":
-                made_by[a.get("pKernel")] = ("library", a.get("library"))
-            elif b == "cuKernelGetFunction":
-                made_by[a.get("pFunc")] = ("kernel", a.get("kernel"))
-            elif b == "cuLibraryGetModule":
-                made_by[a.get("pMod")] = ("library", a.get("library"))
+            elif code_lookup(b):
+                out, src, kind = code_lookup(b)
+                made_by[a.get(out)] = (kind, a.get(src))
         needed_fns = []
         for rec in list(self.sel) + list(recs):
             if is_launch(rec.get("f") or ""):
@@ -541,7 +534,8 @@ class Extractor:
         if not unresolved and all(h in made_by for h, _s in needed_fns):
             for rec in recs:
                 a = rec.get("a") or {}
-                out_key = _LOOKUP_OUT.get(base_name(rec.get("f") or ""))
+                b = base_name(rec.get("f") or "")
+                out_key = code_lookup(b)[0] if in_class(b, "names_function") else None
                 h = a.get(out_key) if out_key else None
                 if isinstance(h, int) and h not in used and h not in gone:
                     gone.add(h)
@@ -702,14 +696,14 @@ class Extractor:
     def _root_recs(self) -> List[Dict[str, Any]]:
         """The selected calls, and the captured work its graph launches run."""
         recs = list(self.sel)
-        if any(base_name(r.get("f") or "").startswith("cuGraphLaunch") for r in self.sel):
+        if any(is_graph_launch(r.get("f") or "") for r in self.sel):
             recs += self.captured_work
         return recs
 
     def _copied_in(self):
         """The host data the selected H2D copies upload (their pointer words reach memory too)."""
         for rec in self.sel:
-            if not base_name(rec.get("f") or "").startswith("cuMemcpyHtoD"):
+            if not in_class(rec.get("f") or "", "h2d_copy"):
                 continue
             for v in (rec.get("x") or {}).values():
                 if isinstance(v, dict) and isinstance(v.get("blob"), str) and self.reader.has_blob(v["blob"]):
@@ -954,13 +948,13 @@ class Extractor:
         allocation all of whose mappings go and that no other kept call names (an export, a
         property query). Address reservations stay (they hold no memory). An access setting that
         spans a kept mapping keeps every mapping it covers."""
-        maps = [r for r in vmm if base_name(r["f"]) == "cuMemMap"]
+        maps = [r for r in vmm if in_class(r["f"], "maps_range")]
         span = {r["s"]: (r["a"].get("ptr"), r["a"].get("size")) for r in maps}
         if not all(isinstance(p, int) and isinstance(n, int) for p, n in span.values()):
             return set()
         cand = {r["s"] for r in maps if not is_reached(span[r["s"]][0], span[r["s"]][0] + max(span[r["s"]][1], 1))
                 and r["a"].get("handle") not in ints}
-        access = [(r["a"].get("ptr"), r["a"].get("size")) for r in vmm if base_name(r["f"]) == "cuMemSetAccess"]
+        access = [(r["a"].get("ptr"), r["a"].get("size")) for r in vmm if in_class(r["f"], "sets_access")]
         changed = True
         while changed:
             changed = False
@@ -979,11 +973,11 @@ class Extractor:
         dropped_at = {span[s][0] for s in cand}
         for r in sorted(vmm, key=lambda r: r["s"]):
             a, b = r["a"], base_name(r["f"])
-            if b == "cuMemSetAccess":
+            if in_class(b, "sets_access"):
                 over = [s for s, (mp, mn) in span.items() if mp < a["ptr"] + a["size"] and a["ptr"] < mp + mn]
                 if over and all(s in cand for s in over):
                     drop.add(r["s"])
-            elif b == "cuMemUnmap" and a.get("ptr") in dropped_at:
+            elif in_class(b, "unmaps_range") and a.get("ptr") in dropped_at:
                 drop.add(r["s"])
             elif in_class(b, "physical_memory") and handles.get(a.get("handle")):
                 drop.add(r["s"])

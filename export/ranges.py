@@ -20,7 +20,7 @@ from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 import numpy as np
 
-from cudasnap.formats.vocab import in_class, is_launch
+from cudasnap.formats.vocab import in_class, is_launch, memset_width
 
 from .emit import base_name
 
@@ -52,8 +52,8 @@ def pointer_args(rec) -> List[Tuple[int, int]]:
     n = 0
     if isinstance(a.get("ByteCount"), int):
         n = a["ByteCount"]
-    elif b.startswith("cuMemsetD") and isinstance(a.get("N"), int) and "2D" not in b:
-        n = a["N"] * {"cuMemsetD8": 1, "cuMemsetD16": 2, "cuMemsetD32": 4}.get(b.removesuffix("Async"), 1)
+    elif in_class(b, "memset_1d") and isinstance(a.get("N"), int):
+        n = a["N"] * memset_width(b)
     return [(a[k], n) for k in PTR_KEYS if isinstance(a.get(k), int) and a[k] >= MIN_ADDR]
 
 
@@ -112,7 +112,7 @@ class Boundaries:
                     add(np.unique(words(p)), s)
             elif in_class(f, "moves_memory"):
                 add(np.array([p for p, _n in pointer_args(rec)], dtype="<u8"), s)
-            elif f.startswith("cuTensorMapEncode"):
+            elif in_class(f, "encodes_tensor_map"):
                 tm = tensor_map_extent(rec.get("a") or {})
                 if tm is not None:
                     self.tensor_maps.append(tm)

@@ -15,7 +15,7 @@ import re
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 from .abi import base_name
-from .vocab import call_args, in_class, is_launch
+from .vocab import call_args, code_lookup, in_class, is_launch
 
 Predicate = Callable[[Dict[str, Any], Optional[Mapping[Any, str]]], bool]
 
@@ -23,15 +23,15 @@ _base = base_name
 
 
 def is_memcpy(f: str) -> bool:
-    return f.startswith("cuMemcpy")
+    return in_class(f, "copy_group")
 
 
 def is_memset(f: str) -> bool:
-    return f.startswith("cuMemset")
+    return in_class(f, "memset_group")
 
 
 def is_alloc(f: str) -> bool:
-    return in_class(f, "alloc") or _base(f).startswith("cuMemAlloc")
+    return in_class(f, "alloc")
 
 
 def is_free(f: str) -> bool:
@@ -66,8 +66,8 @@ GROUPS: Dict[str, Callable[[str], bool]] = {
     "alloc": is_alloc, "free": is_free,
     "sync": in_sync_group, "module": is_module, "modules": is_module,
     "graph": is_graph, "graphs": is_graph,
-    "event": lambda f: f.startswith("cuEvent"),
-    "stream": lambda f: f.startswith("cuStream"),
+    "event": lambda f: in_class(f, "event_group"),
+    "stream": lambda f: in_class(f, "stream_group"),
 }
 
 
@@ -99,10 +99,9 @@ def asked_by_name(rec: Mapping[str, Any]) -> Optional[Tuple[Any, str]]:
     if rec.get("r") != 0:
         return None
     f, a = rec.get("f") or "", call_args(rec)
-    if f == "cuModuleGetFunction" and isinstance(a.get("name"), str):
-        return a.get("hmod"), a["name"]
-    if f == "cuLibraryGetKernel" and isinstance(a.get("name"), str):
-        return a.get("library"), a["name"]
+    look = code_lookup(f) if in_class(f, "asks_by_name") else None
+    if look and isinstance(a.get("name"), str):
+        return a.get(look[1]), a["name"]
     return None
 
 
@@ -117,13 +116,14 @@ def learn_kernel_name(names: Dict[Any, str], rec: Mapping[str, Any]) -> None:
     if rec.get("r") != 0:
         return
     f, a = rec.get("f") or "", call_args(rec)
-    if f == "cuModuleGetFunction" and isinstance(a.get("name"), str) and isinstance(a.get("hfunc"), int):
-        names[a["hfunc"]] = a["name"]
-    elif f == "cuLibraryGetKernel" and isinstance(a.get("name"), str) and isinstance(a.get("pKernel"), int):
-        names[a["pKernel"]] = a["name"]
-    elif f == "cuKernelGetFunction" and isinstance(a.get("kernel"), int) and a["kernel"] in names \
-            and isinstance(a.get("pFunc"), int):
-        names[a["pFunc"]] = names[a["kernel"]]
+    look = code_lookup(f) if in_class(f, "names_function") else None
+    if look is None or not isinstance(a.get(look[0]), int):
+        return
+    if in_class(f, "asks_by_name"):          # by name, in a module or library
+        if isinstance(a.get("name"), str):
+            names[a[look[0]]] = a["name"]
+    elif isinstance(a.get(look[1]), int) and a[look[1]] in names:     # from a handle already named
+        names[a[look[0]]] = names[a[look[1]]]
 
 
 def kernel_name(rec: Mapping[str, Any], fn_names: Optional[Mapping[Any, str]]) -> Optional[str]:

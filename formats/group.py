@@ -81,16 +81,16 @@ def scan(path) -> Dict[str, Any]:
             x = rec.get("x") if isinstance(rec.get("x"), dict) else {}
             if in_class(b, "makes_context") and isinstance(a.get("dev"), int) and a["dev"] not in devs:
                 devs.append(a["dev"])
-            elif b == "cuMemCreate" and isinstance(a.get("prop"), (bytes, bytearray)) and len(a["prop"]) >= 16:
+            elif in_class(b, "physical_memory") and isinstance(a.get("prop"), (bytes, bytearray)) and len(a["prop"]) >= 16:
                 ltype, lid = struct.unpack_from("<Ii", a["prop"], 8)
                 if ltype == 1:            # CU_MEM_LOCATION_TYPE_DEVICE
                     weight[lid] = weight.get(lid, 0) + 1
-            elif b == "cuMemExportToShareableHandle":
+            elif in_class(b, "exports_shareable"):
                 link = x.get("link") or {}
                 out["exports"].append({"seq": rec.get("s"), "t": rec.get("t1") or rec.get("t0"), "fd": a.get("shareableHandle"),
                                        "handle": a.get("handle"), "type": a.get("handleType"),
                                        "export": link.get("export"), "dev": link.get("dev"), "ino": link.get("ino")})
-            elif b == "cuMemImportFromShareableHandle":
+            elif in_class(b, "imports_shareable"):
                 link = x.get("link") or {}
                 out["imports"].append({"seq": rec.get("s"), "t": rec.get("t0"), "fd": a.get("osHandle"),
                                        "handle": a.get("handle"), "type": a.get("shHandleType"),
@@ -99,13 +99,13 @@ def scan(path) -> Dict[str, Any]:
                                        "match_errno": link.get("match_errno")})
             elif in_class(b, "gets_ipc"):
                 h = a.get("pHandle")
-                out["ipc_get"].append({"seq": rec.get("s"), "dptr": a.get("dptr"), "event": b == "cuIpcGetEventHandle",
+                out["ipc_get"].append({"seq": rec.get("s"), "dptr": a.get("dptr"), "event": in_class(b, "ipc_event"),
                                        "handle": h.hex() if isinstance(h, (bytes, bytearray)) else None})
             elif in_class(b, "opens_ipc"):
                 h = a.get("handle")
-                out["ipc_open"].append({"seq": rec.get("s"), "dptr": a.get("pdptr"), "event": b == "cuIpcOpenEventHandle",
+                out["ipc_open"].append({"seq": rec.get("s"), "dptr": a.get("pdptr"), "event": in_class(b, "ipc_event"),
                                         "handle": h.hex() if isinstance(h, (bytes, bytearray)) else None})
-            elif b == "cuCtxEnablePeerAccess":
+            elif in_class(b, "enables_peer"):
                 out["peer"].append({"seq": rec.get("s"), "peer_ctx": a.get("peerContext")})
         # the rank's own GPU first: LOCAL_RANK's when it used it (torchrun), else where it allocated most
         local = env.get("LOCAL_RANK")

@@ -8,6 +8,8 @@ from typing import Any, Dict, Optional, Sequence
 
 from cudasnap.shim.description import load
 
+from .vocab import in_class
+
 _CODES = {1: "B", 2: "H", 4: "I", 8: "Q"}
 
 
@@ -53,7 +55,7 @@ def recorded_stream(f: str, a: Dict[str, Any]) -> Any:
     """The recorded stream handle a call was issued on: its hStream argument, or for
     cuLaunchKernelEx the one in its captured launch configuration (None when neither is there)."""
     cfg = a.get("config")
-    if f.startswith("cuLaunchKernelEx") and isinstance(cfg, (bytes, bytearray)):
+    if in_class(f, "config_launch") and isinstance(cfg, (bytes, bytearray)):
         off = offsetof("CUlaunchConfig", "hStream")
         if len(cfg) >= off + 8:
             return struct.unpack_from("<Q", cfg, off)[0]

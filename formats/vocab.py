@@ -68,11 +68,17 @@ def family(name: str) -> Optional[str]:
 # for what the parameter list says); read here only
 CALL_CLASSES = ("sync", "wait", "order", "alloc", "free", "may_batch", "destroys", "creates", "plain_args",
                 "loads_code", "asks_by_name", "names_function", "refers_code", "names_global", "host_alloc",
-                "pins_host", "begins_capture", "ends_capture", "links_process", "imports_peer", "waits_event", "polls",
-                "records_event", "moves_memory", "h2d_copy", "unified_copy", "device_alloc", "vmm_map",
+                "pins_host", "begins_capture", "ends_capture", "links_process", "imports_peer", "waits_event",
+                "polls", "records_event", "moves_memory", "h2d_copy", "unified_copy", "device_alloc", "vmm_map",
                 "physical_memory", "sets_kernel_node", "sets_node", "makes_context", "ends_context", "gets_ipc",
                 "opens_ipc", "module_group", "graph_group", "sim_noop", "sim_setup", "sim_alloc", "sim_free",
-                "memset_1d", "launches_kernel", "shim_placement", "shim_placement_after", "host_visible")
+                "memset_1d", "launches_kernel", "shim_placement", "shim_placement_after", "host_visible",
+                "copy_group", "launch_group", "memset_group", "d2h_copy", "d2d_copy", "instantiates",
+                "event_group", "stream_group", "selectable", "no_effect", "maps_range", "unmaps_range",
+                "sets_access", "imports_shareable", "exports_shareable", "ipc_event", "enables_peer",
+                "opens_ipc_memory", "closes_ipc_memory", "adds_node", "adds_child_graph", "updates_exec",
+                "config_launch", "loads_library", "encodes_tensor_map", "sets_current", "pushes_context",
+                "pops_context", "managed_alloc", "retains_primary", "stream_callback", "gets_ipc_memory")
 
 
 def call_classes(name: str) -> frozenset:
@@ -80,6 +86,30 @@ def call_classes(name: str) -> frozenset:
     _tables()
     c = _call_classes.get(name)
     return c if c is not None else _call_classes.get(base_name(name), frozenset())
+
+
+_overrides: Dict[str, Mapping[str, Any]] = {}
+
+
+def override(name: str) -> Mapping[str, Any]:
+    """The hooks of a function with semantics of its own (the description's "overrides", from
+    shim/overlay.py OVERRIDES): replay handler, export method, capture handler...; {} for one
+    that replays and exports by its class."""
+    if not _overrides:
+        from cudasnap.shim.description import load
+        for f in load().functions:
+            o = f.get("overrides") or {}
+            _overrides[f["name"]] = o
+            _overrides.setdefault(f["base"], o)
+    got = _overrides.get(name)
+    return got if got is not None else _overrides.get(base_name(name), {})
+
+
+def overridden() -> List[Tuple[str, str, Mapping[str, Any]]]:
+    """(ABI name, base name, hooks) of every function the overrides table names."""
+    override("")
+    from cudasnap.shim.description import load
+    return [(f["name"], f["base"], f["overrides"]) for f in load().functions if f.get("overrides")]
 
 
 _in_class: Dict[Tuple[str, str], bool] = {}     # (name, class) -> answer: replay asks per call
@@ -110,6 +140,17 @@ def makes_address_range(f: str) -> bool:
     """Device allocations and address reservations (cuMemAlloc*, cuMemAddressReserve): what
     replay places at its recorded address (a prefix test: every ABI version and variant)."""
     return f.startswith(("cuMemAlloc", "cuMemAddressReserve"))
+
+
+def selectable(f: Any) -> bool:
+    """Work a selection may leave out beside kernel launches: graph launches, copies that read
+    device memory back, memsets."""
+    return in_class(f, "selectable")
+
+
+def no_effect(f: Any) -> bool:
+    """A hint or a host-side lifetime: no effect on results (replay counts it, export drops it)."""
+    return in_class(f, "no_effect")
 
 
 def is_plain(f: Any) -> bool:
@@ -170,6 +211,28 @@ def typed_params(name: str) -> Tuple[Tuple[str, str, str], ...]:
             _params_of.setdefault(f["base"], tuple(out))
     got = _params_of.get(name)
     return got if got is not None else _params_of.get(base_name(name), ())
+
+
+def memset_width(name: Any) -> int:
+    """Bytes per element a memset writes (its value parameter's size: cuMemsetD8/16/32), 1 for
+    another call."""
+    if not in_class(name, "memset_group"):
+        return 1
+    from cudasnap.shim.description import load
+    fn = load().by_name(name) or load().by_name(base_name(name)) or {}
+    return next((p["size"] for p in fn.get("params") or () if p["name"] in ("uc", "us", "ui")), 1)
+
+
+def code_lookup(name: Any) -> Optional[Tuple[str, str, str]]:
+    """A kernel lookup (class refers_code: cuModuleGetFunction, cuLibraryGetKernel...): (the
+    parameter of the handle it makes, that of the handle it looks in, that handle's kind), from
+    the description's parameter types; None for other calls."""
+    if not in_class(name, "refers_code"):
+        return None
+    ps = typed_params(name)
+    made = [p for p, what, _k in ps if what == "makes"]
+    src = [(p, k) for p, what, k in ps if what == "handle"]
+    return (made[0], src[0][0], src[0][1]) if made and src else None
 
 
 def call_args(rec: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -14,16 +14,28 @@ from __future__ import annotations
 from typing import Dict, Optional, Set
 
 from cudasnap.formats.abi import base_name
-from cudasnap.formats.vocab import is_query, replay_class  # noqa: F401  (the dispatcher's classes)
+from cudasnap.formats.vocab import is_query, overridden, replay_class  # noqa: F401  (the dispatcher's classes)
 from cudasnap.shim.description import load as _desc
 
 from .handlers import REGISTRY, Handler
 
 
 def load_all() -> Dict[str, Handler]:
-    """Every handler module, imported once: each registers its names in REGISTRY."""
-    from .handlers import context, generic, graph, ipc, launch, memory, module, profiler, stream, texture  # noqa: F401
-    generic.register_plain()          # by class: what no family module took
+    """Every handler the overrides table names (shim/overlay.py OVERRIDES, through the
+    description), then by class what it leaves; built once into REGISTRY."""
+    from .handlers import context, generic, graph, ipc, launch, memory, module, profiler, stream, texture
+    if REGISTRY:
+        return REGISTRY
+    mods = {m.__name__.rpartition(".")[2]: m for m in (context, graph, ipc, launch, memory, module, profiler,
+                                                        stream, texture)}
+    for name, base, o in overridden():
+        ref = o.get("replay")
+        if ref:
+            mod, _, fn = ref.partition(".")
+            h = Handler(getattr(mods[mod], fn), bool(o.get("errors")), o.get("family") or mod, o.get("via") or "")
+            REGISTRY[name] = h
+            REGISTRY.setdefault(base, h)
+    generic.register_plain()          # by class: what the table leaves
     return REGISTRY
 
 
@@ -86,8 +98,8 @@ def replayed_by(name: str) -> Optional[str]:
     h = lookup(name) if name in REPLAY_EXECUTED else None
     if h is None:
         return None
-    from .handlers.generic import replay_plain
-    return "class" if h.fn is replay_plain else "handler"
+    from .handlers.generic import replay_no_effect, replay_plain
+    return "class" if h.fn is replay_plain or h.fn is replay_no_effect else "handler"
 
 
 def coverage(statuses=("replay",)) -> Dict[str, Dict[str, int]]:

@@ -21,7 +21,7 @@ from cudasnap.formats.container import record_list
 from cudasnap.formats.layout import recorded_stream
 from cudasnap.formats.callset import asked_by_name, is_module_load, names_function
 from cudasnap.formats.vocab import (alloc_range, in_class, is_launch, is_query, is_release, is_sync, is_workload,
-                                    makes_address_range, malformed_call, family)
+                                    makes_address_range, malformed_call, family, selectable)
 
 from . import dispatch, plan
 from .batchrun import D2H_AHEAD_EACH, D2H_AHEAD_TOTAL, SYNC_TIMES_MAX, BatchRunner, ExpectedBlobs
@@ -456,10 +456,10 @@ class Replayer(BatchRunner):
         fk = self._fk.get(f)
         if fk is None:
             fk = ((1 if makes_address_range(f) else 0)
-                  | (2 if f.startswith("cuDevicePrimaryCtxRetain") else 0)
+                  | (2 if in_class(f, "retains_primary") else 0)
                   | (4 if in_class(f, "h2d_copy") else 0)    # its blob read ahead (staging.py)
                   | (8 if in_class(f, "pins_host") else 0)
-                  | (16 if f.startswith("cuIpcGetMemHandle") else 0)
+                  | (16 if in_class(f, "gets_ipc_memory") else 0)
                   | (32 if dispatch.unhandled(f) else 0)
                   | (64 if names_function(f) else 0)
                   | (128 if is_module_load(f) else 0))
@@ -681,13 +681,10 @@ class Replayer(BatchRunner):
         f = rec.get("f", "")
         if is_launch(f):
             chosen = sel.rec(rec, self.ctx.kernel_name_of((rec.get("a") or {}).get("f"), rec.get("s")))
+        elif selectable(f):
+            chosen = sel.calls_only(rec)
         else:
-            b = base_name(f)
-            if b.startswith("cuGraphLaunch") or (b.startswith("cuMemcpy") and "HtoD" not in b and "HtoA" not in b) \
-                    or b.startswith("cuMemset"):
-                chosen = sel.calls_only(rec)
-            else:
-                return True
+            return True
         # work left out that a stream in capture records is a node of its graph: it runs with the graph
         return chosen or bool(self.ctx.capturing and self._captured(f, rec))
 

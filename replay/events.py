@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from cudasnap.formats.abi import base_name
-from cudasnap.formats.vocab import in_class, is_sync
+from cudasnap.formats.vocab import in_class, is_graph_launch, is_sync
 
 from .params import LAUNCH_CONFIG, LaunchParams
 
@@ -41,9 +41,9 @@ def classify(f: str) -> Optional[str]:
     if c != "?":
         return c
     b = base_name(f)
-    if b.startswith("cuMemcpy") or b.startswith("cuMemset"):
+    if in_class(b, "copy_group") or in_class(b, "memset_group"):
         c = "copy"
-    elif b == "cuGraphLaunch":
+    elif is_graph_launch(b):
         c = "graph_launch"
     elif is_sync(b):
         c = "sync"
@@ -94,7 +94,7 @@ def copy_event(rv, rec) -> CopyEvent:
     f = rec.get("f") or ""
     a = rec.get("a") or {}
     b = base_name(f)
-    if b.startswith("cuMemset"):
+    if in_class(b, "memset_group"):
         d, w = "memset", {"D8": 1, "D16": 2, "D32": 4}
         unit = next((v for k, v in w.items() if b.startswith("cuMemset" + k) or b.startswith("cuMemset2D" + k)), 1)
         n = int(a.get("N") or 0) * unit * max(int(a.get("Height") or 1), 1)

@@ -3,6 +3,7 @@ handlers (launch, graph and module handlers, the batch runner and --launch-overr
 from __future__ import annotations
 
 from cudasnap.formats.cuerrors import CURESULT_CODES
+from cudasnap.formats.vocab import in_class
 
 from .replace import replacements
 
@@ -122,7 +123,7 @@ def hoist_loads(ctx, in_context: bool) -> None:
     one_context = len(ctx.ctx_ids) <= 1
     keep = []
     for rec in ctx.code_loads:
-        library = (rec.get("f") or "").startswith("cuLibraryLoad")
+        library = in_class(rec.get("f"), "loads_library")
         if not library and not (in_context and one_context):
             keep.append(rec)
             continue

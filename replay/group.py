@@ -245,7 +245,7 @@ class RankHook:
         if kind == "before_call":
             self._before(ev.rec)
         elif kind == "after_call":
-            if base_name(ev.rec.get("f") or "") == "cuIpcOpenMemHandle":
+            if in_class(ev.rec.get("f"), "opens_ipc_memory"):
                 self._opened(ev)
             if self.close_t and ev.rec.get("s") == self.last_seq and not ev.rec.get("state"):
                 # the end state is checked next: first every other rank passes the close
@@ -272,9 +272,9 @@ class RankHook:
         t0 = rec.get("t0") or 0
         f = rec.get("f") or ""
         b = base_name(f)
-        if b == "cuMemImportFromShareableHandle" and isinstance((rec.get("a") or {}).get("handle"), int):
+        if in_class(b, "imports_shareable") and isinstance((rec.get("a") or {}).get("handle"), int):
             self.imported_h[rec["a"]["handle"]] = self.owners.get(rec.get("s"))
-        elif b == "cuMemMap" and (rec.get("a") or {}).get("handle") in self.imported_h:
+        elif in_class(b, "maps_range") and (rec.get("a") or {}).get("handle") in self.imported_h:
             a = rec["a"]
             if isinstance(a.get("ptr"), int) and isinstance(a.get("size"), int):
                 self.imported.append((a["ptr"], a["ptr"] + a["size"], self.imported_h[a["handle"]]))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Dict, List, Optional, Tuple
 
-from cudasnap.formats.vocab import is_launch
+from cudasnap.formats.vocab import in_class, is_launch
 
 from cudasnap.formats.layout import packer
 
@@ -104,7 +104,7 @@ class LaunchOverride:
         name = rv.kernel_name(h, rec.get("s"))
         if self.rx is not None and not self.rx.search(name):
             return
-        ex = f.startswith("cuLaunchKernelEx")
+        ex = in_class(f, "config_launch")
         if ex:
             cfg = a.get("config")
             if not isinstance(cfg, (bytes, bytearray)) or len(cfg) < LAUNCH_CONFIG.size:

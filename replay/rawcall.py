@@ -1,8 +1,9 @@
 """Driver entry points the cuda-python bindings do not wrap (newer than the bindings, or declared
 by the overlay for a driver newer than the headers), called through their description entry.
 
-Only plain calls (class plain_args: values, handles and value or handle outputs) qualify: their
-C signature is the parameter list's sizes and kinds alone. The callable answers as a binding
+Plain calls (class plain_args: values, handles and value or handle outputs) qualify, and calls
+that also pass arrays in (the recorded bytes, passed as they are by a handler): their C signature
+is the parameter list's sizes and kinds alone. The callable answers as a binding
 does: (CUresult, *outputs), each handle output as the bindings' own handle type when they have
 one. It calls the same libcuda.so.1 the bindings loaded, never another driver (a simulator's
 stand-in has no symbols to call)."""
@@ -38,7 +39,7 @@ def binding(cu, abi_name: str) -> Optional[Callable]:
     desc = load_description()
     fn = desc.by_name(abi_name)
     call = None
-    if fn is not None and is_plain(abi_name):
+    if fn is not None and (is_plain(abi_name) or _values_and_arrays(desc, fn)):
         try:
             sym = getattr(ctypes.CDLL("libcuda.so.1"), abi_name)
         except (OSError, AttributeError):
@@ -49,11 +50,24 @@ def binding(cu, abi_name: str) -> Optional[Callable]:
     return call
 
 
+def _values_and_arrays(desc, fn) -> bool:
+    """Every parameter a value (no pointer), an output of a value or handle, or an array passed in."""
+    for p in fn["params"]:
+        if p["kind"] == "val" and "*" in p["ctype"]:
+            return False
+        if p["kind"] == "out" and desc.types.get(p.get("pointee") or "", {}).get("kind") not in (
+                "handle", "int", "enum", "float"):
+            return False
+        if p["kind"] not in ("val", "out", "array_in"):
+            return False
+    return True
+
+
 def _caller(cu, desc, fn, sym) -> Callable:
     params = fn["params"]
     argtypes = []
     for p in params:
-        if p["kind"] == "out":
+        if p["kind"] in ("out", "array_in"):
             argtypes.append(ctypes.c_void_p)
         else:
             argtypes.append(_ctype(desc, p["ctype"], p["size"]))
@@ -62,12 +76,16 @@ def _caller(cu, desc, fn, sym) -> Callable:
 
     def call(*args):
         it = iter(args)
-        cargs, outs = [], []
+        cargs, outs, keep = [], [], []
         for p in params:
             if p["kind"] == "out":
                 buf = _ctype(desc, p["pointee"], p.get("pointee_size") or 8)()
                 outs.append((p, buf))
                 cargs.append(ctypes.addressof(buf))
+            elif p["kind"] == "array_in":
+                data = next(it)
+                keep.append(ctypes.create_string_buffer(bytes(data), max(len(data), 1)) if data is not None else None)
+                cargs.append(ctypes.addressof(keep[-1]) if keep[-1] is not None else None)
             elif desc.types.get(p["ctype"], {}).get("kind") == "float":
                 cargs.append(float(next(it)))
             else:

@@ -22,7 +22,7 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
-from cudasnap.formats.vocab import in_class
+from cudasnap.formats.vocab import code_lookup, in_class
 
 from .errors import ReplayError
 
@@ -146,7 +146,7 @@ class Replacements:
                 f = rec.get("f") or ""
                 if in_class(f, "asks_by_name"):
                     a = rec.get("a") or {}
-                    m = a.get("hmod" if f == "cuModuleGetFunction" else "library")
+                    m = a.get((code_lookup(f) or ("", ""))[1])
                     if isinstance(m, int) and m and isinstance(a.get("name"), str):
                         names = self._lookups.setdefault(m, [])
                         if a["name"] not in names:

@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Set
 
 from cudasnap.formats.abi import base_name
 from cudasnap.formats.layout import recorded_stream
-from cudasnap.formats.vocab import in_class, is_launch
+from cudasnap.formats.vocab import in_class, is_launch, selectable
 
 from .names import BASES, name_for
 
@@ -221,8 +221,7 @@ class LaunchSelection:
                 if self.rec(rec, rv.kernel_name((rec.get("a") or {}).get("f"), rec.get("s"))):
                     return None
             elif self.sel is not None and self.launch is None and not self.name_filter and not self.counting \
-                    and ("GraphLaunch" in f or f.startswith("cuMemset")
-                         or (f.startswith("cuMemcpy") and "HtoD" not in f and "HtoA" not in f)) and self.calls_only(rec):
+                    and selectable(f) and self.calls_only(rec):
                 return None
         if self.counting and self.matched:
             return (f"-s {self.skip} skips every one of the {self.matched} launch(es) the other filters select"
@@ -350,7 +349,7 @@ class StaleResults:
     def ran(self, rec: Mapping[str, Any]) -> None:
         """A call the selection kept: carry staleness through launches and device copies."""
         f = rec.get("f") or ""
-        if self._read is not None and f.startswith("cuMemcpyHtoD"):
+        if self._read is not None and in_class(f, "h2d_copy"):
             self._upload(rec)
         if not self._stale and not self.everything:
             return

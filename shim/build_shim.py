@@ -54,7 +54,7 @@ def _hook_of(fn) -> tuple[int, int, int, int]:
     cap = fn.get("capture")
     params = fn["params"]
     name = fn["name"]
-    if fn["base"] == "cuInit":
+    if cap == "init":
         return HOOKS["init"], -1, -1, -1
     if "shim_placement" in fn["classes"]:      # shim_placement.c answers it
         return 9, -1, -1, -1
@@ -106,9 +106,9 @@ def _hook_of(fn) -> tuple[int, int, int, int]:
         h0, h1 = _param_index(params, ("dptr", "pp", "p")), _param_index(params, ("bytesize",))
         h2 = _param_index(params, ("Flags",))
         if "host_visible" not in fn["classes"] or h0 < 0 or h1 < 0 \
-                or (fn["base"] != "cuMemAllocManaged" and h2 < 0):
+                or ("managed_alloc" not in fn["classes"] and h2 < 0):
             hook = 0
-        elif fn["base"] == "cuMemAllocManaged":
+        elif "managed_alloc" in fn["classes"]:
             h2 = -1
     elif cap == "host_free":
         h0 = _param_index(params, ("p",))

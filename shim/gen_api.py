@@ -753,6 +753,10 @@ def generate(include: Path):
         rep.append(f"declaration differs between views: {c}")
     if unused_rules:
         rep.append("overlay PARAMS entries matching no function: " + ", ".join(sorted(unused_rules)))
+    known = {n for f in functions for n in (f["name"], f["base"])}
+    stray = sorted(set(ov.OVERRIDES) - known)
+    if stray:
+        raise ValueError("overlay OVERRIDES entries naming no function: " + ", ".join(stray))
     rep.extend(vrep)
     for d in defaults_used:
         rep.append("opaque param: " + d)
@@ -829,8 +833,9 @@ def describe_function(model, lay, types, ov, name, fdecl, unused_rules, defaults
     params = []
     for i, p in enumerate(raw):
         params.append(default_param(model, lay, types, name, p, pnames[i], pnames, raw, i, defaults_used))
-    # overlay corrections
-    for pat, rules in ov.PARAMS.items():
+    ovr = overrides_of(ov, name, base)
+    # overlay corrections, then the overrides entry's own (what capture records of each parameter)
+    for pat, rules in [*ov.PARAMS.items(), *([(re.escape(name), ovr.pop("params"))] if "params" in ovr else [])]:
         if not re.fullmatch(pat, base) and not re.fullmatch(pat, name):
             continue
         hit = False
@@ -852,6 +857,8 @@ def describe_function(model, lay, types, ov, name, fdecl, unused_rules, defaults
         finish_param(pr, types, pnames, name)
     ptds = name.endswith(("_ptds", "_ptsz"))
     rclass = replay_class(ov, name, base, status)
+    capture = ovr.pop("capture", capture)
+    extra_classes = set(ovr.pop("classes", ()))
     return {"name": name, "base": base, "family": fam, "ptds": ptds, "ret": ret, "params": params,
             "capture": capture, "replay": replay, "status": status, "reason": reason,
             "replay_class": rclass, "window_class": window_class(ov, name, base),
@@ -859,7 +866,22 @@ def describe_function(model, lay, types, ov, name, fdecl, unused_rules, defaults
             "host_only": rclass == "query" or any(re.fullmatch(ov.HOST_ONLY_RX, n) for n in (base, name)),
             "releases": any(re.fullmatch(ov.RELEASES_RX, n) for n in (base, name)),
             "host_sync": re.fullmatch(ov.HOST_SYNC_RX, name) is not None,
-            "classes": sorted(set(call_classes(ov, name, base)) | derived_classes(params, types))}
+            "classes": sorted(set(call_classes(ov, name, base)) | derived_classes(params, types) | extra_classes),
+            "overrides": ovr}
+
+
+OVERRIDE_KEYS = {"replay": str, "errors": bool, "via": str, "family": str, "export": str, "capture": str,
+                 "classes": list, "params": dict}
+
+
+def overrides_of(ov, name, base) -> dict:
+    """The overlay's OVERRIDES entry of a function: its ABI name's merged over its base name's."""
+    got = {**ov.OVERRIDES.get(base, {}), **ov.OVERRIDES.get(name, {})}
+    for k, v in got.items():
+        if not isinstance(v, OVERRIDE_KEYS.get(k, ())):
+            raise ValueError(f"overlay OVERRIDES[{name!r}]: {k!r} is not one of {sorted(OVERRIDE_KEYS)} "
+                             f"or not a {OVERRIDE_KEYS.get(k, type(None)).__name__}")
+    return dict(sorted(got.items()))
 
 
 def derived_classes(params, types) -> set:

@@ -433,7 +433,6 @@ def test_schema_states_the_description_coverage():
     """formats/SCHEMA.md's coverage table is what the description and the handlers say."""
     from collections import Counter
     from cudasnap.replay import dispatch
-    from cudasnap.replay.handlers.generic import replay_plain
     from cudasnap.shim.description import load
     d = load()
     c = Counter()
@@ -441,7 +440,7 @@ def test_schema_states_the_description_coverage():
         h = dispatch.lookup(f["name"]) if f["replay_class"] != "refuse" else None
         if f["replay_class"] == "query":
             c["query"] += 1
-        elif h is not None and h.fn is replay_plain:
+        elif h is not None and dispatch.replayed_by(f["name"]) == "class":
             c["class"] += 1
         elif h is not None:
             c["handler"] += 1

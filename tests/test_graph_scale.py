@@ -109,11 +109,11 @@ def _attribution_time(n_ops, tracked):
     from cudasnap.replay.profile.graphmode import _no_gc
     with _no_gc():                  # as graph mode matches them
         t0 = time.perf_counter()
-        g._per_node(runs, created if tracked else {}, clones if tracked else {})
+        g.nodes.per_node(g.ops, g.launches, runs, created if tracked else {}, clones if tracked else {})
         dt = time.perf_counter() - t0
     assert g.info["node_mapping"] == ("node creation and clone records" if tracked else "node ids in graph order")
-    assert all(len(t) == 3 for t in g.node_times), "every launch timed in every run"
-    assert [e["name"] for e in g.extra_records] == ["driver_internal"]
+    assert all(len(t) == 3 for t in g.nodes.node_times), "every launch timed in every run"
+    assert [e["name"] for e in g.nodes.extra_records] == ["driver_internal"]
     return dt / n_ops
 
 

@@ -518,3 +518,142 @@ def test_reach_finder_finds_a_reach(tmp_path):
     p = tmp_path / "probe.py"
     p.write_text("def f(ev, rp):\n    ev.ctx.relaunch()\n    rp.ctx.raw('x')\n    ev.replayer.path\n")
     assert sorted(r.rsplit(" ", 1)[1] for r in replayer_reaches(p)) == [".ctx", ".replayer"]
+
+
+# ------------------------------------------------------------------ names are the description's
+def _name_counter():
+    """bench/count_names.py, the one finder of name tests (also run by hand for the counts)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("_cudasnap_count_names", ROOT / "bench" / "count_names.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# Name tests still in product code, per module: a function's meaning spelled as its name rather
+# than a class of the description or its overrides entry. Each number only goes down.
+#   handlers: a handler telling apart the variants it is registered for (the overrides entry names it)
+#   the rest: a name test waiting for its class (bench/count_names.py --by-module lists them)
+NAME_TESTS_ALLOWED: Dict[str, int] = {
+    # handlers and emitters, the variants of their own functions
+    "replay/handlers/graph.py": 3, "replay/handlers/ipc.py": 1,
+    "replay/handlers/memory.py": 2, "replay/handlers/module.py": 1, "replay/handlers/texture.py": 5,
+    "export/emit_module.py": 2, "export/emit_stream.py": 5, "replay/events.py": 3,
+    # the steps of the CUPTI probe (where a profiler's start died), not a record's meaning
+    "replay/profile/metrics_cupti.py": 1,
+    # waiting for a class
+    "export/extract.py": 3, "export/ranges.py": 1, "replay/engine.py": 3, "replay/retarget.py": 3,
+    "replay/selection.py": 1,
+}
+# "cu" alone: a call record told from the simulator's own records, not a function's meaning
+BARE_CU_ALLOWED = {"replay/sim/driver.py": 1}
+
+
+def name_tests() -> Dict[str, int]:
+    """module -> name tests (tables, registrations, ==, in, prefixes, if-chains) outside the
+    overlay, the generator, the description's loader, the vocabulary and the overrides table."""
+    c = _name_counter()
+    out = {}
+    for mod, got in c.scan(ROOT).items():
+        n = sum(len(got[k]) for k in ("tables", "calls_2", "eq", "prefix", "if_chains"))
+        if n:
+            out[mod] = n
+    return out
+
+
+def test_no_new_name_test_outside_the_description():
+    found = name_tests()
+    print(f"{sum(found.values())} name tests in {len(found)} modules (allowed: {sum(NAME_TESTS_ALLOWED.values())})")
+    grown = {m: (n, NAME_TESTS_ALLOWED.get(m, 0)) for m, n in found.items() if n > NAME_TESTS_ALLOWED.get(m, 0)}
+    assert grown == {}, f"a name test: make it a class (shim/overlay.py CALL_CLASS_RULES) or an overrides entry: {grown}"
+    shrunk = {m: (found.get(m, 0), n) for m, n in NAME_TESTS_ALLOWED.items() if found.get(m, 0) < n}
+    assert shrunk == {}, f"fewer name tests: lower NAME_TESTS_ALLOWED to {shrunk}"
+    bare = {m: len(g["bare_cu"]) for m, g in _name_counter().scan(ROOT).items() if g["bare_cu"]}
+    assert bare == BARE_CU_ALLOWED
+
+
+def test_name_test_finder_finds_each_kind():
+    c = _name_counter()
+    got = c.scan_source(
+        'T = {"cuMemAlloc", "cuMemFree"}\n'
+        '@handles("cuA", "cuB")\n'
+        'def h(f, b):\n'
+        '    if f == "cuMemcpy":\n'
+        '        pass\n'
+        '    elif b.startswith("cuMemset"):\n'
+        '        pass\n'
+        '    ctx.drv(rec, "cuMemcpyDtoH", 1)\n'      # a call by name is no test
+        '    return f.startswith("cu") or f in ("cuX", "cuY")\n', "probe.py")
+    assert {k: len(v) for k, v in got.items()} == {"tables": 2, "calls_2": 1, "eq": 1, "in_table": 1, "prefix": 1,
+                                                     "bare_cu": 1, "if_chains": 1}
+
+
+def test_every_override_names_a_hook_that_exists():
+    """Each entry of the overrides table (shim/overlay.py OVERRIDES, through the description)
+    names a replay handler, an export method, a capture handler and classes that exist, and
+    replay and export find them there."""
+    import importlib
+    from cudasnap.export.emit import Emitter
+    from cudasnap.formats import vocab
+    from cudasnap.replay import dispatch
+    from cudasnap.shim.description import load
+    rows = vocab.overridden()
+    assert len(rows) > 200
+    capture_kinds = {f["capture"] for f in load().functions if f.get("capture")}
+    for name, base, o in rows:
+        if o.get("replay"):
+            mod, _, fn = o["replay"].partition(".")
+            h = getattr(importlib.import_module(f"cudasnap.replay.handlers.{mod}"), fn)
+            assert dispatch.lookup(name).fn is h, name
+        if o.get("export"):
+            assert callable(getattr(Emitter, o["export"], None)), (name, o["export"])
+            assert Emitter.method_for(name) == o["export"], name
+        if o.get("capture"):
+            assert o["capture"] in capture_kinds, name
+        assert set(o.get("classes", ())) <= set(vocab.CALL_CLASSES), name
+    # the classes that replaced three name lists and four name tests
+    assert vocab.no_effect("cuCtxSetCacheConfig") and dispatch.replayed_by("cuCtxSetCacheConfig") == "class"
+    assert Emitter.method_for("cuLinkCreate_v2") == "e_none"
+    assert vocab.selectable("cuMemcpyDtoH_v2") and not vocab.selectable("cuMemcpyHtoD_v2")
+    assert vocab.selectable("cuGraphLaunch_ptsz") and vocab.selectable("cuMemsetD32Async")
+
+
+def test_handler_modules_register_nothing_themselves():
+    """Replay handlers are found through the overrides table only: no module keeps a registry."""
+    found = []
+    for p in sorted((ROOT / "replay" / "handlers").glob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "handles":
+                found.append(f"{p.name}:{node.lineno}")
+    assert found == []
+
+
+# ------------------------------------------------------------------ graph mode, in parts
+GRAPH_PARTS = {"graphnodes": "NodeAttribution", "graphrecorded": "RecordedGraphUnits"}
+# mixins GraphProfiler still has: this set only shrinks
+GRAPH_MIXINS_ALLOWED = {"SequenceRecording"}
+
+
+def test_graph_profiler_holds_parts_that_name_what_they_use():
+    """GraphProfiler's parts inherit nothing and read on self only what they set or define (the
+    profiler's state comes in through their constructor and calls); its remaining mixins only
+    go; a class past ~450 lines says why in its docstring's first line."""
+    for mod, name in GRAPH_PARTS.items():
+        tree = ast.parse((ROOT / "replay" / "profile" / f"{mod}.py").read_text())
+        cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
+        assert cls.bases == [], (name, "inherits")
+        own = {f.name for f in cls.body if isinstance(f, ast.FunctionDef)}
+        read, stored = set(), set()
+        for f in cls.body:
+            for n in ast.walk(f):
+                if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self":
+                    (stored if isinstance(n.ctx, ast.Store) else read).add(n.attr)
+        assert sorted(read - own - stored) == [], name
+        assert cls.end_lineno - cls.lineno + 1 <= 450, name
+    tree = ast.parse((ROOT / "replay" / "profile" / "graphmode.py").read_text())
+    prof = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "GraphProfiler")
+    found = {ast.unparse(b) for b in prof.bases}
+    assert found <= GRAPH_MIXINS_ALLOWED, found
+    assert GRAPH_MIXINS_ALLOWED <= found, "gone: take it off GRAPH_MIXINS_ALLOWED"
+    n = prof.end_lineno - prof.lineno + 1
+    assert n <= 450 or "lines" in (ast.get_docstring(prof) or "").split("\n")[0], n

@@ -1,5 +1,5 @@
-"""Replay handlers, one module per family.  Each registers with @handles(...); dispatch.py
-imports the family modules (this package imports none of them)."""
+"""Replay handlers, one module per family. The overrides table (shim/overlay.py OVERRIDES, read
+through the description) names each function's handler; dispatch.py registers them."""
 from __future__ import annotations
 
 from typing import Callable, Dict, NamedTuple
@@ -13,11 +13,3 @@ class Handler(NamedTuple):
 
 
 REGISTRY: Dict[str, Handler] = {}   # base name or ABI name -> handler
-
-
-def handles(*names: str, errors: bool = False, family: str = "", via: str = ""):
-    def deco(fn):
-        for n in names:
-            REGISTRY[n] = Handler(fn, errors, family or fn.__module__.rsplit(".", 1)[-1], via)
-        return fn
-    return deco

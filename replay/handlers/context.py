@@ -1,7 +1,6 @@
 """Context family: init, primary contexts, created contexts, current-context stack, sync."""
 from __future__ import annotations
 
-from . import handles
 from ..functions import preload_in
 
 
@@ -9,7 +8,6 @@ def _current(rp, rec, ctx) -> None:
     rp.cur_ctx[rec.get("tid")] = ctx
 
 
-@handles("cuInit", errors=True)
 def init(rp, rec):
     rp.ensure_init(rec)
 
@@ -20,7 +18,6 @@ def _dev(rp, rec_dev):
     return live_device(rp, rec_dev)
 
 
-@handles("cuDevicePrimaryCtxRetain")
 def primary_retain(rp, rec):
     ctx = rp.drv(rec, "cuDevicePrimaryCtxRetain", _dev(rp, rec["a"].get("dev")))
     if ctx is not None:
@@ -28,7 +25,6 @@ def primary_retain(rp, rec):
         preload_in(rp, ctx)
 
 
-@handles("cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxReset")
 def primary_release(rp, rec):
     # Reset would drop every allocation and the placement reservations with them; replay
     # both as a release of one retain (the program's later calls re-create what they need).
@@ -37,12 +33,10 @@ def primary_release(rp, rec):
     rp.drv(rec, "cuDevicePrimaryCtxRelease", _dev(rp, rec["a"].get("dev")))
 
 
-@handles("cuDevicePrimaryCtxSetFlags")
 def primary_set_flags(rp, rec):
     rp.drv(rec, "cuDevicePrimaryCtxSetFlags", _dev(rp, rec["a"].get("dev")), rec["a"].get("flags", 0))
 
 
-@handles("cuCtxCreate")
 def ctx_create(rp, rec):
     a = rec["a"]
     ctx = rp.drv(rec, "cuCtxCreate", None, a.get("flags", 0), _dev(rp, a.get("dev")))
@@ -52,7 +46,6 @@ def ctx_create(rp, rec):
         preload_in(rp, ctx)
 
 
-@handles("cuCtxDestroy")
 def ctx_destroy(rp, rec):
     ctx = rp.live(rec, rec["a"].get("ctx"), "context")
     rp.drv(rec, "cuCtxDestroy", ctx)
@@ -80,7 +73,6 @@ def ctx_or_primary(rp, rec, h):
     return ctx
 
 
-@handles("cuCtxSetCurrent", errors=True)
 def ctx_set_current(rp, rec):
     h = rec["a"].get("ctx")
     ctx = ctx_or_primary(rp, rec, h)
@@ -88,46 +80,34 @@ def ctx_set_current(rp, rec):
     _current(rp, rec, ctx)
 
 
-@handles("cuCtxPushCurrent")
 def ctx_push(rp, rec):
     ctx = ctx_or_primary(rp, rec, rec["a"].get("ctx"))
     rp.drv(rec, "cuCtxPushCurrent", ctx)
     _current(rp, rec, ctx)
 
 
-@handles("cuCtxPopCurrent")
 def ctx_pop(rp, rec):
     rp.drv(rec, "cuCtxPopCurrent")
     cur = rp.cu.cuCtxGetCurrent()
     _current(rp, rec, cur[1] if int(cur[0]) == 0 else rp.cu.CUcontext(0))
 
 
-@handles("cuCtxSynchronize", errors=True)
 def ctx_sync(rp, rec):
     rp.drv(rec, "cuCtxSynchronize")
     rp.keepalive.clear()
 
 
-@handles("cuCtxSetLimit")
 def ctx_set_limit(rp, rec):
     a = rec["a"]
     rp.drv(rec, "cuCtxSetLimit", rp.cu.CUlimit(a.get("limit", 0)), a.get("value", 0))
 
 
-@handles("cuCtxSetCacheConfig", "cuCtxSetSharedMemConfig", "cuCtxResetPersistingL2Cache", "cuCtxSetFlags")
-def ctx_tuning(rp, rec):
-    # performance hints only: counted, no effect on results
-    pass
-
-
-@handles("cuCtxRecordEvent", "cuCtxWaitEvent", errors=True)
 def ctx_event(rp, rec):
     a = rec["a"]
     name = "cuCtxRecordEvent" if "Record" in rec["f"] else "cuCtxWaitEvent"
     rp.drv(rec, name, ctx_or_primary(rp, rec, a.get("hCtx")), rp.live(rec, a.get("hEvent"), "event"))
 
 
-@handles("cuCtxAttach", "cuCtxDetach")
 def ctx_attach(rp, rec):
     # deprecated usage counting of the current context: Attach hands out the current context
     if "Attach" in rec["f"]:

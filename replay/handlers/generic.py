@@ -14,7 +14,7 @@ from typing import Dict, List, Tuple
 from cudasnap.formats.abi import strip_per_thread
 from cudasnap.shim.description import load as load_description
 
-from cudasnap.formats.vocab import in_class, is_plain
+from cudasnap.formats.vocab import in_class, is_plain, no_effect
 
 from . import REGISTRY, Handler
 
@@ -81,13 +81,22 @@ def replay_plain(ctx, rec):
                 break
 
 
+def replay_no_effect(ctx, rec):
+    pass        # a hint or a host-side lifetime (class no_effect): counted, no effect on results
+
+
 def register_plain() -> None:
     """Every plain execute-class ABI name no family module handles, under its family (replay
     counts calls per family); dispatch.py calls it once the family modules registered theirs."""
     desc = load_description()
     taken = set(REGISTRY)
     for f in desc.functions:
-        if f["replay_class"] != "execute" or not is_plain(f["name"]) or f["name"] in taken or f["base"] in taken:
+        if f["replay_class"] != "execute" or f["name"] in taken or f["base"] in taken:
+            continue
+        if no_effect(f["name"]):
+            REGISTRY[f["name"]] = Handler(replay_no_effect, False, f.get("family") or "stream")
+            continue
+        if not is_plain(f["name"]):
             continue
         errors = any(in_class(f["name"], c) for c in ("sync", "wait", "order"))
         REGISTRY[f["name"]] = Handler(replay_plain, errors, f.get("family") or "stream")

@@ -26,7 +26,6 @@ from ..driverops import handle_int
 from cudasnap.formats.abi import strip_per_thread
 from cudasnap.formats.layout import offsetof, sizeof
 from cudasnap.formats.vocab import NODE_LISTS, handle_array
-from . import handles
 
 # CUgraphNodeType
 NT_KERNEL, NT_MEMCPY, NT_MEMSET, NT_HOST, NT_GRAPH, NT_EMPTY, NT_WAIT_EVENT, NT_EVENT_RECORD = range(8)
@@ -137,7 +136,6 @@ def _note_once(ctx, key: str, msg: str) -> None:
 
 
 # ------------------------------------------------------------------ stream capture
-@handles("cuStreamBeginCapture", errors=True)
 def begin_capture(ctx, rec):
     a = rec["a"]
     s = ctx.stream(rec, a.get("hStream"))
@@ -146,7 +144,6 @@ def begin_capture(ctx, rec):
         ctx.capturing.add(a.get("hStream"))
 
 
-@handles("cuStreamBeginCaptureToGraph", errors=True)
 def begin_capture_to_graph(ctx, rec):
     a = rec["a"]
     s = ctx.stream(rec, a.get("hStream"))
@@ -157,7 +154,6 @@ def begin_capture_to_graph(ctx, rec):
         ctx.capturing.add(a.get("hStream"))
 
 
-@handles("cuStreamEndCapture", errors=True)
 def end_capture(ctx, rec):
     a = rec["a"]
     g = ctx.drv(rec, "cuStreamEndCapture", ctx.stream(rec, a.get("hStream")))
@@ -166,7 +162,6 @@ def end_capture(ctx, rec):
         ctx.set_handle(a.get("phGraph"), g, "graph")
 
 
-@handles("cuStreamUpdateCaptureDependencies", errors=True)
 def update_capture_deps(ctx, rec):
     a = rec["a"]
     deps = nodes(ctx, rec)
@@ -192,7 +187,6 @@ def _exchange_inputs(ctx) -> dict:
     return m
 
 
-@handles("cuThreadExchangeStreamCaptureMode", family="stream")
 def exchange_capture_mode(ctx, rec):
     mode = _exchange_inputs(ctx).get(rec.get("s"))
     if mode is None:
@@ -206,9 +200,6 @@ def _node_out(ctx, rec, n) -> None:
         ctx.set_handle(rec["a"].get("phGraphNode"), n, "graph node")
 
 
-
-
-@handles(*NODE_LISTS)
 def node_list(ctx, rec):
     """A program that asks for a graph's nodes (to change a node of a captured graph, say) holds
     handles no creating call returned: the live graph is asked the same question and its
@@ -234,14 +225,12 @@ def node_list(ctx, rec):
         ctx.set_handle(h, n, "graph node")
 
 
-@handles("cuGraphAddEmptyNode")
 def add_empty_node(ctx, rec):
     a = rec["a"]
     deps = nodes(ctx, rec)
     _node_out(ctx, rec, ctx.drv(rec, "cuGraphAddEmptyNode", graph(ctx, rec, a.get("hGraph")), deps, len(deps)))
 
 
-@handles("cuGraphAddHostNode")
 def add_host_node(ctx, rec):
     # a host callback of the recorded process: an empty node with the same dependencies keeps
     # the order it imposed (later nodes depending on it still wait for its predecessors)
@@ -253,7 +242,6 @@ def add_host_node(ctx, rec):
                            f"process) are replayed as empty nodes")
 
 
-@handles("cuGraphAddChildGraphNode")
 def add_child_graph_node(ctx, rec):
     a = rec["a"]
     deps = nodes(ctx, rec)
@@ -261,7 +249,6 @@ def add_child_graph_node(ctx, rec):
                               graph(ctx, rec, a.get("childGraph"), "child graph")))
 
 
-@handles("cuGraphAddEventRecordNode", "cuGraphAddEventWaitNode")
 def add_event_node(ctx, rec):
     a = rec["a"]
     deps = nodes(ctx, rec)
@@ -303,20 +290,22 @@ def memcpy3d_params(ctx, rec, raw: bytearray, off: int = 0) -> bytearray:
     return raw
 
 
-def _copy_node_handler(name: str, key: str, size: int, ctype: str, fix) -> None:
+def _copy_node_handler(name: str, key: str, size: int, ctype: str, fix):
     """cuGraphAddMemsetNode / cuGraphAddMemcpyNode: the node's struct with its addresses
     translated (fix), on the recorded graph, dependencies and context."""
-    @handles(name)
     def add_node(ctx, rec):
         a = rec["a"]
         p = fill_struct(getattr(ctx.cu, ctype)(), fix(ctx, rec, struct_bytes(ctx, rec, key, size, ctype)))
         deps = nodes(ctx, rec)
         _node_out(ctx, rec, ctx.drv(rec, name, graph(ctx, rec, a.get("hGraph")), deps, len(deps), p,
                                   context(ctx, rec, a.get("ctx"))))
+    return add_node
 
 
-_copy_node_handler("cuGraphAddMemsetNode", "memsetParams", MEMSET_PARAMS_SIZE, "CUDA_MEMSET_NODE_PARAMS", memset_params)
-_copy_node_handler("cuGraphAddMemcpyNode", "copyParams", MEMCPY3D_SIZE, "CUDA_MEMCPY3D", memcpy3d_params)
+add_memset_node = _copy_node_handler("cuGraphAddMemsetNode", "memsetParams", MEMSET_PARAMS_SIZE,
+                                     "CUDA_MEMSET_NODE_PARAMS", memset_params)
+add_memcpy_node = _copy_node_handler("cuGraphAddMemcpyNode", "copyParams", MEMCPY3D_SIZE, "CUDA_MEMCPY3D",
+                                     memcpy3d_params)
 
 
 class _KernelArgs:
@@ -355,7 +344,6 @@ def kernel_params(ctx, rec, raw: bytearray, off: int = 0) -> bytearray:
     return raw
 
 
-@handles("cuGraphAddKernelNode")   # needs x.params: capture packs kernel-node arguments
 def add_kernel_node(ctx, rec):
     a = rec["a"]
     raw = kernel_params(ctx, rec, struct_bytes(ctx, rec, "nodeParams", KERNEL_PARAMS_SIZE, "CUDA_KERNEL_NODE_PARAMS"))
@@ -364,7 +352,6 @@ def add_kernel_node(ctx, rec):
     _node_out(ctx, rec, ctx.drv(rec, "cuGraphAddKernelNode", graph(ctx, rec, a.get("hGraph")), deps, len(deps), p))
 
 
-@handles("cuGraphKernelNodeSetParams", "cuGraphExecKernelNodeSetParams")
 def kernel_node_set_params(ctx, rec):
     a = rec["a"]
     raw = kernel_params(ctx, rec, struct_bytes(ctx, rec, "nodeParams", KERNEL_PARAMS_SIZE, "CUDA_KERNEL_NODE_PARAMS"))
@@ -424,7 +411,6 @@ def node_params(ctx, rec, key: str = "nodeParams"):
     return fill_struct(ctx.cu.CUgraphNodeParams(), raw), t, bodies
 
 
-@handles("cuGraphAddNode")
 def add_node(ctx, rec):
     a = rec["a"]
     p, _t, bodies = node_params(ctx, rec)
@@ -450,7 +436,6 @@ def _body_graphs(ctx, rec, p, arr, size: int) -> List[Any]:
     return got
 
 
-@handles("cuGraphNodeSetParams", "cuGraphExecNodeSetParams")
 def node_set_params(ctx, rec):
     a = rec["a"]
     p, t, _bodies = node_params(ctx, rec)
@@ -463,7 +448,6 @@ def node_set_params(ctx, rec):
         ctx.drv(rec, "cuGraphNodeSetParams", node, p)
 
 
-@handles("cuGraphMemsetNodeSetParams", "cuGraphExecMemsetNodeSetParams")
 def memset_node_set_params(ctx, rec):
     a = rec["a"]
     key = "memsetParams" if "Exec" in rec["f"] else "nodeParams"
@@ -477,7 +461,6 @@ def memset_node_set_params(ctx, rec):
         ctx.drv(rec, "cuGraphMemsetNodeSetParams", node, p)
 
 
-@handles("cuGraphMemcpyNodeSetParams", "cuGraphExecMemcpyNodeSetParams")
 def memcpy_node_set_params(ctx, rec):
     a = rec["a"]
     key = "copyParams" if "Exec" in rec["f"] else "nodeParams"
@@ -491,8 +474,6 @@ def memcpy_node_set_params(ctx, rec):
         ctx.drv(rec, "cuGraphMemcpyNodeSetParams", node, p)
 
 
-@handles("cuGraphEventRecordNodeSetEvent", "cuGraphEventWaitNodeSetEvent",
-         "cuGraphExecEventRecordNodeSetEvent", "cuGraphExecEventWaitNodeSetEvent")
 def event_node_set_event(ctx, rec):
     a = rec["a"]
     f = rec["f"]
@@ -506,21 +487,18 @@ def event_node_set_event(ctx, rec):
         ctx.drv(rec, name, node, ev)
 
 
-@handles("cuGraphExecChildGraphNodeSetParams")
 def exec_child_set_params(ctx, rec):
     a = rec["a"]
     ctx.drv(rec, "cuGraphExecChildGraphNodeSetParams", ctx.live(rec, a.get("hGraphExec"), "graph exec"),
            ctx.live(rec, a.get("hNode"), "graph node"), graph(ctx, rec, a.get("childGraph"), "child graph"))
 
 
-@handles("cuGraphNodeSetEnabled")
 def node_set_enabled(ctx, rec):
     a = rec["a"]
     ctx.drv(rec, "cuGraphNodeSetEnabled", ctx.live(rec, a.get("hGraphExec"), "graph exec"),
            ctx.live(rec, a.get("hNode"), "graph node"), a.get("isEnabled", 1))
 
 
-@handles("cuGraphAddDependencies", "cuGraphRemoveDependencies")
 def graph_dependencies(ctx, rec):
     a = rec["a"]
     frm = nodes(ctx, rec, "from")
@@ -529,22 +507,13 @@ def graph_dependencies(ctx, rec):
     ctx.drv(rec, name, graph(ctx, rec, a.get("hGraph")), frm, to, edges(ctx, rec, "edgeData"), len(frm))
 
 
-@handles("cuGraphKernelNodeSetAttribute", "cuGraphKernelNodeCopyAttributes")
 def kernel_node_attributes(ctx, rec):
     # scheduling attributes of kernel nodes (access policy windows, priorities, clusters of
     # nodes this replayer builds only from captured streams): no effect on results
     pass
 
 
-@handles("cuGraphRetainUserObject", "cuGraphReleaseUserObject", "cuUserObjectCreate", "cuUserObjectRetain",
-         "cuUserObjectRelease")
-def user_objects(ctx, rec):
-    # host-side lifetime of objects of the recorded process (destructor callbacks): nothing to replay
-    pass
-
-
 # ------------------------------------------------------------------ conditional handles
-@handles("cuGraphConditionalHandleCreate")
 def conditional_handle_create(ctx, rec):
     a = rec["a"]
     h = ctx.drv(rec, "cuGraphConditionalHandleCreate", graph(ctx, rec, a.get("hGraph")),
@@ -575,7 +544,6 @@ def patch_conditional_handles(ctx, rec, params: bytes, layout) -> bytes:
 
 
 # ------------------------------------------------------------------ executable graphs
-@handles("cuGraphInstantiate", "cuGraphInstantiateWithFlags", errors=True)
 def graph_instantiate(ctx, rec):
     a = rec["a"]
     flags = a.get("flags", 0) if isinstance(a.get("flags"), int) else 0
@@ -586,7 +554,6 @@ def graph_instantiate(ctx, rec):
         ctx.set_handle(a.get("phGraphExec"), ex, "graph exec")
 
 
-@handles("cuGraphInstantiateWithParams", errors=True)
 def graph_instantiate_params(ctx, rec):
     a = rec["a"]
     raw = a.get("instantiateParams")
@@ -603,7 +570,6 @@ def graph_instantiate_params(ctx, rec):
         ctx.set_handle(a.get("phGraphExec"), ex, "graph exec")
 
 
-@handles("cuGraphLaunch", "cuGraphUpload", errors=True)
 def graph_launch(ctx, rec):
     a = rec["a"]
     name = "cuGraphUpload" if rec["f"].startswith("cuGraphUpload") else "cuGraphLaunch"
@@ -613,14 +579,7 @@ def graph_launch(ctx, rec):
         ctx.res.launches += 1
 
 
-@handles("cuGraphExecUpdate", errors=True)
 def graph_exec_update(ctx, rec):
     a = rec["a"]
     ctx.drv(rec, "cuGraphExecUpdate", ctx.live(rec, a.get("hGraphExec"), "graph exec"),
            graph(ctx, rec, a.get("hGraph")))
-
-
-@handles("cuDeviceGraphMemTrim", "cuDeviceSetGraphMemAttribute")
-def graph_mem_hints(ctx, rec):
-    # graph memory pool trimming / high-watermark resets: no effect on results
-    pass

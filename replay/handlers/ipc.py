@@ -14,7 +14,6 @@ import os
 import struct
 
 from cudasnap.formats.layout import offsetof
-from . import handles
 
 POSIX_FD = 1
 _REQ_TYPES = offsetof("CUmemAllocationProp", "requestedHandleTypes")
@@ -89,7 +88,6 @@ def _posix_fd(ctx, rec, htype) -> int:
     return htype
 
 
-@handles("cuMemExportToShareableHandle")
 def mem_export(ctx, rec):
     a = rec["a"]
     htype = _posix_fd(ctx, rec, a.get("handleType"))
@@ -105,7 +103,6 @@ def mem_export(ctx, rec):
         os.close(fd)       # the coordinator holds its own copy
 
 
-@handles("cuMemImportFromShareableHandle")
 def mem_import(ctx, rec):
     a = rec["a"]
     htype = _posix_fd(ctx, rec, a.get("shHandleType"))
@@ -123,7 +120,6 @@ def mem_import(ctx, rec):
 
 
 # ------------------------------------------------------------------ legacy IPC handles
-@handles("cuIpcGetMemHandle")
 def ipc_get(ctx, rec):
     """The exporter's allocation is VMM memory here (placed, or fallen back to another address:
     placement makes IPC-shared allocations VMM either way), handed over as shareable fds of its
@@ -155,7 +151,6 @@ def ipc_get(ctx, rec):
                                                 "device": _ordinal(ctx)}, [])
 
 
-@handles("cuIpcOpenMemHandle")
 def ipc_open(ctx, rec):
     a = rec["a"]
     c = _client(ctx, rec)
@@ -205,7 +200,6 @@ def _map_chunks(ctx, rec, meta, fds, want):
     ctx.ipc_opened[want] = ("chunks", got, span, handles_, own_va)
 
 
-@handles("cuIpcCloseMemHandle")
 def ipc_close(ctx, rec):
     want = rec["a"].get("dptr")
     ent = ctx.ipc_opened.pop(want, None)
@@ -225,7 +219,6 @@ def ipc_close(ctx, rec):
 
 
 # ------------------------------------------------------------------ IPC events
-@handles("cuIpcGetEventHandle")
 def ipc_event_get(ctx, rec):
     """An event another process waits on (PyTorch shares one with each CUDA tensor it sends):
     its live handle goes to the coordinator for the rank that opens it."""
@@ -236,7 +229,6 @@ def ipc_event_get(ctx, rec):
         c.put(["export", c.pid, rec.get("s")], {"kind": "ipc_event", "bytes": _handle_bytes(h).hex()}, [])
 
 
-@handles("cuIpcOpenEventHandle")
 def ipc_event_open(ctx, rec):
     a = rec["a"]
     c = _client(ctx, rec)
@@ -269,17 +261,14 @@ def _peer(ctx, rec, f):
         ctx.fail(rec, f"replay returned {cu_result_name(code)}")
 
 
-@handles("cuCtxEnablePeerAccess")
 def enable_peer(ctx, rec):
     _peer(ctx, rec, "cuCtxEnablePeerAccess")
 
 
-@handles("cuCtxDisablePeerAccess")
 def disable_peer(ctx, rec):
     _peer(ctx, rec, "cuCtxDisablePeerAccess")
 
 
-@handles("cuMemcpyPeer", "cuMemcpyPeerAsync", errors=True)
 def memcpy_peer(ctx, rec):
     """Between two contexts: a device-to-device copy when both replay on one GPU."""
     a = rec["a"]

@@ -6,8 +6,8 @@ import time
 
 import ctypes
 
-from . import handles
 from cudasnap.formats.layout import recorded_stream, sizeof
+from cudasnap.formats.vocab import in_class
 from ..placement import relocate_params
 from .graph import patch_conditional_handles
 from ..functions import resolve_function
@@ -80,7 +80,6 @@ def _after(ctx, rec, name, ev=None):
             ctx.fail(rec, f"kernel {name} failed: {cu_result_name(int(r[0]))} (--sync-after-launch)")
 
 
-@handles("cuLaunchKernel", errors=True)
 def launch_kernel(ctx, rec):
     a = rec["a"]
     fn, params, _layout, name = _prepare(ctx, rec)
@@ -92,7 +91,6 @@ def launch_kernel(ctx, rec):
     _after(ctx, rec, name, ev)
 
 
-@handles("cuLaunchCooperativeKernel", errors=True)
 def launch_cooperative(ctx, rec):
     a = rec["a"]
     fn, params, layout, name = _prepare(ctx, rec)
@@ -130,7 +128,6 @@ def build_config(ctx, rec, cfg_bytes: bytes, attrs: bytes):
     return c
 
 
-@handles("cuLaunchKernelEx", errors=True)
 def launch_kernel_ex(ctx, rec):
     a = rec["a"]
     fn, params, _layout, name = _prepare(ctx, rec)
@@ -141,7 +138,6 @@ def launch_kernel_ex(ctx, rec):
     _after(ctx, rec, name, ev)
 
 
-@handles("cuLaunchHostFunc", "cuStreamAddCallback")
 def host_func(ctx, rec):
     """A host function of the recorded process cannot run: a no-op C function takes its place,
     so the stream waits there as it did and a stream capture gets its host node (a program that
@@ -151,7 +147,7 @@ def host_func(ctx, rec):
     from ..driverops import handle_int
     f = rec["f"]
     stream = handle_int(ctx.stream(rec, rec["a"].get("hStream")))
-    code = host_stand_in(ctx.cu, stream, f.startswith("cuStreamAddCallback"), f.endswith("_ptsz"))
+    code = host_stand_in(ctx.cu, stream, in_class(f, "stream_callback"), f.endswith("_ptsz"))
     if code is None:
         ctx.res.skipped += 1
     elif code != 0 and rec.get("r", 0) == 0:

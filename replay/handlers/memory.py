@@ -5,9 +5,8 @@ import ctypes
 import struct
 
 from .. import hostplace
-from cudasnap.formats.vocab import handle_array
+from cudasnap.formats.vocab import handle_array, in_class
 from cudasnap.formats.layout import offsetof, sizeof
-from . import handles
 from .graph import fill_struct, keep_forever, struct_bytes
 from ..staging import h2d_async_from_blob, h2d_from_blob
 
@@ -34,14 +33,12 @@ def _alloc(ctx, rec, ptr_key="dptr", size=None):
     ctx.space.alloc(rec_ptr, int(n), rec.get("s"))
 
 
-@handles("cuMemAlloc", "cuMemAllocManaged")
 def mem_alloc(ctx, rec):
-    if rec["f"].startswith("cuMemAllocManaged"):
+    if in_class(rec["f"], "managed_alloc"):
         ctx.note_once("managed", "managed memory is replayed as device memory placed at its recorded address")
     _alloc(ctx, rec)
 
 
-@handles("cuMemAllocPitch")
 def mem_alloc_pitch(ctx, rec):
     a = rec["a"]
     pitch = a.get("pPitch")
@@ -50,13 +47,11 @@ def mem_alloc_pitch(ctx, rec):
     _alloc(ctx, rec, size=pitch * int(a.get("Height", 0)))
 
 
-@handles("cuMemAllocAsync", "cuMemAllocFromPoolAsync")
 def mem_alloc_async(ctx, rec):
     # stream-ordered allocation becomes a VMM mapping at the recorded address, now
     _alloc(ctx, rec)
 
 
-@handles("cuMemFree")
 def mem_free(ctx, rec):
     p = rec["a"].get("dptr")
     check = (rec.get("x") or {}).get("hostcheck")
@@ -71,7 +66,6 @@ def mem_free(ctx, rec):
         ctx.note(f"call #{rec.get('s')} {rec['f']}: {p:#x} is not a replayed allocation; ignored")
 
 
-@handles("cuMemFreeAsync")
 def mem_free_async(ctx, rec):
     a = rec["a"]
     s = ctx.stream(rec, a.get("hStream"))
@@ -85,7 +79,6 @@ def mem_free_async(ctx, rec):
     mem_free(ctx, rec)
 
 
-@handles("cuMemHostAlloc", "cuMemAllocHost")
 def host_alloc(ctx, rec):
     a = rec["a"]
     want, n = hostplace.recorded_range(rec)
@@ -101,7 +94,6 @@ def host_alloc(ctx, rec):
         ctx.space.add_host(want, n, int(live), rec.get("s"))
 
 
-@handles("cuMemHostGetDevicePointer")
 def host_dev_ptr(ctx, rec):
     a = rec["a"]
     h = ctx.space.find(a.get("p") or 0)
@@ -122,7 +114,6 @@ def _check_host_end(ctx, rec, h, p) -> None:
         ctx.verify(rec, ctx.blob(rec, "hostcheck"), got, p)
 
 
-@handles("cuMemFreeHost")
 def host_free(ctx, rec):
     p = rec["a"].get("p")
     h = ctx.space.find(p or 0)
@@ -139,7 +130,6 @@ def host_free(ctx, rec):
     ctx.space.free(h.rec_base)
 
 
-@handles("cuMemHostRegister")
 def host_register(ctx, rec):
     """A program's own host range registered for the device: mapped and registered at its
     recorded address when that is free here (kernels may read it through that address)."""
@@ -153,7 +143,6 @@ def host_register(ctx, rec):
     ctx.res.skipped += 1
 
 
-@handles("cuMemHostUnregister")
 def host_unregister(ctx, rec):
     p = rec["a"].get("p") or 0
     h = ctx.space.find(p) if ctx.space is not None else None
@@ -168,14 +157,12 @@ def host_unregister(ctx, rec):
     ctx.res.skipped += 1
 
 
-@handles("cuMemAdvise", "cuMemPrefetchAsync", "cuMemRangeGetAttribute", "cuStreamAttachMemAsync")
 def host_ignored(ctx, rec):
     # host memory of the recorded process / placement hints: nothing to replay
     ctx.res.skipped += 1
 
 
 # ------------------------------------------------------------------ program VMM
-@handles("cuMemAddressReserve")
 def vmm_reserve(ctx, rec):
     a = rec["a"]
     ptr, size = a.get("ptr"), int(a.get("size", 0))
@@ -192,7 +179,6 @@ def vmm_reserve(ctx, rec):
                      (sp.reason if sp is not None else "") or f"cuMemAddressReserve hint {ptr:#x} returned {live:#x}")
 
 
-@handles("cuMemAddressFree")
 def vmm_free(ctx, rec):
     a = rec["a"]
     ptr = a.get("ptr")
@@ -203,7 +189,6 @@ def vmm_free(ctx, rec):
     ctx.drv(rec, "cuMemAddressFree", al.live_base if al else ptr, a.get("size", 0))
 
 
-@handles("cuMemCreate")
 def vmm_create(ctx, rec):
     a = rec["a"]
     from .ipc import recorded_prop      # the shareable handle types asked for (exports need them)
@@ -212,13 +197,11 @@ def vmm_create(ctx, rec):
         ctx.set_handle(a.get("handle"), h, "allocation handle")
 
 
-@handles("cuMemRelease")
 def vmm_release(ctx, rec):
     h = rec["a"].get("handle")
     ctx.drv(rec, "cuMemRelease", ctx.live(rec, h, "allocation handle"))
 
 
-@handles("cuMemRetainAllocationHandle")
 def vmm_retain(ctx, rec):
     # not a query: it takes a reference the program gives back with a cuMemRelease of its own
     a = rec["a"]
@@ -227,7 +210,6 @@ def vmm_retain(ctx, rec):
         ctx.set_handle(a.get("handle"), h, "allocation handle")
 
 
-@handles("cuMemMap")
 def vmm_map(ctx, rec):
     a = rec["a"]
     h = ctx.live(rec, a.get("handle"), "allocation handle")
@@ -236,7 +218,6 @@ def vmm_map(ctx, rec):
         ctx.space.note_map(ptr, n)
 
 
-@handles("cuMemUnmap")
 def vmm_unmap(ctx, rec):
     a = rec["a"]
     ptr, n = ctx.tr(a.get("ptr")), int(a.get("size", 0))
@@ -244,7 +225,6 @@ def vmm_unmap(ctx, rec):
         ctx.space.note_unmap(ptr, n)
 
 
-@handles("cuMemSetAccess")
 def vmm_set_access(ctx, rec):
     a = rec["a"]
     desc = a.get("desc")
@@ -262,14 +242,12 @@ class PoolToken:
         self.rec_h = rec_h
 
 
-@handles("cuMemPoolCreate", "cuDeviceGetDefaultMemPool", "cuDeviceGetMemPool")
 def pool_create(ctx, rec):
     a = rec["a"]
     key = a.get("pool") if "pool" in a and rec["f"].startswith("cuMemPool") else a.get("pool_out")
     ctx.set_handle(key, PoolToken(key), "pool")
 
 
-@handles("cuMemGetDefaultMemPool", "cuMemGetMemPool")
 def pool_get(ctx, rec):
     a = rec["a"]
     key = a.get("pool_out") if "Default" in rec["f"] else a.get("pool")
@@ -277,8 +255,6 @@ def pool_get(ctx, rec):
         ctx.set_handle(key, PoolToken(key), "pool")
 
 
-@handles("cuMemPoolDestroy", "cuMemPoolTrimTo", "cuMemPoolSetAttribute", "cuMemPoolSetAccess", "cuDeviceSetMemPool",
-         "cuMemSetMemPool")
 def pool_misc(ctx, rec):
     pass
 
@@ -299,7 +275,6 @@ def _staged(ctx, rec, n: int) -> bool:
     return not _captured(ctx, rec) and h2d_async_from_blob(ctx, rec, n, _stream(ctx, rec))
 
 
-@handles("cuMemcpyHtoD", "cuMemcpyHtoDAsync", errors=True)
 def memcpy_htod(ctx, rec):
     a = rec["a"]
     n = int(a.get("ByteCount", 0))
@@ -326,7 +301,6 @@ def memcpy_htod(ctx, rec):
     ctx.mark_written(a.get("dstDevice"), rec.get("s"), rec["f"])
 
 
-@handles("cuMemcpyDtoH", "cuMemcpyDtoHAsync", errors=True)
 def memcpy_dtoh(ctx, rec):
     a = rec["a"]
     n = int(a.get("ByteCount", 0))
@@ -352,7 +326,6 @@ def memcpy_dtoh(ctx, rec):
 BATCH_HOST_ENDS = 256        # copies of a batch whose host ends capture records (shim_hooks.c CS_BATCH_MAX)
 
 
-@handles("cuMemcpyBatchAsync", errors=True)
 def memcpy_batch(ctx, rec):
     """A batch of unified-addressing copies, replayed one by one on its stream: a host source
     from its recorded bytes, a host destination read back and verified once the stream is done,
@@ -394,12 +367,11 @@ def memcpy_batch(ctx, rec):
         ctx.verify(rec, ctx.blob_of(rec, host_dst[i], f"copy {i}'s result"), bytes(buf), src)
 
 
-@handles("cuMemcpyDtoD", "cuMemcpyDtoDAsync", "cuMemcpy", "cuMemcpyAsync", errors=True)
 def memcpy_dtod(ctx, rec):
     a = rec["a"]
     b = rec["f"]
     n = int(a.get("ByteCount", 0))
-    if b.startswith("cuMemcpyDtoD"):
+    if in_class(b, "d2d_copy"):
         dst, src = a.get("dstDevice"), a.get("srcDevice")
         name = "cuMemcpyDtoDAsync" if _async(rec) else "cuMemcpyDtoD"
     else:
@@ -504,13 +476,11 @@ def _rows(buf: bytes, w, h, d, pitch, rows) -> bytes:
     return b"".join(buf[k * pitch * rows + i * pitch:k * pitch * rows + i * pitch + w] for k in range(d) for i in range(h))
 
 
-@handles("cuMemcpy2D", "cuMemcpy2DAsync", "cuMemcpy2DUnaligned", errors=True)
 def memcpy_2d(ctx, rec):
     _memcpy_struct(ctx, rec, _L2D, "cuMemcpy2DAsync" if _async(rec) else
                    ("cuMemcpy2DUnaligned" if "Unaligned" in rec["f"] else "cuMemcpy2D"))
 
 
-@handles("cuMemcpy3D", "cuMemcpy3DAsync", errors=True)
 def memcpy_3d(ctx, rec):
     _memcpy_struct(ctx, rec, _L3D, "cuMemcpy3DAsync" if _async(rec) else "cuMemcpy3D")
 
@@ -576,9 +546,6 @@ def _memcpy_struct(ctx, rec, L: _CopyLayout, name: str):
 _MEMSET_VAL = {"D8": "uc", "D16": "us", "D32": "ui"}
 
 
-@handles("cuMemsetD8", "cuMemsetD16", "cuMemsetD32", "cuMemsetD8Async", "cuMemsetD16Async", "cuMemsetD32Async",
-         "cuMemsetD2D8", "cuMemsetD2D16", "cuMemsetD2D32", "cuMemsetD2D8Async", "cuMemsetD2D16Async",
-         "cuMemsetD2D32Async", errors=True)
 def memset(ctx, rec):
     a = rec["a"]
     f = rec["f"]

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from cudasnap.formats.callset import learn_kernel_name
 
-from . import handles
 from ..archcheck import jit_needed, runnable
 from ..errors import ReplayError
 from ..functions import kernel_as_function, loadable_image, preload_functions, resolve_function
@@ -76,13 +75,10 @@ def _load_module(ctx, rec, img, out_key):
         pass
 
 
-@handles("cuModuleLoadData", "cuModuleLoadDataEx", "cuModuleLoadFatBinary", "cuModuleLoad", errors=True,
-         via="cuModuleLoadData")
 def module_load(ctx, rec):
     _load_module(ctx, rec, None if rec.get("s") in ctx.hoisted else _image(ctx, rec), "module")
 
 
-@handles("cuLibraryLoadData", "cuLibraryLoadFromFile", errors=True, via="cuLibraryLoadData")
 def library_load(ctx, rec):
     rec_lib = rec["a"].get("library") or 0
     if _loaded_ahead(ctx, rec, rec_lib, "library", ctx.libraries):
@@ -111,7 +107,6 @@ def _forget_functions(ctx, h) -> None:
             ctx.funcs.pop(f, None)
 
 
-@handles("cuModuleUnload")
 def module_unload(ctx, rec):
     h = rec["a"].get("hmod")
     ctx.unload(rec, "cuModuleUnload", ctx.live(rec, h, "module"))
@@ -119,7 +114,6 @@ def module_unload(ctx, rec):
     _forget_functions(ctx, h)
 
 
-@handles("cuLibraryUnload")
 def library_unload(ctx, rec):
     h = rec["a"].get("library")
     ctx.unload(rec, "cuLibraryUnload", ctx.live(rec, h, "library"))
@@ -135,7 +129,6 @@ def _name(rec, key="name"):
     return n
 
 
-@handles("cuModuleGetFunction", errors=True)
 def module_get_function(ctx, rec):
     a = rec["a"]
     name = _name(rec)
@@ -151,7 +144,6 @@ def module_get_function(ctx, rec):
         ctx.module_of[a.get("hfunc")] = a.get("hmod")
 
 
-@handles("cuLibraryGetKernel", errors=True)
 def library_get_kernel(ctx, rec):
     a = rec["a"]
     name = _name(rec)
@@ -166,7 +158,6 @@ def library_get_kernel(ctx, rec):
         ctx.module_of[a.get("pKernel")] = a.get("library")
 
 
-@handles("cuKernelGetFunction")
 def kernel_get_function(ctx, rec):
     a = rec["a"]
     fn = ctx.drv(rec, "cuKernelGetFunction", ctx.live(rec, a.get("kernel"), "kernel"))
@@ -176,7 +167,6 @@ def kernel_get_function(ctx, rec):
         learn_kernel_name(ctx.func_names, rec)
 
 
-@handles("cuLibraryGetModule")
 def library_get_module(ctx, rec):
     a = rec["a"]
     m = ctx.drv(rec, "cuLibraryGetModule", ctx.live(rec, a.get("library"), "library"))
@@ -185,7 +175,6 @@ def library_get_module(ctx, rec):
         ctx.modules[a.get("pMod")] = m
 
 
-@handles("cuModuleGetGlobal", "cuLibraryGetGlobal", "cuLibraryGetManaged")
 def get_global(ctx, rec):
     a = rec["a"]
     name = _name(rec)
@@ -202,34 +191,19 @@ def get_global(ctx, rec):
         ctx.space.add_global(rec_ptr, size, live, rec.get("s"), name)
 
 
-@handles("cuFuncSetAttribute")
 def func_set_attribute(ctx, rec):
     a = rec["a"]
     f = resolve_function(ctx, rec, a.get("hfunc"))
     ctx.drv(rec, "cuFuncSetAttribute", f, ctx.cu.CUfunction_attribute(a.get("attrib", 0)), a.get("value", 0))
 
 
-@handles("cuKernelSetAttribute")
 def kernel_set_attribute(ctx, rec):
     a = rec["a"]
     k = ctx.live(rec, a.get("kernel"), "kernel")
     ctx.drv(rec, "cuKernelSetAttribute", ctx.cu.CUfunction_attribute(a.get("attrib", 0)), a.get("val", 0), k, ctx.dev)
 
 
-@handles("cuFuncSetCacheConfig")
 def func_set_cache_config(ctx, rec):
     a = rec["a"]
     f = resolve_function(ctx, rec, a.get("hfunc"))
     ctx.drv(rec, "cuFuncSetCacheConfig", f, ctx.cu.CUfunc_cache(a.get("config", 0)))
-
-
-@handles("cuFuncSetSharedMemConfig", "cuKernelSetCacheConfig", "cuFuncSetBlockShape", "cuFuncSetSharedSize")
-def func_hints(ctx, rec):
-    pass
-
-
-@handles("cuLinkCreate", "cuLinkAddData", "cuLinkAddFile", "cuLinkComplete", "cuLinkDestroy", "cuFuncLoad")
-def link_noop(ctx, rec):
-    # JIT linking builds an image in host memory; the module load that follows records that
-    # image, so the link steps need no replay.  cuFuncLoad only loads a function early.
-    pass

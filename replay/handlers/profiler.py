@@ -4,9 +4,6 @@ range around the replayed workload instead (Replayer.profiler_control); cuProfil
 (deprecated) is a counted no-op. None has an effect on results."""
 from __future__ import annotations
 
-from . import handles
 
-
-@handles("cuProfilerInitialize", "cuProfilerStart", "cuProfilerStop")
 def profiler_control(ctx, rec):
     ctx.profiler_control(rec)

@@ -3,15 +3,7 @@ from __future__ import annotations
 
 from cudasnap.formats.abi import base_name
 
-from . import handles
 
-
-@handles("cuStreamSetAttribute", "cuStreamCopyAttributes")
-def stream_attr(ctx, rec):
-    pass  # scheduling hints (access policy windows, priorities): no effect on results
-
-
-@handles("cuStreamWriteValue32", "cuStreamWriteValue64", "cuStreamWaitValue32", "cuStreamWaitValue64", errors=True)
 def stream_memop(ctx, rec):
     """A write of a value to device memory, or a wait for one, in stream order. On pinned host
     memory a host thread may be what writes the flag a wait polls, and a replay runs no host

@@ -10,7 +10,6 @@ import struct
 from cudasnap.formats.abi import base_name
 from cudasnap.formats.layout import sizeof
 
-from . import handles
 from .graph import fill_struct, struct_bytes
 
 RES_ARRAY, RES_MIPMAPPED, RES_LINEAR, RES_PITCH2D = 0, 1, 2, 3
@@ -23,7 +22,6 @@ def _struct(ctx, rec, key: str, kind: str, data=None):
     return fill_struct(getattr(ctx.cu, kind)(), data)
 
 
-@handles("cuArrayCreate", "cuArray3DCreate", errors=True)
 def array_create(ctx, rec):
     a = rec["a"]
     three = "3D" in rec["f"]
@@ -56,7 +54,6 @@ def _same_value(ctx, rec, recorded, live, what: str) -> None:
                       "the recorded value from their parameters")
 
 
-@handles("cuTexObjectCreate", errors=True)
 def tex_create(ctx, rec):
     a = rec["a"]
     view = _struct(ctx, rec, "pResViewDesc", "CUDA_RESOURCE_VIEW_DESC") if a.get("pResViewDesc") else None
@@ -67,7 +64,6 @@ def tex_create(ctx, rec):
         _same_value(ctx, rec, a.get("pTexObject"), live, "texture object")
 
 
-@handles("cuSurfObjectCreate", errors=True)
 def surf_create(ctx, rec):
     a = rec["a"]
     live = ctx.drv(rec, "cuSurfObjectCreate", _resource(ctx, rec, surface=True))
@@ -76,11 +72,7 @@ def surf_create(ctx, rec):
         _same_value(ctx, rec, a.get("pSurfObject"), live, "surface object")
 
 
-
-
 # ------------------------------------------------------------------ 1D copies with arrays
-@handles("cuMemcpyHtoA", "cuMemcpyHtoAAsync", "cuMemcpyAtoH", "cuMemcpyAtoHAsync", "cuMemcpyDtoA", "cuMemcpyAtoD",
-         "cuMemcpyAtoA", errors=True)
 def memcpy_array_1d(ctx, rec):
     """Copies that address an array as bytes from an offset (cudaMemcpyToArray & co.)."""
     a = rec["a"]

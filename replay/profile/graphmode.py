@@ -118,12 +118,13 @@ def steady(times_us: List[float], pct: float = STEADY_PCT) -> bool:
     return 1.4826 * mad / m * 100 <= pct
 
 
-class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
-    """Graph mode for one sequence: pre-state, build, instantiate, timed runs, per-node times,
-    the timeline check, restore. About 650 lines because each phase handles the driver's
-    failures (a held stream, a hang, an invalidated capture) where it happens; recording the
-    sequence is graphseq.py, per-node attribution graphnodes.py, the program's own graphs
-    graphrecorded.py, the check graphcheck.py."""
+class GraphProfiler(SequenceRecording):
+    """Graph mode for one sequence, about 700 lines: each phase handles the driver's failures
+    where it happens (a held stream, a hang, an invalidated capture). The phases: pre-state,
+    build, instantiate, timed runs, per-node times, the timeline check (graphcheck.py), restore.
+    Parts it holds: per-node attribution (`nodes`, graphnodes.py), the program's own graphs
+    (`recorded`, graphrecorded.py). Recording the sequence (graphseq.py) is still a mixin: it
+    fills the operations and the pre-state the phases here read."""
     mode = "graph"
     label = "graph profiler"
     wants_calls = False              # on when timing the recorded graph launches (unit mode)
@@ -153,22 +154,11 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
         self.due = False
         self._in_job = False                     # a rank of a job: profiled at the replay's end (graphseq.py)
         self.total_times_us: List[float] = []
-        self.node_times: List[List[float]] = []
-        self.cupti_spans_us: List[float] = []
         self.backend = "events"
         self.info: Dict[str, Any] = {}
+        self.nodes = NodeAttribution(self.info, warn)    # per-node times (graphnodes.py)
         self.timeout = 300.0
-        self.unit_mode = False
-        self.graphs = None
-        self.unit_seqs: set = set()
-        self._pending_unit = None
-        self.unit_rows: List[Dict[str, Any]] = []
-        self.units: List[Dict[str, Any]] = []
-        self.node_names: List[Optional[str]] = []
-        self.op_times: List[List[float]] = []           # per captured operation (launches, memsets, copies)
-        self.extra_records: List[Dict[str, Any]] = []   # CUPTI records of no captured operation
-        self.between_us: Optional[float] = None         # CUPTI runs: time inside the run no record covers
-        self.records_per_run: List[int] = []             # CUPTI runs: records (nodes) in each
+        self.recorded: Optional[RecordedGraphUnits] = None   # timing the program's own graphs instead
         self._chain: Optional[GapChain] = None           # gap calibration (gapmodel.py)
         self.gap: Optional[Dict[str, Any]] = None
         self.event_spans_us: List[float] = []           # event-node runs: first to last event
@@ -180,7 +170,7 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
         """The replay may run plain calls in its C executor: every launch is selected (the
         sequence is recorded from the executor's batch events), and the timeline check, if
         on, times them through CUPTI as timeline mode does."""
-        if self.unit_mode or self.sel is None or not self.sel.everything:
+        if self.recorded is not None or self.sel is None or not self.sel.everything:
             return False
         return self._ref is None or self._ref.batch_ok
 
@@ -189,8 +179,8 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
         if kind == "start":
             self._start(ev)
             return
-        if self.unit_mode:
-            self._unit_event(kind, ev)
+        if self.recorded is not None:
+            self.recorded.on_event(kind, ev)
             return
         if self.done:
             return
@@ -260,7 +250,10 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
             self.timeout = max(1.0, 0.8 * float(wd))
         self._scan(rv)
         if self.last_seq is None:
-            if not self._start_units():
+            units = RecordedGraphUnits(self.cfg, rv, self.sel, self.info, self.warn, self._open_cupti)
+            if units.start():
+                self.recorded, self.wants_calls = units, True
+            else:
                 self.warn("graph: no launch selected")
                 self.info["error"] = "no launch selected"
             return
@@ -484,9 +477,9 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
                 cupti = self._open_cupti()
                 if cupti is not None:
                     self._cupti_node_times(cupti, stream, gexec)
-                    if self.node_times:
+                    if self.nodes.node_times:
                         self.backend = "cupti"
-                if not self.node_times and cfg.backend != "cupti":
+                if not self.nodes.node_times and cfg.backend != "cupti":
                     self._event_node_times(stream)
             except GraphHang:
                 raise
@@ -633,7 +626,7 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
         created = getattr(cupti, "node_created", None) or {}
         clones = getattr(cupti, "node_clones", None) or {}
         with self._phase("matching records to nodes"), _no_gc():
-            self._per_node(runs, created if exe is not gexec else {}, clones)
+            self.nodes.per_node(self.ops, self.launches, runs, created if exe is not gexec else {}, clones)
 
     # ------------------------------------------------------------------ per-node times: event nodes
     def _event_node_times(self, stream) -> None:
@@ -657,7 +650,7 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
         except Exception as e:
             self.warn(f"graph: per-node times with event nodes not available ({type(e).__name__}: {e})")
             return
-        self.op_times = [[] for _ in range(n)]
+        op_times: List[List[float]] = [[] for _ in range(n)]
         spans = []
         n_runs = self._node_runs()
         with self._phase("timing every node (event nodes)", n_runs + 1) as ph:
@@ -668,12 +661,11 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
                 span = 0.0
                 for k in range(n):
                     t = float(rv.call("cuEventElapsedTime", evs[k], evs[k + 1])) * 1e3
-                    self.op_times[k].append(t)
+                    op_times[k].append(t)
                     span += t
                 spans.append(span)
                 ph.advance()
-        self.node_times = [self.op_times[k] for k, op in enumerate(self.ops) if op[0] == "launch"]
-        self.node_names = [None] * len(self.launches)
+        self.nodes.by_events(self.ops, self.launches, op_times)
         self.event_spans_us = spans
         self.backend = "events"
         self.info["per_node_method"] = "event nodes between launches"
@@ -746,19 +738,19 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
 
     # ------------------------------------------------------------------ results
     def launch_rows(self) -> List[Dict[str, Any]]:
-        if self.unit_mode:
-            return [dict(r) for r in self.unit_rows]
+        if self.recorded is not None:
+            return [dict(r) for r in self.recorded.unit_rows]
         timing = "cupti" if self.backend == "cupti" else "event nodes"
         rows = []
         for i, ev in enumerate(self.launches):
             r = {"seq": ev.seq, "index": ev.index, "name": ev.name, "stream": ev.rec_stream, "grid": list(ev.grid),
                  "block": list(ev.block), "shmem": ev.shmem, "node": i}
-            if self.node_times and self.node_times[i]:
-                r["times_us"] = self.node_times[i]
+            if self.nodes.node_times and self.nodes.node_times[i]:
+                r["times_us"] = self.nodes.node_times[i]
                 r["timing"] = timing
-                if self.node_names and self.node_names[i]:
-                    r["cupti_name"] = self.node_names[i]
-                r.update(stats(self.node_times[i]))
+                if self.nodes.node_names and self.nodes.node_names[i]:
+                    r["cupti_name"] = self.nodes.node_names[i]
+                r.update(stats(self.nodes.node_times[i]))
             rows.append(r)
         return rows
 
@@ -771,7 +763,7 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
             kind = "memset" if op[0] == "memset" else "copy"
             d = out.setdefault(kind, {"kind": kind, "nodes": 0, "timed": 0, "us_per_run": 0.0})
             d["nodes"] += 1
-            ts = self.op_times[k] if k < len(self.op_times) else []
+            ts = self.nodes.op_times[k] if k < len(self.nodes.op_times) else []
             if ts:
                 d["timed"] += 1
                 d["us_per_run"] += statistics.median(ts)
@@ -779,14 +771,14 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
 
     def _consistency(self, graph_us: float) -> Dict[str, Any]:
         """Per-node times against the graph's time (CUDA events around the whole graph)."""
-        kernels = sum(statistics.median(t) for t in self.node_times if t)
+        kernels = sum(statistics.median(t) for t in self.nodes.node_times if t)
         other = sum(d["us_per_run"] for d in self._other_nodes())
-        extra = sum(e["us_per_run"] for e in self.extra_records)
-        between = traced = self.between_us or 0.0             # as traced
+        extra = sum(e["us_per_run"] for e in self.nodes.extra_records)
+        between = traced = self.nodes.between_us or 0.0             # as traced
         tracing = 0.0
-        if self.gap and self.records_per_run and traced:
+        if self.gap and self.nodes.records_per_run and traced:
             # what tracing adds per node (durations and gaps), measured on the calibration chain
-            tracing = statistics.median(self.records_per_run) * self.gap.get("tracing_per_node_us", 0.0)
+            tracing = statistics.median(self.nodes.records_per_run) * self.gap.get("tracing_per_node_us", 0.0)
         total = kernels + other + extra + between - tracing
         c: Dict[str, Any] = {"graph_us": graph_us, "kernels_us": kernels, "other_nodes_us": other,
                              "unrecorded_us": extra, "between_nodes_us": between, "tracing_us": tracing,
@@ -807,8 +799,8 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
         return c
 
     def summary(self) -> Dict[str, Any]:
-        if self.unit_mode:
-            return self._unit_summary()
+        if self.recorded is not None:
+            return self.recorded.summary()
         d: Dict[str, Any] = {"mode": "graph", "backend": self.backend, "nodes": len(self.ops),
                              "launches": len(self.launches), "repeat": self.cfg.repeat, "warmup": self.cfg.warmup,
                              "first_seq": self.first_seq, "last_seq": self.last_seq,
@@ -820,17 +812,17 @@ class GraphProfiler(NodeAttribution, RecordedGraphUnits, SequenceRecording):
             d["graph"] = st
             if self.launches:
                 d["per_launch_us"] = st["median_us"] / len(self.launches)
-        if self.cupti_spans_us:
-            d["cupti_span_us"] = stats(self.cupti_spans_us)["median_us"]
-        if self.node_times:
+        if self.nodes.cupti_spans_us:
+            d["cupti_span_us"] = stats(self.nodes.cupti_spans_us)["median_us"]
+        if self.nodes.node_times:
             d.setdefault("per_node_method", "CUPTI graph node ids" if self.backend == "cupti" else
                          "event nodes between launches")
-            d["launches_timed"] = sum(1 for t in self.node_times if t)
+            d["launches_timed"] = sum(1 for t in self.nodes.node_times if t)
             other = self._other_nodes()
             if other:
                 d["other_nodes"] = other
-            if self.extra_records:
-                d["unrecorded"] = self.extra_records[:20]
+            if self.nodes.extra_records:
+                d["unrecorded"] = self.nodes.extra_records[:20]
             if self.total_times_us:
                 d["check"] = self._consistency(d["total_us"])
             ref = self._ref

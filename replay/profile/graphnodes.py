@@ -1,24 +1,44 @@
 """Graph mode's per-node times from CUPTI records: each record's graph node id (an executable
 graph's node, a clone of a captured one) traced back to the captured operation, by CUPTI's node
 creation and cloning records or, without them, by the order of the graph (one chain); records
-without node ids by kernel order.  A mixin of GraphProfiler (graphmode.py): it reads and fills
-the profiler's ops, launches, node_times, op_times, extra_records and info."""
+without node ids by kernel order.  A part of GraphProfiler (graphmode.py), held as its `nodes`:
+given the captured operations and launches with the records, it keeps the per-node results."""
 from __future__ import annotations
 
 import statistics
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .graphunits import covered_ns
 
 
 class NodeAttribution:
+    def __init__(self, info: Dict[str, Any], warn: Callable[[str], None]):
+        self.info, self.warn = info, warn              # the profiler's: its summary and warnings
+        self.ops: List[Tuple] = []                     # the profiler's captured operations, launches
+        self.launches: List[Any] = []
+        self.node_times: List[List[float]] = []        # per launch
+        self.node_names: List[Optional[str]] = []      # CUPTI's kernel name of each launch's node
+        self.op_times: List[List[float]] = []          # per captured operation (launches, memsets, copies)
+        self.extra_records: List[Dict[str, Any]] = []  # CUPTI records of no captured operation
+        self.between_us: Optional[float] = None        # CUPTI runs: time inside the run no record covers
+        self.records_per_run: List[int] = []           # CUPTI runs: records (nodes) in each
+        self.cupti_spans_us: List[float] = []          # CUPTI runs: first record's start to last's end
+
+    def by_events(self, ops: List[Tuple], launches: List[Any], op_times: List[List[float]]) -> None:
+        """Per-operation times from event nodes (no records, no names)."""
+        self.ops, self.launches, self.op_times = ops, launches, op_times
+        self.node_times = [op_times[k] for k, op in enumerate(ops) if op[0] == "launch"]
+        self.node_names = [None] * len(launches)
+
     @staticmethod
     def _op_kind(op) -> str:
         return {"launch": "kernel", "memset": "memset"}.get(op[0], "memcpy")
 
-    def _per_node(self, runs: List[List[Any]], created: Optional[Dict[int, Any]] = None,
-                  clones: Optional[Dict[int, int]] = None) -> None:
-        """Per-node times from the records of each CUPTI run (graphunits.Rec)."""
+    def per_node(self, ops: List[Tuple], launches: List[Any], runs: List[List[Any]],
+                 created: Optional[Dict[int, Any]] = None, clones: Optional[Dict[int, int]] = None) -> None:
+        """Per-node times of these operations and launches from the records of each CUPTI run
+        (graphunits.Rec)."""
+        self.ops, self.launches = ops, launches
         if not any(r[5] for run in runs for r in run):
             self._per_node_by_order(runs)
             return

@@ -1,16 +1,28 @@
 """Graph mode on programs whose selected kernels run only inside their own CUDA graphs: the
-recorded cuGraphLaunch calls that hold them are timed as units (graphunits.py).  A mixin of
-GraphProfiler (graphmode.py)."""
+recorded cuGraphLaunch calls that hold them are timed as units (graphunits.py).  A part of
+GraphProfiler (graphmode.py), held as its `recorded` once it finds such launches."""
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Callable, Dict, List, Optional
 
 from .common import stats
 
 
 class RecordedGraphUnits:
+    def __init__(self, cfg, rv, sel, info: Dict[str, Any], warn: Callable[[str], None],
+                 open_cupti: Callable[[], Any]):
+        self.cfg, self.rv, self.sel = cfg, rv, sel      # the profiler's options, replay view, selection
+        self.info, self.warn = info, warn               # the profiler's summary and warnings
+        self.open_cupti = open_cupti
+        self.backend = "events"                         # "cupti" once a unit's kernels got records
+        self.graphs: Any = None
+        self.unit_seqs: set = set()
+        self._pending_unit: Optional[Any] = None
+        self.unit_rows: List[Dict[str, Any]] = []
+        self.units: List[Dict[str, Any]] = []
+
     # ------------------------------------------------------------------ the program's graph launches
-    def _start_units(self) -> bool:
+    def start(self) -> bool:
         """No selected launch outside recorded captures: time the recorded graph launches that
         hold selected kernels.  True when there is one."""
         from .graphunits import RecordedGraphs
@@ -22,13 +34,13 @@ class RecordedGraphUnits:
         seqs = {r.get("s") for r in g.launches if g.records_of(r) and g.selected(self.sel, r)}
         if not seqs:
             return False
-        self.graphs, self.unit_seqs, self.unit_mode, self.wants_calls = g, seqs, True, True
+        self.graphs, self.unit_seqs = g, seqs
         self.info["path"] = "recorded graph launches"
         self.warn(f"graph: the selected kernels run only inside the program's own CUDA graphs: timing its "
                   f"{len(seqs)} recorded cuGraphLaunch call(s) as they are")
         return True
 
-    def _unit_event(self, kind: str, ev) -> None:
+    def on_event(self, kind: str, ev) -> None:
         from .graphunits import GraphUnit, is_graph_launch
         if kind == "before_call" and ev.seq in self.unit_seqs and is_graph_launch(ev.call):
             rv = self.rv
@@ -63,7 +75,7 @@ class RecordedGraphUnits:
             info["launch_gated"] = getattr(unit, "gated", False)
             if times:
                 info["graph_us"] = stats(times)["median_us"]
-            cupti = self._open_cupti()
+            cupti = self.open_cupti()
             if cupti is not None:
                 runs = unit.run_cupti(cupti, 0, cfg.repeat)
                 cupti.close()
@@ -98,7 +110,7 @@ class RecordedGraphUnits:
             unit.saver.free()
         self.units.append(info)
 
-    def _unit_summary(self) -> Dict[str, Any]:
+    def summary(self) -> Dict[str, Any]:
         ok = [u for u in self.units if "graph_us" in u]
         d: Dict[str, Any] = {"mode": "graph", "backend": self.backend, "path": "recorded graph launches",
                              "repeat": self.cfg.repeat, "warmup": self.cfg.warmup,

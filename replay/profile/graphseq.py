@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from cudasnap.formats.abi import base_name
 from cudasnap.formats.callset import learn_kernel_name
 from cudasnap.formats.layout import recorded_stream
-from cudasnap.formats.vocab import in_class, is_launch, may_batch
+from cudasnap.formats.vocab import in_class, is_graph_launch, is_launch, may_batch
 
 from .. import dispatch
 from ..collectives import is_collective
@@ -185,7 +185,7 @@ class SequenceRecording:
             if self.first_seq is None and isinstance(s, int):     # before the first selected launch
                 if _runs_alone(rec):
                     alone.append(s)
-                elif rec.get("r", 0) == 0 and (f.startswith("cuMemset") or f.startswith("cuMemcpy")) \
+                elif rec.get("r", 0) == 0 and (in_class(f, "memset_group") or in_class(f, "copy_group")) \
                         and (rec.get("a") or {}).get("hStream") not in in_capture:
                     early.append((s, rec))
             if rec.get("r", 0) != 0:
@@ -194,7 +194,7 @@ class SequenceRecording:
             b = base_name(f)
             if track_capture(rec, in_capture):
                 continue
-            if b == "cuGraphLaunch":
+            if is_graph_launch(b):
                 graph_launches.append(s)
                 continue
             if not is_launch(f):
@@ -336,7 +336,7 @@ class SequenceRecording:
                 else [dst, val, a.get("N", 0)]
             return ("memset", name, args, rec.get("s"))
         n = int(a.get("ByteCount") or 0)
-        if b == "cuMemcpyDtoD" or b == "cuMemcpyDtoDAsync":
+        if in_class(b, "d2d_copy"):
             return ("dtod", rv.translate(a.get("dstDevice")), rv.translate(a.get("srcDevice")), n, rec.get("s"))
         if in_class(b, "unified_copy"):
             if rv.find(a.get("dst") or 0) is not None and rv.find(a.get("src") or 0) is not None:

@@ -203,10 +203,8 @@ class RecordedGraphs:
             f = rec.get("f") or ""
             a = rec.get("a") or {}
             b = _base(f)
-            if b == "cuStreamBeginCapture":
-                open_caps[a.get("hStream")] = []
-            elif b == "cuStreamBeginCaptureToGraph":
-                open_caps[a.get("hStream")] = self.graphs.setdefault(a.get("hGraph"), [])
+            if in_class(b, "begins_capture"):      # into a graph of its own, or one the program made
+                open_caps[a.get("hStream")] = self.graphs.setdefault(a["hGraph"], []) if "hGraph" in a else []
             elif in_class(b, "ends_capture"):
                 cap = open_caps.pop(a.get("hStream"), None)
                 g = a.get("phGraph")
@@ -214,24 +212,24 @@ class RecordedGraphs:
                     lst = self.graphs.setdefault(g, [])
                     if lst is not cap:
                         lst.extend(cap)
-            elif in_class(b, "sets_kernel_node") or b == "cuGraphAddNode":
+            elif in_class(b, "sets_kernel_node") or in_class(b, "adds_node"):
                 if (rec.get("x") or {}).get("params") is not None:
                     key = a.get("hGraphExec") if "Exec" in b else a.get("hGraph")
                     (self.execs if "Exec" in b else self.graphs).setdefault(key, []).append(rec)
-            elif b == "cuGraphAddChildGraphNode":
+            elif in_class(b, "adds_child_graph"):
                 self.graphs.setdefault(a.get("hGraph"), []).extend(self.graphs.get(a.get("childGraph"), []))
-            elif b.startswith("cuGraphInstantiate"):
+            elif in_class(b, "instantiates"):
                 ex = a.get("phGraphExec")
                 if ex:
                     self.execs.setdefault(ex, []).extend(self.graphs.get(a.get("hGraph"), []))
-            elif b == "cuGraphExecUpdate":
+            elif in_class(b, "updates_exec"):
                 self.execs.setdefault(a.get("hGraphExec"), []).extend(self.graphs.get(a.get("hGraph"), []))
-            elif b == "cuGraphLaunch":
+            elif is_graph_launch(b):
                 self.launches.append(rec)
             elif is_launch(f) and open_caps:
                 hs = a.get("hStream")
                 cfg = a.get("config")
-                if b == "cuLaunchKernelEx" and isinstance(cfg, (bytes, bytearray)) and len(cfg) >= LAUNCH_CONFIG.size:
+                if isinstance(cfg, (bytes, bytearray)) and len(cfg) >= LAUNCH_CONFIG.size:
                     hs = LAUNCH_CONFIG.unpack_from(bytes(cfg))[7]
                 self.captured_launches += 1
                 if hs in open_caps:

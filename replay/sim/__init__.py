@@ -357,8 +357,7 @@ def pointer_findings(reader, moved=moves) -> List[Tuple[str, Optional[Tuple[int,
     provable: the replay refuses, naming the buffer and the call. Only words that reach an
     allocation placement moves (moved(base)) matter: the others keep their recorded value."""
     import numpy as np
-    from cudasnap.formats.abi import base_name
-    from cudasnap.formats.vocab import alloc_range, is_release
+    from cudasnap.formats.vocab import alloc_range, in_class, is_release
     recs = list(reader.records(("c",)))
     every: List[Tuple[int, int, Any]] = []
     for rec in recs:
@@ -390,7 +389,7 @@ def pointer_findings(reader, moved=moves) -> List[Tuple[str, Optional[Tuple[int,
                 if isinstance(a.get(key), int):
                     live.pop(a[key], None)
             continue
-        if not base_name(f).startswith("cuMemcpyHtoD"):
+        if not in_class(f, "h2d_copy"):
             continue
         ref = (rec.get("x") or {}).get("srcHost")
         if not isinstance(ref, dict) or not reader.has_blob(ref.get("blob") or ""):

@@ -79,7 +79,7 @@ def export_sim(snapshot, outdir: str) -> Tuple[int, int, int]:
             body.append(f"{at}release({a.get('dptr') or 0:#x}ULL);")
         elif is_sync(b):
             body.append(f"{at}CK(sim_sync());")
-        elif b.startswith("cuMemcpyHtoD"):
+        elif in_class(b, "h2d_copy"):
             ref = x.get("srcHost")
             if not isinstance(ref, dict) or not reader.has_blob(ref.get("blob") or ""):
                 raise SimProblem(f"call #{s} {f}: its payload was not captured")
@@ -89,7 +89,7 @@ def export_sim(snapshot, outdir: str) -> Tuple[int, int, int]:
             decl.append(_arr(f"W{s}", words(payload)))
             body.append(f'{at}h2d({a.get("dstDevice"):#x}ULL, "h2d-{s}.bin", {len(payload)}, W{s}, '
                         f'{len(words(payload))});')
-        elif b.startswith("cuMemcpyDtoH"):
+        elif in_class(b, "d2h_copy"):
             ref = x.get("dstHost")
             if not isinstance(ref, dict) or not reader.has_blob(ref.get("blob") or ""):
                 body.append(f"{at}CK(sim_sync());")
@@ -100,7 +100,7 @@ def export_sim(snapshot, outdir: str) -> Tuple[int, int, int]:
             decl.append(_arr(f"W{s}", words(want)))
             body.append(f'{at}d2h({a.get("srcDevice"):#x}ULL, "d2h-{s}.bin", {len(want)}, W{s}, {len(words(want))});')
             checks += 1
-        elif b.startswith("cuMemcpyDtoD"):
+        elif in_class(b, "d2d_copy"):
             body.append(f"{at}CK(sim_d2d(tr({a.get('dstDevice'):#x}ULL), tr({a.get('srcDevice'):#x}ULL), "
                         f"{a.get('ByteCount')}));")
         elif in_class(b, "memset_1d"):
@@ -108,7 +108,7 @@ def export_sim(snapshot, outdir: str) -> Tuple[int, int, int]:
             val = a.get({1: "uc", 2: "us", 4: "ui"}[width], 0)
             body.append(f"{at}memset_n({a.get('dstDevice'):#x}ULL, {val}u, {width}, {a.get('N', 0)});")
         elif in_class(b, "launches_kernel"):
-            if b == "cuLaunchKernelEx":
+            if in_class(b, "config_launch"):
                 from cudasnap.replay.params import LAUNCH_CONFIG
                 cfg = a.get("config")
                 if not isinstance(cfg, (bytes, bytearray)) or len(cfg) < LAUNCH_CONFIG.size:
