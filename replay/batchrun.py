@@ -22,20 +22,6 @@ D2H_AHEAD_TOTAL = 64 << 20       # and this much in all
 SYNC_TIMES_MAX = 100_000         # synchronization times kept in the result
 
 
-class ExpectedBlobs:
-    """The snapshot reader, answering blob() for the D2H expectations read ahead from memory."""
-
-    def __init__(self, reader, blobs: Dict[str, bytes]):
-        self._reader, self._blobs = reader, blobs
-
-    def blob(self, bid: str) -> bytes:
-        d = self._blobs.get(bid)
-        return d if d is not None else self._reader.blob(bid)
-
-    def __getattr__(self, name):
-        return getattr(self._reader, name)
-
-
 class _OpDesc:
     """The watchdog's description of a running batch: names the call in progress."""
 

@@ -24,7 +24,8 @@ from cudasnap.formats.vocab import (alloc_range, in_class, is_launch, is_query, 
                                     makes_address_range, malformed_call, family)
 
 from . import dispatch, plan
-from .batchrun import D2H_AHEAD_EACH, D2H_AHEAD_TOTAL, SYNC_TIMES_MAX, BatchRunner, ExpectedBlobs
+from .batchrun import D2H_AHEAD_EACH, D2H_AHEAD_TOTAL, SYNC_TIMES_MAX, BatchRunner
+from .index import IndexedReader, ReplayIndex
 from .context import ReplayContext
 from .driverops import DriverOps, Watchdog, result_code, handle_int
 from .errors import DriverCallError, ReplayError
@@ -130,6 +131,10 @@ class Replayer(BatchRunner):
         self.subscribers: List[Any] = []             # objects with on_event(kind, event): see events.py
         self._sub_errors: Dict[Tuple[int, str], int] = {}
         self._closed = False                          # close() gave the driver state back
+        # the architecture check, run on this replay's records after its pass over them and before
+        # any driver work: reader -> None, or why nothing may run here (the entry points set it)
+        self.preflight: Optional[Callable[[Any], Optional[str]]] = None
+        self.refused: Optional[str] = None
 
     def _stop_verify(self, m: Mismatch) -> None:
         raise _StopVerify(m)
@@ -140,7 +145,7 @@ class Replayer(BatchRunner):
         if self._h2d_order and os.environ.get("CUDASNAP_PREFETCH", "1") != "0":
             big = [b for b in self._h2d_order if self.ctx.reader.has_blob(b) and self.ctx.reader.blob_size(b) >= PREFETCH_MIN]
             if big:
-                self.ctx.prefetch = BlobPipeline(self.path, big)
+                self.ctx.prefetch = BlobPipeline(self.ctx.reader, big)     # the same reader: no second open
 
     # ------------------------------------------------------------------ events (replay/events.py)
     def emit(self, kind: str, ev) -> None:
@@ -338,6 +343,7 @@ class Replayer(BatchRunner):
         self._fk: Dict[str, int] = {}
         # in call order the loop sorts the records itself: nothing is compiled in file order
         planner = self._new_planner(keep=False) if self.ctx.opt.call_order else self._new_planner(native=True)
+        index = self.index = ReplayIndex()       # every other reader of the records reads this pass
         self._h2d_order: List[str] = []
         self._planner = planner
         max_seq = -1          # the highest call sequence number read so far, in file order
@@ -349,6 +355,7 @@ class Replayer(BatchRunner):
             if take is not None:
                 n, mx, wl = take()
                 self.total += n
+                index.planned += n
                 if mx is not None and mx > max_seq:
                     max_seq = mx
                 if wl is not None:
@@ -357,9 +364,11 @@ class Replayer(BatchRunner):
             if k == "c":
                 if rec.get("incomplete") or "r" not in rec:
                     self.incomplete.append(rec)
+                    index.keep(rec)
                     return
                 if malformed_call(rec):
                     self.malformed.append(rec)
+                    index.keep(rec)
                     return
                 self.total += 1
                 sq = rec.get("s")
@@ -374,6 +383,7 @@ class Replayer(BatchRunner):
                     self._ranges.add(*rng)
                 if planner.keeping:
                     planner.add(rec)
+                    index.planned += 1
                 if not fk:
                     return
                 if fk & 64:
@@ -382,6 +392,8 @@ class Replayer(BatchRunner):
                         self.ctx.names_in.setdefault(asked[0], set()).add(asked[1])
                 if fk & 128 and rec.get("r") == 0 and type(sq) is int:
                     self.ctx.code_loads.append(rec)              # functions.hoist_loads
+                if fk & 448:
+                    index.code.append(rec)                       # retarget.module_loads
                 if fk & 32 and rec.get("r") == 0:
                     u = self._unhandled.get(rec["f"])
                     if u is None:
@@ -401,7 +413,10 @@ class Replayer(BatchRunner):
                     ref = (rec.get("x") or {}).get("srcHost")
                     if isinstance(ref, dict) and isinstance(ref.get("blob"), str) and rec.get("r", 0) == 0:
                         self._h2d_order.append(ref["blob"])
-            elif k == "fn" and isinstance(rec.get("h"), int):
+                return
+            if k != "b":               # blob records: the reader's own (the C walk passes over them)
+                index.keep(rec)
+            if k == "fn" and isinstance(rec.get("h"), int):
                 self.ctx.add_fn(rec, max_seq)
             elif k == "repair" and (rec.get("lost_bytes") or rec.get("lost_records") or rec.get("unknown_gaps")):
                 self.ctx.note(f"snapshot was repaired: {rec.get('lost_bytes', 0)} damaged bytes dropped "
@@ -427,14 +442,15 @@ class Replayer(BatchRunner):
         if take is not None:
             n, _, wl = take()
             self.total += n
+            index.planned += n
             if wl is not None:
                 self._workload_last = wl
         # the records, decoded once: the main loop replays from this plan (None when the
         # snapshot is too big to keep: the loop reads the file again)
         self._plan = planner.finish() if planner.keeping else None
         self._t_origin = planner.t_origin
-        if self._expected:
-            self.ctx.reader = ExpectedBlobs(self.ctx.reader, self._expected)
+        index.attach_plan(self._plan)
+        self.ctx.reader = IndexedReader(self.ctx.reader, index, self._expected)
 
     def _unhandled_text(self) -> str:
         """The calls no handler replays, all named before any driver work (a replay would stop
@@ -449,7 +465,7 @@ class Replayer(BatchRunner):
         """Per name: 1 allocation, 2 primary context retain, 4 H2D prefetched, 8 pinned host
         memory, 16 shared through legacy IPC, 32 no replay handler, 64 names a kernel of a module
         or library (functions.preload_functions), 128 loads a module or library
-        (functions.hoist_loads). Non-zero: the pre-scan reads the call itself, so the C plan walk
+        (functions.hoist_loads), 256 refers to code (the index's code_records). Non-zero: the pre-scan reads the call itself, so the C plan walk
         hands it over."""
         if type(f) is not str:
             return 0                   # a damaged record: its handler reports it
@@ -462,7 +478,8 @@ class Replayer(BatchRunner):
                   | (16 if f.startswith("cuIpcGetMemHandle") else 0)
                   | (32 if dispatch.unhandled(f) else 0)
                   | (64 if names_function(f) else 0)
-                  | (128 if is_module_load(f) else 0))
+                  | (128 if is_module_load(f) else 0)
+                  | (256 if in_class(f, "refers_code") else 0))
             self._fk[f] = fk
         return fk
 
@@ -573,6 +590,11 @@ class Replayer(BatchRunner):
                     gc.enable()
             startup = self.ctx.res.startup_s
             startup["prescan"] = round(time.monotonic() - t_scan, 4)
+            if self.preflight is not None and self._driver is None:
+                why = self.preflight(self.ctx.reader)
+                if why:
+                    self.refused = why
+                    raise ReplayError(why)
             self.ctx.res.total_calls = self.total
             self.selection.prepare(self.view)
             why = self.selection.nothing(self.view)

@@ -164,6 +164,8 @@ def profile_replay(snapshot, cfg: ProfileConfig, options: Optional[ReplayOptions
         raise ValueError(err)
     opts = options or ReplayOptions()
     rp = Replayer(snapshot, opts, driver=driver, out=out)
+    from .. import arch_check                 # as a plain replay: refused before the GPU does anything
+    rp.preflight = arch_check(opts, out or sys.stdout, sys.stderr)
     override = None
     if opts.launch_override:      # before the profiler: it times the launches as overridden
         from ..override import LaunchOverride
@@ -199,7 +201,7 @@ def profile_replay(snapshot, cfg: ProfileConfig, options: Optional[ReplayOptions
         res.exit_code = 2
     report = None
     written = []
-    if prof is not None:
+    if prof is not None and not rp.refused:
         from .report import build_report, write_out
         report = build_report(prof, cfg)
         if hasattr(prof, "finish_report"):
@@ -283,6 +285,8 @@ def run_profile_cli(snapshot, opts: ReplayOptions, cfg: ProfileConfig, as_json: 
         sys.stderr.write(f"cudasnap: error: {damaged(e) if isinstance(e, SnapshotError) else e}\n")
         return 2
     res = run.result
+    if run.replayer.refused:                  # said on stderr; nothing was replayed
+        return 2
     if run.replayer.empty_selection:
         sys.stderr.write(f"cudasnap: error: {run.replayer.empty_selection}\n")
         return 2
