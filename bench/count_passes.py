@@ -1,6 +1,7 @@
 """How often each command opens a snapshot and reads its records, counted (no GPU: the test double).
 
     python bench/count_passes.py [--launches 2000] [--frame-kb 64] [--json OUT]
+    python bench/count_passes.py --snapshot SNAP [--snapshot SNAP2] [--json OUT]   # real snapshots, this GPU
 
 Each command runs in a process of its own with an instrumented SnapshotReader (instrument()):
   opens          SnapshotReader objects made (each reads the header and index again)
@@ -103,23 +104,14 @@ def _frames(snap: Path) -> int:
         return sum(1 for f in r.frames() if f[1] == "records")
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--launches", type=int, default=2000)
-    ap.add_argument("--frame-kb", type=int, default=64, help="records frame size the snapshots are written with")
-    ap.add_argument("--json")
-    ap.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    a = ap.parse_args(argv)
-    if a.child:
-        _child(a.child[0], a.child[1], a.child[2:])
-        return 0
+def _double_snapshots(tmp: Path, a):
+    """The test double's environment, its program and a synthetic training loop."""
     sys.path.insert(0, str(ROOT / "tests" / "double"))
     sys.path.insert(0, str(ROOT / "tests"))
     sys.path.insert(0, str(ROOT / "bench"))
     import build                                      # the test double's builder
     import synth
     from bench_graphmode_scale import loop_program
-    tmp = Path(tempfile.mkdtemp(prefix="count-passes-"))
     env = dict(build.env_for(build.build(Path(os.environ.get("CUDASNAP_DOUBLE_BUILD_DIR") or tmp / "double"))))
     env.pop("CUDASNAP_REPLAY_TEST_BLOCK", None)
     fb = a.frame_kb << 10
@@ -128,15 +120,35 @@ def main(argv=None) -> int:
     _orig = synth.Synth.__init__
     synth.Synth.__init__ = lambda self, path, header=None, frame_bytes=fb: _orig(self, path, header, frame_bytes)
     loop_program(loop, a.launches)
+    return env, [small, loop]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--launches", type=int, default=2000)
+    ap.add_argument("--frame-kb", type=int, default=64, help="records frame size the snapshots are written with")
+    ap.add_argument("--json")
+    ap.add_argument("--snapshot", action="append", default=[], help="count on this snapshot (the machine's own "
+                    "driver) instead of the double's synthetic ones")
+    ap.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.child:
+        _child(a.child[0], a.child[1], a.child[2:])
+        return 0
+    tmp = Path(tempfile.mkdtemp(prefix="count-passes-"))
+    if a.snapshot:
+        env, snaps = dict(os.environ), [Path(p).resolve() for p in a.snapshot]
+    else:
+        env, snaps = _double_snapshots(tmp, a)
     rows = []
-    for snap in (small, loop):
+    for snap in snaps:
         cmds = {
             "replay": ["replay", str(snap), "-q"],
             "replay --profile timeline": ["replay", str(snap), "-q", "--profile", "timeline"],
             "replay --profile isolated": ["replay", str(snap), "-q", "--profile", "isolated", "--repeat", "2",
                                           "--warmup", "0", "-c", "3"],
             "campaign cell (timeline)": None,
-            "extract --launch": ["extract", str(snap), "--kernel", ".*", "-o", str(tmp / "x.cusnap"), "-f"],
+            "extract --kernel": ["extract", str(snap), "--kernel", ".*", "-o", str(tmp / "x.cusnap"), "-f"],
             "export": ["export", str(snap), "-o", str(tmp / "exp"), "-f"],
             "info": ["info", str(snap)],
         }
@@ -164,7 +176,7 @@ def main(argv=None) -> int:
         if r.get("stderr"):
             print("    " + r["stderr"].strip().splitlines()[-1])
     print("\npasses by place, per command (first snapshot):")
-    for r in rows[:len(rows) // 2]:
+    for r in rows[:len(rows) // len(snaps)]:
         print(f"  {r['command']}: {', '.join(r.get('pass_sites', []))}")
     print("\npasses by place (all commands):")
     sites: Dict[str, int] = {}

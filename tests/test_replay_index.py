@@ -108,3 +108,25 @@ def test_a_replay_opens_its_snapshot_once_and_reads_its_records_once(double, tmp
         assert c["checksum_passes"] == 1, what
         # every records frame decompressed once, with the header and the index
         assert c["decompressions"] == frames + 2, (what, c)
+
+
+PRODUCT_DIRS = ("advise", "campaign", "capture", "cli", "compare", "export", "formats", "replay", "shim")
+
+
+def _product_sources():
+    for d in PRODUCT_DIRS:
+        for p in sorted((ROOT / d).rglob("*.py")):
+            yield p.relative_to(ROOT).as_posix(), p.read_text()
+
+
+def test_every_replay_goes_through_one_function_and_modes_through_one_table():
+    """The command line, campaign cells, bisect steps, ranks and the simulator's worker replay
+    through invocation.run_request; what a profile mode is (repeats, CUPTI, campaign timing,
+    profiler, renderer) is said once, in replay/profile/modes.py."""
+    import re
+    entry = {"replay/__init__.py", "replay/profile/__init__.py", "replay/invocation.py"}
+    calls = [f for f, src in _product_sources() if f not in entry and re.search(r"run_(replay|profile)_cli\(", src)]
+    assert calls == []
+    mode_lists = re.compile(r"""\(\s*["'](timeline|isolated|graph|metrics)["']\s*,\s*["'](timeline|isolated|graph|metrics)["']""")
+    lists = [f for f, src in _product_sources() if f != "replay/profile/modes.py" and mode_lists.search(src)]
+    assert lists == []
