@@ -42,7 +42,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-from cudasnap.formats import SnapshotError, SnapshotReader, SnapshotWriter
+from cudasnap.formats import SnapshotError, SnapshotWriter
+from cudasnap.formats.opened import opened
 from cudasnap.formats.vocab import (alloc_range, family, in_class, is_collective_kernel, is_graph_launch, is_launch,
                                     is_query, is_sync)
 from cudasnap.formats.layout import recorded_stream
@@ -1045,7 +1046,7 @@ class Extractor:
     def run(self) -> ExtractResult:
         t0 = time.monotonic()
         try:
-            self.reader = SnapshotReader(self.path)
+            self.reader = opened(self.path)       # the process's reader: checked once, shared with the replay
         except SnapshotError as e:
             raise ExtractError(str(e))
         self.res.original_size = os.path.getsize(self.path)

@@ -102,6 +102,18 @@ def _plan_calls(plan: List[Any]) -> Iterator[Dict[str, Any]]:
             yield it
 
 
+def read_once(reader) -> "IndexedReader":
+    """reader, its records() answered from one pass over the file (every record but blobs',
+    decoded and kept): for a process that reads a small snapshot several ways before handing it
+    to a replay elsewhere (the simulator's preparation)."""
+    idx = ReplayIndex()
+    for rec in reader.records():
+        if rec.get("k") != "b":
+            idx.keep(rec)
+    idx.attach_plan([])
+    return IndexedReader(reader, idx)
+
+
 class IndexedReader:
     """The snapshot reader of a replay after its prescan: records() from the index (when it
     holds every record), blob() from the D2H expectations read ahead, the rest from the reader."""

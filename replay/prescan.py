@@ -15,7 +15,7 @@ from cudasnap.formats.vocab import alloc_range, in_class, is_workload, makes_add
 from . import dispatch, hostplace
 from .batchrun import D2H_AHEAD_EACH, D2H_AHEAD_TOTAL
 from .index import IndexedReader, ReplayIndex
-from .plan import Planner, Ranges, SlotMap, Slots
+from .plan import PLAN_MAX_RECORDS, Planner, Ranges, SlotMap, Slots
 
 
 class Prescan:
@@ -53,6 +53,8 @@ class Prescan:
         # in call order the loop sorts the records itself: nothing is compiled in file order
         planner = self.new_planner(keep=False) if self.ctx.opt.call_order else self.new_planner(native=True)
         index = self.index = ReplayIndex()       # every other reader of the records reads this pass
+        # in call order nothing is compiled: the calls are kept as read, the index's (the loop sorts them)
+        kept_calls: Optional[List[Dict[str, Any]]] = [] if not planner.keeping else None
         self.h2d_order: List[str] = []
         self.planner = planner
         max_seq = -1          # the highest call sequence number read so far, in file order
@@ -60,7 +62,7 @@ class Prescan:
         take = getattr(planner, "take", None)     # the C walk's call count and highest seq
 
         def one(rec) -> None:
-            nonlocal max_seq
+            nonlocal max_seq, kept_calls
             if take is not None:
                 n, mx, wl = take()
                 self.total += n
@@ -93,6 +95,11 @@ class Prescan:
                 if planner.keeping:
                     planner.add(rec)
                     index.planned += 1
+                elif kept_calls is not None:
+                    kept_calls.append(rec)
+                    index.planned += 1
+                    if len(kept_calls) > PLAN_MAX_RECORDS:       # too big to keep: the loop reads the file
+                        kept_calls = None
                 if not fk:
                     return
                 if fk & 64:
@@ -158,7 +165,7 @@ class Prescan:
         # snapshot is too big to keep: the loop reads the file again)
         self.plan = planner.finish() if planner.keeping else None
         self.t_origin = planner.t_origin
-        index.attach_plan(self.plan)
+        index.attach_plan(self.plan if self.plan is not None else kept_calls)
         self.ctx.reader = IndexedReader(self.ctx.reader, index, self.expected)
 
     def unhandled_text(self) -> str:
