@@ -86,12 +86,16 @@ def _child(out: str, mode: str, argv: List[str]) -> None:
     def dump():
         Path(out).write_text(json.dumps(counts))
     atexit.register(dump)
-    if mode == "cell":            # the campaign's cell server: check, then the cell's replay
+    if mode in ("cell", "kept"):  # the campaign's cell server: check, then the cell's replay
+        from cudasnap.replay.engine import close_replays, track_replays
         from cudasnap.replay.invocation import profiled, run
         from cudasnap.replay.preflight import snapshot_problem
         snap, prof = argv
         assert snapshot_problem(snap) is None
-        rc = run(profiled(snap, prof, "timeline"), checked=True)
+        track_replays()
+        for _ in range(2 if mode == "kept" else 1):    # kept: a kept worker's replay after replay
+            rc = run(profiled(snap, prof, "timeline"), checked=True)
+            close_replays()
         sys.exit(rc)
     sys.argv = ["cudasnap", *argv]
     from cudasnap.entry import main
