@@ -132,6 +132,8 @@ def main(argv=None) -> int:
     ap.add_argument("--launches", type=int, default=2000)
     ap.add_argument("--frame-kb", type=int, default=64, help="records frame size the snapshots are written with")
     ap.add_argument("--json")
+    ap.add_argument("--only", help="comma list of commands to count (their first word: replay, campaign, "
+                    "extract, export, info)")
     ap.add_argument("--snapshot", action="append", default=[], help="count on this snapshot (the machine's own "
                     "driver) instead of the double's synthetic ones")
     ap.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
@@ -157,6 +159,8 @@ def main(argv=None) -> int:
             "info": ["info", str(snap)],
         }
         for what, cmd in cmds.items():
+            if a.only and what.split()[0] not in a.only.split(","):
+                continue
             res = tmp / "counts.json"
             if res.exists():
                 res.unlink()

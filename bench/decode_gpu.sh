@@ -51,7 +51,7 @@ done
 # ---- 2. counts on real captures
 timeout 240 python3 -m cudasnap capture -q -f -o train.cusnap -- python3 "$ROOT/bench/torch_loop.py" 3000 1 >/dev/null 2>&1
 snaps="--snapshot loop.cusnap"; [ -s train.cusnap ] && snaps="$snaps --snapshot train.cusnap"
-timeout 300 python3 "$ROOT/bench/count_passes.py" $snaps --json "$OUT/counts.json" 2>&1 | tee -a "$LOG"
+timeout 300 python3 "$ROOT/bench/count_passes.py" $snaps --only replay,campaign,info --json "$OUT/counts.json" 2>&1 | tee -a "$LOG"
 python3 - "$OUT/counts.json" <<'PY' | tee -a "$LOG"
 import json, sys
 rows = json.load(open(sys.argv[1]))

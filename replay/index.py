@@ -7,8 +7,9 @@ index remembers where each of those other records fell among the calls, so that 
 can be read again in file order from memory: the preflight, the end-state check, the selection,
 the notes and the profilers ask the IndexedReader, which answers `records()` from the index and
 everything else (blobs, header, stats) from the snapshot reader, and no one reads the file's
-records a second time. A plan that was not kept (too big, or call order) leaves no index: the
-reader then reads the file, as before."""
+records a second time. In call order no plan is compiled: the prescan keeps the calls as it
+read them. A snapshot too big to keep leaves no index: the reader then reads the file, as
+before."""
 from __future__ import annotations
 
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
@@ -16,7 +17,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 class ReplayIndex:
     """What the prescan saw besides the plan: each record not in the plan, with the number of
-    planned calls before it; the plan itself once finished (attach_plan)."""
+    planned calls before it; the plan (or the calls kept in call order) once finished."""
 
     __slots__ = ("kept", "planned", "plan", "proc", "complete", "code")
 
@@ -27,9 +28,6 @@ class ReplayIndex:
         self.proc: Optional[Dict[str, Any]] = None         # the first "proc" record
         self.complete = False
         self.code: List[Dict[str, Any]] = []               # calls that load code or name a kernel
-
-    def calls_planned(self, n: int) -> None:
-        self.planned += n
 
     def keep(self, rec: Dict[str, Any]) -> None:
         """A record the plan does not hold (another kind, an incomplete or malformed call)."""
