@@ -208,6 +208,9 @@ class Emitter(ContextCalls, MemoryCalls, ModuleCalls, LaunchCalls, StreamCalls, 
         if bad:
             self.reader.close()
             raise ExportError(bad)
+        from cudasnap.replay.index import read_once
+        from cudasnap.replay.plan import PLAN_MAX_RECORDS
+        self.reader = read_once(self.reader, blobs=True, limit=PLAN_MAX_RECORDS)   # its passes: one over the file
         try:
             self.sel = parse_callset(self.calls_spec) if self.calls_spec else None
         except ValueError as e:

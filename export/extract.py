@@ -44,6 +44,8 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 from cudasnap.formats import SnapshotError, SnapshotWriter
 from cudasnap.formats.opened import opened
+from cudasnap.replay.index import read_once
+from cudasnap.replay.plan import PLAN_MAX_RECORDS
 from cudasnap.formats.vocab import (alloc_range, family, in_class, is_collective_kernel, is_graph_launch, is_launch,
                                     is_query, is_sync)
 from cudasnap.formats.layout import recorded_stream
@@ -1055,6 +1057,7 @@ class Extractor:
             bad = check_integrity(self.reader)
             if bad:
                 raise ExtractError(bad)
+            self.reader = read_once(self.reader, blobs=True, limit=PLAN_MAX_RECORDS)   # its looks at the records: one pass
             self.em = self._names()
             self.select()
             for r in self.sel:

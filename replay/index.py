@@ -19,7 +19,7 @@ class ReplayIndex:
     """What the prescan saw besides the plan: each record not in the plan, with the number of
     planned calls before it; the plan (or the calls kept in call order) once finished."""
 
-    __slots__ = ("kept", "planned", "plan", "proc", "complete", "code")
+    __slots__ = ("kept", "planned", "plan", "proc", "complete", "code", "blobs")
 
     def __init__(self):
         self.kept: List[Tuple[int, Dict[str, Any]]] = []   # (planned calls before it, record)
@@ -28,6 +28,7 @@ class ReplayIndex:
         self.proc: Optional[Dict[str, Any]] = None         # the first "proc" record
         self.complete = False
         self.code: List[Dict[str, Any]] = []               # calls that load code or name a kernel
+        self.blobs = False                                 # blob records kept too (read_once)
 
     def keep(self, rec: Dict[str, Any]) -> None:
         """A record the plan does not hold (another kind, an incomplete or malformed call)."""
@@ -100,13 +101,17 @@ def _plan_calls(plan: List[Any]) -> Iterator[Dict[str, Any]]:
             yield it
 
 
-def read_once(reader) -> "IndexedReader":
-    """reader, its records() answered from one pass over the file (every record but blobs',
-    decoded and kept): for a process that reads a small snapshot several ways before handing it
-    to a replay elsewhere (the simulator's preparation)."""
+def read_once(reader, blobs: bool = False, limit: Optional[int] = None):
+    """reader, its records() answered from one pass over the file (every record decoded and
+    kept; blob records only with blobs): for a command that reads a snapshot several ways (the
+    simulator's preparation, extract, export). Over limit records: reader itself, which reads
+    the file each time (the records would not all fit in memory)."""
+    if limit is not None and reader.stats["records"] > limit:
+        return reader
     idx = ReplayIndex()
+    idx.blobs = blobs
     for rec in reader.records():
-        if rec.get("k") != "b":
+        if blobs or rec.get("k") != "b":
             idx.keep(rec)
     idx.attach_plan([])
     return IndexedReader(reader, idx)
@@ -128,8 +133,8 @@ class IndexedReader:
     def records(self, kinds: Optional[Iterable[str]] = None) -> Iterator[Dict[str, Any]]:
         if isinstance(kinds, str):
             kinds = (kinds,)
-        if self._index is None or kinds is None or "b" in kinds:      # blob records: not in the index
-            return self._reader.records(kinds)
+        if self._index is None or ((kinds is None or "b" in kinds) and not self._index.blobs):
+            return self._reader.records(kinds)             # blob records: not in a replay's index
         return self._index.records(kinds)
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
@@ -144,6 +149,12 @@ class IndexedReader:
         if self._index is not None:
             self._reader.seed_header(self._index.proc)
         return self._reader.header
+
+    def __enter__(self) -> "IndexedReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._reader.close()
 
     def blob(self, bid: str) -> bytes:
         d = self._blobs.get(bid)
