@@ -366,45 +366,6 @@ class SnapshotReader:
         return kind, decode_payload(stored, codec, raw_len, self.path, off)
 
     # ------------------------------------------------------------------ public API
-    def seed_header(self, proc: Optional[Dict[str, Any]]) -> None:
-        """The first "proc" record (None: the file has none), from a pass that read every
-        record (the replay's prescan): header then needs no pass of its own."""
-        if self._header_merged is None:
-            h = dict(self._raw_header)
-            if proc is not None:
-                h["proc"] = proc
-            self._header_merged = h
-
-    def first_record(self, accept: Callable[[Dict[str, Any]], bool], kinds: Iterable[str] = ("c",)) -> Optional[Dict[str, Any]]:
-        """The first record of these kinds that accept() takes, reading records frames only as
-        far as it (None: no such record). The frames read stay with the reader, decompressed,
-        for the next pass (record_payloads hands them out once), so a check before a replay
-        costs its one pass nothing."""
-        want = set(kinds)
-        room = SCAN_KEEP_RECORDS
-        for fr in self._frames:
-            if fr.kind != KIND_RECORDS:
-                continue
-            kept = self._scan_recs.get(fr.offset)
-            if isinstance(kept, list):
-                recs = kept
-            else:
-                if kept is not None:
-                    count, payload = kept[0], kept[1]
-                else:
-                    _, payload = self._read_frame(fr.offset, expect_kind=KIND_RECORDS)
-                    if self._last_comp_len != fr.comp_len:
-                        raise snap_error(self.path, fr.offset, "frame length disagrees with the index")
-                    count = self._last_count
-                recs = record_list(payload, count, self.path, fr.offset)
-                if kept is None and count <= room:   # the payload, not the records: the pass may walk it in C
-                    self._scan_recs[fr.offset] = (count, payload, False)
-                    room -= count
-            for rec in recs:
-                if rec.get("k") in want and accept(rec):
-                    return rec
-        return None
-
     @property
     def header(self) -> Dict[str, Any]:
         if self._header_merged is None:
@@ -444,7 +405,7 @@ class SnapshotReader:
             kept = (self._scan_recs.get if keep else self._scan_recs.pop)(fr.offset, None) if self._scan_recs else None
             if isinstance(kept, list):
                 yield fr.offset, len(kept), b"", kept, False
-            elif kept is not None:         # the C walk of the scan read it, or first_record
+            elif kept is not None:         # the C walk of the scan read it, or readahead.first_record
                 yield fr.offset, kept[0], kept[1], None, kept[2] if len(kept) > 2 else True
             else:
                 kind, payload = self._read_frame(fr.offset, expect_kind=KIND_RECORDS)

@@ -147,7 +147,8 @@ class IndexedReader:
     @property
     def header(self) -> Dict[str, Any]:
         if self._index is not None:
-            self._reader.seed_header(self._index.proc)
+            from cudasnap.formats.readahead import seed_header
+            seed_header(self._reader, self._index.proc)
         return self._reader.header
 
     def __enter__(self) -> "IndexedReader":

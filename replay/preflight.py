@@ -7,6 +7,7 @@ from typing import Optional
 
 from cudasnap.formats import SnapshotError
 from cudasnap.formats.opened import opened
+from cudasnap.formats.readahead import first_record
 from cudasnap.formats.vocab import is_query
 
 
@@ -33,7 +34,7 @@ def snapshot_problem(snapshot) -> Optional[str]:
         if odd:
             return damaged(SnapshotError(f"{os.fspath(snapshot)}: a call whose name is not a driver entry point"))
         try:                             # the frames read here stay decoded for the replay's pass
-            if r.first_record(_replayable) is not None:
+            if first_record(r, _replayable) is not None:
                 return None
         except SnapshotError as e:
             return damaged(e)
