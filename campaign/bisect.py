@@ -39,6 +39,7 @@ from typing import Any, Dict, List, Optional
 from cudasnap.formats.console import invoked_command
 from cudasnap.formats.tomlfile import TomlFileError, load_toml
 from cudasnap.replay.invocation import command as invocation_command
+from cudasnap.replay.profile.modes import names
 
 from cudasnap.compare.core import SLOWER, CompareError, compare, facts, load_profile
 from cudasnap.compare.envs import TOLERANCE_VAR, Env, env_table, tolerance_value
@@ -187,7 +188,7 @@ class Bisector:
     def argv(self, env: Env, out: str) -> List[str]:
         """The same replay as a command line, for people (command_text), never run from here."""
         a = ["replay", self.snapshot, "--profile", self.mode, "--out", out, "-q", "--no-progress"]
-        if self.mode in ("isolated", "graph"):
+        if self.mode in names(repeats=True):
             a += ["--repeat", str(self.repeat), "--warmup", str(self.warmup)]
         if self.kernels:
             a += ["--kernels", self.kernels]
@@ -381,7 +382,7 @@ class Bisector:
     def _result(self, bad: Optional[int], code: int, message: Optional[str], last_good: Optional[int] = None):
         n = len(self.envs)
         res: Dict[str, Any] = {"snapshot": self.snapshot, "mode": self.mode, "threshold_pct": self.threshold,
-                               "repeat": self.repeat if self.mode in ("isolated", "graph") else None,
+                               "repeat": self.repeat if self.mode in names(repeats=True) else None,
                                "kernels": self.kernels, "envs": [], "replays": len(self.done),
                                "rounds": self.rounds, "gpus": self.pool.slots if self.pool is not None else 1,
                                "strategy": self.strategy,
@@ -462,8 +463,8 @@ def _bisect_cli(snapshot, envs_path, mode: str = "isolated", kernels: Optional[s
         err.write(f"cudasnap: error: {msg}\n")
         return 2
 
-    if mode not in ("isolated", "timeline"):
-        return fail("--profile must be isolated or timeline")
+    if mode not in names(campaign=True):
+        return fail(f"--profile must be {' or '.join(sorted(names(campaign=True)))}")
     if repeat < 1:
         return fail("--repeat must be >= 1")
     if threshold < 0:

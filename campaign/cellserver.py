@@ -76,7 +76,8 @@ class _Server:
         return self.checked[k]
 
     def _want_cupti(self, mode: Optional[str]) -> None:
-        if self.cupti_tried or mode not in ("timeline", "isolated", "graph"):
+        from cudasnap.replay.profile.modes import names
+        if self.cupti_tried or mode not in names(cupti=True):
             return
         self.cupti_tried = True
         try:

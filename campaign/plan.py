@@ -276,8 +276,9 @@ def _snapshots(tables: Any, path: str, base: str) -> List[Snapshot]:
         if not isinstance(pat, str) or not pat:
             raise PlanError(f"{where}: needs a path (a file or a glob)")
         mode = t.get("profile", "isolated")
-        if mode not in ("isolated", "timeline"):
-            raise PlanError(f"{where}: profile must be isolated or timeline, not {mode!r}")
+        from cudasnap.replay.profile.modes import names
+        if mode not in names(campaign=True):
+            raise PlanError(f"{where}: profile must be {' or '.join(sorted(names(campaign=True)))}, not {mode!r}")
         kern = t.get("kernels")
         if kern is not None:
             if not isinstance(kern, str):

@@ -323,7 +323,16 @@ def api(
     raise typer.Exit(run_api(_value(status), json_out))
 
 
-_TIMED_RUNS = _is("profile", "isolated", "graph")
+def _mode_has(flag: str):
+    """params -> whether --profile's mode has this flag (replay/profile/modes.py, read when checked)."""
+    def check(p) -> bool:
+        from cudasnap.replay.profile.modes import mode
+        m = mode(_value(p.get("profile")))
+        return bool(m is not None and getattr(m, flag))
+    return check
+
+
+_TIMED_RUNS = _mode_has("repeats")
 
 
 @app.command(cls=_Command)
@@ -415,7 +424,7 @@ def replay(
         from cudasnap.wrap import exec_wrapped
         raise typer.Exit(exec_wrapped(ctx, wrap, str(preload) if preload else None,
                                       _value(profiler_range) == "workload"))
-    from cudasnap.replay import ReplayOptions, option_problem, run_replay_cli
+    from cudasnap.replay import ReplayOptions, option_problem
 
     profile = _value(profile)
     num = _numerics(dtype, rtol, atol, tolerance, exact, recheck)
@@ -489,15 +498,16 @@ def replay(
     bad = check_specs(opts)
     if bad:
         _fail(bad)
+    from cudasnap.replay.invocation import ReplayRequest, run_request
+    cfg = None
     if profiling:
-        from cudasnap.replay.profile import ProfileConfig, run_profile_cli
+        from cudasnap.replay.profile import ProfileConfig
         cfg = ProfileConfig(mode=profile, repeat=repeat, warmup=warmup, flush_l2=flush_l2,
                             **(pick if profile else {}), launch=launch,
                             out=str(out_file) if out_file else None, trace=str(trace) if trace else None,
                             hooks=list(hook), nvtx=nvtx, check_repeats=check_repeats, timeline_check=timeline_check,
                             sections=list(section), metrics=metrics, html=str(html) if html else None)
-        raise typer.Exit(run_profile_cli(snapshot, opts, cfg, json_out))
-    raise typer.Exit(run_replay_cli(snapshot, opts, json_out))
+    raise typer.Exit(run_request(ReplayRequest(snapshot, opts, cfg, json=json_out)))
 
 
 def _replay_sim(sim, sim_path, sim_mode, max_ctas, snapshot, not_with, kw, json_out, out_file, force,
@@ -572,8 +582,8 @@ def compare(
 @app.command(cls=_Command)
 @needs(Inert("address", "without --gpus K (K > 1)", lambda p: (p.get("gpus") or 1) > 1,
              "give --gpus K too, or leave --address out"),
-       Inert("repeat", "without --profile isolated", _is("profile", "isolated", "graph")),
-       Inert("warmup", "without --profile isolated", _is("profile", "isolated", "graph")),
+       Inert("repeat", "without --profile isolated", _TIMED_RUNS),
+       Inert("warmup", "without --profile isolated", _TIMED_RUNS),
        Inert("force", "without --html or --keep", lambda p: p.get("html") is not None or p.get("keep") is not None,
              warn=True))
 def bisect(

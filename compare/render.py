@@ -22,8 +22,9 @@ def ratio(v) -> str:
 
 def describe(f: Dict[str, Any]) -> str:
     """One line: mode, GPU, driver of a run."""
+    from cudasnap.replay.profile.modes import names
     parts = [f.get("mode") or "?"]
-    if f.get("mode") in ("isolated", "graph") and f.get("repeat"):
+    if f.get("mode") in names(repeats=True) and f.get("repeat"):
         parts[0] += f" x{f['repeat']}"
     if f.get("gpu"):
         parts.append(f["gpu"])

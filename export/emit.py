@@ -31,7 +31,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from cudasnap.formats import SnapshotError, SnapshotReader, parse_callset
+from cudasnap.formats import SnapshotError, parse_callset
+from cudasnap.formats.opened import opened
 from cudasnap.formats.abi import base_name
 from cudasnap.formats.outputs import write_atomic
 from cudasnap.formats.vocab import (alloc_range, in_class, is_launch, is_plain, is_query, malformed_call, no_effect,
@@ -198,7 +199,7 @@ class Emitter(ContextCalls, MemoryCalls, ModuleCalls, LaunchCalls, StreamCalls, 
         t0 = time.monotonic()
         out = Path(outdir)
         try:
-            self.reader = SnapshotReader(self.path)
+            self.reader = opened(self.path)       # the process's reader: checked once (the command's preflight)
         except SnapshotError as e:
             raise ExportError(str(e))
         from cudasnap.formats.integrity import check_integrity
@@ -206,6 +207,9 @@ class Emitter(ContextCalls, MemoryCalls, ModuleCalls, LaunchCalls, StreamCalls, 
         if bad:
             self.reader.close()
             raise ExportError(bad)
+        from cudasnap.replay.index import read_once
+        from cudasnap.replay.plan import PLAN_MAX_RECORDS
+        self.reader = read_once(self.reader, blobs=True, limit=PLAN_MAX_RECORDS)   # its passes: one over the file
         try:
             self.sel = parse_callset(self.calls_spec) if self.calls_spec else None
         except ValueError as e:

@@ -42,7 +42,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-from cudasnap.formats import SnapshotError, SnapshotReader, SnapshotWriter
+from cudasnap.formats import SnapshotError, SnapshotWriter
+from cudasnap.formats.opened import opened
+from cudasnap.replay.index import read_once
+from cudasnap.replay.plan import PLAN_MAX_RECORDS
 from cudasnap.formats.vocab import (alloc_range, family, in_class, is_collective_kernel, is_graph_launch, is_launch,
                                     is_query, is_sync, code_lookup)
 from cudasnap.formats.layout import recorded_stream
@@ -1039,7 +1042,7 @@ class Extractor:
     def run(self) -> ExtractResult:
         t0 = time.monotonic()
         try:
-            self.reader = SnapshotReader(self.path)
+            self.reader = opened(self.path)       # the process's reader: checked once, shared with the replay
         except SnapshotError as e:
             raise ExtractError(str(e))
         self.res.original_size = os.path.getsize(self.path)
@@ -1048,6 +1051,7 @@ class Extractor:
             bad = check_integrity(self.reader)
             if bad:
                 raise ExtractError(bad)
+            self.reader = read_once(self.reader, blobs=True, limit=PLAN_MAX_RECORDS)   # its looks at the records: one pass
             self.em = self._names()
             self.select()
             for r in self.sel:

@@ -405,8 +405,8 @@ class SnapshotReader:
             kept = (self._scan_recs.get if keep else self._scan_recs.pop)(fr.offset, None) if self._scan_recs else None
             if isinstance(kept, list):
                 yield fr.offset, len(kept), b"", kept, False
-            elif kept is not None:         # the C walk of the scan read it
-                yield fr.offset, kept[0], kept[1], None, True
+            elif kept is not None:         # the C walk of the scan read it, or readahead.first_record
+                yield fr.offset, kept[0], kept[1], None, kept[2] if len(kept) > 2 else True
             else:
                 kind, payload = self._read_frame(fr.offset, expect_kind=KIND_RECORDS)
                 if self._last_comp_len != fr.comp_len:

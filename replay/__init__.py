@@ -33,7 +33,9 @@ def replay(snapshot, driver=None, **kw) -> ReplayResult:
     if problem:                           # as the CLI: exit 2 before any GPU work
         return ReplayResult(exit_code=2, errors=[problem], message=problem)
     from cudasnap.formats import SnapshotError
+    import io
     rp = Replayer(snapshot, opts, driver=driver)
+    rp.preflight = arch_check(opts, io.StringIO())     # a refusal is the result's error
     _want_digests(rp, opts, driver)
     try:
         res = rp.run()
@@ -47,6 +49,22 @@ def replay(snapshot, driver=None, **kw) -> ReplayResult:
         rp.close()
     recheck(snapshot, opts, rp, driver)
     return res
+
+
+def arch_check(opts: ReplayOptions, out, err=None):
+    """The engine's preflight (Replayer.preflight): retarget.preflight on the replay's own
+    records, its lines on out (unless quiet), a refusal also on err; returns the refusal."""
+    def check(reader) -> Optional[str]:
+        import io
+        from .retarget import preflight
+        e = io.StringIO()
+        if not preflight(reader, opts.device, opts.jit, out, quiet=opts.quiet, err=e):
+            return None
+        text = e.getvalue().strip()
+        if err is not None:
+            err.write(text + "\n")
+        return text.replace("cudasnap: error: ", "", 1)
+    return check
 
 
 def _want_digests(rp, opts, driver) -> None:
@@ -138,12 +156,11 @@ def run_replay_cli(snapshot, opts: ReplayOptions, as_json: bool = False, out=Non
         return 2
     if opts.jit == "ptx":
         os.environ["CUDA_MODULE_LOADING"] = "EAGER"      # JIT at load, so the load's time is the JIT's
-    from .retarget import preflight
-    if driver is None and preflight(snapshot, opts.device, opts.jit, sys.stderr if as_json else out, quiet=opts.quiet):
-        return 2
+    lines = sys.stderr if as_json else out
     if as_json and out is sys.stdout:
         out = json_document()
     rp = Replayer(snapshot, opts, driver=driver)
+    rp.preflight = arch_check(opts, lines, sys.stderr)     # after the pass over the records, before the GPU
     _want_digests(rp, opts, driver)
     if opts.launch_override:
         from .override import LaunchOverride
@@ -156,6 +173,8 @@ def run_replay_cli(snapshot, opts: ReplayOptions, as_json: bool = False, out=Non
         res = rp.run()
     except SnapshotError as e:             # a damaged frame after the first call
         sys.stderr.write(f"cudasnap: error: {damaged(e)}\n")
+        return 2
+    if rp.refused:                         # said on stderr; nothing was replayed
         return 2
     if rp.empty_selection:
         sys.stderr.write(f"cudasnap: error: {rp.empty_selection}\n")

@@ -1,12 +1,14 @@
-"""The replay engine's batch runner (a Replayer mixin): runs a plan's OpBatch items
+"""The replay engine's batch runner (a part the Replayer composes): runs a plan's OpBatch items
 (replay/plan.py) in the C executor (replay/executor.py) and keeps, in bulk, the bookkeeping
 their handlers keep call by call: counters, last writers, current contexts, sync times, the
 launch timestamps; hands a call to its handler when the executor cannot run it."""
 from __future__ import annotations
 
 import bisect
+import queue
+import threading
 import time
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from . import plan
 from .driverops import DriverCallError
@@ -14,26 +16,12 @@ from .executor import MISMATCH, NEED_SLOW
 from .plan import OpBatch
 
 if TYPE_CHECKING:
-    from .context import ReplayContext
     from .driverops import Watchdog
+    from .profrange import ProfilerRange
 
 D2H_AHEAD_EACH = 1 << 20         # D2H expectations read ahead: at most this big each
 D2H_AHEAD_TOTAL = 64 << 20       # and this much in all
 SYNC_TIMES_MAX = 100_000         # synchronization times kept in the result
-
-
-class ExpectedBlobs:
-    """The snapshot reader, answering blob() for the D2H expectations read ahead from memory."""
-
-    def __init__(self, reader, blobs: Dict[str, bytes]):
-        self._reader, self._blobs = reader, blobs
-
-    def blob(self, bid: str) -> bytes:
-        d = self._blobs.get(bid)
-        return d if d is not None else self._reader.blob(bid)
-
-    def __getattr__(self, name):
-        return getattr(self._reader, name)
 
 
 class _OpDesc:
@@ -54,25 +42,90 @@ class _OpDesc:
 
 
 
-class BatchRunner:
-    """Replayer methods for OpBatch items; the Replayer provides the state declared below and
-    the per-call path (_one, _batch_slow, _error, _pr_split, _profiler_start/stop, emit,
-    ensure_init)."""
+class RecordedThread:
+    """The recorded thread of the last call replayed: a call of another thread makes that
+    thread's current context current first (the per-call path and the batches share it)."""
 
-    # what the Replayer owns and this mixin reads (tests/test_structure.py keeps the list whole)
-    ctx: "ReplayContext"                    # the replay state handlers share
-    subscribers: List[Any]                  # event subscribers (profilers, hooks)
-    view: Any                               # what subscribers see of the replay (view.py)
-    watchdog: Optional["Watchdog"]
-    _executor: Any                          # the C executor (None: every call through its handler)
-    _slots: Any                             # the plan's handle slots (plan.Slots)
-    _pace_on: bool                          # --pace recorded
-    _pace_base: float                       # the monotonic time the recorded pace counts from
-    _pr: bool                               # --profiler-range workload
-    _pr_state: int                          # 0 before the range, 1 inside, 2 after
-    _moved_key: Any                         # the relocations _moved was computed for
-    _moved: List[Tuple[int, int]]           # recorded ranges replay had to move
-    _last_tid: Any                          # the recorded thread of the last call replayed
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.last = None
+
+    def switch(self, tid, follow: bool = True) -> None:
+        if follow and tid != self.last and self.last is not None and tid in self.ctx.cur_ctx:
+            try:
+                self.ctx.raw("cuCtxSetCurrent", self.ctx.cur_ctx[tid])
+            except DriverCallError:
+                pass
+        self.last = tid
+
+
+class RecordedThreads:
+    """--threads: each recorded thread replays on a thread of its own, one call at a time, in
+    file order (a global turnstile); run(rec) returns once one(rec) has run there."""
+
+    def __init__(self, one: Callable):
+        self._one = one
+        self._workers: Dict[Any, "queue.Queue"] = {}
+
+    def run(self, rec) -> None:
+        tid = rec.get("tid", 0)
+        q = self._workers.get(tid)
+        if q is None:
+            q = queue.Queue()
+            self._workers[tid] = q
+            threading.Thread(target=self._worker, args=(q,), daemon=True, name=f"replay-tid-{tid}").start()
+        done = threading.Event()
+        box: List[BaseException] = []
+        q.put((rec, done, box))
+        done.wait()
+        if box:
+            raise box[0]
+
+    def _worker(self, q) -> None:
+        while True:
+            item = q.get()
+            if item is None:
+                return
+            rec, done, box = item
+            try:
+                self._one(rec)
+            except BaseException as e:  # handed to the main thread
+                box.append(e)
+            finally:
+                done.set()
+
+    def stop(self) -> None:
+        for q in self._workers.values():
+            q.put(None)
+
+
+class BatchRunner:
+    """Runs the OpBatch items of one replay loop (engine.Replayer._loop makes it), given all it
+    works with: the replay state (ctx), the C executor (None: every call through its handler)
+    and the plan's slots; the per-call path (one: a call through its handler; error: record an
+    error, stop unless --continue-on-error); the events (emit, the live subscribers list, the
+    view); the watchdog, the profiler range (profrange.py), the recorded pace (pace_wait, None
+    when fast; pace_base) and the recorded thread."""
+
+    def __init__(self, ctx, executor, slots, *, one: Callable, error: Callable, ensure_init: Callable,
+                 emit: Callable, subscribers: List[Any], view: Any, watchdog: Optional["Watchdog"],
+                 prange: "ProfilerRange", pace_wait: Optional[Callable], pace_base: float, thread: RecordedThread):
+        self.ctx, self._executor, self._slots = ctx, executor, slots
+        self._one, self._error, self.ensure_init = one, error, ensure_init
+        self.emit, self.subscribers, self.view = emit, subscribers, view
+        self.watchdog, self.prange, self.thread = watchdog, prange, thread
+        self.pace_wait, self.pace_base = pace_wait, pace_base
+        self._moved_key: Any = None                      # the relocations _moved was computed for
+        self._moved: List[Tuple[int, int]] = []          # recorded ranges replay had to move
+
+    def _slow(self, b: OpBatch, start: int, end: int) -> None:
+        """Ops [start, end) one by one through their handlers."""
+        for i in range(start, end):
+            rec = b.recs[i]
+            if self.pace_wait is not None:
+                self.pace_wait(rec)
+            self._one(rec)
+            self.prange.after(rec["s"])
 
     def _native_ok(self, b: OpBatch) -> bool:
         """May this batch run in the executor?  Not while a stream captures, with conditional
@@ -118,20 +171,14 @@ class BatchRunner:
             return [a["srcDevice"]]
         return ()
 
-    def _run_batch(self, b: OpBatch) -> None:
+    def run(self, b: OpBatch) -> None:
         """Replay a run of plain calls in file order: in the C executor when nothing needs
         per-call Python work, else call by call through the handlers."""
         self.ensure_init()
         if not self._native_ok(b):
-            self._batch_slow(b, 0, b.n)
+            self._slow(b, 0, b.n)
             return
-        tid = b.tid
-        if tid != self._last_tid and self._last_tid is not None and tid in self.ctx.cur_ctx:
-            try:
-                self.ctx.raw("cuCtxSetCurrent", self.ctx.cur_ctx[tid])
-            except DriverCallError:
-                pass
-        self._last_tid = tid
+        self.thread.switch(b.tid)
         slots = self._slots
         vals = slots.values
         for sl, h, i in b.fslots:          # functions not looked up yet: resolve them now
@@ -148,8 +195,9 @@ class BatchRunner:
         while pos < n:
             end = n
             pr_at = None
-            if self._pr and self._pr_state != 2:
-                pr_at = self._pr_split(b, pos)
+            pr = self.prange
+            if pr.on and pr.state != 2:
+                pr_at = pr.split(b, pos)
                 if pr_at is not None:
                     end = pr_at[0]
             if pos < end:
@@ -157,7 +205,7 @@ class BatchRunner:
                     self.watchdog.arm(_OpDesc(ex, b))
                 l0 = res.launches
                 try:
-                    i, code, t_first, t_last, syncs = ex.run(b, pos, end, slots, self._pace_base if self._pace_on else 0.0)
+                    i, code, t_first, t_last, syncs = ex.run(b, pos, end, slots, self.pace_base)
                 finally:
                     if self.watchdog is not None:
                         self.watchdog.disarm()
@@ -181,10 +229,10 @@ class BatchRunner:
             if pr_at is not None:
                 at, what = pr_at
                 if what == "start":
-                    self._profiler_start(b.seq(at))
+                    pr.start(b.seq(at))
                 else:
                     # the op at `at` - 1 was the last workload call: stop after it
-                    self._profiler_stop(b.seq(at - 1))
+                    pr.stop(b.seq(at - 1))
 
     def _account(self, b: OpBatch, s: int, e: int, t_first, t_last, syncs) -> None:
         """The counters and bookkeeping of ops [s, e) the executor ran, as their handlers keep them."""

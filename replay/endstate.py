@@ -121,14 +121,13 @@ def _mib(n: int) -> str:
 def check_window(rp) -> Optional[Dict[str, Any]]:
     """After a replay's calls: compare the end state a window snapshot recorded, if any."""
     from cudasnap.formats import SnapshotError
-    from cudasnap.formats.opened import opened
     from .errors import DriverCallError, ReplayError
     try:
-        with opened(rp.path) as r:
-            hdr = r.header or {}
-            if not hdr.get("window") or hdr.get("extracted_from"):   # an extract verifies its own results
-                return None
-            records = list(r.records(["endstate"]))
+        r = rp.ctx.reader              # the replay index's records: no pass over the file
+        hdr = r.header or {}
+        if not hdr.get("window") or hdr.get("extracted_from"):   # an extract verifies its own results
+            return None
+        records = list(r.records(["endstate"]))
     except SnapshotError as e:
         raise ReplayError(f"end state: {e}")
     none = next((r["none"] for r in records if isinstance(r.get("none"), str)), None)

@@ -8,12 +8,18 @@ command line would have built (ReplayOptions, ProfileConfig), never as argv pars
 
 `run(doc)` replays it in this process, as `cudasnap replay` does; `python -m
 cudasnap.replay.invocation DOC` runs one in a fresh process (DOC: the document itself, a file
-holding it, or `-` for stdin), for an environment that needs its own."""
+holding it, or `-` for stdin), for an environment that needs its own.
+
+Every replay the command line, a campaign cell, a bisect step, a rank or the simulator's worker
+runs goes through run_request(ReplayRequest): the snapshot, its options, the profile (None:
+replay and verify), the target (driver None: the GPU through cuda-bindings; else another
+Driver API, the simulator's)."""
 from __future__ import annotations
 
 import dataclasses
 import json
 import sys
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 from .options import ReplayOptions
@@ -24,8 +30,9 @@ def profiled(snapshot: str, out: str, mode: str, kernels: Optional[str] = None, 
     """What `replay SNAP --profile MODE --out OUT -q --no-progress [--repeat R --warmup W]
     [--kernels K] [--device N]` runs with (repeats only where the mode repeats)."""
     from .profile import ProfileConfig
+    from .profile.modes import mode as profile_mode
     cfg = ProfileConfig(mode=mode, kernels=kernels, out=out)
-    if mode in ("isolated", "graph"):
+    if profile_mode(mode) is not None and profile_mode(mode).repeats:
         cfg.repeat, cfg.warmup = repeat, warmup
     opts = ReplayOptions(quiet=True, progress=False)
     if device is not None:
@@ -58,6 +65,7 @@ def command_line(doc: Dict[str, Any]) -> List[str]:
     document, not this, is what runs): the options that differ from their defaults, the device,
     and the repeats of a mode that repeats."""
     from .profile import ProfileConfig
+    from .profile.modes import names
     dflt = {"replay": dataclasses.asdict(ReplayOptions()), "profile": dataclasses.asdict(ProfileConfig())}
     out = ["cudasnap", "replay", doc["snapshot"]]
     prof = doc.get("profile") or {}
@@ -66,7 +74,7 @@ def command_line(doc: Dict[str, Any]) -> List[str]:
         if field not in part:
             continue
         v = part[field]
-        repeats = field in ("repeat", "warmup") and prof.get("mode") in ("isolated", "graph")
+        repeats = field in ("repeat", "warmup") and prof.get("mode") in names(repeats=True)
         if v == dflt[sec].get(field) and field != "device" and not repeats:
             continue
         if isinstance(v, bool):
@@ -96,16 +104,41 @@ def typed(cls, d: Dict[str, Any]):
     return cls(**d)
 
 
+@dataclass
+class ReplayRequest:
+    snapshot: str
+    options: ReplayOptions = dataclasses.field(default_factory=ReplayOptions)
+    profile: Any = None         # a ProfileConfig (profile/__init__.py); None: replay and verify only
+    driver: Any = None          # the target: None the GPU (cuda-bindings), else another Driver API
+    json: bool = False          # the result as `--json` prints it, on stdout
+    out: Any = None             # where the text goes (None: stdout)
+    checked: bool = False       # the snapshot passed the preflight check in this process already
+
+
+def run_request(req: ReplayRequest) -> int:
+    """The one replay function: replays req in this process, prints as `cudasnap replay` does;
+    the exit code (0 verified, 1 mismatch, 2 error)."""
+    if req.profile is None:
+        from . import run_replay_cli
+        return run_replay_cli(req.snapshot, req.options, req.json, out=req.out, driver=req.driver)
+    from .profile import run_profile_cli
+    return run_profile_cli(req.snapshot, req.options, req.profile, req.json, out=req.out, checked=req.checked,
+                           driver=req.driver)
+
+
+def request(doc: Dict[str, Any], checked: bool = False) -> ReplayRequest:
+    """The request a document stands for (its fields checked: ValueError names an unknown one)."""
+    from .profile import ProfileConfig
+    prof = doc.get("profile")
+    return ReplayRequest(doc["snapshot"], typed(ReplayOptions, doc["replay"]),
+                         typed(ProfileConfig, prof) if prof is not None else None,
+                         json=bool(doc.get("json")), checked=checked)
+
+
 def run(doc: Dict[str, Any], checked: bool = False) -> int:
     """Replays doc in this process; its exit code (0 verified, 1 mismatch, 2 error). checked:
     the snapshot has passed the preflight check in this process already."""
-    from .profile import ProfileConfig, run_profile_cli
-    from . import run_replay_cli
-    opts = typed(ReplayOptions, doc["replay"])
-    as_json = bool(doc.get("json"))      # the result as `--json` prints it, on stdout
-    if doc.get("profile") is None:
-        return run_replay_cli(doc["snapshot"], opts, as_json)
-    return run_profile_cli(doc["snapshot"], opts, typed(ProfileConfig, doc["profile"]), as_json, checked=checked)
+    return run_request(request(doc, checked))
 
 
 def command(python: str, doc: Dict[str, Any]) -> List[str]:

@@ -222,11 +222,9 @@ static int plan_rec(rd *c, const uint8_t *p, const uint8_t *e) {
     TRY(pl_map2(p, e, &o->kt_top, tk, &nkeys, &known, &end, 3, &o->kt_a, ak, &aok));
     c->rec_end = (size_t)(end - c->base);
     mv k = val(tk[0], e);
-    if (!streq(&k, "c")) {            /* the pre-scan reads these kinds; it passes over the others */
-        if (k.t != T_STR) return 0;
-        if (streq(&k, "fn") || streq(&k, "repair") || streq(&k, "ctx") || streq(&k, "region") || streq(&k, "note"))
-            return RD_FALLBACK;
-        return 0;
+    if (!streq(&k, "c")) {            /* the pre-scan reads every kind (the replay index keeps them) but blobs' */
+        if (k.t != T_STR || streq(&k, "b")) return 0;
+        return RD_FALLBACK;
     }
     if (known != nkeys) return RD_FALLBACK;        /* another key ("incomplete", "state"...): Python */
     if ((tk[3] && val(tk[3], e).t != T_MAP) || (tk[8] && val(tk[8], e).t != T_MAP))

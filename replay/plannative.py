@@ -66,6 +66,16 @@ class LazyRecs:
         for i in range(self.n):
             yield self[i]
 
+    def each(self):
+        """Every record, those not decoded yet decoded without being kept (the replay index)."""
+        got, frames = self.got, self.frames
+        for i in range(self.n):
+            rec = got.get(i)
+            if rec is None:
+                payload, off = frames[self.fr[i]]
+                rec = record_one(payload[self.st[i]:self.en[i]], self.path, off)
+            yield rec
+
 
 def module():
     """cudasnap.replay._plan, or None: not built, or the C walks turned off

@@ -7,6 +7,7 @@ from typing import Optional
 
 from cudasnap.formats import SnapshotError
 from cudasnap.formats.opened import opened
+from cudasnap.formats.readahead import first_record
 from cudasnap.formats.vocab import is_query
 
 
@@ -32,15 +33,18 @@ def snapshot_problem(snapshot) -> Optional[str]:
             odd = []
         if odd:
             return damaged(SnapshotError(f"{os.fspath(snapshot)}: a call whose name is not a driver entry point"))
-        try:
-            for rec in r.records("c"):
-                f = rec.get("f")
-                if isinstance(f, str) and "r" in rec and not rec.get("incomplete") and not is_query(f):
-                    return None
+        try:                             # the frames read here stay decoded for the replay's pass
+            if first_record(r, _replayable) is not None:
+                return None
         except SnapshotError as e:
             return damaged(e)
         lost = f" (truncated: {r.lost_bytes} bytes lost)" if r.truncated and r.lost_bytes else ""
     return f"no replayable call in {os.fspath(snapshot)}{lost}"
+
+
+def _replayable(rec) -> bool:
+    f = rec.get("f")
+    return isinstance(f, str) and "r" in rec and not rec.get("incomplete") and not is_query(f)
 
 
 def damaged(e: Exception) -> str:

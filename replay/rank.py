@@ -9,9 +9,9 @@ import sys
 from typing import List, Optional
 
 from .group import ENV_RANK
-from .invocation import typed
+from .invocation import ReplayRequest, run_request, typed
 from .options import ReplayOptions
-from .profile import ProfileConfig, run_profile_cli
+from .profile import ProfileConfig
 from .rankopts import RANK_HOOK
 
 
@@ -39,7 +39,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except (ValueError, OSError, KeyError, TypeError) as e:
         sys.stderr.write(f"cudasnap: error: rank options: {e}\n")
         return 2
-    return run_profile_cli(snapshot, opts, cfg, True)
+    return run_request(ReplayRequest(snapshot, opts, cfg, json=True))
 
 
 if __name__ == "__main__":

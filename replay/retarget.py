@@ -218,16 +218,17 @@ def device_launching_loads(reader) -> List[int]:
     return out
 
 
-def module_loads(reader, with_images: bool = True) -> List[Dict[str, Any]]:
+def module_loads(reader, with_images: bool = True, records=None) -> List[Dict[str, Any]]:
     """Every module/library load of a snapshot: seq, call, result, handle, image info, and the
-    kernels looked up in it or launched from it."""
+    kernels looked up in it or launched from it. records: what to read instead of the
+    snapshot's call and "fn" records (a replay index's code_records)."""
     loads: List[Dict[str, Any]] = []
     by_handle: Dict[Any, Dict[str, Any]] = {}
     parent: Dict[Any, Any] = {}
     fn_module: Dict[Any, Any] = {}
     names: Dict[Any, str] = {}
     launched: set = set()
-    for rec in reader.records(("c", "fn")):
+    for rec in reader.records(("c", "fn")) if records is None else records:
         if rec.get("k") == "fn":
             h = rec.get("h")
             names.setdefault(h, rec.get("name") or "")
@@ -303,19 +304,26 @@ def device_cc(device: int) -> Tuple[Optional[Tuple[int, int]], str]:
         return None, f"{type(e).__name__}: {e}"
 
 
-def preflight(snapshot, device: int = 0, jit: Optional[str] = None, out=None, quiet: bool = False) -> int:
-    """Before replaying: for each module, whether it has SASS for this GPU, only PTX (JIT), or
-    neither.  Returns 2 (and says why) when a launched kernel's module cannot run here, or when
-    --jit ptx meets a module without PTX; else 0.  Unknown formats are left to the driver."""
+def preflight(reader, device: int = 0, jit: Optional[str] = None, out=None, quiet: bool = False,
+              err=None) -> int:
+    """Before replaying (after the replay's pass over the records: reader is the replay's, an
+    IndexedReader, or a snapshot path): for each module, whether it has SASS for this GPU, only
+    PTX (JIT), or neither.  Returns 2 (and says why on err) when a launched kernel's module
+    cannot run here, or when --jit ptx meets a module without PTX; else 0.  Unknown formats are
+    left to the driver."""
+    import os
     import sys
     from cudasnap.formats.opened import opened
     out = out or sys.stdout
+    err = err or sys.stderr
     cc, name = device_cc(device)
     if cc is None:
         return 0                       # the replay reports a missing GPU or driver itself
     try:
-        with opened(snapshot) as r:
-            loads = module_loads(r)
+        if isinstance(reader, (str, os.PathLike)):
+            reader = opened(reader)
+        code = getattr(reader, "code_records", None)
+        loads = module_loads(reader, records=code() if code is not None else None)
     except Exception:                  # a damaged snapshot: the replay says how far it reads
         return 0
     if not loads or all(ld["info"].format == "unknown" for ld in loads):
@@ -338,7 +346,7 @@ def preflight(snapshot, device: int = 0, jit: Optional[str] = None, out=None, qu
     if bad:
         ld = bad[0]
         what = "has no PTX to JIT" if jit == "ptx" else f"has no code for sm_{dev}"
-        sys.stderr.write(f"cudasnap: error: preflight: module of call #{ld['seq']} {ld['call']} {what} "
+        err.write(f"cudasnap: error: preflight: module of call #{ld['seq']} {ld['call']} {what} "
                          f"({ld['info'].describe()}); kernels that cannot run: "
                          f"{', '.join(sorted(ld.get('launched') or ld['kernels']) or ['?'])}; nothing was replayed\n")
         return 2

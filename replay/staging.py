@@ -64,7 +64,8 @@ class Slot:
 class BlobPipeline:
     """Reads the chunks of `order` (blob ids, replay order) ahead into a slot pool."""
 
-    def __init__(self, path: str, order: List[str], nbytes: Optional[int] = None, threads: Optional[int] = None):
+    def __init__(self, source, order: List[str], nbytes: Optional[int] = None, threads: Optional[int] = None):
+        """source: the replay's reader (chunk_into reads it from any thread), or a path to open."""
         self.order = list(order)
         self.pos = 0                       # next blob the consumer may take
         nslots = max(2, (nbytes or _pool_bytes()) // _SLOT)
@@ -90,13 +91,13 @@ class BlobPipeline:
         self._tls = threading.local()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=threads or _threads(),
                                                            thread_name_prefix="cudasnap-stage")
-        self._t = threading.Thread(target=self._run, args=(path,), daemon=True, name="cudasnap-prefetch")
+        self._t = threading.Thread(target=self._run, args=(source,), daemon=True, name="cudasnap-prefetch")
         self._t.start()
 
     # ------------------------------------------------------------------ producer
-    def _run(self, path: str) -> None:
+    def _run(self, source) -> None:
         try:
-            self.reader = r = SnapshotReader(path)
+            self.reader = r = SnapshotReader(source) if isinstance(source, (str, os.PathLike)) else source
         except Exception as e:
             self.dead = True
             self.q.put((-1, None, e))

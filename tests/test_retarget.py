@@ -117,6 +117,28 @@ def test_preflight_refuses_a_module_without_code_for_the_gpu(double, capture, tm
     assert (img["format"], img["sass"], img["ptx"], img["launched"]) == ("fatbin", ["sm_80"], [], ["add_one"])
 
 
+def test_profiled_replays_and_the_api_get_the_same_preflight(double, capture, tmp_path):
+    """Every entry point runs the architecture check before the GPU does anything: a profile
+    (the campaign's cells take this path too), and replay() of the Python API."""
+    cp, snap = capture(double["progs"]["direct"])
+    assert cp.returncode == 0
+    sm80 = tmp_path / "sm80.cusnap"
+    _with_image(snap, sm80, fatbin([(2, 80, cubin(80), "")]))
+    for mode in ("timeline", "isolated"):
+        out = tmp_path / f"{mode}.json"
+        rp = _cli(double, "replay", str(sm80), "--profile", mode, "--out", str(out))
+        assert rp.returncode == 2, rp.stdout + rp.stderr
+        assert "preflight: 1 module image(s)" in rp.stdout and "neither SASS for sm_90 nor PTX" in rp.stdout
+        assert "no code for sm_90" in rp.stderr and "nothing was replayed" in rp.stderr
+        assert not out.exists()
+    code = ("import json, sys\nfrom cudasnap.replay import replay\nr = replay(sys.argv[1])\n"
+            "print(json.dumps([r.exit_code, r.errors, r.calls]))")
+    api = subprocess.run([sys.executable, "-c", code, str(sm80)], env=double["env"], capture_output=True, text=True,
+                         timeout=120)
+    rc, errors, calls = json.loads(api.stdout)
+    assert rc == 2 and calls == 0 and "no code for sm_90" in errors[0], api.stdout + api.stderr
+
+
 @pytest.mark.parametrize("comp", ["zstd", "lz4"])
 def test_jit_ptx_loads_the_recorded_ptx(comp, double, capture, tmp_path):
     cp, snap = capture(double["progs"]["direct"])

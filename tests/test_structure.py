@@ -379,25 +379,31 @@ def test_emitter_is_put_together_from_parts():
         assert n <= 600, (part, n)
 
 
-def test_batch_runner_declares_the_replayer_state_it_reads():
-    """BatchRunner is a Replayer mixin: every attribute it reads and does not set itself is
-    declared at its top (what the Replayer owns), or is a Replayer method."""
+REPLAYER_PARTS = {"engine": "Replayer", "batchrun": "BatchRunner", "prescan": "Prescan", "profrange": "ProfilerRange",
+                  "eventbus": "EventBus", "index": "ReplayIndex"}
+
+
+def test_the_replayer_is_composed_of_parts_that_name_what_they_use():
+    """The Replayer and its parts inherit nothing (no mixin with implicit state); every
+    attribute a part reads on self is one it sets in its own methods, or its own method; each
+    class is under ~450 lines unless its docstring's first line says why."""
     import ast
-    src = (ROOT / "replay" / "batchrun.py").read_text()
-    cls = next(n for n in ast.parse(src).body if isinstance(n, ast.ClassDef) and n.name == "BatchRunner")
-    declared = {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)}
-    own = {f.name for f in cls.body if isinstance(f, ast.FunctionDef)}
-    read, stored = set(), set()
-    for f in cls.body:
-        for n in ast.walk(f):
-            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self":
-                (stored if isinstance(n.ctx, ast.Store) else read).add(n.attr)
-    eng = next(n for n in ast.parse((ROOT / "replay" / "engine.py").read_text()).body
-               if isinstance(n, ast.ClassDef) and n.name == "Replayer")
-    replayer_methods = {f.name for f in eng.body if isinstance(f, ast.FunctionDef)}
-    undeclared = sorted(read - declared - own - stored - replayer_methods)
-    assert undeclared == [], undeclared
-    assert (stored - own) <= declared, sorted(stored - own - declared)
+    for mod, name in REPLAYER_PARTS.items():
+        tree = ast.parse((ROOT / "replay" / f"{mod}.py").read_text())
+        cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
+        assert cls.bases == [], (name, "inherits")
+        own = {f.name for f in cls.body if isinstance(f, ast.FunctionDef)}
+        read, stored = set(), set()
+        for f in cls.body:
+            for n in ast.walk(f):
+                if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self":
+                    (stored if isinstance(n.ctx, ast.Store) else read).add(n.attr)
+        slots = {e.value for n in cls.body if isinstance(n, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__slots__" for t in n.targets) for e in n.value.elts}
+        assert sorted(read - own - stored - slots) == [], name
+        n = cls.end_lineno - cls.lineno + 1
+        why = (ast.get_docstring(cls) or "").split("\n")[0]
+        assert n <= 450 or "lines" in why, (name, n)
 
 
 # ------------------------------------------------------------------ call classes

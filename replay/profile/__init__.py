@@ -38,7 +38,9 @@ from ..selection import LaunchSelection  # noqa: F401  (re-exported)
 from ..selection import check as check_selection
 from .common import Selection  # noqa: F401  (re-exported)
 
-MODES = ("timeline", "isolated", "graph", "metrics")
+from .modes import MODES as _REGISTRY, mode as profile_mode
+
+MODES = tuple(_REGISTRY)        # the modes, each described once in modes.py
 
 
 @dataclass
@@ -98,19 +100,8 @@ def check_config(cfg: ProfileConfig) -> Optional[str]:
 
 
 def make_profiler(cfg: ProfileConfig, warn: Callable[[str], None]):
-    if cfg.mode == "timeline":
-        from .timeline import TimelineProfiler
-        return TimelineProfiler(cfg, warn)
-    if cfg.mode == "isolated":
-        from .isolated import IsolatedProfiler
-        return IsolatedProfiler(cfg, warn)
-    if cfg.mode == "graph":
-        from .graphmode import GraphProfiler
-        return GraphProfiler(cfg, warn)
-    if cfg.mode == "metrics":
-        from .metrics import MetricsProfiler
-        return MetricsProfiler(cfg, warn)
-    return None
+    m = profile_mode(cfg.mode)
+    return m.profiler(cfg, warn) if m is not None else None
 
 
 def _since_process_start() -> Optional[float]:
@@ -164,6 +155,8 @@ def profile_replay(snapshot, cfg: ProfileConfig, options: Optional[ReplayOptions
         raise ValueError(err)
     opts = options or ReplayOptions()
     rp = Replayer(snapshot, opts, driver=driver, out=out)
+    from .. import arch_check                 # as a plain replay: refused before the GPU does anything
+    rp.preflight = arch_check(opts, out or sys.stdout, sys.stderr)
     override = None
     if opts.launch_override:      # before the profiler: it times the launches as overridden
         from ..override import LaunchOverride
@@ -199,7 +192,7 @@ def profile_replay(snapshot, cfg: ProfileConfig, options: Optional[ReplayOptions
         res.exit_code = 2
     report = None
     written = []
-    if prof is not None:
+    if prof is not None and not rp.refused:
         from .report import build_report, write_out
         report = build_report(prof, cfg)
         if hasattr(prof, "finish_report"):
@@ -226,11 +219,9 @@ def profile_replay(snapshot, cfg: ProfileConfig, options: Optional[ReplayOptions
         if cfg.mode == "graph" and report.get("launches") and res.exit_code == 0:
             from .graphcheck import add_timeline_check      # recorded graph launches only: a captured
             add_timeline_check(report, snapshot, cfg, opts)  # sequence checked against its own replay
-        if cfg.mode == "metrics":
-            from .metrics_report import write_out
         taken = not why and not failure       # a profile not taken (exit 2) leaves no file claiming one
         if cfg.out and taken:
-            write_out(report, cfg.out)
+            profile_mode(cfg.mode).write_out(report, cfg.out)
             written.append(("profile", cfg.out))
         if cfg.html and taken:
             from .roofline import write_html
@@ -260,7 +251,7 @@ def profile_failure(report: Dict[str, Any], cfg: ProfileConfig) -> Optional[str]
 
 
 def run_profile_cli(snapshot, opts: ReplayOptions, cfg: ProfileConfig, as_json: bool = False, out=None,
-                    checked: bool = False) -> int:
+                    checked: bool = False, driver=None) -> int:
     """`cudasnap replay --profile/--hook/...`: replay, print the replay summary and the profile table.
     checked: the caller has run the preflight check on this snapshot (a campaign's replay server)."""
     import json
@@ -278,11 +269,13 @@ def run_profile_cli(snapshot, opts: ReplayOptions, cfg: ProfileConfig, as_json: 
         return 2
     doc = json_document() if as_json and out is sys.stdout else out
     try:
-        run = profile_replay(snapshot, cfg, opts, out=out)
+        run = profile_replay(snapshot, cfg, opts, driver=driver, out=out)
     except Exception as e:  # a hook that cannot be loaded, a damaged frame after the first call
         sys.stderr.write(f"cudasnap: error: {damaged(e) if isinstance(e, SnapshotError) else e}\n")
         return 2
     res = run.result
+    if run.replayer.refused:                  # said on stderr; nothing was replayed
+        return 2
     if run.replayer.empty_selection:
         sys.stderr.write(f"cudasnap: error: {run.replayer.empty_selection}\n")
         return 2
@@ -301,11 +294,7 @@ def run_profile_cli(snapshot, opts: ReplayOptions, cfg: ProfileConfig, as_json: 
         for e in (res.errors or run.replayer.ctx.mismatch_text)[:1]:
             sys.stderr.write(f"cudasnap: {e}\n")
     if run.report is not None:
-        if cfg.mode == "metrics":
-            from .metrics_report import render_table
-        else:
-            from .report import render_table
-        render_table(run.report, out, cfg.top)
+        profile_mode(cfg.mode).render_table(run.report, out, cfg.top)
         for what, p in run.written or ():
             out.write(f"{what} written to {p}\n")
     _exit_if_gpu_hung(run, res.exit_code, out)

@@ -151,7 +151,8 @@ def add_timeline_check(report: Dict[str, Any], snapshot, cfg, opts) -> None:
         return
     with tempfile.TemporaryDirectory(prefix="cudasnap-graphcheck-") as d:
         path = os.path.join(d, "timeline.json")
-        # replay/invocation.py runs the document (named, not imported: it imports the profilers)
+        # a process of its own: this run's replay still holds the recorded addresses (its
+        # replayer goes back to the caller open) and its CUPTI session; the reference needs both
         argv = [sys.executable, "-m", "cudasnap.replay.invocation", json.dumps(timeline_document(snapshot, cfg, opts, path))]
         prog = PhaseProgress("graph", opts.progress, opts.quiet)
         try:

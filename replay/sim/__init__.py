@@ -544,8 +544,10 @@ def run_sim_cli(snapshot, opts, sim_spec: str, sim_path: Optional[str], mode: st
     """`cudasnap replay SNAP --sim ...`: plan, refuse what cannot run, replay on the simulator,
     write the profile of performance mode (max_ctas: bounded, see bounded.py). Returns replay's
     exit code."""
-    from cudasnap.formats import SnapshotError, SnapshotReader
+    from cudasnap.formats import SnapshotError
+    from cudasnap.formats.opened import opened
     from cudasnap.replay import option_problem, snapshot_problem
+    from cudasnap.replay.index import read_once
     from cudasnap.replay.replace import effective_specs, parse_specs
 
     def fail(msg: str) -> int:
@@ -568,7 +570,7 @@ def run_sim_cli(snapshot, opts, sim_spec: str, sim_path: Optional[str], mode: st
     if bad:
         return fail(f"--replace {bad[0]}: with --sim, replace kernels by name (KERNEL=FILE.ptx)")
     try:
-        reader = SnapshotReader(os.fspath(snapshot))
+        reader = read_once(opened(snapshot))     # checked by snapshot_problem; its records read once here
         p = plan(reader, opts, specs)
         ptrs = pointer_problems(reader)
         calls = call_gaps(reader)

@@ -21,7 +21,8 @@ def main(job_path: str) -> int:
     os.close(log)
     sys.stdout = sys.stderr           # stray prints of this process stay off the simulator's log
 
-    from cudasnap.replay import ReplayOptions, run_replay_cli
+    from cudasnap.replay import ReplayOptions
+    from cudasnap.replay.invocation import ReplayRequest, run_request
     from .driver import SimDriver
     from .progress import Progress
 
@@ -35,7 +36,7 @@ def main(job_path: str) -> int:
     t0 = time.perf_counter()
     code = 2
     try:
-        code = run_replay_cli(job["snapshot"], opts, job["json"], out=report, driver=drv)
+        code = run_request(ReplayRequest(job["snapshot"], opts, json=job["json"], out=report, driver=drv))
     except Exception as e:          # exit 1 would claim a mismatch: anything unforeseen cannot proceed
         sys.stderr.write(f"cudasnap: error: the simulated replay failed: {type(e).__name__}: {e}\n")
         code = 2
