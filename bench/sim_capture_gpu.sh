@@ -68,5 +68,5 @@ done
 rm -f sim_stencil sim_reduce sim_chase sim_streams
 find . -name '*.cusnap' -size +40M -printf 'dropped (too large to bring back): %p %s\n' -delete
 echo "== coverage"; python3 "$ROOT/bench/sim_kernels.py" column . | tee coverage.txt
-tar -cJf "$OUT/simsnaps.tar.xz" . && ls -la "$OUT"
+XZ_OPT=-T0 tar -cJf "$OUT/simsnaps.tar.xz" . && ls -la "$OUT"
 echo "total $SECONDS s"
