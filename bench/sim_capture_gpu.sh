@@ -24,7 +24,7 @@ export TRITON_CACHE_DIR=/tmp/simcaches/triton TORCHINDUCTOR_CACHE_DIR=/tmp/simca
 profile() {   # PROGRAM: info, timeline, coverage
   local p=$1
   cudasnap info $p.cusnap > $p.info.txt 2>&1; cudasnap info $p.cusnap --json > $p.info.json 2>/dev/null
-  cudasnap replay $p.cusnap --profile timeline --out $p.gpu.json -f > $p.timeline.txt 2>&1; local rc=$?
+  timeout 120 cudasnap replay $p.cusnap --profile timeline --out $p.gpu.json -f > $p.timeline.txt 2>&1; local rc=$?
   local tl=(); [ $rc -eq 0 ] && [ -f $p.gpu.json ] && tl=(--timeline $p.gpu.json)
   cudasnap info $p.cusnap --sim ${tl[@]+"${tl[@]}"} > $p.coverage.txt 2>&1
   cudasnap info $p.cusnap --sim ${tl[@]+"${tl[@]}"} --json > $p.coverage.json 2>/dev/null
@@ -34,7 +34,7 @@ capture_py() {   # PROGRAM SCRIPT [VAR=VALUE...]: a Python program of tests/gpu/
   local p=$1 script=$2; shift 2
   if [ $SECONDS -gt $BUDGET ]; then echo "budget spent: $p not captured"; return; fi
   local t0=$SECONDS
-  env "$@" cudasnap capture -f -o $p.cusnap -- python3 "$ROOT/tests/gpu/workloads/$script" > $p.capture.txt 2>&1
+  timeout 180 env "$@" cudasnap capture -f -o $p.cusnap -- python3 "$ROOT/tests/gpu/workloads/$script" > $p.capture.txt 2>&1
   echo "capture $p exit $? in $((SECONDS - t0)) s: $(tail -1 $p.capture.txt | cut -c1-120)"
   [ -f $p.cusnap ] && profile $p
 }
@@ -68,5 +68,5 @@ done
 rm -f sim_stencil sim_reduce sim_chase sim_streams
 find . -name '*.cusnap' -size +40M -printf 'dropped (too large to bring back): %p %s\n' -delete
 echo "== coverage"; python3 "$ROOT/bench/sim_kernels.py" column . | tee coverage.txt
-tar -cJf "$OUT/simsnaps.tar.xz" . && ls -la "$OUT"
+XZ_OPT=-T0 tar -cJf "$OUT/simsnaps.tar.xz" . && ls -la "$OUT"
 echo "total $SECONDS s"

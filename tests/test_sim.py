@@ -474,6 +474,16 @@ def test_warp_shuffles_run_as_the_gpu_runs_them(snaps):
     assert "uses warp shuffles, run as shared-memory exchanges" in cp.stderr
 
 
+def test_ldmatrix_runs_as_shared_memory_loads(snaps):
+    """Non-transposed ldmatrix (.x1, .x4), which the simulator's parser rejects, runs as loads
+    of each lane's row address and word, in shared memory past the kernel's own dynamic shared
+    memory (which the simulator places where its static arrays start)."""
+    cp = _sim(snaps["plain"], "--replace", f"add_one={DATA / 'ldmatrix_add_one.ptx'}")
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert "OK: every recorded D2H result reproduced" in cp.stdout, cp.stdout
+    assert "uses ldmatrix, run as shared-memory loads" in cp.stderr
+
+
 def test_bounded_performance_mode(snaps, tmp_path):
     """--sim-max-ctas 4: tile_sum's 16 CTAs are timed on samples of 2 and 4 and extrapolated with
     the error stated (here the samples fill less than the GPU: the bracket is wide and holds the

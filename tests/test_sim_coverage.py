@@ -233,11 +233,13 @@ def test_bad_use_is_one_line(snap, tmp_path):
 
 
 def test_ldmatrix_is_refused_before_the_run():
-    """Triton's dot kernels load tiles with ldmatrix, which the simulator's parser rejects: named
-    among the constructs it cannot run (coverage and the refusal), not found by a crash."""
+    """ldmatrix, which the simulator's parser rejects, is named among the constructs it cannot run
+    (coverage and the refusal) where it is left as it is (transposed), not found by a crash."""
     from cudasnap.replay.sim import ptx
     body = ".visible .entry k(.param .u64 p)\n{\n ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%r1, %r2, %r3, %r4}, [%r5];\n}"
-    assert ptx.constructs(body) == [("ldmatrix/stmatrix (the simulator cannot parse it)", True)]
+    assert ptx.constructs(body) == [("ldmatrix/stmatrix (the simulator cannot parse it; only the non-transposed "
+                                     "ldmatrix with a 32-bit address is rewritten)", True)]
+    assert ptx.constructs(ptx.for_sim(body.replace(".x4.", ".x4.trans."))) == ptx.constructs(body)
 
 
 def _sim_path():
@@ -353,7 +355,8 @@ def test_warp_shuffles_are_rewritten_as_exchanges():
     out = ptx.for_sim(text)
     assert "shfl." not in out.replace(ptx.SHFL_NOTE, "")
     assert out.count(ptx.SHFL_NOTE) == 5 and out.count("st.shared.b32 [%cs_sh6], %cs_sh11;") == 5
-    assert re.search(r"^\.shared \.align 4 \.b32 __cs_shfl_[0-9a-f]{8}\[1024\];\n\.visible \.entry add_one\(", out, re.M)
+    assert re.search(r"^\.extern \.shared \.align 4 \.b32 __cs_shfl_[0-9a-f]{8}\[\];\n\.visible \.entry add_one\(", out, re.M)
+    assert out.count(f"add.u32 %cs_sh5, %cs_sh5, {ptx.SCRATCH_AT};") == 5       # past any CTA's shared memory
     assert "ld.shared.b32 %r9, [%cs_sh10];\n\tmov.pred %p2, %cs_shp0;" in out          # d|p
     assert "setp.ge.s32 %cs_shp0, %cs_sh9, %cs_sh8;" in out                              # up: j >= its bound
     guarded = ptx.for_sim(".visible .entry k(.param .u64 p)\n{\n\t@!%p1 shfl.sync.bfly.b32 %r1, %r2, 4, 31, -1;\n}\n")
@@ -362,3 +365,16 @@ def test_warp_shuffles_are_rewritten_as_exchanges():
     assert [(w, r) for w, r in ptx.constructs(out)] == [
         ("warp shuffles, run as shared-memory exchanges (performance mode counts that exchange's instructions "
          "and shared-memory traffic)", None)]
+
+
+def test_ldmatrix_is_rewritten_as_loads():
+    """Non-transposed ldmatrix with a 32-bit shared address becomes the loads of each lane's row
+    address and word; the transposed form stays refused."""
+    from cudasnap.replay.sim import ptx
+    out = ptx.for_sim((REPO_DATA / "ldmatrix_add_one.ptx").read_text())
+    assert "ldmatrix.sync" not in out and out.count(ptx.LDM_NOTE) == 2
+    for reg in ("%r13", "%r14", "%r15", "%r16", "%r17"):
+        assert f"\tld.shared.b32 {reg}, [%cs_sh8];" in out, reg
+    assert "\tadd.s32 %cs_sh10, %cs_sh9, 24;" in out                          # .x4: the fourth matrix's rows
+    trans = ".visible .entry k(.param .u64 p)\n{\n\tldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%r1}, [%r2];\n}\n"
+    assert [r for _w, r in ptx.constructs(ptx.for_sim(trans))] == [True]

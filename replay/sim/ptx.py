@@ -16,12 +16,14 @@ _SIZES = {"b8": 1, "u8": 1, "s8": 1, "b16": 2, "u16": 2, "s16": 2, "f16": 2, "b3
 _HEADER = re.compile(r"^\s*\.(version|target|address_size)\b.*$", re.M)
 
 SHFL_NOTE = "// cudasnap: warp shuffle as a shared-memory exchange"
+LDM_NOTE = "// cudasnap: 8x8 matrix load as shared-memory loads"
 # (regex, what, refuse): refuse = the simulator aborts on it or cannot run it at all; None: a note
 CONSTRUCTS: List[Tuple[re.Pattern, str, Optional[bool]]] = [
     (re.compile(r"\bcp\.async\.bulk\b|\bcp\.reduce\.async\.bulk\b"), "cp.async.bulk (TMA, Hopper)", True),
     (re.compile(r"\bcp\.async\b"), "cp.async (the simulator cannot parse it)", True),
     (re.compile(r"\bdp4a\b|\bdp2a\b"), "dp4a/dp2a (the simulator aborts: not implemented)", True),
-    (re.compile(r"\bldmatrix\b|\bstmatrix\b"), "ldmatrix/stmatrix (the simulator cannot parse it)", True),
+    (re.compile(r"\bldmatrix\b|\bstmatrix\b"), "ldmatrix/stmatrix (the simulator cannot parse it; only the "
+     "non-transposed ldmatrix with a 32-bit address is rewritten)", True),
     (re.compile(r"\bwgmma\b"), "wgmma (Hopper)", True),
     (re.compile(r"\bmbarrier\b"), "mbarrier (Hopper-style barriers)", True),
     (re.compile(r"\bsetmaxnreg\b"), "setmaxnreg (Hopper)", True),
@@ -30,6 +32,7 @@ CONSTRUCTS: List[Tuple[re.Pattern, str, Optional[bool]]] = [
     (re.compile(r"\bshfl\.sync\b"), "shfl.sync (the simulator gives wrong results for some uses)", False),
     (re.compile(re.escape(SHFL_NOTE)), "warp shuffles, run as shared-memory exchanges (performance mode "
      "counts that exchange's instructions and shared-memory traffic)", None),
+    (re.compile(re.escape(LDM_NOTE)), "ldmatrix, run as shared-memory loads (performance mode counts those)", None),
     (re.compile(r"\bcvt\.\w+\.f16x2\b|\bcvt\.\w+\.bf16x2\b"), "cvt to f16x2/bf16x2 (the simulator gets it wrong)", False),
 ]
 
@@ -58,7 +61,7 @@ def for_sim(ptx: str) -> str:
 
 # GPGPU-Sim's shfl writes some lanes' results into other threads' registers (a Triton softmax's
 # shfl.sync.bfly destination read back undefined), so each `shfl[.sync].MODE.b32 d, a, b, c[, m]`
-# becomes the exchange PTX defines, through a per-CTA array of one word per thread: each lane
+# becomes the exchange PTX defines, through one shared word per thread of the CTA: each lane
 # stores a, computes its source lane j from b and c (and its own lane when j is out of range),
 # and loads j's word (`d|p`: p says whether j was in range). A warp runs in lockstep on the
 # simulator, so every store precedes every load.
@@ -72,15 +75,44 @@ _J = {"bfly": "xor.b32 %cs_sh9, %cs_sh1, %cs_sh2;\n{i}setp.le.s32 %cs_shp0, %cs_
              "{i}setp.le.s32 %cs_shp0, %cs_sh9, %cs_sh8;"}
 
 
+def _slot(buf: str) -> List[str]:
+    """The thread's index in its CTA (%cs_sh0), its lane (%cs_sh1), the array (%cs_sh5) and the
+    thread's word in it (%cs_sh6)."""
+    return ["mov.u32 %cs_sh0, %tid.x;", "mov.u32 %cs_sh1, %tid.y;", "mov.u32 %cs_sh2, %tid.z;",
+            "mov.u32 %cs_sh3, %ntid.x;", "mov.u32 %cs_sh4, %ntid.y;",
+            "mad.lo.u32 %cs_sh2, %cs_sh2, %cs_sh4, %cs_sh1;", "mad.lo.u32 %cs_sh0, %cs_sh2, %cs_sh3, %cs_sh0;",
+            "and.b32 %cs_sh1, %cs_sh0, 31;", f"mov.u32 %cs_sh5, {buf};", f"add.u32 %cs_sh5, %cs_sh5, {SCRATCH_AT};",
+            "shl.b32 %cs_sh6, %cs_sh0, 2;", "add.u32 %cs_sh6, %cs_sh5, %cs_sh6;"]
+
+
+# ldmatrix (non-transposed: Triton converts layouts with it) does not parse: thread t of the warp
+# gets the word (t%4) of row t/4 of each 8x8 b16 matrix k, whose row addresses lanes 8k..8k+7
+# give. Each lane stores its address in its word of the array; each reads its row's address
+# there, then the data. `.trans` stays refused.
+_LDM = re.compile(r"^([ \t]*)(@!?%\w+[ \t]+)?ldmatrix\.sync\.aligned\.m8n8\.x(1|2|4)(?:\.shared(?:::cta)?)?\.b16[ \t]+"
+                  r"(\{[^}]*\}|%\w+)[ \t]*,[ \t]*\[[ \t]*(%r\w*)[ \t]*(?:\+[ \t]*(-?\d+))?[ \t]*\][ \t]*;", re.M)
+
+
+def _matrix(m: "re.Match", buf: str) -> str:
+    i, guard, n, dsts, a, off = m.group(1), m.group(2) or "", int(m.group(3)), m.group(4), m.group(5), m.group(6)
+    ds = [x.strip() for x in dsts.strip("{} \t").split(",")]
+    if len(ds) != n or not all(re.fullmatch(r"%\w+", x) for x in ds):
+        return m.group(0)
+    lines = [LDM_NOTE] + _slot(buf) + [
+        f"add.u32 %cs_sh11, {a}, {off or 0};", f"{guard}st.shared.b32 [%cs_sh6], %cs_sh11;",
+        "shr.u32 %cs_sh9, %cs_sh1, 2;", "sub.s32 %cs_sh10, %cs_sh0, %cs_sh1;", "add.s32 %cs_sh9, %cs_sh9, %cs_sh10;",
+        "and.b32 %cs_sh7, %cs_sh1, 3;", "shl.b32 %cs_sh7, %cs_sh7, 2;"]
+    for k, d in enumerate(ds):
+        lines += [f"add.s32 %cs_sh10, %cs_sh9, {8 * k};", "shl.b32 %cs_sh10, %cs_sh10, 2;",
+                  "add.u32 %cs_sh10, %cs_sh5, %cs_sh10;", "ld.shared.b32 %cs_sh8, [%cs_sh10];",
+                  "add.u32 %cs_sh8, %cs_sh8, %cs_sh7;", f"{guard}ld.shared.b32 {d}, [%cs_sh8];"]
+    return "\n".join(i + l for l in lines)
+
+
 def _exchange(m: "re.Match", buf: str) -> str:
     i, guard, mode, d, p, a, b, c = (m.group(1), m.group(2) or "", m.group(3), m.group(4), m.group(5), m.group(6),
                                      m.group(7), m.group(8))
-    lines = [SHFL_NOTE,
-             "mov.u32 %cs_sh0, %tid.x;", "mov.u32 %cs_sh1, %tid.y;", "mov.u32 %cs_sh2, %tid.z;",
-             "mov.u32 %cs_sh3, %ntid.x;", "mov.u32 %cs_sh4, %ntid.y;",
-             "mad.lo.u32 %cs_sh2, %cs_sh2, %cs_sh4, %cs_sh1;", "mad.lo.u32 %cs_sh0, %cs_sh2, %cs_sh3, %cs_sh0;",
-             "and.b32 %cs_sh1, %cs_sh0, 31;", f"mov.u32 %cs_sh5, {buf};",
-             "shl.b32 %cs_sh6, %cs_sh0, 2;", "add.u32 %cs_sh6, %cs_sh5, %cs_sh6;",
+    lines = [SHFL_NOTE] + _slot(buf) + [
              f"mov.b32 %cs_sh11, {a};", f"{guard}st.shared.b32 [%cs_sh6], %cs_sh11;",
              f"mov.b32 %cs_sh2, {b};", "and.b32 %cs_sh2, %cs_sh2, 31;",
              f"mov.b32 %cs_sh3, {c};", "shr.u32 %cs_sh4, %cs_sh3, 8;", "and.b32 %cs_sh4, %cs_sh4, 31;",
@@ -93,10 +125,17 @@ def _exchange(m: "re.Match", buf: str) -> str:
     return "\n".join(i + l for l in lines)
 
 
+# The words live in dynamic shared memory past any CTA's own: the simulator places static and
+# dynamic (extern) shared arrays from the same start, so an array of ours would overlap a kernel's
+# dynamic shared memory (Triton's); no GPU gives a CTA 256 KiB.
+SCRATCH_AT = 256 << 10
+
+
 def shuffles(ptx: str) -> str:
-    """Every function's 32-bit warp shuffles rewritten as shared-memory exchanges (above), with
-    the registers and the per-CTA array (1024 words: a CTA's most threads) they use."""
-    if "shfl" not in ptx:
+    """Every function's 32-bit warp shuffles and non-transposed ldmatrix rewritten as shared-memory
+    exchanges (above), with the registers they use and the words (one per thread of a CTA, 1024
+    at most) at SCRATCH_AT."""
+    if "shfl" not in ptx and "ldmatrix" not in ptx:
         return ptx
     heads = list(_FUNC.finditer(ptx))
     out, last = [], 0
@@ -105,10 +144,10 @@ def shuffles(ptx: str) -> str:
         body = ptx[h.end():end]
         buf = f"__cs_shfl_{zlib.crc32((h.group(0) + body).encode()):08x}"
         new, k = _SHFL.subn(lambda m: _exchange(m, buf), body)
-        if not k:
+        new = _LDM.sub(lambda m: _matrix(m, buf), new)
+        if not k and new == body:
             continue
-        # the array at module scope, before the function (some parsers take no .shared inside one)
-        out += [ptx[last:h.start()], f".shared .align 4 .b32 {buf}[1024];\n", h.group(0),
+        out += [ptx[last:h.start()], f".extern .shared .align 4 .b32 {buf}[];\n", h.group(0),
                 "\n\t.reg .b32 %cs_sh<12>;\n\t.reg .pred %cs_shp<1>;\n", new]
         last = end
     out.append(ptx[last:])
