@@ -9,7 +9,8 @@
 # simulator coverage with that timeline (PROGRAM.coverage.json/.txt: which kernels, and how much
 # GPU time, can run there, each n/a with its reason); then the first launch of every kernel that
 # can run is extracted (--check, on this GPU), the suite's workloads first, until BUDGET seconds.
-# All of it is packed into $OUT/simsnaps.tar.xz for bench/sim_replay_cpu.sh. From the project
+# All of it is packed per program into $OUT/sim_PROGRAM[.N].tar.xz (unpack them all into one DIR)
+# for bench/sim_replay_cpu.sh. From the project
 # root (carry .whl):
 #   OUT=/tmp/out bash bench/sim_capture_gpu.sh
 set -uo pipefail
@@ -66,7 +67,28 @@ for p in torch_compile cupy_work sim_triton sim_cupy sim_stencil sim_reduce sim_
   done
 done
 rm -f sim_stencil sim_reduce sim_chase sim_streams
-find . -name '*.cusnap' -size +40M -printf 'dropped (too large to bring back): %p %s\n' -delete
 echo "== coverage"; python3 "$ROOT/bench/sim_kernels.py" column . | tee coverage.txt
-XZ_OPT=-T0 tar -cJf "$OUT/simsnaps.tar.xz" . && ls -la "$OUT"
+# archives of at most about 10 MB of input per program (what comes back from the GPU machine is
+# limited): its extracts, coverage, timeline and logs; whole snapshots only where under 8 MB (the
+# extracts are what the CPU half simulates; the coverage JSON holds what the column needs)
+python3 - "$OUT" <<'PYEOF'
+import glob, os, subprocess, sys
+out = sys.argv[1]
+for cov in sorted(glob.glob("*.coverage.json")):
+    p = cov[:-len(".coverage.json")]
+    files = sorted(f for f in glob.glob(p + ".*") if not f.endswith(".cusnap") or f.endswith(".x.cusnap"))
+    if os.path.isfile(p + ".cusnap") and os.path.getsize(p + ".cusnap") < 8 << 20:
+        files.append(p + ".cusnap")
+    parts, cur, size = [], [], 0
+    for f in files:
+        n = os.path.getsize(f)
+        if cur and size + n > 10 << 20:
+            parts.append(cur); cur, size = [], 0
+        cur.append(f); size += n
+    parts.append(cur)
+    for i, chunk in enumerate(parts, 1):
+        name = f"{out}/sim_{p}.tar.xz" if len(parts) == 1 else f"{out}/sim_{p}.{i}.tar.xz"
+        subprocess.run(["tar", "-cJf", name, "card.txt", *chunk], env=dict(os.environ, XZ_OPT="-T0"), check=False)
+PYEOF
+ls -la "$OUT"
 echo "total $SECONDS s"
