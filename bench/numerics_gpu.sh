@@ -119,6 +119,16 @@ cp campaign.toml "$OUT/numerics_campaign.toml"
 T=$SECONDS
 timeout 300 cudasnap campaign run campaign.toml -o numerics.sqlite --json > logs/campaign.json 2> logs/campaign.err
 rc=$?; echo "campaign exit $rc in $((SECONDS - T)) s"; tail -3 logs/campaign.err
+python3 - logs/campaign.json <<'PYEOF'
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+except (OSError, ValueError):
+    sys.exit(0)
+per_h = round(d["ran"] / d["cells_wall_s"] * 3600) if d.get("cells_wall_s") else None
+print(f"campaign throughput: {d.get('ran')} cells in {d.get('cells_wall_s')} s on {d.get('gpus')} GPU(s): "
+      f"{per_h} cells/h; cost {d.get('cost')}")
+PYEOF
 cudasnap campaign report numerics.sqlite > "$OUT/numerics_report.txt" 2>&1; echo "report exit $?"
 python3 -c 'import plotly' 2>/dev/null && cudasnap campaign report numerics.sqlite --html "$OUT/numerics_report.html" -f > /dev/null 2>&1
 cp numerics.sqlite "$OUT/"
