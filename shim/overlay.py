@@ -250,6 +250,8 @@ CALL_CLASS_RULES = [
     ("names_function", r"cuModuleGetFunction|cuLibraryGetKernel|cuKernelGetFunction"),
     ("refers_code", r"cuModuleGetFunction|cuLibraryGetKernel|cuKernelGetFunction|cuLibraryGetModule"),
     ("names_global", r"cuModuleGetGlobal|cuLibraryGetGlobal"),
+    ("starts_profiler", r"cuProfilerStart"),
+    ("stops_profiler", r"cuProfilerStop"),
     ("host_alloc", r"cuMemHostAlloc|cuMemAllocHost"),
     ("pins_host", r"cuMemHostAlloc|cuMemAllocHost|cuMemHostRegister"),
     ("begins_capture", r"cuStreamBeginCapture\w*"),

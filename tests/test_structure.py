@@ -548,7 +548,7 @@ NAME_TESTS_ALLOWED: Dict[str, int] = {
     # the steps of the CUPTI probe (where a profiler's start died), not a record's meaning
     "replay/profile/metrics_cupti.py": 1,
     # waiting for a class
-    "export/extract.py": 3, "export/ranges.py": 1, "replay/engine.py": 3, "replay/retarget.py": 3,
+    "export/extract.py": 3, "export/ranges.py": 1, "replay/engine.py": 1, "replay/retarget.py": 3,
     "replay/selection.py": 1,
 }
 # "cu" alone: a call record told from the simulator's own records, not a function's meaning
