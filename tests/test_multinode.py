@@ -56,7 +56,7 @@ def test_a_node_lost_mid_campaign_reruns_its_cells_elsewhere(nodes, tmp_path, re
     envs = "".join(f'[[env]]\nname = "{n}"\nvars = {{ {STEADY}{more} }}\n' for n, more in (
         ("plain", ""), ("eager", ', CUDA_MODULE_LOADING = "EAGER"'), ("conns", ', CUDA_DEVICE_MAX_CONNECTIONS = "8"')))
     camp = tmp_path / "camp.toml"
-    camp.write_text(f'name = "nodes"\nbaseline = "plain"\n[rules]\nrepeats = 5\nwarmup = 1\nthreshold = 20\n'
+    camp.write_text(f'name = "nodes"\nbaseline = "plain"\n[rules]\nrepeats = 3\nwarmup = 0\nthreshold = 20\n'
                     f'max_reruns = 1\ntimeout = 120\nretries = 3\n[[snapshot]]\npath = "{snaps}/m*.cusnap"\n{envs}')
     store = tmp_path / "st.sqlite"
     p = subprocess.Popen([sys.executable, "-m", "cudasnap", "campaign", "run", str(camp), "-o", str(store),
