@@ -549,14 +549,17 @@ def test_launch_attributes_the_model_takes():
 def globs(snaps):
     """simglob on the double: a kernel reading a __device__ float (its image's initializer, then
     set through its address) and a __constant__ array set through its address; "sass" also looks
-    up a global of a module without PTX."""
+    up a global of a module without PTX; "sinp" runs fast_sin (sin.approx) too, its recorded
+    results one ULP off on every third element as a GPU's approximation would leave them."""
     d = snaps["double"]
     out = {}
-    for key, args in (("plain", []), ("sass", ["sass"])):
+    for key, args, extra in (("plain", [], {}), ("sass", ["sass"], {}),
+                             ("sinp", [DATA / "fast_sin.ptx"], {"CUDA_DOUBLE_PERTURB": "fast_sin:ulp:3"})):
         snap = snaps["tmp"] / f"simglob_{key}.cusnap"
         cp = _cli("capture", "-o", snap, "--ring-mb", "16", "--", d["progs"]["simglob"], DATA / "globals.ptx", *args,
-                  env=d["env"], timeout=120)
-        assert cp.returncode == 0 and "SIMGLOB 1.7500 4.0000 -1.250" in cp.stdout, cp.stdout + cp.stderr
+                  env=dict(d["env"], **extra), timeout=120)
+        want = r"-0\.7568" if key == "sinp" else r"4\.0000"      # sin(4.0) after fast_sin
+        assert cp.returncode == 0 and re.search(rf"^SIMGLOB 1\.7500 {want} -1\.250$", cp.stdout, re.M), cp.stdout + cp.stderr
         out[key] = snap
     return out
 
@@ -573,6 +576,7 @@ def test_module_globals_run_on_the_simulator(globs, snaps):
     bad.write_text((DATA / "globals.ptx").read_text().replace("ld.const.f32 \t%f3, [%rd7];", "mov.f32 \t%f3, 0f00000000;"))
     r = _sim(globs["plain"], "--replace", f"glob_axpb={bad}")
     assert r.returncode == 1 and re.search(r"DIFFERENT: call #\d+ cuMemcpyDtoH", r.stdout), r.stdout + r.stderr
+    assert "math library" not in r.stdout           # no approximate instruction in this kernel
     if shutil.which("make"):
         out = snaps["tmp"] / "export_glob"
         ex = _cli("export", globs["plain"], "-o", out, "--sim")
@@ -604,3 +608,29 @@ def test_module_variables_and_their_probe():
     probe = ptx.probe(["g_scale", "c_bias"])
     assert "mov.u64 %cs_g1, c_bias;\n\tst.global.u64 [%cs_g0+8], %cs_g1;" in probe
     assert ptx.entries(probe) == {ptx.PROBE: [(0, 8)]}
+
+
+def test_a_difference_from_approximate_math_is_named(globs):
+    """sin.approx: the simulator computes it with the host's math library, a GPU approximates.
+    The plan warns; within the simulator's default tolerance the result is CLOSE; bit-exact it is
+    DIFFERENT (exit 1 stays) and says that its writer uses sin.approx.f32 and what that means."""
+    cp = _sim(globs["sinp"])
+    assert cp.returncode == 0 and "D2H results: 3 EXACT, 1 CLOSE, 0 DIFFERENT" in cp.stdout, cp.stdout + cp.stderr
+    assert "warning: kernel fast_sin uses approximate math (sin.approx" in cp.stderr, cp.stderr
+    ex = _sim(globs["sinp"], "--exact")
+    assert ex.returncode == 1, ex.stdout + ex.stderr
+    line = next(l for l in ex.stdout.splitlines() if l.startswith("DIFFERENT: "))
+    assert "last written by #" in line and line.endswith(
+        "; its writer uses sin.approx.f32, which the simulator computes with the host's math library where the GPU "
+        "approximates: a difference in the last bits there is the simulator's (--dtype judges it within a tolerance)"), line
+
+
+def test_approximate_instructions_in_ptx():
+    from cudasnap.replay.numerics import ptx_approx_ops
+    text = (DATA / "fast_sin.ptx").read_text() + (
+        ".visible .entry other(.param .u64 p)\n{\n\tsin.approx.ftz.f32 %f1, %f2;\n\tex2.approx.f32 %f3, %f1;\n"
+        "\trcp.approx.ftz.f64 %fd1, %fd2;\n\tdiv.rn.f32 %f4, %f3, %f1;\n\tsin.approx.f32 %f5, %f4;\n}\n")
+    assert ptx_approx_ops(text) == {"fast_sin": ["sin.approx.f32"], "other": ["ex2.approx.f32", "sin.approx.f32",
+                                                                             "sin.approx.ftz.f32"]}
+    assert ptx_approx_ops((DATA / "kernels.ptx").read_text()) == dict.fromkeys(
+        ("add_one", "fill", "saxpy", "chase", "tile_sum", "histo"), [])

@@ -42,6 +42,7 @@ class SimDriver:
     on_launch(name, seconds) after each simulated launch (progress)."""
 
     moves_all_memory = True      # verification: recorded pointers read back are relocated (context.verify)
+    approximations_exact = True  # sin.approx and the like run on the host's math library (numerics.APPROX)
 
     def __init__(self, adapter_path: str, ptx_dir: str, ptx_file: str, modules: Dict[str, Dict[str, str]],
                  layouts: Dict[str, List[Tuple[int, int]]], replace: Dict[str, str], device_name: str,

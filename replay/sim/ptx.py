@@ -7,6 +7,8 @@ import re
 import zlib
 from typing import Dict, List, Optional, Tuple
 
+from cudasnap.replay.numerics import APPROX
+
 _ENTRY = re.compile(r"\.entry\s+([A-Za-z_$%][\w$%]*)\s*\(([^)]*)\)", re.S)
 # Triton's (LLVM's) pointer parameters: `.param .u64 .ptr .global .align 1 NAME`
 _PARAM = re.compile(r"\.param\s+(?:\.align\s+(\d+)\s+)?\.(\w+)(?:\s+\.ptr(?:\s+\.(?:global|shared|const|local))?"
@@ -34,6 +36,8 @@ CONSTRUCTS: List[Tuple[re.Pattern, str, Optional[bool]]] = [
      "counts that exchange's instructions and shared-memory traffic)", None),
     (re.compile(re.escape(LDM_NOTE)), "ldmatrix, run as shared-memory loads (performance mode counts those)", None),
     (re.compile(r"\bcvt\.\w+\.f16x2\b|\bcvt\.\w+\.bf16x2\b"), "cvt to f16x2/bf16x2 (the simulator gets it wrong)", False),
+    (APPROX, "approximate math (sin.approx, lg2.approx and the like: the simulator computes them with the host's "
+     "math library, the GPU approximates)", False),
 ]
 
 

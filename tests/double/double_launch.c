@@ -193,6 +193,15 @@ static CUresult k_glob_axpb(const unsigned char *pb, u64 nt) {
     return CUDA_SUCCESS;
 }
 
+/* fast_sin(float* p, int n): p[i] = sin(p[i]) (PTX: sin.approx.f32, __sinf) */
+static CUresult k_fast_sin(const unsigned char *pb, u64 nt) {
+    float *p = P(float *, 0);
+    u64 c = count_of(P(int, 8), nt);
+    if (c && !dev_range_ok((u64)(uintptr_t)p, c * sizeof(float))) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    for (u64 i = 0; i < c; i++) p[i] = sinf(p[i]);
+    return CUDA_SUCCESS;
+}
+
 static const kdesc_t kernels[] = {
     {"tile_sum", 3, {0, 8, 16}, {8, 8, 4}, 20, k_tile_sum},
     {"histo", 4, {0, 8, 16, 20}, {8, 8, 4, 4}, 24, k_histo},
@@ -206,6 +215,7 @@ static const kdesc_t kernels[] = {
     {"tex_fetch", 3, {0, 8, 16}, {8, 8, 4}, 20, k_tex_fetch},
     {"surf_fill", 3, {0, 8, 12}, {8, 4, 4}, 16, k_surf_fill},
     {"glob_axpb", 2, {0, 8}, {8, 4}, 12, k_glob_axpb},
+    {"fast_sin", 2, {0, 8}, {8, 4}, 12, k_fast_sin},
     /* incr under C++ names, for kernel-name matching: incr(int*, int), void demo::incr<int>(int*, int) */
     {"_Z4incrPii", 2, {0, 8}, {8, 4}, 12, k_incr},
     {"_ZN4demo4incrIiEEvPT_i", 2, {0, 8}, {8, 4}, 12, k_incr},

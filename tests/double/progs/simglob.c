@@ -2,14 +2,15 @@
  * (g_scale, its initializer 2.0 in the image) and a __constant__ float[4] (c_bias, set here
  * through its address), launches it, sets g_scale through its address and launches again, and
  * reads back the data and c_bias. With "sass" it also looks up a global of a module that has no
- * PTX (a double image): a global a simulator cannot provide. */
+ * PTX (a double image): a global a simulator cannot provide; with a second PTX file it runs its
+ * fast_sin (approximate math) on the data and reads it back. */
 #include <string.h>
 #include "common.h"
 
 enum { N = 1024, T = 128 };
 
 int main(int argc, char **argv) {
-    if (argc < 2) { fprintf(stderr, "usage: simglob FILE.ptx [sass]\n"); return 2; }
+    if (argc < 2) { fprintf(stderr, "usage: simglob FILE.ptx [sass|SIN.ptx]\n"); return 2; }
     FILE *fp = fopen(argv[1], "rb");
     if (!fp) { perror(argv[1]); return 2; }
     static char ptx[1 << 16];
@@ -56,6 +57,19 @@ int main(int argc, char **argv) {
         CK(cuModuleLoadData(&other, image));
         CK(cuModuleGetGlobal(&t, &tn, other, "g_table"));
         CK(cuMemsetD8(t, 7, tn));
+    }
+    if (argc > 2 && strstr(argv[2], ".ptx")) {
+        static char text[1 << 16];
+        FILE *sf = fopen(argv[2], "rb");
+        if (!sf) { perror(argv[2]); return 2; }
+        text[fread(text, 1, sizeof text - 1, sf)] = 0;
+        fclose(sf);
+        CUmodule sm;
+        CUfunction fs;
+        CK(cuModuleLoadData(&sm, text));
+        CK(cuModuleGetFunction(&fs, sm, "fast_sin"));
+        LAUNCH(cuLaunchKernel(fs, N / T, 1, 1, T, 1, 1, 0, NULL, pa, NULL));
+        CK(cuMemcpyDtoH(y, dx, sizeof y));
     }
     printf("SIMGLOB %.4f %.4f %.3f\nLAUNCHES %ld\n", x[5], y[5], back[1], g_launches);
     return 0;
