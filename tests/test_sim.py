@@ -577,6 +577,12 @@ def test_module_globals_run_on_the_simulator(globs, snaps):
     r = _sim(globs["plain"], "--replace", f"glob_axpb={bad}")
     assert r.returncode == 1 and re.search(r"DIFFERENT: call #\d+ cuMemcpyDtoH", r.stdout), r.stdout + r.stderr
     assert "math library" not in r.stdout           # no approximate instruction in this kernel
+    # the second launch alone: the extract starts from the globals' contents at that launch
+    x = snaps["tmp"] / "glob2.x.cusnap"
+    ex = _cli("extract", globs["plain"], "--kernel", "glob_axpb#2", "-o", x, "-f", env=snaps["double"]["env"])
+    assert ex.returncode == 0, ex.stdout + ex.stderr
+    cx = _sim(x)
+    assert cx.returncode == 0 and re.search(r"D2H results: \d+ EXACT, 0 CLOSE, 0 DIFFERENT", cx.stdout), cx.stdout + cx.stderr
     if shutil.which("make"):
         out = snaps["tmp"] / "export_glob"
         ex = _cli("export", globs["plain"], "-o", out, "--sim")
