@@ -577,6 +577,11 @@ def test_module_globals_run_on_the_simulator(globs, snaps):
     r = _sim(globs["plain"], "--replace", f"glob_axpb={bad}")
     assert r.returncode == 1 and re.search(r"DIFFERENT: call #\d+ cuMemcpyDtoH", r.stdout), r.stdout + r.stderr
     assert "math library" not in r.stdout           # no approximate instruction in this kernel
+    # performance mode: the cycles of the two launches, not of the adapter's lookup of the addresses
+    prof = snaps["tmp"] / "glob_perf.json"
+    pf = _sim(globs["plain"], "--sim-mode", "performance", "--out", prof, "-f")
+    assert pf.returncode == 0, pf.stdout + pf.stderr
+    assert [r["name"] for r in json.loads(prof.read_text())["launches"]] == ["glob_axpb", "glob_axpb"]
     # the second launch alone: the extract starts from the globals' contents at that launch
     x = snaps["tmp"] / "glob2.x.cusnap"
     ex = _cli("extract", globs["plain"], "--kernel", "glob_axpb#2", "-o", x, "-f", env=snaps["double"]["env"])

@@ -221,6 +221,7 @@ def target_sm(ptx: str) -> Optional[int]:
 _VAR = re.compile(r"^[ \t]*((?:\.(?:visible|extern|weak)[ \t]+)*)\.(global|const)[ \t]+(?:\.align[ \t]+\d+[ \t]+)?"
                   r"(?:\.v(\d)[ \t]+)?\.(\w+)[ \t]+([A-Za-z_$%][\w$%]*)((?:[ \t]*\[\d*\])*)", re.M)
 PROBE = "__cudasnap_globals"
+_VAR_SIZES = dict(_SIZES, f16=2, bf16=2, f16x2=4, bf16x2=4)
 
 
 def variables(ptx: str) -> Dict[str, Tuple[str, Optional[int]]]:
@@ -233,7 +234,7 @@ def variables(ptx: str) -> Dict[str, Tuple[str, Optional[int]]]:
         last = m.start()
         if depth > 0:                # inside a function: not the module's
             continue
-        size: Optional[int] = _SIZES.get(m.group(4), 0) * int(m.group(3) or 1) or None
+        size: Optional[int] = _VAR_SIZES.get(m.group(4), 0) * int(m.group(3) or 1) or None
         for d in re.findall(r"\[(\d*)\]", m.group(6)):
             size = size * int(d) if size is not None and d else None
         out[m.group(5)] = (m.group(2), None if "extern" in m.group(1) else size)
