@@ -404,10 +404,16 @@ class ReplayContext:
             m.judge(j)
             if j.dtype and j.first is not None:
                 m.expected, m.got = expected[m.offset:m.offset + 8], got[m.offset:m.offset + 8]
+        if getattr(self.cu, "approximations_exact", False) and writer and self.types is not None:
+            ops = self.types.approx(writer[1])
+            if ops:                       # the simulator's math library, not the GPU's approximations
+                m.cause = (f"its writer uses {', '.join(ops)}, which the simulator computes with the host's math "
+                           f"library where the GPU approximates: a difference in the last bits there is the "
+                           f"simulator's (--dtype judges it within a tolerance)")
         summarize(self.res.numerics, j or Judgement(DIFFERENT), seq, rec.get("f", ""), writer)
         self.res.mismatches.append(m.to_dict())
         self.mismatch_text.append(m.describe())
-        if m.hint or (j is not None and j.would_pass):   # rounding-like: the replay goes on (a profile completes); exit 1 stays
+        if m.hint or m.cause or (j is not None and j.would_pass):   # rounding-like: the replay goes on (a profile completes); exit 1 stays
             self.res.rounding_mismatches += 1
         elif not self.opt.continue_on_error:
             self.hooks.stop_verify(m)

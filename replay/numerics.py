@@ -139,6 +139,20 @@ _FARITH = {w: re.compile(r"\b(?:add|sub|mul|fma|mad|div|ex2|lg2|rcp|rsqrt|sqrt|m
 _F16 = re.compile(r"\.f16(?:x2)?\b")
 
 
+# Approximate instructions whose results reach a kernel's output as they are (not seeds that
+# Newton steps refine, as rcp.approx.f64 is in division): a GPU's special-function unit and a
+# simulator computing them with a math library differ in the last bits.
+APPROX = re.compile(r"\b(?:(?:sin|cos|lg2|ex2|tanh)\.approx|(?:rsqrt|sqrt|rcp)\.approx(?:\.ftz)?\.f32|div\.(?:approx|full)(?:\.ftz)?\.f32)"
+                    r"(?:\.ftz)?(?:\.f32|\.f16|\.bf16|\.f16x2|\.bf16x2)?\b")
+
+
+def ptx_approx_ops(ptx: str) -> Dict[str, List[str]]:
+    """Entry -> the approximate instructions (APPROX) it uses, each once, sorted."""
+    ms = list(_ENTRY.finditer(ptx))
+    return {m.group(1): sorted(set(APPROX.findall(ptx[m.end():ms[i + 1].start() if i + 1 < len(ms) else len(ptx)])))
+            for i, m in enumerate(ms)}
+
+
 def ptx_store_types(ptx: str) -> Dict[str, Tuple[Optional[str], str]]:
     """Entry -> (type, how it was read) from its global stores: one float type, "int", or None
     where it stores none or floats and integers both (a buffer could be either: bit-exact)."""
@@ -179,6 +193,7 @@ class TypeOracle:
         self.reader = reader
         self.specs = specs
         self._ptx: Optional[Dict[str, Tuple[Optional[str], str]]] = None
+        self._approx: Dict[str, List[str]] = {}
         self._loads: Optional[List[Any]] = None
 
     def of(self, seq: int, writer) -> Tuple[Optional[str], str]:
@@ -220,9 +235,17 @@ class TypeOracle:
             except Exception:             # an image we cannot read: its kernels stay unknown
                 continue
             if got is not None:
-                for k, v in ptx_store_types(got[1].split(b"\0", 1)[0].decode("utf-8", "replace")).items():
+                text = got[1].split(b"\0", 1)[0].decode("utf-8", "replace")
+                for k, v in ptx_store_types(text).items():
                     self._ptx.setdefault(k, v)
+                for k, v in ptx_approx_ops(text).items():
+                    self._approx.setdefault(k, v)
         return self._ptx.get(name)
+
+    def approx(self, name: str) -> List[str]:
+        """The approximate instructions kernel name's PTX uses (none where its PTX is unknown)."""
+        self._from_ptx(name)
+        return self._approx.get(name, [])
 
     def _images(self) -> List[Any]:
         out = []

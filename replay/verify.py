@@ -36,6 +36,7 @@ class Mismatch:
     got_val: Any = None
     note: str = ""
     hint: str = ""            # what the difference looks like, where it suggests a cause
+    cause: str = ""           # a cause the replay knows of (the simulator's math library)
     numerics: Optional[Any] = None   # numerics.Judgement where the element type is known
 
     def judge(self, j) -> None:
@@ -62,12 +63,12 @@ class Mismatch:
                     f"expected {self.expected_val!r} got {self.got_val!r}; {j.numbers()}{w}")
             if j.would_pass:
                 text += f"; CLOSE under {j.would_pass}, but bit-exact applies here"
-            return text
+            return text + (f"; {self.cause}" if self.cause else "")
         unknown = f" ({j.dtype_source})" if j is not None and j.dtype_source else ""
         return (f"call #{self.seq} {self.call}: first divergence at byte offset {self.offset}{where}: "
                 f"expected {self.expected.hex()} got {self.got.hex()}{vals}; "
                 f"{self.count} {'elements' if self.dtype and self.note == 'tol' else 'bytes'} differ of {self.size}{w}"
-                + unknown + (f"; {self.hint}" if self.hint else ""))
+                + unknown + (f"; {self.hint}" if self.hint else "") + (f"; {self.cause}" if self.cause else ""))
 
     def to_dict(self) -> Dict[str, Any]:
         return {"seq": self.seq, "call": self.call, "offset": self.offset, "expected": self.expected.hex(),
@@ -76,6 +77,7 @@ class Mismatch:
                 "writer": list(self.writer) if self.writer else None, "dtype": self.dtype,
                 "expected_val": _jsonable(self.expected_val), "got_val": _jsonable(self.got_val),
                 **({"hint": self.hint} if self.hint else {}),
+                **({"cause": self.cause} if self.cause else {}),
                 **({"numerics": self.numerics.to_dict()} if self.numerics is not None else {})}
 
 

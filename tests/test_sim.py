@@ -543,3 +543,105 @@ def test_launch_attributes_the_model_takes():
     one.value.clusterDim.x = 2
     c.attrs, c.numAttrs = [one], 1
     assert d._refused_attr(c) == "CLUSTER_DIMENSION"
+
+
+@pytest.fixture(scope="module")
+def globs(snaps):
+    """simglob on the double: a kernel reading a __device__ float (its image's initializer, then
+    set through its address) and a __constant__ array set through its address; "sass" also looks
+    up a global of a module without PTX; "sinp" runs fast_sin (sin.approx) too, its recorded
+    results one ULP off on every third element as a GPU's approximation would leave them."""
+    d = snaps["double"]
+    out = {}
+    for key, args, extra in (("plain", [], {}), ("sass", ["sass"], {}),
+                             ("sinp", [DATA / "fast_sin.ptx"], {"CUDA_DOUBLE_PERTURB": "fast_sin:ulp:3"})):
+        snap = snaps["tmp"] / f"simglob_{key}.cusnap"
+        cp = _cli("capture", "-o", snap, "--ring-mb", "16", "--", d["progs"]["simglob"], DATA / "globals.ptx", *args,
+                  env=dict(d["env"], **extra), timeout=120)
+        want = r"-0\.7568" if key == "sinp" else r"4\.0000"      # sin(4.0) after fast_sin
+        assert cp.returncode == 0 and re.search(rf"^SIMGLOB 1\.7500 {want} -1\.250$", cp.stdout, re.M), cp.stdout + cp.stderr
+        out[key] = snap
+    return out
+
+
+def test_module_globals_run_on_the_simulator(globs, snaps):
+    """cuModuleGetGlobal gives the simulator's address of each variable (the PTX loader's, its
+    initializer in place): the kernel reads the initializer, then the values the program wrote
+    through the addresses, and a D2H of the constant array verifies; a kernel that ignores the
+    globals is a mismatch; export --sim carries them too."""
+    cp = _sim(globs["plain"])
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert "D2H results: 3 EXACT, 0 CLOSE, 0 DIFFERENT" in cp.stdout and "not implement" not in cp.stderr
+    bad = snaps["tmp"] / "glob_bad.ptx"
+    bad.write_text((DATA / "globals.ptx").read_text().replace("ld.const.f32 \t%f3, [%rd7];", "mov.f32 \t%f3, 0f00000000;"))
+    r = _sim(globs["plain"], "--replace", f"glob_axpb={bad}")
+    assert r.returncode == 1 and re.search(r"DIFFERENT: call #\d+ cuMemcpyDtoH", r.stdout), r.stdout + r.stderr
+    assert "math library" not in r.stdout           # no approximate instruction in this kernel
+    # performance mode: the cycles of the two launches, not of the adapter's lookup of the addresses
+    prof = snaps["tmp"] / "glob_perf.json"
+    pf = _sim(globs["plain"], "--sim-mode", "performance", "--out", prof, "-f")
+    assert pf.returncode == 0, pf.stdout + pf.stderr
+    assert [r["name"] for r in json.loads(prof.read_text())["launches"]] == ["glob_axpb", "glob_axpb"]
+    # the second launch alone: the extract starts from the globals' contents at that launch
+    x = snaps["tmp"] / "glob2.x.cusnap"
+    ex = _cli("extract", globs["plain"], "--kernel", "glob_axpb#2", "-o", x, "-f", env=snaps["double"]["env"])
+    assert ex.returncode == 0, ex.stdout + ex.stderr
+    cx = _sim(x)
+    assert cx.returncode == 0 and re.search(r"D2H results: \d+ EXACT, 0 CLOSE, 0 DIFFERENT", cx.stdout), cx.stdout + cx.stderr
+    if shutil.which("make"):
+        out = snaps["tmp"] / "export_glob"
+        ex = _cli("export", globs["plain"], "-o", out, "--sim")
+        assert ex.returncode == 0, ex.stdout + ex.stderr
+        assert subprocess.run(["make", "-s", "-C", str(out), f"SIM={SIM}"], capture_output=True).returncode == 0
+        run = subprocess.run(["make", "-s", "-C", str(out), "run", f"SIM={SIM}"], capture_output=True, text=True,
+                             timeout=300)
+        assert run.returncode == 0 and "OK: 3 device-to-host results verified" in run.stderr, run.stderr
+
+
+def test_a_global_the_simulator_cannot_provide_is_refused_by_name(globs):
+    """A global of a module with no PTX: one line naming the call, the variable and why, before
+    anything runs; info --sim lists it with the snapshot's gaps."""
+    cp = _sim(globs["sass"])
+    assert cp.returncode == 2 and cp.stdout == "", cp.stdout + cp.stderr
+    assert re.fullmatch(r"cudasnap: error: call #\d+ cuModuleGetGlobal_v2 asks for module global g_table: its module "
+                        r"\(call #\d+\) has no PTX; the simulator cannot provide it\n", cp.stderr), cp.stderr
+    info = _cli("info", globs["sass"], "--sim")
+    assert info.returncode == 0 and re.search(r"^  - call #\d+ cuModuleGetGlobal_v2 asks for module global g_table",
+                                              info.stdout, re.M), info.stdout
+
+
+def test_module_variables_and_their_probe():
+    from cudasnap.replay.sim import ptx
+    text = (DATA / "globals.ptx").read_text()
+    assert ptx.variables(text) == {"g_scale": ("global", 4), "c_bias": ("const", 16)}
+    assert ptx.variables(".extern .global .align 4 .b8 x[];\n.global .v2 .u32 a[3][2] = {1};\n"
+                         ".entry k()\n{\n.const .f32 inside;\n}\n") == {"x": ("global", None), "a": ("global", 48)}
+    probe = ptx.probe(["g_scale", "c_bias"])
+    assert "mov.u64 %cs_g1, c_bias;\n\tst.global.u64 [%cs_g0+8], %cs_g1;" in probe
+    assert ptx.entries(probe) == {ptx.PROBE: [(0, 8)]}
+
+
+def test_a_difference_from_approximate_math_is_named(globs):
+    """sin.approx: the simulator computes it with the host's math library, a GPU approximates.
+    The plan warns; within the simulator's default tolerance the result is CLOSE; bit-exact it is
+    DIFFERENT (exit 1 stays) and says that its writer uses sin.approx.f32 and what that means."""
+    cp = _sim(globs["sinp"])
+    assert cp.returncode == 0 and "D2H results: 3 EXACT, 1 CLOSE, 0 DIFFERENT" in cp.stdout, cp.stdout + cp.stderr
+    assert "warning: kernel fast_sin uses approximate math (sin.approx" in cp.stderr, cp.stderr
+    ex = _sim(globs["sinp"], "--exact")
+    assert ex.returncode == 1, ex.stdout + ex.stderr
+    line = next(l for l in ex.stdout.splitlines() if l.startswith("DIFFERENT: "))
+    assert "last written by #" in line and line.endswith(
+        "; its writer uses sin.approx.f32, which the simulator computes with the host's math library where the GPU "
+        "approximates: a difference in the last bits there is the simulator's (--dtype judges it within a tolerance)"), line
+
+
+def test_approximate_instructions_in_ptx():
+    from cudasnap.replay.numerics import ptx_approx_ops
+    text = (DATA / "fast_sin.ptx").read_text() + (
+        ".visible .entry other(.param .u64 p)\n{\n\tsin.approx.ftz.f32 %f1, %f2;\n\tex2.approx.f32 %f3, %f1;\n"
+        "\trcp.approx.ftz.f64 %fd1, %fd2;\n\tdiv.rn.f32 %f4, %f3, %f1;\n\tsin.approx.f32 %f5, %f4;\n}\n")
+    assert ptx_approx_ops(text) == {"fast_sin": ["sin.approx.f32"], "other": ["ex2.approx.f32", "sin.approx.f32",
+                                                                             "sin.approx.ftz.f32"]}
+    assert ptx_approx_ops((DATA / "kernels.ptx").read_text()) == dict.fromkeys(
+        ("add_one", "fill", "saxpy", "chase", "tile_sum", "histo"), [])

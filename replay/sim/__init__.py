@@ -20,6 +20,8 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+from .ptx import PROBE
+
 SIMULATORS = ("gpgpu-sim",)
 DEFAULT_CONFIG = "SM86_RTX3070"
 ENV_PATH = "CUDASNAP_GPGPUSIM"
@@ -164,6 +166,10 @@ class Plan:
     source: Dict[str, str] = field(default_factory=dict)               # kernel -> where its PTX comes from
     no_ptx: Dict[str, Tuple[str, str]] = field(default_factory=dict)   # kernel -> (short reason, why) without PTX
     image: Dict[str, str] = field(default_factory=dict)                # kernel -> its module image's format
+    globals: Dict[str, Dict[str, Tuple[str, int]]] = field(default_factory=dict)  # PTX digest -> {variable: (name in merged PTX, bytes)}
+    global_gaps: List[str] = field(default_factory=list)               # module globals the simulator cannot provide
+    global_calls: Dict[int, str] = field(default_factory=dict)         # lookup call -> name in merged PTX
+    global_order: List[str] = field(default_factory=list)              # the probe's order (ptx.probe)
 
 
 def kernel_names(reader) -> Dict[Any, str]:
@@ -219,7 +225,12 @@ def plan(reader, opts, replace_specs: List[Tuple[str, str]]) -> Plan:
     unused = set()                      # digests of modules none of whose kernels is launched here
     images = _images(reader)
     kept = kept_ptx(reader)
-    for ld in module_loads(reader):
+    loads = module_loads(reader)
+    asked = _globals_asked(reader, loads)            # load seq -> [(call, variable)]
+    digest_of: Dict[int, str] = {}                   # load seq -> digest of its PTX
+    gtaken: set = set()                              # variable names in the merged PTX
+    bare: Dict[str, set] = {}                        # digest -> its variables without storage
+    for ld in loads:
         if ld.get("r") not in (0, None):
             continue
         blob, bid = images.get(ld["seq"], (None, None))
@@ -245,10 +256,12 @@ def plan(reader, opts, replace_specs: List[Tuple[str, str]]) -> Plan:
         text = P.for_sim(text)
         if bid in kept:
             p.images[bid] = digest
-        if digest in p.modules or digest in unused:
+        digest_of[ld["seq"]] = digest
+        if digest in p.modules or digest in unused and not asked.get(ld["seq"]):
             continue
+        unused.discard(digest)
         ents = P.entries(text)
-        if not set(ents) & set(wanted):
+        if not set(ents) & set(wanted) and not asked.get(ld["seq"]):
             # none of its kernels runs in this replay: it stays out of the merged file (the parser
             # stops on PTX it rejects anywhere in it, ldmatrix in a kernel not selected)
             unused.add(digest)
@@ -265,6 +278,17 @@ def plan(reader, opts, replace_specs: List[Tuple[str, str]]) -> Plan:
                 text = P.rename_entry(text, k, sim)
             taken[sim] = digest
             mapping[k] = sim
+        gl: Dict[str, Tuple[str, int]] = {}
+        for v, (_space, size) in P.variables(text).items():
+            if size is None:
+                bare.setdefault(digest, set()).add(v)
+                continue
+            sim = v if v not in gtaken else f"{v}__csg{len(p.texts)}"
+            if sim != v:                 # the same variable name in two modules: one each
+                text = P.rename_entry(text, v, sim)
+            gtaken.add(sim)
+            gl[v] = (sim, size)
+        p.globals[digest] = gl
         ents = P.entries(text)
         bodies = P.bodies(text)
         for k, sim in mapping.items():
@@ -306,6 +330,22 @@ def plan(reader, opts, replace_specs: List[Tuple[str, str]]) -> Plan:
         have[kernel] = (bodies.get(sim, ""), have.get(kernel, ("", 0))[1])
         p.source[kernel] = f"--replace {path}"
         p.texts.append(text)
+    for seq, calls in sorted(asked.items()):
+        gl = p.globals.get(digest_of.get(seq, ""))
+        for rec, v in calls:
+            if gl is not None and v in gl:
+                p.global_calls[rec.get("s")] = gl[v][0]
+                continue
+            why = (f"its module (call #{seq}) has no PTX" if gl is None else
+                   f"the module's PTX (call #{seq}) gives it no storage of its own (.extern, or an array of "
+                   f"unstated size)" if v in bare.get(digest_of[seq], ()) else
+                   f"the module's PTX (call #{seq}) does not define it")
+            p.global_gaps.append(f"call #{rec.get('s')} {rec.get('f')} asks for module global {v}: {why}; "
+                                 f"the simulator cannot provide it")
+    p.global_order = [sim for gl in p.globals.values() for sim, _n in gl.values()]
+    if p.global_order:
+        p.texts.append(P.probe(p.global_order))
+    p.refusals += p.global_gaps
     for kernel, first in sorted(wanted.items(), key=lambda kv: kv[1] or 0):
         refusals, warnings = kernel_problems(p, kernel, first)
         p.refusals += [line for _short, line in refusals]
@@ -330,6 +370,26 @@ def kernel_problems(p: Plan, kernel: str, first) -> Tuple[List[Tuple[str, str]],
             warn.append((what.split(" (")[0],
                          f"kernel {kernel} uses {what}; a mismatch below may be the simulator's, not the kernel's"))
     return out, warn
+
+
+def _globals_asked(reader, loads) -> Dict[int, List[Tuple[Dict[str, Any], str]]]:
+    """Load seq -> [(call, variable name)] of the module-global lookups that succeeded, each
+    matched to the latest load of its module handle before it."""
+    from cudasnap.formats.vocab import in_class
+    by: Dict[Any, List[int]] = {}
+    for ld in loads:
+        if ld.get("handle") and ld.get("r") in (0, None):
+            by.setdefault(ld["handle"], []).append(ld["seq"])
+    out: Dict[int, List[Tuple[Dict[str, Any], str]]] = {}
+    for rec in reader.records(("c",)):
+        f = rec.get("f") or ""
+        a = rec.get("a") or {}
+        if rec.get("r") != 0 or not in_class(f, "names_global") or not isinstance(a.get("name"), str):
+            continue
+        seqs = [s for s in by.get(a.get("hmod") or a.get("library"), []) if s < (rec.get("s") or 0)]
+        if seqs:
+            out.setdefault(seqs[-1], []).append((rec, a["name"]))
+    return out
 
 
 def _images(reader) -> Dict[int, Tuple[bytes, str]]:
@@ -497,6 +557,8 @@ def kernel_cycles(log_path: str) -> List[Tuple[str, int]]:
             for line in f:
                 if line.startswith("kernel_name = "):
                     name = line.split("=", 1)[1].strip()
+                    if name == PROBE:        # the adapter's own lookup of module globals
+                        name = None
                 elif line.startswith("gpu_sim_cycle = ") and name is not None:
                     out.append((name, int(line.split("=", 1)[1])))
                     name = None
@@ -627,6 +689,7 @@ def _run(sim: Sim, p: Plan, snapshot, options: Dict[str, Any], as_json: bool, ke
         adapter = prepare_dir(sim, work, p.texts)
         job = {"snapshot": os.path.abspath(os.fspath(snapshot)), "options": options, "json": as_json,
                "adapter": adapter, "dir": work, "ptx": "replay.ptx", "modules": p.modules, "images": p.images,
+               "globals": p.globals,
                "layouts": p.layouts, "replace": p.replace, "device_name": sim.device_name, "cc": list(sim.cc()),
                "total": len(p.seqs), "mode": sim.mode, "quiet": options.get("quiet"), "progress": options.get("progress"),
                "log": os.path.join(work, "sim.log"), "exact": exact_placement(), "result": os.path.join(work, "result.json"),

@@ -55,6 +55,20 @@ int sim_d2d(unsigned long long dst, unsigned long long src, size_t n) {
 int sim_memset8(unsigned long long p, int v, size_t n) { return cudaMemset((void *)(size_t)p, v, n); }
 int sim_sync(void) { return cudaDeviceSynchronize(); }
 
+/* The addresses of the n module globals the merged PTX's probe entry (`__cudasnap_globals`, see
+   ptx.py) writes, in its order: the simulator's runtime has no lookup of a PTX variable by name. */
+int sim_globals(unsigned long long *out, int n) {
+    static void *probe;
+    unsigned long long buf;
+    unsigned off = 0;
+    if (n <= 0) return 0;
+    if (!probe) probe = sim_register("__cudasnap_globals");
+    int r = sim_malloc(&buf, 8 * (size_t)n);
+    if (!r) r = sim_launch(probe, 1, 1, 1, 1, 1, 1, 0, (unsigned char *)&buf, 1, &off);
+    if (!r) r = sim_d2h(out, buf, 8 * (size_t)n);
+    return r;
+}
+
 /* params: the packed parameter buffer; offsets[i]: where parameter i starts in it. Waits for
    the kernel, so that each launch's simulation (and its cycle count) ends before the next call. */
 int sim_launch(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,

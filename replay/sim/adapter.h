@@ -12,5 +12,6 @@ int sim_d2h(void *dst, unsigned long long src, size_t n);
 int sim_d2d(unsigned long long dst, unsigned long long src, size_t n);
 int sim_memset8(unsigned long long p, int v, size_t n);
 int sim_sync(void);
+int sim_globals(unsigned long long *out, int n);
 int sim_launch(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                unsigned shm, unsigned char *params, int nparams, const unsigned *offsets);

@@ -116,6 +116,7 @@ def coverage(reader, timeline: Optional[Dict[str, Any]] = None) -> Dict[str, Any
                 kernels[n]["reasons"].append({"reason": f"call gap: {f}", "detail": gap_line(f, rs)})
         if rest:
             gaps.append(gap_line(f, rest))
+    gaps += p.global_gaps
     for line, buf in pointer_findings(reader):
         hit = [n for n, ws in reach.items() if buf and any(buf[0] <= w < buf[0] + buf[1] for w in ws)]
         for n in hit:

@@ -42,11 +42,13 @@ class SimDriver:
     on_launch(name, seconds) after each simulated launch (progress)."""
 
     moves_all_memory = True      # verification: recorded pointers read back are relocated (context.verify)
+    approximations_exact = True  # sin.approx and the like run on the host's math library (numerics.APPROX)
 
     def __init__(self, adapter_path: str, ptx_dir: str, ptx_file: str, modules: Dict[str, Dict[str, str]],
                  layouts: Dict[str, List[Tuple[int, int]]], replace: Dict[str, str], device_name: str,
                  cc: Tuple[int, int], on_launch: Optional[Callable[[str], None]] = None, exact: bool = True,
-                 images: Optional[Dict[str, str]] = None, max_ctas: Optional[int] = None):
+                 images: Optional[Dict[str, str]] = None, max_ctas: Optional[int] = None,
+                 globals_: Optional[Dict[str, Dict[str, Any]]] = None):
         from cuda.bindings import driver as cu     # types and enums only: nothing here calls a GPU
         import cffi
         self._cu = cu
@@ -55,6 +57,9 @@ class SimDriver:
         self.lib = self.ffi.dlopen(adapter_path)
         self.modules, self.layouts, self.replace = modules, layouts, replace
         self.images = images or {}   # image blob id -> digest of the PTX a capture kept for it
+        self.globals = globals_ or {}   # PTX digest -> {variable: (name in the merged PTX, bytes)}
+        self.mod_globals: Dict[int, Dict[str, Any]] = {}
+        self.gaddr: Optional[Dict[str, int]] = None    # name in the merged PTX -> the simulator's address
         self.max_ctas = max_ctas     # bounded: launches over this many CTAs run samples (bounded.py)
         self.runs = 0                # kernels the simulator ran (its log has one entry each)
         self.sampled: List[Dict[str, Any]] = []
@@ -382,14 +387,15 @@ class SimDriver:
             got = ptx_of(bytes(img))
         except ValueError:
             got = None
-        names: Dict[str, str] = {}
+        digest = ""
         if got is not None:
-            names = self.modules.get(hashlib.sha256(text(got[1]).encode()).hexdigest(), {})
+            digest = hashlib.sha256(text(got[1]).encode()).hexdigest()
         elif self.images:
             from cudasnap.formats.container import blob_id_of
-            names = self.modules.get(self.images.get(blob_id_of(bytes(img)), ""), {})
+            digest = self.images.get(blob_id_of(bytes(img)), "")
         h = self.ids.new()
-        self.mods[h] = names
+        self.mods[h] = self.modules.get(digest, {})
+        self.mod_globals[h] = self.globals.get(digest, {})
         return (0, self._cu.CUmodule(h))
 
     def cuLibraryLoadData(self, img, *opts):
@@ -423,6 +429,34 @@ class SimDriver:
         h = self.ids.new()
         self.funcs[h] = sim
         return (0, self._cu.CUfunction(h))
+
+    # Module globals live where the simulator's PTX loader put them (initializers copied in);
+    # the probe entry the plan appends (ptx.probe) gives every variable's address, once
+    # (adapter.c sim_globals). The engine relocates the recorded address to it.
+    def _global_addresses(self) -> Dict[str, int]:
+        if self.gaddr is None:
+            self._load()
+            names = [sim for gl in self.globals.values() for sim, _n in gl.values()]
+            out = self.ffi.new("unsigned long long[]", max(len(names), 1))
+            self.gaddr = {} if self.lib.sim_globals(out, len(names)) else {n: out[i] for i, n in enumerate(names)}
+        return self.gaddr
+
+    def cuModuleGetGlobal(self, mod, name):
+        n = name.decode() if isinstance(name, bytes) else str(name)
+        gl = self.mod_globals.get(int(mod))
+        if gl is None:
+            return (INVALID_VALUE,)
+        if n not in gl:
+            return (NOT_FOUND,)
+        sim, size = gl[n]
+        addr = self._global_addresses().get(sim)
+        if addr is None:
+            return (LAUNCH_FAILED,)
+        if not self._on_device(addr):
+            self._device(addr, int(size))
+        return (0, self._cu.CUdeviceptr(addr), int(size))
+
+    cuModuleGetGlobal_v2 = cuLibraryGetGlobal = cuModuleGetGlobal
 
     def cuFuncGetParamInfo(self, fn, i):
         lay = self.layouts.get(self.funcs.get(int(fn), ""))

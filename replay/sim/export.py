@@ -65,11 +65,18 @@ def export_sim(snapshot, outdir: str) -> Tuple[int, int, int]:
         x = rec.get("x") or {}
         s = rec.get("s")
         if rec.get("r", 0) != 0 or rec.get("incomplete") or "r" not in rec or is_query(f) \
-                or in_class(b, "sim_setup") and not is_sync(b):
+                or in_class(b, "sim_setup") and not is_sync(b) and not in_class(b, "names_global"):
             continue
         at = f'AT({s}, "{f}"); '
         r = alloc_range(rec)
-        if in_class(b, "sim_alloc") and r:
+        if in_class(b, "names_global") and isinstance(a.get("dptr"), int) and a["dptr"]:
+            sim = p.global_calls.get(s)
+            if sim is None:
+                raise SimProblem(f"call #{s} {f}: module global {a.get('name')} is not in the simulated PTX")
+            size = next(n for gl in p.globals.values() for v, n in gl.values() if v == sim)
+            live[a["dptr"]] = size
+            body.append(f"{at}global_at({a['dptr']:#x}ULL, {p.global_order.index(sim)}, {len(p.global_order)}, {size});")
+        elif in_class(b, "sim_alloc") and r:
             live[r[0]] = r[1]
             body.append(f"{at}alloc({r[0]:#x}ULL, {r[1]});")
         elif r:

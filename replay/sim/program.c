@@ -44,6 +44,23 @@ static void alloc(u64 rec, u64 n) {
     g_al[g_nal++] = (alloc_t){rec, n, live};
 }
 
+/* A module global: recorded at rec, in the simulator where the PTX loader put it (the idx-th of
+   the n addresses adapter.c's sim_globals gives). */
+static void global_at(u64 rec, int idx, int n, u64 size) {
+    static u64 *addr;
+    if (!addr) {
+        addr = malloc(8 * (size_t)n);
+        if (!addr) die("out of host memory");
+        CK(sim_globals(addr, n));
+    }
+    if (g_nal == g_cap) {
+        g_cap = g_cap ? 2 * g_cap : 64;
+        g_al = realloc(g_al, g_cap * sizeof *g_al);
+        if (!g_al) die("out of host memory");
+    }
+    g_al[g_nal++] = (alloc_t){rec, size, addr[idx]};
+}
+
 static void release(u64 rec) {
     for (size_t i = g_nal; i-- > 0;)
         if (g_al[i].rec == rec) {

@@ -7,6 +7,8 @@ import re
 import zlib
 from typing import Dict, List, Optional, Tuple
 
+from cudasnap.replay.numerics import APPROX
+
 _ENTRY = re.compile(r"\.entry\s+([A-Za-z_$%][\w$%]*)\s*\(([^)]*)\)", re.S)
 # Triton's (LLVM's) pointer parameters: `.param .u64 .ptr .global .align 1 NAME`
 _PARAM = re.compile(r"\.param\s+(?:\.align\s+(\d+)\s+)?\.(\w+)(?:\s+\.ptr(?:\s+\.(?:global|shared|const|local))?"
@@ -34,6 +36,8 @@ CONSTRUCTS: List[Tuple[re.Pattern, str, Optional[bool]]] = [
      "counts that exchange's instructions and shared-memory traffic)", None),
     (re.compile(re.escape(LDM_NOTE)), "ldmatrix, run as shared-memory loads (performance mode counts those)", None),
     (re.compile(r"\bcvt\.\w+\.f16x2\b|\bcvt\.\w+\.bf16x2\b"), "cvt to f16x2/bf16x2 (the simulator gets it wrong)", False),
+    (APPROX, "approximate math (sin.approx, lg2.approx and the like: the simulator computes them with the host's "
+     "math library, the GPU approximates)", False),
 ]
 
 
@@ -209,3 +213,37 @@ def merge(modules: List[str]) -> str:
 def target_sm(ptx: str) -> Optional[int]:
     m = re.search(r"\.target\s+sm_(\d+)", ptx)
     return int(m.group(1)) if m else None
+
+
+# Module-scope variables (__device__, __constant__): the simulator's PTX loader gives each its own
+# address in its global memory and copies in its initializer. `.extern` ones and arrays of
+# unstated size have no storage of their own here.
+_VAR = re.compile(r"^[ \t]*((?:\.(?:visible|extern|weak)[ \t]+)*)\.(global|const)[ \t]+(?:\.align[ \t]+\d+[ \t]+)?"
+                  r"(?:\.v(\d)[ \t]+)?\.(\w+)[ \t]+([A-Za-z_$%][\w$%]*)((?:[ \t]*\[\d*\])*)", re.M)
+PROBE = "__cudasnap_globals"
+_VAR_SIZES = dict(_SIZES, f16=2, bf16=2, f16x2=4, bf16x2=4)
+
+
+def variables(ptx: str) -> Dict[str, Tuple[str, Optional[int]]]:
+    """Name -> (space, bytes) of each module-scope .global/.const variable; bytes None where the
+    module gives it no storage (.extern, an array without a size)."""
+    out: Dict[str, Tuple[str, Optional[int]]] = {}
+    depth, last = 0, 0
+    for m in _VAR.finditer(ptx):
+        depth += ptx.count("{", last, m.start()) - ptx.count("}", last, m.start())
+        last = m.start()
+        if depth > 0:                # inside a function: not the module's
+            continue
+        size: Optional[int] = _VAR_SIZES.get(m.group(4), 0) * int(m.group(3) or 1) or None
+        for d in re.findall(r"\[(\d*)\]", m.group(6)):
+            size = size * int(d) if size is not None and d else None
+        out[m.group(5)] = (m.group(2), None if "extern" in m.group(1) else size)
+    return out
+
+
+def probe(names: List[str]) -> str:
+    """An entry that writes the address of each named variable, in order, to its one parameter
+    (the simulator's addresses, asked once: its runtime has no lookup by name)."""
+    body = [f"\tmov.u64 %cs_g1, {n};\n\tst.global.u64 [%cs_g0+{8 * i}], %cs_g1;" for i, n in enumerate(names)]
+    return (f".visible .entry {PROBE}(.param .u64 {PROBE}_out)\n{{\n\t.reg .b64 %cs_g<2>;\n"
+            f"\tld.param.u64 %cs_g0, [{PROBE}_out];\n" + "\n".join(body) + "\n\tret;\n}\n")

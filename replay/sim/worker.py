@@ -31,7 +31,7 @@ def main(job_path: str) -> int:
     drv = SimDriver(job["adapter"], job["dir"], job["ptx"], job["modules"],
                     {k: [tuple(x) for x in v] for k, v in job["layouts"].items()}, job["replace"],
                     job["device_name"], tuple(job["cc"]), on_launch=prog.step, exact=job["exact"],
-                    images=job.get("images"), max_ctas=job.get("max_ctas"))
+                    images=job.get("images"), max_ctas=job.get("max_ctas"), globals_=job.get("globals"))
     opts = ReplayOptions(**job["options"])
     t0 = time.perf_counter()
     code = 2

@@ -32,6 +32,7 @@ HEADERS = ["cuda_double.h", "double_internal.h"]
 PROGRAMS = {
     "simprog": "link",
     "simgraph": "link",
+    "simglob": "link",
     "direct": "link",
     "capwin": "link",
     "viadlsym": "dlopen",
@@ -203,7 +204,7 @@ def build(outdir) -> dict:
     if _stale(lib, lib_srcs + headers + [Path(__file__), table, bodies, decls]):
         tmp = libdir / f".libcuda.so.1.{os.getpid()}"
         _run([cc, *CFLAGS, f"-I{gen}", f"-I{HERE}", "-shared", "-fPIC", "-fvisibility=hidden",
-              "-Wl,-soname,libcuda.so.1", "-o", str(tmp), *map(str, lib_srcs), str(bodies), "-lpthread"])
+              "-Wl,-soname,libcuda.so.1", "-o", str(tmp), *map(str, lib_srcs), str(bodies), "-lpthread", "-lm"])
         os.replace(tmp, lib)
     link = libdir / "libcuda.so"
     if not link.is_symlink():

@@ -23,6 +23,10 @@ void obj_free(void *p);
 CUresult need_init(void);
 CUresult need_ctx(void);
 
+/* Device memory as cuMemAlloc/cuMemFree give it, for the library's own use (module globals). */
+CUresult dbl_mem_alloc(CUdeviceptr *dptr, size_t size);
+CUresult dbl_mem_free(CUdeviceptr dptr);
+
 /* 1 if [p, p+n) lies inside one live device-accessible allocation/mapping. */
 int dev_range_ok(unsigned long long p, size_t n);
 

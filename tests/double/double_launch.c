@@ -8,6 +8,9 @@
  * naming built-in host "kernels".  Lines starting with '#' and blank lines are
  * ignored; an unknown kernel name or a missing magic line is CUDA_ERROR_INVALID_IMAGE.
  * A fatbin of such images loads its sm_90 SASS entry's image, else a PTX entry's.
+ * Module globals: "global NAME BYTES" lines of such an image, and a PTX module's `.global` /
+ * `.const` variables (a scalar initializer `= 0fHEX` or `= INT` copied in), each in device
+ * memory of its own (cuModuleGetGlobal); kernels find them by name, the latest load's first.
  *
  * Kernels run synchronously at launch over gridDim*blockDim "threads"
  * (thread i handles element i); device pointers are host addresses and are
@@ -16,6 +19,7 @@
 #define _GNU_SOURCE
 #include "double_internal.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -163,6 +167,41 @@ static CUresult k_histo(const unsigned char *pb, u64 nt) {
     return CUDA_SUCCESS;
 }
 
+/* Module globals by name, latest first (module_from_image, module_free). */
+#define MAXG 64
+struct gvar { char name[64]; CUdeviceptr p; size_t n; const void *mod; };
+static struct gvar gtab[MAXG];
+static int ngtab;
+
+static const struct gvar *global_named(const char *name) {
+    for (int i = ngtab; i-- > 0;)
+        if (strcmp(gtab[i].name, name) == 0) return &gtab[i];
+    return NULL;
+}
+
+/* glob_axpb(float* p, int n): p[i] = fma(p[i], g_scale, c_bias[i % 4]), g_scale a __device__
+ * float and c_bias a __constant__ float[4] of its module */
+static CUresult k_glob_axpb(const unsigned char *pb, u64 nt) {
+    float *p = P(float *, 0);
+    u64 c = count_of(P(int, 8), nt);
+    const struct gvar *s = global_named("g_scale"), *b = global_named("c_bias");
+    if (!s || !b || s->n < 4 || b->n < 16) return CUDA_ERROR_NOT_FOUND;
+    if (c && !dev_range_ok((u64)(uintptr_t)p, c * sizeof(float))) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    float scale = *(const float *)(uintptr_t)s->p;
+    const float *bias = (const float *)(uintptr_t)b->p;
+    for (u64 i = 0; i < c; i++) p[i] = fmaf(p[i], scale, bias[i & 3]);
+    return CUDA_SUCCESS;
+}
+
+/* fast_sin(float* p, int n): p[i] = sin(p[i]) (PTX: sin.approx.f32, __sinf) */
+static CUresult k_fast_sin(const unsigned char *pb, u64 nt) {
+    float *p = P(float *, 0);
+    u64 c = count_of(P(int, 8), nt);
+    if (c && !dev_range_ok((u64)(uintptr_t)p, c * sizeof(float))) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    for (u64 i = 0; i < c; i++) p[i] = sinf(p[i]);
+    return CUDA_SUCCESS;
+}
+
 static const kdesc_t kernels[] = {
     {"tile_sum", 3, {0, 8, 16}, {8, 8, 4}, 20, k_tile_sum},
     {"histo", 4, {0, 8, 16, 20}, {8, 8, 4, 4}, 24, k_histo},
@@ -175,6 +214,8 @@ static const kdesc_t kernels[] = {
     {"spin", 1, {0}, {4}, 4, k_spin},
     {"tex_fetch", 3, {0, 8, 16}, {8, 8, 4}, 20, k_tex_fetch},
     {"surf_fill", 3, {0, 8, 12}, {8, 4, 4}, 16, k_surf_fill},
+    {"glob_axpb", 2, {0, 8}, {8, 4}, 12, k_glob_axpb},
+    {"fast_sin", 2, {0, 8}, {8, 4}, 12, k_fast_sin},
     /* incr under C++ names, for kernel-name matching: incr(int*, int), void demo::incr<int>(int*, int) */
     {"_Z4incrPii", 2, {0, 8}, {8, 4}, 12, k_incr},
     {"_ZN4demo4incrIiEEvPT_i", 2, {0, 8}, {8, 4}, 12, k_incr},
@@ -189,7 +230,68 @@ struct mod_obj;
  * no name until a launch or cuFuncLoad loads them */
 struct func_obj { int type; const kdesc_t *k; struct mod_obj *mod; int attrs[CU_FUNC_ATTRIBUTE_MAX]; int lazy; };
 struct kern_obj { int type; struct func_obj *func; };
-struct mod_obj { int type; int nk; struct func_obj *funcs[MAXK]; int owned_by_library; };
+struct mod_obj { int type; int nk; struct func_obj *funcs[MAXK]; int owned_by_library; int ng; struct gvar g[MAXK]; };
+
+/* One global of a module being made: its memory, its initializer's bytes (init, or none). */
+static CUresult add_global(struct mod_obj *m, const char *name, size_t nlen, size_t bytes, const void *init, size_t ilen) {
+    if (m->ng >= MAXK || nlen == 0 || nlen >= sizeof m->g[0].name || bytes == 0 || ngtab >= MAXG) return CUDA_ERROR_INVALID_IMAGE;
+    struct gvar *g = &m->g[m->ng];
+    memcpy(g->name, name, nlen);
+    g->name[nlen] = 0;
+    g->n = bytes;
+    g->mod = m;
+    CHECK(dbl_mem_alloc(&g->p, bytes));
+    memset((void *)(uintptr_t)g->p, 0, bytes);
+    if (init) memcpy((void *)(uintptr_t)g->p, init, ilen < bytes ? ilen : bytes);
+    gtab[ngtab++] = *g;
+    m->ng++;
+    return CUDA_SUCCESS;
+}
+
+/* The module-scope `.global` / `.const` variables of PTX text (outside every function body). */
+static CUresult ptx_globals(struct mod_obj *m, const char *img, size_t len) {
+    int depth = 0;
+    for (const char *p = img, *end = img + len; p < end; ) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        const char *le = nl ? nl : end, *q = p;
+        int at = depth;
+        for (const char *c = p; c < le; c++) depth += *c == '{' ? 1 : *c == '}' ? -1 : 0;
+        p = le + 1;
+        while (q < le && (*q == ' ' || *q == '\t')) q++;
+        if (at > 0) continue;
+        if (strncmp(q, ".visible ", 9) == 0) q += 9;
+        if (strncmp(q, ".global ", 8) != 0 && strncmp(q, ".const ", 7) != 0) continue;
+        char type[16] = "", name[64] = "";
+        unsigned long count = 1, align = 0;
+        int k = 0;
+        q = strchr(q, ' ') + 1;
+        if (sscanf(q, ".align %lu %n", &align, &k) == 1) q += k;
+        if (sscanf(q, ".%15s %63[A-Za-z0-9_$]%n", type, name, &k) != 2) return CUDA_ERROR_INVALID_IMAGE;
+        q += k;
+        if (*q == '[' && sscanf(q, "[%lu]", &count) != 1) return CUDA_ERROR_INVALID_IMAGE;
+        size_t esz = strchr("uisbf", type[0]) && atoi(type + 1) >= 8 ? (size_t)atoi(type + 1) / 8 : 0;
+        if (!esz) return CUDA_ERROR_INVALID_IMAGE;
+        const char *eq = memchr(q, '=', (size_t)(le - q));
+        unsigned long long v = 0;
+        int has = eq && (sscanf(eq, "= 0f%llx", &v) == 1 || sscanf(eq, "= %llu", &v) == 1);
+        CHECK(add_global(m, name, strlen(name), esz * count, has ? &v : NULL, esz));
+    }
+    return CUDA_SUCCESS;
+}
+
+/* "global NAME BYTES" lines of a double image. */
+static CUresult image_globals(struct mod_obj *m, const char *img, size_t len) {
+    for (const char *p = img, *end = img + len; p < end; ) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        const char *le = nl ? nl : end;
+        char name[64];
+        unsigned long n;
+        if (le - p > 7 && strncmp(p, "global ", 7) == 0 && sscanf(p + 7, "%63s %lu", name, &n) == 2)
+            CHECK(add_global(m, name, strlen(name), n, NULL, 0));
+        p = le + 1;
+    }
+    return CUDA_SUCCESS;
+}
 struct lib_obj { int type; struct mod_obj *mod; struct kern_obj *kerns[MAXK]; };
 
 /* A PTX module (text with `.entry NAME(`): each entry runs the host kernel of the same name. */
@@ -288,6 +390,16 @@ static const char *elf_entry(const void *image, size_t *maxlen) {
     return NULL;
 }
 
+static void module_free(struct mod_obj *m) {
+    for (int i = 0; i < m->nk; i++) obj_free(m->funcs[i]);
+    for (int i = 0; i < m->ng; i++) dbl_mem_free(m->g[i].p);
+    int k = 0;
+    for (int i = 0; i < ngtab; i++)
+        if (gtab[i].mod != m) gtab[k++] = gtab[i];
+    ngtab = k;
+    obj_free(m);
+}
+
 static CUresult module_from_image(struct mod_obj **out, const void *image, size_t maxlen) {
     const kdesc_t *found[MAXK];
     int n = 0;
@@ -309,6 +421,13 @@ static CUresult module_from_image(struct mod_obj **out, const void *image, size_
         f->attrs[CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT] = -1;
         m->funcs[i] = f;
     }
+    size_t len = strnlen(image, maxlen);
+    CUresult r = memcmp(image, "CUDADOUBLE", len < 10 ? len : 10) == 0 ? image_globals(m, image, len)
+                                                                      : ptx_globals(m, image, len);
+    if (r != CUDA_SUCCESS) {
+        module_free(m);
+        return r;
+    }
     *out = m;
     return CUDA_SUCCESS;
 }
@@ -323,10 +442,6 @@ static char *read_file(const char *fname) {
     return buf;
 }
 
-static void module_free(struct mod_obj *m) {
-    for (int i = 0; i < m->nk; i++) obj_free(m->funcs[i]);
-    obj_free(m);
-}
 
 API CUresult cuModuleLoadData(CUmodule *module, const void *image) {
     CHECK(need_ctx());
@@ -374,9 +489,16 @@ API CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *n
 
 API CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule hmod, const char *name) {
     CHECK(need_ctx());
-    (void)dptr; (void)bytes;
     if (!name) return CUDA_ERROR_INVALID_VALUE;
-    return obj_check(hmod, OBJ_MODULE) ? CUDA_ERROR_NOT_FOUND : CUDA_ERROR_INVALID_HANDLE;
+    if (!obj_check(hmod, OBJ_MODULE)) return CUDA_ERROR_INVALID_HANDLE;
+    struct mod_obj *m = (struct mod_obj *)hmod;
+    for (int i = 0; i < m->ng; i++)
+        if (strcmp(m->g[i].name, name) == 0) {
+            if (dptr) *dptr = m->g[i].p;
+            if (bytes) *bytes = m->g[i].n;
+            return CUDA_SUCCESS;
+        }
+    return CUDA_ERROR_NOT_FOUND;
 }
 
 static CUresult library_from_image(CUlibrary *library, const void *code) {

@@ -638,6 +638,8 @@ API CUresult cuMemGetInfo_v2(size_t *free_, size_t *total) {
 }
 
 API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) { return mem_alloc(dptr, size); }
+CUresult dbl_mem_alloc(CUdeviceptr *dptr, size_t size) { return mem_alloc(dptr, size); }
+CUresult dbl_mem_free(CUdeviceptr dptr) { return mem_free(dptr, R_ALLOC); }
 API CUresult cuMemFree_v2(CUdeviceptr dptr) { return mem_free(dptr, R_ALLOC); }
 
 API CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t width, size_t height, unsigned int elem) {
