@@ -666,31 +666,12 @@ def test_handler_modules_register_nothing_themselves():
 
 
 # ------------------------------------------------------------------ graph mode, in parts
-GRAPH_PARTS = {"graphnodes": "NodeAttribution", "graphrecorded": "RecordedGraphUnits"}
-# mixins GraphProfiler still has: this set only shrinks
-GRAPH_MIXINS_ALLOWED = {"SequenceRecording"}
+GRAPH_PARTS = {"graphmode": "GraphProfiler", "graphseq": "SequenceRecording", "graphnodes": "NodeAttribution",
+               "graphrecorded": "RecordedGraphUnits"}
 
 
 def test_graph_profiler_holds_parts_that_name_what_they_use():
-    """GraphProfiler's parts inherit nothing and read on self only what they set or define (the
-    profiler's state comes in through their constructor and calls); its remaining mixins only
-    go; a class past ~450 lines says why in its docstring's first line."""
-    for mod, name in GRAPH_PARTS.items():
-        tree = ast.parse((ROOT / "replay" / "profile" / f"{mod}.py").read_text())
-        cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
-        assert cls.bases == [], (name, "inherits")
-        own = {f.name for f in cls.body if isinstance(f, ast.FunctionDef)}
-        read, stored = set(), set()
-        for f in cls.body:
-            for n in ast.walk(f):
-                if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self":
-                    (stored if isinstance(n.ctx, ast.Store) else read).add(n.attr)
-        assert sorted(read - own - stored) == [], name
-        assert cls.end_lineno - cls.lineno + 1 <= 450, name
-    tree = ast.parse((ROOT / "replay" / "profile" / "graphmode.py").read_text())
-    prof = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "GraphProfiler")
-    found = {ast.unparse(b) for b in prof.bases}
-    assert found <= GRAPH_MIXINS_ALLOWED, found
-    assert GRAPH_MIXINS_ALLOWED <= found, "gone: take it off GRAPH_MIXINS_ALLOWED"
-    n = prof.end_lineno - prof.lineno + 1
-    assert n <= 450 or "lines" in (ast.get_docstring(prof) or "").split("\n")[0], n
+    """GraphProfiler and its parts inherit nothing (no mixin) and read on self only what they set
+    or define (the profiler's state comes in through their constructor and calls); a class past
+    ~450 lines says why in its docstring's first line."""
+    assert part_problems(ROOT / "replay" / "profile", GRAPH_PARTS) == []
