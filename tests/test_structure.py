@@ -501,6 +501,85 @@ def test_no_argv_built_to_call_cudasnap():
     assert {"cudasnap.campaign.worker", "cudasnap.campaign.bisect", "cudasnap.export.commands"}.isdisjoint(found)
 
 
+# ------------------------------------------------------------------ child processes
+# Every place product code starts a process. A replay (or any cudasnap code) runs in the caller's
+# process through invocation.run_request unless isolation is the point: those sites say why on a
+# `# a process of its own:` line in the function, and are listed here with the reason. Tools
+# (the captured program, a compiler, nvidia-smi) are listed apart.
+CHILD_PROCESSES_ALLOWED: Dict[str, str] = {
+    "cudasnap.advise.source:run_replay": "a what-if may fault (a sticky error ends its process's context) or hang",
+    "cudasnap.export.commands:_check": "extract --check: a fault would end the context a widened extract needs",
+    "cudasnap.pytest_plugin:SnapshotItem.runtest": "a fault or a hang fails one test item, not the session",
+    "cudasnap.replay.profile.graphcheck:add_timeline_check": "this replay still holds the recorded addresses and CUPTI",
+    "cudasnap.replay.profile.metrics_cupti:_trial": "a CUPTI trial",
+    "cudasnap.replay.sim:_run": "the simulator's runtime, set before its process starts",
+    "cudasnap.replay.group:run_group": "ranks",
+    "cudasnap.replay.ranksession:RankSession.__enter__": "ranks",
+    "cudasnap.campaign.bisect:Bisector.run_env": "environments",
+    "cudasnap.campaign.replays:_run": "environments (on Ray)",
+    "cudasnap.campaign.worker:_fresh": "environments (workers = fresh)",
+    "cudasnap.campaign.cellserver:Client.__init__": "environments (a server per environment and GPU)",
+    "cudasnap.campaign.cellserver:_Server.handle": "environments (workers = warm: forked per replay)",
+    "cudasnap.campaign.cellserver:_Server._kept_child": "environments (workers = kept)",
+    "cudasnap.campaign.keeper:ensure": "holds a GPU's context between replays, outliving them",
+    "cudasnap.wrap:exec_wrapped": "--wrap: the tool runs the replay",
+}
+TOOL_PROCESSES: Dict[str, str] = {
+    "cudasnap.capture.runner:_spawn_gated": "the program captured",
+    "cudasnap.replay.sim:prepare_dir": "the C compiler (the simulator's adapter)",
+    "cudasnap.campaign.engine:local_gpus": "nvidia-smi",
+    "cudasnap.shim.gen_api:fetch_headers": "build time", "cudasnap.shim.gen_api:preprocess": "build time",
+    "cudasnap.shim.gen_api:run_probe": "build time", "cudasnap.shim.gen_hash_ptx:": "build time",
+}
+_SPAWNS = {("subprocess", n) for n in ("run", "Popen", "call", "check_call", "check_output")} | {
+    ("os", n) for n in ("fork", "forkpty", "system", "posix_spawn", "posix_spawnp", "execv", "execve", "execvp",
+                        "execvpe", "execl", "execle", "execlp", "spawnv", "spawnve")}
+
+
+def child_process_sites(paths=None) -> Dict[str, str]:
+    """'module:Class.function' -> that function's source, for each function (or module level: '')
+    that starts a process (subprocess, os.fork, os.exec*, os.posix_spawn...)."""
+    out: Dict[str, str] = {}
+    items = _modules().items() if paths is None else paths.items()
+    for mod, path in items:
+        if path is None:
+            continue
+        text = path.read_text()
+        tree = ast.parse(text, str(path))
+
+        def visit(node, where: List[str], scope) -> None:
+            for ch in ast.iter_child_nodes(node):
+                if isinstance(ch, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    visit(ch, where + [ch.name], ch)
+                    continue
+                if (isinstance(ch, ast.Call) and isinstance(ch.func, ast.Attribute)
+                        and isinstance(ch.func.value, ast.Name) and (ch.func.value.id, ch.func.attr) in _SPAWNS):
+                    out[f"{mod}:{'.'.join(where)}"] = ast.get_source_segment(text, scope) if scope is not tree else text
+                visit(ch, where, scope)
+
+        visit(tree, [], tree)
+    return out
+
+
+def test_every_child_process_is_listed_with_its_reason():
+    found = child_process_sites()
+    listed = set(CHILD_PROCESSES_ALLOWED) | set(TOOL_PROCESSES)
+    assert sorted(set(found) - listed) == [], "a new child process: run it in this process (run_request), or say why not"
+    assert sorted(listed - set(found)) == [], "gone: take it off CHILD_PROCESSES_ALLOWED / TOOL_PROCESSES"
+    unsaid = [s for s in CHILD_PROCESSES_ALLOWED if "# a process of its own: " not in found[s]]
+    assert unsaid == [], "say on a `# a process of its own:` line why isolation is the point"
+    print(f"{len(CHILD_PROCESSES_ALLOWED)} child-process sites running cudasnap, {len(TOOL_PROCESSES)} running tools")
+
+
+def test_child_process_finder_finds_each_kind(tmp_path):
+    p = tmp_path / "probe.py"
+    p.write_text("import os, subprocess\nsubprocess.run(['x'])\nclass C:\n    def f(self):\n"
+                 "        # a process of its own: why\n        return os.fork()\n"
+                 "def g():\n    def h():\n        subprocess.Popen(['y'])\n    return h\n")
+    got = child_process_sites({"m": p})
+    assert sorted(got) == ["m:", "m:C.f", "m:g.h"] and "a process of its own: why" in got["m:C.f"]
+
+
 def test_campaign_sql_lives_in_the_store():
     """Every query of a campaign store is a method of campaign/store.py: the report, the engine
     and the command line call it (stats' SQLite export writes its own file)."""
