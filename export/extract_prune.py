@@ -8,23 +8,19 @@ from __future__ import annotations
 import bisect
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-from cudasnap.formats.vocab import alloc_range, in_class
+from cudasnap.formats.vocab import alloc_range, first_param, in_class
 
 from . import ranges as R
 from .emit import base_name
 from .extract_common import ExtractResult
 from .extract_memory import Memory
 
-# allocations, and their frees, that an extract may leave out when nothing reaches them (never
-# managed memory, VMM mappings or imported memory)
-# (class device_alloc)
-# (page-locked host memory, class host_alloc, is kept when a pointer the selection or its memory
-# holds points into it)
-_DEVICE_FREES = {"cuMemFree": "dptr", "cuMemFreeAsync": "dptr", "cuMemFreeHost": "p"}
-# VMM calls (class vmm_map): mappings nothing reaches are left out with their physical memory
-# streams and events: the key of the handle a creation makes, and a destruction takes
-_OBJECT_MAKERS = {"cuStreamCreate": "phStream", "cuStreamCreateWithPriority": "phStream", "cuEventCreate": "phEvent"}
-_OBJECT_ENDS = {"cuStreamDestroy": "hStream", "cuEventDestroy": "hEvent"}
+# What an extract may leave out when nothing reaches it, by the description's classes: device
+# allocations (device_alloc) and page-locked host memory (host_alloc, kept when a pointer the
+# selection or its memory holds points into it) with their frees (frees_alloc), never managed
+# memory or imported memory; VMM mappings (vmm_map) with their physical memory; streams and
+# events (stream_event_life). A free's pointer, a creation's handle and a destruction's are
+# each the call's first parameter (vocab.first_param).
 
 
 def reached(points: List[int], spans: List[Tuple[int, int]], lo: int, hi: int) -> bool:
@@ -59,7 +55,7 @@ class Pruner:
             if (in_class(b, "device_alloc") or in_class(b, "host_alloc")) and id(rec) not in roots:
                 allocs.append(rec)
                 continue
-            if b in _DEVICE_FREES and id(rec) not in roots:
+            if in_class(b, "frees_alloc") and id(rec) not in roots:
                 frees.append(rec)
                 continue
             if in_class(b, "vmm_map") and id(rec) not in roots:
@@ -81,8 +77,8 @@ class Pruner:
         for rec in sorted(allocs + frees, key=lambda r: r.get("s", 0)):
             a = rec.get("a") or {}
             b = base_name(rec.get("f") or "")
-            if b in _DEVICE_FREES:
-                if dropped_at.pop(a.get(_DEVICE_FREES[b]), None) is not None:
+            if in_class(b, "frees_alloc"):
+                if dropped_at.pop(a.get(first_param(rec.get("f"))), None) is not None:
                     drop.add(rec["s"])
                 continue
             rng = (a.get("pp"), a.get("bytesize")) if in_class(b, "host_alloc") else alloc_range(rec)
@@ -150,11 +146,9 @@ class Pruner:
         for rec in recs:
             b = base_name(rec.get("f") or "")
             a = rec.get("a") or {}
-            if b in _OBJECT_MAKERS and isinstance(a.get(_OBJECT_MAKERS[b]), int):
-                made.setdefault(a[_OBJECT_MAKERS[b]], []).append(rec["s"])
-                continue
-            if b in _OBJECT_ENDS and isinstance(a.get(_OBJECT_ENDS[b]), int):
-                made.setdefault(a[_OBJECT_ENDS[b]], []).append(rec["s"])
+            key = first_param(rec.get("f")) if in_class(b, "stream_event_life") else None
+            if key is not None and isinstance(a.get(key), int):
+                made.setdefault(a[key], []).append(rec["s"])
                 continue
             for v in list(a.values()) + [(rec.get("x") or {}).get("params")]:
                 if isinstance(v, int):
@@ -165,5 +159,6 @@ class Pruner:
         # a handle the selection creates or destroys itself is named by it
         drop = {s for h, seqs in made.items() if h not in named and not root_seqs.intersection(seqs) for s in seqs}
         self.res.objects_dropped = sum(1 for r in recs if r["s"] in drop
-                                       and base_name(r.get("f") or "") in _OBJECT_MAKERS)
+                                       and in_class(r.get("f"), "stream_event_life")
+                                       and not in_class(r.get("f"), "destroys"))
         return drop

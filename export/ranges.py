@@ -20,7 +20,7 @@ from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 import numpy as np
 
-from cudasnap.formats.vocab import in_class, is_launch, memset_width
+from cudasnap.formats.vocab import first_param, in_class, is_launch, memset_width
 
 from .emit import base_name
 
@@ -178,9 +178,6 @@ class Boundaries:
         return out
 
 
-_OBJECT_CREATE = {"cuTexObjectCreate": "pTexObject", "cuSurfObjectCreate": "pSurfObject"}
-
-
 def object_roots(prefix, selected) -> List[Tuple[int, int]]:
     """The device pointers in the resource descriptions of the texture and surface objects whose
     handles a selected launch passes: kernels read that memory through the object."""
@@ -188,7 +185,8 @@ def object_roots(prefix, selected) -> List[Tuple[int, int]]:
               if isinstance(p, (bytes, bytearray))]
     out: List[Tuple[int, int]] = []
     for rec in prefix:
-        key = _OBJECT_CREATE.get(base_name(rec.get("f") or ""))
+        # a texture or surface object: its handle is the first parameter (class makes_view_object)
+        key = first_param(rec.get("f")) if in_class(rec.get("f"), "makes_view_object") else None
         a = rec.get("a") or {}
         h, desc = a.get(key) if key else None, a.get("pResDesc")
         if not isinstance(h, int) or not isinstance(desc, (bytes, bytearray)):

@@ -9,7 +9,7 @@ from typing import Callable, Optional
 
 from cudasnap.formats import cu_result_name
 from cudasnap.formats.abi import base_name
-from cudasnap.formats.vocab import family, is_workload
+from cudasnap.formats.vocab import family, in_class, is_workload
 
 from . import plan
 from .driverops import result_code
@@ -33,7 +33,7 @@ class ProfilerRange:
         """A recorded cuProfilerStart/Stop (the profiler handler calls it)."""
         f = base_name(rec.get("f") or "")
         p = self.ctx.res.profiler
-        if family(f) != "profiler" or f == "cuProfilerInitialize":
+        if family(f) != "profiler" or in_class(f, "inits_profiler"):
             return                                     # cuProfilerInitialize: deprecated, no effect
         if self.on:
             p["ignored"] = p.get("ignored", 0) + 1
@@ -50,7 +50,7 @@ class ProfilerRange:
         if code != 0:
             self.ctx.note(f"{name}{f' (call #{seq})' if seq is not None else ''}: replay returned {cu_result_name(code)}")
             return False
-        key = "starts" if name == "cuProfilerStart" else "stops"
+        key = "starts" if in_class(name, "starts_profiler") else "stops"
         p[key] += 1
         edge = "first_seq" if key == "starts" else "last_seq"
         if seq is not None and (edge not in p or key == "stops"):

@@ -471,6 +471,13 @@ def test_call_classes_live_in_the_description():
     assert vocab.is_sync("cuStreamSynchronize_ptsz") and not vocab.is_sync("cuStreamWaitEvent")
     assert vocab.may_batch("cuLaunchKernel") and not vocab.may_batch("cuModuleLoadData")
     assert name_lists() == [], "a hand-written list of API names: make it a class of the description"
+    # the classes and the parameter that replaced extract's and retarget's tables
+    assert [vocab.first_param(n) for n in ("cuMemFree_v2", "cuMemFreeHost", "cuStreamCreateWithPriority",
+                                           "cuEventDestroy_v2", "cuSurfObjectCreate")] == \
+        ["dptr", "p", "phStream", "hEvent", "pSurfObject"]
+    assert vocab.in_class("cuMemFreeAsync_ptsz", "frees_alloc") and not vocab.in_class("cuMemRelease", "frees_alloc")
+    assert vocab.in_class("cuStreamDestroy_v2", "stream_event_life") and not vocab.in_class("cuGraphCreate",
+                                                                                             "stream_event_life")
 
 
 # ------------------------------------------------------------------ typed invocations
@@ -649,17 +656,14 @@ def _name_counter():
 # Name tests still in product code, per module: a function's meaning spelled as its name rather
 # than a class of the description or its overrides entry. Each number only goes down.
 #   handlers: a handler telling apart the variants it is registered for (the overrides entry names it)
-#   the rest: a name test waiting for its class (bench/count_names.py --by-module lists them)
+#   emitters: an export method telling apart the variants its overrides entry gives it
 NAME_TESTS_ALLOWED: Dict[str, int] = {
     # handlers and emitters, the variants of their own functions
     "replay/handlers/graph.py": 3, "replay/handlers/ipc.py": 1,
     "replay/handlers/memory.py": 2, "replay/handlers/module.py": 1, "replay/handlers/texture.py": 5,
-    "export/emit_module.py": 2, "export/emit_stream.py": 5, "replay/events.py": 3,
+    "export/emit_module.py": 2, "export/emit_stream.py": 5,
     # the steps of the CUPTI probe (where a profiler's start died), not a record's meaning
     "replay/profile/metrics_cupti.py": 1,
-    # waiting for a class
-    "export/extract_prune.py": 3, "export/ranges.py": 1, "replay/engine.py": 1, "replay/profrange.py": 2, "replay/retarget.py": 3,
-    "replay/selection.py": 1,
 }
 # "cu" alone: a call record told from the simulator's own records, not a function's meaning
 BARE_CU_ALLOWED = {"replay/sim/driver.py": 1}
