@@ -67,7 +67,8 @@ def family(name: str) -> Optional[str]:
 # the description's call classes (shim/overlay.py CALL_CLASS_RULES, and gen_api.derived_classes
 # for what the parameter list says); read here only
 CALL_CLASSES = ("sync", "wait", "order", "alloc", "free", "may_batch", "destroys", "creates", "plain_args",
-                "loads_code", "asks_by_name", "names_function", "refers_code", "names_global", "host_alloc",
+                "loads_code", "asks_by_name", "names_function", "refers_code", "names_global", "starts_profiler",
+                "stops_profiler", "host_alloc",
                 "pins_host", "begins_capture", "ends_capture", "links_process", "imports_peer", "waits_event",
                 "polls", "records_event", "moves_memory", "h2d_copy", "unified_copy", "device_alloc", "vmm_map",
                 "physical_memory", "sets_kernel_node", "sets_node", "makes_context", "ends_context", "gets_ipc",
@@ -79,8 +80,7 @@ CALL_CLASSES = ("sync", "wait", "order", "alloc", "free", "may_batch", "destroys
                 "opens_ipc_memory", "closes_ipc_memory", "adds_node", "adds_child_graph", "updates_exec",
                 "config_launch", "loads_library", "encodes_tensor_map", "sets_current", "pushes_context",
                 "pops_context", "managed_alloc", "retains_primary", "stream_callback", "gets_ipc_memory",
-                "frees_alloc", "stream_event_life", "makes_view_object", "cooperative_launch", "inits_driver",
-                "starts_profiler", "inits_profiler")
+                "frees_alloc", "stream_event_life", "makes_view_object", "cooperative_launch", "inits_driver")
 
 
 def call_classes(name: str) -> frozenset:

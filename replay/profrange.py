@@ -9,7 +9,7 @@ from typing import Callable, Optional
 
 from cudasnap.formats import cu_result_name
 from cudasnap.formats.abi import base_name
-from cudasnap.formats.vocab import family, in_class, is_workload
+from cudasnap.formats.vocab import in_class, is_workload
 
 from . import plan
 from .driverops import result_code
@@ -33,7 +33,7 @@ class ProfilerRange:
         """A recorded cuProfilerStart/Stop (the profiler handler calls it)."""
         f = base_name(rec.get("f") or "")
         p = self.ctx.res.profiler
-        if family(f) != "profiler" or in_class(f, "inits_profiler"):
+        if not (in_class(f, "starts_profiler") or in_class(f, "stops_profiler")):
             return                                     # cuProfilerInitialize: deprecated, no effect
         if self.on:
             p["ignored"] = p.get("ignored", 0) + 1

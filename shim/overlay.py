@@ -250,6 +250,8 @@ CALL_CLASS_RULES = [
     ("names_function", r"cuModuleGetFunction|cuLibraryGetKernel|cuKernelGetFunction"),
     ("refers_code", r"cuModuleGetFunction|cuLibraryGetKernel|cuKernelGetFunction|cuLibraryGetModule"),
     ("names_global", r"cuModuleGetGlobal|cuLibraryGetGlobal"),
+    ("starts_profiler", r"cuProfilerStart"),
+    ("stops_profiler", r"cuProfilerStop"),
     ("host_alloc", r"cuMemHostAlloc|cuMemAllocHost"),
     ("pins_host", r"cuMemHostAlloc|cuMemAllocHost|cuMemHostRegister"),
     ("begins_capture", r"cuStreamBeginCapture\w*"),
@@ -339,9 +341,6 @@ CALL_CLASS_RULES = [
     # a cooperative launch (all its blocks resident at once): relaunched through its own entry point
     ("cooperative_launch", r"cuLaunchCooperativeKernel"),
     ("inits_driver", r"cuInit"),
-    # a profiler range opened (cuProfilerStop closes it; cuProfilerInitialize, deprecated, does nothing)
-    ("starts_profiler", r"cuProfilerStart"),
-    ("inits_profiler", r"cuProfilerInitialize"),
     # the shim (shim/build_shim.py): calls its placement hook answers itself (shim_placement.c),
     # on the ABI names it serves; of those, the ones it only corrects after the real call (they
     # stay pure queries); memory a kernel reaches without a copy, which shim_hostmem.c tracks
