@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional
 
 from cudasnap.formats.console import tool_version
 from cudasnap.replay.names import short_name as short_kernel
+from cudasnap.replay.profile.modes import for_advise
 
 from .counters import block_size_candidate, counter_findings, read_metrics
 from .findings import (Limits, Timeline, heavy_kernels, host_gaps, launch_bound, library_candidates,
@@ -62,9 +63,11 @@ def _load(path: str, cfg: AdviseConfig) -> Source:
         return read_profile(path)
     low = path.lower()
     if low.endswith(".csv"):
-        raise AdviseError(f"{path}: advise reads a profile's JSON (`replay --profile timeline --out P.json`), not its CSV")
+        raise AdviseError(f"{path}: advise reads a profile's JSON (`replay --profile {for_advise('profile').name} "
+                          f"--out P.json`), not its CSV")
     if low.endswith(".json"):
-        raise AdviseError(f"{path}: not a cudasnap profile (expected the JSON of `replay --profile timeline --out`)")
+        raise AdviseError(f"{path}: not a cudasnap profile (expected the JSON of `replay --profile "
+                          f"{for_advise('profile').name} --out`)")
     from cudasnap.replay.preflight import snapshot_problem
     problem = snapshot_problem(path)
     if problem:
@@ -80,7 +83,7 @@ def advise(path: str, cfg: Optional[AdviseConfig] = None, progress=None) -> Dict
     t_start = time.monotonic()
     counters = read_metrics(cfg.metrics) if cfg.metrics else None     # bad input before any replay
     if not is_profile_json_safe(path):
-        say("replaying under --profile timeline")
+        say(f"replaying under --profile {for_advise('profile').name}")
     src = _load(path, cfg)
     p = src.profile
     ops = trace_device_ops(src.trace)

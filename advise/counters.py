@@ -27,6 +27,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from cudasnap.replay.names import short_name
 from cudasnap.replay.profile import metrics_sections as ms
 from cudasnap.replay.profile.metrics_sections import precision_label
+from cudasnap.replay.profile.modes import for_advise
 from cudasnap.replay.profile.report import shape_problem
 
 from .findings import finding
@@ -55,10 +56,10 @@ def read_metrics(path: str) -> Dict[str, Any]:
     why = shape_problem(p)
     if why:
         raise AdviseError(f"--metrics {path}: not a profile as cudasnap writes it: {why}")
-    mode = p["summary"].get("mode")
-    if mode != "metrics":
+    mode, want = p["summary"].get("mode"), for_advise("counters").name
+    if mode != want:
         raise AdviseError(f"--metrics {path}: the profile is in {mode or 'an unknown'} mode; --metrics takes the JSON of "
-                          "`replay --profile metrics --out M.json`")
+                          f"`replay --profile {want} --out M.json`")
     if not [k for k in p.get("kernels") or [] if isinstance(k, dict) and k.get("metrics")]:
         raise AdviseError(f"--metrics {path}: the profile holds no kernel with counters"
                           + (f" ({p['summary']['error']})" if p["summary"].get("error") else ""))

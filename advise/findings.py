@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from cudasnap.formats.vocab import in_class
 from cudasnap.replay.names import short_name
+from cudasnap.replay.profile.modes import for_advise
 
 
 @dataclass
@@ -193,8 +194,8 @@ def heavy_kernels(profile: Dict[str, Any], lim: Limits, top: int = 3) -> List[Di
         ev = {k2: (round(k[k2], 3) if isinstance(k.get(k2), float) else k.get(k2))
               for k2 in ("launches", "total_us", "median_us", "min_us", "max_us", "share_pct")}
         out.append(finding("heavy-kernel", f"heavy kernel: {short_name(k['name'])}, {share:.0f}% of kernel time",
-                            k["total_us"], ev, "Where the time goes: profile it (--profile isolated; Nsight Compute "
-                            "under `replay --wrap ncu`), then measure a rebuild with advise --replace.",
+                            k["total_us"], ev, f"Where the time goes: profile it (--profile {for_advise('variant').name}; "
+                            "Nsight Compute under `replay --wrap ncu`), then measure a rebuild with advise --replace.",
                             "the kernel's whole time", kernel=k["name"]))
     return out
 

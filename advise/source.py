@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from cudasnap.formats.vocab import in_class, is_launch, is_sync
+from cudasnap.replay.profile.modes import for_advise
 
 
 class AdviseError(Exception):
@@ -34,10 +35,13 @@ def run_replay(doc: Dict[str, Any], timeout: Optional[float]) -> subprocess.Comp
     """A replay (a typed document, replay/invocation.py) in a child process: its GPU state,
     crashes and exit code stay its own."""
     from cudasnap.replay.invocation import command
+    cmd = command(sys.executable, doc)
     try:
-        return subprocess.run(command(sys.executable, doc), capture_output=True, text=True, timeout=timeout)
+        # a process of its own: a what-if (another launch size, a rebuilt kernel) may fault, and a
+        # sticky error ends the context of its process; a hang ends at --timeout
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return subprocess.CompletedProcess(args, 124, "", f"timed out after {timeout:g} s")
+        return subprocess.CompletedProcess(cmd, 124, "", f"timed out after {timeout:g} s")
 
 
 def last_error(cp: subprocess.CompletedProcess) -> str:
@@ -54,17 +58,19 @@ def is_profile_json(path: str) -> bool:
 
 
 def check_profile(p: Any, where: str) -> Dict[str, Any]:
+    want = for_advise("profile").name
     if not isinstance(p, dict) or not isinstance(p.get("summary"), dict) or not isinstance(p.get("launches"), list):
-        raise AdviseError(f"{where}: not a cudasnap profile (expected the JSON of `replay --profile timeline --out`)")
+        raise AdviseError(f"{where}: not a cudasnap profile (expected the JSON of `replay --profile {want} --out`)")
     from cudasnap.replay.profile.report import shape_problem
     why = shape_problem(p)
     if why:
         raise AdviseError(f"{where}: not a profile as cudasnap writes it: {why}")
     mode = p["summary"].get("mode")
-    if mode != "timeline":
-        raise AdviseError(f"{where}: the profile is in {mode or 'an unknown'} mode; advise reads timeline profiles "
-                          "(`cudasnap replay SNAPSHOT --profile timeline --out P.json`)"
-                          + ("; give a metrics profile with --metrics" if mode == "metrics" else ""))
+    if mode != want:
+        counters = for_advise("counters").name
+        raise AdviseError(f"{where}: the profile is in {mode or 'an unknown'} mode; advise reads {want} profiles "
+                          f"(`cudasnap replay SNAPSHOT --profile {want} --out P.json`)"
+                          + (f"; give a {counters} profile with --metrics" if mode == counters else ""))
     timed = [r for r in p["launches"] if isinstance(r, dict) and isinstance(r.get("start_ns"), int)
              and isinstance(r.get("end_ns"), int)]
     if not timed:
@@ -89,16 +95,18 @@ def read_profile(path: str) -> Source:
 
 
 def take_profile(snapshot: str, pace: str, timeout: Optional[float], device: int) -> Source:
-    """`cudasnap replay SNAPSHOT --profile timeline --pace PACE --out P.json --trace T.json`."""
+    """`cudasnap replay SNAPSHOT --profile timeline --pace PACE --out P.json --trace T.json` (the
+    mode advise reads, modes.py)."""
+    mode = for_advise("profile").name
     with tempfile.TemporaryDirectory(prefix="cudasnap-advise-") as d:
-        out, tr = os.path.join(d, "timeline.json"), os.path.join(d, "trace.json")
+        out, tr = os.path.join(d, f"{mode}.json"), os.path.join(d, "trace.json")
         from cudasnap.replay.invocation import document
-        doc = document(snapshot, {"pace": pace, "device": device}, {"mode": "timeline", "out": out, "trace": tr})
+        doc = document(snapshot, {"pace": pace, "device": device}, {"mode": mode, "out": out, "trace": tr})
         cp = run_replay(doc, timeout)
         if cp.returncode == 2:        # the replay's own error (no such GPU...), not what its profile lacks
-            raise AdviseError(f"the timeline replay of {snapshot} failed: {last_error(cp)}")
+            raise AdviseError(f"the {mode} replay of {snapshot} failed: {last_error(cp)}")
         if not os.path.isfile(out):
-            raise AdviseError(f"the timeline replay of {snapshot} gave no profile (exit {cp.returncode}: "
+            raise AdviseError(f"the {mode} replay of {snapshot} gave no profile (exit {cp.returncode}: "
                               f"{last_error(cp)})")
         with open(out, encoding="utf-8") as f:
             p = json.load(f)
@@ -106,11 +114,11 @@ def take_profile(snapshot: str, pace: str, timeout: Optional[float], device: int
         if os.path.isfile(tr):
             with open(tr, encoding="utf-8") as f:
                 trace = json.load(f)
-    check_profile(p, f"the timeline replay of {snapshot}")
+    check_profile(p, f"the {mode} replay of {snapshot}")
     src = Source(p, snapshot, None, trace=trace,
                  taken={"command": shown_command(doc), "exit_code": cp.returncode, "pace": pace})
     if cp.returncode != 0:
-        src.notes.append(f"the timeline replay exited {cp.returncode} ({last_error(cp)}): its times stand, "
+        src.notes.append(f"the {mode} replay exited {cp.returncode} ({last_error(cp)}): its times stand, "
                          "its results did not all verify")
     return src
 

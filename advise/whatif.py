@@ -16,7 +16,15 @@ import re
 import tempfile
 from typing import Any, Dict, Optional
 
+from cudasnap.replay.profile.modes import for_advise
+
 from .source import last_error, run_replay, shown_command
+
+
+def _timed(use: str, repeat: int, warmup: int, **sel) -> Dict[str, Any]:
+    """ProfileConfig fields of the mode advise takes for `use` (modes.py), repeats where it repeats."""
+    m = for_advise(use)
+    return dict(mode=m.name, **(dict(repeat=repeat, warmup=warmup) if m.repeats else {}), **sel)
 
 
 def _profile_run(snapshot: str, replay: Dict[str, Any], profile: Dict[str, Any],
@@ -43,8 +51,8 @@ def graph_whatif(snapshot: str, finding: Dict[str, Any], device: int, repeat: in
     ev = finding["evidence"]
     a, b = ev.get("first_seq"), ev.get("last_seq")
     sel = {"calls": f"{a}-{b}"} if isinstance(a, int) and isinstance(b, int) else {}
-    r = _profile_run(snapshot, {"device": device}, dict(mode="graph", repeat=repeat, warmup=warmup,
-                                                        timeline_check=False, **sel), timeout)
+    r = _profile_run(snapshot, {"device": device}, _timed("stretch", repeat, warmup, timeline_check=False, **sel),
+                     timeout)
     w: Dict[str, Any] = {"kind": "graph", "what": "the stretch as one CUDA graph", "replay": r["run"]}
     rep = r["report"]
     s = (rep or {}).get("summary") or {}
@@ -81,7 +89,7 @@ def variant_whatif(snapshot: str, kind: str, what: str, variant: Dict[str, Any],
     """The kernels of `sel` (ProfileConfig fields) timed in isolated mode as recorded and with
     the variant (ReplayOptions fields: replace, launch_override). baselines: as-recorded replays
     by their selection, shared by what-ifs of one selection."""
-    common = dict(mode="isolated", repeat=repeat, warmup=warmup, **sel)
+    common = _timed("variant", repeat, warmup, **sel)
     key = tuple(sorted(common.items())) + (device,)
     baselines = {} if baselines is None else baselines
     if key not in baselines:

@@ -217,6 +217,7 @@ class Bisector:
             t0 -= secs
         else:
             try:
+                # a process of its own: an environment: its variables and driver apply from a process's start
                 cp = subprocess.run(cmd, env=self.environ(env), capture_output=True, text=True, timeout=self.timeout)
                 rc, err = cp.returncode, (cp.stderr or "")
             except subprocess.TimeoutExpired:

@@ -98,6 +98,7 @@ class _Server:
         sys.stdout.flush()
         sys.stderr.flush()
         t_fork = time.monotonic()
+        # a process of its own: each replay forked from the environment's warm server: its GPU state and crashes stay its own
         pid = os.fork()
         if pid == 0:                                        # the child: one replay, then _exit
             code = 2
@@ -128,6 +129,7 @@ class _Server:
         rep_r, rep_w = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
+        # a process of its own: the kept replay process forked from the environment's server: a crash ends it, not the server
         pid = os.fork()
         if pid == 0:
             code = 2
@@ -324,6 +326,7 @@ class Client:
     """A server started for one environment on one GPU, owned by the process that started it."""
 
     def __init__(self, env: Dict[str, str]):
+        # a process of its own: one server per environment and GPU: its variables and driver apply from a process's start
         self.p = subprocess.Popen([sys.executable, "-m", "cudasnap.campaign.cellserver"], env=env,
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                   preexec_fn=_die_with_parent)

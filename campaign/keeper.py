@@ -62,6 +62,7 @@ def ensure(gpu: str, env: Optional[dict] = None) -> Optional[int]:
     e["CUDA_VISIBLE_DEVICES"] = gpu
     idle = e.get(IDLE_ENV) or str(DEFAULT_IDLE_S)
     try:
+        # a process of its own: holds the GPU's context between replays, outliving each (they are processes of their own)
         p = subprocess.Popen([sys.executable, "-m", "cudasnap.campaign.keeper", beat, idle], env=e,
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              start_new_session=True)

@@ -22,6 +22,7 @@ def _run(cmd: List[str], env: Dict[str, str], out: str, timeout: Optional[float]
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
     t0 = time.monotonic()
+    # a process of its own: an environment's replay on a Ray node: its variables and driver apply from a process's start
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                          preexec_fn=die_with_parent)
     try:

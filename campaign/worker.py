@@ -127,6 +127,7 @@ def _fresh(spec: Dict[str, Any], env: Dict[str, str], snap: str, out: str) -> Di
     from cudasnap.replay.invocation import command
     cmd = command(sys.executable, _request(spec, snap, out))
     t0 = time.monotonic()
+    # a process of its own: workers = "fresh": an environment's variables and driver apply from a process's start
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                          preexec_fn=die_with_parent)
     _maybe_kill_self()

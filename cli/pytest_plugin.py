@@ -104,10 +104,11 @@ class SnapshotItem(pytest.Item):
             fields.update(dtype=opt("cudasnap_dtype"), rtol=opt("cudasnap_rtol"), atol=opt("cudasnap_atol"))
         if opt("cudasnap_tolerance"):
             fields["tolerance"] = opt("cudasnap_tolerance")
-        # the replay as a typed document, in a process of its own (its GPU state and crashes stay there)
+        # the replay as a typed document (replay/invocation.py)
         cmd = command(sys.executable, dict(document(str(self.path), fields), json=True))
         timeout = opt("cudasnap_timeout")
         try:
+            # a process of its own: a fault's sticky error or a hang fails this item, not the session's others
             cp = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
             raise ReplayFailed(f"replay took longer than {timeout} s (--cudasnap-timeout)")

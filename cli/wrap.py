@@ -155,6 +155,7 @@ def exec_wrapped(ctx, wrap: Optional[str], preload: Optional[str], workload_rang
     sys.stdout.flush()
     sys.stderr.flush()
     try:
+        # a process of its own: --wrap: the tool runs the replay, by design
         os.execve(argv[0], argv, env)
     except OSError as e:
         sys.stderr.write(f"cudasnap: error: --wrap: cannot run {argv[0]}: {e.strerror}\n")

@@ -200,6 +200,7 @@ def _check(r, device: int, out, retry: bool = False, watchdog: Optional[float] =
     from cudasnap.replay.invocation import command, plain
     cmd = command(sys.executable, plain(r.output, device, watchdog, tolerance))
     try:
+        # a process of its own: the extract may fault (bytes left out): a sticky error would end the context a widened extract needs
         cp = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     except subprocess.TimeoutExpired:
         sys.stderr.write(f"cudasnap extract: check: replay of {r.output} did not finish within an hour\n")

@@ -20,7 +20,7 @@ from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 import numpy as np
 
-from cudasnap.formats.vocab import in_class, is_launch, memset_width
+from cudasnap.formats.vocab import first_param, in_class, is_launch, memset_width
 
 from .emit import base_name
 
@@ -178,9 +178,6 @@ class Boundaries:
         return out
 
 
-_OBJECT_CREATE = {"cuTexObjectCreate": "pTexObject", "cuSurfObjectCreate": "pSurfObject"}
-
-
 def object_roots(prefix, selected) -> List[Tuple[int, int]]:
     """The device pointers in the resource descriptions of the texture and surface objects whose
     handles a selected launch passes: kernels read that memory through the object."""
@@ -188,7 +185,8 @@ def object_roots(prefix, selected) -> List[Tuple[int, int]]:
               if isinstance(p, (bytes, bytearray))]
     out: List[Tuple[int, int]] = []
     for rec in prefix:
-        key = _OBJECT_CREATE.get(base_name(rec.get("f") or ""))
+        # a texture or surface object: its handle is the first parameter (class makes_view_object)
+        key = first_param(rec.get("f")) if in_class(rec.get("f"), "makes_view_object") else None
         a = rec.get("a") or {}
         h, desc = a.get(key) if key else None, a.get("pResDesc")
         if not isinstance(h, int) or not isinstance(desc, (bytes, bytearray)):
@@ -288,20 +286,20 @@ def start_exact(ex, rv) -> None:
     """Ranges from each pointer the selection reaches to the next tensor start, scanned for
     pointers transitively; then the allocations they lie in are read, to be compared after."""
     roots: List[Tuple[int, int]] = []
-    for rec in ex._root_recs():
+    for rec in ex.root_recs():
         roots += ex.bounds.roots_of(rec)
-    roots += object_roots(ex.prefix_recs, ex._root_recs())
+    roots += object_roots(ex.prefix_recs, ex.root_recs())
     seen = {a for a, _n in roots}
-    for data in ex._copied_in():          # pointer tables the selection itself uploads
+    for data in ex.copied_in():          # pointer tables the selection itself uploads
         roots += new_roots(data, seen)
     per: Dict[int, List[Interval]] = {}
-    for i, r in enumerate(ex._live):
+    for i, r in enumerate(ex.live):
         if r[2] == "global":
             per[i] = [(r[0], r[0] + r[1])]
     scanned_iv: Dict[int, List[Interval]] = {}
     scanned = 0
     while roots:
-        for i, iv in plan(roots, ex._live, ex.bounds, ex._find, (ex.first, ex.last)).items():
+        for i, iv in plan(roots, ex.live, ex.bounds, ex.find, (ex.first, ex.last)).items():
             per[i] = merge(per.get(i, []) + iv)
         roots = []
         for i, iv in per.items():
@@ -311,7 +309,7 @@ def start_exact(ex, rv) -> None:
                 if scanned >= SCAN_LIMIT:
                     break
                 scanned += hi - lo
-                data = ex._read(rv, lo, hi - lo)
+                data = ex.read(rv, lo, hi - lo)
                 ex.note_host_refs(data)
                 roots += new_roots(data, seen)
     ex.per = per
@@ -319,24 +317,24 @@ def start_exact(ex, rv) -> None:
     limit = int(os.environ.get(DIFF_BUDGET_ENV, DIFF_BUDGET))
     budget, uncompared = limit, 0
     for i, iv in sorted(per.items()):
-        b, n, _k = ex._live[i]
+        b, n, _k = ex.live[i]
         lo, hi = diff_window((b, b + n), iv)
         if hi - lo <= budget:
             budget -= hi - lo
-            ex.before[i] = (lo, ex._read(rv, lo, hi - lo))
+            ex.before[i] = (lo, ex.read(rv, lo, hi - lo))
         else:                         # kept as blobs now; writes beyond its ranges go unseen
             uncompared += 1
-            ex.before[i] = (None, [(l, h - l, ex.w.add_blob(ex._read(rv, l, h - l))) for l, h in iv])
+            ex.before[i] = (None, [(l, h - l, ex.w.add_blob(ex.read(rv, l, h - l))) for l, h in iv])
     # the allocations no pointer reaches are compared too (while the budget lasts): what the
     # selection writes there, through addresses its parameters do not show, is restored and verified
     others = 0
-    for i, (b, n, k) in enumerate(ex._live):
+    for i, (b, n, k) in enumerate(ex.live):
         if i in per or k == "global":
             continue
         if n <= budget:
             budget -= n
             per[i] = []
-            ex.before[i] = (b, ex._read(rv, b, n))
+            ex.before[i] = (b, ex.read(rv, b, n))
         else:
             others += 1
     if uncompared:
@@ -355,7 +353,7 @@ def end_exact(ex, rv) -> None:
     beyond = 0
     segs = set()
     for i in ex.chosen:
-        base, n, _k = ex._live[i]
+        base, n, _k = ex.live[i]
         lo, before = ex.before[i]
         iv = ex.per[i]
         a = rv.find(base)
@@ -363,11 +361,11 @@ def end_exact(ex, rv) -> None:
         if lo is None:
             segs.add(i)
             ex.restore += before
-            ex.expected += [(l, m, ex.w.add_blob(ex._read(rv, l, m))) for l, m, _b in before] if live else []
+            ex.expected += [(l, m, ex.w.add_blob(ex.read(rv, l, m))) for l, m, _b in before] if live else []
             continue
         after = None
         if live:
-            after = ex._read(rv, lo, len(before))
+            after = ex.read(rv, lo, len(before))
             extra = subtract(merge(written(before, after, lo)), iv)
             beyond += sum(h - l for l, h in extra)
             iv = merge(iv + extra)
@@ -380,7 +378,7 @@ def end_exact(ex, rv) -> None:
     ex.before = {}
     ex.res.written_beyond = beyond
     ex.res.segments = len(segs)
-    ex.res.segments_bytes = sum(ex._live[i][1] for i in segs)
+    ex.res.segments_bytes = sum(ex.live[i][1] for i in segs)
     ex.res.restored = [(b, n) for b, n, _ in ex.restore]
     ex.res.restored_bytes = sum(n for _b, n, _ in ex.restore)
     ex.res.expected = len(ex.expected)

@@ -79,7 +79,8 @@ CALL_CLASSES = ("sync", "wait", "order", "alloc", "free", "may_batch", "destroys
                 "sets_access", "imports_shareable", "exports_shareable", "ipc_event", "enables_peer",
                 "opens_ipc_memory", "closes_ipc_memory", "adds_node", "adds_child_graph", "updates_exec",
                 "config_launch", "loads_library", "encodes_tensor_map", "sets_current", "pushes_context",
-                "pops_context", "managed_alloc", "retains_primary", "stream_callback", "gets_ipc_memory")
+                "pops_context", "managed_alloc", "retains_primary", "stream_callback", "gets_ipc_memory",
+                "frees_alloc", "stream_event_life", "makes_view_object", "cooperative_launch", "inits_driver")
 
 
 def call_classes(name: str) -> frozenset:
@@ -212,6 +213,17 @@ def typed_params(name: str) -> Tuple[Tuple[str, str, str], ...]:
             _params_of.setdefault(f["base"], tuple(out))
     got = _params_of.get(name)
     return got if got is not None else _params_of.get(base_name(name), ())
+
+
+def first_param(name: Any) -> Optional[str]:
+    """The name of a function's first parameter in the description (a free's pointer, the handle
+    a creation hands out or a destruction takes); None when unknown."""
+    if not isinstance(name, str):
+        return None
+    from cudasnap.shim.description import load
+    fn = load().by_name(name) or load().by_name(base_name(name)) or {}
+    ps = fn.get("params") or ()
+    return ps[0]["name"] if ps else None
 
 
 def memset_width(name: Any) -> int:

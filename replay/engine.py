@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 from cudasnap.formats import SnapshotError
 from cudasnap.formats.opened import opened
 from cudasnap.formats.layout import recorded_stream
-from cudasnap.formats.vocab import is_launch, is_query, is_release, is_sync, malformed_call, selectable
+from cudasnap.formats.vocab import in_class, is_launch, is_query, is_release, is_sync, malformed_call, selectable
 
 from . import dispatch
 from .batchrun import SYNC_TIMES_MAX, BatchRunner, RecordedThread, RecordedThreads
@@ -509,7 +509,7 @@ class Replayer:
             if self._stale is not None:
                 self._stale.skipped(rec)
             return
-        if f != "cuInit":
+        if not in_class(f, "inits_driver"):
             self.ensure_init(rec)
         self.thread.switch(rec.get("tid"), follow=not threaded)
         cev = None

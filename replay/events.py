@@ -189,13 +189,13 @@ class LaunchContext:
         ev, rv = self._ev, self.replay
         s = ev.stream if stream is None else stream
         base = base_name(ev.call)
-        if base == "cuLaunchKernelEx" and ev.config is not None and not int(ev.config.numAttrs):
+        if in_class(base, "config_launch") and ev.config is not None and not int(ev.config.numAttrs):
             c = ev.config      # no attributes: the same launch as cuLaunchKernel
             p = LaunchParams(ev.params)
             rv.call("cuLaunchKernel", rv.bound_function(ev.function), c.gridDimX, c.gridDimY, c.gridDimZ,
                        c.blockDimX, c.blockDimY, c.blockDimZ, c.sharedMemBytes, s, None, p.extra_ptr)
             return
-        if base == "cuLaunchKernelEx" and ev.config is not None:
+        if in_class(base, "config_launch") and ev.config is not None:
             cfg = ev.config
             old = cfg.hStream
             cfg.hStream = s
@@ -205,7 +205,7 @@ class LaunchContext:
             finally:
                 cfg.hStream = old
             return
-        if base == "cuLaunchCooperativeKernel":
+        if in_class(base, "cooperative_launch"):
             p = LaunchParams(ev.params, ev.layout or [])
             rv.call("cuLaunchCooperativeKernel", rv.bound_function(ev.function), *ev.grid, *ev.block, ev.shmem, s, p.kp_ptr)
             return

@@ -666,6 +666,7 @@ def run_group(paths: Sequence, devices: Optional[str], options, as_json: bool = 
                         ENV_PROGRESS: os.path.join(tmp, "progress"), ENV_NRANKS: str(len(ranks)),
                         ENV_TIMEOUT: str(timeout), ENV_OWNERS: owners})
             cmd = rankopts.rank_command(sys.executable, doc, r["snapshot"], d, watchdog or DEFAULT_WATCHDOG)
+            # a process of its own: one per rank, as the job ran (its GPU, pid and descriptors)
             procs.append(subprocess.Popen(cmd, env=env, stdout=open(os.path.join(tmp, f"out{r['rank']}"), "wb"),
                                           stderr=open(os.path.join(tmp, f"err{r['rank']}"), "wb")))
         codes, why = _watch(procs, ranks, store, prog)

@@ -22,6 +22,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
+from .child import command  # noqa: F401  (where callers find it)
 from .options import ReplayOptions
 
 
@@ -139,11 +140,6 @@ def run(doc: Dict[str, Any], checked: bool = False) -> int:
     """Replays doc in this process; its exit code (0 verified, 1 mismatch, 2 error). checked:
     the snapshot has passed the preflight check in this process already."""
     return run_request(request(doc, checked))
-
-
-def command(python: str, doc: Dict[str, Any]) -> List[str]:
-    """The fresh process that runs doc (carried whole: it needs no file a Ray node may lack)."""
-    return [python, "-m", "cudasnap.replay.invocation", json.dumps(doc)]
 
 
 def main(argv: List[str]) -> int:

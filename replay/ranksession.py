@@ -68,6 +68,7 @@ class RankSession:
                 env.update(common)
                 env.update({ENV_PID: str(r["pid"]), ENV_RANK: str(r["rank"])})
                 cmd = rankopts.rank_command(sys.executable, doc, r["snapshot"], d, DEFAULT_WATCHDOG)
+                # a process of its own: the job's other ranks, one each, as the job ran
                 self.procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
                                                    stderr=open(os.path.join(tmp, f"err{r['rank']}"), "wb")))
         except BaseException:

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from cudasnap.formats.vocab import in_class, is_launch
+from cudasnap.formats.vocab import code_lookup, in_class, is_launch
 
 FATBIN_MAGIC = 0xBA55ED50
 ELF_MAGIC = b"\x7fELF"
@@ -252,15 +252,13 @@ def module_loads(reader, with_images: bool = True, records=None) -> List[Dict[st
             loads.append(ent)
             if h:
                 by_handle[h] = ent
-        elif rec.get("r") == 0 and in_class(f, "asks_by_name"):
-            out = a.get("hfunc") or a.get("pKernel")
-            parent[out] = a.get("hmod") or a.get("library")
-            if isinstance(a.get("name"), str):
+        elif rec.get("r") == 0 and code_lookup(f):
+            # a lookup (class refers_code): the handle it makes, from the one it looks in
+            made, src, _kind = code_lookup(f)
+            out = a.get(made)
+            parent[out] = a.get(src)
+            if in_class(f, "asks_by_name") and isinstance(a.get("name"), str):
                 names[out] = a["name"]
-        elif rec.get("r") == 0 and f.startswith("cuKernelGetFunction"):
-            parent[a.get("pFunc")] = a.get("kernel")
-        elif rec.get("r") == 0 and f.startswith("cuLibraryGetModule"):
-            parent[a.get("pMod")] = a.get("library")
         elif is_launch(f):
             launched.add(a.get("f"))
     for h in launched | set(parent):

@@ -358,7 +358,7 @@ class StaleResults:
             touched = self._reach(self._allocs(self._param_words(rec)))
             if self._any(touched):
                 self._mark(touched)
-        elif f.startswith("cuMemcpy") and "HtoD" not in f and "DtoH" not in f:
+        elif in_class(f, "copy_group") and not in_class(f, "h2d_copy") and not in_class(f, "d2h_copy"):
             if self._any(self._allocs(a.get(k) for k in ("srcDevice", "src"))):
                 self._mark(self._allocs(a.get(k) for k in _SKIP_DST_KEYS))
 

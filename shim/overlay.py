@@ -330,6 +330,17 @@ CALL_CLASS_RULES = [
     ("sim_free", r"cuMemFree|cuMemFreeAsync"),
     ("memset_1d", r"cuMemsetD(8|16|32)(Async)?"),
     ("launches_kernel", r"cuLaunchKernel|cuLaunchKernelEx"),
+    # frees what device_alloc or host_alloc made, its pointer the first parameter (extract leaves
+    # one out with its allocation)
+    ("frees_alloc", r"cuMemFree|cuMemFreeAsync|cuMemFreeHost"),
+    # makes or ends a stream or an event (extract leaves out one no kept call names)
+    ("stream_event_life", r"cuStreamCreate|cuStreamCreateWithPriority|cuEventCreate|cuStreamDestroy|cuEventDestroy"),
+    # a texture or surface object over memory its resource description names, handed out in the
+    # first parameter (extract restores that memory for a kernel given the object)
+    ("makes_view_object", r"cuTexObjectCreate|cuSurfObjectCreate"),
+    # a cooperative launch (all its blocks resident at once): relaunched through its own entry point
+    ("cooperative_launch", r"cuLaunchCooperativeKernel"),
+    ("inits_driver", r"cuInit"),
     # the shim (shim/build_shim.py): calls its placement hook answers itself (shim_placement.c),
     # on the ABI names it serves; of those, the ones it only corrects after the real call (they
     # stay pure queries); memory a kernel reaches without a copy, which shim_hostmem.c tracks

@@ -438,3 +438,43 @@ def test_advise_takes_counters_with_metrics(double, snap, tmp_path):
         cp = _cli(double, "advise", METRICS_H200 if not args else prof, *args, "--no-what-if")
         assert cp.returncode == 2 and len(cp.stderr.strip().splitlines()) == 1, cp.stderr
         assert "metrics" in cp.stderr
+
+
+def test_a_replay_past_its_timeout_is_exit_124_with_its_reason():
+    """advise's replays run in a process of their own, ended at --timeout (a hang or a slow
+    what-if): exit 124 and the reason, as the finding quotes it."""
+    from cudasnap.advise.source import last_error, run_replay
+    from cudasnap.replay.invocation import plain
+    cp = run_replay(plain("never-read.cusnap"), 0.01)
+    assert cp.returncode == 124 and last_error(cp) == "timed out after 0.01 s"
+    assert cp.args[1:3] == ["-m", "cudasnap.replay.invocation"]
+
+
+def test_advise_takes_its_modes_from_the_registry():
+    """Which profile advise reads, and which modes its what-ifs are measured in, are the mode
+    registry's (replay/profile/modes.py): advise's own code names no mode."""
+    import ast
+    from pathlib import Path
+    from cudasnap.replay.profile.modes import MODES, for_advise
+    assert [for_advise(u).name for u in ("profile", "counters", "stretch", "variant")] == \
+        ["timeline", "metrics", "graph", "isolated"]
+    with pytest.raises(KeyError):
+        for_advise("nothing")
+    root = Path(__file__).resolve().parents[1] / "advise"
+    found = []
+    for p in sorted(root.glob("*.py")):
+        tree = ast.parse(p.read_text())
+        docs = {id(d.body[0].value) for d in ast.walk(tree) if isinstance(
+            d, (ast.Module, ast.FunctionDef, ast.ClassDef)) and d.body and isinstance(d.body[0], ast.Expr)}
+        for n in ast.walk(tree):
+            if id(n) in docs:
+                continue
+            if isinstance(n, ast.keyword) and n.arg == "mode" and isinstance(n.value, ast.Constant):
+                found.append(f"{p.name}:{n.value.lineno} mode={n.value.value!r}")
+            elif isinstance(n, ast.Compare) and "mode" in ast.unparse(n) and any(
+                    isinstance(c, ast.Constant) and c.value in MODES for c in [n.left, *n.comparators]):
+                found.append(f"{p.name}:{n.lineno} compares with a mode")
+            elif isinstance(n, ast.Constant) and isinstance(n.value, str) and any(
+                    f"--profile {m}" in n.value for m in MODES):
+                found.append(f"{p.name}:{n.lineno} {n.value[:40]!r}")
+    assert found == []

@@ -403,15 +403,15 @@ def test_vmm_mappings_nothing_reaches_go_with_their_memory():
     """A mapping nothing reaches goes with its access setting, unmap, create and release; one
     access setting over a kept and an unreached mapping keeps both; a handle another kept call
     names keeps its mappings."""
-    from cudasnap.export.extract import ExtractResult, Extractor, reached
+    from cudasnap.export.extract import ExtractResult
+    from cudasnap.export.extract_prune import Pruner, reached
 
     def call(s, f, **a):
         return {"k": "c", "s": s, "f": f, "a": a, "r": 0}
 
     def run(vmm, ints=()):
-        ex = Extractor.__new__(Extractor)
-        ex.res = ExtractResult("x")
-        return sorted(ex._unreached_mappings(vmm, lambda lo, hi: reached([0x2000], [], lo, hi), set(ints)))
+        return sorted(Pruner(ExtractResult("x"), None).unreached_mappings(
+            vmm, lambda lo, hi: reached([0x2000], [], lo, hi), set(ints)))
 
     A, B, M = 0x1000, 0x2000, 0x1000          # A: nothing points there; B: a pointer does
     base = [call(1, "cuMemCreate", handle=7, size=M), call(2, "cuMemMap", ptr=A, size=M, offset=0, handle=7),

@@ -76,9 +76,10 @@ def _profiler(n_ops):
     from cudasnap.replay.profile.graphmode import GraphProfiler
     g = GraphProfiler(SimpleNamespace(repeat=3, warmup=1), lambda m: None)
     names = ["gemm", "gelu", "adam"]
-    g.launches = [SimpleNamespace(name=names[i % 3]) for i in range(n_ops) if i % 8]
-    it = iter(g.launches)
-    g.ops = [("memset", "cuMemsetD32Async", [], i) if i % 8 == 0 else ("launch", next(it)) for i in range(n_ops)]
+    g.sequence.launches = [SimpleNamespace(name=names[i % 3]) for i in range(n_ops) if i % 8]
+    it = iter(g.sequence.launches)
+    g.sequence.ops = [("memset", "cuMemsetD32Async", [], i) if i % 8 == 0 else ("launch", next(it))
+                      for i in range(n_ops)]
     return g
 
 
@@ -91,15 +92,15 @@ def _runs(g, runs=3):
     t = 0
     for _ in range(runs):
         run = []
-        for k, op in enumerate(g.ops):
+        for k, op in enumerate(g.sequence.ops):
             t += 500
             name = op[1].name if op[0] == "launch" else "memset32_aligned1D"
             run.append(Rec(t, t + 300, name, "kernel", 1, 10 ** 6 + k))
             if k % 1000 == 999:
                 run.append(Rec(t + 310, t + 320, "driver_internal", "kernel", 0, 0))
         out.append(run)
-    created = {k: k for k in range(len(g.ops))}               # captured node id k: operation k
-    clones = {10 ** 6 + k: k for k in range(len(g.ops))}
+    created = {k: k for k in range(len(g.sequence.ops))}               # captured node id k: operation k
+    clones = {10 ** 6 + k: k for k in range(len(g.sequence.ops))}
     return out, created, clones
 
 
@@ -109,7 +110,7 @@ def _attribution_time(n_ops, tracked):
     from cudasnap.replay.profile.graphmode import _no_gc
     with _no_gc():                  # as graph mode matches them
         t0 = time.perf_counter()
-        g.nodes.per_node(g.ops, g.launches, runs, created if tracked else {}, clones if tracked else {})
+        g.nodes.per_node(g.sequence.ops, g.sequence.launches, runs, created if tracked else {}, clones if tracked else {})
         dt = time.perf_counter() - t0
     assert g.info["node_mapping"] == ("node creation and clone records" if tracked else "node ids in graph order")
     assert all(len(t) == 3 for t in g.nodes.node_times), "every launch timed in every run"

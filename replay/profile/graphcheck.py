@@ -22,6 +22,7 @@ import tempfile
 import time
 from typing import Any, Callable, Dict, List, Optional
 
+from ..child import command
 from .progress import PhaseProgress
 
 MIN_US = 5.0
@@ -153,7 +154,7 @@ def add_timeline_check(report: Dict[str, Any], snapshot, cfg, opts) -> None:
         path = os.path.join(d, "timeline.json")
         # a process of its own: this run's replay still holds the recorded addresses (its
         # replayer goes back to the caller open) and its CUPTI session; the reference needs both
-        argv = [sys.executable, "-m", "cudasnap.replay.invocation", json.dumps(timeline_document(snapshot, cfg, opts, path))]
+        argv = command(sys.executable, timeline_document(snapshot, cfg, opts, path))
         prog = PhaseProgress("graph", opts.progress, opts.quiet)
         try:
             limit = max(600.0, 20 * opts.watchdog) if opts.watchdog else None   # the child has the watchdog too

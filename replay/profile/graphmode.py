@@ -118,44 +118,30 @@ def steady(times_us: List[float], pct: float = STEADY_PCT) -> bool:
     return 1.4826 * mad / m * 100 <= pct
 
 
-class GraphProfiler(SequenceRecording):
+class GraphProfiler:
     """Graph mode for one sequence, about 700 lines: each phase handles the driver's failures
     where it happens (a held stream, a hang, an invalidated capture). The phases: pre-state,
     build, instantiate, timed runs, per-node times, the timeline check (graphcheck.py), restore.
-    Parts it holds: per-node attribution (`nodes`, graphnodes.py), the program's own graphs
-    (`recorded`, graphrecorded.py). Recording the sequence (graphseq.py) is still a mixin: it
-    fills the operations and the pre-state the phases here read."""
+    Parts it holds: the sequence recorded from the replay (`sequence`, graphseq.py: the
+    operations and the pre-state the phases here read), per-node attribution (`nodes`,
+    graphnodes.py), the program's own graphs (`recorded`, graphrecorded.py)."""
     mode = "graph"
     label = "graph profiler"
-    wants_calls = False              # on when timing the recorded graph launches (unit mode)
 
     def __init__(self, cfg, warn: Callable[[str], None]):
         self.cfg = cfg
         self.warn = warn
         self.rv = None
         self.sel = None
-        self.first_seq: Optional[int] = None
-        self.last_seq: Optional[int] = None
         self._dp_hint: Optional[str] = None      # why a graph may not hold this code (computed once)
-        self.ops: List[Tuple] = []               # ("launch", ev) | ("memset", name, args) | ("dtod", dst, src, n)
-        self.launches: List[Any] = []            #   | ("htod", rec, dst, n)
         self._gate: Optional[LaunchGate] = None  # holds the stream while a timed run is issued
-        self.skipped_ops: Dict[str, int] = {}
-        self.skipped_captured = 0
-        self.pre: Optional[MemorySaver] = None
-        self._pre_pending = False                # the pre-state is still to be saved (graphseq.py)
-        self._pre_after: Optional[int] = None    # saved no earlier than after this call
-        self._pre_seq: Optional[int] = None      # saved after this call
-        self._early: List[Tuple[int, Dict[str, Any]]] = []
         self._prelude_ops: List[Tuple] = []
-        self._sel_params: List[bytes] = []
         self._ref: Optional[TimelineReference] = None    # the timeline check's reference (graphcheck.py)
         self.done = False
-        self.due = False
-        self._in_job = False                     # a rank of a job: profiled at the replay's end (graphseq.py)
         self.total_times_us: List[float] = []
         self.backend = "events"
         self.info: Dict[str, Any] = {}
+        self.sequence = SequenceRecording(cfg, warn, self.info, self._phase)   # ops and pre-state (graphseq.py)
         self.nodes = NodeAttribution(self.info, warn)    # per-node times (graphnodes.py)
         self.timeout = 300.0
         self.recorded: Optional[RecordedGraphUnits] = None   # timing the program's own graphs instead
@@ -164,6 +150,12 @@ class GraphProfiler(SequenceRecording):
         self.event_spans_us: List[float] = []           # event-node runs: first to last event
         self._made: List[Tuple[str, Any]] = []
         self._progress: Optional[PhaseProgress] = None
+
+    @property
+    def wants_calls(self) -> bool:
+        """Call events: while the pre-state waits for its place, or when timing the recorded
+        graph launches (unit mode)."""
+        return self.recorded is not None or self.sequence.pre_pending
 
     @property
     def batch_ok(self) -> bool:
@@ -184,41 +176,41 @@ class GraphProfiler(SequenceRecording):
             return
         if self.done:
             return
-        if self.due and self._in_job and kind not in ("teardown", "end"):
+        if self.sequence.due and self.sequence.in_job and kind not in ("teardown", "end"):
             # a rank of a job: the graph phase waits for the replay's end, when every collective
             # has run (a pause in the middle would leave a peer's collective waiting on this rank
             # while CUPTI and graph work here wait for that peer's GPU: a deadlock); the calls
             # that free memory wait with it (holds_releases), so the sequence's memory is there
             return
-        if self.first_seq is None:
+        if self.sequence.first_seq is None:
             if kind == "end" and self._ref is not None:
                 self._ref.close()
             return
         ref = self._ref
         if kind == "before_launch":
-            self._record(kind, ev)            # the pre-state first: the reference times the launch itself
+            self.sequence.record(kind, ev)            # the pre-state first: the reference times the launch itself
             if ref is not None:
                 ref.on_event(kind, ev)
         else:
             if ref is not None:
                 ref.on_event(kind, ev)
-            self._record(kind, ev)
-        if self.launches and not self.rv.unloads_deferred:
+            self.sequence.record(kind, ev)
+        if self.sequence.launches and not self.rv.unloads_deferred:
             # from the sequence's first launch: the graph relaunches kernels whose module the
             # program may unload before the graph is built
             self.rv.defer_unloads()
         if kind in ("teardown", "end"):
-            self.due = True
-        if self.due and self.launches and not self.rv.capturing \
-                and kind in (("teardown", "end") if self._in_job else
+            self.sequence.due = True
+        if self.sequence.due and self.sequence.launches and not self.rv.capturing \
+                and kind in (("teardown", "end") if self.sequence.in_job else
                              ("after_launch", "copy", "sync", "batch", "teardown", "end")):
             self.done = True
-            if self._in_job:
+            if self.sequence.in_job:
                 rank_done()
             try:
                 self._run()
             finally:
-                if self._in_job:
+                if self.sequence.in_job:
                     self.rv.run_held_frees()
                 self.rv.unload_deferred()
         elif kind == "end":
@@ -228,15 +220,15 @@ class GraphProfiler(SequenceRecording):
     def holds_releases(self) -> bool:
         """A job rank's sequence is recorded and waits for the replay's end: calls that free
         memory wait with it (the engine runs them after, release_held)."""
-        return self._in_job and self.due and not self.done
+        return self.sequence.in_job and self.sequence.due and not self.done
 
     def _abandon(self) -> None:
         """The replay ended before the sequence could be profiled: what was set up is released."""
         if self._ref is not None:
             self._ref.close()
-        if self.pre is not None:
-            self.pre.free()
-            self.pre = None
+        if self.sequence.pre is not None:
+            self.sequence.pre.free()
+            self.sequence.pre = None
             self.rv.release_held_memory()
         if self.rv is not None:
             self.rv.unload_deferred()
@@ -248,16 +240,16 @@ class GraphProfiler(SequenceRecording):
         wd = getattr(rv.options, "watchdog", None)
         if wd:
             self.timeout = max(1.0, 0.8 * float(wd))
-        self._scan(rv)
-        if self.last_seq is None:
+        self.sequence.scan(rv, self.sel)
+        if self.sequence.last_seq is None:
             units = RecordedGraphUnits(self.cfg, rv, self.sel, self.info, self.warn, self._open_cupti)
             if units.start():
-                self.recorded, self.wants_calls = units, True
+                self.recorded = units
             else:
                 self.warn("graph: no launch selected")
                 self.info["error"] = "no launch selected"
             return
-        inside = [s for s in self._collectives if isinstance(s, int) and self.first_seq <= s <= self.last_seq]
+        inside = [s for s in self.sequence.collectives if isinstance(s, int) and self.sequence.first_seq <= s <= self.sequence.last_seq]
         if inside:
             # one rank's graph cannot run a collective apart from its peers' graphs (its kernels wait
             # for them): refused before anything is built; the ranks replay on as recorded
@@ -266,19 +258,19 @@ class GraphProfiler(SequenceRecording):
                    f"select launches between collectives (-k, --calls)")
             self.warn(f"graph: {msg}")
             self.info["error"] = msg
-            self.first_seq = self.last_seq = None
+            self.sequence.first_seq = self.sequence.last_seq = None
             return
-        n = sum(1 for s in self._graph_launch_seqs if isinstance(s, int) and self.first_seq < s < self.last_seq)
+        n = sum(1 for s in self.sequence.graph_launch_seqs if isinstance(s, int) and self.sequence.first_seq < s < self.sequence.last_seq)
         if n:      # the program's own graphs run between the selected launches: not in ours
-            self.skipped_ops["cuGraphLaunch"] = n
-        self._pre_pending = self.wants_calls = True      # after_call: where the pre-state can be saved
+            self.sequence.skipped_ops["cuGraphLaunch"] = n
+        self.sequence.pre_pending = True      # after_call: where the pre-state can be saved
         self._ref = TimelineReference.start(self.cfg, self.warn, ev)
 
     # ------------------------------------------------------------------ running the graph
     def _arm(self, what: str) -> None:
         wd = getattr(self.rv, "watchdog", None)
         if wd is not None:
-            wd.arm(f"graph profiler: {what} ({len(self.launches)} launches, calls #{self.first_seq}..#{self.last_seq})")
+            wd.arm(f"graph profiler: {what} ({len(self.sequence.launches)} launches, calls #{self.sequence.first_seq}..#{self.sequence.last_seq})")
 
     def _wait(self, stream, what: str) -> None:
         """cuStreamSynchronize with a time limit (polls cuStreamQuery)."""
@@ -332,7 +324,7 @@ class GraphProfiler(SequenceRecording):
         """The operations captured into a new graph.  tag: an object whose node_tag is set to
         each operation's index while it is issued (CUPTI node tracking); events: n + 1 events
         recorded as event record nodes, before the first operation and after each one."""
-        with self._phase(what, len(self.ops)) as ph:
+        with self._phase(what, len(self.sequence.ops)) as ph:
             return self._capture_ops(stream, tag, events, ph)
 
     def _instantiate(self, graph, what: str = "instantiating"):
@@ -342,7 +334,7 @@ class GraphProfiler(SequenceRecording):
     def _capture_ops(self, stream, tag, events, ph):
         rv, cu = self.rv, self.rv.driver
         mode = getattr(getattr(cu, "CUstreamCaptureMode", None), "CU_STREAM_CAPTURE_MODE_RELAXED", 2)
-        for op in self.ops:       # a library kernel's CUfunction is got before the capture, not inside it
+        for op in self.sequence.ops:       # a library kernel's CUfunction is got before the capture, not inside it
             if op[0] == "launch" and getattr(op[1], "function", None) is not None:
                 rv.bound_function(op[1].function)
         rv.call("cuStreamBeginCapture", stream, mode)
@@ -350,7 +342,7 @@ class GraphProfiler(SequenceRecording):
         try:                          # nothing else in between: no sync, no query
             if events:
                 rv.call("cuEventRecordWithFlags", events[0], stream, CU_EVENT_RECORD_EXTERNAL)
-            for i, op in enumerate(self.ops):
+            for i, op in enumerate(self.sequence.ops):
                 if tag is not None:
                     tag.node_tag = i
                 try:
@@ -385,7 +377,7 @@ class GraphProfiler(SequenceRecording):
     def _live_ranges(self) -> List[Tuple[int, int]]:
         rv = self.rv
         live = rv.writable_ranges()
-        for base, _bk, _n in (self.pre.copies if self.pre else []):
+        for base, _bk, _n in (self.sequence.pre.copies if self.sequence.pre else []):
             try:
                 b, n = rv.call("cuMemGetAddressRange", base)
                 live.append((int(b), int(n)))
@@ -407,20 +399,20 @@ class GraphProfiler(SequenceRecording):
             if self._ref is not None:        # the reference for the timeline check: the replay so far
                 self._arm("reading the replay's kernel times")
                 with self._phase(REFERENCE_PHASE):
-                    self._ref.finish(self.first_seq, self.last_seq)
+                    self._ref.finish(self.sequence.first_seq, self.sequence.last_seq)
             self._arm("saving memory")
             with self._phase("saving memory"):
                 rv.call("cuCtxSynchronize")
-                post = MemorySaver(rv, ranges_for(rv, self.launches, cfg.save_limit))
+                post = MemorySaver(rv, ranges_for(rv, self.sequence.launches, cfg.save_limit))
                 post.save()
-                if self.pre is not None:
-                    dropped = self.pre.keep_only(self._live_ranges())
+                if self.sequence.pre is not None:
+                    dropped = self.sequence.pre.keep_only(self._live_ranges())
                     if dropped:
                         self.warn(f"graph: {dropped} range(s) saved before the sequence were freed during it; "
                                   f"not restored")
                 stream = rv.call("cuStreamCreate", CU_STREAM_NON_BLOCKING)
-                staging = self._stage()
-                self._prelude_ops = self._prelude()
+                staging = self.sequence.stage()
+                self._prelude_ops = self.sequence.prelude()
                 if self._prelude_ops:
                     self.info["prelude_ops"] = len(self._prelude_ops)
                 rv.call("cuCtxSynchronize")
@@ -430,7 +422,7 @@ class GraphProfiler(SequenceRecording):
             digests: List[str] = []
 
             def check(timed: bool) -> None:
-                if cfg.check_repeats and self.pre is not None and (timed or not digests):
+                if cfg.check_repeats and self.sequence.pre is not None and (timed or not digests):
                     digests.append(post.digest())
 
             with self._phase("timing the graph", cfg.warmup + cfg.repeat) as ph:
@@ -454,9 +446,9 @@ class GraphProfiler(SequenceRecording):
             self.info["timed_runs"] = len(self.total_times_us)
             self.info["launch_gated"] = self._gate is not None and self._gate.ok
             if self._gate is not None and not self._gate.ok:
-                self.info["launch_gate"] = (f"released by its timer: the launch of {len(self.ops)} nodes waits for "
+                self.info["launch_gate"] = (f"released by its timer: the launch of {len(self.sequence.ops)} nodes waits for "
                                             f"queue space on a held stream; timed ungated")
-            if self._in_job:      # memory then is the replay's later state, not the sequence's end
+            if self.sequence.in_job:      # memory then is the replay's later state, not the sequence's end
                 self.info["profiled_at_end"] = True
             elif cfg.check_repeats and digests:
                 self.info["repeats_identical"] = len(set(digests)) <= 1
@@ -485,16 +477,16 @@ class GraphProfiler(SequenceRecording):
                 raise
             except Exception as e:
                 self.warn(f"graph: per-node times: {type(e).__name__}: {e}")
-            self.info.update(nodes=len(self.ops), launches=len(self.launches),
-                             memsets=sum(op[0] == "memset" for op in self.ops),
-                             copies=sum(op[0] in ("dtod", "htod") for op in self.ops),
-                             pre_state_restored=self.pre is not None)
+            self.info.update(nodes=len(self.sequence.ops), launches=len(self.sequence.launches),
+                             memsets=sum(op[0] == "memset" for op in self.sequence.ops),
+                             copies=sum(op[0] in ("dtod", "htod") for op in self.sequence.ops),
+                             pre_state_restored=self.sequence.pre is not None)
         except GraphHang as e:
             hung = True
             msg = (f"graph: {e}: a kernel of the graph is likely waiting for state that the captured sequence "
                    f"does not reproduce (a semaphore or flag set by work outside calls "
-                   f"#{self.first_seq}..#{self.last_seq}, or by another process); the GPU is still busy, replay stops")
-            if self._in_job and peers_text():
+                   f"#{self.sequence.first_seq}..#{self.sequence.last_seq}, or by another process); the GPU is still busy, replay stops")
+            if self.sequence.in_job and peers_text():
                 msg += f" (this rank's peers: {peers_text()})"
             self.warn(msg)
             self.info.update(error=str(e), hung=True)
@@ -527,8 +519,8 @@ class GraphProfiler(SequenceRecording):
         events: a pair recorded around the launch; clock: CUPTI window marks around it."""
         rv = self.rv
         self._arm(what)
-        if self.pre is not None:
-            self.pre.restore(stream)
+        if self.sequence.pre is not None:
+            self.sequence.pre.restore(stream)
             for op in self._prelude_ops:           # what ran between the save and the first launch
                 self._issue(op, stream)
             self._wait(stream, f"restoring memory before {what}")
@@ -554,10 +546,10 @@ class GraphProfiler(SequenceRecording):
             done = len(clock.collect_records([(m0, clock.mark())])[0])
         except Exception:                                   # CUPTI itself is stuck: nothing to add
             return ""
-        if done >= len(self.ops):
+        if done >= len(self.sequence.ops):
             return ""
-        return (f"; {done} of {len(self.ops)} operations had finished, the first not finished is "
-                f"{self._desc(self.ops[done])}")
+        return (f"; {done} of {len(self.sequence.ops)} operations had finished, the first not finished is "
+                f"{self._desc(self.sequence.ops[done])}")
 
     def _node_runs(self) -> int:
         """Runs for per-node times: as many as the graph's timed runs (fewer than --repeat when
@@ -626,7 +618,7 @@ class GraphProfiler(SequenceRecording):
         created = getattr(cupti, "node_created", None) or {}
         clones = getattr(cupti, "node_clones", None) or {}
         with self._phase("matching records to nodes"), _no_gc():
-            self.nodes.per_node(self.ops, self.launches, runs, created if exe is not gexec else {}, clones)
+            self.nodes.per_node(self.sequence.ops, self.sequence.launches, runs, created if exe is not gexec else {}, clones)
 
     # ------------------------------------------------------------------ per-node times: event nodes
     def _event_node_times(self, stream) -> None:
@@ -635,7 +627,7 @@ class GraphProfiler(SequenceRecording):
         is the time between the events around it (so it holds the gap before the next node,
         and the event nodes add to the graph's time)."""
         rv = self.rv
-        n = len(self.ops)
+        n = len(self.sequence.ops)
         try:
             evs = []
             for _ in range(n + 1):
@@ -665,7 +657,7 @@ class GraphProfiler(SequenceRecording):
                     span += t
                 spans.append(span)
                 ph.advance()
-        self.nodes.by_events(self.ops, self.launches, op_times)
+        self.nodes.by_events(self.sequence.ops, self.sequence.launches, op_times)
         self.event_spans_us = spans
         self.backend = "events"
         self.info["per_node_method"] = "event nodes between launches"
@@ -708,10 +700,10 @@ class GraphProfiler(SequenceRecording):
             self.warn(f"graph: could not restore memory after the graph runs ({type(e).__name__}: {e})")
             self.info.setdefault("error", str(e))
         finally:
-            for s in (post, self.pre):
+            for s in (post, self.sequence.pre):
                 if s is not None:
                     s.free()
-            self.pre = None
+            self.sequence.pre = None
             held = rv.release_held_memory()
             if held:
                 self.info["frees_held"] = held
@@ -726,12 +718,12 @@ class GraphProfiler(SequenceRecording):
                         getattr(cu, name)(h)
                     except Exception:
                         pass
-            if self.skipped_ops:
-                self.info["skipped_ops"] = dict(self.skipped_ops)
+            if self.sequence.skipped_ops:
+                self.info["skipped_ops"] = dict(self.sequence.skipped_ops)
                 self.warn("graph: not captured (not reproduced in the graph): "
-                          + ", ".join(f"{k} x{v}" for k, v in sorted(self.skipped_ops.items())))
-            if self.skipped_captured:
-                self.info["skipped_captured_launches"] = self.skipped_captured
+                          + ", ".join(f"{k} x{v}" for k, v in sorted(self.sequence.skipped_ops.items())))
+            if self.sequence.skipped_captured:
+                self.info["skipped_captured_launches"] = self.sequence.skipped_captured
             if self._progress is not None:
                 self._progress.close()
                 self.info["phases_s"] = {k: round(v, 3) for k, v in self._progress.times.items()}
@@ -742,7 +734,7 @@ class GraphProfiler(SequenceRecording):
             return [dict(r) for r in self.recorded.unit_rows]
         timing = "cupti" if self.backend == "cupti" else "event nodes"
         rows = []
-        for i, ev in enumerate(self.launches):
+        for i, ev in enumerate(self.sequence.launches):
             r = {"seq": ev.seq, "index": ev.index, "name": ev.name, "stream": ev.rec_stream, "grid": list(ev.grid),
                  "block": list(ev.block), "shmem": ev.shmem, "node": i}
             if self.nodes.node_times and self.nodes.node_times[i]:
@@ -757,7 +749,7 @@ class GraphProfiler(SequenceRecording):
     def _other_nodes(self) -> List[Dict[str, Any]]:
         """Memset and copy nodes of the graph: count and median time per run, by kind."""
         out: Dict[str, Dict[str, Any]] = {}
-        for k, op in enumerate(self.ops):
+        for k, op in enumerate(self.sequence.ops):
             if op[0] == "launch":
                 continue
             kind = "memset" if op[0] == "memset" else "copy"
@@ -801,17 +793,17 @@ class GraphProfiler(SequenceRecording):
     def summary(self) -> Dict[str, Any]:
         if self.recorded is not None:
             return self.recorded.summary()
-        d: Dict[str, Any] = {"mode": "graph", "backend": self.backend, "nodes": len(self.ops),
-                             "launches": len(self.launches), "repeat": self.cfg.repeat, "warmup": self.cfg.warmup,
-                             "first_seq": self.first_seq, "last_seq": self.last_seq,
+        d: Dict[str, Any] = {"mode": "graph", "backend": self.backend, "nodes": len(self.sequence.ops),
+                             "launches": len(self.sequence.launches), "repeat": self.cfg.repeat, "warmup": self.cfg.warmup,
+                             "first_seq": self.sequence.first_seq, "last_seq": self.sequence.last_seq,
                              "path": "captured sequence", **self.info}
         if self.total_times_us:
             st = stats(self.total_times_us)
             d["total_us"] = st["median_us"]
             d["graph_times_us"] = self.total_times_us
             d["graph"] = st
-            if self.launches:
-                d["per_launch_us"] = st["median_us"] / len(self.launches)
+            if self.sequence.launches:
+                d["per_launch_us"] = st["median_us"] / len(self.sequence.launches)
         if self.nodes.cupti_spans_us:
             d["cupti_span_us"] = stats(self.nodes.cupti_spans_us)["median_us"]
         if self.nodes.node_times:
@@ -833,6 +825,6 @@ class GraphProfiler(SequenceRecording):
             d["launches_timed"] = 0
             d.pop("per_node_method", None)
             d.pop("node_mapping", None)
-        if self.launches and not d["launches_timed"] and self._device_launch_hint():   # no profile: say why
+        if self.sequence.launches and not d["launches_timed"] and self._device_launch_hint():   # no profile: say why
             d["hint"] = self._device_launch_hint()
         return d

@@ -1,8 +1,9 @@
 """Graph mode's sequence, recorded from the replay as it runs: the selected launches and the
 memsets and copies between them (the operations the graph will hold), and the memory before
-the first selected launch (every graph run starts from it).  A mixin of GraphProfiler
-(graphmode.py): it fills the profiler's first_seq, last_seq, ops, launches, pre and
-skipped_ops.
+the first selected launch (every graph run starts from it).  A part of GraphProfiler
+(graphmode.py), held as its `sequence`: given the profiler's configuration, warnings, summary
+and progress phases, it keeps first_seq, last_seq, ops, launches, pre and skipped_ops, which
+the profiler's phases read.
 
 Two ways the replay runs the calls, and the sequence is recorded from both:
 - call by call through the handlers: a "before_launch" event per launch (a LaunchEvent, which
@@ -26,7 +27,7 @@ import ctypes
 import os
 import re
 from types import SimpleNamespace
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from cudasnap.formats.abi import base_name
 from cudasnap.formats.callset import learn_kernel_name
@@ -133,6 +134,27 @@ def _runs_alone(rec) -> bool:
 
 
 class SequenceRecording:
+    def __init__(self, cfg, warn: Callable[[str], None], info: Dict[str, Any], phase: Callable[..., Any]):
+        self.cfg, self.warn, self.info, self.phase = cfg, warn, info, phase   # the profiler's
+        self.rv = None
+        self.sel = None
+        self.first_seq: Optional[int] = None
+        self.last_seq: Optional[int] = None
+        self.ops: List[Tuple] = []               # ("launch", ev) | ("memset", name, args) | ("dtod", dst, src, n)
+        self.launches: List[Any] = []            #   | ("htod", rec, dst, n)
+        self.skipped_ops: Dict[str, int] = {}
+        self.skipped_captured = 0
+        self.pre: Optional[MemorySaver] = None
+        self.pre_pending = False                 # the pre-state is still to be saved
+        self.pre_after: Optional[int] = None     # saved no earlier than after this call
+        self.pre_seq: Optional[int] = None       # saved after this call
+        self.early: List[Tuple[int, Dict[str, Any]]] = []
+        self.sel_params: List[bytes] = []
+        self.collectives: List[int] = []
+        self.graph_launch_seqs: List[int] = []
+        self.due = False                         # the sequence is complete: the graph can be built
+        self.in_job = False                      # a rank of a job: profiled at the replay's end
+
     # ------------------------------------------------------------------ before the replay
     def _between_collectives(self, selected, collectives):
         """A rank of a job, every launch selected: the longest stretch of launches between two
@@ -160,15 +182,16 @@ class SequenceRecording:
                                 "collectives": len(collectives)}
         return best
 
-    def _scan(self, rv) -> None:
+    def scan(self, rv, sel) -> None:
         """One pass over the recorded calls: the first and last selected launch, their recorded
         parameters (what the pre-state must hold), collectives and the program's own graph
-        launches in between, and where the pre-state can be saved (_pre_after: the last call
-        before the first selected launch that runs on its own; _early: memsets and copies
+        launches in between, and where the pre-state can be saved (pre_after: the last call
+        before the first selected launch that runs on its own; early: memsets and copies
         after such calls, the prelude candidates)."""
+        self.rv, self.sel = rv, sel
         in_capture: set = set()
         graph_launches: List[int] = []
-        in_job = self._in_job = bool(os.environ.get(ENV_RANK))
+        in_job = self.in_job = bool(os.environ.get(ENV_RANK))
         collectives: List[int] = []
         selected: List[Tuple[int, Optional[bytes]]] = []     # (seq, recorded parameters)
         alone: List[int] = []                      # seqs of calls that run on their own
@@ -212,20 +235,20 @@ class SequenceRecording:
                     self.last_seq = s
                 p = (rec.get("x") or {}).get("params")
                 selected.append((s, bytes(p) if p else None))
-        self._collectives = collectives
+        self.collectives = collectives
         if collectives and selected and self.sel.everything:
             selected = self._between_collectives(selected, collectives)
             self.first_seq, self.last_seq = selected[0][0], selected[-1][0]
-        self._sel_params.extend(p for _s, p in selected if p)
-        self._graph_launch_seqs = graph_launches
+        self.sel_params.extend(p for _s, p in selected if p)
+        self.graph_launch_seqs = graph_launches
         if self.first_seq is not None:
             before = [s for s in alone if s < self.first_seq]
-            self._pre_after = max(before) if before else None
-            lo = self._pre_after if self._pre_after is not None else -1
-            self._early = [(s, r) for s, r in early if lo < s < self.first_seq]
+            self.pre_after = max(before) if before else None
+            lo = self.pre_after if self.pre_after is not None else -1
+            self.early = [(s, r) for s, r in early if lo < s < self.first_seq]
 
     # ------------------------------------------------------------------ while the replay runs
-    def _record(self, kind: str, ev) -> None:
+    def record(self, kind: str, ev) -> None:
         """One replay event, before the graph is built."""
         if kind == "before_launch":
             # in the stretch only: a rank's stretch starts after a collective the selection holds
@@ -233,7 +256,7 @@ class SequenceRecording:
                 if self.rv.stream_capturing(ev.rec_stream, ev.stream):
                     self.skipped_captured += 1       # a node of the program's own graph, not run now
                 else:
-                    if self._pre_pending:
+                    if self.pre_pending:
                         self._save_pre(ev.seq, exact=True)
                     self.ops.append(("launch", ev))
                     self.launches.append(ev)
@@ -243,8 +266,8 @@ class SequenceRecording:
             self._add_batch(ev)
         elif kind == "after_call":
             s = ev.seq
-            if self._pre_pending and isinstance(s, int) and s < self.first_seq \
-                    and (self._pre_after is None or s >= self._pre_after):
+            if self.pre_pending and isinstance(s, int) and s < self.first_seq \
+                    and (self.pre_after is None or s >= self.pre_after):
                 self._save_pre(s)
         elif kind == "copy" and self.ops and isinstance(ev.seq, int) and ev.seq <= self.last_seq:
             self._add_copy(ev.rec, ev)
@@ -259,14 +282,14 @@ class SequenceRecording:
         if not isinstance(lo, int) or not isinstance(hi, int):
             return
         if hi < first:
-            if self._pre_pending and (self._pre_after is None or hi >= self._pre_after):
+            if self.pre_pending and (self.pre_after is None or hi >= self.pre_after):
                 self._save_pre(hi)
             return
         if lo > last:
             self.due = True
             return
-        if self._pre_pending:
-            self._pre_pending = self.wants_calls = False
+        if self.pre_pending:
+            self.pre_pending = False
             self.warn(f"graph: the first selected launch (call #{first}) ran in a batch before the memory it "
                       f"starts from could be saved; graph runs start from the memory the sequence left")
         rv = self.rv
@@ -294,19 +317,19 @@ class SequenceRecording:
         rv = self.rv
         if rv.capturing:
             if exact:
-                self._pre_pending = self.wants_calls = False
+                self.pre_pending = False
                 self.warn("graph: the first selected launch comes during a recorded stream capture: graph runs start "
                           "from the memory the sequence left (not restored to the pre-sequence state)")
             return
-        self._pre_pending = self.wants_calls = False
+        self.pre_pending = False
         try:
-            with self._phase(PRE_PHASE):
+            with self.phase(PRE_PHASE):
                 rv.call("cuCtxSynchronize")
-                evs = [SimpleNamespace(rec_params=p) for p in self._sel_params]
+                evs = [SimpleNamespace(rec_params=p) for p in self.sel_params]
                 pre = MemorySaver(rv, ranges_for(rv, evs, self.cfg.save_limit))
                 pre.save()
             self.pre = pre
-            self._pre_seq = seq
+            self.pre_seq = seq
             rv.hold_frees()          # the graph runs after the sequence freed its memory
         except Exception as e:
             self.warn(f"graph: could not save memory before call #{self.first_seq} ({type(e).__name__}: {e}); graph "
@@ -356,14 +379,14 @@ class SequenceRecording:
         if op is not None:
             self.ops.append(op)
 
-    def _prelude(self) -> List[Tuple]:
+    def prelude(self) -> List[Tuple]:
         """Memsets and device-to-device copies that ran between the save of the pre-state and
         the first selected launch: issued after every restore, before the graph."""
-        if self.pre is None or self._pre_seq is None:
+        if self.pre is None or self.pre_seq is None:
             return []
         out = []
-        for s, rec in self._early:
-            if s > self._pre_seq:
+        for s, rec in self.early:
+            if s > self.pre_seq:
                 b = base_name(rec.get("f") or "")
                 if "DtoH" in b or "HtoD" in b:       # host copies run on their own: before the save
                     continue
@@ -374,7 +397,7 @@ class SequenceRecording:
                     out.append(op)
         return out
 
-    def _stage(self) -> List[int]:
+    def stage(self) -> List[int]:
         """Host-to-device payloads into device memory, before the capture (a capture may not
         read pageable host memory): one buffer and one copy for all of them, since an
         allocation per payload costs more than the graph for thousands of copies."""

@@ -740,6 +740,7 @@ def _trial(path: str, device_index: int, preload: List[str], chip: Optional[str]
     code = ("import sys, runpy; sys.path.pop(0); f = sys.argv[1]; sys.argv = [f, '--cupti-trial', sys.argv[2]]; "
             "runpy.run_path(f, run_name='__main__')")
     try:
+        # a process of its own: a CUPTI trial: a profiler's first start may crash or hang its process
         r = subprocess.run([sys.executable, "-c", code, os.path.abspath(__file__), arg], capture_output=True,
                            text=True, timeout=PREFLIGHT_TIMEOUT_S)
         out, err, rc = r.stdout, r.stderr, r.returncode

@@ -705,6 +705,7 @@ def _run(sim: Sim, p: Plan, snapshot, options: Dict[str, Any], as_json: bool, ke
         sys.stdout.flush()
         cmd = [sys.executable, "-m", "cudasnap.replay.sim.worker", os.path.join(work, "job.json")]
         if report:
+            # a process of its own: the simulator's runtime (LD_LIBRARY_PATH, MALLOC_PERTURB_) is set before a process starts
             cp = subprocess.run(cmd, cwd=work, env=env)
         else:      # a pass whose results are partial: its progress shown, its verdict and mismatches not
             proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
