@@ -87,7 +87,9 @@ def _headers():
     return include
 
 
-def test_a_new_function_of_a_common_class_needs_only_its_overlay_entry(tmp_path):
+def _copy_of_the_tree(tmp_path):
+    """The source tree's tracked files copied under tmp_path/src, with each file's digest, so a
+    test can count which files a change edited by hand."""
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("needs the source tree's git checkout")
     pytest.importorskip("pycparser")
@@ -96,7 +98,11 @@ def test_a_new_function_of_a_common_class_needs_only_its_overlay_entry(tmp_path)
     for f in files:
         (src / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / f, src / f)
-    before = {f: _digest(src / f) for f in files}
+    return src, files, {f: _digest(src / f) for f in files}
+
+
+def test_a_new_function_of_a_common_class_needs_only_its_overlay_entry(tmp_path):
+    src, files, before = _copy_of_the_tree(tmp_path)
 
     # 1. the one hand-written change: the overlay entry
     with open(src / "shim" / "overlay.py", "a") as fh:
@@ -253,15 +259,7 @@ int main(void) {
 
 
 def test_a_function_of_its_own_is_one_overrides_entry_and_its_hooks(tmp_path):
-    if shutil.which("git") is None or not (ROOT / ".git").exists():
-        pytest.skip("needs the source tree's git checkout")
-    pytest.importorskip("pycparser")
-    src = tmp_path / "src"
-    files = _tree_files(ROOT)
-    for f in files:
-        (src / f).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / f, src / f)
-    before = {f: _digest(src / f) for f in files}
+    src, files, before = _copy_of_the_tree(tmp_path)
 
     # the hand-written changes: the overrides entry, the replay handler, the export method
     with open(src / "shim" / "overlay.py", "a") as fh:
