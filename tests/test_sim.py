@@ -233,6 +233,36 @@ def test_ptx_the_simulator_cannot_run_is_refused_by_name(snaps):
         "cudasnap: error: kernel add_one uses cp.async (the simulator cannot parse it); the simulator cannot run it"]
 
 
+def test_memory_model_qualifiers_run_as_volatile_accesses_and_fences(snaps, tmp_path):
+    """Relaxed/acquire/release loads and stores, fence.sc/.acq_rel and griddepcontrol, which the
+    simulator's parser rejects, run as volatile accesses and membar (the same or stronger order);
+    an atomic with a qualifier is refused before the run, by name."""
+    ptx = DATA / "ordering_add_one.ptx"
+    cp = _sim(snaps["plain"], "--replace", f"add_one={ptx}")
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert "OK: every recorded D2H result reproduced" in cp.stdout, cp.stdout
+    bad = tmp_path / "atom.ptx"
+    bad.write_text(re.sub(r"^(\s*)ret;", r"\1atom.relaxed.gpu.global.add.u32 %r6, [%rd4], 0;\n\1ret;",
+                          ptx.read_text(), count=1, flags=re.M))
+    cp = _sim(snaps["plain"], "--replace", f"add_one={bad}")
+    assert cp.returncode == 2 and cp.stdout == "", cp.stdout + cp.stderr
+    assert cp.stderr.strip().splitlines() == [
+        "cudasnap: error: kernel add_one uses memory-model qualifiers on atomics, vectors or other accesses "
+        "(the simulator cannot parse them; only scalar ld/st and fence are rewritten); the simulator cannot run it"]
+
+
+def test_parse_error_of_an_operand_is_named(snaps, tmp_path):
+    """The parser's other failure (`Parse error: operand ... has no declaration`, then a crash) is
+    named by function and line too, not only as a signal."""
+    good = (DATA / "wrong_add_one.ptx").read_text()
+    bad = tmp_path / "bad.ptx"
+    bad.write_text(re.sub(r"^(\s*)ret;", r"\1mov.u32 %r1, no_such_symbol;\n\1ret;", good, count=1, flags=re.M))
+    cp = _sim(snaps["plain"], "--replace", f"add_one={bad}")
+    assert cp.returncode == 2, cp.stdout + cp.stderr
+    err = cp.stderr.strip().splitlines()
+    assert len(err) == 1 and "its PTX parser rejects line" in err[0] and "of add_one ('mov.u32 %r1, no_such_symbol" in err[0], err
+
+
 def test_ptx_the_simulator_fails_to_parse_is_named(snaps, tmp_path):
     """PTX that no check foresaw and the simulator's parser rejects (it then crashes): exit 2,
     one line naming the function, the line and what to do, never a bare crash."""

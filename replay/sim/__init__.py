@@ -582,7 +582,7 @@ def ptx_parse_error(log_path: str, ptx_path: str) -> Optional[str]:
     then crashes); None when the log holds none."""
     try:
         with open(log_path, errors="replace") as f:
-            m = re.search(r"(\S+\.ptx):(\d+) Syntax error", f.read())
+            m = re.search(r"(\S+\.ptx):(\d+):? (?:Syntax|Parse) error", f.read())
         if not m:
             return None
         with open(ptx_path, errors="replace") as f:

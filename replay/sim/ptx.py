@@ -36,6 +36,10 @@ CONSTRUCTS: List[Tuple[re.Pattern, str, Optional[bool]]] = [
      "counts that exchange's instructions and shared-memory traffic)", None),
     (re.compile(re.escape(LDM_NOTE)), "ldmatrix, run as shared-memory loads (performance mode counts those)", None),
     (re.compile(r"\bcvt\.\w+\.f16x2\b|\bcvt\.\w+\.bf16x2\b"), "cvt to f16x2/bf16x2 (the simulator gets it wrong)", False),
+    (re.compile(r"\.(?:relaxed|acquire|release|acq_rel)\.(?:cta|cluster|gpu|sys)\b|\.mmio\b|\bfence\.proxy\b"),
+     "memory-model qualifiers on atomics, vectors or other accesses (the simulator cannot parse them; "
+     "only scalar ld/st and fence are rewritten)", True),
+    (re.compile(r"\bgriddepcontrol\b"), "griddepcontrol (the simulator cannot parse it)", True),
     (APPROX, "approximate math (sin.approx, lg2.approx and the like: the simulator computes them with the host's "
      "math library, the GPU approximates)", False),
 ]
@@ -56,11 +60,51 @@ _HINTS = [(re.compile(r"^\s*createpolicy\.[^;\n]*;[ \t]*$", re.M), ""),
 
 
 def for_sim(ptx: str) -> str:
-    """The PTX with the constructs above rewritten for the simulator's parser, and its warp
-    shuffles as shared-memory exchanges (shuffles())."""
+    """The PTX with the constructs above rewritten for the simulator's parser, its memory-model
+    qualifiers as volatile accesses and fences (ordering()), and its warp shuffles as shared-memory
+    exchanges (shuffles())."""
     for rx, to in _HINTS:
         ptx = rx.sub(to, ptx)
-    return shuffles(ptx)
+    return shuffles(ordering(ptx))
+
+
+# The parser knows neither memory-model qualifiers (.relaxed/.acquire/.release with a scope) nor
+# fence. Each becomes what the PTX memory model makes it equal to or stronger than: ld/st.volatile
+# is a relaxed access at .sys scope; acquire is a relaxed load followed by a fence, release a fence
+# followed by a relaxed store; membar.{cta,gl,sys} is fence.sc at that scope (stronger than
+# acq_rel). The fence is unguarded: an extra fence only orders more. Loads and stores of vectors
+# and atomics keep their qualifiers and stay refused (MEMORY_MODEL below).
+_BAR = {"cta": "membar.cta", "cluster": "membar.gl", "gpu": "membar.gl", "sys": "membar.sys"}
+_LDST = re.compile(r"^([ \t]*)(@!?%\w+[ \t]+)?(ld|st)((?:\.(?:global|shared(?:::cta)?))?)\.(relaxed|acquire|release)"
+                   r"\.(cta|cluster|gpu|sys)((?:\.(?:global|shared(?:::cta)?))?)(\.[bsuf](?:8|16|32|64))[ \t]+([^;\n]*);", re.M)
+_FENCE = re.compile(r"\bfence\.(?:sc|acq_rel)\.(cta|cluster|gpu|sys)[ \t]*;")
+# griddepcontrol (programmatic dependent launch): the simulator runs a stream's grids one after
+# the other, so every prerequisite grid has ended and written its memory before .wait; launching
+# dependents early is a scheduling hint.
+_PDL = re.compile(r"^[ \t]*griddepcontrol\.(?:wait|launch_dependents)[ \t]*;[ \t]*$", re.M)
+
+
+def _access(m: "re.Match") -> str:
+    i, guard, op, sp1, sem, scope, sp2, ty, rest = m.groups()
+    if (sem == "acquire" and op != "ld") or (sem == "release" and op != "st"):
+        return m.group(0)
+    acc = f"{i}{guard or ''}{op}.volatile{sp1 or sp2}{ty} {rest};"
+    if sem == "acquire":
+        return f"{acc}\n{i}{_BAR[scope]};"
+    if sem == "release":
+        return f"{i}{_BAR[scope]};\n{acc}"
+    return acc
+
+
+def ordering(ptx: str) -> str:
+    """Scalar ld/st with .relaxed/.acquire/.release, fence.sc/.acq_rel and griddepcontrol in
+    forms the simulator parses, with the same or stronger ordering (above)."""
+    if "relaxed" not in ptx and "acquire" not in ptx and "release" not in ptx and "fence" not in ptx \
+            and "griddepcontrol" not in ptx:
+        return ptx
+    ptx = _LDST.sub(_access, ptx)
+    ptx = _FENCE.sub(lambda m: _BAR[m.group(1)] + ";", ptx)
+    return _PDL.sub("", ptx)
 
 
 # GPGPU-Sim's shfl writes some lanes' results into other threads' registers (a Triton softmax's
