@@ -251,6 +251,19 @@ def test_memory_model_qualifiers_run_as_volatile_accesses_and_fences(snaps, tmp_
         "(the simulator cannot parse them; only scalar ld/st and fence are rewritten); the simulator cannot run it"]
 
 
+def test_kernel_not_run_that_the_simulator_refuses_stays_out(snaps, tmp_path):
+    """A module's kernel that is not launched and holds what the parser rejects (an atomic with a
+    memory-model qualifier) is left out of the simulator's PTX, so the kernels that run still do."""
+    both = tmp_path / "both.ptx"
+    ptx = (DATA / "ordering_add_one.ptx").read_text()
+    other = re.sub(r"\badd_one\b", "idle_add", ptx.split(".address_size 64", 1)[1])
+    other = re.sub(r"^(\s*)ret;", r"\1atom.relaxed.gpu.global.add.u32 %r6, [%rd4], 0;\n\1ret;", other, flags=re.M)
+    both.write_text(ptx + other)
+    cp = _sim(snaps["plain"], "--replace", f"add_one={both}")
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert "OK: every recorded D2H result reproduced" in cp.stdout, cp.stdout
+
+
 def test_parse_error_of_an_operand_is_named(snaps, tmp_path):
     """The parser's other failure (`Parse error: operand ... has no declaration`, then a crash) is
     named by function and line too, not only as a signal."""

@@ -229,13 +229,36 @@ def bodies(ptx: str) -> Dict[str, str]:
     ms = list(_ENTRY.finditer(ptx))
     for i, m in enumerate(ms):
         end = ms[i + 1].start() if i + 1 < len(ms) else len(ptx)
-        out[m.group(1)] = ptx[m.start():end]
+        out[m.group(1)] = ptx[m.start():_close(ptx, m.end(), end)]
     return out
+
+
+def _close(ptx: str, at: int, limit: int) -> int:
+    """Just past the closing brace of the body that opens after `at` (limit where none closes
+    before it: what lies between entries, comments included, is no entry's)."""
+    start = ptx.find("{", at, limit)
+    depth, i = 0, start
+    while 0 <= i < limit:
+        depth += {"{": 1, "}": -1}.get(ptx[i], 0)
+        if depth == 0:
+            return i + 1
+        i += 1
+    return limit
 
 
 def constructs(body: str) -> List[Tuple[str, Optional[bool]]]:
     """[(construct, refuse)] the simulator mishandles, found in one entry's text."""
     return [(what, refuse) for rx, what, refuse in CONSTRUCTS if rx.search(body)]
+
+
+def drop_entries(ptx: str, names: List[str]) -> str:
+    """The PTX without the named entries (declaration through the closing brace of the body):
+    an entry is never called, so nothing else in the module needs it."""
+    for name in names:
+        m = re.search(rf"^[ \t]*(?:\.(?:visible|weak|extern)[ \t]+)*\.entry\s+{re.escape(name)}\s*\(", ptx, re.M)
+        if m:
+            ptx = ptx[:m.start()] + ptx[_close(ptx, ptx.find(")", m.end()), len(ptx)):]
+    return ptx
 
 
 def rename_entry(ptx: str, old: str, new: str) -> str:
