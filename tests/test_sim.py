@@ -264,6 +264,14 @@ def test_kernel_not_run_that_the_simulator_refuses_stays_out(snaps, tmp_path):
     assert "OK: every recorded D2H result reproduced" in cp.stdout, cp.stdout
 
 
+def test_literals_the_lexer_misreads_are_rewritten(snaps):
+    """A 64-bit instruction's immediate outside int32 (its upper half lost), the U suffix (an
+    abort) and immediate elements of a stored vector (a parse error) run as the GPU reads them."""
+    cp = _sim(snaps["plain"], "--replace", f"add_one={DATA / 'imm_add_one.ptx'}")
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert "OK: every recorded D2H result reproduced" in cp.stdout, cp.stdout
+
+
 def test_parse_error_of_an_operand_is_named(snaps, tmp_path):
     """The parser's other failure (`Parse error: operand ... has no declaration`, then a crash) is
     named by function and line too, not only as a signal."""

@@ -65,7 +65,99 @@ def for_sim(ptx: str) -> str:
     exchanges (shuffles())."""
     for rx, to in _HINTS:
         ptx = rx.sub(to, ptx)
-    return shuffles(ordering(ptx))
+    return shuffles(immediates(ordering(ptx)))
+
+
+# The simulator's lexer reads an integer literal into a C int: a 64-bit instruction's immediate
+# outside int32 loses its upper half (cuSOLVER's `sub.s64 %rd31, 9214364837600034816, %rd30`
+# became 0 - %rd30), and it aborts on the `U` suffix (CUB's `prmt.b32 ..., 0x3340U`). The suffix
+# goes (the value is the same); such a 64-bit immediate is built in a register from its two
+# 32-bit halves, which the lexer reads whole.
+_U = re.compile(r"\b(0[xX][0-9a-fA-F]+|\d+)U\b")
+_INSN = re.compile(r"^([ \t]*)(@!?%\w+[ \t]+)?([a-z][\w:]*(?:\.[\w:]+)*)([ \t]+)([^;\n]*);", re.M)
+_IMM = re.compile(r"(?<![\w.%$])(-?)(0[xX][0-9a-fA-F]+|\d+)(?![\w.])")
+_I64 = re.compile(r"\.[bsu]64\b")
+
+
+def _wide(ops: str) -> List[int]:
+    """The int64 immediates outside int32 among an instruction's operands (not in [addresses])."""
+    out = []
+    for part in re.split(r"\[[^\]]*\]", ops):
+        for m in _IMM.finditer(part):
+            v = int(m.group(2), 0) * (-1 if m.group(1) else 1)
+            if not -(1 << 31) <= v < (1 << 31):
+                out.append(v)
+    return out
+
+
+_VEC = re.compile(r"\{([^{}]*)\}")
+
+
+def _vector(i: str, op: str, ops: str) -> Tuple[List[str], str]:
+    """A store's vector operand with immediate elements ({%r1, 0}: the parser wants registers),
+    each moved into a register of the element's width first."""
+    w = re.search(r"\.v[24]\.[bsuf](8|16|32|64)$", op)
+    if not op.startswith("st.") or not w:
+        return [], ops
+    pre: List[str] = []
+
+    def elems(vm: "re.Match") -> str:
+        out = []
+        for e in vm.group(1).split(","):
+            e = e.strip()
+            if re.fullmatch(r"-?(?:0[xX][0-9a-fA-F]+|\d+)|0[dDfF][0-9a-fA-F]+", e):
+                bits = {"8": "16", "16": "16"}.get(w.group(1), w.group(1))    # b8 stores from b16 registers
+                r = f"%cs_iv{dict(zip(('16', '32', '64'), 'hwd'))[bits]}{len(pre)}"
+                pre.append(f"mov.b{bits} {r}, {e};")
+                e = r
+            out.append(e)
+        return "{" + ", ".join(out) + "}"
+    ops = _VEC.sub(elems, ops)
+    return pre, ops
+
+
+def _hoist(m: "re.Match") -> str:
+    i, guard, op, sp, ops = m.groups()
+    vpre, ops = _vector(i, op, ops)
+    if vpre:
+        return "\n".join(i + l for l in vpre) + f"\n{i}{guard or ''}{op}{sp}{ops};"
+    if not _I64.search(op) or len(_wide(ops)) not in (1, 2):
+        return m.group(0)
+    pre, k = [], [0]
+
+    def reg(im: "re.Match") -> str:
+        v = int(im.group(2), 0) * (-1 if im.group(1) else 1)
+        if -(1 << 31) <= v < (1 << 31):
+            return im.group(0)
+        v &= (1 << 64) - 1
+        r = f"%cs_im{k[0]}"
+        k[0] += 1
+        pre.extend([f"mov.b32 %cs_iw0, 0x{v & 0xFFFFFFFF:08x};", f"mov.b32 %cs_iw1, 0x{v >> 32:08x};",
+                    f"cvt.u64.u32 {r}, %cs_iw0;", "cvt.u64.u32 %cs_im2, %cs_iw1;", "shl.b64 %cs_im2, %cs_im2, 32;",
+                    f"or.b64 {r}, {r}, %cs_im2;"])
+        return r
+    parts = re.split(r"(\[[^\]]*\])", ops)
+    ops = "".join(x if x.startswith("[") else _IMM.sub(reg, x) for x in parts)
+    return "\n".join(i + l for l in pre) + f"\n{i}{guard or ''}{op}{sp}{ops};"
+
+
+def immediates(ptx: str) -> str:
+    """Integer literals the simulator's lexer reads wrong, and immediates in a store's vector
+    operand, rewritten (above)."""
+    ptx = _U.sub(r"\1", ptx)
+    heads = list(_FUNC.finditer(ptx))
+    out, last = [], 0
+    for n, h in enumerate(heads):
+        end = heads[n + 1].start() if n + 1 < len(heads) else len(ptx)
+        body = ptx[h.end():end]
+        new = _INSN.sub(_hoist, body)
+        if new == body:
+            continue
+        out += [ptx[last:h.end()], "\n\t.reg .b64 %cs_im<3>;\n\t.reg .b32 %cs_iw<2>;\n\t.reg .b32 %cs_ivw<4>;\n"
+                "\t.reg .b64 %cs_ivd<4>;\n\t.reg .b16 %cs_ivh<4>;\n", new]
+        last = end
+    out.append(ptx[last:])
+    return "".join(out)
 
 
 # The parser knows neither memory-model qualifiers (.relaxed/.acquire/.release with a scope) nor
