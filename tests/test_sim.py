@@ -687,6 +687,44 @@ def test_a_difference_from_approximate_math_is_named(globs):
         "approximates: a difference in the last bits there is the simulator's (--dtype judges it within a tolerance)"), line
 
 
+def test_a_difference_where_ptxas_may_fuse_is_named(snaps, tmp_path):
+    """simprog whose add_one adds a product (mul.f32 into add.f32, no rounding mode), its recorded
+    results one ULP off on every third element as a GPU's fused FMA could leave them (saxpy reads
+    them): CLOSE by
+    default; under --exact DIFFERENT (exit 1) that says the GPU may have fused the pair; a writer
+    without such a pair claims no cause."""
+    d = snaps["double"]
+    text = (DATA / "kernels.ptx").read_text()
+    fused = tmp_path / "fused.ptx"           # x * 1 + 1
+    fused.write_text(text.replace("add.f32 \t%f2, %f1, 0f3F800000;",
+                                  "mul.f32 \t%f2, %f1, 0f3F800000;\n\tadd.f32 \t%f2, %f2, 0f3F800000;", 1))
+    assert fused.read_text() != text
+    snap = tmp_path / "fused.cusnap"
+    cp = _cli("capture", "-o", snap, "--ring-mb", "16", "--", d["progs"]["simprog"], fused,
+              env=dict(d["env"], CUDA_DOUBLE_PERTURB="add_one:ulp:3"), timeout=120)
+    assert snap.exists(), cp.stdout + cp.stderr
+    cp = _sim(snap)
+    assert cp.returncode == 0 and re.search(r"D2H results: \d+ EXACT, [12] CLOSE, 0 DIFFERENT", cp.stdout), cp.stdout + cp.stderr
+    ex = _sim(snap, "--exact")
+    assert ex.returncode == 1, ex.stdout + ex.stderr
+    line = next(l for l in ex.stdout.splitlines() if l.startswith("DIFFERENT: ") and " add_one" in l)
+    assert re.search(r"last written by #\d+ add_one;", line) and line.endswith(
+        "; its writer adds products (mul.f32 into add/sub.f32 without a rounding mode) that ptxas may "
+        "fuse into one FMA on the GPU (one rounding) and the simulator rounds twice: a difference in "
+        "the last bits there is the simulator's (--dtype judges it within a tolerance)"), line
+    plain = _sim(snaps["plain"], "--replace", f"add_one={DATA / 'wrong_add_one.ptx'}")
+    assert plain.returncode == 1 and "DIFFERENT: " in plain.stdout and "may fuse" not in plain.stdout, plain.stdout
+
+
+def test_contractible_pairs_in_ptx():
+    from cudasnap.replay.numerics import ptx_contractions
+    text = (".visible .entry a(.param .u64 p)\n{\n\tmul.f64 %fd1, %fd2, %fd3;\n\tsub.f64 %fd4, %fd5, %fd1;\n"
+            "\tmul.rn.f32 %f1, %f2, %f3;\n\tadd.f32 %f4, %f1, %f5;\n}\n"
+            ".visible .entry b(.param .u64 p)\n{\n\tmul.f32 %f1, %f2, %f3;\n\tadd.rn.f32 %f4, %f1, %f5;\n"
+            "\tadd.f32 %f6, %f7, %f8;\n}\n")
+    assert ptx_contractions(text) == {"a": ["f64"], "b": []}
+
+
 def test_approximate_instructions_in_ptx():
     from cudasnap.replay.numerics import ptx_approx_ops
     text = (DATA / "fast_sin.ptx").read_text() + (
