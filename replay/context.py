@@ -410,6 +410,11 @@ class ReplayContext:
                 m.cause = (f"its writer uses {', '.join(ops)}, which the simulator computes with the host's math "
                            f"library where the GPU approximates: a difference in the last bits there is the "
                            f"simulator's (--dtype judges it within a tolerance)")
+            elif self.types.contractions(writer[1]):  # the GPU's FMAs where the PTX has a mul and an add
+                fused = " and ".join(f"mul.{t} into add/sub.{t}" for t in self.types.contractions(writer[1]))
+                m.cause = (f"its writer adds products ({fused} without a rounding mode) that ptxas may fuse into "
+                           f"one FMA on the GPU (one rounding) and the simulator rounds twice: a difference in the "
+                           f"last bits there is the simulator's (--dtype judges it within a tolerance)")
         summarize(self.res.numerics, j or Judgement(DIFFERENT), seq, rec.get("f", ""), writer)
         self.res.mismatches.append(m.to_dict())
         self.mismatch_text.append(m.describe())

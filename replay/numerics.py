@@ -153,6 +153,27 @@ def ptx_approx_ops(ptx: str) -> Dict[str, List[str]]:
             for i, m in enumerate(ms)}
 
 
+# A float mul without a rounding mode whose result an add or sub without one takes: ptxas may
+# contract the two into one FMA (PTX allows it; one rounding on the GPU), a PTX interpreter
+# rounds each.
+_MUL = re.compile(r"\bmul\.(f32|f64)[ \t]+(%\w+)")
+_ADD = re.compile(r"\b(?:add|sub)\.(f32|f64)[ \t]+%\w+[ \t]*,([^;\n]*)")
+
+
+def ptx_contractions(ptx: str) -> Dict[str, List[str]]:
+    """Entry -> the types (f32, f64) of its mul/add pairs ptxas may fuse (above), sorted."""
+    ms = list(_ENTRY.finditer(ptx))
+    out: Dict[str, List[str]] = {}
+    for i, m in enumerate(ms):
+        body = ptx[m.end():ms[i + 1].start() if i + 1 < len(ms) else len(ptx)]
+        muls: Dict[str, set] = {}
+        for t, d in _MUL.findall(body):
+            muls.setdefault(t, set()).add(d)
+        out[m.group(1)] = sorted({t for t, ops in _ADD.findall(body)
+                                  if set(re.findall(r"%\w+", ops)) & muls.get(t, set())})
+    return out
+
+
 def ptx_store_types(ptx: str) -> Dict[str, Tuple[Optional[str], str]]:
     """Entry -> (type, how it was read) from its global stores: one float type, "int", or None
     where it stores none or floats and integers both (a buffer could be either: bit-exact)."""
@@ -194,6 +215,7 @@ class TypeOracle:
         self.specs = specs
         self._ptx: Optional[Dict[str, Tuple[Optional[str], str]]] = None
         self._approx: Dict[str, List[str]] = {}
+        self._fused: Dict[str, List[str]] = {}
         self._loads: Optional[List[Any]] = None
 
     def of(self, seq: int, writer) -> Tuple[Optional[str], str]:
@@ -240,12 +262,19 @@ class TypeOracle:
                     self._ptx.setdefault(k, v)
                 for k, v in ptx_approx_ops(text).items():
                     self._approx.setdefault(k, v)
+                for k, v in ptx_contractions(text).items():
+                    self._fused.setdefault(k, v)
         return self._ptx.get(name)
 
     def approx(self, name: str) -> List[str]:
         """The approximate instructions kernel name's PTX uses (none where its PTX is unknown)."""
         self._from_ptx(name)
         return self._approx.get(name, [])
+
+    def contractions(self, name: str) -> List[str]:
+        """The float types whose mul/add pairs ptxas may fuse in kernel name (ptx_contractions)."""
+        self._from_ptx(name)
+        return self._fused.get(name, [])
 
     def _images(self) -> List[Any]:
         out = []

@@ -233,6 +233,57 @@ def test_ptx_the_simulator_cannot_run_is_refused_by_name(snaps):
         "cudasnap: error: kernel add_one uses cp.async (the simulator cannot parse it); the simulator cannot run it"]
 
 
+def test_memory_model_qualifiers_run_as_volatile_accesses_and_fences(snaps, tmp_path):
+    """Relaxed/acquire/release loads and stores, fence.sc/.acq_rel and griddepcontrol, which the
+    simulator's parser rejects, run as volatile accesses and membar (the same or stronger order);
+    an atomic with a qualifier is refused before the run, by name."""
+    ptx = DATA / "ordering_add_one.ptx"
+    cp = _sim(snaps["plain"], "--replace", f"add_one={ptx}")
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert "OK: every recorded D2H result reproduced" in cp.stdout, cp.stdout
+    bad = tmp_path / "atom.ptx"
+    bad.write_text(re.sub(r"^(\s*)ret;", r"\1atom.relaxed.gpu.global.add.u32 %r6, [%rd4], 0;\n\1ret;",
+                          ptx.read_text(), count=1, flags=re.M))
+    cp = _sim(snaps["plain"], "--replace", f"add_one={bad}")
+    assert cp.returncode == 2 and cp.stdout == "", cp.stdout + cp.stderr
+    assert cp.stderr.strip().splitlines() == [
+        "cudasnap: error: kernel add_one uses memory-model qualifiers on atomics, vectors or other accesses "
+        "(the simulator cannot parse them; only scalar ld/st and fence are rewritten); the simulator cannot run it"]
+
+
+def test_kernel_not_run_that_the_simulator_refuses_stays_out(snaps, tmp_path):
+    """A module's kernel that is not launched and holds what the parser rejects (an atomic with a
+    memory-model qualifier) is left out of the simulator's PTX, so the kernels that run still do."""
+    both = tmp_path / "both.ptx"
+    ptx = (DATA / "ordering_add_one.ptx").read_text()
+    other = re.sub(r"\badd_one\b", "idle_add", ptx.split(".address_size 64", 1)[1])
+    other = re.sub(r"^(\s*)ret;", r"\1atom.relaxed.gpu.global.add.u32 %r6, [%rd4], 0;\n\1ret;", other, flags=re.M)
+    both.write_text(ptx + other)
+    cp = _sim(snaps["plain"], "--replace", f"add_one={both}")
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert "OK: every recorded D2H result reproduced" in cp.stdout, cp.stdout
+
+
+def test_literals_the_lexer_misreads_are_rewritten(snaps):
+    """A 64-bit instruction's immediate outside int32 (its upper half lost), the U suffix (an
+    abort) and immediate elements of a stored vector (a parse error) run as the GPU reads them."""
+    cp = _sim(snaps["plain"], "--replace", f"add_one={DATA / 'imm_add_one.ptx'}")
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert "OK: every recorded D2H result reproduced" in cp.stdout, cp.stdout
+
+
+def test_parse_error_of_an_operand_is_named(snaps, tmp_path):
+    """The parser's other failure (`Parse error: operand ... has no declaration`, then a crash) is
+    named by function and line too, not only as a signal."""
+    good = (DATA / "wrong_add_one.ptx").read_text()
+    bad = tmp_path / "bad.ptx"
+    bad.write_text(re.sub(r"^(\s*)ret;", r"\1mov.u32 %r1, no_such_symbol;\n\1ret;", good, count=1, flags=re.M))
+    cp = _sim(snaps["plain"], "--replace", f"add_one={bad}")
+    assert cp.returncode == 2, cp.stdout + cp.stderr
+    err = cp.stderr.strip().splitlines()
+    assert len(err) == 1 and "its PTX parser rejects line" in err[0] and "of add_one ('mov.u32 %r1, no_such_symbol" in err[0], err
+
+
 def test_ptx_the_simulator_fails_to_parse_is_named(snaps, tmp_path):
     """PTX that no check foresaw and the simulator's parser rejects (it then crashes): exit 2,
     one line naming the function, the line and what to do, never a bare crash."""
@@ -634,6 +685,44 @@ def test_a_difference_from_approximate_math_is_named(globs):
     assert "last written by #" in line and line.endswith(
         "; its writer uses sin.approx.f32, which the simulator computes with the host's math library where the GPU "
         "approximates: a difference in the last bits there is the simulator's (--dtype judges it within a tolerance)"), line
+
+
+def test_a_difference_where_ptxas_may_fuse_is_named(snaps, tmp_path):
+    """simprog whose add_one adds a product (mul.f32 into add.f32, no rounding mode), its recorded
+    results one ULP off on every third element as a GPU's fused FMA could leave them (saxpy reads
+    them): CLOSE by
+    default; under --exact DIFFERENT (exit 1) that says the GPU may have fused the pair; a writer
+    without such a pair claims no cause."""
+    d = snaps["double"]
+    text = (DATA / "kernels.ptx").read_text()
+    fused = tmp_path / "fused.ptx"           # x * 1 + 1
+    fused.write_text(text.replace("add.f32 \t%f2, %f1, 0f3F800000;",
+                                  "mul.f32 \t%f2, %f1, 0f3F800000;\n\tadd.f32 \t%f2, %f2, 0f3F800000;", 1))
+    assert fused.read_text() != text
+    snap = tmp_path / "fused.cusnap"
+    cp = _cli("capture", "-o", snap, "--ring-mb", "16", "--", d["progs"]["simprog"], fused,
+              env=dict(d["env"], CUDA_DOUBLE_PERTURB="add_one:ulp:3"), timeout=120)
+    assert snap.exists(), cp.stdout + cp.stderr
+    cp = _sim(snap)
+    assert cp.returncode == 0 and re.search(r"D2H results: \d+ EXACT, [12] CLOSE, 0 DIFFERENT", cp.stdout), cp.stdout + cp.stderr
+    ex = _sim(snap, "--exact")
+    assert ex.returncode == 1, ex.stdout + ex.stderr
+    line = next(l for l in ex.stdout.splitlines() if l.startswith("DIFFERENT: ") and " add_one" in l)
+    assert re.search(r"last written by #\d+ add_one;", line) and line.endswith(
+        "; its writer adds products (mul.f32 into add/sub.f32 without a rounding mode) that ptxas may "
+        "fuse into one FMA on the GPU (one rounding) and the simulator rounds twice: a difference in "
+        "the last bits there is the simulator's (--dtype judges it within a tolerance)"), line
+    plain = _sim(snaps["plain"], "--replace", f"add_one={DATA / 'wrong_add_one.ptx'}")
+    assert plain.returncode == 1 and "DIFFERENT: " in plain.stdout and "may fuse" not in plain.stdout, plain.stdout
+
+
+def test_contractible_pairs_in_ptx():
+    from cudasnap.replay.numerics import ptx_contractions
+    text = (".visible .entry a(.param .u64 p)\n{\n\tmul.f64 %fd1, %fd2, %fd3;\n\tsub.f64 %fd4, %fd5, %fd1;\n"
+            "\tmul.rn.f32 %f1, %f2, %f3;\n\tadd.f32 %f4, %f1, %f5;\n}\n"
+            ".visible .entry b(.param .u64 p)\n{\n\tmul.f32 %f1, %f2, %f3;\n\tadd.rn.f32 %f4, %f1, %f5;\n"
+            "\tadd.f32 %f6, %f7, %f8;\n}\n")
+    assert ptx_contractions(text) == {"a": ["f64"], "b": []}
 
 
 def test_approximate_instructions_in_ptx():

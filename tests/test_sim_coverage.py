@@ -341,9 +341,11 @@ def test_only_modules_whose_kernels_run_are_merged(tmp_path):
     s.close()
     with SnapshotReader(str(path)) as r:
         p = plan(r, ReplayOptions(), [])
-    assert len(p.texts) == 1 and "solo_a" in p.texts[0] and ".entry asyncy" not in p.texts[0]
-    assert p.refusals == []                          # solo_a (cp.async) is in the module, never launched
+    assert len(p.texts) == 1 and ".entry solo(" in p.texts[0] and ".entry asyncy" not in p.texts[0]
+    # solo_a (cp.async) is in the launched module, never launched: left out of the file, not refused
+    assert ".entry solo_a" not in p.texts[0] and ".entry solo_c(" in p.texts[0] and p.refusals == []
     assert [x for x, _ in kernel_problems(p, "asyncy", 1)[0]] == ["cp.async"]   # judged all the same
+    assert [x for x, _ in kernel_problems(p, "solo_a", 1)[0]] == ["cp.async"]
 
 
 def test_warp_shuffles_are_rewritten_as_exchanges():

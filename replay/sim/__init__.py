@@ -278,6 +278,15 @@ def plan(reader, opts, replace_specs: List[Tuple[str, str]]) -> Plan:
                 text = P.rename_entry(text, k, sim)
             taken[sim] = digest
             mapping[k] = sim
+        # a kernel not run here whose PTX the simulator refuses stays out (the parser stops on it
+        # anywhere in the file); its handle is still given, never launched
+        bodies = P.bodies(text)
+        idle = {k: sim for k, sim in mapping.items() if k not in wanted
+                and any(refuse for _w, refuse in P.constructs(bodies.get(sim, "")))}
+        for k, sim in idle.items():
+            have.setdefault(k, (bodies.get(sim, ""), ld["seq"]))
+            p.source.setdefault(k, src)
+        text = P.drop_entries(text, list(idle.values()))
         gl: Dict[str, Tuple[str, int]] = {}
         for v, (_space, size) in P.variables(text).items():
             if size is None:
@@ -292,6 +301,8 @@ def plan(reader, opts, replace_specs: List[Tuple[str, str]]) -> Plan:
         ents = P.entries(text)
         bodies = P.bodies(text)
         for k, sim in mapping.items():
+            if k in idle:
+                continue
             p.layouts[sim] = ents[sim]
             have.setdefault(k, (bodies.get(sim, ""), ld["seq"]))
             p.source.setdefault(k, src)
@@ -308,6 +319,11 @@ def plan(reader, opts, replace_specs: List[Tuple[str, str]]) -> Plan:
             p.refusals.append(f"--replace {kernel}={path}: {e.strerror}")
             continue
         ents = P.entries(text)
+        if kernel in ents:             # the file's other entries the simulator refuses stay out, as above
+            bodies = P.bodies(text)
+            text = P.drop_entries(text, [e for e in ents if e != kernel and any(
+                refuse for _w, refuse in P.constructs(bodies[e]))])
+            ents = P.entries(text)
         if kernel not in ents:
             p.refusals.append(f"--replace {kernel}={path}: the PTX has no entry {kernel} "
                               f"(it has: {', '.join(ents) or 'none'})")
@@ -582,7 +598,7 @@ def ptx_parse_error(log_path: str, ptx_path: str) -> Optional[str]:
     then crashes); None when the log holds none."""
     try:
         with open(log_path, errors="replace") as f:
-            m = re.search(r"(\S+\.ptx):(\d+) Syntax error", f.read())
+            m = re.search(r"(\S+\.ptx):(\d+):? (?:Syntax|Parse) error", f.read())
         if not m:
             return None
         with open(ptx_path, errors="replace") as f:

@@ -36,6 +36,10 @@ CONSTRUCTS: List[Tuple[re.Pattern, str, Optional[bool]]] = [
      "counts that exchange's instructions and shared-memory traffic)", None),
     (re.compile(re.escape(LDM_NOTE)), "ldmatrix, run as shared-memory loads (performance mode counts those)", None),
     (re.compile(r"\bcvt\.\w+\.f16x2\b|\bcvt\.\w+\.bf16x2\b"), "cvt to f16x2/bf16x2 (the simulator gets it wrong)", False),
+    (re.compile(r"\.(?:relaxed|acquire|release|acq_rel)\.(?:cta|cluster|gpu|sys)\b|\.mmio\b|\bfence\.proxy\b"),
+     "memory-model qualifiers on atomics, vectors or other accesses (the simulator cannot parse them; "
+     "only scalar ld/st and fence are rewritten)", True),
+    (re.compile(r"\bgriddepcontrol\b"), "griddepcontrol (the simulator cannot parse it)", True),
     (APPROX, "approximate math (sin.approx, lg2.approx and the like: the simulator computes them with the host's "
      "math library, the GPU approximates)", False),
 ]
@@ -56,11 +60,143 @@ _HINTS = [(re.compile(r"^\s*createpolicy\.[^;\n]*;[ \t]*$", re.M), ""),
 
 
 def for_sim(ptx: str) -> str:
-    """The PTX with the constructs above rewritten for the simulator's parser, and its warp
-    shuffles as shared-memory exchanges (shuffles())."""
+    """The PTX with the constructs above rewritten for the simulator's parser, its memory-model
+    qualifiers as volatile accesses and fences (ordering()), and its warp shuffles as shared-memory
+    exchanges (shuffles())."""
     for rx, to in _HINTS:
         ptx = rx.sub(to, ptx)
-    return shuffles(ptx)
+    return shuffles(immediates(ordering(ptx)))
+
+
+# The simulator's lexer reads an integer literal into a C int: a 64-bit instruction's immediate
+# outside int32 loses its upper half (cuSOLVER's `sub.s64 %rd31, 9214364837600034816, %rd30`
+# became 0 - %rd30), and it aborts on the `U` suffix (CUB's `prmt.b32 ..., 0x3340U`). The suffix
+# goes (the value is the same); such a 64-bit immediate is built in a register from its two
+# 32-bit halves, which the lexer reads whole.
+_U = re.compile(r"\b(0[xX][0-9a-fA-F]+|\d+)U\b")
+_INSN = re.compile(r"^([ \t]*)(@!?%\w+[ \t]+)?([a-z][\w:]*(?:\.[\w:]+)*)([ \t]+)([^;\n]*);", re.M)
+_IMM = re.compile(r"(?<![\w.%$])(-?)(0[xX][0-9a-fA-F]+|\d+)(?![\w.])")
+_I64 = re.compile(r"\.[bsu]64\b")
+
+
+def _wide(ops: str) -> List[int]:
+    """The int64 immediates outside int32 among an instruction's operands (not in [addresses])."""
+    out = []
+    for part in re.split(r"\[[^\]]*\]", ops):
+        for m in _IMM.finditer(part):
+            v = int(m.group(2), 0) * (-1 if m.group(1) else 1)
+            if not -(1 << 31) <= v < (1 << 31):
+                out.append(v)
+    return out
+
+
+_VEC = re.compile(r"\{([^{}]*)\}")
+
+
+def _vector(i: str, op: str, ops: str) -> Tuple[List[str], str]:
+    """A store's vector operand with immediate elements ({%r1, 0}: the parser wants registers),
+    each moved into a register of the element's width first."""
+    w = re.search(r"\.v[24]\.[bsuf](8|16|32|64)$", op)
+    if not op.startswith("st.") or not w:
+        return [], ops
+    pre: List[str] = []
+
+    def elems(vm: "re.Match") -> str:
+        out = []
+        for e in vm.group(1).split(","):
+            e = e.strip()
+            if re.fullmatch(r"-?(?:0[xX][0-9a-fA-F]+|\d+)|0[dDfF][0-9a-fA-F]+", e):
+                bits = {"8": "16", "16": "16"}.get(w.group(1), w.group(1))    # b8 stores from b16 registers
+                r = f"%cs_iv{dict(zip(('16', '32', '64'), 'hwd'))[bits]}{len(pre)}"
+                pre.append(f"mov.b{bits} {r}, {e};")
+                e = r
+            out.append(e)
+        return "{" + ", ".join(out) + "}"
+    ops = _VEC.sub(elems, ops)
+    return pre, ops
+
+
+def _hoist(m: "re.Match") -> str:
+    i, guard, op, sp, ops = m.groups()
+    vpre, ops = _vector(i, op, ops)
+    if vpre:
+        return "\n".join(i + l for l in vpre) + f"\n{i}{guard or ''}{op}{sp}{ops};"
+    if not _I64.search(op) or len(_wide(ops)) not in (1, 2):
+        return m.group(0)
+    pre, k = [], [0]
+
+    def reg(im: "re.Match") -> str:
+        v = int(im.group(2), 0) * (-1 if im.group(1) else 1)
+        if -(1 << 31) <= v < (1 << 31):
+            return im.group(0)
+        v &= (1 << 64) - 1
+        r = f"%cs_im{k[0]}"
+        k[0] += 1
+        pre.extend([f"mov.b32 %cs_iw0, 0x{v & 0xFFFFFFFF:08x};", f"mov.b32 %cs_iw1, 0x{v >> 32:08x};",
+                    f"cvt.u64.u32 {r}, %cs_iw0;", "cvt.u64.u32 %cs_im2, %cs_iw1;", "shl.b64 %cs_im2, %cs_im2, 32;",
+                    f"or.b64 {r}, {r}, %cs_im2;"])
+        return r
+    parts = re.split(r"(\[[^\]]*\])", ops)
+    ops = "".join(x if x.startswith("[") else _IMM.sub(reg, x) for x in parts)
+    return "\n".join(i + l for l in pre) + f"\n{i}{guard or ''}{op}{sp}{ops};"
+
+
+def immediates(ptx: str) -> str:
+    """Integer literals the simulator's lexer reads wrong, and immediates in a store's vector
+    operand, rewritten (above)."""
+    ptx = _U.sub(r"\1", ptx)
+    heads = list(_FUNC.finditer(ptx))
+    out, last = [], 0
+    for n, h in enumerate(heads):
+        end = heads[n + 1].start() if n + 1 < len(heads) else len(ptx)
+        body = ptx[h.end():end]
+        new = _INSN.sub(_hoist, body)
+        if new == body:
+            continue
+        out += [ptx[last:h.end()], "\n\t.reg .b64 %cs_im<3>;\n\t.reg .b32 %cs_iw<2>;\n\t.reg .b32 %cs_ivw<4>;\n"
+                "\t.reg .b64 %cs_ivd<4>;\n\t.reg .b16 %cs_ivh<4>;\n", new]
+        last = end
+    out.append(ptx[last:])
+    return "".join(out)
+
+
+# The parser knows neither memory-model qualifiers (.relaxed/.acquire/.release with a scope) nor
+# fence. Each becomes what the PTX memory model makes it equal to or stronger than: ld/st.volatile
+# is a relaxed access at .sys scope; acquire is a relaxed load followed by a fence, release a fence
+# followed by a relaxed store; membar.{cta,gl,sys} is fence.sc at that scope (stronger than
+# acq_rel). The fence is unguarded: an extra fence only orders more. Loads and stores of vectors
+# and atomics keep their qualifiers and stay refused (MEMORY_MODEL below).
+_BAR = {"cta": "membar.cta", "cluster": "membar.gl", "gpu": "membar.gl", "sys": "membar.sys"}
+_LDST = re.compile(r"^([ \t]*)(@!?%\w+[ \t]+)?(ld|st)((?:\.(?:global|shared(?:::cta)?))?)\.(relaxed|acquire|release)"
+                   r"\.(cta|cluster|gpu|sys)((?:\.(?:global|shared(?:::cta)?))?)(\.[bsuf](?:8|16|32|64))[ \t]+([^;\n]*);", re.M)
+_FENCE = re.compile(r"\bfence\.(?:sc|acq_rel)\.(cta|cluster|gpu|sys)[ \t]*;")
+# griddepcontrol (programmatic dependent launch): the simulator runs a stream's grids one after
+# the other, so every prerequisite grid has ended and written its memory before .wait; launching
+# dependents early is a scheduling hint.
+_PDL = re.compile(r"^[ \t]*griddepcontrol\.(?:wait|launch_dependents)[ \t]*;[ \t]*$", re.M)
+
+
+def _access(m: "re.Match") -> str:
+    i, guard, op, sp1, sem, scope, sp2, ty, rest = m.groups()
+    if (sem == "acquire" and op != "ld") or (sem == "release" and op != "st"):
+        return m.group(0)
+    acc = f"{i}{guard or ''}{op}.volatile{sp1 or sp2}{ty} {rest};"
+    if sem == "acquire":
+        return f"{acc}\n{i}{_BAR[scope]};"
+    if sem == "release":
+        return f"{i}{_BAR[scope]};\n{acc}"
+    return acc
+
+
+def ordering(ptx: str) -> str:
+    """Scalar ld/st with .relaxed/.acquire/.release, fence.sc/.acq_rel and griddepcontrol in
+    forms the simulator parses, with the same or stronger ordering (above)."""
+    if "relaxed" not in ptx and "acquire" not in ptx and "release" not in ptx and "fence" not in ptx \
+            and "griddepcontrol" not in ptx:
+        return ptx
+    ptx = _LDST.sub(_access, ptx)
+    ptx = _FENCE.sub(lambda m: _BAR[m.group(1)] + ";", ptx)
+    return _PDL.sub("", ptx)
 
 
 # GPGPU-Sim's shfl writes some lanes' results into other threads' registers (a Triton softmax's
@@ -185,13 +321,36 @@ def bodies(ptx: str) -> Dict[str, str]:
     ms = list(_ENTRY.finditer(ptx))
     for i, m in enumerate(ms):
         end = ms[i + 1].start() if i + 1 < len(ms) else len(ptx)
-        out[m.group(1)] = ptx[m.start():end]
+        out[m.group(1)] = ptx[m.start():_close(ptx, m.end(), end)]
     return out
+
+
+def _close(ptx: str, at: int, limit: int) -> int:
+    """Just past the closing brace of the body that opens after `at` (limit where none closes
+    before it: what lies between entries, comments included, is no entry's)."""
+    start = ptx.find("{", at, limit)
+    depth, i = 0, start
+    while 0 <= i < limit:
+        depth += {"{": 1, "}": -1}.get(ptx[i], 0)
+        if depth == 0:
+            return i + 1
+        i += 1
+    return limit
 
 
 def constructs(body: str) -> List[Tuple[str, Optional[bool]]]:
     """[(construct, refuse)] the simulator mishandles, found in one entry's text."""
     return [(what, refuse) for rx, what, refuse in CONSTRUCTS if rx.search(body)]
+
+
+def drop_entries(ptx: str, names: List[str]) -> str:
+    """The PTX without the named entries (declaration through the closing brace of the body):
+    an entry is never called, so nothing else in the module needs it."""
+    for name in names:
+        m = re.search(rf"^[ \t]*(?:\.(?:visible|weak|extern)[ \t]+)*\.entry\s+{re.escape(name)}\s*\(", ptx, re.M)
+        if m:
+            ptx = ptx[:m.start()] + ptx[_close(ptx, ptx.find(")", m.end()), len(ptx)):]
+    return ptx
 
 
 def rename_entry(ptx: str, old: str, new: str) -> str:
