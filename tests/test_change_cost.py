@@ -101,13 +101,9 @@ def _copy_of_the_tree(tmp_path):
     return src, files, {f: _digest(src / f) for f in files}
 
 
-def test_a_new_function_of_a_common_class_needs_only_its_overlay_entry(tmp_path):
-    src, files, before = _copy_of_the_tree(tmp_path)
-
-    # 1. the one hand-written change: the overlay entry
-    with open(src / "shim" / "overlay.py", "a") as fh:
-        fh.write(OVERLAY_ADDITION)
-    # 2. generated: the description, the installed package, the double
+def _generate_install_build(src, tmp_path):
+    """What follows a hand-written change, none of it by hand: the description regenerated, the
+    package installed into tmp_path/site, the test double built. Returns (site, the double's lib)."""
     r = subprocess.run([sys.executable, str(src / "shim" / "gen_api.py"), "--include", str(_headers()),
                         "--report", str(tmp_path / "report.txt")], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -118,7 +114,17 @@ def test_a_new_function_of_a_common_class_needs_only_its_overlay_entry(tmp_path)
     r = subprocess.run([sys.executable, str(src / "tests" / "double" / "build.py"), str(tmp_path / "double")],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
-    libdir = tmp_path / "double" / "lib"
+    return site, tmp_path / "double" / "lib"
+
+
+def test_a_new_function_of_a_common_class_needs_only_its_overlay_entry(tmp_path):
+    src, files, before = _copy_of_the_tree(tmp_path)
+
+    # 1. the one hand-written change: the overlay entry
+    with open(src / "shim" / "overlay.py", "a") as fh:
+        fh.write(OVERLAY_ADDITION)
+    # 2. generated: the description, the installed package, the double
+    site, libdir = _generate_install_build(src, tmp_path)
 
     changed = sorted(f for f in files if _digest(src / f) != before[f])
     assert changed == ["shim/api_description.json", "shim/overlay.py"], changed
@@ -272,17 +278,7 @@ def test_a_function_of_its_own_is_one_overrides_entry_and_its_hooks(tmp_path):
     assert text.count(anchor) == 1
     emit.write_text(text.replace(anchor, SPECIAL_EMITTER.lstrip("\n") + anchor))
     # generated: the description, the installed package, the double
-    r = subprocess.run([sys.executable, str(src / "shim" / "gen_api.py"), "--include", str(_headers()),
-                        "--report", str(tmp_path / "report.txt")], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    site = tmp_path / "site"
-    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                        "--target", str(site), str(src)], capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout + r.stderr
-    r = subprocess.run([sys.executable, str(src / "tests" / "double" / "build.py"), str(tmp_path / "double")],
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr
-    libdir = tmp_path / "double" / "lib"
+    site, libdir = _generate_install_build(src, tmp_path)
     changed = sorted(f for f in files if _digest(src / f) != before[f])
     assert changed == ["export/emit_stream.py", "replay/handlers/stream.py", "shim/api_description.json",
                        "shim/overlay.py"], changed
