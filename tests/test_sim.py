@@ -272,28 +272,18 @@ def test_literals_the_lexer_misreads_are_rewritten(snaps):
     assert "OK: every recorded D2H result reproduced" in cp.stdout, cp.stdout
 
 
-def test_parse_error_of_an_operand_is_named(snaps, tmp_path):
-    """The parser's other failure (`Parse error: operand ... has no declaration`, then a crash) is
-    named by function and line too, not only as a signal."""
+@pytest.mark.parametrize("line", ["bogus.op.u32 %r1, %r1;", "mov.u32 %r1, no_such_symbol;"])
+def test_ptx_the_simulator_fails_to_parse_is_named(snaps, tmp_path, line):
+    """PTX that no check foresaw and the simulator's parser rejects, as a syntax error or as an
+    operand without a declaration (it then crashes): exit 2, one line naming the function, the
+    line and what to do, never a bare crash."""
     good = (DATA / "wrong_add_one.ptx").read_text()
     bad = tmp_path / "bad.ptx"
-    bad.write_text(re.sub(r"^(\s*)ret;", r"\1mov.u32 %r1, no_such_symbol;\n\1ret;", good, count=1, flags=re.M))
+    bad.write_text(re.sub(r"^(\s*)ret;", r"\1" + line + r"\n\1ret;", good, count=1, flags=re.M))
     cp = _sim(snaps["plain"], "--replace", f"add_one={bad}")
     assert cp.returncode == 2, cp.stdout + cp.stderr
     err = cp.stderr.strip().splitlines()
-    assert len(err) == 1 and "its PTX parser rejects line" in err[0] and "of add_one ('mov.u32 %r1, no_such_symbol" in err[0], err
-
-
-def test_ptx_the_simulator_fails_to_parse_is_named(snaps, tmp_path):
-    """PTX that no check foresaw and the simulator's parser rejects (it then crashes): exit 2,
-    one line naming the function, the line and what to do, never a bare crash."""
-    good = (DATA / "wrong_add_one.ptx").read_text()
-    bad = tmp_path / "bad.ptx"
-    bad.write_text(re.sub(r"^(\s*)ret;", r"\1bogus.op.u32 %r1, %r1;\n\1ret;", good, count=1, flags=re.M))
-    cp = _sim(snaps["plain"], "--replace", f"add_one={bad}")
-    assert cp.returncode == 2, cp.stdout + cp.stderr
-    err = cp.stderr.strip().splitlines()
-    assert len(err) == 1 and "its PTX parser rejects line" in err[0] and "of add_one ('bogus.op.u32" in err[0], err
+    assert len(err) == 1 and "its PTX parser rejects line" in err[0] and f"of add_one ('{line.split(',')[0]}" in err[0], err
     assert "the simulator cannot run it" in err[0] and "--replace KERNEL=FILE.ptx" in err[0]
 
 
