@@ -65,6 +65,14 @@ def _fatbin_sass_only(arch=90) -> bytes:
     return struct.pack("<IHHQ", 0xBA55ED50, 1, 16, len(body)) + body
 
 
+def _context_and_module(s) -> None:
+    """A synthetic snapshot's start: the driver, the primary context and the PTX module 0x222."""
+    s.call("cuInit", {"Flags": 0})
+    s.call("cuDevicePrimaryCtxRetain", {"pctx": 0x111, "dev": 0})
+    s.call("cuCtxSetCurrent", {"ctx": 0x111})
+    s.call("cuModuleLoadData", {"module": 0x222, "image": 1}, x={"image": s.blob(PTX + b"\0")})
+
+
 @pytest.fixture(scope="module")
 def snap(tmp_path_factory):
     """Six kernels: good (runs), shfl (runs, warned), asyncy (cp.async), coop (launched by
@@ -74,10 +82,7 @@ def snap(tmp_path_factory):
     d = tmp_path_factory.mktemp("simcov")
     path = d / "cov.cusnap"
     s = Synth(path)
-    s.call("cuInit", {"Flags": 0})
-    s.call("cuDevicePrimaryCtxRetain", {"pctx": 0x111, "dev": 0})
-    s.call("cuCtxSetCurrent", {"ctx": 0x111})
-    s.call("cuModuleLoadData", {"module": 0x222, "image": 1}, x={"image": s.blob(PTX + b"\0")})
+    _context_and_module(s)
     s.call("cuModuleLoadData", {"module": 0x223, "image": 2}, x={"image": s.blob(_fatbin_sass_only())})
     for k, h, _t in KERNELS:
         s.call("cuModuleGetFunction", {"hfunc": h, "hmod": 0x223 if k == "gemm_sass" else 0x222, "name": k})
@@ -329,10 +334,7 @@ def test_only_modules_whose_kernels_run_are_merged(tmp_path):
         .replace(b"coop", b"solo_c").replace(b"chaser", b"solo_ch")
     path = tmp_path / "two.cusnap"
     s = Synth(path)
-    s.call("cuInit", {"Flags": 0})
-    s.call("cuDevicePrimaryCtxRetain", {"pctx": 0x111, "dev": 0})
-    s.call("cuCtxSetCurrent", {"ctx": 0x111})
-    s.call("cuModuleLoadData", {"module": 0x222, "image": 1}, x={"image": s.blob(PTX + b"\0")})
+    _context_and_module(s)
     s.call("cuModuleLoadData", {"module": 0x223, "image": 2}, x={"image": s.blob(other + b"\0")})
     s.call("cuModuleGetFunction", {"hfunc": 0x401, "hmod": 0x223, "name": "solo"})
     s.fn(0x401, "solo", 0x223, [[0, 8]])
