@@ -34,7 +34,6 @@ and a one-sample comparison (noise unknown) is judged by the threshold alone, wh
 says."""
 from __future__ import annotations
 
-import json
 import math
 import os
 import statistics
@@ -53,25 +52,11 @@ def load_profile(path) -> Dict[str, Any]:
     p = str(path)
     if p.lower().endswith(".csv"):
         raise CompareError(f"{p}: a CSV profile carries no run facts; write the profile with --out FILE.json")
-    from cudasnap.formats.inputs import input_problem
-    why = input_problem(p)
-    if why:
-        raise CompareError(why)
+    from cudasnap.replay.profile.report import ProfileFileError, read_profile_file
     try:
-        with open(p) as f:
-            d = json.load(f)
-    except FileNotFoundError:
-        raise CompareError(f"{p}: no such file")
-    except (OSError, ValueError) as e:
-        raise CompareError(f"{p}: not a profile JSON ({type(e).__name__}: {e})")
-    except RecursionError:
-        raise CompareError(f"{p}: not a profile JSON (nested too deeply)")
-    if not isinstance(d, dict) or not isinstance(d.get("summary"), dict) or not isinstance(d.get("launches"), list):
-        raise CompareError(f"{p}: not a profile written by `cudasnap replay --profile ... --out FILE.json`")
-    from cudasnap.replay.profile.report import shape_problem
-    why = shape_problem(d)
-    if why:
-        raise CompareError(f"{p}: not a profile as cudasnap writes it: {why}")
+        d = read_profile_file(p)
+    except ProfileFileError as e:
+        raise CompareError(str(e))
     d["_path"] = p
     return d
 

@@ -30,6 +30,35 @@ _NUMBER_COLS = {"launches", "total_us", "median_us", "min_us", "max_us", "mean_u
 _MAP_KEYS = {"run": ("gpu", "env", "tools", "profile", "timings_s"), "summary": ()}
 
 
+class ProfileFileError(ValueError):
+    """A profile file that cannot be read as one: the message is one line that starts with its path."""
+
+
+def read_profile_file(path: str) -> Dict[str, Any]:
+    """A profile written by `replay --profile ... --out FILE.json`, read and checked (special
+    files refused by type, JSON, the shape `shape_problem` asks) for every reader: compare,
+    the simulator's coverage. Raises ProfileFileError."""
+    from cudasnap.formats.inputs import input_problem
+    why = input_problem(path)
+    if why:
+        raise ProfileFileError(why)
+    try:
+        with open(path) as f:
+            d = json.load(f)
+    except FileNotFoundError:
+        raise ProfileFileError(f"{path}: no such file")
+    except RecursionError:
+        raise ProfileFileError(f"{path}: not a profile JSON (nested too deeply)")
+    except (OSError, ValueError) as e:
+        raise ProfileFileError(f"{path}: not a profile JSON ({type(e).__name__}: {str(e)[:200]})")
+    if not isinstance(d, dict) or not isinstance(d.get("summary"), dict) or not isinstance(d.get("launches"), list):
+        raise ProfileFileError(f"{path}: not a profile written by `cudasnap replay --profile ... --out FILE.json`")
+    why = shape_problem(d)
+    if why:
+        raise ProfileFileError(f"{path}: not a profile as cudasnap writes it: {why}")
+    return d
+
+
 def shape_problem(report: Any) -> Optional[str]:
     """Why a JSON document is not a profile as `--out` writes it (the first wrong-typed part:
     "launches[3].median_us is a list, not a number"), or None. Readers (compare, advise) check

@@ -18,24 +18,11 @@ class CoverageProblem(Exception):
 def load_timeline(path: str, sid: Optional[str]) -> Dict[str, Any]:
     """A GPU profile of this snapshot written by `replay --profile timeline --out P.json`
     (isolated and graph profiles time launches too)."""
-    from cudasnap.formats.inputs import input_problem
-    from cudasnap.replay.profile.report import shape_problem
-    why = input_problem(path)
-    if why:
-        raise CoverageProblem(why)
+    from cudasnap.replay.profile.report import ProfileFileError, read_profile_file
     try:
-        with open(path) as f:
-            d = json.load(f)
-    except FileNotFoundError:
-        raise CoverageProblem(f"--timeline {path}: no such file")
-    except (OSError, ValueError, RecursionError) as e:
-        raise CoverageProblem(f"--timeline {path}: not a profile JSON ({type(e).__name__}: {str(e)[:120]})")
-    if not isinstance(d, dict) or not isinstance(d.get("summary"), dict) or not isinstance(d.get("launches"), list):
-        raise CoverageProblem(f"--timeline {path}: not a profile written by `cudasnap replay --profile timeline "
-                              f"--out FILE.json`")
-    why = shape_problem(d)
-    if why:
-        raise CoverageProblem(f"--timeline {path}: not a profile as cudasnap writes it: {why}")
+        d = read_profile_file(path)
+    except ProfileFileError as e:
+        raise CoverageProblem(f"--timeline {e}")
     run = d.get("run") if isinstance(d.get("run"), dict) else {}
     if run.get("simulated") or d["summary"].get("simulated"):
         raise CoverageProblem(f"--timeline {path}: a simulated profile; give the GPU's timeline of this snapshot")
