@@ -56,7 +56,7 @@ def test_a_node_lost_mid_campaign_reruns_its_cells_elsewhere(nodes, tmp_path, re
     envs = "".join(f'[[env]]\nname = "{n}"\nvars = {{ {STEADY}{more} }}\n' for n, more in (
         ("plain", ""), ("eager", ', CUDA_MODULE_LOADING = "EAGER"'), ("conns", ', CUDA_DEVICE_MAX_CONNECTIONS = "8"')))
     camp = tmp_path / "camp.toml"
-    camp.write_text(f'name = "nodes"\nbaseline = "plain"\n[rules]\nrepeats = 3\nwarmup = 0\nthreshold = 20\n'
+    camp.write_text(f'name = "nodes"\nbaseline = "plain"\n[rules]\nrepeats = 5\nwarmup = 1\nthreshold = 20\n'
                     f'max_reruns = 1\ntimeout = 120\nretries = 3\n[[snapshot]]\npath = "{snaps}/m*.cusnap"\n{envs}')
     store = tmp_path / "st.sqlite"
     p = subprocess.Popen([sys.executable, "-m", "cudasnap", "campaign", "run", str(camp), "-o", str(store),
@@ -70,6 +70,7 @@ def test_a_node_lost_mid_campaign_reruns_its_cells_elsewhere(nodes, tmp_path, re
     cache = tmp_path / "cache1" / "snapshots"
     deadline = time.monotonic() + 240
     removed_at = None
+    seen_running: set = set()
     while time.monotonic() < deadline and p.poll() is None:
         try:
             db = sqlite3.connect(store)
@@ -80,11 +81,15 @@ def test_a_node_lost_mid_campaign_reruns_its_cells_elsewhere(nodes, tmp_path, re
         except sqlite3.Error:
             done_there, finished, cells = 0, set(), 0
         there = {f.stem for f in cache.glob("*.cusnap")} if cache.is_dir() else set()
-        if done_there >= 1 and there - finished:
+        running = there - finished
+        # seen running on two polls 0.2 s apart: a task that has just returned (its cells not
+        # yet in the store) is not taken for one still running
+        if done_there >= 1 and running and running & seen_running:
             nodes["cluster"].remove_node(victim, allow_graceful=False)
             removed_at = cells
             break
-        time.sleep(0.02)
+        seen_running = running if done_there >= 1 else set()
+        time.sleep(0.2)
     out, err = p.communicate(timeout=600)
     assert removed_at is not None, f"the node never had a cell running after finishing one: {err[-2000:]}"
     assert p.returncode == 0, out[-3000:] + err[-3000:]
