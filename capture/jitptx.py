@@ -289,9 +289,10 @@ class ImageTap:
     def put_chunk(self, digest, data, release=None, **kw):
         elf = bytes(data[:4]) == b"\x7fELF"
         if elf or (self.follow and len(data) > 0):
-            if self.held + len(data) <= self.BUDGET:
-                self.chunks[bytes(digest)] = bytes(data)
-                self.held += len(data)
+            self.chunks[bytes(digest)] = bytes(data)
+            self.held += len(data)
+            while self.held > self.BUDGET and len(self.chunks) > 1:      # chunks no blob claimed
+                self.held -= len(self.chunks.pop(next(iter(self.chunks))))
             if elf:
                 self.elf.add(bytes(digest))
             self.follow = len(data) >= self.CHUNK

@@ -191,3 +191,30 @@ def test_bad_keep_ptx_is_one_line(xla, args, env, says):
               env=dict(d["env"], **env), timeout=60)
     assert cp.returncode == 2 and cp.stderr.strip().endswith(says) and len(cp.stderr.strip().splitlines()) == 1, cp.stderr
     assert "XLAPROG" not in cp.stdout
+
+
+def test_the_tap_keeps_cubins_only():
+    """The recorder's tap copies a cubin's chunks (the first starts as an ELF; a full 4 MiB one
+    goes on in the next) until their blob is named, and passes every chunk on to the writer."""
+    from cudasnap.capture.jitptx import ImageTap
+
+    class Sink:
+        def __init__(self):
+            self.got, self.n = [], 0
+
+        def put_chunk(self, digest, data, release=None):
+            self.got.append(digest)
+
+        def add_blob_chunks(self, size, digests):
+            self.n += 1
+            return f"b{self.n}"
+    sink = Sink()
+    tap = ImageTap(sink)
+    big = b"\x7fELF" + bytes(ImageTap.CHUNK - 4)
+    for d, data in ((b"1", big), (b"2", b"tail"), (b"3", b"not code"), (b"4", b"\x7fELF small")):
+        tap.put_chunk(d, memoryview(data))
+    assert sink.got == [b"1", b"2", b"3", b"4"] and set(tap.chunks) == {b"1", b"2", b"4"}
+    assert tap.add_blob_chunks(len(big) + 4, [b"1", b"2"]) == "b1" and tap.add_blob_chunks(8, [b"3"]) == "b2"
+    assert tap.add_blob_chunks(10, [b"4"]) == "b3" and tap.cubins == {"b1", "b3"}
+    assert tap.take("b1") == big + b"tail" and tap.take("b1") is None and tap.take("b2") is None
+    assert tap.take("b3") == b"\x7fELF small" and tap.chunks == {} and tap.held == 0
