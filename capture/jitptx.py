@@ -1,7 +1,8 @@
 """PTX of JIT-compiled modules, kept at capture. Triton (and torch.compile's Triton kernels)
 writes each kernel's PTX beside its cubin in its cache (DIR/<hash>/<name>.ptx and .cubin); the
 driver sees only the cubin. A loaded image whose bytes equal a cached cubin's gets that PTX
-recorded with it (formats/jitptx.py), for the simulator, which runs PTX only."""
+recorded with it (formats/jitptx.py), for the simulator, which runs PTX only. XLA's PTX is kept
+only when asked (`capture --keep-ptx xla`: its dump directory, matched by kernel names; below)."""
 from __future__ import annotations
 
 import os
