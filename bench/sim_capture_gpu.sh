@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU half of the simulator run (one call, at most about 8 minutes on one H100): captures the
-# GPU suite's torch_compile.py and cupy_work.py (cupy_libs.py while time allows) and the programs
+# GPU suite's torch_compile.py, cupy_work.py, jax_jit.py and jax_train.py (with --keep-ptx xla: XLA's
+# PTX dumped and kept with each cubin), cupy_libs.py while time allows, and the programs
 # whose kernels can reach the simulator -- the sim_* nvcc programs of tests/gpu/workloads (PTX
 # beside SASS), torch.compile and hand-written Triton kernels (sim_triton.py: their PTX is kept
 # from Triton's cache at capture), CuPy's JIT kernels (sim_cupy.py) and a small PyTorch program
@@ -35,13 +36,16 @@ capture_py() {   # PROGRAM SCRIPT [VAR=VALUE...]: a Python program of tests/gpu/
   local p=$1 script=$2; shift 2
   if [ $SECONDS -gt $BUDGET ]; then echo "budget spent: $p not captured"; return; fi
   local t0=$SECONDS
-  timeout 180 env "$@" cudasnap capture -f -o $p.cusnap -- python3 "$ROOT/tests/gpu/workloads/$script" > $p.capture.txt 2>&1
+  # CAPARGS: capture options (word-split)
+  timeout 180 env "$@" cudasnap capture -f -o $p.cusnap ${CAPARGS:-} -- python3 "$ROOT/tests/gpu/workloads/$script" > $p.capture.txt 2>&1
   echo "capture $p exit $? in $((SECONDS - t0)) s: $(tail -1 $p.capture.txt | cut -c1-120)"
   [ -f $p.cusnap ] && profile $p
 }
 CUPY=(CUPY_COMPILE_WITH_PTX=1 CUPY_ACCELERATORS=)
 capture_py torch_compile torch_compile.py
 capture_py cupy_work cupy_work.py "${CUPY[@]}"
+CAPARGS="--keep-ptx xla" capture_py jax_jit jax_jit.py XLA_PYTHON_CLIENT_PREALLOCATE=false
+CAPARGS="--keep-ptx xla" capture_py jax_train jax_train.py XLA_PYTHON_CLIENT_PREALLOCATE=false
 for p in sim_stencil sim_reduce sim_chase sim_streams; do
   nvcc -O2 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_75,code=compute_75 \
     -o $p "$ROOT/tests/gpu/workloads/$p.cu" || { echo "BUILD FAIL $p"; continue; }
@@ -55,10 +59,11 @@ if [ $SECONDS -lt $((BUDGET / 2)) ]; then capture_py cupy_libs cupy_libs.py "${C
 else echo "cupy_libs: not captured (over half the budget spent before it)"; fi
 ls /tmp/simcaches/triton 2>/dev/null | head -3 > triton_cache_sample.txt
 # the suite's workloads first: their kernels are the target
-for p in torch_compile cupy_work sim_triton sim_cupy sim_stencil sim_reduce sim_chase sim_streams cupy_libs; do
+for p in torch_compile cupy_work jax_jit jax_train sim_triton sim_cupy sim_stencil sim_reduce sim_chase sim_streams cupy_libs; do
   [ -f $p.cusnap ] || continue
-  i=0
-  for spec in $(python3 "$ROOT/bench/sim_kernels.py" specs $p.cusnap); do
+  i=0; cap=1000
+  case $p in jax_*) cap=${JAX_EXTRACTS:-16};; esac     # XLA's many fusions leave time for the rest
+  for spec in $(python3 "$ROOT/bench/sim_kernels.py" specs $p.cusnap | head -n $cap); do
     i=$((i + 1))
     if [ $SECONDS -gt $BUDGET ]; then echo "  budget spent: $p $spec not extracted"; continue; fi
     t0=$SECONDS; echo "$spec" > $p.$i.spec.txt

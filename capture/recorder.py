@@ -19,7 +19,7 @@ from cudasnap.formats.vocab import in_class
 from cudasnap.shim import description
 
 from .decode import Decoder
-from .jitptx import PtxFinder, program_env
+from .jitptx import ImageTap, PtxFinder, XlaDump, program_env, xla_flags_dump_dir
 from .ring import Ring
 
 LAZY_MAX_AGE_S = 5.0     # lazy draining: records wait in the ring at most this long
@@ -78,6 +78,10 @@ class ProcessCapture:
     loss: dict = field(default_factory=dict)   # the end record's account of what is missing
     ptx: PtxFinder | None = None  # JIT caches holding the PTX of loaded cubins
     ptx_kept: dict = field(default_factory=dict)   # where kept PTX came from -> modules
+    xla: XlaDump | None = None    # --keep-ptx xla: the program's XLA dump directory
+    tap: ImageTap | None = None   # --keep-ptx: loaded cubins' bytes, for their kernels' names
+    cubins: int = 0               # --keep-ptx: modules loaded from a cubin (no PTX in the image)
+    cubins_kept: int = 0          # of those, modules whose PTX was kept
 
 
 def _proc_info(pid: int) -> dict:
@@ -232,7 +236,14 @@ class Recorder:
             pc.disk_error, pc.partial = error, True
         if isinstance(writer, SnapshotWriter):     # windows keep what their state needs only
             # a process already gone shows no environment: the capture's own is the program's
-            pc.ptx = PtxFinder({**os.environ, **program_env(pid)})
+            penv = program_env(pid)
+            pc.ptx = PtxFinder({**os.environ, **penv})
+            keep = self.options.get("keep_ptx") or {}
+            if "xla" in keep:     # the process's own XLA_FLAGS: a child may dump elsewhere
+                where = xla_flags_dump_dir(penv.get("XLA_FLAGS") or "") or keep["xla"]
+                pc.xla = XlaDump(where) if where else None
+            if keep:
+                pc.tap = pc.decoder.blob_sink = ImageTap(writer)
         pc.thread = threading.Thread(target=self._drain, args=(pc,), name=f"cudasnap-drain-{pid}", daemon=True)
         self.procs[pid] = pc
         pc.thread.start()
@@ -342,18 +353,25 @@ class Recorder:
         """A ptx record (formats/jitptx.py) for each module loaded from an image whose PTX a JIT
         cache holds beside it (module loads are rare: the cache is searched in the drain)."""
         out = []
+        wall = time.time_ns() - time.monotonic_ns()          # record times are CLOCK_MONOTONIC
         for r in recs:
             ref = (r.get("x") or {}).get("image")
             if r.get("k") != "c" or r.get("r") != 0 or not isinstance(ref, dict) or not ref.get("blob") \
                     or not in_class(r.get("f") or "", "loads_code"):
                 continue
             try:
+                image = pc.tap.take(ref["blob"]) if pc.tap is not None else None
+                cubin = pc.tap is not None and ref["blob"] in pc.tap.cubins
+                pc.cubins += cubin
                 hit = pc.ptx.find(ref["blob"], int(ref.get("size") or 0))
+                if hit is None and pc.xla is not None and cubin:
+                    hit = pc.xla.find(ref["blob"], image, int(r.get("t0") or 0) + wall)
                 if hit is not None:
                     ptx, what, path = hit
                     out.append({"k": "ptx", "image": ref["blob"], "from": what, "path": path,
                                 "x": {"ptx": {"blob": pc.writer.add_blob(ptx), "size": len(ptx)}}})
                     pc.ptx_kept[what] = pc.ptx_kept.get(what, 0) + 1
+                    pc.cubins_kept += cubin
             except Exception as e:     # never let the search cost the capture
                 print(f"cudasnap: warning: looking for the PTX of call #{r.get('s')}: {type(e).__name__}: {e}",
                       file=sys.stderr)

@@ -24,6 +24,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Union
 
 from cudasnap.formats import SnapshotError, SnapshotReader
 
+from .jitptx import with_xla_dump, xla_flags_dump_dir
 from .recorder import Recorder
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -360,7 +361,7 @@ def capture(command: Union[Sequence[str], str], out: Union[str, os.PathLike, Non
             ring_mb: int = 256, level: int = 3, threads: Optional[int] = None, quiet: bool = True,
             placement: str = "region", all_queries: bool = False, copy_threads: Optional[int] = None,
             drain: str = "lazy", segments: int = 8, forward_signals: bool = False,
-            window: Optional[dict] = None) -> CaptureResult:
+            window: Optional[dict] = None, keep_ptx: Optional[Dict[str, Optional[str]]] = None) -> CaptureResult:
     """Run `command` under the shim and record one snapshot per process that uses CUDA.
 
     out: the first process's snapshot (default ./PROGRAM.cusnap), with -o's %-sequences
@@ -369,8 +370,9 @@ def capture(command: Union[Sequence[str], str], out: Union[str, os.PathLike, Non
     process to the program (the command line does; it blocks them in the calling thread,
     so it belongs to a program's main thread). window: a capture window (window.parse_window_spec,
     plus "context") or the flight recorder ({"mode": "flight", "period", "trigger",
-    "hang_timeout"}): snapshots are then written per window. Nothing is raised for the program's or the
-    recording's failures: see CaptureResult."""
+    "hang_timeout"}): snapshots are then written per window. keep_ptx: {"xla": DIR or None} asks
+    XLA to dump its PTX (into DIR, else a directory removed after) and keeps each loaded cubin's
+    (keep_ptx_env). Nothing is raised for the program's or the recording's failures: see CaptureResult."""
     if isinstance(command, (str, os.PathLike)):
         command = [os.fspath(command)]
     command = [os.fspath(c) for c in command]
@@ -439,11 +441,20 @@ def capture(command: Union[Sequence[str], str], out: Union[str, os.PathLike, Non
     if window:
         from .window import window_env
         env.update(window_env(window, window.get("context", 0)))
+    xla_tmp = None
+    if keep_ptx:
+        try:
+            xla_tmp = keep_ptx_env(env, keep_ptx)
+        except ValueError as e:
+            shutil.rmtree(session, ignore_errors=True)
+            return CaptureResult(2, error=str(e))
     options = {"ring_mb": ring_mb, "level": level, "command": list(command), "placement": placement,
                "all_queries": all_queries, "drain": drain, "segments": segments,
                "nvtx": "recorded" if not nvtx_tool else f"not recorded: NVTX_INJECTION64_PATH={nvtx_tool}"}
     if window:
         options["window"] = dict(window)
+    if keep_ptx:
+        options["keep_ptx"] = {"xla": xla_flags_dump_dir(env.get("XLA_FLAGS") or "")} if "xla" in keep_ptx else {}
     if settings:
         options["environment"] = settings
     fwd = _Forwarder(forward_signals)        # before any thread starts: they inherit the mask
@@ -485,6 +496,8 @@ def capture(command: Union[Sequence[str], str], out: Union[str, os.PathLike, Non
             rec.stop.set()
         fwd.close()
         shutil.rmtree(session, ignore_errors=True)
+        if xla_tmp:
+            shutil.rmtree(xla_tmp, ignore_errors=True)
     unsaved = {}
     for pc in procs:
         for p in _outputs(pc):
@@ -493,6 +506,8 @@ def capture(command: Union[Sequence[str], str], out: Union[str, os.PathLike, Non
                 unsaved[p] = why
     if not quiet:
         _summary(procs, path, unsaved)
+        if keep_ptx and "xla" in keep_ptx:
+            _xla_note(procs, options["keep_ptx"]["xla"], xla_tmp)
     ordered = sorted(procs, key=lambda pc: (pc.ring.pid != pid, pc.ring.pid))
     snaps = [p for pc in ordered for p in _outputs(pc) if os.path.exists(p) and p not in unsaved]
     group = None
@@ -513,16 +528,51 @@ def capture(command: Union[Sequence[str], str], out: Union[str, os.PathLike, Non
     return CaptureResult(exit_code, returncode=code, path=path, snapshots=snaps, unsaved=unsaved, group=group)
 
 
+def keep_ptx_env(env: Dict[str, str], keep_ptx: Dict[str, Optional[str]]) -> Optional[str]:
+    """Adds XLA's dump flag to env's XLA_FLAGS (after the program's own); returns the temporary
+    directory to remove after the run, if one was made. A dump the program's XLA_FLAGS already
+    asks for is used as it is. ValueError when the two name different directories."""
+    if "xla" not in keep_ptx:
+        return None
+    want, have = keep_ptx.get("xla"), xla_flags_dump_dir(env.get("XLA_FLAGS") or "")
+    if have is not None:
+        if want and os.path.abspath(want) != os.path.abspath(have):
+            raise ValueError(f"--keep-ptx xla={want}: XLA_FLAGS already dumps to {have}; give that directory "
+                             f"or drop the flag")
+        if have in ("", "-") or have.lower() in ("sponge", "test_undeclared_outputs_dir"):
+            raise ValueError(f"--keep-ptx xla: XLA_FLAGS dumps to {have!r}, not a directory cudasnap can read")
+        return None
+    made = None
+    if want:
+        os.makedirs(want, exist_ok=True)
+    else:
+        want = made = tempfile.mkdtemp(prefix="cudasnap-xla-")
+    env["XLA_FLAGS"] = with_xla_dump(env.get("XLA_FLAGS") or "", os.path.abspath(want))
+    return made
+
+
+def _xla_note(procs, where: Optional[str], tmp: Optional[str]) -> None:
+    """What XLA's dump gave, when it gave nothing to keep."""
+    if any(pc.ptx_kept.get("xla dump") for pc in procs):
+        return
+    n = sum(1 for _ in Path(where).glob("*.ptx")) if where and not tmp and Path(where).is_dir() else None
+    print(f"cudasnap: --keep-ptx xla: no loaded cubin matched a PTX file of XLA's dump"
+          + (f" ({n} PTX files in {where})" if n is not None else "")
+          + ": not an XLA program, its executables came from a compilation cache, or XLA split a module",
+          file=sys.stderr)
+
+
 def run_capture(command: List[str], out: Optional[Path], ring_mb: int = 256, level: int = 3,
                 threads: Optional[int] = None, quiet: bool = False, placement: str = "region",
                 all_queries: bool = False, copy_threads: Optional[int] = None, drain: str = "lazy",
-                segments: int = 8, force: bool = False, window: Optional[dict] = None) -> int:
+                segments: int = 8, force: bool = False, window: Optional[dict] = None,
+                keep_ptx: Optional[Dict[str, Optional[str]]] = None) -> int:
     """The `cudasnap capture` command: capture, print errors, return the exit code; a
     program killed by a signal makes cudasnap die of the same signal."""
     res = capture(command, out, force=force, ring_mb=ring_mb, level=level, threads=threads, quiet=quiet,
                   placement=placement, all_queries=all_queries, copy_threads=copy_threads, drain=drain,
                   segments=segments, forward_signals=threading.current_thread() is threading.main_thread(),
-                  window=window)
+                  window=window, keep_ptx=keep_ptx)
     if res.error:
         print(f"cudasnap: error: {res.error}", file=sys.stderr)
         return res.exit_code
@@ -613,7 +663,11 @@ def _summary(procs, out: Path, unsaved: dict) -> None:
             flags.append(f"[yellow]{c['host_visible_allocs']} host-visible allocations: direct kernel reads of them not captured[/]")
         if c.get("notes"):
             flags.append(f"{c['notes']} notes")
-        if getattr(pc, "ptx_kept", None):
+        if getattr(pc, "tap", None) is not None:      # --keep-ptx
+            flags.append(f"PTX kept for {pc.cubins_kept} of {pc.cubins} cubin modules"
+                         + (" (" + ", ".join(f"{w}: {n}" for w, n in sorted(pc.ptx_kept.items())) + ")"
+                            if pc.ptx_kept else ""))
+        elif getattr(pc, "ptx_kept", None):
             flags.append("PTX kept for " + ", ".join(f"{n} module(s) from the {w}" for w, n in sorted(pc.ptx_kept.items())))
         con.print(
             f"[bold]cudasnap:[/] {escape(str(pc.path))}  pid {pc.ring.pid}: {c['calls']:,} calls, "

@@ -185,7 +185,9 @@ _FLIGHT = lambda p: p.get("flight_recorder") is not None  # noqa: E731
              "give --window kernel:REGEX[#K] too, or leave --context out"),
        Inert("trigger", "without --flight-recorder", _FLIGHT, "give --flight-recorder too, or leave --trigger out"),
        Inert("hang_timeout", "without --flight-recorder", _FLIGHT,
-             "give --flight-recorder too, or leave --hang-timeout out"))
+             "give --flight-recorder too, or leave --hang-timeout out"),
+       Inert("keep_ptx", "with --window or --flight-recorder (their snapshots keep no PTX)",
+             lambda p: p.get("window") is None and p.get("flight_recorder") is None, "leave --keep-ptx out"))
 def capture(
     command: List[str] = typer.Argument(..., metavar="COMMAND", help="The program and its arguments, after --."),
     output: Optional[str] = typer.Option(None, "-o", "--output", metavar="PATH", help="Snapshot path (default ./PROGRAM.cusnap; other processes get STEM.PID.cusnap beside it). Expands %p (the program's pid), %h (host name), %q{VAR} (environment variable VAR), %% (a %)."),
@@ -204,6 +206,7 @@ def capture(
     flight_recorder: Optional[float] = typer.Option(None, "--flight-recorder", metavar="SECONDS", min=0.1, help="Keep the last SECONDS (default 60) replayable through checkpoints; write the snapshot only on a trigger (an error per --trigger, death by a signal, --hang-timeout, SIGUSR2 to cudasnap)."),
     trigger: Trigger = typer.Option(Trigger.sticky, "--trigger", metavar=_one_of(Trigger), help="--flight-recorder: the errors that write the snapshot: sticky (errors that poison the context, such as an illegal address) or any."),
     hang_timeout: Optional[float] = typer.Option(None, "--hang-timeout", metavar="S", min=0.1, help="--flight-recorder: write the snapshot when a synchronization makes no progress for S seconds."),
+    keep_ptx: Optional[str] = typer.Option(None, "--keep-ptx", metavar="xla[=DIR]", help="Ask a JIT compiler to keep its PTX and record it with each cubin it loads, for the simulator: xla (JAX) appends --xla_dump_to to XLA_FLAGS (DIR, else a directory removed after; a dump XLA_FLAGS already names is used). Says how many cubins got their PTX. Triton's is kept without asking."),
 ):
     """Run COMMAND with the shim preloaded; a snapshot for each process that used CUDA.
 
@@ -228,9 +231,17 @@ def capture(
     elif flight_recorder is not None:
         win = {"mode": "flight", "spec": f"flight-recorder={flight_recorder:g}", "period": flight_recorder,
                "trigger": _value(trigger), "hang_timeout": hang_timeout}
+    keep = None
+    if keep_ptx is not None:
+        what, eq, where = keep_ptx.partition("=")
+        if what != "xla" or (eq and not where):
+            _fail(f"--keep-ptx takes xla or xla=DIR, not {keep_ptx!r}")
+        if where and os.path.exists(where) and not os.path.isdir(where):
+            _fail(f"--keep-ptx {keep_ptx}: {where} is not a directory")
+        keep = {"xla": where or None}
     raise typer.Exit(run_capture(list(command), output, ring_mb, level, threads, quiet, _value(placement),
                                  all_queries=all_queries, copy_threads=copy_threads, drain=_value(drain),
-                                 segments=segments, force=force, window=win))
+                                 segments=segments, force=force, window=win, keep_ptx=keep))
 
 
 @app.command(cls=_Command)

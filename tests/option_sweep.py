@@ -229,11 +229,12 @@ def _value_for(p) -> List[str]:
     if p.name == "window":
         return [p.opts[0], "nvtx:step"]
     return [p.opts[0], {"address": "auto", "html": "r.html", "out": "o.json", "out_file": "o.json",
-                        "keep": "keepdir", "trace": "t.json"}.get(p.name, "x.json")]
+                        "keep": "keepdir", "trace": "t.json", "keep_ptx": "xla"}.get(p.name, "x.json")]
 
 
 # what turns off the option an Inert rule depends on, where the default turns it on
 INERT_CONTEXT = {("bisect", "repeat"): ["--profile", "timeline"], ("bisect", "warmup"): ["--profile", "timeline"],
+                 ("capture", "keep_ptx"): ["--window", "nvtx:step"],
                  **{("advise", o): ["--no-what-if"] for o in ("replace", "launch_override", "repeat", "warmup",
                                                              "graphs")}}
 

@@ -251,6 +251,21 @@ def test_memory_model_qualifiers_run_as_volatile_accesses_and_fences(snaps, tmp_
         "(the simulator cannot parse them; only scalar ld/st and fence are rewritten); the simulator cannot run it"]
 
 
+def test_a_fence_some_warps_run_leaves_the_barriers_paired(snaps):
+    """Thread 0 of each CTA runs a membar before the CTA's barrier, as cuSOLVER's getrf_pivot does
+    when it publishes a pivot: the simulator's functional mode took it for a barrier arrival, so a
+    later bar.sync let warps read shared memory another warp had not written yet (a wrong pivot on
+    an H100 capture); functional mode runs without the fence (its memory is sequentially
+    consistent), performance mode keeps it."""
+    from cudasnap.replay.sim import ptx
+    cp = _sim(snaps["plain"], "--replace", f"add_one={DATA / 'membar_add_one.ptx'}")
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert "OK: every recorded D2H result reproduced" in cp.stdout, cp.stdout
+    text = "\tmembar.gl;\n\t@%p1 membar.cta;\n\tmembar.sys ;\n\tbar.sync 0;\n"
+    assert ptx.for_mode(text, "functional") == "\t\n\t\n\t\n\tbar.sync 0;\n"
+    assert ptx.for_mode(text, "performance") == text
+
+
 def test_kernel_not_run_that_the_simulator_refuses_stays_out(snaps, tmp_path):
     """A module's kernel that is not launched and holds what the parser rejects (an atomic with a
     memory-model qualifier) is left out of the simulator's PTX, so the kernels that run still do."""
@@ -328,6 +343,7 @@ def test_export_for_the_simulator_builds_runs_and_verifies(snaps, key, verdict):
     run = subprocess.run(["make", "-s", "-C", str(out), "run", f"SIM={SIM}"], capture_output=True, text=True, timeout=300)
     assert verdict in run.stderr, run.stdout + run.stderr
     assert (run.returncode == 0) == (key == "plain")
+    assert (out / "replay.functional.ptx").read_text() == (out / "replay.ptx").read_text()     # the mode it ran
 
 
 def test_export_for_the_simulator_refuses_sass_only(tmp_path):

@@ -285,6 +285,11 @@ def test_matrix_sim_column(snap):
     assert text.startswith(f"w (run 1): {SUMMARY}; a whole-snapshot replay also meets 1 gap(s)\n"), text
     assert "  n/a gemm_sass (20.0% of GPU time): no PTX (SASS only)\n" in text
     assert "  n/a coop (3.0% of GPU time): call gap: cuLaunchCooperativeKernel\n" in text
+    # a JAX workload is captured with XLA's PTX kept; the column says what capture kept
+    assert matrix.CAPTURE_OPTS["jax_jit"] == matrix.CAPTURE_OPTS["jax_train"] == ["--keep-ptx", "xla"]
+    rows[0]["cells"]["sim"]["coverage"]["ptx_kept"] = "PTX kept for 3 of 4 cubin modules (xla dump: 3)"
+    assert matrix.sim_coverage(rows).startswith(f"w (run 1): {SUMMARY}; a whole-snapshot replay also meets 1 gap(s); "
+                                                "capture: PTX kept for 3 of 4 cubin modules (xla dump: 3)\n")
 
 
 def test_bench_verdicts(tmp_path):

@@ -547,13 +547,13 @@ ADAPTER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "adapter.c")
 
 def prepare_dir(sim: Sim, work: str, texts: List[str]) -> str:
     """The model's config files (in the requested mode), the merged PTX, the built adapter."""
-    from .ptx import merge
+    from .ptx import for_mode, merge
     for name in os.listdir(sim.config_dir):
         shutil.copy(os.path.join(sim.config_dir, name), work)
     with open(os.path.join(work, "gpgpusim.config"), "a") as f:
         f.write(f"\n-gpgpu_ptx_sim_mode {1 if sim.mode == 'functional' else 0}\n")
     with open(os.path.join(work, "replay.ptx"), "w") as f:
-        f.write(merge(texts))
+        f.write(for_mode(merge(texts), sim.mode))
     cc = os.environ.get("CC", "cc")
     if shutil.which(cc) is None:
         raise SimProblem(f"no C compiler ({cc}) to build the simulator adapter; install one or set CC")

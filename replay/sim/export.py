@@ -2,7 +2,7 @@
 GPGPU-Sim and verifies it, for a simulator team to build and run where cudasnap is not installed.
 
 DIR gets replay.c (program.c's runtime, then the recorded calls), adapter.c and adapter.h, replay.ptx (every
-module's PTX, merged as the replay merges it), data/ (H2D payloads, expected D2H results) and a
+module's PTX, merged as the replay merges it; `make run` copies replay.MODE.ptx over it), data/ (H2D payloads, expected D2H results) and a
 Makefile (`make SIM=DIR`, `make run CONFIG=... MODE=functional|performance`). The program
 relocates what the snapshot proves to be pointers, exactly as `replay --sim`: pointer
 parameters, words of uploads and of expected results inside allocations live at the copy; what
@@ -17,7 +17,7 @@ from cudasnap.formats.abi import base_name
 from cudasnap.formats.vocab import alloc_range, family, in_class, is_launch, is_query, is_sync
 
 from . import DEFAULT_CONFIG, SimProblem, kernel_names, plan, pointer_problems
-from .ptx import merge
+from .ptx import for_mode, merge
 
 # the classes sim_setup (calls that set up what the simulator program has already: a context,
 # the merged PTX, its handles; or only touch host memory), sim_alloc and sim_free are the
@@ -163,8 +163,11 @@ def export_sim(snapshot, outdir: str) -> Tuple[int, int, int]:
     for name in ("adapter.c", "adapter.h"):
         with open(os.path.join(outdir, name), "w") as fh:
             fh.write(resources.files("cudasnap.replay.sim").joinpath(name).read_text())
-    with open(os.path.join(outdir, "replay.ptx"), "w") as fh:
-        fh.write(merge(p.texts))
+    merged = merge(p.texts)
+    for name, mode in (("replay.ptx", "functional"), ("replay.functional.ptx", "functional"),
+                       ("replay.performance.ptx", "performance")):
+        with open(os.path.join(outdir, name), "w") as fh:
+            fh.write(for_mode(merged, mode))
     with open(os.path.join(outdir, "Makefile"), "w") as fh:
         fh.write(MAKEFILE.replace("@CONFIG@", DEFAULT_CONFIG))
     return calls, launches, checks
@@ -183,6 +186,7 @@ replay: replay.c adapter.c adapter.h
 
 run: replay
 \tcp $(SIM)/configs/$(CONFIG)/* .
+\tcp replay.$(MODE).ptx replay.ptx
 \techo "-gpgpu_ptx_sim_mode $(if $(filter performance,$(MODE)),0,1)" >> gpgpusim.config
 \t# the simulator keeps a bool option in an int whose upper bytes come from the heap: zeroed allocations keep it 0
 \tMALLOC_PERTURB_=255 LD_LIBRARY_PATH=$(SIM)/lib ./replay > sim.log

@@ -188,6 +188,19 @@ def _access(m: "re.Match") -> str:
     return acc
 
 
+# GPGPU-Sim's functional mode takes a membar for a CTA barrier arrival: where only some warps run
+# one (a thread publishing a result, as cuSOLVER's getrf_pivot does before its barrier), every later
+# bar.sync releases a warp one barrier early and it reads shared memory not yet written. Its
+# functional memory is sequentially consistent, so the fence orders nothing there: functional
+# mode drops it. Performance mode keeps it (it waits for the warp's stores, as the GPU does).
+_MEMBAR = re.compile(r"(?:@!?%\w+[ \t]+)?\bmembar\.(?:cta|gl|sys)[ \t]*;")
+
+
+def for_mode(ptx: str, mode: str) -> str:
+    """The simulator's PTX (for_sim) as the mode runs it: functional mode without membar (above)."""
+    return _MEMBAR.sub("", ptx) if mode == "functional" else ptx
+
+
 def ordering(ptx: str) -> str:
     """Scalar ld/st with .relaxed/.acquire/.release, fence.sc/.acq_rel and griddepcontrol in
     forms the simulator parses, with the same or stronger ordering (above)."""

@@ -33,6 +33,7 @@ PROGRAMS = {
     "simprog": "link",
     "simgraph": "link",
     "simglob": "link",
+    "xlaprog": "link",
     "direct": "link",
     "capwin": "link",
     "viadlsym": "dlopen",

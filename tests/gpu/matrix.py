@@ -69,6 +69,8 @@ WORKLOADS: Dict[str, tuple] = {
                  {"NCCL_NVLS_ENABLE": "0"}),
 }
 JOBS = {"ddp_nccl": 2}        # workloads that need several GPUs: how many
+# capture options a user gives such a program: XLA asked to keep its PTX (for the simulator)
+CAPTURE_OPTS = {"jax_jit": ["--keep-ptx", "xla"], "jax_train": ["--keep-ptx", "xla"]}
 # workloads whose results vary in their last bits from run to run, natively too (float atomics in
 # scatter reductions): replays compare D2H results with the tolerance a user would give after
 # the mismatch's hint; end-state hashes are exact, so their windows cannot be proven that way
@@ -243,7 +245,10 @@ class Matrix:
         native = self.run(self.cmd)
 
         def capture():
-            cp = self.run(_cudasnap("capture", "-o", str(snap), "--", *self.cmd))
+            cp = self.run(_cudasnap("capture", "-o", str(snap), *CAPTURE_OPTS.get(self.name, ()), "--", *self.cmd))
+            kept = re.search(r"(PTX kept for .*)\)\s*$", cp.stderr or "", re.M)     # the summary's last flag
+            if kept:
+                self.ptx_kept = kept.group(1)
             # a job's ranks print in whatever order they get there: the lines are compared as a set
             same = (sorted(cp.stdout.splitlines()) == sorted(native.stdout.splitlines()) if self.name in JOBS
                     else cp.stdout == native.stdout)
@@ -402,6 +407,7 @@ class Matrix:
         return self.cells
 
     sim_coverage: Optional[dict] = None
+    ptx_kept: Optional[str] = None          # capture's "PTX kept for N of M cubin modules (...)"
 
     def _sim(self, snap: Path) -> tuple:
         """Coverage from the snapshot and the first timeline; the first launch simulated where a
@@ -415,10 +421,11 @@ class Matrix:
         s = doc["summary"]
         self.sim_coverage = {k: s.get(k) for k in ("kernels", "runnable", "launches", "runnable_launches",
                                                    "runnable_time_pct", "na", "snapshot_gaps", "line")}
+        self.sim_coverage["ptx_kept"] = self.ptx_kept
         self.sim_coverage["na_kernels"] = [
             {"name": (k["demangled"] or k["name"])[:120], "share_pct": k.get("share_pct"),
              "reasons": [r["reason"] for r in k["reasons"]]} for k in doc["kernels"] if not k["runnable"]]
-        detail, ok = s["line"], (True if s["runnable"] else None)
+        detail, ok = s["line"] + (f"; capture: {self.ptx_kept}" if self.ptx_kept else ""), (True if s["runnable"] else None)
         ex, path = self.work / "x_first.cusnap", os.environ.get("CUDASNAP_GPGPUSIM")
         if path and ex.exists():
             cp = self.run(_cudasnap("replay", str(ex), "--sim", "gpgpu-sim", "--sim-path", path, "-q"))
@@ -464,7 +471,8 @@ def sim_coverage(rows: List[dict]) -> str:
         if not cov:
             continue
         out.append(f"{r['workload']} (run {r.get('run', 1)}): {cov['line']}"
-                   + (f"; a whole-snapshot replay also meets {cov['snapshot_gaps']} gap(s)" if cov.get("snapshot_gaps") else ""))
+                   + (f"; a whole-snapshot replay also meets {cov['snapshot_gaps']} gap(s)" if cov.get("snapshot_gaps") else "")
+                   + (f"; capture: {cov['ptx_kept']}" if cov.get("ptx_kept") else ""))
         for k in cov.get("na_kernels") or []:
             share = f" ({k['share_pct']:.1f}% of GPU time)" if k.get("share_pct") is not None else ""
             out.append(f"  n/a {k['name'][:90]}{share}: {'; '.join(k['reasons'])}")
