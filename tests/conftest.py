@@ -15,12 +15,20 @@ from double.fixtures import built_double  # noqa: E402
 double = pytest.fixture(scope="session")(built_double)
 
 # Tests that compare times the double measured on the host's clock (its kernels wait in real
-# time; graph mode's own cost; advise's what-ifs; the timeline check): under pytest-xdist (`-n 2`,
-# what CI runs) each takes the CPU alone, fixtures included, the others sharing it: a
-# readers-writer lock over the workers, held through each test's whole protocol. Modules whose
-# verdicts about times come from the double's virtual clock (CUDA_DOUBLE_CLOCK=virtual: planted
-# times; the campaign, compare and profile tests) need no CPU to themselves.
-TIMED_MODULES = {"test_advise.py", "test_graph_profile.py", "test_graph_scale.py", "test_replay_fast.py"}
+# time; graph mode's own cost; advise's what-ifs; the timeline check; a watchdog, a pace): under
+# pytest-xdist (`-n 2`, what CI runs) each takes the CPU alone, fixtures included, the others
+# sharing it: a readers-writer lock over the workers, held through each test's whole protocol.
+# Modules (or MODULE::TEST). Those whose verdicts about times come from the double's virtual
+# clock (CUDA_DOUBLE_CLOCK=virtual: planted times; the campaign, compare and profile tests) need
+# no CPU to themselves.
+TIMED = {"test_advise.py", "test_graph_profile.py", "test_graph_scale.py",
+         "test_replay_fast.py::test_executor_watchdog_names_the_call_in_progress",
+         "test_replay_fast.py::test_pace_recorded_keeps_the_recorded_gaps"}
+
+
+def _timed(item) -> bool:
+    return item.path.name in TIMED or f"{item.path.name}::{item.originalname}" in TIMED
+
 
 # Seconds each module's tests took in a full run (2 workers, 2 cores, 2026-12-08), the largest
 # first: the run starts with the longest work, so what is left at its end is short and both
@@ -35,11 +43,11 @@ MODULE_SECONDS = {"test_sim.py": 128, "test_campaign.py": 88, "test_fuzz_formats
 
 
 def pytest_collection_modifyitems(session, config, items):
-    # the timed modules first, together: one exclusive stretch at the start of the run, while the
+    # the timed tests first, together: one exclusive stretch at the start of the run, while the
     # other worker starts at the short end of the list (`--dist worksteal` gives each worker half);
     # then the longest modules. Order within a module is kept; every xdist worker sorts the same
     # collection the same way.
-    items.sort(key=lambda it: (it.path.name not in TIMED_MODULES, -MODULE_SECONDS.get(it.path.name, 0)))
+    items.sort(key=lambda it: (not _timed(it), -MODULE_SECONDS.get(it.path.name, 0)))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -52,7 +60,7 @@ def pytest_runtest_protocol(item, nextitem):
     # A timed test holds the gate while it waits, so no shared test starts before it (flock alone
     # lets shared holders hand the lock on among themselves and keep a timed test waiting).
     base = item.config._tmp_path_factory.getbasetemp().parent
-    timed = item.path.name in TIMED_MODULES
+    timed = _timed(item)
     with open(base / f"cudasnap-timed-tests-{run}.gate", "a") as gate, \
             open(base / f"cudasnap-timed-tests-{run}.lock", "a") as f:
         fcntl.flock(gate, fcntl.LOCK_EX)
