@@ -43,12 +43,18 @@ MODULE_SECONDS = {"test_sim.py": 100, "test_campaign.py": 88, "test_fuzz_formats
                   "test_window.py": 22, "test_numerics.py": 20, "test_job_windows.py": 19, "test_plan_native.py": 19}
 
 
+# Modules whose last test counts what the others did in its process (test_fuzz_total): at the
+# head of the first worker's queue, which no other worker takes work from.
+TOGETHER = {"test_fuzz_formats.py"}
+
+
 def pytest_collection_modifyitems(session, config, items):
     # the timed tests first, together: one exclusive stretch at the start of the run, while the
-    # other worker starts at the short end of the list (`--dist worksteal` gives each worker half);
+    # other worker starts at the short end of the list (`--dist worksteal` gives each worker half
+    # and a worker out of work takes the tail of the other's); then the modules kept together;
     # then the longest modules. Order within a module is kept; every xdist worker sorts the same
     # collection the same way.
-    items.sort(key=lambda it: (not _timed(it), -MODULE_SECONDS.get(it.path.name, 0)))
+    items.sort(key=lambda it: (not _timed(it), it.path.name not in TOGETHER, -MODULE_SECONDS.get(it.path.name, 0)))
 
 
 @pytest.hookimpl(hookwrapper=True)
