@@ -30,17 +30,18 @@ def _timed(item) -> bool:
     return item.path.name in TIMED or f"{item.path.name}::{item.originalname}" in TIMED
 
 
-# Seconds each module's tests took in a full run (2 workers, 2 cores, 2026-12-08; fuzz_formats,
-# structure and sim less what was saved since), the largest first: the run starts with the
-# longest work, so what is left at its end is short and both workers finish together (LPT). A
-# module not listed counts as short and keeps its place.
-MODULE_SECONDS = {"test_sim.py": 100, "test_campaign.py": 88, "test_fuzz_formats.py": 42, "test_multinode.py": 61,
-                  "test_fault_matrix.py": 57, "test_multiproc.py": 54, "test_cluster.py": 49,
-                  "test_capture_loss.py": 46, "test_reports_render.py": 42, "test_record_fuzz.py": 38,
-                  "test_replay_double.py": 34, "test_change_cost.py": 31, "test_structure.py": 15,
-                  "test_extract.py": 27, "test_selection.py": 26, "test_profile.py": 25, "test_compare.py": 23,
-                  "test_exit_codes.py": 23, "test_capture.py": 23, "test_flight.py": 23, "test_pytest_plugin.py": 22,
-                  "test_window.py": 22, "test_numerics.py": 20, "test_job_windows.py": 19, "test_plan_native.py": 19}
+# Seconds each module's tests took in a full run (2 workers, 2 cores, 2026-12-08; sim, multiproc,
+# fuzz_formats, change_cost, record_fuzz and structure less what was saved since, measured alone),
+# the largest first: the run starts with the longest work, so what is left at its end is short
+# and both workers finish together (LPT). A module not listed counts as short and keeps its place.
+MODULE_SECONDS = {"test_sim.py": 100, "test_campaign.py": 88, "test_multinode.py": 61, "test_fault_matrix.py": 57,
+                  "test_cluster.py": 49, "test_multiproc.py": 49, "test_capture_loss.py": 46,
+                  "test_fuzz_formats.py": 42, "test_reports_render.py": 42, "test_replay_double.py": 34,
+                  "test_change_cost.py": 27, "test_extract.py": 27, "test_selection.py": 26, "test_profile.py": 25,
+                  "test_capture.py": 23, "test_compare.py": 23, "test_exit_codes.py": 23, "test_flight.py": 23,
+                  "test_pytest_plugin.py": 22, "test_window.py": 22, "test_numerics.py": 20,
+                  "test_record_fuzz.py": 20, "test_job_windows.py": 19, "test_plan_native.py": 19,
+                  "test_structure.py": 15}
 
 
 # Modules whose last test counts what the others did in its process (test_fuzz_total): at the
