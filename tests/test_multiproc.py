@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+import clibatch
 from cudasnap.formats import SnapshotReader
 from cudasnap.formats.group import build, is_manifest, load
 from cudasnap.replay.group import GroupProblem, device_map
@@ -438,6 +439,7 @@ def test_a_manifest_of_the_wrong_shape_is_refused_in_one_line(job, double, tmp_p
     paths = [p for p, _ in _paths(doc) if p and p[0] != "cudasnap_group"]
     odd = [None, 1.5, "x", [1], {"a": 1}, -1, 2 ** 63]
     n = int(os.environ.get("CUDASNAP_MANIFEST_FUZZ_N", "12"))
+    cmds = []
     for i, path in enumerate(rng.sample(paths, min(n, len(paths)))):
         bad = json.loads(json.dumps(doc))
         node = bad
@@ -446,15 +448,17 @@ def test_a_manifest_of_the_wrong_shape_is_refused_in_one_line(job, double, tmp_p
         node[path[-1]] = rng.choice([v for v in odd if type(v) is not type(node[path[-1]])])
         f = man.parent / f"fuzz{i}.group.json"
         f.write_text(json.dumps(bad))
-        for cmd in (("replay", str(f)), ("info", str(f)), ("stats", str(f)),
-                    ("extract", str(f), "--launch", "1", "-o", str(tmp_path / f"x{i}.cusnap"))):
-            cp = _run(double, *cmd, timeout=90)
-            where = f"{'/'.join(map(str, path))} = {node[path[-1]]!r}: {' '.join(cmd[:1])}"
-            assert "Traceback" not in cp.stderr, (where, cp.stderr[-1500:])
-            assert cp.returncode in (0, 1, 2), (where, cp.returncode, cp.stderr[-800:])
-            if cp.returncode == 2:
-                assert len(cp.stderr.strip().splitlines()) <= 3, (where, cp.stderr[-800:])
-                assert "internal error" not in cp.stderr, (where, cp.stderr[-800:])
+        cmds += [(f"{'/'.join(map(str, path))} = {node[path[-1]]!r}: {cmd[0]}", cmd) for cmd in (
+            ("replay", str(f)), ("info", str(f)), ("stats", str(f)),
+            ("extract", str(f), "--launch", "1", "-o", str(tmp_path / f"x{i}.cusnap")))]
+    # each command a process of its own, forked from one that imported the command line once
+    for (where, cmd), cp in zip(cmds, clibatch.run([c for _, c in cmds], double["env"], tmp_path / "ran", timeout=90)):
+        assert not cp.timed_out, (where, "timed out")
+        assert "Traceback" not in cp.stderr, (where, cp.stderr[-1500:])
+        assert cp.returncode in (0, 1, 2), (where, cp.returncode, cp.stderr[-800:])
+        if cp.returncode == 2:
+            assert len(cp.stderr.strip().splitlines()) <= 3, (where, cp.stderr[-800:])
+            assert "internal error" not in cp.stderr, (where, cp.stderr[-800:])
 
 
 def test_manifest_problems_are_named():

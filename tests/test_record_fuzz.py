@@ -15,6 +15,7 @@ import sys
 
 import pytest
 
+import clibatch
 from cudasnap.formats import SnapshotReader
 from snapedit import rewrite
 
@@ -33,7 +34,7 @@ def test_odd_values_in_call_records(prog, double, capture, tmp_path):
     env = dict(double["env"])
     env.pop("CUDASNAP_REPLAY_TEST_BLOCK", None)
     env.pop("CUDASNAP_DEBUG", None)
-    found = []
+    found, cmds = [], []
     for it in range(int(os.environ.get("CUDASNAP_RECORD_FUZZ_N", "3"))):
         edits: dict = {}
         for _ in range(rnd.randint(1, 3)):
@@ -55,19 +56,19 @@ def test_odd_values_in_call_records(prog, double, capture, tmp_path):
             rewrite(snap, bad, lambda rec, _r, _w: mutate(rec))
         except OverflowError:               # the index's byte totals past 64 bits: no file to read
             continue
-        for cmd in (["replay", str(bad)], ["replay", str(bad), "--profile", "isolated", "--repeat", "1"],
-                    ["info", str(bad)], ["dump", str(bad)], ["stats", str(bad)],
-                    ["extract", str(bad), "--launch", "1", "-o", str(tmp_path / f"e{it}.cusnap"), "-f"],
-                    ["export", str(bad), "-o", str(tmp_path / f"x{it}"), "-f"]):
-            try:
-                p = subprocess.run([sys.executable, "-m", "cudasnap", *cmd], env=env, capture_output=True,
-                                   text=True, timeout=90)
-            except subprocess.TimeoutExpired:
-                found.append((cmd[0], edits, "timed out"))
-                continue
-            out = p.stdout + p.stderr
-            if "Traceback" in out or "internal error" in out or p.returncode not in (0, 1, 2):
-                found.append((cmd[0], edits, p.returncode, out[-600:]))
+        cmds += [(edits, cmd) for cmd in (
+            ["replay", str(bad)], ["replay", str(bad), "--profile", "isolated", "--repeat", "1"],
+            ["info", str(bad)], ["dump", str(bad)], ["stats", str(bad)],
+            ["extract", str(bad), "--launch", "1", "-o", str(tmp_path / f"e{it}.cusnap"), "-f"],
+            ["export", str(bad), "-o", str(tmp_path / f"x{it}"), "-f"])]
+    # each command a process of its own, forked from one that imported the command line once
+    for (edits, cmd), p in zip(cmds, clibatch.run([c for _, c in cmds], env, tmp_path / "ran", timeout=90)):
+        if p.timed_out:
+            found.append((cmd[0], edits, "timed out"))
+            continue
+        out = p.stdout + p.stderr
+        if "Traceback" in out or "internal error" in out or p.returncode not in (0, 1, 2):
+            found.append((cmd[0], edits, p.returncode, out[-600:]))
     assert not found, found
 
 
@@ -98,7 +99,7 @@ def test_odd_values_in_profile_json(double, capture, tmp_path):
     base = json.loads(prof.read_text())
     paths = [p for p in _leaves(base) if p]
     rnd = random.Random(int(os.environ.get("CUDASNAP_RECORD_FUZZ_SEED", "1")))
-    found = []
+    found, cmds = [], []
     for it in range(4 * int(os.environ.get("CUDASNAP_RECORD_FUZZ_N", "3"))):
         d = copy.deepcopy(base)
         for _ in range(rnd.randint(1, 3)):
@@ -112,12 +113,11 @@ def test_odd_values_in_profile_json(double, capture, tmp_path):
                 pass                                # an earlier edit replaced the way there
         m = tmp_path / f"m{it}.json"
         m.write_text(json.dumps(d))
-        for cmd in (["compare", str(prof), str(m)], ["compare", str(m), str(prof)], ["advise", str(m), "--no-what-if"]):
-            p = subprocess.run([sys.executable, "-m", "cudasnap", *cmd], env=env, capture_output=True, text=True,
-                               timeout=90)
-            out = p.stdout + p.stderr
-            if "Traceback" in out or "internal error" in out or p.returncode not in (0, 1, 2):
-                found.append((cmd[0], p.returncode, out[-400:]))
+        cmds += [["compare", str(prof), str(m)], ["compare", str(m), str(prof)], ["advise", str(m), "--no-what-if"]]
+    for cmd, p in zip(cmds, clibatch.run(cmds, env, tmp_path / "ran", timeout=90)):
+        out = p.stdout + p.stderr
+        if p.timed_out or "Traceback" in out or "internal error" in out or p.returncode not in (0, 1, 2):
+            found.append((cmd[0], p.returncode, out[-400:]))
     assert not found, found
 
 

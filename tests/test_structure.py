@@ -16,7 +16,7 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
-from typing import Dict, List, Optional, Set
+from typing import Dict, List, Optional, Set, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,6 +30,19 @@ def _package_dirs() -> Dict[str, Path]:
         out[m.group(1)] = ROOT / m.group(2)
     assert "cudasnap" in out and "cudasnap.replay" in out, "pyproject package-dir not understood"
     return out
+
+
+_TREES: Dict[Tuple[str, str], ast.Module] = {}
+
+
+def _parse(path: Path, text: Optional[str] = None) -> ast.Module:
+    """The file's syntax tree, parsed once per test process (the tests only read trees): a dozen
+    tests walk the whole package."""
+    text = path.read_text() if text is None else text
+    key = (str(path), text)
+    if key not in _TREES:
+        _TREES[key] = ast.parse(text, str(path))
+    return _TREES[key]
 
 
 def _modules() -> Dict[str, Optional[Path]]:
@@ -60,7 +73,18 @@ def _resolve(mods, name: str) -> Optional[str]:
 
 
 def import_graph() -> Dict[str, Set[str]]:
-    """module -> the cudasnap modules it imports (any level of the file)."""
+    """module -> the cudasnap modules it imports (any level of the file); a copy of one graph
+    per test process."""
+    global _GRAPH
+    if _GRAPH is None:
+        _GRAPH = _import_graph()
+    return {m: set(d) for m, d in _GRAPH.items()}
+
+
+_GRAPH: Optional[Dict[str, Set[str]]] = None
+
+
+def _import_graph() -> Dict[str, Set[str]]:
     mods = _modules()
     g: Dict[str, Set[str]] = {}
     for mod, path in mods.items():
@@ -69,7 +93,7 @@ def import_graph() -> Dict[str, Set[str]]:
             continue
         pkg = mod if _is_pkg(mods, mod) else mod.rpartition(".")[0]
         deps: Set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(_parse(path)):
             targets: List[str] = []
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
@@ -286,7 +310,7 @@ def private_imports() -> List[str]:
         if path is None:
             continue
         pkg = mod if _is_pkg(mods, mod) else mod.rpartition(".")[0]
-        tree = ast.parse(path.read_text(), str(path))
+        tree = _parse(path)
         bound: Dict[str, str] = {}           # local name -> cudasnap module it is
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom):
@@ -331,7 +355,7 @@ def test_no_private_name_imported_across_modules():
 def test_one_definition_of_each_vocabulary_predicate():
     """What a call record is (formats/vocab.py) is defined there only: no module defines a
     function of the same name, private or not, nor the old aliases."""
-    vocab = ast.parse((ROOT / "formats" / "vocab.py").read_text())
+    vocab = _parse(ROOT / "formats" / "vocab.py")
     names = {n.name for n in vocab.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")}
     assert {"is_launch", "is_query", "is_graph_launch", "is_workload", "alloc_range", "replay_class",
             "family"} <= names
@@ -341,7 +365,7 @@ def test_one_definition_of_each_vocabulary_predicate():
         # gen_api computes each name's class when it writes the description vocab.py reads
         if path is None or mod in ("cudasnap.formats.vocab", "cudasnap.shim.gen_api"):
             continue
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(_parse(path)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in banned:
                 found.append(f"{mod}.{node.name}")
     assert found == []
@@ -390,7 +414,7 @@ def part_problems(folder: Path, parts: Dict[str, str]) -> List[str]:
     saying why."""
     out = []
     for mod, name in parts.items():
-        tree = ast.parse((folder / f"{mod}.py").read_text())
+        tree = _parse(folder / f"{mod}.py")
         cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
         if cls.bases:
             out.append(f"{name} inherits {', '.join(ast.unparse(b) for b in cls.bases)}")
@@ -428,7 +452,7 @@ def test_the_extractor_is_composed_of_parts_that_name_what_they_use():
     assert part_problems(ROOT / "export", EXTRACTOR_PARTS) == []
     # every class of the extract's modules is listed, so none slips past the check
     found = {f"{p.stem}.{n.name}" for p in (ROOT / "export").glob("extract*.py")
-             for n in ast.parse(p.read_text()).body if isinstance(n, ast.ClassDef)}
+             for n in _parse(p).body if isinstance(n, ast.ClassDef)}
     plain = {"extract._Starter", "extract_common.ExtractError", "extract_common.Done", "extract_common.ExtractResult"}
     assert found - plain == {f"{m}.{c}" for m, c in EXTRACTOR_PARTS.items()}
 
@@ -450,7 +474,7 @@ def name_lists() -> List[str]:
     for mod, path in _modules().items():
         if path is None or mod in skip:
             continue
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(_parse(path)):
             if isinstance(node, (ast.Set, ast.List, ast.Tuple)):
                 names = [e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)
                          and rx.match(e.value)]
@@ -489,7 +513,7 @@ def cudasnap_argv() -> List[str]:
     for mod, path in _modules().items():
         if path is None:
             continue
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(_parse(path)):
             if isinstance(node, (ast.List, ast.Tuple)):
                 vals = [e.value if isinstance(e, ast.Constant) else None for e in node.elts]
                 if any(a == "-m" and b == "cudasnap" for a, b in zip(vals, vals[1:])):
@@ -552,7 +576,7 @@ def child_process_sites(paths=None) -> Dict[str, str]:
         if path is None:
             continue
         text = path.read_text()
-        tree = ast.parse(text, str(path))
+        tree = _parse(path, text)
 
         def visit(node, where: List[str], scope) -> None:
             for ch in ast.iter_child_nodes(node):
@@ -594,7 +618,7 @@ def test_campaign_sql_lives_in_the_store():
     for mod, path in _modules().items():
         if path is None or mod in ("cudasnap.campaign.store", "cudasnap.stats"):
             continue
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(_parse(path)):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in (
                     "execute", "executemany", "executescript"):
                 found.append(f"{mod}:{node.lineno}")
@@ -615,7 +639,7 @@ def replayer_reaches(path: Path, only=None) -> List[str]:
     """'file:line attr' for each reach past the view: an attribute `replayer` or `subscribers`,
     or `.ctx` on anything but a launch event (ev.ctx, event.ctx: its LaunchContext) or, in
     events.py, the event itself. only: a function or class name whose body alone is read."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = _parse(path)
     if only is not None:
         tree = next(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == only)
     out = []
@@ -669,12 +693,12 @@ NAME_TESTS_ALLOWED: Dict[str, int] = {
 BARE_CU_ALLOWED = {"replay/sim/driver.py": 1}
 
 
-def name_tests() -> Dict[str, int]:
+def name_tests(scanned: Optional[dict] = None) -> Dict[str, int]:
     """module -> name tests (tables, registrations, ==, in, prefixes, if-chains) outside the
-    overlay, the generator, the description's loader, the vocabulary and the overrides table."""
-    c = _name_counter()
+    overlay, the generator, the description's loader, the vocabulary and the overrides table
+    (from count_names' scan of the tree, made here unless given)."""
     out = {}
-    for mod, got in c.scan(ROOT).items():
+    for mod, got in (_name_counter().scan(ROOT) if scanned is None else scanned).items():
         n = sum(len(got[k]) for k in ("tables", "calls_2", "eq", "prefix", "if_chains"))
         if n:
             out[mod] = n
@@ -682,13 +706,14 @@ def name_tests() -> Dict[str, int]:
 
 
 def test_no_new_name_test_outside_the_description():
-    found = name_tests()
+    scanned = _name_counter().scan(ROOT)
+    found = name_tests(scanned)
     print(f"{sum(found.values())} name tests in {len(found)} modules (allowed: {sum(NAME_TESTS_ALLOWED.values())})")
     grown = {m: (n, NAME_TESTS_ALLOWED.get(m, 0)) for m, n in found.items() if n > NAME_TESTS_ALLOWED.get(m, 0)}
     assert grown == {}, f"a name test: make it a class (shim/overlay.py CALL_CLASS_RULES) or an overrides entry: {grown}"
     shrunk = {m: (found.get(m, 0), n) for m, n in NAME_TESTS_ALLOWED.items() if found.get(m, 0) < n}
     assert shrunk == {}, f"fewer name tests: lower NAME_TESTS_ALLOWED to {shrunk}"
-    bare = {m: len(g["bare_cu"]) for m, g in _name_counter().scan(ROOT).items() if g["bare_cu"]}
+    bare = {m: len(g["bare_cu"]) for m, g in scanned.items() if g["bare_cu"]}
     assert bare == BARE_CU_ALLOWED
 
 
@@ -742,7 +767,7 @@ def test_handler_modules_register_nothing_themselves():
     """Replay handlers are found through the overrides table only: no module keeps a registry."""
     found = []
     for p in sorted((ROOT / "replay" / "handlers").glob("*.py")):
-        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+        for node in ast.walk(_parse(p)):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "handles":
                 found.append(f"{p.name}:{node.lineno}")
     assert found == []

@@ -13,7 +13,7 @@ test fixture for CI without a GPU; it is never shipped or installed.
     paths["cuda_include"] # directory holding a cuda.h that includes it (for -I)
 
 Rebuilds only what is older than its sources (mtime).  Run as a script:
-    python tests/double/build.py OUTDIR
+    python tests/double/build.py OUTDIR [--lib-only]      (--lib-only: no test programs)
 """
 from __future__ import annotations
 
@@ -180,8 +180,9 @@ def _run(cmd: list[str]) -> None:
         raise RuntimeError(f"build failed: {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
 
 
-def build(outdir) -> dict:
-    """Compile the double and the programs into outdir; returns a dict of paths (see module doc)."""
+def build(outdir, programs: bool = True) -> dict:
+    """Compile the double and (unless programs is False) the programs into outdir; returns a
+    dict of paths (see module doc)."""
     out = Path(outdir).resolve()
     libdir = out / "lib"
     bindir = out / "bin"
@@ -217,7 +218,7 @@ def build(outdir) -> dict:
             pass
 
     progs = {}
-    for name, mode in PROGRAMS.items():
+    for name, mode in PROGRAMS.items() if programs else ():
         src = HERE / "progs" / f"{name}.c"
         exe = bindir / name
         progs[name] = str(exe)
@@ -261,4 +262,5 @@ def env_for(paths: dict, base: dict | None = None) -> dict:
 if __name__ == "__main__":
     import json
 
-    print(json.dumps(build(sys.argv[1] if len(sys.argv) > 1 else "build/double"), indent=2))
+    args = [a for a in sys.argv[1:] if a != "--lib-only"]
+    print(json.dumps(build(args[0] if args else "build/double", programs="--lib-only" not in sys.argv[1:]), indent=2))

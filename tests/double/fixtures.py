@@ -6,12 +6,14 @@
     double = pytest.fixture(scope="session")(built_double)
 
 It builds the double and the test programs once per process (every wrapper shares
-the result) and returns build()'s dict of paths plus "env": an environment whose
-LD_LIBRARY_PATH finds the double first.  Set CUDASNAP_DOUBLE_BUILD_DIR to build into
-(and reuse across runs) a fixed directory instead of a pytest tmp dir.
+the result; pytest-xdist's workers share one build of the run) and returns build()'s
+dict of paths plus "env": an environment whose LD_LIBRARY_PATH finds the double first.
+Set CUDASNAP_DOUBLE_BUILD_DIR to build into (and reuse across runs) a fixed directory
+instead of a pytest tmp dir.
 """
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
 from pathlib import Path
@@ -35,8 +37,18 @@ def built_double(tmp_path_factory) -> dict:
     if _cache is None:
         b = _load_build_module()
         fixed = os.environ.get("CUDASNAP_DOUBLE_BUILD_DIR")
-        outdir = Path(fixed) if fixed else tmp_path_factory.mktemp("cuda_double")
-        paths = b.build(outdir)
+        run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+        if fixed:
+            paths = b.build(Path(fixed))
+        elif run:
+            # pytest-xdist's workers share one build in the run's temporary directory: the first
+            # builds it, the others find it up to date (build() compiles only what is stale)
+            outdir = tmp_path_factory.getbasetemp().parent / f"cuda_double-{run}"
+            with open(f"{outdir}.lock", "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                paths = b.build(outdir)
+        else:
+            paths = b.build(tmp_path_factory.mktemp("cuda_double"))
         paths["env"] = b.env_for(paths)
         _cache = paths
     return dict(_cache)
