@@ -22,6 +22,7 @@ invocation (replay/invocation.py: the options a replay runs with), never an argv
     {"snapshot": PATH, "replay": {ReplayOptions fields}, "profile": {ProfileConfig fields},
      "timeout": SECONDS}
     -> {"exit_code": N, "stderr_tail": TEXT, "proc_s": SECONDS, "fork_s": SECONDS}
+       (kept: also "closed", what the replay gave back, and "close_s", how long that took)
 
 The server ends with its parent (PDEATHSIG), at end of input, or after IDLE_S seconds without
 a request; each child ends with the server. `python -m cudasnap.campaign.cellserver`."""
@@ -210,6 +211,7 @@ class _Server:
                "kept_pid": pid}
         if closed is not None:
             out["closed"] = closed
+            out["close_s"] = rep.get("close_s")
         return out
 
 
@@ -232,10 +234,13 @@ def _kept_loop(req_r: int, rep_w: int) -> int:
         os.dup2(fd, 2)
         os.close(fd)
         code = _replay_logged(msg["req"])
+        t_close = time.monotonic()
         closed = close_replays()
+        close_s = round(time.monotonic() - t_close, 4)
         done += 1
         leaving = done >= KEPT_MAX_REPLAYS
-        os.write(rep_w, (json.dumps({"exit_code": code, "closed": closed, "leaving": leaving}) + "\n").encode())
+        os.write(rep_w, (json.dumps({"exit_code": code, "closed": closed, "leaving": leaving, "close_s": close_s})
+                         + "\n").encode())
         if code == 2 or closed.get("failed") or leaving:
             return code
 

@@ -240,11 +240,13 @@ class Replayer:
         self.ctx.mismatch_text = []
         try:
             try:
+                t_open = time.monotonic()
                 self.ctx.reader = opened(self.path)      # checked once by preflight, read once
             except SnapshotError as e:
                 raise ReplayError(str(e))
             self.ctx.types = TypeOracle(self.ctx.reader, _dtype_specs(self.ctx.opt))
             self.ctx.res.truncated = bool(self.ctx.reader.truncated)
+            self.ctx.res.startup_s["open"] = round(time.monotonic() - t_open, 4)
             from .selection import LaunchSelection
             try:
                 self.selection = LaunchSelection.of(self.ctx.opt, self.ctx.func_names)
@@ -269,6 +271,8 @@ class Replayer:
                     gc.enable()
             startup = self.ctx.res.startup_s
             startup["prescan"] = round(time.monotonic() - t_scan, 4)
+            self.ctx.res.phases.update({"count.alloc_bytes": self.scan.alloc_bytes,
+                                        "count.h2d_bytes": self.scan.h2d_bytes})
             if self.preflight is not None and self._driver is None:
                 why = self.preflight(self.ctx.reader)
                 if why:
@@ -315,9 +319,11 @@ class Replayer:
             if self.ctx.res.truncated:
                 self.ctx.note(f"snapshot is truncated ({self.ctx.reader.lost_bytes} bytes lost): replayed up to the last "
                           f"complete call #{self.ctx.res.last_seq}")
+            t_end = time.perf_counter()
             self._finish_sync()
             from .endstate import check_window
             check_window(self)           # a window's recorded end state against this device's memory
+            self.ctx.res.phases["end_state"] = round(time.perf_counter() - t_end, 4)
         except (_StopVerify, _Abort):
             pass
         except ReplayError as e:
@@ -325,10 +331,12 @@ class Replayer:
         finally:
             if self.subscribers:
                 from .events import EndEvent
+                t_end = time.perf_counter()
                 try:
                     self.emit("end", EndEvent(self.ctx.res, self.view))
                 except Exception as e:  # a stop raised by a subscriber at the very end
                     self.ctx.res.errors.append(str(e))
+                self.ctx.res.phases["profile_end"] = round(time.perf_counter() - t_end, 4)
             if self.ctx.space is not None:
                 self.ctx.res.placed, self.ctx.res.fell_back = self.ctx.space.placed, self.ctx.space.fell_back
                 self.ctx.res.host_relocated = self.ctx.space.host_relocated
@@ -523,7 +531,9 @@ class Replayer:
                     self._held.append(rec)      # run by release_held, after the subscriber's later work
                     self.ctx.res.calls += 1
                     return
+            t_call = time.perf_counter()
             h.fn(self.ctx, rec)
+            dt = time.perf_counter() - t_call
             if self.subscribers:
                 self.events.after_call(rec, cev)
         except (_StopVerify, _Abort):
@@ -546,6 +556,9 @@ class Replayer:
             self._stale.ran(rec)
         fam = h.family
         self.ctx.res.by_family[fam] = self.ctx.res.by_family.get(fam, 0) + 1
+        ph = self.ctx.res.phases          # where the loop's time went, by family (phases.py)
+        k = "calls." + fam
+        ph[k] = ph.get(k, 0.0) + dt
         if is_sync(f):
             self._sync_mark(seq)
 

@@ -38,6 +38,8 @@ class Prescan:
         self.workload_last: Optional[int] = None           # seq of the last workload call (profiler range)
         self.plan: Optional[List[Any]] = None
         self.t_origin: Optional[int] = None
+        self.alloc_bytes = 0                               # recorded allocations' bytes (run.timings_s)
+        self.h2d_bytes = 0                                 # H2D copies' recorded bytes
 
     def run(self) -> None:
         from .executor import module
@@ -90,6 +92,7 @@ class Prescan:
                 fk = fkind(rec.get("f", ""))
                 rng = alloc_range(rec) if fk & 1 else None
                 if rng:
+                    self.alloc_bytes += rng[1]
                     self.ranges.append(rng)
                     self.ranges_set.add(*rng)
                 if planner.keeping:
@@ -125,10 +128,12 @@ class Prescan:
                     self.host_ranges.append(hostplace.recorded_range(rec))    # reserved before the driver loads
                 if fk & 16 and isinstance((rec.get("a") or {}).get("dptr"), int):
                     self.ipc_shared.append(rec["a"]["dptr"])       # shared through legacy IPC
-                if fk & 4 and len(self.h2d_order) < 4096:
+                if fk & 4:
                     ref = (rec.get("x") or {}).get("srcHost")
                     if isinstance(ref, dict) and isinstance(ref.get("blob"), str) and rec.get("r", 0) == 0:
-                        self.h2d_order.append(ref["blob"])
+                        self.h2d_bytes += self._blob_size(ref["blob"])
+                        if len(self.h2d_order) < 4096:
+                            self.h2d_order.append(ref["blob"])
                 return
             if k != "b":               # blob records: the reader's own (the C walk passes over them)
                 index.keep(rec)
@@ -167,6 +172,12 @@ class Prescan:
         self.t_origin = planner.t_origin
         index.attach_plan(self.plan if self.plan is not None else kept_calls)
         self.ctx.reader = IndexedReader(self.ctx.reader, index, self.expected)
+
+    def _blob_size(self, bid: str) -> int:
+        try:
+            return self.ctx.reader.blob_size(bid) if self.ctx.reader.has_blob(bid) else 0
+        except Exception:
+            return 0
 
     def unhandled_text(self) -> str:
         """The calls no handler replays, all named before any driver work (a replay would stop
