@@ -16,6 +16,15 @@ initialized, and each replay gives back its memory, reserved ranges and contexts
 that fails (exit 2), dies or runs past its timeout ends the kept child, as does the last of
 CUDASNAP_KEPT_MAX_REPLAYS (200); the next request starts a new one.
 
+A kept child also keeps, between its replays of one snapshot, what never touches the GPU
+(replay/keep.py): the prescan (the plan of batches with its decoded records, the replay index,
+the handles' slot numbering, the D2H results read ahead) and the decoded module images with what
+the preflight read from them; its later replays of that snapshot decode and plan nothing. It
+keeps no GPU state: each replay creates its contexts, loads its modules (their globals start
+from the recorded image; eager or lazy loading, an environment's variable, applies to every
+load) and allocates its memory again, all given back by Replayer.close, so every replay starts
+from the recorded state. Loaded modules cannot outlive the contexts close() destroys or resets.
+
 Requests and replies are JSON lines on the server's stdin and stdout. A request is the typed
 invocation (replay/invocation.py: the options a replay runs with), never an argv, plus a timeout:
 

@@ -322,6 +322,9 @@ class ReplayContext:
         if not isinstance(ref, dict) or not ref.get("blob"):
             return None
         try:
+            if what == "image":           # a module image: decoded once in a kept worker (keep.py)
+                from .keep import image
+                return image(self.reader, ref["blob"])
             return self.reader.blob(ref["blob"])
         except SnapshotError as e:
             self.note(f"call #{rec.get('s')}: blob for {what} unreadable: {e}")

@@ -44,10 +44,13 @@ _tracked: Optional[List["Replayer"]] = None
 
 def track_replays() -> None:
     """This process runs replay after replay (a campaign's kept worker): remember every
-    replay that initialized the driver, for close_replays."""
+    replay that initialized the driver, for close_replays, and keep what never touches the
+    GPU (a snapshot's prescan, its module images) for the next replay of it (keep.py)."""
     global _tracked
     if _tracked is None:
         _tracked = []
+    from . import keep
+    keep.enable()                 # what never touches the GPU is kept between its replays
 
 
 def close_replays() -> Dict[str, int]:
@@ -56,6 +59,8 @@ def close_replays() -> Dict[str, int]:
     while _tracked:
         for k, v in _tracked.pop().close().items():
             out[k] = out.get(k, 0) + v
+    from . import keep
+    keep.release()                # the kept prescans free for the next replay
     return out
 
 

@@ -18,6 +18,12 @@ from .index import IndexedReader, ReplayIndex
 from .plan import PLAN_MAX_RECORDS, Planner, Ranges, SlotMap, Slots
 
 
+# what the pass finds (kept and taken whole by a kept worker's next replay of the snapshot)
+_FOUND = ("fast", "pr", "pace", "total", "incomplete", "malformed", "ranges", "regions", "host_ranges", "ipc_shared",
+          "unhandled", "workload_last", "plan", "t_origin", "alloc_bytes", "h2d_bytes", "slots", "expected",
+          "expected_bytes", "ranges_set", "fk", "index", "h2d_order", "planner")
+
+
 class Prescan:
     """The pass and what it found; the Replayer reads the fields. fast: compile a plan of
     batches (engine.Replayer.fast_eligible); pr: --profiler-range workload (the last workload
@@ -42,6 +48,59 @@ class Prescan:
         self.h2d_bytes = 0                                 # H2D copies' recorded bytes
 
     def run(self) -> None:
+        """The pass; in a kept worker, a pass made for an earlier replay of this snapshot with
+        the same options is taken instead (keep.py): nothing is decoded or planned again."""
+        from . import keep
+        key = self._keep_key()
+        got = keep.take(key)
+        if got is not None:
+            self._adopt(got)
+            return
+        n_notes = len(self.ctx.res.warnings)
+        self._scan()
+        if key is not None:
+            keep.put(key, self._kept(n_notes))
+            self.ctx.res.phases["count.plan_reused"] = 0
+
+    def _keep_key(self):
+        """What a kept pass must match: the snapshot's reader, and every option the pass reads;
+        None where records may be changed by the replay (--launch-override, a job's rank)."""
+        from . import keep
+        from .group import ENV_RANK
+        o = self.ctx.opt
+        if not keep.enabled() or getattr(o, "launch_override", None) or os.environ.get(ENV_RANK):
+            return None
+        return (keep.reader_key(self.ctx.reader), self.fast, self.pr, self.pace, bool(o.call_order))
+
+    def _kept(self, n_notes: int) -> Dict[str, Any]:
+        """This pass, and copies of what it found that the replay's handlers go on to change."""
+        c = self.ctx
+        return {"scan": {k: getattr(self, k) for k in _FOUND},
+                "notes": c.res.warnings[n_notes:],
+                "names_in": {k: set(v) for k, v in c.names_in.items()}, "code_loads": list(c.code_loads),
+                "ctx_ids": {k: dict(v) for k, v in c.ctx_ids.items()}, "fns": dict(c.fns),
+                "fn_versions": {k: list(v) for k, v in c.fn_versions.items()}, "func_names": dict(c.func_names)}
+
+    def _adopt(self, kept: Dict[str, Any]) -> None:
+        """A kept pass made this replay's: its findings copied into this replay's context, the
+        handles' slots emptied (the executor reads this replay's live handles there)."""
+        c = self.ctx
+        for k, v in kept["scan"].items():
+            setattr(self, k, v)
+        c.res.warnings.extend(kept["notes"])
+        c.names_in = {k: set(v) for k, v in kept["names_in"].items()}
+        c.code_loads = list(kept["code_loads"])
+        c.ctx_ids = {k: dict(v) for k, v in kept["ctx_ids"].items()}
+        c.fns, c.func_names = dict(kept["fns"]), dict(kept["func_names"])
+        c.fn_versions = {k: list(v) for k, v in kept["fn_versions"].items()}
+        sl = self.slots
+        sl.values = sl.ffi.new("uint64_t[]", len(sl.values)) if sl.ffi is not None else [0] * len(sl.values)
+        c.handles._all = SlotMap(sl, "h", c.handles._all)
+        c.funcs = SlotMap(sl, "f", c.funcs)
+        c.reader = IndexedReader(c.reader, self.index, self.expected)
+        c.res.phases["count.plan_reused"] = 1
+
+    def _scan(self) -> None:
         from .executor import module
         mod = module()
         self.slots = Slots(mod.ffi if mod is not None else None)

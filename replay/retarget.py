@@ -218,6 +218,12 @@ def device_launching_loads(reader) -> List[int]:
     return out
 
 
+def _image_info(reader, bid: str):
+    """What a module image holds; read once per snapshot in a kept worker (keep.py)."""
+    from . import keep
+    return keep.fact(("image_info", keep.reader_key(reader), bid), lambda: analyze(keep.image(reader, bid)))
+
+
 def module_loads(reader, with_images: bool = True, records=None) -> List[Dict[str, Any]]:
     """Every module/library load of a snapshot: seq, call, result, handle, image info, and the
     kernels looked up in it or launched from it. records: what to read instead of the
@@ -246,7 +252,7 @@ def module_loads(reader, with_images: bool = True, records=None) -> List[Dict[st
                 ent["size"] = reader.blob_size(ref["blob"])
                 if with_images:
                     try:
-                        ent["info"] = analyze(reader.blob(ref["blob"]))
+                        ent["info"] = _image_info(reader, ref["blob"])
                     except Exception:
                         pass
             loads.append(ent)

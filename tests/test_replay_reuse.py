@@ -8,6 +8,7 @@ import json
 import struct
 import subprocess
 import sys
+from pathlib import Path
 
 from synth import BASE, Synth, write_double_program
 
@@ -137,3 +138,72 @@ def test_a_kept_worker_leaves_after_its_last_replay(double, tmp_path):
         assert pids[0] == pids[1] != pids[2] == pids[3] != pids[4], pids
     finally:
         client.kill()
+
+
+KEPT = """
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+from count_passes import instrument
+counts = instrument()
+from cudasnap.replay import keep, plannative
+decoded = [0]
+_one = plannative.record_one
+def record_one(*a):
+    decoded[0] += 1
+    return _one(*a)
+plannative.record_one = record_one
+from cudasnap.replay.engine import close_replays, track_replays
+from cudasnap.replay.invocation import profiled, run
+track_replays()
+rows = []
+for i, path in enumerate(sys.argv[3:]):
+    was = (counts["passes"], counts["decompressions"], decoded[0], keep.stats["prescans_built"], keep.stats["images_read"])
+    out = os.path.join(sys.argv[2], f"r{i}.json")
+    rc = run(profiled(path, out, "timeline"), checked=True)
+    closed = close_replays()
+    run_ = json.load(open(out))["run"]
+    now = (counts["passes"], counts["decompressions"], decoded[0], keep.stats["prescans_built"], keep.stats["images_read"])
+    rows.append({"path": path, "rc": rc, "exit": run_["exit_code"], "closed": closed,
+                 "reused": run_["timings_s"].get("count.plan_reused"),
+                 **dict(zip(("passes", "decompressions", "records_decoded", "plans_built", "images_read"),
+                            [b - a for a, b in zip(was, now)]))})
+print(json.dumps(rows))
+"""
+
+
+def test_a_kept_workers_later_replays_of_a_snapshot_decode_and_plan_nothing(double, tmp_path):
+    """In a kept worker (track_replays), the second and later replays of a snapshot take the
+    first one's prescan (plan, index, slots, D2H expectations) and its decoded module images:
+    no pass over the records, no frame decompressed, no record decoded, no plan built, no image
+    read; each still replays every call and verifies, from memory given back by close()."""
+    tidy, leaky = tmp_path / "tidy.cusnap", tmp_path / "leaky.cusnap"
+    write_double_program(tidy)
+    _leaky(leaky)
+    bench = str(Path(__file__).resolve().parents[1] / "bench")
+    cp = subprocess.run([sys.executable, "-c", KEPT, bench, str(tmp_path), *map(str, (tidy, leaky, tidy, leaky, tidy))],
+                        env=double["env"], capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    rows = json.loads(cp.stdout.strip().splitlines()[-1])
+    for r in rows:
+        assert r["rc"] == 0 and r["exit"] == 0 and r["closed"]["failed"] == 0 and r["closed"]["spans"] >= 1, r
+    first, later = rows[:2], rows[2:]
+    for r in first:
+        assert r["passes"] >= 1 and r["plans_built"] == 1 and r["images_read"] == 1 and r["reused"] == 0, r
+    for r in later:
+        assert (r["passes"], r["decompressions"], r["records_decoded"], r["plans_built"], r["images_read"]) == \
+            (0, 0, 0, 0, 0), r
+        assert r["reused"] == 1, r
+
+
+def test_a_kept_prescan_carries_every_field_the_pass_sets():
+    """keep.py hands a later replay the pass's fields listed in prescan._FOUND: a field the
+    pass sets and the list lacks would be missing (or the first replay's) in that replay."""
+    import ast
+    from cudasnap.replay import prescan
+    tree = ast.parse(Path(prescan.__file__).read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Prescan")
+    set_here = {t.attr for n in ast.walk(cls) if isinstance(n, (ast.Assign, ast.AnnAssign))
+                for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                for t in (t.elts if isinstance(t, ast.Tuple) else [t])
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
+    assert set_here - {"ctx"} == set(prescan._FOUND), set_here ^ set(prescan._FOUND)

@@ -1,0 +1,95 @@
+"""What a kept campaign worker keeps between its replays of a snapshot (campaign/cellserver.py:
+one process replaying request after request). Only what never touches the GPU: the prescan
+(the plan of batches, the replay index, the handles' slot numbering, the functions, contexts and
+code loads it found, the D2H results read ahead), decoded module images and what was read from
+them. Each replay still runs every driver call of the snapshot from a fresh driver state
+(contexts, modules, memory given back by Replayer.close).
+
+Off unless enabled (engine.track_replays, which a kept worker calls): a process that replays once
+keeps nothing. A kept prescan serves one replay at a time (taken, then given back by release(),
+which close_replays calls); a replay that finds it taken builds its own."""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Optional, Tuple
+
+IMAGE_BYTES = 1 << 30            # decoded module images kept at most (the first seen, in order)
+
+_on = False
+_prescans: Dict[Tuple, Dict[str, Any]] = {}
+_images: Dict[Tuple[int, str], bytes] = {}
+_image_bytes = 0
+_facts: Dict[Tuple, Any] = {}
+_readers: Dict[int, Any] = {}     # the readers keyed by id here, held so that no id is reused
+# what was built and what was reused (tests and bench/bench_kept.py read them)
+stats = {"prescans_built": 0, "prescans_reused": 0, "images_read": 0, "images_reused": 0}
+
+
+def enable() -> None:
+    global _on
+    _on = True
+
+
+def enabled() -> bool:
+    return _on
+
+
+def take(key: Optional[Tuple]) -> Optional[Dict[str, Any]]:
+    """The prescan kept under key, now in use by the caller; None: build one."""
+    if not _on or key is None:
+        return None
+    got = _prescans.get(key)
+    if got is None or got["in_use"]:
+        return None
+    got["in_use"] = True
+    stats["prescans_reused"] += 1
+    return got
+
+
+def put(key: Optional[Tuple], kept: Dict[str, Any]) -> None:
+    """A prescan just built (in use by the replay that built it)."""
+    stats["prescans_built"] += 1
+    if _on and key is not None and key not in _prescans:
+        kept["in_use"] = True
+        _prescans[key] = kept
+
+
+def release() -> None:
+    """Every kept prescan free for the next replay (the replays using them have ended)."""
+    for v in _prescans.values():
+        v["in_use"] = False
+
+
+def image(reader, bid: str) -> bytes:
+    """A module image's bytes: decoded once per process while kept (up to IMAGE_BYTES)."""
+    global _image_bytes
+    if not _on:
+        return reader.blob(bid)
+    k = (reader_key(reader), bid)
+    got = _images.get(k)
+    if got is not None:
+        stats["images_reused"] += 1
+        return got
+    got = reader.blob(bid)
+    stats["images_read"] += 1
+    if _image_bytes + len(got) <= IMAGE_BYTES:
+        _images[k] = got
+        _image_bytes += len(got)
+    return got
+
+
+def fact(key: Tuple, make: Callable[[], Any]) -> Any:
+    """make(), remembered under key while kept (what a module image's scan found)."""
+    if not _on:
+        return make()
+    if key not in _facts:
+        _facts[key] = make()
+    return _facts[key]
+
+
+def reader_key(reader) -> int:
+    """The identity of a snapshot reader: this process opens each file version once
+    (formats/opened.py), and a kept prescan holds its reader, so the id stays its own."""
+    base = getattr(reader, "_reader", reader)         # an IndexedReader's snapshot reader
+    if _on:
+        _readers[id(base)] = base
+    return id(base)
