@@ -96,7 +96,8 @@ def main(argv=None) -> int:
            "--replays", str(a.replays), "--mode", a.mode, "--repeat", str(a.repeat)]
     if a.cprofile:
         cmd += ["--cprofile", os.path.abspath(a.cprofile)]
-    cp = subprocess.run(cmd, env=env, text=True, stderr=subprocess.PIPE, timeout=1800)
+    # stdout as a kept worker's: nowhere (the profile tables it prints are not read)
+    cp = subprocess.run(cmd, env=env, text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=1800)
     if cp.returncode != 0 or not rows_path.exists():
         sys.stderr.write(cp.stderr[-3000:])
         return 2

@@ -276,6 +276,7 @@ class Replayer:
                     gc.enable()
             startup = self.ctx.res.startup_s
             startup["prescan"] = round(time.monotonic() - t_scan, 4)
+            self.ctx.types.reader = self.ctx.reader      # the kernels' PTX types: from the index, not the file
             self.ctx.res.phases.update({"count.alloc_bytes": self.scan.alloc_bytes,
                                         "count.h2d_bytes": self.scan.h2d_bytes})
             if self.preflight is not None and self._driver is None:

@@ -140,6 +140,13 @@ class IndexedReader:
     def __iter__(self) -> Iterator[Dict[str, Any]]:
         return self.records()
 
+    def code_calls(self) -> Optional[List[Dict[str, Any]]]:
+        """The calls that load code or look a kernel up, incomplete ones too (nothing decoded),
+        or None (no index: read the records)."""
+        if self._index is None:
+            return None
+        return self._index.code + [rec for _, rec in self._index.kept if rec.get("k") == "c"]
+
     def code_records(self) -> Optional[List[Dict[str, Any]]]:
         """ReplayIndex.code_records, or None (no index: read the records)."""
         return self._index.code_records() if self._index is not None else None

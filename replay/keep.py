@@ -2,7 +2,8 @@
 one process replaying request after request). Only what never touches the GPU: the prescan
 (the plan of batches, the replay index, the handles' slot numbering, the functions, contexts and
 code loads it found, the D2H results read ahead), decoded module images and what was read from
-them. Each replay still runs every driver call of the snapshot from a fresh driver state
+them, and the decoded sources of small H2D copies (the bytes the copies send, never the memory
+they fill). Each replay still runs every driver call of the snapshot from a fresh driver state
 (contexts, modules, memory given back by Replayer.close).
 
 Off unless enabled (engine.track_replays, which a kept worker calls): a process that replays once
@@ -12,16 +13,18 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, Optional, Tuple
 
-IMAGE_BYTES = 1 << 30            # decoded module images kept at most (the first seen, in order)
+KEEP_BYTES = 1 << 30             # decoded payloads kept at most (module images, small H2D sources)
+SMALL_BLOB = 1 << 20             # an H2D source kept when at most this big (bigger ones stream)
 
 _on = False
 _prescans: Dict[Tuple, Dict[str, Any]] = {}
-_images: Dict[Tuple[int, str], bytes] = {}
-_image_bytes = 0
+_data: Dict[Tuple[int, str], bytes] = {}
+_data_bytes = 0
 _facts: Dict[Tuple, Any] = {}
 _readers: Dict[int, Any] = {}     # the readers keyed by id here, held so that no id is reused
 # what was built and what was reused (tests and bench/bench_kept.py read them)
-stats = {"prescans_built": 0, "prescans_reused": 0, "images_read": 0, "images_reused": 0}
+stats = {"prescans_built": 0, "prescans_reused": 0, "images_read": 0, "images_reused": 0, "blobs_read": 0,
+         "blobs_reused": 0}
 
 
 def enable() -> None:
@@ -60,20 +63,32 @@ def release() -> None:
 
 
 def image(reader, bid: str) -> bytes:
-    """A module image's bytes: decoded once per process while kept (up to IMAGE_BYTES)."""
-    global _image_bytes
+    """A module image's bytes: decoded once per process while kept."""
     if not _on:
         return reader.blob(bid)
+    return _kept_data(reader, bid, "images")
+
+
+def small_blob(reader, bid: str, size: int) -> Optional[bytes]:
+    """An H2D copy's source, decoded once per process while kept; None when not kept (off,
+    or bigger than SMALL_BLOB: read as it streams)."""
+    if not _on or size > SMALL_BLOB:
+        return None
+    return _kept_data(reader, bid, "blobs")
+
+
+def _kept_data(reader, bid: str, what: str) -> bytes:
+    global _data_bytes
     k = (reader_key(reader), bid)
-    got = _images.get(k)
+    got = _data.get(k)
     if got is not None:
-        stats["images_reused"] += 1
+        stats[what + "_reused"] += 1
         return got
     got = reader.blob(bid)
-    stats["images_read"] += 1
-    if _image_bytes + len(got) <= IMAGE_BYTES:
-        _images[k] = got
-        _image_bytes += len(got)
+    stats[what + "_read"] += 1
+    if _data_bytes + len(got) <= KEEP_BYTES:
+        _data[k] = got
+        _data_bytes += len(got)
     return got
 
 

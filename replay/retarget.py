@@ -208,8 +208,9 @@ def launches_from_device(img: bytes) -> bool:
 # ------------------------------------------------------------------------------ snapshots
 def device_launching_loads(reader) -> List[int]:
     """Call numbers of the module/library loads whose code launches kernels from the device."""
+    from .codecalls import code_calls
     out = []
-    for rec in reader.records(("c",)):
+    for rec in code_calls(reader):
         ref = (rec.get("x") or {}).get("image")
         if in_class(rec.get("f") or "", "loads_code") and isinstance(ref, dict) \
                 and isinstance(ref.get("blob"), str) and reader.has_blob(ref["blob"]):

@@ -157,15 +157,17 @@ from cudasnap.replay.invocation import profiled, run
 track_replays()
 rows = []
 for i, path in enumerate(sys.argv[3:]):
-    was = (counts["passes"], counts["decompressions"], decoded[0], keep.stats["prescans_built"], keep.stats["images_read"])
+    was = (counts["passes"], counts["decompressions"], decoded[0], keep.stats["prescans_built"], keep.stats["images_read"],
+           keep.stats["blobs_read"])
     out = os.path.join(sys.argv[2], f"r{i}.json")
     rc = run(profiled(path, out, "timeline"), checked=True)
     closed = close_replays()
     run_ = json.load(open(out))["run"]
-    now = (counts["passes"], counts["decompressions"], decoded[0], keep.stats["prescans_built"], keep.stats["images_read"])
+    now = (counts["passes"], counts["decompressions"], decoded[0], keep.stats["prescans_built"], keep.stats["images_read"],
+           keep.stats["blobs_read"])
     rows.append({"path": path, "rc": rc, "exit": run_["exit_code"], "closed": closed,
                  "reused": run_["timings_s"].get("count.plan_reused"),
-                 **dict(zip(("passes", "decompressions", "records_decoded", "plans_built", "images_read"),
+                 **dict(zip(("passes", "decompressions", "records_decoded", "plans_built", "images_read", "blobs_read"),
                             [b - a for a, b in zip(was, now)]))})
 print(json.dumps(rows))
 """
@@ -173,9 +175,10 @@ print(json.dumps(rows))
 
 def test_a_kept_workers_later_replays_of_a_snapshot_decode_and_plan_nothing(double, tmp_path):
     """In a kept worker (track_replays), the second and later replays of a snapshot take the
-    first one's prescan (plan, index, slots, D2H expectations) and its decoded module images:
-    no pass over the records, no frame decompressed, no record decoded, no plan built, no image
-    read; each still replays every call and verifies, from memory given back by close()."""
+    first one's prescan (plan, index, slots, D2H expectations), its decoded module images and
+    small H2D sources: no pass over the records, no frame decompressed, no record decoded, no
+    plan built, no image or H2D source read; each still replays every call and verifies, from
+    memory given back by close()."""
     tidy, leaky = tmp_path / "tidy.cusnap", tmp_path / "leaky.cusnap"
     write_double_program(tidy)
     _leaky(leaky)
@@ -189,9 +192,10 @@ def test_a_kept_workers_later_replays_of_a_snapshot_decode_and_plan_nothing(doub
     first, later = rows[:2], rows[2:]
     for r in first:
         assert r["passes"] >= 1 and r["plans_built"] == 1 and r["images_read"] == 1 and r["reused"] == 0, r
+        assert r["blobs_read"] >= 1, r
     for r in later:
-        assert (r["passes"], r["decompressions"], r["records_decoded"], r["plans_built"], r["images_read"]) == \
-            (0, 0, 0, 0, 0), r
+        assert (r["passes"], r["decompressions"], r["records_decoded"], r["plans_built"], r["images_read"],
+                r["blobs_read"]) == (0, 0, 0, 0, 0, 0), r
         assert r["reused"] == 1, r
 
 
