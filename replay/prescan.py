@@ -114,6 +114,7 @@ class Prescan:
         # in call order the loop sorts the records itself: nothing is compiled in file order
         planner = self.new_planner(keep=False) if self.ctx.opt.call_order else self.new_planner(native=True)
         index = self.index = ReplayIndex()       # every other reader of the records reads this pass
+        index.graph_calls = False
         # in call order nothing is compiled: the calls are kept as read, the index's (the loop sorts them)
         kept_calls: Optional[List[Dict[str, Any]]] = [] if not planner.keeping else None
         self.h2d_order: List[str] = []
@@ -172,6 +173,8 @@ class Prescan:
                     self.ctx.code_loads.append(rec)              # functions.hoist_loads
                 if fk & 448:
                     index.code.append(rec)                       # retarget.module_loads
+                if fk & 512:
+                    index.graph_calls = True                     # profile/graphunits.RecordedGraphs
                 if fk & 32 and rec.get("r") == 0:
                     u = self.unhandled.get(rec["f"])
                     if u is None:
@@ -251,7 +254,8 @@ class Prescan:
         """Per name: 1 allocation, 2 primary context retain, 4 H2D prefetched, 8 pinned host
         memory, 16 shared through legacy IPC, 32 no replay handler, 64 names a kernel of a module
         or library (functions.preload_functions), 128 loads a module or library
-        (functions.hoist_loads), 256 refers to code (the index's code_records). Non-zero: the
+        (functions.hoist_loads), 256 refers to code (the index's code_records), 512 builds,
+        captures or launches a graph (the index's graph_calls). Non-zero: the
         pre-scan reads the call itself, so the C plan walk hands it over."""
         if type(f) is not str:
             return 0                   # a damaged record: its handler reports it
@@ -265,7 +269,8 @@ class Prescan:
                   | (32 if dispatch.unhandled(f) else 0)
                   | (64 if names_function(f) else 0)
                   | (128 if is_module_load(f) else 0)
-                  | (256 if in_class(f, "refers_code") else 0))
+                  | (256 if in_class(f, "refers_code") else 0)
+                  | (512 if in_class(f, "graph_group") else 0))
             self.fk[f] = fk
         return fk
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from synth import BASE, Synth, write_double_program
 
 RUNNER = """
@@ -160,7 +161,7 @@ for i, path in enumerate(sys.argv[3:]):
     was = (counts["passes"], counts["decompressions"], decoded[0], keep.stats["prescans_built"], keep.stats["images_read"],
            keep.stats["blobs_read"])
     out = os.path.join(sys.argv[2], f"r{i}.json")
-    rc = run(profiled(path, out, "timeline"), checked=True)
+    rc = run(profiled(path, out, MODE, repeat=2, warmup=0), checked=True)
     closed = close_replays()
     run_ = json.load(open(out))["run"]
     now = (counts["passes"], counts["decompressions"], decoded[0], keep.stats["prescans_built"], keep.stats["images_read"],
@@ -173,7 +174,8 @@ print(json.dumps(rows))
 """
 
 
-def test_a_kept_workers_later_replays_of_a_snapshot_decode_and_plan_nothing(double, tmp_path):
+@pytest.mark.parametrize("mode", ["timeline", "isolated"])
+def test_a_kept_workers_later_replays_of_a_snapshot_decode_and_plan_nothing(double, tmp_path, mode):
     """In a kept worker (track_replays), the second and later replays of a snapshot take the
     first one's prescan (plan, index, slots, D2H expectations), its decoded module images and
     small H2D sources: no pass over the records, no frame decompressed, no record decoded, no
@@ -183,7 +185,8 @@ def test_a_kept_workers_later_replays_of_a_snapshot_decode_and_plan_nothing(doub
     write_double_program(tidy)
     _leaky(leaky)
     bench = str(Path(__file__).resolve().parents[1] / "bench")
-    cp = subprocess.run([sys.executable, "-c", KEPT, bench, str(tmp_path), *map(str, (tidy, leaky, tidy, leaky, tidy))],
+    cp = subprocess.run([sys.executable, "-c", KEPT.replace("MODE", repr(mode)), bench, str(tmp_path),
+                         *map(str, (tidy, leaky, tidy, leaky, tidy))],
                         env=double["env"], capture_output=True, text=True, timeout=120)
     assert cp.returncode == 0, cp.stderr[-3000:]
     rows = json.loads(cp.stdout.strip().splitlines()[-1])
