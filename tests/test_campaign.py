@@ -119,6 +119,11 @@ def test_planted_regression_found_and_attributed(cluster, tmp_path, record_prope
     ph = cost["phases_by_snapshot"]
     assert set(ph) == {"s0.cusnap", "s1.cusnap"}, ph
     assert all({"launches", "read_and_plan.prescan", "loop.module", "close"} <= set(p) for p in ph.values()), ph
+    # each env's kept worker replays a snapshot again from its first replay's plan
+    assert all(0 < p["count.plan_reused"] < 1 for p in ph.values()), ph
+    from cudasnap.campaign.run import phase_lines
+    lines = phase_lines(ph)
+    assert len(lines) == 3 and all("launches" in ln and "module loads" in ln for ln in lines[1:]), lines
     record_property("ci_summary", f"campaign 2x3 in kept workers (replay after replay in one process): fixed cost "
                                   f"{cost['fixed_s_per_cell']:.3f} s per cell, {cost['fixed_s_per_replay']:.3f} s per "
                                   f"replay ({cost['replays_per_cell']:g} replays a cell; per verdict {per_v})")
