@@ -24,6 +24,7 @@ keeps no GPU state: each replay creates its contexts, loads its modules (their g
 from the recorded image; eager or lazy loading, an environment's variable, applies to every
 load) and allocates its memory again, all given back by Replayer.close, so every replay starts
 from the recorded state. Loaded modules cannot outlive the contexts close() destroys or resets.
+What is kept is bounded: CUDASNAP_KEEP_PLANS prescans (4), CUDASNAP_KEEP_MB of payloads (1024).
 
 Requests and replies are JSON lines on the server's stdin and stdout. A request is the typed
 invocation (replay/invocation.py: the options a replay runs with), never an argv, plus a timeout:

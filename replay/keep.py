@@ -11,10 +11,15 @@ keeps nothing. A kept prescan serves one replay at a time (taken, then given bac
 which close_replays calls); a replay that finds it taken builds its own."""
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Dict, Optional, Tuple
 
-KEEP_BYTES = 1 << 30             # decoded payloads kept at most (module images, small H2D sources)
+# decoded payloads kept at most (module images, small H2D sources), MiB
+KEEP_BYTES = int(os.environ.get("CUDASNAP_KEEP_MB") or 1024) << 20
 SMALL_BLOB = 1 << 20             # an H2D source kept when at most this big (bigger ones stream)
+# prescans kept at most, the least recently taken dropped first (a campaign's task replays one
+# snapshot's rounds before the next: a few suffice)
+KEEP_PLANS = int(os.environ.get("CUDASNAP_KEEP_PLANS") or 4)
 
 _on = False
 _prescans: Dict[Tuple, Dict[str, Any]] = {}
@@ -43,6 +48,7 @@ def take(key: Optional[Tuple]) -> Optional[Dict[str, Any]]:
     got = _prescans.get(key)
     if got is None or got["in_use"]:
         return None
+    _prescans[key] = _prescans.pop(key)          # the most recently taken last
     got["in_use"] = True
     stats["prescans_reused"] += 1
     return got
@@ -51,9 +57,11 @@ def take(key: Optional[Tuple]) -> Optional[Dict[str, Any]]:
 def put(key: Optional[Tuple], kept: Dict[str, Any]) -> None:
     """A prescan just built (in use by the replay that built it)."""
     stats["prescans_built"] += 1
-    if _on and key is not None and key not in _prescans:
+    if _on and key is not None and key not in _prescans and KEEP_PLANS > 0:
         kept["in_use"] = True
         _prescans[key] = kept
+        for k in [k for k, v in _prescans.items() if not v["in_use"]][:max(0, len(_prescans) - KEEP_PLANS)]:
+            del _prescans[k]
 
 
 def release() -> None:

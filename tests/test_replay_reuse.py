@@ -214,3 +214,21 @@ def test_a_kept_prescan_carries_every_field_the_pass_sets():
                 for t in (t.elts if isinstance(t, ast.Tuple) else [t])
                 if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
     assert set_here - {"ctx"} == set(prescan._FOUND), set_here ^ set(prescan._FOUND)
+
+
+def test_a_kept_worker_keeps_a_bounded_number_of_prescans(monkeypatch):
+    """CUDASNAP_KEEP_PLANS: the least recently taken prescan goes first; one in use stays, and
+    one taken is not handed to another replay until release()."""
+    from cudasnap.replay import keep
+    monkeypatch.setattr(keep, "_on", True)
+    monkeypatch.setattr(keep, "_prescans", {})
+    monkeypatch.setattr(keep, "KEEP_PLANS", 2)
+    monkeypatch.setattr(keep, "stats", dict(keep.stats))
+    for k in ("a", "b"):
+        keep.put(k, {"scan": k})
+    keep.release()
+    assert keep.take("a")["scan"] == "a" and keep.take("a") is None      # in use: the caller builds its own
+    keep.put("c", {"scan": "c"})                                       # b, least recently taken, goes
+    assert set(keep._prescans) == {"a", "c"}
+    keep.release()
+    assert keep.take("b") is None and keep.take("c")["scan"] == "c"
