@@ -23,6 +23,9 @@
 #      >= 3.6x faster than 1 on the cells (0.9x per GPU on fewer); prints cells per hour per GPU,
 #      the fixed cost per cell and per replay, and where each replay's time went;
 #   7. (BISECT=1) bisects 8 environments of demo_ab with --gpus 1 and --gpus 4.
+# PHASES_ONLY=1 (with SIDE=0): after the captures, each snapshot replayed 3 times in one kept
+# process (bench/bench_kept.py, its campaign profile mode): run.timings_s per replay and the mean
+# of replays 2-3 (where torch.compile's replay goes); then stop (one GPU is enough, ~6-8 min).
 # Writes under $OUT: campaign.log, campaign.toml, campaign.html, summary.json and results.tgz (each
 # run's JSON, the report's, the stores and the logs). Run from the project root:
 #   bash bench/campaign_gpu.sh
@@ -117,6 +120,17 @@ cap torch_graph $(g 2) $PY "$WL/torch_graph.py" & pids+=($!); cap torch_compile 
 wait "${pids[@]}"
 ls snaps/*.cusnap | wc -l | xargs echo "snapshots:"
 echo "build + captures: $(( $(date +%s) - T0 )) s"
+if [ "${PHASES_ONLY:-0}" = 1 ]; then
+  step "2c. where each program's replays go: 3 replays in one kept process each (bench_kept.py), GPU 0"
+  for s in snaps/*.cusnap; do
+    case $(basename "$s") in demo_ab*|ptrs*|mt_launch*) m=isolated ;; *) m=timeline ;; esac
+    echo "== $(basename "$s") ($m)"
+    CUDA_VISIBLE_DEVICES=0 timeout 240 python3 "$ROOT/bench/bench_kept.py" --snapshot "$s" --mode $m --replays 3 \
+      --repeat $REPEAT --json "$RES/phases_$(basename "$s" .cusnap).json" 2> "logs/phases_$(basename "$s").err" \
+      || { echo "exit $?"; tail -3 "logs/phases_$(basename "$s").err"; }
+  done
+  tar czf "$OUT/results.tgz" -C "$W" json logs; ls -l "$OUT"; exit $FAIL
+fi
 
 step "3. the campaign"
 cat > campaign.toml <<EOF
