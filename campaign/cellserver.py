@@ -16,7 +16,10 @@ initialized, and each replay gives back its memory, reserved ranges and contexts
 that fails (exit 2), dies or runs past its timeout ends the kept child, as does the last of
 CUDASNAP_KEPT_MAX_REPLAYS (200); the next request starts a new one.
 
-A kept child also keeps, between its replays of one snapshot, what never touches the GPU
+A forked child takes its snapshot's pass (the plan, the index, the decoded module images) from
+the server, which makes it once per file version and options before the first fork
+(engine.plan_ahead: no driver work, so the fork stays safe). A kept child also keeps, between
+its replays of one snapshot, what never touches the GPU
 (replay/keep.py): the prescan (the plan of batches with its decoded records, the replay index,
 the handles' slot numbering, the D2H results read ahead) and the decoded module images with what
 the preflight read from them; its later replays of that snapshot decode and plan nothing. It
@@ -69,6 +72,7 @@ class _Server:
     def __init__(self):
         self.kept: Optional[Tuple[int, int, int]] = None   # the kept child: pid, its request and reply pipes
         self.checked: Dict[Tuple[str, int, int], Optional[str]] = {}
+        self.planned: set = set()            # (snapshot version, options) passes made ahead of the forks
         # what every replay needs, imported once; cupti-python only when a profile times with it
         import cudasnap.replay.engine  # noqa: F401
         import cudasnap.replay.profile  # noqa: F401
@@ -85,6 +89,21 @@ class _Server:
         if k not in self.checked:
             self.checked[k] = snapshot_problem(snap)
         return self.checked[k]
+
+    def _plan_ahead(self, req: Dict[str, Any]) -> None:
+        """A forked replay's pass over its snapshot, made here once per file version and
+        options (engine.plan_ahead: no driver work) and taken by every child forked after."""
+        from cudasnap.replay.engine import plan_ahead
+        from cudasnap.replay.invocation import request
+        try:
+            st = os.stat(req["snapshot"])
+            k = (req["snapshot"], st.st_size, st.st_mtime_ns, json.dumps(req.get("replay"), sort_keys=True))
+            if k in self.planned:
+                return
+            self.planned.add(k)
+            plan_ahead(req["snapshot"], request(req, checked=True).options)
+        except Exception:
+            pass                      # the forked replay makes its own pass and reports what failed
 
     def _want_cupti(self, mode: Optional[str]) -> None:
         from cudasnap.replay.profile.modes import names
@@ -105,6 +124,7 @@ class _Server:
         self._want_cupti((req.get("profile") or {}).get("mode"))
         if req.get("kept"):
             return self._kept_run(req, t0)
+        self._plan_ahead(req)
         err = tempfile.TemporaryFile(mode="w+b")
         sys.stdout.flush()
         sys.stderr.flush()

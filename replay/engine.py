@@ -64,6 +64,27 @@ def close_replays() -> Dict[str, int]:
     return out
 
 
+def plan_ahead(snapshot, options: ReplayOptions) -> None:
+    """In a process that forks replays and never starts the driver (a campaign's warm server):
+    the snapshot's pass made and kept (keep.py) for these options, with its module images
+    decoded, so that each replay forked afterwards takes them (copy-on-write) instead of making
+    its own. Raises what the replay would report (a bad option, a damaged snapshot)."""
+    from . import keep
+    from .codecalls import code_calls
+    from .retarget import image_info
+    keep.enable()
+    rp = Replayer(snapshot, options)
+    try:
+        rp._read_and_plan()
+        reader = rp.ctx.reader
+        for rec in code_calls(reader):
+            ref = (rec.get("x") or {}).get("image")
+            if in_class(rec.get("f") or "", "loads_code") and isinstance(ref, dict) and reader.has_blob(ref.get("blob")):
+                image_info(reader, ref["blob"])            # the preflight's reading, and the image
+    finally:
+        keep.release()
+
+
 def _policy(opt, driver) -> Policy:
     """The numerics policy: given, else by target (a simulator, swapped-in kernels, PTX JIT:
     rounding may legitimately differ)."""
@@ -240,45 +261,50 @@ class Replayer:
             self.ctx.res.init_s = round(time.monotonic() - t0, 4)
 
     # ------------------------------------------------------------------ main loop
+    def _read_and_plan(self) -> None:
+        """The snapshot opened and its one pass made (prescan.py), with the options the pass
+        reads checked; no driver work (plan_ahead runs only this)."""
+        try:
+            t_open = time.monotonic()
+            self.ctx.reader = opened(self.path)      # checked once by preflight, read once
+        except SnapshotError as e:
+            raise ReplayError(str(e))
+        self.ctx.types = TypeOracle(self.ctx.reader, _dtype_specs(self.ctx.opt))
+        self.ctx.res.truncated = bool(self.ctx.reader.truncated)
+        self.ctx.res.startup_s["open"] = round(time.monotonic() - t_open, 4)
+        from .selection import LaunchSelection
+        try:
+            self.selection = LaunchSelection.of(self.ctx.opt, self.ctx.func_names)
+        except ValueError as e:
+            raise ReplayError(str(e))
+        pr = getattr(self.ctx.opt, "profiler_range", None) or "recorded"
+        if pr not in PROFILER_RANGES:
+            raise ReplayError(f"--profiler-range must be one of {', '.join(PROFILER_RANGES)}")
+        self.prange.on = pr == "workload"
+        pace = getattr(self.ctx.opt, "pace", None) or "fast"
+        if pace not in PACES:
+            raise ReplayError(f"--pace must be one of {', '.join(PACES)}")
+        self.ctx.res.pace = pace
+        self.ctx.res.profiler = {"range": pr, "starts": 0, "stops": 0}
+        gc_on = gc.isenabled()
+        gc.disable()            # the prescan builds 100k+ records that live on: no cycles to find
+        t_scan = time.monotonic()
+        try:
+            self._prescan()
+        finally:
+            if gc_on:
+                gc.enable()
+        startup = self.ctx.res.startup_s
+        startup["prescan"] = round(time.monotonic() - t_scan, 4)
+        self.ctx.types.reader = self.ctx.reader      # the kernels' PTX types: from the index, not the file
+        self.ctx.res.phases.update({"count.alloc_bytes": self.scan.alloc_bytes,
+                                    "count.h2d_bytes": self.scan.h2d_bytes})
+
     def run(self) -> ReplayResult:
         t0 = time.monotonic()
         self.ctx.mismatch_text = []
         try:
-            try:
-                t_open = time.monotonic()
-                self.ctx.reader = opened(self.path)      # checked once by preflight, read once
-            except SnapshotError as e:
-                raise ReplayError(str(e))
-            self.ctx.types = TypeOracle(self.ctx.reader, _dtype_specs(self.ctx.opt))
-            self.ctx.res.truncated = bool(self.ctx.reader.truncated)
-            self.ctx.res.startup_s["open"] = round(time.monotonic() - t_open, 4)
-            from .selection import LaunchSelection
-            try:
-                self.selection = LaunchSelection.of(self.ctx.opt, self.ctx.func_names)
-            except ValueError as e:
-                raise ReplayError(str(e))
-            pr = getattr(self.ctx.opt, "profiler_range", None) or "recorded"
-            if pr not in PROFILER_RANGES:
-                raise ReplayError(f"--profiler-range must be one of {', '.join(PROFILER_RANGES)}")
-            self.prange.on = pr == "workload"
-            pace = getattr(self.ctx.opt, "pace", None) or "fast"
-            if pace not in PACES:
-                raise ReplayError(f"--pace must be one of {', '.join(PACES)}")
-            self.ctx.res.pace = pace
-            self.ctx.res.profiler = {"range": pr, "starts": 0, "stops": 0}
-            gc_on = gc.isenabled()
-            gc.disable()            # the prescan builds 100k+ records that live on: no cycles to find
-            t_scan = time.monotonic()
-            try:
-                self._prescan()
-            finally:
-                if gc_on:
-                    gc.enable()
-            startup = self.ctx.res.startup_s
-            startup["prescan"] = round(time.monotonic() - t_scan, 4)
-            self.ctx.types.reader = self.ctx.reader      # the kernels' PTX types: from the index, not the file
-            self.ctx.res.phases.update({"count.alloc_bytes": self.scan.alloc_bytes,
-                                        "count.h2d_bytes": self.scan.h2d_bytes})
+            self._read_and_plan()
             if self.preflight is not None and self._driver is None:
                 why = self.preflight(self.ctx.reader)
                 if why:
@@ -297,6 +323,7 @@ class Replayer:
                 self._stale = StaleResults(lambda: self.ctx.space, lambda rec: self.ctx.blob(rec, "srcHost"))
                 self.ctx.hooks.stale = self._stale.stale
             self._start_prefetch()
+            startup = self.ctx.res.startup_s
             if self._host_ranges:          # before the driver maps anything there
                 hostplace.reserve(self._host_ranges)
             t_drv = time.monotonic()

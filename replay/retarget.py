@@ -219,7 +219,7 @@ def device_launching_loads(reader) -> List[int]:
     return out
 
 
-def _image_info(reader, bid: str):
+def image_info(reader, bid: str):
     """What a module image holds; read once per snapshot in a kept worker (keep.py)."""
     from . import keep
     return keep.fact(("image_info", keep.reader_key(reader), bid), lambda: analyze(keep.image(reader, bid)))
@@ -253,7 +253,7 @@ def module_loads(reader, with_images: bool = True, records=None) -> List[Dict[st
                 ent["size"] = reader.blob_size(ref["blob"])
                 if with_images:
                     try:
-                        ent["info"] = _image_info(reader, ref["blob"])
+                        ent["info"] = image_info(reader, ref["blob"])
                     except Exception:
                         pass
             loads.append(ent)

@@ -232,3 +232,25 @@ def test_a_kept_worker_keeps_a_bounded_number_of_prescans(monkeypatch):
     assert set(keep._prescans) == {"a", "c"}
     keep.release()
     assert keep.take("b") is None and keep.take("c")["scan"] == "c"
+
+
+def test_a_warm_servers_forked_replays_take_the_pass_it_made_ahead(double, tmp_path):
+    """[rules] workers = "warm": the server makes a snapshot's pass once, before its first fork
+    (engine.plan_ahead, no driver work), and every replay forked after takes it: its profile
+    says the plan was reused, and each verifies."""
+    import os
+    from cudasnap.campaign import cellserver
+    from cudasnap.replay.invocation import profiled
+    tidy, leaky = tmp_path / "tidy.cusnap", tmp_path / "leaky.cusnap"
+    write_double_program(tidy)
+    _leaky(leaky)
+    client = cellserver.Client(dict(os.environ, **double["env"]))
+    try:
+        for i, snap in enumerate((tidy, leaky, tidy, leaky)):
+            out = tmp_path / f"w{i}.json"
+            rep = client.run(dict(profiled(str(snap), str(out), "timeline"), timeout=60))
+            assert rep["exit_code"] == 0 and "kept_pid" not in rep, rep
+            run = json.loads(out.read_text())["run"]
+            assert run["exit_code"] == 0 and run["timings_s"]["count.plan_reused"] == 1, run["timings_s"]
+    finally:
+        client.kill()
