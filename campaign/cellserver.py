@@ -76,6 +76,12 @@ class _Server:
         # what every replay needs, imported once; cupti-python only when a profile times with it
         import cudasnap.replay.engine  # noqa: F401
         import cudasnap.replay.profile  # noqa: F401
+        from cudasnap.replay.profile.report import static_facts
+        static_facts()                # what every profile says of the tools, read once for the forks
+        try:                          # the bindings' module (25-60 ms a fork otherwise); no cuInit
+            from cuda.bindings import driver  # noqa: F401
+        except Exception:
+            pass                      # the child reports a missing or broken one
         self.cupti_tried = False
 
     def _check(self, snap: str) -> Optional[str]:
@@ -319,7 +325,7 @@ def _wait(pid: int, timeout: float) -> int:
             os.waitpid(pid, 0)
             return 124
         time.sleep(delay)
-        delay = min(0.01, delay * 2)
+        delay = min(0.002, delay * 2)      # a replay of 0.1 s should not wait 10 ms more
 
 
 def serve() -> int:

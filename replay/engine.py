@@ -306,7 +306,10 @@ class Replayer:
         try:
             self._read_and_plan()
             if self.preflight is not None and self._driver is None:
+                t_pre = time.monotonic()
                 why = self.preflight(self.ctx.reader)
+                # the architecture check: the GPU's compute capability (cuInit in a new process)
+                self.ctx.res.startup_s["preflight"] = round(time.monotonic() - t_pre, 4)
                 if why:
                     self.refused = why
                     raise ReplayError(why)

@@ -180,7 +180,7 @@ def _libcuda_path() -> Any:
 _static: Optional[tuple] = None
 
 
-def _static_facts() -> tuple:
+def static_facts() -> tuple:
     """(the kernel module's version, the tools' versions): the same for every replay of this
     process, read once (a kept campaign worker replays hundreds of times)."""
     global _static
@@ -263,7 +263,7 @@ def run_info(rv, cfg, opts, snapshot) -> Dict[str, Any]:
                 d["cuda_version"] = f"{v // 1000}.{v % 1000 // 10}"
         except Exception:
             pass
-    d["nvidia_driver"], tools = _static_facts()
+    d["nvidia_driver"], tools = static_facts()
     d["tools"] = dict(tools)
     d["profile"] = {k: getattr(cfg, k, None) for k in ("mode", "repeat", "warmup", "flush_l2", "kernels", "calls",
                                                        "launch", "kernel_name", "kernel_name_base", "launch_skip",
