@@ -122,13 +122,14 @@ _replays_here = 0          # profiled replays this process has run (a kept worke
 def phase_timings(res, t_entry: float, report_s: Optional[float] = None) -> Dict[str, Optional[float]]:
     """Where a profiled replay's wall time went, in seconds: process start to the profile's
     start (interpreter, imports; a process's first replay only), reading and planning (with its
-    prescan, the driver's load and the profiler's start), the driver's start-up (cuInit, then
-    the placement reservation), the loop up to the first launch (contexts, modules, memory), the
-    launches to the loop's end (profiling included), and what followed until the report (the
-    end-state check, the profiler's end: CUPTI's records read, the report built). loop.FAMILY:
+    prescan, the architecture check: a new process's cuInit, the driver's load and the profiler's
+    start), the driver's start-up (cuInit, then the placement reservation), the loop up to the
+    first launch (contexts, modules, memory), the launches to the loop's end (profiling
+    included), and what followed until the report (the end-state check, the profiler's end:
+    CUPTI's records read, the report built). loop.FAMILY:
     the calls replayed one by one, by handler family (module loads, contexts, memory and its
     staging, launches); count.*: modules loaded and their bytes, allocated and H2D bytes, and
-    whether the plan was reused (a kept worker's replay of a snapshot it replayed before)."""
+    whether the plan was reused (made by a kept worker's earlier replay, or a warm server ahead)."""
     global _replays_here
     def span(a, b):
         return round(b - a, 4) if isinstance(a, (int, float)) and isinstance(b, (int, float)) else None
