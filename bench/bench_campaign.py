@@ -131,7 +131,7 @@ def main() -> int:
            "engine_overhead_s_per_cell": round(slot_idle + start, 3),
            "store_bytes_per_1000_cells": round(size / max(1, cells) * 1000), "store_bytes": size,
            # the campaign's own account: time outside the replays' launches, per replay and cell
-           **{k: (counts.get("cost") or {}).get(k) for k in ("workers", "fixed_s_per_replay", "fixed_s_per_cell",
+           **{k: (counts.get("cost") or {}).get(k) for k in ("workers", "fixed_s_per_replay", "fixed_s_per_cell", "fixed_s_per_cell_started",
                                                               "replays_per_cell")},
            "work": str(work)}
     for k, v in res.items():

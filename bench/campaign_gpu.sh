@@ -105,7 +105,8 @@ for w, r in runs.items():
     c = r["cost"]
     verdicts = [v for v in r["report"].get("verdicts", []) if v.get("verdict") in ("SLOWER", "FASTER")]
     print(f"workers={w}: fixed cost {c['fixed_s_per_cell']:.3f} s per cell ({first['cost']['fixed_s_per_cell'] / c['fixed_s_per_cell']:.2f}x "
-          f"less than {next(iter(runs))}), {c['fixed_s_per_replay']:.3f} s per replay, {c['replays']} replays; cells "
+          f"less than {next(iter(runs))}; {c.get('fixed_s_per_cell_started')} once the servers are up), "
+          f"{c['fixed_s_per_replay']:.3f} s per replay, {c['replays']} replays; cells "
           f"{r['cells_wall_s']} s; verdicts other than SAME: {len(verdicts)}")
 PYEOF
 fi

@@ -461,6 +461,8 @@ class Engine:
         return {"replays": c["replays"], "replays_per_cell": round(c["replays"] / cells, 2),
                 "fixed_s_per_replay": round(per_replay, 4) if per_replay is not None else None,
                 "fixed_s_per_cell": round(per_cell, 4) if per_cell is not None else None,
+                # the same once the servers are up (their start is paid once a night per GPU and env)
+                "fixed_s_per_cell_started": round(c["fixed_s"] / cells, 4) if c["timed"] else None,
                 "replay_s": round(c["proc_s"], 3), "server_starts": c["server_starts"],
                 "server_start_s": round(c["server_start_s"], 3), "workers": self.c.rules.workers,
                 # a shared baseline replay counts in equal shares to the cells it served

@@ -179,7 +179,8 @@ def _run_campaign(camp, store, address, fresh: bool, ship: bool, json_out: bool,
                          f"{wall:.1f} s on {eng.slots()} GPU(s) (Ray start {ray_s:.1f} s); store {store.path}\n")
         cost = counts.get("cost") or {}
         if cost.get("fixed_s_per_cell") is not None:
-            sys.stdout.write(f"fixed cost: {cost['fixed_s_per_cell']:.3f} s per cell, {cost['fixed_s_per_replay']:.3f} s "
+            sys.stdout.write(f"fixed cost: {cost['fixed_s_per_cell']:.3f} s per cell ({cost['fixed_s_per_cell_started']:.3f} "
+                             f"once the servers are up), {cost['fixed_s_per_replay']:.3f} s "
                              f"per replay ({cost['replays_per_cell']:g} replays a cell, {cost['workers']} workers)\n")
         for line in phase_lines(cost.get("phases_by_snapshot") or {}):
             sys.stdout.write(line + "\n")
