@@ -104,7 +104,7 @@ def main(argv=None) -> int:
     if a.cprofile:
         Path(a.cprofile + ".txt").write_text(cp.stderr)
     rows = json.loads(rows_path.read_text())
-    print(f"{a.mode} replays of {snap.name} in one kept process ({a.launches if not a.snapshot else '?'} launches)")
+    print(f"{a.mode} replays of {snap.name} in one kept process" + ("" if a.snapshot else f" ({a.launches} launches)"))
     print(f"{'#':>3} {'rc':>3} {'wall_s':>8} {'launches':>9} {'fixed_s':>8}")
     for i, r in enumerate(rows):
         la = r["timings_s"].get("launches") or 0.0
