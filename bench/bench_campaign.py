@@ -13,9 +13,11 @@ runtime with K GPUs, then reads the store:
   - the store's size per 1,000 cells (after a WAL checkpoint).
 
 On the CUDA test double (no GPU; K fake GPUs): python bench/bench_campaign.py --double --gpus 2
+                                                [--launches 1000 --workers kept]
 On a GPU machine: python bench/bench_campaign.py --gpus 4 --snapshots 'DIR/*.cusnap'
 Options: --cells-per-snapshot is fixed at 2 (two envs); --copies C replays each snapshot file C
-times under other env names (more cells); --repeat (isolated repeats); --json OUT."""
+times under other env names (more cells); --repeat (isolated repeats); --workers fresh|warm|kept
+([rules] workers; the campaign's fixed cost per replay and per cell are printed); --json OUT."""
 from __future__ import annotations
 
 import argparse
@@ -31,17 +33,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _double_env(work: Path, n_snaps: int) -> str:
+def _double_env(work: Path, n_snaps: int, launches: int = 0) -> str:
     sys.path.insert(0, str(ROOT / "tests"))
+    sys.path.insert(0, str(ROOT / "bench"))
     from double.fixtures import _load_build_module
     from test_compare import three_kernels
+    from bench_graphmode_scale import loop_program
     b = _load_build_module()
     paths = b.build(work / "double")
     os.environ["LD_LIBRARY_PATH"] = b.env_for(paths)["LD_LIBRARY_PATH"]
     snaps = work / "snaps"
     snaps.mkdir()
     for i in range(n_snaps):
-        three_kernels(snaps / f"s{i:03d}.cusnap", n=64 + 32 * i)
+        if launches:             # a training loop of that many launches
+            loop_program(snaps / f"s{i:03d}.cusnap", launches + i)
+        else:
+            three_kernels(snaps / f"s{i:03d}.cusnap", n=64 + 32 * i)
     return str(snaps / "*.cusnap")
 
 
@@ -61,20 +68,26 @@ def main() -> int:
     ap.add_argument("--snapshots", default=None, help="a glob of snapshots (GPU machine)")
     ap.add_argument("--n-snapshots", type=int, default=8, help="--double: how many synthetic snapshots")
     ap.add_argument("--copies", type=int, default=1, help="environments per snapshot = 2 x copies")
+    ap.add_argument("--launches", type=int, default=0, help="--double: synthetic training loops of this many "
+                    "launches (bench_graphmode_scale.loop_program) instead of three-kernel programs")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--mode", default="isolated", choices=["isolated", "timeline"])
+    ap.add_argument("--pairs", type=int, default=None, help="[rules] pairs: rounds of baseline and candidates a cell")
+    ap.add_argument("--workers", default=None, choices=["fresh", "warm", "kept"], help="[rules] workers")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     if not a.double and not a.snapshots:
         ap.error("give --double or --snapshots GLOB")
     work = Path(tempfile.mkdtemp(prefix="cudasnap-bench-campaign-"))
-    glob = _double_env(work, a.n_snapshots) if a.double else os.path.abspath(a.snapshots)
+    glob = _double_env(work, a.n_snapshots, a.launches) if a.double else os.path.abspath(a.snapshots)
     steady = 'CUDA_DOUBLE_SLOW = "*:1", CUDA_DOUBLE_SLOW_FLOOR_US = "200", ' if a.double else ""
     envs = "".join(f'[[env]]\nname = "e{i}"\nvars = {{ {steady}CUDASNAP_BENCH_ENV = "{i}" }}\n'
                    for i in range(2 * a.copies))
     camp_path = work / "bench.toml"
     camp_path.write_text(f'name = "bench"\nbaseline = "e0"\n[rules]\nrepeats = {a.repeat}\nwarmup = 1\n'
                          f'threshold = 50\nmax_reruns = 0\nconfirm = false\nretries = 1\n'
+                         + (f'workers = "{a.workers}"\n' if a.workers else "")
+                         + (f'pairs = {a.pairs}\n' if a.pairs else "") +
                          f'[[snapshot]]\npath = "{glob}"\nprofile = "{a.mode}"\n{envs}')
 
     import ray
@@ -117,6 +130,9 @@ def main() -> int:
            "engine_slot_overhead_s_per_cell": round(slot_idle, 3),
            "engine_overhead_s_per_cell": round(slot_idle + start, 3),
            "store_bytes_per_1000_cells": round(size / max(1, cells) * 1000), "store_bytes": size,
+           # the campaign's own account: time outside the replays' launches, per replay and cell
+           **{k: (counts.get("cost") or {}).get(k) for k in ("workers", "fixed_s_per_replay", "fixed_s_per_cell", "fixed_s_per_cell_started",
+                                                              "replays_per_cell")},
            "work": str(work)}
     for k, v in res.items():
         print(f"{k}: {v}")

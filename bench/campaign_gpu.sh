@@ -23,6 +23,9 @@
 #      >= 3.6x faster than 1 on the cells (0.9x per GPU on fewer); prints cells per hour per GPU,
 #      the fixed cost per cell and per replay, and where each replay's time went;
 #   7. (BISECT=1) bisects 8 environments of demo_ab with --gpus 1 and --gpus 4.
+# PHASES_ONLY=1 (with SIDE=0): after the captures, each snapshot replayed 3 times in one kept
+# process (bench/bench_kept.py, its campaign profile mode): run.timings_s per replay and the mean
+# of replays 2-3 (where torch.compile's replay goes); then stop (one GPU is enough, ~6-8 min).
 # Writes under $OUT: campaign.log, campaign.toml, campaign.html, summary.json and results.tgz (each
 # run's JSON, the report's, the stores and the logs). Run from the project root:
 #   bash bench/campaign_gpu.sh
@@ -37,6 +40,15 @@ W=/tmp/cudasnap-campaign
 # PHASE=1: steps 1-5, 4-GPU runs 1..RUN4_SPLIT; PHASE=2 (later, same machine): the remaining runs and
 # step 6 on the snapshots and stores phase 1 left; unset: everything
 PHASE=${PHASE:-all}; RUN4_SPLIT=${RUN4_SPLIT:-1}
+# where each program's replays spent their time, as the campaign measured it (run JSON's cost)
+phases() {
+  python3 -c 'import json, sys
+from cudasnap.campaign.run import phase_lines
+try:
+    print("\n".join(phase_lines((json.load(open(sys.argv[1])).get("cost") or {}).get("phases_by_snapshot") or {})))
+except (OSError, ValueError) as e:
+    print("no phases:", e)' "$1"
+}
 [ "$PHASE" = 2 ] || { rm -rf "$W"; mkdir -p "$W/snaps" "$W/logs" "$W/json"; }
 RES=$W/json      # each run's JSON, kept on the machine across the two phases, copied to $OUT
 REPEAT=${REPEAT:-5}; ARCH=${ARCH:-sm_90}; THRESHOLD=${THRESHOLD:-10}; RUNS4=${RUNS4:-3}; BISECT=${BISECT:-0}
@@ -82,6 +94,7 @@ for w in ${SIDE_WORKERS:-fresh warm kept}; do
   printf '[[snapshot]]\npath = "snaps/demo_ab.cusnap"\n[[snapshot]]\npath = "snaps/ptrs.cusnap"\n[[snapshot]]\npath = "snaps/mt_launch.cusnap"\n[[env]]\nname = "plain"\n[[env]]\nname = "control"\ncontrol = true\nvars = { CUDASNAP_CAMPAIGN_NOTHING = "1" }\n' >> side_$w.toml
   CUDA_VISIBLE_DEVICES=0 cudasnap campaign run side_$w.toml -o side_$w.sqlite --json > "$RES/side_$w.json" 2> logs/side_$w.err
   rc=$?; echo "workers=$w: exit $rc"; tail -2 logs/side_$w.err
+  phases "$RES/side_$w.json"
   [ $rc -le 1 ] || { echo "FAIL: the side-by-side campaign with workers=$w exited $rc"; exit 2; }
 done
 python3 - "$RES" ${SIDE_WORKERS:-fresh warm kept} <<'PYEOF'
@@ -92,7 +105,8 @@ for w, r in runs.items():
     c = r["cost"]
     verdicts = [v for v in r["report"].get("verdicts", []) if v.get("verdict") in ("SLOWER", "FASTER")]
     print(f"workers={w}: fixed cost {c['fixed_s_per_cell']:.3f} s per cell ({first['cost']['fixed_s_per_cell'] / c['fixed_s_per_cell']:.2f}x "
-          f"less than {next(iter(runs))}), {c['fixed_s_per_replay']:.3f} s per replay, {c['replays']} replays; cells "
+          f"less than {next(iter(runs))}; {c.get('fixed_s_per_cell_started')} once the servers are up), "
+          f"{c['fixed_s_per_replay']:.3f} s per replay, {c['replays']} replays; cells "
           f"{r['cells_wall_s']} s; verdicts other than SAME: {len(verdicts)}")
 PYEOF
 fi
@@ -107,6 +121,17 @@ cap torch_graph $(g 2) $PY "$WL/torch_graph.py" & pids+=($!); cap torch_compile 
 wait "${pids[@]}"
 ls snaps/*.cusnap | wc -l | xargs echo "snapshots:"
 echo "build + captures: $(( $(date +%s) - T0 )) s"
+if [ "${PHASES_ONLY:-0}" = 1 ]; then
+  step "2c. where each program's replays go: 3 replays in one kept process each (bench_kept.py), GPU 0"
+  for s in snaps/*.cusnap; do
+    case $(basename "$s") in demo_ab*|ptrs*|mt_launch*) m=isolated ;; *) m=timeline ;; esac
+    echo "== $(basename "$s") ($m)"
+    CUDA_VISIBLE_DEVICES=0 timeout 240 python3 "$ROOT/bench/bench_kept.py" --snapshot "$s" --mode $m --replays 3 \
+      --repeat $REPEAT --json "$RES/phases_$(basename "$s" .cusnap).json" 2> "logs/phases_$(basename "$s").err" \
+      || { echo "exit $?"; tail -3 "logs/phases_$(basename "$s").err"; }
+  done
+  tar czf "$OUT/results.tgz" -C "$W" json logs; ls -l "$OUT"; exit $FAIL
+fi
 
 step "3. the campaign"
 cat > campaign.toml <<EOF
@@ -166,6 +191,7 @@ T=$(date +%s.%N)
 CUDA_VISIBLE_DEVICES=0 cudasnap campaign run campaign.toml -o one.sqlite --json > "$RES/run1.json" 2> logs/run1.err
 RC1=$?; T1=$(python3 -c "import time; print(round(time.time() - $T, 1))")
 echo "1 GPU: exit $RC1, ${T1} s"; tail -3 logs/run1.err
+phases "$RES/run1.json"
 cp one.sqlite four.sqlite
 fi
 FROM=1; TO=$RUNS4
@@ -177,6 +203,7 @@ for r in $(seq $FROM $TO); do
   CUDA_VISIBLE_DEVICES=$VIS cudasnap campaign run campaign.toml -o four.sqlite --fresh --json > "$RES/run4_$r.json" 2> logs/run4_$r.err
   rc=$?; t=$(python3 -c "import time; print(round(time.time() - $T, 1))")
   echo "$NK GPUs run $r: exit $rc, ${t} s"; tail -3 logs/run4_$r.err
+  phases "$RES/run4_$r.json"
 done
 
 [ "$PHASE" = 1 ] && { tar czf "$OUT/results.tgz" -C "$W" json logs; ls -l "$OUT"; exit $FAIL; }
@@ -233,19 +260,12 @@ for name, r, k in [("1gpu", r1, 1)] + [(f"{nk}gpu_run{i}", x, nk) for i, x in en
     summ[name] = {"cells": cells, "cells_per_hour": round(cells / r["cells_wall_s"] * 3600),
                   "cells_per_hour_per_gpu": round(cells / r["cells_wall_s"] * 3600 / k), "cost": r.get("cost")}
     print(name, summ[name])
-# where each replay's time went (profile run.timings_s), mean over the last 4-GPU run's cells
-import zstandard
-phases = {}
-db = sqlite3.connect(sys.argv[5])
-run = db.execute("SELECT MAX(id) FROM runs").fetchone()[0]
-for enc, data in db.execute("SELECT p.encoding, p.data FROM profiles p JOIN cells c ON c.id = p.cell_id "
-                            "WHERE c.run_id=?", (run,)):
-    raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=1 << 30) if "zst" in (enc or "") else data
-    for k, v in ((json.loads(raw).get("run") or {}).get("timings_s") or {}).items():
-        if isinstance(v, (int, float)):
-            phases.setdefault(k, []).append(v)
-summ["replay_phases_mean_s"] = {k: round(sum(v) / len(v), 3) for k, v in phases.items()}
-print("replay phases, mean s:", summ["replay_phases_mean_s"])
+# where each replay's time went, per program: the campaign's own means of run.timings_s (cost
+# phases_by_snapshot) of the last run, printed as the campaign prints them
+from cudasnap.campaign.run import phase_lines
+last = r4[-1] if r4 else r1
+summ["replay_phases_mean_s"] = (last.get("cost") or {}).get("phases_by_snapshot") or {}
+print("\n".join(phase_lines(summ["replay_phases_mean_s"])) or "no replay phases in the run's cost")
 json.dump(summ, open(f"{out}/summary.json", "w"), indent=1)     # out: the runs' JSON folder
 sys.exit(0 if ok and false_total == 0 and c1 >= need * c4 else 1)
 PYEOF

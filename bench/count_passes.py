@@ -9,6 +9,7 @@ Each command runs in a process of its own with an instrumented SnapshotReader (i
                  with the place that asked for each
   decompressions records, header and index frames read and decompressed (chunks not counted)
   checksum       whole-file checksum passes (check_payloads, verify, check_records)
+and `.records(` call sites in product code (--sites: only those, per file),
 for `replay`, `replay --profile timeline|isolated`, a campaign cell (the server's check, then
 the cell's profiled replay in the same process, as a kept or forked worker runs it), `extract`,
 `export` and `info`, on a small snapshot and on a synthetic training loop.
@@ -79,6 +80,22 @@ def instrument() -> Dict[str, Any]:
     return counts
 
 
+PRODUCT = ("advise", "campaign", "capture", "cli", "compare", "export", "formats", "replay", "shim")
+
+
+def records_sites() -> Dict[str, int]:
+    """`.records(` call sites in product code, per file (definitions not counted): each a
+    reader of a snapshot's records, from the file or a replay's index."""
+    import re
+    out: Dict[str, int] = {}
+    for d in PRODUCT:
+        for p in sorted((ROOT / d).rglob("*.py")):
+            n = sum(1 for ln in p.read_text().splitlines() if re.search(r"\.records\(", ln) and "def records" not in ln)
+            if n:
+                out[p.relative_to(ROOT).as_posix()] = n
+    return out
+
+
 def _child(out: str, mode: str, argv: List[str]) -> None:
     """Runs one command in this process, counting; the counts go to `out` at exit."""
     counts = instrument()
@@ -136,10 +153,17 @@ def main(argv=None) -> int:
                     "extract, export, info)")
     ap.add_argument("--snapshot", action="append", default=[], help="count on this snapshot (the machine's own "
                     "driver) instead of the double's synthetic ones")
+    ap.add_argument("--sites", action="store_true", help="only count the `.records(` call sites in product code")
     ap.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
         _child(a.child[0], a.child[1], a.child[2:])
+        return 0
+    sites = records_sites()
+    print(f"`.records(` call sites in product code: {sum(sites.values())} in {len(sites)} files")
+    if a.sites:
+        for f, n in sorted(sites.items(), key=lambda kv: -kv[1]):
+            print(f"  {n:>3}  {f}")
         return 0
     tmp = Path(tempfile.mkdtemp(prefix="count-passes-"))
     if a.snapshot:

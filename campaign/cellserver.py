@@ -16,12 +16,26 @@ initialized, and each replay gives back its memory, reserved ranges and contexts
 that fails (exit 2), dies or runs past its timeout ends the kept child, as does the last of
 CUDASNAP_KEPT_MAX_REPLAYS (200); the next request starts a new one.
 
+A forked child takes its snapshot's pass (the plan, the index, the decoded module images) from
+the server, which makes it once per file version and options before the first fork
+(engine.plan_ahead: no driver work, so the fork stays safe). A kept child also keeps, between
+its replays of one snapshot, what never touches the GPU
+(replay/keep.py): the prescan (the plan of batches with its decoded records, the replay index,
+the handles' slot numbering, the D2H results read ahead) and the decoded module images with what
+the preflight read from them; its later replays of that snapshot decode and plan nothing. It
+keeps no GPU state: each replay creates its contexts, loads its modules (their globals start
+from the recorded image; eager or lazy loading, an environment's variable, applies to every
+load) and allocates its memory again, all given back by Replayer.close, so every replay starts
+from the recorded state. Loaded modules cannot outlive the contexts close() destroys or resets.
+What is kept is bounded: CUDASNAP_KEEP_PLANS prescans (4), CUDASNAP_KEEP_MB of payloads (1024).
+
 Requests and replies are JSON lines on the server's stdin and stdout. A request is the typed
 invocation (replay/invocation.py: the options a replay runs with), never an argv, plus a timeout:
 
     {"snapshot": PATH, "replay": {ReplayOptions fields}, "profile": {ProfileConfig fields},
      "timeout": SECONDS}
     -> {"exit_code": N, "stderr_tail": TEXT, "proc_s": SECONDS, "fork_s": SECONDS}
+       (kept: also "closed", what the replay gave back, and "close_s", how long that took)
 
 The server ends with its parent (PDEATHSIG), at end of input, or after IDLE_S seconds without
 a request; each child ends with the server. `python -m cudasnap.campaign.cellserver`."""
@@ -58,9 +72,16 @@ class _Server:
     def __init__(self):
         self.kept: Optional[Tuple[int, int, int]] = None   # the kept child: pid, its request and reply pipes
         self.checked: Dict[Tuple[str, int, int], Optional[str]] = {}
+        self.planned: set = set()            # (snapshot version, options) passes made ahead of the forks
         # what every replay needs, imported once; cupti-python only when a profile times with it
         import cudasnap.replay.engine  # noqa: F401
         import cudasnap.replay.profile  # noqa: F401
+        from cudasnap.replay.profile.report import static_facts
+        static_facts()                # what every profile says of the tools, read once for the forks
+        try:                          # the bindings' module (25-60 ms a fork otherwise); no cuInit
+            from cuda.bindings import driver  # noqa: F401
+        except Exception:
+            pass                      # the child reports a missing or broken one
         self.cupti_tried = False
 
     def _check(self, snap: str) -> Optional[str]:
@@ -74,6 +95,21 @@ class _Server:
         if k not in self.checked:
             self.checked[k] = snapshot_problem(snap)
         return self.checked[k]
+
+    def _plan_ahead(self, req: Dict[str, Any]) -> None:
+        """A forked replay's pass over its snapshot, made here once per file version and
+        options (engine.plan_ahead: no driver work) and taken by every child forked after."""
+        from cudasnap.replay.engine import plan_ahead
+        from cudasnap.replay.invocation import request
+        try:
+            st = os.stat(req["snapshot"])
+            k = (req["snapshot"], st.st_size, st.st_mtime_ns, json.dumps(req.get("replay"), sort_keys=True))
+            if k in self.planned:
+                return
+            self.planned.add(k)
+            plan_ahead(req["snapshot"], request(req, checked=True).options)
+        except Exception:
+            pass                      # the forked replay makes its own pass and reports what failed
 
     def _want_cupti(self, mode: Optional[str]) -> None:
         from cudasnap.replay.profile.modes import names
@@ -94,6 +130,7 @@ class _Server:
         self._want_cupti((req.get("profile") or {}).get("mode"))
         if req.get("kept"):
             return self._kept_run(req, t0)
+        self._plan_ahead(req)
         err = tempfile.TemporaryFile(mode="w+b")
         sys.stdout.flush()
         sys.stderr.flush()
@@ -210,6 +247,7 @@ class _Server:
                "kept_pid": pid}
         if closed is not None:
             out["closed"] = closed
+            out["close_s"] = rep.get("close_s")
         return out
 
 
@@ -232,10 +270,13 @@ def _kept_loop(req_r: int, rep_w: int) -> int:
         os.dup2(fd, 2)
         os.close(fd)
         code = _replay_logged(msg["req"])
+        t_close = time.monotonic()
         closed = close_replays()
+        close_s = round(time.monotonic() - t_close, 4)
         done += 1
         leaving = done >= KEPT_MAX_REPLAYS
-        os.write(rep_w, (json.dumps({"exit_code": code, "closed": closed, "leaving": leaving}) + "\n").encode())
+        os.write(rep_w, (json.dumps({"exit_code": code, "closed": closed, "leaving": leaving, "close_s": close_s})
+                         + "\n").encode())
         if code == 2 or closed.get("failed") or leaving:
             return code
 
@@ -284,7 +325,7 @@ def _wait(pid: int, timeout: float) -> int:
             os.waitpid(pid, 0)
             return 124
         time.sleep(delay)
-        delay = min(0.01, delay * 2)
+        delay = min(0.002, delay * 2)      # a replay of 0.1 s should not wait 10 ms more
 
 
 def serve() -> int:

@@ -428,10 +428,20 @@ class Engine:
             raise
         return self.counts
 
-    def _count_cost(self, r: Dict[str, Any]) -> None:
+    def _count_cost(self, r: Dict[str, Any], snapshot: Optional[str] = None) -> None:
         c = self.__dict__.setdefault("cost", _new_cost())
         if r.get("proc_s") is None:
             return
+        t = ((r.get("profile") or {}).get("run") or {}).get("timings_s")
+        if isinstance(t, dict) and snapshot:
+            # where its replays' time went (run.timings_s), summed per snapshot; the kept
+            # worker's give-back after the replay as "close"
+            ph = c["phases"].setdefault(os.path.basename(snapshot), {})
+            for k, v in list(t.items()) + [("close", r.get("close_s")), ("process", r.get("proc_s"))]:
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    n_v = ph.setdefault(k, [0, 0.0])
+                    n_v[0] += 1
+                    n_v[1] += v
         c["replays"] += 1
         c["proc_s"] += r["proc_s"]
         if r.get("fixed_s") is not None:
@@ -451,10 +461,15 @@ class Engine:
         return {"replays": c["replays"], "replays_per_cell": round(c["replays"] / cells, 2),
                 "fixed_s_per_replay": round(per_replay, 4) if per_replay is not None else None,
                 "fixed_s_per_cell": round(per_cell, 4) if per_cell is not None else None,
+                # the same once the servers are up (their start is paid once a night per GPU and env)
+                "fixed_s_per_cell_started": round(c["fixed_s"] / cells, 4) if c["timed"] else None,
                 "replay_s": round(c["proc_s"], 3), "server_starts": c["server_starts"],
                 "server_start_s": round(c["server_start_s"], 3), "workers": self.c.rules.workers,
                 # a shared baseline replay counts in equal shares to the cells it served
-                "replays_per_verdict": {v: round(sum(x) / len(x), 2) for v, x in sorted(c["by_verdict"].items())}}
+                "replays_per_verdict": {v: round(sum(x) / len(x), 2) for v, x in sorted(c["by_verdict"].items())},
+                # per snapshot, the mean of each phase of run.timings_s over its replays
+                "phases_by_snapshot": {snap: {k: round(tot / n, 4) for k, (n, tot) in ph.items()}
+                                       for snap, ph in sorted(c["phases"].items())}}
 
     def _longest_first(self, cells: List[Cell]) -> List[Cell]:
         """The cells by expected time, longest first, so that the last GPU to finish waits less
@@ -497,7 +512,7 @@ class Engine:
             self._handle_pair(st, purpose, t_sub, res)
             return
         st.attempts += 1
-        self._count_cost(res)
+        self._count_cost(res, st.cell.snapshot.path)
         if res.get("proc_s") is not None:
             st.replays += 1
         if res.get("host"):
@@ -568,7 +583,7 @@ class Engine:
             return
         runs = res["runs"]
         for r in runs:
-            self._count_cost(r)
+            self._count_cost(r, g.base_cell.snapshot.path)
         base = [r for r in runs if r["side"] == "baseline"]
         base_ok = all(r["exit_code"] == 0 and r.get("profile") is not None for r in base)
         share = len(sts)
@@ -632,7 +647,7 @@ class Engine:
             st.attempts += 1
             shared = share and r.get("side") == "baseline"
             if not share:                 # a shared task's replays were counted once, as a whole
-                self._count_cost(r)
+                self._count_cost(r, st.cell.snapshot.path)
             if r.get("proc_s") is not None:
                 st.replays += 1.0 / share if shared else 1.0
             st.proc_s += (r.get("proc_s") or 0.0) / (share if shared else 1)
@@ -902,7 +917,7 @@ class Engine:
 
 def _new_cost() -> Dict[str, Any]:
     return {"replays": 0, "proc_s": 0.0, "fixed_s": 0.0, "timed": 0, "server_starts": 0, "server_start_s": 0.0,
-            "by_verdict": {}}
+            "by_verdict": {}, "phases": {}}
 
 
 def _snap_key(cell: Cell) -> str:

@@ -8,7 +8,7 @@ import json
 import signal
 import sys
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from cudasnap.formats.console import is_tty
 
@@ -179,13 +179,34 @@ def _run_campaign(camp, store, address, fresh: bool, ship: bool, json_out: bool,
                          f"{wall:.1f} s on {eng.slots()} GPU(s) (Ray start {ray_s:.1f} s); store {store.path}\n")
         cost = counts.get("cost") or {}
         if cost.get("fixed_s_per_cell") is not None:
-            sys.stdout.write(f"fixed cost: {cost['fixed_s_per_cell']:.3f} s per cell, {cost['fixed_s_per_replay']:.3f} s "
+            sys.stdout.write(f"fixed cost: {cost['fixed_s_per_cell']:.3f} s per cell ({cost['fixed_s_per_cell_started']:.3f} "
+                             f"once the servers are up), {cost['fixed_s_per_replay']:.3f} s "
                              f"per replay ({cost['replays_per_cell']:g} replays a cell, {cost['workers']} workers)\n")
+        for line in phase_lines(cost.get("phases_by_snapshot") or {}):
+            sys.stdout.write(line + "\n")
         if cost.get("replays_per_verdict"):
             sys.stdout.write("replays per verdict: " + ", ".join(f"{v} {n:g}" for v, n in cost["replays_per_verdict"].items())
                              + "\n")
         render_text(rep, sys.stdout)
     return code
+
+
+def phase_lines(by_snap: Dict[str, Dict[str, float]]) -> List[str]:
+    """Where each snapshot's replays spent their time, mean seconds a replay (run.timings_s):
+    the phases of a millisecond or more, longest first, then what was loaded and copied."""
+    if not by_snap:
+        return []
+    out = ["where each replay's time went (mean s a replay, by snapshot):"]
+    for snap, ph in by_snap.items():
+        secs = sorted(((k, v) for k, v in ph.items() if not k.startswith("count.") and v >= 0.001),
+                      key=lambda kv: -kv[1])
+        n = ph.get("count.modules_loaded")
+        counts = (f"; {n:g} module loads ({ph.get('count.module_bytes', 0) / 1e6:.1f} MB), "
+                  f"{ph.get('count.h2d_bytes', 0) / 1e6:.1f} MB H2D" if n is not None else "")
+        if ph.get("count.plan_reused"):
+            counts += f"; plan reused in {100 * ph['count.plan_reused']:.0f}%"
+        out.append(f"  {snap}: " + ", ".join(f"{k} {v:.3f}" for k, v in secs) + counts)
+    return out
 
 
 class _NoEngine:

@@ -322,6 +322,9 @@ class ReplayContext:
         if not isinstance(ref, dict) or not ref.get("blob"):
             return None
         try:
+            if what == "image":           # a module image: decoded once in a kept worker (keep.py)
+                from .keep import image
+                return image(self.reader, ref["blob"])
             return self.reader.blob(ref["blob"])
         except SnapshotError as e:
             self.note(f"call #{rec.get('s')}: blob for {what} unreadable: {e}")
@@ -339,7 +342,9 @@ class ReplayContext:
         size = self.reader.blob_size(bid)
         it = self.prefetch.take(bid) if self.prefetch is not None else None
         if it is None:
-            it = self.reader.blob_reader(bid)
+            from .keep import small_blob       # a kept worker's later replays: decoded once
+            data = small_blob(self.reader, bid, size)
+            it = iter((data,)) if data is not None else self.reader.blob_reader(bid)
         return size, it
 
     # ------------------------------------------------------------------ addresses

@@ -3,6 +3,7 @@ capability, then placement: every recorded address range reserved before the fir
 memory (placement.py)."""
 from __future__ import annotations
 
+import time
 from typing import List, Tuple
 
 from cudasnap.formats import cu_result_name
@@ -15,11 +16,13 @@ from .placement import AddressSpace
 def init_driver(ctx, ranges: List[Tuple[int, int]], regions: List[Tuple[int, int]], ipc_shared: List[int]) -> None:
     """ranges: the recorded allocations; regions: capture's placement zones; ipc_shared:
     addresses shared through legacy IPC (their ranges are reserved alone)."""
+    t0 = time.perf_counter()
     try:
         r = ctx.cu.cuInit(0)
     except Exception as e:  # the bindings could not load libcuda.so.1
         raise ReplayError(f"no CUDA driver: cannot load libcuda.so.1 ({type(e).__name__}: "
                           f"{str(e).splitlines()[0] if str(e) else ''})")
+    ctx.res.phases["cuinit"] = round(time.perf_counter() - t0, 4)
     if result_code(r[0]) != 0:
         raise ReplayError(f"cuInit failed: {cu_result_name(result_code(r[0]))} (no usable GPU or driver?)")
     try:

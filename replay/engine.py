@@ -44,10 +44,13 @@ _tracked: Optional[List["Replayer"]] = None
 
 def track_replays() -> None:
     """This process runs replay after replay (a campaign's kept worker): remember every
-    replay that initialized the driver, for close_replays."""
+    replay that initialized the driver, for close_replays, and keep what never touches the
+    GPU (a snapshot's prescan, its module images) for the next replay of it (keep.py)."""
     global _tracked
     if _tracked is None:
         _tracked = []
+    from . import keep
+    keep.enable()                 # what never touches the GPU is kept between its replays
 
 
 def close_replays() -> Dict[str, int]:
@@ -56,7 +59,30 @@ def close_replays() -> Dict[str, int]:
     while _tracked:
         for k, v in _tracked.pop().close().items():
             out[k] = out.get(k, 0) + v
+    from . import keep
+    keep.release()                # the kept prescans free for the next replay
     return out
+
+
+def plan_ahead(snapshot, options: ReplayOptions) -> None:
+    """In a process that forks replays and never starts the driver (a campaign's warm server):
+    the snapshot's pass made and kept (keep.py) for these options, with its module images
+    decoded, so that each replay forked afterwards takes them (copy-on-write) instead of making
+    its own. Raises what the replay would report (a bad option, a damaged snapshot)."""
+    from . import keep
+    from .codecalls import code_calls
+    from .retarget import image_info
+    keep.enable()
+    rp = Replayer(snapshot, options)
+    try:
+        rp._read_and_plan()
+        reader = rp.ctx.reader
+        for rec in code_calls(reader):
+            ref = (rec.get("x") or {}).get("image")
+            if in_class(rec.get("f") or "", "loads_code") and isinstance(ref, dict) and reader.has_blob(ref.get("blob")):
+                image_info(reader, ref["blob"])            # the preflight's reading, and the image
+    finally:
+        keep.release()
 
 
 def _policy(opt, driver) -> Policy:
@@ -235,42 +261,55 @@ class Replayer:
             self.ctx.res.init_s = round(time.monotonic() - t0, 4)
 
     # ------------------------------------------------------------------ main loop
+    def _read_and_plan(self) -> None:
+        """The snapshot opened and its one pass made (prescan.py), with the options the pass
+        reads checked; no driver work (plan_ahead runs only this)."""
+        try:
+            t_open = time.monotonic()
+            self.ctx.reader = opened(self.path)      # checked once by preflight, read once
+        except SnapshotError as e:
+            raise ReplayError(str(e))
+        self.ctx.types = TypeOracle(self.ctx.reader, _dtype_specs(self.ctx.opt))
+        self.ctx.res.truncated = bool(self.ctx.reader.truncated)
+        self.ctx.res.startup_s["open"] = round(time.monotonic() - t_open, 4)
+        from .selection import LaunchSelection
+        try:
+            self.selection = LaunchSelection.of(self.ctx.opt, self.ctx.func_names)
+        except ValueError as e:
+            raise ReplayError(str(e))
+        pr = getattr(self.ctx.opt, "profiler_range", None) or "recorded"
+        if pr not in PROFILER_RANGES:
+            raise ReplayError(f"--profiler-range must be one of {', '.join(PROFILER_RANGES)}")
+        self.prange.on = pr == "workload"
+        pace = getattr(self.ctx.opt, "pace", None) or "fast"
+        if pace not in PACES:
+            raise ReplayError(f"--pace must be one of {', '.join(PACES)}")
+        self.ctx.res.pace = pace
+        self.ctx.res.profiler = {"range": pr, "starts": 0, "stops": 0}
+        gc_on = gc.isenabled()
+        gc.disable()            # the prescan builds 100k+ records that live on: no cycles to find
+        t_scan = time.monotonic()
+        try:
+            self._prescan()
+        finally:
+            if gc_on:
+                gc.enable()
+        startup = self.ctx.res.startup_s
+        startup["prescan"] = round(time.monotonic() - t_scan, 4)
+        self.ctx.types.reader = self.ctx.reader      # the kernels' PTX types: from the index, not the file
+        self.ctx.res.phases.update({"count.alloc_bytes": self.scan.alloc_bytes,
+                                    "count.h2d_bytes": self.scan.h2d_bytes})
+
     def run(self) -> ReplayResult:
         t0 = time.monotonic()
         self.ctx.mismatch_text = []
         try:
-            try:
-                self.ctx.reader = opened(self.path)      # checked once by preflight, read once
-            except SnapshotError as e:
-                raise ReplayError(str(e))
-            self.ctx.types = TypeOracle(self.ctx.reader, _dtype_specs(self.ctx.opt))
-            self.ctx.res.truncated = bool(self.ctx.reader.truncated)
-            from .selection import LaunchSelection
-            try:
-                self.selection = LaunchSelection.of(self.ctx.opt, self.ctx.func_names)
-            except ValueError as e:
-                raise ReplayError(str(e))
-            pr = getattr(self.ctx.opt, "profiler_range", None) or "recorded"
-            if pr not in PROFILER_RANGES:
-                raise ReplayError(f"--profiler-range must be one of {', '.join(PROFILER_RANGES)}")
-            self.prange.on = pr == "workload"
-            pace = getattr(self.ctx.opt, "pace", None) or "fast"
-            if pace not in PACES:
-                raise ReplayError(f"--pace must be one of {', '.join(PACES)}")
-            self.ctx.res.pace = pace
-            self.ctx.res.profiler = {"range": pr, "starts": 0, "stops": 0}
-            gc_on = gc.isenabled()
-            gc.disable()            # the prescan builds 100k+ records that live on: no cycles to find
-            t_scan = time.monotonic()
-            try:
-                self._prescan()
-            finally:
-                if gc_on:
-                    gc.enable()
-            startup = self.ctx.res.startup_s
-            startup["prescan"] = round(time.monotonic() - t_scan, 4)
+            self._read_and_plan()
             if self.preflight is not None and self._driver is None:
+                t_pre = time.monotonic()
                 why = self.preflight(self.ctx.reader)
+                # the architecture check: the GPU's compute capability (cuInit in a new process)
+                self.ctx.res.startup_s["preflight"] = round(time.monotonic() - t_pre, 4)
                 if why:
                     self.refused = why
                     raise ReplayError(why)
@@ -287,6 +326,7 @@ class Replayer:
                 self._stale = StaleResults(lambda: self.ctx.space, lambda rec: self.ctx.blob(rec, "srcHost"))
                 self.ctx.hooks.stale = self._stale.stale
             self._start_prefetch()
+            startup = self.ctx.res.startup_s
             if self._host_ranges:          # before the driver maps anything there
                 hostplace.reserve(self._host_ranges)
             t_drv = time.monotonic()
@@ -315,9 +355,11 @@ class Replayer:
             if self.ctx.res.truncated:
                 self.ctx.note(f"snapshot is truncated ({self.ctx.reader.lost_bytes} bytes lost): replayed up to the last "
                           f"complete call #{self.ctx.res.last_seq}")
+            t_end = time.perf_counter()
             self._finish_sync()
             from .endstate import check_window
             check_window(self)           # a window's recorded end state against this device's memory
+            self.ctx.res.phases["end_state"] = round(time.perf_counter() - t_end, 4)
         except (_StopVerify, _Abort):
             pass
         except ReplayError as e:
@@ -325,10 +367,12 @@ class Replayer:
         finally:
             if self.subscribers:
                 from .events import EndEvent
+                t_end = time.perf_counter()
                 try:
                     self.emit("end", EndEvent(self.ctx.res, self.view))
                 except Exception as e:  # a stop raised by a subscriber at the very end
                     self.ctx.res.errors.append(str(e))
+                self.ctx.res.phases["profile_end"] = round(time.perf_counter() - t_end, 4)
             if self.ctx.space is not None:
                 self.ctx.res.placed, self.ctx.res.fell_back = self.ctx.space.placed, self.ctx.space.fell_back
                 self.ctx.res.host_relocated = self.ctx.space.host_relocated
@@ -523,7 +567,9 @@ class Replayer:
                     self._held.append(rec)      # run by release_held, after the subscriber's later work
                     self.ctx.res.calls += 1
                     return
+            t_call = time.perf_counter()
             h.fn(self.ctx, rec)
+            dt = time.perf_counter() - t_call
             if self.subscribers:
                 self.events.after_call(rec, cev)
         except (_StopVerify, _Abort):
@@ -546,6 +592,9 @@ class Replayer:
             self._stale.ran(rec)
         fam = h.family
         self.ctx.res.by_family[fam] = self.ctx.res.by_family.get(fam, 0) + 1
+        ph = self.ctx.res.phases          # where the loop's time went, by family (phases.py)
+        k = "calls." + fam
+        ph[k] = ph.get(k, 0.0) + dt
         if is_sync(f):
             self._sync_mark(seq)
 

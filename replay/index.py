@@ -19,7 +19,7 @@ class ReplayIndex:
     """What the prescan saw besides the plan: each record not in the plan, with the number of
     planned calls before it; the plan (or the calls kept in call order) once finished."""
 
-    __slots__ = ("kept", "planned", "plan", "proc", "complete", "code", "blobs")
+    __slots__ = ("kept", "planned", "plan", "proc", "complete", "code", "blobs", "graph_calls")
 
     def __init__(self):
         self.kept: List[Tuple[int, Dict[str, Any]]] = []   # (planned calls before it, record)
@@ -29,6 +29,7 @@ class ReplayIndex:
         self.complete = False
         self.code: List[Dict[str, Any]] = []               # calls that load code or name a kernel
         self.blobs = False                                 # blob records kept too (read_once)
+        self.graph_calls: Optional[bool] = None            # any call of class graph_group (None: not known)
 
     def keep(self, rec: Dict[str, Any]) -> None:
         """A record the plan does not hold (another kind, an incomplete or malformed call)."""
@@ -139,6 +140,18 @@ class IndexedReader:
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
         return self.records()
+
+    @property
+    def graph_calls(self) -> Optional[bool]:
+        """Does the snapshot build, capture or launch a CUDA graph (None: not known)?"""
+        return self._index.graph_calls if self._index is not None else None
+
+    def code_calls(self) -> Optional[List[Dict[str, Any]]]:
+        """The calls that load code or look a kernel up, incomplete ones too (nothing decoded),
+        or None (no index: read the records)."""
+        if self._index is None:
+            return None
+        return self._index.code + [rec for _, rec in self._index.kept if rec.get("k") == "c"]
 
     def code_records(self) -> Optional[List[Dict[str, Any]]]:
         """ReplayIndex.code_records, or None (no index: read the records)."""

@@ -280,7 +280,8 @@ class TypeOracle:
         out = []
         if self.reader is None:
             return out
-        for rec in self.reader.records(("c",)):
+        from .codecalls import code_calls
+        for rec in code_calls(self.reader):
             ref = (rec.get("x") or {}).get("image")
             if isinstance(ref, dict) and isinstance(ref.get("blob"), str) and self.reader.has_blob(ref["blob"]):
                 out.append(lambda b=ref["blob"]: bytes(self.reader.blob(b)))

@@ -18,6 +18,12 @@ from .index import IndexedReader, ReplayIndex
 from .plan import PLAN_MAX_RECORDS, Planner, Ranges, SlotMap, Slots
 
 
+# what the pass finds (kept and taken whole by a kept worker's next replay of the snapshot)
+_FOUND = ("fast", "pr", "pace", "total", "incomplete", "malformed", "ranges", "regions", "host_ranges", "ipc_shared",
+          "unhandled", "workload_last", "plan", "t_origin", "alloc_bytes", "h2d_bytes", "slots", "expected",
+          "expected_bytes", "ranges_set", "fk", "index", "h2d_order", "planner")
+
+
 class Prescan:
     """The pass and what it found; the Replayer reads the fields. fast: compile a plan of
     batches (engine.Replayer.fast_eligible); pr: --profiler-range workload (the last workload
@@ -38,8 +44,63 @@ class Prescan:
         self.workload_last: Optional[int] = None           # seq of the last workload call (profiler range)
         self.plan: Optional[List[Any]] = None
         self.t_origin: Optional[int] = None
+        self.alloc_bytes = 0                               # recorded allocations' bytes (run.timings_s)
+        self.h2d_bytes = 0                                 # H2D copies' recorded bytes
 
     def run(self) -> None:
+        """The pass; in a kept worker, a pass made for an earlier replay of this snapshot with
+        the same options is taken instead (keep.py): nothing is decoded or planned again."""
+        from . import keep
+        key = self._keep_key()
+        got = keep.take(key)
+        if got is not None:
+            self._adopt(got)
+            return
+        n_notes = len(self.ctx.res.warnings)
+        self._scan()
+        if key is not None:
+            keep.put(key, self._kept(n_notes))
+            self.ctx.res.phases["count.plan_reused"] = 0
+
+    def _keep_key(self):
+        """What a kept pass must match: the snapshot's reader, and every option the pass reads;
+        None where records may be changed by the replay (--launch-override, a job's rank)."""
+        from . import keep
+        from .group import ENV_RANK
+        o = self.ctx.opt
+        if not keep.enabled() or getattr(o, "launch_override", None) or os.environ.get(ENV_RANK):
+            return None
+        return (keep.reader_key(self.ctx.reader), self.fast, self.pr, self.pace, bool(o.call_order))
+
+    def _kept(self, n_notes: int) -> Dict[str, Any]:
+        """This pass, and copies of what it found that the replay's handlers go on to change."""
+        c = self.ctx
+        return {"scan": {k: getattr(self, k) for k in _FOUND},
+                "notes": c.res.warnings[n_notes:],
+                "names_in": {k: set(v) for k, v in c.names_in.items()}, "code_loads": list(c.code_loads),
+                "ctx_ids": {k: dict(v) for k, v in c.ctx_ids.items()}, "fns": dict(c.fns),
+                "fn_versions": {k: list(v) for k, v in c.fn_versions.items()}, "func_names": dict(c.func_names)}
+
+    def _adopt(self, kept: Dict[str, Any]) -> None:
+        """A kept pass made this replay's: its findings copied into this replay's context, the
+        handles' slots emptied (the executor reads this replay's live handles there)."""
+        c = self.ctx
+        for k, v in kept["scan"].items():
+            setattr(self, k, v)
+        c.res.warnings.extend(kept["notes"])
+        c.names_in = {k: set(v) for k, v in kept["names_in"].items()}
+        c.code_loads = list(kept["code_loads"])
+        c.ctx_ids = {k: dict(v) for k, v in kept["ctx_ids"].items()}
+        c.fns, c.func_names = dict(kept["fns"]), dict(kept["func_names"])
+        c.fn_versions = {k: list(v) for k, v in kept["fn_versions"].items()}
+        sl = self.slots
+        sl.values = sl.ffi.new("uint64_t[]", len(sl.values)) if sl.ffi is not None else [0] * len(sl.values)
+        c.handles._all = SlotMap(sl, "h", c.handles._all)
+        c.funcs = SlotMap(sl, "f", c.funcs)
+        c.reader = IndexedReader(c.reader, self.index, self.expected)
+        c.res.phases["count.plan_reused"] = 1
+
+    def _scan(self) -> None:
         from .executor import module
         mod = module()
         self.slots = Slots(mod.ffi if mod is not None else None)
@@ -53,6 +114,7 @@ class Prescan:
         # in call order the loop sorts the records itself: nothing is compiled in file order
         planner = self.new_planner(keep=False) if self.ctx.opt.call_order else self.new_planner(native=True)
         index = self.index = ReplayIndex()       # every other reader of the records reads this pass
+        index.graph_calls = False
         # in call order nothing is compiled: the calls are kept as read, the index's (the loop sorts them)
         kept_calls: Optional[List[Dict[str, Any]]] = [] if not planner.keeping else None
         self.h2d_order: List[str] = []
@@ -90,6 +152,7 @@ class Prescan:
                 fk = fkind(rec.get("f", ""))
                 rng = alloc_range(rec) if fk & 1 else None
                 if rng:
+                    self.alloc_bytes += rng[1]
                     self.ranges.append(rng)
                     self.ranges_set.add(*rng)
                 if planner.keeping:
@@ -110,6 +173,8 @@ class Prescan:
                     self.ctx.code_loads.append(rec)              # functions.hoist_loads
                 if fk & 448:
                     index.code.append(rec)                       # retarget.module_loads
+                if fk & 512:
+                    index.graph_calls = True                     # profile/graphunits.RecordedGraphs
                 if fk & 32 and rec.get("r") == 0:
                     u = self.unhandled.get(rec["f"])
                     if u is None:
@@ -125,10 +190,12 @@ class Prescan:
                     self.host_ranges.append(hostplace.recorded_range(rec))    # reserved before the driver loads
                 if fk & 16 and isinstance((rec.get("a") or {}).get("dptr"), int):
                     self.ipc_shared.append(rec["a"]["dptr"])       # shared through legacy IPC
-                if fk & 4 and len(self.h2d_order) < 4096:
+                if fk & 4:
                     ref = (rec.get("x") or {}).get("srcHost")
                     if isinstance(ref, dict) and isinstance(ref.get("blob"), str) and rec.get("r", 0) == 0:
-                        self.h2d_order.append(ref["blob"])
+                        self.h2d_bytes += self._blob_size(ref["blob"])
+                        if len(self.h2d_order) < 4096:
+                            self.h2d_order.append(ref["blob"])
                 return
             if k != "b":               # blob records: the reader's own (the C walk passes over them)
                 index.keep(rec)
@@ -168,6 +235,12 @@ class Prescan:
         index.attach_plan(self.plan if self.plan is not None else kept_calls)
         self.ctx.reader = IndexedReader(self.ctx.reader, index, self.expected)
 
+    def _blob_size(self, bid: str) -> int:
+        try:
+            return self.ctx.reader.blob_size(bid) if self.ctx.reader.has_blob(bid) else 0
+        except Exception:
+            return 0
+
     def unhandled_text(self) -> str:
         """The calls no handler replays, all named before any driver work (a replay would stop
         at the first; --continue-on-error replays the rest and reports each)."""
@@ -181,7 +254,8 @@ class Prescan:
         """Per name: 1 allocation, 2 primary context retain, 4 H2D prefetched, 8 pinned host
         memory, 16 shared through legacy IPC, 32 no replay handler, 64 names a kernel of a module
         or library (functions.preload_functions), 128 loads a module or library
-        (functions.hoist_loads), 256 refers to code (the index's code_records). Non-zero: the
+        (functions.hoist_loads), 256 refers to code (the index's code_records), 512 builds,
+        captures or launches a graph (the index's graph_calls). Non-zero: the
         pre-scan reads the call itself, so the C plan walk hands it over."""
         if type(f) is not str:
             return 0                   # a damaged record: its handler reports it
@@ -195,7 +269,8 @@ class Prescan:
                   | (32 if dispatch.unhandled(f) else 0)
                   | (64 if names_function(f) else 0)
                   | (128 if is_module_load(f) else 0)
-                  | (256 if in_class(f, "refers_code") else 0))
+                  | (256 if in_class(f, "refers_code") else 0)
+                  | (512 if in_class(f, "graph_group") else 0))
             self.fk[f] = fk
         return fk
 

@@ -142,7 +142,8 @@ class Replacements:
         (CUkernels carry no module in their fn records: the lookups say where they came from)."""
         if self._lookups is None:
             self._lookups = {}
-            for rec in self.ctx.reader.records("c"):
+            from .codecalls import code_calls
+            for rec in code_calls(self.ctx.reader):
                 f = rec.get("f") or ""
                 if in_class(f, "asks_by_name"):
                     a = rec.get("a") or {}

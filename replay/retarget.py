@@ -208,14 +208,21 @@ def launches_from_device(img: bytes) -> bool:
 # ------------------------------------------------------------------------------ snapshots
 def device_launching_loads(reader) -> List[int]:
     """Call numbers of the module/library loads whose code launches kernels from the device."""
+    from .codecalls import code_calls
     out = []
-    for rec in reader.records(("c",)):
+    for rec in code_calls(reader):
         ref = (rec.get("x") or {}).get("image")
         if in_class(rec.get("f") or "", "loads_code") and isinstance(ref, dict) \
                 and isinstance(ref.get("blob"), str) and reader.has_blob(ref["blob"]):
             if launches_from_device(reader.blob(ref["blob"])):
                 out.append(rec.get("s"))
     return out
+
+
+def image_info(reader, bid: str):
+    """What a module image holds; read once per snapshot in a kept worker (keep.py)."""
+    from . import keep
+    return keep.fact(("image_info", keep.reader_key(reader), bid), lambda: analyze(keep.image(reader, bid)))
 
 
 def module_loads(reader, with_images: bool = True, records=None) -> List[Dict[str, Any]]:
@@ -246,7 +253,7 @@ def module_loads(reader, with_images: bool = True, records=None) -> List[Dict[st
                 ent["size"] = reader.blob_size(ref["blob"])
                 if with_images:
                     try:
-                        ent["info"] = analyze(reader.blob(ref["blob"]))
+                        ent["info"] = image_info(reader, ref["blob"])
                     except Exception:
                         pass
             loads.append(ent)

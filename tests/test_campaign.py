@@ -115,8 +115,18 @@ def test_planted_regression_found_and_attributed(cluster, tmp_path, record_prope
     assert cost["workers"] == "kept" and cost["fixed_s_per_replay"] is not None, cost
     per_v = cost["replays_per_verdict"]
     assert set(per_v) == {"BASELINE", "SAME", "SLOWER"} and per_v["SLOWER"] > per_v["SAME"], per_v
+    # where each snapshot's replays spent their time, the kept worker's give-back included
+    ph = cost["phases_by_snapshot"]
+    assert set(ph) == {"s0.cusnap", "s1.cusnap"}, ph
+    assert all({"launches", "read_and_plan.prescan", "loop.module", "close"} <= set(p) for p in ph.values()), ph
+    # each env's kept worker replays a snapshot again from its first replay's plan
+    assert all(0 < p["count.plan_reused"] < 1 for p in ph.values()), ph
+    from cudasnap.campaign.run import phase_lines
+    lines = phase_lines(ph)
+    assert len(lines) == 3 and all("launches" in ln and "module loads" in ln for ln in lines[1:]), lines
     record_property("ci_summary", f"campaign 2x3 in kept workers (replay after replay in one process): fixed cost "
-                                  f"{cost['fixed_s_per_cell']:.3f} s per cell, {cost['fixed_s_per_replay']:.3f} s per "
+                                  f"{cost['fixed_s_per_cell']:.3f} s per cell ({cost['fixed_s_per_cell_started']:.3f} once "
+                                  f"the servers are up), {cost['fixed_s_per_replay']:.3f} s per "
                                   f"replay ({cost['replays_per_cell']:g} replays a cell; per verdict {per_v})")
     rep = res["report"]
     assert {(g["env"], g["kernel"]) for g in rep["regressions"]} == {("slowfill", "fill")}

@@ -674,11 +674,21 @@ def test_a_profile_says_where_the_replays_time_went(double, tmp_path):
     r = _wrapped(double, tmp_path, snap, "timeline", "cupti")
     life = time.monotonic() - t0
     t = r["report"]["run"]["timings_s"]
-    assert set(t) == {"to_start", "read_and_plan", "driver_init", "to_first_launch", "launches", "after_loop",
-                      "read_and_plan.prescan", "read_and_plan.driver_load", "read_and_plan.profiler_start"}, t
-    assert all(isinstance(v, float) and v >= 0 for v in t.values()), t
+    assert {"to_start", "read_and_plan", "driver_init", "to_first_launch", "launches", "after_loop",
+            "read_and_plan.open", "read_and_plan.prescan", "read_and_plan.driver_load", "read_and_plan.profiler_start",
+            "driver_init.cuinit", "driver_init.placement", "after_loop.end_state", "after_loop.profile_end",
+            "after_loop.report", "loop.module", "loop.memory", "loop.launch", "loop.context"} <= set(t), t
+    # the module the program loaded, its image's bytes, its allocation and its H2D copy
+    assert t["count.modules_loaded"] == 1 and t["count.module_bytes"] > 0, t
+    assert t["count.alloc_bytes"] > 0 and t["count.h2d_bytes"] > 0, t
+    secs = {k: v for k, v in t.items() if not k.startswith("count.")}
+    assert all(isinstance(v, float) and v >= 0 for v in secs.values()), t
     assert t["to_start"] > 0.05 and t["driver_init"] < t["to_first_launch"] + t["launches"]
-    assert sum(v for k, v in t.items() if k.startswith("read_and_plan.")) <= t["read_and_plan"]
+    for part in ("read_and_plan", "driver_init", "after_loop"):
+        assert sum(v for k, v in t.items() if k.startswith(part + ".")) <= t[part] + 1e-3, (part, t)
+    # the calls replayed one by one ran inside the loop
+    loop = t["to_first_launch"] + t["launches"]
+    assert sum(v for k, v in t.items() if k.startswith("loop.")) <= loop + 1e-3, t
     assert sum(v for k, v in t.items() if k != "driver_init" and "." not in k) < life, (t, life)
 
 

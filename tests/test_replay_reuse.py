@@ -8,7 +8,9 @@ import json
 import struct
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 from synth import BASE, Synth, write_double_program
 
 RUNNER = """
@@ -135,5 +137,120 @@ def test_a_kept_worker_leaves_after_its_last_replay(double, tmp_path):
             assert rep["exit_code"] == 0, rep
             pids.append(rep["kept_pid"])
         assert pids[0] == pids[1] != pids[2] == pids[3] != pids[4], pids
+    finally:
+        client.kill()
+
+
+KEPT = """
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+from count_passes import instrument
+counts = instrument()
+from cudasnap.replay import keep, plannative
+decoded = [0]
+_one = plannative.record_one
+def record_one(*a):
+    decoded[0] += 1
+    return _one(*a)
+plannative.record_one = record_one
+from cudasnap.replay.engine import close_replays, track_replays
+from cudasnap.replay.invocation import profiled, run
+track_replays()
+rows = []
+for i, path in enumerate(sys.argv[3:]):
+    was = (counts["passes"], counts["decompressions"], decoded[0], keep.stats["prescans_built"], keep.stats["images_read"],
+           keep.stats["blobs_read"])
+    out = os.path.join(sys.argv[2], f"r{i}.json")
+    rc = run(profiled(path, out, MODE, repeat=2, warmup=0), checked=True)
+    closed = close_replays()
+    run_ = json.load(open(out))["run"]
+    now = (counts["passes"], counts["decompressions"], decoded[0], keep.stats["prescans_built"], keep.stats["images_read"],
+           keep.stats["blobs_read"])
+    rows.append({"path": path, "rc": rc, "exit": run_["exit_code"], "closed": closed,
+                 "reused": run_["timings_s"].get("count.plan_reused"),
+                 **dict(zip(("passes", "decompressions", "records_decoded", "plans_built", "images_read", "blobs_read"),
+                            [b - a for a, b in zip(was, now)]))})
+print(json.dumps(rows))
+"""
+
+
+@pytest.mark.parametrize("mode", ["timeline", "isolated"])
+def test_a_kept_workers_later_replays_of_a_snapshot_decode_and_plan_nothing(double, tmp_path, mode):
+    """In a kept worker (track_replays), the second and later replays of a snapshot take the
+    first one's prescan (plan, index, slots, D2H expectations), its decoded module images and
+    small H2D sources: no pass over the records, no frame decompressed, no record decoded, no
+    plan built, no image or H2D source read; each still replays every call and verifies, from
+    memory given back by close()."""
+    tidy, leaky = tmp_path / "tidy.cusnap", tmp_path / "leaky.cusnap"
+    write_double_program(tidy)
+    _leaky(leaky)
+    bench = str(Path(__file__).resolve().parents[1] / "bench")
+    cp = subprocess.run([sys.executable, "-c", KEPT.replace("MODE", repr(mode)), bench, str(tmp_path),
+                         *map(str, (tidy, leaky, tidy, leaky, tidy))],
+                        env=double["env"], capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    rows = json.loads(cp.stdout.strip().splitlines()[-1])
+    for r in rows:
+        assert r["rc"] == 0 and r["exit"] == 0 and r["closed"]["failed"] == 0 and r["closed"]["spans"] >= 1, r
+    first, later = rows[:2], rows[2:]
+    for r in first:
+        assert r["passes"] >= 1 and r["plans_built"] == 1 and r["images_read"] == 1 and r["reused"] == 0, r
+        assert r["blobs_read"] >= 1, r
+    for r in later:
+        assert (r["passes"], r["decompressions"], r["records_decoded"], r["plans_built"], r["images_read"],
+                r["blobs_read"]) == (0, 0, 0, 0, 0, 0), r
+        assert r["reused"] == 1, r
+
+
+def test_a_kept_prescan_carries_every_field_the_pass_sets():
+    """keep.py hands a later replay the pass's fields listed in prescan._FOUND: a field the
+    pass sets and the list lacks would be missing (or the first replay's) in that replay."""
+    import ast
+    from cudasnap.replay import prescan
+    tree = ast.parse(Path(prescan.__file__).read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Prescan")
+    set_here = {t.attr for n in ast.walk(cls) if isinstance(n, (ast.Assign, ast.AnnAssign))
+                for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                for t in (t.elts if isinstance(t, ast.Tuple) else [t])
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
+    assert set_here - {"ctx"} == set(prescan._FOUND), set_here ^ set(prescan._FOUND)
+
+
+def test_a_kept_worker_keeps_a_bounded_number_of_prescans(monkeypatch):
+    """CUDASNAP_KEEP_PLANS: the least recently taken prescan goes first; one in use stays, and
+    one taken is not handed to another replay until release()."""
+    from cudasnap.replay import keep
+    monkeypatch.setattr(keep, "_on", True)
+    monkeypatch.setattr(keep, "_prescans", {})
+    monkeypatch.setattr(keep, "KEEP_PLANS", 2)
+    monkeypatch.setattr(keep, "stats", dict(keep.stats))
+    for k in ("a", "b"):
+        keep.put(k, {"scan": k})
+    keep.release()
+    assert keep.take("a")["scan"] == "a" and keep.take("a") is None      # in use: the caller builds its own
+    keep.put("c", {"scan": "c"})                                       # b, least recently taken, goes
+    assert set(keep._prescans) == {"a", "c"}
+    keep.release()
+    assert keep.take("b") is None and keep.take("c")["scan"] == "c"
+
+
+def test_a_warm_servers_forked_replays_take_the_pass_it_made_ahead(double, tmp_path):
+    """[rules] workers = "warm": the server makes a snapshot's pass once, before its first fork
+    (engine.plan_ahead, no driver work), and every replay forked after takes it: its profile
+    says the plan was reused, and each verifies."""
+    import os
+    from cudasnap.campaign import cellserver
+    from cudasnap.replay.invocation import profiled
+    tidy, leaky = tmp_path / "tidy.cusnap", tmp_path / "leaky.cusnap"
+    write_double_program(tidy)
+    _leaky(leaky)
+    client = cellserver.Client(dict(os.environ, **double["env"]))
+    try:
+        for i, snap in enumerate((tidy, leaky, tidy, leaky)):
+            out = tmp_path / f"w{i}.json"
+            rep = client.run(dict(profiled(str(snap), str(out), "timeline"), timeout=60))
+            assert rep["exit_code"] == 0 and "kept_pid" not in rep, rep
+            run = json.loads(out.read_text())["run"]
+            assert run["exit_code"] == 0 and run["timings_s"]["count.plan_reused"] == 1, run["timings_s"]
     finally:
         client.kill()

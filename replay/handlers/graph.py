@@ -173,17 +173,21 @@ def _exchange_inputs(ctx) -> dict:
     """cuThreadExchangeStreamCaptureMode records only the mode it returned (the previous one):
     the mode a call set is what the next exchange on the same thread returned; the last one
     on a thread is taken to restore the thread's first mode."""
-    m = ctx.xmode_inputs
-    if m is None:
-        m, by_tid = {}, {}
-        for r in ctx.reader.records(("c",)):
-            if r.get("f") == "cuThreadExchangeStreamCaptureMode" and r.get("r") == 0 \
-                    and isinstance((r.get("a") or {}).get("mode"), int):
-                by_tid.setdefault(r.get("tid"), []).append(r)
-        for lst in by_tid.values():
-            for i, r in enumerate(lst):
-                m[r.get("s")] = (lst[i + 1] if i + 1 < len(lst) else lst[0])["a"]["mode"]
-        ctx.xmode_inputs = m
+    if ctx.xmode_inputs is None:        # a pass over every call: once per snapshot in a kept worker
+        from .. import keep
+        ctx.xmode_inputs = keep.fact(("xmode_inputs", keep.reader_key(ctx.reader)), lambda: _xmode_inputs(ctx.reader))
+    return ctx.xmode_inputs
+
+
+def _xmode_inputs(reader) -> dict:
+    m, by_tid = {}, {}
+    for r in reader.records(("c",)):
+        if r.get("f") == "cuThreadExchangeStreamCaptureMode" and r.get("r") == 0 \
+                and isinstance((r.get("a") or {}).get("mode"), int):
+            by_tid.setdefault(r.get("tid"), []).append(r)
+    for lst in by_tid.values():
+        for i, r in enumerate(lst):
+            m[r.get("s")] = (lst[i + 1] if i + 1 < len(lst) else lst[0])["a"]["mode"]
     return m
 
 

@@ -38,6 +38,13 @@ def _arch(ctx, rec, img, rec_mod):
                            + (f"; kernels: {', '.join(kern)}" if kern else ""))
 
 
+def _count_load(ctx, img) -> None:
+    """A module or library loaded: counted with its image's bytes (run.timings_s)."""
+    ph = ctx.res.phases
+    ph["count.modules_loaded"] = ph.get("count.modules_loaded", 0) + 1
+    ph["count.module_bytes"] = ph.get("count.module_bytes", 0) + len(img or b"")
+
+
 def _loaded_ahead(ctx, rec, rec_h, kind: str, table) -> bool:
     """A load the job's replay made when its context came (functions.hoist_loads): taken."""
     ahead = ctx.hoisted.pop(rec.get("s"), None)
@@ -65,6 +72,7 @@ def _load_module(ctx, rec, img, out_key):
     mod = ctx.drv(rec, "cuModuleLoadData", img)
     jit_done(ctx, rec)
     if mod is not None:
+        _count_load(ctx, img)
         ctx.keepalive_images.append(img)
         ctx.set_handle(rec_mod, mod, "module")
         ctx.modules[rec_mod] = mod
@@ -92,6 +100,7 @@ def library_load(ctx, rec):
     lib = ctx.drv(rec, "cuLibraryLoadData", img, None, None, 0, None, None, 0)
     jit_done(ctx, rec)
     if lib is not None:
+        _count_load(ctx, img)
         ctx.keepalive_images.append(img)
         ctx.set_handle(rec_lib, lib, "library")
         ctx.libraries[rec_lib] = lib

@@ -116,21 +116,47 @@ def _since_process_start() -> Optional[float]:
         return None
 
 
-def phase_timings(res, t_entry: float) -> Dict[str, Optional[float]]:
+_replays_here = 0          # profiled replays this process has run (a kept worker runs many)
+
+
+def phase_timings(res, t_entry: float, report_s: Optional[float] = None) -> Dict[str, Optional[float]]:
     """Where a profiled replay's wall time went, in seconds: process start to the profile's
-    start (interpreter, imports), reading and planning (with its prescan, the driver's load and
-    the profiler's start), the driver's start-up (cuInit and the placement reservation), the
-    loop up to the first launch (contexts, modules, memory), the launches to the loop's end
-    (profiling included), and what followed until the report."""
+    start (interpreter, imports; a process's first replay only), reading and planning (with its
+    prescan, the architecture check: a new process's cuInit, the driver's load and the profiler's
+    start), the driver's start-up (cuInit, then the placement reservation), the loop up to the
+    first launch (contexts, modules, memory), the launches to the loop's end (profiling
+    included), and what followed until the report (the end-state check, the profiler's end:
+    CUPTI's records read, the report built). loop.FAMILY:
+    the calls replayed one by one, by handler family (module loads, contexts, memory and its
+    staging, launches); count.*: modules loaded and their bytes, allocated and H2D bytes, and
+    whether the plan was reused (made by a kept worker's earlier replay, or a warm server ahead)."""
+    global _replays_here
     def span(a, b):
         return round(b - a, 4) if isinstance(a, (int, float)) and isinstance(b, (int, float)) else None
     now = time.monotonic()
-    since = _since_process_start()
+    since = _since_process_start() if _replays_here == 0 else None
+    _replays_here += 1
     ls, le, fl = res.loop_start_mono, res.loop_end_mono, res.first_launch_mono
-    return {"to_start": round(since - (now - t_entry), 4) if since is not None else None,
-            "read_and_plan": span(t_entry, ls), "driver_init": res.init_s,
-            "to_first_launch": span(ls, fl), "launches": span(fl, le), "after_loop": span(le, now),
-            **{f"read_and_plan.{k}": v for k, v in (res.startup_s or {}).items()}}
+    ph = res.phases or {}
+    out = {"to_start": round(since - (now - t_entry), 4) if since is not None else None,
+           "read_and_plan": span(t_entry, ls), "driver_init": res.init_s,
+           "to_first_launch": span(ls, fl), "launches": span(fl, le), "after_loop": span(le, now),
+           **{f"read_and_plan.{k}": v for k, v in (res.startup_s or {}).items()}}
+    if isinstance(ph.get("cuinit"), float):
+        out["driver_init.cuinit"] = ph["cuinit"]
+        if isinstance(res.init_s, float):
+            out["driver_init.placement"] = round(max(0.0, res.init_s - ph["cuinit"]), 4)
+    for k in ("end_state", "profile_end"):
+        if isinstance(ph.get(k), float):
+            out[f"after_loop.{k}"] = ph[k]
+    if report_s is not None:
+        out["after_loop.report"] = round(report_s, 4)
+    for k, v in sorted(ph.items()):
+        if k.startswith("calls."):
+            out["loop." + k[6:]] = round(v, 4)
+        elif k.startswith("count."):
+            out[k] = v
+    return out
 
 
 @dataclass
@@ -194,6 +220,7 @@ def profile_replay(snapshot, cfg: ProfileConfig, options: Optional[ReplayOptions
     written = []
     if prof is not None and not rp.refused:
         from .report import build_report, write_out
+        t_report = time.monotonic()
         report = build_report(prof, cfg)
         if hasattr(prof, "finish_report"):
             prof.finish_report(report)
@@ -204,7 +231,8 @@ def profile_replay(snapshot, cfg: ProfileConfig, options: Optional[ReplayOptions
             report["run"] = run_info(rp.view, cfg, opts, snapshot)
             report["run"]["exit_code"] = res.exit_code
             report["run"]["numerics"] = res.numerics
-            report["run"]["timings_s"] = phase_timings(res, t_entry)
+            # the report: its rows and kernels built, the run's facts (written after this)
+            report["run"]["timings_s"] = phase_timings(res, t_entry, time.monotonic() - t_report)
             if override is not None:
                 report["run"]["launch_override"] = override.summary()
         except Exception as e:  # facts for comparisons; never a reason to lose the profile

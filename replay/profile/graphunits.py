@@ -197,6 +197,8 @@ class RecordedGraphs:
         self.launches: List[Dict[str, Any]] = []              # cuGraphLaunch records
         self.captured_launches = 0
         open_caps: Dict[Any, List[Dict[str, Any]]] = {}
+        if getattr(rv.snapshot, "graph_calls", None) is False:
+            return                   # no graph in the recording (the replay's index says): nothing to read
         for rec in rv.snapshot.records(("c",)):
             if rec.get("r", 0) != 0 or rec.get("incomplete"):
                 continue

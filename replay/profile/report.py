@@ -157,16 +157,54 @@ def snapshot_id(header: Dict[str, Any]) -> str:
     return xxhash.xxh3_128_hexdigest(json.dumps(header, sort_keys=True, default=str).encode())
 
 
+_libcuda: Optional[str] = None
+
+
 def _libcuda_path() -> Any:
+    """The libcuda this process loaded (once loaded, never another: remembered)."""
+    global _libcuda
+    if _libcuda is not None:
+        return _libcuda
     try:
         with open("/proc/self/maps") as f:
             for line in f:
                 p = line.split(None, 5)[-1].strip()
                 if "/libcuda.so" in p:
+                    _libcuda = p
                     return p
     except OSError:
         pass
     return None
+
+
+_static: Optional[tuple] = None
+
+
+def static_facts() -> tuple:
+    """(the kernel module's version, the tools' versions): the same for every replay of this
+    process, read once (a kept campaign worker replays hundreds of times)."""
+    global _static
+    if _static is not None:
+        return _static
+    import platform
+    nvidia = None
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            first = f.readline()
+        import re
+        m = re.search(r"Kernel Module\s+(?:for \S+\s+)?([0-9][0-9.]+)", first)
+        nvidia = m.group(1) if m else first.strip()
+    except OSError:
+        pass
+    from importlib.metadata import PackageNotFoundError, version
+    tools = {"python": platform.python_version()}
+    for pkg in ("cudasnap", "cuda-python", "cuda-bindings", "cupti-python"):
+        try:
+            tools[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    _static = (nvidia, tools)
+    return _static
 
 
 def run_info(rv, cfg, opts, snapshot) -> Dict[str, Any]:
@@ -225,22 +263,8 @@ def run_info(rv, cfg, opts, snapshot) -> Dict[str, Any]:
                 d["cuda_version"] = f"{v // 1000}.{v % 1000 // 10}"
         except Exception:
             pass
-    try:
-        with open("/proc/driver/nvidia/version") as f:
-            first = f.readline()
-        import re
-        m = re.search(r"Kernel Module\s+(?:for \S+\s+)?([0-9][0-9.]+)", first)
-        d["nvidia_driver"] = m.group(1) if m else first.strip()
-    except OSError:
-        pass
-    from importlib.metadata import PackageNotFoundError, version
-    tools = {"python": platform.python_version()}
-    for pkg in ("cudasnap", "cuda-python", "cuda-bindings", "cupti-python"):
-        try:
-            tools[pkg] = version(pkg)
-        except PackageNotFoundError:
-            pass
-    d["tools"] = tools
+    d["nvidia_driver"], tools = static_facts()
+    d["tools"] = dict(tools)
     d["profile"] = {k: getattr(cfg, k, None) for k in ("mode", "repeat", "warmup", "flush_l2", "kernels", "calls",
                                                        "launch", "kernel_name", "kernel_name_base", "launch_skip",
                                                        "launch_count", "backend")}
@@ -274,9 +298,10 @@ def _json_text(report: Dict[str, Any]) -> str:
     """The report as JSON, long row lists one row a line: json's C encoder serves only compact,
     one-shot dumps, and indenting 20,000 launch rows in Python takes most of a second."""
     parts = []
+    enc = json.JSONEncoder(default=str).encode      # one encoder for every row (C, compact)
     for k, v in report.items():
         if isinstance(v, list) and len(v) > 20:
-            rows = ",\n  ".join(json.dumps(x, default=str) for x in v)
+            rows = ",\n  ".join(map(enc, v))
             parts.append(f"{json.dumps(k)}: [\n  {rows}\n ]")
         else:
             parts.append(f"{json.dumps(k)}: " + json.dumps(v, indent=1, default=str).replace("\n", "\n "))
