@@ -407,8 +407,11 @@ def test_worker_killed_mid_cell_is_retried(cluster, tmp_path):
 
 
 def test_stopped_campaign_resumes_only_unfinished_cells(cluster, tmp_path):
-    camp = _campaign(tmp_path / "camp.toml", f"{cluster['snaps']}/s[012].cusnap", rules="pairs = 1\n",
-                     envs=ENVS.split("[[env]]\nname = \"slowfill\"")[0])
+    # each launch also takes 10 ms of host time (unmeasured): the snapshot that runs after the
+    # first two cannot finish between the poll that sees 2 cells and the SIGINT
+    envs = ENVS.split("[[env]]\nname = \"slowfill\"")[0].replace(
+        'CUDA_DOUBLE_CLOCK = "virtual"', 'CUDA_DOUBLE_CLOCK = "virtual", CUDA_DOUBLE_WALL_US = "10000"')
+    camp = _campaign(tmp_path / "camp.toml", f"{cluster['snaps']}/s[012].cusnap", rules="pairs = 1\n", envs=envs)
     store = tmp_path / "st.sqlite"
     e = dict(cluster["env"])
     tmp = tmp_path / "tmp"                 # the run's own temporary directory: what it leaves is seen
