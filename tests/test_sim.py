@@ -566,8 +566,53 @@ def test_bounded_performance_mode(snaps, tmp_path):
     if prof.exists():
         whole = json.loads(prof.read_text())["launches"][0]["cycles"]
         assert abs(whole - b["cycles"]) <= b["error_cycles"] + 1, (whole, b)
-    bad = _sim(snaps["plain"], "-k", "tile_sum", "--sim-max-ctas", "4")
-    assert bad.returncode == 2 and "bounds performance mode" in bad.stderr
+    # the verdict pass was bounded too: tile_sum's first 4 CTAs wrote 4 of its 16 ints, whose top
+    # bytes are 0 as the memory was before (a store of an unchanged byte is invisible: not judged)
+    assert "sample: EXACT on 4 of 16 CTAs of tile_sum (25.0% of the launch; 12 of 64 result bytes checked" in cp.stdout
+    bad = _sim(snaps["plain"], "-k", "tile_sum", "--sim-max-ctas", "1")
+    assert bad.returncode == 2 and bad.stderr.strip() == "cudasnap: error: --sim-max-ctas 1: give 2 or more"
+
+
+@pytest.fixture(scope="module")
+def planted(snaps):
+    """simprog captured with a wrong byte planted in fill's result (4,096 u32 by 16 CTAs of 256
+    threads): at byte 100 (written by CTA 0) and at byte 10,000 (CTA 9)."""
+    d = snaps["double"]
+    out = {}
+    for key, off in (("inside", 100), ("outside", 10000)):
+        snap = snaps["tmp"] / f"planted_{key}.cusnap"
+        env = dict(d["env"], CUDA_DOUBLE_CORRUPT=f"fill:1@{off}")
+        cp = _cli("capture", "-o", snap, "--ring-mb", "16", "--", d["progs"]["simprog"], DATA / "kernels.ptx",
+                  env=env, timeout=120)
+        assert snap.exists(), cp.stdout + cp.stderr
+        out[key] = snap
+    return out
+
+
+def test_bounded_functional_verdict(snaps, planted):
+    """--sim-max-ctas 4 in functional mode: fill's first 4 of 16 CTAs run and only the bytes they
+    changed are judged; a wrong byte they wrote is DIFFERENT (exit 1), one beyond them
+    is not judged, and the line says how much was not."""
+    # 0x00C0FFEE over memory that held zeros: each word's top byte is unchanged, so invisible (not judged)
+    line = "sample: {} on 4 of 16 CTAs of fill (25.0% of the launch; 3,072 of 16,384 result bytes checked, 13,312 not judged)"
+    cp = _sim(snaps["plain"], "-k", "fill", "--sim-max-ctas", "4")
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert "judged on their first 4 CTAs" in cp.stdout and line.format("EXACT") in cp.stdout, cp.stdout
+    assert "OK on a sample: 3,072 of 16,384 result bytes checked, on 4 of 16 CTAs (exit 0)" in cp.stdout
+    assert "every recorded D2H result reproduced" not in cp.stdout
+    cp = _sim(planted["inside"], "-k", "fill", "--sim-max-ctas", "4")
+    assert cp.returncode == 1, cp.stdout + cp.stderr
+    assert line.format("DIFFERENT") in cp.stdout
+    assert re.search(r"call #\d+ cuMemcpyDtoH_v2: first divergence at byte offset 100 .*1 bytes differ of 16384", cp.stdout)
+    assert "FAILED: verification mismatch (exit 1)" in cp.stdout
+    cp = _sim(planted["outside"], "-k", "fill", "--sim-max-ctas", "4")
+    assert cp.returncode == 0 and line.format("EXACT") in cp.stdout, cp.stdout + cp.stderr
+    # the whole program: add_one, saxpy... run after the sampled fill and may read what its other
+    # CTAs write, so nothing read back at the end is judged: never a pass; histo runs whole
+    cp = _sim(snaps["plain"], "--sim-max-ctas", "4")
+    assert cp.returncode == 2, cp.stdout + cp.stderr
+    assert "nothing was judged; raise --sim-max-ctas" in cp.stdout and "later launch(es)" in cp.stdout
+    assert "histo (16 CTAs) ran whole, not on a sample: its CTAs combine results through global atomics" in cp.stderr
 
 
 def test_bounded_estimate():
