@@ -595,8 +595,9 @@ def test_bounded_functional_verdict(snaps, planted):
     is not judged, and the line says how much was not."""
     # 0x00C0FFEE over memory that held zeros: each word's top byte is unchanged, so invisible (not judged)
     line = "sample: {} on 4 of 16 CTAs of fill (25.0% of the launch; 3,072 of 16,384 result bytes checked, 13,312 not judged)"
-    cp = _sim(snaps["plain"], "-k", "fill", "--sim-max-ctas", "4")
+    cp = _sim(snaps["plain"], "-k", "fill", "--sim-max-ctas", "4", "--progress")
     assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert cp.stderr.startswith("cudasnap: simulating the first 4 of 16 CTAs of fill\ncudasnap: simulated 1/1 kernels"), cp.stderr
     assert "judged on their first 4 CTAs" in cp.stdout and line.format("EXACT") in cp.stdout, cp.stdout
     assert "OK on a sample: 3,072 of 16,384 result bytes checked, on 4 of 16 CTAs (exit 0)" in cp.stdout
     assert "every recorded D2H result reproduced" not in cp.stdout

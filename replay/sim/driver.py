@@ -50,7 +50,7 @@ class SimDriver:
                  cc: Tuple[int, int], on_launch: Optional[Callable[[str], None]] = None, exact: bool = True,
                  images: Optional[Dict[str, str]] = None, max_ctas: Optional[int] = None,
                  globals_: Optional[Dict[str, Dict[str, Any]]] = None, sample_verdict: bool = False,
-                 whole: Optional[Dict[str, str]] = None):
+                 whole: Optional[Dict[str, str]] = None, on_note: Optional[Callable[[str], None]] = None):
         from cuda.bindings import driver as cu     # types and enums only: nothing here calls a GPU
         import cffi
         self._cu = cu
@@ -70,6 +70,7 @@ class SimDriver:
         self.sample_verdict = sample_verdict
         self.whole = whole or {}     # name in the merged PTX -> why its launches cannot be sampled
         self.sample: Optional[Dict[str, Any]] = None
+        self.on_note = on_note
         self.judged: Dict[int, Any] = {}         # allocation base -> bool mask of judged bytes
         self.whole_runs: Dict[str, Tuple[str, int]] = {}   # kernels over the cap run whole: (why, CTAs)
         self.device_name, self.cc = device_name, cc
@@ -560,6 +561,8 @@ class SimDriver:
             self.launches.append(name)
             return self.lib.sim_launch(fn, *dims, params, len(lay), offs)
         g, got = sample_grid(dims[:3], self.max_ctas)
+        if self.on_note is not None:
+            self.on_note(f"simulating the first {got:,} of {total:,} CTAs of {re.sub(r'__cs[0-9]+$', '', name)}")
         before = self._memory() if self.sample is None else None
         r = self.lib.sim_launch(fn, *g, *dims[3:], params, len(lay), offs)
         self.runs += 1

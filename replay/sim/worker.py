@@ -32,7 +32,7 @@ def main(job_path: str) -> int:
                     {k: [tuple(x) for x in v] for k, v in job["layouts"].items()}, job["replace"],
                     job["device_name"], tuple(job["cc"]), on_launch=prog.step, exact=job["exact"],
                     images=job.get("images"), max_ctas=job.get("max_ctas"), globals_=job.get("globals"),
-                    sample_verdict=bool(job.get("sample_verdict")), whole=job.get("whole"))
+                    sample_verdict=bool(job.get("sample_verdict")), whole=job.get("whole"), on_note=prog.note)
     opts = ReplayOptions(**job["options"])
     t0 = time.perf_counter()
     code = 2
