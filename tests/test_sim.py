@@ -608,6 +608,10 @@ def test_bounded_functional_verdict(snaps, planted):
     assert "FAILED: verification mismatch (exit 1)" in cp.stdout
     cp = _sim(planted["outside"], "-k", "fill", "--sim-max-ctas", "4")
     assert cp.returncode == 0 and line.format("EXACT") in cp.stdout, cp.stdout + cp.stderr
+    doc = json.loads(_sim(planted["outside"], "-k", "fill", "--sim-max-ctas", "4", "--json").stdout)
+    assert doc["exit_code"] == 0 and doc["mismatches"] == []
+    assert doc["sample"] == {"kernel": "fill", "ctas": 4, "of": 16, "checked": 3072, "read": 16384, "unjudged": 0,
+                             "later": 0, "launches": 1}
     # the whole program: add_one, saxpy... run after the sampled fill and may read what its other
     # CTAs write, so nothing read back at the end is judged: never a pass; histo runs whole
     cp = _sim(snaps["plain"], "--sim-max-ctas", "4")

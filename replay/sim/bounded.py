@@ -4,8 +4,8 @@ in launch order), and its cycles extrapolated to the whole grid. Two models brac
 the line through the two samples (right once the samples fill the GPU: each further wave costs
 what the last one did) and the larger sample scaled by CTAs (right when the samples run as
 waves of the same size as the rest). The estimate is their mean; the stated error, half their
-difference. The samples' results are partial: the verdict comes from a functional pass over
-every CTA (replay/sim/__init__.py)."""
+difference. The samples' results are partial: the verdict comes from a functional pass with the
+same cap, judged on what it wrote (below)."""
 from __future__ import annotations
 
 import re
