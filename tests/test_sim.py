@@ -620,6 +620,22 @@ def test_bounded_functional_verdict(snaps, planted):
     assert "histo (16 CTAs) ran whole, not on a sample: its CTAs combine results through global atomics" in cp.stderr
 
 
+def test_bounded_verdict_rules():
+    """What a sample cannot judge: kernels that read their grid size or combine CTAs' results
+    through global atomics run whole; only changed bytes count; the line says what was not judged."""
+    from cudasnap.replay.sim.bounded import memory_diff, unsampled, verdict_line
+    assert "grid size" in unsampled("mov.u32 %r2, %nctaid.x;")
+    for atom in ("atom.global.add.u32 %r1, [%rd2], 1;", "red.global.add.f32 [%rd1], %f1;", "atom.add.u32 %r1, [%rd2], 1;"):
+        assert "atomics" in unsampled(atom), atom
+    assert unsampled("atom.shared.add.u32 %r1, [%r2], 1;\nmov.u32 %r1, %ctaid.x;") is None
+    m = memory_diff({0x100: b"\0\0\0\0", 0x200: b"ab"}, {0x100: b"\x01\0\0\x02", 0x200: b"ab"})
+    assert list(m) == [0x100] and m[0x100].tolist() == [True, False, False, True]
+    s = {"kernel": "k", "ctas": 64, "of": 1056, "checked": 4096, "read": 67584, "unjudged": 1, "later": 2}
+    assert verdict_line(s, "EXACT") == ("EXACT on 64 of 1,056 CTAs of k (6.1% of the launch; 4,096 of 67,584 result "
+                                        "bytes checked, 63,488 not judged; 1 D2H result(s) wholly unjudged; 2 later "
+                                        "launch(es) may read what the unsimulated CTAs write: nothing after them judged)")
+
+
 def test_bounded_estimate():
     from cudasnap.replay.sim.bounded import estimate, fold, sample_grid
     assert sample_grid((100, 1, 1), 8) == ((8, 1, 1), 8)
