@@ -628,6 +628,13 @@ def test_bounded_verdict_rules():
     for atom in ("atom.global.add.u32 %r1, [%rd2], 1;", "red.global.add.f32 [%rd1], %f1;", "atom.add.u32 %r1, [%rd2], 1;"):
         assert "atomics" in unsampled(atom), atom
     assert unsampled("atom.shared.add.u32 %r1, [%r2], 1;\nmov.u32 %r1, %ctaid.x;") is None
+    from cudasnap.replay.sim import Plan, _whole
+    ptx = (".func bump(.param .b64 p)\n{\n.reg .b64 %rd<2>;\nld.param.u64 %rd1, [p];\n"
+           "red.global.add.u32 [%rd1], 1;\nret;\n}\n"
+           ".visible .entry calls(.param .u64 a)\n{\n.reg .b64 %rd<2>;\nld.param.u64 %rd1, [a];\n"
+           "{\n.param .b64 q;\nst.param.b64 [q], %rd1;\ncall.uni bump, (q);\n}\nret;\n}\n"
+           ".visible .entry plain(.param .u64 a)\n{\n.reg .b32 %r<2>;\nmov.u32 %r1, %ctaid.x;\nret;\n}\n")
+    assert _whole(Plan(texts=[ptx])) == {"calls": "its CTAs combine results through global atomics"}
     m = memory_diff({0x100: b"\0\0\0\0", 0x200: b"ab"}, {0x100: b"\x01\0\0\x02", 0x200: b"ab"})
     assert list(m) == [0x100] and m[0x100].tolist() == [True, False, False, True]
     s = {"kernel": "k", "ctas": 64, "of": 1056, "checked": 4096, "read": 67584, "unjudged": 1, "later": 2}

@@ -766,8 +766,13 @@ def _whole(p: Plan) -> Dict[str, str]:
     from .ptx import bodies
     out: Dict[str, str] = {}
     for text in p.texts:
-        for name, body in bodies(text).items():
-            why = unsampled(body)
+        entries = bodies(text)
+        funcs = text                       # the module without its entries: its .func definitions
+        for body in entries.values():
+            funcs = funcs.replace(body, "")
+        for name, body in entries.items():
+            # a kernel that calls device functions: any of its module's may be the one called
+            why = unsampled(body) or (unsampled(funcs) if re.search(r"\bcall(?:\.uni)?\s", body) else None)
             if why:
                 out[name] = why
     return out
