@@ -408,7 +408,7 @@ def replay(
     sim: Optional[str] = typer.Option(None, "--sim", metavar="gpgpu-sim[:CONFIG]", help="Replay on a simulator instead of a GPU: GPGPU-Sim, in one of its configs (default: the one closest to the captured GPU); kernels run from their PTX, every D2H result is verified."),
     sim_path: Optional[Path] = typer.Option(None, "--sim-path", metavar="DIR", help="The GPGPU-Sim build (lib/libcudart.so, configs/); default $CUDASNAP_GPGPUSIM."),
     sim_mode: str = typer.Option("functional", "--sim-mode", metavar="functional|performance", help="functional: results only (fast); performance: cycle-level, per-kernel cycles (--out writes them as a timeline profile)."),
-    sim_max_ctas: Optional[int] = typer.Option(None, "--sim-max-ctas", metavar="N", help="Bounded performance mode: a launch of more than N CTAs is timed on samples of its first N/2 and N CTAs and its cycles extrapolated, with the error stated; results are verified by a functional pass."),
+    sim_max_ctas: Optional[int] = typer.Option(None, "--sim-max-ctas", metavar="N", help="Bounded simulation: a launch of more than N CTAs runs its first N CTAs and only the result bytes they wrote are judged (the verdict says how much); in performance mode it is also timed on samples of N/2 and N CTAs, its cycles extrapolated with the error stated."),
 ):
     """Replay a snapshot on a GPU and verify every D2H result.
 
@@ -419,7 +419,7 @@ def replay(
     could not proceed (the snapshot is unreadable, damaged or holds no call to replay; no GPU;
     an unsupported call)."""
     if sim_max_ctas is not None and sim is None:
-        _fail("--sim-max-ctas bounds a simulated replay: add --sim gpgpu-sim --sim-mode performance")
+        _fail("--sim-max-ctas bounds a simulated replay: add --sim gpgpu-sim")
     if sim is not None:
         _replay_sim(sim, sim_path, sim_mode, sim_max_ctas, snapshot, dict(
             device=device, devices=devices, threads=threads, wrap=wrap, preload=preload, jit=jit, trace=trace,

@@ -157,6 +157,8 @@ def check(rp, records: List[Dict[str, Any]]) -> Dict[str, Any]:
         why_not = "the replay did not run every call of the window"
     elif not rp.initialized:
         why_not = "no call of the window reached the device"
+    elif getattr(rp.ctx.cu, "sample", None):
+        why_not = "a simulator ran part of a launch (--sim-max-ctas): only what its sample wrote is judged"
     if why_not:
         acct["skipped"] = why_not
         return acct

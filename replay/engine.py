@@ -386,6 +386,11 @@ class Replayer:
             # a result that could not be read was not verified: never report success
             r.errors.append(f"damaged snapshot: {len(r.unreadable_payloads)} payload(s) unreadable, "
                             f"first {r.unreadable_payloads[0]}")
+        if r.sample is not None and not r.sample["checked"] and not r.errors and not r.mismatches:
+            # a bounded verdict that judged nothing must not pass (replay/sim/bounded.py)
+            r.errors.append(f"bounded verdict: no result read back was written by the {r.sample['ctas']:,} sampled CTAs "
+                            f"of {r.sample['kernel']} (or a later launch came between): nothing was judged; "
+                            f"raise --sim-max-ctas")
         r.exit_code = 2 if r.errors else (1 if r.mismatches else 0)
         pol = self.ctx.tol
         # results the C executor verified are EXACT: the counts are completed here

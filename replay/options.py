@@ -51,6 +51,7 @@ class ReplayResult:
     d2h_verified: int = 0
     d2h_bytes: int = 0
     d2h_unverified: int = 0
+    sample: Optional[Dict[str, Any]] = None   # a simulator's bounded verdict: what was judged (replay/sim/bounded.py)
     d2h_left_out: int = 0                 # D2H results not compared: the selection left out work they depend on
     endstate: Optional[Dict[str, Any]] = None   # a window's end state compared (replay/endstate.py)
     mismatches: List[Dict[str, Any]] = field(default_factory=list)

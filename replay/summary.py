@@ -121,6 +121,13 @@ def render(res: ReplayResult, mismatch_text: List[str], path: str, out=None, as_
     if res.d2h_left_out:
         ok += (f"; {res.d2h_left_out} D2H result(s) not compared: they depend on work the selection left "
                f"out{' (the selection replays only part of the snapshot)' if not res.d2h_verified else ''}")
+    if res.sample is not None:
+        from .sim.bounded import verdict_line
+        word = "DIFFERENT" if res.mismatches else ("CLOSE" if num.get("close") else "EXACT")
+        emit(f"sample: {verdict_line(res.sample, word)}")
+        if res.sample["checked"]:
+            ok = (f"OK on a sample: {res.sample['checked']:,} of {res.sample['read']:,} result bytes checked, "
+                  f"on {res.sample['ctas']:,} of {res.sample['of']:,} CTAs")
     vary = " (results vary from run to run: see recheck)" if (num.get("recheck") or {}).get("nondeterministic") else ""
     verdict = {0: ok, 1: f"FAILED: verification mismatch{vary}", 2: "FAILED: replay could not proceed"}[res.exit_code]
     emit(f"{verdict} (exit {res.exit_code})")

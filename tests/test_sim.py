@@ -566,8 +566,81 @@ def test_bounded_performance_mode(snaps, tmp_path):
     if prof.exists():
         whole = json.loads(prof.read_text())["launches"][0]["cycles"]
         assert abs(whole - b["cycles"]) <= b["error_cycles"] + 1, (whole, b)
-    bad = _sim(snaps["plain"], "-k", "tile_sum", "--sim-max-ctas", "4")
-    assert bad.returncode == 2 and "bounds performance mode" in bad.stderr
+    # the verdict pass was bounded too: tile_sum's first 4 CTAs wrote 4 of its 16 ints, whose top
+    # bytes are 0 as the memory was before (a store of an unchanged byte is invisible: not judged)
+    assert "sample: EXACT on 4 of 16 CTAs of tile_sum (25.0% of the launch; 12 of 64 result bytes checked" in cp.stdout
+    bad = _sim(snaps["plain"], "-k", "tile_sum", "--sim-max-ctas", "1")
+    assert bad.returncode == 2 and bad.stderr.strip() == "cudasnap: error: --sim-max-ctas 1: give 2 or more"
+
+
+@pytest.fixture(scope="module")
+def planted(snaps):
+    """simprog captured with a wrong byte planted in fill's result (4,096 u32 by 16 CTAs of 256
+    threads): at byte 100 (written by CTA 0) and at byte 10,000 (CTA 9)."""
+    d = snaps["double"]
+    out = {}
+    for key, off in (("inside", 100), ("outside", 10000)):
+        snap = snaps["tmp"] / f"planted_{key}.cusnap"
+        env = dict(d["env"], CUDA_DOUBLE_CORRUPT=f"fill:1@{off}")
+        cp = _cli("capture", "-o", snap, "--ring-mb", "16", "--", d["progs"]["simprog"], DATA / "kernels.ptx",
+                  env=env, timeout=120)
+        assert snap.exists(), cp.stdout + cp.stderr
+        out[key] = snap
+    return out
+
+
+def test_bounded_functional_verdict(snaps, planted):
+    """--sim-max-ctas 4 in functional mode: fill's first 4 of 16 CTAs run and only the bytes they
+    changed are judged; a wrong byte they wrote is DIFFERENT (exit 1), one beyond them
+    is not judged, and the line says how much was not."""
+    # 0x00C0FFEE over memory that held zeros: each word's top byte is unchanged, so invisible (not judged)
+    line = "sample: {} on 4 of 16 CTAs of fill (25.0% of the launch; 3,072 of 16,384 result bytes checked, 13,312 not judged)"
+    cp = _sim(snaps["plain"], "-k", "fill", "--sim-max-ctas", "4", "--progress")
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert cp.stderr.startswith("cudasnap: simulating the first 4 of 16 CTAs of fill\ncudasnap: simulated 1/1 kernels"), cp.stderr
+    assert "judged on their first 4 CTAs" in cp.stdout and line.format("EXACT") in cp.stdout, cp.stdout
+    assert "OK on a sample: 3,072 of 16,384 result bytes checked, on 4 of 16 CTAs (exit 0)" in cp.stdout
+    assert "every recorded D2H result reproduced" not in cp.stdout
+    cp = _sim(planted["inside"], "-k", "fill", "--sim-max-ctas", "4")
+    assert cp.returncode == 1, cp.stdout + cp.stderr
+    assert line.format("DIFFERENT") in cp.stdout
+    assert re.search(r"call #\d+ cuMemcpyDtoH_v2: first divergence at byte offset 100 .*1 bytes differ of 16384", cp.stdout)
+    assert "FAILED: verification mismatch (exit 1)" in cp.stdout
+    cp = _sim(planted["outside"], "-k", "fill", "--sim-max-ctas", "4")
+    assert cp.returncode == 0 and line.format("EXACT") in cp.stdout, cp.stdout + cp.stderr
+    doc = json.loads(_sim(planted["outside"], "-k", "fill", "--sim-max-ctas", "4", "--json").stdout)
+    assert doc["exit_code"] == 0 and doc["mismatches"] == []
+    assert doc["sample"] == {"kernel": "fill", "ctas": 4, "of": 16, "checked": 3072, "read": 16384, "unjudged": 0,
+                             "later": 0, "launches": 1}
+    # the whole program: add_one, saxpy... run after the sampled fill and may read what its other
+    # CTAs write, so nothing read back at the end is judged: never a pass; histo runs whole
+    cp = _sim(snaps["plain"], "--sim-max-ctas", "4")
+    assert cp.returncode == 2, cp.stdout + cp.stderr
+    assert "nothing was judged; raise --sim-max-ctas" in cp.stdout and "later launch(es)" in cp.stdout
+    assert "histo (16 CTAs) ran whole, not on a sample: its CTAs combine results through global atomics" in cp.stderr
+
+
+def test_bounded_verdict_rules():
+    """What a sample cannot judge: kernels that read their grid size or combine CTAs' results
+    through global atomics run whole; only changed bytes count; the line says what was not judged."""
+    from cudasnap.replay.sim.bounded import memory_diff, unsampled, verdict_line
+    assert "grid size" in unsampled("mov.u32 %r2, %nctaid.x;")
+    for atom in ("atom.global.add.u32 %r1, [%rd2], 1;", "red.global.add.f32 [%rd1], %f1;", "atom.add.u32 %r1, [%rd2], 1;"):
+        assert "atomics" in unsampled(atom), atom
+    assert unsampled("atom.shared.add.u32 %r1, [%r2], 1;\nmov.u32 %r1, %ctaid.x;") is None
+    from cudasnap.replay.sim import Plan, _whole
+    ptx = (".func bump(.param .b64 p)\n{\n.reg .b64 %rd<2>;\nld.param.u64 %rd1, [p];\n"
+           "red.global.add.u32 [%rd1], 1;\nret;\n}\n"
+           ".visible .entry calls(.param .u64 a)\n{\n.reg .b64 %rd<2>;\nld.param.u64 %rd1, [a];\n"
+           "{\n.param .b64 q;\nst.param.b64 [q], %rd1;\ncall.uni bump, (q);\n}\nret;\n}\n"
+           ".visible .entry plain(.param .u64 a)\n{\n.reg .b32 %r<2>;\nmov.u32 %r1, %ctaid.x;\nret;\n}\n")
+    assert _whole(Plan(texts=[ptx])) == {"calls": "its CTAs combine results through global atomics"}
+    m = memory_diff({0x100: b"\0\0\0\0", 0x200: b"ab"}, {0x100: b"\x01\0\0\x02", 0x200: b"ab"})
+    assert list(m) == [0x100] and m[0x100].tolist() == [True, False, False, True]
+    s = {"kernel": "k", "ctas": 64, "of": 1056, "checked": 4096, "read": 67584, "unjudged": 1, "later": 2}
+    assert verdict_line(s, "EXACT") == ("EXACT on 64 of 1,056 CTAs of k (6.1% of the launch; 4,096 of 67,584 result "
+                                        "bytes checked, 63,488 not judged; 1 D2H result(s) wholly unjudged; 2 later "
+                                        "launch(es) may read what the unsimulated CTAs write: nothing after them judged)")
 
 
 def test_bounded_estimate():

@@ -641,9 +641,8 @@ def run_sim_cli(snapshot, opts, sim_spec: str, sim_path: Optional[str], mode: st
         return fail(problem)
     if out_file and mode != "performance":
         return fail("--out with --sim: simulated time needs --sim-mode performance")
-    if max_ctas is not None and (mode != "performance" or max_ctas < 2):
-        return fail("--sim-max-ctas N bounds performance mode (N >= 2): add --sim-mode performance"
-                    if mode != "performance" else f"--sim-max-ctas {max_ctas}: give 2 or more")
+    if max_ctas is not None and max_ctas < 2:
+        return fail(f"--sim-max-ctas {max_ctas}: give 2 or more")
     bad = [t for t, _p in specs if t.startswith("module:") or t.startswith("0x")]
     if bad:
         return fail(f"--replace {bad[0]}: with --sim, replace kernels by name (KERNEL=FILE.ptx)")
@@ -668,19 +667,22 @@ def run_sim_cli(snapshot, opts, sim_spec: str, sim_path: Optional[str], mode: st
         return 2
     if not opts.quiet and not as_json:
         print(f"simulator: GPGPU-Sim {sim.config} ({sim.why}), {mode} mode"
-              + (f", launches over {max_ctas} CTAs timed on samples" if max_ctas else ""))
+              + (f", launches over {max_ctas} CTAs {'timed on samples and ' if mode == 'performance' else ''}"
+                 f"judged on their first {max_ctas} CTAs" if max_ctas else ""))
     import dataclasses
     options = dataclasses.asdict(opts)
     options.update(replace=[], relocate_payloads=True, jit=None)
     keep = bool(os.environ.get("CUDASNAP_SIM_KEEP")) if keep is None else keep   # the log, config and PTX, to debug
     try:
-        if not max_ctas:
-            code, result, cycles = _run(sim, p, snapshot, options, as_json, keep)
+        if not max_ctas or mode == "functional":
+            # functional with a cap: a bounded verdict (bounded.py), judged on each big launch's first CTAs
+            code, result, cycles = _run(sim, p, snapshot, options, as_json, keep, max_ctas=max_ctas)
         else:
-            # bounded: the verdict from a functional pass over every CTA; the cycles from a
+            # bounded: the verdict from a bounded functional pass (the same cap); the cycles from a
             # performance pass in which each launch over the cap runs samples of its first CTAs
             # (the results of that pass are partial: not reported)
-            code, _r, _l = _run(dataclasses.replace(sim, mode="functional"), p, snapshot, options, as_json, keep)
+            code, _r, _l = _run(dataclasses.replace(sim, mode="functional"), p, snapshot, options, as_json, keep,
+                                max_ctas=max_ctas)
             if code not in (0, 1):
                 return code
             timing = dict(options, continue_on_error=True, quiet=True)
@@ -709,7 +711,8 @@ def _run(sim: Sim, p: Plan, snapshot, options: Dict[str, Any], as_json: bool, ke
                "layouts": p.layouts, "replace": p.replace, "device_name": sim.device_name, "cc": list(sim.cc()),
                "total": len(p.seqs), "mode": sim.mode, "quiet": options.get("quiet"), "progress": options.get("progress"),
                "log": os.path.join(work, "sim.log"), "exact": exact_placement(), "result": os.path.join(work, "result.json"),
-               "max_ctas": max_ctas}
+               "max_ctas": max_ctas, "sample_verdict": bool(max_ctas) and sim.mode == "functional",
+               "whole": _whole(p) if max_ctas else {}}
         with open(os.path.join(work, "job.json"), "w") as f:
             json.dump(job, f)
         env = dict(os.environ)
@@ -744,6 +747,9 @@ def _run(sim: Sim, p: Plan, snapshot, options: Dict[str, Any], as_json: bool, ke
             note_write_failure(1, result["report_failed"])
         elif report and closed_at_start(1) and (as_json or not options.get("quiet")):
             note_write_failure(1, "it was closed when cudasnap started")
+        back = {sim: k for m in p.modules.values() for k, sim in m.items()}
+        for name, (why, n) in sorted((result.get("whole_runs") or {}).items()):
+            sys.stderr.write(f"cudasnap: note: {back.get(name, name)} ({n:,} CTAs) ran whole, not on a sample: {why}\n")
         for name, n in sorted(result["unsupported"].items()):
             sys.stderr.write(f"cudasnap: note: {name} ({n}x): the simulator adapter does not implement it\n")
         return cp.returncode, result, kernel_cycles(job["log"])
@@ -752,6 +758,24 @@ def _run(sim: Sim, p: Plan, snapshot, options: Dict[str, Any], as_json: bool, ke
             sys.stderr.write(f"cudasnap: simulator directory kept: {work}\n")
         else:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _whole(p: Plan) -> Dict[str, str]:
+    """Kernels (names in the merged PTX) a bounded verdict runs whole, and why (bounded.unsampled)."""
+    from .bounded import unsampled
+    from .ptx import bodies
+    out: Dict[str, str] = {}
+    for text in p.texts:
+        entries = bodies(text)
+        funcs = text                       # the module without its entries: its .func definitions
+        for body in entries.values():
+            funcs = funcs.replace(body, "")
+        for name, body in entries.items():
+            # a kernel that calls device functions: any of its module's may be the one called
+            why = unsampled(body) or (unsampled(funcs) if re.search(r"\bcall(?:\.uni)?\s", body) else None)
+            if why:
+                out[name] = why
+    return out
 
 
 def _snapshot_id(reader) -> Optional[str]:

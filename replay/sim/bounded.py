@@ -4,10 +4,11 @@ in launch order), and its cycles extrapolated to the whole grid. Two models brac
 the line through the two samples (right once the samples fill the GPU: each further wave costs
 what the last one did) and the larger sample scaled by CTAs (right when the samples run as
 waves of the same size as the rest). The estimate is their mean; the stated error, half their
-difference. The samples' results are partial: the verdict comes from a functional pass over
-every CTA (replay/sim/__init__.py)."""
+difference. The samples' results are partial: the verdict comes from a functional pass with the
+same cap, judged on what it wrote (below)."""
 from __future__ import annotations
 
+import re
 from typing import Any, Dict, List, Optional, Tuple
 
 
@@ -50,3 +51,59 @@ def fold(cycles: List[Tuple[str, int]], sampled: List[Dict[str, Any]]) -> List[T
             out.append((cycles[j][0], cycles[j][1], None))
             j += 1
     return out
+
+
+# ------------------------------------------------------------------ bounded functional verdict
+# `replay --sim ... --sim-max-ctas N` in functional mode (and the verdict pass of performance
+# mode): a launch of more than N CTAs runs only its first N in launch order, the grid cut as
+# sample_grid cuts it. The first N, not N spread over the grid: the simulator numbers a launch's
+# CTAs from 0, so only a prefix keeps every sampled CTA's %ctaid what it was on the GPU.
+# Which bytes the sample wrote: every allocation is read before and after the sampled launch and
+# the bytes that changed are the ones judged. A CTA storing the value a byte already held is
+# invisible to this (that byte is not judged, never counted EXACT), and so is a wrong result that
+# left a byte unchanged. Any later launch may read what the unsimulated CTAs would have written:
+# after it nothing is judged; a copy or memset into judged bytes unjudges them.
+# Kernels the cut would change run whole: one that reads %nctaid (its grid size: a grid-stride
+# loop would do other work) or combines CTAs' results through global atomics (partial sums).
+SAMPLE_MAX_ALLOC = 1 << 30       # allocations larger than this are not read: never judged
+
+_WHOLE = ((re.compile(r"%nctaid\b"), "it reads its grid size (%nctaid)"),
+          (re.compile(r"\b(?:atom|red)(?!\.shared)(?:\.[a-z0-9]+)+\s"), "its CTAs combine results through global atomics"))
+
+
+def unsampled(body: str) -> Optional[str]:
+    """Why a kernel's PTX body cannot be judged on a sample of its CTAs, or None."""
+    for rx, why in _WHOLE:
+        if rx.search(body):
+            return why
+    return None
+
+
+def memory_diff(before: Dict[int, bytes], after: Dict[int, bytes]) -> Dict[int, Any]:
+    """allocation base -> numpy bool mask of the bytes that changed (only where some did)."""
+    import numpy as np
+    out: Dict[int, Any] = {}
+    for base, b in before.items():
+        a = after.get(base)
+        if a is None or len(a) != len(b):
+            continue
+        m = np.frombuffer(a, dtype=np.uint8) != np.frombuffer(b, dtype=np.uint8)
+        if m.any():
+            out[base] = m
+    return out
+
+
+def _n(v: int) -> str:
+    return f"{v:,}"
+
+
+def verdict_line(s: Dict[str, Any], outcome: str) -> str:
+    """The verdict of a bounded replay: what was judged, on how much of the launch."""
+    pct = 100.0 * s["ctas"] / s["of"] if s["of"] else 0.0
+    line = (f"{outcome} on {_n(s['ctas'])} of {_n(s['of'])} CTAs of {s['kernel']} ({pct:.1f}% of the launch; "
+            f"{_n(s['checked'])} of {_n(s['read'])} result bytes checked, {_n(s['read'] - s['checked'])} not judged")
+    if s.get("unjudged"):
+        line += f"; {s['unjudged']} D2H result(s) wholly unjudged"
+    if s.get("later"):
+        line += f"; {s['later']} later launch(es) may read what the unsimulated CTAs write: nothing after them judged"
+    return line + ")"

@@ -10,6 +10,7 @@ Calls the simulator cannot do answer CUDA_ERROR_NOT_SUPPORTED, which the replay 
 from __future__ import annotations
 
 import bisect
+import re
 import ctypes
 import os
 import hashlib
@@ -48,7 +49,8 @@ class SimDriver:
                  layouts: Dict[str, List[Tuple[int, int]]], replace: Dict[str, str], device_name: str,
                  cc: Tuple[int, int], on_launch: Optional[Callable[[str], None]] = None, exact: bool = True,
                  images: Optional[Dict[str, str]] = None, max_ctas: Optional[int] = None,
-                 globals_: Optional[Dict[str, Dict[str, Any]]] = None):
+                 globals_: Optional[Dict[str, Dict[str, Any]]] = None, sample_verdict: bool = False,
+                 whole: Optional[Dict[str, str]] = None, on_note: Optional[Callable[[str], None]] = None):
         from cuda.bindings import driver as cu     # types and enums only: nothing here calls a GPU
         import cffi
         self._cu = cu
@@ -63,6 +65,14 @@ class SimDriver:
         self.max_ctas = max_ctas     # bounded: launches over this many CTAs run samples (bounded.py)
         self.runs = 0                # kernels the simulator ran (its log has one entry each)
         self.sampled: List[Dict[str, Any]] = []
+        # bounded verdict (functional mode with max_ctas, bounded.py): a launch over the cap runs its
+        # first max_ctas CTAs; only the bytes they changed are judged, until a later launch
+        self.sample_verdict = sample_verdict
+        self.whole = whole or {}     # name in the merged PTX -> why its launches cannot be sampled
+        self.sample: Optional[Dict[str, Any]] = None
+        self.on_note = on_note
+        self.judged: Dict[int, Any] = {}         # allocation base -> bool mask of judged bytes
+        self.whole_runs: Dict[str, Tuple[str, int]] = {}   # kernels over the cap run whole: (why, CTAs)
         self.device_name, self.cc = device_name, cc
         self.on_launch = on_launch
         self.exact = exact           # recorded addresses through the allocator (cuMemAddressReserve)
@@ -247,6 +257,8 @@ class SimDriver:
         """A copy through unified addressing: its direction from where each end lies."""
         dst, src, n = int(dst), int(src), int(n)
         d, s = self._on_device(dst), self._on_device(src)
+        if d:
+            self._unjudge(dst, n)
         if d and s:
             return (self.lib.sim_d2d(dst, src, n),)
         if d:
@@ -344,7 +356,7 @@ class SimDriver:
 
     def cuMemcpyHtoD(self, dst, src, n, *stream):
         return self._enqueue(stream[0] if stream else 0,
-                             lambda: self.lib.sim_h2d(int(dst), self._src(src, n), int(n)))
+                             lambda: self._unjudge(int(dst), int(n)) or self.lib.sim_h2d(int(dst), self._src(src, n), int(n)))
 
     cuMemcpyHtoDAsync = cuMemcpyHtoD
 
@@ -354,13 +366,14 @@ class SimDriver:
     cuMemcpyDtoHAsync = cuMemcpyDtoH
 
     def cuMemcpyDtoD(self, dst, src, n, *stream):
-        return self._enqueue(stream[0] if stream else 0, lambda: self.lib.sim_d2d(int(dst), int(src), int(n)))
+        return self._enqueue(stream[0] if stream else 0,
+                             lambda: self._unjudge(int(dst), int(n)) or self.lib.sim_d2d(int(dst), int(src), int(n)))
 
     cuMemcpyDtoDAsync = cuMemcpyDtoD
 
     def cuMemsetD8(self, dst, v, n, *stream):
         return self._enqueue(stream[0] if stream else 0,
-                             lambda: self.lib.sim_memset8(int(dst), int(v) & 0xFF, int(n)))
+                             lambda: self._unjudge(int(dst), int(n)) or self.lib.sim_memset8(int(dst), int(v) & 0xFF, int(n)))
 
     cuMemsetD8Async = cuMemsetD8
 
@@ -369,7 +382,8 @@ class SimDriver:
         if not data:
             return (0,)
         return self._enqueue(stream[0] if stream else 0,
-                             lambda: self.lib.sim_h2d(int(dst), self.ffi.from_buffer(data), len(data)))
+                             lambda: self._unjudge(int(dst), len(data)) or
+                             self.lib.sim_h2d(int(dst), self.ffi.from_buffer(data), len(data)))
 
     def cuMemsetD16(self, dst, v, n, *stream):
         return self._pattern(dst, v, n, 2, stream)
@@ -508,7 +522,9 @@ class SimDriver:
                 return LAUNCH_FAILED
         t0 = time.perf_counter()
         total = dims[0] * dims[1] * dims[2]
-        if self.max_ctas and total > self.max_ctas:     # bounded: two samples of its first CTAs
+        if self.sample_verdict:
+            r = self._sample_launch(fn, name, lay, dims, params, offs, total)
+        elif self.max_ctas and total > self.max_ctas:     # bounded: two samples of its first CTAs
             from .bounded import sample_grid
             s = {"at": self.runs, "total": total, "ctas": []}
             r = 0
@@ -528,6 +544,76 @@ class SimDriver:
         if self.on_launch is not None:
             self.on_launch(name, time.perf_counter() - t0)
         return LAUNCH_FAILED if r else 0
+
+    def _sample_launch(self, fn, name: str, lay, dims, params, offs, total: int) -> int:
+        """A launch in a bounded verdict: over the cap, its first max_ctas CTAs in launch order
+        (bounded.sample_grid), the bytes they changed judged; any launch after a sampled one may
+        read what the unsimulated CTAs write, so nothing judged survives it."""
+        from .bounded import memory_diff, sample_grid
+        why = self.whole.get(name)
+        if self.sample is not None:
+            self.sample["later"] += 1
+            self.judged = {}
+        if total <= self.max_ctas or why:
+            if why and total > self.max_ctas:
+                self.whole_runs[name] = (why, total)
+            self.runs += 1
+            self.launches.append(name)
+            return self.lib.sim_launch(fn, *dims, params, len(lay), offs)
+        g, got = sample_grid(dims[:3], self.max_ctas)
+        if self.on_note is not None:
+            self.on_note(f"simulating the first {got:,} of {total:,} CTAs of {re.sub(r'__cs[0-9]+$', '', name)}")
+        before = self._memory() if self.sample is None else None
+        r = self.lib.sim_launch(fn, *g, *dims[3:], params, len(lay), offs)
+        self.runs += 1
+        self.launches.append(name)
+        if before is not None:
+            self.judged = memory_diff(before, self._memory())
+            self.sample = {"kernel": re.sub(r"__cs\d+$", "", name), "ctas": got, "of": total, "later": 0,
+                           "launches": 1}
+        else:
+            self.sample["launches"] += 1
+        return r
+
+    def _memory(self) -> Dict[int, bytes]:
+        """Every allocation's bytes in the simulator (those over SAMPLE_MAX_ALLOC are left out:
+        what a sampled launch writes there is never judged)."""
+        from .bounded import SAMPLE_MAX_ALLOC
+        out: Dict[int, bytes] = {}
+        for base, n in zip(self.dev_starts, self.dev_sizes):
+            if n <= SAMPLE_MAX_ALLOC:
+                buf = bytearray(n)
+                if not self.lib.sim_d2h(self.ffi.from_buffer(buf, require_writable=True), base, n):
+                    out[base] = bytes(buf)
+        return out
+
+    def _unjudge(self, dst: int, n: int) -> None:
+        """A copy or memset after the sample: what it writes is not the sample's result."""
+        if not self.judged:
+            return
+        i = bisect.bisect(self.dev_starts, dst) - 1
+        if i >= 0 and self.dev_starts[i] in self.judged:
+            m = self.judged[self.dev_starts[i]]
+            off = dst - self.dev_starts[i]
+            m[max(off, 0):max(off + n, 0)] = False
+
+    def sample_mask(self, addr: Optional[int], n: int):
+        """For a bounded verdict: which of the n bytes read back from addr (the simulator's
+        address; None for host memory) the sample wrote, as a numpy bool array; None when no
+        launch was sampled (everything is judged)."""
+        import numpy as np
+        if self.sample is None:
+            return None
+        mask = np.zeros(n, dtype=bool)
+        if addr is None:
+            return mask
+        i = bisect.bisect(self.dev_starts, addr) - 1
+        if i >= 0 and self.dev_starts[i] in self.judged:
+            m = self.judged[self.dev_starts[i]]
+            off = addr - self.dev_starts[i]
+            part = m[off:off + n]
+            mask[:len(part)] = part
+        return mask
 
     # ---------------------------------------------------------------- graphs from stream capture
     # Work on a capturing stream is kept, not run; a graph launch runs it in capture order (the

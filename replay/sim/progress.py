@@ -38,6 +38,17 @@ class Progress:
                              f"{el:.1f} s elapsed\n")
             sys.stderr.flush()
 
+    def note(self, text: str) -> None:
+        """A line before a long step (a sampled launch): shown with --progress or on a terminal.
+        (GPGPU-Sim's functional mode tells nothing per CTA, so a launch is one step.)"""
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.console.print(f"cudasnap: {text}")
+        elif self.force:
+            sys.stderr.write(f"cudasnap: {text}\n")
+            sys.stderr.flush()
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.stop()

@@ -31,7 +31,8 @@ def main(job_path: str) -> int:
     drv = SimDriver(job["adapter"], job["dir"], job["ptx"], job["modules"],
                     {k: [tuple(x) for x in v] for k, v in job["layouts"].items()}, job["replace"],
                     job["device_name"], tuple(job["cc"]), on_launch=prog.step, exact=job["exact"],
-                    images=job.get("images"), max_ctas=job.get("max_ctas"), globals_=job.get("globals"))
+                    images=job.get("images"), max_ctas=job.get("max_ctas"), globals_=job.get("globals"),
+                    sample_verdict=bool(job.get("sample_verdict")), whole=job.get("whole"), on_note=prog.note)
     opts = ReplayOptions(**job["options"])
     t0 = time.perf_counter()
     code = 2
@@ -44,7 +45,7 @@ def main(job_path: str) -> int:
         prog.close()
         report.flush()
         with open(job["result"], "w") as f:
-            json.dump({"launches": drv.launches, "unsupported": drv.unsupported, "sampled": drv.sampled,
+            json.dump({"launches": drv.launches, "unsupported": drv.unsupported, "sampled": drv.sampled, "sample": drv.sample, "whole_runs": drv.whole_runs,
                        "wall_s": time.perf_counter() - t0, "report_failed": write_failure(1)}, f)
     return code
 

@@ -773,25 +773,27 @@ static double now_ns(void) {
 static CUresult launch_run_kernel(void *func, const unsigned int grid[3], const unsigned int block[3],
                                   const unsigned char *params, size_t params_len);
 
-/* CUDA_DOUBLE_CORRUPT="NAME:N": the N-th launch (from 1) of kernel NAME in the process, after
- * running, flips bit 6 of the first byte its first parameter (a pointer) points to: a wrong
- * result planted in device memory, for the replay checks to catch. */
+/* CUDA_DOUBLE_CORRUPT="NAME:N[@OFF]": the N-th launch (from 1) of kernel NAME in the process,
+ * after running, flips bit 6 of the byte at OFF (default 0) its first parameter (a pointer)
+ * points to: a wrong result planted in device memory, for the replay checks to catch. */
 static char corrupt_name[64];
-static long corrupt_at = -1, corrupt_seen;
+static long corrupt_at = -1, corrupt_seen, corrupt_off;
 static pthread_once_t corrupt_once = PTHREAD_ONCE_INIT;
 
 static void corrupt_parse(void) {
     const char *e = getenv("CUDA_DOUBLE_CORRUPT"), *colon = e ? strrchr(e, ':') : NULL;
     if (!colon || (size_t)(colon - e) >= sizeof corrupt_name) return;
     memcpy(corrupt_name, e, (size_t)(colon - e));
-    corrupt_at = strtol(colon + 1, NULL, 10);
+    char *end;
+    corrupt_at = strtol(colon + 1, &end, 10);
+    if (*end == '@') corrupt_off = strtol(end + 1, NULL, 10);
 }
 
 static void corrupt_maybe(const kdesc_t *k, const unsigned char *pb) {
     pthread_once(&corrupt_once, corrupt_parse);
     if (corrupt_at < 1 || strcmp(corrupt_name, k->name) != 0) return;
     if (__atomic_add_fetch(&corrupt_seen, 1, __ATOMIC_RELAXED) != corrupt_at) return;
-    unsigned char *p = P(unsigned char *, 0);
+    unsigned char *p = P(unsigned char *, 0) + corrupt_off;
     if (dev_range_ok((u64)(uintptr_t)p, 1)) p[0] ^= 0x40;
 }
 
