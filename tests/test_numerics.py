@@ -3,7 +3,6 @@ the writing kernel's PTX or given, tolerances in the forms users know, defaults 
 from __future__ import annotations
 
 import json
-import os
 import re
 import struct
 import subprocess
@@ -15,6 +14,7 @@ import pytest
 
 from cudasnap.replay.numerics import (CLOSE, DIFFERENT, EXACT, Tolerance, TypeOracle, measure, parse_dtype_specs,
                                       parse_tolerance, ptx_store_types)
+from simbuild import SIM, needs_sim
 
 DATA = Path(__file__).resolve().parent / "data" / "sim"
 N = 4096
@@ -330,11 +330,7 @@ def test_half_buffers_are_judged_in_their_own_type_end_to_end(double, tmp_path, 
     assert as_f32.returncode == 1 and "float32 (--dtype fill=f32): 16 of 64 elements differ" in as_f32.stdout, as_f32.stdout
 
 
-SIM = os.environ.get("CUDASNAP_GPGPUSIM")
-
-
-@pytest.mark.skipif(not (SIM and os.path.isfile(os.path.join(SIM, "lib", "libcudart.so"))),
-                    reason="no GPGPU-Sim build (set CUDASNAP_GPGPUSIM to one)")
+@needs_sim
 def test_simulator_fused_saxpy_is_close_to_the_unfused_recording(frac):
     """The double computes saxpy unfused (two roundings), the simulator's fma.rn.f32 fuses: with
     fractional data their last bits differ. A simulator is a target that may round otherwise:

@@ -16,19 +16,13 @@ from pathlib import Path
 import pytest
 
 from double import fixtures
+from simbuild import SIM, needs_sim
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data" / "sim"
 
 
-def _sim_path():
-    # the build named by the variable (.ci/run sets it where CI has one)
-    p = os.environ.get("CUDASNAP_GPGPUSIM")
-    return p if p and os.path.isfile(os.path.join(p, "lib", "libcudart.so")) else None
-
-
-SIM = _sim_path()
-pytestmark = pytest.mark.skipif(SIM is None, reason="no GPGPU-Sim build (set CUDASNAP_GPGPUSIM to one)")
+pytestmark = needs_sim
 
 
 def _cli(*args, env=None, timeout=300):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from simbuild import SIM, needs_sim
 from synth import Synth
 
 REPO_DATA = Path(__file__).resolve().parent / "data" / "sim"
@@ -247,17 +248,12 @@ def test_ldmatrix_is_refused_before_the_run():
     assert ptx.constructs(ptx.for_sim(body.replace(".x4.", ".x4.trans."))) == ptx.constructs(body)
 
 
-def _sim_path():
-    p = os.environ.get("CUDASNAP_GPGPUSIM")
-    return p if p and os.path.isfile(os.path.join(p, "lib", "libcudart.so")) else None
-
-
-@pytest.mark.skipif(_sim_path() is None, reason="no GPGPU-Sim build (set CUDASNAP_GPGPUSIM to one)")
+@needs_sim
 def test_reasons_are_replay_sims_refusal(snap):
     """Every reason coverage gives, and each gap no kernel names, is a line of the refusal
     `replay --sim` prints before simulating anything."""
     doc = json.loads(_cli("info", snap["snap"], "--sim", "--json").stdout)
-    cp = _cli("replay", snap["snap"], "--sim", "gpgpu-sim", "--sim-path", _sim_path())
+    cp = _cli("replay", snap["snap"], "--sim", "gpgpu-sim", "--sim-path", SIM)
     assert cp.returncode == 2 and cp.stdout == "", cp.stdout + cp.stderr
     items = {l[4:] for l in cp.stderr.splitlines() if l.startswith("  - ")}
     mine = {r["detail"] for k in doc["kernels"] for r in k["reasons"]} | set(doc["snapshot_gaps"])

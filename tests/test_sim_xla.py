@@ -14,19 +14,13 @@ from pathlib import Path
 import pytest
 
 from double import fixtures
+from simbuild import SIM, needs_sim
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data" / "sim"
 KERNELS = ("fill", "add_one", "saxpy", "tile_sum", "histo", "chase")      # kernels.ptx's entries
 
 
-def _sim_path():
-    p = os.environ.get("CUDASNAP_GPGPUSIM")
-    return p if p and os.path.isfile(os.path.join(p, "lib", "libcudart.so")) else None
-
-
-SIM = _sim_path()
-needs_sim = pytest.mark.skipif(SIM is None, reason="no GPGPU-Sim build (set CUDASNAP_GPGPUSIM to one)")
 
 
 def _cli(*args, env=None, timeout=300):
