@@ -214,14 +214,11 @@ class XlaDump:
         self.dir = directory
         self.files: Dict[str, Tuple[int, int, frozenset]] = {}   # path -> (mtime ns, size, entries)
         self.chosen: Dict[str, str] = {}                          # image blob id -> PTX path
-        self.mtime = None
 
     def _scan(self) -> None:
+        # every file stat'ed each time (not skipped on the directory's mtime): a file seen while
+        # XLA was still writing it changes its own size and mtime, not the directory's
         try:
-            st = os.stat(self.dir)
-            if st.st_mtime_ns == self.mtime:
-                return
-            self.mtime = st.st_mtime_ns
             it = list(os.scandir(self.dir))
         except OSError:
             return

@@ -543,10 +543,14 @@ def keep_ptx_env(env: Dict[str, str], keep_ptx: Dict[str, Optional[str]]) -> Opt
             raise ValueError(f"--keep-ptx xla: XLA_FLAGS dumps to {have!r}, not a directory cudasnap can read")
         return None
     made = None
-    if want:
-        os.makedirs(want, exist_ok=True)
-    else:
-        want = made = tempfile.mkdtemp(prefix="cudasnap-xla-")
+    try:
+        if want:
+            os.makedirs(want, exist_ok=True)
+        else:
+            want = made = tempfile.mkdtemp(prefix="cudasnap-xla-")
+    except OSError as e:
+        raise ValueError(f"--keep-ptx xla{'=' + want if want else ''}: cannot make the dump directory: "
+                         f"{e.strerror or e}") from None
     env["XLA_FLAGS"] = with_xla_dump(env.get("XLA_FLAGS") or "", os.path.abspath(want))
     return made
 
