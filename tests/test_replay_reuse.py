@@ -31,6 +31,11 @@ print(json.dumps(out))
 def _leaky(path) -> None:
     """A program that ends without freeing its memory nor releasing its context (a crash, or a
     program that leaves cleanup to the driver): a kernel's result is verified."""
+    _leaky_variant(path, 1.0)
+
+
+def _leaky_variant(path, delta: float) -> None:
+    """_leaky whose D2H result expects each value plus delta (delta 1: what the kernel makes)."""
     s = Synth(path)
     s.double_prologue("add_one", 0x55570001, [[0, 8], [8, 4]])
     n = 256
@@ -41,7 +46,7 @@ def _leaky(path) -> None:
     s.launch(0x55570001, struct.pack("<Qi", BASE, n), block=n)
     s.call("cuCtxSynchronize", {})
     s.call("cuMemcpyDtoH_v2", {"dstHost": 0x7F0000200000, "srcDevice": BASE, "ByteCount": n * 4},
-           x={"dstHost": s.blob(struct.pack(f"<{n}f", *[v + 1 for v in vals]))})
+           x={"dstHost": s.blob(struct.pack(f"<{n}f", *[v + delta for v in vals]))})
     s.w.write({"k": "end", "exit": 0, "signal": None, "partial": False})
     s.close()
 
@@ -158,6 +163,15 @@ from cudasnap.replay.invocation import profiled, run
 track_replays()
 rows = []
 for i, path in enumerate(sys.argv[3:]):
+    if path.startswith("rewrite:"):      # the file rewritten in place, its size and mtime kept
+        src, dst = path.split(":")[1:]
+        st = os.stat(dst)
+        data = open(src, "rb").read()
+        assert len(data) == st.st_size
+        with open(dst, "r+b") as f:
+            f.write(data)
+        os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+        continue
     was = (counts["passes"], counts["decompressions"], decoded[0], keep.stats["prescans_built"], keep.stats["images_read"],
            keep.stats["blobs_read"])
     out = os.path.join(sys.argv[2], f"r{i}.json")
@@ -254,3 +268,32 @@ def test_a_warm_servers_forked_replays_take_the_pass_it_made_ahead(double, tmp_p
             assert run["exit_code"] == 0 and run["timings_s"]["count.plan_reused"] == 1, run["timings_s"]
     finally:
         client.kill()
+
+
+def test_a_kept_prescans_mutable_findings_are_each_replays_own():
+    """A replay that takes a kept prescan adds to its own D2H read-ahead (a plan compiled as the
+    loop reads it, in call order or too big to keep, reads more): the kept dict, and the 64 MiB
+    read-ahead budget it was counted against, stay as the pass left them."""
+    from types import SimpleNamespace
+    from cudasnap.replay import prescan
+    from cudasnap.replay.index import ReplayIndex
+    from cudasnap.replay.slots import Slots
+    scan = {k: None for k in prescan._FOUND}
+    scan.update(slots=Slots(None), index=ReplayIndex(), expected={"a": b"1234"}, expected_bytes=4, incomplete=[],
+                malformed=[], unhandled={"cuX": [1, 3]}, h2d_order=[], host_ranges=[], ipc_shared=[])
+    kept = {"scan": scan, "notes": [], "names_in": {}, "code_loads": [], "ctx_ids": {}, "fns": {}, "fn_versions": {},
+            "func_names": {}}
+    reader = SimpleNamespace(blob_size=lambda bid: 4, blob=lambda bid: b"5678", path="x")
+    for _ in range(2):
+        ctx = SimpleNamespace(res=SimpleNamespace(warnings=[], phases={}), handles=SimpleNamespace(_all={}), funcs={},
+                              reader=reader, opt=SimpleNamespace(pace="fast"))
+        p = prescan.Prescan(ctx, True, False)
+        p._adopt(kept)
+        assert p.expected == {"a": b"1234"} and p.expected is not scan["expected"]
+        assert p.expected_blob("b") == b"5678" and p.expected_bytes == 8
+        assert ctx.reader.blob("b") == b"5678"            # the replay's reader reads its own read-ahead
+        p.unhandled["cuX"][0] += 1
+        p.incomplete.append({})
+    assert scan["expected"] == {"a": b"1234"} and scan["expected_bytes"] == 4
+    assert scan["unhandled"] == {"cuX": [1, 3]} and scan["incomplete"] == []
+
