@@ -599,7 +599,7 @@ class Replayer:
             self._stale.ran(rec)
         fam = h.family
         self.ctx.res.by_family[fam] = self.ctx.res.by_family.get(fam, 0) + 1
-        ph = self.ctx.res.phases          # where the loop's time went, by family (phases.py)
+        ph = self.ctx.res.phases          # where the loop's time went, by family (profile phase_timings)
         k = "calls." + fam
         ph[k] = ph.get(k, 0.0) + dt
         if is_sync(f):
