@@ -4,7 +4,8 @@ A fresh `python -m cudasnap replay` per replay paid, before its first kernel, fo
 interpreter (0.2 s), cudasnap's and cupti-python's imports (0.55 s) and checking the snapshot
 again (measured on an H200: bench/RESULTS.md). The server pays those once: it is started with
 the environment's variables, driver and GPU (what cuInit reads), imports the replayer, checks
-each snapshot once (by path, size and mtime), and forks one child per replay. The child does
+each snapshot once per file version (formats/opened.py version: a rewrite is checked again, even
+one that kept the size and mtime), and forks one child per replay. The child does
 everything that touches the driver (cuInit, contexts, modules, the replay, the profile), so
 every replay still starts from a clean driver state and nothing of one replay can leak into the
 next; the server itself never initializes CUDA, which is what makes the fork safe.
@@ -27,7 +28,12 @@ keeps no GPU state: each replay creates its contexts, loads its modules (their g
 from the recorded image; eager or lazy loading, an environment's variable, applies to every
 load) and allocates its memory again, all given back by Replayer.close, so every replay starts
 from the recorded state. Loaded modules cannot outlive the contexts close() destroys or resets.
-What is kept is bounded: CUDASNAP_KEEP_PLANS prescans (4), CUDASNAP_KEEP_MB of payloads (1024).
+What is kept, by the server for its forks and by a kept child, is bounded (replay/keep.py), the
+least recently used dropped first: CUDASNAP_KEEP_PLANS prescans (4), each of at most
+plan.PLAN_MAX_RECORDS records; CUDASNAP_KEEP_MB MiB (1024) of decoded payloads and the prescans'
+D2H results read ahead together; 4096 module images' findings. Everything is kept per file
+version: the first replay of a rewritten snapshot drops what was kept for the version before,
+and the server keeps one check and one planned pass per snapshot path and options.
 
 Requests and replies are JSON lines on the server's stdin and stdout. A request is the typed
 invocation (replay/invocation.py: the options a replay runs with), never an argv, plus a timeout:
@@ -71,8 +77,9 @@ def _die_with_parent() -> None:
 class _Server:
     def __init__(self):
         self.kept: Optional[Tuple[int, int, int]] = None   # the kept child: pid, its request and reply pipes
-        self.checked: Dict[Tuple[str, int, int], Optional[str]] = {}
-        self.planned: set = set()            # (snapshot version, options) passes made ahead of the forks
+        self.checked: Dict[Tuple, Optional[str]] = {}     # (path, file version) -> problem
+        # (path, options) -> (file version, keep.py key): the passes made ahead of the forks
+        self.planned: Dict[Tuple[str, str], Tuple[Tuple, Any]] = {}
         # what every replay needs, imported once; cupti-python only when a profile times with it
         import cudasnap.replay.engine  # noqa: F401
         import cudasnap.replay.profile  # noqa: F401
@@ -86,28 +93,35 @@ class _Server:
 
     def _check(self, snap: str) -> Optional[str]:
         """The snapshot's problem (preflight), found once per file version in this server."""
+        from cudasnap.formats.opened import version
         from cudasnap.replay.preflight import snapshot_problem
         try:
             st = os.stat(snap)
         except OSError as e:
             return f"{snap}: {e.strerror}"
-        k = (snap, st.st_size, st.st_mtime_ns)
+        k = (snap, version(st))
         if k not in self.checked:
+            for old in [o for o in self.checked if o[0] == snap]:     # an older version's answer
+                del self.checked[old]
             self.checked[k] = snapshot_problem(snap)
         return self.checked[k]
 
     def _plan_ahead(self, req: Dict[str, Any]) -> None:
         """A forked replay's pass over its snapshot, made here once per file version and
         options (engine.plan_ahead: no driver work) and taken by every child forked after."""
+        from cudasnap.formats.opened import version
+        from cudasnap.replay import keep
         from cudasnap.replay.engine import plan_ahead
         from cudasnap.replay.invocation import request
         try:
-            st = os.stat(req["snapshot"])
-            k = (req["snapshot"], st.st_size, st.st_mtime_ns, json.dumps(req.get("replay"), sort_keys=True))
-            if k in self.planned:
+            ver = version(os.stat(req["snapshot"]))
+            k = (req["snapshot"], json.dumps(req.get("replay"), sort_keys=True))
+            was = self.planned.get(k)
+            # made for this version and still kept (keep.py drops the least recently used)
+            if was is not None and was[0] == ver and (was[1] is None or keep.kept(was[1])):
                 return
-            self.planned.add(k)
-            plan_ahead(req["snapshot"], request(req, checked=True).options)
+            self.planned[k] = (ver, None)              # tried once per version, even if it fails
+            self.planned[k] = (ver, plan_ahead(req["snapshot"], request(req, checked=True).options))
         except Exception:
             pass                      # the forked replay makes its own pass and reports what failed
 

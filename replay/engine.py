@@ -64,11 +64,12 @@ def close_replays() -> Dict[str, int]:
     return out
 
 
-def plan_ahead(snapshot, options: ReplayOptions) -> None:
+def plan_ahead(snapshot, options: ReplayOptions) -> Optional[Tuple]:
     """In a process that forks replays and never starts the driver (a campaign's warm server):
     the snapshot's pass made and kept (keep.py) for these options, with its module images
     decoded, so that each replay forked afterwards takes them (copy-on-write) instead of making
-    its own. Raises what the replay would report (a bad option, a damaged snapshot)."""
+    its own. Raises what the replay would report (a bad option, a damaged snapshot). Returns
+    the key the pass is kept under (keep.kept tells whether it still is; None: not kept)."""
     from . import keep
     from .codecalls import code_calls
     from .retarget import image_info
@@ -81,6 +82,7 @@ def plan_ahead(snapshot, options: ReplayOptions) -> None:
             ref = (rec.get("x") or {}).get("image")
             if in_class(rec.get("f") or "", "loads_code") and isinstance(ref, dict) and reader.has_blob(ref.get("blob")):
                 image_info(reader, ref["blob"])            # the preflight's reading, and the image
+        return rp.scan._keep_key()
     finally:
         keep.release()
 
@@ -597,7 +599,7 @@ class Replayer:
             self._stale.ran(rec)
         fam = h.family
         self.ctx.res.by_family[fam] = self.ctx.res.by_family.get(fam, 0) + 1
-        ph = self.ctx.res.phases          # where the loop's time went, by family (phases.py)
+        ph = self.ctx.res.phases          # where the loop's time went, by family (profile phase_timings)
         k = "calls." + fam
         ph[k] = ph.get(k, 0.0) + dt
         if is_sync(f):

@@ -81,9 +81,13 @@ class ReplayIndex:
             elif is_launch(it.get("f") or ""):
                 launched[(it.get("a") or {}).get("f")] = None
         fns = [rec for _, rec in self.kept if rec.get("k") == "fn"]
-        unplanned = [rec for _, rec in self.kept if rec.get("k") == "c"]     # incomplete, malformed
         marks = [{"k": "c", "f": "cuLaunchKernel", "a": {"f": h}} for h in launched]
-        return self.code + unplanned + fns + marks
+        return self.code_calls() + fns + marks
+
+    def code_calls(self) -> List[Dict[str, Any]]:
+        """The calls that load code or look a kernel up, then the incomplete and malformed
+        calls (no plan holds them; their handlers report them)."""
+        return self.code + [rec for _, rec in self.kept if rec.get("k") == "c"]
 
 
 def _planned(plan: List[Any]) -> int:
@@ -125,7 +129,7 @@ class IndexedReader:
     def __init__(self, reader, index: Optional[ReplayIndex] = None, blobs: Optional[Dict[str, bytes]] = None):
         self._reader = reader
         self._index = index if index is not None and index.complete else None
-        self._blobs = blobs or {}
+        self._blobs = blobs if blobs is not None else {}
 
     @property
     def indexed(self) -> bool:
@@ -149,9 +153,7 @@ class IndexedReader:
     def code_calls(self) -> Optional[List[Dict[str, Any]]]:
         """The calls that load code or look a kernel up, incomplete ones too (nothing decoded),
         or None (no index: read the records)."""
-        if self._index is None:
-            return None
-        return self._index.code + [rec for _, rec in self._index.kept if rec.get("k") == "c"]
+        return self._index.code_calls() if self._index is not None else None
 
     def code_records(self) -> Optional[List[Dict[str, Any]]]:
         """ReplayIndex.code_records, or None (no index: read the records)."""

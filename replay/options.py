@@ -81,7 +81,7 @@ class ReplayResult:
     loop_end_mono: Optional[float] = None
     init_s: Optional[float] = None        # cuInit, the device's facts and the placement reservation
     startup_s: Dict[str, float] = field(default_factory=dict)   # before the loop: prescan, driver load, profiler start
-    # where the loop's time went (replay/phases.py): seconds and counts of the calls replayed one
+    # where the loop's time went (replay/profile phase_timings): seconds and counts of the calls replayed one
     # by one, per handler family; module and H2D bytes; cuInit, placement, the end
     phases: Dict[str, Any] = field(default_factory=dict)
     native_calls: int = 0                 # calls (and skipped queries) the C executor ran

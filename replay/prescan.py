@@ -75,7 +75,11 @@ class Prescan:
     def _kept(self, n_notes: int) -> Dict[str, Any]:
         """This pass, and copies of what it found that the replay's handlers go on to change."""
         c = self.ctx
-        return {"scan": {k: getattr(self, k) for k in _FOUND},
+        # the D2H results read ahead as the pass left them (a plan compiled as the loop reads,
+        # in call order or past PLAN_MAX_RECORDS, adds to the replay's own dict, never the kept one)
+        scan = {k: getattr(self, k) for k in _FOUND}
+        scan["expected"] = dict(self.expected)
+        return {"scan": scan, "bytes": self.expected_bytes,
                 "notes": c.res.warnings[n_notes:],
                 "names_in": {k: set(v) for k, v in c.names_in.items()}, "code_loads": list(c.code_loads),
                 "ctx_ids": {k: dict(v) for k, v in c.ctx_ids.items()}, "fns": dict(c.fns),
@@ -87,6 +91,13 @@ class Prescan:
         c = self.ctx
         for k, v in kept["scan"].items():
             setattr(self, k, v)
+        # what this replay may add to or change: its own (the plan, index, slots, ranges and
+        # planner are only read, or added to as the snapshot's fixed numbering)
+        self.expected = dict(self.expected)
+        self.incomplete, self.malformed = list(self.incomplete), list(self.malformed)
+        self.unhandled = {k: list(v) for k, v in self.unhandled.items()}
+        self.h2d_order, self.host_ranges = list(self.h2d_order), list(self.host_ranges)
+        self.ipc_shared = list(self.ipc_shared)
         c.res.warnings.extend(kept["notes"])
         c.names_in = {k: set(v) for k, v in kept["names_in"].items()}
         c.code_loads = list(kept["code_loads"])

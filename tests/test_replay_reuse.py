@@ -31,6 +31,11 @@ print(json.dumps(out))
 def _leaky(path) -> None:
     """A program that ends without freeing its memory nor releasing its context (a crash, or a
     program that leaves cleanup to the driver): a kernel's result is verified."""
+    _leaky_variant(path, 1.0)
+
+
+def _leaky_variant(path, delta: float) -> None:
+    """_leaky whose D2H result expects each value plus delta (delta 1: what the kernel makes)."""
     s = Synth(path)
     s.double_prologue("add_one", 0x55570001, [[0, 8], [8, 4]])
     n = 256
@@ -41,7 +46,7 @@ def _leaky(path) -> None:
     s.launch(0x55570001, struct.pack("<Qi", BASE, n), block=n)
     s.call("cuCtxSynchronize", {})
     s.call("cuMemcpyDtoH_v2", {"dstHost": 0x7F0000200000, "srcDevice": BASE, "ByteCount": n * 4},
-           x={"dstHost": s.blob(struct.pack(f"<{n}f", *[v + 1 for v in vals]))})
+           x={"dstHost": s.blob(struct.pack(f"<{n}f", *[v + delta for v in vals]))})
     s.w.write({"k": "end", "exit": 0, "signal": None, "partial": False})
     s.close()
 
@@ -158,6 +163,15 @@ from cudasnap.replay.invocation import profiled, run
 track_replays()
 rows = []
 for i, path in enumerate(sys.argv[3:]):
+    if path.startswith("rewrite:"):      # the file rewritten in place, its size and mtime kept
+        src, dst = path.split(":")[1:]
+        st = os.stat(dst)
+        data = open(src, "rb").read()
+        assert len(data) == st.st_size
+        with open(dst, "r+b") as f:
+            f.write(data)
+        os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+        continue
     was = (counts["passes"], counts["decompressions"], decoded[0], keep.stats["prescans_built"], keep.stats["images_read"],
            keep.stats["blobs_read"])
     out = os.path.join(sys.argv[2], f"r{i}.json")
@@ -254,3 +268,145 @@ def test_a_warm_servers_forked_replays_take_the_pass_it_made_ahead(double, tmp_p
             assert run["exit_code"] == 0 and run["timings_s"]["count.plan_reused"] == 1, run["timings_s"]
     finally:
         client.kill()
+
+
+def test_a_kept_prescans_mutable_findings_are_each_replays_own():
+    """A replay that takes a kept prescan adds to its own D2H read-ahead (a plan compiled as the
+    loop reads it, in call order or too big to keep, reads more): the kept dict, and the 64 MiB
+    read-ahead budget it was counted against, stay as the pass left them."""
+    from types import SimpleNamespace
+    from cudasnap.replay import prescan
+    from cudasnap.replay.index import ReplayIndex
+    from cudasnap.replay.slots import Slots
+    scan = {k: None for k in prescan._FOUND}
+    scan.update(slots=Slots(None), index=ReplayIndex(), expected={"a": b"1234"}, expected_bytes=4, incomplete=[],
+                malformed=[], unhandled={"cuX": [1, 3]}, h2d_order=[], host_ranges=[], ipc_shared=[])
+    kept = {"scan": scan, "notes": [], "names_in": {}, "code_loads": [], "ctx_ids": {}, "fns": {}, "fn_versions": {},
+            "func_names": {}}
+    reader = SimpleNamespace(blob_size=lambda bid: 4, blob=lambda bid: b"5678", path="x")
+    for _ in range(2):
+        ctx = SimpleNamespace(res=SimpleNamespace(warnings=[], phases={}), handles=SimpleNamespace(_all={}), funcs={},
+                              reader=reader, opt=SimpleNamespace(pace="fast"))
+        p = prescan.Prescan(ctx, True, False)
+        p._adopt(kept)
+        assert p.expected == {"a": b"1234"} and p.expected is not scan["expected"]
+        assert p.expected_blob("b") == b"5678" and p.expected_bytes == 8
+        assert ctx.reader.blob("b") == b"5678"            # the replay's reader reads its own read-ahead
+        p.unhandled["cuX"][0] += 1
+        p.incomplete.append({})
+    assert scan["expected"] == {"a": b"1234"} and scan["expected_bytes"] == 4
+    assert scan["unhandled"] == {"cuX": [1, 3]} and scan["incomplete"] == []
+
+
+def test_a_snapshot_rewritten_with_its_size_and_mtime_is_replayed_anew(double, tmp_path):
+    """cp -p or rsync -t rewrite a snapshot keeping its size and modification time: a kept
+    worker's next replay of it reads the new file (its change time tells), nothing kept for the
+    old one is taken: here the new version expects other results and fails verification."""
+    snap, other = tmp_path / "snap.cusnap", tmp_path / "other.cusnap"
+    _leaky(snap)
+    size = snap.stat().st_size
+    for delta in range(2, 200):                 # another program's results, in a file of the same size
+        _leaky_variant(other, float(delta))
+        if other.stat().st_size == size:
+            break
+    else:
+        pytest.skip("no variant of the same size")
+    bench = str(Path(__file__).resolve().parents[1] / "bench")
+    cp = subprocess.run([sys.executable, "-c", KEPT.replace("MODE", repr("timeline")), bench, str(tmp_path),
+                         str(snap), str(snap), f"rewrite:{other}:{snap}", str(snap)],
+                        env=double["env"], capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    first, again, rewritten = json.loads(cp.stdout.strip().splitlines()[-1])
+    assert first["exit"] == again["exit"] == 0 and again["reused"] == 1, (first, again)
+    assert rewritten["reused"] == 0 and rewritten["plans_built"] == 1 and rewritten["passes"] >= 1, rewritten
+    assert rewritten["images_read"] == 1 and rewritten["exit"] != 0, rewritten
+
+
+def test_opened_tells_a_rewrite_that_kept_size_and_mtime(tmp_path):
+    import os
+    from cudasnap.formats.opened import opened
+    snap, other = tmp_path / "a.cusnap", tmp_path / "b.cusnap"
+    _leaky_variant(snap, 1.0)
+    r1 = opened(snap)
+    assert opened(snap) is r1
+    st = snap.stat()
+    _leaky_variant(other, 1.0)
+    snap.write_bytes(other.read_bytes())
+    os.utime(snap, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert snap.stat().st_size == st.st_size and snap.stat().st_mtime_ns == st.st_mtime_ns
+    r2 = opened(snap)
+    assert r2 is not r1 and r2.identity != r1.identity
+
+
+def test_what_is_kept_is_bounded_and_dropped_with_its_file_version(monkeypatch, tmp_path):
+    """keep.py keys everything by the file version: the first use of a newer version of a path
+    drops the older one's prescans, payloads and facts; payloads and the prescans' D2H
+    read-ahead share CUDASNAP_KEEP_MB, the least recently used dropped first."""
+    from types import SimpleNamespace
+    from cudasnap.formats.opened import identity
+    from cudasnap.replay import keep
+    monkeypatch.setattr(keep, "_on", True)
+    for name, v in (("_prescans", {}), ("_data", {}), ("_facts", {}), ("_current", {}), ("_data_bytes", 0),
+                    ("stats", dict(keep.stats)), ("KEEP_BYTES", 100), ("KEEP_PLANS", 4)):
+        monkeypatch.setattr(keep, name, v)
+    path = tmp_path / "s.cusnap"
+    path.write_bytes(b"one")
+    blobs = {"x": b"a" * 40, "y": b"b" * 40, "z": b"c" * 40}
+    old = SimpleNamespace(path=str(path), identity=identity(path), blob=blobs.__getitem__)
+    k_old = (keep.reader_key(old), True)
+    keep.put(k_old, {"scan": 1, "bytes": 10})
+    keep.fact(("image_info", keep.reader_key(old), "x"), lambda: "found")
+    assert keep.image(old, "x") == blobs["x"] and keep.image(old, "y") == blobs["y"]
+    assert keep.used_bytes() == 90
+    keep.image(old, "x")                                   # x used last: y goes first
+    keep.image(old, "z")
+    assert set(b for _, b in keep._data) == {"x", "z"} and keep.used_bytes() <= 100
+    keep.release()
+    keep.put((keep.reader_key(old), False), {"scan": 2, "bytes": 95})   # payloads go, then idle prescans
+    assert keep.used_bytes() <= 100 and not keep._data and list(keep._prescans) == [(keep.reader_key(old), False)]
+    path.write_bytes(b"three")                             # a newer version of the path
+    new = SimpleNamespace(path=str(path), identity=identity(path), blob=blobs.__getitem__)
+    keep.image(new, "x")
+    assert not keep._prescans and not keep._facts and all(k[0] == new.identity for k in keep._data)
+    assert keep.used_bytes() == 40
+
+
+def test_invalid_keep_bounds_read_as_their_defaults():
+    import os
+    code = "from cudasnap.replay import keep; print(keep.KEEP_BYTES >> 20, keep.KEEP_PLANS)"
+    cp = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                        env=dict(os.environ, CUDASNAP_KEEP_MB="lots", CUDASNAP_KEEP_PLANS="4.5"))
+    assert cp.returncode == 0 and cp.stdout.split() == ["1024", "4"], cp.stderr
+
+
+def test_a_warm_server_plans_ahead_again_once_its_pass_was_dropped(monkeypatch, tmp_path):
+    """The server's record of the passes it made ahead follows keep.py: a pass dropped for
+    its bounds is made again for the next fork; one still kept is not; a rewrite is planned anew."""
+    import os
+    from cudasnap.campaign import cellserver
+    from cudasnap.replay import engine, keep
+    snap = tmp_path / "s.cusnap"
+    _leaky(snap)
+    made = []
+    kept = {}
+
+    def plan_ahead(path, options):
+        made.append(path)
+        kept[len(made)] = True
+        return (len(made),)
+    monkeypatch.setattr(engine, "plan_ahead", plan_ahead)
+    monkeypatch.setattr(keep, "kept", lambda key: kept.get(key[0], False))
+    srv = cellserver._Server.__new__(cellserver._Server)
+    srv.planned = {}
+    req = {"snapshot": str(snap), "replay": {}}
+    srv._plan_ahead(req)
+    srv._plan_ahead(req)
+    assert len(made) == 1
+    kept[1] = False                                        # keep.put dropped it
+    srv._plan_ahead(req)
+    assert len(made) == 2
+    st = snap.stat()
+    snap.write_bytes(snap.read_bytes())
+    os.utime(snap, ns=(st.st_atime_ns, st.st_mtime_ns))
+    srv._plan_ahead(req)
+    assert len(made) == 3 and len(srv.planned) == 1
