@@ -59,10 +59,12 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-IDLE_S = float(os.environ.get("CUDASNAP_CELLSERVER_IDLE_S") or 600)
+from ..replay.keep import env_number
+
+IDLE_S = env_number("CUDASNAP_CELLSERVER_IDLE_S", 600.0, float)
 # a kept child leaves after this many replays (open snapshot readers and driver caches grow
 # with the snapshots it saw); the next request starts a new one
-KEPT_MAX_REPLAYS = int(os.environ.get("CUDASNAP_KEPT_MAX_REPLAYS") or 200)
+KEPT_MAX_REPLAYS = env_number("CUDASNAP_KEPT_MAX_REPLAYS", 200)
 _PR_SET_PDEATHSIG = 1
 
 

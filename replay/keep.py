@@ -26,20 +26,21 @@ import os
 from typing import Any, Callable, Dict, Optional, Tuple
 
 
-def _env_int(name: str, default: int) -> int:
-    """A non-negative integer from the environment; unset or invalid: the default."""
+def env_number(name: str, default: float, kind: Callable[[str], Any] = int) -> Any:
+    """A non-negative number from the environment; unset or invalid: the default (a tuning knob
+    read at import must never stop a replay)."""
     try:
-        v = int(os.environ.get(name) or default)
+        v = kind(os.environ.get(name) or default)
     except ValueError:
         return default
-    return max(0, v)
+    return v if v >= 0 else default
 
 
-KEEP_BYTES = _env_int("CUDASNAP_KEEP_MB", 1024) << 20
+KEEP_BYTES = env_number("CUDASNAP_KEEP_MB", 1024) << 20
 SMALL_BLOB = 1 << 20             # an H2D source kept when at most this big (bigger ones stream)
 # prescans kept at most, the least recently taken dropped first (a campaign's task replays one
 # snapshot's rounds before the next: a few suffice)
-KEEP_PLANS = _env_int("CUDASNAP_KEEP_PLANS", 4)
+KEEP_PLANS = env_number("CUDASNAP_KEEP_PLANS", 4)
 KEEP_FACTS = 4096
 
 _on = False
