@@ -71,17 +71,14 @@ def plan_ahead(snapshot, options: ReplayOptions) -> Optional[Tuple]:
     its own. Raises what the replay would report (a bad option, a damaged snapshot). Returns
     the key the pass is kept under (keep.kept tells whether it still is; None: not kept)."""
     from . import keep
-    from .codecalls import code_calls
-    from .retarget import image_info
+    from .retarget import image_info, loaded_images
     keep.enable()
     rp = Replayer(snapshot, options)
     try:
         rp._read_and_plan()
         reader = rp.ctx.reader
-        for rec in code_calls(reader):
-            ref = (rec.get("x") or {}).get("image")
-            if in_class(rec.get("f") or "", "loads_code") and isinstance(ref, dict) and reader.has_blob(ref.get("blob")):
-                image_info(reader, ref["blob"])            # the preflight's reading, and the image
+        for _rec, bid in loaded_images(reader):
+            image_info(reader, bid)                        # the preflight's reading, and the image
         return rp.scan._keep_key()
     finally:
         keep.release()

@@ -206,22 +206,26 @@ def launches_from_device(img: bytes) -> bool:
 
 
 # ------------------------------------------------------------------------------ snapshots
-def device_launching_loads(reader) -> List[int]:
-    """Call numbers of the module/library loads whose code launches kernels from the device."""
+def loaded_images(reader):
+    """(call record, image blob id) of every module/library load whose image the snapshot holds."""
     from .codecalls import code_calls
-    out = []
     for rec in code_calls(reader):
         ref = (rec.get("x") or {}).get("image")
         if in_class(rec.get("f") or "", "loads_code") and isinstance(ref, dict) \
                 and isinstance(ref.get("blob"), str) and reader.has_blob(ref["blob"]):
-            if launches_from_device(reader.blob(ref["blob"])):
-                out.append(rec.get("s"))
-    return out
+            yield rec, ref["blob"]
+
+
+def device_launching_loads(reader) -> List[int]:
+    """Call numbers of the module/library loads whose code launches kernels from the device."""
+    return [rec.get("s") for rec, bid in loaded_images(reader) if launches_from_device(reader.blob(bid))]
 
 
 def image_info(reader, bid: str):
     """What a module image holds; read once per snapshot in a kept worker (keep.py)."""
     from . import keep
+    if not keep.enabled():          # nothing kept: no file identity needed (info reads through a view)
+        return analyze(reader.blob(bid))
     return keep.fact(("image_info", keep.reader_key(reader), bid), lambda: analyze(keep.image(reader, bid)))
 
 
