@@ -368,9 +368,10 @@ class ReplayContext:
 
     # ------------------------------------------------------------------ verification
     def verify(self, rec, expected: Optional[bytes], got: bytes, src: Optional[int] = None,
-               from_array: bool = False) -> None:
+               from_array: bool = False, strided: bool = False) -> None:
         """Compare a D2H result (src: the recorded device address it was read from; from_array:
-        read from a CUDA array, which a left-out kernel may have written through a surface)."""
+        read from a CUDA array, which a left-out kernel may have written through a surface;
+        strided: rows of a 2-D or 3-D copy, not contiguous bytes at src)."""
         if expected is None:
             self.res.d2h_unverified += 1
             return
@@ -384,15 +385,19 @@ class ReplayContext:
             # kernel built) are expected at the simulator's address of what they point to
             expected, _found = scan_payload(bytes(expected), self.space, True)
         expected, got = bytes(expected), bytes(got)
+        judged = len(expected)
         sample_mask = getattr(self.cu, "sample_mask", None)    # a simulator's bounded verdict
         if sample_mask is not None and len(expected) == len(got):
-            mask = sample_mask(self.tr(src) if isinstance(src, int) and not from_array else None, len(got))
+            # the mask maps contiguous bytes: the rows of a strided copy are not judged
+            whole = isinstance(src, int) and not from_array and not strided
+            mask = sample_mask(self.tr(src) if whole else None, len(got))
             if mask is not None:
                 got = self._sampled(mask, expected, got)
                 if got is None:
                     return
+                judged = int(mask.sum())
         self.res.d2h_verified += 1
-        self.res.d2h_bytes += len(expected)
+        self.res.d2h_bytes += judged
         seq = rec.get("s", 0)
         if expected == got:               # counted at the end with the C executor's (engine.run)
             return

@@ -385,11 +385,21 @@ class Replayer:
             # a result that could not be read was not verified: never report success
             r.errors.append(f"damaged snapshot: {len(r.unreadable_payloads)} payload(s) unreadable, "
                             f"first {r.unreadable_payloads[0]}")
+        cu_sample = getattr(self.ctx.cu, "sample", None)
+        if isinstance(cu_sample, dict):
+            # a simulator sampled a launch (replay/sim/bounded.py): its account stands whether or not
+            # a result was read back after it (the end state is not judged after a sample)
+            if r.sample is None:
+                r.sample = {"checked": 0, "read": 0, "unjudged": 0}
+            r.sample.update(cu_sample)
         if r.sample is not None and not r.sample["checked"] and not r.errors and not r.mismatches:
-            # a bounded verdict that judged nothing must not pass (replay/sim/bounded.py)
-            r.errors.append(f"bounded verdict: no result read back was written by the {r.sample['ctas']:,} sampled CTAs "
-                            f"of {r.sample['kernel']} (or a later launch came between): nothing was judged; "
-                            f"raise --sim-max-ctas")
+            # a bounded verdict that judged nothing must not pass
+            why = (f"no result read back was written by the {r.sample['ctas']:,} sampled CTAs of {r.sample['kernel']} "
+                   f"(or a later launch came between)" if r.sample["read"] else
+                   f"no result was read back after the {r.sample['ctas']:,} sampled CTAs of {r.sample['kernel']} ran")
+            fix = ("raise --sim-max-ctas" + (" or CUDASNAP_SIM_SAMPLE_MB" if r.sample.get("unread") else "")
+                   if r.sample["read"] else "replay without --sim-max-ctas")
+            r.errors.append(f"bounded verdict: {why}: nothing was judged; {fix}")
         r.exit_code = 2 if r.errors else (1 if r.mismatches else 0)
         pol = self.ctx.tol
         # results the C executor verified are EXACT: the counts are completed here

@@ -112,22 +112,24 @@ def render(res: ReplayResult, mismatch_text: List[str], path: str, out=None, as_
         emit(f"{'MISMATCH' if m.startswith('end state') else 'DIFFERENT'}: {m}")
     for e in res.errors:
         emit(f"ERROR: {e}")
+    notes = ""
+    if num.get("close"):
+        notes += f" ({num['close']} CLOSE within {num.get('tolerance', 'the tolerance')})"
+    if res.d2h_left_out:
+        notes += (f"; {res.d2h_left_out} D2H result(s) not compared: they depend on work the selection left "
+                  f"out{' (the selection replays only part of the snapshot)' if not res.d2h_verified else ''}")
     ok = ("OK: every recorded D2H result reproduced" if res.d2h_verified and not res.d2h_unverified
           and not res.d2h_left_out and not res.filtered else
           f"OK: {res.calls} calls replayed; {res.d2h_verified} D2H result(s) verified, "
-          f"{res.d2h_unverified} without a recorded result")
-    if num.get("close"):
-        ok += f" ({num['close']} CLOSE within {num.get('tolerance', 'the tolerance')})"
-    if res.d2h_left_out:
-        ok += (f"; {res.d2h_left_out} D2H result(s) not compared: they depend on work the selection left "
-               f"out{' (the selection replays only part of the snapshot)' if not res.d2h_verified else ''}")
+          f"{res.d2h_unverified} without a recorded result") + notes
     if res.sample is not None:
         from .sim.bounded import verdict_line
-        word = "DIFFERENT" if res.mismatches else ("CLOSE" if num.get("close") else "EXACT")
+        word = ("NOT JUDGED" if not res.sample["checked"] else "DIFFERENT" if res.mismatches else
+                "CLOSE" if num.get("close") else "EXACT")
         emit(f"sample: {verdict_line(res.sample, word)}")
         if res.sample["checked"]:
             ok = (f"OK on a sample: {res.sample['checked']:,} of {res.sample['read']:,} result bytes checked, "
-                  f"on {res.sample['ctas']:,} of {res.sample['of']:,} CTAs")
+                  f"on {res.sample['ctas']:,} of {res.sample['of']:,} CTAs") + notes
     vary = " (results vary from run to run: see recheck)" if (num.get("recheck") or {}).get("nondeterministic") else ""
     verdict = {0: ok, 1: f"FAILED: verification mismatch{vary}", 2: "FAILED: replay could not proceed"}[res.exit_code]
     emit(f"{verdict} (exit {res.exit_code})")

@@ -1,7 +1,6 @@
 """replay --sim: snapshots taken on the test double, of a program whose module is PTX (committed
 in tests/data/sim with the .cu it came from), replayed on GPGPU-Sim and verified against the
-recorded results. Skipped where no simulator build is found ($CUDASNAP_GPGPUSIM, else the CI
-machine's build)."""
+recorded results. Skipped unless $CUDASNAP_GPGPUSIM names a simulator build (tests/simbuild.py)."""
 from __future__ import annotations
 
 import json
@@ -593,7 +592,10 @@ def test_bounded_functional_verdict(snaps, planted):
     assert cp.returncode == 0, cp.stdout + cp.stderr
     assert cp.stderr.startswith("cudasnap: simulating the first 4 of 16 CTAs of fill\ncudasnap: simulated 1/1 kernels"), cp.stderr
     assert "judged on their first 4 CTAs" in cp.stdout and line.format("EXACT") in cp.stdout, cp.stdout
-    assert "OK on a sample: 3,072 of 16,384 result bytes checked, on 4 of 16 CTAs (exit 0)" in cp.stdout
+    # the plain OK line's notes stay (fill's selection leaves 5 results uncompared); only judged bytes counted
+    assert ("OK on a sample: 3,072 of 16,384 result bytes checked, on 4 of 16 CTAs; 5 D2H result(s) not compared: "
+            "they depend on work the selection left out (exit 0)") in cp.stdout
+    assert re.search(r"D2H verified\s+1 \(3\.0 KiB\)", cp.stdout), cp.stdout
     assert "every recorded D2H result reproduced" not in cp.stdout
     cp = _sim(planted["inside"], "-k", "fill", "--sim-max-ctas", "4")
     assert cp.returncode == 1, cp.stdout + cp.stderr
@@ -612,6 +614,59 @@ def test_bounded_functional_verdict(snaps, planted):
     assert cp.returncode == 2, cp.stdout + cp.stderr
     assert "nothing was judged; raise --sim-max-ctas" in cp.stdout and "later launch(es)" in cp.stdout
     assert "histo (16 CTAs) ran whole, not on a sample: its CTAs combine results through global atomics" in cp.stderr
+
+
+def test_bounded_verdict_judging_nothing_is_never_a_pass(snaps, tmp_path):
+    """A sampled launch whose result is never read back (--calls fill: the copies left out) and a
+    sample whose memory is past the read budget (CUDASNAP_SIM_SAMPLE_MB=0) judge nothing: exit 2,
+    the sample line says NOT JUDGED. With --replace the notes name the kernel, not its merged name."""
+    cp = _sim(snaps["plain"], "--calls", "fill", "--sim-max-ctas", "4")
+    assert cp.returncode == 2, cp.stdout + cp.stderr
+    assert ("sample: NOT JUDGED on 4 of 16 CTAs of fill (25.0% of the launch; 0 of 0 result bytes checked, "
+            "0 not judged)") in cp.stdout, cp.stdout
+    assert "no result was read back after the 4 sampled CTAs of fill ran: nothing was judged" in cp.stdout
+    assert "OK" not in cp.stdout.splitlines()[-1]
+    doc = json.loads(_sim(snaps["plain"], "--calls", "fill", "--sim-max-ctas", "4", "--json").stdout)
+    assert doc["exit_code"] == 2 and doc["sample"]["checked"] == 0 and doc["sample"]["kernel"] == "fill"
+    env = dict(os.environ, CUDASNAP_SIM_SAMPLE_MB="0")
+    cp = _cli("replay", snaps["plain"], "--sim", "gpgpu-sim", "--sim-path", SIM, "-k", "fill", "--sim-max-ctas", "4",
+              env=env)
+    assert cp.returncode == 2, cp.stdout + cp.stderr
+    assert re.search(r"sample: NOT JUDGED on 4 of 16 CTAs of fill \(25\.0% of the launch; 0 of 16,384 result bytes "
+                     r"checked, 16,384 not judged; 1 D2H result\(s\) wholly unjudged; [0-9,]+ bytes of allocations past "
+                     r"the memory budget not read", cp.stdout), cp.stdout
+    cp = _sim(snaps["plain"], "-k", "fill", "--sim-max-ctas", "4", "--replace", f"fill={DATA / 'kernels.ptx'}",
+              "--progress")
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert "cudasnap: simulating the first 4 of 16 CTAs of fill\n" in cp.stderr and "__cs" not in cp.stdout + cp.stderr
+    assert "sample: EXACT on 4 of 16 CTAs of fill (" in cp.stdout
+
+
+def test_bounded_verdict_leaves_strided_reads_unjudged():
+    """The sample's mask maps contiguous bytes: the rows of a 2-D copy read back after a sampled
+    launch are wholly unjudged; a contiguous read is judged on the bytes the sample wrote only, and
+    only those count as verified bytes."""
+    import types
+    import numpy as np
+    from cudasnap.replay.context import ReplayContext
+    from cudasnap.replay.options import ReplayResult
+
+    class Cu:
+        sample = {"kernel": "k", "ctas": 4, "of": 16, "later": 0, "launches": 1}
+
+        def sample_mask(self, addr, n):
+            mask = np.zeros(n, dtype=bool)
+            if addr is not None:
+                mask[:3] = True
+            return mask
+
+    ctx = types.SimpleNamespace(hooks=types.SimpleNamespace(stale=lambda src: False), space=None, cu=Cu(),
+                                tr=lambda a: a, res=ReplayResult(), types=None)
+    ctx._sampled = lambda *a: ReplayContext._sampled(ctx, *a)
+    ReplayContext.verify(ctx, {"s": 1, "f": "cuMemcpy2D_v2"}, b"abcdefgh", b"abcdefgh", 0x1000, strided=True)
+    assert ctx.res.sample == {"checked": 0, "read": 8, "unjudged": 1, **Cu.sample} and ctx.res.d2h_verified == 0
+    ReplayContext.verify(ctx, {"s": 2, "f": "cuMemcpyDtoH_v2"}, b"abcdefgh", b"abcdXXXX", 0x1000)
+    assert ctx.res.sample["checked"] == 3 and ctx.res.d2h_verified == 1 and ctx.res.d2h_bytes == 3
 
 
 def test_bounded_verdict_rules():
@@ -635,6 +690,9 @@ def test_bounded_verdict_rules():
     assert verdict_line(s, "EXACT") == ("EXACT on 64 of 1,056 CTAs of k (6.1% of the launch; 4,096 of 67,584 result "
                                         "bytes checked, 63,488 not judged; 1 D2H result(s) wholly unjudged; 2 later "
                                         "launch(es) may read what the unsimulated CTAs write: nothing after them judged)")
+    assert verdict_line(dict(s, unread=2048), "NOT JUDGED").endswith(
+        "; 2,048 bytes of allocations past the memory budget not read (CUDASNAP_SIM_SAMPLE_MB); 2 later launch(es) "
+        "may read what the unsimulated CTAs write: nothing after them judged)")
 
 
 def test_bounded_estimate():

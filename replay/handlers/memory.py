@@ -537,7 +537,8 @@ def _memcpy_struct(ctx, rec, L: _CopyLayout, name: str):
             got = got[:ext[3] * ext[4] * (ext[2] - 1) + ext[3] * (ext[1] - 1) + ext[0]]
         src = _u64(rec["a"]["pCopy"], L.src + L.device)
         smt = struct.unpack_from("<I", cp, L.src + L.mtype)[0]
-        ctx.verify(rec, exp, got, src if smt in (MT_DEVICE, MT_UNIFIED) else None, from_array=smt == MT_ARRAY)
+        ctx.verify(rec, exp, got, src if smt in (MT_DEVICE, MT_UNIFIED) else None, from_array=smt == MT_ARRAY,
+                   strided=True)
     elif dst_mt in (MT_DEVICE, MT_UNIFIED):
         ctx.mark_written(_u64(rec["a"]["pCopy"], L.dst + L.device), rec.get("s"), rec["f"])
 

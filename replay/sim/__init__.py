@@ -1,5 +1,6 @@
 """Replay on a simulator (`cudasnap replay SNAP --sim gpgpu-sim[:CONFIG]`): GPGPU-Sim runs the
-snapshot's kernels on the CPU and every D2H result is verified against the recorded one.
+snapshot's kernels on the CPU and each D2H result is verified against the recorded one (with
+`--sim-max-ctas`, only the bytes its sampled CTAs wrote).
 
 This side plans the run before anything is simulated: the PTX of every module (a fatbin's PTX
 entry, or a PTX module; `--replace K=FILE.ptx` for a kernel without one), the constructs the

@@ -65,7 +65,21 @@ def fold(cycles: List[Tuple[str, int]], sampled: List[Dict[str, Any]]) -> List[T
 # after it nothing is judged; a copy or memset into judged bytes unjudges them.
 # Kernels the cut would change run whole: one that reads %nctaid (its grid size: a grid-stride
 # loop would do other work) or combines CTAs' results through global atomics (partial sums).
+# Memory is read into this process twice (before and after, one allocation at a time after):
+# at most SAMPLE_BUDGET bytes of allocations in all ($CUDASNAP_SIM_SAMPLE_MB sets it in MiB),
+# in address order; what the sample writes in those left out is not judged (counted so).
 SAMPLE_MAX_ALLOC = 1 << 30       # allocations larger than this are not read: never judged
+SAMPLE_BUDGET = 2 << 30
+
+
+def sample_budget() -> int:
+    """How many bytes of allocations a bounded verdict reads before a sampled launch."""
+    import os
+    v = os.environ.get("CUDASNAP_SIM_SAMPLE_MB")
+    try:
+        return max(int(v), 0) << 20 if v else SAMPLE_BUDGET
+    except ValueError:
+        return SAMPLE_BUDGET
 
 _WHOLE = ((re.compile(r"%nctaid\b"), "it reads its grid size (%nctaid)"),
           (re.compile(r"\b(?:atom|red)(?!\.shared)(?:\.[a-z0-9]+)+\s"), "its CTAs combine results through global atomics"))
@@ -104,6 +118,9 @@ def verdict_line(s: Dict[str, Any], outcome: str) -> str:
             f"{_n(s['checked'])} of {_n(s['read'])} result bytes checked, {_n(s['read'] - s['checked'])} not judged")
     if s.get("unjudged"):
         line += f"; {s['unjudged']} D2H result(s) wholly unjudged"
+    if s.get("unread"):
+        line += (f"; {_n(s['unread'])} bytes of allocations past the memory budget not read "
+                 f"(CUDASNAP_SIM_SAMPLE_MB)")
     if s.get("later"):
         line += f"; {s['later']} later launch(es) may read what the unsimulated CTAs write: nothing after them judged"
     return line + ")"

@@ -10,7 +10,6 @@ Calls the simulator cannot do answer CUDA_ERROR_NOT_SUPPORTED, which the replay 
 from __future__ import annotations
 
 import bisect
-import re
 import ctypes
 import os
 import hashlib
@@ -58,6 +57,9 @@ class SimDriver:
         self.ffi.cdef(_cdef())
         self.lib = self.ffi.dlopen(adapter_path)
         self.modules, self.layouts, self.replace = modules, layouts, replace
+        # name in the merged PTX -> the kernel's own name (as replay/sim/__init__.py names them back)
+        self.back = {sim: k for m in modules.values() for k, sim in m.items()}
+        self.back.update({sim: k for k, sim in replace.items()})
         self.images = images or {}   # image blob id -> digest of the PTX a capture kept for it
         self.globals = globals_ or {}   # PTX digest -> {variable: (name in the merged PTX, bytes)}
         self.mod_globals: Dict[int, Dict[str, Any]] = {}
@@ -72,6 +74,7 @@ class SimDriver:
         self.sample: Optional[Dict[str, Any]] = None
         self.on_note = on_note
         self.judged: Dict[int, Any] = {}         # allocation base -> bool mask of judged bytes
+        self.unread = 0                          # bytes of allocations not read (bounded.sample_budget)
         self.whole_runs: Dict[str, Tuple[str, int]] = {}   # kernels over the cap run whole: (why, CTAs)
         self.device_name, self.cc = device_name, cc
         self.on_launch = on_launch
@@ -542,14 +545,14 @@ class SimDriver:
         for base, n, dev in host:
             r = r or self.lib.sim_d2h(self.ffi.cast("void *", base), dev, n)
         if self.on_launch is not None:
-            self.on_launch(name, time.perf_counter() - t0)
+            self.on_launch(self.back.get(name, name), time.perf_counter() - t0)
         return LAUNCH_FAILED if r else 0
 
     def _sample_launch(self, fn, name: str, lay, dims, params, offs, total: int) -> int:
         """A launch in a bounded verdict: over the cap, its first max_ctas CTAs in launch order
         (bounded.sample_grid), the bytes they changed judged; any launch after a sampled one may
         read what the unsimulated CTAs write, so nothing judged survives it."""
-        from .bounded import memory_diff, sample_grid
+        from .bounded import sample_grid
         why = self.whole.get(name)
         if self.sample is not None:
             self.sample["later"] += 1
@@ -561,30 +564,49 @@ class SimDriver:
             self.launches.append(name)
             return self.lib.sim_launch(fn, *dims, params, len(lay), offs)
         g, got = sample_grid(dims[:3], self.max_ctas)
+        kernel = self.back.get(name, name)
         if self.on_note is not None:
-            self.on_note(f"simulating the first {got:,} of {total:,} CTAs of {re.sub(r'__cs[0-9]+$', '', name)}")
+            self.on_note(f"simulating the first {got:,} of {total:,} CTAs of {kernel}")
         before = self._memory() if self.sample is None else None
         r = self.lib.sim_launch(fn, *g, *dims[3:], params, len(lay), offs)
         self.runs += 1
         self.launches.append(name)
         if before is not None:
-            self.judged = memory_diff(before, self._memory())
-            self.sample = {"kernel": re.sub(r"__cs\d+$", "", name), "ctas": got, "of": total, "later": 0,
-                           "launches": 1}
+            self.judged = self._changed(before)
+            self.sample = {"kernel": kernel, "ctas": got, "of": total, "later": 0, "launches": 1}
+            if self.unread:
+                self.sample["unread"] = self.unread
         else:
             self.sample["launches"] += 1
         return r
 
-    def _memory(self) -> Dict[int, bytes]:
-        """Every allocation's bytes in the simulator (those over SAMPLE_MAX_ALLOC are left out:
-        what a sampled launch writes there is never judged)."""
-        from .bounded import SAMPLE_MAX_ALLOC
-        out: Dict[int, bytes] = {}
+    def _memory(self) -> Dict[int, bytearray]:
+        """The allocations' bytes in the simulator, in address order, up to a total of
+        bounded.sample_budget() (and none over SAMPLE_MAX_ALLOC): what a sampled launch writes in
+        those left out is never judged (counted as not judged)."""
+        from .bounded import SAMPLE_MAX_ALLOC, sample_budget
+        out: Dict[int, bytearray] = {}
+        left, skipped = sample_budget(), 0
         for base, n in zip(self.dev_starts, self.dev_sizes):
-            if n <= SAMPLE_MAX_ALLOC:
-                buf = bytearray(n)
-                if not self.lib.sim_d2h(self.ffi.from_buffer(buf, require_writable=True), base, n):
-                    out[base] = bytes(buf)
+            if n > SAMPLE_MAX_ALLOC or n > left:
+                skipped += n
+                continue
+            buf = bytearray(n)
+            if not self.lib.sim_d2h(self.ffi.from_buffer(buf, require_writable=True), base, n):
+                out[base] = buf
+                left -= n
+        self.unread = skipped
+        return out
+
+    def _changed(self, before: Dict[int, bytearray]) -> Dict[int, Any]:
+        """The bytes the sampled launch changed: each allocation read again, one at a time."""
+        from .bounded import memory_diff
+        out: Dict[int, Any] = {}
+        for base in list(before):
+            b = before.pop(base)
+            a = bytearray(len(b))
+            if not self.lib.sim_d2h(self.ffi.from_buffer(a, require_writable=True), base, len(b)):
+                out.update(memory_diff({base: b}, {base: a}))
         return out
 
     def _unjudge(self, dst: int, n: int) -> None:

@@ -45,7 +45,7 @@ def main(job_path: str) -> int:
         prog.close()
         report.flush()
         with open(job["result"], "w") as f:
-            json.dump({"launches": drv.launches, "unsupported": drv.unsupported, "sampled": drv.sampled, "sample": drv.sample, "whole_runs": drv.whole_runs,
+            json.dump({"launches": drv.launches, "unsupported": drv.unsupported, "sampled": drv.sampled, "whole_runs": drv.whole_runs,
                        "wall_s": time.perf_counter() - t0, "report_failed": write_failure(1)}, f)
     return code
 
