@@ -172,15 +172,20 @@ for i, path in enumerate(sys.argv[3:]):
             f.write(data)
         os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
         continue
+    kernels = None
+    if path.startswith("k="):            # k=REGEX:PATH: this replay profiles only those kernels
+        kernels, path = path[2:].split(":", 1)
     was = (counts["passes"], counts["decompressions"], decoded[0], keep.stats["prescans_built"], keep.stats["images_read"],
            keep.stats["blobs_read"])
     out = os.path.join(sys.argv[2], f"r{i}.json")
-    rc = run(profiled(path, out, MODE, repeat=2, warmup=0), checked=True)
+    rc = run(profiled(path, out, MODE, kernels=kernels, repeat=2, warmup=0), checked=True)
     closed = close_replays()
-    run_ = json.load(open(out))["run"]
+    doc = json.load(open(out))
+    run_ = doc["run"]
     now = (counts["passes"], counts["decompressions"], decoded[0], keep.stats["prescans_built"], keep.stats["images_read"],
            keep.stats["blobs_read"])
     rows.append({"path": path, "rc": rc, "exit": run_["exit_code"], "closed": closed,
+                 "kernels": sorted({k["name"] for k in doc.get("kernels") or []}),
                  "reused": run_["timings_s"].get("count.plan_reused"),
                  **dict(zip(("passes", "decompressions", "records_decoded", "plans_built", "images_read", "blobs_read"),
                             [b - a for a, b in zip(was, now)]))})
@@ -214,6 +219,23 @@ def test_a_kept_workers_later_replays_of_a_snapshot_decode_and_plan_nothing(doub
         assert (r["passes"], r["decompressions"], r["records_decoded"], r["plans_built"], r["images_read"],
                 r["blobs_read"]) == (0, 0, 0, 0, 0, 0), r
         assert r["reused"] == 1, r
+
+
+def test_a_kept_pass_serves_a_later_replay_with_another_kernel_filter(double, tmp_path):
+    """The kernel filter is not an option the pass reads: a later replay of the snapshot with
+    `--kernels` takes the kept pass and still profiles only the kernels it names."""
+    snap = tmp_path / "tidy.cusnap"
+    write_double_program(snap)
+    bench = str(Path(__file__).resolve().parents[1] / "bench")
+    cp = subprocess.run([sys.executable, "-c", KEPT.replace("MODE", repr("timeline")), bench, str(tmp_path),
+                         str(snap), f"k=add_one:{snap}", str(snap)],
+                        env=double["env"], capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    every, only, again = json.loads(cp.stdout.strip().splitlines()[-1])
+    assert every["exit"] == only["exit"] == again["exit"] == 0, (every, only, again)
+    assert "add_one" in every["kernels"] and len(every["kernels"]) > 1, every
+    assert only["kernels"] == ["add_one"] and only["reused"] == 1 and only["plans_built"] == 0, only
+    assert again["kernels"] == every["kernels"] and again["reused"] == 1, again
 
 
 def test_a_kept_prescan_carries_every_field_the_pass_sets():
